@@ -1,0 +1,47 @@
+// CpuBackend: the reference-quality, all-cores implementation of the Backend op set.
+//
+// Contract: implements every op of backend/backend.h for host tensors with f32
+// activations and f32/bf16/f16 weights, using the ThreadPool it is given and
+// AVX-512/AVX2 where the compiler targets them (scalar code otherwise). Results
+// match the scalar references in backend/reference_ops.h within float
+// rounding. Thread-safe only in the sense that distinct CpuBackend calls on
+// distinct tensors may run from one thread at a time (the pool is shared).
+#pragma once
+
+#include "backend/backend.h"
+#include "core/thread_pool.h"
+
+namespace basalt {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(ThreadPool* pool = &ThreadPool::global()) : pool_(pool) {}
+
+  std::string_view name() const override { return "cpu"; }
+  Device device() const override { return Device::kCpu; }
+  Tensor empty(Shape shape, DType dtype) override { return Tensor::empty(std::move(shape), dtype); }
+  void copy(const Tensor& src, Tensor& dst) override;
+
+  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                    Tensor& out) override;
+  void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override;
+  void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+                Tensor& v_cache) override;
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                 const AttentionLayout& layout, const AttentionParams& params,
+                 Tensor& out) override;
+  void silu_and_mul(const Tensor& gate_up, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void softmax(const Tensor& x, Tensor& out) override;
+  void log_softmax(const Tensor& x, Tensor& out) override;
+  void argmax(const Tensor& logits, Tensor& out) override;
+  void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override;
+
+ private:
+  ThreadPool* pool_;
+};
+
+}  // namespace basalt

@@ -1,0 +1,117 @@
+#include "core/thread_pool.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace basalt {
+namespace {
+
+thread_local bool in_parallel_region = false;
+
+int default_threads() {
+  if (const char* env = std::getenv("BASALT_NUM_THREADS")) {
+    int n = std::atoi(env);
+    if (n > 0) return n;
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+void chunk_bounds(int64_t n, int chunks, int index, int64_t* begin, int64_t* end) {
+  const int64_t base = n / chunks, extra = n % chunks;
+  *begin = index * base + std::min<int64_t>(index, extra);
+  *end = *begin + base + (index < extra ? 1 : 0);
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int threads) {
+  if (threads <= 0) threads = default_threads();
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    generation_.fetch_add(1);
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+ThreadPool& ThreadPool::global() {
+  static ThreadPool pool;
+  return pool;
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
+                              int64_t min_chunk) {
+  if (n <= 0) return;
+  min_chunk = std::max<int64_t>(1, min_chunk);
+  const int chunks = static_cast<int>(std::min<int64_t>(size(), (n + min_chunk - 1) / min_chunk));
+  bool expected = false;
+  if (chunks <= 1 || in_parallel_region || !busy_.compare_exchange_strong(expected, true)) {
+    fn(0, n);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_ = &fn;
+    job_n_ = n;
+    job_chunks_ = chunks;
+    job_error_ = nullptr;
+    pending_.store(chunks - 1);
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+
+  in_parallel_region = true;
+  try {
+    int64_t b, e;
+    chunk_bounds(n, chunks, 0, &b, &e);
+    fn(b, e);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    if (!job_error_) job_error_ = std::current_exception();
+  }
+  in_parallel_region = false;
+  while (pending_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  std::exception_ptr error = job_error_;
+  busy_.store(false);
+  if (error) std::rethrow_exception(error);
+}
+
+void ThreadPool::worker_loop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    // Spin a little for the next job before sleeping.
+    for (int spin = 0; spin < 20000 && generation_.load(std::memory_order_acquire) == seen; ++spin) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    wake_.wait(lock, [&] { return generation_.load() != seen; });
+    seen = generation_.load();
+    if (stop_) return;
+    const auto* job = job_;
+    const int64_t n = job_n_;
+    const int chunks = job_chunks_;
+    lock.unlock();
+    if (job == nullptr || index >= chunks) continue;
+    in_parallel_region = true;
+    try {
+      int64_t b, e;
+      chunk_bounds(n, chunks, index, &b, &e);
+      (*job)(b, e);
+    } catch (...) {
+      std::lock_guard<std::mutex> guard(error_mutex_);
+      if (!job_error_) job_error_ = std::current_exception();
+    }
+    in_parallel_region = false;
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+}  // namespace basalt
