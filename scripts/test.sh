@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds and runs every test: the normal build, then the same tests under
+# AddressSanitizer + UndefinedBehaviorSanitizer, then a short fuzzing run of
+# the checkpoint header parser.
+#   scripts/test.sh            # all three
+#   BASALT_QUICK=1 scripts/test.sh   # normal build only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export BASALT_WITH_FUZZ=1
+scripts/install-deps.sh
+jobs=$(nproc)
+export CTEST_OUTPUT_ON_FAILURE=1
+
+echo "== build and test (RelWithDebInfo)"
+scripts/build.sh build
+ctest --test-dir build -j "$jobs" --timeout 900
+
+if [[ "${BASALT_QUICK:-0}" == "1" ]]; then
+  exit 0
+fi
+
+echo "== build and test (ASan + UBSan)"
+scripts/build.sh build-asan -DBASALT_SANITIZE=ON -DBASALT_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan -j "$jobs" --timeout 1800
+
+if [[ -x fuzz/run_fuzz.sh ]]; then
+  echo "== fuzz the safetensors header parser (${BASALT_FUZZ_SECONDS:-60} s)"
+  fuzz/run_fuzz.sh "${BASALT_FUZZ_SECONDS:-60}"
+fi

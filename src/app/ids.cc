@@ -1,0 +1,34 @@
+#include <charconv>
+
+#include "app/commands.h"
+#include "core/error.h"
+
+namespace basalt {
+
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  const size_t n = text.size();
+  auto skip_spaces = [&] {
+    while (i < n && (text[i] == ' ' || text[i] == '\t')) ++i;
+  };
+  skip_spaces();
+  if (i == n) return ids;
+  for (;;) {
+    skip_spaces();
+    int32_t value = 0;
+    auto [end, ec] = std::from_chars(text.data() + i, text.data() + n, value);
+    BASALT_CHECK(ec == std::errc() && end != text.data() + i,
+                 "{} must be a comma-separated list of integers, got '{}'", flag, text);
+    BASALT_CHECK(value >= 0, "{}: token ids must be non-negative, got {}", flag, value);
+    ids.push_back(value);
+    i = static_cast<size_t>(end - text.data());
+    skip_spaces();
+    if (i == n) break;
+    BASALT_CHECK(text[i] == ',', "{} must be a comma-separated list of integers, got '{}'", flag, text);
+    ++i;
+  }
+  return ids;
+}
+
+}  // namespace basalt

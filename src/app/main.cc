@@ -1,0 +1,32 @@
+// basalt: one binary, a subcommand per job (see `basalt --help`).
+#include <cstdio>
+#include <exception>
+
+#include "app/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Basalt: serve and run open-weight LLMs"};
+  app.require_subcommand(1);
+  basalt::add_generate_command(app);
+  basalt::add_tokenize_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "basalt: error: %s (see --help)\n", e.what());
+    return 2;
+  } catch (const basalt::Error& e) {
+    std::fprintf(stderr, "basalt: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "basalt: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,38 @@
+// ForwardBatch: everything one model step needs to know about its tokens.
+//
+// Contract: the caller (the offline generator now, the scheduler later) fills
+// it; the model only reads it. Prefill, chunked prefill, decode and
+// speculative verification are all this one structure with different shapes:
+// T new tokens with their positions and the KV slot each writes, the slots
+// each sequence reads (attention layout, in position order, ending with the
+// new tokens' own slots) and the rows whose logits are wanted.
+#pragma once
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+
+#include <span>
+
+namespace basalt {
+
+struct ForwardBatch {
+  Tensor token_ids;   // i32 [T]
+  Tensor positions;   // i32 [T]
+  Tensor out_slots;   // i32 [T]: the KV slot each new token writes
+  AttentionLayout attention;
+  Tensor logit_rows;  // i32 [L]: rows of the T tokens whose logits are computed
+
+  int64_t num_tokens() const { return token_ids.numel(); }
+};
+
+}  // namespace basalt
+
+namespace basalt {
+
+// The batch for one sequence whose KV occupies slots 0..start+n-1 in position
+// order (slot == position): new_tokens sit at positions start..start+n-1 and
+// only the last token's logits are wanted. Host tensors.
+ForwardBatch single_sequence_batch(std::span<const int32_t> new_tokens, int64_t start_position,
+                                   bool all_logits = false);
+
+}  // namespace basalt

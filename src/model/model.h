@@ -1,0 +1,48 @@
+// Model: a loaded checkpoint that runs forward steps on a backend.
+//
+// Contract: load_model(dir, backend) reads config.json and the safetensors
+// weights, checks every tensor's presence, dtype and shape against the
+// config (errors name the file and tensor), and moves the weights to the
+// backend. forward() runs one ForwardBatch: it writes the new tokens' keys and
+// values into `kv` at batch.out_slots and returns f32 logits for
+// batch.logit_rows. A Model is used by one thread at a time; it holds no
+// per-request state (that lives in the KV slots the caller manages).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/forward_batch.h"
+
+namespace basalt {
+
+// The per-layer KV storage that slots index into: layer l's keys are
+// k[l][slot, :] ([num_slots, kv_heads * head_dim]) and values v[l][slot, :].
+struct KvBuffers {
+  std::vector<Tensor> k;
+  std::vector<Tensor> v;
+  int64_t num_slots = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  // Allocates KV storage for num_slots token slots on the model's backend.
+  virtual KvBuffers allocate_kv(int64_t num_slots, DType dtype = DType::kF32) const = 0;
+  // Bytes of KV storage one token slot takes across all layers.
+  virtual size_t kv_bytes_per_slot(DType dtype) const = 0;
+  // logits: f32 [batch.logit_rows.numel(), vocab_size], allocated by the caller.
+  virtual void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits) = 0;
+};
+
+// progress(done_bytes, total_bytes) is called while weights are read.
+using LoadProgress = std::function<void(uint64_t, uint64_t)>;
+std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
+                                  const LoadProgress& progress = {});
+
+}  // namespace basalt
