@@ -1,0 +1,172 @@
+// Decode and prefill speed of a random-weight model with Llama-3.2-1B's shape
+// on the CPU backend, next to the weight-bandwidth floor.
+//
+//   basalt_bench_llama_decode [--layers N] [--prompt N] [--tokens N]
+//
+// The checkpoint (bf16, ~2.5 GB for the full 16 layers) is written to a
+// temporary directory, loaded through the same path `basalt generate` uses,
+// and deleted afterwards. Decode reads every weight once per token, so
+// tokens/s can be at most (memory read bandwidth) / (weight bytes); the
+// bandwidth is measured in the same run with a multi-threaded streaming read.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <atomic>
+#include <unistd.h>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/thread_pool.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "runtime/generator.h"
+
+namespace {
+
+using namespace basalt;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Uniform values in [-scale, scale) from a xorshift stream: cheap enough for
+// the 1.2e9 weights of the full model.
+Tensor random_bf16(Shape shape, float scale, uint64_t seed) {
+  Tensor t = Tensor::empty(std::move(shape), DType::kBF16);
+  uint16_t* p = t.data<uint16_t>();
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const float u = static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
+    p[i] = f32_to_bf16((2.0f * u - 1.0f) * scale);
+  }
+  return t;
+}
+
+// GB/s of a multi-threaded streaming read over a buffer far larger than the caches.
+double measure_read_bandwidth() {
+  const size_t n = size_t{1} << 27;  // 128 Mi floats = 512 MiB
+  std::vector<float> buffer(n, 1.0f);
+  ThreadPool& pool = ThreadPool::global();
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<double> sums(static_cast<size_t>(pool.size()) * 16, 0.0);
+    std::atomic<int> slot{0};
+    const auto start = Clock::now();
+    pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e) {
+      float acc[16] = {};
+      for (int64_t i = b; i + 16 <= e; i += 16)
+        for (int j = 0; j < 16; ++j) acc[j] += buffer[static_cast<size_t>(i + j)];
+      double s = 0;
+      for (float a : acc) s += a;
+      sums[static_cast<size_t>(slot++) * 16] = s;
+    });
+    const double t = seconds_since(start);
+    best = std::max(best, static_cast<double>(n * sizeof(float)) / t / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int layers = 16, prompt_len = 128, decode_tokens = 16;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const int value = std::atoi(argv[i + 1]);
+    if (flag == "--layers") layers = value;
+    else if (flag == "--prompt") prompt_len = value;
+    else if (flag == "--tokens") decode_tokens = value;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  const int64_t H = 2048, I = 8192, heads = 32, kv_heads = 8, D = 64, V = 128256;
+
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("basalt_llama1b_bench_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  nlohmann::json config = {
+      {"model_type", "llama"}, {"vocab_size", V}, {"hidden_size", H}, {"intermediate_size", I},
+      {"num_hidden_layers", layers}, {"num_attention_heads", heads},
+      {"num_key_value_heads", kv_heads}, {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", true},
+      {"max_position_embeddings", 131072},
+      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}},
+      {"rope_theta", 500000.0}};
+  std::ofstream(dir / "config.json") << config.dump(1);
+
+  std::printf("writing a random-weight Llama-3.2-1B-shaped checkpoint (%d layers)...\n", layers);
+  std::fflush(stdout);
+  {
+    uint64_t seed = 1;
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    tensors.emplace_back("model.embed_tokens.weight", random_bf16({V, H}, 0.05f, seed++));
+    tensors.emplace_back("model.norm.weight", random_bf16({H}, 1.0f, seed++));
+    for (int l = 0; l < layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      tensors.emplace_back(p + "input_layernorm.weight", random_bf16({H}, 1.0f, seed++));
+      tensors.emplace_back(p + "post_attention_layernorm.weight", random_bf16({H}, 1.0f, seed++));
+      tensors.emplace_back(p + "self_attn.q_proj.weight", random_bf16({heads * D, H}, 0.02f, seed++));
+      tensors.emplace_back(p + "self_attn.k_proj.weight", random_bf16({kv_heads * D, H}, 0.02f, seed++));
+      tensors.emplace_back(p + "self_attn.v_proj.weight", random_bf16({kv_heads * D, H}, 0.02f, seed++));
+      tensors.emplace_back(p + "self_attn.o_proj.weight", random_bf16({H, heads * D}, 0.02f, seed++));
+      tensors.emplace_back(p + "mlp.gate_proj.weight", random_bf16({I, H}, 0.02f, seed++));
+      tensors.emplace_back(p + "mlp.up_proj.weight", random_bf16({I, H}, 0.02f, seed++));
+      tensors.emplace_back(p + "mlp.down_proj.weight", random_bf16({H, I}, 0.02f, seed++));
+    }
+    write_safetensors((dir / "model.safetensors").string(), tensors);
+  }
+
+  CpuBackend backend;
+  auto start = Clock::now();
+  auto model = load_model(dir.string(), backend);
+  const double load_s = seconds_since(start);
+
+  // Bytes of weights one decode step reads: every linear plus the (tied) head.
+  const double linear_bytes_per_layer =
+      2.0 * static_cast<double>(H * heads * D * 2 + H * kv_heads * D * 2 + 3 * H * I);
+  const double weight_bytes = layers * linear_bytes_per_layer + 2.0 * static_cast<double>(V * H);
+
+  std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
+  for (int i = 0; i < prompt_len; ++i) prompt[static_cast<size_t>(i)] = (i * 7919 + 13) % static_cast<int>(V);
+
+  GenerateOptions options;
+  options.temperature = 0;
+  options.ignore_eos = true;
+  // Prefill alone (one token out), then prefill + decode; the difference is decode.
+  options.max_tokens = 1;
+  generate(*model, backend, prompt, options);  // warm-up: page in the weights
+  start = Clock::now();
+  generate(*model, backend, prompt, options);
+  const double prefill_s = seconds_since(start);
+  options.max_tokens = 1 + decode_tokens;
+  start = Clock::now();
+  generate(*model, backend, prompt, options);
+  const double decode_s = seconds_since(start) - prefill_s;
+
+  const double bandwidth = measure_read_bandwidth();
+  const double decode_tps = decode_tokens / decode_s;
+  const double floor_tps = bandwidth * 1e9 / weight_bytes;
+  std::printf("\nLlama-3.2-1B shape, %d layers, bf16 weights, %d threads (load %.1f s)\n", layers,
+              ThreadPool::global().size(), load_s);
+  std::printf("%-34s %12s\n", "measure", "value");
+  std::printf("%-34s %12.1f\n", "prefill tokens/s (128-token prompt)", prompt_len / prefill_s);
+  std::printf("%-34s %12.2f\n", "decode tokens/s (batch 1)", decode_tps);
+  std::printf("%-34s %12.2f\n", "weight GB read per decode token", weight_bytes / 1e9);
+  std::printf("%-34s %12.1f\n", "achieved weight GB/s in decode", decode_tps * weight_bytes / 1e9);
+  std::printf("%-34s %12.1f\n", "measured read bandwidth GB/s", bandwidth);
+  std::printf("%-34s %12.2f\n", "bandwidth floor tokens/s", floor_tps);
+  std::printf("%-34s %12.2f\n", "decode / floor", decode_tps / floor_tps);
+  std::filesystem::remove_all(dir);
+  return 0;
+}
