@@ -1,0 +1,139 @@
+// Scalar reference implementations of the Backend op set.
+//
+// Contract: each function in basalt::reference computes the Backend op of the
+// same name (backend/backend.h) on host tensors, with plain loops written to be
+// read and checked by eye, not to be fast. Sums run in double, so the
+// reference is more accurate than any f32 kernel it is compared against, and
+// every backend's tests compare their outputs with these functions on random
+// inputs. Inputs are validated (a mismatch throws basalt::Error), but less
+// thoroughly than a production backend does. ReferenceBackend wraps the
+// functions as a Backend, so model code can be run on it to debug a faster
+// backend end to end.
+//
+// Precise semantics that the terse comments of backend.h leave open, and that
+// every backend must follow:
+//
+//  * embedding: out[t, :] = f32(table[ids[t], :]); ids outside [0, V) throw.
+//    The table may be f32, bf16, f16 or f8_e4m3 (raw values, no scales).
+//  * linear: weights f32, bf16, f16 or f8_e4m3; bias f32, bf16 or f16.
+//  * rms_norm: out = (x * (1 / sqrt(mean(x^2) + eps))) * weight, the order of
+//    Hugging Face's LlamaRMSNorm for f32 activations.
+//  * rope: for pair (a, b) of frequency i (see RopeStyle) and position p,
+//    angle = float(p) * inv_freq[i] (one f32 multiply, as HF computes
+//    inv_freq @ positions in f32), c = cos(angle) * attention_scaling,
+//    s = sin(angle) * attention_scaling (f32), and
+//    a' = a * c - b * s,  b' = b * c + a * s.
+//    Features at or past rotary_dim within a head are left unchanged.
+//  * store_kv: caches are [num_slots, row] with row = kv_heads * head_dim (or
+//    any shape whose first dimension is num_slots and whose other dimensions
+//    multiply to row), f32 or bf16 (rounded to nearest even on store). Slots
+//    outside [0, num_slots) throw. If a slot repeats, which row lands there is
+//    unspecified.
+//  * attention: query row i of a sequence with q_len queries and kv_len keys
+//    sits at position p = kv_len - q_len + i (q_len <= kv_len) and attends to
+//    the keys j with j <= p and, if sliding_window > 0, p - j < sliding_window
+//    (the window counts the query's own key, as HF's sliding-window mask
+//    does). Query head h reads kv head h / (num_heads / num_kv_heads).
+//  * argmax: NaN entries are skipped; a row of nothing but NaN gives 0.
+//  * sample (per row, with the controls c of that row):
+//     1. c.temperature == 0: the argmax of the row; no random draw is used.
+//     2. s_i = logits[i] / temperature (NaN counts as -inf); m = max_i s_i;
+//        w_i = exp(s_i - m) in f32. The rank order is s descending, ties
+//        broken by the lower token index.
+//     3. top-k (0 < top_k < V): keep the first top_k tokens in rank order.
+//     4. top-p (top_p < 1): Z = sum of the kept w_i (double, index order).
+//        Walk the kept tokens in rank order with c = the sum (double) of the
+//        w of the kept tokens before it; keep the first token always and
+//        every later one while c < top_p * Z.
+//     5. min-p (min_p > 0): keep only the kept tokens with w_i >= min_p, that
+//        is p_i >= min_p * p_max, as the top token has w = 1.
+//     6. Draw: u = sampling_uniform(seed, step) (backend/sampling_rng.h);
+//        Z' = sum of the kept w_i (double, index order); the token is the
+//        first kept i in index order whose running sum (double, index order)
+//        exceeds u * Z'. Should rounding leave no such token, the last kept
+//        token with w_i > 0 is taken.
+//    The filters are applied in this order on the unnormalised weights w,
+//    which rank and cut exactly as the softmax probabilities would. Every
+//    sum order is fixed, so two backends that compute the same s_i and w_i
+//    bits pick the same token; a backend whose exp differs in the last bit
+//    can disagree only where u * Z' falls within rounding of a boundary.
+//    Valid controls: temperature >= 0 and finite, top_k >= 0,
+//    0 < top_p <= 1, 0 <= min_p <= 1; anything else throws.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "backend/backend.h"
+
+namespace basalt::reference {
+
+void copy(const Tensor& src, Tensor& dst);
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
+void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out);
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+void rope(Tensor& x, const Tensor& positions, const RopeParams& params);
+void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+              Tensor& v_cache);
+void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+               const AttentionLayout& layout, const AttentionParams& params, Tensor& out);
+void silu_and_mul(const Tensor& gate_up, Tensor& out);
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+void softmax(const Tensor& x, Tensor& out);
+void log_softmax(const Tensor& x, Tensor& out);
+void argmax(const Tensor& logits, Tensor& out);
+void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out);
+
+// Reads element i of a floating host tensor of any floating dtype as f32.
+float load_f32(const Tensor& t, int64_t i);
+
+}  // namespace basalt::reference
+
+namespace basalt {
+
+// The reference ops as a host Backend.
+class ReferenceBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "reference"; }
+  Device device() const override { return Device::kCpu; }
+  Tensor empty(Shape shape, DType dtype) override { return Tensor::empty(std::move(shape), dtype); }
+  void copy(const Tensor& src, Tensor& dst) override { reference::copy(src, dst); }
+  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override {
+    reference::embedding(ids, table, out);
+  }
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override {
+    reference::linear(x, w, bias, out);
+  }
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override {
+    reference::rms_norm(x, weight, eps, out);
+  }
+  void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                    Tensor& out) override {
+    reference::add_rms_norm(residual, x, weight, eps, out);
+  }
+  void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override {
+    reference::rope(x, positions, params);
+  }
+  void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+                Tensor& v_cache) override {
+    reference::store_kv(k, v, slots, k_cache, v_cache);
+  }
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                 const AttentionLayout& layout, const AttentionParams& params,
+                 Tensor& out) override {
+    reference::attention(q, k_cache, v_cache, layout, params, out);
+  }
+  void silu_and_mul(const Tensor& gate_up, Tensor& out) override {
+    reference::silu_and_mul(gate_up, out);
+  }
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override { reference::add(a, b, out); }
+  void softmax(const Tensor& x, Tensor& out) override { reference::softmax(x, out); }
+  void log_softmax(const Tensor& x, Tensor& out) override { reference::log_softmax(x, out); }
+  void argmax(const Tensor& logits, Tensor& out) override { reference::argmax(logits, out); }
+  void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override {
+    reference::sample(logits, rows, out);
+  }
+};
+
+}  // namespace basalt
