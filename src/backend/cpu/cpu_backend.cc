@@ -1,0 +1,631 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <vector>
+
+#include "backend/cpu/attention.h"
+#include "backend/cpu/linear.h"
+#include "backend/cpu/sampling.h"
+#include "backend/cpu/simd.h"
+#include "core/error.h"
+
+namespace basalt {
+namespace {
+
+using cpu::kLanes;
+using cpu::Vec;
+
+// Elements of work below which a parallel region costs more than it saves
+// (a wake-up of the pool is a few microseconds).
+constexpr int64_t kMinTaskElements = 1 << 14;
+
+int64_t rows_per_task(int64_t row_elements) {
+  return std::max<int64_t>(1, kMinTaskElements / std::max<int64_t>(1, row_elements));
+}
+
+// --- Validation -------------------------------------------------------------
+
+void check_host(const Tensor& t, const char* op, const char* name) {
+  BASALT_CHECK(t.device() == Device::kCpu, "{}: {} must be a host tensor for the cpu backend, got {}",
+               op, name, t.describe());
+  BASALT_CHECK(t.numel() == 0 || t.raw() != nullptr, "{}: {} {} has no memory", op, name,
+               t.describe());
+}
+
+void check_dtype(const Tensor& t, const char* op, const char* name,
+                 std::initializer_list<DType> allowed) {
+  check_host(t, op, name);
+  std::string names;
+  for (DType d : allowed) {
+    if (t.dtype() == d) return;
+    names += names.empty() ? "" : " or ";
+    names += dtype_name(d);
+  }
+  fail("{}: {} must be {}, got {}", op, name, names, t.describe());
+}
+
+void check_rank(const Tensor& t, const char* op, const char* name, int rank) {
+  BASALT_CHECK(t.rank() == rank, "{}: {} must have rank {}, got {}", op, name, rank, t.describe());
+}
+
+void check_shape(const Tensor& t, const char* op, const char* name, const Shape& shape) {
+  BASALT_CHECK(t.shape() == shape, "{}: {} must have shape {}, got {}", op, name,
+               shape_string(shape), t.describe());
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const char* pa = static_cast<const char*>(a.raw());
+  const char* pb = static_cast<const char*>(b.raw());
+  return a.nbytes() && b.nbytes() && pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+constexpr std::initializer_list<DType> kFloatWeights = {DType::kF32, DType::kBF16, DType::kF16,
+                                                        DType::kF8E4M3};
+
+// --- Conversions ------------------------------------------------------------
+
+const std::array<float, 256>& fp8_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = fp8e4m3_to_f32(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+// dst[0, n) = f32(src[offset, offset + n)) for any floating dtype.
+void to_f32(const void* src, DType dtype, int64_t offset, int64_t n, float* dst) {
+  switch (dtype) {
+    case DType::kF32:
+      if (n) std::memmove(dst, static_cast<const float*>(src) + offset, n * sizeof(float));
+      return;
+    case DType::kBF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src) + offset;
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes) cpu::vstore(dst + i, cpu::vload_bf16(s + i));
+      for (; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      return;
+    }
+    case DType::kF16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src) + offset;
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes) cpu::vstore(dst + i, cpu::vload_f16(s + i));
+      for (; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      const uint8_t* s = static_cast<const uint8_t*>(src) + offset;
+      for (int64_t i = 0; i < n; ++i) dst[i] = fp8_table()[s[i]];
+      return;
+    }
+    default: fail("cannot convert {} to f32", dtype_name(dtype));
+  }
+}
+
+// dst[offset, offset + n) = src[0, n) rounded to nearest even in dtype.
+void from_f32(const float* src, int64_t n, void* dst, DType dtype, int64_t offset) {
+  switch (dtype) {
+    case DType::kF32:
+      if (n) std::memmove(static_cast<float*>(dst) + offset, src, n * sizeof(float));
+      return;
+    case DType::kBF16: {
+      uint16_t* d = static_cast<uint16_t*>(dst) + offset;
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::kF16: {
+      uint16_t* d = static_cast<uint16_t*>(dst) + offset;
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      uint8_t* d = static_cast<uint8_t*>(dst) + offset;
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_fp8e4m3(src[i]);
+      return;
+    }
+    default: fail("cannot convert f32 to {}", dtype_name(dtype));
+  }
+}
+
+// A small weight vector as f32: the tensor's own memory when it is f32.
+const float* weight_as_f32(const Tensor& weight, std::vector<float>& storage) {
+  if (weight.dtype() == DType::kF32) return weight.data<const float>();
+  storage.resize(static_cast<size_t>(weight.numel()));
+  to_f32(weight.raw(), weight.dtype(), 0, weight.numel(), storage.data());
+  return storage.data();
+}
+
+// --- Row kernels ------------------------------------------------------------
+
+float sum_of_squares(const float* x, int64_t n) {
+  Vec acc0 = cpu::vzero(), acc1 = cpu::vzero();
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    const Vec a = cpu::vload(x + i), b = cpu::vload(x + i + kLanes);
+    acc0 = cpu::vfma(a, a, acc0);
+    acc1 = cpu::vfma(b, b, acc1);
+  }
+  for (; i < n; i += kLanes) {
+    const Vec a = cpu::vload_partial(x + i, static_cast<int>(std::min<int64_t>(kLanes, n - i)));
+    acc0 = cpu::vfma(a, a, acc0);
+  }
+  return cpu::vsum(cpu::vadd(acc0, acc1));
+}
+
+// out = (x * inv_rms) * weight, in the order of HF's LlamaRMSNorm.
+void normalize_row(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  const float inv_rms = 1.0f / std::sqrt(sum_of_squares(x, n) / static_cast<float>(n) + eps);
+  const Vec scale = cpu::vset(inv_rms);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    cpu::vstore(out + i, cpu::vmul(cpu::vmul(cpu::vload(x + i), scale), cpu::vload(weight + i)));
+  }
+  for (; i < n; ++i) out[i] = x[i] * inv_rms * weight[i];
+}
+
+float row_max(const float* x, int64_t n) {
+  Vec m = cpu::vset(-INFINITY);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) m = cpu::vmax(m, cpu::vload(x + i));
+  float result = cpu::vmax_lanes(m);
+  for (; i < n; ++i) result = std::max(result, x[i]);
+  return result;
+}
+
+// Writes exp(x - shift) to out (may alias x) and returns its sum.
+float exp_shifted(const float* x, int64_t n, float shift, float* out) {
+  const Vec s = cpu::vset(shift);
+  Vec total = cpu::vzero();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const Vec e = cpu::vexp(cpu::vsub(cpu::vload(x + i), s));
+    cpu::vstore(out + i, e);
+    total = cpu::vadd(total, e);
+  }
+  float sum = cpu::vsum(total);
+  for (; i < n; ++i) {
+    out[i] = std::exp(x[i] - shift);
+    sum += out[i];
+  }
+  return sum;
+}
+
+}  // namespace
+
+// --- Ops ----------------------------------------------------------------------
+
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  check_host(src, "copy", "src");
+  check_host(dst, "copy", "dst");
+  BASALT_CHECK(src.numel() == dst.numel(), "copy: src {} and dst {} differ in element count",
+               src.describe(), dst.describe());
+  if (src.dtype() == dst.dtype()) {
+    if (src.nbytes()) std::memmove(dst.raw(), src.raw(), src.nbytes());
+    return;
+  }
+  BASALT_CHECK(is_floating(src.dtype()) && is_floating(dst.dtype()) && !overlaps(src, dst),
+               "copy: cannot convert {} into {}", src.describe(), dst.describe());
+  constexpr int64_t kChunk = 4096;
+  pool_->parallel_for(
+      (src.numel() + kChunk - 1) / kChunk,
+      [&](int64_t c0, int64_t c1) {
+        float buffer[kChunk];
+        for (int64_t c = c0; c < c1; ++c) {
+          const int64_t begin = c * kChunk, n = std::min(kChunk, src.numel() - begin);
+          to_f32(src.raw(), src.dtype(), begin, n, buffer);
+          from_f32(buffer, n, dst.raw(), dst.dtype(), begin);
+        }
+      },
+      rows_per_task(kChunk));
+}
+
+void CpuBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+  check_dtype(ids, "embedding", "ids", {DType::kI32});
+  check_rank(ids, "embedding", "ids", 1);
+  check_dtype(table, "embedding", "table", kFloatWeights);
+  check_rank(table, "embedding", "table", 2);
+  check_dtype(out, "embedding", "out", {DType::kF32});
+  const int64_t tokens = ids.dim(0), vocab = table.dim(0), hidden = table.dim(1);
+  check_shape(out, "embedding", "out", {tokens, hidden});
+  const int32_t* id = ids.data<const int32_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    BASALT_CHECK(id[t] >= 0 && id[t] < vocab, "embedding: ids[{}] = {} is outside the table {}", t,
+                 id[t], table.describe());
+  }
+  pool_->parallel_for(
+      tokens,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          to_f32(table.raw(), table.dtype(), id[t] * hidden, hidden, out.data<float>() + t * hidden);
+        }
+      },
+      rows_per_task(hidden));
+}
+
+void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
+  check_dtype(x, "linear", "x", {DType::kF32});
+  check_rank(x, "linear", "x", 2);
+  check_dtype(w, "linear", "w", kFloatWeights);
+  check_rank(w, "linear", "w", 2);
+  check_dtype(out, "linear", "out", {DType::kF32});
+  const int64_t tokens = x.dim(0), in = x.dim(1), outs = w.dim(0);
+  BASALT_CHECK(w.dim(1) == in, "linear: x {} and w {} disagree on in_features", x.describe(),
+               w.describe());
+  check_shape(out, "linear", "out", {tokens, outs});
+  if (bias) {
+    check_dtype(*bias, "linear", "bias", {DType::kF32, DType::kBF16, DType::kF16});
+    check_shape(*bias, "linear", "bias", {outs});
+  }
+  BASALT_CHECK(!overlaps(out, x) && !overlaps(out, w), "linear: out {} overlaps its inputs",
+               out.describe());
+  cpu::linear_f32(*pool_, x.data<const float>(), tokens, in, w.raw(), w.dtype(), outs,
+                  bias ? bias->raw() : nullptr, bias ? bias->dtype() : DType::kF32,
+                  out.data<float>());
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  check_dtype(x, "rms_norm", "x", {DType::kF32});
+  check_rank(x, "rms_norm", "x", 2);
+  check_dtype(weight, "rms_norm", "weight", kFloatWeights);
+  check_dtype(out, "rms_norm", "out", {DType::kF32});
+  const int64_t tokens = x.dim(0), hidden = x.dim(1);
+  BASALT_CHECK(hidden > 0, "rms_norm: x {} has no features", x.describe());
+  check_shape(weight, "rms_norm", "weight", {hidden});
+  check_shape(out, "rms_norm", "out", {tokens, hidden});
+  std::vector<float> storage;
+  const float* w = weight_as_f32(weight, storage);
+  pool_->parallel_for(
+      tokens,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          normalize_row(x.data<const float>() + t * hidden, w, hidden, eps,
+                        out.data<float>() + t * hidden);
+        }
+      },
+      rows_per_task(hidden));
+}
+
+void CpuBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                              Tensor& out) {
+  check_dtype(residual, "add_rms_norm", "residual", {DType::kF32});
+  check_rank(residual, "add_rms_norm", "residual", 2);
+  check_dtype(x, "add_rms_norm", "x", {DType::kF32});
+  check_dtype(weight, "add_rms_norm", "weight", kFloatWeights);
+  check_dtype(out, "add_rms_norm", "out", {DType::kF32});
+  const int64_t tokens = residual.dim(0), hidden = residual.dim(1);
+  BASALT_CHECK(hidden > 0, "add_rms_norm: residual {} has no features", residual.describe());
+  check_shape(x, "add_rms_norm", "x", residual.shape());
+  check_shape(weight, "add_rms_norm", "weight", {hidden});
+  check_shape(out, "add_rms_norm", "out", residual.shape());
+  std::vector<float> storage;
+  const float* w = weight_as_f32(weight, storage);
+  pool_->parallel_for(
+      tokens,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          // Row by row, so out may alias x or residual.
+          float* r = residual.data<float>() + t * hidden;
+          const float* xr = x.data<const float>() + t * hidden;
+          for (int64_t i = 0; i < hidden; ++i) r[i] += xr[i];
+          normalize_row(r, w, hidden, eps, out.data<float>() + t * hidden);
+        }
+      },
+      rows_per_task(hidden));
+}
+
+void CpuBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& params) {
+  check_dtype(x, "rope", "x", {DType::kF32});
+  check_rank(x, "rope", "x", 2);
+  check_dtype(positions, "rope", "positions", {DType::kI32});
+  const int64_t heads = params.num_heads, head_dim = params.head_dim, rotary = params.rotary_dim;
+  BASALT_CHECK(heads > 0 && head_dim > 0 && rotary > 0 && rotary % 2 == 0 && rotary <= head_dim,
+               "rope: need num_heads > 0 and an even rotary_dim in (0, head_dim], got num_heads {}, "
+               "head_dim {}, rotary_dim {}",
+               heads, head_dim, rotary);
+  const int64_t tokens = x.dim(0);
+  check_shape(x, "rope", "x", {tokens, heads * head_dim});
+  check_shape(positions, "rope", "positions", {tokens});
+  BASALT_CHECK(params.inv_freq != nullptr, "rope: params.inv_freq is missing");
+  check_dtype(*params.inv_freq, "rope", "inv_freq", {DType::kF32});
+  check_shape(*params.inv_freq, "rope", "inv_freq", {rotary / 2});
+  const int64_t half = rotary / 2;
+  const float* inv_freq = params.inv_freq->data<const float>();
+  const int32_t* pos = positions.data<const int32_t>();
+  const bool rotate_half = params.style == RopeStyle::kRotateHalf;
+  pool_->parallel_for(
+      tokens,
+      [&](int64_t t0, int64_t t1) {
+        std::vector<float> cos_table(static_cast<size_t>(half)), sin_table(static_cast<size_t>(half));
+        for (int64_t t = t0; t < t1; ++t) {
+          // One table per token, shared by all heads.
+          const float position = static_cast<float>(pos[t]);
+          for (int64_t i = 0; i < half; ++i) {
+            const float angle = position * inv_freq[i];
+            cos_table[i] = std::cos(angle) * params.attention_scaling;
+            sin_table[i] = std::sin(angle) * params.attention_scaling;
+          }
+          for (int64_t h = 0; h < heads; ++h) {
+            float* head = x.data<float>() + (t * heads + h) * head_dim;
+            if (rotate_half) {
+              float* a = head;
+              float* b = head + half;
+              for (int64_t i = 0; i < half; ++i) {
+                const float ai = a[i], bi = b[i];
+                a[i] = ai * cos_table[i] - bi * sin_table[i];
+                b[i] = bi * cos_table[i] + ai * sin_table[i];
+              }
+            } else {
+              for (int64_t i = 0; i < half; ++i) {
+                const float ai = head[2 * i], bi = head[2 * i + 1];
+                head[2 * i] = ai * cos_table[i] - bi * sin_table[i];
+                head[2 * i + 1] = bi * cos_table[i] + ai * sin_table[i];
+              }
+            }
+          }
+        }
+      },
+      rows_per_task(heads * rotary * 2 + half * 40));
+}
+
+void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+                          Tensor& v_cache) {
+  check_dtype(k, "store_kv", "k", {DType::kF32});
+  check_rank(k, "store_kv", "k", 2);
+  check_dtype(v, "store_kv", "v", {DType::kF32});
+  check_rank(v, "store_kv", "v", 2);
+  check_dtype(slots, "store_kv", "slots", {DType::kI32});
+  const int64_t tokens = k.dim(0);
+  BASALT_CHECK(v.dim(0) == tokens, "store_kv: k {} and v {} differ in token count", k.describe(),
+               v.describe());
+  check_shape(slots, "store_kv", "slots", {tokens});
+  const Tensor* caches[2] = {&k_cache, &v_cache};
+  const Tensor* rows[2] = {&k, &v};
+  const char* names[2] = {"k_cache", "v_cache"};
+  for (int i = 0; i < 2; ++i) {
+    check_dtype(*caches[i], "store_kv", names[i], {DType::kF32, DType::kBF16});
+    BASALT_CHECK(caches[i]->rank() >= 2 && caches[i]->dim(0) > 0 &&
+                     caches[i]->numel() / caches[i]->dim(0) == rows[i]->dim(1),
+                 "store_kv: {} {} does not hold rows of {} floats", names[i],
+                 caches[i]->describe(), rows[i]->dim(1));
+  }
+  BASALT_CHECK(k_cache.dim(0) == v_cache.dim(0), "store_kv: k_cache {} and v_cache {} differ in slots",
+               k_cache.describe(), v_cache.describe());
+  const int32_t* slot = slots.data<const int32_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    BASALT_CHECK(slot[t] >= 0 && slot[t] < k_cache.dim(0),
+                 "store_kv: slots[{}] = {} is outside the cache's {} slots", t, slot[t],
+                 k_cache.dim(0));
+  }
+  const int64_t k_width = k.dim(1), v_width = v.dim(1);
+  pool_->parallel_for(
+      tokens,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          from_f32(k.data<const float>() + t * k_width, k_width, k_cache.raw(), k_cache.dtype(),
+                   slot[t] * k_width);
+          from_f32(v.data<const float>() + t * v_width, v_width, v_cache.raw(), v_cache.dtype(),
+                   slot[t] * v_width);
+        }
+      },
+      rows_per_task(k_width + v_width));
+}
+
+void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                           const AttentionLayout& layout, const AttentionParams& params,
+                           Tensor& out) {
+  const AttentionParams& p = params;
+  BASALT_CHECK(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 &&
+                   p.head_dim > 0 && p.v_head_dim > 0 && p.sliding_window >= 0 &&
+                   std::isfinite(p.scale),
+               "attention: bad params (num_heads {}, num_kv_heads {}, head_dim {}, v_head_dim {}, "
+               "scale {}, sliding_window {})",
+               p.num_heads, p.num_kv_heads, p.head_dim, p.v_head_dim, p.scale, p.sliding_window);
+  check_dtype(q, "attention", "q", {DType::kF32});
+  check_rank(q, "attention", "q", 2);
+  check_dtype(out, "attention", "out", {DType::kF32});
+  const int64_t tokens = q.dim(0);
+  check_shape(q, "attention", "q", {tokens, int64_t{p.num_heads} * p.head_dim});
+  check_shape(out, "attention", "out", {tokens, int64_t{p.num_heads} * p.v_head_dim});
+  BASALT_CHECK(!overlaps(out, q), "attention: out {} overlaps q", out.describe());
+  check_dtype(k_cache, "attention", "k_cache", {DType::kF32, DType::kBF16});
+  check_dtype(v_cache, "attention", "v_cache", {DType::kF32, DType::kBF16});
+  BASALT_CHECK(k_cache.rank() >= 2 && v_cache.rank() >= 2 && k_cache.dim(0) == v_cache.dim(0) &&
+                   k_cache.numel() == k_cache.dim(0) * p.num_kv_heads * p.head_dim &&
+                   v_cache.numel() == v_cache.dim(0) * p.num_kv_heads * p.v_head_dim,
+               "attention: caches {} and {} must be [slots, {} kv heads × {} / {} dims]",
+               k_cache.describe(), v_cache.describe(), p.num_kv_heads, p.head_dim, p.v_head_dim);
+  check_dtype(layout.q_start, "attention", "q_start", {DType::kI32});
+  check_rank(layout.q_start, "attention", "q_start", 1);
+  check_dtype(layout.kv_start, "attention", "kv_start", {DType::kI32});
+  check_dtype(layout.kv_slots, "attention", "kv_slots", {DType::kI32});
+  check_rank(layout.kv_slots, "attention", "kv_slots", 1);
+  const int64_t seqs = layout.q_start.dim(0) - 1;
+  BASALT_CHECK(seqs >= 0, "attention: q_start {} must have num_seqs + 1 entries",
+               layout.q_start.describe());
+  check_shape(layout.kv_start, "attention", "kv_start", {seqs + 1});
+  const int32_t* q_start = layout.q_start.data<const int32_t>();
+  const int32_t* kv_start = layout.kv_start.data<const int32_t>();
+  const int32_t* kv_slots = layout.kv_slots.data<const int32_t>();
+  BASALT_CHECK(q_start[0] == 0 && q_start[seqs] == tokens,
+               "attention: q_start must run from 0 to the {} query rows, got {} .. {}", tokens,
+               q_start[0], q_start[seqs]);
+  BASALT_CHECK(kv_start[0] == 0 && kv_start[seqs] == layout.kv_slots.dim(0),
+               "attention: kv_start must run from 0 to the {} kv_slots, got {} .. {}",
+               layout.kv_slots.dim(0), kv_start[0], kv_start[seqs]);
+  for (int64_t s = 0; s < seqs; ++s) {
+    const int64_t q_len = int64_t{q_start[s + 1]} - q_start[s];
+    const int64_t kv_len = int64_t{kv_start[s + 1]} - kv_start[s];
+    BASALT_CHECK(q_len >= 0 && kv_len >= q_len,
+                 "attention: sequence {} has {} query rows and {} keys (need 0 <= q_len <= kv_len)",
+                 s, q_len, kv_len);
+  }
+  const int64_t num_slots = k_cache.dim(0);
+  for (int64_t i = 0; i < layout.kv_slots.dim(0); ++i) {
+    BASALT_CHECK(kv_slots[i] >= 0 && kv_slots[i] < num_slots,
+                 "attention: kv_slots[{}] = {} is outside the cache's {} slots", i, kv_slots[i],
+                 num_slots);
+  }
+  cpu::AttentionArgs args;
+  args.q = q.data<const float>();
+  args.k_cache = k_cache.raw();
+  args.k_dtype = k_cache.dtype();
+  args.v_cache = v_cache.raw();
+  args.v_dtype = v_cache.dtype();
+  args.q_start = q_start;
+  args.kv_start = kv_start;
+  args.kv_slots = kv_slots;
+  args.num_seqs = seqs;
+  args.params = params;
+  args.out = out.data<float>();
+  cpu::attention_f32(*pool_, args);
+}
+
+void CpuBackend::silu_and_mul(const Tensor& gate_up, Tensor& out) {
+  check_dtype(gate_up, "silu_and_mul", "gate_up", {DType::kF32});
+  check_rank(gate_up, "silu_and_mul", "gate_up", 2);
+  check_dtype(out, "silu_and_mul", "out", {DType::kF32});
+  const int64_t tokens = gate_up.dim(0), inter = gate_up.dim(1) / 2;
+  BASALT_CHECK(gate_up.dim(1) % 2 == 0, "silu_and_mul: gate_up {} must have an even width",
+               gate_up.describe());
+  check_shape(out, "silu_and_mul", "out", {tokens, inter});
+  BASALT_CHECK(!overlaps(out, gate_up) || out.raw() == gate_up.raw(),
+               "silu_and_mul: out {} partially overlaps gate_up", out.describe());
+  pool_->parallel_for(
+      tokens,
+      [&](int64_t t0, int64_t t1) {
+        const Vec one = cpu::vset(1.0f), zero = cpu::vzero();
+        for (int64_t t = t0; t < t1; ++t) {
+          const float* gate = gate_up.data<const float>() + t * 2 * inter;
+          const float* up = gate + inter;
+          float* o = out.data<float>() + t * inter;
+          int64_t i = 0;
+          for (; i + kLanes <= inter; i += kLanes) {
+            const Vec g = cpu::vload(gate + i);
+            const Vec silu = cpu::vdiv(g, cpu::vadd(one, cpu::vexp(cpu::vsub(zero, g))));
+            cpu::vstore(o + i, cpu::vmul(silu, cpu::vload(up + i)));
+          }
+          for (; i < inter; ++i) o[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+        }
+      },
+      rows_per_task(inter * 8));
+}
+
+void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  check_dtype(a, "add", "a", {DType::kF32});
+  check_dtype(b, "add", "b", {DType::kF32});
+  check_dtype(out, "add", "out", {DType::kF32});
+  check_shape(b, "add", "b", a.shape());
+  check_shape(out, "add", "out", a.shape());
+  constexpr int64_t kChunk = 4096;
+  const int64_t n = a.numel();
+  pool_->parallel_for(
+      (n + kChunk - 1) / kChunk,
+      [&](int64_t c0, int64_t c1) {
+        const float* pa = a.data<const float>();
+        const float* pb = b.data<const float>();
+        float* po = out.data<float>();
+        const int64_t end = std::min(n, c1 * kChunk);
+        for (int64_t i = c0 * kChunk; i < end; ++i) po[i] = pa[i] + pb[i];
+      },
+      rows_per_task(kChunk));
+}
+
+namespace {
+
+void softmax_op(ThreadPool& pool, const Tensor& x, Tensor& out, bool log, const char* op) {
+  check_dtype(x, op, "x", {DType::kF32});
+  check_rank(x, op, "x", 2);
+  check_dtype(out, op, "out", {DType::kF32});
+  check_shape(out, op, "out", x.shape());
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  BASALT_CHECK(cols > 0, "{}: x {} has empty rows", op, x.describe());
+  pool.parallel_for(
+      rows,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* in = x.data<const float>() + r * cols;
+          float* o = out.data<float>() + r * cols;
+          const float max_value = row_max(in, cols);
+          if (log) {
+            // Sum the exponentials without storing them: out may alias x.
+            const Vec shift = cpu::vset(max_value);
+            Vec total = cpu::vzero();
+            int64_t i = 0;
+            for (; i + kLanes <= cols; i += kLanes) {
+              total = cpu::vadd(total, cpu::vexp(cpu::vsub(cpu::vload(in + i), shift)));
+            }
+            float sum = cpu::vsum(total);
+            for (; i < cols; ++i) sum += std::exp(in[i] - max_value);
+            const float offset = max_value + std::log(sum);
+            for (i = 0; i < cols; ++i) o[i] = in[i] - offset;
+          } else {
+            const float inv = 1.0f / exp_shifted(in, cols, max_value, o);
+            for (int64_t i = 0; i < cols; ++i) o[i] *= inv;
+          }
+        }
+      },
+      rows_per_task(cols * 4));
+}
+
+}  // namespace
+
+void CpuBackend::softmax(const Tensor& x, Tensor& out) {
+  softmax_op(*pool_, x, out, false, "softmax");
+}
+
+void CpuBackend::log_softmax(const Tensor& x, Tensor& out) {
+  softmax_op(*pool_, x, out, true, "log_softmax");
+}
+
+void CpuBackend::argmax(const Tensor& logits, Tensor& out) {
+  check_dtype(logits, "argmax", "logits", {DType::kF32});
+  check_rank(logits, "argmax", "logits", 2);
+  check_dtype(out, "argmax", "out", {DType::kI32});
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  BASALT_CHECK(vocab > 0, "argmax: logits {} has empty rows", logits.describe());
+  check_shape(out, "argmax", "out", {rows});
+  pool_->parallel_for(
+      rows,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          out.data<int32_t>()[r] = cpu::argmax_row(logits.data<const float>() + r * vocab, vocab);
+        }
+      },
+      rows_per_task(vocab));
+}
+
+void CpuBackend::sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) {
+  check_dtype(logits, "sample", "logits", {DType::kF32});
+  check_rank(logits, "sample", "logits", 2);
+  check_dtype(out, "sample", "out", {DType::kI32});
+  const int64_t count = logits.dim(0), vocab = logits.dim(1);
+  BASALT_CHECK(vocab > 0, "sample: logits {} has empty rows", logits.describe());
+  BASALT_CHECK(static_cast<int64_t>(rows.size()) == count,
+               "sample: {} rows of controls for logits {}", rows.size(), logits.describe());
+  check_shape(out, "sample", "out", {count});
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const SamplingRow& c = rows[r];
+    BASALT_CHECK(std::isfinite(c.temperature) && c.temperature >= 0.0f,
+                 "sample: rows[{}].temperature = {} must be finite and >= 0", r, c.temperature);
+    BASALT_CHECK(c.top_k >= 0, "sample: rows[{}].top_k = {} must be >= 0", r, c.top_k);
+    BASALT_CHECK(c.top_p > 0.0f && c.top_p <= 1.0f, "sample: rows[{}].top_p = {} must be in (0, 1]",
+                 r, c.top_p);
+    BASALT_CHECK(c.min_p >= 0.0f && c.min_p <= 1.0f, "sample: rows[{}].min_p = {} must be in [0, 1]",
+                 r, c.min_p);
+  }
+  pool_->parallel_for(
+      count,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          out.data<int32_t>()[r] =
+              cpu::sample_row(logits.data<const float>() + r * vocab, vocab, rows[r]);
+        }
+      },
+      rows_per_task(vocab * 4));
+}
+
+}  // namespace basalt

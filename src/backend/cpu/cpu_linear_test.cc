@@ -1,0 +1,130 @@
+// CpuBackend::linear against the reference, across both kernel regimes
+// (few tokens: in-register conversion; many tokens: f32 panels), every weight
+// dtype, sizes that leave remainders in every blocking dimension, with and
+// without bias, and with pools of several sizes.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "backend/cpu/backend_test_util.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/linear.h"
+#include "backend/reference_ops.h"
+#include "core/error.h"
+
+namespace basalt {
+namespace {
+
+using testing::count_nan;
+using testing::poisoned;
+using testing::random_tensor;
+using testing::relative_error;
+using testing::TestRng;
+
+void expect_linear_matches(Backend& backend, TestRng& rng, int64_t tokens, int64_t in,
+                           int64_t outs, DType w_dtype, DType bias_dtype, bool with_bias) {
+  const Tensor x = random_tensor(rng, {tokens, in}, DType::kF32);
+  const Tensor w = random_tensor(rng, {outs, in}, w_dtype, 0.5f);
+  const Tensor bias = random_tensor(rng, {outs}, bias_dtype);
+  Tensor out = poisoned({tokens, outs}), ref = poisoned({tokens, outs});
+  backend.linear(x, w, with_bias ? &bias : nullptr, out);
+  reference::linear(x, w, with_bias ? &bias : nullptr, ref);
+  EXPECT_EQ(count_nan(out), 0) << tokens << "x" << in << " -> " << outs << " " << dtype_name(w_dtype);
+  EXPECT_LT(relative_error(out, ref), 1e-5)
+      << tokens << "x" << in << " -> " << outs << " " << dtype_name(w_dtype)
+      << (with_bias ? " with bias" : "");
+}
+
+TEST(CpuLinear, OddShapesEveryDtypeBothRegimes) {
+  TestRng rng;
+  CpuBackend backend;
+  const int64_t panel = cpu::linear_panel_min_tokens();
+  const std::vector<int64_t> token_counts = {1, 2, 3, 4, 5, panel - 1, panel, panel + 3, 17, 64, 65};
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3}) {
+    for (int64_t tokens : token_counts) {
+      for (int64_t in : {1, 3, 17, 63, 64, 65, 129}) {
+        for (int64_t outs : {1, 3, 7, 13, 64}) {
+          expect_linear_matches(backend, rng, tokens, in, outs, dtype, DType::kF32, (in + outs) % 2);
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuLinear, KBlockingAndTokenBlockingBoundaries) {
+  TestRng rng;
+  CpuBackend backend;
+  // in beyond one K-block (1024) with remainders; tokens beyond one token block (128).
+  for (const auto& [tokens, in, outs] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 2047, 33}, {3, 3000, 20}, {9, 1025, 31}, {64, 2048, 37}, {130, 1100, 19},
+           {257, 96, 70}}) {
+    expect_linear_matches(backend, rng, tokens, in, outs, DType::kBF16, DType::kF32, true);
+  }
+}
+
+TEST(CpuLinear, BiasDtypes) {
+  TestRng rng;
+  CpuBackend backend;
+  for (DType bias_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    expect_linear_matches(backend, rng, 3, 40, 24, DType::kBF16, bias_dtype, true);
+    expect_linear_matches(backend, rng, 20, 40, 24, DType::kF16, bias_dtype, true);
+  }
+}
+
+TEST(CpuLinear, SameResultOnEveryPoolSize) {
+  TestRng rng;
+  for (int threads : {1, 3, 5}) {
+    ThreadPool pool(threads);
+    CpuBackend backend(&pool);
+    for (int64_t tokens : {1, 4, 33}) {
+      expect_linear_matches(backend, rng, tokens, 300, 101, DType::kBF16, DType::kF32, true);
+    }
+  }
+}
+
+TEST(CpuLinear, EmptyDimensions) {
+  CpuBackend backend;
+  // in = 0: every output is the bias (or zero).
+  const Tensor x = Tensor::empty({3, 0}, DType::kF32);
+  const Tensor w = Tensor::empty({5, 0}, DType::kBF16);
+  const Tensor bias = Tensor::from_f32({5}, std::vector<float>{1, 2, 3, 4, 5});
+  Tensor out = poisoned({3, 5});
+  backend.linear(x, w, &bias, out);
+  for (int64_t i = 0; i < out.numel(); ++i) EXPECT_EQ(out.data<float>()[i], 1.0f + i % 5);
+  // tokens = 0: nothing to do.
+  Tensor none = Tensor::empty({0, 5}, DType::kF32);
+  backend.linear(Tensor::empty({0, 0}, DType::kF32), w, nullptr, none);
+}
+
+TEST(CpuLinearChecks, RejectsMismatches) {
+  CpuBackend backend;
+  const Tensor x = Tensor::zeros({2, 8}, DType::kF32);
+  const Tensor w = Tensor::zeros({4, 8}, DType::kBF16);
+  Tensor out = Tensor::zeros({2, 4}, DType::kF32);
+  const Tensor bias_wrong = Tensor::zeros({5}, DType::kF32);
+  const Tensor bias_i32 = Tensor::zeros({4}, DType::kI32);
+  EXPECT_THROW(backend.linear(x, Tensor::zeros({4, 7}, DType::kBF16), nullptr, out), Error);
+  Tensor out_wrong = Tensor::zeros({2, 5}, DType::kF32);
+  EXPECT_THROW(backend.linear(x, w, nullptr, out_wrong), Error);
+  Tensor out_bf16 = Tensor::zeros({2, 4}, DType::kBF16);
+  EXPECT_THROW(backend.linear(x, w, nullptr, out_bf16), Error);
+  EXPECT_THROW(backend.linear(Tensor::zeros({2, 8}, DType::kBF16), w, nullptr, out), Error);
+  EXPECT_THROW(backend.linear(x, Tensor::zeros({4, 8}, DType::kI32), nullptr, out), Error);
+  EXPECT_THROW(backend.linear(x, w.reshape({32}), nullptr, out), Error);
+  EXPECT_THROW(backend.linear(x, w, &bias_wrong, out), Error);
+  EXPECT_THROW(backend.linear(x, w, &bias_i32, out), Error);
+  // out over its own input.
+  Tensor square = Tensor::zeros({2, 2}, DType::kF32);
+  EXPECT_THROW(backend.linear(square, Tensor::zeros({2, 2}, DType::kF32), nullptr, square), Error);
+  try {
+    backend.linear(x, Tensor::zeros({4, 7}, DType::kBF16), nullptr, out);
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("linear"), std::string::npos) << message;
+    EXPECT_NE(message.find("[4, 7]"), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace basalt

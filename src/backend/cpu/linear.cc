@@ -1,0 +1,333 @@
+#include "backend/cpu/linear.h"
+
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include "backend/cpu/scratch.h"
+#include "backend/cpu/simd.h"
+#include "core/error.h"
+
+namespace basalt::cpu {
+namespace {
+
+// Register blocking. The panel microkernel keeps kPanelX × kPanelRows vector
+// accumulators live: 24 of AVX-512's 32 registers, 12 of AVX2's 16.
+#if defined(__AVX512F__)
+constexpr int kPanelX = 4;
+constexpr int kPanelRows = 6;
+#elif defined(__AVX2__)
+constexpr int kPanelX = 3;
+constexpr int kPanelRows = 4;
+#else
+constexpr int kPanelX = 4;
+constexpr int kPanelRows = 4;
+#endif
+// The direct kernel's weight rows per pass and token rows per pass.
+constexpr int kDirectRows = 4;
+constexpr int kDirectX = 4;
+// From this many tokens on, converting a weight panel once and reusing it
+// beats converting in registers for every group of kDirectX tokens.
+constexpr int64_t kPanelMinTokens = 8;
+// K-block of a panel: kPanelRows × kPanelK floats (24 KiB) stay in L1 while
+// the token rows stream past them from L2.
+constexpr int64_t kPanelK = 1024;
+// Token rows per outer block, so that those rows' K-block (kPanelTokens ×
+// kPanelK floats, 512 KiB) stays in L2 across all panels of a thread.
+constexpr int64_t kPanelTokens = 128;
+// Multiply-adds below which handing work to another thread costs more than it saves.
+constexpr int64_t kMinParallelMacs = 1 << 15;
+
+// How a weight dtype is read: one vector of kLanes weights, or one weight.
+template <DType D>
+struct WeightType;
+
+template <>
+struct WeightType<DType::kF32> {
+  using Storage = float;
+  static Vec load(const float* p) { return vload(p); }
+  static float scalar(float v) { return v; }
+};
+
+template <>
+struct WeightType<DType::kBF16> {
+  using Storage = uint16_t;
+  static Vec load(const uint16_t* p) { return vload_bf16(p); }
+  static float scalar(uint16_t v) { return bf16_to_f32(v); }
+};
+
+template <>
+struct WeightType<DType::kF16> {
+  using Storage = uint16_t;
+  static Vec load(const uint16_t* p) { return vload_f16(p); }
+  static float scalar(uint16_t v) { return f16_to_f32(v); }
+};
+
+const std::array<float, 256>& fp8_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = fp8e4m3_to_f32(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+template <>
+struct WeightType<DType::kF8E4M3> {
+  using Storage = uint8_t;
+  static Vec load(const uint8_t* p) {
+    alignas(64) float f[kLanes];
+    for (int i = 0; i < kLanes; ++i) f[i] = fp8_table()[p[i]];
+    return vload(f);
+  }
+  static float scalar(uint8_t v) { return fp8_table()[v]; }
+};
+
+// out[i * out_stride + r] = dot(x row i, w row r) for RX token rows and RW
+// weight rows, all of length k_len (rows of x and w are `in` apart).
+template <DType D, int RX, int RW>
+void direct_block(const float* x, const typename WeightType<D>::Storage* w, int64_t in,
+                  int64_t k_len, float* out, int64_t out_stride) {
+  using W = WeightType<D>;
+  Vec acc[RX][RW];
+  for (int i = 0; i < RX; ++i) {
+    for (int r = 0; r < RW; ++r) acc[i][r] = vzero();
+  }
+  int64_t k = 0;
+  for (; k + kLanes <= k_len; k += kLanes) {
+    Vec wv[RW];
+    for (int r = 0; r < RW; ++r) wv[r] = W::load(w + r * in + k);
+    for (int i = 0; i < RX; ++i) {
+      const Vec xv = vload(x + i * in + k);
+      for (int r = 0; r < RW; ++r) acc[i][r] = vfma(xv, wv[r], acc[i][r]);
+    }
+  }
+  if (k < k_len) {
+    // The tail goes through zero-padded copies so no load reads past a row.
+    const int rest = static_cast<int>(k_len - k);
+    Vec wv[RW];
+    for (int r = 0; r < RW; ++r) {
+      alignas(64) float tail[kLanes] = {};
+      for (int j = 0; j < rest; ++j) tail[j] = W::scalar(w[r * in + k + j]);
+      wv[r] = vload(tail);
+    }
+    for (int i = 0; i < RX; ++i) {
+      const Vec xv = vload_partial(x + i * in + k, rest);
+      for (int r = 0; r < RW; ++r) acc[i][r] = vfma(xv, wv[r], acc[i][r]);
+    }
+  }
+  for (int i = 0; i < RX; ++i) {
+    for (int r = 0; r < RW; ++r) out[i * out_stride + r] = vsum(acc[i][r]);
+  }
+}
+
+template <DType D, int RW>
+void direct_block_rows(int rx, const float* x, const typename WeightType<D>::Storage* w,
+                       int64_t in, float* out, int64_t out_stride) {
+  switch (rx) {
+    case 1: direct_block<D, 1, RW>(x, w, in, in, out, out_stride); break;
+    case 2: direct_block<D, 2, RW>(x, w, in, in, out, out_stride); break;
+    case 3: direct_block<D, 3, RW>(x, w, in, in, out, out_stride); break;
+    default: direct_block<D, 4, RW>(x, w, in, in, out, out_stride); break;
+  }
+}
+
+// Few tokens: parallel over blocks of kDirectRows weight rows; each block is
+// read from memory once and reused from L1/L2 for every group of tokens.
+template <DType D>
+void linear_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
+                   const typename WeightType<D>::Storage* w, int64_t outs, float* out) {
+  static_assert(kDirectX == 4, "direct_block_rows dispatches 1..4 token rows");
+  const int64_t blocks = (outs + kDirectRows - 1) / kDirectRows;
+  const int64_t macs_per_block = std::max<int64_t>(1, tokens * in * kDirectRows);
+  pool.parallel_for(
+      blocks,
+      [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t n0 = b * kDirectRows;
+          const int64_t rows = std::min<int64_t>(kDirectRows, outs - n0);
+          for (int64_t t = 0; t < tokens; t += kDirectX) {
+            const int rx = static_cast<int>(std::min<int64_t>(kDirectX, tokens - t));
+            if (rows == kDirectRows) {
+              direct_block_rows<D, kDirectRows>(rx, x + t * in, w + n0 * in, in,
+                                                out + t * outs + n0, outs);
+            } else {
+              for (int64_t r = 0; r < rows; ++r) {
+                direct_block_rows<D, 1>(rx, x + t * in, w + (n0 + r) * in, in,
+                                        out + t * outs + n0 + r, outs);
+              }
+            }
+          }
+        }
+      },
+      std::max<int64_t>(1, kMinParallelMacs / macs_per_block));
+}
+
+// Converts weight rows [n0, n0 + rows) × columns [k0, k0 + k_len) to f32 in
+// panel (kPanelRows rows, `stride` floats apart), zero-filling the padding
+// rows and the columns past k_len up to the next multiple of kLanes.
+template <DType D>
+void pack_panel(const typename WeightType<D>::Storage* w, int64_t in, int64_t n0, int64_t rows,
+                int64_t k0, int64_t k_len, float* panel, int64_t stride) {
+  using W = WeightType<D>;
+  const int64_t padded = (k_len + kLanes - 1) / kLanes * kLanes;
+  for (int64_t r = 0; r < kPanelRows; ++r) {
+    float* dst = panel + r * stride;
+    if (r >= rows) {
+      std::fill(dst, dst + padded, 0.0f);
+      continue;
+    }
+    const typename W::Storage* src = w + (n0 + r) * in + k0;
+    int64_t k = 0;
+    if constexpr (D != DType::kF8E4M3) {
+      for (; k + kLanes <= k_len; k += kLanes) vstore(dst + k, W::load(src + k));
+    }
+    for (; k < k_len; ++k) dst[k] = W::scalar(src[k]);
+    for (; k < padded; ++k) dst[k] = 0.0f;
+  }
+}
+
+// The panel microkernel: RX token rows against the kPanelRows rows of an f32
+// panel over k_len columns. Stores (or adds, for later K-blocks) the first
+// `valid` columns of the RX × kPanelRows result.
+template <int RX>
+void panel_block(const float* x, int64_t x_stride, const float* panel, int64_t panel_stride,
+                 int64_t k_len, float* out, int64_t out_stride, int64_t valid, bool accumulate) {
+  Vec acc[RX][kPanelRows];
+  for (int i = 0; i < RX; ++i) {
+    for (int r = 0; r < kPanelRows; ++r) acc[i][r] = vzero();
+  }
+  int64_t k = 0;
+  for (; k + kLanes <= k_len; k += kLanes) {
+    Vec wv[kPanelRows];
+    for (int r = 0; r < kPanelRows; ++r) wv[r] = vload(panel + r * panel_stride + k);
+    for (int i = 0; i < RX; ++i) {
+      const Vec xv = vload(x + i * x_stride + k);
+      for (int r = 0; r < kPanelRows; ++r) acc[i][r] = vfma(xv, wv[r], acc[i][r]);
+    }
+  }
+  if (k < k_len) {
+    const int rest = static_cast<int>(k_len - k);
+    Vec wv[kPanelRows];
+    for (int r = 0; r < kPanelRows; ++r) wv[r] = vload(panel + r * panel_stride + k);
+    for (int i = 0; i < RX; ++i) {
+      const Vec xv = vload_partial(x + i * x_stride + k, rest);
+      for (int r = 0; r < kPanelRows; ++r) acc[i][r] = vfma(xv, wv[r], acc[i][r]);
+    }
+  }
+  for (int i = 0; i < RX; ++i) {
+    float* o = out + i * out_stride;
+    for (int r = 0; r < valid; ++r) {
+      const float v = vsum(acc[i][r]);
+      o[r] = accumulate ? o[r] + v : v;
+    }
+  }
+}
+
+void panel_block_rows(int rx, const float* x, int64_t x_stride, const float* panel,
+                      int64_t panel_stride, int64_t k_len, float* out, int64_t out_stride,
+                      int64_t valid, bool accumulate) {
+  static_assert(kPanelX <= 4, "panel_block_rows dispatches 1..4 token rows");
+  switch (rx) {
+    case 1: panel_block<1>(x, x_stride, panel, panel_stride, k_len, out, out_stride, valid, accumulate); break;
+    case 2: panel_block<2>(x, x_stride, panel, panel_stride, k_len, out, out_stride, valid, accumulate); break;
+    case 3: panel_block<3>(x, x_stride, panel, panel_stride, k_len, out, out_stride, valid, accumulate); break;
+    default: panel_block<kPanelX>(x, x_stride, panel, panel_stride, k_len, out, out_stride, valid, accumulate); break;
+  }
+}
+
+// Many tokens: the work is (token block, panel of weight rows) pairs, split
+// over threads in contiguous runs of panels within a token block.
+template <DType D>
+void linear_paneled(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
+                    const typename WeightType<D>::Storage* w, int64_t outs, float* out) {
+  const int64_t panels = (outs + kPanelRows - 1) / kPanelRows;
+  const int64_t token_blocks = (tokens + kPanelTokens - 1) / kPanelTokens;
+  // Equal K-blocks, each a multiple of kLanes except possibly the last.
+  const int64_t k_blocks = std::max<int64_t>(1, (in + kPanelK - 1) / kPanelK);
+  const int64_t k_step = ((in + k_blocks - 1) / k_blocks + kLanes - 1) / kLanes * kLanes;
+  const int64_t stride = k_step + 16;  // a little skew so panel rows map to different sets
+  const int64_t macs_per_item = std::max<int64_t>(1, std::min(tokens, kPanelTokens) * in * kPanelRows);
+  pool.parallel_for(
+      token_blocks * panels,
+      [&](int64_t begin, int64_t end) {
+        float* panel = scratch_floats(ScratchSlot::kLinearPanel, kPanelRows * stride);
+        while (begin < end) {
+          const int64_t tb = begin / panels;
+          const int64_t p0 = begin % panels;
+          const int64_t p1 = std::min(panels, p0 + (end - begin));
+          begin += p1 - p0;
+          const int64_t t0 = tb * kPanelTokens, t1 = std::min(tokens, t0 + kPanelTokens);
+          for (int64_t k0 = 0; k0 < in; k0 += k_step) {
+            const int64_t k_len = std::min(k_step, in - k0);
+            for (int64_t p = p0; p < p1; ++p) {
+              const int64_t n0 = p * kPanelRows;
+              const int64_t rows = std::min<int64_t>(kPanelRows, outs - n0);
+              pack_panel<D>(w, in, n0, rows, k0, k_len, panel, stride);
+              for (int64_t t = t0; t < t1; t += kPanelX) {
+                const int rx = static_cast<int>(std::min<int64_t>(kPanelX, t1 - t));
+                panel_block_rows(rx, x + t * in + k0, in, panel, stride, k_len, out + t * outs + n0,
+                                 outs, rows, k0 > 0);
+              }
+            }
+          }
+        }
+      },
+      std::max<int64_t>(1, kMinParallelMacs / macs_per_item));
+}
+
+template <DType D>
+void linear_typed(ThreadPool& pool, const float* x, int64_t tokens, int64_t in, const void* w,
+                  int64_t outs, float* out) {
+  const auto* weights = static_cast<const typename WeightType<D>::Storage*>(w);
+  // fp8 has no in-register conversion, so it always goes through f32 panels.
+  if (tokens >= kPanelMinTokens || D == DType::kF8E4M3) {
+    linear_paneled<D>(pool, x, tokens, in, weights, outs, out);
+  } else {
+    linear_direct<D>(pool, x, tokens, in, weights, outs, out);
+  }
+}
+
+float load_bias(const void* bias, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(bias)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(bias)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(bias)[i]);
+    default: fail("linear: bias dtype {} is not supported", dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+int64_t linear_panel_min_tokens() { return kPanelMinTokens; }
+
+void linear_f32(ThreadPool& pool, const float* x, int64_t tokens, int64_t in, const void* w,
+                DType w_dtype, int64_t outs, const void* bias, DType bias_dtype, float* out) {
+  if (tokens == 0 || outs == 0) return;
+  if (in == 0) {
+    std::fill(out, out + tokens * outs, 0.0f);
+  } else {
+    switch (w_dtype) {
+      case DType::kF32: linear_typed<DType::kF32>(pool, x, tokens, in, w, outs, out); break;
+      case DType::kBF16: linear_typed<DType::kBF16>(pool, x, tokens, in, w, outs, out); break;
+      case DType::kF16: linear_typed<DType::kF16>(pool, x, tokens, in, w, outs, out); break;
+      case DType::kF8E4M3: linear_typed<DType::kF8E4M3>(pool, x, tokens, in, w, outs, out); break;
+      default: fail("linear: weight dtype {} is not supported", dtype_name(w_dtype));
+    }
+  }
+  if (bias != nullptr) {
+    std::vector<float> b(static_cast<size_t>(outs));
+    for (int64_t n = 0; n < outs; ++n) b[n] = load_bias(bias, bias_dtype, n);
+    pool.parallel_for(
+        tokens,
+        [&](int64_t t0, int64_t t1) {
+          for (int64_t t = t0; t < t1; ++t) {
+            float* row = out + t * outs;
+            for (int64_t n = 0; n < outs; ++n) row[n] += b[n];
+          }
+        },
+        std::max<int64_t>(1, 16384 / outs));
+  }
+}
+
+}  // namespace basalt::cpu

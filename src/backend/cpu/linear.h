@@ -1,0 +1,36 @@
+// The CPU linear kernel: out = x · wᵀ (+ bias) for f32 activations.
+//
+// Contract: linear_f32 computes out[t, n] = sum_k x[t, k] * w[n, k] + bias[n]
+// for row-major, contiguous, host x [tokens, in], w [outs, in] (f32, bf16, f16
+// or f8_e4m3) and out [tokens, outs], with f32 products of exactly converted
+// weights and f32 accumulation, spread over the pool. Arguments are trusted
+// (CpuBackend validates them); out must not overlap x or w.
+//
+// Two regimes, because decode and prefill have opposite bottlenecks:
+//  * few tokens (decode, small batches): the op is a streaming read of w, so
+//    each thread walks its share of weight rows once, converting bf16/f16 in
+//    registers and feeding up to four token rows per pass over the weights;
+//  * many tokens (prefill): the op is compute bound, so each thread converts
+//    a panel of weight rows (a K-block of a few rows) to f32 once into an
+//    L1-resident scratch buffer and reuses it against every token row with a
+//    register-blocked microkernel (4 token rows × 6 weight rows with AVX-512),
+//    which keeps the FMA units busy instead of the converters.
+// Both regimes take the weights in the checkpoint layout, so no repacking is
+// needed at load time.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace basalt::cpu {
+
+// bias may be null; otherwise bias_dtype is f32, bf16 or f16.
+void linear_f32(ThreadPool& pool, const float* x, int64_t tokens, int64_t in, const void* w,
+                DType w_dtype, int64_t outs, const void* bias, DType bias_dtype, float* out);
+
+// The token count from which linear_f32 switches to the panel regime.
+int64_t linear_panel_min_tokens();
+
+}  // namespace basalt::cpu
