@@ -1,0 +1,110 @@
+// Checkpoint: the tensors of a Hugging Face model directory.
+//
+// Contract: Checkpoint::open(dir) reads, in order of preference,
+//   1. model.safetensors.index.json, whose "weight_map" names the shard file
+//      of every tensor (shard names must be plain file names inside dir),
+//   2. model.safetensors,
+//   3. every *.safetensors file in dir, merged.
+// Every file is memory-mapped and fully validated on open (see safetensors.h),
+// so a corrupt or hostile checkpoint fails on open with a message naming the
+// file and the tensor, before any weight is used. A tensor name that appears
+// in two files is an error: which copy a loader would pick is undefined.
+//
+// get() returns zero-copy, read-only views into the mappings; they stay
+// valid after the Checkpoint is destroyed. Pages are read from disk on first
+// touch, so a large model's first forward pass would stall on I/O; callers
+// that want the cost up front (with a progress line) call prefetch().
+//
+// A Checkpoint is immutable after open and safe to read from many threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/safetensors.h"
+
+namespace basalt {
+
+struct CheckpointTensorInfo {
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::string file;  // path of the file that holds the tensor
+  uint64_t nbytes = 0;
+};
+
+class Checkpoint {
+ public:
+  // Called with (0, total) first, then after each chunk read, and last with
+  // done == total.
+  using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
+  static Checkpoint open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  // Tensor names, sorted.
+  std::vector<std::string> names() const;
+  bool has(std::string_view name) const;
+  // Paths of the safetensors files the tensors come from, in open order.
+  std::vector<std::string> files() const;
+  // Sum of the tensors' data sizes, in bytes.
+  uint64_t total_bytes() const { return total_bytes_; }
+
+  // These throw "<dir>: tensor '<name>' not found in checkpoint" when absent.
+  void require(std::string_view name) const;
+  CheckpointTensorInfo info(std::string_view name) const;
+  Tensor get(std::string_view name) const;
+  // Also throws "<file>: tensor '<name>': shape [a, b] does not match the
+  // config's [c, d]" when the stored shape differs from `expected_shape`.
+  Tensor get(std::string_view name, const Shape& expected_shape) const;
+  // For tensors a model may or may not have (biases, an untied lm_head).
+  std::optional<Tensor> find(std::string_view name) const;
+
+  // Reads every page of tensor data into the page cache (advising the kernel
+  // to read ahead), reporting progress after each chunk. Blocks until done.
+  void prefetch(const ProgressFn& progress = {}) const;
+
+ private:
+  Checkpoint() = default;
+  const SafetensorsFile& file_of(std::string_view name) const;
+
+  std::string dir_;
+  std::vector<SafetensorsFile> files_;
+  // Tensor name to the index in files_ of the file that holds it.
+  std::map<std::string, size_t, std::less<>> file_index_;
+  uint64_t total_bytes_ = 0;
+};
+
+// A Checkpoint::ProgressFn that shows "\rloading weights: 37% (1.2/3.3 GB)",
+// redrawn at most every 100 ms, ending with a newline when done == total. It
+// stays silent for loads under kMinTotalBytes (too fast to need it) and when
+// the output is not a terminal (so logs and pipes get no carriage returns).
+class ProgressPrinter {
+ public:
+  static constexpr uint64_t kMinTotalBytes = 256ull << 20;
+  static constexpr std::chrono::milliseconds kInterval{100};
+
+  // Prints to stderr when stderr is a terminal.
+  ProgressPrinter();
+  // Prints to `out` when `out_is_terminal` is true (tests pass a plain file).
+  ProgressPrinter(std::FILE* out, bool out_is_terminal, std::string label = "loading weights");
+
+  void operator()(uint64_t done, uint64_t total);
+
+ private:
+  std::FILE* out_;
+  bool enabled_;
+  std::string label_;
+  bool drawn_ = false;     // a line is on screen and not yet finished
+  bool finished_ = false;  // the last call completed a line
+  std::chrono::steady_clock::time_point last_draw_;
+};
+
+}  // namespace basalt
