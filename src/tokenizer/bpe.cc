@@ -48,19 +48,15 @@ std::unique_ptr<BpeModel> BpeModel::parse(const json& j, const std::string& path
 
   const json& vocab = ctx.member(j, path, "vocab");
   if (!vocab.is_object()) ctx.error(path + ".vocab", "expected an object of token: id");
-  int64_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() >= (int64_t{1} << 30)) {
-      ctx.error(fmt::format("{}.vocab[\"{}\"]", path, it.key()), "expected a non-negative integer id");
+      ctx.error(fmt::format("{}.vocab[\"{}\"]", path, it.key()), "expected a non-negative integer id below 2^30");
     }
     int32_t id = static_cast<int32_t>(it->get<int64_t>());
     m->vocab_[it.key()] = id;
-    max_id = std::max<int64_t>(max_id, id);
+    m->max_id_ = std::max(m->max_id_, id);
   }
-  m->vocab_r_.resize(static_cast<size_t>(max_id + 1));
-  for (const auto& [token, id] : m->vocab_) {
-    if (!m->vocab_r_[id]) m->vocab_r_[id] = token;
-  }
+  for (const auto& [token, id] : m->vocab_) m->vocab_r_.emplace(id, &token);
 
   const json& merges = ctx.member(j, path, "merges");
   if (!merges.is_array()) ctx.error(path + ".merges", "expected an array");
@@ -117,8 +113,8 @@ std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
 }
 
 const std::string* BpeModel::id_to_token(int32_t id) const {
-  if (id < 0 || static_cast<size_t>(id) >= vocab_r_.size() || !vocab_r_[id]) return nullptr;
-  return &*vocab_r_[id];
+  auto it = vocab_r_.find(id);
+  return it == vocab_r_.end() ? nullptr : it->second;
 }
 
 void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const {

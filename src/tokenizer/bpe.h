@@ -47,14 +47,17 @@ class BpeModel {
   const std::string* id_to_token(int32_t id) const;
   // Entries in the vocabulary (what `tokenizers` calls the model's vocab size).
   size_t vocab_entries() const { return vocab_.size(); }
-  int32_t max_id() const { return static_cast<int32_t>(vocab_r_.size()) - 1; }
+  int32_t max_id() const { return max_id_; }
 
  private:
   BpeModel() = default;
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
 
   TokenMap vocab_;
-  std::vector<std::optional<std::string>> vocab_r_;  // by id
+  // id -> token; points at the keys of vocab_ (a hash map, so that a sparse
+  // or hostile id range costs nothing).
+  std::unordered_map<int32_t, const std::string*> vocab_r_;
+  int32_t max_id_ = -1;
   struct MergeTarget {
     uint32_t rank;
     int32_t new_id;

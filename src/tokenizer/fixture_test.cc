@@ -3,9 +3,11 @@
 // `tokenizers` produced for them (tools/fixtures/make_tokenizer_fixtures.py).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "tokenizer/tokenizer.h"
 
@@ -28,9 +30,9 @@ std::string show(const std::string& s) {
   return json(s).dump(-1, ' ', true);
 }
 
-class FixtureTest : public ::testing::TestWithParam<std::string> {};
+class TokenizerFixtureTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(FixtureTest, EncodeMatchesReference) {
+TEST_P(TokenizerFixtureTest, EncodeMatchesReference) {
   Tokenizer tok = Tokenizer::from_file(dir_of(GetParam()) + "/tokenizer.json");
   json fx = load_fixtures(GetParam());
   ASSERT_GE(fx["encode"].size(), 60u);
@@ -42,7 +44,7 @@ TEST_P(FixtureTest, EncodeMatchesReference) {
   }
 }
 
-TEST_P(FixtureTest, DecodeMatchesReference) {
+TEST_P(TokenizerFixtureTest, DecodeMatchesReference) {
   Tokenizer tok = Tokenizer::from_file(dir_of(GetParam()) + "/tokenizer.json");
   json fx = load_fixtures(GetParam());
   for (const json& c : fx["encode"]) {
@@ -57,7 +59,7 @@ TEST_P(FixtureTest, DecodeMatchesReference) {
   }
 }
 
-TEST_P(FixtureTest, VocabularyQueries) {
+TEST_P(TokenizerFixtureTest, VocabularyQueries) {
   Tokenizer tok = Tokenizer::from_file(dir_of(GetParam()) + "/tokenizer.json");
   json fx = load_fixtures(GetParam());
   EXPECT_EQ(tok.vocab_size(), fx["max_id_plus_one"].get<int32_t>());
@@ -69,7 +71,38 @@ TEST_P(FixtureTest, VocabularyQueries) {
   for (int32_t id : fx["special_ids"].get<std::vector<int32_t>>()) EXPECT_TRUE(tok.is_special(id));
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, FixtureTest,
+// One Tokenizer serves many threads at once (the BPE cache is shared).
+TEST_P(TokenizerFixtureTest, ConcurrentEncodingIsConsistent) {
+  Tokenizer tok = Tokenizer::from_file(dir_of(GetParam()) + "/tokenizer.json");
+  json fx = load_fixtures(GetParam());
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int round = 0; round < 5; ++round) {
+        for (const json& c : fx["encode"]) {
+          if (tok.encode(c["text"].get<std::string>(), true) != c["ids"].get<std::vector<int32_t>>()) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST(TokenizerBosTest, BosComesFromThePostProcessor) {
+  Tokenizer llama3 = Tokenizer::from_file(dir_of("llama3") + "/tokenizer.json");
+  EXPECT_EQ(llama3.bos_id(), llama3.token_to_id("<|begin_of_text|>"));
+  Tokenizer llama2 = Tokenizer::from_file(dir_of("llama2") + "/tokenizer.json");
+  EXPECT_EQ(llama2.bos_id(), std::optional<int32_t>(1));
+  EXPECT_FALSE(Tokenizer::from_file(dir_of("gpt2") + "/tokenizer.json").bos_id().has_value());
+  EXPECT_FALSE(Tokenizer::from_file(dir_of("misc") + "/tokenizer.json").bos_id().has_value());
+  // Without special tokens the post-processor adds nothing.
+  EXPECT_EQ(llama3.encode("", true), std::vector<int32_t>{*llama3.bos_id()});
+  EXPECT_TRUE(llama3.encode("", false).empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizers, TokenizerFixtureTest,
                          ::testing::Values("gpt2", "llama3", "qwen2", "deepseek_v3", "llama2", "mistral",
                                            "metaspace_split", "misc"));
 

@@ -19,7 +19,7 @@ namespace {
 constexpr int kUnbounded = std::numeric_limits<int>::max();
 // Backtracking recursion deeper than this means a pattern with a repeated
 // group ran over a very long input; failing loudly beats a stack overflow.
-constexpr int kMaxDepth = 20000;
+constexpr int kMaxDepth = 4000;
 
 struct CharClass {
   std::vector<std::pair<char32_t, char32_t>> ranges;
@@ -185,14 +185,21 @@ class Parser {
         min = 0, max = 1, ++i_;
       } else if (c == '{') {
         ++i_;
-        if (!parse_number(min)) {
-          i_ = start;  // Oniguruma reads a brace that starts no interval as a literal
-          return atom;
-        }
+        bool has_min = parse_number(min);
+        if (!has_min) min = 0;  // {,n} means {0,n}
         max = min;
         if (!at_end() && peek() == ',') {
           ++i_;
-          if (!parse_number(max)) max = kUnbounded;
+          if (!parse_number(max)) {
+            if (!has_min) {
+              i_ = start;  // "{,}" is no interval: Oniguruma reads the brace as a literal
+              return atom;
+            }
+            max = kUnbounded;
+          }
+        } else if (!has_min) {
+          i_ = start;  // a brace that starts no interval is a literal
+          return atom;
         }
         if (at_end() || peek() != '}') {
           i_ = start;

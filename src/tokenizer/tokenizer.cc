@@ -482,6 +482,8 @@ namespace {
 
 bool ends_with_replacement(std::string_view s) { return s.ends_with("\xEF\xBF\xBD"); }
 
+bool is_byte_token(std::string_view t) { return t.size() == 6 && t.starts_with("<0x") && t.back() == '>'; }
+
 }  // namespace
 
 std::string IncrementalDecoder::push(int32_t id) {
@@ -489,6 +491,14 @@ std::string IncrementalDecoder::push(int32_t id) {
     fail("cannot decode token id {}: the vocabulary has no such id (size {})", id, tokenizer_->vocab_size());
   }
   ids_.push_back(id);
+  // A run of <0xNN> byte tokens is decoded as a group (ByteFallback): until a
+  // token that is not a byte ends the run, bytes already valid can still turn
+  // into U+FFFD, so nothing is final yet.
+  for (size_t i = ids_.size(); i-- > read_offset_;) {
+    if (skip_special_tokens_ && tokenizer_->is_special(ids_[i])) continue;
+    if (is_byte_token(tokenizer_->id_to_token(ids_[i]))) return {};
+    break;
+  }
   std::span<const int32_t> all(ids_);
   std::string prefix = tokenizer_->decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_),
                                           skip_special_tokens_);
@@ -515,7 +525,7 @@ std::string IncrementalDecoder::flush() {
   std::string text = tokenizer_->decode(all.subspan(prefix_offset_), skip_special_tokens_);
   ids_.clear();
   prefix_offset_ = read_offset_ = 0;
-  return text.starts_with(prefix) ? text.substr(prefix.size()) : std::string();
+  return text.starts_with(prefix) ? text.substr(prefix.size()) : text;
 }
 
 }  // namespace basalt
