@@ -76,16 +76,21 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   // Without --json the text streams to stdout as tokens are produced.
   std::optional<IncrementalDecoder> stream;
   if (!f.json && tokenizer) stream.emplace(*tokenizer, f.skip_special_tokens);
+  // Models often have more embedding rows than the tokenizer has tokens
+  // (padding to a multiple of 64 or 128); such ids carry no text.
+  auto has_text = [&](int32_t id) { return tokenizer && id < tokenizer->vocab_size(); };
   auto on_token = [&](int32_t id) {
-    if (!stream) return;
+    if (!stream || !has_text(id)) return;
     const std::string piece = stream->push(id);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   };
   const GenerateResult result = generate(*model, backend, prompt, options, on_token);
 
-  std::string text;
-  if (tokenizer) text = tokenizer->decode(result.output_ids, f.skip_special_tokens);
+  std::vector<int32_t> text_ids;
+  for (int32_t id : result.output_ids)
+    if (has_text(id)) text_ids.push_back(id);
+  const std::string text = tokenizer ? tokenizer->decode(text_ids, f.skip_special_tokens) : "";
   if (!f.json) {
     if (stream) {
       const std::string rest = stream->flush();

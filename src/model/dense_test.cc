@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "runtime/generator.h"
