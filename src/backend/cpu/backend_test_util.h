@@ -123,6 +123,27 @@ inline double relative_error(const Tensor& out, const Tensor& ref) {
   return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
+// ||t|| (Euclidean, over all elements, as f64).
+inline double norm(const Tensor& t) {
+  const Tensor f = t.to_f32();
+  double sum = 0.0;
+  for (int64_t i = 0; i < f.numel(); ++i) sum += double{f.data<float>()[i]} * f.data<float>()[i];
+  return std::sqrt(sum);
+}
+
+// ||out - ref|| (infinity if shapes differ or out has a NaN).
+inline double error_norm(const Tensor& out, const Tensor& ref) {
+  if (out.shape() != ref.shape()) return std::numeric_limits<double>::infinity();
+  const Tensor a = out.to_f32(), b = ref.to_f32();
+  double diff = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.data<float>()[i], y = b.data<float>()[i];
+    if (std::isnan(x)) return std::numeric_limits<double>::infinity();
+    diff += (x - y) * (x - y);
+  }
+  return std::sqrt(diff);
+}
+
 inline bool bytes_equal(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
          (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);

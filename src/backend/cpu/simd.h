@@ -185,4 +185,15 @@ inline Vec vexp(Vec x) { return std::exp(x); }
 
 #endif
 
+// Pins v to a register at this point. GCC likes to fold a reused load into
+// every FMA that consumes it (one load per FMA); in a register-blocked
+// microkernel that doubles the loads and makes L1 the bottleneck.
+inline void vpin(Vec& v) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+  __asm__("" : "+v"(v));
+#else
+  (void)v;
+#endif
+}
+
 }  // namespace basalt::cpu
