@@ -104,7 +104,8 @@ TEST(TokenizerBosTest, BosComesFromThePostProcessor) {
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, TokenizerFixtureTest,
                          ::testing::Values("gpt2", "llama3", "qwen2", "deepseek_v3", "llama2", "mistral",
-                                           "metaspace_split", "misc"));
+                                           "metaspace_split", "misc", "added_options",
+                                           "normalizers", "unk_whitespace"));
 
 }  // namespace
 }  // namespace basalt

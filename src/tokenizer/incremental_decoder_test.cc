@@ -67,7 +67,8 @@ TEST_P(TokenizerIncrementalDecoderTest, EncodedTextStreamsBack) {
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, TokenizerIncrementalDecoderTest,
                          ::testing::Values("gpt2", "llama3", "qwen2", "deepseek_v3", "llama2", "mistral",
-                                           "metaspace_split", "misc"));
+                                           "metaspace_split", "misc", "added_options",
+                                           "normalizers", "unk_whitespace"));
 
 TEST(TokenizerIncrementalDecoderSingleTest, HoldsBackSplitEmojiUntilComplete) {
   Tokenizer tok = load("llama2");

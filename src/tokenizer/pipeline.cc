@@ -535,6 +535,9 @@ class SequenceDecoder : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->decode_chain(tokens);
   }
+  bool window_safe() const override {
+    return std::all_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->window_safe(); });
+  }
 
  private:
   std::vector<std::unique_ptr<Decoder>> parts_;
@@ -663,6 +666,7 @@ class FuseDecoder : public Decoder {
 class StripDecoder : public Decoder {
  public:
   StripDecoder(char32_t content, size_t start, size_t stop) : content_(content), start_(start), stop_(stop) {}
+  bool window_safe() const override { return start_ < 2; }
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (std::string& t : tokens) {
       std::vector<char32_t> chars;
@@ -692,6 +696,7 @@ class StripDecoder : public Decoder {
 class BpeSuffixDecoder : public Decoder {
  public:
   explicit BpeSuffixDecoder(std::string suffix) : suffix_(std::move(suffix)) {}
+  bool window_safe() const override { return false; }
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string_view replacement = i + 1 == tokens.size() ? "" : " ";

@@ -11,6 +11,10 @@
 //                    and pairs are not produced)
 //   decoders:        Sequence, ByteLevel, Metaspace, Replace, ByteFallback,
 //                    Fuse, Strip, BPEDecoder
+// Not supported: the Unigram, WordPiece and WordLevel models, and the
+// Precompiled, Bert, Nmt and ByteLevel normalizers, the Whitespace, Bert,
+// Punctuation, CharDelimiterSplit, UnicodeScripts and FixedLength
+// pre-tokenizers, and the WordPiece and CTC decoders.
 //
 // A stage is parsed by a parse_* function from its JSON object; `path` is the
 // JSON location used in error messages ("pre_tokenizer.pretokenizers[0]").
@@ -68,6 +72,13 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // Whether decoding a window of ids that starts mid-stream yields, for the
+  // ids after the window's first ones, the same text as decoding the whole
+  // stream. False for decoders whose output depends on a token being last
+  // (BPEDecoder) or on the first characters of the whole text beyond the
+  // first one (Strip with start >= 2); IncrementalDecoder then decodes the
+  // whole stream each step.
+  virtual bool window_safe() const { return true; }
 };
 
 // The ids a post-processor puts before and after the encoded sequence.

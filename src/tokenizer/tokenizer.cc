@@ -371,6 +371,8 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 
 int32_t Tokenizer::vocab_size() const { return data_->vocab_size; }
 
+bool Tokenizer::window_safe_decoding() const { return !data_->decoder || data_->decoder->window_safe(); }
+
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   if (auto it = data_->added_by_content.find(token); it != data_->added_by_content.end()) return it->second;
   return data_->model->token_to_id(token);
@@ -476,7 +478,9 @@ TokenizerBundle load_tokenizer_dir(const std::string& dir) {
 // IncrementalDecoder
 
 IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
-    : tokenizer_(&tokenizer), skip_special_tokens_(skip_special_tokens) {}
+    : tokenizer_(&tokenizer),
+      skip_special_tokens_(skip_special_tokens),
+      window_mode_(tokenizer.window_safe_decoding()) {}
 
 namespace {
 
@@ -499,6 +503,12 @@ std::string IncrementalDecoder::push(int32_t id) {
     if (is_byte_token(tokenizer_->id_to_token(ids_[i]))) return {};
     break;
   }
+  if (!window_mode_) {
+    // A skipped id leaves the text as it was; agreeing with the previous
+    // decode then proves nothing about the last token's final form.
+    if (skip_special_tokens_ && tokenizer_->is_special(id)) return {};
+    return push_whole_stream();
+  }
   std::span<const int32_t> all(ids_);
   std::string prefix = tokenizer_->decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_),
                                           skip_special_tokens_);
@@ -518,7 +528,31 @@ std::string IncrementalDecoder::push(int32_t id) {
   return delta;
 }
 
+std::string IncrementalDecoder::push_whole_stream() {
+  std::string text = tokenizer_->decode(ids_, skip_special_tokens_);
+  // What two successive decodes agree on is final; a trailing U+FFFD and a
+  // partial character are not.
+  size_t common = 0;
+  while (common < text.size() && common < last_text_.size() && text[common] == last_text_[common]) ++common;
+  while (common > 0 && common < text.size() && (static_cast<unsigned char>(text[common]) & 0xC0) == 0x80) --common;
+  std::string stable = text.substr(0, common);
+  while (ends_with_replacement(stable)) stable.resize(stable.size() - 3);
+  last_text_ = std::move(text);
+  if (stable.size() <= emitted_.size() || !stable.starts_with(emitted_)) return {};
+  std::string delta = stable.substr(emitted_.size());
+  emitted_ = std::move(stable);
+  return delta;
+}
+
 std::string IncrementalDecoder::flush() {
+  if (!window_mode_) {
+    std::string text = tokenizer_->decode(ids_, skip_special_tokens_);
+    std::string delta = text.starts_with(emitted_) ? text.substr(emitted_.size()) : text;
+    ids_.clear();
+    emitted_.clear();
+    last_text_.clear();
+    return delta;
+  }
   std::span<const int32_t> all(ids_);
   std::string prefix = tokenizer_->decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_),
                                           skip_special_tokens_);

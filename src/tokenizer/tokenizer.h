@@ -61,6 +61,10 @@ class Tokenizer {
   const std::string& label() const;
 
  private:
+  friend class IncrementalDecoder;
+  // See tokenizer_detail::Decoder::window_safe.
+  bool window_safe_decoding() const;
+
   explicit Tokenizer(std::shared_ptr<const tokenizer_detail::TokenizerData> data)
       : data_(std::move(data)) {}
   std::shared_ptr<const tokenizer_detail::TokenizerData> data_;
@@ -107,14 +111,22 @@ class IncrementalDecoder {
   std::string flush();
 
  private:
+  std::string push_whole_stream();
+
   const Tokenizer* tokenizer_;
   bool skip_special_tokens_;
+  // Window mode (the usual case): text of ids_[prefix_offset_, read_offset_)
+  // has been emitted; it is decoded again as context so that decoders which
+  // treat the first token specially produce the same characters for the new
+  // ids as a full decode would.
+  bool window_mode_;
   std::vector<int32_t> ids_;
-  // Text of ids_[prefix_offset_, read_offset_) has been emitted; it is decoded
-  // again as context so that decoders which treat the first token specially
-  // produce the same characters for the new ids as a full decode would.
   size_t prefix_offset_ = 0;
   size_t read_offset_ = 0;
+  // Whole-stream mode, for decoders that are not window-safe: everything is
+  // decoded each step, and text is final once two successive decodes agree.
+  std::string emitted_;
+  std::string last_text_;
 };
 
 }  // namespace basalt
