@@ -11,13 +11,16 @@
 namespace basalt::cpu {
 namespace {
 
-// Keys per block: the block's keys (transposed) and values, 64 × head_dim
-// floats each, stay in L1/L2 while every query of the item visits them.
+// Keys per block: the block's keys and values, 64 × head_dim floats each,
+// stay in L1/L2 while every query of the item visits them.
 constexpr int64_t kKeyBlock = 64;
+static_assert(kKeyBlock % 4 == 0 && kKeyBlock % kLanes == 0, "block_scores works in fours");
 constexpr int kKeyChunks = static_cast<int>(kKeyBlock / kLanes);
 // Query rows per item: enough to amortise converting the keys, few enough
 // that a long prompt still yields many items to balance across threads.
 constexpr int64_t kQueryBlock = 16;
+// How many keys ahead gather prefetches.
+constexpr int64_t kPrefetchKeys = 8;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Item {
@@ -27,11 +30,6 @@ struct Item {
   int64_t row_end;
   int64_t cost;
 };
-
-float load_cache(const void* cache, DType dtype, int64_t i) {
-  return dtype == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(cache)[i])
-                               : static_cast<const float*>(cache)[i];
-}
 
 class ItemRunner {
  public:
@@ -58,7 +56,7 @@ class ItemRunner {
     float* running_max = acc + queries * dv;
     float* running_sum = running_max + queries;
     float* scores = running_sum + queries;
-    float* keys_t = scratch_floats(ScratchSlot::kAttentionKeys, static_cast<size_t>(d * kKeyBlock));
+    float* keys = scratch_floats(ScratchSlot::kAttentionKeys, static_cast<size_t>(d * kKeyBlock));
     float* values = scratch_floats(ScratchSlot::kAttentionValues, static_cast<size_t>(dv * kKeyBlock));
 
     for (int64_t r = 0; r < queries; ++r) {
@@ -73,13 +71,13 @@ class ItemRunner {
     const int64_t last_key = kv_len - q_len + item.row_end - 1;
     for (int64_t j0 = first_key; j0 <= last_key; j0 += kKeyBlock) {
       const int64_t count = std::min(kKeyBlock, last_key + 1 - j0);
-      gather(kv_begin + j0, count, item.kv_head, keys_t, values);
+      gather(kv_begin + j0, count, item.kv_head, keys, values);
       for (int64_t r = 0; r < queries; ++r) {
         const int64_t position = kv_len - q_len + item.row_begin + r / group_;
         const int64_t lo = std::max(j0, first_visible(position)) - j0;
         const int64_t hi = std::min(j0 + count - 1, position) - j0;
         if (lo > hi) continue;
-        block_scores(scaled_q + r * d, keys_t, scores);
+        block_scores(scaled_q + r * d, keys, count, scores);
         for (int64_t j = 0; j < kKeyBlock; ++j) {
           if (j < lo || j > hi) scores[j] = kNegInf;
         }
@@ -119,40 +117,69 @@ class ItemRunner {
     return p_.sliding_window > 0 ? std::max<int64_t>(0, position - p_.sliding_window + 1) : 0;
   }
 
-  // Converts `count` keys (transposed: keys_t[dim * kKeyBlock + j]) and values
-  // (values[j * v_head_dim + dim]) of one kv head to f32; pads keys with zeros.
-  void gather(int64_t slot_index, int64_t count, int64_t kv_head, float* keys_t,
+  // Converts `count` keys and values of one kv head to f32 rows
+  // (keys[j * head_dim + dim], values[j * v_head_dim + dim]), and zero-fills
+  // the keys up to the next multiple of 4 for block_scores.
+  void gather(int64_t slot_index, int64_t count, int64_t kv_head, float* keys,
               float* values) const {
     const int64_t d = p_.head_dim, dv = p_.v_head_dim, kv_heads = p_.num_kv_heads;
+    const size_t k_bytes = dtype_size(a_.k_dtype), v_bytes = dtype_size(a_.v_dtype);
     for (int64_t j = 0; j < count; ++j) {
-      const int64_t slot = a_.kv_slots[slot_index + j];
-      const int64_t k_base = (slot * kv_heads + kv_head) * d;
-      const int64_t v_base = (slot * kv_heads + kv_head) * dv;
-      if (a_.k_dtype == DType::kBF16) {
-        const uint16_t* k = static_cast<const uint16_t*>(a_.k_cache) + k_base;
-        for (int64_t i = 0; i < d; ++i) keys_t[i * kKeyBlock + j] = bf16_to_f32(k[i]);
-      } else {
-        const float* k = static_cast<const float*>(a_.k_cache) + k_base;
-        for (int64_t i = 0; i < d; ++i) keys_t[i * kKeyBlock + j] = k[i];
+      // Slots may be scattered over the cache (paged KV), which defeats the
+      // hardware prefetcher: fetch a few keys ahead by hand.
+      if (j + kPrefetchKeys < count) {
+        const int64_t ahead = a_.kv_slots[slot_index + j + kPrefetchKeys] * kv_heads + kv_head;
+        prefetch_row(static_cast<const char*>(a_.k_cache) + ahead * d * k_bytes, d * k_bytes);
+        prefetch_row(static_cast<const char*>(a_.v_cache) + ahead * dv * v_bytes, dv * v_bytes);
       }
-      for (int64_t i = 0; i < dv; ++i) values[j * dv + i] = load_cache(a_.v_cache, a_.v_dtype, v_base + i);
+      const int64_t slot = a_.kv_slots[slot_index + j];
+      convert_row(a_.k_cache, a_.k_dtype, (slot * kv_heads + kv_head) * d, d, keys + j * d);
+      convert_row(a_.v_cache, a_.v_dtype, (slot * kv_heads + kv_head) * dv, dv, values + j * dv);
     }
-    for (int64_t i = 0; i < d; ++i) {
-      std::fill(keys_t + i * kKeyBlock + count, keys_t + (i + 1) * kKeyBlock, 0.0f);
-    }
+    std::fill(keys + count * d, keys + (count + 3) / 4 * 4 * d, 0.0f);
   }
 
-  // scores[j] = q · key j for the whole block: keys along the vector lanes,
-  // so no horizontal sums are needed.
-  void block_scores(const float* q, const float* keys_t, float* scores) const {
-    Vec s[kKeyChunks];
-    for (int c = 0; c < kKeyChunks; ++c) s[c] = vzero();
-    for (int64_t i = 0; i < p_.head_dim; ++i) {
-      const Vec qi = vset(q[i]);
-      const float* row = keys_t + i * kKeyBlock;
-      for (int c = 0; c < kKeyChunks; ++c) s[c] = vfma(qi, vload(row + c * kLanes), s[c]);
+  static void prefetch_row(const char* p, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
+  }
+
+  static void convert_row(const void* cache, DType dtype, int64_t offset, int64_t n, float* dst) {
+    if (dtype == DType::kF32) {
+      std::copy_n(static_cast<const float*>(cache) + offset, n, dst);
+      return;
     }
-    for (int c = 0; c < kKeyChunks; ++c) vstore(scores + c * kLanes, s[c]);
+    const uint16_t* src = static_cast<const uint16_t*>(cache) + offset;
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) vstore(dst + i, vload_bf16(src + i));
+    for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+  }
+
+  // scores[j] = q · key j for the block's keys, four keys at a time so that
+  // one set of shuffles finishes four dot products.
+  void block_scores(const float* q, const float* keys, int64_t count, float* scores) const {
+    const int64_t d = p_.head_dim;
+    for (int64_t j = 0; j < count; j += 4) {
+      const float* k = keys + j * d;
+      Vec s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
+      int64_t i = 0;
+      for (; i + kLanes <= d; i += kLanes) {
+        const Vec qv = vload(q + i);
+        s0 = vfma(qv, vload(k + i), s0);
+        s1 = vfma(qv, vload(k + d + i), s1);
+        s2 = vfma(qv, vload(k + 2 * d + i), s2);
+        s3 = vfma(qv, vload(k + 3 * d + i), s3);
+      }
+      if (i < d) {
+        // Partial loads: the lanes past d would read the next key's row.
+        const int rest = static_cast<int>(d - i);
+        const Vec qv = vload_partial(q + i, rest);
+        s0 = vfma(qv, vload_partial(k + i, rest), s0);
+        s1 = vfma(qv, vload_partial(k + d + i, rest), s1);
+        s2 = vfma(qv, vload_partial(k + 2 * d + i, rest), s2);
+        s3 = vfma(qv, vload_partial(k + 3 * d + i, rest), s3);
+      }
+      vsum4(s0, s1, s2, s3, scores + j);
+    }
   }
 
   // acc = acc * correction + sum_{j in [lo, hi]} weights[j] * values[j].

@@ -57,6 +57,20 @@ inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
 inline float vmax_lanes(Vec v) { return _mm512_reduce_max_ps(v); }
 
+// out[0..3] = the lane sums of a, b, c and d, sharing the shuffles.
+inline void vsum4(Vec a, Vec b, Vec c, Vec d, float* out) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  // Each 128-bit lane now holds partial sums [a, b, c, d].
+  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 halves = _mm512_add_ps(abcd, _mm512_shuffle_f32x4(abcd, abcd, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m128 quarters = _mm_add_ps(_mm512_castps512_ps128(halves),
+                                     _mm512_castps512_ps128(_mm512_shuffle_f32x4(
+                                         halves, halves, _MM_SHUFFLE(2, 3, 0, 1))));
+  _mm_storeu_ps(out, quarters);
+}
+
 inline Vec vload_bf16(const uint16_t* p) {
   const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
@@ -119,6 +133,14 @@ inline float vmax_lanes(Vec v) {
   return _mm_cvtss_f32(s);
 }
 
+inline void vsum4(Vec a, Vec b, Vec c, Vec d, float* out) {
+  const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+  const __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+  const __m256 abcd = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
+
 inline Vec vload_bf16(const uint16_t* p) {
   const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
@@ -179,6 +201,12 @@ inline Vec vmax(Vec a, Vec b) { return a > b ? a : b; }
 inline Vec vfma(Vec a, Vec b, Vec c) { return a * b + c; }
 inline float vsum(Vec v) { return v; }
 inline float vmax_lanes(Vec v) { return v; }
+inline void vsum4(Vec a, Vec b, Vec c, Vec d, float* out) {
+  out[0] = a;
+  out[1] = b;
+  out[2] = c;
+  out[3] = d;
+}
 inline Vec vload_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
 inline Vec vload_f16(const uint16_t* p) { return f16_to_f32(*p); }
 inline Vec vexp(Vec x) { return std::exp(x); }
