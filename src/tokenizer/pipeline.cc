@@ -350,7 +350,7 @@ class StripAccentsNormalizer : public Normalizer {
  public:
   void normalize(std::string& text) const override {
     text = map_chars(text, [](char32_t c, std::string& out) {
-      if (!unicode::in_categories(c, unicode::kMarkMask)) append_char(c, out);
+      if (!unicode::is_normalizer_mark(c)) append_char(c, out);
     });
   }
 };

@@ -168,6 +168,15 @@ uint8_t combining_class(char32_t cp) {
   return cp <= it->last ? it->ccc : 0;
 }
 
+bool is_normalizer_mark(char32_t cp) {
+  if (cp < 0x300) return false;
+  const tables::CodePointRange* begin = tables::kNormalizerMarkRanges;
+  const tables::CodePointRange* end = begin + tables::kNormalizerMarkRangesSize;
+  const tables::CodePointRange* it = std::upper_bound(
+      begin, end, cp, [](char32_t c, const tables::CodePointRange& r) { return c < r.first; });
+  return it != begin && cp <= (it - 1)->last;
+}
+
 std::string normalize(std::string_view text, NormalForm form) {
   bool compat = form == NormalForm::kNFKC || form == NormalForm::kNFKD;
   bool composed = form == NormalForm::kNFC || form == NormalForm::kNFKC;

@@ -21,6 +21,11 @@ struct CombiningRange {
   uint8_t ccc;
 };
 
+struct CodePointRange {
+  uint32_t first;
+  uint32_t last;
+};
+
 // A code point that maps to data[offset, offset + length).
 struct MappingEntry {
   uint32_t code_point;
@@ -38,8 +43,13 @@ struct CompositionEntry {
 extern const char kUnicodeVersion[];
 extern const CategoryRange kCategoryRanges[];
 extern const size_t kCategoryRangesSize;
+// Combining classes, decompositions and compositions cover the characters of
+// Unicode 9.0, the version the normalizers of `tokenizers` use.
 extern const CombiningRange kCombiningRanges[];
 extern const size_t kCombiningRangesSize;
+// General category Mark as of Unicode 9.0 (StripAccents).
+extern const CodePointRange kNormalizerMarkRanges[];
+extern const size_t kNormalizerMarkRangesSize;
 // Full canonical decomposition (already recursive and reordered), Hangul
 // syllables excluded (they decompose algorithmically).
 extern const MappingEntry kCanonicalDecomposition[];

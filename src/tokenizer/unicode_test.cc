@@ -45,6 +45,17 @@ TEST(TokenizerUnicodeTest, CombiningClasses) {
   EXPECT_EQ(combining_class(U'\u05b0'), 10);
 }
 
+TEST(TokenizerUnicodeTest, NormalizersSeeUnicode9) {
+  // U+1DFA (ccc 218) arrived in Unicode 14: `tokenizers`' normalizers treat
+  // it as an unknown starter, so it blocks nothing and is never reordered.
+  EXPECT_EQ(combining_class(U'\u1dfa'), 0);
+  EXPECT_EQ(normalize("a\u0301\u1dfa", NormalForm::kNFD), "a\u0301\u1dfa");
+  EXPECT_TRUE(is_normalizer_mark(U'\u0301'));
+  EXPECT_FALSE(is_normalizer_mark(U'\U00010F46'));  // Sogdian mark, Unicode 11
+  EXPECT_TRUE(in_categories(U'\U00010F46', kMarkMask));  // the regexes know it
+  EXPECT_TRUE(is_normalizer_mark(U'\u1cf2'));  // a mark in 9.0, a letter since
+}
+
 TEST(TokenizerUnicodeTest, Normalization) {
   EXPECT_EQ(normalize("e\u0301", NormalForm::kNFC), "\u00e9");
   EXPECT_EQ(normalize("\u00e9", NormalForm::kNFD), "e\u0301");
