@@ -23,8 +23,14 @@ constexpr int kPanelRows = 4;
 constexpr int kPanelX = 4;
 constexpr int kPanelRows = 4;
 #endif
-// The direct kernel's weight rows per pass and token rows per pass.
+// The direct kernel's weight rows per pass and token rows per pass. Eight
+// concurrent row streams keep more misses in flight than four (decode: +20%
+// on one Zen 5 core); AVX2's 16 registers cannot hold 4 × 8 accumulators.
+#if defined(__AVX512F__)
+constexpr int kDirectRows = 8;
+#else
 constexpr int kDirectRows = 4;
+#endif
 constexpr int kDirectX = 4;
 // From this many tokens on, converting a weight panel once and reusing it
 // beats converting in registers for every group of kDirectX tokens (measured

@@ -1,0 +1,251 @@
+// Speed of CpuBackend::linear at decode (1 token) and prefill (64 tokens)
+// batch sizes on Llama-3.2-1B's projection shapes, next to the two ceilings
+// that matter: the machine's memory read bandwidth (decode streams every
+// weight once per token) and OpenBLAS sgemm on f32 copies of the weights
+// (prefill is compute bound).
+//
+//   basalt_bench_linear [--quick]
+//
+// Weights are cold for every call, as they are in a real forward pass where
+// the other layers' weights evict them: each repetition uses the next of
+// several copies that together exceed the last-level cache. Times are
+// medians over repetitions. Threads: the backend's global pool
+// (BASALT_NUM_THREADS to override), and OpenBLAS is given the same count.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/simd.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+#if defined(BASALT_BENCH_OPENBLAS)
+#include <cblas.h>
+#endif
+
+namespace basalt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Working sets this large are far beyond any last-level cache we target
+// (32 MiB on the EPYC VM, a few hundred MiB on the largest server parts).
+constexpr size_t kColdBytes = size_t{1} << 30;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Median seconds of each fns[i](rep), with the functions' repetitions
+// interleaved so that all of them see the same interference from whatever
+// else the machine is running; repeats until min_seconds have passed.
+std::vector<double> median_seconds(const std::vector<std::function<void(int)>>& fns,
+                                   double min_seconds, int min_reps) {
+  for (const auto& fn : fns) fn(0);  // warm-up: page faults, thread wake-up, lazy init
+  std::vector<std::vector<double>> times(fns.size());
+  const auto start = Clock::now();
+  for (int rep = 1; rep <= min_reps || (seconds_since(start) < min_seconds && rep <= 2000); ++rep) {
+    for (size_t i = 0; i < fns.size(); ++i) {
+      const auto t0 = Clock::now();
+      fns[i](rep);
+      times[i].push_back(seconds_since(t0));
+    }
+  }
+  std::vector<double> medians;
+  for (auto& t : times) {
+    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  return medians;
+}
+
+// The other processes competing for the cores: medians on a shared machine
+// are only as good as this is low.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one.empty() ? "unknown" : one + " " + five + " " + fifteen;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+// Multi-threaded streaming read (sum) of a 1 GiB buffer: the decode ceiling.
+double measure_read_bandwidth(ThreadPool& pool) {
+  const size_t floats = (size_t{1} << 30) / sizeof(float);
+  Tensor buffer = Tensor::empty({static_cast<int64_t>(floats)}, DType::kF32);
+  float* data = buffer.data<float>();
+  pool.parallel_for(static_cast<int64_t>(floats), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) data[i] = static_cast<float>(i & 7);
+  });
+  std::vector<float> sink(static_cast<size_t>(pool.size()) * 16);
+  const double seconds = median_seconds(
+      {[&](int) {
+        pool.parallel_for(pool.size(), [&](int64_t t0, int64_t t1) {
+          for (int64_t t = t0; t < t1; ++t) {
+            const int64_t chunk = static_cast<int64_t>(floats) / pool.size();
+            const float* p = data + t * chunk;
+            using cpu::Vec;
+            Vec a0 = cpu::vzero(), a1 = cpu::vzero(), a2 = cpu::vzero(), a3 = cpu::vzero();
+            for (int64_t i = 0; i + 4 * cpu::kLanes <= chunk; i += 4 * cpu::kLanes) {
+              // Prefetch as the decode kernel does, so the ceiling is what
+              // a well-written stream can reach, not what the hardware
+              // prefetcher alone reaches (it stops at every 4 KiB page).
+              __builtin_prefetch(p + i + 256);
+              a0 = cpu::vadd(a0, cpu::vload(p + i));
+              a1 = cpu::vadd(a1, cpu::vload(p + i + cpu::kLanes));
+              a2 = cpu::vadd(a2, cpu::vload(p + i + 2 * cpu::kLanes));
+              a3 = cpu::vadd(a3, cpu::vload(p + i + 3 * cpu::kLanes));
+            }
+            sink[t * 16] = cpu::vsum(cpu::vadd(cpu::vadd(a0, a1), cpu::vadd(a2, a3)));
+          }
+        });
+      }},
+      1.0, 5)[0];
+  float keep = 0.0f;
+  for (float v : sink) keep += v;
+  if (keep == -1.0f) fmt::print("{}", keep);  // keeps the sums observable
+  return static_cast<double>(floats * sizeof(float)) / seconds / 1e9;
+}
+
+struct Shape3 {
+  const char* what;
+  int64_t in, outs;
+};
+
+struct Row {
+  std::string shape;
+  int64_t tokens;
+  std::string dtype;
+  double ours_s, ours_gbs, ours_gflops;
+  double blas_s = 0.0, blas_gflops = 0.0;
+};
+
+// Enough distinct copies of a weight matrix to make every call cold.
+std::vector<Tensor> weight_copies(const Tensor& w) {
+  const size_t copies = std::max<size_t>(2, (kColdBytes + w.nbytes() - 1) / w.nbytes());
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < copies; ++i) {
+    Tensor c = Tensor::empty(w.shape(), w.dtype());
+    std::memcpy(c.raw(), w.raw(), w.nbytes());
+    out.push_back(c);
+  }
+  return out;
+}
+
+void print_table(const std::vector<Row>& rows, double bandwidth) {
+  fmt::print("\n{:<22} {:>3} {:>5} | {:>9} {:>7} {:>8} {:>6} | {:>9} {:>8} {:>7}\n", "shape (K -> N)", "T",
+             "w", "ours ms", "GB/s", "GFLOP/s", "of BW", "sgemm ms", "GFLOP/s", "vs sgemm");
+  fmt::print("{}\n", std::string(104, '-'));
+  for (const Row& r : rows) {
+    std::string blas = "        -        -       -";
+    if (r.blas_s > 0.0) {
+      blas = fmt::format("{:>9.3f} {:>8.1f} {:>6.2f}x", r.blas_s * 1e3, r.blas_gflops,
+                         r.blas_s / r.ours_s);
+    }
+    fmt::print("{:<22} {:>3} {:>5} | {:>9.3f} {:>7.1f} {:>8.1f} {:>5.0f}% | {}\n", r.shape, r.tokens,
+               r.dtype, r.ours_s * 1e3, r.ours_gbs, r.ours_gflops, 100.0 * r.ours_gbs / bandwidth,
+               blas);
+  }
+  fmt::print(
+      "\nGB/s counts weight bytes read; 'of BW' is that over the measured read bandwidth (the\n"
+      "decode ceiling). 'vs sgemm' is OpenBLAS time / our time on the same shape (>1: ours is\n"
+      "faster); sgemm always runs on f32 weights.\n");
+}
+
+int run(bool quick) {
+  ThreadPool& pool = ThreadPool::global();
+  CpuBackend backend(&pool);
+#if defined(BASALT_BENCH_OPENBLAS)
+  openblas_set_num_threads(pool.size());
+#endif
+  fmt::print("basalt_bench_linear: {}, {} threads, {}-lane f32 vectors, load average {}\n",
+             cpu_model(), pool.size(), cpu::kLanes, load_average());
+  double bandwidth = measure_read_bandwidth(pool);
+  fmt::print("memory read bandwidth (1 GiB streaming sum, all threads): {:.1f} GB/s\n", bandwidth);
+
+  const std::vector<Shape3> shapes = {{"2048 -> 8192 (gate_up)", 2048, 8192},
+                                      {"2048 -> 2048 (q, o)", 2048, 2048},
+                                      {"8192 -> 2048 (down)", 8192, 2048}};
+  const double min_seconds = quick ? 0.2 : 1.0;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<Row> rows;
+  for (const Shape3& s : shapes) {
+    Tensor w32 = Tensor::empty({s.outs, s.in}, DType::kF32);
+    for (int64_t i = 0; i < w32.numel(); ++i) w32.data<float>()[i] = normal(rng);
+    Tensor w16 = Tensor::empty({s.outs, s.in}, DType::kBF16);
+    backend.copy(w32, w16);
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      const std::vector<Tensor> weights = weight_copies(dtype == DType::kBF16 ? w16 : w32);
+      for (int64_t tokens : {int64_t{1}, int64_t{64}}) {
+        Tensor x = Tensor::empty({tokens, s.in}, DType::kF32);
+        for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = normal(rng) * 50.0f;
+        Tensor out = Tensor::empty({tokens, s.outs}, DType::kF32);
+        std::vector<std::function<void(int)>> fns = {
+            [&](int rep) { backend.linear(x, weights[rep % weights.size()], nullptr, out); }};
+#if defined(BASALT_BENCH_OPENBLAS)
+        // sgemm on f32 weights: next to f32 at both batch sizes, and next to
+        // bf16 at 64 tokens, where both are compute bound.
+        std::vector<Tensor> f32_copies;
+        Tensor blas_out = Tensor::empty({tokens, s.outs}, DType::kF32);
+        if (dtype == DType::kF32 || tokens == 64) {
+          f32_copies = dtype == DType::kF32 ? weights : weight_copies(w32);
+          fns.push_back([&](int rep) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tokens),
+                        static_cast<int>(s.outs), static_cast<int>(s.in), 1.0f, x.data<float>(),
+                        static_cast<int>(s.in),
+                        // Half a rotation away from ours: never the copy ours just warmed.
+                        f32_copies[(rep + f32_copies.size() / 2) % f32_copies.size()].data<float>(),
+                        static_cast<int>(s.in), 0.0f, blas_out.data<float>(),
+                        static_cast<int>(s.outs));
+          });
+        }
+#endif
+        const std::vector<double> seconds = median_seconds(fns, min_seconds, 5);
+        const double flops = 2.0 * tokens * s.in * s.outs;
+        Row row{s.what, tokens, std::string(dtype_name(dtype)), seconds[0],
+                weights[0].nbytes() / seconds[0] / 1e9, flops / seconds[0] / 1e9};
+        if (seconds.size() > 1) {
+          row.blas_s = seconds[1];
+          row.blas_gflops = flops / row.blas_s / 1e9;
+        }
+        rows.push_back(row);
+        fmt::print("  measured {} T={} {}\n", s.what, tokens, dtype_name(dtype));
+        std::fflush(stdout);
+      }
+    }
+  }
+  // Measured again at the end, and the better of the two is the ceiling: on
+  // a shared machine either may have run while something else was busy.
+  const double bandwidth_after = measure_read_bandwidth(pool);
+  fmt::print("memory read bandwidth again at the end: {:.1f} GB/s\n", bandwidth_after);
+  bandwidth = std::max(bandwidth, bandwidth_after);
+  print_table(rows, bandwidth);
+  fmt::print("load average at the end: {}\n", load_average());
+  return 0;
+}
+
+}  // namespace
+}  // namespace basalt
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  return basalt::run(quick);
+}
