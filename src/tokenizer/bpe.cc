@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <queue>
 
 #include "core/error.h"
@@ -17,8 +18,8 @@ uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
 
-std::optional<std::string> optional_string(const JsonContext& ctx, const json& j, const std::string& path,
-                                           const char* key) {
+std::optional<std::string> optional_string(const JsonContext& ctx, const json& j,
+                                           const std::string& path, const char* key) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
   if (!it->is_string()) ctx.error(path + "." + key, "expected a string or null");
@@ -27,17 +28,21 @@ std::optional<std::string> optional_string(const JsonContext& ctx, const json& j
 
 }  // namespace
 
-std::unique_ptr<BpeModel> BpeModel::parse(const json& j, const std::string& path, const JsonContext& ctx) {
+std::unique_ptr<BpeModel> BpeModel::parse(const json& j, const std::string& path,
+                                          const JsonContext& ctx) {
   std::unique_ptr<BpeModel> m(new BpeModel());
   std::string type = ctx.type_of(j, path);
-  if (type != "BPE") ctx.error(path + ".type", fmt::format("unsupported model \"{}\" (only BPE is supported)", type));
+  if (type != "BPE")
+    ctx.error(path + ".type",
+              fmt::format("unsupported model \"{}\" (only BPE is supported)", type));
 
   auto dropout = j.find("dropout");
   if (dropout != j.end() && !dropout->is_null()) {
     if (!dropout->is_number()) ctx.error(path + ".dropout", "expected a number or null");
     double p = dropout->get<double>();
     if (p < 0.0 || p > 1.0) ctx.error(path + ".dropout", "dropout must be within [0, 1]");
-    if (p != 0.0) ctx.error(path + ".dropout", "BPE dropout is random and not supported for inference");
+    if (p != 0.0)
+      ctx.error(path + ".dropout", "BPE dropout is random and not supported for inference");
   }
   m->unk_token_ = optional_string(ctx, j, path, "unk_token");
   m->continuing_subword_prefix_ = optional_string(ctx, j, path, "continuing_subword_prefix");
@@ -49,8 +54,10 @@ std::unique_ptr<BpeModel> BpeModel::parse(const json& j, const std::string& path
   const json& vocab = ctx.member(j, path, "vocab");
   if (!vocab.is_object()) ctx.error(path + ".vocab", "expected an object of token: id");
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() >= (int64_t{1} << 30)) {
-      ctx.error(fmt::format("{}.vocab[\"{}\"]", path, it.key()), "expected a non-negative integer id below 2^30");
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
+        it->get<int64_t>() >= (int64_t{1} << 30)) {
+      ctx.error(fmt::format("{}.vocab[\"{}\"]", path, it.key()),
+                "expected a non-negative integer id below 2^30");
     }
     int32_t id = static_cast<int32_t>(it->get<int64_t>());
     m->vocab_[it.key()] = id;
@@ -82,10 +89,13 @@ std::unique_ptr<BpeModel> BpeModel::parse(const json& j, const std::string& path
       ctx.error(mpath, "expected \"left right\" or [\"left\", \"right\"]");
     }
     auto ia = m->vocab_.find(a);
-    if (ia == m->vocab_.end()) ctx.error(mpath, fmt::format("merge names \"{}\", which is not in the vocab", a));
+    if (ia == m->vocab_.end())
+      ctx.error(mpath, fmt::format("merge names \"{}\", which is not in the vocab", a));
     auto ib = m->vocab_.find(b);
-    if (ib == m->vocab_.end()) ctx.error(mpath, fmt::format("merge names \"{}\", which is not in the vocab", b));
-    if (b.size() < prefix_len) ctx.error(mpath, "right side is shorter than continuing_subword_prefix");
+    if (ib == m->vocab_.end())
+      ctx.error(mpath, fmt::format("merge names \"{}\", which is not in the vocab", b));
+    if (b.size() < prefix_len)
+      ctx.error(mpath, "right side is shorter than continuing_subword_prefix");
     std::string merged = a + b.substr(prefix_len);
     auto im = m->vocab_.find(merged);
     if (im == m->vocab_.end()) {
@@ -167,7 +177,8 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
   while (pos < word.size()) {
     size_t start = pos;
     char32_t cp;
-    if (!unicode::decode_utf8(word, pos, cp)) pos = start + unicode::utf8_sequence_length(static_cast<unsigned char>(word[start]));
+    if (!unicode::decode_utf8(word, pos, cp))
+      pos = start + unicode::utf8_sequence_length(static_cast<unsigned char>(word[start]));
     pos = std::min(pos, word.size());
     size_t byte_len = pos - start;
     piece.assign(word.substr(start, byte_len));
@@ -207,7 +218,9 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
     uint32_t rank;
     int pos;
     int32_t new_id;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
   auto lookup = [&](int32_t a, int32_t b) -> const MergeTarget* {
@@ -233,7 +246,8 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
     cur.len += right.len;
     cur.next = right.next;
     symbols[next_pos].len = 0;
-    if (right.next >= 0 && static_cast<size_t>(right.next) < symbols.size()) symbols[right.next].prev = top.pos;
+    if (right.next >= 0 && static_cast<size_t>(right.next) < symbols.size())
+      symbols[right.next].prev = top.pos;
     if (cur.prev >= 0) {
       if (const MergeTarget* pm = lookup(symbols[cur.prev].id, cur.id)) {
         queue.push(Candidate{pm->rank, cur.prev, pm->new_id});

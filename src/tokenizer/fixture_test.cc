@@ -16,7 +16,9 @@ namespace {
 
 using nlohmann::json;
 
-std::string dir_of(const std::string& name) { return std::string(BASALT_TESTDATA) + "/tokenizers/" + name; }
+std::string dir_of(const std::string& name) {
+  return std::string(BASALT_TESTDATA) + "/tokenizers/" + name;
+}
 
 json load_fixtures(const std::string& name) {
   std::ifstream in(dir_of(name) + "/fixtures.json");
@@ -26,9 +28,7 @@ json load_fixtures(const std::string& name) {
   return json::parse(ss.str());
 }
 
-std::string show(const std::string& s) {
-  return json(s).dump(-1, ' ', true);
-}
+std::string show(const std::string& s) { return json(s).dump(-1, ' ', true); }
 
 class TokenizerFixtureTest : public ::testing::TestWithParam<std::string> {};
 
@@ -38,7 +38,8 @@ TEST_P(TokenizerFixtureTest, EncodeMatchesReference) {
   ASSERT_GE(fx["encode"].size(), 60u);
   for (const json& c : fx["encode"]) {
     std::string text = c["text"];
-    EXPECT_EQ(tok.encode(text, true), c["ids"].get<std::vector<int32_t>>()) << "text " << show(text);
+    EXPECT_EQ(tok.encode(text, true), c["ids"].get<std::vector<int32_t>>())
+        << "text " << show(text);
     EXPECT_EQ(tok.encode(text, false), c["ids_no_special"].get<std::vector<int32_t>>())
         << "text " << show(text);
   }
@@ -49,13 +50,16 @@ TEST_P(TokenizerFixtureTest, DecodeMatchesReference) {
   json fx = load_fixtures(GetParam());
   for (const json& c : fx["encode"]) {
     auto ids = c["ids"].get<std::vector<int32_t>>();
-    EXPECT_EQ(tok.decode(ids, false), c["decoded"].get<std::string>()) << "text " << show(c["text"]);
-    EXPECT_EQ(tok.decode(ids, true), c["decoded_skip_special"].get<std::string>()) << "text " << show(c["text"]);
+    EXPECT_EQ(tok.decode(ids, false), c["decoded"].get<std::string>())
+        << "text " << show(c["text"]);
+    EXPECT_EQ(tok.decode(ids, true), c["decoded_skip_special"].get<std::string>())
+        << "text " << show(c["text"]);
   }
   for (const json& c : fx["decode"]) {
     auto ids = c["ids"].get<std::vector<int32_t>>();
     EXPECT_EQ(tok.decode(ids, false), c["decoded"].get<std::string>()) << "ids " << c["ids"].dump();
-    EXPECT_EQ(tok.decode(ids, true), c["decoded_skip_special"].get<std::string>()) << "ids " << c["ids"].dump();
+    EXPECT_EQ(tok.decode(ids, true), c["decoded_skip_special"].get<std::string>())
+        << "ids " << c["ids"].dump();
   }
 }
 
@@ -81,7 +85,9 @@ TEST_P(TokenizerFixtureTest, ConcurrentEncodingIsConsistent) {
     threads.emplace_back([&] {
       for (int round = 0; round < 5; ++round) {
         for (const json& c : fx["encode"]) {
-          if (tok.encode(c["text"].get<std::string>(), true) != c["ids"].get<std::vector<int32_t>>()) ++mismatches;
+          if (tok.encode(c["text"].get<std::string>(), true) !=
+              c["ids"].get<std::vector<int32_t>>())
+            ++mismatches;
         }
       }
     });
@@ -103,8 +109,8 @@ TEST(TokenizerBosTest, BosComesFromThePostProcessor) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, TokenizerFixtureTest,
-                         ::testing::Values("gpt2", "llama3", "qwen2", "deepseek_v3", "llama2", "mistral",
-                                           "metaspace_split", "misc", "added_options",
+                         ::testing::Values("gpt2", "llama3", "qwen2", "deepseek_v3", "llama2",
+                                           "mistral", "metaspace_split", "misc", "added_options",
                                            "normalizers", "unk_whitespace"));
 
 }  // namespace

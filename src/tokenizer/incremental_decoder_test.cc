@@ -13,7 +13,8 @@ namespace basalt {
 namespace {
 
 Tokenizer load(const std::string& name) {
-  return Tokenizer::from_file(std::string(BASALT_TESTDATA) + "/tokenizers/" + name + "/tokenizer.json");
+  return Tokenizer::from_file(std::string(BASALT_TESTDATA) + "/tokenizers/" + name +
+                              "/tokenizer.json");
 }
 
 // Streams ids through an IncrementalDecoder and checks every piece.
@@ -50,15 +51,18 @@ TEST_P(TokenizerIncrementalDecoderTest, RandomIdsConcatenateToFullDecode) {
       }
     }
     for (bool skip : {false, true}) {
-      ASSERT_EQ(stream(tok, ids, skip), tok.decode(ids, skip)) << "trial " << trial << " skip " << skip;
+      ASSERT_EQ(stream(tok, ids, skip), tok.decode(ids, skip))
+          << "trial " << trial << " skip " << skip;
     }
   }
 }
 
 TEST_P(TokenizerIncrementalDecoderTest, EncodedTextStreamsBack) {
   Tokenizer tok = load(GetParam());
-  for (const char* text : {"Hello world, this is a test.", "emoji 😀 family 👨‍👩‍👧‍👦 flags 🇺🇸 done",
-                           "日本語のテキスト and Привет мир\n\n  spaces\t", "  leading and trailing  "}) {
+  for (const char* text :
+       {"Hello world, this is a test.",
+        "emoji 😀 family 👨‍👩‍👧‍👦 flags 🇺🇸 done",
+        "日本語のテキスト and Привет мир\n\n  spaces\t", "  leading and trailing  "}) {
     std::vector<int32_t> ids = tok.encode(text, true);
     EXPECT_EQ(stream(tok, ids, true), tok.decode(ids, true)) << text;
     EXPECT_EQ(stream(tok, ids, false), tok.decode(ids, false)) << text;
@@ -66,8 +70,8 @@ TEST_P(TokenizerIncrementalDecoderTest, EncodedTextStreamsBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, TokenizerIncrementalDecoderTest,
-                         ::testing::Values("gpt2", "llama3", "qwen2", "deepseek_v3", "llama2", "mistral",
-                                           "metaspace_split", "misc", "added_options",
+                         ::testing::Values("gpt2", "llama3", "qwen2", "deepseek_v3", "llama2",
+                                           "mistral", "metaspace_split", "misc", "added_options",
                                            "normalizers", "unk_whitespace"));
 
 TEST(TokenizerIncrementalDecoderSingleTest, HoldsBackSplitEmojiUntilComplete) {
@@ -90,8 +94,9 @@ TEST(TokenizerIncrementalDecoderSingleTest, HoldsBackSplitEmojiUntilComplete) {
   }
   all += dec.flush();
   EXPECT_EQ(all, "a\U0001F600b");
-  EXPECT_TRUE(std::any_of(pieces.begin(), pieces.end(),
-                          [](const std::string& p) { return p.find("\U0001F600") != std::string::npos; }));
+  EXPECT_TRUE(std::any_of(pieces.begin(), pieces.end(), [](const std::string& p) {
+    return p.find("\U0001F600") != std::string::npos;
+  }));
 }
 
 TEST(TokenizerIncrementalDecoderSingleTest, FlushEmitsIncompleteBytesLikeDecode) {

@@ -95,7 +95,8 @@ int32_t id_value(const JsonContext& ctx, const json& v, const std::string& path)
 Regex pattern_field(const JsonContext& ctx, const json& obj, const std::string& path) {
   const json& p = ctx.member(obj, path, "pattern");
   std::string ppath = path + ".pattern";
-  if (!p.is_object() || p.size() != 1) ctx.error(ppath, "expected {\"String\": ...} or {\"Regex\": ...}");
+  if (!p.is_object() || p.size() != 1)
+    ctx.error(ppath, "expected {\"String\": ...} or {\"Regex\": ...}");
   try {
     if (p.contains("String")) {
       std::string s = ctx.string_field(p, ppath, "String");
@@ -290,7 +291,8 @@ std::string replace_matches(const Regex& re, std::string_view s, std::string_vie
 
 class SequenceNormalizer : public Normalizer {
  public:
-  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts) : parts_(std::move(parts)) {}
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts)
+      : parts_(std::move(parts)) {}
   void normalize(std::string& text) const override {
     for (const auto& p : parts_) p->normalize(text);
   }
@@ -370,7 +372,9 @@ class ReplaceNormalizer : public Normalizer {
  public:
   ReplaceNormalizer(Regex pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  void normalize(std::string& text) const override { text = replace_matches(pattern_, text, content_); }
+  void normalize(std::string& text) const override {
+    text = replace_matches(pattern_, text, content_);
+  }
 
  private:
   Regex pattern_;
@@ -441,7 +445,8 @@ class ByteLevelPreTokenizer : public PreTokenizer {
       if (add_prefix_space_ && !q.text.starts_with(' ')) q.text = " " + q.text;
       size_t first = out.size();
       if (use_regex_) {
-        emit_spans(q, apply_behavior(regex_matches(*regex_, q.text), Behavior::kIsolated, false), out);
+        emit_spans(q, apply_behavior(regex_matches(*regex_, q.text), Behavior::kIsolated, false),
+                   out);
       } else {
         out.push_back(std::move(q));
       }
@@ -505,13 +510,15 @@ class MetaspacePreTokenizer : public PreTokenizer {
       q.text = std::move(replaced);
       bool starts = q.text.starts_with(rep_);
       if (!q.text.empty() && !starts &&
-          (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && q.at_input_start))) {
+          (scheme_ == PrependScheme::kAlways ||
+           (scheme_ == PrependScheme::kFirst && q.at_input_start))) {
         q.text = rep_ + q.text;
       }
       if (split_) {
         char32_t r = replacement_;
-        emit_spans(q, apply_behavior(char_matches(q.text, [r](char32_t c) { return c == r; }),
-                                     Behavior::kMergedWithNext, false),
+        emit_spans(q,
+                   apply_behavior(char_matches(q.text, [r](char32_t c) { return c == r; }),
+                                  Behavior::kMergedWithNext, false),
                    out);
       } else {
         out.push_back(std::move(q));
@@ -531,12 +538,14 @@ class MetaspacePreTokenizer : public PreTokenizer {
 
 class SequenceDecoder : public Decoder {
  public:
-  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
+  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts)
+      : parts_(std::move(parts)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->decode_chain(tokens);
   }
   bool window_safe() const override {
-    return std::all_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->window_safe(); });
+    return std::all_of(parts_.begin(), parts_.end(),
+                       [](const auto& p) { return p->window_safe(); });
   }
 
  private:
@@ -572,7 +581,8 @@ class ByteLevelDecoder : public Decoder {
 
 class MetaspaceDecoder : public Decoder {
  public:
-  MetaspaceDecoder(char32_t replacement, PrependScheme scheme) : replacement_(replacement), scheme_(scheme) {}
+  MetaspaceDecoder(char32_t replacement, PrependScheme scheme)
+      : replacement_(replacement), scheme_(scheme) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       bool drop = i == 0 && scheme_ != PrependScheme::kNever;
@@ -593,7 +603,8 @@ class MetaspaceDecoder : public Decoder {
 
 class ReplaceDecoder : public Decoder {
  public:
-  ReplaceDecoder(Regex pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
+  ReplaceDecoder(Regex pattern, std::string content)
+      : pattern_(std::move(pattern)), content_(std::move(content)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (std::string& t : tokens) t = replace_matches(pattern_, t, content_);
   }
@@ -665,7 +676,8 @@ class FuseDecoder : public Decoder {
 
 class StripDecoder : public Decoder {
  public:
-  StripDecoder(char32_t content, size_t start, size_t stop) : content_(content), start_(start), stop_(stop) {}
+  StripDecoder(char32_t content, size_t start, size_t stop)
+      : content_(content), start_(start), stop_(stop) {}
   bool window_safe() const override { return start_ < 2; }
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (std::string& t : tokens) {
@@ -735,7 +747,8 @@ const ByteLevelTables& byte_level_tables() {
     t.char_to_byte.fill(-1);
     int n = 0;
     for (int b = 0; b < 256; ++b) {
-      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       char32_t c = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
       t.byte_to_char[b] = utf8_of(c);
       t.char_to_byte[c] = static_cast<int16_t>(b);
@@ -778,7 +791,8 @@ std::unique_ptr<Normalizer> parse_normalizer(const json& j, const std::string& p
     return std::make_unique<StripNormalizer>(ctx.bool_field(j, path, "strip_left"),
                                              ctx.bool_field(j, path, "strip_right"));
   }
-  if (type == "Prepend") return std::make_unique<PrependNormalizer>(ctx.string_field(j, path, "prepend"));
+  if (type == "Prepend")
+    return std::make_unique<PrependNormalizer>(ctx.string_field(j, path, "prepend"));
   if (type == "Replace") {
     return std::make_unique<ReplaceNormalizer>(pattern_field(ctx, j, path),
                                                ctx.string_field(j, path, "content"));
@@ -801,12 +815,14 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const std::stri
     return std::make_unique<SequencePreTokenizer>(std::move(parts));
   }
   if (type == "Split") {
-    return std::make_unique<SplitPreTokenizer>(pattern_field(ctx, j, path), behavior_field(ctx, j, path),
+    return std::make_unique<SplitPreTokenizer>(pattern_field(ctx, j, path),
+                                               behavior_field(ctx, j, path),
                                                ctx.bool_field(j, path, "invert"));
   }
   if (type == "ByteLevel") {
-    return std::make_unique<ByteLevelPreTokenizer>(ctx.bool_field(j, path, "add_prefix_space", true),
-                                                   ctx.bool_field(j, path, "use_regex", true));
+    return std::make_unique<ByteLevelPreTokenizer>(
+        ctx.bool_field(j, path, "add_prefix_space", true),
+        ctx.bool_field(j, path, "use_regex", true));
   }
   if (type == "Metaspace") {
     return std::make_unique<MetaspacePreTokenizer>(char_field(ctx, j, path, "replacement"),
@@ -820,13 +836,14 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const std::stri
         individual ? Behavior::kIsolated : Behavior::kContiguous);
   }
   if (type == "WhitespaceSplit") {
-    return std::make_unique<CharSplitPreTokenizer>([](char32_t c) { return unicode::is_white_space(c); },
-                                                   Behavior::kRemoved);
+    return std::make_unique<CharSplitPreTokenizer>(
+        [](char32_t c) { return unicode::is_white_space(c); }, Behavior::kRemoved);
   }
   ctx.error(path + ".type", fmt::format("unsupported pre-tokenizer \"{}\"", type));
 }
 
-std::unique_ptr<Decoder> parse_decoder(const json& j, const std::string& path, const JsonContext& ctx) {
+std::unique_ptr<Decoder> parse_decoder(const json& j, const std::string& path,
+                                       const JsonContext& ctx) {
   if (j.is_null()) return nullptr;
   std::string type = ctx.type_of(j, path);
   if (type == "Sequence") {
@@ -845,13 +862,15 @@ std::unique_ptr<Decoder> parse_decoder(const json& j, const std::string& path, c
                                               prepend_scheme_field(ctx, j, path));
   }
   if (type == "Replace") {
-    return std::make_unique<ReplaceDecoder>(pattern_field(ctx, j, path), ctx.string_field(j, path, "content"));
+    return std::make_unique<ReplaceDecoder>(pattern_field(ctx, j, path),
+                                            ctx.string_field(j, path, "content"));
   }
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
   if (type == "Strip") {
     return std::make_unique<StripDecoder>(char_field(ctx, j, path, "content"),
-                                          count_field(ctx, j, path, "start"), count_field(ctx, j, path, "stop"));
+                                          count_field(ctx, j, path, "start"),
+                                          count_field(ctx, j, path, "stop"));
   }
   if (type == "BPEDecoder") {
     std::string suffix = "</w>";
@@ -882,7 +901,8 @@ PostProcessor parse_template(const json& j, const std::string& path, const JsonC
   for (size_t i = 0; i < single.size(); ++i) {
     std::string p = indexed(path, "single", i);
     const json& piece = single[i];
-    if (!piece.is_object() || piece.size() != 1) ctx.error(p, "expected {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+    if (!piece.is_object() || piece.size() != 1)
+      ctx.error(p, "expected {\"Sequence\": ...} or {\"SpecialToken\": ...}");
     if (piece.contains("Sequence")) {
       std::string id = ctx.string_field(piece["Sequence"], p + ".Sequence", "id");
       if (id != "A") ctx.error(p + ".Sequence.id", "the single template may only use sequence A");
@@ -890,13 +910,16 @@ PostProcessor parse_template(const json& j, const std::string& path, const JsonC
       seen_sequence = true;
       continue;
     }
-    if (!piece.contains("SpecialToken")) ctx.error(p, "expected {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+    if (!piece.contains("SpecialToken"))
+      ctx.error(p, "expected {\"Sequence\": ...} or {\"SpecialToken\": ...}");
     std::string name = ctx.string_field(piece["SpecialToken"], p + ".SpecialToken", "id");
     auto it = specials.find(name);
-    if (it == specials.end()) ctx.error(p, fmt::format("special token \"{}\" is not in special_tokens", name));
+    if (it == specials.end())
+      ctx.error(p, fmt::format("special token \"{}\" is not in special_tokens", name));
     const json& ids = array_field(ctx, *it, spath + "." + name, "ids");
     std::vector<int32_t>& target = seen_sequence ? out.suffix : out.prefix;
-    for (size_t k = 0; k < ids.size(); ++k) target.push_back(id_value(ctx, ids[k], indexed(spath + "." + name, "ids", k)));
+    for (size_t k = 0; k < ids.size(); ++k)
+      target.push_back(id_value(ctx, ids[k], indexed(spath + "." + name, "ids", k)));
   }
   if (!seen_sequence) ctx.error(path + ".single", "the template has no sequence A");
   return out;

@@ -20,10 +20,9 @@
 // JSON location used in error messages ("pre_tokenizer.pretokenizers[0]").
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>

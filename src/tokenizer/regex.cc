@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cctype>
 #include <cstdint>
 #include <limits>
 #include <utility>
@@ -23,7 +22,7 @@ constexpr int kMaxDepth = 4000;
 
 struct CharClass {
   std::vector<std::pair<char32_t, char32_t>> ranges;
-  CategoryMask categories = 0;                  // \p{..} items
+  CategoryMask categories = 0;                   // \p{..} items
   std::vector<CategoryMask> negated_categories;  // \P{..} items
   bool space = false, not_space = false;
   bool negated = false;
@@ -326,7 +325,8 @@ class Parser {
   char32_t parse_hex(size_t start, size_t min_digits, size_t max_digits) {
     char32_t v = 0;
     size_t n = 0;
-    while (n < max_digits && !at_end() && std::isxdigit(static_cast<int>(peek() < 128 ? peek() : 0))) {
+    while (n < max_digits && !at_end() &&
+           std::isxdigit(static_cast<int>(peek() < 128 ? peek() : 0))) {
       char32_t d = peek();
       v = v * 16 + (d <= '9' ? d - '0' : (d | 0x20) - 'a' + 10);
       ++n, ++i_;
@@ -341,7 +341,8 @@ class Parser {
     std::string name;
     while (!at_end() && peek() != '}') {
       char32_t c = peek();
-      if (c < 128 && c != '_' && c != ' ' && c != '-') name.push_back(static_cast<char>(std::tolower(static_cast<int>(c))));
+      if (c < 128 && c != '_' && c != ' ' && c != '-')
+        name.push_back(static_cast<char>(std::tolower(static_cast<int>(c))));
       ++i_;
     }
     if (at_end()) error(start, "unterminated \\p{...}");
@@ -349,43 +350,81 @@ class Parser {
     using unicode::Category;
     using unicode::category_bit;
     static const std::pair<const char*, CategoryMask> kNames[] = {
-        {"l", unicode::kLetterMask}, {"letter", unicode::kLetterMask},
-        {"lu", category_bit(Category::kLu)}, {"uppercaseletter", category_bit(Category::kLu)},
-        {"ll", category_bit(Category::kLl)}, {"lowercaseletter", category_bit(Category::kLl)},
-        {"lt", category_bit(Category::kLt)}, {"titlecaseletter", category_bit(Category::kLt)},
-        {"lm", category_bit(Category::kLm)}, {"modifierletter", category_bit(Category::kLm)},
-        {"lo", category_bit(Category::kLo)}, {"otherletter", category_bit(Category::kLo)},
-        {"m", unicode::kMarkMask}, {"mark", unicode::kMarkMask}, {"combiningmark", unicode::kMarkMask},
-        {"mn", category_bit(Category::kMn)}, {"nonspacingmark", category_bit(Category::kMn)},
-        {"mc", category_bit(Category::kMc)}, {"spacingmark", category_bit(Category::kMc)},
-        {"me", category_bit(Category::kMe)}, {"enclosingmark", category_bit(Category::kMe)},
-        {"n", unicode::kNumberMask}, {"number", unicode::kNumberMask},
-        {"nd", category_bit(Category::kNd)}, {"decimalnumber", category_bit(Category::kNd)},
-        {"nl", category_bit(Category::kNl)}, {"letternumber", category_bit(Category::kNl)},
-        {"no", category_bit(Category::kNo)}, {"othernumber", category_bit(Category::kNo)},
-        {"p", unicode::kPunctuationMask}, {"punctuation", unicode::kPunctuationMask},
-        {"pc", category_bit(Category::kPc)}, {"connectorpunctuation", category_bit(Category::kPc)},
-        {"pd", category_bit(Category::kPd)}, {"dashpunctuation", category_bit(Category::kPd)},
-        {"ps", category_bit(Category::kPs)}, {"openpunctuation", category_bit(Category::kPs)},
-        {"pe", category_bit(Category::kPe)}, {"closepunctuation", category_bit(Category::kPe)},
-        {"pi", category_bit(Category::kPi)}, {"initialpunctuation", category_bit(Category::kPi)},
-        {"pf", category_bit(Category::kPf)}, {"finalpunctuation", category_bit(Category::kPf)},
-        {"po", category_bit(Category::kPo)}, {"otherpunctuation", category_bit(Category::kPo)},
-        {"s", unicode::kSymbolMask}, {"symbol", unicode::kSymbolMask},
-        {"sm", category_bit(Category::kSm)}, {"mathsymbol", category_bit(Category::kSm)},
-        {"sc", category_bit(Category::kSc)}, {"currencysymbol", category_bit(Category::kSc)},
-        {"sk", category_bit(Category::kSk)}, {"modifiersymbol", category_bit(Category::kSk)},
-        {"so", category_bit(Category::kSo)}, {"othersymbol", category_bit(Category::kSo)},
-        {"z", unicode::kSeparatorMask}, {"separator", unicode::kSeparatorMask},
-        {"zs", category_bit(Category::kZs)}, {"spaceseparator", category_bit(Category::kZs)},
-        {"zl", category_bit(Category::kZl)}, {"lineseparator", category_bit(Category::kZl)},
-        {"zp", category_bit(Category::kZp)}, {"paragraphseparator", category_bit(Category::kZp)},
-        {"c", unicode::kOtherMask}, {"other", unicode::kOtherMask},
-        {"cc", category_bit(Category::kCc)}, {"control", category_bit(Category::kCc)},
-        {"cf", category_bit(Category::kCf)}, {"format", category_bit(Category::kCf)},
-        {"cs", category_bit(Category::kCs)}, {"surrogate", category_bit(Category::kCs)},
-        {"co", category_bit(Category::kCo)}, {"privateuse", category_bit(Category::kCo)},
-        {"cn", category_bit(Category::kCn)}, {"unassigned", category_bit(Category::kCn)},
+        {"l", unicode::kLetterMask},
+        {"letter", unicode::kLetterMask},
+        {"lu", category_bit(Category::kLu)},
+        {"uppercaseletter", category_bit(Category::kLu)},
+        {"ll", category_bit(Category::kLl)},
+        {"lowercaseletter", category_bit(Category::kLl)},
+        {"lt", category_bit(Category::kLt)},
+        {"titlecaseletter", category_bit(Category::kLt)},
+        {"lm", category_bit(Category::kLm)},
+        {"modifierletter", category_bit(Category::kLm)},
+        {"lo", category_bit(Category::kLo)},
+        {"otherletter", category_bit(Category::kLo)},
+        {"m", unicode::kMarkMask},
+        {"mark", unicode::kMarkMask},
+        {"combiningmark", unicode::kMarkMask},
+        {"mn", category_bit(Category::kMn)},
+        {"nonspacingmark", category_bit(Category::kMn)},
+        {"mc", category_bit(Category::kMc)},
+        {"spacingmark", category_bit(Category::kMc)},
+        {"me", category_bit(Category::kMe)},
+        {"enclosingmark", category_bit(Category::kMe)},
+        {"n", unicode::kNumberMask},
+        {"number", unicode::kNumberMask},
+        {"nd", category_bit(Category::kNd)},
+        {"decimalnumber", category_bit(Category::kNd)},
+        {"nl", category_bit(Category::kNl)},
+        {"letternumber", category_bit(Category::kNl)},
+        {"no", category_bit(Category::kNo)},
+        {"othernumber", category_bit(Category::kNo)},
+        {"p", unicode::kPunctuationMask},
+        {"punctuation", unicode::kPunctuationMask},
+        {"pc", category_bit(Category::kPc)},
+        {"connectorpunctuation", category_bit(Category::kPc)},
+        {"pd", category_bit(Category::kPd)},
+        {"dashpunctuation", category_bit(Category::kPd)},
+        {"ps", category_bit(Category::kPs)},
+        {"openpunctuation", category_bit(Category::kPs)},
+        {"pe", category_bit(Category::kPe)},
+        {"closepunctuation", category_bit(Category::kPe)},
+        {"pi", category_bit(Category::kPi)},
+        {"initialpunctuation", category_bit(Category::kPi)},
+        {"pf", category_bit(Category::kPf)},
+        {"finalpunctuation", category_bit(Category::kPf)},
+        {"po", category_bit(Category::kPo)},
+        {"otherpunctuation", category_bit(Category::kPo)},
+        {"s", unicode::kSymbolMask},
+        {"symbol", unicode::kSymbolMask},
+        {"sm", category_bit(Category::kSm)},
+        {"mathsymbol", category_bit(Category::kSm)},
+        {"sc", category_bit(Category::kSc)},
+        {"currencysymbol", category_bit(Category::kSc)},
+        {"sk", category_bit(Category::kSk)},
+        {"modifiersymbol", category_bit(Category::kSk)},
+        {"so", category_bit(Category::kSo)},
+        {"othersymbol", category_bit(Category::kSo)},
+        {"z", unicode::kSeparatorMask},
+        {"separator", unicode::kSeparatorMask},
+        {"zs", category_bit(Category::kZs)},
+        {"spaceseparator", category_bit(Category::kZs)},
+        {"zl", category_bit(Category::kZl)},
+        {"lineseparator", category_bit(Category::kZl)},
+        {"zp", category_bit(Category::kZp)},
+        {"paragraphseparator", category_bit(Category::kZp)},
+        {"c", unicode::kOtherMask},
+        {"other", unicode::kOtherMask},
+        {"cc", category_bit(Category::kCc)},
+        {"control", category_bit(Category::kCc)},
+        {"cf", category_bit(Category::kCf)},
+        {"format", category_bit(Category::kCf)},
+        {"cs", category_bit(Category::kCs)},
+        {"surrogate", category_bit(Category::kCs)},
+        {"co", category_bit(Category::kCo)},
+        {"privateuse", category_bit(Category::kCo)},
+        {"cn", category_bit(Category::kCn)},
+        {"unassigned", category_bit(Category::kCn)},
     };
     for (const auto& [n, mask] : kNames) {
       if (name == n) return mask;
@@ -399,10 +438,18 @@ class Parser {
     if (at_end()) error(start, "trailing backslash");
     char32_t c = cps_[i_++];
     switch (c) {
-      case 's': cls.space = true; return true;
-      case 'S': cls.not_space = true; return true;
-      case 'd': cls.categories |= unicode::category_bit(unicode::Category::kNd); return true;
-      case 'D': cls.negated_categories.push_back(unicode::category_bit(unicode::Category::kNd)); return true;
+      case 's':
+        cls.space = true;
+        return true;
+      case 'S':
+        cls.not_space = true;
+        return true;
+      case 'd':
+        cls.categories |= unicode::category_bit(unicode::Category::kNd);
+        return true;
+      case 'D':
+        cls.negated_categories.push_back(unicode::category_bit(unicode::Category::kNd));
+        return true;
       case 'w':
         cls.categories |= unicode::kLetterMask | unicode::kMarkMask |
                           unicode::category_bit(unicode::Category::kNd) |
@@ -429,13 +476,27 @@ class Parser {
         }
         return true;
       }
-      case 'n': *literal_out = '\n'; return false;
-      case 'r': *literal_out = '\r'; return false;
-      case 't': *literal_out = '\t'; return false;
-      case 'f': *literal_out = '\f'; return false;
-      case 'v': *literal_out = '\v'; return false;
-      case 'a': *literal_out = 0x07; return false;
-      case 'e': *literal_out = 0x1B; return false;
+      case 'n':
+        *literal_out = '\n';
+        return false;
+      case 'r':
+        *literal_out = '\r';
+        return false;
+      case 't':
+        *literal_out = '\t';
+        return false;
+      case 'f':
+        *literal_out = '\f';
+        return false;
+      case 'v':
+        *literal_out = '\v';
+        return false;
+      case 'a':
+        *literal_out = 0x07;
+        return false;
+      case 'e':
+        *literal_out = 0x1B;
+        return false;
       case 'x':
         if (!at_end() && peek() == '{') {
           ++i_;
@@ -446,7 +507,9 @@ class Parser {
           *literal_out = parse_hex(start, 1, 2);
         }
         return false;
-      case 'u': *literal_out = parse_hex(start, 4, 4); return false;
+      case 'u':
+        *literal_out = parse_hex(start, 4, 4);
+        return false;
       default:
         if (c < 128 && std::isalnum(static_cast<int>(c))) error(start, "unsupported escape");
         *literal_out = c;
@@ -482,7 +545,8 @@ class Parser {
       if (c == ']' && !first) break;
       first = false;
       if (c == '[') error(item, "nested character classes are not supported");
-      if (c == '&' && !at_end() && peek() == '&') error(item, "class intersection is not supported");
+      if (c == '&' && !at_end() && peek() == '&')
+        error(item, "class intersection is not supported");
       char32_t lo;
       if (c == '\\') {
         if (parse_escape_into(item, cls, &lo)) continue;
@@ -628,8 +692,8 @@ class Matcher {
 
   bool repeat_single(const Node& n, size_t pos, Cont k) {
     const Node& item = prog_.nodes[n.children[0]];
-    size_t limit = n.max == kUnbounded ? s_.size() - std::min(pos, s_.size())
-                                       : static_cast<size_t>(n.max);
+    size_t limit =
+        n.max == kUnbounded ? s_.size() - std::min(pos, s_.size()) : static_cast<size_t>(n.max);
     size_t count = 0;
     if (n.greedy) {
       while (count < limit && single_char(item, pos + count)) ++count;
@@ -701,7 +765,8 @@ Regex Regex::compile(std::string_view pattern) {
 Regex Regex::literal(std::string_view literal) {
   std::string escaped;
   for (char c : literal) {
-    if (std::string_view("\\.+*?()|[]{}^$#&-~").find(c) != std::string_view::npos) escaped.push_back('\\');
+    if (std::string_view("\\.+*?()|[]{}^$#&-~").find(c) != std::string_view::npos)
+      escaped.push_back('\\');
     escaped.push_back(c);
   }
   return compile(escaped);

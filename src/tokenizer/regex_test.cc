@@ -13,13 +13,15 @@ namespace {
 // The matched substrings, left to right.
 std::vector<std::string> all(const std::string& pattern, const std::string& text) {
   std::vector<std::string> out;
-  for (const Regex::Span& s : Regex::compile(pattern).find_all(text)) out.push_back(text.substr(s.begin, s.end - s.begin));
+  for (const Regex::Span& s : Regex::compile(pattern).find_all(text))
+    out.push_back(text.substr(s.begin, s.end - s.begin));
   return out;
 }
 
 using V = std::vector<std::string>;
 
-const char kGpt2[] = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char kGpt2[] =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 const char kLlama3[] =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
@@ -44,7 +46,8 @@ TEST(TokenizerRegexTest, Llama3Pattern) {
 }
 
 TEST(TokenizerRegexTest, DeepSeekPatterns) {
-  EXPECT_EQ(all("[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+", "abc日本語のテキストxyz"), (V{"日本語のテキスト"}));
+  EXPECT_EQ(all("[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+", "abc日本語のテキストxyz"),
+            (V{"日本語のテキスト"}));
   const char* punct =
       R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
   EXPECT_EQ(all(punct, ".net e\u0301t\u00e9 ++\n"), (V{".net", " e\u0301t\u00e9", " ++\n"}));
@@ -88,7 +91,8 @@ TEST(TokenizerRegexTest, ClassesAndEscapes) {
 }
 
 TEST(TokenizerRegexTest, UnicodeWhiteSpace) {
-  const std::string spaces = "\t\n\v\f\r \u0085\u00a0\u1680\u2000\u200a\u2028\u2029\u202f\u205f\u3000";
+  const std::string spaces =
+      "\t\n\v\f\r \u0085\u00a0\u1680\u2000\u200a\u2028\u2029\u202f\u205f\u3000";
   EXPECT_EQ(all(R"(\s+)", spaces), (V{spaces}));
   EXPECT_TRUE(all(R"(\s)", "\u200b\u180e").empty());
 }
@@ -104,12 +108,13 @@ TEST(TokenizerRegexTest, AnchorsAndLookahead) {
 
 TEST(TokenizerRegexTest, LiteralEscapesMetacharacters) {
   EXPECT_EQ(Regex::literal("a.b*").find_all("a.b*axb"), (std::vector<Regex::Span>{{0, 4}}));
-  EXPECT_EQ(Regex::literal("\u2581").find_all("\u2581x\u2581"), (std::vector<Regex::Span>{{0, 3}, {4, 7}}));
+  EXPECT_EQ(Regex::literal("\u2581").find_all("\u2581x\u2581"),
+            (std::vector<Regex::Span>{{0, 3}, {4, 7}}));
 }
 
 TEST(TokenizerRegexTest, RejectsUnsupportedSyntax) {
-  for (const char* bad : {"(", "a)", "[a", "a{2,1}", R"(\p{Han})", "(?<=a)b", "a++", R"(\1)", "[[a]]",
-                          "*a", R"(\x{110000})", "(?m)a", "[b-a]", R"(\)", "[a&&b]"}) {
+  for (const char* bad : {"(", "a)", "[a", "a{2,1}", R"(\p{Han})", "(?<=a)b", "a++", R"(\1)",
+                          "[[a]]", "*a", R"(\x{110000})", "(?m)a", "[b-a]", R"(\)", "[a&&b]"}) {
     try {
       Regex::compile(bad);
       ADD_FAILURE() << "compiled: " << bad;

@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 #include <unordered_set>
 
@@ -155,7 +154,8 @@ size_t leading_space_end(std::string_view s) {
 }
 
 // AddedVocabulary::find_matches + split_with_indices for one piece.
-void split_added(const TokenizerData& d, const TokenTrie& trie, const Piece& piece, std::vector<Piece>& out) {
+void split_added(const TokenizerData& d, const TokenTrie& trie, const Piece& piece,
+                 std::vector<Piece>& out) {
   const std::string& s = piece.text;
   size_t start_offset = 0;
   auto emit = [&](size_t b, size_t e, std::optional<int32_t> id) {
@@ -170,11 +170,14 @@ void split_added(const TokenizerData& d, const TokenTrie& trie, const Piece& pie
     const AddedToken& tok = d.added[found->value];
     size_t start = found->begin, stop = found->end;
     if (tok.single_word) {
-      bool start_space = start == 0 || !is_word_char(last_char(std::string_view(s).substr(0, start)));
-      bool stop_space = stop == s.size() || !is_word_char(first_char(std::string_view(s).substr(stop)));
+      bool start_space =
+          start == 0 || !is_word_char(last_char(std::string_view(s).substr(0, start)));
+      bool stop_space =
+          stop == s.size() || !is_word_char(first_char(std::string_view(s).substr(stop)));
       if (!start_space || !stop_space) continue;
     }
-    if (tok.lstrip) start = std::max(trailing_space_start(std::string_view(s).substr(0, start)), start_offset);
+    if (tok.lstrip)
+      start = std::max(trailing_space_start(std::string_view(s).substr(0, start)), start_offset);
     if (tok.rstrip) stop += leading_space_end(std::string_view(s).substr(stop));
     if (start_offset < start) emit(start_offset, start, std::nullopt);
     emit(start, stop, tok.id);
@@ -183,7 +186,8 @@ void split_added(const TokenizerData& d, const TokenTrie& trie, const Piece& pie
   if (start_offset < s.size()) emit(start_offset, s.size(), std::nullopt);
 }
 
-void split_by_trie(const TokenizerData& d, const TokenTrie& trie, std::vector<Piece>& pieces, bool normalize) {
+void split_by_trie(const TokenizerData& d, const TokenTrie& trie, std::vector<Piece>& pieces,
+                   bool normalize) {
   std::vector<Piece> out;
   for (Piece& p : pieces) {
     if (p.added_id) {
@@ -289,7 +293,8 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& label) 
   data->label = label;
   if (j.contains("version")) {
     const auto& v = j["version"];
-    if (!v.is_string() || v.get<std::string>() != "1.0") ctx.error("version", "unknown tokenizer version (expected \"1.0\")");
+    if (!v.is_string() || v.get<std::string>() != "1.0")
+      ctx.error("version", "unknown tokenizer version (expected \"1.0\")");
   }
   auto field = [&](const char* key) -> const nlohmann::json& {
     static const nlohmann::json null_json;
@@ -298,9 +303,11 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& label) 
   };
   data->model = tokenizer_detail::BpeModel::parse(ctx.member(j, "", "model"), "model", ctx);
   data->normalizer = tokenizer_detail::parse_normalizer(field("normalizer"), "normalizer", ctx);
-  data->pre_tokenizer = tokenizer_detail::parse_pre_tokenizer(field("pre_tokenizer"), "pre_tokenizer", ctx);
+  data->pre_tokenizer =
+      tokenizer_detail::parse_pre_tokenizer(field("pre_tokenizer"), "pre_tokenizer", ctx);
   data->decoder = tokenizer_detail::parse_decoder(field("decoder"), "decoder", ctx);
-  data->post_processor = tokenizer_detail::parse_post_processor(field("post_processor"), "post_processor", ctx);
+  data->post_processor =
+      tokenizer_detail::parse_post_processor(field("post_processor"), "post_processor", ctx);
   tokenizer_detail::load_added_tokens(*data, field("added_tokens"), ctx);
 
   int32_t max_id = data->model->max_id();
@@ -309,7 +316,8 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& label) 
   for (const auto* ids : {&data->post_processor.prefix, &data->post_processor.suffix}) {
     for (int32_t id : *ids) {
       if (id >= data->vocab_size) {
-        ctx.error("post_processor", fmt::format("special token id {} is outside the vocabulary", id));
+        ctx.error("post_processor",
+                  fmt::format("special token id {} is outside the vocabulary", id));
       }
     }
   }
@@ -336,7 +344,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
       d.model->tokenize(p.text, ids);
     }
   }
-  if (add_special_tokens) ids.insert(ids.end(), d.post_processor.suffix.begin(), d.post_processor.suffix.end());
+  if (add_special_tokens)
+    ids.insert(ids.end(), d.post_processor.suffix.begin(), d.post_processor.suffix.end());
   return ids;
 }
 
@@ -350,7 +359,9 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
       token = &added->decoded;
     } else {
       token = d.model->id_to_token(id);
-      if (!token) fail("cannot decode token id {}: the vocabulary has no such id (size {})", id, d.vocab_size);
+      if (!token)
+        fail("cannot decode token id {}: the vocabulary has no such id (size {})", id,
+             d.vocab_size);
     }
     if (skip_special_tokens && d.special_contents.contains(*token)) continue;
     tokens.push_back(*token);
@@ -371,10 +382,13 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 
 int32_t Tokenizer::vocab_size() const { return data_->vocab_size; }
 
-bool Tokenizer::window_safe_decoding() const { return !data_->decoder || data_->decoder->window_safe(); }
+bool Tokenizer::window_safe_decoding() const {
+  return !data_->decoder || data_->decoder->window_safe();
+}
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
-  if (auto it = data_->added_by_content.find(token); it != data_->added_by_content.end()) return it->second;
+  if (auto it = data_->added_by_content.find(token); it != data_->added_by_content.end())
+    return it->second;
   return data_->model->token_to_id(token);
 }
 
@@ -411,7 +425,8 @@ const std::string& Tokenizer::label() const { return data_->label; }
 namespace {
 
 // A token written as "text" or as {"content": "text", ...}.
-std::optional<std::string> token_field(const nlohmann::json& j, const char* key, const JsonContext& ctx) {
+std::optional<std::string> token_field(const nlohmann::json& j, const char* key,
+                                       const JsonContext& ctx) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
   if (it->is_string()) return it->get<std::string>();
@@ -419,7 +434,8 @@ std::optional<std::string> token_field(const nlohmann::json& j, const char* key,
   ctx.error(key, "expected a string, an object with \"content\", or null");
 }
 
-std::optional<bool> optional_bool(const nlohmann::json& j, const char* key, const JsonContext& ctx) {
+std::optional<bool> optional_bool(const nlohmann::json& j, const char* key,
+                                  const JsonContext& ctx) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
   if (!it->is_boolean()) ctx.error(key, "expected true or false");
@@ -461,11 +477,12 @@ TokenizerConfig parse_tokenizer_config(std::string_view text, const std::string&
 TokenizerBundle load_tokenizer_dir(const std::string& dir) {
   namespace fs = std::filesystem;
   fs::path base(dir);
-  TokenizerBundle bundle{Tokenizer::from_file((base / "tokenizer.json").string()), TokenizerConfig{}};
+  TokenizerBundle bundle{Tokenizer::from_file((base / "tokenizer.json").string()),
+                         TokenizerConfig{}};
   fs::path config = base / "tokenizer_config.json";
   if (fs::exists(config)) {
-    bundle.config = parse_tokenizer_config(tokenizer_detail::read_file(config.string(), "tokenizer config"),
-                                           config.string());
+    bundle.config = parse_tokenizer_config(
+        tokenizer_detail::read_file(config.string(), "tokenizer config"), config.string());
   }
   fs::path jinja = base / "chat_template.jinja";
   if (bundle.config.chat_template.empty() && fs::exists(jinja)) {
@@ -486,13 +503,16 @@ namespace {
 
 bool ends_with_replacement(std::string_view s) { return s.ends_with("\xEF\xBF\xBD"); }
 
-bool is_byte_token(std::string_view t) { return t.size() == 6 && t.starts_with("<0x") && t.back() == '>'; }
+bool is_byte_token(std::string_view t) {
+  return t.size() == 6 && t.starts_with("<0x") && t.back() == '>';
+}
 
 }  // namespace
 
 std::string IncrementalDecoder::push(int32_t id) {
   if (id < 0 || id >= tokenizer_->vocab_size()) {
-    fail("cannot decode token id {}: the vocabulary has no such id (size {})", id, tokenizer_->vocab_size());
+    fail("cannot decode token id {}: the vocabulary has no such id (size {})", id,
+         tokenizer_->vocab_size());
   }
   ids_.push_back(id);
   // A run of <0xNN> byte tokens is decoded as a group (ByteFallback): until a
@@ -510,12 +530,13 @@ std::string IncrementalDecoder::push(int32_t id) {
     return push_whole_stream();
   }
   std::span<const int32_t> all(ids_);
-  std::string prefix = tokenizer_->decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_),
-                                          skip_special_tokens_);
+  std::string prefix = tokenizer_->decode(
+      all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_tokens_);
   std::string text = tokenizer_->decode(all.subspan(prefix_offset_), skip_special_tokens_);
   // Hold back while the text may still change: a trailing U+FFFD is an
   // incomplete character that later byte tokens can complete.
-  if (text.size() <= prefix.size() || ends_with_replacement(text) || !text.starts_with(prefix)) return {};
+  if (text.size() <= prefix.size() || ends_with_replacement(text) || !text.starts_with(prefix))
+    return {};
   std::string delta = text.substr(prefix.size());
   prefix_offset_ = read_offset_;
   read_offset_ = ids_.size();
@@ -533,8 +554,11 @@ std::string IncrementalDecoder::push_whole_stream() {
   // What two successive decodes agree on is final; a trailing U+FFFD and a
   // partial character are not.
   size_t common = 0;
-  while (common < text.size() && common < last_text_.size() && text[common] == last_text_[common]) ++common;
-  while (common > 0 && common < text.size() && (static_cast<unsigned char>(text[common]) & 0xC0) == 0x80) --common;
+  while (common < text.size() && common < last_text_.size() && text[common] == last_text_[common])
+    ++common;
+  while (common > 0 && common < text.size() &&
+         (static_cast<unsigned char>(text[common]) & 0xC0) == 0x80)
+    --common;
   std::string stable = text.substr(0, common);
   while (ends_with_replacement(stable)) stable.resize(stable.size() - 3);
   last_text_ = std::move(text);
@@ -554,8 +578,8 @@ std::string IncrementalDecoder::flush() {
     return delta;
   }
   std::span<const int32_t> all(ids_);
-  std::string prefix = tokenizer_->decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_),
-                                          skip_special_tokens_);
+  std::string prefix = tokenizer_->decode(
+      all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_tokens_);
   std::string text = tokenizer_->decode(all.subspan(prefix_offset_), skip_special_tokens_);
   ids_.clear();
   prefix_offset_ = read_offset_ = 0;

@@ -15,7 +15,10 @@
 //
 // IncrementalDecoder turns a stream of ids into text pieces that are final:
 // it never emits a broken UTF-8 sequence, and the concatenation of everything
-// it returns (push()es plus flush()) equals decode() of all the ids.
+// it returns (push()es plus flush()) equals decode() of all the ids. Each
+// push() decodes a short window of recent ids (the prefix-offset technique),
+// except for the rare decoders whose output depends on which token is last
+// (BPEDecoder, Strip with start >= 2), where it decodes the whole stream.
 #pragma once
 
 #include <cstdint>

@@ -4,10 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
@@ -120,7 +119,10 @@ TEST(TokenizerErrorsTest, StructuralProblemsNameTheField) {
   expect_error(j, "pre_tokenizer.pretokenizers[0].pattern", "lookbehind");
 
   j = minimal();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Sideways"}, {"invert", false}};
+  j["pre_tokenizer"] = {{"type", "Split"},
+                        {"pattern", {{"Regex", "a"}}},
+                        {"behavior", "Sideways"},
+                        {"invert", false}};
   expect_error(j, "pre_tokenizer.behavior", "Sideways");
 
   j = minimal();
@@ -128,7 +130,10 @@ TEST(TokenizerErrorsTest, StructuralProblemsNameTheField) {
   expect_error(j, "pre_tokenizer.replacement", "one character");
 
   j = minimal();
-  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}, {"add_prefix_space", false}, {"prepend_scheme", "always"}};
+  j["pre_tokenizer"] = {{"type", "Metaspace"},
+                        {"replacement", "_"},
+                        {"add_prefix_space", false},
+                        {"prepend_scheme", "always"}};
   expect_error(j, "pre_tokenizer", "prepend_scheme");
 
   j = minimal();
@@ -227,7 +232,8 @@ TEST(TokenizerConfigTest, ParsesTokensAndTemplates) {
     "eos_token": "</s>", "pad_token": null, "add_bos_token": true,
     "chat_template": [{"name": "default", "template": "{{ messages }}"},
                       {"name": "tool_use", "template": "{{ tools }}"}]
-  })", "tokenizer_config.json");
+  })",
+                                             "tokenizer_config.json");
   EXPECT_EQ(c.bos_token, "<s>");
   EXPECT_EQ(c.eos_token, "</s>");
   EXPECT_FALSE(c.pad_token.has_value());
@@ -244,12 +250,16 @@ TEST(TokenizerConfigTest, ParsesTokensAndTemplates) {
 
 TEST(TokenizerConfigTest, LoadsModelDirectory) {
   namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / ("basalt_tok_dir_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  fs::path dir =
+      fs::temp_directory_path() /
+      ("basalt_tok_dir_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
   fs::create_directories(dir);
-  fs::copy_file(std::string(BASALT_TESTDATA) + "/tokenizers/llama3/tokenizer.json", dir / "tokenizer.json",
-                fs::copy_options::overwrite_existing);
-  std::ofstream(dir / "tokenizer_config.json") << R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})";
-  std::ofstream(dir / "chat_template.jinja") << "{% for m in messages %}{{ m.content }}{% endfor %}";
+  fs::copy_file(std::string(BASALT_TESTDATA) + "/tokenizers/llama3/tokenizer.json",
+                dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})";
+  std::ofstream(dir / "chat_template.jinja")
+      << "{% for m in messages %}{{ m.content }}{% endfor %}";
   TokenizerBundle b = load_tokenizer_dir(dir.string());
   EXPECT_EQ(b.config.eos_token, "<|eot_id|>");
   EXPECT_EQ(b.config.chat_template, "{% for m in messages %}{{ m.content }}{% endfor %}");

@@ -29,8 +29,8 @@ const std::array<uint8_t, 0x10000>& bmp_categories() {
     for (size_t i = 0; i < tables::kCategoryRangesSize; ++i) {
       uint32_t start = tables::kCategoryRanges[i].start;
       if (start >= 0x10000) break;
-      uint32_t end = i + 1 < tables::kCategoryRangesSize ? tables::kCategoryRanges[i + 1].start
-                                                         : 0x110000;
+      uint32_t end =
+          i + 1 < tables::kCategoryRangesSize ? tables::kCategoryRanges[i + 1].start : 0x110000;
       std::fill(t->begin() + start, t->begin() + std::min<uint32_t>(end, 0x10000),
                 tables::kCategoryRanges[i].category);
     }
@@ -79,17 +79,18 @@ char32_t compose(char32_t a, char32_t b) {
       b < kHangulVBase + kHangulVCount) {
     return kHangulSBase + ((a - kHangulLBase) * kHangulVCount + (b - kHangulVBase)) * kHangulTCount;
   }
-  if (a >= kHangulSBase && a < kHangulSBase + kHangulSCount && (a - kHangulSBase) % kHangulTCount == 0 &&
-      b > kHangulTBase && b < kHangulTBase + kHangulTCount) {
+  if (a >= kHangulSBase && a < kHangulSBase + kHangulSCount &&
+      (a - kHangulSBase) % kHangulTCount == 0 && b > kHangulTBase &&
+      b < kHangulTBase + kHangulTCount) {
     return a + (b - kHangulTBase);
   }
   const tables::CompositionEntry* begin = tables::kCompositions;
   const tables::CompositionEntry* end = begin + tables::kCompositionsSize;
-  const tables::CompositionEntry* it =
-      std::lower_bound(begin, end, std::pair<char32_t, char32_t>(a, b),
-                       [](const tables::CompositionEntry& e, std::pair<char32_t, char32_t> key) {
-                         return e.first < key.first || (e.first == key.first && e.second < key.second);
-                       });
+  const tables::CompositionEntry* it = std::lower_bound(
+      begin, end, std::pair<char32_t, char32_t>(a, b),
+      [](const tables::CompositionEntry& e, std::pair<char32_t, char32_t> key) {
+        return e.first < key.first || (e.first == key.first && e.second < key.second);
+      });
   if (it != end && it->first == a && it->second == b) return it->composite;
   return 0;
 }
@@ -149,8 +150,20 @@ Category category(char32_t cp) {
 
 bool is_white_space(char32_t cp) {
   switch (cp) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0x85: case 0xA0:
-    case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return cp >= 0x2000 && cp <= 0x200A;
@@ -181,7 +194,8 @@ std::string normalize(std::string_view text, NormalForm form) {
   bool compat = form == NormalForm::kNFKC || form == NormalForm::kNFKD;
   bool composed = form == NormalForm::kNFC || form == NormalForm::kNFKC;
   // ASCII is invariant under every normal form.
-  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
+  if (std::all_of(text.begin(), text.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
     return std::string(text);
   }
   std::u32string decomposed;
@@ -278,11 +292,19 @@ bool decode_utf8(std::string_view text, size_t& pos, char32_t& cp) {
   bool complete;
   size_t n = valid_prefix(text, pos, complete);
   if (!complete) return false;
-  auto b = [&](size_t i) { return static_cast<char32_t>(static_cast<unsigned char>(text[pos + i])); };
+  auto b = [&](size_t i) {
+    return static_cast<char32_t>(static_cast<unsigned char>(text[pos + i]));
+  };
   switch (n) {
-    case 1: cp = b(0); break;
-    case 2: cp = ((b(0) & 0x1F) << 6) | (b(1) & 0x3F); break;
-    case 3: cp = ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F); break;
+    case 1:
+      cp = b(0);
+      break;
+    case 2:
+      cp = ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
+      break;
+    case 3:
+      cp = ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+      break;
     default:
       cp = ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
       break;

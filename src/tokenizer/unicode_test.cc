@@ -31,8 +31,8 @@ TEST(TokenizerUnicodeTest, GeneralCategories) {
 }
 
 TEST(TokenizerUnicodeTest, WhiteSpaceIsTheUnicodeProperty) {
-  for (char32_t c : {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, 0x2000, 0x2005, 0x200A, 0x2028,
-                     0x2029, 0x202F, 0x205F, 0x3000}) {
+  for (char32_t c : {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, 0x2000, 0x2005, 0x200A,
+                     0x2028, 0x2029, 0x202F, 0x205F, 0x3000}) {
     EXPECT_TRUE(is_white_space(c)) << std::hex << static_cast<uint32_t>(c);
   }
   for (char32_t c : {0x200B, 0x180E, 0xFEFF, 0x1C, 0x61}) EXPECT_FALSE(is_white_space(c));
@@ -51,9 +51,9 @@ TEST(TokenizerUnicodeTest, NormalizersSeeUnicode9) {
   EXPECT_EQ(combining_class(U'\u1dfa'), 0);
   EXPECT_EQ(normalize("a\u0301\u1dfa", NormalForm::kNFD), "a\u0301\u1dfa");
   EXPECT_TRUE(is_normalizer_mark(U'\u0301'));
-  EXPECT_FALSE(is_normalizer_mark(U'\U00010F46'));  // Sogdian mark, Unicode 11
+  EXPECT_FALSE(is_normalizer_mark(U'\U00010F46'));       // Sogdian mark, Unicode 11
   EXPECT_TRUE(in_categories(U'\U00010F46', kMarkMask));  // the regexes know it
-  EXPECT_TRUE(is_normalizer_mark(U'\u1cf2'));  // a mark in 9.0, a letter since
+  EXPECT_TRUE(is_normalizer_mark(U'\u1cf2'));            // a mark in 9.0, a letter since
 }
 
 TEST(TokenizerUnicodeTest, Normalization) {
@@ -106,11 +106,15 @@ TEST(TokenizerUnicodeTest, Utf8DecodeRejectsInvalidSequences) {
 TEST(TokenizerUnicodeTest, LossyMatchesRustFromUtf8Lossy) {
   const std::string r = "\xEF\xBF\xBD";
   EXPECT_EQ(utf8_lossy("ok"), "ok");
-  EXPECT_EQ(utf8_lossy("\xE2\x82"), r);                  // one maximal subpart
-  EXPECT_EQ(utf8_lossy("\xE2\x82" "a"), r + "a");
-  EXPECT_EQ(utf8_lossy("\xF0\x9F\x98" "\xF0\x9F\x98\x80"), r + "\U0001F600");
-  EXPECT_EQ(utf8_lossy("\xC0\x80"), r + r);             // C0 is never valid
-  EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), r + r + r);     // surrogates: each byte alone
+  EXPECT_EQ(utf8_lossy("\xE2\x82"), r);  // one maximal subpart
+  EXPECT_EQ(utf8_lossy("\xE2\x82"
+                       "a"),
+            r + "a");
+  EXPECT_EQ(utf8_lossy("\xF0\x9F\x98"
+                       "\xF0\x9F\x98\x80"),
+            r + "\U0001F600");
+  EXPECT_EQ(utf8_lossy("\xC0\x80"), r + r);          // C0 is never valid
+  EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), r + r + r);  // surrogates: each byte alone
   EXPECT_EQ(utf8_lossy("\x80\x80"), r + r);
 }
 
