@@ -1,10 +1,10 @@
 #include "backend/cpu/attention.h"
 
 #include <algorithm>
-#include <atomic>
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/parallel.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd.h"
 
@@ -238,15 +238,14 @@ void attention_f32(ThreadPool& pool, const AttentionArgs& args) {
   for (const Item& item : items) total_cost += item.cost;
 
   const ItemRunner runner(args);
-  std::atomic<size_t> next{0};
-  // One slot per thread; each pulls items until none are left. Small calls
-  // (a few thousand multiply-adds) stay on the calling thread.
-  const int64_t workers = total_cost * p.head_dim < (1 << 16)
-                              ? 1
-                              : std::min<int64_t>(pool.size(), static_cast<int64_t>(items.size()));
-  pool.parallel_for(workers, [&](int64_t, int64_t) {
-    for (size_t i = next.fetch_add(1); i < items.size(); i = next.fetch_add(1)) runner.run(items[i]);
-  });
+  // Items are claimed one at a time, largest first. Small calls (a few
+  // thousand multiply-adds) stay on the calling thread.
+  dynamic_for(
+      pool, static_cast<int64_t>(items.size()), 1,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) runner.run(items[i]);
+      },
+      total_cost * p.head_dim >= (1 << 16));
 }
 
 }  // namespace basalt::cpu

@@ -4,6 +4,7 @@
 #include <array>
 #include <vector>
 
+#include "backend/cpu/parallel.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd.h"
 #include "core/error.h"
@@ -148,16 +149,18 @@ void direct_block_rows(int rx, const float* x, const typename WeightType<D>::Sto
   }
 }
 
-// Few tokens: parallel over blocks of kDirectRows weight rows; each block is
-// read from memory once and reused from L1/L2 for every group of tokens.
+// Few tokens: threads claim runs of blocks of kDirectRows weight rows; each
+// block is read from memory once and reused from L1/L2 for every group of
+// tokens.
 template <DType D>
 void linear_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
                    const typename WeightType<D>::Storage* w, int64_t outs, float* out) {
   static_assert(kDirectX == 4, "direct_block_rows dispatches 1..4 token rows");
   const int64_t blocks = (outs + kDirectRows - 1) / kDirectRows;
   const int64_t macs_per_block = std::max<int64_t>(1, tokens * in * kDirectRows);
-  pool.parallel_for(
-      blocks,
+  dynamic_for(
+      pool, blocks,
+      std::max(balanced_grain(pool, blocks), kMinParallelMacs / macs_per_block),
       [&](int64_t b0, int64_t b1) {
         for (int64_t b = b0; b < b1; ++b) {
           const int64_t n0 = b * kDirectRows;
@@ -176,7 +179,7 @@ void linear_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
           }
         }
       },
-      std::max<int64_t>(1, kMinParallelMacs / macs_per_block));
+      blocks * macs_per_block >= 2 * kMinParallelMacs);
 }
 
 // Converts weight rows [n0, n0 + rows) × columns [k0, k0 + k_len) to f32 in
@@ -261,8 +264,8 @@ void panel_block_rows(int rx, const float* x, int64_t x_stride, const float* pan
   }
 }
 
-// Many tokens: the work is (token block, panel of weight rows) pairs, split
-// over threads in contiguous runs of panels within a token block.
+// Many tokens: the work is (token block, panel of weight rows) pairs, which
+// threads claim in runs of consecutive panels.
 template <DType D>
 void linear_paneled(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
                     const typename WeightType<D>::Storage* w, int64_t outs, float* out) {
@@ -273,8 +276,9 @@ void linear_paneled(ThreadPool& pool, const float* x, int64_t tokens, int64_t in
   const int64_t k_step = ((in + k_blocks - 1) / k_blocks + kLanes - 1) / kLanes * kLanes;
   const int64_t stride = k_step + 16;  // a little skew so panel rows map to different sets
   const int64_t macs_per_item = std::max<int64_t>(1, std::min(tokens, kPanelTokens) * in * kPanelRows);
-  pool.parallel_for(
-      token_blocks * panels,
+  const int64_t items = token_blocks * panels;
+  dynamic_for(
+      pool, items, std::max(balanced_grain(pool, items), kMinParallelMacs / macs_per_item),
       [&](int64_t begin, int64_t end) {
         float* panel = scratch_floats(ScratchSlot::kLinearPanel, kPanelRows * stride);
         while (begin < end) {
@@ -298,7 +302,7 @@ void linear_paneled(ThreadPool& pool, const float* x, int64_t tokens, int64_t in
           }
         }
       },
-      std::max<int64_t>(1, kMinParallelMacs / macs_per_item));
+      items * macs_per_item >= 2 * kMinParallelMacs);
 }
 
 template <DType D>
