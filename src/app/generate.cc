@@ -61,6 +61,8 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   CpuBackend backend;
   ProgressPrinter progress;
   std::unique_ptr<Model> model = load_model(f.model, backend, std::ref(progress));
+  if (const std::string summary = model->summary(); !summary.empty())
+    std::fprintf(stderr, "%s\n", summary.c_str());
 
   GenerateOptions options;
   options.max_tokens = f.max_tokens;

@@ -9,9 +9,9 @@
 // (backend/cpu/*_test.cc holds the pattern that the CUDA backend reuses).
 //
 // Activations ("x", "out") are row-major [tokens, features]. On the CPU backend
-// activations are f32; weights may be f32, bf16 or f16 (fp8 block-scaled
-// weights arrive with the DeepSeek-V3 work). Linear weights use the Hugging
-// Face layout [out_features, in_features].
+// activations are f32; weights may be f32, bf16 or f16, or f8_e4m3 with
+// block-wise scales (LinearWeight). Linear weights use the Hugging Face layout
+// [out_features, in_features].
 #pragma once
 
 #include <cstdint>
@@ -36,6 +36,51 @@ struct RopeParams {
   const Tensor* inv_freq = nullptr;
   // Multiplies cos and sin (YaRN's attention factor; 1 otherwise).
   float attention_scaling = 1.0f;
+  // Features [rotary_offset, rotary_offset + rotary_dim) of each head rotate
+  // (DeepSeek's rope dims follow the nope dims); 0 for every other family.
+  int rotary_offset = 0;
+};
+
+// Edge of the square blocks of block-wise FP8 weights (DeepSeek-V3's
+// weight_block_size [128, 128]).
+inline constexpr int64_t kFp8BlockSize = 128;
+
+// A linear layer's weight as a checkpoint stores it: weight [N, K] in f32,
+// bf16 or f16; or f8_e4m3 with scale_inv f32 [ceil(N/128), ceil(K/128)], where
+// element (n, k) means weight[n, k] * scale_inv[n / 128, k / 128] (the last
+// blocks of a dimension may be partial). scale_inv is empty (no memory) for
+// unscaled weights.
+struct LinearWeight {
+  Tensor weight;
+  Tensor scale_inv;
+  bool block_fp8() const { return scale_inv.raw() != nullptr; }
+};
+
+// Mixture-of-experts routing (DeepSeek V2/V3).
+enum class MoeScoring : uint8_t { kSoftmax, kSigmoid };
+struct MoeRouteParams {
+  MoeScoring scoring = MoeScoring::kSoftmax;
+  int top_k = 0;         // experts per token
+  int num_groups = 1;    // experts split into num_groups equal groups
+  int topk_groups = 1;   // groups a token may choose from
+  bool normalize = false;  // divide the chosen weights by their sum
+  float scaling = 1.0f;    // routed_scaling_factor, applied last
+};
+
+// One expert: silu(x · gateᵀ) * (x · upᵀ), then · downᵀ.
+// gate, up [I, H]; down [H, I].
+struct MoeExpert {
+  LinearWeight gate, up, down;
+};
+
+// Multi-head latent attention (DeepSeek V2/V3) dimensions.
+struct MlaParams {
+  int num_heads = 0;
+  int kv_lora_rank = 0;      // L: latent width
+  int qk_nope_head_dim = 0;  // Dn
+  int qk_rope_head_dim = 0;  // R
+  int v_head_dim = 0;        // Dv
+  float scale = 0.0f;        // softmax scale
 };
 
 // Which KV slots each sequence of a batch reads. Sequence s owns query rows
@@ -115,6 +160,53 @@ class Backend {
   // Draws one token per row of logits [R, V] under rows[r]; out i32 [R].
   // Order of filters: temperature, then top-k, top-p, min-p on the softmax.
   virtual void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) = 0;
+
+  // --- DeepSeek V2/V3 ------------------------------------------------------
+  // out[t, n] = sum_k x[t, k] * w[n, k] * scale_inv[n / 128, k / 128].
+  // x f32 [T, K]; w f8_e4m3 [N, K]; scale_inv f32 [ceil(N/128), ceil(K/128)].
+  virtual void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
+                                Tensor& out) = 0;
+  // Chooses experts per token from router logits f32 [T, E]. Scores are
+  // softmax(logits) or sigmoid(logits); selection uses scores + bias (bias f32
+  // [E], sigmoid only, may be null). With num_groups > 1 each group is ranked
+  // by the sum of its two best biased scores (with a bias) or its best score
+  // (without), the best topk_groups groups are kept and the other groups'
+  // experts are excluded; then the top_k experts by biased score are taken.
+  // weights are the unbiased scores of the chosen experts, divided by their
+  // sum when normalize, times scaling. ids i32 [T, top_k], weights f32
+  // [T, top_k], in order of decreasing biased score (lower id on ties).
+  virtual void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
+                         Tensor& ids, Tensor& weights) = 0;
+  // out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]). x, out f32 [T, H];
+  // ids i32 [T, k] indexing experts; weights f32 [T, k]. Each expert runs only
+  // on the tokens routed to it. out must not overlap x.
+  virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                           std::span<const MoeExpert> experts, Tensor& out) = 0;
+  // The MLA cache write: for each token t, row = kv_a[t] = [latent (L) | k_pe (R)];
+  // cache[slots[t]] = [rms_norm(latent) * norm_weight | rope(k_pe at positions[t])].
+  // kv_a f32 [T, L + R]; norm_weight [L]; cache f32 or bf16 [S, L + R]. rope
+  // uses num_heads 1, head_dim = rotary_dim = R and rotary_offset 0.
+  virtual void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,
+                            const Tensor& positions, const RopeParams& rope, const Tensor& slots,
+                            Tensor& cache) = 0;
+  // The weight-absorbed MLA attention (decode form). q f32 [T, heads * (Dn + R)]
+  // with rope applied to each head's last R features; kv_b [heads * (Dn + Dv), L]
+  // (per head Dn key rows then Dv value rows). Per head h, the query
+  // [q_nope · W_uk(h) | q_pe] attends (causally, as in `attention`) over the
+  // cached rows as one shared key head; the values are the rows' latent part;
+  // the result goes out through W_uv(h). out f32 [T, heads * Dv].
+  virtual void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                             const AttentionLayout& layout, const MlaParams& params,
+                             Tensor& out) = 0;
+  // The expanded MLA form (prefill): for each i, latent row c = cache[slots[i]],
+  // k[i, h] = [c[:L] · W_uk(h)ᵀ | c[L:]] and v[i, h] = c[:L] · W_uv(h)ᵀ.
+  // slots i32 [S]; k f32 [S, heads * (Dn + R)]; v f32 [S, heads * Dv]. With
+  // these, `attention` (num_kv_heads == num_heads) gives mla_attention's result.
+  virtual void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
+                             const MlaParams& params, Tensor& k, Tensor& v) = 0;
+  // out[t] = [a[t] | b[t]]. a f32 [T, A]; b f32 [T, B]; out f32 [T, A + B]
+  // (the MTP layer's concatenation of embedding and hidden state).
+  virtual void concat_columns(const Tensor& a, const Tensor& b, Tensor& out) = 0;
 };
 
 }  // namespace basalt

@@ -220,9 +220,10 @@ void rope(Tensor& x, const Tensor& positions, const RopeParams& params) {
   require(positions, "rope", "positions", DType::kI32, 1);
   const int64_t tokens = x.dim(0);
   const int64_t heads = params.num_heads, head_dim = params.head_dim, rotary = params.rotary_dim;
-  BASALT_CHECK(heads > 0 && head_dim > 0 && rotary > 0 && rotary % 2 == 0 && rotary <= head_dim,
-               "reference rope: bad params (heads {}, head_dim {}, rotary_dim {})", heads, head_dim,
-               rotary);
+  BASALT_CHECK(heads > 0 && head_dim > 0 && rotary > 0 && rotary % 2 == 0 &&
+                   params.rotary_offset >= 0 && params.rotary_offset + rotary <= head_dim,
+               "reference rope: bad params (heads {}, head_dim {}, rotary_dim {}, rotary_offset {})",
+               heads, head_dim, rotary, params.rotary_offset);
   require_shape(x, {tokens, heads * head_dim}, "rope", "x");
   require_shape(positions, {tokens}, "rope", "positions");
   BASALT_CHECK(params.inv_freq != nullptr, "reference rope: inv_freq is missing");
@@ -236,7 +237,7 @@ void rope(Tensor& x, const Tensor& positions, const RopeParams& params) {
       const double c = std::cos(angle) * params.attention_scaling;
       const double s = std::sin(angle) * params.attention_scaling;
       for (int64_t h = 0; h < heads; ++h) {
-        float* head = x.data<float>() + t * heads * head_dim + h * head_dim;
+        float* head = x.data<float>() + t * heads * head_dim + h * head_dim + params.rotary_offset;
         const int64_t ia = params.style == RopeStyle::kRotateHalf ? i : 2 * i;
         const int64_t ib = params.style == RopeStyle::kRotateHalf ? i + half : 2 * i + 1;
         const double a = head[ia], b = head[ib];

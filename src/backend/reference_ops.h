@@ -85,8 +85,27 @@ void log_softmax(const Tensor& x, Tensor& out);
 void argmax(const Tensor& logits, Tensor& out);
 void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out);
 
+// DeepSeek V2/V3 ops (reference_deepseek_ops.cc). moe_route ranks with
+// doubles and breaks ties by the lower expert id; mla_attention computes the
+// expanded form (per-head keys and values from kv_b), which the absorbed form
+// of a fast backend must match.
+void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv, Tensor& out);
+void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
+               Tensor& weights);
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                 std::span<const MoeExpert> experts, Tensor& out);
+void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps, const Tensor& positions,
+                  const RopeParams& rope, const Tensor& slots, Tensor& cache);
+void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                   const AttentionLayout& layout, const MlaParams& params, Tensor& out);
+void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
+                   const MlaParams& params, Tensor& k, Tensor& v);
+void concat_columns(const Tensor& a, const Tensor& b, Tensor& out);
+
 // Reads element i of a floating host tensor of any floating dtype as f32.
 float load_f32(const Tensor& t, int64_t i);
+// Element (n, k) of a linear weight as f32, block scale applied.
+float load_weight(const LinearWeight& w, int64_t n, int64_t k);
 
 }  // namespace basalt::reference
 
@@ -133,6 +152,35 @@ class ReferenceBackend final : public Backend {
   void argmax(const Tensor& logits, Tensor& out) override { reference::argmax(logits, out); }
   void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override {
     reference::sample(logits, rows, out);
+  }
+  void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
+                        Tensor& out) override {
+    reference::linear_fp8_block(x, w, scale_inv, out);
+  }
+  void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
+                 Tensor& ids, Tensor& weights) override {
+    reference::moe_route(logits, bias, params, ids, weights);
+  }
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   std::span<const MoeExpert> experts, Tensor& out) override {
+    reference::moe_experts(x, ids, weights, experts, out);
+  }
+  void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,
+                    const Tensor& positions, const RopeParams& rope, const Tensor& slots,
+                    Tensor& cache) override {
+    reference::mla_store_kv(kv_a, norm_weight, eps, positions, rope, slots, cache);
+  }
+  void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                     const AttentionLayout& layout, const MlaParams& params,
+                     Tensor& out) override {
+    reference::mla_attention(q, cache, kv_b, layout, params, out);
+  }
+  void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
+                     const MlaParams& params, Tensor& k, Tensor& v) override {
+    reference::mla_expand_kv(cache, slots, kv_b, params, k, v);
+  }
+  void concat_columns(const Tensor& a, const Tensor& b, Tensor& out) override {
+    reference::concat_columns(a, b, out);
   }
 };
 

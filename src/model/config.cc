@@ -86,8 +86,10 @@ Architecture parse_architecture(const std::string& model_type, const std::string
   if (model_type == "mistral") return Architecture::kMistral;
   if (model_type == "qwen2") return Architecture::kQwen2;
   if (model_type == "qwen3") return Architecture::kQwen3;
-  fail("{}: model_type '{}' is not supported (supported: llama, mistral, qwen2, qwen3)", label,
-       model_type);
+  if (model_type == "deepseek_v2") return Architecture::kDeepseekV2;
+  if (model_type == "deepseek_v3") return Architecture::kDeepseekV3;
+  fail("{}: model_type '{}' is not supported (supported: llama, mistral, qwen2, qwen3, "
+       "deepseek_v2, deepseek_v3)", label, model_type);
 }
 
 // rope_scaling (4.x) or rope_parameters (5.x, which also carries rope_theta).
@@ -136,6 +138,112 @@ void parse_rope(const Fields& f, const std::string& label, ModelConfig& c) {
        sub_label, type);
 }
 
+// DeepSeek V2/V3: MLA dimensions, MoE routing and block-FP8 quantization.
+void parse_deepseek(const Fields& f, const std::string& label, ModelConfig& c) {
+  DeepseekConfig& d = c.deepseek;
+  const bool v3 = c.architecture == Architecture::kDeepseekV3;
+  c.vocab_size = f.integer("vocab_size");
+  c.hidden_size = f.integer("hidden_size");
+  c.intermediate_size = f.integer("intermediate_size");
+  c.num_layers = f.integer("num_hidden_layers");
+  c.num_heads = f.integer("num_attention_heads");
+  c.num_kv_heads = c.num_heads;  // MLA: every head has its own key and value
+  d.q_lora_rank = f.integer_or("q_lora_rank", 0);
+  d.kv_lora_rank = f.integer("kv_lora_rank");
+  d.qk_nope_head_dim = f.integer("qk_nope_head_dim");
+  d.qk_rope_head_dim = f.integer("qk_rope_head_dim");
+  d.v_head_dim = f.integer("v_head_dim");
+  d.n_routed_experts = f.integer_or("n_routed_experts", 0);
+  d.n_shared_experts = f.integer_or("n_shared_experts", 0);
+  d.num_experts_per_tok = f.integer_or("num_experts_per_tok", 0);
+  d.moe_intermediate_size = f.integer_or("moe_intermediate_size", 0);
+  d.first_k_dense_replace = f.integer_or("first_k_dense_replace", 0);
+  d.moe_layer_freq = f.integer_or("moe_layer_freq", 1);
+  d.n_group = f.integer_or("n_group", 1);
+  d.topk_group = f.integer_or("topk_group", 1);
+  d.routed_scaling_factor = f.number_or("routed_scaling_factor", 1.0);
+  d.norm_topk_prob = f.boolean_or("norm_topk_prob", v3);
+  d.scoring_func = f.string_or("scoring_func", v3 ? "sigmoid" : "softmax");
+  d.topk_method = f.string_or("topk_method", v3 ? "noaux_tc" : "greedy");
+  d.num_nextn_predict_layers = f.integer_or("num_nextn_predict_layers", 0);
+
+  BASALT_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
+                   c.num_layers > 0 && c.num_heads > 0,
+               "{}: vocab_size, hidden_size, intermediate_size, num_hidden_layers and "
+               "num_attention_heads must be positive", label);
+  BASALT_CHECK(c.vocab_size <= (int64_t{1} << 30) && c.hidden_size <= (1 << 20) &&
+                   c.intermediate_size <= (1 << 22) && c.num_layers <= 4096 && c.num_heads <= 4096,
+               "{}: sizes are implausibly large", label);
+  BASALT_CHECK(d.q_lora_rank >= 0 && d.kv_lora_rank > 0 && d.qk_nope_head_dim > 0 &&
+                   d.qk_rope_head_dim > 0 && d.qk_rope_head_dim % 2 == 0 && d.v_head_dim > 0 &&
+                   d.q_lora_rank <= (1 << 16) && d.kv_lora_rank <= (1 << 16) &&
+                   d.qk_nope_head_dim <= 1024 && d.qk_rope_head_dim <= 1024 && d.v_head_dim <= 1024,
+               "{}: MLA needs positive kv_lora_rank, qk_nope_head_dim, v_head_dim and an even "
+               "positive qk_rope_head_dim (q_lora_rank null or positive)", label);
+  BASALT_CHECK(d.n_routed_experts >= 0 && d.n_routed_experts <= 4096 && d.n_shared_experts >= 0 &&
+                   d.n_shared_experts <= 64 && d.first_k_dense_replace >= 0 && d.moe_layer_freq > 0 &&
+                   d.num_nextn_predict_layers >= 0 && d.num_nextn_predict_layers <= 16,
+               "{}: expert counts, first_k_dense_replace, moe_layer_freq or "
+               "num_nextn_predict_layers out of range", label);
+  if (d.n_routed_experts > 0) {
+    BASALT_CHECK(d.moe_intermediate_size > 0 && d.moe_intermediate_size <= (1 << 22),
+                 "{}: moe_intermediate_size must be positive", label);
+    BASALT_CHECK(d.scoring_func == "softmax" || d.scoring_func == "sigmoid",
+                 "{}: scoring_func '{}' is not supported (softmax or sigmoid)", label, d.scoring_func);
+    BASALT_CHECK(d.topk_method == "greedy" || d.topk_method == "group_limited_greedy" ||
+                     d.topk_method == "noaux_tc",
+                 "{}: topk_method '{}' is not supported (greedy, group_limited_greedy or noaux_tc)",
+                 label, d.topk_method);
+    BASALT_CHECK(d.n_group > 0 && d.n_routed_experts % d.n_group == 0,
+                 "{}: n_routed_experts ({}) cannot be divided into n_group ({}) equal groups", label,
+                 d.n_routed_experts, d.n_group);
+    BASALT_CHECK(d.topk_group > 0 && d.topk_group <= d.n_group,
+                 "{}: topk_group ({}) must be in 1..n_group ({})", label, d.topk_group, d.n_group);
+    const int64_t reachable = d.topk_method == "greedy"
+                                  ? d.n_routed_experts
+                                  : d.topk_group * (d.n_routed_experts / d.n_group);
+    BASALT_CHECK(d.num_experts_per_tok > 0 && d.num_experts_per_tok <= reachable,
+                 "{}: num_experts_per_tok ({}) must be in 1..{} (the experts of topk_group groups)",
+                 label, d.num_experts_per_tok, reachable);
+    BASALT_CHECK(d.topk_method != "noaux_tc" || d.scoring_func == "sigmoid",
+                 "{}: topk_method noaux_tc needs scoring_func sigmoid", label);
+    BASALT_CHECK(d.routed_scaling_factor > 0, "{}: routed_scaling_factor must be positive", label);
+  }
+  c.head_dim = d.qk_nope_head_dim + d.qk_rope_head_dim;
+  c.rotary_dim = d.qk_rope_head_dim;
+  c.max_position_embeddings = f.integer_or("max_position_embeddings", 4096);
+  c.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
+  parse_rope(f, label, c);
+  BASALT_CHECK(c.rope_theta > 0, "{}: rope_theta must be positive", label);
+  const std::string act = f.string_or("hidden_act", "silu");
+  BASALT_CHECK(act == "silu" || act == "swish", "{}: hidden_act '{}' is not supported (silu only)",
+               label, act);
+  BASALT_CHECK(!f.boolean_or("attention_bias", false), "{}: attention_bias is not supported for {}",
+               label, c.model_type);
+  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
+  c.sliding_window_per_layer.assign(static_cast<size_t>(c.num_layers), 0);
+
+  if (f.has("quantization_config")) {
+    const json& q = f.object().at("quantization_config");
+    BASALT_CHECK(q.is_object(), "{}: quantization_config must be an object", label);
+    const std::string sub = label + " (quantization_config)";
+    Fields qf(q, sub);
+    const std::string method = qf.string_or("quant_method", "");
+    BASALT_CHECK(method == "fp8", "{}: quant_method '{}' is not supported (fp8 only)", sub, method);
+    const std::string format = qf.string_or("fmt", "e4m3");
+    BASALT_CHECK(format == "e4m3", "{}: fmt '{}' is not supported (e4m3 only)", sub, format);
+    BASALT_CHECK(qf.has("weight_block_size"), "{}: missing field 'weight_block_size'", sub);
+    const json& block = q.at("weight_block_size");
+    BASALT_CHECK(block.is_array() && block.size() == 2 && block[0].is_number_integer() &&
+                     block[1].is_number_integer(),
+                 "{}: weight_block_size must be a list of two integers", sub);
+    BASALT_CHECK(block[0].get<int64_t>() == 128 && block[1].get<int64_t>() == 128,
+                 "{}: weight_block_size [{}, {}] is not supported (only [128, 128])", sub,
+                 block[0].get<int64_t>(), block[1].get<int64_t>());
+    d.fp8_block_weights = true;
+  }
+}
+
 }  // namespace
 
 std::string_view architecture_name(Architecture arch) {
@@ -144,6 +252,8 @@ std::string_view architecture_name(Architecture arch) {
     case Architecture::kMistral: return "mistral";
     case Architecture::kQwen2: return "qwen2";
     case Architecture::kQwen3: return "qwen3";
+    case Architecture::kDeepseekV2: return "deepseek_v2";
+    case Architecture::kDeepseekV3: return "deepseek_v3";
   }
   return "?";
 }
@@ -155,6 +265,14 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& label) {
   c.model_type = f.string_or("model_type", "");
   BASALT_CHECK(!c.model_type.empty(), "{}: missing field 'model_type'", label);
   c.architecture = parse_architecture(c.model_type, label);
+
+  if (c.architecture == Architecture::kDeepseekV2 || c.architecture == Architecture::kDeepseekV3) {
+    parse_deepseek(f, label, c);
+    auto bos = f.ids("bos_token_id");
+    if (!bos.empty()) c.bos_token_id = bos.front();
+    c.eos_token_ids = f.ids("eos_token_id");
+    return c;
+  }
 
   c.vocab_size = f.integer("vocab_size");
   c.hidden_size = f.integer("hidden_size");
@@ -209,6 +327,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& label) {
       c.qkv_bias = c.o_bias = f.boolean_or("attention_bias", false);
       c.qk_norm = true;
       break;
+    case Architecture::kDeepseekV2:
+    case Architecture::kDeepseekV3:
+      break;  // parsed by parse_deepseek above
   }
 
   // Sliding windows: Mistral applies sliding_window to every layer; Qwen2/3

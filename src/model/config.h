@@ -18,9 +18,11 @@
 
 namespace basalt {
 
-// The dense decoder families. They share one forward pass and differ only in
-// flags below (biases, q/k norm, tied head, sliding window).
-enum class Architecture { kLlama, kMistral, kQwen2, kQwen3 };
+// The dense decoder families share one forward pass and differ only in flags
+// below (biases, q/k norm, tied head, sliding window). The DeepSeek family
+// (V2, V2-Lite, V3, R1: MLA attention and MoE) has its own forward pass,
+// configured by ModelConfig::deepseek.
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kDeepseekV2, kDeepseekV3 };
 
 std::string_view architecture_name(Architecture arch);
 
@@ -40,6 +42,37 @@ struct RopeScaling {
   double mscale_all_dim = 0.0;  // 0: absent
   std::optional<double> attention_factor;
   bool truncate = true;
+};
+
+// DeepSeek V2/V3 fields, as config.json names them. Validated on load:
+// experts divide into n_group groups, topk_group <= n_group, enough experts in
+// the chosen groups for num_experts_per_tok, a known scoring_func/topk_method,
+// and a quantization_config (when present) of fp8 e4m3 with 128x128 blocks.
+struct DeepseekConfig {
+  int64_t q_lora_rank = 0;  // 0 (null in config.json): queries use one q_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  int64_t n_routed_experts = 0;  // 0: every layer is dense
+  int64_t n_shared_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t first_k_dense_replace = 0;
+  int64_t moe_layer_freq = 1;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  bool norm_topk_prob = false;
+  std::string scoring_func = "softmax";  // "softmax" (V2) or "sigmoid" (V3)
+  std::string topk_method = "greedy";    // "greedy", "group_limited_greedy" or "noaux_tc"
+  int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the decoder layers
+  bool fp8_block_weights = false;        // quantization_config: fp8, e4m3, [128, 128]
+
+  // Layer l uses the routed experts (otherwise a dense MLP of intermediate_size).
+  bool is_moe_layer(int64_t l) const {
+    return n_routed_experts > 0 && l >= first_k_dense_replace && l % moe_layer_freq == 0;
+  }
 };
 
 struct ModelConfig {
@@ -67,6 +100,11 @@ struct ModelConfig {
   bool qk_norm = false;    // per-head RMSNorm of q and k before rope (Qwen3)
   // Per layer: 0 for full attention, else the window (keys a query may see, itself included).
   std::vector<int32_t> sliding_window_per_layer;
+
+  // Meaningful for Architecture::kDeepseekV2 and kDeepseekV3 only; there
+  // head_dim is qk_nope_head_dim + qk_rope_head_dim and rotary_dim is
+  // qk_rope_head_dim.
+  DeepseekConfig deepseek;
 
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;

@@ -20,8 +20,11 @@
 
 namespace basalt {
 
-// The per-layer KV storage that slots index into: layer l's keys are
-// k[l][slot, :] ([num_slots, kv_heads * head_dim]) and values v[l][slot, :].
+// The per-layer KV storage that slots index into. Dense models: layer l's
+// keys are k[l][slot, :] ([num_slots, kv_heads * head_dim]) and values
+// v[l][slot, :]. MLA models (DeepSeek): k[l] is the latent cache
+// [num_slots, kv_lora_rank + qk_rope_head_dim] (the normalized latent, then
+// the rotated rope key) and v[l] is empty.
 struct KvBuffers {
   std::vector<Tensor> k;
   std::vector<Tensor> v;
@@ -38,6 +41,9 @@ class Model {
   virtual size_t kv_bytes_per_slot(DType dtype) const = 0;
   // logits: f32 [batch.logit_rows.numel(), vocab_size], allocated by the caller.
   virtual void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits) = 0;
+  // A human-readable account of what was loaded (parameters, dtypes, experts),
+  // printed on start; empty when the model has nothing to add.
+  virtual std::string summary() const { return {}; }
 };
 
 // progress(done_bytes, total_bytes) is called while weights are read.

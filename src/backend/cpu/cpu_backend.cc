@@ -322,10 +322,11 @@ void CpuBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& para
   check_rank(x, "rope", "x", 2);
   check_dtype(positions, "rope", "positions", {DType::kI32});
   const int64_t heads = params.num_heads, head_dim = params.head_dim, rotary = params.rotary_dim;
-  BASALT_CHECK(heads > 0 && head_dim > 0 && rotary > 0 && rotary % 2 == 0 && rotary <= head_dim,
-               "rope: need num_heads > 0 and an even rotary_dim in (0, head_dim], got num_heads {}, "
-               "head_dim {}, rotary_dim {}",
-               heads, head_dim, rotary);
+  BASALT_CHECK(heads > 0 && head_dim > 0 && rotary > 0 && rotary % 2 == 0 &&
+                   params.rotary_offset >= 0 && params.rotary_offset + rotary <= head_dim,
+               "rope: need num_heads > 0 and an even rotary_dim with rotary_offset + rotary_dim in "
+               "(0, head_dim], got num_heads {}, head_dim {}, rotary_dim {}, rotary_offset {}",
+               heads, head_dim, rotary, params.rotary_offset);
   const int64_t tokens = x.dim(0);
   check_shape(x, "rope", "x", {tokens, heads * head_dim});
   check_shape(positions, "rope", "positions", {tokens});
@@ -349,7 +350,7 @@ void CpuBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& para
             sin_table[i] = std::sin(angle) * params.attention_scaling;
           }
           for (int64_t h = 0; h < heads; ++h) {
-            float* head = x.data<float>() + (t * heads + h) * head_dim;
+            float* head = x.data<float>() + (t * heads + h) * head_dim + params.rotary_offset;
             if (rotate_half) {
               float* a = head;
               float* b = head + half;

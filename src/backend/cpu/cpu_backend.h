@@ -1,7 +1,7 @@
 // CpuBackend: the reference-quality, all-cores implementation of the Backend op set.
 //
 // Contract: implements every op of backend/backend.h for host tensors with f32
-// activations and f32/bf16/f16 weights, using the ThreadPool it is given and
+// activations and f32/bf16/f16 (and block-FP8) weights, using the ThreadPool it is given and
 // AVX-512/AVX2 where the compiler targets them (scalar code otherwise). Results
 // match the scalar references in backend/reference_ops.h within float
 // rounding. Thread-safe only in the sense that distinct CpuBackend calls on
@@ -39,6 +39,23 @@ class CpuBackend final : public Backend {
   void log_softmax(const Tensor& x, Tensor& out) override;
   void argmax(const Tensor& logits, Tensor& out) override;
   void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override;
+
+  // DeepSeek V2/V3 ops (moe.cc, mla.cc).
+  void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
+                        Tensor& out) override;
+  void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
+                 Tensor& ids, Tensor& weights) override;
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   std::span<const MoeExpert> experts, Tensor& out) override;
+  void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,
+                    const Tensor& positions, const RopeParams& rope, const Tensor& slots,
+                    Tensor& cache) override;
+  void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                     const AttentionLayout& layout, const MlaParams& params,
+                     Tensor& out) override;
+  void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
+                     const MlaParams& params, Tensor& k, Tensor& v) override;
+  void concat_columns(const Tensor& a, const Tensor& b, Tensor& out) override;
 
  private:
   ThreadPool* pool_;

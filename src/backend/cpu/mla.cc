@@ -1,0 +1,252 @@
+// CpuBackend's multi-head latent attention ops (DeepSeek V2/V3).
+//
+// mla_attention is the weight-absorbed form: per (token, head) the nope query
+// is projected into the latent space through that head's key rows of kv_b,
+// scored against the cached [latent | rope key] rows as one shared key head,
+// and the softmax-weighted latent is projected back through the head's value
+// rows. Work is spread over (token, head) pairs.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/deepseek_checks.h"
+#include "backend/cpu/fp8_block.h"
+#include "backend/cpu/simd.h"
+#include "core/error.h"
+
+namespace basalt {
+namespace {
+
+using cpu::expect;
+using cpu::expect_shape;
+
+void check_params(const MlaParams& p, const char* op) {
+  BASALT_CHECK(p.num_heads > 0 && p.kv_lora_rank > 0 && p.qk_nope_head_dim > 0 &&
+                   p.qk_rope_head_dim > 0 && p.qk_rope_head_dim % 2 == 0 && p.v_head_dim > 0,
+               "{}: bad MLA params (heads {}, kv_lora_rank {}, nope {}, rope {}, v {})", op,
+               p.num_heads, p.kv_lora_rank, p.qk_nope_head_dim, p.qk_rope_head_dim, p.v_head_dim);
+}
+
+void check_cache(const Tensor& cache, int64_t width, const char* op) {
+  BASALT_CHECK(cache.device() == Device::kCpu && cache.rank() == 2 && cache.dim(1) == width &&
+                   (cache.dtype() == DType::kF32 || cache.dtype() == DType::kBF16) &&
+                   cache.raw() != nullptr,
+               "{}: cache must be a host f32 or bf16 [slots, {}] tensor, got {}", op, width,
+               cache.describe());
+}
+
+// Row `slot` of the cache as f32: a pointer into an f32 cache, or converted into buf.
+const float* cache_row(const Tensor& cache, int64_t slot, float* buf) {
+  const int64_t width = cache.dim(1);
+  if (cache.dtype() == DType::kF32) return cache.data<const float>() + slot * width;
+  const uint16_t* src = cache.data<const uint16_t>() + slot * width;
+  int64_t i = 0;
+  for (; i + cpu::kLanes <= width; i += cpu::kLanes) cpu::vstore(buf + i, cpu::vload_bf16(src + i));
+  for (; i < width; ++i) buf[i] = bf16_to_f32(src[i]);
+  return buf;
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  cpu::Vec acc = cpu::vzero();
+  int64_t k = 0;
+  for (; k + cpu::kLanes <= n; k += cpu::kLanes) acc = cpu::vfma(cpu::vload(a + k), cpu::vload(b + k), acc);
+  float s = cpu::vsum(acc);
+  for (; k < n; ++k) s += a[k] * b[k];
+  return s;
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+  const cpu::Vec av = cpu::vset(a);
+  int64_t k = 0;
+  for (; k + cpu::kLanes <= n; k += cpu::kLanes)
+    cpu::vstore(y + k, cpu::vfma(av, cpu::vload(x + k), cpu::vload(y + k)));
+  for (; k < n; ++k) y[k] += a * x[k];
+}
+
+}  // namespace
+
+void CpuBackend::mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,
+                              const Tensor& positions, const RopeParams& rope, const Tensor& slots,
+                              Tensor& cache) {
+  expect(kv_a, "mla_store_kv", "kv_a", DType::kF32, 2);
+  expect(positions, "mla_store_kv", "positions", DType::kI32, 1);
+  expect(slots, "mla_store_kv", "slots", DType::kI32, 1);
+  const int64_t T = kv_a.dim(0), R = rope.rotary_dim, L = kv_a.dim(1) - R;
+  BASALT_CHECK(R > 0 && R % 2 == 0 && L > 0 && rope.num_heads == 1 && rope.head_dim == R &&
+                   rope.rotary_offset == 0 && rope.inv_freq != nullptr,
+               "mla_store_kv: rope must be one head of {} rotary dims with inv_freq", R);
+  expect(*rope.inv_freq, "mla_store_kv", "inv_freq", DType::kF32, 1);
+  expect_shape(*rope.inv_freq, "mla_store_kv", "inv_freq", {R / 2});
+  BASALT_CHECK(norm_weight.device() == Device::kCpu && norm_weight.rank() == 1 &&
+                   norm_weight.dim(0) == L &&
+                   (norm_weight.dtype() == DType::kF32 || norm_weight.dtype() == DType::kBF16),
+               "mla_store_kv: norm_weight must be f32 or bf16 [{}], got {}", L,
+               norm_weight.describe());
+  check_cache(cache, L + R, "mla_store_kv");
+  expect_shape(positions, "mla_store_kv", "positions", {T});
+  expect_shape(slots, "mla_store_kv", "slots", {T});
+  const int32_t* slot = slots.data<const int32_t>();
+  for (int64_t t = 0; t < T; ++t)
+    BASALT_CHECK(slot[t] >= 0 && slot[t] < cache.dim(0),
+                 "mla_store_kv: slots[{}] = {} is outside the cache's {} slots", t, slot[t],
+                 cache.dim(0));
+  LinearWeight norm{norm_weight.reshape({1, L}), Tensor()};
+  pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+    std::vector<float> row(static_cast<size_t>(L + R)), w(static_cast<size_t>(L));
+    cpu::weight_row_f32(norm, 0, w.data());
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* a = kv_a.data<const float>() + t * (L + R);
+      double ss = 0.0;
+      for (int64_t i = 0; i < L; ++i) ss += static_cast<double>(a[i]) * a[i];
+      const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(L)) + eps);
+      for (int64_t i = 0; i < L; ++i) row[i] = (a[i] * inv) * w[i];
+      const float position = static_cast<float>(positions.data<const int32_t>()[t]);
+      const int64_t half = R / 2;
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = position * rope.inv_freq->data<const float>()[i];
+        const float c = std::cos(angle) * rope.attention_scaling;
+        const float s = std::sin(angle) * rope.attention_scaling;
+        const int64_t ia = rope.style == RopeStyle::kRotateHalf ? i : 2 * i;
+        const int64_t ib = rope.style == RopeStyle::kRotateHalf ? i + half : 2 * i + 1;
+        const float x = a[L + ia], y = a[L + ib];
+        row[L + ia] = x * c - y * s;
+        row[L + ib] = y * c + x * s;
+      }
+      if (cache.dtype() == DType::kF32) {
+        std::copy(row.begin(), row.end(), cache.data<float>() + slot[t] * (L + R));
+      } else {
+        uint16_t* dst = cache.data<uint16_t>() + slot[t] * (L + R);
+        for (int64_t i = 0; i < L + R; ++i) dst[i] = f32_to_bf16(row[i]);
+      }
+    }
+  });
+}
+
+void CpuBackend::mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
+                               const MlaParams& p, Tensor& k, Tensor& v) {
+  check_params(p, "mla_expand_kv");
+  const int64_t heads = p.num_heads, L = p.kv_lora_rank, Dn = p.qk_nope_head_dim,
+                R = p.qk_rope_head_dim, Dv = p.v_head_dim;
+  check_cache(cache, L + R, "mla_expand_kv");
+  expect(slots, "mla_expand_kv", "slots", DType::kI32, 1);
+  const int64_t S = slots.dim(0);
+  cpu::check_linear_weight(kv_b, heads * (Dn + Dv), L, "mla_expand_kv", "kv_b");
+  expect(k, "mla_expand_kv", "k", DType::kF32, 2);
+  expect(v, "mla_expand_kv", "v", DType::kF32, 2);
+  expect_shape(k, "mla_expand_kv", "k", {S, heads * (Dn + R)});
+  expect_shape(v, "mla_expand_kv", "v", {S, heads * Dv});
+  const int32_t* slot = slots.data<const int32_t>();
+  for (int64_t i = 0; i < S; ++i)
+    BASALT_CHECK(slot[i] >= 0 && slot[i] < cache.dim(0),
+                 "mla_expand_kv: slots[{}] = {} is outside the cache's {} slots", i, slot[i],
+                 cache.dim(0));
+  std::vector<float> latent(static_cast<size_t>(S * L)), buf(static_cast<size_t>(L + R));
+  std::vector<float> kv(static_cast<size_t>(S * heads * (Dn + Dv)));
+  for (int64_t i = 0; i < S; ++i) {
+    const float* row = cache_row(cache, slot[i], buf.data());
+    std::copy_n(row, L, latent.data() + i * L);
+  }
+  cpu::linear_weight_f32(*pool_, latent.data(), S, kv_b, kv.data());
+  for (int64_t i = 0; i < S; ++i) {
+    const float* row = cache_row(cache, slot[i], buf.data());
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* src = kv.data() + (i * heads + h) * (Dn + Dv);
+      float* kd = k.data<float>() + (i * heads + h) * (Dn + R);
+      std::copy_n(src, Dn, kd);
+      std::copy_n(row + L, R, kd + Dn);
+      std::copy_n(src + Dn, Dv, v.data<float>() + (i * heads + h) * Dv);
+    }
+  }
+}
+
+void CpuBackend::mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                               const AttentionLayout& layout, const MlaParams& p, Tensor& out) {
+  check_params(p, "mla_attention");
+  const int64_t heads = p.num_heads, L = p.kv_lora_rank, Dn = p.qk_nope_head_dim,
+                R = p.qk_rope_head_dim, Dv = p.v_head_dim;
+  expect(q, "mla_attention", "q", DType::kF32, 2);
+  expect(out, "mla_attention", "out", DType::kF32, 2);
+  const int64_t T = q.dim(0);
+  expect_shape(q, "mla_attention", "q", {T, heads * (Dn + R)});
+  expect_shape(out, "mla_attention", "out", {T, heads * Dv});
+  check_cache(cache, L + R, "mla_attention");
+  cpu::check_linear_weight(kv_b, heads * (Dn + Dv), L, "mla_attention", "kv_b");
+  expect(layout.q_start, "mla_attention", "q_start", DType::kI32, 1);
+  expect(layout.kv_start, "mla_attention", "kv_start", DType::kI32, 1);
+  expect(layout.kv_slots, "mla_attention", "kv_slots", DType::kI32, 1);
+  const int64_t seqs = layout.q_start.dim(0) - 1;
+  BASALT_CHECK(seqs >= 0 && layout.kv_start.dim(0) == seqs + 1,
+               "mla_attention: q_start and kv_start must both have num_seqs + 1 entries");
+  const int32_t* q_start = layout.q_start.data<const int32_t>();
+  const int32_t* kv_start = layout.kv_start.data<const int32_t>();
+  const int32_t* kv_slots = layout.kv_slots.data<const int32_t>();
+  BASALT_CHECK(q_start[0] == 0 && q_start[seqs] == T && kv_start[0] == 0 &&
+                   kv_start[seqs] == layout.kv_slots.dim(0),
+               "mla_attention: the layout does not cover q and kv_slots");
+  // Row -> (sequence, position) and slot checks up front.
+  std::vector<int64_t> row_seq(static_cast<size_t>(T)), row_pos(static_cast<size_t>(T));
+  for (int64_t s = 0; s < seqs; ++s) {
+    const int64_t q_len = q_start[s + 1] - q_start[s], kv_len = kv_start[s + 1] - kv_start[s];
+    BASALT_CHECK(q_len >= 0 && q_len <= kv_len,
+                 "mla_attention: sequence {} has {} queries and {} keys", s, q_len, kv_len);
+    for (int64_t j = kv_start[s]; j < kv_start[s + 1]; ++j)
+      BASALT_CHECK(kv_slots[j] >= 0 && kv_slots[j] < cache.dim(0),
+                   "mla_attention: slot {} is outside the cache's {} slots", kv_slots[j],
+                   cache.dim(0));
+    for (int64_t i = 0; i < q_len; ++i) {
+      row_seq[q_start[s] + i] = s;
+      row_pos[q_start[s] + i] = kv_len - q_len + i;
+    }
+  }
+  pool_->parallel_for(T * heads, [&](int64_t w0, int64_t w1) {
+    std::vector<float> qlat(static_cast<size_t>(L + R)), olat(static_cast<size_t>(L));
+    std::vector<float> buf(static_cast<size_t>(L + R)), scores;
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t t = w / heads, h = w % heads;
+      const float* qh = q.data<const float>() + (t * heads + h) * (Dn + R);
+      std::fill(qlat.begin(), qlat.end(), 0.0f);
+      for (int64_t d = 0; d < Dn; ++d)
+        cpu::weight_row_axpy(kv_b, h * (Dn + Dv) + d, qh[d], qlat.data());
+      std::copy_n(qh + Dn, R, qlat.data() + L);
+      const int64_t s = row_seq[t], n = row_pos[t] + 1;
+      const int32_t* slots = kv_slots + kv_start[s];
+      scores.resize(static_cast<size_t>(n));
+      float max = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; ++j) {
+        scores[j] = dot(qlat.data(), cache_row(cache, slots[j], buf.data()), L + R) * p.scale;
+        max = std::max(max, scores[j]);
+      }
+      float z = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        scores[j] = std::exp(scores[j] - max);
+        z += scores[j];
+      }
+      std::fill(olat.begin(), olat.end(), 0.0f);
+      for (int64_t j = 0; j < n; ++j)
+        axpy(scores[j] / z, cache_row(cache, slots[j], buf.data()), olat.data(), L);
+      float* o = out.data<float>() + (t * heads + h) * Dv;
+      for (int64_t d = 0; d < Dv; ++d)
+        o[d] = cpu::weight_row_dot(kv_b, h * (Dn + Dv) + Dn + d, olat.data());
+    }
+  });
+}
+
+void CpuBackend::concat_columns(const Tensor& a, const Tensor& b, Tensor& out) {
+  expect(a, "concat_columns", "a", DType::kF32, 2);
+  expect(b, "concat_columns", "b", DType::kF32, 2);
+  expect(out, "concat_columns", "out", DType::kF32, 2);
+  const int64_t T = a.dim(0), A = a.dim(1), B = b.dim(1);
+  expect_shape(b, "concat_columns", "b", {T, B});
+  expect_shape(out, "concat_columns", "out", {T, A + B});
+  BASALT_CHECK(!cpu::overlaps(a, out) && !cpu::overlaps(b, out),
+               "concat_columns: out must not overlap a or b");
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy_n(a.data<const float>() + t * A, A, out.data<float>() + t * (A + B));
+    std::copy_n(b.data<const float>() + t * B, B, out.data<float>() + t * (A + B) + A);
+  }
+}
+
+}  // namespace basalt

@@ -1,0 +1,189 @@
+// CpuBackend's block-FP8 linear and mixture-of-experts ops.
+//
+// moe_experts groups the (token, slot) pairs by expert, gathers each expert's
+// tokens into a contiguous block and runs the expert's three linears on that
+// block only, so the cost follows the routed tokens, not tokens x experts.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/deepseek_checks.h"
+#include "backend/cpu/fp8_block.h"
+#include "core/error.h"
+
+namespace basalt {
+
+using cpu::expect;
+using cpu::expect_shape;
+
+void CpuBackend::linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
+                                  Tensor& out) {
+  expect(x, "linear_fp8_block", "x", DType::kF32, 2);
+  expect(out, "linear_fp8_block", "out", DType::kF32, 2);
+  expect(w, "linear_fp8_block", "w", DType::kF8E4M3, 2);
+  const int64_t T = x.dim(0), K = x.dim(1), N = w.dim(0);
+  expect_shape(w, "linear_fp8_block", "w", {N, K});
+  expect_shape(out, "linear_fp8_block", "out", {T, N});
+  cpu::check_linear_weight(LinearWeight{w, scale_inv}, N, K, "linear_fp8_block", "w");
+  cpu::linear_fp8_block_f32(*pool_, x.data<const float>(), T, K, w.data<const uint8_t>(),
+                            scale_inv.data<const float>(), N, out.data<float>());
+}
+
+void CpuBackend::moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& p,
+                           Tensor& ids, Tensor& weights) {
+  expect(logits, "moe_route", "logits", DType::kF32, 2);
+  const int64_t T = logits.dim(0), E = logits.dim(1);
+  BASALT_CHECK(p.top_k > 0 && p.num_groups > 0 && E % p.num_groups == 0 && p.topk_groups > 0 &&
+                   p.topk_groups <= p.num_groups && p.top_k <= p.topk_groups * (E / p.num_groups),
+               "moe_route: top_k {}, num_groups {}, topk_groups {} do not fit {} experts", p.top_k,
+               p.num_groups, p.topk_groups, E);
+  expect(ids, "moe_route", "ids", DType::kI32, 2);
+  expect(weights, "moe_route", "weights", DType::kF32, 2);
+  expect_shape(ids, "moe_route", "ids", {T, p.top_k});
+  expect_shape(weights, "moe_route", "weights", {T, p.top_k});
+  if (bias) {
+    expect(*bias, "moe_route", "bias", DType::kF32, 1);
+    expect_shape(*bias, "moe_route", "bias", {E});
+  }
+  const int64_t per_group = E / p.num_groups;
+  const float* b = bias ? bias->data<const float>() : nullptr;
+  pool_->parallel_for(
+      T,
+      [&](int64_t t0, int64_t t1) {
+        std::vector<float> score(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
+        std::vector<float> group(static_cast<size_t>(p.num_groups));
+        std::vector<int32_t> order(static_cast<size_t>(std::max<int64_t>(E, p.num_groups)));
+        for (int64_t t = t0; t < t1; ++t) {
+          const float* row = logits.data<const float>() + t * E;
+          if (p.scoring == MoeScoring::kSoftmax) {
+            float max = -std::numeric_limits<float>::infinity();
+            for (int64_t e = 0; e < E; ++e) max = std::max(max, row[e]);
+            double z = 0.0;
+            for (int64_t e = 0; e < E; ++e) {
+              score[e] = std::exp(row[e] - max);
+              z += score[e];
+            }
+            for (int64_t e = 0; e < E; ++e) score[e] = static_cast<float>(score[e] / z);
+          } else {
+            for (int64_t e = 0; e < E; ++e) score[e] = 1.0f / (1.0f + std::exp(-row[e]));
+          }
+          for (int64_t e = 0; e < E; ++e) choice[e] = score[e] + (b ? b[e] : 0.0f);
+          auto ranks_before = [](const std::vector<float>& v) {
+            return [&v](int32_t a, int32_t c) { return v[a] > v[c] || (v[a] == v[c] && a < c); };
+          };
+          if (p.num_groups > 1) {
+            for (int64_t g = 0; g < p.num_groups; ++g) {
+              float first = -std::numeric_limits<float>::infinity(), second = first;
+              for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+                if (choice[e] > first) {
+                  second = first;
+                  first = choice[e];
+                } else if (choice[e] > second) {
+                  second = choice[e];
+                }
+              }
+              group[g] = b ? first + (per_group > 1 ? second : 0.0f) : first;
+            }
+            std::iota(order.begin(), order.begin() + p.num_groups, 0);
+            std::partial_sort(order.begin(), order.begin() + p.topk_groups,
+                              order.begin() + p.num_groups, ranks_before(group));
+            std::vector<bool> keep(static_cast<size_t>(p.num_groups), false);
+            for (int g = 0; g < p.topk_groups; ++g) keep[order[g]] = true;
+            for (int64_t e = 0; e < E; ++e)
+              if (!keep[e / per_group]) choice[e] = -std::numeric_limits<float>::infinity();
+          }
+          std::iota(order.begin(), order.begin() + E, 0);
+          std::partial_sort(order.begin(), order.begin() + p.top_k, order.begin() + E,
+                            ranks_before(choice));
+          float sum = 0.0f;
+          for (int j = 0; j < p.top_k; ++j) sum += score[order[j]];
+          for (int j = 0; j < p.top_k; ++j) {
+            float w = score[order[j]];
+            if (p.normalize) w /= sum;
+            ids.data<int32_t>()[t * p.top_k + j] = order[j];
+            weights.data<float>()[t * p.top_k + j] = w * p.scaling;
+          }
+        }
+      },
+      std::max<int64_t>(1, 4096 / std::max<int64_t>(1, E)));
+}
+
+void CpuBackend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                             std::span<const MoeExpert> experts, Tensor& out) {
+  expect(x, "moe_experts", "x", DType::kF32, 2);
+  expect(out, "moe_experts", "out", DType::kF32, 2);
+  expect(ids, "moe_experts", "ids", DType::kI32, 2);
+  expect(weights, "moe_experts", "weights", DType::kF32, 2);
+  const int64_t T = x.dim(0), H = x.dim(1), K = ids.dim(1);
+  expect_shape(out, "moe_experts", "out", {T, H});
+  expect_shape(ids, "moe_experts", "ids", {T, K});
+  expect_shape(weights, "moe_experts", "weights", {T, K});
+  BASALT_CHECK(!experts.empty(), "moe_experts: no experts");
+  BASALT_CHECK(!cpu::overlaps(x, out), "moe_experts: out must not overlap x");
+  const int64_t I = experts[0].gate.weight.rank() == 2 ? experts[0].gate.weight.dim(0) : 0;
+  const int64_t E = static_cast<int64_t>(experts.size());
+
+  // Group the (token, slot) pairs by expert.
+  std::vector<int64_t> count(static_cast<size_t>(E + 1), 0);
+  const int32_t* id = ids.data<const int32_t>();
+  for (int64_t i = 0; i < T * K; ++i) {
+    BASALT_CHECK(id[i] >= 0 && id[i] < E, "moe_experts: expert id {} outside [0, {})", id[i], E);
+    ++count[id[i] + 1];
+  }
+  std::partial_sum(count.begin(), count.end(), count.begin());
+  std::vector<int64_t> order(static_cast<size_t>(T * K));
+  {
+    std::vector<int64_t> fill(count.begin(), count.end() - 1);
+    for (int64_t i = 0; i < T * K; ++i) order[fill[id[i]]++] = i;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    if (count[e + 1] == count[e]) continue;
+    const MoeExpert& ex = experts[static_cast<size_t>(e)];
+    cpu::check_linear_weight(ex.gate, I, H, "moe_experts", "gate");
+    cpu::check_linear_weight(ex.up, I, H, "moe_experts", "up");
+    cpu::check_linear_weight(ex.down, H, I, "moe_experts", "down");
+  }
+
+  std::fill(out.data<float>(), out.data<float>() + T * H, 0.0f);
+  std::vector<float> xs, gate, up, y;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = count[e + 1] - count[e];
+    if (n == 0) continue;
+    const MoeExpert& ex = experts[static_cast<size_t>(e)];
+    const int64_t* pairs = order.data() + count[e];
+    xs.resize(static_cast<size_t>(n * H));
+    gate.resize(static_cast<size_t>(n * I));
+    up.resize(static_cast<size_t>(n * I));
+    y.resize(static_cast<size_t>(n * H));
+    const float* xd = x.data<const float>();
+    // A token routed to every expert (shared experts, dense MLPs) is used in place.
+    const bool identity = n == T && K == 1;
+    const float* xin = xd;
+    if (!identity) {
+      for (int64_t i = 0; i < n; ++i)
+        std::copy_n(xd + (pairs[i] / K) * H, H, xs.data() + i * H);
+      xin = xs.data();
+    }
+    cpu::linear_weight_f32(*pool_, xin, n, ex.gate, gate.data());
+    cpu::linear_weight_f32(*pool_, xin, n, ex.up, up.data());
+    for (int64_t i = 0; i < n * I; ++i) {
+      const float g = gate[i];
+      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+    cpu::linear_weight_f32(*pool_, gate.data(), n, ex.down, y.data());
+    const float* w = weights.data<const float>();
+    float* o = out.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = pairs[i] / K;
+      const float wi = w[pairs[i]];
+      const float* yi = y.data() + i * H;
+      float* ot = o + t * H;
+      for (int64_t h = 0; h < H; ++h) ot[h] += wi * yi[h];
+    }
+  }
+}
+
+}  // namespace basalt

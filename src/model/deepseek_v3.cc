@@ -1,0 +1,486 @@
+#include "model/deepseek_v3.h"
+
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <vector>
+
+#include "core/error.h"
+#include "model/checkpoint.h"
+#include "model/rope.h"
+
+namespace basalt {
+namespace {
+
+struct Layer {
+  Tensor input_norm, post_attention_norm;
+  // Attention: q_proj, or q_a_proj + q_a_norm + q_b_proj.
+  LinearWeight q_proj, q_a_proj, q_b_proj;
+  Tensor q_a_norm;
+  LinearWeight kv_a_proj, kv_b_proj, o_proj;
+  Tensor kv_a_norm;
+  // Feed-forward: a dense MLP, or routed experts (+ shared experts).
+  bool moe = false;
+  MoeExpert dense;
+  Tensor router, router_bias;
+  std::vector<MoeExpert> experts;
+  bool has_shared = false;
+  MoeExpert shared;
+};
+
+struct Mtp {
+  Tensor enorm, hnorm, head_norm, embed, head;
+  LinearWeight eh_proj;
+  Layer layer;
+};
+
+std::string human_count(double n) {
+  std::ostringstream out;
+  out.precision(3);
+  if (n >= 1e9) out << n / 1e9 << " B";
+  else if (n >= 1e6) out << n / 1e6 << " M";
+  else if (n >= 1e3) out << n / 1e3 << " K";
+  else out << n;
+  return out.str();
+}
+
+class DeepseekModelImpl final : public DeepseekModel {
+ public:
+  DeepseekModelImpl(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend)
+      : config_(config), dir_(ckpt.dir()), backend_(backend) {
+    const ModelConfig& c = config_;
+    const DeepseekConfig& d = c.deepseek;
+    const int64_t H = c.hidden_size;
+    embed_tokens_ = plain(ckpt, "model.embed_tokens.weight", {c.vocab_size, H});
+    final_norm_ = plain(ckpt, "model.norm.weight", {H});
+    lm_head_ = c.tie_word_embeddings ? embed_tokens_
+                                     : plain(ckpt, "lm_head.weight", {c.vocab_size, H});
+    layers_.resize(static_cast<size_t>(c.num_layers));
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      layers_[static_cast<size_t>(l)] = load_layer(ckpt, l);
+
+    // The MTP layer, when the config announces one and the checkpoint has it.
+    const std::string mtp = "model.layers." + std::to_string(c.num_layers) + ".";
+    if (d.num_nextn_predict_layers > 0 && ckpt.has(mtp + "enorm.weight")) {
+      Mtp m;
+      m.enorm = plain(ckpt, mtp + "enorm.weight", {H});
+      m.hnorm = plain(ckpt, mtp + "hnorm.weight", {H});
+      m.eh_proj = linear(ckpt, mtp + "eh_proj.weight", H, 2 * H);
+      m.head_norm = plain(ckpt, mtp + "shared_head.norm.weight", {H});
+      m.embed = ckpt.has(mtp + "embed_tokens.weight")
+                    ? plain(ckpt, mtp + "embed_tokens.weight", {c.vocab_size, H})
+                    : embed_tokens_;
+      m.head = ckpt.has(mtp + "shared_head.head.weight")
+                   ? plain(ckpt, mtp + "shared_head.head.weight", {c.vocab_size, H})
+                   : lm_head_;
+      m.layer = load_layer(ckpt, c.num_layers);
+      mtp_ = std::make_unique<Mtp>(std::move(m));
+    }
+
+    const RopeFrequencies rope = rope_frequencies(c.rope_scaling, c.rope_theta,
+                                                  d.qk_rope_head_dim, c.max_position_embeddings);
+    inv_freq_ = to_backend(
+        Tensor::from_f32({static_cast<int64_t>(rope.inv_freq.size())}, rope.inv_freq));
+    const int R = static_cast<int>(d.qk_rope_head_dim), Dn = static_cast<int>(d.qk_nope_head_dim);
+    rope_q_ = RopeParams{static_cast<int>(c.num_heads), Dn + R, R, RopeStyle::kInterleaved,
+                         &inv_freq_, rope.attention_scaling, Dn};
+    rope_k_ = RopeParams{1, R, R, RopeStyle::kInterleaved, &inv_freq_, rope.attention_scaling, 0};
+    double scale = 1.0 / std::sqrt(static_cast<double>(Dn + R));
+    if (c.rope_scaling.type != "default" && c.rope_scaling.mscale_all_dim != 0.0) {
+      const double m = yarn_get_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
+      scale *= m * m;
+    }
+    mla_ = MlaParams{static_cast<int>(c.num_heads), static_cast<int>(d.kv_lora_rank), Dn, R,
+                     static_cast<int>(d.v_head_dim), static_cast<float>(scale)};
+    const bool greedy = d.topk_method == "greedy";
+    route_ = MoeRouteParams{d.scoring_func == "sigmoid" ? MoeScoring::kSigmoid : MoeScoring::kSoftmax,
+                            static_cast<int>(d.num_experts_per_tok),
+                            greedy ? 1 : static_cast<int>(d.n_group),
+                            greedy ? 1 : static_cast<int>(d.topk_group), d.norm_topk_prob,
+                            static_cast<float>(d.routed_scaling_factor)};
+  }
+
+  const ModelConfig& config() const override { return config_; }
+  void set_mla_form(MlaForm form) override { form_ = form; }
+  bool has_mtp() const override { return mtp_ != nullptr; }
+
+  size_t kv_bytes_per_slot(DType dtype) const override {
+    return static_cast<size_t>(config_.num_layers * latent_width()) * dtype_size(dtype);
+  }
+
+  KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override {
+    return allocate(num_slots, dtype, config_.num_layers);
+  }
+  KvBuffers allocate_mtp_kv(int64_t num_slots, DType dtype) const override {
+    return allocate(num_slots, dtype, 1);
+  }
+
+  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits) override {
+    run(batch, kv, logits, nullptr);
+  }
+  void forward_with_hidden(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits,
+                           Tensor& hidden) override {
+    run(batch, kv, logits, &hidden);
+  }
+
+  void forward_mtp(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv,
+                   Tensor& logits) override {
+    BASALT_CHECK(mtp_ != nullptr, "{}: the checkpoint has no MTP layer", ckpt_dir());
+    const int64_t T = batch.num_tokens(), H = config_.hidden_size;
+    BASALT_CHECK(T > 0, "forward_mtp: empty batch");
+    BASALT_CHECK(hidden.rank() == 2 && hidden.dim(0) == T && hidden.dim(1) == H,
+                 "forward_mtp: hidden must be f32 [{}, {}], got {}", T, H, hidden.describe());
+    BASALT_CHECK(kv.k.size() == 1, "forward_mtp: MTP KV buffers must have one layer, got {}",
+                 kv.k.size());
+    Backend& b = backend_;
+    const float eps = static_cast<float>(config_.rms_norm_eps);
+    Tensor emb = b.empty({T, H}, DType::kF32), normed_emb = b.empty({T, H}, DType::kF32);
+    Tensor normed_hidden = b.empty({T, H}, DType::kF32), cat = b.empty({T, 2 * H}, DType::kF32);
+    b.embedding(batch.token_ids, mtp_->embed, emb);
+    b.rms_norm(emb, mtp_->enorm, eps, normed_emb);
+    b.rms_norm(hidden, mtp_->hnorm, eps, normed_hidden);
+    b.concat_columns(normed_emb, normed_hidden, cat);
+    Tensor residual = b.empty({T, H}, DType::kF32), x = b.empty({T, H}, DType::kF32);
+    Tensor block_out = b.empty({T, H}, DType::kF32);
+    lin(cat, mtp_->eh_proj, residual);
+    Steps steps(*this, batch);
+    run_layer(mtp_->layer, residual, x, block_out, batch, kv.k[0], /*first=*/true, steps);
+    b.add_rms_norm(residual, block_out, mtp_->head_norm, eps, x);
+    project(batch, x, mtp_->head, logits);
+  }
+
+  std::string summary() const override {
+    const ModelConfig& c = config_;
+    const DeepseekConfig& d = c.deepseek;
+    int64_t dense_layers = 0;
+    for (const Layer& l : layers_) dense_layers += l.moe ? 0 : 1;
+    std::ostringstream out;
+    out << c.model_type << ": " << c.num_layers << " layers (" << dense_layers << " dense, "
+        << c.num_layers - dense_layers << " MoE)" << (mtp_ ? " + 1 MTP layer" : ", no MTP layer")
+        << "; MLA " << c.num_heads << " heads, q_lora_rank "
+        << (d.q_lora_rank ? std::to_string(d.q_lora_rank) : std::string("none"))
+        << ", kv_lora_rank " << d.kv_lora_rank << " (KV cache " << latent_width()
+        << " values per token and layer)";
+    if (d.n_routed_experts > 0) {
+      out << "; " << d.n_routed_experts << " routed experts, top-" << d.num_experts_per_tok;
+      if (route_.num_groups > 1) out << " in " << route_.topk_groups << " of " << route_.num_groups << " groups";
+      out << " (" << d.scoring_func << "), " << d.n_shared_experts << " shared";
+    }
+    out << "\n" << c.model_type << ": " << human_count(static_cast<double>(total_params_))
+        << " parameters, " << human_count(static_cast<double>(total_bytes_)) << "B memory-mapped";
+    if (total_params_ > 0)
+      out << ", experts " << (100 * expert_params_ / total_params_) << "%";
+    out << "; dtypes:";
+    for (const auto& [dtype, n] : params_by_dtype_)
+      out << " " << dtype_name(dtype) << " " << human_count(static_cast<double>(n));
+    if (d.fp8_block_weights) out << " (fp8 e4m3 with 128x128 block scales)";
+    return out.str();
+  }
+
+ private:
+  // Per-step constants shared by the layers of one forward call.
+  struct Steps {
+    Steps(DeepseekModelImpl& m, const ForwardBatch& batch) {
+      const int64_t T = batch.num_tokens();
+      std::vector<int32_t> zeros(static_cast<size_t>(T), 0);
+      std::vector<float> ones(static_cast<size_t>(T), 1.0f);
+      first_expert = m.to_backend(Tensor::from_i32({T, 1}, zeros));
+      unit_weight = m.to_backend(Tensor::from_f32({T, 1}, ones));
+      const int64_t seqs = batch.attention.q_start.numel() - 1;
+      expanded = m.form_ == MlaForm::kExpanded || (m.form_ == MlaForm::kAuto && T > seqs);
+      if (expanded) {
+        const int64_t S = batch.attention.kv_slots.numel();
+        std::vector<int32_t> iota(static_cast<size_t>(S));
+        std::iota(iota.begin(), iota.end(), 0);
+        dense_layout = AttentionLayout{batch.attention.q_start, batch.attention.kv_start,
+                                       m.to_backend(Tensor::from_i32({S}, iota))};
+      }
+    }
+    Tensor first_expert, unit_weight;  // [T, 1]: every token to expert 0 with weight 1
+    bool expanded = false;
+    AttentionLayout dense_layout;  // the expanded keys are rows 0..S-1
+  };
+
+  const std::string& ckpt_dir() const { return dir_; }
+  int64_t latent_width() const {
+    return config_.deepseek.kv_lora_rank + config_.deepseek.qk_rope_head_dim;
+  }
+
+  KvBuffers allocate(int64_t num_slots, DType dtype, int64_t layers) const {
+    KvBuffers kv;
+    kv.num_slots = num_slots;
+    for (int64_t l = 0; l < layers; ++l) {
+      kv.k.push_back(backend_.empty({num_slots, latent_width()}, dtype));
+      kv.v.push_back(Tensor());
+    }
+    return kv;
+  }
+
+  void run(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden_out) {
+    const ModelConfig& c = config_;
+    const int64_t T = batch.num_tokens(), H = c.hidden_size;
+    BASALT_CHECK(T > 0, "forward: empty batch");
+    BASALT_CHECK(static_cast<int64_t>(kv.k.size()) == c.num_layers,
+                 "forward: KV buffers have {} layers, model has {}", kv.k.size(), c.num_layers);
+    Backend& b = backend_;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    Tensor residual = b.empty({T, H}, DType::kF32), hidden = b.empty({T, H}, DType::kF32);
+    Tensor block_out = b.empty({T, H}, DType::kF32);
+    Steps steps(*this, batch);
+    b.embedding(batch.token_ids, embed_tokens_, residual);
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      run_layer(layers_[static_cast<size_t>(l)], residual, hidden, block_out, batch,
+                kv.k[static_cast<size_t>(l)], l == 0, steps);
+    b.add_rms_norm(residual, block_out, final_norm_, eps, hidden);
+    if (hidden_out) {
+      BASALT_CHECK(hidden_out->rank() == 2 && hidden_out->dim(0) == T && hidden_out->dim(1) == H,
+                   "forward: hidden must be f32 [{}, {}], got {}", T, H, hidden_out->describe());
+      b.copy(hidden, *hidden_out);
+    }
+    project(batch, hidden, lm_head_, logits);
+  }
+
+  // The logits of batch.logit_rows from the final hidden states.
+  void project(const ForwardBatch& batch, const Tensor& hidden, const Tensor& head, Tensor& logits) {
+    const int64_t L = batch.logit_rows.numel(), H = config_.hidden_size;
+    BASALT_CHECK(logits.rank() == 2 && logits.dim(0) == L && logits.dim(1) == config_.vocab_size,
+                 "forward: logits must be f32 [{}, {}], got {}", L, config_.vocab_size,
+                 logits.describe());
+    Tensor selected = backend_.empty({L, H}, DType::kF32);
+    backend_.embedding(batch.logit_rows, hidden, selected);  // gathers the wanted rows
+    backend_.linear(selected, head, nullptr, logits);
+  }
+
+  // One decoder block. On entry block_out holds the previous block's output
+  // (unless first); on return it holds this block's feed-forward output, not
+  // yet added to residual.
+  void run_layer(const Layer& w, Tensor& residual, Tensor& hidden, Tensor& block_out,
+                 const ForwardBatch& batch, Tensor& cache, bool first, const Steps& steps) {
+    Backend& b = backend_;
+    const float eps = static_cast<float>(config_.rms_norm_eps);
+    if (first) {
+      b.rms_norm(residual, w.input_norm, eps, hidden);
+    } else {
+      b.add_rms_norm(residual, block_out, w.input_norm, eps, hidden);
+    }
+    attention(w, hidden, batch, cache, steps, block_out);
+    b.add_rms_norm(residual, block_out, w.post_attention_norm, eps, hidden);
+    feed_forward(w, hidden, steps, block_out);
+  }
+
+  void attention(const Layer& w, const Tensor& hidden, const ForwardBatch& batch, Tensor& cache,
+                 const Steps& steps, Tensor& out) {
+    const ModelConfig& c = config_;
+    const DeepseekConfig& d = c.deepseek;
+    Backend& b = backend_;
+    const int64_t T = batch.num_tokens(), heads = c.num_heads;
+    const int64_t Dn = d.qk_nope_head_dim, R = d.qk_rope_head_dim, Dv = d.v_head_dim;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    Tensor q = b.empty({T, heads * (Dn + R)}, DType::kF32);
+    if (d.q_lora_rank > 0) {
+      Tensor qa = b.empty({T, d.q_lora_rank}, DType::kF32);
+      lin(hidden, w.q_a_proj, qa);
+      b.rms_norm(qa, w.q_a_norm, eps, qa);
+      lin(qa, w.q_b_proj, q);
+    } else {
+      lin(hidden, w.q_proj, q);
+    }
+    Tensor kv_a = b.empty({T, latent_width()}, DType::kF32);
+    lin(hidden, w.kv_a_proj, kv_a);
+    b.mla_store_kv(kv_a, w.kv_a_norm, eps, batch.positions, rope_k_, batch.out_slots, cache);
+    b.rope(q, batch.positions, rope_q_);
+    Tensor attn = b.empty({T, heads * Dv}, DType::kF32);
+    if (steps.expanded) {
+      const int64_t S = batch.attention.kv_slots.numel();
+      Tensor k = b.empty({S, heads * (Dn + R)}, DType::kF32);
+      Tensor v = b.empty({S, heads * Dv}, DType::kF32);
+      b.mla_expand_kv(cache, batch.attention.kv_slots, w.kv_b_proj, mla_, k, v);
+      const AttentionParams params{static_cast<int>(heads), static_cast<int>(heads),
+                                   static_cast<int>(Dn + R), static_cast<int>(Dv), mla_.scale, 0};
+      b.attention(q, k, v, steps.dense_layout, params, attn);
+    } else {
+      b.mla_attention(q, cache, w.kv_b_proj, batch.attention, mla_, attn);
+    }
+    lin(attn, w.o_proj, out);
+  }
+
+  void feed_forward(const Layer& w, const Tensor& hidden, const Steps& steps, Tensor& out) {
+    Backend& b = backend_;
+    if (!w.moe) {
+      b.moe_experts(hidden, steps.first_expert, steps.unit_weight, std::span(&w.dense, 1), out);
+      return;
+    }
+    const int64_t T = hidden.dim(0), E = config_.deepseek.n_routed_experts;
+    Tensor router_logits = b.empty({T, E}, DType::kF32);
+    b.linear(hidden, w.router, nullptr, router_logits);
+    Tensor ids = b.empty({T, route_.top_k}, DType::kI32);
+    Tensor weights = b.empty({T, route_.top_k}, DType::kF32);
+    b.moe_route(router_logits, w.router_bias.raw() ? &w.router_bias : nullptr, route_, ids,
+                weights);
+    b.moe_experts(hidden, ids, weights, w.experts, out);
+    if (w.has_shared) {
+      Tensor shared = b.empty({T, config_.hidden_size}, DType::kF32);
+      b.moe_experts(hidden, steps.first_expert, steps.unit_weight, std::span(&w.shared, 1), shared);
+      b.add(out, shared, out);
+    }
+  }
+
+  void lin(const Tensor& x, const LinearWeight& w, Tensor& out) {
+    if (w.block_fp8()) {
+      backend_.linear_fp8_block(x, w.weight, w.scale_inv, out);
+    } else {
+      backend_.linear(x, w.weight, nullptr, out);
+    }
+  }
+
+  // --- Loading ---------------------------------------------------------------
+
+  Layer load_layer(const Checkpoint& ckpt, int64_t l) {
+    const ModelConfig& c = config_;
+    const DeepseekConfig& d = c.deepseek;
+    const int64_t H = c.hidden_size, heads = c.num_heads;
+    const int64_t Dn = d.qk_nope_head_dim, R = d.qk_rope_head_dim, Dv = d.v_head_dim;
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Layer w;
+    w.input_norm = plain(ckpt, p + "input_layernorm.weight", {H});
+    w.post_attention_norm = plain(ckpt, p + "post_attention_layernorm.weight", {H});
+    const std::string a = p + "self_attn.";
+    if (d.q_lora_rank > 0) {
+      w.q_a_proj = linear(ckpt, a + "q_a_proj.weight", d.q_lora_rank, H);
+      w.q_a_norm = plain(ckpt, a + "q_a_layernorm.weight", {d.q_lora_rank});
+      w.q_b_proj = linear(ckpt, a + "q_b_proj.weight", heads * (Dn + R), d.q_lora_rank);
+    } else {
+      w.q_proj = linear(ckpt, a + "q_proj.weight", heads * (Dn + R), H);
+    }
+    w.kv_a_proj = linear(ckpt, a + "kv_a_proj_with_mqa.weight", d.kv_lora_rank + R, H);
+    w.kv_a_norm = plain(ckpt, a + "kv_a_layernorm.weight", {d.kv_lora_rank});
+    w.kv_b_proj = linear(ckpt, a + "kv_b_proj.weight", heads * (Dn + Dv), d.kv_lora_rank);
+    w.o_proj = linear(ckpt, a + "o_proj.weight", H, heads * Dv);
+
+    const std::string m = p + "mlp.";
+    w.moe = d.is_moe_layer(l);
+    if (!w.moe) {
+      w.dense = expert(ckpt, m, c.intermediate_size, false);
+      return w;
+    }
+    const int64_t E = d.n_routed_experts, I = d.moe_intermediate_size;
+    w.router = plain(ckpt, m + "gate.weight", {E, H});
+    if (d.topk_method == "noaux_tc" || ckpt.has(m + "gate.e_score_correction_bias")) {
+      Tensor bias = ckpt.get(m + "gate.e_score_correction_bias", {E});
+      count(bias, false);
+      w.router_bias = to_backend(bias.dtype() == DType::kF32 ? bias : bias.to_f32());
+    }
+    if (ckpt.has(m + "experts.gate_up_proj")) {
+      // transformers 5's fused layout: views of one tensor per projection.
+      const Tensor gate_up = weight_tensor(ckpt, m + "experts.gate_up_proj", {E, 2 * I, H}, true);
+      const Tensor down = weight_tensor(ckpt, m + "experts.down_proj", {E, H, I}, true);
+      BASALT_CHECK(gate_up.dtype() != DType::kF8E4M3 && down.dtype() != DType::kF8E4M3,
+                   "{}: fused expert tensors '{}experts.*' must not be float8 (block scales are "
+                   "per expert)", ckpt.info(m + "experts.down_proj").file, m);
+      for (int64_t e = 0; e < E; ++e) {
+        const Tensor gu = gate_up.rows(e, 1).reshape({2 * I, H});
+        w.experts.push_back(MoeExpert{{gu.rows(0, I), Tensor()}, {gu.rows(I, I), Tensor()},
+                                      {down.rows(e, 1).reshape({H, I}), Tensor()}});
+      }
+    } else {
+      for (int64_t e = 0; e < E; ++e)
+        w.experts.push_back(expert(ckpt, m + "experts." + std::to_string(e) + ".", I, true));
+    }
+    if (d.n_shared_experts > 0) {
+      w.has_shared = true;
+      w.shared = expert(ckpt, m + "shared_experts.", I * d.n_shared_experts, false);
+    }
+    return w;
+  }
+
+  MoeExpert expert(const Checkpoint& ckpt, const std::string& p, int64_t inter, bool routed) {
+    const int64_t H = config_.hidden_size;
+    return MoeExpert{linear(ckpt, p + "gate_proj.weight", inter, H, routed),
+                     linear(ckpt, p + "up_proj.weight", inter, H, routed),
+                     linear(ckpt, p + "down_proj.weight", H, inter, routed)};
+  }
+
+  // A linear weight: bf16/f16/f32, or f8_e4m3 with its weight_scale_inv.
+  LinearWeight linear(const Checkpoint& ckpt, const std::string& name, int64_t n, int64_t k,
+                      bool routed = false) {
+    LinearWeight w;
+    w.weight = weight_tensor(ckpt, name, {n, k}, routed);
+    if (w.weight.dtype() != DType::kF8E4M3) return w;
+    const std::string file = ckpt.info(name).file;
+    BASALT_CHECK(config_.deepseek.fp8_block_weights,
+                 "{}: tensor '{}' is float8_e4m3fn but config.json has no fp8 quantization_config",
+                 file, name);
+    const std::string scale_name = name.substr(0, name.size() - 7) + ".weight_scale_inv";
+    BASALT_CHECK(name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 &&
+                     ckpt.has(scale_name),
+                 "{}: tensor '{}' is float8_e4m3fn but its scale tensor '{}' is missing", file,
+                 name, scale_name);
+    const int64_t bn = (n + kFp8BlockSize - 1) / kFp8BlockSize;
+    const int64_t bk = (k + kFp8BlockSize - 1) / kFp8BlockSize;
+    Tensor scale = ckpt.get(scale_name, {bn, bk});
+    BASALT_CHECK(is_floating(scale.dtype()) && scale.dtype() != DType::kF8E4M3,
+                 "{}: tensor '{}' must be float32, got {}", ckpt.info(scale_name).file, scale_name,
+                 dtype_name(scale.dtype()));
+    count(scale, routed);
+    w.scale_inv = to_backend(scale.dtype() == DType::kF32 ? scale : scale.to_f32());
+    return w;
+  }
+
+  Tensor weight_tensor(const Checkpoint& ckpt, const std::string& name, const Shape& shape,
+                       bool routed) {
+    Tensor t = ckpt.get(name, shape);
+    BASALT_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16 ||
+                     t.dtype() == DType::kF16 || t.dtype() == DType::kF8E4M3,
+                 "{}: tensor '{}' has dtype {}; weights must be f32, bf16, f16 or f8_e4m3",
+                 ckpt.info(name).file, name, dtype_name(t.dtype()));
+    count(t, routed);
+    return to_backend(t);
+  }
+
+  // Embeddings, norms, heads and the router: f32, bf16 or f16 as published.
+  Tensor plain(const Checkpoint& ckpt, const std::string& name, const Shape& shape) {
+    Tensor t = ckpt.get(name, shape);
+    BASALT_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16 || t.dtype() == DType::kF16,
+                 "{}: tensor '{}' has dtype {}; it must be f32, bf16 or f16",
+                 ckpt.info(name).file, name, dtype_name(t.dtype()));
+    count(t, false);
+    return to_backend(t);
+  }
+
+  void count(const Tensor& t, bool routed) {
+    total_params_ += t.numel();
+    total_bytes_ += static_cast<int64_t>(t.nbytes());
+    params_by_dtype_[t.dtype()] += t.numel();
+    if (routed) expert_params_ += t.numel();
+  }
+
+  Tensor to_backend(const Tensor& host) {
+    if (backend_.device() == Device::kCpu) return host;
+    Tensor t = backend_.empty(host.shape(), host.dtype());
+    backend_.copy(host, t);
+    return t;
+  }
+
+  ModelConfig config_;
+  std::string dir_;
+  Backend& backend_;
+  Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
+  std::vector<Layer> layers_;
+  std::unique_ptr<Mtp> mtp_;
+  RopeParams rope_q_, rope_k_;
+  MlaParams mla_;
+  MoeRouteParams route_;
+  MlaForm form_ = MlaForm::kAuto;
+  int64_t total_params_ = 0, total_bytes_ = 0, expert_params_ = 0;
+  std::map<DType, int64_t> params_by_dtype_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeepseekModel> load_deepseek_model(const ModelConfig& config,
+                                                   const Checkpoint& checkpoint, Backend& backend) {
+  return std::make_unique<DeepseekModelImpl>(config, checkpoint, backend);
+}
+
+}  // namespace basalt

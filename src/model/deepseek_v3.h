@@ -1,0 +1,80 @@
+// DeepseekModel: the DeepSeek family (V2, V2-Lite, V3, R1) of MLA + MoE decoders.
+//
+// Forward pass, as DeepSeek's reference and transformers compute it: token
+// embedding; per layer pre-norm multi-head latent attention and a pre-norm
+// feed-forward block; final RMSNorm; lm_head.
+//  * MLA: queries from q_proj, or q_a_proj -> q_a_layernorm -> q_b_proj
+//    (q_lora_rank); kv_a_proj_with_mqa gives the latent (kv_lora_rank, then
+//    kv_a_layernorm) and one shared rope key (qk_rope_head_dim). The KV cache
+//    holds only [latent | rope key] per token and layer. Rope is DeepSeek's
+//    interleaved (adjacent-pair) rotation of the last qk_rope_head_dim
+//    features of each query head and of the shared key, with YaRN scaling;
+//    the softmax scale is qk_head_dim^-0.5 times yarn_get_mscale(factor,
+//    mscale_all_dim)^2. Prefill (more tokens than sequences) uses the expanded
+//    form (per-head keys and values from kv_b_proj); decode uses the
+//    weight-absorbed form (one shared latent key head). set_mla_form forces one.
+//  * Feed-forward: a dense SwiGLU MLP in the first first_k_dense_replace
+//    layers, MoE after: router logits in f32, sigmoid (V3) or softmax (V2)
+//    scores, group-limited top-k with e_score_correction_bias used only for
+//    selection, weights normalized when norm_topk_prob and times
+//    routed_scaling_factor; experts run only on their tokens; plus the shared
+//    experts. Groups not chosen are excluded outright (-inf), as DeepSeek's
+//    inference code and transformers 5 do; the remote modeling code of the
+//    first releases filled them with 0.0, which differs only when fewer than
+//    num_experts_per_tok experts of the chosen groups have a positive biased
+//    score (then it may pick experts from groups it did not choose).
+//  * Weights keep their checkpoint dtype and stay memory-mapped: bf16, or
+//    float8_e4m3fn with float32 weight_scale_inv per 128x128 block
+//    (quantization_config fp8), computed with on-the-fly dequantization.
+//    Embedding, lm_head, norms and the router stay as published.
+//  * The multi-token-prediction layer (model.layers.<num_hidden_layers>.*:
+//    enorm, hnorm, eh_proj, a full decoder block, shared_head.norm and
+//    shared_head.head, embed_tokens) is loaded when present and run by
+//    forward_mtp; plain generation does not use it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+
+namespace basalt {
+
+class Checkpoint;
+
+enum class MlaForm {
+  kAuto,      // expanded when a step has more tokens than sequences, else absorbed
+  kExpanded,  // per-head keys and values rebuilt from the latent cache
+  kAbsorbed,  // queries projected into the latent space
+};
+
+class DeepseekModel : public Model {
+ public:
+  virtual void set_mla_form(MlaForm form) = 0;
+
+  // Like forward, and also writes the final hidden state (after model.norm,
+  // the input of lm_head) of every batch token to hidden f32 [T, hidden_size]:
+  // what the MTP layer takes as its previous hidden state.
+  virtual void forward_with_hidden(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits,
+                                   Tensor& hidden) = 0;
+
+  virtual bool has_mtp() const = 0;
+  // KV storage for the MTP layer (one latent cache).
+  virtual KvBuffers allocate_mtp_kv(int64_t num_slots, DType dtype = DType::kF32) const = 0;
+  // The MTP module: token i of the batch is the token that follows the main
+  // model's token at the same position, and hidden f32 [T, hidden_size] holds
+  // the main model's final hidden state (as forward_with_hidden gives it) at
+  // that position. Computes
+  //   h = eh_proj([enorm(embed(token)) | hnorm(hidden)]),
+  // runs the MTP decoder block at batch.positions with its own cache `kv`,
+  // then shared_head.norm and shared_head.head: logits f32 [L, vocab] for
+  // batch.logit_rows, predicting the token after `token`. Throws when the
+  // checkpoint has no MTP layer.
+  virtual void forward_mtp(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv,
+                           Tensor& logits) = 0;
+};
+
+std::unique_ptr<DeepseekModel> load_deepseek_model(const ModelConfig& config,
+                                                   const Checkpoint& checkpoint, Backend& backend);
+
+}  // namespace basalt

@@ -1,0 +1,373 @@
+// End-to-end numerics of the DeepSeek family against Hugging Face transformers.
+//
+// testdata/models/deepseek_* hold tiny random-weight checkpoints in the
+// published layout (per-expert tensors, the MTP layer at index
+// num_hidden_layers, rope_scaling "type": "yarn") and what transformers
+// (float32, eager attention) computed for them; deepseek_v3_fp8 stores
+// block-FP8 weights with partial 128x128 blocks and its reference ran on the
+// dequantized weights (tools/fixtures/make_deepseek_fixtures.py made them).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "model/checkpoint.h"
+#include "model/deepseek_v3.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "runtime/generator.h"
+
+namespace basalt {
+namespace {
+
+const std::string kModels = std::string(BASALT_TESTDATA) + "/models/";
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+double relative_error(const Tensor& out, const Tensor& ref) {
+  double diff2 = 0, ref2 = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double d = static_cast<double>(out.data<float>()[i]) - ref.data<float>()[i];
+    diff2 += d * d;
+    ref2 += static_cast<double>(ref.data<float>()[i]) * ref.data<float>()[i];
+  }
+  return std::sqrt(diff2 / ref2);
+}
+
+DeepseekModel& as_deepseek(Model& model) {
+  auto* d = dynamic_cast<DeepseekModel*>(&model);
+  EXPECT_NE(d, nullptr);
+  return *d;
+}
+
+std::span<const int32_t> ids_of(const Tensor& t) {
+  return {t.data<const int32_t>(), static_cast<size_t>(t.numel())};
+}
+
+// Full-sequence logits of a prompt in one step.
+Tensor prefill_logits(Model& model, std::span<const int32_t> ids) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  KvBuffers kv = model.allocate_kv(n);
+  Tensor logits = Tensor::empty({n, model.config().vocab_size}, DType::kF32);
+  model.forward(single_sequence_batch(ids, 0, /*all_logits=*/true), kv, logits);
+  return logits;
+}
+
+class DeepseekReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeepseekReference, PrefillLogitsMatchTransformers) {
+  const std::string dir = kModels + GetParam();
+  CpuBackend backend;
+  auto model = load_model(dir, backend);
+  const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
+  const nlohmann::json meta = read_json(dir + "/reference.json");
+  for (size_t p = 0; p < meta["prompt_lengths"].size(); ++p) {
+    const Tensor ids = ref.tensor("prompt_" + std::to_string(p) + ".ids");
+    const Tensor expected = ref.tensor("prompt_" + std::to_string(p) + ".logits");
+    const Tensor logits = prefill_logits(*model, ids_of(ids));
+    EXPECT_LT(relative_error(logits, expected), 1e-4) << GetParam() << " prompt length " << ids.numel();
+  }
+}
+
+TEST_P(DeepseekReference, BothMlaFormsMatchTransformers) {
+  // The expanded and the weight-absorbed forms, forced for the whole prefill,
+  // agree with each other and with the reference.
+  const std::string dir = kModels + GetParam();
+  CpuBackend backend;
+  auto model = load_model(dir, backend);
+  const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
+  const Tensor ids = ref.tensor("prompt_2.ids");
+  const Tensor expected = ref.tensor("prompt_2.logits");
+  as_deepseek(*model).set_mla_form(MlaForm::kExpanded);
+  const Tensor expanded = prefill_logits(*model, ids_of(ids));
+  as_deepseek(*model).set_mla_form(MlaForm::kAbsorbed);
+  const Tensor absorbed = prefill_logits(*model, ids_of(ids));
+  EXPECT_LT(relative_error(absorbed, expanded), 2e-5);
+  EXPECT_LT(relative_error(expanded, expected), 1e-4);
+  EXPECT_LT(relative_error(absorbed, expected), 1e-4);
+}
+
+TEST_P(DeepseekReference, GreedyContinuationMatchesTransformers) {
+  // Prefill takes the expanded form, each decode step the absorbed form.
+  const std::string dir = kModels + GetParam();
+  CpuBackend backend;
+  auto model = load_model(dir, backend);
+  const nlohmann::json meta = read_json(dir + "/reference.json");
+  const std::vector<int32_t> prompt = meta["greedy_prompt"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> expected = meta["greedy_output"].get<std::vector<int32_t>>();
+  const std::vector<double> margins = meta["greedy_margins"].get<std::vector<double>>();
+  GenerateOptions options;
+  options.max_tokens = static_cast<int>(expected.size());
+  options.temperature = 0.0f;
+  options.ignore_eos = true;
+  const GenerateResult result = generate(*model, backend, prompt, options);
+  ASSERT_EQ(result.output_ids.size(), expected.size());
+  size_t compared = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (margins[i] < 1e-4) break;  // a near-tie in the reference: float noise may pick either
+    EXPECT_EQ(result.output_ids[i], expected[i]) << GetParam() << " step " << i;
+    ++compared;
+  }
+  EXPECT_GE(compared, 8u) << "too few comparable steps in the fixture";
+}
+
+TEST_P(DeepseekReference, ChunkedPrefillEqualsOneShot) {
+  CpuBackend backend;
+  auto model = load_model(kModels + GetParam(), backend);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 21; ++i) prompt.push_back((i * 37 + 11) % 320);
+  const int64_t vocab = model->config().vocab_size;
+  KvBuffers kv_a = model->allocate_kv(21);
+  Tensor a = Tensor::empty({1, vocab}, DType::kF32);
+  model->forward(single_sequence_batch(prompt, 0), kv_a, a);
+  KvBuffers kv_b = model->allocate_kv(21, DType::kBF16);
+  Tensor b = Tensor::empty({1, vocab}, DType::kF32);
+  const size_t cuts[] = {0, 7, 8, 20, 21};
+  for (size_t c = 0; c + 1 < std::size(cuts); ++c) {
+    std::span<const int32_t> piece(prompt.data() + cuts[c], cuts[c + 1] - cuts[c]);
+    model->forward(single_sequence_batch(piece, static_cast<int64_t>(cuts[c])), kv_b, b);
+  }
+  // kv_b is a bf16 cache, so allow for its rounding.
+  EXPECT_LT(relative_error(b, a), 2e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, DeepseekReference,
+                         ::testing::Values("deepseek_v3", "deepseek_v3_fp8", "deepseek_v2_lite"));
+
+class DeepseekMtp : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeepseekMtp, MtpLogitsMatchReference) {
+  const std::string dir = kModels + GetParam();
+  CpuBackend backend;
+  auto model = load_model(dir, backend);
+  DeepseekModel& ds = as_deepseek(*model);
+  ASSERT_TRUE(ds.has_mtp());
+  const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
+  const Tensor ids = ref.tensor("mtp.ids"), next = ref.tensor("mtp.next_ids");
+  const Tensor ref_hidden = ref.tensor("mtp.hidden"), ref_logits = ref.tensor("mtp.logits");
+  const int64_t n = ids.numel(), H = model->config().hidden_size, V = model->config().vocab_size;
+
+  KvBuffers kv = model->allocate_kv(n);
+  Tensor logits = Tensor::empty({n, V}, DType::kF32), hidden = Tensor::empty({n, H}, DType::kF32);
+  ds.forward_with_hidden(single_sequence_batch(ids_of(ids), 0, true), kv, logits, hidden);
+  EXPECT_LT(relative_error(hidden, ref_hidden), 1e-4);
+
+  // The MTP step: token i + 1 with the main hidden state at position i.
+  KvBuffers mtp_kv = ds.allocate_mtp_kv(n);
+  Tensor mtp_logits = Tensor::empty({n, V}, DType::kF32);
+  ds.forward_mtp(single_sequence_batch(ids_of(next), 0, true), hidden, mtp_kv, mtp_logits);
+  EXPECT_LT(relative_error(mtp_logits, ref_logits), 1e-4);
+
+  // Decoding the MTP layer token by token through its cache gives the same.
+  KvBuffers step_kv = ds.allocate_mtp_kv(n);
+  Tensor step_logits = Tensor::empty({1, V}, DType::kF32);
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor h = hidden.rows(i, 1);
+    ds.forward_mtp(single_sequence_batch(ids_of(next).subspan(static_cast<size_t>(i), 1), i), h,
+                   step_kv, step_logits);
+    const Tensor want = ref_logits.rows(i, 1);
+    EXPECT_LT(relative_error(step_logits, want), 1e-4) << "position " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, DeepseekMtp,
+                         ::testing::Values("deepseek_v3", "deepseek_v3_fp8"));
+
+TEST(DeepseekModel, SummaryAndKvLayout) {
+  CpuBackend backend;
+  auto model = load_model(kModels + "deepseek_v3_fp8", backend);
+  const std::string s = model->summary();
+  EXPECT_NE(s.find("16 routed experts, top-4 in 2 of 4 groups"), std::string::npos) << s;
+  EXPECT_NE(s.find("1 MTP layer"), std::string::npos) << s;
+  EXPECT_NE(s.find("f8_e4m3"), std::string::npos) << s;
+  // Only the latent and the rope key are cached: 160 + 8 per layer.
+  EXPECT_EQ(model->kv_bytes_per_slot(DType::kBF16), 2u * 168u * 2u);
+  KvBuffers kv = model->allocate_kv(5);
+  ASSERT_EQ(kv.k.size(), 2u);
+  EXPECT_EQ(kv.k[0].shape(), Shape({5, 168}));
+  EXPECT_EQ(kv.v[0].raw(), nullptr);
+
+  auto lite = load_model(kModels + "deepseek_v2_lite", backend);
+  EXPECT_FALSE(as_deepseek(*lite).has_mtp());
+  EXPECT_NE(lite->summary().find("q_lora_rank none"), std::string::npos) << lite->summary();
+}
+
+TEST(DeepseekModel, TwoSequencesInOneDecodeStep) {
+  // A decode step holding two sequences (absorbed form over a shared cache
+  // with interleaved slots) gives each sequence's single-sequence logits.
+  CpuBackend backend;
+  auto model = load_model(kModels + "deepseek_v3", backend);
+  const int64_t V = model->config().vocab_size;
+  const std::vector<int32_t> a = {5, 9, 200, 31}, b = {17, 4, 99};
+  auto last_logits = [&](const std::vector<int32_t>& ids) {
+    KvBuffers kv = model->allocate_kv(static_cast<int64_t>(ids.size()));
+    Tensor out = Tensor::empty({1, V}, DType::kF32);
+    model->forward(single_sequence_batch(ids, 0), kv, out);
+    return out;
+  };
+  const Tensor want_a = last_logits(a), want_b = last_logits(b);
+  // Prefill both prompts but their last tokens into slots a: 0,2,4  b: 1,3.
+  KvBuffers kv = model->allocate_kv(8);
+  Tensor scratch = Tensor::empty({1, V}, DType::kF32);
+  auto prefill = [&](std::vector<int32_t> ids, std::vector<int32_t> slots) {
+    ForwardBatch batch = single_sequence_batch(ids, 0);
+    batch.out_slots = Tensor::from_i32({static_cast<int64_t>(slots.size())}, slots);
+    batch.attention.kv_slots = Tensor::from_i32({static_cast<int64_t>(slots.size())}, slots);
+    model->forward(batch, kv, scratch);
+  };
+  prefill({5, 9, 200}, {0, 2, 4});
+  prefill({17, 4}, {1, 3});
+  ForwardBatch step;
+  step.token_ids = Tensor::from_i32({2}, std::vector<int32_t>{31, 99});
+  step.positions = Tensor::from_i32({2}, std::vector<int32_t>{3, 2});
+  step.out_slots = Tensor::from_i32({2}, std::vector<int32_t>{6, 5});
+  step.attention.q_start = Tensor::from_i32({3}, std::vector<int32_t>{0, 1, 2});
+  step.attention.kv_start = Tensor::from_i32({3}, std::vector<int32_t>{0, 4, 7});
+  step.attention.kv_slots = Tensor::from_i32({7}, std::vector<int32_t>{0, 2, 4, 6, 1, 3, 5});
+  step.logit_rows = Tensor::from_i32({2}, std::vector<int32_t>{0, 1});
+  Tensor both = Tensor::empty({2, V}, DType::kF32);
+  model->forward(step, kv, both);
+  EXPECT_LT(relative_error(both.rows(0, 1), want_a), 1e-5);
+  EXPECT_LT(relative_error(both.rows(1, 1), want_b), 1e-5);
+}
+
+// A scratch copy of a fixture directory with an edited config or tensors.
+class ScratchModel {
+ public:
+  explicit ScratchModel(const std::string& name, const std::string& from) {
+    dir_ = std::filesystem::temp_directory_path() / ("basalt_deepseek_" + name);
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    for (const auto& e : std::filesystem::directory_iterator(kModels + from))
+      std::filesystem::copy_file(e.path(), dir_ / e.path().filename());
+  }
+  ~ScratchModel() { std::filesystem::remove_all(dir_); }
+  std::string dir() const { return dir_.string(); }
+  nlohmann::json config() const { return read_json((dir_ / "config.json").string()); }
+  void write_config(const nlohmann::json& j) const { std::ofstream(dir_ / "config.json") << j.dump(); }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+std::string load_error(const std::string& dir) {
+  CpuBackend backend;
+  try {
+    load_model(dir, backend);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DeepseekModel, RejectsBadConfigsAtLoad) {
+  ScratchModel m("bad_config", "deepseek_v3_fp8");
+  const nlohmann::json good = m.config();
+
+  nlohmann::json j = good;
+  j["n_group"] = 3;  // 16 experts
+  m.write_config(j);
+  EXPECT_NE(load_error(m.dir()).find("cannot be divided into n_group (3)"), std::string::npos)
+      << load_error(m.dir());
+
+  j = good;
+  j["quantization_config"]["weight_block_size"] = {64, 64};
+  m.write_config(j);
+  EXPECT_NE(load_error(m.dir()).find("weight_block_size [64, 64] is not supported"),
+            std::string::npos) << load_error(m.dir());
+
+  j = good;
+  j["quantization_config"]["fmt"] = "e5m2";
+  m.write_config(j);
+  EXPECT_NE(load_error(m.dir()).find("fmt 'e5m2'"), std::string::npos) << load_error(m.dir());
+
+  j = good;
+  j["topk_group"] = 1;
+  j["num_experts_per_tok"] = 5;  // only 4 experts in one group of 16 / 4
+  m.write_config(j);
+  EXPECT_NE(load_error(m.dir()).find("num_experts_per_tok (5)"), std::string::npos)
+      << load_error(m.dir());
+
+  j = good;
+  j.erase("quantization_config");
+  m.write_config(j);
+  EXPECT_NE(load_error(m.dir()).find("no fp8 quantization_config"), std::string::npos)
+      << load_error(m.dir());
+}
+
+TEST(DeepseekModel, RejectsMissingOrMisshapenScaleTensors) {
+  ScratchModel m("bad_scales", "deepseek_v3_fp8");
+  const std::string path = m.dir() + "/model.safetensors";
+  const std::string victim = "model.layers.1.mlp.experts.7.down_proj.weight_scale_inv";
+  std::vector<std::pair<std::string, Tensor>> kept, reshaped;
+  {
+    const SafetensorsFile file = SafetensorsFile::open(path);
+    for (const auto& [name, entry] : file.tensors()) {
+      const Tensor t = file.tensor(name);
+      // Copies: the file is rewritten below while views would still map it.
+      Tensor copy = Tensor::empty(t.shape(), t.dtype());
+      std::memcpy(copy.raw(), t.raw(), t.nbytes());
+      if (name != victim) kept.emplace_back(name, copy);
+      reshaped.emplace_back(name, name == victim ? copy.reshape({1, 2}) : copy);
+    }
+  }
+  write_safetensors(path, kept);
+  std::string error = load_error(m.dir());
+  EXPECT_NE(error.find("scale tensor '" + victim + "' is missing"), std::string::npos) << error;
+  write_safetensors(path, reshaped);
+  error = load_error(m.dir());
+  EXPECT_NE(error.find(victim), std::string::npos) << error;
+  EXPECT_NE(error.find("does not match"), std::string::npos) << error;
+}
+
+TEST(DeepseekModel, LoadsWithoutTheMtpLayer) {
+  // A config that announces an MTP layer whose tensors are absent still loads.
+  ScratchModel m("no_mtp", "deepseek_v2_lite");
+  nlohmann::json j = m.config();
+  j["num_nextn_predict_layers"] = 1;
+  m.write_config(j);
+  CpuBackend backend;
+  auto model = load_model(m.dir(), backend);
+  EXPECT_FALSE(as_deepseek(*model).has_mtp());
+  EXPECT_NE(model->summary().find("no MTP layer"), std::string::npos);
+}
+
+TEST(DeepseekConfig, ReadsPublishedFieldsAndRopeParameters) {
+  nlohmann::json j = read_json(kModels + "deepseek_v3/config.json");
+  const ModelConfig c = ModelConfig::from_json(j, "config.json");
+  EXPECT_EQ(c.architecture, Architecture::kDeepseekV3);
+  EXPECT_EQ(c.deepseek.q_lora_rank, 32);
+  EXPECT_TRUE(c.deepseek.is_moe_layer(1));
+  EXPECT_FALSE(c.deepseek.is_moe_layer(0));
+  EXPECT_EQ(c.rope_scaling.type, "yarn");
+  EXPECT_DOUBLE_EQ(c.rope_scaling.mscale_all_dim, 1.0);
+  // The same settings spelled as transformers 5's rope_parameters.
+  nlohmann::json params = j["rope_scaling"];
+  params["rope_type"] = params["type"];
+  params.erase("type");
+  params["rope_theta"] = j["rope_theta"];
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = params;
+  const ModelConfig c5 = ModelConfig::from_json(j, "config.json");
+  EXPECT_EQ(c5.rope_scaling.type, "yarn");
+  EXPECT_DOUBLE_EQ(c5.rope_scaling.factor, 4.0);
+  EXPECT_EQ(c5.rope_scaling.original_max_position_embeddings, 64);
+  EXPECT_DOUBLE_EQ(c5.rope_theta, 10000.0);
+  // V2-Lite: no q_lora_rank, softmax greedy routing.
+  const ModelConfig lite = ModelConfig::from_json(read_json(kModels + "deepseek_v2_lite/config.json"), "x");
+  EXPECT_EQ(lite.architecture, Architecture::kDeepseekV2);
+  EXPECT_EQ(lite.deepseek.q_lora_rank, 0);
+  EXPECT_EQ(lite.deepseek.scoring_func, "softmax");
+}
+
+}  // namespace
+}  // namespace basalt
