@@ -45,6 +45,16 @@ std::string human_count(double n) {
   return out.str();
 }
 
+std::string human_bytes(double n) {
+  std::ostringstream out;
+  out.precision(3);
+  if (n >= 1e9) out << n / 1e9 << " GB";
+  else if (n >= 1e6) out << n / 1e6 << " MB";
+  else if (n >= 1e3) out << n / 1e3 << " KB";
+  else out << n << " bytes";
+  return out.str();
+}
+
 class DeepseekModelImpl final : public DeepseekModel {
  public:
   DeepseekModelImpl(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend)
@@ -168,7 +178,7 @@ class DeepseekModelImpl final : public DeepseekModel {
       out << " (" << d.scoring_func << "), " << d.n_shared_experts << " shared";
     }
     out << "\n" << c.model_type << ": " << human_count(static_cast<double>(total_params_))
-        << " parameters, " << human_count(static_cast<double>(total_bytes_)) << "B memory-mapped";
+        << " parameters, " << human_bytes(static_cast<double>(total_bytes_)) << " memory-mapped";
     if (total_params_ > 0)
       out << ", experts " << (100 * expert_params_ / total_params_) << "%";
     out << "; dtypes:";

@@ -14,9 +14,9 @@ namespace {
 
 constexpr int64_t kBlock = kFp8BlockSize;
 
-// e4m3fn bits -> f32: move sign, exponent and mantissa into f32 positions
-// and rebias the exponent (7 -> 127) with one multiply by 2^120, which also
-// turns e4m3 subnormals into the right normal f32 values.
+// e4m3fn bits -> f32, exactly, for the scalar tails: move exponent and
+// mantissa into f32 positions and rebias the exponent (7 -> 127) with one
+// multiply by 2^120, which also turns e4m3 subnormals into the right values.
 inline float fp8_scalar(uint8_t b) {
   const uint32_t bits = (static_cast<uint32_t>(b & 0x7f) << 20);
   float f;
@@ -25,24 +25,30 @@ inline float fp8_scalar(uint8_t b) {
   return (b & 0x80) ? -f : f;
 }
 
+// The vector paths read e4m3 codes as f16 bit patterns: sign-extending the
+// byte to 16 bits and shifting left by 7 puts the sign at bit 15, the 4-bit
+// exponent and 3-bit mantissa at bits 14..7 (bit 14, a copy of the sign, is
+// then cleared), which is the f16 of value / 2^8 (exponent bias 15 instead of
+// 7; e4m3 subnormals become f16 subnormals, converted exactly). Callers fold
+// the 2^8 into the block scale. kFp8Unit is that factor.
+constexpr float kFp8Unit = 256.0f;
+
 #if defined(__AVX512F__)
-inline Vec vload_fp8(const uint8_t* p) {
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 20);
-  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
-  const __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(0x1p120f));
-  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(f), sign));
+inline Vec vload_fp8_unit(const uint8_t* p) {
+  const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(int16_t(0xBFFF))));
 }
-#elif defined(__AVX2__)
-inline Vec vload_fp8(const uint8_t* p) {
-  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f)), 20);
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
-  const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(0x1p120f));
-  return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(f), sign));
+#elif defined(__AVX2__) && defined(__F16C__)
+inline Vec vload_fp8_unit(const uint8_t* p) {
+  const __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16(int16_t(0xBFFF))));
 }
 #else
-inline Vec vload_fp8(const uint8_t* p) { return fp8_scalar(*p); }
+inline Vec vload_fp8_unit(const uint8_t* p) {
+  alignas(64) float f[kLanes];
+  for (int i = 0; i < kLanes; ++i) f[i] = fp8_scalar(p[i]) / kFp8Unit;
+  return vload(f);
+}
 #endif
 
 // dst[0, K) = dequantized row n.
@@ -53,15 +59,16 @@ void dequant_row(const uint8_t* w, const float* scale_inv, int64_t K, int64_t n,
   for (int64_t b = 0; b < kb; ++b) {
     const int64_t k0 = b * kBlock, k1 = std::min(K, k0 + kBlock);
     const float s = scales[b];
-    const Vec sv = vset(s);
+    const Vec sv = vset(s * kFp8Unit);
     int64_t k = k0;
-    for (; k + kLanes <= k1; k += kLanes) vstore(dst + k, vmul(vload_fp8(row + k), sv));
+    for (; k + kLanes <= k1; k += kLanes) vstore(dst + k, vmul(vload_fp8_unit(row + k), sv));
     for (; k < k1; ++k) dst[k] = fp8_scalar(row[k]) * s;
   }
 }
 
-// Few tokens: each row is dequantized in registers and fed to up to four
-// token rows at once.
+// Few tokens: each row is converted in registers and fed to up to four token
+// rows at once; products of a block are summed unscaled and the block's
+// scale is applied once per block and token.
 void decode_rows(const float* x, int64_t tokens, int64_t K, const uint8_t* w,
                  const float* scale_inv, int64_t N, float* out, int64_t n0, int64_t n1) {
   const int64_t kb = (K + kBlock - 1) / kBlock;
@@ -77,15 +84,24 @@ void decode_rows(const float* x, int64_t tokens, int64_t K, const uint8_t* w,
       for (int64_t b = 0; b < kb; ++b) {
         const int64_t k0 = b * kBlock, k1 = std::min(K, k0 + kBlock);
         const float s = scales[b];
-        const Vec sv = vset(s);
+        Vec b0 = vzero(), b1 = vzero(), b2 = vzero(), b3 = vzero();
         int64_t k = k0;
-        for (; k + kLanes <= k1; k += kLanes) {
-          const Vec wv = vmul(vload_fp8(row + k), sv);
-          acc0 = vfma(vload(xs[0] + k), wv, acc0);
-          acc1 = vfma(vload(xs[1] + k), wv, acc1);
-          acc2 = vfma(vload(xs[2] + k), wv, acc2);
-          acc3 = vfma(vload(xs[3] + k), wv, acc3);
+        if (nt == 1) {
+          for (; k + kLanes <= k1; k += kLanes) b0 = vfma(vload(xs[0] + k), vload_fp8_unit(row + k), b0);
+        } else {
+          for (; k + kLanes <= k1; k += kLanes) {
+            const Vec wv = vload_fp8_unit(row + k);
+            b0 = vfma(vload(xs[0] + k), wv, b0);
+            b1 = vfma(vload(xs[1] + k), wv, b1);
+            b2 = vfma(vload(xs[2] + k), wv, b2);
+            b3 = vfma(vload(xs[3] + k), wv, b3);
+          }
         }
+        const Vec sv = vset(s * kFp8Unit);
+        acc0 = vfma(b0, sv, acc0);
+        acc1 = vfma(b1, sv, acc1);
+        acc2 = vfma(b2, sv, acc2);
+        acc3 = vfma(b3, sv, acc3);
         for (; k < k1; ++k) {
           const float wk = fp8_scalar(row[k]) * s;
           for (int64_t i = 0; i < 4; ++i) tail[i] += xs[i][k] * wk;
@@ -206,8 +222,8 @@ float weight_row_dot(const LinearWeight& w, int64_t n, const float* x) {
       const int64_t k1 = std::min(K, k0 + kBlock);
       Vec acc = vzero();
       int64_t k = k0;
-      for (; k + kLanes <= k1; k += kLanes) acc = vfma(vload(x + k), vload_fp8(row + k), acc);
-      float s = vsum(acc);
+      for (; k + kLanes <= k1; k += kLanes) acc = vfma(vload(x + k), vload_fp8_unit(row + k), acc);
+      float s = vsum(acc) * kFp8Unit;
       for (; k < k1; ++k) s += x[k] * fp8_scalar(row[k]);
       total += s * load_scale(w, n, k0);
     }
@@ -234,9 +250,9 @@ void weight_row_axpy(const LinearWeight& w, int64_t n, float a, float* y) {
     for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
       const int64_t k1 = std::min(K, k0 + kBlock);
       const float as = a * load_scale(w, n, k0);
-      const Vec asv = vset(as);
+      const Vec asv = vset(as * kFp8Unit);
       int64_t k = k0;
-      for (; k + kLanes <= k1; k += kLanes) vstore(y + k, vfma(asv, vload_fp8(row + k), vload(y + k)));
+      for (; k + kLanes <= k1; k += kLanes) vstore(y + k, vfma(asv, vload_fp8_unit(row + k), vload(y + k)));
       for (; k < k1; ++k) y[k] += as * fp8_scalar(row[k]);
     }
     return;
