@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds and runs every test: the normal build, then the same tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer, then a short fuzzing run of
-# the checkpoint header parser.
+# Builds and runs every test: the normal build, a short fuzzing run of the
+# checkpoint header parser, then the same tests under AddressSanitizer +
+# UndefinedBehaviorSanitizer.
 #   scripts/test.sh            # all three
 #   BASALT_QUICK=1 scripts/test.sh   # normal build only
 set -euo pipefail
@@ -19,12 +19,14 @@ if [[ "${BASALT_QUICK:-0}" == "1" ]]; then
   exit 0
 fi
 
+if [[ -x fuzz/run_fuzz.sh ]]; then
+  echo "== fuzz the safetensors header parser (${BASALT_FUZZ_SECONDS:-60} s)"
+  fuzz/run_fuzz.sh "${BASALT_FUZZ_SECONDS:-60}"
+fi
+
+# Last, so the closing lines of the run are the sanitizer test summary.
 echo "== build and test (ASan + UBSan)"
 scripts/build.sh build-asan -DBASALT_SANITIZE=ON -DBASALT_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan -j "$jobs" --timeout 1800
 
-if [[ -x fuzz/run_fuzz.sh ]]; then
-  echo "== fuzz the safetensors header parser (${BASALT_FUZZ_SECONDS:-60} s)"
-  fuzz/run_fuzz.sh "${BASALT_FUZZ_SECONDS:-60}"
-fi
