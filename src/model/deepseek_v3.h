@@ -19,10 +19,16 @@
 //    selection, weights normalized when norm_topk_prob and times
 //    routed_scaling_factor; experts run only on their tokens; plus the shared
 //    experts. Groups not chosen are excluded outright (-inf), as DeepSeek's
-//    inference code and transformers 5 do; the remote modeling code of the
-//    first releases filled them with 0.0, which differs only when fewer than
-//    num_experts_per_tok experts of the chosen groups have a positive biased
-//    score (then it may pick experts from groups it did not choose).
+//    inference code does since its "fix scores mask" change and as
+//    transformers 5 does. Its first release multiplied the scores by the
+//    group mask and the checkpoints' remote modeling code fills with 0.0;
+//    that differs only when fewer than num_experts_per_tok experts of the
+//    chosen groups have a positive biased score (then it may pick experts of
+//    groups it did not choose, whichever the top-k's tie order gives).
+//    Activations stay f32: DeepSeek's reference also quantizes activations
+//    to e4m3 per 128 values for its FP8 GEMM (scale_fmt ue8m0 rounds those
+//    scales to powers of two in V3.1); that is an approximation of the
+//    dequantized-weight product computed here, and is not reproduced.
 //  * Weights keep their checkpoint dtype and stay memory-mapped: bf16, or
 //    float8_e4m3fn with float32 weight_scale_inv per 128x128 block
 //    (quantization_config fp8), computed with on-the-fly dequantization.

@@ -123,20 +123,21 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// Many tokens: a panel of rows is dequantized once into scratch and reused
-// against every token row.
-void panel_rows(const float* x, int64_t tokens, int64_t K, const uint8_t* w,
+// Many tokens: a panel of rows is dequantized once into scratch and
+// multiplied with every token row by the f32 linear kernel (which runs
+// serially inside this thread's share, as nested pool calls do).
+void panel_rows(ThreadPool& pool, const float* x, int64_t tokens, int64_t K, const uint8_t* w,
                 const float* scale_inv, int64_t N, float* out, int64_t n0, int64_t n1) {
-  constexpr int64_t kPanel = 4;
-  thread_local std::vector<float> panel;
+  constexpr int64_t kPanel = 64;
+  thread_local std::vector<float> panel, result;
   panel.resize(static_cast<size_t>(kPanel * K));
+  result.resize(static_cast<size_t>(kPanel * tokens));
   for (int64_t p0 = n0; p0 < n1; p0 += kPanel) {
     const int64_t np = std::min(kPanel, n1 - p0);
     for (int64_t i = 0; i < np; ++i) dequant_row(w, scale_inv, K, p0 + i, panel.data() + i * K);
-    for (int64_t t = 0; t < tokens; ++t) {
-      const float* xt = x + t * K;
-      for (int64_t i = 0; i < np; ++i) out[t * N + p0 + i] = dot(xt, panel.data() + i * K, K);
-    }
+    linear_f32(pool, x, tokens, K, panel.data(), DType::kF32, np, nullptr, DType::kF32, result.data());
+    for (int64_t t = 0; t < tokens; ++t)
+      std::copy_n(result.data() + t * np, np, out + t * N + p0);
   }
 }
 
@@ -149,17 +150,18 @@ float load_scale(const LinearWeight& w, int64_t n, int64_t k) {
 
 void linear_fp8_block_f32(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
                           const uint8_t* w, const float* scale_inv, int64_t outs, float* out) {
-  const bool many = tokens > 8;
-  const int64_t min_rows = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, in * std::min<int64_t>(tokens, 8)));
+  if (tokens > 8) {
+    // Whole 64-row panels per task, so that each panel is dequantized once.
+    const int64_t panels = (outs + 63) / 64;
+    pool.parallel_for(panels, [&](int64_t p0, int64_t p1) {
+      panel_rows(pool, x, tokens, in, w, scale_inv, outs, out, p0 * 64, std::min(outs, p1 * 64));
+    });
+    return;
+  }
+  const int64_t min_rows = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, in * tokens));
   pool.parallel_for(
       outs,
-      [&](int64_t n0, int64_t n1) {
-        if (many) {
-          panel_rows(x, tokens, in, w, scale_inv, outs, out, n0, n1);
-        } else {
-          decode_rows(x, tokens, in, w, scale_inv, outs, out, n0, n1);
-        }
-      },
+      [&](int64_t n0, int64_t n1) { decode_rows(x, tokens, in, w, scale_inv, outs, out, n0, n1); },
       min_rows);
 }
 
