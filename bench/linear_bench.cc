@@ -1,19 +1,22 @@
 // Speed of CpuBackend::linear at decode (1 token) and prefill (64 tokens)
 // batch sizes on Llama-3.2-1B's projection shapes, next to the two ceilings
 // that matter: the machine's memory read bandwidth (decode streams every
-// weight once per token) and OpenBLAS sgemm on f32 copies of the weights
-// (prefill is compute bound).
+// weight once per token; measured per row as the time to stream the same
+// number of bytes, in turns with the op, because a virtual machine's share
+// of bandwidth drifts with its neighbours) and OpenBLAS sgemm on f32 copies
+// of the weights (prefill is compute bound).
 //
 //   basalt_bench_linear [--quick]
 //
 // Weights are cold for every call, as they are in a real forward pass where
 // the other layers' weights evict them: each repetition uses the next of
 // several copies that together exceed the last-level cache. Times are
-// medians over repetitions. Threads: the backend's global pool
+// medians over repetitions, ours and sgemm taking turns. Threads: the backend's global pool
 // (BASALT_NUM_THREADS to override), and OpenBLAS is given the same count.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -21,6 +24,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -45,19 +49,29 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Median seconds of each fns[i](rep), with the functions' repetitions
-// interleaved so that all of them see the same interference from whatever
-// else the machine is running; repeats until min_seconds have passed.
+// Median seconds of each fns[i](rep). The functions run in turns (a block
+// of repetitions of each, three rounds), so a slow drift in what else the
+// machine is doing hits all of them alike; blocks rather than single calls,
+// with a pause after each, because a library's worker threads keep spinning
+// for a while after a call (OpenBLAS's for tens of milliseconds) and would
+// steal the cores from whatever runs next.
 std::vector<double> median_seconds(const std::vector<std::function<void(int)>>& fns,
                                    double min_seconds, int min_reps) {
-  for (const auto& fn : fns) fn(0);  // warm-up: page faults, thread wake-up, lazy init
+  constexpr int kRounds = 3;
+  const double block_seconds = min_seconds / (kRounds * static_cast<double>(fns.size()));
+  const int block_reps = (min_reps + kRounds - 1) / kRounds;
   std::vector<std::vector<double>> times(fns.size());
-  const auto start = Clock::now();
-  for (int rep = 1; rep <= min_reps || (seconds_since(start) < min_seconds && rep <= 2000); ++rep) {
+  int rep = 0;
+  for (int round = 0; round < kRounds; ++round) {
     for (size_t i = 0; i < fns.size(); ++i) {
-      const auto t0 = Clock::now();
-      fns[i](rep);
-      times[i].push_back(seconds_since(t0));
+      fns[i](rep++);  // warm-up: page faults, thread wake-up, lazy init
+      const auto start = Clock::now();
+      for (int n = 0; n < block_reps || (seconds_since(start) < block_seconds && n < 1000); ++n) {
+        const auto t0 = Clock::now();
+        fns[i](rep++);
+        times[i].push_back(seconds_since(t0));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
   std::vector<double> medians;
@@ -86,43 +100,65 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
-// Multi-threaded streaming read (sum) of a 1 GiB buffer: the decode ceiling.
-double measure_read_bandwidth(ThreadPool& pool) {
-  const size_t floats = (size_t{1} << 30) / sizeof(float);
-  Tensor buffer = Tensor::empty({static_cast<int64_t>(floats)}, DType::kF32);
-  float* data = buffer.data<float>();
-  pool.parallel_for(static_cast<int64_t>(floats), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) data[i] = static_cast<float>(i & 7);
-  });
-  std::vector<float> sink(static_cast<size_t>(pool.size()) * 16);
-  const double seconds = median_seconds(
-      {[&](int) {
-        pool.parallel_for(pool.size(), [&](int64_t t0, int64_t t1) {
-          for (int64_t t = t0; t < t1; ++t) {
-            const int64_t chunk = static_cast<int64_t>(floats) / pool.size();
-            const float* p = data + t * chunk;
-            using cpu::Vec;
-            Vec a0 = cpu::vzero(), a1 = cpu::vzero(), a2 = cpu::vzero(), a3 = cpu::vzero();
-            for (int64_t i = 0; i + 4 * cpu::kLanes <= chunk; i += 4 * cpu::kLanes) {
-              // Prefetch as the decode kernel does, so the ceiling is what
-              // a well-written stream can reach, not what the hardware
-              // prefetcher alone reaches (it stops at every 4 KiB page).
-              __builtin_prefetch(p + i + 256);
-              a0 = cpu::vadd(a0, cpu::vload(p + i));
-              a1 = cpu::vadd(a1, cpu::vload(p + i + cpu::kLanes));
-              a2 = cpu::vadd(a2, cpu::vload(p + i + 2 * cpu::kLanes));
-              a3 = cpu::vadd(a3, cpu::vload(p + i + 3 * cpu::kLanes));
-            }
-            sink[t * 16] = cpu::vsum(cpu::vadd(cpu::vadd(a0, a1), cpu::vadd(a2, a3)));
-          }
-        });
-      }},
-      1.0, 5)[0];
-  float keep = 0.0f;
-  for (float v : sink) keep += v;
-  if (keep == -1.0f) fmt::print("{}", keep);  // keeps the sums observable
-  return static_cast<double>(floats * sizeof(float)) / seconds / 1e9;
-}
+// A 1 GiB buffer and a multi-threaded streaming read (sum) of any part of
+// it: the decode ceiling. Prefetching as the decode kernel does, so the
+// ceiling is what a well-written stream reaches, not what the hardware
+// prefetcher alone reaches (it stops at every 4 KiB page).
+class ReadProbe {
+ public:
+  explicit ReadProbe(ThreadPool& pool)
+      : pool_(pool),
+        buffer_(Tensor::empty({static_cast<int64_t>(kBytes / sizeof(float))}, DType::kF32)),
+        sink_(static_cast<size_t>(pool.size()) * 16) {
+    float* data = buffer_.data<float>();
+    pool.parallel_for(buffer_.numel(), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) data[i] = static_cast<float>(i & 7);
+    });
+  }
+
+  // Reads `bytes` starting at a place that depends on rep, so consecutive
+  // reads of a small size do not hit the cache. Threads claim 256 KiB chunks
+  // dynamically, as the linear kernel claims its rows, so that neither side
+  // is favoured by how a shared machine schedules threads.
+  void read(size_t bytes, int rep) {
+    const int64_t floats = static_cast<int64_t>(std::min(bytes, kBytes) / sizeof(float));
+    const int64_t slots = static_cast<int64_t>(kBytes / sizeof(float)) / floats;
+    const float* base = buffer_.data<float>() + (rep % slots) * floats;
+    constexpr int64_t kChunk = (256 << 10) / sizeof(float);
+    std::atomic<int64_t> next{0};
+    pool_.parallel_for(pool_.size(), [&](int64_t t0, int64_t) {
+      using cpu::Vec;
+      Vec a0 = cpu::vzero(), a1 = cpu::vzero(), a2 = cpu::vzero(), a3 = cpu::vzero();
+      for (int64_t c = next.fetch_add(kChunk); c < floats; c = next.fetch_add(kChunk)) {
+        const float* p = base + c;
+        const int64_t n = std::min(kChunk, floats - c);
+        for (int64_t i = 0; i + 4 * cpu::kLanes <= n; i += 4 * cpu::kLanes) {
+          __builtin_prefetch(p + i + 256);
+          a0 = cpu::vadd(a0, cpu::vload(p + i));
+          a1 = cpu::vadd(a1, cpu::vload(p + i + cpu::kLanes));
+          a2 = cpu::vadd(a2, cpu::vload(p + i + 2 * cpu::kLanes));
+          a3 = cpu::vadd(a3, cpu::vload(p + i + 3 * cpu::kLanes));
+        }
+      }
+      sink_[t0 * 16] = cpu::vsum(cpu::vadd(cpu::vadd(a0, a1), cpu::vadd(a2, a3)));
+    });
+  }
+
+  // GB/s of reading the whole buffer.
+  double bandwidth() {
+    const double seconds = median_seconds({[&](int rep) { read(kBytes, rep); }}, 1.0, 5)[0];
+    float keep = 0.0f;
+    for (float v : sink_) keep += v;
+    if (keep == -1.0f) fmt::print("{}", keep);  // keeps the sums observable
+    return static_cast<double>(kBytes) / seconds / 1e9;
+  }
+
+ private:
+  static constexpr size_t kBytes = size_t{1} << 30;
+  ThreadPool& pool_;
+  Tensor buffer_;
+  std::vector<float> sink_;
+};
 
 struct Shape3 {
   const char* what;
@@ -134,6 +170,7 @@ struct Row {
   int64_t tokens;
   std::string dtype;
   double ours_s, ours_gbs, ours_gflops;
+  double read_s = 0.0;  // streaming the same number of bytes, measured alongside
   double blas_s = 0.0, blas_gflops = 0.0;
 };
 
@@ -149,24 +186,25 @@ std::vector<Tensor> weight_copies(const Tensor& w) {
   return out;
 }
 
-void print_table(const std::vector<Row>& rows, double bandwidth) {
-  fmt::print("\n{:<22} {:>3} {:>5} | {:>9} {:>7} {:>8} {:>6} | {:>9} {:>8} {:>7}\n", "shape (K -> N)", "T",
-             "w", "ours ms", "GB/s", "GFLOP/s", "of BW", "sgemm ms", "GFLOP/s", "vs sgemm");
-  fmt::print("{}\n", std::string(104, '-'));
+void print_table(const std::vector<Row>& rows) {
+  fmt::print("\n{:<22} {:>3} {:>5} | {:>8} {:>6} {:>7} {:>6} | {:>8} {:>7} {:>8}\n", "shape (K -> N)",
+             "T", "w", "ours ms", "GB/s", "GFLOP/s", "of BW", "sgemm ms", "GFLOP/s", "vs sgemm");
+  fmt::print("{}\n", std::string(100, '-'));
   for (const Row& r : rows) {
-    std::string blas = "        -        -       -";
+    std::string blas = "       -       -        -";
     if (r.blas_s > 0.0) {
-      blas = fmt::format("{:>9.3f} {:>8.1f} {:>6.2f}x", r.blas_s * 1e3, r.blas_gflops,
+      blas = fmt::format("{:>8.3f} {:>7.1f} {:>7.2f}x", r.blas_s * 1e3, r.blas_gflops,
                          r.blas_s / r.ours_s);
     }
-    fmt::print("{:<22} {:>3} {:>5} | {:>9.3f} {:>7.1f} {:>8.1f} {:>5.0f}% | {}\n", r.shape, r.tokens,
-               r.dtype, r.ours_s * 1e3, r.ours_gbs, r.ours_gflops, 100.0 * r.ours_gbs / bandwidth,
+    fmt::print("{:<22} {:>3} {:>5} | {:>8.3f} {:>6.1f} {:>7.1f} {:>5.0f}% | {}\n", r.shape, r.tokens,
+               r.dtype, r.ours_s * 1e3, r.ours_gbs, r.ours_gflops, 100.0 * r.read_s / r.ours_s,
                blas);
   }
   fmt::print(
-      "\nGB/s counts weight bytes read; 'of BW' is that over the measured read bandwidth (the\n"
-      "decode ceiling). 'vs sgemm' is OpenBLAS time / our time on the same shape (>1: ours is\n"
-      "faster); sgemm always runs on f32 weights.\n");
+      "\nGB/s counts weight bytes read. 'of BW' is the time to merely stream the same number\n"
+      "of bytes (all threads, measured in turns with the op) over the op's time: the share of\n"
+      "the decode ceiling reached. 'vs sgemm' is OpenBLAS time / our time on the same shape\n"
+      "(>1: ours is faster); sgemm always runs on f32 weights.\n");
 }
 
 int run(bool quick) {
@@ -177,8 +215,9 @@ int run(bool quick) {
 #endif
   fmt::print("basalt_bench_linear: {}, {} threads, {}-lane f32 vectors, load average {}\n",
              cpu_model(), pool.size(), cpu::kLanes, load_average());
-  double bandwidth = measure_read_bandwidth(pool);
-  fmt::print("memory read bandwidth (1 GiB streaming sum, all threads): {:.1f} GB/s\n", bandwidth);
+  ReadProbe probe(pool);
+  fmt::print("memory read bandwidth (1 GiB streaming sum, all threads): {:.1f} GB/s\n",
+             probe.bandwidth());
 
   const std::vector<Shape3> shapes = {{"2048 -> 8192 (gate_up)", 2048, 8192},
                                       {"2048 -> 2048 (q, o)", 2048, 2048},
@@ -218,26 +257,23 @@ int run(bool quick) {
           });
         }
 #endif
+        const size_t bytes = weights[0].nbytes();
+        fns.push_back([&](int rep) { probe.read(bytes, rep); });
         const std::vector<double> seconds = median_seconds(fns, min_seconds, 5);
         const double flops = 2.0 * tokens * s.in * s.outs;
         Row row{s.what, tokens, std::string(dtype_name(dtype)), seconds[0],
                 weights[0].nbytes() / seconds[0] / 1e9, flops / seconds[0] / 1e9};
-        if (seconds.size() > 1) {
+        row.read_s = seconds.back();
+        if (seconds.size() > 2) {
           row.blas_s = seconds[1];
           row.blas_gflops = flops / row.blas_s / 1e9;
         }
         rows.push_back(row);
-        fmt::print("  measured {} T={} {}\n", s.what, tokens, dtype_name(dtype));
-        std::fflush(stdout);
+        fmt::print(stderr, "  measured {} T={} {}\n", s.what, tokens, dtype_name(dtype));
       }
     }
   }
-  // Measured again at the end, and the better of the two is the ceiling: on
-  // a shared machine either may have run while something else was busy.
-  const double bandwidth_after = measure_read_bandwidth(pool);
-  fmt::print("memory read bandwidth again at the end: {:.1f} GB/s\n", bandwidth_after);
-  bandwidth = std::max(bandwidth, bandwidth_after);
-  print_table(rows, bandwidth);
+  print_table(rows);
   fmt::print("load average at the end: {}\n", load_average());
   return 0;
 }
