@@ -239,6 +239,112 @@ TEST(DeepseekModel, TwoSequencesInOneDecodeStep) {
   EXPECT_LT(relative_error(both.rows(1, 1), want_b), 1e-5);
 }
 
+TEST(DeepseekModel, TwoSequencesInOnePrefillStep) {
+  // Two prompts prefilled in one step (expanded form over both sequences'
+  // slots) give each prompt's own logits.
+  CpuBackend backend;
+  auto model = load_model(kModels + "deepseek_v3_fp8", backend);
+  const int64_t V = model->config().vocab_size;
+  const std::vector<int32_t> a = {5, 9, 200, 31, 7}, b = {17, 4, 99};
+  const Tensor want_a = prefill_logits(*model, a), want_b = prefill_logits(*model, b);
+  ForwardBatch step;
+  std::vector<int32_t> ids = a, positions = {0, 1, 2, 3, 4, 0, 1, 2};
+  ids.insert(ids.end(), b.begin(), b.end());
+  const std::vector<int32_t> slots = {7, 0, 5, 2, 3, 6, 1, 4};
+  std::vector<int32_t> rows(8);
+  std::iota(rows.begin(), rows.end(), 0);
+  step.token_ids = Tensor::from_i32({8}, ids);
+  step.positions = Tensor::from_i32({8}, positions);
+  step.out_slots = Tensor::from_i32({8}, slots);
+  step.attention.q_start = Tensor::from_i32({3}, std::vector<int32_t>{0, 5, 8});
+  step.attention.kv_start = Tensor::from_i32({3}, std::vector<int32_t>{0, 5, 8});
+  step.attention.kv_slots = Tensor::from_i32({8}, slots);
+  step.logit_rows = Tensor::from_i32({8}, rows);
+  KvBuffers kv = model->allocate_kv(8);
+  Tensor both = Tensor::empty({8, V}, DType::kF32);
+  model->forward(step, kv, both);
+  EXPECT_LT(relative_error(both.rows(0, 5), want_a), 1e-5);
+  EXPECT_LT(relative_error(both.rows(5, 3), want_b), 1e-5);
+}
+
+// Resident set size of this process in bytes (0 where /proc is unavailable).
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(statm >> size >> resident)) return 0;
+  return resident * 4096;
+}
+
+TEST(DeepseekModel, LoadingKeepsWeightsMappedAndUntouched) {
+  // A checkpoint whose 64 routed experts hold 48 MiB: loading it reads only
+  // the headers, and a one-token step makes resident only what it touches.
+  const auto dir = std::filesystem::temp_directory_path() / "basalt_deepseek_mapped";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const int64_t H = 256, I = 512, E = 64, V = 320;
+  nlohmann::json config = {
+      {"model_type", "deepseek_v2"}, {"vocab_size", V}, {"hidden_size", H},
+      {"intermediate_size", 256}, {"moe_intermediate_size", I}, {"num_hidden_layers", 2},
+      {"num_attention_heads", 2}, {"q_lora_rank", nullptr}, {"kv_lora_rank", 64},
+      {"qk_nope_head_dim", 32}, {"qk_rope_head_dim", 16}, {"v_head_dim", 32},
+      {"n_routed_experts", E}, {"n_shared_experts", 1}, {"num_experts_per_tok", 2},
+      {"first_k_dense_replace", 1}, {"topk_method", "greedy"}, {"scoring_func", "softmax"}};
+  std::ofstream(dir / "config.json") << config.dump();
+  {
+    std::vector<std::pair<std::string, Tensor>> t;
+    auto add = [&](const std::string& name, Shape shape) {
+      Tensor x = Tensor::empty(std::move(shape), DType::kBF16);
+      for (int64_t i = 0; i < x.numel(); ++i)
+        x.data<uint16_t>()[i] = f32_to_bf16(static_cast<float>((i * 7919) % 201 - 100) * 1e-3f);
+      t.emplace_back(name, x);
+    };
+    add("model.embed_tokens.weight", {V, H});
+    add("model.norm.weight", {H});
+    add("lm_head.weight", {V, H});
+    for (int l = 0; l < 2; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      add(p + "input_layernorm.weight", {H});
+      add(p + "post_attention_layernorm.weight", {H});
+      add(p + "self_attn.q_proj.weight", {2 * 48, H});
+      add(p + "self_attn.kv_a_proj_with_mqa.weight", {64 + 16, H});
+      add(p + "self_attn.kv_a_layernorm.weight", {64});
+      add(p + "self_attn.kv_b_proj.weight", {2 * 64, 64});
+      add(p + "self_attn.o_proj.weight", {H, 2 * 32});
+      const std::vector<std::string> names = {"gate_proj", "up_proj", "down_proj"};
+      auto mlp = [&](const std::string& q, int64_t inter) {
+        add(q + "gate_proj.weight", {inter, H});
+        add(q + "up_proj.weight", {inter, H});
+        add(q + "down_proj.weight", {H, inter});
+      };
+      if (l == 0) {
+        mlp(p + "mlp.", 256);
+      } else {
+        add(p + "mlp.gate.weight", {E, H});
+        for (int64_t e = 0; e < E; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", I);
+        mlp(p + "mlp.shared_experts.", I);
+      }
+    }
+    write_safetensors((dir / "model.safetensors").string(), t);
+  }
+  const int64_t file_bytes = static_cast<int64_t>(std::filesystem::file_size(dir / "model.safetensors"));
+  ASSERT_GT(file_bytes, 48ll << 20);
+  const int64_t before = resident_bytes();
+  if (before == 0) GTEST_SKIP() << "no /proc/self/statm";
+  CpuBackend backend;
+  auto model = load_model(dir.string(), backend);
+  const int64_t after_load = resident_bytes();
+  EXPECT_LT(after_load - before, 4ll << 20) << "loading made weights resident";
+  const std::vector<int32_t> token = {42};
+  KvBuffers kv = model->allocate_kv(1);
+  Tensor logits = Tensor::empty({1, V}, DType::kF32);
+  model->forward(single_sequence_batch(token, 0), kv, logits);
+  // One token runs 2 of 64 routed experts and the shared one: far less than the file.
+  EXPECT_LT(resident_bytes() - before, file_bytes / 4);
+  EXPECT_NE(model->summary().find("64 routed experts, top-2"), std::string::npos);
+  model.reset();
+  std::filesystem::remove_all(dir);
+}
+
 // A scratch copy of a fixture directory with an edited config or tensors.
 class ScratchModel {
  public:
