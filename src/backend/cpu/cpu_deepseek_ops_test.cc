@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/reference_ops.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace basalt {
 namespace {
@@ -184,10 +185,11 @@ struct MlaCase {
 
 // Two sequences (3 new of 9, 1 new of 5) over permuted slots of a cache
 // filled through mla_store_kv.
-MlaCase make_mla_case(TestRng& rng, Backend& backend, DType cache_dtype, bool fp8, int64_t L) {
+MlaCase make_mla_case(TestRng& rng, Backend& backend, DType cache_dtype, bool fp8, int64_t L,
+                      int64_t heads = 4) {
   MlaCase c;
-  c.p = MlaParams{4, static_cast<int>(L), 16, 8, 12, 0.2f};
-  const int64_t R = 8, heads = 4, slots = 16;
+  c.p = MlaParams{static_cast<int>(heads), static_cast<int>(L), 16, 8, 12, 0.2f};
+  const int64_t R = 8, slots = 16;
   c.cache = Tensor::zeros({slots, L + R}, cache_dtype);
   const int64_t rows = 14;
   const Tensor kv_a = random_tensor(rng, {rows, L + R}, DType::kF32);
@@ -256,6 +258,22 @@ TEST(CpuDeepseekOps, MlaAbsorbedAttentionMatchesExpandedReference) {
         backend.attention(c.q, k, v, dense, AttentionParams{4, 4, 24, 12, c.p.scale, 0}, expanded);
         EXPECT_LT(relative_error(expanded, out), 2e-5);
       }
+    }
+  }
+}
+
+TEST(CpuDeepseekOps, MlaAbsorbedAttentionWithUnevenHeadGroups) {
+  // Head counts that do not divide into the kernel's head groups.
+  TestRng rng;
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    CpuBackend backend(&pool);
+    for (int64_t heads : {1, 5, 7}) {
+      MlaCase c = make_mla_case(rng, backend, DType::kF32, true, 32, heads);
+      Tensor out = poisoned({4, heads * 12}), ref = poisoned({4, heads * 12});
+      backend.mla_attention(c.q, c.cache, c.kv_b, c.layout, c.p, out);
+      reference::mla_attention(c.q, c.cache, c.kv_b, c.layout, c.p, ref);
+      EXPECT_LT(relative_error(out, ref), 2e-5) << heads << " heads, " << threads << " threads";
     }
   }
 }

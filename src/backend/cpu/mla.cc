@@ -4,7 +4,8 @@
 // is projected into the latent space through that head's key rows of kv_b,
 // scored against the cached [latent | rope key] rows as one shared key head,
 // and the softmax-weighted latent is projected back through the head's value
-// rows. Work is spread over (token, head) pairs.
+// rows. Work is spread over (token, group of heads) pairs, so that each
+// cached row is read once per group rather than once per head.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -201,35 +202,57 @@ void CpuBackend::mla_attention(const Tensor& q, const Tensor& cache, const Linea
       row_pos[q_start[s] + i] = kv_len - q_len + i;
     }
   }
-  pool_->parallel_for(T * heads, [&](int64_t w0, int64_t w1) {
-    std::vector<float> qlat(static_cast<size_t>(L + R)), olat(static_cast<size_t>(L));
+  // Work items are (token, group of heads): every cached row is read once per
+  // group, and the group's scores and latent sums stay in cache.
+  const int64_t group = std::clamp<int64_t>(heads / std::max(1, pool_->size()), 1, 16);
+  const int64_t groups = (heads + group - 1) / group;
+  pool_->parallel_for(T * groups, [&](int64_t w0, int64_t w1) {
+    std::vector<float> qlat(static_cast<size_t>(group * (L + R)));
+    std::vector<float> olat(static_cast<size_t>(group * L));
     std::vector<float> buf(static_cast<size_t>(L + R)), scores;
     for (int64_t w = w0; w < w1; ++w) {
-      const int64_t t = w / heads, h = w % heads;
-      const float* qh = q.data<const float>() + (t * heads + h) * (Dn + R);
-      std::fill(qlat.begin(), qlat.end(), 0.0f);
-      for (int64_t d = 0; d < Dn; ++d)
-        cpu::weight_row_axpy(kv_b, h * (Dn + Dv) + d, qh[d], qlat.data());
-      std::copy_n(qh + Dn, R, qlat.data() + L);
+      const int64_t t = w / groups, h0 = (w % groups) * group;
+      const int64_t hn = std::min(group, heads - h0);
       const int64_t s = row_seq[t], n = row_pos[t] + 1;
       const int32_t* slots = kv_slots + kv_start[s];
-      scores.resize(static_cast<size_t>(n));
-      float max = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
-        scores[j] = dot(qlat.data(), cache_row(cache, slots[j], buf.data()), L + R) * p.scale;
-        max = std::max(max, scores[j]);
+      // Queries in the latent space: [q_nope · W_uk(h) | q_pe] per head.
+      std::fill(qlat.begin(), qlat.end(), 0.0f);
+      for (int64_t i = 0; i < hn; ++i) {
+        const int64_t h = h0 + i;
+        const float* qh = q.data<const float>() + (t * heads + h) * (Dn + R);
+        float* ql = qlat.data() + i * (L + R);
+        for (int64_t d = 0; d < Dn; ++d) cpu::weight_row_axpy(kv_b, h * (Dn + Dv) + d, qh[d], ql);
+        std::copy_n(qh + Dn, R, ql + L);
       }
-      float z = 0.0f;
+      scores.resize(static_cast<size_t>(hn * n));
       for (int64_t j = 0; j < n; ++j) {
-        scores[j] = std::exp(scores[j] - max);
-        z += scores[j];
+        const float* row = cache_row(cache, slots[j], buf.data());
+        for (int64_t i = 0; i < hn; ++i)
+          scores[i * n + j] = dot(qlat.data() + i * (L + R), row, L + R) * p.scale;
+      }
+      for (int64_t i = 0; i < hn; ++i) {
+        float* sc = scores.data() + i * n;
+        float max = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < n; ++j) max = std::max(max, sc[j]);
+        float z = 0.0f;
+        for (int64_t j = 0; j < n; ++j) {
+          sc[j] = std::exp(sc[j] - max);
+          z += sc[j];
+        }
+        const float inv = 1.0f / z;
+        for (int64_t j = 0; j < n; ++j) sc[j] *= inv;
       }
       std::fill(olat.begin(), olat.end(), 0.0f);
-      for (int64_t j = 0; j < n; ++j)
-        axpy(scores[j] / z, cache_row(cache, slots[j], buf.data()), olat.data(), L);
-      float* o = out.data<float>() + (t * heads + h) * Dv;
-      for (int64_t d = 0; d < Dv; ++d)
-        o[d] = cpu::weight_row_dot(kv_b, h * (Dn + Dv) + Dn + d, olat.data());
+      for (int64_t j = 0; j < n; ++j) {
+        const float* row = cache_row(cache, slots[j], buf.data());
+        for (int64_t i = 0; i < hn; ++i) axpy(scores[i * n + j], row, olat.data() + i * L, L);
+      }
+      for (int64_t i = 0; i < hn; ++i) {
+        const int64_t h = h0 + i;
+        float* o = out.data<float>() + (t * heads + h) * Dv;
+        for (int64_t d = 0; d < Dv; ++d)
+          o[d] = cpu::weight_row_dot(kv_b, h * (Dn + Dv) + Dn + d, olat.data() + i * L);
+      }
     }
   });
 }
