@@ -27,7 +27,7 @@ void chunk_bounds(int64_t n, int chunks, int index, int64_t* begin, int64_t* end
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = default_threads();
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -45,6 +45,28 @@ ThreadPool& ThreadPool::global() {
   return pool;
 }
 
+void ThreadPool::run_chunks(uint32_t tag, const std::function<void(int64_t, int64_t)>& fn,
+                            int64_t n, int chunks) {
+  in_parallel_region = true;
+  for (;;) {
+    uint64_t claim = claim_.load(std::memory_order_acquire);
+    if (static_cast<uint32_t>(claim >> 32) != tag) break;
+    const int index = static_cast<int>(claim & 0xffffffffu);
+    if (index >= chunks) break;
+    if (!claim_.compare_exchange_weak(claim, claim + 1, std::memory_order_acq_rel)) continue;
+    try {
+      int64_t b, e;
+      chunk_bounds(n, chunks, index, &b, &e);
+      fn(b, e);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!job_error_) job_error_ = std::current_exception();
+    }
+    done_chunks_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  in_parallel_region = false;
+}
+
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
                               int64_t min_chunk) {
   if (n <= 0) return;
@@ -55,34 +77,30 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n);
     return;
   }
+  uint32_t tag;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     job_ = &fn;
     job_n_ = n;
     job_chunks_ = chunks;
     job_error_ = nullptr;
-    pending_.store(chunks - 1);
-    generation_.fetch_add(1, std::memory_order_release);
+    done_chunks_.store(0, std::memory_order_relaxed);
+    tag = static_cast<uint32_t>(generation_.fetch_add(1, std::memory_order_acq_rel) + 1);
+    claim_.store(static_cast<uint64_t>(tag) << 32, std::memory_order_release);
   }
   wake_.notify_all();
-
-  in_parallel_region = true;
-  try {
-    int64_t b, e;
-    chunk_bounds(n, chunks, 0, &b, &e);
-    fn(b, e);
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(error_mutex_);
-    if (!job_error_) job_error_ = std::current_exception();
+  run_chunks(tag, fn, n, chunks);
+  while (done_chunks_.load(std::memory_order_acquire) != chunks) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
   }
-  in_parallel_region = false;
-  while (pending_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
   std::exception_ptr error = job_error_;
   busy_.store(false);
   if (error) std::rethrow_exception(error);
 }
 
-void ThreadPool::worker_loop(int index) {
+void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
     // Spin a little for the next job before sleeping.
@@ -99,18 +117,7 @@ void ThreadPool::worker_loop(int index) {
     const int64_t n = job_n_;
     const int chunks = job_chunks_;
     lock.unlock();
-    if (job == nullptr || index >= chunks) continue;
-    in_parallel_region = true;
-    try {
-      int64_t b, e;
-      chunk_bounds(n, chunks, index, &b, &e);
-      (*job)(b, e);
-    } catch (...) {
-      std::lock_guard<std::mutex> guard(error_mutex_);
-      if (!job_error_) job_error_ = std::current_exception();
-    }
-    in_parallel_region = false;
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if (job != nullptr) run_chunks(static_cast<uint32_t>(seen), *job, n, chunks);
   }
 }
 

@@ -38,13 +38,20 @@ class ThreadPool {
   static ThreadPool& global();
 
  private:
-  void worker_loop(int index);
+  void worker_loop();
+  // Claims and runs chunks of job `tag` until none is left.
+  void run_chunks(uint32_t tag, const std::function<void(int64_t, int64_t)>& fn, int64_t n,
+                  int chunks);
 
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  // (job tag << 32) | index of the next unclaimed chunk. The tag ties a claim
+  // to its job, so a worker that wakes late never runs a chunk of a newer job
+  // with an older job's function.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int> done_chunks_{0};
   std::atomic<bool> busy_{false};
   bool stop_ = false;
   // The job in flight.

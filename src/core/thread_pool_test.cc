@@ -50,3 +50,23 @@ TEST(ThreadPool, MinChunkLimitsSplitting) {
 
 }  // namespace
 }  // namespace basalt
+
+namespace basalt {
+namespace {
+
+TEST(ThreadPool, ManySmallJobsOnAnOversubscribedPool) {
+  // More threads than cores, so workers are often descheduled mid-job: every
+  // job must still run each chunk exactly once, with its own function.
+  ThreadPool pool(6);
+  for (int job = 0; job < 20000; ++job) {
+    const int64_t n = 1 + job % 13;
+    std::atomic<int64_t> sum{0};
+    pool.parallel_for(n, [&, job](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sum += i + job;
+    });
+    ASSERT_EQ(sum.load(), n * (n - 1) / 2 + n * job) << job;
+  }
+}
+
+}  // namespace
+}  // namespace basalt
