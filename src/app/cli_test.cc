@@ -70,6 +70,23 @@ TEST(Cli, GreedyGenerateMatchesTransformers) {
   }
 }
 
+TEST(Cli, GenerateRunsDeepseekCheckpointsAndReportsWhatItLoaded) {
+  // The published layouts (per-expert tensors, block FP8, MTP layer) run
+  // unchanged; the loading summary goes to stderr.
+  for (const char* name : {"deepseek_v3", "deepseek_v3_fp8", "deepseek_v2_lite"}) {
+    const json ref = read_json(kModels + name + "/reference.json");
+    const std::vector<int> prompt = ref["greedy_prompt"];
+    const CliRun r = run("generate --model " + kModels + name + " --prompt-ids " + join(prompt) +
+                         " --max-tokens 8 --temperature 0 --ignore-eos --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json out = json::parse(r.out);
+    const std::vector<int> expected(ref["greedy_output"].begin(), ref["greedy_output"].begin() + 8);
+    EXPECT_EQ(out["output_ids"].get<std::vector<int>>(), expected) << name;
+    EXPECT_NE(r.err.find("routed experts"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("parameters"), std::string::npos) << r.err;
+  }
+}
+
 TEST(Cli, TextPromptGetsBosAndLogprobsAreSorted) {
   const CliRun r = run("generate --model " + kModels +
                     "llama --prompt 'Basalt is' --max-tokens 3 --seed 5 --top-logprobs 4 --json");
