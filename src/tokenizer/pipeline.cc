@@ -916,7 +916,7 @@ PostProcessor parse_template(const json& j, const std::string& path, const JsonC
     auto it = specials.find(name);
     if (it == specials.end())
       ctx.error(p, fmt::format("special token \"{}\" is not in special_tokens", name));
-    const json& ids = array_field(ctx, *it, spath + "." + name, "ids");
+    const json ids = array_field(ctx, *it, spath + "." + name, "ids");
     std::vector<int32_t>& target = seen_sequence ? out.suffix : out.prefix;
     for (size_t k = 0; k < ids.size(); ++k)
       target.push_back(id_value(ctx, ids[k], indexed(spath + "." + name, "ids", k)));
