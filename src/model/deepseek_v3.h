@@ -75,7 +75,10 @@ class DeepseekModel : public Model {
   // runs the MTP decoder block at batch.positions with its own cache `kv`,
   // then shared_head.norm and shared_head.head: logits f32 [L, vocab] for
   // batch.logit_rows, predicting the token after `token`. Throws when the
-  // checkpoint has no MTP layer.
+  // checkpoint has no MTP layer. This is vLLM's deepseek_mtp order (embedding
+  // first in the concatenation, the main model's normed final hidden state as
+  // vLLM and SGLang pass it); vLLM also zeroes the embedding of a token at
+  // position 0, which is not done here.
   virtual void forward_mtp(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv,
                            Tensor& logits) = 0;
 };
