@@ -198,7 +198,16 @@ class DeepseekModelImpl final : public DeepseekModel {
       first_expert = m.to_backend(Tensor::from_i32({T, 1}, zeros));
       unit_weight = m.to_backend(Tensor::from_f32({T, 1}, ones));
       const int64_t seqs = batch.attention.q_start.numel() - 1;
-      expanded = m.form_ == MlaForm::kExpanded || (m.form_ == MlaForm::kAuto && T > seqs);
+      // Per key, the expanded form pays kv_b_proj once (L * heads * (Dn + Dv)
+      // multiply-adds) and the absorbed form pays a latent dot product and
+      // update per query token and head (2 * (L + R) * heads * tokens per
+      // sequence): the expanded form wins for prefill-sized steps, the
+      // absorbed one for decode and short verification steps.
+      const DeepseekConfig& d = m.config_.deepseek;
+      const bool prefill_sized =
+          T > seqs && T * 2 * (d.kv_lora_rank + d.qk_rope_head_dim) >=
+                          seqs * d.kv_lora_rank * (d.qk_nope_head_dim + d.v_head_dim);
+      expanded = m.form_ == MlaForm::kExpanded || (m.form_ == MlaForm::kAuto && prefill_sized);
       if (expanded) {
         const int64_t S = batch.attention.kv_slots.numel();
         std::vector<int32_t> iota(static_cast<size_t>(S));

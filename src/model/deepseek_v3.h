@@ -10,9 +10,11 @@
 //    interleaved (adjacent-pair) rotation of the last qk_rope_head_dim
 //    features of each query head and of the shared key, with YaRN scaling;
 //    the softmax scale is qk_head_dim^-0.5 times yarn_get_mscale(factor,
-//    mscale_all_dim)^2. Prefill (more tokens than sequences) uses the expanded
-//    form (per-head keys and values from kv_b_proj); decode uses the
-//    weight-absorbed form (one shared latent key head). set_mla_form forces one.
+//    mscale_all_dim)^2. Prefill-sized steps use the expanded form (per-head
+//    keys and values from kv_b_proj); decode and short steps (fewer than
+//    about kv_lora_rank * (qk_nope + v_head_dim) / (2 * (kv_lora_rank +
+//    qk_rope)) tokens per sequence) use the weight-absorbed form (one shared
+//    latent key head). set_mla_form forces one.
 //  * Feed-forward: a dense SwiGLU MLP in the first first_k_dense_replace
 //    layers, MoE after: router logits in f32, sigmoid (V3) or softmax (V2)
 //    scores, group-limited top-k with e_score_correction_bias used only for
@@ -49,7 +51,7 @@ namespace basalt {
 class Checkpoint;
 
 enum class MlaForm {
-  kAuto,      // expanded when a step has more tokens than sequences, else absorbed
+  kAuto,      // expanded for prefill-sized steps, absorbed for decode-sized ones
   kExpanded,  // per-head keys and values rebuilt from the latent cache
   kAbsorbed,  // queries projected into the latent space
 };
