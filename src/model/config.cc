@@ -139,14 +139,44 @@ void parse_rope(const Fields& f, const std::string& label, ModelConfig& c) {
 }
 
 // DeepSeek V2/V3: MLA dimensions, MoE routing and block-FP8 quantization.
-void parse_deepseek(const Fields& f, const std::string& label, ModelConfig& c) {
-  DeepseekConfig& d = c.deepseek;
-  const bool v3 = c.architecture == Architecture::kDeepseekV3;
+// The transformer sizes every family has, with plausibility limits (a
+// hostile config must not make the loader allocate terabytes).
+void parse_sizes(const Fields& f, const std::string& label, ModelConfig& c) {
   c.vocab_size = f.integer("vocab_size");
   c.hidden_size = f.integer("hidden_size");
   c.intermediate_size = f.integer("intermediate_size");
   c.num_layers = f.integer("num_hidden_layers");
   c.num_heads = f.integer("num_attention_heads");
+  c.num_kv_heads = f.integer_or("num_key_value_heads", c.num_heads);
+  BASALT_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
+                   c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0,
+               "{}: vocab_size, hidden_size, intermediate_size, num_hidden_layers and head counts "
+               "must be positive", label);
+  BASALT_CHECK(c.vocab_size <= (int64_t{1} << 30) && c.hidden_size <= (1 << 20) &&
+                   c.intermediate_size <= (1 << 22) && c.num_layers <= 4096 && c.num_heads <= 4096,
+               "{}: sizes are implausibly large", label);
+}
+
+// Context length, norm epsilon, rope, activation and head tying: read the
+// same way for every family.
+void parse_common_tail(const Fields& f, const std::string& label, ModelConfig& c) {
+  c.max_position_embeddings = f.integer_or("max_position_embeddings", 4096);
+  c.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
+  parse_rope(f, label, c);
+  BASALT_CHECK(c.rope_theta > 0, "{}: rope_theta must be positive", label);
+  const std::string act = f.string_or("hidden_act", "silu");
+  BASALT_CHECK(act == "silu" || act == "swish", "{}: hidden_act '{}' is not supported (silu only)",
+               label, act);
+  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
+  auto bos = f.ids("bos_token_id");
+  if (!bos.empty()) c.bos_token_id = bos.front();
+  c.eos_token_ids = f.ids("eos_token_id");
+}
+
+void parse_deepseek(const Fields& f, const std::string& label, ModelConfig& c) {
+  DeepseekConfig& d = c.deepseek;
+  const bool v3 = c.architecture == Architecture::kDeepseekV3;
+  parse_sizes(f, label, c);
   c.num_kv_heads = c.num_heads;  // MLA: every head has its own key and value
   d.q_lora_rank = f.integer_or("q_lora_rank", 0);
   d.kv_lora_rank = f.integer("kv_lora_rank");
@@ -167,13 +197,6 @@ void parse_deepseek(const Fields& f, const std::string& label, ModelConfig& c) {
   d.topk_method = f.string_or("topk_method", v3 ? "noaux_tc" : "greedy");
   d.num_nextn_predict_layers = f.integer_or("num_nextn_predict_layers", 0);
 
-  BASALT_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
-                   c.num_layers > 0 && c.num_heads > 0,
-               "{}: vocab_size, hidden_size, intermediate_size, num_hidden_layers and "
-               "num_attention_heads must be positive", label);
-  BASALT_CHECK(c.vocab_size <= (int64_t{1} << 30) && c.hidden_size <= (1 << 20) &&
-                   c.intermediate_size <= (1 << 22) && c.num_layers <= 4096 && c.num_heads <= 4096,
-               "{}: sizes are implausibly large", label);
   BASALT_CHECK(d.q_lora_rank >= 0 && d.kv_lora_rank > 0 && d.qk_nope_head_dim > 0 &&
                    d.qk_rope_head_dim > 0 && d.qk_rope_head_dim % 2 == 0 && d.v_head_dim > 0 &&
                    d.q_lora_rank <= (1 << 16) && d.kv_lora_rank <= (1 << 16) &&
@@ -211,16 +234,9 @@ void parse_deepseek(const Fields& f, const std::string& label, ModelConfig& c) {
   }
   c.head_dim = d.qk_nope_head_dim + d.qk_rope_head_dim;
   c.rotary_dim = d.qk_rope_head_dim;
-  c.max_position_embeddings = f.integer_or("max_position_embeddings", 4096);
-  c.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
-  parse_rope(f, label, c);
-  BASALT_CHECK(c.rope_theta > 0, "{}: rope_theta must be positive", label);
-  const std::string act = f.string_or("hidden_act", "silu");
-  BASALT_CHECK(act == "silu" || act == "swish", "{}: hidden_act '{}' is not supported (silu only)",
-               label, act);
+  parse_common_tail(f, label, c);
   BASALT_CHECK(!f.boolean_or("attention_bias", false), "{}: attention_bias is not supported for {}",
                label, c.model_type);
-  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
   c.sliding_window_per_layer.assign(static_cast<size_t>(c.num_layers), 0);
 
   if (f.has("quantization_config")) {
@@ -268,25 +284,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& label) {
 
   if (c.architecture == Architecture::kDeepseekV2 || c.architecture == Architecture::kDeepseekV3) {
     parse_deepseek(f, label, c);
-    auto bos = f.ids("bos_token_id");
-    if (!bos.empty()) c.bos_token_id = bos.front();
-    c.eos_token_ids = f.ids("eos_token_id");
     return c;
   }
 
-  c.vocab_size = f.integer("vocab_size");
-  c.hidden_size = f.integer("hidden_size");
-  c.intermediate_size = f.integer("intermediate_size");
-  c.num_layers = f.integer("num_hidden_layers");
-  c.num_heads = f.integer("num_attention_heads");
-  c.num_kv_heads = f.integer_or("num_key_value_heads", c.num_heads);
-  BASALT_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
-                   c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0,
-               "{}: vocab_size, hidden_size, intermediate_size, num_hidden_layers and head counts "
-               "must be positive", label);
-  BASALT_CHECK(c.vocab_size <= (int64_t{1} << 30) && c.hidden_size <= (1 << 20) &&
-                   c.intermediate_size <= (1 << 22) && c.num_layers <= 4096 && c.num_heads <= 4096,
-               "{}: sizes are implausibly large", label);
+  parse_sizes(f, label, c);
   BASALT_CHECK(c.num_heads % c.num_kv_heads == 0,
                "{}: num_attention_heads ({}) is not a multiple of num_key_value_heads ({})", label,
                c.num_heads, c.num_kv_heads);
@@ -304,16 +305,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& label) {
   BASALT_CHECK(partial > 0 && partial <= 1, "{}: partial_rotary_factor must be in (0, 1]", label);
   c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
   c.rotary_dim -= c.rotary_dim % 2;
-  c.max_position_embeddings = f.integer_or("max_position_embeddings", 4096);
-  c.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
-  parse_rope(f, label, c);
-  BASALT_CHECK(c.rope_theta > 0, "{}: rope_theta must be positive", label);
-
-  const std::string act = f.string_or("hidden_act", "silu");
-  BASALT_CHECK(act == "silu" || act == "swish", "{}: hidden_act '{}' is not supported (silu only)",
-               label, act);
-
-  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
+  parse_common_tail(f, label, c);
   switch (c.architecture) {
     case Architecture::kLlama:
     case Architecture::kMistral:
@@ -356,10 +348,6 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& label) {
         c.sliding_window_per_layer[static_cast<size_t>(i)] = static_cast<int32_t>(window);
     }
   }
-
-  auto bos = f.ids("bos_token_id");
-  if (!bos.empty()) c.bos_token_id = bos.front();
-  c.eos_token_ids = f.ids("eos_token_id");
   return c;
 }
 
