@@ -32,35 +32,12 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "runtime/generator.h"
+#include "bench_util.h"
 
 namespace {
 
 using namespace basalt;
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-struct Rng {
-  uint64_t x;
-  explicit Rng(uint64_t seed) : x(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint64_t next() {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return x;
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
-};
-
-Tensor random_bf16(Shape shape, float scale, uint64_t seed) {
-  Tensor t = Tensor::empty(std::move(shape), DType::kBF16);
-  Rng rng(seed);
-  uint16_t* p = t.data<uint16_t>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = f32_to_bf16(rng.uniform() * scale);
-  return t;
-}
+using namespace basalt::bench;
 
 // e4m3 codes of magnitude up to 2 (no NaN), and block scales of about scale / 2.
 Tensor random_fp8(Shape shape, uint64_t seed) {
@@ -177,21 +154,9 @@ Result measure(const std::filesystem::path& dir, double decode_bytes, int prompt
   Result r{seconds_since(start), 0, 0, decode_bytes / 1e9, model->summary()};
   std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
   for (int i = 0; i < prompt_len; ++i) prompt[static_cast<size_t>(i)] = (i * 7919 + 13) % static_cast<int>(V);
-  GenerateOptions options;
-  options.temperature = 0;
-  options.ignore_eos = true;
-  options.max_tokens = 1 + decode_tokens;
-  generate(*model, backend, prompt, options);  // warm-up: page in the weights the route touches
-  options.max_tokens = 1;
-  start = Clock::now();
-  generate(*model, backend, prompt, options);
-  const double prefill_s = seconds_since(start);
-  options.max_tokens = 1 + decode_tokens;
-  start = Clock::now();
-  generate(*model, backend, prompt, options);
-  const double decode_s = seconds_since(start) - prefill_s;
-  r.prefill_tps = prompt_len / prefill_s;
-  r.decode_tps = decode_tokens / decode_s;
+  const GenerationTiming timing = time_generation(*model, backend, prompt, decode_tokens);
+  r.prefill_tps = prompt_len / timing.prefill_s;
+  r.decode_tps = decode_tokens / timing.decode_s;
   return r;
 }
 

@@ -26,55 +26,12 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "runtime/generator.h"
+#include "bench_util.h"
 
 namespace {
 
 using namespace basalt;
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// Uniform values in [-scale, scale) from a xorshift stream: cheap enough for
-// the 1.2e9 weights of the full model.
-Tensor random_bf16(Shape shape, float scale, uint64_t seed) {
-  Tensor t = Tensor::empty(std::move(shape), DType::kBF16);
-  uint16_t* p = t.data<uint16_t>();
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    const float u = static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
-    p[i] = f32_to_bf16((2.0f * u - 1.0f) * scale);
-  }
-  return t;
-}
-
-// GB/s of a multi-threaded streaming read over a buffer far larger than the caches.
-double measure_read_bandwidth() {
-  const size_t n = size_t{1} << 27;  // 128 Mi floats = 512 MiB
-  std::vector<float> buffer(n, 1.0f);
-  ThreadPool& pool = ThreadPool::global();
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    std::vector<double> sums(static_cast<size_t>(pool.size()) * 16, 0.0);
-    std::atomic<int> slot{0};
-    const auto start = Clock::now();
-    pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e) {
-      float acc[16] = {};
-      for (int64_t i = b; i + 16 <= e; i += 16)
-        for (int j = 0; j < 16; ++j) acc[j] += buffer[static_cast<size_t>(i + j)];
-      double s = 0;
-      for (float a : acc) s += a;
-      sums[static_cast<size_t>(slot++) * 16] = s;
-    });
-    const double t = seconds_since(start);
-    best = std::max(best, static_cast<double>(n * sizeof(float)) / t / 1e9);
-  }
-  return best;
-}
+using namespace basalt::bench;
 
 }  // namespace
 
@@ -141,23 +98,8 @@ int main(int argc, char** argv) {
   std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
   for (int i = 0; i < prompt_len; ++i) prompt[static_cast<size_t>(i)] = (i * 7919 + 13) % static_cast<int>(V);
 
-  GenerateOptions options;
-  options.temperature = 0;
-  options.ignore_eos = true;
-  options.max_tokens = 1 + decode_tokens;
-  // Token timestamps split the run: the first token ends the prefill, the
-  // rest are decode steps.
-  std::vector<Clock::time_point> token_times;
-  auto on_token = [&](int32_t) { token_times.push_back(Clock::now()); };
-  double prefill_s = 1e30, decode_s = 1e30;
-  for (int run = 0; run < 3; ++run) {  // the first run also pages the weights in
-    token_times.clear();
-    start = Clock::now();
-    generate(*model, backend, prompt, options, on_token);
-    if (run == 0) continue;
-    prefill_s = std::min(prefill_s, std::chrono::duration<double>(token_times.front() - start).count());
-    decode_s = std::min(decode_s, std::chrono::duration<double>(token_times.back() - token_times.front()).count());
-  }
+  const GenerationTiming timing = time_generation(*model, backend, prompt, decode_tokens);
+  const double prefill_s = timing.prefill_s, decode_s = timing.decode_s;
 
   const double bandwidth = measure_read_bandwidth();
   const double decode_tps = decode_tokens / decode_s;
