@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   basalt::add_generate_command(app);
   basalt::add_tokenize_commands(app);
+  basalt::add_quantize_command(app);
+  basalt::add_eval_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

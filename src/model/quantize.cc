@@ -322,8 +322,8 @@ QuantizeReport quantize_checkpoint_fp8(const std::string& in_dir, const std::str
   QuantizeReport report;
   report.bytes_before = ckpt.total_bytes();
   std::map<std::string, std::string> weight_map;
-  size_t done = 0;
-  if (progress) progress(0, names.size());
+  uint64_t done = 0;
+  if (progress) progress(0, report.bytes_before);
   for (const std::string& file : files) {
     const auto it = by_file.find(file);
     if (it == by_file.end()) continue;
@@ -397,7 +397,10 @@ QuantizeReport quantize_checkpoint_fp8(const std::string& in_dir, const std::str
           break;
         }
       }
-      if (e.kind != OutEntry::kScale && progress) progress(++done, names.size());
+      if (e.kind != OutEntry::kScale) {
+        done += ckpt.info(e.source).nbytes;
+        if (progress) progress(done, report.bytes_before);
+      }
       report.bytes_after += e.nbytes;
     }
     writer.commit();

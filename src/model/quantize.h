@@ -69,8 +69,9 @@ struct QuantizeReport {
   std::vector<std::string> files;  // the safetensors files written
 };
 
-// progress(done, total): tensors written so far, out of all tensors.
-using QuantizeProgress = std::function<void(size_t done, size_t total)>;
+// progress(done, total): bytes of input tensor data processed so far, out
+// of all; called with (0, total) first and last with done == total.
+using QuantizeProgress = std::function<void(uint64_t done, uint64_t total)>;
 
 // Throws basalt::Error (naming the directory, file or tensor) when the input
 // is missing, is not a DeepSeek checkpoint, is already quantized or holds a
