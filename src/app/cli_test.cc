@@ -5,11 +5,15 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -52,6 +56,42 @@ std::string join(const std::vector<int>& ids) {
     s.append(std::to_string(ids[i]));
   }
   return s;
+}
+
+// One tensor of a safetensors file, read without the engine's parser.
+template <typename T>
+std::vector<T> read_safetensor(const std::string& path, const std::string& name) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t header_size = 0;
+  in.read(reinterpret_cast<char*>(&header_size), 8);
+  std::string header(header_size, ' ');
+  in.read(header.data(), static_cast<std::streamsize>(header_size));
+  const json entry = json::parse(header).at(name);
+  const uint64_t begin = entry["data_offsets"][0], end = entry["data_offsets"][1];
+  std::vector<T> values((end - begin) / sizeof(T));
+  in.seekg(static_cast<std::streamoff>(8 + header_size + begin));
+  in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(end - begin));
+  return values;
+}
+
+// Mean next-token NLL of ids under logits [ids.size(), vocab], in double.
+double mean_nll(const std::vector<int>& ids, const std::vector<float>& logits) {
+  const size_t vocab = logits.size() / ids.size();
+  double sum = 0;
+  for (size_t t = 0; t + 1 < ids.size(); ++t) {
+    const float* row = logits.data() + t * vocab;
+    double max = row[0], z = 0;
+    for (size_t v = 0; v < vocab; ++v) max = std::max(max, static_cast<double>(row[v]));
+    for (size_t v = 0; v < vocab; ++v) z += std::exp(row[v] - max);
+    sum += max + std::log(z) - row[ids[t + 1]];
+  }
+  return sum / static_cast<double>(ids.size() - 1);
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("basalt_cli_test_" + std::to_string(::getpid()) + "_" + name))
+      .string();
 }
 
 TEST(Cli, GreedyGenerateMatchesTransformers) {
@@ -148,8 +188,127 @@ TEST(Cli, TokenizeAndDetokenize) {
   EXPECT_EQ(json::parse(r.out)["text"], "Basalt is rock");
 }
 
+TEST(Cli, EvalPerplexityMatchesTransformersLogits) {
+  // Perplexity of the fixture prompts from the logits transformers computed.
+  for (const char* name : {"llama", "qwen3", "mistral"}) {
+    const std::string ref = kModels + name + "/reference.safetensors";
+    const json meta = read_json(kModels + name + "/reference.json");
+    for (size_t p = 0; p < meta["prompt_lengths"].size(); ++p) {
+      const std::string prefix = "prompt_" + std::to_string(p);
+      const std::vector<int32_t> raw = read_safetensor<int32_t>(ref, prefix + ".ids");
+      const std::vector<int> ids(raw.begin(), raw.end());
+      if (ids.size() < 2) continue;
+      const double nll = mean_nll(ids, read_safetensor<float>(ref, prefix + ".logits"));
+      const CliRun r = run("eval --model " + kModels + name + " --ids " + join(ids) + " --json");
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const json out = json::parse(r.out);
+      EXPECT_EQ(out["tokens"], ids.size() - 1) << name;
+      EXPECT_NEAR(out["perplexity"].get<double>() / std::exp(nll), 1.0, 1e-4) << name << " " << prefix;
+      EXPECT_NEAR(out["nll_mean"].get<double>(), nll, 1e-4 * nll) << name << " " << prefix;
+      EXPECT_GT(out["tokens_per_second"].get<double>(), 0.0);
+    }
+  }
+}
+
+TEST(Cli, EvalWindowsOverlapByOneTokenAndScoreEachTokenOnce) {
+  // 23 ids in windows of 8: [0, 8), [7, 15), [14, 22), [21, 23), which score
+  // 7 + 7 + 7 + 1 tokens, each from the tokens before it in its window.
+  const std::string model = " --model " + kModels + "llama";
+  const std::vector<int32_t> raw =
+      read_safetensor<int32_t>(kModels + "llama/reference.safetensors", "prompt_2.ids");
+  const std::vector<int> ids(raw.begin(), raw.end());
+  ASSERT_EQ(ids.size(), 23u);
+  const CliRun whole = run("eval" + model + " --ids " + join(ids) + " --context 8 --json");
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const json out = json::parse(whole.out);
+  EXPECT_EQ(out["tokens"], 22);
+  double nll_sum = 0;
+  for (size_t start : {0, 7, 14, 21}) {
+    const std::vector<int> window(ids.begin() + static_cast<std::ptrdiff_t>(start),
+                                  ids.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(start + 8, 23)));
+    const CliRun r = run("eval" + model + " --ids " + join(window) + " --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json w = json::parse(r.out);
+    nll_sum += w["nll_mean"].get<double>() * w["tokens"].get<double>();
+  }
+  EXPECT_NEAR(out["nll_mean"].get<double>(), nll_sum / 22, 1e-9);
+}
+
+TEST(Cli, EvalEncodesTheTextFileWithBos) {
+  const std::string text_file = temp_path("eval.txt");
+  // No trailing newline: the shell's $(cat ...) below would drop it.
+  std::ofstream(text_file) << "Basalt is a dark, fine-grained volcanic rock.\nIt forms from lava that cools quickly.";
+  const std::string model = " --model " + kModels + "llama";
+  CliRun r = run("tokenize" + model + " --text \"$(cat " + text_file + ")\" --add-special-tokens --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<int> ids = json::parse(r.out)["ids"];
+  ASSERT_EQ(ids[0], 0);  // BOS
+  r = run("eval" + model + " --text-file " + text_file + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json from_text = json::parse(r.out);
+  EXPECT_EQ(from_text["tokens"], ids.size() - 1);
+  r = run("eval" + model + " --ids " + join(ids) + " --json");
+  EXPECT_EQ(json::parse(r.out)["perplexity"], from_text["perplexity"]);
+  // --max-tokens keeps the first N tokens.
+  r = run("eval" + model + " --text-file " + text_file + " --max-tokens 10 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["tokens"], 9);
+  ids.resize(10);
+  EXPECT_EQ(json::parse(run("eval" + model + " --ids " + join(ids) + " --json").out)["perplexity"],
+            json::parse(r.out)["perplexity"]);
+  // Plain output: one line of perplexity, one of speed.
+  r = run("eval" + model + " --text-file " + text_file);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("perplexity ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(" tokens/s"), std::string::npos) << r.out;
+  std::filesystem::remove(text_file);
+}
+
+TEST(Cli, QuantizeWritesAnFp8CopyTheEngineRuns) {
+  const std::string out_dir = temp_path("fp8");
+  std::filesystem::remove_all(out_dir);
+  const std::string src = kModels + "deepseek_v3";
+  CliRun r = run("quantize --model " + src + " --out " + out_dir + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json summary = json::parse(r.out);
+  EXPECT_GT(summary["tensors_quantized"].get<int>(), 0);
+  EXPECT_LT(summary["bytes_after"].get<double>(), summary["bytes_before"].get<double>());
+  EXPECT_EQ(summary["files"], 2);
+  EXPECT_EQ(read_json(out_dir + "/config.json")["quantization_config"]["weight_block_size"],
+            json::array({128, 128}));
+  EXPECT_TRUE(std::filesystem::exists(out_dir + "/model.safetensors.index.json"));
+
+  // The copy generates, reports its FP8 weights, and scores the fixture
+  // prompt close to the original (a few percent of perplexity on this model).
+  const json ref = read_json(src + "/reference.json");
+  const std::vector<int> prompt = ref["greedy_prompt"];
+  r = run("generate --model " + out_dir + " --prompt-ids " + join(prompt) +
+          " --max-tokens 8 --temperature 0 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["output_ids"].size(), 8u);
+  EXPECT_NE(r.err.find("f8_e4m3"), std::string::npos) << r.err;
+  const std::vector<int32_t> raw = read_safetensor<int32_t>(src + "/reference.safetensors", "prompt_2.ids");
+  const std::string ids = " --ids " + join(std::vector<int>(raw.begin(), raw.end())) + " --json";
+  const double original = json::parse(run("eval --model " + src + ids).out)["perplexity"];
+  const double quantized = json::parse(run("eval --model " + out_dir + ids).out)["perplexity"];
+  EXPECT_NEAR(quantized / original, 1.0, 0.1);
+
+  // Plain summary; a second run needs --force.
+  r = run("quantize --model " + src + " --out " + out_dir);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("not empty"), std::string::npos) << r.err;
+  r = run("quantize --model " + src + " --out " + out_dir + " --force");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("quantized ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(" -> "), std::string::npos) << r.out;
+  std::filesystem::remove_all(out_dir);
+}
+
 TEST(Cli, BadInputExitsNonZeroWithOneLine) {
   const std::string model = " --model " + kModels + "llama";
+  const std::string empty_file = temp_path("empty.txt");
+  std::ofstream(empty_file) << " \n";
+  const std::string out_dir = temp_path("never_written");
   const std::vector<std::string> cases = {
       "generate" + model + " --prompt x --no-such-flag",
       "generate --model /nonexistent/model --prompt x",
@@ -163,6 +322,19 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
       "tokenize" + model,
       "detokenize" + model + " --ids 1,2,100000",
       "frobnicate",
+      "eval" + model,
+      "eval" + model + " --text-file /nonexistent/text.txt",
+      "eval" + model + " --text-file " + empty_file,
+      "eval" + model + " --ids 5",
+      "eval" + model + " --ids 1,2,3 --max-tokens 1",
+      "eval" + model + " --ids 1,2,3 --context 1",
+      "eval" + model + " --ids 1,2,3 --context 100000",
+      "eval" + model + " --ids 1,2,99999",
+      "quantize" + model + " --out " + out_dir,
+      "quantize --model " + kModels + "deepseek_v3_fp8 --out " + out_dir,
+      "quantize --model " + kModels + "deepseek_v3 --out " + out_dir + " --format int4",
+      "quantize --model /nonexistent/model --out " + out_dir,
+      "quantize --model " + kModels + "deepseek_v3",
   };
   for (const std::string& args : cases) {
     const CliRun r = run(args);
@@ -171,6 +343,8 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
     ASSERT_FALSE(r.err.empty()) << args;
     EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << args << ": " << r.err;
   }
+  EXPECT_FALSE(std::filesystem::exists(out_dir));
+  std::filesystem::remove(empty_file);
 }
 
 }  // namespace
