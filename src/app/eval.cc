@@ -133,7 +133,6 @@ void add_eval_command(CLI::App& app) {
                                       "UTF-8 text to score (encoded with the tokenizer's special tokens, e.g. BOS)");
   // Token ids used exactly as given (for comparisons against reference logits).
   CLI::Option* ids = cmd->add_option("--ids", flags->ids, "Token ids, e.g. 1,2,3")->group("");
-  text->excludes(ids);
   cmd->add_option("--max-tokens", flags->max_tokens, "Score only the first N tokens (0: all, the default)");
   cmd->add_option("--context", flags->context,
                   "Window length in tokens (default: the model's context length, at most 512)");
