@@ -251,9 +251,9 @@ bool is_fp8_block_linear(std::string_view name, const Shape& shape) {
   if (i == digits || i >= name.size() || name[i] != '.') return false;
   const std::string_view module = name.substr(0, name.size() - kSuffix.size());
   const std::string_view leaf = module.substr(module.rfind('.') + 1);
-  static constexpr std::array<std::string_view, 10> kLinears = {
+  static constexpr std::array<std::string_view, 9> kLinears = {
       "q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
-      "o_proj", "gate_proj", "up_proj", "down_proj", "eh_proj"};
+      "o_proj", "gate_proj", "up_proj", "down_proj"};
   return std::find(kLinears.begin(), kLinears.end(), leaf) != kLinears.end();
 }
 

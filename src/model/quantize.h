@@ -54,7 +54,10 @@ Tensor dequantize_fp8_block(const Tensor& weight, const Tensor& scale_inv);
 // Whether a checkpoint tensor is a decoder or MTP linear weight that the
 // block-FP8 format stores quantized: model.layers.<n>.(...).<proj>.weight of
 // rank 2, where <proj> is q_proj, q_a_proj, q_b_proj, kv_a_proj_with_mqa,
-// kv_b_proj, o_proj, gate_proj, up_proj, down_proj or eh_proj.
+// kv_b_proj, o_proj, gate_proj, up_proj or down_proj. The MTP layer's
+// eh_proj stays as it is: DeepSeek-V3's published FP8 checkpoint keeps it in
+// bf16 (it has no eh_proj.weight_scale_inv), and serving engines load it as
+// an unquantized linear.
 bool is_fp8_block_linear(std::string_view name, const Shape& shape);
 
 struct QuantizeOptions {

@@ -155,14 +155,15 @@ TEST(Fp8Block, QuantizesExactlyTheDecoderLinears) {
         "model.layers.0.self_attn.kv_b_proj.weight", "model.layers.0.self_attn.o_proj.weight",
         "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
         "model.layers.0.mlp.down_proj.weight", "model.layers.3.mlp.experts.255.down_proj.weight",
-        "model.layers.3.mlp.shared_experts.gate_proj.weight", "model.layers.61.eh_proj.weight"})
+        "model.layers.3.mlp.shared_experts.gate_proj.weight"})
     EXPECT_TRUE(is_fp8_block_linear(name, m)) << name;
   for (const char* name :
        {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
         "model.layers.3.mlp.gate.weight", "model.layers.3.mlp.gate.e_score_correction_bias",
         "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.kv_a_layernorm.weight",
         "model.layers.61.embed_tokens.weight", "model.layers.61.shared_head.head.weight",
-        "model.layers.61.enorm.weight", "model.layers.0.self_attn.q_proj.bias",
+        "model.layers.61.enorm.weight", "model.layers.61.eh_proj.weight",
+        "model.layers.0.self_attn.q_proj.bias",
         "model.layers.x.self_attn.q_proj.weight", "model.q_proj.weight"})
     EXPECT_FALSE(is_fp8_block_linear(name, m)) << name;
   EXPECT_FALSE(is_fp8_block_linear("model.layers.0.mlp.down_proj.weight", {4}));
