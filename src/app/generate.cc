@@ -1,9 +1,13 @@
 // `basalt generate`: offline generation from a model directory.
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "app/commands.h"
 #include "backend/cpu/cpu_backend.h"
@@ -26,11 +30,48 @@ struct GenerateFlags {
   float top_p = 1.0f;
   float min_p = 0.0f;
   uint64_t seed = 0;
+  bool seed_given = false;
   int top_logprobs = 0;
   bool json = false;
   bool ignore_eos = false;
   bool skip_special_tokens = true;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  std::string logit_bias;
+  std::vector<std::string> stop;
+  std::string stop_token_ids;
+  int min_tokens = 0;
+  bool include_stop_str = false;
 };
+
+// Parses "ID:BIAS,ID:BIAS" (spaces allowed) for --logit-bias.
+std::map<int32_t, float> parse_logit_bias(const std::string& text) {
+  std::map<int32_t, float> bias;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    const size_t colon = item.find(':');
+    BASALT_CHECK(colon != std::string::npos,
+                 "--logit-bias: '{}' is not ID:BIAS (e.g. --logit-bias 13:-100,42:5)", item);
+    const std::vector<int32_t> id = parse_id_list(item.substr(0, colon), "--logit-bias");
+    BASALT_CHECK(id.size() == 1, "--logit-bias: '{}' is not ID:BIAS", item);
+    const std::string value = item.substr(colon + 1);
+    size_t used = 0;
+    float b = 0;
+    try {
+      b = std::stof(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    BASALT_CHECK(used > 0 && value.find_first_not_of(' ', used) == std::string::npos,
+                 "--logit-bias: '{}' is not a number", value);
+    bias[id[0]] = b;
+    start = comma + 1;
+  }
+  return bias;
+}
 
 std::optional<Tokenizer> load_tokenizer_if_present(const std::string& dir) {
   const auto path = std::filesystem::path(dir) / "tokenizer.json";
@@ -47,6 +88,8 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   BASALT_CHECK(f.top_p > 0 && f.top_p <= 1, "--top-p must be in (0, 1]");
   BASALT_CHECK(f.min_p >= 0 && f.min_p <= 1, "--min-p must be in [0, 1]");
   BASALT_CHECK(f.top_logprobs >= 0 && f.top_logprobs <= 100, "--top-logprobs must be in 0..100");
+  BASALT_CHECK(f.min_tokens >= 0 && f.min_tokens <= f.max_tokens,
+               "--min-tokens must be in 0..--max-tokens ({})", f.max_tokens);
 
   std::optional<Tokenizer> tokenizer = load_tokenizer_if_present(f.model);
   std::vector<int32_t> prompt;
@@ -70,44 +113,54 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   options.top_k = f.top_k;
   options.top_p = f.top_p;
   options.min_p = f.min_p;
-  options.seed = f.seed;
-  options.top_logprobs = f.top_logprobs;
+  if (f.seed_given) options.seed = f.seed;
+  options.logprobs = f.top_logprobs;
+  options.max_logprobs = 100;
   options.ignore_eos = f.ignore_eos;
-  options.stop_ids = model->config().eos_token_ids;
+  options.skip_special_tokens = f.skip_special_tokens;
+  options.repetition_penalty = f.repetition_penalty;
+  options.frequency_penalty = f.frequency_penalty;
+  options.presence_penalty = f.presence_penalty;
+  if (!f.logit_bias.empty()) options.logit_bias = parse_logit_bias(f.logit_bias);
+  options.stop = f.stop;
+  options.include_stop_str_in_output = f.include_stop_str;
+  if (!f.stop_token_ids.empty())
+    options.stop_token_ids = parse_id_list(f.stop_token_ids, "--stop-token-ids");
+  options.min_tokens = f.min_tokens;
+  options.eos_ids = model->config().eos_token_ids;
+  BASALT_CHECK(options.stop.empty() || tokenizer.has_value(),
+               "{}: no tokenizer.json, so --stop strings cannot be matched", f.model);
 
-  // Without --json the text streams to stdout as tokens are produced.
-  std::optional<IncrementalDecoder> stream;
-  if (!f.json && tokenizer) stream.emplace(*tokenizer, f.skip_special_tokens);
-  // Models often have more embedding rows than the tokenizer has tokens
-  // (padding to a multiple of 64 or 128); such ids carry no text.
-  auto has_text = [&](int32_t id) { return tokenizer && id < tokenizer->vocab_size(); };
-  auto on_token = [&](int32_t id) {
-    if (!stream || !has_text(id)) return;
-    const std::string piece = stream->push(id);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-  };
-  const GenerateResult result = generate(*model, backend, prompt, options, on_token);
+  // Without --json the text streams to stdout as it becomes final.
+  GenerateCallbacks callbacks;
+  if (!f.json && tokenizer) {
+    callbacks.on_text = [](std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    };
+  }
+  const GenerateResult result =
+      generate(*model, backend, tokenizer ? &*tokenizer : nullptr, prompt, options, callbacks);
 
-  std::vector<int32_t> text_ids;
-  for (int32_t id : result.output_ids)
-    if (has_text(id)) text_ids.push_back(id);
-  const std::string text = tokenizer ? tokenizer->decode(text_ids, f.skip_special_tokens) : "";
   if (!f.json) {
-    if (stream) {
-      const std::string rest = stream->flush();
-      std::fwrite(rest.data(), 1, rest.size(), stdout);
-    } else {
+    if (!tokenizer)
       for (int32_t id : result.output_ids) std::printf("%d ", id);
-    }
     std::printf("\n");
     return;
   }
   nlohmann::json out;
   out["prompt_ids"] = prompt;
   out["output_ids"] = result.output_ids;
-  out["text"] = text;
+  out["text"] = result.text;
   out["finish_reason"] = result.finish_reason;
+  if (const auto* id = std::get_if<int32_t>(&result.stop_reason)) {
+    out["stop_reason"] = *id;
+  } else if (const auto* s = std::get_if<std::string>(&result.stop_reason)) {
+    out["stop_reason"] = *s;
+  } else {
+    out["stop_reason"] = nullptr;
+  }
+  out["seed"] = result.seed;
   nlohmann::json top = nlohmann::json::array();
   for (const auto& step : result.top_logprobs) {
     nlohmann::json alternatives = nlohmann::json::array();
@@ -132,12 +185,23 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", flags->top_k, "Keep the k most likely tokens (0: off)");
   cmd->add_option("--top-p", flags->top_p, "Nucleus sampling mass (1: off)");
   cmd->add_option("--min-p", flags->min_p, "Drop tokens below min-p times the top probability (0: off)");
-  cmd->add_option("--seed", flags->seed, "Sampling seed: the same seed gives the same output");
+  CLI::Option* seed = cmd->add_option("--seed", flags->seed, "Sampling seed: the same seed gives the same output (default: a random seed)");
   cmd->add_option("--top-logprobs", flags->top_logprobs, "Report this many most likely tokens per step");
   cmd->add_flag("--json", flags->json, "Print one JSON object");
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "Keep generating after end-of-sequence tokens");
   cmd->add_flag("!--keep-special-tokens", flags->skip_special_tokens, "Keep special tokens in the text");
-  cmd->callback([flags, prompt, prompt_ids] {
+  cmd->add_option("--repetition-penalty", flags->repetition_penalty, "Divide positive (multiply negative) logits of tokens in the prompt or output by this (1: off)");
+  cmd->add_option("--frequency-penalty", flags->frequency_penalty, "Subtract this times the token's count in the output from its logit, in [-2, 2]");
+  cmd->add_option("--presence-penalty", flags->presence_penalty, "Subtract this from the logit of every token already in the output, in [-2, 2]");
+  cmd->add_option("--logit-bias", flags->logit_bias, "Add biases to logits, e.g. 13:-100,42:5 (each in [-100, 100])");
+  cmd->add_option("--stop", flags->stop, "Stop when the text contains this string (repeatable); it is left out of the text")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_flag("--include-stop-str", flags->include_stop_str, "Keep the matched stop string (or stop token's text) in the text");
+  cmd->add_option("--stop-token-ids", flags->stop_token_ids, "Stop after any of these token ids, e.g. 2,7 (even with --ignore-eos)");
+  cmd->add_option("--min-tokens", flags->min_tokens, "Generate at least this many tokens before end-of-sequence, stop ids or stop strings can end the output");
+  cmd->callback([flags, prompt, prompt_ids, seed] {
+    flags->seed_given = seed->count() > 0;
     run_generate(*flags, prompt->count() > 0, prompt_ids->count() > 0);
   });
 }

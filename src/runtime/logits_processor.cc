@@ -1,0 +1,83 @@
+#include "runtime/logits_processor.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+
+namespace basalt {
+
+LogitsProcessor::LogitsProcessor(const SamplingParams& params, int32_t vocab_size,
+                                 std::span<const int32_t> eos_ids,
+                                 std::span<const int32_t> prompt)
+    : vocab_size_(vocab_size),
+      min_tokens_(params.min_tokens),
+      repetition_penalty_(params.repetition_penalty),
+      frequency_penalty_(params.frequency_penalty),
+      presence_penalty_(params.presence_penalty),
+      bias_(params.logit_bias.begin(), params.logit_bias.end()) {
+  BASALT_CHECK(vocab_size > 0, "the vocabulary is empty");
+  // The logprobs limit is the caller's policy, not this class's concern.
+  params.validate(vocab_size, std::max(params.logprobs, kDefaultMaxLogprobs));
+  for (int32_t id : eos_ids)
+    BASALT_CHECK(id >= 0 && id < vocab_size, "eos token id {} is outside the vocabulary (0..{})",
+                 id, vocab_size - 1);
+  if (min_tokens_ > 0) {
+    if (!params.ignore_eos) suppressed_.assign(eos_ids.begin(), eos_ids.end());
+    suppressed_.insert(suppressed_.end(), params.stop_token_ids.begin(),
+                       params.stop_token_ids.end());
+    std::sort(suppressed_.begin(), suppressed_.end());
+    suppressed_.erase(std::unique(suppressed_.begin(), suppressed_.end()), suppressed_.end());
+  }
+  if (repetition_penalty_ != 1.0f) {
+    seen_.assign(static_cast<size_t>(vocab_size), 0);
+    for (int32_t id : prompt) {
+      BASALT_CHECK(id >= 0 && id < vocab_size,
+                   "prompt token id {} is outside the vocabulary (0..{})", id, vocab_size - 1);
+      if (!seen_[static_cast<size_t>(id)]) {
+        seen_[static_cast<size_t>(id)] = 1;
+        seen_ids_.push_back(id);
+      }
+    }
+  }
+  if (frequency_penalty_ != 0.0f || presence_penalty_ != 0.0f)
+    counts_.assign(static_cast<size_t>(vocab_size), 0);
+}
+
+bool LogitsProcessor::active() const {
+  return (num_output_ < min_tokens_ && !suppressed_.empty()) || !bias_.empty() ||
+         (repetition_penalty_ != 1.0f && !seen_ids_.empty()) || !output_ids_.empty();
+}
+
+void LogitsProcessor::apply(std::span<float> logits) const {
+  BASALT_CHECK(static_cast<int64_t>(logits.size()) == vocab_size_,
+               "logits row has {} entries, the vocabulary {}", logits.size(), vocab_size_);
+  if (num_output_ < min_tokens_)
+    for (int32_t id : suppressed_)
+      logits[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+  for (const auto& [id, bias] : bias_) logits[static_cast<size_t>(id)] += bias;
+  if (repetition_penalty_ != 1.0f) {
+    for (int32_t id : seen_ids_) {
+      float& x = logits[static_cast<size_t>(id)];
+      x = x > 0 ? x / repetition_penalty_ : x * repetition_penalty_;
+    }
+  }
+  for (int32_t id : output_ids_) {
+    const int32_t count = counts_[static_cast<size_t>(id)];
+    logits[static_cast<size_t>(id)] -=
+        frequency_penalty_ * static_cast<float>(count) + presence_penalty_;
+  }
+}
+
+void LogitsProcessor::append(int32_t id) {
+  BASALT_CHECK(id >= 0 && id < vocab_size_, "output token id {} is outside the vocabulary (0..{})",
+               id, vocab_size_ - 1);
+  ++num_output_;
+  if (!seen_.empty() && !seen_[static_cast<size_t>(id)]) {
+    seen_[static_cast<size_t>(id)] = 1;
+    seen_ids_.push_back(id);
+  }
+  if (!counts_.empty() && counts_[static_cast<size_t>(id)]++ == 0) output_ids_.push_back(id);
+}
+
+}  // namespace basalt
