@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -175,6 +178,78 @@ TEST(Cli, StopsOnEndOfSequence) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Cli, SamplingAndStoppingFlags) {
+  const std::string base = "generate --model " + kModels +
+                           "llama --prompt-ids 139,190,81,313,198,84 --temperature 0 --max-tokens 48";
+  auto generate_json = [&](const std::string& flags) {
+    const CliRun r = run(base + " --ignore-eos --json " + flags);
+    EXPECT_EQ(r.exit_code, 0) << flags << ": " << r.err;
+    return r.exit_code == 0 ? json::parse(r.out) : json::object();
+  };
+  auto repeats = [](const json& out) {
+    const std::vector<int> ids = out["output_ids"];
+    return ids.size() - std::set<int>(ids.begin(), ids.end()).size();
+  };
+  const json plain = generate_json("");
+  EXPECT_TRUE(plain["stop_reason"].is_null());
+  const std::vector<int> ids = plain["output_ids"];
+  const std::string text = plain["text"];
+  ASSERT_EQ(ids.size(), 48u);
+
+  // --stop: the text ends before the first occurrence; stop_reason names it.
+  // Streaming (no --json) prints the same text.
+  std::string stop;
+  for (size_t at = 2; at + 2 < text.size() && stop.empty(); ++at) {
+    const std::string candidate = text.substr(at, 2);
+    const bool plain_ascii = std::all_of(candidate.begin(), candidate.end(),
+                                         [](char c) { return std::isalnum(static_cast<unsigned char>(c)); });
+    if (plain_ascii) stop = candidate;
+  }
+  ASSERT_FALSE(stop.empty()) << text;
+  json out = generate_json("--stop zzzz --stop " + stop);
+  EXPECT_EQ(out["finish_reason"], "stop");
+  EXPECT_EQ(out["stop_reason"], stop);
+  EXPECT_EQ(out["text"], text.substr(0, text.find(stop)));
+  EXPECT_LT(out["output_ids"].size(), ids.size());
+  CliRun streamed = run(base + " --ignore-eos --stop " + stop);
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.err;
+  EXPECT_EQ(streamed.out, out["text"].get<std::string>() + "\n");
+  out = generate_json("--stop " + stop + " --include-stop-str");
+  EXPECT_EQ(out["text"], text.substr(0, text.find(stop) + stop.size()));
+
+  // --stop-token-ids: stops after the id (even with --ignore-eos).
+  out = generate_json("--stop-token-ids " + std::to_string(ids[2]));
+  EXPECT_EQ(out["output_ids"], json(std::vector<int>(ids.begin(), ids.begin() + 3)));
+  EXPECT_EQ(out["finish_reason"], "stop");
+  EXPECT_EQ(out["stop_reason"], ids[2]);
+
+  // --logit-bias forces a token; --repetition-penalty and --frequency-penalty
+  // stop the greedy output from repeating itself.
+  out = generate_json("--logit-bias 77:100,5:-3");
+  EXPECT_EQ(out["output_ids"], json(std::vector<int>(48, 77)));
+  ASSERT_GT(repeats(plain), 0u);
+  EXPECT_EQ(repeats(generate_json("--repetition-penalty 1000000")), 0u);
+  EXPECT_LT(repeats(generate_json("--frequency-penalty 2")), repeats(plain));
+  EXPECT_LT(repeats(generate_json("--presence-penalty 2")), repeats(plain));
+
+  // --min-tokens holds back the end-of-sequence id (1) until 3 tokens are out.
+  CliRun r = run(base + " --json --logit-bias 1:100 --min-tokens 3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  out = json::parse(r.out);
+  EXPECT_EQ(out["output_ids"].size(), 4u);
+  EXPECT_EQ(out["output_ids"][3], 1);
+  EXPECT_EQ(out["finish_reason"], "stop");
+  EXPECT_TRUE(out["stop_reason"].is_null());
+
+  // Without --seed each run draws its own seed and reports it.
+  const std::string sampled = "generate --model " + kModels +
+                              "llama --prompt-ids 3,4,5 --max-tokens 12 --ignore-eos --json";
+  const json a = json::parse(run(sampled).out), b = json::parse(run(sampled).out);
+  EXPECT_NE(a["seed"], b["seed"]);
+  const json again = json::parse(run(sampled + " --seed " + std::to_string(a["seed"].get<uint64_t>())).out);
+  EXPECT_EQ(again["output_ids"], a["output_ids"]);
+}
+
 TEST(Cli, TokenizeAndDetokenize) {
   CliRun r = run("tokenize --model " + kModels + "llama --text 'Basalt is rock' --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -309,6 +384,9 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
   const std::string empty_file = temp_path("empty.txt");
   std::ofstream(empty_file) << " \n";
   const std::string out_dir = temp_path("never_written");
+  const std::string no_tokenizer = temp_path("no_tokenizer");
+  std::filesystem::copy(kModels + "llama", no_tokenizer);
+  std::filesystem::remove(no_tokenizer + "/tokenizer.json");
   const std::vector<std::string> cases = {
       "generate" + model + " --prompt x --no-such-flag",
       "generate --model /nonexistent/model --prompt x",
@@ -319,6 +397,19 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
       "generate" + model,
       "generate" + model + " --prompt x --top-p 0",
       "generate" + model + " --prompt x --temperature -1",
+      "generate" + model + " --prompt x --repetition-penalty 0",
+      "generate" + model + " --prompt x --frequency-penalty 2.5",
+      "generate" + model + " --prompt x --presence-penalty -3",
+      "generate" + model + " --prompt x --logit-bias 5",
+      "generate" + model + " --prompt x --logit-bias 5:lots",
+      "generate" + model + " --prompt x --logit-bias 400:1",
+      "generate" + model + " --prompt x --logit-bias 3:101",
+      "generate" + model + " --prompt x --stop ''",
+      "generate" + model + " --prompt x --stop-token-ids 1,x",
+      "generate" + model + " --prompt x --stop-token-ids 320",
+      "generate" + model + " --prompt x --min-tokens -1",
+      "generate" + model + " --prompt x --max-tokens 4 --min-tokens 5",
+      "generate --model " + no_tokenizer + " --prompt-ids 1,2 --stop x",
       "tokenize" + model,
       "detokenize" + model + " --ids 1,2,100000",
       "frobnicate",
@@ -345,6 +436,7 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
   }
   EXPECT_FALSE(std::filesystem::exists(out_dir));
   std::filesystem::remove(empty_file);
+  std::filesystem::remove_all(no_tokenizer);
 }
 
 }  // namespace
