@@ -20,12 +20,14 @@ struct Outcome {
 
 // Feeds `pieces` and flushes if nothing matched. Checks on the way that
 // nothing is emitted after a match.
+// The first `unchecked` pieces are fed with check = false.
 Outcome run(const std::vector<std::string>& stops, const std::vector<std::string>& pieces,
-            bool include = false) {
+            bool include = false, size_t unchecked = 0) {
   StopChecker checker(stops, include);
   Outcome out;
-  for (const std::string& piece : pieces) {
-    StopChecker::Result r = checker.feed(piece);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const std::string& piece = pieces[i];
+    StopChecker::Result r = checker.feed(piece, i >= unchecked);
     if (out.stop) {
       EXPECT_EQ(r.text, "") << "text emitted after the stop";
       EXPECT_FALSE(r.stop.has_value());
@@ -39,9 +41,11 @@ Outcome run(const std::vector<std::string>& stops, const std::vector<std::string
 }
 
 // What streaming must produce: the text up to the first stop, where "first"
-// is the earliest end and, at equal ends, the longest stop.
-Outcome expected(const std::vector<std::string>& stops, const std::string& text, bool include) {
-  for (size_t end = 1; end <= text.size(); ++end) {
+// is the earliest end and, at equal ends, the longest stop. Only stops ending
+// past the first min_end bytes count.
+Outcome expected(const std::vector<std::string>& stops, const std::string& text, bool include,
+                 size_t min_end = 0) {
+  for (size_t end = min_end + 1; end <= text.size(); ++end) {
     const std::string* best = nullptr;
     for (const std::string& s : stops)
       if (s.size() <= end && text.compare(end - s.size(), s.size(), s) == 0 &&
@@ -159,7 +163,7 @@ TEST(StopChecker, RandomizedAgainstTheDefinition) {
     for (char& c : s) c = alphabet[std::uniform_int_distribution<size_t>(0, alphabet.size() - 1)(rng)];
     return s;
   };
-  for (int trial = 0; trial < 3000; ++trial) {
+  for (int trial = 0; trial < 6000; ++trial) {
     const std::string alphabet = trial % 2 ? "ab" : "abcd";
     const std::string text = random_string(0, 40, alphabet);
     std::vector<std::string> stops;
@@ -172,9 +176,14 @@ TEST(StopChecker, RandomizedAgainstTheDefinition) {
       pieces.push_back(text.substr(at, len));
       at += len;
     }
-    const Outcome want = expected(stops, text, include);
-    const Outcome got = run(stops, pieces, include);
-    ASSERT_EQ(got, want) << "text '" << text << "' trial " << trial;
+    // Half the trials feed a first stretch of pieces unchecked (min_tokens).
+    const size_t unchecked =
+        (trial / 2) % 2 ? 0 : std::uniform_int_distribution<size_t>(0, pieces.size())(rng);
+    size_t min_end = 0;
+    for (size_t i = 0; i < unchecked; ++i) min_end += pieces[i].size();
+    const Outcome want = expected(stops, text, include, min_end);
+    const Outcome got = run(stops, pieces, include, unchecked);
+    ASSERT_EQ(got, want) << "text '" << text << "' trial " << trial << " unchecked " << min_end;
   }
 }
 
