@@ -526,9 +526,14 @@ TEST(RadixCacheTest, RandomizedSchedulerKeepsTheInvariantAndLeaksNothing) {
     options.policy = pick() % 2 == 0 ? EvictionPolicy::kLru : EvictionPolicy::kLfu;
     const int64_t capacity = 128 + static_cast<int64_t>(pick() % 256);
     Simulation sim(seed, capacity, options);
-    sim.run(300);
-    if (testing::Test::HasFatalFailure()) {
-      ADD_FAILURE() << "reproduce with seed " << seed;
+    try {
+      sim.run(300);
+    } catch (const Error& e) {
+      ADD_FAILURE() << e.what();
+    }
+    if (testing::Test::HasFailure()) {
+      ADD_FAILURE() << "reproduce with BASALT_CACHE_SEED=" << base << " (stream " << stream
+                    << ", seed " << seed << ")";
       return;
     }
     finished += sim.finished();
