@@ -322,12 +322,13 @@ struct Request {
   Ids slots;                    // one per computed token
   int64_t cached = 0;           // leading slots that are the tree's
   RadixNode* node = nullptr;    // locked while running
+  Ids spare;                    // the unused tail of its last page
 };
 
 class Simulation {
  public:
-  Simulation(uint64_t seed, int64_t capacity, RadixCacheOptions options)
-      : rng_(seed), pool_(capacity), cache_(pool_, options),
+  Simulation(uint64_t seed, int64_t capacity, int32_t page_size, RadixCacheOptions options)
+      : rng_(seed), pool_(capacity, page_size), cache_(pool_, options),
         written_(static_cast<size_t>(capacity), 0) {
     for (int t = 0; t < 4; ++t) {
       Ids tmpl(static_cast<size_t>(10 + rng_() % 50));
@@ -371,6 +372,7 @@ class Simulation {
     ASSERT_EQ(cache_.cached_tokens(), 0);
     ASSERT_EQ(cache_.held_tokens(), 0);
     ASSERT_EQ(pool_.free_slots(), pool_.capacity());
+    ASSERT_EQ(pool_.free_pages() * pool_.page_size(), pool_.capacity());
   }
 
   int64_t finished() const { return finished_; }
@@ -424,18 +426,24 @@ class Simulation {
         done < r.prompt_len ? std::min<int64_t>(r.prompt_len - done,
                                                 1 + static_cast<int64_t>(rng_() % 16))
                             : 1;
-    std::optional<Ids> got = cache_.allocate(chunk);
-    if (!got) {
-      // Out of memory with nothing evictable: preempt another request (the
-      // newest, as a scheduler would), or this one when it runs alone.
-      preempt(running_.size() - 1);
-      return;
+    if (static_cast<int64_t>(r.spare.size()) < chunk) {
+      // Pages come whole: what this chunk does not use waits for the next.
+      std::optional<Ids> got = cache_.allocate(chunk - static_cast<int64_t>(r.spare.size()));
+      if (!got) {
+        // Out of memory with nothing evictable: preempt another request (the
+        // newest, as a scheduler would), or this one when it runs alone.
+        preempt(running_.size() - 1);
+        return;
+      }
+      r.spare.insert(r.spare.end(), got->begin(), got->end());
     }
-    for (const int32_t s : *got) {
+    for (int64_t k = 0; k < chunk; ++k) {
+      const int32_t s = r.spare[static_cast<size_t>(k)];
       ASSERT_TRUE(pool_.is_allocated(s));
       written_[static_cast<size_t>(s)] = r.kv[r.slots.size()];
       r.slots.push_back(s);
     }
+    r.spare.erase(r.spare.begin(), r.spare.begin() + static_cast<ptrdiff_t>(chunk));
     const auto now = static_cast<int64_t>(r.slots.size());
     if (cache_.enabled() && now <= r.prompt_len && rng_() % 2 == 0) cache_chunk(r);
   }
@@ -468,12 +476,14 @@ class Simulation {
     const std::span<const int32_t> tokens(r.tokens.data(), r.slots.size());
     InsertResult ins = cache_.insert(r.ns, tokens, r.slots);
     cache_.release(ins.duplicates);
+    cache_.release(r.spare);
     cache_.unlock(r.node);
   }
 
   void cancel(size_t i) {
     Request& r = running_[i];
     cache_.release(std::span<const int32_t>(r.slots).subspan(static_cast<size_t>(r.cached)));
+    cache_.release(r.spare);
     cache_.unlock(r.node);
     running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
   }
@@ -482,8 +492,10 @@ class Simulation {
     Request r = std::move(running_[i]);
     running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
     cache_.release(std::span<const int32_t>(r.slots).subspan(static_cast<size_t>(r.cached)));
+    cache_.release(r.spare);
     cache_.unlock(r.node);
     r.slots.clear();
+    r.spare.clear();
     r.cached = 0;
     r.node = nullptr;
     waiting_.push_back(std::move(r));
@@ -497,7 +509,7 @@ class Simulation {
   void check() {
     cache_.check_invariants();
     int64_t held = 0;
-    for (const Request& r : running_) held += static_cast<int64_t>(r.slots.size()) - r.cached;
+    for (const Request& r : running_) held += static_cast<int64_t>(r.slots.size() + r.spare.size()) - r.cached;
     ASSERT_EQ(held, cache_.held_tokens());
   }
 
@@ -524,8 +536,10 @@ TEST(RadixCacheTest, RandomizedSchedulerKeepsTheInvariantAndLeaksNothing) {
     RadixCacheOptions options;
     options.enabled = pick() % 10 != 0;
     options.policy = pick() % 2 == 0 ? EvictionPolicy::kLru : EvictionPolicy::kLfu;
-    const int64_t capacity = 128 + static_cast<int64_t>(pick() % 256);
-    Simulation sim(seed, capacity, options);
+    // Every third stream uses pages of 2 to 8 slots.
+    const int32_t page = pick() % 3 == 0 ? static_cast<int32_t>(2 + pick() % 7) : 1;
+    const int64_t capacity = (128 + static_cast<int64_t>(pick() % 256)) / page * page + page;
+    Simulation sim(seed, capacity, page, options);
     try {
       sim.run(300);
     } catch (const Error& e) {
