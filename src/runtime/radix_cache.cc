@@ -121,6 +121,7 @@ InsertResult RadixCache::insert(uint64_t ns, std::span<const int32_t> tokens,
     result.duplicates.assign(slots.begin(), slots.end());
     return result;
   }
+  if (tokens.empty()) return result;
   RadixNode* node = root(ns);
   size_t pos = 0;
   while (pos < tokens.size()) {
