@@ -248,6 +248,20 @@ TEST(Cli, SamplingAndStoppingFlags) {
   EXPECT_NE(a["seed"], b["seed"]);
   const json again = json::parse(run(sampled + " --seed " + std::to_string(a["seed"].get<uint64_t>())).out);
   EXPECT_EQ(again["output_ids"], a["output_ids"]);
+
+  // --n draws samples with seeds derived from --seed; the first is the
+  // plain run's.
+  const json one = json::parse(run(sampled + " --seed 5").out);
+  r = run(sampled + " --seed 5 --n 3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json three = json::parse(r.out);
+  EXPECT_EQ(three["seed"], 5);
+  ASSERT_EQ(three["choices"].size(), 3u);
+  EXPECT_EQ(three["choices"][0]["output_ids"], one["output_ids"]);
+  EXPECT_EQ(three["choices"][0]["text"], one["text"]);
+  EXPECT_NE(three["choices"][1]["output_ids"], one["output_ids"]);
+  EXPECT_NE(three["choices"][1]["output_ids"], three["choices"][2]["output_ids"]);
+  EXPECT_EQ(json::parse(run(sampled + " --seed 5 --n 3").out), three);
 }
 
 TEST(Cli, TokenizeAndDetokenize) {
@@ -409,6 +423,7 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
       "generate" + model + " --prompt x --stop-token-ids 320",
       "generate" + model + " --prompt x --min-tokens -1",
       "generate" + model + " --prompt x --max-tokens 4 --min-tokens 5",
+      "generate" + model + " --prompt x --n 0",
       "generate --model " + no_tokenizer + " --prompt-ids 1,2 --stop x",
       "tokenize" + model,
       "detokenize" + model + " --ids 1,2,100000",

@@ -45,6 +45,7 @@ struct GenerateFlags {
   std::string stop_token_ids;
   int min_tokens = 0;
   bool include_stop_str = false;
+  int n = 1;
 };
 
 // Parses "ID:BIAS,ID:BIAS" (spaces allowed) for --logit-bias.
@@ -75,6 +76,30 @@ std::map<int32_t, float> parse_logit_bias(const std::string& text) {
   return bias;
 }
 
+// One sample's part of the --json output.
+nlohmann::json result_json(const GenerateResult& result) {
+  nlohmann::json out;
+  out["output_ids"] = result.output_ids;
+  out["text"] = result.text;
+  out["finish_reason"] = result.finish_reason;
+  if (const auto* id = std::get_if<int32_t>(&result.stop_reason)) {
+    out["stop_reason"] = *id;
+  } else if (const auto* s = std::get_if<std::string>(&result.stop_reason)) {
+    out["stop_reason"] = *s;
+  } else {
+    out["stop_reason"] = nullptr;
+  }
+  out["seed"] = result.seed;
+  nlohmann::json top = nlohmann::json::array();
+  for (const auto& step : result.top_logprobs) {
+    nlohmann::json alternatives = nlohmann::json::array();
+    for (const TokenLogprob& t : step) alternatives.push_back({{"id", t.id}, {"logprob", t.logprob}});
+    top.push_back(std::move(alternatives));
+  }
+  out["top_logprobs"] = std::move(top);
+  return out;
+}
+
 std::optional<Tokenizer> load_tokenizer_if_present(const std::string& dir) {
   const auto path = std::filesystem::path(dir) / "tokenizer.json";
   if (!std::filesystem::exists(path)) return std::nullopt;
@@ -90,6 +115,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   BASALT_CHECK(f.top_p > 0 && f.top_p <= 1, "--top-p must be in (0, 1]");
   BASALT_CHECK(f.min_p >= 0 && f.min_p <= 1, "--min-p must be in [0, 1]");
   BASALT_CHECK(f.top_logprobs >= 0 && f.top_logprobs <= 100, "--top-logprobs must be in 0..100");
+  BASALT_CHECK(f.n >= 1 && f.n <= 64, "--n must be in 1..64");
   BASALT_CHECK(f.min_tokens >= 0 && f.min_tokens <= f.max_tokens,
                "--min-tokens must be in 0..--max-tokens ({})", f.max_tokens);
 
@@ -133,7 +159,8 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   BASALT_CHECK(options.stop.empty() || tokenizer.has_value(),
                "{}: no tokenizer.json, so --stop strings cannot be matched", f.model);
 
-  // Without --json the text streams to stdout as it becomes final.
+  // Without --json the text streams to stdout as it becomes final; with
+  // --n the samples follow one another, one per line.
   GenerateCallbacks callbacks;
   if (!f.json && tokenizer) {
     callbacks.on_text = [](std::string_view piece) {
@@ -141,35 +168,31 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
       std::fflush(stdout);
     };
   }
-  const GenerateResult result =
-      generate(*model, backend, tokenizer ? &*tokenizer : nullptr, prompt, options, callbacks);
-
-  if (!f.json) {
-    if (!tokenizer)
-      for (int32_t id : result.output_ids) std::printf("%d ", id);
-    std::printf("\n");
-    return;
+  const uint64_t seed = f.seed_given ? f.seed : random_seed();
+  std::vector<GenerateResult> results;
+  for (int i = 0; i < f.n; ++i) {
+    options.seed = sample_seed(seed, i);
+    results.push_back(
+        generate(*model, backend, tokenizer ? &*tokenizer : nullptr, prompt, options, callbacks));
+    if (!f.json) {
+      if (!tokenizer)
+        for (int32_t id : results.back().output_ids) std::printf("%d ", id);
+      std::printf("\n");
+      std::fflush(stdout);
+    }
   }
+  if (!f.json) return;
+
   nlohmann::json out;
   out["prompt_ids"] = prompt;
-  out["output_ids"] = result.output_ids;
-  out["text"] = result.text;
-  out["finish_reason"] = result.finish_reason;
-  if (const auto* id = std::get_if<int32_t>(&result.stop_reason)) {
-    out["stop_reason"] = *id;
-  } else if (const auto* s = std::get_if<std::string>(&result.stop_reason)) {
-    out["stop_reason"] = *s;
+  if (f.n == 1) {
+    out.update(result_json(results[0]));
   } else {
-    out["stop_reason"] = nullptr;
+    out["seed"] = seed;
+    nlohmann::json choices = nlohmann::json::array();
+    for (const GenerateResult& r : results) choices.push_back(result_json(r));
+    out["choices"] = std::move(choices);
   }
-  out["seed"] = result.seed;
-  nlohmann::json top = nlohmann::json::array();
-  for (const auto& step : result.top_logprobs) {
-    nlohmann::json alternatives = nlohmann::json::array();
-    for (const TokenLogprob& t : step) alternatives.push_back({{"id", t.id}, {"logprob", t.logprob}});
-    top.push_back(std::move(alternatives));
-  }
-  out["top_logprobs"] = std::move(top);
   std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
@@ -202,6 +225,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--include-stop-str", flags->include_stop_str, "Keep the matched stop string (or stop token's text) in the text");
   cmd->add_option("--stop-token-ids", flags->stop_token_ids, "Stop after any of these token ids, e.g. 2,7 (even with --ignore-eos)");
   cmd->add_option("--min-tokens", flags->min_tokens, "Generate at least this many tokens before end-of-sequence, stop ids or stop strings can end the output");
+  cmd->add_option("--n", flags->n, "Samples to draw for the prompt, one after another (seeds derived from --seed); --json then lists them under \"choices\"");
   cmd->callback([flags, prompt, prompt_ids, seed] {
     flags->seed_given = seed->count() > 0;
     run_generate(*flags, prompt->count() > 0, prompt_ids->count() > 0);
