@@ -67,7 +67,11 @@ class ItemRunner {
       running_sum[r] = 0.0f;
     }
 
-    const int64_t first_key = first_visible(kv_len - q_len + item.row_begin);
+    // Key blocks start at multiples of kKeyBlock in the sequence, whatever
+    // rows this item holds: a query's softmax then visits the same blocks in
+    // the same order however its prompt was split into calls and items.
+    const int64_t first_key =
+        first_visible(kv_len - q_len + item.row_begin) / kKeyBlock * kKeyBlock;
     const int64_t last_key = kv_len - q_len + item.row_end - 1;
     for (int64_t j0 = first_key; j0 <= last_key; j0 += kKeyBlock) {
       const int64_t count = std::min(kKeyBlock, last_key + 1 - j0);

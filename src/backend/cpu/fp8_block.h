@@ -7,6 +7,9 @@
 // Weights are dequantized on the fly (in registers for few tokens, a few rows
 // at a time into per-thread scratch for many), never as a whole copy. e4m3 NaN
 // encodings (0x7f, 0xff) are not produced by quantizers and are read as 480.
+// Both ways dequantize to the same f32 values (code * scale, rounded once)
+// and sum them in linear_f32's fixed order, so a token's output row has the
+// same bits whatever the token count (batch-invariant).
 //
 // The row helpers read one row n of a LinearWeight of any supported dtype
 // (f32, bf16, f16, or f8_e4m3 with block scales): dot with a vector, add a

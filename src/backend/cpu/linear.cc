@@ -4,6 +4,7 @@
 #include <array>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd.h"
@@ -96,68 +97,114 @@ struct WeightType<DType::kF8E4M3> {
   static float scalar(uint8_t v) { return fp8_table()[v]; }
 };
 
+// The K-blocking that both regimes share: equal blocks of at most kPanelK
+// columns, each a multiple of kLanes except possibly the last. It depends on
+// `in` only, so every output element is summed block by block in the same
+// order whatever the token count: within a block, one vector accumulator per
+// (token, weight row) takes the block's vectors in column order (the tail
+// through zero-padded lanes), then vsum; the block sums are added left to
+// right. This is what makes linear batch-invariant.
+int64_t k_block_step(int64_t in) {
+  const int64_t k_blocks = std::max<int64_t>(1, (in + kPanelK - 1) / kPanelK);
+  return ((in + k_blocks - 1) / k_blocks + kLanes - 1) / kLanes * kLanes;
+}
+
+// How the direct kernel reads weights: one vector of kLanes weights at column
+// k, or one weight, as f32. `scales` is the weight rows' block-scale row
+// (block-FP8 weights) and unused otherwise.
+template <DType D>
+struct PlainRows {
+  using Storage = typename WeightType<D>::Storage;
+  static Vec load(const Storage* p, const float*, int64_t) { return WeightType<D>::load(p); }
+  static float scalar(Storage v, const float*, int64_t) { return WeightType<D>::scalar(v); }
+};
+
+// Block-FP8 weights dequantized in registers: code / 2^8 times (scale · 2^8),
+// the same single rounding as fp8_block.cc's dequantized rows, so the direct
+// kernel on these rows gives the bits of the f32 kernels on dequantized rows.
+struct Fp8BlockRows {
+  using Storage = uint8_t;
+  static Vec load(const uint8_t* p, const float* scales, int64_t k) {
+    return vmul(vload_fp8_unit(p), vset(scales[k / kFp8BlockSize] * kFp8Unit));
+  }
+  static float scalar(uint8_t v, const float* scales, int64_t k) {
+    return fp8_unit_scalar(v) * (scales[k / kFp8BlockSize] * kFp8Unit);
+  }
+};
+static_assert(kFp8BlockSize % kLanes == 0, "a weight vector lies in one scale block");
+static_assert(kFp8BlockSize % kDirectRows == 0, "a direct block's rows share one scale row");
+
 // out[i * out_stride + r] = dot(x row i, w row r) for RX token rows and RW
-// weight rows, all of length k_len (rows of x and w are `in` apart).
-template <DType D, int RX, int RW>
-void direct_block(const float* x, const typename WeightType<D>::Storage* w, int64_t in,
-                  int64_t k_len, float* out, int64_t out_stride) {
-  using W = WeightType<D>;
-  Vec acc[RX][RW];
-  for (int i = 0; i < RX; ++i) {
-    for (int r = 0; r < RW; ++r) acc[i][r] = vzero();
-  }
-  int64_t k = 0;
-  for (; k + kLanes <= k_len; k += kLanes) {
-    Vec wv[RW];
-    for (int r = 0; r < RW; ++r) {
-      __builtin_prefetch(reinterpret_cast<const char*>(w + r * in + k) + kPrefetchBytes);
-      wv[r] = W::load(w + r * in + k);
+// weight rows of length `in` (rows of x and w are `in` apart), K-block by
+// K-block as k_block_step describes.
+template <class W, int RX, int RW>
+void direct_block(const float* x, const typename W::Storage* w, const float* scales, int64_t in,
+                  int64_t k_step, float* out, int64_t out_stride) {
+  for (int64_t k0 = 0; k0 < in; k0 += k_step) {
+    const int64_t k1 = std::min(in, k0 + k_step);
+    Vec acc[RX][RW];
+    for (int i = 0; i < RX; ++i) {
+      for (int r = 0; r < RW; ++r) acc[i][r] = vzero();
+    }
+    int64_t k = k0;
+    for (; k + kLanes <= k1; k += kLanes) {
+      Vec wv[RW];
+      for (int r = 0; r < RW; ++r) {
+        __builtin_prefetch(reinterpret_cast<const char*>(w + r * in + k) + kPrefetchBytes);
+        wv[r] = W::load(w + r * in + k, scales, k);
+      }
+      for (int i = 0; i < RX; ++i) {
+        Vec xv = vload(x + i * in + k);
+        vpin(xv);
+        for (int r = 0; r < RW; ++r) acc[i][r] = vfma(xv, wv[r], acc[i][r]);
+      }
+    }
+    if (k < k1) {
+      // The tail goes through zero-padded copies so no load reads past a row.
+      const int rest = static_cast<int>(k1 - k);
+      Vec wv[RW];
+      for (int r = 0; r < RW; ++r) {
+        alignas(64) float tail[kLanes] = {};
+        for (int j = 0; j < rest; ++j) tail[j] = W::scalar(w[r * in + k + j], scales, k + j);
+        wv[r] = vload(tail);
+      }
+      for (int i = 0; i < RX; ++i) {
+        const Vec xv = vload_partial(x + i * in + k, rest);
+        for (int r = 0; r < RW; ++r) acc[i][r] = vfma(xv, wv[r], acc[i][r]);
+      }
     }
     for (int i = 0; i < RX; ++i) {
-      Vec xv = vload(x + i * in + k);
-      vpin(xv);
-      for (int r = 0; r < RW; ++r) acc[i][r] = vfma(xv, wv[r], acc[i][r]);
+      for (int r = 0; r < RW; ++r) {
+        const float v = vsum(acc[i][r]);
+        float& o = out[i * out_stride + r];
+        o = k0 > 0 ? o + v : v;
+      }
     }
-  }
-  if (k < k_len) {
-    // The tail goes through zero-padded copies so no load reads past a row.
-    const int rest = static_cast<int>(k_len - k);
-    Vec wv[RW];
-    for (int r = 0; r < RW; ++r) {
-      alignas(64) float tail[kLanes] = {};
-      for (int j = 0; j < rest; ++j) tail[j] = W::scalar(w[r * in + k + j]);
-      wv[r] = vload(tail);
-    }
-    for (int i = 0; i < RX; ++i) {
-      const Vec xv = vload_partial(x + i * in + k, rest);
-      for (int r = 0; r < RW; ++r) acc[i][r] = vfma(xv, wv[r], acc[i][r]);
-    }
-  }
-  for (int i = 0; i < RX; ++i) {
-    for (int r = 0; r < RW; ++r) out[i * out_stride + r] = vsum(acc[i][r]);
   }
 }
 
-template <DType D, int RW>
-void direct_block_rows(int rx, const float* x, const typename WeightType<D>::Storage* w,
-                       int64_t in, float* out, int64_t out_stride) {
+template <class W, int RW>
+void direct_block_rows(int rx, const float* x, const typename W::Storage* w, const float* scales,
+                       int64_t in, int64_t k_step, float* out, int64_t out_stride) {
   switch (rx) {
-    case 1: direct_block<D, 1, RW>(x, w, in, in, out, out_stride); break;
-    case 2: direct_block<D, 2, RW>(x, w, in, in, out, out_stride); break;
-    case 3: direct_block<D, 3, RW>(x, w, in, in, out, out_stride); break;
-    default: direct_block<D, 4, RW>(x, w, in, in, out, out_stride); break;
+    case 1: direct_block<W, 1, RW>(x, w, scales, in, k_step, out, out_stride); break;
+    case 2: direct_block<W, 2, RW>(x, w, scales, in, k_step, out, out_stride); break;
+    case 3: direct_block<W, 3, RW>(x, w, scales, in, k_step, out, out_stride); break;
+    default: direct_block<W, 4, RW>(x, w, scales, in, k_step, out, out_stride); break;
   }
 }
 
 // Few tokens: threads claim runs of blocks of kDirectRows weight rows; each
 // block is read from memory once and reused from L1/L2 for every group of
-// tokens.
-template <DType D>
+// tokens. scale_inv (block-FP8 weights only) is [ceil(outs/128), kb].
+template <class W>
 void linear_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
-                   const typename WeightType<D>::Storage* w, int64_t outs, float* out) {
+                   const typename W::Storage* w, const float* scale_inv, int64_t kb, int64_t outs,
+                   float* out) {
   static_assert(kDirectX == 4, "direct_block_rows dispatches 1..4 token rows");
   const int64_t blocks = (outs + kDirectRows - 1) / kDirectRows;
   const int64_t macs_per_block = std::max<int64_t>(1, tokens * in * kDirectRows);
+  const int64_t k_step = k_block_step(in);
   dynamic_for(
       pool, blocks,
       std::max(balanced_grain(pool, blocks), kMinParallelMacs / macs_per_block),
@@ -165,14 +212,15 @@ void linear_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
         for (int64_t b = b0; b < b1; ++b) {
           const int64_t n0 = b * kDirectRows;
           const int64_t rows = std::min<int64_t>(kDirectRows, outs - n0);
+          const float* scales = scale_inv ? scale_inv + (n0 / kFp8BlockSize) * kb : nullptr;
           for (int64_t t = 0; t < tokens; t += kDirectX) {
             const int rx = static_cast<int>(std::min<int64_t>(kDirectX, tokens - t));
             if (rows == kDirectRows) {
-              direct_block_rows<D, kDirectRows>(rx, x + t * in, w + n0 * in, in,
+              direct_block_rows<W, kDirectRows>(rx, x + t * in, w + n0 * in, scales, in, k_step,
                                                 out + t * outs + n0, outs);
             } else {
               for (int64_t r = 0; r < rows; ++r) {
-                direct_block_rows<D, 1>(rx, x + t * in, w + (n0 + r) * in, in,
+                direct_block_rows<W, 1>(rx, x + t * in, w + (n0 + r) * in, scales, in, k_step,
                                         out + t * outs + n0 + r, outs);
               }
             }
@@ -271,9 +319,7 @@ void linear_paneled(ThreadPool& pool, const float* x, int64_t tokens, int64_t in
                     const typename WeightType<D>::Storage* w, int64_t outs, float* out) {
   const int64_t panels = (outs + kPanelRows - 1) / kPanelRows;
   const int64_t token_blocks = (tokens + kPanelTokens - 1) / kPanelTokens;
-  // Equal K-blocks, each a multiple of kLanes except possibly the last.
-  const int64_t k_blocks = std::max<int64_t>(1, (in + kPanelK - 1) / kPanelK);
-  const int64_t k_step = ((in + k_blocks - 1) / k_blocks + kLanes - 1) / kLanes * kLanes;
+  const int64_t k_step = k_block_step(in);
   const int64_t stride = k_step + 16;  // a little skew so panel rows map to different sets
   const int64_t macs_per_item = std::max<int64_t>(1, std::min(tokens, kPanelTokens) * in * kPanelRows);
   const int64_t items = token_blocks * panels;
@@ -313,7 +359,7 @@ void linear_typed(ThreadPool& pool, const float* x, int64_t tokens, int64_t in, 
   if (tokens >= kPanelMinTokens || D == DType::kF8E4M3) {
     linear_paneled<D>(pool, x, tokens, in, weights, outs, out);
   } else {
-    linear_direct<D>(pool, x, tokens, in, weights, outs, out);
+    linear_direct<PlainRows<D>>(pool, x, tokens, in, weights, nullptr, 0, outs, out);
   }
 }
 
@@ -329,6 +375,17 @@ float load_bias(const void* bias, DType dtype, int64_t i) {
 }  // namespace
 
 int64_t linear_panel_min_tokens() { return kPanelMinTokens; }
+
+void linear_fp8_block_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
+                             const uint8_t* w, const float* scale_inv, int64_t outs, float* out) {
+  if (tokens == 0 || outs == 0) return;
+  if (in == 0) {
+    std::fill(out, out + tokens * outs, 0.0f);
+    return;
+  }
+  const int64_t kb = (in + kFp8BlockSize - 1) / kFp8BlockSize;
+  linear_direct<Fp8BlockRows>(pool, x, tokens, in, w, scale_inv, kb, outs, out);
+}
 
 void linear_f32(ThreadPool& pool, const float* x, int64_t tokens, int64_t in, const void* w,
                 DType w_dtype, int64_t outs, const void* bias, DType bias_dtype, float* out) {

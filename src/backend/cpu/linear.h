@@ -17,6 +17,12 @@
 //    which keeps the FMA units busy instead of the converters.
 // Both regimes take the weights in the checkpoint layout, so no repacking is
 // needed at load time.
+//
+// Batch invariance: both regimes sum each output element in one fixed order
+// that depends on `in` alone (K-blocks of at most 1024 columns; per block one
+// vector accumulator over the block's lanes, then a horizontal sum; block
+// sums added left to right), so out[t, n] has the same bits whatever the
+// token count, the other token rows, the regime and the thread count.
 #pragma once
 
 #include <cstdint>
@@ -32,5 +38,12 @@ void linear_f32(ThreadPool& pool, const float* x, int64_t tokens, int64_t in, co
 
 // The token count from which linear_f32 switches to the panel regime.
 int64_t linear_panel_min_tokens();
+
+// The few-token regime over block-FP8 weights w f8_e4m3 [outs, in] with
+// scale_inv f32 [ceil(outs/128), ceil(in/128)], dequantized in registers to
+// exactly the f32 values code * scale (one rounding), summed in linear_f32's
+// order: the same bits as linear_f32 on the dequantized f32 rows.
+void linear_fp8_block_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
+                             const uint8_t* w, const float* scale_inv, int64_t outs, float* out);
 
 }  // namespace basalt::cpu

@@ -224,4 +224,46 @@ inline void vpin(Vec& v) {
 #endif
 }
 
+// --- e4m3 (fp8) weights -------------------------------------------------------
+
+// e4m3fn bits -> f32, exactly: move exponent and mantissa into f32 positions
+// and rebias the exponent (7 -> 127) with one multiply by 2^120, which also
+// turns e4m3 subnormals into the right values. NaN encodings (0x7f, 0xff) are
+// not produced by quantizers and read as 480.
+inline float fp8_scalar(uint8_t b) {
+  const uint32_t bits = (static_cast<uint32_t>(b & 0x7f) << 20);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  f *= 0x1p120f;
+  return (b & 0x80) ? -f : f;
+}
+
+// The vector loads read e4m3 codes as f16 bit patterns: sign-extending the
+// byte to 16 bits and shifting left by 7 puts the sign at bit 15, the 4-bit
+// exponent and 3-bit mantissa at bits 14..7 (bit 14, a copy of the sign, is
+// then cleared), which is the f16 of value / 2^8 (exponent bias 15 instead of
+// 7; e4m3 subnormals become f16 subnormals, converted exactly). kFp8Unit is
+// that factor: callers fold it into the block scale. fp8_unit_scalar is the
+// same value for one code, so scalar tails round exactly as vector bodies.
+inline constexpr float kFp8Unit = 256.0f;
+inline float fp8_unit_scalar(uint8_t b) { return fp8_scalar(b) / kFp8Unit; }
+
+#if defined(__AVX512F__)
+inline Vec vload_fp8_unit(const uint8_t* p) {
+  const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(int16_t(0xBFFF))));
+}
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+inline Vec vload_fp8_unit(const uint8_t* p) {
+  const __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16(int16_t(0xBFFF))));
+}
+#else
+inline Vec vload_fp8_unit(const uint8_t* p) {
+  alignas(64) float f[kLanes];
+  for (int i = 0; i < kLanes; ++i) f[i] = fp8_unit_scalar(p[i]);
+  return vload(f);
+}
+#endif
+
 }  // namespace basalt::cpu
