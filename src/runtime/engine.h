@@ -1,0 +1,224 @@
+// Engine: the serving runtime's only door. submit(request) -> a stream of
+// events; cancel() is the only way to stop a request early.
+//
+// Contract:
+//  * An Engine owns (or borrows) the Model and Backend, and owns the KV
+//    storage (KvBuffers sized from the KvPool), the KvPool, the RadixCache and
+//    ONE scheduler thread. Only that thread touches the model, the pool, the
+//    tree and the per-request state; other threads talk to it through an
+//    inbox (submissions and cancellations) guarded by a mutex and woken by a
+//    condition variable, and it talks back through each request's stream.
+//  * submit() and cancel() are thread-safe and never block on a model step.
+//    submit() validates nothing itself: a bad request (empty prompt, ids
+//    outside the vocabulary, invalid sampling params, n != 1, stop strings
+//    without a tokenizer, past the context length, or a prompt plus
+//    max_tokens that can never fit in the pool) gets a single "finished"
+//    event with reason kError and a message.
+//  * Every stream ends with exactly one "finished" event; before it, one
+//    "token" event per output token (id, the text that became final with it
+//    after stop-string hold-back, and its logprobs when asked). The finished
+//    event carries the text released at the end (held-back text), so the
+//    concatenation of all event texts is the full output text.
+//  * Cancellation (RequestStream::cancel or Engine::cancel) is honoured at
+//    the next step boundary, in any state (queued, prefilling, decoding,
+//    preempted): the request's unshared KV slots go back to the pool and its
+//    cache lock is dropped. Destroying the Engine cancels whatever is left.
+//  * Outputs match runtime/generator.h's generate() for the same request
+//    (greedy, or the same seed: step s draws with SamplingRow(seed, s)),
+//    whatever else runs in the same batch, provided the backend's kernels are
+//    batch invariant.
+//
+// Scheduling (one ForwardBatch per step; see engine.cc for the details):
+//  * running requests that have prefilled their prompt decode one token;
+//  * partially prefilled requests continue with a chunk of at most the
+//    remaining per-step token budget (chunked prefill); each finished chunk
+//    is inserted into the radix cache and the lock moves to its node;
+//  * new requests are admitted while the budget, max_running and memory
+//    allow: highest priority first, then FCFS or longest prefix match
+//    (FCFS when more than lpm_max_queue requests wait). Admission needs the
+//    uncached prompt plus a reserve for output to fit in free + evictable
+//    slots minus what the running requests have reserved;
+//  * when a decode token finds no slot, the running request with the lowest
+//    priority (latest arrival among equals) is preempted: its unshared KV is
+//    freed, its lock dropped, and it goes back to the queue with its output
+//    so far, to be recomputed later. Nothing deadlocks: a request that fits
+//    the pool alone always progresses once the others are preempted.
+//  * a request finishes on eos / stop ids / stop strings / max_tokens
+//    (runtime/generator.h's rules), deadline or cancellation; on finish its
+//    sequence is inserted into the radix cache, unlocked and the rest freed.
+//
+// Overlap: the step is split into schedule() (CPU: pick requests, allocate
+// slots, build the ForwardBatch), execute() (the model and the sampler) and
+// process() (CPU: stop checks, events, frees). The CPU backend runs execute()
+// synchronously on the scheduler thread, where overlapping would only contend
+// for the same cores; an asynchronous device would run schedule() for step
+// N+1 while execute() of step N is in flight, since schedule() only needs to
+// know which requests will still be running (all but those that finish on
+// step N's tokens, which process() then drops from the prepared batch).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model.h"
+#include "runtime/engine_metrics.h"
+#include "runtime/radix_cache.h"
+#include "runtime/generator.h"
+#include "runtime/sampling_params.h"
+#include "tokenizer/tokenizer.h"
+
+namespace basalt {
+
+using Clock = std::chrono::steady_clock;
+
+enum class SchedulePolicy : uint8_t { kFcfs, kLongestPrefixMatch };
+
+struct EngineOptions {
+  // KV pool size in token slots; 0: from kv_budget_bytes (0: a tenth of host
+  // memory), capped at max_running * the model's context length.
+  int64_t kv_slots = 0;
+  size_t kv_budget_bytes = 0;
+  DType kv_dtype = DType::kF32;
+  bool radix_cache = true;
+  EvictionPolicy eviction = EvictionPolicy::kLru;
+  SchedulePolicy policy = SchedulePolicy::kLongestPrefixMatch;
+  int lpm_max_queue = 128;
+  // Tokens per step (decode tokens plus prefill chunks); >= 1.
+  int64_t step_token_budget = 512;
+  int max_running = 64;
+  // Output slots reserved per request at admission (at most its max_tokens).
+  int64_t output_reserve = 16;
+  // The model's end-of-sequence ids; empty: ModelConfig::eos_token_ids.
+  std::optional<std::vector<int32_t>> eos_ids;
+  int max_logprobs = kDefaultMaxLogprobs;
+  // Recount the pool and cache invariants after every step (tests).
+  bool check_invariants = false;
+};
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  uint64_t cache_namespace = 0;  // tenant / cache salt: no sharing across
+  int priority = 0;              // higher is admitted first
+  std::optional<Clock::time_point> deadline;
+};
+
+enum class FinishReason : uint8_t { kStop, kLength, kCancelled, kError, kDeadline };
+const char* to_string(FinishReason reason);
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // prompt tokens found in the radix cache
+  int preemptions = 0;
+};
+
+struct EngineEvent {
+  enum class Kind : uint8_t { kToken, kFinished };
+  Kind kind = Kind::kToken;
+  // kToken: the id; both kinds: text that became final.
+  int32_t token = -1;
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+  // kFinished:
+  FinishReason reason = FinishReason::kLength;
+  StopReason stop_reason;
+  std::string error;
+  Usage usage;
+  uint64_t seed = 0;
+};
+
+class Engine;
+
+// The caller's end of one request: events in order, then nothing.
+class RequestStream {
+ public:
+  uint64_t id() const { return id_; }
+  // Blocks until the next event; nothing once the finished event was taken.
+  std::optional<EngineEvent> next_event();
+  // The next event if one is ready.
+  std::optional<EngineEvent> try_next_event();
+  // Like next_event, giving up at `until`.
+  std::optional<EngineEvent> next_event_until(Clock::time_point until);
+  // Whether the finished event has been produced (it may not be taken yet).
+  bool finished() const;
+  void cancel();
+
+  // Used by the engine.
+  RequestStream(uint64_t id, Engine* engine) : id_(id), engine_(engine) {}
+  void push(EngineEvent event);
+  void detach();
+
+ private:
+  uint64_t id_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<EngineEvent> events_;
+  bool finished_ = false;
+  bool taken_last_ = false;
+  Engine* engine_;  // null once the engine is gone
+};
+
+using RequestHandle = std::shared_ptr<RequestStream>;
+
+// A whole request's outcome, gathered from its stream.
+struct RequestOutput {
+  std::vector<int32_t> output_ids;
+  std::vector<std::vector<TokenLogprob>> top_logprobs;
+  std::string text;
+  FinishReason reason = FinishReason::kLength;
+  StopReason stop_reason;
+  std::string error;
+  Usage usage;
+  uint64_t seed = 0;
+};
+RequestOutput collect(RequestStream& stream);
+
+class Scheduler;
+
+class Engine {
+ public:
+  // Borrows model and backend (they must outlive the engine).
+  Engine(Model& model, Backend& backend, const Tokenizer* tokenizer, EngineOptions options = {});
+  // Owns them.
+  Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Model> model,
+         std::unique_ptr<Tokenizer> tokenizer, EngineOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  RequestHandle submit(EngineRequest request);
+  void cancel(uint64_t id);
+
+  EngineMetrics metrics() const;
+  int64_t kv_capacity() const;
+  const Model& model() const { return *model_; }
+  // Blocks until the scheduler is idle (nothing queued or running), then
+  // evicts the whole radix cache; returns the pool's free slots afterwards
+  // (== kv_capacity() when nothing leaked). For tests and benchmarks.
+  int64_t drain_and_clear_cache();
+
+ private:
+  friend class Scheduler;
+  void start(EngineOptions options);
+
+  std::unique_ptr<Backend> owned_backend_;
+  std::unique_ptr<Model> owned_model_;
+  std::unique_ptr<Tokenizer> owned_tokenizer_;
+  Model* model_;
+  Backend* backend_;
+  const Tokenizer* tokenizer_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::thread thread_;
+};
+
+}  // namespace basalt

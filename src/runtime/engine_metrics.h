@@ -1,0 +1,77 @@
+// EngineMetrics: the engine's counters, gauges and latency histograms, as a
+// plain struct the server can export (Prometheus-style cumulative buckets).
+//
+// Contract: the scheduler thread updates its own copy; Engine::metrics()
+// returns a consistent snapshot taken at the end of a step.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace basalt {
+
+// Durations in seconds, bucketed by upper bounds from 100 µs to 100 s.
+struct Histogram {
+  static constexpr std::array<double, 13> kBounds = {1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1,
+                                                     0.3,  1.0,  3.0,  10.0, 30.0, 100.0};
+  std::array<uint64_t, kBounds.size() + 1> buckets{};  // last: above every bound
+  uint64_t count = 0;
+  double sum = 0;
+  double max = 0;
+
+  void observe(double seconds) {
+    size_t i = 0;
+    while (i < kBounds.size() && seconds > kBounds[i]) ++i;
+    ++buckets[i];
+    ++count;
+    sum += seconds;
+    if (seconds > max) max = seconds;
+  }
+  double mean() const { return count ? sum / static_cast<double>(count) : 0.0; }
+  // The upper bound of the bucket holding quantile q (max for the last one).
+  double quantile(double q) const {
+    if (count == 0) return 0;
+    const double target = q * static_cast<double>(count);
+    uint64_t seen = 0;
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      seen += buckets[i];
+      if (static_cast<double>(seen) >= target) return i < kBounds.size() ? kBounds[i] : max;
+    }
+    return max;
+  }
+};
+
+struct EngineMetrics {
+  // Gauges.
+  int64_t running = 0;
+  int64_t queued = 0;
+  int64_t kv_capacity = 0;
+  int64_t kv_used = 0;       // locked + held slots
+  int64_t kv_cached = 0;     // slots in the radix cache (evictable + locked)
+  // Counters.
+  uint64_t requests_submitted = 0;
+  uint64_t requests_finished = 0;
+  uint64_t requests_cancelled = 0;
+  uint64_t requests_failed = 0;   // error events
+  uint64_t requests_expired = 0;  // deadlines
+  uint64_t prompt_tokens = 0;         // of admitted requests (each admission)
+  uint64_t cached_prompt_tokens = 0;  // of those, found in the radix cache
+  uint64_t prefill_tokens = 0;        // prompt tokens computed
+  uint64_t output_tokens = 0;
+  uint64_t preemptions = 0;
+  uint64_t steps = 0;
+  // Histograms (seconds).
+  Histogram queue_time;     // submit -> first admission
+  Histogram ttft;           // submit -> first token
+  Histogram inter_token;    // between a request's consecutive tokens
+  Histogram end_to_end;     // submit -> finished
+  Histogram schedule_time;  // scheduler CPU time per step (everything but the model and sampler)
+  Histogram step_time;      // whole step
+
+  double cache_hit_rate() const {
+    return prompt_tokens ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens)
+                         : 0.0;
+  }
+};
+
+}  // namespace basalt

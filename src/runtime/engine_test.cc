@@ -1,0 +1,405 @@
+// The engine against the single-request generator: radix cache on and off,
+// crowds against requests run alone (greedy and seeded sampling), chunked
+// prefill, preemption under a tiny pool, cancellation, deadlines, priorities,
+// errors, and a multi-threaded stress run that must leave the pool whole.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+#include "tokenizer/tokenizer.h"
+
+namespace basalt {
+namespace {
+
+const std::string kLlama = std::string(BASALT_TESTDATA) + "/models/llama";
+const std::string kDeepSeek = std::string(BASALT_TESTDATA) + "/models/deepseek_v3";
+
+struct Fixture {
+  explicit Fixture(const std::string& dir, bool with_tokenizer = false) {
+    model = load_model(dir, backend);
+    if (with_tokenizer) tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_file(dir + "/tokenizer.json"));
+  }
+  CpuBackend backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+
+  GenerateResult alone(const std::vector<int32_t>& prompt, const SamplingParams& p) {
+    GenerateOptions o;
+    static_cast<SamplingParams&>(o) = p;
+    o.eos_ids = model->config().eos_token_ids;
+    return generate(*model, backend, tokenizer.get(), prompt, o);
+  }
+};
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::vector<int32_t> random_ids(std::mt19937& rng, size_t n, int32_t vocab = 320) {
+  std::uniform_int_distribution<int32_t> d(2, vocab - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A shared system prompt followed by a distinct question per request.
+std::vector<std::vector<int32_t>> shared_prefix_prompts(int n, size_t prefix, size_t question,
+                                                        uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<int32_t> system = random_ids(rng, prefix);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p = system;
+    const auto q = random_ids(rng, question);
+    p.insert(p.end(), q.begin(), q.end());
+    prompts.push_back(std::move(p));
+  }
+  return prompts;
+}
+
+EngineOptions slots(int64_t n) {
+  EngineOptions o;
+  o.kv_slots = n;
+  return o;
+}
+
+std::vector<RequestOutput> run_all(Engine& engine, const std::vector<EngineRequest>& requests) {
+  std::vector<RequestHandle> handles;
+  for (const auto& r : requests) handles.push_back(engine.submit(r));
+  std::vector<RequestOutput> out;
+  for (auto& h : handles) out.push_back(collect(*h));
+  return out;
+}
+
+EngineRequest request(std::vector<int32_t> prompt, SamplingParams p, uint64_t ns = 0) {
+  EngineRequest r;
+  r.prompt = std::move(prompt);
+  r.params = std::move(p);
+  r.cache_namespace = ns;
+  return r;
+}
+
+void expect_same(const GenerateResult& want, const RequestOutput& got, const std::string& what) {
+  EXPECT_EQ(got.output_ids, want.output_ids) << what << ": " << got.error;
+  EXPECT_EQ(got.text, want.text) << what;
+  EXPECT_EQ(to_string(got.reason), want.finish_reason) << what;
+  EXPECT_EQ(got.stop_reason, want.stop_reason) << what;
+}
+
+void cache_on_off(const std::string& dir) {
+  Fixture f(dir);
+  const auto prompts = shared_prefix_prompts(12, 40, 6, 7);
+  std::vector<EngineRequest> requests;
+  for (const auto& p : prompts) requests.push_back(request(p, greedy(8)));
+  std::vector<GenerateResult> alone;
+  for (const auto& r : requests) alone.push_back(f.alone(r.prompt, r.params));
+
+  std::vector<RequestOutput> outputs[2];
+  for (int on = 0; on < 2; ++on) {
+    EngineOptions o;
+    o.kv_slots = 1024;
+    o.radix_cache = on == 1;
+    o.step_token_budget = 64;  // the prompts go in chunks
+    o.check_invariants = true;
+    Engine engine(*f.model, f.backend, nullptr, o);
+    // One request first, so the rest find its prefix in the cache.
+    outputs[on] = run_all(engine, {requests[0]});
+    auto rest = run_all(engine, std::vector<EngineRequest>(requests.begin() + 1, requests.end()));
+    outputs[on].insert(outputs[on].end(), rest.begin(), rest.end());
+    const EngineMetrics m = engine.metrics();
+    if (on == 1) {
+      EXPECT_GT(m.cached_prompt_tokens, 0u);
+      EXPECT_GT(m.cache_hit_rate(), 0.5);
+      EXPECT_LT(m.prefill_tokens, m.prompt_tokens);
+      EXPECT_EQ(outputs[on][1].usage.cached_prompt_tokens, 40);
+    } else {
+      EXPECT_EQ(m.cached_prompt_tokens, 0u);
+      EXPECT_EQ(m.prefill_tokens, m.prompt_tokens);
+    }
+    EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(outputs[0][i].output_ids, outputs[1][i].output_ids) << "request " << i;
+    expect_same(alone[i], outputs[1][i], "request " + std::to_string(i));
+  }
+}
+
+TEST(Engine, RadixCacheOnAndOffGiveTheSameTokensLlama) { cache_on_off(kLlama); }
+TEST(Engine, RadixCacheOnAndOffGiveTheSameTokensDeepSeek) { cache_on_off(kDeepSeek); }
+
+TEST(Engine, CrowdMatchesAloneGreedyAndSeeded) {
+  Fixture f(kLlama);
+  std::mt19937 rng(11);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 16; ++i) {
+    SamplingParams p = greedy(6 + i % 7);
+    if (i % 2 == 1) {
+      p.temperature = 0.8f;
+      p.top_k = i % 4 == 1 ? 20 : 0;
+      p.top_p = 0.9f;
+      p.seed = 1000 + i;
+    }
+    if (i % 5 == 0) p.repetition_penalty = 1.3f;
+    if (i % 3 == 0) p.logprobs = 3;
+    if (i % 7 == 3) p.ignore_eos = false;
+    requests.push_back(request(random_ids(rng, 3 + static_cast<size_t>(i) * 5), p));
+  }
+  std::vector<GenerateResult> alone;
+  for (const auto& r : requests) alone.push_back(f.alone(r.prompt, r.params));
+  EngineOptions o;
+  o.kv_slots = 2048;
+  o.step_token_budget = 48;
+  o.check_invariants = true;
+  Engine engine(*f.model, f.backend, nullptr, o);
+  const auto out = run_all(engine, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    expect_same(alone[i], out[i], "request " + std::to_string(i));
+    EXPECT_EQ(out[i].seed, requests[i].params.seed ? *requests[i].params.seed : out[i].seed);
+    ASSERT_EQ(out[i].top_logprobs.size(), requests[i].params.logprobs ? out[i].output_ids.size() : 0u);
+    for (size_t t = 0; t < out[i].top_logprobs.size(); ++t)
+      for (size_t k = 0; k < out[i].top_logprobs[t].size(); ++k) {
+        EXPECT_EQ(out[i].top_logprobs[t][k].id, alone[i].top_logprobs[t][k].id);
+        EXPECT_NEAR(out[i].top_logprobs[t][k].logprob, alone[i].top_logprobs[t][k].logprob, 1e-4);
+      }
+    EXPECT_EQ(out[i].usage.prompt_tokens, static_cast<int64_t>(requests[i].prompt.size()));
+    EXPECT_EQ(out[i].usage.completion_tokens, static_cast<int64_t>(out[i].output_ids.size()));
+  }
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+}
+
+TEST(Engine, TextAndStopStringsMatchTheGenerator) {
+  Fixture f(kLlama, /*with_tokenizer=*/true);
+  const std::vector<int32_t> prompt = {139, 190, 81, 313, 198, 84};
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    SamplingParams p = greedy(24);
+    p.temperature = i == 0 ? 0.0f : 1.0f;
+    p.seed = 40 + i;
+    if (i >= 2) p.stop = {"e", " t"};
+    if (i == 3) p.include_stop_str_in_output = true;
+    if (i == 4) p.min_tokens = 5;
+    requests.push_back(request(prompt, p));
+  }
+  std::vector<GenerateResult> alone;
+  for (const auto& r : requests) alone.push_back(f.alone(r.prompt, r.params));
+  Engine engine(*f.model, f.backend, f.tokenizer.get(), slots(512));
+  const auto out = run_all(engine, requests);
+  for (size_t i = 0; i < requests.size(); ++i) expect_same(alone[i], out[i], "request " + std::to_string(i));
+}
+
+TEST(Engine, PreemptionUnderATinyPoolStillMatchesAlone) {
+  Fixture f(kLlama);
+  std::mt19937 rng(5);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 8; ++i) requests.push_back(request(random_ids(rng, 12), greedy(28)));
+  std::vector<GenerateResult> alone;
+  for (const auto& r : requests) alone.push_back(f.alone(r.prompt, r.params));
+  for (bool cache : {false, true}) {
+    EngineOptions o;
+    o.kv_slots = 64;  // room for about two requests at a time
+    o.output_reserve = 2;
+    o.radix_cache = cache;
+    o.check_invariants = true;
+    Engine engine(*f.model, f.backend, nullptr, o);
+    const auto out = run_all(engine, requests);
+    int preempted = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      expect_same(alone[i], out[i], "request " + std::to_string(i));
+      preempted += out[i].usage.preemptions;
+    }
+    EXPECT_GT(preempted, 0);
+    EXPECT_EQ(engine.metrics().preemptions, static_cast<uint64_t>(preempted));
+    EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+  }
+}
+
+TEST(Engine, BadRequestsGetAnErrorEvent) {
+  Fixture f(kLlama);
+  Engine engine(*f.model, f.backend, nullptr, slots(32));
+  const auto never = collect(*engine.submit(request(std::vector<int32_t>(20, 5), greedy(20))));
+  EXPECT_EQ(never.reason, FinishReason::kError);
+  EXPECT_NE(never.error.find("can never fit"), std::string::npos) << never.error;
+  EXPECT_TRUE(never.output_ids.empty());
+  EXPECT_EQ(collect(*engine.submit(request({}, greedy(2)))).reason, FinishReason::kError);
+  EXPECT_EQ(collect(*engine.submit(request({1, 400}, greedy(2)))).reason, FinishReason::kError);
+  SamplingParams bad = greedy(2);
+  bad.top_p = 0;
+  EXPECT_EQ(collect(*engine.submit(request({1, 2}, bad))).reason, FinishReason::kError);
+  SamplingParams stop = greedy(2);
+  stop.stop = {"x"};
+  EXPECT_NE(collect(*engine.submit(request({1, 2}, stop))).error.find("tokenizer"), std::string::npos);
+  const auto zero = collect(*engine.submit(request({1, 2}, greedy(0))));
+  EXPECT_EQ(zero.reason, FinishReason::kLength);
+  EXPECT_TRUE(zero.output_ids.empty());
+  // The engine still works afterwards.
+  EXPECT_EQ(collect(*engine.submit(request({1, 2, 3}, greedy(4)))).output_ids.size(), 4u);
+  EXPECT_EQ(engine.metrics().requests_failed, 5u);
+}
+
+TEST(Engine, DeadlinesEndRequests) {
+  Fixture f(kLlama);
+  Engine engine(*f.model, f.backend, nullptr, slots(512));
+  EngineRequest past = request({1, 2, 3}, greedy(8));
+  past.deadline = Clock::now() - std::chrono::seconds(1);
+  const auto a = collect(*engine.submit(past));
+  EXPECT_EQ(a.reason, FinishReason::kDeadline);
+  EXPECT_TRUE(a.output_ids.empty());
+  EngineRequest soon = request({1, 2, 3}, greedy(250));
+  soon.deadline = Clock::now() + std::chrono::milliseconds(1);
+  const auto b = collect(*engine.submit(soon));
+  EXPECT_EQ(b.reason, FinishReason::kDeadline);
+  EXPECT_LT(b.output_ids.size(), 250u);
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+}
+
+TEST(Engine, HigherPriorityIsAdmittedFirst) {
+  Fixture f(kLlama);
+  EngineOptions o;
+  o.kv_slots = 512;
+  o.max_running = 1;
+  o.policy = SchedulePolicy::kFcfs;  // within a priority class: arrival order
+  Engine engine(*f.model, f.backend, nullptr, o);
+  RequestHandle first = engine.submit(request({1, 2, 3}, greedy(250)));
+  ASSERT_TRUE(first->next_event().has_value());  // running now
+  std::vector<RequestHandle> handles;
+  for (int i = 0; i < 6; ++i) {
+    EngineRequest r = request({4, 5, static_cast<int32_t>(6 + i)}, greedy(40));
+    r.priority = i % 3;  // 0 1 2 0 1 2
+    handles.push_back(engine.submit(r));
+  }
+  // Finish times, each taken by a thread blocked on its stream.
+  std::vector<Clock::time_point> finished_at(handles.size());
+  std::vector<std::thread> waiters;
+  for (size_t i = 0; i < handles.size(); ++i)
+    waiters.emplace_back([&, i] {
+      collect(*handles[i]);
+      finished_at[i] = Clock::now();
+    });
+  collect(*first);
+  for (auto& w : waiters) w.join();
+  std::vector<int> order = {0, 1, 2, 3, 4, 5};
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return finished_at[a] < finished_at[b]; });
+  // With one running request each finishes before the next is admitted:
+  // priority 2 (requests 2, 5), then 1 (1, 4), then 0 (0, 3), FCFS within.
+  EXPECT_EQ(order, (std::vector<int>{2, 5, 1, 4, 0, 3}));
+}
+
+TEST(Engine, CancellationAtRandomPointsFreesEverything) {
+  Fixture f(kLlama);
+  EngineOptions o;
+  o.kv_slots = 600;
+  o.step_token_budget = 32;
+  o.check_invariants = true;
+  Engine engine(*f.model, f.backend, nullptr, o);
+  std::mt19937 rng(3);
+  const auto prompts = shared_prefix_prompts(24, 30, 10, 9);
+  std::vector<RequestHandle> handles;
+  for (int round = 0; round < 3; ++round) {
+    for (const auto& p : prompts) handles.push_back(engine.submit(request(p, greedy(20))));
+    for (int i = 0; i < 30; ++i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+      handles[rng() % handles.size()]->cancel();
+    }
+  }
+  int cancelled = 0;
+  for (auto& h : handles) {
+    const auto out = collect(*h);
+    if (out.reason == FinishReason::kCancelled) ++cancelled;
+    else EXPECT_EQ(out.output_ids.size(), 20u);
+    h->cancel();  // after the end: nothing happens
+  }
+  EXPECT_GT(cancelled, 0);
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+  EXPECT_EQ(engine.metrics().requests_cancelled, static_cast<uint64_t>(cancelled));
+}
+
+TEST(Engine, DestroyingTheEngineCancelsWhatIsLeft) {
+  Fixture f(kLlama);
+  std::vector<RequestHandle> handles;
+  {
+    Engine engine(*f.model, f.backend, nullptr, slots(512));
+    for (int i = 0; i < 4; ++i) handles.push_back(engine.submit(request({1, 2, static_cast<int32_t>(3 + i)}, greedy(250))));
+    ASSERT_TRUE(handles[0]->next_event().has_value());
+  }
+  for (auto& h : handles) {
+    const RequestOutput out = collect(*h);  // every stream ends
+    if (out.reason != FinishReason::kCancelled) {
+      EXPECT_EQ(out.reason, FinishReason::kLength);
+      EXPECT_EQ(out.output_ids.size(), 250u);
+    }
+    h->cancel();
+  }
+}
+
+TEST(Engine, StressFromFourThreads) {
+  Fixture f(kLlama);
+  EngineOptions o;
+  o.kv_slots = 400;
+  o.step_token_budget = 64;
+  o.max_running = 24;
+  o.output_reserve = 4;
+  o.check_invariants = true;
+  Engine engine(*f.model, f.backend, nullptr, o);
+  const auto prefixes = shared_prefix_prompts(4, 24, 0, 21);
+  std::atomic<int> finished{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(100 + t);
+      std::vector<RequestHandle> mine;
+      for (int i = 0; i < 60; ++i) {
+        std::vector<int32_t> p = prefixes[rng() % 4];
+        p.resize(1 + rng() % 24);
+        const auto q = random_ids(rng, rng() % 16);
+        p.insert(p.end(), q.begin(), q.end());
+        SamplingParams sp = greedy(1 + static_cast<int>(rng() % 24));
+        if (rng() % 2) {
+          sp.temperature = 1.0f;
+          sp.seed = rng();
+        }
+        sp.ignore_eos = rng() % 2;
+        EngineRequest r = request(p, sp, rng() % 2);
+        r.priority = static_cast<int>(rng() % 3);
+        if (rng() % 10 == 0) r.deadline = Clock::now() + std::chrono::milliseconds(rng() % 50);
+        if (rng() % 40 == 0) r.params.max_tokens = 500;  // can never fit
+        mine.push_back(engine.submit(r));
+        if (rng() % 8 == 0) mine[rng() % mine.size()]->cancel();
+      }
+      for (auto& h : mine) {
+        const auto out = collect(*h);
+        ++finished;
+        if (out.reason == FinishReason::kError) ++errors;
+        if (out.reason == FinishReason::kLength) {
+          EXPECT_EQ(out.usage.completion_tokens, static_cast<int64_t>(out.output_ids.size()));
+        }
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(finished.load(), 240);
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+  const EngineMetrics m = engine.metrics();
+  EXPECT_EQ(m.requests_submitted, 240u);
+  EXPECT_EQ(m.requests_finished + m.requests_cancelled + m.requests_failed + m.requests_expired, 240u);
+  EXPECT_EQ(m.requests_failed, static_cast<uint64_t>(errors.load()));
+  EXPECT_EQ(m.running, 0);
+  EXPECT_EQ(m.queued, 0);
+  EXPECT_GT(m.ttft.count, 0u);
+  EXPECT_GT(m.schedule_time.count, 0u);
+}
+
+}  // namespace
+}  // namespace basalt
