@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/model_dir.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -20,7 +21,8 @@ struct TokenizeFlags {
   bool json = false;
 };
 
-Tokenizer open_tokenizer(const std::string& dir) {
+Tokenizer open_tokenizer(const std::string& flag_value) {
+  const std::string dir = model_dir_or_bundled(flag_value);
   BASALT_CHECK(std::filesystem::is_directory(dir), "--model: '{}' is not a directory", dir);
   const auto path = std::filesystem::path(dir) / "tokenizer.json";
   BASALT_CHECK(std::filesystem::exists(path), "{}: no tokenizer.json in model directory", dir);
@@ -37,7 +39,7 @@ void add_tokenize_commands(CLI::App& app) {
   auto flags = std::make_shared<TokenizeFlags>();
 
   CLI::App* tok = app.add_subcommand("tokenize", "Encode text into token ids");
-  tok->add_option("--model", flags->model, "Hugging Face model directory")->required();
+  tok->add_option("--model", flags->model, "Hugging Face model directory (default: the bundled model)");
   tok->add_option("--text", flags->text, "Text to encode")->required();
   tok->add_flag("--add-special-tokens", flags->add_special_tokens, "Apply the post-processor (e.g. add BOS)");
   tok->add_flag("--json", flags->json, "Print {\"ids\": [...]}");
@@ -53,7 +55,7 @@ void add_tokenize_commands(CLI::App& app) {
   });
 
   CLI::App* detok = app.add_subcommand("detokenize", "Decode token ids into text");
-  detok->add_option("--model", flags->model, "Hugging Face model directory")->required();
+  detok->add_option("--model", flags->model, "Hugging Face model directory (default: the bundled model)");
   detok->add_option("--ids", flags->ids, "Token ids, e.g. 1,2,3")->required();
   detok->add_flag("--skip-special-tokens", flags->skip_special_tokens, "Leave special tokens out of the text");
   detok->add_flag("--json", flags->json, "Print {\"text\": \"...\"}");
