@@ -1,4 +1,5 @@
-// `basalt generate`: offline generation from a model directory.
+// `basalt generate`: offline generation from a model directory, through the
+// engine (runtime/engine.h): one prompt, or a --batch file run concurrently.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -12,11 +13,14 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "app/model_dir.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
+#include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "runtime/kv_pool.h"
 #include "tokenizer/tokenizer.h"
 
 namespace basalt {
@@ -46,6 +50,8 @@ struct GenerateFlags {
   int min_tokens = 0;
   bool include_stop_str = false;
   int n = 1;
+  std::string batch;
+  int max_running = 64;
 };
 
 // Parses "ID:BIAS,ID:BIAS" (spaces allowed) for --logit-bias.
@@ -106,36 +112,24 @@ std::optional<Tokenizer> load_tokenizer_if_present(const std::string& dir) {
   return Tokenizer::from_file(path.string());
 }
 
-void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_given) {
-  BASALT_CHECK(prompt_given != prompt_ids_given, "give exactly one of --prompt and --prompt-ids");
-  BASALT_CHECK(std::filesystem::is_directory(f.model), "--model: '{}' is not a directory", f.model);
-  BASALT_CHECK(f.max_tokens >= 0, "--max-tokens must be non-negative");
-  BASALT_CHECK(f.temperature >= 0, "--temperature must be non-negative");
-  BASALT_CHECK(f.top_k >= 0, "--top-k must be non-negative");
-  BASALT_CHECK(f.top_p > 0 && f.top_p <= 1, "--top-p must be in (0, 1]");
-  BASALT_CHECK(f.min_p >= 0 && f.min_p <= 1, "--min-p must be in [0, 1]");
-  BASALT_CHECK(f.top_logprobs >= 0 && f.top_logprobs <= 100, "--top-logprobs must be in 0..100");
-  BASALT_CHECK(f.n >= 1 && f.n <= 64, "--n must be in 1..64");
-  BASALT_CHECK(f.min_tokens >= 0 && f.min_tokens <= f.max_tokens,
-               "--min-tokens must be in 0..--max-tokens ({})", f.max_tokens);
+// One sample's part of the --json output, from the engine's events.
+nlohmann::json result_json(const RequestOutput& r) {
+  GenerateResult g;
+  g.output_ids = r.output_ids;
+  g.top_logprobs = r.top_logprobs;
+  g.finish_reason = to_string(r.reason);
+  g.stop_reason = r.stop_reason;
+  g.text = r.text;
+  g.seed = r.seed;
+  return result_json(g);
+}
 
-  std::optional<Tokenizer> tokenizer = load_tokenizer_if_present(f.model);
-  std::vector<int32_t> prompt;
-  if (prompt_ids_given) {
-    prompt = parse_id_list(f.prompt_ids, "--prompt-ids");
-  } else {
-    BASALT_CHECK(tokenizer.has_value(), "{}: no tokenizer.json, so --prompt cannot be encoded (use --prompt-ids)", f.model);
-    prompt = tokenizer->encode(f.prompt, /*add_special_tokens=*/true);
-  }
-  BASALT_CHECK(!prompt.empty(), "the prompt encodes to no tokens");
+std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
-  CpuBackend backend;
-  ProgressPrinter progress;
-  std::unique_ptr<Model> model = load_model(f.model, backend, std::ref(progress));
-  if (const std::string summary = model->summary(); !summary.empty())
-    std::fprintf(stderr, "%s\n", summary.c_str());
-
-  GenerateOptions options;
+SamplingParams params_from_flags(const GenerateFlags& f) {
+  SamplingParams options;
   options.max_tokens = f.max_tokens;
   options.temperature = f.temperature;
   options.top_k = f.top_k;
@@ -143,7 +137,6 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   options.min_p = f.min_p;
   if (f.seed_given) options.seed = f.seed;
   options.logprobs = f.top_logprobs;
-  options.max_logprobs = 100;
   options.ignore_eos = f.ignore_eos;
   options.skip_special_tokens = f.skip_special_tokens;
   options.repetition_penalty = f.repetition_penalty;
@@ -155,45 +148,230 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   if (!f.stop_token_ids.empty())
     options.stop_token_ids = parse_id_list(f.stop_token_ids, "--stop-token-ids");
   options.min_tokens = f.min_tokens;
-  options.eos_ids = model->config().eos_token_ids;
-  BASALT_CHECK(options.stop.empty() || tokenizer.has_value(),
+  return options;
+}
+
+// One line of a --batch file: the prompt and the fields that override the flags.
+struct BatchItem {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+};
+
+BatchItem parse_batch_line(const std::string& line, const std::string& where, const SamplingParams& base,
+                           const Tokenizer* tokenizer) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const std::exception& e) {
+    fail("{}: not JSON: {}", where, e.what());
+  }
+  BASALT_CHECK(j.is_object(), "{}: each line must be a JSON object", where);
+  BatchItem item;
+  item.params = base;
+  SamplingParams& p = item.params;
+  try {
+    for (const auto& [key, value] : j.items()) {
+      if (key == "prompt") {
+        BASALT_CHECK(tokenizer != nullptr, "{}: no tokenizer.json, so \"prompt\" cannot be encoded (use \"prompt_ids\")", where);
+        item.prompt = tokenizer->encode(value.get<std::string>(), /*add_special_tokens=*/true);
+      } else if (key == "prompt_ids") {
+        item.prompt = value.get<std::vector<int32_t>>();
+      } else if (key == "max_tokens") {
+        p.max_tokens = value.get<int>();
+      } else if (key == "temperature") {
+        p.temperature = value.get<float>();
+      } else if (key == "top_k") {
+        p.top_k = value.get<int>();
+      } else if (key == "top_p") {
+        p.top_p = value.get<float>();
+      } else if (key == "min_p") {
+        p.min_p = value.get<float>();
+      } else if (key == "seed") {
+        p.seed = value.get<uint64_t>();
+      } else if (key == "top_logprobs" || key == "logprobs") {
+        p.logprobs = value.get<int>();
+      } else if (key == "ignore_eos") {
+        p.ignore_eos = value.get<bool>();
+      } else if (key == "skip_special_tokens") {
+        p.skip_special_tokens = value.get<bool>();
+      } else if (key == "repetition_penalty") {
+        p.repetition_penalty = value.get<float>();
+      } else if (key == "frequency_penalty") {
+        p.frequency_penalty = value.get<float>();
+      } else if (key == "presence_penalty") {
+        p.presence_penalty = value.get<float>();
+      } else if (key == "logit_bias") {
+        p.logit_bias.clear();
+        for (const auto& [id, bias] : value.items()) p.logit_bias[std::stoi(id)] = bias.get<float>();
+      } else if (key == "stop") {
+        p.stop = value.is_string() ? std::vector<std::string>{value.get<std::string>()}
+                                   : value.get<std::vector<std::string>>();
+      } else if (key == "include_stop_str_in_output") {
+        p.include_stop_str_in_output = value.get<bool>();
+      } else if (key == "stop_token_ids") {
+        p.stop_token_ids = value.get<std::vector<int32_t>>();
+      } else if (key == "min_tokens") {
+        p.min_tokens = value.get<int>();
+      } else {
+        fail("{}: unknown field \"{}\"", where, key);
+      }
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("{}: bad value: {}", where, e.what());
+  }
+  BASALT_CHECK(j.contains("prompt") != j.contains("prompt_ids"), "{}: give exactly one of \"prompt\" and \"prompt_ids\"", where);
+  BASALT_CHECK(!item.prompt.empty(), "{}: the prompt encodes to no tokens", where);
+  return item;
+}
+
+void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_given, bool batch_given) {
+  BASALT_CHECK(int{prompt_given} + int{prompt_ids_given} + int{batch_given} == 1,
+               "give exactly one of --prompt, --prompt-ids and --batch");
+  BASALT_CHECK(std::filesystem::is_directory(f.model), "--model: '{}' is not a directory", f.model);
+  BASALT_CHECK(f.max_tokens >= 0, "--max-tokens must be non-negative");
+  BASALT_CHECK(f.temperature >= 0, "--temperature must be non-negative");
+  BASALT_CHECK(f.top_k >= 0, "--top-k must be non-negative");
+  BASALT_CHECK(f.top_p > 0 && f.top_p <= 1, "--top-p must be in (0, 1]");
+  BASALT_CHECK(f.min_p >= 0 && f.min_p <= 1, "--min-p must be in [0, 1]");
+  BASALT_CHECK(f.top_logprobs >= 0 && f.top_logprobs <= 100, "--top-logprobs must be in 0..100");
+  BASALT_CHECK(f.n >= 1 && f.n <= 64, "--n must be in 1..64");
+  BASALT_CHECK(f.min_tokens >= 0 && f.min_tokens <= f.max_tokens,
+               "--min-tokens must be in 0..--max-tokens ({})", f.max_tokens);
+  BASALT_CHECK(f.max_running >= 1, "--max-running must be >= 1");
+
+  std::optional<Tokenizer> tokenizer = load_tokenizer_if_present(f.model);
+  const Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
+  const SamplingParams base = params_from_flags(f);
+  BASALT_CHECK(base.stop.empty() || tokenizer.has_value(),
                "{}: no tokenizer.json, so --stop strings cannot be matched", f.model);
 
-  // Without --json the text streams to stdout as it becomes final; with
-  // --n the samples follow one another, one per line.
-  GenerateCallbacks callbacks;
-  if (!f.json && tokenizer) {
-    callbacks.on_text = [](std::string_view piece) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-    };
-  }
-  const uint64_t seed = f.seed_given ? f.seed : random_seed();
-  std::vector<GenerateResult> results;
-  for (int i = 0; i < f.n; ++i) {
-    options.seed = sample_seed(seed, i);
-    results.push_back(
-        generate(*model, backend, tokenizer ? &*tokenizer : nullptr, prompt, options, callbacks));
-    if (!f.json) {
-      if (!tokenizer)
-        for (int32_t id : results.back().output_ids) std::printf("%d ", id);
-      std::printf("\n");
-      std::fflush(stdout);
+  std::vector<BatchItem> items;
+  if (batch_given) {
+    std::FILE* file = std::fopen(f.batch.c_str(), "rb");
+    BASALT_CHECK(file != nullptr, "--batch: cannot open '{}'", f.batch);
+    std::string content;
+    char buffer[1 << 16];
+    for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, file)) > 0;) content.append(buffer, n);
+    std::fclose(file);
+    size_t start = 0;
+    for (int line_no = 1; start < content.size(); ++line_no) {
+      const size_t nl = std::min(content.find('\n', start), content.size());
+      const std::string line = content.substr(start, nl - start);
+      start = nl + 1;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      items.push_back(parse_batch_line(line, fmt::format("{}:{}", f.batch, line_no), base, tok));
     }
-  }
-  if (!f.json) return;
-
-  nlohmann::json out;
-  out["prompt_ids"] = prompt;
-  if (f.n == 1) {
-    out.update(result_json(results[0]));
+    BASALT_CHECK(!items.empty(), "--batch: '{}' has no requests", f.batch);
   } else {
-    out["seed"] = seed;
-    nlohmann::json choices = nlohmann::json::array();
-    for (const GenerateResult& r : results) choices.push_back(result_json(r));
-    out["choices"] = std::move(choices);
+    BatchItem item;
+    item.params = base;
+    if (prompt_ids_given) {
+      item.prompt = parse_id_list(f.prompt_ids, "--prompt-ids");
+    } else {
+      BASALT_CHECK(tokenizer.has_value(), "{}: no tokenizer.json, so --prompt cannot be encoded (use --prompt-ids)", f.model);
+      item.prompt = tokenizer->encode(f.prompt, /*add_special_tokens=*/true);
+    }
+    BASALT_CHECK(!item.prompt.empty(), "the prompt encodes to no tokens");
+    items.push_back(std::move(item));
   }
-  std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+
+  CpuBackend backend;
+  ProgressPrinter progress;
+  std::unique_ptr<Model> model = load_model(f.model, backend, std::ref(progress));
+  if (const std::string summary = model->summary(); !summary.empty())
+    std::fprintf(stderr, "%s\n", summary.c_str());
+
+  // The pool holds every request at its longest at once, so nothing waits
+  // for memory (capped by the budget the engine derives from host memory).
+  EngineOptions options;
+  options.max_logprobs = 100;
+  options.max_running = f.max_running;
+  int64_t slots = 0;
+  for (const BatchItem& item : items)
+    slots += (static_cast<int64_t>(item.prompt.size()) + std::max(item.params.max_tokens, 0)) *
+             (batch_given ? 1 : f.n);
+  const int64_t budget_slots = KvPool::slots_for_budget(model->kv_bytes_per_slot(options.kv_dtype),
+                                                        KvPool::host_memory_budget(0.1));
+  options.kv_slots = std::max<int64_t>(1, std::min(slots, budget_slots));
+  Engine engine(*model, backend, tok, options);
+
+  if (!batch_given) {
+    // --n samples run concurrently, with seeds derived from one seed.
+    const uint64_t seed = f.seed_given ? f.seed : random_seed();
+    std::vector<RequestHandle> handles;
+    for (int i = 0; i < f.n; ++i) {
+      EngineRequest request{items[0].prompt, items[0].params, 0, 0, std::nullopt};
+      request.params.seed = sample_seed(seed, i);
+      handles.push_back(engine.submit(std::move(request)));
+    }
+    // Without --json each sample's text goes to stdout as it becomes final
+    // (the first live, the others after it), one sample per line.
+    std::vector<RequestOutput> results;
+    for (RequestHandle& handle : handles) {
+      RequestOutput result;
+      while (std::optional<EngineEvent> e = handle->next_event()) {
+        if (!f.json && tokenizer && !e->text.empty()) {
+          std::fwrite(e->text.data(), 1, e->text.size(), stdout);
+          std::fflush(stdout);
+        }
+        result.text += e->text;
+        if (e->kind == EngineEvent::Kind::kToken) {
+          result.output_ids.push_back(e->token);
+          if (!e->logprobs.empty()) result.top_logprobs.push_back(std::move(e->logprobs));
+          continue;
+        }
+        result.reason = e->reason;
+        result.stop_reason = std::move(e->stop_reason);
+        result.error = std::move(e->error);
+        result.seed = e->seed;
+      }
+      BASALT_CHECK(result.reason != FinishReason::kError, "{}", result.error);
+      if (!f.json) {
+        if (!tokenizer)
+          for (int32_t id : result.output_ids) std::printf("%d ", id);
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+      results.push_back(std::move(result));
+    }
+    if (!f.json) return;
+    nlohmann::json out;
+    out["prompt_ids"] = items[0].prompt;
+    if (f.n == 1) {
+      out.update(result_json(results[0]));
+    } else {
+      out["seed"] = seed;
+      nlohmann::json choices = nlohmann::json::array();
+      for (const RequestOutput& r : results) choices.push_back(result_json(r));
+      out["choices"] = std::move(choices);
+    }
+    std::printf("%s\n", dump(out).c_str());
+    return;
+  }
+
+  // --batch: every request at once; one JSON line each, in input order.
+  std::vector<RequestHandle> handles;
+  for (const BatchItem& item : items)
+    handles.push_back(engine.submit(EngineRequest{item.prompt, item.params, 0, 0, std::nullopt}));
+  for (size_t i = 0; i < handles.size(); ++i) {
+    const RequestOutput r = collect(*handles[i]);
+    nlohmann::json out;
+    out["index"] = i;
+    out["prompt_ids"] = items[i].prompt;
+    out.update(result_json(r));
+    out["usage"] = {{"prompt_tokens", r.usage.prompt_tokens},
+                    {"completion_tokens", r.usage.completion_tokens},
+                    {"cached_prompt_tokens", r.usage.cached_prompt_tokens}};
+    if (r.reason == FinishReason::kError) out["error"] = r.error;
+    std::printf("%s\n", dump(out).c_str());
+    std::fflush(stdout);
+  }
+  const EngineMetrics m = engine.metrics();
+  std::fprintf(stderr, "%zu requests: %llu prompt tokens (%.1f%% from the prefix cache), %llu output tokens, %llu steps\n",
+               items.size(), static_cast<unsigned long long>(m.prompt_tokens), 100.0 * m.cache_hit_rate(),
+               static_cast<unsigned long long>(m.output_tokens), static_cast<unsigned long long>(m.steps));
 }
 
 }  // namespace
@@ -201,7 +379,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
 void add_generate_command(CLI::App& app) {
   auto flags = std::make_shared<GenerateFlags>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt, offline");
-  cmd->add_option("--model", flags->model, "Hugging Face model directory")->required();
+  cmd->add_option("--model", flags->model, "Hugging Face model directory (default: the bundled model)");
   CLI::Option* prompt = cmd->add_option("--prompt", flags->prompt, "Prompt text (encoded with the tokenizer's special tokens, e.g. BOS)");
   CLI::Option* prompt_ids = cmd->add_option("--prompt-ids", flags->prompt_ids, "Prompt token ids, e.g. 1,2,3 (used exactly as given)");
   prompt->excludes(prompt_ids);
@@ -225,10 +403,14 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--include-stop-str", flags->include_stop_str, "Keep the matched stop string (or stop token's text) in the text");
   cmd->add_option("--stop-token-ids", flags->stop_token_ids, "Stop after any of these token ids, e.g. 2,7 (even with --ignore-eos)");
   cmd->add_option("--min-tokens", flags->min_tokens, "Generate at least this many tokens before end-of-sequence, stop ids or stop strings can end the output");
-  cmd->add_option("--n", flags->n, "Samples to draw for the prompt, one after another (seeds derived from --seed); --json then lists them under \"choices\"");
-  cmd->callback([flags, prompt, prompt_ids, seed] {
+  cmd->add_option("--n", flags->n, "Samples to draw for the prompt, run together (seeds derived from --seed); --json then lists them under \"choices\"");
+  CLI::Option* batch = cmd->add_option("--batch", flags->batch, "Run many requests together from a JSONL file: one {\"prompt\": ...} or {\"prompt_ids\": [...]} object per line, with optional sampling fields (max_tokens, temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ...) overriding the flags; prints one JSON line per request, in input order");
+  batch->excludes(prompt)->excludes(prompt_ids);
+  cmd->add_option("--max-running", flags->max_running, "Requests decoded together at most (default 64)");
+  cmd->callback([flags, prompt, prompt_ids, batch, seed] {
+    flags->model = model_dir_or_bundled(flags->model);
     flags->seed_given = seed->count() > 0;
-    run_generate(*flags, prompt->count() > 0, prompt_ids->count() > 0);
+    run_generate(*flags, prompt->count() > 0, prompt_ids->count() > 0, batch->count() > 0);
   });
 }
 
