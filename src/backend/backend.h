@@ -12,6 +12,19 @@
 // activations are f32; weights may be f32, bf16 or f16, or f8_e4m3 with
 // block-wise scales (LinearWeight). Linear weights use the Hugging Face layout
 // [out_features, in_features].
+//
+// Batch invariance: a backend is batch-invariant when every op computes each
+// output row (token) by the same floating-point operations whatever else the
+// call holds: row r of an op's result has the same bits alone or among any
+// other rows, for any token count, thread count or split of the work, and an
+// attention query (standard or MLA, either form) gives the same bits over
+// the same cached keys at the same position whether its prompt was prefilled
+// in one call or in chunks. A serving engine that batches requests together
+// (continuous batching, chunked prefill) then produces, for greedy and
+// seeded sampling, the same tokens for a request alone as in a crowd. Each
+// backend states in its header whether it meets this requirement (the CPU
+// backend does); one that does not still meets every op's tolerance against
+// the references.
 #pragma once
 
 #include <cstdint>

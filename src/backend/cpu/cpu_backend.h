@@ -6,6 +6,22 @@
 // match the scalar references in backend/reference_ops.h within float
 // rounding. Thread-safe only in the sense that distinct CpuBackend calls on
 // distinct tensors may run from one thread at a time (the pool is shared).
+//
+// Every op is batch-invariant (Backend's "Batch invariance"): a token's
+// output row has the same bits whatever the other rows of the call, the
+// token count, the pool's thread count and the chunking of work. linear,
+// linear_fp8_block, the MoE experts and mla_expand_kv sum every output
+// element in one fixed order set by K alone (K-blocks of at most 1024
+// columns, one vector accumulator per block, a fixed horizontal sum, block
+// sums left to right) in both the few-token and the many-token kernels, and
+// block-FP8 weights dequantize to the same f32 values in both; so grouping
+// tokens by expert changes nothing. attention runs its online softmax over
+// key blocks aligned to multiples of 64 in the sequence, and mla_attention
+// works per (token, head) over all its keys, so a query's result is the same
+// alone, among other sequences, or with its prompt prefilled in chunks. The
+// row-wise ops (norms, rope, activations, softmax, argmax, sample, routing)
+// work on each row alone. backend/cpu/cpu_batch_invariance_test.cc checks
+// all of this bit for bit.
 #pragma once
 
 #include "backend/backend.h"
