@@ -5,7 +5,12 @@
 // caches laid out [slot, kv_head, dim]. Arguments are trusted: CpuBackend has
 // validated shapes, the layout and every slot. Scores, softmax and the value
 // sum run in f32 with an online (streaming) softmax over blocks of keys, so
-// memory use does not grow with the context.
+// memory use does not grow with the context. The key blocks start at
+// multiples of their size in the sequence, and each query's state is updated
+// alone, block by block in key order, so a query's result has the same bits
+// whichever other rows and sequences share the call, however the work is
+// split over threads, and whether its prompt was prefilled in one call or in
+// chunks (batch invariance).
 //
 // Work is split into items of (sequence, kv head, block of query rows); one
 // item serves all query heads of its GQA group so that each key and value

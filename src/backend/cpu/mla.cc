@@ -5,7 +5,10 @@
 // scored against the cached [latent | rope key] rows as one shared key head,
 // and the softmax-weighted latent is projected back through the head's value
 // rows. Work is spread over (token, group of heads) pairs, so that each
-// cached row is read once per group rather than once per head.
+// cached row is read once per group rather than once per head; every (token,
+// head) is computed alone over all its keys in position order, so the group
+// size (set by the thread count), the other rows of the call and the split of
+// a prompt into prefill chunks do not change its bits.
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -3,6 +3,10 @@
 // moe_experts groups the (token, slot) pairs by expert, gathers each expert's
 // tokens into a contiguous block and runs the expert's three linears on that
 // block only, so the cost follows the routed tokens, not tokens x experts.
+// How many tokens an expert gets depends on the rest of the batch, but the
+// linear kernels give each row the same bits for any token count, and each
+// token's expert outputs are added in expert order, so a token's result does
+// not depend on the batch (batch invariance).
 #include <algorithm>
 #include <cmath>
 #include <limits>
