@@ -1,6 +1,6 @@
 // CpuBackend's batch invariance: a token's output row has the same bits
 // (memcmp, not a tolerance) whether it is computed alone or inside a batch of
-// 2, 3, 15, 16, 17, 64 or 100 tokens of random other rows, on pools of 1, 2
+// 2, 3, 15, 16, 17, 64, 100 or 129 tokens of random other rows, on pools of 1, 2
 // and 3 threads. Linear for every weight dtype (f32, bf16, f16, raw e4m3,
 // block-scaled e4m3) with K below, at and above one K-block; MoE experts with
 // the other tokens routed to the same or different experts; attention and
@@ -32,7 +32,8 @@ using testing::poisoned;
 using testing::random_tensor;
 using testing::TestRng;
 
-constexpr int64_t kBatchSizes[] = {2, 3, 15, 16, 17, 64, 100};
+// 129 spans two of the panel kernel's 128-token blocks.
+constexpr int64_t kBatchSizes[] = {2, 3, 15, 16, 17, 64, 100, 129};
 
 std::vector<std::unique_ptr<ThreadPool>> make_pools() {
   std::vector<std::unique_ptr<ThreadPool>> pools;
