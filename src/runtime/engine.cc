@@ -187,6 +187,7 @@ class Scheduler {
   void preempt(Sequence& seq);
   Sequence* pick_victim();
   int64_t live_running() const;
+  bool shares_uncached_prefix(const Sequence& seq, const std::vector<const Sequence*>& admitted);
   bool admit(Sequence& seq, int64_t budget);
   int64_t reserve_of(const Sequence& seq) const;
   std::vector<Sequence*> admission_order();
@@ -483,6 +484,30 @@ int64_t Scheduler::live_running() const {
   return n;
 }
 
+// In-batch prefix sharing: a request whose prompt shares at least
+// kInBatchPrefix uncached leading tokens with one admitted in this same step
+// waits a step, so that it finds them in the cache instead of computing them
+// a second time.
+constexpr int64_t kInBatchPrefix = 32;
+
+bool Scheduler::shares_uncached_prefix(const Sequence& seq,
+                                       const std::vector<const Sequence*>& admitted) {
+  if (!cache_.enabled() || admitted.empty()) return false;
+  const int64_t len = static_cast<int64_t>(seq.tokens.size()) - 1;
+  int64_t common = 0;
+  for (const Sequence* a : admitted) {
+    if (a->request.cache_namespace != seq.request.cache_namespace) continue;
+    const int64_t n = std::min<int64_t>(len, static_cast<int64_t>(a->tokens.size()));
+    int64_t i = 0;
+    while (i < n && a->tokens[static_cast<size_t>(i)] == seq.tokens[static_cast<size_t>(i)]) ++i;
+    common = std::max(common, i);
+  }
+  if (common < kInBatchPrefix) return false;
+  const int64_t cached = static_cast<int64_t>(
+      cache_.match_prefix(seq.request.cache_namespace, seq.token_span(len)).slots.size());
+  return common - cached >= kInBatchPrefix;
+}
+
 std::vector<Sequence*> Scheduler::admission_order() {
   std::vector<Sequence*> order;
   for (auto& s : waiting_) order.push_back(s.get());
@@ -533,7 +558,8 @@ bool Scheduler::admit(Sequence& seq, int64_t budget) {
     seq.usage.cached_prompt_tokens = std::min(matched, seq.prompt_len);
     m_.prompt_tokens += static_cast<uint64_t>(seq.prompt_len);
     m_.cached_prompt_tokens += static_cast<uint64_t>(seq.usage.cached_prompt_tokens);
-    m_.queue_time.observe(seconds(Clock::now() - seq.submitted));
+    seq.usage.queue_seconds = seconds(Clock::now() - seq.submitted);
+    m_.queue_time.observe(seq.usage.queue_seconds);
   }
   seq.step_start = seq.kv_done;
   seq.step_len = n;
@@ -593,14 +619,17 @@ std::vector<Sequence*> Scheduler::schedule() {
   std::erase_if(running_, [](const auto& p) { return p == nullptr; });
   // 3. Admission.
   if (budget > 0 && static_cast<int>(running_.size()) < options_.max_running && !waiting_.empty()) {
+    std::vector<const Sequence*> admitted_now;
     for (Sequence* s : admission_order()) {
       if (budget <= 0 || static_cast<int>(running_.size()) >= options_.max_running) break;
       if (s->preempted && !running_.empty()) continue;  // preempted this step: not back yet
+      if (shares_uncached_prefix(*s, admitted_now)) continue;  // next step, from the cache
       if (!admit(*s, budget)) {
         if (live_running() == 0) finish(*s, FinishReason::kError, {}, "the request does not fit in the KV pool");
         break;
       }
       s->preempted = false;
+      admitted_now.push_back(s);
       budget -= s->step_len;
       auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& p) { return p.get() == s; });
       running_.push_back(std::move(*it));

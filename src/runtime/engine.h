@@ -120,6 +120,7 @@ struct Usage {
   int64_t completion_tokens = 0;
   int64_t cached_prompt_tokens = 0;  // prompt tokens found in the radix cache
   int preemptions = 0;
+  double queue_seconds = 0;  // submit -> first admission
 };
 
 struct EngineEvent {
