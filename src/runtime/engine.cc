@@ -351,6 +351,7 @@ void Scheduler::run() {
     } else if (clear) {
       cache_.evict(pool_.capacity());
       cache_.check_invariants();
+      publish();  // the caller reads metrics that include everything before
       std::lock_guard<std::mutex> lock(mu_);
       clear_result_ = pool_.free_slots();
       clear_requested_ = false;

@@ -205,7 +205,8 @@ class Engine {
   const Model& model() const { return *model_; }
   // Blocks until the scheduler is idle (nothing queued or running), then
   // evicts the whole radix cache; returns the pool's free slots afterwards
-  // (== kv_capacity() when nothing leaked). For tests and benchmarks.
+  // (== kv_capacity() when nothing leaked); metrics() then reflects every
+  // request finished before it. For tests and benchmarks.
   int64_t drain_and_clear_cache();
 
  private:

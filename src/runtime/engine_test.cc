@@ -156,6 +156,29 @@ TEST(Engine, ASharedPrefixArrivingTogetherIsComputedOnce) {
   EXPECT_EQ(m.cached_prompt_tokens, 7u * 64u);
 }
 
+TEST(Engine, LongPromptsGoInChunksAndNamespacesDoNotShare) {
+  Fixture f(kLlama);
+  std::mt19937 rng(17);
+  const std::vector<int32_t> prompt = random_ids(rng, 100);
+  const GenerateResult alone = f.alone(prompt, greedy(10));
+  EngineOptions o = slots(1024);
+  o.step_token_budget = 8;  // 13 steps of prompt
+  o.check_invariants = true;
+  Engine engine(*f.model, f.backend, nullptr, o);
+  const RequestOutput a = collect(*engine.submit(request(prompt, greedy(10), /*ns=*/1)));
+  expect_same(alone, a, "chunked");
+  EXPECT_EQ(a.usage.cached_prompt_tokens, 0);
+  EXPECT_GE(engine.metrics().steps, 13u);  // the snapshot may lag the last step
+  // Another tenant with the same prompt computes it again; the same tenant reuses it.
+  const RequestOutput b = collect(*engine.submit(request(prompt, greedy(10), /*ns=*/2)));
+  expect_same(alone, b, "other namespace");
+  EXPECT_EQ(b.usage.cached_prompt_tokens, 0);
+  const RequestOutput c = collect(*engine.submit(request(prompt, greedy(10), /*ns=*/1)));
+  expect_same(alone, c, "same namespace");
+  EXPECT_EQ(c.usage.cached_prompt_tokens, 99);
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+}
+
 TEST(Engine, CrowdMatchesAloneGreedyAndSeeded) {
   Fixture f(kLlama);
   std::mt19937 rng(11);
