@@ -436,3 +436,39 @@ TEST(Engine, StressFromFourThreads) {
 
 }  // namespace
 }  // namespace basalt
+
+namespace basalt {
+namespace {
+
+TEST(Engine, OwnsItsModelBackendAndTokenizer) {
+  auto backend = std::make_unique<CpuBackend>();
+  auto model = load_model(kLlama, *backend);
+  auto tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_file(kLlama + "/tokenizer.json"));
+  Engine engine(std::move(backend), std::move(model), std::move(tokenizer), slots(256));
+  const RequestOutput out = collect(*engine.submit(request({139, 190, 81}, greedy(5))));
+  EXPECT_EQ(out.output_ids.size(), 5u);
+  EXPECT_FALSE(out.text.empty());
+  EXPECT_EQ(engine.kv_capacity(), 256);
+}
+
+TEST(EngineMetrics, HistogramBucketsAndQuantiles) {
+  Histogram h;
+  EXPECT_EQ(h.quantile(0.5), 0.0);
+  for (int i = 0; i < 90; ++i) h.observe(0.002);  // the 3 ms bucket
+  for (int i = 0; i < 10; ++i) h.observe(200.0);  // above every bound
+  EXPECT_EQ(h.count, 100u);
+  EXPECT_EQ(h.buckets[3], 90u);
+  EXPECT_EQ(h.buckets.back(), 10u);
+  EXPECT_DOUBLE_EQ(h.quantile(0.5), 3e-3);
+  EXPECT_DOUBLE_EQ(h.quantile(0.99), 200.0);
+  EXPECT_DOUBLE_EQ(h.max, 200.0);
+  EXPECT_NEAR(h.mean(), (90 * 0.002 + 10 * 200.0) / 100, 1e-12);
+  EngineMetrics m;
+  EXPECT_EQ(m.cache_hit_rate(), 0.0);
+  m.prompt_tokens = 8;
+  m.cached_prompt_tokens = 6;
+  EXPECT_DOUBLE_EQ(m.cache_hit_rate(), 0.75);
+}
+
+}  // namespace
+}  // namespace basalt
