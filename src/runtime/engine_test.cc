@@ -381,19 +381,21 @@ TEST(Engine, DestroyingTheEngineCancelsWhatIsLeft) {
 TEST(Engine, StressFromFourThreads) {
   Fixture f(kLlama);
   EngineOptions o;
-  o.kv_slots = 400;
+  o.kv_slots = 160;  // small enough that decoding requests get preempted
   o.step_token_budget = 64;
   o.max_running = 24;
-  o.output_reserve = 4;
+  o.output_reserve = 1;
   o.check_invariants = true;
   Engine engine(*f.model, f.backend, nullptr, o);
   const auto prefixes = shared_prefix_prompts(4, 24, 0, 21);
   std::atomic<int> finished{0}, errors{0};
+  std::vector<std::vector<std::pair<EngineRequest, RequestOutput>>> done(4);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t)
     threads.emplace_back([&, t] {
       std::mt19937 rng(100 + t);
       std::vector<RequestHandle> mine;
+      std::vector<EngineRequest> sent;
       for (int i = 0; i < 60; ++i) {
         std::vector<int32_t> p = prefixes[rng() % 4];
         p.resize(1 + rng() % 24);
@@ -409,11 +411,13 @@ TEST(Engine, StressFromFourThreads) {
         r.priority = static_cast<int>(rng() % 3);
         if (rng() % 10 == 0) r.deadline = Clock::now() + std::chrono::milliseconds(rng() % 50);
         if (rng() % 40 == 0) r.params.max_tokens = 500;  // can never fit
+        sent.push_back(r);
         mine.push_back(engine.submit(r));
         if (rng() % 8 == 0) mine[rng() % mine.size()]->cancel();
       }
-      for (auto& h : mine) {
-        const auto out = collect(*h);
+      for (size_t i = 0; i < mine.size(); ++i) {
+        const auto out = collect(*mine[i]);
+        done[static_cast<size_t>(t)].emplace_back(sent[i], out);
         ++finished;
         if (out.reason == FinishReason::kError) ++errors;
         if (out.reason == FinishReason::kLength) {
@@ -432,6 +436,19 @@ TEST(Engine, StressFromFourThreads) {
   EXPECT_EQ(m.queued, 0);
   EXPECT_GT(m.ttft.count, 0u);
   EXPECT_GT(m.schedule_time.count, 0u);
+  EXPECT_GT(m.preemptions, 0u);
+  // Every request that ran to its end, preempted or not, gave what it gives
+  // alone (the engine is idle now, so the model is free).
+  int compared = 0;
+  for (const auto& list : done)
+    for (const auto& [r, out] : list) {
+      if (out.reason != FinishReason::kLength && out.reason != FinishReason::kStop) continue;
+      SamplingParams p = r.params;
+      p.seed = out.seed;
+      EXPECT_EQ(out.output_ids, f.alone(r.prompt, p).output_ids);
+      ++compared;
+    }
+  EXPECT_GT(compared, 150);
 }
 
 }  // namespace
