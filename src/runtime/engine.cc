@@ -419,11 +419,17 @@ void Scheduler::intake(std::unique_ptr<Sequence> seq) {
     done_.push_back(std::move(seq));
     return;
   }
-  seq->tokens = seq->request.prompt;
-  seq->processor.emplace(seq->request.params, vocab_, eos_ids_, seq->request.prompt);
-  if (tokenizer_ != nullptr) {
-    seq->decoder.emplace(*tokenizer_, seq->request.params.skip_special_tokens);
-    seq->checker.emplace(seq->request.params.stop, seq->request.params.include_stop_str_in_output);
+  try {
+    seq->tokens = seq->request.prompt;
+    seq->processor.emplace(seq->request.params, vocab_, eos_ids_, seq->request.prompt);
+    if (tokenizer_ != nullptr) {
+      seq->decoder.emplace(*tokenizer_, seq->request.params.skip_special_tokens);
+      seq->checker.emplace(seq->request.params.stop, seq->request.params.include_stop_str_in_output);
+    }
+  } catch (const std::exception& e) {
+    finish(*seq, FinishReason::kError, {}, e.what());
+    done_.push_back(std::move(seq));
+    return;
   }
   waiting_.push_back(std::move(seq));
 }

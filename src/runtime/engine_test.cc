@@ -286,6 +286,15 @@ TEST(Engine, BadRequestsGetAnErrorEvent) {
   // The engine still works afterwards.
   EXPECT_EQ(collect(*engine.submit(request({1, 2, 3}, greedy(4)))).output_ids.size(), 4u);
   EXPECT_EQ(engine.metrics().requests_failed, 5u);
+  // A request the per-request state refuses (here: end-of-sequence ids outside
+  // the vocabulary) is an error event too, and the engine keeps serving.
+  EngineOptions bad_eos = slots(32);
+  bad_eos.eos_ids = std::vector<int32_t>{999};
+  Engine other(*f.model, f.backend, nullptr, bad_eos);
+  const auto refused = collect(*other.submit(request({1, 2}, greedy(2))));
+  EXPECT_EQ(refused.reason, FinishReason::kError);
+  EXPECT_FALSE(refused.error.empty());
+  EXPECT_EQ(collect(*other.submit(request({1, 2}, greedy(2)))).reason, FinishReason::kError);
 }
 
 TEST(Engine, DeadlinesEndRequests) {
