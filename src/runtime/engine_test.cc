@@ -239,8 +239,8 @@ TEST(Engine, TextAndStopStringsMatchTheGenerator) {
   for (size_t i = 0; i < requests.size(); ++i) expect_same(alone[i], out[i], "request " + std::to_string(i));
 }
 
-TEST(Engine, PreemptionUnderATinyPoolStillMatchesAlone) {
-  Fixture f(kLlama);
+void preemption_matches_alone(const std::string& dir) {
+  Fixture f(dir);
   std::mt19937 rng(5);
   std::vector<EngineRequest> requests;
   for (int i = 0; i < 8; ++i) requests.push_back(request(random_ids(rng, 12), greedy(28)));
@@ -264,6 +264,9 @@ TEST(Engine, PreemptionUnderATinyPoolStillMatchesAlone) {
     EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
   }
 }
+
+TEST(Engine, PreemptionUnderATinyPoolStillMatchesAloneLlama) { preemption_matches_alone(kLlama); }
+TEST(Engine, PreemptionUnderATinyPoolStillMatchesAloneDeepSeek) { preemption_matches_alone(kDeepSeek); }
 
 TEST(Engine, BadRequestsGetAnErrorEvent) {
   Fixture f(kLlama);
