@@ -585,6 +585,7 @@ std::vector<Sequence*> Scheduler::schedule() {
       s->preempted = false;
     }
   int64_t budget = options_.step_token_budget;
+  const uint64_t preemptions_before = m_.preemptions;
   // 1. Decodes: one token each, preempting when no slot is left.
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& s = *running_[i];
@@ -624,12 +625,13 @@ std::vector<Sequence*> Scheduler::schedule() {
   for (auto& sp : running_)
     if (sp->preempted) waiting_.push_back(std::move(sp));
   std::erase_if(running_, [](const auto& p) { return p == nullptr; });
-  // 3. Admission.
-  if (budget > 0 && static_cast<int>(running_.size()) < options_.max_running && !waiting_.empty()) {
+  // 3. Admission, unless memory ran out in this step (running requests first).
+  const bool memory_short = m_.preemptions != preemptions_before && !running_.empty();
+  if (!memory_short && budget > 0 && static_cast<int>(running_.size()) < options_.max_running &&
+      !waiting_.empty()) {
     std::vector<const Sequence*> admitted_now;
     for (Sequence* s : admission_order()) {
       if (budget <= 0 || static_cast<int>(running_.size()) >= options_.max_running) break;
-      if (s->preempted && !running_.empty()) continue;  // preempted this step: not back yet
       if (shares_uncached_prefix(*s, admitted_now)) continue;  // next step, from the cache
       if (!admit(*s, budget)) {
         if (live_running() == 0) finish(*s, FinishReason::kError, {}, "the request does not fit in the KV pool");
