@@ -35,14 +35,17 @@
 //    is inserted into the radix cache and the lock moves to its node;
 //  * new requests are admitted while the budget, max_running and memory
 //    allow: highest priority first, then FCFS or longest prefix match
-//    (FCFS when more than lpm_max_queue requests wait). Admission needs the
+//    (FCFS when more than lpm_max_queue requests wait); one that shares at
+//    least 32 uncached leading tokens with a request admitted in the same
+//    step waits a step and takes them from the cache. Admission needs the
 //    uncached prompt plus a reserve for output to fit in free + evictable
 //    slots minus what the running requests have reserved;
 //  * when a decode token finds no slot, the running request with the lowest
 //    priority (latest arrival among equals) is preempted: its unshared KV is
 //    freed, its lock dropped, and it goes back to the queue with its output
-//    so far, to be recomputed later. Nothing deadlocks: a request that fits
-//    the pool alone always progresses once the others are preempted.
+//    so far, to be recomputed later; a step that preempted admits nobody.
+//    Nothing deadlocks: a request that fits the pool alone always progresses
+//    once the others are preempted.
 //  * a request finishes on eos / stop ids / stop strings / max_tokens
 //    (runtime/generator.h's rules), deadline or cancellation; on finish its
 //    sequence is inserted into the radix cache, unlocked and the rest freed.
