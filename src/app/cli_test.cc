@@ -353,6 +353,206 @@ TEST(Cli, EvalEncodesTheTextFileWithBos) {
   std::filesystem::remove(text_file);
 }
 
+std::vector<float> read_floats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes(std::istreambuf_iterator<char>(in), {});
+  std::vector<float> values(bytes.size() / sizeof(float));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
+  return values;
+}
+
+// log softmax of a row, in double.
+std::vector<double> log_probs(const float* row, size_t vocab) {
+  double max = row[0], z = 0;
+  for (size_t v = 0; v < vocab; ++v) max = std::max(max, static_cast<double>(row[v]));
+  for (size_t v = 0; v < vocab; ++v) z += std::exp(row[v] - max);
+  std::vector<double> out(vocab);
+  for (size_t v = 0; v < vocab; ++v) out[v] = row[v] - max - std::log(z);
+  return out;
+}
+
+size_t arg_max(const float* row, size_t vocab) { return static_cast<size_t>(std::max_element(row, row + vocab) - row); }
+
+TEST(Cli, EvalTop1MatchesTransformersLogits) {
+  for (const char* name : {"llama", "qwen3", "mistral", "deepseek_v3"}) {
+    const std::string ref = kModels + name + "/reference.safetensors";
+    const json meta = read_json(kModels + name + "/reference.json");
+    for (size_t p = 0; p < meta["prompt_lengths"].size(); ++p) {
+      const std::string prefix = "prompt_" + std::to_string(p);
+      const std::vector<int32_t> raw = read_safetensor<int32_t>(ref, prefix + ".ids");
+      if (raw.size() < 2) continue;
+      const std::vector<float> logits = read_safetensor<float>(ref, prefix + ".logits");
+      const size_t vocab = logits.size() / raw.size();
+      size_t hits = 0;
+      for (size_t t = 0; t + 1 < raw.size(); ++t) hits += arg_max(logits.data() + t * vocab, vocab) == static_cast<size_t>(raw[t + 1]);
+      const CliRun r = run("eval --model " + kModels + name + " --ids " +
+                           join(std::vector<int>(raw.begin(), raw.end())) + " --json");
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_EQ(json::parse(r.out)["top1"].get<double>(), static_cast<double>(hits) / static_cast<double>(raw.size() - 1))
+          << name << " " << prefix;
+    }
+  }
+}
+
+TEST(Cli, EvalAgainstItselfHasZeroKl) {
+  const std::vector<int32_t> raw =
+      read_safetensor<int32_t>(kModels + "deepseek_v3/reference.safetensors", "prompt_2.ids");
+  const std::string ids = " --ids " + join(std::vector<int>(raw.begin(), raw.end())) + " --json";
+  for (const char* name : {"deepseek_v3", "llama"}) {
+    const std::string model = kModels + name;
+    const CliRun r = run("eval --model " + model + " --compare-model " + model + ids + " --context 8");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json out = json::parse(r.out);
+    EXPECT_EQ(out["kl_mean"].get<double>(), 0.0) << name;
+    EXPECT_EQ(out["top1_agreement"].get<double>(), 1.0) << name;
+    EXPECT_EQ(out["reference_perplexity"], out["perplexity"]) << name;
+    EXPECT_EQ(out["tokens"], raw.size() - 1);
+  }
+}
+
+TEST(Cli, EvalKlOfAnFp8CopyMatchesTheLogitsOfBothModels) {
+  // KL(P_reference || P_candidate) with the bf16 checkpoint as the reference
+  // and its block-FP8 copy as the candidate, averaged over the scored
+  // positions, recomputed here from the logits each model gives on its own.
+  const std::string src = kModels + "deepseek_v3", fp8 = temp_path("kl_fp8");
+  std::filesystem::remove_all(fp8);
+  CliRun r = run("quantize --model " + src + " --out " + fp8 + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string ref_file = kModels + "deepseek_v3/reference.safetensors";
+  for (const std::string& prompt : {std::string("prompt_1"), std::string("prompt_2")}) {
+    const std::vector<int32_t> raw = read_safetensor<int32_t>(ref_file, prompt + ".ids");
+    const size_t n = raw.size();
+    const std::string ids = " --ids " + join(std::vector<int>(raw.begin(), raw.end()));
+    const std::string src_logits = temp_path("src.f32"), fp8_logits = temp_path("fp8.f32");
+    ASSERT_EQ(run("eval --model " + src + ids + " --logits-out " + src_logits).exit_code, 0);
+    ASSERT_EQ(run("eval --model " + fp8 + ids + " --logits-out " + fp8_logits).exit_code, 0);
+    const std::vector<float> p = read_floats(src_logits), q = read_floats(fp8_logits);
+    std::filesystem::remove(src_logits);
+    std::filesystem::remove(fp8_logits);
+    ASSERT_EQ(p.size(), q.size());
+    const size_t vocab = p.size() / (n - 1);
+    ASSERT_EQ(vocab, 320u);
+    // The reference model's scored logits are transformers'.
+    const std::vector<float> hf = read_safetensor<float>(ref_file, prompt + ".logits");
+    for (size_t i = 0; i < p.size(); ++i) ASSERT_NEAR(p[i], hf[i], 1e-3) << i;
+
+    double kl = 0, nll_p = 0;
+    size_t agree = 0;
+    for (size_t t = 0; t + 1 < n; ++t) {
+      const std::vector<double> lp = log_probs(p.data() + t * vocab, vocab), lq = log_probs(q.data() + t * vocab, vocab);
+      for (size_t v = 0; v < vocab; ++v) kl += std::exp(lp[v]) * (lp[v] - lq[v]);
+      nll_p -= lp[static_cast<size_t>(raw[t + 1])];
+      agree += arg_max(p.data() + t * vocab, vocab) == arg_max(q.data() + t * vocab, vocab);
+    }
+    kl /= static_cast<double>(n - 1);
+    r = run("eval --model " + fp8 + " --compare-model " + src + ids + " --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json out = json::parse(r.out);
+    EXPECT_GT(kl, 0.0);
+    EXPECT_LT(kl, 0.05);
+    EXPECT_NEAR(out["kl_mean"].get<double>(), kl, 1e-9 * kl) << prompt;
+    EXPECT_EQ(out["top1_agreement"].get<double>(), static_cast<double>(agree) / static_cast<double>(n - 1));
+    EXPECT_NEAR(out["reference_perplexity"].get<double>(), std::exp(nll_p / static_cast<double>(n - 1)), 1e-9);
+    // Swapping the roles gives the other direction's KL, also positive.
+    const json back = json::parse(run("eval --model " + src + " --compare-model " + fp8 + ids + " --json").out);
+    EXPECT_GT(back["kl_mean"].get<double>(), 0.0);
+    EXPECT_EQ(back["perplexity"], out["reference_perplexity"]);
+  }
+  std::filesystem::remove_all(fp8);
+}
+
+TEST(Cli, EvalMtpTop1MatchesTheReferenceMtpLogits) {
+  // The fixture's MTP reference: transformers' main model hidden states over
+  // mtp.ids and the MTP layer given mtp.next_ids (= mtp.ids shifted by one).
+  // Row i depends only on tokens 0..i+1, so the sequence may be cut and its
+  // last token changed: ids[0..4] + argmax(row 3) makes row 3 right.
+  const std::string dir = kModels + "deepseek_v3";
+  const std::string ref = dir + "/reference.safetensors";
+  const std::vector<int32_t> ids = read_safetensor<int32_t>(ref, "mtp.ids");
+  const std::vector<int32_t> next = read_safetensor<int32_t>(ref, "mtp.next_ids");
+  const std::vector<float> mtp_logits = read_safetensor<float>(ref, "mtp.logits");
+  ASSERT_EQ(ids.size(), 7u);
+  const size_t vocab = mtp_logits.size() / ids.size();
+  std::vector<int> seq(ids.begin(), ids.begin() + 5);
+  ASSERT_EQ(next[3], seq[4]);
+  seq.push_back(static_cast<int>(arg_max(mtp_logits.data() + 3 * vocab, vocab)));
+  size_t hits = 0;
+  for (size_t i = 0; i + 2 < seq.size(); ++i)
+    hits += arg_max(mtp_logits.data() + i * vocab, vocab) == static_cast<size_t>(seq[i + 2]);
+  ASSERT_GE(hits, 1u);
+  CliRun r = run("eval --model " + dir + " --ids " + join(seq) + " --mtp --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json out = json::parse(r.out);
+  EXPECT_EQ(out["mtp_tokens"], seq.size() - 2);
+  EXPECT_EQ(out["mtp_top1"].get<double>(), static_cast<double>(hits) / static_cast<double>(seq.size() - 2));
+  // --mtp leaves the main model's figures as they are.
+  const json plain = json::parse(run("eval --model " + dir + " --ids " + join(seq) + " --json").out);
+  EXPECT_EQ(out["perplexity"], plain["perplexity"]);
+  EXPECT_EQ(out["top1"], plain["top1"]);
+
+  // Across windows every position with a token two ahead counts once: the
+  // 8 tokens in windows of 3 give 7 scored tokens and 6 MTP predictions.
+  std::vector<int> all(ids.begin(), ids.end());
+  all.push_back(next.back());
+  r = run("eval --model " + dir + " --ids " + join(all) + " --mtp --context 3 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  out = json::parse(r.out);
+  EXPECT_EQ(out["tokens"], 7);
+  EXPECT_EQ(out["mtp_tokens"], 6);
+  // The fp8 checkpoint has an MTP layer too; a Llama has none.
+  r = run("eval --model " + kModels + "deepseek_v3_fp8 --ids " + join(all) + " --mtp --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["mtp_tokens"], 6);
+}
+
+TEST(Cli, EvalIdsFileAndCompareModelTokenizers) {
+  const std::vector<int32_t> raw =
+      read_safetensor<int32_t>(kModels + "llama/reference.safetensors", "prompt_2.ids");
+  const std::vector<int> ids(raw.begin(), raw.end());
+  const std::string ids_file = temp_path("ids.txt");
+  {
+    std::ofstream out(ids_file);
+    for (size_t i = 0; i < ids.size(); ++i) out << ids[i] << (i % 5 == 4 ? ",\n" : " ");
+  }
+  const std::string model = " --model " + kModels + "llama";
+  const CliRun a = run("eval" + model + " --ids-file " + ids_file + " --json");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  json from_file = json::parse(a.out);
+  json from_flag = json::parse(run("eval" + model + " --ids " + join(ids) + " --json").out);
+  from_file.erase("tokens_per_second");
+  from_flag.erase("tokens_per_second");
+  EXPECT_EQ(from_file, from_flag);
+  std::filesystem::remove(ids_file);
+
+  // A text file is encoded by both tokenizers, which must agree.
+  const std::string text_file = temp_path("compare.txt");
+  std::ofstream(text_file) << "Basalt is a dark, fine-grained volcanic rock.";
+  CliRun r = run("eval" + model + " --compare-model " + kModels + "llama --text-file " + text_file + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["kl_mean"].get<double>(), 0.0);
+  // The same model whose tokenizer adds no BOS.
+  const std::string no_bos = temp_path("no_bos");
+  std::filesystem::remove_all(no_bos);
+  std::filesystem::copy(kModels + "llama", no_bos);
+  json tokenizer = read_json(no_bos + "/tokenizer.json");
+  tokenizer["post_processor"] = nullptr;
+  std::ofstream(no_bos + "/tokenizer.json") << tokenizer.dump();
+  r = run("eval" + model + " --compare-model " + no_bos + " --text-file " + text_file + " --json");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("encode the text differently"), std::string::npos) << r.err;
+  r = run("eval" + model + " --compare-model " + no_bos + " --ids 0,35,284 --json");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::filesystem::remove_all(no_bos);
+  r = run("eval" + model + " --compare-model " + std::string(BASALT_TESTDATA) +
+          "/../models/basalt-draft --ids 1,2,3 --json");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("vocabularies differ"), std::string::npos) << r.err;
+  r = run("eval" + model + " --ids 1,2,3 --mtp");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no multi-token-prediction layer"), std::string::npos) << r.err;
+  std::filesystem::remove(text_file);
+}
+
 TEST(Cli, QuantizeWritesAnFp8CopyTheEngineRuns) {
   const std::string out_dir = temp_path("fp8");
   std::filesystem::remove_all(out_dir);
