@@ -654,4 +654,53 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
   std::filesystem::remove_all(no_tokenizer);
 }
 
+
+// The bundled models (models/, trained by tools/train/train_bundled.py): the
+// greedy continuations transformers produced for them when they were trained
+// (models/reports/) are the reference.
+const std::string kBundled = std::string(BASALT_TESTDATA) + "/../models/";
+
+void expect_bundled_matches_transformers(const std::string& model, const std::string& report,
+                                         const char* section) {
+  const json samples = read_json(kBundled + "reports/" + report)[section]["samples"];
+  ASSERT_FALSE(samples.empty());
+  for (const json& sample : samples) {
+    const std::vector<int> prompt = sample["prompt_ids"];
+    const std::vector<int> expected = sample["output_ids"];
+    const CliRun r = run("generate --model " + kBundled + model + " --prompt-ids " + join(prompt) +
+                         " --max-tokens " + std::to_string(expected.size()) +
+                         " --temperature 0 --ignore-eos --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json::parse(r.out)["output_ids"].get<std::vector<int>>(), expected)
+        << model << ": " << sample["prompt"];
+  }
+}
+
+TEST(Cli, BundledMainModelMatchesTransformersGreedy) {
+  expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers");
+}
+
+TEST(Cli, BundledDraftModelMatchesTransformersGreedy) {
+  expect_bundled_matches_transformers("basalt-draft", "run1-tokenizer-draft.json",
+                                      "draft_transformers");
+}
+
+TEST(Cli, WithoutModelFlagUsesTheBundledModel) {
+  const std::string args = " --prompt 'The Debian project' --max-tokens 12 --temperature 0.7 --seed 3 --json";
+  const CliRun implicit = run("generate" + args);
+  const CliRun explicit_model = run("generate --model " + kBundled + "basalt-mini" + args);
+  ASSERT_EQ(implicit.exit_code, 0) << implicit.err;
+  ASSERT_EQ(explicit_model.exit_code, 0) << explicit_model.err;
+  EXPECT_EQ(json::parse(implicit.out)["output_ids"], json::parse(explicit_model.out)["output_ids"]);
+  // Stable across runs, and the text is the model's English, not byte soup.
+  EXPECT_EQ(json::parse(run("generate" + args).out)["text"], json::parse(implicit.out)["text"]);
+  const std::string text = json::parse(implicit.out)["text"];
+  size_t letters = 0;
+  for (char c : text) letters += std::isalpha(static_cast<unsigned char>(c)) || c == ' ';
+  EXPECT_GT(letters, text.size() * 8 / 10) << text;
+  const CliRun tokens = run("tokenize --text 'The Debian project' --json");
+  ASSERT_EQ(tokens.exit_code, 0) << tokens.err;
+  EXPECT_FALSE(json::parse(tokens.out)["ids"].empty());
+}
+
 }  // namespace
