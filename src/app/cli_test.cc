@@ -703,4 +703,31 @@ TEST(Cli, WithoutModelFlagUsesTheBundledModel) {
   EXPECT_FALSE(json::parse(tokens.out)["ids"].empty());
 }
 
+
+TEST(Cli, BundledModelFp8CopyStaysCloseToBf16) {
+  // basalt quantize makes the block-FP8 copy; on real English its token
+  // distributions must stay close to the bf16 model's.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("basalt_bundled_fp8_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const std::string mini = kBundled + "basalt-mini";
+  CliRun r = run("quantize --model " + mini + " --out " + dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto text = dir / "sample.txt";
+  std::ofstream(text) << "The Debian project produces a free operating system. Packages are "
+                         "installed with apt, which resolves their dependencies and downloads "
+                         "them from a mirror. Each package has a maintainer who looks after it, "
+                         "and bugs are reported to the Debian bug tracking system.\n";
+  r = run("eval --model " + dir.string() + " --compare-model " + mini + " --text-file " +
+          text.string() + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json out = json::parse(r.out);
+  EXPECT_GT(out["kl_mean"].get<double>(), 0.0);
+  EXPECT_LT(out["kl_mean"].get<double>(), 0.05);
+  EXPECT_GT(out["top1_agreement"].get<double>(), 0.85);
+  EXPECT_LT(std::fabs(std::log(out["perplexity"].get<double>() /
+                               out["reference_perplexity"].get<double>())), 0.05);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
