@@ -18,34 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "app/cli_test_util.h"
+
 namespace {
 
 using nlohmann::json;
 const std::string kModels = std::string(BASALT_TESTDATA) + "/models/";
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
-CliRun run(const std::string& args) {
-  const auto err_path = std::filesystem::temp_directory_path() /
-                        ("basalt_cli_test_" + std::to_string(::getpid()) + ".err");
-  const std::string command = std::string(BASALT_BINARY) + " " + args + " 2>" + err_path.string();
-  CliRun r;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.out.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(err), {});
-  std::filesystem::remove(err_path);
-  return r;
-}
+using basalt::cli_test::CliRun;
+using basalt::cli_test::run;
 
 json read_json(const std::string& path) {
   std::ifstream in(path);

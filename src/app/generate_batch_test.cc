@@ -14,34 +14,15 @@
 #include <string>
 #include <vector>
 
+#include "app/cli_test_util.h"
+
 namespace {
 
 using nlohmann::json;
 const std::string kLlama = std::string(BASALT_TESTDATA) + "/models/llama";
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-CliRun run(const std::string& args) {
-  const auto err_path = std::filesystem::temp_directory_path() /
-                        ("basalt_batch_test_" + std::to_string(::getpid()) + ".err");
-  const std::string command = std::string(BASALT_BINARY) + " " + args + " 2>" + err_path.string();
-  CliRun r;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.out.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(err), {});
-  std::filesystem::remove(err_path);
-  return r;
-}
+using basalt::cli_test::CliRun;
+using basalt::cli_test::run;
 
 std::string write_file(const std::string& name, const std::string& content) {
   const auto path = std::filesystem::temp_directory_path() /

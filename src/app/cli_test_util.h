@@ -1,0 +1,42 @@
+// Test helper: runs the real `basalt` binary (BASALT_BINARY) as a user would,
+// capturing its exit code, standard output and standard error.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+namespace basalt::cli_test {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs `basalt ARGS` through the shell (ARGS may quote).
+inline CliRun run(const std::string& args) {
+  const auto err_path = std::filesystem::temp_directory_path() /
+                        ("basalt_cli_" + std::to_string(::getpid()) + ".err");
+  const std::string command = std::string(BASALT_BINARY) + " " + args + " 2>" + err_path.string();
+  CliRun r;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.out.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream err(err_path);
+  r.err.assign(std::istreambuf_iterator<char>(err), {});
+  std::filesystem::remove(err_path);
+  return r;
+}
+
+}  // namespace basalt::cli_test
