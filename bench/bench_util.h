@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -68,6 +71,36 @@ inline double measure_read_bandwidth() {
     best = std::max(best, static_cast<double>(n * sizeof(float)) / seconds_since(start) / 1e9);
   }
   return best;
+}
+
+struct ModelBenchFlags {
+  int layers = 0;
+  int prompt = 0;
+  int tokens = 0;
+};
+
+// Parses --layers N --prompt N --tokens N over the given defaults; false (with
+// a message on stderr) on an unknown flag or a value below 1.
+inline bool parse_model_bench_flags(int argc, char** argv, ModelBenchFlags* flags) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", flag.c_str());
+      return false;
+    }
+    const int value = std::atoi(argv[i + 1]);
+    int* target = flag == "--layers" ? &flags->layers
+                  : flag == "--prompt" ? &flags->prompt
+                  : flag == "--tokens" ? &flags->tokens
+                                       : nullptr;
+    if (target == nullptr || value < 1) {
+      std::fprintf(stderr, "unknown flag or bad value: %s %s (flags: --layers --prompt --tokens)\n",
+                   flag.c_str(), argv[i + 1]);
+      return false;
+    }
+    *target = value;
+  }
+  return true;
 }
 
 struct GenerationTiming {

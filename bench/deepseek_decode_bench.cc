@@ -163,18 +163,9 @@ Result measure(const std::filesystem::path& dir, double decode_bytes, int prompt
 }  // namespace
 
 int main(int argc, char** argv) {
-  int layers = 3, prompt_len = 32, decode_tokens = 16;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const int value = std::atoi(argv[i + 1]);
-    if (flag == "--layers") layers = value;
-    else if (flag == "--prompt") prompt_len = value;
-    else if (flag == "--tokens") decode_tokens = value;
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      return 2;
-    }
-  }
+  ModelBenchFlags flags{3, 32, 16};
+  if (!parse_model_bench_flags(argc, argv, &flags)) return 2;
+  const int layers = flags.layers, prompt_len = flags.prompt, decode_tokens = flags.tokens;
   if (layers < 1 || layers > 27 || prompt_len < 1 || decode_tokens < 1) {
     std::fprintf(stderr, "--layers must be in 1..27, --prompt and --tokens positive\n");
     return 2;

@@ -36,18 +36,9 @@ using namespace basalt::bench;
 }  // namespace
 
 int main(int argc, char** argv) {
-  int layers = 16, prompt_len = 128, decode_tokens = 16;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const int value = std::atoi(argv[i + 1]);
-    if (flag == "--layers") layers = value;
-    else if (flag == "--prompt") prompt_len = value;
-    else if (flag == "--tokens") decode_tokens = value;
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      return 2;
-    }
-  }
+  ModelBenchFlags flags{16, 128, 16};
+  if (!parse_model_bench_flags(argc, argv, &flags)) return 2;
+  const int layers = flags.layers, prompt_len = flags.prompt, decode_tokens = flags.tokens;
   const int64_t H = 2048, I = 8192, heads = 32, kv_heads = 8, D = 64, V = 128256;
 
   const auto dir = std::filesystem::temp_directory_path() /
