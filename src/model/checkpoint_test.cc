@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/error_test_util.h"
 
 namespace basalt {
 namespace {
@@ -51,19 +52,7 @@ std::string index_json(const std::map<std::string, std::string>& weight_map) {
   return nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump();
 }
 
-template <typename Action>
-std::string error_of(Action&& action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected a basalt::Error";
-  return "";
-}
-
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
+using testing::error_of;
 
 Tensor f32(Shape shape, float first) {
   Tensor t = Tensor::empty(std::move(shape), DType::kF32);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/error_test_util.h"
 
 namespace basalt {
 namespace {
@@ -58,21 +59,7 @@ std::string read_bytes(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// The message of the basalt::Error that `action` throws ("" after recording a
-// failure when it throws none).
-template <typename Action>
-std::string error_of(Action&& action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected a basalt::Error";
-  return "";
-}
-
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
+using testing::error_of;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
