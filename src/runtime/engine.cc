@@ -73,6 +73,7 @@ void RequestStream::cancel() {
 }
 
 void RequestStream::push(EngineEvent event) {
+  std::function<void()> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
@@ -81,8 +82,20 @@ void RequestStream::push(EngineEvent event) {
       engine_ = nullptr;
     }
     events_.push_back(std::move(event));
+    listener = listener_;
   }
   cv_.notify_all();
+  if (listener) listener();
+}
+
+void RequestStream::set_listener(std::function<void()> listener) {
+  bool pending = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    listener_ = listener;
+    pending = !events_.empty();
+  }
+  if (pending && listener) listener();
 }
 
 void RequestStream::detach() {

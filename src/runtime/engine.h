@@ -64,6 +64,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -156,6 +157,11 @@ class RequestStream {
   // Whether the finished event has been produced (it may not be taken yet).
   bool finished() const;
   void cancel();
+  // Registers a callback run after every event is pushed (on the scheduler
+  // thread, outside the stream's lock; it must be quick and must not block —
+  // an event loop posts a wake-up). Called at once when events are already
+  // waiting. Replaces any earlier listener; an empty function removes it.
+  void set_listener(std::function<void()> listener);
 
   // Used by the engine.
   RequestStream(uint64_t id, Engine* engine) : id_(id), engine_(engine) {}
@@ -167,6 +173,7 @@ class RequestStream {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<EngineEvent> events_;
+  std::function<void()> listener_;
   bool finished_ = false;
   bool taken_last_ = false;
   Engine* engine_;  // null once the engine is gone

@@ -6,6 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <memory>
 #include <random>
 #include <string>
@@ -154,6 +158,36 @@ TEST(Engine, ASharedPrefixArrivingTogetherIsComputedOnce) {
   EXPECT_EQ(m.prompt_tokens, 8u * 72u);
   EXPECT_EQ(m.prefill_tokens, 64u + 8u * 8u);
   EXPECT_EQ(m.cached_prompt_tokens, 7u * 64u);
+}
+
+TEST(Engine, AListenerHearsEveryEventWithoutPolling) {
+  Fixture f(kLlama);
+  Engine engine(*f.model, f.backend, nullptr, slots(256));
+  std::mt19937 rng(5);
+  RequestHandle h = engine.submit(request(random_ids(rng, 9), greedy(6)));
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  h->set_listener([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    ++calls;
+    cv.notify_all();
+  });
+  int tokens = 0;
+  bool done = false;
+  while (!done) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return calls > 0; }));
+      calls = 0;
+    }
+    while (std::optional<EngineEvent> e = h->try_next_event()) {
+      if (e->kind == EngineEvent::Kind::kToken) ++tokens;
+      else done = true;
+    }
+  }
+  EXPECT_EQ(tokens, 6);
+  h->set_listener({});
 }
 
 TEST(Engine, LongPromptsGoInChunksAndNamespacesDoNotShare) {
