@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   nlohmann-json3-dev libfmt-dev libcli11-dev
+  libboost1.81-dev libssl-dev openssl
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
 )
 # The fuzzers need clang with libFuzzer; optional for a plain build.

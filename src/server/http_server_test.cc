@@ -1,0 +1,409 @@
+// The HTTP transport against raw sockets: keep-alive, limits (413, 431, 400),
+// timeouts (request, idle, stalled writes), streamed bodies in chunked
+// encoding, a client leaving mid-stream (abort), the connection cap, stop()
+// with producers running, and TLS.
+#include "server/http_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#ifdef BASALT_TLS
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#endif
+
+namespace basalt {
+namespace {
+
+using namespace std::chrono_literals;
+
+class Client {
+ public:
+  explicit Client(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  }
+  ~Client() { close(); }
+  bool connected() const { return connected_; }
+  void send(const std::string& s) {
+    size_t off = 0;
+    while (off < s.size()) {
+      const ssize_t n = ::send(fd_, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      off += static_cast<size_t>(n);
+    }
+  }
+  // Reads until `pred(received)` holds, the peer closes, or the timeout.
+  template <class Pred>
+  std::string read_until(Pred pred, std::chrono::milliseconds timeout = 5000ms) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (!pred(buffer_)) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      char chunk[4096];
+      const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+      if (n <= 0) {
+        closed_by_peer_ = true;
+        break;
+      }
+      buffer_.append(chunk, static_cast<size_t>(n));
+    }
+    return buffer_;
+  }
+  // One whole response (Content-Length bodies), removed from the buffer.
+  std::string response(std::chrono::milliseconds timeout = 5000ms) {
+    read_until(
+        [](const std::string& b) {
+          const size_t end = b.find("\r\n\r\n");
+          if (end == std::string::npos) return false;
+          const size_t cl = b.find("Content-Length: ");
+          if (cl == std::string::npos || cl > end) return true;
+          return b.size() >= end + 4 + std::stoul(b.substr(cl + 16));
+        },
+        timeout);
+    const size_t end = buffer_.find("\r\n\r\n");
+    if (end == std::string::npos) return std::exchange(buffer_, {});
+    const size_t cl = buffer_.find("Content-Length: ");
+    size_t total = end + 4;
+    if (cl != std::string::npos && cl < end) total += std::stoul(buffer_.substr(cl + 16));
+    total = std::min(total, buffer_.size());
+    std::string r = buffer_.substr(0, total);
+    buffer_.erase(0, total);
+    return r;
+  }
+  bool wait_closed(std::chrono::milliseconds timeout) {
+    read_until([](const std::string&) { return false; }, timeout);
+    return closed_by_peer_;
+  }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  bool closed_by_peer_ = false;
+  std::string buffer_;
+};
+
+HttpServerOptions quick_options() {
+  HttpServerOptions o;
+  o.port = 0;
+  o.request_timeout = 2000ms;
+  o.idle_timeout = 2000ms;
+  o.write_timeout = 2000ms;
+  o.max_body_bytes = 1024;
+  return o;
+}
+
+HandlerResult echo(HttpRequest& r) {
+  HttpResponse out;
+  out.content_type = "text/plain";
+  out.body = r.method + " " + r.path + " " + r.body;
+  if (auto h = r.header("x-probe")) out.headers.emplace_back("X-Probe", std::string(*h));
+  return {out, nullptr};
+}
+
+std::string post(const std::string& path, const std::string& body, const std::string& extra = {}) {
+  return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" + extra +
+         "\r\n" + body;
+}
+
+TEST(HttpServer, KeepAliveServesSeveralRequestsOnOneConnection) {
+  HttpServer server(quick_options(), echo);
+  server.start();
+  Client c(server.port());
+  ASSERT_TRUE(c.connected());
+  c.send(post("/a", "hello", "X-Probe: 7\r\n"));
+  std::string r1 = c.response();
+  EXPECT_NE(r1.find("HTTP/1.1 200 OK"), std::string::npos) << r1;
+  EXPECT_NE(r1.find("X-Probe: 7"), std::string::npos);
+  EXPECT_NE(r1.find("POST /a hello"), std::string::npos);
+  c.send("GET /b?q=1 HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string r2 = c.response();
+  EXPECT_NE(r2.find("GET /b "), std::string::npos) << r2;
+  // Pipelined: two requests in one write, answered in order.
+  c.send(post("/c", "1") + post("/d", "2"));
+  std::string r3 = c.response();
+  std::string r4 = c.response();
+  EXPECT_NE(r3.find("POST /c 1"), std::string::npos) << r3;
+  EXPECT_NE(r4.find("POST /d 2"), std::string::npos) << r4;
+}
+
+TEST(HttpServer, LimitsGetTheirStatusAndAClose) {
+  HttpServer server(quick_options(), echo);
+  server.start();
+  {
+    Client c(server.port());
+    c.send(post("/big", std::string(4096, 'x')));
+    std::string r = c.response();
+    EXPECT_NE(r.find("HTTP/1.1 413"), std::string::npos) << r;
+    EXPECT_NE(r.find("larger than the limit"), std::string::npos) << r;
+    EXPECT_TRUE(c.wait_closed(2000ms));
+  }
+  {
+    Client c(server.port());
+    c.send("GET / HTTP/1.1\r\nX-Long: " + std::string(128 * 1024, 'a') + "\r\n\r\n");
+    std::string r = c.response();
+    EXPECT_NE(r.find("HTTP/1.1 431"), std::string::npos) << r.substr(0, 200);
+  }
+  {
+    Client c(server.port());
+    c.send("THIS IS NOT HTTP\r\n\r\n");
+    std::string r = c.response();
+    EXPECT_NE(r.find("HTTP/1.1 400"), std::string::npos) << r;
+    EXPECT_TRUE(c.wait_closed(2000ms));
+  }
+  {
+    Client c(server.port());
+    c.send("POST / HTTP/1.1\r\nContent-Length: 12x\r\n\r\n");
+    std::string r = c.response();
+    EXPECT_NE(r.find("HTTP/1.1 400"), std::string::npos) << r;
+  }
+  // The server still works.
+  Client ok(server.port());
+  ok.send(post("/fine", "y"));
+  EXPECT_NE(ok.response().find("200 OK"), std::string::npos);
+}
+
+TEST(HttpServer, SlowAndIdleClientsAreDropped) {
+  HttpServerOptions o = quick_options();
+  o.request_timeout = 300ms;
+  o.idle_timeout = 300ms;
+  HttpServer server(o, echo);
+  server.start();
+  Client slow(server.port());
+  slow.send("POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc");  // never finishes
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(slow.wait_closed(3000ms));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2000ms);
+  Client idle(server.port());
+  idle.send(post("/", "x"));
+  EXPECT_NE(idle.response().find("200 OK"), std::string::npos);
+  EXPECT_TRUE(idle.wait_closed(3000ms));
+  EXPECT_EQ(server.open_connections(), 0u);
+}
+
+// Streams `count` pieces, one per wake from its own thread; records abort.
+class TickerProducer : public ResponseProducer {
+ public:
+  TickerProducer(int count, size_t piece_size, std::atomic<int>* aborts)
+      : count_(count), piece_(piece_size, 'z'), aborts_(aborts) {}
+  ~TickerProducer() override {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  void start(std::function<void()> wake) override {
+    thread_ = std::thread([this, wake] {
+      for (int i = 0; i < count_ && !stop_; ++i) {
+        ready_.fetch_add(1);
+        wake();
+        std::this_thread::sleep_for(1ms);
+      }
+    });
+  }
+  void pull(Output& out) override {
+    if (!head_) {
+      HttpResponse h;
+      h.content_type = "text/event-stream";
+      out.head = h;
+      head_ = true;
+    }
+    while (sent_ < ready_.load()) {
+      out.data += piece_.empty() ? "data: " + std::to_string(sent_) + "\n\n" : piece_;
+      ++sent_;
+    }
+    if (sent_ == count_) out.done = true;
+  }
+  void abort() override {
+    stop_ = true;
+    aborts_->fetch_add(1);
+  }
+
+ private:
+  int count_;
+  std::string piece_;
+  std::atomic<int>* aborts_;
+  std::atomic<int> ready_{0};
+  int sent_ = 0;
+  bool head_ = false;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+std::string dechunk(const std::string& body) {
+  std::string out;
+  size_t i = 0;
+  while (i < body.size()) {
+    const size_t eol = body.find("\r\n", i);
+    if (eol == std::string::npos) break;
+    const size_t n = std::stoul(body.substr(i, eol - i), nullptr, 16);
+    if (n == 0) break;
+    out += body.substr(eol + 2, n);
+    i = eol + 2 + n + 2;
+  }
+  return out;
+}
+
+TEST(HttpServer, StreamsChunkedBodiesAndKeepsTheConnection) {
+  std::atomic<int> aborts{0};
+  HttpServer server(quick_options(), [&](HttpRequest& r) {
+    if (r.path == "/plain") return echo(r);
+    return HandlerResult{{}, std::make_unique<TickerProducer>(50, 0, &aborts)};
+  });
+  server.start();
+  Client c(server.port());
+  c.send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string raw = c.read_until([](const std::string& b) { return b.find("\r\n0\r\n\r\n") != std::string::npos; });
+  ASSERT_NE(raw.find("Transfer-Encoding: chunked"), std::string::npos) << raw.substr(0, 300);
+  const std::string body = dechunk(raw.substr(raw.find("\r\n\r\n") + 4));
+  std::string expected;
+  for (int i = 0; i < 50; ++i) expected += "data: " + std::to_string(i) + "\n\n";
+  EXPECT_EQ(body, expected);
+  c.send("GET /plain HTTP/1.1\r\nHost: x\r\n\r\n");
+  (void)c.read_until([](const std::string& b) { return b.find("GET /plain") != std::string::npos; });
+  EXPECT_EQ(aborts.load(), 0);
+}
+
+TEST(HttpServer, AClientLeavingMidStreamAbortsTheProducer) {
+  std::atomic<int> aborts{0};
+  HttpServer server(quick_options(), [&](HttpRequest&) {
+    return HandlerResult{{}, std::make_unique<TickerProducer>(100000, 0, &aborts)};
+  });
+  server.start();
+  {
+    Client c(server.port());
+    c.send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    (void)c.read_until([](const std::string& b) { return b.find("data: 3\n") != std::string::npos; });
+  }
+  for (int i = 0; i < 200 && aborts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(aborts.load(), 1);
+  for (int i = 0; i < 200 && server.open_connections() > 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server.open_connections(), 0u);
+}
+
+TEST(HttpServer, AClientThatStopsReadingIsDroppedAfterTheWriteTimeout) {
+  std::atomic<int> aborts{0};
+  HttpServerOptions o = quick_options();
+  o.write_timeout = 300ms;
+  HttpServer server(o, [&](HttpRequest&) {
+    return HandlerResult{{}, std::make_unique<TickerProducer>(100000, 64 * 1024, &aborts)};
+  });
+  server.start();
+  Client c(server.port());
+  c.send("GET /flood HTTP/1.1\r\nHost: x\r\n\r\n");
+  for (int i = 0; i < 500 && aborts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(aborts.load(), 1);
+}
+
+TEST(HttpServer, PastTheConnectionCapNewClientsGet503) {
+  HttpServerOptions o = quick_options();
+  o.max_connections = 1;
+  HttpServer server(o, echo);
+  server.start();
+  Client first(server.port());
+  first.send(post("/", "a"));
+  EXPECT_NE(first.response().find("200 OK"), std::string::npos);
+  Client second(server.port());
+  const std::string r = second.response();
+  EXPECT_NE(r.find("HTTP/1.1 503"), std::string::npos) << r;
+}
+
+TEST(HttpServer, StopAbortsRunningProducers) {
+  std::atomic<int> aborts{0};
+  auto server = std::make_unique<HttpServer>(quick_options(), [&](HttpRequest&) {
+    return HandlerResult{{}, std::make_unique<TickerProducer>(100000, 0, &aborts)};
+  });
+  server->start();
+  Client c(server->port());
+  c.send("GET /s HTTP/1.1\r\nHost: x\r\n\r\n");
+  (void)c.read_until([](const std::string& b) { return b.find("data: 2\n") != std::string::npos; });
+  server->stop();
+  EXPECT_EQ(aborts.load(), 1);
+  EXPECT_TRUE(c.wait_closed(2000ms));
+  server.reset();
+}
+
+TEST(HttpServer, BindErrorsAreClear) {
+  HttpServer a(quick_options(), echo);
+  a.start();
+  HttpServerOptions o = quick_options();
+  o.port = a.port();
+  HttpServer b(o, echo);
+  try {
+    b.start();
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen"), std::string::npos) << e.what();
+  }
+  HttpServerOptions bad = quick_options();
+  bad.host = "not-an-ip";
+  HttpServer c(bad, echo);
+  EXPECT_THROW(c.start(), std::exception);
+}
+
+#ifdef BASALT_TLS
+TEST(HttpServer, ServesHttpsWithTheGivenCertificate) {
+  HttpServerOptions o = quick_options();
+  o.tls_cert_file = std::string(BASALT_TESTDATA) + "/tls/cert.pem";
+  o.tls_key_file = std::string(BASALT_TESTDATA) + "/tls/key.pem";
+  HttpServer server(o, echo);
+  server.start();
+  namespace asio = boost::asio;
+  asio::io_context ioc;
+  asio::ssl::context ctx(asio::ssl::context::tls_client);
+  ctx.set_verify_mode(asio::ssl::verify_none);
+  asio::ssl::stream<asio::ip::tcp::socket> s(ioc, ctx);
+  s.next_layer().connect({asio::ip::make_address("127.0.0.1"), server.port()});
+  s.handshake(asio::ssl::stream_base::client);
+  const std::string req = post("/secure", "s", "Connection: close\r\n");
+  asio::write(s, asio::buffer(req));
+  std::string got;
+  boost::system::error_code ec;
+  char buf[1024];
+  for (;;) {
+    const size_t n = s.read_some(asio::buffer(buf), ec);
+    got.append(buf, n);
+    if (ec) break;
+  }
+  EXPECT_NE(got.find("POST /secure s"), std::string::npos) << got;
+  // A plain-text client gets nothing useful and the server survives it.
+  Client plain(server.port());
+  plain.send(post("/", "x"));
+  EXPECT_TRUE(plain.wait_closed(3000ms));
+}
+
+TEST(HttpServer, MissingTlsFilesAreClearErrors) {
+  HttpServerOptions o = quick_options();
+  o.tls_cert_file = "/nonexistent/cert.pem";
+  o.tls_key_file = "/nonexistent/key.pem";
+  HttpServer server(o, echo);
+  try {
+    server.start();
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("TLS certificate"), std::string::npos) << e.what();
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace basalt
