@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <ctime>
+#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 
@@ -159,10 +160,16 @@ struct Sequence {
   int64_t tree_len = 0;       // slots[0, tree_len) are the tree's (locked)
   RadixNode* node = nullptr;  // locked while running
 
-  std::optional<LogitsProcessor> processor;
+  // Built at intake, then used only by the executor (apply and append), which
+  // may run a step after the sequence itself is gone: hence shared.
+  std::shared_ptr<LogitsProcessor> processor;
   std::optional<IncrementalDecoder> decoder;
   std::optional<StopChecker> checker;
   Usage usage;
+
+  // n > 1: the samples of one submit_n share a group (the first sample's id).
+  uint64_t group = 0;
+  std::string refusal;  // set by submit_n: an error event, whatever the request
 
   // This step.
   int64_t step_start = 0;
@@ -170,11 +177,201 @@ struct Sequence {
   bool scheduled = false;
   bool preempted = false;
 
-  int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - kv_done; }
+  // Launched steps. kv_done counts the KV positions of every launched step
+  // (the executor runs steps in order, so a later step always finds them
+  // written); `pending` counts tokens sampled by launched steps that process()
+  // has not appended to `tokens` yet (at most 2 with overlap: the step being
+  // processed and the one launched after it); pending_row is the row of the
+  // latest one among its step's sampled tokens, which the next step's input
+  // refers to as a future; inflight_len is the latest step's length, and
+  // last_step its id (the sequence outlives its finish until that step is
+  // processed).
+  int pending = 0;
+  int pending_row = 0;
+  int64_t inflight_len = 0;
+  uint64_t last_step = 0;
+
+  int64_t remaining() const { return static_cast<int64_t>(tokens.size()) + pending - kv_done; }
   std::span<const int32_t> token_span(int64_t n) const {
     return std::span<const int32_t>(tokens.data(), static_cast<size_t>(n));
   }
 };
+
+// One launched step: what the executor needs (built by the scheduler thread,
+// then read only by the executor), its results (written by the executor,
+// read by the scheduler after wait()), and the scheduler's own bookkeeping.
+struct StepWork {
+  uint64_t id = 0;
+  ForwardBatch fb;
+  // Inputs that are tokens sampled by step `futures_of` (the one launched just
+  // before): fb.token_ids holds -(row + 1) there until the executor resolves it.
+  uint64_t futures_of = 0;
+  std::vector<size_t> future_positions;
+  struct Row {
+    std::shared_ptr<LogitsProcessor> processor;
+    SamplingRow sampling;
+    int logprobs = 0;
+  };
+  std::vector<Row> rows;  // one per sampled logits row, in order
+  int64_t logit_rows = 0;
+  bool chained = false;  // launched while the previous step ran or had just been processed
+
+  // Results.
+  std::vector<int32_t> next;
+  std::vector<std::vector<TokenLogprob>> logprobs;
+  std::string error;
+  Clock::time_point exec_start, exec_end;
+  bool done = false;  // guarded by the executor's mutex when it has a thread
+
+  // The scheduler's.
+  std::vector<Sequence*> batch;
+  std::vector<Sequence*> sampled;
+};
+
+// Runs steps in launch order: resolves future inputs from the previous step's
+// tokens, runs the model and the sampler, and appends each sampled token to
+// its request's LogitsProcessor. With a thread (overlap on), launch() queues
+// and returns at once and wait() blocks until that step is done; without one,
+// wait() runs the step on the caller.
+class Executor {
+ public:
+  Executor(Model& model, Backend& backend, KvBuffers& kv, int32_t vocab, bool threaded)
+      : model_(model), backend_(backend), kv_(kv), vocab_(vocab) {
+    if (threaded) thread_ = std::thread([this] { loop(); });
+  }
+  ~Executor() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  bool threaded() const { return thread_.joinable(); }
+
+  void launch(std::shared_ptr<StepWork> work) {
+    if (!threaded()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(work));
+    }
+    cv_.notify_one();
+  }
+
+  void wait(StepWork& work) {
+    if (!threaded()) {
+      if (!work.done) {
+        run(work);
+        work.done = true;
+      }
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return work.done; });
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::shared_ptr<StepWork> work;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      run(*work);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        work->done = true;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  void run(StepWork& w);
+
+  Model& model_;
+  Backend& backend_;
+  KvBuffers& kv_;
+  const int32_t vocab_;
+  // The last step that succeeded and its sampled tokens (executor only).
+  uint64_t last_id_ = 0;
+  std::vector<int32_t> last_next_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;       // work queued or stop
+  std::condition_variable done_cv_;  // a step is done
+  std::deque<std::shared_ptr<StepWork>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+void Executor::run(StepWork& w) {
+  w.exec_start = Clock::now();
+  try {
+    if (w.futures_of != 0) {
+      BASALT_CHECK(w.futures_of == last_id_, "step {} needs the tokens of step {}, which failed",
+                   w.id, w.futures_of);
+      int32_t* ids = w.fb.token_ids.data<int32_t>();
+      for (size_t i : w.future_positions) {
+        const size_t row = static_cast<size_t>(-ids[i] - 1);
+        BASALT_CHECK(row < last_next_.size(), "future row {} of {}", row, last_next_.size());
+        ids[i] = last_next_[row];
+      }
+    }
+    last_id_ = 0;
+    const int64_t L = w.logit_rows;
+    Tensor logits = backend_.empty({L, vocab_}, DType::kF32);
+    model_.forward(w.fb, kv_, logits);
+    w.logprobs.assign(w.rows.size(), {});
+    w.next.clear();
+    if (!w.rows.empty()) {
+      const size_t V = static_cast<size_t>(vocab_);
+      bool want_logprobs = false, active = false;
+      for (const StepWork::Row& row : w.rows) {
+        want_logprobs |= row.logprobs > 0;
+        active |= row.processor->active();
+      }
+      Tensor host = Tensor::empty({L, vocab_}, DType::kF32);
+      if (want_logprobs) {
+        Tensor lp = backend_.empty({L, vocab_}, DType::kF32);
+        backend_.log_softmax(logits, lp);
+        backend_.copy(lp, host);
+        for (size_t r = 0; r < w.rows.size(); ++r)
+          if (w.rows[r].logprobs > 0)
+            w.logprobs[r] = top_k_logprobs(std::span<const float>(host.data<float>() + r * V, V),
+                                           w.rows[r].logprobs);
+      }
+      if (active) {
+        backend_.copy(logits, host);
+        for (size_t r = 0; r < w.rows.size(); ++r)
+          if (w.rows[r].processor->active())
+            w.rows[r].processor->apply(std::span<float>(host.data<float>() + r * V, V));
+        backend_.copy(host, logits);
+      }
+      std::vector<SamplingRow> rows;
+      for (const StepWork::Row& row : w.rows) rows.push_back(row.sampling);
+      Tensor out = backend_.empty({L}, DType::kI32);
+      backend_.sample(logits, rows, out);
+      Tensor host_out = Tensor::empty({L}, DType::kI32);
+      backend_.copy(out, host_out);
+      w.next.assign(host_out.data<int32_t>(), host_out.data<int32_t>() + w.rows.size());
+      for (size_t r = 0; r < w.rows.size(); ++r) w.rows[r].processor->append(w.next[r]);
+    }
+    last_next_ = w.next;
+    last_id_ = w.id;
+  } catch (const std::exception& e) {
+    w.error = e.what();
+    if (w.error.empty()) w.error = "unknown error";
+  }
+  w.exec_end = Clock::now();
+}
 
 class Scheduler {
  public:
@@ -193,7 +390,22 @@ class Scheduler {
  private:
   void intake(std::unique_ptr<Sequence> seq);
   std::string invalid(const Sequence& seq) const;
-  void step();
+  // Schedules a step and hands it to the executor; null when nothing runs.
+  std::shared_ptr<StepWork> launch(bool chained);
+  // Takes a finished step's results: tokens, events, finishes.
+  void process(StepWork& work);
+  // After a failed step: waits out the step in flight, fails every request
+  // and empties the cache (a failed step's KV may already be in it).
+  void recover(const std::string& message);
+  // The KV a finishing request may cache: its launched positions, less those
+  // of a step still in flight that samples for it (an overlap's extra row).
+  int64_t settled_kv(const Sequence& seq) const;
+  bool in_flight(const Sequence& seq) const { return seq.last_step > processed_step_; }
+  // Overlap: the step in flight samples the request's last token (max_tokens),
+  // so it gets no extra row.
+  static bool samples_its_last(const Sequence& seq) {
+    return seq.pending > 0 && seq.num_output + seq.pending >= seq.request.params.max_tokens;
+  }
   // Scheduling: returns the sequences of this step's batch.
   std::vector<Sequence*> schedule();
   bool allocate_for(Sequence& seq, int64_t n);
@@ -201,6 +413,7 @@ class Scheduler {
   Sequence* pick_victim();
   int64_t live_running() const;
   bool shares_uncached_prefix(const Sequence& seq, const std::vector<const Sequence*>& admitted);
+  bool sibling_prefilling(const Sequence& seq, const std::vector<const Sequence*>& admitted) const;
   bool admit(Sequence& seq, int64_t budget);
   int64_t reserve_of(const Sequence& seq) const;
   std::vector<Sequence*> admission_order();
@@ -229,8 +442,15 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<std::unique_ptr<Sequence>> done_;  // finished this step
+  // Finished, but in a launched step not processed yet.
+  std::vector<std::unique_ptr<Sequence>> retired_;
   uint64_t next_arrival_ = 0;
+  uint64_t next_step_id_ = 0;
+  uint64_t processed_step_ = 0;  // every step up to this id has been processed
+  std::shared_ptr<StepWork> inflight_;  // launched, not processed (overlap)
+  std::optional<Clock::time_point> last_exec_end_;
   EngineMetrics m_;
+  Executor executor_;  // after kv_: its thread stops before the KV goes
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -268,7 +488,8 @@ Scheduler::Scheduler(Model& model, Backend& backend, const Tokenizer* tokenizer,
       eos_ids_(options_.eos_ids ? *options_.eos_ids : model.config().eos_token_ids),
       pool_(pool_slots(model, options_)),
       kv_(model.allocate_kv(pool_.capacity(), options_.kv_dtype)),
-      cache_(pool_, RadixCacheOptions{options_.radix_cache, options_.eviction}) {
+      cache_(pool_, RadixCacheOptions{options_.radix_cache, options_.eviction}),
+      executor_(model, backend, kv_, vocab_, options_.overlap) {
   BASALT_CHECK(options_.step_token_budget >= 1, "step_token_budget must be >= 1, got {}",
                options_.step_token_budget);
   BASALT_CHECK(options_.max_running >= 1, "max_running must be >= 1, got {}", options_.max_running);
@@ -325,21 +546,29 @@ void Scheduler::publish() {
 }
 
 void Scheduler::run() {
+  bool chained = false;  // no idle wait since the last step
   for (;;) {
     std::vector<std::unique_ptr<Sequence>> inbox;
     std::vector<uint64_t> cancels;
     bool clear = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] {
+      const auto ready = [&] {
         return stop_ || !inbox_.empty() || !cancels_.empty() || !waiting_.empty() ||
-               !running_.empty() || clear_requested_;
-      });
+               !running_.empty() || clear_requested_ || inflight_ != nullptr;
+      };
+      if (!ready()) {
+        chained = false;
+        cv_.wait(lock, ready);
+      }
       if (stop_) break;
       inbox.swap(inbox_);
       cancels.swap(cancels_);
       clear = clear_requested_;
     }
+    const Clock::time_point t0 = Clock::now();
+    const double cpu0 = thread_cpu_seconds();
+    double exec_cpu = 0;  // the executor's work when it ran on this thread
     for (auto& seq : inbox) intake(std::move(seq));
     for (uint64_t id : cancels) {
       for (auto* list : {&waiting_, &running_})
@@ -353,15 +582,34 @@ void Scheduler::run() {
           finish(*seq, FinishReason::kDeadline);
     remove_finished();
 
-    if (!waiting_.empty() || !running_.empty()) {
-      try {
-        step();
-      } catch (const std::exception& e) {
-        fail_all(std::string("engine step failed: ") + e.what());
+    // Overlap on: launch step N+1, then process step N while N+1 runs.
+    // Overlap off: launch a step and process it at once.
+    bool stepped = false;
+    try {
+      std::shared_ptr<StepWork> launched;
+      if (!waiting_.empty() || !running_.empty()) launched = launch(chained);
+      std::shared_ptr<StepWork> done =
+          executor_.threaded() ? std::exchange(inflight_, launched) : launched;
+      stepped = launched != nullptr || done != nullptr;
+      if (done != nullptr) {
+        const double c = thread_cpu_seconds();
+        executor_.wait(*done);
+        exec_cpu = thread_cpu_seconds() - c;
+        process(*done);
       }
-      remove_finished();
+      if (stepped) chained = true;
+    } catch (const std::exception& e) {
+      recover(std::string("engine step failed: ") + e.what());
+      chained = false;
+    }
+    remove_finished();
+    std::erase_if(retired_, [&](const auto& s) { return !in_flight(*s); });
+    if (stepped) {
       if (options_.check_invariants) cache_.check_invariants();
-    } else if (clear) {
+      m_.schedule_time.observe(thread_cpu_seconds() - cpu0 - exec_cpu);
+      m_.step_time.observe(seconds(Clock::now() - t0));
+    }
+    if (clear && waiting_.empty() && running_.empty() && inflight_ == nullptr) {
       cache_.evict(pool_.capacity());
       cache_.check_invariants();
       publish();  // the caller reads metrics that include everything before
@@ -373,7 +621,11 @@ void Scheduler::run() {
     }
     publish();
   }
-  // Stopping: whatever is left is cancelled.
+  // Stopping: the step in flight is waited out and dropped; whatever is left
+  // is cancelled.
+  if (inflight_ != nullptr) executor_.wait(*inflight_);
+  inflight_.reset();
+  processed_step_ = next_step_id_;
   std::vector<std::unique_ptr<Sequence>> inbox;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -389,11 +641,24 @@ void Scheduler::run() {
   for (auto* list : {&waiting_, &running_})
     for (auto& seq : *list) finish(*seq, FinishReason::kCancelled, {}, "the engine stopped");
   remove_finished();
+  retired_.clear();
   clear_cv_.notify_all();
+}
+
+void Scheduler::recover(const std::string& message) {
+  if (inflight_ != nullptr) executor_.wait(*inflight_);
+  inflight_.reset();
+  processed_step_ = next_step_id_;  // every launched step is done; their results are dropped
+  last_exec_end_.reset();
+  fail_all(message);
+  // Launched steps insert their prefill chunks into the cache before they
+  // run; the failed one's KV is not trusted, so nothing cached is kept.
+  cache_.evict(pool_.capacity());
 }
 
 std::string Scheduler::invalid(const Sequence& seq) const {
   const EngineRequest& r = seq.request;
+  if (!seq.refusal.empty()) return seq.refusal;
   if (r.prompt.empty()) return "the prompt is empty";
   for (int32_t id : r.prompt)
     if (id < 0 || id >= vocab_)
@@ -403,7 +668,8 @@ std::string Scheduler::invalid(const Sequence& seq) const {
   } catch (const std::exception& e) {
     return e.what();
   }
-  if (r.params.n != 1) return fmt::format("n must be 1, got {}", r.params.n);
+  if (r.params.n != 1)
+    return fmt::format("n must be 1, got {} (Engine::submit_n gives several samples)", r.params.n);
   if (!r.params.stop.empty() && tokenizer_ == nullptr)
     return "stop strings need a tokenizer to match against the text";
   const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.params.max_tokens;
@@ -434,7 +700,8 @@ void Scheduler::intake(std::unique_ptr<Sequence> seq) {
   }
   try {
     seq->tokens = seq->request.prompt;
-    seq->processor.emplace(seq->request.params, vocab_, eos_ids_, seq->request.prompt);
+    seq->processor = std::make_shared<LogitsProcessor>(seq->request.params, vocab_, eos_ids_,
+                                                       seq->request.prompt);
     if (tokenizer_ != nullptr) {
       seq->decoder.emplace(*tokenizer_, seq->request.params.skip_special_tokens);
       seq->checker.emplace(seq->request.params.stop, seq->request.params.include_stop_str_in_output);
@@ -463,11 +730,12 @@ bool Scheduler::allocate_for(Sequence& seq, int64_t n) {
 
 void Scheduler::free_kv(Sequence& seq, bool cache_it) {
   std::vector<int32_t> release;
-  if (cache_it && seq.kv_done > 0) {
-    InsertResult ins = cache_.insert(seq.request.cache_namespace, seq.token_span(seq.kv_done),
-                                     std::span<const int32_t>(seq.slots.data(), static_cast<size_t>(seq.kv_done)));
+  const int64_t done = settled_kv(seq);
+  if (cache_it && done > 0) {
+    InsertResult ins = cache_.insert(seq.request.cache_namespace, seq.token_span(done),
+                                     std::span<const int32_t>(seq.slots.data(), static_cast<size_t>(done)));
     release = std::move(ins.duplicates);
-    release.insert(release.end(), seq.slots.begin() + seq.kv_done, seq.slots.end());
+    release.insert(release.end(), seq.slots.begin() + done, seq.slots.end());
   } else {
     release.assign(seq.slots.begin() + seq.tree_len, seq.slots.end());
   }
@@ -526,6 +794,21 @@ bool Scheduler::shares_uncached_prefix(const Sequence& seq,
   const int64_t cached = static_cast<int64_t>(
       cache_.match_prefix(seq.request.cache_namespace, seq.token_span(len)).slots.size());
   return common - cached >= kInBatchPrefix;
+}
+
+// The samples of one submit_n: the first one admitted prefills the prompt;
+// the others wait until its whole prompt is in the cache (however short it
+// is), then compute only the last prompt token themselves.
+bool Scheduler::sibling_prefilling(const Sequence& seq,
+                                   const std::vector<const Sequence*>& admitted) const {
+  if (seq.group == 0 || !cache_.enabled() || seq.prompt_len < 2) return false;
+  for (const Sequence* a : admitted)
+    if (a->group == seq.group) return true;
+  for (const auto& r : running_)
+    if (r.get() != &seq && r->group == seq.group && !r->preempted && r->stream != nullptr &&
+        r->kv_done < r->prompt_len)
+      return true;
+  return false;
 }
 
 std::vector<Sequence*> Scheduler::admission_order() {
@@ -602,7 +885,7 @@ std::vector<Sequence*> Scheduler::schedule() {
   // 1. Decodes: one token each, preempting when no slot is left.
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& s = *running_[i];
-    if (s.preempted || s.remaining() != 1) continue;
+    if (s.preempted || s.stream == nullptr || s.remaining() != 1 || samples_its_last(s)) continue;
     bool ok = false;
     while (!s.preempted) {
       if (allocate_for(s, 1)) {
@@ -625,7 +908,8 @@ std::vector<Sequence*> Scheduler::schedule() {
   // 2. Prefill chunks of running requests.
   for (auto& sp : running_) {
     Sequence& s = *sp;
-    if (s.preempted || s.scheduled || s.stream == nullptr || budget <= 0) continue;
+    if (s.preempted || s.scheduled || s.stream == nullptr || budget <= 0 || samples_its_last(s))
+      continue;
     const int64_t avail = pool_.free_slots() + cache_.evictable_tokens();
     const int64_t n = std::min({s.remaining(), budget, avail});
     if (n <= 0 || !allocate_for(s, n)) continue;
@@ -645,7 +929,9 @@ std::vector<Sequence*> Scheduler::schedule() {
     std::vector<const Sequence*> admitted_now;
     for (Sequence* s : admission_order()) {
       if (budget <= 0 || static_cast<int>(running_.size()) >= options_.max_running) break;
+      if (s->pending > 0) continue;  // preempted with a token in flight: after it lands
       if (shares_uncached_prefix(*s, admitted_now)) continue;  // next step, from the cache
+      if (sibling_prefilling(*s, admitted_now)) continue;      // n > 1: after the first sample's prompt
       if (!admit(*s, budget)) {
         if (live_running() == 0) finish(*s, FinishReason::kError, {}, "the request does not fit in the KV pool");
         break;
@@ -661,7 +947,9 @@ std::vector<Sequence*> Scheduler::schedule() {
   std::vector<Sequence*> batch;
   for (auto& s : running_)
     if (s->scheduled && s->stream != nullptr) batch.push_back(s.get());
-  if (batch.empty() && !running_.empty()) {
+  const bool progress_in_flight =
+      std::any_of(running_.begin(), running_.end(), [&](const auto& s) { return in_flight(*s); });
+  if (batch.empty() && !running_.empty() && !progress_in_flight) {
     // Partial prefills hold memory that none of them can extend: make room.
     Sequence* victim = pick_victim();
     preempt(*victim);
@@ -706,7 +994,6 @@ bool Scheduler::on_token(Sequence& seq, int32_t token, std::vector<TokenLogprob>
   ++seq.num_output;
   ++seq.usage.completion_tokens;
   ++m_.output_tokens;
-  seq.processor->append(token);
 
   EngineEvent ev;
   ev.kind = EngineEvent::Kind::kToken;
@@ -787,8 +1074,11 @@ void Scheduler::finish(Sequence& seq, FinishReason reason, StopReason stop_reaso
 }
 
 void Scheduler::remove_finished() {
-  for (auto* list : {&waiting_, &running_})
-    std::erase_if(*list, [](const auto& s) { return s->stream == nullptr; });
+  for (auto* list : {&waiting_, &running_}) {
+    for (auto& s : *list)  // a step in flight still points at it
+      if (s->stream == nullptr && in_flight(*s)) retired_.push_back(std::move(s));
+    std::erase_if(*list, [](const auto& s) { return s == nullptr || s->stream == nullptr; });
+  }
   done_.clear();
 }
 
@@ -802,20 +1092,37 @@ void Scheduler::fail_all(const std::string& message) {
       }
 }
 
-void Scheduler::step() {
-  const Clock::time_point t_step = Clock::now();
-  const double cpu0 = thread_cpu_seconds();
+int64_t Scheduler::settled_kv(const Sequence& seq) const {
+  if (seq.pending == 0) return seq.kv_done;
+  return std::max(seq.tree_len, seq.kv_done - seq.inflight_len);
+}
+
+std::shared_ptr<StepWork> Scheduler::launch(bool chained) {
   std::vector<Sequence*> batch = schedule();
   ++m_.steps;
-  if (batch.empty()) return;
+  if (batch.empty()) return nullptr;
+  auto w = std::make_shared<StepWork>();
+  w->id = ++next_step_id_;
+  w->chained = chained;
 
-  // The ForwardBatch.
+  // The ForwardBatch. An input not sampled yet (overlap: the token the step in
+  // flight samples for this request) is a future: -(its row + 1).
   std::vector<int32_t> ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows;
-  std::vector<Sequence*> sampled;
   for (Sequence* s : batch) {
+    const int64_t known = static_cast<int64_t>(s->tokens.size());
     for (int64_t i = 0; i < s->step_len; ++i) {
       const int64_t pos = s->step_start + i;
-      ids.push_back(s->tokens[static_cast<size_t>(pos)]);
+      if (pos < known) {
+        ids.push_back(s->tokens[static_cast<size_t>(pos)]);
+      } else {
+        BASALT_CHECK(pos == known && s->pending > 0 && inflight_ != nullptr &&
+                         s->last_step == inflight_->id,
+                     "request {}: input {} is neither known nor sampled by the step in flight",
+                     s->id, pos);
+        w->futures_of = inflight_->id;
+        w->future_positions.push_back(ids.size());
+        ids.push_back(-(s->pending_row + 1));
+      }
       positions.push_back(static_cast<int32_t>(pos));
       out_slots.push_back(s->slots[static_cast<size_t>(pos)]);
     }
@@ -823,80 +1130,65 @@ void Scheduler::step() {
     kv_slots.insert(kv_slots.end(), s->slots.begin(), s->slots.begin() + end);
     q_start.push_back(static_cast<int32_t>(ids.size()));
     kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
-    if (end == static_cast<int64_t>(s->tokens.size())) {
+    if (end == known + s->pending) {
       logit_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
-      sampled.push_back(s);
+      w->sampled.push_back(s);
+      const SamplingParams& p = s->request.params;
+      w->rows.push_back(StepWork::Row{
+          s->processor, p.row(s->seed, static_cast<uint64_t>(s->num_output + s->pending)), p.logprobs});
     }
     if (s->step_start < s->prompt_len) m_.prefill_tokens += static_cast<uint64_t>(
         std::min(end, s->prompt_len) - s->step_start);
   }
   // The model wants at least one logits row; an all-prefill step computes one it ignores.
-  const bool dummy_row = logit_rows.empty();
-  if (dummy_row) logit_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+  if (logit_rows.empty()) logit_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
   const auto i32 = [](const std::vector<int32_t>& v) {
     return Tensor::from_i32({static_cast<int64_t>(v.size())}, v);
   };
-  ForwardBatch fb;
-  fb.token_ids = i32(ids);
-  fb.positions = i32(positions);
-  fb.out_slots = i32(out_slots);
-  fb.attention.q_start = i32(q_start);
-  fb.attention.kv_start = i32(kv_start);
-  fb.attention.kv_slots = i32(kv_slots);
-  fb.logit_rows = i32(logit_rows);
-  const int64_t L = static_cast<int64_t>(logit_rows.size());
-  double cpu_sched = thread_cpu_seconds() - cpu0;
+  w->fb.token_ids = i32(ids);
+  w->fb.positions = i32(positions);
+  w->fb.out_slots = i32(out_slots);
+  w->fb.attention.q_start = i32(q_start);
+  w->fb.attention.kv_start = i32(kv_start);
+  w->fb.attention.kv_slots = i32(kv_slots);
+  w->fb.logit_rows = i32(logit_rows);
+  w->logit_rows = static_cast<int64_t>(logit_rows.size());
 
-  // Execute: the model, then the sampler.
-  Tensor logits = backend_.empty({L, vocab_}, DType::kF32);
-  model_.forward(fb, kv_, logits);
-  std::vector<int32_t> next;
-  std::vector<std::vector<TokenLogprob>> logprobs(sampled.size());
-  if (!sampled.empty()) {
-    const size_t V = static_cast<size_t>(vocab_);
-    bool want_logprobs = false, active = false;
-    for (Sequence* s : sampled) {
-      want_logprobs |= s->request.params.logprobs > 0;
-      active |= s->processor->active();
-    }
-    Tensor host = Tensor::empty({L, vocab_}, DType::kF32);
-    if (want_logprobs) {
-      Tensor lp = backend_.empty({L, vocab_}, DType::kF32);
-      backend_.log_softmax(logits, lp);
-      backend_.copy(lp, host);
-      for (size_t r = 0; r < sampled.size(); ++r)
-        if (sampled[r]->request.params.logprobs > 0)
-          logprobs[r] = top_k_logprobs(std::span<const float>(host.data<float>() + r * V, V),
-                                       sampled[r]->request.params.logprobs);
-    }
-    if (active) {
-      backend_.copy(logits, host);
-      for (size_t r = 0; r < sampled.size(); ++r)
-        if (sampled[r]->processor->active())
-          sampled[r]->processor->apply(std::span<float>(host.data<float>() + r * V, V));
-      backend_.copy(host, logits);
-    }
-    std::vector<SamplingRow> rows;
-    for (Sequence* s : sampled)
-      rows.push_back(s->request.params.row(s->seed, static_cast<uint64_t>(s->num_output)));
-    Tensor out = backend_.empty({L}, DType::kI32);
-    backend_.sample(logits, rows, out);
-    Tensor host_out = Tensor::empty({L}, DType::kI32);
-    backend_.copy(out, host_out);
-    next.assign(host_out.data<int32_t>(), host_out.data<int32_t>() + L);
-  }
-
-  // Process: the KV is written; cache prefill progress, then the tokens.
-  const double cpu1 = thread_cpu_seconds();
+  // The step's KV counts as written from now on: the executor runs steps in
+  // order, so any later step that reads it (a decode, or a request matching a
+  // prefill chunk in the cache) runs after this one wrote it.
   for (Sequence* s : batch) {
-    s->kv_done += s->step_len;
     const bool prefill = s->step_start < static_cast<int64_t>(s->tokens.size()) - 1;
+    s->kv_done += s->step_len;
+    s->inflight_len = s->step_len;
+    s->last_step = w->id;
     if (prefill) cache_progress(*s);
   }
-  for (size_t r = 0; r < sampled.size(); ++r) on_token(*sampled[r], next[r], std::move(logprobs[r]));
-  cpu_sched += thread_cpu_seconds() - cpu1;
-  m_.schedule_time.observe(cpu_sched);
-  m_.step_time.observe(seconds(Clock::now() - t_step));
+  for (size_t r = 0; r < w->sampled.size(); ++r) {
+    ++w->sampled[r]->pending;
+    w->sampled[r]->pending_row = static_cast<int>(r);
+  }
+  w->batch = std::move(batch);
+  executor_.launch(w);
+  return w;
+}
+
+void Scheduler::process(StepWork& w) {
+  processed_step_ = w.id;
+  m_.execute_time.observe(seconds(w.exec_end - w.exec_start));
+  if (w.chained && last_exec_end_)
+    m_.bubble.observe(std::max(0.0, seconds(w.exec_start - *last_exec_end_)));
+  last_exec_end_ = w.exec_end;
+  if (!w.error.empty()) throw std::runtime_error(w.error);
+  for (size_t r = 0; r < w.sampled.size(); ++r) {
+    Sequence& s = *w.sampled[r];
+    --s.pending;
+    if (s.stream == nullptr) {  // finished meanwhile: an overlap's extra row
+      ++m_.discarded_tokens;
+      continue;
+    }
+    on_token(s, w.next[r], std::move(w.logprobs[r]));
+  }
 }
 
 // --- Engine -----------------------------------------------------------------
@@ -927,16 +1219,41 @@ Engine::~Engine() {
   thread_.join();
 }
 
-RequestHandle Engine::submit(EngineRequest request) {
+RequestHandle Engine::submit(EngineRequest request) { return submit(std::move(request), nullptr, {}); }
+
+RequestHandle Engine::submit(EngineRequest request, uint64_t* group, std::string refusal) {
   static std::atomic<uint64_t> next_id{1};
   auto seq = std::make_unique<Sequence>();
   seq->id = next_id.fetch_add(1);
+  if (group != nullptr) {
+    if (*group == 0) *group = seq->id;
+    seq->group = *group;
+  }
+  seq->refusal = std::move(refusal);
   seq->stream = std::make_shared<RequestStream>(seq->id, this);
   seq->request = std::move(request);
   seq->submitted = Clock::now();
   RequestHandle handle = seq->stream;
   scheduler_->post(std::move(seq));
   return handle;
+}
+
+std::vector<RequestHandle> Engine::submit_n(EngineRequest request, int n) {
+  std::vector<RequestHandle> handles;
+  if (n < 1 || n > kMaxSamples) {
+    handles.push_back(submit(std::move(request), nullptr,
+                             fmt::format("n must be in 1..{}, got {}", kMaxSamples, n)));
+    return handles;
+  }
+  request.params.n = 1;
+  const std::optional<uint64_t> seed = request.params.seed;
+  uint64_t group = 0;
+  for (int i = 0; i < n; ++i) {
+    EngineRequest r = i + 1 < n ? request : std::move(request);
+    if (seed) r.params.seed = sample_seed(*seed, i);
+    handles.push_back(submit(std::move(r), n > 1 ? &group : nullptr, {}));
+  }
+  return handles;
 }
 
 void Engine::cancel(uint64_t id) { scheduler_->post_cancel(id); }

@@ -10,7 +10,8 @@
 //    condition variable, and it talks back through each request's stream.
 //  * submit() and cancel() are thread-safe and never block on a model step.
 //    submit() validates nothing itself: a bad request (empty prompt, ids
-//    outside the vocabulary, invalid sampling params, n != 1, stop strings
+//    outside the vocabulary, invalid sampling params, n != 1 (submit_n gives
+//    several samples), stop strings
 //    without a tokenizer, past the context length, or a prompt plus
 //    max_tokens that can never fit in the pool) gets a single "finished"
 //    event with reason kError and a message.
@@ -50,14 +51,39 @@
 //    (runtime/generator.h's rules), deadline or cancellation; on finish its
 //    sequence is inserted into the radix cache, unlocked and the rest freed.
 //
-// Overlap: the step is split into schedule() (CPU: pick requests, allocate
-// slots, build the ForwardBatch), execute() (the model and the sampler) and
-// process() (CPU: stop checks, events, frees). The CPU backend runs execute()
-// synchronously on the scheduler thread, where overlapping would only contend
-// for the same cores; an asynchronous device would run schedule() for step
-// N+1 while execute() of step N is in flight, since schedule() only needs to
-// know which requests will still be running (all but those that finish on
-// step N's tokens, which process() then drops from the prepared batch).
+// Overlap (EngineOptions::overlap; off by default on the CPU backend): a
+// step is launch() (CPU: schedule, allocate slots, build the ForwardBatch),
+// execute (the model, the sampler, the logits processors; the Executor) and
+// process() (CPU: stop checks, detokenization, events, frees). Off, the
+// scheduler thread runs the three in turn. On, an executor thread runs the
+// model and the sampler of step N while the scheduler thread launches step
+// N+1 and then processes step N's results (SGLang's overlap scheduler):
+//  * launch() treats every launched step as done: a request's KV positions
+//    count from launch (kv_done), prefill chunks enter the radix cache at
+//    launch, and a request admitted in step N+1 may read KV that step N is
+//    still writing. This is safe because the executor runs steps strictly in
+//    order and the scheduler never reads KV memory; a slot freed while step
+//    N runs (a finish, a preemption) is only handed to step N+1 or later.
+//  * a token step N samples is a "future" for step N+1: its input id is
+//    -(row + 1), which the executor replaces with step N's sampled token just
+//    before it runs N+1. The executor also owns each request's
+//    LogitsProcessor (apply and append), so penalties see every token in
+//    order; the sampling row is (seed, outputs + pending).
+//  * a request whose last token (max_tokens) is in flight is not scheduled
+//    again; one that stops on step N's token (eos, stop id or string) is in
+//    step N+1 already: that row is computed and dropped
+//    (EngineMetrics::discarded_tokens), the finish caches only the KV of
+//    processed steps (the extra row's slot is freed), and the Sequence lives
+//    on (retired) until step N+1 is processed. Cancellations and deadlines
+//    are handled the same way at the next iteration; a request preempted
+//    while its token is in flight takes the token when it lands and is not
+//    readmitted before.
+//  * a failed step fails the step launched after it (its futures are
+//    missing), every request, and empties the cache (launched chunks were
+//    inserted before they ran).
+// EngineMetrics::schedule_time is the scheduler thread's CPU time per
+// iteration; bubble is how long the executor sat idle between consecutive
+// steps while the scheduler worked (overlap hides the scheduler in it).
 #pragma once
 
 #include <chrono>
@@ -106,6 +132,13 @@ struct EngineOptions {
   int max_logprobs = kDefaultMaxLogprobs;
   // Recount the pool and cache invariants after every step (tests).
   bool check_invariants = false;
+  // Overlap scheduling: an executor thread runs the model and the sampler for
+  // step N while the scheduler thread processes step N-1 and schedules step
+  // N+1 (see "Overlap" above). Outputs are the same either way. Off by
+  // default: on the CPU backend the model's thread pool already keeps every
+  // core busy, so the scheduler's few percent only move to another thread
+  // that competes for the same cores (bench/README.md has the figures).
+  bool overlap = false;
 };
 
 struct EngineRequest {
@@ -208,6 +241,15 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   RequestHandle submit(EngineRequest request);
+  // n independent samples of one prompt (OpenAI's n), one stream each; the
+  // prompt's KV is computed once and shared through the radix cache (the
+  // first sample admitted prefills it, the others wait for it and compute only
+  // the last prompt token). request.params.n is ignored. With a seed s, sample
+  // i draws with sample_seed(s, i), so sample 0 is what submit() gives;
+  // without one each sample draws its own seed. n outside 1..kMaxSamples: a
+  // single handle whose only event is an error.
+  static constexpr int kMaxSamples = 128;
+  std::vector<RequestHandle> submit_n(EngineRequest request, int n);
   void cancel(uint64_t id);
 
   EngineMetrics metrics() const;
@@ -222,6 +264,9 @@ class Engine {
  private:
   friend class Scheduler;
   void start(EngineOptions options);
+  // group: the samples of one submit_n share the first one's id.
+  // refusal: non-empty, the request only gets an error event with it.
+  RequestHandle submit(EngineRequest request, uint64_t* group, std::string refusal);
 
   std::unique_ptr<Backend> owned_backend_;
   std::unique_ptr<Model> owned_model_;

@@ -60,13 +60,22 @@ struct EngineMetrics {
   uint64_t output_tokens = 0;
   uint64_t preemptions = 0;
   uint64_t steps = 0;
+  // Tokens sampled for requests that had already finished: with overlap, a
+  // request that stops on step N's token is in step N+1 too, and that row is
+  // computed and dropped.
+  uint64_t discarded_tokens = 0;
   // Histograms (seconds).
   Histogram queue_time;     // submit -> first admission
   Histogram ttft;           // submit -> first token
   Histogram inter_token;    // between a request's consecutive tokens
   Histogram end_to_end;     // submit -> finished
   Histogram schedule_time;  // scheduler CPU time per step (everything but the model and sampler)
-  Histogram step_time;      // whole step
+  Histogram step_time;      // whole step (with overlap: one scheduler iteration)
+  Histogram execute_time;   // the model and the sampler, per step (wall)
+  // Per step: how long the executor sat idle between the previous step and
+  // this one while the scheduler worked (the "bubble"; idle periods with no
+  // request are not counted). Overlap hides the scheduler's work in it.
+  Histogram bubble;
 
   double cache_hit_rate() const {
     return prompt_tokens ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens)

@@ -75,8 +75,23 @@ std::vector<std::vector<int32_t>> shared_prefix_prompts(int n, size_t prefix, si
   return prompts;
 }
 
-EngineOptions slots(int64_t n) {
+// Every engine test runs with overlap scheduling off and on (EngineMode's
+// parameter, set before each test): the outputs must not change.
+bool g_overlap = false;
+
+EngineOptions base() {
   EngineOptions o;
+  o.overlap = g_overlap;
+  return o;
+}
+
+class EngineMode : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { g_overlap = GetParam(); }
+};
+
+EngineOptions slots(int64_t n) {
+  EngineOptions o = base();
   o.kv_slots = n;
   return o;
 }
@@ -114,7 +129,7 @@ void cache_on_off(const std::string& dir) {
 
   std::vector<RequestOutput> outputs[2];
   for (int on = 0; on < 2; ++on) {
-    EngineOptions o;
+    EngineOptions o = base();
     o.kv_slots = 1024;
     o.radix_cache = on == 1;
     o.step_token_budget = 64;  // the prompts go in chunks
@@ -142,10 +157,10 @@ void cache_on_off(const std::string& dir) {
   }
 }
 
-TEST(Engine, RadixCacheOnAndOffGiveTheSameTokensLlama) { cache_on_off(kLlama); }
-TEST(Engine, RadixCacheOnAndOffGiveTheSameTokensDeepSeek) { cache_on_off(kDeepSeek); }
+TEST_P(EngineMode, RadixCacheOnAndOffGiveTheSameTokensLlama) { cache_on_off(kLlama); }
+TEST_P(EngineMode, RadixCacheOnAndOffGiveTheSameTokensDeepSeek) { cache_on_off(kDeepSeek); }
 
-TEST(Engine, ASharedPrefixArrivingTogetherIsComputedOnce) {
+TEST_P(EngineMode, ASharedPrefixArrivingTogetherIsComputedOnce) {
   Fixture f(kLlama);
   const auto prompts = shared_prefix_prompts(8, 64, 8, 13);
   std::vector<EngineRequest> requests;
@@ -160,7 +175,7 @@ TEST(Engine, ASharedPrefixArrivingTogetherIsComputedOnce) {
   EXPECT_EQ(m.cached_prompt_tokens, 7u * 64u);
 }
 
-TEST(Engine, AListenerHearsEveryEventWithoutPolling) {
+TEST_P(EngineMode, AListenerHearsEveryEventWithoutPolling) {
   Fixture f(kLlama);
   Engine engine(*f.model, f.backend, nullptr, slots(256));
   std::mt19937 rng(5);
@@ -190,7 +205,7 @@ TEST(Engine, AListenerHearsEveryEventWithoutPolling) {
   h->set_listener({});
 }
 
-TEST(Engine, LongPromptsGoInChunksAndNamespacesDoNotShare) {
+TEST_P(EngineMode, LongPromptsGoInChunksAndNamespacesDoNotShare) {
   Fixture f(kLlama);
   std::mt19937 rng(17);
   const std::vector<int32_t> prompt = random_ids(rng, 100);
@@ -213,7 +228,7 @@ TEST(Engine, LongPromptsGoInChunksAndNamespacesDoNotShare) {
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
 }
 
-TEST(Engine, CrowdMatchesAloneGreedyAndSeeded) {
+TEST_P(EngineMode, CrowdMatchesAloneGreedyAndSeeded) {
   Fixture f(kLlama);
   std::mt19937 rng(11);
   std::vector<EngineRequest> requests;
@@ -232,7 +247,7 @@ TEST(Engine, CrowdMatchesAloneGreedyAndSeeded) {
   }
   std::vector<GenerateResult> alone;
   for (const auto& r : requests) alone.push_back(f.alone(r.prompt, r.params));
-  EngineOptions o;
+  EngineOptions o = base();
   o.kv_slots = 2048;
   o.step_token_budget = 48;
   o.check_invariants = true;
@@ -253,7 +268,7 @@ TEST(Engine, CrowdMatchesAloneGreedyAndSeeded) {
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
 }
 
-TEST(Engine, TextAndStopStringsMatchTheGenerator) {
+TEST_P(EngineMode, TextAndStopStringsMatchTheGenerator) {
   Fixture f(kLlama, /*with_tokenizer=*/true);
   const std::vector<int32_t> prompt = {139, 190, 81, 313, 198, 84};
   std::vector<EngineRequest> requests;
@@ -281,7 +296,7 @@ void preemption_matches_alone(const std::string& dir) {
   std::vector<GenerateResult> alone;
   for (const auto& r : requests) alone.push_back(f.alone(r.prompt, r.params));
   for (bool cache : {false, true}) {
-    EngineOptions o;
+    EngineOptions o = base();
     o.kv_slots = 64;  // room for about two requests at a time
     o.output_reserve = 2;
     o.radix_cache = cache;
@@ -299,10 +314,10 @@ void preemption_matches_alone(const std::string& dir) {
   }
 }
 
-TEST(Engine, PreemptionUnderATinyPoolStillMatchesAloneLlama) { preemption_matches_alone(kLlama); }
-TEST(Engine, PreemptionUnderATinyPoolStillMatchesAloneDeepSeek) { preemption_matches_alone(kDeepSeek); }
+TEST_P(EngineMode, PreemptionUnderATinyPoolStillMatchesAloneLlama) { preemption_matches_alone(kLlama); }
+TEST_P(EngineMode, PreemptionUnderATinyPoolStillMatchesAloneDeepSeek) { preemption_matches_alone(kDeepSeek); }
 
-TEST(Engine, BadRequestsGetAnErrorEvent) {
+TEST_P(EngineMode, BadRequestsGetAnErrorEvent) {
   Fixture f(kLlama);
   Engine engine(*f.model, f.backend, nullptr, slots(32));
   const auto never = collect(*engine.submit(request(std::vector<int32_t>(20, 5), greedy(20))));
@@ -334,7 +349,7 @@ TEST(Engine, BadRequestsGetAnErrorEvent) {
   EXPECT_EQ(collect(*other.submit(request({1, 2}, greedy(2)))).reason, FinishReason::kError);
 }
 
-TEST(Engine, DeadlinesEndRequests) {
+TEST_P(EngineMode, DeadlinesEndRequests) {
   Fixture f(kLlama);
   Engine engine(*f.model, f.backend, nullptr, slots(512));
   EngineRequest past = request({1, 2, 3}, greedy(8));
@@ -350,9 +365,9 @@ TEST(Engine, DeadlinesEndRequests) {
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
 }
 
-TEST(Engine, HigherPriorityIsAdmittedFirst) {
+TEST_P(EngineMode, HigherPriorityIsAdmittedFirst) {
   Fixture f(kLlama);
-  EngineOptions o;
+  EngineOptions o = base();
   o.kv_slots = 512;
   o.max_running = 1;
   o.policy = SchedulePolicy::kFcfs;  // within a priority class: arrival order
@@ -377,9 +392,9 @@ TEST(Engine, HigherPriorityIsAdmittedFirst) {
   EXPECT_EQ(order, (std::vector<int>{2, 5, 1, 4, 0, 3}));
 }
 
-TEST(Engine, CancellationAtRandomPointsFreesEverything) {
+TEST_P(EngineMode, CancellationAtRandomPointsFreesEverything) {
   Fixture f(kLlama);
-  EngineOptions o;
+  EngineOptions o = base();
   o.kv_slots = 600;
   o.step_token_budget = 32;
   o.check_invariants = true;
@@ -406,7 +421,7 @@ TEST(Engine, CancellationAtRandomPointsFreesEverything) {
   EXPECT_EQ(engine.metrics().requests_cancelled, static_cast<uint64_t>(cancelled));
 }
 
-TEST(Engine, DestroyingTheEngineCancelsWhatIsLeft) {
+TEST_P(EngineMode, DestroyingTheEngineCancelsWhatIsLeft) {
   Fixture f(kLlama);
   std::vector<RequestHandle> handles;
   {
@@ -424,9 +439,9 @@ TEST(Engine, DestroyingTheEngineCancelsWhatIsLeft) {
   }
 }
 
-TEST(Engine, StressFromFourThreads) {
+TEST_P(EngineMode, StressFromFourThreads) {
   Fixture f(kLlama);
-  EngineOptions o;
+  EngineOptions o = base();
   o.kv_slots = 160;  // small enough that decoding requests get preempted
   o.step_token_budget = 64;
   o.max_running = 24;
@@ -503,7 +518,7 @@ TEST(Engine, StressFromFourThreads) {
 namespace basalt {
 namespace {
 
-TEST(Engine, OwnsItsModelBackendAndTokenizer) {
+TEST_P(EngineMode, OwnsItsModelBackendAndTokenizer) {
   auto backend = std::make_unique<CpuBackend>();
   auto model = load_model(kLlama, *backend);
   auto tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_file(kLlama + "/tokenizer.json"));
@@ -513,6 +528,128 @@ TEST(Engine, OwnsItsModelBackendAndTokenizer) {
   EXPECT_FALSE(out.text.empty());
   EXPECT_EQ(engine.kv_capacity(), 256);
 }
+
+// Requests that stop on sampled tokens (eos, stop ids) finish on step N's
+// token while, with overlap, they are already in step N+1: the extra rows are
+// dropped and their slots freed, and the outputs do not change.
+TEST_P(EngineMode, RequestsStoppingOnASampledTokenMatchAlone) {
+  Fixture f(kLlama);
+  std::mt19937 rng(23);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 24; ++i) {
+    SamplingParams p = greedy(30);
+    p.temperature = 1.0f;
+    p.seed = 500 + i;
+    p.ignore_eos = false;
+    // Common ids of the random model: most requests stop early.
+    for (int32_t id = 2; id < 40; ++id) p.stop_token_ids.push_back(id);
+    if (i % 4 == 0) p.min_tokens = 3;
+    if (i % 3 == 0) p.repetition_penalty = 1.2f;
+    requests.push_back(request(random_ids(rng, 4 + static_cast<size_t>(i) % 9), p));
+  }
+  std::vector<GenerateResult> alone;
+  for (const auto& r : requests) alone.push_back(f.alone(r.prompt, r.params));
+  EngineOptions o = slots(512);
+  o.step_token_budget = 16;
+  o.check_invariants = true;
+  Engine engine(*f.model, f.backend, nullptr, o);
+  const auto out = run_all(engine, requests);
+  int stopped = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    expect_same(alone[i], out[i], "request " + std::to_string(i));
+    stopped += out[i].reason == FinishReason::kStop && out[i].output_ids.size() < 30u;
+  }
+  EXPECT_GT(stopped, 4);
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+  const EngineMetrics m = engine.metrics();
+  if (GetParam()) {
+    EXPECT_GT(m.discarded_tokens, 0u);
+  } else {
+    EXPECT_EQ(m.discarded_tokens, 0u);
+  }
+  EXPECT_GT(m.execute_time.count, 0u);
+  EXPECT_GT(m.bubble.count, 0u);
+}
+
+TEST_P(EngineMode, SamplesOfOnePromptShareItsPrefill) {
+  Fixture f(kLlama);
+  std::mt19937 rng(29);
+  for (size_t len : {5u, 40u, 100u}) {
+    const std::vector<int32_t> prompt = random_ids(rng, len);
+    SamplingParams p = greedy(6);
+    p.temperature = 1.0f;
+    p.seed = 77;
+    for (bool cache : {true, false}) {
+      EngineOptions o = slots(1024);
+      o.radix_cache = cache;
+      o.step_token_budget = 32;  // the 100-token prompt goes in chunks
+      o.check_invariants = true;
+      Engine engine(*f.model, f.backend, nullptr, o);
+      const int n = 4;
+      std::vector<RequestHandle> handles = engine.submit_n(request(prompt, p), n);
+      ASSERT_EQ(handles.size(), static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) {
+        const RequestOutput out = collect(*handles[static_cast<size_t>(i)]);
+        SamplingParams pi = p;
+        pi.seed = sample_seed(77, i);
+        expect_same(f.alone(prompt, pi), out, "sample " + std::to_string(i));
+        EXPECT_EQ(out.seed, sample_seed(77, i));
+      }
+      const EngineMetrics m = engine.metrics();
+      const uint64_t L = len;
+      EXPECT_EQ(m.prompt_tokens, n * L);
+      if (cache) {
+        // Prefilled once; the others compute only the last prompt token.
+        EXPECT_EQ(m.prefill_tokens, L + (n - 1)) << len;
+        EXPECT_EQ(m.cached_prompt_tokens, (n - 1) * (L - 1)) << len;
+      } else {
+        EXPECT_EQ(m.prefill_tokens, n * L) << len;
+        EXPECT_EQ(m.cached_prompt_tokens, 0u);
+      }
+      EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+    }
+  }
+}
+
+TEST_P(EngineMode, SamplesDifferAndSampleZeroIsAPlainSubmit) {
+  Fixture f(kLlama);
+  Engine engine(*f.model, f.backend, nullptr, slots(1024));
+  const std::vector<int32_t> prompt = {5, 9, 14, 200, 31, 7};
+  SamplingParams p = greedy(12);
+  p.temperature = 1.0f;
+  p.seed = 1234;
+  std::vector<RequestOutput> seeded;
+  for (auto& h : engine.submit_n(request(prompt, p), 5)) seeded.push_back(collect(*h));
+  const RequestOutput plain = collect(*engine.submit(request(prompt, p)));
+  EXPECT_EQ(seeded[0].output_ids, plain.output_ids);
+  for (size_t i = 0; i < seeded.size(); ++i)
+    for (size_t j = i + 1; j < seeded.size(); ++j)
+      EXPECT_NE(seeded[i].output_ids, seeded[j].output_ids) << i << " " << j;
+  // Unseeded: each sample draws its own seed.
+  p.seed.reset();
+  std::vector<RequestOutput> unseeded;
+  for (auto& h : engine.submit_n(request(prompt, p), 5)) unseeded.push_back(collect(*h));
+  for (size_t i = 1; i < unseeded.size(); ++i) EXPECT_NE(unseeded[i].seed, unseeded[0].seed);
+  bool any_differ = false;
+  for (size_t i = 1; i < unseeded.size(); ++i) any_differ |= unseeded[i].output_ids != unseeded[0].output_ids;
+  EXPECT_TRUE(any_differ);
+  // n out of range: one handle, an error.
+  for (int n : {0, -3, Engine::kMaxSamples + 1}) {
+    std::vector<RequestHandle> bad = engine.submit_n(request(prompt, p), n);
+    ASSERT_EQ(bad.size(), 1u);
+    const RequestOutput out = collect(*bad[0]);
+    EXPECT_EQ(out.reason, FinishReason::kError);
+    EXPECT_NE(out.error.find("n must be in 1..128"), std::string::npos) << out.error;
+  }
+  EXPECT_EQ(engine.submit_n(request(prompt, p), Engine::kMaxSamples).size(),
+            static_cast<size_t>(Engine::kMaxSamples));
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+}
+
+INSTANTIATE_TEST_SUITE_P(Engine, EngineMode, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "OverlapOn" : "OverlapOff";
+                         });
 
 TEST(EngineMetrics, HistogramBucketsAndQuantiles) {
   Histogram h;
