@@ -31,6 +31,12 @@ struct Arguments {
 };
 
 struct Expr {
+  Expr() = default;
+  Expr(const Expr&) = delete;
+  Expr& operator=(const Expr&) = delete;
+  // Frees children iteratively: a long operator or subscript chain must not
+  // recurse once per node.
+  ~Expr();
   enum class Kind {
     Const,      // value
     Name,       // name

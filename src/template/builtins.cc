@@ -40,40 +40,51 @@ Value none_if_undefined(const Value& v) { return v.is_undefined() ? Value::none(
 
 std::string title_case(const std::string& s) {
   // jinja2's title filter: words start after '-', whitespace, '(', '{', '[', '<'.
-  std::string out = s;
+  std::string out;
   bool start = true;
-  for (auto& ch : out) {
-    char c = ch;
-    if (c == '-' || c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' || c == '(' ||
-        c == '{' || c == '[' || c == '<') {
+  for (char32_t c : utf8_decode(s)) {
+    if (c == '-' || py_isspace(c) || c == '(' || c == '{' || c == '[' || c == '<') {
       start = true;
+      utf8_append(out, c);
       continue;
     }
-    ch = start ? static_cast<char>(std::toupper(static_cast<unsigned char>(c)))
-               : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (start && c == 0xDF) {
+      out += "Ss";
+    } else {
+      utf8_append(out, start ? cp_upper(c) : cp_lower(c));
+    }
     start = false;
   }
   return out;
 }
 
 std::string py_title(const std::string& s) {
-  // str.title(): a letter after a non-letter is upper-cased, others lowered.
-  std::string out = s;
-  bool prev_letter = false;
-  for (auto& ch : out) {
-    bool letter = std::isalpha(static_cast<unsigned char>(ch)) != 0;
-    if (letter) {
-      ch = prev_letter ? static_cast<char>(std::tolower(static_cast<unsigned char>(ch)))
-                       : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  // str.title(): a cased letter after an uncased character is upper-cased, others lowered.
+  std::string out;
+  bool prev_cased = false;
+  for (char32_t c : utf8_decode(s)) {
+    bool cased = cp_is_cased(c);
+    if (cased && !prev_cased && c == 0xDF) {
+      out += "Ss";
+    } else {
+      utf8_append(out, cased ? (prev_cased ? cp_lower(c) : cp_upper(c)) : c);
     }
-    prev_letter = letter;
+    prev_cased = cased;
   }
   return out;
 }
 
 std::string capitalize(const std::string& s) {
-  std::string out = ascii_lower(s);
-  if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
+  std::string out;
+  bool first = true;
+  for (char32_t c : utf8_decode(s)) {
+    if (first && c == 0xDF) {
+      out += "Ss";
+    } else {
+      utf8_append(out, first ? cp_upper(c) : cp_lower(c));
+    }
+    first = false;
+  }
   return out;
 }
 
@@ -1003,11 +1014,27 @@ Value g_strftime_now(CallArgs& a, Interpreter& in) {
 // ---------------------------------------------------------------- shared
 
 std::string ascii_lower(std::string s) {
+  if (!is_ascii(s)) {
+    std::string out;
+    for (char32_t c : utf8_decode(s)) utf8_append(out, cp_lower(c));
+    return out;
+  }
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
 
 std::string ascii_upper(std::string s) {
+  if (!is_ascii(s)) {
+    std::string out;
+    for (char32_t c : utf8_decode(s)) {
+      if (c == 0xDF) {
+        out += "SS";
+      } else {
+        utf8_append(out, cp_upper(c));
+      }
+    }
+    return out;
+  }
   for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return s;
 }

@@ -209,7 +209,13 @@ Interpreter::Flow Interpreter::exec_inner(const Stmt& s, const ScopePtr& scope, 
     }
     case Stmt::Kind::Break: return Flow::Break;
     case Stmt::Kind::Continue: return Flow::Continue;
-    case Stmt::Kind::Scope: return exec_body(s.body, scope, out);
+    case Stmt::Kind::Scope: {
+      // transformers renders {% generation %} as a call block: its own scope.
+      auto inner = std::make_shared<Scope>();
+      inner->parent = scope;
+      exec_body(s.body, inner, out);
+      return Flow::Normal;
+    }
   }
   return Flow::Normal;
 }

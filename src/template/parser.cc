@@ -675,7 +675,7 @@ class Parser {
   bool tuple_ends(const std::vector<std::string>& extra_ends) const {
     const Token& t = cur();
     if (t.type == Tok::VarEnd || t.type == Tok::BlockEnd || t.type == Tok::Eof) return true;
-    if (t.type == Tok::Op && (t.text == ")" || t.text == "]" || t.text == "}")) return false;
+    if (t.type == Tok::Op && t.text == ")") return true;
     if (t.type == Tok::Name) {
       for (const auto& e : extra_ends) {
         if (t.text == e) return true;
@@ -997,7 +997,8 @@ class Parser {
     std::string n = expect_name();
     while (is_op(".") && peek().type == Tok::Name) {
       ++pos_;
-      n += "." + next().text;
+      n += '.';
+      n += next().text;
     }
     return n;
   }
@@ -1048,6 +1049,26 @@ class Parser {
 };
 
 }  // namespace
+
+Expr::~Expr() {
+  std::vector<ExprPtr> pending;
+  auto take = [&pending](Expr& e) {
+    if (e.a) pending.push_back(std::move(e.a));
+    if (e.b) pending.push_back(std::move(e.b));
+    if (e.c) pending.push_back(std::move(e.c));
+    for (auto& i : e.items) {
+      if (i) pending.push_back(std::move(i));
+    }
+    for (auto& i : e.args.positional) pending.push_back(std::move(i));
+    for (auto& kv : e.args.keyword) pending.push_back(std::move(kv.second));
+  };
+  take(*this);
+  while (!pending.empty()) {
+    ExprPtr e = std::move(pending.back());
+    pending.pop_back();
+    if (e) take(*e);
+  }
+}
 
 std::shared_ptr<const TemplateData> parse_template(std::string_view source) {
   auto data = std::make_shared<TemplateData>();

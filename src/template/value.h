@@ -155,6 +155,11 @@ std::string json_dumps(const Value& value, const JsonDumpOptions& options);
 std::u32string utf8_decode(std::string_view s);
 std::string utf8_encode(std::u32string_view s);
 void utf8_append(std::string& out, char32_t c);
+// Simple case mapping of one code point (ASCII, Latin-1, Latin Extended-A,
+// Greek, Cyrillic); other code points map to themselves.
+char32_t cp_upper(char32_t c);
+char32_t cp_lower(char32_t c);
+bool cp_is_cased(char32_t c);
 // Python's str.isspace() for one code point.
 bool py_isspace(char32_t c);
 
