@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the safetensors header fuzzer with clang (libFuzzer, AddressSanitizer,
 # UndefinedBehaviorSanitizer) and runs it on the seed corpus for a bounded time.
+# Then runs the Jinja chat-template fuzzer (jinja_fuzz) for JINJA_FUZZ_SECONDS
+# (default 20), seeded with the real templates in testdata/chat_templates.
 #
 # Usage: fuzz/run_fuzz.sh [seconds (default 60)] [build dir (default build-fuzz)]
 # Environment: CXX (default clang++-14), JOBS (build parallelism, default 1).
@@ -30,7 +32,7 @@ cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBASALT_FUZZ=ON -DBASALT_TESTS=OFF -DBASALT_BENCH=OFF -DBASALT_CUDA=OFF -DBASALT_NATIVE=OFF
-cmake --build "$build" --target safetensors_header_fuzz -j"${JOBS:-1}"
+cmake --build "$build" --target safetensors_header_fuzz jinja_fuzz -j"${JOBS:-1}"
 
 corpus="$build/fuzz-corpus/safetensors"
 artifacts="$build/fuzz-artifacts"
@@ -45,3 +47,17 @@ mkdir -p "$corpus" "$artifacts"
   -print_final_stats=1 \
   -artifact_prefix="$artifacts/" \
   "$corpus" "$root/fuzz/corpus/safetensors"
+
+# Jinja templates: new inputs go to <build dir>/fuzz-corpus/jinja; the real
+# chat templates are read-only seeds.
+jinja_corpus="$build/fuzz-corpus/jinja"
+mkdir -p "$jinja_corpus"
+"$build/fuzz/jinja_fuzz" \
+  -max_total_time="${JINJA_FUZZ_SECONDS:-20}" \
+  -dict="$root/fuzz/jinja.dict" \
+  -max_len=4096 \
+  -timeout=10 \
+  -rss_limit_mb=2048 \
+  -print_final_stats=1 \
+  -artifact_prefix="$artifacts/" \
+  "$jinja_corpus" "$root/testdata/chat_templates"

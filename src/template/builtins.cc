@@ -958,7 +958,7 @@ Value g_range(CallArgs& a, Interpreter& in) {
   return Value::list(std::move(out));
 }
 
-Value g_namespace(CallArgs& a, Interpreter&) {
+Value g_namespace(CallArgs& a, Interpreter& in) {
   ValuePairs attrs;
   auto add = [&](const std::string& k, const Value& v) {
     for (auto& [key, val] : attrs) {
@@ -974,7 +974,9 @@ Value g_namespace(CallArgs& a, Interpreter&) {
     for (const auto& [k, v] : p.dict_data().items) add(k.str(), v);
   }
   for (const auto& [k, v] : a.keyword) add(k, v);
-  return Value::make_namespace(std::move(attrs));
+  Value ns = Value::make_namespace(std::move(attrs));
+  in.track_namespace(ns);
+  return ns;
 }
 
 Value g_dict(CallArgs& a, Interpreter&) {

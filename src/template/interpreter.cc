@@ -99,6 +99,10 @@ Interpreter::Interpreter(std::shared_ptr<const TemplateData> data, const RenderO
   install_globals(*globals_);
 }
 
+Interpreter::~Interpreter() {
+  for (auto& ns : namespaces_) ns.namespace_data().attrs.clear();
+}
+
 void Interpreter::check_string_size(size_t bytes) const {
   BASALT_CHECK(bytes <= options_.max_output_bytes, "string of {} bytes exceeds the limit of {} bytes", bytes,
                options_.max_output_bytes);
@@ -296,11 +300,13 @@ void Interpreter::assign(const Target& t, const Value& v, const ScopePtr& scope,
 
 Value Interpreter::make_macro(const Stmt& s, const ScopePtr& scope) {
   const Stmt* stmt = &s;
-  ScopePtr closure = scope;
+  // Weak: the scope holds the macro, so a strong reference would be a cycle.
+  std::weak_ptr<Scope> closure = scope;
   std::string name = s.kind == Stmt::Kind::Macro ? s.text : "caller";
   return Value::callable(name, [stmt, closure, name](CallArgs& args, Interpreter& in) -> Value {
     auto local = std::make_shared<Scope>();
-    local->parent = closure;
+    local->parent = closure.lock();
+    BASALT_CHECK(local->parent, "macro '{}' called after the scope that defined it ended", name);
     const auto& params = stmt->params;
     BASALT_CHECK(args.positional.size() <= params.size(), "macro '{}' takes not more than {} argument(s)", name,
                  params.size());

@@ -41,6 +41,11 @@ using ScopePtr = std::shared_ptr<Scope>;
 class Interpreter {
  public:
   Interpreter(std::shared_ptr<const TemplateData> data, const RenderOptions& options);
+  // Clears every namespace created during the render, breaking reference
+  // cycles a template can build (`{% set ns.me = ns %}`).
+  ~Interpreter();
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
 
   // `context` is a dict (or undefined for no variables).
   std::string render(const Value& context);
@@ -51,6 +56,7 @@ class Interpreter {
   void check_list_size(size_t items) const;
   void step();
   Value call(const Value& callee, CallArgs& args);
+  void track_namespace(const Value& ns) { namespaces_.push_back(ns); }
   Value apply_filter(const std::string& name, const Value& input, CallArgs& args);
   bool apply_test(const std::string& name, const Value& input, CallArgs& args);
   // Python iteration: list items, dict keys, string characters, undefined -> empty.
@@ -89,6 +95,7 @@ class Interpreter {
   int depth_ = 0;
   // The rendered body of a filter block / block set, for the chain's innermost filter.
   std::vector<Value> filter_inputs_;
+  std::vector<Value> namespaces_;
 };
 
 // Python string helpers shared with the filters.
