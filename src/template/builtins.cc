@@ -303,8 +303,7 @@ Value f_list(Interpreter& in, const Value& v, CallArgs&) { return Value::list(in
 Value f_tojson(Interpreter& in, const Value& v, CallArgs& args) {
   args.check("tojson", 4, {"ensure_ascii", "indent", "separators", "sort_keys"});
   JsonDumpOptions o;
-  Value ensure_ascii = args.get(0, "ensure_ascii");
-  BASALT_CHECK(!ensure_ascii.truthy(), "tojson: ensure_ascii=True is not supported");
+  o.ensure_ascii = args.get(0, "ensure_ascii").truthy();
   Value indent = args.get(1, "indent");
   if (indent.is_int() || indent.is_bool()) {
     int64_t n = indent.as_int();

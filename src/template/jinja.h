@@ -21,8 +21,11 @@
 // and list sizes, evaluation steps, and nesting/recursion depth are capped by
 // RenderOptions and exceeding a cap throws basalt::Error.
 //
-// Known differences from Python: str.upper/lower/title/capitalize change ASCII
-// letters only; integers are 64-bit (overflow is an error, not a bigint).
+// Known differences from Python: str.upper/lower/title/capitalize map ASCII,
+// Latin-1, Latin Extended-A, Greek and Cyrillic letters only; integers are
+// 64-bit (overflow is an error, not a bigint); recursive for loops,
+// loop.changed, include/import/extends and *args/**kwargs are not supported
+// (each is a clear error).
 #pragma once
 
 #include <cstddef>

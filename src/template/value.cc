@@ -522,23 +522,38 @@ int compare(const Value& a, const Value& b, int depth) {
 
 namespace {
 
-void json_string(std::string& out, const std::string& s) {
+void json_char(std::string& out, unsigned char c) {
+  switch (c) {
+    case '"': out += "\\\""; break;
+    case '\\': out += "\\\\"; break;
+    case '\n': out += "\\n"; break;
+    case '\r': out += "\\r"; break;
+    case '\t': out += "\\t"; break;
+    case '\b': out += "\\b"; break;
+    case '\f': out += "\\f"; break;
+    default:
+      if (c < 0x20) {
+        out += fmt::format("\\u{:04x}", c);
+      } else {
+        out += static_cast<char>(c);
+      }
+  }
+}
+
+void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          out += fmt::format("\\u{:04x}", c);
-        } else {
-          out += static_cast<char>(c);
-        }
+  if (!ensure_ascii) {
+    for (unsigned char c : s) json_char(out, c);
+  } else {
+    for (char32_t c : utf8_decode(s)) {
+      if (c < 0x80) {
+        json_char(out, static_cast<unsigned char>(c));
+      } else if (c < 0x10000) {
+        out += fmt::format("\\u{:04x}", static_cast<uint32_t>(c));
+      } else {
+        uint32_t v = static_cast<uint32_t>(c) - 0x10000;
+        out += fmt::format("\\u{:04x}\\u{:04x}", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
+      }
     }
   }
   out += '"';
@@ -573,7 +588,7 @@ void dump(std::string& out, const Value& v, const JsonDumpOptions& o, int depth)
     case Value::Kind::Bool: out += v.as_bool() ? "true" : "false"; return;
     case Value::Kind::Int: out += std::to_string(v.as_int()); return;
     case Value::Kind::Float: out += json_float(v.as_double()); return;
-    case Value::Kind::String: json_string(out, v.as_string()); return;
+    case Value::Kind::String: json_string(out, v.as_string(), o.ensure_ascii); return;
     case Value::Kind::List: {
       const auto& items = v.items();
       if (items.empty()) {
@@ -605,7 +620,7 @@ void dump(std::string& out, const Value& v, const JsonDumpOptions& o, int depth)
       for (size_t i = 0; i < entries.size(); ++i) {
         if (i) out += o.item_separator;
         newline(depth + 1);
-        json_string(out, entries[i].first);
+        json_string(out, entries[i].first, o.ensure_ascii);
         out += o.key_separator;
         dump(out, *entries[i].second, o, depth + 1);
       }

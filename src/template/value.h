@@ -148,6 +148,7 @@ struct JsonDumpOptions {
   std::string item_separator;
   std::string key_separator;
   bool sort_keys = false;
+  bool ensure_ascii = false;  // escape non-ASCII as \uXXXX (surrogate pairs above U+FFFF)
 };
 std::string json_dumps(const Value& value, const JsonDumpOptions& options);
 
