@@ -2,7 +2,9 @@
 # Builds the safetensors header fuzzer with clang (libFuzzer, AddressSanitizer,
 # UndefinedBehaviorSanitizer) and runs it on the seed corpus for a bounded time.
 # Then runs the Jinja chat-template fuzzer (jinja_fuzz) for JINJA_FUZZ_SECONDS
-# (default 20), seeded with the real templates in testdata/chat_templates.
+# (default 20), seeded with the real templates in testdata/chat_templates, and
+# the OpenAI request-body fuzzer (openai_request_fuzz) for OPENAI_FUZZ_SECONDS
+# (default 20), seeded with fuzz/corpus/openai.
 #
 # Usage: fuzz/run_fuzz.sh [seconds (default 60)] [build dir (default build-fuzz)]
 # Environment: CXX (default clang++-14), JOBS (build parallelism, default 1).
@@ -32,7 +34,7 @@ cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBASALT_FUZZ=ON -DBASALT_TESTS=OFF -DBASALT_BENCH=OFF -DBASALT_CUDA=OFF -DBASALT_NATIVE=OFF
-cmake --build "$build" --target safetensors_header_fuzz jinja_fuzz -j"${JOBS:-1}"
+cmake --build "$build" --target safetensors_header_fuzz jinja_fuzz openai_request_fuzz -j"${JOBS:-1}"
 
 corpus="$build/fuzz-corpus/safetensors"
 artifacts="$build/fuzz-artifacts"
@@ -61,3 +63,16 @@ mkdir -p "$jinja_corpus"
   -print_final_stats=1 \
   -artifact_prefix="$artifacts/" \
   "$jinja_corpus" "$root/testdata/chat_templates"
+
+# OpenAI request bodies: new inputs go to <build dir>/fuzz-corpus/openai.
+openai_corpus="$build/fuzz-corpus/openai"
+mkdir -p "$openai_corpus"
+"$build/fuzz/openai_request_fuzz" \
+  -max_total_time="${OPENAI_FUZZ_SECONDS:-20}" \
+  -dict="$root/fuzz/openai.dict" \
+  -max_len=4096 \
+  -timeout=10 \
+  -rss_limit_mb=2048 \
+  -print_final_stats=1 \
+  -artifact_prefix="$artifacts/" \
+  "$openai_corpus" "$root/fuzz/corpus/openai"

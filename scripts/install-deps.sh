@@ -10,6 +10,11 @@ packages=(
   libboost1.81-dev libssl-dev openssl
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
 )
+# Node.js runs the server tests with the openai npm client (Debian's nodejs
+# when no newer one is installed).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  packages+=(nodejs npm)
+fi
 # The fuzzers need clang with libFuzzer; optional for a plain build.
 if [[ "${BASALT_WITH_FUZZ:-0}" == "1" ]]; then
   packages+=(clang-14 libclang-rt-14-dev)

@@ -11,6 +11,9 @@ scripts/install-deps.sh
 jobs=$(nproc)
 export CTEST_OUTPUT_ON_FAILURE=1
 
+# The server's end-to-end tests drive it with the official openai npm client.
+npm ci --prefix tests/e2e --no-audit --no-fund --loglevel=error
+
 echo "== build and test (RelWithDebInfo)"
 scripts/build.sh build
 ctest --test-dir build -j "$jobs" --timeout 900

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   basalt::add_tokenize_commands(app);
   basalt::add_quantize_command(app);
   basalt::add_eval_command(app);
+  basalt::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

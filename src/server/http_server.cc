@@ -332,6 +332,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       if (out.done) {
         producer_.reset();
         waker_->disable();
+        out.head->body += out.data;
         return send_whole(*out.head);
       }
       streamed_ = true;

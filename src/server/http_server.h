@@ -62,9 +62,10 @@ class ResponseProducer {
  public:
   struct Output {
     // The status line and headers, set exactly once, on the first pull that
-    // has them. With done also set (and no data pulled before), the response
-    // is sent whole with head->body; otherwise the body streams: head->body,
-    // then each pull's `data`, until a pull sets done.
+    // has them. With done also set on that pull, the response is sent whole
+    // (Content-Length) with head->body followed by data; otherwise the body
+    // streams: head->body and data, then each later pull's data, until a
+    // pull sets done.
     std::optional<HttpResponse> head;
     std::string data;
     bool done = false;

@@ -1,0 +1,225 @@
+// `basalt serve`: the OpenAI-compatible server (server/api_server.h) over one
+// engine, on the CPU backend.
+//
+// Lifecycle: the port is bound first, so /health answers and /ready says 503
+// while the model loads; then /ready turns 200. SIGTERM or SIGINT starts a
+// drain: the listening socket closes, /ready answers 503, new generation
+// requests get 503, running ones finish until --drain-timeout, the rest are
+// cancelled, and the process exits 0. A second signal skips the wait.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <pthread.h>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "app/commands.h"
+#include "app/model_dir.h"
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "runtime/kv_pool.h"
+#include "server/api_server.h"
+#include "server/http_server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace basalt {
+namespace {
+
+struct ServeFlags {
+  std::string model;
+  std::string served_model_name;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::vector<std::string> api_keys;
+  std::string api_key_file;
+  std::string tls_cert;
+  std::string tls_key;
+  int max_running = 64;
+  int max_queue = 1024;
+  double kv_fraction = 0.1;
+  int64_t kv_slots = 0;
+  int64_t max_model_len = 0;
+  int64_t step_token_budget = 512;
+  bool no_radix_cache = false;
+  std::string policy = "lpm";
+  size_t max_body_bytes = 8u << 20;
+  double request_timeout = 30;
+  double idle_timeout = 60;
+  double write_timeout = 30;
+  size_t max_connections = 4096;
+  int io_threads = 2;
+  double drain_timeout = 30;
+  bool log_text = false;
+  bool no_request_log = false;
+  std::string device = "cpu";
+};
+
+std::chrono::milliseconds millis(double seconds) {
+  BASALT_CHECK(seconds > 0 && seconds < 1e7, "timeouts must be positive seconds, got {}", seconds);
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+std::vector<std::string> read_keys(const std::string& path) {
+  std::ifstream in(path);
+  BASALT_CHECK(in.good(), "--api-key-file {}: cannot read it", path);
+  std::vector<std::string> keys;
+  std::string line;
+  while (std::getline(in, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+    const size_t start = line.find_first_not_of(" \t");
+    if (start == std::string::npos || line[start] == '#') continue;
+    keys.push_back(line.substr(start));
+  }
+  BASALT_CHECK(!keys.empty(), "--api-key-file {}: no keys in it (one per line)", path);
+  return keys;
+}
+
+void run_serve(const ServeFlags& f) {
+  BASALT_CHECK(f.device == "cpu", "--device {}: this build serves on the CPU only", f.device);
+  BASALT_CHECK(f.port >= 0 && f.port <= 65535, "--port {} is not a TCP port", f.port);
+  BASALT_CHECK(f.max_running >= 1, "--max-running must be >= 1");
+  BASALT_CHECK(f.max_queue >= 0, "--max-queue must be >= 0");
+  BASALT_CHECK(f.kv_fraction > 0 && f.kv_fraction <= 1, "--kv-cache-fraction must be in (0, 1]");
+  BASALT_CHECK(f.io_threads >= 1 && f.io_threads <= 64, "--io-threads must be in [1, 64]");
+  BASALT_CHECK(f.policy == "lpm" || f.policy == "fcfs", "--schedule-policy must be lpm or fcfs");
+  const std::string dir = model_dir_or_bundled(f.model);
+
+  std::vector<std::string> keys = f.api_keys;
+  if (!f.api_key_file.empty())
+    for (std::string& k : read_keys(f.api_key_file)) keys.push_back(std::move(k));
+  for (const std::string& k : keys) BASALT_CHECK(!k.empty(), "API keys must not be empty");
+
+  // Signals are taken by sigwait on this thread only.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  std::atomic<ApiServer*> api{nullptr};
+  HttpServerOptions http;
+  http.host = f.host;
+  http.port = static_cast<uint16_t>(f.port);
+  http.io_threads = f.io_threads;
+  http.max_body_bytes = f.max_body_bytes;
+  http.request_timeout = millis(f.request_timeout);
+  http.idle_timeout = millis(f.idle_timeout);
+  http.write_timeout = millis(f.write_timeout);
+  http.max_connections = f.max_connections;
+  http.tls_cert_file = f.tls_cert;
+  http.tls_key_file = f.tls_key;
+  HttpServer server(http, [&api](HttpRequest& request) -> HandlerResult {
+    if (ApiServer* a = api.load()) return a->handle(request);
+    HttpResponse r;
+    if (request.path == "/health") {
+      r.body = R"({"status":"ok"})";
+    } else {
+      r.status = 503;
+      r.body = error_body(503, "the model is still loading", "server_error");
+      r.headers.emplace_back("Retry-After", "5");
+    }
+    return HandlerResult{std::move(r), nullptr};
+  });
+  server.start();
+  const std::string scheme = f.tls_cert.empty() ? "http" : "https";
+  std::fprintf(stderr, "basalt serve: listening on %s://%s:%u, loading %s\n", scheme.c_str(), f.host.c_str(),
+               static_cast<unsigned>(server.port()), dir.c_str());
+
+  CpuBackend backend;
+  std::unique_ptr<Model> model = load_model(dir, backend);
+  TokenizerBundle tokenizer = load_tokenizer_dir(dir);
+  EngineOptions options;
+  options.max_running = f.max_running;
+  options.step_token_budget = f.step_token_budget;
+  options.radix_cache = !f.no_radix_cache;
+  options.policy = f.policy == "fcfs" ? SchedulePolicy::kFcfs : SchedulePolicy::kLongestPrefixMatch;
+  options.kv_slots = f.kv_slots;
+  if (options.kv_slots == 0) options.kv_budget_bytes = KvPool::host_memory_budget(f.kv_fraction);
+  Engine engine(*model, backend, &tokenizer.tokenizer, options);
+
+  ApiServerOptions api_options;
+  api_options.served_model_name =
+      f.served_model_name.empty() ? std::filesystem::path(dir).filename().string() : f.served_model_name;
+  api_options.api_keys = keys;
+  api_options.max_queue = f.max_queue;
+  api_options.max_running = f.max_running;
+  api_options.max_model_len = f.max_model_len;
+  api_options.log_requests = !f.no_request_log;
+  api_options.log_text = f.log_text;
+  ApiServer api_server(engine, tokenizer.tokenizer, tokenizer.config, api_options);
+  api_server.set_connection_counter([&server] { return server.open_connections(); });
+  api_server.set_ready(true);
+  api.store(&api_server);
+  std::fprintf(stderr, "basalt serve: ready: model %s, %lld KV slots, context %lld%s\n",
+               api_options.served_model_name.c_str(), static_cast<long long>(engine.kv_capacity()),
+               static_cast<long long>(api_server.max_model_len()), keys.empty() ? "" : ", API keys required");
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  std::fprintf(stderr, "basalt serve: %s: draining (up to %.0f s)\n", signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
+               f.drain_timeout);
+  api_server.start_draining();
+  server.stop_accepting();
+  const auto deadline = Clock::now() + millis(f.drain_timeout);
+  while (api_server.in_flight() > 0 && Clock::now() < deadline) {
+    const timespec tick{0, 20 * 1000 * 1000};
+    if (sigtimedwait(&signals, nullptr, &tick) > 0) break;  // a second signal: stop now
+  }
+  const int64_t left = api_server.in_flight();
+  server.stop();  // aborts what is left, which cancels it in the engine
+  api.store(nullptr);
+  std::fprintf(stderr, "basalt serve: stopped (%lld requests cut off)\n", static_cast<long long>(left));
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto flags = std::make_shared<ServeFlags>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
+  ServeFlags& f = *flags;
+  cmd->add_option("--model", f.model, "Hugging Face model directory (default: the bundled model)");
+  cmd->add_option("--served-model-name", f.served_model_name,
+                  "The model name clients use (default: the model directory's name)");
+  cmd->add_option("--host", f.host, "Address to listen on (default 127.0.0.1; 0.0.0.0 for all)");
+  cmd->add_option("--port", f.port, "TCP port (default 8000; 0: any free port)");
+  cmd->add_option("--api-key", f.api_keys, "Require this API key as 'Authorization: Bearer KEY' (repeatable)");
+  cmd->add_option("--api-key-file", f.api_key_file, "Read API keys from this file, one per line ('#' comments)");
+  cmd->add_option("--tls-cert", f.tls_cert, "PEM certificate chain: serve HTTPS (needs --tls-key)");
+  cmd->add_option("--tls-key", f.tls_key, "PEM private key for --tls-cert");
+  cmd->add_option("--max-running", f.max_running, "Requests decoded together at most (default 64)");
+  cmd->add_option("--max-queue", f.max_queue,
+                  "Requests allowed to wait beyond --max-running; more get 429 (default 1024)");
+  cmd->add_option("--kv-cache-fraction", f.kv_fraction,
+                  "Fraction of host memory for the KV pool (default 0.1)");
+  cmd->add_option("--kv-slots", f.kv_slots, "KV pool size in tokens, overriding --kv-cache-fraction (default 0: unset)");
+  cmd->add_option("--max-model-len", f.max_model_len,
+                  "Context length limit, at most the model's (default 0: the model's)");
+  cmd->add_option("--step-token-budget", f.step_token_budget,
+                  "Tokens per engine step: decode tokens plus prefill chunks (default 512)");
+  cmd->add_flag("--no-radix-cache", f.no_radix_cache, "Turn the radix prefix cache off");
+  cmd->add_option("--schedule-policy", f.policy, "lpm (longest prefix match first) or fcfs (default lpm)");
+  cmd->add_option("--max-body-bytes", f.max_body_bytes, "Largest request body; bigger gets 413 (default 8388608)");
+  cmd->add_option("--request-timeout", f.request_timeout,
+                  "Seconds for a client to send a whole request (default 30)");
+  cmd->add_option("--idle-timeout", f.idle_timeout, "Seconds a kept-alive connection may idle (default 60)");
+  cmd->add_option("--write-timeout", f.write_timeout,
+                  "Seconds a response write may stall before the client is dropped (default 30)");
+  cmd->add_option("--max-connections", f.max_connections, "Open connections at most; more get 503 (default 4096)");
+  cmd->add_option("--io-threads", f.io_threads, "Threads running the HTTP connections (default 2)");
+  cmd->add_option("--drain-timeout", f.drain_timeout,
+                  "Seconds running requests may take to finish after SIGTERM (default 30)");
+  cmd->add_flag("--log-requests-text", f.log_text, "Also log completion text (off: logs carry ids, sizes, timings)");
+  cmd->add_flag("--no-request-log", f.no_request_log, "Do not log one line per request");
+  cmd->add_option("--device", f.device, "Backend: cpu (default cpu)");
+  cmd->callback([flags] { run_serve(*flags); });
+}
+
+}  // namespace basalt

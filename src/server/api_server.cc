@@ -1,0 +1,737 @@
+#include "server/api_server.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fmt/format.h>
+#include <random>
+
+#include "core/error.h"
+#include "server/metrics_text.h"
+#include "template/jinja.h"
+
+namespace basalt {
+
+using json = nlohmann::json;
+
+struct ApiServer::Shared {
+  std::atomic<int64_t> in_flight{0};
+  std::atomic<uint64_t> next_id{0};
+  uint64_t id_salt = 0;
+  bool log_requests = true;
+  bool log_text = false;
+  std::mutex mu;  // guards the counters and stderr lines
+  std::map<std::pair<std::string, int>, uint64_t> http_requests;  // (route, status) -> count
+  std::atomic<uint64_t> client_disconnects{0};
+
+  void count(const std::string& route, int status) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++http_requests[{route, status}];
+  }
+  std::string new_id(const char* prefix) {
+    return fmt::format("{}-{:016x}", prefix, id_salt ^ (next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull));
+  }
+  void log(const std::string& line) {
+    if (!log_requests) return;
+    std::lock_guard<std::mutex> lock(mu);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+};
+
+namespace {
+
+int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+HttpResponse json_response(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  return r;
+}
+
+HttpResponse error_response(const ApiError& e) {
+  HttpResponse r;
+  r.status = e.status();
+  r.body = e.body();
+  if (e.status() == 429) r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
+std::string route_of(const std::string& path) {
+  static const char* kKnown[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize",
+                                 "/detokenize",     "/health",              "/ready",     "/metrics",
+                                 "/version"};
+  for (const char* k : kKnown)
+    if (path == k) return k;
+  return "other";
+}
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kDeadline: return "length";
+    case FinishReason::kCancelled: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "stop";
+}
+
+json stop_reason_json(const StopReason& s) {
+  if (const auto* id = std::get_if<int32_t>(&s)) return *id;
+  if (const auto* text = std::get_if<std::string>(&s)) return *text;
+  return nullptr;
+}
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+uint64_t namespace_of(const std::string& salt) {
+  if (salt.empty()) return 0;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : salt) h = (h ^ c) * 1099511628211ull;
+  return h | 1;  // never the default namespace 0
+}
+
+// One sampled output being produced.
+struct Choice {
+  RequestHandle handle;
+  int index = 0;
+  int prompt_index = 0;
+  bool announced = false;  // stream: the first chunk (role / echo) went out
+  bool finished = false;
+  std::string text;
+  std::vector<int32_t> ids;
+  std::vector<std::vector<TokenLogprob>> top;  // per token, when logprobs
+  std::vector<float> chosen;                   // per token, when logprobs
+  FinishReason reason = FinishReason::kLength;
+  StopReason stop_reason;
+  std::string error;
+  Usage usage;
+};
+
+// The logprob of the sampled token, from the event's alternatives.
+float chosen_logprob(const EngineEvent& e) {
+  for (const TokenLogprob& t : e.logprobs)
+    if (t.id == e.token) return t.logprob;
+  return std::nanf("");
+}
+
+class GenerationProducer : public ResponseProducer {
+ public:
+  GenerationProducer(std::shared_ptr<ApiServer::Shared> shared, const Tokenizer& tokenizer, ParsedRequest request,
+                     std::string id, std::string model, std::vector<std::string> echo_texts,
+                     std::vector<int64_t> prompt_lengths, std::vector<Choice> choices, std::string remote)
+      : shared_(std::move(shared)),
+        tokenizer_(tokenizer),
+        request_(std::move(request)),
+        id_(std::move(id)),
+        model_(std::move(model)),
+        echo_texts_(std::move(echo_texts)),
+        prompt_lengths_(std::move(prompt_lengths)),
+        choices_(std::move(choices)),
+        remote_(std::move(remote)),
+        created_(unix_now()),
+        start_(Clock::now()) {}
+
+  ~GenerationProducer() override {
+    for (Choice& c : choices_) {
+      c.handle->set_listener({});
+      if (!c.finished) {
+        c.handle->cancel();
+        shared_->in_flight.fetch_sub(1);
+      }
+    }
+  }
+
+  void start(std::function<void()> wake) override {
+    for (Choice& c : choices_) c.handle->set_listener(wake);
+  }
+
+  void abort() override {
+    shared_->client_disconnects.fetch_add(1);
+    for (Choice& c : choices_) {
+      c.handle->set_listener({});
+      if (!c.finished) {
+        c.handle->cancel();
+        c.finished = true;
+        shared_->in_flight.fetch_sub(1);
+      }
+    }
+    finish_log(499);
+  }
+
+  void pull(Output& out) override {
+    std::string sse;
+    for (Choice& c : choices_) {
+      while (!c.finished) {
+        std::optional<EngineEvent> e = c.handle->try_next_event();
+        if (!e) break;
+        on_event(c, *e, sse);
+      }
+    }
+    const bool all_done = std::all_of(choices_.begin(), choices_.end(), [](const Choice& c) { return c.finished; });
+    if (!request_.stream) {
+      if (!all_done) return;
+      out.head = whole_response();
+      out.done = true;
+      finish_log(out.head->status);
+      return;
+    }
+    if (!head_sent_) {
+      // The first event decides: an error before any output is a plain
+      // error response, anything else starts the event stream.
+      if (!first_event_) return;
+      if (error_before_output_) {
+        out.head = error_head();
+        out.done = true;
+        cancel_rest();
+        finish_log(out.head->status);
+        return;
+      }
+      HttpResponse head;
+      head.content_type = "text/event-stream";
+      head.headers.emplace_back("Cache-Control", "no-cache");
+      head.headers.emplace_back("X-Request-Id", id_);
+      head.body = std::move(sse);
+      out.head = std::move(head);
+      head_sent_ = true;
+    } else {
+      out.data = std::move(sse);
+    }
+    if (all_done) {
+      if (request_.include_usage) out.data += sse_line(usage_chunk());
+      out.data += "data: [DONE]\n\n";
+      out.done = true;
+      finish_log(200);
+    }
+  }
+
+ private:
+  void on_event(Choice& c, EngineEvent& e, std::string& sse) {
+    first_event_ = true;
+    if (e.kind == EngineEvent::Kind::kFinished) {
+      c.finished = true;
+      shared_->in_flight.fetch_sub(1);
+      c.reason = e.reason;
+      c.stop_reason = e.stop_reason;
+      c.error = e.error;
+      c.usage = e.usage;
+      c.text += e.text;
+      if (e.reason == FinishReason::kError && c.ids.empty() && !head_sent_) {
+        error_before_output_ = true;
+        if (error_.empty()) error_ = e.error;
+        return;
+      }
+      if (!request_.stream) return;
+      if (e.reason == FinishReason::kError) {
+        sse += sse_line(json{{"error", {{"message", e.error}, {"type", "server_error"}, {"code", 500}}}});
+        return;
+      }
+      json choice = chunk_choice(c, e.text, nullptr);
+      choice["finish_reason"] = finish_reason_name(e.reason);
+      choice["stop_reason"] = stop_reason_json(e.stop_reason);
+      if (request_.chat && e.text.empty()) choice["delta"] = json::object();
+      announce(c, sse);
+      sse += sse_line(chunk({choice}));
+      return;
+    }
+    c.ids.push_back(e.token);
+    c.text += e.text;
+    if (!first_token_) first_token_ = Clock::now();
+    json lp = nullptr;
+    if (request_.want_logprobs) {
+      c.chosen.push_back(chosen_logprob(e));
+      c.top.push_back(e.logprobs);
+      if (request_.stream) lp = logprobs_json(std::span<const int32_t>(&e.token, 1),
+                                              std::span<const float>(&c.chosen.back(), 1),
+                                              std::span<const std::vector<TokenLogprob>>(&c.top.back(), 1));
+    }
+    if (!request_.stream) return;
+    announce(c, sse);
+    if (e.text.empty() && lp.is_null()) return;  // held back (a possible stop string)
+    sse += sse_line(chunk({chunk_choice(c, e.text, lp)}));
+  }
+
+  // The first chunk of a choice: the assistant role (chat) or the echoed
+  // prompt (completions with echo).
+  void announce(Choice& c, std::string& sse) {
+    if (c.announced) return;
+    c.announced = true;
+    if (request_.chat) {
+      json choice = {{"index", c.index},
+                     {"delta", {{"role", "assistant"}, {"content", ""}}},
+                     {"logprobs", nullptr},
+                     {"finish_reason", nullptr}};
+      sse += sse_line(chunk({choice}));
+    } else if (request_.echo) {
+      sse += sse_line(chunk({chunk_choice(c, echo_texts_[static_cast<size_t>(c.prompt_index)], nullptr)}));
+    }
+  }
+
+  json chunk_choice(const Choice& c, const std::string& text, json logprobs) const {
+    json choice = {{"index", c.index}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}};
+    if (request_.chat) choice["delta"] = {{"content", text}};
+    else choice["text"] = text;
+    return choice;
+  }
+
+  json chunk(json choices) const {
+    json j = {{"id", id_},
+              {"object", request_.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created_},
+              {"model", model_},
+              {"choices", std::move(choices)}};
+    if (request_.include_usage) j["usage"] = nullptr;
+    return j;
+  }
+
+  static std::string sse_line(const json& j) {
+    return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+  }
+
+  json usage_json() const {
+    int64_t prompt = 0, completion = 0, cached = 0;
+    for (int64_t n : prompt_lengths_) prompt += n;
+    for (const Choice& c : choices_) {
+      completion += static_cast<int64_t>(c.ids.size());
+      cached += c.usage.cached_prompt_tokens;
+    }
+    return {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  }
+
+  json usage_chunk() const {
+    json j = chunk(json::array());
+    j["usage"] = usage_json();
+    return j;
+  }
+
+  std::string token_text(int32_t id) const {
+    return tokenizer_.decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
+  }
+
+  static json bytes_of(const std::string& s) {
+    json b = json::array();
+    for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
+    return b;
+  }
+
+  static json number_or_null(float x) { return std::isnan(x) ? json(nullptr) : json(x); }
+
+  json logprobs_json(std::span<const int32_t> ids, std::span<const float> chosen,
+                     std::span<const std::vector<TokenLogprob>> top, size_t text_offset = 0) const {
+    if (request_.chat) {
+      json content = json::array();
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const std::string t = token_text(ids[i]);
+        json alternatives = json::array();
+        for (const TokenLogprob& a : top[i]) {
+          const std::string at = token_text(a.id);
+          alternatives.push_back({{"token", at}, {"logprob", a.logprob}, {"bytes", bytes_of(at)}});
+        }
+        content.push_back({{"token", t},
+                           {"logprob", number_or_null(chosen[i])},
+                           {"bytes", bytes_of(t)},
+                           {"top_logprobs", alternatives}});
+      }
+      return {{"content", content}};
+    }
+    json tokens = json::array(), token_logprobs = json::array(), tops = json::array(), offsets = json::array();
+    size_t offset = text_offset;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::string t = token_text(ids[i]);
+      tokens.push_back(t);
+      token_logprobs.push_back(number_or_null(chosen[i]));
+      json alternatives = json::object();
+      for (const TokenLogprob& a : top[i]) alternatives[token_text(a.id)] = a.logprob;
+      tops.push_back(request_.params.logprobs > 0 ? alternatives : json(nullptr));
+      offsets.push_back(offset);
+      offset += t.size();
+    }
+    return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+
+  HttpResponse error_head() const {
+    // Engine errors before any output are about the request (too long for
+    // the pool, a bad id): the client's to fix.
+    return error_response(ApiError(400, error_.empty() ? "request failed" : error_));
+  }
+
+  HttpResponse whole_response() const {
+    for (const Choice& c : choices_)
+      if (c.reason == FinishReason::kError) {
+        if (c.ids.empty()) return error_head();
+        return error_response(ApiError(500, c.error, {}, "server_error"));
+      }
+    json choices = json::array();
+    for (const Choice& c : choices_) {
+      std::string text = c.text;
+      const std::string& echo = request_.echo ? echo_texts_[static_cast<size_t>(c.prompt_index)] : std::string();
+      json lp = nullptr;
+      if (request_.want_logprobs) lp = logprobs_json(c.ids, c.chosen, c.top, echo.size());
+      json choice = {{"index", c.index},
+                     {"logprobs", lp},
+                     {"finish_reason", finish_reason_name(c.reason)},
+                     {"stop_reason", stop_reason_json(c.stop_reason)}};
+      if (request_.chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", echo + text}};
+      } else {
+        choice["text"] = echo + text;
+      }
+      choices.push_back(std::move(choice));
+    }
+    json body = {{"id", id_},
+                 {"object", request_.chat ? "chat.completion" : "text_completion"},
+                 {"created", created_},
+                 {"model", model_},
+                 {"choices", choices},
+                 {"usage", usage_json()}};
+    HttpResponse r = json_response(200, body);
+    r.headers.emplace_back("X-Request-Id", id_);
+    return r;
+  }
+
+  void cancel_rest() {
+    for (Choice& c : choices_) {
+      c.handle->set_listener({});
+      if (!c.finished) {
+        c.handle->cancel();
+        c.finished = true;
+        shared_->in_flight.fetch_sub(1);
+      }
+    }
+  }
+
+  void finish_log(int status) {
+    if (logged_) return;
+    logged_ = true;
+    int64_t prompt = 0, completion = 0, cached = 0;
+    for (int64_t n : prompt_lengths_) prompt += n;
+    for (const Choice& c : choices_) {
+      completion += static_cast<int64_t>(c.ids.size());
+      cached += c.usage.cached_prompt_tokens;
+    }
+    const double total = std::chrono::duration<double>(Clock::now() - start_).count();
+    const double ttft = first_token_ ? std::chrono::duration<double>(*first_token_ - start_).count() : -1.0;
+    std::string line = fmt::format(
+        "request id={} remote={} endpoint={} status={} stream={} choices={} prompt_tokens={} "
+        "cached_tokens={} completion_tokens={} ttft_s={:.4f} total_s={:.4f}",
+        id_, remote_, request_.chat ? "chat" : "completions", status, request_.stream, choices_.size(), prompt, cached,
+        completion, ttft, total);
+    if (shared_->log_text) {
+      for (const Choice& c : choices_) line += fmt::format(" output[{}]={}", c.index, json(c.text).dump(-1, ' ', false, json::error_handler_t::replace));
+    }
+    shared_->count(request_.chat ? "/v1/chat/completions" : "/v1/completions", status);
+    shared_->log(line);
+  }
+
+  std::shared_ptr<ApiServer::Shared> shared_;
+  const Tokenizer& tokenizer_;
+  ParsedRequest request_;
+  std::string id_;
+  std::string model_;
+  std::vector<std::string> echo_texts_;
+  std::vector<int64_t> prompt_lengths_;
+  std::vector<Choice> choices_;
+  std::string remote_;
+  int64_t created_;
+  Clock::time_point start_;
+  std::optional<Clock::time_point> first_token_;
+  bool first_event_ = false;
+  bool error_before_output_ = false;
+  std::string error_;
+  bool head_sent_ = false;
+  bool logged_ = false;
+};
+
+}  // namespace
+
+ApiServer::ApiServer(Engine& engine, const Tokenizer& tokenizer, const TokenizerConfig& tokenizer_config,
+                     ApiServerOptions options)
+    : engine_(engine),
+      tokenizer_(tokenizer),
+      tokenizer_config_(tokenizer_config),
+      options_(std::move(options)),
+      shared_(std::make_shared<Shared>()),
+      created_(unix_now()) {
+  const int64_t model_len = engine_.model().config().max_position_embeddings;
+  max_model_len_ = options_.max_model_len > 0 ? options_.max_model_len : model_len;
+  if (model_len > 0) max_model_len_ = std::min(max_model_len_, model_len);
+  BASALT_CHECK(max_model_len_ > 1, "the model's context length is unknown; pass --max-model-len");
+  std::random_device rd;
+  shared_->id_salt = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  shared_->log_requests = options_.log_requests;
+  shared_->log_text = options_.log_text;
+}
+
+ApiServer::~ApiServer() = default;
+
+int64_t ApiServer::in_flight() const { return shared_->in_flight.load(); }
+
+bool ApiServer::authorized(const HttpRequest& request) const {
+  if (options_.api_keys.empty()) return true;
+  const std::optional<std::string_view> header = request.header("authorization");
+  if (!header) return false;
+  std::string_view value = *header;
+  constexpr std::string_view kBearer = "Bearer ";
+  if (value.size() < kBearer.size() || value.substr(0, kBearer.size()) != kBearer) return false;
+  value.remove_prefix(kBearer.size());
+  bool ok = false;
+  for (const std::string& key : options_.api_keys) ok |= constant_time_equal(value, key);
+  return ok;
+}
+
+HandlerResult ApiServer::handle(HttpRequest& request) {
+  const std::string& path = request.path;
+  const std::string route = route_of(path);
+  auto answer = [&](HttpResponse r) {
+    shared_->count(route, r.status);
+    if (route != "/metrics" && route != "/health" && route != "/ready")
+      shared_->log(fmt::format("request remote={} method={} path={} status={} body_bytes={}", request.remote,
+                               request.method, route, r.status, request.body.size()));
+    return HandlerResult{std::move(r), nullptr};
+  };
+  auto need = [&](const char* method) {
+    if (request.method == method) return true;
+    return false;
+  };
+  try {
+    if (path == "/health") {
+      if (!need("GET")) throw ApiError(405, "use GET");
+      return answer(json_response(200, {{"status", "ok"}}));
+    }
+    if (path == "/ready") {
+      if (!need("GET")) throw ApiError(405, "use GET");
+      if (!ready_ || draining_)
+        return answer(json_response(503, {{"status", draining_ ? "draining" : "loading"}}));
+      return answer(json_response(200, {{"status", "ready"}}));
+    }
+    if (path == "/metrics") {
+      if (!need("GET")) throw ApiError(405, "use GET");
+      HttpResponse r;
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = metrics_text();
+      return answer(std::move(r));
+    }
+    if (path == "/version") return answer(json_response(200, {{"version", "0.1.0"}}));
+    const bool api = path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+    if (!api) throw ApiError(404, fmt::format("no route for {} {}", request.method, path), {}, "not_found_error");
+    if (!authorized(request))
+      throw ApiError(401, "a valid API key is required (Authorization: Bearer <key>)", {}, "authentication_error");
+    if (path == "/v1/models") {
+      if (!need("GET")) throw ApiError(405, "use GET");
+      return answer(models());
+    }
+    if (path == "/v1/completions" || path == "/v1/chat/completions") {
+      if (!need("POST")) throw ApiError(405, "use POST");
+      HandlerResult result = generate(request, path == "/v1/chat/completions");
+      if (!result.producer) return answer(std::move(result.response));
+      return result;
+    }
+    if (path == "/tokenize") {
+      if (!need("POST")) throw ApiError(405, "use POST");
+      return answer(tokenize(request));
+    }
+    if (path == "/detokenize") {
+      if (!need("POST")) throw ApiError(405, "use POST");
+      return answer(detokenize(request));
+    }
+    throw ApiError(404, fmt::format("no route for {} {}", request.method, path), {}, "not_found_error");
+  } catch (const ApiError& e) {
+    return answer(error_response(e));
+  } catch (const Error& e) {
+    return answer(error_response(ApiError(400, e.what())));
+  }
+}
+
+HttpResponse ApiServer::models() const {
+  json data = json::array();
+  data.push_back({{"id", options_.served_model_name},
+                  {"object", "model"},
+                  {"created", created_},
+                  {"owned_by", "basalt"},
+                  {"root", options_.served_model_name},
+                  {"max_model_len", max_model_len_}});
+  return json_response(200, {{"object", "list"}, {"data", data}});
+}
+
+std::string ApiServer::render_chat(const ParsedRequest& r) const {
+  const std::string& source = !r.chat_template.empty() ? r.chat_template : tokenizer_config_.chat_template;
+  if (source.empty())
+    throw ApiError(400, "this model has no chat template; use /v1/completions or pass 'chat_template'");
+  json extra = r.template_kwargs;
+  if (tokenizer_config_.bos_token) extra["bos_token"] = *tokenizer_config_.bos_token;
+  if (tokenizer_config_.eos_token) extra["eos_token"] = *tokenizer_config_.eos_token;
+  for (auto it = r.template_kwargs.begin(); it != r.template_kwargs.end(); ++it) extra[it.key()] = it.value();
+  std::string text;
+  try {
+    text = render_chat_template(source, r.messages, r.add_generation_prompt, extra);
+  } catch (const Error& e) {
+    throw ApiError(400, fmt::format("chat template error: {}", e.what()), "messages");
+  }
+  if (r.continue_final_message) {
+    // Cut after the final message's content, so the model continues it.
+    const json& last = r.messages.back();
+    const std::string content = last["content"].is_string() ? last["content"].get<std::string>() : "";
+    const size_t at = content.empty() ? std::string::npos : text.rfind(content);
+    if (at != std::string::npos) text.resize(at + content.size());
+  }
+  return text;
+}
+
+HandlerResult ApiServer::generate(HttpRequest& request, bool chat) {
+  if (draining_) throw ApiError(503, "the server is shutting down", {}, "server_error");
+  ProtocolLimits limits = options_.limits;
+  ParsedRequest r = chat ? parse_chat_request(request.body, limits) : parse_completion_request(request.body, limits);
+  if (!r.model.empty() && r.model != options_.served_model_name)
+    throw ApiError(404, fmt::format("The model `{}` does not exist.", r.model), "model", "not_found_error");
+
+  // Prompts as ids.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> echo_texts;
+  if (chat) {
+    const std::string text = render_chat(r);
+    prompts.push_back(tokenizer_.encode(text, r.add_special_tokens));
+    echo_texts.push_back(r.echo && !r.messages.back()["content"].is_null() &&
+                                 r.messages.back().value("role", "") == "assistant"
+                             ? r.messages.back()["content"].get<std::string>()
+                             : std::string());
+  } else {
+    for (const PromptInput& p : r.prompts) {
+      if (const auto* text = std::get_if<std::string>(&p)) {
+        prompts.push_back(tokenizer_.encode(*text, r.add_special_tokens));
+        echo_texts.push_back(*text);
+      } else {
+        const auto& ids = std::get<std::vector<int32_t>>(p);
+        for (int32_t id : ids)
+          if (id >= tokenizer_.vocab_size() || id >= engine_.model().config().vocab_size)
+            throw ApiError(400, fmt::format("token id {} is outside the vocabulary", id), "prompt");
+        prompts.push_back(ids);
+        echo_texts.push_back(r.echo ? tokenizer_.decode(ids, false) : std::string());
+      }
+    }
+  }
+  const int64_t capacity = engine_.kv_capacity();
+  std::vector<int64_t> prompt_lengths;
+  for (const auto& ids : prompts) {
+    const int64_t n = static_cast<int64_t>(ids.size());
+    if (n == 0) throw ApiError(400, "the prompt is empty after tokenization", "prompt");
+    if (n >= max_model_len_)
+      throw ApiError(400,
+                     fmt::format("This model's maximum context length is {} tokens. However, your prompt has {} "
+                                 "tokens. Please reduce the length of the prompt.",
+                                 max_model_len_, n),
+                     chat ? "messages" : "prompt");
+    const int64_t room = std::min(max_model_len_, capacity) - n;
+    if (!r.max_tokens_given) {
+      r.params.max_tokens = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(r.params.max_tokens, room)));
+    } else if (n + r.params.max_tokens > max_model_len_) {
+      throw ApiError(400,
+                     fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
+                                 "tokens ({} in the prompt, {} for the completion). Please reduce the length of "
+                                 "the prompt or the completion.",
+                                 max_model_len_, n + r.params.max_tokens, n, r.params.max_tokens),
+                     chat ? "max_completion_tokens" : "max_tokens");
+    }
+    prompt_lengths.push_back(n);
+  }
+  try {
+    SamplingParams check = r.params;
+    check.validate(engine_.model().config().vocab_size, options_.limits.max_logprobs);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what());
+  }
+
+  // Admission control: the engine's queue is bounded here.
+  const int64_t wanted = static_cast<int64_t>(prompts.size()) * r.params.n;
+  const int64_t limit = static_cast<int64_t>(options_.max_running) + options_.max_queue;
+  if (shared_->in_flight.fetch_add(wanted) + wanted > limit) {
+    shared_->in_flight.fetch_sub(wanted);
+    throw ApiError(429, "the server is at capacity; retry shortly", {}, "rate_limit_error");
+  }
+
+  const uint64_t seed = r.params.seed ? *r.params.seed : random_seed();
+  std::vector<Choice> choices;
+  int index = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    for (int s = 0; s < r.params.n; ++s) {
+      EngineRequest e;
+      e.prompt = prompts[p];
+      e.params = r.params;
+      e.params.n = 1;
+      e.params.seed = sample_seed(seed, s);
+      e.cache_namespace = namespace_of(r.cache_salt);
+      e.priority = r.priority;
+      Choice c;
+      c.index = index++;
+      c.prompt_index = static_cast<int>(p);
+      c.handle = engine_.submit(std::move(e));
+      choices.push_back(std::move(c));
+    }
+  }
+  const std::string id = shared_->new_id(chat ? "chatcmpl" : "cmpl");
+  auto producer = std::make_unique<GenerationProducer>(shared_, tokenizer_, std::move(r), id,
+                                                       options_.served_model_name, std::move(echo_texts),
+                                                       std::move(prompt_lengths), std::move(choices), request.remote);
+  return HandlerResult{{}, std::move(producer)};
+}
+
+HttpResponse ApiServer::tokenize(const HttpRequest& request) {
+  const json b = parse_json_object(request.body);
+  std::vector<int32_t> ids;
+  if (b.contains("messages")) {
+    ParsedRequest r = parse_chat_request(request.body, options_.limits);
+    ids = tokenizer_.encode(render_chat(r), r.add_special_tokens);
+  } else {
+    auto it = b.find("prompt");
+    if (it == b.end() || !it->is_string()) throw ApiError(400, "'prompt' must be a string", "prompt");
+    bool add_special = true;
+    if (auto a = b.find("add_special_tokens"); a != b.end() && !a->is_null()) {
+      if (!a->is_boolean()) throw ApiError(400, "'add_special_tokens' must be a boolean", "add_special_tokens");
+      add_special = a->get<bool>();
+    }
+    ids = tokenizer_.encode(it->get<std::string>(), add_special);
+  }
+  return json_response(200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", max_model_len_}});
+}
+
+HttpResponse ApiServer::detokenize(const HttpRequest& request) {
+  const json b = parse_json_object(request.body);
+  auto it = b.find("tokens");
+  if (it == b.end() || !it->is_array()) throw ApiError(400, "'tokens' must be an array of token ids", "tokens");
+  std::vector<int32_t> ids;
+  for (const json& v : *it) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tokenizer_.vocab_size())
+      throw ApiError(400, "'tokens' must hold ids of this model's vocabulary", "tokens");
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  return json_response(200, {{"prompt", tokenizer_.decode(ids, false)}});
+}
+
+std::string ApiServer::metrics_text() const {
+  MetricsInput in;
+  in.engine = engine_.metrics();
+  in.model_name = options_.served_model_name;
+  in.in_flight = shared_->in_flight.load();
+  in.open_connections = connections_ ? static_cast<int64_t>(connections_()) : 0;
+  in.client_disconnects = shared_->client_disconnects.load();
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    in.http_requests = shared_->http_requests;
+  }
+  return render_metrics(in);
+}
+
+}  // namespace basalt

@@ -1,0 +1,93 @@
+// ApiServer: the OpenAI-compatible HTTP API over one Engine — routes,
+// authentication, admission control, responses (whole or streamed as
+// server-sent events), request logs and the Prometheus /metrics text.
+//
+// Contract:
+//  * handle() is an HttpHandler (server/http_server.h): it never blocks on
+//    the model. Generation requests become engine submissions (one per
+//    prompt and sample) answered by a ResponseProducer woken by the engine's
+//    stream listeners; everything else is answered at once.
+//  * Every failure is an OpenAI-style error body: 400 for malformed or
+//    out-of-range input (including prompts past the context length and chat
+//    templates that raise), 401 without a valid API key (when keys are set),
+//    404 for unknown models and paths, 405 for wrong methods, 429 with
+//    Retry-After when the queue is full, 503 while draining.
+//  * A client that disconnects cancels its engine requests (their KV is
+//    freed at the next step boundary).
+//  * Request logs (one line per request on stderr) carry ids, sizes, timings
+//    and status; prompt and completion text only when log_text is set.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "server/http_server.h"
+#include "server/openai_protocol.h"
+#include "tokenizer/tokenizer.h"
+
+namespace basalt {
+
+struct ApiServerOptions {
+  std::string served_model_name = "basalt";
+  std::vector<std::string> api_keys;  // empty: no authentication
+  // Engine requests allowed to wait beyond max_running before 429.
+  int max_queue = 1024;
+  int max_running = 64;
+  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  bool log_requests = true;
+  bool log_text = false;
+  ProtocolLimits limits;
+};
+
+class ApiServer {
+ public:
+  // Borrows everything; they must outlive the server.
+  ApiServer(Engine& engine, const Tokenizer& tokenizer, const TokenizerConfig& tokenizer_config,
+            ApiServerOptions options);
+  ~ApiServer();
+
+  HandlerResult handle(HttpRequest& request);
+
+  // /ready answers 503 until set_ready(true), and again once draining.
+  void set_ready(bool ready) { ready_ = ready; }
+  // Stops admitting generation requests (503); running ones carry on.
+  void start_draining() { draining_ = true; }
+  // Engine requests submitted and not yet finished.
+  int64_t in_flight() const;
+  // The transport's open connections, reported in /metrics.
+  void set_connection_counter(std::function<size_t()> counter) { connections_ = std::move(counter); }
+  std::string metrics_text() const;
+  int64_t max_model_len() const { return max_model_len_; }
+
+  // Internal: shared by the response producers.
+  struct Shared;
+
+ private:
+  HandlerResult generate(HttpRequest& request, bool chat);
+  HttpResponse tokenize(const HttpRequest& request);
+  HttpResponse detokenize(const HttpRequest& request);
+  HttpResponse models() const;
+  std::string render_chat(const ParsedRequest& r) const;
+  bool authorized(const HttpRequest& request) const;
+
+  Engine& engine_;
+  const Tokenizer& tokenizer_;
+  const TokenizerConfig& tokenizer_config_;
+  ApiServerOptions options_;
+  int64_t max_model_len_ = 0;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> draining_{false};
+  std::function<size_t()> connections_;
+  std::shared_ptr<Shared> shared_;
+  int64_t created_ = 0;
+};
+
+}  // namespace basalt

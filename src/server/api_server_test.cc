@@ -1,0 +1,182 @@
+// The API server in process, over a real socket, on the bundled model:
+// completions and chat produce exactly what the engine produces for the same
+// ids (chat through the model's own template), n > 1 samples equal single
+// requests with the derived seeds and share the prompt's KV, streamed text
+// equals whole text, and a client that vanishes mid-stream leaves the pool
+// whole.
+#include "server/api_server.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/model.h"
+#include "server/http_server.h"
+#include "server/http_test_client.h"
+#include "template/jinja.h"
+
+namespace basalt {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+using testing::Client;
+
+const std::string kModel = std::string(BASALT_TESTDATA) + "/../models/basalt-mini";
+
+struct Served {
+  explicit Served(ApiServerOptions api = {}, EngineOptions engine_options = {}) {
+    model = load_model(kModel, backend);
+    bundle = std::make_unique<TokenizerBundle>(load_tokenizer_dir(kModel));
+    engine_options.kv_slots = 8192;
+    engine = std::make_unique<Engine>(*model, backend, &bundle->tokenizer, engine_options);
+    api.served_model_name = "basalt-mini";
+    api.log_requests = false;
+    server = std::make_unique<ApiServer>(*engine, bundle->tokenizer, bundle->config, api);
+    server->set_ready(true);
+    HttpServerOptions o;
+    o.port = 0;
+    http = std::make_unique<HttpServer>(o, [this](HttpRequest& r) { return server->handle(r); });
+    http->start();
+  }
+  ~Served() { http->stop(); }
+
+  json call(const std::string& path, const json& body, int* status = nullptr) {
+    Client c(http->port());
+    c.send(testing::post_request(path, body.dump()));
+    const std::string response = c.response(60000ms);
+    if (status) *status = std::stoi(response.substr(9, 3));
+    return json::parse(testing::body_of(response));
+  }
+
+  // What the engine itself gives for these ids.
+  RequestOutput direct(const std::vector<int32_t>& ids, SamplingParams p) {
+    EngineRequest r;
+    r.prompt = ids;
+    r.params = p;
+    return collect(*engine->submit(r));
+  }
+
+  CpuBackend backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<TokenizerBundle> bundle;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<ApiServer> server;
+  std::unique_ptr<HttpServer> http;
+};
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+TEST(ApiServer, CompletionsAndChatMatchTheEngine) {
+  Served s;
+  const json r = s.call("/v1/completions", {{"prompt", "The Debian project"}, {"max_tokens", 12}, {"temperature", 0}});
+  const std::vector<int32_t> ids = s.bundle->tokenizer.encode("The Debian project", true);
+  const RequestOutput want = s.direct(ids, greedy(12));
+  EXPECT_EQ(r["choices"][0]["text"], want.text);
+  EXPECT_EQ(r["usage"]["prompt_tokens"], ids.size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], want.output_ids.size());
+
+  const json messages = json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                     {{"role", "user"}, {"content", "What is apt?"}}});
+  const json chat = s.call("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 10}, {"temperature", 0}});
+  const std::string rendered =
+      render_chat_template(s.bundle->config.chat_template, messages, true,
+                           {{"bos_token", *s.bundle->config.bos_token}, {"eos_token", *s.bundle->config.eos_token}});
+  EXPECT_EQ(rendered.rfind(*s.bundle->config.bos_token, 0), 0u) << rendered;
+  const std::vector<int32_t> chat_ids = s.bundle->tokenizer.encode(rendered, false);
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], chat_ids.size());
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], s.direct(chat_ids, greedy(10)).text);
+  const json tokenized = s.call("/tokenize", {{"messages", messages}});
+  EXPECT_EQ(tokenized["tokens"].get<std::vector<int32_t>>(), chat_ids);
+}
+
+TEST(ApiServer, SamplesEqualSingleRequestsAndShareThePrompt) {
+  Served s;
+  const std::string prompt = std::string("Shared context about packages and licenses. ") + std::string(200, '.');
+  const json r = s.call("/v1/completions",
+                        {{"prompt", prompt}, {"max_tokens", 6}, {"n", 3}, {"seed", 99}, {"temperature", 1.0}});
+  ASSERT_EQ(r["choices"].size(), 3u);
+  const std::vector<int32_t> ids = s.bundle->tokenizer.encode(prompt, true);
+  for (int i = 0; i < 3; ++i) {
+    SamplingParams p;
+    p.max_tokens = 6;
+    p.seed = sample_seed(99, i);
+    EXPECT_EQ(r["choices"][i]["text"], s.direct(ids, p).text) << i;
+  }
+  EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(),
+            2 * (static_cast<int64_t>(ids.size()) - 1) - 64);
+}
+
+TEST(ApiServer, StreamedTextEqualsWholeText) {
+  Served s;
+  const json body = {{"prompt", "To install a package, run"}, {"max_tokens", 16}, {"temperature", 0},
+                     {"stop", " command"}};
+  const json whole = s.call("/v1/completions", body);
+  json streamed_body = body;
+  streamed_body["stream"] = true;
+  Client c(s.http->port());
+  c.send(testing::post_request("/v1/completions", streamed_body.dump()));
+  const std::string raw =
+      c.read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; }, 5000ms);
+  std::string text;
+  std::string finish;
+  size_t at = 0;
+  while ((at = raw.find("data: {", at)) != std::string::npos) {
+    const size_t end = raw.find('\n', at);
+    const json chunk = json::parse(raw.substr(at + 6, end - at - 6));
+    for (const json& c : chunk["choices"]) {
+      text += c["text"].get<std::string>();
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+    }
+    at = end;
+  }
+  EXPECT_NE(raw.find("data: [DONE]"), std::string::npos) << raw.substr(raw.size() > 600 ? raw.size() - 600 : 0);
+  EXPECT_EQ(text, whole["choices"][0]["text"]);
+  EXPECT_EQ(finish, whole["choices"][0]["finish_reason"]);
+}
+
+TEST(ApiServer, AClientVanishingMidStreamLeavesThePoolWhole) {
+  Served s;
+  for (int i = 0; i < 4; ++i) {
+    Client c(s.http->port());
+    c.send(testing::post_request(
+        "/v1/completions",
+        json{{"prompt", "Forever " + std::to_string(i)}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}
+            .dump()));
+    (void)c.read_until([](const std::string& b) { return b.find("data: {") != std::string::npos; }, 60000ms);
+  }  // each client closes here
+  for (int i = 0; i < 500 && s.server->in_flight() > 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(s.server->in_flight(), 0);
+  EXPECT_EQ(s.engine->drain_and_clear_cache(), s.engine->kv_capacity());
+  EXPECT_EQ(s.engine->metrics().requests_cancelled, 4u);
+}
+
+TEST(ApiServer, QueueLimitAnswers429AndDrainingAnswers503) {
+  ApiServerOptions api;
+  api.max_running = 1;
+  api.max_queue = 0;
+  Served s(api);
+  Client holder(s.http->port());
+  holder.send(testing::post_request(
+      "/v1/completions", json{{"prompt", "Hold"}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}.dump()));
+  (void)holder.read_until([](const std::string& b) { return b.find("data: {") != std::string::npos; }, 60000ms);
+  int status = 0;
+  const json busy = s.call("/v1/completions", {{"prompt", "x"}}, &status);
+  EXPECT_EQ(status, 429);
+  EXPECT_EQ(busy["error"]["type"], "rate_limit_error");
+  s.server->start_draining();
+  s.call("/v1/completions", {{"prompt", "x"}}, &status);
+  EXPECT_EQ(status, 503);
+  holder.close();
+}
+
+}  // namespace
+}  // namespace basalt

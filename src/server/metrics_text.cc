@@ -1,0 +1,126 @@
+#include "server/metrics_text.h"
+
+#include <fmt/format.h>
+
+namespace basalt {
+namespace {
+
+std::string escape(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+class Writer {
+ public:
+  explicit Writer(const std::string& model) : label_(fmt::format("model_name=\"{}\"", escape(model))) {}
+
+  void family(const char* name, const char* type, const char* help) {
+    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  }
+  void value(const char* name, double v, const std::string& extra = {}) {
+    out_ += fmt::format("{}{{{}{}}} {}\n", name, label_, extra.empty() ? "" : "," + extra, number(v));
+  }
+  void gauge(const char* name, const char* help, double v) {
+    family(name, "gauge", help);
+    value(name, v);
+  }
+  void counter(const char* name, const char* help, double v) {
+    family(name, "counter", help);
+    value(name, v);
+  }
+  void histogram(const char* name, const char* help, const Histogram& h) {
+    family(name, "histogram", help);
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < Histogram::kBounds.size(); ++i) {
+      cumulative += h.buckets[i];
+      out_ += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, label_, number(Histogram::kBounds[i]), cumulative);
+    }
+    out_ += fmt::format("{}_bucket{{{},le=\"+Inf\"}} {}\n", name, label_, h.count);
+    out_ += fmt::format("{}_sum{{{}}} {}\n", name, label_, number(h.sum));
+    out_ += fmt::format("{}_count{{{}}} {}\n", name, label_, h.count);
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  static std::string number(double v) { return fmt::format("{}", v); }
+  std::string label_;
+  std::string out_;
+};
+
+}  // namespace
+
+std::string render_metrics(const MetricsInput& in) {
+  const EngineMetrics& m = in.engine;
+  Writer w(in.model_name);
+  const double usage = m.kv_capacity > 0 ? static_cast<double>(m.kv_used) / static_cast<double>(m.kv_capacity) : 0.0;
+
+  w.gauge("basalt_requests_running", "Requests in the running batch (prefilling or decoding).",
+          static_cast<double>(m.running));
+  w.gauge("basalt_requests_waiting", "Requests queued for admission, preempted ones included.",
+          static_cast<double>(m.queued));
+  w.gauge("basalt_requests_in_flight", "Engine requests submitted through the API and not finished.",
+          static_cast<double>(in.in_flight));
+  w.gauge("basalt_kv_cache_capacity_tokens", "Token slots in the KV pool.", static_cast<double>(m.kv_capacity));
+  w.gauge("basalt_kv_cache_used_tokens", "KV slots held by running requests (locked or owned).",
+          static_cast<double>(m.kv_used));
+  w.gauge("basalt_kv_cache_usage_ratio", "basalt_kv_cache_used_tokens / basalt_kv_cache_capacity_tokens.", usage);
+  w.gauge("basalt_radix_cache_tokens", "KV slots kept by the radix prefix cache (evictable or locked).",
+          static_cast<double>(m.kv_cached));
+  w.gauge("basalt_prefix_cache_hit_ratio", "Prompt tokens found in the radix cache / prompt tokens admitted.",
+          m.cache_hit_rate());
+  w.gauge("basalt_http_open_connections", "Open HTTP connections.", static_cast<double>(in.open_connections));
+
+  w.counter("basalt_requests_submitted_total", "Engine requests submitted.",
+            static_cast<double>(m.requests_submitted));
+  w.family("basalt_requests_finished_total", "counter", "Engine requests finished, by outcome.");
+  w.value("basalt_requests_finished_total",
+          static_cast<double>(m.requests_finished),
+          "outcome=\"completed\"");
+  w.value("basalt_requests_finished_total", static_cast<double>(m.requests_cancelled), "outcome=\"cancelled\"");
+  w.value("basalt_requests_finished_total", static_cast<double>(m.requests_failed), "outcome=\"error\"");
+  w.value("basalt_requests_finished_total", static_cast<double>(m.requests_expired), "outcome=\"deadline\"");
+  w.counter("basalt_prompt_tokens_total", "Prompt tokens of admitted requests (counted at each admission).",
+            static_cast<double>(m.prompt_tokens));
+  w.counter("basalt_prompt_tokens_cached_total", "Of those, tokens found in the radix cache.",
+            static_cast<double>(m.cached_prompt_tokens));
+  w.counter("basalt_prefill_tokens_total", "Prompt tokens computed by the model.",
+            static_cast<double>(m.prefill_tokens));
+  w.counter("basalt_generation_tokens_total", "Output tokens generated.", static_cast<double>(m.output_tokens));
+  w.counter("basalt_preemptions_total", "Running requests preempted for memory (recomputed later).",
+            static_cast<double>(m.preemptions));
+  w.counter("basalt_engine_steps_total", "Scheduler steps (one model call each).", static_cast<double>(m.steps));
+  w.counter("basalt_client_disconnects_total", "Responses abandoned by their client (requests cancelled).",
+            static_cast<double>(in.client_disconnects));
+  w.family("basalt_http_requests_total", "counter", "HTTP requests answered, by route and status.");
+  for (const auto& [key, count] : in.http_requests)
+    w.value("basalt_http_requests_total", static_cast<double>(count),
+            fmt::format("route=\"{}\",status=\"{}\"", escape(key.first), key.second));
+
+  w.histogram("basalt_queue_time_seconds", "Submit to first admission.", m.queue_time);
+  w.histogram("basalt_time_to_first_token_seconds", "Submit to first output token.", m.ttft);
+  w.histogram("basalt_inter_token_latency_seconds", "Between a request's consecutive output tokens.",
+              m.inter_token);
+  w.histogram("basalt_e2e_request_latency_seconds", "Submit to finish.", m.end_to_end);
+  w.histogram("basalt_scheduler_cpu_seconds", "Scheduler CPU time per step (all but the model and sampler).",
+              m.schedule_time);
+  w.histogram("basalt_step_seconds", "Wall time per engine step.", m.step_time);
+
+  // The names vLLM exports, for gateways and autoscalers written against it.
+  w.gauge("vllm:num_requests_running", "vLLM-compatible: requests in the running batch.",
+          static_cast<double>(m.running));
+  w.gauge("vllm:num_requests_waiting", "vLLM-compatible: requests waiting for admission.",
+          static_cast<double>(m.queued));
+  w.gauge("vllm:kv_cache_usage_perc", "vLLM-compatible: KV cache usage, 0 to 1.", usage);
+  w.gauge("vllm:gpu_cache_usage_perc", "vLLM-compatible (older name): KV cache usage, 0 to 1.", usage);
+  return w.take();
+}
+
+}  // namespace basalt

@@ -1,0 +1,64 @@
+// The Prometheus text: every family has HELP and TYPE, histograms are
+// cumulative with +Inf equal to the count, label values are escaped, and the
+// vLLM-named gauges carry the engine's values.
+#include "server/metrics_text.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace basalt {
+namespace {
+
+TEST(MetricsText, FamiliesHistogramsAndVllmNames) {
+  MetricsInput in;
+  in.model_name = "we\"ird\\name";
+  in.engine.running = 3;
+  in.engine.queued = 5;
+  in.engine.kv_capacity = 200;
+  in.engine.kv_used = 50;
+  in.engine.ttft.observe(0.002);
+  in.engine.ttft.observe(0.5);
+  in.engine.ttft.observe(500);
+  in.http_requests[{"/v1/completions", 200}] = 7;
+  const std::string text = render_metrics(in);
+
+  std::set<std::string> typed, helped;
+  std::map<std::string, std::string> samples;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("# TYPE ", 0) == 0) typed.insert(line.substr(7, line.find(' ', 7) - 7));
+    else if (line.rfind("# HELP ", 0) == 0) helped.insert(line.substr(7, line.find(' ', 7) - 7));
+    else {
+      const size_t space = line.rfind(' ');
+      samples[line.substr(0, space)] = line.substr(space + 1);
+      const std::string name = line.substr(0, line.find('{'));
+      std::string family = name;
+      for (const char* suffix : {"_bucket", "_sum", "_count"})
+        if (family.size() > std::string(suffix).size() &&
+            family.compare(family.size() - std::string(suffix).size(), std::string::npos, suffix) == 0 &&
+            typed.count(family.substr(0, family.size() - std::string(suffix).size())))
+          family = family.substr(0, family.size() - std::string(suffix).size());
+      EXPECT_TRUE(typed.count(family)) << "no TYPE before " << line;
+    }
+  }
+  EXPECT_EQ(typed, helped);
+  const std::string label = "model_name=\"we\\\"ird\\\\name\"";
+  EXPECT_EQ(samples["vllm:num_requests_running{" + label + "}"], "3");
+  EXPECT_EQ(samples["vllm:num_requests_waiting{" + label + "}"], "5");
+  EXPECT_EQ(samples["vllm:kv_cache_usage_perc{" + label + "}"], "0.25");
+  EXPECT_EQ(samples["vllm:gpu_cache_usage_perc{" + label + "}"], "0.25");
+  EXPECT_EQ(samples["basalt_time_to_first_token_seconds_bucket{" + label + ",le=\"0.003\"}"], "1");
+  EXPECT_EQ(samples["basalt_time_to_first_token_seconds_bucket{" + label + ",le=\"1\"}"], "2");
+  EXPECT_EQ(samples["basalt_time_to_first_token_seconds_bucket{" + label + ",le=\"100\"}"], "2");
+  EXPECT_EQ(samples["basalt_time_to_first_token_seconds_bucket{" + label + ",le=\"+Inf\"}"], "3");
+  EXPECT_EQ(samples["basalt_time_to_first_token_seconds_count{" + label + "}"], "3");
+  EXPECT_EQ(samples["basalt_http_requests_total{" + label + ",route=\"/v1/completions\",status=\"200\"}"], "7");
+}
+
+}  // namespace
+}  // namespace basalt

@@ -1,0 +1,333 @@
+#include "server/openai_protocol.h"
+
+#include <cmath>
+#include <fmt/format.h>
+#include <limits>
+
+namespace basalt {
+
+using json = nlohmann::json;
+
+std::string error_body(int status, const std::string& message, const std::string& type,
+                       const std::string& param) {
+  json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", status}};
+  if (!param.empty()) e["param"] = param;
+  return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string ApiError::body() const { return error_body(status_, what(), type_, param_); }
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw ApiError(400, message, param);
+}
+
+// Deepest nesting of arrays and objects, outside strings; stops counting
+// past `limit`.
+int json_depth(std::string_view s, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    default: return "a number";
+  }
+}
+
+// A field, absent when missing or null (OpenAI clients send null for unset).
+const json* field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+bool get_bool(const json& obj, const char* name, bool fallback) {
+  const json* v = field(obj, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) bad(name, fmt::format("'{}' must be a boolean, not {}", name, type_name(*v)));
+  return v->get<bool>();
+}
+
+double get_number(const json& obj, const char* name, double fallback, double lo, double hi) {
+  const json* v = field(obj, name);
+  if (!v) return fallback;
+  if (!v->is_number()) bad(name, fmt::format("'{}' must be a number, not {}", name, type_name(*v)));
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, x));
+  return x;
+}
+
+int64_t get_int(const json& obj, const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const json* v = field(obj, name);
+  if (!v) return fallback;
+  int64_t x = 0;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      bad(name, fmt::format("'{}' must be between {} and {}", name, lo, hi));
+    x = v->get<int64_t>();
+  } else if (v->is_number_float() && std::isfinite(v->get<double>()) &&
+             v->get<double>() == std::floor(v->get<double>()) && std::fabs(v->get<double>()) < 9e15) {
+    x = static_cast<int64_t>(v->get<double>());
+  } else {
+    bad(name, fmt::format("'{}' must be an integer, not {}", name, type_name(*v)));
+  }
+  if (x < lo || x > hi) bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, x));
+  return x;
+}
+
+std::string get_string(const json& obj, const char* name) {
+  const json* v = field(obj, name);
+  if (!v) return {};
+  if (!v->is_string()) bad(name, fmt::format("'{}' must be a string, not {}", name, type_name(*v)));
+  return v->get<std::string>();
+}
+
+int32_t token_id(const json& v, const char* param) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX) ||
+      v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+    bad(param, fmt::format("'{}' must hold token ids (integers >= 0)", param));
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
+std::vector<int32_t> id_list(const json& v, const char* param) {
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (const json& x : v) ids.push_back(token_id(x, param));
+  return ids;
+}
+
+// The sampling fields the two endpoints share.
+void parse_common(const json& b, ParsedRequest& r, const ProtocolLimits& limits) {
+  r.model = get_string(b, "model");
+  SamplingParams& p = r.params;
+  p.n = static_cast<int>(get_int(b, "n", 1, 1, limits.max_n));
+  if (const json* best_of = field(b, "best_of")) {
+    if (!best_of->is_number_integer() || best_of->get<int64_t>() != p.n)
+      bad("best_of", "'best_of' is not supported unless it equals n");
+  }
+  p.temperature = static_cast<float>(get_number(b, "temperature", 1.0, 0.0, 100.0));
+  p.top_p = static_cast<float>(get_number(b, "top_p", 1.0, 0.0, 1.0));
+  if (p.top_p <= 0.0f) bad("top_p", "'top_p' must be in (0, 1]");
+  p.top_k = static_cast<int>(get_int(b, "top_k", 0, -1, std::numeric_limits<int32_t>::max()));
+  p.min_p = static_cast<float>(get_number(b, "min_p", 0.0, 0.0, 1.0));
+  p.presence_penalty = static_cast<float>(get_number(b, "presence_penalty", 0.0, -2.0, 2.0));
+  p.frequency_penalty = static_cast<float>(get_number(b, "frequency_penalty", 0.0, -2.0, 2.0));
+  p.repetition_penalty = static_cast<float>(get_number(b, "repetition_penalty", 1.0, 0.0, 100.0));
+  if (p.repetition_penalty <= 0.0f) bad("repetition_penalty", "'repetition_penalty' must be > 0");
+  if (const json* seed = field(b, "seed")) {
+    if (!seed->is_number_integer()) bad("seed", "'seed' must be an integer");
+    p.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
+  }
+  if (const json* bias = field(b, "logit_bias")) {
+    if (!bias->is_object()) bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    if (bias->size() > 1024) bad("logit_bias", "'logit_bias' has more than 1024 entries");
+    for (auto it = bias->begin(); it != bias->end(); ++it) {
+      const std::string& key = it.key();
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != key.size() || key.empty() || id < 0 || id > INT32_MAX)
+        bad("logit_bias", fmt::format("'logit_bias' key '{}' is not a token id", key));
+      if (!it.value().is_number() || !std::isfinite(it.value().get<double>()) ||
+          std::fabs(it.value().get<double>()) > 100.0)
+        bad("logit_bias", fmt::format("'logit_bias' value for {} must be a number in [-100, 100]", key));
+      p.logit_bias[static_cast<int32_t>(id)] = it.value().get<float>();
+    }
+  }
+  if (const json* stop = field(b, "stop")) {
+    if (stop->is_string()) {
+      p.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > limits.max_stop) bad("stop", fmt::format("'stop' has more than {} strings", limits.max_stop));
+      for (const json& s : *stop) {
+        if (!s.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+        p.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      bad("stop", "'stop' must be a string or an array of strings");
+    }
+    for (const std::string& s : p.stop)
+      if (s.empty()) bad("stop", "'stop' strings must not be empty");
+  }
+  if (const json* ids = field(b, "stop_token_ids")) {
+    if (!ids->is_array() || ids->size() > 1024) bad("stop_token_ids", "'stop_token_ids' must be an array of ids");
+    p.stop_token_ids = id_list(*ids, "stop_token_ids");
+  }
+  p.min_tokens = static_cast<int>(get_int(b, "min_tokens", 0, 0, std::numeric_limits<int32_t>::max()));
+  p.ignore_eos = get_bool(b, "ignore_eos", false);
+  p.skip_special_tokens = get_bool(b, "skip_special_tokens", true);
+  p.include_stop_str_in_output = get_bool(b, "include_stop_str_in_output", false);
+  r.stream = get_bool(b, "stream", false);
+  if (const json* options = field(b, "stream_options")) {
+    if (!options->is_object()) bad("stream_options", "'stream_options' must be an object");
+    if (!r.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    r.include_usage = get_bool(*options, "include_usage", false);
+  }
+  r.echo = get_bool(b, "echo", false);
+  r.priority = static_cast<int>(get_int(b, "priority", 0, -1000000, 1000000));
+  r.cache_salt = get_string(b, "cache_salt");
+  r.user = get_string(b, "user");
+  if (const json* format = field(b, "response_format")) {
+    if (!format->is_object() || get_string(*format, "type") != "text")
+      throw ApiError(400, "'response_format' other than {\"type\": \"text\"} is not supported yet",
+                     "response_format");
+  }
+}
+
+void set_max_tokens(const json& b, ParsedRequest& r, const char* name) {
+  if (const json* v = field(b, name); v != nullptr) {
+    r.params.max_tokens = static_cast<int>(get_int(b, name, 16, 0, std::numeric_limits<int32_t>::max()));
+    r.max_tokens_given = true;
+  }
+}
+
+}  // namespace
+
+json parse_json_object(std::string_view body, int max_depth) {
+  if (json_depth(body, max_depth) > max_depth)
+    throw ApiError(400, fmt::format("the JSON body is nested deeper than {} levels", max_depth));
+  json b = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (b.is_discarded()) throw ApiError(400, "the body is not valid JSON");
+  if (!b.is_object()) throw ApiError(400, "the body must be a JSON object");
+  return b;
+}
+
+ParsedRequest parse_completion_request(std::string_view body, const ProtocolLimits& limits) {
+  const json b = parse_json_object(body, limits.max_json_depth);
+  ParsedRequest r;
+  r.chat = false;
+  parse_common(b, r, limits);
+  r.params.max_tokens = 16;  // OpenAI's default for completions
+  set_max_tokens(b, r, "max_tokens");
+  const json* prompt = field(b, "prompt");
+  if (!prompt) bad("prompt", "'prompt' is required");
+  if (prompt->is_string()) {
+    r.prompts.emplace_back(prompt->get<std::string>());
+  } else if (prompt->is_array()) {
+    if (prompt->empty()) bad("prompt", "'prompt' must not be empty");
+    if ((*prompt)[0].is_number()) {
+      r.prompts.emplace_back(id_list(*prompt, "prompt"));
+    } else {
+      if (prompt->size() > limits.max_prompts)
+        bad("prompt", fmt::format("'prompt' lists more than {} prompts", limits.max_prompts));
+      for (const json& p : *prompt) {
+        if (p.is_string()) r.prompts.emplace_back(p.get<std::string>());
+        else if (p.is_array()) r.prompts.emplace_back(id_list(p, "prompt"));
+        else bad("prompt", "'prompt' must be a string, an array of token ids, or an array of those");
+      }
+    }
+  } else {
+    bad("prompt", "'prompt' must be a string, an array of token ids, or an array of those");
+  }
+  for (const PromptInput& p : r.prompts) {
+    if (const auto* text = std::get_if<std::string>(&p); text && text->empty())
+      bad("prompt", "'prompt' must not be empty");
+    if (const auto* ids = std::get_if<std::vector<int32_t>>(&p); ids && ids->empty())
+      bad("prompt", "'prompt' must not be empty");
+  }
+  if (const json* suffix = field(b, "suffix"))
+    if (!suffix->is_string() || !suffix->get<std::string>().empty())
+      bad("suffix", "'suffix' is not supported");
+  if (const json* logprobs = field(b, "logprobs")) {
+    r.params.logprobs = static_cast<int>(get_int(b, "logprobs", 0, 0, limits.max_logprobs));
+    r.want_logprobs = logprobs != nullptr;
+  }
+  r.add_special_tokens = get_bool(b, "add_special_tokens", true);
+  if (r.prompts.size() * static_cast<size_t>(r.params.n) > static_cast<size_t>(limits.max_n) * 4)
+    bad("n", "too many prompts times 'n' in one request");
+  return r;
+}
+
+ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& limits) {
+  const json b = parse_json_object(body, limits.max_json_depth);
+  ParsedRequest r;
+  r.chat = true;
+  parse_common(b, r, limits);
+  r.params.max_tokens = std::numeric_limits<int32_t>::max();  // the context's rest (server caps it)
+  set_max_tokens(b, r, "max_tokens");
+  set_max_tokens(b, r, "max_completion_tokens");
+  const json* messages = field(b, "messages");
+  if (!messages || !messages->is_array() || messages->empty())
+    bad("messages", "'messages' must be a non-empty array");
+  if (messages->size() > 4096) bad("messages", "'messages' has more than 4096 entries");
+  for (const json& m : *messages) {
+    if (!m.is_object()) bad("messages", "each message must be an object");
+    const std::string role = get_string(m, "role");
+    if (role.empty()) bad("messages", "each message needs a 'role'");
+    static const char* kRoles[] = {"system", "user", "assistant", "tool", "developer", "function"};
+    if (std::find(std::begin(kRoles), std::end(kRoles), role) == std::end(kRoles))
+      bad("messages", fmt::format("unknown message role '{}'", role));
+    json out = m;  // keep name, tool_calls, tool_call_id, ... for the template
+    const json* content = field(m, "content");
+    if (content == nullptr) {
+      out["content"] = nullptr;
+    } else if (content->is_string()) {
+      // kept as is
+    } else if (content->is_array()) {
+      std::string text;
+      for (const json& part : *content) {
+        if (!part.is_object() || get_string(part, "type") != "text")
+          bad("messages", "only text content parts are supported");
+        if (!text.empty()) text += "\n";
+        text += get_string(part, "text");
+      }
+      out["content"] = text;
+    } else {
+      bad("messages", "message 'content' must be a string, an array of text parts, or null");
+    }
+    r.messages.push_back(std::move(out));
+  }
+  r.add_generation_prompt = get_bool(b, "add_generation_prompt", true);
+  r.continue_final_message = get_bool(b, "continue_final_message", false);
+  if (r.continue_final_message && r.add_generation_prompt)
+    bad("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+  if (r.continue_final_message && r.messages.back().value("role", "") != "assistant")
+    bad("continue_final_message", "'continue_final_message' needs a final assistant message");
+  if (const json* kwargs = field(b, "chat_template_kwargs")) {
+    if (!kwargs->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    r.template_kwargs = *kwargs;
+  }
+  if (const json* tools = field(b, "tools")) {
+    if (!tools->is_array()) bad("tools", "'tools' must be an array");
+    r.template_kwargs["tools"] = *tools;
+  }
+  if (const json* documents = field(b, "documents")) r.template_kwargs["documents"] = *documents;
+  r.chat_template = get_string(b, "chat_template");
+  const bool logprobs = get_bool(b, "logprobs", false);
+  const int top = static_cast<int>(get_int(b, "top_logprobs", 0, 0, limits.max_logprobs));
+  if (top > 0 && !logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  r.want_logprobs = logprobs;
+  r.params.logprobs = top;
+  r.add_special_tokens = get_bool(b, "add_special_tokens", false);
+  return r;
+}
+
+}  // namespace basalt

@@ -1,0 +1,86 @@
+// The OpenAI API's request bodies, parsed and validated, and the response
+// objects it expects back (the shapes vLLM and SGLang serve).
+//
+// Contract: parse_completion_request / parse_chat_request take an untrusted
+// body and either return a ParsedRequest whose every field is within range
+// (sampling parameters in SamplingParams' ranges, except the vocabulary
+// checks that need the tokenizer) or throw ApiError with the HTTP status,
+// the OpenAI error type and the name of the offending field. They never
+// crash, whatever the bytes (a fuzz target checks this). Unknown fields are
+// ignored, as OpenAI's clients send fields servers may not know.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "runtime/sampling_params.h"
+
+namespace basalt {
+
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string param = {},
+           std::string type = "invalid_request_error")
+      : std::runtime_error(message), status_(status), param_(std::move(param)), type_(std::move(type)) {}
+  int status() const { return status_; }
+  const std::string& param() const { return param_; }
+  const std::string& type() const { return type_; }
+  // {"error": {"message", "type", "param", "code"}}
+  std::string body() const;
+
+ private:
+  int status_;
+  std::string param_;
+  std::string type_;
+};
+
+std::string error_body(int status, const std::string& message, const std::string& type,
+                       const std::string& param = {});
+
+struct ProtocolLimits {
+  int max_n = 128;
+  int max_logprobs = kDefaultMaxLogprobs;
+  size_t max_prompts = 256;    // entries of a prompt list
+  size_t max_stop = 16;        // stop strings
+  int max_json_depth = 32;
+};
+
+using PromptInput = std::variant<std::string, std::vector<int32_t>>;
+
+struct ParsedRequest {
+  bool chat = false;
+  std::string model;  // empty when not given
+  // Completions: one entry per prompt.
+  std::vector<PromptInput> prompts;
+  // Chat: messages normalized for templates (content a string, or null).
+  nlohmann::json messages = nlohmann::json::array();
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+  nlohmann::json template_kwargs = nlohmann::json::object();  // chat_template_kwargs, tools, documents
+  std::string chat_template;  // a request's own template (vLLM's chat_template field)
+
+  SamplingParams params;  // params.n samples per prompt
+  bool max_tokens_given = false;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;
+  bool want_logprobs = false;  // chat: logprobs; completions: logprobs given
+  bool add_special_tokens = true;
+  int priority = 0;
+  std::string cache_salt;  // separates radix-cache namespaces
+  std::string user;
+};
+
+// Throws ApiError (400) for malformed JSON, wrong types and out-of-range values.
+ParsedRequest parse_completion_request(std::string_view body, const ProtocolLimits& limits = {});
+ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& limits = {});
+
+// Parses a JSON object body with the depth limit; ApiError on failure.
+nlohmann::json parse_json_object(std::string_view body, int max_depth = 32);
+
+}  // namespace basalt

@@ -1,0 +1,67 @@
+// Starts `basalt serve` on a free port for a test file and stops it after.
+// BASALT_BINARY names the binary (set by ctest); the bundled model is used
+// unless BASALT_MODEL says otherwise.
+import { spawn } from 'node:child_process';
+
+export async function startServer(args = [], { timeoutMs = 120000 } = {}) {
+  const binary = process.env.BASALT_BINARY;
+  if (!binary) throw new Error('BASALT_BINARY is not set');
+  const child = spawn(binary, ['serve', '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let log = '';
+  const ready = new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`server not ready in time:\n${log}`)), timeoutMs);
+    let port = null;
+    child.stderr.on('data', (chunk) => {
+      log += chunk.toString();
+      const listening = log.match(/listening on https?:\/\/[^:]+:(\d+)/);
+      if (listening) port = Number(listening[1]);
+      if (port && /basalt serve: ready/.test(log)) {
+        clearTimeout(timer);
+        resolve(port);
+      }
+    });
+    child.on('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`server exited with ${code}:\n${log}`));
+    });
+  });
+  const port = await ready;
+  const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  return {
+    port,
+    baseURL: `http://127.0.0.1:${port}`,
+    child,
+    exited,
+    log: () => log,
+    async stop() {
+      if (child.exitCode === null) child.kill('SIGTERM');
+      return exited;
+    },
+  };
+}
+
+// Reads a Prometheus text body into { 'name{labels}': number }.
+export function parseMetrics(text) {
+  const out = {};
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const space = line.lastIndexOf(' ');
+    out[line.slice(0, space)] = Number(line.slice(space + 1));
+  }
+  return out;
+}
+
+// The first sample whose name (before '{') is `name`.
+export function metric(samples, name) {
+  for (const [key, value] of Object.entries(samples)) if (key.split('{')[0] === name) return value;
+  return undefined;
+}
+
+export async function waitFor(predicate, timeoutMs = 30000) {
+  const end = Date.now() + timeoutMs;
+  while (Date.now() < end) {
+    if (await predicate()) return true;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return false;
+}
