@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <ctime>
 #include <stdexcept>
@@ -211,6 +212,7 @@ struct StepWork {
     std::shared_ptr<LogitsProcessor> processor;
     SamplingRow sampling;
     int logprobs = 0;
+    bool sampled_logprob = false;  // report the drawn token's logprob
   };
   std::vector<Row> rows;  // one per sampled logits row, in order
   int64_t logit_rows = 0;
@@ -219,6 +221,7 @@ struct StepWork {
   // Results.
   std::vector<int32_t> next;
   std::vector<std::vector<TokenLogprob>> logprobs;
+  std::vector<float> sampled_logprobs;  // NaN where not asked for
   std::string error;
   Clock::time_point exec_start, exec_end;
   bool done = false;  // guarded by the executor's mutex when it has a thread
@@ -330,22 +333,25 @@ void Executor::run(StepWork& w) {
     Tensor logits = backend_.empty({L, vocab_}, DType::kF32);
     model_.forward(w.fb, kv_, logits);
     w.logprobs.assign(w.rows.size(), {});
+    w.sampled_logprobs.assign(w.rows.size(), std::numeric_limits<float>::quiet_NaN());
     w.next.clear();
     if (!w.rows.empty()) {
       const size_t V = static_cast<size_t>(vocab_);
       bool want_logprobs = false, active = false;
       for (const StepWork::Row& row : w.rows) {
-        want_logprobs |= row.logprobs > 0;
+        want_logprobs |= row.logprobs > 0 || row.sampled_logprob;
         active |= row.processor->active();
       }
       Tensor host = Tensor::empty({L, vocab_}, DType::kF32);
+      Tensor host_lp;
       if (want_logprobs) {
         Tensor lp = backend_.empty({L, vocab_}, DType::kF32);
         backend_.log_softmax(logits, lp);
-        backend_.copy(lp, host);
+        host_lp = Tensor::empty({L, vocab_}, DType::kF32);
+        backend_.copy(lp, host_lp);
         for (size_t r = 0; r < w.rows.size(); ++r)
           if (w.rows[r].logprobs > 0)
-            w.logprobs[r] = top_k_logprobs(std::span<const float>(host.data<float>() + r * V, V),
+            w.logprobs[r] = top_k_logprobs(std::span<const float>(host_lp.data<float>() + r * V, V),
                                            w.rows[r].logprobs);
       }
       if (active) {
@@ -362,6 +368,9 @@ void Executor::run(StepWork& w) {
       Tensor host_out = Tensor::empty({L}, DType::kI32);
       backend_.copy(out, host_out);
       w.next.assign(host_out.data<int32_t>(), host_out.data<int32_t>() + w.rows.size());
+      for (size_t r = 0; r < w.rows.size(); ++r)
+        if (w.rows[r].sampled_logprob)
+          w.sampled_logprobs[r] = host_lp.data<float>()[r * V + static_cast<size_t>(w.next[r])];
       for (size_t r = 0; r < w.rows.size(); ++r) w.rows[r].processor->append(w.next[r]);
     }
     last_next_ = w.next;
@@ -420,7 +429,7 @@ class Scheduler {
   // After a forward: caches the sequence's computed prefix, moving its lock.
   void cache_progress(Sequence& seq);
   // Processes one sampled token; returns true when the sequence finished.
-  bool on_token(Sequence& seq, int32_t token, std::vector<TokenLogprob> logprobs);
+  bool on_token(Sequence& seq, int32_t token, std::vector<TokenLogprob> logprobs, float logprob);
   std::string push_text(Sequence& seq, std::string piece, bool check, std::optional<std::string>& stop);
   void finish(Sequence& seq, FinishReason reason, StopReason stop_reason = {},
               std::string error = {}, std::string text = {});
@@ -984,7 +993,7 @@ std::string Scheduler::push_text(Sequence& seq, std::string piece, bool check,
   return std::move(r.text);
 }
 
-bool Scheduler::on_token(Sequence& seq, int32_t token, std::vector<TokenLogprob> logprobs) {
+bool Scheduler::on_token(Sequence& seq, int32_t token, std::vector<TokenLogprob> logprobs, float logprob) {
   const SamplingParams& p = seq.request.params;
   const Clock::time_point now = Clock::now();
   if (seq.num_output == 0) m_.ttft.observe(seconds(now - seq.submitted));
@@ -999,6 +1008,7 @@ bool Scheduler::on_token(Sequence& seq, int32_t token, std::vector<TokenLogprob>
   ev.kind = EngineEvent::Kind::kToken;
   ev.token = token;
   ev.logprobs = std::move(logprobs);
+  ev.logprob = logprob;
   const int produced = seq.num_output;
   const bool past_min = produced >= p.min_tokens;
   const bool check = produced > p.min_tokens;
@@ -1135,7 +1145,8 @@ std::shared_ptr<StepWork> Scheduler::launch(bool chained) {
       w->sampled.push_back(s);
       const SamplingParams& p = s->request.params;
       w->rows.push_back(StepWork::Row{
-          s->processor, p.row(s->seed, static_cast<uint64_t>(s->num_output + s->pending)), p.logprobs});
+          s->processor, p.row(s->seed, static_cast<uint64_t>(s->num_output + s->pending)), p.logprobs,
+          p.logprobs > 0 || p.sampled_logprob});
     }
     if (s->step_start < s->prompt_len) m_.prefill_tokens += static_cast<uint64_t>(
         std::min(end, s->prompt_len) - s->step_start);
@@ -1187,7 +1198,7 @@ void Scheduler::process(StepWork& w) {
       ++m_.discarded_tokens;
       continue;
     }
-    on_token(s, w.next[r], std::move(w.logprobs[r]));
+    on_token(s, w.next[r], std::move(w.logprobs[r]), w.sampled_logprobs[r]);
   }
 }
 

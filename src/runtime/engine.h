@@ -91,6 +91,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -167,6 +168,10 @@ struct EngineEvent {
   int32_t token = -1;
   std::string text;
   std::vector<TokenLogprob> logprobs;
+  // kToken: the drawn token's logprob (natural log of the full softmax at
+  // temperature 1, before penalties and filters) when params.logprobs > 0 or
+  // params.sampled_logprob; NaN otherwise.
+  float logprob = std::numeric_limits<float>::quiet_NaN();
   // kFinished:
   FinishReason reason = FinishReason::kLength;
   StopReason stop_reason;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -644,6 +645,49 @@ TEST_P(EngineMode, SamplesDifferAndSampleZeroIsAPlainSubmit) {
   EXPECT_EQ(engine.submit_n(request(prompt, p), Engine::kMaxSamples).size(),
             static_cast<size_t>(Engine::kMaxSamples));
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+}
+
+TEST_P(EngineMode, TheDrawnTokensLogprobIsReported) {
+  Fixture f(kLlama);
+  EngineOptions o = slots(1024);
+  o.max_logprobs = 100000;
+  Engine engine(*f.model, f.backend, nullptr, o);
+  const int32_t vocab = f.model->config().vocab_size;
+  SamplingParams p = greedy(10);
+  p.temperature = 1.0f;
+  p.seed = 77;
+  p.sampled_logprob = true;
+  SamplingParams all = p;
+  all.logprobs = vocab;  // every alternative, to look the drawn one up
+  const std::vector<int32_t> prompt = {3, 17, 250, 41};
+  int events = 0;
+  for (const SamplingParams& params : {p, all}) {
+    RequestHandle h = engine.submit(request(prompt, params));
+    while (std::optional<EngineEvent> e = h->next_event()) {
+      if (e->kind != EngineEvent::Kind::kToken) continue;
+      ASSERT_FALSE(std::isnan(e->logprob));
+      EXPECT_LE(e->logprob, 0.0f);
+      if (params.logprobs == 0) {
+        EXPECT_TRUE(e->logprobs.empty());
+        continue;
+      }
+      ASSERT_EQ(e->logprobs.size(), static_cast<size_t>(vocab));
+      const auto it = std::find_if(e->logprobs.begin(), e->logprobs.end(),
+                                   [&](const TokenLogprob& t) { return t.id == e->token; });
+      ASSERT_NE(it, e->logprobs.end());
+      EXPECT_EQ(it->logprob, e->logprob);
+      ++events;
+    }
+  }
+  EXPECT_EQ(events, 10);
+  // Not asked for: NaN.
+  SamplingParams none = greedy(2);
+  RequestHandle h = engine.submit(request(prompt, none));
+  while (std::optional<EngineEvent> e = h->next_event()) {
+    if (e->kind == EngineEvent::Kind::kToken) {
+      EXPECT_TRUE(std::isnan(e->logprob));
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Engine, EngineMode, ::testing::Bool(),

@@ -75,6 +75,9 @@ struct SamplingParams {
   // --- output --------------------------------------------------------------
   // Alternatives to report per output token (0: none), at most max_logprobs.
   int logprobs = 0;
+  // Report the drawn token's own logprob (the OpenAI API's token_logprobs),
+  // also when logprobs is 0.
+  bool sampled_logprob = false;
   bool skip_special_tokens = true;
 
   // Throws basalt::Error naming the first field out of range. vocab_size
