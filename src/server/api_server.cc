@@ -121,6 +121,7 @@ struct Choice {
 
 // The logprob of the sampled token, from the event's alternatives.
 float chosen_logprob(const EngineEvent& e) {
+  if (!std::isnan(e.logprob)) return e.logprob;
   for (const TokenLogprob& t : e.logprobs)
     if (t.id == e.token) return t.logprob;
   return std::nanf("");
@@ -571,7 +572,7 @@ std::string ApiServer::render_chat(const ParsedRequest& r) const {
   const std::string& source = !r.chat_template.empty() ? r.chat_template : tokenizer_config_.chat_template;
   if (source.empty())
     throw ApiError(400, "this model has no chat template; use /v1/completions or pass 'chat_template'");
-  json extra = r.template_kwargs;
+  nlohmann::ordered_json extra = r.template_kwargs;
   if (tokenizer_config_.bos_token) extra["bos_token"] = *tokenizer_config_.bos_token;
   if (tokenizer_config_.eos_token) extra["eos_token"] = *tokenizer_config_.eos_token;
   for (auto it = r.template_kwargs.begin(); it != r.template_kwargs.end(); ++it) extra[it.key()] = it.value();
@@ -583,7 +584,7 @@ std::string ApiServer::render_chat(const ParsedRequest& r) const {
   }
   if (r.continue_final_message) {
     // Cut after the final message's content, so the model continues it.
-    const json& last = r.messages.back();
+    const nlohmann::ordered_json& last = r.messages.back();
     const std::string content = last["content"].is_string() ? last["content"].get<std::string>() : "";
     const size_t at = content.empty() ? std::string::npos : text.rfind(content);
     if (at != std::string::npos) text.resize(at + content.size());
@@ -662,25 +663,25 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat) {
     throw ApiError(429, "the server is at capacity; retry shortly", {}, "rate_limit_error");
   }
 
-  const uint64_t seed = r.params.seed ? *r.params.seed : random_seed();
+  // The n samples of a prompt share its prefill through the radix cache;
+  // sample i draws with sample_seed(seed, i).
   std::vector<Choice> choices;
   int index = 0;
   for (size_t p = 0; p < prompts.size(); ++p) {
-    for (int s = 0; s < r.params.n; ++s) {
-      EngineRequest e;
-      e.prompt = prompts[p];
-      e.params = r.params;
-      e.params.n = 1;
-      e.params.seed = sample_seed(seed, s);
-      e.cache_namespace = namespace_of(r.cache_salt);
-      e.priority = r.priority;
+    EngineRequest e;
+    e.prompt = prompts[p];
+    e.params = r.params;
+    e.cache_namespace = namespace_of(r.cache_salt);
+    e.priority = r.priority;
+    for (RequestHandle& handle : engine_.submit_n(std::move(e), r.params.n)) {
       Choice c;
       c.index = index++;
       c.prompt_index = static_cast<int>(p);
-      c.handle = engine_.submit(std::move(e));
+      c.handle = std::move(handle);
       choices.push_back(std::move(c));
     }
   }
+  shared_->in_flight.fetch_add(static_cast<int64_t>(choices.size()) - wanted);  // normally 0
   const std::string id = shared_->new_id(chat ? "chatcmpl" : "cmpl");
   auto producer = std::make_unique<GenerationProducer>(shared_, tokenizer_, std::move(r), id,
                                                        options_.served_model_name, std::move(echo_texts),

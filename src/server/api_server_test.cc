@@ -96,6 +96,16 @@ TEST(ApiServer, CompletionsAndChatMatchTheEngine) {
   EXPECT_EQ(chat["choices"][0]["message"]["content"], s.direct(chat_ids, greedy(10)).text);
   const json tokenized = s.call("/tokenize", {{"messages", messages}});
   EXPECT_EQ(tokenized["tokens"].get<std::vector<int32_t>>(), chat_ids);
+
+  // A request's own template sees tools with their keys in the order sent.
+  const std::string body = R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}],
+      "chat_template": "{{ tools | tojson }}"})";
+  Client c(s.http->port());
+  c.send(testing::post_request("/tokenize", body));
+  const json tool_ids = json::parse(testing::body_of(c.response()));
+  EXPECT_EQ(s.bundle->tokenizer.decode(tool_ids["tokens"].get<std::vector<int32_t>>(), false),
+            R"([{"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}])");
 }
 
 TEST(ApiServer, SamplesEqualSingleRequestsAndShareThePrompt) {

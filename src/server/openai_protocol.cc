@@ -7,6 +7,7 @@
 namespace basalt {
 
 using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
 
 std::string error_body(int status, const std::string& message, const std::string& type,
                        const std::string& param) {
@@ -256,9 +257,10 @@ ParsedRequest parse_completion_request(std::string_view body, const ProtocolLimi
   if (const json* suffix = field(b, "suffix"))
     if (!suffix->is_string() || !suffix->get<std::string>().empty())
       bad("suffix", "'suffix' is not supported");
-  if (const json* logprobs = field(b, "logprobs")) {
+  if (field(b, "logprobs") != nullptr) {
     r.params.logprobs = static_cast<int>(get_int(b, "logprobs", 0, 0, limits.max_logprobs));
-    r.want_logprobs = logprobs != nullptr;
+    r.want_logprobs = true;
+    r.params.sampled_logprob = true;
   }
   r.add_special_tokens = get_bool(b, "add_special_tokens", true);
   if (r.prompts.size() * static_cast<size_t>(r.params.n) > static_cast<size_t>(limits.max_n) * 4)
@@ -278,14 +280,20 @@ ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& li
   if (!messages || !messages->is_array() || messages->empty())
     bad("messages", "'messages' must be a non-empty array");
   if (messages->size() > 4096) bad("messages", "'messages' has more than 4096 entries");
-  for (const json& m : *messages) {
+  // The template sees objects in the order the client wrote them (tojson of
+  // tools and arguments must print keys as sent), so take them from an
+  // order-keeping parse of the same, already validated, body.
+  const ordered_json ob = ordered_json::parse(body);
+  const ordered_json& ordered_messages = ob["messages"];
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
     if (!m.is_object()) bad("messages", "each message must be an object");
     const std::string role = get_string(m, "role");
     if (role.empty()) bad("messages", "each message needs a 'role'");
     static const char* kRoles[] = {"system", "user", "assistant", "tool", "developer", "function"};
     if (std::find(std::begin(kRoles), std::end(kRoles), role) == std::end(kRoles))
       bad("messages", fmt::format("unknown message role '{}'", role));
-    json out = m;  // keep name, tool_calls, tool_call_id, ... for the template
+    ordered_json out = ordered_messages[i];  // keeps name, tool_calls, tool_call_id, ...
     const json* content = field(m, "content");
     if (content == nullptr) {
       out["content"] = nullptr;
@@ -313,18 +321,19 @@ ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& li
     bad("continue_final_message", "'continue_final_message' needs a final assistant message");
   if (const json* kwargs = field(b, "chat_template_kwargs")) {
     if (!kwargs->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-    r.template_kwargs = *kwargs;
+    r.template_kwargs = ob["chat_template_kwargs"];
   }
   if (const json* tools = field(b, "tools")) {
     if (!tools->is_array()) bad("tools", "'tools' must be an array");
-    r.template_kwargs["tools"] = *tools;
+    r.template_kwargs["tools"] = ob["tools"];
   }
-  if (const json* documents = field(b, "documents")) r.template_kwargs["documents"] = *documents;
+  if (field(b, "documents") != nullptr) r.template_kwargs["documents"] = ob["documents"];
   r.chat_template = get_string(b, "chat_template");
   const bool logprobs = get_bool(b, "logprobs", false);
   const int top = static_cast<int>(get_int(b, "top_logprobs", 0, 0, limits.max_logprobs));
   if (top > 0 && !logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   r.want_logprobs = logprobs;
+  r.params.sampled_logprob = logprobs;
   r.params.logprobs = top;
   r.add_special_tokens = get_bool(b, "add_special_tokens", false);
   return r;

@@ -57,11 +57,12 @@ struct ParsedRequest {
   std::string model;  // empty when not given
   // Completions: one entry per prompt.
   std::vector<PromptInput> prompts;
-  // Chat: messages normalized for templates (content a string, or null).
-  nlohmann::json messages = nlohmann::json::array();
+  // Chat: messages normalized for templates (content a string, or null),
+  // objects in the order the client sent their keys.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   bool add_generation_prompt = true;
   bool continue_final_message = false;
-  nlohmann::json template_kwargs = nlohmann::json::object();  // chat_template_kwargs, tools, documents
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs, tools, documents
   std::string chat_template;  // a request's own template (vLLM's chat_template field)
 
   SamplingParams params;  // params.n samples per prompt

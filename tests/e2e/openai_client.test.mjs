@@ -127,6 +127,11 @@ test('logprobs come with their alternatives', async () => {
     assert.ok(Math.abs(Math.max(...Object.values(lp.top_logprobs[i])) - lp.token_logprobs[i]) < 1e-4);
   }
   assert.equal(lp.tokens.join(''), r.choices[0].text);
+  // Sampled, with logprobs 0: the drawn tokens' own logprobs only.
+  const sampled = await client.completions.create({ model: 'basalt-mini', prompt: 'Hello', max_tokens: 6,
+                                                     temperature: 1.2, seed: 3, logprobs: 0 });
+  for (const x of sampled.choices[0].logprobs.token_logprobs) assert.ok(typeof x === 'number' && x <= 0);
+  for (const x of sampled.choices[0].logprobs.top_logprobs) assert.equal(x, null);
 
   const c = await client.chat.completions.create({ model: 'basalt-mini', messages: [{ role: 'user', content: 'Hi' }],
                                                    max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2 });
