@@ -80,9 +80,9 @@ TEST(ApiServer, CompletionsAndChatMatchTheEngine) {
   const json r = s.call("/v1/completions", {{"prompt", "The Debian project"}, {"max_tokens", 12}, {"temperature", 0}});
   const std::vector<int32_t> ids = s.bundle->tokenizer.encode("The Debian project", true);
   const RequestOutput want = s.direct(ids, greedy(12));
-  EXPECT_EQ(r["choices"][0]["text"], want.text);
-  EXPECT_EQ(r["usage"]["prompt_tokens"], ids.size());
-  EXPECT_EQ(r["usage"]["completion_tokens"], want.output_ids.size());
+  EXPECT_EQ(r["choices"][0]["text"].get<std::string>(), want.text);
+  EXPECT_EQ(r["usage"]["prompt_tokens"].get<size_t>(), ids.size());
+  EXPECT_EQ(r["usage"]["completion_tokens"].get<size_t>(), want.output_ids.size());
 
   const json messages = json::array({{{"role", "system"}, {"content", "Be brief."}},
                                      {{"role", "user"}, {"content", "What is apt?"}}});
@@ -92,8 +92,8 @@ TEST(ApiServer, CompletionsAndChatMatchTheEngine) {
                            {{"bos_token", *s.bundle->config.bos_token}, {"eos_token", *s.bundle->config.eos_token}});
   EXPECT_EQ(rendered.rfind(*s.bundle->config.bos_token, 0), 0u) << rendered;
   const std::vector<int32_t> chat_ids = s.bundle->tokenizer.encode(rendered, false);
-  EXPECT_EQ(chat["usage"]["prompt_tokens"], chat_ids.size());
-  EXPECT_EQ(chat["choices"][0]["message"]["content"], s.direct(chat_ids, greedy(10)).text);
+  EXPECT_EQ(chat["usage"]["prompt_tokens"].get<size_t>(), chat_ids.size());
+  EXPECT_EQ(chat["choices"][0]["message"]["content"].get<std::string>(), s.direct(chat_ids, greedy(10)).text);
   const json tokenized = s.call("/tokenize", {{"messages", messages}});
   EXPECT_EQ(tokenized["tokens"].get<std::vector<int32_t>>(), chat_ids);
 
@@ -119,7 +119,7 @@ TEST(ApiServer, SamplesEqualSingleRequestsAndShareThePrompt) {
     SamplingParams p;
     p.max_tokens = 6;
     p.seed = sample_seed(99, i);
-    EXPECT_EQ(r["choices"][i]["text"], s.direct(ids, p).text) << i;
+    EXPECT_EQ(r["choices"][i]["text"].get<std::string>(), s.direct(ids, p).text) << i;
   }
   EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(),
             2 * (static_cast<int64_t>(ids.size()) - 1) - 64);
@@ -149,8 +149,8 @@ TEST(ApiServer, StreamedTextEqualsWholeText) {
     at = end;
   }
   EXPECT_NE(raw.find("data: [DONE]"), std::string::npos) << raw.substr(raw.size() > 600 ? raw.size() - 600 : 0);
-  EXPECT_EQ(text, whole["choices"][0]["text"]);
-  EXPECT_EQ(finish, whole["choices"][0]["finish_reason"]);
+  EXPECT_EQ(text, whole["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(finish, whole["choices"][0]["finish_reason"].get<std::string>());
 }
 
 TEST(ApiServer, AClientVanishingMidStreamLeavesThePoolWhole) {
@@ -181,7 +181,7 @@ TEST(ApiServer, QueueLimitAnswers429AndDrainingAnswers503) {
   int status = 0;
   const json busy = s.call("/v1/completions", {{"prompt", "x"}}, &status);
   EXPECT_EQ(status, 429);
-  EXPECT_EQ(busy["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(busy["error"]["type"].get<std::string>(), "rate_limit_error");
   s.server->start_draining();
   s.call("/v1/completions", {{"prompt", "x"}}, &status);
   EXPECT_EQ(status, 503);

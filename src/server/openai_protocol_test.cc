@@ -81,13 +81,13 @@ TEST(OpenAiProtocol, ChatMessagesAndOptions) {
     "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 3,
     "chat_template_kwargs": {"enable_thinking": false}, "tools": [{"type": "function"}]})");
   ASSERT_EQ(r.messages.size(), 3u);
-  EXPECT_EQ(r.messages[1]["content"], "a\nb");
+  EXPECT_EQ(r.messages[1]["content"].get<std::string>(), "a\nb");
   EXPECT_TRUE(r.messages[2]["content"].is_null());
   EXPECT_TRUE(r.messages[2].contains("tool_calls"));
   EXPECT_EQ(r.params.max_tokens, 9);
   EXPECT_TRUE(r.want_logprobs);
   EXPECT_EQ(r.params.logprobs, 3);
-  EXPECT_EQ(r.template_kwargs["enable_thinking"], false);
+  EXPECT_FALSE(r.template_kwargs["enable_thinking"].get<bool>());
   EXPECT_TRUE(r.template_kwargs["tools"].is_array());
   EXPECT_TRUE(r.add_generation_prompt);
   EXPECT_FALSE(r.add_special_tokens);
