@@ -7,8 +7,9 @@ set -euo pipefail
 binary="$1"
 work="$(mktemp -d)"
 log="$work/server.log"
-"$binary" serve --port 0 --api-key sk-curl --max-body-bytes 4096 --max-running 1 --max-queue 0 \
-  >/dev/null 2>"$log" &
+printf '# keys, one per line\nsk-from-file\n' >"$work/keys.txt"
+"$binary" serve --port 0 --api-key sk-curl --api-key-file "$work/keys.txt" --max-body-bytes 4096 \
+  --max-running 1 --max-queue 0 >/dev/null 2>"$log" &
 pid=$!
 cleanup() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
@@ -48,6 +49,11 @@ check chat 200 '"chat.completion"' "${auth[@]}" "${json[@]}" "$base/v1/chat/comp
 check tokenize 200 '"tokens":\[' "${auth[@]}" "${json[@]}" "$base/tokenize" -d '{"prompt": "Hello world"}'
 check detokenize 200 '"prompt":' "${auth[@]}" "${json[@]}" "$base/detokenize" -d '{"tokens": [1, 2, 3]}'
 check metrics 200 'vllm:num_requests_waiting' "$base/metrics"
+check key-from-file 200 '"basalt-mini"' -H "Authorization: Bearer sk-from-file" "$base/v1/models"
+check template-raises 400 'chat template error: .*no tools here' "${auth[@]}" "${json[@]}" "$base/v1/chat/completions" \
+  -d '{"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ raise_exception(\"no tools here\") }}"}'
+check template-syntax 400 'chat template error' "${auth[@]}" "${json[@]}" "$base/v1/chat/completions" \
+  -d '{"messages": [{"role": "user", "content": "x"}], "chat_template": "{% for %}"}'
 check no-key 401 'authentication_error' "$base/v1/models"
 check bad-key 401 'authentication_error' -H "Authorization: Bearer nope" "$base/v1/models"
 check bad-json 400 'not valid JSON' "${auth[@]}" "${json[@]}" "$base/v1/completions" -d '{"prompt": '
