@@ -50,6 +50,15 @@ int64_t KvPool::rounded(int64_t n) const {
   return (n + page_size_ - 1) / page_size_ * page_size_;
 }
 
+bool KvPool::is_page_aligned(std::span<const int32_t> slots) const {
+  for (size_t p = 0; p < slots.size(); ++p) {
+    const auto offset = static_cast<int32_t>(p % static_cast<size_t>(page_size_));
+    if (slots[p] < 0 || slots[p] % page_size_ != offset) return false;
+    if (offset != 0 && slots[p] != slots[p - 1] + 1) return false;
+  }
+  return true;
+}
+
 std::optional<std::vector<int32_t>> KvPool::allocate(int64_t n) {
   BASALT_CHECK(n > 0, "KV pool: cannot allocate {} slots", n);
   const int64_t pages = (n + page_size_ - 1) / page_size_;

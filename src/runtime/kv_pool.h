@@ -56,6 +56,13 @@ class KvPool {
   int64_t free_pages() const { return static_cast<int64_t>(free_pages_.size()); }
   // Slots allocate(n) would return: n rounded up to whole pages.
   int64_t rounded(int64_t n) const;
+  // Whether slots, read as the KV of positions 0, 1, 2, ... of one sequence,
+  // are page-aligned: the slot of position p is at offset p % page_size of its
+  // page, and positions [k * page_size, (k + 1) * page_size) share one page
+  // (a trailing partial page is fine). Then page_table[k] = slots[k *
+  // page_size] / page_size and slot(p) = page_table[p / page_size] *
+  // page_size + p % page_size. Always true for page size 1.
+  bool is_page_aligned(std::span<const int32_t> slots) const;
 
   // Recounts the bookkeeping from scratch; throws basalt::Error on a mismatch.
   void check_invariants() const;

@@ -50,6 +50,21 @@ TEST(KvPoolTest, DoubleFreeAndForeignSlotsThrowAndChangeNothing) {
   pool.check_invariants();
 }
 
+TEST(KvPoolTest, PageAlignmentOfASlotList) {
+  KvPool pool(16, 4);
+  using V = std::vector<int32_t>;
+  EXPECT_TRUE(pool.is_page_aligned(V{}));
+  EXPECT_TRUE(pool.is_page_aligned(V{8, 9, 10, 11, 0, 1}));  // pages 2, 0 (partial)
+  EXPECT_FALSE(pool.is_page_aligned(V{9, 10}));               // position 0 at offset 1
+  EXPECT_FALSE(pool.is_page_aligned(V{8, 9, 11}));            // a gap inside a page
+  EXPECT_FALSE(pool.is_page_aligned(V{8, 9, 10, 11, 12, 1}));  // position 5 in another page
+  auto a = pool.allocate(9);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(pool.is_page_aligned(*a));
+  KvPool single(4);
+  EXPECT_TRUE(single.is_page_aligned(V{3, 0, 2}));
+}
+
 TEST(KvPoolTest, PagesHandOutWholePagesAndComeBackWhenEmpty) {
   KvPool pool(12, 4);
   EXPECT_EQ(pool.free_pages(), 3);

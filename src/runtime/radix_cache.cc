@@ -1,6 +1,7 @@
 #include "runtime/radix_cache.h"
 
 #include <algorithm>
+#include <set>
 
 #include "core/error.h"
 
@@ -19,7 +20,10 @@ size_t common_prefix(const std::vector<int32_t>& edge, std::span<const int32_t> 
 }  // namespace
 
 RadixCache::RadixCache(KvPool& pool, RadixCacheOptions options)
-    : pool_(pool), options_(options), in_tree_(static_cast<size_t>(pool.capacity()), 0) {}
+    : pool_(pool),
+      options_(options),
+      page_(pool.page_size()),
+      in_tree_(static_cast<size_t>(pool.capacity()), 0) {}
 
 RadixCache::~RadixCache() {
   // Tear the trees down iteratively: a long chain of chunked inserts would
@@ -41,6 +45,42 @@ RadixNode* RadixCache::root(uint64_t ns) {
     it->second->id_ = next_id_++;
   }
   return it->second.get();
+}
+
+uint64_t RadixCache::child_key(std::span<const int32_t> tokens) const {
+  BASALT_ASSERT(tokens.size() >= static_cast<size_t>(page_));
+  if (page_ == 1) return static_cast<uint32_t>(tokens[0]);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int32_t i = 0; i < page_; ++i) {
+    h ^= static_cast<uint32_t>(tokens[static_cast<size_t>(i)]);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+RadixNode* RadixCache::find_child(RadixNode* node, std::span<const int32_t> query) const {
+  auto [it, end] = node->children_.equal_range(child_key(query));
+  for (; it != end; ++it) {
+    const std::vector<int32_t>& t = it->second->tokens_;
+    if (page_ == 1 || std::equal(t.begin(), t.begin() + page_, query.begin())) return it->second.get();
+  }
+  return nullptr;
+}
+
+std::unordered_multimap<uint64_t, std::unique_ptr<RadixNode>>::iterator RadixCache::link_of(
+    RadixNode* child) {
+  auto& siblings = child->parent_->children_;
+  auto [it, end] = siblings.equal_range(child_key(child->tokens_));
+  for (; it != end; ++it)
+    if (it->second.get() == child) return it;
+  BASALT_ASSERT(false && "a node is missing from its parent");
+  return siblings.end();
+}
+
+size_t RadixCache::matched_len(const std::vector<int32_t>& edge,
+                               std::span<const int32_t> query) const {
+  const size_t c = common_prefix(edge, query);
+  return c - c % static_cast<size_t>(page_);
 }
 
 RadixNode::EvictKey RadixCache::key_of(const RadixNode* node) const {
@@ -67,25 +107,25 @@ void RadixCache::touch(RadixNode* node) {
 }
 
 RadixNode* RadixCache::split(RadixNode* node, size_t at) {
-  BASALT_ASSERT(at > 0 && at < node->tokens_.size());
+  BASALT_ASSERT(at > 0 && at < node->tokens_.size() && at % static_cast<size_t>(page_) == 0);
+  const auto link = link_of(node);
   auto mid = std::make_unique<RadixNode>();
   mid->tokens_.assign(node->tokens_.begin(), node->tokens_.begin() + static_cast<ptrdiff_t>(at));
   mid->slots_.assign(node->slots_.begin(), node->slots_.begin() + static_cast<ptrdiff_t>(at));
   node->tokens_.erase(node->tokens_.begin(), node->tokens_.begin() + static_cast<ptrdiff_t>(at));
   node->slots_.erase(node->slots_.begin(), node->slots_.begin() + static_cast<ptrdiff_t>(at));
-  RadixNode* parent = node->parent_;
-  mid->parent_ = parent;
+  mid->parent_ = node->parent_;
   mid->lock_ = node->lock_;
   mid->hits_ = node->hits_;
   mid->last_access_ = node->last_access_;
   mid->ns_ = node->ns_;
   mid->id_ = next_id_++;
-  std::unique_ptr<RadixNode>& link = parent->children_.at(mid->tokens_[0]);
-  std::unique_ptr<RadixNode> lower = std::move(link);
+  // The upper part keeps the node's first page, hence its key in the parent.
+  std::unique_ptr<RadixNode> lower = std::move(link->second);
   lower->parent_ = mid.get();
-  mid->children_.emplace(lower->tokens_[0], std::move(lower));
-  link = std::move(mid);
-  return link.get();
+  mid->children_.emplace(child_key(lower->tokens_), std::move(lower));
+  link->second = std::move(mid);
+  return link->second.get();
 }
 
 PrefixMatch RadixCache::match_prefix(uint64_t ns, std::span<const int32_t> tokens) {
@@ -93,13 +133,14 @@ PrefixMatch RadixCache::match_prefix(uint64_t ns, std::span<const int32_t> token
   stats_.queried_tokens += tokens.size();
   PrefixMatch match;
   if (!options_.enabled) return match;
+  tokens = tokens.first(static_cast<size_t>(page_floor(static_cast<int64_t>(tokens.size()))));
   RadixNode* node = root(ns);
   size_t pos = 0;
   while (pos < tokens.size()) {
-    auto it = node->children_.find(tokens[pos]);
-    if (it == node->children_.end()) break;
-    RadixNode* child = it->second.get();
-    const size_t c = common_prefix(child->tokens_, tokens.subspan(pos));
+    RadixNode* child = find_child(node, tokens.subspan(pos));
+    if (child == nullptr) break;
+    const size_t c = matched_len(child->tokens_, tokens.subspan(pos));
+    BASALT_ASSERT(c > 0);
     if (c < child->tokens_.size()) child = split(child, c);
     match.slots.insert(match.slots.end(), child->slots_.begin(), child->slots_.end());
     pos += c;
@@ -117,6 +158,10 @@ InsertResult RadixCache::insert(uint64_t ns, std::span<const int32_t> tokens,
   BASALT_CHECK(tokens.size() == slots.size(), "radix cache: insert of {} tokens with {} slots",
                tokens.size(), slots.size());
   InsertResult result;
+  // Whole pages only: the partial last page stays the caller's.
+  const auto whole = static_cast<size_t>(page_floor(static_cast<int64_t>(tokens.size())));
+  tokens = tokens.first(whole);
+  slots = slots.first(whole);
   if (!options_.enabled) {
     result.duplicates.assign(slots.begin(), slots.end());
     return result;
@@ -125,10 +170,10 @@ InsertResult RadixCache::insert(uint64_t ns, std::span<const int32_t> tokens,
   RadixNode* node = root(ns);
   size_t pos = 0;
   while (pos < tokens.size()) {
-    auto it = node->children_.find(tokens[pos]);
-    if (it == node->children_.end()) break;
-    RadixNode* child = it->second.get();
-    const size_t c = common_prefix(child->tokens_, tokens.subspan(pos));
+    RadixNode* child = find_child(node, tokens.subspan(pos));
+    if (child == nullptr) break;
+    const size_t c = matched_len(child->tokens_, tokens.subspan(pos));
+    BASALT_ASSERT(c > 0);
     if (c < child->tokens_.size()) child = split(child, c);
     for (size_t i = 0; i < c; ++i)
       if (slots[pos + i] != child->slots_[i]) result.duplicates.push_back(slots[pos + i]);
@@ -137,11 +182,17 @@ InsertResult RadixCache::insert(uint64_t ns, std::span<const int32_t> tokens,
     touch(node);
   }
   result.cached_before = static_cast<int64_t>(pos);
+  result.cached_len = static_cast<int64_t>(tokens.size());
   if (pos == tokens.size()) return result;
 
   // The new tail: its slots must be held by the caller (allocated, not yet in
-  // the tree, not repeated). Mark them, undoing the marks on a bad slot.
+  // the tree, not repeated) and, with pages, whole pages at the offsets of
+  // their positions (pos is a page boundary). Mark them, undoing the marks on
+  // a bad slot.
   const std::span<const int32_t> fresh = slots.subspan(pos);
+  if (!pool_.is_page_aligned(fresh)) {
+    fail("radix cache: insert of slots that are not whole pages at their positions' offsets");
+  }
   for (size_t i = 0; i < fresh.size(); ++i) {
     const int32_t s = fresh[i];
     const bool ok = pool_.is_allocated(s) && in_tree_[static_cast<size_t>(s)] == 0;
@@ -164,7 +215,7 @@ InsertResult RadixCache::insert(uint64_t ns, std::span<const int32_t> tokens,
   leaf->id_ = next_id_++;
   leaf->last_access_ = ++clock_;
   RadixNode* added = leaf.get();
-  node->children_.emplace(leaf->tokens_[0], std::move(leaf));
+  node->children_.emplace(child_key(leaf->tokens_), std::move(leaf));
   update_evictable(node);
   update_evictable(added);
   held_ -= count;
@@ -207,8 +258,7 @@ void RadixCache::remove_leaf(RadixNode* leaf) {
   for (const int32_t s : leaf->slots_) in_tree_[static_cast<size_t>(s)] = 0;
   evictable_ -= static_cast<int64_t>(leaf->slots_.size());
   RadixNode* parent = leaf->parent_;
-  const int32_t first = leaf->tokens_[0];
-  parent->children_.erase(first);  // destroys leaf
+  parent->children_.erase(link_of(leaf));  // destroys leaf
   if (parent->is_root()) {
     if (parent->children_.empty() && parent->lock_ == 0) roots_.erase(parent->ns_);
   } else {
@@ -263,10 +313,15 @@ void RadixCache::check_invariants() const {
     while (!stack.empty()) {
       const RadixNode* n = stack.back();
       stack.pop_back();
-      for (const auto& [first, c] : n->children_) {
+      std::set<std::vector<int32_t>> first_pages;  // distinct among siblings
+      for (const auto& [key, c] : n->children_) {
         BASALT_ASSERT(c->parent_ == n && c->ns_ == ns);
-        BASALT_ASSERT(!c->tokens_.empty() && c->tokens_[0] == first);
+        BASALT_ASSERT(!c->tokens_.empty() && c->tokens_.size() % static_cast<size_t>(page_) == 0);
+        BASALT_ASSERT(child_key(c->tokens_) == key);
+        BASALT_ASSERT(first_pages.emplace(c->tokens_.begin(), c->tokens_.begin() + page_).second);
         BASALT_ASSERT(c->tokens_.size() == c->slots_.size());
+        // Every edge starts at a page boundary, so its slots are whole pages.
+        BASALT_ASSERT(pool_.is_page_aligned(c->slots_));
         BASALT_ASSERT(c->lock_ >= 0 && c->lock_ <= n->lock_);
         for (const int32_t s : c->slots_) {
           BASALT_ASSERT(s >= 0 && static_cast<size_t>(s) < seen.size());

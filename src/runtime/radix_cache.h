@@ -36,10 +36,35 @@
 //   - Two namespaces (tenant, LoRA adapter, cache salt) never share a node:
 //     each has its own root.
 //   - Disabled (Options::enabled = false): match_prefix finds nothing and
-//     insert takes nothing (every passed slot comes back as a duplicate), so a
-//     finished request frees all its slots; a running request skips its
-//     chunk inserts (check enabled()). allocate/release still account held
-//     slots.
+//     insert takes nothing (every passed slot of its whole pages comes back as
+//     a duplicate), so a finished request frees all its slots; a running
+//     request skips its chunk inserts (check enabled()). allocate/release
+//     still account held slots.
+//
+// Pages (the pool's page_size P > 1; SGLang's paged radix cache):
+//   - The tree caches whole pages only. Every edge holds a multiple of P
+//     tokens, and its slots are whole pages in order: the slot of the token at
+//     depth d (counting from the namespace's root) is at offset d % P of its
+//     page, and the P tokens of depths [k*P, (k+1)*P) share one page
+//     (KvPool::is_page_aligned). Children are keyed by their first page of
+//     tokens, so two siblings may start with the same tokens and differ
+//     within their first page; an edge is split only at a page boundary.
+//   - match_prefix considers only the query's first floor(n/P)*P tokens and
+//     matches page by page: a match is always a whole number of pages (a page
+//     that differs in any token does not match at all).
+//   - insert likewise takes only the first floor(n/P)*P tokens and slots; the
+//     slots of the trailing partial page are left alone (neither cached nor
+//     reported as duplicates) and stay the caller's: a running request keeps
+//     writing into that page, a finished one releases it. The new slots it
+//     caches must be whole pages at the offsets of their positions (a request
+//     whose slots for positions [k*P, (k+1)*P) are one page, as the engine
+//     allocates them); otherwise insert throws and changes nothing. Slots that
+//     the tree already has in another page come back as duplicates page by
+//     page.
+//   - Eviction frees whole leaves, hence whole pages; nothing in the tree
+//     ever shares a page with held slots, so a pool used only through the
+//     cache never has a partly free page when every request keeps whole pages.
+//   With P == 1 all of this is the token-granular tree above.
 //
 // Costs: match_prefix and insert are O(tokens) with child lookup by first
 // token in a hash map; evict pops unlocked leaves from an ordered set (LRU by
@@ -80,7 +105,9 @@ class RadixNode {
   std::vector<int32_t> tokens_;
   std::vector<int32_t> slots_;
   RadixNode* parent_ = nullptr;
-  std::unordered_map<int32_t, std::unique_ptr<RadixNode>> children_;  // by first token
+  // By child key: the first token (page size 1) or a hash of the first page,
+  // whose tokens are then compared (RadixCache::find_child).
+  std::unordered_multimap<uint64_t, std::unique_ptr<RadixNode>> children_;
   int32_t lock_ = 0;
   uint64_t hits_ = 0;
   uint64_t last_access_ = 0;
@@ -98,7 +125,7 @@ struct RadixCacheOptions {
 };
 
 struct PrefixMatch {
-  std::vector<int32_t> slots;  // one per matched token
+  std::vector<int32_t> slots;  // one per matched token (whole pages)
   // The node the match ends in: the namespace's root when nothing matched,
   // nullptr when the cache is disabled (lock/unlock accept nullptr).
   RadixNode* last_node = nullptr;
@@ -106,6 +133,7 @@ struct PrefixMatch {
 
 struct InsertResult {
   int64_t cached_before = 0;        // leading tokens the tree already had
+  int64_t cached_len = 0;           // leading tokens it has now (whole pages)
   std::vector<int32_t> duplicates;  // passed slots the tree did not take
 };
 
@@ -124,11 +152,12 @@ class RadixCache {
   RadixCache(const RadixCache&) = delete;
   RadixCache& operator=(const RadixCache&) = delete;
 
-  // Longest cached prefix of tokens in namespace ns; counts as an access
-  // (LRU time, LFU hits) of every node on the path.
+  // Longest cached prefix of tokens in namespace ns, in whole pages; counts as
+  // an access (LRU time, LFU hits) of every node on the path.
   PrefixMatch match_prefix(uint64_t ns, std::span<const int32_t> tokens);
   // Caches tokens -> slots (same lengths) in namespace ns: a finished request,
-  // or the prefilled part of a running one. See the ownership rules above.
+  // or the prefilled part of a running one; with pages, only the whole pages.
+  // See the ownership rules above.
   InsertResult insert(uint64_t ns, std::span<const int32_t> tokens,
                       std::span<const int32_t> slots);
 
@@ -148,6 +177,9 @@ class RadixCache {
   void release(std::span<const int32_t> slots);
 
   bool enabled() const { return options_.enabled; }
+  int32_t page_size() const { return page_; }
+  // n rounded down to whole pages: what match_prefix and insert consider.
+  int64_t page_floor(int64_t n) const { return n - n % page_; }
   int64_t evictable_tokens() const { return evictable_; }
   int64_t locked_tokens() const { return locked_; }
   int64_t held_tokens() const { return held_; }
@@ -161,6 +193,14 @@ class RadixCache {
 
  private:
   RadixNode* root(uint64_t ns);
+  uint64_t child_key(std::span<const int32_t> tokens) const;
+  // The child of node whose first page is query's first page (query holds at
+  // least one page), or null.
+  RadixNode* find_child(RadixNode* node, std::span<const int32_t> query) const;
+  // Where child's parent owns it.
+  std::unordered_multimap<uint64_t, std::unique_ptr<RadixNode>>::iterator link_of(RadixNode* child);
+  // Common prefix of an edge and a query, in whole pages.
+  size_t matched_len(const std::vector<int32_t>& edge, std::span<const int32_t> query) const;
   RadixNode* split(RadixNode* node, size_t at);
   void touch(RadixNode* node);
   void update_evictable(RadixNode* node);
@@ -169,6 +209,7 @@ class RadixCache {
 
   KvPool& pool_;
   RadixCacheOptions options_;
+  int32_t page_;
   std::unordered_map<uint64_t, std::unique_ptr<RadixNode>> roots_;
   std::set<std::pair<RadixNode::EvictKey, RadixNode*>> evictable_leaves_;
   std::vector<uint8_t> in_tree_;  // per pool slot
