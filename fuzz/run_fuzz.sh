@@ -36,43 +36,27 @@ cmake -S "$root" -B "$build" -G Ninja \
   -DBASALT_FUZZ=ON -DBASALT_TESTS=OFF -DBASALT_BENCH=OFF -DBASALT_CUDA=OFF -DBASALT_NATIVE=OFF
 cmake --build "$build" --target safetensors_header_fuzz jinja_fuzz openai_request_fuzz -j"${JOBS:-1}"
 
-corpus="$build/fuzz-corpus/safetensors"
 artifacts="$build/fuzz-artifacts"
-mkdir -p "$corpus" "$artifacts"
-# The first corpus directory receives new inputs; the seeds are only read.
-"$build/fuzz/safetensors_header_fuzz" \
-  -max_total_time="$seconds" \
-  -dict="$root/fuzz/safetensors.dict" \
-  -max_len=4096 \
-  -timeout=10 \
-  -rss_limit_mb=2048 \
-  -print_final_stats=1 \
-  -artifact_prefix="$artifacts/" \
-  "$corpus" "$root/fuzz/corpus/safetensors"
+mkdir -p "$artifacts"
+# fuzz TARGET SECONDS DICT SEEDS: new inputs go to <build dir>/fuzz-corpus/TARGET
+# (the first corpus directory receives them); the seeds are only read.
+fuzz() {
+  local target="$1" time="$2" dict="$3" seeds="$4"
+  local corpus="$build/fuzz-corpus/$target"
+  mkdir -p "$corpus"
+  "$build/fuzz/$target" \
+    -max_total_time="$time" \
+    -dict="$dict" \
+    -max_len=4096 \
+    -timeout=10 \
+    -rss_limit_mb=2048 \
+    -print_final_stats=1 \
+    -artifact_prefix="$artifacts/" \
+    "$corpus" "$seeds"
+}
 
-# Jinja templates: new inputs go to <build dir>/fuzz-corpus/jinja; the real
-# chat templates are read-only seeds.
-jinja_corpus="$build/fuzz-corpus/jinja"
-mkdir -p "$jinja_corpus"
-"$build/fuzz/jinja_fuzz" \
-  -max_total_time="${JINJA_FUZZ_SECONDS:-20}" \
-  -dict="$root/fuzz/jinja.dict" \
-  -max_len=4096 \
-  -timeout=10 \
-  -rss_limit_mb=2048 \
-  -print_final_stats=1 \
-  -artifact_prefix="$artifacts/" \
-  "$jinja_corpus" "$root/testdata/chat_templates"
-
-# OpenAI request bodies: new inputs go to <build dir>/fuzz-corpus/openai.
-openai_corpus="$build/fuzz-corpus/openai"
-mkdir -p "$openai_corpus"
-"$build/fuzz/openai_request_fuzz" \
-  -max_total_time="${OPENAI_FUZZ_SECONDS:-20}" \
-  -dict="$root/fuzz/openai.dict" \
-  -max_len=4096 \
-  -timeout=10 \
-  -rss_limit_mb=2048 \
-  -print_final_stats=1 \
-  -artifact_prefix="$artifacts/" \
-  "$openai_corpus" "$root/fuzz/corpus/openai"
+fuzz safetensors_header_fuzz "$seconds" "$root/fuzz/safetensors.dict" "$root/fuzz/corpus/safetensors"
+# Jinja templates, seeded with the real chat templates.
+fuzz jinja_fuzz "${JINJA_FUZZ_SECONDS:-20}" "$root/fuzz/jinja.dict" "$root/testdata/chat_templates"
+# OpenAI request bodies.
+fuzz openai_request_fuzz "${OPENAI_FUZZ_SECONDS:-20}" "$root/fuzz/openai.dict" "$root/fuzz/corpus/openai"

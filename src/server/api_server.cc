@@ -144,15 +144,7 @@ class GenerationProducer : public ResponseProducer {
         created_(unix_now()),
         start_(Clock::now()) {}
 
-  ~GenerationProducer() override {
-    for (Choice& c : choices_) {
-      c.handle->set_listener({});
-      if (!c.finished) {
-        c.handle->cancel();
-        shared_->in_flight.fetch_sub(1);
-      }
-    }
-  }
+  ~GenerationProducer() override { cancel_rest(); }
 
   void start(std::function<void()> wake) override {
     for (Choice& c : choices_) c.handle->set_listener(wake);
@@ -160,14 +152,7 @@ class GenerationProducer : public ResponseProducer {
 
   void abort() override {
     shared_->client_disconnects.fetch_add(1);
-    for (Choice& c : choices_) {
-      c.handle->set_listener({});
-      if (!c.finished) {
-        c.handle->cancel();
-        c.finished = true;
-        shared_->in_flight.fetch_sub(1);
-      }
-    }
+    cancel_rest();
     finish_log(499);
   }
 
@@ -404,6 +389,7 @@ class GenerationProducer : public ResponseProducer {
     return r;
   }
 
+  // Stops listening and cancels every choice still running.
   void cancel_rest() {
     for (Choice& c : choices_) {
       c.handle->set_listener({});
