@@ -155,10 +155,13 @@ struct Sequence {
   int64_t prompt_len = 0;
   int num_output = 0;
 
-  // slots[i] holds token i's KV; slots.size() == kv_done between steps.
+  // slots[i] holds token i's KV. Whole pages, page-aligned (slot i is at
+  // offset i % page_size of a page, positions [k*P, (k+1)*P) one page);
+  // slots.size() == kv_done rounded up to whole pages between steps: the tail
+  // of the last page takes the next positions.
   std::vector<int32_t> slots;
   int64_t kv_done = 0;
-  int64_t tree_len = 0;       // slots[0, tree_len) are the tree's (locked)
+  int64_t tree_len = 0;       // slots[0, tree_len) are the tree's (locked); whole pages
   RadixNode* node = nullptr;  // locked while running
 
   // Built at intake, then used only by the executor (apply and append), which
@@ -437,6 +440,11 @@ class Scheduler {
   void remove_finished();
   void fail_all(const std::string& message);
   void publish();
+  // check_invariants: every request's slots are whole, page-aligned pages
+  // covering its KV, and what requests hold outside the tree is the cache's
+  // held count. on_step: the test hook.
+  void check_requests() const;
+  void report_step() const;
 
   Model& model_;
   Backend& backend_;
@@ -475,13 +483,21 @@ class Scheduler {
 
 namespace {
 
+// The pool's size in slots: whole pages.
 int64_t pool_slots(const Model& model, const EngineOptions& o) {
-  if (o.kv_slots > 0) return o.kv_slots;
+  const int64_t page = o.page_size;
+  BASALT_CHECK(page >= 1, "page_size must be >= 1, got {}", page);
+  if (o.kv_slots > 0) {
+    BASALT_CHECK(o.kv_slots >= page, "kv_slots ({}) holds no page of {} slots", o.kv_slots, page);
+    return o.kv_slots - o.kv_slots % page;
+  }
   const size_t budget = o.kv_budget_bytes ? o.kv_budget_bytes : KvPool::host_memory_budget(0.1);
-  const int64_t from_budget = KvPool::slots_for_budget(model.kv_bytes_per_slot(o.kv_dtype), budget);
+  const int64_t from_budget = KvPool::slots_for_budget(model.kv_bytes_per_slot(o.kv_dtype), budget,
+                                                       o.page_size);
   const int64_t cap = static_cast<int64_t>(o.max_running) * model.config().max_position_embeddings;
-  const int64_t slots = std::min(from_budget, std::max<int64_t>(cap, 1));
-  BASALT_CHECK(slots > 0, "the KV budget of {} bytes holds no token slot", budget);
+  const int64_t cap_pages = (std::max<int64_t>(cap, 1) + page - 1) / page * page;
+  const int64_t slots = std::min(from_budget, cap_pages);
+  BASALT_CHECK(slots > 0, "the KV budget of {} bytes holds no page of {} token slots", budget, page);
   return slots;
 }
 
@@ -495,7 +511,7 @@ Scheduler::Scheduler(Model& model, Backend& backend, const Tokenizer* tokenizer,
       options_(std::move(options)),
       vocab_(static_cast<int32_t>(model.config().vocab_size)),
       eos_ids_(options_.eos_ids ? *options_.eos_ids : model.config().eos_token_ids),
-      pool_(pool_slots(model, options_)),
+      pool_(pool_slots(model, options_), options_.page_size),
       kv_(model.allocate_kv(pool_.capacity(), options_.kv_dtype)),
       cache_(pool_, RadixCacheOptions{options_.radix_cache, options_.eviction}),
       executor_(model, backend, kv_, vocab_, options_.overlap) {
@@ -614,7 +630,11 @@ void Scheduler::run() {
     remove_finished();
     std::erase_if(retired_, [&](const auto& s) { return !in_flight(*s); });
     if (stepped) {
-      if (options_.check_invariants) cache_.check_invariants();
+      if (options_.check_invariants) {
+        cache_.check_invariants();
+        check_requests();
+      }
+      if (options_.on_step) report_step();
       m_.schedule_time.observe(thread_cpu_seconds() - cpu0 - exec_cpu);
       m_.step_time.observe(seconds(Clock::now() - t0));
     }
@@ -654,6 +674,29 @@ void Scheduler::run() {
   clear_cv_.notify_all();
 }
 
+void Scheduler::check_requests() const {
+  int64_t held = 0;
+  for (const auto* list : {&waiting_, &running_})
+    for (const auto& s : *list) {
+      BASALT_ASSERT(static_cast<int64_t>(s->slots.size()) == pool_.rounded(s->kv_done));
+      BASALT_ASSERT(s->tree_len <= s->kv_done && s->tree_len % pool_.page_size() == 0);
+      BASALT_ASSERT(pool_.is_page_aligned(s->slots));
+      held += static_cast<int64_t>(s->slots.size()) - s->tree_len;
+    }
+  for (const auto& s : retired_) BASALT_ASSERT(s->slots.empty() && s->node == nullptr);
+  BASALT_ASSERT(held == cache_.held_tokens());
+  // Requests and the tree hold whole pages: no page is partly free.
+  BASALT_ASSERT(pool_.free_slots() == pool_.free_pages() * pool_.page_size());
+}
+
+void Scheduler::report_step() const {
+  std::vector<EngineOptions::RequestKv> kv;
+  for (const auto& s : running_)
+    if (s->stream != nullptr && !s->preempted)
+      kv.push_back({s->id, s->kv_done, s->tree_len, std::span<const int32_t>(s->slots)});
+  options_.on_step(kv);
+}
+
 void Scheduler::recover(const std::string& message) {
   if (inflight_ != nullptr) executor_.wait(*inflight_);
   inflight_.reset();
@@ -685,7 +728,7 @@ std::string Scheduler::invalid(const Sequence& seq) const {
   if (need > model_.config().max_position_embeddings)
     return fmt::format("prompt ({} tokens) plus max_tokens ({}) exceeds the model's context length ({})",
                        r.prompt.size(), r.params.max_tokens, model_.config().max_position_embeddings);
-  if (need > pool_.capacity())
+  if (pool_.rounded(need) > pool_.capacity())
     return fmt::format("prompt ({} tokens) plus max_tokens ({}) can never fit in the KV pool ({} slots)",
                        r.prompt.size(), r.params.max_tokens, pool_.capacity());
   return {};
@@ -723,23 +766,32 @@ void Scheduler::intake(std::unique_ptr<Sequence> seq) {
   waiting_.push_back(std::move(seq));
 }
 
+// Slots the request may still take: its known tokens without a slot plus the
+// output reserve, in whole pages, less the tail of its last page.
 int64_t Scheduler::reserve_of(const Sequence& seq) const {
   const int64_t out_left = seq.request.params.max_tokens - seq.num_output;
-  const int64_t unallocated = static_cast<int64_t>(seq.tokens.size()) -
-                              static_cast<int64_t>(seq.slots.size());
-  return std::max<int64_t>(unallocated, 0) + std::min(out_left, options_.output_reserve);
+  const auto have = static_cast<int64_t>(seq.slots.size());
+  const int64_t want = std::max(static_cast<int64_t>(seq.tokens.size()), have) +
+                       std::min(out_left, options_.output_reserve);
+  return pool_.rounded(want) - have;
 }
 
+// Slots for positions [kv_done, kv_done + n): the tail of the last page first,
+// then whole new pages.
 bool Scheduler::allocate_for(Sequence& seq, int64_t n) {
-  std::optional<std::vector<int32_t>> got = cache_.allocate(n);
+  const int64_t need = seq.kv_done + n - static_cast<int64_t>(seq.slots.size());
+  if (need <= 0) return true;
+  std::optional<std::vector<int32_t>> got = cache_.allocate(need);
   if (!got) return false;
   seq.slots.insert(seq.slots.end(), got->begin(), got->end());
   return true;
 }
 
+// Caching takes the whole pages of the settled KV; the partial last page (and
+// anything past the settled KV) goes back to the pool.
 void Scheduler::free_kv(Sequence& seq, bool cache_it) {
   std::vector<int32_t> release;
-  const int64_t done = settled_kv(seq);
+  const int64_t done = cache_.page_floor(settled_kv(seq));
   if (cache_it && done > 0) {
     InsertResult ins = cache_.insert(seq.request.cache_namespace, seq.token_span(done),
                                      std::span<const int32_t>(seq.slots.data(), static_cast<size_t>(done)));
@@ -849,8 +901,11 @@ bool Scheduler::admit(Sequence& seq, int64_t budget) {
   for (auto& s : running_)
     if (!s->preempted) reserved += reserve_of(*s);
   const int64_t available = pool_.free_slots() + cache_.evictable_tokens() - reserved;
-  const int64_t need = (len - matched) + std::min<int64_t>(seq.request.params.max_tokens - seq.num_output,
-                                                           options_.output_reserve);
+  // matched is whole pages; the rest is allocated in whole pages.
+  const int64_t need =
+      pool_.rounded(len + std::min<int64_t>(seq.request.params.max_tokens - seq.num_output,
+                                            options_.output_reserve)) -
+      matched;
   const bool alone = running_.empty();
   if (need > available && !alone) {
     cache_.unlock(match.last_node);
@@ -919,7 +974,8 @@ std::vector<Sequence*> Scheduler::schedule() {
     Sequence& s = *sp;
     if (s.preempted || s.scheduled || s.stream == nullptr || budget <= 0 || samples_its_last(s))
       continue;
-    const int64_t avail = pool_.free_slots() + cache_.evictable_tokens();
+    const int64_t avail = pool_.free_slots() + cache_.evictable_tokens() +
+                          (static_cast<int64_t>(s.slots.size()) - s.kv_done);
     const int64_t n = std::min({s.remaining(), budget, avail});
     if (n <= 0 || !allocate_for(s, n)) continue;
     s.step_start = s.kv_done;
@@ -969,19 +1025,22 @@ std::vector<Sequence*> Scheduler::schedule() {
   return batch;
 }
 
+// Whole pages only: the partial last page stays the request's, for the next
+// chunk or decode token.
 void Scheduler::cache_progress(Sequence& seq) {
-  if (!cache_.enabled() || seq.kv_done <= seq.tree_len) return;
+  const int64_t whole = cache_.page_floor(seq.kv_done);
+  if (!cache_.enabled() || whole <= seq.tree_len) return;
   const uint64_t ns = seq.request.cache_namespace;
-  const std::span<const int32_t> tokens = seq.token_span(seq.kv_done);
-  InsertResult ins = cache_.insert(ns, tokens, std::span<const int32_t>(seq.slots.data(), static_cast<size_t>(seq.kv_done)));
+  const std::span<const int32_t> tokens = seq.token_span(whole);
+  InsertResult ins = cache_.insert(ns, tokens, std::span<const int32_t>(seq.slots.data(), static_cast<size_t>(whole)));
   PrefixMatch match = cache_.match_prefix(ns, tokens);
-  BASALT_CHECK(static_cast<int64_t>(match.slots.size()) == seq.kv_done,
-               "radix cache: {} of {} inserted tokens matched", match.slots.size(), seq.kv_done);
+  BASALT_CHECK(static_cast<int64_t>(match.slots.size()) == whole,
+               "radix cache: {} of {} inserted tokens matched", match.slots.size(), whole);
   cache_.lock(match.last_node);
   cache_.unlock(seq.node);
   seq.node = match.last_node;
   std::copy(match.slots.begin(), match.slots.end(), seq.slots.begin());
-  seq.tree_len = seq.kv_done;
+  seq.tree_len = whole;
   if (!ins.duplicates.empty()) cache_.release(ins.duplicates);
 }
 

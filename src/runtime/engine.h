@@ -51,6 +51,28 @@
 //    (runtime/generator.h's rules), deadline or cancellation; on finish its
 //    sequence is inserted into the radix cache, unlocked and the rest freed.
 //
+// Pages (EngineOptions::page_size = P, 1 by default): the pool hands out KV
+// in pages of P consecutive slots and every request's KV is page-aligned, so
+// a paged attention kernel can address it by (page table, position):
+//  * the slot of position p of a request is at offset p % P of one of the
+//    request's pages, and positions [k*P, (k+1)*P) are one page:
+//      page_table[k] = slots[k*P] / P,  slot(p) = page_table[p / P] * P + p % P.
+//    In a ForwardBatch, a request's kv_slots (positions 0 .. end-1) and its
+//    out_slots follow this rule, and every kv_slots run starts at a page
+//    boundary (position 0), so a kernel may read the page table off kv_slots
+//    at stride P (KvPool::is_page_aligned states the property). The pages of a
+//    cached prefix are shared between requests; a request's last page is its
+//    own (it holds the tail it will decode into, which no one else reads).
+//  * the radix cache matches and caches whole pages only (see
+//    runtime/radix_cache.h): a request reuses floor(matched / P) pages of a
+//    prefix and computes the rest itself, a finished or partly prefilled
+//    request caches its whole pages, and its partial last page is freed (on
+//    finish) or kept for the next chunk or decode token.
+//  * a decode token goes to the tail of the request's last page and takes a
+//    new page only when that page is full; admission and the reserves count
+//    whole pages. kv_slots is rounded down to whole pages.
+//  * outputs do not depend on P (the kernels address KV by slot).
+//
 // Overlap (EngineOptions::overlap; off by default on the CPU backend): a
 // step is launch() (CPU: schedule, allocate slots, build the ForwardBatch),
 // execute (the model, the sampler, the logits processors; the Executor) and
@@ -95,6 +117,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -115,8 +138,12 @@ enum class SchedulePolicy : uint8_t { kFcfs, kLongestPrefixMatch };
 
 struct EngineOptions {
   // KV pool size in token slots; 0: from kv_budget_bytes (0: a tenth of host
-  // memory), capped at max_running * the model's context length.
+  // memory), capped at max_running * the model's context length. Rounded down
+  // to whole pages.
   int64_t kv_slots = 0;
+  // Slots per KV page (>= 1): every request's KV is page-aligned and the radix
+  // cache shares whole pages (see "Pages" above). 1: token-granular.
+  int32_t page_size = 1;
   size_t kv_budget_bytes = 0;
   DType kv_dtype = DType::kF32;
   bool radix_cache = true;
@@ -131,8 +158,19 @@ struct EngineOptions {
   // The model's end-of-sequence ids; empty: ModelConfig::eos_token_ids.
   std::optional<std::vector<int32_t>> eos_ids;
   int max_logprobs = kDefaultMaxLogprobs;
-  // Recount the pool and cache invariants after every step (tests).
+  // Recount the pool and cache invariants after every step, and check every
+  // request's slots (page-aligned, whole pages, the cache's held count);
+  // a violation throws on the scheduler thread (tests).
   bool check_invariants = false;
+  // Test hook: called on the scheduler thread after every step with the KV of
+  // every running request (the spans are valid during the call only).
+  struct RequestKv {
+    uint64_t id = 0;
+    int64_t kv_len = 0;      // positions computed or being computed by a launched step
+    int64_t cached_len = 0;  // leading positions whose slots are the radix cache's
+    std::span<const int32_t> slots;  // slot of each position; kv_len rounded up to pages
+  };
+  std::function<void(std::span<const RequestKv>)> on_step;
   // Overlap scheduling: an executor thread runs the model and the sampler for
   // step N while the scheduler thread processes step N-1 and schedules step
   // N+1 (see "Overlap" above). Outputs are the same either way. Off by

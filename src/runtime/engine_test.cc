@@ -2,6 +2,10 @@
 // crowds against requests run alone (greedy and seeded sampling), chunked
 // prefill, preemption under a tiny pool, cancellation, deadlines, priorities,
 // errors, and a multi-threaded stress run that must leave the pool whole.
+// Every test of EngineMode runs with overlap off and on and with KV pages of
+// 1, 4 and 16 slots: the outputs must be the generator's (hence the same for
+// every page size), and with check_invariants every running request's slots
+// are checked to be page-aligned after every step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,9 +19,12 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
@@ -76,19 +83,28 @@ std::vector<std::vector<int32_t>> shared_prefix_prompts(int n, size_t prefix, si
   return prompts;
 }
 
-// Every engine test runs with overlap scheduling off and on (EngineMode's
-// parameter, set before each test): the outputs must not change.
+// Every engine test runs with overlap scheduling off and on, and with page
+// sizes 1, 4 and 16 (EngineMode's parameters, set before each test): the
+// outputs must not change.
 bool g_overlap = false;
+int32_t g_page = 1;
 
 EngineOptions base() {
   EngineOptions o;
   o.overlap = g_overlap;
+  o.page_size = g_page;
   return o;
 }
 
-class EngineMode : public ::testing::TestWithParam<bool> {
+// n rounded down to whole pages: what the radix cache can share.
+int64_t whole_pages(int64_t n) { return n - n % g_page; }
+
+class EngineMode : public ::testing::TestWithParam<std::tuple<bool, int32_t>> {
  protected:
-  void SetUp() override { g_overlap = GetParam(); }
+  void SetUp() override {
+    g_overlap = std::get<0>(GetParam());
+    g_page = std::get<1>(GetParam());
+  }
 };
 
 EngineOptions slots(int64_t n) {
@@ -145,7 +161,7 @@ void cache_on_off(const std::string& dir) {
       EXPECT_GT(m.cached_prompt_tokens, 0u);
       EXPECT_GT(m.cache_hit_rate(), 0.5);
       EXPECT_LT(m.prefill_tokens, m.prompt_tokens);
-      EXPECT_EQ(outputs[on][1].usage.cached_prompt_tokens, 40);
+      EXPECT_EQ(outputs[on][1].usage.cached_prompt_tokens, whole_pages(40));
     } else {
       EXPECT_EQ(m.cached_prompt_tokens, 0u);
       EXPECT_EQ(m.prefill_tokens, m.prompt_tokens);
@@ -225,7 +241,7 @@ TEST_P(EngineMode, LongPromptsGoInChunksAndNamespacesDoNotShare) {
   EXPECT_EQ(b.usage.cached_prompt_tokens, 0);
   const RequestOutput c = collect(*engine.submit(request(prompt, greedy(10), /*ns=*/1)));
   expect_same(alone, c, "same namespace");
-  EXPECT_EQ(c.usage.cached_prompt_tokens, 99);
+  EXPECT_EQ(c.usage.cached_prompt_tokens, whole_pages(99));
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
 }
 
@@ -443,7 +459,10 @@ TEST_P(EngineMode, DestroyingTheEngineCancelsWhatIsLeft) {
 TEST_P(EngineMode, StressFromFourThreads) {
   Fixture f(kLlama);
   EngineOptions o = base();
-  o.kv_slots = 160;  // small enough that decoding requests get preempted
+  // Small enough that decoding requests get preempted: with pages of 16 the
+  // reserves are whole pages, so 160 slots (10 pages) rarely run dry; 6 pages
+  // still hold the largest request (63 tokens).
+  o.kv_slots = g_page == 16 ? 96 : 160;
   o.step_token_budget = 64;
   o.max_running = 24;
   o.output_reserve = 1;
@@ -563,7 +582,7 @@ TEST_P(EngineMode, RequestsStoppingOnASampledTokenMatchAlone) {
   EXPECT_GT(stopped, 4);
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
   const EngineMetrics m = engine.metrics();
-  if (GetParam()) {
+  if (g_overlap) {
     EXPECT_GT(m.discarded_tokens, 0u);
   } else {
     EXPECT_EQ(m.discarded_tokens, 0u);
@@ -600,9 +619,11 @@ TEST_P(EngineMode, SamplesOfOnePromptShareItsPrefill) {
       const uint64_t L = len;
       EXPECT_EQ(m.prompt_tokens, n * L);
       if (cache) {
-        // Prefilled once; the others compute only the last prompt token.
-        EXPECT_EQ(m.prefill_tokens, L + (n - 1)) << len;
-        EXPECT_EQ(m.cached_prompt_tokens, (n - 1) * (L - 1)) << len;
+        // Prefilled once; the others compute only the last prompt token (with
+        // pages: the tokens past the last whole page before it).
+        const auto shared = static_cast<uint64_t>(whole_pages(static_cast<int64_t>(L) - 1));
+        EXPECT_EQ(m.prefill_tokens, L + (n - 1) * (L - shared)) << len;
+        EXPECT_EQ(m.cached_prompt_tokens, (n - 1) * shared) << len;
       } else {
         EXPECT_EQ(m.prefill_tokens, n * L) << len;
         EXPECT_EQ(m.cached_prompt_tokens, 0u);
@@ -690,10 +711,128 @@ TEST_P(EngineMode, TheDrawnTokensLogprobIsReported) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Engine, EngineMode, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "OverlapOn" : "OverlapOff";
+// After every step, every running request's KV is page-aligned: its slots
+// cover its positions in whole pages, position p sits at offset p % P of one
+// page and positions [k*P, (k+1)*P) share it; its cached part is whole pages;
+// and the pages past its cached part are its own (no other running request
+// reads them). The workload has shared prefixes, chunked prefill, n samples,
+// preemption under a small pool and cancellations.
+TEST_P(EngineMode, EveryRunningRequestsSlotsArePageAlignedAfterEveryStep) {
+  Fixture f(kLlama);
+  const int64_t P = g_page;
+  std::mutex mu;
+  int64_t steps = 0, shared_steps = 0;
+  std::vector<std::string> violations;
+  EngineOptions o = base();
+  o.kv_slots = 12 * 16;  // a few requests at a time: preemptions
+  o.step_token_budget = 24;
+  o.output_reserve = 2;
+  o.check_invariants = true;
+  o.on_step = [&](std::span<const EngineOptions::RequestKv> running) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++steps;
+    std::unordered_map<int32_t, uint64_t> own;  // page -> the request whose own page it is
+    std::unordered_map<int32_t, uint64_t> shared;
+    bool any_shared = false;
+    const auto bad = [&](uint64_t id, const std::string& what) {
+      if (violations.size() < 20) violations.push_back("request " + std::to_string(id) + ": " + what);
+    };
+    for (const auto& r : running) {
+      if (static_cast<int64_t>(r.slots.size()) != (r.kv_len + P - 1) / P * P)
+        bad(r.id, "slots " + std::to_string(r.slots.size()) + " for kv " + std::to_string(r.kv_len));
+      if (r.cached_len % P != 0 || r.cached_len > r.kv_len) bad(r.id, "cached part not whole pages");
+      any_shared |= r.cached_len > 0;
+      for (size_t p = 0; p < r.slots.size(); ++p) {
+        if (r.slots[p] % P != static_cast<int64_t>(p) % P) bad(r.id, "position at the wrong offset");
+        if (p % static_cast<size_t>(P) != 0 && r.slots[p] != r.slots[p - 1] + 1)
+          bad(r.id, "a page split across pages");
+      }
+      for (size_t p = 0; p < r.slots.size(); p += static_cast<size_t>(P)) {
+        const int32_t page = r.slots[p] / static_cast<int32_t>(P);
+        if (static_cast<int64_t>(p) < r.cached_len) shared[page] = r.id;
+        else if (!own.emplace(page, r.id).second) bad(r.id, "owns a page another request owns");
+      }
+    }
+    for (const auto& [page, id] : own)
+      if (shared.count(page)) bad(id, "owns a page another request shares");
+    shared_steps += any_shared;
+  };
+  Engine engine(*f.model, f.backend, nullptr, o);
+  std::vector<EngineRequest> requests;
+  for (const auto& p : shared_prefix_prompts(10, 37, 9, 31)) {
+    SamplingParams sp = greedy(20);
+    if (requests.size() % 2 == 1) {
+      sp.temperature = 1.0f;
+      sp.seed = 900 + requests.size();
+    }
+    requests.push_back(request(p, sp, requests.size() % 3 == 0 ? 1 : 0));
+  }
+  std::vector<GenerateResult> alone;
+  for (const auto& r : requests) alone.push_back(f.alone(r.prompt, r.params));
+  std::vector<RequestHandle> handles;
+  for (const auto& r : requests) handles.push_back(engine.submit(r));
+  SamplingParams sampled = greedy(9);
+  sampled.temperature = 1.0f;
+  sampled.seed = 5;
+  std::vector<RequestHandle> samples = engine.submit_n(request(requests[0].prompt, sampled), 3);
+  RequestHandle cancelled = engine.submit(request(requests[1].prompt, greedy(60)));
+  ASSERT_TRUE(cancelled->next_event().has_value());
+  cancelled->cancel();
+  int preemptions = 0;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    const RequestOutput out = collect(*handles[i]);
+    expect_same(alone[i], out, "request " + std::to_string(i));
+    preemptions += out.usage.preemptions;
+  }
+  for (auto& h : samples) EXPECT_EQ(collect(*h).output_ids.size(), 9u);
+  collect(*cancelled);
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(violations.empty()) << violations.front();
+  EXPECT_GT(steps, 20);
+  EXPECT_GT(shared_steps, 0);  // some request read a cached prefix
+  EXPECT_GT(preemptions, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engine, EngineMode,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(1, 4, 16)),
+                         [](const ::testing::TestParamInfo<std::tuple<bool, int32_t>>& info) {
+                           return std::string(std::get<0>(info.param) ? "OverlapOn" : "OverlapOff") +
+                                  "Page" + std::to_string(std::get<1>(info.param));
                          });
+
+TEST(EnginePages, PageSizeAndPoolSizeAreChecked) {
+  Fixture f(kLlama);
+  EngineOptions o;
+  o.kv_slots = 100;
+  o.page_size = 0;
+  EXPECT_THROW(Engine(*f.model, f.backend, nullptr, o), Error);
+  o.page_size = 128;  // more than the pool
+  EXPECT_THROW(Engine(*f.model, f.backend, nullptr, o), Error);
+  o.page_size = 16;  // rounded down to whole pages
+  {
+    Engine engine(*f.model, f.backend, nullptr, o);
+    EXPECT_EQ(engine.kv_capacity(), 96);
+    EXPECT_EQ(engine.drain_and_clear_cache(), 96);
+  }
+  // From a byte budget: whole pages too.
+  o.kv_slots = 0;
+  o.kv_budget_bytes = f.model->kv_bytes_per_slot(o.kv_dtype) * 1000;
+  {
+    Engine engine(*f.model, f.backend, nullptr, o);
+    EXPECT_EQ(engine.kv_capacity(), 992);
+  }
+  // A request fits when its tokens fit in whole pages: 20 + 12 is two pages
+  // of 16, 20 + 13 would need three.
+  o.kv_budget_bytes = 0;
+  o.kv_slots = 32;
+  Engine engine(*f.model, f.backend, nullptr, o);
+  EXPECT_EQ(collect(*engine.submit(request(std::vector<int32_t>(20, 5), greedy(12)))).output_ids.size(), 12u);
+  const RequestOutput never = collect(*engine.submit(request(std::vector<int32_t>(20, 5), greedy(13))));
+  EXPECT_EQ(never.reason, FinishReason::kError);
+  EXPECT_NE(never.error.find("can never fit"), std::string::npos) << never.error;
+  EXPECT_EQ(engine.drain_and_clear_cache(), 32);
+}
 
 TEST(EngineMetrics, HistogramBucketsAndQuantiles) {
   Histogram h;
