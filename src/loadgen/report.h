@@ -1,0 +1,65 @@
+// Load-test results: the metrics of one run, as JSON, a terminal table and
+// an SVG picture.
+//
+// Contract:
+//  * compute_metrics reads a RunResult. A request counts as completed when
+//    its result has no error. Its output tokens are the server's
+//    usage.completion_tokens when the stream carried usage, else the number
+//    of text-carrying events. TTFT is first token minus send time; ITL is
+//    every gap between consecutive token events of a request (pooled over
+//    requests); TPOT is (e2e - TTFT) / (output tokens - 1) per request with
+//    more than one token; E2E is end minus send time. All in milliseconds.
+//    Throughputs divide by the run's wall time. Goodput counts completed
+//    requests meeting the SLOs (stats.h). Errors are counted by kind, with up
+//    to five distinct example messages.
+//  * The client's own cost: CPU seconds (user + system) over the run, CPU
+//    microseconds per output token, CPU/wall ratio, and arrival lag (mean,
+//    P99, max over on-schedule requests). client_bottleneck is set, with its
+//    reasons, when CPU/wall >= 0.9 (the one client thread was saturated) or
+//    the P99 arrival lag is over 10 ms (requests went out late).
+//  * metrics_json gives every figure above (a stable key layout: see the
+//    code); metrics_table renders the same as aligned text; render_svg draws,
+//    for one or more runs, the CDFs of TTFT, ITL, TPOT and E2E and the output
+//    token throughput over time (1-second bins), one colour per run, with
+//    axes, ticks and a legend; labels are XML-escaped.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "loadgen/runner.h"
+#include "loadgen/stats.h"
+
+namespace basalt::loadgen {
+
+struct Metrics {
+  std::string label;
+  double rate = 0;  // requests/s asked (0: unlimited)
+  int64_t max_concurrency = 0;
+  int64_t requests = 0, completed = 0, failed = 0, abandoned_turns = 0;
+  int64_t input_tokens = 0, output_tokens = 0, good = 0;
+  double duration_s = 0;
+  double request_throughput = 0, output_throughput = 0, total_token_throughput = 0, goodput = 0;
+  SloLimits slo;
+  Summary ttft, itl, tpot, e2e, output_len;
+  std::map<std::string, int64_t> errors;  // by kind name
+  std::vector<std::string> error_examples;
+  // Client overhead.
+  double cpu_s = 0, cpu_us_per_token = 0, cpu_fraction = 0;
+  Summary lag_ms;
+  int64_t held_by_limit = 0;
+  bool client_bottleneck = false;
+  std::vector<std::string> bottleneck_reasons;
+  // For the picture.
+  std::vector<double> ttft_ms, itl_ms, tpot_ms, e2e_ms;  // sorted
+  std::vector<double> tokens_per_second;                 // per 1-second bin
+};
+
+Metrics compute_metrics(const RunResult& run, const SloLimits& slo);
+nlohmann::json metrics_json(const Metrics& m);
+std::string metrics_table(const Metrics& m);
+std::string render_svg(const std::vector<Metrics>& runs, const std::string& title);
+
+}  // namespace basalt::loadgen

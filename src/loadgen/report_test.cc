@@ -1,0 +1,118 @@
+#include "loadgen/report.h"
+
+#include <gtest/gtest.h>
+
+namespace basalt::loadgen {
+namespace {
+
+RequestRecord ok(double sent, std::vector<double> tokens, int64_t usage, double end) {
+  RequestRecord r;
+  r.input_tokens = 10;
+  r.result.sent_s = sent;
+  r.result.token_times = tokens;
+  r.result.first_token_s = tokens.empty() ? -1 : tokens[0];
+  r.result.chunk_tokens = static_cast<int64_t>(tokens.size());
+  r.result.usage_completion_tokens = usage;
+  r.result.end_s = end;
+  return r;
+}
+
+TEST(Metrics, HandComputedRun) {
+  RunResult run;
+  run.wall_s = 2.0;
+  run.cpu_user_s = 0.01;
+  run.cpu_system_s = 0.01;
+  // Request A: sent 0, tokens at 0.1, 0.2, 0.4; ends 0.5; no usage -> 3 tokens.
+  run.records.push_back(ok(0.0, {0.1, 0.2, 0.4}, -1, 0.5));
+  // Request B: sent 1.0, tokens at 1.3, 1.4; usage says 5 tokens (two held back); ends 1.5.
+  run.records.push_back(ok(1.0, {1.3, 1.4}, 5, 1.5));
+  RequestRecord bad;
+  bad.result.error = ErrorKind::kHttpStatus;
+  bad.result.error_message = "HTTP 429: busy";
+  run.records.push_back(bad);
+  bad.result.error = ErrorKind::kStream;
+  bad.result.error_message = "the stream ended without data: [DONE]";
+  run.records.push_back(bad);
+  run.records[1].lag_s = 0.002;
+
+  const Metrics m = compute_metrics(run, {250, 60});
+  EXPECT_EQ(m.requests, 4);
+  EXPECT_EQ(m.completed, 2);
+  EXPECT_EQ(m.failed, 2);
+  EXPECT_EQ(m.output_tokens, 8);  // 3 counted + 5 from usage
+  EXPECT_EQ(m.input_tokens, 20);
+  EXPECT_NEAR(m.ttft.mean, 200, 1e-9);    // 100 and 300 ms
+  EXPECT_NEAR(m.ttft.median, 200, 1e-9);
+  EXPECT_NEAR(m.ttft.max, 300, 1e-9);
+  EXPECT_EQ(m.itl.count, 3);              // 100, 200, 100 ms
+  EXPECT_NEAR(m.itl.median, 100, 1e-9);
+  EXPECT_NEAR(m.itl.max, 200, 1e-9);
+  // TPOT: A (500-100)/2 = 200 ms, B (500-300)/4 = 50 ms.
+  EXPECT_NEAR(m.tpot.min, 50, 1e-9);
+  EXPECT_NEAR(m.tpot.max, 200, 1e-9);
+  EXPECT_NEAR(m.e2e.mean, 500, 1e-9);
+  // Goodput: A fails TPOT (200 > 60), B: TTFT 300 > 250 fails too.
+  EXPECT_EQ(m.good, 0);
+  EXPECT_EQ(compute_metrics(run, {300.001, 200.001}).good, 2);
+  EXPECT_EQ(compute_metrics(run, {300.001, 60}).good, 1);
+  EXPECT_NEAR(m.request_throughput, 1.0, 1e-12);
+  EXPECT_NEAR(m.output_throughput, 4.0, 1e-12);
+  EXPECT_EQ(m.errors.at("http_status"), 1);
+  EXPECT_EQ(m.errors.at("stream"), 1);
+  EXPECT_EQ(m.error_examples.size(), 2u);
+  EXPECT_NEAR(m.cpu_us_per_token, 0.02 * 1e6 / 8, 1e-6);
+  EXPECT_FALSE(m.client_bottleneck);
+  ASSERT_EQ(m.tokens_per_second.size(), 2u);
+  EXPECT_EQ(m.tokens_per_second[0], 3);
+  EXPECT_EQ(m.tokens_per_second[1], 2);
+
+  const nlohmann::json j = metrics_json(m);
+  EXPECT_EQ(j["errors"]["http_status"], 1);
+  EXPECT_EQ(j["errors"]["connect"], 0);
+  EXPECT_EQ(j["errors"]["timeout"], 0);
+  EXPECT_EQ(j["completed"], 2);
+  EXPECT_DOUBLE_EQ(j["ttft_ms"]["p99"].get<double>(), m.ttft.p99);
+  EXPECT_EQ(j["client"]["bottleneck"], false);
+  const std::string table = metrics_table(m);
+  EXPECT_NE(table.find("TTFT"), std::string::npos);
+  EXPECT_NE(table.find("1 http_status"), std::string::npos);
+}
+
+TEST(Metrics, FlagsAClientBottleneck) {
+  RunResult run;
+  run.wall_s = 1.0;
+  run.cpu_user_s = 0.95;
+  RequestRecord r = ok(0, {0.01}, -1, 0.02);
+  r.lag_s = 0.05;
+  run.records.push_back(r);
+  const Metrics m = compute_metrics(run, {});
+  EXPECT_TRUE(m.client_bottleneck);
+  EXPECT_EQ(m.bottleneck_reasons.size(), 2u);
+  EXPECT_NE(metrics_table(m).find("WARNING"), std::string::npos);
+}
+
+TEST(Svg, DrawsEveryPanelAndEscapesLabels) {
+  RunResult run;
+  run.wall_s = 1.0;
+  run.records.push_back(ok(0.0, {0.1, 0.2, 0.4}, -1, 0.5));
+  Metrics a = compute_metrics(run, {});
+  a.label = "<cache on> & more";
+  Metrics b = a;
+  b.rate = 4;
+  const std::string svg = render_svg({a, b}, "title \"x\"");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_NE(svg.find("&lt;cache on&gt; &amp; more"), std::string::npos);
+  EXPECT_EQ(svg.find("<cache on>"), std::string::npos);
+  EXPECT_NE(svg.find("title &quot;x&quot;"), std::string::npos);
+  EXPECT_NE(svg.find("TTFT CDF"), std::string::npos);
+  EXPECT_NE(svg.find("Output tokens per second over time"), std::string::npos);
+  size_t lines = 0;
+  for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++lines;
+  EXPECT_EQ(lines, 10u);  // 5 panels x 2 runs
+  // An empty run still renders.
+  EXPECT_NE(render_svg({Metrics{}}, "").find("</svg>"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace basalt::loadgen
