@@ -1,0 +1,297 @@
+// `basalt bench`: a load generator for OpenAI-compatible servers (Basalt,
+// vLLM, SGLang, ...). It builds a workload (random prompts, shared-prefix
+// groups, growing multi-turn conversations or a ShareGPT file) with the
+// model's tokenizer, sends it streamed on a Poisson schedule (optionally with
+// a burst, a concurrency limit, or a sweep over rates) from one thread, and
+// reports TTFT, ITL, TPOT, E2E, throughput, goodput and errors as a table,
+// JSON and an SVG picture, with the client's own CPU cost (src/loadgen/).
+#include <boost/asio/io_context.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "app/commands.h"
+#include "app/model_dir.h"
+#include "core/error.h"
+#include "loadgen/client.h"
+#include "loadgen/report.h"
+#include "loadgen/runner.h"
+#include "loadgen/workload.h"
+#include "tokenizer/tokenizer.h"
+
+namespace basalt {
+namespace {
+
+using namespace loadgen;
+using nlohmann::json;
+
+struct BenchFlags {
+  std::string base_url = "http://127.0.0.1:8000";
+  std::string endpoint = "/v1/completions";
+  std::string served_model_name;
+  std::string api_key;
+  std::string model;
+  std::string dataset = "random";
+  std::string dataset_path;
+  int64_t num_prompts = 100;
+  int64_t input_len = 256;
+  int64_t output_len = 128;
+  bool output_len_set = false;
+  double range_ratio = 0;
+  int64_t sp_groups = 4;
+  int64_t sp_prompts_per_group = 8;
+  int64_t sp_system_len = 512;
+  int64_t sp_question_len = 64;
+  int64_t mt_turns = 4;
+  int64_t max_input_len = 1024;
+  bool ignore_eos = false;
+  bool no_usage = false;
+  double temperature = 0;
+  std::string request_rate = "inf";
+  std::string sweep_rates;
+  int64_t max_concurrency = 0;
+  double burst_factor = 1;
+  double burst_start = 0;
+  double burst_duration = 0;
+  uint64_t seed = 0;
+  double timeout = 600;
+  double slo_ttft_ms = 0;
+  double slo_tpot_ms = 0;
+  std::string output_json;
+  std::string output_svg;
+  bool no_progress = false;
+  bool insecure = false;
+  std::string label;
+};
+
+double parse_rate(const std::string& text, const char* flag) {
+  std::string t = text;
+  while (!t.empty() && t.back() == ' ') t.pop_back();
+  while (!t.empty() && t.front() == ' ') t.erase(t.begin());
+  if (t == "inf" || t == "INF" || t == "Inf") return INFINITY;
+  char* end = nullptr;
+  const double v = std::strtod(t.c_str(), &end);
+  BASALT_CHECK(!t.empty() && end == t.c_str() + t.size() && std::isfinite(v) && v > 0,
+               "{} '{}': expected a positive number of requests per second or inf", flag, text);
+  return v;
+}
+
+std::vector<Conversation> make_workload(const BenchFlags& f, const TextMaker& maker) {
+  if (f.dataset == "random") {
+    return make_random(maker, {f.num_prompts, f.input_len, f.output_len, f.range_ratio}, f.seed);
+  }
+  if (f.dataset == "shared-prefix") {
+    SharedPrefixSpec s{f.sp_groups, f.sp_prompts_per_group, f.sp_system_len, f.sp_question_len, f.output_len,
+                       f.range_ratio};
+    return make_shared_prefix(maker, s, f.seed);
+  }
+  if (f.dataset == "multi-turn") {
+    return make_multi_turn(maker, {f.num_prompts, f.mt_turns, f.input_len, f.output_len, f.range_ratio}, f.seed);
+  }
+  if (f.dataset == "sharegpt") {
+    BASALT_CHECK(!f.dataset_path.empty(), "--dataset sharegpt needs --dataset-path FILE");
+    return load_sharegpt(f.dataset_path, maker, {f.num_prompts, f.output_len_set ? f.output_len : 0, f.max_input_len},
+                         f.seed);
+  }
+  fail("--dataset '{}': expected random, shared-prefix, multi-turn or sharegpt", f.dataset);
+}
+
+// The first model id of GET /v1/models, or "" when the server does not say.
+std::string ask_model_name(boost::asio::io_context& io, HttpClient& client, const std::string& base_url) {
+  std::string name;
+  std::string problem;
+  bool unreachable = false;
+  client.set_epoch(Clock::now());
+  client.send("GET", "/v1/models", "", false, false, [&](ExchangeResult&& r) {
+    if (r.error != ErrorKind::kNone) {
+      problem = "GET /v1/models: " + r.error_message;
+      unreachable = r.error == ErrorKind::kConnect || r.error == ErrorKind::kTimeout;
+      return;
+    }
+    json j = json::parse(r.body, nullptr, false);
+    if (j.is_object() && j.contains("data") && j["data"].is_array() && !j["data"].empty() &&
+        j["data"][0].is_object() && j["data"][0].contains("id") && j["data"][0]["id"].is_string())
+      name = j["data"][0]["id"].get<std::string>();
+    else
+      problem = "GET /v1/models: the answer lists no model";
+  });
+  io.restart();
+  io.run();
+  if (!problem.empty()) {
+    // A server that cannot be reached at all is worth stopping for.
+    BASALT_CHECK(!unreachable, "--base-url {}: {}", base_url, problem);
+    std::fprintf(stderr, "basalt bench: %s; sending no \"model\" field (set --served-model-name)\n", problem.c_str());
+  }
+  return name;
+}
+
+void run_bench(const BenchFlags& f) {
+  const std::string endpoint = f.endpoint;
+  BASALT_CHECK(!endpoint.empty() && endpoint[0] == '/', "--endpoint '{}' must be a path starting with '/'", endpoint);
+  const bool chat = endpoint.size() >= 17 && endpoint.compare(endpoint.size() - 17, 17, "/chat/completions") == 0;
+  const bool completions = !chat && endpoint.size() >= 12 && endpoint.compare(endpoint.size() - 12, 12, "/completions") == 0;
+  BASALT_CHECK(chat || completions, "--endpoint '{}': expected /v1/completions or /v1/chat/completions", endpoint);
+  BASALT_CHECK(std::isfinite(f.temperature), "--temperature must be a number");
+  BASALT_CHECK(f.slo_ttft_ms >= 0 && f.slo_tpot_ms >= 0, "--slo-ttft-ms and --slo-tpot-ms must be >= 0");
+  BASALT_CHECK(f.max_concurrency >= 0, "--max-concurrency must be >= 0 (0: no limit)");
+  std::vector<double> rates;
+  if (!f.sweep_rates.empty()) {
+    size_t start = 0;
+    while (start <= f.sweep_rates.size()) {
+      const size_t comma = f.sweep_rates.find(',', start);
+      const std::string item = f.sweep_rates.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      rates.push_back(parse_rate(item, "--sweep-rates"));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  } else {
+    rates.push_back(parse_rate(f.request_rate, "--request-rate"));
+  }
+  for (double r : rates) {
+    LoadShape s{r, f.seed, f.burst_factor, f.burst_start, f.burst_duration};
+    s.validate();
+  }
+  BASALT_CHECK(f.burst_factor == 1 || f.burst_duration > 0, "--burst-factor needs --burst-duration");
+
+  std::string api_key = f.api_key;
+  if (api_key.empty())
+    for (const char* env : {"BASALT_API_KEY", "OPENAI_API_KEY"})
+      if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {
+        api_key = v;
+        break;
+      }
+
+  const Url url = parse_url(f.base_url);
+  const std::string dir = model_dir_or_bundled(f.model);
+  TokenizerBundle tokenizer = load_tokenizer_dir(dir);
+  TextMaker maker(tokenizer.tokenizer);
+  const std::vector<Conversation> workload = make_workload(f, maker);
+
+  boost::asio::io_context io(1);
+  ClientOptions copts;
+  copts.api_key = api_key;
+  copts.timeout_s = f.timeout;
+  copts.insecure = f.insecure;
+  HttpClient client(io, url, copts);
+  const std::string model = f.served_model_name.empty() ? ask_model_name(io, client, f.base_url) : f.served_model_name;
+
+  int64_t requests = 0;
+  for (const Conversation& c : workload) requests += static_cast<int64_t>(c.turns.size());
+  std::fprintf(stderr, "basalt bench: %s, %lld conversations, %lld requests, to %s%s%s\n", f.dataset.c_str(),
+               static_cast<long long>(workload.size()), static_cast<long long>(requests), f.base_url.c_str(),
+               url.prefix.empty() ? "" : "", endpoint.c_str());
+
+  std::vector<Metrics> all;
+  json results = json::array();
+  for (double rate : rates) {
+    RunOptions o;
+    o.path = endpoint;
+    o.chat = chat;
+    o.model = model;
+    o.ignore_eos = f.ignore_eos;
+    o.include_usage = !f.no_usage;
+    o.temperature = f.temperature;
+    o.max_concurrency = f.max_concurrency;
+    o.shape = {rate, f.seed, f.burst_factor, f.burst_start, f.burst_duration};
+    o.progress = !f.no_progress;
+    o.label = std::isfinite(rate) ? fmt::format("rate {:g}", rate) : "rate inf";
+    RunResult run = run_load(io, client, workload, o);
+    Metrics m = compute_metrics(run, {f.slo_ttft_ms, f.slo_tpot_ms});
+    m.label = f.label;
+    m.rate = std::isfinite(rate) ? rate : 0;
+    m.max_concurrency = f.max_concurrency;
+    std::fputs(metrics_table(m).c_str(), stdout);
+    std::fflush(stdout);
+    results.push_back(metrics_json(m));
+    all.push_back(std::move(m));
+  }
+
+  if (!f.output_json.empty()) {
+    json config = {{"base_url", f.base_url},
+                   {"endpoint", endpoint},
+                   {"model", model},
+                   {"tokenizer", dir},
+                   {"dataset", f.dataset},
+                   {"dataset_path", f.dataset_path},
+                   {"num_prompts", f.num_prompts},
+                   {"requests", requests},
+                   {"input_len", f.input_len},
+                   {"output_len", f.output_len},
+                   {"range_ratio", f.range_ratio},
+                   {"ignore_eos", f.ignore_eos},
+                   {"max_concurrency", f.max_concurrency},
+                   {"burst", {{"factor", f.burst_factor}, {"start_s", f.burst_start}, {"duration_s", f.burst_duration}}},
+                   {"seed", f.seed}};
+    if (f.dataset == "shared-prefix")
+      config["shared_prefix"] = {{"groups", f.sp_groups},
+                                 {"prompts_per_group", f.sp_prompts_per_group},
+                                 {"system_len", f.sp_system_len},
+                                 {"question_len", f.sp_question_len}};
+    if (f.dataset == "multi-turn") config["turns"] = f.mt_turns;
+    std::ofstream out(f.output_json);
+    BASALT_CHECK(out.good(), "--output-json {}: cannot write it", f.output_json);
+    out << json{{"config", config}, {"results", results}}.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
+    BASALT_CHECK(out.good(), "--output-json {}: write failed", f.output_json);
+  }
+  if (!f.output_svg.empty()) {
+    std::ofstream out(f.output_svg);
+    BASALT_CHECK(out.good(), "--output-svg {}: cannot write it", f.output_svg);
+    out << render_svg(all, fmt::format("basalt bench: {} on {}{}", f.dataset, f.base_url, endpoint));
+    BASALT_CHECK(out.good(), "--output-svg {}: write failed", f.output_svg);
+  }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto flags = std::make_shared<BenchFlags>();
+  BenchFlags& f = *flags;
+  CLI::App* cmd = app.add_subcommand("bench", "Load-test an OpenAI-compatible server: TTFT, ITL, TPOT, E2E, goodput");
+  cmd->add_option("--base-url", f.base_url, "Server, http[s]://HOST[:PORT][/PREFIX] (default http://127.0.0.1:8000)");
+  cmd->add_option("--endpoint", f.endpoint, "/v1/completions (default) or /v1/chat/completions");
+  cmd->add_option("--served-model-name", f.served_model_name,
+                  "The request's \"model\" (default: the first of GET /v1/models)");
+  cmd->add_option("--api-key", f.api_key, "Bearer key (default: $BASALT_API_KEY, then $OPENAI_API_KEY)");
+  cmd->add_option("--model", f.model, "Model directory whose tokenizer sizes prompts (default: the bundled model)");
+  cmd->add_option("--dataset", f.dataset, "random (default), shared-prefix, multi-turn or sharegpt");
+  cmd->add_option("--dataset-path", f.dataset_path, "ShareGPT JSON or JSONL file (--dataset sharegpt)");
+  cmd->add_option("--num-prompts", f.num_prompts, "Prompts (random, sharegpt) or conversations (multi-turn); default 100");
+  cmd->add_option("--input-len", f.input_len, "Prompt tokens (random) or question tokens per turn (multi-turn); default 256");
+  cmd->add_option("--output-len", f.output_len, "max_tokens per request (default 128; sharegpt: the answer's length)")
+      ->each([&f](const std::string&) { f.output_len_set = true; });
+  cmd->add_option("--range-ratio", f.range_ratio,
+                  "Spread lengths uniformly over [L(1-r), L(1+r)] (default 0: fixed)");
+  cmd->add_option("--sp-groups", f.sp_groups, "shared-prefix: groups, each with its own system prompt (default 4)");
+  cmd->add_option("--sp-prompts-per-group", f.sp_prompts_per_group, "shared-prefix: questions per group (default 8)");
+  cmd->add_option("--sp-system-len", f.sp_system_len, "shared-prefix: system prompt tokens (default 512)");
+  cmd->add_option("--sp-question-len", f.sp_question_len, "shared-prefix: question tokens (default 64)");
+  cmd->add_option("--mt-turns", f.mt_turns, "multi-turn: turns per conversation (default 4)");
+  cmd->add_option("--max-input-len", f.max_input_len, "sharegpt: skip prompts longer than this (default 1024)");
+  cmd->add_flag("--ignore-eos", f.ignore_eos, "Send ignore_eos so every answer is exactly max_tokens (vLLM, Basalt)");
+  cmd->add_flag("--no-usage", f.no_usage, "Do not ask for stream_options.include_usage (count chunks only)");
+  cmd->add_option("--temperature", f.temperature, "Sampling temperature (default 0; < 0: not sent)");
+  cmd->add_option("--request-rate", f.request_rate, "Poisson arrivals per second, or inf: all at once (default inf)");
+  cmd->add_option("--sweep-rates", f.sweep_rates, "Run once per rate, e.g. 1,2,4,inf (one result block each)");
+  cmd->add_option("--max-concurrency", f.max_concurrency, "Requests in flight at most (default 0: no limit)");
+  cmd->add_option("--burst-factor", f.burst_factor, "Multiply the rate by this during the burst (default 1)");
+  cmd->add_option("--burst-start", f.burst_start, "Seconds into the run the burst begins (default 0)");
+  cmd->add_option("--burst-duration", f.burst_duration, "Seconds the burst lasts (default 0: no burst)");
+  cmd->add_option("--seed", f.seed, "Seed for prompts and arrivals (default 0)");
+  cmd->add_option("--timeout", f.timeout, "Seconds one request may take before it counts as a timeout (default 600)");
+  cmd->add_option("--slo-ttft-ms", f.slo_ttft_ms, "Goodput SLO: time to first token at most this (default: none)");
+  cmd->add_option("--slo-tpot-ms", f.slo_tpot_ms, "Goodput SLO: time per output token at most this (default: none)");
+  cmd->add_option("--output-json", f.output_json, "Write config and results as JSON here");
+  cmd->add_option("--output-svg", f.output_svg, "Write latency CDFs and throughput over time as SVG here");
+  cmd->add_option("--label", f.label, "A name for this run in the table, JSON and picture");
+  cmd->add_flag("--no-progress", f.no_progress, "No progress output on stderr");
+  cmd->add_flag("--insecure", f.insecure, "https: do not verify the server's certificate");
+  cmd->callback([flags] { run_bench(*flags); });
+}
+
+}  // namespace basalt
