@@ -292,7 +292,7 @@ class Exchange : public std::enable_shared_from_this<Exchange<Stream>> {
       conn_.reset();
       return connect();
     }
-    if (!header_seen_) return finish_error(ErrorKind::kConnect, std::string(what) + ": " + ec.message());
+    if (nothing_back) return finish_error(ErrorKind::kConnect, std::string(what) + ": " + ec.message());
     finish_error(ErrorKind::kStream, std::string(what) + " after the response began: " + ec.message());
   }
 

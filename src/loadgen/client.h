@@ -15,7 +15,8 @@
 //      kTimeout     the whole exchange took longer than the timeout;
 //      kHttpStatus  a status other than 200 (its body, cut to 512 bytes, is
 //                   kept in body);
-//      kStream      the response broke off, an event line was over 16 MiB,
+//      kStream      the response broke off or did not parse as HTTP after
+//                   its first byte, an event line was over 16 MiB,
 //                   an event was not a valid chunk, the server sent an
 //                   error event, or a stream ended without `data: [DONE]`.
 //  * For a streamed request (stream = true) the body is read as server-sent

@@ -1,0 +1,186 @@
+// End to end: the real `basalt serve` on a free port, driven by the real
+// `basalt bench`, both as a user would run them (BASALT_BINARY); the JSON
+// report is checked against what was asked.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class Server {
+ public:
+  explicit Server(const std::vector<std::string>& extra) {
+    dir_ = fs::temp_directory_path() / ("basalt_bench_e2e_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    log_ = dir_ / "server.log";
+    std::vector<std::string> args = {BASALT_BINARY, "serve", "--port", "0", "--no-request-log"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    EXPECT_EQ(posix_spawn(&pid_, BASALT_BINARY, &actions, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    const std::regex listening("listening on http://127\\.0\\.0\\.1:([0-9]+)");
+    for (int i = 0; i < 1200 && port_ == 0; ++i) {
+      const std::string log = slurp(log_);
+      std::smatch m;
+      if (log.find("basalt serve: ready") != std::string::npos && std::regex_search(log, m, listening))
+        port_ = std::stoi(m[1]);
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_NE(port_, 0) << slurp(log_);
+  }
+  ~Server() {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    fs::remove_all(dir_);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  const fs::path& dir() const { return dir_; }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  fs::path dir_, log_;
+};
+
+struct BenchRun {
+  int exit_code = -1;
+  std::string out;
+  json report;
+};
+
+BenchRun bench(const Server& server, const std::string& args) {
+  const fs::path report = server.dir() / "report.json";
+  const fs::path out = server.dir() / "bench.out";
+  fs::remove(report);
+  const std::string command = std::string(BASALT_BINARY) + " bench --base-url " + server.url() +
+                              " --output-json " + report.string() + " " + args + " >" + out.string() + " 2>&1";
+  BenchRun r;
+  const int status = std::system(command.c_str());
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  if (fs::exists(report)) r.report = json::parse(slurp(report), nullptr, false);
+  return r;
+}
+
+void expect_ordered(const json& s, const char* name) {
+  EXPECT_LE(s["min"].get<double>(), s["median"].get<double>()) << name;
+  EXPECT_LE(s["median"].get<double>(), s["p90"].get<double>()) << name;
+  EXPECT_LE(s["p90"].get<double>(), s["p95"].get<double>()) << name;
+  EXPECT_LE(s["p95"].get<double>(), s["p99"].get<double>()) << name;
+  EXPECT_LE(s["p99"].get<double>(), s["max"].get<double>()) << name;
+  EXPECT_GT(s["max"].get<double>(), 0) << name;
+}
+
+void expect_no_errors(const json& r) {
+  EXPECT_EQ(r["failed"], 0);
+  for (const char* k : {"connect", "http_status", "timeout", "stream"}) EXPECT_EQ(r["errors"][k], 0) << k;
+}
+
+TEST(BenchE2E, RandomWorkloadCountsExactlyTheAskedTokens) {
+  Server server({});
+  const fs::path svg = server.dir() / "report.svg";
+  const BenchRun r = bench(server, "--num-prompts 12 --input-len 32 --output-len 16 --ignore-eos --request-rate 50 "
+                                   "--seed 3 --slo-ttft-ms 60000 --slo-tpot-ms 60000 --output-svg " + svg.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_TRUE(r.report.is_object()) << r.out;
+  const json& res = r.report["results"][0];
+  EXPECT_EQ(res["requests"], 12);
+  EXPECT_EQ(res["completed"], 12);
+  expect_no_errors(res);
+  EXPECT_EQ(res["output_tokens"], 12 * 16);
+  EXPECT_EQ(res["output_len"]["min"], 16);
+  EXPECT_EQ(res["output_len"]["max"], 16);
+  EXPECT_EQ(res["good_requests"], 12);
+  for (const char* k : {"ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"}) expect_ordered(res[k], k);
+  EXPECT_EQ(res["itl_ms"]["count"], 12 * 15);  // Basalt streams one token per event
+  EXPECT_GT(res["client"]["cpu_s"].get<double>(), 0);
+  EXPECT_NE(r.out.find("TTFT"), std::string::npos);
+  EXPECT_NE(slurp(svg).find("</svg>"), std::string::npos);
+}
+
+TEST(BenchE2E, ChatMultiTurnSharedPrefixSweepAndApiKeys) {
+  Server server({"--api-key", "sk-e2e"});
+  // Multi-turn chat: every turn runs; usage counts match max_tokens exactly.
+  BenchRun r = bench(server, "--api-key sk-e2e --endpoint /v1/chat/completions --dataset multi-turn --num-prompts 3 "
+                             "--mt-turns 3 --input-len 12 --output-len 8 --ignore-eos --max-concurrency 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  json res = r.report["results"][0];
+  EXPECT_EQ(res["requests"], 9);
+  expect_no_errors(res);
+  EXPECT_EQ(res["output_tokens"], 9 * 8);
+  // Shared prefix at two rates: one result block per rate.
+  r = bench(server, "--api-key sk-e2e --dataset shared-prefix --sp-groups 2 --sp-prompts-per-group 3 "
+                    "--sp-system-len 64 --sp-question-len 8 --output-len 4 --ignore-eos --sweep-rates 20,inf");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.report["results"].size(), 2u);
+  for (const json& block : r.report["results"]) {
+    EXPECT_EQ(block["completed"], 6);
+    expect_no_errors(block);
+  }
+  EXPECT_EQ(r.report["results"][0]["request_rate"], 20.0);
+  EXPECT_EQ(r.report["results"][1]["request_rate"], "inf");
+  // A wrong key: every request is an http_status error, and the run still reports.
+  r = bench(server, "--api-key wrong --served-model-name basalt-mini --num-prompts 4 --input-len 8 --output-len 4");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  res = r.report["results"][0];
+  EXPECT_EQ(res["completed"], 0);
+  EXPECT_EQ(res["errors"]["http_status"], 4);
+  EXPECT_NE(r.out.find("HTTP 401"), std::string::npos) << r.out;
+}
+
+TEST(BenchE2E, BadFlagsAndUnreachableServersAreClearErrors) {
+  Server server({});
+  BenchRun r = bench(server, "--request-rate -3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("--request-rate"), std::string::npos) << r.out;
+  r = bench(server, "--dataset sharegpt --dataset-path /nonexistent/file.json");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("cannot read"), std::string::npos) << r.out;
+  r = bench(server, "--endpoint /v1/embeddings");
+  EXPECT_EQ(r.exit_code, 1);
+  // Nothing listens on port 1: with a model name given, requests are counted as connect errors.
+  const std::string command = std::string(BASALT_BINARY) +
+                              " bench --base-url http://127.0.0.1:1 --served-model-name m --num-prompts 3 "
+                              "--input-len 8 --output-len 4 --no-progress --output-json " +
+                              (server.dir() / "down.json").string() + " >/dev/null 2>&1";
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const json down = json::parse(slurp(server.dir() / "down.json"), nullptr, false);
+  EXPECT_EQ(down["results"][0]["errors"]["connect"], 3);
+}
+
+}  // namespace
