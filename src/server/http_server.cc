@@ -274,12 +274,13 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     r.body = std::move(msg.body());
     r.remote = remote_;
     r.keep_alive = msg.keep_alive();
-    http10_ = msg.version() == 10;
+    r.http10 = msg.version() == 10;
     return r;
   }
 
   void handle(HttpRequest& request) {
     keep_alive_ = request.keep_alive;
+    http10_ = request.http10;
     HandlerResult result;
     try {
       result = server_.handler(request);

@@ -45,6 +45,7 @@ struct HttpRequest {
   std::string body;
   std::string remote;  // peer address, for logs
   bool keep_alive = true;
+  bool http10 = false;  // an HTTP/1.0 request
 
   // The first header of that (lower-case) name.
   std::optional<std::string_view> header(std::string_view lower_name) const;

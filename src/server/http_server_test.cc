@@ -205,6 +205,22 @@ TEST(HttpServer, StreamsChunkedBodiesAndKeepsTheConnection) {
   EXPECT_EQ(aborts.load(), 0);
 }
 
+TEST(HttpServer, Http10ClientsGetACloseDelimitedStream) {
+  std::atomic<int> aborts{0};
+  HttpServer server(quick_options(), [&](HttpRequest&) {
+    return HandlerResult{{}, std::make_unique<TickerProducer>(5, 0, &aborts)};
+  });
+  server.start();
+  Client c(server.port());
+  c.send("GET /stream HTTP/1.0\r\n\r\n");
+  EXPECT_TRUE(c.wait_closed(3000ms));
+  const std::string raw = c.read_until([](const std::string&) { return true; });
+  EXPECT_NE(raw.find("HTTP/1.0 200 OK"), std::string::npos) << raw;
+  EXPECT_EQ(raw.find("Transfer-Encoding"), std::string::npos) << raw;
+  EXPECT_NE(raw.find("\r\n\r\ndata: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n"), std::string::npos) << raw;
+  EXPECT_EQ(aborts.load(), 0);
+}
+
 TEST(HttpServer, AClientLeavingMidStreamAbortsTheProducer) {
   std::atomic<int> aborts{0};
   HttpServer server(quick_options(), [&](HttpRequest&) {
