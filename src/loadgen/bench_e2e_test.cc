@@ -49,12 +49,14 @@ class Server {
     posix_spawn_file_actions_addopen(&actions, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     EXPECT_EQ(posix_spawn(&pid_, BASALT_BINARY, &actions, nullptr, argv.data(), environ), 0);
     posix_spawn_file_actions_destroy(&actions);
-    const std::regex listening("listening on http://127\\.0\\.0\\.1:([0-9]+)");
+    const std::regex listening("listening on (https?)://127\\.0\\.0\\.1:([0-9]+)");
     for (int i = 0; i < 1200 && port_ == 0; ++i) {
       const std::string log = slurp(log_);
       std::smatch m;
-      if (log.find("basalt serve: ready") != std::string::npos && std::regex_search(log, m, listening))
-        port_ = std::stoi(m[1]);
+      if (log.find("basalt serve: ready") != std::string::npos && std::regex_search(log, m, listening)) {
+        scheme_ = m[1];
+        port_ = std::stoi(m[2]);
+      }
       else
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -66,12 +68,13 @@ class Server {
     ::waitpid(pid_, &status, 0);
     fs::remove_all(dir_);
   }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string url() const { return scheme_ + "://127.0.0.1:" + std::to_string(port_); }
   const fs::path& dir() const { return dir_; }
 
  private:
   pid_t pid_ = -1;
   int port_ = 0;
+  std::string scheme_;
   fs::path dir_, log_;
 };
 
@@ -181,6 +184,25 @@ TEST(BenchE2E, BadFlagsAndUnreachableServersAreClearErrors) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
   const json down = json::parse(slurp(server.dir() / "down.json"), nullptr, false);
   EXPECT_EQ(down["results"][0]["errors"]["connect"], 3);
+}
+
+TEST(BenchE2E, Https) {
+#ifndef BASALT_LOADGEN_TLS
+  GTEST_SKIP() << "built without OpenSSL";
+#endif
+  const std::string tls = std::string(BASALT_TESTDATA) + "/tls/";
+  Server server({"--tls-cert", tls + "cert.pem", "--tls-key", tls + "key.pem"});
+  ASSERT_EQ(server.url().rfind("https://", 0), 0u);
+  // The test certificate is self-signed: verified, every request fails to connect...
+  BenchRun r = bench(server, "--served-model-name basalt-mini --num-prompts 2 --input-len 8 --output-len 4");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.report["results"][0]["errors"]["connect"], 2);
+  EXPECT_NE(r.out.find("certificate verify failed"), std::string::npos) << r.out;
+  // ...and with --insecure they all run.
+  r = bench(server, "--insecure --num-prompts 4 --input-len 8 --output-len 4 --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.report["results"][0]["completed"], 4);
+  EXPECT_EQ(r.report["results"][0]["output_tokens"], 16);
 }
 
 }  // namespace

@@ -15,7 +15,8 @@
 //  * The client's own cost: CPU seconds (user + system) over the run, CPU
 //    microseconds per output token, CPU/wall ratio, and arrival lag (mean,
 //    P99, max over on-schedule requests). client_bottleneck is set, with its
-//    reasons, when CPU/wall >= 0.9 (the one client thread was saturated) or
+//    reasons, when CPU/wall >= 0.9 in a run of at least a second (the one
+//    client thread was saturated) or
 //    the P99 arrival lag is over 10 ms (requests went out late).
 //  * metrics_json gives every figure above (a stable key layout: see the
 //    code); metrics_table renders the same as aligned text; render_svg draws,

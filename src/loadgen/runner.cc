@@ -101,6 +101,7 @@ class Run {
     size_t turn;
     double scheduled_s;
     bool on_schedule;
+    bool held = false;  // waited for a slot
   };
 
   double now_s() const { return std::chrono::duration<double>(Clock::now() - epoch_).count(); }
@@ -108,7 +109,9 @@ class Run {
   void on_arrivals() {
     const double now = now_s();
     while (next_arrival_ < arrivals_.size() && arrivals_[next_arrival_] <= now) {
-      ready_.push_back({next_arrival_, 0, arrivals_[next_arrival_], true});
+      // With no rate every request is due at 0: lag would only measure how
+      // long sending them all takes, so it is measured for rated runs only.
+      ready_.push_back({next_arrival_, 0, arrivals_[next_arrival_], !options_.shape.unlimited()});
       ++next_arrival_;
     }
     pump();
@@ -130,7 +133,8 @@ class Run {
     }
     // What is left waits for a slot: its lag is the limit's doing, not the client's.
     for (Ready& r : ready_) {
-      if (r.on_schedule) {
+      if (!r.held) {
+        r.held = true;
         r.on_schedule = false;
         ++result_.held_by_limit;
       }

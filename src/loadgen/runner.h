@@ -13,8 +13,9 @@
 //    abandoned_turns). At most max_concurrency requests are in flight
 //    (0: no limit); requests due while the limit is reached wait in arrival
 //    order.
-//  * Arrival lag is measured for requests that were sent on their schedule
-//    (not held by the concurrency limit, not a follow-up turn): the time
+//  * Arrival lag is measured, in runs with a finite rate, for requests that
+//    were sent on their schedule (not held by the concurrency limit, not a
+//    follow-up turn): the time
 //    from when they were due to when the client started sending them. A
 //    large lag means the client itself could not keep up.
 //  * The process's CPU time (getrusage, user + system) over the run is
