@@ -441,18 +441,22 @@ TEST_P(EngineMode, CancellationAtRandomPointsFreesEverything) {
 TEST_P(EngineMode, DestroyingTheEngineCancelsWhatIsLeft) {
   Fixture f(kLlama);
   std::vector<RequestHandle> handles;
+  std::optional<EngineEvent> first;
   {
     Engine engine(*f.model, f.backend, nullptr, slots(512));
     for (int i = 0; i < 4; ++i) handles.push_back(engine.submit(request({1, 2, static_cast<int32_t>(3 + i)}, greedy(250))));
-    ASSERT_TRUE(handles[0]->next_event().has_value());
+    first = handles[0]->next_event();
+    ASSERT_TRUE(first.has_value());
   }
-  for (auto& h : handles) {
-    const RequestOutput out = collect(*h);  // every stream ends
+  for (size_t i = 0; i < handles.size(); ++i) {
+    RequestOutput out = collect(*handles[i]);  // every stream ends
+    // The event taken above (request 0 may have finished before the engine went).
+    if (i == 0 && first->kind == EngineEvent::Kind::kToken) out.output_ids.insert(out.output_ids.begin(), first->token);
     if (out.reason != FinishReason::kCancelled) {
       EXPECT_EQ(out.reason, FinishReason::kLength);
       EXPECT_EQ(out.output_ids.size(), 250u);
     }
-    h->cancel();
+    handles[i]->cancel();
   }
 }
 
@@ -715,8 +719,8 @@ TEST_P(EngineMode, TheDrawnTokensLogprobIsReported) {
 // cover its positions in whole pages, position p sits at offset p % P of one
 // page and positions [k*P, (k+1)*P) share it; its cached part is whole pages;
 // and the pages past its cached part are its own (no other running request
-// reads them). The workload has shared prefixes, chunked prefill, n samples,
-// preemption under a small pool and cancellations.
+// reads them). The workload has shared prefixes, namespaces, chunked
+// prefill, n samples, a small pool (preemptions) and a cancellation.
 TEST_P(EngineMode, EveryRunningRequestsSlotsArePageAlignedAfterEveryStep) {
   Fixture f(kLlama);
   const int64_t P = g_page;
@@ -724,9 +728,11 @@ TEST_P(EngineMode, EveryRunningRequestsSlotsArePageAlignedAfterEveryStep) {
   int64_t steps = 0, shared_steps = 0;
   std::vector<std::string> violations;
   EngineOptions o = base();
-  o.kv_slots = 12 * 16;  // a few requests at a time: preemptions
+  // 80 slots hold one 66-token request but never two of them to the end, and
+  // with no output reserve a second one is admitted: preemptions.
+  o.kv_slots = 5 * 16;
   o.step_token_budget = 24;
-  o.output_reserve = 2;
+  o.output_reserve = 0;
   o.check_invariants = true;
   o.on_step = [&](std::span<const EngineOptions::RequestKv> running) {
     std::lock_guard<std::mutex> lock(mu);
@@ -771,27 +777,28 @@ TEST_P(EngineMode, EveryRunningRequestsSlotsArePageAlignedAfterEveryStep) {
   for (const auto& r : requests) alone.push_back(f.alone(r.prompt, r.params));
   std::vector<RequestHandle> handles;
   for (const auto& r : requests) handles.push_back(engine.submit(r));
-  SamplingParams sampled = greedy(9);
+  // Samples of one prompt run together once it is cached: 66 tokens each, two
+  // of them do not fit the pool to the end.
+  SamplingParams sampled = greedy(20);
   sampled.temperature = 1.0f;
   sampled.seed = 5;
   std::vector<RequestHandle> samples = engine.submit_n(request(requests[0].prompt, sampled), 3);
-  RequestHandle cancelled = engine.submit(request(requests[1].prompt, greedy(60)));
+  RequestHandle cancelled = engine.submit(request(requests[1].prompt, greedy(30)));
   ASSERT_TRUE(cancelled->next_event().has_value());
   cancelled->cancel();
-  int preemptions = 0;
-  for (size_t i = 0; i < handles.size(); ++i) {
-    const RequestOutput out = collect(*handles[i]);
-    expect_same(alone[i], out, "request " + std::to_string(i));
-    preemptions += out.usage.preemptions;
-  }
-  for (auto& h : samples) EXPECT_EQ(collect(*h).output_ids.size(), 9u);
+  for (size_t i = 0; i < handles.size(); ++i)
+    expect_same(alone[i], collect(*handles[i]), "request " + std::to_string(i));
+  for (auto& h : samples) EXPECT_EQ(collect(*h).output_ids.size(), 20u);
   collect(*cancelled);
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_TRUE(violations.empty()) << violations.front();
   EXPECT_GT(steps, 20);
   EXPECT_GT(shared_steps, 0);  // some request read a cached prefix
-  EXPECT_GT(preemptions, 0);
+  // Preemption usually happens here too, but when depends on arrival timing;
+  // PreemptionUnderATinyPool* assert it for every page size, with the same
+  // per-step page checks (check_invariants).
+  RecordProperty("preemptions", static_cast<int>(engine.metrics().preemptions));
 }
 
 INSTANTIATE_TEST_SUITE_P(Engine, EngineMode,
