@@ -48,6 +48,7 @@ struct ServeFlags {
   int64_t max_model_len = 0;
   int64_t step_token_budget = 512;
   bool no_radix_cache = false;
+  bool overlap = false;
   std::string policy = "lpm";
   size_t max_body_bytes = 8u << 20;
   double request_timeout = 30;
@@ -140,6 +141,7 @@ void run_serve(const ServeFlags& f) {
   options.max_running = f.max_running;
   options.step_token_budget = f.step_token_budget;
   options.radix_cache = !f.no_radix_cache;
+  options.overlap = f.overlap;
   options.policy = f.policy == "fcfs" ? SchedulePolicy::kFcfs : SchedulePolicy::kLongestPrefixMatch;
   options.kv_slots = f.kv_slots;
   if (options.kv_slots == 0) options.kv_budget_bytes = KvPool::host_memory_budget(f.kv_fraction);
@@ -205,6 +207,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--step-token-budget", f.step_token_budget,
                   "Tokens per engine step: decode tokens plus prefill chunks (default 512)");
   cmd->add_flag("--no-radix-cache", f.no_radix_cache, "Turn the radix prefix cache off");
+  cmd->add_flag("--overlap", f.overlap,
+                "Schedule step N+1 while step N runs on an executor thread (default off: on the CPU "
+                "backend the model already uses every core)");
   cmd->add_option("--schedule-policy", f.policy, "lpm (longest prefix match first) or fcfs (default lpm)");
   cmd->add_option("--max-body-bytes", f.max_body_bytes, "Largest request body; bigger gets 413 (default 8388608)");
   cmd->add_option("--request-timeout", f.request_timeout,

@@ -6,7 +6,10 @@ import { spawn } from 'node:child_process';
 export async function startServer(args = [], { timeoutMs = 120000 } = {}) {
   const binary = process.env.BASALT_BINARY;
   if (!binary) throw new Error('BASALT_BINARY is not set');
-  const child = spawn(binary, ['serve', '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+  // BASALT_SERVE_EXTRA adds flags to every server (ctest runs the client
+  // tests again with --overlap).
+  const extra = (process.env.BASALT_SERVE_EXTRA ?? '').split(' ').filter((a) => a);
+  const child = spawn(binary, ['serve', '--port', '0', ...args, ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const ready = new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`server not ready in time:\n${log}`)), timeoutMs);
