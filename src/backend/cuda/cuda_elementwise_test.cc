@@ -1,0 +1,163 @@
+// The CUDA elementwise kernels against the scalar reference ops, on random
+// odd shapes, with f32 and bf16 activations and f32/bf16/f16 weights; outputs
+// are poisoned with NaN before each call. Skips where no device is present.
+#include "backend/cuda/elementwise.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/backend_test_util.h"
+#include "backend/cuda/device.h"
+#include "backend/reference_ops.h"
+#include "core/error.h"
+
+namespace basalt {
+namespace {
+
+using testing::TestRng;
+
+#define REQUIRE_DEVICE() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+Tensor random_host(TestRng& rng, Shape shape, DType dtype, float stddev = 1.0f) {
+  return testing::random_tensor(rng, std::move(shape), dtype, stddev);
+}
+Tensor as_f32(const Tensor& t) { return t.to_f32(); }
+// Relative error norm; infinite when the output kept a NaN of the poison.
+double rel_error(const Tensor& got, const Tensor& want) { return testing::relative_error(got, want); }
+
+Tensor device_poisoned(Shape shape, DType dtype) {
+  Tensor t = cuda_empty(std::move(shape), dtype);
+  cuda_fill_bytes(t, 0xFF);
+  return t;
+}
+
+// bf16 results are the f32 result rounded: ~2^-9 relative per element.
+double tolerance(DType act) { return act == DType::kF32 ? 2e-6 : 8e-3; }
+
+const DType kActs[] = {DType::kF32, DType::kBF16};
+const DType kWeights[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+TEST(CudaElementwise, RmsNormAndAddRmsNorm) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  for (DType act : kActs)
+    for (DType wt : kWeights)
+      for (auto [rows, hidden] : {std::pair<int64_t, int64_t>{1, 7}, {5, 4096}, {33, 1000}, {3, 13}}) {
+        const Tensor x = random_host(rng, {rows, hidden}, act), w = random_host(rng, {hidden}, wt);
+        const Tensor r = random_host(rng, {rows, hidden}, act);
+        Tensor want = Tensor::empty({rows, hidden}, DType::kF32);
+        reference::rms_norm(as_f32(x), as_f32(w), 1e-6f, want);
+        Tensor out = device_poisoned({rows, hidden}, act);
+        cuda_rms_norm(cuda_to_device(x), cuda_to_device(w), 1e-6f, out);
+        EXPECT_LT(rel_error(cuda_to_host(out), want), tolerance(act)) << dtype_name(act) << " " << hidden;
+
+        Tensor residual_ref = as_f32(r);
+        Tensor want2 = Tensor::empty({rows, hidden}, DType::kF32);
+        reference::add_rms_norm(residual_ref, as_f32(x), as_f32(w), 1e-6f, want2);
+        Tensor residual = cuda_to_device(r);
+        Tensor out2 = device_poisoned({rows, hidden}, act);
+        cuda_add_rms_norm(residual, cuda_to_device(x), cuda_to_device(w), 1e-6f, out2);
+        EXPECT_LT(rel_error(cuda_to_host(residual), residual_ref), tolerance(act));
+        EXPECT_LT(rel_error(cuda_to_host(out2), want2), 2 * tolerance(act));
+      }
+}
+
+TEST(CudaElementwise, SiluAndMulAndAdd) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  for (DType act : kActs)
+    for (auto [tokens, inter] : {std::pair<int64_t, int64_t>{1, 1}, {7, 300}, {64, 1376}}) {
+      const Tensor gu = random_host(rng, {tokens, 2 * inter}, act, 2.0f);
+      Tensor want = Tensor::empty({tokens, inter}, DType::kF32);
+      reference::silu_and_mul(as_f32(gu), want);
+      Tensor out = device_poisoned({tokens, inter}, act);
+      cuda_silu_and_mul(cuda_to_device(gu), out);
+      EXPECT_LT(rel_error(cuda_to_host(out), want), tolerance(act)) << dtype_name(act);
+
+      const Tensor a = random_host(rng, {tokens, inter}, act), b = random_host(rng, {tokens, inter}, act);
+      Tensor sum_want = Tensor::empty({tokens, inter}, DType::kF32);
+      reference::add(as_f32(a), as_f32(b), sum_want);
+      Tensor sum = device_poisoned({tokens, inter}, act);
+      cuda_add(cuda_to_device(a), cuda_to_device(b), sum);
+      EXPECT_LT(rel_error(cuda_to_host(sum), sum_want), tolerance(act));
+    }
+}
+
+TEST(CudaElementwise, EmbeddingCopiesRowsAndPoisonsBadIds) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  for (DType act : kActs)
+    for (DType wt : kWeights) {
+      const int64_t vocab = 301, hidden = 129, tokens = 17;
+      const Tensor table = random_host(rng, {vocab, hidden}, wt);
+      std::vector<int32_t> ids(tokens);
+      for (auto& id : ids) id = static_cast<int32_t>(rng.integer(0, vocab - 1));
+      const Tensor host_ids = Tensor::from_i32({tokens}, ids);
+      Tensor want = Tensor::empty({tokens, hidden}, DType::kF32);
+      reference::embedding(host_ids, table, want);
+      Tensor out = device_poisoned({tokens, hidden}, act);
+      cuda_embedding(cuda_to_device(host_ids), cuda_to_device(table), out);
+      // A copy: exact unless the row is rounded into bf16 activations.
+      EXPECT_LE(rel_error(cuda_to_host(out), want), act == DType::kF32 ? 0.0 : tolerance(act));
+    }
+  const Tensor table = cuda_to_device(Tensor::from_f32({2, 3}, std::vector<float>{1, 2, 3, 4, 5, 6}));
+  const std::vector<int32_t> ids = {1, 2, -1};
+  Tensor out = device_poisoned({3, 3}, DType::kF32);
+  cuda_embedding(cuda_to_device(Tensor::from_i32({3}, ids)), table, out);
+  const Tensor host = cuda_to_host(out);
+  EXPECT_EQ(host.data<float>()[0], 4.0f);
+  for (int i = 3; i < 9; ++i) EXPECT_TRUE(std::isnan(host.data<float>()[i])) << i;
+}
+
+TEST(CudaElementwise, RopeBothStylesWithOffsetsAndScaling) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  struct Case {
+    int heads, head_dim, rotary, offset;
+    RopeStyle style;
+    float scaling;
+  };
+  const Case cases[] = {{4, 64, 64, 0, RopeStyle::kRotateHalf, 1.0f},
+                        {3, 128, 64, 0, RopeStyle::kRotateHalf, 1.0f},
+                        {5, 192, 64, 128, RopeStyle::kInterleaved, 1.2f},
+                        {1, 10, 4, 2, RopeStyle::kInterleaved, 0.9f}};
+  for (DType act : kActs)
+    for (const Case& c : cases) {
+      const int64_t tokens = 9;
+      const Tensor x = random_host(rng, {tokens, c.heads * c.head_dim}, act);
+      std::vector<float> inv(c.rotary / 2);
+      for (size_t i = 0; i < inv.size(); ++i)
+        inv[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(c.rotary));
+      std::vector<int32_t> pos(tokens);
+      for (auto& p : pos) p = static_cast<int32_t>(rng.integer(0, 40000));
+      const Tensor inv_host = Tensor::from_f32({c.rotary / 2}, inv), pos_host = Tensor::from_i32({tokens}, pos);
+      RopeParams params{c.heads, c.head_dim, c.rotary, c.style, &inv_host, c.scaling, c.offset};
+      Tensor want = as_f32(x);
+      reference::rope(want, pos_host, params);
+      const Tensor inv_dev = cuda_to_device(inv_host);
+      params.inv_freq = &inv_dev;
+      Tensor dev = cuda_to_device(x);
+      cuda_rope(dev, cuda_to_device(pos_host), params);
+      EXPECT_LT(rel_error(cuda_to_host(dev), want), act == DType::kF32 ? 1e-5 : tolerance(act))
+          << dtype_name(act) << " head_dim " << c.head_dim;
+    }
+}
+
+TEST(CudaElementwise, ShapeAndPlacementErrorsThrowBeforeLaunching) {
+  REQUIRE_DEVICE();
+  const Tensor host = Tensor::zeros({2, 4}, DType::kF32);
+  Tensor dev = cuda_empty({2, 4}, DType::kF32);
+  const Tensor w = cuda_empty({5}, DType::kF32);
+  EXPECT_THROW(cuda_rms_norm(host, w, 1e-6f, dev), Error);
+  EXPECT_THROW(cuda_rms_norm(dev, w, 1e-6f, dev), Error);  // weight [5] vs hidden 4
+  Tensor i32 = cuda_empty({2, 4}, DType::kI32);
+  EXPECT_THROW(cuda_add(dev, dev, i32), Error);
+  Tensor odd = cuda_empty({2, 3}, DType::kF32);
+  EXPECT_THROW(cuda_silu_and_mul(odd, dev), Error);
+}
+
+}  // namespace
+}  // namespace basalt

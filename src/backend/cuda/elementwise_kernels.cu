@@ -1,0 +1,194 @@
+#include "backend/cuda/elementwise_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+namespace basalt::cuda_kernels {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ bf16 from_f32<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+constexpr int kThreads = 256;
+
+// Sum over the block of each thread's value; every thread gets the total.
+__device__ float block_sum(float v) {
+  __shared__ float partial[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
+  __syncthreads();  // partial may be reused by a later call
+  return total;
+}
+
+// ---------------------------------------------------------------------------
+
+template <typename Act, typename W>
+__global__ void embedding_kernel(const int32_t* ids, const W* table, Act* out, int64_t vocab, int64_t hidden) {
+  const int64_t t = blockIdx.x;
+  const int32_t id = ids[t];
+  const bool valid = id >= 0 && id < vocab;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x)
+    out[t * hidden + h] = from_f32<Act>(valid ? to_f32(table[id * hidden + h]) : __int_as_float(0x7fc00000));
+}
+
+// One block per row. With `residual`, residual += x first (and x is the sum).
+template <typename Act, typename W>
+__global__ void rms_norm_kernel(Act* residual, const Act* x, const W* weight, Act* out, int64_t hidden, float eps) {
+  const int64_t row = blockIdx.x;
+  const Act* in = x + row * hidden;
+  Act* res = residual ? residual + row * hidden : nullptr;
+  float sum = 0.0f;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+    float v = to_f32(in[h]);
+    if (res) {
+      const Act stored = from_f32<Act>(to_f32(res[h]) + v);
+      res[h] = stored;
+      v = to_f32(stored);
+    }
+    sum += v * v;
+  }
+  const float inv = rsqrtf(block_sum(sum) / static_cast<float>(hidden) + eps);
+  const Act* src = res ? res : in;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+    const float normed = to_f32(from_f32<Act>(to_f32(src[h]) * inv));
+    out[row * hidden + h] = from_f32<Act>(normed * to_f32(weight[h]));
+  }
+}
+
+template <typename Act>
+__global__ void silu_and_mul_kernel(const Act* gate_up, Act* out, int64_t tokens, int64_t inter) {
+  const int64_t n = tokens * inter;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / inter, j = i % inter;
+    const float g = to_f32(gate_up[t * 2 * inter + j]);
+    const float u = to_f32(gate_up[t * 2 * inter + inter + j]);
+    out[i] = from_f32<Act>(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+template <typename Act>
+__global__ void add_kernel(const Act* a, const Act* b, Act* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = from_f32<Act>(to_f32(a[i]) + to_f32(b[i]));
+}
+
+// One block per token; threads cover (head, frequency) pairs.
+template <typename Act>
+__global__ void rope_kernel(Act* x, const int32_t* positions, const float* inv_freq, int heads, int head_dim,
+                            int rotary, int offset, bool interleaved, float scaling) {
+  const int64_t t = blockIdx.x;
+  const int half = rotary / 2;
+  const float position = static_cast<float>(positions[t]);
+  for (int k = threadIdx.x; k < heads * half; k += blockDim.x) {
+    const int h = k / half, i = k % half;
+    const float angle = position * inv_freq[i];
+    const float c = cosf(angle) * scaling, s = sinf(angle) * scaling;
+    Act* head = x + (t * heads + h) * head_dim + offset;
+    const int ia = interleaved ? 2 * i : i;
+    const int ib = interleaved ? 2 * i + 1 : i + half;
+    const float a = to_f32(head[ia]), b = to_f32(head[ib]);
+    head[ia] = from_f32<Act>(a * c - b * s);
+    head[ib] = from_f32<Act>(b * c + a * s);
+  }
+}
+
+unsigned grid_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(blocks, 1), 65535));
+}
+
+// Calls f(Act{}) with the element type of `code` (f32 or bf16 activations).
+template <typename F>
+void with_activation(Elem code, F&& f) {
+  if (code == Elem::kF32) f(float{});
+  else f(bf16{});
+}
+
+template <typename F>
+void with_weight(Elem code, F&& f) {
+  if (code == Elem::kF32) f(float{});
+  else if (code == Elem::kBF16) f(bf16{});
+  else f(__half{});
+}
+
+}  // namespace
+
+cudaError_t embedding(Elem act, Elem table, const int32_t* ids, const void* table_data, void* out, int64_t tokens,
+                      int64_t vocab, int64_t hidden, cudaStream_t stream) {
+  with_activation(act, [&](auto a) {
+    using Act = decltype(a);
+    with_weight(table, [&](auto w) {
+      using W = decltype(w);
+      embedding_kernel<Act, W><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
+          ids, static_cast<const W*>(table_data), static_cast<Act*>(out), vocab, hidden);
+    });
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t rms_norm(Elem act, Elem weight, void* residual, const void* x, const void* weight_data, void* out,
+                     int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+  with_activation(act, [&](auto a) {
+    using Act = decltype(a);
+    with_weight(weight, [&](auto w) {
+      using W = decltype(w);
+      rms_norm_kernel<Act, W><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+          static_cast<Act*>(residual), static_cast<const Act*>(x), static_cast<const W*>(weight_data),
+          static_cast<Act*>(out), hidden, eps);
+    });
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t silu_and_mul(Elem act, const void* gate_up, void* out, int64_t tokens, int64_t inter,
+                         cudaStream_t stream) {
+  with_activation(act, [&](auto a) {
+    using Act = decltype(a);
+    silu_and_mul_kernel<Act><<<grid_for(tokens * inter), kThreads, 0, stream>>>(
+        static_cast<const Act*>(gate_up), static_cast<Act*>(out), tokens, inter);
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t add(Elem act, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream) {
+  with_activation(act, [&](auto tag) {
+    using Act = decltype(tag);
+    add_kernel<Act><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const Act*>(a), static_cast<const Act*>(b),
+                                                           static_cast<Act*>(out), n);
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t rope(Elem act, void* x, const int32_t* positions, const float* inv_freq, int64_t tokens, int heads,
+                 int head_dim, int rotary, int offset, bool interleaved, float scaling, cudaStream_t stream) {
+  with_activation(act, [&](auto a) {
+    using Act = decltype(a);
+    rope_kernel<Act><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
+        static_cast<Act*>(x), positions, inv_freq, heads, head_dim, rotary, offset, interleaved, scaling);
+  });
+  return cudaGetLastError();
+}
+
+}  // namespace basalt::cuda_kernels

@@ -1,0 +1,30 @@
+// Launchers of the elementwise kernels (elementwise_kernels.cu), with a plain
+// interface: raw device pointers, element-type codes and sizes, so that the
+// .cu file needs no host-library headers (nvcc's front end cannot compile
+// fmt). elementwise.h is the checked API on top; call that instead.
+//
+// Contract: each launcher enqueues one kernel on `stream` and returns
+// cudaGetLastError() (cudaSuccess when the launch was accepted). Sizes are
+// trusted: the caller has checked shapes, dtypes and placement.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace basalt::cuda_kernels {
+
+enum class Elem : int { kF32, kBF16, kF16 };
+
+cudaError_t embedding(Elem act, Elem table, const int32_t* ids, const void* table_data, void* out, int64_t tokens,
+                      int64_t vocab, int64_t hidden, cudaStream_t stream);
+// With residual non-null: residual += x first, then normalise residual.
+cudaError_t rms_norm(Elem act, Elem weight, void* residual, const void* x, const void* weight_data, void* out,
+                     int64_t rows, int64_t hidden, float eps, cudaStream_t stream);
+cudaError_t silu_and_mul(Elem act, const void* gate_up, void* out, int64_t tokens, int64_t inter,
+                         cudaStream_t stream);
+cudaError_t add(Elem act, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream);
+cudaError_t rope(Elem act, void* x, const int32_t* positions, const float* inv_freq, int64_t tokens, int heads,
+                 int head_dim, int rotary, int offset, bool interleaved, float scaling, cudaStream_t stream);
+
+}  // namespace basalt::cuda_kernels
