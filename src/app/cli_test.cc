@@ -138,6 +138,20 @@ TEST(Cli, SameSeedSameOutput) {
   EXPECT_NE(json::parse(a.out)["output_ids"], json::parse(c.out)["output_ids"]);
 }
 
+TEST(Cli, PagedKvGivesTheSameSamples) {
+  const std::string args = "generate --prompt 'The Debian project is' --max-tokens 10 --temperature 0.9 --seed 5 "
+                           "--n 3 --ignore-eos --json";
+  const CliRun flat = run(args);
+  ASSERT_EQ(flat.exit_code, 0) << flat.err;
+  for (const char* page : {"4", "16"}) {
+    const CliRun paged = run(args + " --page-size " + page);
+    ASSERT_EQ(paged.exit_code, 0) << paged.err;
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(json::parse(paged.out)["choices"][i]["output_ids"], json::parse(flat.out)["choices"][i]["output_ids"])
+          << "page size " << page << " sample " << i;
+  }
+}
+
 TEST(Cli, StopsOnEndOfSequence) {
   // Make the first greedy token the end-of-sequence id: generation stops
   // there, reports "stop" and keeps the token in output_ids.

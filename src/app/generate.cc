@@ -52,6 +52,7 @@ struct GenerateFlags {
   int n = 1;
   std::string batch;
   int max_running = 64;
+  int page_size = 1;
 };
 
 // Parses "ID:BIAS,ID:BIAS" (spaces allowed) for --logit-bias.
@@ -294,7 +295,13 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
              (batch_given ? 1 : f.n);
   const int64_t budget_slots = KvPool::slots_for_budget(model->kv_bytes_per_slot(options.kv_dtype),
                                                         KvPool::host_memory_budget(0.1));
-  options.kv_slots = std::max<int64_t>(1, std::min(slots, budget_slots));
+  options.page_size = f.page_size;
+  // Whole pages, one per request more than the tokens need (each request's
+  // last page is its own).
+  const int64_t requests = batch_given ? static_cast<int64_t>(items.size()) : f.n;
+  slots += requests * (f.page_size - 1);
+  slots = (slots + f.page_size - 1) / f.page_size * f.page_size;
+  options.kv_slots = std::max<int64_t>(f.page_size, std::min(slots, budget_slots));
   Engine engine(*model, backend, tok, options);
 
   if (!batch_given) {
@@ -407,6 +414,7 @@ void add_generate_command(CLI::App& app) {
   CLI::Option* batch = cmd->add_option("--batch", flags->batch, "Run many requests together from a JSONL file: one {\"prompt\": ...} or {\"prompt_ids\": [...]} object per line, with optional sampling fields (max_tokens, temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ...) overriding the flags; prints one JSON line per request, in input order");
   batch->excludes(prompt)->excludes(prompt_ids);
   cmd->add_option("--max-running", flags->max_running, "Requests decoded together at most (default 64)");
+  cmd->add_option("--page-size", flags->page_size, "KV slots per page (default 1)")->check(CLI::Range(1, 4096));
   cmd->callback([flags, prompt, prompt_ids, batch, seed] {
     flags->model = model_dir_or_bundled(flags->model);
     flags->seed_given = seed->count() > 0;

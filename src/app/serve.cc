@@ -49,6 +49,7 @@ struct ServeFlags {
   int64_t step_token_budget = 512;
   bool no_radix_cache = false;
   bool overlap = false;
+  int page_size = 1;
   std::string policy = "lpm";
   size_t max_body_bytes = 8u << 20;
   double request_timeout = 30;
@@ -88,6 +89,7 @@ void run_serve(const ServeFlags& f) {
   BASALT_CHECK(f.max_running >= 1, "--max-running must be >= 1");
   BASALT_CHECK(f.max_queue >= 0, "--max-queue must be >= 0");
   BASALT_CHECK(f.kv_fraction > 0 && f.kv_fraction <= 1, "--kv-cache-fraction must be in (0, 1]");
+  BASALT_CHECK(f.page_size >= 1 && f.page_size <= 4096, "--page-size must be in [1, 4096]");
   BASALT_CHECK(f.io_threads >= 1 && f.io_threads <= 64, "--io-threads must be in [1, 64]");
   BASALT_CHECK(f.policy == "lpm" || f.policy == "fcfs", "--schedule-policy must be lpm or fcfs");
   const std::string dir = model_dir_or_bundled(f.model);
@@ -142,6 +144,7 @@ void run_serve(const ServeFlags& f) {
   options.step_token_budget = f.step_token_budget;
   options.radix_cache = !f.no_radix_cache;
   options.overlap = f.overlap;
+  options.page_size = f.page_size;
   options.policy = f.policy == "fcfs" ? SchedulePolicy::kFcfs : SchedulePolicy::kLongestPrefixMatch;
   options.kv_slots = f.kv_slots;
   if (options.kv_slots == 0) options.kv_budget_bytes = KvPool::host_memory_budget(f.kv_fraction);
@@ -210,6 +213,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--overlap", f.overlap,
                 "Schedule step N+1 while step N runs on an executor thread (default off: on the CPU "
                 "backend the model already uses every core)");
+  cmd->add_option("--page-size", f.page_size,
+                  "KV slots per page: each request's KV is page-aligned and the prefix cache shares whole pages "
+                  "(default 1)");
   cmd->add_option("--schedule-policy", f.policy, "lpm (longest prefix match first) or fcfs (default lpm)");
   cmd->add_option("--max-body-bytes", f.max_body_bytes, "Largest request body; bigger gets 413 (default 8388608)");
   cmd->add_option("--request-timeout", f.request_timeout,
