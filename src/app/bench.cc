@@ -183,9 +183,9 @@ void run_bench(const BenchFlags& f) {
 
   int64_t requests = 0;
   for (const Conversation& c : workload) requests += static_cast<int64_t>(c.turns.size());
-  std::fprintf(stderr, "basalt bench: %s, %lld conversations, %lld requests, to %s%s%s\n", f.dataset.c_str(),
+  std::fprintf(stderr, "basalt bench: %s, %lld conversations, %lld requests, to %s%s\n", f.dataset.c_str(),
                static_cast<long long>(workload.size()), static_cast<long long>(requests), f.base_url.c_str(),
-               url.prefix.empty() ? "" : "", endpoint.c_str());
+               endpoint.c_str());
 
   std::vector<Metrics> all;
   json results = json::array();
