@@ -1,0 +1,111 @@
+// cuBLASLt bf16 linear on the GPU, at the shapes of a Llama-3.1-8B layer and
+// its lm_head, for decode (M = 1, 8, 64, 256) and prefill (M = 4096) token
+// counts: time per call (median of timed repeats with CUDA events), TFLOP/s,
+// and effective GB/s (weights + activations read, output written) next to
+// the H200's measured ceilings (../shared PERF-ANCHORS: 4.18 TB/s read-only,
+// ~636-790 TFLOP/s dense bf16 at M = 4096).
+//
+// Weights rotate over enough copies (> 4x the 60 MB L2) that every call reads
+// them from HBM, as decode does.
+//
+// Usage: basalt_bench_cuda_linear [--repeats N]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/gemm.h"
+
+namespace {
+
+using namespace basalt;
+
+struct LayerShape {
+  const char* name;
+  int64_t n, k;
+};
+
+// Random bf16 values of magnitude ~0.004-0.03 with random signs (the power a
+// GEMM draws, and so its clock, depends on the data: constant fills flatter).
+Tensor random_bf16(int64_t rows, int64_t cols, uint64_t seed) {
+  Tensor host = Tensor::empty({rows, cols}, DType::kBF16);
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  uint16_t* p = host.data<uint16_t>();
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    const uint16_t sign = static_cast<uint16_t>((state >> 63) << 15);
+    const uint16_t exponent = static_cast<uint16_t>(0x77 + (state >> 40) % 3) << 7;
+    p[i] = static_cast<uint16_t>(sign | exponent | (state & 0x7F));
+  }
+  return cuda_to_device(host);
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repeats = 50;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) repeats = std::max(3, std::atoi(argv[++i]));
+  }
+  if (!cuda_available()) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  const LayerShape shapes[] = {{"qkv_proj", 6144, 4096},
+                               {"o_proj", 4096, 4096},
+                               {"gate_up_proj", 28672, 4096},
+                               {"down_proj", 4096, 14336},
+                               {"lm_head", 128256, 4096}};
+  const int64_t token_counts[] = {1, 8, 64, 256, 4096};
+  CublasLt blas;
+  cudaEvent_t start, stop;
+  BASALT_CUDA_CHECK(cudaEventCreate(&start));
+  BASALT_CUDA_CHECK(cudaEventCreate(&stop));
+  std::printf("%-13s %6s %6s %6s %10s %9s %9s\n", "layer", "M", "N", "K", "us/call", "TFLOP/s", "GB/s");
+  for (const LayerShape& s : shapes) {
+    const int64_t weight_bytes = s.n * s.k * 2;
+    const int copies = static_cast<int>(std::max<int64_t>(2, (256ll << 20) / weight_bytes + 1));
+    std::vector<Tensor> weights;
+    weights.push_back(random_bf16(s.n, s.k, 1));
+    for (int c = 1; c < copies; ++c) {
+      weights.push_back(cuda_empty({s.n, s.k}, DType::kBF16));
+      BASALT_CUDA_CHECK(cudaMemcpy(weights.back().raw(), weights[0].raw(), weights[0].nbytes(),
+                                   cudaMemcpyDeviceToDevice));
+    }
+    for (int64_t m : token_counts) {
+      Tensor x = random_bf16(m, s.k, 2), out = cuda_empty({m, s.n}, DType::kBF16);
+      for (int w = 0; w < 3; ++w) blas.linear(x, weights[w % copies], nullptr, out);  // warm-up, plans
+      std::vector<float> times;
+      for (int r = 0; r < repeats; ++r) {
+        BASALT_CUDA_CHECK(cudaEventRecord(start));
+        blas.linear(x, weights[r % copies], nullptr, out);
+        BASALT_CUDA_CHECK(cudaEventRecord(stop));
+        BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        times.push_back(ms);
+      }
+      const double sec = median(times) * 1e-3;
+      const double flops = 2.0 * static_cast<double>(m) * s.n * s.k;
+      const double bytes = static_cast<double>(weight_bytes) + 2.0 * m * s.k + 2.0 * m * s.n;
+      std::printf("%-13s %6lld %6lld %6lld %10.1f %9.1f %9.0f\n", s.name, static_cast<long long>(m),
+                  static_cast<long long>(s.n), static_cast<long long>(s.k), sec * 1e6, flops / sec * 1e-12,
+                  bytes / sec * 1e-9);
+    }
+  }
+  return 0;
+}

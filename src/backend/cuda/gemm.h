@@ -1,0 +1,41 @@
+// Dense linear layers on the GPU through cuBLASLt: out = x · wᵀ (+ bias),
+// with weights in the Hugging Face layout [out_features, in_features].
+//
+// Contract:
+//  * x [M, K] and out [M, N] are f32 or bf16 (one dtype); w [N, K] has x's
+//    dtype; bias (optional) [N] has x's dtype too and is fused into the
+//    GEMM's epilogue. Every tensor is on the device. Shapes, dtypes and
+//    placement are checked on the host; a mismatch throws basalt::Error.
+//  * Accumulation is f32 (CUBLAS_COMPUTE_32F, no TF32 for f32 inputs), so
+//    a bf16 result is the f32 sum rounded once.
+//  * The algorithm for each (dtype, M, N, K, bias) is chosen once by
+//    cuBLASLt's heuristic under a 32 MiB workspace and cached.
+//  * A CublasLt object owns its handle and workspace; it is not thread-safe
+//    (one per stream, used by the thread that drives that stream).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace basalt {
+
+class CublasLt {
+ public:
+  CublasLt();
+  ~CublasLt();
+  CublasLt(const CublasLt&) = delete;
+  CublasLt& operator=(const CublasLt&) = delete;
+
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream = nullptr);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace basalt
