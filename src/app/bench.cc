@@ -82,7 +82,8 @@ double parse_rate(const std::string& text, const char* flag) {
   return v;
 }
 
-std::vector<Conversation> make_workload(const BenchFlags& f, const TextMaker& maker) {
+std::vector<Conversation> make_workload(BenchFlags f, const TextMaker& maker, uint64_t seed) {
+  f.seed = seed;
   if (f.dataset == "random") {
     return make_random(maker, {f.num_prompts, f.input_len, f.output_len, f.range_ratio}, f.seed);
   }
@@ -171,7 +172,10 @@ void run_bench(const BenchFlags& f) {
   const std::string dir = model_dir_or_bundled(f.model);
   TokenizerBundle tokenizer = load_tokenizer_dir(dir);
   TextMaker maker(tokenizer.tokenizer);
-  const std::vector<Conversation> workload = make_workload(f, maker);
+  // Each rate of a sweep gets its own prompts (seed + the rate's index), so a
+  // server's prefix cache does not carry one rate's prompts into the next.
+  std::vector<std::vector<Conversation>> workloads;
+  for (size_t i = 0; i < rates.size(); ++i) workloads.push_back(make_workload(f, maker, f.seed + i));
 
   boost::asio::io_context io(1);
   ClientOptions copts;
@@ -182,14 +186,16 @@ void run_bench(const BenchFlags& f) {
   const std::string model = f.served_model_name.empty() ? ask_model_name(io, client, f.base_url) : f.served_model_name;
 
   int64_t requests = 0;
-  for (const Conversation& c : workload) requests += static_cast<int64_t>(c.turns.size());
-  std::fprintf(stderr, "basalt bench: %s, %lld conversations, %lld requests, to %s%s\n", f.dataset.c_str(),
-               static_cast<long long>(workload.size()), static_cast<long long>(requests), f.base_url.c_str(),
-               endpoint.c_str());
+  for (const Conversation& c : workloads[0]) requests += static_cast<int64_t>(c.turns.size());
+  std::fprintf(stderr, "basalt bench: %s, %lld conversations, %lld requests%s, to %s%s\n", f.dataset.c_str(),
+               static_cast<long long>(workloads[0].size()), static_cast<long long>(requests),
+               rates.size() > 1 ? " per rate" : "", f.base_url.c_str(), endpoint.c_str());
 
   std::vector<Metrics> all;
   json results = json::array();
-  for (double rate : rates) {
+  for (size_t i = 0; i < rates.size(); ++i) {
+    const double rate = rates[i];
+    const std::vector<Conversation>& workload = workloads[i];
     RunOptions o;
     o.path = endpoint;
     o.chat = chat;
@@ -198,7 +204,7 @@ void run_bench(const BenchFlags& f) {
     o.include_usage = !f.no_usage;
     o.temperature = f.temperature;
     o.max_concurrency = f.max_concurrency;
-    o.shape = {rate, f.seed, f.burst_factor, f.burst_start, f.burst_duration};
+    o.shape = {rate, f.seed + i, f.burst_factor, f.burst_start, f.burst_duration};
     o.progress = !f.no_progress;
     o.label = std::isfinite(rate) ? fmt::format("rate {:g}", rate) : "rate inf";
     RunResult run = run_load(io, client, workload, o);
@@ -208,7 +214,9 @@ void run_bench(const BenchFlags& f) {
     m.max_concurrency = f.max_concurrency;
     std::fputs(metrics_table(m).c_str(), stdout);
     std::fflush(stdout);
-    results.push_back(metrics_json(m));
+    json block = metrics_json(m);
+    block["seed"] = f.seed + i;
+    results.push_back(std::move(block));
     all.push_back(std::move(m));
   }
 
@@ -277,7 +285,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--no-usage", f.no_usage, "Do not ask for stream_options.include_usage (count chunks only)");
   cmd->add_option("--temperature", f.temperature, "Sampling temperature (default 0; < 0: not sent)");
   cmd->add_option("--request-rate", f.request_rate, "Poisson arrivals per second, or inf: all at once (default inf)");
-  cmd->add_option("--sweep-rates", f.sweep_rates, "Run once per rate, e.g. 1,2,4,inf (one result block each)");
+  cmd->add_option("--sweep-rates", f.sweep_rates,
+                  "Run once per rate, e.g. 1,2,4,inf (one result block each; rate k uses seed + k, so fresh prompts)");
   cmd->add_option("--max-concurrency", f.max_concurrency, "Requests in flight at most (default 0: no limit)");
   cmd->add_option("--burst-factor", f.burst_factor, "Multiply the rate by this during the burst (default 1)");
   cmd->add_option("--burst-start", f.burst_start, "Seconds into the run the burst begins (default 0)");

@@ -156,6 +156,8 @@ TEST(BenchE2E, ChatMultiTurnSharedPrefixSweepAndApiKeys) {
   }
   EXPECT_EQ(r.report["results"][0]["request_rate"], 20.0);
   EXPECT_EQ(r.report["results"][1]["request_rate"], "inf");
+  EXPECT_EQ(r.report["results"][0]["seed"], 0);  // each rate gets its own prompts
+  EXPECT_EQ(r.report["results"][1]["seed"], 1);
   // A wrong key: every request is an http_status error, and the run still reports.
   r = bench(server, "--api-key wrong --served-model-name basalt-mini --num-prompts 4 --input-len 8 --output-len 4");
   ASSERT_EQ(r.exit_code, 0) << r.out;
