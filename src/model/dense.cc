@@ -111,7 +111,8 @@ class DenseModel final : public Model {
     return kv;
   }
 
-  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits) override {
+  void forward(const ForwardBatch& host_batch, KvBuffers& kv, Tensor& logits) override {
+    const ForwardBatch batch = on_backend(host_batch, backend_);
     const ModelConfig& c = config_;
     const int64_t T = batch.num_tokens();
     const int64_t H = c.hidden_size, D = c.head_dim;

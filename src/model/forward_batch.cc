@@ -38,4 +38,28 @@ ForwardBatch single_sequence_batch(std::span<const int32_t> new_tokens, int64_t 
   return b;
 }
 
+namespace {
+
+Tensor to_device(const Tensor& t, Backend& backend) {
+  if (t.device() == backend.device() || t.raw() == nullptr) return t;
+  Tensor out = backend.empty(t.shape(), t.dtype());
+  backend.copy(t, out);
+  return out;
+}
+
+}  // namespace
+
+ForwardBatch on_backend(const ForwardBatch& batch, Backend& backend) {
+  if (backend.device() == Device::kCpu) return batch;
+  ForwardBatch out;
+  out.token_ids = to_device(batch.token_ids, backend);
+  out.positions = to_device(batch.positions, backend);
+  out.out_slots = to_device(batch.out_slots, backend);
+  out.attention.q_start = to_device(batch.attention.q_start, backend);
+  out.attention.kv_start = to_device(batch.attention.kv_start, backend);
+  out.attention.kv_slots = to_device(batch.attention.kv_slots, backend);
+  out.logit_rows = to_device(batch.logit_rows, backend);
+  return out;
+}
+
 }  // namespace basalt

@@ -29,6 +29,11 @@ struct ForwardBatch {
 
 namespace basalt {
 
+// The same batch on the backend's device: each tensor copied there with
+// backend.empty + copy (the batch itself when the backend is the CPU's, or
+// the tensors already live on the device). Models call it first in forward.
+ForwardBatch on_backend(const ForwardBatch& batch, Backend& backend);
+
 // The batch for one sequence whose KV occupies slots 0..start+n-1 in position
 // order (slot == position): new_tokens sit at positions start..start+n-1 and
 // only the last token's logits are wanted. Host tensors.
