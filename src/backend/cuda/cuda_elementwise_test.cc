@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/backend_test_util.h"
@@ -144,6 +145,46 @@ TEST(CudaElementwise, RopeBothStylesWithOffsetsAndScaling) {
       EXPECT_LT(rel_error(cuda_to_host(dev), want), act == DType::kF32 ? 1e-5 : tolerance(act))
           << dtype_name(act) << " head_dim " << c.head_dim;
     }
+}
+
+TEST(CudaElementwise, CastSoftmaxAndArgmax) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  const Tensor x = random_host(rng, {37, 1001}, DType::kF32, 3.0f);
+  for (DType to : kWeights) {
+    Tensor out = device_poisoned({37, 1001}, to);
+    cuda_cast(cuda_to_device(x), out);
+    Tensor want = Tensor::empty({37, 1001}, to);
+    for (int64_t i = 0; i < x.numel(); ++i) testing::store_value(want, i, x.data<float>()[i]);
+    const Tensor got = cuda_to_host(out);
+    EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0) << dtype_name(to);
+  }
+  for (bool log : {false, true}) {
+    Tensor want = Tensor::empty({37, 1001}, DType::kF32);
+    if (log) reference::log_softmax(x, want);
+    else reference::softmax(x, want);
+    Tensor out = device_poisoned({37, 1001}, DType::kF32);
+    cuda_softmax(cuda_to_device(x), out, log);
+    EXPECT_LT(rel_error(cuda_to_host(out), want), 1e-6) << "log " << log;
+  }
+  // argmax: random rows, plus rows with ties, NaN and all-NaN.
+  Tensor logits = testing::clone(x);
+  float* row1 = logits.data<float>() + 1001;
+  row1[5] = row1[900] = 100.0f;  // tie: the lower index wins
+  float* row2 = logits.data<float>() + 2 * 1001;
+  row2[0] = std::nanf("");
+  row2[7] = 50.0f;
+  float* row3 = logits.data<float>() + 3 * 1001;
+  for (int i = 0; i < 1001; ++i) row3[i] = std::nanf("");
+  Tensor want = Tensor::empty({37}, DType::kI32);
+  reference::argmax(logits, want);
+  Tensor out = device_poisoned({37}, DType::kI32);
+  cuda_argmax(cuda_to_device(logits), out);
+  const Tensor got = cuda_to_host(out);
+  for (int r = 0; r < 37; ++r) EXPECT_EQ(got.data<int32_t>()[r], want.data<int32_t>()[r]) << "row " << r;
+  EXPECT_EQ(got.data<int32_t>()[1], 5);
+  EXPECT_EQ(got.data<int32_t>()[2], 7);
+  EXPECT_EQ(got.data<int32_t>()[3], 0);
 }
 
 TEST(CudaElementwise, ShapeAndPlacementErrorsThrowBeforeLaunching) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "backend/cpu/backend_test_util.h"
 #include "backend/cuda/device.h"
 #include "backend/reference_ops.h"
@@ -22,22 +24,28 @@ TEST(CudaGemm, LinearMatchesTheReference) {
     int64_t m, n, k;
   };
   const Shape3 shapes[] = {{1, 1, 1}, {1, 4096, 4096}, {7, 33, 129}, {64, 1000, 512}, {300, 257, 96}};
-  for (DType dtype : {DType::kF32, DType::kBF16})
+  const std::pair<DType, DType> types[] = {{DType::kF32, DType::kF32},
+                                           {DType::kBF16, DType::kBF16},
+                                           {DType::kBF16, DType::kF32},
+                                           {DType::kF16, DType::kF16},
+                                           {DType::kF16, DType::kF32}};
+  for (auto [in, out_type] : types)
     for (const Shape3& s : shapes)
       for (bool with_bias : {false, true}) {
-        const Tensor x = testing::random_tensor(rng, {s.m, s.k}, dtype);
-        const Tensor w = testing::random_tensor(rng, {s.n, s.k}, dtype, 0.05f);
-        const Tensor b = testing::random_tensor(rng, {s.n}, dtype);
+        const Tensor x = testing::random_tensor(rng, {s.m, s.k}, in);
+        const Tensor w = testing::random_tensor(rng, {s.n, s.k}, in, 0.05f);
+        const Tensor b = testing::random_tensor(rng, {s.n}, out_type);
         Tensor want = Tensor::empty({s.m, s.n}, DType::kF32);
         const Tensor bias_f32 = b.to_f32();
         reference::linear(x.to_f32(), w.to_f32(), with_bias ? &bias_f32 : nullptr, want);
-        Tensor out = cuda_empty({s.m, s.n}, dtype);
+        Tensor out = cuda_empty({s.m, s.n}, out_type);
         cuda_fill_bytes(out, 0xFF);
         const Tensor bias_dev = cuda_to_device(b);
         blas.linear(cuda_to_device(x), cuda_to_device(w), with_bias ? &bias_dev : nullptr, out);
         const double err = testing::relative_error(cuda_to_host(out), want);
-        EXPECT_LT(err, dtype == DType::kF32 ? 1e-5 : 8e-3)
-            << dtype_name(dtype) << " " << s.m << "x" << s.n << "x" << s.k << " bias " << with_bias;
+        EXPECT_LT(err, out_type == DType::kF32 ? 1e-5 : 8e-3)
+            << dtype_name(in) << "->" << dtype_name(out_type) << " " << s.m << "x" << s.n << "x" << s.k
+            << " bias " << with_bias;
       }
 }
 

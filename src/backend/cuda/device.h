@@ -1,17 +1,18 @@
 // Device memory and transfers for the CUDA backend.
 //
-// Contract: cuda_empty returns a Tensor of Device::kCuda whose memory (from
-// cudaMalloc, 256-byte aligned) is freed when the last handle to it goes;
-// the contents are uninitialised. cuda_to_device / cuda_to_host copy a whole
+// Contract: cuda_empty returns a Tensor of Device::kCuda (256-byte aligned,
+// contents uninitialised) whose block returns to a cache when the last handle
+// to it goes, for the next cuda_empty of the same rounded size: reuse is safe
+// because the backend runs every op on one stream, in order (see device.cc).
+// When cudaMalloc runs out, the cache is released and the allocation retried. cuda_to_device / cuda_to_host copy a whole
 // contiguous tensor and return when the copy is complete. Every CUDA failure
 // throws basalt::Error naming the call, the file and line, and CUDA's
 // message. cuda_available() tells, without throwing, whether a usable device
 // is present (tests that need one skip when it is not, so CPU-only machines
 // compile and run the test binaries).
-//
-// This is the first layer of the CUDA backend: the allocator will become a
-// caching, stream-ordered one when the backend runs whole models.
 #pragma once
+
+#include <cstddef>
 
 #include "core/tensor.h"
 
@@ -25,5 +26,10 @@ Tensor cuda_to_host(const Tensor& device);
 // tests poison outputs with it).
 void cuda_fill_bytes(Tensor& t, int byte);
 void cuda_synchronize();
+// Free and total memory of the current device, in bytes.
+size_t cuda_free_memory();
+size_t cuda_total_memory();
+// Frees the cached blocks (after synchronising the device).
+void cuda_release_cached_memory();
 
 }  // namespace basalt

@@ -136,4 +136,36 @@ void cuda_rope(Tensor& x, const Tensor& positions, const RopeParams& params, cud
            "rope");
 }
 
+void cuda_cast(const Tensor& in, Tensor& out, cudaStream_t stream) {
+  require_weight(in, "cast", "in", in.rank());
+  require_weight(out, "cast", "out", out.rank());
+  BASALT_CHECK(in.shape() == out.shape(), "cuda cast: {} into {}", in.describe(), out.describe());
+  if (in.numel() == 0) return;
+  launched(cuda_kernels::cast(elem(in.dtype()), elem(out.dtype()), in.raw(), out.raw(), in.numel(), stream), "cast");
+}
+
+void cuda_softmax(const Tensor& x, Tensor& out, bool log, cudaStream_t stream) {
+  require_device(x, "softmax", "x");
+  require_device(out, "softmax", "out");
+  BASALT_CHECK(x.dtype() == DType::kF32 && x.rank() == 2 && out.dtype() == DType::kF32 && out.shape() == x.shape(),
+               "cuda softmax: x {} and out {} must be f32 [rows, cols]", x.describe(), out.describe());
+  if (x.numel() == 0) return;
+  launched(cuda_kernels::softmax(x.data<const float>(), out.data<float>(), x.dim(0), x.dim(1), log, stream),
+           "softmax");
+}
+
+void cuda_argmax(const Tensor& logits, Tensor& out, cudaStream_t stream) {
+  require_device(logits, "argmax", "logits");
+  require_device(out, "argmax", "out");
+  BASALT_CHECK(logits.dtype() == DType::kF32 && logits.rank() == 2 && out.dtype() == DType::kI32 &&
+                   out.rank() == 1 && out.dim(0) == logits.dim(0),
+               "cuda argmax: logits {} must be f32 [rows, cols] and out {} i32 [rows]", logits.describe(),
+               out.describe());
+  if (logits.dim(0) == 0) return;
+  BASALT_CHECK(logits.dim(1) > 0, "cuda argmax: rows are empty");
+  launched(cuda_kernels::argmax(logits.data<const float>(), out.data<int32_t>(), logits.dim(0), logits.dim(1),
+                                stream),
+           "argmax");
+}
+
 }  // namespace basalt

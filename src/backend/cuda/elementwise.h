@@ -37,5 +37,13 @@ void cuda_add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, 
 void cuda_silu_and_mul(const Tensor& gate_up, Tensor& out, cudaStream_t stream = nullptr);
 void cuda_add(const Tensor& a, const Tensor& b, Tensor& out, cudaStream_t stream = nullptr);
 void cuda_rope(Tensor& x, const Tensor& positions, const RopeParams& params, cudaStream_t stream = nullptr);
+// Element-type conversion between f32, bf16 and f16 (same shape).
+void cuda_cast(const Tensor& in, Tensor& out, cudaStream_t stream = nullptr);
+// f32 [rows, cols] row-wise softmax / log_softmax, as the reference computes
+// them (max-shifted, in f32 here).
+void cuda_softmax(const Tensor& x, Tensor& out, bool log, cudaStream_t stream = nullptr);
+// f32 [rows, cols] -> i32 [rows]: the reference's argmax rules (NaN skipped,
+// ties to the lowest index, all-NaN rows give 0).
+void cuda_argmax(const Tensor& logits, Tensor& out, cudaStream_t stream = nullptr);
 
 }  // namespace basalt

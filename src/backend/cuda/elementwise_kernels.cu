@@ -24,6 +24,10 @@ template <>
 __device__ __forceinline__ bf16 from_f32<bf16>(float v) {
   return __float2bfloat16_rn(v);
 }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 constexpr int kThreads = 256;
 
@@ -114,6 +118,74 @@ __global__ void rope_kernel(Act* x, const int32_t* positions, const float* inv_f
   }
 }
 
+
+template <typename From, typename To>
+__global__ void cast_kernel(const From* in, To* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = from_f32<To>(to_f32(in[i]));
+}
+
+__device__ float block_max(float v) {
+  __shared__ float partial[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float m = -INFINITY;
+  for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, partial[w]);
+  __syncthreads();
+  return m;
+}
+
+// One block per row.
+__global__ void softmax_kernel(const float* x, float* out, int64_t cols, bool log) {
+  const float* in = x + blockIdx.x * cols;
+  float* dst = out + blockIdx.x * cols;
+  float m = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, in[c]);
+  m = block_max(m);
+  float sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += expf(in[c] - m);
+  sum = block_sum(sum);
+  const float log_sum = logf(sum), inv = 1.0f / sum;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    dst[c] = log ? in[c] - m - log_sum : expf(in[c] - m) * inv;
+}
+
+// One block per row: each thread keeps its best (value, index), then the
+// block reduces; NaN never wins, ties go to the lower index.
+__global__ void argmax_kernel(const float* x, int32_t* out, int64_t cols) {
+  const float* in = x + blockIdx.x * cols;
+  float best = -INFINITY;
+  int64_t index = -1;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = in[c];
+    if (!isnan(v) && (index < 0 || v > best)) {
+      best = v;
+      index = c;
+    }
+  }
+  __shared__ float values[kThreads];
+  __shared__ int64_t indices[kThreads];
+  values[threadIdx.x] = best;
+  indices[threadIdx.x] = index;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const float v = values[threadIdx.x + stride];
+      const int64_t i = indices[threadIdx.x + stride];
+      const int64_t j = indices[threadIdx.x];
+      if (i >= 0 && (j < 0 || v > values[threadIdx.x] || (v == values[threadIdx.x] && i < j))) {
+        values[threadIdx.x] = v;
+        indices[threadIdx.x] = i;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = indices[0] < 0 ? 0 : static_cast<int32_t>(indices[0]);
+}
+
 unsigned grid_for(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(blocks, 1), 65535));
@@ -188,6 +260,28 @@ cudaError_t rope(Elem act, void* x, const int32_t* positions, const float* inv_f
     rope_kernel<Act><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
         static_cast<Act*>(x), positions, inv_freq, heads, head_dim, rotary, offset, interleaved, scaling);
   });
+  return cudaGetLastError();
+}
+
+cudaError_t cast(Elem from, Elem to, const void* in, void* out, int64_t n, cudaStream_t stream) {
+  with_weight(from, [&](auto f) {
+    using From = decltype(f);
+    with_weight(to, [&](auto t) {
+      using To = decltype(t);
+      cast_kernel<From, To><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const From*>(in),
+                                                                   static_cast<To*>(out), n);
+    });
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t softmax(const float* x, float* out, int64_t rows, int64_t cols, bool log, cudaStream_t stream) {
+  softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, out, cols, log);
+  return cudaGetLastError();
+}
+
+cudaError_t argmax(const float* x, int32_t* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  argmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, out, cols);
   return cudaGetLastError();
 }
 

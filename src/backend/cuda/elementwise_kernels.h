@@ -27,4 +27,12 @@ cudaError_t add(Elem act, const void* a, const void* b, void* out, int64_t n, cu
 cudaError_t rope(Elem act, void* x, const int32_t* positions, const float* inv_freq, int64_t tokens, int heads,
                  int head_dim, int rotary, int offset, bool interleaved, float scaling, cudaStream_t stream);
 
+// out[i] = in[i] converted (round to nearest even).
+cudaError_t cast(Elem from, Elem to, const void* in, void* out, int64_t n, cudaStream_t stream);
+// Row-wise over f32 [rows, cols]: softmax, or log_softmax when `log`.
+cudaError_t softmax(const float* x, float* out, int64_t rows, int64_t cols, bool log, cudaStream_t stream);
+// Row-wise index of the largest value; NaN skipped, ties to the lowest
+// index, a row of NaN gives 0.
+cudaError_t argmax(const float* x, int32_t* out, int64_t rows, int64_t cols, cudaStream_t stream);
+
 }  // namespace basalt::cuda_kernels

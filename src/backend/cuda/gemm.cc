@@ -24,13 +24,14 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 struct CublasLt::Impl {
   cublasLtHandle_t handle = nullptr;
   Tensor workspace;
-  // (dtype, M, N, K, bias) -> the heuristic's first algorithm and its descriptors.
+  // (input dtype, output dtype, M, N, K, bias) -> the heuristic's first
+  // algorithm and its descriptors.
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, bool>, Plan> plans;
+  std::map<std::tuple<int, int, int64_t, int64_t, int64_t, bool>, Plan> plans;
 
   ~Impl() {
     for (auto& [key, p] : plans) {
@@ -42,10 +43,18 @@ struct CublasLt::Impl {
     if (handle) cublasLtDestroy(handle);
   }
 
-  Plan& plan(DType dtype, int64_t M, int64_t N, int64_t K, bool bias) {
-    const auto key = std::make_tuple(static_cast<int>(dtype), M, N, K, bias);
+  static cudaDataType_t cuda_type(DType dtype) {
+    switch (dtype) {
+      case DType::kBF16: return CUDA_R_16BF;
+      case DType::kF16: return CUDA_R_16F;
+      default: return CUDA_R_32F;
+    }
+  }
+
+  Plan& plan(DType in, DType out, int64_t M, int64_t N, int64_t K, bool bias) {
+    const auto key = std::make_tuple(static_cast<int>(in), static_cast<int>(out), M, N, K, bias);
     if (auto it = plans.find(key); it != plans.end()) return it->second;
-    const cudaDataType_t type = dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType_t type = cuda_type(in), out_type = cuda_type(out);
     Plan p;
     check_blas(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     // Column-major view: out^T [N, M] = w [K, N]^T · x^T [K, M] (the "TN" case).
@@ -56,12 +65,13 @@ struct CublasLt::Impl {
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
                  "EPILOGUE");
-      check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof type),
-                 "BIAS_DATA_TYPE");
+      check_blas(
+          cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &out_type, sizeof out_type),
+          "BIAS_DATA_TYPE");
     }
     check_blas(cublasLtMatrixLayoutCreate(&p.a, type, K, N, K), "layout w");
     check_blas(cublasLtMatrixLayoutCreate(&p.b, type, K, M, K), "layout x");
-    check_blas(cublasLtMatrixLayoutCreate(&p.c, type, N, M, N), "layout out");
+    check_blas(cublasLtMatrixLayoutCreate(&p.c, out_type, N, M, N), "layout out");
     cublasLtMatmulPreference_t pref = nullptr;
     check_blas(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
     size_t ws = kWorkspaceBytes;
@@ -89,21 +99,22 @@ CublasLt::~CublasLt() = default;
 void CublasLt::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream) {
   for (const Tensor* t : {&x, &w, static_cast<const Tensor*>(&out)})
     BASALT_CHECK(t->device() == Device::kCuda, "cuda linear: {} must be on the device", t->describe());
-  BASALT_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16, "cuda linear: x must be f32 or bf16, got {}",
-               x.describe());
-  BASALT_CHECK(w.dtype() == x.dtype() && out.dtype() == x.dtype(),
-               "cuda linear: x {}, w {} and out {} must share a dtype", x.describe(), w.describe(), out.describe());
+  BASALT_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16 || x.dtype() == DType::kF16,
+               "cuda linear: x must be f32, bf16 or f16, got {}", x.describe());
+  BASALT_CHECK(w.dtype() == x.dtype() && (out.dtype() == x.dtype() || out.dtype() == DType::kF32),
+               "cuda linear: w {} must have x's dtype and out {} x's dtype or f32 (x {})", w.describe(),
+               out.describe(), x.describe());
   BASALT_CHECK(x.rank() == 2 && w.rank() == 2 && out.rank() == 2 && w.dim(1) == x.dim(1) &&
                    out.dim(0) == x.dim(0) && out.dim(1) == w.dim(0),
                "cuda linear: x {} · w {}ᵀ does not fit out {}", x.describe(), w.describe(), out.describe());
   const int64_t M = x.dim(0), N = w.dim(0), K = x.dim(1);
   BASALT_CHECK(K > 0, "cuda linear: in_features must be > 0, got {}", w.describe());
   if (bias) {
-    BASALT_CHECK(bias->device() == Device::kCuda && bias->dtype() == x.dtype() && bias->numel() == N,
-                 "cuda linear: bias must be [{}] of x's dtype on the device, got {}", N, bias->describe());
+    BASALT_CHECK(bias->device() == Device::kCuda && bias->dtype() == out.dtype() && bias->numel() == N,
+                 "cuda linear: bias must be [{}] of out's dtype on the device, got {}", N, bias->describe());
   }
   if (M == 0 || N == 0) return;
-  Impl::Plan& p = impl_->plan(x.dtype(), M, N, K, bias != nullptr);
+  Impl::Plan& p = impl_->plan(x.dtype(), out.dtype(), M, N, K, bias != nullptr);
   if (bias) {
     const void* data = bias->raw();
     check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &data, sizeof data),

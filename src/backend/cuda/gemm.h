@@ -2,10 +2,10 @@
 // with weights in the Hugging Face layout [out_features, in_features].
 //
 // Contract:
-//  * x [M, K] and out [M, N] are f32 or bf16 (one dtype); w [N, K] has x's
-//    dtype; bias (optional) [N] has x's dtype too and is fused into the
-//    GEMM's epilogue. Every tensor is on the device. Shapes, dtypes and
-//    placement are checked on the host; a mismatch throws basalt::Error.
+//  * x [M, K] and w [N, K] share a dtype (f32, bf16 or f16); out [M, N] has
+//    that dtype or f32; bias (optional) [N] has out's dtype and is fused
+//    into the GEMM's epilogue. Every tensor is on the device. Shapes, dtypes
+//    and placement are checked on the host; a mismatch throws basalt::Error.
 //  * Accumulation is f32 (CUBLAS_COMPUTE_32F, no TF32 for f32 inputs), so
 //    a bf16 result is the f32 sum rounded once.
 //  * The algorithm for each (dtype, M, N, K, bias) is chosen once by

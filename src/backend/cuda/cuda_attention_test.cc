@@ -1,0 +1,322 @@
+// The CUDA store_kv and attention ops against the scalar reference ops, on
+// random inputs with outputs poisoned (NaN) before each call: batches of
+// decode, prefill and mixed extend/decode sequences of different lengths in
+// one call, with slots scattered over the pool; GQA ratios 1, 4 and 8; head
+// dims 64, 128, 256 and odd ones (80, and 96 keys with 64-wide values);
+// sliding window on and off; f32 and bf16 activations and caches. Also checks
+// batch invariance (a row alone, in a batch, or prefilled in chunks has the
+// same bits) and the host-side errors. Skips where no device is present.
+#include "backend/cuda/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/backend_test_util.h"
+#include "backend/cuda/device.h"
+#include "backend/reference_ops.h"
+#include "core/error.h"
+
+namespace basalt {
+namespace {
+
+using testing::TestRng;
+
+#define REQUIRE_DEVICE() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+Tensor device_poisoned(Shape shape, DType dtype) {
+  Tensor t = cuda_empty(std::move(shape), dtype);
+  cuda_fill_bytes(t, 0xFF);
+  return t;
+}
+
+double tolerance(DType act) { return act == DType::kF32 ? 1e-5 : 1e-2; }
+
+struct Seq {
+  int q_len, kv_len;
+};
+
+// A host layout for `seqs`, whose keys sit in slots drawn at random (without
+// repeats) from a pool with `spare` unused slots.
+struct HostBatch {
+  std::vector<int32_t> q_start, kv_start, kv_slots;
+  int64_t tokens = 0, num_slots = 0;
+};
+
+HostBatch make_batch(TestRng& rng, const std::vector<Seq>& seqs, int64_t spare = 37) {
+  HostBatch b;
+  b.q_start.push_back(0);
+  b.kv_start.push_back(0);
+  for (const Seq& s : seqs) {
+    b.q_start.push_back(b.q_start.back() + s.q_len);
+    b.kv_start.push_back(b.kv_start.back() + s.kv_len);
+  }
+  b.tokens = b.q_start.back();
+  b.num_slots = b.kv_start.back() + spare;
+  std::vector<int32_t> pool(static_cast<size_t>(b.num_slots));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng.engine());
+  b.kv_slots.assign(pool.begin(), pool.begin() + b.kv_start.back());
+  return b;
+}
+
+AttentionLayout host_layout(const HostBatch& b) {
+  return {testing::i32_tensor(b.q_start), testing::i32_tensor(b.kv_start), testing::i32_tensor(b.kv_slots)};
+}
+
+AttentionLayout to_device(const AttentionLayout& l) {
+  return {cuda_to_device(l.q_start), cuda_to_device(l.kv_start), cuda_to_device(l.kv_slots)};
+}
+
+struct Config {
+  int heads, kv_heads, head_dim, v_head_dim, window;
+  DType act, cache;
+  std::string describe() const {
+    return "heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) + " dims " +
+           std::to_string(head_dim) + "/" + std::to_string(v_head_dim) + " window " + std::to_string(window) +
+           " act " + std::string(dtype_name(act)) + " cache " + std::string(dtype_name(cache));
+  }
+};
+
+AttentionParams params_of(const Config& c) {
+  AttentionParams p;
+  p.num_heads = c.heads;
+  p.num_kv_heads = c.kv_heads;
+  p.head_dim = c.head_dim;
+  p.v_head_dim = c.v_head_dim;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.sliding_window = c.window;
+  return p;
+}
+
+void check_attention(TestRng& rng, const std::vector<Seq>& seqs, const Config& c) {
+  const HostBatch b = make_batch(rng, seqs);
+  const AttentionParams p = params_of(c);
+  const Tensor q = testing::random_tensor(rng, {b.tokens, int64_t{c.heads} * c.head_dim}, c.act);
+  const Tensor k_cache = testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.head_dim}, c.cache);
+  const Tensor v_cache = testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.v_head_dim}, c.cache);
+  const AttentionLayout layout = host_layout(b);
+  Tensor want = Tensor::empty({b.tokens, int64_t{c.heads} * c.v_head_dim}, DType::kF32);
+  reference::attention(q.to_f32(), k_cache, v_cache, layout, p, want);
+
+  Tensor out = device_poisoned({b.tokens, int64_t{c.heads} * c.v_head_dim}, c.act);
+  cuda_attention(cuda_to_device(q), cuda_to_device(k_cache), cuda_to_device(v_cache), to_device(layout), p, out);
+  EXPECT_LT(testing::relative_error(cuda_to_host(out), want), tolerance(c.act)) << c.describe();
+}
+
+const DType kTypes[] = {DType::kF32, DType::kBF16};
+const std::pair<int, int> kGqa[] = {{4, 4}, {8, 2}, {16, 2}};  // ratios 1, 4, 8
+const std::pair<int, int> kDims[] = {{64, 64}, {128, 128}, {256, 256}, {80, 80}, {96, 64}};
+
+void check_all_configs(const std::vector<Seq>& seqs, const std::vector<int>& windows) {
+  TestRng rng;
+  for (auto [heads, kv_heads] : kGqa)
+    for (auto [d, dv] : kDims)
+      for (int window : windows)
+        for (DType act : kTypes)
+          for (DType cache : kTypes) check_attention(rng, seqs, {heads, kv_heads, d, dv, window, act, cache});
+}
+
+TEST(CudaAttention, DecodeBatches) {
+  REQUIRE_DEVICE();
+  check_all_configs({{1, 1}, {1, 7}, {1, 100}, {1, 513}, {1, 33}, {1, 64}}, {0, 37, 1});
+}
+
+TEST(CudaAttention, PrefillBatches) {
+  REQUIRE_DEVICE();
+  check_all_configs({{1, 1}, {17, 17}, {90, 90}, {64, 64}}, {0, 37});
+}
+
+TEST(CudaAttention, MixedExtendAndDecodeBatches) {
+  REQUIRE_DEVICE();
+  // Extends over a cached prefix, decodes, a fresh prompt, and sequences with
+  // no queries (one in the middle, one at the end).
+  check_all_configs({{5, 40}, {1, 300}, {0, 10}, {64, 64}, {3, 200}, {1, 1}, {0, 0}}, {0, 37});
+}
+
+TEST(CudaAttention, LongDecodeContexts) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  for (int window : {0, 1024})
+    for (DType t : kTypes)
+      check_attention(rng, {{1, 4000}, {1, 2500}, {2, 3000}}, {32, 8, 128, 128, window, t, t});
+}
+
+// Rows [begin, begin + count) of a host tensor, as a new device tensor.
+Tensor device_rows(const Tensor& host, int64_t begin, int64_t count) {
+  return cuda_to_device(testing::clone(host.rows(begin, count)));
+}
+
+bool same_rows(const Tensor& a, int64_t a_begin, const Tensor& b, int64_t b_begin, int64_t count) {
+  const int64_t row_bytes = static_cast<int64_t>(a.nbytes()) / a.dim(0);
+  return std::memcmp(static_cast<const char*>(a.raw()) + a_begin * row_bytes,
+                     static_cast<const char*>(b.raw()) + b_begin * row_bytes, count * row_bytes) == 0;
+}
+
+TEST(CudaAttention, RowsAreBatchInvariant) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  for (DType t : kTypes) {
+    const Config c{16, 2, 128, 128, 0, t, t};
+    const AttentionParams p = params_of(c);
+    const std::vector<Seq> seqs = {{5, 40}, {1, 300}, {50, 50}, {1, 9}};
+    const HostBatch b = make_batch(rng, seqs);
+    const Tensor q = testing::random_tensor(rng, {b.tokens, int64_t{c.heads} * c.head_dim}, t);
+    const Tensor k_cache = cuda_to_device(testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.head_dim}, t));
+    const Tensor v_cache = cuda_to_device(testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.v_head_dim}, t));
+    const int64_t width = int64_t{c.heads} * c.v_head_dim;
+    Tensor all = device_poisoned({b.tokens, width}, t);
+    cuda_attention(cuda_to_device(q), k_cache, v_cache, to_device(host_layout(b)), p, all);
+    const Tensor batched = cuda_to_host(all);
+
+    // Each sequence alone; and the 50-token prompt prefilled as 20 + 30.
+    struct Part {
+      size_t seq;
+      int q_from, q_count, kv_count;  // within the sequence
+    };
+    const Part parts[] = {{0, 0, 5, 40}, {1, 0, 1, 300}, {2, 0, 50, 50}, {3, 0, 1, 9}, {2, 0, 20, 20}, {2, 20, 30, 50}};
+    for (const Part& part : parts) {
+      const int64_t row0 = b.q_start[part.seq] + part.q_from;
+      const std::vector<int32_t> slots(b.kv_slots.begin() + b.kv_start[part.seq],
+                                       b.kv_slots.begin() + b.kv_start[part.seq] + part.kv_count);
+      const AttentionLayout alone{testing::i32_tensor({0, part.q_count}), testing::i32_tensor({0, part.kv_count}),
+                                  testing::i32_tensor(slots)};
+      Tensor out = device_poisoned({part.q_count, width}, t);
+      cuda_attention(device_rows(q, row0, part.q_count), k_cache, v_cache, to_device(alone), p, out);
+      EXPECT_TRUE(same_rows(cuda_to_host(out), 0, batched, row0, part.q_count))
+          << dtype_name(t) << " sequence " << part.seq << " rows from " << part.q_from;
+    }
+  }
+}
+
+TEST(CudaStoreKv, MatchesReferenceBitForBit) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  struct Shape3 {
+    int kv_heads, head_dim, v_head_dim;
+  };
+  for (DType act : kTypes)
+    for (DType cache : kTypes)
+      for (Shape3 s : {Shape3{2, 128, 128}, Shape3{3, 80, 64}, Shape3{1, 256, 256}}) {
+        const int64_t tokens = 37, num_slots = 100;
+        const int64_t kw = int64_t{s.kv_heads} * s.head_dim, vw = int64_t{s.kv_heads} * s.v_head_dim;
+        std::vector<int32_t> pool(num_slots);
+        std::iota(pool.begin(), pool.end(), 0);
+        std::shuffle(pool.begin(), pool.end(), rng.engine());
+        const Tensor slots = testing::i32_tensor(std::vector<int32_t>(pool.begin(), pool.begin() + tokens));
+        const Tensor k = testing::random_tensor(rng, {tokens, kw}, act, 3.0f);
+        const Tensor v = testing::random_tensor(rng, {tokens, vw}, act, 3.0f);
+        // The key cache as [slots, kv_heads, head_dim], the value cache 2-D.
+        const Tensor k0 = testing::random_tensor(rng, {num_slots, s.kv_heads, s.head_dim}, cache);
+        const Tensor v0 = testing::random_tensor(rng, {num_slots, vw}, cache);
+        Tensor k_want = testing::clone(k0), v_want = testing::clone(v0);
+        reference::store_kv(k.to_f32(), v.to_f32(), slots, k_want, v_want);
+        Tensor k_dev = cuda_to_device(k0), v_dev = cuda_to_device(v0);
+        cuda_store_kv(cuda_to_device(k), cuda_to_device(v), cuda_to_device(slots), k_dev, v_dev);
+        EXPECT_TRUE(testing::bytes_equal(cuda_to_host(k_dev), k_want)) << dtype_name(act) << " " << dtype_name(cache);
+        EXPECT_TRUE(testing::bytes_equal(cuda_to_host(v_dev), v_want)) << dtype_name(act) << " " << dtype_name(cache);
+      }
+}
+
+TEST(CudaStoreKv, OutOfRangeSlotsWriteNothing) {
+  REQUIRE_DEVICE();
+  const Tensor k = Tensor::from_f32({4, 2}, std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8});
+  const Tensor v = Tensor::from_f32({4, 1}, std::vector<float>{9, 10, 11, 12});
+  Tensor k_cache = cuda_to_device(Tensor::zeros({4, 2}, DType::kF32));
+  Tensor v_cache = cuda_to_device(Tensor::zeros({4, 1}, DType::kF32));
+  cuda_store_kv(cuda_to_device(k), cuda_to_device(v), cuda_to_device(testing::i32_tensor({-1, 2, 4, 1000})), k_cache,
+                v_cache);
+  const Tensor kh = cuda_to_host(k_cache), vh = cuda_to_host(v_cache);
+  const std::vector<float> k_want = {0, 0, 0, 0, 3, 4, 0, 0}, v_want = {0, 0, 10, 0};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(kh.data<float>()[i], k_want[i]) << i;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(vh.data<float>()[i], v_want[i]) << i;
+}
+
+TEST(CudaAttention, BadSlotsInTheLayoutGiveNaNRows) {
+  REQUIRE_DEVICE();
+  const Config c{2, 1, 64, 64, 0, DType::kF32, DType::kF32};
+  const Tensor k_cache = cuda_to_device(Tensor::zeros({8, 64}, DType::kF32));
+  const Tensor v_cache = cuda_to_device(Tensor::zeros({8, 64}, DType::kF32));
+  const Tensor q = cuda_to_device(Tensor::zeros({2, 128}, DType::kF32));
+  // Sequence 0 reads slot 9 of 8; sequence 1 is fine.
+  const AttentionLayout layout{testing::i32_tensor({0, 1, 2}), testing::i32_tensor({0, 2, 3}),
+                               testing::i32_tensor({1, 9, 3})};
+  Tensor out = device_poisoned({2, 128}, DType::kF32);
+  cuda_attention(q, k_cache, v_cache, to_device(layout), params_of(c), out);
+  const Tensor host = cuda_to_host(out);
+  for (int i = 0; i < 128; ++i) EXPECT_TRUE(std::isnan(host.data<float>()[i])) << i;
+  for (int i = 128; i < 256; ++i) EXPECT_EQ(host.data<float>()[i], 0.0f) << i;
+}
+
+TEST(CudaAttention, ShapeDtypeAndPlacementErrorsThrowBeforeLaunching) {
+  REQUIRE_DEVICE();
+  const Config c{4, 2, 64, 64, 0, DType::kF32, DType::kF32};
+  const AttentionParams p = params_of(c);
+  const Tensor q = cuda_empty({3, 256}, DType::kF32);
+  const Tensor k_cache = cuda_empty({10, 128}, DType::kF32), v_cache = cuda_empty({10, 128}, DType::kF32);
+  const AttentionLayout host = {testing::i32_tensor({0, 3}), testing::i32_tensor({0, 3}),
+                                testing::i32_tensor({0, 1, 2})};
+  const AttentionLayout layout = to_device(host);
+  Tensor out = cuda_empty({3, 256}, DType::kF32);
+  EXPECT_NO_THROW(cuda_attention(q, k_cache, v_cache, layout, p, out));
+
+  EXPECT_THROW(cuda_attention(Tensor::zeros({3, 256}, DType::kF32), k_cache, v_cache, layout, p, out), Error);  // host q
+  EXPECT_THROW(cuda_attention(q, k_cache, v_cache, host, p, out), Error);               // host layout
+  Tensor out_bf16 = cuda_empty({3, 256}, DType::kBF16);
+  EXPECT_THROW(cuda_attention(q, k_cache, v_cache, layout, p, out_bf16), Error);        // dtype mismatch
+  Tensor out_short = cuda_empty({3, 128}, DType::kF32);
+  EXPECT_THROW(cuda_attention(q, k_cache, v_cache, layout, p, out_short), Error);       // out width
+  const Tensor q_f16 = cuda_empty({3, 256}, DType::kF16);
+  Tensor out_f16 = cuda_empty({3, 256}, DType::kF16);
+  EXPECT_THROW(cuda_attention(q_f16, k_cache, v_cache, layout, p, out_f16), Error);     // f16 activations
+  const Tensor k_bf16 = cuda_empty({10, 128}, DType::kBF16);
+  EXPECT_THROW(cuda_attention(q, k_bf16, v_cache, layout, p, out), Error);              // mixed caches
+  const Tensor k_wide = cuda_empty({10, 256}, DType::kF32);
+  EXPECT_THROW(cuda_attention(q, k_wide, v_cache, layout, p, out), Error);              // cache row
+  const Tensor v_fewer = cuda_empty({9, 128}, DType::kF32);
+  EXPECT_THROW(cuda_attention(q, k_cache, v_fewer, layout, p, out), Error);             // slot counts
+  AttentionParams bad = p;
+  bad.num_kv_heads = 3;
+  EXPECT_THROW(cuda_attention(q, k_cache, v_cache, layout, bad, out), Error);           // heads % kv_heads
+  bad = p;
+  bad.sliding_window = -1;
+  EXPECT_THROW(cuda_attention(q, k_cache, v_cache, layout, bad, out), Error);
+  // head_dim 300 is over the limit of 256.
+  AttentionParams wide = p;
+  wide.head_dim = wide.v_head_dim = 300;
+  const Tensor q300 = cuda_empty({3, 1200}, DType::kF32), c300 = cuda_empty({10, 600}, DType::kF32);
+  Tensor out300 = cuda_empty({3, 1200}, DType::kF32);
+  EXPECT_THROW(cuda_attention(q300, c300, c300, layout, wide, out300), Error);
+  // Layout tensors: wrong dtype, mismatched lengths, no sequences for tokens.
+  const AttentionLayout f32_starts{cuda_empty({2}, DType::kF32), layout.kv_start, layout.kv_slots};
+  EXPECT_THROW(cuda_attention(q, k_cache, v_cache, f32_starts, p, out), Error);
+  const AttentionLayout uneven{layout.q_start, cuda_to_device(testing::i32_tensor({0, 1, 3})), layout.kv_slots};
+  EXPECT_THROW(cuda_attention(q, k_cache, v_cache, uneven, p, out), Error);
+  const AttentionLayout none{cuda_to_device(testing::i32_tensor({0})), cuda_to_device(testing::i32_tensor({0})),
+                             layout.kv_slots};
+  EXPECT_THROW(cuda_attention(q, k_cache, v_cache, none, p, out), Error);
+
+  // store_kv.
+  const Tensor k = cuda_empty({3, 128}, DType::kF32), v = cuda_empty({3, 128}, DType::kF32);
+  Tensor kc = cuda_empty({10, 128}, DType::kF32), vc = cuda_empty({10, 128}, DType::kF32);
+  const Tensor slots = cuda_to_device(testing::i32_tensor({0, 1, 2}));
+  EXPECT_NO_THROW(cuda_store_kv(k, v, slots, kc, vc));
+  EXPECT_THROW(cuda_store_kv(k, v, testing::i32_tensor({0, 1, 2}), kc, vc), Error);        // host slots
+  EXPECT_THROW(cuda_store_kv(k, v, cuda_to_device(testing::i32_tensor({0, 1})), kc, vc), Error);  // length
+  Tensor kc_wide = cuda_empty({10, 256}, DType::kF32);
+  EXPECT_THROW(cuda_store_kv(k, v, slots, kc_wide, vc), Error);                            // row width
+  Tensor kc_f16 = cuda_empty({10, 128}, DType::kF16), vc_f16 = cuda_empty({10, 128}, DType::kF16);
+  EXPECT_THROW(cuda_store_kv(k, v, slots, kc_f16, vc_f16), Error);                         // f16 cache
+  const Tensor v_bf16 = cuda_empty({3, 128}, DType::kBF16);
+  EXPECT_THROW(cuda_store_kv(k, v_bf16, slots, kc, vc), Error);                            // k/v dtypes
+  cuda_synchronize();
+}
+
+}  // namespace
+}  // namespace basalt

@@ -1,0 +1,154 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/elementwise.h"
+#include "backend/cuda/gemm.h"
+#include "core/error.h"
+
+namespace basalt {
+
+CudaBackend::CudaBackend() {
+  BASALT_CHECK(cuda_available(), "no CUDA device is available");
+  // A blocking stream: work on the legacy default stream (plain cudaMemcpy in
+  // tools and tests) stays ordered with it, so cached blocks are safe to reuse.
+  BASALT_CUDA_CHECK(cudaStreamCreate(&stream_));
+  blas_ = std::make_unique<CublasLt>();
+  host_ = std::make_unique<CpuBackend>();
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
+}
+
+void CudaBackend::synchronize() { BASALT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+Tensor CudaBackend::empty(Shape shape, DType dtype) { return cuda_empty(std::move(shape), dtype); }
+
+void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  BASALT_CHECK(src.dtype() == dst.dtype() && src.shape() == dst.shape(), "cuda copy: {} into {}", src.describe(),
+               dst.describe());
+  if (src.nbytes() == 0) return;
+  const bool from_host = src.device() == Device::kCpu, to_host = dst.device() == Device::kCpu;
+  const cudaMemcpyKind kind = from_host ? (to_host ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
+                                        : (to_host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
+  BASALT_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), kind, stream_));
+  // The host side may be read or freed as soon as copy returns.
+  if (from_host || to_host) synchronize();
+}
+
+void CudaBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+  cuda_embedding(ids, table, out, stream_);
+}
+
+void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
+  BASALT_CHECK(x.dtype() == DType::kF32 && out.dtype() == DType::kF32,
+               "cuda linear: activations are f32, got x {} and out {}", x.describe(), out.describe());
+  BASALT_CHECK(w.dtype() == DType::kF32 || w.dtype() == DType::kBF16 || w.dtype() == DType::kF16,
+               "cuda linear: weights must be f32, bf16 or f16 (block FP8 goes through linear_fp8_block), got {}",
+               w.describe());
+  if (bias) {
+    BASALT_CHECK(bias->dtype() == DType::kF32, "cuda linear: bias must be f32, got {}", bias->describe());
+  }
+  if (w.dtype() == DType::kF32) return blas_->linear(x, w, bias, out, stream_);
+  Tensor rounded = cuda_empty(x.shape(), w.dtype());
+  cuda_cast(x, rounded, stream_);
+  blas_->linear(rounded, w, bias, out, stream_);
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  cuda_rms_norm(x, weight, eps, out, stream_);
+}
+
+void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  cuda_add_rms_norm(residual, x, weight, eps, out, stream_);
+}
+
+void CudaBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& params) {
+  cuda_rope(x, positions, params, stream_);
+}
+
+void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+  cuda_store_kv(k, v, slots, k_cache, v_cache, stream_);
+}
+
+void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                            const AttentionLayout& layout, const AttentionParams& params, Tensor& out) {
+  cuda_attention(q, k_cache, v_cache, layout, params, out, stream_);
+}
+
+void CudaBackend::silu_and_mul(const Tensor& gate_up, Tensor& out) { cuda_silu_and_mul(gate_up, out, stream_); }
+
+void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) { cuda_add(a, b, out, stream_); }
+
+void CudaBackend::softmax(const Tensor& x, Tensor& out) { cuda_softmax(x, out, false, stream_); }
+
+void CudaBackend::log_softmax(const Tensor& x, Tensor& out) { cuda_softmax(x, out, true, stream_); }
+
+void CudaBackend::argmax(const Tensor& logits, Tensor& out) { cuda_argmax(logits, out, stream_); }
+
+void CudaBackend::sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) {
+  BASALT_CHECK(logits.device() == Device::kCuda && out.device() == Device::kCuda,
+               "cuda sample: logits {} and out {} must be on the device", logits.describe(), out.describe());
+  Tensor host_logits = Tensor::empty(logits.shape(), logits.dtype());
+  copy(logits, host_logits);
+  Tensor host_out = Tensor::empty(out.shape(), out.dtype());
+  host_->sample(host_logits, rows, host_out);
+  copy(host_out, out);
+}
+
+namespace {
+
+[[noreturn]] void not_yet(const char* op) {
+  fail("the CUDA backend has no {} yet (DeepSeek models run on the CPU backend for now)", op);
+}
+
+}  // namespace
+
+void CudaBackend::linear_fp8_block(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  not_yet("linear_fp8_block");
+}
+void CudaBackend::moe_route(const Tensor&, const Tensor*, const MoeRouteParams&, Tensor&, Tensor&) {
+  not_yet("moe_route");
+}
+void CudaBackend::moe_experts(const Tensor&, const Tensor&, const Tensor&, std::span<const MoeExpert>, Tensor&) {
+  not_yet("moe_experts");
+}
+void CudaBackend::mla_store_kv(const Tensor&, const Tensor&, float, const Tensor&, const RopeParams&, const Tensor&,
+                               Tensor&) {
+  not_yet("mla_store_kv");
+}
+void CudaBackend::mla_attention(const Tensor&, const Tensor&, const LinearWeight&, const AttentionLayout&,
+                                const MlaParams&, Tensor&) {
+  not_yet("mla_attention");
+}
+void CudaBackend::mla_expand_kv(const Tensor&, const Tensor&, const LinearWeight&, const MlaParams&, Tensor&,
+                                Tensor&) {
+  not_yet("mla_expand_kv");
+}
+
+void CudaBackend::concat_columns(const Tensor& a, const Tensor& b, Tensor& out) {
+  BASALT_CHECK(a.device() == Device::kCuda && b.device() == Device::kCuda && out.device() == Device::kCuda &&
+                   a.rank() == 2 && b.rank() == 2 && out.rank() == 2 && a.dtype() == out.dtype() &&
+                   b.dtype() == out.dtype() && a.dim(0) == out.dim(0) && b.dim(0) == out.dim(0) &&
+                   a.dim(1) + b.dim(1) == out.dim(1),
+               "cuda concat_columns: {} | {} into {}", a.describe(), b.describe(), out.describe());
+  const size_t e = dtype_size(out.dtype());
+  const size_t pitch = static_cast<size_t>(out.dim(1)) * e;
+  const size_t rows = static_cast<size_t>(out.dim(0));
+  if (rows == 0) return;
+  if (a.dim(1) > 0)
+    BASALT_CUDA_CHECK(cudaMemcpy2DAsync(out.raw(), pitch, a.raw(), static_cast<size_t>(a.dim(1)) * e,
+                                        static_cast<size_t>(a.dim(1)) * e, rows, cudaMemcpyDeviceToDevice, stream_));
+  if (b.dim(1) > 0)
+    BASALT_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(out.raw()) + static_cast<size_t>(a.dim(1)) * e, pitch,
+                                        b.raw(), static_cast<size_t>(b.dim(1)) * e, static_cast<size_t>(b.dim(1)) * e,
+                                        rows, cudaMemcpyDeviceToDevice, stream_));
+}
+
+}  // namespace basalt

@@ -1,0 +1,85 @@
+// CudaBackend: the Backend op set on one NVIDIA GPU (built for sm_90a).
+//
+// Contract:
+//  * Tensors are on the GPU (Device::kCuda) except where an op says
+//    otherwise; empty() hands out blocks of the device cache (device.h).
+//    Every op is enqueued on the backend's one stream, in call order; copy()
+//    to the host waits for the stream, so anything read on the host after a
+//    copy is complete.
+//  * Activations are f32, as on the CPU backend, so the same model code runs
+//    on both. Weights keep their checkpoint dtype (f32, bf16 or f16):
+//    linear() rounds the activations to the weight's dtype and multiplies on
+//    the tensor cores with f32 accumulation and an f32 result (so it matches
+//    the CPU backend within that rounding, not bit for bit).
+//  * store_kv and attention work over the token-slot KV pool (f32 or bf16
+//    caches) for any mix of prefill, extend and decode sequences in one call.
+//  * sample() copies the logits to the host and samples there with the CPU
+//    backend's sampler (identical draws to the CPU backend for the same
+//    logits); a device sampler is to come. softmax, log_softmax and argmax
+//    run on the device.
+//  * The DeepSeek ops (block-FP8 linear, MoE, MLA) are not on the GPU yet:
+//    they throw basalt::Error naming the op, so a DeepSeek model fails at its
+//    first step with a clear message.
+//  * Not batch invariant: cuBLASLt picks its algorithm by M.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace basalt {
+
+class CublasLt;
+class CpuBackend;
+
+class CudaBackend final : public Backend {
+ public:
+  // Uses the current CUDA device; throws basalt::Error when there is none.
+  CudaBackend();
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::kCuda; }
+  cudaStream_t stream() const { return stream_; }
+  void synchronize();
+
+  Tensor empty(Shape shape, DType dtype) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+
+  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override;
+  void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
+                 const AttentionParams& params, Tensor& out) override;
+  void silu_and_mul(const Tensor& gate_up, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void softmax(const Tensor& x, Tensor& out) override;
+  void log_softmax(const Tensor& x, Tensor& out) override;
+  void argmax(const Tensor& logits, Tensor& out) override;
+  void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override;
+
+  void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv, Tensor& out) override;
+  void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
+                 Tensor& weights) override;
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, std::span<const MoeExpert> experts,
+                   Tensor& out) override;
+  void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps, const Tensor& positions,
+                    const RopeParams& rope, const Tensor& slots, Tensor& cache) override;
+  void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b, const AttentionLayout& layout,
+                     const MlaParams& params, Tensor& out) override;
+  void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b, const MlaParams& params,
+                     Tensor& k, Tensor& v) override;
+  void concat_columns(const Tensor& a, const Tensor& b, Tensor& out) override;
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CublasLt> blas_;
+  std::unique_ptr<CpuBackend> host_;  // the sampler
+};
+
+}  // namespace basalt
