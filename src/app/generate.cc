@@ -14,7 +14,7 @@
 
 #include "app/commands.h"
 #include "app/model_dir.h"
-#include "backend/cpu/cpu_backend.h"
+#include "app/device_choice.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
@@ -53,6 +53,7 @@ struct GenerateFlags {
   std::string batch;
   int max_running = 64;
   int page_size = 1;
+  std::string device = "cpu";
 };
 
 // Parses "ID:BIAS,ID:BIAS" (spaces allowed) for --logit-bias.
@@ -278,7 +279,8 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
     items.push_back(std::move(item));
   }
 
-  CpuBackend backend;
+  std::unique_ptr<Backend> backend_owner = make_backend(f.device);
+  Backend& backend = *backend_owner;
   ProgressPrinter progress;
   std::unique_ptr<Model> model = load_model(f.model, backend, std::ref(progress));
   if (const std::string summary = model->summary(); !summary.empty())
@@ -414,6 +416,7 @@ void add_generate_command(CLI::App& app) {
   CLI::Option* batch = cmd->add_option("--batch", flags->batch, "Run many requests together from a JSONL file: one {\"prompt\": ...} or {\"prompt_ids\": [...]} object per line, with optional sampling fields (max_tokens, temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ...) overriding the flags; prints one JSON line per request, in input order");
   batch->excludes(prompt)->excludes(prompt_ids);
   cmd->add_option("--max-running", flags->max_running, "Requests decoded together at most (default 64)");
+  cmd->add_option("--device", flags->device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--page-size", flags->page_size, "KV slots per page (default 1)")->check(CLI::Range(1, 4096));
   cmd->callback([flags, prompt, prompt_ids, batch, seed] {
     flags->model = model_dir_or_bundled(flags->model);

@@ -1,5 +1,5 @@
 // `basalt serve`: the OpenAI-compatible server (server/api_server.h) over one
-// engine, on the CPU backend.
+// engine, on the CPU or (--device cuda) the GPU backend.
 //
 // Lifecycle: the port is bound first, so /health answers and /ready says 503
 // while the model loads; then /ready turns 200. SIGTERM or SIGINT starts a
@@ -20,7 +20,7 @@
 
 #include "app/commands.h"
 #include "app/model_dir.h"
-#include "backend/cpu/cpu_backend.h"
+#include "app/device_choice.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "runtime/engine.h"
@@ -84,7 +84,6 @@ std::vector<std::string> read_keys(const std::string& path) {
 }
 
 void run_serve(const ServeFlags& f) {
-  BASALT_CHECK(f.device == "cpu", "--device {}: this build serves on the CPU only", f.device);
   BASALT_CHECK(f.port >= 0 && f.port <= 65535, "--port {} is not a TCP port", f.port);
   BASALT_CHECK(f.max_running >= 1, "--max-running must be >= 1");
   BASALT_CHECK(f.max_queue >= 0, "--max-queue must be >= 0");
@@ -136,7 +135,8 @@ void run_serve(const ServeFlags& f) {
   std::fprintf(stderr, "basalt serve: listening on %s://%s:%u, loading %s\n", scheme.c_str(), f.host.c_str(),
                static_cast<unsigned>(server.port()), dir.c_str());
 
-  CpuBackend backend;
+  std::unique_ptr<Backend> backend_owner = make_backend(f.device);
+  Backend& backend = *backend_owner;
   std::unique_ptr<Model> model = load_model(dir, backend);
   TokenizerBundle tokenizer = load_tokenizer_dir(dir);
   EngineOptions options;
@@ -147,7 +147,7 @@ void run_serve(const ServeFlags& f) {
   options.page_size = f.page_size;
   options.policy = f.policy == "fcfs" ? SchedulePolicy::kFcfs : SchedulePolicy::kLongestPrefixMatch;
   options.kv_slots = f.kv_slots;
-  if (options.kv_slots == 0) options.kv_budget_bytes = KvPool::host_memory_budget(f.kv_fraction);
+  if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
   Engine engine(*model, backend, &tokenizer.tokenizer, options);
 
   ApiServerOptions api_options;
@@ -203,7 +203,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-queue", f.max_queue,
                   "Requests allowed to wait beyond --max-running; more get 429 (default 1024)");
   cmd->add_option("--kv-cache-fraction", f.kv_fraction,
-                  "Fraction of host memory for the KV pool (default 0.1)");
+                  "Fraction of memory for the KV pool: of host memory on the CPU, of the GPU memory left after the "
+                  "weights with --device cuda (default 0.1)");
   cmd->add_option("--kv-slots", f.kv_slots, "KV pool size in tokens, overriding --kv-cache-fraction (default 0: unset)");
   cmd->add_option("--max-model-len", f.max_model_len,
                   "Context length limit, at most the model's (default 0: the model's)");
@@ -229,7 +230,7 @@ void add_serve_command(CLI::App& app) {
                   "Seconds running requests may take to finish after SIGTERM (default 30)");
   cmd->add_flag("--log-requests-text", f.log_text, "Also log completion text (off: logs carry ids, sizes, timings)");
   cmd->add_flag("--no-request-log", f.no_request_log, "Do not log one line per request");
-  cmd->add_option("--device", f.device, "Backend: cpu (default cpu)");
+  cmd->add_option("--device", f.device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->callback([flags] { run_serve(*flags); });
 }
 

@@ -1,0 +1,189 @@
+// Decode and prefill speed of a random-weight Llama-3.1-8B-shaped model on
+// the CUDA backend, next to the weight-bandwidth floor.
+//
+//   basalt_bench_cuda_llama_decode [--layers N] [--prompt CONTEXT] [--tokens STEPS]
+//
+// The checkpoint (bf16; 16 GB for all 32 layers; layers share their random
+// tensors, which changes nothing for speed) is written to a temporary
+// directory, loaded through the path `basalt serve --device cuda` uses, and
+// deleted afterwards. A decode step at batch B runs B sequences of
+// `context` (--prompt) cached tokens (the cache holds zeros: values do not change the
+// work) through one forward pass: embedding, 32 layers, the lm_head for B
+// rows. Step time is the median over --tokens steps after two warm-ups, timed
+// on the host around a synchronised forward (the host-side batch upload is
+// included, as the engine pays it). The floor is weight bytes / 4.18 TB/s
+// (the H200's measured read bandwidth, ../shared PERF-ANCHORS). Prefill runs
+// one forward over B prompts of `context` tokens each (B <= 8).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "bench_util.h"
+
+namespace {
+
+using namespace basalt;
+using namespace basalt::bench;
+
+// B sequences, each with `context` cached tokens in slots [s*stride, ...),
+// decoding one token at position `context` (its slot right after them).
+ForwardBatch decode_batch(int64_t batch, int64_t context, int64_t stride) {
+  std::vector<int32_t> ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows;
+  for (int64_t s = 0; s < batch; ++s) {
+    ids.push_back(static_cast<int32_t>((s * 7919 + 13) % 128000));
+    positions.push_back(static_cast<int32_t>(context));
+    out_slots.push_back(static_cast<int32_t>(s * stride + context));
+    for (int64_t p = 0; p <= context; ++p) kv_slots.push_back(static_cast<int32_t>(s * stride + p));
+    q_start.push_back(static_cast<int32_t>(s + 1));
+    kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
+    logit_rows.push_back(static_cast<int32_t>(s));
+  }
+  auto t = [](const std::vector<int32_t>& v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); };
+  ForwardBatch b;
+  b.token_ids = t(ids);
+  b.positions = t(positions);
+  b.out_slots = t(out_slots);
+  b.attention.q_start = t(q_start);
+  b.attention.kv_start = t(kv_start);
+  b.attention.kv_slots = t(kv_slots);
+  b.logit_rows = t(logit_rows);
+  return b;
+}
+
+// B prompts of `context` tokens, prefilled together; the last row of each
+// gets logits.
+ForwardBatch prefill_batch(int64_t batch, int64_t context, int64_t stride) {
+  std::vector<int32_t> ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows;
+  for (int64_t s = 0; s < batch; ++s) {
+    for (int64_t p = 0; p < context; ++p) {
+      ids.push_back(static_cast<int32_t>((s * 131 + p * 7919 + 13) % 128000));
+      positions.push_back(static_cast<int32_t>(p));
+      out_slots.push_back(static_cast<int32_t>(s * stride + p));
+      kv_slots.push_back(static_cast<int32_t>(s * stride + p));
+    }
+    q_start.push_back(static_cast<int32_t>(ids.size()));
+    kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
+    logit_rows.push_back(static_cast<int32_t>(ids.size() - 1));
+  }
+  auto t = [](const std::vector<int32_t>& v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); };
+  ForwardBatch b;
+  b.token_ids = t(ids);
+  b.positions = t(positions);
+  b.out_slots = t(out_slots);
+  b.attention.q_start = t(q_start);
+  b.attention.kv_start = t(kv_start);
+  b.attention.kv_slots = t(kv_slots);
+  b.logit_rows = t(logit_rows);
+  return b;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ModelBenchFlags flags{32, 512, 20};  // layers, context ("prompt"), steps ("tokens")
+  if (!parse_model_bench_flags(argc, argv, &flags)) return 2;
+  const int layers = flags.layers;
+  const int64_t context = flags.prompt;
+  const int steps = std::max(3, flags.tokens);
+  const int64_t H = 4096, I = 14336, heads = 32, kv_heads = 8, D = 128, V = 128256;
+
+  const auto dir = std::filesystem::temp_directory_path() / ("basalt_llama8b_bench_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  nlohmann::json config = {
+      {"model_type", "llama"}, {"vocab_size", V}, {"hidden_size", H}, {"intermediate_size", I},
+      {"num_hidden_layers", layers}, {"num_attention_heads", heads}, {"num_key_value_heads", kv_heads},
+      {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", false}, {"max_position_embeddings", 131072},
+      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}},
+      {"rope_theta", 500000.0}};
+  std::ofstream(dir / "config.json") << config.dump(1);
+  std::printf("writing a random-weight Llama-3.1-8B-shaped checkpoint (%d layers)...\n", layers);
+  std::fflush(stdout);
+  {
+    const Tensor norm = random_bf16({H}, 1.0f, 1), q = random_bf16({heads * D, H}, 0.02f, 2),
+                 kv = random_bf16({kv_heads * D, H}, 0.02f, 3), o = random_bf16({H, heads * D}, 0.02f, 4),
+                 up = random_bf16({I, H}, 0.02f, 5), down = random_bf16({H, I}, 0.02f, 6);
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    tensors.emplace_back("model.embed_tokens.weight", random_bf16({V, H}, 0.05f, 7));
+    tensors.emplace_back("lm_head.weight", random_bf16({V, H}, 0.05f, 8));
+    tensors.emplace_back("model.norm.weight", norm);
+    for (int l = 0; l < layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      tensors.emplace_back(p + "input_layernorm.weight", norm);
+      tensors.emplace_back(p + "post_attention_layernorm.weight", norm);
+      tensors.emplace_back(p + "self_attn.q_proj.weight", q);
+      tensors.emplace_back(p + "self_attn.k_proj.weight", kv);
+      tensors.emplace_back(p + "self_attn.v_proj.weight", kv);
+      tensors.emplace_back(p + "self_attn.o_proj.weight", o);
+      tensors.emplace_back(p + "mlp.gate_proj.weight", up);
+      tensors.emplace_back(p + "mlp.up_proj.weight", up);
+      tensors.emplace_back(p + "mlp.down_proj.weight", down);
+    }
+    write_safetensors((dir / "model.safetensors").string(), tensors);
+  }
+
+  CudaBackend backend;
+  auto start = Clock::now();
+  auto model = load_model(dir.string(), backend);
+  backend.synchronize();
+  const double load_s = seconds_since(start);
+  std::filesystem::remove_all(dir);
+
+  const double weight_bytes = layers * 2.0 * static_cast<double>(H * heads * D * 2 + H * kv_heads * D * 2 + 3 * H * I) +
+                              2.0 * static_cast<double>(V * H);  // lm_head (the embedding reads B rows)
+  const double floor_ms = weight_bytes / 4.18e12 * 1e3;
+  std::printf("\nLlama-3.1-8B shape, %d layers, bf16 weights, context %lld (load %.1f s)\n", layers,
+              static_cast<long long>(context), load_s);
+  std::printf("weights read per decode step: %.2f GB; bandwidth floor %.2f ms/step\n", weight_bytes / 1e9, floor_ms);
+  std::printf("%-8s %14s %14s %14s %16s\n", "batch", "decode ms/step", "tokens/s", "step / floor", "prefill tok/s");
+
+  const int64_t stride = context + 8;
+  for (int64_t batch : {1, 8, 64, 256}) {
+    KvBuffers kv = model->allocate_kv(batch * stride);
+    for (Tensor& t : kv.k) cuda_fill_bytes(t, 0);
+    for (Tensor& t : kv.v) cuda_fill_bytes(t, 0);
+    const ForwardBatch step = decode_batch(batch, context, stride);
+    Tensor logits = backend.empty({batch, V}, DType::kF32);
+    std::vector<double> times;
+    for (int i = 0; i < steps + 2; ++i) {
+      backend.synchronize();
+      const auto t0 = Clock::now();
+      model->forward(step, kv, logits);
+      backend.synchronize();
+      if (i >= 2) times.push_back(seconds_since(t0) * 1e3);
+    }
+    const double ms = median(times);
+    double prefill_tps = 0;
+    if (batch <= 8) {
+      const ForwardBatch prefill = prefill_batch(batch, context, stride);
+      Tensor last = backend.empty({batch, V}, DType::kF32);
+      std::vector<double> p_times;
+      for (int i = 0; i < 3; ++i) {
+        backend.synchronize();
+        const auto t0 = Clock::now();
+        model->forward(prefill, kv, last);
+        backend.synchronize();
+        if (i >= 1) p_times.push_back(seconds_since(t0));
+      }
+      prefill_tps = static_cast<double>(batch * context) / *std::min_element(p_times.begin(), p_times.end());
+    }
+    std::printf("%-8lld %14.2f %14.0f %14.2f %16.0f\n", static_cast<long long>(batch), ms,
+                static_cast<double>(batch) / ms * 1e3, ms / floor_ms, prefill_tps);
+  }
+  return 0;
+}

@@ -1,0 +1,40 @@
+#include "app/device_choice.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "runtime/kv_pool.h"
+#include "core/error.h"
+#ifdef BASALT_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device.h"
+#endif
+
+namespace basalt {
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+  if (device == "cpu") return std::make_unique<CpuBackend>();
+  if (device == "cuda") {
+#ifdef BASALT_HAVE_CUDA
+    return std::make_unique<CudaBackend>();
+#else
+    fail("--device cuda: this build has no CUDA backend (build where nvcc is found, or with -DBASALT_CUDA=ON)");
+#endif
+  }
+  fail("--device {}: unknown device (this build has: {})", device, available_devices());
+}
+
+size_t kv_budget_bytes(const std::string& device, double fraction) {
+#ifdef BASALT_HAVE_CUDA
+  if (device == "cuda") return static_cast<size_t>(static_cast<double>(cuda_free_memory()) * fraction);
+#endif
+  return KvPool::host_memory_budget(fraction);
+}
+
+const char* available_devices() {
+#ifdef BASALT_HAVE_CUDA
+  return "cpu, cuda";
+#else
+  return "cpu";
+#endif
+}
+
+}  // namespace basalt

@@ -1,0 +1,20 @@
+// The backend behind --device: "cpu" everywhere, "cuda" in builds with the
+// CUDA backend (a clear error otherwise, and when no GPU is present).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace basalt {
+
+std::unique_ptr<Backend> make_backend(const std::string& device);
+// The KV pool's memory budget on that device: `fraction` of host memory for
+// the CPU, of the memory still free for the GPU (call after loading weights).
+size_t kv_budget_bytes(const std::string& device, double fraction);
+// "cpu" or "cpu, cuda": what this build offers, for --help texts.
+const char* available_devices();
+
+}  // namespace basalt
