@@ -35,6 +35,22 @@ namespace {
 using namespace basalt;
 using namespace basalt::bench;
 
+using Ids = std::vector<int32_t>;
+
+ForwardBatch host_batch(const Ids& ids, const Ids& positions, const Ids& out_slots, const Ids& q_start,
+                        const Ids& kv_start, const Ids& kv_slots, const Ids& logit_rows) {
+  auto t = [](const Ids& v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); };
+  ForwardBatch b;
+  b.token_ids = t(ids);
+  b.positions = t(positions);
+  b.out_slots = t(out_slots);
+  b.attention.q_start = t(q_start);
+  b.attention.kv_start = t(kv_start);
+  b.attention.kv_slots = t(kv_slots);
+  b.logit_rows = t(logit_rows);
+  return b;
+}
+
 // B sequences, each with `context` cached tokens in slots [s*stride, ...),
 // decoding one token at position `context` (its slot right after them).
 ForwardBatch decode_batch(int64_t batch, int64_t context, int64_t stride) {
@@ -48,16 +64,7 @@ ForwardBatch decode_batch(int64_t batch, int64_t context, int64_t stride) {
     kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
     logit_rows.push_back(static_cast<int32_t>(s));
   }
-  auto t = [](const std::vector<int32_t>& v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); };
-  ForwardBatch b;
-  b.token_ids = t(ids);
-  b.positions = t(positions);
-  b.out_slots = t(out_slots);
-  b.attention.q_start = t(q_start);
-  b.attention.kv_start = t(kv_start);
-  b.attention.kv_slots = t(kv_slots);
-  b.logit_rows = t(logit_rows);
-  return b;
+  return host_batch(ids, positions, out_slots, q_start, kv_start, kv_slots, logit_rows);
 }
 
 // B prompts of `context` tokens, prefilled together; the last row of each
@@ -75,16 +82,7 @@ ForwardBatch prefill_batch(int64_t batch, int64_t context, int64_t stride) {
     kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
     logit_rows.push_back(static_cast<int32_t>(ids.size() - 1));
   }
-  auto t = [](const std::vector<int32_t>& v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); };
-  ForwardBatch b;
-  b.token_ids = t(ids);
-  b.positions = t(positions);
-  b.out_slots = t(out_slots);
-  b.attention.q_start = t(q_start);
-  b.attention.kv_start = t(kv_start);
-  b.attention.kv_slots = t(kv_slots);
-  b.logit_rows = t(logit_rows);
-  return b;
+  return host_batch(ids, positions, out_slots, q_start, kv_start, kv_slots, logit_rows);
 }
 
 double median(std::vector<double> v) {

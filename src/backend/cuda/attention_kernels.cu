@@ -1,27 +1,11 @@
 #include "backend/cuda/attention_kernels.h"
 
-#include <cuda_bf16.h>
+#include "backend/cuda/element_types.cuh"
 
 #include <cmath>
 
 namespace basalt::cuda_kernels {
 namespace {
-
-using bf16 = __nv_bfloat16;
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ bf16 from_f32<bf16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
