@@ -5,6 +5,8 @@
 // a burst, a concurrency limit, or a sweep over rates) from one thread, and
 // reports TTFT, ITL, TPOT, E2E, throughput, goodput and errors as a table,
 // JSON and an SVG picture, with the client's own CPU cost (src/loadgen/).
+#include <sys/resource.h>
+
 #include <boost/asio/io_context.hpp>
 #include <cmath>
 #include <cstdio>
@@ -176,6 +178,14 @@ void run_bench(const BenchFlags& f) {
   // server's prefix cache does not carry one rate's prompts into the next.
   std::vector<std::vector<Conversation>> workloads;
   for (size_t i = 0; i < rates.size(); ++i) workloads.push_back(make_workload(f, maker, f.seed + i));
+
+  // Every stream is a socket: lift the soft descriptor limit (often 1024)
+  // to the hard one, so high concurrency is not cut short by EMFILE.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   boost::asio::io_context io(1);
   ClientOptions copts;
