@@ -19,6 +19,7 @@ Metrics compute_metrics(const RunResult& run, const SloLimits& slo) {
   std::vector<RequestLatency> latencies;
   std::vector<double> lags, out_lens;
   std::set<std::string> examples;
+  std::map<std::string, int> shown;  // examples kept per kind
   for (const RequestRecord& rec : run.records) {
     const ExchangeResult& r = rec.result;
     ++m.requests;
@@ -26,7 +27,12 @@ Metrics compute_metrics(const RunResult& run, const SloLimits& slo) {
     if (r.error != ErrorKind::kNone) {
       ++m.failed;
       ++m.errors[error_kind_name(r.error)];
-      if (examples.size() < 5 && examples.insert(r.error_message).second) m.error_examples.push_back(r.error_message);
+      // Up to two distinct examples of each kind, so one common kind does not hide the others.
+      const std::string kind = error_kind_name(r.error);
+      if (shown[kind] < 2 && examples.insert(r.error_message).second) {
+        ++shown[kind];
+        m.error_examples.push_back(kind + ": " + r.error_message);
+      }
       continue;
     }
     ++m.completed;

@@ -11,7 +11,7 @@
 //    more than one token; E2E is end minus send time. All in milliseconds.
 //    Throughputs divide by the run's wall time. Goodput counts completed
 //    requests meeting the SLOs (stats.h). Errors are counted by kind, with up
-//    to five distinct example messages.
+//    to two distinct example messages of each kind (prefixed with the kind).
 //  * The client's own cost: CPU seconds (user + system) over the run, CPU
 //    microseconds per output token, CPU/wall ratio, and arrival lag (mean,
 //    P99, max over on-schedule requests). client_bottleneck is set, with its

@@ -59,7 +59,8 @@ TEST(Metrics, HandComputedRun) {
   EXPECT_NEAR(m.output_throughput, 4.0, 1e-12);
   EXPECT_EQ(m.errors.at("http_status"), 1);
   EXPECT_EQ(m.errors.at("stream"), 1);
-  EXPECT_EQ(m.error_examples.size(), 2u);
+  ASSERT_EQ(m.error_examples.size(), 2u);
+  EXPECT_EQ(m.error_examples[0], "http_status: HTTP 429: busy");
   EXPECT_NEAR(m.cpu_us_per_token, 0.02 * 1e6 / 8, 1e-6);
   EXPECT_FALSE(m.client_bottleneck);
   ASSERT_EQ(m.tokens_per_second.size(), 2u);
