@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "template/jinja.h"
+#include "template/template_test_util.h"
 
 namespace basalt {
 namespace {
@@ -27,20 +28,7 @@ std::string read_file(const std::string& path) {
 
 std::string dir() { return std::string(BASALT_TESTDATA) + "/chat_templates/"; }
 
-RenderOptions fixed_clock() {
-  RenderOptions options;
-  std::tm tm{};
-  tm.tm_year = 2025 - 1900;
-  tm.tm_mon = 2;
-  tm.tm_mday = 14;
-  tm.tm_hour = 9;
-  tm.tm_min = 26;
-  tm.tm_sec = 53;
-  tm.tm_wday = 5;
-  tm.tm_yday = 72;
-  options.now = tm;
-  return options;
-}
+RenderOptions fixed_clock() { return testing::fixture_clock(); }
 
 TEST(ChatTemplateFixtures, RenderExactlyAsJinja2) {
   ordered_json doc = ordered_json::parse(read_file(dir() + "expected.json"));

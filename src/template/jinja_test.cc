@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/error_test_util.h"
 #include "template/jinja.h"
+#include "template/template_test_util.h"
 
 namespace basalt {
 namespace {
@@ -18,20 +19,7 @@ namespace {
 using basalt::testing::error_of;
 using nlohmann::ordered_json;
 
-RenderOptions fixed_clock() {
-  RenderOptions options;
-  std::tm tm{};
-  tm.tm_year = 2025 - 1900;
-  tm.tm_mon = 2;
-  tm.tm_mday = 14;
-  tm.tm_hour = 9;
-  tm.tm_min = 26;
-  tm.tm_sec = 53;
-  tm.tm_wday = 5;
-  tm.tm_yday = 72;
-  options.now = tm;
-  return options;
-}
+RenderOptions fixed_clock() { return testing::fixture_clock(); }
 
 std::string render(const std::string& source, const ordered_json& context = ordered_json::object(),
                    const RenderOptions& options = fixed_clock()) {
