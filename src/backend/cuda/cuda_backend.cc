@@ -56,6 +56,9 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
     BASALT_CHECK(bias->dtype() == DType::kF32, "cuda linear: bias must be f32, got {}", bias->describe());
   }
   if (w.dtype() == DType::kF32) return blas_->linear(x, w, bias, out, stream_);
+  // One row (batch-1 decode): the skinny kernel beats cuBLASLt on every
+  // Llama-8B shape (bench/README); from 8 rows on cuBLASLt is far ahead.
+  if (x.dim(0) == 1 && skinny_linear_fits(x, w)) return skinny_linear(x, w, bias, out, stream_);
   Tensor rounded = cuda_empty(x.shape(), w.dtype());
   cuda_cast(x, rounded, stream_);
   blas_->linear(rounded, w, bias, out, stream_);

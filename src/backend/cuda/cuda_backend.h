@@ -8,8 +8,10 @@
 //    copy is complete.
 //  * Activations are f32, as on the CPU backend, so the same model code runs
 //    on both. Weights keep their checkpoint dtype (f32, bf16 or f16):
-//    linear() rounds the activations to the weight's dtype and multiplies on
-//    the tensor cores with f32 accumulation and an f32 result (so it matches
+//    linear() of one row (batch-1 decode) multiplies the f32 activations by
+//    the 16-bit weights directly (skinny_linear); with more rows it rounds
+//    the activations to the weight's dtype and multiplies on the tensor
+//    cores (cuBLASLt), f32 accumulation and result either way (so it matches
 //    the CPU backend within that rounding, not bit for bit).
 //  * store_kv and attention work over the token-slot KV pool (f32 or bf16
 //    caches) for any mix of prefill, extend and decode sequences in one call.

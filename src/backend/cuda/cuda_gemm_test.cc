@@ -49,6 +49,35 @@ TEST(CudaGemm, LinearMatchesTheReference) {
       }
 }
 
+TEST(CudaGemm, SkinnyLinearMatchesTheReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TestRng rng;
+  for (DType wt : {DType::kBF16, DType::kF16})
+    for (int64_t m = 1; m <= 8; ++m)
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 8}, {33, 520}, {1000, 4096}, {7, 14336}})
+        for (bool with_bias : {false, true}) {
+          const Tensor x = testing::random_tensor(rng, {m, k}, DType::kF32);
+          const Tensor w = testing::random_tensor(rng, {n, k}, wt, 0.05f);
+          const Tensor b = testing::random_tensor(rng, {n}, DType::kF32);
+          Tensor want = Tensor::empty({m, n}, DType::kF32);
+          reference::linear(x, w.to_f32(), with_bias ? &b : nullptr, want);
+          const Tensor xd = cuda_to_device(x), wd = cuda_to_device(w), bd = cuda_to_device(b);
+          ASSERT_TRUE(skinny_linear_fits(xd, wd));
+          Tensor out = cuda_empty({m, n}, DType::kF32);
+          cuda_fill_bytes(out, 0xFF);
+          skinny_linear(xd, wd, with_bias ? &bd : nullptr, out);
+          EXPECT_LT(testing::relative_error(cuda_to_host(out), want), 1e-5)
+              << dtype_name(wt) << " " << m << "x" << n << "x" << k << " bias " << with_bias;
+        }
+  // What does not qualify: 9 rows, k not a multiple of 8, f32 weights.
+  EXPECT_FALSE(skinny_linear_fits(cuda_empty({9, 16}, DType::kF32), cuda_empty({4, 16}, DType::kBF16)));
+  EXPECT_FALSE(skinny_linear_fits(cuda_empty({2, 12}, DType::kF32), cuda_empty({4, 12}, DType::kBF16)));
+  EXPECT_FALSE(skinny_linear_fits(cuda_empty({2, 16}, DType::kF32), cuda_empty({4, 16}, DType::kF32)));
+  Tensor out = cuda_empty({9, 4}, DType::kF32);
+  EXPECT_THROW(skinny_linear(cuda_empty({9, 16}, DType::kF32), cuda_empty({4, 16}, DType::kBF16), nullptr, out),
+               Error);
+}
+
 TEST(CudaGemm, MismatchesThrow) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   CublasLt blas;
