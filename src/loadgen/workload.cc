@@ -77,6 +77,21 @@ int64_t draw_length(std::mt19937_64& rng, int64_t length, double range_ratio) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
 }
 
+namespace {
+
+// A question of about question_len tokens and an answer budget of about
+// output_len, both drawn within range_ratio (question first, then budget:
+// the order the seeded workloads depend on).
+Turn random_turn(const TextMaker& maker, std::mt19937_64& rng, int64_t question_len, int64_t output_len,
+                 double range_ratio) {
+  Turn t;
+  t.question = maker.make(rng, draw_length(rng, question_len, range_ratio), &t.question_tokens);
+  t.max_tokens = draw_length(rng, output_len, range_ratio);
+  return t;
+}
+
+}  // namespace
+
 std::vector<Conversation> make_random(const TextMaker& maker, const RandomSpec& spec, uint64_t seed) {
   check_len(spec.num_prompts, "--num-prompts");
   check_len(spec.input_len, "--input-len");
@@ -85,9 +100,7 @@ std::vector<Conversation> make_random(const TextMaker& maker, const RandomSpec& 
   std::mt19937_64 rng(seed);
   std::vector<Conversation> out;
   for (int64_t i = 0; i < spec.num_prompts; ++i) {
-    Turn t;
-    t.question = maker.make(rng, draw_length(rng, spec.input_len, spec.range_ratio), &t.question_tokens);
-    t.max_tokens = draw_length(rng, spec.output_len, spec.range_ratio);
+    Turn t = random_turn(maker, rng, spec.input_len, spec.output_len, spec.range_ratio);
     Conversation c;
     c.turns.push_back(std::move(t));
     out.push_back(std::move(c));
@@ -116,9 +129,7 @@ std::vector<Conversation> make_shared_prefix(const TextMaker& maker, const Share
       Conversation c;
       c.leading.push_back(systems[static_cast<size_t>(g)]);
       c.leading_tokens = system_tokens[static_cast<size_t>(g)];
-      Turn t;
-      t.question = maker.make(rng, draw_length(rng, spec.question_len, spec.range_ratio), &t.question_tokens);
-      t.max_tokens = draw_length(rng, spec.output_len, spec.range_ratio);
+      Turn t = random_turn(maker, rng, spec.question_len, spec.output_len, spec.range_ratio);
       c.turns.push_back(std::move(t));
       out.push_back(std::move(c));
     }
@@ -137,9 +148,7 @@ std::vector<Conversation> make_multi_turn(const TextMaker& maker, const MultiTur
   for (int64_t i = 0; i < spec.conversations; ++i) {
     Conversation c;
     for (int64_t k = 0; k < spec.turns; ++k) {
-      Turn t;
-      t.question = maker.make(rng, draw_length(rng, spec.question_len, spec.range_ratio), &t.question_tokens);
-      t.max_tokens = draw_length(rng, spec.output_len, spec.range_ratio);
+      Turn t = random_turn(maker, rng, spec.question_len, spec.output_len, spec.range_ratio);
       c.turns.push_back(std::move(t));
     }
     out.push_back(std::move(c));
