@@ -4,16 +4,19 @@
 //   basalt_bench_cuda_llama_decode [--layers N] [--prompt CONTEXT] [--tokens STEPS]
 //
 // The checkpoint (bf16; 16 GB for all 32 layers; layers share their random
-// tensors, which changes nothing for speed) is written to a temporary
-// directory, loaded through the path `basalt serve --device cuda` uses, and
-// deleted afterwards. A decode step at batch B runs B sequences of
-// `context` (--prompt) cached tokens (the cache holds zeros: values do not change the
-// work) through one forward pass: embedding, 32 layers, the lm_head for B
-// rows. Step time is the median over --tokens steps after two warm-ups, timed
-// on the host around a synchronised forward (the host-side batch upload is
-// included, as the engine pays it). The floor is weight bytes / 4.18 TB/s
-// (the H200's measured read bandwidth, ../shared PERF-ANCHORS). Prefill runs
-// one forward over B prompts of `context` tokens each (B <= 8).
+// tensors on disk, which changes nothing for speed: each layer gets its own
+// copy on the GPU) is written to a temporary directory, loaded through the
+// path `basalt serve --device cuda` uses, and deleted afterwards. A decode
+// step at batch B runs B sequences of `context` (--prompt) cached tokens
+// (bf16 KV cache holding random values) through one forward pass: embedding,
+// 32 layers, the lm_head for B rows. Each step is timed twice in one run:
+// eager (every kernel launched from the host) and replayed from a CUDA graph
+// (GraphedModel, as `basalt serve` runs decode). Step time is the median
+// over --tokens steps after two warm-ups, timed on the host around a
+// synchronised forward, with the host-to-device batch upload included as the
+// engine pays it. The floor is weight bytes / 4.18 TB/s (the H200's measured
+// read bandwidth, ../shared PERF-ANCHORS). Prefill runs one forward over B
+// prompts of `context` tokens each (B <= 8).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,7 +28,9 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
+#include "model/graphed_model.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "bench_util.h"
@@ -148,24 +153,42 @@ int main(int argc, char** argv) {
   std::printf("\nLlama-3.1-8B shape, %d layers, bf16 weights, context %lld (load %.1f s)\n", layers,
               static_cast<long long>(context), load_s);
   std::printf("weights read per decode step: %.2f GB; bandwidth floor %.2f ms/step\n", weight_bytes / 1e9, floor_ms);
-  std::printf("%-8s %14s %14s %14s %16s\n", "batch", "decode ms/step", "tokens/s", "step / floor", "prefill tok/s");
+  std::printf("%-6s %12s %12s %12s %12s %14s\n", "batch", "eager ms", "graphed ms", "tokens/s", "graph/floor",
+              "prefill tok/s");
 
+  // The same weights behind a GraphedModel: decode steps replay CUDA graphs.
+  auto graphed = make_graphed_model(std::move(model), backend, {.max_batch = 256});
   const int64_t stride = context + 8;
+  // Random KV contents (a constant fill can draw less power and clock higher).
+  const Tensor noise = random_bf16({1 << 23}, 1.0f, 9);
   for (int64_t batch : {1, 8, 64, 256}) {
-    KvBuffers kv = model->allocate_kv(batch * stride);
-    for (Tensor& t : kv.k) cuda_fill_bytes(t, 0);
-    for (Tensor& t : kv.v) cuda_fill_bytes(t, 0);
+    KvBuffers kv = graphed->allocate_kv(batch * stride, DType::kBF16);
+    for (std::vector<Tensor>* side : {&kv.k, &kv.v})
+      for (Tensor& t : *side)
+        for (size_t at = 0; at < t.nbytes(); at += noise.nbytes())
+          BASALT_CUDA_CHECK(cudaMemcpy(static_cast<char*>(t.raw()) + at, noise.raw(),
+                                       std::min(noise.nbytes(), t.nbytes() - at), cudaMemcpyHostToDevice));
     const ForwardBatch step = decode_batch(batch, context, stride);
     Tensor logits = backend.empty({batch, V}, DType::kF32);
-    std::vector<double> times;
-    for (int i = 0; i < steps + 2; ++i) {
-      backend.synchronize();
-      const auto t0 = Clock::now();
-      model->forward(step, kv, logits);
-      backend.synchronize();
-      if (i >= 2) times.push_back(seconds_since(t0) * 1e3);
+    double ms[2];
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      std::vector<double> times;
+      for (int i = 0; i < steps + 2; ++i) {
+        backend.synchronize();
+        const auto t0 = Clock::now();
+        // Host tensors take the recorded path; the same batch uploaded
+        // first (as the model itself would) runs eagerly.
+        if (graphs == 1) {
+          graphed->forward(step, kv, logits);
+        } else {
+          const ForwardBatch uploaded = on_backend(step, backend);
+          graphed->forward(uploaded, kv, logits);
+        }
+        backend.synchronize();
+        if (i >= 2) times.push_back(seconds_since(t0) * 1e3);
+      }
+      ms[graphs] = median(times);
     }
-    const double ms = median(times);
     double prefill_tps = 0;
     if (batch <= 8) {
       const ForwardBatch prefill = prefill_batch(batch, context, stride);
@@ -174,14 +197,17 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 3; ++i) {
         backend.synchronize();
         const auto t0 = Clock::now();
-        model->forward(prefill, kv, last);
+        graphed->forward(prefill, kv, last);
         backend.synchronize();
         if (i >= 1) p_times.push_back(seconds_since(t0));
       }
       prefill_tps = static_cast<double>(batch * context) / *std::min_element(p_times.begin(), p_times.end());
     }
-    std::printf("%-8lld %14.2f %14.0f %14.2f %16.0f\n", static_cast<long long>(batch), ms,
-                static_cast<double>(batch) / ms * 1e3, ms / floor_ms, prefill_tps);
+    std::printf("%-6lld %12.2f %12.2f %12.0f %12.2f %14.0f\n", static_cast<long long>(batch), ms[0], ms[1],
+                static_cast<double>(batch) / ms[1] * 1e3, ms[1] / floor_ms, prefill_tps);
   }
+  const GraphStats stats = graph_stats(*graphed);
+  std::printf("graphs recorded %lld, replays %lld, direct steps %lld\n", static_cast<long long>(stats.recordings),
+              static_cast<long long>(stats.replays), static_cast<long long>(stats.direct));
   return 0;
 }

@@ -29,6 +29,13 @@ size_t kv_budget_bytes(const std::string& device, double fraction) {
   return KvPool::host_memory_budget(fraction);
 }
 
+DType kv_cache_dtype(const std::string& choice, const Backend& backend) {
+  if (choice == "auto") return backend.device() == Device::kCpu ? DType::kF32 : DType::kBF16;
+  if (choice == "bf16") return DType::kBF16;
+  if (choice == "f32") return DType::kF32;
+  fail("--kv-cache-dtype {}: expected auto, bf16 or f32", choice);
+}
+
 const char* available_devices() {
 #ifdef BASALT_HAVE_CUDA
   return "cpu, cuda";

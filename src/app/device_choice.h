@@ -14,6 +14,10 @@ std::unique_ptr<Backend> make_backend(const std::string& device);
 // The KV pool's memory budget on that device: `fraction` of host memory for
 // the CPU, of the memory still free for the GPU (call after loading weights).
 size_t kv_budget_bytes(const std::string& device, double fraction);
+// The KV cache dtype for --kv-cache-dtype: "auto" is bf16 on a GPU (the
+// precision its attention multiplies in, half the memory and traffic) and
+// f32 on the CPU; "bf16" and "f32" are taken as given; anything else throws.
+DType kv_cache_dtype(const std::string& choice, const Backend& backend);
 // "cpu" or "cpu, cuda": what this build offers, for --help texts.
 const char* available_devices();
 

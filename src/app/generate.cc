@@ -17,6 +17,7 @@
 #include "app/device_choice.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
+#include "model/graphed_model.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
@@ -54,6 +55,8 @@ struct GenerateFlags {
   int max_running = 64;
   int page_size = 1;
   std::string device = "cpu";
+  bool enforce_eager = false;
+  std::string kv_cache_dtype = "auto";
 };
 
 // Parses "ID:BIAS,ID:BIAS" (spaces allowed) for --logit-bias.
@@ -283,6 +286,8 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   Backend& backend = *backend_owner;
   ProgressPrinter progress;
   std::unique_ptr<Model> model = load_model(f.model, backend, std::ref(progress));
+  if (!f.enforce_eager)
+    model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
   if (const std::string summary = model->summary(); !summary.empty())
     std::fprintf(stderr, "%s\n", summary.c_str());
 
@@ -291,6 +296,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   EngineOptions options;
   options.max_logprobs = 100;
   options.max_running = f.max_running;
+  options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   int64_t slots = 0;
   for (const BatchItem& item : items)
     slots += (static_cast<int64_t>(item.prompt.size()) + std::max(item.params.max_tokens, 0)) *
@@ -417,6 +423,10 @@ void add_generate_command(CLI::App& app) {
   batch->excludes(prompt)->excludes(prompt_ids);
   cmd->add_option("--max-running", flags->max_running, "Requests decoded together at most (default 64)");
   cmd->add_option("--device", flags->device, std::string("Backend: ") + available_devices() + " (default cpu)");
+  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,
+                  "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");
+  cmd->add_flag("--enforce-eager", flags->enforce_eager,
+                "Launch every decode step's kernels one by one instead of replaying CUDA graphs (GPU only)");
   cmd->add_option("--page-size", flags->page_size, "KV slots per page (default 1)")->check(CLI::Range(1, 4096));
   cmd->callback([flags, prompt, prompt_ids, batch, seed] {
     flags->model = model_dir_or_bundled(flags->model);

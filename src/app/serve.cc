@@ -6,6 +6,7 @@
 // drain: the listening socket closes, /ready answers 503, new generation
 // requests get 503, running ones finish until --drain-timeout, the rest are
 // cancelled, and the process exits 0. A second signal skips the wait.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -22,6 +23,7 @@
 #include "app/model_dir.h"
 #include "app/device_choice.h"
 #include "core/error.h"
+#include "model/graphed_model.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/kv_pool.h"
@@ -61,6 +63,8 @@ struct ServeFlags {
   bool log_text = false;
   bool no_request_log = false;
   std::string device = "cpu";
+  bool enforce_eager = false;
+  std::string kv_cache_dtype = "auto";
 };
 
 std::chrono::milliseconds millis(double seconds) {
@@ -138,6 +142,7 @@ void run_serve(const ServeFlags& f) {
   std::unique_ptr<Backend> backend_owner = make_backend(f.device);
   Backend& backend = *backend_owner;
   std::unique_ptr<Model> model = load_model(dir, backend);
+  if (!f.enforce_eager) model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
   TokenizerBundle tokenizer = load_tokenizer_dir(dir);
   EngineOptions options;
   options.max_running = f.max_running;
@@ -145,6 +150,7 @@ void run_serve(const ServeFlags& f) {
   options.radix_cache = !f.no_radix_cache;
   options.overlap = f.overlap;
   options.page_size = f.page_size;
+  options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   options.policy = f.policy == "fcfs" ? SchedulePolicy::kFcfs : SchedulePolicy::kLongestPrefixMatch;
   options.kv_slots = f.kv_slots;
   if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
@@ -231,6 +237,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--log-requests-text", f.log_text, "Also log completion text (off: logs carry ids, sizes, timings)");
   cmd->add_flag("--no-request-log", f.no_request_log, "Do not log one line per request");
   cmd->add_option("--device", f.device, std::string("Backend: ") + available_devices() + " (default cpu)");
+  cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,
+                  "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");
+  cmd->add_flag("--enforce-eager", f.enforce_eager,
+                "Launch every decode step's kernels one by one instead of replaying CUDA graphs (GPU only)");
   cmd->callback([flags] { run_serve(*flags); });
 }
 

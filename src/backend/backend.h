@@ -28,6 +28,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string_view>
 
@@ -129,6 +131,14 @@ struct SamplingRow {
   uint64_t step = 0;
 };
 
+// A sequence of a backend's ops recorded once (a CUDA graph) and enqueued
+// again by replay(), reading and writing the same memory each time.
+class RecordedOps {
+ public:
+  virtual ~RecordedOps() = default;
+  virtual void replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -139,6 +149,29 @@ class Backend {
   virtual Tensor empty(Shape shape, DType dtype) = 0;
   // Copies between host and this device, or within it; same dtype and numel.
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
+
+  // The dtype model code gives the activations that only feed linear layers
+  // (normalised hidden states, attention outputs, the MLP's gated product)
+  // of a model whose linear weights have dtype `weights`: f32 on the CPU; a
+  // GPU backend may ask for bf16 under bf16 weights, which halves their
+  // traffic and is the precision the tensor cores multiply in anyway.
+  // Residual streams, projections' outputs and logits stay f32.
+  virtual DType activation_dtype(DType weights) const {
+    (void)weights;
+    return DType::kF32;
+  }
+
+  // Records the ops that `ops` enqueues, without running them, for replay.
+  // Returns null on a backend that cannot record (the CPU's). While
+  // recording, no op may wait for the device (no copy() to or from host
+  // memory) and memory the ops allocate comes from a pool kept for recorded
+  // ops. A replay reads its inputs from the same addresses again: callers
+  // update them in place between replays and keep every tensor the ops use
+  // alive as long as the recording.
+  virtual std::unique_ptr<RecordedOps> record(const std::function<void()>& ops) {
+    (void)ops;
+    return nullptr;
+  }
 
   // out[t, :] = table[ids[t], :] as f32. ids i32 [T]; table [V, H].
   virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
@@ -155,6 +188,18 @@ class Backend {
   // k [T, kv_heads * head_dim], v [T, kv_heads * v_head_dim]; slots i32 [T].
   virtual void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
                         Tensor& v_cache) = 0;
+  // The attention block's input stage on a fused projection: qkv [T,
+  // (num_heads + 2 * num_kv_heads) * head_dim], each row q | k | v. Per
+  // token, every q and k head is RMS-normalised over head_dim with q_norm /
+  // k_norm ([head_dim]) when they are given (Qwen3), then rotated at
+  // positions[t] (rope.head_dim is the head size; rope.num_heads is ignored);
+  // q goes to q_out [T, num_heads * head_dim] and k, v go to
+  // k_cache[slots[t]], v_cache[slots[t]] (nothing stored for a negative
+  // slot). Equal to rms_norm, rope and store_kv applied to the split columns.
+  virtual void qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                              const Tensor& positions, const RopeParams& rope, int num_heads,
+                              int num_kv_heads, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
+                              Tensor& q_out) = 0;
   // Causal attention of q [T, num_heads * head_dim] over the cached keys and
   // values that `layout` names. out [T, num_heads * v_head_dim].
   virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -65,6 +65,7 @@
 #include <string_view>
 
 #include "backend/backend.h"
+#include "backend/host_qkv.h"
 
 namespace basalt::reference {
 
@@ -137,6 +138,12 @@ class ReferenceBackend final : public Backend {
   void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
                 Tensor& v_cache) override {
     reference::store_kv(k, v, slots, k_cache, v_cache);
+  }
+  void qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                      const Tensor& positions, const RopeParams& rope, int num_heads, int num_kv_heads,
+                      const Tensor& slots, Tensor& k_cache, Tensor& v_cache, Tensor& q_out) override {
+    host_qkv_rope_store(*this, qkv, q_norm, k_norm, eps, positions, rope, num_heads, num_kv_heads,
+                        slots, k_cache, v_cache, q_out);
   }
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionLayout& layout, const AttentionParams& params,

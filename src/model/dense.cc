@@ -12,8 +12,8 @@ namespace {
 
 struct LayerWeights {
   Tensor input_norm, post_attention_norm;
-  Tensor q_proj, k_proj, v_proj, o_proj;
-  Tensor q_bias, k_bias, v_bias, o_bias;  // undefined when absent
+  Tensor qkv_proj, o_proj;  // q, k and v projections stacked: [(Hq + 2 Hkv) D, H]
+  Tensor qkv_bias, o_bias;  // undefined when absent
   Tensor q_norm, k_norm;                  // Qwen3
   Tensor gate_up_proj, down_proj;
   Tensor gate_up_bias, down_bias;
@@ -60,14 +60,17 @@ class DenseModel final : public Model {
       LayerWeights& w = layers_[static_cast<size_t>(l)];
       w.input_norm = weight(ckpt, p + "input_layernorm.weight", {H});
       w.post_attention_norm = weight(ckpt, p + "post_attention_layernorm.weight", {H});
-      w.q_proj = weight(ckpt, p + "self_attn.q_proj.weight", {q_out, H});
-      w.k_proj = weight(ckpt, p + "self_attn.k_proj.weight", {kv_out, H});
-      w.v_proj = weight(ckpt, p + "self_attn.v_proj.weight", {kv_out, H});
+      const Tensor q_w = ckpt.get(p + "self_attn.q_proj.weight", {q_out, H});
+      const Tensor k_w = ckpt.get(p + "self_attn.k_proj.weight", {kv_out, H});
+      const Tensor v_w = ckpt.get(p + "self_attn.v_proj.weight", {kv_out, H});
+      BASALT_CHECK(q_w.dtype() == k_w.dtype() && q_w.dtype() == v_w.dtype(), "{}: q/k/v_proj dtypes differ", p);
+      check_dense_dtype(ckpt, p + "self_attn.q_proj.weight", q_w);
+      w.qkv_proj = to_backend(concat_rows({q_w, k_w, v_w}));
       w.o_proj = weight(ckpt, p + "self_attn.o_proj.weight", {H, q_out});
       if (c.qkv_bias) {
-        w.q_bias = bias(ckpt, p + "self_attn.q_proj.bias", q_out);
-        w.k_bias = bias(ckpt, p + "self_attn.k_proj.bias", kv_out);
-        w.v_bias = bias(ckpt, p + "self_attn.v_proj.bias", kv_out);
+        w.qkv_bias = to_backend(concat_rows({ckpt.get(p + "self_attn.q_proj.bias", {q_out}).to_f32(),
+                                             ckpt.get(p + "self_attn.k_proj.bias", {kv_out}).to_f32(),
+                                             ckpt.get(p + "self_attn.v_proj.bias", {kv_out}).to_f32()}));
       }
       if (c.o_bias) w.o_bias = bias(ckpt, p + "self_attn.o_proj.bias", H);
       if (c.qk_norm) {
@@ -77,6 +80,7 @@ class DenseModel final : public Model {
       const Tensor gate = ckpt.get(p + "mlp.gate_proj.weight", {I, H});
       const Tensor up = ckpt.get(p + "mlp.up_proj.weight", {I, H});
       BASALT_CHECK(gate.dtype() == up.dtype(), "{}: gate_proj and up_proj dtypes differ", p);
+      check_dense_dtype(ckpt, p + "mlp.gate_proj.weight", gate);
       w.gate_up_proj = to_backend(concat_rows({gate, up}));
       w.down_proj = weight(ckpt, p + "mlp.down_proj.weight", {H, I});
       if (c.mlp_bias) {
@@ -120,21 +124,20 @@ class DenseModel final : public Model {
     BASALT_CHECK(static_cast<int64_t>(kv.k.size()) == c.num_layers, "forward: KV buffers have {} layers, model has {}", kv.k.size(), c.num_layers);
     Backend& b = backend_;
 
+    // Activations that only feed linear layers take the backend's activation
+    // dtype (bf16 on the GPU); the residual stream, projections and logits are f32.
+    const DType act_dtype = b.activation_dtype(layers_[0].gate_up_proj.dtype());
     Tensor residual = b.empty({T, H}, DType::kF32);
-    Tensor hidden = b.empty({T, H}, DType::kF32);
+    Tensor hidden = b.empty({T, H}, act_dtype);
+    Tensor qkv = b.empty({T, (c.num_heads + 2 * c.num_kv_heads) * D}, DType::kF32);
     Tensor q = b.empty({T, c.num_heads * D}, DType::kF32);
-    Tensor k = b.empty({T, c.num_kv_heads * D}, DType::kF32);
-    Tensor v = b.empty({T, c.num_kv_heads * D}, DType::kF32);
     Tensor attn = b.empty({T, c.num_heads * D}, DType::kF32);
     Tensor gate_up = b.empty({T, 2 * c.intermediate_size}, DType::kF32);
-    Tensor act = b.empty({T, c.intermediate_size}, DType::kF32);
+    Tensor act = b.empty({T, c.intermediate_size}, act_dtype);
     Tensor block_out = b.empty({T, H}, DType::kF32);
 
-    RopeParams q_rope{static_cast<int>(c.num_heads), static_cast<int>(D),
-                      static_cast<int>(c.rotary_dim), RopeStyle::kRotateHalf, &inv_freq_,
-                      rope_scaling_};
-    RopeParams k_rope = q_rope;
-    k_rope.num_heads = static_cast<int>(c.num_kv_heads);
+    const RopeParams rope{static_cast<int>(c.num_heads), static_cast<int>(D), static_cast<int>(c.rotary_dim),
+                          RopeStyle::kRotateHalf, &inv_freq_, rope_scaling_};
     AttentionParams attn_params{static_cast<int>(c.num_heads), static_cast<int>(c.num_kv_heads),
                                 static_cast<int>(D), static_cast<int>(D),
                                 static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))), 0};
@@ -143,26 +146,19 @@ class DenseModel final : public Model {
     b.embedding(batch.token_ids, embed_tokens_, residual);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const LayerWeights& w = layers_[static_cast<size_t>(l)];
+      Tensor& k_cache = kv.k[static_cast<size_t>(l)];
+      Tensor& v_cache = kv.v[static_cast<size_t>(l)];
       if (l == 0) {
         b.rms_norm(residual, w.input_norm, eps, hidden);
       } else {
         b.add_rms_norm(residual, block_out, w.input_norm, eps, hidden);
       }
-      b.linear(hidden, w.q_proj, opt(w.q_bias), q);
-      b.linear(hidden, w.k_proj, opt(w.k_bias), k);
-      b.linear(hidden, w.v_proj, opt(w.v_bias), v);
-      if (c.qk_norm) {
-        Tensor q_heads = q.reshape({T * c.num_heads, D});
-        Tensor k_heads = k.reshape({T * c.num_kv_heads, D});
-        b.rms_norm(q_heads, w.q_norm, eps, q_heads);
-        b.rms_norm(k_heads, w.k_norm, eps, k_heads);
-      }
-      b.rope(q, batch.positions, q_rope);
-      b.rope(k, batch.positions, k_rope);
-      b.store_kv(k, v, batch.out_slots, kv.k[static_cast<size_t>(l)], kv.v[static_cast<size_t>(l)]);
+      b.linear(hidden, w.qkv_proj, opt(w.qkv_bias), qkv);
+      b.qkv_rope_store(qkv, c.qk_norm ? &w.q_norm : nullptr, c.qk_norm ? &w.k_norm : nullptr, eps,
+                       batch.positions, rope, static_cast<int>(c.num_heads), static_cast<int>(c.num_kv_heads),
+                       batch.out_slots, k_cache, v_cache, q);
       attn_params.sliding_window = c.sliding_window_per_layer[static_cast<size_t>(l)];
-      b.attention(q, kv.k[static_cast<size_t>(l)], kv.v[static_cast<size_t>(l)], batch.attention,
-                  attn_params, attn);
+      b.attention(q, k_cache, v_cache, batch.attention, attn_params, attn);
       b.linear(attn, w.o_proj, opt(w.o_bias), block_out);
       b.add_rms_norm(residual, block_out, w.post_attention_norm, eps, hidden);
       b.linear(hidden, w.gate_up_proj, opt(w.gate_up_bias), gate_up);
@@ -174,7 +170,7 @@ class DenseModel final : public Model {
     const int64_t L = batch.logit_rows.numel();
     BASALT_CHECK(logits.rank() == 2 && logits.dim(0) == L && logits.dim(1) == c.vocab_size,
                  "forward: logits must be f32 [{}, {}], got {}", L, c.vocab_size, logits.describe());
-    Tensor selected = b.empty({L, H}, DType::kF32);
+    Tensor selected = b.empty({L, H}, act_dtype);
     b.embedding(batch.logit_rows, hidden, selected);  // gathers the wanted rows
     b.linear(selected, lm_head_, nullptr, logits);
   }
@@ -188,11 +184,14 @@ class DenseModel final : public Model {
     backend_.copy(host, t);
     return t;
   }
-  Tensor weight(const Checkpoint& ckpt, const std::string& name, Shape shape) {
-    Tensor t = ckpt.get(name, shape);
+  static void check_dense_dtype(const Checkpoint& ckpt, const std::string& name, const Tensor& t) {
     BASALT_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16 || t.dtype() == DType::kF16,
                  "{}: tensor '{}' has dtype {}; dense weights must be f32, bf16 or f16",
                  ckpt.info(name).file, name, dtype_name(t.dtype()));
+  }
+  Tensor weight(const Checkpoint& ckpt, const std::string& name, Shape shape) {
+    Tensor t = ckpt.get(name, shape);
+    check_dense_dtype(ckpt, name, t);
     return to_backend(t);
   }
   Tensor bias(const Checkpoint& ckpt, const std::string& name, int64_t n) {

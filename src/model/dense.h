@@ -6,8 +6,9 @@
 // with an optional sliding window, output projection) and pre-norm SwiGLU MLP;
 // final RMSNorm; a language-model head that may be tied to the embedding.
 // The differences are config flags (model/config.h). Weights keep their
-// checkpoint dtype; gate and up projections are concatenated at load so one
-// linear produces the [T, 2I] input of silu_and_mul.
+// checkpoint dtype; q, k and v projections are concatenated at load (one
+// linear, then qkv_rope_store), and so are gate and up (one linear produces
+// the [T, 2I] input of silu_and_mul).
 #pragma once
 
 #include <memory>

@@ -1,5 +1,7 @@
 #include "model/forward_batch.h"
 
+#include <algorithm>
+#include <iterator>
 #include <numeric>
 #include <vector>
 
@@ -38,27 +40,40 @@ ForwardBatch single_sequence_batch(std::span<const int32_t> new_tokens, int64_t 
   return b;
 }
 
-namespace {
-
-Tensor to_device(const Tensor& t, Backend& backend) {
-  if (t.device() == backend.device() || t.raw() == nullptr) return t;
-  Tensor out = backend.empty(t.shape(), t.dtype());
-  backend.copy(t, out);
-  return out;
-}
-
-}  // namespace
-
 ForwardBatch on_backend(const ForwardBatch& batch, Backend& backend) {
   if (backend.device() == Device::kCpu) return batch;
-  ForwardBatch out;
-  out.token_ids = to_device(batch.token_ids, backend);
-  out.positions = to_device(batch.positions, backend);
-  out.out_slots = to_device(batch.out_slots, backend);
-  out.attention.q_start = to_device(batch.attention.q_start, backend);
-  out.attention.kv_start = to_device(batch.attention.kv_start, backend);
-  out.attention.kv_slots = to_device(batch.attention.kv_slots, backend);
-  out.logit_rows = to_device(batch.logit_rows, backend);
+  const Tensor* parts[] = {&batch.token_ids,         &batch.positions,          &batch.out_slots,
+                           &batch.attention.q_start, &batch.attention.kv_start, &batch.attention.kv_slots,
+                           &batch.logit_rows};
+  // The host tensors go up in one copy (a transfer costs far more than its
+  // bytes at these sizes); tensors already on the device are used as they are.
+  int64_t total = 0;
+  for (const Tensor* p : parts)
+    if (p->device() == Device::kCpu && p->raw() != nullptr) {
+      BASALT_CHECK(p->dtype() == DType::kI32 && p->rank() == 1, "forward batch: {} must be i32 [n]",
+                   p->describe());
+      total += p->numel();
+    }
+  ForwardBatch out = batch;
+  if (total == 0) return out;
+  Tensor packed = Tensor::empty({total}, DType::kI32);
+  int64_t at = 0;
+  for (const Tensor* p : parts)
+    if (p->device() == Device::kCpu && p->raw() != nullptr) {
+      std::copy_n(p->data<const int32_t>(), p->numel(), packed.data<int32_t>() + at);
+      at += p->numel();
+    }
+  Tensor device = backend.empty({total}, DType::kI32);
+  backend.copy(packed, device);
+  Tensor* outs[] = {&out.token_ids,         &out.positions,          &out.out_slots,
+                    &out.attention.q_start, &out.attention.kv_start, &out.attention.kv_slots,
+                    &out.logit_rows};
+  at = 0;
+  for (size_t i = 0; i < std::size(parts); ++i)
+    if (parts[i]->device() == Device::kCpu && parts[i]->raw() != nullptr) {
+      *outs[i] = device.rows(at, parts[i]->numel());
+      at += parts[i]->numel();
+    }
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include "backend/cpu/linear.h"
 #include "backend/cpu/sampling.h"
 #include "backend/cpu/simd.h"
+#include "backend/host_qkv.h"
 #include "core/error.h"
 
 namespace basalt {
@@ -370,6 +371,14 @@ void CpuBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& para
         }
       },
       rows_per_task(heads * rotary * 2 + half * 40));
+}
+
+void CpuBackend::qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                                const Tensor& positions, const RopeParams& rope, int num_heads,
+                                int num_kv_heads, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
+                                Tensor& q_out) {
+  host_qkv_rope_store(*this, qkv, q_norm, k_norm, eps, positions, rope, num_heads, num_kv_heads, slots,
+                      k_cache, v_cache, q_out);
 }
 
 void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,

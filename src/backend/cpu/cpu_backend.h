@@ -46,6 +46,9 @@ class CpuBackend final : public Backend {
   void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override;
   void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
                 Tensor& v_cache) override;
+  void qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                      const Tensor& positions, const RopeParams& rope, int num_heads, int num_kv_heads,
+                      const Tensor& slots, Tensor& k_cache, Tensor& v_cache, Tensor& q_out) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionLayout& layout, const AttentionParams& params,
                  Tensor& out) override;

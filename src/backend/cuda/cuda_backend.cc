@@ -42,23 +42,61 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   if (from_host || to_host) synchronize();
 }
 
+namespace {
+
+class CudaGraph final : public RecordedOps {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaGraph() override { (void)cudaGraphExecDestroy(exec_); }
+  void replay() override { BASALT_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<RecordedOps> CudaBackend::record(const std::function<void()>& ops) {
+  CudaGraphPoolScope pool;
+  // Relaxed: the allocator may cudaMalloc a new graph-pool block mid-capture.
+  BASALT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  try {
+    ops();
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    (void)cudaStreamEndCapture(stream_, &broken);
+    if (broken != nullptr) (void)cudaGraphDestroy(broken);
+    (void)cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  BASALT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  BASALT_CUDA_CHECK(status);
+  return std::make_unique<CudaGraph>(exec, stream_);
+}
+
 void CudaBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
   cuda_embedding(ids, table, out, stream_);
 }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
-  BASALT_CHECK(x.dtype() == DType::kF32 && out.dtype() == DType::kF32,
-               "cuda linear: activations are f32, got x {} and out {}", x.describe(), out.describe());
+  BASALT_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16,
+               "cuda linear: activations must be f32 or bf16, got x {}", x.describe());
   BASALT_CHECK(w.dtype() == DType::kF32 || w.dtype() == DType::kBF16 || w.dtype() == DType::kF16,
                "cuda linear: weights must be f32, bf16 or f16 (block FP8 goes through linear_fp8_block), got {}",
                w.describe());
+  BASALT_CHECK(out.dtype() == DType::kF32, "cuda linear: out must be f32, got {}", out.describe());
   if (bias) {
     BASALT_CHECK(bias->dtype() == DType::kF32, "cuda linear: bias must be f32, got {}", bias->describe());
   }
-  if (w.dtype() == DType::kF32) return blas_->linear(x, w, bias, out, stream_);
-  // One row (batch-1 decode): the skinny kernel beats cuBLASLt on every
-  // Llama-8B shape (bench/README); from 8 rows on cuBLASLt is far ahead.
-  if (x.dim(0) == 1 && skinny_linear_fits(x, w)) return skinny_linear(x, w, bias, out, stream_);
+  // Up to 16 rows (decode): the tensor-core GEMV streams the weights once and
+  // beats cuBLASLt there (bench/README).
+  if (w.dtype() != DType::kF32 && skinny_linear_fits(x, w)) return skinny_linear(x, w, bias, out, stream_);
+  if (x.dtype() == w.dtype()) return blas_->linear(x, w, bias, out, stream_);
   Tensor rounded = cuda_empty(x.shape(), w.dtype());
   cuda_cast(x, rounded, stream_);
   blas_->linear(rounded, w, bias, out, stream_);
@@ -78,6 +116,13 @@ void CudaBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& par
 
 void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
   cuda_store_kv(k, v, slots, k_cache, v_cache, stream_);
+}
+
+void CudaBackend::qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                                 const Tensor& positions, const RopeParams& rope, int num_heads, int num_kv_heads,
+                                 const Tensor& slots, Tensor& k_cache, Tensor& v_cache, Tensor& q_out) {
+  cuda_qkv_rope_store(qkv, q_norm, k_norm, eps, positions, rope, num_heads, num_kv_heads, slots, k_cache, v_cache,
+                      q_out, stream_);
 }
 
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

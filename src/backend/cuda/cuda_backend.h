@@ -6,13 +6,18 @@
 //    Every op is enqueued on the backend's one stream, in call order; copy()
 //    to the host waits for the stream, so anything read on the host after a
 //    copy is complete.
-//  * Activations are f32, as on the CPU backend, so the same model code runs
-//    on both. Weights keep their checkpoint dtype (f32, bf16 or f16):
-//    linear() of one row (batch-1 decode) multiplies the f32 activations by
-//    the 16-bit weights directly (skinny_linear); with more rows it rounds
-//    the activations to the weight's dtype and multiplies on the tensor
-//    cores (cuBLASLt), f32 accumulation and result either way (so it matches
-//    the CPU backend within that rounding, not bit for bit).
+//  * Activations: the residual stream, projections' outputs and logits are
+//    f32, as on the CPU backend, so the same model code runs on both; the
+//    activations that only feed linear layers are bf16 under bf16 weights
+//    (activation_dtype), f32 otherwise. Weights keep their checkpoint dtype
+//    (f32, bf16 or f16). linear() of up to 16 rows (decode) runs the
+//    tensor-core GEMV that streams the weights once (skinny_linear); larger
+//    ones run cuBLASLt, after rounding the activations to the weight's dtype
+//    where they differ; f32 accumulation and result either way (so results
+//    match the CPU backend within bf16 rounding, not bit for bit).
+//  * record() captures the ops into a CUDA graph (relaxed capture mode; the
+//    ops' allocations come from the graph pool of device.h) and replays it
+//    on the backend's stream.
 //  * store_kv and attention work over the token-slot KV pool (f32 or bf16
 //    caches) for any mix of prefill, extend and decode sequences in one call.
 //  * sample() copies the logits to the host and samples there with the CPU
@@ -49,6 +54,13 @@ class CudaBackend final : public Backend {
 
   Tensor empty(Shape shape, DType dtype) override;
   void copy(const Tensor& src, Tensor& dst) override;
+  // bf16 under bf16 weights; f32 otherwise (f16 weights keep the f32
+  // activations, rounded once to f16 by the linear, rather than a double
+  // rounding through bf16).
+  DType activation_dtype(DType weights) const override {
+    return weights == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  }
+  std::unique_ptr<RecordedOps> record(const std::function<void()>& ops) override;
 
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override;
@@ -56,6 +68,9 @@ class CudaBackend final : public Backend {
   void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override;
   void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
+  void qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                      const Tensor& positions, const RopeParams& rope, int num_heads, int num_kv_heads,
+                      const Tensor& slots, Tensor& k_cache, Tensor& v_cache, Tensor& q_out) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
                  const AttentionParams& params, Tensor& out) override;
   void silu_and_mul(const Tensor& gate_up, Tensor& out) override;

@@ -87,6 +87,114 @@ TEST(CudaElementwise, SiluAndMulAndAdd) {
     }
 }
 
+// The mixed form the dense model uses on the GPU: an f32 residual stream in,
+// the bf16 input of the next linear out.
+TEST(CudaElementwise, NormsAndSiluWriteBf16FromF32) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  for (auto [rows, hidden] : {std::pair<int64_t, int64_t>{1, 4096}, {17, 1000}}) {
+    const Tensor x = random_host(rng, {rows, hidden}, DType::kF32), w = random_host(rng, {hidden}, DType::kBF16);
+    const Tensor r = random_host(rng, {rows, hidden}, DType::kF32);
+    Tensor want = Tensor::empty({rows, hidden}, DType::kF32);
+    reference::rms_norm(x, as_f32(w), 1e-5f, want);
+    Tensor out = device_poisoned({rows, hidden}, DType::kBF16);
+    cuda_rms_norm(cuda_to_device(x), cuda_to_device(w), 1e-5f, out);
+    EXPECT_LT(rel_error(cuda_to_host(out), want), tolerance(DType::kBF16));
+
+    Tensor residual_ref = testing::clone(r);
+    reference::add_rms_norm(residual_ref, x, as_f32(w), 1e-5f, want);
+    Tensor residual = cuda_to_device(r);
+    cuda_add_rms_norm(residual, cuda_to_device(x), cuda_to_device(w), 1e-5f, out);
+    EXPECT_LT(rel_error(cuda_to_host(residual), residual_ref), tolerance(DType::kF32));
+    EXPECT_LT(rel_error(cuda_to_host(out), want), tolerance(DType::kBF16));
+
+    const Tensor gu = random_host(rng, {rows, 2 * hidden}, DType::kF32, 2.0f);
+    Tensor act_want = Tensor::empty({rows, hidden}, DType::kF32);
+    reference::silu_and_mul(gu, act_want);
+    Tensor act = device_poisoned({rows, hidden}, DType::kBF16);
+    cuda_silu_and_mul(cuda_to_device(gu), act);
+    EXPECT_LT(rel_error(cuda_to_host(act), act_want), tolerance(DType::kBF16));
+  }
+}
+
+// qkv_rope_store against the reference backend's composition of rms_norm,
+// rope and store_kv on the split columns.
+TEST(CudaElementwise, QkvRopeStoreMatchesTheSplitOps) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  struct Case {
+    int heads, kv_heads, head_dim, rotary, offset;
+    RopeStyle style;
+    bool qk_norm;
+  };
+  const Case cases[] = {{32, 8, 128, 128, 0, RopeStyle::kRotateHalf, false},
+                        {4, 2, 64, 64, 0, RopeStyle::kRotateHalf, true},
+                        {6, 6, 80, 32, 16, RopeStyle::kInterleaved, false},
+                        {3, 1, 256, 256, 0, RopeStyle::kRotateHalf, true},
+                        {2, 1, 10, 4, 2, RopeStyle::kInterleaved, true}};
+  for (const Case& c : cases)
+    for (DType cache_dtype : kActs) {
+      const int64_t tokens = 11, slots = 40, D = c.head_dim;
+      const int64_t q_width = c.heads * D, kv_width = c.kv_heads * D;
+      const Tensor qkv = random_host(rng, {tokens, q_width + 2 * kv_width}, DType::kF32);
+      const Tensor q_norm = random_host(rng, {D}, DType::kBF16), k_norm = random_host(rng, {D}, DType::kBF16);
+      std::vector<float> inv(c.rotary / 2);
+      for (size_t i = 0; i < inv.size(); ++i)
+        inv[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(c.rotary));
+      std::vector<int32_t> pos(tokens), slot(tokens);
+      for (int64_t t = 0; t < tokens; ++t) {
+        pos[t] = static_cast<int32_t>(rng.integer(0, 40000));
+        slot[t] = t == 3 ? -1 : static_cast<int32_t>((t * 7 + 5) % slots);  // token 3 stores nothing
+      }
+      const Tensor inv_host = Tensor::from_f32({c.rotary / 2}, inv);
+      const Tensor pos_host = Tensor::from_i32({tokens}, pos), slot_host = Tensor::from_i32({tokens}, slot);
+      RopeParams rope{0, c.head_dim, c.rotary, c.style, &inv_host, 1.1f, c.offset};
+      const Tensor k_init = random_host(rng, {slots, kv_width}, cache_dtype);
+      const Tensor v_init = random_host(rng, {slots, kv_width}, cache_dtype);
+
+      // The reference: split ops (store_kv skips the negative slot's token by
+      // leaving it out).
+      Tensor q_want = Tensor::empty({tokens, q_width}, DType::kF32);
+      Tensor k_want = testing::clone(k_init), v_want = testing::clone(v_init);
+      {
+        std::vector<int32_t> kept;
+        for (int64_t t = 0; t < tokens; ++t)
+          if (slot[t] >= 0) kept.push_back(static_cast<int32_t>(t));
+        const int64_t n = static_cast<int64_t>(kept.size());
+        Tensor sub = Tensor::empty({n, qkv.dim(1)}, DType::kF32), sub_q = Tensor::empty({n, q_width}, DType::kF32);
+        std::vector<int32_t> sub_pos, sub_slot;
+        for (int64_t i = 0; i < n; ++i) {
+          std::memcpy(sub.data<float>() + i * qkv.dim(1), qkv.data<const float>() + kept[i] * qkv.dim(1),
+                      static_cast<size_t>(qkv.dim(1)) * sizeof(float));
+          sub_pos.push_back(pos[kept[i]]);
+          sub_slot.push_back(slot[kept[i]]);
+        }
+        ReferenceBackend ref;
+        ref.qkv_rope_store(sub, c.qk_norm ? &q_norm : nullptr, c.qk_norm ? &k_norm : nullptr, 1e-6f,
+                           Tensor::from_i32({n}, sub_pos), rope, c.heads, c.kv_heads, Tensor::from_i32({n}, sub_slot),
+                           k_want, v_want, sub_q);
+        // q of every token, including the one that stores nothing.
+        Tensor k_scratch = testing::clone(k_init), v_scratch = testing::clone(v_init);
+        ref.qkv_rope_store(qkv, c.qk_norm ? &q_norm : nullptr, c.qk_norm ? &k_norm : nullptr, 1e-6f, pos_host, rope,
+                           c.heads, c.kv_heads, Tensor::from_i32({tokens}, std::vector<int32_t>(tokens, 0)),
+                           k_scratch, v_scratch, q_want);
+      }
+      const Tensor inv_dev = cuda_to_device(inv_host);
+      rope.inv_freq = &inv_dev;
+      const Tensor qn = cuda_to_device(q_norm), kn = cuda_to_device(k_norm);
+      Tensor k_dev = cuda_to_device(k_init), v_dev = cuda_to_device(v_init);
+      Tensor q_dev = device_poisoned({tokens, q_width}, DType::kF32);
+      cuda_qkv_rope_store(cuda_to_device(qkv), c.qk_norm ? &qn : nullptr, c.qk_norm ? &kn : nullptr, 1e-6f,
+                          cuda_to_device(pos_host), rope, c.heads, c.kv_heads, cuda_to_device(slot_host), k_dev, v_dev,
+                          q_dev);
+      const std::string what = "head_dim " + std::to_string(D) + " cache " + std::string(dtype_name(cache_dtype));
+      EXPECT_LT(rel_error(cuda_to_host(q_dev), q_want), 1e-5) << what;
+      const double cache_tol = cache_dtype == DType::kF32 ? 1e-5 : tolerance(cache_dtype);
+      EXPECT_LT(rel_error(cuda_to_host(k_dev).to_f32(), k_want.to_f32()), cache_tol) << what;
+      EXPECT_LT(rel_error(cuda_to_host(v_dev).to_f32(), v_want.to_f32()), cache_tol) << what;
+    }
+}
+
 TEST(CudaElementwise, EmbeddingCopiesRowsAndPoisonsBadIds) {
   REQUIRE_DEVICE();
   TestRng rng;

@@ -53,28 +53,34 @@ TEST(CudaGemm, SkinnyLinearMatchesTheReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   TestRng rng;
   for (DType wt : {DType::kBF16, DType::kF16})
-    for (int64_t m = 1; m <= 8; ++m)
-      for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 8}, {33, 520}, {1000, 4096}, {7, 14336}})
-        for (bool with_bias : {false, true}) {
-          const Tensor x = testing::random_tensor(rng, {m, k}, DType::kF32);
+    for (int64_t m : {1, 2, 3, 5, 8, 9, 12, 16})
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 32}, {33, 544}, {1000, 4096}, {7, 14336}, {17, 96}})
+        for (int variant = 0; variant < 4; ++variant) {
+          // x as w's dtype or as f32 holding values of that dtype (the kernel
+          // rounds f32 rows to w's dtype); out f32 or w's dtype; bias or not.
+          const bool x_f32 = variant & 1, out_f32 = variant < 2, with_bias = variant == 1 || variant == 2;
+          const Tensor x16 = testing::random_tensor(rng, {m, k}, wt);
+          const Tensor x = x_f32 ? x16.to_f32() : x16;
           const Tensor w = testing::random_tensor(rng, {n, k}, wt, 0.05f);
           const Tensor b = testing::random_tensor(rng, {n}, DType::kF32);
           Tensor want = Tensor::empty({m, n}, DType::kF32);
-          reference::linear(x, w.to_f32(), with_bias ? &b : nullptr, want);
+          reference::linear(x16.to_f32(), w.to_f32(), with_bias ? &b : nullptr, want);
           const Tensor xd = cuda_to_device(x), wd = cuda_to_device(w), bd = cuda_to_device(b);
           ASSERT_TRUE(skinny_linear_fits(xd, wd));
-          Tensor out = cuda_empty({m, n}, DType::kF32);
+          Tensor out = cuda_empty({m, n}, out_f32 ? DType::kF32 : wt);
           cuda_fill_bytes(out, 0xFF);
           skinny_linear(xd, wd, with_bias ? &bd : nullptr, out);
-          EXPECT_LT(testing::relative_error(cuda_to_host(out), want), 1e-5)
-              << dtype_name(wt) << " " << m << "x" << n << "x" << k << " bias " << with_bias;
+          EXPECT_LT(testing::relative_error(cuda_to_host(out).to_f32(), want), out_f32 ? 1e-5 : 8e-3)
+              << dtype_name(wt) << " " << m << "x" << n << "x" << k << " variant " << variant;
         }
-  // What does not qualify: 9 rows, k not a multiple of 8, f32 weights.
-  EXPECT_FALSE(skinny_linear_fits(cuda_empty({9, 16}, DType::kF32), cuda_empty({4, 16}, DType::kBF16)));
-  EXPECT_FALSE(skinny_linear_fits(cuda_empty({2, 12}, DType::kF32), cuda_empty({4, 12}, DType::kBF16)));
-  EXPECT_FALSE(skinny_linear_fits(cuda_empty({2, 16}, DType::kF32), cuda_empty({4, 16}, DType::kF32)));
-  Tensor out = cuda_empty({9, 4}, DType::kF32);
-  EXPECT_THROW(skinny_linear(cuda_empty({9, 16}, DType::kF32), cuda_empty({4, 16}, DType::kBF16), nullptr, out),
+  // What does not qualify: 17 rows, k not a multiple of 32, f32 weights, x
+  // of another 16-bit type than w.
+  EXPECT_FALSE(skinny_linear_fits(cuda_empty({17, 32}, DType::kF32), cuda_empty({4, 32}, DType::kBF16)));
+  EXPECT_FALSE(skinny_linear_fits(cuda_empty({2, 48}, DType::kF32), cuda_empty({4, 48}, DType::kBF16)));
+  EXPECT_FALSE(skinny_linear_fits(cuda_empty({2, 32}, DType::kF32), cuda_empty({4, 32}, DType::kF32)));
+  EXPECT_FALSE(skinny_linear_fits(cuda_empty({2, 32}, DType::kF16), cuda_empty({4, 32}, DType::kBF16)));
+  Tensor out = cuda_empty({17, 4}, DType::kF32);
+  EXPECT_THROW(skinny_linear(cuda_empty({17, 32}, DType::kF32), cuda_empty({4, 32}, DType::kBF16), nullptr, out),
                Error);
 }
 

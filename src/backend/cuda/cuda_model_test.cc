@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -15,6 +16,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "model/graphed_model.h"
 #include "model/model.h"
 #include "model/reference_test_util.h"
 #include "model/safetensors.h"
@@ -117,6 +119,127 @@ TEST(CudaEngine, ACrowdOnTheGpuMatchesTheCpuEngine) {
   }
   // f32 GEMMs on both sides: near-ties aside, the same tokens.
   EXPECT_GE(same, 10) << "of 12 requests";
+}
+
+// Decode steps replayed from CUDA graphs give the tokens the directly
+// launched steps give: up to 16 rows every op computes a row the same way
+// whatever the batch (the small-M GEMV, row-wise kernels), so padding changes
+// nothing; beyond, cuBLASLt may choose another algorithm for the padded M.
+TEST(CudaGraphs, ReplayedDecodeStepsMatchDirectOnes) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = kModels + "llama";  // bf16 weights, the GPU's usual case
+  CudaBackend gpu;
+  auto direct = load_model(dir, gpu);
+  auto graphed = make_graphed_model(load_model(dir, gpu), gpu, {.max_batch = 32});
+  for (const int count : {5, 21}) {
+    std::mt19937 rng(11 + count);
+    std::vector<EngineRequest> requests;
+    for (int r = 0; r < count; ++r) {
+      EngineRequest q;
+      std::uniform_int_distribution<int32_t> id(2, 300);
+      const int n = 2 + (r * 7) % 30;
+      for (int i = 0; i < n; ++i) q.prompt.push_back(id(rng));
+      q.params.temperature = r % 3 == 0 ? 0.0f : 0.9f;
+      q.params.top_p = r % 3 == 2 ? 0.9f : 1.0f;
+      q.params.seed = 500 + r;
+      q.params.max_tokens = 10 + r % 7;
+      q.params.ignore_eos = true;
+      requests.push_back(q);
+    }
+    std::vector<RequestOutput> outputs[2];
+    for (int which = 0; which < 2; ++which) {
+      EngineOptions o;
+      o.eos_ids = direct->config().eos_token_ids;
+      o.kv_slots = 4096;
+      o.overlap = which == 1;  // the graphs are recorded and replayed on the executor thread
+      o.check_invariants = true;
+      Engine engine(which == 0 ? *direct : *graphed, gpu, nullptr, o);
+      std::vector<RequestHandle> handles;
+      for (const EngineRequest& q : requests) handles.push_back(engine.submit(q));
+      for (RequestHandle& h : handles) outputs[which].push_back(collect(*h));
+      EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+    }
+    int same = 0;
+    for (int r = 0; r < count; ++r) {
+      ASSERT_EQ(outputs[1][r].reason, FinishReason::kLength) << outputs[1][r].error;
+      same += outputs[0][r].output_ids == outputs[1][r].output_ids;
+    }
+    if (count <= 16) {
+      EXPECT_EQ(same, count);
+    } else {
+      EXPECT_GE(same, count - 2) << "of " << count;
+    }
+  }
+  const GraphStats stats = graph_stats(*graphed);
+  EXPECT_GT(stats.replays, 20);
+  EXPECT_GE(stats.recordings, 2);
+  EXPECT_GT(stats.direct, 0);  // the prefills
+  EXPECT_EQ(graph_stats(*direct).replays, 0);
+}
+
+// One padded decode batch, directly: the rows of the real sequences equal an
+// unpadded direct forward bit for bit (3 rows run as a recorded 4-row batch).
+TEST(CudaGraphs, PaddedRowsDoNotDisturbRealOnes) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = kModels + "qwen3";  // q/k norms through the fused qkv kernel
+  CudaBackend gpu;
+  auto direct = load_model(dir, gpu);
+  auto graphed = make_graphed_model(load_model(dir, gpu), gpu);
+  const int64_t V = direct->config().vocab_size;
+  KvBuffers kv_a = direct->allocate_kv(64, DType::kBF16), kv_b = graphed->allocate_kv(64, DType::kBF16);
+  // Three sequences with 5, 9 and 2 cached tokens (slots 0.., 20.., 40..),
+  // prefilled first, then one decode step each, three times.
+  const std::vector<int> lengths = {5, 9, 2};
+  for (Model* m : {direct.get(), graphed.get()}) {
+    KvBuffers& kv = m == direct.get() ? kv_a : kv_b;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      std::vector<int32_t> ids, positions, slots, rows;
+      for (int p = 0; p < lengths[s]; ++p) {
+        ids.push_back(3 + p * 11 + static_cast<int32_t>(s));
+        positions.push_back(p);
+        slots.push_back(static_cast<int32_t>(20 * s) + p);
+      }
+      ForwardBatch b;
+      b.token_ids = Tensor::from_i32({lengths[s]}, ids);
+      b.positions = Tensor::from_i32({lengths[s]}, positions);
+      b.out_slots = Tensor::from_i32({lengths[s]}, slots);
+      b.attention.q_start = Tensor::from_i32({2}, std::vector<int32_t>{0, lengths[s]});
+      b.attention.kv_start = Tensor::from_i32({2}, std::vector<int32_t>{0, lengths[s]});
+      b.attention.kv_slots = Tensor::from_i32({lengths[s]}, slots);
+      b.logit_rows = Tensor::from_i32({1}, std::vector<int32_t>{lengths[s] - 1});
+      Tensor logits = gpu.empty({1, V}, DType::kF32);
+      m->forward(b, kv, logits);
+    }
+  }
+  for (int step = 0; step < 3; ++step) {
+    std::vector<int32_t> ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, rows;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      const int len = lengths[s] + step;
+      ids.push_back(7 + step + static_cast<int32_t>(s));
+      positions.push_back(len);
+      out_slots.push_back(static_cast<int32_t>(20 * s) + len);
+      for (int p = 0; p <= len; ++p) kv_slots.push_back(static_cast<int32_t>(20 * s) + p);
+      q_start.push_back(static_cast<int32_t>(s + 1));
+      kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
+      rows.push_back(static_cast<int32_t>(s));
+    }
+    const auto t = [](const std::vector<int32_t>& v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); };
+    ForwardBatch b;
+    b.token_ids = t(ids);
+    b.positions = t(positions);
+    b.out_slots = t(out_slots);
+    b.attention.q_start = t(q_start);
+    b.attention.kv_start = t(kv_start);
+    b.attention.kv_slots = t(kv_slots);
+    b.logit_rows = t(rows);
+    Tensor want = gpu.empty({3, V}, DType::kF32), got = gpu.empty({3, V}, DType::kF32);
+    direct->forward(b, kv_a, want);
+    graphed->forward(b, kv_b, got);
+    const Tensor w = cuda_to_host(want), g = cuda_to_host(got);
+    EXPECT_EQ(std::memcmp(w.raw(), g.raw(), w.nbytes()), 0) << "step " << step;
+  }
+  EXPECT_EQ(graph_stats(*graphed).replays, 3);
+  EXPECT_EQ(graph_stats(*graphed).recordings, 1);
 }
 
 }  // namespace

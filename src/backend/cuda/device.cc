@@ -34,20 +34,22 @@ class BlockCache {
     return *cache;
   }
 
-  void* take(size_t bytes) {
+  // pool 0 is the general cache; pool 1 holds the blocks of recorded graphs
+  // (see cuda_graph_pool_scope in device.h) and never lends to pool 0.
+  void* take(size_t bytes, int pool) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(bytes);
-      if (it != free_.end() && !it->second.empty()) {
+      auto& free = free_[pool];
+      auto it = free.find(bytes);
+      if (it != free.end() && !it->second.empty()) {
         void* p = it->second.back();
         it->second.pop_back();
-        cached_bytes_ -= bytes;
         return p;
       }
     }
     void* p = nullptr;
     cudaError_t status = cudaMalloc(&p, bytes);
-    if (status == cudaErrorMemoryAllocation) {
+    if (status == cudaErrorMemoryAllocation && pool == 0) {
       (void)cudaGetLastError();
       release_all();  // give cached blocks back and try once more
       status = cudaMalloc(&p, bytes);
@@ -56,26 +58,27 @@ class BlockCache {
     return p;
   }
 
-  void give(void* p, size_t bytes) {
+  void give(void* p, size_t bytes, int pool) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_[bytes].push_back(p);
-    cached_bytes_ += bytes;
+    free_[pool][bytes].push_back(p);
   }
 
+  // Frees the general cache's blocks; graph blocks stay (recorded graphs
+  // still point at them).
   void release_all() {
     std::lock_guard<std::mutex> lock(mu_);
     (void)cudaDeviceSynchronize();
-    for (auto& [bytes, blocks] : free_)
+    for (auto& [bytes, blocks] : free_[0])
       for (void* p : blocks) (void)cudaFree(p);
-    free_.clear();
-    cached_bytes_ = 0;
+    free_[0].clear();
   }
 
  private:
   std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
-  size_t cached_bytes_ = 0;
+  std::unordered_map<size_t, std::vector<void*>> free_[2];
 };
+
+thread_local int t_pool = 0;  // the pool this thread allocates from
 
 // Sizes round up to 512 B below 1 MiB and to 2 MiB above, so blocks are
 // reused across slightly different shapes.
@@ -90,12 +93,16 @@ Tensor cuda_empty(Shape shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
   if (bytes == 0) return Tensor::wrap(nullptr, std::move(shape), dtype, nullptr, Device::kCuda);
   const size_t size = rounded(bytes);
-  void* data = BlockCache::instance().take(size);
-  std::shared_ptr<void> owner(data, [size](void* p) { BlockCache::instance().give(p, size); });
+  const int pool = t_pool;
+  void* data = BlockCache::instance().take(size, pool);
+  std::shared_ptr<void> owner(data, [size, pool](void* p) { BlockCache::instance().give(p, size, pool); });
   return Tensor::wrap(data, std::move(shape), dtype, std::move(owner), Device::kCuda);
 }
 
 void cuda_release_cached_memory() { BlockCache::instance().release_all(); }
+
+CudaGraphPoolScope::CudaGraphPoolScope() : previous_(t_pool) { t_pool = 1; }
+CudaGraphPoolScope::~CudaGraphPoolScope() { t_pool = previous_; }
 
 Tensor cuda_to_device(const Tensor& host) {
   BASALT_CHECK(host.device() == Device::kCpu, "cuda_to_device: {} is not a host tensor", host.describe());

@@ -32,4 +32,22 @@ size_t cuda_total_memory();
 // Frees the cached blocks (after synchronising the device).
 void cuda_release_cached_memory();
 
+// While one of these lives, cuda_empty on this thread takes blocks from the
+// graph pool: blocks that recorded CUDA graphs may point at. A graph-pool
+// block, once freed, is lent again only to graph-pool allocations, never to
+// ordinary tensors, and is never returned to CUDA. So the scratch memory of
+// a recorded graph is never memory some live tensor owns when the graph
+// replays, while graphs recorded one after another (and replayed one at a
+// time on the one stream) share their scratch blocks.
+class CudaGraphPoolScope {
+ public:
+  CudaGraphPoolScope();
+  ~CudaGraphPoolScope();
+  CudaGraphPoolScope(const CudaGraphPoolScope&) = delete;
+  CudaGraphPoolScope& operator=(const CudaGraphPoolScope&) = delete;
+
+ private:
+  int previous_;
+};
+
 }  // namespace basalt

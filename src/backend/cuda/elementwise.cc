@@ -47,8 +47,8 @@ void rms_norm_common(Tensor* residual, const Tensor& x, const Tensor& weight, fl
   require_activation(out, op, "out", 2);
   require_weight(weight, op, "weight", 1);
   const int64_t rows = x.dim(0), hidden = x.dim(1);
-  BASALT_CHECK(out.shape() == x.shape() && out.dtype() == x.dtype(), "cuda {}: out {} must match x {}", op,
-               out.describe(), x.describe());
+  BASALT_CHECK(out.shape() == x.shape(), "cuda {}: out {} must have x's shape {}", op, out.describe(),
+               x.describe());
   BASALT_CHECK(weight.dim(0) == hidden, "cuda {}: weight {} must be [{}]", op, weight.describe(), hidden);
   if (residual) {
     require_activation(*residual, op, "residual", 2);
@@ -57,7 +57,8 @@ void rms_norm_common(Tensor* residual, const Tensor& x, const Tensor& weight, fl
   }
   BASALT_CHECK(std::isfinite(eps) && eps >= 0, "cuda {}: eps must be finite and >= 0", op);
   if (rows == 0 || hidden == 0) return;
-  launched(cuda_kernels::rms_norm(elem(x.dtype()), elem(weight.dtype()), residual ? residual->raw() : nullptr,
+  launched(cuda_kernels::rms_norm(elem(x.dtype()), elem(out.dtype()), elem(weight.dtype()),
+                                  residual ? residual->raw() : nullptr,
                                   x.raw(), weight.raw(), out.raw(), rows, hidden, eps, stream),
            op);
 }
@@ -93,10 +94,11 @@ void cuda_silu_and_mul(const Tensor& gate_up, Tensor& out, cudaStream_t stream) 
   require_activation(out, "silu_and_mul", "out", 2);
   const int64_t tokens = gate_up.dim(0), inter = gate_up.dim(1) / 2;
   BASALT_CHECK(gate_up.dim(1) % 2 == 0, "cuda silu_and_mul: odd width {}", gate_up.describe());
-  BASALT_CHECK(out.dim(0) == tokens && out.dim(1) == inter && out.dtype() == gate_up.dtype(),
-               "cuda silu_and_mul: out must be [{}, {}] of gate_up's dtype, got {}", tokens, inter, out.describe());
+  BASALT_CHECK(out.dim(0) == tokens && out.dim(1) == inter, "cuda silu_and_mul: out must be [{}, {}], got {}",
+               tokens, inter, out.describe());
   if (tokens * inter == 0) return;
-  launched(cuda_kernels::silu_and_mul(elem(out.dtype()), gate_up.raw(), out.raw(), tokens, inter, stream),
+  launched(cuda_kernels::silu_and_mul(elem(gate_up.dtype()), elem(out.dtype()), gate_up.raw(), out.raw(), tokens,
+                                      inter, stream),
            "silu_and_mul");
 }
 
@@ -134,6 +136,69 @@ void cuda_rope(Tensor& x, const Tensor& positions, const RopeParams& params, cud
                               params.rotary_offset, params.style == RopeStyle::kInterleaved,
                               params.attention_scaling, stream),
            "rope");
+}
+
+void cuda_qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                         const Tensor& positions, const RopeParams& rope, int num_heads, int num_kv_heads,
+                         const Tensor& slots, Tensor& k_cache, Tensor& v_cache, Tensor& q_out, cudaStream_t stream) {
+  const char* op = "qkv_rope_store";
+  require_activation(qkv, op, "qkv", 2);
+  require_activation(q_out, op, "q_out", 2);
+  require_activation(k_cache, op, "k_cache", 2);
+  require_activation(v_cache, op, "v_cache", 2);
+  require_device(positions, op, "positions");
+  require_device(slots, op, "slots");
+  const int D = rope.head_dim, rotary = rope.rotary_dim;
+  BASALT_CHECK(num_heads > 0 && num_kv_heads > 0 && D > 0 && D <= 256 && rotary > 0 && rotary % 2 == 0 &&
+                   rope.rotary_offset >= 0 && rope.rotary_offset + rotary <= D,
+               "cuda {}: bad params (heads {}, kv heads {}, head_dim {} (at most 256), rotary_dim {}, offset {})", op,
+               num_heads, num_kv_heads, D, rotary, rope.rotary_offset);
+  const int64_t tokens = qkv.dim(0), q_width = int64_t{num_heads} * D, kv_width = int64_t{num_kv_heads} * D;
+  BASALT_CHECK(qkv.dim(1) == q_width + 2 * kv_width, "cuda {}: qkv {} must be [tokens, {}]", op, qkv.describe(),
+               q_width + 2 * kv_width);
+  BASALT_CHECK(q_out.dim(0) == tokens && q_out.dim(1) == q_width, "cuda {}: q_out {} must be [{}, {}]", op,
+               q_out.describe(), tokens, q_width);
+  BASALT_CHECK(k_cache.dtype() == v_cache.dtype() && k_cache.dim(1) == kv_width && v_cache.dim(1) == kv_width &&
+                   k_cache.dim(0) == v_cache.dim(0),
+               "cuda {}: caches {} and {} must be [slots, {}] of one dtype", op, k_cache.describe(),
+               v_cache.describe(), kv_width);
+  for (const Tensor* t : {&positions, &slots})
+    BASALT_CHECK(t->dtype() == DType::kI32 && t->rank() == 1 && t->dim(0) == tokens,
+                 "cuda {}: positions and slots must be i32 [{}], got {}", op, tokens, t->describe());
+  BASALT_CHECK(rope.inv_freq != nullptr && rope.inv_freq->device() == Device::kCuda &&
+                   rope.inv_freq->dtype() == DType::kF32 && rope.inv_freq->numel() == rotary / 2,
+               "cuda {}: inv_freq must be f32 [{}] on the device", op, rotary / 2);
+  const Tensor* norm = q_norm != nullptr ? q_norm : k_norm;
+  for (const Tensor* n : {q_norm, k_norm})
+    if (n != nullptr) {
+      require_weight(*n, op, "norm weight", 1);
+      BASALT_CHECK(n->dim(0) == D && n->dtype() == norm->dtype(),
+                   "cuda {}: q_norm and k_norm must be [{}] of one dtype, got {}", op, D, n->describe());
+    }
+  BASALT_CHECK(std::isfinite(eps) && eps >= 0, "cuda {}: eps must be finite and >= 0", op);
+  if (tokens == 0) return;
+  cuda_kernels::QkvRopeStoreArgs a{};
+  a.qkv = qkv.raw();
+  a.q_norm = q_norm ? q_norm->raw() : nullptr;
+  a.k_norm = k_norm ? k_norm->raw() : nullptr;
+  a.eps = eps;
+  a.positions = positions.data<const int32_t>();
+  a.inv_freq = rope.inv_freq->data<const float>();
+  a.rotary = rotary;
+  a.offset = rope.rotary_offset;
+  a.interleaved = rope.style == RopeStyle::kInterleaved;
+  a.scaling = rope.attention_scaling;
+  a.num_heads = num_heads;
+  a.num_kv_heads = num_kv_heads;
+  a.head_dim = D;
+  a.slots = slots.data<const int32_t>();
+  a.num_slots = k_cache.dim(0);
+  a.k_cache = k_cache.raw();
+  a.v_cache = v_cache.raw();
+  a.q_out = q_out.raw();
+  launched(cuda_kernels::qkv_rope_store(elem(qkv.dtype()), elem(q_out.dtype()), elem(k_cache.dtype()),
+                                        norm ? elem(norm->dtype()) : Elem::kF32, a, tokens, stream),
+           op);
 }
 
 void cuda_cast(const Tensor& in, Tensor& out, cudaStream_t stream) {

@@ -4,7 +4,9 @@
 //
 // Contract:
 //  * Every tensor is on the device (Device::kCuda) and contiguous. Activations
-//    (x, out, residual, gate_up, a, b) are f32 or bf16, one dtype per call;
+//    (x, out, residual, gate_up, a, b) are f32 or bf16, one dtype per call
+//    except that rms_norm, add_rms_norm and silu_and_mul may write an out of
+//    the other one (f32 residual stream in, bf16 input of a linear out);
 //    embedding tables and norm weights are f32, bf16 or f16; positions and
 //    ids are i32; inv_freq is f32. Shapes and dtypes are checked on the host
 //    and a mismatch throws basalt::Error before anything is launched.
@@ -37,6 +39,12 @@ void cuda_add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, 
 void cuda_silu_and_mul(const Tensor& gate_up, Tensor& out, cudaStream_t stream = nullptr);
 void cuda_add(const Tensor& a, const Tensor& b, Tensor& out, cudaStream_t stream = nullptr);
 void cuda_rope(Tensor& x, const Tensor& positions, const RopeParams& params, cudaStream_t stream = nullptr);
+// Backend::qkv_rope_store in one kernel: qkv f32 or bf16; q_out f32 or bf16;
+// caches f32 or bf16 (one dtype); head_dim <= 256.
+void cuda_qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                         const Tensor& positions, const RopeParams& rope, int num_heads, int num_kv_heads,
+                         const Tensor& slots, Tensor& k_cache, Tensor& v_cache, Tensor& q_out,
+                         cudaStream_t stream = nullptr);
 // Element-type conversion between f32, bf16 and f16 (same shape).
 void cuda_cast(const Tensor& in, Tensor& out, cudaStream_t stream = nullptr);
 // f32 [rows, cols] row-wise softmax / log_softmax, as the reference computes

@@ -34,8 +34,8 @@ __global__ void embedding_kernel(const int32_t* ids, const W* table, Act* out, i
 }
 
 // One block per row. With `residual`, residual += x first (and x is the sum).
-template <typename Act, typename W>
-__global__ void rms_norm_kernel(Act* residual, const Act* x, const W* weight, Act* out, int64_t hidden, float eps) {
+template <typename Act, typename Out, typename W>
+__global__ void rms_norm_kernel(Act* residual, const Act* x, const W* weight, Out* out, int64_t hidden, float eps) {
   const int64_t row = blockIdx.x;
   const Act* in = x + row * hidden;
   Act* res = residual ? residual + row * hidden : nullptr;
@@ -53,19 +53,19 @@ __global__ void rms_norm_kernel(Act* residual, const Act* x, const W* weight, Ac
   const Act* src = res ? res : in;
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
     const float normed = to_f32(from_f32<Act>(to_f32(src[h]) * inv));
-    out[row * hidden + h] = from_f32<Act>(normed * to_f32(weight[h]));
+    out[row * hidden + h] = from_f32<Out>(normed * to_f32(weight[h]));
   }
 }
 
-template <typename Act>
-__global__ void silu_and_mul_kernel(const Act* gate_up, Act* out, int64_t tokens, int64_t inter) {
+template <typename Act, typename Out>
+__global__ void silu_and_mul_kernel(const Act* gate_up, Out* out, int64_t tokens, int64_t inter) {
   const int64_t n = tokens * inter;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / inter, j = i % inter;
     const float g = to_f32(gate_up[t * 2 * inter + j]);
     const float u = to_f32(gate_up[t * 2 * inter + inter + j]);
-    out[i] = from_f32<Act>(g / (1.0f + expf(-g)) * u);
+    out[i] = from_f32<Out>(g / (1.0f + expf(-g)) * u);
   }
 }
 
@@ -164,6 +164,68 @@ __global__ void argmax_kernel(const float* x, int32_t* out, int64_t cols) {
   if (threadIdx.x == 0) out[blockIdx.x] = indices[0] < 0 ? 0 : static_cast<int32_t>(indices[0]);
 }
 
+// qkv_rope_store: one block per token, one warp per head at a time. A head is
+// staged in shared memory, normalised (q and k heads, when a norm weight is
+// given), rotated (q and k), then written to q_out or the caches. The
+// arithmetic is rms_norm_kernel's and rope_kernel's, so the result is what
+// they give on the split columns.
+constexpr int kQkvWarps = kThreads / 32;
+constexpr int kQkvMaxHeadDim = 256;
+
+template <typename In, typename Q, typename Cache, typename W>
+__global__ void qkv_rope_store_kernel(QkvRopeStoreArgs a) {
+  __shared__ float staged[kQkvWarps][kQkvMaxHeadDim];
+  const int64_t t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int D = a.head_dim, half = a.rotary / 2;
+  const int heads = a.num_heads + 2 * a.num_kv_heads;
+  const In* row = static_cast<const In*>(a.qkv) + t * heads * D;
+  const int64_t slot = a.slots[t];
+  const bool store = slot >= 0 && slot < a.num_slots;
+  const float position = static_cast<float>(a.positions[t]);
+  float* buf = staged[warp];
+  for (int h = warp; h < heads; h += kQkvWarps) {
+    const bool is_q = h < a.num_heads, is_v = h >= a.num_heads + a.num_kv_heads;
+    if (!is_q && !is_v && !store) continue;  // a k head with nowhere to go
+    if (is_v && !store) continue;
+    float sumsq = 0.0f;
+    for (int i = lane; i < D; i += 32) {
+      const float v = to_f32(row[h * D + i]);
+      buf[i] = v;
+      sumsq += v * v;
+    }
+    const W* norm = static_cast<const W*>(is_q ? a.q_norm : a.k_norm);
+    if (!is_v && norm != nullptr) {
+      for (int offset = 16; offset > 0; offset /= 2) sumsq += __shfl_xor_sync(0xffffffffu, sumsq, offset);
+      const float inv = rsqrtf(sumsq / static_cast<float>(D) + a.eps);
+      __syncwarp();
+      for (int i = lane; i < D; i += 32) buf[i] = buf[i] * inv * to_f32(norm[i]);
+    }
+    __syncwarp();
+    if (!is_v) {
+      for (int i = lane; i < half; i += 32) {
+        const float angle = position * a.inv_freq[i];
+        const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
+        const int ia = a.offset + (a.interleaved ? 2 * i : i);
+        const int ib = a.offset + (a.interleaved ? 2 * i + 1 : i + half);
+        const float x0 = buf[ia], x1 = buf[ib];
+        buf[ia] = x0 * c - x1 * s;
+        buf[ib] = x1 * c + x0 * s;
+      }
+      __syncwarp();
+    }
+    if (is_q) {
+      Q* dst = static_cast<Q*>(a.q_out) + (t * a.num_heads + h) * D;
+      for (int i = lane; i < D; i += 32) dst[i] = from_f32<Q>(buf[i]);
+    } else {
+      const int kv_head = is_v ? h - a.num_heads - a.num_kv_heads : h - a.num_heads;
+      Cache* dst = static_cast<Cache*>(is_v ? a.v_cache : a.k_cache) + (slot * a.num_kv_heads + kv_head) * D;
+      for (int i = lane; i < D; i += 32) dst[i] = from_f32<Cache>(buf[i]);
+    }
+    __syncwarp();
+  }
+}
+
 unsigned grid_for(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(blocks, 1), 65535));
@@ -198,26 +260,32 @@ cudaError_t embedding(Elem act, Elem table, const int32_t* ids, const void* tabl
   return cudaGetLastError();
 }
 
-cudaError_t rms_norm(Elem act, Elem weight, void* residual, const void* x, const void* weight_data, void* out,
-                     int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+cudaError_t rms_norm(Elem act, Elem out_elem, Elem weight, void* residual, const void* x, const void* weight_data,
+                     void* out, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
   with_activation(act, [&](auto a) {
     using Act = decltype(a);
-    with_weight(weight, [&](auto w) {
-      using W = decltype(w);
-      rms_norm_kernel<Act, W><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-          static_cast<Act*>(residual), static_cast<const Act*>(x), static_cast<const W*>(weight_data),
-          static_cast<Act*>(out), hidden, eps);
+    with_activation(out_elem, [&](auto o) {
+      using Out = decltype(o);
+      with_weight(weight, [&](auto w) {
+        using W = decltype(w);
+        rms_norm_kernel<Act, Out, W><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+            static_cast<Act*>(residual), static_cast<const Act*>(x), static_cast<const W*>(weight_data),
+            static_cast<Out*>(out), hidden, eps);
+      });
     });
   });
   return cudaGetLastError();
 }
 
-cudaError_t silu_and_mul(Elem act, const void* gate_up, void* out, int64_t tokens, int64_t inter,
+cudaError_t silu_and_mul(Elem act, Elem out_elem, const void* gate_up, void* out, int64_t tokens, int64_t inter,
                          cudaStream_t stream) {
   with_activation(act, [&](auto a) {
     using Act = decltype(a);
-    silu_and_mul_kernel<Act><<<grid_for(tokens * inter), kThreads, 0, stream>>>(
-        static_cast<const Act*>(gate_up), static_cast<Act*>(out), tokens, inter);
+    with_activation(out_elem, [&](auto o) {
+      using Out = decltype(o);
+      silu_and_mul_kernel<Act, Out><<<grid_for(tokens * inter), kThreads, 0, stream>>>(
+          static_cast<const Act*>(gate_up), static_cast<Out*>(out), tokens, inter);
+    });
   });
   return cudaGetLastError();
 }
@@ -260,6 +328,25 @@ cudaError_t softmax(const float* x, float* out, int64_t rows, int64_t cols, bool
 
 cudaError_t argmax(const float* x, int32_t* out, int64_t rows, int64_t cols, cudaStream_t stream) {
   argmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, out, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t qkv_rope_store(Elem in, Elem q_out, Elem cache, Elem norm, const QkvRopeStoreArgs& args, int64_t tokens,
+                           cudaStream_t stream) {
+  if (args.head_dim > kQkvMaxHeadDim) return cudaErrorInvalidValue;
+  with_activation(in, [&](auto i) {
+    using In = decltype(i);
+    with_activation(q_out, [&](auto q) {
+      using Q = decltype(q);
+      with_activation(cache, [&](auto c) {
+        using Cache = decltype(c);
+        with_weight(norm, [&](auto w) {
+          using W = decltype(w);
+          qkv_rope_store_kernel<In, Q, Cache, W><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(args);
+        });
+      });
+    });
+  });
   return cudaGetLastError();
 }
 

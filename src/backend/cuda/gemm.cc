@@ -128,11 +128,22 @@ void CublasLt::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tens
              "Matmul");
 }
 
+namespace {
+
+cuda_kernels::Elem elem_of(DType t) {
+  return t == DType::kBF16 ? cuda_kernels::Elem::kBF16
+         : t == DType::kF16 ? cuda_kernels::Elem::kF16
+                            : cuda_kernels::Elem::kF32;
+}
+
+}  // namespace
+
 bool skinny_linear_fits(const Tensor& x, const Tensor& w) {
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return x.device() == Device::kCuda && w.device() == Device::kCuda && x.dtype() == DType::kF32 && x.rank() == 2 &&
-         w.rank() == 2 && (w.dtype() == DType::kBF16 || w.dtype() == DType::kF16) && x.dim(0) >= 1 &&
-         x.dim(0) <= cuda_kernels::kGemvMaxRows && x.dim(1) == w.dim(1) && x.dim(1) % 8 == 0 && aligned(x.raw()) &&
+  return x.device() == Device::kCuda && w.device() == Device::kCuda && x.rank() == 2 && w.rank() == 2 &&
+         (w.dtype() == DType::kBF16 || w.dtype() == DType::kF16) &&
+         (x.dtype() == DType::kF32 || x.dtype() == w.dtype()) && x.dim(0) >= 1 &&
+         x.dim(0) <= cuda_kernels::kGemvMaxRows && x.dim(1) == w.dim(1) && x.dim(1) % 32 == 0 && aligned(x.raw()) &&
          aligned(w.raw());
 }
 
@@ -140,18 +151,18 @@ void skinny_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor&
   BASALT_CHECK(skinny_linear_fits(x, w), "cuda skinny_linear: x {} and w {} do not qualify (see gemm.h)",
                x.describe(), w.describe());
   const int64_t M = x.dim(0), N = w.dim(0), K = x.dim(1);
-  BASALT_CHECK(out.device() == Device::kCuda && out.dtype() == DType::kF32 && out.rank() == 2 && out.dim(0) == M &&
-                   out.dim(1) == N,
-               "cuda skinny_linear: out must be f32 [{}, {}] on the device, got {}", M, N, out.describe());
+  BASALT_CHECK(out.device() == Device::kCuda && (out.dtype() == DType::kF32 || out.dtype() == w.dtype()) &&
+                   out.rank() == 2 && out.dim(0) == M && out.dim(1) == N,
+               "cuda skinny_linear: out must be f32 or {} [{}, {}] on the device, got {}", dtype_name(w.dtype()), M, N,
+               out.describe());
   if (bias) {
     BASALT_CHECK(bias->device() == Device::kCuda && bias->dtype() == DType::kF32 && bias->numel() == N,
                  "cuda skinny_linear: bias must be f32 [{}] on the device, got {}", N, bias->describe());
   }
   if (N == 0) return;
   const cudaError_t status =
-      cuda_kernels::gemv(w.dtype() == DType::kBF16 ? cuda_kernels::Elem::kBF16 : cuda_kernels::Elem::kF16,
-                         x.data<const float>(), w.raw(), bias ? bias->data<const float>() : nullptr,
-                         out.data<float>(), M, N, K, stream);
+      cuda_kernels::gemv(elem_of(x.dtype()), elem_of(w.dtype()), elem_of(out.dtype()), x.raw(), w.raw(),
+                         bias ? bias->data<const float>() : nullptr, out.raw(), M, N, K, stream);
   BASALT_CHECK(status == cudaSuccess, "cuda skinny_linear: launch failed: {}", cudaGetErrorString(status));
 }
 

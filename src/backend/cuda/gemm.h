@@ -38,10 +38,11 @@ class CublasLt {
   std::unique_ptr<Impl> impl_;
 };
 
-// Decode-sized linear: x f32 [m, k] with 1 <= m <= 8, w bf16 or f16 [n, k],
-// bias f32 [n] or null, out f32 [m, n]; reads x and w directly (no cast, no
-// workspace) with one warp per output column. skinny_linear_fits says whether
-// these tensors qualify (k a multiple of 8, 16-byte aligned x and w).
+// Decode-sized linear on the tensor cores (gemv_kernels.h): x [m, k] with
+// 1 <= m <= 16, f32 or w's dtype; w bf16 or f16 [n, k]; bias f32 [n] or
+// null; out [m, n] f32 or w's dtype. Streams the weights once, with no
+// activation cast and no workspace. skinny_linear_fits says whether the
+// tensors qualify (k a multiple of 32, 16-byte aligned rows).
 bool skinny_linear_fits(const Tensor& x, const Tensor& w);
 void skinny_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream = nullptr);
 

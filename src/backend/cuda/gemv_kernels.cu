@@ -5,85 +5,196 @@
 namespace basalt::cuda_kernels {
 namespace {
 
+// out[m, n] = sum_k x[m, k] * w[n, k] on the tensor cores with M <= 16.
+//
+// The product is computed transposed, outᵀ = w · xᵀ, so the many weight rows
+// are the MMA's 16-row A operand and the few tokens its 8-column B operand
+// (mma.sync m16n8k16, f32 accumulation). A block of kWarps warps owns 16
+// weight rows; its warps split K, each summing whole 32-wide chunks, and the
+// partial sums meet in shared memory in a fixed order.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16/.f16 operands; g = lane
+// / 4, t = lane % 4): A registers a0 = (row g, k 2t..2t+1), a1 = (row g+8,
+// k 2t..2t+1), a2 = (row g, k 2t+8..2t+9), a3 = (row g+8, k 2t+8..2t+9);
+// B registers b0 = (k 2t..2t+1, col g), b1 = (k 2t+8..2t+9, col g); C
+// c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (row g+8, cols 2t, 2t+1).
+//
+// A dot product does not care in which order it visits k, so each lane
+// loads 16 contiguous bytes per row and chunk -- k0 + 8t .. k0 + 8t + 7 of
+// weight rows g and g+8 and of token g -- and the two MMAs of a 32-wide chunk
+// take them as their "logical" k: MMA s uses bytes 8s..8s+7 of each load,
+// its first word as the k 2t..2t+1 register and its second as 2t+8..2t+9,
+// for the weights and the tokens alike. Every physical k meets the same
+// token element it multiplies in a plain dot product.
 constexpr int kWarps = 8;
+constexpr int kRows = 16;  // weight rows (output features) per block
+constexpr int kUnroll = 4; // chunks loaded before their MMAs
 
-// Eight 16-bit weights from one 16-byte load, widened to f32.
-__device__ __forceinline__ void widen(const uint4& raw, bf16, float* out) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void widen(const uint4& raw, __half, float* out) {
-  const __half2* h = reinterpret_cast<const __half2*>(&raw);
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-
-// One warp per output column n: lanes stride over k in groups of 8, each
-// group one 16-byte weight load; M accumulators per lane, reduced by shuffles.
-template <typename W, int M>
-__global__ void gemv_kernel(const float* __restrict__ x, const W* __restrict__ w, const float* __restrict__ bias,
-                            float* __restrict__ out, int64_t n, int64_t k) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  if (col >= n) return;
-  const uint4* row = reinterpret_cast<const uint4*>(w + col * k);
-  const int64_t groups = k / 8;
-  float acc[M];
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  for (int64_t g = lane; g < groups; g += 32) {
-    const uint4 raw = __ldg(row + g);
-    float wf[8];
-    widen(raw, W{}, wf);
-    for (int m = 0; m < M; ++m) {
-      const float4* xs = reinterpret_cast<const float4*>(x + m * k + g * 8);
-      const float4 a = __ldg(xs), b = __ldg(xs + 1);
-      acc[m] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
-                wf[7] * b.w;
-    }
-  }
-  for (int m = 0; m < M; ++m) {
-    float v = acc[m];
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (lane == 0) out[m * n + col] = v + (bias ? bias[col] : 0.0f);
-  }
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
 }
 
 template <typename W>
-cudaError_t launch(const float* x, const W* w, const float* bias, float* out, int64_t m, int64_t n, int64_t k,
+__device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                    uint32_t b1);
+template <>
+__device__ __forceinline__ void mma<bf16>(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<__half>(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, bf16) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, __half) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Eight consecutive elements of token row `row` at column k as four packed
+// pairs of W's type; zeros for rows past m.
+template <typename X, typename W>
+__device__ __forceinline__ uint4 load_x(const X* x, int row, int m, int64_t k_total, int64_t k) {
+  if (row >= m) return make_uint4(0, 0, 0, 0);
+  const X* p = x + static_cast<int64_t>(row) * k_total + k;
+  if constexpr (sizeof(X) == 2) {
+    return *reinterpret_cast<const uint4*>(p);  // X == W (checked by the launcher)
+  } else {
+    const float4 lo = *reinterpret_cast<const float4*>(p), hi = *reinterpret_cast<const float4*>(p + 4);
+    return make_uint4(pack2(lo.x, lo.y, W{}), pack2(lo.z, lo.w, W{}), pack2(hi.x, hi.y, W{}), pack2(hi.z, hi.w, W{}));
+  }
+}
+
+// MT token tiles of 8 (M <= 8 * MT).
+template <typename X, typename W, typename O, int MT>
+__global__ void __launch_bounds__(kWarps * 32) gemv_mma_kernel(const X* __restrict__ x, const W* __restrict__ w,
+                                                               const float* __restrict__ bias, O* __restrict__ out,
+                                                               int m, int64_t n, int64_t k) {
+  __shared__ float partial[kWarps][MT][kRows][8];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const bool row_lo = n0 + g < n, row_hi = n0 + g + 8 < n;
+  const W* w_lo = w + (n0 + g) * k + 8 * t;
+  const W* w_hi = w + (n0 + g + 8) * k + 8 * t;
+
+  const int64_t chunks = k / 32;
+  const int64_t per_warp = (chunks + kWarps - 1) / kWarps;
+  const int64_t c_begin = warp * per_warp;
+  const int64_t c_end = c_begin + per_warp < chunks ? c_begin + per_warp : chunks;
+
+  float acc[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+  const auto step = [&](const uint4& lo, const uint4& hi, const uint4 (&xs)[MT]) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      mma<W>(acc[i], lo.x, hi.x, lo.y, hi.y, xs[i].x, xs[i].y);
+      mma<W>(acc[i], lo.z, hi.z, lo.w, hi.w, xs[i].z, xs[i].w);
+    }
+  };
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  int64_t c = c_begin;
+  for (; c + kUnroll <= c_end; c += kUnroll) {
+    uint4 lo[kUnroll], hi[kUnroll], xs[kUnroll][MT];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t off = (c + u) * 32;
+      lo[u] = row_lo ? load_streaming(w_lo + off) : zero;
+      hi[u] = row_hi ? load_streaming(w_hi + off) : zero;
+#pragma unroll
+      for (int i = 0; i < MT; ++i) xs[u][i] = load_x<X, W>(x, 8 * i + g, m, k, off + 8 * t);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) step(lo[u], hi[u], xs[u]);
+  }
+  for (; c < c_end; ++c) {
+    const int64_t off = c * 32;
+    const uint4 lo = row_lo ? load_streaming(w_lo + off) : zero;
+    const uint4 hi = row_hi ? load_streaming(w_hi + off) : zero;
+    uint4 xs[MT];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) xs[i] = load_x<X, W>(x, 8 * i + g, m, k, off + 8 * t);
+    step(lo, hi, xs);
+  }
+
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    partial[warp][i][g][2 * t] = acc[i][0];
+    partial[warp][i][g][2 * t + 1] = acc[i][1];
+    partial[warp][i][g + 8][2 * t] = acc[i][2];
+    partial[warp][i][g + 8][2 * t + 1] = acc[i][3];
+  }
+  __syncthreads();
+  // Thread -> (token, row): rows fastest so a token's 16 outputs are one
+  // contiguous store.
+  for (int e = threadIdx.x; e < MT * 8 * kRows; e += kWarps * 32) {
+    const int row = e % kRows, token = e / kRows;
+    if (token >= m || n0 + row >= n) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) sum += partial[v][token / 8][row][token % 8];
+    if (bias != nullptr) sum += bias[n0 + row];
+    out[static_cast<int64_t>(token) * n + n0 + row] = from_f32<O>(sum);
+  }
+}
+
+template <typename X, typename W, typename O>
+cudaError_t launch(const void* x, const void* w, const float* bias, void* out, int64_t m, int64_t n, int64_t k,
                    cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((n + kWarps - 1) / kWarps);
-  switch (m) {
-#define BASALT_GEMV_CASE(M) \
-  case M:                   \
-    gemv_kernel<W, M><<<blocks, kWarps * 32, 0, stream>>>(x, w, bias, out, n, k); \
-    break;
-    BASALT_GEMV_CASE(1)
-    BASALT_GEMV_CASE(2)
-    BASALT_GEMV_CASE(3)
-    BASALT_GEMV_CASE(4)
-    BASALT_GEMV_CASE(5)
-    BASALT_GEMV_CASE(6)
-    BASALT_GEMV_CASE(7)
-    BASALT_GEMV_CASE(8)
-#undef BASALT_GEMV_CASE
-    default: return cudaErrorInvalidValue;
+  const unsigned blocks = static_cast<unsigned>((n + kRows - 1) / kRows);
+  const auto* xp = static_cast<const X*>(x);
+  const auto* wp = static_cast<const W*>(w);
+  auto* op = static_cast<O*>(out);
+  if (m <= 8) {
+    gemv_mma_kernel<X, W, O, 1><<<blocks, kWarps * 32, 0, stream>>>(xp, wp, bias, op, static_cast<int>(m), n, k);
+  } else {
+    gemv_mma_kernel<X, W, O, 2><<<blocks, kWarps * 32, 0, stream>>>(xp, wp, bias, op, static_cast<int>(m), n, k);
   }
   return cudaGetLastError();
 }
 
+template <typename W>
+cudaError_t launch_w(Elem x_type, Elem out_type, const void* x, const void* w, const float* bias, void* out, int64_t m,
+                     int64_t n, int64_t k, cudaStream_t stream) {
+  const bool out_f32 = out_type == Elem::kF32;
+  if (x_type == Elem::kF32)
+    return out_f32 ? launch<float, W, float>(x, w, bias, out, m, n, k, stream)
+                   : launch<float, W, W>(x, w, bias, out, m, n, k, stream);
+  return out_f32 ? launch<W, W, float>(x, w, bias, out, m, n, k, stream)
+                 : launch<W, W, W>(x, w, bias, out, m, n, k, stream);
+}
+
 }  // namespace
 
-cudaError_t gemv(Elem weight, const float* x, const void* w, const float* bias, float* out, int64_t m, int64_t n,
-                 int64_t k, cudaStream_t stream) {
-  if (weight == Elem::kBF16) return launch(x, static_cast<const bf16*>(w), bias, out, m, n, k, stream);
-  if (weight == Elem::kF16) return launch(x, static_cast<const __half*>(w), bias, out, m, n, k, stream);
+cudaError_t gemv(Elem x_type, Elem w_type, Elem out_type, const void* x, const void* w, const float* bias, void* out,
+                 int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  if (m < 1 || m > kGemvMaxRows || k % 32 != 0) return cudaErrorInvalidValue;
+  if (out_type != Elem::kF32 && out_type != w_type) return cudaErrorInvalidValue;
+  if (x_type != Elem::kF32 && x_type != w_type) return cudaErrorInvalidValue;
+  if (w_type == Elem::kBF16) return launch_w<bf16>(x_type, out_type, x, w, bias, out, m, n, k, stream);
+  if (w_type == Elem::kF16) return launch_w<__half>(x_type, out_type, x, w, bias, out, m, n, k, stream);
   return cudaErrorInvalidValue;
 }
 

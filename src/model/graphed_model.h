@@ -1,0 +1,58 @@
+// GraphedModel: a Model whose decode steps replay recorded graphs.
+//
+// A decode step of a 32-layer model is a few hundred short kernels; launched
+// one by one from the host, their launch cost is a large part of the step at
+// small batch. This wrapper records the wrapped model's forward once per
+// padded batch size (Backend::record: CUDA graphs) and replays it.
+//
+// Contract:
+//  * forward() takes the recorded path for a pure decode batch on the host:
+//    every sequence has exactly one new token (q_start = 0, 1, ..., T), the
+//    logits of every row are wanted in order (logit_rows = 0..T-1),
+//    T <= max_batch, and its kv_slots fit the static buffer. Any other
+//    batch (prefill, extend, speculative verification, device tensors) runs
+//    the wrapped model directly.
+//  * A recorded batch is padded to the next recorded size (1, 2, 4, 8, then
+//    multiples of 8) with sequences of one query row and no keys whose token
+//    writes no KV (slot -1); Backend::store_kv and attention define that
+//    case (nothing stored, zero output), and their logits are dropped. The
+//    result is what the wrapped model computes for the padded batch, which
+//    for a backend that is not batch invariant may differ in rounding from
+//    the unpadded batch.
+//  * Graphs are recorded lazily, the first time a size is needed (after one
+//    direct forward of that batch, which loads kernels and plans outside the
+//    recording), against the KvBuffers passed; a forward with other
+//    KvBuffers drops every graph and records again. On a backend that cannot
+//    record (the CPU's) every batch runs directly.
+//  * Memory kept: the static inputs (7 i32 arrays sized by max_batch, plus
+//    kv_capacity slots), logits [max_batch, vocab] f32, and the scratch of
+//    the recordings (shared by all of them).
+//  * Used by one thread at a time, like any Model.
+#pragma once
+
+#include <memory>
+
+#include "model/model.h"
+
+namespace basalt {
+
+struct GraphOptions {
+  int max_batch = 256;
+  // Most KV entries (the sum of every sequence's keys) a recorded step may
+  // read; 0 means twice the KvBuffers' slot count.
+  int64_t kv_capacity = 0;
+};
+
+std::unique_ptr<Model> make_graphed_model(std::unique_ptr<Model> model, Backend& backend,
+                                          const GraphOptions& options = {});
+
+// Counters for tests and logs.
+struct GraphStats {
+  int64_t replays = 0;     // steps that took the recorded path
+  int64_t direct = 0;      // steps that ran the wrapped model directly
+  int64_t recordings = 0;  // graphs recorded
+};
+// The counters of a model made by make_graphed_model (zeros for any other).
+GraphStats graph_stats(const Model& model);
+
+}  // namespace basalt
