@@ -1,5 +1,6 @@
 #include "backend/cuda/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -70,7 +71,8 @@ void cuda_store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor
 }
 
 void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
-                    const AttentionParams& params, Tensor& out, cudaStream_t stream, CudaAttentionPath path) {
+                    const AttentionParams& params, Tensor& out, cudaStream_t stream, CudaAttentionPath path,
+                    int decode_splits) {
   const int64_t heads = params.num_heads, kv_heads = params.num_kv_heads;
   const int64_t head_dim = params.head_dim, v_head_dim = params.v_head_dim;
   constexpr int64_t kMaxDim = cuda_kernels::kAttentionMaxHeadDim;
@@ -124,7 +126,8 @@ void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   int splits = 1;
   Tensor scratch;
   if (decode) {
-    splits = cuda_kernels::attention_decode_splits(elem(k_cache.dtype()), shape);
+    splits = decode_splits > 0 ? std::min(decode_splits, cuda_kernels::kAttentionMaxSplits)
+                               : cuda_kernels::attention_decode_splits(elem(k_cache.dtype()), shape);
     const int64_t floats = cuda_kernels::attention_decode_scratch_floats(shape, splits);
     if (floats > 0) scratch = cuda_empty({floats}, DType::kF32);  // back to the cache after the op: stream-ordered
   }

@@ -92,12 +92,14 @@ namespace basalt {
 
 void cuda_store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
                    cudaStream_t stream = nullptr);
-// kAuto picks the path from shapes (above); the others force one (tests, benchmarks).
+// kAuto picks the path from shapes (above); the others force one (tests,
+// benchmarks). decode_splits > 0 forces the decode path's split count
+// (clamped to 1 .. 64; tests use it to run the combine kernel on every case).
 enum class CudaAttentionPath : uint8_t { kAuto, kDecode, kPrefill };
 inline constexpr int64_t kDecodeMaxAverageRows = 4;
 
 void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
                     const AttentionParams& params, Tensor& out, cudaStream_t stream = nullptr,
-                    CudaAttentionPath path = CudaAttentionPath::kAuto);
+                    CudaAttentionPath path = CudaAttentionPath::kAuto, int decode_splits = 0);
 
 }  // namespace basalt

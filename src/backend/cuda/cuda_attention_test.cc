@@ -46,9 +46,19 @@ Tensor device_poisoned(Shape shape, DType dtype) {
 }
 
 using Path = CudaAttentionPath;
-const Path kPaths[] = {Path::kDecode, Path::kPrefill, Path::kAuto};
+// Every case runs: the decode path with its own split count, the decode path
+// with 5 splits (so the combine kernel runs whatever the shapes), the
+// prefill path, and the automatic choice.
+struct Variant {
+  Path path;
+  int splits;
+};
+const Variant kPaths[] = {{Path::kDecode, 0}, {Path::kDecode, 5}, {Path::kPrefill, 0}, {Path::kAuto, 0}};
 
-const char* path_name(Path p) { return p == Path::kDecode ? "decode" : p == Path::kPrefill ? "prefill" : "auto"; }
+std::string path_name(Variant v) {
+  const char* name = v.path == Path::kDecode ? "decode" : v.path == Path::kPrefill ? "prefill" : "auto";
+  return v.splits > 0 ? std::string(name) + " (" + std::to_string(v.splits) + " splits)" : std::string(name);
+}
 
 struct Seq {
   int q_len, kv_len;
@@ -113,8 +123,8 @@ AttentionParams params_of(const Config& c) {
   return p;
 }
 
-double tolerance(const Config& c, Path path) {
-  if (path != Path::kDecode) return 2e-2;
+double tolerance(const Config& c, Variant v) {
+  if (v.path != Path::kDecode) return 2e-2;
   return c.act == DType::kF32 && c.cache == DType::kF32 && c.out_dtype() == DType::kF32 ? 1e-5 : 1e-2;
 }
 
@@ -134,9 +144,9 @@ std::vector<Tensor> check_attention(TestRng& rng, const std::vector<Seq>& seqs, 
   const Tensor q_dev = cuda_to_device(q), k_dev = cuda_to_device(k_cache), v_dev = cuda_to_device(v_cache);
   const AttentionLayout layout_dev = to_device(layout);
   std::vector<Tensor> outs;
-  for (Path path : kPaths) {
+  for (Variant path : kPaths) {
     Tensor out = device_poisoned({b.tokens, int64_t{c.heads} * c.v_head_dim}, c.out_dtype());
-    cuda_attention(q_dev, k_dev, v_dev, layout_dev, p, out, nullptr, path);
+    cuda_attention(q_dev, k_dev, v_dev, layout_dev, p, out, nullptr, path.path, path.splits);
     outs.push_back(cuda_to_host(out));
     EXPECT_LT(testing::relative_error(outs.back(), want), tolerance(c, path))
         << c.describe() << " path " << path_name(path) << " seqs " << seqs.size();
@@ -246,11 +256,11 @@ TEST(CudaAttention, SameCallGivesSameBits) {
     const Tensor q = cuda_to_device(testing::random_tensor(rng, {b.tokens, int64_t{c.heads} * c.head_dim}, t));
     const Tensor k = cuda_to_device(testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.head_dim}, t));
     const Tensor v = cuda_to_device(testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.v_head_dim}, t));
-    for (Path path : kPaths) {
+    for (Variant path : kPaths) {
       Tensor first = device_poisoned({b.tokens, int64_t{c.heads} * c.v_head_dim}, t);
       Tensor second = device_poisoned({b.tokens, int64_t{c.heads} * c.v_head_dim}, t);
-      cuda_attention(q, k, v, layout, params_of(c), first, nullptr, path);
-      cuda_attention(q, k, v, layout, params_of(c), second, nullptr, path);
+      cuda_attention(q, k, v, layout, params_of(c), first, nullptr, path.path, path.splits);
+      cuda_attention(q, k, v, layout, params_of(c), second, nullptr, path.path, path.splits);
       EXPECT_TRUE(testing::bytes_equal(cuda_to_host(first), cuda_to_host(second))) << path_name(path);
     }
   }
@@ -308,9 +318,9 @@ TEST(CudaAttention, BadSlotsInTheLayoutGiveNaNRows) {
   // Sequence 0 reads slot 9 of 8; sequence 1 is fine.
   const AttentionLayout layout{testing::i32_tensor({0, 1, 2}), testing::i32_tensor({0, 2, 3}),
                                testing::i32_tensor({1, 9, 3})};
-  for (Path path : kPaths) {
+  for (Variant path : kPaths) {
     Tensor out = device_poisoned({2, 128}, DType::kF32);
-    cuda_attention(q, k_cache, v_cache, to_device(layout), params_of(c), out, nullptr, path);
+    cuda_attention(q, k_cache, v_cache, to_device(layout), params_of(c), out, nullptr, path.path, path.splits);
     const Tensor host = cuda_to_host(out);
     for (int i = 0; i < 128; ++i) EXPECT_TRUE(std::isnan(host.data<float>()[i])) << path_name(path) << " " << i;
     for (int i = 128; i < 256; ++i) EXPECT_EQ(host.data<float>()[i], 0.0f) << path_name(path) << " " << i;
