@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
   // The summary: the path the automatic choice takes for each case.
   std::printf("\n| case | auto path | us | rate | of ceiling |\n| --- | --- | ---: | ---: | ---: |\n");
   for (const Case& c : cases) {
-    const bool auto_decode = int64_t{c.seqs} * c.q_len <= kDecodeMaxAverageRows * c.seqs;
+    const bool auto_decode = int64_t{c.seqs} * c.q_len <= kDecodeMaxAverageRows * c.seqs;  // bf16 cache
     for (const Result& r : results) {
       if (r.name != c.name || (r.path == "decode") != auto_decode) continue;
       std::printf("| %s | %s | %.1f | %.0f %s | %.0f%% of %s |\n", r.name.c_str(), r.path.c_str(), r.us, r.rate,

@@ -118,10 +118,12 @@ void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   shape.scale = params.scale;
   shape.sliding_window = params.sliding_window;
 
-  // The path, from shapes only (see attention.h). The decode grid's y is the
-  // sequence count, which CUDA caps at 65535.
+  // The path, from shapes and the cache dtype only (see attention.h): an f32
+  // cache keeps f32 arithmetic (decode kernel) whatever the shapes. The
+  // decode grid's y is the sequence count, which CUDA caps at 65535.
   bool decode = path == CudaAttentionPath::kDecode ||
-                (path == CudaAttentionPath::kAuto && tokens <= kDecodeMaxAverageRows * seqs);
+                (path == CudaAttentionPath::kAuto &&
+                 (k_cache.dtype() == DType::kF32 || tokens <= kDecodeMaxAverageRows * seqs));
   if (seqs > 65535) decode = false;
   int splits = 1;
   Tensor scratch;

@@ -53,10 +53,15 @@
 //    same bits.
 //
 // Two paths (attention_kernels.cu has the details), chosen per call from
-// shapes: decode when T <= kDecodeMaxAverageRows * num_seqs (at most 4 query
-// rows per sequence on average: decode, speculative or short extend steps),
-// prefill otherwise; `path` forces one (tests run both on every case; both
-// are correct for any layout, only speed differs).
+// shapes and the cache dtype: decode when T <= kDecodeMaxAverageRows *
+// num_seqs (at most 4 query rows per sequence on average: decode,
+// speculative or short extend steps) or when the caches are f32 (an f32
+// cache asks for f32 accuracy, which the tensor-core path does not give: the
+// model tests compare f32 fixtures with the CPU backend at 1e-4), prefill
+// otherwise; `path` forces one (tests run both on every case; both are
+// correct for any layout, only speed and rounding differ). Long prompts
+// over f32 caches are slow (the decode kernel re-reads the keys for every 8
+// query rows): serve with bf16 caches.
 //  * Decode (split-KV, "flash-decoding"): one block per (split, sequence, kv
 //    head) serves all query rows and all query heads of the GQA group, so a
 //    key/value row is read once per step; rows gathered by slot with 16-byte
