@@ -118,26 +118,41 @@ void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   shape.scale = params.scale;
   shape.sliding_window = params.sliding_window;
 
-  // The path, from shapes and the cache dtype only (see attention.h): an f32
-  // cache keeps f32 arithmetic (decode kernel) whatever the shapes. The
+  // The kernels, from shapes and the cache dtype only (see attention.h). The
   // decode grid's y is the sequence count, which CUDA caps at 65535.
-  bool decode = path == CudaAttentionPath::kDecode ||
-                (path == CudaAttentionPath::kAuto &&
-                 (k_cache.dtype() == DType::kF32 || tokens <= kDecodeMaxAverageRows * seqs));
-  if (seqs > 65535) decode = false;
-  int splits = 1;
-  Tensor scratch;
-  if (decode) {
-    splits = decode_splits > 0 ? std::min(decode_splits, cuda_kernels::kAttentionMaxSplits)
-                               : cuda_kernels::attention_decode_splits(elem(k_cache.dtype()), shape);
-    const int64_t floats = cuda_kernels::attention_decode_scratch_floats(shape, splits);
-    if (floats > 0) scratch = cuda_empty({floats}, DType::kF32);  // back to the cache after the op: stream-ordered
+  cuda_kernels::AttentionLaunch launch;
+  const bool f32_cache = k_cache.dtype() == DType::kF32;
+  if (path == CudaAttentionPath::kAuto) {
+    if (f32_cache || (tokens <= kDecodeMaxAverageRows * seqs && tokens < seqs + kPrefillMinExtraRows)) {
+      launch.decode = true, launch.prefill = false;  // decode-like: every sequence to the decode kernel
+    } else {
+      launch.decode = true, launch.prefill = true;  // per sequence
+      launch.decode_max_q = kDecodeMaxAverageRows;
+    }
+  } else {
+    launch.decode = path == CudaAttentionPath::kDecode;
+    launch.prefill = !launch.decode;
+    launch.decode_max_q = 0;
   }
-  launched(cuda_kernels::attention(decode ? cuda_kernels::AttentionPath::kDecode : cuda_kernels::AttentionPath::kPrefill,
-                                   elem(q.dtype()), elem(out.dtype()), elem(k_cache.dtype()), q.raw(), k_cache.raw(),
+  if (seqs > 65535) launch.decode = false, launch.prefill = true, launch.decode_max_q = 0;
+  Tensor decode_scratch, tile_starts;  // back to the device cache after the op: stream-ordered reuse
+  if (launch.decode) {
+    launch.splits = decode_splits > 0 ? std::min(decode_splits, cuda_kernels::kAttentionMaxSplits)
+                                      : cuda_kernels::attention_decode_splits(elem(k_cache.dtype()), shape);
+    const int64_t floats = cuda_kernels::attention_decode_scratch_floats(shape, launch.splits);
+    if (floats > 0) {
+      decode_scratch = cuda_empty({floats}, DType::kF32);
+      launch.decode_scratch = decode_scratch.data<float>();
+    }
+  }
+  if (launch.prefill) {
+    tile_starts = cuda_empty({seqs + 1}, DType::kI32);
+    launch.tile_starts = tile_starts.data<int32_t>();
+  }
+  launched(cuda_kernels::attention(elem(q.dtype()), elem(out.dtype()), elem(k_cache.dtype()), q.raw(), k_cache.raw(),
                                    v_cache.raw(), layout.q_start.data<const int32_t>(),
                                    layout.kv_start.data<const int32_t>(), layout.kv_slots.data<const int32_t>(), shape,
-                                   splits, scratch.raw() ? scratch.data<float>() : nullptr, out.raw(), stream),
+                                   launch, out.raw(), stream),
            "attention");
 }
 

@@ -39,9 +39,10 @@
 //    engine builds only valid layouts). Sequences with no queries are allowed.
 //  * Limits: head_dim and v_head_dim in [1, 256] (any value, not only powers
 //    of two), q tokens, kv_slots entries and cache rows below 2^31.
-//  * Graph safety: grids, split counts and scratch sizes depend only on
-//    tensor shapes (T, num_seqs, kv_slots.numel(), head dims) and the SM
-//    count; the decode path's scratch comes from cuda_empty (the caching
+//  * Graph safety: the kernels launched, grids, split counts and scratch
+//    sizes depend only on tensor shapes (T, num_seqs, kv_slots.numel(), head
+//    dims), the cache dtype and the SM count; scratch (decode partials, the
+//    prefill plan) comes from cuda_empty (the caching
 //    allocator, stream-ordered reuse). Launches go to `stream` (the default
 //    stream when null) and return at once; nothing synchronises, so both ops
 //    can be captured in a CUDA graph and replayed with new layout contents
@@ -52,16 +53,23 @@
 //    deterministic (fixed merge orders, no atomics): the same call gives the
 //    same bits.
 //
-// Two paths (attention_kernels.cu has the details), chosen per call from
-// shapes and the cache dtype: decode when T <= kDecodeMaxAverageRows *
-// num_seqs (at most 4 query rows per sequence on average: decode,
-// speculative or short extend steps) or when the caches are f32 (an f32
-// cache asks for f32 accuracy, which the tensor-core path does not give: the
-// model tests compare f32 fixtures with the CPU backend at 1e-4), prefill
-// otherwise; `path` forces one (tests run both on every case; both are
-// correct for any layout, only speed and rounding differ). Long prompts
-// over f32 caches are slow (the decode kernel re-reads the keys for every 8
-// query rows): serve with bf16 caches.
+// Two kernels (attention_kernels.cu has the details), chosen per call from
+// shapes and the cache dtype:
+//  * every sequence to the decode kernel when the caches are f32 (an f32
+//    cache asks for f32 accuracy, which the tensor-core kernel does not give:
+//    the model tests compare f32 fixtures with the CPU backend at 1e-4), or
+//    when the call is decode-like: T <= kDecodeMaxAverageRows * num_seqs and
+//    T < num_seqs + kPrefillMinExtraRows (decode steps, padded graph
+//    batches, short extends);
+//  * otherwise both, per sequence: sequences with at most
+//    kDecodeMaxAverageRows query rows go to the decode kernel, the others to
+//    the prefill kernel (a small plan kernel lists their 64-row tiles on the
+//    device). A continuous batch of decodes plus a prefill chunk runs the
+//    chunk on the tensor cores and the decodes through split-KV.
+// `path` forces one kernel for every sequence (tests run both on every case;
+// both are correct for any layout, only speed and rounding differ). Long
+// prompts over f32 caches are slow (the decode kernel re-reads the keys for
+// every 8 query rows): serve with bf16 caches.
 //  * Decode (split-KV, "flash-decoding"): one block per (split, sequence, kv
 //    head) serves all query rows and all query heads of the GQA group, so a
 //    key/value row is read once per step; rows gathered by slot with 16-byte
@@ -102,6 +110,7 @@ void cuda_store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor
 // (clamped to 1 .. 64; tests use it to run the combine kernel on every case).
 enum class CudaAttentionPath : uint8_t { kAuto, kDecode, kPrefill };
 inline constexpr int64_t kDecodeMaxAverageRows = 4;
+inline constexpr int64_t kPrefillMinExtraRows = 64;
 
 void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
                     const AttentionParams& params, Tensor& out, cudaStream_t stream = nullptr,

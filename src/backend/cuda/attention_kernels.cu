@@ -3,6 +3,7 @@
 #include "backend/cuda/element_types.cuh"
 
 #include <cmath>
+#include <climits>
 #include <cstdint>
 
 namespace basalt::cuda_kernels {
@@ -57,6 +58,13 @@ struct Args {
   int sliding_window;
   int splits;
   bool q_bf16, out_bf16;
+  // Sequences with q_len <= decode_max_q belong to the decode kernel (and the
+  // combine), the others to the prefill kernel; each kernel skips the other's.
+  int64_t decode_max_q;
+  // Prefill: tile_start[s] = the first prefill tile of sequence s (exclusive
+  // prefix of its tile count), tile_start[num_seqs] = the total; written by
+  // plan_kernel on the device.
+  int32_t* tile_start;
 };
 
 __device__ __forceinline__ float load_q(const Args& a, int64_t i) {
@@ -154,6 +162,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
   const int split = blockIdx.x, seq = blockIdx.y, kv_head = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, grp = lane / LPK, sub = lane % LPK;
   const SeqBounds b = seq_bounds(a, seq);
+  if (b.q_len > a.decode_max_q) return;  // the prefill kernel's (uniform over the block)
   const int group = a.group, D = a.head_dim, Dv = a.v_head_dim;
   const int64_t total_rows = b.q_len * group;
   const Cache* k_cache = static_cast<const Cache*>(a.k_cache);
@@ -349,6 +358,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(Args a)
     else hi = mid - 1;
   }
   const bool covered = a.q_start[lo] <= row && row < a.q_start[lo + 1];
+  if (covered && int64_t{a.q_start[lo + 1]} - a.q_start[lo] > a.decode_max_q) return;  // written by prefill
   for (int h = warp; h < heads; h += kCombineThreads / 32) {
     const int64_t at = row * a.num_heads + head0 + h;
     float m_all = -INFINITY;
@@ -484,49 +494,22 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(Args a) {
   bf16* q_s = reinterpret_cast<bf16*>(smem_raw);  // [BM][LD]
   bf16* k_s = q_s + BM * LD;                       // [2][BN][LD]
   bf16* v_s = k_s + 2 * BN * LD;                   // [2][BN][LD]
-  __shared__ int found_seq, found_tile;
-
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int head = blockIdx.y, kv_head = head / a.group;
   const int D = a.head_dim, Dv = a.v_head_dim;
 
-  // Find (sequence, tile) number blockIdx.x: an inclusive scan of the tile
-  // counts, 32 sequences at a time.
-  if (warp == 0) {
-    const int64_t target = blockIdx.x;
-    int64_t before = 0;
-    int seq = -1, tile = 0;
-    for (int base = 0; base < a.num_seqs && seq < 0; base += 32) {
-      const int s = base + lane;
-      int64_t count = 0;
-      if (s < a.num_seqs) {
-        const int64_t q_len = int64_t{a.q_start[s + 1]} - a.q_start[s];
-        count = q_len > 0 ? (q_len + BM - 1) / BM : 0;
-      }
-      int64_t inclusive = count;
-#pragma unroll
-      for (int o = 1; o < 32; o *= 2) {
-        const int64_t v = __shfl_up_sync(0xffffffffu, inclusive, o);
-        if (lane >= o) inclusive += v;
-      }
-      const bool mine = before + inclusive - count <= target && target < before + inclusive;
-      const unsigned hit = __ballot_sync(0xffffffffu, mine);
-      if (hit) {
-        const int src = __ffs(hit) - 1;
-        const int64_t start = __shfl_sync(0xffffffffu, before + inclusive - count, src);
-        seq = base + src;
-        tile = static_cast<int>(target - start);
-      }
-      before += __shfl_sync(0xffffffffu, inclusive, 31);
-    }
-    if (lane == 0) {
-      found_seq = seq;
-      found_tile = tile;
-    }
+  // Tile blockIdx.x of the plan: the sequence s with tile_start[s] <= x <
+  // tile_start[s + 1] (binary search; every thread reads the same entries).
+  const int64_t target = blockIdx.x;
+  if (target >= a.tile_start[a.num_seqs]) return;  // a surplus block (uniform)
+  int lo_s = 0, hi_s = a.num_seqs - 1;
+  while (lo_s < hi_s) {
+    const int mid = (lo_s + hi_s + 1) / 2;
+    if (a.tile_start[mid] <= target) lo_s = mid;
+    else hi_s = mid - 1;
   }
-  __syncthreads();
-  const int seq = found_seq;
-  if (seq < 0) return;  // a surplus block (uniform: read after the barrier)
+  const int seq = lo_s;  // the last s with tile_start[s] <= target: its count is > 0
+  const int found_tile = static_cast<int>(target - a.tile_start[seq]);
   const SeqBounds b = seq_bounds(a, seq);
   const int tiles = static_cast<int>((b.q_len + BM - 1) / BM);
   const int64_t q0 = int64_t{tiles - 1 - found_tile} * BM;  // last tile first
@@ -729,6 +712,47 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(Args a) {
   }
 }
 
+// The prefill plan: tile_start[s] = the number of prefill tiles of the
+// sequences before s (a sequence with q_len > decode_max_q has ceil(q_len /
+// 64) tiles, the others none), tile_start[num_seqs] = the total. One block
+// scans the layout 256 sequences at a time (warp scans, then the warps'
+// totals through shared memory).
+constexpr int kPlanThreads = 256;
+
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(Args a) {
+  __shared__ int64_t warp_sums[kPlanThreads / 32];
+  __shared__ int64_t carry_s;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid == 0) carry_s = 0;
+  __syncthreads();
+  for (int base = 0; base < a.num_seqs; base += kPlanThreads) {  // uniform
+    const int s = base + tid;
+    int64_t count = 0;
+    if (s < a.num_seqs) {
+      const int64_t q_len = int64_t{a.q_start[s + 1]} - a.q_start[s];
+      if (q_len > a.decode_max_q && q_len > 0) count = (q_len + kPrefillBM - 1) / kPrefillBM;
+    }
+    int64_t inclusive = count;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, inclusive, o);
+      if (lane >= o) inclusive += v;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    int64_t before = carry_s, total = 0;
+    for (int w = 0; w < kPlanThreads / 32; ++w) {
+      if (w < warp) before += warp_sums[w];
+      total += warp_sums[w];
+    }
+    if (s < a.num_seqs) a.tile_start[s] = static_cast<int32_t>(min(before + inclusive - count, int64_t{INT32_MAX}));
+    __syncthreads();  // every thread has read carry_s and warp_sums
+    if (tid == 0) carry_s += total;
+    __syncthreads();
+  }
+  if (tid == 0) a.tile_start[a.num_seqs] = static_cast<int32_t>(min(carry_s, int64_t{INT32_MAX}));
+}
+
 // ---------------------------------------------------------------------------
 // Launch helpers.
 
@@ -852,10 +876,17 @@ int64_t attention_decode_scratch_floats(const AttentionShape& s, int splits) {
   return int64_t{splits} * s.q_tokens * s.num_heads * (s.v_head_dim + 2);
 }
 
-cudaError_t attention(AttentionPath path, Elem q_type, Elem out_type, Elem cache, const void* q,
-                      const void* k_cache, const void* v_cache, const int32_t* q_start, const int32_t* kv_start,
-                      const int32_t* kv_slots, const AttentionShape& shape, int splits, float* scratch, void* out,
-                      cudaStream_t stream) {
+int64_t attention_prefill_tiles(const AttentionShape& s, int64_t decode_max_q) {
+  // Each prefill sequence has more than decode_max_q rows, so there are at
+  // most T / (decode_max_q + 1) of them, each adding at most one partial tile.
+  int64_t long_seqs = s.q_tokens / (decode_max_q + 1);
+  if (long_seqs > s.num_seqs) long_seqs = s.num_seqs;
+  return (s.q_tokens + kPrefillBM - 1) / kPrefillBM + long_seqs;
+}
+
+cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, const void* k_cache, const void* v_cache,
+                      const int32_t* q_start, const int32_t* kv_start, const int32_t* kv_slots,
+                      const AttentionShape& shape, const AttentionLaunch& launch, void* out, cudaStream_t stream) {
   Args args{};
   args.q = q;
   args.k_cache = k_cache;
@@ -877,14 +908,29 @@ cudaError_t attention(AttentionPath path, Elem q_type, Elem out_type, Elem cache
   args.sliding_window = shape.sliding_window;
   args.q_bf16 = q_type == Elem::kBF16;
   args.out_bf16 = out_type == Elem::kBF16;
+  args.decode_max_q = launch.prefill ? launch.decode_max_q : INT64_MAX;
+  args.tile_start = launch.tile_starts;
   const int widest = shape.head_dim > shape.v_head_dim ? shape.head_dim : shape.v_head_dim;
   const bool aligned = reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
 
-  if (path == AttentionPath::kDecode) {
-    args.splits = splits < 1 ? 1 : splits;
+  if (launch.prefill) {
+    args.splits = 1;
+    plan_kernel<<<1, kPlanThreads, 0, stream>>>(args);
+    const int64_t tiles = attention_prefill_tiles(shape, args.decode_max_q);
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.num_heads));
+    const bool async = cache == Elem::kBF16 && aligned && shape.head_dim % 8 == 0 && shape.v_head_dim % 8 == 0;
+    if (cache == Elem::kF32) launch_prefill<float, false>(args, widest, grid, stream);
+    else if (async) launch_prefill<bf16, true>(args, widest, grid, stream);
+    else launch_prefill<bf16, false>(args, widest, grid, stream);
+    const cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+  }
+  if (launch.decode) {
+    args.splits = launch.splits < 1 ? 1 : launch.splits;
     if (args.splits > 1) {
-      args.part_o = scratch;
-      args.part_ml = scratch + int64_t{args.splits} * shape.q_tokens * shape.num_heads * shape.v_head_dim;
+      args.part_o = launch.decode_scratch;
+      args.part_ml =
+          launch.decode_scratch + int64_t{args.splits} * shape.q_tokens * shape.num_heads * shape.v_head_dim;
     }
     const DecodeGeometry geo = decode_geometry(cache, shape, aligned && decode_vector_ok(cache, shape));
     const int rt = decode_rows_per_pass(shape);
@@ -899,16 +945,7 @@ cudaError_t attention(AttentionPath path, Elem q_type, Elem out_type, Elem cache
                        static_cast<unsigned>((shape.num_heads + kCombineHeads - 1) / kCombineHeads));
       decode_combine_kernel<<<cgrid, kCombineThreads, 0, stream>>>(args);
     }
-    return cudaGetLastError();
   }
-
-  args.splits = 1;
-  const int64_t tiles = (shape.q_tokens + kPrefillBM - 1) / kPrefillBM + shape.num_seqs;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.num_heads));
-  const bool async = cache == Elem::kBF16 && aligned && shape.head_dim % 8 == 0 && shape.v_head_dim % 8 == 0;
-  if (cache == Elem::kF32) launch_prefill<float, false>(args, widest, grid, stream);
-  else if (async) launch_prefill<bf16, true>(args, widest, grid, stream);
-  else launch_prefill<bf16, false>(args, widest, grid, stream);
   return cudaGetLastError();
 }
 

@@ -45,23 +45,31 @@ struct AttentionShape {
   int sliding_window = 0;
 };
 
-// Which kernel computes the call (attention.h explains the two).
-enum class AttentionPath : uint8_t { kDecode, kPrefill };
-
-// The number of key splits the decode path uses for `shape` on the current
+// The number of key splits the decode kernel uses for `shape` on the current
 // device (1 .. kAttentionMaxSplits), from sizes only. When it is above 1 the
-// decode path needs scratch: attention_decode_scratch_floats(shape, splits)
+// decode kernel needs scratch: attention_decode_scratch_floats(shape, splits)
 // f32 values.
 int attention_decode_splits(Elem cache, const AttentionShape& shape);
 int64_t attention_decode_scratch_floats(const AttentionShape& shape, int splits);
+// The prefill grid's tile count (a bound from sizes; surplus blocks exit).
+int64_t attention_prefill_tiles(const AttentionShape& shape, int64_t decode_max_q);
+
+// What one attention call launches (attention.h explains the paths).
+struct AttentionLaunch {
+  bool decode = true;   // the split-KV decode kernel (and its combine when splits > 1)
+  bool prefill = false;  // the plan and tensor-core prefill kernels
+  // With both: sequences with q_len <= decode_max_q go to the decode kernel,
+  // the others to prefill. With prefill alone, 0 (every sequence). Ignored
+  // when only the decode kernel runs (it takes every sequence).
+  int64_t decode_max_q = 0;
+  int splits = 1;                   // attention_decode_splits(...) or a forced count
+  float* decode_scratch = nullptr;  // attention_decode_scratch_floats(...) f32 (null when splits is 1)
+  int32_t* tile_starts = nullptr;   // prefill: num_seqs + 1 i32 of scratch
+};
 
 // q: q's type, out: out's type, cache: both caches' type (each f32 or bf16).
-// For kDecode, `splits` is attention_decode_splits(...) and `scratch` holds
-// attention_decode_scratch_floats(...) f32 values (may be null when splits
-// is 1); both are ignored for kPrefill.
-cudaError_t attention(AttentionPath path, Elem q_type, Elem out_type, Elem cache, const void* q,
-                      const void* k_cache, const void* v_cache, const int32_t* q_start, const int32_t* kv_start,
-                      const int32_t* kv_slots, const AttentionShape& shape, int splits, float* scratch, void* out,
-                      cudaStream_t stream);
+cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, const void* k_cache, const void* v_cache,
+                      const int32_t* q_start, const int32_t* kv_start, const int32_t* kv_slots,
+                      const AttentionShape& shape, const AttentionLaunch& launch, void* out, cudaStream_t stream);
 
 }  // namespace basalt::cuda_kernels

@@ -197,6 +197,13 @@ TEST(CudaAttention, LongAndMixedKvLengths) {
   seqs.push_back({3, 700});
   for (int window : {0, 1024})
     for (DType t : kTypes) check_attention(rng, seqs, {32, 8, 128, 128, window, t, t});
+  // A continuous batch: 100 decodes and one 200-row prefill chunk over a
+  // 1000-key prefix (the automatic choice runs both kernels, per sequence).
+  std::vector<Seq> crowd;
+  for (int i = 0; i < 100; ++i) crowd.push_back({1, 1 + (i * 37) % 900});
+  crowd.push_back({200, 1200});
+  crowd.push_back({5, 60});
+  for (DType t : kTypes) check_attention(rng, crowd, {32, 8, 128, 128, 0, t, t});
   // Few sequences (many splits) with a wide head.
   check_attention(rng, {{1, 4000}, {2, 3000}}, {16, 2, 256, 256, 0, DType::kBF16, DType::kBF16});
 }
