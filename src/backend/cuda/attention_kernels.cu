@@ -397,11 +397,12 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(Args a)
 //
 // Grid (tiles, num_heads), 128 threads (4 warps). A block computes BM = 64
 // query rows of one sequence for one query head; warp w owns rows
-// 16w .. 16w + 15. blockIdx.x numbers the (sequence, query tile) pairs:
-// warp 0 scans the layout's q_start on the device to find them (the grid,
-// ceil(T / BM) + num_seqs tiles, bounds the count from shapes; surplus blocks
-// exit). Tiles of a sequence are taken last-first, so the longest causal
-// rows start first.
+// 16w .. 16w + 15. blockIdx.x numbers the (sequence, query tile) pairs of
+// the sequences this kernel serves (q_len > decode_max_q): plan_kernel has
+// written their prefix on the device and each block binary-searches it (the
+// grid, attention_prefill_tiles(), bounds the count from shapes; surplus
+// blocks exit at once). Tiles of a sequence are taken last-first, so the
+// longest causal rows start first.
 //
 // Shared memory: the Q tile [BM][LD] bf16, and two stages of K and V tiles
 // [BN][LD] bf16 (LD = DMAX + 8: a 16-byte pad makes the 8 row addresses of
