@@ -57,6 +57,7 @@ struct Args {
   float scale_log2;  // softmax scale * log2(e): scores live in the log2 domain
   int sliding_window;
   int splits;
+  int row_splits;  // decode: the passes of RT rows are dealt round-robin over this many blocks
   bool q_bf16, out_bf16;
   // Sequences with q_len <= decode_max_q belong to the decode kernel (and the
   // combine), the others to the prefill kernel; each kernel skips the other's.
@@ -98,10 +99,13 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Args& a, int s) {
 // ===========================================================================
 // Decode path (split-KV, "flash-decoding"), CUDA cores, f32 arithmetic.
 //
-// Grid (splits, num_seqs, num_kv_heads), 128 threads. A block serves every
-// query row of its sequence and every query head of its kv head's GQA group
-// together ("rows" r = query i * group + head h, RT rows per pass), so each
-// key and value row is read from memory once per pass. The keys the pass's
+// Grid (splits * row_splits, num_seqs, num_kv_heads), 128 threads. A block
+// serves query rows of its sequence with every query head of its kv head's
+// GQA group together ("rows" r = query i * group + head h, RT rows per pass),
+// so each key and value row is read from memory once per pass. A decode
+// sequence is one pass; when sequences have many rows (prompts over f32
+// caches), the passes are dealt round-robin over row_splits blocks (pass p
+// to block p % row_splits), row_splits chosen from shapes. The keys the pass's
 // rows can see, [lo, hi), are cut into `splits` equal chunks; the block takes
 // chunk blockIdx.x, computed on the device from the lengths it reads, so an
 // empty chunk (short sequence, padding sequence) just writes neutral partials
@@ -159,7 +163,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
   __shared__ float red_m[NW][RT], red_l[NW][RT];
   __shared__ float red_o[NW][RT][kWidth];
 
-  const int split = blockIdx.x, seq = blockIdx.y, kv_head = blockIdx.z;
+  const int split = blockIdx.x % a.splits, row_split = blockIdx.x / a.splits;
+  const int seq = blockIdx.y, kv_head = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, grp = lane / LPK, sub = lane % LPK;
   const SeqBounds b = seq_bounds(a, seq);
   if (b.q_len > a.decode_max_q) return;  // the prefill kernel's (uniform over the block)
@@ -169,7 +174,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
   const Cache* v_cache = static_cast<const Cache*>(a.v_cache);
   const int32_t* slots = a.kv_slots + (b.bad ? 0 : b.kv_begin);
 
-  for (int64_t r0 = 0; r0 < total_rows; r0 += RT) {  // uniform over the block
+  for (int64_t r0 = int64_t{row_split} * RT; r0 < total_rows; r0 += int64_t{RT} * a.row_splits) {  // uniform
     // This pass's rows: query i = r / group (position kv_len - q_len + i),
     // head kv_head * group + r % group.
     const int64_t pos_first = b.kv_len - b.q_len + r0 / group;
@@ -841,11 +846,19 @@ cudaError_t store_kv(Elem act, Elem cache, const void* k, const void* v, const i
   return cudaGetLastError();
 }
 
+int attention_decode_row_splits(const AttentionShape& s) {
+  if (s.num_seqs <= 0) return 1;
+  const int rt = decode_rows_per_pass(s);
+  const int64_t rows = (s.q_tokens + s.num_seqs - 1) / s.num_seqs * (s.num_heads / s.num_kv_heads);
+  const int64_t passes = (rows + rt - 1) / rt;
+  return static_cast<int>(passes < 1 ? 1 : passes > 1024 ? 1024 : passes);
+}
+
 int attention_decode_splits(Elem cache, const AttentionShape& s) {
   if (s.num_seqs <= 0) return 1;
-  // Blocks of one split; a wave is what the chip holds at once (the decode
-  // kernel's occupancy for this geometry).
-  const int64_t base = int64_t{s.num_seqs} * s.num_kv_heads;
+  // Blocks of one key split; a wave is what the chip holds at once (the
+  // decode kernel's occupancy for this geometry).
+  const int64_t base = int64_t{s.num_seqs} * s.num_kv_heads * attention_decode_row_splits(s);
   const int sms = sm_count();
   // Resident 128-thread blocks per SM (ptxas -v: ~150 registers with 4 rows
   // per pass, ~240 with 8).
@@ -935,7 +948,8 @@ cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, con
     }
     const DecodeGeometry geo = decode_geometry(cache, shape, aligned && decode_vector_ok(cache, shape));
     const int rt = decode_rows_per_pass(shape);
-    const dim3 grid(static_cast<unsigned>(args.splits), static_cast<unsigned>(shape.num_seqs),
+    args.row_splits = attention_decode_row_splits(shape);
+    const dim3 grid(static_cast<unsigned>(args.splits * args.row_splits), static_cast<unsigned>(shape.num_seqs),
                     static_cast<unsigned>(shape.num_kv_heads));
     if (cache == Elem::kF32) launch_decode<float>(args, geo, rt, grid, stream);
     else launch_decode<bf16>(args, geo, rt, grid, stream);

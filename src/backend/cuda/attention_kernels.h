@@ -50,6 +50,9 @@ struct AttentionShape {
 // decode kernel needs scratch: attention_decode_scratch_floats(shape, splits)
 // f32 values.
 int attention_decode_splits(Elem cache, const AttentionShape& shape);
+// How many blocks share a sequence's passes of query rows (1 for decode
+// batches; up to 1024 when sequences average many rows), from sizes only.
+int attention_decode_row_splits(const AttentionShape& shape);
 int64_t attention_decode_scratch_floats(const AttentionShape& shape, int splits);
 // The prefill grid's tile count (a bound from sizes; surplus blocks exit).
 int64_t attention_prefill_tiles(const AttentionShape& shape, int64_t decode_max_q);
