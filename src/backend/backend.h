@@ -105,10 +105,20 @@ struct MlaParams {
 // queries and kv_len keys sits at position kv_len - q_len + i and attends to
 // keys 0 ..= that position (causal), and no further back than sliding_window
 // keys when sliding_window > 0. All three are i32 tensors on the backend's device.
+//
+// Edge cases every backend handles the same way (an engine that replays
+// captured CUDA graphs pads its batches with them, so a layout's tensors keep
+// fixed shapes from step to step):
+//  * kv_slots may hold more entries than kv_start[num_seqs]; the entries past
+//    it are never read (their values may be anything).
+//  * A sequence may have fewer keys than queries (q_len > kv_len, e.g. q_len 1
+//    over kv_len 0, a padding sequence): its query rows at negative positions
+//    see no key and their output rows are zero (never NaN); its rows at
+//    positions >= 0, if any, attend as usual.
 struct AttentionLayout {
   Tensor q_start;   // i32 [num_seqs + 1]
   Tensor kv_start;  // i32 [num_seqs + 1]
-  Tensor kv_slots;  // i32 [kv_start[num_seqs]]
+  Tensor kv_slots;  // i32 [>= kv_start[num_seqs]]
 };
 
 struct AttentionParams {
@@ -186,6 +196,8 @@ class Backend {
   virtual void rope(Tensor& x, const Tensor& positions, const RopeParams& params) = 0;
   // k_cache[slots[t], :] = k[t, :], v_cache[slots[t], :] = v[t, :].
   // k [T, kv_heads * head_dim], v [T, kv_heads * v_head_dim]; slots i32 [T].
+  // A token whose slot is negative (a padding token) is skipped: nothing is
+  // stored for it on any backend.
   virtual void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
                         Tensor& v_cache) = 0;
   // The attention block's input stage on a fused projection: qkv [T,

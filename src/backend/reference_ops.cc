@@ -271,8 +271,9 @@ void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_c
     const int64_t width = src.dim(1);
     for (int64_t t = 0; t < tokens; ++t) {
       const int64_t slot = slots.data<const int32_t>()[t];
-      BASALT_CHECK(slot >= 0 && slot < cache.dim(0), "reference store_kv: slot {} outside [0, {})",
-                   slot, cache.dim(0));
+      if (slot < 0) continue;  // a padding token: nothing is stored
+      BASALT_CHECK(slot < cache.dim(0), "reference store_kv: slot {} outside [0, {})", slot,
+                   cache.dim(0));
       for (int64_t i = 0; i < width; ++i) {
         store_f32(cache, slot * width + i, src.data<const float>()[t * width + i]);
       }
@@ -311,12 +312,12 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
   const int32_t* kv_start = layout.kv_start.data<const int32_t>();
   const int32_t* kv_slots = layout.kv_slots.data<const int32_t>();
   BASALT_CHECK(q_start[0] == 0 && q_start[seqs] == tokens && kv_start[0] == 0 &&
-                   kv_start[seqs] == layout.kv_slots.dim(0),
+                   kv_start[seqs] <= layout.kv_slots.dim(0),
                "reference attention: layout does not cover q and kv_slots");
   const int64_t slots = k_cache.dim(0), group = heads / kv_heads;
   for (int64_t s = 0; s < seqs; ++s) {
     const int64_t q_len = q_start[s + 1] - q_start[s], kv_len = kv_start[s + 1] - kv_start[s];
-    BASALT_CHECK(q_len >= 0 && q_len <= kv_len, "reference attention: sequence {} has {} queries "
+    BASALT_CHECK(q_len >= 0 && kv_len >= 0, "reference attention: sequence {} has {} queries "
                  "and {} keys", s, q_len, kv_len);
     for (int64_t j = 0; j < kv_len; ++j) {
       BASALT_CHECK(kv_slots[kv_start[s] + j] >= 0 && kv_slots[kv_start[s] + j] < slots,
@@ -327,6 +328,11 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
       const int64_t first = params.sliding_window > 0
                                 ? std::max<int64_t>(0, position - params.sliding_window + 1)
                                 : 0;
+      if (position < 0) {  // a padding query before the sequence's first key: zeros
+        std::fill(out.data<float>() + row * heads * v_head_dim,
+                  out.data<float>() + (row + 1) * heads * v_head_dim, 0.0f);
+        continue;
+      }
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t kvh = h / group;
         const float* qv = q.data<const float>() + row * heads * head_dim + h * head_dim;

@@ -26,11 +26,13 @@
 //    Features at or past rotary_dim within a head are left unchanged.
 //  * store_kv: caches are [num_slots, row] with row = kv_heads * head_dim (or
 //    any shape whose first dimension is num_slots and whose other dimensions
-//    multiply to row), f32 or bf16 (rounded to nearest even on store). Slots
-//    outside [0, num_slots) throw. If a slot repeats, which row lands there is
-//    unspecified.
+//    multiply to row), f32 or bf16 (rounded to nearest even on store). A
+//    negative slot is skipped (nothing stored); slots >= num_slots throw. If
+//    a slot repeats, which row lands there is unspecified.
 //  * attention: query row i of a sequence with q_len queries and kv_len keys
-//    sits at position p = kv_len - q_len + i (q_len <= kv_len) and attends to
+//    sits at position p = kv_len - q_len + i; a row with p < 0 (a padding
+//    sequence with q_len > kv_len) is all zeros. kv_slots entries past
+//    kv_start[num_seqs] are ignored. Otherwise the row attends to
 //    the keys j with j <= p and, if sliding_window > 0, p - j < sliding_window
 //    (the window counts the query's own key, as HF's sliding-window mask
 //    does). Query head h reads kv head h / (num_heads / num_kv_heads).

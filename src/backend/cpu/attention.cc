@@ -105,7 +105,9 @@ class ItemRunner {
     for (int64_t r = 0; r < queries; ++r) {
       float* o = a_.out + (q_begin + item.row_begin + r / group_) * p_.num_heads * dv +
                  (item.kv_head * group_ + r % group_) * dv;
-      const float inv = 1.0f / running_sum[r];
+      // A query before the sequence's first key (position < 0: a padding
+      // sequence with more queries than keys) saw no key: zeros, not 0 / 0.
+      const float inv = running_sum[r] > 0.0f ? 1.0f / running_sum[r] : 0.0f;
       for (int64_t i = 0; i < dv; ++i) o[i] = acc[r * dv + i] * inv;
     }
   }
@@ -232,7 +234,7 @@ void attention_f32(ThreadPool& pool, const AttentionArgs& args) {
       const int64_t last = kv_len - q_len + r1 - 1;
       const int64_t first =
           p.sliding_window > 0 ? std::max<int64_t>(0, kv_len - q_len + r0 - p.sliding_window + 1) : 0;
-      const int64_t cost = (r1 - r0) * group * (last - first + 1 + kKeyBlock);
+      const int64_t cost = (r1 - r0) * group * (std::max<int64_t>(0, last - first + 1) + kKeyBlock);
       for (int64_t h = 0; h < p.num_kv_heads; ++h) items.push_back({s, h, r0, r1, cost});
     }
   }

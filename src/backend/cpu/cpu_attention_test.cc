@@ -134,6 +134,39 @@ TEST(CpuAttention, SameResultOnEveryPoolSize) {
   }
 }
 
+// The graph-padding cases of backend.h: a sequence with more query rows
+// than keys (q_len 1 over kv_len 0, or 3 over 1) gets zero rows for the
+// queries at negative positions and normal rows for the others; kv_slots may
+// run past kv_start[num_seqs] (its tail, even out of range, is ignored).
+TEST(CpuAttention, PaddedSequencesGiveZeroRowsAndExtraSlotsAreIgnored) {
+  TestRng rng;
+  for (DType cache : {DType::kF32, DType::kBF16}) {
+    const AttentionParams p = params(8, 2, 16, 16);
+    Batch b = make_batch(rng, {{1, 5}, {1, 0}, {3, 1}, {2, 9}, {1, 0}}, p, cache);
+    std::vector<int32_t> slots(b.layout.kv_slots.data<const int32_t>(),
+                               b.layout.kv_slots.data<const int32_t>() + b.layout.kv_slots.numel());
+    for (int32_t extra : {0, -1, 1 << 30}) slots.push_back(extra);
+    b.layout.kv_slots = i32_tensor(slots);
+    CpuBackend backend;
+    const Shape out_shape = {b.tokens, int64_t{p.num_heads} * p.v_head_dim};
+    Tensor out = poisoned(out_shape), ref = poisoned(out_shape);
+    backend.attention(b.q, b.k_cache, b.v_cache, b.layout, p, out);
+    reference::attention(b.q, b.k_cache, b.v_cache, b.layout, p, ref);
+    EXPECT_EQ(count_nan(out), 0);
+    EXPECT_EQ(count_nan(ref), 0);
+    EXPECT_LT(relative_error(out, ref), 1e-5);
+    // Rows 1 (q 1 / kv 0), 2 and 3 (positions -2, -1 of q 3 / kv 1) and 7 are zero.
+    const int64_t width = out_shape[1];
+    for (int64_t row : {1, 2, 3, 7})
+      for (int64_t i = 0; i < width; ++i) {
+        EXPECT_EQ(out.data<float>()[row * width + i], 0.0f) << row;
+        EXPECT_EQ(ref.data<float>()[row * width + i], 0.0f) << row;
+      }
+    // Row 4 (position 0 of q 3 / kv 1) attends to its one key: the value row.
+    EXPECT_NE(out.data<float>()[4 * width], 0.0f);
+  }
+}
+
 TEST(CpuAttentionChecks, RejectsBadLayoutsAndShapes) {
   TestRng rng;
   CpuBackend backend;
@@ -154,13 +187,16 @@ TEST(CpuAttentionChecks, RejectsBadLayoutsAndShapes) {
   expect_rejected(bad, p, "negative slot");
   bad = b.layout;
   bad.q_start = i32_tensor({0, 4, 3});
-  expect_rejected(bad, p, "q_len > kv_len");
+  expect_rejected(bad, p, "negative q_len");
   bad = b.layout;
   bad.q_start = i32_tensor({0, 2, 2});
   expect_rejected(bad, p, "q_start does not cover q");
   bad = b.layout;
-  bad.kv_start = i32_tensor({0, 3, 6});
-  expect_rejected(bad, p, "kv_start does not cover kv_slots");
+  bad.kv_start = i32_tensor({0, 3, 8});
+  expect_rejected(bad, p, "kv_start past the end of kv_slots");
+  bad = b.layout;
+  bad.kv_start = i32_tensor({1, 3, 7});
+  expect_rejected(bad, p, "kv_start not from 0");
   bad = b.layout;
   bad.kv_start = i32_tensor({0, 7});
   expect_rejected(bad, p, "kv_start of the wrong length");

@@ -406,7 +406,7 @@ void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slots,
                k_cache.describe(), v_cache.describe());
   const int32_t* slot = slots.data<const int32_t>();
   for (int64_t t = 0; t < tokens; ++t) {
-    BASALT_CHECK(slot[t] >= 0 && slot[t] < k_cache.dim(0),
+    BASALT_CHECK(slot[t] < k_cache.dim(0),
                  "store_kv: slots[{}] = {} is outside the cache's {} slots", t, slot[t],
                  k_cache.dim(0));
   }
@@ -415,6 +415,7 @@ void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slots,
       tokens,
       [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
+          if (slot[t] < 0) continue;  // a padding token: nothing is stored
           from_f32(k.data<const float>() + t * k_width, k_width, k_cache.raw(), k_cache.dtype(),
                    slot[t] * k_width);
           from_f32(v.data<const float>() + t * v_width, v_width, v_cache.raw(), v_cache.dtype(),
@@ -463,18 +464,18 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   BASALT_CHECK(q_start[0] == 0 && q_start[seqs] == tokens,
                "attention: q_start must run from 0 to the {} query rows, got {} .. {}", tokens,
                q_start[0], q_start[seqs]);
-  BASALT_CHECK(kv_start[0] == 0 && kv_start[seqs] == layout.kv_slots.dim(0),
-               "attention: kv_start must run from 0 to the {} kv_slots, got {} .. {}",
+  BASALT_CHECK(kv_start[0] == 0 && kv_start[seqs] <= layout.kv_slots.dim(0),
+               "attention: kv_start must run from 0 to at most the {} kv_slots, got {} .. {}",
                layout.kv_slots.dim(0), kv_start[0], kv_start[seqs]);
   for (int64_t s = 0; s < seqs; ++s) {
     const int64_t q_len = int64_t{q_start[s + 1]} - q_start[s];
     const int64_t kv_len = int64_t{kv_start[s + 1]} - kv_start[s];
-    BASALT_CHECK(q_len >= 0 && kv_len >= q_len,
-                 "attention: sequence {} has {} query rows and {} keys (need 0 <= q_len <= kv_len)",
+    BASALT_CHECK(q_len >= 0 && kv_len >= 0,
+                 "attention: sequence {} has {} query rows and {} keys (need both >= 0)",
                  s, q_len, kv_len);
   }
   const int64_t num_slots = k_cache.dim(0);
-  for (int64_t i = 0; i < layout.kv_slots.dim(0); ++i) {
+  for (int64_t i = 0; i < kv_start[seqs]; ++i) {  // entries past kv_start[seqs] are unused
     BASALT_CHECK(kv_slots[i] >= 0 && kv_slots[i] < num_slots,
                  "attention: kv_slots[{}] = {} is outside the cache's {} slots", i, kv_slots[i],
                  num_slots);

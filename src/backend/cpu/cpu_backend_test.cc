@@ -352,7 +352,14 @@ TEST(CpuBackendChecks, EmbeddingRopeAndStoreKvRejectMismatches) {
   Tensor v_cache_f16 = Tensor::zeros({5, 4}, DType::kF16);
   Tensor small_cache = Tensor::zeros({4, 4}, DType::kF32);
   EXPECT_THROW(backend.store_kv(k, v, i32_tensor({0, 5}), k_cache, v_cache), Error);
-  EXPECT_THROW(backend.store_kv(k, v, i32_tensor({0, -3}), k_cache, v_cache), Error);
+  // A negative slot is a padding token: skipped, not an error (backend.h).
+  backend.store_kv(Tensor::from_f32({2, 8}, std::vector<float>(16, 1.0f)),
+                   Tensor::from_f32({2, 4}, std::vector<float>(8, 2.0f)), i32_tensor({3, -3}), k_cache,
+                   v_cache);
+  for (int64_t i = 0; i < 40; ++i)
+    EXPECT_EQ(k_cache.data<float>()[i], i / 8 == 3 ? 1.0f : 0.0f) << i;
+  for (int64_t i = 0; i < 20; ++i)
+    EXPECT_EQ(reference::load_f32(v_cache, i), i / 4 == 3 ? 2.0f : 0.0f) << i;
   EXPECT_THROW(backend.store_kv(k, v, i32_tensor({0}), k_cache, v_cache), Error);
   EXPECT_THROW(backend.store_kv(k, v, i32_tensor({0, 1}), k_cache, v_cache_f16), Error);
   EXPECT_THROW(backend.store_kv(k, v, i32_tensor({0, 1}), k_cache, small_cache), Error);

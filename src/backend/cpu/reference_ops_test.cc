@@ -124,6 +124,12 @@ TEST(ReferenceOps, StoreKvConvertsIntoSlots) {
   EXPECT_EQ(values(k_cache), (std::vector<float>{3, 4, 0, 0, 1, 2}));
   EXPECT_EQ(values(v_cache), (std::vector<float>{6, 0, 5}));
   EXPECT_THROW(reference::store_kv(k, v, i32_tensor({3, 0}), k_cache, v_cache), Error);
+  // A negative slot is a padding token: nothing is stored for it.
+  reference::store_kv(Tensor::from_f32({2, 2}, std::vector<float>{7, 8, 9, 10}),
+                      Tensor::from_f32({2, 1}, std::vector<float>{11, 12}), i32_tensor({-1, 1}),
+                      k_cache, v_cache);
+  EXPECT_EQ(values(k_cache), (std::vector<float>{3, 4, 9, 10, 1, 2}));
+  EXPECT_EQ(values(v_cache), (std::vector<float>{6, 12, 5}));
 }
 
 TEST(ReferenceOps, AttentionCausalWindowAndGqa) {

@@ -1,10 +1,12 @@
 #include "backend/cuda/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "backend/cuda/attention_kernels.h"
+#include "backend/cuda/device.h"
 #include "core/error.h"
 
 namespace basalt {
@@ -69,7 +71,8 @@ void cuda_store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor
 }
 
 void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
-                    const AttentionParams& params, Tensor& out, cudaStream_t stream) {
+                    const AttentionParams& params, Tensor& out, cudaStream_t stream, CudaAttentionPath path,
+                    int decode_splits) {
   const int64_t heads = params.num_heads, kv_heads = params.num_kv_heads;
   const int64_t head_dim = params.head_dim, v_head_dim = params.v_head_dim;
   constexpr int64_t kMaxDim = cuda_kernels::kAttentionMaxHeadDim;
@@ -87,10 +90,8 @@ void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
                q.describe(), heads * head_dim);
   const int64_t tokens = q.dim(0);
   BASALT_CHECK(tokens <= kI32Max, "cuda attention: too many query tokens ({})", tokens);
-  BASALT_CHECK(out.rank() == 2 && out.dim(0) == tokens && out.dim(1) == heads * v_head_dim &&
-                   out.dtype() == q.dtype(),
-               "cuda attention: out {} must be [{}, {}] of q's dtype ({})", out.describe(), tokens,
-               heads * v_head_dim, q.describe());
+  BASALT_CHECK(out.rank() == 2 && out.dim(0) == tokens && out.dim(1) == heads * v_head_dim,
+               "cuda attention: out {} must be [{}, {}]", out.describe(), tokens, heads * v_head_dim);
   require_cache(k_cache, kv_heads * head_dim, "attention", "k_cache");
   require_cache(v_cache, kv_heads * v_head_dim, "attention", "v_cache");
   BASALT_CHECK(k_cache.dtype() == v_cache.dtype() && k_cache.dim(0) == v_cache.dim(0),
@@ -116,9 +117,42 @@ void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   shape.v_head_dim = static_cast<int>(v_head_dim);
   shape.scale = params.scale;
   shape.sliding_window = params.sliding_window;
-  launched(cuda_kernels::attention(elem(q.dtype()), elem(k_cache.dtype()), q.raw(), k_cache.raw(), v_cache.raw(),
-                                   layout.q_start.data<const int32_t>(), layout.kv_start.data<const int32_t>(),
-                                   layout.kv_slots.data<const int32_t>(), shape, out.raw(), stream),
+
+  // The kernels, from shapes and the cache dtype only (see attention.h). The
+  // decode grid's y is the sequence count, which CUDA caps at 65535.
+  cuda_kernels::AttentionLaunch launch;
+  const bool f32_cache = k_cache.dtype() == DType::kF32;
+  if (path == CudaAttentionPath::kAuto) {
+    if (f32_cache || (tokens <= kDecodeMaxAverageRows * seqs && tokens < seqs + kPrefillMinExtraRows)) {
+      launch.decode = true, launch.prefill = false;  // decode-like: every sequence to the decode kernel
+    } else {
+      launch.decode = true, launch.prefill = true;  // per sequence
+      launch.decode_max_q = kDecodeMaxAverageRows;
+    }
+  } else {
+    launch.decode = path == CudaAttentionPath::kDecode;
+    launch.prefill = !launch.decode;
+    launch.decode_max_q = 0;
+  }
+  if (seqs > 65535) launch.decode = false, launch.prefill = true, launch.decode_max_q = 0;
+  Tensor decode_scratch, tile_starts;  // back to the device cache after the op: stream-ordered reuse
+  if (launch.decode) {
+    launch.splits = decode_splits > 0 ? std::min(decode_splits, cuda_kernels::kAttentionMaxSplits)
+                                      : cuda_kernels::attention_decode_splits(elem(k_cache.dtype()), shape);
+    const int64_t floats = cuda_kernels::attention_decode_scratch_floats(shape, launch.splits);
+    if (floats > 0) {
+      decode_scratch = cuda_empty({floats}, DType::kF32);
+      launch.decode_scratch = decode_scratch.data<float>();
+    }
+  }
+  if (launch.prefill) {
+    tile_starts = cuda_empty({seqs + 1}, DType::kI32);
+    launch.tile_starts = tile_starts.data<int32_t>();
+  }
+  launched(cuda_kernels::attention(elem(q.dtype()), elem(out.dtype()), elem(k_cache.dtype()), q.raw(), k_cache.raw(),
+                                   v_cache.raw(), layout.q_start.data<const int32_t>(),
+                                   layout.kv_start.data<const int32_t>(), layout.kv_slots.data<const int32_t>(), shape,
+                                   launch, out.raw(), stream),
            "attention");
 }
 

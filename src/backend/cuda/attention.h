@@ -4,7 +4,8 @@
 //
 // Contract:
 //  * Every tensor is on the device (Device::kCuda) and contiguous.
-//    Activations (k, v, q, out) are f32 or bf16, one dtype per call; both
+//    Activations are f32 or bf16: k and v of one dtype, q and out each
+//    either (independently); both
 //    caches are f32 or bf16, one dtype for the two. slots and the layout's
 //    tensors are i32 [n]. Caches are [num_slots, row] (or any shape whose
 //    first dimension is num_slots and whose other dimensions multiply to
@@ -16,56 +17,86 @@
 //    to the cache dtype (rounded to nearest even into bf16). The slots are not
 //    read back to the host (that would cost a synchronisation, and the engine
 //    captures these calls in CUDA graphs): a token whose slot lies outside
-//    [0, num_slots) writes nothing. The engine never passes such a slot. If a
+//    [0, num_slots) writes nothing (a negative slot marks a padding token,
+//    as backend.h allows; the engine passes no slot >= num_slots). If a
 //    slot repeats, which row lands there is unspecified.
-//  * attention: exactly the reference's semantics. Sequence s owns query rows
-//    [q_start[s], q_start[s+1]) and reads slots kv_slots[kv_start[s] ..
-//    kv_start[s+1]) in position order; query i of a sequence with q_len
-//    queries and kv_len keys sits at position kv_len - q_len + i and attends
-//    to keys j <= position (and position - j < sliding_window when
-//    sliding_window > 0); query head h reads kv head h / (num_heads /
-//    num_kv_heads). One launch serves any mix of prefill, extend (queries over
-//    a cached prefix) and decode sequences. The number of sequences is
+//  * attention: exactly the reference's semantics, with backend.h's edge
+//    cases: sequence s owns query rows [q_start[s], q_start[s+1]) and reads
+//    slots kv_slots[kv_start[s] .. kv_start[s+1]) in position order; query i
+//    of a sequence with q_len queries and kv_len keys sits at position
+//    kv_len - q_len + i and attends to keys j <= position (and position - j <
+//    sliding_window when sliding_window > 0); a query at a negative position
+//    (a padding sequence, q_len > kv_len) gets a zero row; kv_slots entries
+//    past kv_start[num_seqs] are never read; query head h reads kv head h /
+//    (num_heads / num_kv_heads). One launch serves any mix of prefill,
+//    extend (queries over a cached prefix) and decode sequences. q and out
+//    are each f32 or bf16 (independently). The number of sequences is
 //    q_start.numel() - 1; the layout's contents are never copied to the host,
-//    so they are not validated: a query row whose sequence has more queries
-//    than keys, whose layout runs past kv_slots, or that reads a slot outside
-//    [0, num_slots), is written as NaN (the engine builds only valid layouts).
-//    Sequences with no queries are allowed.
+//    so they are not validated: rows of a sequence whose layout runs past
+//    q or kv_slots, or that reads a slot outside [0, num_slots), are written
+//    as NaN (all of that sequence's rows that share the offending key range,
+//    per kv head), and rows that no sequence covers are unspecified (the
+//    engine builds only valid layouts). Sequences with no queries are allowed.
 //  * Limits: head_dim and v_head_dim in [1, 256] (any value, not only powers
 //    of two), q tokens, kv_slots entries and cache rows below 2^31.
-//  * Arithmetic: scores, softmax and the weighted sum of values in f32, with a
-//    streaming (online) softmax; a bf16 output is the f32 result rounded once.
-//  * Batch invariance: each output row is computed by one thread block whose
-//    operations depend only on that row's own keys (the split of the keys over
-//    warps is fixed by the key index, and the merge order is fixed), so a row
-//    gets the same bits alone or in any batch, and whether its prompt was
-//    prefilled in one call or in chunks.
-//  * Launches go to `stream` (the default stream when null) and return at
-//    once; nothing here synchronises, so both ops can be captured in a graph.
+//  * Graph safety: the kernels launched, grids, split counts and scratch
+//    sizes depend only on tensor shapes (T, num_seqs, kv_slots.numel(), head
+//    dims), the cache dtype and the SM count; scratch (decode partials, the
+//    prefill plan) comes from cuda_empty (the caching
+//    allocator, stream-ordered reuse). Launches go to `stream` (the default
+//    stream when null) and return at once; nothing synchronises, so both ops
+//    can be captured in a CUDA graph and replayed with new layout contents
+//    of the same shapes.
+//  * Not batch invariant (like the rest of this backend): the decode path's
+//    split count and the choice of path depend on the call's shapes, so a row
+//    may differ in the last bits alone and in a batch. Each launch is
+//    deterministic (fixed merge orders, no atomics): the same call gives the
+//    same bits.
 //
-// Kernel design (attention_kernels.cu): one thread block of 8 warps per
-// (query row, kv head, up to 8 query heads of that kv head's GQA group), so a
-// key row read once serves the whole group. The warps split the row's keys
-// round-robin; a warp reads one key and value row at a time straight from the
-// cache (coalesced: lane l holds features l, l + 32, ...), reduces the dot
-// products with warp shuffles, and keeps its own online-softmax state in
-// registers; the eight states are merged through shared memory at the end.
-// What would make it faster, in order of payoff:
-//  * Split-K (FlashDecoding) for decode: with few sequences and long contexts
-//    the grid has only batch * kv_heads blocks; split each row's keys over
-//    several blocks and merge the partial (max, sum, output) in a second
-//    kernel (deterministically, to stay batch-invariant).
-//  * Prefill/extend: one block per tile of query rows (e.g. 64 rows x group
-//    heads) sharing key/value tiles staged in shared memory (cp.async / TMA),
-//    with the QK^T and PV products on tensor cores (mma.sync / wgmma on
-//    sm_90a), FlashAttention-2/3 style, and causal tiles skipped. Today each
-//    query row re-reads its keys from L2.
-//  * Vectorised 16-byte loads of key/value rows and several keys in flight
-//    per warp (fewer shuffles per key), and paged (page-table) slots once the
-//    engine's pool is paged on the device.
+// Two kernels (attention_kernels.cu has the details), chosen per call from
+// shapes and the cache dtype:
+//  * every sequence to the decode kernel when the caches are f32 (an f32
+//    cache asks for f32 accuracy, which the tensor-core kernel does not give:
+//    the model tests compare f32 fixtures with the CPU backend at 1e-4), or
+//    when the call is decode-like: T <= kDecodeMaxAverageRows * num_seqs and
+//    T < num_seqs + kPrefillMinExtraRows (decode steps, padded graph
+//    batches, short extends);
+//  * otherwise both, per sequence: sequences with at most
+//    kDecodeMaxAverageRows query rows go to the decode kernel, the others to
+//    the prefill kernel (a small plan kernel lists their 64-row tiles on the
+//    device). A continuous batch of decodes plus a prefill chunk runs the
+//    chunk on the tensor cores and the decodes through split-KV.
+// `path` forces one kernel for every sequence (tests run both on every case;
+// both are correct for any layout, only speed and rounding differ). Long
+// prompts over f32 caches are slow (the decode kernel re-reads the keys for
+// every 8 query rows): serve with bf16 caches.
+//  * Decode (split-KV, "flash-decoding"): one block per (split, sequence, kv
+//    head) serves all query rows and all query heads of the GQA group, so a
+//    key/value row is read once per step; rows gathered by slot with 16-byte
+//    vector loads (bf16 or f32; scalar loads when a head dim is not a
+//    multiple of 16 bytes); online softmax and all arithmetic in f32 (error
+//    vs the reference ~1e-6 relative with f32 data). Each sequence's visible
+//    keys are cut on the device into `splits` chunks, splits chosen on the
+//    host from shapes to fill the chip (batch 1 x 4096 keys x 8 kv heads:
+//    32 splits; batch 256: 1); partials (max, sum, output) are merged by a
+//    second kernel, skipped when splits is 1.
+//  * Prefill (tensor cores): FlashAttention-2 style, one block per 64 query
+//    rows of a sequence and one query head; mma.sync m16n8k16 with bf16
+//    operands and f32 accumulation; K/V tiles gathered by slot with cp.async
+//    (bf16 cache) into double-buffered shared memory; causal and window
+//    tiles skipped. q, K, V and the probabilities are rounded to bf16 (an f32
+//    cache is converted while staged), so errors are ~1e-2 relative even
+//    with f32 inputs; scores, softmax and sums are f32.
+// What would make it faster: wgmma/TMA (sm_90a) for prefill with one block
+// per GQA group sharing K/V tiles; per-sequence path choice in one launch
+// (a long prompt in a decode-heavy batch goes through the decode kernel,
+// correct but slow: the engine should keep chunked prefills in their own
+// call or the lead can add the per-sequence split); a paged page table.
 #pragma once
 
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 #include "backend/backend.h"
 #include "core/tensor.h"
@@ -74,7 +105,15 @@ namespace basalt {
 
 void cuda_store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
                    cudaStream_t stream = nullptr);
+// kAuto picks the path from shapes (above); the others force one (tests,
+// benchmarks). decode_splits > 0 forces the decode path's split count
+// (clamped to 1 .. 64; tests use it to run the combine kernel on every case).
+enum class CudaAttentionPath : uint8_t { kAuto, kDecode, kPrefill };
+inline constexpr int64_t kDecodeMaxAverageRows = 4;
+inline constexpr int64_t kPrefillMinExtraRows = 64;
+
 void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
-                    const AttentionParams& params, Tensor& out, cudaStream_t stream = nullptr);
+                    const AttentionParams& params, Tensor& out, cudaStream_t stream = nullptr,
+                    CudaAttentionPath path = CudaAttentionPath::kAuto, int decode_splits = 0);
 
 }  // namespace basalt

@@ -3,14 +3,19 @@
 #include "backend/cuda/element_types.cuh"
 
 #include <cmath>
+#include <climits>
+#include <cstdint>
 
 namespace basalt::cuda_kernels {
 namespace {
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
 // ---------------------------------------------------------------------------
-// store_kv: one block per token; a slot outside [0, num_slots) writes nothing.
+// store_kv: one block per token; a slot outside [0, num_slots) (a negative
+// padding slot in particular) writes nothing.
 
 constexpr int kStoreThreads = 128;
 
@@ -26,194 +31,802 @@ __global__ void store_kv_kernel(const Act* k, const Act* v, const int32_t* slots
     v_cache[slot * v_width + i] = from_f32<Cache>(to_f32(v[t * v_width + i]));
 }
 
-// ---------------------------------------------------------------------------
-// attention: one block per (query row, kv head, chunk of up to kHeadsPerBlock
-// query heads of that kv head's GQA group). The block's kWarps warps split
-// the row's keys round-robin (warp w takes keys first + w, first + w + kWarps,
-// ...); each warp reads one key row at a time (lane l holds features l,
-// l + 32, ..., so every load is coalesced), forms the dot products with all
-// of the block's query heads (warp butterfly sums, so every lane holds the
-// same score) and updates its own online softmax state (running max, running
-// sum, unnormalised output in registers). The warps' states are then merged
-// in a fixed order through shared memory. Scores are kept in the log2 domain
-// (q is pre-multiplied by scale * log2(e)) so exp is one exp2f.
-
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kHeadsPerBlock = 8;
-
-struct Args {
-  const void* q;
-  const void* k_cache;
-  const void* v_cache;
-  void* out;
-  const int32_t* q_start;
-  const int32_t* kv_start;
-  const int32_t* kv_slots;
-  int num_seqs;
-  int64_t kv_slots_len;
-  int64_t num_slots;
-  int num_heads, num_kv_heads, group, head_chunks, head_dim, v_head_dim;
-  float scale_log2;
-  int sliding_window;
-};
-
-// kPerLane: features per lane, ceil(max(head_dim, v_head_dim) / 32) rounded
-// up to 2, 4 or 8 (features past the head dim are zero / not stored).
-template <typename Act, typename Cache, int kPerLane>
-__global__ void __launch_bounds__(kThreads) attention_kernel(Args a) {
-  constexpr int kWidth = kPerLane * 32;
-  constexpr float kNegInf = -INFINITY;
-  __shared__ float q_s[kHeadsPerBlock * kWidth];
-  __shared__ float acc_s[kHeadsPerBlock * kWidth];
-  __shared__ float m_s[kWarps][kHeadsPerBlock];
-  __shared__ float l_s[kWarps][kHeadsPerBlock];
-  __shared__ float max_s[kHeadsPerBlock];
-  __shared__ float sum_s[kHeadsPerBlock];
-  __shared__ int bad_s;
-
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int64_t row = blockIdx.x;
-  const int kv_head = blockIdx.y / a.head_chunks, chunk = blockIdx.y % a.head_chunks;
-  const int head0 = kv_head * a.group + chunk * kHeadsPerBlock;
-  const int heads = min(kHeadsPerBlock, a.group - chunk * kHeadsPerBlock);
-  const int D = a.head_dim, Dv = a.v_head_dim;
-  Act* out = static_cast<Act*>(a.out) + (row * a.num_heads + head0) * Dv;
-
-  // The sequence of this row: the last s with q_start[s] <= row (empty
-  // sequences share their start with the next one).
-  int lo = 0, hi = a.num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (a.q_start[mid] <= row) lo = mid;
-    else hi = mid - 1;
-  }
-  const int64_t q_begin = a.q_start[lo], q_end = a.q_start[lo + 1];
-  const int64_t kv_begin = a.kv_start[lo], kv_end = a.kv_start[lo + 1];
-  const int64_t position = (kv_end - kv_begin) - (q_end - q_begin) + (row - q_begin);
-  const int64_t first = a.sliding_window > 0 ? max(int64_t{0}, position - a.sliding_window + 1) : int64_t{0};
-  // A layout that does not cover this row sensibly: NaN, as a bad slot gives.
-  if (row < q_begin || row >= q_end || position < 0 || kv_begin < 0 || kv_end > a.kv_slots_len) {
-    for (int i = tid; i < heads * Dv; i += kThreads) out[i] = from_f32<Act>(quiet_nan());
-    return;
-  }
-
-  const Act* q = static_cast<const Act*>(a.q) + (row * a.num_heads + head0) * D;
-  for (int i = tid; i < kHeadsPerBlock * kWidth; i += kThreads) {
-    const int h = i / kWidth, d = i % kWidth;
-    q_s[i] = h < heads && d < D ? to_f32(q[h * D + d]) * a.scale_log2 : 0.0f;
-    acc_s[i] = 0.0f;
-  }
-  if (tid == 0) bad_s = 0;
-  __syncthreads();
-
-  float m[kHeadsPerBlock], l[kHeadsPerBlock], acc[kHeadsPerBlock][kPerLane];
-#pragma unroll
-  for (int h = 0; h < kHeadsPerBlock; ++h) {
-    m[h] = kNegInf;
-    l[h] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) acc[h][i] = 0.0f;
-  }
-  bool bad = false;
-  const Cache* k_cache = static_cast<const Cache*>(a.k_cache);
-  const Cache* v_cache = static_cast<const Cache*>(a.v_cache);
-  const int32_t* slots = a.kv_slots + kv_begin;
-
-  int64_t j = first + warp;
-  int next_slot = j <= position ? slots[j] : 0;
-  for (; j <= position; j += kWarps) {
-    const int64_t slot = next_slot;
-    if (j + kWarps <= position) next_slot = slots[j + kWarps];
-    if (slot < 0 || slot >= a.num_slots) {
-      bad = true;
-      continue;
-    }
-    const Cache* k_row = k_cache + (slot * a.num_kv_heads + kv_head) * D;
-    const Cache* v_row = v_cache + (slot * a.num_kv_heads + kv_head) * Dv;
-    float kf[kPerLane], vf[kPerLane];
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int d = lane + 32 * i;
-      kf[i] = d < D ? to_f32(k_row[d]) : 0.0f;
-      vf[i] = d < Dv ? to_f32(v_row[d]) : 0.0f;
-    }
-#pragma unroll
-    for (int h = 0; h < kHeadsPerBlock; ++h) {
-      if (h < heads) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) dot = fmaf(kf[i], q_s[h * kWidth + lane + 32 * i], dot);
-#pragma unroll
-        for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        // The butterfly leaves the same bits in every lane: the branch is uniform.
-        if (dot > m[h]) {
-          const float correction = exp2f(m[h] - dot);
-          m[h] = dot;
-          l[h] = fmaf(l[h], correction, 1.0f);
-#pragma unroll
-          for (int i = 0; i < kPerLane; ++i) acc[h][i] = fmaf(acc[h][i], correction, vf[i]);
-        } else {
-          const float p = exp2f(dot - m[h]);
-          l[h] += p;
-#pragma unroll
-          for (int i = 0; i < kPerLane; ++i) acc[h][i] = fmaf(p, vf[i], acc[h][i]);
-        }
-      }
-    }
-  }
-
-  // Merge the warps' states: the block's max and sum per head, then each
-  // warp's rescaled output added in warp order (a fixed order, so the result
-  // does not depend on timing).
-  if (lane == 0) {
-#pragma unroll
-    for (int h = 0; h < kHeadsPerBlock; ++h) {
-      m_s[warp][h] = m[h];
-      l_s[warp][h] = l[h];
-    }
-    if (bad) bad_s = 1;
-  }
-  __syncthreads();
-  if (tid < heads) {
-    float block_max = kNegInf;
-    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, m_s[w][tid]);
-    float sum = 0.0f;
-    for (int w = 0; w < kWarps; ++w)
-      if (m_s[w][tid] != kNegInf) sum += l_s[w][tid] * exp2f(m_s[w][tid] - block_max);
-    max_s[tid] = block_max;
-    sum_s[tid] = sum;
-  }
-  __syncthreads();
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w) {
-#pragma unroll
-      for (int h = 0; h < kHeadsPerBlock; ++h) {
-        if (h < heads && m[h] != kNegInf) {
-          const float factor = exp2f(m[h] - max_s[h]);
-#pragma unroll
-          for (int i = 0; i < kPerLane; ++i) acc_s[h * kWidth + lane + 32 * i] += acc[h][i] * factor;
-        }
-      }
-    }
-    __syncthreads();
-  }
-  const bool poisoned = bad_s != 0;
-  for (int i = tid; i < heads * Dv; i += kThreads) {
-    const int h = i / Dv, d = i % Dv;
-    out[i] = from_f32<Act>(poisoned ? quiet_nan() : acc_s[h * kWidth + d] / sum_s[h]);
-  }
-}
-
 template <typename F>
 void with_type(Elem code, F&& f) {
   if (code == Elem::kF32) f(float{});
   else f(bf16{});
 }
 
-template <typename Act, typename Cache, int kPerLane>
-void launch_attention(const Args& args, dim3 grid, cudaStream_t stream) {
-  attention_kernel<Act, Cache, kPerLane><<<grid, kThreads, 0, stream>>>(args);
+// Everything both attention paths read. Row r of q is [num_heads, head_dim],
+// of out [num_heads, v_head_dim]; a cache row is [num_kv_heads, dim].
+struct Args {
+  const void* q;
+  const void* k_cache;
+  const void* v_cache;
+  void* out;
+  float* part_o;   // decode with splits > 1: [splits][q_tokens][num_heads][v_head_dim]
+  float* part_ml;  // [splits][q_tokens][num_heads][2]: running max (log2 domain), sum
+  const int32_t* q_start;
+  const int32_t* kv_start;
+  const int32_t* kv_slots;
+  int num_seqs;
+  int64_t q_tokens;
+  int64_t kv_slots_len;
+  int64_t num_slots;
+  int num_heads, num_kv_heads, group, head_dim, v_head_dim;
+  float scale_log2;  // softmax scale * log2(e): scores live in the log2 domain
+  int sliding_window;
+  int splits;
+  int row_splits;  // decode: the passes of RT rows are dealt round-robin over this many blocks
+  bool q_bf16, out_bf16;
+  // Sequences with q_len <= decode_max_q belong to the decode kernel (and the
+  // combine), the others to the prefill kernel; each kernel skips the other's.
+  int64_t decode_max_q;
+  // Prefill: tile_start[s] = the first prefill tile of sequence s (exclusive
+  // prefix of its tile count), tile_start[num_seqs] = the total; written by
+  // plan_kernel on the device.
+  int32_t* tile_start;
+};
+
+__device__ __forceinline__ float load_q(const Args& a, int64_t i) {
+  return a.q_bf16 ? __bfloat162float(static_cast<const bf16*>(a.q)[i]) : static_cast<const float*>(a.q)[i];
+}
+
+__device__ __forceinline__ void store_out(const Args& a, int64_t i, float v) {
+  if (a.out_bf16) static_cast<bf16*>(a.out)[i] = __float2bfloat16_rn(v);
+  else static_cast<float*>(a.out)[i] = v;
+}
+
+// The sequence's bounds as read from the layout, and whether they make sense
+// (a bad layout gives NaN rows; the engine never builds one).
+struct SeqBounds {
+  int64_t q_begin, q_len, kv_begin, kv_len;
+  bool bad;
+};
+
+__device__ __forceinline__ SeqBounds seq_bounds(const Args& a, int s) {
+  SeqBounds b;
+  b.q_begin = a.q_start[s];
+  const int64_t q_end = a.q_start[s + 1];
+  b.kv_begin = a.kv_start[s];
+  const int64_t kv_end = a.kv_start[s + 1];
+  b.q_len = q_end > b.q_begin ? q_end - b.q_begin : 0;
+  b.kv_len = kv_end - b.kv_begin;
+  b.bad = b.q_begin < 0 || q_end > a.q_tokens || b.kv_begin < 0 || kv_end < b.kv_begin || kv_end > a.kv_slots_len;
+  return b;
+}
+
+// ===========================================================================
+// Decode path (split-KV, "flash-decoding"), CUDA cores, f32 arithmetic.
+//
+// Grid (splits * row_splits, num_seqs, num_kv_heads), 128 threads. A block
+// serves query rows of its sequence with every query head of its kv head's
+// GQA group together ("rows" r = query i * group + head h, RT rows per pass),
+// so each key and value row is read from memory once per pass. A decode
+// sequence is one pass; when sequences have many rows (prompts over f32
+// caches), the passes are dealt round-robin over row_splits blocks (pass p
+// to block p % row_splits), row_splits chosen from shapes. The keys the pass's
+// rows can see, [lo, hi), are cut into `splits` equal chunks; the block takes
+// chunk blockIdx.x, computed on the device from the lengths it reads, so an
+// empty chunk (short sequence, padding sequence) just writes neutral partials
+// (max -inf, sum 0, output 0).
+//
+// Inside the block a "lane group" of LPK lanes holds one key row: lane sub
+// of the group holds the 16-byte chunks sub, sub + LPK, ... (CPL chunks of
+// VEC elements; VEC = 16 bytes / element size for the vector path, 1 for the
+// scalar fallback), so a group's loads of a row are contiguous and
+// coalesced. Every lane keeps its chunks of the RT query rows (pre-scaled by
+// scale * log2 e) in registers; a dot product is a per-lane partial reduced
+// with xor shuffles inside the group. Each group keeps its own online
+// softmax state (max, sum, output chunk) per row and takes keys
+// j = chunk_begin + step * (NW * KG * U) + u * NW * KG + warp * KG + group,
+// U keys per step (loads of all U keys issued before any math). The groups
+// of a warp are merged by shuffles, the warps through shared memory, in a
+// fixed order.
+//
+// splits == 1 writes the normalised output directly; otherwise the block
+// writes (output, max, sum) partials and decode_combine_kernel merges them.
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kDecodeUnroll = 2;
+
+// f[0 .. VEC) = the VEC elements at p, as f32 (p is 16-byte aligned when VEC > 1).
+template <typename T, int VEC>
+__device__ __forceinline__ void load_chunk(const T* p, float* f) {
+  if constexpr (VEC == 1) {
+    f[0] = to_f32(p[0]);
+  } else if constexpr (sizeof(T) == 4) {
+    static_assert(VEC == 4);
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+  } else {
+    static_assert(VEC == 8 && sizeof(T) == 2);
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // bf16 -> f32 is a 16-bit shift; the lower half is the lower index.
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+}
+
+template <typename Cache, int VEC, int LPK, int CPL, int RT>
+__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
+  constexpr int NW = kDecodeWarps, KG = 32 / LPK, U = kDecodeUnroll, EPL = CPL * VEC;
+  constexpr int kWidth = LPK * EPL;  // >= max(head_dim, v_head_dim)
+  constexpr int kKeysPerStep = NW * KG * U;
+  constexpr float kNegInf = -INFINITY;
+  static_assert(kWidth <= kAttentionMaxHeadDim && 32 % LPK == 0);
+  __shared__ float red_m[NW][RT], red_l[NW][RT];
+  __shared__ float red_o[NW][RT][kWidth];
+
+  const int split = blockIdx.x % a.splits, row_split = blockIdx.x / a.splits;
+  const int seq = blockIdx.y, kv_head = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, grp = lane / LPK, sub = lane % LPK;
+  const SeqBounds b = seq_bounds(a, seq);
+  if (b.q_len > a.decode_max_q) return;  // the prefill kernel's (uniform over the block)
+  const int group = a.group, D = a.head_dim, Dv = a.v_head_dim;
+  const int64_t total_rows = b.q_len * group;
+  const Cache* k_cache = static_cast<const Cache*>(a.k_cache);
+  const Cache* v_cache = static_cast<const Cache*>(a.v_cache);
+  const int32_t* slots = a.kv_slots + (b.bad ? 0 : b.kv_begin);
+
+  for (int64_t r0 = int64_t{row_split} * RT; r0 < total_rows; r0 += int64_t{RT} * a.row_splits) {  // uniform
+    // This pass's rows: query i = r / group (position kv_len - q_len + i),
+    // head kv_head * group + r % group.
+    const int64_t pos_first = b.kv_len - b.q_len + r0 / group;
+    const int64_t pos_last = b.kv_len - b.q_len + min(r0 + RT - 1, total_rows - 1) / group;
+    const int64_t lo = a.sliding_window > 0 ? max(int64_t{0}, pos_first - a.sliding_window + 1) : int64_t{0};
+    const int64_t hi = b.bad ? 0 : pos_last + 1;  // keys [lo, hi); pos_last < kv_len
+    const int64_t span = hi > lo ? hi - lo : 0;
+    const int64_t per_split = (span + a.splits - 1) / a.splits;
+    const int64_t c0 = lo + split * per_split, c1 = min(hi, c0 + per_split);
+
+    float q[RT][EPL];
+    int64_t pos[RT];
+#pragma unroll
+    for (int i = 0; i < RT; ++i) {
+      const int64_t r = r0 + i;
+      const bool row_ok = r < total_rows && !b.bad;  // a bad layout may name rows past q
+      pos[i] = row_ok ? b.kv_len - b.q_len + r / group : int64_t{-1};
+      const int64_t q_off = row_ok ? ((b.q_begin + r / group) * a.num_heads + kv_head * group + r % group) * D : 0;
+#pragma unroll
+      for (int c = 0; c < CPL; ++c)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const int d = (c * LPK + sub) * VEC + e;
+          q[i][c * VEC + e] = row_ok && d < D ? load_q(a, q_off + d) * a.scale_log2 : 0.0f;
+        }
+    }
+
+    float m[RT], l[RT], acc[RT][EPL];
+#pragma unroll
+    for (int i = 0; i < RT; ++i) {
+      m[i] = kNegInf;
+      l[i] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) acc[i][e] = 0.0f;
+    }
+    bool bad_slot = false;
+
+    for (int64_t j0 = c0; j0 < c1; j0 += kKeysPerStep) {  // uniform
+      int64_t j[U];
+      bool key_ok[U];
+      float kf[U][EPL], vf[U][EPL];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        j[u] = j0 + u * NW * KG + warp * KG + grp;
+        const int64_t slot = j[u] < c1 ? slots[j[u]] : int64_t{-1};
+        const bool in_range = slot >= 0 && slot < a.num_slots;
+        bad_slot |= j[u] < c1 && !in_range;
+        key_ok[u] = j[u] < c1 && in_range;
+        const Cache* k_row = k_cache + (slot * a.num_kv_heads + kv_head) * D;
+        const Cache* v_row = v_cache + (slot * a.num_kv_heads + kv_head) * Dv;
+#pragma unroll
+        for (int c = 0; c < CPL; ++c) {
+          const int d = (c * LPK + sub) * VEC;  // VEC divides D and Dv on the vector path
+          if (key_ok[u] && d < D) {
+            load_chunk<Cache, VEC>(k_row + d, &kf[u][c * VEC]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) kf[u][c * VEC + e] = 0.0f;
+          }
+          if (key_ok[u] && d < Dv) {
+            load_chunk<Cache, VEC>(v_row + d, &vf[u][c * VEC]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) vf[u][c * VEC + e] = 0.0f;
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+        float s[U];
+        float step_max = m[i];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int e = 0; e < EPL; ++e) dot = fmaf(q[i][e], kf[u][e], dot);
+#pragma unroll
+          for (int o = LPK / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+          const bool visible = key_ok[u] && j[u] <= pos[i] &&
+                               (a.sliding_window <= 0 || pos[i] - j[u] < a.sliding_window);
+          s[u] = visible ? dot : kNegInf;
+          step_max = fmaxf(step_max, s[u]);
+        }
+        if (step_max == kNegInf) continue;  // nothing visible yet: state unchanged
+        const float correction = exp2f(m[i] - step_max);  // m = -inf gives 0
+        m[i] = step_max;
+        l[i] *= correction;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[i][e] *= correction;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const float p = exp2f(s[u] - step_max);  // -inf gives 0
+          l[i] += p;
+#pragma unroll
+          for (int e = 0; e < EPL; ++e) acc[i][e] = fmaf(p, vf[u][e], acc[i][e]);
+        }
+      }
+    }
+
+    // Merge the KG lane groups of the warp (xor partners hold the same chunks).
+#pragma unroll
+    for (int o = LPK; o < 32; o *= 2) {
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+        const float m_other = __shfl_xor_sync(0xffffffffu, m[i], o);
+        const float l_other = __shfl_xor_sync(0xffffffffu, l[i], o);
+        const float m_new = fmaxf(m[i], m_other);
+        const float f_self = m[i] == kNegInf ? 0.0f : exp2f(m[i] - m_new);
+        const float f_other = m_other == kNegInf ? 0.0f : exp2f(m_other - m_new);
+        l[i] = l[i] * f_self + l_other * f_other;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+          const float acc_other = __shfl_xor_sync(0xffffffffu, acc[i][e], o);
+          acc[i][e] = acc[i][e] * f_self + acc_other * f_other;
+        }
+        m[i] = m_new;
+      }
+    }
+    if (lane < LPK) {
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+#pragma unroll
+        for (int c = 0; c < CPL; ++c)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) red_o[warp][i][(c * LPK + sub) * VEC + e] = acc[i][c * VEC + e];
+        if (lane == 0) {
+          red_m[warp][i] = m[i];
+          red_l[warp][i] = l[i];
+        }
+      }
+    }
+    const bool poisoned = __syncthreads_or(bad_slot || b.bad) != 0;
+
+    // Merge the warps and write this pass's rows: out (one split) or partials.
+    for (int idx = tid; idx < RT * Dv; idx += kDecodeThreads) {
+      const int i = idx / Dv, d = idx % Dv;
+      const int64_t r = r0 + i;
+      if (r >= total_rows) continue;
+      const int64_t token = b.q_begin + r / group;
+      const int head = kv_head * group + static_cast<int>(r % group);
+      if (token < 0 || token >= a.q_tokens) continue;
+      float m_all = kNegInf;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) m_all = fmaxf(m_all, red_m[w][i]);
+      float l_all = 0.0f, o_all = 0.0f;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        const float f = red_m[w][i] == kNegInf ? 0.0f : exp2f(red_m[w][i] - m_all);
+        l_all += red_l[w][i] * f;
+        o_all += red_o[w][i][d] * f;
+      }
+      const int64_t at = token * a.num_heads + head;
+      if (a.splits == 1) {
+        store_out(a, at * Dv + d, poisoned ? quiet_nan() : (l_all > 0.0f ? o_all / l_all : 0.0f));
+      } else {
+        const int64_t part = split * a.q_tokens * a.num_heads + at;
+        a.part_o[part * Dv + d] = poisoned ? quiet_nan() : o_all;
+        if (d == 0) {
+          a.part_ml[part * 2] = m_all;
+          a.part_ml[part * 2 + 1] = poisoned ? quiet_nan() : l_all;
+        }
+      }
+    }
+    __syncthreads();  // red_* are rewritten by the next pass
+  }
+}
+
+// Merges the splits' partials of one query row: grid (q_tokens,
+// ceil(num_heads / kCombineHeads)), one warp per head for the weights, then
+// all threads over (head, feature). A row that no sequence covers is NaN.
+constexpr int kCombineHeads = 8;
+constexpr int kCombineThreads = 128;
+
+__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(Args a) {
+  __shared__ float weight[kCombineHeads][kAttentionMaxSplits];
+  const int64_t row = blockIdx.x;
+  const int head0 = blockIdx.y * kCombineHeads;
+  const int heads = min(kCombineHeads, a.num_heads - head0);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int S = a.splits, Dv = a.v_head_dim;
+  // The row's sequence: the last s with q_start[s] <= row.
+  int lo = 0, hi = a.num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.q_start[mid] <= row) lo = mid;
+    else hi = mid - 1;
+  }
+  const bool covered = a.q_start[lo] <= row && row < a.q_start[lo + 1];
+  if (covered && int64_t{a.q_start[lo + 1]} - a.q_start[lo] > a.decode_max_q) return;  // written by prefill
+  for (int h = warp; h < heads; h += kCombineThreads / 32) {
+    const int64_t at = row * a.num_heads + head0 + h;
+    float m_all = -INFINITY;
+    for (int s = lane; s < S; s += 32) m_all = fmaxf(m_all, a.part_ml[(s * a.q_tokens * a.num_heads + at) * 2]);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, o));
+    float l_all = 0.0f;
+    for (int s = lane; s < S; s += 32) {
+      const float* ml = a.part_ml + (s * a.q_tokens * a.num_heads + at) * 2;
+      const float f = ml[0] == -INFINITY ? 0.0f : exp2f(ml[0] - m_all);
+      weight[h][s] = f;
+      l_all += ml[1] * f;  // a NaN sum (bad slot) poisons the row
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) l_all += __shfl_xor_sync(0xffffffffu, l_all, o);
+    // No visible key at all (a query at a negative position): zeros.
+    const float inv = !covered ? quiet_nan() : (l_all > 0.0f ? 1.0f / l_all : (l_all == 0.0f ? 0.0f : quiet_nan()));
+    __syncwarp();
+    for (int s = lane; s < S; s += 32) weight[h][s] *= inv;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < heads * Dv; idx += kCombineThreads) {
+    const int h = idx / Dv, d = idx % Dv;
+    const int64_t at = row * a.num_heads + head0 + h;
+    float o = 0.0f;
+    for (int s = 0; s < S; ++s) o = fmaf(weight[h][s], a.part_o[(s * a.q_tokens * a.num_heads + at) * Dv + d], o);
+    // weight 0 times a NaN partial (bad slot in a chunk) must still poison.
+    if (!covered) o = quiet_nan();
+    store_out(a, at * Dv + d, o);
+  }
+}
+
+// ===========================================================================
+// Prefill path: tensor-core flash attention (mma.sync m16n8k16, bf16
+// operands, f32 accumulation), FlashAttention-2 style.
+//
+// Grid (tiles, num_heads), 128 threads (4 warps). A block computes BM = 64
+// query rows of one sequence for one query head; warp w owns rows
+// 16w .. 16w + 15. blockIdx.x numbers the (sequence, query tile) pairs of
+// the sequences this kernel serves (q_len > decode_max_q): plan_kernel has
+// written their prefix on the device and each block binary-searches it (the
+// grid, attention_prefill_tiles(), bounds the count from shapes; surplus
+// blocks exit at once). Tiles of a sequence are taken last-first, so the
+// longest causal rows start first.
+//
+// Shared memory: the Q tile [BM][LD] bf16, and two stages of K and V tiles
+// [BN][LD] bf16 (LD = DMAX + 8: a 16-byte pad makes the 8 row addresses of
+// every ldmatrix phase hit distinct banks). K/V rows are gathered by slot:
+// with a bf16 cache and 16-byte aligned rows by cp.async (16 bytes per
+// instruction, the next tile in flight while the current one is used);
+// otherwise (f32 cache, odd dims) by plain loads converted to bf16. Rows of
+// keys outside the tile's range, and columns past the head dims, are zeroed
+// (a zero value row keeps 0 * garbage out of the sum).
+//
+// Per key tile: S = Q Kᵀ (log2 domain after scaling), masked (causal,
+// window, range), online softmax in registers, then O += P V with P rounded
+// to bf16. q is rounded to bf16 too: on this path queries, keys, values and
+// probabilities are bf16 (the relative error is ~1e-2 / sqrt of the terms
+// summed; tests allow 2e-2), scores, softmax and sums are f32.
+//
+// PTX ISA fragment layouts relied on (mma.m16n8k16 .bf16, "g" = lane / 4,
+// "t" = lane % 4; each .b32 register holds two bf16, the lower-indexed one
+// in the low half):
+//   A (16 x 16, row):  a0 = A[g][2t, 2t+1]     a1 = A[g+8][2t, 2t+1]
+//                      a2 = A[g][2t+8, 2t+9]   a3 = A[g+8][2t+8, 2t+9]
+//   B (16 x 8, col):   b0 = B[2t, 2t+1][g]     b1 = B[2t+8, 2t+9][g]
+//   C/D (16 x 8, f32): c0, c1 = C[g][2t, 2t+1]   c2, c3 = C[g+8][2t, 2t+1]
+//   ldmatrix .x4: lane L gives the address of row L % 8 of matrix L / 8;
+//   register i receives matrix i's elements [L / 4][2 (L % 4), +1], or with
+//   .trans the elements [2 (L % 4), +1][L / 4] (one per half).
+// So for S = Q Kᵀ, B[k = d][n = key] = K[key][d]: K's smem rows (key-major)
+// are B's columns and plain ldmatrix gives b0/b1. For O = P V, B[k = key][n
+// = d] = V[key][d] is row-major in smem, so ldmatrix .trans gives b0/b1. The
+// C fragments of S for key tiles 2k and 2k + 1 are exactly P's A fragment
+// for the k-th 16-key step (the FA2 register reuse).
+
+constexpr int kPrefillWarps = 4;
+constexpr int kPrefillThreads = kPrefillWarps * 32;
+constexpr int kPrefillBM = 16 * kPrefillWarps;
+
+template <int DMAX>
+struct PrefillTile {
+  static constexpr int BN = DMAX == 256 ? 32 : 64;
+  static constexpr int LD = DMAX + 8;
+  static constexpr size_t kSmemBytes = sizeof(bf16) * static_cast<size_t>(LD) * (kPrefillBM + 4 * BN);
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a * b for one m16n8k16 tile.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// kAsync: bf16 cache, head dims multiples of 8 and 16-byte aligned bases.
+template <int DMAX, typename Cache, bool kAsync>
+__global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(Args a) {
+  using Tile = PrefillTile<DMAX>;
+  constexpr int BM = kPrefillBM, BN = Tile::BN, LD = Tile::LD;
+  constexpr float kNegInf = -INFINITY;
+  static_assert(!kAsync || sizeof(Cache) == 2);
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* q_s = reinterpret_cast<bf16*>(smem_raw);  // [BM][LD]
+  bf16* k_s = q_s + BM * LD;                       // [2][BN][LD]
+  bf16* v_s = k_s + 2 * BN * LD;                   // [2][BN][LD]
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int head = blockIdx.y, kv_head = head / a.group;
+  const int D = a.head_dim, Dv = a.v_head_dim;
+
+  // Tile blockIdx.x of the plan: the sequence s with tile_start[s] <= x <
+  // tile_start[s + 1] (binary search; every thread reads the same entries).
+  const int64_t target = blockIdx.x;
+  if (target >= a.tile_start[a.num_seqs]) return;  // a surplus block (uniform)
+  int lo_s = 0, hi_s = a.num_seqs - 1;
+  while (lo_s < hi_s) {
+    const int mid = (lo_s + hi_s + 1) / 2;
+    if (a.tile_start[mid] <= target) lo_s = mid;
+    else hi_s = mid - 1;
+  }
+  const int seq = lo_s;  // the last s with tile_start[s] <= target: its count is > 0
+  const int found_tile = static_cast<int>(target - a.tile_start[seq]);
+  const SeqBounds b = seq_bounds(a, seq);
+  const int tiles = static_cast<int>((b.q_len + BM - 1) / BM);
+  const int64_t q0 = int64_t{tiles - 1 - found_tile} * BM;  // last tile first
+  const int rows_here = static_cast<int>(min(int64_t{BM}, b.q_len - q0));
+  const int64_t pos0 = b.kv_len - b.q_len + q0;  // position of local row 0
+
+  if (b.bad) {
+    for (int idx = tid; idx < rows_here * Dv; idx += kPrefillThreads) {
+      const int64_t token = b.q_begin + q0 + idx / Dv;
+      if (token >= 0 && token < a.q_tokens) store_out(a, (token * a.num_heads + head) * Dv + idx % Dv, quiet_nan());
+    }
+    return;
+  }
+
+  const int kd = (D + 15) / 16 * 16;    // key width padded to the mma k-step
+  const int kdv = (Dv + 15) / 16 * 16;  // value width padded to two n-tiles
+  const int64_t lo = a.sliding_window > 0 ? max(int64_t{0}, pos0 - a.sliding_window + 1) : int64_t{0};
+  const int64_t hi = min(b.kv_len, pos0 + rows_here);  // keys [lo, hi)
+  const int num_tiles = hi > lo ? static_cast<int>((hi - lo + BN - 1) / BN) : 0;
+
+  // The Q tile, as bf16 (rows past the sequence and columns past D are 0).
+  for (int idx = tid; idx < BM * kd; idx += kPrefillThreads) {
+    const int r = idx / kd, d = idx % kd;
+    float v = 0.0f;
+    if (r < rows_here && d < D) v = load_q(a, ((b.q_begin + q0 + r) * a.num_heads + head) * D + d);
+    q_s[r * LD + d] = __float2bfloat16_rn(v);
+  }
+
+  const Cache* k_cache = static_cast<const Cache*>(a.k_cache);
+  const Cache* v_cache = static_cast<const Cache*>(a.v_cache);
+  const int32_t* slots = a.kv_slots + b.kv_begin;
+  bool bad_slot = false;
+  // Gathers key tile `t` (keys lo + t * BN ...) into stage `stage`.
+  const auto load_tile = [&](int t, int stage) {
+    bf16* ks = k_s + stage * BN * LD;
+    bf16* vs = v_s + stage * BN * LD;
+    const int64_t kt = lo + int64_t{t} * BN;
+    if constexpr (kAsync) {
+      const int kc = kd / 8, vc = kdv / 8;  // 16-byte chunks per smem row
+      for (int idx = tid; idx < BN * (kc + vc); idx += kPrefillThreads) {
+        const bool is_k = idx < BN * kc;
+        const int rel = is_k ? idx : idx - BN * kc;
+        const int row = rel / (is_k ? kc : vc), c = rel % (is_k ? kc : vc);
+        const int64_t j = kt + row;
+        int64_t slot = -1;
+        if (j < hi) {
+          slot = slots[j];
+          if (slot < 0 || slot >= a.num_slots) {
+            bad_slot = true;
+            slot = -1;
+          }
+        }
+        const int width = is_k ? D : Dv;
+        bf16* dst = (is_k ? ks : vs) + row * LD + c * 8;
+        if (slot >= 0 && c * 8 < width) {
+          const Cache* src = (is_k ? k_cache : v_cache) + (slot * a.num_kv_heads + kv_head) * width + c * 8;
+          cp_async_16(dst, src);
+        } else {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    } else {
+      for (int idx = tid; idx < BN * (kd + kdv); idx += kPrefillThreads) {
+        const bool is_k = idx < BN * kd;
+        const int rel = is_k ? idx : idx - BN * kd;
+        const int row = rel / (is_k ? kd : kdv), d = rel % (is_k ? kd : kdv);
+        const int64_t j = kt + row;
+        const int width = is_k ? D : Dv;
+        float v = 0.0f;
+        if (j < hi && d < width) {
+          const int64_t slot = slots[j];
+          if (slot < 0 || slot >= a.num_slots) bad_slot = true;
+          else v = to_f32((is_k ? k_cache : v_cache)[(slot * a.num_kv_heads + kv_head) * width + d]);
+        }
+        (is_k ? ks : vs)[row * LD + d] = __float2bfloat16_rn(v);
+      }
+    }
+  };
+
+  float o[DMAX / 8][4];
+#pragma unroll
+  for (int n = 0; n < DMAX / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_row[2] = {kNegInf, kNegInf}, l_row[2] = {0.0f, 0.0f};  // rows g, g + 8 (l: this lane's part)
+  const int g = lane / 4, t4 = lane % 4;
+  const int row_a = warp * 16 + g;  // local rows row_a, row_a + 8
+
+  if (num_tiles > 0) load_tile(0, 0);
+  cp_async_commit();
+  for (int t = 0; t < num_tiles; ++t) {  // uniform
+    if (t + 1 < num_tiles) load_tile(t + 1, (t + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // tile t has landed (this thread's copies) ...
+    __syncthreads();     // ... and everyone's, and the Q tile and zero fills
+    const bf16* ks = k_s + (t & 1) * BN * LD;
+    const bf16* vs = v_s + (t & 1) * BN * LD;
+    const int64_t kt = lo + int64_t{t} * BN;
+
+    float s[BN / 8][4];
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < DMAX / 16; ++k) {
+      if (k * 16 < kd) {
+        uint32_t qa[4];
+        // Matrices: rows 0-7 / 8-15 of the warp's 16, columns k0 / k0 + 8.
+        ldmatrix_x4(qa, q_s + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + k * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int n = 0; n < BN / 16; ++n) {
+          uint32_t kb[4];
+          // Matrices: keys n0..n0+7 at d k0, k0 + 8; keys n0+8.. at d k0, k0 + 8.
+          ldmatrix_x4(kb, ks + (n * 16 + (lane % 8) + (lane / 16) * 8) * LD + k * 16 + ((lane / 8) % 2) * 8);
+          mma_bf16(s[2 * n], qa, kb[0], kb[1]);
+          mma_bf16(s[2 * n + 1], qa, kb[2], kb[3]);
+        }
+      }
+    }
+
+    // Scale, mask, and the online softmax of rows row_a (h = 0), row_a + 8 (h = 1).
+    float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, r = row_a + 8 * h;
+        const int64_t j = kt + n * 8 + 2 * t4 + (e & 1);
+        const int64_t p = pos0 + r;
+        const bool visible =
+            r < rows_here && j < hi && j <= p && (a.sliding_window <= 0 || p - j < a.sliding_window);
+        s[n][e] = visible ? s[n][e] * a.scale_log2 : kNegInf;
+        tile_max[h] = fmaxf(tile_max[h], s[n][e]);
+      }
+    float correction[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float m_new = fmaxf(m_row[h], tile_max[h]);
+      correction[h] = m_new == kNegInf ? 1.0f : exp2f(m_row[h] - m_new);  // m_row = -inf gives 0
+      m_row[h] = m_new;
+      l_row[h] *= correction[h];
+    }
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const float p = m_row[h] == kNegInf ? 0.0f : exp2f(s[n][e] - m_row[h]);
+        s[n][e] = p;
+        l_row[h] += p;
+      }
+#pragma unroll
+    for (int n = 0; n < DMAX / 8; ++n) {
+      o[n][0] *= correction[0];
+      o[n][1] *= correction[0];
+      o[n][2] *= correction[1];
+      o[n][3] *= correction[1];
+    }
+
+    // O += P V, 16 keys per step.
+#pragma unroll
+    for (int k = 0; k < BN / 16; ++k) {
+      const uint32_t pa[4] = {pack_bf16(s[2 * k][0], s[2 * k][1]), pack_bf16(s[2 * k][2], s[2 * k][3]),
+                              pack_bf16(s[2 * k + 1][0], s[2 * k + 1][1]),
+                              pack_bf16(s[2 * k + 1][2], s[2 * k + 1][3])};
+#pragma unroll
+      for (int n = 0; n < DMAX / 16; ++n) {
+        if (n * 16 < kdv) {
+          uint32_t vb[4];
+          // Matrices (.trans): keys k0..k0+7 / k0+8.. at d n0; the same at d n0 + 8.
+          ldmatrix_x4_trans(vb, vs + (k * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + n * 16 + (lane / 16) * 8);
+          mma_bf16(o[2 * n], pa, vb[0], vb[1]);
+          mma_bf16(o[2 * n + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+  }
+  cp_async_wait<0>();
+
+  const bool poisoned = __syncthreads_or(bad_slot) != 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_row[h] += __shfl_xor_sync(0xffffffffu, l_row[h], 1);
+    l_row[h] += __shfl_xor_sync(0xffffffffu, l_row[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row_a + 8 * h;
+    if (r >= rows_here) continue;
+    const int64_t token = b.q_begin + q0 + r;
+    const float inv = l_row[h] > 0.0f ? 1.0f / l_row[h] : 0.0f;  // no visible key: zeros
+    const int64_t base = (token * a.num_heads + head) * Dv;
+#pragma unroll
+    for (int n = 0; n < DMAX / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = n * 8 + 2 * t4 + e;
+        if (d < Dv) store_out(a, base + d, poisoned ? quiet_nan() : o[n][2 * h + e] * inv);
+      }
+  }
+}
+
+// The prefill plan: tile_start[s] = the number of prefill tiles of the
+// sequences before s (a sequence with q_len > decode_max_q has ceil(q_len /
+// 64) tiles, the others none), tile_start[num_seqs] = the total. One block
+// scans the layout 256 sequences at a time (warp scans, then the warps'
+// totals through shared memory).
+constexpr int kPlanThreads = 256;
+
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(Args a) {
+  __shared__ int64_t warp_sums[kPlanThreads / 32];
+  __shared__ int64_t carry_s;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid == 0) carry_s = 0;
+  __syncthreads();
+  for (int base = 0; base < a.num_seqs; base += kPlanThreads) {  // uniform
+    const int s = base + tid;
+    int64_t count = 0;
+    if (s < a.num_seqs) {
+      const int64_t q_len = int64_t{a.q_start[s + 1]} - a.q_start[s];
+      if (q_len > a.decode_max_q && q_len > 0) count = (q_len + kPrefillBM - 1) / kPrefillBM;
+    }
+    int64_t inclusive = count;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, inclusive, o);
+      if (lane >= o) inclusive += v;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    int64_t before = carry_s, total = 0;
+    for (int w = 0; w < kPlanThreads / 32; ++w) {
+      if (w < warp) before += warp_sums[w];
+      total += warp_sums[w];
+    }
+    if (s < a.num_seqs) a.tile_start[s] = static_cast<int32_t>(min(before + inclusive - count, int64_t{INT32_MAX}));
+    __syncthreads();  // every thread has read carry_s and warp_sums
+    if (tid == 0) carry_s += total;
+    __syncthreads();
+  }
+  if (tid == 0) a.tile_start[a.num_seqs] = static_cast<int32_t>(min(carry_s, int64_t{INT32_MAX}));
+}
+
+// ---------------------------------------------------------------------------
+// Launch helpers.
+
+int sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 132;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) return 132;
+  return sms;
+}
+
+// The decode kernel's geometry for a cache type and the widest head dim.
+struct DecodeGeometry {
+  int vec, lpk, cpl;
+};
+
+bool decode_vector_ok(Elem cache, const AttentionShape& s) {
+  const int vec = cache == Elem::kF32 ? 4 : 8;
+  return s.head_dim % vec == 0 && s.v_head_dim % vec == 0;
+}
+
+DecodeGeometry decode_geometry(Elem cache, const AttentionShape& s, bool vector) {
+  if (!vector) return {1, 32, 8};
+  const int vec = cache == Elem::kF32 ? 4 : 8;
+  const int widest = s.head_dim > s.v_head_dim ? s.head_dim : s.v_head_dim;
+  const int chunks = (widest + vec - 1) / vec;
+  if (chunks <= 8) return {vec, 8, 1};
+  if (chunks <= 16) return {vec, 16, 1};
+  if (chunks <= 32) return {vec, 32, 1};
+  return {vec, 32, 2};
+}
+
+int decode_rows_per_pass(const AttentionShape& s) {
+  const int64_t rows = (s.q_tokens + s.num_seqs - 1) / s.num_seqs * (s.num_heads / s.num_kv_heads);
+  return rows <= 4 ? 4 : 8;
+}
+
+template <typename Cache, int VEC, int LPK, int CPL>
+void launch_decode_rt(const Args& args, int rt, dim3 grid, cudaStream_t stream) {
+  if (rt == 4) decode_kernel<Cache, VEC, LPK, CPL, 4><<<grid, kDecodeThreads, 0, stream>>>(args);
+  else decode_kernel<Cache, VEC, LPK, CPL, 8><<<grid, kDecodeThreads, 0, stream>>>(args);
+}
+
+template <typename Cache>
+void launch_decode(const Args& args, const DecodeGeometry& geo, int rt, dim3 grid, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(Cache);
+  if (geo.vec == 1) launch_decode_rt<Cache, 1, 32, 8>(args, rt, grid, stream);
+  else if (geo.lpk == 8) launch_decode_rt<Cache, V, 8, 1>(args, rt, grid, stream);
+  else if (geo.lpk == 16) launch_decode_rt<Cache, V, 16, 1>(args, rt, grid, stream);
+  else if (geo.cpl == 1) launch_decode_rt<Cache, V, 32, 1>(args, rt, grid, stream);
+  else if constexpr (V == 4) launch_decode_rt<Cache, V, 32, 2>(args, rt, grid, stream);  // f32 rows over 128
+}
+
+template <int DMAX, typename Cache, bool kAsync>
+void launch_prefill_dmax(const Args& args, dim3 grid, cudaStream_t stream) {
+  constexpr size_t smem = PrefillTile<DMAX>::kSmemBytes;
+  // Raise the dynamic shared-memory limit once per instantiation (it is a
+  // function attribute, not a stream operation, so capture is unaffected).
+  static const cudaError_t configured = cudaFuncSetAttribute(
+      prefill_kernel<DMAX, Cache, kAsync>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (configured != cudaSuccess) return;  // cudaGetLastError() reports it
+  prefill_kernel<DMAX, Cache, kAsync><<<grid, kPrefillThreads, smem, stream>>>(args);
+}
+
+template <typename Cache, bool kAsync>
+void launch_prefill(const Args& args, int widest, dim3 grid, cudaStream_t stream) {
+  if (widest <= 64) launch_prefill_dmax<64, Cache, kAsync>(args, grid, stream);
+  else if (widest <= 128) launch_prefill_dmax<128, Cache, kAsync>(args, grid, stream);
+  else launch_prefill_dmax<256, Cache, kAsync>(args, grid, stream);
 }
 
 }  // namespace
@@ -233,9 +846,61 @@ cudaError_t store_kv(Elem act, Elem cache, const void* k, const void* v, const i
   return cudaGetLastError();
 }
 
-cudaError_t attention(Elem act, Elem cache, const void* q, const void* k_cache, const void* v_cache,
+int attention_decode_row_splits(const AttentionShape& s) {
+  if (s.num_seqs <= 0) return 1;
+  const int rt = decode_rows_per_pass(s);
+  const int64_t rows = (s.q_tokens + s.num_seqs - 1) / s.num_seqs * (s.num_heads / s.num_kv_heads);
+  const int64_t passes = (rows + rt - 1) / rt;
+  return static_cast<int>(passes < 1 ? 1 : passes > 1024 ? 1024 : passes);
+}
+
+int attention_decode_splits(Elem cache, const AttentionShape& s) {
+  if (s.num_seqs <= 0) return 1;
+  // Blocks of one key split; a wave is what the chip holds at once (the
+  // decode kernel's occupancy for this geometry).
+  const int64_t base = int64_t{s.num_seqs} * s.num_kv_heads * attention_decode_row_splits(s);
+  const int sms = sm_count();
+  // Resident 128-thread blocks per SM (ptxas -v: ~150 registers with 4 rows
+  // per pass, ~240 with 8).
+  const int per_sm = decode_rows_per_pass(s) == 4 ? 3 : 2;
+  const int64_t wave = int64_t{sms} * per_sm;
+  // Each split should keep at least ~128 keys of the average sequence.
+  const int64_t avg_keys = s.kv_slots_len / s.num_seqs;
+  int64_t max_splits = avg_keys / 128;
+  if (max_splits > kAttentionMaxSplits) max_splits = kAttentionMaxSplits;
+  if (max_splits < 1) max_splits = 1;
+  (void)cache;
+  // Time ~ waves / splits (each block does 1 / splits of a sequence's keys);
+  // take the fewest splits within 5% of the best.
+  double best = 1e30;
+  int best_splits = 1;
+  for (int64_t sp = 1; sp <= max_splits; ++sp) {
+    const double waves = static_cast<double>((base * sp + wave - 1) / wave);
+    const double cost = waves / static_cast<double>(sp) * (1.0 + 0.01 * static_cast<double>(sp > 1));
+    if (cost < best * 0.95) {
+      best = cost;
+      best_splits = static_cast<int>(sp);
+    }
+  }
+  return best_splits;
+}
+
+int64_t attention_decode_scratch_floats(const AttentionShape& s, int splits) {
+  if (splits <= 1) return 0;
+  return int64_t{splits} * s.q_tokens * s.num_heads * (s.v_head_dim + 2);
+}
+
+int64_t attention_prefill_tiles(const AttentionShape& s, int64_t decode_max_q) {
+  // Each prefill sequence has more than decode_max_q rows, so there are at
+  // most T / (decode_max_q + 1) of them, each adding at most one partial tile.
+  int64_t long_seqs = s.q_tokens / (decode_max_q + 1);
+  if (long_seqs > s.num_seqs) long_seqs = s.num_seqs;
+  return (s.q_tokens + kPrefillBM - 1) / kPrefillBM + long_seqs;
+}
+
+cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, const void* k_cache, const void* v_cache,
                       const int32_t* q_start, const int32_t* kv_start, const int32_t* kv_slots,
-                      const AttentionShape& shape, void* out, cudaStream_t stream) {
+                      const AttentionShape& shape, const AttentionLaunch& launch, void* out, cudaStream_t stream) {
   Args args{};
   args.q = q;
   args.k_cache = k_cache;
@@ -245,27 +910,57 @@ cudaError_t attention(Elem act, Elem cache, const void* q, const void* k_cache, 
   args.kv_start = kv_start;
   args.kv_slots = kv_slots;
   args.num_seqs = shape.num_seqs;
+  args.q_tokens = shape.q_tokens;
   args.kv_slots_len = shape.kv_slots_len;
   args.num_slots = shape.num_slots;
   args.num_heads = shape.num_heads;
   args.num_kv_heads = shape.num_kv_heads;
   args.group = shape.num_heads / shape.num_kv_heads;
-  args.head_chunks = (args.group + kHeadsPerBlock - 1) / kHeadsPerBlock;
   args.head_dim = shape.head_dim;
   args.v_head_dim = shape.v_head_dim;
-  args.scale_log2 = shape.scale * 1.4426950408889634f;
+  args.scale_log2 = shape.scale * kLog2e;
   args.sliding_window = shape.sliding_window;
-  const dim3 grid(static_cast<unsigned>(shape.q_tokens), static_cast<unsigned>(shape.num_kv_heads * args.head_chunks));
+  args.q_bf16 = q_type == Elem::kBF16;
+  args.out_bf16 = out_type == Elem::kBF16;
+  args.decode_max_q = launch.prefill ? launch.decode_max_q : INT64_MAX;
+  args.tile_start = launch.tile_starts;
   const int widest = shape.head_dim > shape.v_head_dim ? shape.head_dim : shape.v_head_dim;
-  with_type(act, [&](auto a) {
-    using Act = decltype(a);
-    with_type(cache, [&](auto c) {
-      using Cache = decltype(c);
-      if (widest <= 64) launch_attention<Act, Cache, 2>(args, grid, stream);
-      else if (widest <= 128) launch_attention<Act, Cache, 4>(args, grid, stream);
-      else launch_attention<Act, Cache, 8>(args, grid, stream);
-    });
-  });
+  const bool aligned = reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
+
+  if (launch.prefill) {
+    args.splits = 1;
+    plan_kernel<<<1, kPlanThreads, 0, stream>>>(args);
+    const int64_t tiles = attention_prefill_tiles(shape, args.decode_max_q);
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.num_heads));
+    const bool async = cache == Elem::kBF16 && aligned && shape.head_dim % 8 == 0 && shape.v_head_dim % 8 == 0;
+    if (cache == Elem::kF32) launch_prefill<float, false>(args, widest, grid, stream);
+    else if (async) launch_prefill<bf16, true>(args, widest, grid, stream);
+    else launch_prefill<bf16, false>(args, widest, grid, stream);
+    const cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+  }
+  if (launch.decode) {
+    args.splits = launch.splits < 1 ? 1 : launch.splits;
+    if (args.splits > 1) {
+      args.part_o = launch.decode_scratch;
+      args.part_ml =
+          launch.decode_scratch + int64_t{args.splits} * shape.q_tokens * shape.num_heads * shape.v_head_dim;
+    }
+    const DecodeGeometry geo = decode_geometry(cache, shape, aligned && decode_vector_ok(cache, shape));
+    const int rt = decode_rows_per_pass(shape);
+    args.row_splits = attention_decode_row_splits(shape);
+    const dim3 grid(static_cast<unsigned>(args.splits * args.row_splits), static_cast<unsigned>(shape.num_seqs),
+                    static_cast<unsigned>(shape.num_kv_heads));
+    if (cache == Elem::kF32) launch_decode<float>(args, geo, rt, grid, stream);
+    else launch_decode<bf16>(args, geo, rt, grid, stream);
+    if (args.splits > 1) {
+      const cudaError_t status = cudaGetLastError();
+      if (status != cudaSuccess) return status;
+      const dim3 cgrid(static_cast<unsigned>(shape.q_tokens),
+                       static_cast<unsigned>((shape.num_heads + kCombineHeads - 1) / kCombineHeads));
+      decode_combine_kernel<<<cgrid, kCombineThreads, 0, stream>>>(args);
+    }
+  }
   return cudaGetLastError();
 }
 

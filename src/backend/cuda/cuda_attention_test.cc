@@ -1,11 +1,20 @@
 // The CUDA store_kv and attention ops against the scalar reference ops, on
-// random inputs with outputs poisoned (NaN) before each call: batches of
-// decode, prefill and mixed extend/decode sequences of different lengths in
-// one call, with slots scattered over the pool; GQA ratios 1, 4 and 8; head
-// dims 64, 128, 256 and odd ones (80, and 96 keys with 64-wide values);
-// sliding window on and off; f32 and bf16 activations and caches. Also checks
-// batch invariance (a row alone, in a batch, or prefilled in chunks has the
-// same bits) and the host-side errors. Skips where no device is present.
+// random inputs with outputs poisoned (NaN) before each call, every case run
+// through both attention paths (split-KV decode and tensor-core prefill,
+// forced) and the automatic choice: batches of decode, prefill and mixed
+// extend/decode sequences of different lengths in one call, with slots
+// scattered over the pool; GQA ratios 1, 4 and 8; head dims 64, 128, 256 and
+// odd ones (80; 96 keys with 64-wide values; 64 keys with 128-wide values;
+// 36 and 17/9, which take the scalar fallbacks); kv lengths 1..5000 mixed in
+// one batch; sliding window on and off; f32 and bf16 queries, outputs and
+// caches (q and out of different dtypes too); the graph-padding cases
+// (queries at negative positions give zero rows, kv_slots longer than used,
+// negative store slots skipped); bad slots giving NaN rows; determinism; and
+// the host-side errors. Tolerances (relative L2 error vs the f64 reference):
+// 1e-5 for the decode path with f32 everywhere (f32 arithmetic), 1e-2 when a
+// bf16 value is involved (inputs rounded, or a bf16 output), 2e-2 for the
+// prefill path (q, K, V and the probabilities rounded to bf16 for the tensor
+// cores). Skips where no device is present.
 #include "backend/cuda/attention.h"
 
 #include <gtest/gtest.h>
@@ -36,7 +45,20 @@ Tensor device_poisoned(Shape shape, DType dtype) {
   return t;
 }
 
-double tolerance(DType act) { return act == DType::kF32 ? 1e-5 : 1e-2; }
+using Path = CudaAttentionPath;
+// Every case runs: the decode path with its own split count, the decode path
+// with 5 splits (so the combine kernel runs whatever the shapes), the
+// prefill path, and the automatic choice.
+struct Variant {
+  Path path;
+  int splits;
+};
+const Variant kPaths[] = {{Path::kDecode, 0}, {Path::kDecode, 5}, {Path::kPrefill, 0}, {Path::kAuto, 0}};
+
+std::string path_name(Variant v) {
+  const char* name = v.path == Path::kDecode ? "decode" : v.path == Path::kPrefill ? "prefill" : "auto";
+  return v.splits > 0 ? std::string(name) + " (" + std::to_string(v.splits) + " splits)" : std::string(name);
+}
 
 struct Seq {
   int q_len, kv_len;
@@ -49,7 +71,7 @@ struct HostBatch {
   int64_t tokens = 0, num_slots = 0;
 };
 
-HostBatch make_batch(TestRng& rng, const std::vector<Seq>& seqs, int64_t spare = 37) {
+HostBatch make_batch(TestRng& rng, const std::vector<Seq>& seqs, int64_t spare = 37, int extra_slots = 0) {
   HostBatch b;
   b.q_start.push_back(0);
   b.kv_start.push_back(0);
@@ -63,6 +85,8 @@ HostBatch make_batch(TestRng& rng, const std::vector<Seq>& seqs, int64_t spare =
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), rng.engine());
   b.kv_slots.assign(pool.begin(), pool.begin() + b.kv_start.back());
+  // Entries past kv_start[num_seqs] are never read: make them hostile.
+  for (int i = 0; i < extra_slots; ++i) b.kv_slots.push_back(i % 2 == 0 ? -1 : 1 << 30);
   return b;
 }
 
@@ -77,10 +101,14 @@ AttentionLayout to_device(const AttentionLayout& l) {
 struct Config {
   int heads, kv_heads, head_dim, v_head_dim, window;
   DType act, cache;
+  DType out = DType::kF32;  // kF32 or kBF16; the tests use act's dtype unless set
+  bool out_set = false;
+  DType out_dtype() const { return out_set ? out : act; }
   std::string describe() const {
     return "heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) + " dims " +
            std::to_string(head_dim) + "/" + std::to_string(v_head_dim) + " window " + std::to_string(window) +
-           " act " + std::string(dtype_name(act)) + " cache " + std::string(dtype_name(cache));
+           " q " + std::string(dtype_name(act)) + " cache " + std::string(dtype_name(cache)) + " out " +
+           std::string(dtype_name(out_dtype()));
   }
 };
 
@@ -95,24 +123,41 @@ AttentionParams params_of(const Config& c) {
   return p;
 }
 
-void check_attention(TestRng& rng, const std::vector<Seq>& seqs, const Config& c) {
-  const HostBatch b = make_batch(rng, seqs);
+double tolerance(const Config& c, Variant v) {
+  if (v.path != Path::kDecode) return 2e-2;
+  return c.act == DType::kF32 && c.cache == DType::kF32 && c.out_dtype() == DType::kF32 ? 1e-5 : 1e-2;
+}
+
+// Runs every path on one batch; returns the host outputs (one per path).
+std::vector<Tensor> check_attention(TestRng& rng, const std::vector<Seq>& seqs, const Config& c,
+                                    int extra_slots = 0) {
+  const HostBatch b = make_batch(rng, seqs, 37, extra_slots);
   const AttentionParams p = params_of(c);
   const Tensor q = testing::random_tensor(rng, {b.tokens, int64_t{c.heads} * c.head_dim}, c.act);
-  const Tensor k_cache = testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.head_dim}, c.cache);
+  // A spread of 2 on the keys makes softmaxes neither flat nor one-hot.
+  const Tensor k_cache =
+      testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.head_dim}, c.cache, 2.0f);
   const Tensor v_cache = testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.v_head_dim}, c.cache);
   const AttentionLayout layout = host_layout(b);
   Tensor want = Tensor::empty({b.tokens, int64_t{c.heads} * c.v_head_dim}, DType::kF32);
   reference::attention(q.to_f32(), k_cache, v_cache, layout, p, want);
-
-  Tensor out = device_poisoned({b.tokens, int64_t{c.heads} * c.v_head_dim}, c.act);
-  cuda_attention(cuda_to_device(q), cuda_to_device(k_cache), cuda_to_device(v_cache), to_device(layout), p, out);
-  EXPECT_LT(testing::relative_error(cuda_to_host(out), want), tolerance(c.act)) << c.describe();
+  const Tensor q_dev = cuda_to_device(q), k_dev = cuda_to_device(k_cache), v_dev = cuda_to_device(v_cache);
+  const AttentionLayout layout_dev = to_device(layout);
+  std::vector<Tensor> outs;
+  for (Variant path : kPaths) {
+    Tensor out = device_poisoned({b.tokens, int64_t{c.heads} * c.v_head_dim}, c.out_dtype());
+    cuda_attention(q_dev, k_dev, v_dev, layout_dev, p, out, nullptr, path.path, path.splits);
+    outs.push_back(cuda_to_host(out));
+    EXPECT_LT(testing::relative_error(outs.back(), want), tolerance(c, path))
+        << c.describe() << " path " << path_name(path) << " seqs " << seqs.size();
+  }
+  return outs;
 }
 
 const DType kTypes[] = {DType::kF32, DType::kBF16};
 const std::pair<int, int> kGqa[] = {{4, 4}, {8, 2}, {16, 2}};  // ratios 1, 4, 8
-const std::pair<int, int> kDims[] = {{64, 64}, {128, 128}, {256, 256}, {80, 80}, {96, 64}};
+const std::pair<int, int> kDims[] = {{64, 64}, {128, 128}, {256, 256}, {80, 80},
+                                     {96, 64}, {64, 128},  {36, 36},   {17, 9}};
 
 void check_all_configs(const std::vector<Seq>& seqs, const std::vector<int>& windows) {
   TestRng rng;
@@ -130,67 +175,100 @@ TEST(CudaAttention, DecodeBatches) {
 
 TEST(CudaAttention, PrefillBatches) {
   REQUIRE_DEVICE();
-  check_all_configs({{1, 1}, {17, 17}, {90, 90}, {64, 64}}, {0, 37});
+  check_all_configs({{1, 1}, {17, 17}, {90, 90}, {64, 64}, {130, 130}}, {0, 37});
 }
 
 TEST(CudaAttention, MixedExtendAndDecodeBatches) {
   REQUIRE_DEVICE();
-  // Extends over a cached prefix, decodes, a fresh prompt, and sequences with
-  // no queries (one in the middle, one at the end).
-  check_all_configs({{5, 40}, {1, 300}, {0, 10}, {64, 64}, {3, 200}, {1, 1}, {0, 0}}, {0, 37});
+  // Extends over a cached prefix (prefix-cache hits), decodes, a fresh
+  // prompt, and sequences with no queries (one in the middle, one at the end).
+  check_all_configs({{5, 40}, {1, 300}, {0, 10}, {64, 64}, {3, 200}, {1, 1}, {70, 150}, {0, 0}}, {0, 37});
 }
 
-TEST(CudaAttention, LongDecodeContexts) {
+TEST(CudaAttention, LongAndMixedKvLengths) {
   REQUIRE_DEVICE();
   TestRng rng;
+  // kv lengths from 1 to 5000 in one batch, Llama-3.1-8B heads; decode rows
+  // plus two short extends, so both the split-KV chunking and the prefill
+  // key tiles see long, short and ragged sequences.
+  std::vector<Seq> seqs;
+  for (int kv : {1, 5000, 2, 4097, 17, 3001, 128, 129, 1000, 4096, 63, 2500}) seqs.push_back({1, kv});
+  seqs.push_back({4, 4500});
+  seqs.push_back({3, 700});
   for (int window : {0, 1024})
-    for (DType t : kTypes)
-      check_attention(rng, {{1, 4000}, {1, 2500}, {2, 3000}}, {32, 8, 128, 128, window, t, t});
+    for (DType t : kTypes) check_attention(rng, seqs, {32, 8, 128, 128, window, t, t});
+  // A continuous batch: 100 decodes and one 200-row prefill chunk over a
+  // 1000-key prefix (the automatic choice runs both kernels, per sequence).
+  std::vector<Seq> crowd;
+  for (int i = 0; i < 100; ++i) crowd.push_back({1, 1 + (i * 37) % 900});
+  crowd.push_back({200, 1200});
+  crowd.push_back({5, 60});
+  for (DType t : kTypes) check_attention(rng, crowd, {32, 8, 128, 128, 0, t, t});
+  // Few sequences (many splits) with a wide head.
+  check_attention(rng, {{1, 4000}, {2, 3000}}, {16, 2, 256, 256, 0, DType::kBF16, DType::kBF16});
 }
 
-// Rows [begin, begin + count) of a host tensor, as a new device tensor.
-Tensor device_rows(const Tensor& host, int64_t begin, int64_t count) {
-  return cuda_to_device(testing::clone(host.rows(begin, count)));
+TEST(CudaAttention, OutputDtypeIndependentOfQ) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  for (DType act : kTypes)
+    for (DType out : kTypes) {
+      Config c{32, 8, 128, 128, 0, act, DType::kBF16};
+      c.out = out;
+      c.out_set = true;
+      check_attention(rng, {{1, 300}, {1, 1}, {1, 77}}, c);
+      check_attention(rng, {{100, 100}, {30, 200}}, c);
+    }
 }
 
-bool same_rows(const Tensor& a, int64_t a_begin, const Tensor& b, int64_t b_begin, int64_t count) {
-  const int64_t row_bytes = static_cast<int64_t>(a.nbytes()) / a.dim(0);
-  return std::memcmp(static_cast<const char*>(a.raw()) + a_begin * row_bytes,
-                     static_cast<const char*>(b.raw()) + b_begin * row_bytes, count * row_bytes) == 0;
+// The graph-padding cases of backend.h: sequences with more queries than
+// keys (q 1 over kv 0; q 3 over kv 1) give zero rows for the queries at
+// negative positions, normal rows for the others; kv_slots holds extra
+// (hostile) entries past kv_start[num_seqs].
+TEST(CudaAttention, PaddedSequencesGiveZeroRows) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  const std::vector<Seq> seqs = {{1, 5}, {1, 0}, {3, 1}, {1, 700}, {1, 0}, {1, 0}};
+  for (DType t : kTypes)
+    for (int window : {0, 3}) {
+      const Config c{8, 2, 128, 128, window, t, t};
+      const std::vector<Tensor> outs = check_attention(rng, seqs, c, /*extra_slots=*/9);
+      const int64_t width = int64_t{c.heads} * c.v_head_dim;
+      for (const Tensor& out : outs) {
+        EXPECT_EQ(testing::count_nan(out), 0);
+        const Tensor f = out.to_f32();
+        for (int64_t row : {1, 2, 3, 6, 7})
+          for (int64_t i = 0; i < width; ++i) ASSERT_EQ(f.data<float>()[row * width + i], 0.0f) << row << " " << i;
+      }
+    }
+  // A whole batch of padding (what a captured graph replays when fewer
+  // requests run than it was captured for), and kv_slots far longer than used.
+  for (DType t : kTypes) {
+    const Config c{32, 8, 128, 128, 0, t, t};
+    const std::vector<Tensor> outs = check_attention(rng, {{1, 0}, {1, 0}, {1, 0}}, c, 1000);
+    for (const Tensor& out : outs) {
+      const Tensor f = out.to_f32();
+      for (int64_t i = 0; i < f.numel(); ++i) ASSERT_EQ(f.data<float>()[i], 0.0f) << i;
+    }
+  }
 }
 
-TEST(CudaAttention, RowsAreBatchInvariant) {
+TEST(CudaAttention, SameCallGivesSameBits) {
   REQUIRE_DEVICE();
   TestRng rng;
   for (DType t : kTypes) {
-    const Config c{16, 2, 128, 128, 0, t, t};
-    const AttentionParams p = params_of(c);
-    const std::vector<Seq> seqs = {{5, 40}, {1, 300}, {50, 50}, {1, 9}};
-    const HostBatch b = make_batch(rng, seqs);
-    const Tensor q = testing::random_tensor(rng, {b.tokens, int64_t{c.heads} * c.head_dim}, t);
-    const Tensor k_cache = cuda_to_device(testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.head_dim}, t));
-    const Tensor v_cache = cuda_to_device(testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.v_head_dim}, t));
-    const int64_t width = int64_t{c.heads} * c.v_head_dim;
-    Tensor all = device_poisoned({b.tokens, width}, t);
-    cuda_attention(cuda_to_device(q), k_cache, v_cache, to_device(host_layout(b)), p, all);
-    const Tensor batched = cuda_to_host(all);
-
-    // Each sequence alone; and the 50-token prompt prefilled as 20 + 30.
-    struct Part {
-      size_t seq;
-      int q_from, q_count, kv_count;  // within the sequence
-    };
-    const Part parts[] = {{0, 0, 5, 40}, {1, 0, 1, 300}, {2, 0, 50, 50}, {3, 0, 1, 9}, {2, 0, 20, 20}, {2, 20, 30, 50}};
-    for (const Part& part : parts) {
-      const int64_t row0 = b.q_start[part.seq] + part.q_from;
-      const std::vector<int32_t> slots(b.kv_slots.begin() + b.kv_start[part.seq],
-                                       b.kv_slots.begin() + b.kv_start[part.seq] + part.kv_count);
-      const AttentionLayout alone{testing::i32_tensor({0, part.q_count}), testing::i32_tensor({0, part.kv_count}),
-                                  testing::i32_tensor(slots)};
-      Tensor out = device_poisoned({part.q_count, width}, t);
-      cuda_attention(device_rows(q, row0, part.q_count), k_cache, v_cache, to_device(alone), p, out);
-      EXPECT_TRUE(same_rows(cuda_to_host(out), 0, batched, row0, part.q_count))
-          << dtype_name(t) << " sequence " << part.seq << " rows from " << part.q_from;
+    const Config c{32, 8, 128, 128, 0, t, t};
+    const HostBatch b = make_batch(rng, {{1, 3000}, {5, 40}, {100, 100}, {1, 9}});
+    const AttentionLayout layout = to_device(host_layout(b));
+    const Tensor q = cuda_to_device(testing::random_tensor(rng, {b.tokens, int64_t{c.heads} * c.head_dim}, t));
+    const Tensor k = cuda_to_device(testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.head_dim}, t));
+    const Tensor v = cuda_to_device(testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.v_head_dim}, t));
+    for (Variant path : kPaths) {
+      Tensor first = device_poisoned({b.tokens, int64_t{c.heads} * c.v_head_dim}, t);
+      Tensor second = device_poisoned({b.tokens, int64_t{c.heads} * c.v_head_dim}, t);
+      cuda_attention(q, k, v, layout, params_of(c), first, nullptr, path.path, path.splits);
+      cuda_attention(q, k, v, layout, params_of(c), second, nullptr, path.path, path.splits);
+      EXPECT_TRUE(testing::bytes_equal(cuda_to_host(first), cuda_to_host(second))) << path_name(path);
     }
   }
 }
@@ -247,11 +325,13 @@ TEST(CudaAttention, BadSlotsInTheLayoutGiveNaNRows) {
   // Sequence 0 reads slot 9 of 8; sequence 1 is fine.
   const AttentionLayout layout{testing::i32_tensor({0, 1, 2}), testing::i32_tensor({0, 2, 3}),
                                testing::i32_tensor({1, 9, 3})};
-  Tensor out = device_poisoned({2, 128}, DType::kF32);
-  cuda_attention(q, k_cache, v_cache, to_device(layout), params_of(c), out);
-  const Tensor host = cuda_to_host(out);
-  for (int i = 0; i < 128; ++i) EXPECT_TRUE(std::isnan(host.data<float>()[i])) << i;
-  for (int i = 128; i < 256; ++i) EXPECT_EQ(host.data<float>()[i], 0.0f) << i;
+  for (Variant path : kPaths) {
+    Tensor out = device_poisoned({2, 128}, DType::kF32);
+    cuda_attention(q, k_cache, v_cache, to_device(layout), params_of(c), out, nullptr, path.path, path.splits);
+    const Tensor host = cuda_to_host(out);
+    for (int i = 0; i < 128; ++i) EXPECT_TRUE(std::isnan(host.data<float>()[i])) << path_name(path) << " " << i;
+    for (int i = 128; i < 256; ++i) EXPECT_EQ(host.data<float>()[i], 0.0f) << path_name(path) << " " << i;
+  }
 }
 
 TEST(CudaAttention, ShapeDtypeAndPlacementErrorsThrowBeforeLaunching) {
@@ -269,7 +349,7 @@ TEST(CudaAttention, ShapeDtypeAndPlacementErrorsThrowBeforeLaunching) {
   EXPECT_THROW(cuda_attention(Tensor::zeros({3, 256}, DType::kF32), k_cache, v_cache, layout, p, out), Error);  // host q
   EXPECT_THROW(cuda_attention(q, k_cache, v_cache, host, p, out), Error);               // host layout
   Tensor out_bf16 = cuda_empty({3, 256}, DType::kBF16);
-  EXPECT_THROW(cuda_attention(q, k_cache, v_cache, layout, p, out_bf16), Error);        // dtype mismatch
+  EXPECT_NO_THROW(cuda_attention(q, k_cache, v_cache, layout, p, out_bf16));            // q f32, out bf16
   Tensor out_short = cuda_empty({3, 128}, DType::kF32);
   EXPECT_THROW(cuda_attention(q, k_cache, v_cache, layout, p, out_short), Error);       // out width
   const Tensor q_f16 = cuda_empty({3, 256}, DType::kF16);
