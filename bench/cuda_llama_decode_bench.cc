@@ -18,8 +18,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -27,8 +25,8 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 #include "bench_util.h"
+#include "llama_checkpoint.h"
 
 namespace {
 
@@ -102,38 +100,11 @@ int main(int argc, char** argv) {
 
   const auto dir = std::filesystem::temp_directory_path() / ("basalt_llama8b_bench_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  nlohmann::json config = {
-      {"model_type", "llama"}, {"vocab_size", V}, {"hidden_size", H}, {"intermediate_size", I},
-      {"num_hidden_layers", layers}, {"num_attention_heads", heads}, {"num_key_value_heads", kv_heads},
-      {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", false}, {"max_position_embeddings", 131072},
-      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}},
-      {"rope_theta", 500000.0}};
-  std::ofstream(dir / "config.json") << config.dump(1);
   std::printf("writing a random-weight Llama-3.1-8B-shaped checkpoint (%d layers)...\n", layers);
   std::fflush(stdout);
-  {
-    const Tensor norm = random_bf16({H}, 1.0f, 1), q = random_bf16({heads * D, H}, 0.02f, 2),
-                 kv = random_bf16({kv_heads * D, H}, 0.02f, 3), o = random_bf16({H, heads * D}, 0.02f, 4),
-                 up = random_bf16({I, H}, 0.02f, 5), down = random_bf16({H, I}, 0.02f, 6);
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    tensors.emplace_back("model.embed_tokens.weight", random_bf16({V, H}, 0.05f, 7));
-    tensors.emplace_back("lm_head.weight", random_bf16({V, H}, 0.05f, 8));
-    tensors.emplace_back("model.norm.weight", norm);
-    for (int l = 0; l < layers; ++l) {
-      const std::string p = "model.layers." + std::to_string(l) + ".";
-      tensors.emplace_back(p + "input_layernorm.weight", norm);
-      tensors.emplace_back(p + "post_attention_layernorm.weight", norm);
-      tensors.emplace_back(p + "self_attn.q_proj.weight", q);
-      tensors.emplace_back(p + "self_attn.k_proj.weight", kv);
-      tensors.emplace_back(p + "self_attn.v_proj.weight", kv);
-      tensors.emplace_back(p + "self_attn.o_proj.weight", o);
-      tensors.emplace_back(p + "mlp.gate_proj.weight", up);
-      tensors.emplace_back(p + "mlp.up_proj.weight", up);
-      tensors.emplace_back(p + "mlp.down_proj.weight", down);
-    }
-    write_safetensors((dir / "model.safetensors").string(), tensors);
-  }
+  LlamaShape shape;
+  shape.layers = layers;
+  write_random_llama(dir, shape);
 
   CudaBackend backend;
   auto start = Clock::now();
