@@ -98,15 +98,28 @@ int main(int argc, char** argv) {
   const int steps = std::max(3, flags.tokens);
   const int64_t H = 4096, I = 14336, heads = 32, kv_heads = 8, D = 128, V = 128256;
 
+  // The device first: without one, fail before writing 16 GB.
+  if (!cuda_available()) {
+    std::fprintf(stderr, "basalt_bench_cuda_llama_decode: no CUDA device is available\n");
+    return 1;
+  }
+  CudaBackend backend;
   const auto dir = std::filesystem::temp_directory_path() / ("basalt_llama8b_bench_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
+  // Removed however the load ends.
+  struct RemoveDir {
+    std::filesystem::path path;
+    ~RemoveDir() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  } remove_dir{dir};
   std::printf("writing a random-weight Llama-3.1-8B-shaped checkpoint (%d layers)...\n", layers);
   std::fflush(stdout);
   LlamaShape shape;
   shape.layers = layers;
   write_random_llama(dir, shape);
 
-  CudaBackend backend;
   auto start = Clock::now();
   auto model = load_model(dir.string(), backend);
   backend.synchronize();
