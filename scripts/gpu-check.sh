@@ -41,7 +41,7 @@ port=8765
 model_dir=""
 keep_model=0
 
-usage() { sed -n '/^#   scripts\/gpu-check.sh/,/^#                     deleted/p' "$0" | sed 's/^# \{0,1\}//' >&2; }
+usage() { sed -n '/^#   scripts\/gpu-check.sh/,/^#                     deleted/p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($# > 0)); do
   case $1 in
     --build-dir) build_dir=${2:?--build-dir needs a value}; shift 2 ;;
@@ -59,7 +59,7 @@ while (($# > 0)); do
     --model-dir) model_dir=${2:?--model-dir needs a value}; shift 2 ;;
     --keep-model) keep_model=1; shift ;;
     -h | --help) usage; exit 0 ;;
-    *) echo "gpu-check: unknown argument $1" >&2; usage; exit 2 ;;
+    *) echo "gpu-check: unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
 done
 [[ -z $steps ]] && steps=" tests bench serve"
