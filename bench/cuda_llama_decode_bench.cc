@@ -21,8 +21,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -32,8 +30,8 @@
 #include "backend/cuda/device.h"
 #include "model/graphed_model.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 #include "bench_util.h"
+#include "llama_checkpoint.h"
 
 namespace {
 
@@ -105,42 +103,28 @@ int main(int argc, char** argv) {
   const int steps = std::max(3, flags.tokens);
   const int64_t H = 4096, I = 14336, heads = 32, kv_heads = 8, D = 128, V = 128256;
 
+  // The device first: without one, fail before writing 16 GB.
+  if (!cuda_available()) {
+    std::fprintf(stderr, "basalt_bench_cuda_llama_decode: no CUDA device is available\n");
+    return 1;
+  }
+  CudaBackend backend;
   const auto dir = std::filesystem::temp_directory_path() / ("basalt_llama8b_bench_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  nlohmann::json config = {
-      {"model_type", "llama"}, {"vocab_size", V}, {"hidden_size", H}, {"intermediate_size", I},
-      {"num_hidden_layers", layers}, {"num_attention_heads", heads}, {"num_key_value_heads", kv_heads},
-      {"rms_norm_eps", 1e-5}, {"tie_word_embeddings", false}, {"max_position_embeddings", 131072},
-      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}},
-      {"rope_theta", 500000.0}};
-  std::ofstream(dir / "config.json") << config.dump(1);
+  // Removed however the load ends.
+  struct RemoveDir {
+    std::filesystem::path path;
+    ~RemoveDir() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  } remove_dir{dir};
   std::printf("writing a random-weight Llama-3.1-8B-shaped checkpoint (%d layers)...\n", layers);
   std::fflush(stdout);
-  {
-    const Tensor norm = random_bf16({H}, 1.0f, 1), q = random_bf16({heads * D, H}, 0.02f, 2),
-                 kv = random_bf16({kv_heads * D, H}, 0.02f, 3), o = random_bf16({H, heads * D}, 0.02f, 4),
-                 up = random_bf16({I, H}, 0.02f, 5), down = random_bf16({H, I}, 0.02f, 6);
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    tensors.emplace_back("model.embed_tokens.weight", random_bf16({V, H}, 0.05f, 7));
-    tensors.emplace_back("lm_head.weight", random_bf16({V, H}, 0.05f, 8));
-    tensors.emplace_back("model.norm.weight", norm);
-    for (int l = 0; l < layers; ++l) {
-      const std::string p = "model.layers." + std::to_string(l) + ".";
-      tensors.emplace_back(p + "input_layernorm.weight", norm);
-      tensors.emplace_back(p + "post_attention_layernorm.weight", norm);
-      tensors.emplace_back(p + "self_attn.q_proj.weight", q);
-      tensors.emplace_back(p + "self_attn.k_proj.weight", kv);
-      tensors.emplace_back(p + "self_attn.v_proj.weight", kv);
-      tensors.emplace_back(p + "self_attn.o_proj.weight", o);
-      tensors.emplace_back(p + "mlp.gate_proj.weight", up);
-      tensors.emplace_back(p + "mlp.up_proj.weight", up);
-      tensors.emplace_back(p + "mlp.down_proj.weight", down);
-    }
-    write_safetensors((dir / "model.safetensors").string(), tensors);
-  }
+  LlamaShape shape;
+  shape.layers = layers;
+  write_random_llama(dir, shape);
 
-  CudaBackend backend;
   auto start = Clock::now();
   auto model = load_model(dir.string(), backend);
   backend.synchronize();

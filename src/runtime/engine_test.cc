@@ -27,11 +27,19 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "runtime/engine_test_util.h"
 #include "runtime/generator.h"
 #include "tokenizer/tokenizer.h"
 
 namespace basalt {
 namespace {
+
+using testing::expect_same;
+using testing::greedy;
+using testing::random_ids;
+using testing::request;
+using testing::run_all;
+using testing::shared_prefix_prompts;
 
 const std::string kLlama = std::string(BASALT_TESTDATA) + "/models/llama";
 const std::string kDeepSeek = std::string(BASALT_TESTDATA) + "/models/deepseek_v3";
@@ -52,36 +60,6 @@ struct Fixture {
     return generate(*model, backend, tokenizer.get(), prompt, o);
   }
 };
-
-SamplingParams greedy(int max_tokens) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
-
-std::vector<int32_t> random_ids(std::mt19937& rng, size_t n, int32_t vocab = 320) {
-  std::uniform_int_distribution<int32_t> d(2, vocab - 1);
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// A shared system prompt followed by a distinct question per request.
-std::vector<std::vector<int32_t>> shared_prefix_prompts(int n, size_t prefix, size_t question,
-                                                        uint32_t seed) {
-  std::mt19937 rng(seed);
-  const std::vector<int32_t> system = random_ids(rng, prefix);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < n; ++i) {
-    std::vector<int32_t> p = system;
-    const auto q = random_ids(rng, question);
-    p.insert(p.end(), q.begin(), q.end());
-    prompts.push_back(std::move(p));
-  }
-  return prompts;
-}
 
 // Every engine test runs with overlap scheduling off and on, and with page
 // sizes 1, 4 and 16 (EngineMode's parameters, set before each test): the
@@ -111,29 +89,6 @@ EngineOptions slots(int64_t n) {
   EngineOptions o = base();
   o.kv_slots = n;
   return o;
-}
-
-std::vector<RequestOutput> run_all(Engine& engine, const std::vector<EngineRequest>& requests) {
-  std::vector<RequestHandle> handles;
-  for (const auto& r : requests) handles.push_back(engine.submit(r));
-  std::vector<RequestOutput> out;
-  for (auto& h : handles) out.push_back(collect(*h));
-  return out;
-}
-
-EngineRequest request(std::vector<int32_t> prompt, SamplingParams p, uint64_t ns = 0) {
-  EngineRequest r;
-  r.prompt = std::move(prompt);
-  r.params = std::move(p);
-  r.cache_namespace = ns;
-  return r;
-}
-
-void expect_same(const GenerateResult& want, const RequestOutput& got, const std::string& what) {
-  EXPECT_EQ(got.output_ids, want.output_ids) << what << ": " << got.error;
-  EXPECT_EQ(got.text, want.text) << what;
-  EXPECT_EQ(to_string(got.reason), want.finish_reason) << what;
-  EXPECT_EQ(got.stop_reason, want.stop_reason) << what;
 }
 
 void cache_on_off(const std::string& dir) {
