@@ -121,6 +121,36 @@ __device__ void find_crossing(Shared& sh, u64 base, u64 need) {
   }
 }
 
+// What the passes read of token i: its key, and its weight where needed.
+struct Item {
+  uint32_t key;
+  float w;
+};
+
+// Items in flight per thread in the sweeps below: the passes are bound by
+// the latency of L2, so each thread issues kItems loads before using them.
+constexpr int kItems = 4;
+
+// Calls body(i, valid, item) for every i < n, block-strided, kItems loads
+// issued at once. Every thread makes the same number of calls (valid false
+// past the end), so body may use warp collectives.
+template <typename Load, typename Body>
+__device__ __forceinline__ void sweep(int64_t n, Load load, Body body) {
+  for (int64_t base = 0; base < n; base += static_cast<int64_t>(kThreads) * kItems) {
+    Item items[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t i = base + static_cast<int64_t>(j) * kThreads + threadIdx.x;
+      items[j] = i < n ? load(i) : Item{0, 0.0f};
+    }
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t i = base + static_cast<int64_t>(j) * kThreads + threadIdx.x;
+      body(i, i < n, items[j]);
+    }
+  }
+}
+
 // The result of a radix select: the cut key, the mass of the candidates
 // above it, and the count and mass of the candidates equal to it.
 struct Selection {
@@ -132,13 +162,12 @@ struct Selection {
 };
 
 // Radix select over the candidates of a row, from the largest key down: the
-// key K at which the running mass (mass_of(i) per candidate, larger keys
+// key K at which the running mass (mass(item) per candidate, larger keys
 // first) first reaches `need`. not found when the candidates' total mass
-// stays below need. key_of(i) gives token i's key, candidate(i, key) whether
-// it takes part, mass_of(i) its mass.
-template <typename KeyOf, typename Candidate, typename MassOf>
-__device__ Selection radix_select(int64_t n, KeyOf key_of, Candidate candidate, MassOf mass_of, u64 need,
-                                  Shared& sh) {
+// stays below need. load(i) reads token i, candidate(i, item) says whether
+// it takes part, mass(item) is its mass (taken as 1 when kCountOnly).
+template <bool kCountOnly, typename Load, typename Candidate, typename Mass>
+__device__ Selection radix_select(int64_t n, Load load, Candidate candidate, Mass mass, u64 need, Shared& sh) {
   uint32_t prefix = 0, mask = 0;
   u64 base = 0;
   Selection result{};
@@ -149,28 +178,28 @@ __device__ Selection radix_select(int64_t n, KeyOf key_of, Candidate candidate, 
     }
     __syncthreads();
     // Warp-aggregated: the lanes of one bin add their count and mass in one
-    // atomic each (the top bins are crowded). A mass is below 2^45, so its
+    // atomic each (the top bins are crowded). A mass is at most 2^44, so its
     // two parts (26 low bits, the rest) sum over 32 lanes within 32 bits.
-    for (int64_t i0 = 0; i0 < n; i0 += blockDim.x) {  // uniform trip count
-      const int64_t i = i0 + threadIdx.x;
+    sweep(n, load, [&](int64_t i, bool valid, const Item& item) {
       unsigned bin = 256;  // none
       u64 m = 0;
-      if (i < n) {
-        const uint32_t key = key_of(i);
-        if ((key & mask) == prefix && candidate(i, key)) {
-          bin = (key >> shift) & 255u;
-          m = mass_of(i);
-        }
+      if (valid && (item.key & mask) == prefix && candidate(i, item)) {
+        bin = (item.key >> shift) & 255u;
+        if (!kCountOnly) m = mass(item);
       }
+      if (!__any_sync(kFull, bin < 256)) return;  // later passes: most steps hold no candidate
       const unsigned peers = __match_any_sync(kFull, bin);
-      const unsigned low = __reduce_add_sync(peers, static_cast<unsigned>(m & 0x3ffffffull));
-      const unsigned high = __reduce_add_sync(peers, static_cast<unsigned>(m >> 26));
+      u64 total = __popc(peers);
+      if (!kCountOnly) {
+        const unsigned low = __reduce_add_sync(peers, static_cast<unsigned>(m & 0x3ffffffull));
+        const unsigned high = __reduce_add_sync(peers, static_cast<unsigned>(m >> 26));
+        total = (static_cast<u64>(high) << 26) + low;
+      }
       if (bin < 256 && static_cast<int>(threadIdx.x & 31) == __ffs(peers) - 1) {
         atomicAdd(&sh.count[bin], static_cast<unsigned>(__popc(peers)));
-        const u64 total = (static_cast<u64>(high) << 26) + low;
         if (total != 0) atomicAdd(&sh.mass[bin], total);
       }
-    }
+    });
     __syncthreads();
     if (threadIdx.x < 32) find_crossing(sh, base, need);
     __syncthreads();
@@ -192,25 +221,37 @@ __device__ Selection radix_select(int64_t n, KeyOf key_of, Candidate candidate, 
   return result;
 }
 
-// Each warp owns one contiguous segment of the row (a multiple of 32 long).
+// Each warp owns one contiguous segment of the row, a multiple of
+// 32 * kItems long.
 __device__ __forceinline__ void warp_segment(int64_t n, int64_t& begin, int64_t& end) {
-  const int64_t per_warp = (n + kThreads - 1) / kThreads * 32;
+  constexpr int64_t kStep = 32 * kItems;
+  const int64_t per_warp = (n + kWarps * kStep - 1) / (kWarps * kStep) * kStep;
   begin = static_cast<int64_t>(threadIdx.x >> 5) * per_warp;
   end = begin + per_warp < n ? begin + per_warp : n;
 }
 
 // The index of the first token in index order at which the running total
-// of value_of(i) (non-negative integers, index order) exceeds `target`;
-// every thread gets it. The caller guarantees the row's total exceeds it.
-template <typename ValueOf>
-__device__ long long first_exceeding(int64_t n, ValueOf value_of, u64 target, Shared& sh) {
+// of value(i, load(i)) (non-negative integers, index order) exceeds
+// `target`; every thread gets it. The caller guarantees the row's total
+// exceeds it.
+template <typename Load, typename Value>
+__device__ long long first_exceeding(int64_t n, Load load, Value value, u64 target, Shared& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int64_t begin, end;
   warp_segment(n, begin, end);
   u64 total = 0;
-  for (int64_t i0 = begin; i0 < end; i0 += 32) {
-    const int64_t i = i0 + lane;
-    total += i < end ? value_of(i) : 0;
+  for (int64_t i0 = begin; i0 < end; i0 += 32 * kItems) {
+    Item items[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t i = i0 + 32 * j + lane;
+      items[j] = i < end ? load(i) : Item{0, 0.0f};
+    }
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t i = i0 + 32 * j + lane;
+      if (i < end) total += value(i, items[j]);
+    }
   }
   total = warp_sum(total);
   __syncthreads();
@@ -229,10 +270,11 @@ __device__ long long first_exceeding(int64_t n, ValueOf value_of, u64 target, Sh
   }
   __syncthreads();
   if (warp == sh.sel_warp) {
+    // One warp walks its segment 32 tokens at a time.
     u64 running = sh.sel_base;
     for (int64_t i0 = begin; i0 < end; i0 += 32) {
       const int64_t i = i0 + lane;
-      const u64 v = i < end ? value_of(i) : 0;
+      const u64 v = i < end ? value(i, load(i)) : 0;
       const u64 inclusive = running + warp_inclusive_scan(v);
       const unsigned over = __ballot_sync(kFull, inclusive > target);
       if (over != 0) {
@@ -247,10 +289,10 @@ __device__ long long first_exceeding(int64_t n, ValueOf value_of, u64 target, Sh
 }
 
 // The index of the t-th (1-based) token in index order whose key is K.
-template <typename KeyOf>
-__device__ long long nth_with_key(int64_t n, KeyOf key_of, uint32_t K, u64 t, Shared& sh) {
+template <typename Load>
+__device__ long long nth_with_key(int64_t n, Load load, uint32_t K, u64 t, Shared& sh) {
   return first_exceeding(
-      n, [&](int64_t i) -> u64 { return key_of(i) == K ? 1 : 0; }, t - 1, sh);
+      n, load, [K](int64_t, const Item& item) -> u64 { return item.key == K ? 1 : 0; }, t - 1, sh);
 }
 
 // Whether token (key, i) survives the rank cut (K, I).
@@ -301,52 +343,59 @@ __global__ void __launch_bounds__(kThreads)
   float* w = weights_all + row * n;
   // Step 2: s = logit / temperature (NaN as -inf), its key and the maximum.
   u64 top = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float l = x[i];
-    const float s = isnan(l) ? -INFINITY : __fdiv_rn(l, c.temperature);
-    const uint32_t key = order_key(s);
-    keys[i] = key;
-    top = key > top ? key : top;
-  }
+  sweep(
+      n, [&](int64_t i) { return Item{0, x[i]}; },
+      [&](int64_t i, bool valid, const Item& item) {
+        if (!valid) return;
+        const float l = item.w;
+        const float s = isnan(l) ? -INFINITY : __fdiv_rn(l, c.temperature);
+        const uint32_t key = order_key(s);
+        keys[i] = key;
+        top = key > top ? key : top;
+      });
   const float m = key_value(static_cast<uint32_t>(block_max(top, sh)));
   // w = exp(s - m), the f32 difference as the reference takes it; exp in
   // double rounded once to f32 is the correctly rounded value but for
   // ties within 2^-53, which is what the host's expf returns too but for
-  // its own rare last-bit misses.
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float s = key_value(keys[i]);
-    w[i] = s == m ? 1.0f : static_cast<float>(exp(static_cast<double>(s - m)));
-  }
+  // its own rare last-bit misses. (Each thread reads back its own keys.)
+  sweep(
+      n, [&](int64_t i) { return Item{keys[i], 0.0f}; },
+      [&](int64_t i, bool valid, const Item& item) {
+        if (!valid) return;
+        const float s = key_value(item.key);
+        w[i] = s == m ? 1.0f : static_cast<float>(exp(static_cast<double>(s - m)));
+      });
   __syncthreads();  // keys and weights are read across threads from here on
 
   const float scale = __uint_as_float(static_cast<uint32_t>(127 + mass_shift) << 23);  // 2^mass_shift
-  const auto key_of = [&](int64_t i) { return keys[i]; };
-  const auto mass_of = [&](int64_t i) -> u64 { return __float2ull_rn(w[i] * scale); };
-  const auto one = [](int64_t) -> u64 { return 1; };
+  const auto load_key = [&](int64_t i) { return Item{keys[i], 0.0f}; };
+  const auto load_item = [&](int64_t i) { return Item{keys[i], w[i]}; };
+  const auto mass = [scale](const Item& item) -> u64 { return __float2ull_rn(item.w * scale); };
   // The rank cut so far: everything.
   uint32_t cut_key = 0;
   long long cut_index = n;
 
   // Step 3: top-k, the first top_k in rank order.
   if (c.top_k > 0 && c.top_k < n) {
-    const auto all = [](int64_t, uint32_t) { return true; };
-    const Selection s = radix_select(n, key_of, all, one, static_cast<u64>(c.top_k), sh);
+    const auto all = [](int64_t, const Item&) { return true; };
+    const Selection s = radix_select<true>(n, load_key, all, mass, static_cast<u64>(c.top_k), sh);
     // Found: the row has more than top_k tokens.
     cut_key = s.key;
     const u64 ties = static_cast<u64>(c.top_k) - s.above;
-    if (ties < s.tie_count) cut_index = nth_with_key(n, key_of, cut_key, ties, sh);
+    if (ties < s.tie_count) cut_index = nth_with_key(n, load_key, cut_key, ties, sh);
   }
   // Step 4: top-p over the survivors, by mass in rank order.
   if (c.top_p < 1.0f) {
-    const auto survivor = [&](int64_t i, uint32_t key) { return rank_kept(key, i, cut_key, cut_index); };
+    const auto survivor = [&](int64_t i, const Item& item) { return rank_kept(item.key, i, cut_key, cut_index); };
     u64 total = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-      if (survivor(i, keys[i])) total += mass_of(i);
+    sweep(n, load_item, [&](int64_t i, bool valid, const Item& item) {
+      if (valid && survivor(i, item)) total += mass(item);
+    });
     total = block_sum(total, sh);
     // A token stays while the mass ranked before it is below top_p * Z,
     // that is below need = ceil(top_p * Z) for integer masses.
     const u64 need = static_cast<u64>(ceil(static_cast<double>(c.top_p) * static_cast<double>(total)));
-    const Selection s = radix_select(n, key_of, survivor, mass_of, need > 0 ? need : 1, sh);
+    const Selection s = radix_select<false>(n, load_item, survivor, mass, need > 0 ? need : 1, sh);
     if (s.found) {
       // The tied tokens at s.key share one mass; the j-th of them (from 0,
       // index order) has s.above + j * each before it.
@@ -354,7 +403,7 @@ __global__ void __launch_bounds__(kThreads)
       u64 ties = (need - s.above + each - 1) / each;
       if (ties > s.tie_count) ties = s.tie_count;
       if (ties < s.tie_count) {
-        cut_index = nth_with_key(n, key_of, s.key, ties, sh);
+        cut_index = nth_with_key(n, load_key, s.key, ties, sh);
       } else if (s.key != cut_key) {
         cut_index = n;  // every token of a key above the old cut survived top-k
       }
@@ -363,15 +412,17 @@ __global__ void __launch_bounds__(kThreads)
   }
   // Steps 5 and 6: min-p, then the draw among the kept tokens, index order.
   const float min_p = c.min_p;
-  const auto kept_mass = [&](int64_t i) -> u64 {
-    return rank_kept(keys[i], i, cut_key, cut_index) && w[i] >= min_p ? mass_of(i) : 0;
+  const auto kept_mass = [&](int64_t i, const Item& item) -> u64 {
+    return rank_kept(item.key, i, cut_key, cut_index) && item.w >= min_p ? mass(item) : 0;
   };
   u64 total = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) total += kept_mass(i);
+  sweep(n, load_item, [&](int64_t i, bool valid, const Item& item) {
+    if (valid) total += kept_mass(i, item);
+  });
   total = block_sum(total, sh);  // >= 2^mass_shift: the top token is always kept
   const double u = uniform(c.seed, c.step);
   const u64 target = static_cast<u64>(floor(u * static_cast<double>(total)));
-  const long long token = first_exceeding(n, kept_mass, target < total ? target : total - 1, sh);
+  const long long token = first_exceeding(n, load_item, kept_mass, target < total ? target : total - 1, sh);
   if (threadIdx.x == 0) out[row] = static_cast<int32_t>(token);
 }
 
@@ -400,25 +451,24 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int64_t picked_index[64];
   __shared__ int picked;
   const float* x = x_all + static_cast<int64_t>(blockIdx.x) * n;
-  const auto key_of = [&](int64_t i) { return value_key(x[i]); };
-  const auto all = [](int64_t, uint32_t) { return true; };
-  const auto one = [](int64_t) -> u64 { return 1; };
+  const auto load_key = [&](int64_t i) { return Item{value_key(x[i]), 0.0f}; };
+  const auto all = [](int64_t, const Item&) { return true; };
+  const auto one = [](const Item&) -> u64 { return 1; };
   // k <= n, so the selection is found.
-  const Selection s = radix_select(n, key_of, all, one, static_cast<u64>(k), sh);
+  const Selection s = radix_select<true>(n, load_key, all, one, static_cast<u64>(k), sh);
   const u64 ties = static_cast<u64>(k) - s.above;
-  const long long cut_index = ties < s.tie_count ? nth_with_key(n, key_of, s.key, ties, sh) : n;
+  const long long cut_index = ties < s.tie_count ? nth_with_key(n, load_key, s.key, ties, sh) : n;
   if (threadIdx.x == 0) picked = 0;
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const uint32_t key = key_of(i);
-    if (rank_kept(key, i, s.key, cut_index)) {
+  sweep(n, load_key, [&](int64_t i, bool valid, const Item& item) {
+    if (valid && rank_kept(item.key, i, s.key, cut_index)) {
       const int slot = atomicAdd(&picked, 1);
       if (slot < 64) {
-        picked_key[slot] = key;
+        picked_key[slot] = item.key;
         picked_index[slot] = i;
       }
     }
-  }
+  });
   __syncthreads();
   // Exactly k were picked; each finds its place in (key desc, index asc).
   if (threadIdx.x < k) {
