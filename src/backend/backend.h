@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -149,6 +150,36 @@ class RecordedOps {
   virtual void replay() = 0;
 };
 
+// One adjustment of one logit (the per-request logits processors' work,
+// merged per token so that one pass applies it): with x = logits[row, token],
+//   x = suppress ? -inf : apply_rep(x + bias, repetition) - subtract,
+//   apply_rep(x, r) = x > 0 ? x / r : x * r   (r = 1: no repetition penalty),
+// each step one f32 operation rounded to nearest (no fused multiply-add).
+// This is vLLM's order (min_tokens suppression, logit_bias, repetition
+// penalty, then frequency/presence as one subtraction) folded into one edit:
+// applying the steps one after the other gives the same value, except that
+// x + 0 turns a -0 into +0 (no sampler or logprob tells the two apart).
+struct LogitEdit {
+  int32_t row = 0;
+  int32_t token = 0;
+  float bias = 0.0f;        // finite
+  float repetition = 1.0f;  // > 0 and finite
+  float subtract = 0.0f;    // finite
+  bool suppress = false;
+};
+
+// The one definition of a LogitEdit's arithmetic (host side; the CUDA kernel
+// spells out the same operations).
+inline float apply_logit_edit(float x, const LogitEdit& e) {
+  if (e.suppress) return -std::numeric_limits<float>::infinity();
+  x = x + e.bias;
+  x = x > 0.0f ? x / e.repetition : x * e.repetition;
+  return x - e.subtract;
+}
+
+// The largest k that Backend::top_k_rows supports.
+inline constexpr int kMaxTopKRows = 64;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -230,6 +261,18 @@ class Backend {
   // Draws one token per row of logits [R, V] under rows[r]; out i32 [R].
   // Order of filters: temperature, then top-k, top-p, min-p on the softmax.
   virtual void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) = 0;
+  // Applies `edits` (host memory) to logits f32 [R, V] in place. Every edit
+  // names a row in [0, R) and a token in [0, V), and no (row, token) appears
+  // twice; otherwise the call throws before changing anything.
+  virtual void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) = 0;
+  // Per row of x f32 [R, C], the k largest values in descending order, ties
+  // (equal values, -0 == +0) to the lower column; NaN ranks below -inf.
+  // 1 <= k <= min(C, kMaxTopKRows). values f32 [R, k]; ids i32 [R, k].
+  virtual void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) = 0;
+  // out[r] = x[r, cols[r]]. x f32 [R, C]; cols i32 [R]; out f32 [R]. A column
+  // outside [0, C) throws on host backends (the CUDA backend, which does not
+  // read cols back, writes NaN there).
+  virtual void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) = 0;
 
   // --- DeepSeek V2/V3 ------------------------------------------------------
   // out[t, n] = sum_k x[t, k] * w[n, k] * scale_inv[n / 128, k / 128].

@@ -444,4 +444,94 @@ void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out
   }
 }
 
+void check_logit_edits(std::span<const LogitEdit> edits, int64_t rows, int64_t vocab,
+                       const char* op) {
+  std::vector<uint64_t> keys;
+  keys.reserve(edits.size());
+  for (size_t i = 0; i < edits.size(); ++i) {
+    const LogitEdit& e = edits[i];
+    BASALT_CHECK(e.row >= 0 && e.row < rows && e.token >= 0 && e.token < vocab,
+                 "{}: edit {} names row {} token {}, outside logits [{}, {}]", op, i, e.row,
+                 e.token, rows, vocab);
+    BASALT_CHECK(std::isfinite(e.bias) && std::isfinite(e.subtract) &&
+                     std::isfinite(e.repetition) && e.repetition > 0.0f,
+                 "{}: edit {} has bias {}, repetition {}, subtract {} (finite, repetition > 0)",
+                 op, i, e.bias, e.repetition, e.subtract);
+    keys.push_back(static_cast<uint64_t>(e.row) << 32 | static_cast<uint32_t>(e.token));
+  }
+  std::sort(keys.begin(), keys.end());
+  const auto twice = std::adjacent_find(keys.begin(), keys.end());
+  BASALT_CHECK(twice == keys.end(), "{}: row {} token {} is edited twice", op, *twice >> 32,
+               static_cast<uint32_t>(*twice));
+}
+
+void check_top_k_rows(const Tensor& x, int k, const Tensor& values, const Tensor& ids,
+                      const char* op) {
+  BASALT_CHECK(x.dtype() == DType::kF32 && x.rank() == 2, "{}: x must be f32 [R, C], got {}", op,
+               x.describe());
+  BASALT_CHECK(k >= 1 && k <= kMaxTopKRows && k <= x.dim(1), "{}: k = {} must be in 1..min({}, {})",
+               op, k, x.dim(1), kMaxTopKRows);
+  BASALT_CHECK(values.dtype() == DType::kF32 && values.shape() == Shape({x.dim(0), k}),
+               "{}: values must be f32 [{}, {}], got {}", op, x.dim(0), k, values.describe());
+  BASALT_CHECK(ids.dtype() == DType::kI32 && ids.shape() == Shape({x.dim(0), k}),
+               "{}: ids must be i32 [{}, {}], got {}", op, x.dim(0), k, ids.describe());
+}
+
+void check_gather_rows(const Tensor& x, const Tensor& cols, const Tensor& out, const char* op) {
+  BASALT_CHECK(x.dtype() == DType::kF32 && x.rank() == 2, "{}: x must be f32 [R, C], got {}", op,
+               x.describe());
+  BASALT_CHECK(cols.dtype() == DType::kI32 && cols.shape() == Shape({x.dim(0)}),
+               "{}: cols must be i32 [{}], got {}", op, x.dim(0), cols.describe());
+  BASALT_CHECK(out.dtype() == DType::kF32 && out.shape() == Shape({x.dim(0)}),
+               "{}: out must be f32 [{}], got {}", op, x.dim(0), out.describe());
+}
+
+bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
+  const bool a_nan = std::isnan(a), b_nan = std::isnan(b);
+  if (a_nan != b_nan) return b_nan;
+  if (!a_nan && a != b) return a > b;
+  return ia < ib;
+}
+
+void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) {
+  require(logits, "adjust_logits", "logits", DType::kF32, 2);
+  check_logit_edits(edits, logits.dim(0), logits.dim(1), "reference adjust_logits");
+  for (const LogitEdit& e : edits) {
+    float& x = logits.data<float>()[e.row * logits.dim(1) + e.token];
+    x = apply_logit_edit(x, e);
+  }
+}
+
+void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) {
+  require_host(x, "top_k_rows", "x");
+  require_host(values, "top_k_rows", "values");
+  require_host(ids, "top_k_rows", "ids");
+  check_top_k_rows(x, k, values, ids, "reference top_k_rows");
+  const int64_t cols = x.dim(1);
+  for (int64_t r = 0; r < x.dim(0); ++r) {
+    const float* row = x.data<const float>() + r * cols;
+    std::vector<int64_t> order(static_cast<size_t>(cols));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](int64_t a, int64_t b) { return ranks_before(row[a], a, row[b], b); });
+    for (int j = 0; j < k; ++j) {
+      values.data<float>()[r * k + j] = row[order[j]];
+      ids.data<int32_t>()[r * k + j] = static_cast<int32_t>(order[j]);
+    }
+  }
+}
+
+void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
+  require_host(x, "gather_rows", "x");
+  require_host(cols, "gather_rows", "cols");
+  require_host(out, "gather_rows", "out");
+  check_gather_rows(x, cols, out, "reference gather_rows");
+  for (int64_t r = 0; r < x.dim(0); ++r) {
+    const int32_t c = cols.data<const int32_t>()[r];
+    BASALT_CHECK(c >= 0 && c < x.dim(1), "reference gather_rows: column {} of row {} is outside 0..{}",
+                 c, r, x.dim(1) - 1);
+    out.data<float>()[r] = x.data<const float>()[r * x.dim(1) + c];
+  }
+}
+
 }  // namespace basalt::reference

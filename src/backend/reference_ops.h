@@ -61,6 +61,12 @@
 //    can disagree only where u * Z' falls within rounding of a boundary.
 //    Valid controls: temperature >= 0 and finite, top_k >= 0,
 //    0 < top_p <= 1, 0 <= min_p <= 1; anything else throws.
+//  * adjust_logits: apply_logit_edit (backend.h) on each named logit. Edits
+//    are checked first (check_logit_edits): rows and tokens in range, bias
+//    and subtract finite, repetition > 0 and finite, no (row, token) twice.
+//  * top_k_rows: the order is value descending, then column ascending, with
+//    -0 equal to +0 and every NaN below -inf (NaNs among themselves by column).
+//  * gather_rows: columns outside [0, C) throw.
 #pragma once
 
 #include <span>
@@ -87,6 +93,22 @@ void softmax(const Tensor& x, Tensor& out);
 void log_softmax(const Tensor& x, Tensor& out);
 void argmax(const Tensor& logits, Tensor& out);
 void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out);
+void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits);
+void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids);
+void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out);
+
+// Throws basalt::Error, naming `op`, unless every edit is valid for logits
+// [rows, vocab] (see adjust_logits above). Every backend calls it.
+void check_logit_edits(std::span<const LogitEdit> edits, int64_t rows, int64_t vocab,
+                       const char* op);
+// Checks top_k_rows' shapes and k (dtypes and ranks; not placement).
+void check_top_k_rows(const Tensor& x, int k, const Tensor& values, const Tensor& ids,
+                      const char* op);
+// Checks gather_rows' shapes and dtypes (not placement).
+void check_gather_rows(const Tensor& x, const Tensor& cols, const Tensor& out, const char* op);
+// The top_k_rows order: whether value a at column ia ranks before value b at
+// column ib.
+bool ranks_before(float a, int64_t ia, float b, int64_t ib);
 
 // DeepSeek V2/V3 ops (reference_deepseek_ops.cc). moe_route ranks with
 // doubles and breaks ties by the lower expert id; mla_attention computes the
@@ -161,6 +183,15 @@ class ReferenceBackend final : public Backend {
   void argmax(const Tensor& logits, Tensor& out) override { reference::argmax(logits, out); }
   void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override {
     reference::sample(logits, rows, out);
+  }
+  void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) override {
+    reference::adjust_logits(logits, edits);
+  }
+  void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) override {
+    reference::top_k_rows(x, k, values, ids);
+  }
+  void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) override {
+    reference::gather_rows(x, cols, out);
   }
   void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                         Tensor& out) override {

@@ -339,30 +339,54 @@ void Executor::run(StepWork& w) {
     w.sampled_logprobs.assign(w.rows.size(), std::numeric_limits<float>::quiet_NaN());
     w.next.clear();
     if (!w.rows.empty()) {
-      const size_t V = static_cast<size_t>(vocab_);
-      bool want_logprobs = false, active = false;
+      // Only token ids and the requested logprobs cross to the host: the
+      // logprobs (raw, before the processors' edits) are reduced on the
+      // device to each row's top entries and the drawn token's value.
+      int top = 0;
+      bool want_sampled = false, active = false;
       for (const StepWork::Row& row : w.rows) {
-        want_logprobs |= row.logprobs > 0 || row.sampled_logprob;
+        top = std::max(top, row.logprobs);
+        want_sampled |= row.sampled_logprob;
         active |= row.processor->active();
       }
-      Tensor host = Tensor::empty({L, vocab_}, DType::kF32);
-      Tensor host_lp;
-      if (want_logprobs) {
-        Tensor lp = backend_.empty({L, vocab_}, DType::kF32);
+      top = std::min(top, vocab_);
+      Tensor lp;
+      if (top > 0 || want_sampled) {
+        lp = backend_.empty({L, vocab_}, DType::kF32);
         backend_.log_softmax(logits, lp);
-        host_lp = Tensor::empty({L, vocab_}, DType::kF32);
+      }
+      if (top > kMaxTopKRows) {
+        // Beyond what top_k_rows serves (a server configured for more than
+        // 64 logprobs): the rows come to the host.
+        Tensor host_lp = Tensor::empty({L, vocab_}, DType::kF32);
         backend_.copy(lp, host_lp);
+        const size_t V = static_cast<size_t>(vocab_);
         for (size_t r = 0; r < w.rows.size(); ++r)
           if (w.rows[r].logprobs > 0)
             w.logprobs[r] = top_k_logprobs(std::span<const float>(host_lp.data<float>() + r * V, V),
                                            w.rows[r].logprobs);
+      } else if (top > 0) {
+        Tensor values = backend_.empty({L, top}, DType::kF32);
+        Tensor ids = backend_.empty({L, top}, DType::kI32);
+        backend_.top_k_rows(lp, top, values, ids);
+        Tensor host_values = Tensor::empty({L, top}, DType::kF32);
+        Tensor host_ids = Tensor::empty({L, top}, DType::kI32);
+        backend_.copy(values, host_values);
+        backend_.copy(ids, host_ids);
+        for (size_t r = 0; r < w.rows.size(); ++r) {
+          const int n = std::min(w.rows[r].logprobs, top);
+          for (int j = 0; j < n; ++j) {
+            const size_t at = r * static_cast<size_t>(top) + static_cast<size_t>(j);
+            w.logprobs[r].push_back({host_ids.data<int32_t>()[at], host_values.data<float>()[at]});
+          }
+        }
       }
       if (active) {
-        backend_.copy(logits, host);
+        std::vector<LogitEdit> edits;
         for (size_t r = 0; r < w.rows.size(); ++r)
           if (w.rows[r].processor->active())
-            w.rows[r].processor->apply(std::span<float>(host.data<float>() + r * V, V));
-        backend_.copy(host, logits);
+            w.rows[r].processor->edits(static_cast<int32_t>(r), edits);
+        backend_.adjust_logits(logits, edits);
       }
       std::vector<SamplingRow> rows;
       for (const StepWork::Row& row : w.rows) rows.push_back(row.sampling);
@@ -371,9 +395,14 @@ void Executor::run(StepWork& w) {
       Tensor host_out = Tensor::empty({L}, DType::kI32);
       backend_.copy(out, host_out);
       w.next.assign(host_out.data<int32_t>(), host_out.data<int32_t>() + w.rows.size());
-      for (size_t r = 0; r < w.rows.size(); ++r)
-        if (w.rows[r].sampled_logprob)
-          w.sampled_logprobs[r] = host_lp.data<float>()[r * V + static_cast<size_t>(w.next[r])];
+      if (want_sampled) {
+        Tensor sampled = backend_.empty({L}, DType::kF32);
+        backend_.gather_rows(lp, out, sampled);
+        Tensor host_sampled = Tensor::empty({L}, DType::kF32);
+        backend_.copy(sampled, host_sampled);
+        for (size_t r = 0; r < w.rows.size(); ++r)
+          if (w.rows[r].sampled_logprob) w.sampled_logprobs[r] = host_sampled.data<float>()[r];
+      }
       for (size_t r = 0; r < w.rows.size(); ++r) w.rows[r].processor->append(w.next[r]);
     }
     last_next_ = w.next;

@@ -52,21 +52,46 @@ bool LogitsProcessor::active() const {
 void LogitsProcessor::apply(std::span<float> logits) const {
   BASALT_CHECK(static_cast<int64_t>(logits.size()) == vocab_size_,
                "logits row has {} entries, the vocabulary {}", logits.size(), vocab_size_);
-  if (num_output_ < min_tokens_)
-    for (int32_t id : suppressed_)
-      logits[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
-  for (const auto& [id, bias] : bias_) logits[static_cast<size_t>(id)] += bias;
-  if (repetition_penalty_ != 1.0f) {
-    for (int32_t id : seen_ids_) {
-      float& x = logits[static_cast<size_t>(id)];
-      x = x > 0 ? x / repetition_penalty_ : x * repetition_penalty_;
-    }
+  std::vector<LogitEdit> row_edits;
+  edits(0, row_edits);
+  for (const LogitEdit& e : row_edits) {
+    float& x = logits[static_cast<size_t>(e.token)];
+    x = apply_logit_edit(x, e);
   }
+}
+
+void LogitsProcessor::edits(int32_t row, std::vector<LogitEdit>& out) const {
+  const size_t first = out.size();
+  // One partial edit per step and token, then merged per token: each step
+  // sets a different field, so merging loses nothing.
+  if (num_output_ < min_tokens_)
+    for (int32_t id : suppressed_) out.push_back({.row = row, .token = id, .suppress = true});
+  for (const auto& [id, bias] : bias_) out.push_back({.row = row, .token = id, .bias = bias});
+  if (repetition_penalty_ != 1.0f)
+    for (int32_t id : seen_ids_)
+      out.push_back({.row = row, .token = id, .repetition = repetition_penalty_});
   for (int32_t id : output_ids_) {
     const int32_t count = counts_[static_cast<size_t>(id)];
-    logits[static_cast<size_t>(id)] -=
-        frequency_penalty_ * static_cast<float>(count) + presence_penalty_;
+    out.push_back({.row = row,
+                   .token = id,
+                   .subtract = frequency_penalty_ * static_cast<float>(count) + presence_penalty_});
   }
+  const auto begin = out.begin() + static_cast<ptrdiff_t>(first);
+  std::stable_sort(begin, out.end(),
+                   [](const LogitEdit& a, const LogitEdit& b) { return a.token < b.token; });
+  auto merged = begin;
+  for (auto it = begin; it != out.end(); ++it) {
+    if (it != begin && merged->token == it->token) {
+      merged->suppress |= it->suppress;
+      if (it->bias != 0.0f) merged->bias = it->bias;
+      if (it->repetition != 1.0f) merged->repetition = it->repetition;
+      if (it->subtract != 0.0f) merged->subtract = it->subtract;
+    } else {
+      if (it != begin) ++merged;
+      *merged = *it;
+    }
+  }
+  if (begin != out.end()) out.erase(merged + 1, out.end());
 }
 
 void LogitsProcessor::append(int32_t id) {

@@ -22,6 +22,11 @@
 //     RepetitionPenaltyLogitsProcessor).
 //  4. frequency_penalty f and presence_penalty p, for each id with
 //     count c > 0 occurrences in the output: logit -= f * c + p.
+// The four steps are expressed as Backend LogitEdits (backend.h), one per
+// touched token, merged: edits() lists them for the engine to apply on the
+// device with Backend::adjust_logits, and apply() applies the same edits with
+// apply_logit_edit, so there is one definition of the arithmetic. The merged
+// edit gives the value of the four steps done in turn (see LogitEdit).
 // Temperature, top-k, top-p and min-p follow in the sample op. The reported
 // logprobs are taken before all of this (vLLM's default logprobs_mode
 // "raw_logprobs"): they are the model's own distribution.
@@ -31,6 +36,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"
 #include "runtime/sampling_params.h"
 
 namespace basalt {
@@ -47,6 +53,9 @@ class LogitsProcessor {
   bool active() const;
   // Adjusts one row of logits [vocab_size] in place.
   void apply(std::span<float> logits) const;
+  // Appends the current step's edits for logits row `row`, one per touched
+  // token, in increasing token order (none when !active()).
+  void edits(int32_t row, std::vector<LogitEdit>& out) const;
   // Records one sampled output token.
   void append(int32_t id);
 

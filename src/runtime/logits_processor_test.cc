@@ -5,9 +5,13 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
+#include <set>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "runtime/generator.h"
 
 namespace basalt {
 namespace {
@@ -130,6 +134,141 @@ TEST(LogitsProcessor, RejectsBadInput) {
   EXPECT_THROW(p.append(4), Error);
   std::vector<float> short_row(3);
   EXPECT_THROW(p.apply(short_row), Error);
+}
+
+
+// The four steps done one after the other, as vLLM does them: the order the
+// merged edits must reproduce.
+std::vector<float> sequential(const SamplingParams& params, std::span<const int32_t> eos,
+                              std::span<const int32_t> prompt, std::span<const int32_t> output,
+                              std::vector<float> x) {
+  if (static_cast<int>(output.size()) < params.min_tokens) {
+    if (!params.ignore_eos)
+      for (int32_t id : eos) x[static_cast<size_t>(id)] = -kInf;
+    for (int32_t id : params.stop_token_ids) x[static_cast<size_t>(id)] = -kInf;
+  }
+  for (const auto& [id, bias] : params.logit_bias) x[static_cast<size_t>(id)] += bias;
+  if (params.repetition_penalty != 1.0f) {
+    std::set<int32_t> seen(prompt.begin(), prompt.end());
+    seen.insert(output.begin(), output.end());
+    for (int32_t id : seen) {
+      float& v = x[static_cast<size_t>(id)];
+      v = v > 0 ? v / params.repetition_penalty : v * params.repetition_penalty;
+    }
+  }
+  std::vector<int32_t> counts(x.size(), 0);
+  for (int32_t id : output) ++counts[static_cast<size_t>(id)];
+  for (size_t id = 0; id < x.size(); ++id)
+    if (counts[id] > 0)
+      x[id] -= params.frequency_penalty * static_cast<float>(counts[id]) + params.presence_penalty;
+  return x;
+}
+
+// Equal as floats (so -0 == +0, the one difference LogitEdit allows), NaN
+// matching NaN.
+bool same_value(float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }
+
+TEST(LogitsProcessor, MergedEditsEqualTheSequentialOrder) {
+  std::mt19937_64 rng(20261129);
+  const int32_t vocab = 40;
+  const auto pick = [&](int lo, int hi) {
+    return static_cast<int32_t>(std::uniform_int_distribution<int>(lo, hi)(rng));
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    SamplingParams params;
+    const float penalties[] = {1.0f, 1.0f, 1.3f, 0.7f, 2.0f};
+    params.repetition_penalty = penalties[pick(0, 4)];
+    params.frequency_penalty = pick(0, 2) == 0 ? 0.0f : static_cast<float>(pick(-20, 20)) / 10.3f;
+    params.presence_penalty = pick(0, 2) == 0 ? 0.0f : static_cast<float>(pick(-14, 14)) / 7.1f;
+    params.min_tokens = pick(0, 4);
+    params.ignore_eos = pick(0, 3) == 0;
+    for (int b = pick(0, 8); b > 0; --b)
+      params.logit_bias[pick(0, vocab - 1)] = static_cast<float>(pick(-970, 970)) / 9.7f;
+    for (int t = pick(0, 2); t > 0; --t) params.stop_token_ids.push_back(pick(0, vocab - 1));
+    const std::vector<int32_t> eos = {pick(0, vocab - 1), 3};  // 3 is also often biased
+    params.logit_bias[3] = 2.5f;
+    std::vector<int32_t> prompt;
+    for (int t = pick(0, 12); t > 0; --t) prompt.push_back(pick(0, vocab - 1));
+    LogitsProcessor processor(params, vocab, eos, prompt);
+    std::vector<int32_t> output;
+    for (int step = 0; step < 8; ++step) {
+      std::vector<float> row(static_cast<size_t>(vocab));
+      for (float& v : row) {
+        const int kind = pick(0, 9);
+        v = kind == 0 ? -kInf : kind == 1 ? 0.0f : kind == 2 ? -0.0f : kind == 3 ? kInf
+                                                                      : static_cast<float>(pick(-500, 500)) / 13.0f;
+      }
+      const std::vector<float> want = sequential(params, eos, prompt, output, row);
+      const std::vector<float> got = applied(processor, row);
+      for (int32_t i = 0; i < vocab; ++i)
+        EXPECT_TRUE(same_value(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]))
+            << "trial " << trial << " step " << step << " token " << i << ": " << got[static_cast<size_t>(i)]
+            << " != " << want[static_cast<size_t>(i)];
+      // The edits name each token once, in order, on the row asked for.
+      std::vector<LogitEdit> edits;
+      processor.edits(7, edits);
+      EXPECT_EQ(edits.empty(), !processor.active());
+      for (size_t e = 0; e < edits.size(); ++e) {
+        EXPECT_EQ(edits[e].row, 7);
+        if (e > 0) {
+          EXPECT_LT(edits[e - 1].token, edits[e].token);
+        }
+      }
+      // Applied by a backend to one row of several, they give the same row.
+      CpuBackend backend;
+      Tensor logits = Tensor::zeros({9, vocab}, DType::kF32);
+      std::copy(row.begin(), row.end(), logits.data<float>() + 7 * vocab);
+      backend.adjust_logits(logits, edits);
+      for (int32_t i = 0; i < vocab; ++i)
+        EXPECT_TRUE(same_value(logits.data<float>()[7 * vocab + i], want[static_cast<size_t>(i)]));
+      for (int32_t i = 0; i < vocab * 7; ++i) EXPECT_EQ(logits.data<float>()[i], 0.0f);
+      const int32_t next = pick(0, vocab - 1);
+      processor.append(next);
+      output.push_back(next);
+    }
+  }
+}
+
+TEST(LogitsProcessor, EditsOfSeveralRowsAppend) {
+  SamplingParams params;
+  params.logit_bias[2] = 1.0f;
+  LogitsProcessor p(params, 5, std::vector<int32_t>{}, std::vector<int32_t>{});
+  std::vector<LogitEdit> edits;
+  p.edits(0, edits);
+  p.edits(3, edits);
+  ASSERT_EQ(edits.size(), 2u);
+  EXPECT_EQ(edits[0].row, 0);
+  EXPECT_EQ(edits[1].row, 3);
+  EXPECT_EQ(edits[1].token, 2);
+  EXPECT_EQ(edits[1].bias, 1.0f);
+}
+
+// The engine reads logprobs through Backend::top_k_rows: on the CPU backend
+// it returns exactly what top_k_logprobs does, ties and all.
+TEST(LogitsProcessor, TopKRowsMatchesTopKLogprobs) {
+  std::mt19937_64 rng(7);
+  CpuBackend backend;
+  for (int64_t vocab : {1, 5, 64, 1000}) {
+    const int64_t rows = 6;
+    Tensor x = Tensor::empty({rows, vocab}, DType::kF32);
+    for (int64_t i = 0; i < x.numel(); ++i)
+      x.data<float>()[i] = static_cast<float>(std::uniform_int_distribution<int>(-30, 0)(rng)) / 4.0f;
+    x.data<float>()[0] = -kInf;
+    for (int k : {1, 3, 20, 64}) {
+      if (k > vocab) continue;
+      Tensor values = Tensor::empty({rows, k}, DType::kF32), ids = Tensor::empty({rows, k}, DType::kI32);
+      backend.top_k_rows(x, k, values, ids);
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<TokenLogprob> want = top_k_logprobs(
+            std::span<const float>(x.data<float>() + r * vocab, static_cast<size_t>(vocab)), k);
+        ASSERT_EQ(want.size(), static_cast<size_t>(k));
+        for (int j = 0; j < k; ++j) {
+          EXPECT_EQ(ids.data<int32_t>()[r * k + j], want[static_cast<size_t>(j)].id) << vocab << " " << k;
+          EXPECT_EQ(values.data<float>()[r * k + j], want[static_cast<size_t>(j)].logprob);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "backend/cpu/sampling.h"
 #include "backend/cpu/simd.h"
 #include "backend/host_qkv.h"
+#include "backend/reference_ops.h"
 #include "core/error.h"
 
 namespace basalt {
@@ -637,6 +638,68 @@ void CpuBackend::sample(const Tensor& logits, std::span<const SamplingRow> rows,
         }
       },
       rows_per_task(vocab * 4));
+}
+
+void CpuBackend::adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) {
+  check_dtype(logits, "adjust_logits", "logits", {DType::kF32});
+  check_rank(logits, "adjust_logits", "logits", 2);
+  reference::check_logit_edits(edits, logits.dim(0), logits.dim(1), "adjust_logits");
+  float* data = logits.data<float>();
+  for (const LogitEdit& e : edits) {
+    float& x = data[e.row * logits.dim(1) + e.token];
+    x = apply_logit_edit(x, e);
+  }
+}
+
+void CpuBackend::top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) {
+  check_host(x, "top_k_rows", "x");
+  check_host(values, "top_k_rows", "values");
+  check_host(ids, "top_k_rows", "ids");
+  reference::check_top_k_rows(x, k, values, ids, "top_k_rows");
+  const int64_t cols = x.dim(1);
+  pool_->parallel_for(
+      x.dim(0),
+      [&](int64_t r0, int64_t r1) {
+        std::vector<int32_t> head;
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* row = x.data<const float>() + r * cols;
+          // A heap of the k best so far, its worst on top.
+          const auto better = [&](int32_t a, int32_t b) {
+            return reference::ranks_before(row[a], a, row[b], b);
+          };
+          head.clear();
+          for (int64_t c = 0; c < cols; ++c) {
+            const int32_t i = static_cast<int32_t>(c);
+            if (head.size() < static_cast<size_t>(k)) {
+              head.push_back(i);
+              std::push_heap(head.begin(), head.end(), better);
+            } else if (better(i, head.front())) {
+              std::pop_heap(head.begin(), head.end(), better);
+              head.back() = i;
+              std::push_heap(head.begin(), head.end(), better);
+            }
+          }
+          std::sort_heap(head.begin(), head.end(), better);
+          for (int j = 0; j < k; ++j) {
+            values.data<float>()[r * k + j] = row[head[static_cast<size_t>(j)]];
+            ids.data<int32_t>()[r * k + j] = head[static_cast<size_t>(j)];
+          }
+        }
+      },
+      rows_per_task(cols * 2));
+}
+
+void CpuBackend::gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
+  check_host(x, "gather_rows", "x");
+  check_host(cols, "gather_rows", "cols");
+  check_host(out, "gather_rows", "out");
+  reference::check_gather_rows(x, cols, out, "gather_rows");
+  for (int64_t r = 0; r < x.dim(0); ++r) {
+    const int32_t c = cols.data<const int32_t>()[r];
+    BASALT_CHECK(c >= 0 && c < x.dim(1), "gather_rows: column {} of row {} is outside 0..{}", c, r,
+                 x.dim(1) - 1);
+    out.data<float>()[r] = x.data<const float>()[r * x.dim(1) + c];
+  }
 }
 
 }  // namespace basalt

@@ -58,6 +58,9 @@ class CpuBackend final : public Backend {
   void log_softmax(const Tensor& x, Tensor& out) override;
   void argmax(const Tensor& logits, Tensor& out) override;
   void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override;
+  void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) override;
+  void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) override;
+  void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) override;
 
   // DeepSeek V2/V3 ops (moe.cc, mla.cc).
   void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,

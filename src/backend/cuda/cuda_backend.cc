@@ -1,11 +1,11 @@
 #include "backend/cuda/cuda_backend.h"
 
-#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/sampling.h"
 #include "core/error.h"
 
 namespace basalt {
@@ -16,7 +16,6 @@ CudaBackend::CudaBackend() {
   // tools and tests) stays ordered with it, so cached blocks are safe to reuse.
   BASALT_CUDA_CHECK(cudaStreamCreate(&stream_));
   blas_ = std::make_unique<CublasLt>();
-  host_ = std::make_unique<CpuBackend>();
 }
 
 CudaBackend::~CudaBackend() {
@@ -141,13 +140,19 @@ void CudaBackend::log_softmax(const Tensor& x, Tensor& out) { cuda_softmax(x, ou
 void CudaBackend::argmax(const Tensor& logits, Tensor& out) { cuda_argmax(logits, out, stream_); }
 
 void CudaBackend::sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) {
-  BASALT_CHECK(logits.device() == Device::kCuda && out.device() == Device::kCuda,
-               "cuda sample: logits {} and out {} must be on the device", logits.describe(), out.describe());
-  Tensor host_logits = Tensor::empty(logits.shape(), logits.dtype());
-  copy(logits, host_logits);
-  Tensor host_out = Tensor::empty(out.shape(), out.dtype());
-  host_->sample(host_logits, rows, host_out);
-  copy(host_out, out);
+  cuda_sample(logits, rows, out, stream_);
+}
+
+void CudaBackend::adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) {
+  cuda_adjust_logits(logits, edits, stream_);
+}
+
+void CudaBackend::top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) {
+  cuda_top_k_rows(x, k, values, ids, stream_);
+}
+
+void CudaBackend::gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
+  cuda_gather_rows(x, cols, out, stream_);
 }
 
 namespace {

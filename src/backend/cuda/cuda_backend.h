@@ -20,10 +20,15 @@
 //    on the backend's stream.
 //  * store_kv and attention work over the token-slot KV pool (f32 or bf16
 //    caches) for any mix of prefill, extend and decode sequences in one call.
-//  * sample() copies the logits to the host and samples there with the CPU
-//    backend's sampler (identical draws to the CPU backend for the same
-//    logits); a device sampler is to come. softmax, log_softmax and argmax
-//    run on the device.
+//  * sample(), adjust_logits(), top_k_rows() and gather_rows() run on the
+//    device (sampling.h): only the per-row controls and the edits go up, one
+//    copy each, and nothing waits for the device. sample() follows
+//    reference::sample exactly in every filter and in the random draw, but
+//    sums masses in another order (exact integer sums of w * 2^44) and takes
+//    exp in double rounded to f32: its token equals the CPU backend's except
+//    where u * Z' (or top_p * Z, or a weight against min_p) falls within
+//    about 1e-8 relative of a boundary; greedy rows always agree. softmax,
+//    log_softmax and argmax run on the device.
 //  * The DeepSeek ops (block-FP8 linear, MoE, MLA) are not on the GPU yet:
 //    they throw basalt::Error naming the op, so a DeepSeek model fails at its
 //    first step with a clear message.
@@ -39,7 +44,6 @@
 namespace basalt {
 
 class CublasLt;
-class CpuBackend;
 
 class CudaBackend final : public Backend {
  public:
@@ -79,6 +83,9 @@ class CudaBackend final : public Backend {
   void log_softmax(const Tensor& x, Tensor& out) override;
   void argmax(const Tensor& logits, Tensor& out) override;
   void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override;
+  void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) override;
+  void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) override;
+  void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) override;
 
   void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv, Tensor& out) override;
   void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
@@ -96,7 +103,6 @@ class CudaBackend final : public Backend {
  private:
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CublasLt> blas_;
-  std::unique_ptr<CpuBackend> host_;  // the sampler
 };
 
 }  // namespace basalt
