@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
                                {"gate_up_proj", 28672, 4096},
                                {"down_proj", 4096, 14336},
                                {"lm_head", 128256, 4096}};
-  const int64_t token_counts[] = {1, 8, 16, 64, 256, 4096};
+  const int64_t token_counts[] = {1, 2, 4, 8, 16, 64, 256, 4096};
   CublasLt blas;
   cudaEvent_t start, stop;
   BASALT_CUDA_CHECK(cudaEventCreate(&start));
@@ -106,25 +106,28 @@ int main(int argc, char** argv) {
                   static_cast<long long>(s.n), static_cast<long long>(s.k), sec * 1e6, flops / sec * 1e-12,
                   bytes / sec * 1e-9);
       if (m <= 16) {
-        // The decode path: the tensor-core GEMV on the same bf16 activations,
-        // f32 out as the model uses it.
+        // The decode path: the GEMV kernels on the same bf16 activations, f32
+        // out as the model uses them; every configuration (gemv_kernels.h).
         Tensor out32 = cuda_empty({m, s.n}, DType::kF32);
-        for (int w = 0; w < 3; ++w) skinny_linear(x, weights[w % copies], nullptr, out32);
-        std::vector<float> skinny_times;
-        for (int r = 0; r < repeats; ++r) {
-          BASALT_CUDA_CHECK(cudaEventRecord(start));
-          skinny_linear(x, weights[r % copies], nullptr, out32);
-          BASALT_CUDA_CHECK(cudaEventRecord(stop));
-          BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
-          float ms = 0;
-          BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-          skinny_times.push_back(ms);
+        for (int variant = 1; variant <= 4; ++variant) {
+          if (variant == 4 && m > 4) continue;
+          for (int w = 0; w < 3; ++w) skinny_linear(x, weights[w % copies], nullptr, out32, nullptr, variant);
+          std::vector<float> skinny_times;
+          for (int r = 0; r < repeats; ++r) {
+            BASALT_CUDA_CHECK(cudaEventRecord(start));
+            skinny_linear(x, weights[r % copies], nullptr, out32, nullptr, variant);
+            BASALT_CUDA_CHECK(cudaEventRecord(stop));
+            BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
+            float ms = 0;
+            BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+            skinny_times.push_back(ms);
+          }
+          const double ssec = median(skinny_times) * 1e-3;
+          const double sbytes = static_cast<double>(weight_bytes) + 2.0 * m * s.k + 4.0 * m * s.n;
+          std::printf("%-13s %6lld %6lld %6lld %10.1f %9.1f %9.0f  (gemv %d)\n", s.name, static_cast<long long>(m),
+                      static_cast<long long>(s.n), static_cast<long long>(s.k), ssec * 1e6, flops / ssec * 1e-12,
+                      sbytes / ssec * 1e-9, variant);
         }
-        const double ssec = median(skinny_times) * 1e-3;
-        const double sbytes = static_cast<double>(weight_bytes) + 2.0 * m * s.k + 4.0 * m * s.n;
-        std::printf("%-13s %6lld %6lld %6lld %10.1f %9.1f %9.0f  (gemv)\n", s.name, static_cast<long long>(m),
-                    static_cast<long long>(s.n), static_cast<long long>(s.k), ssec * 1e6, flops / ssec * 1e-12,
-                    sbytes / ssec * 1e-9);
       }
     }
   }

@@ -152,12 +152,13 @@ if wants bench; then
     fi
   done
   decode_log=$out/basalt_bench_cuda_llama_decode.log
-  if grep -qE '^[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$' "$decode_log" 2>/dev/null; then
-    summary+=("$(printf '%-24s %6s %8s %9s %11s %14s' "decode ($layers layers)" batch ms/step tokens/s step/floor \
-      "prefill tok/s")")
-    while read -r b ms tps ratio prefill; do
-      summary+=("$(printf '%-24s %6s %8s %9s %11s %14s' "" "$b" "$ms" "$tps" "$ratio" "$prefill")")
-    done < <(grep -E '^[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$' "$decode_log")
+  decode_row='^[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$'
+  if grep -qE "$decode_row" "$decode_log" 2>/dev/null; then
+    summary+=("$(printf '%-24s %6s %9s %10s %9s %11s %14s' "decode ($layers layers)" batch "eager ms" "graphed ms" \
+      tokens/s graph/floor "prefill tok/s")")
+    while read -r b eager ms tps ratio prefill; do
+      summary+=("$(printf '%-24s %6s %9s %10s %9s %11s %14s' "" "$b" "$eager" "$ms" "$tps" "$ratio" "$prefill")")
+    done < <(grep -E "$decode_row" "$decode_log")
   fi
 fi
 

@@ -173,8 +173,11 @@ struct LogitEdit {
 inline float apply_logit_edit(float x, const LogitEdit& e) {
   if (e.suppress) return -std::numeric_limits<float>::infinity();
   x = x + e.bias;
-  x = x > 0.0f ? x / e.repetition : x * e.repetition;
-  return x - e.subtract;
+  // volatile: the product must be rounded before the subtraction; GCC's
+  // default -ffp-contract=fast would otherwise fuse the two into one FMA,
+  // and the device (which rounds each step) would disagree in the last bit.
+  const volatile float scaled = x > 0.0f ? x / e.repetition : x * e.repetition;
+  return scaled - e.subtract;
 }
 
 // The largest k that Backend::top_k_rows supports.

@@ -67,11 +67,15 @@ TEST(CudaGemm, SkinnyLinearMatchesTheReference) {
           reference::linear(x16.to_f32(), w.to_f32(), with_bias ? &b : nullptr, want);
           const Tensor xd = cuda_to_device(x), wd = cuda_to_device(w), bd = cuda_to_device(b);
           ASSERT_TRUE(skinny_linear_fits(xd, wd));
-          Tensor out = cuda_empty({m, n}, out_f32 ? DType::kF32 : wt);
-          cuda_fill_bytes(out, 0xFF);
-          skinny_linear(xd, wd, with_bias ? &bd : nullptr, out);
-          EXPECT_LT(testing::relative_error(cuda_to_host(out).to_f32(), want), out_f32 ? 1e-5 : 8e-3)
-              << dtype_name(wt) << " " << m << "x" << n << "x" << k << " variant " << variant;
+          // Every kernel configuration (0: the default choice for m).
+          for (int config = 0; config <= 4; ++config) {
+            Tensor out = cuda_empty({m, n}, out_f32 ? DType::kF32 : wt);
+            cuda_fill_bytes(out, 0xFF);
+            skinny_linear(xd, wd, with_bias ? &bd : nullptr, out, nullptr, config);
+            EXPECT_LT(testing::relative_error(cuda_to_host(out).to_f32(), want), out_f32 ? 1e-5 : 8e-3)
+                << dtype_name(wt) << " " << m << "x" << n << "x" << k << " variant " << variant << " config "
+                << config;
+          }
         }
   // What does not qualify: 17 rows, k not a multiple of 32, f32 weights, x
   // of another 16-bit type than w.

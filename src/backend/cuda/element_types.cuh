@@ -29,4 +29,14 @@ __device__ __forceinline__ __half from_f32<__half>(float v) {
   return __float2half_rn(v);
 }
 
+// Programmatic dependent launch (sm_90). A kernel launched with the
+// programmatic-serialization attribute may start while the kernel before it
+// in the stream still runs; it must call wait_for_producer() before it reads
+// anything that kernel (or an earlier one) writes, and it may do work that
+// needs none of it before (the GEMVs stream their weights). A kernel calls
+// let_consumer_start() to allow such a successor to launch before it ends
+// (a no-op when the successor was launched normally).
+__device__ __forceinline__ void wait_for_producer() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void let_consumer_start() { asm volatile("griddepcontrol.launch_dependents;"); }
+
 }  // namespace basalt::cuda_kernels

@@ -26,6 +26,7 @@ __device__ float block_sum(float v) {
 
 template <typename Act, typename W>
 __global__ void embedding_kernel(const int32_t* ids, const W* table, Act* out, int64_t vocab, int64_t hidden) {
+  let_consumer_start();  // a GEMV after this may start streaming its weights
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   const bool valid = id >= 0 && id < vocab;
@@ -36,6 +37,7 @@ __global__ void embedding_kernel(const int32_t* ids, const W* table, Act* out, i
 // One block per row. With `residual`, residual += x first (and x is the sum).
 template <typename Act, typename Out, typename W>
 __global__ void rms_norm_kernel(Act* residual, const Act* x, const W* weight, Out* out, int64_t hidden, float eps) {
+  let_consumer_start();  // a GEMV after this may start streaming its weights
   const int64_t row = blockIdx.x;
   const Act* in = x + row * hidden;
   Act* res = residual ? residual + row * hidden : nullptr;
@@ -59,6 +61,7 @@ __global__ void rms_norm_kernel(Act* residual, const Act* x, const W* weight, Ou
 
 template <typename Act, typename Out>
 __global__ void silu_and_mul_kernel(const Act* gate_up, Out* out, int64_t tokens, int64_t inter) {
+  let_consumer_start();  // a GEMV after this may start streaming its weights
   const int64_t n = tokens * inter;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -99,6 +102,7 @@ __global__ void rope_kernel(Act* x, const int32_t* positions, const float* inv_f
 
 template <typename From, typename To>
 __global__ void cast_kernel(const From* in, To* out, int64_t n) {
+  let_consumer_start();  // a GEMV after this may start streaming its weights
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = from_f32<To>(to_f32(in[i]));
@@ -174,6 +178,7 @@ constexpr int kQkvMaxHeadDim = 256;
 
 template <typename In, typename Q, typename Cache, typename W>
 __global__ void qkv_rope_store_kernel(QkvRopeStoreArgs a) {
+  let_consumer_start();  // a GEMV after this may start streaming its weights
   __shared__ float staged[kQkvWarps][kQkvMaxHeadDim];
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -147,7 +147,8 @@ bool skinny_linear_fits(const Tensor& x, const Tensor& w) {
          aligned(w.raw());
 }
 
-void skinny_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream) {
+void skinny_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream,
+                   int variant) {
   BASALT_CHECK(skinny_linear_fits(x, w), "cuda skinny_linear: x {} and w {} do not qualify (see gemm.h)",
                x.describe(), w.describe());
   const int64_t M = x.dim(0), N = w.dim(0), K = x.dim(1);
@@ -162,7 +163,7 @@ void skinny_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor&
   if (N == 0) return;
   const cudaError_t status =
       cuda_kernels::gemv(elem_of(x.dtype()), elem_of(w.dtype()), elem_of(out.dtype()), x.raw(), w.raw(),
-                         bias ? bias->data<const float>() : nullptr, out.raw(), M, N, K, stream);
+                         bias ? bias->data<const float>() : nullptr, out.raw(), M, N, K, stream, variant);
   BASALT_CHECK(status == cudaSuccess, "cuda skinny_linear: launch failed: {}", cudaGetErrorString(status));
 }
 

@@ -44,6 +44,8 @@ class CublasLt {
 // activation cast and no workspace. skinny_linear_fits says whether the
 // tensors qualify (k a multiple of 32, 16-byte aligned rows).
 bool skinny_linear_fits(const Tensor& x, const Tensor& w);
-void skinny_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream = nullptr);
+// `variant` forces a kernel configuration (gemv_kernels.h; benchmarks only).
+void skinny_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream = nullptr,
+                   int variant = 0);
 
 }  // namespace basalt

@@ -2,6 +2,8 @@
 
 #include "backend/cuda/element_types.cuh"
 
+#include <type_traits>
+
 namespace basalt::cuda_kernels {
 namespace {
 
@@ -26,9 +28,7 @@ namespace {
 // its first word as the k 2t..2t+1 register and its second as 2t+8..2t+9,
 // for the weights and the tokens alike. Every physical k meets the same
 // token element it multiplies in a plain dot product.
-constexpr int kWarps = 8;
 constexpr int kRows = 16;  // weight rows (output features) per block
-constexpr int kUnroll = 4; // chunks loaded before their MMAs
 
 __device__ __forceinline__ uint4 load_streaming(const void* p) {
   uint4 v;
@@ -83,8 +83,10 @@ __device__ __forceinline__ uint4 load_x(const X* x, int row, int m, int64_t k_to
   }
 }
 
-// MT token tiles of 8 (M <= 8 * MT).
-template <typename X, typename W, typename O, int MT>
+// MT token tiles of 8 (M <= 8 * MT); kWarps warps split K; each warp keeps
+// the loads of the next kUnroll chunks in flight while it multiplies the
+// current ones (register double buffering).
+template <typename X, typename W, typename O, int MT, int kWarps, int kUnroll>
 __global__ void __launch_bounds__(kWarps * 32) gemv_mma_kernel(const X* __restrict__ x, const W* __restrict__ w,
                                                                const float* __restrict__ bias, O* __restrict__ out,
                                                                int m, int64_t n, int64_t k) {
@@ -115,28 +117,43 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_mma_kernel(const X* __restri
     }
   };
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  int64_t c = c_begin;
-  for (; c + kUnroll <= c_end; c += kUnroll) {
-    uint4 lo[kUnroll], hi[kUnroll], xs[kUnroll][MT];
+  const int64_t full_end = c_begin + (c_end > c_begin ? (c_end - c_begin) / kUnroll * kUnroll : 0);
+  uint4 lo[kUnroll], hi[kUnroll];
+  const auto load_batch = [&](int64_t c0, uint4 (&l)[kUnroll], uint4 (&h)[kUnroll]) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t off = (c + u) * 32;
-      lo[u] = row_lo ? load_streaming(w_lo + off) : zero;
-      hi[u] = row_hi ? load_streaming(w_hi + off) : zero;
+      const int64_t off = (c0 + u) * 32;
+      l[u] = row_lo ? load_streaming(w_lo + off) : zero;
+      h[u] = row_hi ? load_streaming(w_hi + off) : zero;
+    }
+  };
+  if (c_begin < full_end) load_batch(c_begin, lo, hi);
+  wait_for_producer();  // x (and out) belong to the kernels before this one
+  int64_t c = c_begin;
+  for (; c < full_end; c += kUnroll) {
+    uint4 next_lo[kUnroll], next_hi[kUnroll];
+    if (c + kUnroll < full_end) load_batch(c + kUnroll, next_lo, next_hi);
 #pragma unroll
-      for (int i = 0; i < MT; ++i) xs[u][i] = load_x<X, W>(x, 8 * i + g, m, k, off + 8 * t);
+    for (int u = 0; u < kUnroll; ++u) {
+      uint4 xs[MT];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) xs[i] = load_x<X, W>(x, 8 * i + g, m, k, (c + u) * 32 + 8 * t);
+      step(lo[u], hi[u], xs);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) step(lo[u], hi[u], xs[u]);
+    for (int u = 0; u < kUnroll; ++u) {
+      lo[u] = next_lo[u];
+      hi[u] = next_hi[u];
+    }
   }
   for (; c < c_end; ++c) {
     const int64_t off = c * 32;
-    const uint4 lo = row_lo ? load_streaming(w_lo + off) : zero;
-    const uint4 hi = row_hi ? load_streaming(w_hi + off) : zero;
+    const uint4 l = row_lo ? load_streaming(w_lo + off) : zero;
+    const uint4 h = row_hi ? load_streaming(w_hi + off) : zero;
     uint4 xs[MT];
 #pragma unroll
     for (int i = 0; i < MT; ++i) xs[i] = load_x<X, W>(x, 8 * i + g, m, k, off + 8 * t);
-    step(lo, hi, xs);
+    step(l, h, xs);
   }
 
 #pragma unroll
@@ -160,41 +177,167 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_mma_kernel(const X* __restri
   }
 }
 
+// One warp per weight row (M <= kRowKernelMaxRows): lanes read the row in
+// 16-byte chunks, 512 contiguous bytes per warp load, kDepth chunks in flight
+// per lane; each lane keeps M partial sums, reduced by shuffles at the end.
+constexpr int kRowWarps = 8;
+constexpr int kDepth = 8;
+
+template <typename X, typename W, typename O, int M>
+__global__ void __launch_bounds__(kRowWarps * 32) gemv_row_kernel(const X* __restrict__ x, const W* __restrict__ w,
+                                                                  const float* __restrict__ bias,
+                                                                  O* __restrict__ out, int64_t n, int64_t k) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp;
+  if (row >= n) return;
+  const W* wr = w + row * k;
+  const int64_t chunks = k / 8;  // 8 elements = 16 bytes each
+  float acc[M];
+#pragma unroll
+  for (int j = 0; j < M; ++j) acc[j] = 0.0f;
+  const auto consume = [&](const uint4& raw, int64_t chunk) {
+    float wf[8];
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (sizeof(W) == 2 && std::is_same_v<W, bf16>) {
+        wf[2 * i] = __uint_as_float(words[i] << 16);
+        wf[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+        wf[2 * i] = f.x;
+        wf[2 * i + 1] = f.y;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      float xf[8];
+      const X* xp = x + j * k + chunk * 8;
+      if constexpr (sizeof(X) == 4) {
+        const float4 a = *reinterpret_cast<const float4*>(xp), b = *reinterpret_cast<const float4*>(xp + 4);
+        xf[0] = a.x, xf[1] = a.y, xf[2] = a.z, xf[3] = a.w, xf[4] = b.x, xf[5] = b.y, xf[6] = b.z, xf[7] = b.w;
+      } else {
+        const uint4 v = *reinterpret_cast<const uint4*>(xp);
+        const uint32_t xw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (std::is_same_v<X, bf16>) {
+            xf[2 * i] = __uint_as_float(xw[i] << 16);
+            xf[2 * i + 1] = __uint_as_float(xw[i] & 0xffff0000u);
+          } else {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&xw[i]));
+            xf[2 * i] = f.x;
+            xf[2 * i + 1] = f.y;
+          }
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[j] = fmaf(wf[e], xf[e], acc[j]);
+    }
+  };
+  int64_t c = lane;
+  bool waited = false;
+  for (; c + 32 * (kDepth - 1) < chunks; c += 32 * kDepth) {
+    uint4 raw[kDepth];
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) raw[d] = load_streaming(wr + (c + 32 * d) * 8);
+    if (!waited) {
+      wait_for_producer();  // the first weights are on their way; x is the previous kernels'
+      waited = true;
+    }
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) consume(raw[d], c + 32 * d);
+  }
+  if (!waited) wait_for_producer();
+  for (; c < chunks; c += 32) consume(load_streaming(wr + c * 8), c);
+#pragma unroll
+  for (int j = 0; j < M; ++j) {
+    float v = acc[j];
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) out[j * n + row] = from_f32<O>(v + (bias != nullptr ? bias[row] : 0.0f));
+  }
+}
+
+// Launches with programmatic stream serialization: the GEMV's blocks may
+// start, and stream their first weights, while the kernel before them ends.
+template <typename... Params, typename... Args>
+cudaError_t launch_early(void (*kernel)(Params...), unsigned blocks, unsigned threads, cudaStream_t stream,
+                         Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 template <typename X, typename W, typename O>
 cudaError_t launch(const void* x, const void* w, const float* bias, void* out, int64_t m, int64_t n, int64_t k,
-                   cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((n + kRows - 1) / kRows);
+                   int variant, cudaStream_t stream) {
   const auto* xp = static_cast<const X*>(x);
   const auto* wp = static_cast<const W*>(w);
   auto* op = static_cast<O*>(out);
-  if (m <= 8) {
-    gemv_mma_kernel<X, W, O, 1><<<blocks, kWarps * 32, 0, stream>>>(xp, wp, bias, op, static_cast<int>(m), n, k);
-  } else {
-    gemv_mma_kernel<X, W, O, 2><<<blocks, kWarps * 32, 0, stream>>>(xp, wp, bias, op, static_cast<int>(m), n, k);
+  const int mi = static_cast<int>(m);
+  // Measured on the H200 (bench/README): one warp per row is fastest at 1
+  // and 2 rows on every Llama-8B shape; from 3 rows on, the tensor-core
+  // kernel with 8 warps and 4 chunks in flight.
+  if (variant == kGemvDefault) variant = m <= 2 ? 4 : 1;
+  if (variant == 4 && m <= kRowKernelMaxRows) {
+    const unsigned blocks = static_cast<unsigned>((n + kRowWarps - 1) / kRowWarps);
+    const unsigned threads = kRowWarps * 32;
+    switch (m) {
+      case 1: return launch_early(gemv_row_kernel<X, W, O, 1>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      case 2: return launch_early(gemv_row_kernel<X, W, O, 2>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      case 3: return launch_early(gemv_row_kernel<X, W, O, 3>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      default: return launch_early(gemv_row_kernel<X, W, O, 4>, blocks, threads, stream, xp, wp, bias, op, n, k);
+    }
   }
-  return cudaGetLastError();
+  const unsigned blocks = static_cast<unsigned>((n + kRows - 1) / kRows);
+#define BASALT_GEMV_MMA(MT, WARPS, UNROLL) \
+  launch_early(gemv_mma_kernel<X, W, O, MT, WARPS, UNROLL>, blocks, WARPS * 32, stream, xp, wp, bias, op, mi, n, k)
+  const bool one_tile = m <= 8;
+  cudaError_t status;
+  switch (variant) {
+    case 2:  // 4 warps, 8 chunks deep
+      status = one_tile ? BASALT_GEMV_MMA(1, 4, 8) : BASALT_GEMV_MMA(2, 4, 8);
+      break;
+    case 3:  // 8 warps, 2 chunks deep
+      status = one_tile ? BASALT_GEMV_MMA(1, 8, 2) : BASALT_GEMV_MMA(2, 8, 2);
+      break;
+    default:  // 1: 8 warps, 4 chunks deep
+      status = one_tile ? BASALT_GEMV_MMA(1, 8, 4) : BASALT_GEMV_MMA(2, 8, 4);
+      break;
+  }
+#undef BASALT_GEMV_MMA
+  return status;
 }
 
 template <typename W>
 cudaError_t launch_w(Elem x_type, Elem out_type, const void* x, const void* w, const float* bias, void* out, int64_t m,
-                     int64_t n, int64_t k, cudaStream_t stream) {
+                     int64_t n, int64_t k, int variant, cudaStream_t stream) {
   const bool out_f32 = out_type == Elem::kF32;
   if (x_type == Elem::kF32)
-    return out_f32 ? launch<float, W, float>(x, w, bias, out, m, n, k, stream)
-                   : launch<float, W, W>(x, w, bias, out, m, n, k, stream);
-  return out_f32 ? launch<W, W, float>(x, w, bias, out, m, n, k, stream)
-                 : launch<W, W, W>(x, w, bias, out, m, n, k, stream);
+    return out_f32 ? launch<float, W, float>(x, w, bias, out, m, n, k, variant, stream)
+                   : launch<float, W, W>(x, w, bias, out, m, n, k, variant, stream);
+  return out_f32 ? launch<W, W, float>(x, w, bias, out, m, n, k, variant, stream)
+                 : launch<W, W, W>(x, w, bias, out, m, n, k, variant, stream);
 }
 
 }  // namespace
 
 cudaError_t gemv(Elem x_type, Elem w_type, Elem out_type, const void* x, const void* w, const float* bias, void* out,
-                 int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+                 int64_t m, int64_t n, int64_t k, cudaStream_t stream, int variant) {
   if (m < 1 || m > kGemvMaxRows || k % 32 != 0) return cudaErrorInvalidValue;
   if (out_type != Elem::kF32 && out_type != w_type) return cudaErrorInvalidValue;
   if (x_type != Elem::kF32 && x_type != w_type) return cudaErrorInvalidValue;
-  if (w_type == Elem::kBF16) return launch_w<bf16>(x_type, out_type, x, w, bias, out, m, n, k, stream);
-  if (w_type == Elem::kF16) return launch_w<__half>(x_type, out_type, x, w, bias, out, m, n, k, stream);
+  if (variant < kGemvDefault || variant > 4) return cudaErrorInvalidValue;
+  if (w_type == Elem::kBF16) return launch_w<bf16>(x_type, out_type, x, w, bias, out, m, n, k, variant, stream);
+  if (w_type == Elem::kF16) return launch_w<__half>(x_type, out_type, x, w, bias, out, m, n, k, variant, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -1,13 +1,18 @@
 // Small-M linear layers (decode): out[m, :] = x[m, :] · wᵀ (+ bias) for up to
-// 16 rows m, on the tensor cores with the weights streamed once from memory
-// (see gemv_kernels.cu for the scheme). Plain launcher interface (see
+// 16 rows m, with the weights streamed once from memory: one warp per weight
+// row for m <= 2, the tensor cores (mma.sync) above (see gemv_kernels.cu for
+// both schemes). Launched as programmatic dependent launches: a GEMV's
+// blocks may start streaming weights while the kernel before it finishes,
+// and wait for it before reading x. Plain launcher interface (see
 // elementwise_kernels.h for why).
 //
 // Contract: 1 <= m <= kGemvMaxRows; k a multiple of 32; x and w rows 16-byte
 // aligned; w bf16 or f16 [n, k]; x f32 or w's dtype [m, k] (f32 rows are
 // rounded to w's dtype as they are read); bias f32 [n] or null; out f32 or
-// w's dtype [m, n]. f32 accumulation in a fixed order (a row's result does
-// not depend on the other rows). Anything else returns cudaErrorInvalidValue.
+// w's dtype [m, n]. f32 accumulation in a fixed order; a row's result does
+// not depend on the other rows within one kernel configuration (the default
+// changes configuration between 2 and 3 rows). Anything else returns
+// cudaErrorInvalidValue.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,8 +24,13 @@
 namespace basalt::cuda_kernels {
 
 inline constexpr int64_t kGemvMaxRows = 16;
+inline constexpr int64_t kRowKernelMaxRows = 4;
 
+// variant: kGemvDefault picks by m; 1..3 force a tensor-core configuration
+// (1: 8 warps x 4 chunks in flight, 2: 4 x 8, 3: 8 x 2), 4 the warp-per-row
+// kernel (m <= kRowKernelMaxRows; otherwise configuration 1). For benchmarks.
+inline constexpr int kGemvDefault = 0;
 cudaError_t gemv(Elem x_type, Elem w_type, Elem out_type, const void* x, const void* w, const float* bias, void* out,
-                 int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+                 int64_t m, int64_t n, int64_t k, cudaStream_t stream, int variant = kGemvDefault);
 
 }  // namespace basalt::cuda_kernels
