@@ -190,6 +190,31 @@ int main(int argc, char** argv) {
     std::printf("%-6lld %12.2f %12.2f %12.0f %12.2f %14.0f\n", static_cast<long long>(batch), ms[0], ms[1],
                 static_cast<double>(batch) / ms[1] * 1e3, ms[1] / floor_ms, prefill_tps);
   }
+  // Where a step's time goes: one eager step per batch size with every op
+  // bracketed by events (per-op GPU time, achieved GB/s and TFLOP/s).
+  for (int64_t batch : {int64_t{1}, int64_t{64}, int64_t{-512}}) {
+    const bool prefill = batch < 0;
+    const int64_t b = prefill ? 1 : batch;
+    KvBuffers kv = graphed->allocate_kv(b * stride, DType::kBF16);
+    const ForwardBatch step = prefill ? prefill_batch(1, context, stride) : decode_batch(b, context, stride);
+    Tensor logits = backend.empty({b, V}, DType::kF32);
+    graphed->forward(on_backend(step, backend), kv, logits);  // warm-up
+    const int reps = 3;
+    backend.set_profiling(true);
+    for (int r = 0; r < reps; ++r) graphed->forward(on_backend(step, backend), kv, logits);
+    const std::vector<OpTime> ops = backend.profile();
+    backend.set_profiling(false);
+    double total_ms = 0;
+    for (const OpTime& o : ops) total_ms += o.ms;
+    std::printf("\nper-op GPU time, %s (eager, events around each op; sum %.2f ms/step)\n",
+                prefill ? "prefill of 512 tokens" : ("decode batch " + std::to_string(b)).c_str(), total_ms / reps);
+    std::printf("%-22s %8s %10s %7s %10s %10s\n", "op", "calls", "us/step", "share", "GB/s", "TFLOP/s");
+    for (const OpTime& o : ops)
+      std::printf("%-22s %8.0f %10.1f %6.1f%% %10.0f %10.1f\n", o.op.c_str(), static_cast<double>(o.calls) / reps,
+                  o.ms / reps * 1e3, 100.0 * o.ms / total_ms, o.bytes / (o.ms * 1e-3) * 1e-9,
+                  o.flops / (o.ms * 1e-3) * 1e-12);
+  }
+
   const GraphStats stats = graph_stats(*graphed);
   std::printf("graphs recorded %lld, replays %lld, direct steps %lld\n", static_cast<long long>(stats.recordings),
               static_cast<long long>(stats.replays), static_cast<long long>(stats.direct));

@@ -1,5 +1,9 @@
 #include "backend/cuda/cuda_backend.h"
 
+#include <fmt/format.h>
+
+#include <map>
+
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
@@ -9,6 +13,100 @@
 #include "core/error.h"
 
 namespace basalt {
+
+class CudaBackend::Profiler {
+ public:
+  ~Profiler() {
+    for (auto& [start, stop] : pool_) {
+      (void)cudaEventDestroy(start);
+      (void)cudaEventDestroy(stop);
+    }
+  }
+  // The event pair of a new call, recorded at its start.
+  size_t begin(std::string op, double bytes, double flops, cudaStream_t stream) {
+    if (used_ == pool_.size()) {
+      cudaEvent_t start, stop;
+      BASALT_CUDA_CHECK(cudaEventCreate(&start));
+      BASALT_CUDA_CHECK(cudaEventCreate(&stop));
+      pool_.emplace_back(start, stop);
+    }
+    calls_.push_back({std::move(op), bytes, flops, used_});
+    BASALT_CUDA_CHECK(cudaEventRecord(pool_[used_].first, stream));
+    return used_++;
+  }
+  void end(size_t pair, cudaStream_t stream) { BASALT_CUDA_CHECK(cudaEventRecord(pool_[pair].second, stream)); }
+
+  std::vector<OpTime> collect(cudaStream_t stream) {
+    BASALT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<OpTime> totals;
+    std::map<std::string, size_t> index;
+    for (const Call& c : calls_) {
+      float ms = 0;
+      BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, pool_[c.pair].first, pool_[c.pair].second));
+      auto [it, fresh] = index.emplace(c.op, totals.size());
+      if (fresh) totals.push_back(OpTime{c.op});
+      OpTime& t = totals[it->second];
+      ++t.calls;
+      t.ms += ms;
+      t.bytes += c.bytes;
+      t.flops += c.flops;
+    }
+    calls_.clear();
+    used_ = 0;
+    return totals;
+  }
+
+ private:
+  struct Call {
+    std::string op;
+    double bytes, flops;
+    size_t pair;
+  };
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pool_;
+  size_t used_ = 0;
+  std::vector<Call> calls_;
+};
+
+// Brackets one op with the profiler's events (nothing when profiling is off).
+class OpScope {
+ public:
+  OpScope(CudaBackend& backend, const char* op, double bytes, double flops = 0) : backend_(backend) {
+    if (backend_.profiler_) pair_ = backend_.profiler_->begin(op, bytes, flops, backend_.stream_);
+  }
+  OpScope(CudaBackend& backend, std::string op, double bytes, double flops) : backend_(backend) {
+    if (backend_.profiler_) pair_ = backend_.profiler_->begin(std::move(op), bytes, flops, backend_.stream_);
+  }
+  ~OpScope() {
+    if (backend_.profiler_ && pair_ != kNone) backend_.profiler_->end(pair_, backend_.stream_);
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  static constexpr size_t kNone = ~size_t{0};
+  CudaBackend& backend_;
+  size_t pair_ = kNone;
+};
+
+namespace {
+
+double bytes_of(std::initializer_list<const Tensor*> tensors) {
+  double total = 0;
+  for (const Tensor* t : tensors)
+    if (t != nullptr) total += static_cast<double>(t->nbytes());
+  return total;
+}
+
+}  // namespace
+
+void CudaBackend::set_profiling(bool on) {
+  if (on && !profiler_) profiler_ = std::make_unique<Profiler>();
+  if (!on) profiler_.reset();
+}
+
+std::vector<OpTime> CudaBackend::profile() {
+  return profiler_ ? profiler_->collect(stream_) : std::vector<OpTime>{};
+}
 
 CudaBackend::CudaBackend() {
   BASALT_CHECK(cuda_available(), "no CUDA device is available");
@@ -57,6 +155,13 @@ class CudaGraph final : public RecordedOps {
 }  // namespace
 
 std::unique_ptr<RecordedOps> CudaBackend::record(const std::function<void()>& ops) {
+  // Events of the profiler do not belong in a graph: profiling pauses.
+  std::unique_ptr<Profiler> paused = std::move(profiler_);
+  struct Resume {
+    std::unique_ptr<Profiler>& slot;
+    std::unique_ptr<Profiler>& paused;
+    ~Resume() { slot = std::move(paused); }
+  } resume{profiler_, paused};
   CudaGraphPoolScope pool;
   // Relaxed: the allocator may cudaMalloc a new graph-pool block mid-capture.
   BASALT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
@@ -79,6 +184,7 @@ std::unique_ptr<RecordedOps> CudaBackend::record(const std::function<void()>& op
 }
 
 void CudaBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+  const OpScope scope(*this, "embedding", 2.0 * static_cast<double>(out.nbytes()) + bytes_of({&ids}));
   cuda_embedding(ids, table, out, stream_);
 }
 
@@ -92,6 +198,9 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
   if (bias) {
     BASALT_CHECK(bias->dtype() == DType::kF32, "cuda linear: bias must be f32, got {}", bias->describe());
   }
+  const OpScope scope(*this, fmt::format("linear {}x{}", w.dim(0), w.rank() == 2 ? w.dim(1) : 0),
+                      bytes_of({&x, &w, bias, &out}),
+                      2.0 * static_cast<double>(x.dim(0)) * static_cast<double>(w.numel()));
   // Decode-sized M: the GEMV kernels stream the weights once and beat
   // cuBLASLt up to 8 rows on every Llama-8B shape, and up to 16 rows on
   // layers narrower than 16384 outputs (bench/README).
@@ -104,44 +213,67 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  const OpScope scope(*this, "rms_norm", bytes_of({&x, &weight, &out}));
   cuda_rms_norm(x, weight, eps, out, stream_);
 }
 
 void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  const OpScope scope(*this, "add_rms_norm", bytes_of({&residual, &residual, &x, &weight, &out}));
   cuda_add_rms_norm(residual, x, weight, eps, out, stream_);
 }
 
 void CudaBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& params) {
+  const OpScope scope(*this, "rope", bytes_of({&x, &x, &positions}));
   cuda_rope(x, positions, params, stream_);
 }
 
 void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+  const OpScope scope(*this, "store_kv", 2.0 * bytes_of({&k, &v}) + bytes_of({&slots}));
   cuda_store_kv(k, v, slots, k_cache, v_cache, stream_);
 }
 
 void CudaBackend::qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
                                  const Tensor& positions, const RopeParams& rope, int num_heads, int num_kv_heads,
                                  const Tensor& slots, Tensor& k_cache, Tensor& v_cache, Tensor& q_out) {
+  const double kv_row = k_cache.rank() == 2 ? static_cast<double>(k_cache.dim(1) * dtype_size(k_cache.dtype())) : 0;
+  const OpScope scope(*this, "qkv_rope_store",
+                      bytes_of({&qkv, &q_out, &positions, &slots}) + 2.0 * kv_row * static_cast<double>(qkv.dim(0)));
   cuda_qkv_rope_store(qkv, q_norm, k_norm, eps, positions, rope, num_heads, num_kv_heads, slots, k_cache, v_cache,
                       q_out, stream_);
 }
 
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                             const AttentionLayout& layout, const AttentionParams& params, Tensor& out) {
+  // Every key and value row the layout names is read once.
+  const double kv_row = static_cast<double>(params.num_kv_heads) * (params.head_dim + params.v_head_dim) *
+                        static_cast<double>(dtype_size(k_cache.dtype()));
+  const OpScope scope(*this, "attention",
+                      bytes_of({&q, &out, &layout.kv_slots}) +
+                          kv_row * static_cast<double>(layout.kv_slots.numel()));
   cuda_attention(q, k_cache, v_cache, layout, params, out, stream_);
 }
 
-void CudaBackend::silu_and_mul(const Tensor& gate_up, Tensor& out) { cuda_silu_and_mul(gate_up, out, stream_); }
+void CudaBackend::silu_and_mul(const Tensor& gate_up, Tensor& out) {
+  const OpScope scope(*this, "silu_and_mul", bytes_of({&gate_up, &out}));
+  cuda_silu_and_mul(gate_up, out, stream_);
+}
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) { cuda_add(a, b, out, stream_); }
 
 void CudaBackend::softmax(const Tensor& x, Tensor& out) { cuda_softmax(x, out, false, stream_); }
 
-void CudaBackend::log_softmax(const Tensor& x, Tensor& out) { cuda_softmax(x, out, true, stream_); }
+void CudaBackend::log_softmax(const Tensor& x, Tensor& out) {
+  const OpScope scope(*this, "log_softmax", bytes_of({&x, &out}));
+  cuda_softmax(x, out, true, stream_);
+}
 
-void CudaBackend::argmax(const Tensor& logits, Tensor& out) { cuda_argmax(logits, out, stream_); }
+void CudaBackend::argmax(const Tensor& logits, Tensor& out) {
+  const OpScope scope(*this, "argmax", bytes_of({&logits, &out}));
+  cuda_argmax(logits, out, stream_);
+}
 
 void CudaBackend::sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) {
+  const OpScope scope(*this, "sample", bytes_of({&logits, &out}));
   cuda_sample(logits, rows, out, stream_);
 }
 
@@ -150,6 +282,7 @@ void CudaBackend::adjust_logits(Tensor& logits, std::span<const LogitEdit> edits
 }
 
 void CudaBackend::top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) {
+  const OpScope scope(*this, "top_k_rows", bytes_of({&x, &values, &ids}));
   cuda_top_k_rows(x, k, values, ids, stream_);
 }
 

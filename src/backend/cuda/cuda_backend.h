@@ -38,12 +38,23 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 
 namespace basalt {
 
 class CublasLt;
+
+// GPU time of one kind of op while profiling was on (CudaBackend::profile).
+struct OpTime {
+  std::string op;       // the op's name; linear layers also carry their shape, "linear 4096x14336"
+  int64_t calls = 0;
+  double ms = 0;        // GPU time between the events around the op's launches
+  double bytes = 0;     // the fewest bytes the calls must move (inputs read once, outputs written once)
+  double flops = 0;     // linear: 2 M N K per call; 0 for the others
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -65,6 +76,14 @@ class CudaBackend final : public Backend {
     return weights == DType::kBF16 ? DType::kBF16 : DType::kF32;
   }
   std::unique_ptr<RecordedOps> record(const std::function<void()>& ops) override;
+
+  // Op profiling for benchmarks: while on, every op is bracketed by two CUDA
+  // events on the stream (which serialises nothing, but costs launches, so
+  // profiled steps run a little slower than plain ones; recordings are made
+  // without them). profile() waits for the stream and returns the totals per
+  // op since profiling was turned on, in first-seen order, and clears them.
+  void set_profiling(bool on);
+  std::vector<OpTime> profile();
 
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override;
@@ -101,8 +120,11 @@ class CudaBackend final : public Backend {
   void concat_columns(const Tensor& a, const Tensor& b, Tensor& out) override;
 
  private:
+  class Profiler;
+  friend class OpScope;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CublasLt> blas_;
+  std::unique_ptr<Profiler> profiler_;  // null while profiling is off
 };
 
 }  // namespace basalt

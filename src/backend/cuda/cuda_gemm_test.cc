@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "backend/cpu/backend_test_util.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "backend/reference_ops.h"
 #include "core/error.h"
@@ -99,6 +100,35 @@ TEST(CudaGemm, MismatchesThrow) {
   EXPECT_THROW(blas.linear(host, w, nullptr, out), Error);
   const Tensor bad_bias = cuda_empty({5}, DType::kBF16);
   EXPECT_THROW(blas.linear(x, w, &bad_bias, out), Error);
+}
+
+// The op profiler: names (linear with its shape), call counts, GPU time and
+// the byte and FLOP counts it derives; profile() hands the totals over once.
+TEST(CudaProfiler, CountsOpsAndClears) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  CudaBackend gpu;
+  TestRng rng;
+  const Tensor x = cuda_to_device(testing::random_tensor(rng, {3, 64}, DType::kBF16));
+  const Tensor w = cuda_to_device(testing::random_tensor(rng, {32, 64}, DType::kBF16));
+  const Tensor norm_w = cuda_to_device(testing::random_tensor(rng, {64}, DType::kBF16));
+  Tensor out = cuda_empty({3, 32}, DType::kF32), normed = cuda_empty({3, 64}, DType::kBF16);
+  gpu.linear(x, w, nullptr, out);  // not profiled
+  gpu.set_profiling(true);
+  for (int i = 0; i < 2; ++i) gpu.linear(x, w, nullptr, out);
+  gpu.rms_norm(x, norm_w, 1e-5f, normed);
+  const std::vector<OpTime> ops = gpu.profile();
+  ASSERT_EQ(ops.size(), 2u);
+  EXPECT_EQ(ops[0].op, "linear 32x64");
+  EXPECT_EQ(ops[0].calls, 2);
+  EXPECT_GT(ops[0].ms, 0.0);
+  EXPECT_DOUBLE_EQ(ops[0].flops, 2 * 2.0 * 3 * 32 * 64);
+  EXPECT_DOUBLE_EQ(ops[0].bytes, 2 * (3 * 64 * 2.0 + 32 * 64 * 2.0 + 3 * 32 * 4.0));
+  EXPECT_EQ(ops[1].op, "rms_norm");
+  EXPECT_EQ(ops[1].calls, 1);
+  EXPECT_TRUE(gpu.profile().empty());  // handed over
+  gpu.set_profiling(false);
+  gpu.linear(x, w, nullptr, out);
+  EXPECT_TRUE(gpu.profile().empty());
 }
 
 }  // namespace

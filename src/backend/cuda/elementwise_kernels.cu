@@ -25,11 +25,13 @@ __device__ float block_sum(float v) {
 // ---------------------------------------------------------------------------
 
 template <typename Act, typename W>
-__global__ void embedding_kernel(const int32_t* ids, const W* table, Act* out, int64_t vocab, int64_t hidden) {
+__global__ void embedding_kernel(const int32_t* __restrict__ ids, const W* __restrict__ table, Act* __restrict__ out,
+                                 int64_t vocab, int64_t hidden) {
   let_consumer_start();  // a GEMV after this may start streaming its weights
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   const bool valid = id >= 0 && id < vocab;
+#pragma unroll 8
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x)
     out[t * hidden + h] = from_f32<Act>(valid ? to_f32(table[id * hidden + h]) : __int_as_float(0x7fc00000));
 }
@@ -59,8 +61,104 @@ __global__ void rms_norm_kernel(Act* residual, const Act* x, const W* weight, Ou
   }
 }
 
+// rms_norm_kernel's arithmetic with the row held in registers: one block of
+// up to 1024 threads per row, four elements per thread and chunk, at most
+// kWideChunks chunks per thread, every load issued before the reduction (the
+// scalar loop above waits for memory once per iteration, twice per element).
+constexpr int kWideChunks = 4;
+constexpr int kWideMaxThreads = 1024;
+
+template <typename T>
+__device__ __forceinline__ float4 load4(const T* p) {
+  if constexpr (sizeof(T) == 4) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const T* h = reinterpret_cast<const T*>(&raw);
+    return make_float4(to_f32(h[0]), to_f32(h[1]), to_f32(h[2]), to_f32(h[3]));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store4(T* p, float4 v) {
+  if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<float4*>(p) = v;
+  } else {
+    uint2 raw;
+    T* h = reinterpret_cast<T*>(&raw);
+    h[0] = from_f32<T>(v.x), h[1] = from_f32<T>(v.y), h[2] = from_f32<T>(v.z), h[3] = from_f32<T>(v.w);
+    *reinterpret_cast<uint2*>(p) = raw;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float4 round4(float4 v) {
+  return make_float4(to_f32(from_f32<T>(v.x)), to_f32(from_f32<T>(v.y)), to_f32(from_f32<T>(v.z)),
+                     to_f32(from_f32<T>(v.w)));
+}
+
+// Sum over a block of any multiple of 32 threads up to 1024.
+__device__ float block_sum_wide(float v) {
+  __shared__ float partial[32];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? partial[lane] : 0.0f;
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) partial[0] = v;
+  }
+  __syncthreads();
+  return partial[0];
+}
+
+template <typename Act, typename Out, typename W>
+__global__ void __launch_bounds__(kWideMaxThreads)
+    rms_norm_wide_kernel(Act* residual, const Act* x, const W* __restrict__ weight, Out* out, int64_t hidden,
+                         float eps) {
+  let_consumer_start();  // a GEMV after this may start streaming its weights
+  const int64_t row = blockIdx.x;
+  const Act* in = x + row * hidden;
+  Act* res = residual ? residual + row * hidden : nullptr;
+  const int64_t chunks = hidden / 4;
+  float4 v[kWideChunks];
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kWideChunks; ++j) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (c < chunks) {
+      float4 a = load4(in + 4 * c);
+      if (res) {
+        const float4 r = load4(res + 4 * c);
+        a = round4<Act>(make_float4(r.x + a.x, r.y + a.y, r.z + a.z, r.w + a.w));
+      }
+      v[j] = a;
+      sum += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }
+  }
+  if (res) {
+#pragma unroll
+    for (int j = 0; j < kWideChunks; ++j) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+      if (c < chunks) store4(res + 4 * c, v[j]);
+    }
+  }
+  const float inv = rsqrtf(block_sum_wide(sum) / static_cast<float>(hidden) + eps);
+#pragma unroll
+  for (int j = 0; j < kWideChunks; ++j) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (c < chunks) {
+      const float4 n = round4<Act>(make_float4(v[j].x * inv, v[j].y * inv, v[j].z * inv, v[j].w * inv));
+      const float4 w = load4(weight + 4 * c);
+      store4(out + row * hidden + 4 * c, make_float4(n.x * w.x, n.y * w.y, n.z * w.z, n.w * w.w));
+    }
+  }
+}
+
 template <typename Act, typename Out>
-__global__ void silu_and_mul_kernel(const Act* gate_up, Out* out, int64_t tokens, int64_t inter) {
+__global__ void silu_and_mul_kernel(const Act* __restrict__ gate_up, Out* __restrict__ out, int64_t tokens,
+                                    int64_t inter) {
   let_consumer_start();  // a GEMV after this may start streaming its weights
   const int64_t n = tokens * inter;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -173,13 +271,14 @@ __global__ void argmax_kernel(const float* x, int32_t* out, int64_t cols) {
 // given), rotated (q and k), then written to q_out or the caches. The
 // arithmetic is rms_norm_kernel's and rope_kernel's, so the result is what
 // they give on the split columns.
-constexpr int kQkvWarps = kThreads / 32;
+constexpr int kQkvWarps = 32;
 constexpr int kQkvMaxHeadDim = 256;
 
 template <typename In, typename Q, typename Cache, typename W>
-__global__ void qkv_rope_store_kernel(QkvRopeStoreArgs a) {
+__global__ void __launch_bounds__(kQkvWarps * 32) qkv_rope_store_kernel(QkvRopeStoreArgs a) {
   let_consumer_start();  // a GEMV after this may start streaming its weights
   __shared__ float staged[kQkvWarps][kQkvMaxHeadDim];
+  __shared__ float cos_s[kQkvMaxHeadDim / 2], sin_s[kQkvMaxHeadDim / 2];
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int D = a.head_dim, half = a.rotary / 2;
@@ -188,6 +287,13 @@ __global__ void qkv_rope_store_kernel(QkvRopeStoreArgs a) {
   const int64_t slot = a.slots[t];
   const bool store = slot >= 0 && slot < a.num_slots;
   const float position = static_cast<float>(a.positions[t]);
+  // The angles depend on the token only: once per token, not per head.
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = position * a.inv_freq[i];
+    cos_s[i] = cosf(angle) * a.scaling;
+    sin_s[i] = sinf(angle) * a.scaling;
+  }
+  __syncthreads();
   float* buf = staged[warp];
   for (int h = warp; h < heads; h += kQkvWarps) {
     const bool is_q = h < a.num_heads, is_v = h >= a.num_heads + a.num_kv_heads;
@@ -209,8 +315,7 @@ __global__ void qkv_rope_store_kernel(QkvRopeStoreArgs a) {
     __syncwarp();
     if (!is_v) {
       for (int i = lane; i < half; i += 32) {
-        const float angle = position * a.inv_freq[i];
-        const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
+        const float c = cos_s[i], s = sin_s[i];
         const int ia = a.offset + (a.interleaved ? 2 * i : i);
         const int ib = a.offset + (a.interleaved ? 2 * i + 1 : i + half);
         const float x0 = buf[ia], x1 = buf[ib];
@@ -273,9 +378,26 @@ cudaError_t rms_norm(Elem act, Elem out_elem, Elem weight, void* residual, const
       using Out = decltype(o);
       with_weight(weight, [&](auto w) {
         using W = decltype(w);
-        rms_norm_kernel<Act, Out, W><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-            static_cast<Act*>(residual), static_cast<const Act*>(x), static_cast<const W*>(weight_data),
-            static_cast<Out*>(out), hidden, eps);
+        // The register-resident kernel when rows split into aligned chunks
+        // of 4 that fit; the strided loop otherwise (odd sizes, huge rows).
+        const auto aligned = [](const void* p, size_t bytes) {
+          return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
+        };
+        const int64_t chunks = hidden / 4;
+        const bool wide = hidden % 4 == 0 && chunks <= int64_t{kWideChunks} * kWideMaxThreads &&
+                          aligned(residual, 4 * sizeof(Act)) && aligned(x, 4 * sizeof(Act)) &&
+                          aligned(weight_data, 4 * sizeof(W)) && aligned(out, 4 * sizeof(Out));
+        if (wide) {
+          const int64_t per_thread = (chunks + kWideMaxThreads - 1) / kWideMaxThreads;
+          const int64_t threads = ((chunks + per_thread - 1) / per_thread + 31) / 32 * 32;
+          rms_norm_wide_kernel<Act, Out, W><<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0, stream>>>(
+              static_cast<Act*>(residual), static_cast<const Act*>(x), static_cast<const W*>(weight_data),
+              static_cast<Out*>(out), hidden, eps);
+        } else {
+          rms_norm_kernel<Act, Out, W><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+              static_cast<Act*>(residual), static_cast<const Act*>(x), static_cast<const W*>(weight_data),
+              static_cast<Out*>(out), hidden, eps);
+        }
       });
     });
   });
@@ -347,7 +469,7 @@ cudaError_t qkv_rope_store(Elem in, Elem q_out, Elem cache, Elem norm, const Qkv
         using Cache = decltype(c);
         with_weight(norm, [&](auto w) {
           using W = decltype(w);
-          qkv_rope_store_kernel<In, Q, Cache, W><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(args);
+          qkv_rope_store_kernel<In, Q, Cache, W><<<static_cast<unsigned>(tokens), kQkvWarps * 32, 0, stream>>>(args);
         });
       });
     });
