@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 #include <cuda_fp16.h>
 
 namespace basalt::cuda_kernels {
@@ -38,5 +39,24 @@ __device__ __forceinline__ __half from_f32<__half>(float v) {
 // (a no-op when the successor was launched normally).
 __device__ __forceinline__ void wait_for_producer() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void let_consumer_start() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+// Launches `kernel` with the programmatic-serialization attribute (see
+// above): the kernel must call wait_for_producer() before it touches memory
+// an earlier kernel writes.
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 blocks, dim3 threads, cudaStream_t stream,
+                             Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = blocks;
+  config.blockDim = threads;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
 
 }  // namespace basalt::cuda_kernels

@@ -28,6 +28,7 @@ template <typename Act, typename W>
 __global__ void embedding_kernel(const int32_t* __restrict__ ids, const W* __restrict__ table, Act* __restrict__ out,
                                  int64_t vocab, int64_t hidden) {
   let_consumer_start();  // a GEMV after this may start streaming its weights
+  wait_for_producer();   // launched early itself: inputs are the kernels' before
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   const bool valid = id >= 0 && id < vocab;
@@ -40,6 +41,7 @@ __global__ void embedding_kernel(const int32_t* __restrict__ ids, const W* __res
 template <typename Act, typename Out, typename W>
 __global__ void rms_norm_kernel(Act* residual, const Act* x, const W* weight, Out* out, int64_t hidden, float eps) {
   let_consumer_start();  // a GEMV after this may start streaming its weights
+  wait_for_producer();   // launched early itself: inputs are the kernels' before
   const int64_t row = blockIdx.x;
   const Act* in = x + row * hidden;
   Act* res = residual ? residual + row * hidden : nullptr;
@@ -118,6 +120,7 @@ __global__ void __launch_bounds__(kWideMaxThreads)
     rms_norm_wide_kernel(Act* residual, const Act* x, const W* __restrict__ weight, Out* out, int64_t hidden,
                          float eps) {
   let_consumer_start();  // a GEMV after this may start streaming its weights
+  wait_for_producer();   // launched early itself: inputs are the kernels' before
   const int64_t row = blockIdx.x;
   const Act* in = x + row * hidden;
   Act* res = residual ? residual + row * hidden : nullptr;
@@ -160,6 +163,7 @@ template <typename Act, typename Out>
 __global__ void silu_and_mul_kernel(const Act* __restrict__ gate_up, Out* __restrict__ out, int64_t tokens,
                                     int64_t inter) {
   let_consumer_start();  // a GEMV after this may start streaming its weights
+  wait_for_producer();   // launched early itself: inputs are the kernels' before
   const int64_t n = tokens * inter;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -277,6 +281,7 @@ constexpr int kQkvMaxHeadDim = 256;
 template <typename In, typename Q, typename Cache, typename W>
 __global__ void __launch_bounds__(kQkvWarps * 32) qkv_rope_store_kernel(QkvRopeStoreArgs a) {
   let_consumer_start();  // a GEMV after this may start streaming its weights
+  wait_for_producer();   // launched early itself: inputs are the kernels' before
   __shared__ float staged[kQkvWarps][kQkvMaxHeadDim];
   __shared__ float cos_s[kQkvMaxHeadDim / 2], sin_s[kQkvMaxHeadDim / 2];
   const int64_t t = blockIdx.x;
@@ -359,19 +364,21 @@ void with_weight(Elem code, F&& f) {
 
 cudaError_t embedding(Elem act, Elem table, const int32_t* ids, const void* table_data, void* out, int64_t tokens,
                       int64_t vocab, int64_t hidden, cudaStream_t stream) {
+  cudaError_t status = cudaSuccess;
   with_activation(act, [&](auto a) {
     using Act = decltype(a);
     with_weight(table, [&](auto w) {
       using W = decltype(w);
-      embedding_kernel<Act, W><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
-          ids, static_cast<const W*>(table_data), static_cast<Act*>(out), vocab, hidden);
+      status = launch_dependent(embedding_kernel<Act, W>, dim3(static_cast<unsigned>(tokens)), dim3(kThreads), stream,
+                                ids, static_cast<const W*>(table_data), static_cast<Act*>(out), vocab, hidden);
     });
   });
-  return cudaGetLastError();
+  return status;
 }
 
 cudaError_t rms_norm(Elem act, Elem out_elem, Elem weight, void* residual, const void* x, const void* weight_data,
                      void* out, int64_t rows, int64_t hidden, float eps, cudaStream_t stream) {
+  cudaError_t status = cudaSuccess;
   with_activation(act, [&](auto a) {
     using Act = decltype(a);
     with_activation(out_elem, [&](auto o) {
@@ -390,31 +397,33 @@ cudaError_t rms_norm(Elem act, Elem out_elem, Elem weight, void* residual, const
         if (wide) {
           const int64_t per_thread = (chunks + kWideMaxThreads - 1) / kWideMaxThreads;
           const int64_t threads = ((chunks + per_thread - 1) / per_thread + 31) / 32 * 32;
-          rms_norm_wide_kernel<Act, Out, W><<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0, stream>>>(
-              static_cast<Act*>(residual), static_cast<const Act*>(x), static_cast<const W*>(weight_data),
-              static_cast<Out*>(out), hidden, eps);
+          status = launch_dependent(rms_norm_wide_kernel<Act, Out, W>, dim3(static_cast<unsigned>(rows)),
+                                    dim3(static_cast<unsigned>(threads)), stream, static_cast<Act*>(residual),
+                                    static_cast<const Act*>(x), static_cast<const W*>(weight_data),
+                                    static_cast<Out*>(out), hidden, eps);
         } else {
-          rms_norm_kernel<Act, Out, W><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-              static_cast<Act*>(residual), static_cast<const Act*>(x), static_cast<const W*>(weight_data),
-              static_cast<Out*>(out), hidden, eps);
+          status = launch_dependent(rms_norm_kernel<Act, Out, W>, dim3(static_cast<unsigned>(rows)), dim3(kThreads),
+                                    stream, static_cast<Act*>(residual), static_cast<const Act*>(x),
+                                    static_cast<const W*>(weight_data), static_cast<Out*>(out), hidden, eps);
         }
       });
     });
   });
-  return cudaGetLastError();
+  return status;
 }
 
 cudaError_t silu_and_mul(Elem act, Elem out_elem, const void* gate_up, void* out, int64_t tokens, int64_t inter,
                          cudaStream_t stream) {
+  cudaError_t status = cudaSuccess;
   with_activation(act, [&](auto a) {
     using Act = decltype(a);
     with_activation(out_elem, [&](auto o) {
       using Out = decltype(o);
-      silu_and_mul_kernel<Act, Out><<<grid_for(tokens * inter), kThreads, 0, stream>>>(
-          static_cast<const Act*>(gate_up), static_cast<Out*>(out), tokens, inter);
+      status = launch_dependent(silu_and_mul_kernel<Act, Out>, dim3(grid_for(tokens * inter)), dim3(kThreads), stream,
+                                static_cast<const Act*>(gate_up), static_cast<Out*>(out), tokens, inter);
     });
   });
-  return cudaGetLastError();
+  return status;
 }
 
 cudaError_t add(Elem act, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream) {
@@ -461,6 +470,7 @@ cudaError_t argmax(const float* x, int32_t* out, int64_t rows, int64_t cols, cud
 cudaError_t qkv_rope_store(Elem in, Elem q_out, Elem cache, Elem norm, const QkvRopeStoreArgs& args, int64_t tokens,
                            cudaStream_t stream) {
   if (args.head_dim > kQkvMaxHeadDim) return cudaErrorInvalidValue;
+  cudaError_t status = cudaSuccess;
   with_activation(in, [&](auto i) {
     using In = decltype(i);
     with_activation(q_out, [&](auto q) {
@@ -469,12 +479,13 @@ cudaError_t qkv_rope_store(Elem in, Elem q_out, Elem cache, Elem norm, const Qkv
         using Cache = decltype(c);
         with_weight(norm, [&](auto w) {
           using W = decltype(w);
-          qkv_rope_store_kernel<In, Q, Cache, W><<<static_cast<unsigned>(tokens), kQkvWarps * 32, 0, stream>>>(args);
+          status = launch_dependent(qkv_rope_store_kernel<In, Q, Cache, W>, dim3(static_cast<unsigned>(tokens)),
+                                    dim3(kQkvWarps * 32), stream, args);
         });
       });
     });
   });
-  return cudaGetLastError();
+  return status;
 }
 
 }  // namespace basalt::cuda_kernels

@@ -91,6 +91,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_mma_kernel(const X* __restri
                                                                const float* __restrict__ bias, O* __restrict__ out,
                                                                int m, int64_t n, int64_t k) {
   __shared__ float partial[kWarps][MT][kRows][8];
+  let_consumer_start();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRows;
@@ -187,6 +188,7 @@ template <typename X, typename W, typename O, int M>
 __global__ void __launch_bounds__(kRowWarps * 32) gemv_row_kernel(const X* __restrict__ x, const W* __restrict__ w,
                                                                   const float* __restrict__ bias,
                                                                   O* __restrict__ out, int64_t n, int64_t k) {
+  let_consumer_start();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp;
   if (row >= n) return;
@@ -258,24 +260,6 @@ __global__ void __launch_bounds__(kRowWarps * 32) gemv_row_kernel(const X* __res
   }
 }
 
-// Launches with programmatic stream serialization: the GEMV's blocks may
-// start, and stream their first weights, while the kernel before them ends.
-template <typename... Params, typename... Args>
-cudaError_t launch_early(void (*kernel)(Params...), unsigned blocks, unsigned threads, cudaStream_t stream,
-                         Args... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-}
-
 template <typename X, typename W, typename O>
 cudaError_t launch(const void* x, const void* w, const float* bias, void* out, int64_t m, int64_t n, int64_t k,
                    int variant, cudaStream_t stream) {
@@ -291,15 +275,15 @@ cudaError_t launch(const void* x, const void* w, const float* bias, void* out, i
     const unsigned blocks = static_cast<unsigned>((n + kRowWarps - 1) / kRowWarps);
     const unsigned threads = kRowWarps * 32;
     switch (m) {
-      case 1: return launch_early(gemv_row_kernel<X, W, O, 1>, blocks, threads, stream, xp, wp, bias, op, n, k);
-      case 2: return launch_early(gemv_row_kernel<X, W, O, 2>, blocks, threads, stream, xp, wp, bias, op, n, k);
-      case 3: return launch_early(gemv_row_kernel<X, W, O, 3>, blocks, threads, stream, xp, wp, bias, op, n, k);
-      default: return launch_early(gemv_row_kernel<X, W, O, 4>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      case 1: return launch_dependent(gemv_row_kernel<X, W, O, 1>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      case 2: return launch_dependent(gemv_row_kernel<X, W, O, 2>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      case 3: return launch_dependent(gemv_row_kernel<X, W, O, 3>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      default: return launch_dependent(gemv_row_kernel<X, W, O, 4>, blocks, threads, stream, xp, wp, bias, op, n, k);
     }
   }
   const unsigned blocks = static_cast<unsigned>((n + kRows - 1) / kRows);
 #define BASALT_GEMV_MMA(MT, WARPS, UNROLL) \
-  launch_early(gemv_mma_kernel<X, W, O, MT, WARPS, UNROLL>, blocks, WARPS * 32, stream, xp, wp, bias, op, mi, n, k)
+  launch_dependent(gemv_mma_kernel<X, W, O, MT, WARPS, UNROLL>, blocks, WARPS * 32, stream, xp, wp, bias, op, mi, n, k)
   const bool one_tile = m <= 8;
   cudaError_t status;
   switch (variant) {
