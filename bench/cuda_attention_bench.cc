@@ -7,11 +7,16 @@
 //  * prefill: one 4096-token prompt and 8 prompts of 512; TFLOP/s of the
 //    causal work (4 * head_dim flops per visible (query, key) pair and head),
 //    next to ~700 TFLOP/s dense bf16.
-// Each case also runs the other path, forced, for comparison.
+// Each case also runs the other paths, forced, for comparison ("dec-cuda": the
+// decode path on its CUDA-core kernels instead of the tensor-core one), and
+// two decode cases rerun with each sequence's keys in consecutive slots.
 //
-// Times are CUDA-event medians of many calls. The cache is filled with random
-// bf16 (never zeros: power, and so clocks, depend on the data), and every
-// call reads a different random set of slots from a pool of at least 512 MB,
+// Times: "event us" is the median of CUDA events around each host call (it
+// includes the host's launch work between the events, which dominates tiny
+// calls); "GPU us", which the rates use, is the median over replays of a CUDA
+// graph of at least 20 calls (rotating layouts) on a stream, per call. The
+// cache is filled with random bf16 (never zeros: power, and so clocks, depend
+// on the data), and every call reads a different random set of slots from a pool of at least 512 MB,
 // rotating over enough layouts that consecutive calls never find their keys
 // in the 50 MB L2.
 //
@@ -87,11 +92,13 @@ struct Case {
   std::string name;
   int seqs, q_len, kv_len;
   bool decode;
+  bool contiguous = false;  // each sequence's keys in consecutive slots (else scattered at random)
 };
 
 struct Result {
   std::string name, path;
-  double us, rate, fraction;  // rate: GB/s (decode) or TFLOP/s (prefill)
+  double us, rate, fraction;  // rate: GB/s (decode) or TFLOP/s (prefill), from the graph time
+  double event_us;            // per call with events around each host call
   bool decode;
 };
 
@@ -111,6 +118,8 @@ int main(int argc, char** argv) {
       {"decode b32 ctx512", 32, 1, 512, true},     {"decode b32 ctx4096", 32, 1, 4096, true},
       {"decode b256 ctx512", 256, 1, 512, true},   {"decode b256 ctx4096", 256, 1, 4096, true},
       {"prefill 1x4096", 1, 4096, 4096, false},    {"prefill 8x512", 8, 512, 512, false},
+      {"decode b32 ctx4096 contig", 32, 1, 4096, true, true},
+      {"decode b256 ctx4096 contig", 256, 1, 4096, true, true},
   };
   const int64_t token_bytes = int64_t{kKvHeads} * kHeadDim * 2 * 2;  // K + V, bf16
   int64_t pool = (512ll << 20) / token_bytes;
@@ -134,7 +143,10 @@ int main(int argc, char** argv) {
   BASALT_CUDA_CHECK(cudaEventCreate(&start));
   BASALT_CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<Result> results;
-  std::printf("%-22s %-8s %6s %10s %12s %8s\n", "case", "path", "splits", "us/call", "GB/s|TFLOP/s", "of peak");
+  cudaStream_t stream = nullptr;
+  BASALT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::printf("%-27s %-8s %6s %10s %10s %12s %8s\n", "case", "path", "splits", "event us", "GPU us", "GB/s|TFLOP/s",
+              "of peak");
   for (const Case& c : cases) {
     const int64_t tokens = int64_t{c.seqs} * c.q_len, keys = int64_t{c.seqs} * c.kv_len;
     // Enough layouts that consecutive calls touch more than 2x the L2.
@@ -146,7 +158,10 @@ int main(int argc, char** argv) {
         q_start.push_back(q_start.back() + c.q_len);
         kv_start.push_back(kv_start.back() + c.kv_len);
       }
-      for (int64_t i = 0; i < keys; ++i) slots[static_cast<size_t>(i)] = perm[static_cast<size_t>((l * keys + i) % pool)];
+      for (int64_t i = 0; i < keys; ++i) {
+        const auto at = static_cast<size_t>((l * keys + i) % pool);
+        slots[static_cast<size_t>(i)] = c.contiguous ? static_cast<int32_t>(at) : perm[at];
+      }
       layout_list.push_back({device_i32(q_start), device_i32(kv_start), device_i32(slots)});
     }
     const Tensor q = random_device({tokens, int64_t{kHeads} * kHeadDim});
@@ -164,10 +179,12 @@ int main(int argc, char** argv) {
     shape.num_kv_heads = kKvHeads;
     shape.head_dim = shape.v_head_dim = kHeadDim;
     const int splits = cuda_kernels::attention_decode_splits(cuda_kernels::Elem::kBF16, shape);
-    for (CudaAttentionPath path : {CudaAttentionPath::kAuto, CudaAttentionPath::kDecode, CudaAttentionPath::kPrefill}) {
-      const bool decode_path = path == CudaAttentionPath::kDecode ||
-                               (path == CudaAttentionPath::kAuto && c.decode);  // what auto takes here
-      if (path == CudaAttentionPath::kDecode && c.q_len > 512) continue;  // the decode kernel on a long prompt: slow
+    for (CudaAttentionPath path : {CudaAttentionPath::kAuto, CudaAttentionPath::kDecode,
+                                   CudaAttentionPath::kDecodeCudaCores, CudaAttentionPath::kPrefill}) {
+      const bool forced_decode = path == CudaAttentionPath::kDecode || path == CudaAttentionPath::kDecodeCudaCores;
+      const bool decode_path = forced_decode || (path == CudaAttentionPath::kAuto && c.decode);  // what auto takes
+      if (forced_decode && c.q_len > 512) continue;  // the decode kernels on a long prompt: slow
+      if (path == CudaAttentionPath::kDecodeCudaCores && !c.decode) continue;
       for (int w = 0; w < 3; ++w)
         cuda_attention(q, k_cache, v_cache, layout_list[w % layouts], params, out, nullptr, path);
       std::vector<float> times;
@@ -180,26 +197,58 @@ int main(int argc, char** argv) {
         BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
         times.push_back(ms);
       }
-      const double sec = median(times) * 1e-3;
+      // GPU time: kGraphCalls calls (rotating over all the layouts, so the
+      // replays touch more than 2x the L2 too) captured in one CUDA graph on a
+      // stream and replayed; the host's launch work is not in it.
+      const int kGraphCalls = std::max(20, layouts);
+      cudaGraphExec_t exec = nullptr;
+      {
+        CudaGraphPoolScope pool;
+        BASALT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+        for (int r = 0; r < kGraphCalls; ++r)
+          cuda_attention(q, k_cache, v_cache, layout_list[r % layouts], params, out, stream, path);
+        cudaGraph_t graph = nullptr;
+        BASALT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        BASALT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        BASALT_CUDA_CHECK(cudaGraphDestroy(graph));
+      }
+      BASALT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      std::vector<float> graph_times;
+      for (int r = 0; r < std::max(5, repeats / 10); ++r) {
+        BASALT_CUDA_CHECK(cudaEventRecord(start, stream));
+        BASALT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        BASALT_CUDA_CHECK(cudaEventRecord(stop, stream));
+        BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        graph_times.push_back(ms / kGraphCalls);
+      }
+      BASALT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      const double event_sec = median(times) * 1e-3;
+      const double sec = median(graph_times) * 1e-3;
       Result res;
+      res.event_us = event_sec * 1e6;
       res.name = c.name;
-      res.path = path == CudaAttentionPath::kAuto ? "auto" : decode_path ? "decode" : "prefill";
+      res.path = path == CudaAttentionPath::kAuto               ? "auto"
+                 : path == CudaAttentionPath::kDecodeCudaCores ? "dec-cuda"
+                 : decode_path                                 ? "decode"
+                                                               : "prefill";
       res.us = sec * 1e6;
       res.decode = c.decode;
       res.rate = c.decode ? bytes / sec * 1e-9 : flops / sec * 1e-12;
       res.fraction = c.decode ? bytes / sec / kReadCeiling : flops / sec / kBf16Peak;
       results.push_back(res);
-      std::printf("%-22s %-8s %6d %10.1f %12.1f %7.1f%%\n", c.name.c_str(), res.path.c_str(),
-                  decode_path ? splits : 1, res.us, res.rate, 100.0 * res.fraction);
+      std::printf("%-27s %-8s %6d %10.1f %10.1f %12.1f %7.1f%%\n", c.name.c_str(), res.path.c_str(),
+                  decode_path ? splits : 1, res.event_us, res.us, res.rate, 100.0 * res.fraction);
     }
   }
   BASALT_CUDA_CHECK(cudaDeviceSynchronize());
 
   // The summary: the automatic choice for each case.
-  std::printf("\n| case | us | rate | of ceiling |\n| --- | ---: | ---: | ---: |\n");
+  std::printf("\n| case | event us | GPU us | rate | of ceiling |\n| --- | ---: | ---: | ---: | ---: |\n");
   for (const Result& r : results) {
     if (r.path != "auto") continue;
-    std::printf("| %s | %.1f | %.0f %s | %.0f%% of %s |\n", r.name.c_str(), r.us, r.rate,
+    std::printf("| %s | %.1f | %.1f | %.0f %s | %.0f%% of %s |\n", r.name.c_str(), r.event_us, r.us, r.rate,
                 r.decode ? "GB/s" : "TFLOP/s", 100.0 * r.fraction, r.decode ? "4.18 TB/s" : "700 TFLOP/s");
   }
   return 0;

@@ -130,9 +130,10 @@ void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
       launch.decode_max_q = kDecodeMaxAverageRows;
     }
   } else {
-    launch.decode = path == CudaAttentionPath::kDecode;
+    launch.decode = path == CudaAttentionPath::kDecode || path == CudaAttentionPath::kDecodeCudaCores;
     launch.prefill = !launch.decode;
     launch.decode_max_q = 0;
+    launch.decode_cuda_cores = path == CudaAttentionPath::kDecodeCudaCores;
   }
   if (seqs > 65535) launch.decode = false, launch.prefill = true, launch.decode_max_q = 0;
   Tensor decode_scratch, tile_starts;  // back to the device cache after the op: stream-ordered reuse

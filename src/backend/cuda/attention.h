@@ -56,7 +56,7 @@
 // Two kernels (attention_kernels.cu has the details), chosen per call from
 // shapes and the cache dtype:
 //  * every sequence to the decode kernel when the caches are f32 (an f32
-//    cache asks for f32 accuracy, which the tensor-core kernel does not give:
+//    cache asks for f32 accuracy, which the tensor-core prefill does not give:
 //    the model tests compare f32 fixtures with the CPU backend at 1e-4), or
 //    when the call is decode-like: T <= kDecodeMaxAverageRows * num_seqs and
 //    T < num_seqs + kPrefillMinExtraRows (decode steps, padded graph
@@ -66,32 +66,54 @@
 //    the prefill kernel (a small plan kernel lists their 64-row tiles on the
 //    device). A continuous batch of decodes plus a prefill chunk runs the
 //    chunk on the tensor cores and the decodes through split-KV.
-// `path` forces one kernel for every sequence (tests run both on every case;
-// both are correct for any layout, only speed and rounding differ). Long
+// `path` forces one kernel for every sequence (tests run every path on every
+// case, kDecodeCudaCores too; all are correct for any layout, only speed and
+// rounding differ). Long
 // prompts over f32 caches are slow (the decode kernel re-reads the keys for
 // every 8 query rows): serve with bf16 caches.
-//  * Decode (split-KV, "flash-decoding"): one block per (split, sequence, kv
-//    head) serves all query rows and all query heads of the GQA group, so a
-//    key/value row is read once per step; rows gathered by slot with 16-byte
-//    vector loads (bf16 or f32; scalar loads when a head dim is not a
-//    multiple of 16 bytes); online softmax and all arithmetic in f32 (error
-//    vs the reference ~1e-6 relative with f32 data). Each sequence's visible
-//    keys are cut on the device into `splits` chunks, splits chosen on the
-//    host from shapes to fill the chip (batch 1 x 4096 keys x 8 kv heads:
-//    32 splits; batch 256: 1); partials (max, sum, output) are merged by a
-//    second kernel, skipped when splits is 1.
+//  * Decode (split-KV, "flash-decoding"): one block per (split, kv head,
+//    sequence) serves all query rows and all query heads of the GQA group, so
+//    a key/value row is read once per step; the blocks of one sequence's kv
+//    heads are adjacent in the grid (its slots are read from DRAM once).
+//    Vector rows (head dims multiples of 16 bytes) are gathered by slot with
+//    cp.async into shared-memory stages (several tiles in flight per block,
+//    the slots loaded ahead).
+//    - bf16 caches with head dims that are multiples of 8, up to 128 (Llama,
+//      Qwen, Mistral): tensor cores (mma.sync m16n8k16), the group's query
+//      rows as the MMA's 16 rows, 64-key tiles (16 keys per warp), three
+//      stages. q * scale and the probabilities are split into bf16 high and
+//      low parts (two MMAs each), so with bf16 K/V the result keeps ~16
+//      mantissa bits: errors ~1e-5 relative, scores, softmax and sums f32.
+//    - otherwise (f32 caches, head dims over 128 or not multiples of 8): CUDA
+//      cores, f32 arithmetic (error vs the reference ~1e-6 relative with f32
+//      data), staged through shared memory when rows are 16-byte vectors,
+//      plain (scalar) loads otherwise.
+//    Each sequence's visible keys are cut on the device into `splits` chunks,
+//    splits chosen on the host from shapes to fill the chip (batch 1 x 4096
+//    keys x 8 kv heads: 33 splits; batch 32 and up: 1; a split keeps at
+//    least ~64 keys); partials (max, sum, output) are merged by a second
+//    kernel, skipped when splits is 1.
 //  * Prefill (tensor cores): FlashAttention-2 style, one block per 64 query
 //    rows of a sequence and one query head; mma.sync m16n8k16 with bf16
 //    operands and f32 accumulation; K/V tiles gathered by slot with cp.async
-//    (bf16 cache) into double-buffered shared memory; causal and window
-//    tiles skipped. q, K, V and the probabilities are rounded to bf16 (an f32
-//    cache is converted while staged), so errors are ~1e-2 relative even
-//    with f32 inputs; scores, softmax and sums are f32.
-// What would make it faster: wgmma/TMA (sm_90a) for prefill with one block
-// per GQA group sharing K/V tiles; per-sequence path choice in one launch
-// (a long prompt in a decode-heavy batch goes through the decode kernel,
-// correct but slow: the engine should keep chunked prefills in their own
-// call or the lead can add the per-sequence split); a paged page table.
+//    (bf16 cache) into four shared-memory stages; causal and window tiles
+//    skipped (per warp), fully visible tiles unmasked. q, K, V and the
+//    probabilities are rounded to bf16 (an f32 cache is converted while
+//    staged), so errors are ~1e-2 relative even with f32 inputs; scores,
+//    softmax and sums are f32.
+// Measured on the H200 (bench/README.md, Llama-8B heads, bf16): decode reads
+// 2.4-2.45 TB/s at batch 32 / 256 x 4096 keys (58% of the 4.18 TB/s
+// ceiling), ~1.8 TB/s at 512 keys; a batch-1 step costs ~18-30 us of GPU
+// time; prefill ~90 TFLOP/s on a 4096-token prompt.
+// What would make it faster: decode: more bytes in flight per SM (smaller
+// padded stages or a swizzle instead of the pad, TMA gathers) and fewer
+// fixed latencies per call at batch 1 (~18 us of GPU time for 512 keys,
+// where the 2 MB read needs 0.5 us); prefill: wgmma/TMA (sm_90a) with one
+// block per GQA group sharing K/V tiles, more warps per block; per-sequence
+// path choice in one launch (a long prompt in a decode-heavy batch goes
+// through the decode kernel, correct but slow: the engine should keep
+// chunked prefills in their own call or the lead can add the per-sequence
+// split); a paged page table.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -108,7 +130,9 @@ void cuda_store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor
 // kAuto picks the path from shapes (above); the others force one (tests,
 // benchmarks). decode_splits > 0 forces the decode path's split count
 // (clamped to 1 .. 64; tests use it to run the combine kernel on every case).
-enum class CudaAttentionPath : uint8_t { kAuto, kDecode, kPrefill };
+// kDecodeCudaCores is kDecode on the CUDA-core decode kernels even where the
+// tensor-core one applies.
+enum class CudaAttentionPath : uint8_t { kAuto, kDecode, kPrefill, kDecodeCudaCores };
 inline constexpr int64_t kDecodeMaxAverageRows = 4;
 inline constexpr int64_t kPrefillMinExtraRows = 64;
 

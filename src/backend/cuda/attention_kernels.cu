@@ -99,7 +99,7 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Args& a, int s) {
 // ===========================================================================
 // Decode path (split-KV, "flash-decoding"), CUDA cores, f32 arithmetic.
 //
-// Grid (splits * row_splits, num_seqs, num_kv_heads), 128 threads. A block
+// Grid (splits * row_splits, num_kv_heads, num_seqs), 128 threads. A block
 // serves query rows of its sequence with every query head of its kv head's
 // GQA group together ("rows" r = query i * group + head h, RT rows per pass),
 // so each key and value row is read from memory once per pass. A decode
@@ -124,12 +124,41 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Args& a, int s) {
 // of a warp are merged by shuffles, the warps through shared memory, in a
 // fixed order.
 //
+// Two variants: kStaged (16-byte vector rows of one chunk per lane, f32 or
+// bf16 caches) gathers each step's keys as a tile with cp.async into
+// kDecodeStages stages of shared memory, three tiles in flight while one is
+// used, the slots loaded a tile ahead, and takes one max and one rescale per
+// row for the U = 4 keys of a step; the other (scalar rows, f32 rows over
+// 128) loads from global memory directly. bf16 caches with head dims up to
+// 128 go to decode_mma_kernel (tensor cores) instead; this kernel serves
+// them only when forced (CudaAttentionPath::kDecodeCudaCores). On the H200
+// the staged variant reads ~1.5 TB/s at batch 256 x 4096 keys (it is bound
+// by instruction issue: ~100 instructions per key and warp), the
+// tensor-core kernel ~2.45 TB/s.
+//
 // splits == 1 writes the normalised output directly; otherwise the block
 // writes (output, max, sum) partials and decode_combine_kernel merges them.
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeUnroll = 2;
+// The staged variant (cp.async into shared memory, kDecodeStages tiles in
+// flight) takes kDecodeStagedUnroll keys per lane group and tile.
+constexpr int kDecodeStagedUnroll = 4;
+constexpr int kDecodeStages = 4;
 
 // f[0 .. VEC) = the VEC elements at p, as f32 (p is 16-byte aligned when VEC > 1).
 template <typename T, int VEC>
@@ -153,18 +182,47 @@ __device__ __forceinline__ void load_chunk(const T* p, float* f) {
   }
 }
 
-template <typename Cache, int VEC, int LPK, int CPL, int RT>
+// The same 16-byte chunk from shared memory (staged decode).
+template <typename T, int VEC>
+__device__ __forceinline__ void load_chunk_smem(const T* p, float* f) {
+  if constexpr (sizeof(T) == 4) {
+    static_assert(VEC == 4);
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+  } else {
+    static_assert(VEC == 8 && sizeof(T) == 2);
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+}
+
+template <int LPK, int CPL, int VEC, typename Cache>
+constexpr size_t decode_staged_smem_bytes() {
+  constexpr int keys = kDecodeWarps * (32 / LPK) * kDecodeStagedUnroll;
+  return size_t{2} * kDecodeStages * keys * LPK * CPL * VEC * sizeof(Cache);
+}
+
+template <typename Cache, int VEC, int LPK, int CPL, int RT, bool kStaged>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
-  constexpr int NW = kDecodeWarps, KG = 32 / LPK, U = kDecodeUnroll, EPL = CPL * VEC;
+  constexpr int NW = kDecodeWarps, KG = 32 / LPK, EPL = CPL * VEC;
+  constexpr int U = kStaged ? kDecodeStagedUnroll : kDecodeUnroll;
   constexpr int kWidth = LPK * EPL;  // >= max(head_dim, v_head_dim)
   constexpr int kKeysPerStep = NW * KG * U;
   constexpr float kNegInf = -INFINITY;
   static_assert(kWidth <= kAttentionMaxHeadDim && 32 % LPK == 0);
+  static_assert(!kStaged || (CPL == 1 && VEC * sizeof(Cache) == 16));
   __shared__ float red_m[NW][RT], red_l[NW][RT];
   __shared__ float red_o[NW][RT][kWidth];
+  __shared__ bool key_ok_s[kStaged ? kDecodeStages : 1][kKeysPerStep];  // staged: slot of the tile's key valid
+  extern __shared__ __align__(16) unsigned char decode_smem[];  // staged: [2][kDecodeStages][keys][kWidth] Cache
 
   const int split = blockIdx.x % a.splits, row_split = blockIdx.x / a.splits;
-  const int seq = blockIdx.y, kv_head = blockIdx.z;
+  const int seq = blockIdx.z, kv_head = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, grp = lane / LPK, sub = lane % LPK;
   const SeqBounds b = seq_bounds(a, seq);
   if (b.q_len > a.decode_max_q) return;  // the prefill kernel's (uniform over the block)
@@ -212,6 +270,132 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
     }
     bool bad_slot = false;
 
+    if constexpr (kStaged) {
+      // Tile t = keys c0 + t * kKeysPerStep .. (the non-staged step's keys),
+      // in stage t % kDecodeStages; each thread copies chunk tid % CH of
+      // rows tid / CH + p * kRowsPer, p < kPer, of K and V. The slots of the
+      // next tile to copy are loaded one tile ahead (pre), so their latency
+      // hides under the math.
+      constexpr int NS = kDecodeStages, CH = kWidth / VEC;
+      constexpr int kRowsPer = kDecodeThreads / CH;
+      constexpr int kPer = kKeysPerStep / kRowsPer;
+      static_assert(kDecodeThreads % CH == 0 && kKeysPerStep % kRowsPer == 0);
+      Cache* stage_k = reinterpret_cast<Cache*>(decode_smem);
+      Cache* stage_v = stage_k + NS * kKeysPerStep * kWidth;
+      const int my_row = tid / CH, my_d = (tid % CH) * VEC;
+      const int64_t tiles = c1 > c0 ? (c1 - c0 + kKeysPerStep - 1) / kKeysPerStep : 0;
+      int32_t pre[kPer];
+      const auto fetch_slots = [&](int64_t t) {
+#pragma unroll
+        for (int p = 0; p < kPer; ++p) {
+          const int64_t j = c0 + t * kKeysPerStep + my_row + p * kRowsPer;
+          pre[p] = t < tiles && j < c1 ? slots[j] : -1;
+        }
+      };
+      const auto issue = [&](int64_t t) {
+        if (t >= tiles) return;  // uniform
+        const int st = static_cast<int>(t % NS);
+#pragma unroll
+        for (int p = 0; p < kPer; ++p) {
+          const int row = my_row + p * kRowsPer;
+          const int64_t j = c0 + t * kKeysPerStep + row;
+          const int64_t slot = pre[p];
+          const bool in_range = slot >= 0 && slot < a.num_slots;
+          bad_slot |= j < c1 && !in_range;
+          const bool ok = j < c1 && in_range;
+          if (my_d == 0) key_ok_s[st][row] = ok;
+          if (ok && my_d < D)
+            cp_async_16(stage_k + (st * kKeysPerStep + row) * kWidth + my_d,
+                        k_cache + (slot * a.num_kv_heads + kv_head) * D + my_d);
+          if (ok && my_d < Dv)
+            cp_async_16(stage_v + (st * kKeysPerStep + row) * kWidth + my_d,
+                        v_cache + (slot * a.num_kv_heads + kv_head) * Dv + my_d);
+        }
+      };
+      fetch_slots(0);
+#pragma unroll
+      for (int t = 0; t < NS - 1; ++t) {
+        issue(t);
+        cp_async_commit();
+        fetch_slots(t + 1);
+      }
+      for (int64_t t = 0; t < tiles; ++t) {  // uniform
+        issue(t + NS - 1);
+        cp_async_commit();
+        fetch_slots(t + NS);
+        cp_async_wait<NS - 1>();  // tile t has landed (this thread's copies) ...
+        __syncthreads();          // ... and everyone's, and key_ok_s
+        const int st = static_cast<int>(t % NS);
+        const Cache* ks = stage_k + st * kKeysPerStep * kWidth;
+        const Cache* vs = stage_v + st * kKeysPerStep * kWidth;
+        float s[RT][U];
+        bool ok[U];
+        const int d = sub * VEC;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int kl = u * NW * KG + warp * KG + grp;
+          const int64_t j = c0 + t * kKeysPerStep + kl;
+          ok[u] = key_ok_s[st][kl];
+          float kf[VEC];
+          if (ok[u] && d < D) {
+            load_chunk_smem<Cache, VEC>(ks + kl * kWidth + d, kf);
+          } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) kf[e] = 0.0f;
+          }
+#pragma unroll
+          for (int i = 0; i < RT; ++i) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) dot = fmaf(q[i][e], kf[e], dot);
+#pragma unroll
+            for (int o = LPK / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            const bool visible =
+                ok[u] && j <= pos[i] && (a.sliding_window <= 0 || pos[i] - j < a.sliding_window);
+            s[i][u] = visible ? dot : kNegInf;
+          }
+        }
+        // One max and one rescale per row for the U keys; s becomes p.
+#pragma unroll
+        for (int i = 0; i < RT; ++i) {
+          float step_max = m[i];
+#pragma unroll
+          for (int u = 0; u < U; ++u) step_max = fmaxf(step_max, s[i][u]);
+          if (step_max == kNegInf) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) s[i][u] = 0.0f;
+            continue;  // nothing visible yet: state unchanged
+          }
+          const float correction = exp2f(m[i] - step_max);  // m = -inf gives 0
+          m[i] = step_max;
+          l[i] *= correction;
+#pragma unroll
+          for (int e = 0; e < EPL; ++e) acc[i][e] *= correction;
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            s[i][u] = exp2f(s[i][u] - step_max);  // -inf gives 0
+            l[i] += s[i][u];
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int kl = u * NW * KG + warp * KG + grp;
+          float vf[VEC];
+          if (ok[u] && d < Dv) {
+            load_chunk_smem<Cache, VEC>(vs + kl * kWidth + d, vf);
+          } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) vf[e] = 0.0f;
+          }
+#pragma unroll
+          for (int i = 0; i < RT; ++i)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(s[i][u], vf[e], acc[i][e]);
+        }
+        __syncthreads();  // this stage is refilled by a later iteration's copies
+      }
+      cp_async_wait<0>();  // only empty groups remain; keeps the next pass clean
+    } else {
     for (int64_t j0 = c0; j0 < c1; j0 += kKeysPerStep) {  // uniform
       int64_t j[U];
       bool key_ok[U];
@@ -273,6 +457,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
         }
       }
     }
+    }  // kStaged
 
     // Merge the KG lane groups of the warp (xor partners hold the same chunks).
 #pragma unroll
@@ -409,11 +594,12 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(Args a)
 // blocks exit at once). Tiles of a sequence are taken last-first, so the
 // longest causal rows start first.
 //
-// Shared memory: the Q tile [BM][LD] bf16, and two stages of K and V tiles
-// [BN][LD] bf16 (LD = DMAX + 8: a 16-byte pad makes the 8 row addresses of
-// every ldmatrix phase hit distinct banks). K/V rows are gathered by slot:
-// with a bf16 cache and 16-byte aligned rows by cp.async (16 bytes per
-// instruction, the next tile in flight while the current one is used);
+// Shared memory: the Q tile [BM][LD] bf16, and PrefillTile::kStages stages
+// of K and V tiles [BN][LD] bf16 (LD = DMAX + 8: a 16-byte pad makes the 8
+// row addresses of every ldmatrix phase hit distinct banks). K/V rows are
+// gathered by slot: with a bf16 cache and 16-byte aligned rows by cp.async
+// (16 bytes per instruction, kStages - 1 tiles in flight while one is used,
+// their slots loaded a tile ahead);
 // otherwise (f32 cache, odd dims) by plain loads converted to bf16. Rows of
 // keys outside the tile's range, and columns past the head dims, are zeroed
 // (a zero value row keeps 0 * garbage out of the sum).
@@ -446,23 +632,13 @@ constexpr int kPrefillBM = 16 * kPrefillWarps;
 
 template <int DMAX>
 struct PrefillTile {
-  static constexpr int BN = DMAX == 256 ? 32 : 64;
+  // Key tiles of BN keys in kStages stages (kStages - 1 tiles in flight
+  // while one is used); two 128-thread blocks fit on an SM.
+  static constexpr int BN = DMAX == 256 ? 16 : DMAX == 128 ? 32 : 64;
+  static constexpr int kStages = 4;
   static constexpr int LD = DMAX + 8;
-  static constexpr size_t kSmemBytes = sizeof(bf16) * static_cast<size_t>(LD) * (kPrefillBM + 4 * BN);
+  static constexpr size_t kSmemBytes = sizeof(bf16) * static_cast<size_t>(LD) * (kPrefillBM + 2 * kStages * BN);
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -498,8 +674,9 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(Args a) {
   static_assert(!kAsync || sizeof(Cache) == 2);
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* q_s = reinterpret_cast<bf16*>(smem_raw);  // [BM][LD]
-  bf16* k_s = q_s + BM * LD;                       // [2][BN][LD]
-  bf16* v_s = k_s + 2 * BN * LD;                   // [2][BN][LD]
+  constexpr int NS = Tile::kStages;
+  bf16* k_s = q_s + BM * LD;                       // [NS][BN][LD]
+  bf16* v_s = k_s + NS * BN * LD;                  // [NS][BN][LD]
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int head = blockIdx.y, kv_head = head / a.group;
   const int D = a.head_dim, Dv = a.v_head_dim;
@@ -536,45 +713,69 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(Args a) {
   const int64_t hi = min(b.kv_len, pos0 + rows_here);  // keys [lo, hi)
   const int num_tiles = hi > lo ? static_cast<int>((hi - lo + BN - 1) / BN) : 0;
 
-  // The Q tile, as bf16 (rows past the sequence and columns past D are 0).
-  for (int idx = tid; idx < BM * kd; idx += kPrefillThreads) {
-    const int r = idx / kd, d = idx % kd;
-    float v = 0.0f;
-    if (r < rows_here && d < D) v = load_q(a, ((b.q_begin + q0 + r) * a.num_heads + head) * D + d);
-    q_s[r * LD + d] = __float2bfloat16_rn(v);
+  // The Q tile, as bf16 (rows past the sequence and columns past D are 0),
+  // kQBatch loads per thread issued before their stores (a loop of
+  // load-store pairs would wait out one memory latency per element).
+  constexpr int kQBatch = 16;
+  static_assert(BM * DMAX % (kQBatch * kPrefillThreads) == 0);
+  for (int base = 0; base < BM * DMAX; base += kQBatch * kPrefillThreads) {
+    float qv[kQBatch];
+#pragma unroll
+    for (int k = 0; k < kQBatch; ++k) {
+      const int idx = base + tid + k * kPrefillThreads, r = idx / DMAX, d = idx % DMAX;
+      qv[k] = r < rows_here && d < D ? load_q(a, ((b.q_begin + q0 + r) * a.num_heads + head) * D + d) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kQBatch; ++k) {
+      const int idx = base + tid + k * kPrefillThreads;
+      q_s[(idx / DMAX) * LD + idx % DMAX] = __float2bfloat16_rn(qv[k]);
+    }
   }
 
   const Cache* k_cache = static_cast<const Cache*>(a.k_cache);
   const Cache* v_cache = static_cast<const Cache*>(a.v_cache);
   const int32_t* slots = a.kv_slots + b.kv_begin;
   bool bad_slot = false;
+  // kAsync: each thread copies 16-byte chunk tid % CHM of rows tid / CHM +
+  // p * kRowsPer (p < kPer) of the K and V tiles; the slots of the next tile
+  // to gather are loaded a tile ahead into pre, so their latency hides under
+  // the current tile's math.
+  constexpr int CHM = DMAX / 8;
+  constexpr int kRowsPer = kPrefillThreads / CHM;
+  constexpr int kPer = BN / kRowsPer;
+  static_assert(kPrefillThreads % CHM == 0 && BN % kRowsPer == 0);
+  const int my_row = tid / CHM, my_c = tid % CHM;
+  int32_t pre[kPer];
+  const auto fetch_slots = [&](int t) {
+#pragma unroll
+    for (int p = 0; p < kPer; ++p) {
+      const int64_t j = lo + int64_t{t} * BN + my_row + p * kRowsPer;
+      pre[p] = t < num_tiles && j < hi ? slots[j] : -1;
+    }
+  };
   // Gathers key tile `t` (keys lo + t * BN ...) into stage `stage`.
   const auto load_tile = [&](int t, int stage) {
     bf16* ks = k_s + stage * BN * LD;
     bf16* vs = v_s + stage * BN * LD;
     const int64_t kt = lo + int64_t{t} * BN;
     if constexpr (kAsync) {
-      const int kc = kd / 8, vc = kdv / 8;  // 16-byte chunks per smem row
-      for (int idx = tid; idx < BN * (kc + vc); idx += kPrefillThreads) {
-        const bool is_k = idx < BN * kc;
-        const int rel = is_k ? idx : idx - BN * kc;
-        const int row = rel / (is_k ? kc : vc), c = rel % (is_k ? kc : vc);
+#pragma unroll
+      for (int p = 0; p < kPer; ++p) {
+        const int row = my_row + p * kRowsPer;
         const int64_t j = kt + row;
-        int64_t slot = -1;
-        if (j < hi) {
-          slot = slots[j];
-          if (slot < 0 || slot >= a.num_slots) {
-            bad_slot = true;
-            slot = -1;
-          }
+        int64_t slot = pre[p];
+        if (j < hi && (slot < 0 || slot >= a.num_slots)) bad_slot = true;
+        if (j >= hi || slot < 0 || slot >= a.num_slots) slot = -1;
+        const int d = my_c * 8;
+        if (d < kd) {
+          bf16* dst = ks + row * LD + d;
+          if (slot >= 0 && d < D) cp_async_16(dst, k_cache + (slot * a.num_kv_heads + kv_head) * D + d);
+          else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
         }
-        const int width = is_k ? D : Dv;
-        bf16* dst = (is_k ? ks : vs) + row * LD + c * 8;
-        if (slot >= 0 && c * 8 < width) {
-          const Cache* src = (is_k ? k_cache : v_cache) + (slot * a.num_kv_heads + kv_head) * width + c * 8;
-          cp_async_16(dst, src);
-        } else {
-          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        if (d < kdv) {
+          bf16* dst = vs + row * LD + d;
+          if (slot >= 0 && d < Dv) cp_async_16(dst, v_cache + (slot * a.num_kv_heads + kv_head) * Dv + d);
+          else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
         }
       }
     } else {
@@ -602,17 +803,31 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(Args a) {
   const int g = lane / 4, t4 = lane % 4;
   const int row_a = warp * 16 + g;  // local rows row_a, row_a + 8
 
-  if (num_tiles > 0) load_tile(0, 0);
-  cp_async_commit();
-  for (int t = 0; t < num_tiles; ++t) {  // uniform
-    if (t + 1 < num_tiles) load_tile(t + 1, (t + 1) & 1);
+  if constexpr (kAsync) fetch_slots(0);
+#pragma unroll
+  for (int t = 0; t < NS - 1; ++t) {
+    if (t < num_tiles) load_tile(t, t);
     cp_async_commit();
-    cp_async_wait<1>();  // tile t has landed (this thread's copies) ...
-    __syncthreads();     // ... and everyone's, and the Q tile and zero fills
-    const bf16* ks = k_s + (t & 1) * BN * LD;
-    const bf16* vs = v_s + (t & 1) * BN * LD;
+    if constexpr (kAsync) fetch_slots(t + 1);
+  }
+  for (int t = 0; t < num_tiles; ++t) {  // uniform
+    if (t + NS - 1 < num_tiles) load_tile(t + NS - 1, (t + NS - 1) % NS);
+    cp_async_commit();
+    if constexpr (kAsync) fetch_slots(t + NS);
+    cp_async_wait<NS - 1>();  // tile t has landed (this thread's copies) ...
+    __syncthreads();          // ... and everyone's, and the Q tile and zero fills
+    const bf16* ks = k_s + (t % NS) * BN * LD;
+    const bf16* vs = v_s + (t % NS) * BN * LD;
     const int64_t kt = lo + int64_t{t} * BN;
-
+    // This warp's rows sit at positions wp0 .. wp0 + 15. A tile none of
+    // whose keys they see leaves their state unchanged: skip its math. A
+    // tile all of whose keys they see needs no mask.
+    const int64_t wp0 = pos0 + warp * 16;
+    const bool warp_active =
+        kt <= wp0 + 15 && (a.sliding_window <= 0 || wp0 - (kt + BN - 1) < a.sliding_window);
+    const bool unmasked =
+        kt + BN <= hi && kt + BN - 1 <= wp0 && (a.sliding_window <= 0 || wp0 + 15 - kt < a.sliding_window);
+    if (warp_active) {
     float s[BN / 8][4];
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -635,6 +850,15 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(Args a) {
 
     // Scale, mask, and the online softmax of rows row_a (h = 0), row_a + 8 (h = 1).
     float tile_max[2] = {kNegInf, kNegInf};
+    if (unmasked) {
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] *= a.scale_log2;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
+        }
+    } else
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
@@ -691,6 +915,7 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(Args a) {
         }
       }
     }
+    }  // warp_active
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
   cp_async_wait<0>();
@@ -715,6 +940,295 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(Args a) {
         const int d = n * 8 + 2 * t4 + e;
         if (d < Dv) store_out(a, base + d, poisoned ? quiet_nan() : o[n][2 * h + e] * inv);
       }
+  }
+}
+
+// ===========================================================================
+// Decode path on the tensor cores (bf16 caches whose head dims are multiples
+// of 8, at most 128 wide): the split-KV decode kernel's grid, sequence
+// bounds, key chunks, row passes, merge and outputs, with S = Q Kᵀ and
+// O += P V on mma.sync m16n8k16. A pass is 16 rows (the mma's M: query i *
+// group + head h, as in decode_kernel; a decode step of a GQA-4 model fills
+// 4 of them). Keys come in tiles of 64 (warp w takes keys 16w .. 16w + 15),
+// gathered by slot with cp.async into kMmaDecodeStages stages of shared
+// memory (the slots a tile ahead, as in the staged decode kernel); the
+// fragments, ldmatrix addressing and online softmax are the prefill
+// kernel's (see there), each warp keeping its own state for the 16 rows over
+// its keys, merged through shared memory at the end of the pass.
+//
+// Accuracy: K and V are bf16 already; q * scale * log2 e and the
+// probabilities are split into a bf16 high part and a bf16 remainder, each
+// multiplied on the tensor cores (two mma per product, f32 accumulation), so
+// the result keeps ~16 mantissa bits: errors ~1e-5 relative, like the f32
+// CUDA-core kernel, where plain bf16 rounding would give ~1e-3.
+constexpr int kMmaDecodeRows = 16;
+constexpr int kMmaDecodeBN = 16 * kDecodeWarps;
+constexpr int kMmaDecodeStages = 3;
+
+template <int DMAX>
+struct MmaDecodeTile {
+  static constexpr int LD = DMAX + 8;  // the prefill kernel's padded row
+  static constexpr size_t kStagesBytes = sizeof(bf16) * size_t{2} * kMmaDecodeStages * kMmaDecodeBN * LD;
+  static constexpr size_t kSmemBytes = kStagesBytes + sizeof(bf16) * size_t{2} * kMmaDecodeRows * LD;
+  // The warps' merge reuses the stages.
+  static_assert(sizeof(float) * kDecodeWarps * kMmaDecodeRows * DMAX <= kStagesBytes);
+};
+
+template <int DMAX>
+__global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(Args a) {
+  using Tile = MmaDecodeTile<DMAX>;
+  constexpr int NW = kDecodeWarps, RT = kMmaDecodeRows, BN = kMmaDecodeBN, NS = kMmaDecodeStages, LD = Tile::LD;
+  constexpr float kNegInf = -INFINITY;
+  extern __shared__ __align__(128) unsigned char mma_decode_smem[];
+  bf16* k_st = reinterpret_cast<bf16*>(mma_decode_smem);  // [NS][BN][LD]
+  bf16* v_st = k_st + NS * BN * LD;                        // [NS][BN][LD]
+  bf16* q_hi = v_st + NS * BN * LD;                        // [RT][LD]
+  bf16* q_lo = q_hi + RT * LD;                             // [RT][LD]
+  float* red_o = reinterpret_cast<float*>(mma_decode_smem);  // after a pass's keys: [NW][RT][DMAX]
+  __shared__ float red_m[NW][RT], red_l[NW][RT];
+  __shared__ bool key_ok_s[NS][BN];
+
+  const int split = blockIdx.x % a.splits, row_split = blockIdx.x / a.splits;
+  const int seq = blockIdx.z, kv_head = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const SeqBounds b = seq_bounds(a, seq);
+  if (b.q_len > a.decode_max_q) return;  // the prefill kernel's (uniform over the block)
+  const int group = a.group, D = a.head_dim, Dv = a.v_head_dim;
+  const int kd = (D + 15) / 16 * 16, kdv = (Dv + 15) / 16 * 16;
+  const int64_t total_rows = b.q_len * group;
+  const bf16* k_cache = static_cast<const bf16*>(a.k_cache);
+  const bf16* v_cache = static_cast<const bf16*>(a.v_cache);
+  const int32_t* slots = a.kv_slots + (b.bad ? 0 : b.kv_begin);
+
+  for (int64_t r0 = int64_t{row_split} * RT; r0 < total_rows; r0 += int64_t{RT} * a.row_splits) {  // uniform
+    const int64_t pos_first = b.kv_len - b.q_len + r0 / group;
+    const int64_t pos_last = b.kv_len - b.q_len + min(r0 + RT - 1, total_rows - 1) / group;
+    const int64_t lo = a.sliding_window > 0 ? max(int64_t{0}, pos_first - a.sliding_window + 1) : int64_t{0};
+    const int64_t hi = b.bad ? 0 : pos_last + 1;  // keys [lo, hi)
+    const int64_t span = hi > lo ? hi - lo : 0;
+    const int64_t per_split = (span + a.splits - 1) / a.splits;
+    const int64_t c0 = lo + split * per_split, c1 = min(hi, c0 + per_split);
+
+    int64_t pos_r[2];  // positions of this lane's rows g and g + 8 (-1: no row)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = r0 + g + 8 * h;
+      pos_r[h] = r < total_rows && !b.bad ? b.kv_len - b.q_len + r / group : int64_t{-1};
+    }
+    float o[DMAX / 8][4];
+#pragma unroll
+    for (int n = 0; n < DMAX / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_row[2] = {kNegInf, kNegInf}, l_row[2] = {0.0f, 0.0f};
+    bool bad_slot = false;
+
+    // Each thread copies chunk tid % CH of rows tid / CH + p * kRowsPer.
+    constexpr int CH = DMAX / 8, kRowsPer = kDecodeThreads / CH, kPer = BN / kRowsPer;
+    static_assert(kDecodeThreads % CH == 0 && BN % kRowsPer == 0);
+    const int my_row = tid / CH, my_d = (tid % CH) * 8;
+    const int64_t tiles = c1 > c0 ? (c1 - c0 + BN - 1) / BN : 0;
+    // Slots are loaded two tiles before their copies are issued (pre[0]: the
+    // next tile to issue, pre[1]: the one after), the prologue's all at once.
+    int32_t pre[NS + 1][kPer];
+    const auto fetch_slots = [&](int64_t t, int32_t(&dst)[kPer]) {
+#pragma unroll
+      for (int p = 0; p < kPer; ++p) {
+        const int64_t j = c0 + t * BN + my_row + p * kRowsPer;
+        dst[p] = t < tiles && j < c1 ? slots[j] : -1;
+      }
+    };
+    const auto issue = [&](int64_t t, const int32_t(&src)[kPer]) {
+      if (t >= tiles) return;  // uniform
+      const int st = static_cast<int>(t % NS);
+#pragma unroll
+      for (int p = 0; p < kPer; ++p) {
+        const int row = my_row + p * kRowsPer;
+        const int64_t j = c0 + t * BN + row;
+        const int64_t slot = src[p];
+        const bool in_range = slot >= 0 && slot < a.num_slots;
+        bad_slot |= j < c1 && !in_range;
+        const bool ok = j < c1 && in_range;
+        if (my_d == 0) key_ok_s[st][row] = ok;
+        // Rows of missing keys and the columns up to the mma width are zeros
+        // (a zero value row keeps 0 * garbage out of the sums).
+        bf16* kdst = k_st + (st * BN + row) * LD + my_d;
+        bf16* vdst = v_st + (st * BN + row) * LD + my_d;
+        if (my_d < kd) {
+          if (ok && my_d < D) cp_async_16(kdst, k_cache + (slot * a.num_kv_heads + kv_head) * D + my_d);
+          else *reinterpret_cast<uint4*>(kdst) = make_uint4(0, 0, 0, 0);
+        }
+        if (my_d < kdv) {
+          if (ok && my_d < Dv) cp_async_16(vdst, v_cache + (slot * a.num_kv_heads + kv_head) * Dv + my_d);
+          else *reinterpret_cast<uint4*>(vdst) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    };
+#pragma unroll
+    for (int t = 0; t < NS + 1; ++t) fetch_slots(t, pre[t]);
+    {
+      // The pass's q * scale * log2 e as bf16 high and low parts (rows past
+      // the sequence and columns past D are 0); every load is issued before
+      // the first store (a loop of load-store pairs would wait out one
+      // memory latency per element).
+      constexpr int kQPer = RT * DMAX / kDecodeThreads;
+      float qv[kQPer];
+#pragma unroll
+      for (int k = 0; k < kQPer; ++k) {
+        const int idx = tid + k * kDecodeThreads, i = idx / DMAX, d = idx % DMAX;
+        const int64_t r = r0 + i;
+        qv[k] = r < total_rows && !b.bad && d < D
+                    ? load_q(a, ((b.q_begin + r / group) * a.num_heads + kv_head * group + r % group) * D + d)
+                    : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kQPer; ++k) {
+        const int idx = tid + k * kDecodeThreads, i = idx / DMAX, d = idx % DMAX;
+        const float v = qv[k] * a.scale_log2;
+        const bf16 h = __float2bfloat16_rn(v);
+        q_hi[i * LD + d] = h;
+        q_lo[i * LD + d] = __float2bfloat16_rn(v - __bfloat162float(h));
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < NS - 1; ++t) {
+      issue(t, pre[t]);
+      cp_async_commit();
+    }
+    for (int64_t t = 0; t < tiles; ++t) {  // uniform
+      // pre[NS - 1] holds tile t + NS - 1's slots, pre[NS] tile t + NS's.
+      issue(t + NS - 1, pre[NS - 1]);
+      cp_async_commit();
+#pragma unroll
+      for (int p = 0; p < kPer; ++p) pre[NS - 1][p] = pre[NS][p];
+      fetch_slots(t + NS + 1, pre[NS]);
+      cp_async_wait<NS - 1>();  // tile t has landed (this thread's copies) ...
+      __syncthreads();          // ... and everyone's, the zero fills, key_ok_s and the q tile
+      const int st = static_cast<int>(t % NS);
+      const bf16* ks = k_st + (st * BN + warp * 16) * LD;  // this warp's 16 keys
+      const bf16* vs = v_st + (st * BN + warp * 16) * LD;
+
+      float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+      for (int k = 0; k < DMAX / 16; ++k) {
+        if (k * 16 < kd) {
+          uint32_t qh[4], ql[4], kb[4];
+          ldmatrix_x4(qh, q_hi + ((lane % 8) + ((lane / 8) % 2) * 8) * LD + k * 16 + (lane / 16) * 8);
+          ldmatrix_x4(ql, q_lo + ((lane % 8) + ((lane / 8) % 2) * 8) * LD + k * 16 + (lane / 16) * 8);
+          ldmatrix_x4(kb, ks + ((lane % 8) + (lane / 16) * 8) * LD + k * 16 + ((lane / 8) % 2) * 8);
+          mma_bf16(s[0], qh, kb[0], kb[1]);
+          mma_bf16(s[1], qh, kb[2], kb[3]);
+          mma_bf16(s[0], ql, kb[0], kb[1]);
+          mma_bf16(s[1], ql, kb[2], kb[3]);
+        }
+      }
+      // Mask, then the online softmax of rows g (h = 0) and g + 8 (h = 1).
+      float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2, kl = warp * 16 + n * 8 + 2 * t4 + (e & 1);
+          const int64_t j = c0 + t * BN + kl;
+          const bool visible = key_ok_s[st][kl] && j <= pos_r[h] &&
+                               (a.sliding_window <= 0 || pos_r[h] - j < a.sliding_window);
+          s[n][e] = visible ? s[n][e] : kNegInf;
+          tile_max[h] = fmaxf(tile_max[h], s[n][e]);
+        }
+      float correction[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        const float m_new = fmaxf(m_row[h], tile_max[h]);
+        correction[h] = m_new == kNegInf ? 1.0f : exp2f(m_row[h] - m_new);  // m_row = -inf gives 0
+        m_row[h] = m_new;
+        l_row[h] *= correction[h];
+      }
+      uint32_t pa_hi[4], pa_lo[4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int h = e / 2;
+          const float p0 = m_row[h] == kNegInf ? 0.0f : exp2f(s[n][e] - m_row[h]);
+          const float p1 = m_row[h] == kNegInf ? 0.0f : exp2f(s[n][e + 1] - m_row[h]);
+          l_row[h] += p0 + p1;
+          const __nv_bfloat162 ph = __floats2bfloat162_rn(p0, p1);
+          pa_hi[2 * n + h] = *reinterpret_cast<const uint32_t*>(&ph);
+          pa_lo[2 * n + h] = pack_bf16(p0 - __low2float(ph), p1 - __high2float(ph));
+        }
+#pragma unroll
+      for (int n = 0; n < DMAX / 8; ++n) {
+        o[n][0] *= correction[0];
+        o[n][1] *= correction[0];
+        o[n][2] *= correction[1];
+        o[n][3] *= correction[1];
+      }
+#pragma unroll
+      for (int n = 0; n < DMAX / 16; ++n) {
+        if (n * 16 < kdv) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, vs + ((lane % 8) + ((lane / 8) % 2) * 8) * LD + n * 16 + (lane / 16) * 8);
+          mma_bf16(o[2 * n], pa_hi, vb[0], vb[1]);
+          mma_bf16(o[2 * n + 1], pa_hi, vb[2], vb[3]);
+          mma_bf16(o[2 * n], pa_lo, vb[0], vb[1]);
+          mma_bf16(o[2 * n + 1], pa_lo, vb[2], vb[3]);
+        }
+      }
+      __syncthreads();  // this stage is refilled by a later iteration's copies
+    }
+    cp_async_wait<0>();  // only empty groups remain
+    __syncthreads();     // the stages are free for red_o (also when there were no tiles)
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_row[h] += __shfl_xor_sync(0xffffffffu, l_row[h], 1);
+      l_row[h] += __shfl_xor_sync(0xffffffffu, l_row[h], 2);
+    }
+#pragma unroll
+    for (int n = 0; n < DMAX / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        red_o[(warp * RT + g + 8 * (e / 2)) * DMAX + n * 8 + 2 * t4 + (e & 1)] = o[n][e];
+    if (t4 == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        red_m[warp][g + 8 * h] = m_row[h];
+        red_l[warp][g + 8 * h] = l_row[h];
+      }
+    }
+    const bool poisoned = __syncthreads_or(bad_slot || b.bad) != 0;
+
+    // Merge the warps and write this pass's rows (as decode_kernel).
+    for (int idx = tid; idx < RT * Dv; idx += kDecodeThreads) {
+      const int i = idx / Dv, d = idx % Dv;
+      const int64_t r = r0 + i;
+      if (r >= total_rows) continue;
+      const int64_t token = b.q_begin + r / group;
+      const int head = kv_head * group + static_cast<int>(r % group);
+      if (token < 0 || token >= a.q_tokens) continue;
+      float m_all = kNegInf;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) m_all = fmaxf(m_all, red_m[w][i]);
+      float l_all = 0.0f, o_all = 0.0f;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        const float f = red_m[w][i] == kNegInf ? 0.0f : exp2f(red_m[w][i] - m_all);
+        l_all += red_l[w][i] * f;
+        o_all += red_o[(w * RT + i) * DMAX + d] * f;
+      }
+      const int64_t at = token * a.num_heads + head;
+      if (a.splits == 1) {
+        store_out(a, at * Dv + d, poisoned ? quiet_nan() : (l_all > 0.0f ? o_all / l_all : 0.0f));
+      } else {
+        const int64_t part = split * a.q_tokens * a.num_heads + at;
+        a.part_o[part * Dv + d] = poisoned ? quiet_nan() : o_all;
+        if (d == 0) {
+          a.part_ml[part * 2] = m_all;
+          a.part_ml[part * 2 + 1] = poisoned ? quiet_nan() : l_all;
+        }
+      }
+    }
+    __syncthreads();  // red_*, the q tile and the stages are rewritten by the next pass
   }
 }
 
@@ -790,25 +1304,75 @@ DecodeGeometry decode_geometry(Elem cache, const AttentionShape& s, bool vector)
   return {vec, 32, 2};
 }
 
+// The tensor-core decode kernel takes bf16 caches with head dims that are
+// multiples of 8 and at most 128 (16-byte aligned caches, which cuda_empty
+// gives, are checked at launch; an unaligned one falls back to the CUDA-core
+// kernel, correct with any row_splits).
+bool decode_uses_mma(Elem cache, const AttentionShape& s) {
+  return cache == Elem::kBF16 && s.head_dim % 8 == 0 && s.v_head_dim % 8 == 0 && s.head_dim <= 128 &&
+         s.v_head_dim <= 128;
+}
+
 int decode_rows_per_pass(const AttentionShape& s) {
   const int64_t rows = (s.q_tokens + s.num_seqs - 1) / s.num_seqs * (s.num_heads / s.num_kv_heads);
   return rows <= 4 ? 4 : 8;
 }
 
+template <typename Cache, int VEC, int LPK, int CPL, int RT, bool kStaged>
+void launch_decode_kernel(const Args& args, dim3 grid, cudaStream_t stream) {
+  if constexpr (kStaged) {
+    constexpr size_t smem = decode_staged_smem_bytes<LPK, CPL, VEC, Cache>();
+    static const cudaError_t configured = [] {
+      const auto kernel = decode_kernel<Cache, VEC, LPK, CPL, RT, true>;
+      cudaError_t status =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (status == cudaSuccess)
+        status = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+      return status;
+    }();
+    if (configured != cudaSuccess) return;  // cudaGetLastError() reports it
+    decode_kernel<Cache, VEC, LPK, CPL, RT, true><<<grid, kDecodeThreads, smem, stream>>>(args);
+  } else {
+    decode_kernel<Cache, VEC, LPK, CPL, RT, false><<<grid, kDecodeThreads, 0, stream>>>(args);
+  }
+}
+
 template <typename Cache, int VEC, int LPK, int CPL>
-void launch_decode_rt(const Args& args, int rt, dim3 grid, cudaStream_t stream) {
-  if (rt == 4) decode_kernel<Cache, VEC, LPK, CPL, 4><<<grid, kDecodeThreads, 0, stream>>>(args);
-  else decode_kernel<Cache, VEC, LPK, CPL, 8><<<grid, kDecodeThreads, 0, stream>>>(args);
+void launch_decode_rt(const Args& args, int rt, bool staged, dim3 grid, cudaStream_t stream) {
+  if constexpr (CPL == 1 && VEC * sizeof(Cache) == 16) {
+    if (staged) {
+      if (rt == 4) launch_decode_kernel<Cache, VEC, LPK, CPL, 4, true>(args, grid, stream);
+      else launch_decode_kernel<Cache, VEC, LPK, CPL, 8, true>(args, grid, stream);
+      return;
+    }
+  }
+  if (rt == 4) launch_decode_kernel<Cache, VEC, LPK, CPL, 4, false>(args, grid, stream);
+  else launch_decode_kernel<Cache, VEC, LPK, CPL, 8, false>(args, grid, stream);
 }
 
 template <typename Cache>
-void launch_decode(const Args& args, const DecodeGeometry& geo, int rt, dim3 grid, cudaStream_t stream) {
+void launch_decode(const Args& args, const DecodeGeometry& geo, int rt, bool staged, dim3 grid,
+                   cudaStream_t stream) {
   constexpr int V = 16 / sizeof(Cache);
-  if (geo.vec == 1) launch_decode_rt<Cache, 1, 32, 8>(args, rt, grid, stream);
-  else if (geo.lpk == 8) launch_decode_rt<Cache, V, 8, 1>(args, rt, grid, stream);
-  else if (geo.lpk == 16) launch_decode_rt<Cache, V, 16, 1>(args, rt, grid, stream);
-  else if (geo.cpl == 1) launch_decode_rt<Cache, V, 32, 1>(args, rt, grid, stream);
-  else if constexpr (V == 4) launch_decode_rt<Cache, V, 32, 2>(args, rt, grid, stream);  // f32 rows over 128
+  if (geo.vec == 1) launch_decode_rt<Cache, 1, 32, 8>(args, rt, false, grid, stream);
+  else if (geo.lpk == 8) launch_decode_rt<Cache, V, 8, 1>(args, rt, staged, grid, stream);
+  else if (geo.lpk == 16) launch_decode_rt<Cache, V, 16, 1>(args, rt, staged, grid, stream);
+  else if (geo.cpl == 1) launch_decode_rt<Cache, V, 32, 1>(args, rt, staged, grid, stream);
+  else if constexpr (V == 4) launch_decode_rt<Cache, V, 32, 2>(args, rt, false, grid, stream);  // f32 rows over 128
+}
+
+template <int DMAX>
+void launch_decode_mma(const Args& args, dim3 grid, cudaStream_t stream) {
+  constexpr size_t smem = MmaDecodeTile<DMAX>::kSmemBytes;
+  static const cudaError_t configured = [] {
+    cudaError_t status = cudaFuncSetAttribute(decode_mma_kernel<DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem));
+    if (status == cudaSuccess)
+      status = cudaFuncSetAttribute(decode_mma_kernel<DMAX>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+    return status;
+  }();
+  if (configured != cudaSuccess) return;  // cudaGetLastError() reports it
+  decode_mma_kernel<DMAX><<<grid, kDecodeThreads, smem, stream>>>(args);
 }
 
 template <int DMAX, typename Cache, bool kAsync>
@@ -846,9 +1410,9 @@ cudaError_t store_kv(Elem act, Elem cache, const void* k, const void* v, const i
   return cudaGetLastError();
 }
 
-int attention_decode_row_splits(const AttentionShape& s) {
+int attention_decode_row_splits(Elem cache, const AttentionShape& s) {
   if (s.num_seqs <= 0) return 1;
-  const int rt = decode_rows_per_pass(s);
+  const int rt = decode_uses_mma(cache, s) ? kMmaDecodeRows : decode_rows_per_pass(s);
   const int64_t rows = (s.q_tokens + s.num_seqs - 1) / s.num_seqs * (s.num_heads / s.num_kv_heads);
   const int64_t passes = (rows + rt - 1) / rt;
   return static_cast<int>(passes < 1 ? 1 : passes > 1024 ? 1024 : passes);
@@ -858,18 +1422,19 @@ int attention_decode_splits(Elem cache, const AttentionShape& s) {
   if (s.num_seqs <= 0) return 1;
   // Blocks of one key split; a wave is what the chip holds at once (the
   // decode kernel's occupancy for this geometry).
-  const int64_t base = int64_t{s.num_seqs} * s.num_kv_heads * attention_decode_row_splits(s);
+  const int64_t base = int64_t{s.num_seqs} * s.num_kv_heads * attention_decode_row_splits(cache, s);
   const int sms = sm_count();
-  // Resident 128-thread blocks per SM (ptxas -v: ~150 registers with 4 rows
-  // per pass, ~240 with 8).
-  const int per_sm = decode_rows_per_pass(s) == 4 ? 3 : 2;
+  // Resident 128-thread blocks per SM: the tensor-core kernel's shared
+  // memory allows 2; the CUDA-core kernels' registers (ptxas -v: ~170 with 4
+  // rows per pass, ~250 with 8) 3 or 2.
+  const int per_sm = decode_uses_mma(cache, s) || decode_rows_per_pass(s) != 4 ? 2 : 3;
   const int64_t wave = int64_t{sms} * per_sm;
-  // Each split should keep at least ~128 keys of the average sequence.
+  // Each split should keep at least ~64 keys (two staged tiles at head dim
+  // 128) of the average sequence.
   const int64_t avg_keys = s.kv_slots_len / s.num_seqs;
-  int64_t max_splits = avg_keys / 128;
+  int64_t max_splits = avg_keys / 64;
   if (max_splits > kAttentionMaxSplits) max_splits = kAttentionMaxSplits;
   if (max_splits < 1) max_splits = 1;
-  (void)cache;
   // Time ~ waves / splits (each block does 1 / splits of a sequence's keys);
   // take the fewest splits within 5% of the best.
   double best = 1e30;
@@ -948,11 +1513,21 @@ cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, con
     }
     const DecodeGeometry geo = decode_geometry(cache, shape, aligned && decode_vector_ok(cache, shape));
     const int rt = decode_rows_per_pass(shape);
-    args.row_splits = attention_decode_row_splits(shape);
-    const dim3 grid(static_cast<unsigned>(args.splits * args.row_splits), static_cast<unsigned>(shape.num_seqs),
-                    static_cast<unsigned>(shape.num_kv_heads));
-    if (cache == Elem::kF32) launch_decode<float>(args, geo, rt, grid, stream);
-    else launch_decode<bf16>(args, geo, rt, grid, stream);
+    args.row_splits = attention_decode_row_splits(cache, shape);
+    // Kv heads in y, sequences in z: the blocks of one sequence's kv heads run
+    // together, so its slots come from DRAM once and its rows' head segments
+    // are read close in time.
+    const dim3 grid(static_cast<unsigned>(args.splits * args.row_splits), static_cast<unsigned>(shape.num_kv_heads),
+                    static_cast<unsigned>(shape.num_seqs));
+    const bool staged = geo.vec > 1 && geo.cpl == 1;
+    if (decode_uses_mma(cache, shape) && aligned && !launch.decode_cuda_cores) {
+      if (widest <= 64) launch_decode_mma<64>(args, grid, stream);
+      else launch_decode_mma<128>(args, grid, stream);
+    } else if (cache == Elem::kF32) {
+      launch_decode<float>(args, geo, rt, staged, grid, stream);
+    } else {
+      launch_decode<bf16>(args, geo, rt, staged, grid, stream);
+    }
     if (args.splits > 1) {
       const cudaError_t status = cudaGetLastError();
       if (status != cudaSuccess) return status;

@@ -51,8 +51,9 @@ struct AttentionShape {
 // f32 values.
 int attention_decode_splits(Elem cache, const AttentionShape& shape);
 // How many blocks share a sequence's passes of query rows (1 for decode
-// batches; up to 1024 when sequences average many rows), from sizes only.
-int attention_decode_row_splits(const AttentionShape& shape);
+// batches; up to 1024 when sequences average many rows), from sizes and the
+// cache type only (the tensor-core decode kernel's passes are 16 rows).
+int attention_decode_row_splits(Elem cache, const AttentionShape& shape);
 int64_t attention_decode_scratch_floats(const AttentionShape& shape, int splits);
 // The prefill grid's tile count (a bound from sizes; surplus blocks exit).
 int64_t attention_prefill_tiles(const AttentionShape& shape, int64_t decode_max_q);
@@ -66,6 +67,9 @@ struct AttentionLaunch {
   // when only the decode kernel runs (it takes every sequence).
   int64_t decode_max_q = 0;
   int splits = 1;                   // attention_decode_splits(...) or a forced count
+  // Decode on the CUDA-core kernels even where the tensor-core one applies
+  // (bf16 caches, head dims multiples of 8 up to 128): benchmarks compare.
+  bool decode_cuda_cores = false;
   float* decode_scratch = nullptr;  // attention_decode_scratch_floats(...) f32 (null when splits is 1)
   int32_t* tile_starts = nullptr;   // prefill: num_seqs + 1 i32 of scratch
 };
