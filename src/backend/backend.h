@@ -216,6 +216,8 @@ class Backend {
     (void)ops;
     return nullptr;
   }
+  // Whether record() records (false: it returns null).
+  virtual bool can_record() const { return false; }
 
   // out[t, :] = table[ids[t], :] as f32. ids i32 [T]; table [V, H].
   virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;

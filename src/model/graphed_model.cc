@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "core/error.h"
@@ -21,7 +22,7 @@ int padded_size(int64_t t, int max_batch) {
 class GraphedModel final : public Model {
  public:
   GraphedModel(std::unique_ptr<Model> model, Backend& backend, const GraphOptions& options)
-      : model_(std::move(model)), backend_(backend), options_(options) {
+      : model_(std::move(model)), backend_(backend), options_(options), unsupported_(!backend.can_record()) {
     BASALT_CHECK(options_.max_batch >= 1 && options_.max_batch <= 4096,
                  "graphed model: max_batch {} out of [1, 4096]", options_.max_batch);
     BASALT_CHECK(options_.kv_capacity >= 0, "graphed model: kv_capacity {} < 0", options_.kv_capacity);
@@ -45,22 +46,13 @@ class GraphedModel final : public Model {
     stage(batch, size);
     auto it = graphs_.find(size);
     if (it == graphs_.end()) {
-      // A direct run first: it loads kernels and makes the backend's plans
-      // outside the recording, and its KV writes are the ones the replay
-      // repeats.
-      ForwardBatch padded = device_batch(size);
-      Tensor out = logits_.rows(0, size);
-      model_->forward(padded, kv, out);
-      std::unique_ptr<RecordedOps> graph = backend_.record([&] { model_->forward(padded, kv, out); });
-      if (graph == nullptr) {  // the backend cannot record: stay direct
-        unsupported_ = true;
+      if (!record_size(size, kv)) {  // the backend cannot record: stay direct
         ++stats_.direct;
         Tensor first = logits_.rows(0, t);
         backend_.copy(first, logits);
         return;
       }
-      ++stats_.recordings;
-      it = graphs_.emplace(size, std::move(graph)).first;
+      it = graphs_.find(size);
     }
     it->second->replay();
     ++stats_.replays;
@@ -68,9 +60,50 @@ class GraphedModel final : public Model {
     backend_.copy(first, logits);
   }
 
+  // Records every size up to max_batch now, each on a batch of padding
+  // rows only (one query, no keys, no KV written), so that serving never
+  // pauses to record.
+  void prepare(KvBuffers& kv) override {
+    if (unsupported_) return;
+    bind(kv);
+    std::set<int> sizes;
+    for (int64_t t = 1; t <= options_.max_batch; ++t) sizes.insert(padded_size(t, options_.max_batch));
+    for (const int size : sizes) {
+      if (graphs_.count(size) != 0) continue;
+      ForwardBatch empty;
+      empty.token_ids = Tensor::empty({0}, DType::kI32);
+      empty.positions = empty.out_slots = empty.logit_rows = empty.attention.kv_slots = empty.token_ids;
+      empty.attention.q_start = empty.attention.kv_start = Tensor::from_i32({1}, std::vector<int32_t>{0});
+      stage(empty, size);
+      if (!record_size(size, kv)) return;
+    }
+  }
+
   GraphStats stats() const { return stats_; }
 
  private:
+  // Records the graph of `size` on the staged inputs. A direct run comes
+  // first: it loads kernels and makes the backend's plans outside the
+  // recording, and its KV writes are the ones the replay repeats. False
+  // when the backend cannot record.
+  bool record_size(int size, KvBuffers& kv) {
+    ForwardBatch padded = device_batch(size);
+    Tensor out = logits_.rows(0, size);
+    model_->forward(padded, kv, out);
+    // The ops are enqueued once, here; the tensors are captured by value (as
+    // handles) for a backend whose replay re-runs them.
+    KvBuffers* storage = &kv;
+    std::unique_ptr<RecordedOps> graph =
+        backend_.record([this, padded, out, storage]() mutable { model_->forward(padded, *storage, out); });
+    if (graph == nullptr) {
+      unsupported_ = true;
+      return false;
+    }
+    ++stats_.recordings;
+    graphs_.emplace(size, std::move(graph));
+    return true;
+  }
+
   // Offsets of the static input arrays (i32 elements) in inputs_.
   int64_t off_ids() const { return 0; }
   int64_t off_positions() const { return options_.max_batch; }
@@ -81,7 +114,7 @@ class GraphedModel final : public Model {
   int64_t off_kv_slots() const { return 6 * int64_t{options_.max_batch} + 2; }
 
   bool recordable(const ForwardBatch& batch, KvBuffers& kv) {
-    if (unsupported_ || backend_.device() == Device::kCpu) return false;
+    if (unsupported_) return false;
     const int64_t t = batch.num_tokens();
     if (t < 1 || t > options_.max_batch) return false;
     const Tensor* host[] = {&batch.token_ids, &batch.positions, &batch.out_slots, &batch.logit_rows,
@@ -161,7 +194,7 @@ class GraphedModel final : public Model {
   std::unique_ptr<Model> model_;
   Backend& backend_;
   GraphOptions options_;
-  bool unsupported_ = false;
+  bool unsupported_;  // the backend cannot record: every batch runs directly
   const void* kv_key_ = nullptr;
   int64_t kv_slots_ = 0;
   int64_t capacity_ = 0;

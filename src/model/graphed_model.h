@@ -19,11 +19,14 @@
 //    result is what the wrapped model computes for the padded batch, which
 //    for a backend that is not batch invariant may differ in rounding from
 //    the unpadded batch.
-//  * Graphs are recorded lazily, the first time a size is needed (after one
-//    direct forward of that batch, which loads kernels and plans outside the
-//    recording), against the KvBuffers passed; a forward with other
-//    KvBuffers drops every graph and records again. On a backend that cannot
-//    record (the CPU's) every batch runs directly.
+//  * prepare(kv) (the engine calls it before its first step) records every
+//    size up to max_batch on batches of padding rows only; a size still
+//    missing is recorded the first time a batch needs it. Each recording
+//    follows one direct forward of its batch (which loads kernels and plans
+//    outside the recording) and is bound to the KvBuffers passed: a forward
+//    with other KvBuffers (other memory) drops every graph and records
+//    again. On a backend that cannot record (Backend::can_record false: the
+//    CPU's) every batch runs directly and prepare() does nothing.
 //  * Memory kept: the static inputs (7 i32 arrays sized by max_batch, plus
 //    kv_capacity slots), logits [max_batch, vocab] f32, and the scratch of
 //    the recordings (shared by all of them).

@@ -41,6 +41,10 @@ class Model {
   virtual size_t kv_bytes_per_slot(DType dtype) const = 0;
   // logits: f32 [batch.logit_rows.numel(), vocab_size], allocated by the caller.
   virtual void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits) = 0;
+  // Called by a serving engine once its KV storage exists, before its first
+  // step: a model may do one-time work against that storage here (a
+  // GraphedModel records its decode graphs). The default does nothing.
+  virtual void prepare(KvBuffers& kv) { (void)kv; }
   // A human-readable account of what was loaded (parameters, dtypes, experts),
   // printed on start; empty when the model has nothing to add.
   virtual std::string summary() const { return {}; }

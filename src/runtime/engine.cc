@@ -548,6 +548,9 @@ Scheduler::Scheduler(Model& model, Backend& backend, const Tokenizer* tokenizer,
                options_.step_token_budget);
   BASALT_CHECK(options_.max_running >= 1, "max_running must be >= 1, got {}", options_.max_running);
   BASALT_CHECK(options_.output_reserve >= 0, "output_reserve must be >= 0");
+  // Before the first step: a model that records work (CUDA graphs) does it
+  // now, against this KV storage, rather than in the middle of serving.
+  model.prepare(kv_);
   m_.kv_capacity = pool_.capacity();
   snapshot_ = m_;
 }

@@ -29,7 +29,7 @@
 
 namespace basalt {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   explicit CpuBackend(ThreadPool* pool = &ThreadPool::global()) : pool_(pool) {}
 

@@ -76,6 +76,7 @@ class CudaBackend final : public Backend {
     return weights == DType::kBF16 ? DType::kBF16 : DType::kF32;
   }
   std::unique_ptr<RecordedOps> record(const std::function<void()>& ops) override;
+  bool can_record() const override { return true; }
 
   // Op profiling for benchmarks: while on, every op is bracketed by two CUDA
   // events on the stream (which serialises nothing, but costs launches, so

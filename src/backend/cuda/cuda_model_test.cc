@@ -154,10 +154,16 @@ TEST(CudaGraphs, ReplayedDecodeStepsMatchDirectOnes) {
       o.overlap = which == 1;  // the graphs are recorded and replayed on the executor thread
       o.check_invariants = true;
       Engine engine(which == 0 ? *direct : *graphed, gpu, nullptr, o);
+      // prepare() has recorded sizes 1, 2, 4, 8, 16, 24 and 32 (unless this
+      // engine's KV storage reuses the previous one's memory, when the
+      // graphs recorded for that still hold); serving records nothing more.
+      const int64_t recorded = graph_stats(*graphed).recordings;
+      if (which == 1) EXPECT_TRUE(recorded == 7 || recorded == 14) << recorded;
       std::vector<RequestHandle> handles;
       for (const EngineRequest& q : requests) handles.push_back(engine.submit(q));
       for (RequestHandle& h : handles) outputs[which].push_back(collect(*h));
       EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+      EXPECT_EQ(graph_stats(*graphed).recordings, recorded);
     }
     int same = 0;
     for (int r = 0; r < count; ++r) {
@@ -172,7 +178,6 @@ TEST(CudaGraphs, ReplayedDecodeStepsMatchDirectOnes) {
   }
   const GraphStats stats = graph_stats(*graphed);
   EXPECT_GT(stats.replays, 20);
-  EXPECT_GE(stats.recordings, 2);
   EXPECT_GT(stats.direct, 0);  // the prefills
   EXPECT_EQ(graph_stats(*direct).replays, 0);
 }
