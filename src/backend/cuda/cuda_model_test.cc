@@ -158,7 +158,9 @@ TEST(CudaGraphs, ReplayedDecodeStepsMatchDirectOnes) {
       // engine's KV storage reuses the previous one's memory, when the
       // graphs recorded for that still hold); serving records nothing more.
       const int64_t recorded = graph_stats(*graphed).recordings;
-      if (which == 1) EXPECT_TRUE(recorded == 7 || recorded == 14) << recorded;
+      if (which == 1) {
+        EXPECT_TRUE(recorded == 7 || recorded == 14) << recorded;
+      }
       std::vector<RequestHandle> handles;
       for (const EngineRequest& q : requests) handles.push_back(engine.submit(q));
       for (RequestHandle& h : handles) outputs[which].push_back(collect(*h));
