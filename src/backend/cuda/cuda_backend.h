@@ -10,11 +10,15 @@
 //    f32, as on the CPU backend, so the same model code runs on both; the
 //    activations that only feed linear layers are bf16 under bf16 weights
 //    (activation_dtype), f32 otherwise. Weights keep their checkpoint dtype
-//    (f32, bf16 or f16). linear() of up to 16 rows (decode) runs the
-//    tensor-core GEMV that streams the weights once (skinny_linear); larger
-//    ones run cuBLASLt, after rounding the activations to the weight's dtype
-//    where they differ; f32 accumulation and result either way (so results
-//    match the CPU backend within bf16 rounding, not bit for bit).
+//    (f32, bf16 or f16). linear() of decode sizes (up to 8 rows; up to 16
+//    on layers under 16384 outputs) runs the GEMVs that stream the weights
+//    once (skinny_linear, gemv_kernels.h); larger ones run cuBLASLt, after
+//    rounding the activations to the weight's dtype where they differ; f32
+//    accumulation and result either way (so results match the CPU backend
+//    within bf16 rounding, not bit for bit).
+//  * qkv_rope_store is one kernel (norms, rope, q out, K/V into the cache).
+//    The row-wise kernels and the GEMVs are programmatic dependent launches
+//    (element_types.cuh): each may start while the kernel before it ends.
 //  * record() captures the ops into a CUDA graph (relaxed capture mode; the
 //    ops' allocations come from the graph pool of device.h) and replays it
 //    on the backend's stream.
@@ -32,7 +36,8 @@
 //  * The DeepSeek ops (block-FP8 linear, MoE, MLA) are not on the GPU yet:
 //    they throw basalt::Error naming the op, so a DeepSeek model fails at its
 //    first step with a clear message.
-//  * Not batch invariant: cuBLASLt picks its algorithm by M.
+//  * Not batch invariant: cuBLASLt picks its algorithm by M, the GEMVs their
+//    scheme by row count and attention its split count by shapes.
 #pragma once
 
 #include <cuda_runtime_api.h>
