@@ -303,7 +303,8 @@ class Backend {
   // The MLA cache write: for each token t, row = kv_a[t] = [latent (L) | k_pe (R)];
   // cache[slots[t]] = [rms_norm(latent) * norm_weight | rope(k_pe at positions[t])].
   // kv_a f32 [T, L + R]; norm_weight [L]; cache f32 or bf16 [S, L + R]. rope
-  // uses num_heads 1, head_dim = rotary_dim = R and rotary_offset 0.
+  // uses num_heads 1, head_dim = rotary_dim = R and rotary_offset 0. A token
+  // whose slot is negative (padding) is skipped, as in store_kv.
   virtual void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,
                             const Tensor& positions, const RopeParams& rope, const Tensor& slots,
                             Tensor& cache) = 0;
@@ -312,7 +313,10 @@ class Backend {
   // (per head Dn key rows then Dv value rows). Per head h, the query
   // [q_nope · W_uk(h) | q_pe] attends (causally, as in `attention`) over the
   // cached rows as one shared key head; the values are the rows' latent part;
-  // the result goes out through W_uv(h). out f32 [T, heads * Dv].
+  // the result goes out through W_uv(h). out f32 [T, heads * Dv]. The layout
+  // is read as `attention` reads it: query rows at negative positions
+  // (padding sequences) give zero rows, and kv_slots entries past
+  // kv_start[num_seqs] are ignored.
   virtual void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
                              const AttentionLayout& layout, const MlaParams& params,
                              Tensor& out) = 0;

@@ -51,7 +51,7 @@ void check_layout(const AttentionLayout& layout, int64_t tokens, const char* op)
   const int32_t* q_start = layout.q_start.data<const int32_t>();
   const int32_t* kv_start = layout.kv_start.data<const int32_t>();
   BASALT_CHECK(q_start[0] == 0 && q_start[seqs] == tokens && kv_start[0] == 0 &&
-                   kv_start[seqs] == layout.kv_slots.dim(0),
+                   kv_start[seqs] <= layout.kv_slots.dim(0),
                "reference {}: layout does not cover q and kv_slots", op);
 }
 
@@ -216,8 +216,8 @@ void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps, cons
   Tensor row = Tensor::empty({1, L + R}, DType::kF32);
   for (int64_t t = 0; t < T; ++t) {
     const int32_t slot = slots.data<const int32_t>()[t];
-    BASALT_CHECK(slot >= 0 && slot < cache.dim(0), "reference mla_store_kv: slot {} outside [0, {})",
-                 slot, cache.dim(0));
+    if (slot < 0) continue;  // padding
+    BASALT_CHECK(slot < cache.dim(0), "reference mla_store_kv: slot {} outside [0, {})", slot, cache.dim(0));
     const float* a = kv_a.data<const float>() + t * (L + R);
     double ss = 0.0;
     for (int64_t i = 0; i < L; ++i) ss += static_cast<double>(a[i]) * a[i];
@@ -275,10 +275,10 @@ void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_
   need_shape(out, {T, heads * Dv}, "mla_attention", "out");
   check_layout(layout, T, "mla_attention");
   // The expanded form over every slot the layout names, then plain attention.
-  const int64_t S = layout.kv_slots.dim(0);
+  const int64_t S = layout.kv_start.data<const int32_t>()[layout.kv_start.dim(0) - 1];
   Tensor k = Tensor::empty({S, heads * (Dn + R)}, DType::kF32);
   Tensor v = Tensor::empty({S, heads * Dv}, DType::kF32);
-  mla_expand_kv(cache, layout.kv_slots, kv_b, p, k, v);
+  mla_expand_kv(cache, layout.kv_slots.rows(0, S), kv_b, p, k, v);
   std::vector<int32_t> iota(static_cast<size_t>(S));
   std::iota(iota.begin(), iota.end(), 0);
   AttentionLayout dense{layout.q_start, layout.kv_start, Tensor::from_i32({S}, iota)};

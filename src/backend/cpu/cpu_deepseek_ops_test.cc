@@ -278,6 +278,57 @@ TEST(CpuDeepseekOps, MlaAbsorbedAttentionWithUnevenHeadGroups) {
   }
 }
 
+// The padding a recorded (CUDA graph) batch carries: sequences of one query
+// and no keys, whose rows come out zero, more kv_slots than the layout uses,
+// and tokens with slot -1, which store nothing. The real rows are unchanged
+// (bit for bit on the CPU, which is batch invariant).
+TEST(CpuDeepseekOps, MlaPaddingRowsAreZeroAndChangeNothingElse) {
+  TestRng rng;
+  CpuBackend backend;
+  ReferenceBackend ref_backend;
+  MlaCase c = make_mla_case(rng, backend, DType::kBF16, true, 32);
+  const int64_t width = c.q.dim(1), heads = 4, Dv = 12;
+  Tensor plain = poisoned({4, heads * Dv});
+  backend.mla_attention(c.q, c.cache, c.kv_b, c.layout, c.p, plain);
+
+  // Two padding sequences after the real ones, and junk slots at the end.
+  Tensor q = Tensor::empty({6, width}, DType::kF32);
+  std::copy_n(c.q.data<const float>(), 4 * width, q.data<float>());
+  const Tensor extra = random_tensor(rng, {2, width}, DType::kF32);
+  std::copy_n(extra.data<const float>(), 2 * width, q.data<float>() + 4 * width);
+  std::vector<int32_t> slots(c.layout.kv_slots.data<const int32_t>(),
+                             c.layout.kv_slots.data<const int32_t>() + c.layout.kv_slots.numel());
+  slots.push_back(123456);  // past kv_start[num_seqs]: never read
+  const AttentionLayout padded{i32_tensor({0, 3, 4, 5, 6}), i32_tensor({0, 9, 14, 14, 14}), i32_tensor(slots)};
+  for (Backend* b : {static_cast<Backend*>(&backend), static_cast<Backend*>(&ref_backend)}) {
+    Tensor out = poisoned({6, heads * Dv});
+    b->mla_attention(q, c.cache, c.kv_b, padded, c.p, out);
+    EXPECT_EQ(count_nan(out), 0) << b->name();
+    for (int64_t i = 4 * heads * Dv; i < 6 * heads * Dv; ++i) ASSERT_EQ(out.data<float>()[i], 0.0f) << b->name();
+    const Tensor real = out.rows(0, 4);
+    if (b == &backend) {
+      EXPECT_TRUE(testing::bytes_equal(testing::clone(real), plain));
+    } else {
+      EXPECT_LT(relative_error(testing::clone(real), plain), 2e-5);
+    }
+  }
+
+  // mla_store_kv with slot -1 writes nothing; the other token lands as usual.
+  const int64_t L = 32, R = 8;
+  const Tensor kv_a = random_tensor(rng, {2, L + R}, DType::kF32);
+  const Tensor norm = random_tensor(rng, {L}, DType::kBF16, 0.2f);
+  std::vector<float> inv(static_cast<size_t>(R / 2));
+  for (int64_t i = 0; i < R / 2; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / R);
+  const Tensor inv_freq = Tensor::from_f32({R / 2}, inv);
+  const RopeParams rope{1, static_cast<int>(R), static_cast<int>(R), RopeStyle::kInterleaved, &inv_freq, 1.0f};
+  for (Backend* b : {static_cast<Backend*>(&backend), static_cast<Backend*>(&ref_backend)}) {
+    Tensor cache = testing::clone(c.cache), alone = testing::clone(c.cache);
+    b->mla_store_kv(kv_a, norm, 1e-6f, i32_tensor({3, 4}), rope, i32_tensor({-1, 7}), cache);
+    b->mla_store_kv(kv_a.rows(1, 1), norm, 1e-6f, i32_tensor({4}), rope, i32_tensor({7}), alone);
+    EXPECT_TRUE(testing::bytes_equal(cache, alone)) << b->name();
+  }
+}
+
 TEST(CpuDeepseekOps, MlaRejectsBadArguments) {
   TestRng rng;
   CpuBackend backend;

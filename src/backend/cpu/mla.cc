@@ -94,14 +94,14 @@ void CpuBackend::mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, flo
   expect_shape(slots, "mla_store_kv", "slots", {T});
   const int32_t* slot = slots.data<const int32_t>();
   for (int64_t t = 0; t < T; ++t)
-    BASALT_CHECK(slot[t] >= 0 && slot[t] < cache.dim(0),
-                 "mla_store_kv: slots[{}] = {} is outside the cache's {} slots", t, slot[t],
-                 cache.dim(0));
+    BASALT_CHECK(slot[t] < cache.dim(0), "mla_store_kv: slots[{}] = {} is outside the cache's {} slots", t,
+                 slot[t], cache.dim(0));
   LinearWeight norm{norm_weight.reshape({1, L}), Tensor()};
   pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
     std::vector<float> row(static_cast<size_t>(L + R)), w(static_cast<size_t>(L));
     cpu::weight_row_f32(norm, 0, w.data());
     for (int64_t t = t0; t < t1; ++t) {
+      if (slot[t] < 0) continue;  // padding: nothing stored
       const float* a = kv_a.data<const float>() + t * (L + R);
       double ss = 0.0;
       for (int64_t i = 0; i < L; ++i) ss += static_cast<double>(a[i]) * a[i];
@@ -188,14 +188,15 @@ void CpuBackend::mla_attention(const Tensor& q, const Tensor& cache, const Linea
   const int32_t* kv_start = layout.kv_start.data<const int32_t>();
   const int32_t* kv_slots = layout.kv_slots.data<const int32_t>();
   BASALT_CHECK(q_start[0] == 0 && q_start[seqs] == T && kv_start[0] == 0 &&
-                   kv_start[seqs] == layout.kv_slots.dim(0),
+                   kv_start[seqs] <= layout.kv_slots.dim(0),
                "mla_attention: the layout does not cover q and kv_slots");
-  // Row -> (sequence, position) and slot checks up front.
+  // Row -> (sequence, position) and slot checks up front. A query row at a
+  // negative position (more queries than keys: padding) gets a zero row.
   std::vector<int64_t> row_seq(static_cast<size_t>(T)), row_pos(static_cast<size_t>(T));
   for (int64_t s = 0; s < seqs; ++s) {
     const int64_t q_len = q_start[s + 1] - q_start[s], kv_len = kv_start[s + 1] - kv_start[s];
-    BASALT_CHECK(q_len >= 0 && q_len <= kv_len,
-                 "mla_attention: sequence {} has {} queries and {} keys", s, q_len, kv_len);
+    BASALT_CHECK(q_len >= 0 && kv_len >= 0, "mla_attention: sequence {} has {} queries and {} keys", s, q_len,
+                 kv_len);
     for (int64_t j = kv_start[s]; j < kv_start[s + 1]; ++j)
       BASALT_CHECK(kv_slots[j] >= 0 && kv_slots[j] < cache.dim(0),
                    "mla_attention: slot {} is outside the cache's {} slots", kv_slots[j],
@@ -217,6 +218,10 @@ void CpuBackend::mla_attention(const Tensor& q, const Tensor& cache, const Linea
       const int64_t t = w / groups, h0 = (w % groups) * group;
       const int64_t hn = std::min(group, heads - h0);
       const int64_t s = row_seq[t], n = row_pos[t] + 1;
+      if (n <= 0) {  // before the sequence's first key: nothing to attend to
+        std::fill_n(out.data<float>() + (t * heads + h0) * Dv, hn * Dv, 0.0f);
+        continue;
+      }
       const int32_t* slots = kv_slots + kv_start[s];
       // Queries in the latent space: [q_nope · W_uk(h) | q_pe] per head.
       std::fill(qlat.begin(), qlat.end(), 0.0f);
