@@ -138,10 +138,13 @@ class GraphedModel final : public Model {
   // Allocates the static buffers on first use and drops the graphs when the
   // KV storage changes (they point at it).
   void bind(KvBuffers& kv) {
-    const void* key = kv.k.empty() ? nullptr : kv.k[0].raw();
+    // The graphs point at every layer's K and V memory: any change drops them.
+    std::vector<const void*> key;
+    for (const std::vector<Tensor>* side : {&kv.k, &kv.v})
+      for (const Tensor& t : *side) key.push_back(t.raw());
     if (inputs_.raw() != nullptr && key == kv_key_ && kv.num_slots == kv_slots_) return;
     graphs_.clear();
-    kv_key_ = key;
+    kv_key_ = std::move(key);
     kv_slots_ = kv.num_slots;
     capacity_ = options_.kv_capacity > 0 ? options_.kv_capacity : std::max<int64_t>(2 * kv.num_slots, 1);
     const int64_t n = off_kv_slots() + capacity_;
@@ -195,7 +198,7 @@ class GraphedModel final : public Model {
   Backend& backend_;
   GraphOptions options_;
   bool unsupported_;  // the backend cannot record: every batch runs directly
-  const void* kv_key_ = nullptr;
+  std::vector<const void*> kv_key_;  // the K and V memory the graphs were recorded on
   int64_t kv_slots_ = 0;
   int64_t capacity_ = 0;
   Tensor inputs_, staging_, logits_;
