@@ -24,9 +24,10 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
 
 size_t kv_budget_bytes(const std::string& device, double fraction) {
 #ifdef BASALT_HAVE_CUDA
-  if (device == "cuda") return static_cast<size_t>(static_cast<double>(cuda_free_memory()) * fraction);
+  if (device == "cuda")
+    return static_cast<size_t>(static_cast<double>(cuda_free_memory()) * (fraction > 0 ? fraction : 0.8));
 #endif
-  return KvPool::host_memory_budget(fraction);
+  return KvPool::host_memory_budget(fraction > 0 ? fraction : 0.1);
 }
 
 DType kv_cache_dtype(const std::string& choice, const Backend& backend) {

@@ -13,6 +13,9 @@ namespace basalt {
 std::unique_ptr<Backend> make_backend(const std::string& device);
 // The KV pool's memory budget on that device: `fraction` of host memory for
 // the CPU, of the memory still free for the GPU (call after loading weights).
+// A fraction <= 0 picks the device's default: 0.1 of host memory on the CPU
+// (shared with everything else on the machine), 0.8 of the free GPU memory
+// (the GPU serves this one model; vLLM's default takes 0.9 of all of it).
 size_t kv_budget_bytes(const std::string& device, double fraction);
 // The KV cache dtype for --kv-cache-dtype: "auto" is bf16 on a GPU (the
 // precision its attention multiplies in, half the memory and traffic) and

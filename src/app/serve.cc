@@ -45,7 +45,7 @@ struct ServeFlags {
   std::string tls_key;
   int max_running = 64;
   int max_queue = 1024;
-  double kv_fraction = 0.1;
+  double kv_fraction = -1;  // unset: the device's default (kv_budget_bytes)
   int64_t kv_slots = 0;
   int64_t max_model_len = 0;
   int64_t step_token_budget = 512;
@@ -91,7 +91,8 @@ void run_serve(const ServeFlags& f) {
   BASALT_CHECK(f.port >= 0 && f.port <= 65535, "--port {} is not a TCP port", f.port);
   BASALT_CHECK(f.max_running >= 1, "--max-running must be >= 1");
   BASALT_CHECK(f.max_queue >= 0, "--max-queue must be >= 0");
-  BASALT_CHECK(f.kv_fraction > 0 && f.kv_fraction <= 1, "--kv-cache-fraction must be in (0, 1]");
+  BASALT_CHECK(f.kv_fraction == -1 || (f.kv_fraction > 0 && f.kv_fraction <= 1),
+               "--kv-cache-fraction must be in (0, 1]");
   BASALT_CHECK(f.page_size >= 1 && f.page_size <= 4096, "--page-size must be in [1, 4096]");
   BASALT_CHECK(f.io_threads >= 1 && f.io_threads <= 64, "--io-threads must be in [1, 64]");
   BASALT_CHECK(f.policy == "lpm" || f.policy == "fcfs", "--schedule-policy must be lpm or fcfs");
@@ -209,8 +210,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-queue", f.max_queue,
                   "Requests allowed to wait beyond --max-running; more get 429 (default 1024)");
   cmd->add_option("--kv-cache-fraction", f.kv_fraction,
-                  "Fraction of memory for the KV pool: of host memory on the CPU, of the GPU memory left after the "
-                  "weights with --device cuda (default 0.1)");
+                  "Fraction of memory for the KV pool: of host memory on the CPU (default 0.1), of the GPU memory "
+                  "left after the weights with --device cuda (default 0.8)");
   cmd->add_option("--kv-slots", f.kv_slots, "KV pool size in tokens, overriding --kv-cache-fraction (default 0: unset)");
   cmd->add_option("--max-model-len", f.max_model_len,
                   "Context length limit, at most the model's (default 0: the model's)");
