@@ -35,7 +35,7 @@ class BlockCache {
   }
 
   // pool 0 is the general cache; pool 1 holds the blocks of recorded graphs
-  // (see cuda_graph_pool_scope in device.h) and never lends to pool 0.
+  // (see CudaGraphPoolScope in device.h) and never lends to pool 0.
   void* take(size_t bytes, int pool) {
     {
       std::lock_guard<std::mutex> lock(mu_);
