@@ -9,6 +9,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/sampling.h"
 #include "core/error.h"
 
@@ -301,8 +302,10 @@ namespace {
 void CudaBackend::linear_fp8_block(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
   not_yet("linear_fp8_block");
 }
-void CudaBackend::moe_route(const Tensor&, const Tensor*, const MoeRouteParams&, Tensor&, Tensor&) {
-  not_yet("moe_route");
+void CudaBackend::moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
+                            Tensor& weights) {
+  const OpScope scope(*this, "moe_route", bytes_of({&logits, bias, &ids, &weights}));
+  cuda_moe_route(logits, bias, params, ids, weights, stream_);
 }
 void CudaBackend::moe_experts(const Tensor&, const Tensor&, const Tensor&, std::span<const MoeExpert>, Tensor&) {
   not_yet("moe_experts");

@@ -33,9 +33,12 @@
 //    where u * Z' (or top_p * Z, or a weight against min_p) falls within
 //    about 1e-8 relative of a boundary; greedy rows always agree. softmax,
 //    log_softmax and argmax run on the device.
-//  * The DeepSeek ops (block-FP8 linear, MoE, MLA) are not on the GPU yet:
-//    they throw basalt::Error naming the op, so a DeepSeek model fails at its
-//    first step with a clear message.
+//  * DeepSeek: moe_route runs on the device (moe.h: the CPU backend's ids,
+//    but for near-ties within an f32 ulp of a selection boundary, and its
+//    weights to about 1e-7 relative). The other DeepSeek ops (block-FP8
+//    linear, moe_experts, MLA) are not on the GPU yet: they throw
+//    basalt::Error naming the op, so a DeepSeek model fails at its first
+//    step with a clear message.
 //  * Not batch invariant: cuBLASLt picks its algorithm by M, the GEMVs their
 //    scheme by row count and attention its split count by shapes.
 #pragma once
