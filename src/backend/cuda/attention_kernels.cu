@@ -5,6 +5,7 @@
 #include <cmath>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 
 namespace basalt::cuda_kernels {
 namespace {
@@ -66,6 +67,9 @@ struct Args {
   // prefix of its tile count), tile_start[num_seqs] = the total; written by
   // plan_kernel on the device.
   int32_t* tile_start;
+  // Decode with splits > 1: one counter per (sequence, kv head, row split),
+  // zero between calls (merge_splits_if_last).
+  unsigned int* split_counters;
 };
 
 __device__ __forceinline__ float load_q(const Args& a, int64_t i) {
@@ -94,6 +98,65 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Args& a, int s) {
   b.kv_len = kv_end - b.kv_begin;
   b.bad = b.q_begin < 0 || q_end > a.q_tokens || b.kv_begin < 0 || kv_end < b.kv_begin || kv_end > a.kv_slots_len;
   return b;
+}
+
+// The split-KV merge, done by the decode kernels themselves (no second
+// kernel): every block of a unit (sequence, kv head, row split) writes its
+// partials, then counts itself in split_counters[unit]; the last block to
+// arrive merges the unit's rows over all splits, in split order (so the bits
+// do not depend on which block came last), and puts the counter back to 0 for
+// the next call. The other blocks' partials are read through L2 (__ldcg),
+// after the fences of the classic last-block reduction. A row with no visible
+// key gets zeros; a NaN partial (bad slot) poisons its row.
+template <int RT>
+__device__ void merge_splits_if_last(const Args& a, const SeqBounds& b, int seq, int kv_head, int row_split,
+                                     int64_t total_rows) {
+  __shared__ bool is_last;
+  __threadfence();  // this thread's partials are visible device-wide ...
+  __syncthreads();  // ... and every thread's, before the block counts itself
+  if (threadIdx.x == 0) {
+    unsigned int* counter =
+        a.split_counters + (int64_t{seq} * a.num_kv_heads + kv_head) * a.row_splits + row_split;
+    is_last = atomicAdd(counter, 1u) == static_cast<unsigned int>(a.splits - 1);
+    if (is_last) *counter = 0u;  // every other block of the unit has counted
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  const int group = a.group, Dv = a.v_head_dim, S = a.splits;
+  const int64_t split_stride = a.q_tokens * a.num_heads;  // rows of one split's partials
+  for (int64_t r0 = int64_t{row_split} * RT; r0 < total_rows; r0 += int64_t{RT} * a.row_splits) {
+    const int pass_rows = static_cast<int>(min(int64_t{RT}, total_rows - r0));
+    for (int idx = threadIdx.x; idx < pass_rows * Dv; idx += blockDim.x) {
+      const int i = idx / Dv, d = idx % Dv;
+      const int64_t r = r0 + i;
+      const int64_t token = b.q_begin + r / group;
+      if (token < 0 || token >= a.q_tokens) continue;
+      const int64_t at = token * a.num_heads + kv_head * group + r % group;
+      float m_all = -INFINITY;
+      for (int sp = 0; sp < S; ++sp) m_all = fmaxf(m_all, __ldcg(a.part_ml + (sp * split_stride + at) * 2));
+      float l_all = 0.0f, o_all = 0.0f;
+      for (int s0 = 0; s0 < S; s0 += 8) {
+        float m[8], l[8], o[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int64_t part = (s0 + u) * split_stride + at;
+          const bool in = s0 + u < S;
+          m[u] = in ? __ldcg(a.part_ml + part * 2) : -INFINITY;
+          l[u] = in ? __ldcg(a.part_ml + part * 2 + 1) : 0.0f;
+          o[u] = in ? __ldcg(a.part_o + part * Dv + d) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const float f = m[u] == -INFINITY ? 0.0f : exp2f(m[u] - m_all);
+          l_all += l[u] * f;  // a NaN sum (bad slot) poisons the row
+          o_all = fmaf(f, o[u], o_all);
+        }
+      }
+      const float inv = l_all > 0.0f ? 1.0f / l_all : (l_all == 0.0f ? 0.0f : quiet_nan());
+      store_out(a, at * Dv + d, o_all * inv);
+    }
+  }
 }
 
 // ===========================================================================
@@ -525,22 +588,25 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
     }
     __syncthreads();  // red_* are rewritten by the next pass
   }
+  if (a.splits > 1 && a.split_counters != nullptr) merge_splits_if_last<RT>(a, b, seq, kv_head, row_split, total_rows);
 }
 
-// Merges the splits' partials of one query row: grid (q_tokens,
-// ceil(num_heads / kCombineHeads)), one warp per head for the weights, then
-// all threads over (head, feature). A row that no sequence covers is NaN.
-constexpr int kCombineHeads = 8;
+// Merges the splits' partials of one query row and head: grid (q_tokens,
+// num_heads), kCombineThreads threads, a programmatic dependent of the decode
+// kernel. Warp 0 turns the splits' (max, sum) pairs into weights; then each
+// thread sums the splits' partial outputs of its features, the loads of eight
+// splits issued together (the partials are in L2: a loop of dependent loads
+// would wait out one latency per split). A row that no sequence covers is NaN.
 constexpr int kCombineThreads = 128;
 
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(Args a) {
-  __shared__ float weight[kCombineHeads][kAttentionMaxSplits];
+  __shared__ float weight[kAttentionMaxSplits];
   const int64_t row = blockIdx.x;
-  const int head0 = blockIdx.y * kCombineHeads;
-  const int heads = min(kCombineHeads, a.num_heads - head0);
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int head = static_cast<int>(blockIdx.y);
+  const int tid = threadIdx.x;
   const int S = a.splits, Dv = a.v_head_dim;
-  // The row's sequence: the last s with q_start[s] <= row.
+  // The row's sequence: the last s with q_start[s] <= row (the layout went up
+  // before the step's first kernel, so it is read before the wait).
   int lo = 0, hi = a.num_seqs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -549,32 +615,43 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(Args a)
   }
   const bool covered = a.q_start[lo] <= row && row < a.q_start[lo + 1];
   if (covered && int64_t{a.q_start[lo + 1]} - a.q_start[lo] > a.decode_max_q) return;  // written by prefill
-  for (int h = warp; h < heads; h += kCombineThreads / 32) {
-    const int64_t at = row * a.num_heads + head0 + h;
+  wait_for_producer();  // the partials are the decode kernel's
+  let_consumer_start();
+  const int64_t at = row * a.num_heads + head;
+  const int64_t split_stride = a.q_tokens * a.num_heads;  // rows of one split's partials
+  if (tid < 32) {
+    const int lane = tid;
     float m_all = -INFINITY;
-    for (int s = lane; s < S; s += 32) m_all = fmaxf(m_all, a.part_ml[(s * a.q_tokens * a.num_heads + at) * 2]);
+    for (int s = lane; s < S; s += 32) m_all = fmaxf(m_all, a.part_ml[(s * split_stride + at) * 2]);
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, o));
     float l_all = 0.0f;
     for (int s = lane; s < S; s += 32) {
-      const float* ml = a.part_ml + (s * a.q_tokens * a.num_heads + at) * 2;
+      const float* ml = a.part_ml + (s * split_stride + at) * 2;
       const float f = ml[0] == -INFINITY ? 0.0f : exp2f(ml[0] - m_all);
-      weight[h][s] = f;
+      weight[s] = f;
       l_all += ml[1] * f;  // a NaN sum (bad slot) poisons the row
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) l_all += __shfl_xor_sync(0xffffffffu, l_all, o);
     // No visible key at all (a query at a negative position): zeros.
     const float inv = !covered ? quiet_nan() : (l_all > 0.0f ? 1.0f / l_all : (l_all == 0.0f ? 0.0f : quiet_nan()));
-    __syncwarp();
-    for (int s = lane; s < S; s += 32) weight[h][s] *= inv;
+    for (int s = lane; s < S; s += 32) weight[s] *= inv;
   }
   __syncthreads();
-  for (int idx = tid; idx < heads * Dv; idx += kCombineThreads) {
-    const int h = idx / Dv, d = idx % Dv;
-    const int64_t at = row * a.num_heads + head0 + h;
+  const float* part = a.part_o + at * Dv;
+  const int64_t part_stride = split_stride * Dv;
+  for (int d = tid; d < Dv; d += kCombineThreads) {
     float o = 0.0f;
-    for (int s = 0; s < S; ++s) o = fmaf(weight[h][s], a.part_o[(s * a.q_tokens * a.num_heads + at) * Dv + d], o);
+    int s = 0;
+    for (; s + 8 <= S; s += 8) {
+      float v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = part[(s + u) * part_stride + d];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) o = fmaf(weight[s + u], v[u], o);
+    }
+    for (; s < S; ++s) o = fmaf(weight[s], part[s * part_stride + d], o);
     // weight 0 times a NaN partial (bad slot in a chunk) must still poison.
     if (!covered) o = quiet_nan();
     store_out(a, at * Dv + d, o);
@@ -1064,6 +1141,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(Args a) {
     };
 #pragma unroll
     for (int t = 0; t < NS + 1; ++t) fetch_slots(t, pre[t]);
+    // Launched as a programmatic dependent: the layout (bounds, slots) went
+    // up before the step's first kernel, but q and the new tokens' keys are
+    // the previous kernel's. The kernel after this one (the combine, or the
+    // output projection streaming its weights) may start now.
+    wait_for_producer();
     {
       // The pass's q * scale * log2 e as bf16 high and low parts (rows past
       // the sequence and columns past D are 0); every load is issued before
@@ -1198,11 +1280,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(Args a) {
     }
     const bool poisoned = __syncthreads_or(bad_slot || b.bad) != 0;
 
-    // Merge the warps and write this pass's rows (as decode_kernel).
-    for (int idx = tid; idx < RT * Dv; idx += kDecodeThreads) {
+    // Merge the warps and write this pass's rows (as decode_kernel); a
+    // decode pass of a small GQA group has fewer real rows than RT.
+    const int pass_rows = static_cast<int>(min(int64_t{RT}, total_rows - r0));
+    for (int idx = tid; idx < pass_rows * Dv; idx += kDecodeThreads) {
       const int i = idx / Dv, d = idx % Dv;
       const int64_t r = r0 + i;
-      if (r >= total_rows) continue;
       const int64_t token = b.q_begin + r / group;
       const int head = kv_head * group + static_cast<int>(r % group);
       if (token < 0 || token >= a.q_tokens) continue;
@@ -1230,6 +1313,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(Args a) {
     }
     __syncthreads();  // red_*, the q tile and the stages are rewritten by the next pass
   }
+  if (a.splits > 1 && a.split_counters != nullptr) merge_splits_if_last<RT>(a, b, seq, kv_head, row_split, total_rows);
+  // Only now may the next kernel launch: letting it start earlier (before the
+  // wait above) was measured slower at batch 8 (its blocks, and those of the
+  // kernels it lets start in turn, crowd this kernel's).
+  let_consumer_start();
 }
 
 // The prefill plan: tile_start[s] = the number of prefill tiles of the
@@ -1372,7 +1460,7 @@ void launch_decode_mma(const Args& args, dim3 grid, cudaStream_t stream) {
     return status;
   }();
   if (configured != cudaSuccess) return;  // cudaGetLastError() reports it
-  decode_mma_kernel<DMAX><<<grid, kDecodeThreads, smem, stream>>>(args);
+  launch_dependent_smem(decode_mma_kernel<DMAX>, grid, dim3(kDecodeThreads), smem, stream, args);
 }
 
 template <int DMAX, typename Cache, bool kAsync>
@@ -1489,6 +1577,8 @@ cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, con
   args.out_bf16 = out_type == Elem::kBF16;
   args.decode_max_q = launch.prefill ? launch.decode_max_q : INT64_MAX;
   args.tile_start = launch.tile_starts;
+  static const bool fused = [] { const char* e = getenv("BASALT_ATTN_FUSED"); return e ? atoi(e) != 0 : true; }();  // EXPERIMENT
+  args.split_counters = fused ? launch.split_counters : nullptr;
   const int widest = shape.head_dim > shape.v_head_dim ? shape.head_dim : shape.v_head_dim;
   const bool aligned = reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
 
@@ -1528,12 +1618,11 @@ cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, con
     } else {
       launch_decode<bf16>(args, geo, rt, staged, grid, stream);
     }
-    if (args.splits > 1) {
+    if (args.splits > 1 && args.split_counters == nullptr) {
       const cudaError_t status = cudaGetLastError();
       if (status != cudaSuccess) return status;
-      const dim3 cgrid(static_cast<unsigned>(shape.q_tokens),
-                       static_cast<unsigned>((shape.num_heads + kCombineHeads - 1) / kCombineHeads));
-      decode_combine_kernel<<<cgrid, kCombineThreads, 0, stream>>>(args);
+      const dim3 cgrid(static_cast<unsigned>(shape.q_tokens), static_cast<unsigned>(shape.num_heads));
+      launch_dependent(decode_combine_kernel, cgrid, dim3(kCombineThreads), stream, args);
     }
   }
   return cudaGetLastError();

@@ -43,13 +43,15 @@ __device__ __forceinline__ void let_consumer_start() { asm volatile("griddepcont
 // Launches `kernel` with the programmatic-serialization attribute (see
 // above): the kernel must call wait_for_producer() before it touches memory
 // an earlier kernel writes.
+// launch_dependent_smem also gives the block `smem` bytes of dynamic shared
+// memory.
 template <typename... Params, typename... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), dim3 blocks, dim3 threads, cudaStream_t stream,
-                             Args... args) {
+cudaError_t launch_dependent_smem(void (*kernel)(Params...), dim3 blocks, dim3 threads, size_t smem,
+                                  cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = blocks;
   config.blockDim = threads;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -57,6 +59,12 @@ cudaError_t launch_dependent(void (*kernel)(Params...), dim3 blocks, dim3 thread
   config.attrs = attribute;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 blocks, dim3 threads, cudaStream_t stream,
+                             Args... args) {
+  return launch_dependent_smem(kernel, blocks, threads, 0, stream, args...);
 }
 
 }  // namespace basalt::cuda_kernels
