@@ -272,15 +272,30 @@ cudaError_t launch_stream(const uint8_t* q, const float* act_scales, const uint8
 // The warps of a block split K while it has at least 16 column blocks (2
 // per warp); below that they take more weight rows instead, so that every
 // warp keeps a couple of column blocks in flight.
-template <typename O, int MT, int DEPTH>
-cudaError_t launch_stream_vec(const uint8_t* q, const float* act_scales, const uint8_t* w, const float* w_scales,
-                              O* out, int64_t rows, int64_t n_out, int64_t cols, cudaStream_t stream) {
-  const int64_t col_blocks = (cols + kFp8Group - 1) / kFp8Group;
-  if (col_blocks >= 16)
-    return launch_stream<O, MT, 8, 1, DEPTH, true>(q, act_scales, w, w_scales, out, rows, n_out, cols, stream);
-  if (col_blocks >= 8)
-    return launch_stream<O, MT, 4, 2, DEPTH, true>(q, act_scales, w, w_scales, out, rows, n_out, cols, stream);
-  return launch_stream<O, MT, 2, 4, DEPTH, true>(q, act_scales, w, w_scales, out, rows, n_out, cols, stream);
+//
+// Pipeline depth (variant 0), from the H200 measurements of
+// bench/cuda_fp8_gemm_bench.cc (both depths at DeepGEMM's six shapes, M = 1
+// to 128): with one token tile (<= 8 tokens) 2 blocks in flight win wherever
+// the grid fills the GPU more than once (4096x7168 M=1: 12.7 against 16.7 us;
+// 7168x16384: 40.9 against 53.2), 4 where it does not (2112x7168, 132
+// blocks: 8.9 against 10.4 us); with two tiles 4 win wherever a warp owns
+// 3 or more column blocks (7168x16384 M=16: 74 against 88 us; M=128: 416
+// against 523) and 2 where it owns 2 (32768x512 M=128: 94 against 102).
+constexpr int64_t kShallowGridBlocks = 160;
+
+template <typename O, int MT, int SPLIT, int TILES>
+cudaError_t launch_stream_depth(const uint8_t* q, const float* act_scales, const uint8_t* w, const float* w_scales,
+                                O* out, int64_t rows, int64_t n_out, int64_t cols, int variant, cudaStream_t stream) {
+  if (variant == 0) {
+    const int64_t col_blocks = (cols + kFp8Group - 1) / kFp8Group;
+    const int64_t per_warp = (col_blocks + SPLIT - 1) / SPLIT;
+    const int64_t blocks =
+        (n_out + TILES * kTileRows - 1) / (TILES * kTileRows) * ((rows + 8 * MT - 1) / (8 * MT));
+    variant = (MT == 1 ? blocks <= kShallowGridBlocks : per_warp >= 3) ? 2 : 1;
+  }
+  if (variant == 2)
+    return launch_stream<O, MT, SPLIT, TILES, 4, true>(q, act_scales, w, w_scales, out, rows, n_out, cols, stream);
+  return launch_stream<O, MT, SPLIT, TILES, 2, true>(q, act_scales, w, w_scales, out, rows, n_out, cols, stream);
 }
 
 template <typename O, int MT>
@@ -288,8 +303,12 @@ cudaError_t launch_stream_mt(const uint8_t* q, const float* act_scales, const ui
                              O* out, int64_t rows, int64_t n_out, int64_t cols, bool vec, int variant,
                              cudaStream_t stream) {
   if (!vec) return launch_stream<O, MT, 4, 2, 1, false>(q, act_scales, w, w_scales, out, rows, n_out, cols, stream);
-  if (variant == 2) return launch_stream_vec<O, MT, 4>(q, act_scales, w, w_scales, out, rows, n_out, cols, stream);
-  return launch_stream_vec<O, MT, 2>(q, act_scales, w, w_scales, out, rows, n_out, cols, stream);
+  const int64_t col_blocks = (cols + kFp8Group - 1) / kFp8Group;
+  if (col_blocks >= 16)
+    return launch_stream_depth<O, MT, 8, 1>(q, act_scales, w, w_scales, out, rows, n_out, cols, variant, stream);
+  if (col_blocks >= 8)
+    return launch_stream_depth<O, MT, 4, 2>(q, act_scales, w, w_scales, out, rows, n_out, cols, variant, stream);
+  return launch_stream_depth<O, MT, 2, 4>(q, act_scales, w, w_scales, out, rows, n_out, cols, variant, stream);
 }
 
 template <typename O>

@@ -27,7 +27,9 @@
 //    loads. Weights stream once per 16 tokens (one pass for decode). A
 //    programmatic dependent launch: weights are requested before waiting for
 //    the kernels before it. `variant` forces a pipeline depth (benchmarks):
-//    0 default, 1: 2 blocks of 128 columns in flight per warp, 2: 4.
+//    1: 2 blocks of 128 columns in flight per warp, 2: 4; 0 picks by shape
+//    (fp8_kernels.cu says how, from measurements). Every depth computes the
+//    same sums in the same order.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -35,6 +35,7 @@ struct CudaFp8Linear::Impl {
   // or `takes` false where cuBLASLt has none.
   struct Plan {
     bool takes = false;
+    cublasStatus_t status = CUBLAS_STATUS_SUCCESS;  // why not, where it does not take
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
@@ -76,6 +77,13 @@ struct CudaFp8Linear::Impl {
                    CUBLAS_STATUS_SUCCESS;
     ok = ok && cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode) ==
                    CUBLAS_STATUS_SUCCESS;
+    // The heuristic checks the scale pointers too (a null one fails every
+    // shape): a 256-byte aligned stand-in until each call sets the real ones.
+    const void* stand_in = workspace.raw();
+    ok = ok && cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &stand_in,
+                                              sizeof stand_in) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &stand_in,
+                                              sizeof stand_in) == CUBLAS_STATUS_SUCCESS;
     ok = ok && cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, K, N, K) == CUBLAS_STATUS_SUCCESS;
     ok = ok && cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, K, T, K) == CUBLAS_STATUS_SUCCESS;
     ok = ok && cublasLtMatrixLayoutCreate(&p.d, out_type, N, T, N) == CUBLAS_STATUS_SUCCESS;
@@ -87,14 +95,18 @@ struct CudaFp8Linear::Impl {
                                                       sizeof ws) == CUBLAS_STATUS_SUCCESS;
       cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
-      ok = ok && cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found) ==
-                     CUBLAS_STATUS_SUCCESS;
-      ok = ok && found > 0;
+      if (ok) {
+        p.status = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+        ok = p.status == CUBLAS_STATUS_SUCCESS && found > 0;
+        if (p.status == CUBLAS_STATUS_SUCCESS && found == 0) p.status = CUBLAS_STATUS_NOT_SUPPORTED;
+      }
       if (pref) cublasLtMatmulPreferenceDestroy(pref);
       if (ok) p.algo = result.algo;
     }
+    const cublasStatus_t status = p.status;
     if (!ok) release(p);
     p.takes = ok;
+    p.status = ok ? CUBLAS_STATUS_SUCCESS : (status == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : status);
     return plans.emplace(key, p).first->second;
   }
 };
@@ -139,13 +151,22 @@ void CudaFp8Linear::linear(const Tensor& x, const Tensor& w, const Tensor& scale
     BASALT_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.nbytes(), stream));
     return;
   }
+  // kFp8StreamingMaxRows = 16 (fp8_linear.h): on the H200 our kernel's time
+  // at 16 tokens is 1.2-1.7x its time at 4 (bench/cuda_fp8_gemm_bench.cc),
+  // while cuBLASLt's barely grows with M; that run could not time cuBLASLt
+  // (its heuristic declined every shape while the scale pointers were unset,
+  // fixed since), and earlier cuBLASLt figures on the same H200 (M = 4,
+  // ../shared PERF-ANCHORS) beat ours on 2 of the 6 DeepGEMM shapes: the
+  // crossover lies between 4 and 16 tokens; re-measure both side by side.
   const bool cublas = path == Fp8LinearPath::kCublas ||
                       (path == Fp8LinearPath::kAuto && T > kFp8StreamingMaxRows &&
                        cublas_takes(T, N, K, out.dtype(), w.raw(), out.raw()));
   if (path == Fp8LinearPath::kCublas) {
-    BASALT_CHECK(cublas_takes(T, N, K, out.dtype(), w.raw(), out.raw()),
-                 "cuda linear_fp8_block: cuBLASLt does not take x {} · w {}ᵀ into {}", x.describe(), w.describe(),
-                 out.describe());
+    const bool takes = cublas_takes(T, N, K, out.dtype(), w.raw(), out.raw());
+    const auto it = impl_->plans.find(std::make_tuple(static_cast<int>(out.dtype()), T, N, K));
+    BASALT_CHECK(takes, "cuda linear_fp8_block: cuBLASLt does not take x {} · w {}ᵀ into {} ({})", x.describe(),
+                 w.describe(), out.describe(),
+                 it == impl_->plans.end() ? "shape or alignment" : cublasLtGetStatusString(it->second.status));
   }
 
   Tensor q = cuda_empty({T, K}, DType::kF8E4M3);

@@ -53,8 +53,9 @@ namespace basalt {
 enum class Fp8LinearPath { kAuto, kStreaming, kCublas };
 
 // Up to this many tokens kAuto streams the weights with our kernel; above
-// it, cuBLASLt. Measured on the H200 (bench/cuda_fp8_gemm_bench.cc,
-// bench/README.md): see the comment at its use in fp8_linear.cc.
+// it, cuBLASLt where it takes the shape (bench/cuda_fp8_gemm_bench.cc and
+// the comment at its use in fp8_linear.cc say why 16, and what is left to
+// measure).
 inline constexpr int64_t kFp8StreamingMaxRows = 16;
 
 class CudaFp8Linear {
