@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/elementwise.h"
+#include "backend/cuda/fp8_linear.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/sampling.h"
@@ -115,6 +116,7 @@ CudaBackend::CudaBackend() {
   // tools and tests) stays ordered with it, so cached blocks are safe to reuse.
   BASALT_CUDA_CHECK(cudaStreamCreate(&stream_));
   blas_ = std::make_unique<CublasLt>();
+  fp8_ = std::make_unique<CudaFp8Linear>();
 }
 
 CudaBackend::~CudaBackend() {
@@ -299,8 +301,11 @@ namespace {
 
 }  // namespace
 
-void CudaBackend::linear_fp8_block(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
-  not_yet("linear_fp8_block");
+void CudaBackend::linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv, Tensor& out) {
+  const OpScope scope(*this, fmt::format("linear_fp8_block {}x{}", w.dim(0), w.rank() == 2 ? w.dim(1) : 0),
+                      bytes_of({&x, &w, &scale_inv, &out}),
+                      2.0 * static_cast<double>(x.dim(0)) * static_cast<double>(w.numel()));
+  fp8_->linear(x, w, scale_inv, out, stream_);
 }
 void CudaBackend::moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
                             Tensor& weights) {

@@ -35,8 +35,13 @@
 //    log_softmax and argmax run on the device.
 //  * DeepSeek: moe_route runs on the device (moe.h: the CPU backend's ids,
 //    but for near-ties within an f32 ulp of a selection boundary, and its
-//    weights to about 1e-7 relative). The other DeepSeek ops (block-FP8
-//    linear, moe_experts, MLA) are not on the GPU yet: they throw
+//    weights to about 1e-7 relative). linear_fp8_block quantizes the
+//    activations per token in 1x128 groups, as DeepSeek-V3's inference
+//    does, and multiplies in FP8 (fp8_linear.h: our weight-streaming kernel
+//    for decode, cuBLASLt's block-scaled FP8 for prefill); it matches the
+//    CPU backend (unquantized activations) within that quantization, not to
+//    f32 rounding. The other DeepSeek ops (moe_experts, MLA) are not on the
+//    GPU yet: they throw
 //    basalt::Error naming the op, so a DeepSeek model fails at its first
 //    step with a clear message.
 //  * Not batch invariant: cuBLASLt picks its algorithm by M, the GEMVs their
@@ -54,6 +59,7 @@
 namespace basalt {
 
 class CublasLt;
+class CudaFp8Linear;
 
 // GPU time of one kind of op while profiling was on (CudaBackend::profile).
 struct OpTime {
@@ -133,6 +139,7 @@ class CudaBackend final : public Backend {
   friend class OpScope;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CublasLt> blas_;
+  std::unique_ptr<CudaFp8Linear> fp8_;
   std::unique_ptr<Profiler> profiler_;  // null while profiling is off
 };
 

@@ -2,21 +2,35 @@
 // rule (fp8.h) with the project's own e4m3 conversion (core/dtype.h): q and
 // scales must be equal bit for bit, and the dequantized values within half
 // an e4m3 ulp of x. f32 and bf16 inputs, partial last groups, all-zero
-// groups and rows of very large and very small magnitude. Skips where no
-// device is present.
+// groups and rows of very large and very small magnitude.
+//
+// The block-FP8 linear (fp8_linear.h), each path forced (the streaming
+// kernel at both pipeline depths, cuBLASLt where it takes the shape) and
+// automatic through CudaBackend, against (1) a host reference that quantizes
+// the activations by the same rule, to f32 rounding, and (2) the CPU
+// backend's linear_fp8_block (unquantized activations), within the bound
+// the activation quantization gives. Odd token counts, partial weight
+// blocks in N and K, N not a multiple of 4, K not a multiple of 16, f32 and
+// bf16 in and out, and a record + replay. Skips where no device is present.
 #include "backend/cuda/fp8.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/backend_test_util.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/fp8_linear.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -148,6 +162,233 @@ TEST(CudaFp8, QuantizeGroupsRejectsBadShapesAndPlacement) {
   const Tensor got_q = cuda_to_host(q), got_scales = cuda_to_host(scales);
   for (int64_t i = 0; i < 400; ++i) EXPECT_EQ(static_cast<const uint8_t*>(got_q.raw())[i], 0);
   for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(got_scales.data<const float>()[i], 1.0f);
+}
+
+
+// --- Block-FP8 linear --------------------------------------------------------
+
+struct Fp8Weight {
+  Tensor w;          // host f8_e4m3 [N, K]
+  Tensor scale_inv;  // host f32 [ceil(N/128), ceil(K/128)]
+};
+
+// Random e4m3 weights (normal, spread 1, rounded to e4m3) and block scales
+// between 2^-9 and 2^-6, as checkpoints have them.
+Fp8Weight random_fp8_weight(TestRng& rng, int64_t n, int64_t k) {
+  const int64_t nb = (n + kFp8BlockSize - 1) / kFp8BlockSize, kb = (k + kFp8BlockSize - 1) / kFp8BlockSize;
+  Fp8Weight out{testing::random_tensor(rng, {n, k}, DType::kF8E4M3), Tensor::empty({nb, kb}, DType::kF32)};
+  for (int64_t i = 0; i < nb * kb; ++i) out.scale_inv.data<float>()[i] = std::ldexp(rng.uniform(1.0f, 2.0f), -9 + static_cast<int>(rng.integer(0, 2)));
+  return out;
+}
+
+// Per output element: the value the GPU must reproduce with quantized
+// activations (`quantized`), the CPU backend's operand scale sum_k |x| |w|
+// (`magnitude`), and the bound on what quantizing x may change (`bound`).
+struct LinearReference {
+  std::vector<double> quantized, magnitude, bound;
+};
+
+LinearReference linear_reference(const Tensor& x_f32, const Fp8Weight& w) {
+  const int64_t T = x_f32.dim(0), K = x_f32.dim(1), N = w.w.dim(0);
+  const int64_t kb = (K + kFp8BlockSize - 1) / kFp8BlockSize;
+  const HostQuantized q = quantize_reference(x_f32);
+  const float* x = x_f32.data<const float>();
+  const uint8_t* wq = w.w.data<const uint8_t>();
+  const float* ws = w.scale_inv.data<const float>();
+  std::vector<float> wf(static_cast<size_t>(N * K)), qf(static_cast<size_t>(T * K));
+  for (int64_t i = 0; i < N * K; ++i) wf[static_cast<size_t>(i)] = fp8e4m3_to_f32(wq[i]);
+  for (int64_t i = 0; i < T * K; ++i) qf[static_cast<size_t>(i)] = fp8e4m3_to_f32(q.q[static_cast<size_t>(i)]);
+  LinearReference ref;
+  ref.quantized.assign(static_cast<size_t>(T * N), 0.0);
+  ref.magnitude.assign(static_cast<size_t>(T * N), 0.0);
+  ref.bound.assign(static_cast<size_t>(T * N), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double total = 0, magnitude = 0, bound = 0;
+      for (int64_t b = 0; b < kb; ++b) {
+        const double act_scale = q.scales[static_cast<size_t>(t * kb + b)];
+        const double w_scale = ws[(n / kFp8BlockSize) * kb + b];
+        double block = 0, block_magnitude = 0, block_bound = 0;
+        for (int64_t k = b * kFp8BlockSize; k < std::min(K, (b + 1) * kFp8BlockSize); ++k) {
+          const double wv = wf[static_cast<size_t>(n * K + k)], xv = x[t * K + k];
+          block += static_cast<double>(qf[static_cast<size_t>(t * K + k)]) * wv;
+          block_magnitude += std::fabs(xv * wv);
+          // Half an e4m3 ulp of x / scale, back in x's units (fp8.h).
+          block_bound += std::max(std::fabs(xv) * 0x1p-4, act_scale * 0x1p-10) * std::fabs(wv);
+        }
+        total += block * act_scale * w_scale;
+        magnitude += block_magnitude * w_scale;
+        bound += block_bound * w_scale;
+      }
+      ref.quantized[static_cast<size_t>(t * N + n)] = total;
+      ref.magnitude[static_cast<size_t>(t * N + n)] = magnitude;
+      ref.bound[static_cast<size_t>(t * N + n)] = bound;
+    }
+  return ref;
+}
+
+// Counts (and reports the first few) elements of `got` farther than
+// tolerance(i) from want(i); keeps in *worst the largest |got - want| /
+// norm(i) seen.
+int64_t count_far(const Tensor& got_host, const std::function<double(int64_t)>& want,
+                  const std::function<double(int64_t)>& tolerance, const std::function<double(int64_t)>& norm,
+                  double* worst, const std::string& what) {
+  const Tensor got = got_host.to_f32();
+  int64_t far = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.data<const float>()[i], w = want(i), tol = tolerance(i);
+    if (norm(i) > 0) *worst = std::max(*worst, std::fabs(g - w) / norm(i));
+    if (!(std::fabs(g - w) <= tol) && ++far <= 5)
+      ADD_FAILURE() << what << " element " << i << ": got " << g << ", want " << w << " (tolerance " << tol << ")";
+  }
+  return far;
+}
+
+// The FP8 tensor cores of Hopper keep about 14 bits while they accumulate
+// (DeepSeek-V3 report, 3.3.2; hence the f32 promotion every 128 columns that
+// both paths do): a block's sum may be off by a few 2^-14 of its operand
+// scale sum |q| |w|. 3e-4 (~2^-11.7) of the row's sum_k |x| |w| covers that
+// with room; a wrong scale, layout or column pairing is off by O(1).
+constexpr double kAccumulation = 3e-4;
+
+TEST(CudaFp8, LinearMatchesReferencesOnEveryPath) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaFp8Linear fp8;
+  CudaBackend backend;
+  CpuBackend cpu;
+  // N x K: partial blocks in both with K not a multiple of 16 (no vector
+  // loads; cuBLASLt declines); N not a multiple of 4; K blocks not a multiple
+  // of 4 (cuBLASLt gets padded weight scales); a partial K block that is a
+  // multiple of 16; whole blocks.
+  const std::pair<int64_t, int64_t> shapes[] = {{300, 520}, {258, 384}, {256, 640}, {200, 336}, {512, 1024}};
+  const int64_t token_counts[] = {1, 2, 3, 7, 16, 17, 64, 129};
+  int64_t cublas_runs = 0;
+  std::map<std::string, std::pair<double, double>> worst;  // path -> (vs quantized, vs CPU) / magnitude
+  for (auto [N, K] : shapes) {
+    const Fp8Weight w = random_fp8_weight(rng, N, K);
+    const Tensor w_dev = cuda_to_device(w.w), s_dev = cuda_to_device(w.scale_inv);
+    std::string cublas_took;
+    for (int64_t T : token_counts)
+      for (DType x_dtype : {DType::kF32, DType::kBF16}) {
+        const Tensor x = testing::random_tensor(rng, {T, K}, x_dtype, 2.0f);
+        const Tensor x_f32 = x.to_f32();
+        const LinearReference ref = linear_reference(x_f32, w);
+        Tensor cpu_out = Tensor::empty({T, N}, DType::kF32);
+        cpu.linear_fp8_block(x_f32, w.w, w.scale_inv, cpu_out);
+        const float* cpu_values = cpu_out.data<const float>();
+        const Tensor x_dev = cuda_to_device(x);
+        for (DType out_dtype : {DType::kF32, DType::kBF16}) {
+          // A bf16 result is the f32 sum rounded once: half a bf16 ulp more.
+          const double rounding = out_dtype == DType::kBF16 ? 0x1p-8 : 0.0;
+          struct Run {
+            const char* name;
+            Fp8LinearPath path;
+            int variant;
+          };
+          const Run runs[] = {{"streaming depth 2", Fp8LinearPath::kStreaming, 1},
+                              {"streaming depth 4", Fp8LinearPath::kStreaming, 2},
+                              {"cublas", Fp8LinearPath::kCublas, 0},
+                              {"auto (backend)", Fp8LinearPath::kAuto, 0}};
+          for (const Run& run : runs) {
+            Tensor out = cuda_empty({T, N}, out_dtype);
+            cuda_fill_bytes(out, 0xFF);
+            if (run.path == Fp8LinearPath::kCublas) {
+              if (!fp8.cublas_takes(T, N, K, out_dtype, w_dev.raw(), out.raw())) continue;
+              ++cublas_runs;
+              if (out_dtype == DType::kF32 && x_dtype == DType::kF32) cublas_took += " " + std::to_string(T);
+            }
+            if (run.path == Fp8LinearPath::kAuto)
+              backend.linear_fp8_block(x_dev, w_dev, s_dev, out);
+            else
+              fp8.linear(x_dev, w_dev, s_dev, out, nullptr, run.path, run.variant);
+            const Tensor got = cuda_to_host(out);
+            const std::string what = std::string(run.name) + " " + std::string(dtype_name(x_dtype)) + "->" +
+                                     std::string(dtype_name(out_dtype)) + " T=" + std::to_string(T) + " N=" + std::to_string(N) +
+                                     " K=" + std::to_string(K);
+            const auto magnitude = [&](int64_t i) { return ref.magnitude[static_cast<size_t>(i)]; };
+            auto& [worst_quantized, worst_cpu] = worst[run.name];
+            // (1) Same quantization: only the accumulation differs (above).
+            EXPECT_EQ(count_far(
+                          got, [&](int64_t i) { return ref.quantized[static_cast<size_t>(i)]; },
+                          [&](int64_t i) {
+                            const size_t j = static_cast<size_t>(i);
+                            return kAccumulation * ref.magnitude[j] + rounding * std::fabs(ref.quantized[j]) + 1e-30;
+                          },
+                          magnitude, &worst_quantized, what + " vs quantized reference"),
+                      0);
+            // (2) The CPU backend multiplies unquantized x: the difference is
+            // the quantization error of x, at most half an e4m3 ulp per
+            // element, max(|x| 2^-4, act_scale 2^-10), times |w| summed
+            // (ref.bound: rigorous), plus the accumulation error of (1).
+            EXPECT_EQ(count_far(
+                          got, [&](int64_t i) { return static_cast<double>(cpu_values[i]); },
+                          [&](int64_t i) {
+                            const size_t j = static_cast<size_t>(i);
+                            return ref.bound[j] + kAccumulation * ref.magnitude[j] +
+                                   rounding * std::fabs(cpu_values[i]) + 1e-30;
+                          },
+                          magnitude, &worst_cpu, what + " vs CPU backend"),
+                      0);
+          }
+        }
+      }
+    std::printf("[ fp8 linear ] N=%lld K=%lld: cuBLASLt took T =%s\n", static_cast<long long>(N),
+                static_cast<long long>(K), cublas_took.empty() ? " (none)" : cublas_took.c_str());
+  }
+  std::printf("[ fp8 linear ] %lld cuBLASLt runs\n", static_cast<long long>(cublas_runs));
+  // sm_90 is the backend's target: cuBLASLt's block-scaled FP8 must take at
+  // least the whole-block shapes (512 x 1024 at T = 16, 64).
+  EXPECT_GT(cublas_runs, 0) << "cuBLASLt declined every shape: the prefill path never ran";
+  for (const auto& [name, w] : worst)
+    std::printf("[ fp8 linear ] %-18s max |err| / sum|x||w|: %.2e vs quantized reference, %.2e vs CPU backend\n",
+                name.c_str(), w.first, w.second);
+}
+
+TEST(CudaFp8, LinearRecordsAndReplays) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaBackend backend;
+  const int64_t N = 512, K = 1024;
+  const Fp8Weight w = random_fp8_weight(rng, N, K);
+  const Tensor w_dev = cuda_to_device(w.w), s_dev = cuda_to_device(w.scale_inv);
+  for (int64_t T : {2, 64}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    const Tensor x = cuda_to_device(testing::random_tensor(rng, {T, K}, DType::kF32));
+    Tensor eager = cuda_empty({T, N}, DType::kF32), replayed = cuda_empty({T, N}, DType::kF32);
+    backend.linear_fp8_block(x, w_dev, s_dev, eager);
+    cuda_fill_bytes(replayed, 0xFF);
+    auto graph = backend.record([&] { backend.linear_fp8_block(x, w_dev, s_dev, replayed); });
+    graph->replay();
+    graph->replay();
+    const Tensor a = cuda_to_host(eager), b = cuda_to_host(replayed);
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "the replay differs from the eager call";
+  }
+}
+
+TEST(CudaFp8, LinearRejectsBadShapes) {
+  REQUIRE_DEVICE();
+  CudaFp8Linear fp8;
+  const Tensor x = cuda_to_device(Tensor::zeros({4, 256}, DType::kF32));
+  const Tensor w = cuda_to_device(Tensor::zeros({128, 256}, DType::kF8E4M3));
+  const Tensor s = cuda_to_device(Tensor::zeros({1, 2}, DType::kF32));
+  Tensor out = cuda_empty({4, 128}, DType::kF32);
+  const Tensor short_s = cuda_to_device(Tensor::zeros({1, 1}, DType::kF32));
+  const Tensor bf16_w = cuda_to_device(Tensor::zeros({128, 256}, DType::kBF16));
+  Tensor f16_out = cuda_empty({4, 128}, DType::kF16), wide_out = cuda_empty({4, 129}, DType::kF32);
+  EXPECT_THROW(fp8.linear(x, w, short_s, out), Error);
+  EXPECT_THROW(fp8.linear(x, bf16_w, s, out), Error);
+  EXPECT_THROW(fp8.linear(x, w, s, f16_out), Error);
+  EXPECT_THROW(fp8.linear(x, w, s, wide_out), Error);
+  EXPECT_THROW(fp8.linear(Tensor::zeros({4, 256}, DType::kF32), w, s, out), Error);  // x on the host
+  // cuBLASLt forced on a shape it does not take (T not a multiple of 4).
+  const Tensor x3 = cuda_to_device(Tensor::zeros({3, 256}, DType::kF32));
+  Tensor out3 = cuda_empty({3, 128}, DType::kF32);
+  EXPECT_THROW(fp8.linear(x3, w, s, out3, nullptr, Fp8LinearPath::kCublas), Error);
+  // All zeros in, zeros out.
+  fp8.linear(x, w, s, out);
+  const Tensor got = cuda_to_host(out);
+  for (int64_t i = 0; i < got.numel(); ++i) EXPECT_EQ(got.data<const float>()[i], 0.0f);
 }
 
 }  // namespace

@@ -24,6 +24,10 @@
 //  * x must be finite: a NaN is skipped by the amax (fmaxf) and converts to
 //    e4m3 NaN; an infinity makes its group's scale infinite. Neither throws.
 //  * Enqueued on `stream` (the default stream when null); nothing waits.
+//  * cuda_quantize_fp8_groups_outer is the same rule with the scales laid
+//    out group-major, f32 [ceil(K / 128), T] (scale of row t, group g at
+//    g * T + t): the layout of cuBLASLt's VEC128 scales and of the block-FP8
+//    linear's streaming kernel (fp8_linear.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,5 +37,6 @@
 namespace basalt {
 
 void cuda_quantize_fp8_groups(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream = nullptr);
+void cuda_quantize_fp8_groups_outer(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream = nullptr);
 
 }  // namespace basalt
