@@ -35,8 +35,10 @@
 //    log_softmax and argmax run on the device.
 //  * DeepSeek: moe_route runs on the device (moe.h: the CPU backend's ids,
 //    but for near-ties within an f32 ulp of a selection boundary, and its
-//    weights to about 1e-7 relative). The other DeepSeek ops (block-FP8
-//    linear, moe_experts, MLA) are not on the GPU yet: they throw
+//    weights to about 1e-7 relative). The MLA ops run on the device (mla.h:
+//    tensor-core attention core for bf16 caches at DeepSeek's 512 + 64
+//    dims, FP8 kv_b dequantized once to bf16). The other DeepSeek ops
+//    (block-FP8 linear, moe_experts) are not on the GPU yet: they throw
 //    basalt::Error naming the op, so a DeepSeek model fails at its first
 //    step with a clear message.
 //  * Not batch invariant: cuBLASLt picks its algorithm by M, the GEMVs their
@@ -54,6 +56,7 @@
 namespace basalt {
 
 class CublasLt;
+class CudaMla;
 
 // GPU time of one kind of op while profiling was on (CudaBackend::profile).
 struct OpTime {
@@ -134,6 +137,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CublasLt> blas_;
   std::unique_ptr<Profiler> profiler_;  // null while profiling is off
+  std::unique_ptr<CudaMla> mla_;         // MLA state: cuBLAS handle, dequantized FP8 kv_b (mla.h)
 };
 
 }  // namespace basalt
