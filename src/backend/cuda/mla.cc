@@ -70,7 +70,7 @@ CudaMla::CudaMla(cudaStream_t stream) : stream_(stream) {
 CudaMla::~CudaMla() {
   if (blas_ != nullptr) (void)cublasDestroy(static_cast<cublasHandle_t>(blas_));
   if (workspace_ != nullptr) (void)cudaFree(workspace_);
-  for (auto& [key, ptr] : dequantized_) (void)cudaFree(ptr);
+  for (auto& [key, entry] : dequantized_) (void)cudaFree(entry.bf16);
   if (setup_stream_ != nullptr) (void)cudaStreamDestroy(setup_stream_);
 }
 
@@ -105,9 +105,9 @@ CudaMla::Weight CudaMla::compute_weight(const LinearWeight& kv_b, int64_t rows, 
       launched(status, op);
     }
     BASALT_CUDA_CHECK(cudaStreamSynchronize(setup_stream_));
-    it = dequantized_.emplace(key, out).first;
+    it = dequantized_.emplace(key, Dequantized{kv_b, out}).first;
   }
-  return Weight{it->second, DType::kBF16};
+  return Weight{it->second.bf16, DType::kBF16};
 }
 
 void CudaMla::store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps, const Tensor& positions,
