@@ -10,6 +10,7 @@
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/fp8_linear.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/mla.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/sampling.h"
 #include "core/error.h"
@@ -117,6 +118,7 @@ CudaBackend::CudaBackend() {
   BASALT_CUDA_CHECK(cudaStreamCreate(&stream_));
   blas_ = std::make_unique<CublasLt>();
   fp8_ = std::make_unique<CudaFp8Linear>();
+  mla_ = std::make_unique<CudaMla>(stream_);
 }
 
 CudaBackend::~CudaBackend() {
@@ -315,17 +317,28 @@ void CudaBackend::moe_route(const Tensor& logits, const Tensor* bias, const MoeR
 void CudaBackend::moe_experts(const Tensor&, const Tensor&, const Tensor&, std::span<const MoeExpert>, Tensor&) {
   not_yet("moe_experts");
 }
-void CudaBackend::mla_store_kv(const Tensor&, const Tensor&, float, const Tensor&, const RopeParams&, const Tensor&,
-                               Tensor&) {
-  not_yet("mla_store_kv");
+void CudaBackend::mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps, const Tensor& positions,
+                               const RopeParams& rope, const Tensor& slots, Tensor& cache) {
+  const double row = cache.rank() == 2 ? static_cast<double>(cache.dim(1) * dtype_size(cache.dtype())) : 0;
+  const OpScope scope(*this, "mla_store_kv",
+                      bytes_of({&kv_a, &norm_weight, &positions, &slots}) + row * static_cast<double>(slots.numel()));
+  mla_->store_kv(kv_a, norm_weight, eps, positions, rope, slots, cache);
 }
-void CudaBackend::mla_attention(const Tensor&, const Tensor&, const LinearWeight&, const AttentionLayout&,
-                                const MlaParams&, Tensor&) {
-  not_yet("mla_attention");
+void CudaBackend::mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                                const AttentionLayout& layout, const MlaParams& params, Tensor& out) {
+  // Every cached row the layout names is read once, and kv_b once.
+  const double row = cache.rank() == 2 ? static_cast<double>(cache.dim(1) * dtype_size(cache.dtype())) : 0;
+  const OpScope scope(*this, "mla_attention",
+                      bytes_of({&q, &out, &layout.kv_slots, &kv_b.weight}) +
+                          row * static_cast<double>(layout.kv_slots.numel()));
+  mla_->attention(q, cache, kv_b, layout, params, out);
 }
-void CudaBackend::mla_expand_kv(const Tensor&, const Tensor&, const LinearWeight&, const MlaParams&, Tensor&,
-                                Tensor&) {
-  not_yet("mla_expand_kv");
+void CudaBackend::mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
+                                const MlaParams& params, Tensor& k, Tensor& v) {
+  const double row = cache.rank() == 2 ? static_cast<double>(cache.dim(1) * dtype_size(cache.dtype())) : 0;
+  const OpScope scope(*this, "mla_expand_kv",
+                      bytes_of({&slots, &kv_b.weight, &k, &v}) + row * static_cast<double>(slots.numel()));
+  mla_->expand_kv(cache, slots, kv_b, params, k, v);
 }
 
 void CudaBackend::concat_columns(const Tensor& a, const Tensor& b, Tensor& out) {

@@ -40,8 +40,9 @@
 //    does, and multiplies in FP8 (fp8_linear.h: our weight-streaming kernel
 //    for decode, cuBLASLt's block-scaled FP8 for prefill); it matches the
 //    CPU backend (unquantized activations) within that quantization, not to
-//    f32 rounding. The other DeepSeek ops (moe_experts, MLA) are not on the
-//    GPU yet: they throw
+//    f32 rounding. The MLA ops run on the device (mla.h: tensor-core
+//    attention core for bf16 caches at DeepSeek's 512 + 64 dims, FP8 kv_b
+//    dequantized once to bf16). moe_experts is not on the GPU yet: it throws
 //    basalt::Error naming the op, so a DeepSeek model fails at its first
 //    step with a clear message.
 //  * Not batch invariant: cuBLASLt picks its algorithm by M, the GEMVs their
@@ -60,6 +61,7 @@ namespace basalt {
 
 class CublasLt;
 class CudaFp8Linear;
+class CudaMla;
 
 // GPU time of one kind of op while profiling was on (CudaBackend::profile).
 struct OpTime {
@@ -141,6 +143,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CublasLt> blas_;
   std::unique_ptr<CudaFp8Linear> fp8_;
   std::unique_ptr<Profiler> profiler_;  // null while profiling is off
+  std::unique_ptr<CudaMla> mla_;         // MLA state: cuBLAS handle, dequantized FP8 kv_b (mla.h)
 };
 
 }  // namespace basalt

@@ -1,0 +1,434 @@
+// CudaBackend's MLA ops (mla_store_kv, mla_attention, mla_expand_kv) against
+// the CPU backend on random inputs: 1, 16 and 128 heads; DeepSeek-V3 dims
+// (L 512, R 64, Dn 128, Dv 128: the tensor-core attention core under a bf16
+// cache) and odd small dims (L 40, R 8, Dn 12, Dv 20: the CUDA-core core);
+// bf16 and f32 caches; bf16, f32 and block-FP8 kv_b; one mixed batch per
+// case (decodes over 0..600 keys, a prefill, an extend, a padding sequence
+// with q_len > kv_len and slot -1, a sequence without queries, unused
+// kv_slots entries), with the automatic and a forced split count, and the
+// CUDA-core path forced at V3 dims. Also: a recorded graph replayed with new
+// layout contents, absorbed vs expanded + attention on the device, and the
+// limits. Outputs are poisoned before each call. Errors are ||gpu - cpu|| /
+// ||cpu||: 2e-4 where everything is f32, 2e-2 where q, P or the latent
+// output are rounded to bf16. Skips where no device is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/backend_test_util.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/mla.h"
+#include "core/error.h"
+
+namespace basalt {
+namespace {
+
+using testing::random_tensor;
+using testing::relative_error;
+using testing::TestRng;
+
+#define REQUIRE_DEVICE() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+struct Dims {
+  const char* name;
+  int64_t L, R, Dn, Dv;
+};
+constexpr Dims kV3{"v3", 512, 64, 128, 128};
+constexpr Dims kOdd{"odd", 40, 8, 12, 20};
+
+enum class KvB { kBF16, kF32, kFP8 };
+const char* kvb_name(KvB k) { return k == KvB::kBF16 ? "bf16" : k == KvB::kF32 ? "f32" : "fp8"; }
+
+int64_t blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
+
+LinearWeight make_kv_b(TestRng& rng, KvB kind, int64_t n, int64_t k) {
+  if (kind == KvB::kFP8) {
+    LinearWeight w;
+    w.weight = random_tensor(rng, {n, k}, DType::kF8E4M3, 2.0f);
+    w.scale_inv = Tensor::empty({blocks(n), blocks(k)}, DType::kF32);
+    for (int64_t i = 0; i < w.scale_inv.numel(); ++i) w.scale_inv.data<float>()[i] = rng.uniform(0.002f, 0.03f);
+    return w;
+  }
+  return LinearWeight{random_tensor(rng, {n, k}, kind == KvB::kBF16 ? DType::kBF16 : DType::kF32,
+                                    0.5f / std::sqrt(static_cast<float>(k))),
+                      Tensor()};
+}
+
+Tensor to_bf16(const Tensor& f32) {
+  Tensor t = Tensor::empty(f32.shape(), DType::kBF16);
+  for (int64_t i = 0; i < t.numel(); ++i) testing::store_value(t, i, f32.data<const float>()[i]);
+  return t;
+}
+
+LinearWeight to_device(const LinearWeight& w) {
+  return LinearWeight{cuda_to_device(w.weight), w.scale_inv.raw() ? cuda_to_device(w.scale_inv) : Tensor()};
+}
+
+struct Rope {
+  Tensor inv_freq;
+  RopeParams params;
+};
+
+Rope make_rope(int64_t R, const Tensor* device_inv) {
+  std::vector<float> inv(static_cast<size_t>(R / 2));
+  for (int64_t i = 0; i < R / 2; ++i) inv[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(R));
+  Rope r;
+  r.inv_freq = Tensor::from_f32({R / 2}, inv);
+  r.params = RopeParams{1, static_cast<int>(R), static_cast<int>(R), RopeStyle::kInterleaved,
+                        device_inv ? device_inv : &r.inv_freq, 1.1f, 0};
+  return r;
+}
+
+// One mixed batch: (q_len, kv_len) per sequence over a shuffled slot pool.
+struct Batch {
+  std::vector<int32_t> q_start{0}, kv_start{0}, kv_slots;
+  int64_t tokens = 0;
+};
+
+Batch make_batch(TestRng& rng, const std::vector<std::pair<int, int>>& seqs, int64_t num_slots, int extra_slots) {
+  Batch b;
+  std::vector<int32_t> pool(static_cast<size_t>(num_slots));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng.engine());
+  size_t next = 0;
+  for (auto [q_len, kv_len] : seqs) {
+    b.q_start.push_back(b.q_start.back() + q_len);
+    b.kv_start.push_back(b.kv_start.back() + kv_len);
+    for (int j = 0; j < kv_len; ++j) b.kv_slots.push_back(pool[next++ % pool.size()]);
+  }
+  for (int i = 0; i < extra_slots; ++i) b.kv_slots.push_back(-7);  // never read
+  b.tokens = b.q_start.back();
+  return b;
+}
+
+AttentionLayout host_layout(const Batch& b) {
+  return AttentionLayout{testing::i32_tensor(b.q_start), testing::i32_tensor(b.kv_start),
+                         testing::i32_tensor(b.kv_slots)};
+}
+AttentionLayout device_layout(const AttentionLayout& l) {
+  return AttentionLayout{cuda_to_device(l.q_start), cuda_to_device(l.kv_start), cuda_to_device(l.kv_slots)};
+}
+// The CPU backend checks every slot up to kv_start[num_seqs]; it never reads the rest.
+AttentionLayout cpu_layout(const Batch& b) {
+  Batch c = b;
+  c.kv_slots.resize(static_cast<size_t>(b.kv_start.back()));
+  return host_layout(c);
+}
+
+const std::vector<std::pair<int, int>> kMixed = {
+    {1, 600}, {1, 1}, {20, 20}, {1, 0} /* padding */, {5, 300}, {0, 7}, {1, 129}, {3, 2} /* q_len > kv_len */};
+
+MlaParams params_for(const Dims& d, int64_t heads) {
+  return MlaParams{static_cast<int>(heads), static_cast<int>(d.L), static_cast<int>(d.Dn), static_cast<int>(d.R),
+                   static_cast<int>(d.Dv), 0.3f};
+}
+
+// A cache filled with random rows (both backends get the same contents).
+Tensor random_cache(TestRng& rng, int64_t slots, int64_t width, DType dtype) {
+  return random_tensor(rng, {slots, width}, dtype, 0.5f);
+}
+
+TEST(CudaMla, StoreKvMatchesCpuBackend) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaBackend cuda;
+  CpuBackend cpu;
+  for (const Dims& d : {kV3, kOdd}) {
+    for (DType cache_dtype : {DType::kBF16, DType::kF32}) {
+      for (DType norm_dtype : {DType::kBF16, DType::kF32}) {
+        const int64_t T = 37, S = 64, W = d.L + d.R;
+        const Tensor kv_a = random_tensor(rng, {T, W}, DType::kF32, 2.0f);
+        const Tensor norm = random_tensor(rng, {d.L}, norm_dtype, 0.3f);
+        std::vector<int32_t> slots(static_cast<size_t>(T)), positions(static_cast<size_t>(T));
+        std::vector<int32_t> pool(static_cast<size_t>(S));
+        std::iota(pool.begin(), pool.end(), 0);
+        std::shuffle(pool.begin(), pool.end(), rng.engine());
+        for (int64_t t = 0; t < T; ++t) {
+          slots[t] = t % 5 == 3 ? -1 : pool[t];  // some padding tokens
+          positions[t] = static_cast<int32_t>(rng.integer(0, 70000));
+        }
+        Tensor want = random_cache(rng, S, W, cache_dtype);
+        Tensor got = cuda_to_device(want);
+        Rope host_rope = make_rope(d.R, nullptr);
+        cpu.mla_store_kv(kv_a, norm, 1e-6f, testing::i32_tensor(positions), host_rope.params,
+                         testing::i32_tensor(slots), want);
+        const Tensor d_inv = cuda_to_device(host_rope.inv_freq);
+        Rope dev_rope = make_rope(d.R, &d_inv);
+        cuda.mla_store_kv(cuda_to_device(kv_a), cuda_to_device(norm), 1e-6f,
+                          cuda_to_device(testing::i32_tensor(positions)), dev_rope.params,
+                          cuda_to_device(testing::i32_tensor(slots)), got);
+        cuda.synchronize();
+        const Tensor host = cuda_to_host(got);
+        // Untouched rows keep their bits; written rows agree to rounding.
+        EXPECT_LT(relative_error(host, want), cache_dtype == DType::kF32 ? 1e-5 : 4e-3)
+            << d.name << " cache " << dtype_name(cache_dtype) << " norm " << dtype_name(norm_dtype);
+        for (int64_t t = 0; t < T; ++t)
+          if (slots[t] < 0) {
+            const Tensor a = host.rows(pool[t], 1), b = want.rows(pool[t], 1);
+            EXPECT_TRUE(testing::bytes_equal(a, b)) << "padding token " << t << " wrote slot " << pool[t];
+          }
+      }
+    }
+  }
+}
+
+struct AttentionCase {
+  Dims dims;
+  int64_t heads;
+  DType cache_dtype;
+  KvB kv_b;
+};
+
+double attention_tolerance(const AttentionCase& c) {
+  return c.cache_dtype == DType::kF32 && c.kv_b == KvB::kF32 ? 2e-4 : 2e-2;
+}
+
+TEST(CudaMla, AttentionMatchesCpuBackend) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaBackend cuda;
+  CpuBackend cpu;
+  std::vector<AttentionCase> cases;
+  for (const Dims& d : {kV3, kOdd})
+    for (int64_t heads : {1, 16, 128})
+      for (DType cache_dtype : {DType::kBF16, DType::kF32})
+        for (KvB kv_b : {KvB::kBF16, KvB::kFP8, KvB::kF32}) cases.push_back({d, heads, cache_dtype, kv_b});
+  for (const AttentionCase& c : cases) {
+    const Dims& d = c.dims;
+    const MlaParams p = params_for(d, c.heads);
+    const int64_t S = 700, W = d.L + d.R;
+    const Batch batch = make_batch(rng, kMixed, S, 9);
+    const Tensor cache = random_cache(rng, S, W, c.cache_dtype);
+    const LinearWeight kv_b = make_kv_b(rng, c.kv_b, c.heads * (d.Dn + d.Dv), d.L);
+    const Tensor q = random_tensor(rng, {batch.tokens, c.heads * (d.Dn + d.R)}, DType::kF32);
+    Tensor want = testing::poisoned({batch.tokens, c.heads * d.Dv});
+    cpu.mla_attention(q, cache, kv_b, cpu_layout(batch), p, want);
+
+    const Tensor d_cache = cuda_to_device(cache);
+    const LinearWeight d_kv_b = to_device(kv_b);
+    const AttentionLayout layout = device_layout(host_layout(batch));
+    for (DType q_dtype : {DType::kF32, DType::kBF16}) {
+      if (q_dtype == DType::kBF16 && c.heads != 16) continue;  // one q-dtype sweep is enough
+      Tensor d_q = cuda_to_device(q_dtype == DType::kF32 ? q : to_bf16(q));
+      Tensor out = cuda_empty({batch.tokens, c.heads * d.Dv}, DType::kF32);
+      cuda_fill_bytes(out, 0xFF);
+      cuda.mla_attention(d_q, d_cache, d_kv_b, layout, p, out);
+      cuda.synchronize();
+      const Tensor got = cuda_to_host(out);
+      EXPECT_EQ(testing::count_nan(got), 0);
+      const double tol = q_dtype == DType::kBF16 ? 2e-2 : attention_tolerance(c);
+      EXPECT_LT(relative_error(got, want), tol) << d.name << " heads " << c.heads << " cache "
+                                                << dtype_name(c.cache_dtype) << " kv_b " << kvb_name(c.kv_b)
+                                                << " q " << dtype_name(q_dtype);
+      // Padding rows (negative positions) are exactly zero.
+      for (size_t s = 0; s + 1 < batch.q_start.size(); ++s) {
+        const int q_len = batch.q_start[s + 1] - batch.q_start[s], kv_len = batch.kv_start[s + 1] - batch.kv_start[s];
+        for (int i = 0; i < q_len; ++i) {
+          if (kv_len - q_len + i >= 0) continue;
+          for (int64_t e = 0; e < c.heads * d.Dv; ++e) {
+            ASSERT_EQ(got.data<const float>()[(batch.q_start[s] + i) * c.heads * d.Dv + e], 0.0f)
+                << "padding row " << batch.q_start[s] + i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The split path and the CUDA-core path at V3 dims, against the CPU backend.
+TEST(CudaMla, ForcedSplitsAndPathsMatchCpuBackend) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaBackend cuda;  // for the stream only
+  CpuBackend cpu;
+  CudaMla mla(cuda.stream());
+  for (const Dims& d : {kV3, kOdd}) {
+    for (DType cache_dtype : {DType::kBF16, DType::kF32}) {
+      const int64_t heads = 16, S = 700, W = d.L + d.R;
+      const MlaParams p = params_for(d, heads);
+      const Batch batch = make_batch(rng, kMixed, S, 3);
+      const Tensor cache = random_cache(rng, S, W, cache_dtype);
+      const LinearWeight kv_b = make_kv_b(rng, KvB::kBF16, heads * (d.Dn + d.Dv), d.L);
+      const Tensor q = random_tensor(rng, {batch.tokens, heads * (d.Dn + d.R)}, DType::kF32);
+      Tensor want = testing::poisoned({batch.tokens, heads * d.Dv});
+      cpu.mla_attention(q, cache, kv_b, cpu_layout(batch), p, want);
+      const Tensor d_cache = cuda_to_device(cache), d_q = cuda_to_device(q);
+      const LinearWeight d_kv_b = to_device(kv_b);
+      const AttentionLayout layout = device_layout(host_layout(batch));
+      for (CudaMlaPath path : {CudaMlaPath::kAuto, CudaMlaPath::kCudaCores})
+        for (int splits : {1, 3, 64}) {
+          Tensor out = cuda_empty({batch.tokens, heads * d.Dv}, DType::kF32);
+          cuda_fill_bytes(out, 0xFF);
+          mla.attention(d_q, d_cache, d_kv_b, layout, p, out, path, splits);
+          cuda.synchronize();
+          EXPECT_LT(relative_error(cuda_to_host(out), want), 2e-2)
+              << d.name << " cache " << dtype_name(cache_dtype) << " path " << static_cast<int>(path) << " splits "
+              << splits;
+        }
+    }
+  }
+}
+
+TEST(CudaMla, ExpandKvMatchesCpuBackend) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaBackend cuda;
+  CpuBackend cpu;
+  for (const Dims& d : {kV3, kOdd})
+    for (int64_t heads : {1, 16, 128})
+      for (DType cache_dtype : {DType::kBF16, DType::kF32})
+        for (KvB kind : {KvB::kBF16, KvB::kFP8, KvB::kF32}) {
+          const int64_t S = 300, n = 213, W = d.L + d.R;
+          const MlaParams p = params_for(d, heads);
+          const Tensor cache = random_cache(rng, S, W, cache_dtype);
+          const LinearWeight kv_b = make_kv_b(rng, kind, heads * (d.Dn + d.Dv), d.L);
+          std::vector<int32_t> slots(static_cast<size_t>(n));
+          for (auto& s : slots) s = static_cast<int32_t>(rng.integer(0, S - 1));
+          Tensor k_want = testing::poisoned({n, heads * (d.Dn + d.R)}), v_want = testing::poisoned({n, heads * d.Dv});
+          cpu.mla_expand_kv(cache, testing::i32_tensor(slots), kv_b, p, k_want, v_want);
+          Tensor k = cuda_empty(k_want.shape(), DType::kF32), v = cuda_empty(v_want.shape(), DType::kF32);
+          cuda_fill_bytes(k, 0xFF);
+          cuda_fill_bytes(v, 0xFF);
+          cuda.mla_expand_kv(cuda_to_device(cache), cuda_to_device(testing::i32_tensor(slots)), to_device(kv_b), p, k,
+                             v);
+          cuda.synchronize();
+          // f32 caches under bf16/FP8 kv_b are rounded to bf16 for the GEMM,
+          // and an FP8 kv_b is dequantized to bf16 (weight * scale rounded).
+          const double tol = kind == KvB::kBF16 && cache_dtype == DType::kBF16 ? 1e-5
+                             : kind == KvB::kF32                                ? 1e-5
+                                                                                : 1e-2;
+          EXPECT_LT(relative_error(cuda_to_host(k), k_want), tol)
+              << d.name << " heads " << heads << " " << dtype_name(cache_dtype) << " " << kvb_name(kind);
+          EXPECT_LT(relative_error(cuda_to_host(v), v_want), tol)
+              << d.name << " heads " << heads << " " << dtype_name(cache_dtype) << " " << kvb_name(kind);
+        }
+}
+
+// The two forms agree on the device: mla_attention vs mla_expand_kv + attention.
+TEST(CudaMla, AbsorbedMatchesExpandedOnDevice) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaBackend cuda;
+  for (KvB kind : {KvB::kFP8, KvB::kBF16}) {
+    const Dims d = kV3;
+    const int64_t heads = 128, S = 700, W = d.L + d.R;
+    const MlaParams p = params_for(d, heads);
+    const Batch batch = make_batch(rng, kMixed, S, 0);
+    const Tensor cache = cuda_to_device(random_cache(rng, S, W, DType::kBF16));
+    const LinearWeight kv_b = to_device(make_kv_b(rng, kind, heads * (d.Dn + d.Dv), d.L));
+    const Tensor q = cuda_to_device(random_tensor(rng, {batch.tokens, heads * (d.Dn + d.R)}, DType::kF32));
+    const AttentionLayout layout = device_layout(host_layout(batch));
+    Tensor absorbed = cuda_empty({batch.tokens, heads * d.Dv}, DType::kF32);
+    cuda.mla_attention(q, cache, kv_b, layout, p, absorbed);
+    const int64_t n = static_cast<int64_t>(batch.kv_slots.size());
+    Tensor k = cuda_empty({n, heads * (d.Dn + d.R)}, DType::kF32), v = cuda_empty({n, heads * d.Dv}, DType::kF32);
+    cuda.mla_expand_kv(cache, layout.kv_slots, kv_b, p, k, v);
+    std::vector<int32_t> iota(static_cast<size_t>(n));
+    std::iota(iota.begin(), iota.end(), 0);
+    const AttentionLayout dense{layout.q_start, layout.kv_start, cuda_to_device(testing::i32_tensor(iota))};
+    Tensor expanded = cuda_empty({batch.tokens, heads * d.Dv}, DType::kF32);
+    cuda.attention(q, k, v, dense,
+                   AttentionParams{static_cast<int>(heads), static_cast<int>(heads), static_cast<int>(d.Dn + d.R),
+                                   static_cast<int>(d.Dv), p.scale, 0},
+                   expanded);
+    cuda.synchronize();
+    EXPECT_LT(relative_error(cuda_to_host(absorbed), cuda_to_host(expanded)), 3e-2) << kvb_name(kind);
+  }
+}
+
+// A recorded store + attention replayed with new layout contents and queries
+// (the first FP8 use happens inside the capture).
+TEST(CudaMla, RecordAndReplay) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaBackend cuda;
+  CpuBackend cpu;
+  const Dims d = kV3;
+  const int64_t heads = 128, S = 512, W = d.L + d.R, B = 4;
+  const MlaParams p = params_for(d, heads);
+  const LinearWeight kv_b = make_kv_b(rng, KvB::kFP8, heads * (d.Dn + d.Dv), d.L);
+  const LinearWeight d_kv_b = to_device(kv_b);
+  Tensor cache = random_cache(rng, S, W, DType::kBF16);
+  Tensor d_cache = cuda_to_device(cache);
+  const Tensor norm = random_tensor(rng, {d.L}, DType::kBF16, 0.3f);
+  const Tensor d_norm = cuda_to_device(norm);
+  Rope host_rope = make_rope(d.R, nullptr);
+  const Tensor d_inv = cuda_to_device(host_rope.inv_freq);
+  Rope dev_rope = make_rope(d.R, &d_inv);
+  // Fixed-shape device inputs, rewritten between replays.
+  const int64_t kv_cap = 4 * 200;
+  Tensor d_q = cuda_empty({B, heads * (d.Dn + d.R)}, DType::kF32), d_kv_a = cuda_empty({B, W}, DType::kF32);
+  Tensor d_pos = cuda_empty({B}, DType::kI32), d_slots = cuda_empty({B}, DType::kI32);
+  AttentionLayout layout{cuda_empty({B + 1}, DType::kI32), cuda_empty({B + 1}, DType::kI32),
+                         cuda_empty({kv_cap}, DType::kI32)};
+  Tensor out = cuda_empty({B, heads * d.Dv}, DType::kF32);
+  auto graph = cuda.record([&] {
+    cuda.mla_store_kv(d_kv_a, d_norm, 1e-6f, d_pos, dev_rope.params, d_slots, d_cache);
+    cuda.mla_attention(d_q, d_cache, d_kv_b, layout, p, out);
+  });
+  ASSERT_NE(graph, nullptr);
+  for (int step = 0; step < 3; ++step) {
+    // Decodes of different lengths; the last sequence is padding (slot -1).
+    std::vector<std::pair<int, int>> seqs = {{1, static_cast<int>(rng.integer(1, 200))},
+                                             {1, static_cast<int>(rng.integer(1, 200))},
+                                             {1, static_cast<int>(rng.integer(1, 200))},
+                                             {1, 0}};
+    Batch batch = make_batch(rng, seqs, S, 0);
+    std::vector<int32_t> new_slots, positions;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const int kv_len = seqs[s].second;
+      new_slots.push_back(kv_len > 0 ? batch.kv_slots[batch.kv_start[s + 1] - 1] : -1);
+      positions.push_back(std::max(kv_len - 1, 0));
+    }
+    Batch padded = batch;
+    padded.kv_slots.resize(static_cast<size_t>(kv_cap), -3);
+    const Tensor q = random_tensor(rng, {B, heads * (d.Dn + d.R)}, DType::kF32);
+    const Tensor kv_a = random_tensor(rng, {B, W}, DType::kF32);
+    const AttentionLayout h = host_layout(padded);
+    cuda.copy(q, d_q);
+    cuda.copy(kv_a, d_kv_a);
+    cuda.copy(testing::i32_tensor(positions), d_pos);
+    cuda.copy(testing::i32_tensor(new_slots), d_slots);
+    cuda.copy(h.q_start, layout.q_start);
+    cuda.copy(h.kv_start, layout.kv_start);
+    cuda.copy(h.kv_slots, layout.kv_slots);
+    cuda_fill_bytes(out, 0xFF);
+    graph->replay();
+    cuda.synchronize();
+    cpu.mla_store_kv(kv_a, norm, 1e-6f, testing::i32_tensor(positions), host_rope.params,
+                     testing::i32_tensor(new_slots), cache);
+    Tensor want = testing::poisoned({B, heads * d.Dv});
+    cpu.mla_attention(q, cache, kv_b, cpu_layout(batch), p, want);
+    EXPECT_LT(relative_error(cuda_to_host(out), want), 2e-2) << "step " << step;
+    EXPECT_LT(relative_error(cuda_to_host(d_cache), cache), 4e-3) << "step " << step;
+  }
+}
+
+TEST(CudaMla, RejectsUnsupportedShapes) {
+  REQUIRE_DEVICE();
+  CudaBackend cuda;
+  const MlaParams wide{4, 640, 16, 8, 16, 0.1f};  // L over 512
+  const Tensor cache = cuda_empty({8, 648}, DType::kBF16);
+  const LinearWeight kv_b{cuda_empty({4 * 32, 640}, DType::kBF16), Tensor()};
+  Tensor q = cuda_empty({1, 4 * 24}, DType::kF32), out = cuda_empty({1, 4 * 16}, DType::kF32);
+  const AttentionLayout layout{cuda_to_device(testing::i32_tensor({0, 1})), cuda_to_device(testing::i32_tensor({0, 1})),
+                               cuda_to_device(testing::i32_tensor({0}))};
+  EXPECT_THROW(cuda.mla_attention(q, cache, kv_b, layout, wide, out), Error);
+  const MlaParams ok{4, 64, 16, 8, 16, 0.1f};
+  const LinearWeight f16{cuda_empty({4 * 32, 64}, DType::kF16), Tensor()};
+  const Tensor small = cuda_empty({8, 72}, DType::kBF16);
+  EXPECT_THROW(cuda.mla_attention(q, small, f16, layout, ok, out), Error);  // f16 kv_b
+  Tensor wrong_out = cuda_empty({1, 4 * 15}, DType::kF32);
+  const LinearWeight bf16{cuda_empty({4 * 32, 64}, DType::kBF16), Tensor()};
+  EXPECT_THROW(cuda.mla_attention(q, small, bf16, layout, ok, wrong_out), Error);
+}
+
+}  // namespace
+}  // namespace basalt

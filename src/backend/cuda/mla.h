@@ -1,0 +1,109 @@
+// Multi-head latent attention (DeepSeek V2/V3) on the CUDA backend: the
+// Backend ops mla_store_kv, mla_attention and mla_expand_kv (backend.h).
+//
+// Contract:
+//  * Tensors are on the device and contiguous. kv_a is f32; norm_weight f32
+//    or bf16; the cache f32 or bf16 [num_slots, L + R]; q f32 or bf16
+//    [T, heads * (Dn + R)]; kv_b [heads * (Dn + Dv), L] in f32 or bf16, or
+//    block FP8 (e4m3 with f32 scale_inv [ceil(N/128), ceil(K/128)]); out f32
+//    (or bf16 under a bf16 / FP8 kv_b); k, v f32. Shapes, dtypes, placement
+//    and params are checked on the host and a mismatch throws basalt::Error
+//    before anything is launched. Slot and layout contents are never read
+//    back (graph capture): mla_store_kv skips slots outside [0, num_slots)
+//    (-1 marks padding); mla_expand_kv writes NaN rows for them; mla_attention
+//    reads the layout as cuda_attention does (attention.h): padding rows
+//    (negative positions) are 0, kv_slots entries past kv_start[num_seqs] are
+//    ignored, a bad slot or layout gives NaN rows.
+//  * Limits: L <= 512, R <= 256 and even, heads * (Dn + Dv) and T * heads
+//    below 2^31. Any Dn, Dv.
+//  * FP8 kv_b is dequantized once to bf16 (as SGLang keeps bf16 w_kc / w_vc)
+//    and cached per weight, keyed by the weight's device pointer and shape;
+//    the entry keeps a handle to the FP8 weight and its scales, so their
+//    memory cannot be freed and handed to another weight while the key is in
+//    use (a model's weights live as long as the backend anyway; a caller that
+//    makes many short-lived FP8 weights keeps them alive with this object).
+//    The dequantization runs on a private stream
+//    that is synchronised at once, so a first use inside a graph capture
+//    works, and is never recorded.
+//  * mla_attention (absorbed form) = three steps: q_lat(h) = q_nope(h) ·
+//    W_uk(h) (cuBLAS strided-batched GEMM over heads, f32 accumulation,
+//    written into q_full [T, heads, L + R] next to q_pe), the attention core
+//    (mla_kernels.cu: tensor cores for bf16 caches with L = 512, R = 64 and a
+//    bf16 / FP8 kv_b; q_full and the probabilities rounded to bf16: the
+//    tests allow 2e-2 relative against the CPU backend; CUDA cores in f32
+//    otherwise), then out(h) = o_lat(h) ·
+//    W_uv(h)ᵀ (strided-batched GEMM). Key splits (split-KV) and their merge
+//    are chosen from shapes only.
+//  * mla_expand_kv: the latent rows gathered by slot (in kv_b's compute
+//    type), one GEMM with kv_bᵀ into f32, then split into k (with the cached
+//    rope part) and v.
+//  * Every launch goes to the backend's stream; nothing synchronises it, and
+//    grids and scratch sizes depend on shapes only, so all three ops can be
+//    recorded in CUDA graphs. Not batch invariant (split counts follow the
+//    call's shapes); each launch is deterministic.
+//  * Speed (H200, V3 decode, 4096 keys per sequence, bench/README.md): the
+//    core runs at 26 / 107 / 152 TFLOP/s at batch 1 / 32 / 128 (0.1 / 0.44 /
+//    0.63 TB/s of cache rows); at 128 heads MLA decode is compute-bound and
+//    FlashMLA's anchor is ~660 TFLOP/s. The mma.sync core is bound by
+//    shared-memory fragment loads and barriers at one 8-warp block per SM,
+//    batch 1 by fixed latencies; wgmma with TMA-fed 64-key tiles (FlashMLA's
+//    design) is the next step.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+
+namespace basalt {
+
+// Forces the attention core's path (tests, benchmarks); kAuto picks by
+// dtype and dims as above.
+enum class CudaMlaPath : uint8_t { kAuto, kCudaCores };
+
+class CudaMla {
+ public:
+  // Creates the cuBLAS handle (bound to `stream`), its workspace and the
+  // private stream used for one-time weight conversions.
+  explicit CudaMla(cudaStream_t stream);
+  ~CudaMla();
+  CudaMla(const CudaMla&) = delete;
+  CudaMla& operator=(const CudaMla&) = delete;
+
+  void store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps, const Tensor& positions,
+                const RopeParams& rope, const Tensor& slots, Tensor& cache);
+  // splits > 0 forces the key split count (clamped to 1 .. 64).
+  void attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b, const AttentionLayout& layout,
+                 const MlaParams& params, Tensor& out, CudaMlaPath path = CudaMlaPath::kAuto, int splits = 0);
+  void expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b, const MlaParams& params,
+                 Tensor& k, Tensor& v);
+
+  // Only the attention core of `attention` on an already built q_full
+  // (benchmarks time it alone): q_full [T, heads, L + R], o_lat [T, heads, L].
+  void attention_core(const Tensor& q_full, const Tensor& cache, const AttentionLayout& layout,
+                      const MlaParams& params, Tensor& o_lat, CudaMlaPath path = CudaMlaPath::kAuto, int splits = 0);
+
+ private:
+  struct Weight {
+    const void* data = nullptr;
+    DType dtype = DType::kBF16;  // bf16 or f32: the GEMMs' operand type
+  };
+  Weight compute_weight(const LinearWeight& kv_b, int64_t rows, int64_t cols, const char* op);
+
+  cudaStream_t stream_;
+  cudaStream_t setup_stream_ = nullptr;
+  void* blas_ = nullptr;  // cublasHandle_t
+  void* workspace_ = nullptr;
+  struct Dequantized {
+    LinearWeight source;  // keeps the FP8 weight's memory (and so the key) unique
+    void* bf16 = nullptr;
+  };
+  std::map<std::tuple<const void*, int64_t, int64_t>, Dequantized> dequantized_;
+};
+
+}  // namespace basalt

@@ -1,0 +1,778 @@
+// Multi-head latent attention kernels (DeepSeek V2/V3): the cache write, the
+// expanded form's gathers, and the absorbed form's attention core. See
+// mla_kernels.h for the launch contract and mla.h for the op semantics.
+//
+// Attention core. The absorbed query of (token, head) is q_full = [q_nope ·
+// W_uk(h) | q_pe] (L + R wide); every head of a sequence attends over the
+// same cached rows (one shared key head), values are the rows' first L
+// features. Rows r = query i * heads + head h of a sequence are served in
+// passes of RT rows; a block takes the passes p with p % row_splits ==
+// its row split, and its key split: the keys the pass can see, [0, hi), are
+// cut into `splits` equal chunks on the device (from the lengths it reads),
+// so grids depend on sizes only. splits == 1 writes the normalised latent
+// output; otherwise (max, sum, output) partials that mla_combine_kernel
+// merges.
+//  * mla_mma_kernel (bf16 cache and q_full, L = 512, R = 64): 64 rows per
+//    pass, 8 warps. Warp (rg, half) owns rows 16 rg .. 16 rg + 15; for S =
+//    Q Kᵀ it takes keys 16 half .. + 15 of each 32-key tile (all 576 dims),
+//    the pair shares the row maxima and the probabilities P (bf16) through
+//    shared memory, and for O += P V it owns output columns 256 half .. +
+//    255 over all 32 keys (V is the tile's first 512 features: the same
+//    shared-memory rows as K). mma.sync m16n8k16, bf16 operands, f32
+//    accumulation and f32 online softmax; tiles gathered by slot with
+//    cp.async into three stages (two in flight while one is used), the q
+//    tile stays in shared memory for the whole pass. q and P are rounded to
+//    bf16 (errors ~1e-3..1e-2 relative, as the prefill attention kernel).
+//  * mla_core_kernel (any other dims or an f32 cache): CUDA cores, f32
+//    arithmetic; 4 rows per pass, 4 warps taking keys round-robin, a lane
+//    holding dims lane + 32 k of the row (latent sums in registers, L <=
+//    512); warps merged through shared memory.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/element_types.cuh"
+#include "backend/cuda/mla_kernels.h"
+
+namespace basalt::cuda_kernels {
+namespace {
+
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+template <typename F>
+cudaError_t dispatch2(Elem a, Elem b, F&& f) {
+  if (a == Elem::kF32 && b == Elem::kF32) f(float{}, float{});
+  else if (a == Elem::kF32) f(float{}, bf16{});
+  else if (b == Elem::kF32) f(bf16{}, float{});
+  else f(bf16{}, bf16{});
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------
+// Cache write: one block per token.
+constexpr int kStoreThreads = 128;
+
+template <typename Norm, typename Cache>
+__global__ void __launch_bounds__(kStoreThreads)
+    mla_store_kernel(const float* kv_a, const Norm* norm, float eps, const int32_t* positions, const float* inv_freq,
+                     float scaling, bool interleaved, const int32_t* slots, Cache* cache, int L, int R,
+                     int64_t num_slots) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot < 0 || slot >= num_slots) return;  // padding: nothing stored
+  const float* a = kv_a + t * (L + R);
+  __shared__ float partial[kStoreThreads / 32];
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < L; i += kStoreThreads) ss += a[i] * a[i];
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kStoreThreads / 32; ++w) total += partial[w];
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(L) + eps);
+  Cache* row = cache + slot * (L + R);
+  for (int i = threadIdx.x; i < L; i += kStoreThreads) row[i] = from_f32<Cache>((a[i] * inv) * to_f32(norm[i]));
+  const float position = static_cast<float>(positions[t]);
+  const int half = R / 2;
+  for (int i = threadIdx.x; i < half; i += kStoreThreads) {
+    float s, c;
+    sincosf(position * inv_freq[i], &s, &c);
+    c *= scaling;
+    s *= scaling;
+    const int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+    const float x = a[L + ia], y = a[L + ib];
+    row[L + ia] = from_f32<Cache>(x * c - y * s);
+    row[L + ib] = from_f32<Cache>(y * c + x * s);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// FP8 weight to bf16 (once per weight; the backend caches the result).
+__global__ void mla_dequant_fp8_kernel(const uint8_t* w, const float* scale_inv, bf16* out, int64_t n, int64_t k) {
+  const int64_t kb = (k + 127) / 128;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * k; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / k, c = i % k;
+    __nv_fp8_e4m3 v;
+    v.__x = w[i];
+    out[i] = __float2bfloat16_rn(static_cast<float>(v) * scale_inv[(r / 128) * kb + c / 128]);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Expanded form: latent rows gathered by slot, then kv split into k and v.
+template <typename Cache, typename Out>
+__global__ void mla_gather_latent_kernel(const Cache* cache, const int32_t* slots, Out* out, int L, int R,
+                                         int64_t num_slots) {
+  const int64_t i = blockIdx.x;
+  const int64_t slot = slots[i];
+  const bool ok = slot >= 0 && slot < num_slots;
+  for (int c = threadIdx.x; c < L; c += blockDim.x)
+    out[i * L + c] = from_f32<Out>(ok ? to_f32(cache[slot * (L + R) + c]) : quiet_nan());
+}
+
+template <typename Cache>
+__global__ void mla_split_kv_kernel(const Cache* cache, const int32_t* slots, const float* kv, float* k, float* v,
+                                    int heads, int L, int R, int Dn, int Dv, int64_t num_slots) {
+  const int64_t i = blockIdx.x;
+  const int h = blockIdx.y;
+  const int64_t slot = slots[i];
+  const bool ok = slot >= 0 && slot < num_slots;
+  const float* src = kv + (i * heads + h) * (Dn + Dv);
+  float* kd = k + (i * heads + h) * (Dn + R);
+  float* vd = v + (i * heads + h) * Dv;
+  for (int d = threadIdx.x; d < Dn; d += blockDim.x) kd[d] = src[d];
+  for (int r = threadIdx.x; r < R; r += blockDim.x)
+    kd[Dn + r] = ok ? to_f32(cache[slot * (L + R) + L + r]) : quiet_nan();
+  for (int d = threadIdx.x; d < Dv; d += blockDim.x) vd[d] = src[Dn + d];
+}
+
+template <typename Q, typename QFull>
+__global__ void mla_copy_q_rope_kernel(const Q* q, QFull* q_full, int heads, int Dn, int R, int L) {
+  const int64_t t = blockIdx.x;
+  for (int idx = threadIdx.x; idx < heads * R; idx += blockDim.x) {
+    const int h = idx / R, r = idx % R;
+    q_full[(t * heads + h) * (L + R) + L + r] = from_f32<QFull>(to_f32(q[(t * heads + h) * (Dn + R) + Dn + r]));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Attention core: shared pieces.
+struct MlaArgs {
+  const void* q;  // q_full [T, heads, L + R]
+  const void* cache;
+  void* o;        // o_lat [T, heads, L] (splits == 1)
+  float* part_o;  // [splits, T * heads, L] (splits > 1)
+  float* part_ml;  // [splits, T * heads, 2]
+  const int32_t* q_start;
+  const int32_t* kv_start;
+  const int32_t* kv_slots;
+  int64_t q_tokens, kv_slots_len, num_slots;
+  int heads, L, R, splits, row_splits;
+  float scale_log2;
+};
+
+// A sequence's bounds as the layout gives them; a layout that runs outside
+// q or kv_slots is "bad": its rows (clamped into q) are written as NaN.
+struct Bounds {
+  int64_t q_begin, q_len, kv_begin, kv_len;
+  bool bad;
+};
+
+__device__ __forceinline__ Bounds seq_bounds(const MlaArgs& a, int s) {
+  const int64_t q0 = a.q_start[s], q1 = a.q_start[s + 1], k0 = a.kv_start[s], k1 = a.kv_start[s + 1];
+  Bounds b{q0, q1 - q0, k0, k1 - k0, false};
+  if (q0 < 0 || q1 < q0 || q1 > a.q_tokens || k0 < 0 || k1 < k0 || k1 > a.kv_slots_len) {
+    const int64_t lo = min(max(q0, int64_t{0}), a.q_tokens), hi = min(max(q1, lo), a.q_tokens);
+    b = Bounds{lo, hi - lo, 0, hi - lo, true};
+  }
+  return b;
+}
+
+template <typename O>
+__device__ __forceinline__ void store_pair(O* p, float x, float y) {
+  if constexpr (sizeof(O) == 4) {
+    *reinterpret_cast<float2*>(p) = make_float2(x, y);
+  } else {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA-core kernel (any L <= 512, R <= 256; f32 or bf16 cache; f32 q_full).
+constexpr int kCoreWarps = 4;
+constexpr int kCoreThreads = kCoreWarps * 32;
+constexpr int kCoreRows = 4;
+constexpr int kCoreLatentPerLane = kMlaMaxLatent / 32;
+
+size_t core_smem_bytes(int L, int R) {
+  return sizeof(float) * (static_cast<size_t>(kCoreRows) * (L + R) + static_cast<size_t>(kCoreWarps) * kCoreRows * L);
+}
+
+template <typename Cache, typename O>
+__global__ void __launch_bounds__(kCoreThreads) mla_core_kernel(MlaArgs a) {
+  constexpr int NW = kCoreWarps, RT = kCoreRows, LPL = kCoreLatentPerLane;
+  constexpr float kNegInf = -INFINITY;
+  extern __shared__ float core_smem[];
+  const int L = a.L, D = a.L + a.R, heads = a.heads;
+  float* q_s = core_smem;           // [RT][D]
+  float* red_o = q_s + RT * D;      // [NW][RT][L]
+  __shared__ float red_m[NW][RT], red_l[NW][RT];
+  const int split = blockIdx.x % a.splits, row_split = blockIdx.x / a.splits, seq = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const Bounds b = seq_bounds(a, seq);
+  const int64_t total_rows = b.q_len * heads;
+  const float* q = static_cast<const float*>(a.q);
+  const Cache* cache = static_cast<const Cache*>(a.cache);
+  const int32_t* slots = a.kv_slots + (b.bad ? 0 : b.kv_begin);
+  const int64_t rows_all = a.q_tokens * heads;
+
+  for (int64_t r0 = int64_t{row_split} * RT; r0 < total_rows; r0 += int64_t{RT} * a.row_splits) {  // uniform
+    const int64_t pos_last = b.kv_len - b.q_len + min(r0 + RT - 1, total_rows - 1) / heads;
+    const int64_t hi = b.bad ? 0 : max(pos_last + 1, int64_t{0});
+    const int64_t per_split = (hi + a.splits - 1) / a.splits;
+    const int64_t c0 = split * per_split, c1 = min(hi, c0 + per_split);
+    int64_t pos[RT];
+#pragma unroll
+    for (int i = 0; i < RT; ++i) {
+      const int64_t r = r0 + i;
+      pos[i] = r < total_rows && !b.bad ? b.kv_len - b.q_len + r / heads : int64_t{-1};
+    }
+    for (int idx = tid; idx < RT * D; idx += kCoreThreads) {
+      const int i = idx / D, d = idx % D;
+      const int64_t r = r0 + i;
+      q_s[idx] = r < total_rows ? q[((b.q_begin + r / heads) * heads + r % heads) * D + d] : 0.0f;
+    }
+    __syncthreads();
+    float m[RT], l[RT], o[RT][LPL];
+#pragma unroll
+    for (int i = 0; i < RT; ++i) {
+      m[i] = kNegInf;
+      l[i] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < LPL; ++k) o[i][k] = 0.0f;
+    }
+    bool bad_slot = false;
+    for (int64_t j = c0 + warp; j < c1; j += NW) {  // uniform over the warp
+      const int64_t slot = slots[j];
+      if (slot < 0 || slot >= a.num_slots) {
+        bad_slot = true;
+        continue;
+      }
+      const Cache* row = cache + slot * D;
+      float x[LPL], dot[RT];
+#pragma unroll
+      for (int i = 0; i < RT; ++i) dot[i] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < LPL; ++k) {
+        const int c = lane + 32 * k;
+        x[k] = 0.0f;
+        if (c < L) {
+          x[k] = to_f32(row[c]);
+#pragma unroll
+          for (int i = 0; i < RT; ++i) dot[i] += q_s[i * D + c] * x[k];
+        }
+      }
+      for (int c = L + lane; c < D; c += 32) {
+        const float xr = to_f32(row[c]);
+#pragma unroll
+        for (int i = 0; i < RT; ++i) dot[i] += q_s[i * D + c] * xr;
+      }
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+        const float s = warp_sum(dot[i]) * a.scale_log2;
+        if (j <= pos[i]) {
+          const float m_new = fmaxf(m[i], s);
+          const float corr = exp2f(m[i] - m_new), p = exp2f(s - m_new);
+          l[i] = l[i] * corr + p;
+#pragma unroll
+          for (int k = 0; k < LPL; ++k) o[i][k] = o[i][k] * corr + p * x[k];
+          m[i] = m_new;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < RT; ++i) {
+#pragma unroll
+      for (int k = 0; k < LPL; ++k) {
+        const int c = lane + 32 * k;
+        if (c < L) red_o[(warp * RT + i) * L + c] = o[i][k];
+      }
+      if (lane == 0) {
+        red_m[warp][i] = m[i];
+        red_l[warp][i] = l[i];
+      }
+    }
+    const bool poisoned = __syncthreads_or(bad_slot || b.bad) != 0;
+    for (int idx = tid; idx < RT * L; idx += kCoreThreads) {
+      const int i = idx / L, c = idx % L;
+      const int64_t r = r0 + i;
+      if (r >= total_rows) continue;
+      float m_all = kNegInf;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) m_all = fmaxf(m_all, red_m[w][i]);
+      float l_all = 0.0f, o_all = 0.0f;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        const float f = red_m[w][i] == kNegInf ? 0.0f : exp2f(red_m[w][i] - m_all);
+        l_all += red_l[w][i] * f;
+        o_all += red_o[(w * RT + i) * L + c] * f;
+      }
+      const int64_t at = (b.q_begin + r / heads) * heads + r % heads;
+      if (a.splits == 1) {
+        static_cast<O*>(a.o)[at * L + c] = from_f32<O>(poisoned ? quiet_nan() : (l_all > 0.0f ? o_all / l_all : 0.0f));
+      } else {
+        const int64_t part = split * rows_all + at;
+        a.part_o[part * L + c] = poisoned ? quiet_nan() : o_all;
+        if (c == 0) {
+          a.part_ml[part * 2] = m_all;
+          a.part_ml[part * 2 + 1] = poisoned ? quiet_nan() : l_all;
+        }
+      }
+    }
+    __syncthreads();  // q_s and red_* are rewritten by the next pass
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Tensor-core kernel (bf16 cache and q_full, L = 512, R = 64).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// d += a * b for one m16n8k16 tile (fragment layouts: attention_kernels.cu).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+constexpr int kMmaRows = 64;     // rows per pass
+constexpr int kMmaKeys = 32;     // keys per tile
+constexpr int kMmaStages = 3;
+constexpr int kMmaWarps = 8;
+constexpr int kMmaThreads = kMmaWarps * 32;
+constexpr int kMmaD = kMlaMmaLatent + kMlaMmaRope;  // 576
+constexpr int kMmaL = kMlaMmaLatent;
+constexpr int kMmaLD = kMmaD + 8;      // padded row: ldmatrix phases hit distinct banks
+constexpr int kMmaPLD = kMmaKeys + 8;  // padded P row
+constexpr int kMmaChunks = kMmaD / 8;  // 16-byte chunks per row
+constexpr size_t kMmaSmemBytes =
+    sizeof(bf16) * (static_cast<size_t>(kMmaRows) * kMmaLD + static_cast<size_t>(kMmaStages) * kMmaKeys * kMmaLD +
+                    static_cast<size_t>(4) * 16 * kMmaPLD);
+
+template <typename O>
+__global__ void __launch_bounds__(kMmaThreads, 1) mla_mma_kernel(MlaArgs a) {
+  constexpr int BN = kMmaKeys, NS = kMmaStages, LD = kMmaLD, PLD = kMmaPLD, CH = kMmaChunks;
+  constexpr int kPer = BN * CH / kMmaThreads;  // chunks each thread copies per tile
+  static_assert(BN * CH % kMmaThreads == 0);
+  constexpr float kNegInf = -INFINITY;
+  extern __shared__ __align__(128) unsigned char mla_smem[];
+  bf16* q_s = reinterpret_cast<bf16*>(mla_smem);  // [64][LD]
+  bf16* kv_s = q_s + kMmaRows * LD;                // [NS][BN][LD]
+  bf16* p_s = kv_s + NS * BN * LD;                 // [4][16][PLD]
+  __shared__ float red_max[2][kMmaRows], red_l[2][kMmaRows];
+  __shared__ bool key_ok[NS][BN];
+
+  const int split = blockIdx.x % a.splits, row_split = blockIdx.x / a.splits, seq = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int rg = warp % 4, half = warp / 4;
+  const Bounds b = seq_bounds(a, seq);
+  const int heads = a.heads;
+  const int64_t total_rows = b.q_len * heads;
+  const bf16* q = static_cast<const bf16*>(a.q);
+  const bf16* cache = static_cast<const bf16*>(a.cache);
+  const int32_t* slots = a.kv_slots + (b.bad ? 0 : b.kv_begin);
+  const int64_t rows_all = a.q_tokens * heads;
+  bf16* p_w = p_s + rg * 16 * PLD;  // this row group's P [16][PLD]
+
+  for (int64_t r0 = int64_t{row_split} * kMmaRows; r0 < total_rows; r0 += int64_t{kMmaRows} * a.row_splits) {
+    const int64_t pos_last = b.kv_len - b.q_len + min(r0 + kMmaRows - 1, total_rows - 1) / heads;
+    const int64_t hi = b.bad ? 0 : max(pos_last + 1, int64_t{0});
+    const int64_t per_split = (hi + a.splits - 1) / a.splits;
+    const int64_t c0 = split * per_split, c1 = min(hi, c0 + per_split);
+    const int64_t tiles = c1 > c0 ? (c1 - c0 + BN - 1) / BN : 0;
+    int64_t pos_r[2];  // positions of this lane's rows g and g + 8 (-1: none)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = r0 + rg * 16 + g + 8 * h;
+      pos_r[h] = r < total_rows && !b.bad ? b.kv_len - b.q_len + r / heads : int64_t{-1};
+    }
+    // The q tile (part of the first cp.async group).
+    for (int idx = tid; idx < kMmaRows * CH; idx += kMmaThreads) {
+      const int i = idx / CH, ch = idx % CH;
+      const int64_t r = r0 + i;
+      bf16* dst = q_s + i * LD + ch * 8;
+      if (r < total_rows) cp_async_16(dst, q + ((b.q_begin + r / heads) * heads + r % heads) * kMmaD + ch * 8);
+      else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+    bool bad_slot = false;
+    int32_t pre[kPer];  // slots of the next tile to issue
+    const auto fetch_slots = [&](int64_t t) {
+#pragma unroll
+      for (int p = 0; p < kPer; ++p) {
+        const int row = (tid + p * kMmaThreads) / CH;
+        const int64_t j = c0 + t * BN + row;
+        pre[p] = t < tiles && j < c1 ? slots[j] : -1;
+      }
+    };
+    const auto issue = [&](int64_t t) {
+      if (t >= tiles) return;  // uniform
+      const int st = static_cast<int>(t % NS);
+#pragma unroll
+      for (int p = 0; p < kPer; ++p) {
+        const int idx = tid + p * kMmaThreads, row = idx / CH, ch = idx % CH;
+        const int64_t j = c0 + t * BN + row;
+        const int64_t slot = pre[p];
+        const bool in_range = slot >= 0 && slot < a.num_slots;
+        bad_slot |= j < c1 && !in_range;
+        const bool ok = j < c1 && in_range;
+        if (ch == 0) key_ok[st][row] = ok;
+        bf16* dst = kv_s + (st * BN + row) * LD + ch * 8;
+        if (ok) cp_async_16(dst, cache + slot * kMmaD + ch * 8);
+        else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);  // zero rows keep 0 * garbage out
+      }
+    };
+    fetch_slots(0);
+#pragma unroll
+    for (int t = 0; t < NS - 1; ++t) {
+      issue(t);
+      cp_async_commit();
+      fetch_slots(t + 1);
+    }
+
+    float o[32][4];  // rows g, g + 8; columns 256 half + 8 n + 2 t4 (+1)
+#pragma unroll
+    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_row[2] = {kNegInf, kNegInf}, l_row[2] = {0.0f, 0.0f};
+    const bf16* qa_base = q_s + (rg * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + (lane / 16) * 8;
+
+    for (int64_t t = 0; t < tiles; ++t) {  // uniform
+      issue(t + NS - 1);
+      cp_async_commit();
+      fetch_slots(t + NS);
+      cp_async_wait<NS - 1>();  // tile t (and the q tile) landed for this thread ...
+      __syncthreads();          // ... and for everyone, with the zero fills and key_ok
+      const int st = static_cast<int>(t % NS);
+      const bf16* ks = kv_s + st * BN * LD;
+
+      // S = Q Kᵀ over this warp's 16 keys.
+      float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+      const bf16* kb_base = ks + (half * 16 + (lane % 8) + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8;
+#pragma unroll 6
+      for (int k = 0; k < kMmaD / 16; ++k) {
+        uint32_t qa[4], kb[4];
+        ldmatrix_x4(qa, qa_base + k * 16);
+        ldmatrix_x4(kb, kb_base + k * 16);
+        mma_bf16(s[0], qa, kb[0], kb[1]);
+        mma_bf16(s[1], qa, kb[2], kb[3]);
+      }
+      float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2, kl = half * 16 + n * 8 + 2 * t4 + (e & 1);
+          const int64_t j = c0 + t * BN + kl;
+          const bool visible = key_ok[st][kl] && j <= pos_r[h];
+          s[n][e] = visible ? s[n][e] * a.scale_log2 : kNegInf;
+          tile_max[h] = fmaxf(tile_max[h], s[n][e]);
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        if (t4 == 0) red_max[half][rg * 16 + g + 8 * h] = tile_max[h];
+      }
+      __syncthreads();  // both halves' maxima
+      float corr[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = rg * 16 + g + 8 * h;
+        const float m_new = fmaxf(m_row[h], fmaxf(red_max[0][row], red_max[1][row]));
+        corr[h] = m_new == kNegInf ? 1.0f : exp2f(m_row[h] - m_new);
+        m_row[h] = m_new;
+        l_row[h] *= corr[h];
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float p0 = m_row[h] == kNegInf ? 0.0f : exp2f(s[n][2 * h] - m_row[h]);
+          const float p1 = m_row[h] == kNegInf ? 0.0f : exp2f(s[n][2 * h + 1] - m_row[h]);
+          l_row[h] += p0 + p1;
+          *reinterpret_cast<uint32_t*>(p_w + (g + 8 * h) * PLD + half * 16 + n * 8 + 2 * t4) = pack_bf16(p0, p1);
+        }
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+      }
+      __syncthreads();  // both halves' P
+      // O += P V over the tile's 32 keys, this warp's 256 columns.
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t pa[4];
+        ldmatrix_x4(pa, p_w + ((lane % 8) + ((lane / 8) % 2) * 8) * PLD + kk * 16 + (lane / 16) * 8);
+        const bf16* vb_base = ks + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + half * 256 + (lane / 16) * 8;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, vb_base + n * 16);
+          mma_bf16(o[2 * n], pa, vb[0], vb[1]);
+          mma_bf16(o[2 * n + 1], pa, vb[2], vb[3]);
+        }
+      }
+      __syncthreads();  // this stage and P are rewritten later
+    }
+    cp_async_wait<0>();  // only empty groups (or an unused q tile) remain
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_row[h] += __shfl_xor_sync(0xffffffffu, l_row[h], 1);
+      l_row[h] += __shfl_xor_sync(0xffffffffu, l_row[h], 2);
+      if (t4 == 0) red_l[half][rg * 16 + g + 8 * h] = l_row[h];
+    }
+    const bool poisoned = __syncthreads_or(bad_slot || b.bad) != 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = rg * 16 + g + 8 * h;
+      const int64_t r = r0 + row;
+      if (r < total_rows) {
+        const float l_all = red_l[0][row] + red_l[1][row];
+        const int64_t at = (b.q_begin + r / heads) * heads + r % heads;
+        if (a.splits == 1) {
+          const float inv = poisoned ? quiet_nan() : (l_all > 0.0f ? 1.0f / l_all : 0.0f);
+          O* dst = static_cast<O*>(a.o) + at * kMmaL + half * 256 + 2 * t4;
+#pragma unroll
+          for (int n = 0; n < 32; ++n) store_pair(dst + n * 8, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+        } else {
+          const int64_t part = split * rows_all + at;
+          float* dst = a.part_o + part * kMmaL + half * 256 + 2 * t4;
+          const float f = poisoned ? quiet_nan() : 1.0f;
+#pragma unroll
+          for (int n = 0; n < 32; ++n) store_pair(dst + n * 8, o[n][2 * h] * f, o[n][2 * h + 1] * f);
+          if (half == 0 && t4 == 0) {
+            a.part_ml[part * 2] = m_row[h];
+            a.part_ml[part * 2 + 1] = poisoned ? quiet_nan() : l_all;
+          }
+        }
+      }
+    }
+    __syncthreads();  // q_s, red_* and the stages are rewritten by the next pass
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Merge of the key splits' partials: one block per (token, head) row.
+constexpr int kCombineThreads = 128;
+
+template <typename O>
+__global__ void __launch_bounds__(kCombineThreads)
+    mla_combine_kernel(const float* part_o, const float* part_ml, O* o, int64_t rows, int splits, int L) {
+  const int64_t at = blockIdx.x;
+  __shared__ float weight[kMlaMaxSplits];
+  __shared__ float inv_den;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float m_all = -INFINITY;
+    for (int s = lane; s < splits; s += 32) m_all = fmaxf(m_all, part_ml[(s * rows + at) * 2]);
+    m_all = warp_max(m_all);
+    float den = 0.0f;
+    for (int s = lane; s < splits; s += 32) {
+      const float m = part_ml[(s * rows + at) * 2], l = part_ml[(s * rows + at) * 2 + 1];
+      const float w = m == -INFINITY ? 0.0f : exp2f(m - m_all);
+      weight[s] = w;
+      den += w * l;
+    }
+    den = warp_sum(den);
+    if (lane == 0) inv_den = isnan(den) ? quiet_nan() : (den > 0.0f ? 1.0f / den : 0.0f);
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < L; c += kCombineThreads) {
+    float acc = 0.0f;
+    for (int s = 0; s < splits; ++s) acc += weight[s] * part_o[(s * rows + at) * L + c];
+    o[at * L + c] = from_f32<O>(acc * inv_den);
+  }
+}
+
+template <typename O>
+cudaError_t launch_mma(const MlaArgs& a, dim3 grid, cudaStream_t stream) {
+  static const cudaError_t configured = cudaFuncSetAttribute(
+      mla_mma_kernel<O>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMmaSmemBytes));
+  if (configured != cudaSuccess) return configured;
+  mla_mma_kernel<O><<<grid, kMmaThreads, kMmaSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+int sm_count() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0)
+      return 132;
+    return n;
+  }();
+  return count;
+}
+
+}  // namespace
+
+cudaError_t mla_store(Elem norm_elem, Elem cache, const float* kv_a, const void* norm, float eps,
+                      const int32_t* positions, const float* inv_freq, float rope_scaling, bool interleaved,
+                      const int32_t* slots, void* cache_data, int64_t tokens, int latent, int rope,
+                      int64_t num_slots, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  return dispatch2(norm_elem, cache, [&](auto n, auto c) {
+    using N = decltype(n);
+    using C = decltype(c);
+    mla_store_kernel<N, C><<<static_cast<unsigned>(tokens), kStoreThreads, 0, stream>>>(
+        kv_a, static_cast<const N*>(norm), eps, positions, inv_freq, rope_scaling, interleaved, slots,
+        static_cast<C*>(cache_data), latent, rope, num_slots);
+  });
+}
+
+cudaError_t mla_dequant_fp8(const uint8_t* w, const float* scale_inv, void* out, int64_t n, int64_t k,
+                            cudaStream_t stream) {
+  if (n * k == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((n * k + 255) / 256, 65536);
+  mla_dequant_fp8_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(w, scale_inv, static_cast<bf16*>(out), n,
+                                                                           k);
+  return cudaGetLastError();
+}
+
+cudaError_t mla_gather_latent(Elem cache, Elem out_elem, const void* cache_data, const int32_t* slots, void* out,
+                              int64_t count, int latent, int rope, int64_t num_slots, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  return dispatch2(cache, out_elem, [&](auto c, auto o) {
+    using C = decltype(c);
+    using O = decltype(o);
+    mla_gather_latent_kernel<C, O><<<static_cast<unsigned>(count), 128, 0, stream>>>(
+        static_cast<const C*>(cache_data), slots, static_cast<O*>(out), latent, rope, num_slots);
+  });
+}
+
+cudaError_t mla_split_kv(Elem cache, const void* cache_data, const int32_t* slots, const float* kv, float* k,
+                         float* v, int64_t count, int heads, int latent, int rope, int nope, int v_dim,
+                         int64_t num_slots, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(heads));
+  if (cache == Elem::kF32) {
+    mla_split_kv_kernel<float><<<grid, 64, 0, stream>>>(static_cast<const float*>(cache_data), slots, kv, k, v, heads,
+                                                        latent, rope, nope, v_dim, num_slots);
+  } else {
+    mla_split_kv_kernel<bf16><<<grid, 64, 0, stream>>>(static_cast<const bf16*>(cache_data), slots, kv, k, v, heads,
+                                                       latent, rope, nope, v_dim, num_slots);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t mla_copy_q_rope(Elem q_elem, Elem q_full_elem, const void* q, void* q_full, int64_t tokens, int heads,
+                            int nope, int rope, int latent, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  return dispatch2(q_elem, q_full_elem, [&](auto a, auto b) {
+    using Q = decltype(a);
+    using F = decltype(b);
+    mla_copy_q_rope_kernel<Q, F><<<static_cast<unsigned>(tokens), 128, 0, stream>>>(
+        static_cast<const Q*>(q), static_cast<F*>(q_full), heads, nope, rope, latent);
+  });
+}
+
+bool mla_attention_uses_mma(Elem cache, Elem q_full, const MlaAttentionShape& shape) {
+  return cache == Elem::kBF16 && q_full == Elem::kBF16 && shape.latent == kMlaMmaLatent && shape.rope == kMlaMmaRope;
+}
+
+int mla_attention_row_splits(const MlaAttentionShape& shape, bool mma) {
+  if (shape.num_seqs <= 0) return 1;
+  const int64_t rows = mma ? kMmaRows : kCoreRows;
+  const int64_t avg_rows = (shape.q_tokens * shape.heads + shape.num_seqs - 1) / shape.num_seqs;
+  return static_cast<int>(std::clamp<int64_t>((avg_rows + rows - 1) / rows, 1, 4096));
+}
+
+int mla_attention_splits(const MlaAttentionShape& shape, bool mma) {
+  if (shape.num_seqs <= 0) return 1;
+  const int64_t base = int64_t{shape.num_seqs} * mla_attention_row_splits(shape, mma);
+  const int64_t to_fill = (sm_count() + base - 1) / base;
+  // A split keeps at least ~256 keys (tensor cores) or ~128 (CUDA cores): the
+  // partials cost L floats per row and split.
+  const int64_t avg_keys = shape.kv_slots_len / shape.num_seqs;
+  const int64_t by_keys = std::max<int64_t>(1, avg_keys / (mma ? 256 : 128));
+  return static_cast<int>(std::clamp<int64_t>(std::min(to_fill, by_keys), 1, kMlaMaxSplits));
+}
+
+int64_t mla_attention_scratch_floats(const MlaAttentionShape& shape, int splits) {
+  if (splits <= 1) return 0;
+  return int64_t{splits} * shape.q_tokens * shape.heads * (shape.latent + 2);
+}
+
+cudaError_t mla_attention(Elem q_elem, Elem cache, Elem o_elem, const void* q_full, const void* cache_data,
+                          const int32_t* q_start, const int32_t* kv_start, const int32_t* kv_slots,
+                          const MlaAttentionShape& shape, int splits, int row_splits, bool mma, float* scratch,
+                          void* o_lat, cudaStream_t stream) {
+  if (shape.q_tokens == 0 || shape.num_seqs == 0) return cudaSuccess;
+  MlaArgs a{};
+  a.q = q_full;
+  a.cache = cache_data;
+  a.o = o_lat;
+  const int64_t rows = shape.q_tokens * shape.heads;
+  a.part_o = splits > 1 ? scratch : nullptr;
+  a.part_ml = splits > 1 ? scratch + int64_t{splits} * rows * shape.latent : nullptr;
+  a.q_start = q_start;
+  a.kv_start = kv_start;
+  a.kv_slots = kv_slots;
+  a.q_tokens = shape.q_tokens;
+  a.kv_slots_len = shape.kv_slots_len;
+  a.num_slots = shape.num_slots;
+  a.heads = shape.heads;
+  a.L = shape.latent;
+  a.R = shape.rope;
+  a.splits = splits;
+  a.row_splits = row_splits;
+  a.scale_log2 = shape.scale * kLog2e;
+  const dim3 grid(static_cast<unsigned>(splits * row_splits), static_cast<unsigned>(shape.num_seqs));
+  if (mma) {
+    if (q_elem != Elem::kBF16 || cache != Elem::kBF16) return cudaErrorInvalidValue;
+    const cudaError_t status = o_elem == Elem::kF32 ? launch_mma<float>(a, grid, stream) : launch_mma<bf16>(a, grid, stream);
+    if (status != cudaSuccess) return status;
+  } else {
+    if (q_elem != Elem::kF32) return cudaErrorInvalidValue;
+    const size_t smem = core_smem_bytes(shape.latent, shape.rope);
+    dispatch2(cache, o_elem, [&](auto c, auto o) {
+      using C = decltype(c);
+      using O = decltype(o);
+      mla_core_kernel<C, O><<<grid, kCoreThreads, smem, stream>>>(a);
+    });
+    const cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+  }
+  if (splits > 1) {
+    if (o_elem == Elem::kF32) {
+      mla_combine_kernel<float><<<static_cast<unsigned>(rows), kCombineThreads, 0, stream>>>(
+          a.part_o, a.part_ml, static_cast<float*>(o_lat), rows, splits, shape.latent);
+    } else {
+      mla_combine_kernel<bf16><<<static_cast<unsigned>(rows), kCombineThreads, 0, stream>>>(
+          a.part_o, a.part_ml, static_cast<bf16*>(o_lat), rows, splits, shape.latent);
+    }
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace basalt::cuda_kernels

@@ -1,0 +1,86 @@
+// Launchers of the multi-head latent attention kernels (mla_kernels.cu), with
+// a plain interface: raw device pointers, element-type codes and sizes, so
+// that the .cu file needs no host-library headers. mla.h is the checked API
+// on top; call that instead.
+//
+// Contract: each launcher enqueues its kernels on `stream` and returns
+// cudaGetLastError() (cudaSuccess when the launches were accepted). Sizes are
+// trusted (the caller checked shapes, dtypes, placement and the limits below);
+// slot and layout contents are not: a slot outside [0, num_slots) stores
+// nothing (store), or gives NaN rows (expand, attention). Grids and split
+// counts depend only on the sizes given here, never on device data, so every
+// launch can be captured in a CUDA graph and replayed with new contents.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/elementwise_kernels.h"
+
+namespace basalt::cuda_kernels {
+
+// The tensor-core attention core's fixed dims (DeepSeek V2, V2-lite and V3):
+// latent 512, rope 64. Other dims take the CUDA-core kernel.
+inline constexpr int kMlaMmaLatent = 512;
+inline constexpr int kMlaMmaRope = 64;
+// The CUDA-core kernel keeps a row's latent sums in registers: L <= this.
+inline constexpr int kMlaMaxLatent = 512;
+inline constexpr int kMlaMaxSplits = 64;
+
+// cache[slots[t]] = [rms_norm(kv_a[t, :L]) * norm | rope(kv_a[t, L:])];
+// kv_a f32 [T, L + R]; norm `norm_elem` [L]; cache `cache` [num_slots, L + R].
+cudaError_t mla_store(Elem norm_elem, Elem cache, const float* kv_a, const void* norm, float eps,
+                      const int32_t* positions, const float* inv_freq, float rope_scaling, bool interleaved,
+                      const int32_t* slots, void* cache_data, int64_t tokens, int latent, int rope,
+                      int64_t num_slots, cudaStream_t stream);
+
+// out bf16 [n, k] = fp8 e4m3 w [n, k] * scale_inv[n / 128, k / 128].
+cudaError_t mla_dequant_fp8(const uint8_t* w, const float* scale_inv, void* out, int64_t n, int64_t k,
+                            cudaStream_t stream);
+
+// latent `out_elem` [S, L] = cache[slots[i], :L] (NaN rows for bad slots).
+cudaError_t mla_gather_latent(Elem cache, Elem out_elem, const void* cache_data, const int32_t* slots, void* out,
+                              int64_t count, int latent, int rope, int64_t num_slots, cudaStream_t stream);
+
+// From kv f32 [S, heads, Dn + Dv] (the latent · kv_bᵀ product) and the cache:
+// k f32 [S, heads, Dn + R] = [kv[:Dn] | cache[slots[i], L:]], v f32 [S, heads, Dv].
+cudaError_t mla_split_kv(Elem cache, const void* cache_data, const int32_t* slots, const float* kv, float* k,
+                         float* v, int64_t count, int heads, int latent, int rope, int nope, int v_dim,
+                         int64_t num_slots, cudaStream_t stream);
+
+// q_full[t, h, L + r] = q[t, h, Dn + r] for r < R (the rope part of the
+// latent-space query), converted to q_full's type.
+cudaError_t mla_copy_q_rope(Elem q_elem, Elem q_full_elem, const void* q, void* q_full, int64_t tokens, int heads,
+                            int nope, int rope, int latent, cudaStream_t stream);
+
+struct MlaAttentionShape {
+  int64_t q_tokens = 0;
+  int num_seqs = 0;
+  int64_t kv_slots_len = 0;
+  int64_t num_slots = 0;
+  int heads = 0;
+  int latent = 0;  // L: values are a row's first L features
+  int rope = 0;    // R: keys are L + R wide
+  float scale = 0.0f;
+};
+
+// Whether the tensor-core kernel serves this call (bf16 cache and q_full,
+// L = 512, R = 64).
+bool mla_attention_uses_mma(Elem cache, Elem q_full, const MlaAttentionShape& shape);
+// Key splits (1 .. kMlaMaxSplits) and row splits, from sizes only.
+int mla_attention_splits(const MlaAttentionShape& shape, bool mma);
+int mla_attention_row_splits(const MlaAttentionShape& shape, bool mma);
+// f32 scratch the split path needs (splits > 1).
+int64_t mla_attention_scratch_floats(const MlaAttentionShape& shape, int splits);
+
+// o_lat `o_elem` [T, heads, L] = softmax(q_full · cacheᵀ * scale) · cache[:, :L]
+// per (token, head), causal over the layout (attention.h's semantics; rows
+// at negative positions are 0). q_full `q_elem` [T, heads, L + R]. With
+// splits > 1, scratch holds mla_attention_scratch_floats floats.
+cudaError_t mla_attention(Elem q_elem, Elem cache, Elem o_elem, const void* q_full, const void* cache_data,
+                          const int32_t* q_start, const int32_t* kv_start, const int32_t* kv_slots,
+                          const MlaAttentionShape& shape, int splits, int row_splits, bool mma, float* scratch,
+                          void* o_lat, cudaStream_t stream);
+
+}  // namespace basalt::cuda_kernels
