@@ -1,3 +1,4 @@
+// TEAM LEAD NOTE (delete this line before committing): before building or using the GPU, read .scratch/RULES.md in this worktree: it has the build rules (-j1), the GPU script (.scratch/gpu-run.sh, carry .scratch) and the device limits.
 // CudaBackend: the Backend op set on one NVIDIA GPU (built for sm_90a).
 //
 // Contract:
@@ -40,11 +41,13 @@
 //    does, and multiplies in FP8 (fp8_linear.h: our weight-streaming kernel
 //    for decode, cuBLASLt's block-scaled FP8 for prefill); it matches the
 //    CPU backend (unquantized activations) within that quantization, not to
-//    f32 rounding. The MLA ops run on the device (mla.h: tensor-core
-//    attention core for bf16 caches at DeepSeek's 512 + 64 dims, FP8 kv_b
-//    dequantized once to bf16). moe_experts is not on the GPU yet: it throws
-//    basalt::Error naming the op, so a DeepSeek model fails at its first
-//    step with a clear message.
+//    f32 rounding. moe_experts runs grouped GEMMs over the tokens each
+//    expert gets (moe.h: bf16 or block-FP8 with activations quantized the
+//    same way; no host round trip, so it records into graphs); each experts
+//    span gets a device table of its weights once, kept by the backend (so
+//    the weights must outlive the backend's use of them). The MLA ops run on
+//    the device (mla.h: tensor-core attention core for bf16 caches at
+//    DeepSeek's 512 + 64 dims, FP8 kv_b dequantized once to bf16).
 //  * Not batch invariant: cuBLASLt picks its algorithm by M, the GEMVs their
 //    scheme by row count and attention its split count by shapes.
 #pragma once
@@ -62,6 +65,7 @@ namespace basalt {
 class CublasLt;
 class CudaFp8Linear;
 class CudaMla;
+class MoeExpertTables;
 
 // GPU time of one kind of op while profiling was on (CudaBackend::profile).
 struct OpTime {
@@ -144,6 +148,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudaFp8Linear> fp8_;
   std::unique_ptr<Profiler> profiler_;  // null while profiling is off
   std::unique_ptr<CudaMla> mla_;         // MLA state: cuBLAS handle, dequantized FP8 kv_b (mla.h)
+  std::unique_ptr<MoeExpertTables> moe_tables_;
 };
 
 }  // namespace basalt

@@ -1,0 +1,637 @@
+// MoE expert kernels (see moe_gemm_kernels.h; moe.h for what the op computes).
+//
+// Layout: the T * top_k (token, slot) pairs are sorted by expert into rows
+// 0 .. R-1 (compact: no padding rows), and each expert's rows are cut into
+// tiles of tile_m rows, so a GEMM block never mixes experts. A GEMM grid is
+// (N / BN column blocks) x (a worst-case count of tiles); blocks whose tile
+// index is past the count the permutation wrote leave at once, so nothing
+// is read back to the host and the whole op can be recorded in a CUDA graph.
+//
+// The grouped GEMM (moe_gemm_kernel): 8 warps; per stage a block loads
+// 128 bytes of K of its tile_m activation rows (gathered through row_pair)
+// and of 128 weight rows (gated: 64 gate rows and the same 64 up rows), with
+// cp.async into a STAGES-deep ring of shared memory, rows of 128 bytes with
+// the 16-byte chunks XOR-swizzled by row (conflict-free ldmatrix). Operands
+// come out of shared memory with ldmatrix, whose 8x8 b16 matrices are the
+// fragments of both mma.m16n8k16 (bf16) and mma.m16n8k32 (e4m3): a thread's
+// 32-bit word holds 2 bf16 or 4 e4m3 of one row, as both shapes want. With
+// FP8, one stage is exactly one 128-K scale block: its mma results collect
+// in a temporary accumulator that is then scaled by act_scale[row] *
+// weight_scale[n block] and added to the f32 accumulator (DeepGEMM's
+// promotion), so the tensor cores' limited internal accumulation precision
+// spans at most 128 products.
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/element_types.cuh"
+#include "backend/cuda/moe_gemm_kernels.h"
+
+namespace basalt::cuda_kernels {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+// ---------------------------------------------------------------------------
+// The expert table.
+
+__global__ void moe_fill_table_kernel(MoeExpertPtrs* table, MoeTableChunk chunk) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < chunk.count) table[chunk.first + i] = chunk.e[i];
+}
+
+// ---------------------------------------------------------------------------
+// The permutation: one block of 1024 threads.
+
+constexpr int kPermuteThreads = 1024;
+
+// Exclusive prefix sum over the block of one value per thread; `total` gets
+// the sum. Every thread of the block must call it.
+__device__ long long block_exclusive_scan(long long v, long long* total) {
+  __shared__ long long warp_sums[kPermuteThreads / 32];
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  long long inclusive = v;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const long long other = __shfl_up_sync(kFull, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    long long s = warp_sums[lane];
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const long long other = __shfl_up_sync(kFull, s, offset);
+      if (lane >= offset) s += other;
+    }
+    warp_sums[lane] = s;  // inclusive over warps
+  }
+  __syncthreads();
+  const long long before = (warp > 0 ? warp_sums[warp - 1] : 0) + inclusive - v;
+  *total = warp_sums[kPermuteThreads / 32 - 1];
+  __syncthreads();  // warp_sums may be reused by a later call
+  return before;
+}
+
+__global__ void __launch_bounds__(kPermuteThreads) moe_permute_kernel(MoePermuteArgs a) {
+  extern __shared__ int32_t shared[];
+  int32_t* count = shared;              // [experts]
+  int32_t* cursor = shared + a.experts;  // [experts]: next free row of each expert
+  const int tid = static_cast<int>(threadIdx.x);
+  const int E = a.experts;
+  for (int e = tid; e < E; e += kPermuteThreads) count[e] = 0;
+  __syncthreads();
+  for (int p = tid; p < a.pairs; p += kPermuteThreads) {
+    const int e = a.ids[p];
+    if (e >= 0 && e < E) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  // Thread tid owns experts [e0, e1): rows and tiles of its experts, packed
+  // in one 64-bit value for one scan (each part stays below 2^31).
+  const int per = (E + kPermuteThreads - 1) / kPermuteThreads;
+  const int e0 = min(E, tid * per), e1 = min(E, e0 + per);
+  long long rows = 0, tiles = 0;
+  for (int e = e0; e < e1; ++e) {
+    rows += count[e];
+    tiles += (count[e] + a.tile_m - 1) / a.tile_m;
+  }
+  long long total;
+  const long long before = block_exclusive_scan((rows << 32) | tiles, &total);
+  int row = static_cast<int>(before >> 32), tile = static_cast<int>(before & 0xffffffffll);
+  const int total_rows = static_cast<int>(total >> 32);
+  for (int e = e0; e < e1; ++e) {
+    const int c = count[e];
+    cursor[e] = row;
+    for (int begin = 0; begin < c; begin += a.tile_m)
+      a.tiles[tile++] = make_int4(e, row + begin, row + min(c, begin + a.tile_m), 0);
+    row += c;
+  }
+  if (tid == 0) *a.num_tiles = static_cast<int32_t>(total & 0xffffffffll);
+  __syncthreads();
+  for (int p = tid; p < a.pairs; p += kPermuteThreads) {
+    const int e = a.ids[p];
+    if (e >= 0 && e < E) {
+      const int r = atomicAdd(&cursor[e], 1);
+      a.row_pair[r] = p;
+      a.pair_row[p] = r;
+    } else {
+      a.pair_row[p] = -1;
+    }
+  }
+  for (int r = total_rows + tid; r < a.pairs; r += kPermuteThreads) a.row_pair[r] = -1;
+}
+
+// ---------------------------------------------------------------------------
+// The grouped GEMM.
+
+constexpr int kGemmThreads = 256;
+constexpr int kBK = 128;  // bytes of K per stage (one FP8 scale block)
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// e4m3 bytes reread as f16 by moving bits: f16 bits = sign << 15 | (e4m3 &
+// 0x7f) << 7, which is the e4m3 value times 2^-8 exactly (subnormals
+// included; f16's exponent bias is 15, e4m3's 7). From the word q = bytes
+// [b3 b2 b1 b0]: odd() gives f16x2 {b1, b3} (low, high), even() {b0, b2}.
+__device__ __forceinline__ uint32_t e4m3_odd_as_f16(uint32_t q) {
+  return (q & 0x80008000u) | ((q & 0x7f007f00u) >> 1);
+}
+__device__ __forceinline__ uint32_t e4m3_even_as_f16(uint32_t q) { return e4m3_odd_as_f16(q << 8); }
+
+// The two m16n8k16 f16 products that make one m16n8k32 e4m3 product. A
+// thread's e4m3 fragments hold k 4t..4t+3 (half 0) and 16+4t.. (half 1) of
+// its rows and columns; even() and odd() of the same word in A and in B
+// pair the same k, so the sum runs over the 32 k in another order, which
+// changes nothing (every product is exact, and the sum's order within an
+// mma is the hardware's anyway).
+__device__ __forceinline__ void mma_e4m3_as_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t lo = a[2 * h], hi = a[2 * h + 1], b = h == 0 ? b0 : b1;
+    const uint32_t af[4] = {e4m3_even_as_f16(lo), e4m3_even_as_f16(hi), e4m3_odd_as_f16(lo), e4m3_odd_as_f16(hi)};
+    mma_f16(d, af, e4m3_even_as_f16(b), e4m3_odd_as_f16(b));
+  }
+}
+
+// Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows.
+__device__ __forceinline__ uint32_t swizzle(int r, int c) {
+  return static_cast<uint32_t>(r * kBK + ((c ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// Stores v0, v1 at out[row, n] and out[row, n + 1] (n + 1 only when < N).
+template <typename T>
+__device__ __forceinline__ void store_pair(T* out, int64_t row, int n, int N, float v0, float v1) {
+  T* p = out + row * N + n;
+  if (n + 1 < N) {
+    if constexpr (sizeof(T) == 4) {
+      if ((N & 1) == 0) {
+        *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+        return;
+      }
+    } else {
+      if ((N & 1) == 0) {
+        *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+        return;
+      }
+    }
+    p[0] = from_f32<T>(v0);
+    p[1] = from_f32<T>(v1);
+  } else if (n < N) {
+    p[0] = from_f32<T>(v0);
+  }
+}
+
+template <int BM>
+struct TileConfig;
+// Decode: a few rows per expert. One m16 row block, the 8 warps side by side
+// over the weight rows; deep pipeline (weights stream from HBM).
+template <>
+struct TileConfig<16> {
+  static constexpr int WM = 1, STAGES = 6, MIN_BLOCKS = 2;
+};
+template <>
+struct TileConfig<64> {
+  static constexpr int WM = 2, STAGES = 4, MIN_BLOCKS = 2;
+};
+template <>
+struct TileConfig<128> {
+  static constexpr int WM = 2, STAGES = 4, MIN_BLOCKS = 1;
+};
+
+template <int BM>
+constexpr int gemm_smem_bytes(bool fp8) {
+  return TileConfig<BM>::STAGES * (BM * kBK + kMoeGemmN * kBK + (fp8 ? BM * 4 : 0)) + BM * 4;
+}
+
+template <int BM, int MODE, bool GATED>
+__global__ void __launch_bounds__(kGemmThreads, TileConfig<BM>::MIN_BLOCKS) moe_gemm_kernel(MoeGemmArgs a) {
+  constexpr bool FP8 = MODE != kMoeMmaBf16;
+  constexpr int WM = TileConfig<BM>::WM, WN = 8 / WM, STAGES = TileConfig<BM>::STAGES;
+  constexpr int BN = GATED ? kMoeGemmN / 2 : kMoeGemmN;  // output columns per block
+  constexpr int MS = BM / WM / 16;                       // m16 blocks per warp
+  constexpr int NS = kMoeGemmN / WN / 8;                 // n8 blocks per warp (gated: gate half, up half)
+  constexpr int HALF = NS / 2;
+  constexpr int A_BYTES = BM * kBK, B_BYTES = kMoeGemmN * kBK;
+  constexpr int A_CHUNKS = BM * kBK / 16, B_CHUNKS = B_BYTES / 16;
+  constexpr int A_ITERS = (A_CHUNKS + kGemmThreads - 1) / kGemmThreads;
+  constexpr int B_ITERS = B_CHUNKS / kGemmThreads;
+  static_assert(MS >= 1 && NS >= 2 && NS % 2 == 0, "warp tile");
+  static_assert(B_CHUNKS % kGemmThreads == 0, "weight chunks per thread");
+  // An FP8 weight block of 128 rows holds each block's columns (one scale).
+  static_assert(128 % BN == 0, "column blocks inside one scale block");
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const smem_a = smem;
+  uint8_t* const smem_b = smem + STAGES * A_BYTES;
+  float* const smem_scale = reinterpret_cast<float*>(smem + STAGES * (A_BYTES + B_BYTES));
+  int32_t* const smem_src = reinterpret_cast<int32_t*>(smem + STAGES * (A_BYTES + B_BYTES) + (FP8 ? STAGES * BM * 4 : 0));
+  const uint32_t base_a = smem_addr(smem_a), base_b = smem_addr(smem_b), base_scale = smem_addr(smem_scale);
+
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int wm = warp / WN, wn = warp % WN;
+  const int g = lane / 4, t4 = lane % 4;
+  const int N = a.n;
+  const int k_bytes = FP8 ? a.k : a.k * 2;
+  const int KT = (k_bytes + kBK - 1) / kBK;  // stages of K (FP8: scale blocks)
+  const int n0 = static_cast<int>(blockIdx.x) * BN;
+  const int num_tiles = *a.num_tiles;
+
+  for (int tile = static_cast<int>(blockIdx.y); tile < num_tiles; tile += static_cast<int>(gridDim.y)) {
+    const int4 info = a.tiles[tile];
+    const int expert = info.x, row_begin = info.y, rows = info.z - info.y;
+    const MoeExpertPtrs& ex = a.table[expert];
+    const int m0 = GATED ? 0 : 2;  // the first weight matrix
+    const uint8_t* const w_main = static_cast<const uint8_t*>(ex.w[m0]);
+    const uint8_t* const w_up = static_cast<const uint8_t*>(ex.w[1]);
+    const float* const ws_main = ex.scale[m0] + (n0 / 128) * KT;
+    const float* const ws_up = ex.scale[1] + (n0 / 128) * KT;
+
+    // The activation row of each tile row (-1: past the tile), in shared
+    // memory rather than registers (the FP8 accumulators need them).
+    if (tid < BM) {
+      int32_t src = -1;
+      if (tid < rows) src = a.gather ? a.row_pair[row_begin + tid] / a.top_k : row_begin + tid;
+      smem_src[tid] = src;
+    }
+    __syncthreads();
+    // This thread's weight chunk: column tid % 8 of rows tid / 8 + 32 it.
+    const uint8_t* const b_main = w_main + static_cast<int64_t>(n0) * k_bytes + (tid % 8) * 16;
+    const uint8_t* const b_up = w_up + static_cast<int64_t>(n0) * k_bytes + (tid % 8) * 16;
+    const int b_rows = N - n0;  // weight rows left from n0
+    auto load_stage = [&](int stage, int kt) {
+      const int kb = kt * kBK;
+      const bool chunk_ok = kb + (tid % 8) * 16 < k_bytes;
+#pragma unroll
+      for (int it = 0; it < A_ITERS; ++it) {
+        const int i = tid + it * kGemmThreads;
+        if (A_CHUNKS % kGemmThreads != 0 && i >= A_CHUNKS) continue;
+        const int r = i / 8, c = i % 8;
+        const int32_t src = smem_src[r];
+        const bool ok = src >= 0 && kb + c * 16 < k_bytes;
+        cp_async16(base_a + stage * A_BYTES + swizzle(r, c), ok ? a.a + static_cast<int64_t>(src) * k_bytes + kb + c * 16 : a.a,
+                   ok);
+      }
+#pragma unroll
+      for (int it = 0; it < B_ITERS; ++it) {
+        // Row r = tid / 8 + 32 it of the stage: gated, rows 0-63 gate and
+        // 64-127 up (weight row n0 + r % 64); else weight row n0 + r.
+        constexpr int kRowsPerIter = kGemmThreads / 8;
+        const int r = tid / 8 + kRowsPerIter * it;
+        const int rel = GATED ? r % BN : r;
+        const uint8_t* w = (GATED && r >= BN) ? b_up : b_main;
+        const bool ok = rel < b_rows && chunk_ok;
+        cp_async16(base_b + stage * B_BYTES + swizzle(r, tid % 8),
+                   ok ? w + static_cast<int64_t>(rel) * k_bytes + kb : w_main, ok);
+      }
+      if (FP8 && tid < BM) {
+        const int32_t src = smem_src[tid];
+        const bool ok = src >= 0;
+        cp_async4(base_scale + (stage * BM + tid) * 4, ok ? a.a_scale + static_cast<int64_t>(src) * KT + kt : a.a_scale,
+                  ok);
+      }
+    };
+
+    float acc[MS][NS][4];
+    float part[FP8 ? MS : 1][FP8 ? NS : 1][4];
+#pragma unroll
+    for (int m = 0; m < MS; ++m)
+#pragma unroll
+      for (int s = 0; s < NS; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[m][s][i] = 0.0f;
+
+    // Weight row (within the stage) of this warp's n8 block s.
+    auto b_row = [&](int s) {
+      if (GATED) return (s < HALF ? 0 : BN) + wn * 8 * HALF + 8 * (s < HALF ? s : s - HALF);
+      return wn * 8 * NS + 8 * s;
+    };
+
+    // Offsets of this lane's ldmatrix rows in a stage, at k step 0.
+    const uint32_t a_frag = swizzle(wm * (BM / WM) + (lane & 15), lane >> 4);
+    uint32_t b_frag[NS / 2];
+#pragma unroll
+    for (int p = 0; p < NS / 2; ++p) b_frag[p] = swizzle(b_row(2 * p + (lane >> 4)) + (lane & 7), (lane >> 3) & 1);
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < KT) load_stage(s, s);
+      cp_async_commit();
+    }
+#pragma unroll 1
+    for (int kt = 0; kt < KT; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      {
+        const int next = kt + STAGES - 1;
+        if (next < KT) load_stage(next % STAGES, next);
+        cp_async_commit();
+      }
+      const int stage = kt % STAGES;
+      float w_scale_main = 0.0f, w_scale_up = 0.0f;
+      if constexpr (FP8) {
+        w_scale_main = ws_main[kt];
+        if (GATED) w_scale_up = ws_up[kt];
+#pragma unroll
+        for (int m = 0; m < MS; ++m)
+#pragma unroll
+          for (int s = 0; s < NS; ++s)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) part[m][s][i] = 0.0f;
+      }
+      const uint32_t sa = base_a + stage * A_BYTES, sb = base_b + stage * B_BYTES;
+#pragma unroll
+      for (int ks = 0; ks < kBK / 32; ++ks) {
+        // swizzle(r, 2 ks + h) = swizzle(r, h) ^ (ks << 5) (2 ks and h
+        // are different bits of the chunk index).
+        uint32_t af[MS][4];
+#pragma unroll
+        for (int m = 0; m < MS; ++m) ldmatrix_x4(af[m], sa + m * 16 * kBK + (a_frag ^ (ks << 5)));
+        uint32_t bf[NS][2];
+#pragma unroll
+        for (int p = 0; p < NS / 2; ++p) {
+          uint32_t q[4];
+          ldmatrix_x4(q, sb + (b_frag[p] ^ (ks << 5)));
+          bf[2 * p][0] = q[0];
+          bf[2 * p][1] = q[1];
+          bf[2 * p + 1][0] = q[2];
+          bf[2 * p + 1][1] = q[3];
+        }
+#pragma unroll
+        for (int m = 0; m < MS; ++m)
+#pragma unroll
+          for (int s = 0; s < NS; ++s) {
+            if constexpr (MODE == kMoeMmaE4m3)
+              mma_e4m3(part[m][s], af[m], bf[s][0], bf[s][1]);
+            else if constexpr (MODE == kMoeMmaE4m3AsF16)
+              mma_e4m3_as_f16(part[m][s], af[m], bf[s][0], bf[s][1]);
+            else
+              mma_bf16(acc[m][s], af[m], bf[s][0], bf[s][1]);
+          }
+      }
+      if constexpr (FP8) {
+        const float* sc = smem_scale + stage * BM;
+#pragma unroll
+        for (int m = 0; m < MS; ++m) {
+          const int r = wm * (BM / WM) + m * 16 + g;
+          const float s_lo = sc[r], s_hi = sc[r + 8];
+#pragma unroll
+          for (int s = 0; s < NS; ++s) {
+            // The f16 rereading scaled both operands by 2^-8.
+            const float ws = ((GATED && s >= HALF) ? w_scale_up : w_scale_main) *
+                             (MODE == kMoeMmaE4m3AsF16 ? 65536.0f : 1.0f);
+            const float lo = s_lo * ws, hi = s_hi * ws;
+            acc[m][s][0] += part[m][s][0] * lo;
+            acc[m][s][1] += part[m][s][1] * lo;
+            acc[m][s][2] += part[m][s][2] * hi;
+            acc[m][s][3] += part[m][s][3] * hi;
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+
+    // Epilogue: straight from the registers.
+#pragma unroll
+    for (int m = 0; m < MS; ++m) {
+      const int r_lo = wm * (BM / WM) + m * 16 + g;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = r_lo + 8 * half;
+        if (r >= rows) continue;
+        const int64_t row = row_begin + r;
+        if constexpr (GATED) {
+#pragma unroll
+          for (int s = 0; s < HALF; ++s) {
+            const int n = n0 + wn * 8 * HALF + 8 * s + 2 * t4;
+            const float v0 = silu_mul(acc[m][s][2 * half], acc[m][s + HALF][2 * half]);
+            const float v1 = silu_mul(acc[m][s][2 * half + 1], acc[m][s + HALF][2 * half + 1]);
+            if (a.out_bf16)
+              store_pair(static_cast<bf16*>(a.out), row, n, N, v0, v1);
+            else
+              store_pair(static_cast<float*>(a.out), row, n, N, v0, v1);
+          }
+        } else {
+#pragma unroll
+          for (int s = 0; s < NS; ++s) {
+            const int n = n0 + wn * 8 * NS + 8 * s + 2 * t4;
+            store_pair(static_cast<float*>(a.out), row, n, N, acc[m][s][2 * half], acc[m][s][2 * half + 1]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next tile's loads overwrite the stages
+  }
+}
+
+template <int BM, int MODE, bool GATED>
+cudaError_t launch_gemm(const MoeGemmArgs& args, int max_tiles, cudaStream_t stream) {
+  constexpr int kSmem = gemm_smem_bytes<BM>(MODE != kMoeMmaBf16);
+  static const cudaError_t configured = cudaFuncSetAttribute(
+      moe_gemm_kernel<BM, MODE, GATED>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (configured != cudaSuccess) return configured;
+  constexpr int BN = GATED ? kMoeGemmN / 2 : kMoeGemmN;
+  const dim3 grid(static_cast<unsigned>((args.n + BN - 1) / BN),
+                  static_cast<unsigned>(max_tiles < 65535 ? max_tiles : 65535));
+  moe_gemm_kernel<BM, MODE, GATED><<<grid, kGemmThreads, kSmem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <int BM, int MODE>
+cudaError_t launch_gemm_mode(const MoeGemmArgs& args, bool gated, int max_tiles, cudaStream_t stream) {
+  return gated ? launch_gemm<BM, MODE, true>(args, max_tiles, stream)
+               : launch_gemm<BM, MODE, false>(args, max_tiles, stream);
+}
+
+template <int BM>
+cudaError_t launch_gemm_m(const MoeGemmArgs& args, int mode, bool gated, int max_tiles, cudaStream_t stream) {
+  switch (mode) {
+    case kMoeMmaBf16: return launch_gemm_mode<BM, kMoeMmaBf16>(args, gated, max_tiles, stream);
+    case kMoeMmaE4m3: return launch_gemm_mode<BM, kMoeMmaE4m3>(args, gated, max_tiles, stream);
+    case kMoeMmaE4m3AsF16: return launch_gemm_mode<BM, kMoeMmaE4m3AsF16>(args, gated, max_tiles, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The generic GEMMs: one warp per output element.
+
+constexpr int kGenericWarps = 8;
+
+__device__ __forceinline__ float load_weight(const MoeExpertPtrs& ex, int m, int64_t n, int64_t k, int64_t K) {
+  const int64_t i = n * K + k;
+  switch (ex.kind[m]) {
+    case kMoeF32: return static_cast<const float*>(ex.w[m])[i];
+    case kMoeBF16: return to_f32(static_cast<const bf16*>(ex.w[m])[i]);
+    case kMoeF16: return to_f32(static_cast<const __half*>(ex.w[m])[i]);
+    default: {
+      const uint8_t code = static_cast<const uint8_t*>(ex.w[m])[i];
+      const __half_raw h = __nv_cvt_fp8_to_halfraw(code, __NV_E4M3);
+      const int64_t kb = (K + 127) / 128;
+      return __half2float(__half(h)) * ex.scale[m][(n / 128) * kb + k / 128];
+    }
+  }
+}
+
+template <bool GATED>
+__global__ void __launch_bounds__(32 * kGenericWarps) moe_generic_kernel(MoeGenericArgs a) {
+  const int row = static_cast<int>(blockIdx.x);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int n = static_cast<int>(blockIdx.y) * kGenericWarps + static_cast<int>(threadIdx.x) / 32;
+  if (n >= a.n) return;
+  const int pair = a.row_pair[row];
+  if (pair < 0) return;
+  const MoeExpertPtrs& ex = a.table[a.ids[pair]];
+  const int64_t src = a.gather ? pair / a.top_k : row;
+  const int64_t K = a.k;
+  float s0 = 0.0f, s1 = 0.0f;
+  for (int64_t k = lane; k < K; k += 32) {
+    const float x = a.a_bf16 ? to_f32(static_cast<const bf16*>(a.a)[src * K + k])
+                             : static_cast<const float*>(a.a)[src * K + k];
+    s0 += x * load_weight(ex, GATED ? 0 : 2, n, k, K);
+    if (GATED) s1 += x * load_weight(ex, 1, n, k, K);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    s0 += __shfl_xor_sync(kFull, s0, offset);
+    s1 += __shfl_xor_sync(kFull, s1, offset);
+  }
+  if (lane == 0) a.out[static_cast<int64_t>(row) * a.n + n] = GATED ? silu_mul(s0, s1) : s0;
+}
+
+// ---------------------------------------------------------------------------
+// Un-permutation and conversion.
+
+constexpr int kUnpermuteThreads = 256;
+
+__global__ void __launch_bounds__(kUnpermuteThreads)
+    moe_unpermute_kernel(const float* __restrict__ y, const int32_t* __restrict__ pair_row,
+                         const float* __restrict__ weights, float* __restrict__ out, int top_k, int hidden,
+                         bool vec4) {
+  const int64_t t = blockIdx.x;
+  const int32_t* rows = pair_row + t * top_k;
+  const float* w = weights + t * top_k;
+  float* o = out + t * hidden;
+  if (vec4) {
+    for (int h = static_cast<int>(threadIdx.x) * 4; h < hidden; h += kUnpermuteThreads * 4) {
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int j = 0; j < top_k; ++j) {
+        const int32_t r = rows[j];
+        if (r < 0) continue;
+        const float wj = w[j];
+        const float4 v = *reinterpret_cast<const float4*>(y + static_cast<int64_t>(r) * hidden + h);
+        sum.x += wj * v.x;
+        sum.y += wj * v.y;
+        sum.z += wj * v.z;
+        sum.w += wj * v.w;
+      }
+      *reinterpret_cast<float4*>(o + h) = sum;
+    }
+  } else {
+    for (int h = static_cast<int>(threadIdx.x); h < hidden; h += kUnpermuteThreads) {
+      float sum = 0.0f;
+      for (int j = 0; j < top_k; ++j) {
+        const int32_t r = rows[j];
+        if (r >= 0) sum += w[j] * y[static_cast<int64_t>(r) * hidden + h];
+      }
+      o[h] = sum;
+    }
+  }
+}
+
+__global__ void moe_to_bf16_kernel(const float* __restrict__ src, bf16* __restrict__ dst, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+}  // namespace
+
+cudaError_t moe_fill_table(MoeExpertPtrs* table, const MoeTableChunk& chunk, cudaStream_t stream) {
+  moe_fill_table_kernel<<<1, kMoeTableChunk, 0, stream>>>(table, chunk);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_permute(const MoePermuteArgs& args, cudaStream_t stream) {
+  const size_t smem = 2 * static_cast<size_t>(args.experts) * sizeof(int32_t);
+  moe_permute_kernel<<<1, kPermuteThreads, smem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_gemm(const MoeGemmArgs& args, int mode, bool gated, int tile_m, int max_tiles, cudaStream_t stream) {
+  switch (tile_m) {
+    case 16: return launch_gemm_m<16>(args, mode, gated, max_tiles, stream);
+    case 64: return launch_gemm_m<64>(args, mode, gated, max_tiles, stream);
+    case 128: return launch_gemm_m<128>(args, mode, gated, max_tiles, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t moe_generic_gemm(const MoeGenericArgs& args, bool gated, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(args.rows), static_cast<unsigned>((args.n + kGenericWarps - 1) / kGenericWarps));
+  if (gated)
+    moe_generic_kernel<true><<<grid, 32 * kGenericWarps, 0, stream>>>(args);
+  else
+    moe_generic_kernel<false><<<grid, 32 * kGenericWarps, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_unpermute(const float* y, const int32_t* pair_row, const float* weights, float* out, int32_t tokens,
+                          int32_t top_k, int32_t hidden, cudaStream_t stream) {
+  // float4 rows when every row starts 16-byte aligned (y is a fresh block).
+  const bool vec4 = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  moe_unpermute_kernel<<<static_cast<unsigned>(tokens), kUnpermuteThreads, 0, stream>>>(y, pair_row, weights, out,
+                                                                                         top_k, hidden, vec4);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_to_bf16(const float* src, void* dst, int64_t n, cudaStream_t stream) {
+  int64_t blocks = (n + 255) / 256;
+  if (blocks > 4096) blocks = 4096;
+  moe_to_bf16_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(src, static_cast<bf16*>(dst), n);
+  return cudaGetLastError();
+}
+
+}  // namespace basalt::cuda_kernels

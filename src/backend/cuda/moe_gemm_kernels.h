@@ -1,0 +1,127 @@
+// Launchers of the MoE expert kernels (moe_gemm_kernels.cu), with a plain
+// interface (raw device pointers and sizes) so that the .cu file needs no
+// host-library headers. moe.h is the checked API on top; call that instead.
+//
+// The pipeline of one moe_experts call (moe.h says what each stage computes):
+//   moe_permute      ids -> the rows of each expert made contiguous, the
+//                    row <-> pair maps and the list of M tiles (one block);
+//   moe_gemm         grouped GEMM over those tiles: gate and up with
+//                    silu(gate) * up in the epilogue (gated), or down;
+//                    bf16 operands (mma m16n8k16) or block-FP8 operands
+//                    (mma m16n8k32 e4m3, a 1x128-scaled activation times a
+//                    128x128-scaled weight, promoted per 128-K block);
+//   moe_generic_gemm the same two GEMMs for any weight dtype or alignment
+//                    (one warp per output element, f32 throughout);
+//   moe_unpermute    out[t] = sum_j weights[t, j] * y[row of (t, j)].
+//
+// Contract: each launcher enqueues its kernels on `stream` and returns
+// cudaGetLastError(). Sizes are trusted: the caller has checked shapes,
+// dtypes, placement, alignment (moe_gemm: K bytes a multiple of 16, every
+// operand 16-byte aligned) and limits (experts <= kMoeExpertsMax).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace basalt::cuda_kernels {
+
+inline constexpr int kMoeExpertsMax = 4096;  // counts and cursors of the permutation in shared memory
+inline constexpr int kMoeGemmN = 128;        // weight rows a GEMM block reads per stage (gated: 64 + 64)
+
+// Storage of one expert weight matrix.
+enum MoeWeightKind : int32_t { kMoeF32 = 0, kMoeBF16 = 1, kMoeF16 = 2, kMoeFp8 = 3 };
+
+// One expert in the device table: matrices 0 gate [I, H], 1 up [I, H],
+// 2 down [H, I]; scale[m] is the f32 [ceil(N/128), ceil(K/128)] scale_inv of
+// an FP8 matrix, null otherwise.
+struct MoeExpertPtrs {
+  const void* w[3];
+  const float* scale[3];
+  int32_t kind[3];
+  int32_t pad;
+};
+
+// Table entries written by one launch (they travel as kernel parameters, so
+// that a table built while a CUDA graph is recorded is part of the graph).
+inline constexpr int kMoeTableChunk = 32;
+struct MoeTableChunk {
+  MoeExpertPtrs e[kMoeTableChunk];
+  int first, count;
+};
+cudaError_t moe_fill_table(MoeExpertPtrs* table, const MoeTableChunk& chunk, cudaStream_t stream);
+
+// ids [pairs] (pair p = token p / top_k, slot p % top_k). Writes
+//  * row_pair [pairs]: the pair of each row; rows are grouped by expert in
+//    expert order (the order within an expert is unspecified); rows past the
+//    last valid pair hold -1;
+//  * pair_row [pairs]: the row of each pair, -1 for an id outside [0, experts);
+//  * tiles [max_tiles]: {expert, row_begin, row_end, 0} for each tile of at
+//    most tile_m rows of one expert, experts in order; num_tiles [1] the count.
+// max_tiles must be >= min(pairs, (pairs + min(experts, pairs) * (tile_m - 1)) / tile_m).
+struct MoePermuteArgs {
+  const int32_t* ids;
+  int32_t pairs, experts, tile_m;
+  int32_t* row_pair;
+  int32_t* pair_row;
+  int4* tiles;
+  int32_t* num_tiles;
+};
+cudaError_t moe_permute(const MoePermuteArgs& args, cudaStream_t stream);
+
+// One grouped GEMM over the tiles of moe_permute:
+//   gated:  act[row, n] = silu(g) * u, g = A[row] . gate_e[n], u = A[row] . up_e[n]
+//   !gated: y[row, n] = A[row] . down_e[n]
+// A[row] is a[row_pair[row] / top_k] when gather, else a[row]; rows of
+// k_bytes bytes (bf16 or e4m3). FP8: a_scale [rows of a, ceil(K/128)] f32;
+// each 128-K block's partial sum p adds p * (a_scale * w_scale) to the f32
+// accumulator. out: f32, or bf16 when out_bf16, [rows, n] dense.
+struct MoeGemmArgs {
+  const uint8_t* a;
+  const float* a_scale;
+  const int32_t* row_pair;
+  int32_t top_k;
+  bool gather;
+  const MoeExpertPtrs* table;
+  const int4* tiles;
+  const int32_t* num_tiles;
+  void* out;
+  bool out_bf16;
+  int32_t n, k;  // output columns, reduction length in elements
+};
+// How moe_gemm multiplies: bf16 operands (mma m16n8k16 bf16), or e4m3
+// operands through PTX's mma m16n8k32 e4m3 (native on sm_89; on sm_90 the
+// compiler emulates it: it converts the fragments and issues f16 mma), or
+// e4m3 operands reread in registers as f16 by moving bits (value * 2^-8,
+// exact) into f16 mma m16n8k16, the 2^16 folded into the promotion scale.
+// Both FP8 modes compute the same products; the sums differ only in the
+// tensor cores' order.
+enum MoeMmaMode : int { kMoeMmaBf16 = 0, kMoeMmaE4m3 = 1, kMoeMmaE4m3AsF16 = 2 };
+// tile_m is 16, 64 or 128 (the tile_m of moe_permute).
+cudaError_t moe_gemm(const MoeGemmArgs& args, int mode, bool gated, int tile_m, int max_tiles, cudaStream_t stream);
+
+// The generic GEMMs: A rows of f32 (or bf16 when a_bf16) of k elements
+// (gathered as above); weights of any MoeWeightKind, dequantized to f32; f32
+// sums; out f32 [rows, n]. Rows whose row_pair is -1 are skipped.
+struct MoeGenericArgs {
+  const void* a;
+  bool a_bf16;
+  const int32_t* ids;
+  const int32_t* row_pair;
+  int32_t top_k;
+  bool gather;
+  const MoeExpertPtrs* table;
+  float* out;
+  int32_t rows, n, k;
+};
+cudaError_t moe_generic_gemm(const MoeGenericArgs& args, bool gated, cudaStream_t stream);
+
+// out[t, h] = sum over j in order of weights[t, j] * y[pair_row[t * top_k + j], h]
+// (pairs with row -1 skipped), f32 [tokens, hidden].
+cudaError_t moe_unpermute(const float* y, const int32_t* pair_row, const float* weights, float* out, int32_t tokens,
+                          int32_t top_k, int32_t hidden, cudaStream_t stream);
+
+// dst[i] = bf16(src[i]) (round to nearest even).
+cudaError_t moe_to_bf16(const float* src, void* dst, int64_t n, cudaStream_t stream);
+
+}  // namespace basalt::cuda_kernels
