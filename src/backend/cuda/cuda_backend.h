@@ -1,4 +1,3 @@
-// TEAM LEAD NOTE (delete this line before committing): before building or using the GPU, read .scratch/RULES.md in this worktree: it has the build rules (-j1), the GPU script (.scratch/gpu-run.sh, carry .scratch) and the device limits.
 // CudaBackend: the Backend op set on one NVIDIA GPU (built for sm_90a).
 //
 // Contract:
