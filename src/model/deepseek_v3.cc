@@ -1,5 +1,6 @@
 #include "model/deepseek_v3.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -92,6 +93,7 @@ class DeepseekModelImpl final : public DeepseekModel {
                                                   d.qk_rope_head_dim, c.max_position_embeddings);
     inv_freq_ = to_backend(
         Tensor::from_f32({static_cast<int64_t>(rope.inv_freq.size())}, rope.inv_freq));
+    reserve_step_constants(kStepConstantRows, kStepConstantRows);
     const int R = static_cast<int>(d.qk_rope_head_dim), Dn = static_cast<int>(d.qk_nope_head_dim);
     rope_q_ = RopeParams{static_cast<int>(c.num_heads), Dn + R, R, RopeStyle::kInterleaved,
                          &inv_freq_, rope.attention_scaling, Dn};
@@ -126,17 +128,20 @@ class DeepseekModelImpl final : public DeepseekModel {
     return allocate(num_slots, dtype, 1);
   }
 
+  // Each forward first puts the batch on the backend's device (a no-op when
+  // it is there already, as in a replayed CUDA graph's static inputs).
   void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits) override {
-    run(batch, kv, logits, nullptr);
+    run(on_backend(batch, backend_), kv, logits, nullptr);
   }
   void forward_with_hidden(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits,
                            Tensor& hidden) override {
-    run(batch, kv, logits, &hidden);
+    run(on_backend(batch, backend_), kv, logits, &hidden);
   }
 
-  void forward_mtp(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv,
+  void forward_mtp(const ForwardBatch& host_batch, const Tensor& hidden, KvBuffers& kv,
                    Tensor& logits) override {
     BASALT_CHECK(mtp_ != nullptr, "{}: the checkpoint has no MTP layer", ckpt_dir());
+    const ForwardBatch batch = on_backend(host_batch, backend_);
     const int64_t T = batch.num_tokens(), H = config_.hidden_size;
     BASALT_CHECK(T > 0, "forward_mtp: empty batch");
     BASALT_CHECK(hidden.rank() == 2 && hidden.dim(0) == T && hidden.dim(1) == H,
@@ -193,10 +198,9 @@ class DeepseekModelImpl final : public DeepseekModel {
   struct Steps {
     Steps(DeepseekModelImpl& m, const ForwardBatch& batch) {
       const int64_t T = batch.num_tokens();
-      std::vector<int32_t> zeros(static_cast<size_t>(T), 0);
-      std::vector<float> ones(static_cast<size_t>(T), 1.0f);
-      first_expert = m.to_backend(Tensor::from_i32({T, 1}, zeros));
-      unit_weight = m.to_backend(Tensor::from_f32({T, 1}, ones));
+      m.reserve_step_constants(T, 0);
+      first_expert = m.step_zeros_.rows(0, T);
+      unit_weight = m.step_ones_.rows(0, T);
       const int64_t seqs = batch.attention.q_start.numel() - 1;
       // Per key, the expanded form pays kv_b_proj once (L * heads * (Dn + Dv)
       // multiply-adds) and the absorbed form pays a latent dot product and
@@ -210,16 +214,36 @@ class DeepseekModelImpl final : public DeepseekModel {
       expanded = m.form_ == MlaForm::kExpanded || (m.form_ == MlaForm::kAuto && prefill_sized);
       if (expanded) {
         const int64_t S = batch.attention.kv_slots.numel();
-        std::vector<int32_t> iota(static_cast<size_t>(S));
-        std::iota(iota.begin(), iota.end(), 0);
+        m.reserve_step_constants(0, S);
         dense_layout = AttentionLayout{batch.attention.q_start, batch.attention.kv_start,
-                                       m.to_backend(Tensor::from_i32({S}, iota))};
+                                       m.step_iota_.rows(0, S)};
       }
     }
     Tensor first_expert, unit_weight;  // [T, 1]: every token to expert 0 with weight 1
     bool expanded = false;
     AttentionLayout dense_layout;  // the expanded keys are rows 0..S-1
   };
+
+  // The per-step constants (Steps) are cut from buffers kept across steps:
+  // step_zeros_ i32 [n, 1] and step_ones_ f32 [n, 1] (the dense and shared
+  // MLPs run as one expert of weight 1), step_iota_ i32 [n] (the expanded
+  // form's key rows). They grow on the host's copy when a step needs more
+  // rows; the load reserves kStepConstantRows, more than any decode step that
+  // a CUDA graph records (a graph cannot record that host copy).
+  static constexpr int64_t kStepConstantRows = 4096;
+  void reserve_step_constants(int64_t tokens, int64_t keys) {
+    if (tokens > (step_zeros_.raw() ? step_zeros_.dim(0) : 0)) {
+      const int64_t n = std::max(tokens, kStepConstantRows);
+      step_zeros_ = to_backend(Tensor::from_i32({n, 1}, std::vector<int32_t>(static_cast<size_t>(n), 0)));
+      step_ones_ = to_backend(Tensor::from_f32({n, 1}, std::vector<float>(static_cast<size_t>(n), 1.0f)));
+    }
+    if (keys > (step_iota_.raw() ? step_iota_.dim(0) : 0)) {
+      const int64_t n = std::max(keys, kStepConstantRows);
+      std::vector<int32_t> iota(static_cast<size_t>(n));
+      std::iota(iota.begin(), iota.end(), 0);
+      step_iota_ = to_backend(Tensor::from_i32({n}, iota));
+    }
+  }
 
   const std::string& ckpt_dir() const { return dir_; }
   int64_t latent_width() const {
@@ -488,6 +512,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   std::vector<Layer> layers_;
   std::unique_ptr<Mtp> mtp_;
   RopeParams rope_q_, rope_k_;
+  Tensor step_zeros_, step_ones_, step_iota_;  // reserve_step_constants
   MlaParams mla_;
   MoeRouteParams route_;
   MlaForm form_ = MlaForm::kAuto;

@@ -4,11 +4,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <mutex>
-#include <unordered_map>
 
 #include "backend/cuda/attention_kernels.h"
-#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
 #include "core/error.h"
 
@@ -20,30 +17,6 @@ using cuda_kernels::Elem;
 constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
 
 Elem elem(DType dtype) { return dtype == DType::kF32 ? Elem::kF32 : Elem::kBF16; }
-
-// The split-KV decode's merge counters of `stream` (AttentionLaunch): one
-// zeroed buffer per stream, made on first use and kept for the process (the
-// kernels leave it zeroed after every call). The first use may come inside a
-// graph capture (relaxed mode): the allocation and the zeroing go through a
-// private stream, which the capture does not see.
-unsigned int* split_counters(cudaStream_t stream) {
-  static std::mutex mutex;
-  static std::unordered_map<cudaStream_t, unsigned int*> buffers;
-  const std::lock_guard lock(mutex);
-  unsigned int*& buffer = buffers[stream];
-  if (buffer == nullptr) {
-    constexpr size_t bytes = sizeof(unsigned int) * cuda_kernels::kAttentionSplitCounters;
-    cudaStream_t side = nullptr;
-    BASALT_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    void* memory = nullptr;
-    BASALT_CUDA_CHECK(cudaMallocAsync(&memory, bytes, side));
-    BASALT_CUDA_CHECK(cudaMemsetAsync(memory, 0, bytes, side));
-    BASALT_CUDA_CHECK(cudaStreamSynchronize(side));
-    BASALT_CUDA_CHECK(cudaStreamDestroy(side));
-    buffer = static_cast<unsigned int*>(memory);
-  }
-  return buffer;
-}
 
 void require_device(const Tensor& t, const char* op, const char* name) {
   BASALT_CHECK(t.device() == Device::kCuda, "cuda {}: {} must be on the device, got {}", op, name, t.describe());
@@ -167,12 +140,6 @@ void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   if (launch.decode) {
     launch.splits = decode_splits > 0 ? std::min(decode_splits, cuda_kernels::kAttentionMaxSplits)
                                       : cuda_kernels::attention_decode_splits(elem(k_cache.dtype()), shape);
-    // The merge counts blocks per (sequence, kv head, row split); a forced
-    // split count on a call with more units than counters runs unsplit.
-    const int64_t units =
-        seqs * kv_heads * cuda_kernels::attention_decode_row_splits(elem(k_cache.dtype()), shape);
-    if (launch.splits > 1 && units > cuda_kernels::kAttentionSplitCounters) launch.splits = 1;
-    if (launch.splits > 1) launch.split_counters = split_counters(stream);
     const int64_t floats = cuda_kernels::attention_decode_scratch_floats(shape, launch.splits);
     if (floats > 0) {
       decode_scratch = cuda_empty({floats}, DType::kF32);

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 
 namespace basalt::cuda_kernels {
 namespace {
@@ -67,9 +66,6 @@ struct Args {
   // prefix of its tile count), tile_start[num_seqs] = the total; written by
   // plan_kernel on the device.
   int32_t* tile_start;
-  // Decode with splits > 1: one counter per (sequence, kv head, row split),
-  // zero between calls (merge_splits_if_last).
-  unsigned int* split_counters;
 };
 
 __device__ __forceinline__ float load_q(const Args& a, int64_t i) {
@@ -98,65 +94,6 @@ __device__ __forceinline__ SeqBounds seq_bounds(const Args& a, int s) {
   b.kv_len = kv_end - b.kv_begin;
   b.bad = b.q_begin < 0 || q_end > a.q_tokens || b.kv_begin < 0 || kv_end < b.kv_begin || kv_end > a.kv_slots_len;
   return b;
-}
-
-// The split-KV merge, done by the decode kernels themselves (no second
-// kernel): every block of a unit (sequence, kv head, row split) writes its
-// partials, then counts itself in split_counters[unit]; the last block to
-// arrive merges the unit's rows over all splits, in split order (so the bits
-// do not depend on which block came last), and puts the counter back to 0 for
-// the next call. The other blocks' partials are read through L2 (__ldcg),
-// after the fences of the classic last-block reduction. A row with no visible
-// key gets zeros; a NaN partial (bad slot) poisons its row.
-template <int RT>
-__device__ void merge_splits_if_last(const Args& a, const SeqBounds& b, int seq, int kv_head, int row_split,
-                                     int64_t total_rows) {
-  __shared__ bool is_last;
-  __threadfence();  // this thread's partials are visible device-wide ...
-  __syncthreads();  // ... and every thread's, before the block counts itself
-  if (threadIdx.x == 0) {
-    unsigned int* counter =
-        a.split_counters + (int64_t{seq} * a.num_kv_heads + kv_head) * a.row_splits + row_split;
-    is_last = atomicAdd(counter, 1u) == static_cast<unsigned int>(a.splits - 1);
-    if (is_last) *counter = 0u;  // every other block of the unit has counted
-  }
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  const int group = a.group, Dv = a.v_head_dim, S = a.splits;
-  const int64_t split_stride = a.q_tokens * a.num_heads;  // rows of one split's partials
-  for (int64_t r0 = int64_t{row_split} * RT; r0 < total_rows; r0 += int64_t{RT} * a.row_splits) {
-    const int pass_rows = static_cast<int>(min(int64_t{RT}, total_rows - r0));
-    for (int idx = threadIdx.x; idx < pass_rows * Dv; idx += blockDim.x) {
-      const int i = idx / Dv, d = idx % Dv;
-      const int64_t r = r0 + i;
-      const int64_t token = b.q_begin + r / group;
-      if (token < 0 || token >= a.q_tokens) continue;
-      const int64_t at = token * a.num_heads + kv_head * group + r % group;
-      float m_all = -INFINITY;
-      for (int sp = 0; sp < S; ++sp) m_all = fmaxf(m_all, __ldcg(a.part_ml + (sp * split_stride + at) * 2));
-      float l_all = 0.0f, o_all = 0.0f;
-      for (int s0 = 0; s0 < S; s0 += 8) {
-        float m[8], l[8], o[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const int64_t part = (s0 + u) * split_stride + at;
-          const bool in = s0 + u < S;
-          m[u] = in ? __ldcg(a.part_ml + part * 2) : -INFINITY;
-          l[u] = in ? __ldcg(a.part_ml + part * 2 + 1) : 0.0f;
-          o[u] = in ? __ldcg(a.part_o + part * Dv + d) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const float f = m[u] == -INFINITY ? 0.0f : exp2f(m[u] - m_all);
-          l_all += l[u] * f;  // a NaN sum (bad slot) poisons the row
-          o_all = fmaf(f, o[u], o_all);
-        }
-      }
-      const float inv = l_all > 0.0f ? 1.0f / l_all : (l_all == 0.0f ? 0.0f : quiet_nan());
-      store_out(a, at * Dv + d, o_all * inv);
-    }
-  }
 }
 
 // ===========================================================================
@@ -588,7 +525,6 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
     }
     __syncthreads();  // red_* are rewritten by the next pass
   }
-  if (a.splits > 1 && a.split_counters != nullptr) merge_splits_if_last<RT>(a, b, seq, kv_head, row_split, total_rows);
 }
 
 // Merges the splits' partials of one query row and head: grid (q_tokens,
@@ -1313,10 +1249,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(Args a) {
     }
     __syncthreads();  // red_*, the q tile and the stages are rewritten by the next pass
   }
-  if (a.splits > 1 && a.split_counters != nullptr) merge_splits_if_last<RT>(a, b, seq, kv_head, row_split, total_rows);
-  // Only now may the next kernel launch: letting it start earlier (before the
-  // wait above) was measured slower at batch 8 (its blocks, and those of the
-  // kernels it lets start in turn, crowd this kernel's).
+  // Only now may the next kernel (the combine, or the output projection)
+  // launch: letting it in before the wait above measured 4.34 / 6.87 ms per
+  // Llama-8B step at batch 1 / 8, against 4.15 / 4.91 this way (its blocks,
+  // and those of the kernels it lets start in turn, crowd this kernel's).
   let_consumer_start();
 }
 
@@ -1577,8 +1513,6 @@ cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, con
   args.out_bf16 = out_type == Elem::kBF16;
   args.decode_max_q = launch.prefill ? launch.decode_max_q : INT64_MAX;
   args.tile_start = launch.tile_starts;
-  static const bool fused = [] { const char* e = getenv("BASALT_ATTN_FUSED"); return e ? atoi(e) != 0 : true; }();  // EXPERIMENT
-  args.split_counters = fused ? launch.split_counters : nullptr;
   const int widest = shape.head_dim > shape.v_head_dim ? shape.head_dim : shape.v_head_dim;
   const bool aligned = reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
 
@@ -1618,7 +1552,7 @@ cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, con
     } else {
       launch_decode<bf16>(args, geo, rt, staged, grid, stream);
     }
-    if (args.splits > 1 && args.split_counters == nullptr) {
+    if (args.splits > 1) {
       const cudaError_t status = cudaGetLastError();
       if (status != cudaSuccess) return status;
       const dim3 cgrid(static_cast<unsigned>(shape.q_tokens), static_cast<unsigned>(shape.num_heads));

@@ -25,8 +25,6 @@ inline constexpr int kAttentionMaxHeadDim = 256;
 // The split-KV decode path splits each sequence's keys over at most this
 // many blocks (the combine kernel's shared memory is sized for it).
 inline constexpr int kAttentionMaxSplits = 64;
-// Counters a stream's split-KV decode calls need at most (AttentionLaunch).
-inline constexpr int64_t kAttentionSplitCounters = 8192;
 
 // k_cache[slots[t], :] = k[t, :] (k_width wide), v_cache[slots[t], :] = v[t, :]
 // (v_width wide); act is k's and v's type, cache the caches' type (f32 or bf16).
@@ -73,11 +71,6 @@ struct AttentionLaunch {
   // (bf16 caches, head dims multiples of 8 up to 128): benchmarks compare.
   bool decode_cuda_cores = false;
   float* decode_scratch = nullptr;  // attention_decode_scratch_floats(...) f32 (null when splits is 1)
-  // splits > 1: kAttentionSplitCounters zeroed u32 that only this stream's
-  // attention calls use (the decode kernels merge their splits through them
-  // and leave them zeroed); null runs the separate combine kernel instead.
-  // The call needs num_seqs * num_kv_heads * row_splits of them.
-  unsigned int* split_counters = nullptr;
   int32_t* tile_starts = nullptr;   // prefill: num_seqs + 1 i32 of scratch
 };
 
