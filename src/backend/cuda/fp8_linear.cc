@@ -151,13 +151,11 @@ void CudaFp8Linear::linear(const Tensor& x, const Tensor& w, const Tensor& scale
     BASALT_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.nbytes(), stream));
     return;
   }
-  // kFp8StreamingMaxRows = 16 (fp8_linear.h): on the H200 our kernel's time
-  // at 16 tokens is 1.2-1.7x its time at 4 (bench/cuda_fp8_gemm_bench.cc),
-  // while cuBLASLt's barely grows with M; that run could not time cuBLASLt
-  // (its heuristic declined every shape while the scale pointers were unset,
-  // fixed since), and earlier cuBLASLt figures on the same H200 (M = 4,
-  // ../shared PERF-ANCHORS) beat ours on 2 of the 6 DeepGEMM shapes: the
-  // crossover lies between 4 and 16 tokens; re-measure both side by side.
+  // kFp8StreamingMaxRows = 8 (fp8_linear.h), from both paths side by side on
+  // the H200 (bench/README, basalt_bench_cuda_fp8_gemm, DeepGEMM's six
+  // shapes): at 4 tokens our kernel is faster on 5 of them, at 16 cuBLASLt
+  // is on 5 (e.g. 7168 x 16384: 40.7 vs 74.7 us); cuBLASLt takes no M below
+  // 4 or off a multiple of 4, so odd small batches stay with ours anyway.
   const bool cublas = path == Fp8LinearPath::kCublas ||
                       (path == Fp8LinearPath::kAuto && T > kFp8StreamingMaxRows &&
                        cublas_takes(T, N, K, out.dtype(), w.raw(), out.raw()));

@@ -56,7 +56,7 @@ enum class Fp8LinearPath { kAuto, kStreaming, kCublas };
 // it, cuBLASLt where it takes the shape (bench/cuda_fp8_gemm_bench.cc and
 // the comment at its use in fp8_linear.cc say why 16, and what is left to
 // measure).
-inline constexpr int64_t kFp8StreamingMaxRows = 16;
+inline constexpr int64_t kFp8StreamingMaxRows = 8;
 
 class CudaFp8Linear {
  public:
