@@ -92,7 +92,11 @@
 //    splits chosen on the host from shapes to fill the chip (batch 1 x 4096
 //    keys x 8 kv heads: 33 splits; batch 32 and up: 1; a split keeps at
 //    least ~64 keys); partials (max, sum, output) are merged by a second
-//    kernel, skipped when splits is 1.
+//    kernel, skipped when splits is 1. The tensor-core decode kernel and the
+//    combine are programmatic dependent launches: the decode kernel reads
+//    the layout and its first slots before it waits for the kernel that
+//    wrote q and the new keys, and lets the next kernel launch only at its
+//    end (letting it in earlier measured slower at batch 8).
 //  * Prefill (tensor cores): FlashAttention-2 style, one block per 64 query
 //    rows of a sequence and one query head; mma.sync m16n8k16 with bf16
 //    operands and f32 accumulation; K/V tiles gathered by slot with cp.async
@@ -103,14 +107,15 @@
 //    softmax and sums are f32.
 // Measured on the H200 (bench/README.md, Llama-8B heads, bf16): decode reads
 // 2.4-2.45 TB/s at batch 32 / 256 x 4096 keys (58% of the 4.18 TB/s
-// ceiling), ~1.8 TB/s at 512 keys; a batch-1 step costs ~18-30 us of GPU
-// time; prefill ~90 TFLOP/s on a 4096-token prompt.
+// ceiling), ~1.8 TB/s at 512 keys; a batch-1 call costs ~11-18 us of GPU
+// time (512-4096 keys); prefill ~90 TFLOP/s on a 4096-token prompt.
 // What would make it faster: decode: more bytes in flight per SM (smaller
 // padded stages or a swizzle instead of the pad, TMA gathers) and fewer
-// fixed latencies per call at batch 1 (~18 us of GPU time for 512 keys,
-// where the 2 MB read needs 0.5 us); prefill: wgmma/TMA (sm_90a) with one
-// block per GQA group sharing K/V tiles, more warps per block; per-sequence
-// path choice in one launch (a long prompt in a decode-heavy batch goes
+// fixed latencies per call at batch 1 (~11 us of GPU time for 512 keys,
+// where the 2 MB read needs 0.5 us; folding the combine into the decode
+// kernel as a last-block merge measured slower); prefill: wgmma/TMA
+// (sm_90a) with one block per GQA group sharing K/V tiles, more warps per
+// block; per-sequence path choice in one launch (a long prompt in a decode-heavy batch goes
 // through the decode kernel, correct but slow: the engine should keep
 // chunked prefills in their own call or the lead can add the per-sequence
 // split); a paged page table.

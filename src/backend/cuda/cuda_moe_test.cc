@@ -394,6 +394,35 @@ TEST(CudaMoe, ExpertsMatchCpuBackend) {
     }
 }
 
+// The expert shapes of the DeepSeek fixtures and the bundled model (tiny I:
+// 16 and 24 columns, H 64 and 136), at their prompts' token counts: the
+// models on the GPU disagreed with the CPU backend on some prompts.
+TEST(CudaMoe, ExpertsAtTheModelFixturesShapes) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaBackend cuda;
+  struct Shape {
+    int64_t E, k, H, I;
+    DType w;
+  };
+  const Shape shapes[] = {{16, 4, 64, 16, DType::kBF16},  {8, 3, 64, 24, DType::kBF16},
+                          {16, 4, 136, 16, DType::kF8E4M3}, {16, 4, 256, 192, DType::kBF16},
+                          {1, 1, 64, 96, DType::kBF16},   {1, 1, 136, 160, DType::kF8E4M3},
+                          {1, 1, 256, 768, DType::kBF16}};
+  for (const Shape& sh : shapes) {
+    const Experts ex = make_experts(rng, sh.E, sh.H, sh.I, [&](int64_t, int) { return sh.w; });
+    const bool fp8 = sh.w == DType::kF8E4M3;
+    const bool quantized = fp8 && sh.H % 16 == 0 && sh.I % 16 == 0;
+    const double tolerance = !fp8 ? kBf16Tolerance : quantized ? kFp8VsCpuTolerance : kGenericTolerance;
+    for (int64_t T : {1, 5, 19, 40}) {
+      const Tensor x = testing::random_tensor(rng, {T, sh.H}, DType::kF32);
+      const Routing route = random_routing(rng, T, sh.E, sh.k, false);
+      check_experts(cuda, ex, x, route, quantized, tolerance,
+                    describe_case(sh.w, sh.E, sh.k, sh.H, sh.I, T, DType::kF32));
+    }
+  }
+}
+
 // The dense MLP and the shared expert: one expert, ids all 0, weights 1.
 TEST(CudaMoe, ExpertsSingleExpertLikeDenseMlp) {
   REQUIRE_DEVICE();
