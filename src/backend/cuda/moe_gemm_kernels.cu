@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "backend/cuda/element_types.cuh"
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/moe_gemm_kernels.h"
 
 namespace basalt::cuda_kernels {
@@ -129,46 +130,6 @@ __global__ void __launch_bounds__(kPermuteThreads) moe_permute_kernel(MoePermute
 constexpr int kGemmThreads = 256;
 constexpr int kBK = 128;  // bytes of K per stage (one FP8 scale block)
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // e4m3 bytes reread as f16 by moving bits: f16 bits = sign << 15 | (e4m3 &
 // 0x7f) << 7, which is the e4m3 value times 2^-8 exactly (subnormals
@@ -311,7 +272,7 @@ __global__ void __launch_bounds__(kGemmThreads, TileConfig<BM>::MIN_BLOCKS) moe_
         const int r = i / 8, c = i % 8;
         const int32_t src = smem_src[r];
         const bool ok = src >= 0 && kb + c * 16 < k_bytes;
-        cp_async16(base_a + stage * A_BYTES + swizzle(r, c), ok ? a.a + static_cast<int64_t>(src) * k_bytes + kb + c * 16 : a.a,
+        cp_async_16_or_zero(base_a + stage * A_BYTES + swizzle(r, c), ok ? a.a + static_cast<int64_t>(src) * k_bytes + kb + c * 16 : a.a,
                    ok);
       }
 #pragma unroll
@@ -323,13 +284,13 @@ __global__ void __launch_bounds__(kGemmThreads, TileConfig<BM>::MIN_BLOCKS) moe_
         const int rel = GATED ? r % BN : r;
         const uint8_t* w = (GATED && r >= BN) ? b_up : b_main;
         const bool ok = rel < b_rows && chunk_ok;
-        cp_async16(base_b + stage * B_BYTES + swizzle(r, tid % 8),
+        cp_async_16_or_zero(base_b + stage * B_BYTES + swizzle(r, tid % 8),
                    ok ? w + static_cast<int64_t>(rel) * k_bytes + kb : w_main, ok);
       }
       if (FP8 && tid < BM) {
         const int32_t src = smem_src[tid];
         const bool ok = src >= 0;
-        cp_async4(base_scale + (stage * BM + tid) * 4, ok ? a.a_scale + static_cast<int64_t>(src) * KT + kt : a.a_scale,
+        cp_async_4_or_zero(base_scale + (stage * BM + tid) * 4, ok ? a.a_scale + static_cast<int64_t>(src) * KT + kt : a.a_scale,
                   ok);
       }
     };
