@@ -31,69 +31,11 @@
 #include "model/graphed_model.h"
 #include "model/model.h"
 #include "bench_util.h"
+#include "forward_batches.h"
 #include "llama_checkpoint.h"
-
-namespace {
 
 using namespace basalt;
 using namespace basalt::bench;
-
-using Ids = std::vector<int32_t>;
-
-ForwardBatch host_batch(const Ids& ids, const Ids& positions, const Ids& out_slots, const Ids& q_start,
-                        const Ids& kv_start, const Ids& kv_slots, const Ids& logit_rows) {
-  auto t = [](const Ids& v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); };
-  ForwardBatch b;
-  b.token_ids = t(ids);
-  b.positions = t(positions);
-  b.out_slots = t(out_slots);
-  b.attention.q_start = t(q_start);
-  b.attention.kv_start = t(kv_start);
-  b.attention.kv_slots = t(kv_slots);
-  b.logit_rows = t(logit_rows);
-  return b;
-}
-
-// B sequences, each with `context` cached tokens in slots [s*stride, ...),
-// decoding one token at position `context` (its slot right after them).
-ForwardBatch decode_batch(int64_t batch, int64_t context, int64_t stride) {
-  std::vector<int32_t> ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows;
-  for (int64_t s = 0; s < batch; ++s) {
-    ids.push_back(static_cast<int32_t>((s * 7919 + 13) % 128000));
-    positions.push_back(static_cast<int32_t>(context));
-    out_slots.push_back(static_cast<int32_t>(s * stride + context));
-    for (int64_t p = 0; p <= context; ++p) kv_slots.push_back(static_cast<int32_t>(s * stride + p));
-    q_start.push_back(static_cast<int32_t>(s + 1));
-    kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
-    logit_rows.push_back(static_cast<int32_t>(s));
-  }
-  return host_batch(ids, positions, out_slots, q_start, kv_start, kv_slots, logit_rows);
-}
-
-// B prompts of `context` tokens, prefilled together; the last row of each
-// gets logits.
-ForwardBatch prefill_batch(int64_t batch, int64_t context, int64_t stride) {
-  std::vector<int32_t> ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows;
-  for (int64_t s = 0; s < batch; ++s) {
-    for (int64_t p = 0; p < context; ++p) {
-      ids.push_back(static_cast<int32_t>((s * 131 + p * 7919 + 13) % 128000));
-      positions.push_back(static_cast<int32_t>(p));
-      out_slots.push_back(static_cast<int32_t>(s * stride + p));
-      kv_slots.push_back(static_cast<int32_t>(s * stride + p));
-    }
-    q_start.push_back(static_cast<int32_t>(ids.size()));
-    kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
-    logit_rows.push_back(static_cast<int32_t>(ids.size() - 1));
-  }
-  return host_batch(ids, positions, out_slots, q_start, kv_start, kv_slots, logit_rows);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   ModelBenchFlags flags{32, 512, 20};  // layers, context ("prompt"), steps ("tokens")
@@ -152,7 +94,7 @@ int main(int argc, char** argv) {
         for (size_t at = 0; at < t.nbytes(); at += noise.nbytes())
           BASALT_CUDA_CHECK(cudaMemcpy(static_cast<char*>(t.raw()) + at, noise.raw(),
                                        std::min(noise.nbytes(), t.nbytes() - at), cudaMemcpyHostToDevice));
-    const ForwardBatch step = decode_batch(batch, context, stride);
+    const ForwardBatch step = decode_batch(batch, context, stride, V);
     Tensor logits = backend.empty({batch, V}, DType::kF32);
     double ms[2];
     for (int graphs = 0; graphs < 2; ++graphs) {
@@ -175,7 +117,7 @@ int main(int argc, char** argv) {
     }
     double prefill_tps = 0;
     if (batch <= 8) {
-      const ForwardBatch prefill = prefill_batch(batch, context, stride);
+      const ForwardBatch prefill = prefill_batch(batch, context, stride, V);
       Tensor last = backend.empty({batch, V}, DType::kF32);
       std::vector<double> p_times;
       for (int i = 0; i < 3; ++i) {
@@ -196,7 +138,7 @@ int main(int argc, char** argv) {
     const bool prefill = batch < 0;
     const int64_t b = prefill ? 1 : batch;
     KvBuffers kv = graphed->allocate_kv(b * stride, DType::kBF16);
-    const ForwardBatch step = prefill ? prefill_batch(1, context, stride) : decode_batch(b, context, stride);
+    const ForwardBatch step = prefill ? prefill_batch(1, context, stride, V) : decode_batch(b, context, stride, V);
     Tensor logits = backend.empty({b, V}, DType::kF32);
     graphed->forward(on_backend(step, backend), kv, logits);  // warm-up
     const int reps = 3;
