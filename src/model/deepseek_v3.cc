@@ -229,11 +229,15 @@ class DeepseekModelImpl final : public DeepseekModel {
   // MLPs run as one expert of weight 1), step_iota_ i32 [n] (the expanded
   // form's key rows). They grow on the host's copy when a step needs more
   // rows; the load reserves kStepConstantRows, more than any decode step that
-  // a CUDA graph records (a graph cannot record that host copy).
+  // a CUDA graph records (a graph cannot record that host copy). A replaced
+  // buffer is kept (retired_step_constants_): graphs recorded earlier still
+  // read it.
   static constexpr int64_t kStepConstantRows = 4096;
   void reserve_step_constants(int64_t tokens, int64_t keys) {
     if (tokens > (step_zeros_.raw() ? step_zeros_.dim(0) : 0)) {
       const int64_t n = std::max(tokens, kStepConstantRows);
+      retired_step_constants_.push_back(step_zeros_);
+      retired_step_constants_.push_back(step_ones_);
       step_zeros_ = to_backend(Tensor::from_i32({n, 1}, std::vector<int32_t>(static_cast<size_t>(n), 0)));
       step_ones_ = to_backend(Tensor::from_f32({n, 1}, std::vector<float>(static_cast<size_t>(n), 1.0f)));
     }
@@ -241,6 +245,7 @@ class DeepseekModelImpl final : public DeepseekModel {
       const int64_t n = std::max(keys, kStepConstantRows);
       std::vector<int32_t> iota(static_cast<size_t>(n));
       std::iota(iota.begin(), iota.end(), 0);
+      retired_step_constants_.push_back(step_iota_);
       step_iota_ = to_backend(Tensor::from_i32({n}, iota));
     }
   }
@@ -513,6 +518,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   std::unique_ptr<Mtp> mtp_;
   RopeParams rope_q_, rope_k_;
   Tensor step_zeros_, step_ones_, step_iota_;  // reserve_step_constants
+  std::vector<Tensor> retired_step_constants_;
   MlaParams mla_;
   MoeRouteParams route_;
   MlaForm form_ = MlaForm::kAuto;

@@ -115,10 +115,9 @@
 // where the 2 MB read needs 0.5 us; folding the combine into the decode
 // kernel as a last-block merge measured slower); prefill: wgmma/TMA
 // (sm_90a) with one block per GQA group sharing K/V tiles, more warps per
-// block; per-sequence path choice in one launch (a long prompt in a decode-heavy batch goes
-// through the decode kernel, correct but slow: the engine should keep
-// chunked prefills in their own call or the lead can add the per-sequence
-// split); a paged page table.
+// block; a per-sequence path choice in one launch (a long prompt in a
+// decode-heavy batch goes through the decode kernel, correct but slow, unless
+// the engine keeps chunked prefills in their own call); a paged page table.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -641,7 +641,6 @@ struct PrefillTile {
   static constexpr size_t kSmemBytes = sizeof(bf16) * static_cast<size_t>(LD) * (kPrefillBM + 2 * kStages * BN);
 };
 
-
 // kAsync: bf16 cache, head dims multiples of 8 and 16-byte aligned bases.
 template <int DMAX, typename Cache, bool kAsync>
 __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(Args a) {
@@ -1043,8 +1042,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(Args a) {
     for (int t = 0; t < NS + 1; ++t) fetch_slots(t, pre[t]);
     // Launched as a programmatic dependent: the layout (bounds, slots) went
     // up before the step's first kernel, but q and the new tokens' keys are
-    // the previous kernel's. The kernel after this one (the combine, or the
-    // output projection streaming its weights) may start now.
+    // the previous kernel's.
     wait_for_producer();
     {
       // The pass's q * scale * log2 e as bf16 high and low parts (rows past
