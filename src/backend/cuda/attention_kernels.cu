@@ -195,6 +195,47 @@ constexpr size_t decode_staged_smem_bytes() {
   return size_t{2} * kDecodeStages * keys * LPK * CPL * VEC * sizeof(Cache);
 }
 
+// The decode kernels' end of a pass: merges the NW warps' (max, sum,
+// unnormalised output) of the pass's rows r0 .. r0 + RT - 1 (those below
+// total_rows) and writes them: the normalised output when splits is 1, the
+// split's partials otherwise. red_o(w, i, d) is warp w's output of row i,
+// feature d. A poisoned pass (bad slot or layout) writes NaN.
+template <int NW, int RT, typename RedO>
+__device__ __forceinline__ void write_pass_rows(const Args& a, const SeqBounds& b, int64_t r0, int64_t total_rows,
+                                                int kv_head, int split, bool poisoned, const float (&red_m)[NW][RT],
+                                                const float (&red_l)[NW][RT], RedO red_o) {
+  const int group = a.group, Dv = a.v_head_dim;
+  const int pass_rows = static_cast<int>(min(int64_t{RT}, total_rows - r0));
+  for (int idx = threadIdx.x; idx < pass_rows * Dv; idx += kDecodeThreads) {
+    const int i = idx / Dv, d = idx % Dv;
+    const int64_t r = r0 + i;
+    const int64_t token = b.q_begin + r / group;
+    const int head = kv_head * group + static_cast<int>(r % group);
+    if (token < 0 || token >= a.q_tokens) continue;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) m_all = fmaxf(m_all, red_m[w][i]);
+    float l_all = 0.0f, o_all = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float f = red_m[w][i] == -INFINITY ? 0.0f : exp2f(red_m[w][i] - m_all);
+      l_all += red_l[w][i] * f;
+      o_all += red_o(w, i, d) * f;
+    }
+    const int64_t at = token * a.num_heads + head;
+    if (a.splits == 1) {
+      store_out(a, at * Dv + d, poisoned ? quiet_nan() : (l_all > 0.0f ? o_all / l_all : 0.0f));
+    } else {
+      const int64_t part = split * a.q_tokens * a.num_heads + at;
+      a.part_o[part * Dv + d] = poisoned ? quiet_nan() : o_all;
+      if (d == 0) {
+        a.part_ml[part * 2] = m_all;
+        a.part_ml[part * 2 + 1] = poisoned ? quiet_nan() : l_all;
+      }
+    }
+  }
+}
+
 template <typename Cache, int VEC, int LPK, int CPL, int RT, bool kStaged>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
   constexpr int NW = kDecodeWarps, KG = 32 / LPK, EPL = CPL * VEC;
@@ -481,36 +522,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
     }
     const bool poisoned = __syncthreads_or(bad_slot || b.bad) != 0;
 
-    // Merge the warps and write this pass's rows: out (one split) or partials.
-    for (int idx = tid; idx < RT * Dv; idx += kDecodeThreads) {
-      const int i = idx / Dv, d = idx % Dv;
-      const int64_t r = r0 + i;
-      if (r >= total_rows) continue;
-      const int64_t token = b.q_begin + r / group;
-      const int head = kv_head * group + static_cast<int>(r % group);
-      if (token < 0 || token >= a.q_tokens) continue;
-      float m_all = kNegInf;
-#pragma unroll
-      for (int w = 0; w < NW; ++w) m_all = fmaxf(m_all, red_m[w][i]);
-      float l_all = 0.0f, o_all = 0.0f;
-#pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        const float f = red_m[w][i] == kNegInf ? 0.0f : exp2f(red_m[w][i] - m_all);
-        l_all += red_l[w][i] * f;
-        o_all += red_o[w][i][d] * f;
-      }
-      const int64_t at = token * a.num_heads + head;
-      if (a.splits == 1) {
-        store_out(a, at * Dv + d, poisoned ? quiet_nan() : (l_all > 0.0f ? o_all / l_all : 0.0f));
-      } else {
-        const int64_t part = split * a.q_tokens * a.num_heads + at;
-        a.part_o[part * Dv + d] = poisoned ? quiet_nan() : o_all;
-        if (d == 0) {
-          a.part_ml[part * 2] = m_all;
-          a.part_ml[part * 2 + 1] = poisoned ? quiet_nan() : l_all;
-        }
-      }
-    }
+    write_pass_rows<NW, RT>(a, b, r0, total_rows, kv_head, split, poisoned, red_m, red_l,
+                            [&](int w, int i, int d) { return red_o[w][i][d]; });
     __syncthreads();  // red_* are rewritten by the next pass
   }
 }
@@ -1178,37 +1191,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(Args a) {
     }
     const bool poisoned = __syncthreads_or(bad_slot || b.bad) != 0;
 
-    // Merge the warps and write this pass's rows (as decode_kernel); a
-    // decode pass of a small GQA group has fewer real rows than RT.
-    const int pass_rows = static_cast<int>(min(int64_t{RT}, total_rows - r0));
-    for (int idx = tid; idx < pass_rows * Dv; idx += kDecodeThreads) {
-      const int i = idx / Dv, d = idx % Dv;
-      const int64_t r = r0 + i;
-      const int64_t token = b.q_begin + r / group;
-      const int head = kv_head * group + static_cast<int>(r % group);
-      if (token < 0 || token >= a.q_tokens) continue;
-      float m_all = kNegInf;
-#pragma unroll
-      for (int w = 0; w < NW; ++w) m_all = fmaxf(m_all, red_m[w][i]);
-      float l_all = 0.0f, o_all = 0.0f;
-#pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        const float f = red_m[w][i] == kNegInf ? 0.0f : exp2f(red_m[w][i] - m_all);
-        l_all += red_l[w][i] * f;
-        o_all += red_o[(w * RT + i) * DMAX + d] * f;
-      }
-      const int64_t at = token * a.num_heads + head;
-      if (a.splits == 1) {
-        store_out(a, at * Dv + d, poisoned ? quiet_nan() : (l_all > 0.0f ? o_all / l_all : 0.0f));
-      } else {
-        const int64_t part = split * a.q_tokens * a.num_heads + at;
-        a.part_o[part * Dv + d] = poisoned ? quiet_nan() : o_all;
-        if (d == 0) {
-          a.part_ml[part * 2] = m_all;
-          a.part_ml[part * 2 + 1] = poisoned ? quiet_nan() : l_all;
-        }
-      }
-    }
+    write_pass_rows<NW, RT>(a, b, r0, total_rows, kv_head, split, poisoned, red_m, red_l,
+                            [&](int w, int i, int d) { return red_o[(w * RT + i) * DMAX + d]; });
     __syncthreads();  // red_*, the q tile and the stages are rewritten by the next pass
   }
   // Only now may the next kernel (the combine, or the output projection)
