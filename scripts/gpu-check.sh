@@ -7,16 +7,19 @@
 #      every core;
 #   2. runs every CUDA test (ctest -L cuda);
 #   3. runs the CUDA benchmarks: basalt_bench_cuda_linear,
-#      basalt_bench_cuda_llama_decode (batch 1, 8, 64, 256) and any other
-#      basalt_bench_cuda_* the build has (the attention benchmark, once it exists);
+#      basalt_bench_cuda_llama_decode (batch 1, 8, 64, 256) and every other
+#      basalt_bench_cuda_* the build has (attention, FP8 GEMM, MLA, MoE, and
+#      the DeepSeek-V3 slice, which writes ~38 GB to the temporary directory
+#      and needs as much GPU memory);
 #   4. writes a random-weight Llama-3.1-8B-shaped model (bench/write_llama_model.cc),
 #      serves it with `basalt serve --device cuda`, load-tests it with
 #      `basalt bench` (random 256-token prompts, 128 output tokens with
 #      --ignore-eos, at 4 and 16 requests/s and all at once), and stops it;
 #   5. prints a short summary last: tests passed/failed, decode ms/step and
 #      prefill tokens/s per batch, TTFT and ITL P50/P99 per rate.
-# Full logs go to $OUT (default ./gpu-check-out). About 6 to 8 minutes on an
-# H200 with 16 cores, the build included. Exit status: 0 when every step that
+# Full logs go to $OUT (default ./gpu-check-out). About 10 minutes on an
+# H200 with 16 cores, the build included (an estimate: the DeepSeek
+# benchmarks have not yet run inside this script). Exit status: 0 when every step that
 # ran passed, 1 otherwise, 2 on bad flags.
 #
 #   scripts/gpu-check.sh [--build-dir DIR] [--no-build] [--only tests|bench|serve]...
