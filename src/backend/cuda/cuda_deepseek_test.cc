@@ -31,6 +31,7 @@
 #include "model/reference_test_util.h"
 #include "model/safetensors.h"
 #include "runtime/engine.h"
+#include "runtime/engine_test_util.h"
 #include "runtime/generator.h"
 #include "tokenizer/tokenizer.h"
 
@@ -170,9 +171,7 @@ TEST(CudaDeepseekGraphs, ReplayedDecodeStepsMatchDirectOnes) {
       if (which == 1) {
         EXPECT_GT(recorded, 0) << name;
       }
-      std::vector<RequestHandle> handles;
-      for (const EngineRequest& q : requests) handles.push_back(engine.submit(q));
-      for (RequestHandle& h : handles) outputs[which].push_back(collect(*h));
+      outputs[which] = testing::run_all(engine, requests);
       EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
       EXPECT_EQ(graph_stats(*graphed).recordings, recorded) << name << ": recorded while serving";
     }
