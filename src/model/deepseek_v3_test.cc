@@ -22,6 +22,7 @@
 #include "model/safetensors.h"
 #include "runtime/generator.h"
 #include "model/reference_test_util.h"
+#include "model/routing_test_util.h"
 
 namespace basalt {
 namespace {
@@ -433,6 +434,59 @@ TEST(DeepseekModel, LoadsWithoutTheMtpLayer) {
   auto model = load_model(m.dir(), backend);
   EXPECT_FALSE(as_deepseek(*model).has_mtp());
   EXPECT_NE(model->summary().find("no MTP layer"), std::string::npos);
+}
+
+// The routing replay that the GPU tests lean on (model/routing_test_util.h),
+// exercised on the CPU alone: replaying a pass's own decisions changes
+// nothing, and replaying another prompt's decisions really replaces the
+// router's choice (its logits move and the statistics see it).
+TEST(DeepseekRouting, ReplayedDecisionsReplaceTheRoutersChoice) {
+  CpuBackend cpu;
+  testing::RouteRecorder recorder(cpu);
+  testing::RouteReplayer replayer(cpu);
+  auto recording = load_model(kModels + "deepseek_v3", recorder);
+  auto replaying = load_model(kModels + "deepseek_v3", replayer);
+  auto plain = load_model(kModels + "deepseek_v3", cpu);
+  const SafetensorsFile ref = SafetensorsFile::open(kModels + "deepseek_v3/reference.safetensors");
+  const Tensor a_ids = ref.tensor("prompt_2.ids");
+  const std::span<const int32_t> a = ids_of(a_ids);
+  std::vector<int32_t> b(a.begin(), a.end());
+  for (int32_t& id : b) id = (id + 7) % static_cast<int32_t>(plain->config().vocab_size);
+
+  const Tensor a_logits = prefill_logits(*recording, a);
+  std::vector<testing::RecordedRoute> a_routes = recorder.take();
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < plain->config().num_layers; ++l) moe_layers += plain->config().deepseek.is_moe_layer(l);
+  ASSERT_EQ(a_routes.size(), static_cast<size_t>(moe_layers));
+  ASSERT_EQ(a_routes[0].ids.dim(0), static_cast<int64_t>(a.size()));
+
+  // Its own decisions: bit-identical logits, nothing differs.
+  replayer.replay(a_routes);
+  const Tensor a_again = prefill_logits(*replaying, a);
+  EXPECT_TRUE(replayer.consumed_all());
+  EXPECT_TRUE(testing::bytes_equal(a_again, a_logits));
+  EXPECT_TRUE(testing::bytes_equal(a_again, prefill_logits(*plain, a)));
+  EXPECT_EQ(replayer.stats().calls, moe_layers);
+  EXPECT_EQ(replayer.stats().own_choice_differs, 0);
+  EXPECT_EQ(replayer.stats().redecided_differs, 0);
+  EXPECT_EQ(replayer.stats().max_weight_error, 0.0);
+  EXPECT_EQ(replayer.stats().max_logits_error, 0.0);
+
+  // Another prompt of the same length under a's decisions.
+  replayer.replay(a_routes);
+  const Tensor b_forced = prefill_logits(*replaying, b);
+  const Tensor b_free = prefill_logits(*plain, b);
+  EXPECT_GT(relative_error(b_forced, b_free), 1e-3);
+  EXPECT_GT(replayer.stats().own_choice_differs, 0);
+  EXPECT_EQ(replayer.stats().redecided_differs, 0);  // a's logits still give a's choice
+  EXPECT_EQ(replayer.stats().max_weight_error, 0.0);
+  EXPECT_GT(replayer.stats().max_logits_error, 1e-2);
+
+  // A pass that routes more often than was recorded is refused.
+  replayer.replay({});
+  KvBuffers kv = replaying->allocate_kv(static_cast<int64_t>(b.size()));
+  Tensor logits = Tensor::empty({static_cast<int64_t>(b.size()), plain->config().vocab_size}, DType::kF32);
+  EXPECT_THROW(replaying->forward(single_sequence_batch(b, 0, true), kv, logits), Error);
 }
 
 TEST(DeepseekConfig, ReadsPublishedFieldsAndRopeParameters) {
