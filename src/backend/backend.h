@@ -322,8 +322,11 @@ class Backend {
                              Tensor& out) = 0;
   // The expanded MLA form (prefill): for each i, latent row c = cache[slots[i]],
   // k[i, h] = [c[:L] · W_uk(h)ᵀ | c[L:]] and v[i, h] = c[:L] · W_uv(h)ᵀ.
-  // slots i32 [S]; k f32 [S, heads * (Dn + R)]; v f32 [S, heads * Dv]. With
-  // these, `attention` (num_kv_heads == num_heads) gives mla_attention's result.
+  // slots i32 [S]; k [S, heads * (Dn + R)] and v [S, heads * Dv], both f32 or
+  // both bf16 (values rounded once from f32; a model passes its latent
+  // cache's dtype, so that a bf16 cache's expansion feeds the tensor-core
+  // attention path). With these, `attention` (num_kv_heads == num_heads)
+  // gives mla_attention's result.
   virtual void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
                              const MlaParams& params, Tensor& k, Tensor& v) = 0;
   // out[t] = [a[t] | b[t]]. a f32 [T, A]; b f32 [T, B]; out f32 [T, A + B]

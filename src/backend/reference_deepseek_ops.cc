@@ -240,8 +240,11 @@ void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight&
   BASALT_CHECK(cache.rank() == 2 && cache.dim(1) == L + R, "reference mla_expand_kv: bad cache {}",
                cache.describe());
   check_weight(kv_b, heads * (Dn + Dv), L, "mla_expand_kv", "kv_b");
-  need(k, "mla_expand_kv", "k", DType::kF32, 2);
-  need(v, "mla_expand_kv", "v", DType::kF32, 2);
+  BASALT_CHECK(k.dtype() == v.dtype() && (k.dtype() == DType::kF32 || k.dtype() == DType::kBF16),
+               "reference mla_expand_kv: k and v must both be f32 or both bf16, got {} and {}", k.describe(),
+               v.describe());
+  need(k, "mla_expand_kv", "k", k.dtype(), 2);
+  need(v, "mla_expand_kv", "v", v.dtype(), 2);
   need_shape(k, {S, heads * (Dn + R)}, "mla_expand_kv", "k");
   need_shape(v, {S, heads * Dv}, "mla_expand_kv", "v");
   for (int64_t i = 0; i < S; ++i) {
@@ -254,13 +257,13 @@ void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight&
           sum += static_cast<double>(load_f32(cache, slot * (L + R) + c)) *
                  load_weight(kv_b, h * (Dn + Dv) + d, c);
         if (d < Dn) {
-          k.data<float>()[(i * heads + h) * (Dn + R) + d] = static_cast<float>(sum);
+          store_f32(k, (i * heads + h) * (Dn + R) + d, static_cast<float>(sum));
         } else {
-          v.data<float>()[(i * heads + h) * Dv + d - Dn] = static_cast<float>(sum);
+          store_f32(v, (i * heads + h) * Dv + d - Dn, static_cast<float>(sum));
         }
       }
       for (int64_t r = 0; r < R; ++r)
-        k.data<float>()[(i * heads + h) * (Dn + R) + Dn + r] = load_f32(cache, slot * (L + R) + L + r);
+        store_f32(k, (i * heads + h) * (Dn + R) + Dn + r, load_f32(cache, slot * (L + R) + L + r));
     }
   }
 }

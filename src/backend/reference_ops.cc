@@ -36,16 +36,6 @@ void require_shape(const Tensor& t, const Shape& shape, const char* op, const ch
                shape_string(shape), t.describe());
 }
 
-void store_f32(const Tensor& t, int64_t i, float value) {
-  switch (t.dtype()) {
-    case DType::kF32: t.data<float>()[i] = value; return;
-    case DType::kBF16: t.data<uint16_t>()[i] = f32_to_bf16(value); return;
-    case DType::kF16: t.data<uint16_t>()[i] = f32_to_f16(value); return;
-    case DType::kF8E4M3: t.data<uint8_t>()[i] = f32_to_fp8e4m3(value); return;
-    default: fail("reference: cannot store a float into {}", t.describe());
-  }
-}
-
 int32_t argmax_row(const float* row, int64_t n) {
   int64_t best = -1;
   for (int64_t i = 0; i < n; ++i) {
@@ -124,6 +114,16 @@ int32_t sample_row(const float* logits, int64_t n, const SamplingRow& c) {
 }
 
 }  // namespace
+
+void store_f32(const Tensor& t, int64_t i, float value) {
+  switch (t.dtype()) {
+    case DType::kF32: t.data<float>()[i] = value; return;
+    case DType::kBF16: t.data<uint16_t>()[i] = f32_to_bf16(value); return;
+    case DType::kF16: t.data<uint16_t>()[i] = f32_to_f16(value); return;
+    case DType::kF8E4M3: t.data<uint8_t>()[i] = f32_to_fp8e4m3(value); return;
+    default: fail("reference: cannot store a float into {}", t.describe());
+  }
+}
 
 float load_f32(const Tensor& t, int64_t i) {
   switch (t.dtype()) {

@@ -129,6 +129,8 @@ void concat_columns(const Tensor& a, const Tensor& b, Tensor& out);
 
 // Reads element i of a floating host tensor of any floating dtype as f32.
 float load_f32(const Tensor& t, int64_t i);
+// Writes value, rounded to t's floating dtype, into element i of a host tensor.
+void store_f32(const Tensor& t, int64_t i, float value);
 // Element (n, k) of a linear weight as f32, block scale applied.
 float load_weight(const LinearWeight& w, int64_t n, int64_t k);
 

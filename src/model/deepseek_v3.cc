@@ -340,9 +340,11 @@ class DeepseekModelImpl final : public DeepseekModel {
     b.rope(q, batch.positions, rope_q_);
     Tensor attn = b.empty({T, heads * Dv}, DType::kF32);
     if (steps.expanded) {
+      // Expanded keys and values in the cache's precision: over a bf16
+      // cache, the GPU's attention then takes its tensor-core path.
       const int64_t S = batch.attention.kv_slots.numel();
-      Tensor k = b.empty({S, heads * (Dn + R)}, DType::kF32);
-      Tensor v = b.empty({S, heads * Dv}, DType::kF32);
+      Tensor k = b.empty({S, heads * (Dn + R)}, cache.dtype());
+      Tensor v = b.empty({S, heads * Dv}, cache.dtype());
       b.mla_expand_kv(cache, batch.attention.kv_slots, w.kv_b_proj, mla_, k, v);
       const AttentionParams params{static_cast<int>(heads), static_cast<int>(heads),
                                    static_cast<int>(Dn + R), static_cast<int>(Dv), mla_.scale, 0};

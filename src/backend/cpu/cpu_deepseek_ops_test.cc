@@ -257,6 +257,19 @@ TEST(CpuDeepseekOps, MlaAbsorbedAttentionMatchesExpandedReference) {
         Tensor expanded = poisoned({4, 4 * 12});
         backend.attention(c.q, k, v, dense, AttentionParams{4, 4, 24, 12, c.p.scale, 0}, expanded);
         EXPECT_LT(relative_error(expanded, out), 2e-5);
+
+        // bf16 keys and values: the same values, rounded once.
+        Tensor k16 = poisoned({S, 4 * 24}, DType::kBF16), v16 = poisoned({S, 4 * 12}, DType::kBF16);
+        Tensor k16_ref = poisoned({S, 4 * 24}, DType::kBF16), v16_ref = poisoned({S, 4 * 12}, DType::kBF16);
+        backend.mla_expand_kv(c.cache, c.layout.kv_slots, c.kv_b, c.p, k16, v16);
+        reference::mla_expand_kv(c.cache, c.layout.kv_slots, c.kv_b, c.p, k16_ref, v16_ref);
+        EXPECT_LT(relative_error(k16, k_ref), 4e-3);
+        EXPECT_LT(relative_error(v16, v_ref), 4e-3);
+        EXPECT_LT(relative_error(k16, k16_ref), 4e-3);
+        EXPECT_LT(relative_error(v16, v16_ref), 4e-3);
+        Tensor v_mixed = poisoned({S, 4 * 12});
+        EXPECT_THROW(backend.mla_expand_kv(c.cache, c.layout.kv_slots, c.kv_b, c.p, k16, v_mixed), Error);
+        EXPECT_THROW(reference::mla_expand_kv(c.cache, c.layout.kv_slots, c.kv_b, c.p, k16, v_mixed), Error);
       }
     }
   }

@@ -138,8 +138,10 @@ void CpuBackend::mla_expand_kv(const Tensor& cache, const Tensor& slots, const L
   expect(slots, "mla_expand_kv", "slots", DType::kI32, 1);
   const int64_t S = slots.dim(0);
   cpu::check_linear_weight(kv_b, heads * (Dn + Dv), L, "mla_expand_kv", "kv_b");
-  expect(k, "mla_expand_kv", "k", DType::kF32, 2);
-  expect(v, "mla_expand_kv", "v", DType::kF32, 2);
+  BASALT_CHECK(k.dtype() == v.dtype() && (k.dtype() == DType::kF32 || k.dtype() == DType::kBF16),
+               "mla_expand_kv: k and v must both be f32 or both bf16, got {} and {}", k.describe(), v.describe());
+  expect(k, "mla_expand_kv", "k", k.dtype(), 2);
+  expect(v, "mla_expand_kv", "v", v.dtype(), 2);
   expect_shape(k, "mla_expand_kv", "k", {S, heads * (Dn + R)});
   expect_shape(v, "mla_expand_kv", "v", {S, heads * Dv});
   const int32_t* slot = slots.data<const int32_t>();
@@ -154,14 +156,23 @@ void CpuBackend::mla_expand_kv(const Tensor& cache, const Tensor& slots, const L
     std::copy_n(row, L, latent.data() + i * L);
   }
   cpu::linear_weight_f32(*pool_, latent.data(), S, kv_b, kv.data());
+  // Copies n floats to element `at` of dst, rounded to dst's dtype.
+  const auto put = [](const float* src, int64_t n, Tensor& dst, int64_t at) {
+    if (dst.dtype() == DType::kF32) {
+      std::copy_n(src, n, dst.data<float>() + at);
+    } else {
+      uint16_t* d = dst.data<uint16_t>() + at;
+      for (int64_t j = 0; j < n; ++j) d[j] = f32_to_bf16(src[j]);
+    }
+  };
   for (int64_t i = 0; i < S; ++i) {
     const float* row = cache_row(cache, slot[i], buf.data());
     for (int64_t h = 0; h < heads; ++h) {
       const float* src = kv.data() + (i * heads + h) * (Dn + Dv);
-      float* kd = k.data<float>() + (i * heads + h) * (Dn + R);
-      std::copy_n(src, Dn, kd);
-      std::copy_n(row + L, R, kd + Dn);
-      std::copy_n(src + Dn, Dv, v.data<float>() + (i * heads + h) * Dv);
+      const int64_t kd = (i * heads + h) * (Dn + R);
+      put(src, Dn, k, kd);
+      put(row + L, R, k, kd + Dn);
+      put(src + Dn, Dv, v, (i * heads + h) * Dv);
     }
   }
 }

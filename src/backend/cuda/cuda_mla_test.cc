@@ -284,7 +284,8 @@ TEST(CudaMla, ExpandKvMatchesCpuBackend) {
   for (const Dims& d : {kV3, kOdd})
     for (int64_t heads : {1, 16, 128})
       for (DType cache_dtype : {DType::kBF16, DType::kF32})
-        for (KvB kind : {KvB::kBF16, KvB::kFP8, KvB::kF32}) {
+        for (KvB kind : {KvB::kBF16, KvB::kFP8, KvB::kF32})
+          for (DType out_dtype : {DType::kF32, DType::kBF16}) {
           const int64_t S = 300, n = 213, W = d.L + d.R;
           const MlaParams p = params_for(d, heads);
           const Tensor cache = random_cache(rng, S, W, cache_dtype);
@@ -293,22 +294,30 @@ TEST(CudaMla, ExpandKvMatchesCpuBackend) {
           for (auto& s : slots) s = static_cast<int32_t>(rng.integer(0, S - 1));
           Tensor k_want = testing::poisoned({n, heads * (d.Dn + d.R)}), v_want = testing::poisoned({n, heads * d.Dv});
           cpu.mla_expand_kv(cache, testing::i32_tensor(slots), kv_b, p, k_want, v_want);
-          Tensor k = cuda_empty(k_want.shape(), DType::kF32), v = cuda_empty(v_want.shape(), DType::kF32);
+          Tensor k = cuda_empty(k_want.shape(), out_dtype), v = cuda_empty(v_want.shape(), out_dtype);
           cuda_fill_bytes(k, 0xFF);
           cuda_fill_bytes(v, 0xFF);
           cuda.mla_expand_kv(cuda_to_device(cache), cuda_to_device(testing::i32_tensor(slots)), to_device(kv_b), p, k,
                              v);
           cuda.synchronize();
           // f32 caches under bf16/FP8 kv_b are rounded to bf16 for the GEMM,
-          // and an FP8 kv_b is dequantized to bf16 (weight * scale rounded).
-          const double tol = kind == KvB::kBF16 && cache_dtype == DType::kBF16 ? 1e-5
+          // and an FP8 kv_b is dequantized to bf16 (weight * scale rounded);
+          // bf16 outputs are rounded once more.
+          const double tol = out_dtype == DType::kBF16                                  ? 1e-2
+                             : kind == KvB::kBF16 && cache_dtype == DType::kBF16 ? 1e-5
                              : kind == KvB::kF32                                ? 1e-5
                                                                                 : 1e-2;
           EXPECT_LT(relative_error(cuda_to_host(k), k_want), tol)
               << d.name << " heads " << heads << " " << dtype_name(cache_dtype) << " " << kvb_name(kind);
           EXPECT_LT(relative_error(cuda_to_host(v), v_want), tol)
               << d.name << " heads " << heads << " " << dtype_name(cache_dtype) << " " << kvb_name(kind);
-        }
+          }
+  Tensor k16 = cuda_empty({4, kV3.Dn + kV3.R}, DType::kBF16), v32 = cuda_empty({4, kV3.Dv}, DType::kF32);
+  EXPECT_THROW(cuda.mla_expand_kv(cuda_empty({8, kV3.L + kV3.R}, DType::kBF16),
+                                  cuda_to_device(testing::i32_tensor({0, 1, 2, 3})),
+                                  to_device(make_kv_b(rng, KvB::kBF16, kV3.Dn + kV3.Dv, kV3.L)), params_for(kV3, 1), k16,
+                                  v32),
+               Error);
 }
 
 // The two forms agree on the device: mla_attention vs mla_expand_kv + attention.

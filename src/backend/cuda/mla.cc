@@ -147,8 +147,8 @@ void CudaMla::expand_kv(const Tensor& cache, const Tensor& slots, const LinearWe
   check_cache(cache, L + R, op);
   require(slots, op, "slots", {DType::kI32}, 1);
   const int64_t S = slots.dim(0);
-  require(k, op, "k", {DType::kF32}, 2);
-  require(v, op, "v", {DType::kF32}, 2);
+  require(k, op, "k", {DType::kF32, DType::kBF16}, 2);
+  require(v, op, "v", {k.dtype()}, 2);
   BASALT_CHECK(k.dim(0) == S && k.dim(1) == heads * (Dn + R) && v.dim(0) == S && v.dim(1) == heads * Dv,
                "cuda mla_expand_kv: k must be [{}, {}] and v [{}, {}], got {} and {}", S, heads * (Dn + R), S,
                heads * Dv, k.describe(), v.describe());
@@ -169,8 +169,8 @@ void CudaMla::expand_kv(const Tensor& cache, const Tensor& slots, const LinearWe
                           static_cast<int>(L), latent.raw(), blas_type(w.dtype), static_cast<int>(L), &zero,
                           kv.raw(), CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
              "mla_expand_kv GEMM");
-  launched(cuda_kernels::mla_split_kv(elem(cache.dtype()), cache.raw(), slots.data<const int32_t>(),
-                                      kv.data<const float>(), k.data<float>(), v.data<float>(), S,
+  launched(cuda_kernels::mla_split_kv(elem(cache.dtype()), elem(k.dtype()), cache.raw(), slots.data<const int32_t>(),
+                                      kv.data<const float>(), k.raw(), v.raw(), S,
                                       static_cast<int>(heads), static_cast<int>(L), static_cast<int>(R),
                                       static_cast<int>(Dn), static_cast<int>(Dv), cache.dim(0), stream_),
            op);

@@ -125,20 +125,20 @@ __global__ void mla_gather_latent_kernel(const Cache* cache, const int32_t* slot
     out[i * L + c] = from_f32<Out>(ok ? to_f32(cache[slot * (L + R) + c]) : quiet_nan());
 }
 
-template <typename Cache>
-__global__ void mla_split_kv_kernel(const Cache* cache, const int32_t* slots, const float* kv, float* k, float* v,
+template <typename Cache, typename Out>
+__global__ void mla_split_kv_kernel(const Cache* cache, const int32_t* slots, const float* kv, Out* k, Out* v,
                                     int heads, int L, int R, int Dn, int Dv, int64_t num_slots) {
   const int64_t i = blockIdx.x;
   const int h = blockIdx.y;
   const int64_t slot = slots[i];
   const bool ok = slot >= 0 && slot < num_slots;
   const float* src = kv + (i * heads + h) * (Dn + Dv);
-  float* kd = k + (i * heads + h) * (Dn + R);
-  float* vd = v + (i * heads + h) * Dv;
-  for (int d = threadIdx.x; d < Dn; d += blockDim.x) kd[d] = src[d];
+  Out* kd = k + (i * heads + h) * (Dn + R);
+  Out* vd = v + (i * heads + h) * Dv;
+  for (int d = threadIdx.x; d < Dn; d += blockDim.x) kd[d] = from_f32<Out>(src[d]);
   for (int r = threadIdx.x; r < R; r += blockDim.x)
-    kd[Dn + r] = ok ? to_f32(cache[slot * (L + R) + L + r]) : quiet_nan();
-  for (int d = threadIdx.x; d < Dv; d += blockDim.x) vd[d] = src[Dn + d];
+    kd[Dn + r] = from_f32<Out>(ok ? to_f32(cache[slot * (L + R) + L + r]) : quiet_nan());
+  for (int d = threadIdx.x; d < Dv; d += blockDim.x) vd[d] = from_f32<Out>(src[Dn + d]);
 }
 
 template <typename Q, typename QFull>
@@ -638,19 +638,18 @@ cudaError_t mla_gather_latent(Elem cache, Elem out_elem, const void* cache_data,
   });
 }
 
-cudaError_t mla_split_kv(Elem cache, const void* cache_data, const int32_t* slots, const float* kv, float* k,
-                         float* v, int64_t count, int heads, int latent, int rope, int nope, int v_dim,
+cudaError_t mla_split_kv(Elem cache, Elem out_elem, const void* cache_data, const int32_t* slots, const float* kv,
+                         void* k, void* v, int64_t count, int heads, int latent, int rope, int nope, int v_dim,
                          int64_t num_slots, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(heads));
-  if (cache == Elem::kF32) {
-    mla_split_kv_kernel<float><<<grid, 64, 0, stream>>>(static_cast<const float*>(cache_data), slots, kv, k, v, heads,
-                                                        latent, rope, nope, v_dim, num_slots);
-  } else {
-    mla_split_kv_kernel<bf16><<<grid, 64, 0, stream>>>(static_cast<const bf16*>(cache_data), slots, kv, k, v, heads,
-                                                       latent, rope, nope, v_dim, num_slots);
-  }
-  return cudaGetLastError();
+  return dispatch2(cache, out_elem, [&](auto c, auto o) {
+    using C = decltype(c);
+    using O = decltype(o);
+    mla_split_kv_kernel<C, O><<<grid, 64, 0, stream>>>(static_cast<const C*>(cache_data), slots, kv,
+                                                       static_cast<O*>(k), static_cast<O*>(v), heads, latent, rope,
+                                                       nope, v_dim, num_slots);
+  });
 }
 
 cudaError_t mla_copy_q_rope(Elem q_elem, Elem q_full_elem, const void* q, void* q_full, int64_t tokens, int heads,

@@ -44,9 +44,10 @@ cudaError_t mla_gather_latent(Elem cache, Elem out_elem, const void* cache_data,
                               int64_t count, int latent, int rope, int64_t num_slots, cudaStream_t stream);
 
 // From kv f32 [S, heads, Dn + Dv] (the latent · kv_bᵀ product) and the cache:
-// k f32 [S, heads, Dn + R] = [kv[:Dn] | cache[slots[i], L:]], v f32 [S, heads, Dv].
-cudaError_t mla_split_kv(Elem cache, const void* cache_data, const int32_t* slots, const float* kv, float* k,
-                         float* v, int64_t count, int heads, int latent, int rope, int nope, int v_dim,
+// k [S, heads, Dn + R] = [kv[:Dn] | cache[slots[i], L:]], v [S, heads, Dv],
+// both of type out_elem.
+cudaError_t mla_split_kv(Elem cache, Elem out_elem, const void* cache_data, const int32_t* slots, const float* kv,
+                         void* k, void* v, int64_t count, int heads, int latent, int rope, int nope, int v_dim,
                          int64_t num_slots, cudaStream_t stream);
 
 // q_full[t, h, L + r] = q[t, h, Dn + r] for r < R (the rope part of the
