@@ -5,7 +5,9 @@
 //  * "core": the attention core alone (CudaMla::attention_core on a built
 //    q_full; split-KV + combine where the shapes ask for it);
 //  * "op": the whole Backend::mla_attention (q absorption GEMM, core, value
-//    GEMM).
+//    GEMM);
+//  * the core again with the number of key splits forced (2 .. 64), to
+//    check the automatic choice.
 // GB/s counts the cache rows read (4096 x 1152 bytes per sequence; the op
 // adds kv_b's 32 MiB); TFLOP/s counts 2 * (576 + 512) flops per (head, key)
 // for the core, plus 2 * 2 * 128 * 512 per head and token for the GEMMs.
@@ -96,10 +98,14 @@ int main(int argc, char** argv) {
   const LinearWeight kv_b{random_device({int64_t{kHeads} * (kDn + kDv), kL}, DType::kBF16, 0.02f, 7), Tensor()};
   struct Row {
     int batch;
-    int splits;
     double core_us, op_us, core_gbs, core_tflops, op_gbs, op_tflops;
   };
   std::vector<Row> rows;
+  struct SplitTime {
+    int batch, splits;
+    double us;
+  };
+  std::vector<SplitTime> sweep;
   for (int batch : {1, 32, 128}) {
     const int64_t keys = int64_t{batch} * kContext;
     const int64_t row_bytes = (kL + kR) * 2;
@@ -139,11 +145,23 @@ int main(int argc, char** argv) {
           for (int c = 0; c < kCalls; ++c) cuda.mla_attention(q, cache, kv_b, layouts[c % n_layouts], p, out);
         },
         repeats);
+    // The core at forced key-split counts, next to the automatic choice.
+    for (const int splits : {2, 4, 8, 16, 32, 64}) {
+      if (int64_t{kContext} / splits < 32) continue;
+      const double us = time_graph(
+          cuda,
+          [&] {
+            for (int c = 0; c < kCalls; ++c)
+              mla.attention_core(q_full, cache, layouts[c % n_layouts], p, o_lat, CudaMlaPath::kAuto, splits);
+          },
+          repeats);
+      sweep.push_back({batch, splits, us});
+    }
     const double cache_bytes = static_cast<double>(keys) * row_bytes;
     const double core_flops = 2.0 * kHeads * static_cast<double>(keys) * (kL + kR + kL);
     const double gemm_flops = 2.0 * 2.0 * batch * kHeads * double{kDn} * kL;
     const double weight_bytes = static_cast<double>(kv_b.weight.nbytes());
-    rows.push_back({batch, 0, core_us, op_us, cache_bytes / core_us / 1e3, core_flops / core_us / 1e6,
+    rows.push_back({batch, core_us, op_us, cache_bytes / core_us / 1e3, core_flops / core_us / 1e6,
                     (cache_bytes + weight_bytes) / op_us / 1e3, (core_flops + gemm_flops) / op_us / 1e6});
   }
   std::printf("\nMLA decode, DeepSeek-V3 shape (128 heads, 576/512, bf16 cache), %d keys per sequence\n", kContext);
@@ -153,5 +171,8 @@ int main(int argc, char** argv) {
     std::printf("%-6d %10.1f %10.0f %10.1f %10.1f %10.0f %10.1f %14.0f\n", r.batch, r.core_us, r.core_gbs,
                 r.core_tflops, r.op_us, r.op_gbs, r.op_tflops, kFlashMlaGBs);
   std::printf("(FlashMLA: published H800 figure, 3.35 TB/s HBM; this GPU reads ~4.18 TB/s)\n");
+  std::printf("\ncore us at a forced number of key splits (the automatic choice is the table above)\n");
+  std::printf("%-6s %8s %10s\n", "batch", "splits", "core us");
+  for (const SplitTime& t : sweep) std::printf("%-6d %8d %10.1f\n", t.batch, t.splits, t.us);
   return 0;
 }

@@ -677,6 +677,28 @@ int mla_attention_row_splits(const MlaAttentionShape& shape, bool mma) {
 int mla_attention_splits(const MlaAttentionShape& shape, bool mma) {
   if (shape.num_seqs <= 0) return 1;
   const int64_t base = int64_t{shape.num_seqs} * mla_attention_row_splits(shape, mma);
+  if (mma) {
+    // One block per SM (its shared memory), so the blocks run in waves of
+    // sm_count. A block's time is about its keys plus a fixed cost worth
+    // ~192 keys (the q tile, the partials, its share of the combine); the
+    // count with the least waves x block time wins, a split keeping at least
+    // 128 keys (4 tiles), fewer splits on a tie. Fitted to the H200 (the MLA
+    // bench's forced-split sweep, V3 dims over 4096 keys): batch 1 -> 32
+    // splits (30.7 us, against 43.0 at the 16 of the earlier rule), batch 32
+    // -> 2, batch 128 -> 1.
+    constexpr double kFixedKeys = 192.0;
+    const int64_t sms = sm_count();
+    const int64_t avg_keys = shape.kv_slots_len / shape.num_seqs;
+    int best = 1;
+    double best_cost = 0.0;
+    for (int s = 1; s <= kMlaMaxSplits; ++s) {
+      if (s > 1 && avg_keys < int64_t{128} * s) break;
+      const double waves = static_cast<double>((base * s + sms - 1) / sms);
+      const double cost = waves * (static_cast<double>(avg_keys) / s + kFixedKeys);
+      if (s == 1 || cost < best_cost * 0.98) best = s, best_cost = cost;
+    }
+    return best;
+  }
   const int64_t to_fill = (sm_count() + base - 1) / base;
   // A split keeps at least ~256 keys (tensor cores) or ~128 (CUDA cores): the
   // partials cost L floats per row and split.
