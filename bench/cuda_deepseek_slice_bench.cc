@@ -21,7 +21,8 @@
 // that uniform routing touches in expectation) plus the latent cache -- over
 // the H200's measured 4.18 TB/s (../shared PERF-ANCHORS). Prefill: one
 // prompt of --prompt tokens (default 4096) in one forward, best of two after
-// a warm-up. One eager step per batch size then runs with the op profiler.
+// a warm-up. One eager step per batch size, and one prefill, then run with
+// the op profiler.
 //
 // The full model: the same files are loaded again with the dense layer only
 // (config.json rewritten), so a MoE layer costs (t_slice - t_dense_only) /
@@ -46,6 +47,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -139,6 +141,25 @@ void fill_random(Backend& backend, Tensor& cache) {
   }
 }
 
+// Runs `step` once with the CUDA backend's op profiler on and prints the
+// GPU time per kind of op (nothing on other backends).
+void print_profile(Backend& backend, const std::string& what, const std::function<void()>& step) {
+  if (backend.device() != Device::kCuda) return;
+  auto& cuda = static_cast<CudaBackend&>(backend);
+  cuda.set_profiling(true);
+  step();
+  const std::vector<OpTime> ops = cuda.profile();
+  cuda.set_profiling(false);
+  double total_ms = 0;
+  for (const OpTime& op : ops) total_ms += op.ms;
+  std::printf("\nper-op GPU time, %s (eager, events around each op; sum %.2f ms)\n", what.c_str(), total_ms);
+  std::printf("%-34s %6s %10s %7s %10s %10s\n", "op", "calls", "us", "share", "GB/s", "TFLOP/s");
+  for (const OpTime& op : ops)
+    std::printf("%-34s %6lld %10.1f %6.1f%% %10.0f %10.1f\n", op.op.c_str(), static_cast<long long>(op.calls),
+                op.ms * 1e3, 100.0 * op.ms / total_ms, op.bytes / (op.ms * 1e-3) * 1e-9,
+                op.flops / (op.ms * 1e-3) * 1e-12);
+}
+
 Timings measure(const std::filesystem::path& dir, Backend& backend, const Options& o, const DeepseekShape& shape,
                 const std::vector<int64_t>& batches, bool prefill, bool profile) {
   auto start = Clock::now();
@@ -173,21 +194,9 @@ Timings measure(const std::filesystem::path& dir, Backend& backend, const Option
       }
       (graphs == 1 ? t.graphed_ms : t.eager_ms).push_back(median(times));
     }
-    if (profile && backend.device() == Device::kCuda) {
-      auto& cuda = static_cast<CudaBackend&>(backend);
-      cuda.set_profiling(true);
-      graphed->forward(on_backend(step, backend), kv, logits);
-      const std::vector<OpTime> ops = cuda.profile();
-      cuda.set_profiling(false);
-      double total_ms = 0;
-      for (const OpTime& op : ops) total_ms += op.ms;
-      std::printf("\nper-op GPU time, decode batch %lld (eager, events around each op; sum %.2f ms)\n",
-                  static_cast<long long>(batch), total_ms);
-      std::printf("%-34s %6s %10s %7s %10s %10s\n", "op", "calls", "us", "share", "GB/s", "TFLOP/s");
-      for (const OpTime& op : ops)
-        std::printf("%-34s %6lld %10.1f %6.1f%% %10.0f %10.1f\n", op.op.c_str(), static_cast<long long>(op.calls),
-                    op.ms * 1e3, 100.0 * op.ms / total_ms, op.bytes / (op.ms * 1e-3) * 1e-9,
-                    op.flops / (op.ms * 1e-3) * 1e-12);
+    if (profile) {
+      print_profile(backend, "decode batch " + std::to_string(batch),
+                    [&] { graphed->forward(on_backend(step, backend), kv, logits); });
     }
   }
   if (prefill) {
@@ -202,6 +211,10 @@ Timings measure(const std::filesystem::path& dir, Backend& backend, const Option
       if (i >= 1) best = std::min(best, seconds_since(t0));
     }
     t.prefill_tps = static_cast<double>(o.prompt) / best;
+    if (profile) {
+      print_profile(backend, "prefill of " + std::to_string(o.prompt) + " tokens",
+                    [&] { graphed->forward(batch, kv, last); });
+    }
   }
   return t;
 }
