@@ -507,6 +507,8 @@ __global__ void __launch_bounds__(32 * kGenericWarps) moe_generic_kernel(MoeGene
 
 constexpr int kUnpermuteThreads = 256;
 
+// One block per (token, span of kUnpermuteThreads columns, x4 with float4
+// rows): a decode step's few tokens still spread over several SMs.
 __global__ void __launch_bounds__(kUnpermuteThreads)
     moe_unpermute_kernel(const float* __restrict__ y, const int32_t* __restrict__ pair_row,
                          const float* __restrict__ weights, float* __restrict__ out, int top_k, int hidden,
@@ -516,29 +518,29 @@ __global__ void __launch_bounds__(kUnpermuteThreads)
   const float* w = weights + t * top_k;
   float* o = out + t * hidden;
   if (vec4) {
-    for (int h = static_cast<int>(threadIdx.x) * 4; h < hidden; h += kUnpermuteThreads * 4) {
-      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int j = 0; j < top_k; ++j) {
-        const int32_t r = rows[j];
-        if (r < 0) continue;
-        const float wj = w[j];
-        const float4 v = *reinterpret_cast<const float4*>(y + static_cast<int64_t>(r) * hidden + h);
-        sum.x += wj * v.x;
-        sum.y += wj * v.y;
-        sum.z += wj * v.z;
-        sum.w += wj * v.w;
-      }
-      *reinterpret_cast<float4*>(o + h) = sum;
+    const int h = (static_cast<int>(blockIdx.y) * kUnpermuteThreads + static_cast<int>(threadIdx.x)) * 4;
+    if (h >= hidden) return;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < top_k; ++j) {
+      const int32_t r = rows[j];
+      if (r < 0) continue;
+      const float wj = w[j];
+      const float4 v = *reinterpret_cast<const float4*>(y + static_cast<int64_t>(r) * hidden + h);
+      sum.x += wj * v.x;
+      sum.y += wj * v.y;
+      sum.z += wj * v.z;
+      sum.w += wj * v.w;
     }
+    *reinterpret_cast<float4*>(o + h) = sum;
   } else {
-    for (int h = static_cast<int>(threadIdx.x); h < hidden; h += kUnpermuteThreads) {
-      float sum = 0.0f;
-      for (int j = 0; j < top_k; ++j) {
-        const int32_t r = rows[j];
-        if (r >= 0) sum += w[j] * y[static_cast<int64_t>(r) * hidden + h];
-      }
-      o[h] = sum;
+    const int h = static_cast<int>(blockIdx.y) * kUnpermuteThreads + static_cast<int>(threadIdx.x);
+    if (h >= hidden) return;
+    float sum = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+      const int32_t r = rows[j];
+      if (r >= 0) sum += w[j] * y[static_cast<int64_t>(r) * hidden + h];
     }
+    o[h] = sum;
   }
 }
 
@@ -583,8 +585,10 @@ cudaError_t moe_unpermute(const float* y, const int32_t* pair_row, const float* 
                           int32_t top_k, int32_t hidden, cudaStream_t stream) {
   // float4 rows when every row starts 16-byte aligned (y is a fresh block).
   const bool vec4 = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  moe_unpermute_kernel<<<static_cast<unsigned>(tokens), kUnpermuteThreads, 0, stream>>>(y, pair_row, weights, out,
-                                                                                         top_k, hidden, vec4);
+  if (tokens == 0 || hidden == 0) return cudaSuccess;
+  const int span = kUnpermuteThreads * (vec4 ? 4 : 1);
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((hidden + span - 1) / span));
+  moe_unpermute_kernel<<<grid, kUnpermuteThreads, 0, stream>>>(y, pair_row, weights, out, top_k, hidden, vec4);
   return cudaGetLastError();
 }
 
