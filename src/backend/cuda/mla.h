@@ -36,13 +36,15 @@
 //    are chosen from shapes only.
 //  * mla_expand_kv: the latent rows gathered by slot (in kv_b's compute
 //    type), one GEMM with kv_bᵀ into f32, then split into k (with the cached
-//    rope part) and v.
+//    rope part) and v, rounded to their dtype (f32 or bf16; the model asks
+//    for its cache's, and bf16 keys and values take the attention's
+//    tensor-core prefill path).
 //  * Every launch goes to the backend's stream; nothing synchronises it, and
 //    grids and scratch sizes depend on shapes only, so all three ops can be
 //    recorded in CUDA graphs. Not batch invariant (split counts follow the
 //    call's shapes); each launch is deterministic.
 //  * Speed (H200, V3 decode, 4096 keys per sequence, bench/README.md): the
-//    core runs at 26 / 107 / 152 TFLOP/s at batch 1 / 32 / 128 (0.1 / 0.44 /
+//    core runs at 37 / 140 / 152 TFLOP/s at batch 1 / 32 / 128 (0.15 / 0.58 /
 //    0.63 TB/s of cache rows); at 128 heads MLA decode is compute-bound and
 //    FlashMLA's anchor is ~660 TFLOP/s. The mma.sync core is bound by
 //    shared-memory fragment loads and barriers at one 8-warp block per SM,
