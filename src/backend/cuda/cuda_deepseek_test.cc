@@ -81,41 +81,64 @@ void expect_routing_agrees(const testing::RouteReplayer& cpu, const testing::Rep
   EXPECT_LT(s.max_logits_error, tolerance) << what << ": router logits";
 }
 
+// A checkpoint loaded on the GPU, its routing recorded, and on the CPU, held
+// to that routing.
+struct RoutedPair {
+  CpuBackend cpu;
+  CudaBackend gpu;
+  testing::RouteReplayer cpu_routes{cpu};
+  testing::RouteRecorder gpu_routes{gpu};
+  std::unique_ptr<Model> cpu_model, gpu_model;
+
+  explicit RoutedPair(const std::string& dir)
+      : cpu_model(load_model(dir, cpu_routes)), gpu_model(load_model(dir, gpu_routes)) {}
+
+  void set_mla_form(MlaForm form) {
+    as_deepseek(*gpu_model).set_mla_form(form);
+    as_deepseek(*cpu_model).set_mla_form(form);
+  }
+
+  // One prefill of `tokens` from position 0 with every position's logits:
+  // {GPU's (copied to the host), CPU's}; cpu_routes holds the replay's
+  // statistics afterwards.
+  std::pair<Tensor, Tensor> prefill_logits(std::span<const int32_t> tokens) {
+    const int64_t n = static_cast<int64_t>(tokens.size()), V = cpu_model->config().vocab_size;
+    const ForwardBatch batch = single_sequence_batch(tokens, 0, /*all_logits=*/true);
+    KvBuffers cpu_kv = cpu_model->allocate_kv(n), gpu_kv = gpu_model->allocate_kv(n);
+    Tensor gpu_logits = gpu.empty({n, V}, DType::kF32);
+    gpu_model->forward(batch, gpu_kv, gpu_logits);
+    cpu_routes.replay(gpu_routes.take());
+    Tensor cpu_logits = Tensor::empty({n, V}, DType::kF32);
+    cpu_model->forward(batch, cpu_kv, cpu_logits);
+    return {cuda_to_host(gpu_logits), cpu_logits};
+  }
+};
+
+const char* form_name(MlaForm form) {
+  return form == MlaForm::kAuto ? "auto" : form == MlaForm::kAbsorbed ? "absorbed" : "expanded";
+}
+
 // Every fixture prompt, all positions' logits, in each MLA form (absorbed runs
 // the latent-cache attention kernel on prefill-shaped batches too), with the
 // CPU following the GPU's routing (see the header).
 TEST_P(CudaDeepseek, PrefillLogitsMatchTheCpuBackend) {
   const std::string dir = kModels + GetParam();
-  CpuBackend cpu;
-  CudaBackend gpu;
-  testing::RouteReplayer cpu_routes(cpu);
-  testing::RouteRecorder gpu_routes(gpu);
-  auto cpu_model = load_model(dir, cpu_routes);
-  auto gpu_model = load_model(dir, gpu_routes);
+  RoutedPair models(dir);
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
   const nlohmann::json meta = testing::read_json(dir + "/reference.json");
-  const int64_t V = cpu_model->config().vocab_size;
   const double tolerance = is_fp8(GetParam()) ? 1e-1 : 2e-2;
   for (const MlaForm form : {MlaForm::kExpanded, MlaForm::kAbsorbed}) {
-    as_deepseek(*gpu_model).set_mla_form(form);
-    as_deepseek(*cpu_model).set_mla_form(form);
+    models.set_mla_form(form);
     for (size_t p = 0; p < meta["prompt_lengths"].size(); ++p) {
       const Tensor ids = ref.tensor("prompt_" + std::to_string(p) + ".ids");
       const std::span<const int32_t> tokens(ids.data<const int32_t>(), static_cast<size_t>(ids.numel()));
-      const int64_t n = ids.numel();
-      const std::string what = GetParam() + " prompt length " + std::to_string(n) + " form " +
-                               (form == MlaForm::kAbsorbed ? "absorbed" : "expanded");
-      const ForwardBatch batch = single_sequence_batch(tokens, 0, /*all_logits=*/true);
-      KvBuffers cpu_kv = cpu_model->allocate_kv(n), gpu_kv = gpu_model->allocate_kv(n);
-      Tensor gpu_logits = gpu.empty({n, V}, DType::kF32);
-      gpu_model->forward(batch, gpu_kv, gpu_logits);
-      cpu_routes.replay(gpu_routes.take());
-      Tensor cpu_logits = Tensor::empty({n, V}, DType::kF32);
-      cpu_model->forward(batch, cpu_kv, cpu_logits);
-      const double error = testing::relative_error(cuda_to_host(gpu_logits), cpu_logits);
+      const std::string what =
+          GetParam() + " prompt length " + std::to_string(ids.numel()) + " form " + form_name(form);
+      const auto [gpu_logits, cpu_logits] = models.prefill_logits(tokens);
+      const double error = testing::relative_error(gpu_logits, cpu_logits);
       EXPECT_LT(error, tolerance) << what;
-      const testing::ReplayStats s = cpu_routes.stats();
-      expect_routing_agrees(cpu_routes, s, tolerance, what);
+      const testing::ReplayStats s = models.cpu_routes.stats();
+      expect_routing_agrees(models.cpu_routes, s, tolerance, what);
       std::printf("[ deepseek ] %s: relative error %.3g; router logits %.3g; %lld of %lld routing choices "
                   "differ from the CPU's own\n",
                   what.c_str(), error, s.max_logits_error, static_cast<long long>(s.own_choice_differs),
@@ -164,25 +187,15 @@ int64_t moe_layer_count(const Model& model) {
 // free-running GPU follows transformers is printed.
 TEST(CudaBundled, GreedyTextMatchesTheCpuUnderTheSameRouting) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = kRoot + "/models/basalt-mini";
-  CpuBackend cpu;
-  CudaBackend gpu;
-  testing::RouteReplayer cpu_routes(cpu);
-  testing::RouteRecorder gpu_routes(gpu);
-  auto cpu_model = load_model(dir, cpu_routes);
-  auto gpu_model = load_model(dir, gpu_routes);
-  const size_t moe_layers = static_cast<size_t>(moe_layer_count(*cpu_model));
-  const Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
+  RoutedPair models(kRoot + "/models/basalt-mini");
+  const size_t moe_layers = static_cast<size_t>(moe_layer_count(*models.cpu_model));
+  const Tokenizer tokenizer = Tokenizer::from_file(kRoot + "/models/basalt-mini/tokenizer.json");
   const nlohmann::json meta = testing::read_json(kRoot + "/testdata/bundled/basalt-mini.json");
   for (const MlaForm form : {MlaForm::kAuto, MlaForm::kAbsorbed, MlaForm::kExpanded}) {
-    as_deepseek(*gpu_model).set_mla_form(form);
-    as_deepseek(*cpu_model).set_mla_form(form);
-    const std::string form_name = form == MlaForm::kAuto       ? "auto"
-                                  : form == MlaForm::kAbsorbed ? "absorbed"
-                                                               : "expanded";
+    models.set_mla_form(form);
     size_t compared_in_all = 0;
     for (size_t p = 0; p < meta["greedy"].size(); ++p) {
-      const std::string what = form_name + ", prompt " + std::to_string(p);
+      const std::string what = std::string(form_name(form)) + ", prompt " + std::to_string(p);
       const nlohmann::json& g = meta["greedy"][p];
       const std::vector<int32_t> ids = tokenizer.encode(g["prompt"].get<std::string>(), true);
       ASSERT_EQ(ids, g["prompt_ids"].get<std::vector<int32_t>>()) << g["prompt"];
@@ -192,9 +205,9 @@ TEST(CudaBundled, GreedyTextMatchesTheCpuUnderTheSameRouting) {
       options.temperature = 0.0f;
       options.ignore_eos = true;
       options.logprobs = 2;
-      const GenerateResult on_gpu = generate(*gpu_model, gpu_routes, ids, options);
-      cpu_routes.replay(gpu_routes.take());
-      const GenerateResult on_cpu = generate(*cpu_model, cpu_routes, ids, options);
+      const GenerateResult on_gpu = generate(*models.gpu_model, models.gpu_routes, ids, options);
+      models.cpu_routes.replay(models.gpu_routes.take());
+      const GenerateResult on_cpu = generate(*models.cpu_model, models.cpu_routes, ids, options);
       ASSERT_EQ(on_gpu.output_ids.size(), want.size());
       ASSERT_EQ(on_cpu.output_ids.size(), want.size());
       size_t compared = 0;
@@ -211,8 +224,8 @@ TEST(CudaBundled, GreedyTextMatchesTheCpuUnderTheSameRouting) {
       size_t agree = 0;
       while (agree < want.size() && on_gpu.output_ids[agree] == on_cpu.output_ids[agree]) ++agree;
       const size_t passes = std::min(want.size(), std::min(compared, agree) + 1);
-      const testing::ReplayStats s = cpu_routes.stats(0, passes * moe_layers);
-      expect_routing_agrees(cpu_routes, s, 2e-2, what);
+      const testing::ReplayStats s = models.cpu_routes.stats(0, passes * moe_layers);
+      expect_routing_agrees(models.cpu_routes, s, 2e-2, what);
       double drift = 0.0;
       for (size_t i = 0; i < passes; ++i) {
         if (on_gpu.top_logprobs[i][0].id == on_cpu.top_logprobs[i][0].id)
@@ -227,7 +240,7 @@ TEST(CudaBundled, GreedyTextMatchesTheCpuUnderTheSameRouting) {
                   what.c_str(), compared, passes, s.max_logits_error, static_cast<long long>(s.own_choice_differs),
                   static_cast<long long>(s.choices), drift, follows, want.size());
     }
-    EXPECT_GE(compared_in_all, 24u) << form_name << ": too few comparable steps";
+    EXPECT_GE(compared_in_all, 24u) << form_name(form) << ": too few comparable steps";
   }
 }
 
@@ -236,35 +249,20 @@ TEST(CudaBundled, GreedyTextMatchesTheCpuUnderTheSameRouting) {
 // against the CPU held to its routing.
 TEST(CudaBundled, TeacherForcedLogitsMatchTheCpuUnderTheSameRouting) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = kRoot + "/models/basalt-mini";
-  CpuBackend cpu;
-  CudaBackend gpu;
-  testing::RouteReplayer cpu_routes(cpu);
-  testing::RouteRecorder gpu_routes(gpu);
-  auto cpu_model = load_model(dir, cpu_routes);
-  auto gpu_model = load_model(dir, gpu_routes);
-  const int64_t V = cpu_model->config().vocab_size;
+  RoutedPair models(kRoot + "/models/basalt-mini");
+  const int64_t V = models.cpu_model->config().vocab_size;
   const nlohmann::json meta = testing::read_json(kRoot + "/testdata/bundled/basalt-mini.json");
   for (const MlaForm form : {MlaForm::kExpanded, MlaForm::kAbsorbed}) {
-    as_deepseek(*gpu_model).set_mla_form(form);
-    as_deepseek(*cpu_model).set_mla_form(form);
+    models.set_mla_form(form);
     for (size_t p = 0; p < meta["greedy"].size(); ++p) {
       std::vector<int32_t> tokens = meta["greedy"][p]["prompt_ids"].get<std::vector<int32_t>>();
       for (const int32_t id : meta["greedy"][p]["output_ids"].get<std::vector<int32_t>>()) tokens.push_back(id);
       const int64_t n = static_cast<int64_t>(tokens.size());
-      const std::string what = "bundled prompt " + std::to_string(p) + " form " +
-                               (form == MlaForm::kAbsorbed ? "absorbed" : "expanded");
-      const ForwardBatch batch = single_sequence_batch(tokens, 0, /*all_logits=*/true);
-      KvBuffers cpu_kv = cpu_model->allocate_kv(n), gpu_kv = gpu_model->allocate_kv(n);
-      Tensor gpu_logits = gpu.empty({n, V}, DType::kF32);
-      gpu_model->forward(batch, gpu_kv, gpu_logits);
-      cpu_routes.replay(gpu_routes.take());
-      Tensor cpu_logits = Tensor::empty({n, V}, DType::kF32);
-      cpu_model->forward(batch, cpu_kv, cpu_logits);
-      const Tensor got = cuda_to_host(gpu_logits);
+      const std::string what = "bundled prompt " + std::to_string(p) + " form " + form_name(form);
+      const auto [got, cpu_logits] = models.prefill_logits(tokens);
       const double error = testing::relative_error(got, cpu_logits);
       EXPECT_LT(error, 2e-2) << what;
-      expect_routing_agrees(cpu_routes, cpu_routes.stats(), 2e-2, what);
+      expect_routing_agrees(models.cpu_routes, models.cpu_routes.stats(), 2e-2, what);
       // The largest |difference| per position, to locate a drift.
       std::string per_position;
       for (int64_t t = 0; t < n; ++t) {
@@ -276,7 +274,7 @@ TEST(CudaBundled, TeacherForcedLogitsMatchTheCpuUnderTheSameRouting) {
         per_position += buf;
       }
       std::printf("[ bundled ] %s (%lld tokens): relative error %.3g; router logits %.3g; max |diff| per position:%s\n",
-                  what.c_str(), static_cast<long long>(n), error, cpu_routes.stats().max_logits_error,
+                  what.c_str(), static_cast<long long>(n), error, models.cpu_routes.stats().max_logits_error,
                   per_position.c_str());
     }
   }
