@@ -242,6 +242,52 @@ TEST(CudaMla, AttentionMatchesCpuBackend) {
   }
 }
 
+// Decode-sized batches (T <= 16) over a bf16 or FP8 kv_b take the
+// one-kernel absorptions (mla_kernels.h, mla_absorb_*_small): V3 dims and a
+// small shape with dims that are multiples of 8, q f32 and bf16, out f32 and
+// bf16, 1 to 16 query rows (padding rows included), against the CPU backend.
+TEST(CudaMla, SmallBatchAbsorptionsMatchCpuBackend) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaBackend cuda;
+  CpuBackend cpu;
+  constexpr Dims kEven{"even", 64, 16, 32, 24};
+  const std::vector<std::vector<std::pair<int, int>>> batches = {
+      {{1, 300}},
+      {{1, 600}, {1, 0} /* padding */, {1, 129}},
+      {{2, 40}, {1, 1}, {1, 77}, {3, 3}, {1, 200}, {1, 50}, {2, 90}, {1, 9}, {1, 31}, {1, 64}, {1, 0}, {1, 5}}};
+  for (const Dims& d : {kV3, kEven})
+    for (int64_t heads : {1, 16, 128})
+      for (KvB kind : {KvB::kBF16, KvB::kFP8})
+        for (const auto& seqs : batches) {
+          const MlaParams p = params_for(d, heads);
+          const int64_t S = 700, W = d.L + d.R;
+          const Batch batch = make_batch(rng, seqs, S, 2);
+          ASSERT_LE(batch.tokens, 16);
+          const Tensor cache = random_cache(rng, S, W, DType::kBF16);
+          const LinearWeight kv_b = make_kv_b(rng, kind, heads * (d.Dn + d.Dv), d.L);
+          const Tensor q = random_tensor(rng, {batch.tokens, heads * (d.Dn + d.R)}, DType::kF32);
+          Tensor want = testing::poisoned({batch.tokens, heads * d.Dv});
+          cpu.mla_attention(q, cache, kv_b, cpu_layout(batch), p, want);
+          const Tensor d_cache = cuda_to_device(cache);
+          const LinearWeight d_kv_b = to_device(kv_b);
+          const AttentionLayout layout = device_layout(host_layout(batch));
+          for (DType q_dtype : {DType::kF32, DType::kBF16})
+            for (DType out_dtype : {DType::kF32, DType::kBF16}) {
+              Tensor out = cuda_empty({batch.tokens, heads * d.Dv}, out_dtype);
+              cuda_fill_bytes(out, 0xFF);
+              cuda.mla_attention(cuda_to_device(q_dtype == DType::kF32 ? q : to_bf16(q)), d_cache, d_kv_b, layout, p,
+                                 out);
+              cuda.synchronize();
+              const Tensor got = cuda_to_host(out).to_f32();
+              EXPECT_EQ(testing::count_nan(got), 0);
+              EXPECT_LT(relative_error(got, want), 2e-2)
+                  << d.name << " heads " << heads << " kv_b " << kvb_name(kind) << " tokens " << batch.tokens
+                  << " q " << dtype_name(q_dtype) << " out " << dtype_name(out_dtype);
+            }
+        }
+}
+
 // The split path and the CUDA-core path at V3 dims, against the CPU backend.
 TEST(CudaMla, ForcedSplitsAndPathsMatchCpuBackend) {
   REQUIRE_DEVICE();

@@ -265,28 +265,48 @@ void CudaMla::attention(const Tensor& q, const Tensor& cache, const LinearWeight
   cublasHandle_t handle = static_cast<cublasHandle_t>(blas_);
   const float one = 1.0f, zero = 0.0f;
 
+  // Decode-sized batches over a bf16 kv_b take one kernel per absorption;
+  // larger ones cuBLAS's strided-batched GEMMs.
+  const bool small = w.dtype == DType::kBF16 &&
+                     cuda_kernels::mla_small_batch_ok(T, static_cast<int>(Dn), static_cast<int>(L),
+                                                      static_cast<int>(Dv), w.data);
+
   // 1. q_full[t, h] = [q_nope(t, h) · W_uk(h) | q_pe(t, h)].
-  Tensor q_op = q;
-  if (q.dtype() != w.dtype) {
-    q_op = cuda_empty(q.shape(), w.dtype);
-    cuda_cast(q, q_op, stream_);
-  }
   Tensor q_full = cuda_empty({T, heads * (L + R)}, q_full_dtype);
-  check_blas(cublasGemmStridedBatchedEx(
-                 handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(L), static_cast<int>(T), static_cast<int>(Dn),
-                 &one, w.data, blas_type(w.dtype), static_cast<int>(L), (Dn + Dv) * L, q_op.raw(),
-                 blas_type(w.dtype), static_cast<int>(heads * (Dn + R)), Dn + R, &zero, q_full.raw(),
-                 blas_type(q_full_dtype), static_cast<int>(heads * (L + R)), L + R, static_cast<int>(heads),
-                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-             "mla_attention q absorption GEMM");
-  launched(cuda_kernels::mla_copy_q_rope(elem(q.dtype()), elem(q_full_dtype), q.raw(), q_full.raw(), T,
-                                         static_cast<int>(heads), static_cast<int>(Dn), static_cast<int>(R),
-                                         static_cast<int>(L), stream_),
-           op);
+  if (small) {
+    launched(cuda_kernels::mla_absorb_q_small(elem(q.dtype()), elem(q_full_dtype), q.raw(), w.data, q_full.raw(), T,
+                                              static_cast<int>(heads), static_cast<int>(Dn), static_cast<int>(R),
+                                              static_cast<int>(L), static_cast<int>(Dv), stream_),
+             op);
+  } else {
+    Tensor q_op = q;
+    if (q.dtype() != w.dtype) {
+      q_op = cuda_empty(q.shape(), w.dtype);
+      cuda_cast(q, q_op, stream_);
+    }
+    check_blas(cublasGemmStridedBatchedEx(
+                   handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(L), static_cast<int>(T), static_cast<int>(Dn),
+                   &one, w.data, blas_type(w.dtype), static_cast<int>(L), (Dn + Dv) * L, q_op.raw(),
+                   blas_type(w.dtype), static_cast<int>(heads * (Dn + R)), Dn + R, &zero, q_full.raw(),
+                   blas_type(q_full_dtype), static_cast<int>(heads * (L + R)), L + R, static_cast<int>(heads),
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "mla_attention q absorption GEMM");
+    launched(cuda_kernels::mla_copy_q_rope(elem(q.dtype()), elem(q_full_dtype), q.raw(), q_full.raw(), T,
+                                           static_cast<int>(heads), static_cast<int>(Dn), static_cast<int>(R),
+                                           static_cast<int>(L), stream_),
+             op);
+  }
   // 2. The attention core over the latent cache.
   Tensor o_lat = cuda_empty({T, heads * L}, w.dtype);
   attention_core(q_full, cache, layout, p, o_lat, path, splits);
   // 3. out(t, h) = o_lat(t, h) · W_uv(h)ᵀ.
+  if (small) {
+    launched(cuda_kernels::mla_absorb_out_small(elem(o_lat.dtype()), elem(out.dtype()), o_lat.raw(), w.data,
+                                                out.raw(), T, static_cast<int>(heads), static_cast<int>(Dn),
+                                                static_cast<int>(L), static_cast<int>(Dv), stream_),
+             op);
+    return;
+  }
   const char* w_uv = static_cast<const char*>(w.data) + Dn * L * static_cast<int64_t>(dtype_size(w.dtype));
   check_blas(cublasGemmStridedBatchedEx(
                  handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(Dv), static_cast<int>(T), static_cast<int>(L),

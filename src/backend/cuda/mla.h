@@ -27,12 +27,14 @@
 //    works, and is never recorded.
 //  * mla_attention (absorbed form) = three steps: q_lat(h) = q_nope(h) ·
 //    W_uk(h) (cuBLAS strided-batched GEMM over heads, f32 accumulation,
-//    written into q_full [T, heads, L + R] next to q_pe), the attention core
+//    written into q_full [T, heads, L + R] next to q_pe; for T <= 16 over a
+//    bf16 kv_b one kernel that also copies q_pe), the attention core
 //    (mla_kernels.cu: tensor cores for bf16 caches with L = 512, R = 64 and a
 //    bf16 / FP8 kv_b; q_full and the probabilities rounded to bf16: the
 //    tests allow 2e-2 relative against the CPU backend; CUDA cores in f32
 //    otherwise), then out(h) = o_lat(h) ·
-//    W_uv(h)ᵀ (strided-batched GEMM). Key splits (split-KV) and their merge
+//    W_uv(h)ᵀ (strided-batched GEMM; for T <= 16 over a bf16 kv_b one kernel,
+//    a warp per W_uv row). Key splits (split-KV) and their merge
 //    are chosen from shapes only.
 //  * mla_expand_kv: the latent rows gathered by slot (in kv_b's compute
 //    type), one GEMM with kv_bᵀ into f32, then split into k (with the cached

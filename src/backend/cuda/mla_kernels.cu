@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/element_types.cuh"
 #include "backend/cuda/mma.cuh"
@@ -147,6 +148,146 @@ __global__ void mla_copy_q_rope_kernel(const Q* q, QFull* q_full, int heads, int
   for (int idx = threadIdx.x; idx < heads * R; idx += blockDim.x) {
     const int h = idx / R, r = idx % R;
     q_full[(t * heads + h) * (L + R) + L + r] = from_f32<QFull>(to_f32(q[(t * heads + h) * (Dn + R) + Dn + r]));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Small-batch absorptions (T <= kMlaSmallBatch), templated on TB, the batch
+// rounded up to 1, 2, 4, 8 or 16 (the accumulators are registers).
+//
+// absorb_q: one block per (head, 128 latent columns), 256 threads; thread
+// (g, c) = (tid / 16, tid % 16) owns columns 8c .. 8c + 7 of the block's 128
+// (one 16-byte load of a W_uk row) for the d = g, g + 16, ... rows, so a
+// thread has Dn / 16 loads in flight and a block reads its 32 KB slice of
+// W_uk(h) at once. The 16 groups' sums meet by a shuffle (two groups per
+// warp) and then in shared memory. The tokens' q_nope rows sit in shared
+// memory as f32.
+constexpr int kAbsorbThreads = 256;
+constexpr int kAbsorbCols = 128;
+constexpr int kAbsorbWarps = kAbsorbThreads / 32;
+
+__device__ __forceinline__ void unpack8(const uint4& u, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
+template <int TB, typename Q, typename QFull>
+__global__ void __launch_bounds__(kAbsorbThreads)
+    mla_absorb_q_small_kernel(const Q* q, const bf16* kv_b, QFull* q_full, int T, int Dn, int R, int L, int Dv) {
+  extern __shared__ float absorb_smem[];
+  float* qs = absorb_smem;             // [TB][Dn]
+  float* red = absorb_smem + TB * Dn;  // [kAbsorbWarps][TB][kAbsorbCols]
+  const int h = blockIdx.x, heads = gridDim.x;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = tid / 16, c = tid % 16;
+  for (int i = tid; i < TB * Dn; i += kAbsorbThreads) {
+    const int t = i / Dn, d = i % Dn;
+    qs[i] = t < T ? to_f32(q[(static_cast<int64_t>(t) * heads + h) * (Dn + R) + d]) : 0.0f;
+  }
+  if (blockIdx.y == 0) {  // the rope part goes straight across
+    for (int i = tid; i < T * R; i += kAbsorbThreads) {
+      const int t = i / R, r = i % R;
+      q_full[(static_cast<int64_t>(t) * heads + h) * (L + R) + L + r] =
+          from_f32<QFull>(to_f32(q[(static_cast<int64_t>(t) * heads + h) * (Dn + R) + Dn + r]));
+    }
+  }
+  __syncthreads();
+  const int col0 = blockIdx.y * kAbsorbCols, col = col0 + 8 * c;
+  const bool live = col < L;
+  const bf16* w = kv_b + static_cast<int64_t>(h) * (Dn + Dv) * L + col;
+  float acc[TB][8];
+#pragma unroll
+  for (int t = 0; t < TB; ++t)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[t][j] = 0.0f;
+#pragma unroll 8
+  for (int d = g; d < Dn; d += 16) {
+    float wf[8];
+    unpack8(live ? *reinterpret_cast<const uint4*>(w + static_cast<int64_t>(d) * L) : make_uint4(0, 0, 0, 0), wf);
+#pragma unroll
+    for (int t = 0; t < TB; ++t) {
+      const float x = qs[t * Dn + d];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[t][j] = fmaf(x, wf[j], acc[t][j]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < TB; ++t)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[t][j] += __shfl_xor_sync(0xffffffffu, acc[t][j], 16);
+  if (lane < 16) {
+#pragma unroll
+    for (int t = 0; t < TB; ++t)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) red[(warp * TB + t) * kAbsorbCols + 8 * c + j] = acc[t][j];
+  }
+  __syncthreads();
+  for (int i = tid; i < T * kAbsorbCols; i += kAbsorbThreads) {
+    const int t = i / kAbsorbCols, k = i % kAbsorbCols;
+    if (col0 + k >= L) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w8 = 0; w8 < kAbsorbWarps; ++w8) sum += red[(w8 * TB + t) * kAbsorbCols + k];
+    q_full[(static_cast<int64_t>(t) * heads + h) * (L + R) + col0 + k] = from_f32<QFull>(sum);
+  }
+}
+
+// absorb_out: 8 warps per block, each warp 4 W_uv rows (head h, value
+// columns v) at once: lane k reads 16-byte chunks k, k + 32, ... of the four
+// rows (all four in flight) and the warp sums by shuffles. The block's
+// head's o_lat rows sit in shared memory as f32.
+constexpr int kAbsorbOutRowsPerWarp = 4;
+constexpr int kAbsorbOutRows = kAbsorbWarps * kAbsorbOutRowsPerWarp;  // rows (v) per block
+
+template <int TB, typename O, typename Out>
+__global__ void __launch_bounds__(kAbsorbThreads)
+    mla_absorb_out_small_kernel(const O* o_lat, const bf16* kv_b, Out* out, int T, int Dn, int L, int Dv) {
+  extern __shared__ float absorb_smem[];  // [TB][L]
+  const int h = blockIdx.y, heads = gridDim.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = threadIdx.x; i < TB * L; i += kAbsorbThreads) {
+    const int t = i / L, l = i % L;
+    absorb_smem[i] = t < T ? to_f32(o_lat[(static_cast<int64_t>(t) * heads + h) * L + l]) : 0.0f;
+  }
+  __syncthreads();
+  const int v0 = blockIdx.x * kAbsorbOutRows + warp * kAbsorbOutRowsPerWarp;
+  const bf16* rows = kv_b + (static_cast<int64_t>(h) * (Dn + Dv) + Dn) * L;
+  float acc[kAbsorbOutRowsPerWarp][TB];
+#pragma unroll
+  for (int r = 0; r < kAbsorbOutRowsPerWarp; ++r)
+#pragma unroll
+    for (int t = 0; t < TB; ++t) acc[r][t] = 0.0f;
+  for (int col = lane * 8; col < L; col += 32 * 8) {
+    float wf[kAbsorbOutRowsPerWarp][8];
+#pragma unroll
+    for (int r = 0; r < kAbsorbOutRowsPerWarp; ++r) {
+      const int v = v0 + r;
+      unpack8(v < Dv ? *reinterpret_cast<const uint4*>(rows + static_cast<int64_t>(v) * L + col)
+                     : make_uint4(0, 0, 0, 0),
+              wf[r]);
+    }
+#pragma unroll
+    for (int t = 0; t < TB; ++t) {
+      const float4 x0 = *reinterpret_cast<const float4*>(absorb_smem + t * L + col);
+      const float4 x1 = *reinterpret_cast<const float4*>(absorb_smem + t * L + col + 4);
+      const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int r = 0; r < kAbsorbOutRowsPerWarp; ++r)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[r][t] = fmaf(x[j], wf[r][j], acc[r][t]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kAbsorbOutRowsPerWarp; ++r) {
+#pragma unroll
+    for (int t = 0; t < TB; ++t) {
+      const float sum = warp_sum(acc[r][t]);
+      if (lane == 0 && t < T && v0 + r < Dv) out[(static_cast<int64_t>(t) * heads + h) * Dv + v0 + r] = from_f32<Out>(sum);
+    }
   }
 }
 
@@ -650,6 +791,86 @@ cudaError_t mla_split_kv(Elem cache, Elem out_elem, const void* cache_data, cons
                                                        static_cast<O*>(k), static_cast<O*>(v), heads, latent, rope,
                                                        nope, v_dim, num_slots);
   });
+}
+
+namespace {
+
+// Shared memory of the two kernels at the rounded batch TB, and the most
+// either may use (both raise their limit to it once).
+constexpr size_t kAbsorbMaxSmem = 160 * 1024;
+size_t absorb_q_smem(int tb, int nope) {
+  return sizeof(float) * static_cast<size_t>(tb) * (static_cast<size_t>(nope) + kAbsorbWarps * kAbsorbCols);
+}
+size_t absorb_out_smem(int tb, int latent) { return sizeof(float) * static_cast<size_t>(tb) * latent; }
+
+int absorb_tb(int64_t tokens) { return tokens <= 1 ? 1 : tokens <= 2 ? 2 : tokens <= 4 ? 4 : tokens <= 8 ? 8 : 16; }
+
+// Calls f(std::integral_constant<int, TB>) for the rounded batch.
+template <typename F>
+void with_tb(int tb, F&& f) {
+  switch (tb) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    default: f(std::integral_constant<int, 16>{}); break;
+  }
+}
+
+template <typename Kernel>
+cudaError_t allow_absorb_smem(Kernel kernel) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kAbsorbMaxSmem));
+}
+
+}  // namespace
+
+bool mla_small_batch_ok(int64_t tokens, int nope, int latent, int v_dim, const void* kv_b) {
+  return tokens >= 1 && tokens <= kMlaSmallBatch && nope % 8 == 0 && latent % 8 == 0 && v_dim % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(kv_b) % 16 == 0 && absorb_q_smem(absorb_tb(tokens), nope) <= kAbsorbMaxSmem &&
+         absorb_out_smem(absorb_tb(tokens), latent) <= kAbsorbMaxSmem;
+}
+
+cudaError_t mla_absorb_q_small(Elem q_elem, Elem q_full_elem, const void* q, const void* kv_b, void* q_full,
+                               int64_t tokens, int heads, int nope, int rope, int latent, int v_dim,
+                               cudaStream_t stream) {
+  const int tb = absorb_tb(tokens);
+  const size_t smem = absorb_q_smem(tb, nope);
+  const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>((latent + kAbsorbCols - 1) / kAbsorbCols));
+  cudaError_t setup = cudaSuccess;
+  const cudaError_t launch = dispatch2(q_elem, q_full_elem, [&](auto a, auto b) {
+    using Q = decltype(a);
+    using F = decltype(b);
+    with_tb(tb, [&](auto tb_constant) {
+      const auto kernel = mla_absorb_q_small_kernel<decltype(tb_constant)::value, Q, F>;
+      static const cudaError_t allowed = allow_absorb_smem(kernel);
+      if ((setup = allowed) != cudaSuccess) return;
+      kernel<<<grid, kAbsorbThreads, smem, stream>>>(static_cast<const Q*>(q), static_cast<const bf16*>(kv_b),
+                                                    static_cast<F*>(q_full), static_cast<int>(tokens), nope, rope,
+                                                    latent, v_dim);
+    });
+  });
+  return setup != cudaSuccess ? setup : launch;
+}
+
+cudaError_t mla_absorb_out_small(Elem o_lat_elem, Elem out_elem, const void* o_lat, const void* kv_b, void* out,
+                                 int64_t tokens, int heads, int nope, int latent, int v_dim, cudaStream_t stream) {
+  const int tb = absorb_tb(tokens);
+  const size_t smem = absorb_out_smem(tb, latent);
+  const dim3 grid(static_cast<unsigned>((v_dim + kAbsorbOutRows - 1) / kAbsorbOutRows), static_cast<unsigned>(heads));
+  cudaError_t setup = cudaSuccess;
+  const cudaError_t launch = dispatch2(o_lat_elem, out_elem, [&](auto a, auto b) {
+    using O = decltype(a);
+    using Out = decltype(b);
+    with_tb(tb, [&](auto tb_constant) {
+      const auto kernel = mla_absorb_out_small_kernel<decltype(tb_constant)::value, O, Out>;
+      static const cudaError_t allowed = allow_absorb_smem(kernel);
+      if ((setup = allowed) != cudaSuccess) return;
+      kernel<<<grid, kAbsorbThreads, smem, stream>>>(static_cast<const O*>(o_lat), static_cast<const bf16*>(kv_b),
+                                                    static_cast<Out*>(out), static_cast<int>(tokens), nope, latent,
+                                                    v_dim);
+    });
+  });
+  return setup != cudaSuccess ? setup : launch;
 }
 
 cudaError_t mla_copy_q_rope(Elem q_elem, Elem q_full_elem, const void* q, void* q_full, int64_t tokens, int heads,

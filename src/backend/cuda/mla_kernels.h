@@ -55,6 +55,23 @@ cudaError_t mla_split_kv(Elem cache, Elem out_elem, const void* cache_data, cons
 cudaError_t mla_copy_q_rope(Elem q_elem, Elem q_full_elem, const void* q, void* q_full, int64_t tokens, int heads,
                             int nope, int rope, int latent, cudaStream_t stream);
 
+// The absorbed form's two per-head products for decode-sized batches (T <=
+// kMlaSmallBatch), each one kernel reading a bf16 kv_b [heads * (Dn + Dv), L]
+// once (cuBLAS's strided-batched GEMMs take several launches and ~3x the
+// byte time there). Needs Dn, L and Dv multiples of 8 and a 16-byte aligned
+// kv_b. Sums in f32 over the bf16 weights.
+inline constexpr int kMlaSmallBatch = 16;
+bool mla_small_batch_ok(int64_t tokens, int nope, int latent, int v_dim, const void* kv_b);
+// q_full[t, h] = [q[t, h, :Dn] · W_uk(h) | q[t, h, Dn:]] (W_uk(h) = kv_b rows
+// h (Dn + Dv) .. + Dn), converted to q_full's type; q f32 or bf16.
+cudaError_t mla_absorb_q_small(Elem q_elem, Elem q_full_elem, const void* q, const void* kv_b, void* q_full,
+                               int64_t tokens, int heads, int nope, int rope, int latent, int v_dim,
+                               cudaStream_t stream);
+// out[t, h, v] = o_lat[t, h, :] · W_uv(h)[v, :] (W_uv(h) = kv_b rows
+// h (Dn + Dv) + Dn .. + Dv); o_lat f32 or bf16, out f32 or bf16.
+cudaError_t mla_absorb_out_small(Elem o_lat_elem, Elem out_elem, const void* o_lat, const void* kv_b, void* out,
+                                 int64_t tokens, int heads, int nope, int latent, int v_dim, cudaStream_t stream);
+
 struct MlaAttentionShape {
   int64_t q_tokens = 0;
   int num_seqs = 0;
