@@ -1300,7 +1300,9 @@ void launch_decode_kernel(const Args& args, dim3 grid, cudaStream_t stream) {
         status = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
       return status;
     }();
-    if (configured != cudaSuccess) return;  // cudaGetLastError() reports it
+    // Launched even if the setup failed: the launch then fails as well, so
+    // every call reports it through cudaGetLastError(), not only the first.
+    (void)configured;
     decode_kernel<Cache, VEC, LPK, CPL, RT, true><<<grid, kDecodeThreads, smem, stream>>>(args);
   } else {
     decode_kernel<Cache, VEC, LPK, CPL, RT, false><<<grid, kDecodeThreads, 0, stream>>>(args);
@@ -1341,7 +1343,9 @@ void launch_decode_mma(const Args& args, dim3 grid, cudaStream_t stream) {
       status = cudaFuncSetAttribute(decode_mma_kernel<DMAX>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
     return status;
   }();
-  if (configured != cudaSuccess) return;  // cudaGetLastError() reports it
+  // Launched even if the setup failed: the launch then fails as well, so
+  // every call reports it through cudaGetLastError(), not only the first.
+  (void)configured;
   launch_dependent_smem(decode_mma_kernel<DMAX>, grid, dim3(kDecodeThreads), smem, stream, args);
 }
 
@@ -1352,7 +1356,9 @@ void launch_prefill_dmax(const Args& args, dim3 grid, cudaStream_t stream) {
   // function attribute, not a stream operation, so capture is unaffected).
   static const cudaError_t configured = cudaFuncSetAttribute(
       prefill_kernel<DMAX, Cache, kAsync>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (configured != cudaSuccess) return;  // cudaGetLastError() reports it
+  // Launched even if the setup failed: the launch then fails as well, so
+  // every call reports it through cudaGetLastError(), not only the first.
+  (void)configured;
   prefill_kernel<DMAX, Cache, kAsync><<<grid, kPrefillThreads, smem, stream>>>(args);
 }
 
