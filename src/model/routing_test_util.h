@@ -131,11 +131,11 @@ class RouteReplayer final : public ForwardingBackend {
 
     const int64_t T = ids.dim(0), k = ids.dim(1);
     ReplayStats& call = per_call_.emplace_back();
-    ++call.calls;
-    call.choices += T * k;
-    call.own_choice_differs += missing_choices(r.ids, own_ids, T, k);
-    call.redecided_differs += missing_choices(r.ids, re_ids, T, k);
-    call.max_logits_error = std::max(call.max_logits_error, relative_error(recorded_logits, logits.to_f32()));
+    call.calls = 1;
+    call.choices = T * k;
+    call.own_choice_differs = missing_choices(r.ids, own_ids, T, k);
+    call.redecided_differs = missing_choices(r.ids, re_ids, T, k);
+    call.max_logits_error = relative_error(recorded_logits, logits.to_f32());
     const Tensor recorded_weights = r.weights.to_f32();
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t j = 0; j < k; ++j) {
