@@ -16,11 +16,13 @@
 #      `basalt bench` (random 256-token prompts, 128 output tokens with
 #      --ignore-eos, at 4 and 16 requests/s and all at once), and stops it;
 #   5. prints a short summary last: tests passed/failed, decode ms/step and
-#      prefill tokens/s per batch, TTFT and ITL P50/P99 per rate.
+#      prefill tokens/s per batch (the 8B-shaped model and the DeepSeek-V3
+#      slice), TTFT and ITL P50/P99 per rate.
 # Full logs go to $OUT (default ./gpu-check-out). About 10 minutes on an
-# H200 with 16 cores, the build included (an estimate: the DeepSeek
-# benchmarks have not yet run inside this script). Exit status: 0 when every step that
-# ran passed, 1 otherwise, 2 on bad flags.
+# H200 with 16 cores, the build included (an estimate: the whole script has
+# not run since the DeepSeek benchmarks joined it; run alone, those four took
+# 68 s, the slice's 38 GB write and load included). Exit
+# status: 0 when every step that ran passed, 1 otherwise, 2 on bad flags.
 #
 #   scripts/gpu-check.sh [--build-dir DIR] [--no-build] [--only tests|bench|serve]...
 #                        [--layers N] [--port N] [--model-dir DIR] [--keep-model]
@@ -162,6 +164,16 @@ if wants bench; then
     while read -r b eager ms tps ratio prefill; do
       summary+=("$(printf '%-24s %6s %9s %10s %9s %11s %14s' "" "$b" "$eager" "$ms" "$tps" "$ratio" "$prefill")")
     done < <(grep -E "$decode_row" "$decode_log")
+  fi
+  slice_log=$out/basalt_bench_cuda_deepseek_slice.log
+  slice_row='^[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$'
+  if grep -qE "$slice_row" "$slice_log" 2>/dev/null; then
+    summary+=("$(printf '%-24s %6s %9s %10s %9s %11s %14s' "DeepSeek-V3 slice" batch "eager ms" "graphed ms" \
+      tokens/s graph/floor "prefill tok/s")")
+    prefill=$(sed -nE 's/^prefill, one prompt of [0-9]+ tokens: ([0-9]+) tokens\/s$/\1/p' "$slice_log" | head -1)
+    while read -r b eager ms tps _ _ ratio; do
+      summary+=("$(printf '%-24s %6s %9s %10s %9s %11s %14s' "" "$b" "$eager" "$ms" "$tps" "$ratio" "${prefill:-?}")")
+    done < <(grep -E "$slice_row" "$slice_log" | head -3)
   fi
 fi
 
