@@ -171,7 +171,19 @@ const SafetensorsFile& Checkpoint::file_of(std::string_view name) const {
   if (it == file_index_.end()) {
     fail("{}: tensor '{}' not found in checkpoint", dir_, printable_name(name));
   }
+  {
+    std::lock_guard<std::mutex> lock(used_->mu);
+    used_->read.insert(it->first);
+  }
   return files_[it->second];
+}
+
+std::vector<std::string> Checkpoint::unused() const {
+  std::lock_guard<std::mutex> lock(used_->mu);
+  std::vector<std::string> names;
+  for (const auto& item : file_index_)
+    if (!used_->read.contains(item.first)) names.push_back(item.first);
+  return names;
 }
 
 void Checkpoint::require(std::string_view name) const { file_of(name); }

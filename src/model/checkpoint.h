@@ -16,6 +16,9 @@
 // that want the cost up front (with a progress line) call prefetch().
 //
 // A Checkpoint is immutable after open and safe to read from many threads.
+// It records which tensors were read (get, find, info, require), so a loader
+// can check that the config used every tensor (unused()): a config that
+// disagrees with its checkpoint must fail, not load a different model.
 #pragma once
 
 #include <chrono>
@@ -23,7 +26,10 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -71,6 +77,9 @@ class Checkpoint {
   // to read ahead), reporting progress after each chunk. Blocks until done.
   void prefetch(const ProgressFn& progress = {}) const;
 
+  // The tensors nothing has read yet (get, find, info, require), sorted.
+  std::vector<std::string> unused() const;
+
  private:
   Checkpoint() = default;
   const SafetensorsFile& file_of(std::string_view name) const;
@@ -80,6 +89,11 @@ class Checkpoint {
   // Tensor name to the index in files_ of the file that holds it.
   std::map<std::string, size_t, std::less<>> file_index_;
   uint64_t total_bytes_ = 0;
+  struct UseLog {
+    std::mutex mu;
+    std::set<std::string, std::less<>> read;
+  };
+  std::shared_ptr<UseLog> used_ = std::make_shared<UseLog>();
 };
 
 // A Checkpoint::ProgressFn that shows "\rloading weights: 37% (1.2/3.3 GB)",

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -157,13 +158,28 @@ void parse_sizes(const Fields& f, const std::string& label, ModelConfig& c) {
                "{}: sizes are implausibly large", label);
 }
 
+// bos and eos ids must be tokens of the vocabulary.
+void check_token_ids(const ModelConfig& c, const std::string& label) {
+  if (c.bos_token_id)
+    BASALT_CHECK(*c.bos_token_id >= 0 && *c.bos_token_id < c.vocab_size,
+                 "{}: bos_token_id {} is outside the vocabulary (vocab_size {})", label, *c.bos_token_id,
+                 c.vocab_size);
+  for (int32_t id : c.eos_token_ids)
+    BASALT_CHECK(id >= 0 && id < c.vocab_size, "{}: eos_token_id {} is outside the vocabulary (vocab_size {})",
+                 label, id, c.vocab_size);
+}
+
 // Context length, norm epsilon, rope, activation and head tying: read the
 // same way for every family.
 void parse_common_tail(const Fields& f, const std::string& label, ModelConfig& c) {
   c.max_position_embeddings = f.integer_or("max_position_embeddings", 4096);
+  BASALT_CHECK(c.max_position_embeddings >= 2 && c.max_position_embeddings <= (int64_t{1} << 24),
+               "{}: max_position_embeddings must be in [2, 16777216], got {}", label, c.max_position_embeddings);
   c.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
+  BASALT_CHECK(c.rms_norm_eps > 0 && c.rms_norm_eps < 1, "{}: rms_norm_eps must be in (0, 1), got {}", label,
+               c.rms_norm_eps);
   parse_rope(f, label, c);
-  BASALT_CHECK(c.rope_theta > 0, "{}: rope_theta must be positive", label);
+  BASALT_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "{}: rope_theta must be positive", label);
   const std::string act = f.string_or("hidden_act", "silu");
   BASALT_CHECK(act == "silu" || act == "swish", "{}: hidden_act '{}' is not supported (silu only)",
                label, act);
@@ -171,6 +187,7 @@ void parse_common_tail(const Fields& f, const std::string& label, ModelConfig& c
   auto bos = f.ids("bos_token_id");
   if (!bos.empty()) c.bos_token_id = bos.front();
   c.eos_token_ids = f.ids("eos_token_id");
+  check_token_ids(c, label);
 }
 
 void parse_deepseek(const Fields& f, const std::string& label, ModelConfig& c) {
@@ -204,7 +221,8 @@ void parse_deepseek(const Fields& f, const std::string& label, ModelConfig& c) {
                "{}: MLA needs positive kv_lora_rank, qk_nope_head_dim, v_head_dim and an even "
                "positive qk_rope_head_dim (q_lora_rank null or positive)", label);
   BASALT_CHECK(d.n_routed_experts >= 0 && d.n_routed_experts <= 4096 && d.n_shared_experts >= 0 &&
-                   d.n_shared_experts <= 64 && d.first_k_dense_replace >= 0 && d.moe_layer_freq > 0 &&
+                   d.n_shared_experts <= 64 && d.first_k_dense_replace >= 0 &&
+                   d.first_k_dense_replace <= c.num_layers && d.moe_layer_freq > 0 &&
                    d.num_nextn_predict_layers >= 0 && d.num_nextn_predict_layers <= 16,
                "{}: expert counts, first_k_dense_replace, moe_layer_freq or "
                "num_nextn_predict_layers out of range", label);
@@ -344,6 +362,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& label) {
       for (auto& w : c.sliding_window_per_layer) w = static_cast<int32_t>(window);
     } else if (f.boolean_or("use_sliding_window", false)) {
       const int64_t first = f.integer_or("max_window_layers", c.num_layers);
+      BASALT_CHECK(first >= 0 && first <= c.num_layers, "{}: max_window_layers must be in [0, num_hidden_layers]",
+                   label);
       for (int64_t i = first; i < c.num_layers; ++i)
         c.sliding_window_per_layer[static_cast<size_t>(i)] = static_cast<int32_t>(window);
     }
@@ -363,6 +383,7 @@ ModelConfig ModelConfig::load(const std::string& dir) {
       Fields gf(g, gen_path);
       auto eos = gf.ids("eos_token_id");
       if (!eos.empty()) c.eos_token_ids = eos;
+      check_token_ids(c, gen_path);
     }
   }
   return c;

@@ -112,6 +112,25 @@ TEST(ModelConfig, RejectsBadInput) {
   j["num_hidden_layers"] = -1;
   expect_error(j, "positive");
   expect_error(json::array(), "object");
+  // Every value a forward pass or the server depends on is range-checked
+  // at load, not at the first request.
+  j = llama_config();
+  j["max_position_embeddings"] = -5;
+  expect_error(j, "max_position_embeddings");
+  j = llama_config();
+  j["rms_norm_eps"] = 0;
+  expect_error(j, "rms_norm_eps");
+  j = llama_config();
+  j["eos_token_id"] = 128256;
+  expect_error(j, "eos_token_id");
+  j = llama_config();
+  j["bos_token_id"] = -1;
+  expect_error(j, "bos_token_id");
+  j = llama_config();
+  j["sliding_window"] = 4096;
+  j["use_sliding_window"] = true;
+  j["max_window_layers"] = 99;
+  expect_error(j, "max_window_layers");
 }
 
 }  // namespace

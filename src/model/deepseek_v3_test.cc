@@ -399,6 +399,41 @@ TEST(DeepseekModel, RejectsBadConfigsAtLoad) {
       << load_error(m.dir());
 }
 
+// A config that disagrees with its checkpoint's layers must not load a
+// different model: deepseek_v3 stores 3 decoder layers and the MTP layer as
+// model.layers.3.
+TEST(DeepseekModel, RejectsLayerCountsThatDisagreeWithTheCheckpoint) {
+  ScratchModel m("layer_count", "deepseek_v3");
+  const nlohmann::json good = m.config();
+  ASSERT_EQ(good["num_hidden_layers"], 3);
+  ASSERT_EQ(good["num_nextn_predict_layers"], 1);
+  EXPECT_EQ(load_error(m.dir()), "");
+
+  nlohmann::json j = good;
+  j["num_hidden_layers"] = 2;  // layer 2 would be dropped, and layer 2 read as MTP
+  m.write_config(j);
+  std::string error = load_error(m.dir());
+  EXPECT_NE(error.find("not used by the model config.json describes"), std::string::npos) << error;
+  EXPECT_NE(error.find("num_hidden_layers is 2"), std::string::npos) << error;
+
+  j = good;
+  j["num_hidden_layers"] = 4;  // the MTP layer would become a decoder layer
+  m.write_config(j);
+  error = load_error(m.dir());
+  EXPECT_NE(error.find("model.layers.3.enorm.weight"), std::string::npos) << error;
+
+  j = good;
+  j["num_nextn_predict_layers"] = 0;  // the MTP layer would be silently skipped
+  m.write_config(j);
+  error = load_error(m.dir());
+  EXPECT_NE(error.find("num_nextn_predict_layers 0"), std::string::npos) << error;
+
+  j = good;
+  j["max_position_embeddings"] = -5;
+  m.write_config(j);
+  EXPECT_NE(load_error(m.dir()).find("max_position_embeddings"), std::string::npos);
+}
+
 TEST(DeepseekModel, RejectsMissingOrMisshapenScaleTensors) {
   ScratchModel m("bad_scales", "deepseek_v3_fp8");
   const std::string path = m.dir() + "/model.safetensors";

@@ -112,5 +112,41 @@ TEST(DenseModel, RejectsShapeMismatchNamingTheTensor) {
   std::filesystem::remove_all(tmp);
 }
 
+// Fewer layers in config.json than in the checkpoint: the extra layer's
+// tensors are reported, not dropped.
+TEST(DenseModel, RejectsAConfigWithFewerLayersThanTheCheckpoint) {
+  CpuBackend backend;
+  const auto tmp = std::filesystem::temp_directory_path() / "basalt_dense_layers";
+  std::filesystem::remove_all(tmp);
+  std::filesystem::create_directories(tmp);
+  // The weights (sharded, with their index), not the transformers reference.
+  for (const auto& e : std::filesystem::directory_iterator(kModels + "llama")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("model", 0) == 0) std::filesystem::copy_file(e.path(), tmp / name);
+  }
+  nlohmann::json config = read_json(kModels + "llama/config.json");
+  ASSERT_EQ(config["num_hidden_layers"], 2);
+  config["num_hidden_layers"] = 1;
+  std::ofstream(tmp / "config.json") << config.dump();
+  try {
+    load_model(tmp.string(), backend);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("'model.layers.1."), std::string::npos) << message;
+    EXPECT_NE(message.find("layers up to 1 but config.json's num_hidden_layers is 1"), std::string::npos)
+        << message;
+  }
+  config["num_hidden_layers"] = 3;  // more than stored: the missing tensor is named
+  std::ofstream(tmp / "config.json") << config.dump();
+  try {
+    load_model(tmp.string(), backend);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.2."), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(tmp);
+}
+
 }  // namespace
 }  // namespace basalt

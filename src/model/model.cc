@@ -1,30 +1,98 @@
 #include "model/model.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "model/deepseek_v3.h"
 #include "model/dense.h"
 
 namespace basalt {
+namespace {
+
+// The layer index of "model.layers.<i>.<rest>", or -1.
+int64_t layer_of(const std::string& name) {
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (name.rfind(kPrefix, 0) != 0) return -1;
+  const char* digits = name.c_str() + kPrefix.size();
+  char* end = nullptr;
+  const long long i = std::strtoll(digits, &end, 10);
+  return end != digits && *end == '.' ? i : -1;
+}
+
+// Tensors a checkpoint may carry that Basalt knowingly does not read, as
+// transformers does not: rotary inverse-frequency buffers (computed from the
+// config), a stored lm_head of a model with tied embeddings (the embedding is
+// the head), and DeepSeek MTP layers after the first (Basalt's draft uses
+// one, as DeepSeek-V3 ships one).
+bool known_unused(const std::string& name, const ModelConfig& config) {
+  if (name.find("rotary_emb.inv_freq") != std::string::npos) return true;
+  if (name == "lm_head.weight" && config.tie_word_embeddings) return true;
+  const int64_t layer = layer_of(name);
+  const int64_t mtp_layers = config.deepseek.num_nextn_predict_layers;
+  if (layer > config.num_layers && layer < config.num_layers + mtp_layers) return true;
+  return false;
+}
+
+// A config that disagrees with its checkpoint (fewer layers than stored, a
+// layer count that turns the MTP layer into a decoder layer, a missing
+// num_nextn_predict_layers) would load a different model without a word:
+// every tensor must have been read or be known-unused.
+void check_every_tensor_used(const ModelConfig& config, const Checkpoint& checkpoint) {
+  std::vector<std::string> unused;
+  int64_t highest_layer = -1;
+  for (const std::string& name : checkpoint.unused()) {
+    if (known_unused(name, config)) continue;
+    unused.push_back(name);
+    highest_layer = std::max(highest_layer, layer_of(name));
+  }
+  if (unused.empty()) return;
+  std::string examples;
+  for (size_t i = 0; i < std::min<size_t>(unused.size(), 3); ++i)
+    examples += (i ? ", '" : "'") + unused[i] + "'";
+  std::string hint;
+  const int64_t mtp = config.deepseek.num_nextn_predict_layers;
+  if (highest_layer >= config.num_layers)
+    hint = fmt::format("; the checkpoint has layers up to {} but config.json's num_hidden_layers is {}{}",
+                       highest_layer, config.num_layers,
+                       mtp > 0 || config.architecture == Architecture::kDeepseekV2 ||
+                               config.architecture == Architecture::kDeepseekV3
+                           ? fmt::format(" and num_nextn_predict_layers {}", mtp)
+                           : std::string());
+  else if (highest_layer >= 0)
+    hint = "; does config.json describe these layers (e.g. MoE, biases, q/k norms)?";
+  fail("{}: {} checkpoint tensor{} not used by the model config.json describes ({}{}){}", checkpoint.dir(),
+       unused.size(), unused.size() == 1 ? " is" : "s are", examples, unused.size() > 3 ? ", ..." : "", hint);
+}
+
+}  // namespace
 
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
                                   const LoadProgress& progress) {
   const ModelConfig config = ModelConfig::load(dir);
   Checkpoint checkpoint = Checkpoint::open(dir);
+  std::unique_ptr<Model> model;
   switch (config.architecture) {
     case Architecture::kLlama:
     case Architecture::kMistral:
     case Architecture::kQwen2:
     case Architecture::kQwen3:
       if (progress) checkpoint.prefetch(progress);
-      return load_dense_model(config, checkpoint, backend);
+      model = load_dense_model(config, checkpoint, backend);
+      break;
     case Architecture::kDeepseekV2:
     case Architecture::kDeepseekV3:
       // No prefetch: only the pages of the tensors a forward pass touches
       // become resident (the MTP layer and idle experts cost nothing).
-      return load_deepseek_model(config, checkpoint, backend);
+      model = load_deepseek_model(config, checkpoint, backend);
+      break;
   }
-  fail("{}: unsupported architecture", dir);
+  BASALT_CHECK(model != nullptr, "{}: unsupported architecture", dir);
+  check_every_tensor_used(config, checkpoint);
+  return model;
 }
 
 }  // namespace basalt

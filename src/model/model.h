@@ -2,7 +2,9 @@
 //
 // Contract: load_model(dir, backend) reads config.json and the safetensors
 // weights, checks every tensor's presence, dtype and shape against the
-// config (errors name the file and tensor), and moves the weights to the
+// config (errors name the file and tensor), checks that the config used every
+// tensor of the checkpoint (but those transformers also skips: rotary
+// buffers, a tied head, extra MTP layers), and moves the weights to the
 // backend. forward() runs one ForwardBatch: it writes the new tokens' keys and
 // values into `kv` at batch.out_slots and returns f32 logits for
 // batch.logit_rows. A Model is used by one thread at a time; it holds no
