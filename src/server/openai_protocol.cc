@@ -1,8 +1,11 @@
 #include "server/openai_protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 #include <limits>
+
+#include "server/request_fields.h"
 
 namespace basalt {
 
@@ -121,6 +124,85 @@ std::vector<int32_t> id_list(const json& v, const char* param) {
   return ids;
 }
 
+// Every field must be in the table: unknown ones and unsupported values are
+// refused by name.
+void check_fields(const json& b, unsigned endpoint) {
+  for (auto it = b.begin(); it != b.end(); ++it) {
+    const std::string& name = it.key();
+    const RequestField* row = find_request_field(name, endpoint);
+    if (row == nullptr) {
+      const char* other = endpoint == kChatEndpoint ? "/v1/chat/completions" : "/v1/completions";
+      bad(name, fmt::format("unrecognized request field '{}' for {}", name, other));
+    }
+    if (row->support == FieldSupport::kUnsupported && !unsupported_value_accepted(*row, it.value()))
+      bad(name, row->note.empty() ? fmt::format("'{}' is not supported", name)
+                                  : fmt::format("'{}' is not supported: {}", name, row->note));
+  }
+  if (const json* options = field(b, "stream_options"); options && options->is_object()) {
+    for (auto it = options->begin(); it != options->end(); ++it) {
+      const std::string name = "stream_options." + it.key();
+      if (find_request_field(name, endpoint) == nullptr)
+        bad(name, fmt::format("unrecognized request field '{}'", name));
+    }
+  }
+}
+
+// tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}]
+void check_tools(const json& tools) {
+  if (!tools.is_array()) bad("tools", "'tools' must be an array");
+  if (tools.size() > 1024) bad("tools", "'tools' has more than 1024 entries");
+  for (const json& t : tools) {
+    if (!t.is_object() || get_string(t, "type") != "function")
+      bad("tools", "each tool must be an object with \"type\": \"function\"");
+    const json* f = field(t, "function");
+    if (f == nullptr || !f->is_object() || get_string(*f, "name").empty())
+      bad("tools", "each tool needs a 'function' object with a non-empty 'name'");
+    if (const json* params = field(*f, "parameters"); params && !params->is_object())
+      bad("tools", "a tool's 'parameters' must be a JSON Schema object");
+  }
+}
+
+// tool_choice: "none" and "auto" render the tools and return the text;
+// forcing a call needs constrained decoding, which is not implemented yet.
+void check_tool_choice(const json& b) {
+  const json* choice = field(b, "tool_choice");
+  if (choice == nullptr) return;
+  if (choice->is_string()) {
+    const std::string c = choice->get<std::string>();
+    if (c == "none" || c == "auto") return;
+    if (c == "required")
+      bad("tool_choice", "'tool_choice': \"required\" is not supported yet (\"none\" and \"auto\" are)");
+    bad("tool_choice", fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or a named function, not \"{}\"", c));
+  }
+  if (choice->is_object())
+    bad("tool_choice", "'tool_choice' naming a function is not supported yet (\"none\" and \"auto\" are)");
+  bad("tool_choice", "'tool_choice' must be a string or an object");
+}
+
+// An assistant message's tool_calls as templates expect them: arguments
+// that are a JSON string become the object it encodes.
+void normalize_tool_calls(ordered_json& message) {
+  auto it = message.find("tool_calls");
+  if (it == message.end() || it->is_null()) return;
+  if (!it->is_array()) bad("messages", "'tool_calls' must be an array");
+  if (it->empty()) {
+    message.erase(it);
+    return;
+  }
+  for (ordered_json& call : *it) {
+    if (!call.is_object()) bad("messages", "each tool call must be an object");
+    auto f = call.find("function");
+    if (f == call.end() || !f->is_object()) bad("messages", "each tool call needs a 'function' object");
+    auto name = f->find("name");
+    if (name == f->end() || !name->is_string()) bad("messages", "each tool call's function needs a 'name' string");
+    auto args = f->find("arguments");
+    if (args != f->end() && args->is_string()) {
+      ordered_json parsed = ordered_json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (!parsed.is_discarded() && parsed.is_object()) *args = std::move(parsed);
+    }
+  }
+}
+
 // The sampling fields the two endpoints share.
 void parse_common(const json& b, ParsedRequest& r, const ProtocolLimits& limits) {
   r.model = get_string(b, "model");
@@ -191,11 +273,19 @@ void parse_common(const json& b, ParsedRequest& r, const ProtocolLimits& limits)
     if (!options->is_object()) bad("stream_options", "'stream_options' must be an object");
     if (!r.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
     r.include_usage = get_bool(*options, "include_usage", false);
+    r.continuous_usage = get_bool(*options, "continuous_usage_stats", false);
   }
   r.echo = get_bool(b, "echo", false);
   r.priority = static_cast<int>(get_int(b, "priority", 0, -1000000, 1000000));
   r.cache_salt = get_string(b, "cache_salt");
   r.user = get_string(b, "user");
+  r.request_id = get_string(b, "request_id");
+  if (r.request_id.size() > 256) bad("request_id", "'request_id' is longer than 256 characters");
+  for (unsigned char ch : r.request_id)
+    if (ch < 0x21 || ch > 0x7e) bad("request_id", "'request_id' must be printable ASCII without spaces");
+  r.truncate_prompt_tokens = get_int(b, "truncate_prompt_tokens", 0, -1, std::numeric_limits<int32_t>::max());
+  if (r.truncate_prompt_tokens == 0 && field(b, "truncate_prompt_tokens") != nullptr)
+    bad("truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or positive");
   if (const json* format = field(b, "response_format")) {
     if (!format->is_object() || get_string(*format, "type") != "text")
       throw ApiError(400, "'response_format' other than {\"type\": \"text\"} is not supported yet",
@@ -223,6 +313,7 @@ json parse_json_object(std::string_view body, int max_depth) {
 
 ParsedRequest parse_completion_request(std::string_view body, const ProtocolLimits& limits) {
   const json b = parse_json_object(body, limits.max_json_depth);
+  check_fields(b, kCompletionsEndpoint);
   ParsedRequest r;
   r.chat = false;
   parse_common(b, r, limits);
@@ -270,6 +361,7 @@ ParsedRequest parse_completion_request(std::string_view body, const ProtocolLimi
 
 ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& limits) {
   const json b = parse_json_object(body, limits.max_json_depth);
+  check_fields(b, kChatEndpoint);
   ParsedRequest r;
   r.chat = true;
   parse_common(b, r, limits);
@@ -296,7 +388,7 @@ ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& li
     ordered_json out = ordered_messages[i];  // keeps name, tool_calls, tool_call_id, ...
     const json* content = field(m, "content");
     if (content == nullptr) {
-      out["content"] = nullptr;
+      // null stays null and absent stays absent, as the template would see them
     } else if (content->is_string()) {
       // kept as is
     } else if (content->is_array()) {
@@ -311,22 +403,30 @@ ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& li
     } else {
       bad("messages", "message 'content' must be a string, an array of text parts, or null");
     }
+    if (const json* id = field(m, "tool_call_id"); id && !id->is_string())
+      bad("messages", "'tool_call_id' must be a string");
+    if (const json* name = field(m, "name"); name && !name->is_string()) bad("messages", "'name' must be a string");
+    if (role == "assistant") normalize_tool_calls(out);
+    else if (field(m, "tool_calls") != nullptr) bad("messages", "only assistant messages carry 'tool_calls'");
     r.messages.push_back(std::move(out));
   }
   r.add_generation_prompt = get_bool(b, "add_generation_prompt", true);
   r.continue_final_message = get_bool(b, "continue_final_message", false);
   if (r.continue_final_message && r.add_generation_prompt)
     bad("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
-  if (r.continue_final_message && r.messages.back().value("role", "") != "assistant")
-    bad("continue_final_message", "'continue_final_message' needs a final assistant message");
+  if (r.continue_final_message && (r.messages.back().value("role", "") != "assistant" ||
+                                   !r.messages.back().contains("content") || !r.messages.back()["content"].is_string()))
+    bad("continue_final_message", "'continue_final_message' needs a final assistant message with text content");
   if (const json* kwargs = field(b, "chat_template_kwargs")) {
     if (!kwargs->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     r.template_kwargs = ob["chat_template_kwargs"];
   }
   if (const json* tools = field(b, "tools")) {
-    if (!tools->is_array()) bad("tools", "'tools' must be an array");
+    check_tools(*tools);
     r.template_kwargs["tools"] = ob["tools"];
   }
+  check_tool_choice(b);
+  get_bool(b, "parallel_tool_calls", true);
   if (field(b, "documents") != nullptr) r.template_kwargs["documents"] = ob["documents"];
   r.chat_template = get_string(b, "chat_template");
   const bool logprobs = get_bool(b, "logprobs", false);

@@ -6,8 +6,17 @@
 // (sampling parameters in SamplingParams' ranges, except the vocabulary
 // checks that need the tokenizer) or throw ApiError with the HTTP status,
 // the OpenAI error type and the name of the offending field. They never
-// crash, whatever the bytes (a fuzz target checks this). Unknown fields are
-// ignored, as OpenAI's clients send fields servers may not know.
+// crash, whatever the bytes (a fuzz target checks this). Every top-level
+// field (and every stream_options field) must be in the table of
+// server/request_fields.h: a field Basalt does not implement, or does not
+// know, is a 400 naming it, never silently dropped.
+//
+// Chat messages reach the chat template as transformers' apply_chat_template
+// receives them from vLLM: content null stays null and absent content stays
+// absent; content parts are joined into one string; an assistant message's
+// tool_calls keep their order, with each function's JSON-string arguments
+// parsed into an object (what tool-use templates iterate over) and an empty
+// tool_calls list dropped; tool_call_id and name are kept.
 #pragma once
 
 #include <cstdint>
@@ -69,12 +78,16 @@ struct ParsedRequest {
   bool max_tokens_given = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  bool continuous_usage = false;  // stream_options.continuous_usage_stats: usage in every chunk
   bool echo = false;
   bool want_logprobs = false;  // chat: logprobs; completions: logprobs given
   bool add_special_tokens = true;
   int priority = 0;
   std::string cache_salt;  // separates radix-cache namespaces
   std::string user;
+  std::string request_id;  // the client's id for the request (empty: none given)
+  // Keep only the prompt's last k tokens: 0 off, -1 the context length.
+  int64_t truncate_prompt_tokens = 0;
 };
 
 // Throws ApiError (400) for malformed JSON, wrong types and out-of-range values.

@@ -5,7 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
+
+#include "server/request_fields.h"
 
 namespace basalt {
 namespace {
@@ -28,7 +32,7 @@ TEST(OpenAiProtocol, CompletionFieldsReachTheSamplingParams) {
     "logit_bias": {"12": -100, "7": 3.5}, "logprobs": 2, "echo": true, "user": "u",
     "stream": true, "stream_options": {"include_usage": true}, "top_k": 5, "min_p": 0.1,
     "repetition_penalty": 1.1, "min_tokens": 2, "ignore_eos": true, "stop_token_ids": [3, 4],
-    "skip_special_tokens": false, "priority": 2, "unknown_field": {"x": 1}})");
+    "skip_special_tokens": false, "priority": 2, "request_id": "abc-1", "truncate_prompt_tokens": 5})");
   EXPECT_EQ(r.model, "m");
   ASSERT_EQ(r.prompts.size(), 1u);
   EXPECT_EQ(std::get<std::string>(r.prompts[0]), "hi");
@@ -55,6 +59,8 @@ TEST(OpenAiProtocol, CompletionFieldsReachTheSamplingParams) {
   EXPECT_EQ(r.params.stop_token_ids, (std::vector<int32_t>{3, 4}));
   EXPECT_FALSE(r.params.skip_special_tokens);
   EXPECT_EQ(r.priority, 2);
+  EXPECT_EQ(r.request_id, "abc-1");
+  EXPECT_EQ(r.truncate_prompt_tokens, 5);
 }
 
 TEST(OpenAiProtocol, PromptShapesAndDefaults) {
@@ -79,11 +85,12 @@ TEST(OpenAiProtocol, ChatMessagesAndOptions) {
       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
       {"role": "assistant", "content": null, "tool_calls": []}],
     "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 3,
-    "chat_template_kwargs": {"enable_thinking": false}, "tools": [{"type": "function"}]})");
+    "chat_template_kwargs": {"enable_thinking": false},
+    "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"})");
   ASSERT_EQ(r.messages.size(), 3u);
   EXPECT_EQ(r.messages[1]["content"].get<std::string>(), "a\nb");
   EXPECT_TRUE(r.messages[2]["content"].is_null());
-  EXPECT_TRUE(r.messages[2].contains("tool_calls"));
+  EXPECT_FALSE(r.messages[2].contains("tool_calls"));  // an empty list is dropped, as vLLM does
   EXPECT_EQ(r.params.max_tokens, 9);
   EXPECT_TRUE(r.want_logprobs);
   EXPECT_EQ(r.params.logprobs, 3);
@@ -91,6 +98,120 @@ TEST(OpenAiProtocol, ChatMessagesAndOptions) {
   EXPECT_TRUE(r.template_kwargs["tools"].is_array());
   EXPECT_TRUE(r.add_generation_prompt);
   EXPECT_FALSE(r.add_special_tokens);
+}
+
+// What the SDKs send in an agent loop: an assistant turn with content null
+// and tool_calls whose arguments are a JSON string, the tool's answer, and a
+// message without content.
+TEST(OpenAiProtocol, ToolCallMessagesReachTheTemplateAsTransformersExpects) {
+  const ParsedRequest r = parse_chat_request(R"({"messages": [
+    {"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": null, "tool_calls": [
+      {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}},
+      {"id": "call_2", "type": "function", "function": {"name": "noop", "arguments": "not json"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "18C"}]},
+    {"role": "assistant"}]})");
+  ASSERT_EQ(r.messages.size(), 4u);
+  const auto& calls = r.messages[1]["tool_calls"];
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_TRUE(r.messages[1]["content"].is_null());
+  EXPECT_EQ(calls[0]["function"]["arguments"]["city"], "Paris");
+  EXPECT_EQ(calls[0]["function"]["arguments"].dump(), R"({"city":"Paris","days":2})");  // key order kept
+  EXPECT_EQ(calls[1]["function"]["arguments"], "not json");  // not JSON: passed as sent
+  EXPECT_EQ(r.messages[2]["tool_call_id"], "call_1");
+  EXPECT_EQ(r.messages[2]["content"], "18C");
+  EXPECT_FALSE(r.messages[3].contains("content"));
+}
+
+std::string endpoints_name(unsigned e) {
+  return e == kBothEndpoints ? "both" : e == kChatEndpoint ? "chat" : "completions";
+}
+
+std::string body_with(unsigned endpoint, const std::string& name, const std::string& value) {
+  std::string base = endpoint == kChatEndpoint ? R"({"messages": [{"role": "user", "content": "x"}])"
+                                               : R"({"prompt": "x")";
+  const size_t dot = name.find('.');
+  if (dot != std::string::npos)
+    return base + R"(, "stream": true, ")" + name.substr(0, dot) + R"(": {")" + name.substr(dot + 1) + "\": " +
+           value + "}}";
+  return base + ", \"" + name + "\": " + value + "}";
+}
+
+bool parses(unsigned endpoint, const std::string& body) {
+  try {
+    if (endpoint == kChatEndpoint) parse_chat_request(body);
+    else parse_completion_request(body);
+    return true;
+  } catch (const ApiError& e) {
+    ADD_FAILURE() << body << ": " << e.what();
+    return false;
+  }
+}
+
+// Every row of the table, on each endpoint it names: unsupported fields are
+// 400s naming the field unless null or an accepted value; ignored fields
+// parse; fields of neither endpoint and unknown fields are 400s.
+TEST(OpenAiProtocol, TheFieldTableIsEnforced) {
+  for (const RequestField& f : request_fields()) {
+    for (unsigned endpoint : {unsigned{kCompletionsEndpoint}, unsigned{kChatEndpoint}}) {
+      const std::string name(f.name);
+      if ((f.endpoints & endpoint) == 0) {
+        if (name.find('.') != std::string::npos) continue;
+        const ApiError e = error_of(endpoint == kChatEndpoint, body_with(endpoint, name, "1"));
+        EXPECT_EQ(e.param(), name) << "field of the other endpoint: " << name;
+        continue;
+      }
+      if (f.support == FieldSupport::kUnsupported) {
+        const ApiError e = error_of(endpoint == kChatEndpoint, body_with(endpoint, name, std::string(f.refused_example)));
+        EXPECT_EQ(e.status(), 400) << name;
+        EXPECT_EQ(e.param(), name) << name << ": " << e.what();
+        EXPECT_NE(std::string(e.what()).find("not supported"), std::string::npos) << e.what();
+        EXPECT_TRUE(parses(endpoint, body_with(endpoint, name, "null")));
+        for (const auto& v : nlohmann::json::parse(f.accepted.empty() ? "[]" : std::string(f.accepted)))
+          EXPECT_TRUE(parses(endpoint, body_with(endpoint, name, v.dump())));
+      } else if (f.support == FieldSupport::kIgnored) {
+        EXPECT_TRUE(parses(endpoint, body_with(endpoint, name, R"({"any": "thing"})")));
+      }
+    }
+  }
+  for (bool chat : {false, true}) {
+    const unsigned endpoint = chat ? kChatEndpoint : kCompletionsEndpoint;
+    ApiError e = error_of(chat, body_with(endpoint, "max_token", "5"));  // a typo is not a default
+    EXPECT_EQ(e.param(), "max_token");
+    EXPECT_NE(std::string(e.what()).find("unrecognized"), std::string::npos);
+    e = error_of(chat, body_with(endpoint, "stream_options.include_usag", "true"));
+    EXPECT_EQ(e.param(), "stream_options.include_usag");
+  }
+}
+
+// docs/SERVER.md lists the same table: a row per field with its endpoints,
+// status and note.
+TEST(OpenAiProtocol, TheDocsListTheFieldTable) {
+  std::string expected;
+  for (const RequestField& f : request_fields()) {
+    std::string status = f.support == FieldSupport::kSupported ? "supported"
+                         : f.support == FieldSupport::kIgnored ? "ignored"
+                                                               : "refused";
+    if (f.support == FieldSupport::kUnsupported) {
+      const auto accepted = nlohmann::json::parse(f.accepted.empty() ? "[]" : std::string(f.accepted));
+      status += " unless null";
+      for (const auto& v : accepted) status += " or `" + v.dump() + "`";
+    }
+    expected += "| `" + std::string(f.name) + "` | " + endpoints_name(f.endpoints) + " | " + status + " | " +
+                std::string(f.note) + " |\n";
+  }
+  std::ifstream in(std::string(BASALT_TESTDATA) + "/../docs/SERVER.md");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  const std::string begin = "<!-- request-fields:begin -->\n", end = "<!-- request-fields:end -->";
+  const size_t a = doc.find(begin), b = doc.find(end);
+  ASSERT_NE(a, std::string::npos);
+  ASSERT_NE(b, std::string::npos);
+  const std::string header = "| Field | Endpoints | Status | Notes |\n|---|---|---|---|\n";
+  EXPECT_EQ(doc.substr(a + begin.size(), b - a - begin.size()), header + expected)
+      << "docs/SERVER.md's request-field table should read:\n" << header << expected;
 }
 
 TEST(OpenAiProtocol, BadInputsAreFourHundredsNamingTheField) {
@@ -134,6 +255,20 @@ TEST(OpenAiProtocol, BadInputsAreFourHundredsNamingTheField) {
       {true, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
       {true, R"({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true})",
        "continue_final_message"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", "tool_choice"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "function", "function": {"name": "f"}}})",
+       "tool_choice"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"})", "tool_choice"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", "tools"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "tools": {}})", "tools"},
+      {true, R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]})", "messages"},
+      {true, R"({"messages": [{"role": "assistant", "tool_calls": "x"}]})", "messages"},
+      {true, R"({"messages": [{"role": "tool", "tool_call_id": 5, "content": "x"}]})", "messages"},
+      {true, R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})", "messages"},
+      {false, R"({"prompt": "x", "truncate_prompt_tokens": 0})", "truncate_prompt_tokens"},
+      {false, R"({"prompt": "x", "request_id": "has space"})", "request_id"},
+      {false, R"({"prompt": "x", "messages": []})", "messages"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "prompt": "x"})", "prompt"},
   };
   for (const Case& c : cases) {
     const ApiError e = error_of(c.chat, c.body);

@@ -66,10 +66,16 @@ SEQ = 512
 CHAT_TEMPLATE = (
     "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}"
     "{{ bos_token }}"
+    "{% if tools %}{{ 'Tools:' }}{% for tool in tools %}{{ '\\n' + (tool | tojson) }}{% endfor %}{{ '\\n\\n' }}{% endif %}"
     "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}{{ message['content'] }}"
-    "{% elif message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}"
-    "{% elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + message['content'] + '<｜end▁of▁sentence｜>' }}"
+    "{% set content = message['content'] if message['content'] is string else '' %}"
+    "{% if message['role'] == 'system' %}{{ content }}"
+    "{% elif message['role'] == 'user' %}{{ '<｜User｜>' + content }}"
+    "{% elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + content }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{{ '<tool_call>' + call['function']['name'] + ' ' + (call['function']['arguments'] | tojson) + '</tool_call>' }}"
+    "{% endfor %}{{ '<｜end▁of▁sentence｜>' }}"
+    "{% elif message['role'] == 'tool' %}{{ '<｜User｜><tool_result>' + content + '</tool_result>' }}"
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}")
 
