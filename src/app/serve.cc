@@ -5,7 +5,8 @@
 // while the model loads; then /ready turns 200. SIGTERM or SIGINT starts a
 // drain: the listening socket closes, /ready answers 503, new generation
 // requests get 503, running ones finish until --drain-timeout, the rest are
-// cancelled, and the process exits 0. A second signal skips the wait.
+// cut off (a 503, or an error event on a stream, logged as cut by the
+// server), and the process exits 0. A second signal skips the wait.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -23,6 +24,8 @@
 #include "app/model_dir.h"
 #include "app/device_choice.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "model/config.h"
 #include "model/graphed_model.h"
 #include "model/model.h"
 #include "runtime/engine.h"
@@ -45,6 +48,9 @@ struct ServeFlags {
   std::string tls_key;
   int max_running = 64;
   int max_queue = 1024;
+  int max_n = 0;
+  int threads = 0;
+  std::string log_format = "text";
   double kv_fraction = -1;  // unset: the device's default (kv_budget_bytes)
   int64_t kv_slots = 0;
   int64_t max_model_len = 0;
@@ -87,8 +93,17 @@ std::vector<std::string> read_keys(const std::string& path) {
   return keys;
 }
 
+void log_lifecycle(const char* event, std::initializer_list<std::pair<const char*, std::string>> fields) {
+  LogLine line(event);
+  for (const auto& [key, value] : fields) line.add(key, value);
+  line.emit();
+}
+
 void run_serve(const ServeFlags& f) {
+  set_log_format(parse_log_format(f.log_format));
   BASALT_CHECK(f.port >= 0 && f.port <= 65535, "--port {} is not a TCP port", f.port);
+  BASALT_CHECK(f.max_n >= 0, "--max-n must be >= 0");
+  BASALT_CHECK(f.threads >= 0 && f.threads <= 4096, "--threads must be in [0, 4096], got {}", f.threads);
   BASALT_CHECK(f.max_running >= 1, "--max-running must be >= 1");
   BASALT_CHECK(f.max_queue >= 0, "--max-queue must be >= 0");
   BASALT_CHECK(f.kv_fraction == -1 || (f.kv_fraction > 0 && f.kv_fraction <= 1),
@@ -97,6 +112,14 @@ void run_serve(const ServeFlags& f) {
   BASALT_CHECK(f.io_threads >= 1 && f.io_threads <= 64, "--io-threads must be in [1, 64]");
   BASALT_CHECK(f.policy == "lpm" || f.policy == "fcfs", "--schedule-policy must be lpm or fcfs");
   const std::string dir = model_dir_or_bundled(f.model);
+  // The context limit is checked before the weights load, so a wrong flag
+  // fails in a second.
+  const ModelConfig config = ModelConfig::load(dir);
+  BASALT_CHECK(f.max_model_len >= 0, "--max-model-len must be >= 0");
+  BASALT_CHECK(f.max_model_len <= config.max_position_embeddings,
+               "--max-model-len {} is above the model's context length ({}, max_position_embeddings in "
+               "{}/config.json)",
+               f.max_model_len, config.max_position_embeddings, dir);
 
   std::vector<std::string> keys = f.api_keys;
   if (!f.api_key_file.empty())
@@ -123,7 +146,18 @@ void run_serve(const ServeFlags& f) {
   http.max_connections = f.max_connections;
   http.tls_cert_file = f.tls_cert;
   http.tls_key_file = f.tls_key;
-  HttpServer server(http, [&api](HttpRequest& request) -> HandlerResult {
+  const bool request_log = !f.no_request_log;
+  http.on_rejection = [&api, request_log](const TransportRejection& r) {
+    if (ApiServer* a = api.load()) return a->note_rejection(r.status, r.remote, r.method, r.path, r.reason);
+    if (request_log)
+      LogLine("request", LogLevel::kWarning)
+          .add("remote", r.remote)
+          .add("status", r.status)
+          .add("outcome", "rejected_by_transport")
+          .add("reason", r.reason)
+          .emit();
+  };
+  HttpServer server(http, [&api, request_log](HttpRequest& request) -> HandlerResult {
     if (ApiServer* a = api.load()) return a->handle(request);
     HttpResponse r;
     if (request.path == "/health") {
@@ -132,15 +166,16 @@ void run_serve(const ServeFlags& f) {
       r.status = 503;
       r.body = error_body(503, "the model is still loading", "server_error");
       r.headers.emplace_back("Retry-After", "5");
+      if (request_log)
+        LogLine("request").add("remote", request.remote).add("path", request.path).add("status", 503).add("outcome", "loading").emit();
     }
     return HandlerResult{std::move(r), nullptr};
   });
   server.start();
   const std::string scheme = f.tls_cert.empty() ? "http" : "https";
-  std::fprintf(stderr, "basalt serve: listening on %s://%s:%u, loading %s\n", scheme.c_str(), f.host.c_str(),
-               static_cast<unsigned>(server.port()), dir.c_str());
+  log_lifecycle("listening", {{"url", fmt::format("{}://{}:{}", scheme, f.host, server.port())}, {"model_dir", dir}});
 
-  std::unique_ptr<Backend> backend_owner = make_backend(f.device);
+  std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
   std::unique_ptr<Model> model = load_model(dir, backend);
   if (!f.enforce_eager) model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
@@ -163,6 +198,7 @@ void run_serve(const ServeFlags& f) {
   api_options.api_keys = keys;
   api_options.max_queue = f.max_queue;
   api_options.max_running = f.max_running;
+  api_options.max_n = f.max_n;
   api_options.max_model_len = f.max_model_len;
   api_options.log_requests = !f.no_request_log;
   api_options.log_text = f.log_text;
@@ -170,25 +206,36 @@ void run_serve(const ServeFlags& f) {
   api_server.set_connection_counter([&server] { return server.open_connections(); });
   api_server.set_ready(true);
   api.store(&api_server);
-  std::fprintf(stderr, "basalt serve: ready: model %s, %lld KV slots, context %lld%s\n",
-               api_options.served_model_name.c_str(), static_cast<long long>(engine.kv_capacity()),
-               static_cast<long long>(api_server.max_model_len()), keys.empty() ? "" : ", API keys required");
+  LogLine("ready")
+      .add("model", api_options.served_model_name)
+      .add("device", f.device)
+      .add("kv_slots", engine.kv_capacity())
+      .add("max_model_len", api_server.max_model_len())
+      .add("api_keys", !keys.empty())
+      .emit();
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  std::fprintf(stderr, "basalt serve: %s: draining (up to %.0f s)\n", signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
-               f.drain_timeout);
+  LogLine("draining")
+      .add("signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
+      .add("drain_timeout_s", f.drain_timeout)
+      .add("in_flight", api_server.in_flight())
+      .emit();
   api_server.start_draining();
   server.stop_accepting();
   const auto deadline = Clock::now() + millis(f.drain_timeout);
+  const timespec tick{0, 20 * 1000 * 1000};
   while (api_server.in_flight() > 0 && Clock::now() < deadline) {
-    const timespec tick{0, 20 * 1000 * 1000};
     if (sigtimedwait(&signals, nullptr, &tick) > 0) break;  // a second signal: stop now
   }
-  const int64_t left = api_server.in_flight();
-  server.stop();  // aborts what is left, which cancels it in the engine
+  // What is left is cut: each response ends with a 503 or an error event,
+  // given up to 2 s to reach its client before the connections close.
+  api_server.cut_in_flight();
+  const auto flush_deadline = Clock::now() + std::chrono::seconds(2);
+  while (server.responses_in_progress() > 0 && Clock::now() < flush_deadline) nanosleep(&tick, nullptr);
+  server.stop();
   api.store(nullptr);
-  std::fprintf(stderr, "basalt serve: stopped (%lld requests cut off)\n", static_cast<long long>(left));
+  LogLine("stopped").add("requests_cut", api_server.server_cuts()).emit();
 }
 
 }  // namespace
@@ -209,6 +256,15 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-running", f.max_running, "Requests decoded together at most (default 64)");
   cmd->add_option("--max-queue", f.max_queue,
                   "Requests allowed to wait beyond --max-running; more get 429 (default 1024)");
+  cmd->add_option("--max-n", f.max_n,
+                  "Samples ('n' times prompts) one request may ask for; more get 400 (default 0: half of "
+                  "--max-running, at least 1, so one request cannot take every running slot)");
+  cmd->add_option("--threads", f.threads,
+                  "CPU backend threads (default 0: the BASALT_NUM_THREADS environment variable, else one per "
+                  "hardware thread)");
+  cmd->add_option("--log-format", f.log_format,
+                  "Log lines as text (timestamp, level, event, key=value fields) or json (one object per line) "
+                  "(default text)");
   cmd->add_option("--kv-cache-fraction", f.kv_fraction,
                   "Fraction of memory for the KV pool: of host memory on the CPU (default 0.1), of the GPU memory "
                   "left after the weights with --device cuda (default 0.8)");

@@ -8,8 +8,11 @@ namespace basalt {
 namespace {
 
 thread_local bool in_parallel_region = false;
+std::atomic<int> g_global_threads{0};  // set by set_global_threads before first use
+std::atomic<bool> g_global_created{false};
 
 int default_threads() {
+  if (int n = g_global_threads.load(); n > 0) return n;
   if (const char* env = std::getenv("BASALT_NUM_THREADS")) {
     int n = std::atoi(env);
     if (n > 0) return n;
@@ -41,8 +44,14 @@ ThreadPool::~ThreadPool() {
 }
 
 ThreadPool& ThreadPool::global() {
-  static ThreadPool pool;
+  static ThreadPool pool((g_global_created.store(true), 0));
   return pool;
+}
+
+bool ThreadPool::set_global_threads(int threads) {
+  if (g_global_created.load()) return global().size() == threads;
+  g_global_threads.store(threads);
+  return true;
 }
 
 void ThreadPool::run_chunks(uint32_t tag, const std::function<void(int64_t, int64_t)>& fn,

@@ -36,6 +36,9 @@ class ThreadPool {
 
   // The process-wide pool used by the CPU backend.
   static ThreadPool& global();
+  // Sizes the global pool before its first use (the --threads flag); false
+  // when it already exists with another size.
+  static bool set_global_threads(int threads);
 
  private:
   void worker_loop();

@@ -48,13 +48,13 @@ class Server {
     posix_spawn_file_actions_addopen(&actions, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     EXPECT_EQ(posix_spawn(&pid_, BASALT_BINARY, &actions, nullptr, argv.data(), environ), 0);
     posix_spawn_file_actions_destroy(&actions);
-    // "listening on http://127.0.0.1:PORT" (or https), then "ready".
-    const std::string mark = "listening on ";
+    // "... info listening url=http://127.0.0.1:PORT" (or https), then "... info ready".
+    const std::string mark = "listening url=";
     for (int i = 0; i < 1200 && port_ == 0; ++i) {
       const std::string log = slurp(log_);
       const size_t at = log.find(mark);
       const size_t colon = at == std::string::npos ? at : log.find("127.0.0.1:", at);
-      if (log.find("basalt serve: ready") != std::string::npos && colon != std::string::npos) {
+      if (log.find(" info ready ") != std::string::npos && colon != std::string::npos) {
         scheme_ = log.substr(at + mark.size(), log.find("://", at) - at - mark.size());
         port_ = std::atoi(log.c_str() + colon + 10);
       }

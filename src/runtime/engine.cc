@@ -1166,7 +1166,8 @@ void Scheduler::finish(Sequence& seq, FinishReason reason, StopReason stop_reaso
     case FinishReason::kCancelled: ++m_.requests_cancelled; break;
     case FinishReason::kError: ++m_.requests_failed; break;
     case FinishReason::kDeadline: ++m_.requests_expired; break;
-    default: ++m_.requests_finished; break;
+    case FinishReason::kStop: ++m_.requests_finished; ++m_.requests_stopped; break;
+    case FinishReason::kLength: ++m_.requests_finished; break;
   }
   m_.end_to_end.observe(seconds(Clock::now() - seq.submitted));
   seq.stream->push(std::move(ev));

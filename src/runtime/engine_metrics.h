@@ -50,7 +50,8 @@ struct EngineMetrics {
   int64_t kv_cached = 0;     // slots in the radix cache (evictable + locked)
   // Counters.
   uint64_t requests_submitted = 0;
-  uint64_t requests_finished = 0;
+  uint64_t requests_finished = 0;  // completed: a stop (eos, stop string or id) or the length limit
+  uint64_t requests_stopped = 0;   // of those, by a stop
   uint64_t requests_cancelled = 0;
   uint64_t requests_failed = 0;   // error events
   uint64_t requests_expired = 0;  // deadlines

@@ -8,6 +8,8 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "core/version.h"
 #include "server/metrics_text.h"
 #include "template/jinja.h"
 
@@ -24,6 +26,12 @@ struct ApiServer::Shared {
   std::mutex mu;  // guards the counters and stderr lines
   std::map<std::pair<std::string, int>, uint64_t> http_requests;  // (route, status) -> count
   std::atomic<uint64_t> client_disconnects{0};
+  std::atomic<uint64_t> server_cuts{0};
+  // Set at the drain deadline: every live generation response ends with a
+  // 503 (whole) or an error event (stream) at its next pull.
+  std::atomic<bool> cutting{false};
+  std::map<uint64_t, std::function<void()>> wakers;  // live responses' wake-ups, under mu
+  uint64_t next_waker = 0;
 
   void count(const std::string& route, int status) {
     std::lock_guard<std::mutex> lock(mu);
@@ -32,10 +40,25 @@ struct ApiServer::Shared {
   std::string new_id(const char* prefix) {
     return fmt::format("{}-{:016x}", prefix, id_salt ^ (next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull));
   }
-  void log(const std::string& line) {
-    if (!log_requests) return;
+  void log(const LogLine& line) {
+    if (log_requests) line.emit();
+  }
+  uint64_t add_waker(std::function<void()> wake) {
     std::lock_guard<std::mutex> lock(mu);
-    std::fprintf(stderr, "%s\n", line.c_str());
+    wakers.emplace(next_waker, std::move(wake));
+    return next_waker++;
+  }
+  void remove_waker(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    wakers.erase(id);
+  }
+  void wake_all() {
+    std::vector<std::function<void()>> all;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& [id, w] : wakers) all.push_back(w);
+    }
+    for (auto& w : all) w();
   }
 };
 
@@ -64,7 +87,17 @@ std::string route_of(const std::string& path) {
                                  "/version"};
   for (const char* k : kKnown)
     if (path == k) return k;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
+}
+
+// A client's request id (X-Request-Id or the body's request_id) is kept only
+// when it is safe to echo in a header and a log line.
+bool valid_client_id(std::string_view id) {
+  if (id.empty() || id.size() > 256) return false;
+  for (unsigned char ch : id)
+    if (ch < 0x21 || ch > 0x7e) return false;
+  return true;
 }
 
 const char* finish_reason_name(FinishReason r) {
@@ -104,6 +137,7 @@ uint64_t namespace_of(const std::string& salt) {
 
 // One sampled output being produced.
 struct Choice {
+  size_t text_offset = 0;  // completions logprobs: where the next token's text starts
   RequestHandle handle;
   int index = 0;
   int prompt_index = 0;
@@ -130,12 +164,13 @@ float chosen_logprob(const EngineEvent& e) {
 class GenerationProducer : public ResponseProducer {
  public:
   GenerationProducer(std::shared_ptr<ApiServer::Shared> shared, const Tokenizer& tokenizer, ParsedRequest request,
-                     std::string id, std::string model, std::vector<std::string> echo_texts,
+                     std::string id, std::string header_id, std::string model, std::vector<std::string> echo_texts,
                      std::vector<int64_t> prompt_lengths, std::vector<Choice> choices, std::string remote)
       : shared_(std::move(shared)),
         tokenizer_(tokenizer),
         request_(std::move(request)),
         id_(std::move(id)),
+        header_id_(std::move(header_id)),
         model_(std::move(model)),
         echo_texts_(std::move(echo_texts)),
         prompt_lengths_(std::move(prompt_lengths)),
@@ -144,16 +179,25 @@ class GenerationProducer : public ResponseProducer {
         created_(unix_now()),
         start_(Clock::now()) {}
 
-  ~GenerationProducer() override { cancel_rest(); }
+  ~GenerationProducer() override {
+    if (waker_) shared_->remove_waker(*waker_);
+    cancel_rest();
+  }
 
   void start(std::function<void()> wake) override {
-    for (Choice& c : choices_) c.handle->set_listener(wake);
+    waker_ = shared_->add_waker(wake);
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      Choice& c = choices_[i];
+      if (request_.echo && !request_.chat) c.text_offset = echo_texts_[static_cast<size_t>(c.prompt_index)].size();
+      c.handle->set_listener(wake);
+    }
   }
 
   void abort() override {
+    if (logged_) return;  // cut by the server already
     shared_->client_disconnects.fetch_add(1);
     cancel_rest();
-    finish_log(499);
+    finish_log(499, "client_disconnected");
   }
 
   void pull(Output& out) override {
@@ -166,6 +210,7 @@ class GenerationProducer : public ResponseProducer {
       }
     }
     const bool all_done = std::all_of(choices_.begin(), choices_.end(), [](const Choice& c) { return c.finished; });
+    if (!all_done && shared_->cutting.load()) return cut(out, sse);
     if (!request_.stream) {
       if (!all_done) return;
       out.head = whole_response();
@@ -187,7 +232,7 @@ class GenerationProducer : public ResponseProducer {
       HttpResponse head;
       head.content_type = "text/event-stream";
       head.headers.emplace_back("Cache-Control", "no-cache");
-      head.headers.emplace_back("X-Request-Id", id_);
+      head.headers.emplace_back("X-Request-Id", header_id_);
       head.body = std::move(sse);
       out.head = std::move(head);
       head_sent_ = true;
@@ -203,6 +248,23 @@ class GenerationProducer : public ResponseProducer {
   }
 
  private:
+  // The drain deadline passed with this response unfinished: its engine
+  // requests are cancelled and the client is told the server cut it off.
+  void cut(Output& out, std::string& sse) {
+    cancel_rest();
+    shared_->server_cuts.fetch_add(1);
+    const ApiError error(503, "the server is shutting down and cut this request off before it finished", {},
+                         "server_error");
+    if (!head_sent_) {
+      out.head = error_response(error);
+      out.head->headers.emplace_back("X-Request-Id", header_id_);
+    } else {
+      out.data = std::move(sse) + "data: " + error.body() + "\n\n" + "data: [DONE]\n\n";
+    }
+    out.done = true;
+    finish_log(503, "cut_by_server");
+  }
+
   void on_event(Choice& c, EngineEvent& e, std::string& sse) {
     first_event_ = true;
     if (e.kind == EngineEvent::Kind::kFinished) {
@@ -238,9 +300,11 @@ class GenerationProducer : public ResponseProducer {
     if (request_.want_logprobs) {
       c.chosen.push_back(chosen_logprob(e));
       c.top.push_back(e.logprobs);
-      if (request_.stream) lp = logprobs_json(std::span<const int32_t>(&e.token, 1),
-                                              std::span<const float>(&c.chosen.back(), 1),
-                                              std::span<const std::vector<TokenLogprob>>(&c.top.back(), 1));
+      if (request_.stream) {
+        lp = logprobs_json(std::span<const int32_t>(&e.token, 1), std::span<const float>(&c.chosen.back(), 1),
+                           std::span<const std::vector<TokenLogprob>>(&c.top.back(), 1), c.text_offset);
+        if (!request_.chat) c.text_offset += token_text(e.token).size();
+      }
     }
     if (!request_.stream) return;
     announce(c, sse);
@@ -277,7 +341,7 @@ class GenerationProducer : public ResponseProducer {
               {"created", created_},
               {"model", model_},
               {"choices", std::move(choices)}};
-    if (request_.include_usage) j["usage"] = nullptr;
+    if (request_.include_usage) j["usage"] = request_.continuous_usage ? usage_json() : json(nullptr);
     return j;
   }
 
@@ -285,17 +349,32 @@ class GenerationProducer : public ResponseProducer {
     return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
   }
 
-  json usage_json() const {
+  // Prompt tokens are counted once per prompt, however many samples share
+  // it, and so are cached tokens: a prompt's cached count is what its
+  // first-computed sample found in the cache (the smallest over its samples,
+  // since the others reuse that sample's KV). So cached <= prompt always.
+  struct Totals {
     int64_t prompt = 0, completion = 0, cached = 0;
-    for (int64_t n : prompt_lengths_) prompt += n;
+  };
+  Totals totals() const {
+    Totals t;
+    for (int64_t n : prompt_lengths_) t.prompt += n;
+    std::vector<int64_t> cached(prompt_lengths_.size(), -1);
     for (const Choice& c : choices_) {
-      completion += static_cast<int64_t>(c.ids.size());
-      cached += c.usage.cached_prompt_tokens;
+      t.completion += static_cast<int64_t>(c.ids.size());
+      int64_t& k = cached[static_cast<size_t>(c.prompt_index)];
+      k = k < 0 ? c.usage.cached_prompt_tokens : std::min(k, c.usage.cached_prompt_tokens);
     }
-    return {{"prompt_tokens", prompt},
-            {"completion_tokens", completion},
-            {"total_tokens", prompt + completion},
-            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+    for (int64_t k : cached) t.cached += std::max<int64_t>(k, 0);
+    return t;
+  }
+
+  json usage_json() const {
+    const Totals t = totals();
+    return {{"prompt_tokens", t.prompt},
+            {"completion_tokens", t.completion},
+            {"total_tokens", t.prompt + t.completion},
+            {"prompt_tokens_details", {{"cached_tokens", t.cached}}}};
   }
 
   json usage_chunk() const {
@@ -352,14 +431,18 @@ class GenerationProducer : public ResponseProducer {
   HttpResponse error_head() const {
     // Engine errors before any output are about the request (too long for
     // the pool, a bad id): the client's to fix.
-    return error_response(ApiError(400, error_.empty() ? "request failed" : error_));
+    HttpResponse r = error_response(ApiError(400, error_.empty() ? "request failed" : error_));
+    r.headers.emplace_back("X-Request-Id", header_id_);
+    return r;
   }
 
   HttpResponse whole_response() const {
     for (const Choice& c : choices_)
       if (c.reason == FinishReason::kError) {
         if (c.ids.empty()) return error_head();
-        return error_response(ApiError(500, c.error, {}, "server_error"));
+        HttpResponse r = error_response(ApiError(500, c.error, {}, "server_error"));
+        r.headers.emplace_back("X-Request-Id", header_id_);
+        return r;
       }
     json choices = json::array();
     for (const Choice& c : choices_) {
@@ -385,7 +468,7 @@ class GenerationProducer : public ResponseProducer {
                  {"choices", choices},
                  {"usage", usage_json()}};
     HttpResponse r = json_response(200, body);
-    r.headers.emplace_back("X-Request-Id", id_);
+    r.headers.emplace_back("X-Request-Id", header_id_);
     return r;
   }
 
@@ -401,24 +484,32 @@ class GenerationProducer : public ResponseProducer {
     }
   }
 
-  void finish_log(int status) {
+  // One line per request, once: how it ended (completed, client_disconnected,
+  // cut_by_server, error), its sizes and its timings. ttft_s only when a
+  // token was produced.
+  void finish_log(int status, const char* outcome = nullptr) {
     if (logged_) return;
     logged_ = true;
-    int64_t prompt = 0, completion = 0, cached = 0;
-    for (int64_t n : prompt_lengths_) prompt += n;
-    for (const Choice& c : choices_) {
-      completion += static_cast<int64_t>(c.ids.size());
-      cached += c.usage.cached_prompt_tokens;
-    }
+    const Totals t = totals();
     const double total = std::chrono::duration<double>(Clock::now() - start_).count();
-    const double ttft = first_token_ ? std::chrono::duration<double>(*first_token_ - start_).count() : -1.0;
-    std::string line = fmt::format(
-        "request id={} remote={} endpoint={} status={} stream={} choices={} prompt_tokens={} "
-        "cached_tokens={} completion_tokens={} ttft_s={:.4f} total_s={:.4f}",
-        id_, remote_, request_.chat ? "chat" : "completions", status, request_.stream, choices_.size(), prompt, cached,
-        completion, ttft, total);
+    if (outcome == nullptr) outcome = status == 200 ? "completed" : "error";
+    LogLine line("request", status >= 500 ? LogLevel::kWarning : LogLevel::kInfo);
+    line.add("id", id_);
+    if (header_id_ != id_) line.add("client_request_id", header_id_);
+    line.add("remote", remote_)
+        .add("endpoint", request_.chat ? "chat" : "completions")
+        .add("status", status)
+        .add("outcome", outcome)
+        .add("stream", request_.stream)
+        .add("choices", static_cast<int64_t>(choices_.size()))
+        .add("prompt_tokens", t.prompt)
+        .add("cached_tokens", t.cached)
+        .add("completion_tokens", t.completion);
+    if (first_token_) line.add("ttft_s", std::chrono::duration<double>(*first_token_ - start_).count());
+    line.add("total_s", total);
+    if (!request_.user.empty()) line.add("user", request_.user);
     if (shared_->log_text) {
-      for (const Choice& c : choices_) line += fmt::format(" output[{}]={}", c.index, json(c.text).dump(-1, ' ', false, json::error_handler_t::replace));
+      for (const Choice& c : choices_) line.add(fmt::format("output[{}]", c.index), c.text);
     }
     shared_->count(request_.chat ? "/v1/chat/completions" : "/v1/completions", status);
     shared_->log(line);
@@ -427,7 +518,9 @@ class GenerationProducer : public ResponseProducer {
   std::shared_ptr<ApiServer::Shared> shared_;
   const Tokenizer& tokenizer_;
   ParsedRequest request_;
-  std::string id_;
+  std::string id_;         // the response's id
+  std::string header_id_;  // X-Request-Id: the client's id, or id_
+  std::optional<uint64_t> waker_;
   std::string model_;
   std::vector<std::string> echo_texts_;
   std::vector<int64_t> prompt_lengths_;
@@ -454,9 +547,14 @@ ApiServer::ApiServer(Engine& engine, const Tokenizer& tokenizer, const Tokenizer
       shared_(std::make_shared<Shared>()),
       created_(unix_now()) {
   const int64_t model_len = engine_.model().config().max_position_embeddings;
+  BASALT_CHECK(options_.max_model_len <= 0 || model_len <= 0 || options_.max_model_len <= model_len,
+               "--max-model-len {} is above the model's context length ({}, max_position_embeddings in "
+               "config.json); positions past it were never trained",
+               options_.max_model_len, model_len);
   max_model_len_ = options_.max_model_len > 0 ? options_.max_model_len : model_len;
-  if (model_len > 0) max_model_len_ = std::min(max_model_len_, model_len);
   BASALT_CHECK(max_model_len_ > 1, "the model's context length is unknown; pass --max-model-len");
+  max_choices_per_request_ = options_.max_n > 0 ? options_.max_n : std::max(1, options_.max_running / 2);
+  max_choices_per_request_ = std::min<int64_t>(max_choices_per_request_, int64_t{options_.limits.max_n} * 4);
   std::random_device rd;
   shared_->id_salt = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   shared_->log_requests = options_.log_requests;
@@ -483,24 +581,34 @@ bool ApiServer::authorized(const HttpRequest& request) const {
 HandlerResult ApiServer::handle(HttpRequest& request) {
   const std::string& path = request.path;
   const std::string route = route_of(path);
+  std::string client_id;
+  if (auto h = request.header("x-request-id"); h && valid_client_id(*h)) client_id = std::string(*h);
   auto answer = [&](HttpResponse r) {
     shared_->count(route, r.status);
-    if (route != "/metrics" && route != "/health" && route != "/ready")
-      shared_->log(fmt::format("request remote={} method={} path={} status={} body_bytes={}", request.remote,
-                               request.method, route, r.status, request.body.size()));
+    if (!client_id.empty()) r.headers.emplace_back("X-Request-Id", client_id);
+    if (route != "/metrics" && route != "/health" && route != "/ready") {
+      LogLine line("request", r.status >= 500 ? LogLevel::kWarning : LogLevel::kInfo);
+      if (!client_id.empty()) line.add("client_request_id", client_id);
+      line.add("remote", request.remote)
+          .add("method", request.method)
+          .add("path", route)
+          .add("status", r.status)
+          .add("body_bytes", static_cast<int64_t>(request.body.size()));
+      shared_->log(line);
+    }
     return HandlerResult{std::move(r), nullptr};
   };
+  // HEAD is answered wherever GET is (the transport sends no body).
   auto need = [&](const char* method) {
-    if (request.method == method) return true;
-    return false;
+    return request.method == method || (std::string_view(method) == "GET" && request.method == "HEAD");
   };
   try {
     if (path == "/health") {
-      if (!need("GET")) throw ApiError(405, "use GET");
+      if (!need("GET")) throw ApiError(405, "use GET or HEAD");
       return answer(json_response(200, {{"status", "ok"}}));
     }
     if (path == "/ready") {
-      if (!need("GET")) throw ApiError(405, "use GET");
+      if (!need("GET")) throw ApiError(405, "use GET or HEAD");
       if (!ready_ || draining_)
         return answer(json_response(503, {{"status", draining_ ? "draining" : "loading"}}));
       return answer(json_response(200, {{"status", "ready"}}));
@@ -512,7 +620,10 @@ HandlerResult ApiServer::handle(HttpRequest& request) {
       r.body = metrics_text();
       return answer(std::move(r));
     }
-    if (path == "/version") return answer(json_response(200, {{"version", "0.1.0"}}));
+    if (path == "/version") {
+      if (!need("GET")) throw ApiError(405, "use GET");
+      return answer(json_response(200, {{"version", std::string(kBasaltVersion)}}));
+    }
     const bool api = path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
     if (!api) throw ApiError(404, fmt::format("no route for {} {}", request.method, path), {}, "not_found_error");
     if (!authorized(request))
@@ -521,9 +632,13 @@ HandlerResult ApiServer::handle(HttpRequest& request) {
       if (!need("GET")) throw ApiError(405, "use GET");
       return answer(models());
     }
+    if (path.rfind("/v1/models/", 0) == 0) {
+      if (!need("GET")) throw ApiError(405, "use GET");
+      return answer(model(path.substr(std::string_view("/v1/models/").size())));
+    }
     if (path == "/v1/completions" || path == "/v1/chat/completions") {
       if (!need("POST")) throw ApiError(405, "use POST");
-      HandlerResult result = generate(request, path == "/v1/chat/completions");
+      HandlerResult result = generate(request, path == "/v1/chat/completions", client_id);
       if (!result.producer) return answer(std::move(result.response));
       return result;
     }
@@ -543,15 +658,44 @@ HandlerResult ApiServer::handle(HttpRequest& request) {
   }
 }
 
+void ApiServer::note_rejection(int status, const std::string& remote, const std::string& method,
+                               const std::string& path, const std::string& reason) {
+  const std::string route = path.empty() ? "other" : route_of(path);
+  shared_->count(route, status);
+  LogLine line("request", LogLevel::kWarning);
+  line.add("remote", remote);
+  if (!method.empty()) line.add("method", method);
+  line.add("path", route).add("status", status).add("outcome", "rejected_by_transport").add("reason", reason);
+  shared_->log(line);
+}
+
+void ApiServer::cut_in_flight() {
+  shared_->cutting.store(true);
+  shared_->wake_all();
+}
+
+uint64_t ApiServer::server_cuts() const { return shared_->server_cuts.load(); }
+
+json ApiServer::model_object() const {
+  return {{"id", options_.served_model_name},
+          {"object", "model"},
+          {"created", created_},
+          {"owned_by", "basalt"},
+          {"root", options_.served_model_name},
+          {"parent", nullptr},
+          {"max_model_len", max_model_len_}};
+}
+
 HttpResponse ApiServer::models() const {
   json data = json::array();
-  data.push_back({{"id", options_.served_model_name},
-                  {"object", "model"},
-                  {"created", created_},
-                  {"owned_by", "basalt"},
-                  {"root", options_.served_model_name},
-                  {"max_model_len", max_model_len_}});
+  data.push_back(model_object());
   return json_response(200, {{"object", "list"}, {"data", data}});
+}
+
+HttpResponse ApiServer::model(const std::string& id) const {
+  if (id != options_.served_model_name)
+    throw ApiError(404, fmt::format("The model `{}` does not exist.", id), "model", "not_found_error");
+  return json_response(200, model_object());
 }
 
 std::string ApiServer::render_chat(const ParsedRequest& r) const {
@@ -578,12 +722,20 @@ std::string ApiServer::render_chat(const ParsedRequest& r) const {
   return text;
 }
 
-HandlerResult ApiServer::generate(HttpRequest& request, bool chat) {
+HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::string& header_id) {
   if (draining_) throw ApiError(503, "the server is shutting down", {}, "server_error");
   ProtocolLimits limits = options_.limits;
   ParsedRequest r = chat ? parse_chat_request(request.body, limits) : parse_completion_request(request.body, limits);
   if (!r.model.empty() && r.model != options_.served_model_name)
     throw ApiError(404, fmt::format("The model `{}` does not exist.", r.model), "model", "not_found_error");
+
+  const int64_t samples = static_cast<int64_t>(chat ? 1 : r.prompts.size()) * r.params.n;
+  if (samples > max_choices_per_request_)
+    throw ApiError(400,
+                   fmt::format("this request asks for {} samples ('n' times the prompts); this server allows {} per "
+                               "request (--max-n), so that one request cannot take every running slot",
+                               samples, max_choices_per_request_),
+                   "n");
 
   // Prompts as ids.
   std::vector<std::vector<int32_t>> prompts;
@@ -609,6 +761,11 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat) {
         echo_texts.push_back(r.echo ? tokenizer_.decode(ids, false) : std::string());
       }
     }
+  }
+  if (r.truncate_prompt_tokens != 0) {
+    const int64_t keep = r.truncate_prompt_tokens < 0 ? max_model_len_ - 1 : r.truncate_prompt_tokens;
+    for (auto& ids : prompts)
+      if (static_cast<int64_t>(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
   }
   const int64_t capacity = engine_.kv_capacity();
   std::vector<int64_t> prompt_lengths;
@@ -668,10 +825,16 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat) {
     }
   }
   shared_->in_flight.fetch_add(static_cast<int64_t>(choices.size()) - wanted);  // normally 0
-  const std::string id = shared_->new_id(chat ? "chatcmpl" : "cmpl");
+  // vLLM's convention: the response id is the prefix and the client's id
+  // (X-Request-Id, else the body's request_id), which is echoed as is.
+  std::string client_id = header_id;
+  if (client_id.empty() && valid_client_id(r.request_id)) client_id = r.request_id;
+  const char* prefix = chat ? "chatcmpl" : "cmpl";
+  const std::string id = client_id.empty() ? shared_->new_id(prefix) : fmt::format("{}-{}", prefix, client_id);
   auto producer = std::make_unique<GenerationProducer>(shared_, tokenizer_, std::move(r), id,
-                                                       options_.served_model_name, std::move(echo_texts),
-                                                       std::move(prompt_lengths), std::move(choices), request.remote);
+                                                       client_id.empty() ? id : client_id, options_.served_model_name,
+                                                       std::move(echo_texts), std::move(prompt_lengths),
+                                                       std::move(choices), request.remote);
   return HandlerResult{{}, std::move(producer)};
 }
 

@@ -9,13 +9,15 @@
 //    stream listeners; everything else is answered at once.
 //  * Every failure is an OpenAI-style error body: 400 for malformed or
 //    out-of-range input (including prompts past the context length and chat
-//    templates that raise), 401 without a valid API key (when keys are set),
-//    404 for unknown models and paths, 405 for wrong methods, 429 with
-//    Retry-After when the queue is full, 503 while draining.
+//    templates that raise, unsupported fields), 401 without a valid API key
+//    (when keys are set), 404 for unknown models and paths, 405 for wrong
+//    methods, 429 with Retry-After when the queue is full, 503 while
+//    draining and for requests cut at the drain deadline.
 //  * A client that disconnects cancels its engine requests (their KV is
 //    freed at the next step boundary).
-//  * Request logs (one line per request on stderr) carry ids, sizes, timings
-//    and status; prompt and completion text only when log_text is set.
+//  * Request logs (one line per request, core/log.h) carry ids, sizes,
+//    timings, status and how the request ended; prompt and completion text
+//    only when log_text is set. A client's X-Request-Id is echoed.
 #pragma once
 
 #include <atomic>
@@ -41,7 +43,11 @@ struct ApiServerOptions {
   // Engine requests allowed to wait beyond max_running before 429.
   int max_queue = 1024;
   int max_running = 64;
-  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  // Samples (n times prompts) one request may ask for; 0: half of
+  // max_running (at least 1), so one request never takes every slot.
+  int max_n = 0;
+  // 0: the model's max_position_embeddings; above it is refused at start.
+  int64_t max_model_len = 0;
   bool log_requests = true;
   bool log_text = false;
   ProtocolLimits limits;
@@ -60,6 +66,15 @@ class ApiServer {
   void set_ready(bool ready) { ready_ = ready; }
   // Stops admitting generation requests (503); running ones carry on.
   void start_draining() { draining_ = true; }
+  // The drain deadline: every unfinished generation response ends at once,
+  // a whole one as 503 and a stream with an error event, logged as cut by
+  // the server; their engine requests are cancelled.
+  void cut_in_flight();
+  uint64_t server_cuts() const;
+  // A request the transport answered without calling handle() (413, 431,
+  // a malformed request, too many connections): logged and counted.
+  void note_rejection(int status, const std::string& remote, const std::string& method, const std::string& path,
+                      const std::string& reason);
   // Engine requests submitted and not yet finished.
   int64_t in_flight() const;
   // The transport's open connections, reported in /metrics.
@@ -71,10 +86,12 @@ class ApiServer {
   struct Shared;
 
  private:
-  HandlerResult generate(HttpRequest& request, bool chat);
+  HandlerResult generate(HttpRequest& request, bool chat, const std::string& header_id);
   HttpResponse tokenize(const HttpRequest& request);
   HttpResponse detokenize(const HttpRequest& request);
   HttpResponse models() const;
+  HttpResponse model(const std::string& id) const;
+  nlohmann::json model_object() const;
   std::string render_chat(const ParsedRequest& r) const;
   bool authorized(const HttpRequest& request) const;
 
@@ -83,6 +100,7 @@ class ApiServer {
   const TokenizerConfig& tokenizer_config_;
   ApiServerOptions options_;
   int64_t max_model_len_ = 0;
+  int64_t max_choices_per_request_ = 1;
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};
   std::function<size_t()> connections_;

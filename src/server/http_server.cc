@@ -142,6 +142,7 @@ struct HttpServer::Impl {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
+  std::atomic<int64_t> responses_in_progress{0};
   uint16_t bound_port = 0;
 
   Impl(HttpServerOptions o, HttpHandler h)
@@ -204,7 +205,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if (!ec) remote_ = peer.address().to_string();
     if (over_limit_) {
       keep_alive_ = false;
-      send_whole(transport_error(503, "too many open connections; try again later"));
+      reject(503, "too many open connections; try again later");
       return;
     }
     arm_read_timer(server_.options.request_timeout);
@@ -247,17 +248,38 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if (ec) {
       keep_alive_ = false;
       if (ec == http::error::body_limit)
-        return send_whole(transport_error(
-            413, fmt::format("request body is larger than the limit of {} bytes", server_.options.max_body_bytes)));
-      if (ec == http::error::header_limit)
-        return send_whole(transport_error(431, "request headers are too large"));
+        return reject(413,
+                      fmt::format("request body is larger than the limit of {} bytes", server_.options.max_body_bytes));
+      if (ec == http::error::header_limit) return reject(431, "request headers are too large");
       if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::operation_aborted ||
           ec == asio::error::connection_reset || truncated(ec) || !parser_->got_some())
         return close();
-      return send_whole(transport_error(400, fmt::format("malformed HTTP request: {}", ec.message())));
+      return reject(400, fmt::format("malformed HTTP request: {}", ec.message()));
     }
     HttpRequest request = convert();
     handle(request);
+  }
+
+  // Answers a request the handler never sees, and reports it.
+  void reject(int status, const std::string& reason) {
+    head_only_ = false;
+    if (server_.options.on_rejection) {
+      TransportRejection r;
+      r.status = status;
+      r.remote = remote_;
+      r.reason = reason;
+      // The start line is parsed before any limit on headers or body trips.
+      if (parser_ && parser_->got_some()) {
+        r.method = std::string(parser_->get().method_string());
+        const std::string target(parser_->get().target());
+        r.path = target.substr(0, target.find('?'));
+      }
+      try {
+        server_.options.on_rejection(r);
+      } catch (const std::exception&) {
+      }
+    }
+    send_whole(transport_error(status, reason));
   }
 
   HttpRequest convert() {
@@ -281,6 +303,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   void handle(HttpRequest& request) {
     keep_alive_ = request.keep_alive;
     http10_ = request.http10;
+    head_only_ = request.method == "HEAD";
     HandlerResult result;
     try {
       result = server_.handler(request);
@@ -289,6 +312,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     }
     if (!result.producer) return send_whole(result.response);
     producer_ = std::move(result.producer);
+    counted_ = true;
+    server_.responses_in_progress.fetch_add(1);
     head_sent_ = false;
     streamed_ = false;
     waker_ = std::make_shared<Waker>();
@@ -307,7 +332,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   void send_whole(const HttpResponse& response) {
     out_ = head_text(response, http10_, keep_alive_, false);
-    out_ += response.body;
+    if (!head_only_) out_ += response.body;
     write([self = this->shared_from_this()] { self->after_response(); });
   }
 
@@ -370,7 +395,14 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
                       }));
   }
 
+  void uncount() {
+    if (!counted_) return;
+    counted_ = false;
+    server_.responses_in_progress.fetch_sub(1);
+  }
+
   void after_response() {
+    uncount();
     if (closed_) return;
     if (!keep_alive_) return close();
     if (pending_) {
@@ -398,6 +430,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void close() {
+    uncount();
     if (closed_) return;
     closed_ = true;
     if (waker_) waker_->disable();
@@ -437,6 +470,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   bool http10_ = false;
   bool head_sent_ = false;
   bool streamed_ = false;
+  bool head_only_ = false;  // a HEAD request: no body is sent
+  bool counted_ = false;    // in responses_in_progress
 };
 
 }  // namespace
@@ -553,6 +588,8 @@ void HttpServer::stop() {
   for (std::thread& t : s.threads) t.join();
   s.threads.clear();
 }
+
+int64_t HttpServer::responses_in_progress() const { return impl_->responses_in_progress.load(); }
 
 size_t HttpServer::open_connections() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

@@ -22,6 +22,11 @@
 //    abort() is also called for producers still running at stop().
 //  * Streamed responses (a head without `done`) use chunked transfer
 //    encoding on HTTP/1.1 and close-delimited bodies on HTTP/1.0.
+//  * A HEAD request gets the status line and headers of the handler's
+//    response (Content-Length included) without its body.
+//  * Every request the server answers itself (413, 431, 400, 503 past
+//    max_connections) is reported to on_rejection, if set, from an I/O
+//    thread.
 #pragma once
 
 #include <chrono>
@@ -88,6 +93,16 @@ struct HandlerResult {
 
 using HttpHandler = std::function<HandlerResult(HttpRequest&)>;
 
+// A request the transport answered without calling the handler. Method and
+// path are empty where the request never parsed that far.
+struct TransportRejection {
+  int status = 0;
+  std::string remote;
+  std::string method;
+  std::string path;
+  std::string reason;
+};
+
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;  // 0: any free port (see HttpServer::port())
@@ -101,6 +116,7 @@ struct HttpServerOptions {
   // PEM files; both set: HTTPS only.
   std::string tls_cert_file;
   std::string tls_key_file;
+  std::function<void(const TransportRejection&)> on_rejection;
 };
 
 class HttpServer {
@@ -120,6 +136,8 @@ class HttpServer {
   // Closes every connection (aborting running producers) and joins threads.
   void stop();
   size_t open_connections() const;
+  // Responses from producers not yet written out in full.
+  int64_t responses_in_progress() const;
 
   struct Impl;
 

@@ -120,6 +120,28 @@ std::string render_metrics(const MetricsInput& in) {
           static_cast<double>(m.queued));
   w.gauge("vllm:kv_cache_usage_perc", "vLLM-compatible: KV cache usage, 0 to 1.", usage);
   w.gauge("vllm:gpu_cache_usage_perc", "vLLM-compatible (older name): KV cache usage, 0 to 1.", usage);
+  w.counter("vllm:prompt_tokens_total", "vLLM-compatible: prompt tokens of admitted requests.",
+            static_cast<double>(m.prompt_tokens));
+  w.counter("vllm:generation_tokens_total", "vLLM-compatible: output tokens generated.",
+            static_cast<double>(m.output_tokens));
+  w.counter("vllm:num_preemptions_total", "vLLM-compatible: requests preempted for memory.",
+            static_cast<double>(m.preemptions));
+  w.counter("vllm:prefix_cache_queries_total", "vLLM-compatible: prompt tokens looked up in the prefix cache.",
+            static_cast<double>(m.prompt_tokens));
+  w.counter("vllm:prefix_cache_hits_total", "vLLM-compatible: of those, tokens found.",
+            static_cast<double>(m.cached_prompt_tokens));
+  w.family("vllm:request_success_total", "counter", "vLLM-compatible: finished requests, by finish reason.");
+  w.value("vllm:request_success_total", static_cast<double>(m.requests_stopped), "finished_reason=\"stop\"");
+  w.value("vllm:request_success_total", static_cast<double>(m.requests_finished - m.requests_stopped),
+          "finished_reason=\"length\"");
+  w.value("vllm:request_success_total", static_cast<double>(m.requests_cancelled), "finished_reason=\"abort\"");
+  w.histogram("vllm:time_to_first_token_seconds", "vLLM-compatible: submit to first output token.", m.ttft);
+  w.histogram("vllm:inter_token_latency_seconds", "vLLM-compatible: between consecutive output tokens.",
+              m.inter_token);
+  w.histogram("vllm:time_per_output_token_seconds",
+              "vLLM-compatible (older name of vllm:inter_token_latency_seconds).", m.inter_token);
+  w.histogram("vllm:e2e_request_latency_seconds", "vLLM-compatible: submit to finish.", m.end_to_end);
+  w.histogram("vllm:request_queue_time_seconds", "vLLM-compatible: submit to first admission.", m.queue_time);
   return w.take();
 }
 

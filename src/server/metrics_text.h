@@ -3,7 +3,7 @@
 // the vLLM-named gauges that Kubernetes inference gateways and autoscalers
 // read (vllm:num_requests_running, vllm:num_requests_waiting,
 // vllm:kv_cache_usage_perc and its older name vllm:gpu_cache_usage_perc).
-// docs/METRICS.md documents every metric.
+// docs/SERVER.md documents every metric.
 //
 // Contract: render_metrics is a pure function of its input; every family
 // gets HELP and TYPE lines; label values are escaped.

@@ -23,6 +23,9 @@ TEST(MetricsText, FamiliesHistogramsAndVllmNames) {
   in.engine.ttft.observe(0.002);
   in.engine.ttft.observe(0.5);
   in.engine.ttft.observe(500);
+  in.engine.output_tokens = 42;
+  in.engine.requests_finished = 10;
+  in.engine.requests_stopped = 4;
   in.http_requests[{"/v1/completions", 200}] = 7;
   const std::string text = render_metrics(in);
 
@@ -58,6 +61,12 @@ TEST(MetricsText, FamiliesHistogramsAndVllmNames) {
   EXPECT_EQ(samples["basalt_time_to_first_token_seconds_bucket{" + label + ",le=\"+Inf\"}"], "3");
   EXPECT_EQ(samples["basalt_time_to_first_token_seconds_count{" + label + "}"], "3");
   EXPECT_EQ(samples["basalt_http_requests_total{" + label + ",route=\"/v1/completions\",status=\"200\"}"], "7");
+  // vLLM's counters and histograms carry the same figures.
+  EXPECT_EQ(samples["vllm:generation_tokens_total{" + label + "}"], "42");
+  EXPECT_EQ(samples["vllm:request_success_total{" + label + ",finished_reason=\"stop\"}"], "4");
+  EXPECT_EQ(samples["vllm:request_success_total{" + label + ",finished_reason=\"length\"}"], "6");
+  EXPECT_EQ(samples["vllm:time_to_first_token_seconds_count{" + label + "}"], "3");
+  EXPECT_EQ(samples["vllm:time_to_first_token_seconds_bucket{" + label + ",le=\"1\"}"], "2");
 }
 
 }  // namespace

@@ -14,11 +14,11 @@ pid=$!
 cleanup() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 for _ in $(seq 1 600); do
-  grep -q "basalt serve: ready" "$log" && break
+  grep -q " info ready " "$log" && break
   kill -0 "$pid" 2>/dev/null || { cat "$log"; exit 1; }
   sleep 0.1
 done
-port="$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$log" | head -1)"
+port="$(sed -n 's/.*listening url=http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$log" | head -1)"
 base="http://127.0.0.1:$port"
 auth=(-H "Authorization: Bearer sk-curl")
 failures=0

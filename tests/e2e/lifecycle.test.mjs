@@ -52,19 +52,45 @@ test('SIGTERM lets running requests finish, refuses new ones, and exits 0', asyn
   assert.ok(result.text.trimEnd().endsWith('data: [DONE]'));
   const { code } = await server.exited;
   assert.equal(code, 0, server.log());
-  assert.match(server.log(), /stopped \(0 requests cut off\)/);
+  assert.match(server.log(), / info stopped requests_cut=0\n/);
+  // Every line carries a UTC timestamp.
+  for (const line of server.log().trim().split('\n'))
+    assert.match(line, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (info|warning|error) /, line);
 });
 
-test('the drain deadline cuts off what is left and still exits 0', async () => {
-  const server = await startServer(['--drain-timeout', '0.5']);
+test('the drain deadline cuts off what is left, tells the clients, and still exits 0', async () => {
+  const server = await startServer(['--drain-timeout', '0.5', '--log-format', 'json']);
   const running = streamCompletion(server.baseURL, { prompt: 'Forever', max_tokens: 2000, ignore_eos: true });
   await running.firstChunk;
+  // A whole (non-streamed) request cut at the deadline gets a 503 body.
+  const whole = fetch(`${server.baseURL}/v1/completions`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', 'X-Request-Id': 'whole-1' },
+    body: JSON.stringify({ prompt: 'Also forever', max_tokens: 2000, ignore_eos: true }),
+  });
+  await new Promise((r) => setTimeout(r, 300));
   const t0 = Date.now();
   server.child.kill('SIGTERM');
   const { code } = await server.exited;
   assert.equal(code, 0, server.log());
   assert.ok(Date.now() - t0 < 10000);
   const result = await running.done;
-  assert.ok(!result.text.includes('[DONE]'));
-  assert.match(server.log(), /stopped \(1 requests cut off\)/);
+  // The stream ends with an error event, then [DONE].
+  assert.match(result.text, /data: \{"error":\{[^\n]*"code":503/);
+  assert.ok(result.text.trimEnd().endsWith('data: [DONE]'), result.text.slice(-300));
+  const cut = await whole;
+  assert.equal(cut.status, 503);
+  assert.equal(cut.headers.get('x-request-id'), 'whole-1');
+  assert.match((await cut.json()).error.message, /shutting down/);
+  // JSON log lines: both requests logged as cut by the server (503), not as
+  // client disconnects (499), and the final count.
+  const lines = server.log().trim().split('\n').map((l) => JSON.parse(l));
+  const requests = lines.filter((l) => l.event === 'request' && l.endpoint === 'completions');
+  assert.equal(requests.length, 2, server.log());
+  for (const r of requests) {
+    assert.equal(r.status, 503);
+    assert.equal(r.outcome, 'cut_by_server');
+    assert.match(r.ts, /^\d{4}-\d\d-\d\dT/);
+  }
+  assert.equal(requests.find((r) => r.client_request_id === 'whole-1')?.id, 'cmpl-whole-1');
+  assert.equal(lines.find((l) => l.event === 'stopped').requests_cut, 2);
 });

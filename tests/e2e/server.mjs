@@ -16,9 +16,11 @@ export async function startServer(args = [], { timeoutMs = 120000 } = {}) {
     let port = null;
     child.stderr.on('data', (chunk) => {
       log += chunk.toString();
-      const listening = log.match(/listening on https?:\/\/[^:]+:(\d+)/);
+      // Lines are text (`... info listening url=http://h:p`) or JSON
+      // (`{"ts":...,"event":"listening","url":"http://h:p"}`).
+      const listening = log.match(/listening"?[ ,]"?url"?[=:]"?https?:\/\/[^:]+:(\d+)/);
       if (listening) port = Number(listening[1]);
-      if (port && /basalt serve: ready/.test(log)) {
+      if (port && /( info ready |"event":"ready")/.test(log)) {
         clearTimeout(timer);
         resolve(port);
       }

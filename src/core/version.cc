@@ -1,0 +1,5 @@
+#include "core/version.h"
+
+namespace basalt {
+const char kBasaltVersion[] = BASALT_VERSION;
+}
