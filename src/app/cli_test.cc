@@ -27,6 +27,7 @@ const std::string kModels = std::string(BASALT_TESTDATA) + "/models/";
 
 using basalt::cli_test::CliRun;
 using basalt::cli_test::run;
+using basalt::cli_test::run_with_env;
 
 json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -636,9 +637,19 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
       "quantize --model " + kModels + "deepseek_v3 --out " + out_dir + " --format int4",
       "quantize --model /nonexistent/model --out " + out_dir,
       "quantize --model " + kModels + "deepseek_v3",
+      // A context longer than the model's is refused before anything loads.
+      "serve --max-model-len 100000 --port 0",
+      "serve --log-format xml --port 0",
+      "serve --threads -2 --port 0",
+      "BASALT_NUM_THREADS=lots generate" + model + " --prompt x",
+      "generate" + model + " --prompt x --threads 99999",
   };
   for (const std::string& args : cases) {
-    const CliRun r = run(args);
+    // A leading VAR=value goes in front of the binary.
+    const size_t eq = args.find('=');
+    const CliRun r = eq != std::string::npos && args.find(' ') > eq
+                         ? run_with_env(args.substr(0, args.find(' ')), args.substr(args.find(' ') + 1))
+                         : run(args);
     EXPECT_NE(r.exit_code, 0) << args;
     EXPECT_EQ(r.out, "") << args;
     ASSERT_FALSE(r.err.empty()) << args;
@@ -696,6 +707,42 @@ TEST(Cli, WithoutModelFlagUsesTheBundledModel) {
   const CliRun tokens = run("tokenize --text 'The Debian project' --json");
   ASSERT_EQ(tokens.exit_code, 0) << tokens.err;
   EXPECT_FALSE(json::parse(tokens.out)["ids"].empty());
+  // eval too, like every other command.
+  const std::string text_file = temp_path("bundled_eval.txt");
+  std::ofstream(text_file) << "The Debian project makes a free operating system.";
+  const CliRun eval_implicit = run("eval --text-file " + text_file + " --json");
+  const CliRun eval_explicit = run("eval --model " + kBundled + "basalt-mini --text-file " + text_file + " --json");
+  std::filesystem::remove(text_file);
+  ASSERT_EQ(eval_implicit.exit_code, 0) << eval_implicit.err;
+  ASSERT_EQ(eval_explicit.exit_code, 0) << eval_explicit.err;
+  EXPECT_EQ(json::parse(eval_implicit.out)["perplexity"], json::parse(eval_explicit.out)["perplexity"]);
+}
+
+TEST(Cli, VersionHelpAndThreads) {
+  const CliRun version = run("--version");
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_TRUE(version.out.rfind("basalt ", 0) == 0) << version.out;
+  for (const char* command : {"generate", "tokenize", "detokenize", "quantize", "eval", "serve", "bench"}) {
+    const CliRun help = run(std::string(command) + " --help");
+    EXPECT_EQ(help.exit_code, 0) << command;
+    // Boolean flags show no "{false}" default.
+    EXPECT_EQ(help.out.find("{false}"), std::string::npos) << command << ":\n" << help.out;
+    EXPECT_EQ(help.out.find("{true}"), std::string::npos) << command << ":\n" << help.out;
+  }
+  const CliRun serve_help = run("serve --help");
+  EXPECT_NE(serve_help.out.find("--threads"), std::string::npos);
+  EXPECT_NE(serve_help.out.find("BASALT_NUM_THREADS"), std::string::npos);
+  EXPECT_NE(serve_help.out.find("--log-format"), std::string::npos);
+  // --threads and BASALT_NUM_THREADS give the same tokens as the default.
+  const std::string args = "generate --prompt 'Free software' --max-tokens 6 --temperature 0 --json";
+  const CliRun plain = run(args);
+  const CliRun one = run(args + " --threads 1");
+  const CliRun env = run_with_env("BASALT_NUM_THREADS=1", args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(env.exit_code, 0) << env.err;
+  EXPECT_EQ(json::parse(one.out)["output_ids"], json::parse(plain.out)["output_ids"]);
+  EXPECT_EQ(json::parse(env.out)["output_ids"], json::parse(plain.out)["output_ids"]);
 }
 
 

@@ -20,11 +20,12 @@ struct CliRun {
   std::string err;  // stderr
 };
 
-// Runs `basalt ARGS` through the shell (ARGS may quote).
-inline CliRun run(const std::string& args) {
+// Runs `ENV basalt ARGS` through the shell (ARGS may quote; ENV is a list of
+// VAR=value assignments, or empty).
+inline CliRun run_with_env(const std::string& env, const std::string& args) {
   const auto err_path = std::filesystem::temp_directory_path() /
                         ("basalt_cli_" + std::to_string(::getpid()) + ".err");
-  const std::string command = std::string(BASALT_BINARY) + " " + args + " 2>" + err_path.string();
+  const std::string command = env + " " + std::string(BASALT_BINARY) + " " + args + " 2>" + err_path.string();
   CliRun r;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return r;
@@ -38,5 +39,8 @@ inline CliRun run(const std::string& args) {
   std::filesystem::remove(err_path);
   return r;
 }
+
+// Runs `basalt ARGS` through the shell (ARGS may quote).
+inline CliRun run(const std::string& args) { return run_with_env("", args); }
 
 }  // namespace basalt::cli_test

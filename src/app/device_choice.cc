@@ -3,6 +3,9 @@
 #include "backend/cpu/cpu_backend.h"
 #include "runtime/kv_pool.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
+
+#include <cstdlib>
 #ifdef BASALT_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
@@ -10,8 +13,23 @@
 
 namespace basalt {
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
-  if (device == "cpu") return std::make_unique<CpuBackend>();
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads) {
+  BASALT_CHECK(threads >= 0 && threads <= 4096, "--threads must be in [0, 4096], got {}", threads);
+  if (threads == 0) {
+    if (const char* env = std::getenv("BASALT_NUM_THREADS"); env != nullptr && *env != '\0') {
+      char* end = nullptr;
+      const long n = std::strtol(env, &end, 10);
+      BASALT_CHECK(*end == '\0' && n >= 1 && n <= 4096,
+                   "BASALT_NUM_THREADS='{}' is not a thread count (an integer in [1, 4096])", env);
+    }
+  }
+  if (device == "cpu") {
+    if (threads > 0)
+      BASALT_CHECK(ThreadPool::set_global_threads(threads),
+                   "--threads {}: the CPU thread pool already runs with {} threads", threads,
+                   ThreadPool::global().size());
+    return std::make_unique<CpuBackend>();
+  }
   if (device == "cuda") {
 #ifdef BASALT_HAVE_CUDA
     return std::make_unique<CudaBackend>();

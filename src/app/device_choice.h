@@ -10,7 +10,10 @@
 
 namespace basalt {
 
-std::unique_ptr<Backend> make_backend(const std::string& device);
+// threads > 0 sizes the CPU backend's thread pool (--threads); 0 keeps the
+// default (BASALT_NUM_THREADS, else one per hardware thread). A malformed
+// BASALT_NUM_THREADS is an error, not silently the default.
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads = 0);
 // The KV pool's memory budget on that device: `fraction` of host memory for
 // the CPU, of the memory still free for the GPU (call after loading weights).
 // A fraction <= 0 picks the device's default: 0.1 of host memory on the CPU

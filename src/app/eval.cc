@@ -39,6 +39,7 @@
 #include <sstream>
 
 #include "app/commands.h"
+#include "app/model_dir.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
@@ -295,7 +296,7 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
 void add_eval_command(CLI::App& app) {
   auto flags = std::make_shared<EvalFlags>();
   CLI::App* cmd = app.add_subcommand("eval", "Measure a model's perplexity on a text file");
-  cmd->add_option("--model", flags->model, "Hugging Face model directory")->required();
+  cmd->add_option("--model", flags->model, "Hugging Face model directory (default: the bundled model)");
   CLI::Option* text = cmd->add_option("--text-file", flags->text_file,
                                       "UTF-8 text to score (encoded with the tokenizer's special tokens, e.g. BOS)");
   // Token ids used exactly as given (for comparisons against reference logits).
@@ -316,6 +317,7 @@ void add_eval_command(CLI::App& app) {
                 "\"kl_mean\", \"top1_agreement\", \"reference_perplexity\" (--compare-model) and "
                 "\"mtp_top1\", \"mtp_tokens\" (--mtp)");
   cmd->callback([flags, text, ids, ids_file] {
+    flags->model = model_dir_or_bundled(flags->model);
     run_eval(*flags, text->count() > 0, ids->count() > 0, ids_file->count() > 0);
   });
 }

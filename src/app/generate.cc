@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -41,7 +42,7 @@ struct GenerateFlags {
   int top_logprobs = 0;
   bool json = false;
   bool ignore_eos = false;
-  bool skip_special_tokens = true;
+  bool keep_special_tokens = false;
   float repetition_penalty = 1.0f;
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
@@ -53,6 +54,7 @@ struct GenerateFlags {
   int n = 1;
   std::string batch;
   int max_running = 64;
+  int threads = 0;
   int page_size = 1;
   std::string device = "cpu";
   bool enforce_eager = false;
@@ -143,7 +145,7 @@ SamplingParams params_from_flags(const GenerateFlags& f) {
   if (f.seed_given) options.seed = f.seed;
   options.logprobs = f.top_logprobs;
   options.ignore_eos = f.ignore_eos;
-  options.skip_special_tokens = f.skip_special_tokens;
+  options.skip_special_tokens = !f.keep_special_tokens;
   options.repetition_penalty = f.repetition_penalty;
   options.frequency_penalty = f.frequency_penalty;
   options.presence_penalty = f.presence_penalty;
@@ -174,8 +176,10 @@ BatchItem parse_batch_line(const std::string& line, const std::string& where, co
   BatchItem item;
   item.params = base;
   SamplingParams& p = item.params;
+  std::string key;  // the field being read, for error messages
   try {
-    for (const auto& [key, value] : j.items()) {
+    for (const auto& [field_name, value] : j.items()) {
+      key = field_name;
       if (key == "prompt") {
         BASALT_CHECK(tokenizer != nullptr, "{}: no tokenizer.json, so \"prompt\" cannot be encoded (use \"prompt_ids\")", where);
         item.prompt = tokenizer->encode(value.get<std::string>(), /*add_special_tokens=*/true);
@@ -224,7 +228,16 @@ BatchItem parse_batch_line(const std::string& line, const std::string& where, co
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    fail("{}: bad value: {}", where, e.what());
+    // nlohmann's messages start with "[json.exception.type_error.302] ".
+    std::string why = e.what();
+    if (why.rfind("[json.exception.", 0) == 0 && why.find("] ") != std::string::npos)
+      why = why.substr(why.find("] ") + 2);
+    fail("{}: field \"{}\": bad value ({})", where, key, why);
+  }
+  try {
+    p.validate(std::numeric_limits<int32_t>::max(), 100);
+  } catch (const Error& e) {
+    fail("{}: {}", where, e.what());
   }
   BASALT_CHECK(j.contains("prompt") != j.contains("prompt_ids"), "{}: give exactly one of \"prompt\" and \"prompt_ids\"", where);
   BASALT_CHECK(!item.prompt.empty(), "{}: the prompt encodes to no tokens", where);
@@ -282,7 +295,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
     items.push_back(std::move(item));
   }
 
-  std::unique_ptr<Backend> backend_owner = make_backend(f.device);
+  std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
   ProgressPrinter progress;
   std::unique_ptr<Model> model = load_model(f.model, backend, std::ref(progress));
@@ -407,7 +420,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-logprobs", flags->top_logprobs, "Report this many most likely tokens per step");
   cmd->add_flag("--json", flags->json, "Print one JSON object");
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "Keep generating after end-of-sequence tokens");
-  cmd->add_flag("!--keep-special-tokens", flags->skip_special_tokens, "Keep special tokens in the text");
+  cmd->add_flag("--keep-special-tokens", flags->keep_special_tokens, "Keep special tokens in the text");
   cmd->add_option("--repetition-penalty", flags->repetition_penalty, "Divide positive (multiply negative) logits of tokens in the prompt or output by this (1: off)");
   cmd->add_option("--frequency-penalty", flags->frequency_penalty, "Subtract this times the token's count in the output from its logit, in [-2, 2]");
   cmd->add_option("--presence-penalty", flags->presence_penalty, "Subtract this from the logit of every token already in the output, in [-2, 2]");
@@ -422,6 +435,9 @@ void add_generate_command(CLI::App& app) {
   CLI::Option* batch = cmd->add_option("--batch", flags->batch, "Run many requests together from a JSONL file: one {\"prompt\": ...} or {\"prompt_ids\": [...]} object per line, with optional sampling fields (max_tokens, temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ...) overriding the flags; prints one JSON line per request, in input order");
   batch->excludes(prompt)->excludes(prompt_ids);
   cmd->add_option("--max-running", flags->max_running, "Requests decoded together at most (default 64)");
+  cmd->add_option("--threads", flags->threads,
+                  "CPU backend threads (default 0: the BASALT_NUM_THREADS environment variable, else one per "
+                  "hardware thread)");
   cmd->add_option("--device", flags->device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");

@@ -90,6 +90,18 @@ TEST(GenerateBatch, BadFilesExitNonZeroNamingTheLine) {
     EXPECT_TRUE(r.out.empty()) << content;
     EXPECT_NE(r.err.find("bad.jsonl"), std::string::npos) << r.err;
   }
+  // A bad value names the line and the field.
+  for (const auto& [content, field] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"prompt_ids\": [1, 2]}\n{\"prompt_ids\": [1], \"max_tokens\": \"many\"}\n", "max_tokens"},
+           {"{\"prompt_ids\": [1], \"stop\": [1]}\n", "stop"},
+           {"{\"prompt_ids\": [1], \"temperature\": -2}\n", "temperature"}}) {
+    const std::string file = write_file("field.jsonl", content);
+    const CliRun r = run("generate --model " + kLlama + " --batch " + file);
+    std::filesystem::remove(file);
+    EXPECT_EQ(r.exit_code, 1) << content;
+    EXPECT_NE(r.err.find("field.jsonl:"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(field), std::string::npos) << r.err;
+  }
   EXPECT_EQ(run("generate --model " + kLlama + " --batch /nonexistent/file.jsonl").exit_code, 1);
   EXPECT_NE(run("generate --model " + kLlama + " --batch x.jsonl --prompt-ids 1").exit_code, 0);
 }

@@ -4,10 +4,12 @@
 
 #include "app/commands.h"
 #include "core/error.h"
+#include "core/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Basalt: serve and run open-weight LLMs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("basalt ") + basalt::kBasaltVersion);
   basalt::add_generate_command(app);
   basalt::add_tokenize_commands(app);
   basalt::add_quantize_command(app);
