@@ -34,7 +34,7 @@ run_ctest() {
   line=$(grep -E '[0-9]+ tests failed out of [0-9]+' "$log" | tail -1 || true)
   total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$line")
   bad=$(sed -E 's/.* ([0-9]+) tests failed.*/\1/' <<<"$line")
-  skip=$(grep -cE '^ *[0-9]+ - .*\(Skipped\)$' "$log" || true)
+  skip=$(grep -cE '^[[:space:]]*[0-9]+ - .*\(Skipped\)$' "$log" || true)
   if [[ -z "$line" ]]; then
     total=0 bad=1 skip=0  # ctest did not get as far as its summary
   fi
