@@ -270,6 +270,10 @@ class Backend {
   // names a row in [0, R) and a token in [0, V), and no (row, token) appears
   // twice; otherwise the call throws before changing anything.
   virtual void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) = 0;
+  // Masks logits f32 [R, V] in place with a whole-vocabulary bitmask i32
+  // [R, ceil(V / 32)] on this device: logits[r, t] becomes -inf where bit
+  // t % 32 of bitmask[r, t / 32] is clear (the tokens a constraint forbids).
+  virtual void apply_token_bitmask(Tensor& logits, const Tensor& bitmask) = 0;
   // Per row of x f32 [R, C], the k largest values in descending order, ties
   // (equal values, -0 == +0) to the lower column; NaN ranks below -inf.
   // 1 <= k <= min(C, kMaxTopKRows). values f32 [R, k]; ids i32 [R, k].

@@ -64,6 +64,9 @@ class ForwardingBackend : public Backend {
   void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override {
     inner_.sample(logits, rows, out);
   }
+  void apply_token_bitmask(Tensor& logits, const Tensor& bitmask) override {
+    inner_.apply_token_bitmask(logits, bitmask);
+  }
   void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) override {
     inner_.adjust_logits(logits, edits);
   }

@@ -502,6 +502,26 @@ void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) {
   }
 }
 
+void check_token_bitmask(const Tensor& logits, const Tensor& bitmask, const char* op) {
+  BASALT_CHECK(logits.dtype() == DType::kF32 && logits.rank() == 2, "{}: logits must be f32 [R, V], got {}", op,
+               logits.describe());
+  const int64_t words = (logits.dim(1) + 31) / 32;
+  BASALT_CHECK(bitmask.dtype() == DType::kI32 && bitmask.shape() == Shape({logits.dim(0), words}),
+               "{}: bitmask must be i32 [{}, {}], got {}", op, logits.dim(0), words, bitmask.describe());
+}
+
+void apply_token_bitmask(Tensor& logits, const Tensor& bitmask) {
+  require_host(logits, "apply_token_bitmask", "logits");
+  require_host(bitmask, "apply_token_bitmask", "bitmask");
+  check_token_bitmask(logits, bitmask, "reference apply_token_bitmask");
+  const int64_t vocab = logits.dim(1), words = bitmask.dim(1);
+  for (int64_t r = 0; r < logits.dim(0); ++r)
+    for (int64_t t = 0; t < vocab; ++t) {
+      const auto word = static_cast<uint32_t>(bitmask.data<const int32_t>()[r * words + t / 32]);
+      if (((word >> (t % 32)) & 1u) == 0) logits.data<float>()[r * vocab + t] = -std::numeric_limits<float>::infinity();
+    }
+}
+
 void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) {
   require_host(x, "top_k_rows", "x");
   require_host(values, "top_k_rows", "values");

@@ -94,6 +94,7 @@ void log_softmax(const Tensor& x, Tensor& out);
 void argmax(const Tensor& logits, Tensor& out);
 void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out);
 void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits);
+void apply_token_bitmask(Tensor& logits, const Tensor& bitmask);
 void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids);
 void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out);
 
@@ -104,6 +105,8 @@ void check_logit_edits(std::span<const LogitEdit> edits, int64_t rows, int64_t v
 // Checks top_k_rows' shapes and k (dtypes and ranks; not placement).
 void check_top_k_rows(const Tensor& x, int k, const Tensor& values, const Tensor& ids,
                       const char* op);
+// Checks apply_token_bitmask's shapes and dtypes (not placement).
+void check_token_bitmask(const Tensor& logits, const Tensor& bitmask, const char* op);
 // Checks gather_rows' shapes and dtypes (not placement).
 void check_gather_rows(const Tensor& x, const Tensor& cols, const Tensor& out, const char* op);
 // The top_k_rows order: whether value a at column ia ranks before value b at
@@ -188,6 +191,9 @@ class ReferenceBackend final : public Backend {
   }
   void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) override {
     reference::adjust_logits(logits, edits);
+  }
+  void apply_token_bitmask(Tensor& logits, const Tensor& bitmask) override {
+    reference::apply_token_bitmask(logits, bitmask);
   }
   void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) override {
     reference::top_k_rows(x, k, values, ids);

@@ -9,6 +9,17 @@
 
 namespace basalt {
 
+const char* to_string(ForwardMode mode) {
+  switch (mode) {
+    case ForwardMode::kExtend: return "extend";
+    case ForwardMode::kDecode: return "decode";
+    case ForwardMode::kMixed: return "mixed";
+    case ForwardMode::kVerify: return "verify";
+    case ForwardMode::kDraft: return "draft";
+  }
+  return "?";
+}
+
 ForwardBatch single_sequence_batch(std::span<const int32_t> new_tokens, int64_t start_position,
                                    bool all_logits) {
   const int64_t n = static_cast<int64_t>(new_tokens.size());

@@ -15,7 +15,20 @@
 
 namespace basalt {
 
+// How a step's rows relate to their requests, as SGLang's ForwardMode names
+// it. Models may specialise on it (a decode-only step replays a CUDA graph);
+// the tensors below are the same structure in every mode.
+enum class ForwardMode : uint8_t {
+  kExtend,  // prefill chunks only
+  kDecode,  // one token per sequence, one logits row each
+  kMixed,   // decodes and prefill chunks together
+  kVerify,  // a sequence's last token and its draft tokens, every row with logits
+  kDraft,   // a draft model's own steps
+};
+const char* to_string(ForwardMode mode);
+
 struct ForwardBatch {
+  ForwardMode mode = ForwardMode::kMixed;
   Tensor token_ids;   // i32 [T]
   Tensor positions;   // i32 [T]
   Tensor out_slots;   // i32 [T]: the KV slot each new token writes

@@ -29,6 +29,7 @@
 #include "runtime/engine.h"
 #include "runtime/engine_test_util.h"
 #include "runtime/generator.h"
+#include "runtime/token_constraint.h"
 #include "tokenizer/tokenizer.h"
 
 namespace basalt {
@@ -258,6 +259,104 @@ TEST_P(EngineMode, TextAndStopStringsMatchTheGenerator) {
   Engine engine(*f.model, f.backend, f.tokenizer.get(), slots(512));
   const auto out = run_all(engine, requests);
   for (size_t i = 0; i < requests.size(); ++i) expect_same(alone[i], out[i], "request " + std::to_string(i));
+}
+
+// A request's last event reaching its stream means the metrics count it: a
+// client reading metrics() after collecting everything sees every token
+// (`basalt generate --batch` reported fewer output tokens than it printed).
+// Tokens the engine made after a client-side stop string are discarded, not
+// output.
+TEST_P(EngineMode, MetricsCountEveryTokenWhenItsStreamEnds) {
+  Fixture f(kLlama, /*with_tokenizer=*/true);
+  std::mt19937 rng(11);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 300; ++i) requests.push_back(request(random_ids(rng, 3), greedy(4)));
+  EngineOptions o = slots(4096);
+  o.max_running = 128;
+  Engine engine(*f.model, f.backend, f.tokenizer.get(), o);
+  const auto out = run_all(engine, requests);
+  EngineMetrics m = engine.metrics();  // no drain: the streams' ends are enough
+  EXPECT_EQ(m.output_tokens, 1200u);
+  EXPECT_EQ(m.requests_finished, 300u);
+  // A stop string ends the stream on the client side; the engine stops the
+  // request when it hears of it, and what it made meanwhile is discarded.
+  SamplingParams stopping = greedy(24);
+  stopping.temperature = 1.0f;
+  stopping.seed = 42;
+  stopping.stop = {"Q"};  // the fixture model writes "... 3Q ..." here
+  const RequestOutput stopped = collect(*engine.submit(request({139, 190, 81, 313, 198, 84}, stopping)));
+  ASSERT_EQ(stopped.reason, FinishReason::kStop) << stopped.text;
+  ASSERT_LT(stopped.output_ids.size(), 24u);
+  EXPECT_EQ(stopped.usage.completion_tokens, static_cast<int64_t>(stopped.output_ids.size()));
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+  m = engine.metrics();
+  EXPECT_EQ(m.output_tokens, 1200u + stopped.output_ids.size());
+  EXPECT_EQ(m.requests_stopped, 1u);
+}
+
+// Forces one given sequence of tokens: only the next one is allowed.
+class ForcedSequence : public TokenConstraint {
+ public:
+  explicit ForcedSequence(std::vector<int32_t> ids) : ids_(std::move(ids)) {}
+  void fill_allowed(std::span<uint32_t> words) override {
+    std::fill(words.begin(), words.end(), 0u);
+    const int32_t t = ids_[std::min(next_, ids_.size() - 1)];
+    words[static_cast<size_t>(t / 32)] |= 1u << (t % 32);
+    ++fills_;
+  }
+  void accept(int32_t token) override {
+    EXPECT_EQ(token, ids_[std::min(next_, ids_.size() - 1)]);
+    ++next_;
+  }
+  void rollback(int n) override { next_ -= static_cast<size_t>(n); }
+  size_t accepted() const { return next_; }
+  int fills() const { return fills_; }
+
+ private:
+  std::vector<int32_t> ids_;
+  size_t next_ = 0;
+  int fills_ = 0;
+};
+
+// Allows a fixed set of tokens.
+class AllowedSet : public TokenConstraint {
+ public:
+  explicit AllowedSet(std::vector<int32_t> ids) : ids_(std::move(ids)) {}
+  void fill_allowed(std::span<uint32_t> words) override {
+    std::fill(words.begin(), words.end(), 0u);
+    for (int32_t t : ids_) words[static_cast<size_t>(t / 32)] |= 1u << (t % 32);
+  }
+  void accept(int32_t token) override {
+    EXPECT_NE(std::find(ids_.begin(), ids_.end(), token), ids_.end()) << token;
+  }
+  void rollback(int) override {}
+
+ private:
+  std::vector<int32_t> ids_;
+};
+
+// The constraints' masks decide what is sampled, whatever the temperature,
+// beside unconstrained requests that keep their own outputs.
+TEST_P(EngineMode, TokenConstraintsDecideEveryToken) {
+  Fixture f(kLlama);
+  const std::vector<int32_t> forced = {7, 300, 41, 41, 2, 199, 5, 88};
+  auto sequence = std::make_shared<ForcedSequence>(forced);
+  SamplingParams hot = greedy(static_cast<int>(forced.size()));
+  hot.temperature = 1.5f;
+  hot.seed = 3;
+  EngineRequest a = request({139, 190, 81}, hot);
+  a.constraint = sequence;
+  EngineRequest b = request({139, 190, 81, 313}, greedy(12));
+  b.constraint = std::make_shared<AllowedSet>(std::vector<int32_t>{10, 20, 30, 319});
+  EngineRequest c = request({139, 190, 81, 313}, greedy(12));  // unconstrained
+  Engine engine(*f.model, f.backend, nullptr, slots(512));
+  const auto out = run_all(engine, {a, b, c});
+  EXPECT_EQ(out[0].output_ids, forced);
+  EXPECT_EQ(sequence->accepted(), forced.size());
+  EXPECT_EQ(sequence->fills(), static_cast<int>(forced.size()));
+  ASSERT_EQ(out[1].output_ids.size(), 12u);
+  for (int32_t t : out[1].output_ids) EXPECT_TRUE(t == 10 || t == 20 || t == 30 || t == 319) << t;
+  expect_same(f.alone(c.prompt, c.params), out[2], "unconstrained");
 }
 
 void preemption_matches_alone(const std::string& dir) {

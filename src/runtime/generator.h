@@ -42,6 +42,7 @@
 
 #include "backend/backend.h"
 #include "model/model.h"
+#include "runtime/request.h"
 #include "runtime/sampling_params.h"
 #include "tokenizer/tokenizer.h"
 
@@ -55,15 +56,6 @@ struct GenerateOptions : SamplingParams {
   // The most alternatives `logprobs` may ask for.
   int max_logprobs = kDefaultMaxLogprobs;
 };
-
-struct TokenLogprob {
-  int32_t id = 0;
-  float logprob = 0.0f;
-};
-
-// Why a sequence stopped, as vLLM's stop_reason: nothing (length, or an eos
-// id), the stop token id, or the stop string.
-using StopReason = std::variant<std::monostate, int32_t, std::string>;
 
 struct GenerateResult {
   std::vector<int32_t> output_ids;

@@ -122,16 +122,4 @@ void KvPool::check_invariants() const {
   BASALT_ASSERT(free_count == free_slots_);
 }
 
-KvStorage make_kv_storage(const Model& model, DType dtype, size_t budget_bytes,
-                          int32_t page_size) {
-  const size_t bytes_per_slot = model.kv_bytes_per_slot(dtype);
-  const int64_t slots = KvPool::slots_for_budget(bytes_per_slot, budget_bytes, page_size);
-  BASALT_CHECK(slots > 0,
-               "KV pool: a budget of {} bytes does not hold one page of {} slots at {} bytes each",
-               budget_bytes, page_size, bytes_per_slot);
-  KvPool pool(slots, page_size);
-  KvBuffers buffers = model.allocate_kv(slots, dtype);
-  return KvStorage{std::move(pool), std::move(buffers)};
-}
-
 }  // namespace basalt

@@ -3,7 +3,8 @@
 //
 // Contract: a pool of `capacity` slots (numbered 0..capacity-1) is created once
 // from a memory budget and never grows. The storage the slots index into
-// (KvBuffers) is the model's to lay out (Model::allocate_kv); the pool never
+// (KvBuffers) is the model's to lay out (Model::allocate_kv, allocated by the
+// model runner); the pool never
 // looks inside it, it only tracks ownership. Slots are handed out in whole
 // pages of `page_size` slots (1 by default); slot = page * page_size + offset,
 // so kernels that want pages get them. allocate(n) is all or nothing and
@@ -22,8 +23,6 @@
 #include <span>
 #include <vector>
 
-#include "core/dtype.h"
-#include "model/model.h"
 
 namespace basalt {
 
@@ -75,18 +74,5 @@ class KvPool {
   std::vector<uint8_t> allocated_;    // per slot
   std::vector<int32_t> page_in_use_;  // allocated slots per page
 };
-
-// A pool sized from a byte budget together with the model's KV storage for it.
-struct KvStorage {
-  KvPool pool;
-  KvBuffers buffers;
-};
-
-// Sizes the pool from budget_bytes and Model::kv_bytes_per_slot(dtype) (GQA/MHA:
-// K and V per kv head per layer; MLA: latent plus rope key per layer), then
-// allocates the buffers with Model::allocate_kv. Throws basalt::Error when the
-// budget does not hold a single page.
-KvStorage make_kv_storage(const Model& model, DType dtype, size_t budget_bytes,
-                          int32_t page_size = 1);
 
 }  // namespace basalt

@@ -106,45 +106,6 @@ TEST(KvPoolTest, SlotsForBudget) {
   EXPECT_THROW(KvPool::host_memory_budget(1.5), Error);
 }
 
-// A model that only describes its KV layout, as a dense GQA model would:
-// K and V of kv_heads * head_dim per layer.
-class LayoutModel : public Model {
- public:
-  const ModelConfig& config() const override { return config_; }
-  KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override {
-    KvBuffers kv;
-    kv.num_slots = num_slots;
-    for (int l = 0; l < kLayers; ++l) {
-      kv.k.push_back(Tensor::empty({num_slots, kWidth}, dtype));
-      kv.v.push_back(Tensor::empty({num_slots, kWidth}, dtype));
-    }
-    return kv;
-  }
-  size_t kv_bytes_per_slot(DType dtype) const override {
-    return size_t{2} * kLayers * kWidth * dtype_size(dtype);
-  }
-  void forward(const ForwardBatch&, KvBuffers&, Tensor&) override {}
-
-  static constexpr int kLayers = 2;
-  static constexpr int64_t kWidth = 16;
-
- private:
-  ModelConfig config_;
-};
-
-TEST(KvPoolTest, StorageSizedFromTheModelLayout) {
-  LayoutModel model;
-  const size_t per_slot = model.kv_bytes_per_slot(DType::kBF16);
-  EXPECT_EQ(per_slot, 2u * 2u * 16u * 2u);
-  KvStorage storage = make_kv_storage(model, DType::kBF16, per_slot * 37 + 5, 4);
-  EXPECT_EQ(storage.pool.capacity(), 36);
-  EXPECT_EQ(storage.pool.page_size(), 4);
-  EXPECT_EQ(storage.buffers.num_slots, 36);
-  ASSERT_EQ(storage.buffers.k.size(), 2u);
-  EXPECT_EQ(storage.buffers.k[0].shape(), (Shape{36, 16}));
-  EXPECT_THROW(make_kv_storage(model, DType::kBF16, per_slot * 3, 4), Error);
-}
-
 TEST(KvPoolTest, RandomAllocateFreeKeepsTheBooks) {
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     SCOPED_TRACE(testing::Message() << "seed " << seed);

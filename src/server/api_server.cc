@@ -538,7 +538,7 @@ class GenerationProducer : public ResponseProducer {
 
 }  // namespace
 
-ApiServer::ApiServer(Engine& engine, const Tokenizer& tokenizer, const TokenizerConfig& tokenizer_config,
+ApiServer::ApiServer(EngineClient& engine, const Tokenizer& tokenizer, const TokenizerConfig& tokenizer_config,
                      ApiServerOptions options)
     : engine_(engine),
       tokenizer_(tokenizer),
@@ -546,7 +546,7 @@ ApiServer::ApiServer(Engine& engine, const Tokenizer& tokenizer, const Tokenizer
       options_(std::move(options)),
       shared_(std::make_shared<Shared>()),
       created_(unix_now()) {
-  const int64_t model_len = engine_.model().config().max_position_embeddings;
+  const int64_t model_len = engine_.model_config().max_position_embeddings;
   BASALT_CHECK(options_.max_model_len <= 0 || model_len <= 0 || options_.max_model_len <= model_len,
                "--max-model-len {} is above the model's context length ({}, max_position_embeddings in "
                "config.json); positions past it were never trained",
@@ -755,7 +755,7 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
       } else {
         const auto& ids = std::get<std::vector<int32_t>>(p);
         for (int32_t id : ids)
-          if (id >= tokenizer_.vocab_size() || id >= engine_.model().config().vocab_size)
+          if (id >= tokenizer_.vocab_size() || id >= engine_.model_config().vocab_size)
             throw ApiError(400, fmt::format("token id {} is outside the vocabulary", id), "prompt");
         prompts.push_back(ids);
         echo_texts.push_back(r.echo ? tokenizer_.decode(ids, false) : std::string());
@@ -793,7 +793,7 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
   }
   try {
     SamplingParams check = r.params;
-    check.validate(engine_.model().config().vocab_size, options_.limits.max_logprobs);
+    check.validate(engine_.model_config().vocab_size, options_.limits.max_logprobs);
   } catch (const Error& e) {
     throw ApiError(400, e.what());
   }

@@ -56,7 +56,7 @@ struct ApiServerOptions {
 class ApiServer {
  public:
   // Borrows everything; they must outlive the server.
-  ApiServer(Engine& engine, const Tokenizer& tokenizer, const TokenizerConfig& tokenizer_config,
+  ApiServer(EngineClient& engine, const Tokenizer& tokenizer, const TokenizerConfig& tokenizer_config,
             ApiServerOptions options);
   ~ApiServer();
 
@@ -95,7 +95,7 @@ class ApiServer {
   std::string render_chat(const ParsedRequest& r) const;
   bool authorized(const HttpRequest& request) const;
 
-  Engine& engine_;
+  EngineClient& engine_;
   const Tokenizer& tokenizer_;
   const TokenizerConfig& tokenizer_config_;
   ApiServerOptions options_;

@@ -651,6 +651,24 @@ void CpuBackend::adjust_logits(Tensor& logits, std::span<const LogitEdit> edits)
   }
 }
 
+void CpuBackend::apply_token_bitmask(Tensor& logits, const Tensor& bitmask) {
+  check_host(logits, "apply_token_bitmask", "logits");
+  check_host(bitmask, "apply_token_bitmask", "bitmask");
+  reference::check_token_bitmask(logits, bitmask, "apply_token_bitmask");
+  const int64_t vocab = logits.dim(1), words = bitmask.dim(1);
+  for (int64_t r = 0; r < logits.dim(0); ++r) {
+    float* row = logits.data<float>() + r * vocab;
+    const int32_t* mask = bitmask.data<const int32_t>() + r * words;
+    for (int64_t w = 0; w < words; ++w) {
+      const auto word = static_cast<uint32_t>(mask[w]);
+      if (word == ~uint32_t{0}) continue;  // the common case: everything allowed
+      const int64_t end = std::min<int64_t>(vocab, (w + 1) * 32);
+      for (int64_t t = w * 32; t < end; ++t)
+        if (((word >> (t - w * 32)) & 1u) == 0) row[t] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
 void CpuBackend::top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) {
   check_host(x, "top_k_rows", "x");
   check_host(values, "top_k_rows", "values");

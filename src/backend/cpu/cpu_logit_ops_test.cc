@@ -1,4 +1,4 @@
-// CpuBackend::adjust_logits, top_k_rows and gather_rows against the
+// CpuBackend::adjust_logits, apply_token_bitmask, top_k_rows and gather_rows against the
 // reference, bit for bit, on random rows with ties, -inf, +inf and NaN; and
 // the checks every backend shares (bad edits, k, columns).
 #include <gtest/gtest.h>
@@ -86,6 +86,34 @@ TEST(CpuLogitOps, AdjustLogitsRejectsBadEdits) {
   // Nothing changed on the way.
   for (int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(x.data<float>()[i], 0.0f);
   backend.adjust_logits(x, std::vector<LogitEdit>{});
+}
+
+// Random masks (some all-allowed words, vocabularies that end mid-word):
+// every forbidden logit becomes -inf, every allowed one keeps its bits.
+TEST(CpuLogitOps, TokenBitmaskMatchesReference) {
+  TestRng rng;
+  CpuBackend backend;
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 31}, {4, 64}, {5, 1000}}) {
+    const Tensor x = awkward_rows(rng, rows, cols);
+    const int64_t words = (cols + 31) / 32;
+    Tensor mask = Tensor::empty({rows, words}, DType::kI32);
+    for (int64_t i = 0; i < mask.numel(); ++i)
+      mask.data<int32_t>()[i] = rng.integer(0, 3) == 0 ? -1 : static_cast<int32_t>(rng.integer(0, 1 << 30) * 3);
+    Tensor got = testing::clone(x), want = testing::clone(x);
+    backend.apply_token_bitmask(got, mask);
+    reference::apply_token_bitmask(want, mask);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t t = 0; t < cols; ++t) {
+        const int64_t i = r * cols + t;
+        EXPECT_TRUE(same_bits(got.data<float>()[i], want.data<float>()[i])) << i;
+        const bool allowed = (static_cast<uint32_t>(mask.data<int32_t>()[r * words + t / 32]) >> (t % 32)) & 1u;
+        if (allowed) EXPECT_TRUE(same_bits(got.data<float>()[i], x.data<float>()[i])) << i;
+        else EXPECT_EQ(got.data<float>()[i], -kInf) << i;
+      }
+  }
+  Tensor x = Tensor::zeros({2, 40}, DType::kF32);
+  EXPECT_THROW(backend.apply_token_bitmask(x, Tensor::zeros({2, 1}, DType::kI32)), Error);
+  EXPECT_THROW(backend.apply_token_bitmask(x, Tensor::zeros({2, 2}, DType::kF32)), Error);
 }
 
 TEST(CpuLogitOps, TopKRowsMatchesReference) {

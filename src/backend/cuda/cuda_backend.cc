@@ -284,6 +284,10 @@ void CudaBackend::sample(const Tensor& logits, std::span<const SamplingRow> rows
   cuda_sample(logits, rows, out, stream_);
 }
 
+void CudaBackend::apply_token_bitmask(Tensor& logits, const Tensor& bitmask) {
+  cuda_apply_token_bitmask(logits, bitmask, stream_);
+}
+
 void CudaBackend::adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) {
   cuda_adjust_logits(logits, edits, stream_);
 }

@@ -123,6 +123,7 @@ class CudaBackend final : public Backend {
   void argmax(const Tensor& logits, Tensor& out) override;
   void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override;
   void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) override;
+  void apply_token_bitmask(Tensor& logits, const Tensor& bitmask) override;
   void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) override;
   void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) override;
 

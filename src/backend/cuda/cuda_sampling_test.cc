@@ -268,6 +268,28 @@ TEST(CudaLogitOps, AdjustLogitsMatchesCpu) {
   }
 }
 
+TEST(CudaLogitOps, TokenBitmaskMatchesCpu) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CpuBackend cpu;
+  CudaBackend gpu;
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 5}, {7, 1000}, {33, 128256}}) {
+    Tensor x = random_logits(rng, rows, cols);
+    const int64_t words = (cols + 31) / 32;
+    Tensor mask = Tensor::empty({rows, words}, DType::kI32);
+    for (int64_t i = 0; i < mask.numel(); ++i)
+      mask.data<int32_t>()[i] = rng.integer(0, 3) == 0 ? -1 : static_cast<int32_t>(rng.integer(0, 1 << 30) * 3);
+    Tensor device_x = cuda_to_device(x);
+    gpu.apply_token_bitmask(device_x, cuda_to_device(mask));
+    cpu.apply_token_bitmask(x, mask);
+    const Tensor got = cuda_to_host(device_x);
+    for (int64_t i = 0; i < x.numel(); ++i)
+      ASSERT_TRUE(same_bits(got.data<float>()[i], x.data<float>()[i]) ||
+                  (std::isnan(got.data<float>()[i]) && std::isnan(x.data<float>()[i])))
+          << rows << "x" << cols << " at " << i;
+  }
+}
+
 TEST(CudaLogitOps, TopKRowsAndGatherRowsMatchCpu) {
   REQUIRE_DEVICE();
   TestRng rng;

@@ -94,6 +94,16 @@ void cuda_adjust_logits(Tensor& logits, std::span<const LogitEdit> edits, cudaSt
            "adjust_logits");
 }
 
+void cuda_apply_token_bitmask(Tensor& logits, const Tensor& bitmask, cudaStream_t stream) {
+  require_device(logits, "apply_token_bitmask", "logits");
+  require_device(bitmask, "apply_token_bitmask", "bitmask");
+  reference::check_token_bitmask(logits, bitmask, "cuda apply_token_bitmask");
+  if (logits.numel() == 0) return;
+  launched(cuda_kernels::apply_token_bitmask(logits.data<float>(), bitmask.data<const int32_t>(), logits.dim(0),
+                                             logits.dim(1), stream),
+           "apply_token_bitmask");
+}
+
 void cuda_top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids, cudaStream_t stream) {
   require_device(x, "top_k_rows", "x");
   require_device(values, "top_k_rows", "values");

@@ -35,6 +35,7 @@ namespace basalt {
 
 void cuda_sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out, cudaStream_t stream);
 void cuda_adjust_logits(Tensor& logits, std::span<const LogitEdit> edits, cudaStream_t stream);
+void cuda_apply_token_bitmask(Tensor& logits, const Tensor& bitmask, cudaStream_t stream);
 void cuda_top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids, cudaStream_t stream);
 void cuda_gather_rows(const Tensor& x, const Tensor& cols, Tensor& out, cudaStream_t stream);
 

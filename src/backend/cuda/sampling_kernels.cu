@@ -426,6 +426,15 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[row] = static_cast<int32_t>(token);
 }
 
+// One thread per logit; a word of the mask serves 32 neighbouring threads.
+__global__ void bitmask_kernel(float* logits, const int32_t* bitmask, int64_t rows, int64_t cols) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, t = i % cols;
+  const auto word = static_cast<uint32_t>(bitmask[r * ((cols + 31) / 32) + t / 32]);
+  if (((word >> (t % 32)) & 1u) == 0) logits[i] = -INFINITY;
+}
+
 __global__ void adjust_kernel(float* logits, const EditRecord* edits, int64_t count, int64_t cols) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= count) return;
@@ -498,6 +507,12 @@ cudaError_t sample(const float* logits, const SampleControls* controls, uint32_t
                    int32_t* out, int64_t rows, int64_t cols, int mass_shift, cudaStream_t stream) {
   sample_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, controls, keys, weights, out, cols,
                                                                        mass_shift);
+  return cudaGetLastError();
+}
+
+cudaError_t apply_token_bitmask(float* logits, const int32_t* bitmask, int64_t rows, int64_t cols,
+                                cudaStream_t stream) {
+  bitmask_kernel<<<blocks_for(rows * cols, 256), 256, 0, stream>>>(logits, bitmask, rows, cols);
   return cudaGetLastError();
 }
 

@@ -44,6 +44,9 @@ struct EditRecord {
 cudaError_t sample(const float* logits, const SampleControls* controls, uint32_t* keys, float* weights,
                    int32_t* out, int64_t rows, int64_t cols, int mass_shift, cudaStream_t stream);
 // Applies edits[count] (device memory) to logits f32 [rows, cols].
+// logits[r, t] = -inf where bit t % 32 of bitmask[r, t / 32] is clear.
+cudaError_t apply_token_bitmask(float* logits, const int32_t* bitmask, int64_t rows, int64_t cols,
+                                cudaStream_t stream);
 cudaError_t adjust_logits(float* logits, const EditRecord* edits, int64_t count, int64_t cols,
                           cudaStream_t stream);
 // Per row of x f32 [rows, cols], the k largest (k <= 64) into values f32 and

@@ -1,0 +1,232 @@
+#include "runtime/model_runner.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+#include "runtime/generator.h"
+#include "runtime/logits_processor.h"
+#include "runtime/token_constraint.h"
+
+namespace basalt {
+namespace {
+
+Tensor i32_tensor(const std::vector<int32_t>& v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); }
+
+ForwardBatch forward_batch_of(const StepPlan& plan) {
+  ForwardBatch fb;
+  fb.mode = plan.mode;
+  fb.token_ids = i32_tensor(plan.token_ids);
+  fb.positions = i32_tensor(plan.positions);
+  fb.out_slots = i32_tensor(plan.out_slots);
+  fb.attention.q_start = i32_tensor(plan.q_start);
+  fb.attention.kv_start = i32_tensor(plan.kv_start);
+  fb.attention.kv_slots = i32_tensor(plan.kv_slots);
+  fb.logit_rows = i32_tensor(plan.logit_rows);
+  return fb;
+}
+
+}  // namespace
+
+LocalModelRunner::LocalModelRunner(Model& model, Backend& backend, int64_t kv_slots, DType kv_dtype)
+    : model_(model),
+      backend_(backend),
+      kv_(model.allocate_kv(kv_slots, kv_dtype)),
+      vocab_(static_cast<int32_t>(model.config().vocab_size)) {
+  // Before the first step: a model that records work (CUDA graphs) does it
+  // now, against this KV storage, rather than in the middle of serving.
+  model_.prepare(kv_);
+}
+
+void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
+  const ForwardBatch fb = forward_batch_of(plan);
+  const auto L = static_cast<int64_t>(plan.logit_rows.size());
+  const size_t R = plan.rows.size();
+  Tensor logits = backend_.empty({L, vocab_}, DType::kF32);
+  model_.forward(fb, kv_, logits);
+  result.logprobs.assign(R, {});
+  result.sampled_logprobs.assign(R, std::numeric_limits<float>::quiet_NaN());
+  result.next.clear();
+  if (R == 0) return;
+
+  // The constraints' masks, filled on the host while the device computes.
+  bool masked = false;
+  for (const StepPlan::SampleRow& row : plan.rows) masked |= row.constraint != nullptr;
+  std::vector<uint32_t> mask;
+  const int64_t words = token_mask_words(vocab_);
+  if (masked) {
+    mask.assign(static_cast<size_t>(L * words), ~uint32_t{0});
+    for (size_t r = 0; r < R; ++r) {
+      if (!plan.rows[r].constraint) continue;
+      std::span<uint32_t> row(mask.data() + r * static_cast<size_t>(words), static_cast<size_t>(words));
+      plan.rows[r].constraint->fill_allowed(row);
+      // Bits past the vocabulary do not count.
+      if (vocab_ % 32 != 0) row.back() &= (uint32_t{1} << (vocab_ % 32)) - 1;
+      BASALT_CHECK(std::any_of(row.begin(), row.end(), [](uint32_t w) { return w != 0; }),
+                   "the token constraint of sampled row {} allows no token", r);
+    }
+  }
+
+  // Only token ids and the requested logprobs cross to the host: the
+  // logprobs (raw, before the processors and masks) are reduced on the
+  // device to each row's top entries and the drawn token's value.
+  int top = 0;
+  bool want_sampled = false, active = false;
+  for (const StepPlan::SampleRow& row : plan.rows) {
+    top = std::max(top, row.logprobs);
+    want_sampled |= row.sampled_logprob;
+    active |= row.processor->active();
+  }
+  top = std::min(top, vocab_);
+  Tensor lp;
+  if (top > 0 || want_sampled) {
+    lp = backend_.empty({L, vocab_}, DType::kF32);
+    backend_.log_softmax(logits, lp);
+  }
+  if (top > kMaxTopKRows) {
+    // Beyond what top_k_rows serves (a server configured for more than 64
+    // logprobs): the rows come to the host.
+    Tensor host_lp = Tensor::empty({L, vocab_}, DType::kF32);
+    backend_.copy(lp, host_lp);
+    const size_t V = static_cast<size_t>(vocab_);
+    for (size_t r = 0; r < R; ++r)
+      if (plan.rows[r].logprobs > 0)
+        result.logprobs[r] =
+            top_k_logprobs(std::span<const float>(host_lp.data<float>() + r * V, V), plan.rows[r].logprobs);
+  } else if (top > 0) {
+    Tensor values = backend_.empty({L, top}, DType::kF32);
+    Tensor ids = backend_.empty({L, top}, DType::kI32);
+    backend_.top_k_rows(lp, top, values, ids);
+    Tensor host_values = Tensor::empty({L, top}, DType::kF32);
+    Tensor host_ids = Tensor::empty({L, top}, DType::kI32);
+    backend_.copy(values, host_values);
+    backend_.copy(ids, host_ids);
+    for (size_t r = 0; r < R; ++r) {
+      const int n = std::min(plan.rows[r].logprobs, top);
+      for (int j = 0; j < n; ++j) {
+        const size_t at = r * static_cast<size_t>(top) + static_cast<size_t>(j);
+        result.logprobs[r].push_back({host_ids.data<int32_t>()[at], host_values.data<float>()[at]});
+      }
+    }
+  }
+  if (active) {
+    std::vector<LogitEdit> edits;
+    for (size_t r = 0; r < R; ++r)
+      if (plan.rows[r].processor->active()) plan.rows[r].processor->edits(static_cast<int32_t>(r), edits);
+    backend_.adjust_logits(logits, edits);
+  }
+  if (masked) {
+    const Tensor host_mask =
+        Tensor::from_i32({L, words}, std::span<const int32_t>(reinterpret_cast<const int32_t*>(mask.data()), mask.size()));
+    Tensor device_mask = backend_.empty({L, words}, DType::kI32);
+    backend_.copy(host_mask, device_mask);
+    backend_.apply_token_bitmask(logits, device_mask);
+  }
+  std::vector<SamplingRow> rows;
+  rows.reserve(R);
+  for (const StepPlan::SampleRow& row : plan.rows) rows.push_back(row.sampling);
+  Tensor out = backend_.empty({L}, DType::kI32);
+  backend_.sample(logits, rows, out);
+  Tensor host_out = Tensor::empty({L}, DType::kI32);
+  backend_.copy(out, host_out);
+  result.next.assign(host_out.data<int32_t>(), host_out.data<int32_t>() + R);
+  if (want_sampled) {
+    Tensor sampled = backend_.empty({L}, DType::kF32);
+    backend_.gather_rows(lp, out, sampled);
+    Tensor host_sampled = Tensor::empty({L}, DType::kF32);
+    backend_.copy(sampled, host_sampled);
+    for (size_t r = 0; r < R; ++r)
+      if (plan.rows[r].sampled_logprob) result.sampled_logprobs[r] = host_sampled.data<float>()[r];
+  }
+  for (size_t r = 0; r < R; ++r) {
+    plan.rows[r].processor->append(result.next[r]);
+    if (plan.rows[r].constraint) plan.rows[r].constraint->accept(result.next[r]);
+  }
+}
+
+// --- StepPipeline -----------------------------------------------------------------
+
+StepPipeline::StepPipeline(ModelRunner& runner, bool threaded) : runner_(runner) {
+  if (threaded) thread_ = std::thread([this] { loop(); });
+}
+
+StepPipeline::~StepPipeline() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<StepPipeline::Step> StepPipeline::launch(std::shared_ptr<StepPlan> plan) {
+  auto step = std::make_shared<Step>();
+  step->plan = std::move(plan);
+  if (threaded()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(step);
+    }
+    cv_.notify_one();
+  }
+  return step;
+}
+
+void StepPipeline::wait(Step& step) {
+  if (!threaded()) {
+    if (!step.done) {
+      run(step);
+      step.done = true;
+    }
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return step.done; });
+}
+
+void StepPipeline::loop() {
+  for (;;) {
+    std::shared_ptr<Step> step;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping
+      step = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    run(*step);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      step->done = true;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+void StepPipeline::run(Step& step) {
+  StepPlan& plan = *step.plan;
+  StepResult& result = step.result;
+  result.exec_start = Clock::now();
+  try {
+    if (!plan.futures.empty()) {
+      BASALT_CHECK(plan.futures_of == last_id_, "step {} needs the tokens of step {}, which failed", plan.id,
+                   plan.futures_of);
+      for (const FutureToken& f : plan.futures) {
+        BASALT_CHECK(static_cast<size_t>(f.row) < last_next_.size(), "future row {} of {}", f.row,
+                     last_next_.size());
+        plan.token_ids[f.index] = last_next_[static_cast<size_t>(f.row)];
+      }
+    }
+    last_id_ = 0;
+    runner_.run(plan, result);
+    last_next_ = result.next;
+    last_id_ = plan.id;
+  } catch (const std::exception& e) {
+    result.error = e.what();
+    if (result.error.empty()) result.error = "unknown error";
+  }
+  result.exec_end = Clock::now();
+}
+
+}  // namespace basalt

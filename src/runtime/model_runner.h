@@ -1,0 +1,90 @@
+// ModelRunner: runs planned steps (runtime/step.h) on a model: the forward
+// pass, then the logits stage (raw logprobs for the report, the requests'
+// logits processors, the constraints' token bitmask, all on the device),
+// then sampling; and StepPipeline, which runs steps in plan order, inline or
+// on a thread of its own (overlap), resolving each step's FutureTokens from
+// the one before.
+//
+// Contract:
+//  * run(plan, result) is called for one step at a time, in plan order, from
+//    one thread. The plan's inputs are resolved (no FutureToken left). It
+//    fills result.next (one token per sample row), the rows' logprobs when
+//    asked, and calls each row's LogitsProcessor::append and
+//    TokenConstraint::accept with its token, so that both see every token in
+//    order. A failure becomes result.error (nothing thrown).
+//  * The KV memory (KvBuffers) is the runner's: allocated at construction
+//    for the slots the KvManager hands out, and prepared (CUDA graphs
+//    recorded) before the first step.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model.h"
+#include "runtime/step.h"
+
+namespace basalt {
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual void run(StepPlan& plan, StepResult& result) = 0;
+};
+
+// The runner of one model on one backend, in this process.
+class LocalModelRunner : public ModelRunner {
+ public:
+  LocalModelRunner(Model& model, Backend& backend, int64_t kv_slots, DType kv_dtype);
+  void run(StepPlan& plan, StepResult& result) override;
+  KvBuffers& kv() { return kv_; }
+
+ private:
+  Model& model_;
+  Backend& backend_;
+  KvBuffers kv_;
+  int32_t vocab_;
+};
+
+// Runs steps in order. Threaded (overlap): launch() queues a step and
+// returns at once, wait() blocks until it is done. Inline: launch() does
+// nothing and wait() runs the step on the caller.
+class StepPipeline {
+ public:
+  StepPipeline(ModelRunner& runner, bool threaded);
+  ~StepPipeline();
+  StepPipeline(const StepPipeline&) = delete;
+  StepPipeline& operator=(const StepPipeline&) = delete;
+
+  bool threaded() const { return thread_.joinable(); }
+  struct Step {
+    std::shared_ptr<StepPlan> plan;
+    StepResult result;
+    bool done = false;  // under the pipeline's lock when threaded
+  };
+  std::shared_ptr<Step> launch(std::shared_ptr<StepPlan> plan);
+  void wait(Step& step);
+
+ private:
+  void loop();
+  void run(Step& step);
+
+  ModelRunner& runner_;
+  // The last step that succeeded and its sampled tokens (the runner's thread).
+  uint64_t last_id_ = 0;
+  std::vector<int32_t> last_next_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;       // work queued or stop
+  std::condition_variable done_cv_;  // a step is done
+  std::deque<std::shared_ptr<Step>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace basalt

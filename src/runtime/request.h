@@ -1,0 +1,163 @@
+// Request: the scheduler's state of one engine request, and the public
+// request, event and usage types the engine's clients exchange with it.
+//
+// A request's progress is counted in tokens (vLLM v1's "computed tokens vs
+// target tokens"): `tokens` are the known tokens (the prompt, then the
+// output processed so far); `pending` more are being sampled by launched
+// steps and not processed yet (overlap keeps up to two steps in flight); the
+// target is tokens + pending, and every launched step moves kv.computed
+// toward it. A prefill chunk, a decode token and the verification of draft
+// tokens are all "bring computed up to the target", differing only in how
+// far the target is ahead.
+//
+// Invariants between steps (Scheduler::check_invariants verifies them):
+//   prompt_len <= tokens.size() == prompt_len + num_output
+//   kv.cached <= kv.computed <= tokens.size() + pending
+//   kv.slots.size() == rounded-up-to-pages(kv.computed) (the tail of the last
+//     page takes the next positions), and the slots are page-aligned
+//   kv.cached is a whole number of pages, and slots [0, kv.cached) are the
+//     radix cache's (locked through kv.node)
+//   num_output + pending <= params.max_tokens
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runtime/radix_cache.h"
+#include "runtime/sampling_params.h"
+
+namespace basalt {
+
+using Clock = std::chrono::steady_clock;
+
+class LogitsProcessor;
+class TokenConstraint;
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+};
+
+// Why a sequence stopped, as vLLM's stop_reason: nothing (length, or an eos
+// id), the stop token id, or the stop string.
+using StopReason = std::variant<std::monostate, int32_t, std::string>;
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  uint64_t cache_namespace = 0;  // tenant / cache salt: no sharing across
+  int priority = 0;              // higher is admitted first
+  std::optional<Clock::time_point> deadline;
+  // Restricts which tokens may be sampled (structured output); the engine
+  // advances it with every accepted token. Null: any token.
+  std::shared_ptr<TokenConstraint> constraint;
+};
+
+enum class FinishReason : uint8_t { kStop, kLength, kCancelled, kError, kDeadline };
+const char* to_string(FinishReason reason);
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // prompt tokens found in the radix cache
+  int preemptions = 0;
+  double queue_seconds = 0;  // submit -> first admission
+};
+
+// What a client reads from a request's stream (runtime/request_stream.h).
+struct EngineEvent {
+  enum class Kind : uint8_t { kToken, kFinished };
+  Kind kind = Kind::kToken;
+  // kToken: the id; both kinds: text that became final.
+  int32_t token = -1;
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+  // kToken: the drawn token's logprob (natural log of the full softmax at
+  // temperature 1, before penalties and filters) when params.logprobs > 0 or
+  // params.sampled_logprob; NaN otherwise.
+  float logprob = std::numeric_limits<float>::quiet_NaN();
+  // kFinished:
+  FinishReason reason = FinishReason::kLength;
+  StopReason stop_reason;
+  std::string error;
+  Usage usage;
+  uint64_t seed = 0;
+};
+
+// What the scheduler reports about one request after a step: token ids only
+// (text is the client side's business, runtime/output_processor.h).
+struct RequestUpdate {
+  uint64_t id = 0;
+  bool finished = false;  // a kFinished event; otherwise a token
+  int32_t token = -1;
+  std::vector<TokenLogprob> logprobs;
+  float logprob = std::numeric_limits<float>::quiet_NaN();
+  // The token ends the request as an eos or stop id (its text is left out
+  // unless include_stop_str_in_output).
+  bool stop_token = false;
+  FinishReason reason = FinishReason::kLength;
+  StopReason stop_reason;
+  std::string error;
+  Usage usage;  // as of this update
+};
+
+// One request's KV: which slots hold its positions, how many are computed,
+// and how many of the leading ones belong to the radix cache. Changed only by
+// the KvManager.
+struct RequestKv {
+  std::vector<int32_t> slots;  // slots[p] holds position p's KV
+  int64_t computed = 0;        // positions written or being written by a launched step
+  int64_t cached = 0;          // leading positions whose slots are the cache's (whole pages)
+  RadixNode* node = nullptr;   // the cache node they end in, locked while the request runs
+};
+
+struct Request {
+  uint64_t id = 0;
+  uint64_t arrival = 0;  // intake order
+  uint64_t group = 0;    // the samples of one submit_n share the first sample's id
+  EngineRequest request;
+  uint64_t seed = 0;
+  Clock::time_point submitted;
+  Clock::time_point last_token;
+  bool admitted_once = false;
+  std::string refusal;  // set at submit: the request only gets an error
+
+  std::vector<int32_t> tokens;  // prompt, then output
+  int64_t prompt_len = 0;
+  int num_output = 0;
+  RequestKv kv;
+  Usage usage;
+  // Built at intake, then used only by the model runner (apply, append),
+  // which may run a step after the request is gone: hence shared.
+  std::shared_ptr<LogitsProcessor> processor;
+
+  bool finished = false;
+  bool preempted = false;  // this step; back to the queue
+  // This step's share: positions [step_start, step_start + step_len).
+  bool scheduled = false;
+  int64_t step_start = 0;
+  int64_t step_len = 0;
+  // Launched steps not processed yet: tokens they sample for this request,
+  // the row of the latest one (a FutureToken of the next step), the latest
+  // step's length and id.
+  int pending = 0;
+  int pending_row = 0;
+  int64_t inflight_len = 0;
+  uint64_t last_step = 0;
+
+  int64_t target() const { return static_cast<int64_t>(tokens.size()) + pending; }
+  int64_t remaining() const { return target() - kv.computed; }
+  bool prefilling() const { return kv.computed < prompt_len; }
+  std::span<const int32_t> token_span(int64_t n) const {
+    return std::span<const int32_t>(tokens.data(), static_cast<size_t>(n));
+  }
+};
+
+}  // namespace basalt

@@ -1,0 +1,551 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <unordered_map>
+#include <utility>
+
+#include "core/error.h"
+#include "runtime/logits_processor.h"
+
+namespace basalt {
+namespace {
+
+bool contains(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// In-batch prefix sharing: a request whose prompt shares at least this many
+// uncached leading tokens with one admitted in the same step waits a step,
+// so that it finds them in the cache instead of computing them again.
+constexpr int64_t kInBatchPrefix = 32;
+
+}  // namespace
+
+const char* to_string(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+    case FinishReason::kDeadline: return "deadline";
+  }
+  return "unknown";
+}
+
+Scheduler::Scheduler(KvManager& kv, SchedulerOptions options) : kv_(kv), options_(std::move(options)) {
+  BASALT_CHECK(options_.step_token_budget >= 1, "step_token_budget must be >= 1, got {}",
+               options_.step_token_budget);
+  BASALT_CHECK(options_.max_running >= 1, "max_running must be >= 1, got {}", options_.max_running);
+  BASALT_CHECK(options_.output_reserve >= 0, "output_reserve must be >= 0");
+  BASALT_CHECK(options_.vocab_size > 0 && options_.max_context > 0, "the scheduler needs the vocabulary and context sizes");
+  m_.kv_capacity = kv_.capacity();
+}
+
+Scheduler::~Scheduler() = default;
+
+// --- requests in and out ------------------------------------------------------
+
+std::string Scheduler::invalid(const Request& r) const {
+  const EngineRequest& q = r.request;
+  if (!r.refusal.empty()) return r.refusal;
+  if (q.prompt.empty()) return "the prompt is empty";
+  for (int32_t id : q.prompt)
+    if (id < 0 || id >= options_.vocab_size)
+      return fmt::format("prompt token id {} is outside the vocabulary (0..{})", id, options_.vocab_size - 1);
+  try {
+    q.params.validate(options_.vocab_size, options_.max_logprobs);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  if (q.params.n != 1) return fmt::format("n must be 1, got {} (Engine::submit_n gives several samples)", q.params.n);
+  if (!q.params.stop.empty() && !options_.stop_strings) return "stop strings need a tokenizer to match against the text";
+  const int64_t need = static_cast<int64_t>(q.prompt.size()) + q.params.max_tokens;
+  if (need > options_.max_context)
+    return fmt::format("prompt ({} tokens) plus max_tokens ({}) exceeds the model's context length ({})",
+                       q.prompt.size(), q.params.max_tokens, options_.max_context);
+  if (kv_.rounded(need) > kv_.capacity())
+    return fmt::format("prompt ({} tokens) plus max_tokens ({}) can never fit in the KV pool ({} slots)",
+                       q.prompt.size(), q.params.max_tokens, kv_.capacity());
+  return {};
+}
+
+void Scheduler::add(std::unique_ptr<Request> request, std::vector<RequestUpdate>& updates) {
+  Request& r = *request;
+  ++m_.requests_submitted;
+  r.arrival = next_arrival_++;
+  r.prompt_len = static_cast<int64_t>(r.request.prompt.size());
+  r.usage.prompt_tokens = r.prompt_len;
+  r.seed = r.request.params.seed ? *r.request.params.seed : random_seed();
+  if (std::string why = invalid(r); !why.empty()) return end(r, FinishReason::kError, updates, {}, std::move(why));
+  if (r.request.params.max_tokens == 0) return end(r, FinishReason::kLength, updates);
+  try {
+    r.tokens = r.request.prompt;
+    r.processor = std::make_shared<LogitsProcessor>(r.request.params, options_.vocab_size, options_.eos_ids,
+                                                    r.request.prompt);
+  } catch (const std::exception& e) {
+    return end(r, FinishReason::kError, updates, {}, e.what());
+  }
+  waiting_.push_back(std::move(request));
+}
+
+void Scheduler::finish(uint64_t id, FinishReason reason, std::vector<RequestUpdate>& updates, std::string error,
+                       std::optional<int> kept_tokens) {
+  for (auto* list : {&waiting_, &running_})
+    for (auto& r : *list) {
+      if (r->id != id || r->finished) continue;
+      if (kept_tokens && *kept_tokens < r->num_output) {
+        // Tokens produced after the client side's stop string never reach
+        // anyone: they count as discarded, not as output.
+        const auto extra = static_cast<uint64_t>(r->num_output - *kept_tokens);
+        m_.output_tokens -= extra;
+        m_.discarded_tokens += extra;
+        r->usage.completion_tokens = *kept_tokens;
+      }
+      end(*r, reason, updates, {}, std::move(error));
+    }
+  remove_finished();
+}
+
+void Scheduler::expire(Clock::time_point now, std::vector<RequestUpdate>& updates) {
+  for (auto* list : {&waiting_, &running_})
+    for (auto& r : *list)
+      if (!r->finished && r->request.deadline && now >= *r->request.deadline)
+        end(*r, FinishReason::kDeadline, updates);
+  remove_finished();
+}
+
+void Scheduler::end(Request& r, FinishReason reason, std::vector<RequestUpdate>& updates, StopReason stop_reason,
+                    std::string error) {
+  if (r.finished) return;
+  if (!r.kv.slots.empty() || r.kv.node != nullptr) release_kv(r, reason != FinishReason::kError && kv_.cache_enabled());
+  switch (reason) {
+    case FinishReason::kCancelled: ++m_.requests_cancelled; break;
+    case FinishReason::kError: ++m_.requests_failed; break;
+    case FinishReason::kDeadline: ++m_.requests_expired; break;
+    case FinishReason::kStop: ++m_.requests_finished; ++m_.requests_stopped; break;
+    case FinishReason::kLength: ++m_.requests_finished; break;
+  }
+  m_.end_to_end.observe(seconds(Clock::now() - r.submitted));
+  RequestUpdate u;
+  u.id = r.id;
+  u.finished = true;
+  u.reason = reason;
+  u.stop_reason = std::move(stop_reason);
+  u.error = std::move(error);
+  u.usage = r.usage;
+  updates.push_back(std::move(u));
+  r.finished = true;
+  r.scheduled = false;
+}
+
+// Caching takes the whole pages of the settled KV; the partial last page (and
+// anything past the settled KV) goes back to the pool.
+void Scheduler::release_kv(Request& r, bool cache_it) {
+  const int64_t settled = settled_kv(r);
+  kv_.release(r.kv, r.request.cache_namespace, r.token_span(std::min<int64_t>(settled, static_cast<int64_t>(r.tokens.size()))),
+              settled, cache_it);
+}
+
+int64_t Scheduler::settled_kv(const Request& r) const {
+  if (r.pending == 0) return r.kv.computed;
+  return std::max(r.kv.cached, r.kv.computed - r.inflight_len);
+}
+
+void Scheduler::remove_finished() {
+  for (auto* list : {&waiting_, &running_}) {
+    for (auto& r : *list)  // a step in flight still points at it
+      if (r->finished && in_flight(*r)) retired_.push_back(std::move(r));
+    std::erase_if(*list, [](const auto& r) { return r == nullptr || r->finished; });
+  }
+  std::erase_if(retired_, [&](const auto& r) { return !in_flight(*r); });
+}
+
+void Scheduler::fail_all(const std::string& message, std::vector<RequestUpdate>& updates) {
+  processed_step_ = next_step_id_;  // every launched step is done; their results are dropped
+  in_flight_step_ = 0;
+  for (auto* list : {&waiting_, &running_})
+    for (auto& r : *list)
+      if (!r->finished) {
+        // KV written by a failed step is not trusted: nothing is cached.
+        release_kv(*r, false);
+        end(*r, FinishReason::kError, updates, {}, message);
+      }
+  // Launched steps insert their prefill chunks into the cache before they
+  // run; the failed one's KV is not trusted, so nothing cached is kept.
+  kv_.clear_cache();
+  remove_finished();
+}
+
+void Scheduler::cancel_all(const std::string& message, std::vector<RequestUpdate>& updates) {
+  processed_step_ = next_step_id_;
+  in_flight_step_ = 0;
+  for (auto* list : {&waiting_, &running_})
+    for (auto& r : *list) end(*r, FinishReason::kCancelled, updates, {}, message);
+  remove_finished();
+}
+
+// --- admission ------------------------------------------------------------------
+
+// Slots the request may still take: its known tokens without a slot plus the
+// output reserve, in whole pages, less the tail of its last page.
+int64_t Scheduler::reserve_of(const Request& r) const {
+  const int64_t out_left = r.request.params.max_tokens - r.num_output;
+  const auto have = static_cast<int64_t>(r.kv.slots.size());
+  const int64_t want =
+      std::max(static_cast<int64_t>(r.tokens.size()), have) + std::min(out_left, options_.output_reserve);
+  return kv_.rounded(want) - have;
+}
+
+void Scheduler::preempt(Request& r) {
+  release_kv(r, /*cache_it=*/false);
+  r.preempted = true;
+  r.scheduled = false;
+  ++r.usage.preemptions;
+  ++m_.preemptions;
+}
+
+Request* Scheduler::pick_victim() {
+  Request* victim = nullptr;
+  for (auto& r : running_) {
+    if (r->preempted || r->finished) continue;
+    if (victim == nullptr || r->request.priority < victim->request.priority ||
+        (r->request.priority == victim->request.priority && r->arrival > victim->arrival))
+      victim = r.get();
+  }
+  return victim;
+}
+
+int64_t Scheduler::live_running() const {
+  int64_t n = 0;
+  for (const auto& r : running_) n += (!r->preempted && !r->finished) ? 1 : 0;
+  return n;
+}
+
+bool Scheduler::shares_uncached_prefix(const Request& r, const std::vector<const Request*>& admitted) {
+  if (!kv_.cache_enabled() || admitted.empty()) return false;
+  const int64_t len = static_cast<int64_t>(r.tokens.size()) - 1;
+  int64_t common = 0;
+  for (const Request* a : admitted) {
+    if (a->request.cache_namespace != r.request.cache_namespace) continue;
+    const int64_t n = std::min<int64_t>(len, static_cast<int64_t>(a->tokens.size()));
+    int64_t i = 0;
+    while (i < n && a->tokens[static_cast<size_t>(i)] == r.tokens[static_cast<size_t>(i)]) ++i;
+    common = std::max(common, i);
+  }
+  if (common < kInBatchPrefix) return false;
+  return common - kv_.cached_prefix(r.request.cache_namespace, r.token_span(len)) >= kInBatchPrefix;
+}
+
+// The samples of one submit_n: the first one admitted prefills the prompt;
+// the others wait until its whole prompt is in the cache (however short it
+// is), then compute only the last prompt token themselves.
+bool Scheduler::sibling_prefilling(const Request& r, const std::vector<const Request*>& admitted) const {
+  if (r.group == 0 || !kv_.cache_enabled() || r.prompt_len < 2) return false;
+  for (const Request* a : admitted)
+    if (a->group == r.group) return true;
+  for (const auto& o : running_)
+    if (o.get() != &r && o->group == r.group && !o->preempted && !o->finished && o->kv.computed < o->prompt_len)
+      return true;
+  return false;
+}
+
+std::vector<Request*> Scheduler::admission_order() {
+  std::vector<Request*> order;
+  for (auto& r : waiting_) order.push_back(r.get());
+  const bool lpm = options_.policy == SchedulePolicy::kLongestPrefixMatch && kv_.cache_enabled() &&
+                   static_cast<int>(waiting_.size()) <= options_.lpm_max_queue;
+  std::unordered_map<const Request*, int64_t> matched;
+  if (lpm)
+    for (Request* r : order)
+      matched[r] = kv_.cached_prefix(r->request.cache_namespace,
+                                     r->token_span(static_cast<int64_t>(r->tokens.size()) - 1));
+  std::stable_sort(order.begin(), order.end(), [&](const Request* a, const Request* b) {
+    if (a->request.priority != b->request.priority) return a->request.priority > b->request.priority;
+    if (lpm && matched[a] != matched[b]) return matched[a] > matched[b];
+    return a->arrival < b->arrival;
+  });
+  return order;
+}
+
+bool Scheduler::admit(Request& r, int64_t budget) {
+  const int64_t len = static_cast<int64_t>(r.tokens.size());
+  const int64_t matched = kv_.take_cached_prefix(r.kv, r.request.cache_namespace, r.token_span(len - 1));
+  int64_t reserved = 0;
+  for (auto& o : running_)
+    if (!o->preempted) reserved += reserve_of(*o);
+  const int64_t available = kv_.available() - reserved;
+  // matched is whole pages; the rest is allocated in whole pages.
+  const int64_t need =
+      kv_.rounded(len + std::min<int64_t>(r.request.params.max_tokens - r.num_output, options_.output_reserve)) -
+      matched;
+  const bool alone = running_.empty();
+  const int64_t n = std::min(len - matched, budget);
+  if ((need > available && !alone) || !kv_.allocate(r.kv, n)) {
+    release_kv(r, false);
+    return false;
+  }
+  if (!r.admitted_once) {
+    r.admitted_once = true;
+    r.usage.cached_prompt_tokens = std::min(matched, r.prompt_len);
+    m_.prompt_tokens += static_cast<uint64_t>(r.prompt_len);
+    m_.cached_prompt_tokens += static_cast<uint64_t>(r.usage.cached_prompt_tokens);
+    r.usage.queue_seconds = seconds(Clock::now() - r.submitted);
+    m_.queue_time.observe(r.usage.queue_seconds);
+  }
+  r.step_start = r.kv.computed;
+  r.step_len = n;
+  r.scheduled = true;
+  return true;
+}
+
+void Scheduler::requeue_preempted() {
+  for (auto& r : running_)
+    if (r->preempted) waiting_.push_back(std::move(r));
+  std::erase_if(running_, [](const auto& r) { return r == nullptr; });
+}
+
+// --- planning -------------------------------------------------------------------
+
+std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates) {
+  std::stable_sort(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
+    if (a->request.priority != b->request.priority) return a->request.priority > b->request.priority;
+    return a->arrival < b->arrival;
+  });
+  for (auto* list : {&waiting_, &running_})
+    for (auto& r : *list) {
+      r->scheduled = false;
+      r->preempted = false;
+    }
+  int64_t budget = options_.step_token_budget;
+  const uint64_t preemptions_before = m_.preemptions;
+  // 1. Requests past their prompt take all they need, preempting for memory.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Request& r = *running_[i];
+    if (r.preempted || r.finished || r.prefilling() || r.remaining() < 1 || samples_its_last(r)) continue;
+    const int64_t n = r.remaining();
+    bool ok = false;
+    while (!r.preempted) {
+      if (kv_.allocate(r.kv, n)) {
+        ok = true;
+        break;
+      }
+      Request* victim = pick_victim();
+      if (victim == &r && live_running() == 1) break;
+      preempt(*victim);
+    }
+    if (ok) {
+      r.step_start = r.kv.computed;
+      r.step_len = n;
+      r.scheduled = true;
+      budget -= n;
+    } else if (!r.preempted) {
+      end(r, FinishReason::kError, updates, {}, "no KV slot for a lone request");
+    }
+  }
+  // 2. Prefill chunks of running requests, as far as budget and memory go.
+  for (auto& rp : running_) {
+    Request& r = *rp;
+    if (r.preempted || r.scheduled || r.finished || budget <= 0 || samples_its_last(r) || r.remaining() < 1)
+      continue;
+    const int64_t avail = kv_.available() + (static_cast<int64_t>(r.kv.slots.size()) - r.kv.computed);
+    const int64_t n = std::min({r.remaining(), budget, avail});
+    if (n <= 0 || !kv_.allocate(r.kv, n)) continue;
+    r.step_start = r.kv.computed;
+    r.step_len = n;
+    r.scheduled = true;
+    budget -= n;
+  }
+  requeue_preempted();
+  // 3. Admission, unless memory ran out in this step (running requests first).
+  const bool memory_short = m_.preemptions != preemptions_before && !running_.empty();
+  if (!memory_short && budget > 0 && static_cast<int>(running_.size()) < options_.max_running && !waiting_.empty()) {
+    std::vector<const Request*> admitted_now;
+    for (Request* r : admission_order()) {
+      if (budget <= 0 || static_cast<int>(running_.size()) >= options_.max_running) break;
+      if (r->finished) continue;
+      if (r->pending > 0) continue;                             // preempted with a token in flight: after it lands
+      if (shares_uncached_prefix(*r, admitted_now)) continue;  // next step, from the cache
+      if (sibling_prefilling(*r, admitted_now)) continue;      // n > 1: after the first sample's prompt
+      if (!admit(*r, budget)) {
+        if (live_running() == 0)
+          end(*r, FinishReason::kError, updates, {}, "the request does not fit in the KV pool");
+        break;
+      }
+      r->preempted = false;
+      admitted_now.push_back(r);
+      budget -= r->step_len;
+      auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& p) { return p.get() == r; });
+      running_.push_back(std::move(*it));
+      waiting_.erase(it);
+    }
+  }
+  std::vector<Request*> batch;
+  for (auto& r : running_)
+    if (r->scheduled && !r->finished) batch.push_back(r.get());
+  const bool progress_in_flight =
+      std::any_of(running_.begin(), running_.end(), [&](const auto& r) { return in_flight(*r); });
+  if (batch.empty() && !running_.empty() && !progress_in_flight) {
+    // Partial prefills hold memory that none of them can extend: make room.
+    if (Request* victim = pick_victim()) preempt(*victim);
+    requeue_preempted();
+  }
+  return batch;
+}
+
+std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& updates) {
+  std::vector<Request*> batch = plan_batch(updates);
+  ++m_.steps;
+  remove_finished();
+  if (batch.empty()) return nullptr;
+  auto plan = std::make_shared<StepPlan>();
+  const uint64_t previous = step_in_flight() ? next_step_id_ : 0;
+  plan->id = ++next_step_id_;
+  bool any_prefill = false, any_decode = false;
+  for (Request* r : batch) {
+    const int64_t known = static_cast<int64_t>(r->tokens.size());
+    for (int64_t i = 0; i < r->step_len; ++i) {
+      const int64_t pos = r->step_start + i;
+      if (pos < known) {
+        plan->token_ids.push_back(r->tokens[static_cast<size_t>(pos)]);
+      } else {
+        // The token the step in flight samples for this request.
+        BASALT_CHECK(pos == known && r->pending > 0 && previous != 0 && r->last_step == previous,
+                     "request {}: input {} is neither known nor sampled by the step in flight", r->id, pos);
+        plan->futures_of = previous;
+        plan->futures.push_back(FutureToken{plan->token_ids.size(), r->pending_row});
+        plan->token_ids.push_back(-1);
+      }
+      plan->positions.push_back(static_cast<int32_t>(pos));
+      plan->out_slots.push_back(r->kv.slots[static_cast<size_t>(pos)]);
+    }
+    const int64_t end_pos = r->step_start + r->step_len;
+    plan->kv_slots.insert(plan->kv_slots.end(), r->kv.slots.begin(), r->kv.slots.begin() + end_pos);
+    plan->q_start.push_back(static_cast<int32_t>(plan->token_ids.size()));
+    plan->kv_start.push_back(static_cast<int32_t>(plan->kv_slots.size()));
+    const bool samples = end_pos == r->target();
+    (r->step_len == 1 && samples ? any_decode : any_prefill) = true;
+    if (samples) {
+      plan->logit_rows.push_back(static_cast<int32_t>(plan->token_ids.size()) - 1);
+      plan->sampled.push_back(r);
+      const SamplingParams& p = r->request.params;
+      plan->rows.push_back(StepPlan::SampleRow{r->processor, r->request.constraint,
+                                               p.row(r->seed, static_cast<uint64_t>(r->num_output + r->pending)),
+                                               p.logprobs, p.logprobs > 0 || p.sampled_logprob});
+    }
+    if (r->step_start < r->prompt_len)
+      m_.prefill_tokens += static_cast<uint64_t>(std::min(end_pos, r->prompt_len) - r->step_start);
+  }
+  plan->mode = any_prefill ? (any_decode ? ForwardMode::kMixed : ForwardMode::kExtend) : ForwardMode::kDecode;
+  // The model wants at least one logits row; an all-prefill step computes one it ignores.
+  if (plan->logit_rows.empty()) plan->logit_rows.push_back(static_cast<int32_t>(plan->token_ids.size()) - 1);
+
+  // The step's KV counts as written from now on: steps run in order, so any
+  // later step that reads it (a decode, or a request matching a prefill chunk
+  // in the cache) runs after this one wrote it.
+  for (Request* r : batch) {
+    const bool prefill = r->step_start < static_cast<int64_t>(r->tokens.size()) - 1;
+    kv_.advance(r->kv, r->step_len);
+    r->inflight_len = r->step_len;
+    r->last_step = plan->id;
+    if (prefill) kv_.commit(r->kv, r->request.cache_namespace, r->tokens);
+  }
+  for (size_t i = 0; i < plan->sampled.size(); ++i) {
+    ++plan->sampled[i]->pending;
+    plan->sampled[i]->pending_row = static_cast<int>(i);
+  }
+  plan->requests = std::move(batch);
+  in_flight_step_ = plan->id;
+  return plan;
+}
+
+// --- results --------------------------------------------------------------------
+
+bool Scheduler::on_token(Request& r, int32_t token, std::vector<TokenLogprob> logprobs, float logprob,
+                         std::vector<RequestUpdate>& updates) {
+  const SamplingParams& p = r.request.params;
+  const Clock::time_point now = Clock::now();
+  if (r.num_output == 0) m_.ttft.observe(seconds(now - r.submitted));
+  else m_.inter_token.observe(seconds(now - r.last_token));
+  r.last_token = now;
+  r.tokens.push_back(token);
+  ++r.num_output;
+  ++r.usage.completion_tokens;
+  ++m_.output_tokens;
+
+  const bool past_min = r.num_output >= p.min_tokens;
+  const bool is_eos = past_min && !p.ignore_eos && contains(options_.eos_ids, token);
+  const bool is_stop_id = past_min && contains(p.stop_token_ids, token);
+  RequestUpdate u;
+  u.id = r.id;
+  u.token = token;
+  u.logprobs = std::move(logprobs);
+  u.logprob = logprob;
+  u.stop_token = is_eos || is_stop_id;
+  u.usage = r.usage;
+  updates.push_back(std::move(u));
+  if (is_eos || is_stop_id) {
+    StopReason stop_reason;
+    if (is_stop_id && !is_eos) stop_reason = token;
+    end(r, FinishReason::kStop, updates, std::move(stop_reason));
+    return true;
+  }
+  if (r.num_output >= p.max_tokens) {
+    end(r, FinishReason::kLength, updates);
+    return true;
+  }
+  return false;
+}
+
+void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUpdate>& updates) {
+  processed_step_ = plan.id;
+  if (in_flight_step_ == plan.id) in_flight_step_ = 0;
+  m_.execute_time.observe(seconds(result.exec_end - result.exec_start));
+  if (plan.chained && last_exec_end_) m_.bubble.observe(std::max(0.0, seconds(result.exec_start - *last_exec_end_)));
+  last_exec_end_ = result.exec_end;
+  if (!result.error.empty()) {
+    last_exec_end_.reset();
+    throw Error(result.error);
+  }
+  for (size_t i = 0; i < plan.sampled.size(); ++i) {
+    Request& r = *plan.sampled[i];
+    --r.pending;
+    if (r.finished) {  // finished meanwhile: an overlap's extra row
+      ++m_.discarded_tokens;
+      continue;
+    }
+    on_token(r, result.next[i], std::move(result.logprobs[i]), result.sampled_logprobs[i], updates);
+  }
+  remove_finished();
+}
+
+// --- checks ---------------------------------------------------------------------
+
+std::vector<RequestKvView> Scheduler::running_kv() const {
+  std::vector<RequestKvView> out;
+  for (const auto& r : running_)
+    if (!r->finished && !r->preempted) out.push_back({r->id, r->kv.computed, r->kv.cached, r->kv.slots});
+  return out;
+}
+
+void Scheduler::check_invariants() const {
+  int64_t held = 0;
+  for (const auto* list : {&waiting_, &running_})
+    for (const auto& r : *list) {
+      kv_.check_request(r->kv);
+      BASALT_CHECK(static_cast<int64_t>(r->tokens.size()) == r->prompt_len + r->num_output || r->tokens.empty(),
+                   "request {}: {} tokens, prompt {} + output {}", r->id, r->tokens.size(), r->prompt_len,
+                   r->num_output);
+      BASALT_CHECK(r->kv.computed <= r->target(), "request {}: {} computed positions past its target {}", r->id,
+                   r->kv.computed, r->target());
+      BASALT_CHECK(r->num_output + r->pending <= r->request.params.max_tokens, "request {}: past max_tokens", r->id);
+      held += static_cast<int64_t>(r->kv.slots.size()) - r->kv.cached;
+    }
+  for (const auto& r : retired_)
+    BASALT_CHECK(r->kv.slots.empty() && r->kv.node == nullptr, "finished request {} still holds KV", r->id);
+  kv_.check_invariants(held);
+}
+
+}  // namespace basalt

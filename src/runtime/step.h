@@ -1,0 +1,75 @@
+// One engine step as it passes from the scheduler to the model runner and
+// back: the StepPlan (what to compute and sample), the StepResult (what was
+// sampled), and the FutureToken that lets a plan consume a token its
+// predecessor has not sampled yet.
+//
+// Contract: a StepPlan is built by Scheduler::schedule() on the scheduling
+// thread and is then read-only until Scheduler::update() takes it back with
+// its StepResult. The runner reads only the plan's batch arrays and rows (and
+// the shared logits processors and constraints they point to); the
+// scheduler's bookkeeping (`requests`, `sampled`) is its own. Plans run in
+// the order they were scheduled.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/forward_batch.h"
+#include "runtime/request.h"
+
+namespace basalt {
+
+class LogitsProcessor;
+class TokenConstraint;
+
+// An input token that the step launched just before this one samples
+// (overlap): row `row` of that step's sampled tokens goes to input `index`
+// of this step. The runner resolves it before the forward pass.
+struct FutureToken {
+  size_t index = 0;  // position in StepPlan::token_ids
+  int32_t row = 0;   // sampled row of the previous step
+};
+
+struct StepPlan {
+  uint64_t id = 0;
+  ForwardMode mode = ForwardMode::kExtend;
+  // The ForwardBatch, as host arrays (model/forward_batch.h gives their
+  // meaning). A FutureToken's input holds -1 until resolved.
+  std::vector<int32_t> token_ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows;
+  uint64_t futures_of = 0;  // the step whose tokens the futures are (0: none)
+  std::vector<FutureToken> futures;
+  // Hidden states of these rows are wanted back (draft heads read them).
+  bool capture_hidden = false;
+
+  // One per sampled logits row, in order.
+  struct SampleRow {
+    std::shared_ptr<LogitsProcessor> processor;
+    std::shared_ptr<TokenConstraint> constraint;  // may be null
+    SamplingRow sampling;
+    int logprobs = 0;
+    bool sampled_logprob = false;  // report the drawn token's logprob
+  };
+  std::vector<SampleRow> rows;
+  // Whether the last step before it ran back to back with it (for the
+  // "bubble" metric).
+  bool chained = false;
+
+  // The scheduler's: the requests in the batch and, per sampled row, whose.
+  std::vector<Request*> requests;
+  std::vector<Request*> sampled;
+
+  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+};
+
+struct StepResult {
+  std::vector<int32_t> next;                     // per sampled row
+  std::vector<std::vector<TokenLogprob>> logprobs;  // per row, top alternatives when asked
+  std::vector<float> sampled_logprobs;           // per row; NaN where not asked
+  std::string error;                             // non-empty: the step failed
+  Clock::time_point exec_start, exec_end;
+};
+
+}  // namespace basalt
