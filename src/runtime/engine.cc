@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <ctime>
+#include <pthread.h>
+#include <pthread.h>
 #include <utility>
 
 #include "core/error.h"
+#include "runtime/delivery.h"
 #include "runtime/kv_manager.h"
 #include "runtime/model_runner.h"
 
@@ -48,8 +51,9 @@ struct Engine::Parts {
   StepPipeline pipeline;  // after the runner: its thread stops first
 
   std::shared_ptr<StopLedger> ledger = std::make_shared<StopLedger>();
+  Delivery delivery;
   // The scheduling thread's own.
-  std::unordered_map<uint64_t, RequestHandle> streams;
+  Delivery::Batch batch;  // this iteration's new streams and updates
   std::shared_ptr<StepPipeline::Step> inflight;  // launched, not updated (overlap)
 
   // The inbox.
@@ -107,17 +111,12 @@ struct Engine::Parts {
     snapshot = m;
   }
 
-  // Hands the updates to their streams; a finished update ends the stream's
-  // life on this side.
+  // Hands this iteration's updates to the delivery thread.
   void deliver(std::vector<RequestUpdate>& updates) {
-    for (RequestUpdate& u : updates) {
-      auto it = streams.find(u.id);
-      if (it == streams.end()) continue;
-      const bool finished = u.finished;
-      it->second->push(std::move(u));
-      if (finished) streams.erase(it);
-    }
+    batch.updates = std::move(updates);
     updates.clear();
+    delivery.post(std::move(batch));
+    batch = Delivery::Batch{};
   }
 };
 
@@ -238,6 +237,7 @@ int64_t Engine::drain_and_clear_cache() {
 }
 
 void Engine::run() {
+  pthread_setname_np(pthread_self(), "basalt-sched");  // for top, perf and gdb
   Parts& p = *parts_;
   Scheduler& scheduler = p.scheduler;
   std::vector<RequestUpdate> updates;
@@ -267,7 +267,7 @@ void Engine::run() {
     const double cpu0 = thread_cpu_seconds();
     double exec_cpu = 0;  // the runner's work when it ran on this thread
     for (auto& s : submissions) {
-      p.streams.emplace(s.request->id, std::move(s.stream));
+      p.batch.streams.emplace_back(s.request->id, std::move(s.stream));
       scheduler.add(std::move(s.request), updates);
     }
     for (uint64_t id : cancels) scheduler.finish(id, FinishReason::kCancelled, updates);
@@ -348,8 +348,7 @@ void Engine::run() {
   scheduler.cancel_all("the engine stopped", updates);
   p.publish();
   p.deliver(updates);
-  for (auto& [id, stream] : p.streams) stream->detach();
-  p.streams.clear();
+  p.delivery.detach_all();
   p.clear_cv.notify_all();
 }
 

@@ -28,10 +28,7 @@ int64_t KvManager::take_cached_prefix(RequestKv& kv, uint64_t ns, std::span<cons
 bool KvManager::allocate(RequestKv& kv, int64_t n) {
   const int64_t need = kv.computed + n - static_cast<int64_t>(kv.slots.size());
   if (need <= 0) return true;
-  std::optional<std::vector<int32_t>> got = cache_.allocate(need);
-  if (!got) return false;
-  kv.slots.insert(kv.slots.end(), got->begin(), got->end());
-  return true;
+  return cache_.allocate_into(need, kv.slots);
 }
 
 void KvManager::advance(RequestKv& kv, int64_t n) {

@@ -60,11 +60,15 @@ bool KvPool::is_page_aligned(std::span<const int32_t> slots) const {
 }
 
 std::optional<std::vector<int32_t>> KvPool::allocate(int64_t n) {
+  std::vector<int32_t> slots;
+  if (!allocate_into(n, slots)) return std::nullopt;
+  return slots;
+}
+
+bool KvPool::allocate_into(int64_t n, std::vector<int32_t>& slots) {
   BASALT_CHECK(n > 0, "KV pool: cannot allocate {} slots", n);
   const int64_t pages = (n + page_size_ - 1) / page_size_;
-  if (pages > free_pages()) return std::nullopt;
-  std::vector<int32_t> slots;
-  slots.reserve(static_cast<size_t>(pages * page_size_));
+  if (pages > free_pages()) return false;
   for (int64_t i = 0; i < pages; ++i) {
     const int32_t page = free_pages_.back();
     free_pages_.pop_back();
@@ -76,7 +80,7 @@ std::optional<std::vector<int32_t>> KvPool::allocate(int64_t n) {
     }
   }
   free_slots_ -= pages * page_size_;
-  return slots;
+  return true;
 }
 
 void KvPool::free(std::span<const int32_t> slots) {

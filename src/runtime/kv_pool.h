@@ -43,6 +43,9 @@ class KvPool {
   // n > 0 tokens' worth of slots, rounded up to whole pages, or nothing when
   // too few pages are free. Slots of one page are consecutive.
   std::optional<std::vector<int32_t>> allocate(int64_t n);
+  // The same, appended to `out` (no allocation beyond its growth); false and
+  // nothing appended when too few pages are free.
+  bool allocate_into(int64_t n, std::vector<int32_t>& out);
   // Returns slots to the pool; all or nothing (see the contract above).
   void free(std::span<const int32_t> slots);
 

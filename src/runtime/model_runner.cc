@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <pthread.h>
 
 #include "core/error.h"
 #include "runtime/generator.h"
@@ -186,6 +187,7 @@ void StepPipeline::wait(Step& step) {
 }
 
 void StepPipeline::loop() {
+  pthread_setname_np(pthread_self(), "basalt-runner");
   for (;;) {
     std::shared_ptr<Step> step;
     {

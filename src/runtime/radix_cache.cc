@@ -278,14 +278,21 @@ int64_t RadixCache::evict(int64_t n_tokens) {
 }
 
 std::optional<std::vector<int32_t>> RadixCache::allocate(int64_t n) {
+  std::vector<int32_t> slots;
+  if (!allocate_into(n, slots)) return std::nullopt;
+  return slots;
+}
+
+bool RadixCache::allocate_into(int64_t n, std::vector<int32_t>& out) {
   BASALT_CHECK(n > 0, "radix cache: cannot allocate {} slots", n);
   const int64_t page = pool_.page_size();
   const int64_t pages = (n + page - 1) / page;
   while (pool_.free_pages() < pages && !evictable_leaves_.empty())
     evict((pages - pool_.free_pages()) * page);
-  std::optional<std::vector<int32_t>> slots = pool_.allocate(n);
-  if (slots) held_ += static_cast<int64_t>(slots->size());
-  return slots;
+  const size_t before = out.size();
+  if (!pool_.allocate_into(n, out)) return false;
+  held_ += static_cast<int64_t>(out.size() - before);
+  return true;
 }
 
 void RadixCache::release(std::span<const int32_t> slots) {

@@ -172,6 +172,8 @@ class RadixCache {
   // Slots for n tokens (rounded up to pages), evicting when the pool is short;
   // nothing when even a full eviction would not make room. The slots are held.
   std::optional<std::vector<int32_t>> allocate(int64_t n);
+  // The same, appended to `out`; false and nothing appended when they cannot be had.
+  bool allocate_into(int64_t n, std::vector<int32_t>& out);
   // Gives held slots back to the pool. Throws basalt::Error (changing nothing)
   // for a slot in the tree, not allocated, or more slots than are held.
   void release(std::span<const int32_t> slots);

@@ -310,10 +310,13 @@ void Scheduler::requeue_preempted() {
 // --- planning -------------------------------------------------------------------
 
 std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates) {
-  std::stable_sort(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
+  const auto before = [](const auto& a, const auto& b) {
     if (a->request.priority != b->request.priority) return a->request.priority > b->request.priority;
     return a->arrival < b->arrival;
-  });
+  };
+  // Usually still in order from the last step (stable_sort would allocate).
+  if (!std::is_sorted(running_.begin(), running_.end(), before))
+    std::stable_sort(running_.begin(), running_.end(), before);
   for (auto* list : {&waiting_, &running_})
     for (auto& r : *list) {
       r->scheduled = false;
@@ -403,6 +406,20 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
   auto plan = std::make_shared<StepPlan>();
   const uint64_t previous = step_in_flight() ? next_step_id_ : 0;
   plan->id = ++next_step_id_;
+  size_t tokens = 0, kv_entries = 0;
+  for (const Request* r : batch) {
+    tokens += static_cast<size_t>(r->step_len);
+    kv_entries += static_cast<size_t>(r->step_start + r->step_len);
+  }
+  plan->token_ids.reserve(tokens);
+  plan->positions.reserve(tokens);
+  plan->out_slots.reserve(tokens);
+  plan->kv_slots.reserve(kv_entries);
+  plan->q_start.reserve(batch.size() + 1);
+  plan->kv_start.reserve(batch.size() + 1);
+  plan->logit_rows.reserve(batch.size());
+  plan->rows.reserve(batch.size());
+  plan->sampled.reserve(batch.size());
   bool any_prefill = false, any_decode = false;
   for (Request* r : batch) {
     const int64_t known = static_cast<int64_t>(r->tokens.size());
@@ -464,9 +481,8 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
 // --- results --------------------------------------------------------------------
 
 bool Scheduler::on_token(Request& r, int32_t token, std::vector<TokenLogprob> logprobs, float logprob,
-                         std::vector<RequestUpdate>& updates) {
+                         Clock::time_point now, std::vector<RequestUpdate>& updates) {
   const SamplingParams& p = r.request.params;
-  const Clock::time_point now = Clock::now();
   if (r.num_output == 0) m_.ttft.observe(seconds(now - r.submitted));
   else m_.inter_token.observe(seconds(now - r.last_token));
   r.last_token = now;
@@ -509,6 +525,9 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
     last_exec_end_.reset();
     throw Error(result.error);
   }
+  // The step's tokens all arrive now.
+  const Clock::time_point now = Clock::now();
+  updates.reserve(updates.size() + plan.sampled.size() + 8);
   for (size_t i = 0; i < plan.sampled.size(); ++i) {
     Request& r = *plan.sampled[i];
     --r.pending;
@@ -516,7 +535,7 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
       ++m_.discarded_tokens;
       continue;
     }
-    on_token(r, result.next[i], std::move(result.logprobs[i]), result.sampled_logprobs[i], updates);
+    on_token(r, result.next[i], std::move(result.logprobs[i]), result.sampled_logprobs[i], now, updates);
   }
   remove_finished();
 }

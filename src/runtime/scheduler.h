@@ -140,7 +140,7 @@ class Scheduler {
   void requeue_preempted();
   // One sampled token; true when the request finished.
   bool on_token(Request& r, int32_t token, std::vector<TokenLogprob> logprobs, float logprob,
-                std::vector<RequestUpdate>& updates);
+                Clock::time_point now, std::vector<RequestUpdate>& updates);
   void end(Request& r, FinishReason reason, std::vector<RequestUpdate>& updates, StopReason stop_reason = {},
            std::string error = {});
   void release_kv(Request& r, bool cache_it);
