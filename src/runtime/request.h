@@ -30,6 +30,7 @@
 #include <variant>
 #include <vector>
 
+#include "runtime/logits_processor.h"
 #include "runtime/radix_cache.h"
 #include "runtime/sampling_params.h"
 
@@ -37,7 +38,6 @@ namespace basalt {
 
 using Clock = std::chrono::steady_clock;
 
-class LogitsProcessor;
 class TokenConstraint;
 
 struct TokenLogprob {
@@ -134,14 +134,14 @@ struct Request {
   int num_output = 0;
   RequestKv kv;
   Usage usage;
-  // Built at intake, then used only by the model runner (apply, append),
-  // which may run a step after the request is gone: hence shared.
-  std::shared_ptr<LogitsProcessor> processor;
+  // Built at intake, then used only by the model runner (apply, append).
+  std::unique_ptr<LogitsProcessor> processor;
 
   bool finished = false;
-  bool preempted = false;  // this step; back to the queue
-  // This step's share: positions [step_start, step_start + step_len).
-  bool scheduled = false;
+  bool preempted = false;  // since its last admission (it waits to be recomputed)
+  // The step being planned takes positions [step_start, step_start +
+  // step_len) when planned_for is that step's id.
+  uint64_t planned_for = 0;
   int64_t step_start = 0;
   int64_t step_len = 0;
   // Launched steps not processed yet: tokens they sample for this request,
@@ -155,6 +155,11 @@ struct Request {
   int64_t target() const { return static_cast<int64_t>(tokens.size()) + pending; }
   int64_t remaining() const { return target() - kv.computed; }
   bool prefilling() const { return kv.computed < prompt_len; }
+  // Known tokens before the last still lack KV (a prompt, or the outputs of a
+  // preempted request being recomputed): that part may go in chunks. The
+  // rest of the target (the last known token and those sampled after it, or
+  // draft tokens to verify) goes in one step.
+  bool catching_up() const { return kv.computed < static_cast<int64_t>(tokens.size()) - 1; }
   std::span<const int32_t> token_span(int64_t n) const {
     return std::span<const int32_t>(tokens.data(), static_cast<size_t>(n));
   }

@@ -75,6 +75,7 @@ std::string Scheduler::invalid(const Request& r) const {
 void Scheduler::add(std::unique_ptr<Request> request, std::vector<RequestUpdate>& updates) {
   Request& r = *request;
   ++m_.requests_submitted;
+  if (r.request.deadline) ++deadlines_;  // end() takes it back, whatever happens
   r.arrival = next_arrival_++;
   r.prompt_len = static_cast<int64_t>(r.request.prompt.size());
   r.usage.prompt_tokens = r.prompt_len;
@@ -83,7 +84,7 @@ void Scheduler::add(std::unique_ptr<Request> request, std::vector<RequestUpdate>
   if (r.request.params.max_tokens == 0) return end(r, FinishReason::kLength, updates);
   try {
     r.tokens = r.request.prompt;
-    r.processor = std::make_shared<LogitsProcessor>(r.request.params, options_.vocab_size, options_.eos_ids,
+    r.processor = std::make_unique<LogitsProcessor>(r.request.params, options_.vocab_size, options_.eos_ids,
                                                     r.request.prompt);
   } catch (const std::exception& e) {
     return end(r, FinishReason::kError, updates, {}, e.what());
@@ -110,6 +111,7 @@ void Scheduler::finish(uint64_t id, FinishReason reason, std::vector<RequestUpda
 }
 
 void Scheduler::expire(Clock::time_point now, std::vector<RequestUpdate>& updates) {
+  if (deadlines_ == 0) return;
   for (auto* list : {&waiting_, &running_})
     for (auto& r : *list)
       if (!r->finished && r->request.deadline && now >= *r->request.deadline)
@@ -138,7 +140,9 @@ void Scheduler::end(Request& r, FinishReason reason, std::vector<RequestUpdate>&
   u.usage = r.usage;
   updates.push_back(std::move(u));
   r.finished = true;
-  r.scheduled = false;
+  r.planned_for = 0;
+  ++finished_unremoved_;
+  if (r.request.deadline) --deadlines_;
 }
 
 // Caching takes the whole pages of the settled KV; the partial last page (and
@@ -155,12 +159,15 @@ int64_t Scheduler::settled_kv(const Request& r) const {
 }
 
 void Scheduler::remove_finished() {
-  for (auto* list : {&waiting_, &running_}) {
-    for (auto& r : *list)  // a step in flight still points at it
-      if (r->finished && in_flight(*r)) retired_.push_back(std::move(r));
-    std::erase_if(*list, [](const auto& r) { return r == nullptr || r->finished; });
+  if (finished_unremoved_ > 0) {
+    for (auto* list : {&waiting_, &running_}) {
+      for (auto& r : *list)  // a step in flight still points at it
+        if (r->finished && in_flight(*r)) retired_.push_back(std::move(r));
+      std::erase_if(*list, [](const auto& r) { return r == nullptr || r->finished; });
+    }
+    finished_unremoved_ = 0;
   }
-  std::erase_if(retired_, [&](const auto& r) { return !in_flight(*r); });
+  if (!retired_.empty()) std::erase_if(retired_, [&](const auto& r) { return !in_flight(*r); });
 }
 
 void Scheduler::fail_all(const std::string& message, std::vector<RequestUpdate>& updates) {
@@ -202,7 +209,7 @@ int64_t Scheduler::reserve_of(const Request& r) const {
 void Scheduler::preempt(Request& r) {
   release_kv(r, /*cache_it=*/false);
   r.preempted = true;
-  r.scheduled = false;
+  r.planned_for = 0;
   ++r.usage.preemptions;
   ++m_.preemptions;
 }
@@ -297,7 +304,7 @@ bool Scheduler::admit(Request& r, int64_t budget) {
   }
   r.step_start = r.kv.computed;
   r.step_len = n;
-  r.scheduled = true;
+  r.planned_for = next_step_id_ + 1;
   return true;
 }
 
@@ -307,27 +314,34 @@ void Scheduler::requeue_preempted() {
   std::erase_if(running_, [](const auto& r) { return r == nullptr; });
 }
 
+// Running requests at the start of a step: in (priority, arrival) order, none
+// preempted (preemption happens while planning, which requeues them).
+
 // --- planning -------------------------------------------------------------------
 
 std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates) {
-  const auto before = [](const auto& a, const auto& b) {
-    if (a->request.priority != b->request.priority) return a->request.priority > b->request.priority;
-    return a->arrival < b->arrival;
-  };
-  // Usually still in order from the last step (stable_sort would allocate).
-  if (!std::is_sorted(running_.begin(), running_.end(), before))
-    std::stable_sort(running_.begin(), running_.end(), before);
-  for (auto* list : {&waiting_, &running_})
-    for (auto& r : *list) {
-      r->scheduled = false;
-      r->preempted = false;
-    }
+  if (running_unsorted_) {
+    std::stable_sort(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
+      if (a->request.priority != b->request.priority) return a->request.priority > b->request.priority;
+      return a->arrival < b->arrival;
+    });
+    running_unsorted_ = false;
+  }
+  const uint64_t step = next_step_id_ + 1;
   int64_t budget = options_.step_token_budget;
   const uint64_t preemptions_before = m_.preemptions;
-  // 1. Requests past their prompt take all they need, preempting for memory.
+  prefill_candidates_.clear();
+  // 1. Requests whose known tokens have KV take the rest of their target in
+  //    one go (a decode token), preempting for memory; those catching up
+  //    (prefill, or recomputing after preemption) wait for what the budget
+  //    leaves.
   for (size_t i = 0; i < running_.size(); ++i) {
     Request& r = *running_[i];
-    if (r.preempted || r.finished || r.prefilling() || r.remaining() < 1 || samples_its_last(r)) continue;
+    if (r.preempted || r.finished || r.remaining() < 1 || samples_its_last(r)) continue;
+    if (r.catching_up()) {
+      prefill_candidates_.push_back(&r);
+      continue;
+    }
     const int64_t n = r.remaining();
     bool ok = false;
     while (!r.preempted) {
@@ -342,28 +356,29 @@ std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates)
     if (ok) {
       r.step_start = r.kv.computed;
       r.step_len = n;
-      r.scheduled = true;
+      r.planned_for = step;
       budget -= n;
     } else if (!r.preempted) {
       end(r, FinishReason::kError, updates, {}, "no KV slot for a lone request");
     }
   }
-  // 2. Prefill chunks of running requests, as far as budget and memory go.
-  for (auto& rp : running_) {
+  // 2. Chunks for those catching up, as far as budget and memory go.
+  for (Request* rp : prefill_candidates_) {
     Request& r = *rp;
-    if (r.preempted || r.scheduled || r.finished || budget <= 0 || samples_its_last(r) || r.remaining() < 1)
-      continue;
+    if (budget <= 0) break;
+    if (r.preempted || r.finished) continue;
     const int64_t avail = kv_.available() + (static_cast<int64_t>(r.kv.slots.size()) - r.kv.computed);
     const int64_t n = std::min({r.remaining(), budget, avail});
     if (n <= 0 || !kv_.allocate(r.kv, n)) continue;
     r.step_start = r.kv.computed;
     r.step_len = n;
-    r.scheduled = true;
+    r.planned_for = step;
     budget -= n;
   }
-  requeue_preempted();
+  const bool preempted_now = m_.preemptions != preemptions_before;
+  if (preempted_now) requeue_preempted();
   // 3. Admission, unless memory ran out in this step (running requests first).
-  const bool memory_short = m_.preemptions != preemptions_before && !running_.empty();
+  const bool memory_short = preempted_now && !running_.empty();
   if (!memory_short && budget > 0 && static_cast<int>(running_.size()) < options_.max_running && !waiting_.empty()) {
     std::vector<const Request*> admitted_now;
     for (Request* r : admission_order()) {
@@ -383,14 +398,15 @@ std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates)
       auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& p) { return p.get() == r; });
       running_.push_back(std::move(*it));
       waiting_.erase(it);
+      running_unsorted_ = true;
     }
   }
   std::vector<Request*> batch;
+  batch.reserve(running_.size());
   for (auto& r : running_)
-    if (r->scheduled && !r->finished) batch.push_back(r.get());
-  const bool progress_in_flight =
-      std::any_of(running_.begin(), running_.end(), [&](const auto& r) { return in_flight(*r); });
-  if (batch.empty() && !running_.empty() && !progress_in_flight) {
+    if (r->planned_for == step && !r->finished) batch.push_back(r.get());
+  if (batch.empty() && !running_.empty() &&
+      std::none_of(running_.begin(), running_.end(), [&](const auto& r) { return in_flight(*r); })) {
     // Partial prefills hold memory that none of them can extend: make room.
     if (Request* victim = pick_victim()) preempt(*victim);
     requeue_preempted();
@@ -444,35 +460,30 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
     plan->kv_start.push_back(static_cast<int32_t>(plan->kv_slots.size()));
     const bool samples = end_pos == r->target();
     (r->step_len == 1 && samples ? any_decode : any_prefill) = true;
-    if (samples) {
-      plan->logit_rows.push_back(static_cast<int32_t>(plan->token_ids.size()) - 1);
-      plan->sampled.push_back(r);
-      const SamplingParams& p = r->request.params;
-      plan->rows.push_back(StepPlan::SampleRow{r->processor, r->request.constraint,
-                                               p.row(r->seed, static_cast<uint64_t>(r->num_output + r->pending)),
-                                               p.logprobs, p.logprobs > 0 || p.sampled_logprob});
-    }
     if (r->step_start < r->prompt_len)
       m_.prefill_tokens += static_cast<uint64_t>(std::min(end_pos, r->prompt_len) - r->step_start);
-  }
-  plan->mode = any_prefill ? (any_decode ? ForwardMode::kMixed : ForwardMode::kExtend) : ForwardMode::kDecode;
-  // The model wants at least one logits row; an all-prefill step computes one it ignores.
-  if (plan->logit_rows.empty()) plan->logit_rows.push_back(static_cast<int32_t>(plan->token_ids.size()) - 1);
-
-  // The step's KV counts as written from now on: steps run in order, so any
-  // later step that reads it (a decode, or a request matching a prefill chunk
-  // in the cache) runs after this one wrote it.
-  for (Request* r : batch) {
-    const bool prefill = r->step_start < static_cast<int64_t>(r->tokens.size()) - 1;
+    // The step's KV counts as written from now on: steps run in order, so any
+    // later step that reads it (a decode, or a request matching a prefill
+    // chunk in the cache) runs after this one wrote it.
+    const bool prefill = r->step_start < known - 1;
     kv_.advance(r->kv, r->step_len);
     r->inflight_len = r->step_len;
     r->last_step = plan->id;
     if (prefill) kv_.commit(r->kv, r->request.cache_namespace, r->tokens);
+    if (samples) {
+      plan->logit_rows.push_back(static_cast<int32_t>(plan->token_ids.size()) - 1);
+      const SamplingParams& p = r->request.params;
+      plan->rows.push_back(StepPlan::SampleRow{r->processor.get(), r->request.constraint.get(),
+                                               p.row(r->seed, static_cast<uint64_t>(r->num_output + r->pending)),
+                                               p.logprobs, p.logprobs > 0 || p.sampled_logprob});
+      r->pending_row = static_cast<int>(plan->sampled.size());
+      ++r->pending;
+      plan->sampled.push_back(r);
+    }
   }
-  for (size_t i = 0; i < plan->sampled.size(); ++i) {
-    ++plan->sampled[i]->pending;
-    plan->sampled[i]->pending_row = static_cast<int>(i);
-  }
+  plan->mode = any_prefill ? (any_decode ? ForwardMode::kMixed : ForwardMode::kExtend) : ForwardMode::kDecode;
+  // The model wants at least one logits row; an all-prefill step computes one it ignores.
+  if (plan->logit_rows.empty()) plan->logit_rows.push_back(static_cast<int32_t>(plan->token_ids.size()) - 1);
   plan->requests = std::move(batch);
   in_flight_step_ = plan->id;
   return plan;

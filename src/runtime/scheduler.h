@@ -18,12 +18,13 @@
 //
 // Each step brings every running request's computed tokens toward its
 // target (request.h), within a per-step token budget:
-//  1. requests past their prompt (decoding: one token, or a token and its
-//     drafts) take what they need, preempting the lowest-priority, latest
-//     running request when no KV slot is left;
-//  2. requests still prefilling take a chunk of what the budget and memory
-//     leave (chunked prefill; each chunk's whole pages enter the radix cache
-//     as soon as it is launched);
+//  1. requests whose known tokens all have KV (decoding: one token, later a
+//     token and its drafts) take what they need, preempting the
+//     lowest-priority, latest running request when no KV slot is left;
+//  2. requests catching up (a prompt, or outputs recomputed after a
+//     preemption) take a chunk of what the budget and memory leave (chunked
+//     prefill; each chunk's whole pages enter the radix cache as soon as it
+//     is launched);
 //  3. queued requests are admitted while the budget, max_running and memory
 //     allow (unless this step preempted): highest priority first, then
 //     longest cached prefix (FCFS past lpm_max_queue waiting), each needing
@@ -157,6 +158,11 @@ class Scheduler {
   uint64_t processed_step_ = 0;  // every step up to this id has been updated
   uint64_t in_flight_step_ = 0;  // the latest launched step while not updated (0: none)
   std::optional<Clock::time_point> last_exec_end_;
+  // Bookkeeping that spares a pass over every request per step.
+  bool running_unsorted_ = false;   // an admission may have broken (priority, arrival) order
+  int64_t finished_unremoved_ = 0;  // finished requests still in waiting_ or running_
+  int64_t deadlines_ = 0;           // live requests with a deadline
+  std::vector<Request*> prefill_candidates_;
   EngineMetrics m_;
 };
 

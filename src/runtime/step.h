@@ -44,10 +44,12 @@ struct StepPlan {
   // Hidden states of these rows are wanted back (draft heads read them).
   bool capture_hidden = false;
 
-  // One per sampled logits row, in order.
+  // One per sampled logits row, in order. The processor and constraint are
+  // the request's, which outlives every plan that names it (a finished
+  // request is kept until its last launched step is updated).
   struct SampleRow {
-    std::shared_ptr<LogitsProcessor> processor;
-    std::shared_ptr<TokenConstraint> constraint;  // may be null
+    LogitsProcessor* processor = nullptr;
+    TokenConstraint* constraint = nullptr;  // may be null
     SamplingRow sampling;
     int logprobs = 0;
     bool sampled_logprob = false;  // report the drawn token's logprob
