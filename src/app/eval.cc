@@ -160,10 +160,10 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
                  "--compare-model: the vocabularies differ ({} and {} entries)", config.vocab_size,
                  reference->config().vocab_size);
   }
-  DeepseekModel* mtp_model = nullptr;
+  DraftHead* mtp_model = nullptr;
   if (f.mtp) {
-    mtp_model = dynamic_cast<DeepseekModel*>(model.get());
-    BASALT_CHECK(mtp_model != nullptr && mtp_model->has_mtp(),
+    mtp_model = model->draft_head();
+    BASALT_CHECK(mtp_model != nullptr,
                  "--mtp: {} has no multi-token-prediction layer", f.model);
   }
   int64_t max_context = config.max_position_embeddings;
@@ -184,7 +184,7 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
   const int64_t n = static_cast<int64_t>(ids.size()), vocab = config.vocab_size;
   KvBuffers kv = model->allocate_kv(context);
   KvBuffers reference_kv = compare ? reference->allocate_kv(context) : KvBuffers{};
-  KvBuffers mtp_kv = mtp_model != nullptr ? mtp_model->allocate_mtp_kv(context) : KvBuffers{};
+  KvBuffers mtp_kv = mtp_model != nullptr ? mtp_model->allocate_kv(context) : KvBuffers{};
   double nll_sum = 0, reference_nll_sum = 0, kl_sum = 0;
   int64_t scored = 0, forwarded = 0, top1_hits = 0, agreements = 0, mtp_hits = 0, mtp_scored = 0;
   std::vector<double> lp, lp_reference;
@@ -199,7 +199,7 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
     const auto t0 = std::chrono::steady_clock::now();
     if (mtp_model != nullptr) {
       hidden = backend.empty({len, config.hidden_size}, DType::kF32);
-      mtp_model->forward_with_hidden(batch, kv, logits, hidden);
+      model->forward(batch, kv, logits, &hidden);
     } else {
       model->forward(batch, kv, logits);
     }
@@ -244,8 +244,8 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
       const std::span<const int32_t> next(ids.data() + start + 1, static_cast<size_t>(mtp_rows));
       Tensor mtp_logits = backend.empty({mtp_rows, vocab}, DType::kF32);
       Tensor mtp_host = Tensor::empty({mtp_rows, vocab}, DType::kF32);
-      mtp_model->forward_mtp(single_sequence_batch(next, 0, /*all_logits=*/true), hidden.rows(0, mtp_rows),
-                             mtp_kv, mtp_logits);
+      mtp_model->forward(single_sequence_batch(next, 0, /*all_logits=*/true), hidden.rows(0, mtp_rows), mtp_kv,
+                         mtp_logits);
       backend.copy(mtp_logits, mtp_host);
       for (int64_t i = 0; i < mtp_rows; ++i)
         mtp_hits += argmax(mtp_host.data<float>() + i * vocab, vocab) == ids[static_cast<size_t>(start + i + 2)];

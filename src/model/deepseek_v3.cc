@@ -115,7 +115,6 @@ class DeepseekModelImpl final : public DeepseekModel {
 
   const ModelConfig& config() const override { return config_; }
   void set_mla_form(MlaForm form) override { form_ = form; }
-  bool has_mtp() const override { return mtp_ != nullptr; }
 
   size_t kv_bytes_per_slot(DType dtype) const override {
     return static_cast<size_t>(config_.num_layers * latent_width()) * dtype_size(dtype);
@@ -124,22 +123,33 @@ class DeepseekModelImpl final : public DeepseekModel {
   KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override {
     return allocate(num_slots, dtype, config_.num_layers);
   }
-  KvBuffers allocate_mtp_kv(int64_t num_slots, DType dtype) const override {
-    return allocate(num_slots, dtype, 1);
-  }
-
   // Each forward first puts the batch on the backend's device (a no-op when
   // it is there already, as in a replayed CUDA graph's static inputs).
-  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits) override {
-    run(on_backend(batch, backend_), kv, logits, nullptr);
-  }
-  void forward_with_hidden(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits,
-                           Tensor& hidden) override {
-    run(on_backend(batch, backend_), kv, logits, &hidden);
+  using Model::forward;
+  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override {
+    run(on_backend(batch, backend_), kv, logits, hidden);
   }
 
-  void forward_mtp(const ForwardBatch& host_batch, const Tensor& hidden, KvBuffers& kv,
-                   Tensor& logits) override {
+  DraftHead* draft_head() override { return mtp_ ? &mtp_head_ : nullptr; }
+
+  // The MTP layer as a DraftHead (see deepseek_v3.h).
+  class MtpHead : public DraftHead {
+   public:
+    explicit MtpHead(DeepseekModelImpl& model) : model_(model) {}
+    KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override {
+      return model_.allocate(num_slots, dtype, 1);
+    }
+    void forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
+                 Tensor* hidden_out) override {
+      model_.forward_mtp(batch, hidden, kv, logits, hidden_out);
+    }
+
+   private:
+    DeepseekModelImpl& model_;
+  };
+
+  void forward_mtp(const ForwardBatch& host_batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
+                   Tensor* hidden_out) {
     BASALT_CHECK(mtp_ != nullptr, "{}: the checkpoint has no MTP layer", ckpt_dir());
     const ForwardBatch batch = on_backend(host_batch, backend_);
     const int64_t T = batch.num_tokens(), H = config_.hidden_size;
@@ -162,6 +172,11 @@ class DeepseekModelImpl final : public DeepseekModel {
     Steps steps(*this, batch);
     run_layer(mtp_->layer, residual, x, block_out, batch, kv.k[0], /*first=*/true, steps);
     b.add_rms_norm(residual, block_out, mtp_->head_norm, eps, x);
+    if (hidden_out != nullptr) {
+      BASALT_CHECK(hidden_out->rank() == 2 && hidden_out->dim(0) == T && hidden_out->dim(1) == H,
+                   "forward_mtp: hidden_out must be f32 [{}, {}], got {}", T, H, hidden_out->describe());
+      b.copy(residual, *hidden_out);  // the block's output before shared_head.norm
+    }
     project(batch, x, mtp_->head, logits);
   }
 
@@ -518,6 +533,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
   std::vector<Layer> layers_;
   std::unique_ptr<Mtp> mtp_;
+  MtpHead mtp_head_{*this};
   RopeParams rope_q_, rope_k_;
   Tensor step_zeros_, step_ones_, step_iota_;  // reserve_step_constants
   std::vector<Tensor> retired_step_constants_;

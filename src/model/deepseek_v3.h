@@ -37,8 +37,15 @@
 //    Embedding, lm_head, norms and the router stay as published.
 //  * The multi-token-prediction layer (model.layers.<num_hidden_layers>.*:
 //    enorm, hnorm, eh_proj, a full decoder block, shared_head.norm and
-//    shared_head.head, embed_tokens) is loaded when present and run by
-//    forward_mtp; plain generation does not use it.
+//    shared_head.head, embed_tokens) is loaded when present and is the
+//    model's draft_head() (model/draft_head.h): it computes
+//      h = eh_proj([enorm(embed(token)) | hnorm(hidden)]),
+//    runs its decoder block with its own one-layer latent cache, then
+//    shared_head.norm and shared_head.head. This is vLLM's deepseek_mtp
+//    order (embedding first in the concatenation, the main model's normed
+//    final hidden state as vLLM and SGLang pass it); vLLM also zeroes the
+//    embedding of a token at position 0, which is not done here. Plain
+//    generation does not use it.
 #pragma once
 
 #include <memory>
@@ -60,29 +67,6 @@ class DeepseekModel : public Model {
  public:
   virtual void set_mla_form(MlaForm form) = 0;
 
-  // Like forward, and also writes the final hidden state (after model.norm,
-  // the input of lm_head) of every batch token to hidden f32 [T, hidden_size]:
-  // what the MTP layer takes as its previous hidden state.
-  virtual void forward_with_hidden(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits,
-                                   Tensor& hidden) = 0;
-
-  virtual bool has_mtp() const = 0;
-  // KV storage for the MTP layer (one latent cache).
-  virtual KvBuffers allocate_mtp_kv(int64_t num_slots, DType dtype = DType::kF32) const = 0;
-  // The MTP module: token i of the batch is the token that follows the main
-  // model's token at the same position, and hidden f32 [T, hidden_size] holds
-  // the main model's final hidden state (as forward_with_hidden gives it) at
-  // that position. Computes
-  //   h = eh_proj([enorm(embed(token)) | hnorm(hidden)]),
-  // runs the MTP decoder block at batch.positions with its own cache `kv`,
-  // then shared_head.norm and shared_head.head: logits f32 [L, vocab] for
-  // batch.logit_rows, predicting the token after `token`. Throws when the
-  // checkpoint has no MTP layer. This is vLLM's deepseek_mtp order (embedding
-  // first in the concatenation, the main model's normed final hidden state as
-  // vLLM and SGLang pass it); vLLM also zeroes the embedding of a token at
-  // position 0, which is not done here.
-  virtual void forward_mtp(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv,
-                           Tensor& logits) = 0;
 };
 
 std::unique_ptr<DeepseekModel> load_deepseek_model(const ModelConfig& config,

@@ -136,7 +136,8 @@ TEST_P(DeepseekMtp, MtpLogitsMatchReference) {
   CpuBackend backend;
   auto model = load_model(dir, backend);
   DeepseekModel& ds = as_deepseek(*model);
-  ASSERT_TRUE(ds.has_mtp());
+  DraftHead* mtp = ds.draft_head();
+  ASSERT_NE(mtp, nullptr);
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
   const Tensor ids = ref.tensor("mtp.ids"), next = ref.tensor("mtp.next_ids");
   const Tensor ref_hidden = ref.tensor("mtp.hidden"), ref_logits = ref.tensor("mtp.logits");
@@ -144,21 +145,29 @@ TEST_P(DeepseekMtp, MtpLogitsMatchReference) {
 
   KvBuffers kv = model->allocate_kv(n);
   Tensor logits = Tensor::empty({n, V}, DType::kF32), hidden = Tensor::empty({n, H}, DType::kF32);
-  ds.forward_with_hidden(single_sequence_batch(ids_of(ids), 0, true), kv, logits, hidden);
+  ds.forward(single_sequence_batch(ids_of(ids), 0, true), kv, logits, &hidden);
   EXPECT_LT(relative_error(hidden, ref_hidden), 1e-4);
 
   // The MTP step: token i + 1 with the main hidden state at position i.
-  KvBuffers mtp_kv = ds.allocate_mtp_kv(n);
+  KvBuffers mtp_kv = mtp->allocate_kv(n);
   Tensor mtp_logits = Tensor::empty({n, V}, DType::kF32);
-  ds.forward_mtp(single_sequence_batch(ids_of(next), 0, true), hidden, mtp_kv, mtp_logits);
+  mtp->forward(single_sequence_batch(ids_of(next), 0, true), hidden, mtp_kv, mtp_logits);
   EXPECT_LT(relative_error(mtp_logits, ref_logits), 1e-4);
 
+  // Asked for its hidden state too, the head gives the same logits.
+  KvBuffers again_kv = mtp->allocate_kv(n);
+  Tensor again_logits = Tensor::empty({n, V}, DType::kF32);
+  Tensor mtp_hidden = Tensor::empty({n, model->config().hidden_size}, DType::kF32);
+  mtp->forward(single_sequence_batch(ids_of(next), 0, true), hidden, again_kv, again_logits, &mtp_hidden);
+  for (int64_t i = 0; i < again_logits.numel(); ++i) ASSERT_EQ(again_logits.data<float>()[i], mtp_logits.data<float>()[i]);
+  for (int64_t i = 0; i < mtp_hidden.numel(); ++i) ASSERT_TRUE(std::isfinite(mtp_hidden.data<float>()[i]));
+
   // Decoding the MTP layer token by token through its cache gives the same.
-  KvBuffers step_kv = ds.allocate_mtp_kv(n);
+  KvBuffers step_kv = mtp->allocate_kv(n);
   Tensor step_logits = Tensor::empty({1, V}, DType::kF32);
   for (int64_t i = 0; i < n; ++i) {
     const Tensor h = hidden.rows(i, 1);
-    ds.forward_mtp(single_sequence_batch(ids_of(next).subspan(static_cast<size_t>(i), 1), i), h,
+    mtp->forward(single_sequence_batch(ids_of(next).subspan(static_cast<size_t>(i), 1), i), h,
                    step_kv, step_logits);
     const Tensor want = ref_logits.rows(i, 1);
     EXPECT_LT(relative_error(step_logits, want), 1e-4) << "position " << i;
@@ -183,7 +192,7 @@ TEST(DeepseekModel, SummaryAndKvLayout) {
   EXPECT_EQ(kv.v[0].raw(), nullptr);
 
   auto lite = load_model(kModels + "deepseek_v2_lite", backend);
-  EXPECT_FALSE(as_deepseek(*lite).has_mtp());
+  EXPECT_EQ(lite->draft_head(), nullptr);
   EXPECT_NE(lite->summary().find("q_lora_rank none"), std::string::npos) << lite->summary();
 }
 
@@ -467,7 +476,7 @@ TEST(DeepseekModel, LoadsWithoutTheMtpLayer) {
   m.write_config(j);
   CpuBackend backend;
   auto model = load_model(m.dir(), backend);
-  EXPECT_FALSE(as_deepseek(*model).has_mtp());
+  EXPECT_EQ(model->draft_head(), nullptr);
   EXPECT_NE(model->summary().find("no MTP layer"), std::string::npos);
 }
 

@@ -115,7 +115,8 @@ class DenseModel final : public Model {
     return kv;
   }
 
-  void forward(const ForwardBatch& host_batch, KvBuffers& kv, Tensor& logits) override {
+  using Model::forward;
+  void forward(const ForwardBatch& host_batch, KvBuffers& kv, Tensor& logits, Tensor* hidden_out) override {
     const ForwardBatch batch = on_backend(host_batch, backend_);
     const ModelConfig& c = config_;
     const int64_t T = batch.num_tokens();
@@ -165,11 +166,21 @@ class DenseModel final : public Model {
       b.silu_and_mul(gate_up, act);
       b.linear(act, w.down_proj, opt(w.down_bias), block_out);
     }
-    b.add_rms_norm(residual, block_out, final_norm_, eps, hidden);
-
     const int64_t L = batch.logit_rows.numel();
     BASALT_CHECK(logits.rank() == 2 && logits.dim(0) == L && logits.dim(1) == c.vocab_size,
                  "forward: logits must be f32 [{}, {}], got {}", L, c.vocab_size, logits.describe());
+    if (hidden_out != nullptr) {
+      // The final hidden states go out in f32; lm_head reads the same rows.
+      BASALT_CHECK(hidden_out->dtype() == DType::kF32 && hidden_out->rank() == 2 && hidden_out->dim(0) == T &&
+                       hidden_out->dim(1) == H,
+                   "forward: hidden must be f32 [{}, {}], got {}", T, H, hidden_out->describe());
+      b.add_rms_norm(residual, block_out, final_norm_, eps, *hidden_out);
+      Tensor selected = b.empty({L, H}, DType::kF32);
+      b.embedding(batch.logit_rows, *hidden_out, selected);
+      b.linear(selected, lm_head_, nullptr, logits);
+      return;
+    }
+    b.add_rms_norm(residual, block_out, final_norm_, eps, hidden);
     Tensor selected = b.empty({L, H}, act_dtype);
     b.embedding(batch.logit_rows, hidden, selected);  // gathers the wanted rows
     b.linear(selected, lm_head_, nullptr, logits);

@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "runtime/generator.h"
@@ -88,6 +89,38 @@ TEST(DenseModel, ChunkedPrefillEqualsOneShot) {
   }
   for (int64_t i = 0; i < vocab; ++i)
     EXPECT_NEAR(a.data<float>()[i], b.data<float>()[i], 1e-4) << i;
+}
+
+// Asked for them, forward also gives every token's final hidden state (after
+// the final norm), and the logits are lm_head of those rows, unchanged.
+TEST(DenseModel, ForwardGivesTheFinalHiddenStatesOnRequest) {
+  CpuBackend backend;
+  for (const char* name : {"llama", "qwen2"}) {
+    SCOPED_TRACE(name);
+    auto model = load_model(kModels + name, backend);
+    const ModelConfig& c = model->config();
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 9; ++i) prompt.push_back((i * 53 + 7) % 320);
+    const ForwardBatch batch = single_sequence_batch(prompt, 0, /*all_logits=*/true);
+    KvBuffers kv_a = model->allocate_kv(9), kv_b = model->allocate_kv(9);
+    Tensor plain = Tensor::empty({9, c.vocab_size}, DType::kF32);
+    Tensor with_hidden = Tensor::empty({9, c.vocab_size}, DType::kF32);
+    Tensor hidden = Tensor::empty({9, c.hidden_size}, DType::kF32);
+    model->forward(batch, kv_a, plain);
+    model->forward(batch, kv_b, with_hidden, &hidden);
+    for (int64_t i = 0; i < plain.numel(); ++i) ASSERT_EQ(plain.data<float>()[i], with_hidden.data<float>()[i]);
+    // logits[t, v] = hidden[t, :] . lm_head[v, :] (the head is the embedding when tied).
+    const Checkpoint ckpt = Checkpoint::open(kModels + name);
+    const Tensor head = (ckpt.has("lm_head.weight") ? ckpt.get("lm_head.weight") : ckpt.get("model.embed_tokens.weight")).to_f32();
+    for (int64_t t = 0; t < 9; t += 4)
+      for (int64_t v = 0; v < c.vocab_size; v += 37) {
+        double dot = 0;
+        for (int64_t h = 0; h < c.hidden_size; ++h)
+          dot += static_cast<double>(hidden.data<float>()[t * c.hidden_size + h]) *
+                 head.data<float>()[v * c.hidden_size + h];
+        EXPECT_NEAR(plain.data<float>()[t * c.vocab_size + v], dot, 1e-3) << t << " " << v;
+      }
+  }
 }
 
 TEST(DenseModel, RejectsShapeMismatchNamingTheTensor) {

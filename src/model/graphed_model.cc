@@ -35,10 +35,14 @@ class GraphedModel final : public Model {
   size_t kv_bytes_per_slot(DType dtype) const override { return model_->kv_bytes_per_slot(dtype); }
   std::string summary() const override { return model_->summary(); }
 
-  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits) override {
-    if (!recordable(batch, kv)) {
+  DraftHead* draft_head() override { return model_->draft_head(); }
+
+  using Model::forward;
+  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override {
+    // Hidden states are not part of the recordings: such steps run directly.
+    if (hidden != nullptr || !recordable(batch, kv)) {
       ++stats_.direct;
-      model_->forward(batch, kv, logits);
+      model_->forward(batch, kv, logits, hidden);
       return;
     }
     const int64_t t = batch.num_tokens();

@@ -7,7 +7,10 @@
 // buffers, a tied head, extra MTP layers), and moves the weights to the
 // backend. forward() runs one ForwardBatch: it writes the new tokens' keys and
 // values into `kv` at batch.out_slots and returns f32 logits for
-// batch.logit_rows. A Model is used by one thread at a time; it holds no
+// batch.logit_rows, and, when `hidden` is given, the final hidden state of
+// every batch token (after the final norm: what lm_head reads, and what draft
+// heads take). draft_head() is the checkpoint's own draft model (DeepSeek's
+// MTP layer), or null. A Model is used by one thread at a time; it holds no
 // per-request state (that lives in the KV slots the caller manages).
 #pragma once
 
@@ -18,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/draft_head.h"
 #include "model/forward_batch.h"
 
 namespace basalt {
@@ -41,8 +45,12 @@ class Model {
   virtual KvBuffers allocate_kv(int64_t num_slots, DType dtype = DType::kF32) const = 0;
   // Bytes of KV storage one token slot takes across all layers.
   virtual size_t kv_bytes_per_slot(DType dtype) const = 0;
-  // logits: f32 [batch.logit_rows.numel(), vocab_size], allocated by the caller.
-  virtual void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits) = 0;
+  // logits: f32 [batch.logit_rows.numel(), vocab_size]; hidden (optional):
+  // f32 [batch.num_tokens(), hidden_size]; both allocated by the caller.
+  virtual void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) = 0;
+  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits) { forward(batch, kv, logits, nullptr); }
+  // The checkpoint's draft model, if it has one (it lives as long as the model).
+  virtual DraftHead* draft_head() { return nullptr; }
   // Called by a serving engine once its KV storage exists, before its first
   // step: a model may do one-time work against that storage here (a
   // GraphedModel records its decode graphs). The default does nothing.
