@@ -183,11 +183,33 @@ inline float apply_logit_edit(float x, const LogitEdit& e) {
 // The largest k that Backend::top_k_rows supports.
 inline constexpr int kMaxTopKRows = 64;
 
+// The ops of the Backend interface, for Backend::supports and for tests that
+// run every op of every backend.
+enum class BackendOp : uint8_t {
+  kEmbedding, kLinear, kRmsNorm, kAddRmsNorm, kRope, kStoreKv, kQkvRopeStore, kAttention, kSiluAndMul, kAdd,
+  kSoftmax, kLogSoftmax, kArgmax, kSample, kAdjustLogits, kApplyTokenBitmask, kTopKRows, kGatherRows,
+  kLinearFp8Block, kMoeRoute, kMoeExperts, kMlaStoreKv, kMlaAttention, kMlaExpandKv, kConcatColumns,
+  kCount  // not an op
+};
+const char* to_string(BackendOp op);
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
   virtual Device device() const = 0;
+  // Which device of its kind (the GPU's index; 0 for the CPU).
+  virtual int ordinal() const { return 0; }
+  // Makes this backend's device current on the calling thread (a GPU
+  // backend's ops run on the thread's current device). Cheap; a thread that
+  // drives a backend calls it before its ops.
+  virtual void make_current() {}
+  // Whether the backend implements the op (calling one it does not throws
+  // basalt::Error). The CPU and CUDA backends implement every op.
+  virtual bool supports(BackendOp op) const {
+    (void)op;
+    return true;
+  }
 
   // Memory on this backend's device.
   virtual Tensor empty(Shape shape, DType dtype) = 0;

@@ -555,3 +555,39 @@ void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
 }
 
 }  // namespace basalt::reference
+
+namespace basalt {
+
+const char* to_string(BackendOp op) {
+  switch (op) {
+    case BackendOp::kEmbedding: return "embedding";
+    case BackendOp::kLinear: return "linear";
+    case BackendOp::kRmsNorm: return "rms_norm";
+    case BackendOp::kAddRmsNorm: return "add_rms_norm";
+    case BackendOp::kRope: return "rope";
+    case BackendOp::kStoreKv: return "store_kv";
+    case BackendOp::kQkvRopeStore: return "qkv_rope_store";
+    case BackendOp::kAttention: return "attention";
+    case BackendOp::kSiluAndMul: return "silu_and_mul";
+    case BackendOp::kAdd: return "add";
+    case BackendOp::kSoftmax: return "softmax";
+    case BackendOp::kLogSoftmax: return "log_softmax";
+    case BackendOp::kArgmax: return "argmax";
+    case BackendOp::kSample: return "sample";
+    case BackendOp::kAdjustLogits: return "adjust_logits";
+    case BackendOp::kApplyTokenBitmask: return "apply_token_bitmask";
+    case BackendOp::kTopKRows: return "top_k_rows";
+    case BackendOp::kGatherRows: return "gather_rows";
+    case BackendOp::kLinearFp8Block: return "linear_fp8_block";
+    case BackendOp::kMoeRoute: return "moe_route";
+    case BackendOp::kMoeExperts: return "moe_experts";
+    case BackendOp::kMlaStoreKv: return "mla_store_kv";
+    case BackendOp::kMlaAttention: return "mla_attention";
+    case BackendOp::kMlaExpandKv: return "mla_expand_kv";
+    case BackendOp::kConcatColumns: return "concat_columns";
+    case BackendOp::kCount: break;
+  }
+  return "?";
+}
+
+}  // namespace basalt

@@ -40,6 +40,7 @@ LocalModelRunner::LocalModelRunner(Model& model, Backend& backend, int64_t kv_sl
 }
 
 void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
+  backend_.make_current();  // the pipeline's thread drives the device too
   const ForwardBatch fb = forward_batch_of(plan);
   const auto L = static_cast<int64_t>(plan.logit_rows.size());
   const size_t R = plan.rows.size();

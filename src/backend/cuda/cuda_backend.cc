@@ -112,8 +112,12 @@ std::vector<OpTime> CudaBackend::profile() {
   return profiler_ ? profiler_->collect(stream_) : std::vector<OpTime>{};
 }
 
-CudaBackend::CudaBackend() {
+CudaBackend::CudaBackend(int ordinal) : ordinal_(ordinal) {
   BASALT_CHECK(cuda_available(), "no CUDA device is available");
+  int count = 0;
+  BASALT_CUDA_CHECK(cudaGetDeviceCount(&count));
+  BASALT_CHECK(ordinal >= 0 && ordinal < count, "CUDA device {} does not exist ({} present)", ordinal, count);
+  BASALT_CUDA_CHECK(cudaSetDevice(ordinal));
   // A blocking stream: work on the legacy default stream (plain cudaMemcpy in
   // tools and tests) stays ordered with it, so cached blocks are safe to reuse.
   BASALT_CUDA_CHECK(cudaStreamCreate(&stream_));
@@ -128,6 +132,12 @@ CudaBackend::~CudaBackend() {
     (void)cudaStreamSynchronize(stream_);
     (void)cudaStreamDestroy(stream_);
   }
+}
+
+void CudaBackend::make_current() {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == ordinal_) return;
+  BASALT_CUDA_CHECK(cudaSetDevice(ordinal_));
 }
 
 void CudaBackend::synchronize() { BASALT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }

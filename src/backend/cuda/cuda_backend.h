@@ -77,12 +77,15 @@ struct OpTime {
 
 class CudaBackend final : public Backend {
  public:
-  // Uses the current CUDA device; throws basalt::Error when there is none.
-  CudaBackend();
+  // Runs on GPU `ordinal` (made current on the constructing thread); throws
+  // basalt::Error when there is no such device.
+  explicit CudaBackend(int ordinal = 0);
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return Device::kCuda; }
+  int ordinal() const override { return ordinal_; }
+  void make_current() override;
   cudaStream_t stream() const { return stream_; }
   void synchronize();
 
@@ -143,6 +146,7 @@ class CudaBackend final : public Backend {
  private:
   class Profiler;
   friend class OpScope;
+  int ordinal_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CublasLt> blas_;
   std::unique_ptr<CudaFp8Linear> fp8_;

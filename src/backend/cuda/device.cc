@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/error.h"
 
 namespace basalt {
 
@@ -29,9 +30,21 @@ namespace {
 // events before reuse.)
 class BlockCache {
  public:
-  static BlockCache& instance() {
-    static BlockCache* cache = new BlockCache();  // never destroyed: tensors may outlive statics
-    return *cache;
+  // One cache per GPU: a block goes back to the cache of the device it was
+  // allocated on, whichever thread frees it.
+  static constexpr int kMaxDevices = 64;
+  static BlockCache& of(int device) {
+    static std::mutex mu;
+    static BlockCache* caches[kMaxDevices] = {};  // never destroyed: tensors may outlive statics
+    BASALT_CHECK(device >= 0 && device < kMaxDevices, "CUDA device {} out of range", device);
+    std::lock_guard<std::mutex> lock(mu);
+    if (caches[device] == nullptr) caches[device] = new BlockCache();
+    return *caches[device];
+  }
+  static int current_device() {
+    int device = 0;
+    BASALT_CUDA_CHECK(cudaGetDevice(&device));
+    return device;
   }
 
   // pool 0 is the general cache; pool 1 holds the blocks of recorded graphs
@@ -94,12 +107,13 @@ Tensor cuda_empty(Shape shape, DType dtype) {
   if (bytes == 0) return Tensor::wrap(nullptr, std::move(shape), dtype, nullptr, Device::kCuda);
   const size_t size = rounded(bytes);
   const int pool = t_pool;
-  void* data = BlockCache::instance().take(size, pool);
-  std::shared_ptr<void> owner(data, [size, pool](void* p) { BlockCache::instance().give(p, size, pool); });
+  const int device = BlockCache::current_device();
+  void* data = BlockCache::of(device).take(size, pool);
+  std::shared_ptr<void> owner(data, [size, pool, device](void* p) { BlockCache::of(device).give(p, size, pool); });
   return Tensor::wrap(data, std::move(shape), dtype, std::move(owner), Device::kCuda);
 }
 
-void cuda_release_cached_memory() { BlockCache::instance().release_all(); }
+void cuda_release_cached_memory() { BlockCache::of(BlockCache::current_device()).release_all(); }
 
 CudaGraphPoolScope::CudaGraphPoolScope() : previous_(t_pool) { t_pool = 1; }
 CudaGraphPoolScope::~CudaGraphPoolScope() { t_pool = previous_; }

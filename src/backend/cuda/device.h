@@ -1,6 +1,7 @@
 // Device memory and transfers for the CUDA backend.
 //
-// Contract: cuda_empty returns a Tensor of Device::kCuda (256-byte aligned,
+// Contract: cuda_empty returns a Tensor of Device::kCuda on the thread's
+// current device (256-byte aligned,
 // contents uninitialised) whose block returns to a cache when the last handle
 // to it goes, for the next cuda_empty of the same rounded size: reuse is safe
 // because the backend runs every op on one stream, in order (see device.cc).
@@ -29,7 +30,7 @@ void cuda_synchronize();
 // Free and total memory of the current device, in bytes.
 size_t cuda_free_memory();
 size_t cuda_total_memory();
-// Frees the cached blocks (after synchronising the device).
+// Frees the current device's cached blocks (after synchronising it).
 void cuda_release_cached_memory();
 
 // While one of these lives, cuda_empty on this thread takes blocks from the

@@ -1,0 +1,196 @@
+// The in-process communicator (backend/communicator.h): ranks are threads of
+// one process sharing one state. Every collective is publish (each rank puts
+// its buffers' addresses in its slot), barrier, compute (each rank writes
+// only its own output, reading the others' inputs), barrier (so no rank
+// reuses an input another is still reading).
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/communicator.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace basalt {
+
+void check_all_reduce(const Tensor& x, const char* who) {
+  BASALT_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16, "{} all_reduce: x must be f32 or bf16, got {}",
+               who, x.describe());
+}
+
+void check_all_gather(const Tensor& x, const Tensor& out, int world, const char* who) {
+  BASALT_CHECK(x.rank() >= 1 && out.dtype() == x.dtype() && out.rank() == x.rank() &&
+                   out.dim(0) == x.dim(0) * world && out.numel() == x.numel() * world,
+               "{} all_gather: out must be {} [{} x {} rows, ...] like x, got x {} out {}", who,
+               dtype_name(x.dtype()), world, x.rank() >= 1 ? x.dim(0) : 0, x.describe(), out.describe());
+}
+
+void check_all_to_all(const Tensor& send, std::span<const int64_t> send_rows, const Tensor& recv,
+                      std::span<const int64_t> recv_rows, int world, const char* who) {
+  BASALT_CHECK(send_rows.size() == static_cast<size_t>(world) && recv_rows.size() == static_cast<size_t>(world),
+               "{} all_to_all: {} send and {} receive counts for {} ranks", who, send_rows.size(), recv_rows.size(),
+               world);
+  BASALT_CHECK(send.rank() >= 1 && recv.rank() == send.rank() && recv.dtype() == send.dtype(),
+               "{} all_to_all: send {} and recv {} must have the same dtype and rank", who, send.describe(),
+               recv.describe());
+  for (int64_t r = 1; r < send.rank(); ++r)
+    BASALT_CHECK(send.dim(r) == recv.dim(r), "{} all_to_all: rows of send {} and recv {} differ", who,
+                 send.describe(), recv.describe());
+  int64_t sent = 0, received = 0;
+  for (int64_t n : send_rows) {
+    BASALT_CHECK(n >= 0, "{} all_to_all: negative send count", who);
+    sent += n;
+  }
+  for (int64_t n : recv_rows) {
+    BASALT_CHECK(n >= 0, "{} all_to_all: negative receive count", who);
+    received += n;
+  }
+  BASALT_CHECK(sent == send.dim(0) && received == recv.dim(0),
+               "{} all_to_all: counts add up to {} sent and {} received rows, tensors have {} and {}", who, sent,
+               received, send.dim(0), recv.dim(0));
+}
+
+void check_broadcast(int root, int world, const char* who) {
+  BASALT_CHECK(root >= 0 && root < world, "{} broadcast: root {} is not a rank of {}", who, root, world);
+}
+
+namespace {
+
+struct Shared {
+  explicit Shared(int world) : world(world), in(static_cast<size_t>(world)), counts(static_cast<size_t>(world)) {}
+
+  // Waits until every rank has arrived; reusable.
+  void barrier() {
+    std::unique_lock<std::mutex> lock(mu);
+    const uint64_t generation = phase;
+    if (++arrived == world) {
+      arrived = 0;
+      ++phase;
+      cv.notify_all();
+      return;
+    }
+    cv.wait(lock, [&] { return phase != generation; });
+  }
+
+  const int world;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t phase = 0;
+  std::vector<const void*> in;                   // per rank: the input it published
+  std::vector<std::span<const int64_t>> counts;  // per rank: all_to_all send counts
+};
+
+class LocalCommunicator final : public Communicator {
+ public:
+  LocalCommunicator(std::shared_ptr<Shared> shared, int rank) : shared_(std::move(shared)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return shared_->world; }
+
+  void all_reduce(Tensor& x, ReduceOp op) override {
+    check_all_reduce(x, "local");
+    require_host(x);
+    const auto n = static_cast<size_t>(x.numel());
+    shared_->in[static_cast<size_t>(rank_)] = x.raw();
+    shared_->barrier();
+    std::vector<float> result(n);
+    const bool bf16 = x.dtype() == DType::kBF16;
+    for (size_t i = 0; i < n; ++i) {
+      float acc = 0;
+      for (int r = 0; r < shared_->world; ++r) {
+        const void* p = shared_->in[static_cast<size_t>(r)];
+        const float v = bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+        acc = r == 0 ? v : op == ReduceOp::kSum ? acc + v : std::max(acc, v);
+      }
+      result[i] = acc;
+    }
+    shared_->barrier();  // every rank has read every input
+    for (size_t i = 0; i < n; ++i) {
+      if (bf16) static_cast<uint16_t*>(x.raw())[i] = f32_to_bf16(result[i]);
+      else static_cast<float*>(x.raw())[i] = result[i];
+    }
+  }
+
+  void all_gather(const Tensor& x, Tensor& out) override {
+    check_all_gather(x, out, shared_->world, "local");
+    require_host(x);
+    require_host(out);
+    shared_->in[static_cast<size_t>(rank_)] = x.raw();
+    shared_->barrier();
+    const size_t bytes = x.nbytes();
+    for (int r = 0; r < shared_->world; ++r)
+      if (bytes > 0)
+        std::memcpy(static_cast<char*>(out.raw()) + static_cast<size_t>(r) * bytes, shared_->in[static_cast<size_t>(r)],
+                    bytes);
+    shared_->barrier();
+  }
+
+  void all_to_all(const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
+                  std::span<const int64_t> recv_rows) override {
+    check_all_to_all(send, send_rows, recv, recv_rows, shared_->world, "local");
+    require_host(send);
+    require_host(recv);
+    shared_->in[static_cast<size_t>(rank_)] = send.raw();
+    shared_->counts[static_cast<size_t>(rank_)] = send_rows;
+    shared_->barrier();
+    const size_t row_bytes = send.dim(0) > 0 ? send.nbytes() / static_cast<size_t>(send.dim(0))
+                                             : recv.dim(0) > 0 ? recv.nbytes() / static_cast<size_t>(recv.dim(0)) : 0;
+    // A disagreement between counts is reported after the closing barrier,
+    // so that no rank is left waiting in it.
+    std::string mismatch;
+    size_t at = 0;
+    for (int src = 0; src < shared_->world; ++src) {
+      const std::span<const int64_t> theirs = shared_->counts[static_cast<size_t>(src)];
+      const int64_t rows = theirs[static_cast<size_t>(rank_)];
+      if (rows != recv_rows[static_cast<size_t>(src)]) {
+        mismatch = fmt::format("local all_to_all: rank {} sends {} rows to rank {}, which expects {}", src, rows,
+                               rank_, recv_rows[static_cast<size_t>(src)]);
+        break;
+      }
+      const int64_t offset = std::accumulate(theirs.begin(), theirs.begin() + rank_, int64_t{0});
+      const size_t bytes = static_cast<size_t>(rows) * row_bytes;
+      if (bytes > 0)
+        std::memcpy(static_cast<char*>(recv.raw()) + at,
+                    static_cast<const char*>(shared_->in[static_cast<size_t>(src)]) +
+                        static_cast<size_t>(offset) * row_bytes,
+                    bytes);
+      at += bytes;
+    }
+    shared_->barrier();
+    if (!mismatch.empty()) throw Error(mismatch);
+  }
+
+  void broadcast(Tensor& x, int root) override {
+    check_broadcast(root, shared_->world, "local");
+    require_host(x);
+    shared_->in[static_cast<size_t>(rank_)] = x.raw();
+    shared_->barrier();
+    if (rank_ != root && x.nbytes() > 0) std::memcpy(x.raw(), shared_->in[static_cast<size_t>(root)], x.nbytes());
+    shared_->barrier();
+  }
+
+ private:
+  static void require_host(const Tensor& t) {
+    BASALT_CHECK(t.device() == Device::kCpu, "local communicator: {} is not in host memory", t.describe());
+  }
+
+  std::shared_ptr<Shared> shared_;
+  int rank_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_local_group(int world) {
+  BASALT_CHECK(world >= 1 && world <= 1024, "a communicator group needs 1..1024 ranks, got {}", world);
+  auto shared = std::make_shared<Shared>(world);
+  std::vector<std::unique_ptr<Communicator>> ranks;
+  for (int r = 0; r < world; ++r) ranks.push_back(std::make_unique<LocalCommunicator>(shared, r));
+  return ranks;
+}
+
+}  // namespace basalt
