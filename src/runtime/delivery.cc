@@ -39,6 +39,30 @@ void Delivery::detach_all() {
   streams_.clear();
 }
 
+void Delivery::deliver_kv_events(Batch& batch) {
+  for (Subscription& s : batch.subscribe) {
+    Subscriber& sub = subscribers_[s.id];
+    sub.listener = std::move(s.listener);
+    sub.block_size = s.block_size;
+    KvEventBatch first;
+    first.seq = ++sub.seq;
+    first.snapshot = true;
+    first.block_size = sub.block_size;
+    first.events = std::move(s.snapshot);
+    sub.listener(first);
+  }
+  if (!batch.kv_events.empty()) {
+    for (auto& [id, sub] : subscribers_) {
+      KvEventBatch b;
+      b.seq = ++sub.seq;
+      b.block_size = sub.block_size;
+      b.events = batch.kv_events;
+      sub.listener(b);
+    }
+  }
+  for (uint64_t id : batch.unsubscribe) subscribers_.erase(id);
+}
+
 void Delivery::loop() {
   pthread_setname_np(pthread_self(), "basalt-deliver");
   for (;;) {
@@ -50,7 +74,8 @@ void Delivery::loop() {
       batch = std::move(queue_.front());
       queue_.pop_front();
     }
-    // The map is this thread's alone (detach_all runs when it is idle).
+    // The maps are this thread's alone (detach_all runs when it is idle).
+    deliver_kv_events(batch);
     for (auto& [id, stream] : batch.streams) streams_.emplace(id, std::move(stream));
     for (RequestUpdate& u : batch.updates) {
       auto it = streams_.find(u.id);

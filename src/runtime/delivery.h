@@ -1,37 +1,54 @@
-// Delivery: hands each engine step's updates to their streams on a thread of
-// its own, so that the scheduling thread never takes a stream's lock or runs
-// a client's wake-up callback (an HTTP server's listener posts to its event
-// loop on every token).
+// Delivery: hands each engine step's updates to their streams, and its KV
+// events to their subscribers, on a thread of its own, so that the
+// scheduling thread never takes a stream's lock or runs a client's callback
+// (an HTTP server's listener posts to its event loop on every token).
 //
 // Contract: post() takes a batch (streams of new requests, then updates in
 // the order the scheduler made them) and returns at once; batches are
 // delivered in post order, and within a batch in order, so every stream sees
 // its updates in order and a new request's stream is known before its first
 // update. A finished update is a stream's last: delivery forgets the stream
-// after it. flush() waits until everything posted so far is delivered. The
-// destructor delivers what is posted, then stops.
+// after it. A new KV-event subscriber gets its snapshot (seq 1), then, in
+// order, the KV events of every later batch (seq 2, 3, ...); listeners are
+// called on the delivery thread. flush() waits until everything posted so
+// far is delivered. The destructor delivers what is posted, then stops.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "runtime/kv_events.h"
 #include "runtime/request.h"
 #include "runtime/request_stream.h"
 
 namespace basalt {
 
+using KvEventListener = std::function<void(const KvEventBatch&)>;
+
 class Delivery {
  public:
+  struct Subscription {
+    uint64_t id = 0;
+    KvEventListener listener;
+    int32_t block_size = 0;
+    std::vector<KvEvent> snapshot;
+  };
   struct Batch {
     std::vector<std::pair<uint64_t, RequestHandle>> streams;  // new requests
     std::vector<RequestUpdate> updates;
-    bool empty() const { return streams.empty() && updates.empty(); }
+    std::vector<Subscription> subscribe;  // before this batch's events
+    std::vector<KvEvent> kv_events;
+    std::vector<uint64_t> unsubscribe;  // after them
+    bool empty() const {
+      return streams.empty() && updates.empty() && subscribe.empty() && kv_events.empty() && unsubscribe.empty();
+    }
   };
 
   Delivery();
@@ -46,6 +63,7 @@ class Delivery {
 
  private:
   void loop();
+  void deliver_kv_events(Batch& batch);
 
   std::mutex mu_;
   std::condition_variable cv_;       // a batch or stop
@@ -55,6 +73,12 @@ class Delivery {
   uint64_t delivered_ = 0;
   bool stop_ = false;
   std::unordered_map<uint64_t, RequestHandle> streams_;  // the delivery thread's
+  struct Subscriber {
+    KvEventListener listener;
+    int32_t block_size = 0;
+    uint64_t seq = 0;
+  };
+  std::unordered_map<uint64_t, Subscriber> subscribers_;  // the delivery thread's
   std::thread thread_;
 };
 

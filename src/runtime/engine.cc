@@ -4,6 +4,7 @@
 #include <atomic>
 #include <ctime>
 #include <pthread.h>
+#include <set>
 #include <pthread.h>
 #include <utility>
 
@@ -70,6 +71,9 @@ struct Engine::Parts {
   std::vector<Submission> submissions;
   std::vector<uint64_t> cancels;
   std::vector<Stop> stops;
+  std::vector<std::pair<uint64_t, KvEventListener>> subscribes;
+  std::vector<uint64_t> unsubscribes;
+  std::set<uint64_t> subscribers;  // the scheduling thread's
   bool stopping = false;
   bool clear_requested = false;
   uint64_t clear_generation = 0;
@@ -111,8 +115,9 @@ struct Engine::Parts {
     snapshot = m;
   }
 
-  // Hands this iteration's updates to the delivery thread.
+  // Hands this iteration's updates and KV events to the delivery thread.
   void deliver(std::vector<RequestUpdate>& updates) {
+    if (!subscribers.empty()) batch.kv_events = kv.take_events();
     batch.updates = std::move(updates);
     updates.clear();
     delivery.post(std::move(batch));
@@ -226,6 +231,25 @@ EngineMetrics Engine::metrics() const {
 
 int64_t Engine::kv_capacity() const { return parts_->kv.capacity(); }
 
+uint64_t Engine::subscribe_kv_events(KvEventListener listener) {
+  static std::atomic<uint64_t> next_id{1};
+  const uint64_t id = next_id.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(parts_->mu);
+    parts_->subscribes.emplace_back(id, std::move(listener));
+  }
+  parts_->cv.notify_one();
+  return id;
+}
+
+void Engine::unsubscribe_kv_events(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(parts_->mu);
+    parts_->unsubscribes.push_back(id);
+  }
+  parts_->cv.notify_one();
+}
+
 int64_t Engine::drain_and_clear_cache() {
   Parts& p = *parts_;
   std::unique_lock<std::mutex> lock(p.mu);
@@ -246,12 +270,15 @@ void Engine::run() {
     std::vector<Parts::Submission> submissions;
     std::vector<uint64_t> cancels;
     std::vector<Parts::Stop> stops;
+    std::vector<std::pair<uint64_t, KvEventListener>> subscribes;
+    std::vector<uint64_t> unsubscribes;
     bool clear = false;
     {
       std::unique_lock<std::mutex> lock(p.mu);
       const auto ready = [&] {
         return p.stopping || !p.submissions.empty() || !p.cancels.empty() || !p.stops.empty() ||
-               scheduler.has_requests() || p.clear_requested || p.inflight != nullptr;
+               !p.subscribes.empty() || !p.unsubscribes.empty() || scheduler.has_requests() ||
+               p.clear_requested || p.inflight != nullptr;
       };
       if (!ready()) {
         chained = false;
@@ -261,7 +288,21 @@ void Engine::run() {
       submissions.swap(p.submissions);
       cancels.swap(p.cancels);
       stops.swap(p.stops);
+      subscribes.swap(p.subscribes);
+      unsubscribes.swap(p.unsubscribes);
       clear = p.clear_requested;
+    }
+    // KV-event subscribers: events are computed while there is one; a new
+    // one starts from a snapshot of the cache as it is now.
+    for (auto& [id, listener] : subscribes) {
+      if (p.subscribers.empty()) p.kv.set_event_block_size(p.options.kv_event_block_size);
+      p.subscribers.insert(id);
+      p.batch.subscribe.push_back({id, std::move(listener), p.kv.event_block_size(), p.kv.snapshot()});
+    }
+    for (uint64_t id : unsubscribes) {
+      if (p.subscribers.erase(id) == 0) continue;
+      p.batch.unsubscribe.push_back(id);
+      if (p.subscribers.empty()) p.kv.set_event_block_size(0);
     }
     const Clock::time_point t0 = Clock::now();
     const double cpu0 = thread_cpu_seconds();

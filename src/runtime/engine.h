@@ -66,7 +66,9 @@
 #include "backend/backend.h"
 #include "model/model.h"
 #include "runtime/engine_metrics.h"
+#include "runtime/delivery.h"
 #include "runtime/generator.h"
+#include "runtime/kv_events.h"
 #include "runtime/radix_cache.h"
 #include "runtime/request.h"
 #include "runtime/request_stream.h"
@@ -110,6 +112,9 @@ struct EngineOptions {
   // core busy, so the scheduler's few percent only move to another thread
   // that competes for the same cores (bench/README.md has the figures).
   bool overlap = false;
+  // Tokens per block of the KV events (runtime/kv_events.h), rounded up to
+  // whole pages. Events are computed only while someone subscribes.
+  int32_t kv_event_block_size = 16;
 };
 
 // What the server and the CLI need of an engine.
@@ -130,6 +135,13 @@ class EngineClient {
   virtual EngineMetrics metrics() const = 0;
   virtual int64_t kv_capacity() const = 0;
   virtual const ModelConfig& model_config() const = 0;
+  // KV events (runtime/kv_events.h): the listener first gets a snapshot of
+  // everything cached, then every change, in numbered batches, on a thread
+  // of the engine's (it must be quick: copy and wake). Returns the id that
+  // unsubscribe takes; after unsubscribe returns, no further call is made
+  // once the engine has caught up (a call may be in progress).
+  virtual uint64_t subscribe_kv_events(KvEventListener listener) = 0;
+  virtual void unsubscribe_kv_events(uint64_t id) = 0;
 };
 
 class Engine : public EngineClient, private StreamOwner {
@@ -149,6 +161,8 @@ class Engine : public EngineClient, private StreamOwner {
   EngineMetrics metrics() const override;
   int64_t kv_capacity() const override;
   const ModelConfig& model_config() const override { return model_->config(); }
+  uint64_t subscribe_kv_events(KvEventListener listener) override;
+  void unsubscribe_kv_events(uint64_t id) override;
   const Model& model() const { return *model_; }
   // Blocks until the scheduler is idle (nothing queued or running), then
   // evicts the whole radix cache; returns the pool's free slots afterwards

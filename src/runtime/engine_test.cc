@@ -16,7 +16,9 @@
 #include <mutex>
 #include <optional>
 #include <memory>
+#include <future>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -318,6 +320,53 @@ TEST_P(EngineMode, TokenConstraintsDecideEveryToken) {
   ASSERT_EQ(out[1].output_ids.size(), 12u);
   for (int32_t t : out[1].output_ids) EXPECT_TRUE(t == 10 || t == 20 || t == 30 || t == 319) << t;
   expect_same(f.alone(c.prompt, c.params), out[2], "unconstrained");
+}
+
+// A KV-event subscriber's index, kept from its batches alone, equals what a
+// later subscriber's snapshot says the cache holds; cached prompts are found
+// under the hashes a router computes from their tokens.
+TEST_P(EngineMode, KvEventSubscribersSeeWhatTheCacheHolds) {
+  Fixture f(kLlama);
+  using Index = std::set<std::pair<uint64_t, uint64_t>>;
+  Index index;  // touched on the engine's delivery thread only, until the end
+  uint64_t seq = 0;
+  bool in_order = true;
+  std::promise<bool> same;
+  std::promise<Index> seen;
+  // Declared after what its listeners touch: the engine stops calling them first.
+  EngineOptions o = slots(160);  // small: requests evict each other's prefixes
+  Engine engine(*f.model, f.backend, nullptr, o);
+  const uint64_t a = engine.subscribe_kv_events([&](const KvEventBatch& b) {
+    in_order &= b.seq == seq + 1 && b.snapshot == (b.seq == 1) && b.block_size == std::max<int32_t>(16, g_page);
+    seq = b.seq;
+    for (const KvEvent& e : b.events)
+      for (uint64_t h : e.block_hashes) {
+        if (e.kind == KvEvent::Kind::kStored) in_order &= index.insert({e.ns, h}).second;
+        else in_order &= index.erase({e.ns, h}) == 1;
+      }
+  });
+  const auto prompts = shared_prefix_prompts(12, 40, 12, 5);
+  std::vector<EngineRequest> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(request(prompts[i], greedy(4), i % 3 == 0 ? 9 : 0));
+  run_all(engine, requests);
+  const uint64_t b = engine.subscribe_kv_events([&](const KvEventBatch& batch) {
+    if (!batch.snapshot) return;
+    Index snapshot;
+    for (const KvEvent& e : batch.events)
+      for (uint64_t h : e.block_hashes) snapshot.insert({e.ns, h});
+    same.set_value(snapshot == index);
+    seen.set_value(index);
+  });
+  EXPECT_TRUE(same.get_future().get());
+  const Index held = seen.get_future().get();
+  engine.unsubscribe_kv_events(a);
+  engine.unsubscribe_kv_events(b);
+  EXPECT_TRUE(in_order);
+  EXPECT_FALSE(held.empty());
+  // The last request's prompt stays cached: its first block is there.
+  const std::vector<int32_t>& last = prompts.back();
+  EXPECT_TRUE(held.count({0, kv_block_hash(0, 0, std::span<const int32_t>(last).first(16))}) == 1);
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
 }
 
 void preemption_matches_alone(const std::string& dir) {

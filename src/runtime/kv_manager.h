@@ -83,6 +83,15 @@ class KvManager {
   // requests hold outside the cache, which must equal the cache's count.
   void check_invariants(int64_t held_by_requests) const;
 
+  // KV events (runtime/kv_events.h): blocks of block_size tokens (rounded up
+  // to whole pages; 0 turns them off).
+  void set_event_block_size(int32_t block_size) {
+    cache_.set_event_block_size(block_size <= 0 ? 0 : static_cast<int32_t>(pool_.rounded(block_size)));
+  }
+  int32_t event_block_size() const { return cache_.event_block_size(); }
+  std::vector<KvEvent> take_events() { return cache_.take_events(); }
+  std::vector<KvEvent> snapshot() const { return cache_.snapshot(); }
+
   RadixCache& cache() { return cache_; }
   const RadixCache& cache() const { return cache_; }
 

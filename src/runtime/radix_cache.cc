@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "core/error.h"
 
@@ -218,6 +219,7 @@ InsertResult RadixCache::insert(uint64_t ns, std::span<const int32_t> tokens,
   node->children_.emplace(child_key(leaf->tokens_), std::move(leaf));
   update_evictable(node);
   update_evictable(added);
+  if (event_block_ > 0) blocks_event(KvEvent::Kind::kStored, ns, tokens, pos, tokens.size(), events_);
   held_ -= count;
   evictable_ += count;
   stats_.inserted_tokens += static_cast<uint64_t>(count);
@@ -253,6 +255,10 @@ void RadixCache::unlock(RadixNode* node) {
 
 void RadixCache::remove_leaf(RadixNode* leaf) {
   BASALT_ASSERT(leaf->in_evict_set_);
+  if (event_block_ > 0) {
+    const std::vector<int32_t> path = path_of(leaf);
+    blocks_event(KvEvent::Kind::kRemoved, leaf->ns_, path, path.size() - leaf->tokens_.size(), path.size(), events_);
+  }
   evictable_leaves_.erase({leaf->evict_key_, leaf});
   pool_.free(leaf->slots_);
   for (const int32_t s : leaf->slots_) in_tree_[static_cast<size_t>(s)] = 0;
@@ -352,6 +358,74 @@ void RadixCache::check_invariants() const {
   BASALT_ASSERT(seen == in_tree_);
   BASALT_ASSERT(evictable == evictable_ && locked == locked_ && held_ >= 0);
   BASALT_ASSERT(pool_.free_slots() + evictable_ + locked_ + held_ == pool_.capacity());
+}
+
+// --- KV events -------------------------------------------------------------------
+
+void RadixCache::set_event_block_size(int32_t block_size) {
+  BASALT_CHECK(block_size >= 0 && block_size % page_ == 0,
+               "radix cache: KV event blocks of {} tokens are not a multiple of the page size {}", block_size, page_);
+  event_block_ = block_size;
+  events_.clear();
+}
+
+std::vector<KvEvent> RadixCache::take_events() { return std::exchange(events_, {}); }
+
+std::vector<int32_t> RadixCache::path_of(const RadixNode* node) const {
+  std::vector<const RadixNode*> chain;
+  size_t length = 0;
+  for (const RadixNode* n = node; n != nullptr && !n->is_root(); n = n->parent_) {
+    chain.push_back(n);
+    length += n->tokens_.size();
+  }
+  std::vector<int32_t> path;
+  path.reserve(length);
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) path.insert(path.end(), (*it)->tokens_.begin(), (*it)->tokens_.end());
+  return path;
+}
+
+void RadixCache::blocks_event(KvEvent::Kind kind, uint64_t ns, std::span<const int32_t> path, size_t from,
+                              size_t to, std::vector<KvEvent>& out) const {
+  const auto B = static_cast<size_t>(event_block_);
+  // The blocks whose last token lies in [from, to) and that end by `to`:
+  // those the edge [from, to) completes. The first holds position `from`.
+  size_t k = from / B;
+  KvEvent e;
+  e.kind = kind;
+  e.ns = ns;
+  uint64_t h = 0;
+  for (size_t j = 0; j < k; ++j) h = kv_block_hash(h, ns, path.subspan(j * B, B));
+  e.parent_hash = h;
+  for (; (k + 1) * B <= to; ++k) {
+    const std::span<const int32_t> block = path.subspan(k * B, B);
+    h = kv_block_hash(h, ns, block);
+    e.block_hashes.push_back(h);
+    if (kind == KvEvent::Kind::kStored) e.token_ids.insert(e.token_ids.end(), block.begin(), block.end());
+  }
+  if (!e.block_hashes.empty()) out.push_back(std::move(e));
+}
+
+std::vector<KvEvent> RadixCache::snapshot() const {
+  std::vector<KvEvent> out;
+  if (event_block_ == 0) return out;
+  // Every node's edge, parents before children, with the path to it.
+  struct Item {
+    const RadixNode* node;
+    std::vector<int32_t> path;  // tokens before the node's edge
+  };
+  for (const auto& [ns, root] : roots_) {
+    std::vector<Item> stack;
+    for (const auto& [key, child] : root->children_) stack.push_back({child.get(), {}});
+    while (!stack.empty()) {
+      Item item = std::move(stack.back());
+      stack.pop_back();
+      const size_t from = item.path.size();
+      item.path.insert(item.path.end(), item.node->tokens_.begin(), item.node->tokens_.end());
+      blocks_event(KvEvent::Kind::kStored, ns, item.path, from, item.path.size(), out);
+      for (const auto& [key, child] : item.node->children_) stack.push_back({child.get(), item.path});
+    }
+  }
+  return out;
 }
 
 }  // namespace basalt

@@ -66,6 +66,11 @@
 //     cache never has a partly free page when every request keeps whole pages.
 //   With P == 1 all of this is the token-granular tree above.
 //
+// KV events (runtime/kv_events.h), when enabled: every insert that completes
+// blocks reports them stored, every evicted leaf reports the blocks it
+// completed removed, and snapshot() lists everything cached as stored events;
+// take_events() hands over what accumulated. Off, nothing is computed.
+//
 // Costs: match_prefix and insert are O(tokens) with child lookup by first
 // token in a hash map; evict pops unlocked leaves from an ordered set (LRU by
 // last access, or LFU by hit count then last access) in O(log leaves) each.
@@ -81,6 +86,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/kv_events.h"
 #include "runtime/kv_pool.h"
 
 namespace basalt {
@@ -193,6 +199,13 @@ class RadixCache {
   // any violation of the invariant above.
   void check_invariants() const;
 
+  // KV events in blocks of block_size tokens (a positive multiple of the
+  // page size); 0 turns them off.
+  void set_event_block_size(int32_t block_size);
+  int32_t event_block_size() const { return event_block_; }
+  std::vector<KvEvent> take_events();
+  std::vector<KvEvent> snapshot() const;
+
  private:
   RadixNode* root(uint64_t ns);
   uint64_t child_key(std::span<const int32_t> tokens) const;
@@ -208,6 +221,12 @@ class RadixCache {
   void update_evictable(RadixNode* node);
   RadixNode::EvictKey key_of(const RadixNode* node) const;
   void remove_leaf(RadixNode* node);
+  // The stored event of the blocks that end in [from, to) along `path`
+  // (tokens from the namespace's root), or nothing.
+  void blocks_event(KvEvent::Kind kind, uint64_t ns, std::span<const int32_t> path, size_t from, size_t to,
+                    std::vector<KvEvent>& out) const;
+  // Tokens from the root to the end of node's edge.
+  std::vector<int32_t> path_of(const RadixNode* node) const;
 
   KvPool& pool_;
   RadixCacheOptions options_;
@@ -221,6 +240,8 @@ class RadixCache {
   uint64_t clock_ = 0;
   uint64_t next_id_ = 0;
   RadixCacheStats stats_;
+  int32_t event_block_ = 0;  // 0: events off
+  std::vector<KvEvent> events_;
 };
 
 }  // namespace basalt

@@ -84,7 +84,7 @@ HttpResponse error_response(const ApiError& e) {
 std::string route_of(const std::string& path) {
   static const char* kKnown[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize",
                                  "/detokenize",     "/health",              "/ready",     "/metrics",
-                                 "/version"};
+                                 "/version",        "/v1/kv_events"};
   for (const char* k : kKnown)
     if (path == k) return k;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -536,6 +536,117 @@ class GenerationProducer : public ResponseProducer {
   bool logged_ = false;
 };
 
+std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+
+// One KV-event batch as an SSE event (docs/SERVER.md, "KV events").
+std::string kv_event_sse(const KvEventBatch& batch) {
+  json events = json::array();
+  for (const KvEvent& e : batch.events) {
+    json hashes = json::array();
+    for (uint64_t h : e.block_hashes) hashes.push_back(hex64(h));
+    json item = {{"type", e.kind == KvEvent::Kind::kStored ? "stored" : "removed"},
+                 {"namespace", hex64(e.ns)},
+                 {"block_hashes", std::move(hashes)}};
+    if (e.kind == KvEvent::Kind::kStored) {
+      item["parent_block_hash"] = e.parent_hash == 0 ? json(nullptr) : json(hex64(e.parent_hash));
+      item["token_ids"] = e.token_ids;
+    }
+    events.push_back(std::move(item));
+  }
+  const json body = {{"seq", batch.seq},
+                     {"snapshot", batch.snapshot},
+                     {"block_size", batch.block_size},
+                     {"events", std::move(events)}};
+  return "data: " + body.dump() + "\n\n";
+}
+
+// GET /v1/kv_events: the engine's KV events as server-sent events, until the
+// client leaves, the server drains, or the client reads too slowly (then an
+// error event ends the stream, and the client subscribes again).
+class KvEventsProducer : public ResponseProducer {
+ public:
+  static constexpr size_t kMaxQueuedBytes = 64u << 20;
+
+  KvEventsProducer(std::shared_ptr<ApiServer::Shared> shared, EngineClient& engine, std::string request_id)
+      : shared_(std::move(shared)), engine_(engine), request_id_(std::move(request_id)), state_(std::make_shared<State>()) {}
+  ~KvEventsProducer() override { stop(); }
+
+  void start(std::function<void()> wake) override {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->wake = wake;
+    }
+    waker_ = shared_->add_waker(wake);
+    subscription_ = engine_.subscribe_kv_events([state = state_](const KvEventBatch& batch) {
+      std::function<void()> wake;
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        if (state->overflow) return;
+        if (state->queued.size() > kMaxQueuedBytes) {
+          state->overflow = true;
+        } else {
+          state->queued += kv_event_sse(batch);
+        }
+        wake = state->wake;
+      }
+      if (wake) wake();
+    });
+  }
+
+  void pull(Output& out) override {
+    std::string data;
+    bool overflow = false;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      data.swap(state_->queued);
+      overflow = state_->overflow;
+    }
+    if (!head_sent_) {
+      HttpResponse head;
+      head.content_type = "text/event-stream";
+      head.headers.emplace_back("Cache-Control", "no-cache");
+      if (!request_id_.empty()) head.headers.emplace_back("X-Request-Id", request_id_);
+      head.body = std::move(data);
+      out.head = std::move(head);
+      head_sent_ = true;
+    } else {
+      out.data = std::move(data);
+    }
+    if (overflow || shared_->cutting.load()) {
+      const char* why = overflow ? "the client read KV events too slowly; subscribe again"
+                                 : "the server is shutting down";
+      out.data += "data: " + ApiError(503, why, {}, "server_error").body() + "\n\n";
+      out.done = true;
+      stop();
+    }
+  }
+
+  void abort() override { stop(); }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::string queued;
+    bool overflow = false;
+    std::function<void()> wake;
+  };
+
+  void stop() {
+    if (subscription_ != 0) engine_.unsubscribe_kv_events(std::exchange(subscription_, 0));
+    if (waker_) shared_->remove_waker(*std::exchange(waker_, std::nullopt));
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->wake = nullptr;
+  }
+
+  std::shared_ptr<ApiServer::Shared> shared_;
+  EngineClient& engine_;
+  std::string request_id_;
+  std::shared_ptr<State> state_;
+  uint64_t subscription_ = 0;
+  std::optional<uint64_t> waker_;
+  bool head_sent_ = false;
+};
+
 }  // namespace
 
 ApiServer::ApiServer(EngineClient& engine, const Tokenizer& tokenizer, const TokenizerConfig& tokenizer_config,
@@ -631,6 +742,11 @@ HandlerResult ApiServer::handle(HttpRequest& request) {
     if (path == "/v1/models") {
       if (!need("GET")) throw ApiError(405, "use GET");
       return answer(models());
+    }
+    if (path == "/v1/kv_events") {
+      if (request.method != "GET") throw ApiError(405, "use GET");
+      shared_->count(route, 200);
+      return HandlerResult{{}, std::make_unique<KvEventsProducer>(shared_, engine_, client_id)};
     }
     if (path.rfind("/v1/models/", 0) == 0) {
       if (!need("GET")) throw ApiError(405, "use GET");

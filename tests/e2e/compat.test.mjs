@@ -189,3 +189,67 @@ test('early rejections are logged and counted; metrics carry vLLM counters and h
   // No request line reports a time to first token it never had.
   assert.doesNotMatch(server.log(), /ttft_s=-/);
 });
+
+// splitmix64's finalizer and the block hash of runtime/kv_events.h, as a
+// router would compute them (BigInt: the hashes are 64-bit).
+const M64 = (1n << 64n) - 1n;
+function mix64(x) {
+  x = (x + 0x9E3779B97F4A7C15n) & M64;
+  x = ((x ^ (x >> 30n)) * 0xBF58476D1CE4E5B9n) & M64;
+  x = ((x ^ (x >> 27n)) * 0x94D049BB133111EBn) & M64;
+  return x ^ (x >> 31n);
+}
+function blockHash(parent, ns, tokens) {
+  let h = mix64(parent ^ mix64(ns));
+  for (const t of tokens) h = mix64(h ^ BigInt(t >>> 0));
+  return h;
+}
+
+test('GET /v1/kv_events streams what the cache stores, under hashes a router computes', async () => {
+  const controller = new AbortController();
+  const r = await fetch(`${server.baseURL}/v1/kv_events`, { signal: controller.signal });
+  assert.equal(r.status, 200);
+  assert.match(r.headers.get('content-type'), /text\/event-stream/);
+  const reader = r.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  async function next() {
+    for (;;) {
+      const end = buffer.indexOf('\n\n');
+      if (end >= 0) {
+        const event = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        return JSON.parse(event.replace(/^data: /, ''));
+      }
+      const { value, done } = await reader.read();
+      assert.ok(!done, 'the event stream ended');
+      buffer += decoder.decode(value, { stream: true });
+    }
+  }
+  const first = await next();
+  assert.equal(first.seq, 1);
+  assert.equal(first.snapshot, true);
+  assert.equal(first.block_size, 16);
+  const prompt = 'A router keeps an index of what each replica caches, block by block, from its events. ' +
+                 'This prompt is long enough for two blocks.';
+  const ids = await fetch(`${server.baseURL}/tokenize`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ prompt }),
+  }).then((x) => x.json()).then((x) => x.tokens);
+  assert.ok(ids.length > 32);
+  await client.completions.create({ model: 'basalt-mini', prompt, max_tokens: 2, temperature: 0 });
+  const h0 = blockHash(0n, 0n, ids.slice(0, 16));
+  const h1 = blockHash(h0, 0n, ids.slice(16, 32));
+  const want = [h0, h1].map((h) => h.toString(16).padStart(16, '0'));
+  const seen = new Set();
+  let seq = 1;
+  while (!want.every((h) => seen.has(h))) {
+    const batch = await next();
+    assert.equal(batch.seq, ++seq, 'batches are numbered without gaps');
+    for (const e of batch.events) {
+      if (e.type !== 'stored') continue;
+      assert.equal(e.token_ids.length, 16 * e.block_hashes.length);
+      for (const h of e.block_hashes) seen.add(h);
+    }
+  }
+  controller.abort();
+});
