@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "app/cli_test_util.h"
+#include "testing/cli_test_util.h"
 
 namespace {
 

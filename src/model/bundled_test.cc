@@ -14,7 +14,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
-#include "model/reference_test_util.h"
+#include "testing/reference_test_util.h"
 #include "model/safetensors.h"
 #include "runtime/generator.h"
 #include "tokenizer/tokenizer.h"

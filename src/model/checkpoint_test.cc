@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/error_test_util.h"
+#include "testing/error_test_util.h"
 
 namespace basalt {
 namespace {

@@ -21,8 +21,8 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "runtime/generator.h"
-#include "model/reference_test_util.h"
-#include "model/routing_test_util.h"
+#include "testing/reference_test_util.h"
+#include "testing/routing_test_util.h"
 
 namespace basalt {
 namespace {

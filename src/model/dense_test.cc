@@ -18,7 +18,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "runtime/generator.h"
-#include "model/reference_test_util.h"
+#include "testing/reference_test_util.h"
 
 namespace basalt {
 namespace {

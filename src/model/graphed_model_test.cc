@@ -4,7 +4,7 @@
 // recording everything in prepare(), logits handed back) is checked against
 // the plain model through the engine. The CPU backend is batch invariant, so
 // padded steps must give exactly the unpadded tokens. The CUDA graphs
-// themselves are tested on the GPU (backend/cuda/cuda_model_test.cc).
+// themselves are tested on the GPU (model/cuda_model_test.cc).
 #include "model/graphed_model.h"
 
 #include <gtest/gtest.h>

@@ -15,7 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "server/http_server.h"
-#include "server/http_test_client.h"
+#include "testing/http_test_client.h"
 #include "template/jinja.h"
 
 namespace basalt {

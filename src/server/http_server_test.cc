@@ -3,7 +3,7 @@
 // encoding, a client leaving mid-stream (abort), the connection cap, stop()
 // with producers running, and TLS.
 #include "server/http_server.h"
-#include "server/http_test_client.h"
+#include "testing/http_test_client.h"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 #include "template/jinja.h"
-#include "template/template_test_util.h"
+#include "testing/template_test_util.h"
 
 namespace basalt {
 namespace {

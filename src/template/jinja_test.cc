@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "core/error.h"
-#include "core/error_test_util.h"
+#include "testing/error_test_util.h"
 #include "template/jinja.h"
-#include "template/template_test_util.h"
+#include "testing/template_test_util.h"
 
 namespace basalt {
 namespace {

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/backend_test_util.h"
+#include "testing/backend_test_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/thread_pool.h"
 

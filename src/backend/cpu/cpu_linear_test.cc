@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/cpu/backend_test_util.h"
+#include "testing/backend_test_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/linear.h"
 #include "backend/reference_ops.h"

@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "backend/cpu/backend_test_util.h"
+#include "testing/backend_test_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/reference_ops.h"
 #include "core/error.h"

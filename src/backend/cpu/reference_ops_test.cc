@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/cpu/backend_test_util.h"
+#include "testing/backend_test_util.h"
 #include "backend/sampling_rng.h"
 #include "core/error.h"
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/backend_test_util.h"
+#include "testing/backend_test_util.h"
 #include "backend/cuda/device.h"
 #include "backend/reference_ops.h"
 #include "core/error.h"

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cpu/backend_test_util.h"
+#include "testing/backend_test_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"

@@ -35,7 +35,7 @@
 #include "model/forward_batch.h"
 #include "model/model.h"
 #include "runtime/engine.h"
-#include "runtime/engine_test_util.h"
+#include "testing/engine_test_util.h"
 #include "runtime/logits_processor.h"
 
 namespace basalt {

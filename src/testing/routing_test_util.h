@@ -34,7 +34,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cpu/backend_test_util.h"
+#include "testing/backend_test_util.h"
 #include "backend/forwarding_backend.h"
 #include "core/error.h"
 #include "core/tensor.h"

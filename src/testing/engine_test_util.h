@@ -1,5 +1,5 @@
 // Helpers shared by the engine's tests on the CPU (engine_test.cc) and on the
-// GPU (backend/cuda/cuda_engine_test.cc): request builders, random prompts,
+// GPU (runtime/cuda_engine_test.cc): request builders, random prompts,
 // running a list of requests to completion, and comparing an engine's output
 // with the single-request generator's. Header-only, for tests.
 #pragma once

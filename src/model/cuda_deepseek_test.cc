@@ -37,18 +37,18 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/backend_test_util.h"
+#include "testing/backend_test_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "model/deepseek_v3.h"
 #include "model/graphed_model.h"
 #include "model/model.h"
-#include "model/reference_test_util.h"
-#include "model/routing_test_util.h"
+#include "testing/reference_test_util.h"
+#include "testing/routing_test_util.h"
 #include "model/safetensors.h"
 #include "runtime/engine.h"
-#include "runtime/engine_test_util.h"
+#include "testing/engine_test_util.h"
 #include "runtime/generator.h"
 #include "tokenizer/tokenizer.h"
 

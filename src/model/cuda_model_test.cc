@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/backend_test_util.h"
+#include "testing/backend_test_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "model/graphed_model.h"
 #include "model/model.h"
-#include "model/reference_test_util.h"
+#include "testing/reference_test_util.h"
 #include "model/safetensors.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
