@@ -3,10 +3,14 @@
 // Contract: an architecture describes its forward pass only as calls on this
 // interface, so the same model code runs on every backend. Each op takes
 // tensors that live on the backend's device and writes into caller-allocated
-// outputs of the documented shape; ops never allocate their outputs. Shapes and
-// dtypes are checked and a mismatch throws basalt::Error. Every op of every
-// backend is tested against a plain scalar reference on random inputs
-// (backend/cpu/*_test.cc holds the pattern that the CUDA backend reuses).
+// outputs of the documented shape; ops never allocate their outputs. Each op
+// is a public non-virtual function that checks its arguments against this
+// contract once (backend.cc: placement, shapes, dtypes, parameters, and on a
+// host backend the indices it would follow), a mismatch throwing
+// basalt::Error, and then calls the backend's protected virtual *_impl,
+// which checks only what is its own. Every op of every backend is tested
+// against a plain scalar reference on random inputs by one table-driven test
+// (backend/backend_ops_test.cc).
 //
 // Activations ("x", "out") are row-major [tokens, features]. On the CPU backend
 // activations are f32; weights may be f32, bf16 or f16, or f8_e4m3 with
@@ -185,12 +189,14 @@ inline constexpr int kMaxTopKRows = 64;
 
 // The ops of the Backend interface, for Backend::supports and for tests that
 // run every op of every backend.
+// clang-format off
 enum class BackendOp : uint8_t {
   kEmbedding, kLinear, kRmsNorm, kAddRmsNorm, kRope, kStoreKv, kQkvRopeStore, kAttention, kSiluAndMul, kAdd,
   kSoftmax, kLogSoftmax, kArgmax, kSample, kAdjustLogits, kApplyTokenBitmask, kTopKRows, kGatherRows,
   kLinearFp8Block, kMoeRoute, kMoeExperts, kMlaStoreKv, kMlaAttention, kMlaExpandKv, kConcatColumns,
   kCount  // not an op
 };
+// clang-format on
 const char* to_string(BackendOp op);
 
 class Backend {
@@ -242,22 +248,22 @@ class Backend {
   virtual bool can_record() const { return false; }
 
   // out[t, :] = table[ids[t], :] as f32. ids i32 [T]; table [V, H].
-  virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
+  void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
   // out[t, n] = sum_k x[t, k] * w[n, k] + bias[n]. x [T, K]; w [N, K]; bias [N] or null.
-  virtual void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) = 0;
+  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out);
   // out = x / sqrt(mean(x^2) + eps) * weight, per row. x, out [T, H]; weight [H].
-  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
   // residual += x, then out = rms_norm(residual): the pre-norm residual step.
-  virtual void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                            Tensor& out) = 0;
+  void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                    Tensor& out);
   // Rotates x [T, num_heads * head_dim] in place at positions (i32 [T]).
-  virtual void rope(Tensor& x, const Tensor& positions, const RopeParams& params) = 0;
+  void rope(Tensor& x, const Tensor& positions, const RopeParams& params);
   // k_cache[slots[t], :] = k[t, :], v_cache[slots[t], :] = v[t, :].
   // k [T, kv_heads * head_dim], v [T, kv_heads * v_head_dim]; slots i32 [T].
   // A token whose slot is negative (a padding token) is skipped: nothing is
   // stored for it on any backend.
-  virtual void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
-                        Tensor& v_cache) = 0;
+  void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+                Tensor& v_cache);
   // The attention block's input stage on a fused projection: qkv [T,
   // (num_heads + 2 * num_kv_heads) * head_dim], each row q | k | v. Per
   // token, every q and k head is RMS-normalised over head_dim with q_norm /
@@ -266,50 +272,48 @@ class Backend {
   // q goes to q_out [T, num_heads * head_dim] and k, v go to
   // k_cache[slots[t]], v_cache[slots[t]] (nothing stored for a negative
   // slot). Equal to rms_norm, rope and store_kv applied to the split columns.
-  virtual void qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
-                              const Tensor& positions, const RopeParams& rope, int num_heads,
-                              int num_kv_heads, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
-                              Tensor& q_out) = 0;
+  void qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                      const Tensor& positions, const RopeParams& rope, int num_heads,
+                      int num_kv_heads, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
+                      Tensor& q_out);
   // Causal attention of q [T, num_heads * head_dim] over the cached keys and
   // values that `layout` names. out [T, num_heads * v_head_dim].
-  virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                         const AttentionLayout& layout, const AttentionParams& params,
-                         Tensor& out) = 0;
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                 const AttentionLayout& layout, const AttentionParams& params, Tensor& out);
   // out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i]. gate_up [T, 2I]; out [T, I].
-  virtual void silu_and_mul(const Tensor& gate_up, Tensor& out) = 0;
+  void silu_and_mul(const Tensor& gate_up, Tensor& out);
   // out = a + b, elementwise, same shapes (out may alias a or b).
-  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  void add(const Tensor& a, const Tensor& b, Tensor& out);
   // Row-wise softmax of x [R, C] into out (may alias x).
-  virtual void softmax(const Tensor& x, Tensor& out) = 0;
+  void softmax(const Tensor& x, Tensor& out);
   // Row-wise log-softmax of x [R, C] into out (may alias x).
-  virtual void log_softmax(const Tensor& x, Tensor& out) = 0;
+  void log_softmax(const Tensor& x, Tensor& out);
   // out i32 [R] = argmax of each row of logits [R, V] (lowest index on ties).
-  virtual void argmax(const Tensor& logits, Tensor& out) = 0;
+  void argmax(const Tensor& logits, Tensor& out);
   // Draws one token per row of logits [R, V] under rows[r]; out i32 [R].
   // Order of filters: temperature, then top-k, top-p, min-p on the softmax.
-  virtual void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) = 0;
+  void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out);
   // Applies `edits` (host memory) to logits f32 [R, V] in place. Every edit
   // names a row in [0, R) and a token in [0, V), and no (row, token) appears
   // twice; otherwise the call throws before changing anything.
-  virtual void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) = 0;
+  void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits);
   // Masks logits f32 [R, V] in place with a whole-vocabulary bitmask i32
   // [R, ceil(V / 32)] on this device: logits[r, t] becomes -inf where bit
   // t % 32 of bitmask[r, t / 32] is clear (the tokens a constraint forbids).
-  virtual void apply_token_bitmask(Tensor& logits, const Tensor& bitmask) = 0;
+  void apply_token_bitmask(Tensor& logits, const Tensor& bitmask);
   // Per row of x f32 [R, C], the k largest values in descending order, ties
   // (equal values, -0 == +0) to the lower column; NaN ranks below -inf.
   // 1 <= k <= min(C, kMaxTopKRows). values f32 [R, k]; ids i32 [R, k].
-  virtual void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) = 0;
+  void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids);
   // out[r] = x[r, cols[r]]. x f32 [R, C]; cols i32 [R]; out f32 [R]. A column
   // outside [0, C) throws on host backends (the CUDA backend, which does not
   // read cols back, writes NaN there).
-  virtual void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) = 0;
+  void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out);
 
   // --- DeepSeek V2/V3 ------------------------------------------------------
   // out[t, n] = sum_k x[t, k] * w[n, k] * scale_inv[n / 128, k / 128].
   // x f32 [T, K]; w f8_e4m3 [N, K]; scale_inv f32 [ceil(N/128), ceil(K/128)].
-  virtual void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
-                                Tensor& out) = 0;
+  void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv, Tensor& out);
   // Chooses experts per token from router logits f32 [T, E]. Scores are
   // softmax(logits) or sigmoid(logits); selection uses scores + bias (bias f32
   // [E], sigmoid only, may be null). With num_groups > 1 each group is ranked
@@ -319,21 +323,21 @@ class Backend {
   // weights are the unbiased scores of the chosen experts, divided by their
   // sum when normalize, times scaling. ids i32 [T, top_k], weights f32
   // [T, top_k], in order of decreasing biased score (lower id on ties).
-  virtual void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
-                         Tensor& ids, Tensor& weights) = 0;
+  void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
+                 Tensor& ids, Tensor& weights);
   // out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]). x, out f32 [T, H];
   // ids i32 [T, k] indexing experts; weights f32 [T, k]. Each expert runs only
   // on the tokens routed to it. out must not overlap x.
-  virtual void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                           std::span<const MoeExpert> experts, Tensor& out) = 0;
+  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   std::span<const MoeExpert> experts, Tensor& out);
   // The MLA cache write: for each token t, row = kv_a[t] = [latent (L) | k_pe (R)];
   // cache[slots[t]] = [rms_norm(latent) * norm_weight | rope(k_pe at positions[t])].
   // kv_a f32 [T, L + R]; norm_weight [L]; cache f32 or bf16 [S, L + R]. rope
   // uses num_heads 1, head_dim = rotary_dim = R and rotary_offset 0. A token
   // whose slot is negative (padding) is skipped, as in store_kv.
-  virtual void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,
-                            const Tensor& positions, const RopeParams& rope, const Tensor& slots,
-                            Tensor& cache) = 0;
+  void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,
+                    const Tensor& positions, const RopeParams& rope, const Tensor& slots,
+                    Tensor& cache);
   // The weight-absorbed MLA attention (decode form). q f32 [T, heads * (Dn + R)]
   // with rope applied to each head's last R features; kv_b [heads * (Dn + Dv), L]
   // (per head Dn key rows then Dv value rows). Per head h, the query
@@ -343,9 +347,8 @@ class Backend {
   // is read as `attention` reads it: query rows at negative positions
   // (padding sequences) give zero rows, and kv_slots entries past
   // kv_start[num_seqs] are ignored.
-  virtual void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
-                             const AttentionLayout& layout, const MlaParams& params,
-                             Tensor& out) = 0;
+  void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                     const AttentionLayout& layout, const MlaParams& params, Tensor& out);
   // The expanded MLA form (prefill): for each i, latent row c = cache[slots[i]],
   // k[i, h] = [c[:L] · W_uk(h)ᵀ | c[L:]] and v[i, h] = c[:L] · W_uv(h)ᵀ.
   // slots i32 [S]; k [S, heads * (Dn + R)] and v [S, heads * Dv], both f32 or
@@ -353,11 +356,58 @@ class Backend {
   // cache's dtype, so that a bf16 cache's expansion feeds the tensor-core
   // attention path). With these, `attention` (num_kv_heads == num_heads)
   // gives mla_attention's result.
-  virtual void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
-                             const MlaParams& params, Tensor& k, Tensor& v) = 0;
+  void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
+                     const MlaParams& params, Tensor& k, Tensor& v);
   // out[t] = [a[t] | b[t]]. a f32 [T, A]; b f32 [T, B]; out f32 [T, A + B]
   // (the MTP layer's concatenation of embedding and hidden state).
-  virtual void concat_columns(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  void concat_columns(const Tensor& a, const Tensor& b, Tensor& out);
+
+ protected:
+  // The backend's work for each op, called after the arguments passed the
+  // contract checks (backend.cc); an implementation checks only what is its
+  // own (a dtype or size its kernels do not take).
+  virtual void embedding_impl(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
+  virtual void linear_impl(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) = 0;
+  virtual void rms_norm_impl(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  virtual void add_rms_norm_impl(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                                 Tensor& out) = 0;
+  virtual void rope_impl(Tensor& x, const Tensor& positions, const RopeParams& params) = 0;
+  virtual void store_kv_impl(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+                             Tensor& v_cache) = 0;
+  virtual void qkv_rope_store_impl(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm,
+                                   float eps, const Tensor& positions, const RopeParams& rope,
+                                   int num_heads, int num_kv_heads, const Tensor& slots,
+                                   Tensor& k_cache, Tensor& v_cache, Tensor& q_out) = 0;
+  virtual void attention_impl(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const AttentionLayout& layout, const AttentionParams& params,
+                              Tensor& out) = 0;
+  virtual void silu_and_mul_impl(const Tensor& gate_up, Tensor& out) = 0;
+  virtual void add_impl(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  virtual void softmax_impl(const Tensor& x, Tensor& out) = 0;
+  virtual void log_softmax_impl(const Tensor& x, Tensor& out) = 0;
+  virtual void argmax_impl(const Tensor& logits, Tensor& out) = 0;
+  virtual void sample_impl(const Tensor& logits, std::span<const SamplingRow> rows,
+                           Tensor& out) = 0;
+  virtual void adjust_logits_impl(Tensor& logits, std::span<const LogitEdit> edits) = 0;
+  virtual void apply_token_bitmask_impl(Tensor& logits, const Tensor& bitmask) = 0;
+  virtual void top_k_rows_impl(const Tensor& x, int k, Tensor& values, Tensor& ids) = 0;
+  virtual void gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) = 0;
+  virtual void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
+                                     Tensor& out) = 0;
+  virtual void moe_route_impl(const Tensor& logits, const Tensor* bias,
+                              const MoeRouteParams& params, Tensor& ids, Tensor& weights) = 0;
+  virtual void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                std::span<const MoeExpert> experts, Tensor& out) = 0;
+  virtual void mla_store_kv_impl(const Tensor& kv_a, const Tensor& norm_weight, float eps,
+                                 const Tensor& positions, const RopeParams& rope,
+                                 const Tensor& slots, Tensor& cache) = 0;
+  virtual void mla_attention_impl(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                                  const AttentionLayout& layout, const MlaParams& params,
+                                  Tensor& out) = 0;
+  virtual void mla_expand_kv_impl(const Tensor& cache, const Tensor& slots,
+                                  const LinearWeight& kv_b, const MlaParams& params, Tensor& k,
+                                  Tensor& v) = 0;
+  virtual void concat_columns_impl(const Tensor& a, const Tensor& b, Tensor& out) = 0;
 };
 
 }  // namespace basalt

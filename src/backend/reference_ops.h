@@ -148,86 +148,91 @@ class ReferenceBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
   Tensor empty(Shape shape, DType dtype) override { return Tensor::empty(std::move(shape), dtype); }
   void copy(const Tensor& src, Tensor& dst) override { reference::copy(src, dst); }
-  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override {
+
+ protected:
+  void embedding_impl(const Tensor& ids, const Tensor& table, Tensor& out) override {
     reference::embedding(ids, table, out);
   }
-  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override {
+  void linear_impl(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override {
     reference::linear(x, w, bias, out);
   }
-  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override {
+  void rms_norm_impl(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override {
     reference::rms_norm(x, weight, eps, out);
   }
-  void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                    Tensor& out) override {
+  void add_rms_norm_impl(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                         Tensor& out) override {
     reference::add_rms_norm(residual, x, weight, eps, out);
   }
-  void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override {
+  void rope_impl(Tensor& x, const Tensor& positions, const RopeParams& params) override {
     reference::rope(x, positions, params);
   }
-  void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
-                Tensor& v_cache) override {
+  void store_kv_impl(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+                     Tensor& v_cache) override {
     reference::store_kv(k, v, slots, k_cache, v_cache);
   }
-  void qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
-                      const Tensor& positions, const RopeParams& rope, int num_heads, int num_kv_heads,
-                      const Tensor& slots, Tensor& k_cache, Tensor& v_cache, Tensor& q_out) override {
+  void qkv_rope_store_impl(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                           const Tensor& positions, const RopeParams& rope, int num_heads,
+                           int num_kv_heads, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
+                           Tensor& q_out) override {
     host_qkv_rope_store(*this, qkv, q_norm, k_norm, eps, positions, rope, num_heads, num_kv_heads,
                         slots, k_cache, v_cache, q_out);
   }
-  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                 const AttentionLayout& layout, const AttentionParams& params,
-                 Tensor& out) override {
+  void attention_impl(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                      const AttentionLayout& layout, const AttentionParams& params,
+                      Tensor& out) override {
     reference::attention(q, k_cache, v_cache, layout, params, out);
   }
-  void silu_and_mul(const Tensor& gate_up, Tensor& out) override {
+  void silu_and_mul_impl(const Tensor& gate_up, Tensor& out) override {
     reference::silu_and_mul(gate_up, out);
   }
-  void add(const Tensor& a, const Tensor& b, Tensor& out) override { reference::add(a, b, out); }
-  void softmax(const Tensor& x, Tensor& out) override { reference::softmax(x, out); }
-  void log_softmax(const Tensor& x, Tensor& out) override { reference::log_softmax(x, out); }
-  void argmax(const Tensor& logits, Tensor& out) override { reference::argmax(logits, out); }
-  void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override {
+  void add_impl(const Tensor& a, const Tensor& b, Tensor& out) override {
+    reference::add(a, b, out);
+  }
+  void softmax_impl(const Tensor& x, Tensor& out) override { reference::softmax(x, out); }
+  void log_softmax_impl(const Tensor& x, Tensor& out) override { reference::log_softmax(x, out); }
+  void argmax_impl(const Tensor& logits, Tensor& out) override { reference::argmax(logits, out); }
+  void sample_impl(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override {
     reference::sample(logits, rows, out);
   }
-  void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) override {
+  void adjust_logits_impl(Tensor& logits, std::span<const LogitEdit> edits) override {
     reference::adjust_logits(logits, edits);
   }
-  void apply_token_bitmask(Tensor& logits, const Tensor& bitmask) override {
+  void apply_token_bitmask_impl(Tensor& logits, const Tensor& bitmask) override {
     reference::apply_token_bitmask(logits, bitmask);
   }
-  void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) override {
+  void top_k_rows_impl(const Tensor& x, int k, Tensor& values, Tensor& ids) override {
     reference::top_k_rows(x, k, values, ids);
   }
-  void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) override {
+  void gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) override {
     reference::gather_rows(x, cols, out);
   }
-  void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
-                        Tensor& out) override {
+  void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
+                             Tensor& out) override {
     reference::linear_fp8_block(x, w, scale_inv, out);
   }
-  void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
-                 Tensor& ids, Tensor& weights) override {
+  void moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
+                      Tensor& ids, Tensor& weights) override {
     reference::moe_route(logits, bias, params, ids, weights);
   }
-  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                   std::span<const MoeExpert> experts, Tensor& out) override {
+  void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                        std::span<const MoeExpert> experts, Tensor& out) override {
     reference::moe_experts(x, ids, weights, experts, out);
   }
-  void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,
-                    const Tensor& positions, const RopeParams& rope, const Tensor& slots,
-                    Tensor& cache) override {
+  void mla_store_kv_impl(const Tensor& kv_a, const Tensor& norm_weight, float eps,
+                         const Tensor& positions, const RopeParams& rope, const Tensor& slots,
+                         Tensor& cache) override {
     reference::mla_store_kv(kv_a, norm_weight, eps, positions, rope, slots, cache);
   }
-  void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
-                     const AttentionLayout& layout, const MlaParams& params,
-                     Tensor& out) override {
+  void mla_attention_impl(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                          const AttentionLayout& layout, const MlaParams& params,
+                          Tensor& out) override {
     reference::mla_attention(q, cache, kv_b, layout, params, out);
   }
-  void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
-                     const MlaParams& params, Tensor& k, Tensor& v) override {
+  void mla_expand_kv_impl(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
+                          const MlaParams& params, Tensor& k, Tensor& v) override {
     reference::mla_expand_kv(cache, slots, kv_b, params, k, v);
   }
-  void concat_columns(const Tensor& a, const Tensor& b, Tensor& out) override {
+  void concat_columns_impl(const Tensor& a, const Tensor& b, Tensor& out) override {
     reference::concat_columns(a, b, out);
   }
 };

@@ -52,8 +52,8 @@ class RouteRecorder final : public ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
 
-  void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
-                 Tensor& weights) override {
+  void moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
+                      Tensor& ids, Tensor& weights) override {
     inner().moe_route(logits, bias, params, ids, weights);
     routes_.push_back({to_host(logits), to_host(ids), to_host(weights)});
   }
@@ -117,8 +117,8 @@ class RouteReplayer final : public ForwardingBackend {
   // Whether every recorded call was used.
   bool consumed_all() const { return next_ == routes_.size(); }
 
-  void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
-                 Tensor& weights) override {
+  void moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
+                      Tensor& ids, Tensor& weights) override {
     BASALT_CHECK(next_ < routes_.size(), "RouteReplayer: moe_route call {} has no recorded decision", next_);
     const RecordedRoute& r = routes_[next_++];
     BASALT_CHECK(r.logits.shape() == logits.shape() && r.ids.shape() == ids.shape(),

@@ -29,7 +29,7 @@ int64_t rows_per_task(int64_t row_elements) {
   return std::max<int64_t>(1, kMinTaskElements / std::max<int64_t>(1, row_elements));
 }
 
-// --- Validation -------------------------------------------------------------
+// --- copy() validation (the ops are checked by Backend, backend.cc) ---------
 
 void check_host(const Tensor& t, const char* op, const char* name) {
   BASALT_CHECK(t.device() == Device::kCpu, "{}: {} must be a host tensor for the cpu backend, got {}",
@@ -38,35 +38,11 @@ void check_host(const Tensor& t, const char* op, const char* name) {
                t.describe());
 }
 
-void check_dtype(const Tensor& t, const char* op, const char* name,
-                 std::initializer_list<DType> allowed) {
-  check_host(t, op, name);
-  std::string names;
-  for (DType d : allowed) {
-    if (t.dtype() == d) return;
-    names += names.empty() ? "" : " or ";
-    names += dtype_name(d);
-  }
-  fail("{}: {} must be {}, got {}", op, name, names, t.describe());
-}
-
-void check_rank(const Tensor& t, const char* op, const char* name, int rank) {
-  BASALT_CHECK(t.rank() == rank, "{}: {} must have rank {}, got {}", op, name, rank, t.describe());
-}
-
-void check_shape(const Tensor& t, const char* op, const char* name, const Shape& shape) {
-  BASALT_CHECK(t.shape() == shape, "{}: {} must have shape {}, got {}", op, name,
-               shape_string(shape), t.describe());
-}
-
 bool overlaps(const Tensor& a, const Tensor& b) {
   const char* pa = static_cast<const char*>(a.raw());
   const char* pb = static_cast<const char*>(b.raw());
   return a.nbytes() && b.nbytes() && pa < pb + b.nbytes() && pb < pa + a.nbytes();
 }
-
-constexpr std::initializer_list<DType> kFloatWeights = {DType::kF32, DType::kBF16, DType::kF16,
-                                                        DType::kF8E4M3};
 
 // --- Conversions ------------------------------------------------------------
 
@@ -225,19 +201,9 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
       rows_per_task(kChunk));
 }
 
-void CpuBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
-  check_dtype(ids, "embedding", "ids", {DType::kI32});
-  check_rank(ids, "embedding", "ids", 1);
-  check_dtype(table, "embedding", "table", kFloatWeights);
-  check_rank(table, "embedding", "table", 2);
-  check_dtype(out, "embedding", "out", {DType::kF32});
-  const int64_t tokens = ids.dim(0), vocab = table.dim(0), hidden = table.dim(1);
-  check_shape(out, "embedding", "out", {tokens, hidden});
+void CpuBackend::embedding_impl(const Tensor& ids, const Tensor& table, Tensor& out) {
+  const int64_t tokens = ids.dim(0), hidden = table.dim(1);
   const int32_t* id = ids.data<const int32_t>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    BASALT_CHECK(id[t] >= 0 && id[t] < vocab, "embedding: ids[{}] = {} is outside the table {}", t,
-                 id[t], table.describe());
-  }
   pool_->parallel_for(
       tokens,
       [&](int64_t t0, int64_t t1) {
@@ -248,36 +214,15 @@ void CpuBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) 
       rows_per_task(hidden));
 }
 
-void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
-  check_dtype(x, "linear", "x", {DType::kF32});
-  check_rank(x, "linear", "x", 2);
-  check_dtype(w, "linear", "w", kFloatWeights);
-  check_rank(w, "linear", "w", 2);
-  check_dtype(out, "linear", "out", {DType::kF32});
+void CpuBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
   const int64_t tokens = x.dim(0), in = x.dim(1), outs = w.dim(0);
-  BASALT_CHECK(w.dim(1) == in, "linear: x {} and w {} disagree on in_features", x.describe(),
-               w.describe());
-  check_shape(out, "linear", "out", {tokens, outs});
-  if (bias) {
-    check_dtype(*bias, "linear", "bias", {DType::kF32, DType::kBF16, DType::kF16});
-    check_shape(*bias, "linear", "bias", {outs});
-  }
-  BASALT_CHECK(!overlaps(out, x) && !overlaps(out, w), "linear: out {} overlaps its inputs",
-               out.describe());
   cpu::linear_f32(*pool_, x.data<const float>(), tokens, in, w.raw(), w.dtype(), outs,
                   bias ? bias->raw() : nullptr, bias ? bias->dtype() : DType::kF32,
                   out.data<float>());
 }
 
-void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
-  check_dtype(x, "rms_norm", "x", {DType::kF32});
-  check_rank(x, "rms_norm", "x", 2);
-  check_dtype(weight, "rms_norm", "weight", kFloatWeights);
-  check_dtype(out, "rms_norm", "out", {DType::kF32});
+void CpuBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   const int64_t tokens = x.dim(0), hidden = x.dim(1);
-  BASALT_CHECK(hidden > 0, "rms_norm: x {} has no features", x.describe());
-  check_shape(weight, "rms_norm", "weight", {hidden});
-  check_shape(out, "rms_norm", "out", {tokens, hidden});
   std::vector<float> storage;
   const float* w = weight_as_f32(weight, storage);
   pool_->parallel_for(
@@ -291,18 +236,9 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tens
       rows_per_task(hidden));
 }
 
-void CpuBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                              Tensor& out) {
-  check_dtype(residual, "add_rms_norm", "residual", {DType::kF32});
-  check_rank(residual, "add_rms_norm", "residual", 2);
-  check_dtype(x, "add_rms_norm", "x", {DType::kF32});
-  check_dtype(weight, "add_rms_norm", "weight", kFloatWeights);
-  check_dtype(out, "add_rms_norm", "out", {DType::kF32});
+void CpuBackend::add_rms_norm_impl(Tensor& residual, const Tensor& x, const Tensor& weight,
+                                   float eps, Tensor& out) {
   const int64_t tokens = residual.dim(0), hidden = residual.dim(1);
-  BASALT_CHECK(hidden > 0, "add_rms_norm: residual {} has no features", residual.describe());
-  check_shape(x, "add_rms_norm", "x", residual.shape());
-  check_shape(weight, "add_rms_norm", "weight", {hidden});
-  check_shape(out, "add_rms_norm", "out", residual.shape());
   std::vector<float> storage;
   const float* w = weight_as_f32(weight, storage);
   pool_->parallel_for(
@@ -319,22 +255,9 @@ void CpuBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& w
       rows_per_task(hidden));
 }
 
-void CpuBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& params) {
-  check_dtype(x, "rope", "x", {DType::kF32});
-  check_rank(x, "rope", "x", 2);
-  check_dtype(positions, "rope", "positions", {DType::kI32});
+void CpuBackend::rope_impl(Tensor& x, const Tensor& positions, const RopeParams& params) {
   const int64_t heads = params.num_heads, head_dim = params.head_dim, rotary = params.rotary_dim;
-  BASALT_CHECK(heads > 0 && head_dim > 0 && rotary > 0 && rotary % 2 == 0 &&
-                   params.rotary_offset >= 0 && params.rotary_offset + rotary <= head_dim,
-               "rope: need num_heads > 0 and an even rotary_dim with rotary_offset + rotary_dim in "
-               "(0, head_dim], got num_heads {}, head_dim {}, rotary_dim {}, rotary_offset {}",
-               heads, head_dim, rotary, params.rotary_offset);
   const int64_t tokens = x.dim(0);
-  check_shape(x, "rope", "x", {tokens, heads * head_dim});
-  check_shape(positions, "rope", "positions", {tokens});
-  BASALT_CHECK(params.inv_freq != nullptr, "rope: params.inv_freq is missing");
-  check_dtype(*params.inv_freq, "rope", "inv_freq", {DType::kF32});
-  check_shape(*params.inv_freq, "rope", "inv_freq", {rotary / 2});
   const int64_t half = rotary / 2;
   const float* inv_freq = params.inv_freq->data<const float>();
   const int32_t* pos = positions.data<const int32_t>();
@@ -374,43 +297,18 @@ void CpuBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& para
       rows_per_task(heads * rotary * 2 + half * 40));
 }
 
-void CpuBackend::qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
-                                const Tensor& positions, const RopeParams& rope, int num_heads,
-                                int num_kv_heads, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
-                                Tensor& q_out) {
+void CpuBackend::qkv_rope_store_impl(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm,
+                                     float eps, const Tensor& positions, const RopeParams& rope,
+                                     int num_heads, int num_kv_heads, const Tensor& slots,
+                                     Tensor& k_cache, Tensor& v_cache, Tensor& q_out) {
   host_qkv_rope_store(*this, qkv, q_norm, k_norm, eps, positions, rope, num_heads, num_kv_heads, slots,
                       k_cache, v_cache, q_out);
 }
 
-void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
-                          Tensor& v_cache) {
-  check_dtype(k, "store_kv", "k", {DType::kF32});
-  check_rank(k, "store_kv", "k", 2);
-  check_dtype(v, "store_kv", "v", {DType::kF32});
-  check_rank(v, "store_kv", "v", 2);
-  check_dtype(slots, "store_kv", "slots", {DType::kI32});
+void CpuBackend::store_kv_impl(const Tensor& k, const Tensor& v, const Tensor& slots,
+                               Tensor& k_cache, Tensor& v_cache) {
   const int64_t tokens = k.dim(0);
-  BASALT_CHECK(v.dim(0) == tokens, "store_kv: k {} and v {} differ in token count", k.describe(),
-               v.describe());
-  check_shape(slots, "store_kv", "slots", {tokens});
-  const Tensor* caches[2] = {&k_cache, &v_cache};
-  const Tensor* rows[2] = {&k, &v};
-  const char* names[2] = {"k_cache", "v_cache"};
-  for (int i = 0; i < 2; ++i) {
-    check_dtype(*caches[i], "store_kv", names[i], {DType::kF32, DType::kBF16});
-    BASALT_CHECK(caches[i]->rank() >= 2 && caches[i]->dim(0) > 0 &&
-                     caches[i]->numel() / caches[i]->dim(0) == rows[i]->dim(1),
-                 "store_kv: {} {} does not hold rows of {} floats", names[i],
-                 caches[i]->describe(), rows[i]->dim(1));
-  }
-  BASALT_CHECK(k_cache.dim(0) == v_cache.dim(0), "store_kv: k_cache {} and v_cache {} differ in slots",
-               k_cache.describe(), v_cache.describe());
   const int32_t* slot = slots.data<const int32_t>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    BASALT_CHECK(slot[t] < k_cache.dim(0),
-                 "store_kv: slots[{}] = {} is outside the cache's {} slots", t, slot[t],
-                 k_cache.dim(0));
-  }
   const int64_t k_width = k.dim(1), v_width = v.dim(1);
   pool_->parallel_for(
       tokens,
@@ -426,61 +324,13 @@ void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slots,
       rows_per_task(k_width + v_width));
 }
 
-void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                           const AttentionLayout& layout, const AttentionParams& params,
-                           Tensor& out) {
-  const AttentionParams& p = params;
-  BASALT_CHECK(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 &&
-                   p.head_dim > 0 && p.v_head_dim > 0 && p.sliding_window >= 0 &&
-                   std::isfinite(p.scale),
-               "attention: bad params (num_heads {}, num_kv_heads {}, head_dim {}, v_head_dim {}, "
-               "scale {}, sliding_window {})",
-               p.num_heads, p.num_kv_heads, p.head_dim, p.v_head_dim, p.scale, p.sliding_window);
-  check_dtype(q, "attention", "q", {DType::kF32});
-  check_rank(q, "attention", "q", 2);
-  check_dtype(out, "attention", "out", {DType::kF32});
-  const int64_t tokens = q.dim(0);
-  check_shape(q, "attention", "q", {tokens, int64_t{p.num_heads} * p.head_dim});
-  check_shape(out, "attention", "out", {tokens, int64_t{p.num_heads} * p.v_head_dim});
-  BASALT_CHECK(!overlaps(out, q), "attention: out {} overlaps q", out.describe());
-  check_dtype(k_cache, "attention", "k_cache", {DType::kF32, DType::kBF16});
-  check_dtype(v_cache, "attention", "v_cache", {DType::kF32, DType::kBF16});
-  BASALT_CHECK(k_cache.rank() >= 2 && v_cache.rank() >= 2 && k_cache.dim(0) == v_cache.dim(0) &&
-                   k_cache.numel() == k_cache.dim(0) * p.num_kv_heads * p.head_dim &&
-                   v_cache.numel() == v_cache.dim(0) * p.num_kv_heads * p.v_head_dim,
-               "attention: caches {} and {} must be [slots, {} kv heads × {} / {} dims]",
-               k_cache.describe(), v_cache.describe(), p.num_kv_heads, p.head_dim, p.v_head_dim);
-  check_dtype(layout.q_start, "attention", "q_start", {DType::kI32});
-  check_rank(layout.q_start, "attention", "q_start", 1);
-  check_dtype(layout.kv_start, "attention", "kv_start", {DType::kI32});
-  check_dtype(layout.kv_slots, "attention", "kv_slots", {DType::kI32});
-  check_rank(layout.kv_slots, "attention", "kv_slots", 1);
+void CpuBackend::attention_impl(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                const AttentionLayout& layout, const AttentionParams& params,
+                                Tensor& out) {
   const int64_t seqs = layout.q_start.dim(0) - 1;
-  BASALT_CHECK(seqs >= 0, "attention: q_start {} must have num_seqs + 1 entries",
-               layout.q_start.describe());
-  check_shape(layout.kv_start, "attention", "kv_start", {seqs + 1});
   const int32_t* q_start = layout.q_start.data<const int32_t>();
   const int32_t* kv_start = layout.kv_start.data<const int32_t>();
   const int32_t* kv_slots = layout.kv_slots.data<const int32_t>();
-  BASALT_CHECK(q_start[0] == 0 && q_start[seqs] == tokens,
-               "attention: q_start must run from 0 to the {} query rows, got {} .. {}", tokens,
-               q_start[0], q_start[seqs]);
-  BASALT_CHECK(kv_start[0] == 0 && kv_start[seqs] <= layout.kv_slots.dim(0),
-               "attention: kv_start must run from 0 to at most the {} kv_slots, got {} .. {}",
-               layout.kv_slots.dim(0), kv_start[0], kv_start[seqs]);
-  for (int64_t s = 0; s < seqs; ++s) {
-    const int64_t q_len = int64_t{q_start[s + 1]} - q_start[s];
-    const int64_t kv_len = int64_t{kv_start[s + 1]} - kv_start[s];
-    BASALT_CHECK(q_len >= 0 && kv_len >= 0,
-                 "attention: sequence {} has {} query rows and {} keys (need both >= 0)",
-                 s, q_len, kv_len);
-  }
-  const int64_t num_slots = k_cache.dim(0);
-  for (int64_t i = 0; i < kv_start[seqs]; ++i) {  // entries past kv_start[seqs] are unused
-    BASALT_CHECK(kv_slots[i] >= 0 && kv_slots[i] < num_slots,
-                 "attention: kv_slots[{}] = {} is outside the cache's {} slots", i, kv_slots[i],
-                 num_slots);
-  }
   cpu::AttentionArgs args;
   args.q = q.data<const float>();
   args.k_cache = k_cache.raw();
@@ -496,16 +346,8 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   cpu::attention_f32(*pool_, args);
 }
 
-void CpuBackend::silu_and_mul(const Tensor& gate_up, Tensor& out) {
-  check_dtype(gate_up, "silu_and_mul", "gate_up", {DType::kF32});
-  check_rank(gate_up, "silu_and_mul", "gate_up", 2);
-  check_dtype(out, "silu_and_mul", "out", {DType::kF32});
+void CpuBackend::silu_and_mul_impl(const Tensor& gate_up, Tensor& out) {
   const int64_t tokens = gate_up.dim(0), inter = gate_up.dim(1) / 2;
-  BASALT_CHECK(gate_up.dim(1) % 2 == 0, "silu_and_mul: gate_up {} must have an even width",
-               gate_up.describe());
-  check_shape(out, "silu_and_mul", "out", {tokens, inter});
-  BASALT_CHECK(!overlaps(out, gate_up) || out.raw() == gate_up.raw(),
-               "silu_and_mul: out {} partially overlaps gate_up", out.describe());
   pool_->parallel_for(
       tokens,
       [&](int64_t t0, int64_t t1) {
@@ -526,12 +368,7 @@ void CpuBackend::silu_and_mul(const Tensor& gate_up, Tensor& out) {
       rows_per_task(inter * 8));
 }
 
-void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
-  check_dtype(a, "add", "a", {DType::kF32});
-  check_dtype(b, "add", "b", {DType::kF32});
-  check_dtype(out, "add", "out", {DType::kF32});
-  check_shape(b, "add", "b", a.shape());
-  check_shape(out, "add", "out", a.shape());
+void CpuBackend::add_impl(const Tensor& a, const Tensor& b, Tensor& out) {
   constexpr int64_t kChunk = 4096;
   const int64_t n = a.numel();
   pool_->parallel_for(
@@ -548,13 +385,8 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 namespace {
 
-void softmax_op(ThreadPool& pool, const Tensor& x, Tensor& out, bool log, const char* op) {
-  check_dtype(x, op, "x", {DType::kF32});
-  check_rank(x, op, "x", 2);
-  check_dtype(out, op, "out", {DType::kF32});
-  check_shape(out, op, "out", x.shape());
+void softmax_op(ThreadPool& pool, const Tensor& x, Tensor& out, bool log) {
   const int64_t rows = x.dim(0), cols = x.dim(1);
-  BASALT_CHECK(cols > 0, "{}: x {} has empty rows", op, x.describe());
   pool.parallel_for(
       rows,
       [&](int64_t r0, int64_t r1) {
@@ -585,21 +417,14 @@ void softmax_op(ThreadPool& pool, const Tensor& x, Tensor& out, bool log, const 
 
 }  // namespace
 
-void CpuBackend::softmax(const Tensor& x, Tensor& out) {
-  softmax_op(*pool_, x, out, false, "softmax");
+void CpuBackend::softmax_impl(const Tensor& x, Tensor& out) { softmax_op(*pool_, x, out, false); }
+
+void CpuBackend::log_softmax_impl(const Tensor& x, Tensor& out) {
+  softmax_op(*pool_, x, out, true);
 }
 
-void CpuBackend::log_softmax(const Tensor& x, Tensor& out) {
-  softmax_op(*pool_, x, out, true, "log_softmax");
-}
-
-void CpuBackend::argmax(const Tensor& logits, Tensor& out) {
-  check_dtype(logits, "argmax", "logits", {DType::kF32});
-  check_rank(logits, "argmax", "logits", 2);
-  check_dtype(out, "argmax", "out", {DType::kI32});
+void CpuBackend::argmax_impl(const Tensor& logits, Tensor& out) {
   const int64_t rows = logits.dim(0), vocab = logits.dim(1);
-  BASALT_CHECK(vocab > 0, "argmax: logits {} has empty rows", logits.describe());
-  check_shape(out, "argmax", "out", {rows});
   pool_->parallel_for(
       rows,
       [&](int64_t r0, int64_t r1) {
@@ -610,25 +435,8 @@ void CpuBackend::argmax(const Tensor& logits, Tensor& out) {
       rows_per_task(vocab));
 }
 
-void CpuBackend::sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) {
-  check_dtype(logits, "sample", "logits", {DType::kF32});
-  check_rank(logits, "sample", "logits", 2);
-  check_dtype(out, "sample", "out", {DType::kI32});
+void CpuBackend::sample_impl(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) {
   const int64_t count = logits.dim(0), vocab = logits.dim(1);
-  BASALT_CHECK(vocab > 0, "sample: logits {} has empty rows", logits.describe());
-  BASALT_CHECK(static_cast<int64_t>(rows.size()) == count,
-               "sample: {} rows of controls for logits {}", rows.size(), logits.describe());
-  check_shape(out, "sample", "out", {count});
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const SamplingRow& c = rows[r];
-    BASALT_CHECK(std::isfinite(c.temperature) && c.temperature >= 0.0f,
-                 "sample: rows[{}].temperature = {} must be finite and >= 0", r, c.temperature);
-    BASALT_CHECK(c.top_k >= 0, "sample: rows[{}].top_k = {} must be >= 0", r, c.top_k);
-    BASALT_CHECK(c.top_p > 0.0f && c.top_p <= 1.0f, "sample: rows[{}].top_p = {} must be in (0, 1]",
-                 r, c.top_p);
-    BASALT_CHECK(c.min_p >= 0.0f && c.min_p <= 1.0f, "sample: rows[{}].min_p = {} must be in [0, 1]",
-                 r, c.min_p);
-  }
   pool_->parallel_for(
       count,
       [&](int64_t r0, int64_t r1) {
@@ -640,10 +448,7 @@ void CpuBackend::sample(const Tensor& logits, std::span<const SamplingRow> rows,
       rows_per_task(vocab * 4));
 }
 
-void CpuBackend::adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) {
-  check_dtype(logits, "adjust_logits", "logits", {DType::kF32});
-  check_rank(logits, "adjust_logits", "logits", 2);
-  reference::check_logit_edits(edits, logits.dim(0), logits.dim(1), "adjust_logits");
+void CpuBackend::adjust_logits_impl(Tensor& logits, std::span<const LogitEdit> edits) {
   float* data = logits.data<float>();
   for (const LogitEdit& e : edits) {
     float& x = data[e.row * logits.dim(1) + e.token];
@@ -651,10 +456,7 @@ void CpuBackend::adjust_logits(Tensor& logits, std::span<const LogitEdit> edits)
   }
 }
 
-void CpuBackend::apply_token_bitmask(Tensor& logits, const Tensor& bitmask) {
-  check_host(logits, "apply_token_bitmask", "logits");
-  check_host(bitmask, "apply_token_bitmask", "bitmask");
-  reference::check_token_bitmask(logits, bitmask, "apply_token_bitmask");
+void CpuBackend::apply_token_bitmask_impl(Tensor& logits, const Tensor& bitmask) {
   const int64_t vocab = logits.dim(1), words = bitmask.dim(1);
   for (int64_t r = 0; r < logits.dim(0); ++r) {
     float* row = logits.data<float>() + r * vocab;
@@ -669,11 +471,7 @@ void CpuBackend::apply_token_bitmask(Tensor& logits, const Tensor& bitmask) {
   }
 }
 
-void CpuBackend::top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) {
-  check_host(x, "top_k_rows", "x");
-  check_host(values, "top_k_rows", "values");
-  check_host(ids, "top_k_rows", "ids");
-  reference::check_top_k_rows(x, k, values, ids, "top_k_rows");
+void CpuBackend::top_k_rows_impl(const Tensor& x, int k, Tensor& values, Tensor& ids) {
   const int64_t cols = x.dim(1);
   pool_->parallel_for(
       x.dim(0),
@@ -707,15 +505,9 @@ void CpuBackend::top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids)
       rows_per_task(cols * 2));
 }
 
-void CpuBackend::gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
-  check_host(x, "gather_rows", "x");
-  check_host(cols, "gather_rows", "cols");
-  check_host(out, "gather_rows", "out");
-  reference::check_gather_rows(x, cols, out, "gather_rows");
+void CpuBackend::gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) {
   for (int64_t r = 0; r < x.dim(0); ++r) {
     const int32_t c = cols.data<const int32_t>()[r];
-    BASALT_CHECK(c >= 0 && c < x.dim(1), "gather_rows: column {} of row {} is outside 0..{}", c, r,
-                 x.dim(1) - 1);
     out.data<float>()[r] = x.data<const float>()[r * x.dim(1) + c];
   }
 }

@@ -1,28 +1,12 @@
-// Argument checks shared by the CPU backend's DeepSeek ops (moe.cc, mla.cc).
+// The CPU backend's own check of the MoE experts it runs (moe.cc): Backend
+// checks expert 0 of a moe_experts call; each expert a call routes tokens to
+// is checked here before its weights are read.
 #pragma once
 
 #include "backend/backend.h"
 #include "core/error.h"
 
 namespace basalt::cpu {
-
-inline void expect(const Tensor& t, const char* op, const char* name, DType dtype, int rank) {
-  BASALT_CHECK(t.device() == Device::kCpu && t.dtype() == dtype && t.rank() == rank &&
-                   (t.numel() == 0 || t.raw() != nullptr),
-               "{}: {} must be a host {} tensor of rank {}, got {}", op, name, dtype_name(dtype),
-               rank, t.describe());
-}
-
-inline void expect_shape(const Tensor& t, const char* op, const char* name, const Shape& shape) {
-  BASALT_CHECK(t.shape() == shape, "{}: {} must have shape {}, got {}", op, name,
-               shape_string(shape), t.describe());
-}
-
-inline bool overlaps(const Tensor& a, const Tensor& b) {
-  const char* pa = static_cast<const char*>(a.raw());
-  const char* pb = static_cast<const char*>(b.raw());
-  return a.nbytes() && b.nbytes() && pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
 
 // w is [n, k]: f32, bf16 or f16, or f8_e4m3 with scale_inv f32
 // [ceil(n/128), ceil(k/128)].

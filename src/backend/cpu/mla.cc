@@ -16,31 +16,12 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/deepseek_checks.h"
 #include "backend/cpu/fp8_block.h"
 #include "backend/cpu/simd.h"
 #include "core/error.h"
 
 namespace basalt {
 namespace {
-
-using cpu::expect;
-using cpu::expect_shape;
-
-void check_params(const MlaParams& p, const char* op) {
-  BASALT_CHECK(p.num_heads > 0 && p.kv_lora_rank > 0 && p.qk_nope_head_dim > 0 &&
-                   p.qk_rope_head_dim > 0 && p.qk_rope_head_dim % 2 == 0 && p.v_head_dim > 0,
-               "{}: bad MLA params (heads {}, kv_lora_rank {}, nope {}, rope {}, v {})", op,
-               p.num_heads, p.kv_lora_rank, p.qk_nope_head_dim, p.qk_rope_head_dim, p.v_head_dim);
-}
-
-void check_cache(const Tensor& cache, int64_t width, const char* op) {
-  BASALT_CHECK(cache.device() == Device::kCpu && cache.rank() == 2 && cache.dim(1) == width &&
-                   (cache.dtype() == DType::kF32 || cache.dtype() == DType::kBF16) &&
-                   cache.raw() != nullptr,
-               "{}: cache must be a host f32 or bf16 [slots, {}] tensor, got {}", op, width,
-               cache.describe());
-}
 
 // Row `slot` of the cache as f32: a pointer into an f32 cache, or converted into buf.
 const float* cache_row(const Tensor& cache, int64_t slot, float* buf) {
@@ -72,30 +53,11 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 
 }  // namespace
 
-void CpuBackend::mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,
-                              const Tensor& positions, const RopeParams& rope, const Tensor& slots,
-                              Tensor& cache) {
-  expect(kv_a, "mla_store_kv", "kv_a", DType::kF32, 2);
-  expect(positions, "mla_store_kv", "positions", DType::kI32, 1);
-  expect(slots, "mla_store_kv", "slots", DType::kI32, 1);
+void CpuBackend::mla_store_kv_impl(const Tensor& kv_a, const Tensor& norm_weight, float eps,
+                                   const Tensor& positions, const RopeParams& rope,
+                                   const Tensor& slots, Tensor& cache) {
   const int64_t T = kv_a.dim(0), R = rope.rotary_dim, L = kv_a.dim(1) - R;
-  BASALT_CHECK(R > 0 && R % 2 == 0 && L > 0 && rope.num_heads == 1 && rope.head_dim == R &&
-                   rope.rotary_offset == 0 && rope.inv_freq != nullptr,
-               "mla_store_kv: rope must be one head of {} rotary dims with inv_freq", R);
-  expect(*rope.inv_freq, "mla_store_kv", "inv_freq", DType::kF32, 1);
-  expect_shape(*rope.inv_freq, "mla_store_kv", "inv_freq", {R / 2});
-  BASALT_CHECK(norm_weight.device() == Device::kCpu && norm_weight.rank() == 1 &&
-                   norm_weight.dim(0) == L &&
-                   (norm_weight.dtype() == DType::kF32 || norm_weight.dtype() == DType::kBF16),
-               "mla_store_kv: norm_weight must be f32 or bf16 [{}], got {}", L,
-               norm_weight.describe());
-  check_cache(cache, L + R, "mla_store_kv");
-  expect_shape(positions, "mla_store_kv", "positions", {T});
-  expect_shape(slots, "mla_store_kv", "slots", {T});
   const int32_t* slot = slots.data<const int32_t>();
-  for (int64_t t = 0; t < T; ++t)
-    BASALT_CHECK(slot[t] < cache.dim(0), "mla_store_kv: slots[{}] = {} is outside the cache's {} slots", t,
-                 slot[t], cache.dim(0));
   LinearWeight norm{norm_weight.reshape({1, L}), Tensor()};
   pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
     std::vector<float> row(static_cast<size_t>(L + R)), w(static_cast<size_t>(L));
@@ -129,26 +91,13 @@ void CpuBackend::mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, flo
   });
 }
 
-void CpuBackend::mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
-                               const MlaParams& p, Tensor& k, Tensor& v) {
-  check_params(p, "mla_expand_kv");
+void CpuBackend::mla_expand_kv_impl(const Tensor& cache, const Tensor& slots,
+                                    const LinearWeight& kv_b, const MlaParams& p, Tensor& k,
+                                    Tensor& v) {
   const int64_t heads = p.num_heads, L = p.kv_lora_rank, Dn = p.qk_nope_head_dim,
                 R = p.qk_rope_head_dim, Dv = p.v_head_dim;
-  check_cache(cache, L + R, "mla_expand_kv");
-  expect(slots, "mla_expand_kv", "slots", DType::kI32, 1);
   const int64_t S = slots.dim(0);
-  cpu::check_linear_weight(kv_b, heads * (Dn + Dv), L, "mla_expand_kv", "kv_b");
-  BASALT_CHECK(k.dtype() == v.dtype() && (k.dtype() == DType::kF32 || k.dtype() == DType::kBF16),
-               "mla_expand_kv: k and v must both be f32 or both bf16, got {} and {}", k.describe(), v.describe());
-  expect(k, "mla_expand_kv", "k", k.dtype(), 2);
-  expect(v, "mla_expand_kv", "v", v.dtype(), 2);
-  expect_shape(k, "mla_expand_kv", "k", {S, heads * (Dn + R)});
-  expect_shape(v, "mla_expand_kv", "v", {S, heads * Dv});
   const int32_t* slot = slots.data<const int32_t>();
-  for (int64_t i = 0; i < S; ++i)
-    BASALT_CHECK(slot[i] >= 0 && slot[i] < cache.dim(0),
-                 "mla_expand_kv: slots[{}] = {} is outside the cache's {} slots", i, slot[i],
-                 cache.dim(0));
   std::vector<float> latent(static_cast<size_t>(S * L)), buf(static_cast<size_t>(L + R));
   std::vector<float> kv(static_cast<size_t>(S * heads * (Dn + Dv)));
   for (int64_t i = 0; i < S; ++i) {
@@ -177,41 +126,21 @@ void CpuBackend::mla_expand_kv(const Tensor& cache, const Tensor& slots, const L
   }
 }
 
-void CpuBackend::mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
-                               const AttentionLayout& layout, const MlaParams& p, Tensor& out) {
-  check_params(p, "mla_attention");
+void CpuBackend::mla_attention_impl(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                                    const AttentionLayout& layout, const MlaParams& p,
+                                    Tensor& out) {
   const int64_t heads = p.num_heads, L = p.kv_lora_rank, Dn = p.qk_nope_head_dim,
                 R = p.qk_rope_head_dim, Dv = p.v_head_dim;
-  expect(q, "mla_attention", "q", DType::kF32, 2);
-  expect(out, "mla_attention", "out", DType::kF32, 2);
   const int64_t T = q.dim(0);
-  expect_shape(q, "mla_attention", "q", {T, heads * (Dn + R)});
-  expect_shape(out, "mla_attention", "out", {T, heads * Dv});
-  check_cache(cache, L + R, "mla_attention");
-  cpu::check_linear_weight(kv_b, heads * (Dn + Dv), L, "mla_attention", "kv_b");
-  expect(layout.q_start, "mla_attention", "q_start", DType::kI32, 1);
-  expect(layout.kv_start, "mla_attention", "kv_start", DType::kI32, 1);
-  expect(layout.kv_slots, "mla_attention", "kv_slots", DType::kI32, 1);
   const int64_t seqs = layout.q_start.dim(0) - 1;
-  BASALT_CHECK(seqs >= 0 && layout.kv_start.dim(0) == seqs + 1,
-               "mla_attention: q_start and kv_start must both have num_seqs + 1 entries");
   const int32_t* q_start = layout.q_start.data<const int32_t>();
   const int32_t* kv_start = layout.kv_start.data<const int32_t>();
   const int32_t* kv_slots = layout.kv_slots.data<const int32_t>();
-  BASALT_CHECK(q_start[0] == 0 && q_start[seqs] == T && kv_start[0] == 0 &&
-                   kv_start[seqs] <= layout.kv_slots.dim(0),
-               "mla_attention: the layout does not cover q and kv_slots");
   // Row -> (sequence, position) and slot checks up front. A query row at a
   // negative position (more queries than keys: padding) gets a zero row.
   std::vector<int64_t> row_seq(static_cast<size_t>(T)), row_pos(static_cast<size_t>(T));
   for (int64_t s = 0; s < seqs; ++s) {
     const int64_t q_len = q_start[s + 1] - q_start[s], kv_len = kv_start[s + 1] - kv_start[s];
-    BASALT_CHECK(q_len >= 0 && kv_len >= 0, "mla_attention: sequence {} has {} queries and {} keys", s, q_len,
-                 kv_len);
-    for (int64_t j = kv_start[s]; j < kv_start[s + 1]; ++j)
-      BASALT_CHECK(kv_slots[j] >= 0 && kv_slots[j] < cache.dim(0),
-                   "mla_attention: slot {} is outside the cache's {} slots", kv_slots[j],
-                   cache.dim(0));
     for (int64_t i = 0; i < q_len; ++i) {
       row_seq[q_start[s] + i] = s;
       row_pos[q_start[s] + i] = kv_len - q_len + i;
@@ -276,15 +205,8 @@ void CpuBackend::mla_attention(const Tensor& q, const Tensor& cache, const Linea
   });
 }
 
-void CpuBackend::concat_columns(const Tensor& a, const Tensor& b, Tensor& out) {
-  expect(a, "concat_columns", "a", DType::kF32, 2);
-  expect(b, "concat_columns", "b", DType::kF32, 2);
-  expect(out, "concat_columns", "out", DType::kF32, 2);
+void CpuBackend::concat_columns_impl(const Tensor& a, const Tensor& b, Tensor& out) {
   const int64_t T = a.dim(0), A = a.dim(1), B = b.dim(1);
-  expect_shape(b, "concat_columns", "b", {T, B});
-  expect_shape(out, "concat_columns", "out", {T, A + B});
-  BASALT_CHECK(!cpu::overlaps(a, out) && !cpu::overlaps(b, out),
-               "concat_columns: out must not overlap a or b");
   for (int64_t t = 0; t < T; ++t) {
     std::copy_n(a.data<const float>() + t * A, A, out.data<float>() + t * (A + B));
     std::copy_n(b.data<const float>() + t * B, B, out.data<float>() + t * (A + B) + A);

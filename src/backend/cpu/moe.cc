@@ -20,38 +20,16 @@
 
 namespace basalt {
 
-using cpu::expect;
-using cpu::expect_shape;
-
-void CpuBackend::linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
-                                  Tensor& out) {
-  expect(x, "linear_fp8_block", "x", DType::kF32, 2);
-  expect(out, "linear_fp8_block", "out", DType::kF32, 2);
-  expect(w, "linear_fp8_block", "w", DType::kF8E4M3, 2);
+void CpuBackend::linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
+                                       Tensor& out) {
   const int64_t T = x.dim(0), K = x.dim(1), N = w.dim(0);
-  expect_shape(w, "linear_fp8_block", "w", {N, K});
-  expect_shape(out, "linear_fp8_block", "out", {T, N});
-  cpu::check_linear_weight(LinearWeight{w, scale_inv}, N, K, "linear_fp8_block", "w");
   cpu::linear_fp8_block_f32(*pool_, x.data<const float>(), T, K, w.data<const uint8_t>(),
                             scale_inv.data<const float>(), N, out.data<float>());
 }
 
-void CpuBackend::moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& p,
-                           Tensor& ids, Tensor& weights) {
-  expect(logits, "moe_route", "logits", DType::kF32, 2);
+void CpuBackend::moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& p,
+                                Tensor& ids, Tensor& weights) {
   const int64_t T = logits.dim(0), E = logits.dim(1);
-  BASALT_CHECK(p.top_k > 0 && p.num_groups > 0 && E % p.num_groups == 0 && p.topk_groups > 0 &&
-                   p.topk_groups <= p.num_groups && p.top_k <= p.topk_groups * (E / p.num_groups),
-               "moe_route: top_k {}, num_groups {}, topk_groups {} do not fit {} experts", p.top_k,
-               p.num_groups, p.topk_groups, E);
-  expect(ids, "moe_route", "ids", DType::kI32, 2);
-  expect(weights, "moe_route", "weights", DType::kF32, 2);
-  expect_shape(ids, "moe_route", "ids", {T, p.top_k});
-  expect_shape(weights, "moe_route", "weights", {T, p.top_k});
-  if (bias) {
-    expect(*bias, "moe_route", "bias", DType::kF32, 1);
-    expect_shape(*bias, "moe_route", "bias", {E});
-  }
   const int64_t per_group = E / p.num_groups;
   const float* b = bias ? bias->data<const float>() : nullptr;
   pool_->parallel_for(
@@ -115,28 +93,16 @@ void CpuBackend::moe_route(const Tensor& logits, const Tensor* bias, const MoeRo
       std::max<int64_t>(1, 4096 / std::max<int64_t>(1, E)));
 }
 
-void CpuBackend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                             std::span<const MoeExpert> experts, Tensor& out) {
-  expect(x, "moe_experts", "x", DType::kF32, 2);
-  expect(out, "moe_experts", "out", DType::kF32, 2);
-  expect(ids, "moe_experts", "ids", DType::kI32, 2);
-  expect(weights, "moe_experts", "weights", DType::kF32, 2);
+void CpuBackend::moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                  std::span<const MoeExpert> experts, Tensor& out) {
   const int64_t T = x.dim(0), H = x.dim(1), K = ids.dim(1);
-  expect_shape(out, "moe_experts", "out", {T, H});
-  expect_shape(ids, "moe_experts", "ids", {T, K});
-  expect_shape(weights, "moe_experts", "weights", {T, K});
-  BASALT_CHECK(!experts.empty(), "moe_experts: no experts");
-  BASALT_CHECK(!cpu::overlaps(x, out), "moe_experts: out must not overlap x");
   const int64_t I = experts[0].gate.weight.rank() == 2 ? experts[0].gate.weight.dim(0) : 0;
   const int64_t E = static_cast<int64_t>(experts.size());
 
   // Group the (token, slot) pairs by expert.
   std::vector<int64_t> count(static_cast<size_t>(E + 1), 0);
   const int32_t* id = ids.data<const int32_t>();
-  for (int64_t i = 0; i < T * K; ++i) {
-    BASALT_CHECK(id[i] >= 0 && id[i] < E, "moe_experts: expert id {} outside [0, {})", id[i], E);
-    ++count[id[i] + 1];
-  }
+  for (int64_t i = 0; i < T * K; ++i) ++count[id[i] + 1];  // ids were checked by Backend
   std::partial_sum(count.begin(), count.end(), count.begin());
   std::vector<int64_t> order(static_cast<size_t>(T * K));
   {

@@ -200,12 +200,12 @@ std::unique_ptr<RecordedOps> CudaBackend::record(const std::function<void()>& op
   return std::make_unique<CudaGraph>(exec, stream_);
 }
 
-void CudaBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+void CudaBackend::embedding_impl(const Tensor& ids, const Tensor& table, Tensor& out) {
   const OpScope scope(*this, "embedding", 2.0 * static_cast<double>(out.nbytes()) + bytes_of({&ids}));
   cuda_embedding(ids, table, out, stream_);
 }
 
-void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
+void CudaBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
   BASALT_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16,
                "cuda linear: activations must be f32 or bf16, got x {}", x.describe());
   BASALT_CHECK(w.dtype() == DType::kF32 || w.dtype() == DType::kBF16 || w.dtype() == DType::kF16,
@@ -229,29 +229,32 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
   blas_->linear(rounded, w, bias, out, stream_);
 }
 
-void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+void CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   const OpScope scope(*this, "rms_norm", bytes_of({&x, &weight, &out}));
   cuda_rms_norm(x, weight, eps, out, stream_);
 }
 
-void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+void CudaBackend::add_rms_norm_impl(Tensor& residual, const Tensor& x, const Tensor& weight,
+                                    float eps, Tensor& out) {
   const OpScope scope(*this, "add_rms_norm", bytes_of({&residual, &residual, &x, &weight, &out}));
   cuda_add_rms_norm(residual, x, weight, eps, out, stream_);
 }
 
-void CudaBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& params) {
+void CudaBackend::rope_impl(Tensor& x, const Tensor& positions, const RopeParams& params) {
   const OpScope scope(*this, "rope", bytes_of({&x, &x, &positions}));
   cuda_rope(x, positions, params, stream_);
 }
 
-void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+void CudaBackend::store_kv_impl(const Tensor& k, const Tensor& v, const Tensor& slots,
+                                Tensor& k_cache, Tensor& v_cache) {
   const OpScope scope(*this, "store_kv", 2.0 * bytes_of({&k, &v}) + bytes_of({&slots}));
   cuda_store_kv(k, v, slots, k_cache, v_cache, stream_);
 }
 
-void CudaBackend::qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
-                                 const Tensor& positions, const RopeParams& rope, int num_heads, int num_kv_heads,
-                                 const Tensor& slots, Tensor& k_cache, Tensor& v_cache, Tensor& q_out) {
+void CudaBackend::qkv_rope_store_impl(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm,
+                                      float eps, const Tensor& positions, const RopeParams& rope,
+                                      int num_heads, int num_kv_heads, const Tensor& slots,
+                                      Tensor& k_cache, Tensor& v_cache, Tensor& q_out) {
   const double kv_row = k_cache.rank() == 2 ? static_cast<double>(k_cache.dim(1) * dtype_size(k_cache.dtype())) : 0;
   const OpScope scope(*this, "qkv_rope_store",
                       bytes_of({&qkv, &q_out, &positions, &slots}) + 2.0 * kv_row * static_cast<double>(qkv.dim(0)));
@@ -259,8 +262,9 @@ void CudaBackend::qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const 
                       q_out, stream_);
 }
 
-void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                            const AttentionLayout& layout, const AttentionParams& params, Tensor& out) {
+void CudaBackend::attention_impl(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                 const AttentionLayout& layout, const AttentionParams& params,
+                                 Tensor& out) {
   // Every key and value row the layout names is read once.
   const double kv_row = static_cast<double>(params.num_kv_heads) * (params.head_dim + params.v_head_dim) *
                         static_cast<double>(dtype_size(k_cache.dtype()));
@@ -270,60 +274,66 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   cuda_attention(q, k_cache, v_cache, layout, params, out, stream_);
 }
 
-void CudaBackend::silu_and_mul(const Tensor& gate_up, Tensor& out) {
+void CudaBackend::silu_and_mul_impl(const Tensor& gate_up, Tensor& out) {
   const OpScope scope(*this, "silu_and_mul", bytes_of({&gate_up, &out}));
   cuda_silu_and_mul(gate_up, out, stream_);
 }
 
-void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) { cuda_add(a, b, out, stream_); }
+void CudaBackend::add_impl(const Tensor& a, const Tensor& b, Tensor& out) {
+  cuda_add(a, b, out, stream_);
+}
 
-void CudaBackend::softmax(const Tensor& x, Tensor& out) { cuda_softmax(x, out, false, stream_); }
+void CudaBackend::softmax_impl(const Tensor& x, Tensor& out) {
+  cuda_softmax(x, out, false, stream_);
+}
 
-void CudaBackend::log_softmax(const Tensor& x, Tensor& out) {
+void CudaBackend::log_softmax_impl(const Tensor& x, Tensor& out) {
   const OpScope scope(*this, "log_softmax", bytes_of({&x, &out}));
   cuda_softmax(x, out, true, stream_);
 }
 
-void CudaBackend::argmax(const Tensor& logits, Tensor& out) {
+void CudaBackend::argmax_impl(const Tensor& logits, Tensor& out) {
   const OpScope scope(*this, "argmax", bytes_of({&logits, &out}));
   cuda_argmax(logits, out, stream_);
 }
 
-void CudaBackend::sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) {
+void CudaBackend::sample_impl(const Tensor& logits, std::span<const SamplingRow> rows,
+                              Tensor& out) {
   const OpScope scope(*this, "sample", bytes_of({&logits, &out}));
   cuda_sample(logits, rows, out, stream_);
 }
 
-void CudaBackend::apply_token_bitmask(Tensor& logits, const Tensor& bitmask) {
+void CudaBackend::apply_token_bitmask_impl(Tensor& logits, const Tensor& bitmask) {
   cuda_apply_token_bitmask(logits, bitmask, stream_);
 }
 
-void CudaBackend::adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) {
+void CudaBackend::adjust_logits_impl(Tensor& logits, std::span<const LogitEdit> edits) {
   cuda_adjust_logits(logits, edits, stream_);
 }
 
-void CudaBackend::top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) {
+void CudaBackend::top_k_rows_impl(const Tensor& x, int k, Tensor& values, Tensor& ids) {
   const OpScope scope(*this, "top_k_rows", bytes_of({&x, &values, &ids}));
   cuda_top_k_rows(x, k, values, ids, stream_);
 }
 
-void CudaBackend::gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
+void CudaBackend::gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) {
   cuda_gather_rows(x, cols, out, stream_);
 }
 
-void CudaBackend::linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv, Tensor& out) {
+void CudaBackend::linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
+                                        Tensor& out) {
   const OpScope scope(*this, fmt::format("linear_fp8_block {}x{}", w.dim(0), w.rank() == 2 ? w.dim(1) : 0),
                       bytes_of({&x, &w, &scale_inv, &out}),
                       2.0 * static_cast<double>(x.dim(0)) * static_cast<double>(w.numel()));
   fp8_->linear(x, w, scale_inv, out, stream_);
 }
-void CudaBackend::moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
-                            Tensor& weights) {
+void CudaBackend::moe_route_impl(const Tensor& logits, const Tensor* bias,
+                                 const MoeRouteParams& params, Tensor& ids, Tensor& weights) {
   const OpScope scope(*this, "moe_route", bytes_of({&logits, bias, &ids, &weights}));
   cuda_moe_route(logits, bias, params, ids, weights, stream_);
 }
-void CudaBackend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                              std::span<const MoeExpert> experts, Tensor& out) {
+void CudaBackend::moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                   std::span<const MoeExpert> experts, Tensor& out) {
   const MoeExpertTable& table = moe_tables_->get(experts, stream_);
   // Bytes: x, out, routing, and the weights of as many experts as the call
   // can touch (min(E, T k): which ones is only known on the device).
@@ -336,15 +346,17 @@ void CudaBackend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& 
   const OpScope scope(*this, "moe_experts", bytes_of({&x, &ids, &weights, &out}) + touched * expert_bytes, flops);
   cuda_moe_experts(x, ids, weights, table, out, stream_);
 }
-void CudaBackend::mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps, const Tensor& positions,
-                               const RopeParams& rope, const Tensor& slots, Tensor& cache) {
+void CudaBackend::mla_store_kv_impl(const Tensor& kv_a, const Tensor& norm_weight, float eps,
+                                    const Tensor& positions, const RopeParams& rope,
+                                    const Tensor& slots, Tensor& cache) {
   const double row = cache.rank() == 2 ? static_cast<double>(cache.dim(1) * dtype_size(cache.dtype())) : 0;
   const OpScope scope(*this, "mla_store_kv",
                       bytes_of({&kv_a, &norm_weight, &positions, &slots}) + row * static_cast<double>(slots.numel()));
   mla_->store_kv(kv_a, norm_weight, eps, positions, rope, slots, cache);
 }
-void CudaBackend::mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
-                                const AttentionLayout& layout, const MlaParams& params, Tensor& out) {
+void CudaBackend::mla_attention_impl(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                                     const AttentionLayout& layout, const MlaParams& params,
+                                     Tensor& out) {
   // Every cached row the layout names is read once, and kv_b once.
   const double row = cache.rank() == 2 ? static_cast<double>(cache.dim(1) * dtype_size(cache.dtype())) : 0;
   const OpScope scope(*this, "mla_attention",
@@ -352,15 +364,16 @@ void CudaBackend::mla_attention(const Tensor& q, const Tensor& cache, const Line
                           row * static_cast<double>(layout.kv_slots.numel()));
   mla_->attention(q, cache, kv_b, layout, params, out);
 }
-void CudaBackend::mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
-                                const MlaParams& params, Tensor& k, Tensor& v) {
+void CudaBackend::mla_expand_kv_impl(const Tensor& cache, const Tensor& slots,
+                                     const LinearWeight& kv_b, const MlaParams& params, Tensor& k,
+                                     Tensor& v) {
   const double row = cache.rank() == 2 ? static_cast<double>(cache.dim(1) * dtype_size(cache.dtype())) : 0;
   const OpScope scope(*this, "mla_expand_kv",
                       bytes_of({&slots, &kv_b.weight, &k, &v}) + row * static_cast<double>(slots.numel()));
   mla_->expand_kv(cache, slots, kv_b, params, k, v);
 }
 
-void CudaBackend::concat_columns(const Tensor& a, const Tensor& b, Tensor& out) {
+void CudaBackend::concat_columns_impl(const Tensor& a, const Tensor& b, Tensor& out) {
   BASALT_CHECK(a.device() == Device::kCuda && b.device() == Device::kCuda && out.device() == Device::kCuda &&
                    a.rank() == 2 && b.rank() == 2 && out.rank() == 2 && a.dtype() == out.dtype() &&
                    b.dtype() == out.dtype() && a.dim(0) == out.dim(0) && b.dim(0) == out.dim(0) &&

@@ -108,40 +108,48 @@ class CudaBackend final : public Backend {
   void set_profiling(bool on);
   std::vector<OpTime> profile();
 
-  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
-  void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override;
-  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
-  void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
-  void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override;
-  void store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
-  void qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
-                      const Tensor& positions, const RopeParams& rope, int num_heads, int num_kv_heads,
-                      const Tensor& slots, Tensor& k_cache, Tensor& v_cache, Tensor& q_out) override;
-  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionLayout& layout,
-                 const AttentionParams& params, Tensor& out) override;
-  void silu_and_mul(const Tensor& gate_up, Tensor& out) override;
-  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
-  void softmax(const Tensor& x, Tensor& out) override;
-  void log_softmax(const Tensor& x, Tensor& out) override;
-  void argmax(const Tensor& logits, Tensor& out) override;
-  void sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override;
-  void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits) override;
-  void apply_token_bitmask(Tensor& logits, const Tensor& bitmask) override;
-  void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) override;
-  void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) override;
+ protected:
+  void embedding_impl(const Tensor& ids, const Tensor& table, Tensor& out) override;
+  void linear_impl(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override;
+  void rms_norm_impl(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void add_rms_norm_impl(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                         Tensor& out) override;
+  void rope_impl(Tensor& x, const Tensor& positions, const RopeParams& params) override;
+  void store_kv_impl(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+                     Tensor& v_cache) override;
+  void qkv_rope_store_impl(const Tensor& qkv, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                           const Tensor& positions, const RopeParams& rope, int num_heads,
+                           int num_kv_heads, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
+                           Tensor& q_out) override;
+  void attention_impl(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                      const AttentionLayout& layout, const AttentionParams& params,
+                      Tensor& out) override;
+  void silu_and_mul_impl(const Tensor& gate_up, Tensor& out) override;
+  void add_impl(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void softmax_impl(const Tensor& x, Tensor& out) override;
+  void log_softmax_impl(const Tensor& x, Tensor& out) override;
+  void argmax_impl(const Tensor& logits, Tensor& out) override;
+  void sample_impl(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) override;
+  void adjust_logits_impl(Tensor& logits, std::span<const LogitEdit> edits) override;
+  void apply_token_bitmask_impl(Tensor& logits, const Tensor& bitmask) override;
+  void top_k_rows_impl(const Tensor& x, int k, Tensor& values, Tensor& ids) override;
+  void gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) override;
 
-  void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv, Tensor& out) override;
-  void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
-                 Tensor& weights) override;
-  void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, std::span<const MoeExpert> experts,
-                   Tensor& out) override;
-  void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps, const Tensor& positions,
-                    const RopeParams& rope, const Tensor& slots, Tensor& cache) override;
-  void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b, const AttentionLayout& layout,
-                     const MlaParams& params, Tensor& out) override;
-  void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b, const MlaParams& params,
-                     Tensor& k, Tensor& v) override;
-  void concat_columns(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
+                             Tensor& out) override;
+  void moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
+                      Tensor& ids, Tensor& weights) override;
+  void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                        std::span<const MoeExpert> experts, Tensor& out) override;
+  void mla_store_kv_impl(const Tensor& kv_a, const Tensor& norm_weight, float eps,
+                         const Tensor& positions, const RopeParams& rope, const Tensor& slots,
+                         Tensor& cache) override;
+  void mla_attention_impl(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
+                          const AttentionLayout& layout, const MlaParams& params,
+                          Tensor& out) override;
+  void mla_expand_kv_impl(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
+                          const MlaParams& params, Tensor& k, Tensor& v) override;
+  void concat_columns_impl(const Tensor& a, const Tensor& b, Tensor& out) override;
 
  private:
   class Profiler;
