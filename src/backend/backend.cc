@@ -463,7 +463,7 @@ void Backend::moe_route(const Tensor& logits, const Tensor* bias, const MoeRoute
 void Backend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                           std::span<const MoeExpert> experts, Tensor& out) {
   const OpCheck c(*this, "moe_experts");
-  c.tensor(x, "x", kF32, 2);
+  c.tensor(x, "x", c.activations(), 2);
   const int64_t T = x.dim(0), H = x.dim(1);
   c.tensor(ids, "ids", kI32, 2);
   c.require(ids.dim(0) == T, "ids {} must have a row per token of x {}", ids.describe(),
@@ -518,10 +518,10 @@ void Backend::mla_attention(const Tensor& q, const Tensor& cache, const LinearWe
   c.mla(p);
   const int64_t heads = p.num_heads, L = p.kv_lora_rank, Dn = p.qk_nope_head_dim,
                 R = p.qk_rope_head_dim, Dv = p.v_head_dim;
-  c.tensor(q, "q", kF32, 2);
+  c.tensor(q, "q", c.activations(), 2);
   const int64_t T = q.dim(0);
   c.shape(q, "q", {T, heads * (Dn + R)});
-  c.tensor(out, "out", kF32, 2);
+  c.tensor(out, "out", c.activations(), 2);
   c.shape(out, "out", {T, heads * Dv});
   c.tensor(cache, "cache", kCacheDTypes, 2);
   c.cache(cache, "cache", L + R);
@@ -554,10 +554,12 @@ void Backend::mla_expand_kv(const Tensor& cache, const Tensor& slots, const Line
 
 void Backend::concat_columns(const Tensor& a, const Tensor& b, Tensor& out) {
   const OpCheck c(*this, "concat_columns");
-  c.tensor(a, "a", kF32, 2);
-  c.tensor(b, "b", kF32, 2);
-  c.require(b.dim(0) == a.dim(0), "a {} and b {} differ in rows", a.describe(), b.describe());
-  c.tensor(out, "out", kF32, 2);
+  c.tensor(a, "a", c.activations(), 2);
+  c.tensor(b, "b", c.activations(), 2);
+  c.require(b.dim(0) == a.dim(0) && a.dtype() == b.dtype(), "a {} and b {} differ in rows or dtype",
+            a.describe(), b.describe());
+  c.tensor(out, "out", c.activations(), 2);
+  c.require(out.dtype() == a.dtype(), "out {} must have a's dtype", out.describe());
   c.shape(out, "out", {a.dim(0), a.dim(1) + b.dim(1)});
   c.require(!overlaps(a, out) && !overlaps(b, out), "out {} overlaps a or b", out.describe());
   concat_columns_impl(a, b, out);

@@ -325,9 +325,10 @@ class Backend {
   // [T, top_k], in order of decreasing biased score (lower id on ties).
   void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                  Tensor& ids, Tensor& weights);
-  // out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]). x, out f32 [T, H];
-  // ids i32 [T, k] indexing experts; weights f32 [T, k]. Each expert runs only
-  // on the tokens routed to it. out must not overlap x.
+  // out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]). x [T, H] (f32,
+  // or bf16 on a backend that computes in bf16); out f32 [T, H]; ids i32
+  // [T, k] indexing experts; weights f32 [T, k]. Each expert runs only on the
+  // tokens routed to it. out must not overlap x.
   void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                    std::span<const MoeExpert> experts, Tensor& out);
   // The MLA cache write: for each token t, row = kv_a[t] = [latent (L) | k_pe (R)];
@@ -338,12 +339,13 @@ class Backend {
   void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,
                     const Tensor& positions, const RopeParams& rope, const Tensor& slots,
                     Tensor& cache);
-  // The weight-absorbed MLA attention (decode form). q f32 [T, heads * (Dn + R)]
+  // The weight-absorbed MLA attention (decode form). q [T, heads * (Dn + R)]
   // with rope applied to each head's last R features; kv_b [heads * (Dn + Dv), L]
   // (per head Dn key rows then Dv value rows). Per head h, the query
   // [q_nope · W_uk(h) | q_pe] attends (causally, as in `attention`) over the
   // cached rows as one shared key head; the values are the rows' latent part;
-  // the result goes out through W_uv(h). out f32 [T, heads * Dv]. The layout
+  // the result goes out through W_uv(h). out [T, heads * Dv]; q and out are
+  // f32, or bf16 on a backend that computes in bf16. The layout
   // is read as `attention` reads it: query rows at negative positions
   // (padding sequences) give zero rows, and kv_slots entries past
   // kv_start[num_seqs] are ignored.
@@ -358,8 +360,9 @@ class Backend {
   // gives mla_attention's result.
   void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
                      const MlaParams& params, Tensor& k, Tensor& v);
-  // out[t] = [a[t] | b[t]]. a f32 [T, A]; b f32 [T, B]; out f32 [T, A + B]
-  // (the MTP layer's concatenation of embedding and hidden state).
+  // out[t] = [a[t] | b[t]]. a [T, A]; b [T, B]; out [T, A + B], all of one
+  // activation dtype (the MTP layer's concatenation of embedding and hidden
+  // state).
   void concat_columns(const Tensor& a, const Tensor& b, Tensor& out);
 
  protected:
