@@ -20,6 +20,13 @@
 #include "backend/reference_ops.h"
 #include "core/error.h"
 
+// The message's arguments (descriptions of tensors, shapes) are built only
+// when the condition fails: checks run on every op call.
+#define REQUIRE(check, cond, ...)           \
+  do {                                      \
+    if (!(cond)) (check).fail(__VA_ARGS__); \
+  } while (0)
+
 namespace basalt {
 namespace {
 
@@ -63,29 +70,32 @@ class OpCheck {
   // f32, and bf16 on a backend that computes in it.
   DTypes activations() const { return activations_; }
 
+  // Throws, naming the op. Called through REQUIRE, which formats nothing
+  // unless the check fails.
   template <typename... Args>
-  void require(bool ok, fmt::format_string<Args...> format, Args&&... args) const {
-    if (!ok) fail("{}: {}", op_, fmt::format(format, std::forward<Args>(args)...));
+  [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) const {
+    basalt::fail("{}: {}", op_, fmt::format(format, std::forward<Args>(args)...));
   }
 
   // t is on the backend's device, has memory, a dtype in `dtypes` and (unless
   // rank < 0) the given rank.
   void tensor(const Tensor& t, const char* name, DTypes dtypes, int rank = -1) const {
-    require(t.device() == device_, "{} must be on the {} device, got {}", name,
+    REQUIRE(*this, t.device() == device_, "{} must be on the {} device, got {}", name,
             device_name(device_), t.describe());
-    require(t.numel() == 0 || t.raw() != nullptr, "{} {} has no memory", name, t.describe());
-    require((dtypes & bit(t.dtype())) != 0, "{} must be {}, got {}", name, dtype_names(dtypes),
+    REQUIRE(*this, t.numel() == 0 || t.raw() != nullptr, "{} {} has no memory", name, t.describe());
+    REQUIRE(*this, (dtypes & bit(t.dtype())) != 0, "{} must be {}, got {}", name,
+            dtype_names(dtypes), t.describe());
+    REQUIRE(*this, rank < 0 || t.rank() == rank, "{} must have rank {}, got {}", name, rank,
             t.describe());
-    require(rank < 0 || t.rank() == rank, "{} must have rank {}, got {}", name, rank, t.describe());
   }
   void shape(const Tensor& t, const char* name, const Shape& shape) const {
-    require(t.shape() == shape, "{} must have shape {}, got {}", name, shape_string(shape),
+    REQUIRE(*this, t.shape() == shape, "{} must have shape {}, got {}", name, shape_string(shape),
             t.describe());
   }
   // A cache: rank >= 2, at least one slot, each slot a row of `width` elements.
   void cache(const Tensor& t, const char* name, int64_t width) const {
     tensor(t, name, kCacheDTypes);
-    require(t.rank() >= 2 && t.dim(0) > 0 && t.numel() == t.dim(0) * width,
+    REQUIRE(*this, t.rank() >= 2 && t.dim(0) > 0 && t.numel() == t.dim(0) * width,
             "{} {} must be [num_slots, {}] (rows of {} elements)", name, t.describe(), width,
             width);
   }
@@ -94,7 +104,7 @@ class OpCheck {
     tensor(w.weight, name, kWeightDTypes, 2);
     shape(w.weight, name, {n, k});
     if (!w.block_fp8()) return;
-    require(w.weight.dtype() == DType::kF8E4M3, "{} has block scales but is {}", name,
+    REQUIRE(*this, w.weight.dtype() == DType::kF8E4M3, "{} has block scales but is {}", name,
             w.weight.describe());
     tensor(w.scale_inv, "scale_inv", kF32, 2);
     shape(w.scale_inv, "scale_inv",
@@ -107,24 +117,25 @@ class OpCheck {
     if (!host()) return;
     const int32_t* v = t.data<const int32_t>();
     for (int64_t i = 0; i < t.numel(); ++i)
-      require(v[i] < limit && (negative_skips || v[i] >= 0), "{}[{}] = {} is outside the {} {}",
-              name, i, v[i], limit, what);
+      REQUIRE(*this, v[i] < limit && (negative_skips || v[i] >= 0),
+              "{}[{}] = {} is outside the {} {}", name, i, v[i], limit, what);
   }
   void rope(const RopeParams& p) const {
-    require(p.num_heads > 0 && p.head_dim > 0 && p.rotary_dim > 0 && p.rotary_dim % 2 == 0 &&
+    REQUIRE(*this,
+            p.num_heads > 0 && p.head_dim > 0 && p.rotary_dim > 0 && p.rotary_dim % 2 == 0 &&
                 p.rotary_offset >= 0 && p.rotary_offset + p.rotary_dim <= p.head_dim,
             "need num_heads > 0 and an even rotary_dim with rotary_offset + rotary_dim in (0, "
             "head_dim], got "
             "num_heads {}, head_dim {}, rotary_dim {}, rotary_offset {}",
             p.num_heads, p.head_dim, p.rotary_dim, p.rotary_offset);
-    require(p.inv_freq != nullptr, "rope params lack inv_freq");
+    REQUIRE(*this, p.inv_freq != nullptr, "rope params lack inv_freq");
     tensor(*p.inv_freq, "inv_freq", kF32, 1);
     shape(*p.inv_freq, "inv_freq", {p.rotary_dim / 2});
-    require(std::isfinite(p.attention_scaling), "attention_scaling {} is not finite",
+    REQUIRE(*this, std::isfinite(p.attention_scaling), "attention_scaling {} is not finite",
             p.attention_scaling);
   }
   void eps(float eps) const {
-    require(std::isfinite(eps) && eps >= 0, "eps {} must be finite and >= 0", eps);
+    REQUIRE(*this, std::isfinite(eps) && eps >= 0, "eps {} must be finite and >= 0", eps);
   }
   // An attention layout over `tokens` query rows and a cache of `slots` rows.
   void layout(const AttentionLayout& l, int64_t tokens, int64_t slots) const {
@@ -132,32 +143,33 @@ class OpCheck {
     tensor(l.kv_start, "kv_start", kI32, 1);
     tensor(l.kv_slots, "kv_slots", kI32, 1);
     const int64_t seqs = l.q_start.dim(0) - 1;
-    require(seqs >= 0 && l.kv_start.dim(0) == seqs + 1,
+    REQUIRE(*this, seqs >= 0 && l.kv_start.dim(0) == seqs + 1,
             "q_start {} and kv_start {} must both have num_seqs + 1 entries", l.q_start.describe(),
             l.kv_start.describe());
-    require(tokens == 0 || seqs > 0, "{} query rows but no sequences", tokens);
+    REQUIRE(*this, tokens == 0 || seqs > 0, "{} query rows but no sequences", tokens);
     if (!host()) return;
     const int32_t* q_start = l.q_start.data<const int32_t>();
     const int32_t* kv_start = l.kv_start.data<const int32_t>();
-    require(q_start[0] == 0 && q_start[seqs] == tokens,
+    REQUIRE(*this, q_start[0] == 0 && q_start[seqs] == tokens,
             "q_start must run from 0 to the {} query rows, got {} .. {}", tokens, q_start[0],
             q_start[seqs]);
-    require(kv_start[0] == 0 && kv_start[seqs] <= l.kv_slots.dim(0),
+    REQUIRE(*this, kv_start[0] == 0 && kv_start[seqs] <= l.kv_slots.dim(0),
             "kv_start must run from 0 to at most the {} kv_slots, got {} .. {}", l.kv_slots.dim(0),
             kv_start[0], kv_start[seqs]);
     for (int64_t s = 0; s < seqs; ++s) {
       const int64_t q_len = int64_t{q_start[s + 1]} - q_start[s];
       const int64_t kv_len = int64_t{kv_start[s + 1]} - kv_start[s];
-      require(q_len >= 0 && kv_len >= 0,
+      REQUIRE(*this, q_len >= 0 && kv_len >= 0,
               "sequence {} has {} query rows and {} keys (need both >= 0)", s, q_len, kv_len);
     }
     const int32_t* kv_slots = l.kv_slots.data<const int32_t>();
     for (int64_t i = 0; i < kv_start[seqs]; ++i)  // entries past kv_start[num_seqs] are never read
-      require(kv_slots[i] >= 0 && kv_slots[i] < slots,
+      REQUIRE(*this, kv_slots[i] >= 0 && kv_slots[i] < slots,
               "kv_slots[{}] = {} is outside the cache's {} slots", i, kv_slots[i], slots);
   }
   void mla(const MlaParams& p) const {
-    require(
+    REQUIRE(
+        *this,
         p.num_heads > 0 && p.kv_lora_rank > 0 && p.qk_nope_head_dim > 0 && p.qk_rope_head_dim > 0 &&
             p.qk_rope_head_dim % 2 == 0 && p.v_head_dim > 0 && std::isfinite(p.scale),
         "bad MLA params (heads {}, kv_lora_rank {}, nope {}, rope {}, v {}, scale {})", p.num_heads,
@@ -189,21 +201,21 @@ void Backend::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tenso
   c.tensor(x, "x", c.activations(), 2);
   c.tensor(w, "w", kWeightDTypes, 2);
   c.tensor(out, "out", kF32, 2);
-  c.require(w.dim(1) == x.dim(1), "x {} and w {} disagree on in_features", x.describe(),
-            w.describe());
+  REQUIRE(c, w.dim(1) == x.dim(1), "x {} and w {} disagree on in_features", x.describe(),
+          w.describe());
   c.shape(out, "out", {x.dim(0), w.dim(0)});
   if (bias) {
     c.tensor(*bias, "bias", kBiasDTypes, 1);
     c.shape(*bias, "bias", {w.dim(0)});
   }
-  c.require(!overlaps(out, x) && !overlaps(out, w), "out {} overlaps its inputs", out.describe());
+  REQUIRE(c, !overlaps(out, x) && !overlaps(out, w), "out {} overlaps its inputs", out.describe());
   linear_impl(x, w, bias, out);
 }
 
 void Backend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   const OpCheck c(*this, "rms_norm");
   c.tensor(x, "x", c.activations(), 2);
-  c.require(x.dim(1) > 0, "x {} has no features", x.describe());
+  REQUIRE(c, x.dim(1) > 0, "x {} has no features", x.describe());
   c.tensor(weight, "weight", kWeightDTypes, 1);
   c.shape(weight, "weight", {x.dim(1)});
   c.tensor(out, "out", c.activations(), 2);
@@ -216,10 +228,10 @@ void Backend::add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weig
                            Tensor& out) {
   const OpCheck c(*this, "add_rms_norm");
   c.tensor(residual, "residual", c.activations(), 2);
-  c.require(residual.dim(1) > 0, "residual {} has no features", residual.describe());
+  REQUIRE(c, residual.dim(1) > 0, "residual {} has no features", residual.describe());
   c.tensor(x, "x", c.activations(), 2);
-  c.require(x.shape() == residual.shape() && x.dtype() == residual.dtype(),
-            "x {} must match residual {}", x.describe(), residual.describe());
+  REQUIRE(c, x.shape() == residual.shape() && x.dtype() == residual.dtype(),
+          "x {} must match residual {}", x.describe(), residual.describe());
   c.tensor(weight, "weight", kWeightDTypes, 1);
   c.shape(weight, "weight", {residual.dim(1)});
   c.tensor(out, "out", c.activations(), 2);
@@ -232,9 +244,8 @@ void Backend::rope(Tensor& x, const Tensor& positions, const RopeParams& params)
   const OpCheck c(*this, "rope");
   c.rope(params);
   c.tensor(x, "x", c.activations(), 2);
-  c.require(x.dim(1) == int64_t{params.num_heads} * params.head_dim,
-            "x {} must be [tokens, {} heads × {}]", x.describe(), params.num_heads,
-            params.head_dim);
+  REQUIRE(c, x.dim(1) == int64_t{params.num_heads} * params.head_dim,
+          "x {} must be [tokens, {} heads × {}]", x.describe(), params.num_heads, params.head_dim);
   c.tensor(positions, "positions", kI32, 1);
   c.shape(positions, "positions", {x.dim(0)});
   rope_impl(x, positions, params);
@@ -245,14 +256,14 @@ void Backend::store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Te
   const OpCheck c(*this, "store_kv");
   c.tensor(k, "k", c.activations(), 2);
   c.tensor(v, "v", c.activations(), 2);
-  c.require(k.dtype() == v.dtype() && k.dim(0) == v.dim(0),
-            "k {} and v {} must be [tokens, width] of one dtype", k.describe(), v.describe());
+  REQUIRE(c, k.dtype() == v.dtype() && k.dim(0) == v.dim(0),
+          "k {} and v {} must be [tokens, width] of one dtype", k.describe(), v.describe());
   c.tensor(slots, "slots", kI32, 1);
   c.shape(slots, "slots", {k.dim(0)});
   c.cache(k_cache, "k_cache", k.dim(1));
   c.cache(v_cache, "v_cache", v.dim(1));
-  c.require(k_cache.dim(0) == v_cache.dim(0), "k_cache {} and v_cache {} differ in slots",
-            k_cache.describe(), v_cache.describe());
+  REQUIRE(c, k_cache.dim(0) == v_cache.dim(0), "k_cache {} and v_cache {} differ in slots",
+          k_cache.describe(), v_cache.describe());
   c.indices(slots, "slots", k_cache.dim(0), true, "cache slots");
   store_kv_impl(k, v, slots, k_cache, v_cache);
 }
@@ -262,14 +273,15 @@ void Backend::qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tens
                              int num_heads, int num_kv_heads, const Tensor& slots, Tensor& k_cache,
                              Tensor& v_cache, Tensor& q_out) {
   const OpCheck c(*this, "qkv_rope_store");
-  c.require(num_heads > 0 && num_kv_heads > 0, "{} heads and {} kv heads", num_heads, num_kv_heads);
+  REQUIRE(c, num_heads > 0 && num_kv_heads > 0, "{} heads and {} kv heads", num_heads,
+          num_kv_heads);
   RopeParams per_head = rope;
   per_head.num_heads = 1;  // rope.num_heads is ignored
   c.rope(per_head);
   const int64_t D = rope.head_dim, q_width = num_heads * D, kv_width = num_kv_heads * D;
   c.tensor(qkv, "qkv", c.activations(), 2);
-  c.require(qkv.dim(1) == q_width + 2 * kv_width, "qkv {} must be [tokens, {}]", qkv.describe(),
-            q_width + 2 * kv_width);
+  REQUIRE(c, qkv.dim(1) == q_width + 2 * kv_width, "qkv {} must be [tokens, {}]", qkv.describe(),
+          q_width + 2 * kv_width);
   const int64_t T = qkv.dim(0);
   c.tensor(q_out, "q_out", c.activations(), 2);
   c.shape(q_out, "q_out", {T, q_width});
@@ -279,8 +291,8 @@ void Backend::qkv_rope_store(const Tensor& qkv, const Tensor* q_norm, const Tens
   c.shape(slots, "slots", {T});
   c.cache(k_cache, "k_cache", kv_width);
   c.cache(v_cache, "v_cache", kv_width);
-  c.require(k_cache.dim(0) == v_cache.dim(0), "k_cache {} and v_cache {} differ in slots",
-            k_cache.describe(), v_cache.describe());
+  REQUIRE(c, k_cache.dim(0) == v_cache.dim(0), "k_cache {} and v_cache {} differ in slots",
+          k_cache.describe(), v_cache.describe());
   for (const Tensor* norm : {q_norm, k_norm}) {
     if (norm == nullptr) continue;
     c.tensor(*norm, "norm weight", kWeightDTypes, 1);
@@ -296,22 +308,22 @@ void Backend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
                         const AttentionLayout& layout, const AttentionParams& params, Tensor& out) {
   const OpCheck c(*this, "attention");
   const AttentionParams& p = params;
-  c.require(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 &&
-                p.head_dim > 0 && p.v_head_dim > 0 && p.sliding_window >= 0 &&
-                std::isfinite(p.scale),
-            "bad params (num_heads {}, num_kv_heads {}, head_dim {}, v_head_dim {}, scale {}, "
-            "sliding_window {})",
-            p.num_heads, p.num_kv_heads, p.head_dim, p.v_head_dim, p.scale, p.sliding_window);
+  REQUIRE(c,
+          p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 &&
+              p.head_dim > 0 && p.v_head_dim > 0 && p.sliding_window >= 0 && std::isfinite(p.scale),
+          "bad params (num_heads {}, num_kv_heads {}, head_dim {}, v_head_dim {}, scale {}, "
+          "sliding_window {})",
+          p.num_heads, p.num_kv_heads, p.head_dim, p.v_head_dim, p.scale, p.sliding_window);
   c.tensor(q, "q", c.activations(), 2);
   const int64_t tokens = q.dim(0);
   c.shape(q, "q", {tokens, int64_t{p.num_heads} * p.head_dim});
   c.tensor(out, "out", c.activations(), 2);
   c.shape(out, "out", {tokens, int64_t{p.num_heads} * p.v_head_dim});
-  c.require(!overlaps(out, q), "out {} overlaps q", out.describe());
+  REQUIRE(c, !overlaps(out, q), "out {} overlaps q", out.describe());
   c.cache(k_cache, "k_cache", int64_t{p.num_kv_heads} * p.head_dim);
   c.cache(v_cache, "v_cache", int64_t{p.num_kv_heads} * p.v_head_dim);
-  c.require(k_cache.dim(0) == v_cache.dim(0), "k_cache {} and v_cache {} differ in slots",
-            k_cache.describe(), v_cache.describe());
+  REQUIRE(c, k_cache.dim(0) == v_cache.dim(0), "k_cache {} and v_cache {} differ in slots",
+          k_cache.describe(), v_cache.describe());
   c.layout(layout, tokens, k_cache.dim(0));
   attention_impl(q, k_cache, v_cache, layout, params, out);
 }
@@ -319,11 +331,11 @@ void Backend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 void Backend::silu_and_mul(const Tensor& gate_up, Tensor& out) {
   const OpCheck c(*this, "silu_and_mul");
   c.tensor(gate_up, "gate_up", c.activations(), 2);
-  c.require(gate_up.dim(1) % 2 == 0, "gate_up {} must have an even width", gate_up.describe());
+  REQUIRE(c, gate_up.dim(1) % 2 == 0, "gate_up {} must have an even width", gate_up.describe());
   c.tensor(out, "out", c.activations(), 2);
   c.shape(out, "out", {gate_up.dim(0), gate_up.dim(1) / 2});
-  c.require(!overlaps(out, gate_up) || out.raw() == gate_up.raw(),
-            "out {} partially overlaps gate_up", out.describe());
+  REQUIRE(c, !overlaps(out, gate_up) || out.raw() == gate_up.raw(),
+          "out {} partially overlaps gate_up", out.describe());
   silu_and_mul_impl(gate_up, out);
 }
 
@@ -332,10 +344,11 @@ void Backend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   c.tensor(a, "a", c.activations());
   c.tensor(b, "b", c.activations());
   c.tensor(out, "out", c.activations());
-  c.require(a.dtype() == b.dtype() && a.dtype() == out.dtype() && a.shape() == b.shape() &&
-                a.shape() == out.shape(),
-            "{} + {} into {}: shapes and dtypes must agree", a.describe(), b.describe(),
-            out.describe());
+  REQUIRE(c,
+          a.dtype() == b.dtype() && a.dtype() == out.dtype() && a.shape() == b.shape() &&
+              a.shape() == out.shape(),
+          "{} + {} into {}: shapes and dtypes must agree", a.describe(), b.describe(),
+          out.describe());
   add_impl(a, b, out);
 }
 
@@ -343,14 +356,14 @@ namespace {
 
 void check_softmax(const OpCheck& c, const Tensor& x, const Tensor& out) {
   c.tensor(x, "x", kF32, 2);
-  c.require(x.dim(1) > 0, "x {} has empty rows", x.describe());
+  REQUIRE(c, x.dim(1) > 0, "x {} has empty rows", x.describe());
   c.tensor(out, "out", kF32, 2);
   c.shape(out, "out", x.shape());
 }
 
 void check_logits(const OpCheck& c, const Tensor& logits, const Tensor& out) {
   c.tensor(logits, "logits", kF32, 2);
-  c.require(logits.dim(1) > 0, "logits {} has empty rows", logits.describe());
+  REQUIRE(c, logits.dim(1) > 0, "logits {} has empty rows", logits.describe());
   c.tensor(out, "out", kI32, 1);
   c.shape(out, "out", {logits.dim(0)});
 }
@@ -375,17 +388,17 @@ void Backend::argmax(const Tensor& logits, Tensor& out) {
 void Backend::sample(const Tensor& logits, std::span<const SamplingRow> rows, Tensor& out) {
   const OpCheck c(*this, "sample");
   check_logits(c, logits, out);
-  c.require(static_cast<int64_t>(rows.size()) == logits.dim(0), "{} rows of controls for logits {}",
-            rows.size(), logits.describe());
+  REQUIRE(c, static_cast<int64_t>(rows.size()) == logits.dim(0),
+          "{} rows of controls for logits {}", rows.size(), logits.describe());
   for (size_t r = 0; r < rows.size(); ++r) {
     const SamplingRow& s = rows[r];
-    c.require(std::isfinite(s.temperature) && s.temperature >= 0.0f,
-              "rows[{}].temperature = {} must be finite and >= 0", r, s.temperature);
-    c.require(s.top_k >= 0, "rows[{}].top_k = {} must be >= 0", r, s.top_k);
-    c.require(s.top_p > 0.0f && s.top_p <= 1.0f, "rows[{}].top_p = {} must be in (0, 1]", r,
-              s.top_p);
-    c.require(s.min_p >= 0.0f && s.min_p <= 1.0f, "rows[{}].min_p = {} must be in [0, 1]", r,
-              s.min_p);
+    REQUIRE(c, std::isfinite(s.temperature) && s.temperature >= 0.0f,
+            "rows[{}].temperature = {} must be finite and >= 0", r, s.temperature);
+    REQUIRE(c, s.top_k >= 0, "rows[{}].top_k = {} must be >= 0", r, s.top_k);
+    REQUIRE(c, s.top_p > 0.0f && s.top_p <= 1.0f, "rows[{}].top_p = {} must be in (0, 1]", r,
+            s.top_p);
+    REQUIRE(c, s.min_p >= 0.0f && s.min_p <= 1.0f, "rows[{}].min_p = {} must be in [0, 1]", r,
+            s.min_p);
   }
   sample_impl(logits, rows, out);
 }
@@ -429,10 +442,10 @@ void Backend::linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& s
   const OpCheck c(*this, "linear_fp8_block");
   c.tensor(x, "x", c.activations(), 2);
   c.tensor(w, "w", bit(DType::kF8E4M3), 2);
-  c.require(w.dim(1) == x.dim(1), "x {} and w {} disagree on in_features", x.describe(),
-            w.describe());
+  REQUIRE(c, w.dim(1) == x.dim(1), "x {} and w {} disagree on in_features", x.describe(),
+          w.describe());
   c.linear_weight(LinearWeight{w, scale_inv}, "w", w.dim(0), w.dim(1));
-  c.require(scale_inv.raw() != nullptr, "w {} needs its block scales", w.describe());
+  REQUIRE(c, scale_inv.raw() != nullptr, "w {} needs its block scales", w.describe());
   c.tensor(out, "out", c.activations(), 2);
   c.shape(out, "out", {x.dim(0), w.dim(0)});
   linear_fp8_block_impl(x, w, scale_inv, out);
@@ -444,11 +457,12 @@ void Backend::moe_route(const Tensor& logits, const Tensor* bias, const MoeRoute
   const MoeRouteParams& p = params;
   c.tensor(logits, "logits", kF32, 2);
   const int64_t T = logits.dim(0), E = logits.dim(1);
-  c.require(p.top_k > 0 && p.num_groups > 0 && E % p.num_groups == 0 && p.topk_groups > 0 &&
-                p.topk_groups <= p.num_groups && p.top_k <= p.topk_groups * (E / p.num_groups) &&
-                std::isfinite(p.scaling),
-            "top_k {}, num_groups {}, topk_groups {} do not fit {} experts (scaling {})", p.top_k,
-            p.num_groups, p.topk_groups, E, p.scaling);
+  REQUIRE(c,
+          p.top_k > 0 && p.num_groups > 0 && E % p.num_groups == 0 && p.topk_groups > 0 &&
+              p.topk_groups <= p.num_groups && p.top_k <= p.topk_groups * (E / p.num_groups) &&
+              std::isfinite(p.scaling),
+          "top_k {}, num_groups {}, topk_groups {} do not fit {} experts (scaling {})", p.top_k,
+          p.num_groups, p.topk_groups, E, p.scaling);
   c.tensor(ids, "ids", kI32, 2);
   c.shape(ids, "ids", {T, p.top_k});
   c.tensor(weights, "weights", kF32, 2);
@@ -466,20 +480,20 @@ void Backend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weig
   c.tensor(x, "x", c.activations(), 2);
   const int64_t T = x.dim(0), H = x.dim(1);
   c.tensor(ids, "ids", kI32, 2);
-  c.require(ids.dim(0) == T, "ids {} must have a row per token of x {}", ids.describe(),
-            x.describe());
+  REQUIRE(c, ids.dim(0) == T, "ids {} must have a row per token of x {}", ids.describe(),
+          x.describe());
   c.tensor(weights, "weights", kF32, 2);
   c.shape(weights, "weights", ids.shape());
   c.tensor(out, "out", kF32, 2);
   c.shape(out, "out", x.shape());
-  c.require(!overlaps(x, out), "out {} overlaps x", out.describe());
-  c.require(!experts.empty(), "no experts");
+  REQUIRE(c, !overlaps(x, out), "out {} overlaps x", out.describe());
+  REQUIRE(c, !experts.empty(), "no experts");
   // Expert 0 sets the shapes; the others are checked by the implementation
   // as it uses them (checking hundreds of experts on every call would cost
   // more than a small batch's work).
   const Tensor& g0 = experts[0].gate.weight;
-  c.require(g0.rank() == 2 && g0.dim(0) > 0 && g0.dim(1) == H,
-            "expert 0's gate {} must be [I, {}] with I > 0", g0.describe(), H);
+  REQUIRE(c, g0.rank() == 2 && g0.dim(0) > 0 && g0.dim(1) == H,
+          "expert 0's gate {} must be [I, {}] with I > 0", g0.describe(), H);
   c.linear_weight(experts[0].gate, "gate", g0.dim(0), H);
   c.linear_weight(experts[0].up, "up", g0.dim(0), H);
   c.linear_weight(experts[0].down, "down", H, g0.dim(0));
@@ -493,10 +507,10 @@ void Backend::mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float 
   const OpCheck c(*this, "mla_store_kv");
   c.tensor(kv_a, "kv_a", kF32, 2);
   const int64_t T = kv_a.dim(0), R = rope.rotary_dim, L = kv_a.dim(1) - R;
-  c.require(L > 0 && rope.num_heads == 1 && rope.head_dim == R && rope.rotary_offset == 0,
-            "rope must be one head of rotary_dim = head_dim < {} (the row of kv_a), got head_dim "
-            "{}, rotary_dim {}",
-            kv_a.dim(1), rope.head_dim, R);
+  REQUIRE(c, L > 0 && rope.num_heads == 1 && rope.head_dim == R && rope.rotary_offset == 0,
+          "rope must be one head of rotary_dim = head_dim < {} (the row of kv_a), got head_dim "
+          "{}, rotary_dim {}",
+          kv_a.dim(1), rope.head_dim, R);
   c.rope(rope);
   c.tensor(norm_weight, "norm_weight", kCacheDTypes, 1);
   c.shape(norm_weight, "norm_weight", {L});
@@ -544,8 +558,8 @@ void Backend::mla_expand_kv(const Tensor& cache, const Tensor& slots, const Line
   c.linear_weight(kv_b, "kv_b", heads * (Dn + Dv), L);
   c.tensor(k, "k", kCacheDTypes, 2);
   c.tensor(v, "v", kCacheDTypes, 2);
-  c.require(k.dtype() == v.dtype(), "k {} and v {} must both be f32 or both bf16", k.describe(),
-            v.describe());
+  REQUIRE(c, k.dtype() == v.dtype(), "k {} and v {} must both be f32 or both bf16", k.describe(),
+          v.describe());
   c.shape(k, "k", {S, heads * (Dn + R)});
   c.shape(v, "v", {S, heads * Dv});
   c.indices(slots, "slots", cache.dim(0), false, "cache slots");
@@ -556,13 +570,15 @@ void Backend::concat_columns(const Tensor& a, const Tensor& b, Tensor& out) {
   const OpCheck c(*this, "concat_columns");
   c.tensor(a, "a", c.activations(), 2);
   c.tensor(b, "b", c.activations(), 2);
-  c.require(b.dim(0) == a.dim(0) && a.dtype() == b.dtype(), "a {} and b {} differ in rows or dtype",
-            a.describe(), b.describe());
+  REQUIRE(c, b.dim(0) == a.dim(0) && a.dtype() == b.dtype(),
+          "a {} and b {} differ in rows or dtype", a.describe(), b.describe());
   c.tensor(out, "out", c.activations(), 2);
-  c.require(out.dtype() == a.dtype(), "out {} must have a's dtype", out.describe());
+  REQUIRE(c, out.dtype() == a.dtype(), "out {} must have a's dtype", out.describe());
   c.shape(out, "out", {a.dim(0), a.dim(1) + b.dim(1)});
-  c.require(!overlaps(a, out) && !overlaps(b, out), "out {} overlaps a or b", out.describe());
+  REQUIRE(c, !overlaps(a, out) && !overlaps(b, out), "out {} overlaps a or b", out.describe());
   concat_columns_impl(a, b, out);
 }
 
 }  // namespace basalt
+
+#undef REQUIRE

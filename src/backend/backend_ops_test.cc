@@ -35,6 +35,7 @@
 #include "backend/backend.h"
 #include "backend/reference_ops.h"
 #include "testing/backend_test_util.h"
+#include "testing/error_test_util.h"
 
 #ifdef BASALT_OPS_TEST_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -714,6 +715,29 @@ TEST(BackendOpsTable, EveryOpHasACase) {
   for (const OpCase& c : cases()) ++per_op[static_cast<size_t>(c.op)];
   for (size_t op = 0; op < per_op.size(); ++op)
     EXPECT_GT(per_op[op], 0) << to_string(static_cast<BackendOp>(op)) << " has no case";
+}
+
+// The contract's checks run before any backend's work and say what is wrong.
+TEST(BackendContract, ErrorsNameTheOpTheArgumentAndTheTensor) {
+  for (const BackendUnderTest& under_test : backends_under_test()) {
+    std::unique_ptr<Backend> backend = under_test.make();
+    if (!backend) continue;
+    const Tensor x = backend->empty({2, 8}, DType::kF32), w = backend->empty({4, 9}, DType::kF32);
+    Tensor out = backend->empty({2, 4}, DType::kF32);
+    const std::string shape = testing::error_of([&] { backend->linear(x, w, nullptr, out); });
+    EXPECT_CONTAINS(shape, "linear: x f32[2, 8] and w f32[4, 9] disagree on in_features");
+    Tensor host_out = Tensor::empty({2, 4}, DType::kF32);
+    if (backend->device() != Device::kCpu) {
+      const std::string placement = testing::error_of([&] { backend->add(x, x, host_out); });
+      EXPECT_CONTAINS(placement, "add: out must be on the cuda device");
+    }
+    const Tensor ids = Tensor::from_i32({1}, std::vector<int32_t>{7});
+    if (backend->device() == Device::kCpu) {
+      Tensor rows = backend->empty({1, 9}, DType::kF32);
+      const std::string index = testing::error_of([&] { backend->embedding(ids, w, rows); });
+      EXPECT_CONTAINS(index, "embedding: ids[0] = 7 is outside the 4 rows of the table");
+    }
+  }
 }
 
 struct Param {
