@@ -543,6 +543,9 @@ class SequenceDecoder : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->decode_chain(tokens);
   }
+  void decode_mid_stream(std::string& token) const override {
+    for (const auto& p : parts_) p->decode_mid_stream(token);
+  }
   bool window_safe() const override {
     return std::all_of(parts_.begin(), parts_.end(),
                        [](const auto& p) { return p->window_safe(); });
@@ -577,12 +580,32 @@ class ByteLevelDecoder : public Decoder {
     }
     tokens.assign(1, unicode::utf8_lossy(bytes));
   }
+  void decode_mid_stream(std::string& token) const override {
+    std::string mapped;
+    size_t pos = 0;
+    while (pos < token.size()) {
+      char32_t c;
+      int b;
+      if (!unicode::decode_utf8(token, pos, c) || (b = byte_level_byte(c)) < 0) return;  // kept as it is
+      mapped.push_back(static_cast<char>(b));
+    }
+    token = std::move(mapped);
+  }
 };
 
 class MetaspaceDecoder : public Decoder {
  public:
   MetaspaceDecoder(char32_t replacement, PrependScheme scheme)
       : replacement_(replacement), scheme_(scheme) {}
+  void decode_mid_stream(std::string& token) const override {
+    token = map_chars(token, [&](char32_t c, std::string& out) {
+      if (c == replacement_) {
+        out.push_back(' ');
+      } else {
+        append_char(c, out);
+      }
+    });
+  }
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       bool drop = i == 0 && scheme_ != PrependScheme::kNever;
@@ -608,6 +631,7 @@ class ReplaceDecoder : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (std::string& t : tokens) t = replace_matches(pattern_, t, content_);
   }
+  void decode_mid_stream(std::string& token) const override { token = replace_matches(pattern_, token, content_); }
 
  private:
   Regex pattern_;
@@ -639,6 +663,9 @@ std::optional<uint8_t> byte_token_value(std::string_view t) {
 
 class ByteFallbackDecoder : public Decoder {
  public:
+  void decode_mid_stream(std::string& token) const override {
+    if (auto b = byte_token_value(token)) token.assign(1, static_cast<char>(*b));
+  }
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::vector<std::string> out;
     std::string pending;
@@ -667,6 +694,7 @@ class ByteFallbackDecoder : public Decoder {
 
 class FuseDecoder : public Decoder {
  public:
+  void decode_mid_stream(std::string&) const override {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::string joined;
     for (const std::string& t : tokens) joined += t;
@@ -679,6 +707,9 @@ class StripDecoder : public Decoder {
   StripDecoder(char32_t content, size_t start, size_t stop)
       : content_(content), start_(start), stop_(stop) {}
   bool window_safe() const override { return start_ < 2; }
+  // Strip follows Fuse in the tokenizers that use it, so it trims the
+  // stream's ends only.
+  void decode_mid_stream(std::string&) const override {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (std::string& t : tokens) {
       std::vector<char32_t> chars;
@@ -709,6 +740,19 @@ class BpeSuffixDecoder : public Decoder {
  public:
   explicit BpeSuffixDecoder(std::string suffix) : suffix_(std::move(suffix)) {}
   bool window_safe() const override { return false; }
+  void decode_mid_stream(std::string& token) const override {
+    if (suffix_.empty()) return;
+    std::string out;
+    std::string_view t = token;
+    size_t pos;
+    while ((pos = t.find(suffix_)) != std::string_view::npos) {
+      out.append(t.substr(0, pos));
+      out.push_back(' ');
+      t.remove_prefix(pos + suffix_.size());
+    }
+    out.append(t);
+    token = std::move(out);
+  }
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string_view replacement = i + 1 == tokens.size() ? "" : " ";

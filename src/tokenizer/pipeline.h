@@ -71,6 +71,12 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // What one token adds to the text in the middle of a stream, as raw bytes:
+  // a byte-level or <0xNN> byte stays a byte even where it is part of a
+  // multi-byte character (no U+FFFD), and stages that act only on the
+  // stream's first or last characters (Metaspace's prefix space, Strip after
+  // Fuse, the BPE suffix of the last token) do not apply.
+  virtual void decode_mid_stream(std::string& token) const = 0;
   // Whether decoding a window of ids that starts mid-stream yields, for the
   // ids after the window's first ones, the same text as decoding the whole
   // stream. False for decoders whose output depends on a token being last

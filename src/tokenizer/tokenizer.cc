@@ -382,6 +382,16 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 
 int32_t Tokenizer::vocab_size() const { return data_->vocab_size; }
 
+std::optional<std::string> Tokenizer::token_bytes(int32_t id) const {
+  const TokenizerData& d = *data_;
+  if (const auto* added = d.added_token(id)) return added->decoded;
+  const std::string* token = d.model->id_to_token(id);
+  if (!token) return std::nullopt;
+  std::string bytes = *token;
+  if (d.decoder) d.decoder->decode_mid_stream(bytes);
+  return bytes;
+}
+
 bool Tokenizer::window_safe_decoding() const {
   return !data_->decoder || data_->decoder->window_safe();
 }

@@ -56,6 +56,11 @@ class Tokenizer {
   // The token's string ("Ġthe", "<0x0A>", "<|eot_id|>"); throws for unknown ids.
   std::string id_to_token(int32_t id) const;
   bool is_special(int32_t id) const;
+  // The bytes token `id` adds to a decoded text in the middle of a stream
+  // (Decoder::decode_mid_stream): raw bytes, so a token holding part of a
+  // multi-byte character gives that part. Added tokens give their content.
+  // nullopt for an id that names no token.
+  std::optional<std::string> token_bytes(int32_t id) const;
   // The id the post-processor puts first when adding special tokens (the
   // BOS token of Llama-style templates), if it puts one there.
   std::optional<int32_t> bos_id() const;
