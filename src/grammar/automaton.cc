@@ -1,0 +1,596 @@
+#include "grammar/automaton.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <functional>
+#include <set>
+
+#include "core/error.h"
+#include "grammar/matcher.h"
+
+namespace basalt {
+namespace {
+
+// Limits that keep a hostile grammar from exhausting memory or time.
+constexpr size_t kMaxNfaStates = 2'000'000;
+constexpr size_t kMaxDfaStates = 500'000;
+// Subset construction can take time quadratic in a bound where a repetition
+// overlaps what precedes it (".* [^\n]{800}"): its sets' total size is
+// capped so such a grammar is refused in about a second, not minutes.
+constexpr size_t kMaxSubsetElements = 4'000'000;
+
+// --- Code point classes as UTF-8 byte sequences ------------------------------
+
+using Range = std::pair<uint32_t, uint32_t>;
+
+// Sorted, merged, surrogates removed; negation over all scalar values.
+std::vector<Range> normalize(std::vector<Range> ranges, bool negated) {
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<Range> merged;
+  for (const Range& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second + 1) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  if (negated) {
+    std::vector<Range> complement;
+    uint32_t next = 0;
+    for (const Range& r : merged) {
+      if (r.first > next) complement.emplace_back(next, r.first - 1);
+      next = r.second + 1;
+    }
+    if (next <= 0x10FFFF) complement.emplace_back(next, 0x10FFFF);
+    merged = std::move(complement);
+  }
+  std::vector<Range> out;
+  for (const Range& r : merged) {
+    if (r.second < 0xD800 || r.first > 0xDFFF) {
+      out.push_back(r);
+      continue;
+    }
+    if (r.first < 0xD800) out.emplace_back(r.first, 0xD7FF);
+    if (r.second > 0xDFFF) out.emplace_back(0xE000, r.second);
+  }
+  return out;
+}
+
+int utf8_length(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
+
+void utf8_bytes(uint32_t cp, int n, uint8_t* out) {
+  if (n == 1) {
+    out[0] = static_cast<uint8_t>(cp);
+    return;
+  }
+  for (int i = n - 1; i > 0; --i) {
+    out[i] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
+    cp >>= 6;
+  }
+  static constexpr uint8_t kLead[] = {0, 0, 0xC0, 0xE0, 0xF0};
+  out[0] = static_cast<uint8_t>(kLead[n] | cp);
+}
+
+using ByteSeq = std::vector<std::pair<uint8_t, uint8_t>>;
+
+// Splits [lo, hi] (same UTF-8 length) into byte-range sequences: a range
+// is one sequence when, past the first differing byte, the tails cover
+// every continuation byte.
+void split_same_length(uint32_t lo, uint32_t hi, int n, std::vector<ByteSeq>& out) {
+  for (int i = 1; i < n; ++i) {
+    const uint32_t m = (1u << (6 * i)) - 1;  // the low 6*i bits
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        split_same_length(lo, lo | m, n, out);
+        split_same_length((lo | m) + 1, hi, n, out);
+        return;
+      }
+      if ((hi & m) != m) {
+        split_same_length(lo, (hi & ~m) - 1, n, out);
+        split_same_length(hi & ~m, hi, n, out);
+        return;
+      }
+    }
+  }
+  uint8_t a[4], b[4];
+  utf8_bytes(lo, n, a);
+  utf8_bytes(hi, n, b);
+  ByteSeq seq;
+  for (int i = 0; i < n; ++i) seq.emplace_back(a[i], b[i]);
+  out.push_back(std::move(seq));
+}
+
+std::vector<ByteSeq> utf8_sequences(const std::vector<Range>& ranges) {
+  static constexpr uint32_t kLengthEnd[] = {0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
+  std::vector<ByteSeq> out;
+  for (Range r : ranges) {
+    while (r.first <= r.second) {
+      const int n = utf8_length(r.first);
+      const uint32_t end = std::min(r.second, kLengthEnd[n - 1]);
+      split_same_length(r.first, end, n, out);
+      if (end == r.second) break;
+      r.first = end + 1;
+    }
+  }
+  return out;
+}
+
+// --- Thompson NFA per rule ---------------------------------------------------
+
+struct NfaEdge {
+  enum Kind : uint8_t { kEpsilon, kByte, kCall } kind;
+  uint8_t lo = 0, hi = 0;
+  int32_t rule = -1;
+  int32_t to = -1;
+};
+
+class Nfa {
+ public:
+  int32_t add() {
+    BASALT_CHECK(out_.size() < kMaxNfaStates, "grammar: too large (more than {} automaton states before "
+                 "determinization); lower the repetition bounds", kMaxNfaStates);
+    out_.emplace_back();
+    return static_cast<int32_t>(out_.size() - 1);
+  }
+  void edge(int32_t from, NfaEdge e) { out_[static_cast<size_t>(from)].push_back(e); }
+  const std::vector<NfaEdge>& out(int32_t s) const { return out_[static_cast<size_t>(s)]; }
+  size_t size() const { return out_.size(); }
+
+  // Adds paths from `from` to `to` that match `e`.
+  void compile(const GrammarExpr& e, int32_t from, int32_t to) {
+    using K = GrammarExpr::Kind;
+    switch (e.kind) {
+      case K::kBytes: {
+        int32_t cur = from;
+        for (size_t i = 0; i < e.bytes.size(); ++i) {
+          const int32_t next = i + 1 == e.bytes.size() ? to : add();
+          const auto b = static_cast<uint8_t>(e.bytes[i]);
+          edge(cur, {NfaEdge::kByte, b, b, -1, next});
+          cur = next;
+        }
+        if (e.bytes.empty()) edge(from, {NfaEdge::kEpsilon, 0, 0, -1, to});
+        return;
+      }
+      case K::kClass: {
+        for (const ByteSeq& seq : utf8_sequences(normalize(e.ranges, e.negated))) {
+          int32_t cur = from;
+          for (size_t i = 0; i < seq.size(); ++i) {
+            const int32_t next = i + 1 == seq.size() ? to : add();
+            edge(cur, {NfaEdge::kByte, seq[i].first, seq[i].second, -1, next});
+            cur = next;
+          }
+        }
+        return;
+      }
+      case K::kRuleRef:
+        edge(from, {NfaEdge::kCall, 0, 0, e.rule, to});
+        return;
+      case K::kSequence: {
+        int32_t cur = from;
+        for (size_t i = 0; i < e.children.size(); ++i) {
+          const int32_t next = i + 1 == e.children.size() ? to : add();
+          compile(e.children[i], cur, next);
+          cur = next;
+        }
+        if (e.children.empty()) edge(from, {NfaEdge::kEpsilon, 0, 0, -1, to});
+        return;
+      }
+      case K::kChoice:
+        for (const GrammarExpr& c : e.children) {
+          // A state of its own per branch keeps one branch's loops out of
+          // the others.
+          const int32_t start = add();
+          edge(from, {NfaEdge::kEpsilon, 0, 0, -1, start});
+          compile(c, start, to);
+        }
+        return;
+      case K::kRepeat: {
+        BASALT_CHECK(e.min <= kMaxRepetition && e.max <= kMaxRepetition,
+                     "grammar: repetition bound past the limit of {}", kMaxRepetition);
+        int32_t cur = from;
+        for (int32_t i = 0; i < e.min; ++i) {
+          const int32_t next = add();
+          compile(e.children[0], cur, next);
+          cur = next;
+        }
+        if (e.max < 0) {
+          const int32_t loop = add();
+          edge(cur, {NfaEdge::kEpsilon, 0, 0, -1, loop});
+          const int32_t body_end = add();
+          compile(e.children[0], loop, body_end);
+          edge(body_end, {NfaEdge::kEpsilon, 0, 0, -1, loop});
+          edge(loop, {NfaEdge::kEpsilon, 0, 0, -1, to});
+          return;
+        }
+        for (int32_t i = e.min; i < e.max; ++i) {
+          const int32_t next = add();
+          edge(cur, {NfaEdge::kEpsilon, 0, 0, -1, to});
+          compile(e.children[0], cur, next);
+          cur = next;
+        }
+        edge(cur, {NfaEdge::kEpsilon, 0, 0, -1, to});
+        return;
+      }
+    }
+  }
+
+ private:
+  std::vector<std::vector<NfaEdge>> out_;
+};
+
+// --- Subset construction -----------------------------------------------------
+
+struct DfaState {
+  bool accepting = false;
+  std::vector<ByteEdge> bytes;
+  std::vector<RuleCall> calls;  // rule -> local target (per rule, one)
+};
+
+class Determinizer {
+ public:
+  Determinizer(const Nfa& nfa, int32_t start, int32_t end, size_t& total) : nfa_(nfa), end_(end), total_(total) {
+    intern(closure({start}));
+  }
+
+  std::vector<DfaState> run() {
+    for (size_t i = 0; i < sets_.size(); ++i) expand(i);
+    return std::move(dfa_);
+  }
+
+ private:
+  std::vector<int32_t> closure(std::vector<int32_t> seeds) {
+    std::vector<int32_t> out;
+    std::vector<int32_t> work = std::move(seeds);
+    std::set<int32_t> seen(work.begin(), work.end());
+    while (!work.empty()) {
+      const int32_t s = work.back();
+      work.pop_back();
+      out.push_back(s);
+      for (const NfaEdge& e : nfa_.out(s))
+        if (e.kind == NfaEdge::kEpsilon && seen.insert(e.to).second) work.push_back(e.to);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  int32_t intern(std::vector<int32_t> set) {
+    const auto it = index_.find(set);
+    if (it != index_.end()) return it->second;
+    BASALT_CHECK(++total_ <= kMaxDfaStates, "grammar: too large (more than {} automaton states)", kMaxDfaStates);
+    elements_ += set.size();
+    BASALT_CHECK(elements_ <= kMaxSubsetElements,
+                 "grammar: too costly to compile (a repetition bound overlapping what comes before it); lower the "
+                 "bound or anchor the pattern");
+    const auto id = static_cast<int32_t>(sets_.size());
+    DfaState d;
+    d.accepting = std::binary_search(set.begin(), set.end(), end_);
+    dfa_.push_back(std::move(d));
+    index_.emplace(set, id);
+    sets_.push_back(std::move(set));
+    return id;
+  }
+
+  void expand(size_t i) {
+    const std::vector<int32_t> set = sets_[i];
+    std::vector<uint32_t> cuts;
+    std::map<int32_t, std::vector<int32_t>> calls;
+    for (int32_t s : set) {
+      for (const NfaEdge& e : nfa_.out(s)) {
+        if (e.kind == NfaEdge::kByte) {
+          cuts.push_back(e.lo);
+          cuts.push_back(static_cast<uint32_t>(e.hi) + 1);
+        } else if (e.kind == NfaEdge::kCall) {
+          calls[e.rule].push_back(e.to);
+        }
+      }
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<ByteEdge> bytes;
+    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+      const uint32_t lo = cuts[c], hi = cuts[c + 1] - 1;
+      std::vector<int32_t> targets;
+      for (int32_t s : set)
+        for (const NfaEdge& e : nfa_.out(s))
+          if (e.kind == NfaEdge::kByte && e.lo <= lo && hi <= e.hi) targets.push_back(e.to);
+      if (targets.empty()) continue;
+      const int32_t t = intern(closure(std::move(targets)));
+      if (!bytes.empty() && bytes.back().target == t && bytes.back().hi + 1u == lo) {
+        bytes.back().hi = static_cast<uint8_t>(hi);
+      } else {
+        bytes.push_back({static_cast<uint8_t>(lo), static_cast<uint8_t>(hi), t});
+      }
+    }
+    std::vector<RuleCall> out_calls;
+    for (auto& [rule, targets] : calls) out_calls.push_back({rule, intern(closure(std::move(targets)))});
+    dfa_[i].bytes = std::move(bytes);
+    dfa_[i].calls = std::move(out_calls);
+  }
+
+  const Nfa& nfa_;
+  int32_t end_;
+  size_t& total_;
+  size_t elements_ = 0;  // NFA states over every set so far
+  std::map<std::vector<int32_t>, int32_t> index_;
+  std::vector<std::vector<int32_t>> sets_;
+  std::vector<DfaState> dfa_;
+};
+
+// --- Analyses on the per-rule automata ---------------------------------------
+
+// Rules whose language is not empty (`productive`) or holds "" (`nullable`),
+// as fixpoints: a rule qualifies when a path from its start to an
+// accepting state uses only calls of qualifying rules (and, for
+// productive, any byte edge).
+std::vector<bool> rules_where(const std::vector<std::vector<DfaState>>& rules, bool bytes_allowed) {
+  std::vector<bool> ok(rules.size(), false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < rules.size(); ++r) {
+      if (ok[r]) continue;
+      const auto& dfa = rules[r];
+      std::vector<bool> seen(dfa.size(), false);
+      std::vector<int32_t> work{0};
+      seen[0] = true;
+      bool found = false;
+      while (!work.empty() && !found) {
+        const auto s = static_cast<size_t>(work.back());
+        work.pop_back();
+        if (dfa[s].accepting) found = true;
+        auto visit = [&](int32_t t) {
+          if (!seen[static_cast<size_t>(t)]) {
+            seen[static_cast<size_t>(t)] = true;
+            work.push_back(t);
+          }
+        };
+        if (bytes_allowed)
+          for (const ByteEdge& e : dfa[s].bytes) visit(e.target);
+        for (const RuleCall& c : dfa[s].calls)
+          if (ok[static_cast<size_t>(c.rule)]) visit(c.target);
+      }
+      if (found) {
+        ok[r] = true;
+        changed = true;
+      }
+    }
+  }
+  return ok;
+}
+
+// Drops calls of rules that match nothing and edges into states that can no
+// longer reach the end of their rule.
+void trim(std::vector<std::vector<DfaState>>& rules, const std::vector<bool>& productive) {
+  for (auto& dfa : rules) {
+    for (DfaState& s : dfa)
+      std::erase_if(s.calls, [&](const RuleCall& c) { return !productive[static_cast<size_t>(c.rule)]; });
+    std::vector<bool> live(dfa.size(), false);
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t s = 0; s < dfa.size(); ++s) {
+        if (live[s]) continue;
+        bool l = dfa[s].accepting;
+        for (const ByteEdge& e : dfa[s].bytes) l = l || live[static_cast<size_t>(e.target)];
+        for (const RuleCall& c : dfa[s].calls) l = l || live[static_cast<size_t>(c.target)];
+        if (l) {
+          live[s] = true;
+          changed = true;
+        }
+      }
+    }
+    for (DfaState& s : dfa) {
+      std::erase_if(s.bytes, [&](const ByteEdge& e) { return !live[static_cast<size_t>(e.target)]; });
+      std::erase_if(s.calls, [&](const RuleCall& c) { return !live[static_cast<size_t>(c.target)]; });
+    }
+  }
+}
+
+// A rule that can call itself before consuming a byte would make the
+// breadth-first run push forever.
+void refuse_left_recursion(const std::vector<std::vector<DfaState>>& rules, const std::vector<bool>& nullable,
+                           const std::vector<std::string>& names) {
+  const size_t n = rules.size();
+  std::vector<std::vector<int32_t>> first_calls(n);
+  for (size_t r = 0; r < n; ++r) {
+    const auto& dfa = rules[r];
+    std::vector<bool> seen(dfa.size(), false);
+    std::vector<int32_t> work{0};
+    seen[0] = true;
+    std::set<int32_t> callees;
+    while (!work.empty()) {
+      const auto s = static_cast<size_t>(work.back());
+      work.pop_back();
+      for (const RuleCall& c : dfa[s].calls) {
+        callees.insert(c.rule);
+        if (nullable[static_cast<size_t>(c.rule)] && !seen[static_cast<size_t>(c.target)]) {
+          seen[static_cast<size_t>(c.target)] = true;
+          work.push_back(c.target);
+        }
+      }
+    }
+    first_calls[r].assign(callees.begin(), callees.end());
+  }
+  // Depth-first search for a cycle; the path names it.
+  std::vector<uint8_t> color(n, 0);  // 0 new, 1 on the path, 2 done
+  std::vector<int32_t> path;
+  std::function<void(int32_t)> visit = [&](int32_t r) {
+    color[static_cast<size_t>(r)] = 1;
+    path.push_back(r);
+    for (int32_t c : first_calls[static_cast<size_t>(r)]) {
+      if (color[static_cast<size_t>(c)] == 1) {
+        std::string cycle;
+        for (auto it = std::find(path.begin(), path.end(), c); it != path.end(); ++it)
+          cycle += names[static_cast<size_t>(*it)] + " -> ";
+        fail("grammar: rule \"{}\" is left-recursive ({}{}); rewrite it to consume text before recursing",
+             names[static_cast<size_t>(c)], cycle, names[static_cast<size_t>(c)]);
+      }
+      if (color[static_cast<size_t>(c)] == 0) visit(c);
+    }
+    path.pop_back();
+    color[static_cast<size_t>(r)] = 2;
+  };
+  for (size_t r = 0; r < n; ++r)
+    if (color[r] == 0) visit(static_cast<int32_t>(r));
+}
+
+}  // namespace
+
+std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar) {
+  BASALT_CHECK(!grammar.rules.empty(), "grammar: no rules");
+  std::vector<std::vector<DfaState>> rules;
+  std::vector<std::string> names;
+  size_t total = 0;
+  for (const GrammarRule& rule : grammar.rules) {
+    Nfa nfa;
+    const int32_t start = nfa.add(), end = nfa.add();
+    nfa.compile(rule.body, start, end);
+    rules.push_back(Determinizer(nfa, start, end, total).run());
+    names.push_back(rule.name);
+  }
+  const std::vector<bool> productive = rules_where(rules, /*bytes_allowed=*/true);
+  BASALT_CHECK(productive[static_cast<size_t>(grammar.root)], "grammar: rule \"{}\" matches no text at all",
+               names[static_cast<size_t>(grammar.root)]);
+  trim(rules, productive);
+  refuse_left_recursion(rules, rules_where(rules, /*bytes_allowed=*/false), names);
+
+  auto g = std::make_shared<CompiledGrammar>();
+  g->rule_names = names;
+  g->root = grammar.root;
+  for (const auto& dfa : rules) {
+    g->rule_start.push_back(static_cast<int32_t>(g->states.size()));
+    g->states.resize(g->states.size() + dfa.size());
+  }
+  for (size_t r = 0; r < rules.size(); ++r) {
+    const int32_t base = g->rule_start[r];
+    for (size_t s = 0; s < rules[r].size(); ++s) {
+      const DfaState& d = rules[r][s];
+      AutomatonState& out = g->states[static_cast<size_t>(base) + s];
+      out.rule = static_cast<int32_t>(r);
+      out.accepting = d.accepting;
+      out.bytes_begin = static_cast<uint32_t>(g->byte_edges.size());
+      for (ByteEdge e : d.bytes) {
+        e.target += base;
+        g->byte_edges.push_back(e);
+      }
+      out.bytes_end = static_cast<uint32_t>(g->byte_edges.size());
+      out.calls_begin = static_cast<uint32_t>(g->calls.size());
+      for (RuleCall c : d.calls) g->calls.push_back({c.rule, c.target + base});
+      out.calls_end = static_cast<uint32_t>(g->calls.size());
+    }
+  }
+  return g;
+}
+
+// --- StackArena --------------------------------------------------------------
+
+namespace {
+uint32_t node_hash(int32_t state, int32_t parent) {
+  uint64_t h = (static_cast<uint64_t>(static_cast<uint32_t>(state)) << 32) | static_cast<uint32_t>(parent);
+  h *= 0x9E3779B97F4A7C15ull;
+  return static_cast<uint32_t>(h >> 32);
+}
+}  // namespace
+
+StackArena::StackArena() { heads_.assign(64, -1); }
+
+void StackArena::rehash(size_t buckets) {
+  heads_.assign(buckets, -1);
+  const uint32_t mask = static_cast<uint32_t>(buckets - 1);
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const uint32_t b = node_hash(nodes_[i].state, nodes_[i].parent) & mask;
+    next_[i] = heads_[b];
+    heads_[b] = static_cast<int32_t>(i);
+  }
+}
+
+int32_t StackArena::intern(int32_t state, int32_t parent) {
+  const uint32_t mask = static_cast<uint32_t>(heads_.size() - 1);
+  const uint32_t b = node_hash(state, parent) & mask;
+  for (int32_t i = heads_[b]; i >= 0; i = next_[static_cast<size_t>(i)]) {
+    const StackNode& n = nodes_[static_cast<size_t>(i)];
+    if (n.state == state && n.parent == parent) return i;
+  }
+  const auto id = static_cast<int32_t>(nodes_.size());
+  nodes_.push_back({state, parent});
+  next_.push_back(heads_[b]);
+  heads_[b] = id;
+  if (nodes_.size() > heads_.size()) rehash(heads_.size() * 2);
+  return id;
+}
+
+void StackArena::rewind(size_t n) {
+  const uint32_t mask = static_cast<uint32_t>(heads_.size() - 1);
+  while (nodes_.size() > n) {
+    const StackNode& node = nodes_.back();
+    const uint32_t b = node_hash(node.state, node.parent) & mask;
+    BASALT_ASSERT(heads_[b] == static_cast<int32_t>(nodes_.size() - 1));
+    heads_[b] = next_.back();
+    nodes_.pop_back();
+    next_.pop_back();
+  }
+}
+
+// --- StackWork ---------------------------------------------------------------
+
+void StackWork::new_pass() {
+  if (++pass_ == 0) {
+    std::fill(seen_.begin(), seen_.end(), 0u);
+    pass_ = 1;
+  }
+}
+
+bool StackWork::mark(int32_t id) {
+  const auto i = static_cast<size_t>(id);
+  if (i >= seen_.size()) seen_.resize(std::max(i + 1, seen_.size() * 2), 0u);
+  if (seen_[i] == pass_) return false;
+  seen_[i] = pass_;
+  return true;
+}
+
+ClosureFlags StackWork::close(const CompiledGrammar& g, StackArena& arena, std::span<const int32_t> roots,
+                              std::vector<int32_t>& out) {
+  ClosureFlags flags;
+  new_pass();
+  out.clear();
+  work_.clear();
+  for (int32_t r : roots)
+    if (mark(r)) work_.push_back(r);
+  while (!work_.empty()) {
+    const int32_t id = work_.back();
+    work_.pop_back();
+    out.push_back(id);
+    const StackNode node = arena[id];
+    const AutomatonState& s = g.states[static_cast<size_t>(node.state)];
+    for (uint32_t c = s.calls_begin; c < s.calls_end; ++c) {
+      const RuleCall& call = g.calls[c];
+      const int32_t ret = arena.intern(call.target, node.parent);
+      const int32_t callee = arena.intern(g.rule_start[static_cast<size_t>(call.rule)], ret);
+      if (mark(callee)) work_.push_back(callee);
+    }
+    if (s.accepting) {
+      if (node.parent == kStackBottom) {
+        flags.can_end = true;
+      } else if (node.parent == kStackUnknown) {
+        flags.escaped = true;
+      } else if (mark(node.parent)) {
+        work_.push_back(node.parent);
+      }
+    }
+  }
+  return flags;
+}
+
+void StackWork::step(const CompiledGrammar& g, StackArena& arena, std::span<const int32_t> closed, uint8_t byte,
+                     std::vector<int32_t>& out) {
+  new_pass();
+  out.clear();
+  for (int32_t id : closed) {
+    const StackNode node = arena[id];
+    const int32_t t = g.step(node.state, byte);
+    if (t < 0) continue;
+    const int32_t next = arena.intern(t, node.parent);
+    if (mark(next)) out.push_back(next);
+  }
+}
+
+}  // namespace basalt

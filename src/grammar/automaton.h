@@ -1,0 +1,124 @@
+// CompiledGrammar: a Grammar (grammar/ebnf.h) as one deterministic automaton
+// per rule, and the pushdown run over them that matchers and token masks
+// share (the stack arena, closure and byte step).
+//
+// Each rule's body is compiled into states whose edges consume a byte range
+// or call a rule (the callee runs, then the caller continues at the edge's
+// target). Within a rule, byte edges are deterministic (subset
+// construction); calls are not, and neither is the choice between calling,
+// consuming and returning: that is what the set of stacks carries. The
+// automaton is trimmed: every state can still reach the end of its rule, so
+// a stack that consumed a byte can always be completed.
+//
+// Stacks are nodes in a StackArena: (state, parent), where the parent's state
+// is where the caller continues. Nodes are interned, so equal stacks are one
+// node, sets of stacks dedupe by id, and the breadth-first run cannot grow
+// without bound except through left recursion, which compile_grammar()
+// refuses.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "grammar/ebnf.h"
+
+namespace basalt {
+
+struct ByteEdge {
+  uint8_t lo = 0, hi = 0;  // inclusive
+  int32_t target = -1;
+};
+
+struct RuleCall {
+  int32_t rule = -1;
+  int32_t target = -1;  // where the caller continues after the rule
+};
+
+struct AutomatonState {
+  int32_t rule = -1;
+  bool accepting = false;  // the rule may end here
+  uint32_t bytes_begin = 0, bytes_end = 0;  // ByteEdges, sorted, disjoint
+  uint32_t calls_begin = 0, calls_end = 0;
+};
+
+class CompiledGrammar {
+ public:
+  std::vector<AutomatonState> states;
+  std::vector<ByteEdge> byte_edges;
+  std::vector<RuleCall> calls;
+  std::vector<int32_t> rule_start;
+  std::vector<std::string> rule_names;
+  int32_t root = 0;
+
+  // The state `byte` leads to from `state`, -1 if none.
+  int32_t step(int32_t state, uint8_t byte) const {
+    const AutomatonState& s = states[static_cast<size_t>(state)];
+    for (uint32_t e = s.bytes_begin; e < s.bytes_end; ++e) {
+      const ByteEdge& edge = byte_edges[e];
+      if (byte < edge.lo) return -1;
+      if (byte <= edge.hi) return edge.target;
+    }
+    return -1;
+  }
+  bool has_bytes(int32_t state) const {
+    const AutomatonState& s = states[static_cast<size_t>(state)];
+    return s.bytes_begin != s.bytes_end;
+  }
+};
+
+// A stack: `state` on top of `parent` (a node id, or kStackBottom).
+struct StackNode {
+  int32_t state;
+  int32_t parent;
+};
+// The bottom of a real stack: returning into it ends the grammar.
+inline constexpr int32_t kStackBottom = -1;
+// An unknown caller (token-mask precomputation): returning into it leaves
+// what the precomputation can decide.
+inline constexpr int32_t kStackUnknown = -2;
+
+class StackArena {
+ public:
+  StackArena();
+  int32_t intern(int32_t state, int32_t parent);
+  const StackNode& operator[](int32_t id) const { return nodes_[static_cast<size_t>(id)]; }
+  size_t size() const { return nodes_.size(); }
+  // Drops every node made since size() was `n` (nodes are dropped last
+  // made first, so each is the head of its hash chain).
+  void rewind(size_t n);
+
+ private:
+  void rehash(size_t buckets);
+  std::vector<StackNode> nodes_;
+  std::vector<int32_t> next_;   // hash chain, per node
+  std::vector<int32_t> heads_;  // per bucket
+};
+
+// What a closure met besides its nodes.
+struct ClosureFlags {
+  bool can_end = false;  // a stack may return into kStackBottom
+  bool escaped = false;  // a stack may return into kStackUnknown
+};
+
+// Scratch space for closures and steps (one per thread of use).
+class StackWork {
+ public:
+  // Every stack reachable from `roots` by calls and returns, without
+  // consuming a byte (roots included), into `out`.
+  ClosureFlags close(const CompiledGrammar& g, StackArena& arena, std::span<const int32_t> roots,
+                     std::vector<int32_t>& out);
+  // The stacks that consume `byte` from `closed`, deduplicated, into `out`.
+  void step(const CompiledGrammar& g, StackArena& arena, std::span<const int32_t> closed, uint8_t byte,
+            std::vector<int32_t>& out);
+
+ private:
+  bool mark(int32_t id);  // true when first seen since the last new_pass()
+  void new_pass();
+  std::vector<uint32_t> seen_;
+  uint32_t pass_ = 0;
+  std::vector<int32_t> work_;
+};
+
+}  // namespace basalt

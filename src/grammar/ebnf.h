@@ -1,0 +1,80 @@
+// The grammar language of structured output: an EBNF dialect that reads
+// llama.cpp's GBNF and XGrammar's EBNF, parsed into a Grammar of rules.
+//
+// Syntax (one rule or more; `#` starts a comment to the end of the line):
+//
+//   rule     ::= NAME "::=" choice          NAME: [A-Za-z0-9_.-]+ ("root" starts)
+//   choice   ::= sequence ("|" sequence)*   an empty sequence matches ""
+//   sequence ::= (item)*                    juxtaposition; newlines end a rule
+//                                           only where the next line starts
+//                                           with "NAME ::="
+//   item     ::= primary ("*" | "+" | "?" | "{" M "}" | "{" M "," "}" | "{" M "," N "}")?
+//   primary  ::= "\"" chars "\""            a literal (its UTF-8 bytes)
+//              | "[" "^"? ranges "]"        a code point class (UTF-8 encoded)
+//              | "."                        any code point
+//              | NAME                       a rule reference
+//              | "(" choice ")"
+//
+// Inside literals and classes: \n \r \t \\ \" \' \[ \] \- \^ \/ \xHH
+// \uHHHH \UHHHHHHHH (code points; surrogates and values past U+10FFFF are
+// errors). Classes take single code points and ranges a-b; `^` negates over
+// all Unicode scalar values. Text is matched as UTF-8 bytes, so a grammar
+// never produces a broken code point unless it is written byte by byte with
+// \xHH above 0x7F inside a literal (then those bytes are taken as written).
+//
+// Contract: parse_ebnf() throws basalt::Error naming line:column and what is
+// wrong (unknown rule, a rule defined twice, bad escape, unbalanced
+// bracket, a repetition bound past kMaxRepetition, no root rule). Rules
+// that nothing reaches from the root are kept (and compiled) but harmless.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace basalt {
+
+// An expression tree node of a rule's body.
+struct GrammarExpr {
+  enum class Kind : uint8_t {
+    kBytes,     // `bytes`, matched exactly
+    kClass,     // one code point in `ranges` (inclusive pairs), or not in them when negated
+    kRuleRef,   // the rule `rule`
+    kSequence,  // children in order
+    kChoice,    // one of the children
+    kRepeat,    // children[0] between min and max times (max < 0: unbounded)
+  };
+  Kind kind = Kind::kSequence;
+  std::string bytes;
+  std::vector<std::pair<uint32_t, uint32_t>> ranges;
+  bool negated = false;
+  int32_t rule = -1;
+  int32_t min = 0, max = -1;
+  std::vector<GrammarExpr> children;
+};
+
+struct GrammarRule {
+  std::string name;
+  GrammarExpr body;
+};
+
+struct Grammar {
+  std::vector<GrammarRule> rules;
+  int32_t root = 0;
+
+  // The rule's index, -1 when there is none.
+  int32_t find(std::string_view name) const;
+};
+
+// The largest repetition bound {m,n} the compiler unrolls.
+inline constexpr int32_t kMaxRepetition = 10000;
+
+// `root_name` names the start rule.
+Grammar parse_ebnf(std::string_view text, std::string_view root_name = "root");
+
+// The text of `value` as an EBNF literal ("...", escaped), for generators.
+std::string ebnf_literal(std::string_view value);
+
+}  // namespace basalt

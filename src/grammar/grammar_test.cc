@@ -1,0 +1,178 @@
+// The EBNF parser and the matcher: which texts a grammar accepts, byte by
+// byte, with rollback; and the grammars the compiler refuses.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "grammar/ebnf.h"
+#include "grammar/matcher.h"
+
+namespace basalt {
+namespace {
+
+bool matches(const std::string& ebnf, const std::string& text) { return grammar_matches(parse_ebnf(ebnf), text); }
+
+std::string error_of(const std::string& ebnf) {
+  try {
+    compile_grammar(parse_ebnf(ebnf));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Ebnf, LiteralsClassesAndRepetition) {
+  EXPECT_TRUE(matches(R"(root ::= "ab" "c")", "abc"));
+  EXPECT_FALSE(matches(R"(root ::= "ab" "c")", "ab"));
+  EXPECT_FALSE(matches(R"(root ::= "ab" "c")", "abcd"));
+  EXPECT_TRUE(matches(R"(root ::= [a-c]+ [0-9]?)", "abcabc7"));
+  EXPECT_FALSE(matches(R"(root ::= [a-c]+ [0-9]?)", "abd"));
+  EXPECT_FALSE(matches(R"(root ::= [a-c]+)", ""));
+  EXPECT_TRUE(matches(R"(root ::= [^"\\]*)", "plain text, no quote"));
+  EXPECT_FALSE(matches(R"(root ::= [^"\\]*)", "a\"b"));
+  EXPECT_TRUE(matches(R"(root ::= "x"{2,3})", "xx"));
+  EXPECT_TRUE(matches(R"(root ::= "x"{2,3})", "xxx"));
+  EXPECT_FALSE(matches(R"(root ::= "x"{2,3})", "x"));
+  EXPECT_FALSE(matches(R"(root ::= "x"{2,3})", "xxxx"));
+  EXPECT_TRUE(matches(R"(root ::= "x"{2,})", "xxxxxxx"));
+  EXPECT_TRUE(matches(R"(root ::= "x"{0})", ""));
+  EXPECT_TRUE(matches(R"(root ::= ("a" | "b" "c")* "d")", "abcad"));
+  EXPECT_FALSE(matches(R"(root ::= ("a" | "b" "c")* "d")", "abd"));
+  EXPECT_TRUE(matches(R"(root ::= )", ""));
+  EXPECT_TRUE(matches("root ::= \"\\n\\t\\\\\\\"\" # a comment\n", "\n\t\\\""));
+}
+
+TEST(Ebnf, UnicodeIsMatchedAsUtf8) {
+  // Classes of code points of every UTF-8 length, and a negated class that
+  // must take whole multi-byte characters.
+  const std::string g = R"(root ::= [a\u00e9\u4e00-\u9fff\U0001F600-\U0001F64F]+)";
+  EXPECT_TRUE(matches(g, "a\xC3\xA9\xE4\xB8\x80\xE9\xBE\xA5\xF0\x9F\x98\x80"));
+  EXPECT_FALSE(matches(g, "\xC3\xA8"));          // è
+  EXPECT_FALSE(matches(g, "\xF0\x9F\x99\x90"));  // U+1F650, past the range
+  EXPECT_TRUE(matches(R"(root ::= [^a]+)", "\xE2\x82\xAC\xF0\x9F\x98\x80z"));
+  EXPECT_FALSE(matches(R"(root ::= [^a]+)", "\xE2\x82"));  // a cut character
+  EXPECT_FALSE(matches(R"(root ::= [^a]+)", "\xED\xA0\x80"));  // a surrogate
+  EXPECT_TRUE(matches(R"(root ::= .)", "\xF4\x8F\xBF\xBF"));
+  EXPECT_TRUE(matches("root ::= \"\xC3\xA9t\xC3\xA9\"", "\xC3\xA9t\xC3\xA9"));
+  // Classes given as raw UTF-8 text.
+  EXPECT_TRUE(matches("root ::= [\xC3\xA0-\xC3\xBF]", "\xC3\xA9"));
+}
+
+TEST(Ebnf, RulesCallEachOtherAndRecurse) {
+  const std::string nested = R"g(
+    root  ::= value
+    value ::= "(" value* ")" | atom
+    atom  ::= [a-z]+
+  )g";
+  EXPECT_TRUE(matches(nested, "(ab(c)((d)))"));
+  EXPECT_TRUE(matches(nested, "abc"));
+  EXPECT_FALSE(matches(nested, "(ab(c)"));
+  EXPECT_FALSE(matches(nested, "(ab))"));
+  // Nullable rules in loops terminate (the stack does not grow).
+  EXPECT_TRUE(matches("root ::= item* \"!\"\nitem ::= \"a\"?", "aaa!"));
+  EXPECT_TRUE(matches("root ::= item* \"!\"\nitem ::= \"a\"?", "!"));
+  // Right recursion is fine at any depth.
+  std::string deep(5000, 'a');
+  EXPECT_TRUE(matches("root ::= \"a\" root | \"\"", deep));
+  // GBNF rule separation: a rule ends where the next "name ::=" begins.
+  EXPECT_TRUE(matches("root ::= a\n  b\na ::= \"x\"\nb ::= \"y\"", "xy"));
+}
+
+TEST(Ebnf, ParseErrorsNameThePlace) {
+  auto parse_error = [](const std::string& text) -> std::string {
+    try {
+      parse_ebnf(text);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(parse_error("root ::= \"abc").find("1:10: unterminated literal"), std::string::npos);
+  EXPECT_NE(parse_error("root ::= foo").find("\"foo\" is referenced but not defined"), std::string::npos);
+  EXPECT_NE(parse_error("root ::= \"a\"\nroot ::= \"b\"").find("2:1: rule \"root\" is defined twice"),
+            std::string::npos);
+  EXPECT_NE(parse_error("start ::= \"a\"").find("no rule named \"root\""), std::string::npos);
+  EXPECT_NE(parse_error("root ::= [z-a]").find("is empty"), std::string::npos);
+  EXPECT_NE(parse_error("root ::= (\"a\"").find("unbalanced ("), std::string::npos);
+  EXPECT_NE(parse_error("root ::= \"a\")").find("unbalanced )"), std::string::npos);
+  EXPECT_NE(parse_error("root ::= \"a\"{3,2}").find("below its minimum"), std::string::npos);
+  EXPECT_NE(parse_error("root ::= \"a\"{99999}").find("past the limit"), std::string::npos);
+  EXPECT_NE(parse_error("root ::= \"\\q\"").find("unknown escape"), std::string::npos);
+  EXPECT_NE(parse_error("root ::= [\\uD800]").find("not a Unicode scalar value"), std::string::npos);
+  EXPECT_NE(parse_error("root ::= \"a\" @").find("unexpected character '@'"), std::string::npos);
+  EXPECT_NE(parse_error("").find("no rules"), std::string::npos);
+}
+
+TEST(Ebnf, CompilerRefusesLeftRecursionAndEmptyLanguages) {
+  EXPECT_NE(error_of("root ::= root \"a\" | \"b\"").find("left-recursive"), std::string::npos);
+  EXPECT_NE(error_of("root ::= x\nx ::= e y\ny ::= x \"a\" | \"b\"\ne ::= \"\"?").find("left-recursive"),
+            std::string::npos);
+  EXPECT_NE(error_of("root ::= loop\nloop ::= \"a\" loop").find("matches no text"), std::string::npos);
+  // An unproductive branch is dropped, the rest stays.
+  EXPECT_EQ(error_of("root ::= \"a\" | never\nnever ::= \"b\" never"), "");
+  EXPECT_TRUE(matches("root ::= \"a\" | never\nnever ::= \"b\" never", "a"));
+  EXPECT_FALSE(matches("root ::= \"a\" | never\nnever ::= \"b\" never", "b"));
+}
+
+TEST(GrammarMatcher, AcceptsPieceByPieceAndRollsBack) {
+  GrammarMatcher m(compile_grammar(parse_ebnf(R"(root ::= "{" ("\"k\":" [0-9]+) "}")")));
+  EXPECT_FALSE(m.can_end());
+  EXPECT_TRUE(m.accept_bytes("{\"k"));
+  EXPECT_FALSE(m.accept_bytes("x"));  // refused: nothing changes
+  EXPECT_TRUE(m.accept_bytes("\":1"));
+  EXPECT_TRUE(m.accept_bytes("2"));
+  EXPECT_FALSE(m.can_end());
+  EXPECT_TRUE(m.accept_bytes("}"));
+  EXPECT_TRUE(m.can_end());
+  EXPECT_TRUE(m.must_end());
+  EXPECT_EQ(m.history(), 4);
+  m.rollback(2);
+  EXPECT_EQ(m.history(), 2);
+  EXPECT_FALSE(m.can_end());
+  EXPECT_FALSE(m.must_end());
+  EXPECT_TRUE(m.accept_bytes("34}"));
+  EXPECT_TRUE(m.can_end());
+  m.rollback(3);
+  EXPECT_EQ(m.history(), 0);
+  EXPECT_TRUE(m.accept_bytes("{\"k\":5}"));
+  EXPECT_TRUE(m.can_end());
+  EXPECT_THROW(m.rollback(2), Error);
+}
+
+TEST(GrammarMatcher, CanEndAndContinue) {
+  GrammarMatcher m(compile_grammar(parse_ebnf(R"(root ::= [0-9]+ ("." [0-9]+)?)")));
+  EXPECT_TRUE(m.accept_bytes("12"));
+  EXPECT_TRUE(m.can_end());
+  EXPECT_FALSE(m.must_end());
+  EXPECT_TRUE(m.accept_bytes("."));
+  EXPECT_FALSE(m.can_end());
+  EXPECT_TRUE(m.accept_bytes("5"));
+  EXPECT_TRUE(m.can_end());
+}
+
+TEST(GrammarMatcher, ForcedBytesAreWhatEveryContinuationStartsWith) {
+  GrammarMatcher m(compile_grammar(parse_ebnf(R"(root ::= "{\"key\": " ("true" | "tree" | [0-9]+) "}")")));
+  EXPECT_EQ(m.forced_bytes(100), "{\"key\": ");
+  EXPECT_EQ(m.forced_bytes(3), "{\"k");
+  EXPECT_EQ(m.history(), 0);  // nothing was accepted
+  ASSERT_TRUE(m.accept_bytes("{\"key\": t"));
+  EXPECT_EQ(m.forced_bytes(100), "r");  // then "ue" or "ee"
+  ASSERT_TRUE(m.accept_bytes("re"));
+  EXPECT_EQ(m.forced_bytes(100), "e}");
+  ASSERT_TRUE(m.accept_bytes("e}"));
+  EXPECT_EQ(m.forced_bytes(100), "");  // complete
+  // Where the text may end, nothing is forced, even if only one byte could follow.
+  GrammarMatcher optional(compile_grammar(parse_ebnf(R"(root ::= "a" "b"?)")));
+  ASSERT_TRUE(optional.accept_bytes("a"));
+  EXPECT_EQ(optional.forced_bytes(100), "");
+}
+
+TEST(Ebnf, LiteralHelperRoundTrips) {
+  const std::string value = "a\"b\\c\nd\te\x01\xC3\xA9";
+  EXPECT_TRUE(matches("root ::= " + ebnf_literal(value), value));
+  EXPECT_FALSE(matches("root ::= " + ebnf_literal(value), "a\"b"));
+}
+
+}  // namespace
+}  // namespace basalt

@@ -1,0 +1,1672 @@
+// JSON Schema to EBNF (grammar/json_schema.h).
+//
+// Each subschema becomes an EBNF expression. Named rules are made for every
+// $ref target and every merged (allOf) schema, which is where recursion
+// closes, and for pieces that would otherwise be written out more than once.
+// A subschema that no value satisfies translates to "no value" with the
+// reason, so that an anyOf branch or an optional property can drop out and
+// only the root (or something the root requires) turns it into an error.
+#include "grammar/json_schema.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "grammar/ebnf.h"
+#include "grammar/regex.h"
+
+namespace basalt {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Keywords that only describe; a validator ignores them, and so do we.
+// "discriminator" and "example" are OpenAPI's.
+constexpr std::string_view kAnnotations[] = {
+    "title",     "description",     "default",          "examples",         "example",      "$comment",   "$schema",
+    "$id",       "$anchor",         "$dynamicAnchor",   "$recursiveAnchor", "$vocabulary",  "deprecated", "readOnly",
+    "writeOnly", "contentEncoding", "contentMediaType", "contentSchema",    "discriminator"};
+
+// Keywords the translation enforces, by the type they apply to ($defs and
+// definitions hold what $ref reaches). Anything in none of these lists, nor
+// in kAnnotations, is refused.
+constexpr std::string_view kGeneralKeywords[] = {"type",  "enum", "const", "anyOf",      "oneOf",
+                                                 "allOf", "$ref", "$defs", "definitions"};
+constexpr std::string_view kObjectKeywords[] = {"properties", "required", "additionalProperties", "minProperties",
+                                                "maxProperties"};
+constexpr std::string_view kArrayKeywords[] = {"items",    "prefixItems", "additionalItems",
+                                               "minItems", "maxItems",    "uniqueItems"};
+constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength", "pattern", "format"};
+constexpr std::string_view kNumberKeywords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+
+constexpr std::string_view kFormats[] = {"date", "time", "date-time", "email",   "uuid",
+                                         "ipv4", "ipv6", "uri",       "hostname"};
+
+template <size_t N>
+bool listed(std::string_view key, const std::string_view (&list)[N]) {
+  return std::find(std::begin(list), std::end(list), key) != std::end(list);
+}
+
+bool enforced(std::string_view key) {
+  return listed(key, kGeneralKeywords) || listed(key, kObjectKeywords) || listed(key, kArrayKeywords) ||
+         listed(key, kStringKeywords) || listed(key, kNumberKeywords);
+}
+
+// Repetitions past this many are built from rules of this many, so that no
+// bound reaches kMaxRepetition and no automaton unrolls a huge count.
+constexpr int64_t kChunk = 256;
+// Counts (minLength, maxItems, ...) past this are refused rather than risk
+// overflow; no model writes that much.
+constexpr int64_t kMaxCount = int64_t{1} << 53;
+// Products of anyOf lists that allOf merging may build, and merged schemas
+// one translation may make: a schema past these is hostile or a bug.
+constexpr size_t kMaxAlternatives = 256;
+constexpr size_t kMaxMergedSchemas = 2000;
+
+// --- JSON types ---------------------------------------------------------------
+
+enum TypeBit : uint8_t {
+  kNull = 1,
+  kBoolean = 2,
+  kObject = 4,
+  kArray = 8,
+  kString = 16,
+  kInteger = 32,
+  kFraction = 64,  // numbers that are not integers
+};
+constexpr uint8_t kAnyType = 127;
+
+constexpr std::pair<std::string_view, uint8_t> kTypeNames[] = {
+    {"null", kNull},       {"boolean", kBoolean},           {"object", kObject}, {"array", kArray}, {"string", kString},
+    {"integer", kInteger}, {"number", kInteger | kFraction}};
+
+std::string pointer_token(std::string_view key) {
+  std::string out;
+  for (const char c : key) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::string child_path(const std::string& path, std::string_view key) { return path + "/" + pointer_token(key); }
+std::string child_path(const std::string& path, size_t index) { return path + "/" + std::to_string(index); }
+
+const Json* member(const Json& schema, std::string_view key) {
+  const auto it = schema.find(std::string(key));
+  return it == schema.end() ? nullptr : &*it;
+}
+
+uint8_t type_set(const Json& type, const std::string& path) {
+  const auto one = [&](const Json& name) -> uint8_t {
+    BASALT_CHECK(name.is_string(), "json schema: keyword \"type\" at {} must be a type name or a list of them", path);
+    for (const auto& [type_name, bits] : kTypeNames)
+      if (name.get<std::string>() == type_name) return bits;
+    fail("json schema: keyword \"type\" at {}: unknown type \"{}\"", path, name.get<std::string>());
+  };
+  if (!type.is_array()) return one(type);
+  uint8_t bits = 0;
+  for (const Json& name : type) bits |= one(name);
+  return bits;
+}
+
+Json type_json(uint8_t bits) {
+  Json names = Json::array();
+  for (const auto& [type_name, type_bits] : kTypeNames) {
+    if (type_bits == kInteger && (bits & kFraction)) continue;  // "number" says it
+    if ((bits & type_bits) == type_bits) names.push_back(type_name);
+  }
+  return names.size() == 1 ? names[0] : names;
+}
+
+uint8_t value_type(const Json& value) {
+  if (value.is_null()) return kNull;
+  if (value.is_boolean()) return kBoolean;
+  if (value.is_object()) return kObject;
+  if (value.is_array()) return kArray;
+  if (value.is_string()) return kString;
+  if (value.is_number_float()) {
+    const double x = value.get<double>();
+    return std::floor(x) == x ? kInteger : kFraction;
+  }
+  return kInteger;
+}
+
+// Equality as JSON Schema defines it: numbers by value, objects regardless
+// of member order (nlohmann::json sorts keys; ordered_json would compare
+// the order too).
+bool json_equal(const Json& a, const Json& b) { return nlohmann::json(a) == nlohmann::json(b); }
+
+bool is_true_schema(const Json& schema) {
+  return (schema.is_boolean() && schema.get<bool>()) || (schema.is_object() && schema.empty());
+}
+
+// A schema that both `a` and `b` require.
+Json conjoin(const Json& a, const Json& b) {
+  if (is_true_schema(a)) return b;
+  if (is_true_schema(b)) return a;
+  if (a.is_boolean() || b.is_boolean()) return false;
+  return Json{{"allOf", Json::array({a, b})}};
+}
+
+int64_t read_count(const Json& value, std::string_view key, const std::string& path) {
+  const bool integral =
+      value.is_number_integer() || (value.is_number_float() && std::floor(value.get<double>()) == value.get<double>());
+  BASALT_CHECK(integral && value.get<double>() >= 0, "json schema: keyword \"{}\" at {} must be a non-negative integer",
+               key, path);
+  BASALT_CHECK(value.get<double>() <= static_cast<double>(kMaxCount),
+               "json schema: keyword \"{}\" at {}: {} is past the largest count supported ({})", key, path,
+               value.dump(), kMaxCount);
+  return value.is_number_float() ? static_cast<int64_t>(value.get<double>()) : value.get<int64_t>();
+}
+
+std::optional<int64_t> optional_count(const Json& schema, std::string_view key, const std::string& path) {
+  const Json* value = member(schema, key);
+  if (!value) return std::nullopt;
+  return read_count(*value, key, path);
+}
+
+// --- Integers of any size -------------------------------------------------------
+
+// Decimal, so that bounds of any magnitude (uint64, 1e30) stay exact; the
+// magnitude has no leading zeros ("0" for zero, which is never negative).
+struct BigInteger {
+  bool negative = false;
+  std::string digits = "0";
+};
+
+int compare_magnitudes(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return a.size() < b.size() ? -1 : 1;
+  const int c = a.compare(b);
+  return c < 0 ? -1 : c > 0 ? 1 : 0;
+}
+
+int compare(const BigInteger& a, const BigInteger& b) {
+  if (a.negative != b.negative) return a.negative ? -1 : 1;
+  const int c = compare_magnitudes(a.digits, b.digits);
+  return a.negative ? -c : c;
+}
+
+std::string increment_magnitude(std::string digits) {
+  size_t i = digits.size();
+  while (i > 0 && digits[i - 1] == '9') digits[--i] = '0';
+  if (i == 0) {
+    digits.insert(digits.begin(), '1');
+  } else {
+    ++digits[i - 1];
+  }
+  return digits;
+}
+
+std::string decrement_magnitude(std::string digits) {  // digits > 0
+  size_t i = digits.size();
+  while (digits[i - 1] == '0') digits[--i] = '9';
+  --digits[i - 1];
+  if (digits.size() > 1 && digits[0] == '0') digits.erase(0, 1);
+  return digits;
+}
+
+BigInteger plus_one(BigInteger x) {
+  if (!x.negative) {
+    x.digits = increment_magnitude(x.digits);
+  } else {
+    x.digits = decrement_magnitude(x.digits);
+    x.negative = x.digits != "0";
+  }
+  return x;
+}
+
+BigInteger minus_one(BigInteger x) {
+  if (x.negative || x.digits == "0") {
+    x.negative = true;
+    x.digits = increment_magnitude(x.digits);
+  } else {
+    x.digits = decrement_magnitude(x.digits);
+  }
+  return x;
+}
+
+std::string to_string(const BigInteger& x) { return (x.negative ? "-" : "") + x.digits; }
+
+// The JSON number rounded to an integer, down or up.
+BigInteger round_number(const Json& value, bool up) {
+  BigInteger out;
+  if (value.is_number_unsigned()) {
+    out.digits = std::to_string(value.get<uint64_t>());
+  } else if (value.is_number_integer()) {
+    const int64_t x = value.get<int64_t>();
+    out.negative = x < 0;
+    out.digits = std::to_string(x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x));
+  } else {
+    const double x = value.get<double>();
+    std::string text = fmt::format("{:.0f}", up ? std::ceil(x) : std::floor(x));
+    if (text[0] == '-') {
+      text.erase(0, 1);
+      out.negative = text != "0";
+    }
+    out.digits = text;
+  }
+  return out;
+}
+
+// a < b for JSON numbers, exact when both are integers.
+bool number_less(const Json& a, const Json& b) {
+  if (a.is_number_integer() && b.is_number_integer())
+    return compare(round_number(a, false), round_number(b, false)) < 0;
+  return a.get<double>() < b.get<double>();
+}
+
+// --- Grammar text ---------------------------------------------------------------
+
+bool is_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+}
+
+bool is_name(std::string_view text) { return !text.empty() && std::all_of(text.begin(), text.end(), is_name_char); }
+
+std::string lit(std::string_view text) { return ebnf_literal(text); }
+
+// Parts joined by spaces, the empty ones left out.
+std::string seq(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (const std::string_view part : parts) {
+    if (part.empty()) continue;
+    if (!out.empty()) out.push_back(' ');
+    out += part;
+  }
+  return out;
+}
+
+std::string alt(const std::vector<std::string>& options) {
+  std::vector<std::string> distinct;
+  for (const std::string& option : options)
+    if (std::find(distinct.begin(), distinct.end(), option) == distinct.end()) distinct.push_back(option);
+  if (distinct.size() == 1) return distinct[0];
+  std::string out = "(";
+  for (size_t i = 0; i < distinct.size(); ++i) out += (i ? " | " : "") + distinct[i];
+  return out + ")";
+}
+
+std::string group(const std::string& expr) { return is_name(expr) ? expr : "(" + expr + ")"; }
+
+// `atom` repeated lo to hi times (hi absent: unbounded), both at most kChunk.
+std::string repeat_suffix(const std::string& atom, int64_t lo, std::optional<int64_t> hi) {
+  if (hi && *hi == 0) return "";
+  const std::string a = group(atom);
+  if (!hi) return lo == 0 ? a + "*" : lo == 1 ? a + "+" : fmt::format("{}{{{},}}", a, lo);
+  if (lo == *hi) return lo == 1 ? a : fmt::format("{}{{{}}}", a, lo);
+  if (lo == 0 && *hi == 1) return a + "?";
+  return fmt::format("{}{{{},{}}}", a, lo, *hi);
+}
+
+// Grammar text with literals written in single quotes, each made an
+// ebnf_literal(); the fixed rules below read better that way.
+std::string with_literals(std::string_view text) {
+  std::string out, literal;
+  bool in_literal = false;
+  for (const char c : text) {
+    if (c == '\'') {
+      if (in_literal) out += ebnf_literal(literal);
+      literal.clear();
+      in_literal = !in_literal;
+    } else {
+      (in_literal ? literal : out).push_back(c);
+    }
+  }
+  BASALT_ASSERT(!in_literal);
+  return out;
+}
+
+// The rule names a rule body refers to (outside its literals, classes and
+// repetition bounds).
+std::vector<std::string> names_in(std::string_view body) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < body.size();) {
+    const char c = body[i];
+    if (c == '"' || c == '[' || c == '{') {
+      const char close = c == '"' ? '"' : c == '[' ? ']' : '}';
+      for (++i; i < body.size() && body[i] != close; ++i)
+        if (body[i] == '\\') ++i;
+      ++i;
+    } else if (is_name_char(c)) {
+      const size_t start = i;
+      while (i < body.size() && is_name_char(body[i])) ++i;
+      names.emplace_back(body.substr(start, i - start));
+    } else {
+      ++i;
+    }
+  }
+  return names;
+}
+
+// Rules every grammar may share, written once each where used. json-char is
+// one character of a JSON string's content as dump() writes it.
+const std::map<std::string_view, std::string_view>& fixed_rules() {
+  static const auto* rules = new std::map<std::string_view, std::string_view>{
+      {"json-value", "json-object | json-array | json-string | json-number | 'true' | 'false' | 'null'"},
+      {"json-string", R"g('"' json-char* '"')g"},
+      {"json-char", R"g([^"\\\x00-\x1f] | json-escape)g"},
+      {"json-escape", R"g('\' ["\\bfnrt] | '\u000' [0-7bef] | '\u001' [0-9a-f])g"},
+      {"json-number", R"g('-'? ('0' | [1-9] [0-9]*) ('.' [0-9]+)? ([eE] [+\-]? [0-9]+)?)g"},
+      {"json-integer", R"g('0' | '-'? [1-9] [0-9]*)g"},
+      // RFC 3339 full-date, days checked against the month, 29 February
+      // against the leap years of the Gregorian calendar.
+      {"format-date",
+       R"g([0-9]{4} '-' (('0' [13578] | '1' [02]) '-' ('0' [1-9] | [12] [0-9] | '3' [01]) | ('0' [469])g"
+       R"g( | '11') '-' ('0' [1-9] | [12] [0-9] | '30') | '02-' ('0' [1-9] | '1' [0-9] | '2' [0-8])))g"
+       R"g( | format-leap-year '-02-29')g"},
+      {"format-leap-year",
+       R"g([0-9]{2} ('0' [48] | [2468] [048] | [13579] [26]) | ('0' [048] | [2468] [048] | [13579] [26]) '00')g"},
+      // RFC 3339 full-time. A leap second is valid only where the time is
+      // 23:59:60 in UTC; only the spellings with a zero offset are offered.
+      {"format-time",
+       R"g(format-hour ':' [0-5] [0-9] ':' [0-5] [0-9] format-fraction? format-offset)g"
+       R"g( | '23:59:60' format-fraction? ([Zz] | [+\-] '00:00'))g"},
+      {"format-hour", R"g([01] [0-9] | '2' [0-3])g"},
+      {"format-fraction", R"g('.' [0-9]+)g"},
+      {"format-offset", R"g([Zz] | [+\-] format-hour ':' [0-5] [0-9])g"},
+      {"format-date-time", R"g(format-date [Tt] format-time)g"},
+      {"format-uuid",
+       R"g([0-9A-Fa-f]{8} '-' [0-9A-Fa-f]{4} '-' [0-9A-Fa-f]{4} '-' [0-9A-Fa-f]{4} '-' [0-9A-Fa-f]{12})g"},
+      {"format-ipv4", R"g(format-dec-octet '.' format-dec-octet '.' format-dec-octet '.' format-dec-octet)g"},
+      {"format-dec-octet", R"g([0-9] | [1-9] [0-9] | '1' [0-9] [0-9] | '2' [0-4] [0-9] | '25' [0-5])g"},
+      // RFC 3986's IPv6address: at most eight groups, "::" once.
+      {"format-ipv6",
+       R"g((format-h16 ':'){6} format-ls32 | '::' (format-h16 ':'){5} format-ls32)g"
+       R"g( | format-h16? '::' (format-h16 ':'){4} format-ls32)g"
+       R"g( | ((format-h16 ':')? format-h16)? '::' (format-h16 ':'){3} format-ls32)g"
+       R"g( | ((format-h16 ':'){0,2} format-h16)? '::' (format-h16 ':'){2} format-ls32)g"
+       R"g( | ((format-h16 ':'){0,3} format-h16)? '::' format-h16 ':' format-ls32)g"
+       R"g( | ((format-h16 ':'){0,4} format-h16)? '::' format-ls32)g"
+       R"g( | ((format-h16 ':'){0,5} format-h16)? '::' format-h16 | ((format-h16 ':'){0,6} format-h16)? '::')g"},
+      {"format-h16", R"g([0-9A-Fa-f]{1,4})g"},
+      {"format-ls32", R"g(format-h16 ':' format-h16 | format-ipv4)g"},
+      // RFC 1123 labels; 127 of them is the most that fit in 253 characters.
+      {"format-hostname", R"g(format-label ('.' format-label){0,126})g"},
+      {"format-label", R"g([A-Za-z0-9] ([A-Za-z0-9\-]{0,61} [A-Za-z0-9])?)g"},
+      // RFC 5321's Mailbox. The quoted local part is written as it is inside
+      // a JSON string: its quotes and backslashes escaped.
+      {"format-email",
+       R"g(format-email-local '@' (format-hostname | '[' format-ipv4 ']' | '[IPv6:' format-ipv6 ']'))g"},
+      {"format-email-local",
+       R"g(format-atext+ ('.' format-atext+)* | '\"' ([\x20\x21\x23-\x5b\x5d-\x7e])g"
+       R"g( | '\\' ([\x20\x21\x23-\x5b\x5d-\x7e] | '\"' | '\\'))* '\"')g"},
+      {"format-atext", R"g([A-Za-z0-9!#$%&\x27*+/=?\^_`{|}~\-])g"},
+      // RFC 3986's URI (absolute: a scheme is required).
+      {"format-uri",
+       R"g([A-Za-z] [A-Za-z0-9+.\-]* ':' format-uri-hier? ('?' format-uri-query)? ('#' format-uri-query)?)g"},
+      {"format-uri-hier",
+       R"g('//' format-uri-authority format-uri-path | '/' (format-uri-pchar+ format-uri-path)?)g"
+       R"g( | format-uri-pchar+ format-uri-path)g"},
+      {"format-uri-path", R"g(('/' format-uri-pchar*)*)g"},
+      {"format-uri-authority", R"g((format-uri-userinfo '@')? format-uri-host (':' [0-9]*)?)g"},
+      {"format-uri-userinfo", R"g(([A-Za-z0-9._~!$&\x27()*+,;=:\-] | format-uri-pct)*)g"},
+      {"format-uri-host",
+       R"g('[' (format-ipv6 | [vV] [0-9A-Fa-f]+ '.' [A-Za-z0-9._~!$&\x27()*+,;=:\-]+) ']' | format-ipv4)g"
+       R"g( | ([A-Za-z0-9._~!$&\x27()*+,;=\-] | format-uri-pct)*)g"},
+      {"format-uri-pchar", R"g([A-Za-z0-9._~!$&\x27()*+,;=:@\-] | format-uri-pct)g"},
+      {"format-uri-query", R"g((format-uri-pchar | [/?])*)g"},
+      {"format-uri-pct", R"g('%' [0-9A-Fa-f]{2})g"},
+  };
+  return *rules;
+}
+
+// Names of the shared rules built here rather than fixed (they depend on the
+// whitespace option).
+constexpr std::string_view kBuiltRules[] = {"json-object", "json-array", "json-member", "ws", "root"};
+
+// The name a rule for the schema at `path` gets: the pointer's tokens, made
+// name characters. Never contains '.', which the names of regex rules and of
+// this file's helper rules do.
+std::string rule_hint(const std::string& path) {
+  if (path == "#") return "root";
+  std::string out;
+  for (size_t i = 2; i < path.size(); ++i) {
+    const char c = path[i];
+    if (c == '/') {
+      out.push_back('-');
+    } else if (c != '$') {
+      out.push_back((std::isalnum(static_cast<unsigned char>(c)) || c == '_') ? c : '_');
+    }
+  }
+  return out.empty() ? "schema" : out;
+}
+
+// The code points of UTF-8 text (JSON strings are valid UTF-8).
+std::vector<uint32_t> code_points(std::string_view text) {
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<uint8_t>(text[i]);
+    const int extra = lead < 0x80 ? 0 : lead < 0xE0 ? 1 : lead < 0xF0 ? 2 : 3;
+    BASALT_CHECK(i + static_cast<size_t>(extra) < text.size(), "json schema: invalid UTF-8 in \"{}\"", text);
+    uint32_t c = extra == 0 ? lead : lead & (0x3F >> extra);
+    for (int k = 1; k <= extra; ++k) c = (c << 6) | (static_cast<uint8_t>(text[i + static_cast<size_t>(k)]) & 0x3F);
+    out.push_back(c);
+    i += static_cast<size_t>(extra) + 1;
+  }
+  return out;
+}
+
+// The code point as dump() writes it inside a string.
+std::string json_spelling(uint32_t c) {
+  std::string utf8;
+  if (c < 0x80) {
+    utf8.push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    utf8 += {static_cast<char>(0xC0 | (c >> 6)), static_cast<char>(0x80 | (c & 0x3F))};
+  } else if (c < 0x10000) {
+    utf8 += {static_cast<char>(0xE0 | (c >> 12)), static_cast<char>(0x80 | ((c >> 6) & 0x3F)),
+             static_cast<char>(0x80 | (c & 0x3F))};
+  } else {
+    utf8 += {static_cast<char>(0xF0 | (c >> 18)), static_cast<char>(0x80 | ((c >> 12) & 0x3F)),
+             static_cast<char>(0x80 | ((c >> 6) & 0x3F)), static_cast<char>(0x80 | (c & 0x3F))};
+  }
+  const std::string quoted = Json(utf8).dump();
+  return quoted.substr(1, quoted.size() - 2);
+}
+
+// --- The translation --------------------------------------------------------------
+
+// The grammar of one schema: an expression, or none when no JSON value
+// satisfies the schema (and why).
+struct Translation {
+  std::string expr;
+  std::string no_value_reason;
+
+  bool satisfiable() const { return !expr.empty(); }
+  static Translation of(std::string expr) { return {std::move(expr), ""}; }
+  static Translation none(std::string reason) { return {"", std::move(reason)}; }
+};
+
+class Translator {
+ public:
+  Translator(const Json& document, const JsonSchemaOptions& options) : document_(document) {
+    BASALT_CHECK(options.max_whitespace >= 0 && options.max_whitespace <= kMaxRepetition,
+                 "json schema: max_whitespace must be between 0 and {}, not {}", kMaxRepetition,
+                 options.max_whitespace);
+    for (const auto& [name, body] : fixed_rules()) names_.emplace(name);
+    for (const std::string_view name : kBuiltRules) names_.emplace(name);
+    if (!options.compact && options.max_whitespace > 0) {
+      ws_ = "ws";
+      rules_.emplace_back("ws", fmt::format("[ \\t\\n\\r]{{0,{}}}", options.max_whitespace));
+    }
+    sep_ = seq({ws_, lit(","), ws_});
+    if (document.is_object()) {
+      const Json* id = member(document, "$id");
+      if (id && id->is_string()) document_id_ = id->get<std::string>();
+    }
+  }
+
+  std::string document_grammar() {
+    const Translation root = target("#", "#", "root", [&] { return translate(document_, "#"); });
+    BASALT_CHECK(root.satisfiable(), "json schema: no value satisfies the schema: {}", root.no_value_reason);
+    refuse_cycles_before_text();
+    std::string text = assemble();
+    refuse_endless_recursion(text);
+    return text;
+  }
+
+  std::string any_object_grammar() {
+    rules_.emplace_back("root", use("json-object"));
+    return assemble();
+  }
+
+ private:
+  // A schema with its own rule: a $ref target or a merged schema.
+  struct Target {
+    std::string name;
+    std::string display;  // the pointer or path, for messages
+    bool open = true;     // being translated
+    bool referenced_while_open = false;
+    bool satisfiable = false;
+    std::string no_value_reason;
+  };
+  struct Owner {
+    std::string key;
+    int depth;  // container depth where its translation began
+  };
+  // An allOf merged into one schema; false when the branches contradict.
+  struct Merged {
+    Json schema = Json::object();
+    std::string no_value_reason;
+  };
+  using Part = std::pair<const Json*, std::string>;  // a schema and its path
+  // A listed property: its member text (key, colon, value).
+  struct ObjectMember {
+    std::string text;
+    bool required;
+  };
+
+  class DepthGuard {
+   public:
+    explicit DepthGuard(int& depth) : depth_(depth) { ++depth_; }
+    ~DepthGuard() { --depth_; }
+
+   private:
+    int& depth_;
+  };
+
+  // --- Rules ---
+
+  std::string unique_name(const std::string& hint) {
+    std::string name = hint;
+    for (int i = 2; names_.contains(name); ++i) name = fmt::format("{}-{}", hint, i);
+    names_.insert(name);
+    return name;
+  }
+
+  std::string define(const std::string& hint, std::string body) {
+    std::string name = unique_name(hint);
+    rules_.emplace_back(name, std::move(body));
+    return name;
+  }
+
+  // `expr`, or a rule for it where it is large enough that writing it out
+  // more than once would cost.
+  std::string share(std::string expr, const std::string& hint) {
+    if (is_name(expr) || expr.size() <= 48) return expr;
+    return define(hint, std::move(expr));
+  }
+
+  // A shared rule, defined on first use (with the rules it calls).
+  std::string use(std::string_view name) {
+    const std::string key(name);
+    if (defined_.contains(key)) return key;
+    defined_.insert(key);
+    const auto fixed = fixed_rules().find(name);
+    std::string body;
+    if (fixed != fixed_rules().end()) {
+      body = with_literals(fixed->second);
+      for (const std::string& callee : names_in(body))
+        if (fixed_rules().contains(callee) || listed(callee, kBuiltRules)) use(callee);
+    } else if (name == "json-member") {
+      body = seq({use("json-string"), ws_, lit(":"), ws_, use("json-value")});
+    } else if (name == "json-object") {
+      body = seq({lit("{"), ws_, members(use("json-member"), true, 0, std::nullopt, "}", "json-member")});
+    } else {
+      BASALT_ASSERT(name == "json-array");
+      body = seq({lit("["), ws_, members(use("json-value"), true, 0, std::nullopt, "]", "json-value")});
+    }
+    rules_.emplace_back(key, std::move(body));
+    return key;
+  }
+
+  std::string assemble() const {
+    std::string out;
+    for (const auto& [name, body] : rules_)
+      if (name == "root") out += fmt::format("{} ::= {}\n", name, body);
+    for (const auto& [name, body] : rules_)
+      if (name != "root") out += fmt::format("{} ::= {}\n", name, body);
+    return out + pattern_rules_;
+  }
+
+  // --- Repetition ---
+
+  // atom{kChunk}, once per atom.
+  std::string chunk_of(const std::string& atom) {
+    auto [it, inserted] = chunks_.try_emplace(atom);
+    if (inserted) it->second = define(atom + ".chunk", repeat_suffix(atom, kChunk, kChunk));
+    return it->second;
+  }
+
+  std::string exactly(const std::string& atom, int64_t count) {
+    if (count <= kChunk) return count == 0 ? "" : repeat_suffix(atom, count, count);
+    return seq({exactly(chunk_of(atom), count / kChunk), exactly(atom, count % kChunk)});
+  }
+
+  // atom{0,count}, unambiguously: a < q whole chunks then fewer than kChunk,
+  // or q chunks then at most r (count = q * kChunk + r).
+  std::string at_most(const std::string& atom, int64_t count) {
+    if (count <= kChunk) return repeat_suffix(atom, 0, count);
+    const std::string chunk = chunk_of(atom);
+    const int64_t q = count / kChunk, r = count % kChunk;
+    return alt(
+        {seq({at_most(chunk, q - 1), repeat_suffix(atom, 0, kChunk - 1)}), seq({exactly(chunk, q), at_most(atom, r)})});
+  }
+
+  // `expr` repeated lo to hi times (hi absent: unbounded); "" for none.
+  std::string times(std::string expr, int64_t lo, std::optional<int64_t> hi, const std::string& hint) {
+    if (hi && *hi == 0) return "";
+    const int64_t unrolled = hi ? *hi : lo;
+    if (!is_name(expr) && unrolled > 4 && expr.size() > 16) expr = define(hint, expr);
+    if (lo <= kChunk && (!hi || *hi <= kChunk)) return repeat_suffix(expr, lo, hi);
+    if (!is_name(expr)) expr = define(hint, expr);
+    if (!hi) return seq({exactly(expr, lo), expr + "*"});
+    return seq({exactly(expr, lo), at_most(expr, *hi - lo)});
+  }
+
+  // The closing bracket after `count` members.
+  std::string close(int64_t count, std::string_view bracket) const {
+    return count == 0 ? lit(bracket) : seq({ws_, lit(bracket)});
+  }
+
+  // Between lo and hi more members `item` (hi absent: any number), then the
+  // closing bracket; `first`: none has been written yet.
+  std::string members(const std::string& item, bool first, int64_t lo, std::optional<int64_t> hi,
+                      std::string_view bracket, const std::string& hint) {
+    if (hi && *hi == 0) return close(first ? 0 : 1, bracket);
+    const std::string more = seq({sep_, item});
+    const auto one_less = [](std::optional<int64_t> n) { return n ? std::optional<int64_t>(*n - 1) : n; };
+    if (!first) return seq({times(more, lo, hi, hint + ".more"), ws_, lit(bracket)});
+    if (lo == 0)
+      return seq({"(" + seq({item, times(more, 0, one_less(hi), hint + ".more"), ws_}) + ")?", lit(bracket)});
+    return seq({item, times(more, lo - 1, one_less(hi), hint + ".more"), ws_, lit(bracket)});
+  }
+
+  // --- Keywords ---
+
+  void check_keywords(const Json& schema, const std::string& path) const {
+    for (const auto& [key, value] : schema.items()) {
+      if (key == "$id" && path != "#") {
+        fail(
+            "json schema: unsupported keyword \"$id\" at {}: schemas embedded under their own $id are not "
+            "supported",
+            path);
+      }
+      if (listed(key, kAnnotations)) continue;
+      BASALT_CHECK(enforced(key), "json schema: unsupported keyword \"{}\" at {}", key, path);
+      BASALT_CHECK(key != "uniqueItems" || value == false,
+                   "json schema: unsupported keyword \"uniqueItems\" at {} (only false can be enforced)", path);
+    }
+  }
+
+  static bool is_assertion(std::string_view key) { return enforced(key) && key != "$defs" && key != "definitions"; }
+
+  // Whether `schema` asserts anything besides the keywords in `besides`.
+  static bool has_assertions(const Json& schema, std::initializer_list<std::string_view> besides) {
+    for (const auto& [key, value] : schema.items()) {
+      if (is_assertion(key) && std::find(besides.begin(), besides.end(), key) == besides.end()) return true;
+    }
+    return false;
+  }
+
+  // --- $ref and targets ---
+
+  // The canonical pointer a $ref names and the schema there.
+  std::pair<std::string, const Json*> resolve(const Json& ref, const std::string& path) const {
+    BASALT_CHECK(ref.is_string(), "json schema: keyword \"$ref\" at {} must be a string", path);
+    std::string text = ref.get<std::string>();
+    // The root's own $id, followed by a fragment or by nothing, is this document.
+    if (!document_id_.empty() && text.starts_with(document_id_)) {
+      const std::string fragment = text.substr(document_id_.size());
+      if (fragment.empty() || fragment[0] == '#') text = fragment.empty() ? "#" : fragment;
+    }
+    BASALT_CHECK(!text.empty() && text[0] == '#',
+                 "json schema: unsupported keyword \"$ref\" at {}: \"{}\" is not within this document (remote "
+                 "references are not fetched)",
+                 path, ref.get<std::string>());
+    std::string fragment;
+    for (size_t i = 1; i < text.size(); ++i) {
+      if (text[i] != '%') {
+        fragment.push_back(text[i]);
+        continue;
+      }
+      BASALT_CHECK(i + 2 < text.size() && std::isxdigit(static_cast<unsigned char>(text[i + 1])) &&
+                       std::isxdigit(static_cast<unsigned char>(text[i + 2])),
+                   "json schema: keyword \"$ref\" at {}: bad percent-encoding in \"{}\"", path, text);
+      fragment.push_back(static_cast<char>(std::stoi(text.substr(i + 1, 2), nullptr, 16)));
+      i += 2;
+    }
+    BASALT_CHECK(fragment.empty() || fragment[0] == '/',
+                 "json schema: unsupported keyword \"$ref\" at {}: \"{}\" names an anchor, not a JSON pointer", path,
+                 text);
+    const Json* at = &document_;
+    std::string pointer = "#";
+    size_t start = 1;
+    while (start <= fragment.size() && !fragment.empty()) {
+      const size_t end = std::min(fragment.find('/', start), fragment.size());
+      std::string token;
+      for (size_t i = start; i < end; ++i) {
+        if (fragment[i] != '~') {
+          token.push_back(fragment[i]);
+          continue;
+        }
+        BASALT_CHECK(i + 1 < end && (fragment[i + 1] == '0' || fragment[i + 1] == '1'),
+                     "json schema: keyword \"$ref\" at {}: bad ~ escape in \"{}\"", path, text);
+        token.push_back(fragment[++i] == '0' ? '~' : '/');
+      }
+      if (at->is_object() && at->contains(token)) {
+        at = &at->at(token);
+      } else if (at->is_array() && !token.empty() &&
+                 std::all_of(token.begin(), token.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                 std::stoull(token) < at->size()) {
+        at = &at->at(std::stoull(token));
+      } else {
+        fail("json schema: keyword \"$ref\" at {}: \"{}\" points at nothing", path, ref.get<std::string>());
+      }
+      pointer = child_path(pointer, token);
+      start = end + 1;
+    }
+    return {pointer, at};
+  }
+
+  Translation translate_ref(const Json& ref, const std::string& path) {
+    const auto [pointer, schema] = resolve(ref, path);
+    return target(pointer, pointer, rule_hint(pointer),
+                  [&, at = schema, where = pointer] { return translate(*at, where); });
+  }
+
+  // The rule of a schema that has one (`key` names it), translated on first
+  // use; references while it is being translated are recursion.
+  Translation target(const std::string& key, const std::string& display, const std::string& hint,
+                     const std::function<Translation()>& build) {
+    if (!owners_.empty() && owners_.back().depth == depth_) before_text_[owners_.back().key].insert(key);
+    if (const auto it = targets_.find(key); it != targets_.end()) {
+      Target& t = it->second;
+      if (t.open) {
+        t.referenced_while_open = true;
+        return Translation::of(t.name);
+      }
+      return t.satisfiable ? Translation::of(t.name) : Translation::none(t.no_value_reason);
+    }
+    Target& fresh = targets_[key];
+    fresh.name = key == "#" ? "root" : unique_name(hint);
+    fresh.display = display;
+    owners_.push_back({key, depth_});
+    Translation result = build();
+    owners_.pop_back();
+    Target& done = targets_.at(key);
+    done.open = false;
+    if (!result.satisfiable()) {
+      BASALT_CHECK(!done.referenced_while_open,
+                   "json schema: the schema at {} refers to itself but no value satisfies it: {}", display,
+                   result.no_value_reason);
+      done.no_value_reason = result.no_value_reason;
+      return result;
+    }
+    done.satisfiable = true;
+    rules_.emplace_back(done.name, result.expr);
+    return Translation::of(done.name);
+  }
+
+  // A $ref cycle with no object or array on the way would recurse before
+  // writing anything: left recursion, and an infinitely deep schema.
+  void refuse_cycles_before_text() const {
+    std::map<std::string, int> state;  // 1: on the path, 2: done
+    std::vector<std::string> path;
+    std::function<void(const std::string&)> visit = [&](const std::string& key) {
+      state[key] = 1;
+      path.push_back(key);
+      if (const auto it = before_text_.find(key); it != before_text_.end()) {
+        for (const std::string& next : it->second) {
+          if (state[next] == 1) {
+            std::string cycle;
+            for (auto p = std::find(path.begin(), path.end(), next); p != path.end(); ++p)
+              cycle += targets_.at(*p).display + " -> ";
+            fail("json schema: unsupported keyword \"$ref\": {}{} refers to itself before any JSON text", cycle,
+                 targets_.at(next).display);
+          }
+          if (state[next] == 0) visit(next);
+        }
+      }
+      path.pop_back();
+      state[key] = 2;
+    };
+    for (const auto& [key, callees] : before_text_)
+      if (state[key] == 0) visit(key);
+  }
+
+  // A recursion every value must take again (a required property, minItems)
+  // has no finite value: the root rule would produce no text.
+  static void refuse_endless_recursion(const std::string& text) {
+    const Grammar grammar = parse_ebnf(text);
+    std::vector<bool> productive(grammar.rules.size(), false);
+    std::function<bool(const GrammarExpr&)> yields = [&](const GrammarExpr& e) -> bool {
+      switch (e.kind) {
+        case GrammarExpr::Kind::kBytes:
+        case GrammarExpr::Kind::kClass:
+          return true;
+        case GrammarExpr::Kind::kRuleRef:
+          return productive[static_cast<size_t>(e.rule)];
+        case GrammarExpr::Kind::kSequence:
+          return std::all_of(e.children.begin(), e.children.end(), yields);
+        case GrammarExpr::Kind::kChoice:
+          return std::any_of(e.children.begin(), e.children.end(), yields);
+        case GrammarExpr::Kind::kRepeat:
+          return e.min == 0 || yields(e.children[0]);
+      }
+      return false;
+    };
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t r = 0; r < grammar.rules.size(); ++r) {
+        if (!productive[r] && yields(grammar.rules[r].body)) productive[r] = changed = true;
+      }
+    }
+    BASALT_CHECK(productive[static_cast<size_t>(grammar.root)],
+                 "json schema: no finite value satisfies the schema: every value would have to contain itself "
+                 "through $ref");
+  }
+
+  // --- Schemas ---
+
+  Translation translate(const Json& schema, const std::string& path) {
+    if (schema.is_boolean()) {
+      if (schema.get<bool>()) return Translation::of(use("json-value"));
+      return Translation::none(fmt::format("the schema at {} is false", path));
+    }
+    BASALT_CHECK(schema.is_object(), "json schema: the schema at {} must be an object or a boolean", path);
+    check_keywords(schema, path);
+    if (schema.contains("$ref") && !has_assertions(schema, {"$ref"})) return translate_ref(schema.at("$ref"), path);
+    if (schema.contains("$ref") || schema.contains("allOf") || (schema.contains("anyOf") && schema.contains("oneOf")))
+      return translate_merged(merge({{&schema, path}}), path);
+    if (schema.contains("anyOf")) return translate_alternatives(schema, "anyOf", path);
+    if (schema.contains("oneOf")) return translate_alternatives(schema, "oneOf", path);
+    if (schema.contains("enum") || schema.contains("const")) return translate_enum(schema, path);
+    return translate_types(schema, path);
+  }
+
+  // Merged schemas get rules keyed by their text, so that a recursion
+  // through allOf meets the same merged schema again and closes.
+  Translation translate_merged(const Merged& merged, const std::string& path) {
+    if (merged.schema.is_boolean()) return Translation::none(merged.no_value_reason);
+    const std::string key = "merged:" + merged.schema.dump();
+    if (!targets_.contains(key)) {
+      BASALT_CHECK(++merged_schemas_ <= kMaxMergedSchemas,
+                   "json schema: unsupported keyword \"allOf\" at {}: merging makes more than {} schemas", path,
+                   kMaxMergedSchemas);
+    }
+    return target(key, path, rule_hint(path) + ".merged", [&] { return translate(merged.schema, path); });
+  }
+
+  // anyOf / oneOf: the branches, each with the keywords beside it merged in.
+  Translation translate_alternatives(const Json& schema, const std::string& keyword, const std::string& path) {
+    const Json& branches = schema.at(keyword);
+    BASALT_CHECK(branches.is_array() && !branches.empty(),
+                 "json schema: keyword \"{}\" at {} must be a non-empty array", keyword, path);
+    Json base = Json::object();
+    for (const auto& [key, value] : schema.items())
+      if (key != keyword && is_assertion(key)) base[key] = value;
+    std::vector<std::string> options;
+    std::string reason;
+    const std::string branches_path = child_path(path, keyword);
+    for (size_t i = 0; i < branches.size(); ++i) {
+      const std::string branch_path = child_path(branches_path, i);
+      const Translation t = base.empty()
+                                ? translate(branches[i], branch_path)
+                                : translate_merged(merge({{&base, path}, {&branches[i], branch_path}}), branch_path);
+      if (t.satisfiable()) {
+        options.push_back(t.expr);
+      } else if (reason.empty()) {
+        reason = t.no_value_reason;
+      }
+    }
+    if (options.empty())
+      return Translation::none(fmt::format("no branch of {} admits a value ({})", branches_path, reason));
+    return Translation::of(alt(options));
+  }
+
+  Translation translate_enum(const Json& schema, const std::string& path) {
+    // Other assertions would filter the values; rather than validate them
+    // here, refuse.
+    for (const auto& [key, value] : schema.items()) {
+      BASALT_CHECK(!is_assertion(key) || key == "type" || key == "enum" || key == "const",
+                   "json schema: unsupported keyword \"{}\" at {}: only \"type\" can accompany enum or const", key,
+                   path);
+    }
+    Json values = Json::array();
+    if (const Json* list = member(schema, "enum")) {
+      BASALT_CHECK(list->is_array(), "json schema: keyword \"enum\" at {} must be an array", path);
+      values = *list;
+      if (values.empty()) return Translation::none(fmt::format("the enum at {} is empty", path));
+    }
+    if (const Json* value = member(schema, "const")) {
+      const bool in_enum = !schema.contains("enum") || std::any_of(values.begin(), values.end(), [&](const Json& v) {
+        return json_equal(v, *value);
+      });
+      if (!in_enum) return Translation::none(fmt::format("the const at {} is not among its enum's values", path));
+      values = Json::array({*value});
+    }
+    const uint8_t types = schema.contains("type") ? type_set(schema.at("type"), child_path(path, "type")) : kAnyType;
+    std::vector<std::string> literals;
+    for (const Json& value : values)
+      if (value_type(value) & types) literals.push_back(lit(value.dump()));
+    if (literals.empty()) return Translation::none(fmt::format("no value of the enum at {} has an allowed type", path));
+    return Translation::of(alt(literals));
+  }
+
+  Translation translate_types(const Json& schema, const std::string& path) {
+    const uint8_t types = schema.contains("type") ? type_set(schema.at("type"), child_path(path, "type")) : kAnyType;
+    if (types == kAnyType && !has_assertions(schema, {})) return Translation::of(use("json-value"));
+    std::vector<std::string> options;
+    std::string reason;
+    const auto add = [&](const Translation& t) {
+      if (t.satisfiable()) {
+        options.push_back(t.expr);
+      } else if (reason.empty()) {
+        reason = t.no_value_reason;
+      }
+    };
+    if (types & kNull) add(Translation::of(lit("null")));
+    if (types & kBoolean) add(Translation::of(alt({lit("true"), lit("false")})));
+    if (types & kFraction) {
+      add(number(schema, path));
+    } else if (types & kInteger) {
+      add(integer(schema, path));
+    }
+    if (types & kString) add(string(schema, path));
+    if (types & kArray) add(array(schema, path));
+    if (types & kObject) add(object(schema, path));
+    if (options.empty()) return Translation::none(reason);
+    return Translation::of(alt(options));
+  }
+
+  // --- Numbers ---
+
+  Translation number(const Json& schema, const std::string& path) {
+    for (const std::string_view key : kNumberKeywords) {
+      // Draft 4's exclusiveMinimum: false says nothing without a minimum.
+      const Json* value = member(schema, key);
+      BASALT_CHECK(!value || (key.starts_with("exclusive") && *value == false),
+                   "json schema: unsupported keyword \"{}\" at {}: bounds are supported on integers only (\"type\": "
+                   "\"integer\")",
+                   key, path);
+    }
+    return Translation::of(use("json-number"));
+  }
+
+  // The integer bounds: inclusive, after rounding (minimum 1.5 is 2).
+  static std::pair<std::optional<BigInteger>, std::optional<BigInteger>> integer_bounds(const Json& schema,
+                                                                                        const std::string& path) {
+    const auto read = [&](const char* key, bool boolean_allowed) -> const Json* {
+      const Json* value = member(schema, key);
+      BASALT_CHECK(!value || value->is_number() || (boolean_allowed && value->is_boolean()),
+                   "json schema: keyword \"{}\" at {} must be a number", key, path);
+      return value;
+    };
+    const Json* minimum = read("minimum", false);
+    const Json* maximum = read("maximum", false);
+    const Json* exclusive_minimum = read("exclusiveMinimum", true);
+    const Json* exclusive_maximum = read("exclusiveMaximum", true);
+    std::optional<BigInteger> lower, upper;
+    const auto raise = [&](const BigInteger& b) {
+      if (!lower || compare(b, *lower) > 0) lower = b;
+    };
+    const auto cut = [&](const BigInteger& b) {
+      if (!upper || compare(b, *upper) < 0) upper = b;
+    };
+    // Draft 4: a boolean exclusiveMinimum makes minimum exclusive.
+    const bool draft4_exclusive_min =
+        exclusive_minimum && exclusive_minimum->is_boolean() && *exclusive_minimum == true;
+    const bool draft4_exclusive_max =
+        exclusive_maximum && exclusive_maximum->is_boolean() && *exclusive_maximum == true;
+    if (minimum) raise(draft4_exclusive_min ? plus_one(round_number(*minimum, false)) : round_number(*minimum, true));
+    if (maximum) cut(draft4_exclusive_max ? minus_one(round_number(*maximum, true)) : round_number(*maximum, false));
+    if (exclusive_minimum && exclusive_minimum->is_number()) raise(plus_one(round_number(*exclusive_minimum, false)));
+    if (exclusive_maximum && exclusive_maximum->is_number()) cut(minus_one(round_number(*exclusive_maximum, true)));
+    return {lower, upper};
+  }
+
+  Translation integer(const Json& schema, const std::string& path) {
+    const auto [lower, upper] = integer_bounds(schema, path);
+    if (!lower && !upper) return Translation::of(use("json-integer"));
+    if (lower && upper && compare(*lower, *upper) > 0) {
+      return Translation::none(
+          fmt::format("the integer range at {} is empty ({} to {})", path, to_string(*lower), to_string(*upper)));
+    }
+    std::vector<std::string> options;
+    if (!lower || lower->negative) {
+      // Negative values: "-" and a magnitude from 1 (or -upper) to -lower.
+      const std::string from = upper && upper->negative ? upper->digits : "1";
+      options.push_back(seq({lit("-"), naturals(from, lower ? std::optional(lower->digits) : std::nullopt)}));
+    }
+    if (!upper || !upper->negative) {
+      const std::string from = lower && !lower->negative ? lower->digits : "0";
+      options.push_back(naturals(from, upper ? std::optional(upper->digits) : std::nullopt));
+    }
+    return Translation::of(alt(options));
+  }
+
+  static std::string digit_class(char lo, char hi) {
+    if (lo == hi) return lit(std::string(1, lo));
+    return fmt::format("[{}-{}]", lo, hi);
+  }
+
+  static std::string any_digits(size_t count) {
+    return count == 0 ? "" : count == 1 ? "[0-9]" : fmt::format("[0-9]{{{}}}", count);
+  }
+
+  static bool all_of_digit(std::string_view s, char d) {
+    return std::all_of(s.begin(), s.end(), [d](char c) { return c == d; });
+  }
+
+  // Digit strings of s's length that are >= s (leading zeros allowed: these
+  // are the tails of longer numbers).
+  static std::string tails_at_least(std::string_view s) {
+    if (s.empty()) return "";
+    const std::string_view rest = s.substr(1);
+    if (all_of_digit(rest, '0')) return seq({digit_class(s[0], '9'), any_digits(rest.size())});
+    std::vector<std::string> options{seq({lit(s.substr(0, 1)), tails_at_least(rest)})};
+    if (s[0] < '9') options.push_back(seq({digit_class(static_cast<char>(s[0] + 1), '9'), any_digits(rest.size())}));
+    return alt(options);
+  }
+
+  static std::string tails_at_most(std::string_view s) {
+    if (s.empty()) return "";
+    const std::string_view rest = s.substr(1);
+    if (all_of_digit(rest, '9')) return seq({digit_class('0', s[0]), any_digits(rest.size())});
+    std::vector<std::string> options;
+    if (s[0] > '0') options.push_back(seq({digit_class('0', static_cast<char>(s[0] - 1)), any_digits(rest.size())}));
+    options.push_back(seq({lit(s.substr(0, 1)), tails_at_most(rest)}));
+    return alt(options);
+  }
+
+  // Digit strings from lo to hi, both of one length.
+  static std::string digits_between(std::string_view lo, std::string_view hi) {
+    if (lo == hi) return lit(lo);
+    size_t common = 0;
+    while (lo[common] == hi[common]) ++common;
+    if (common > 0) return seq({lit(lo.substr(0, common)), digits_between(lo.substr(common), hi.substr(common))});
+    const std::string_view lo_rest = lo.substr(1), hi_rest = hi.substr(1);
+    const bool lo_full = all_of_digit(lo_rest, '0'), hi_full = all_of_digit(hi_rest, '9');
+    const char first = lo_full ? lo[0] : static_cast<char>(lo[0] + 1);
+    const char last = hi_full ? hi[0] : static_cast<char>(hi[0] - 1);
+    std::vector<std::string> options;
+    if (!lo_full) options.push_back(seq({lit(lo.substr(0, 1)), tails_at_least(lo_rest)}));
+    if (first <= last) options.push_back(seq({digit_class(first, last), any_digits(lo_rest.size())}));
+    if (!hi_full) options.push_back(seq({lit(hi.substr(0, 1)), tails_at_most(hi_rest)}));
+    return alt(options);
+  }
+
+  // Canonical decimals (no leading zeros) of the integers from `from` to `to`
+  // (absent: unbounded), both non-negative.
+  static std::string naturals(const std::string& from, const std::optional<std::string>& to) {
+    std::vector<std::string> options;
+    if (!to) {
+      options.push_back(digits_between(from, std::string(from.size(), '9')));
+      options.push_back(seq({"[1-9]", any_digits(from.size()), "[0-9]*"}));
+      return alt(options);
+    }
+    for (size_t length = from.size(); length <= to->size(); ++length) {
+      std::string lo = from;
+      if (length > from.size()) {
+        lo.assign(length, '0');
+        lo[0] = '1';
+      }
+      const std::string hi = length == to->size() ? *to : std::string(length, '9');
+      options.push_back(digits_between(lo, hi));
+    }
+    return alt(options);
+  }
+
+  // --- Strings ---
+
+  Translation string(const Json& schema, const std::string& path) {
+    const int64_t min_length = optional_count(schema, "minLength", path).value_or(0);
+    const std::optional<int64_t> max_length = optional_count(schema, "maxLength", path);
+    if (max_length && min_length > *max_length) {
+      return Translation::none(fmt::format("minLength {} is above maxLength {} at {}", min_length, *max_length, path));
+    }
+    const char* length_keyword = min_length > 0 ? "minLength" : max_length ? "maxLength" : nullptr;
+    const std::string quote = lit("\"");
+    if (const Json* pattern = member(schema, "pattern")) {
+      BASALT_CHECK(pattern->is_string(), "json schema: keyword \"pattern\" at {} must be a string", path);
+      BASALT_CHECK(!schema.contains("format"),
+                   "json schema: unsupported keyword \"format\" at {}: format and pattern together are not supported",
+                   path);
+      BASALT_CHECK(!length_keyword,
+                   "json schema: unsupported keyword \"{}\" at {}: length bounds and pattern together are not "
+                   "supported",
+                   length_keyword ? length_keyword : "", path);
+      return Translation::of(seq({quote, pattern_rule(pattern->get<std::string>(), path), quote}));
+    }
+    if (const Json* format = member(schema, "format")) {
+      BASALT_CHECK(format->is_string(), "json schema: keyword \"format\" at {} must be a string", path);
+      const std::string name = format->get<std::string>();
+      BASALT_CHECK(listed(name, kFormats),
+                   "json schema: unsupported keyword \"format\" at {}: format \"{}\" is not supported", path, name);
+      BASALT_CHECK(!length_keyword,
+                   "json schema: unsupported keyword \"{}\" at {}: length bounds and format together are not "
+                   "supported",
+                   length_keyword ? length_keyword : "", path);
+      return Translation::of(seq({quote, use("format-" + name), quote}));
+    }
+    if (!length_keyword) return Translation::of(use("json-string"));
+    return Translation::of(
+        seq({quote, times(use("json-char"), min_length, max_length, rule_hint(path) + ".chars"), quote}));
+  }
+
+  std::string pattern_rule(const std::string& pattern, const std::string& path) {
+    auto [it, inserted] = patterns_.try_emplace(pattern);
+    if (!inserted) return it->second;
+    RegexRules rules;
+    try {
+      rules = regex_to_ebnf(pattern, RegexMode::kSearch, /*json_escaped=*/true,
+                            fmt::format("pattern{}.", patterns_.size()));
+    } catch (const Error& e) {
+      fail("json schema: keyword \"pattern\" at {}: {}", path, e.what());
+    }
+    pattern_rules_ += rules.rules;
+    if (!pattern_rules_.empty() && pattern_rules_.back() != '\n') pattern_rules_.push_back('\n');
+    it->second = rules.root;
+    return rules.root;
+  }
+
+  // --- Arrays ---
+
+  Translation array(const Json& schema, const std::string& path) {
+    if (!schema.contains("items") && !schema.contains("prefixItems") && !schema.contains("minItems") &&
+        !schema.contains("maxItems")) {
+      return Translation::of(use("json-array"));
+    }
+    static const Json kTrue = true;
+    std::vector<Part> prefix;
+    Part rest{&kTrue, path};
+    const Json* items = member(schema, "items");
+    if (items && items->is_array()) {
+      // Draft 4 to 2019-09: a list of items, then additionalItems.
+      BASALT_CHECK(!schema.contains("prefixItems"),
+                   "json schema: keyword \"prefixItems\" at {} cannot be used with an items array", path);
+      for (size_t i = 0; i < items->size(); ++i)
+        prefix.emplace_back(&(*items)[i], child_path(child_path(path, "items"), i));
+      if (const Json* additional = member(schema, "additionalItems"))
+        rest = {additional, child_path(path, "additionalItems")};
+    } else {
+      if (const Json* list = member(schema, "prefixItems")) {
+        BASALT_CHECK(list->is_array(), "json schema: keyword \"prefixItems\" at {} must be an array", path);
+        for (size_t i = 0; i < list->size(); ++i)
+          prefix.emplace_back(&(*list)[i], child_path(child_path(path, "prefixItems"), i));
+      }
+      if (items) rest = {items, child_path(path, "items")};
+    }
+    const int64_t min_items = optional_count(schema, "minItems", path).value_or(0);
+    const std::optional<int64_t> max_items = optional_count(schema, "maxItems", path);
+    if (max_items && min_items > *max_items)
+      return Translation::none(fmt::format("minItems {} is above maxItems {} at {}", min_items, *max_items, path));
+
+    const DepthGuard guard(depth_);
+    const std::string hint = rule_hint(path);
+    std::vector<std::string> item_exprs;
+    std::string reason;
+    for (const auto& [item, item_path] : prefix) {
+      if (max_items && static_cast<int64_t>(item_exprs.size()) >= *max_items) break;
+      const Translation t = translate(*item, item_path);
+      if (!t.satisfiable()) {
+        reason = t.no_value_reason;
+        break;
+      }
+      item_exprs.push_back(t.expr);
+    }
+    const auto usable = static_cast<int64_t>(item_exprs.size());
+    std::optional<std::string> rest_expr;
+    if (usable == static_cast<int64_t>(prefix.size()) && (!max_items || *max_items > usable)) {
+      const Translation t = translate(*rest.first, rest.second);
+      if (t.satisfiable()) {
+        rest_expr = share(t.expr, hint + ".item");
+      } else {
+        reason = t.no_value_reason;
+      }
+    }
+    if (!rest_expr && min_items > usable) {
+      return Translation::none(fmt::format("no array at {} has the {} items minItems asks for{}", path, min_items,
+                                           reason.empty() ? "" : ": " + reason));
+    }
+    std::string text = rest_expr ? members(*rest_expr, usable == 0, std::max<int64_t>(0, min_items - usable),
+                                           max_items ? std::optional(*max_items - usable) : std::nullopt, "]", hint)
+                                 : close(usable, "]");
+    for (int64_t i = usable - 1; i >= 0; --i) {
+      const std::string present = seq({i == 0 ? "" : sep_, item_exprs[static_cast<size_t>(i)], text});
+      text = i >= min_items ? alt({present, close(i, "]")}) : present;
+    }
+    return Translation::of(seq({lit("["), ws_, text}));
+  }
+
+  // --- Objects ---
+
+  Translation object(const Json& schema, const std::string& path) {
+    if (!schema.contains("properties") && !schema.contains("required") && !schema.contains("additionalProperties") &&
+        !schema.contains("minProperties") && !schema.contains("maxProperties")) {
+      return Translation::of(use("json-object"));
+    }
+    const Json* properties = member(schema, "properties");
+    BASALT_CHECK(!properties || properties->is_object(), "json schema: keyword \"properties\" at {} must be an object",
+                 path);
+    std::vector<std::string> required;
+    if (const Json* list = member(schema, "required")) {
+      BASALT_CHECK(list->is_array(), "json schema: keyword \"required\" at {} must be an array of strings", path);
+      for (const Json& name : *list) {
+        BASALT_CHECK(name.is_string(), "json schema: keyword \"required\" at {} must be an array of strings", path);
+        if (std::find(required.begin(), required.end(), name.get<std::string>()) == required.end())
+          required.push_back(name.get<std::string>());
+      }
+    }
+    const Json* additional = member(schema, "additionalProperties");
+    BASALT_CHECK(!additional || additional->is_boolean() || additional->is_object(),
+                 "json schema: keyword \"additionalProperties\" at {} must be a schema", path);
+    const int64_t min_properties = optional_count(schema, "minProperties", path).value_or(0);
+    const std::optional<int64_t> max_properties = optional_count(schema, "maxProperties", path);
+    if (max_properties && min_properties > *max_properties) {
+      return Translation::none(
+          fmt::format("minProperties {} is above maxProperties {} at {}", min_properties, *max_properties, path));
+    }
+
+    const DepthGuard guard(depth_);
+    const std::string hint = rule_hint(path);
+    const auto is_required = [&](const std::string& name) {
+      return std::find(required.begin(), required.end(), name) != required.end();
+    };
+    std::vector<ObjectMember> listed_members;
+    const auto member_text = [&](const std::string& name, const std::string& value) {
+      const std::string key = Json(name).dump();
+      if (ws_.empty()) return seq({lit(key + ":"), value});
+      return seq({lit(key), ws_, lit(":"), ws_, value});
+    };
+    if (properties) {
+      for (const auto& [name, property] : properties->items()) {
+        const std::string property_path = child_path(child_path(path, "properties"), name);
+        const Translation t = translate(property, property_path);
+        if (!t.satisfiable()) {
+          if (is_required(name)) {
+            return Translation::none(
+                fmt::format("required property \"{}\" at {} admits no value: {}", name, path, t.no_value_reason));
+          }
+          continue;
+        }
+        listed_members.push_back({member_text(name, share(t.expr, rule_hint(property_path))), is_required(name)});
+      }
+    }
+    std::optional<std::string> extra_value;
+    std::string extra_reason = fmt::format("additionalProperties is false at {}", path);
+    if (!additional || *additional != false) {
+      const Translation t = additional ? translate(*additional, child_path(path, "additionalProperties"))
+                                       : Translation::of(use("json-value"));
+      if (t.satisfiable()) {
+        extra_value = share(t.expr, hint + ".additional");
+      } else {
+        extra_reason = t.no_value_reason;
+      }
+    }
+    for (const std::string& name : required) {
+      if (properties && properties->contains(name)) continue;
+      if (!extra_value) {
+        return Translation::none(
+            fmt::format("required property \"{}\" at {} is not in properties and {}", name, path, extra_reason));
+      }
+      listed_members.push_back({member_text(name, *extra_value), true});
+    }
+    std::optional<std::string> extra_member;
+    if (extra_value) {
+      // The listed names are not additional properties: their own schemas
+      // (or their absence, for a false one) decide them.
+      std::vector<std::string> names = required;
+      if (properties)
+        for (const auto& [name, property] : properties->items()) names.push_back(name);
+      if (names.empty() && *extra_value == "json-value") {
+        extra_member = use("json-member");
+      } else {
+        extra_member = share(seq({key_other_than(names, hint), ws_, lit(":"), ws_, *extra_value}), hint + ".member");
+      }
+    }
+    return object_members(listed_members, extra_member, min_properties, max_properties, path);
+  }
+
+  // A JSON string, quotes included, other than each of `names`: a trie of
+  // the names' code points, where each node may leave the trie by a
+  // character that none of its names continues with, or end where no name
+  // does.
+  std::string key_other_than(const std::vector<std::string>& names, const std::string& hint) {
+    if (names.empty()) return use("json-string");
+    struct Node {
+      std::map<uint32_t, size_t> children;
+      bool name_ends = false;
+    };
+    std::vector<Node> trie(1);
+    for (const std::string& name : names) {
+      size_t at = 0;
+      for (const uint32_t code_point : code_points(name)) {
+        if (!trie[at].children.contains(code_point)) {
+          trie[at].children.emplace(code_point, trie.size());
+          trie.emplace_back();
+        }
+        at = trie[at].children.at(code_point);
+      }
+      trie[at].name_ends = true;
+    }
+    std::function<std::string(size_t)> node = [&](size_t at) {
+      std::vector<std::string> options;
+      if (!trie[at].name_ends) options.push_back(lit("\""));
+      std::set<uint32_t> continuing;
+      for (const auto& [code_point, child] : trie[at].children) continuing.insert(code_point);
+      options.push_back(seq({json_char_except(continuing), use("json-char") + "*", lit("\"")}));
+      for (const auto& [code_point, child] : trie[at].children)
+        options.push_back(seq({lit(json_spelling(code_point)), node(child)}));
+      return alt(options);
+    };
+    return define(hint + ".key", seq({lit("\""), node(0)}));
+  }
+
+  // One character of a JSON string's content, as dump() spells it, other
+  // than the code points in `excluded`.
+  std::string json_char_except(const std::set<uint32_t>& excluded) {
+    if (excluded.empty()) return use("json-char");
+    const auto escaped = [](uint32_t c) { return c < 0x20 || c == '"' || c == '\\'; };
+    std::string raw = R"([^"\\\x00-\x1f)";
+    for (const uint32_t c : excluded)
+      if (!escaped(c)) raw += c <= 0xFFFF ? fmt::format("\\u{:04X}", c) : fmt::format("\\U{:08X}", c);
+    std::vector<std::string> options{raw + "]"};
+    if (std::none_of(excluded.begin(), excluded.end(), escaped)) {
+      options.push_back(use("json-escape"));
+    } else {
+      for (uint32_t c = 0; c < 0x80; ++c)
+        if (escaped(c) && !excluded.contains(c)) options.push_back(lit(json_spelling(c)));
+    }
+    return alt(options);
+  }
+
+  // The members after "{" as states (k, c): listed member k is next, c
+  // members are written (c says whether a comma comes first, and carries
+  // minProperties / maxProperties; without maxProperties it saturates).
+  // Each optional member doubles the ways in, not the text: a state reached
+  // from two states is a rule.
+  Translation object_members(const std::vector<ObjectMember>& listed_members,
+                             const std::optional<std::string>& extra_member, int64_t min_properties,
+                             std::optional<int64_t> max_properties, const std::string& path) {
+    using State = std::pair<size_t, int64_t>;
+    const size_t n = listed_members.size();
+    const int64_t cap = max_properties ? *max_properties : std::max<int64_t>(1, min_properties);
+    const auto next_count = [&](int64_t c) -> std::optional<int64_t> {
+      if (max_properties) return c < *max_properties ? std::optional<int64_t>(c + 1) : std::nullopt;
+      return std::min(c + 1, cap);
+    };
+    std::map<State, bool> live_memo;
+    std::function<bool(size_t, int64_t)> live = [&](size_t k, int64_t c) -> bool {
+      if (k == n) return extra_member.has_value() || c >= min_properties;
+      const auto it = live_memo.find({k, c});
+      if (it != live_memo.end()) return it->second;
+      const std::optional<int64_t> next = next_count(c);
+      const bool ok = (next && live(k + 1, *next)) || (!listed_members[k].required && live(k + 1, c));
+      live_memo[{k, c}] = ok;
+      return ok;
+    };
+    if (!live(0, 0)) {
+      return Translation::none(
+          fmt::format("no object at {} has between minProperties and maxProperties of the properties it allows", path));
+    }
+    const auto successors = [&](size_t k, int64_t c) {
+      std::vector<std::pair<State, bool>> out;  // state, whether member k is present
+      const std::optional<int64_t> next = next_count(c);
+      if (next && live(k + 1, *next)) out.push_back({{k + 1, *next}, true});
+      if (!listed_members[k].required && live(k + 1, c)) out.push_back({{k + 1, c}, false});
+      return out;
+    };
+    std::map<State, int> ways_in;
+    std::vector<State> work{{0, 0}};
+    std::set<State> seen{{0, 0}};
+    while (!work.empty()) {
+      const State s = work.back();
+      work.pop_back();
+      if (s.first == n) continue;
+      for (const auto& [next, present] : successors(s.first, s.second)) {
+        ++ways_in[next];
+        if (seen.insert(next).second) work.push_back(next);
+      }
+    }
+    const std::string hint = rule_hint(path);
+    std::map<State, std::string> state_rules;
+    std::function<std::string(State)> text = [&](State s) -> std::string {
+      const auto [k, c] = s;
+      if (k == n) {
+        if (!extra_member) return close(c, "}");
+        return members(*extra_member, c == 0, std::max<int64_t>(0, min_properties - c),
+                       max_properties ? std::optional(*max_properties - c) : std::nullopt, "}", hint);
+      }
+      std::vector<std::string> options;
+      for (const auto& [next, present] : successors(k, c)) {
+        std::string rest;
+        if (ways_in[next] >= 2) {
+          auto [it, inserted] = state_rules.try_emplace(next);
+          if (inserted) it->second = share(text(next), fmt::format("{}.k{}c{}", hint, next.first, next.second));
+          rest = it->second;
+        } else {
+          rest = text(next);
+        }
+        options.push_back(present ? seq({c == 0 ? "" : sep_, listed_members[k].text, rest}) : rest);
+      }
+      return alt(options);
+    };
+    return Translation::of(seq({lit("{"), ws_, text({0, 0})}));
+  }
+
+  // --- allOf ---
+
+  Merged merge(const std::vector<Part>& parts) {
+    Merged merged;
+    std::vector<std::string> inlining;
+    for (const auto& [schema, path] : parts) merge_into(merged, *schema, path, inlining);
+    return merged;
+  }
+
+  void set_false(Merged& merged, std::string reason) {
+    merged.schema = false;
+    merged.no_value_reason = std::move(reason);
+  }
+
+  // Adds `schema`'s assertions to `merged`; `inlining` holds the $ref
+  // targets being merged in, which must not include themselves.
+  void merge_into(Merged& merged, const Json& schema, const std::string& path, std::vector<std::string>& inlining) {
+    if (merged.schema.is_boolean()) return;
+    if (schema.is_boolean()) {
+      if (!schema.get<bool>()) set_false(merged, fmt::format("the schema at {} is false", path));
+      return;
+    }
+    BASALT_CHECK(schema.is_object(), "json schema: the schema at {} must be an object or a boolean", path);
+    check_keywords(schema, path);
+    for (const auto& [key, value] : schema.items()) {
+      if (merged.schema.is_boolean()) return;
+      Json& acc = merged.schema;
+      const std::string at = child_path(path, key);
+      if (key == "$ref") {
+        const auto [pointer, target] = resolve(value, path);
+        BASALT_CHECK(std::find(inlining.begin(), inlining.end(), pointer) == inlining.end(),
+                     "json schema: unsupported keyword \"$ref\" at {}: \"{}\" is merged into itself (through allOf or "
+                     "keywords beside $ref)",
+                     path, pointer);
+        inlining.push_back(pointer);
+        merge_into(merged, *target, pointer, inlining);
+        inlining.pop_back();
+      } else if (key == "allOf") {
+        BASALT_CHECK(value.is_array() && !value.empty(),
+                     "json schema: keyword \"allOf\" at {} must be a non-empty array", path);
+        for (size_t i = 0; i < value.size(); ++i) merge_into(merged, value[i], child_path(at, i), inlining);
+      } else if (key == "anyOf" || key == "oneOf") {
+        add_alternatives(acc, value, key, path);
+      } else if (key == "type") {
+        const uint8_t common = type_set(value, at) & (acc.contains("type") ? type_set(acc["type"], at) : kAnyType);
+        if (!common) {
+          set_false(merged, fmt::format("the types that allOf combines at {} have none in common", path));
+          return;
+        }
+        acc["type"] = type_json(common);
+      } else if (key == "enum" || key == "const") {
+        BASALT_CHECK(key == "const" || value.is_array(), "json schema: keyword \"enum\" at {} must be an array", path);
+        const Json values = key == "const" ? Json::array({value}) : value;
+        if (!acc.contains("enum")) {
+          acc["enum"] = values;
+        } else {
+          Json kept = Json::array();
+          for (const Json& v : acc["enum"])
+            if (std::any_of(values.begin(), values.end(), [&](const Json& w) { return json_equal(v, w); }))
+              kept.push_back(v);
+          acc["enum"] = kept;
+        }
+      } else if (key == "minLength" || key == "minItems" || key == "minProperties") {
+        const int64_t n = read_count(value, key, path);
+        if (!acc.contains(key) || acc[key].get<int64_t>() < n) acc[key] = n;
+      } else if (key == "maxLength" || key == "maxItems" || key == "maxProperties") {
+        const int64_t n = read_count(value, key, path);
+        if (!acc.contains(key) || acc[key].get<int64_t>() > n) acc[key] = n;
+      } else if (key == "pattern" || key == "format") {
+        BASALT_CHECK(!acc.contains(key) || acc[key] == value,
+                     "json schema: unsupported keyword \"{}\" at {}: allOf cannot combine two different values of {}",
+                     key, path, key);
+        acc[key] = value;
+      }
+      // The rest: annotations, $defs, uniqueItems (false), and the keyword
+      // groups merged below, whose members depend on each other.
+    }
+    if (merged.schema.is_boolean()) return;
+    merge_bounds(merged.schema, schema, path);
+    merge_object_keywords(merged.schema, schema, path);
+    merge_array_keywords(merged.schema, schema, path);
+  }
+
+  void add_alternatives(Json& acc, const Json& branches, const std::string& keyword, const std::string& path) {
+    BASALT_CHECK(branches.is_array() && !branches.empty(),
+                 "json schema: keyword \"{}\" at {} must be a non-empty array", keyword, path);
+    if (!acc.contains("anyOf")) {
+      acc["anyOf"] = branches;
+      return;
+    }
+    Json product = Json::array();
+    for (const Json& x : acc["anyOf"])
+      for (const Json& y : branches) product.push_back(conjoin(x, y));
+    BASALT_CHECK(product.size() <= kMaxAlternatives,
+                 "json schema: unsupported keyword \"{}\" at {}: combined with the other anyOf/oneOf lists of its "
+                 "allOf it makes {} alternatives (at most {})",
+                 keyword, path, product.size(), kMaxAlternatives);
+    acc["anyOf"] = product;
+  }
+
+  // Bounds in their numeric form (draft 4's boolean exclusives rewritten),
+  // the tighter of each kept.
+  static void merge_bounds(Json& acc, const Json& schema, const std::string& path) {
+    const auto put = [&](const char* key, const Json& value, bool keep_larger) {
+      BASALT_CHECK(value.is_number(), "json schema: keyword \"{}\" at {} must be a number", key, path);
+      if (!acc.contains(key) || (keep_larger ? number_less(acc[key], value) : number_less(value, acc[key])))
+        acc[key] = value;
+    };
+    for (const bool lower : {true, false}) {
+      const char* inclusive = lower ? "minimum" : "maximum";
+      const char* exclusive = lower ? "exclusiveMinimum" : "exclusiveMaximum";
+      const Json* bound = member(schema, inclusive);
+      const Json* strict = member(schema, exclusive);
+      if (strict && strict->is_boolean()) {
+        if (bound) put(*strict == true ? exclusive : inclusive, *bound, lower);
+      } else {
+        if (bound) put(inclusive, *bound, lower);
+        if (strict) put(exclusive, *strict, lower);
+      }
+    }
+  }
+
+  // Each property's schema in each branch is its own entry in properties,
+  // or else the branch's additionalProperties: the merged property takes
+  // both, and so does the merged additionalProperties.
+  static void merge_object_keywords(Json& acc, const Json& schema, const std::string& path) {
+    if (const Json* list = member(schema, "required")) {
+      BASALT_CHECK(list->is_array(), "json schema: keyword \"required\" at {} must be an array of strings", path);
+      Json& united = acc["required"];
+      if (united.is_null()) united = Json::array();
+      for (const Json& name : *list)
+        if (std::find(united.begin(), united.end(), name) == united.end()) united.push_back(name);
+    }
+    const Json* properties = member(schema, "properties");
+    const Json* additional = member(schema, "additionalProperties");
+    if (!properties && !additional) return;
+    BASALT_CHECK(!properties || properties->is_object(), "json schema: keyword \"properties\" at {} must be an object",
+                 path);
+    const Json mine = acc.value("properties", Json::object());
+    const Json my_additional = acc.value("additionalProperties", Json(true));
+    const Json theirs = properties ? *properties : Json::object();
+    const Json their_additional = additional ? *additional : Json(true);
+    Json combined = Json::object();
+    for (const auto& [name, property] : mine.items())
+      combined[name] = conjoin(property, theirs.contains(name) ? theirs.at(name) : their_additional);
+    for (const auto& [name, property] : theirs.items())
+      if (!mine.contains(name)) combined[name] = conjoin(my_additional, property);
+    acc["properties"] = combined;
+    const Json rest = conjoin(my_additional, their_additional);
+    if (is_true_schema(rest)) {
+      acc.erase("additionalProperties");
+    } else {
+      acc["additionalProperties"] = rest;
+    }
+  }
+
+  // Item by item the same way: position i is prefix[i], or else the rest.
+  static void merge_array_keywords(Json& acc, const Json& schema, const std::string& path) {
+    const Json* items = member(schema, "items");
+    const Json* prefix_items = member(schema, "prefixItems");
+    if (!items && !prefix_items) return;
+    Json their_prefix = Json::array();
+    Json their_rest = true;
+    if (items && items->is_array()) {
+      their_prefix = *items;
+      if (const Json* additional = member(schema, "additionalItems")) their_rest = *additional;
+    } else {
+      if (prefix_items) {
+        BASALT_CHECK(prefix_items->is_array(), "json schema: keyword \"prefixItems\" at {} must be an array", path);
+        their_prefix = *prefix_items;
+      }
+      if (items) their_rest = *items;
+    }
+    const Json my_prefix = acc.value("prefixItems", Json::array());
+    const Json my_rest = acc.value("items", Json(true));
+    Json combined = Json::array();
+    for (size_t i = 0; i < std::max(my_prefix.size(), their_prefix.size()); ++i) {
+      combined.push_back(conjoin(i < my_prefix.size() ? my_prefix[i] : my_rest,
+                                 i < their_prefix.size() ? their_prefix[i] : their_rest));
+    }
+    if (!combined.empty()) acc["prefixItems"] = combined;
+    const Json rest = conjoin(my_rest, their_rest);
+    if (is_true_schema(rest)) {
+      acc.erase("items");
+    } else {
+      acc["items"] = rest;
+    }
+  }
+
+  const Json& document_;
+  std::string document_id_;
+  std::string ws_;   // the whitespace rule between tokens, "" in compact mode
+  std::string sep_;  // between two members
+  std::vector<std::pair<std::string, std::string>> rules_;
+  std::set<std::string> names_;
+  std::set<std::string> defined_;
+  std::map<std::string, std::string> chunks_;
+  std::map<std::string, std::string> patterns_;  // pattern -> its root rule
+  std::string pattern_rules_;
+  std::map<std::string, Target> targets_;
+  std::vector<Owner> owners_;
+  // Targets each target refers to before writing any text (at its depth).
+  std::map<std::string, std::set<std::string>> before_text_;
+  int depth_ = 0;
+  size_t merged_schemas_ = 0;
+};
+
+template <typename Action>
+std::string translating(Action&& action) {
+  try {
+    return action();
+  } catch (const nlohmann::json::exception& e) {
+    fail("json schema: {}", e.what());
+  }
+}
+
+}  // namespace
+
+std::string json_schema_to_ebnf(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options) {
+  return translating([&] { return Translator(schema, options).document_grammar(); });
+}
+
+std::string json_object_ebnf(const JsonSchemaOptions& options) {
+  static const Json kNoDocument;
+  return translating([&] { return Translator(kNoDocument, options).any_object_grammar(); });
+}
+
+}  // namespace basalt

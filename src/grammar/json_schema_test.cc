@@ -1,0 +1,901 @@
+// JSON Schema to EBNF: for each feature a schema, the instances its grammar
+// must accept (written in the one spelling the grammar fixes: dump(), with
+// object members in the schema's property order) and the texts it must
+// reject (invalid instances, and valid JSON spelled otherwise); then the
+// keywords and schemas the translation refuses, each named with its path.
+#include "grammar/json_schema.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "grammar/ebnf.h"
+#include "grammar/matcher.h"
+#include "testing/error_test_util.h"
+
+namespace basalt {
+namespace {
+
+using basalt::testing::error_of;
+using nlohmann::ordered_json;
+using Texts = std::vector<std::string>;
+
+// The schema a local $ref names (the tests' refs are plain JSON pointers).
+const ordered_json& resolved(const ordered_json& schema, const ordered_json& root) {
+  const ordered_json* s = &schema;
+  while (s->is_object() && s->contains("$ref"))
+    s = &root.at(ordered_json::json_pointer(s->at("$ref").get<std::string>().substr(1)));
+  return *s;
+}
+
+// `value` as the grammar spells it: dump(), each object's members in the
+// order its schema lists properties, then the others in the value's order.
+std::string canonical(const ordered_json& value, const ordered_json& schema, const ordered_json& root) {
+  static const ordered_json kAny = true;
+  const ordered_json& s = resolved(schema, root);
+  const auto keyword = [&](const char* key) -> const ordered_json& {
+    return s.is_object() && s.contains(key) ? s.at(key) : kAny;
+  };
+  if (value.is_object()) {
+    const ordered_json& properties = keyword("properties");
+    std::vector<std::string> written;
+    std::string out = "{";
+    const auto add = [&](const std::string& key) {
+      const bool listed = properties.is_object() && properties.contains(key);
+      if (!written.empty()) out += ",";
+      out += ordered_json(key).dump();
+      out += ":";
+      out += canonical(value.at(key), listed ? properties.at(key) : keyword("additionalProperties"), root);
+      written.push_back(key);
+    };
+    if (properties.is_object()) {
+      for (const auto& [key, property] : properties.items())
+        if (value.contains(key)) add(key);
+    }
+    for (const auto& [key, member] : value.items())
+      if (std::find(written.begin(), written.end(), key) == written.end()) add(key);
+    return out + "}";
+  }
+  if (value.is_array()) {
+    const ordered_json& items = keyword("items");
+    const ordered_json& prefix = items.is_array() ? items : keyword("prefixItems");
+    const ordered_json& rest = items.is_array() ? keyword("additionalItems") : items;
+    std::string out = "[";
+    for (size_t i = 0; i < value.size(); ++i) {
+      const bool in_prefix = prefix.is_array() && i < prefix.size();
+      if (i > 0) out += ",";
+      out += canonical(value[i], in_prefix ? prefix[i] : rest, root);
+    }
+    return out + "]";
+  }
+  return value.dump();
+}
+
+// A schema's grammar, and what it accepts.
+class SchemaGrammar {
+ public:
+  explicit SchemaGrammar(const std::string& schema, JsonSchemaOptions options = {})
+      : schema_(ordered_json::parse(schema)),
+        ebnf_(json_schema_to_ebnf(schema_, options)),
+        grammar_(parse_ebnf(ebnf_)) {}
+
+  bool matches(const std::string& text) const { return grammar_matches(grammar_, text); }
+
+  // Each JSON value, spelled canonically, must be accepted.
+  void expect_values(const Texts& values) const {
+    for (const std::string& value : values) {
+      const std::string text = canonical(ordered_json::parse(value), schema_, schema_);
+      EXPECT_TRUE(matches(text)) << "should accept " << text << "\nfor " << schema_.dump() << "\n" << ebnf_;
+    }
+  }
+  void expect_accepts(const Texts& texts) const {
+    for (const std::string& text : texts)
+      EXPECT_TRUE(matches(text)) << "should accept " << text << "\nfor " << schema_.dump() << "\n" << ebnf_;
+  }
+  void expect_rejects(const Texts& texts) const {
+    for (const std::string& text : texts)
+      EXPECT_FALSE(matches(text)) << "should reject " << text << "\nfor " << schema_.dump() << "\n" << ebnf_;
+  }
+
+ private:
+  ordered_json schema_;
+  std::string ebnf_;
+  Grammar grammar_;
+};
+
+// For sweeps over many texts: compiled once.
+class CompiledSchema {
+ public:
+  explicit CompiledSchema(const std::string& schema)
+      : ebnf_(json_schema_to_ebnf(ordered_json::parse(schema))), grammar_(compile_grammar(parse_ebnf(ebnf_))) {}
+  bool matches(const std::string& text) const {
+    GrammarMatcher matcher(grammar_);
+    return matcher.accept_bytes(text) && matcher.can_end();
+  }
+  const std::string& ebnf() const { return ebnf_; }
+
+ private:
+  std::string ebnf_;
+  std::shared_ptr<const CompiledGrammar> grammar_;
+};
+
+std::string schema_error(const std::string& schema, JsonSchemaOptions options = {}) {
+  return error_of([&] { json_schema_to_ebnf(ordered_json::parse(schema), options); });
+}
+
+std::string quoted(const std::string& s) { return ordered_json(s).dump(); }
+
+// --- Types ----------------------------------------------------------------------
+
+TEST(JsonSchemaTypes, Scalars) {
+  const SchemaGrammar null_schema(R"({"type": "null"})");
+  null_schema.expect_accepts({"null"});
+  null_schema.expect_rejects({"nul", "\"null\"", "0", "", "null "});
+
+  const SchemaGrammar boolean(R"({"type": "boolean"})");
+  boolean.expect_accepts({"true", "false"});
+  boolean.expect_rejects({"True", "1", "null"});
+
+  const SchemaGrammar integer(R"({"type": "integer"})");
+  integer.expect_accepts({"0", "-1", "7", "1234567890123456789012345678901234567890"});
+  integer.expect_rejects({"-0", "01", "1.0", "1e3", "+1", "", "-", "1 "});
+
+  const SchemaGrammar number(R"({"type": "number"})");
+  number.expect_accepts({"0", "-0.5", "1.5e10", "1E+2", "-1e-7", "12.340", "-0", "3"});
+  number.expect_rejects({"01", ".5", "1.", "+1", "1e", "0x10", "NaN", "-", "1.5e"});
+
+  const SchemaGrammar string(R"({"type": "string"})");
+  string.expect_accepts({"\"\"", "\"abc\""});
+  string.expect_rejects({"abc", "'abc'", "\"abc", "\"a\"b\""});
+}
+
+TEST(JsonSchemaTypes, TypeListsAndNoType) {
+  const SchemaGrammar nullable(R"({"type": ["string", "null"]})");
+  nullable.expect_accepts({"\"a\"", "null"});
+  nullable.expect_rejects({"1", "true", "[]"});
+
+  const SchemaGrammar numbers(R"({"type": ["integer", "number"]})");
+  numbers.expect_accepts({"1", "1.5"});
+
+  // No type: every type, each under the keywords that apply to it.
+  const SchemaGrammar any(R"({"description": "anything"})");
+  any.expect_values({"null", "true", "-1.5e3", "\"x\"", R"([1, {"a": []}])", R"({"a": {"b": null}})"});
+  any.expect_rejects({"", "nul", "[1,]", "{\"a\"}"});
+  const SchemaGrammar long_strings(R"({"minLength": 2})");
+  long_strings.expect_accepts({"\"ab\"", "1", "{}", "[]", "null"});
+  long_strings.expect_rejects({"\"a\""});
+}
+
+TEST(JsonSchemaTypes, BooleanSchemas) {
+  const SchemaGrammar any("true");
+  any.expect_values({"null", "false", "0", "\"s\"", "[[]]", R"({"k": [1, 2, {"x": "y"}]})"});
+  EXPECT_CONTAINS(schema_error("false"), "#");
+  EXPECT_CONTAINS(schema_error("false"), "no value satisfies");
+
+  // A property whose schema is false may only be absent.
+  const SchemaGrammar forbidden(
+      R"({"type": "object", "properties": {"a": false, "b": true}, "additionalProperties": false})");
+  forbidden.expect_accepts({"{}", R"({"b":1})"});
+  forbidden.expect_rejects({R"({"a":1})", R"({"a":1,"b":1})"});
+  EXPECT_CONTAINS(schema_error(R"({"type": "object", "properties": {"a": false}, "required": ["a"]})"),
+                  "required property \"a\"");
+
+  const SchemaGrammar no_items(R"({"type": "array", "items": false})");
+  no_items.expect_accepts({"[]"});
+  no_items.expect_rejects({"[1]", "[null]"});
+}
+
+// --- Strings --------------------------------------------------------------------
+
+TEST(JsonSchemaStrings, EscapesAsDumpWritesThem) {
+  const SchemaGrammar s(R"({"type": "string"})");
+  Texts values;
+  for (int c = 0; c < 0x20; ++c) values.push_back(quoted(std::string("a") + static_cast<char>(c) + "b"));
+  values.push_back(quoted("quote \" backslash \\ slash / del \x7f"));
+  values.push_back(quoted("\xC3\xA9t\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"));
+  s.expect_accepts(values);
+  EXPECT_TRUE(s.matches(R"("\u0001\u001f\b\f\n\r\t\"\\")"));
+  s.expect_rejects({
+      R"("\/")",            // dump() leaves / raw
+      R"("\u0041")",        // and A
+      R"("\u000a")",        // writes \n
+      R"("\u001F")",        // lowercase hex
+      R"("\u00e9")",        // raw UTF-8
+      R"("\ud83d\ude00")",  // raw UTF-8
+      "\"\x01\"",           // control characters are escaped
+      "\"\n\"",
+      R"("\x41")",
+      R"("\a")",
+      "\"\xC3\"",  // a cut UTF-8 sequence
+      R"("abc)",
+  });
+}
+
+TEST(JsonSchemaStrings, LengthCountsCodePointsAndEscapes) {
+  const SchemaGrammar s(R"({"type": "string", "minLength": 2, "maxLength": 3})");
+  s.expect_accepts({quoted("ab"), quoted("abc"), quoted("\xC3\xA9\xE2\x82\xAC"), quoted("a\n"), quoted("\x01\x02"),
+                    quoted("\xF0\x9F\x98\x80\xF0\x9F\x98\x80\xF0\x9F\x98\x80"), quoted("\"\\")});
+  s.expect_rejects(
+      {quoted("a"), quoted("abcd"), quoted(""), quoted("\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80z"), quoted("\n")});
+
+  const SchemaGrammar empty(R"({"type": "string", "maxLength": 0})");
+  empty.expect_accepts({"\"\""});
+  empty.expect_rejects({"\"a\""});
+}
+
+TEST(JsonSchemaStrings, LongLengthBoundsAreExact) {
+  // Bounds past the repetition chunk (256) are built from chunk rules.
+  const SchemaGrammar s(R"({"type": "string", "minLength": 300, "maxLength": 600})");
+  for (const size_t n : {300, 301, 511, 512, 513, 555, 599, 600})
+    EXPECT_TRUE(s.matches(quoted(std::string(n, 'x')))) << n;
+  for (const size_t n : {0, 255, 256, 299, 601, 700}) EXPECT_FALSE(s.matches(quoted(std::string(n, 'x')))) << n;
+
+  const SchemaGrammar huge(R"({"type": "string", "maxLength": 2147483647})");
+  EXPECT_TRUE(huge.matches(quoted(std::string(70000, 'y'))));
+  const SchemaGrammar at_least(R"({"type": "string", "minLength": 70000})");
+  EXPECT_TRUE(at_least.matches(quoted(std::string(70000, 'y'))));
+  EXPECT_TRUE(at_least.matches(quoted(std::string(70001, 'y'))));
+  EXPECT_FALSE(at_least.matches(quoted(std::string(69999, 'y'))));
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "minLength": 3, "maxLength": 2})"), "minLength 3");
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "maxLength": -1})"), "\"maxLength\" at #");
+}
+
+TEST(JsonSchemaStrings, Pattern) {
+  const SchemaGrammar anchored(R"({"type": "string", "pattern": "^[a-z]+\\d$"})");
+  anchored.expect_accepts({"\"abc1\"", "\"z9\""});
+  anchored.expect_rejects({"\"abc\"", "\"1\"", "\"Abc1\"", "\"abc12\""});
+
+  // Unanchored: the match may be anywhere.
+  const SchemaGrammar search(R"({"type": "string", "pattern": "b+"})");
+  search.expect_accepts({"\"abc\"", "\"bbb\"", quoted("x\"b\n")});
+  search.expect_rejects({"\"xyz\"", "\"\""});
+
+  // The pattern is over the string's value, the grammar over its escaped text.
+  const SchemaGrammar quote(R"({"type": "string", "pattern": "^a\"b$"})");
+  quote.expect_accepts({quoted("a\"b")});
+  quote.expect_rejects({"\"ab\"", "\"a\\u0022b\""});
+
+  // Two patterns in one schema get rules of their own.
+  const SchemaGrammar two(R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x+$"},
+                              "b": {"type": "string", "pattern": "^y+$"}}, "required": ["a", "b"]})");
+  two.expect_accepts({R"({"a":"xx","b":"y"})"});
+  two.expect_rejects({R"({"a":"y","b":"y"})"});
+
+  EXPECT_CONTAINS(schema_error(R"j({"properties": {"p": {"pattern": "(?=a)"}}})j"), "#/properties/p");
+}
+
+// --- Formats --------------------------------------------------------------------
+
+void expect_format(const std::string& format, const Texts& valid, const Texts& invalid) {
+  SCOPED_TRACE(format);
+  const SchemaGrammar s(R"({"type": "string", "format": ")" + format + "\"}");
+  Texts valid_texts, invalid_texts;
+  for (const std::string& v : valid) valid_texts.push_back(quoted(v));
+  for (const std::string& v : invalid) invalid_texts.push_back(quoted(v));
+  s.expect_accepts(valid_texts);
+  s.expect_rejects(invalid_texts);
+}
+
+TEST(JsonSchemaFormats, DateAndTime) {
+  expect_format("date",
+                {"2024-02-29", "2000-02-29", "2023-02-28", "2024-12-31", "2024-04-30", "0000-02-29", "1999-01-01"},
+                {"2023-02-29", "1900-02-29", "2024-04-31", "2024-1-01", "2024-13-01", "2024-00-10", "2024-01-00",
+                 "2024-01-32", "24-01-01", "2024-01-01T", "2024/01/01"});
+  expect_format(
+      "time", {"23:59:59Z", "00:00:00+05:30", "12:34:56.789-08:00", "23:59:60Z", "23:59:60.5+00:00", "10:00:00z"},
+      {"24:00:00Z", "12:60:00Z", "12:00:00", "12:00:60Z", "1:00:00Z", "12:00:00+24:00", "12:00:00+05", "12:00:00.Z"});
+  expect_format("date-time", {"2024-01-02T03:04:05Z", "2024-01-02t03:04:05.5+01:00", "2024-02-29T23:59:60-00:00"},
+                {"2024-01-02 03:04:05Z", "2024-01-02T03:04Z", "2024-01-02", "2023-02-29T00:00:00Z"});
+}
+
+TEST(JsonSchemaFormats, Addresses) {
+  expect_format("email",
+                {"a@b.c", "first.last+tag@example.com", "x@localhost", "\"john doe\"@example.com",
+                 "\"a\\\"b\"@example.com", "u@[127.0.0.1]", "u@[IPv6:::1]", "o'brien@example.org"},
+                {"a@", "@b", "a..b@c", ".a@b", "a.@b", "a@-b.com", "a b@c", "a@b@c", "\"a\"b\"@c", "a@b_c"});
+  expect_format("uuid", {"123e4567-e89b-12d3-a456-426614174000", "123E4567-E89B-12D3-A456-426614174000"},
+                {"123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456-42661417400",
+                 "g23e4567-e89b-12d3-a456-426614174000", "123e4567-e89b-12d3-a456-4266141740000"});
+  expect_format("ipv4", {"0.0.0.0", "255.255.255.255", "192.168.1.1", "10.0.99.249"},
+                {"256.1.1.1", "01.1.1.1", "1.1.1", "1.1.1.1.1", "1.1.1.", "a.b.c.d"});
+  expect_format(
+      "ipv6",
+      {"::", "::1", "1::", "2001:db8::ff00:42:8329", "1:2:3:4:5:6:7:8", "::ffff:192.168.0.1", "fe80::1:2",
+       "1:2:3:4:5:6:7::", "ABCD:ef01::"},
+      {"1:2:3:4:5:6:7:8:9", "1::2::3", "12345::", ":1", "1:", "::ffff:256.1.1.1", "1:2:3:4:5:6:7", "g::", "::1%eth0"});
+  expect_format("hostname",
+                {"example.com", "a", "xn--bcher-kva.example", "a-b.c", "123.example", std::string(63, 'a') + ".com"},
+                {"-a.com", "a-.com", "a..b", "a_b.com", std::string(64, 'a') + ".com", "", "example.com.", ".com"});
+}
+
+TEST(JsonSchemaFormats, Uri) {
+  expect_format("uri",
+                {"https://example.com/path?q=1#frag", "mailto:a@b.c", "urn:isbn:0451450523", "file:///etc/hosts",
+                 "http://[::1]:8080/", "http://user:pw@host:80/a%20b", "tag:example.com,2024:x", "a:"},
+                {"//example.com", "http://exa mple.com", "1http://x", "http://x/%zz", "no-colon", "/relative",
+                 "http://x/\"", "http://x/<y>"});
+}
+
+TEST(JsonSchemaFormats, UnknownFormatsAndCombinationsAreRefused) {
+  const std::string e = schema_error(R"({"properties": {"c": {"type": "string", "format": "color"}}})");
+  EXPECT_CONTAINS(e, "\"format\"");
+  EXPECT_CONTAINS(e, "#/properties/c");
+  EXPECT_CONTAINS(e, "color");
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "date", "minLength": 1})"), "\"minLength\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "date", "pattern": "1"})"), "\"format\" at #");
+  // format applies to strings only; it does not make other types fail.
+  const SchemaGrammar either(R"({"type": ["string", "integer"], "format": "date"})");
+  either.expect_accepts({"\"2024-01-01\"", "5"});
+  either.expect_rejects({"\"x\""});
+}
+
+// --- Integers -------------------------------------------------------------------
+
+struct IntegerCase {
+  std::string schema;
+  int64_t lo, hi;  // the range the schema allows within the sweep
+};
+
+TEST(JsonSchemaIntegers, RangesAreExactDecimalLanguages) {
+  constexpr int64_t kFrom = -1600, kTo = 1600;
+  const std::vector<IntegerCase> cases = {
+      {R"({"type": "integer", "minimum": 0, "maximum": 0})", 0, 0},
+      {R"({"type": "integer", "minimum": -5, "maximum": 5})", -5, 5},
+      {R"({"type": "integer", "minimum": 7, "maximum": 123})", 7, 123},
+      {R"({"type": "integer", "minimum": -123, "maximum": -7})", -123, -7},
+      {R"({"type": "integer", "minimum": 1, "maximum": 1000})", 1, 1000},
+      {R"({"type": "integer", "minimum": -1000, "maximum": -1})", -1000, -1},
+      {R"({"type": "integer", "minimum": 10, "maximum": 99})", 10, 99},
+      {R"({"type": "integer", "minimum": 99, "maximum": 1234})", 99, 1234},
+      {R"({"type": "integer", "minimum": -999, "maximum": 1000})", -999, 1000},
+      {R"({"type": "integer", "minimum": 190, "maximum": 1209})", 190, 1209},
+      {R"({"type": "integer", "minimum": 0})", 0, kTo},
+      {R"({"type": "integer", "minimum": 5})", 5, kTo},
+      {R"({"type": "integer", "minimum": 123})", 123, kTo},
+      {R"({"type": "integer", "minimum": -17})", -17, kTo},
+      {R"({"type": "integer", "maximum": -3})", kFrom, -3},
+      {R"({"type": "integer", "maximum": 0})", kFrom, 0},
+      {R"({"type": "integer", "maximum": 250})", kFrom, 250},
+      {R"({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 10})", 4, 9},
+      {R"({"type": "integer", "minimum": 3, "exclusiveMinimum": true, "maximum": 10, "exclusiveMaximum": true})", 4, 9},
+      {R"({"type": "integer", "minimum": 3, "exclusiveMinimum": false, "maximum": 10})", 3, 10},
+      {R"({"type": "integer", "minimum": 1.5, "maximum": 7.5})", 2, 7},
+      {R"({"type": "integer", "exclusiveMinimum": -1.5, "exclusiveMaximum": 2.0})", -1, 1},
+      {R"({"type": "integer", "minimum": -40, "exclusiveMinimum": -50, "maximum": 40, "exclusiveMaximum": 30})", -40,
+       29},
+  };
+  for (const IntegerCase& c : cases) {
+    SCOPED_TRACE(c.schema);
+    const CompiledSchema s(c.schema);
+    for (int64_t x = kFrom; x <= kTo; ++x) {
+      const bool inside = x >= c.lo && x <= c.hi;
+      ASSERT_EQ(s.matches(std::to_string(x)), inside) << x << "\n" << s.ebnf();
+    }
+    EXPECT_FALSE(s.matches("-0"));
+    EXPECT_FALSE(s.matches("00"));
+    EXPECT_FALSE(s.matches("+1"));
+  }
+}
+
+TEST(JsonSchemaIntegers, RandomRangesAgreeWithComparison) {
+  std::mt19937_64 random(20240601);
+  const auto draw = [&] {
+    const int digits = static_cast<int>(random() % 12);
+    int64_t x = static_cast<int64_t>(random() % 1000000000000ULL);
+    for (int i = digits; i < 12; ++i) x /= 10;
+    return random() % 2 ? -x : x;
+  };
+  for (int round = 0; round < 30; ++round) {
+    int64_t lo = draw(), hi = draw();
+    if (lo > hi) std::swap(lo, hi);
+    const std::string schema = fmt::format(R"({{"type": "integer", "minimum": {}, "maximum": {}}})", lo, hi);
+    SCOPED_TRACE(schema);
+    const CompiledSchema s(schema);
+    std::vector<int64_t> probes = {lo, hi, lo - 1, hi + 1, 0, -1, 1};
+    for (int i = 0; i < 60; ++i) probes.push_back(draw());
+    for (int i = 0; i < 20; ++i) probes.push_back(lo + static_cast<int64_t>(random() % 50) - 25);
+    for (int i = 0; i < 20; ++i) probes.push_back(hi + static_cast<int64_t>(random() % 50) - 25);
+    for (const int64_t x : probes) ASSERT_EQ(s.matches(std::to_string(x)), x >= lo && x <= hi) << x << "\n" << s.ebnf();
+  }
+}
+
+TEST(JsonSchemaIntegers, BoundsOfAnySize) {
+  const SchemaGrammar above_u64(R"({"type": "integer", "minimum": 18446744073709551615})");
+  above_u64.expect_accepts({"18446744073709551615", "18446744073709551616", "100000000000000000000"});
+  above_u64.expect_rejects({"18446744073709551614", "0", "-18446744073709551616"});
+
+  const SchemaGrammar below_i64(R"({"type": "integer", "maximum": -9223372036854775808})");
+  below_i64.expect_accepts({"-9223372036854775808", "-9223372036854775809", "-100000000000000000000"});
+  below_i64.expect_rejects({"-9223372036854775807", "0"});
+
+  const SchemaGrammar float_bounds(R"({"type": "integer", "exclusiveMinimum": 1e20, "maximum": 1e21})");
+  float_bounds.expect_accepts({"100000000000000000001", "1000000000000000000000"});
+  float_bounds.expect_rejects({"100000000000000000000", "1000000000000000000001"});
+}
+
+TEST(JsonSchemaIntegers, EmptyRangesAndNumberBounds) {
+  EXPECT_CONTAINS(schema_error(R"({"type": "integer", "minimum": 5, "maximum": 4})"), "empty");
+  EXPECT_CONTAINS(schema_error(R"({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4})"), "empty");
+  EXPECT_CONTAINS(schema_error(R"({"type": "integer", "minimum": 0.5, "maximum": 0.7})"), "empty");
+  // An empty integer range leaves the other types of the schema.
+  const SchemaGrammar rest(R"({"type": ["integer", "null"], "minimum": 5, "maximum": 4})");
+  rest.expect_accepts({"null"});
+  rest.expect_rejects({"4", "5"});
+  // Bounds on numbers that need not be integers are refused.
+  EXPECT_CONTAINS(schema_error(R"({"type": "number", "minimum": 0})"), "unsupported keyword \"minimum\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"properties": {"x": {"exclusiveMaximum": 1}}})"),
+                  "unsupported keyword \"exclusiveMaximum\" at #/properties/x");
+  EXPECT_CONTAINS(schema_error(R"({"type": "integer", "minimum": "1"})"), "\"minimum\" at #");
+}
+
+// --- Objects --------------------------------------------------------------------
+
+TEST(JsonSchemaObjects, OptionalPropertiesInEveryCombination) {
+  const SchemaGrammar s(R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
+      "c": {"type": "boolean"}, "d": {"type": "null"}}, "required": ["b"], "additionalProperties": false})");
+  const std::vector<std::pair<std::string, std::string>> optional = {{"a", "1"}, {"c", "true"}, {"d", "null"}};
+  for (int mask = 0; mask < 8; ++mask) {
+    ordered_json value = ordered_json::object();
+    for (int i = 0; i < 3; ++i)
+      if (mask & (1 << i))
+        value[optional[static_cast<size_t>(i)].first] = ordered_json::parse(optional[static_cast<size_t>(i)].second);
+    value["b"] = "x";
+    s.expect_values({value.dump()});
+  }
+  s.expect_rejects({
+      "{}",
+      R"({"a":1})",          // b is required
+      R"({"b":"x","a":1})",  // a comes first
+      R"({"b":"x","b":"x"})",
+      R"({"b":"x",})",  // commas
+      R"({,"b":"x"})",
+      R"({"a":1,,"b":"x"})",
+      R"({"a":1"b":"x"})",
+      R"({"b":"x","e":1})",  // additionalProperties is false
+      R"({"b":1})",
+      R"({ "b":"x"})",
+  });
+
+  const SchemaGrammar all_optional(R"({"type": "object", "properties": {"p": {}, "q": {}, "r": {}, "s": {}},
+                                          "additionalProperties": false})");
+  for (int mask = 0; mask < 16; ++mask) {
+    ordered_json value = ordered_json::object();
+    for (int i = 0; i < 4; ++i)
+      if (mask & (1 << i)) value[std::string(1, static_cast<char>('p' + i))] = i;
+    all_optional.expect_values({value.dump()});
+  }
+  all_optional.expect_rejects({R"({"q":1,"p":0})", R"({"s":1,"r":0})", "[]"});
+}
+
+TEST(JsonSchemaObjects, ManyOptionalPropertiesStaySmall) {
+  ordered_json schema = {{"type", "object"}, {"additionalProperties", false}};
+  for (int i = 0; i < 60; ++i) schema["properties"][fmt::format("p{}", i)] = {{"type", "integer"}};
+  const std::string ebnf = json_schema_to_ebnf(schema);
+  EXPECT_LT(ebnf.size(), 40000u) << ebnf;
+  const Grammar grammar = parse_ebnf(ebnf);
+  EXPECT_TRUE(grammar_matches(grammar, R"({"p0":1,"p17":2,"p59":3})"));
+  EXPECT_TRUE(grammar_matches(grammar, R"({"p59":3})"));
+  EXPECT_TRUE(grammar_matches(grammar, "{}"));
+  EXPECT_FALSE(grammar_matches(grammar, R"({"p17":2,"p0":1})"));
+  EXPECT_FALSE(grammar_matches(grammar, R"({"p0":1,"p0":1})"));
+}
+
+TEST(JsonSchemaObjects, AdditionalProperties) {
+  // Absent: any further members after the listed ones.
+  const SchemaGrammar open(R"({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})");
+  open.expect_values({R"({"a": "x"})", R"({"a": "x", "zz": [1, {"q": null}], "a2": -1})"});
+  open.expect_rejects({R"({"zz":1,"a":"x"})", R"({"a":"x","zz":})", R"({"a":"x","zz":1,})"});
+
+  const SchemaGrammar typed(
+      R"({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": {"type": "integer"}})");
+  typed.expect_values({R"({"a": "x", "k": 1, "m": 2})", R"({"k": 1})", "{}"});
+  typed.expect_rejects({R"({"a":"x","k":"s"})", R"({"k":null})"});
+
+  const SchemaGrammar closed(
+      R"({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": false})");
+  closed.expect_values({R"({"a": "x"})", "{}"});
+  closed.expect_rejects({R"({"a":"x","k":1})", R"({"k":1})"});
+
+  // Keys are written as dump() writes them.
+  const SchemaGrammar keys(
+      R"({"properties": {"a\"b": {"type": "integer"}, "\u00e9\n": {"type": "integer"}}, "required": ["a\"b", "\u00e9\n"]})");
+  keys.expect_accepts({"{\"a\\\"b\":1,\"\xC3\xA9\\n\":2}"});
+  keys.expect_rejects({"{\"a\\u0022b\":1,\"\xC3\xA9\\n\":2}"});
+}
+
+TEST(JsonSchemaObjects, AdditionalKeysAreNotTheListedNames) {
+  // Otherwise {"a":"x"} would pass as an additional property.
+  const SchemaGrammar s(R"({"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "string"},
+                                                              "\n\u00e9": false}})");
+  s.expect_accepts({R"({"a":1})", R"({"ab":"x","abc":1})", R"({"b":1})", R"({"":1})", R"({"a\n":1,"A":2})",
+                    R"({"aa":1})", R"({"\n":1})", "{\"\\n\xC3\xA8\":1}", "{\"\\n\xC3\xA9\xC3\xA9\":1}",
+                    R"({"a":1,"b":2,"c":3})"});
+  s.expect_rejects({R"({"a":"x"})", R"({"ab":1})", R"({"a":1,"a":2})", R"({"x":1,"a":1})",
+                    R"({"a":1,"ab":"x","ab":"y"})", "{\"\\n\xC3\xA9\":1}"});
+}
+
+TEST(JsonSchemaObjects, RequiredNamesOutsideProperties) {
+  const SchemaGrammar s(R"({"properties": {"a": {"type": "integer"}}, "required": ["b"],
+                            "additionalProperties": {"type": "string"}})");
+  s.expect_accepts({R"({"b":"x"})", R"({"a":1,"b":"x"})", R"({"a":1,"b":"x","c":"y"})"});
+  s.expect_rejects({R"({"a":1})", R"({"b":1})", "{}"});
+  EXPECT_CONTAINS(
+      schema_error(R"({"type": "object", "properties": {"a": {}}, "required": ["b"], "additionalProperties": false})"),
+      "required property \"b\"");
+}
+
+TEST(JsonSchemaObjects, MinAndMaxProperties) {
+  const SchemaGrammar closed(R"({"properties": {"a": {}, "b": {}, "c": {}}, "additionalProperties": false,
+                                 "minProperties": 1, "maxProperties": 2})");
+  closed.expect_accepts({R"({"a":1})", R"({"c":1})", R"({"a":1,"b":2})", R"({"a":1,"c":2})", R"({"b":1,"c":2})"});
+  closed.expect_rejects({"{}", R"({"a":1,"b":2,"c":3})"});
+
+  const SchemaGrammar open(R"({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1,
+                               "maxProperties": 2})");
+  open.expect_accepts({R"({"x":1})", R"({"a":1,"x":2})", R"({"x":1,"y":2})", R"({"a":1,"b":2})"});
+  open.expect_rejects({"{}", R"({"a":1,"b":2,"x":3})", R"({"x":1,"y":2,"z":3})"});
+
+  const SchemaGrammar many(R"({"type": "object", "minProperties": 3})");
+  many.expect_accepts({R"({"a":1,"b":2,"c":3})", R"({"a":1,"b":2,"c":3,"d":4})"});
+  many.expect_rejects({R"({"a":1,"b":2})", "{}"});
+
+  EXPECT_CONTAINS(schema_error(R"({"type": "object", "properties": {"a": {}}, "additionalProperties": false,
+                                   "minProperties": 2})"),
+                  "minProperties");
+  EXPECT_CONTAINS(schema_error(R"({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a", "b"],
+                                   "maxProperties": 1})"),
+                  "maxProperties");
+}
+
+// --- Arrays ---------------------------------------------------------------------
+
+TEST(JsonSchemaArrays, ItemsAndBounds) {
+  const SchemaGrammar s(R"({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 4})");
+  s.expect_accepts({"[1,2]", "[1,2,3]", "[1,2,3,4]"});
+  s.expect_rejects({"[]", "[1]", "[1,2,3,4,5]", "[\"a\",1]", "[1,,2]", "[1,2,]", "[,1,2]", "[1 2]"});
+
+  const SchemaGrammar any(R"({"type": "array"})");
+  any.expect_values({"[]", R"([1, "a", null, [[]], {"k": false}])"});
+
+  const SchemaGrammar big(R"({"type": "array", "items": {"type": "integer"}, "minItems": 300, "maxItems": 600})");
+  const auto zeros = [](size_t n) {
+    std::string out = "[";
+    for (size_t i = 0; i < n; ++i) out += i ? ",0" : "0";
+    return out + "]";
+  };
+  for (const size_t n : {300, 511, 512, 513, 600}) EXPECT_TRUE(big.matches(zeros(n))) << n;
+  for (const size_t n : {0, 1, 299, 601}) EXPECT_FALSE(big.matches(zeros(n))) << n;
+
+  EXPECT_CONTAINS(schema_error(R"({"type": "array", "minItems": 3, "maxItems": 1})"), "minItems 3");
+}
+
+TEST(JsonSchemaArrays, PrefixItems) {
+  const SchemaGrammar closed(R"({"prefixItems": [{"type": "string"}, {"type": "integer"}], "items": false})");
+  closed.expect_accepts({"[]", "[\"a\"]", "[\"a\",1]"});
+  closed.expect_rejects({"[\"a\",1,2]", "[1]", "[\"a\",\"b\"]"});
+
+  const SchemaGrammar rest(R"({"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "boolean"},
+                               "minItems": 1, "maxItems": 3})");
+  rest.expect_accepts({"[\"a\"]", "[\"a\",true]", "[\"a\",true,false]"});
+  rest.expect_rejects({"[]", "[true]", "[\"a\",1]", "[\"a\",true,false,true]"});
+
+  // Draft 4: items as a list, then additionalItems (any value when absent).
+  const SchemaGrammar draft4(R"({"items": [{"type": "string"}], "additionalItems": {"type": "null"}})");
+  draft4.expect_accepts({"[]", "[\"a\"]", "[\"a\",null,null]"});
+  draft4.expect_rejects({"[\"a\",1]", "[null]"});
+  const SchemaGrammar draft4_open(R"({"type": "array", "items": [{"type": "string"}]})");
+  draft4_open.expect_accepts({"[\"a\",1,{}]"});
+
+  EXPECT_CONTAINS(schema_error(R"({"type": "array", "prefixItems": [{}, {}], "items": false, "minItems": 3})"),
+                  "minItems");
+  EXPECT_CONTAINS(schema_error(R"({"type": "array", "prefixItems": [{}, false], "minItems": 2})"), "false");
+}
+
+// --- enum and const -------------------------------------------------------------
+
+TEST(JsonSchemaEnum, ValuesAsDumpWritesThem) {
+  const SchemaGrammar s(R"({"enum": ["red", 1, null, 2.5, {"b": 1, "a": [1, 2]}, [true], "\u00e9\"x"]})");
+  s.expect_accepts({"\"red\"", "1", "null", "2.5", R"({"b":1,"a":[1,2]})", "[true]", "\"\xC3\xA9\\\"x\""});
+  s.expect_rejects({"\"blue\"", "2", R"({"a":[1,2],"b":1})", R"({"b": 1,"a":[1,2]})", "[ true]", "1.0"});
+
+  const SchemaGrammar constant(R"({"const": "x"})");
+  constant.expect_accepts({"\"x\""});
+  constant.expect_rejects({"\"y\"", "x"});
+  const SchemaGrammar structured(R"({"const": [1, {"z": null, "a": "\n"}]})");
+  structured.expect_accepts({R"([1,{"z":null,"a":"\n"}])"});
+  structured.expect_rejects({"1", R"([1,{"a":"\n","z":null}])"});
+
+  // type filters the values; const must be among enum's.
+  const SchemaGrammar typed(R"({"type": "string", "enum": ["a", 1, "b"]})");
+  typed.expect_accepts({"\"a\"", "\"b\""});
+  typed.expect_rejects({"1"});
+  const SchemaGrammar integral(R"({"type": "integer", "enum": [1.0, 1.5]})");
+  integral.expect_accepts({"1.0"});
+  integral.expect_rejects({"1.5", "1"});
+  const SchemaGrammar both(R"({"enum": ["a", "b"], "const": "b"})");
+  both.expect_accepts({"\"b\""});
+  both.expect_rejects({"\"a\""});
+
+  EXPECT_CONTAINS(schema_error(R"({"enum": []})"), "enum at # is empty");
+  EXPECT_CONTAINS(schema_error(R"({"type": "integer", "enum": ["a"]})"), "allowed type");
+  EXPECT_CONTAINS(schema_error(R"({"enum": ["a"], "const": "b"})"), "const");
+  EXPECT_CONTAINS(schema_error(R"({"enum": ["a", "bb"], "maxLength": 1})"), "unsupported keyword \"maxLength\" at #");
+}
+
+// --- anyOf, oneOf, allOf --------------------------------------------------------
+
+TEST(JsonSchemaCombinations, AnyOfAndOneOf) {
+  const SchemaGrammar any_of(R"({"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]})");
+  any_of.expect_accepts({"\"a\"", "0", "17"});
+  any_of.expect_rejects({"-1", "null", "1.5"});
+
+  // oneOf as anyOf: 5 matches both branches and is accepted.
+  const SchemaGrammar one_of(R"({"oneOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 5}]})");
+  one_of.expect_accepts({"-3", "5", "9"});
+
+  // Keywords beside anyOf apply to every branch.
+  const SchemaGrammar beside(R"({"type": "object", "properties": {"kind": {"type": "string"}},
+      "anyOf": [{"required": ["kind"]}, {"properties": {"n": {"type": "integer"}}, "required": ["n"]}]})");
+  beside.expect_values({R"({"kind": "x"})", R"({"n": 1})", R"({"kind": "x", "n": 1})"});
+  beside.expect_rejects({"{}", R"({"n":"x"})", "\"s\""});
+
+  // A branch that admits no value drops out.
+  const SchemaGrammar dropped(R"({"anyOf": [{"type": "integer", "minimum": 5, "maximum": 1}, {"type": "null"}]})");
+  dropped.expect_accepts({"null"});
+  dropped.expect_rejects({"3"});
+  EXPECT_CONTAINS(schema_error(R"({"anyOf": [false, {"enum": []}]})"), "#/anyOf");
+
+  // Pydantic's Optional and discriminated union shapes.
+  const SchemaGrammar optional(R"({"anyOf": [{"type": "string"}, {"type": "null"}], "default": null, "title": "X"})");
+  optional.expect_accepts({"null", "\"s\""});
+  const SchemaGrammar tagged(R"({"$defs": {"Cat": {"properties": {"pet": {"const": "cat"}}, "required": ["pet"]},
+                                           "Dog": {"properties": {"pet": {"const": "dog"}}, "required": ["pet"]}},
+      "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+      "discriminator": {"propertyName": "pet"}})");
+  tagged.expect_accepts({R"({"pet":"cat"})", R"({"pet":"dog","x":1})"});
+  tagged.expect_rejects({R"({"pet":"cow"})", "{}"});
+}
+
+TEST(JsonSchemaCombinations, AllOfMerges) {
+  const SchemaGrammar objects(R"({"allOf": [
+      {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+      {"properties": {"b": {"type": "integer"}, "a": {"maxLength": 2}}, "required": ["b"]}]})");
+  objects.expect_accepts({R"({"a":"xy","b":1})"});
+  objects.expect_rejects({R"({"a":"x"})", R"({"a":"xyz","b":1})", R"({"b":1,"a":"x"})"});
+
+  // A property one branch lists is an additional property of the other.
+  const SchemaGrammar closed(R"({"allOf": [{"properties": {"a": {}}, "additionalProperties": false},
+                                           {"properties": {"b": {}}}]})");
+  closed.expect_accepts({"{}", R"({"a":1})"});
+  closed.expect_rejects({R"({"a":1,"b":2})", R"({"b":2})"});
+
+  const SchemaGrammar types(R"({"allOf": [{"type": ["string", "integer"]}, {"type": ["number", "null"]}]})");
+  types.expect_accepts({"3"});
+  types.expect_rejects({"\"a\"", "null", "1.5"});
+
+  const SchemaGrammar bounds(
+      R"({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 10}, {"exclusiveMaximum": 8}]})");
+  bounds.expect_accepts({"0", "7"});
+  bounds.expect_rejects({"-1", "8", "10"});
+
+  const SchemaGrammar arrays(
+      R"({"allOf": [{"prefixItems": [{"type": "integer"}]}, {"items": {"type": "integer", "minimum": 0},
+                                            "type": "array", "maxItems": 2}]})");
+  arrays.expect_accepts({"[]", "[1]", "[1,2]"});
+  arrays.expect_rejects({"[-1]", "[1,-2]", "[1,2,3]", "[\"a\"]"});
+
+  // anyOf lists in several branches: every pair of their branches.
+  const SchemaGrammar product(R"({"allOf": [{"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                                            {"oneOf": [{"type": "integer", "maximum": 3}, {"type": "null"}]}]})");
+  product.expect_accepts({"3", "-7"});
+  product.expect_rejects({"4", "\"a\"", "null"});
+
+  EXPECT_CONTAINS(schema_error(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})"), "no value satisfies");
+  const std::string e = schema_error(R"({"allOf": [{"pattern": "a"}, {"pattern": "b"}]})");
+  EXPECT_CONTAINS(e, "unsupported keyword \"pattern\" at #/allOf/1");
+  EXPECT_CONTAINS(schema_error(R"({"allOf": [{"not": {}}]})"), "unsupported keyword \"not\" at #/allOf/0");
+}
+
+// --- $ref -----------------------------------------------------------------------
+
+TEST(JsonSchemaRefs, DefinitionsAndPointers) {
+  const SchemaGrammar defs(R"({"$defs": {"id": {"type": "integer", "minimum": 1}},
+      "definitions": {"name": {"type": "string"}},
+      "type": "object", "properties": {"id": {"$ref": "#/$defs/id"}, "name": {"$ref": "#/definitions/name"},
+                                       "again": {"$ref": "#/properties/id"}},
+      "required": ["id"]})");
+  defs.expect_values({R"({"id": 3})", R"({"id": 1, "name": "n", "again": 2})"});
+  defs.expect_rejects({R"({"id":0})", R"({"id":1,"name":2})", R"({"id":1,"again":0})"});
+
+  // Pointer escapes (~0, ~1, percent-encoding) and array indices.
+  const SchemaGrammar escapes(
+      R"({"$defs": {"a/b": {"type": "integer"}, "c~d": {"type": "string"}, "e%f": {"type": "null"},
+                                            "list": [{"type": "boolean"}]},
+      "anyOf": [{"$ref": "#/$defs/a~1b"}, {"$ref": "#/$defs/c~0d"}, {"$ref": "#/$defs/e%25f"}, {"$ref": "#/$defs/list/0"}]})");
+  escapes.expect_accepts({"1", "\"s\"", "null", "true"});
+  escapes.expect_rejects({"1.5", "[]"});
+
+  // The root's $id names this document.
+  const SchemaGrammar by_id(R"({"$id": "https://example.com/s", "$defs": {"x": {"type": "null"}},
+                                "$ref": "https://example.com/s#/$defs/x"})");
+  by_id.expect_accepts({"null"});
+
+  // Keywords beside $ref apply as well.
+  const SchemaGrammar beside(R"({"$defs": {"base": {"type": "object", "properties": {"id": {"type": "integer"}}}},
+                                 "$ref": "#/$defs/base", "required": ["id"]})");
+  beside.expect_accepts({R"({"id":1})"});
+  beside.expect_rejects({"{}", R"({"id":"x"})"});
+}
+
+TEST(JsonSchemaRefs, Recursion) {
+  const SchemaGrammar tree(R"({"type": "object", "properties": {"value": {"type": "integer"},
+      "children": {"type": "array", "items": {"$ref": "#"}}}, "required": ["value"], "additionalProperties": false})");
+  tree.expect_values(
+      {R"({"value": 1})", R"({"value": 1, "children": []})",
+       R"({"value": 1, "children": [{"value": 2}, {"value": 3, "children": [{"value": 4, "children": []}]}]})"});
+  tree.expect_rejects({R"({"value":1,"children":[{}]})", R"({"value":1,"children":[{"value":2,"x":1}]})"});
+
+  const SchemaGrammar list(R"({"definitions": {"node": {"type": "object", "properties": {
+      "head": {"type": "string"}, "tail": {"anyOf": [{"$ref": "#/definitions/node"}, {"type": "null"}]}},
+      "required": ["head", "tail"]}}, "$ref": "#/definitions/node"})");
+  list.expect_values({R"({"head": "a", "tail": null})", R"({"head": "a", "tail": {"head": "b", "tail": null}})"});
+  list.expect_rejects({R"({"head":"a"})", R"({"head":"a","tail":{"head":"b"}})"});
+
+  // Recursion through allOf closes on the merged schema.
+  const SchemaGrammar merged(R"({"$defs": {"base": {"properties": {"kind": {"type": "string"}}},
+      "node": {"allOf": [{"$ref": "#/$defs/base"}], "properties": {"next": {"$ref": "#/$defs/node"}}}},
+      "$ref": "#/$defs/node"})");
+  merged.expect_accepts({R"({"kind":"a","next":{"kind":"b","next":{}}})"});
+  merged.expect_rejects({R"({"kind":1})", R"({"next":{"kind":2}})"});
+}
+
+TEST(JsonSchemaRefs, Refused) {
+  EXPECT_CONTAINS(schema_error(R"({"properties": {"a": {"$ref": "other.json#/x"}}})"),
+                  "unsupported keyword \"$ref\" at #/properties/a");
+  EXPECT_CONTAINS(schema_error(R"({"$ref": "#anchor"})"), "anchor");
+  EXPECT_CONTAINS(schema_error(R"({"$ref": "#/$defs/missing"})"), "points at nothing");
+  EXPECT_CONTAINS(schema_error(R"({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})"),
+                  "#/$defs/a -> #/$defs/a");
+  EXPECT_CONTAINS(schema_error(R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}, {}]}},
+                                   "$ref": "#/$defs/a"})"),
+                  "refers to itself before any JSON text");
+  EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"$ref": "#"}, {"type": "null"}]})"), "before any JSON text");
+  EXPECT_CONTAINS(schema_error(R"({"allOf": [{"$ref": "#"}]})"), "merged into itself");
+  EXPECT_CONTAINS(schema_error(R"({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]})"),
+                  "no finite value");
+  EXPECT_CONTAINS(schema_error(R"({"$defs": {"a": {"$id": "x", "type": "null"}}, "$ref": "#/$defs/a"})"),
+                  "unsupported keyword \"$id\" at #/$defs/a");
+}
+
+TEST(JsonSchemaObjects, SortedJsonGivesSortedOrder) {
+  // A nlohmann::json converts, but it has sorted its keys already.
+  const nlohmann::json sorted = nlohmann::json::parse(R"({"type": "object", "properties": {"b": {}, "a": {}},
+                                                            "required": ["b", "a"]})");
+  const Grammar grammar = parse_ebnf(json_schema_to_ebnf(sorted));
+  EXPECT_TRUE(grammar_matches(grammar, R"({"a":1,"b":2})"));
+  EXPECT_FALSE(grammar_matches(grammar, R"({"b":2,"a":1})"));
+}
+
+// --- Whitespace -----------------------------------------------------------------
+
+TEST(JsonSchemaFlexible, WhitespaceBetweenTokensOnly) {
+  JsonSchemaOptions options;
+  options.compact = false;
+  options.max_whitespace = 2;
+  const SchemaGrammar s(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+      "b": {"type": "string"}, "c": {}}, "required": ["a"], "additionalProperties": false})",
+                        options);
+  s.expect_accepts({R"({"a":[1,2]})", R"({ "a" : [ 1 , 2 ] })", "{\n\t\"a\":[]}", "{\"a\":[ ],\r\n\"b\" :\"x\"}",
+                    R"({"a":[], "c": {  }})", R"({"a":[], "c": { "k" : [ null ] }})"});
+  s.expect_rejects({R"({   "a":[]})", R"({"a":[1   ,2]})", R"( {"a":[]})", R"({"a":[]} )", R"({"a":[1 2]})",
+                    R"({"b":"x", "a":[]})", "{\"a\":[]\f}"});
+
+  const SchemaGrammar empty_object(R"({"type": "object", "properties": {"p": {}}})", options);
+  empty_object.expect_accepts({"{}", "{  }", "{ \"p\" : 1 , \"q\" : 2 }"});
+  empty_object.expect_rejects({"{   }"});
+
+  // enum values keep dump()'s compact spelling.
+  const SchemaGrammar values(R"({"enum": [{"a": [1]}]})", options);
+  values.expect_accepts({R"({"a":[1]})"});
+  values.expect_rejects({R"({ "a":[1]})"});
+
+  options.max_whitespace = 0;
+  const SchemaGrammar none(R"({"type": "array"})", options);
+  none.expect_accepts({"[1,2]"});
+  none.expect_rejects({"[1, 2]"});
+
+  options.max_whitespace = -1;
+  EXPECT_CONTAINS(schema_error("{}", options), "max_whitespace");
+}
+
+// --- Refused keywords ------------------------------------------------------------
+
+TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"properties": {"a": {"not": {}}}})", R"(unsupported keyword "not" at #/properties/a)"},
+      {R"({"if": {}, "then": {}})", R"(unsupported keyword "if" at #)"},
+      {R"({"type": "array", "items": {"contains": {}}})", R"(unsupported keyword "contains" at #/items)"},
+      {R"({"patternProperties": {"^x": {}}})", R"(unsupported keyword "patternProperties" at #)"},
+      {R"({"propertyNames": {"maxLength": 3}})", R"(unsupported keyword "propertyNames" at #)"},
+      {R"({"dependentRequired": {}})", R"(unsupported keyword "dependentRequired" at #)"},
+      {R"({"dependentSchemas": {}})", R"(unsupported keyword "dependentSchemas" at #)"},
+      {R"({"dependencies": {}})", R"(unsupported keyword "dependencies" at #)"},
+      {R"({"unevaluatedProperties": false})", R"(unsupported keyword "unevaluatedProperties" at #)"},
+      {R"({"unevaluatedItems": false})", R"(unsupported keyword "unevaluatedItems" at #)"},
+      {R"({"minContains": 1})", R"(unsupported keyword "minContains" at #)"},
+      {R"({"type": "integer", "multipleOf": 2})", R"(unsupported keyword "multipleOf" at #)"},
+      {R"({"type": "array", "uniqueItems": true})", R"(unsupported keyword "uniqueItems" at #)"},
+      {R"({"$dynamicRef": "#meta"})", R"(unsupported keyword "$dynamicRef" at #)"},
+      {R"({"$recursiveRef": "#"})", R"(unsupported keyword "$recursiveRef" at #)"},
+      {R"({"type": "string", "nullable": true})", R"(unsupported keyword "nullable" at #)"},
+      {R"({"properties": {"a": {}}, "requried": ["a"]})", R"(unsupported keyword "requried" at #)"},
+      {R"({"items": {"prefixItems": [{"else": {}}]}})", R"(unsupported keyword "else" at #/items/prefixItems/0)"},
+      {R"({"properties": {"a/b~": {"not": {}}}})", R"(unsupported keyword "not" at #/properties/a~1b~0)"},
+      {R"({"$defs": {"x": {"not": {}}}, "$ref": "#/$defs/x"})", R"(unsupported keyword "not" at #/$defs/x)"},
+      {R"({"anyOf": [{}, {"additionalProperties": {"not": {}}}]})",
+       R"(unsupported keyword "not" at #/anyOf/1/additionalProperties)"},
+      {R"({"type": "string", "pattern": "a", "maxLength": 3})", R"(unsupported keyword "maxLength" at #)"},
+      {R"({"type": "string", "pattern": "a", "minLength": 1})", R"(unsupported keyword "minLength" at #)"},
+  };
+  for (const auto& [schema, message] : cases) EXPECT_CONTAINS(schema_error(schema), message);
+  // Unused definitions are not translated, so not checked either.
+  const SchemaGrammar unused(R"({"$defs": {"x": {"not": {}}}, "type": "null"})");
+  unused.expect_accepts({"null"});
+  // Annotations are ignored, and uniqueItems: false asserts nothing.
+  const SchemaGrammar annotated(R"({"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "urn:x",
+      "title": "t", "description": "d", "default": 1, "examples": [1], "example": 1, "$comment": "c",
+      "deprecated": false, "readOnly": true, "writeOnly": false, "$anchor": "a", "type": "array", "uniqueItems": false,
+      "contentMediaType": "text/plain", "contentEncoding": "base64"})");
+  annotated.expect_accepts({"[1,1]"});
+}
+
+TEST(JsonSchemaRefused, MalformedKeywordValues) {
+  EXPECT_CONTAINS(schema_error(R"({"type": "strin"})"), "unknown type \"strin\"");
+  EXPECT_CONTAINS(schema_error(R"({"type": 3})"), "\"type\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"properties": []})"), "\"properties\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"required": "a"})"), "\"required\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"minItems": 1.5})"), "\"minItems\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"anyOf": []})"), "\"anyOf\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"$ref": 1})"), "\"$ref\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"properties": {"a": 1}})"), "#/properties/a");
+  EXPECT_CONTAINS(schema_error("[]"), "at #");
+}
+
+TEST(JsonSchemaRefused, SchemasWithoutValues) {
+  EXPECT_CONTAINS(schema_error("false"), "no value satisfies");
+  EXPECT_CONTAINS(schema_error(R"({"type": "array", "minItems": 2, "maxItems": 1})"), "no value satisfies");
+  EXPECT_CONTAINS(schema_error(R"({"type": "object", "required": ["p"],
+                                   "properties": {"p": {"type": "object", "properties": {"a": false}, "required": ["a"]}}})"),
+                  "required property \"a\" at #/properties/p");
+  EXPECT_CONTAINS(schema_error(R"({"enum": []})"), "no value satisfies");
+  EXPECT_CONTAINS(schema_error(R"({"type": "integer", "minimum": 1, "maximum": 0})"), "no value satisfies");
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "minLength": 2, "maxLength": 1})"), "no value satisfies");
+}
+
+// --- json_object_ebnf ------------------------------------------------------------
+
+TEST(JsonSchemaJsonObject, AnyObject) {
+  const Grammar compact = parse_ebnf(json_object_ebnf());
+  for (const std::string text : {"{}", R"({"a":1})", R"({"a":{"b":[1,"x",null,true,false,-1.5e3]},"a":2})"})
+    EXPECT_TRUE(grammar_matches(compact, text)) << text;
+  for (const std::string text : {"[]", "\"x\"", "1", R"({"a":1,})", R"({"a"})", "{ }", R"({"a":01})", R"({a:1})"})
+    EXPECT_FALSE(grammar_matches(compact, text)) << text;
+
+  JsonSchemaOptions options;
+  options.compact = false;
+  const Grammar flexible = parse_ebnf(json_object_ebnf(options));
+  EXPECT_TRUE(grammar_matches(flexible, "{ \"a\" : [ ] ,\n  \"b\" : { } }"));
+  EXPECT_TRUE(grammar_matches(flexible, "{\n       }"));  // 8 whitespace characters, the default limit
+  EXPECT_FALSE(grammar_matches(flexible, "{\n        }"));
+  EXPECT_FALSE(grammar_matches(flexible, " {}"));
+}
+
+}  // namespace
+}  // namespace basalt

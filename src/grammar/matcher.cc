@@ -1,0 +1,99 @@
+#include "grammar/matcher.h"
+
+#include "core/error.h"
+#include "grammar/automaton.h"
+#include "grammar/matcher_state.h"
+
+namespace basalt {
+
+const std::vector<int32_t>& GrammarMatcher::State::closure(const CompiledGrammar& g) {
+  if (!closed_valid) {
+    flags = work.close(g, arena, sets.back(), closed);
+    closed_valid = true;
+  }
+  return closed;
+}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
+    : grammar_(std::move(grammar)), state_(std::make_shared<State>()) {
+  const int32_t root = state_->arena.intern(grammar_->rule_start[static_cast<size_t>(grammar_->root)], kStackBottom);
+  state_->sets.push_back({root});
+}
+
+bool GrammarMatcher::accept_bytes(std::string_view bytes) {
+  State& s = *state_;
+  const size_t mark = s.arena.size();
+  std::vector<int32_t> cur = s.sets.back();
+  std::vector<int32_t> closed, next;
+  for (const char c : bytes) {
+    s.work.close(*grammar_, s.arena, cur, closed);
+    s.work.step(*grammar_, s.arena, closed, static_cast<uint8_t>(c), next);
+    if (next.empty()) {
+      s.arena.rewind(mark);
+      s.closed_valid = false;
+      return false;
+    }
+    cur.swap(next);
+  }
+  s.sets.push_back(std::move(cur));
+  s.marks.push_back(mark);
+  s.closed_valid = false;
+  return true;
+}
+
+bool GrammarMatcher::can_end() const {
+  state_->closure(*grammar_);
+  return state_->flags.can_end;
+}
+
+bool GrammarMatcher::must_end() const {
+  for (int32_t id : state_->closure(*grammar_))
+    if (grammar_->has_bytes(state_->arena[id].state)) return false;
+  return true;
+}
+
+std::string GrammarMatcher::forced_bytes(size_t max_bytes) {
+  std::string forced;
+  while (forced.size() < max_bytes && !can_end()) {
+    // The one byte value every stack can take next, if there is one.
+    int only = -1;
+    for (int32_t id : state_->closure(*grammar_)) {
+      const AutomatonState& s = grammar_->states[static_cast<size_t>(state_->arena[id].state)];
+      for (uint32_t e = s.bytes_begin; e < s.bytes_end; ++e) {
+        const ByteEdge& edge = grammar_->byte_edges[e];
+        if (edge.lo != edge.hi || (only >= 0 && only != edge.lo)) return finish_forced(forced);
+        only = edge.lo;
+      }
+    }
+    if (only < 0) break;
+    const char c = static_cast<char>(only);
+    BASALT_ASSERT(accept_bytes(std::string_view(&c, 1)));
+    forced.push_back(c);
+  }
+  return finish_forced(forced);
+}
+
+std::string GrammarMatcher::finish_forced(std::string forced) {
+  rollback(static_cast<int>(forced.size()));
+  return forced;
+}
+
+void GrammarMatcher::rollback(int n) {
+  State& s = *state_;
+  BASALT_CHECK(n >= 0 && n <= history(), "grammar: cannot roll back {} steps of {}", n, history());
+  if (n == 0) return;
+  const size_t keep = s.sets.size() - static_cast<size_t>(n);
+  s.arena.rewind(s.marks[keep - 1]);
+  s.sets.resize(keep);
+  s.marks.resize(keep - 1);
+  s.closed_valid = false;
+}
+
+int GrammarMatcher::history() const { return static_cast<int>(state_->sets.size()) - 1; }
+
+bool grammar_matches(const Grammar& grammar, std::string_view text) {
+  GrammarMatcher m(compile_grammar(grammar));
+  return m.accept_bytes(text) && m.can_end();
+}
+
+}  // namespace basalt

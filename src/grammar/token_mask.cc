@@ -1,0 +1,226 @@
+#include "grammar/token_mask.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "grammar/automaton.h"
+#include "grammar/matcher_state.h"
+#include "tokenizer/tokenizer.h"
+
+namespace basalt {
+namespace {
+
+// Walks tokens in byte order from one set of stacks, keeping the sets after
+// each byte of the current token so that the next token starts from the
+// bytes it shares with this one.
+class TrieWalker {
+ public:
+  TrieWalker(const CompiledGrammar& g, StackArena& arena, StackWork& work, std::span<const int32_t> root)
+      : g_(g), arena_(arena), work_(work), base_(arena.size()) {
+    levels_.resize(1);
+    levels_[0].set.assign(root.begin(), root.end());
+  }
+  ~TrieWalker() { arena_.rewind(base_); }
+
+  // Walks `bytes`, whose first `lcp` bytes are the last walked token's;
+  // returns how many bytes some stack consumed (bytes.size(): all).
+  size_t walk(std::string_view bytes, size_t lcp) {
+    if (dead_ && lcp > depth_) return depth_;  // shares the byte that failed
+    const size_t keep = std::min(lcp, depth_);
+    if (keep < depth_) arena_.rewind(levels_[keep + 1].mark);
+    depth_ = keep;
+    dead_ = false;
+    for (size_t d = keep; d < bytes.size(); ++d) {
+      Level& level = levels_[d];
+      const ClosureFlags flags = work_.close(g_, arena_, level.set, level.closed);
+      level.escaped = (d > 0 && levels_[d - 1].escaped) || flags.escaped;
+      if (levels_.size() <= d + 1) levels_.resize(d + 2);
+      Level& next = levels_[d + 1];
+      next.mark = arena_.size();
+      work_.step(g_, arena_, level.closed, static_cast<uint8_t>(bytes[d]), next.set);
+      if (next.set.empty()) {
+        arena_.rewind(next.mark);
+        dead_ = true;
+        return d;
+      }
+      depth_ = d + 1;
+    }
+    return bytes.size();
+  }
+
+  // After a walk that stopped at `depth`: whether some stack could have
+  // returned into an unknown caller with that byte still to consume.
+  bool escaped_at(size_t depth) const { return levels_[depth].escaped; }
+
+ private:
+  struct Level {
+    std::vector<int32_t> set;     // stacks after this many bytes
+    std::vector<int32_t> closed;  // their closure (valid while walking on from here)
+    bool escaped = false;         // a closure up to here returned into kStackUnknown
+    size_t mark = 0;              // the arena's size before `set` was made
+  };
+  const CompiledGrammar& g_;
+  StackArena& arena_;
+  StackWork& work_;
+  size_t base_;
+  std::vector<Level> levels_;
+  size_t depth_ = 0;  // levels_[0..depth_] hold the current token's prefix
+  bool dead_ = false;
+};
+
+void set_bit(std::span<uint32_t> words, int32_t id) {
+  words[static_cast<size_t>(id) / 32] |= 1u << (static_cast<uint32_t>(id) % 32);
+}
+bool has_bit(std::span<const uint32_t> words, int32_t id) {
+  return (words[static_cast<size_t>(id) / 32] >> (static_cast<uint32_t>(id) % 32)) & 1u;
+}
+
+size_t common_prefix(std::string_view a, std::string_view b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+}  // namespace
+
+// --- TokenVocabulary ---------------------------------------------------------
+
+TokenVocabulary::TokenVocabulary(std::vector<std::string> bytes, std::vector<bool> usable, int32_t size,
+                                 std::vector<int32_t> end_ids)
+    : bytes_(std::move(bytes)), size_(size), end_ids_(std::move(end_ids)) {
+  BASALT_CHECK(usable.size() == bytes_.size(), "token vocabulary: {} usable flags for {} tokens", usable.size(),
+               bytes_.size());
+  BASALT_CHECK(static_cast<int64_t>(bytes_.size()) <= size_, "token vocabulary: {} tokens past the model's {}",
+               bytes_.size(), size_);
+  for (int32_t id : end_ids_)
+    BASALT_CHECK(id >= 0 && id < size_, "token vocabulary: end id {} outside the vocabulary of {}", id, size_);
+  usable_.assign(bytes_.size(), false);
+  for (size_t id = 0; id < bytes_.size(); ++id) {
+    if (!usable[id] || bytes_[id].empty() || is_end(static_cast<int32_t>(id))) continue;
+    usable_[id] = true;
+    sorted_.push_back(static_cast<int32_t>(id));
+  }
+  std::sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) {
+    return bytes_[static_cast<size_t>(a)] < bytes_[static_cast<size_t>(b)];
+  });
+  lcp_.assign(sorted_.size(), 0);
+  for (size_t i = 1; i < sorted_.size(); ++i)
+    lcp_[i] = static_cast<int32_t>(common_prefix(bytes_[static_cast<size_t>(sorted_[i - 1])], bytes_[static_cast<size_t>(sorted_[i])]));
+}
+
+std::shared_ptr<const TokenVocabulary> TokenVocabulary::from_tokenizer(const Tokenizer& tokenizer,
+                                                                       int32_t model_vocab_size,
+                                                                       std::vector<int32_t> end_ids) {
+  const int32_t n = std::min(tokenizer.vocab_size(), model_vocab_size);
+  std::vector<std::string> bytes(static_cast<size_t>(n));
+  std::vector<bool> usable(static_cast<size_t>(n), false);
+  for (int32_t id = 0; id < n; ++id) {
+    std::optional<std::string> b = tokenizer.token_bytes(id);
+    if (!b || tokenizer.is_special(id)) continue;
+    bytes[static_cast<size_t>(id)] = std::move(*b);
+    usable[static_cast<size_t>(id)] = true;
+  }
+  return std::make_shared<TokenVocabulary>(std::move(bytes), std::move(usable), model_vocab_size,
+                                           std::move(end_ids));
+}
+
+bool TokenVocabulary::is_end(int32_t id) const {
+  return std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
+}
+
+// --- TokenMasker -------------------------------------------------------------
+
+TokenMasker::TokenMasker(std::shared_ptr<const CompiledGrammar> grammar,
+                         std::shared_ptr<const TokenVocabulary> vocabulary)
+    : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {}
+
+size_t TokenMasker::cached_entries() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.size();
+}
+
+TokenMasker::Entry TokenMasker::compute(int32_t state, int32_t caller_state) const {
+  const TokenVocabulary& v = *vocabulary_;
+  StackArena arena;
+  StackWork work;
+  int32_t parent = kStackUnknown;
+  if (caller_state == kBottomCaller) parent = kStackBottom;
+  if (caller_state >= 0) parent = arena.intern(caller_state, kStackUnknown);
+  const int32_t root = arena.intern(state, parent);
+  TrieWalker walker(*grammar_, arena, work, std::span<const int32_t>(&root, 1));
+  const std::vector<int32_t>& sorted = v.sorted();
+  // Every token (with any caller), or those that walk left undecided.
+  const Entry* any = caller_state == kAnyCaller ? nullptr : &entry(state, kAnyCaller);
+  Entry e;
+  e.accepted = any != nullptr ? any->accepted : std::vector<uint32_t>(static_cast<size_t>((v.size() + 31) / 32), 0u);
+  std::string_view last;
+  auto classify = [&](int32_t pos, size_t lcp) {
+    const std::string& b = v.bytes(sorted[static_cast<size_t>(pos)]);
+    const size_t reached = walker.walk(b, lcp);
+    if (reached == b.size()) {
+      set_bit(e.accepted, sorted[static_cast<size_t>(pos)]);
+    } else if (walker.escaped_at(reached)) {
+      e.undecided.push_back(pos);
+    }
+    last = b;
+  };
+  if (any == nullptr) {
+    for (size_t i = 0; i < sorted.size(); ++i) classify(static_cast<int32_t>(i), static_cast<size_t>(v.lcp(i)));
+  } else {
+    for (int32_t pos : any->undecided)
+      classify(pos, common_prefix(last, v.bytes(sorted[static_cast<size_t>(pos)])));
+  }
+  return e;
+}
+
+const TokenMasker::Entry& TokenMasker::entry(int32_t state, int32_t caller_state) const {
+  const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(state)) << 32) |
+                       static_cast<uint32_t>(caller_state);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = cache_.find(key);
+    if (it != cache_.end()) return *it->second;
+  }
+  // Computed unlocked: two threads may both compute a new key; the first
+  // stored wins and the results are equal.
+  auto computed = std::make_unique<Entry>(compute(state, caller_state));
+  std::lock_guard<std::mutex> lock(mu_);
+  return *cache_.try_emplace(key, std::move(computed)).first->second;
+}
+
+void TokenMasker::fill(GrammarMatcher& matcher, std::span<uint32_t> words) const {
+  BASALT_ASSERT(matcher.grammar_ == grammar_);
+  const TokenVocabulary& v = *vocabulary_;
+  BASALT_CHECK(static_cast<int64_t>(words.size()) == (v.size() + 31) / 32,
+               "token mask: {} words for a vocabulary of {}", words.size(), v.size());
+  std::fill(words.begin(), words.end(), 0u);
+  GrammarMatcher::State& s = *matcher.state_;
+  const std::vector<int32_t>& current = s.sets.back();
+  std::vector<int32_t> undecided;
+  for (int32_t id : current) {
+    const StackNode node = s.arena[id];
+    const int32_t caller = node.parent < 0 ? kBottomCaller : s.arena[node.parent].state;
+    const Entry& e = entry(node.state, caller);
+    for (size_t w = 0; w < words.size(); ++w) words[w] |= e.accepted[w];
+    undecided.insert(undecided.end(), e.undecided.begin(), e.undecided.end());
+  }
+  if (!undecided.empty()) {
+    std::sort(undecided.begin(), undecided.end());
+    undecided.erase(std::unique(undecided.begin(), undecided.end()), undecided.end());
+    TrieWalker walker(*grammar_, s.arena, s.work, current);
+    std::string_view last;
+    for (int32_t pos : undecided) {
+      const int32_t id = v.sorted()[static_cast<size_t>(pos)];
+      if (has_bit(words, id)) continue;
+      const std::string& b = v.bytes(id);
+      if (walker.walk(b, common_prefix(last, b)) == b.size()) set_bit(words, id);
+      last = b;
+    }
+  }
+  s.closure(*grammar_);
+  if (s.flags.can_end)
+    for (int32_t id : v.end_ids()) set_bit(words, id);
+}
+
+}  // namespace basalt

@@ -1,0 +1,99 @@
+// Token masks: which tokens of a model's vocabulary a grammar allows next.
+//
+// TokenVocabulary holds each token's bytes (what it adds to the text in the
+// middle of a stream), sorted so that tokens sharing a prefix are walked
+// once. TokenMasker computes a matcher's mask: for every stack the matcher
+// holds, the tokens that the top rule alone accepts or rejects, whatever
+// lies deeper in the stack, are cached per (state, caller's state) the
+// first time that pair is met (the idea of XGrammar's adaptive token-mask
+// cache; the caller's state is part of the key so that a return into it is
+// decided too); only the tokens left undecided, those that return further
+// down with bytes to spare, are walked against the real stack at each step.
+// The whole vocabulary is walked once per state, with any caller; a
+// (state, caller) entry walks only the tokens that walk left undecided.
+//
+// Contract: a TokenMasker is shared by every request using the same grammar
+// and vocabulary, from any thread (its cache is locked). Special tokens,
+// tokens with no bytes and ids past the tokenizer's vocabulary are never
+// allowed, except `end_ids` (the model's end-of-sequence tokens), which are
+// allowed exactly when the grammar can end. The mask a matcher gets is never
+// empty: a trimmed grammar can always be continued or ended.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "grammar/matcher.h"
+
+namespace basalt {
+
+class Tokenizer;
+
+class TokenVocabulary {
+ public:
+  // `bytes[id]` is token id's text; `usable[id]` false for tokens a
+  // grammar never allows (special, empty). `size` is the model's vocabulary
+  // (logits row width), which may exceed bytes.size().
+  TokenVocabulary(std::vector<std::string> bytes, std::vector<bool> usable, int32_t size,
+                  std::vector<int32_t> end_ids);
+  static std::shared_ptr<const TokenVocabulary> from_tokenizer(const Tokenizer& tokenizer, int32_t model_vocab_size,
+                                                               std::vector<int32_t> end_ids);
+
+  int32_t size() const { return size_; }
+  const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
+  bool is_end(int32_t id) const;
+  // Whether the id is an ordinary token with bytes (one a mask may allow).
+  bool usable(int32_t id) const { return id >= 0 && static_cast<size_t>(id) < usable_.size() && usable_[static_cast<size_t>(id)]; }
+  const std::vector<int32_t>& end_ids() const { return end_ids_; }
+  // Usable ids in byte order; lcp(i): bytes shared by sorted(i - 1) and sorted(i).
+  const std::vector<int32_t>& sorted() const { return sorted_; }
+  int32_t lcp(size_t i) const { return lcp_[i]; }
+
+ private:
+  std::vector<std::string> bytes_;
+  std::vector<bool> usable_;
+  int32_t size_;
+  std::vector<int32_t> end_ids_;
+  std::vector<int32_t> sorted_;
+  std::vector<int32_t> lcp_;
+};
+
+class TokenMasker {
+ public:
+  TokenMasker(std::shared_ptr<const CompiledGrammar> grammar, std::shared_ptr<const TokenVocabulary> vocabulary);
+
+  const std::shared_ptr<const CompiledGrammar>& grammar() const { return grammar_; }
+  const TokenVocabulary& vocabulary() const { return *vocabulary_; }
+
+  // Sets in `words` (ceil(size / 32) of them, zeroed here first) the tokens
+  // the matcher may take next.
+  void fill(GrammarMatcher& matcher, std::span<uint32_t> words) const;
+
+  // Cache entries so far (benchmarks, tests).
+  size_t cached_entries() const;
+
+ private:
+  struct Entry {
+    std::vector<uint32_t> accepted;  // bitmask over token ids
+    std::vector<int32_t> undecided;  // positions in vocabulary().sorted()
+  };
+  // caller_state: the state the caller continues in, kBottomCaller (the
+  // root's: returning ends the text) or kAnyCaller (decided only where no
+  // caller matters).
+  static constexpr int32_t kBottomCaller = -1;
+  static constexpr int32_t kAnyCaller = -3;
+  const Entry& entry(int32_t state, int32_t caller_state) const;
+  Entry compute(int32_t state, int32_t caller_state) const;
+
+  std::shared_ptr<const CompiledGrammar> grammar_;
+  std::shared_ptr<const TokenVocabulary> vocabulary_;
+  mutable std::mutex mu_;
+  mutable std::unordered_map<uint64_t, std::unique_ptr<Entry>> cache_;
+};
+
+}  // namespace basalt
