@@ -12,6 +12,7 @@
 #include "runtime/delivery.h"
 #include "runtime/kv_manager.h"
 #include "runtime/model_runner.h"
+#include "runtime/token_constraint.h"
 
 namespace basalt {
 namespace {
@@ -102,6 +103,7 @@ struct Engine::Parts {
     s.eos_ids = o.eos_ids ? *o.eos_ids : model.config().eos_token_ids;
     s.max_logprobs = o.max_logprobs;
     s.stop_strings = tokenizer != nullptr;
+    s.jump_forward = o.jump_forward;
     return s;
   }
 
@@ -194,6 +196,8 @@ std::vector<RequestHandle> Engine::submit_n(EngineRequest request, int n) {
   for (int i = 0; i < n; ++i) {
     EngineRequest r = i + 1 < n ? request : std::move(request);
     if (seed) r.params.seed = sample_seed(*seed, i);
+    // Each sample walks its own grammar; the first gets the caller's.
+    if (i > 0 && r.constraint) r.constraint = r.constraint->fresh_copy();
     handles.push_back(submit(std::move(r), n > 1 ? &group : nullptr, {}));
   }
   return handles;

@@ -115,6 +115,11 @@ struct EngineOptions {
   // Tokens per block of the KV events (runtime/kv_events.h), rounded up to
   // whole pages. Events are computed only while someone subscribes.
   int32_t kv_event_block_size = 16;
+  // Jump-forward of constrained requests (SchedulerOptions::jump_forward).
+  // Off by default: forced text goes in as the tokenizer spells it, which
+  // may not be the tokens the model would have picked, so what follows can
+  // differ from token-by-token decoding (bench/README.md).
+  bool jump_forward = false;
 };
 
 // What the server and the CLI need of an engine.

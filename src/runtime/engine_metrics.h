@@ -65,6 +65,8 @@ struct EngineMetrics {
   // request that stops on step N's token is in step N+1 too, and that row is
   // computed and dropped.
   uint64_t discarded_tokens = 0;
+  // Output tokens that jump-forward appended without sampling.
+  uint64_t jump_forward_tokens = 0;
   // Histograms (seconds).
   Histogram queue_time;     // submit -> first admission
   Histogram ttft;           // submit -> first token

@@ -272,6 +272,7 @@ class ForcedSequence : public TokenConstraint {
     ++next_;
   }
   void rollback(int n) override { next_ -= static_cast<size_t>(n); }
+  std::shared_ptr<TokenConstraint> fresh_copy() const override { return std::make_shared<ForcedSequence>(ids_); }
   size_t accepted() const { return next_; }
   int fills() const { return fills_; }
 
@@ -293,6 +294,7 @@ class AllowedSet : public TokenConstraint {
     EXPECT_NE(std::find(ids_.begin(), ids_.end(), token), ids_.end()) << token;
   }
   void rollback(int) override {}
+  std::shared_ptr<TokenConstraint> fresh_copy() const override { return std::make_shared<AllowedSet>(ids_); }
 
  private:
   std::vector<int32_t> ids_;

@@ -48,18 +48,19 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   model_.forward(fb, kv_, logits);
   result.logprobs.assign(R, {});
   result.sampled_logprobs.assign(R, std::numeric_limits<float>::quiet_NaN());
+  result.forced.assign(R, {});
   result.next.clear();
   if (R == 0) return;
 
   // The constraints' masks, filled on the host while the device computes.
   bool masked = false;
-  for (const StepPlan::SampleRow& row : plan.rows) masked |= row.constraint != nullptr;
+  for (const StepPlan::SampleRow& row : plan.rows) masked |= row.constraint != nullptr && !row.stale;
   std::vector<uint32_t> mask;
   const int64_t words = token_mask_words(vocab_);
   if (masked) {
     mask.assign(static_cast<size_t>(L * words), ~uint32_t{0});
     for (size_t r = 0; r < R; ++r) {
-      if (!plan.rows[r].constraint) continue;
+      if (!plan.rows[r].constraint || plan.rows[r].stale) continue;
       std::span<uint32_t> row(mask.data() + r * static_cast<size_t>(words), static_cast<size_t>(words));
       plan.rows[r].constraint->fill_allowed(row);
       // Bits past the vocabulary do not count.
@@ -141,8 +142,14 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
       if (plan.rows[r].sampled_logprob) result.sampled_logprobs[r] = host_sampled.data<float>()[r];
   }
   for (size_t r = 0; r < R; ++r) {
-    plan.rows[r].processor->append(result.next[r]);
-    if (plan.rows[r].constraint) plan.rows[r].constraint->accept(result.next[r]);
+    const StepPlan::SampleRow& row = plan.rows[r];
+    if (row.stale) continue;
+    row.processor->append(result.next[r]);
+    if (!row.constraint) continue;
+    row.constraint->accept(result.next[r]);
+    if (!row.jump_forward) continue;
+    result.forced[r] = row.constraint->forced_tokens();
+    for (int32_t t : result.forced[r]) row.processor->append(t);
   }
 }
 
@@ -221,9 +228,21 @@ void StepPipeline::run(Step& step) {
         plan.token_ids[f.index] = last_next_[static_cast<size_t>(f.row)];
       }
     }
+    // A row whose input the last step sampled, when that step also forced
+    // tokens after it: the plan was made before they were known, so this
+    // row's sample is stale (the scheduler drops it).
+    if (!plan.futures.empty()) {
+      for (const FutureToken& f : plan.futures) {
+        if (static_cast<size_t>(f.row) >= last_forced_.size() || !last_forced_[static_cast<size_t>(f.row)]) continue;
+        for (size_t r = 0; r < plan.logit_rows.size() && r < plan.rows.size(); ++r)
+          if (plan.logit_rows[r] == static_cast<int32_t>(f.index)) plan.rows[r].stale = true;
+      }
+    }
     last_id_ = 0;
     runner_.run(plan, result);
     last_next_ = result.next;
+    last_forced_.assign(result.forced.size(), false);
+    for (size_t r = 0; r < result.forced.size(); ++r) last_forced_[r] = !result.forced[r].empty();
     last_id_ = plan.id;
   } catch (const std::exception& e) {
     result.error = e.what();

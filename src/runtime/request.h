@@ -151,6 +151,9 @@ struct Request {
   int pending_row = 0;
   int64_t inflight_len = 0;
   uint64_t last_step = 0;
+  // Samples in flight that were planned before jump-forward tokens were
+  // appended: their tokens are dropped when they land (overlap).
+  int stale_samples = 0;
 
   int64_t target() const { return static_cast<int64_t>(tokens.size()) + pending; }
   int64_t remaining() const { return target() - kv.computed; }

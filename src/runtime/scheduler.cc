@@ -1,6 +1,7 @@
 #include "runtime/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
@@ -337,7 +338,7 @@ std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates)
   //    leaves.
   for (size_t i = 0; i < running_.size(); ++i) {
     Request& r = *running_[i];
-    if (r.preempted || r.finished || r.remaining() < 1 || samples_its_last(r)) continue;
+    if (r.preempted || r.finished || r.remaining() < 1 || samples_its_last(r) || r.stale_samples > 0) continue;
     if (r.catching_up()) {
       prefill_candidates_.push_back(&r);
       continue;
@@ -475,7 +476,9 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
       const SamplingParams& p = r->request.params;
       plan->rows.push_back(StepPlan::SampleRow{r->processor.get(), r->request.constraint.get(),
                                                p.row(r->seed, static_cast<uint64_t>(r->num_output + r->pending)),
-                                               p.logprobs, p.logprobs > 0 || p.sampled_logprob});
+                                               p.logprobs, p.logprobs > 0 || p.sampled_logprob,
+                                               options_.jump_forward && r->request.constraint != nullptr &&
+                                                   p.logprobs == 0 && !p.sampled_logprob});
       r->pending_row = static_cast<int>(plan->sampled.size());
       ++r->pending;
       plan->sampled.push_back(r);
@@ -492,11 +495,13 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
 // --- results --------------------------------------------------------------------
 
 bool Scheduler::on_token(Request& r, int32_t token, std::vector<TokenLogprob> logprobs, float logprob,
-                         Clock::time_point now, std::vector<RequestUpdate>& updates) {
+                         Clock::time_point now, std::vector<RequestUpdate>& updates, bool forced) {
   const SamplingParams& p = r.request.params;
-  if (r.num_output == 0) m_.ttft.observe(seconds(now - r.submitted));
-  else m_.inter_token.observe(seconds(now - r.last_token));
-  r.last_token = now;
+  if (!forced) {
+    if (r.num_output == 0) m_.ttft.observe(seconds(now - r.submitted));
+    else m_.inter_token.observe(seconds(now - r.last_token));
+    r.last_token = now;
+  }
   r.tokens.push_back(token);
   ++r.num_output;
   ++r.usage.completion_tokens;
@@ -542,11 +547,22 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
   for (size_t i = 0; i < plan.sampled.size(); ++i) {
     Request& r = *plan.sampled[i];
     --r.pending;
-    if (r.finished) {  // finished meanwhile: an overlap's extra row
+    if (r.finished || r.stale_samples > 0) {  // an overlap's extra row, or one planned before forced tokens
+      if (!r.finished) --r.stale_samples;
       ++m_.discarded_tokens;
       continue;
     }
-    on_token(r, result.next[i], std::move(result.logprobs[i]), result.sampled_logprobs[i], now, updates);
+    if (on_token(r, result.next[i], std::move(result.logprobs[i]), result.sampled_logprobs[i], now, updates)) continue;
+    if (i >= result.forced.size() || result.forced[i].empty()) continue;
+    int appended = 0;
+    for (int32_t t : result.forced[i]) {
+      if (r.num_output + r.pending >= r.request.params.max_tokens) break;
+      ++appended;
+      ++m_.jump_forward_tokens;
+      if (on_token(r, t, {}, std::numeric_limits<float>::quiet_NaN(), now, updates, /*forced=*/true)) break;
+    }
+    // Samples already in flight were planned without these tokens.
+    if (appended > 0 && !r.finished) r.stale_samples = r.pending;
   }
   remove_finished();
 }

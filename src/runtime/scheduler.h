@@ -69,6 +69,10 @@ struct SchedulerOptions {
   int max_logprobs = kDefaultMaxLogprobs;
   // Whether stop strings can be matched (a tokenizer exists on the client side).
   bool stop_strings = true;
+  // Jump-forward: a constrained request's forced tokens join its output
+  // without a sampling step each (not for requests that want logprobs: no
+  // logprob is computed for a forced token).
+  bool jump_forward = false;
 };
 
 // A running request's KV, for tests that watch every step.
@@ -140,8 +144,9 @@ class Scheduler {
   std::vector<Request*> admission_order();
   void requeue_preempted();
   // One sampled token; true when the request finished.
+  // `forced`: a jump-forward token (no timing sample).
   bool on_token(Request& r, int32_t token, std::vector<TokenLogprob> logprobs, float logprob,
-                Clock::time_point now, std::vector<RequestUpdate>& updates);
+                Clock::time_point now, std::vector<RequestUpdate>& updates, bool forced = false);
   void end(Request& r, FinishReason reason, std::vector<RequestUpdate>& updates, StopReason stop_reason = {},
            std::string error = {});
   void release_kv(Request& r, bool cache_it);

@@ -53,6 +53,13 @@ struct StepPlan {
     SamplingRow sampling;
     int logprobs = 0;
     bool sampled_logprob = false;  // report the drawn token's logprob
+    // Ask the constraint for forced tokens after this row's token
+    // (TokenConstraint::forced_tokens; jump-forward).
+    bool jump_forward = false;
+    // Set by the pipeline: the step before forced tokens after this row's
+    // input, so what this row samples is dropped (it is not shown to the
+    // processor or constraint).
+    bool stale = false;
   };
   std::vector<SampleRow> rows;
   // Whether the last step before it ran back to back with it (for the
@@ -70,6 +77,7 @@ struct StepResult {
   std::vector<int32_t> next;                     // per sampled row
   std::vector<std::vector<TokenLogprob>> logprobs;  // per row, top alternatives when asked
   std::vector<float> sampled_logprobs;           // per row; NaN where not asked
+  std::vector<std::vector<int32_t>> forced;      // per row: jump-forward tokens after `next`
   std::string error;                             // non-empty: the step failed
   Clock::time_point exec_start, exec_end;
 };

@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <vector>
 
 namespace basalt {
 
@@ -26,6 +28,14 @@ class TokenConstraint {
   virtual void accept(int32_t token) = 0;
   // Forgets the last n accepted tokens (rejected draft tokens).
   virtual void rollback(int n) = 0;
+  // A constraint of the same kind in its initial state, for another sample
+  // of the same request (EngineClient::submit_n).
+  virtual std::shared_ptr<TokenConstraint> fresh_copy() const = 0;
+  // Jump-forward, called after accept() when the engine allows it: tokens
+  // that the constraint alone decides must come next, already accepted (so
+  // rollback counts them). The engine appends them to the output without a
+  // sampling step each. Empty: nothing is forced (the default).
+  virtual std::vector<int32_t> forced_tokens() { return {}; }
 };
 
 // Words of a vocabulary's bitmask row.

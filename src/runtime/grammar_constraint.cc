@@ -1,0 +1,64 @@
+#include "runtime/grammar_constraint.h"
+
+#include "core/error.h"
+
+namespace basalt {
+namespace {
+
+// The length of the longest prefix of `s` that ends on a whole UTF-8
+// sequence (encode() takes text; a forced cut character waits).
+size_t whole_characters(std::string_view s) {
+  size_t end = s.size();
+  for (size_t back = 1; back <= std::min<size_t>(4, s.size()); ++back) {
+    const auto c = static_cast<uint8_t>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
+    const size_t need = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : 4;
+    if (need > back) end = s.size() - back;
+    break;
+  }
+  return end;
+}
+
+}  // namespace
+
+GrammarConstraint::GrammarConstraint(std::shared_ptr<const TokenMasker> masker, const Tokenizer* jump_forward)
+    : masker_(std::move(masker)), tokenizer_(jump_forward), matcher_(masker_->grammar()) {}
+
+void GrammarConstraint::fill_allowed(std::span<uint32_t> words) { masker_->fill(matcher_, words); }
+
+void GrammarConstraint::accept(int32_t token) {
+  const TokenVocabulary& v = masker_->vocabulary();
+  BASALT_CHECK(token >= 0 && token < v.size(), "structured output: token {} outside the vocabulary", token);
+  // An end id adds no text; it is kept in the history so that rollback
+  // counts tokens.
+  const bool ok = v.is_end(token) ? matcher_.can_end() && matcher_.accept_bytes({})
+                                  : matcher_.accept_bytes(v.bytes(token));
+  BASALT_CHECK(ok, "structured output: token {} was sampled outside the grammar's mask", token);
+}
+
+void GrammarConstraint::rollback(int n) { matcher_.rollback(n); }
+
+std::shared_ptr<TokenConstraint> GrammarConstraint::fresh_copy() const {
+  return std::make_shared<GrammarConstraint>(masker_, tokenizer_);
+}
+
+std::vector<int32_t> GrammarConstraint::forced_tokens() {
+  if (tokenizer_ == nullptr) return {};
+  std::string text = matcher_.forced_bytes(kMaxJumpBytes);
+  text.resize(whole_characters(text));
+  if (text.empty()) return {};
+  std::vector<int32_t> ids = tokenizer_->encode(text, /*add_special_tokens=*/false);
+  if (ids.size() < 2) return {};
+  ids.pop_back();
+  const TokenVocabulary& v = masker_->vocabulary();
+  std::string spelled;
+  for (int32_t id : ids) {
+    if (!v.usable(id)) return {};
+    spelled += v.bytes(id);
+  }
+  if (text.compare(0, spelled.size(), spelled) != 0) return {};
+  for (int32_t id : ids) BASALT_ASSERT(matcher_.accept_bytes(v.bytes(id)));
+  return ids;
+}
+
+}  // namespace basalt
