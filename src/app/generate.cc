@@ -17,11 +17,13 @@
 #include "app/model_dir.h"
 #include "app/device_choice.h"
 #include "core/error.h"
+#include "grammar/structured_output.h"
 #include "model/checkpoint.h"
 #include "model/graphed_model.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/generator.h"
+#include "runtime/grammar_constraint.h"
 #include "runtime/kv_pool.h"
 #include "tokenizer/tokenizer.h"
 
@@ -58,8 +60,40 @@ struct GenerateFlags {
   int page_size = 1;
   std::string device = "cpu";
   bool enforce_eager = false;
+  bool jump_forward = false;
   std::string kv_cache_dtype = "auto";
+  // Structured output (at most one).
+  std::string json_schema_file;
+  bool json_object = false;
+  std::string regex;
+  std::string grammar_file;
+  std::vector<std::string> choices;
 };
+
+std::string read_text_file(const std::string& path, const char* flag) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  BASALT_CHECK(file != nullptr, "{}: cannot open '{}'", flag, path);
+  std::string content;
+  char buffer[1 << 16];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, file)) > 0;) content.append(buffer, n);
+  std::fclose(file);
+  return content;
+}
+
+// The --json-schema / --json-object / --regex / --grammar / --choice flag
+// given, if any.
+std::optional<StructuredOutputSpec> structured_from_flags(const GenerateFlags& f) {
+  using Kind = StructuredOutputSpec::Kind;
+  std::vector<StructuredOutputSpec> given;
+  if (!f.json_schema_file.empty()) given.push_back({Kind::kJsonSchema, read_text_file(f.json_schema_file, "--json-schema")});
+  if (f.json_object) given.push_back({Kind::kJsonObject, ""});
+  if (!f.regex.empty()) given.push_back({Kind::kRegex, f.regex});
+  if (!f.grammar_file.empty()) given.push_back({Kind::kGrammar, read_text_file(f.grammar_file, "--grammar")});
+  if (!f.choices.empty()) given.push_back({Kind::kChoice, nlohmann::json(f.choices).dump()});
+  BASALT_CHECK(given.size() <= 1, "give at most one of --json-schema, --json-object, --regex, --grammar and --choice");
+  if (given.empty()) return std::nullopt;
+  return given[0];
+}
 
 // Parses "ID:BIAS,ID:BIAS" (spaces allowed) for --logit-bias.
 std::map<int32_t, float> parse_logit_bias(const std::string& text) {
@@ -258,6 +292,9 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   BASALT_CHECK(f.min_tokens >= 0 && f.min_tokens <= f.max_tokens,
                "--min-tokens must be in 0..--max-tokens ({})", f.max_tokens);
   BASALT_CHECK(f.max_running >= 1, "--max-running must be >= 1");
+  const std::optional<StructuredOutputSpec> structured = structured_from_flags(f);
+  BASALT_CHECK(!structured || f.min_tokens == 0,
+               "--min-tokens cannot be combined with structured output: the grammar decides where the output may end");
 
   std::optional<Tokenizer> tokenizer = load_tokenizer_if_present(f.model);
   const Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
@@ -309,6 +346,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   EngineOptions options;
   options.max_logprobs = 100;
   options.max_running = f.max_running;
+  options.jump_forward = f.jump_forward;
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   int64_t slots = 0;
   for (const BatchItem& item : items)
@@ -325,12 +363,29 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   options.kv_slots = std::max<int64_t>(f.page_size, std::min(slots, budget_slots));
   Engine engine(*model, backend, tok, options);
 
+  // Each request (and sample) walks the grammar on its own; they share its
+  // compiled form and mask cache.
+  std::shared_ptr<const TokenMasker> grammar;
+  if (structured) {
+    BASALT_CHECK(tokenizer.has_value(), "{}: no tokenizer.json, so structured output has no token bytes", f.model);
+    GrammarCache cache(TokenVocabulary::from_tokenizer(*tokenizer, static_cast<int32_t>(model->config().vocab_size),
+                                                       model->config().eos_token_ids));
+    try {
+      grammar = cache.get(*structured);
+    } catch (const Error& e) {
+      fail("structured output: {}", e.what());
+    }
+  }
+  auto constraint = [&]() -> std::shared_ptr<TokenConstraint> {
+    return grammar ? std::make_shared<GrammarConstraint>(grammar, tok) : nullptr;
+  };
+
   if (!batch_given) {
     // --n samples run concurrently, with seeds derived from one seed.
     const uint64_t seed = f.seed_given ? f.seed : random_seed();
     std::vector<RequestHandle> handles;
     for (int i = 0; i < f.n; ++i) {
-      EngineRequest request{items[0].prompt, items[0].params, 0, 0, std::nullopt, nullptr};
+      EngineRequest request{items[0].prompt, items[0].params, 0, 0, std::nullopt, constraint()};
       request.params.seed = sample_seed(seed, i);
       handles.push_back(engine.submit(std::move(request)));
     }
@@ -382,7 +437,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   // --batch: every request at once; one JSON line each, in input order.
   std::vector<RequestHandle> handles;
   for (const BatchItem& item : items)
-    handles.push_back(engine.submit(EngineRequest{item.prompt, item.params, 0, 0, std::nullopt, nullptr}));
+    handles.push_back(engine.submit(EngineRequest{item.prompt, item.params, 0, 0, std::nullopt, constraint()}));
   for (size_t i = 0; i < handles.size(); ++i) {
     const RequestOutput r = collect(*handles[i]);
     nlohmann::json out;
@@ -444,6 +499,12 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--enforce-eager", flags->enforce_eager,
                 "Launch every decode step's kernels one by one instead of replaying CUDA graphs (GPU only)");
   cmd->add_option("--page-size", flags->page_size, "KV slots per page (default 1)")->check(CLI::Range(1, 4096));
+  cmd->add_option("--json-schema", flags->json_schema_file, "Structured output: the text is a JSON instance of the schema in this file (compact JSON, properties in the schema's order)");
+  cmd->add_flag("--jump-forward", flags->jump_forward, "Structured output: append the text the grammar forces without sampling each token (its tokens as the tokenizer spells them, so what follows may differ; default off)");
+  cmd->add_flag("--json-object", flags->json_object, "Structured output: the text is a JSON object");
+  cmd->add_option("--regex", flags->regex, "Structured output: the whole text matches this regular expression (ECMAScript syntax)");
+  cmd->add_option("--grammar", flags->grammar_file, "Structured output: the text is a sentence of the EBNF (GBNF) grammar in this file, from its rule root");
+  cmd->add_option("--choice", flags->choices, "Structured output: the text is one of these strings (repeatable)");
   cmd->callback([flags, prompt, prompt_ids, batch, seed] {
     flags->model = model_dir_or_bundled(flags->model);
     flags->seed_given = seed->count() > 0;

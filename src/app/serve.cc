@@ -57,6 +57,7 @@ struct ServeFlags {
   int64_t step_token_budget = 512;
   bool no_radix_cache = false;
   bool overlap = false;
+  bool jump_forward = false;
   int page_size = 1;
   std::string policy = "lpm";
   size_t max_body_bytes = 8u << 20;
@@ -185,6 +186,7 @@ void run_serve(const ServeFlags& f) {
   options.step_token_budget = f.step_token_budget;
   options.radix_cache = !f.no_radix_cache;
   options.overlap = f.overlap;
+  options.jump_forward = f.jump_forward;
   options.page_size = f.page_size;
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   options.policy = f.policy == "fcfs" ? SchedulePolicy::kFcfs : SchedulePolicy::kLongestPrefixMatch;
@@ -274,6 +276,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--step-token-budget", f.step_token_budget,
                   "Tokens per engine step: decode tokens plus prefill chunks (default 512)");
   cmd->add_flag("--no-radix-cache", f.no_radix_cache, "Turn the radix prefix cache off");
+  cmd->add_flag("--jump-forward", f.jump_forward,
+                "Structured output: append the text the grammar forces (keys, punctuation) without sampling "
+                "each token; the forced text is tokenized as the tokenizer spells it, so what follows may differ "
+                "from token-by-token decoding (default off)");
   cmd->add_flag("--overlap", f.overlap,
                 "Schedule step N+1 while step N runs on an executor thread (default off: on the CPU "
                 "backend the model already uses every core)");

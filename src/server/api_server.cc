@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "runtime/grammar_constraint.h"
 #include "core/log.h"
 #include "core/version.h"
 #include "server/metrics_text.h"
@@ -674,6 +675,16 @@ ApiServer::ApiServer(EngineClient& engine, const Tokenizer& tokenizer, const Tok
 
 ApiServer::~ApiServer() = default;
 
+GrammarCache& ApiServer::grammars() {
+  // The vocabulary's token bytes are gathered on the first structured
+  // request, not at start (most servers never need them).
+  std::call_once(grammars_once_, [&] {
+    grammars_ = std::make_unique<GrammarCache>(TokenVocabulary::from_tokenizer(
+        tokenizer_, static_cast<int32_t>(engine_.model_config().vocab_size), engine_.model_config().eos_token_ids));
+  });
+  return *grammars_;
+}
+
 int64_t ApiServer::in_flight() const { return shared_->in_flight.load(); }
 
 bool ApiServer::authorized(const HttpRequest& request) const {
@@ -913,6 +924,14 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
   } catch (const Error& e) {
     throw ApiError(400, e.what());
   }
+  std::shared_ptr<const TokenMasker> grammar;
+  if (r.structured) {
+    try {
+      grammar = grammars().get(*r.structured);
+    } catch (const Error& e) {
+      throw ApiError(400, fmt::format("'{}': {}", r.structured_param, e.what()), r.structured_param);
+    }
+  }
 
   // Admission control: the engine's queue is bounded here.
   const int64_t wanted = static_cast<int64_t>(prompts.size()) * r.params.n;
@@ -932,6 +951,7 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
     e.params = r.params;
     e.cache_namespace = namespace_of(r.cache_salt);
     e.priority = r.priority;
+    if (grammar) e.constraint = std::make_shared<GrammarConstraint>(grammar, &tokenizer_);
     for (RequestHandle& handle : engine_.submit_n(std::move(e), r.params.n)) {
       Choice c;
       c.index = index++;

@@ -94,6 +94,7 @@ class ApiServer {
   nlohmann::json model_object() const;
   std::string render_chat(const ParsedRequest& r) const;
   bool authorized(const HttpRequest& request) const;
+  GrammarCache& grammars();
 
   EngineClient& engine_;
   const Tokenizer& tokenizer_;
@@ -106,6 +107,8 @@ class ApiServer {
   std::function<size_t()> connections_;
   std::shared_ptr<Shared> shared_;
   int64_t created_ = 0;
+  std::once_flag grammars_once_;
+  std::unique_ptr<GrammarCache> grammars_;  // compiled structured-output grammars
 };
 
 }  // namespace basalt

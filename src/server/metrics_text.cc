@@ -94,6 +94,8 @@ std::string render_metrics(const MetricsInput& in) {
   w.counter("basalt_prefill_tokens_total", "Prompt tokens computed by the model.",
             static_cast<double>(m.prefill_tokens));
   w.counter("basalt_generation_tokens_total", "Output tokens generated.", static_cast<double>(m.output_tokens));
+  w.counter("basalt_jump_forward_tokens_total", "Output tokens structured output forced without a sampling step.",
+            static_cast<double>(m.jump_forward_tokens));
   w.counter("basalt_preemptions_total", "Running requests preempted for memory (recomputed later).",
             static_cast<double>(m.preemptions));
   w.counter("basalt_engine_steps_total", "Scheduler steps (one model call each).", static_cast<double>(m.steps));

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fmt/format.h>
 #include <limits>
+#include <optional>
 
 #include "server/request_fields.h"
 
@@ -286,10 +287,120 @@ void parse_common(const json& b, ParsedRequest& r, const ProtocolLimits& limits)
   r.truncate_prompt_tokens = get_int(b, "truncate_prompt_tokens", 0, -1, std::numeric_limits<int32_t>::max());
   if (r.truncate_prompt_tokens == 0 && field(b, "truncate_prompt_tokens") != nullptr)
     bad("truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or positive");
+}
+
+// Structured output: the one field of a request that constrains the output
+// (OpenAI's response_format, vLLM's structured_outputs and guided_*,
+// SGLang's regex / ebnf / json_schema). The schema is taken from an
+// order-keeping parse of the body, since property order is output order.
+void parse_structured_output(std::string_view body, const json& b, ParsedRequest& r) {
+  using Kind = StructuredOutputSpec::Kind;
+  std::vector<std::string> given;
+  std::optional<ordered_json> ordered;
+  auto ordered_body = [&]() -> const ordered_json& {
+    if (!ordered) ordered = ordered_json::parse(body);
+    return *ordered;
+  };
+  auto set = [&](std::string param, Kind kind, std::string text) {
+    given.push_back(param);
+    StructuredOutputSpec spec;
+    spec.kind = kind;
+    spec.text = std::move(text);
+    r.structured = std::move(spec);
+    r.structured_param = std::move(param);
+  };
+  // A schema given as an object (or boolean), or as JSON text.
+  auto schema_text = [&](const std::string& param, const ordered_json& v) -> std::string {
+    if (v.is_object() || v.is_boolean()) return v.dump();
+    if (v.is_string()) {
+      const ordered_json parsed = ordered_json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean()))
+        bad(param, fmt::format("'{}' must be a JSON schema (an object), or its JSON text", param));
+      return parsed.dump();
+    }
+    bad(param, fmt::format("'{}' must be a JSON schema (an object)", param));
+  };
+  auto string_of = [&](const json& v, const std::string& param) {
+    if (!v.is_string() || v.get<std::string>().empty())
+      bad(param, fmt::format("'{}' must be a non-empty string", param));
+    return v.get<std::string>();
+  };
+  auto choices_of = [&](const json& v, const std::string& param) {
+    if (!v.is_array() || v.empty()) bad(param, fmt::format("'{}' must be a non-empty array of strings", param));
+    for (const json& c : v)
+      if (!c.is_string()) bad(param, fmt::format("'{}' must be a non-empty array of strings", param));
+    return v.dump();
+  };
+
   if (const json* format = field(b, "response_format")) {
-    if (!format->is_object() || get_string(*format, "type") != "text")
-      throw ApiError(400, "'response_format' other than {\"type\": \"text\"} is not supported yet",
-                     "response_format");
+    if (!format->is_object()) bad("response_format", "'response_format' must be an object");
+    const std::string type = get_string(*format, "type");
+    if (type == "json_object") {
+      set("response_format", Kind::kJsonObject, "");
+    } else if (type == "json_schema") {
+      const json* js = field(*format, "json_schema");
+      if (js == nullptr || !js->is_object())
+        bad("response_format.json_schema", "'response_format' of type json_schema needs a 'json_schema' object");
+      for (const auto& [key, value] : js->items()) {
+        static const char* kKnown[] = {"name", "schema", "strict", "description"};
+        if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown))
+          bad("response_format.json_schema", fmt::format("unknown field 'response_format.json_schema.{}'", key));
+      }
+      if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean())
+        bad("response_format.json_schema.strict", "'strict' must be a boolean");
+      const ordered_json& schema = ordered_body()["response_format"]["json_schema"];
+      if (!schema.contains("schema") || schema["schema"].is_null())
+        bad("response_format.json_schema.schema", "'response_format.json_schema' needs a 'schema'");
+      set("response_format.json_schema.schema", Kind::kJsonSchema,
+          schema_text("response_format.json_schema.schema", schema["schema"]));
+    } else if (type != "text") {
+      bad("response_format.type",
+          fmt::format("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", not \"{}\"", type));
+    }
+  }
+  if (const json* so = field(b, "structured_outputs")) {
+    if (!so->is_object()) bad("structured_outputs", "'structured_outputs' must be an object");
+    for (const auto& [key, value] : so->items()) {
+      if (value.is_null()) continue;
+      const std::string param = "structured_outputs." + key;
+      if (key == "json") {
+        set(param, Kind::kJsonSchema, schema_text(param, ordered_body()["structured_outputs"]["json"]));
+      } else if (key == "regex") {
+        set(param, Kind::kRegex, string_of(value, param));
+      } else if (key == "choice") {
+        set(param, Kind::kChoice, choices_of(value, param));
+      } else if (key == "grammar") {
+        set(param, Kind::kGrammar, string_of(value, param));
+      } else if (key == "json_object") {
+        if (!value.is_boolean()) bad(param, "'structured_outputs.json_object' must be a boolean");
+        if (value.get<bool>()) set(param, Kind::kJsonObject, "");
+      } else if (key == "disable_any_whitespace") {
+        if (!value.is_boolean()) bad(param, "'structured_outputs.disable_any_whitespace' must be a boolean");
+      } else {
+        bad(param, fmt::format("'{}' is not supported (json, regex, choice, grammar, json_object and "
+                               "disable_any_whitespace are)", param));
+      }
+    }
+  }
+  if (field(b, "guided_json")) set("guided_json", Kind::kJsonSchema, schema_text("guided_json", ordered_body()["guided_json"]));
+  if (field(b, "json_schema")) set("json_schema", Kind::kJsonSchema, schema_text("json_schema", ordered_body()["json_schema"]));
+  if (const json* v = field(b, "guided_regex")) set("guided_regex", Kind::kRegex, string_of(*v, "guided_regex"));
+  if (const json* v = field(b, "regex")) set("regex", Kind::kRegex, string_of(*v, "regex"));
+  if (const json* v = field(b, "guided_choice")) set("guided_choice", Kind::kChoice, choices_of(*v, "guided_choice"));
+  if (const json* v = field(b, "guided_grammar"))
+    set("guided_grammar", Kind::kGrammar, string_of(*v, "guided_grammar"));
+  if (const json* v = field(b, "ebnf")) set("ebnf", Kind::kGrammar, string_of(*v, "ebnf"));
+  if (given.size() > 1)
+    bad(given[1], fmt::format("only one structured output may be given; this request has '{}' and '{}'", given[0],
+                              given[1]));
+  if (r.structured) {
+    // vLLM's default writes JSON with any whitespace; Basalt's is compact
+    // (as OpenAI's strict mode) unless the request turns it off.
+    if (const json* so = field(b, "structured_outputs"))
+      if (const json* ws = field(*so, "disable_any_whitespace")) r.structured->compact_json = ws->get<bool>();
+    if (r.params.min_tokens > 0)
+      bad("min_tokens", "'min_tokens' cannot be combined with structured output: the grammar decides where the "
+                        "output may end");
   }
 }
 
@@ -317,6 +428,7 @@ ParsedRequest parse_completion_request(std::string_view body, const ProtocolLimi
   ParsedRequest r;
   r.chat = false;
   parse_common(b, r, limits);
+  parse_structured_output(body, b, r);
   r.params.max_tokens = 16;  // OpenAI's default for completions
   set_max_tokens(b, r, "max_tokens");
   const json* prompt = field(b, "prompt");
@@ -365,6 +477,7 @@ ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& li
   ParsedRequest r;
   r.chat = true;
   parse_common(b, r, limits);
+  parse_structured_output(body, b, r);
   r.params.max_tokens = std::numeric_limits<int32_t>::max();  // the context's rest (server caps it)
   set_max_tokens(b, r, "max_tokens");
   set_max_tokens(b, r, "max_completion_tokens");

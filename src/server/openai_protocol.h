@@ -21,12 +21,14 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
 
+#include "grammar/structured_output.h"
 #include "runtime/sampling_params.h"
 
 namespace basalt {
@@ -88,6 +90,10 @@ struct ParsedRequest {
   std::string request_id;  // the client's id for the request (empty: none given)
   // Keep only the prompt's last k tokens: 0 off, -1 the context length.
   int64_t truncate_prompt_tokens = 0;
+  // What the output must match (response_format, structured_outputs,
+  // guided_*), and the field it came from (errors name it).
+  std::optional<StructuredOutputSpec> structured;
+  std::string structured_param;
 };
 
 // Throws ApiError (400) for malformed JSON, wrong types and out-of-range values.

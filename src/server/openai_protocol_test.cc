@@ -245,7 +245,22 @@ TEST(OpenAiProtocol, BadInputsAreFourHundredsNamingTheField) {
       {false, R"({"prompt": 5})", "prompt"},
       {false, R"({})", "prompt"},
       {false, R"({"prompt": "x", "best_of": 3})", "best_of"},
-      {false, R"({"prompt": "x", "response_format": {"type": "json_object"}})", "response_format"},
+      {false, R"({"prompt": "x", "response_format": {"type": "xml"}})", "response_format.type"},
+      {false, R"({"prompt": "x", "response_format": "json"})", "response_format"},
+      {false, R"({"prompt": "x", "response_format": {"type": "json_schema"}})", "response_format.json_schema"},
+      {false, R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}})",
+       "response_format.json_schema.schema"},
+      {false, R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {}, "x": 1}}})",
+       "response_format.json_schema"},
+      {false, R"({"prompt": "x", "guided_json": "not json"})", "guided_json"},
+      {false, R"({"prompt": "x", "guided_json": 5})", "guided_json"},
+      {false, R"({"prompt": "x", "guided_regex": ""})", "guided_regex"},
+      {false, R"({"prompt": "x", "guided_choice": ["a", 1]})", "guided_choice"},
+      {false, R"({"prompt": "x", "structured_outputs": {"json_object": 1}})", "structured_outputs.json_object"},
+      {false, R"({"prompt": "x", "structured_outputs": {"whitespace_pattern": " "}})",
+       "structured_outputs.whitespace_pattern"},
+      {false, R"({"prompt": "x", "guided_regex": "a", "ebnf": "root ::= \"a\""})", "ebnf"},
+      {false, R"({"prompt": "x", "guided_regex": "a", "min_tokens": 2})", "min_tokens"},
       {true, R"({"messages": []})", "messages"},
       {true, R"({"messages": "hi"})", "messages"},
       {true, R"({"messages": [{"content": "x"}]})", "messages"},
@@ -276,6 +291,49 @@ TEST(OpenAiProtocol, BadInputsAreFourHundredsNamingTheField) {
     EXPECT_EQ(e.param(), c.param) << c.body << ": " << e.what();
     EXPECT_NE(e.body().find("\"invalid_request_error\""), std::string::npos);
   }
+}
+
+// Each spelling of structured output becomes one spec; the schema keeps the
+// order its properties were sent in (output order).
+TEST(OpenAiProtocol, StructuredOutputSpellings) {
+  using Kind = StructuredOutputSpec::Kind;
+  struct Case {
+    std::string extra;
+    Kind kind;
+    std::string text;
+    std::string param;
+  };
+  const Case cases[] = {
+      {R"("response_format": {"type": "json_object"})", Kind::kJsonObject, "", "response_format"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true,
+          "schema": {"type": "object", "properties": {"z": {}, "a": {}}}}})",
+       Kind::kJsonSchema, R"({"type":"object","properties":{"z":{},"a":{}}})", "response_format.json_schema.schema"},
+      {R"("guided_json": "{\"properties\": {\"b\": {}, \"a\": {}}}")", Kind::kJsonSchema,
+       R"({"properties":{"b":{},"a":{}}})", "guided_json"},
+      {R"("structured_outputs": {"json": {"type": "string"}})", Kind::kJsonSchema, R"({"type":"string"})",
+       "structured_outputs.json"},
+      {R"("json_schema": true)", Kind::kJsonSchema, "true", "json_schema"},
+      {R"("guided_regex": "[a-z]+")", Kind::kRegex, "[a-z]+", "guided_regex"},
+      {R"("structured_outputs": {"regex": "x"})", Kind::kRegex, "x", "structured_outputs.regex"},
+      {R"("regex": "x")", Kind::kRegex, "x", "regex"},
+      {R"("guided_choice": ["a", "b"])", Kind::kChoice, R"(["a","b"])", "guided_choice"},
+      {R"("guided_grammar": "root ::= \"a\"")", Kind::kGrammar, R"(root ::= "a")", "guided_grammar"},
+      {R"("ebnf": "root ::= \"a\"")", Kind::kGrammar, R"(root ::= "a")", "ebnf"},
+      {R"("structured_outputs": {"json_object": true})", Kind::kJsonObject, "", "structured_outputs.json_object"},
+  };
+  for (const Case& c : cases) {
+    const ParsedRequest r = parse_completion_request(R"({"prompt": "x", )" + c.extra + "}");
+    ASSERT_TRUE(r.structured.has_value()) << c.extra;
+    EXPECT_EQ(r.structured->kind, c.kind) << c.extra;
+    EXPECT_EQ(r.structured->text, c.text) << c.extra;
+    EXPECT_EQ(r.structured_param, c.param) << c.extra;
+    EXPECT_TRUE(r.structured->compact_json);
+  }
+  EXPECT_FALSE(parse_completion_request(R"({"prompt": "x", "response_format": {"type": "text"}})").structured);
+  const ParsedRequest loose = parse_chat_request(
+      R"({"messages": [{"role": "user", "content": "x"}], "structured_outputs": {"json_object": true, "disable_any_whitespace": false}})");
+  ASSERT_TRUE(loose.structured.has_value());
+  EXPECT_FALSE(loose.structured->compact_json);
 }
 
 TEST(OpenAiProtocol, DeepNestingIsRejectedWithoutRecursion) {

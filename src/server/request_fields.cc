@@ -12,8 +12,6 @@ constexpr unsigned C = kCompletionsEndpoint;
 constexpr unsigned H = kChatEndpoint;
 constexpr unsigned B = kBothEndpoints;
 
-constexpr std::string_view kStructured = "structured output is not implemented yet";
-
 // Ordered as docs/SERVER.md lists them: the OpenAI fields, the vLLM and
 // SGLang extensions, then what is ignored and what is refused.
 const RequestField kFields[] = {
@@ -42,7 +40,7 @@ const RequestField kFields[] = {
     {"stream_options.continuous_usage_stats", B, S, {}, {}, "usage in every chunk (vLLM)"},
     {"stream_options.include_obfuscation", B, I, {}, {}, "OpenAI pads chunks against side channels; nothing to pad here"},
     {"user", B, S, {}, {}, "logged"},
-    {"response_format", B, S, {}, {}, "only {\"type\": \"text\"}; json_object and json_schema are refused until structured output lands"},
+    {"response_format", B, S, {}, {}, "text, json_object, or json_schema (its schema's keywords are enforced or refused by name)"},
     {"tools", H, S, {}, {}, "passed to the chat template; tool calls in the output come back as text"},
     {"tool_choice", H, S, {}, {}, "only \"none\" or \"auto\"; \"required\" and a named function are refused"},
     {"parallel_tool_calls", H, S, {}, {}, "accepted: no structured tool calls are produced, so none are limited"},
@@ -65,10 +63,19 @@ const RequestField kFields[] = {
     {"chat_template", H, S, {}, {}, "a Jinja template used instead of the model's"},
     {"chat_template_kwargs", H, S, {}, {}, "extra template variables"},
     {"documents", H, S, {}, {}, "passed to the chat template"},
+    {"structured_outputs", B, S, {}, {}, "one of json, regex, choice, grammar (EBNF / GBNF), json_object; disable_any_whitespace"},
+    {"guided_json", B, S, {}, {}, "vLLM's older name of structured_outputs.json"},
+    {"guided_regex", B, S, {}, {}, "vLLM's older name of structured_outputs.regex"},
+    {"guided_choice", B, S, {}, {}, "vLLM's older name of structured_outputs.choice"},
+    {"guided_grammar", B, S, {}, {}, "vLLM's older name of structured_outputs.grammar"},
+    {"json_schema", B, S, {}, {}, "SGLang's: a JSON schema (object or text)"},
+    {"regex", B, S, {}, {}, "SGLang's: the output matches the regex"},
+    {"ebnf", B, S, {}, {}, "SGLang's: the output is a sentence of the grammar"},
     // --- ignored: no effect on a self-hosted server ------------------------
     {"metadata", B, I, {}, {}, "OpenAI's tags for stored completions; nothing is stored"},
     {"prompt_cache_key", B, I, {}, {}, "OpenAI's cache-routing hint; the radix cache finds shared prefixes by itself"},
     {"safety_identifier", B, I, {}, {}, "OpenAI's abuse-tracking id"},
+    {"guided_decoding_backend", B, I, {}, {}, "one grammar engine, Basalt's own, serves every request"},
     // --- refused unless null or the listed values ---------------------------
     {"store", B, U, "[false]", "true", "nothing is stored"},
     {"service_tier", B, U, R"(["auto", "default"])", R"("flex")", "one tier only"},
@@ -81,17 +88,8 @@ const RequestField kFields[] = {
     {"web_search_options", H, U, "[]", "{}", ""},
     {"functions", H, U, "[[]]", R"([{"name": "f"}])", "use tools"},
     {"function_call", H, U, R"(["none"])", R"("auto")", "use tool_choice"},
-    {"guided_json", B, U, "[]", "{}", kStructured},
-    {"guided_regex", B, U, "[]", R"("a+")", kStructured},
-    {"guided_choice", B, U, "[]", R"(["a", "b"])", kStructured},
-    {"guided_grammar", B, U, "[]", R"("root ::= \"a\"")", kStructured},
-    {"guided_decoding_backend", B, U, "[]", R"("xgrammar")", kStructured},
-    {"guided_whitespace_pattern", B, U, "[]", R"(" ")", kStructured},
-    {"structural_tag", B, U, "[]", R"("{}")", kStructured},
-    {"structured_outputs", B, U, "[]", R"({"regex": "a"})", kStructured},
-    {"regex", B, U, "[]", R"("a+")", kStructured},
-    {"ebnf", B, U, "[]", R"("root ::= \"a\"")", kStructured},
-    {"json_schema", B, U, "[]", "{}", kStructured},
+    {"guided_whitespace_pattern", B, U, "[]", R"(" ")", "JSON whitespace is compact, or any with structured_outputs.disable_any_whitespace: false"},
+    {"structural_tag", B, U, "[]", R"("{}")", "structural tags are not implemented"},
     {"use_beam_search", B, U, "[false]", "true", "beam search is not implemented"},
     {"length_penalty", B, U, "[1, 1.0]", "0.5", "beam search only"},
     {"early_stopping", B, U, "[false]", "true", "beam search only"},

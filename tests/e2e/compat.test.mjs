@@ -32,11 +32,8 @@ test('fields Basalt does not implement are 400s that name them', async () => {
   const refused = [
     [{ tools, tool_choice: 'required' }, 'tool_choice'],
     [{ tools, tool_choice: { type: 'function', function: { name: 'get_weather' } } }, 'tool_choice'],
-    [{ guided_json: { type: 'object' } }, 'guided_json'],
-    [{ guided_choice: ['a', 'b'] }, 'guided_choice'],
-    [{ guided_regex: 'a+' }, 'guided_regex'],
-    [{ guided_grammar: 'root ::= "a"' }, 'guided_grammar'],
-    [{ response_format: { type: 'json_object' } }, 'response_format'],
+    [{ guided_whitespace_pattern: ' ' }, 'guided_whitespace_pattern'],
+    [{ structural_tag: '{}' }, 'structural_tag'],
     [{ use_beam_search: true }, 'use_beam_search'],
     [{ prompt_logprobs: 1 }, 'prompt_logprobs'],
     [{ max_token: 5 }, 'max_token'],  // a typo is not silently the default
