@@ -366,17 +366,15 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
       {"json-integer", R"g('0' | '-'? [1-9] [0-9]*)g"},
       // RFC 3339 full-date, days checked against the month, 29 February
       // against the leap years of the Gregorian calendar.
-      {"format-date",
-       R"g([0-9]{4} '-' (('0' [13578] | '1' [02]) '-' ('0' [1-9] | [12] [0-9] | '3' [01]) | ('0' [469])g"
-       R"g( | '11') '-' ('0' [1-9] | [12] [0-9] | '30') | '02-' ('0' [1-9] | '1' [0-9] | '2' [0-8])))g"
-       R"g( | format-leap-year '-02-29')g"},
+      {"format-date", R"g([0-9]{4} '-' (('0' [13578] | '1' [02]) '-' ('0' [1-9] | [12] [0-9] | '3' [01]))g"
+                      R"g( | ('0' [469] | '11') '-' ('0' [1-9] | [12] [0-9] | '30'))g"
+                      R"g( | '02-' ('0' [1-9] | '1' [0-9] | '2' [0-8])) | format-leap-year '-02-29')g"},
       {"format-leap-year",
        R"g([0-9]{2} ('0' [48] | [2468] [048] | [13579] [26]) | ('0' [048] | [2468] [048] | [13579] [26]) '00')g"},
       // RFC 3339 full-time. A leap second is valid only where the time is
       // 23:59:60 in UTC; only the spellings with a zero offset are offered.
-      {"format-time",
-       R"g(format-hour ':' [0-5] [0-9] ':' [0-5] [0-9] format-fraction? format-offset)g"
-       R"g( | '23:59:60' format-fraction? ([Zz] | [+\-] '00:00'))g"},
+      {"format-time", R"g(format-hour ':' [0-5] [0-9] ':' [0-5] [0-9] format-fraction? format-offset)g"
+                      R"g( | '23:59:60' format-fraction? ([Zz] | [+\-] '00:00'))g"},
       {"format-hour", R"g([01] [0-9] | '2' [0-3])g"},
       {"format-fraction", R"g('.' [0-9]+)g"},
       {"format-offset", R"g([Zz] | [+\-] format-hour ':' [0-5] [0-9])g"},
@@ -404,15 +402,14 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
       {"format-email",
        R"g(format-email-local '@' (format-hostname | '[' format-ipv4 ']' | '[IPv6:' format-ipv6 ']'))g"},
       {"format-email-local",
-       R"g(format-atext+ ('.' format-atext+)* | '\"' ([\x20\x21\x23-\x5b\x5d-\x7e])g"
-       R"g( | '\\' ([\x20\x21\x23-\x5b\x5d-\x7e] | '\"' | '\\'))* '\"')g"},
+       R"g(format-atext+ ('.' format-atext+)*)g"
+       R"g( | '\"' ([\x20\x21\x23-\x5b\x5d-\x7e] | '\\' ([\x20\x21\x23-\x5b\x5d-\x7e] | '\"' | '\\'))* '\"')g"},
       {"format-atext", R"g([A-Za-z0-9!#$%&\x27*+/=?\^_`{|}~\-])g"},
       // RFC 3986's URI (absolute: a scheme is required).
       {"format-uri",
        R"g([A-Za-z] [A-Za-z0-9+.\-]* ':' format-uri-hier? ('?' format-uri-query)? ('#' format-uri-query)?)g"},
-      {"format-uri-hier",
-       R"g('//' format-uri-authority format-uri-path | '/' (format-uri-pchar+ format-uri-path)?)g"
-       R"g( | format-uri-pchar+ format-uri-path)g"},
+      {"format-uri-hier", R"g('//' format-uri-authority format-uri-path | '/' (format-uri-pchar+ format-uri-path)?)g"
+                          R"g( | format-uri-pchar+ format-uri-path)g"},
       {"format-uri-path", R"g(('/' format-uri-pchar*)*)g"},
       {"format-uri-authority", R"g((format-uri-userinfo '@')? format-uri-host (':' [0-9]*)?)g"},
       {"format-uri-userinfo", R"g(([A-Za-z0-9._~!$&\x27()*+,;=:\-] | format-uri-pct)*)g"},
@@ -808,8 +805,8 @@ class Translator {
             std::string cycle;
             for (auto p = std::find(path.begin(), path.end(), next); p != path.end(); ++p)
               cycle += targets_.at(*p).display + " -> ";
-            fail("json schema: unsupported keyword \"$ref\": {}{} refers to itself before any JSON text", cycle,
-                 targets_.at(next).display);
+            fail("json schema: unsupported keyword \"$ref\" at {}: {}{} refers to itself before any JSON text",
+                 targets_.at(next).display, cycle, targets_.at(next).display);
           }
           if (state[next] == 0) visit(next);
         }

@@ -505,7 +505,8 @@ TEST(JsonSchemaObjects, AdditionalProperties) {
 
   // Keys are written as dump() writes them.
   const SchemaGrammar keys(
-      R"({"properties": {"a\"b": {"type": "integer"}, "\u00e9\n": {"type": "integer"}}, "required": ["a\"b", "\u00e9\n"]})");
+      R"({"properties": {"a\"b": {"type": "integer"}, "\u00e9\n": {"type": "integer"}},
+          "required": ["a\"b", "\u00e9\n"]})");
   keys.expect_accepts({"{\"a\\\"b\":1,\"\xC3\xA9\\n\":2}"});
   keys.expect_rejects({"{\"a\\u0022b\":1,\"\xC3\xA9\\n\":2}"});
 }
@@ -718,7 +719,8 @@ TEST(JsonSchemaRefs, DefinitionsAndPointers) {
   const SchemaGrammar escapes(
       R"({"$defs": {"a/b": {"type": "integer"}, "c~d": {"type": "string"}, "e%f": {"type": "null"},
                                             "list": [{"type": "boolean"}]},
-      "anyOf": [{"$ref": "#/$defs/a~1b"}, {"$ref": "#/$defs/c~0d"}, {"$ref": "#/$defs/e%25f"}, {"$ref": "#/$defs/list/0"}]})");
+      "anyOf": [{"$ref": "#/$defs/a~1b"}, {"$ref": "#/$defs/c~0d"}, {"$ref": "#/$defs/e%25f"},
+                {"$ref": "#/$defs/list/0"}]})");
   escapes.expect_accepts({"1", "\"s\"", "null", "true"});
   escapes.expect_rejects({"1.5", "[]"});
 
@@ -766,7 +768,12 @@ TEST(JsonSchemaRefs, Refused) {
   EXPECT_CONTAINS(schema_error(R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}, {}]}},
                                    "$ref": "#/$defs/a"})"),
                   "refers to itself before any JSON text");
-  EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"$ref": "#"}, {"type": "null"}]})"), "before any JSON text");
+  EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"$ref": "#"}, {"type": "null"}]})"),
+                  "unsupported keyword \"$ref\" at #: # -> # refers to itself before any JSON text");
+  EXPECT_CONTAINS(schema_error(R"({"$defs": {"a": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}},
+                                                   "minProperties": 2, "additionalProperties": false}},
+                                   "$ref": "#/$defs/a"})"),
+                  "the schema at #/$defs/a refers to itself but no value satisfies it");
   EXPECT_CONTAINS(schema_error(R"({"allOf": [{"$ref": "#"}]})"), "merged into itself");
   EXPECT_CONTAINS(schema_error(R"({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]})"),
                   "no finite value");
@@ -872,7 +879,8 @@ TEST(JsonSchemaRefused, SchemasWithoutValues) {
   EXPECT_CONTAINS(schema_error("false"), "no value satisfies");
   EXPECT_CONTAINS(schema_error(R"({"type": "array", "minItems": 2, "maxItems": 1})"), "no value satisfies");
   EXPECT_CONTAINS(schema_error(R"({"type": "object", "required": ["p"],
-                                   "properties": {"p": {"type": "object", "properties": {"a": false}, "required": ["a"]}}})"),
+                                   "properties": {"p": {"type": "object", "properties": {"a": false},
+                                                        "required": ["a"]}}})"),
                   "required property \"a\" at #/properties/p");
   EXPECT_CONTAINS(schema_error(R"({"enum": []})"), "no value satisfies");
   EXPECT_CONTAINS(schema_error(R"({"type": "integer", "minimum": 1, "maximum": 0})"), "no value satisfies");

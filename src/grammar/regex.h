@@ -34,6 +34,7 @@
 // grammar: the root is prefix + "root", helper rules prefix + a number.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
