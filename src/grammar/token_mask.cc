@@ -140,20 +140,25 @@ size_t TokenMasker::cached_entries() const {
   return cache_.size();
 }
 
-TokenMasker::Entry TokenMasker::compute(int32_t state, int32_t caller_state) const {
+TokenMasker::Entry TokenMasker::compute(const std::vector<int32_t>& chain, bool bottom) const {
   const TokenVocabulary& v = *vocabulary_;
   StackArena arena;
   StackWork work;
-  int32_t parent = kStackUnknown;
-  if (caller_state == kBottomCaller) parent = kStackBottom;
-  if (caller_state >= 0) parent = arena.intern(caller_state, kStackUnknown);
-  const int32_t root = arena.intern(state, parent);
-  TrieWalker walker(*grammar_, arena, work, std::span<const int32_t>(&root, 1));
+  // The stack the chain describes, its deepest caller on an unknown one (or
+  // on the real bottom).
+  int32_t node = bottom ? kStackBottom : kStackUnknown;
+  for (size_t i = chain.size(); i-- > 0;) node = arena.intern(chain[i], node);
+  TrieWalker walker(*grammar_, arena, work, std::span<const int32_t>(&node, 1));
   const std::vector<int32_t>& sorted = v.sorted();
-  // Every token (with any caller), or those that walk left undecided.
-  const Entry* any = caller_state == kAnyCaller ? nullptr : &entry(state, kAnyCaller);
+  // The context one caller shorter decided everything but its undecided
+  // tokens; those are walked again here, with one more caller known.
+  const Entry* shorter = nullptr;
+  if (chain.size() > 1 || bottom) {
+    std::vector<int32_t> less(chain.begin(), chain.end() - (bottom ? 0 : 1));
+    shorter = &entry(less, /*bottom=*/false);
+  }
   Entry e;
-  e.accepted = any != nullptr ? any->accepted : std::vector<uint32_t>(static_cast<size_t>((v.size() + 31) / 32), 0u);
+  e.accepted = shorter != nullptr ? shorter->accepted : std::vector<uint32_t>(static_cast<size_t>((v.size() + 31) / 32), 0u);
   std::string_view last;
   auto classify = [&](int32_t pos, size_t lcp) {
     const std::string& b = v.bytes(sorted[static_cast<size_t>(pos)]);
@@ -165,18 +170,18 @@ TokenMasker::Entry TokenMasker::compute(int32_t state, int32_t caller_state) con
     }
     last = b;
   };
-  if (any == nullptr) {
+  if (shorter == nullptr) {
     for (size_t i = 0; i < sorted.size(); ++i) classify(static_cast<int32_t>(i), static_cast<size_t>(v.lcp(i)));
   } else {
-    for (int32_t pos : any->undecided)
+    for (int32_t pos : shorter->undecided)
       classify(pos, common_prefix(last, v.bytes(sorted[static_cast<size_t>(pos)])));
   }
   return e;
 }
 
-const TokenMasker::Entry& TokenMasker::entry(int32_t state, int32_t caller_state) const {
-  const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(state)) << 32) |
-                       static_cast<uint32_t>(caller_state);
+const TokenMasker::Entry& TokenMasker::entry(const std::vector<int32_t>& chain, bool bottom) const {
+  std::string key(reinterpret_cast<const char*>(chain.data()), chain.size() * sizeof(int32_t));
+  key.push_back(bottom ? 'b' : 'u');
   {
     std::lock_guard<std::mutex> lock(mu_);
     const auto it = cache_.find(key);
@@ -184,9 +189,9 @@ const TokenMasker::Entry& TokenMasker::entry(int32_t state, int32_t caller_state
   }
   // Computed unlocked: two threads may both compute a new key; the first
   // stored wins and the results are equal.
-  auto computed = std::make_unique<Entry>(compute(state, caller_state));
+  auto computed = std::make_unique<Entry>(compute(chain, bottom));
   std::lock_guard<std::mutex> lock(mu_);
-  return *cache_.try_emplace(key, std::move(computed)).first->second;
+  return *cache_.try_emplace(std::move(key), std::move(computed)).first->second;
 }
 
 void TokenMasker::fill(GrammarMatcher& matcher, std::span<uint32_t> words) const {
@@ -198,14 +203,21 @@ void TokenMasker::fill(GrammarMatcher& matcher, std::span<uint32_t> words) const
   GrammarMatcher::State& s = *matcher.state_;
   const std::vector<int32_t>& current = s.sets.back();
   std::vector<int32_t> undecided;
+  std::vector<int32_t> chain;
   for (int32_t id : current) {
-    const StackNode node = s.arena[id];
-    const int32_t caller = node.parent < 0 ? kBottomCaller : s.arena[node.parent].state;
-    const Entry& e = entry(node.state, caller);
+    // The stack's top state and its callers' states, up to kContextDepth.
+    chain.clear();
+    int32_t n = id;
+    while (n >= 0 && chain.size() <= kContextDepth) {
+      chain.push_back(s.arena[n].state);
+      n = s.arena[n].parent;
+    }
+    const Entry& e = entry(chain, /*bottom=*/n == kStackBottom);
     for (size_t w = 0; w < words.size(); ++w) words[w] |= e.accepted[w];
     undecided.insert(undecided.end(), e.undecided.begin(), e.undecided.end());
   }
   if (!undecided.empty()) {
+    // Deeper than the cached contexts reach: against the real stacks.
     std::sort(undecided.begin(), undecided.end());
     undecided.erase(std::unique(undecided.begin(), undecided.end()), undecided.end());
     TrieWalker walker(*grammar_, s.arena, s.work, current);

@@ -4,13 +4,15 @@
 // middle of a stream), sorted so that tokens sharing a prefix are walked
 // once. TokenMasker computes a matcher's mask: for every stack the matcher
 // holds, the tokens that the top rule alone accepts or rejects, whatever
-// lies deeper in the stack, are cached per (state, caller's state) the
-// first time that pair is met (the idea of XGrammar's adaptive token-mask
-// cache; the caller's state is part of the key so that a return into it is
-// decided too); only the tokens left undecided, those that return further
-// down with bytes to spare, are walked against the real stack at each step.
-// The whole vocabulary is walked once per state, with any caller; a
-// (state, caller) entry walks only the tokens that walk left undecided.
+// lies deeper in the stack, are cached per stack top (a state and its
+// callers' states) the
+// first time that top is met (the idea of XGrammar's adaptive token-mask
+// cache; the callers' states are part of the key so that returns into them
+// are decided too); only the tokens left undecided, those that return below
+// the callers the key knows with bytes to spare, are walked against the
+// real stack at each step. The whole vocabulary is walked once per state;
+// an entry with one more caller walks only the tokens the shorter one left
+// undecided.
 //
 // Contract: a TokenMasker is shared by every request using the same grammar
 // and vocabulary, from any thread (its cache is locked). Special tokens,
@@ -82,18 +84,19 @@ class TokenMasker {
     std::vector<uint32_t> accepted;  // bitmask over token ids
     std::vector<int32_t> undecided;  // positions in vocabulary().sorted()
   };
-  // caller_state: the state the caller continues in, kBottomCaller (the
-  // root's: returning ends the text) or kAnyCaller (decided only where no
-  // caller matters).
-  static constexpr int32_t kBottomCaller = -1;
-  static constexpr int32_t kAnyCaller = -3;
-  const Entry& entry(int32_t state, int32_t caller_state) const;
-  Entry compute(int32_t state, int32_t caller_state) const;
+  // A cache key is a stack's top: its state, then the states its callers
+  // continue in (up to kContextDepth of them), and whether the real stack
+  // ends there (`bottom`) or goes on unknown. Each entry is computed from
+  // the key one caller shorter, walking only the tokens that one left
+  // undecided; the shortest (a state alone) walks the whole vocabulary.
+  static constexpr size_t kContextDepth = 4;
+  const Entry& entry(const std::vector<int32_t>& chain, bool bottom) const;
+  Entry compute(const std::vector<int32_t>& chain, bool bottom) const;
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   mutable std::mutex mu_;
-  mutable std::unordered_map<uint64_t, std::unique_ptr<Entry>> cache_;
+  mutable std::unordered_map<std::string, std::unique_ptr<Entry>> cache_;
 };
 
 }  // namespace basalt
