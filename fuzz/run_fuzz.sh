@@ -4,7 +4,9 @@
 # Then runs the Jinja chat-template fuzzer (jinja_fuzz) for JINJA_FUZZ_SECONDS
 # (default 20), seeded with the real templates in testdata/chat_templates, and
 # the OpenAI request-body fuzzer (openai_request_fuzz) for OPENAI_FUZZ_SECONDS
-# (default 20), seeded with fuzz/corpus/openai.
+# (default 20), seeded with fuzz/corpus/openai, and the structured-output
+# fuzzer (grammar_fuzz: EBNF, regexes, JSON schemas) for GRAMMAR_FUZZ_SECONDS
+# (default 20), seeded with fuzz/corpus/grammar.
 #
 # Usage: fuzz/run_fuzz.sh [seconds (default 60)] [build dir (default build-fuzz)]
 # Environment: CXX (default clang++-14), JOBS (build parallelism, default 1).
@@ -34,7 +36,7 @@ cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBASALT_FUZZ=ON -DBASALT_TESTS=OFF -DBASALT_BENCH=OFF -DBASALT_CUDA=OFF -DBASALT_NATIVE=OFF
-cmake --build "$build" --target safetensors_header_fuzz jinja_fuzz openai_request_fuzz -j"${JOBS:-1}"
+cmake --build "$build" --target safetensors_header_fuzz jinja_fuzz openai_request_fuzz grammar_fuzz -j"${JOBS:-1}"
 
 artifacts="$build/fuzz-artifacts"
 mkdir -p "$artifacts"
@@ -60,3 +62,5 @@ fuzz safetensors_header_fuzz "$seconds" "$root/fuzz/safetensors.dict" "$root/fuz
 fuzz jinja_fuzz "${JINJA_FUZZ_SECONDS:-20}" "$root/fuzz/jinja.dict" "$root/testdata/chat_templates"
 # OpenAI request bodies.
 fuzz openai_request_fuzz "${OPENAI_FUZZ_SECONDS:-20}" "$root/fuzz/openai.dict" "$root/fuzz/corpus/openai"
+# Structured-output specs: grammars, regexes, JSON schemas.
+fuzz grammar_fuzz "${GRAMMAR_FUZZ_SECONDS:-20}" "$root/fuzz/grammar.dict" "$root/fuzz/corpus/grammar"

@@ -14,11 +14,11 @@ namespace {
 
 // Limits that keep a hostile grammar from exhausting memory or time.
 constexpr size_t kMaxNfaStates = 2'000'000;
-constexpr size_t kMaxDfaStates = 500'000;
+constexpr size_t kMaxDfaStates = 200'000;
 // Subset construction can take time quadratic in a bound where a repetition
 // overlaps what precedes it (".* [^\n]{800}"): its sets' total size is
 // capped so such a grammar is refused in about a second, not minutes.
-constexpr size_t kMaxSubsetElements = 4'000'000;
+constexpr size_t kMaxSubsetElements = 250'000;
 
 // --- Code point classes as UTF-8 byte sequences ------------------------------
 
@@ -287,15 +287,24 @@ class Determinizer {
     }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    // Each edge's targets go to the elementary intervals it covers.
+    std::vector<std::vector<int32_t>> targets_of(cuts.empty() ? 0 : cuts.size() - 1);
+    for (int32_t s : set) {
+      for (const NfaEdge& e : nfa_.out(s)) {
+        if (e.kind != NfaEdge::kByte) continue;
+        const auto first = static_cast<size_t>(std::lower_bound(cuts.begin(), cuts.end(), e.lo) - cuts.begin());
+        for (size_t c = first; c + 1 < cuts.size() && cuts[c] <= e.hi; ++c) targets_of[c].push_back(e.to);
+      }
+    }
+    work_ += set.size() + targets_of.size();
+    BASALT_CHECK(work_ <= kMaxSubsetElements * 4,
+                 "grammar: too costly to compile (a repetition overlapping what comes before it); lower the "
+                 "bound or anchor the pattern");
     std::vector<ByteEdge> bytes;
     for (size_t c = 0; c + 1 < cuts.size(); ++c) {
       const uint32_t lo = cuts[c], hi = cuts[c + 1] - 1;
-      std::vector<int32_t> targets;
-      for (int32_t s : set)
-        for (const NfaEdge& e : nfa_.out(s))
-          if (e.kind == NfaEdge::kByte && e.lo <= lo && hi <= e.hi) targets.push_back(e.to);
-      if (targets.empty()) continue;
-      const int32_t t = intern(closure(std::move(targets)));
+      if (targets_of[c].empty()) continue;
+      const int32_t t = intern(closure(std::move(targets_of[c])));
       if (!bytes.empty() && bytes.back().target == t && bytes.back().hi + 1u == lo) {
         bytes.back().hi = static_cast<uint8_t>(hi);
       } else {
@@ -312,6 +321,7 @@ class Determinizer {
   int32_t end_;
   size_t& total_;
   size_t elements_ = 0;  // NFA states over every set so far
+  size_t work_ = 0;      // sets expanded and intervals split, summed
   std::map<std::vector<int32_t>, int32_t> index_;
   std::vector<std::vector<int32_t>> sets_;
   std::vector<DfaState> dfa_;

@@ -31,10 +31,10 @@ class TrieWalker {
     depth_ = keep;
     dead_ = false;
     for (size_t d = keep; d < bytes.size(); ++d) {
+      if (levels_.size() <= d + 1) levels_.resize(d + 2);  // before taking references into it
       Level& level = levels_[d];
       const ClosureFlags flags = work_.close(g_, arena_, level.set, level.closed);
       level.escaped = (d > 0 && levels_[d - 1].escaped) || flags.escaped;
-      if (levels_.size() <= d + 1) levels_.resize(d + 2);
       Level& next = levels_[d + 1];
       next.mark = arena_.size();
       work_.step(g_, arena_, level.closed, static_cast<uint8_t>(bytes[d]), next.set);

@@ -1,0 +1,85 @@
+// libFuzzer target: the structured-output compilers on untrusted specs. The
+// first byte picks the input's kind (an EBNF grammar, an ECMAScript regex in
+// either mode, a JSON schema); the rest is the spec. Whatever compiles is
+// matched against a few texts and masked over a small vocabulary. Every
+// failure must be a basalt::Error; nothing may crash, leak or hang.
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+#include "grammar/ebnf.h"
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
+#include "grammar/regex.h"
+#include "grammar/token_mask.h"
+
+namespace {
+
+const std::shared_ptr<const basalt::TokenVocabulary>& vocabulary() {
+  static const auto v = [] {
+    std::vector<std::string> bytes = {"</s>"};
+    for (int b = 0; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
+    for (const char* t : {"{\"", "\":", "\",", "\"}", "true", "null", "12", "ab", "\\n", "\xC3\xA9", "[[", "]]"})
+      bytes.emplace_back(t);
+    std::vector<bool> usable(bytes.size(), true);
+    usable[0] = false;
+    const auto n = static_cast<int32_t>(bytes.size());
+    return std::make_shared<const basalt::TokenVocabulary>(std::move(bytes), std::move(usable), n,
+                                                           std::vector<int32_t>{0});
+  }();
+  return v;
+}
+
+void exercise(const std::string& ebnf, std::string_view text) {
+  const auto grammar = basalt::compile_grammar(basalt::parse_ebnf(ebnf));
+  basalt::GrammarMatcher m(grammar);
+  const basalt::TokenMasker masker(grammar, vocabulary());
+  std::vector<uint32_t> words(static_cast<size_t>((vocabulary()->size() + 31) / 32));
+  masker.fill(m, words);
+  // Feed the text in pieces; on a refused piece, go back one and go on.
+  for (size_t i = 0; i < text.size() && i < 64; i += 3) {
+    if (m.accept_bytes(text.substr(i, 3))) {
+      masker.fill(m, words);
+    } else if (m.history() > 0) {
+      m.rollback(1);
+    }
+  }
+  m.forced_bytes(32);
+  m.can_end();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const std::string spec(reinterpret_cast<const char*>(data + 1), size - 1);
+  try {
+    switch (data[0] % 4) {
+      case 0:
+        exercise(spec, spec);
+        break;
+      case 1:
+      case 2: {
+        const basalt::RegexRules r = basalt::regex_to_ebnf(
+            spec, data[0] % 4 == 1 ? basalt::RegexMode::kFullMatch : basalt::RegexMode::kSearch,
+            (data[0] & 4) != 0, "re-");
+        exercise("root ::= " + r.root + "\n" + r.rules, spec);
+        break;
+      }
+      default: {
+        const auto schema = nlohmann::ordered_json::parse(spec, nullptr, /*allow_exceptions=*/false);
+        if (schema.is_discarded()) return 0;
+        basalt::JsonSchemaOptions options;
+        options.compact = (data[0] & 4) == 0;
+        exercise(basalt::json_schema_to_ebnf(schema, options), "{\"a\":1}");
+        break;
+      }
+    }
+  } catch (const basalt::Error&) {
+  }
+  return 0;
+}
