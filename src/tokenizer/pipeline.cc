@@ -598,6 +598,8 @@ class MetaspaceDecoder : public Decoder {
   MetaspaceDecoder(char32_t replacement, PrependScheme scheme)
       : replacement_(replacement), scheme_(scheme) {}
   void decode_mid_stream(std::string& token) const override {
+    // A raw byte (ByteFallback's, before this stage) is final.
+    if (unicode::find_invalid_utf8(token) != std::string::npos) return;
     token = map_chars(token, [&](char32_t c, std::string& out) {
       if (c == replacement_) {
         out.push_back(' ');
@@ -631,7 +633,10 @@ class ReplaceDecoder : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (std::string& t : tokens) t = replace_matches(pattern_, t, content_);
   }
-  void decode_mid_stream(std::string& token) const override { token = replace_matches(pattern_, token, content_); }
+  void decode_mid_stream(std::string& token) const override {
+    if (unicode::find_invalid_utf8(token) != std::string::npos) return;  // a raw byte is final
+    token = replace_matches(pattern_, token, content_);
+  }
 
  private:
   Regex pattern_;

@@ -384,10 +384,14 @@ int32_t Tokenizer::vocab_size() const { return data_->vocab_size; }
 
 std::optional<std::string> Tokenizer::token_bytes(int32_t id) const {
   const TokenizerData& d = *data_;
-  if (const auto* added = d.added_token(id)) return added->decoded;
-  const std::string* token = d.model->id_to_token(id);
-  if (!token) return std::nullopt;
-  std::string bytes = *token;
+  std::string bytes;
+  if (const auto* added = d.added_token(id)) {
+    bytes = added->decoded;  // decode() runs the decoder over added tokens too
+  } else if (const std::string* token = d.model->id_to_token(id)) {
+    bytes = *token;
+  } else {
+    return std::nullopt;
+  }
   if (d.decoder) d.decoder->decode_mid_stream(bytes);
   return bytes;
 }

@@ -58,7 +58,8 @@ class Tokenizer {
   bool is_special(int32_t id) const;
   // The bytes token `id` adds to a decoded text in the middle of a stream
   // (Decoder::decode_mid_stream): raw bytes, so a token holding part of a
-  // multi-byte character gives that part. Added tokens give their content.
+  // multi-byte character gives that part. Added tokens are decoded the same
+  // way from their content.
   // nullopt for an id that names no token.
   std::optional<std::string> token_bytes(int32_t id) const;
   // The id the post-processor puts first when adding special tokens (the
