@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "grammar/ebnf.h"
+#include "tokenizer/unicode.h"
 
 namespace basalt {
 
@@ -569,24 +570,6 @@ class Parser {
   int depth_ = 0;
 };
 
-void append_utf8(std::string& out, uint32_t c) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
-}
-
 // The letter of a two-character JSON escape (\" \\ \b \f \n \r \t), 0 when
 // the code point has none.
 char json_short_escape(uint32_t c) {
@@ -618,7 +601,7 @@ void append_json_escaped(std::string& out, uint32_t c) {
   } else if (c < 0x20) {
     out += fmt::format("\\u{:04x}", c);
   } else {
-    append_utf8(out, c);
+    unicode::append_utf8(static_cast<char32_t>(c), out);
   }
 }
 
@@ -709,7 +692,7 @@ class Emitter {
     if (json_escaped_) {
       append_json_escaped(out, c);
     } else {
-      append_utf8(out, c);
+      unicode::append_utf8(static_cast<char32_t>(c), out);
     }
     return out;
   }

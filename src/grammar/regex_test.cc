@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "grammar/ebnf.h"
 #include "grammar/matcher.h"
+#include "tokenizer/unicode.h"
 
 namespace basalt {
 namespace {
@@ -21,21 +22,7 @@ using Strings = std::vector<std::string>;
 
 std::string utf8(uint32_t c) {
   std::string out;
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
+  unicode::append_utf8(static_cast<char32_t>(c), out);
   return out;
 }
 
