@@ -1,6 +1,7 @@
 #include "runtime/grammar_constraint.h"
 
 #include "core/error.h"
+#include "tokenizer/unicode.h"
 
 namespace basalt {
 namespace {
@@ -46,7 +47,9 @@ std::vector<int32_t> GrammarConstraint::forced_tokens() {
   if (tokenizer_ == nullptr) return {};
   std::string text = matcher_.forced_bytes(kMaxJumpBytes);
   text.resize(whole_characters(text));
-  if (text.empty()) return {};
+  // encode() takes text: a grammar written byte by byte may force bytes
+  // that are no UTF-8, and those are sampled instead.
+  if (text.empty() || unicode::find_invalid_utf8(text) != std::string::npos) return {};
   std::vector<int32_t> ids = tokenizer_->encode(text, /*add_special_tokens=*/false);
   if (ids.size() < 2) return {};
   ids.pop_back();
