@@ -163,8 +163,10 @@ void check_tools(const json& tools) {
   }
 }
 
-// tool_choice: "none" and "auto" render the tools and return the text;
-// forcing a call needs constrained decoding, which is not implemented yet.
+// tool_choice: "none" and "auto" render the tools and return the text.
+// Forcing a call ("required", a named function) needs the model's tool-call
+// format as a grammar and a parser for it, which Basalt does not have, so
+// those are refused rather than ignored.
 void check_tool_choice(const json& b) {
   const json* choice = field(b, "tool_choice");
   if (choice == nullptr) return;
