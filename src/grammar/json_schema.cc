@@ -354,6 +354,33 @@ std::vector<std::string> names_in(std::string_view body) {
   return names;
 }
 
+// `text` (whole rules) with `prefix` put before every rule name, defined or
+// referenced. Literals, classes, repetition bounds and comments are left as
+// they are, and so is '.' where a name would start (any code point).
+std::string with_prefixed_names(std::string_view text, std::string_view prefix) {
+  std::string out;
+  out.reserve(text.size() + text.size() / 4);
+  for (size_t i = 0; i < text.size();) {
+    const char c = text[i];
+    const size_t start = i;
+    if (c == '"' || c == '[' || c == '{') {
+      const char close = c == '"' ? '"' : c == '[' ? ']' : '}';
+      for (++i; i < text.size() && text[i] != close; ++i)
+        if (text[i] == '\\') ++i;
+      i = std::min(i + 1, text.size());
+    } else if (c == '#') {
+      while (i < text.size() && text[i] != '\n') ++i;
+    } else if (c != '.' && is_name_char(c)) {
+      while (i < text.size() && is_name_char(text[i])) ++i;
+      out += prefix;
+    } else {
+      ++i;
+    }
+    out += text.substr(start, i - start);
+  }
+  return out;
+}
+
 // Rules every grammar may share, written once each where used. json-char is
 // one character of a JSON string's content as dump() writes it.
 const std::map<std::string_view, std::string_view>& fixed_rules() {
@@ -492,10 +519,14 @@ struct Translation {
 
 class Translator {
  public:
-  Translator(const Json& document, const JsonSchemaOptions& options) : document_(document) {
+  Translator(const Json& document, const JsonSchemaOptions& options)
+      : document_(document), rule_prefix_(options.rule_prefix) {
     BASALT_CHECK(options.max_whitespace >= 0 && options.max_whitespace <= kMaxRepetition,
                  "json schema: max_whitespace must be between 0 and {}, not {}", kMaxRepetition,
                  options.max_whitespace);
+    BASALT_CHECK(rule_prefix_.empty() || (is_name(rule_prefix_) && rule_prefix_[0] != '.'),
+                 "json schema: rule_prefix \"{}\" must be name characters [A-Za-z0-9_.-] not starting with '.'",
+                 rule_prefix_);
     for (const auto& [name, body] : fixed_rules()) names_.emplace(name);
     for (const std::string_view name : kBuiltRules) names_.emplace(name);
     if (!options.compact && options.max_whitespace > 0) {
@@ -515,12 +546,12 @@ class Translator {
     refuse_cycles_before_text();
     std::string text = assemble();
     refuse_endless_recursion(text);
-    return text;
+    return prefixed(std::move(text));
   }
 
   std::string any_object_grammar() {
     rules_.emplace_back("root", use("json-object"));
-    return assemble();
+    return prefixed(assemble());
   }
 
  private:
@@ -601,6 +632,10 @@ class Translator {
     }
     rules_.emplace_back(key, std::move(body));
     return key;
+  }
+
+  std::string prefixed(std::string text) const {
+    return rule_prefix_.empty() ? text : with_prefixed_names(text, rule_prefix_);
   }
 
   std::string assemble() const {
@@ -1629,6 +1664,7 @@ class Translator {
   }
 
   const Json& document_;
+  const std::string rule_prefix_;
   std::string document_id_;
   std::string ws_;   // the whitespace rule between tokens, "" in compact mode
   std::string sep_;  // between two members

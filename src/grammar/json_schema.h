@@ -68,12 +68,18 @@ struct JsonSchemaOptions {
   // max_whitespace characters in a row (so a model cannot loop on it).
   bool compact = true;
   int max_whitespace = 8;
+  // Put before every rule name the translation defines, "root" included (so
+  // rule_prefix + "root" starts the schema), so that several translations
+  // can be parts of one grammar without their rules colliding. Name
+  // characters only ([A-Za-z0-9_.-]), not starting with '.', which the EBNF
+  // reads as "any code point". Empty: the names as they are.
+  std::string rule_prefix;
 };
 
-// EBNF text with a rule named "root". The schema is an ordered_json because
-// property order is the order of the object's members: parse the request
-// with nlohmann::ordered_json::parse (a nlohmann::json converts, but its
-// keys are sorted by then).
+// EBNF text with a rule named "root" (rule_prefix + "root"). The schema is
+// an ordered_json because property order is the order of the object's
+// members: parse the request with nlohmann::ordered_json::parse (a
+// nlohmann::json converts, but its keys are sorted by then).
 std::string json_schema_to_ebnf(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options = {});
 
 // Any JSON object (OpenAI's response_format json_object).

@@ -905,5 +905,63 @@ TEST(JsonSchemaJsonObject, AnyObject) {
   EXPECT_FALSE(grammar_matches(flexible, " {}"));
 }
 
+// --- rule_prefix ------------------------------------------------------------------
+
+TEST(JsonSchemaRulePrefix, PrefixesEveryRuleSoTranslationsCombine) {
+  // A schema that uses every kind of rule: $ref targets, recursion, a
+  // pattern's regex rules, a format's fixed rules, chunks of long repetitions.
+  const ordered_json schema = ordered_json::parse(R"({
+      "type": "object", "$defs": {"node": {"type": "object", "properties": {
+          "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+      "properties": {"tree": {"$ref": "#/$defs/node"}, "code": {"type": "string", "pattern": "^[a-z]{2}[.][0-9]+$"},
+                     "when": {"type": "string", "format": "date-time"},
+                     "word": {"type": "string", "maxLength": 40}},
+      "required": ["code"]})");
+  const std::string plain = json_schema_to_ebnf(schema);
+  JsonSchemaOptions options;
+  options.rule_prefix = "fn3.";
+  const std::string text = json_schema_to_ebnf(schema, options);
+  const Grammar unprefixed = parse_ebnf(plain);
+  const Grammar prefixed = parse_ebnf(text, "fn3.root");
+  ASSERT_EQ(prefixed.rules.size(), unprefixed.rules.size());
+  for (size_t i = 0; i < prefixed.rules.size(); ++i)
+    EXPECT_EQ(prefixed.rules[i].name, "fn3." + unprefixed.rules[i].name);
+  EXPECT_EQ(prefixed.rules[static_cast<size_t>(prefixed.root)].name, "fn3.root");
+  // Removing the prefix gives back the plain text byte for byte.
+  std::string stripped = text;
+  for (size_t at; (at = stripped.find("fn3.")) != std::string::npos;) stripped.erase(at, 4);
+  EXPECT_EQ(stripped, plain);
+
+  // Two translations side by side in one grammar.
+  JsonSchemaOptions other;
+  other.rule_prefix = "fn4.";
+  const std::string combined = "root ::= \"A\" fn3.root | \"B\" fn4.root\n" + text +
+                               json_schema_to_ebnf(ordered_json::parse(R"({"type": "integer"})"), other);
+  const Grammar both = parse_ebnf(combined);
+  const std::string instance = R"({"tree":{"kids":[{},{"kids":[]}]},"code":"ab.12","when":"2024-02-29T12:00:00Z"})";
+  EXPECT_TRUE(grammar_matches(both, "A" + instance)) << combined;
+  EXPECT_TRUE(grammar_matches(both, "B-42"));
+  EXPECT_FALSE(grammar_matches(both, "A{\"code\":\"abc\"}"));
+  EXPECT_FALSE(grammar_matches(both, "B{}"));
+  EXPECT_FALSE(grammar_matches(both, "-42"));
+
+  // json_object_ebnf takes it too.
+  options.rule_prefix = "any_";
+  EXPECT_TRUE(grammar_matches(parse_ebnf(json_object_ebnf(options), "any_root"), R"({"a":[1,{}]})"));
+
+  EXPECT_CONTAINS(error_of([&] {
+                    JsonSchemaOptions bad;
+                    bad.rule_prefix = ".x";
+                    json_schema_to_ebnf(schema, bad);
+                  }),
+                  "rule_prefix");
+  EXPECT_CONTAINS(error_of([&] {
+                    JsonSchemaOptions bad;
+                    bad.rule_prefix = "a b";
+                    json_schema_to_ebnf(schema, bad);
+                  }),
+                  "rule_prefix");
+}
+
 }  // namespace
 }  // namespace basalt
