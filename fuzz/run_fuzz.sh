@@ -6,7 +6,9 @@
 # the OpenAI request-body fuzzer (openai_request_fuzz) for OPENAI_FUZZ_SECONDS
 # (default 20), seeded with fuzz/corpus/openai, and the structured-output
 # fuzzer (grammar_fuzz: EBNF, regexes, JSON schemas) for GRAMMAR_FUZZ_SECONDS
-# (default 20), seeded with fuzz/corpus/grammar.
+# (default 20), seeded with fuzz/corpus/grammar, and the model-output fuzzer
+# (chat_output_fuzz: tool-call and reasoning parsers) for
+# CHAT_OUTPUT_FUZZ_SECONDS (default 20), seeded with fuzz/corpus/chat_output.
 #
 # Usage: fuzz/run_fuzz.sh [seconds (default 60)] [build dir (default build-fuzz)]
 # Environment: CXX (default clang++-14), JOBS (build parallelism, default 1).
@@ -36,7 +38,8 @@ cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBASALT_FUZZ=ON -DBASALT_TESTS=OFF -DBASALT_BENCH=OFF -DBASALT_CUDA=OFF -DBASALT_NATIVE=OFF
-cmake --build "$build" --target safetensors_header_fuzz jinja_fuzz openai_request_fuzz grammar_fuzz -j"${JOBS:-1}"
+cmake --build "$build" --target safetensors_header_fuzz jinja_fuzz openai_request_fuzz grammar_fuzz chat_output_fuzz \
+  -j"${JOBS:-1}"
 
 artifacts="$build/fuzz-artifacts"
 mkdir -p "$artifacts"
@@ -64,3 +67,5 @@ fuzz jinja_fuzz "${JINJA_FUZZ_SECONDS:-20}" "$root/fuzz/jinja.dict" "$root/testd
 fuzz openai_request_fuzz "${OPENAI_FUZZ_SECONDS:-20}" "$root/fuzz/openai.dict" "$root/fuzz/corpus/openai"
 # Structured-output specs: grammars, regexes, JSON schemas.
 fuzz grammar_fuzz "${GRAMMAR_FUZZ_SECONDS:-20}" "$root/fuzz/grammar.dict" "$root/fuzz/corpus/grammar"
+# Model output text: tool calls in every format, reasoning.
+fuzz chat_output_fuzz "${CHAT_OUTPUT_FUZZ_SECONDS:-20}" "$root/fuzz/chat_output.dict" "$root/fuzz/corpus/chat_output"
