@@ -69,6 +69,8 @@ struct ServeFlags {
   double drain_timeout = 30;
   bool log_text = false;
   bool no_request_log = false;
+  std::string tool_call_parser = "auto";
+  std::string reasoning_parser;
   std::string device = "cpu";
   bool enforce_eager = false;
   std::string kv_cache_dtype = "auto";
@@ -204,6 +206,8 @@ void run_serve(const ServeFlags& f) {
   api_options.max_model_len = f.max_model_len;
   api_options.log_requests = !f.no_request_log;
   api_options.log_text = f.log_text;
+  api_options.tool_call_parser = f.tool_call_parser;
+  api_options.reasoning_parser = f.reasoning_parser;
   ApiServer api_server(engine, tokenizer.tokenizer, tokenizer.config, api_options);
   api_server.set_connection_counter([&server] { return server.open_connections(); });
   api_server.set_ready(true);
@@ -213,6 +217,7 @@ void run_serve(const ServeFlags& f) {
       .add("device", f.device)
       .add("kv_slots", engine.kv_capacity())
       .add("max_model_len", api_server.max_model_len())
+      .add("tool_call_parser", api_server.tool_call_parser())
       .add("api_keys", !keys.empty())
       .emit();
 
@@ -299,6 +304,13 @@ void add_serve_command(CLI::App& app) {
                   "Seconds running requests may take to finish after SIGTERM (default 30)");
   cmd->add_flag("--log-requests-text", f.log_text, "Also log completion text (off: logs carry ids, sizes, timings)");
   cmd->add_flag("--no-request-log", f.no_request_log, "Do not log one line per request");
+  cmd->add_option("--tool-call-parser", f.tool_call_parser,
+                  "Chat tool calls: hermes, llama3_json, mistral, deepseek_v3 or deepseek_v31 parses the model's "
+                  "calls into tool_calls and lets tool_choice force one; auto detects the format from the chat "
+                  "template; none returns calls as text (default auto)");
+  cmd->add_option("--reasoning-parser", f.reasoning_parser,
+                  "Reasoning models: deepseek_r1 or qwen3 moves the <think> text to reasoning_content (default: "
+                  "none)");
   cmd->add_option("--device", f.device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "chat_output/tool_call_grammar.h"
 #include "runtime/grammar_constraint.h"
 #include "core/log.h"
 #include "core/version.h"
@@ -152,6 +153,8 @@ struct Choice {
   StopReason stop_reason;
   std::string error;
   Usage usage;
+  // Chat with tool or reasoning parsing: the text as message fields.
+  std::shared_ptr<ChatOutputStream> output;
 };
 
 // The logprob of the sampled token, from the event's alternatives.
@@ -281,13 +284,15 @@ class GenerationProducer : public ResponseProducer {
         if (error_.empty()) error_ = e.error;
         return;
       }
+      json delta = c.output ? c.output->finish(e.text) : json();
       if (!request_.stream) return;
       if (e.reason == FinishReason::kError) {
         sse += sse_line(json{{"error", {{"message", e.error}, {"type", "server_error"}, {"code", 500}}}});
         return;
       }
       json choice = chunk_choice(c, e.text, nullptr);
-      choice["finish_reason"] = finish_reason_name(e.reason);
+      if (c.output) choice["delta"] = std::move(delta);
+      choice["finish_reason"] = finish_reason(c);
       choice["stop_reason"] = stop_reason_json(e.stop_reason);
       if (request_.chat && e.text.empty()) choice["delta"] = json::object();
       announce(c, sse);
@@ -307,10 +312,24 @@ class GenerationProducer : public ResponseProducer {
         if (!request_.chat) c.text_offset += token_text(e.token).size();
       }
     }
+    json delta = c.output ? c.output->feed(e.text) : json();
     if (!request_.stream) return;
     announce(c, sse);
+    if (c.output) {
+      if (delta.empty() && lp.is_null()) return;  // held back (a possible marker or stop string)
+      json choice = chunk_choice(c, {}, lp);
+      choice["delta"] = std::move(delta);
+      sse += sse_line(chunk({choice}));
+      return;
+    }
     if (e.text.empty() && lp.is_null()) return;  // held back (a possible stop string)
     sse += sse_line(chunk({chunk_choice(c, e.text, lp)}));
+  }
+
+  // OpenAI's "tool_calls" when the model stopped after calling.
+  const char* finish_reason(const Choice& c) const {
+    if (c.reason == FinishReason::kStop && c.output && c.output->has_tool_calls()) return "tool_calls";
+    return finish_reason_name(c.reason);
   }
 
   // The first chunk of a choice: the assistant role (chat) or the echoed
@@ -453,9 +472,14 @@ class GenerationProducer : public ResponseProducer {
       if (request_.want_logprobs) lp = logprobs_json(c.ids, c.chosen, c.top, echo.size());
       json choice = {{"index", c.index},
                      {"logprobs", lp},
-                     {"finish_reason", finish_reason_name(c.reason)},
+                     {"finish_reason", finish_reason(c)},
                      {"stop_reason", stop_reason_json(c.stop_reason)}};
-      if (request_.chat) {
+      if (request_.chat && c.output) {
+        json message = c.output->message();
+        if (!echo.empty())
+          message["content"] = echo + (message["content"].is_string() ? message["content"].get<std::string>() : "");
+        choice["message"] = std::move(message);
+      } else if (request_.chat) {
         choice["message"] = {{"role", "assistant"}, {"content", echo + text}};
       } else {
         choice["text"] = echo + text;
@@ -671,6 +695,10 @@ ApiServer::ApiServer(EngineClient& engine, const Tokenizer& tokenizer, const Tok
   shared_->id_salt = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   shared_->log_requests = options_.log_requests;
   shared_->log_text = options_.log_text;
+  if (options_.tool_call_parser == "auto") tool_format_ = detect_tool_call_format(tokenizer_config_.chat_template);
+  else if (options_.tool_call_parser != "none" && !options_.tool_call_parser.empty())
+    tool_format_ = parse_tool_call_format(options_.tool_call_parser);
+  if (!options_.reasoning_parser.empty()) reasoning_format_ = parse_reasoning_format(options_.reasoning_parser);
 }
 
 ApiServer::~ApiServer() = default;
@@ -849,6 +877,19 @@ std::string ApiServer::render_chat(const ParsedRequest& r) const {
   return text;
 }
 
+ChatOutputOptions ApiServer::chat_output_options(const ParsedRequest& r, const std::string& prompt) const {
+  ChatOutputOptions o;
+  if (r.tool_choice != ParsedRequest::ToolChoice::kNone && tool_format_) {
+    o.tool_format = tool_format_;
+    o.tools = r.tools;
+  }
+  if (reasoning_format_) {
+    o.reasoning_format = reasoning_format_;
+    o.starts_in_reasoning = prompt_opens_reasoning(prompt);
+  }
+  return o;
+}
+
 HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::string& header_id) {
   if (draining_) throw ApiError(503, "the server is shutting down", {}, "server_error");
   ProtocolLimits limits = options_.limits;
@@ -867,8 +908,12 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
   // Prompts as ids.
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> echo_texts;
+  ChatOutputOptions chat_output;
   if (chat) {
     const std::string text = render_chat(r);
+    chat_output = chat_output_options(r, text);
+    // Mistral's [TOOL_CALLS] is a special token: the parser must see it.
+    if (chat_output.tool_format == ToolCallFormat::kMistral) r.params.skip_special_tokens = false;
     prompts.push_back(tokenizer_.encode(text, r.add_special_tokens));
     echo_texts.push_back(r.echo && !r.messages.back()["content"].is_null() &&
                                  r.messages.back().value("role", "") == "assistant"
@@ -924,6 +969,29 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
   } catch (const Error& e) {
     throw ApiError(400, e.what());
   }
+  const bool forced_call =
+      r.tool_choice == ParsedRequest::ToolChoice::kRequired || r.tool_choice == ParsedRequest::ToolChoice::kNamed;
+  if (chat && forced_call) {
+    // The call is forced by a grammar of the model's own tool-call format,
+    // its arguments by each function's parameter schema.
+    if (!tool_format_)
+      throw ApiError(400,
+                     "'tool_choice' forces a tool call, but this server has no tool-call format for the model "
+                     "(start it with --tool-call-parser NAME; none was detected from the chat template)",
+                     "tool_choice");
+    StructuredOutputSpec spec;
+    spec.kind = StructuredOutputSpec::Kind::kGrammar;
+    try {
+      spec.text = tool_call_grammar(*tool_format_, r.tools,
+                                    r.tool_choice == ParsedRequest::ToolChoice::kNamed ? ToolChoiceMode::kNamed
+                                                                                        : ToolChoiceMode::kRequired,
+                                    r.tool_choice_name, r.parallel_tool_calls);
+    } catch (const Error& e) {
+      throw ApiError(400, fmt::format("'tools': {}", e.what()), "tools");
+    }
+    r.structured = std::move(spec);
+    r.structured_param = "tools";
+  }
   std::shared_ptr<const TokenMasker> grammar;
   if (r.structured) {
     try {
@@ -957,6 +1025,8 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
       c.index = index++;
       c.prompt_index = static_cast<int>(p);
       c.handle = std::move(handle);
+      if (chat && (chat_output.tool_format || chat_output.reasoning_format))
+        c.output = std::make_shared<ChatOutputStream>(chat_output);
       choices.push_back(std::move(c));
     }
   }

@@ -27,10 +27,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/engine.h"
+#include "server/chat_output_stream.h"
 #include "server/http_server.h"
 #include "server/openai_protocol.h"
 #include "tokenizer/tokenizer.h"
@@ -51,6 +53,15 @@ struct ApiServerOptions {
   bool log_requests = true;
   bool log_text = false;
   ProtocolLimits limits;
+  // Tool calls in chat output (vLLM's --tool-call-parser): a format name
+  // (chat_output/tool_call_format.h), "auto" to detect it from the chat
+  // template, or "none" to return calls as text. Unknown names, and "auto"
+  // when nothing is detected, leave tool calls as text; tool_choice
+  // "required" or a named function then gets a 400.
+  std::string tool_call_parser = "auto";
+  // Reasoning text (vLLM's --reasoning-parser): empty for none, or a format
+  // name (chat_output/reasoning_parser.h).
+  std::string reasoning_parser;
 };
 
 class ApiServer {
@@ -81,6 +92,8 @@ class ApiServer {
   void set_connection_counter(std::function<size_t()> counter) { connections_ = std::move(counter); }
   std::string metrics_text() const;
   int64_t max_model_len() const { return max_model_len_; }
+  // The tool-call format in use ("none" when calls stay text).
+  std::string tool_call_parser() const { return tool_format_ ? std::string(to_string(*tool_format_)) : "none"; }
 
   // Internal: shared by the response producers.
   struct Shared;
@@ -93,6 +106,8 @@ class ApiServer {
   HttpResponse model(const std::string& id) const;
   nlohmann::json model_object() const;
   std::string render_chat(const ParsedRequest& r) const;
+  // The choice's output parsers for a chat request; `prompt` is the rendered prompt.
+  ChatOutputOptions chat_output_options(const ParsedRequest& r, const std::string& prompt) const;
   bool authorized(const HttpRequest& request) const;
   GrammarCache& grammars();
 
@@ -109,6 +124,8 @@ class ApiServer {
   int64_t created_ = 0;
   std::once_flag grammars_once_;
   std::unique_ptr<GrammarCache> grammars_;  // compiled structured-output grammars
+  std::optional<ToolCallFormat> tool_format_;
+  std::optional<ReasoningFormat> reasoning_format_;
 };
 
 }  // namespace basalt

@@ -163,23 +163,43 @@ void check_tools(const json& tools) {
   }
 }
 
-// tool_choice: "none" and "auto" render the tools and return the text.
-// Forcing a call ("required", a named function) needs the model's tool-call
-// format as a grammar and a parser for it, which Basalt does not have, so
-// those are refused rather than ignored.
-void check_tool_choice(const json& b) {
+// tool_choice: "none", "auto", "required", or {"type": "function",
+// "function": {"name"}} naming one of the tools. Forcing a call needs tools
+// to call, and the function named must be one of them.
+void parse_tool_choice(const json& b, ParsedRequest& r) {
+  const bool has_tools = r.tools.is_array() && !r.tools.empty();
+  r.tool_choice = has_tools ? ParsedRequest::ToolChoice::kAuto : ParsedRequest::ToolChoice::kNone;
   const json* choice = field(b, "tool_choice");
   if (choice == nullptr) return;
   if (choice->is_string()) {
     const std::string c = choice->get<std::string>();
-    if (c == "none" || c == "auto") return;
-    if (c == "required")
-      bad("tool_choice", "'tool_choice': \"required\" is not supported yet (\"none\" and \"auto\" are)");
-    bad("tool_choice", fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or a named function, not \"{}\"", c));
+    if (c == "none") r.tool_choice = ParsedRequest::ToolChoice::kNone;
+    else if (c == "auto") r.tool_choice = has_tools ? ParsedRequest::ToolChoice::kAuto : ParsedRequest::ToolChoice::kNone;
+    else if (c == "required") r.tool_choice = ParsedRequest::ToolChoice::kRequired;
+    else
+      bad("tool_choice",
+          fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or a named function, not \"{}\"", c));
+  } else if (choice->is_object()) {
+    const json* f = field(*choice, "function");
+    if (get_string(*choice, "type") != "function" || f == nullptr || !f->is_object() || get_string(*f, "name").empty())
+      bad("tool_choice", "a named 'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    r.tool_choice = ParsedRequest::ToolChoice::kNamed;
+    r.tool_choice_name = get_string(*f, "name");
+  } else {
+    bad("tool_choice", "'tool_choice' must be a string or an object");
   }
-  if (choice->is_object())
-    bad("tool_choice", "'tool_choice' naming a function is not supported yet (\"none\" and \"auto\" are)");
-  bad("tool_choice", "'tool_choice' must be a string or an object");
+  const bool forced = r.tool_choice == ParsedRequest::ToolChoice::kRequired ||
+                      r.tool_choice == ParsedRequest::ToolChoice::kNamed;
+  if (forced && !has_tools) bad("tool_choice", "'tool_choice' forces a tool call, but the request has no 'tools'");
+  if (r.tool_choice == ParsedRequest::ToolChoice::kNamed) {
+    bool found = false;
+    for (const auto& t : r.tools) found = found || t["function"]["name"] == r.tool_choice_name;
+    if (!found) bad("tool_choice", fmt::format("'tool_choice' names the function '{}', which is not in 'tools'", r.tool_choice_name));
+  }
+  if (forced && r.structured)
+    bad("tool_choice", fmt::format("'tool_choice' that forces a call cannot be combined with '{}': the call's "
+                                   "arguments are already constrained by the function's parameters",
+                                   r.structured_param));
 }
 
 // An assistant message's tool_calls as templates expect them: arguments
@@ -539,9 +559,10 @@ ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& li
   if (const json* tools = field(b, "tools")) {
     check_tools(*tools);
     r.template_kwargs["tools"] = ob["tools"];
+    r.tools = ob["tools"];
   }
-  check_tool_choice(b);
-  get_bool(b, "parallel_tool_calls", true);
+  parse_tool_choice(b, r);
+  r.parallel_tool_calls = get_bool(b, "parallel_tool_calls", true);
   if (field(b, "documents") != nullptr) r.template_kwargs["documents"] = ob["documents"];
   r.chat_template = get_string(b, "chat_template");
   const bool logprobs = get_bool(b, "logprobs", false);

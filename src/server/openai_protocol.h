@@ -90,6 +90,14 @@ struct ParsedRequest {
   std::string request_id;  // the client's id for the request (empty: none given)
   // Keep only the prompt's last k tokens: 0 off, -1 the context length.
   int64_t truncate_prompt_tokens = 0;
+  // Tools (chat): the request's `tools` as sent (null: none), how the model
+  // may use them, and whether one turn may hold several calls. tool_choice
+  // defaults to auto with tools and none without, as OpenAI's does.
+  enum class ToolChoice : uint8_t { kNone, kAuto, kRequired, kNamed };
+  nlohmann::ordered_json tools;
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::string tool_choice_name;  // kNamed: the function
+  bool parallel_tool_calls = true;
   // What the output must match (response_format, structured_outputs,
   // guided_*), and the field it came from (errors name it).
   std::optional<StructuredOutputSpec> structured;

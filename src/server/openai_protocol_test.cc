@@ -78,6 +78,26 @@ TEST(OpenAiProtocol, PromptShapesAndDefaults) {
   EXPECT_EQ(r.params.logprobs, 0);
 }
 
+TEST(OpenAiProtocol, ToolChoices) {
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
+  const std::string head = R"({"messages": [{"role": "user", "content": "x"}], )";
+  EXPECT_EQ(parse_chat_request(head + tools + "}").tool_choice, ParsedRequest::ToolChoice::kAuto);
+  EXPECT_EQ(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}]})").tool_choice,
+            ParsedRequest::ToolChoice::kNone);
+  EXPECT_EQ(parse_chat_request(head + tools + R"(, "tool_choice": "none"})").tool_choice,
+            ParsedRequest::ToolChoice::kNone);
+  const ParsedRequest required = parse_chat_request(head + tools + R"(, "tool_choice": "required",
+                                                    "parallel_tool_calls": false})");
+  EXPECT_EQ(required.tool_choice, ParsedRequest::ToolChoice::kRequired);
+  EXPECT_FALSE(required.parallel_tool_calls);
+  EXPECT_EQ(required.tools[0]["function"]["name"], "f");
+  const ParsedRequest named =
+      parse_chat_request(head + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})");
+  EXPECT_EQ(named.tool_choice, ParsedRequest::ToolChoice::kNamed);
+  EXPECT_EQ(named.tool_choice_name, "f");
+  EXPECT_TRUE(named.parallel_tool_calls);
+}
+
 TEST(OpenAiProtocol, ChatMessagesAndOptions) {
   const ParsedRequest r = parse_chat_request(R"({
     "model": "m", "messages": [
@@ -274,6 +294,12 @@ TEST(OpenAiProtocol, BadInputsAreFourHundredsNamingTheField) {
       {true, R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "function", "function": {"name": "f"}}})",
        "tool_choice"},
       {true, R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"})", "tool_choice"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+                 "tool_choice": {"type": "function", "function": {"name": "g"}}})", "tool_choice"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+                 "tool_choice": {"type": "function"}})", "tool_choice"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+                 "tool_choice": "required", "response_format": {"type": "json_object"}})", "tool_choice"},
       {true, R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", "tools"},
       {true, R"({"messages": [{"role": "user", "content": "x"}], "tools": {}})", "tools"},
       {true, R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]})", "messages"},

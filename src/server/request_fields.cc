@@ -41,9 +41,9 @@ const RequestField kFields[] = {
     {"stream_options.include_obfuscation", B, I, {}, {}, "OpenAI pads chunks against side channels; nothing to pad here"},
     {"user", B, S, {}, {}, "logged"},
     {"response_format", B, S, {}, {}, "text, json_object, or json_schema (its schema's keywords are enforced or refused by name)"},
-    {"tools", H, S, {}, {}, "passed to the chat template; tool calls in the output come back as text"},
-    {"tool_choice", H, S, {}, {}, "only \"none\" or \"auto\"; \"required\" and a named function are refused"},
-    {"parallel_tool_calls", H, S, {}, {}, "accepted: no structured tool calls are produced, so none are limited"},
+    {"tools", H, S, {}, {}, "rendered by the chat template; the model's calls come back as tool_calls (--tool-call-parser)"},
+    {"tool_choice", H, S, {}, {}, "none, auto, required or a named function; the last two force calls by grammar"},
+    {"parallel_tool_calls", H, S, {}, {}, "false: a forced choice makes exactly one call"},
     // --- vLLM and SGLang extensions ---------------------------------------
     {"top_k", B, S, {}, {}, ""},
     {"min_p", B, S, {}, {}, ""},

@@ -73,7 +73,9 @@ CHAT_TEMPLATE = (
     "{% elif message['role'] == 'user' %}{{ '<｜User｜>' + content }}"
     "{% elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + content }}"
     "{% for call in message['tool_calls'] or [] %}"
-    "{{ '<tool_call>' + call['function']['name'] + ' ' + (call['function']['arguments'] | tojson) + '</tool_call>' }}"
+    # Hermes' tool-call format, which basalt serve's tool-call parser detects.
+    "{{ '<tool_call>\\n' + ({'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson)"
+    " + '\\n</tool_call>' }}"
     "{% endfor %}{{ '<｜end▁of▁sentence｜>' }}"
     "{% elif message['role'] == 'tool' %}{{ '<｜User｜><tool_result>' + content + '</tool_result>' }}"
     "{% endif %}{% endfor %}"
