@@ -25,6 +25,14 @@ void Delivery::post(Batch batch) {
   cv_.notify_one();
 }
 
+std::vector<RequestUpdate> Delivery::spare_updates() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (spare_.empty()) return {};
+  std::vector<RequestUpdate> v = std::move(spare_.back());
+  spare_.pop_back();
+  return v;
+}
+
 void Delivery::flush() {
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t target = posted_;
@@ -88,8 +96,10 @@ void Delivery::loop() {
         it->second->push(std::move(u));
       }
     }
+    batch.updates.clear();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (spare_.size() < kSpares && batch.updates.capacity() > 0) spare_.push_back(std::move(batch.updates));
       ++delivered_;
     }
     idle_cv_.notify_all();

@@ -57,6 +57,11 @@ class Delivery {
   Delivery& operator=(const Delivery&) = delete;
 
   void post(Batch batch);
+  // An empty update vector that an earlier batch delivered, with its
+  // capacity (or a new one): the poster fills it for its next batch, so a
+  // step neither allocates its updates nor writes them to memory no cache
+  // has seen (the delivery thread frees what they held).
+  std::vector<RequestUpdate> spare_updates();
   void flush();
   // Detaches the streams still open (their engine is going away).
   void detach_all();
@@ -69,6 +74,8 @@ class Delivery {
   std::condition_variable cv_;       // a batch or stop
   std::condition_variable idle_cv_;  // everything posted is delivered
   std::deque<Batch> queue_;
+  std::vector<std::vector<RequestUpdate>> spare_;  // emptied, capacity kept; at most kSpares
+  static constexpr size_t kSpares = 2;
   uint64_t posted_ = 0;
   uint64_t delivered_ = 0;
   bool stop_ = false;

@@ -121,7 +121,7 @@ struct Engine::Parts {
   void deliver(std::vector<RequestUpdate>& updates) {
     if (!subscribers.empty()) batch.kv_events = kv.take_events();
     batch.updates = std::move(updates);
-    updates.clear();
+    updates = delivery.spare_updates();
     delivery.post(std::move(batch));
     batch = Delivery::Batch{};
   }
@@ -361,6 +361,11 @@ void Engine::run() {
     if (clear && idle) {
       const int64_t free_slots = p.kv.clear_cache();
       p.kv.check_invariants(0);
+      // Every update reaches its stream first: a stream that found a stop
+      // string after the engine had finished its request counts the tokens
+      // made past it when the engine's finish arrives (StopLedger).
+      p.deliver(updates);
+      p.delivery.flush();
       p.publish();  // the caller reads metrics that include everything before
       std::lock_guard<std::mutex> lock(p.mu);
       p.clear_result = free_slots;

@@ -119,41 +119,55 @@ struct RequestKv {
 };
 
 struct Request {
+  // The fields every step reads or writes for every running request come
+  // first, together on a few cache lines: with hundreds of requests running,
+  // the step loop meets them cold (the forward pass has just streamed the
+  // weights through the caches), and each line is a miss.
   uint64_t id = 0;
-  uint64_t arrival = 0;  // intake order
-  uint64_t group = 0;    // the samples of one submit_n share the first sample's id
-  EngineRequest request;
-  uint64_t seed = 0;
-  Clock::time_point submitted;
-  Clock::time_point last_token;
-  bool admitted_once = false;
-  std::string refusal;  // set at submit: the request only gets an error
-
   std::vector<int32_t> tokens;  // prompt, then output
   int64_t prompt_len = 0;
   int num_output = 0;
-  RequestKv kv;
-  Usage usage;
-  // Built at intake, then used only by the model runner (apply, append).
-  std::unique_ptr<LogitsProcessor> processor;
-
+  // Launched steps not processed yet: tokens they sample for this request,
+  // the row of the latest one (a FutureToken of the next step).
+  int pending = 0;
+  int pending_row = 0;
+  // Samples in flight that were planned before jump-forward tokens were
+  // appended: their tokens are dropped when they land (overlap).
+  int stale_samples = 0;
   bool finished = false;
   bool preempted = false;  // since its last admission (it waits to be recomputed)
+  RequestKv kv;
   // The step being planned takes positions [step_start, step_start +
   // step_len) when planned_for is that step's id.
   uint64_t planned_for = 0;
   int64_t step_start = 0;
   int64_t step_len = 0;
-  // Launched steps not processed yet: tokens they sample for this request,
-  // the row of the latest one (a FutureToken of the next step), the latest
-  // step's length and id.
-  int pending = 0;
-  int pending_row = 0;
+  // The latest launched step's length and id.
   int64_t inflight_len = 0;
   uint64_t last_step = 0;
-  // Samples in flight that were planned before jump-forward tokens were
-  // appended: their tokens are dropped when they land (overlap).
-  int stale_samples = 0;
+  uint64_t seed = 0;
+  Clock::time_point last_token;
+  // Built at intake, then used only by the model runner (apply, append).
+  std::unique_ptr<LogitsProcessor> processor;
+  Usage usage;
+  // What the step loop reads of `request` every step, copied at intake
+  // (Scheduler::add; `request` never changes after it) so that it sits on
+  // these lines rather than on the request's cold ones.
+  SamplingRow sampling;  // the sample op's controls; each sample sets its step
+  TokenConstraint* constraint = nullptr;  // request.constraint
+  int max_tokens = 0;
+  int min_tokens = 0;
+  int logprobs = 0;
+  bool sampled_logprob = false;
+  bool ignore_eos = false;
+  bool has_stop_ids = false;  // request.params.stop_token_ids is not empty
+
+  EngineRequest request;
+  uint64_t arrival = 0;  // intake order
+  uint64_t group = 0;    // the samples of one submit_n share the first sample's id
+  Clock::time_point submitted;
+  bool admitted_once = false;
+  std::string refusal;  // set at submit: the request only gets an error
 
   int64_t target() const { return static_cast<int64_t>(tokens.size()) + pending; }
   int64_t remaining() const { return target() - kv.computed; }

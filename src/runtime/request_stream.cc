@@ -32,6 +32,14 @@ std::optional<EngineEvent> RequestStream::take_ready() {
       updates_.pop_front();
     }
     const bool ended_before = processor_.finished();
+    // The engine's own finish, kept for the ledger: the text that completes
+    // a stop string can come with it (held-back text released at the end).
+    std::optional<RequestUpdate> engine_finish;
+    if (u.finished) {
+      engine_finish.emplace();
+      engine_finish->usage = u.usage;
+      engine_finish->reason = u.reason;
+    }
     processor_.process(std::move(u), events_);
     if (!ended_before && processor_.stop_after()) {
       // A stop string: the stream ends here and the engine is told to stop.
@@ -40,6 +48,7 @@ std::optional<EngineEvent> RequestStream::take_ready() {
         std::lock_guard<std::mutex> lock(mu_);
         ended_ = true;
         client_kept_ = processor_.stop_after();
+        if (engine_finish) account_late_finish(*engine_finish);
         for (const RequestUpdate& u : updates_)
           if (u.finished) account_late_finish(u);
         updates_.clear();

@@ -53,8 +53,6 @@ struct SamplingParams {
   // prompt). Each in [-2, 2]; 0: off.
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
-  // Added to the token's logit; ids in the vocabulary, biases in [-100, 100].
-  std::map<int32_t, float> logit_bias;
   // Until the output has min_tokens tokens, eos (unless ignore_eos) and
   // stop_token_ids get logit -inf and stop strings do not match.
   int min_tokens = 0;
@@ -62,10 +60,6 @@ struct SamplingParams {
   // --- stopping ------------------------------------------------------------
   // Tokens to generate at most (>= 0; the generator returns nothing for 0).
   int max_tokens = 16;
-  // Generation stops when the text contains one of these (non-empty) strings;
-  // the string itself is left out of the text unless
-  // include_stop_str_in_output.
-  std::vector<std::string> stop;
   bool include_stop_str_in_output = false;
   // Generation stops after any of these ids (whatever ignore_eos says).
   std::vector<int32_t> stop_token_ids;
@@ -79,6 +73,16 @@ struct SamplingParams {
   // also when logprobs is 0.
   bool sampled_logprob = false;
   bool skip_special_tokens = true;
+
+  // --- containers, last: the scheduler reads the scalar fields above for
+  // every running request every step, and they stay on few cache lines.
+  // The LogitsProcessor's: added to the token's logit; ids in the
+  // vocabulary, biases in [-100, 100].
+  std::map<int32_t, float> logit_bias;
+  // Stopping: generation stops when the text contains one of these
+  // (non-empty) strings; the string itself is left out of the text unless
+  // include_stop_str_in_output.
+  std::vector<std::string> stop;
 
   // Throws basalt::Error naming the first field out of range. vocab_size
   // bounds logit_bias and stop_token_ids ids; max_logprobs bounds logprobs.

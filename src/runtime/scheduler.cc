@@ -23,6 +23,18 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // so that it finds them in the cache instead of computing them again.
 constexpr int64_t kInBatchPrefix = 32;
 
+// The loops over running requests meet each one cold (in the engine the
+// forward pass has just streamed the weights through the caches) and reach
+// it through a pointer: starting the loads of a request a few places ahead
+// overlaps those misses instead of taking them one after another.
+constexpr size_t kPrefetchAhead = 4;
+void prefetch_step_fields(const Request* r) {
+  // The step's fields are Request's leading members, up to `request`.
+  const auto* head = reinterpret_cast<const char*>(r);
+  const auto* end = reinterpret_cast<const char*>(&r->request);
+  for (const char* line = head; line < end; line += 64) __builtin_prefetch(line);
+}
+
 }  // namespace
 
 const char* to_string(FinishReason reason) {
@@ -81,6 +93,15 @@ void Scheduler::add(std::unique_ptr<Request> request, std::vector<RequestUpdate>
   r.prompt_len = static_cast<int64_t>(r.request.prompt.size());
   r.usage.prompt_tokens = r.prompt_len;
   r.seed = r.request.params.seed ? *r.request.params.seed : random_seed();
+  const SamplingParams& p = r.request.params;
+  r.sampling = p.row(r.seed, 0);
+  r.constraint = r.request.constraint.get();
+  r.max_tokens = p.max_tokens;
+  r.min_tokens = p.min_tokens;
+  r.logprobs = p.logprobs;
+  r.sampled_logprob = p.sampled_logprob;
+  r.ignore_eos = p.ignore_eos;
+  r.has_stop_ids = !p.stop_token_ids.empty();
   if (std::string why = invalid(r); !why.empty()) return end(r, FinishReason::kError, updates, {}, std::move(why));
   if (r.request.params.max_tokens == 0) return end(r, FinishReason::kLength, updates);
   try {
@@ -337,6 +358,7 @@ std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates)
   //    (prefill, or recomputing after preemption) wait for what the budget
   //    leaves.
   for (size_t i = 0; i < running_.size(); ++i) {
+    if (i + kPrefetchAhead < running_.size()) prefetch_step_fields(running_[i + kPrefetchAhead].get());
     Request& r = *running_[i];
     if (r.preempted || r.finished || r.remaining() < 1 || samples_its_last(r) || r.stale_samples > 0) continue;
     if (r.catching_up()) {
@@ -415,12 +437,26 @@ std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates)
   return batch;
 }
 
+std::shared_ptr<StepPlan> Scheduler::fresh_plan() {
+  // Steps in flight hold at most two plans (overlap), and the engine one
+  // more until it drops the step it updated.
+  constexpr size_t kPoolSize = 4;
+  for (std::shared_ptr<StepPlan>& p : plan_pool_)
+    if (p.use_count() == 1) {
+      p->clear();
+      return p;
+    }
+  auto plan = std::make_shared<StepPlan>();
+  if (plan_pool_.size() < kPoolSize) plan_pool_.push_back(plan);
+  return plan;
+}
+
 std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& updates) {
   std::vector<Request*> batch = plan_batch(updates);
   ++m_.steps;
   remove_finished();
   if (batch.empty()) return nullptr;
-  auto plan = std::make_shared<StepPlan>();
+  std::shared_ptr<StepPlan> plan = fresh_plan();
   const uint64_t previous = step_in_flight() ? next_step_id_ : 0;
   plan->id = ++next_step_id_;
   size_t tokens = 0, kv_entries = 0;
@@ -438,7 +474,15 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
   plan->rows.reserve(batch.size());
   plan->sampled.reserve(batch.size());
   bool any_prefill = false, any_decode = false;
-  for (Request* r : batch) {
+  for (size_t b = 0; b < batch.size(); ++b) {
+    Request* r = batch[b];
+    if (b + kPrefetchAhead < batch.size()) {
+      // Its fields are warm from planning; its slots and last tokens are not.
+      const Request* ahead = batch[b + kPrefetchAhead];
+      __builtin_prefetch(ahead->kv.slots.data() + ahead->step_start);
+      __builtin_prefetch(ahead->kv.slots.data());
+      __builtin_prefetch(ahead->tokens.data() + ahead->tokens.size());
+    }
     const int64_t known = static_cast<int64_t>(r->tokens.size());
     for (int64_t i = 0; i < r->step_len; ++i) {
       const int64_t pos = r->step_start + i;
@@ -473,12 +517,11 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
     if (prefill) kv_.commit(r->kv, r->request.cache_namespace, r->tokens);
     if (samples) {
       plan->logit_rows.push_back(static_cast<int32_t>(plan->token_ids.size()) - 1);
-      const SamplingParams& p = r->request.params;
-      plan->rows.push_back(StepPlan::SampleRow{r->processor.get(), r->request.constraint.get(),
-                                               p.row(r->seed, static_cast<uint64_t>(r->num_output + r->pending)),
-                                               p.logprobs, p.logprobs > 0 || p.sampled_logprob,
-                                               options_.jump_forward && r->request.constraint != nullptr &&
-                                                   p.logprobs == 0 && !p.sampled_logprob});
+      SamplingRow sampling = r->sampling;
+      sampling.step = static_cast<uint64_t>(r->num_output + r->pending);
+      plan->rows.push_back(StepPlan::SampleRow{
+          r->processor.get(), r->constraint, sampling, r->logprobs, r->logprobs > 0 || r->sampled_logprob,
+          options_.jump_forward && r->constraint != nullptr && r->logprobs == 0 && !r->sampled_logprob});
       r->pending_row = static_cast<int>(plan->sampled.size());
       ++r->pending;
       plan->sampled.push_back(r);
@@ -496,7 +539,6 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
 
 bool Scheduler::on_token(Request& r, int32_t token, std::vector<TokenLogprob> logprobs, float logprob,
                          Clock::time_point now, std::vector<RequestUpdate>& updates, bool forced) {
-  const SamplingParams& p = r.request.params;
   if (!forced) {
     if (r.num_output == 0) m_.ttft.observe(seconds(now - r.submitted));
     else m_.inter_token.observe(seconds(now - r.last_token));
@@ -507,9 +549,9 @@ bool Scheduler::on_token(Request& r, int32_t token, std::vector<TokenLogprob> lo
   ++r.usage.completion_tokens;
   ++m_.output_tokens;
 
-  const bool past_min = r.num_output >= p.min_tokens;
-  const bool is_eos = past_min && !p.ignore_eos && contains(options_.eos_ids, token);
-  const bool is_stop_id = past_min && contains(p.stop_token_ids, token);
+  const bool past_min = r.num_output >= r.min_tokens;
+  const bool is_eos = past_min && !r.ignore_eos && contains(options_.eos_ids, token);
+  const bool is_stop_id = past_min && r.has_stop_ids && contains(r.request.params.stop_token_ids, token);
   RequestUpdate u;
   u.id = r.id;
   u.token = token;
@@ -524,7 +566,7 @@ bool Scheduler::on_token(Request& r, int32_t token, std::vector<TokenLogprob> lo
     end(r, FinishReason::kStop, updates, std::move(stop_reason));
     return true;
   }
-  if (r.num_output >= p.max_tokens) {
+  if (r.num_output >= r.max_tokens) {
     end(r, FinishReason::kLength, updates);
     return true;
   }
@@ -545,6 +587,12 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
   const Clock::time_point now = Clock::now();
   updates.reserve(updates.size() + plan.sampled.size() + 8);
   for (size_t i = 0; i < plan.sampled.size(); ++i) {
+    if (i + kPrefetchAhead < plan.sampled.size()) prefetch_step_fields(plan.sampled[i + kPrefetchAhead]);
+    if (i + kPrefetchAhead / 2 < plan.sampled.size()) {
+      // Its fields were asked for two requests ago: where its token goes.
+      const Request* ahead = plan.sampled[i + kPrefetchAhead / 2];
+      __builtin_prefetch(ahead->tokens.data() + ahead->tokens.size());
+    }
     Request& r = *plan.sampled[i];
     --r.pending;
     if (r.finished || r.stale_samples > 0) {  // an overlap's extra row, or one planned before forced tokens
@@ -556,7 +604,7 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
     if (i >= result.forced.size() || result.forced[i].empty()) continue;
     int appended = 0;
     for (int32_t t : result.forced[i]) {
-      if (r.num_output + r.pending >= r.request.params.max_tokens) break;
+      if (r.num_output + r.pending >= r.max_tokens) break;
       ++appended;
       ++m_.jump_forward_tokens;
       if (on_token(r, t, {}, std::numeric_limits<float>::quiet_NaN(), now, updates, /*forced=*/true)) break;

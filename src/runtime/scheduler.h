@@ -130,10 +130,9 @@ class Scheduler {
   int64_t settled_kv(const Request& r) const;
   bool in_flight(const Request& r) const { return r.last_step > processed_step_; }
   // The step in flight samples the request's last token (max_tokens).
-  static bool samples_its_last(const Request& r) {
-    return r.pending > 0 && r.num_output + r.pending >= r.request.params.max_tokens;
-  }
+  static bool samples_its_last(const Request& r) { return r.pending > 0 && r.num_output + r.pending >= r.max_tokens; }
   std::vector<Request*> plan_batch(std::vector<RequestUpdate>& updates);
+  std::shared_ptr<StepPlan> fresh_plan();
   void preempt(Request& r);
   Request* pick_victim();
   int64_t live_running() const;
@@ -168,6 +167,9 @@ class Scheduler {
   int64_t finished_unremoved_ = 0;  // finished requests still in waiting_ or running_
   int64_t deadlines_ = 0;           // live requests with a deadline
   std::vector<Request*> prefill_candidates_;
+  // Plans handed out before; one that nobody else holds any more (its step
+  // is updated and dropped) is refilled, arrays and all.
+  std::vector<std::shared_ptr<StepPlan>> plan_pool_;
   EngineMetrics m_;
 };
 

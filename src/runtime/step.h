@@ -71,7 +71,25 @@ struct StepPlan {
   std::vector<Request*> sampled;
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  // Back to a new plan's state, keeping the arrays' capacity (the scheduler
+  // refills plans whose steps are done).
+  void clear();
 };
+
+inline void StepPlan::clear() {
+  id = 0;
+  mode = ForwardMode::kExtend;
+  for (auto* v : {&token_ids, &positions, &out_slots, &kv_slots, &logit_rows}) v->clear();
+  q_start.assign(1, 0);
+  kv_start.assign(1, 0);
+  futures_of = 0;
+  futures.clear();
+  capture_hidden = false;
+  rows.clear();
+  chained = false;
+  requests.clear();
+  sampled.clear();
+}
 
 struct StepResult {
   std::vector<int32_t> next;                     // per sampled row
