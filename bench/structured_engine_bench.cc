@@ -1,18 +1,21 @@
 // basalt_bench_structured: what structured output costs the engine, on the
-// bundled model on the CPU backend. The same requests run unconstrained,
-// constrained by a JSON schema whose instances never end (an array of
-// records, so every request writes exactly --tokens tokens either way), and
-// constrained with jump-forward; output tokens/s and engine steps, at batch 1
-// and 64, best of --repeats runs, the three modes alternated.
+// bundled model on the CPU backend, or any model directory on any device.
+// The same requests run unconstrained, constrained by a JSON schema whose
+// instances never end (an array of records, so every request writes exactly
+// --tokens tokens either way), and constrained with jump-forward; output
+// tokens/s and engine steps, at batch 1 and 64, best of --repeats runs, the
+// three modes alternated. The masks are computed on the host while the
+// device runs the forward pass, so on a GPU the question is whether they
+// hide behind it.
 //
-//   basalt_bench_structured [--tokens N] [--repeats N] [--batches 1,64]
+//   basalt_bench_structured [--tokens N] [--repeats N] [--batches 1,64] [--model DIR] [--device cpu|cuda]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
+#include "app/device_choice.h"
 #include "bench_util.h"
 #include "grammar/structured_output.h"
 #include "model/model.h"
@@ -35,6 +38,7 @@ const char* name(Mode m) { return m == Mode::kFree ? "unconstrained" : m == Mode
 struct Result {
   double tokens_per_s = 0;
   uint64_t steps = 0, tokens = 0, forced = 0;
+  double exec_us = 0, sched_us = 0;  // per step: model + sampler (wall), the scheduling thread's CPU
 };
 
 Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::shared_ptr<const TokenMasker>& masker,
@@ -42,6 +46,7 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::shar
   EngineOptions o;
   o.max_running = batch;
   o.kv_slots = static_cast<int64_t>(batch) * (tokens + 64);
+  o.kv_dtype = kv_cache_dtype("auto", backend);
   o.jump_forward = mode == Mode::kJumpForward;
   Engine engine(model, backend, &tok, o);
   std::vector<RequestHandle> handles;
@@ -65,7 +70,8 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::shar
   }
   const double wall = bench::seconds_since(start);
   const EngineMetrics m = engine.metrics();
-  return {static_cast<double>(m.output_tokens) / wall, m.steps, m.output_tokens, m.jump_forward_tokens};
+  return {static_cast<double>(m.output_tokens) / wall, m.steps, m.output_tokens, m.jump_forward_tokens,
+          m.execute_time.mean() * 1e6, m.schedule_time.mean() * 1e6};
 }
 
 }  // namespace
@@ -73,10 +79,14 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::shar
 int main(int argc, char** argv) {
   int tokens = 128, repeats = 3;
   std::vector<int> batches = {1, 64};
+  std::string dir = std::string(BASALT_SOURCE_DIR) + "/models/basalt-mini";
+  std::string device = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--tokens") tokens = std::atoi(argv[i + 1]);
     else if (flag == "--repeats") repeats = std::max(1, std::atoi(argv[i + 1]));
+    else if (flag == "--model") dir = argv[i + 1];
+    else if (flag == "--device") device = argv[i + 1];
     else if (flag == "--batches") {
       batches.clear();
       for (const char* p = argv[i + 1]; *p;) {
@@ -90,16 +100,18 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const std::string dir = std::string(BASALT_SOURCE_DIR) + "/models/basalt-mini";
-  CpuBackend backend;
+  std::unique_ptr<Backend> backend_owner = make_backend(device);
+  Backend& backend = *backend_owner;
   std::unique_ptr<Model> model = load_model(dir, backend);
   const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
   GrammarCache cache(TokenVocabulary::from_tokenizer(tok, static_cast<int32_t>(model->config().vocab_size),
                                                      model->config().eos_token_ids));
   const std::shared_ptr<const TokenMasker> masker =
       cache.get({StructuredOutputSpec::Kind::kJsonSchema, kSchema});
-  std::printf("bundled model, CPU backend, %d output tokens per request, best of %d\n", tokens, repeats);
-  std::printf("%6s  %-22s %12s %8s %8s %10s\n", "batch", "mode", "tokens/s", "steps", "forced", "vs free");
+  std::printf("%s (vocabulary %lld), %s backend, %d output tokens per request, best of %d\n", dir.c_str(),
+              static_cast<long long>(model->config().vocab_size), device.c_str(), tokens, repeats);
+  std::printf("%6s  %-22s %12s %8s %8s %10s %13s %14s\n", "batch", "mode", "tokens/s", "steps", "forced", "vs free",
+              "exec us/step", "sched us/step");
   for (int batch : batches) {
     const Mode modes[] = {Mode::kFree, Mode::kConstrained, Mode::kJumpForward};
     Result best[3];
@@ -109,8 +121,8 @@ int main(int argc, char** argv) {
         if (x.tokens_per_s > best[m].tokens_per_s) best[m] = x;
       }
     for (int m = 0; m < 3; ++m)
-      std::printf("%6d  %-22s %12.1f %8llu %8llu %9.2fx\n", batch, name(modes[m]), best[m].tokens_per_s,
+      std::printf("%6d  %-22s %12.1f %8llu %8llu %9.2fx %13.1f %14.1f\n", batch, name(modes[m]), best[m].tokens_per_s,
                   static_cast<unsigned long long>(best[m].steps), static_cast<unsigned long long>(best[m].forced),
-                  best[m].tokens_per_s / best[0].tokens_per_s);
+                  best[m].tokens_per_s / best[0].tokens_per_s, best[m].exec_us, best[m].sched_us);
   }
 }
