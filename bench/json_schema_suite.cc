@@ -44,9 +44,9 @@
 // ($ref to an http URL), anchors, $dynamicRef or any keyword Basalt does not
 // enforce are refused, which is what the contract asks for. What Basalt
 // enforces more loosely than the suite expects does show as disagreements:
-// oneOf is translated as anyOf (json_schema.h), so an instance matching
-// several branches is accepted, and optional/format/ holds stricter or
-// looser format rules than Basalt's (leap seconds, hostname length, IDNA).
+// optional/format/ holds stricter or looser format rules than Basalt's (leap
+// seconds, hostname length, IDNA). (A oneOf whose branches may overlap is
+// refused, json_schema.h.)
 //
 // Output: one row per file (groups, refused groups, tests checked, valid
 // accepted / valid, invalid rejected / invalid), then refusals by keyword,

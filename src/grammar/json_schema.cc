@@ -30,16 +30,8 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// Keywords that only describe; a validator ignores them, and so do we.
-// "discriminator" and "example" are OpenAPI's.
-constexpr std::string_view kAnnotations[] = {
-    "title",     "description",     "default",          "examples",         "example",      "$comment",   "$schema",
-    "$id",       "$anchor",         "$dynamicAnchor",   "$recursiveAnchor", "$vocabulary",  "deprecated", "readOnly",
-    "writeOnly", "contentEncoding", "contentMediaType", "contentSchema",    "discriminator"};
-
 // Keywords the translation enforces, by the type they apply to ($defs and
-// definitions hold what $ref reaches). Anything in none of these lists, nor
-// in kAnnotations, is refused.
+// definitions hold what $ref reaches).
 constexpr std::string_view kGeneralKeywords[] = {"type",  "enum", "const", "anyOf",      "oneOf",
                                                  "allOf", "$ref", "$defs", "definitions"};
 constexpr std::string_view kObjectKeywords[] = {"properties", "required", "additionalProperties", "minProperties",
@@ -49,8 +41,47 @@ constexpr std::string_view kArrayKeywords[] = {"items",    "prefixItems", "addit
 constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength", "pattern", "format"};
 constexpr std::string_view kNumberKeywords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 
+// Keywords of the JSON Schema vocabularies (drafts 4 to 2020-12: core,
+// applicator, unevaluated, validation; and draft 3's assertions, which
+// draft-3 schemas still use) that the translation does not enforce: refused
+// by name. Every other key is an annotation: the annotation keywords of the
+// vocabularies (title, description, default, examples, $comment, $schema,
+// $anchor, $dynamicAnchor, $recursiveAnchor, $vocabulary, deprecated,
+// readOnly, writeOnly, contentEncoding, contentMediaType, contentSchema),
+// and any key that is no JSON Schema keyword at all (vendor extensions,
+// OpenAPI's, typos), which a validator ignores as the specification says.
+// $id and draft 4's id are annotations too, but below the root only where
+// no $ref depends on them (check_keywords).
+constexpr std::string_view kUnenforcedKeywords[] = {"not",
+                                                    "if",
+                                                    "then",
+                                                    "else",
+                                                    "dependentSchemas",
+                                                    "dependentRequired",
+                                                    "dependencies",
+                                                    "contains",
+                                                    "minContains",
+                                                    "maxContains",
+                                                    "patternProperties",
+                                                    "propertyNames",
+                                                    "multipleOf",
+                                                    "$dynamicRef",
+                                                    "$recursiveRef",
+                                                    "unevaluatedProperties",
+                                                    "unevaluatedItems",
+                                                    "divisibleBy",
+                                                    "disallow",
+                                                    "extends"};
+
 constexpr std::string_view kFormats[] = {"date", "time", "date-time", "email",   "uuid",
                                          "ipv4", "ipv6", "uri",       "hostname"};
+// Formats defined for strings only (the specification's, and OpenAPI's byte,
+// binary and password): they say nothing of other values.
+constexpr std::string_view kStringOnlyFormats[] = {
+    "date",     "time",          "date-time",    "duration", "email",        "idn-email",
+    "hostname", "idn-hostname",  "ipv4",         "ipv6",     "uri",          "uri-reference",
+    "iri",      "iri-reference", "uri-template", "uuid",     "json-pointer", "relative-json-pointer",
+    "regex",    "byte",          "binary",       "password"};
 
 template <size_t N>
 bool listed(std::string_view key, const std::string_view (&list)[N]) {
@@ -535,8 +566,18 @@ class Translator {
     }
     sep_ = seq({ws_, lit(","), ws_});
     if (document.is_object()) {
+      // 2019-09 on: $id; drafts 4 to 7 as well: id, which draft 4 spells.
       const Json* id = member(document, "$id");
+      if (!id || !id->is_string()) id = member(document, "id");
       if (id && id->is_string()) document_id_ = id->get<std::string>();
+      // "https://example.com/s#" is "https://example.com/s".
+      if (document_id_.ends_with("#")) document_id_.pop_back();
+      const Json* dialect = member(document, "$schema");
+      if (dialect && dialect->is_string()) {
+        const std::string name = dialect->get<std::string>();
+        for (const char* draft : {"draft-03", "draft-04", "draft-05", "draft-06", "draft-07"})
+          siblings_of_ref_ignored_ = siblings_of_ref_ignored_ || name.find(draft) != std::string::npos;
+      }
     }
   }
 
@@ -704,17 +745,47 @@ class Translator {
 
   void check_keywords(const Json& schema, const std::string& path) const {
     for (const auto& [key, value] : schema.items()) {
-      if (key == "$id" && path != "#") {
-        fail(
-            "json schema: unsupported keyword \"$id\" at {}: schemas embedded under their own $id are not "
-            "supported",
-            path);
-      }
-      if (listed(key, kAnnotations)) continue;
-      BASALT_CHECK(enforced(key), "json schema: unsupported keyword \"{}\" at {}", key, path);
+      if ((key == "$id" || key == "id") && path != "#") check_embedded_id(schema, path);
+      BASALT_CHECK(!listed(key, kUnenforcedKeywords), "json schema: unsupported keyword \"{}\" at {}", key, path);
       BASALT_CHECK(key != "uniqueItems" || value == false,
                    "json schema: unsupported keyword \"uniqueItems\" at {} (only false can be enforced)", path);
     }
+  }
+
+  // The identifier ($id, or draft 4's id) a schema below the root declares
+  // as its base URI; none when it has none, or only names the schema with a
+  // fragment ("#name"), which changes no base URI.
+  static std::optional<std::pair<std::string, std::string>> base_changing_id(const Json& schema) {
+    if (!schema.is_object()) return std::nullopt;
+    for (const char* key : {"$id", "id"}) {
+      const Json* id = member(schema, key);
+      if (id && id->is_string() && !id->get<std::string>().empty() && id->get<std::string>()[0] != '#')
+        return std::pair<std::string, std::string>(key, id->get<std::string>());
+    }
+    return std::nullopt;
+  }
+
+  static bool contains_ref(const Json& value) {
+    if (value.is_object()) {
+      if (value.contains("$ref")) return true;
+      return std::any_of(value.begin(), value.end(), [](const Json& v) { return contains_ref(v); });
+    }
+    if (value.is_array()) return std::any_of(value.begin(), value.end(), [](const Json& v) { return contains_ref(v); });
+    return false;
+  }
+
+  // A schema embedded under its own identifier is an annotation as long as
+  // nothing resolves against that identifier: a $ref elsewhere that names it
+  // is not a pointer into this document and is refused anyway, but a $ref
+  // inside it ("#/definitions/x" too) would resolve against it, where the
+  // translation resolves every $ref against the document.
+  static void check_embedded_id(const Json& schema, const std::string& path) {
+    const auto id = base_changing_id(schema);
+    if (!id || !contains_ref(schema)) return;
+    fail(
+        "json schema: unsupported keyword \"{}\" at {}: a $ref inside a schema embedded under its own identifier "
+        "(\"{}\") resolves against that identifier, which is not supported",
+        id->first, path, id->second);
   }
 
   static bool is_assertion(std::string_view key) { return enforced(key) && key != "$defs" && key != "definitions"; }
@@ -771,6 +842,13 @@ class Translator {
         BASALT_CHECK(i + 1 < end && (fragment[i + 1] == '0' || fragment[i + 1] == '1'),
                      "json schema: keyword \"$ref\" at {}: bad ~ escape in \"{}\"", path, text);
         token.push_back(fragment[++i] == '0' ? '~' : '/');
+      }
+      // The target itself is checked where it is translated (check_keywords).
+      if (const auto id = base_changing_id(*at); id && at != &document_ && contains_ref(*at)) {
+        fail(
+            "json schema: unsupported keyword \"$ref\" at {}: \"{}\" reaches into a schema embedded under its own "
+            "identifier (\"{}\"), whose $refs resolve against that identifier, which is not supported",
+            path, ref.get<std::string>(), id->second);
       }
       if (at->is_object() && at->contains(token)) {
         at = &at->at(token);
@@ -917,6 +995,11 @@ class Translator {
   }
 
   // anyOf / oneOf: the branches, each with the keywords beside it merged in.
+  // A oneOf is its anyOf where no value can match two of its branches: the
+  // types that two branches admit whole are left out (every value of them
+  // matches both, so none is valid), and the branches left that admit a
+  // value must be told apart pairwise on the rest (one_of_plan), or the
+  // oneOf is refused.
   Translation translate_alternatives(const Json& schema, const std::string& keyword, const std::string& path) {
     const Json& branches = schema.at(keyword);
     BASALT_CHECK(branches.is_array() && !branches.empty(),
@@ -924,9 +1007,21 @@ class Translator {
     Json base = Json::object();
     for (const auto& [key, value] : schema.items())
       if (key != keyword && is_assertion(key)) base[key] = value;
-    std::vector<std::string> options;
-    std::string reason;
     const std::string branches_path = child_path(path, keyword);
+    std::optional<OneOfPlan> plan;
+    if (keyword == "oneOf") {
+      plan = one_of_plan(base, branches, path);
+      if (plan->kept != kAnyType) {
+        const uint8_t allowed = base.contains("type") ? type_set(base.at("type"), child_path(path, "type")) : kAnyType;
+        if (!restrict_types(base, allowed & plan->kept)) {
+          return Translation::none(
+              fmt::format("every value the schema at {} allows matches two branches of its oneOf", path));
+        }
+      }
+    }
+    std::vector<std::string> options;
+    std::vector<size_t> live;  // the branches that admit a value
+    std::string reason;
     for (size_t i = 0; i < branches.size(); ++i) {
       const std::string branch_path = child_path(branches_path, i);
       const Translation t = base.empty()
@@ -934,13 +1029,282 @@ class Translator {
                                 : translate_merged(merge({{&base, path}, {&branches[i], branch_path}}), branch_path);
       if (t.satisfiable()) {
         options.push_back(t.expr);
+        live.push_back(i);
       } else if (reason.empty()) {
         reason = t.no_value_reason;
       }
     }
     if (options.empty())
       return Translation::none(fmt::format("no branch of {} admits a value ({})", branches_path, reason));
+    if (plan) check_exclusive(*plan, live, path);
     return Translation::of(alt(options));
+  }
+
+  // Sets the schema's type to the types `bits` names, as far as type names
+  // say them (numbers that are not integers have no name of their own: left
+  // out, which only loses values); false when that names no type.
+  static bool restrict_types(Json& schema, uint8_t bits) {
+    const Json names = type_json(bits);
+    if (names.is_array() && names.empty()) return false;
+    schema["type"] = names;
+    return true;
+  }
+
+  // --- oneOf ---
+
+  // What the proofs that oneOf's branches exclude each other know of a
+  // schema: every value it admits has one of `types`, is one of `values`
+  // (when known) and, when an object, has each of `members`, its value
+  // within that member's summary; and it admits every value of each type in
+  // `full`. types, values and members may say more values than the schema
+  // admits, never fewer; full fewer types, never more. The default is a
+  // schema nothing is known of.
+  struct Member;
+  struct Summary {
+    uint8_t types = kAnyType;
+    uint8_t full = 0;
+    std::optional<std::vector<Json>> values;
+    std::vector<Member> members;  // a vector of a type still incomplete here is allowed (C++17)
+  };
+  struct Member {
+    std::string name;
+    Summary summary;
+  };
+
+  // Members of members summarized this deep; summaries made per oneOf.
+  static constexpr int kSummaryDepth = 4;
+  static constexpr size_t kSummarySteps = 20000;
+
+  struct OneOfPlan {
+    uint8_t kept = kAnyType;        // the types no two branches admit whole
+    std::vector<Summary> branches;  // each with the keywords beside oneOf, on the kept types
+  };
+
+  OneOfPlan one_of_plan(const Json& base, const Json& branches, const std::string& path) {
+    summary_steps_ = 0;
+    const std::string branches_path = child_path(path, "oneOf");
+    std::vector<std::string> open;
+    const Summary beside = summarize(base, path, 0, open);
+    std::vector<Summary> own;
+    for (size_t i = 0; i < branches.size(); ++i)
+      own.push_back(summarize(branches[i], child_path(branches_path, i), 0, open));
+    // A branch that admits every value of a type admits, with the keywords
+    // beside oneOf, every value of it those allow: two such branches leave
+    // no value of that type valid.
+    OneOfPlan plan;
+    for (unsigned bit = 1; bit < kAnyType; bit <<= 1) {
+      const auto whole = std::count_if(own.begin(), own.end(), [&](const Summary& s) { return (s.full & bit) != 0; });
+      if (whole >= 2) plan.kept &= static_cast<uint8_t>(~bit);
+    }
+    Summary kept;
+    kept.types = kept.full = plan.kept;
+    for (const Summary& s : own) plan.branches.push_back(meet(meet(s, beside), kept));
+    return plan;
+  }
+
+  // Refuses the oneOf unless the `live` branches (those that admit a value)
+  // provably exclude each other.
+  static void check_exclusive(const OneOfPlan& plan, const std::vector<size_t>& live, const std::string& path) {
+    for (size_t a = 0; a < live.size(); ++a) {
+      for (size_t b = a + 1; b < live.size(); ++b) {
+        if (disjoint(plan.branches[live[a]], plan.branches[live[b]])) continue;
+        fail(
+            "json schema: unsupported keyword \"oneOf\" at {}: its branches {} and {} may overlap (a value that "
+            "matches both is invalid; branches are told apart only by their types, their const or enum values, or "
+            "the const or enum values of a property both require)",
+            path, live[a], live[b]);
+      }
+    }
+  }
+
+  Summary summarize(const Json& schema, const std::string& path, int depth, std::vector<std::string>& open) {
+    Summary s;
+    if (++summary_steps_ > kSummarySteps) return s;
+    if (schema.is_boolean()) {
+      if (schema.get<bool>()) {
+        s.full = kAnyType;
+      } else {
+        s.types = 0;
+      }
+      return s;
+    }
+    if (!schema.is_object()) return s;
+    s.full = kAnyType;
+    std::optional<Summary> referenced;
+    for (const auto& [key, value] : schema.items()) {
+      const std::string at = child_path(path, key);
+      if (key == "type") {
+        const uint8_t types = type_set(value, at);
+        s.types &= types;
+        s.full &= types;
+      } else if ((key == "enum" && value.is_array()) || key == "const") {
+        Summary listed_values;
+        listed_values.values.emplace();
+        if (key == "const") {
+          listed_values.values->push_back(value);
+        } else {
+          listed_values.values->assign(value.begin(), value.end());
+        }
+        s = meet(std::move(s), listed_values);
+      } else if (key == "$ref") {
+        const auto [pointer, target] = resolve(value, path);
+        Summary r;  // a recursion: nothing known
+        if (std::find(open.begin(), open.end(), pointer) == open.end()) {
+          open.push_back(pointer);
+          r = summarize(*target, pointer, depth, open);
+          open.pop_back();
+        }
+        referenced = r;
+        s = meet(std::move(s), r);
+      } else if (key == "allOf" && value.is_array()) {
+        for (size_t i = 0; i < value.size(); ++i)
+          s = meet(std::move(s), summarize(value[i], child_path(at, i), depth, open));
+      } else if ((key == "anyOf" || key == "oneOf") && value.is_array()) {
+        Summary any;
+        any.types = 0;
+        for (size_t i = 0; i < value.size(); ++i) any = join(any, summarize(value[i], child_path(at, i), depth, open));
+        if (key == "oneOf") any.full = 0;  // a type two branches admit whole is not admitted
+        s = meet(std::move(s), any);
+      } else if (key == "format") {
+        s.full &= static_cast<uint8_t>(~(kString | kInteger | kFraction));  // int32 on numbers
+      } else if (listed(key, kStringKeywords)) {
+        s.full &= static_cast<uint8_t>(~kString);
+      } else if (listed(key, kNumberKeywords)) {
+        s.full &= static_cast<uint8_t>(~(kInteger | kFraction));
+      } else if (listed(key, kArrayKeywords)) {
+        s.full &= static_cast<uint8_t>(~kArray);
+      } else if (listed(key, kObjectKeywords)) {
+        s.full &= static_cast<uint8_t>(~kObject);
+      } else if (is_assertion(key) || listed(key, kUnenforcedKeywords)) {
+        s.full = 0;  // malformed, or refused when translated
+      }
+    }
+    // Each required member's value, within its property's schema (or
+    // additionalProperties', which patternProperties would take from).
+    const Json* required = member(schema, "required");
+    if (required && required->is_array() && depth < kSummaryDepth) {
+      const Json* properties = member(schema, "properties");
+      if (properties && !properties->is_object()) properties = nullptr;
+      const Json* additional = schema.contains("patternProperties") ? nullptr : member(schema, "additionalProperties");
+      for (const Json& name : *required) {
+        if (!name.is_string()) continue;
+        const std::string key = name.get<std::string>();
+        Summary value;
+        value.full = kAnyType;
+        if (properties && properties->contains(key)) {
+          value = summarize(properties->at(key), child_path(child_path(path, "properties"), key), depth + 1, open);
+        } else if (additional) {
+          value = summarize(*additional, child_path(path, "additionalProperties"), depth + 1, open);
+        }
+        add_member(s, key, value);
+      }
+    }
+    s = normalized(std::move(s));
+    // Drafts 4 to 7 ignore the keywords beside $ref; the translation
+    // enforces them (2019-09 on), but whether two branches overlap is
+    // decided for both readings: what the referenced schema alone may admit.
+    if (referenced && siblings_of_ref_ignored_) {
+      const uint8_t full = s.full;
+      s = *referenced;
+      s.full &= full;
+    }
+    return s;
+  }
+
+  static void add_member(Summary& s, const std::string& name, const Summary& value) {
+    for (auto& [key, known] : s.members) {
+      if (key == name) {
+        known = meet(std::move(known), value);
+        return;
+      }
+    }
+    s.members.push_back(Member{name, value});
+  }
+
+  // The values both admit (a summary of the allOf of the two).
+  static Summary meet(Summary a, const Summary& b) {
+    a.types &= b.types;
+    a.full &= b.full;
+    if (b.values) {
+      if (!a.values) {
+        a.values = b.values;
+      } else {
+        std::vector<Json> common;
+        for (const Json& v : *a.values)
+          if (std::any_of(b.values->begin(), b.values->end(), [&](const Json& w) { return json_equal(v, w); }))
+            common.push_back(v);
+        a.values = std::move(common);
+      }
+    }
+    for (const auto& [name, value] : b.members) add_member(a, name, value);
+    return normalized(std::move(a));
+  }
+
+  // The values either admits (a summary of the anyOf of the two).
+  static Summary join(const Summary& a, const Summary& b) {
+    if (!a.types) return b;
+    if (!b.types) return a;
+    Summary u;
+    u.types = a.types | b.types;
+    u.full = a.full | b.full;
+    if (a.values && b.values) {
+      u.values = *a.values;
+      u.values->insert(u.values->end(), b.values->begin(), b.values->end());
+    }
+    for (const auto& [name, value] : a.members)
+      for (const auto& [other, other_value] : b.members)
+        if (name == other) u.members.push_back(Member{name, join(value, other_value)});
+    return u;
+  }
+
+  // Types and values narrowed to each other.
+  static Summary normalized(Summary s) {
+    for (const auto& [name, value] : s.members)
+      if (!value.types) s.types &= static_cast<uint8_t>(~kObject);  // a required member admits nothing
+    if (s.values) {
+      std::vector<Json> kept;
+      uint8_t types = 0;
+      for (const Json& v : *s.values) {
+        if (!(value_type(v) & s.types) || (v.is_object() && lacks_members(s, v))) continue;
+        types |= value_type(v);
+        kept.push_back(v);
+      }
+      s.values = std::move(kept);
+      s.types &= types;
+      s.full = 0;
+    }
+    s.full &= s.types;
+    return s;
+  }
+
+  // Whether `v` is proven not to be among the values `s` admits.
+  static bool excluded(const Summary& s, const Json& v) {
+    if (!(value_type(v) & s.types)) return true;
+    if (s.values && std::none_of(s.values->begin(), s.values->end(), [&](const Json& w) { return json_equal(v, w); }))
+      return true;
+    return v.is_object() && lacks_members(s, v);
+  }
+
+  static bool lacks_members(const Summary& s, const Json& object) {
+    for (const auto& [name, value] : s.members) {
+      const auto it = object.find(name);
+      if (it == object.end() || excluded(value, *it)) return true;
+    }
+    return false;
+  }
+
+  // Whether no value is admitted by both: their types differ, or their
+  // values do, or (objects) a member both require has values that differ.
+  static bool disjoint(const Summary& a, const Summary& b) {
+    const uint8_t common = a.types & b.types;
+    if (!common) return true;
+    if (a.values) return std::all_of(a.values->begin(), a.values->end(), [&](const Json& v) { return excluded(b, v); });
+    if (b.values) return std::all_of(b.values->begin(), b.values->end(), [&](const Json& v) { return excluded(a, v); });
+    if (common != kObject) return false;
+    for (const auto& [name, value] : a.members)
+      for (const auto& [other, other_value] : b.members)
+        if (name == other && disjoint(value, other_value)) return true;
+    return false;
   }
 
   Translation translate_enum(const Json& schema, const std::string& path) {
@@ -973,8 +1337,21 @@ class Translator {
   }
 
   Translation translate_types(const Json& schema, const std::string& path) {
-    const uint8_t types = schema.contains("type") ? type_set(schema.at("type"), child_path(path, "type")) : kAnyType;
+    uint8_t types = schema.contains("type") ? type_set(schema.at("type"), child_path(path, "type")) : kAnyType;
     if (types == kAnyType && !has_assertions(schema, {})) return Translation::of(use("json-value"));
+    // format on numbers: OpenAPI's int32 and int64 are integers in their
+    // range (integer_bounds), float and double any number; a format for
+    // strings says nothing of them.
+    const Json* format = member(schema, "format");
+    if ((types & (kInteger | kFraction)) && format && format->is_string()) {
+      const std::string name = format->get<std::string>();
+      if (name == "int32" || name == "int64") {
+        types &= static_cast<uint8_t>(~kFraction);
+      } else {
+        BASALT_CHECK(name == "float" || name == "double" || listed(name, kStringOnlyFormats),
+                     "json schema: unsupported keyword \"format\" at {}: format \"{}\" is not supported", path, name);
+      }
+    }
     std::vector<std::string> options;
     std::string reason;
     const auto add = [&](const Translation& t) {
@@ -1041,6 +1418,15 @@ class Translator {
     if (maximum) cut(draft4_exclusive_max ? minus_one(round_number(*maximum, true)) : round_number(*maximum, false));
     if (exclusive_minimum && exclusive_minimum->is_number()) raise(plus_one(round_number(*exclusive_minimum, false)));
     if (exclusive_maximum && exclusive_maximum->is_number()) cut(minus_one(round_number(*exclusive_maximum, true)));
+    if (const Json* format = member(schema, "format"); format && format->is_string()) {
+      if (*format == "int32") {
+        raise(BigInteger{true, "2147483648"});
+        cut(BigInteger{false, "2147483647"});
+      } else if (*format == "int64") {
+        raise(BigInteger{true, "9223372036854775808"});
+        cut(BigInteger{false, "9223372036854775807"});
+      }
+    }
     return {lower, upper};
   }
 
@@ -1516,6 +1902,27 @@ class Translator {
                      "json schema: keyword \"allOf\" at {} must be a non-empty array", path);
         for (size_t i = 0; i < value.size(); ++i) merge_into(merged, value[i], child_path(at, i), inlining);
       } else if (key == "anyOf" || key == "oneOf") {
+        BASALT_CHECK(value.is_array() && !value.empty(), "json schema: keyword \"{}\" at {} must be a non-empty array",
+                     key, path);
+        if (key == "oneOf") {
+          // Proven exclusive here, on the keywords beside it (the branches
+          // the translation would find empty are not known yet), it is an
+          // anyOf from now on.
+          Json base = Json::object();
+          for (const auto& [other, other_value] : schema.items())
+            if (other != key && is_assertion(other)) base[other] = other_value;
+          const OneOfPlan plan = one_of_plan(base, value, path);
+          std::vector<size_t> live;
+          for (size_t i = 0; i < plan.branches.size(); ++i)
+            if (plan.branches[i].types) live.push_back(i);
+          check_exclusive(plan, live, path);
+          if (plan.kept != kAnyType &&
+              !restrict_types(acc, plan.kept & (acc.contains("type") ? type_set(acc["type"], at) : kAnyType))) {
+            set_false(merged,
+                      fmt::format("every value the schema at {} allows matches two branches of its oneOf", path));
+            return;
+          }
+        }
         add_alternatives(acc, value, key, path);
       } else if (key == "type") {
         const uint8_t common = type_set(value, at) & (acc.contains("type") ? type_set(acc["type"], at) : kAnyType);
@@ -1680,6 +2087,9 @@ class Translator {
   std::map<std::string, std::set<std::string>> before_text_;
   int depth_ = 0;
   size_t merged_schemas_ = 0;
+  size_t summary_steps_ = 0;
+  // The document is a draft 4 to 7 schema, whose $ref ignores what is beside it.
+  bool siblings_of_ref_ignored_ = false;
 };
 
 template <typename Action>

@@ -20,40 +20,81 @@
 // as the specification says), minProperties / maxProperties (over listed and
 // further members alike), items / prefixItems (and draft-4 array `items` with
 // additionalItems), minItems / maxItems, uniqueItems: false, enum, const (with
-// `type` beside them and nothing else), anyOf, oneOf (as anyOf: a value that
-// matches several branches is accepted too), allOf (merged: types intersected,
-// properties and items combined branch against branch, required united, bounds
-// tightened; equal patterns or formats only), keywords beside $ref (merged as
-// allOf), $ref / $defs / definitions (JSON pointers within the document, "#"
-// and the root's $id included; recursion through objects or arrays; one rule
-// per referenced schema), pattern (ECMAScript, grammar/regex.h), format (date,
-// time, date-time as RFC 3339, with a leap second only as 23:59:60 in UTC;
-// email as RFC 5321's mailbox: dot-atom or quoted local part, hostname or
+// `type` beside them and nothing else), anyOf, oneOf (below), allOf (merged:
+// types intersected, properties and items combined branch against branch,
+// required united, bounds tightened; equal patterns or formats only),
+// keywords beside $ref (merged as allOf), $ref / $defs / definitions (JSON
+// pointers within the document, "#" and the root's $id or draft 4's id
+// included; recursion through objects or arrays; one rule per referenced
+// schema), pattern (ECMAScript, grammar/regex.h), format (date, time,
+// date-time as RFC 3339, with a leap second only as 23:59:60 in UTC; email as
+// RFC 5321's mailbox: dot-atom or quoted local part, hostname or
 // address-literal domain; uuid; ipv4 and ipv6 as RFC 3986 writes them; uri as
 // RFC 3986's URI; hostname as RFC 1123 labels of at most 63 characters, at most
-// 127 labels, the total length of 253 not enforced), minLength / maxLength
-// (code points, an escape counting one), minimum / maximum / exclusiveMinimum /
-// exclusiveMaximum on integers (draft 4's boolean exclusive forms too) as the
-// exact decimal language of the range. Annotations are ignored: title,
-// description, default, examples, example, $comment, $schema, $id (at the
-// root), $anchor, $dynamicAnchor, $recursiveAnchor, $vocabulary, deprecated,
-// readOnly, writeOnly, contentEncoding, contentMediaType, contentSchema,
-// discriminator (OpenAPI's: the branches it selects between are enforced).
+// 127 labels, the total length of 253 not enforced; on numbers, OpenAPI's int32
+// and int64 as integers in their range, float and double as any number, and a
+// format for strings as nothing), minLength / maxLength (code points, an escape
+// counting one), minimum / maximum / exclusiveMinimum / exclusiveMaximum on
+// integers (draft 4's boolean exclusive forms too) as the exact decimal
+// language of the range.
 //
-// Contract: every other keyword throws basalt::Error naming it and the schema
-// path as a JSON pointer ("unsupported keyword \"not\" at #/properties/a"), so
-// a typo or an assertion the translation cannot enforce is never silently
-// ignored: if/then/else, not, dependentSchemas, dependentRequired,
-// dependencies, patternProperties, propertyNames, unevaluatedProperties,
-// unevaluatedItems, contains, multipleOf, uniqueItems: true, $dynamicRef,
-// bounds on non-integer numbers, pattern or format together with length bounds,
-// an unknown format, an allOf whose branches do not merge, $id below the root,
-// a $ref outside the document or to an anchor, a $ref cycle that reaches itself
-// before any JSON text. A schema that no value satisfies (false at the root,
-// minItems > maxItems, a required property whose schema is false, an empty
-// enum, an empty integer range, a recursion that never ends) is an error too; a
-// part of it that no value satisfies (an anyOf branch, an optional property) is
-// left out.
+// oneOf is the anyOf of its branches where no value can match two of them,
+// and refused elsewhere. A type that two branches admit whole (every value of
+// it: {} and {"type": "number"} both admit every number) is left out, as
+// every value of it matches both and is invalid (where that leaves the
+// numbers that are not integers, which no type names, they go too: the
+// grammar may lose valid values, never admit invalid ones). On the types
+// left, each two
+// branches (with the keywords beside oneOf merged in) must be proven
+// disjoint: their types do not meet (from `type`, or from the types of their
+// const / enum values); or their const / enum values differ; or, as objects,
+// both require a property whose values are disjoint in turn (the
+// discriminator pattern, {"properties": {"kind": {"const": "a"}}, "required":
+// ["kind"]}). $ref, allOf and anyOf inside a branch are followed. A branch
+// that admits no value (false, an empty range) overlaps nothing; inside allOf
+// or beside $ref only where that shows without translating it. In drafts 4 to
+// 7 (as $schema names them) the keywords beside a $ref count for none of
+// these proofs, as those drafts ignore them.
+//
+// Keys: every keyword of the JSON Schema vocabularies (drafts 4 to 2020-12:
+// core, applicator, unevaluated, validation, format, content, meta-data, with
+// draft 4 to 7's definitions, dependencies, additionalItems and id, and draft
+// 3's divisibleBy, disallow and extends) is enforced as above, ignored as an
+// annotation (title, description, default, examples, $comment, $schema,
+// $anchor, $dynamicAnchor, $recursiveAnchor, $vocabulary, deprecated,
+// readOnly, writeOnly, contentEncoding, contentMediaType, contentSchema; $id
+// and id as below), or refused (the contract). Any other key is no JSON Schema
+// keyword (vendor extensions such as x-kubernetes-*, OpenAPI's nullable,
+// discriminator and example, Snowplow's self, misspellings such as
+// "minlength"): it is an annotation, ignored as the specification says
+// (2019-09 on, "unknown keywords") and as validators do, so a misspelt keyword
+// asserts nothing. $id, or draft 4's id (a string): at the root it names the
+// document. Below the root, a fragment ("#name") only names its schema; any
+// other identifier is a new base URI for the schema under it, which matters
+// only to the $refs resolved against it. The translation resolves every $ref
+// as a JSON pointer into this document (a $ref that names the identifier
+// instead is no such pointer, and is refused as remote), so the identifier is
+// an annotation while no $ref lies inside its schema, and refused otherwise,
+// as is a $ref that points into such a schema past it.
+//
+// Contract: every keyword of those vocabularies that the translation cannot
+// enforce throws basalt::Error naming it and the schema path as a JSON
+// pointer ("unsupported keyword \"not\" at #/properties/a"), so an assertion
+// is never silently ignored: if/then/else, not, dependentSchemas,
+// dependentRequired, dependencies, patternProperties, propertyNames,
+// unevaluatedProperties, unevaluatedItems, contains, minContains,
+// maxContains, multipleOf, uniqueItems: true, $dynamicRef, $recursiveRef,
+// divisibleBy, disallow, extends, bounds on non-integer numbers, pattern or
+// format together with length bounds, an unknown format, an allOf whose
+// branches do not merge, a oneOf whose branches may overlap ("unsupported
+// keyword \"oneOf\" at #: its branches 0 and 1 may overlap"), an $id or id
+// below the root with a $ref inside, a $ref outside the document or to an
+// anchor, a $ref cycle that reaches itself before any JSON text. A schema that
+// no value satisfies (false at the root, minItems > maxItems, a required
+// property whose schema is false, an empty enum, an empty integer range, a
+// recursion that never ends, a oneOf of two true branches) is an error too; a
+// part of it that no value satisfies (an anyOf or oneOf branch, an optional
+// property) is left out.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>

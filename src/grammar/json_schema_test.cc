@@ -420,6 +420,24 @@ TEST(JsonSchemaIntegers, BoundsOfAnySize) {
   float_bounds.expect_rejects({"100000000000000000000", "1000000000000000000001"});
 }
 
+TEST(JsonSchemaIntegers, NumberFormats) {
+  // OpenAPI's int32 and int64 (Kubernetes' schemas use them) are integers in
+  // their range, also where "number" is the type; float and double are any
+  // number; a format for strings says nothing of numbers.
+  const SchemaGrammar int32(R"({"type": "integer", "format": "int32", "minimum": -5})");
+  int32.expect_accepts({"-5", "0", "2147483647"});
+  int32.expect_rejects({"-6", "2147483648", "7194924196343124193131962741311331133164681417236"});
+  const SchemaGrammar int64(R"({"type": "number", "format": "int64"})");
+  int64.expect_accepts({"-9223372036854775808", "9223372036854775807", "0"});
+  int64.expect_rejects({"9223372036854775808", "-9223372036854775809", "1.5", "1e3"});
+  const SchemaGrammar floating(R"({"type": "number", "format": "double"})");
+  floating.expect_accepts({"1.5", "-2e10", "3"});
+  const SchemaGrammar date(R"({"type": ["integer", "null"], "format": "date"})");
+  date.expect_accepts({"12", "null"});
+  EXPECT_CONTAINS(schema_error(R"({"properties": {"p": {"type": "number", "format": "percent"}}})"),
+                  R"(unsupported keyword "format" at #/properties/p: format "percent" is not supported)");
+}
+
 TEST(JsonSchemaIntegers, EmptyRangesAndNumberBounds) {
   EXPECT_CONTAINS(schema_error(R"({"type": "integer", "minimum": 5, "maximum": 4})"), "empty");
   EXPECT_CONTAINS(schema_error(R"({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4})"), "empty");
@@ -637,10 +655,6 @@ TEST(JsonSchemaCombinations, AnyOfAndOneOf) {
   any_of.expect_accepts({"\"a\"", "0", "17"});
   any_of.expect_rejects({"-1", "null", "1.5"});
 
-  // oneOf as anyOf: 5 matches both branches and is accepted.
-  const SchemaGrammar one_of(R"({"oneOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 5}]})");
-  one_of.expect_accepts({"-3", "5", "9"});
-
   // Keywords beside anyOf apply to every branch.
   const SchemaGrammar beside(R"({"type": "object", "properties": {"kind": {"type": "string"}},
       "anyOf": [{"required": ["kind"]}, {"properties": {"n": {"type": "integer"}}, "required": ["n"]}]})");
@@ -661,7 +675,135 @@ TEST(JsonSchemaCombinations, AnyOfAndOneOf) {
       "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
       "discriminator": {"propertyName": "pet"}})");
   tagged.expect_accepts({R"({"pet":"cat"})", R"({"pet":"dog","x":1})"});
-  tagged.expect_rejects({R"({"pet":"cow"})", "{}"});
+  // Untyped branches: every non-object matches both, so none is valid.
+  tagged.expect_rejects({R"({"pet":"cow"})", "{}", "\"cat\"", "1", "null", "[]"});
+}
+
+// --- oneOf ------------------------------------------------------------------------
+
+// oneOf is enforced where its branches provably exclude each other: a value
+// that matches two branches is invalid, and the matcher takes none.
+TEST(JsonSchemaOneOf, BranchesOfDisjointTypes) {
+  const CompiledSchema types(
+      R"({"oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0}, {"type": "null"},
+                                           {"type": "array", "items": {"type": "boolean"}}]})");
+  for (const std::string text : {"\"a\"", "0", "17", "null", "[]", "[true,false]"})
+    EXPECT_TRUE(types.matches(text)) << text << "\n" << types.ebnf();
+  for (const std::string text : {"-1", "1.5", "true", "{}", "[1]"})
+    EXPECT_FALSE(types.matches(text)) << text << "\n" << types.ebnf();
+
+  // Branches told apart by their const and enum values (and those values'
+  // types); false branches, and branches the translation finds empty,
+  // overlap nothing.
+  const CompiledSchema values(
+      R"({"oneOf": [{"enum": ["a", "b", null]}, {"const": "c"}, {"enum": [1, 2.5, [1]]},
+                                            {"type": "boolean"}, false,
+                                            {"type": "integer", "minimum": 5, "maximum": 1}]})");
+  for (const std::string text : {"\"a\"", "\"b\"", "null", "\"c\"", "1", "2.5", "[1]", "true"})
+    EXPECT_TRUE(values.matches(text)) << text << "\n" << values.ebnf();
+  for (const std::string text : {"\"d\"", "2", "[]", "{}"})
+    EXPECT_FALSE(values.matches(text)) << text << "\n" << values.ebnf();
+
+  // A type that two branches admit whole is matched twice by every value of
+  // it: none is valid, and the type is left out.
+  const CompiledSchema whole(R"({"oneOf": [{"type": "number"}, {}]})");
+  for (const std::string text : {"\"x\"", "null", "true", "{}", "[1]"})
+    EXPECT_TRUE(whole.matches(text)) << text << "\n" << whole.ebnf();
+  for (const std::string text : {"1", "-2.5", "0"}) EXPECT_FALSE(whole.matches(text)) << text << "\n" << whole.ebnf();
+  EXPECT_CONTAINS(schema_error(R"({"oneOf": [true, true, false]})"), "no value satisfies");
+  const SchemaGrammar one_true(R"({"oneOf": [true, false, false]})");
+  one_true.expect_accepts({"1", "\"x\"", "{}"});
+}
+
+TEST(JsonSchemaOneOf, BranchesToldApartByARequiredProperty) {
+  // The discriminator pattern: each branch requires "kind", its values
+  // disjoint from the others' (typed objects, as Pydantic writes them).
+  const CompiledSchema typed(R"({"$defs": {
+      "A": {"type": "object", "properties": {"kind": {"const": "a"}, "n": {"type": "integer"}}, "required": ["kind"]},
+      "B": {"type": "object", "properties": {"kind": {"enum": ["b", "c"]}, "s": {"type": "string"}},
+            "required": ["kind", "s"]}},
+      "oneOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]})");
+  for (const std::string text :
+       {R"({"kind":"a"})", R"({"kind":"a","n":1,"s":"x"})", R"({"kind":"b","s":"x"})", R"({"kind":"c","s":""})"})
+    EXPECT_TRUE(typed.matches(text)) << text << "\n" << typed.ebnf();
+  for (const std::string text : {"{}", R"({"kind":"d"})", R"({"kind":"b"})", R"({"n":1})", "\"a\""})
+    EXPECT_FALSE(typed.matches(text)) << text << "\n" << typed.ebnf();
+
+  // Branches without "type" (JSONSchemaBench Github_hard/o17700.json): every
+  // value that is not an object matches all of them, so only objects are
+  // valid, each with one branch's name.
+  const CompiledSchema untyped(R"({"definitions": {
+      "http": {"required": ["name", "code"], "properties": {"name": {"enum": ["httperror"]}, "code": {"type": "integer"}}},
+      "other": {"required": ["name"], "properties": {"name": {"enum": ["othererror"]}, "error": {"type": "string"}}},
+      "shutdown": {"required": ["name"], "properties": {"name": {"enum": ["shutdownerror"]}}}},
+      "oneOf": [{"$ref": "#/definitions/http"}, {"$ref": "#/definitions/other"}, {"$ref": "#/definitions/shutdown"}]})");
+  for (const std::string text : {R"({"name":"httperror","code":404})", R"({"name":"othererror","error":"x"})",
+                                 R"({"name":"shutdownerror","code":"any"})"})
+    EXPECT_TRUE(untyped.matches(text)) << text << "\n" << untyped.ebnf();
+  for (const std::string text :
+       {"1", "\"httperror\"", "null", "[]", "{}", R"({"name":"httperror"})", R"({"name":"nserror","code":1})"})
+    EXPECT_FALSE(untyped.matches(text)) << text << "\n" << untyped.ebnf();
+
+  // Keywords beside oneOf narrow every branch; a tag nested one level down.
+  const SchemaGrammar beside(
+      R"({"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"],
+      "oneOf": [{"properties": {"meta": {"type": "object", "properties": {"v": {"const": 1}}, "required": ["v"]}},
+                 "required": ["meta"]},
+                {"properties": {"meta": {"type": "object", "properties": {"v": {"const": 2}}, "required": ["v"]},
+                                "extra": {"type": "string"}}, "required": ["meta", "extra"]}]})");
+  beside.expect_values({R"({"id": 1, "meta": {"v": 1}})", R"({"id": 1, "meta": {"v": 2}, "extra": "x"})"});
+  beside.expect_rejects({R"({"meta":{"v":1}})", R"({"id":1,"meta":{"v":3}})", R"({"id":1,"meta":{"v":2}})", "1"});
+
+  // Through allOf and beside $ref (merged, then proven on the keywords
+  // beside it).
+  const SchemaGrammar merged(
+      R"({"$defs": {"base": {"type": "object", "properties": {"id": {"type": "integer"}}}},
+      "$ref": "#/$defs/base",
+      "oneOf": [{"properties": {"t": {"const": "x"}}, "required": ["t"]}, {"properties": {"t": {"const": "y"}},
+                "required": ["t"]}]})");
+  merged.expect_accepts({R"({"id":1,"t":"x"})", R"({"t":"y"})"});
+  merged.expect_rejects({"{}", R"({"t":"z"})", "\"x\""});
+}
+
+TEST(JsonSchemaOneOf, BranchesThatMayOverlapAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      // Bounds that overlap at 5.
+      {R"({"oneOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 5}]})",
+       R"(unsupported keyword "oneOf" at #: its branches 0 and 1 may overlap)"},
+      // Object branches with only optional properties (Github_easy/o13129.json):
+      // {} matches both.
+      {R"({"type": "object", "oneOf": [{"properties": {"type": {"enum": ["callback"]}}},
+                                       {"properties": {"type": {"enum": ["field", "value"]}}}]})",
+       R"(unsupported keyword "oneOf" at #: its branches 0 and 1 may overlap)"},
+      // Different required properties: an object may have both.
+      {R"({"oneOf": [{"required": ["a"]}, {"required": ["b"]}]})",
+       R"(unsupported keyword "oneOf" at #: its branches 0 and 1 may overlap)"},
+      // Untyped branches that both constrain strings.
+      {R"({"oneOf": [{"minLength": 2}, {"maxLength": 4}]})",
+       R"(unsupported keyword "oneOf" at #: its branches 0 and 1 may overlap)"},
+      // A branch that admits every integer and one that admits some.
+      {R"({"properties": {"x": {"oneOf": [{"type": "integer"}, {"type": "integer", "minimum": 2}]}}})",
+       R"(unsupported keyword "oneOf" at #/properties/x: its branches 0 and 1 may overlap)"},
+      // The tags' schemas admit any non-object alike: {"meta": "s"} matches both.
+      {R"({"type": "object", "oneOf": [
+           {"properties": {"meta": {"properties": {"v": {"const": 1}}, "required": ["v"]}}, "required": ["meta"]},
+           {"properties": {"meta": {"properties": {"v": {"const": 2}}, "required": ["v"]}}, "required": ["meta"]}]})",
+       R"(unsupported keyword "oneOf" at #: its branches 0 and 1 may overlap)"},
+      {R"({"oneOf": [{"type": "string"}, {"type": "null"}, {"enum": ["a", 1]}]})",
+       R"(unsupported keyword "oneOf" at #: its branches 0 and 2 may overlap)"},
+      {R"({"allOf": [{"type": "object"}, {"oneOf": [{"type": "object"}, {"properties": {"a": {}}}]}]})",
+       R"(unsupported keyword "oneOf" at #/allOf/1: its branches 0 and 1 may overlap)"},
+      // Drafts 4 to 7 ignore what is beside $ref: the first branch is {}.
+      {R"({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"any": {}},
+           "oneOf": [{"$ref": "#/definitions/any", "type": "string"}, {"type": "integer"}]})",
+       R"(unsupported keyword "oneOf" at #: its branches 0 and 1 may overlap)"},
+  };
+  for (const auto& [schema, message] : cases) EXPECT_CONTAINS(schema_error(schema), message);
+  // From 2019-09 on they apply, and the branches are disjoint.
+  const SchemaGrammar siblings(R"({"definitions": {"any": {}},
+      "oneOf": [{"$ref": "#/definitions/any", "type": "string"}, {"type": "integer"}]})");
+  siblings.expect_accepts({"\"s\"", "1"});
+  siblings.expect_rejects({"null"});
 }
 
 TEST(JsonSchemaCombinations, AllOfMerges) {
@@ -777,8 +919,45 @@ TEST(JsonSchemaRefs, Refused) {
   EXPECT_CONTAINS(schema_error(R"({"allOf": [{"$ref": "#"}]})"), "merged into itself");
   EXPECT_CONTAINS(schema_error(R"({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]})"),
                   "no finite value");
-  EXPECT_CONTAINS(schema_error(R"({"$defs": {"a": {"$id": "x", "type": "null"}}, "$ref": "#/$defs/a"})"),
+  // A schema embedded under its own $id (or draft 4's id) resolves the $refs
+  // inside it against that identifier.
+  EXPECT_CONTAINS(schema_error(
+                      R"({"$defs": {"a": {"$id": "https://example.com/a", "$defs": {"b": {"type": "integer"}},
+                                                   "properties": {"p": {"$ref": "#/$defs/b"}}}},
+                                   "$ref": "#/$defs/a"})"),
                   "unsupported keyword \"$id\" at #/$defs/a");
+  EXPECT_CONTAINS(schema_error(R"({"definitions": {"a": {"id": "a.json", "items": {"$ref": "#/definitions/b"}},
+                                                   "b": {}},
+                                   "properties": {"x": {"$ref": "#/definitions/a"}}})"),
+                  "unsupported keyword \"id\" at #/definitions/a");
+  EXPECT_CONTAINS(schema_error(
+                      R"({"$defs": {"a": {"$id": "https://example.com/a", "$defs": {"b": {"type": "integer"}},
+                                                   "properties": {"p": {"$ref": "#/$defs/b"}}}},
+                                   "$ref": "#/$defs/a/properties/p"})"),
+                  "unsupported keyword \"$ref\" at #: \"#/$defs/a/properties/p\" reaches into a schema "
+                  "embedded");
+}
+
+TEST(JsonSchemaRefs, IdentifiersNoRefDependsOnAreAnnotations) {
+  // No $ref inside: the identifier changes nothing the translation resolves.
+  const SchemaGrammar embedded(R"({"$defs": {"a": {"$id": "x", "type": "null"}}, "$ref": "#/$defs/a"})");
+  embedded.expect_accepts({"null"});
+  // Draft 4: id at the root names the document; below it, a fragment ("#b")
+  // only names its schema, and a schema with no $ref inside may have any.
+  const SchemaGrammar draft4(R"({"$schema": "http://json-schema.org/draft-04/schema#",
+      "id": "http://example.com/root.json#",
+      "definitions": {"a": {"id": "a.json", "type": "integer"},
+                      "b": {"id": "#b", "type": "object", "properties": {"c": {"$ref": "#/definitions/a"}}}},
+      "type": "object",
+      "properties": {"x": {"$ref": "#/definitions/b"}, "y": {"$ref": "http://example.com/root.json#/definitions/a"},
+                     "id": {"type": "string"}},
+      "required": ["id"]})");
+  draft4.expect_accepts({R"({"x":{"c":1},"y":2,"id":"i"})", R"({"id":"i"})"});
+  draft4.expect_rejects({R"({"x":{"c":"s"},"id":"i"})", R"({"y":"s","id":"i"})", R"({"y":2})"});
+  // An id that is not a string is no identifier.
+  const SchemaGrammar misplaced(
+      R"({"type": "object", "properties": {"a": {"id": {"type": "string"}, "type": "null"}}})");
+  misplaced.expect_values({R"({"a": null})"});
 }
 
 TEST(JsonSchemaObjects, SortedJsonGivesSortedOrder) {
@@ -841,8 +1020,13 @@ TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
       {R"({"type": "array", "uniqueItems": true})", R"(unsupported keyword "uniqueItems" at #)"},
       {R"({"$dynamicRef": "#meta"})", R"(unsupported keyword "$dynamicRef" at #)"},
       {R"({"$recursiveRef": "#"})", R"(unsupported keyword "$recursiveRef" at #)"},
-      {R"({"type": "string", "nullable": true})", R"(unsupported keyword "nullable" at #)"},
-      {R"({"properties": {"a": {}}, "requried": ["a"]})", R"(unsupported keyword "requried" at #)"},
+      {R"({"type": "number", "divisibleBy": 2})", R"(unsupported keyword "divisibleBy" at #)"},
+      {R"({"type": "object", "properties": {"a": {"type": "object", "dependencies": {"x": ["y"]}}}})",
+       R"(unsupported keyword "dependencies" at #/properties/a)"},
+      {R"({"type": "array", "items": {"type": "object", "patternProperties": {"^x": {}}}})",
+       R"(unsupported keyword "patternProperties" at #/items)"},
+      {R"({"$defs": {"n": {"type": "integer", "multipleOf": 5, "x-unit": "s"}}, "$ref": "#/$defs/n"})",
+       R"(unsupported keyword "multipleOf" at #/$defs/n)"},
       {R"({"items": {"prefixItems": [{"else": {}}]}})", R"(unsupported keyword "else" at #/items/prefixItems/0)"},
       {R"({"properties": {"a/b~": {"not": {}}}})", R"(unsupported keyword "not" at #/properties/a~1b~0)"},
       {R"({"$defs": {"x": {"not": {}}}, "$ref": "#/$defs/x"})", R"(unsupported keyword "not" at #/$defs/x)"},
@@ -861,6 +1045,34 @@ TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
       "deprecated": false, "readOnly": true, "writeOnly": false, "$anchor": "a", "type": "array", "uniqueItems": false,
       "contentMediaType": "text/plain", "contentEncoding": "base64"})");
   annotated.expect_accepts({"[1,1]"});
+}
+
+TEST(JsonSchemaKeywords, KeysThatAreNoJsonSchemaKeywordAreAnnotations) {
+  // Vendor extensions (Kubernetes' x-*), Snowplow's self, OpenAPI's
+  // nullable, misspelt keywords: a validator ignores them, and so does the
+  // translation (so "requried" requires nothing, and "maxmimum" bounds
+  // nothing).
+  const SchemaGrammar s(R"({"type": "object",
+      "x-kubernetes-group-version-kind": [{"group": "", "kind": "Pod", "version": "v1"}],
+      "self": {"vendor": "com.example", "name": "e", "format": "jsonschema", "version": "1-0-0"},
+      "links": [{"rel": "self", "href": "{id}"}], "readonly": true, "name": "n", "host": "h", "version": 2,
+      "properties": {"a": {"type": "string", "minlength": 3, "_format": "date", "nullable": true},
+                     "b": {"type": "integer", "maxmimum": 3, "type\"": "string", "_uniqueItems": true},
+                     "c": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "integer"}}},
+      "requried": ["a"]})");
+  s.expect_values({"{}", R"({"a": "x"})", R"({"b": 99})", R"({"c": [1, 1]})"});
+  s.expect_rejects({R"({"a":null})", R"({"b":"x"})", R"({"c":["x"]})"});
+  // Their values are never read as schemas, whatever they hold.
+  const SchemaGrammar values(R"({"x-schema": {"not": {}}, "type": "null"})");
+  values.expect_accepts({"null"});
+  // The JSON Schema keywords that cannot be enforced are still refused, with
+  // their path, beside unknown keys or not.
+  EXPECT_CONTAINS(schema_error(R"({"x-a": 1, "not": {"type": "null"}})"), R"(unsupported keyword "not" at #)");
+  EXPECT_CONTAINS(schema_error(R"({"properties": {"a": {"x-b": 1, "patternProperties": {}}}})"),
+                  R"(unsupported keyword "patternProperties" at #/properties/a)");
+  EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"dependencies": {}}]})"),
+                  R"(unsupported keyword "dependencies" at #/anyOf/0)");
+  EXPECT_CONTAINS(schema_error(R"({"items": {"multipleOf": 3}})"), R"(unsupported keyword "multipleOf" at #/items)");
 }
 
 TEST(JsonSchemaRefused, MalformedKeywordValues) {
