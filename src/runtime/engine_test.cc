@@ -458,18 +458,26 @@ TEST_P(EngineMode, HigherPriorityIsAdmittedFirst) {
   RequestHandle first = engine.submit(request({1, 2, 3}, greedy(250)));
   ASSERT_TRUE(first->next_event().has_value());  // running now
   std::vector<RequestHandle> handles;
+  std::vector<Clock::time_point> submitted;
   for (int i = 0; i < 6; ++i) {
     EngineRequest r = request({4, 5, static_cast<int32_t>(6 + i)}, greedy(40));
     r.priority = i % 3;  // 0 1 2 0 1 2
+    submitted.push_back(Clock::now());
     handles.push_back(engine.submit(r));
   }
-  // Admission order: the time each waited in the queue (they were submitted
-  // within microseconds; each admission waits for a 40-token request).
-  std::vector<double> queued(handles.size());
+  // Admission order: when each left the queue, its submission time plus the
+  // time it waited. (The wait alone is not enough: on a loaded machine this
+  // thread can be descheduled between two submissions for longer than one
+  // 40-token request takes, so a later submission can wait less.)
+  std::vector<double> admitted(handles.size());
   collect(*first);
-  for (size_t i = 0; i < handles.size(); ++i) queued[i] = collect(*handles[i]).usage.queue_seconds;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    const double since_first =
+        std::chrono::duration<double>(submitted[i] - submitted[0]).count();
+    admitted[i] = since_first + collect(*handles[i]).usage.queue_seconds;
+  }
   std::vector<int> order = {0, 1, 2, 3, 4, 5};
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return queued[a] < queued[b]; });
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return admitted[a] < admitted[b]; });
   // With one running request each finishes before the next is admitted:
   // priority 2 (requests 2, 5), then 1 (1, 4), then 0 (0, 3), FCFS within.
   EXPECT_EQ(order, (std::vector<int>{2, 5, 1, 4, 0, 3}));
