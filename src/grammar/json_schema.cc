@@ -73,15 +73,20 @@ constexpr std::string_view kUnenforcedKeywords[] = {"not",
                                                     "disallow",
                                                     "extends"};
 
-constexpr std::string_view kFormats[] = {"date", "time", "date-time", "email",   "uuid",
-                                         "ipv4", "ipv6", "uri",       "hostname"};
+// Formats enforced on strings ("url", which OpenAPI documents and real
+// schemas use, as "uri"; OpenAPI's "byte" as RFC 4648 base64).
+constexpr std::string_view kFormats[] = {"date", "time", "date-time", "email",    "uuid", "ipv4",
+                                         "ipv6", "uri",  "url",       "hostname", "byte"};
+// OpenAPI's formats that only hint at a string's use and constrain no text:
+// any string.
+constexpr std::string_view kHintFormats[] = {"password", "binary"};
 // Formats defined for strings only (the specification's, and OpenAPI's byte,
 // binary and password): they say nothing of other values.
 constexpr std::string_view kStringOnlyFormats[] = {
     "date",     "time",          "date-time",    "duration", "email",        "idn-email",
     "hostname", "idn-hostname",  "ipv4",         "ipv6",     "uri",          "uri-reference",
     "iri",      "iri-reference", "uri-template", "uuid",     "json-pointer", "relative-json-pointer",
-    "regex",    "byte",          "binary",       "password"};
+    "regex",    "byte",          "binary",       "password", "url"};
 
 template <size_t N>
 bool listed(std::string_view key, const std::string_view (&list)[N]) {
@@ -295,6 +300,82 @@ BigInteger round_number(const Json& value, bool up) {
   return out;
 }
 
+// --- Decimals ---------------------------------------------------------------------
+
+// A JSON number's exact decimal value: the magnitude's integer digits (no
+// leading zeros, "0" for none) and fraction digits (no trailing zeros, ""
+// for none). Zero is never negative.
+struct Decimal {
+  bool negative = false;
+  std::string integer = "0";
+  std::string fraction;
+};
+
+// `digits` with the decimal point after `point` of them (point may lie
+// outside the digits: zeros fill in), normalized.
+Decimal decimal_from_digits(bool negative, const std::string& digits, int64_t point) {
+  std::string integer, fraction;
+  if (point <= 0) {
+    fraction = std::string(static_cast<size_t>(-point), '0') + digits;
+  } else if (point >= static_cast<int64_t>(digits.size())) {
+    integer = digits + std::string(static_cast<size_t>(point) - digits.size(), '0');
+  } else {
+    integer = digits.substr(0, static_cast<size_t>(point));
+    fraction = digits.substr(static_cast<size_t>(point));
+  }
+  integer.erase(0, std::min(integer.find_first_not_of('0'), integer.size()));
+  while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
+  Decimal out;
+  out.integer = integer.empty() ? "0" : integer;
+  out.fraction = fraction;
+  out.negative = negative && (out.integer != "0" || !out.fraction.empty());
+  return out;
+}
+
+// The exact value of a JSON number. nlohmann keeps a non-integer as a double;
+// its shortest round-trip decimal (what fmt writes) is the decimal the schema's
+// author wrote, whenever that decimal had at most 17 significant digits.
+Decimal decimal_of(const Json& value) {
+  if (value.is_number_integer()) {
+    const BigInteger x = round_number(value, false);
+    return decimal_from_digits(x.negative, x.digits, static_cast<int64_t>(x.digits.size()));
+  }
+  const std::string text = fmt::format("{}", value.get<double>());
+  BASALT_CHECK(std::isfinite(value.get<double>()), "json schema: the number {} is not finite", text);
+  const bool negative = text[0] == '-';
+  const size_t exponent_at = text.find_first_of("eE");
+  const std::string mantissa = text.substr(negative ? 1 : 0, exponent_at - (negative ? 1 : 0));
+  const int64_t exponent = exponent_at == std::string::npos ? 0 : std::stoll(text.substr(exponent_at + 1));
+  const size_t point_at = mantissa.find('.');
+  std::string digits = mantissa;
+  int64_t point = static_cast<int64_t>(mantissa.size());
+  if (point_at != std::string::npos) {
+    digits.erase(point_at, 1);
+    point = static_cast<int64_t>(point_at);
+  }
+  return decimal_from_digits(negative, digits, point + exponent);
+}
+
+// Fraction digits compared as 0.a against 0.b (missing digits are zeros).
+int compare_fractions(const std::string& a, const std::string& b) {
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const char x = i < a.size() ? a[i] : '0', y = i < b.size() ? b[i] : '0';
+    if (x != y) return x < y ? -1 : 1;
+  }
+  return 0;
+}
+
+int compare(const Decimal& a, const Decimal& b) {
+  if (a.negative != b.negative) return a.negative ? -1 : 1;
+  int c = compare_magnitudes(a.integer, b.integer);
+  if (c == 0) c = compare_fractions(a.fraction, b.fraction);
+  return a.negative ? -c : c;
+}
+
+std::string to_string(const Decimal& x) {
+  return (x.negative ? "-" : "") + x.integer + (x.fraction.empty() ? "" : "." + x.fraction);
+}
+
 // a < b for JSON numbers, exact when both are integers.
 bool number_less(const Json& a, const Json& b) {
   if (a.is_number_integer() && b.is_number_integer())
@@ -477,6 +558,13 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
       {"format-uri-pchar", R"g([A-Za-z0-9._~!$&\x27()*+,;=:@\-] | format-uri-pct)g"},
       {"format-uri-query", R"g((format-uri-pchar | [/?])*)g"},
       {"format-uri-pct", R"g('%' [0-9A-Fa-f]{2})g"},
+      // RFC 4648 base64, standard alphabet, padded to a multiple of four
+      // characters; the bits padding leaves over are zero (section 3.5), as
+      // an encoder writes them.
+      {"format-byte", R"g(format-base64-quad* (format-base64-char{2} [AEIMQUYcgkosw048] '=')g"
+                      R"g( | format-base64-char [AQgw] '==')?)g"},
+      {"format-base64-quad", R"g(format-base64-char{4})g"},
+      {"format-base64-char", R"g([A-Za-z0-9+/])g"},
   };
   return *rules;
 }
@@ -556,7 +644,8 @@ class Translator {
                  "json schema: max_whitespace must be between 0 and {}, not {}", kMaxRepetition,
                  options.max_whitespace);
     BASALT_CHECK(rule_prefix_.empty() || (is_name(rule_prefix_) && rule_prefix_[0] != '.'),
-                 "json schema: rule_prefix \"{}\" must be name characters [A-Za-z0-9_.-] not starting with '.'",
+                 "json schema: rule_prefix \"{}\" must be name characters [A-Za-z0-9_.-] not "
+                 "starting with '.'",
                  rule_prefix_);
     for (const auto& [name, body] : fixed_rules()) names_.emplace(name);
     for (const std::string_view name : kBuiltRules) names_.emplace(name);
@@ -783,7 +872,8 @@ class Translator {
     const auto id = base_changing_id(schema);
     if (!id || !contains_ref(schema)) return;
     fail(
-        "json schema: unsupported keyword \"{}\" at {}: a $ref inside a schema embedded under its own identifier "
+        "json schema: unsupported keyword \"{}\" at {}: a $ref inside a schema embedded under its "
+        "own identifier "
         "(\"{}\") resolves against that identifier, which is not supported",
         id->first, path, id->second);
   }
@@ -810,7 +900,8 @@ class Translator {
       if (fragment.empty() || fragment[0] == '#') text = fragment.empty() ? "#" : fragment;
     }
     BASALT_CHECK(!text.empty() && text[0] == '#',
-                 "json schema: unsupported keyword \"$ref\" at {}: \"{}\" is not within this document (remote "
+                 "json schema: unsupported keyword \"$ref\" at {}: \"{}\" is not within this "
+                 "document (remote "
                  "references are not fetched)",
                  path, ref.get<std::string>());
     std::string fragment;
@@ -826,8 +917,9 @@ class Translator {
       i += 2;
     }
     BASALT_CHECK(fragment.empty() || fragment[0] == '/',
-                 "json schema: unsupported keyword \"$ref\" at {}: \"{}\" names an anchor, not a JSON pointer", path,
-                 text);
+                 "json schema: unsupported keyword \"$ref\" at {}: \"{}\" names an anchor, not a "
+                 "JSON pointer",
+                 path, text);
     const Json* at = &document_;
     std::string pointer = "#";
     size_t start = 1;
@@ -846,8 +938,10 @@ class Translator {
       // The target itself is checked where it is translated (check_keywords).
       if (const auto id = base_changing_id(*at); id && at != &document_ && contains_ref(*at)) {
         fail(
-            "json schema: unsupported keyword \"$ref\" at {}: \"{}\" reaches into a schema embedded under its own "
-            "identifier (\"{}\"), whose $refs resolve against that identifier, which is not supported",
+            "json schema: unsupported keyword \"$ref\" at {}: \"{}\" reaches into a schema "
+            "embedded under its own "
+            "identifier (\"{}\"), whose $refs resolve against that identifier, which is not "
+            "supported",
             path, ref.get<std::string>(), id->second);
       }
       if (at->is_object() && at->contains(token)) {
@@ -918,8 +1012,10 @@ class Translator {
             std::string cycle;
             for (auto p = std::find(path.begin(), path.end(), next); p != path.end(); ++p)
               cycle += targets_.at(*p).display + " -> ";
-            fail("json schema: unsupported keyword \"$ref\" at {}: {}{} refers to itself before any JSON text",
-                 targets_.at(next).display, cycle, targets_.at(next).display);
+            fail(
+                "json schema: unsupported keyword \"$ref\" at {}: {}{} refers to itself before any "
+                "JSON text",
+                targets_.at(next).display, cycle, targets_.at(next).display);
           }
           if (state[next] == 0) visit(next);
         }
@@ -959,7 +1055,8 @@ class Translator {
       }
     }
     BASALT_CHECK(productive[static_cast<size_t>(grammar.root)],
-                 "json schema: no finite value satisfies the schema: every value would have to contain itself "
+                 "json schema: no finite value satisfies the schema: every value would have to "
+                 "contain itself "
                  "through $ref");
   }
 
@@ -1109,8 +1206,10 @@ class Translator {
       for (size_t b = a + 1; b < live.size(); ++b) {
         if (disjoint(plan.branches[live[a]], plan.branches[live[b]])) continue;
         fail(
-            "json schema: unsupported keyword \"oneOf\" at {}: its branches {} and {} may overlap (a value that "
-            "matches both is invalid; branches are told apart only by their types, their const or enum values, or "
+            "json schema: unsupported keyword \"oneOf\" at {}: its branches {} and {} may overlap "
+            "(a value that "
+            "matches both is invalid; branches are told apart only by their types, their const or "
+            "enum values, or "
             "the const or enum values of a property both require)",
             path, live[a], live[b]);
       }
@@ -1312,8 +1411,9 @@ class Translator {
     // here, refuse.
     for (const auto& [key, value] : schema.items()) {
       BASALT_CHECK(!is_assertion(key) || key == "type" || key == "enum" || key == "const",
-                   "json schema: unsupported keyword \"{}\" at {}: only \"type\" can accompany enum or const", key,
-                   path);
+                   "json schema: unsupported keyword \"{}\" at {}: only \"type\" can accompany "
+                   "enum or const",
+                   key, path);
     }
     Json values = Json::array();
     if (const Json* list = member(schema, "enum")) {
@@ -1377,16 +1477,176 @@ class Translator {
 
   // --- Numbers ---
 
-  Translation number(const Json& schema, const std::string& path) {
-    for (const std::string_view key : kNumberKeywords) {
-      // Draft 4's exclusiveMinimum: false says nothing without a minimum.
-      const Json* value = member(schema, key);
-      BASALT_CHECK(!value || (key.starts_with("exclusive") && *value == false),
-                   "json schema: unsupported keyword \"{}\" at {}: bounds are supported on integers only (\"type\": "
-                   "\"integer\")",
-                   key, path);
+  // A bound on numbers: its value, and whether the value itself is outside.
+  struct NumberBound {
+    Decimal value;
+    bool strict = false;
+  };
+
+  // minimum and exclusiveMinimum (numeric, or draft 4's boolean beside
+  // minimum) as one lower bound, the tighter; the same for the upper bound.
+  static std::pair<std::optional<NumberBound>, std::optional<NumberBound>> number_bounds(const Json& schema,
+                                                                                         const std::string& path) {
+    std::optional<NumberBound> lower, upper;
+    for (const bool is_lower : {true, false}) {
+      const char* inclusive_key = is_lower ? "minimum" : "maximum";
+      const char* exclusive_key = is_lower ? "exclusiveMinimum" : "exclusiveMaximum";
+      const Json* inclusive = member(schema, inclusive_key);
+      const Json* exclusive = member(schema, exclusive_key);
+      BASALT_CHECK(!inclusive || inclusive->is_number(), "json schema: keyword \"{}\" at {} must be a number",
+                   inclusive_key, path);
+      BASALT_CHECK(!exclusive || exclusive->is_number() || exclusive->is_boolean(),
+                   "json schema: keyword \"{}\" at {} must be a number", exclusive_key, path);
+      std::optional<NumberBound>& bound = is_lower ? lower : upper;
+      const auto tighten = [&](const Json& value, bool strict) {
+        const NumberBound candidate{decimal_of(value), strict};
+        const int c = bound ? compare(candidate.value, bound->value) : 0;
+        if (!bound || (is_lower ? c > 0 : c < 0) || (c == 0 && strict)) bound = candidate;
+      };
+      if (inclusive) tighten(*inclusive, exclusive && exclusive->is_boolean() && *exclusive == true);
+      if (exclusive && exclusive->is_number()) tighten(*exclusive, true);
     }
-    return Translation::of(use("json-number"));
+    return {lower, upper};
+  }
+
+  // Numbers within bounds: the exact language of the range, over the numbers
+  // written without an exponent (those with one are left out, which only
+  // loses spellings: every value in range has one without) and without "-0"
+  // (zero is written "0", "0.0", ...). Without bounds, any JSON number.
+  Translation number(const Json& schema, const std::string& path) {
+    const auto [lower, upper] = number_bounds(schema, path);
+    if (!lower && !upper) return Translation::of(use("json-number"));
+    if (lower && upper) {
+      const int c = compare(lower->value, upper->value);
+      if (c > 0 || (c == 0 && (lower->strict || upper->strict))) {
+        return Translation::none(fmt::format("the number range at {} is empty ({} to {})", path,
+                                             to_string(lower->value), to_string(upper->value)));
+      }
+    }
+    const auto magnitude_of = [](const NumberBound& b) {
+      return MagnitudeBound{b.value.integer, b.value.fraction, b.strict};
+    };
+    std::vector<std::string> options;
+    // Non-negative numbers: from the lower bound (or 0) to the upper bound.
+    const bool upper_below_zero =
+        upper &&
+        (upper->value.negative || (upper->value.integer == "0" && upper->value.fraction.empty() && upper->strict));
+    if (!upper_below_zero) {
+      const MagnitudeBound from =
+          lower && !lower->value.negative ? magnitude_of(*lower) : MagnitudeBound{"0", "", false};
+      if (auto text = magnitudes(from, upper ? std::optional(magnitude_of(*upper)) : std::nullopt))
+        options.push_back(*text);
+    }
+    // Negative numbers: "-" and a magnitude above 0 (or -upper) up to -lower.
+    if (!lower || lower->value.negative) {
+      const MagnitudeBound from = upper && upper->value.negative ? magnitude_of(*upper) : MagnitudeBound{"0", "", true};
+      if (auto text = magnitudes(from, lower ? std::optional(magnitude_of(*lower)) : std::nullopt))
+        options.push_back(seq({lit("-"), group(*text)}));
+    }
+    if (options.empty()) return Translation::none(fmt::format("the number range at {} is empty", path));
+    return Translation::of(alt(options));
+  }
+
+  // A bound on magnitudes (non-negative decimals), split as Decimal does.
+  struct MagnitudeBound {
+    std::string integer;
+    std::string fraction;
+    bool strict = false;
+  };
+
+  // A language of fraction digit strings: whether the empty string is in
+  // it, and its non-empty strings ("" for none).
+  struct Digits {
+    bool empty_ok = false;
+    std::string nonempty;
+  };
+
+  // `digit` followed by a string of `rest`; none when rest is empty.
+  static std::optional<std::string> led_by(char digit, const Digits& rest) {
+    const std::string first = lit(std::string(1, digit));
+    if (rest.nonempty.empty()) return rest.empty_ok ? std::optional(first) : std::nullopt;
+    return seq({first, rest.empty_ok ? "(" + rest.nonempty + ")?" : group(rest.nonempty)});
+  }
+
+  static Digits digits_of(bool empty_ok, std::vector<std::string> options) {
+    return {empty_ok, options.empty() ? "" : alt(options)};
+  }
+
+  // Digit strings d with 0.d >= 0.low (> when strict); low has no trailing zeros.
+  static Digits fraction_at_least(const std::string& low, bool strict) {
+    if (low.empty()) return strict ? Digits{false, "[0-9]* [1-9] [0-9]*"} : Digits{true, "[0-9]+"};
+    std::vector<std::string> options;
+    if (low[0] < '9') options.push_back(seq({digit_class(static_cast<char>(low[0] + 1), '9'), "[0-9]*"}));
+    if (auto led = led_by(low[0], fraction_at_least(low.substr(1), strict))) options.push_back(*led);
+    return digits_of(false, options);
+  }
+
+  // Digit strings d with 0.d <= 0.high (< when strict).
+  static Digits fraction_at_most(const std::string& high, bool strict) {
+    if (high.empty()) return strict ? Digits{false, ""} : Digits{true, lit("0") + "+"};
+    std::vector<std::string> options;
+    if (high[0] > '0') options.push_back(seq({digit_class('0', static_cast<char>(high[0] - 1)), "[0-9]*"}));
+    if (auto led = led_by(high[0], fraction_at_most(high.substr(1), strict))) options.push_back(*led);
+    return digits_of(true, options);
+  }
+
+  // Digit strings d with 0.low <= 0.d <= 0.high (either end strict), where
+  // 0.low <= 0.high.
+  static Digits fraction_between(const std::string& low, const std::string& high, bool low_strict, bool high_strict) {
+    if (low.empty() && high.empty())
+      return low_strict || high_strict ? Digits{false, ""} : Digits{true, lit("0") + "+"};
+    const char l = low.empty() ? '0' : low[0], h = high.empty() ? '0' : high[0];
+    const std::string low_rest = low.empty() ? "" : low.substr(1), high_rest = high.empty() ? "" : high.substr(1);
+    const bool empty_ok = low.empty() && !low_strict;  // 0 is in range; then 0 <= high holds
+    std::vector<std::string> options;
+    if (l == h) {
+      if (auto led = led_by(l, fraction_between(low_rest, high_rest, low_strict, high_strict))) options.push_back(*led);
+      return digits_of(empty_ok, options);
+    }
+    if (auto led = led_by(l, fraction_at_least(low_rest, low_strict))) options.push_back(*led);
+    if (l + 1 <= h - 1)
+      options.push_back(seq({digit_class(static_cast<char>(l + 1), static_cast<char>(h - 1)), "[0-9]*"}));
+    if (auto led = led_by(h, fraction_at_most(high_rest, high_strict))) options.push_back(*led);
+    return digits_of(empty_ok, options);
+  }
+
+  // The fraction part ('.' and digits, or nothing) whose digits are in `d`;
+  // none when d is empty.
+  static std::optional<std::string> fraction_part(const Digits& d) {
+    if (d.nonempty.empty()) return d.empty_ok ? std::optional<std::string>("") : std::nullopt;
+    const std::string part = seq({lit("."), group(d.nonempty)});
+    return d.empty_ok ? "(" + part + ")?" : part;
+  }
+
+  // Magnitudes (an integer part without leading zeros, then an optional
+  // fraction) from `low` up to `high` (absent: unbounded); none when no
+  // magnitude is in range.
+  static std::optional<std::string> magnitudes(const MagnitudeBound& low, const std::optional<MagnitudeBound>& high) {
+    const std::string any_fraction = "(" + seq({lit("."), "[0-9]+"}) + ")?";
+    std::vector<std::string> options;
+    const auto add = [&](const std::string& integer, const std::optional<std::string>& fraction) {
+      if (fraction) options.push_back(seq({lit(integer), *fraction}));
+    };
+    const std::string above_low = increment_magnitude(low.integer);
+    if (!high) {
+      add(low.integer, fraction_part(fraction_at_least(low.fraction, low.strict)));
+      options.push_back(seq({group(naturals(above_low, std::nullopt)), any_fraction}));
+    } else {
+      const int c = compare_magnitudes(low.integer, high->integer);
+      if (c > 0) return std::nullopt;
+      if (c == 0) {
+        const int f = compare_fractions(low.fraction, high->fraction);
+        if (f > 0 || (f == 0 && (low.strict || high->strict))) return std::nullopt;
+        add(low.integer, fraction_part(fraction_between(low.fraction, high->fraction, low.strict, high->strict)));
+      } else {
+        add(low.integer, fraction_part(fraction_at_least(low.fraction, low.strict)));
+        if (high->integer != "0" && compare_magnitudes(above_low, decrement_magnitude(high->integer)) <= 0)
+          options.push_back(seq({group(naturals(above_low, decrement_magnitude(high->integer))), any_fraction}));
+        add(high->integer, fraction_part(fraction_at_most(high->fraction, high->strict)));
+      }
+    }
+    if (options.empty()) return std::nullopt;
+    return alt(options);
   }
 
   // The integer bounds: inclusive, after rounding (minimum 1.5 is 2).
@@ -1534,29 +1794,37 @@ class Translator {
     const std::string quote = lit("\"");
     if (const Json* pattern = member(schema, "pattern")) {
       BASALT_CHECK(pattern->is_string(), "json schema: keyword \"pattern\" at {} must be a string", path);
-      BASALT_CHECK(!schema.contains("format"),
-                   "json schema: unsupported keyword \"format\" at {}: format and pattern together are not supported",
+      const Json* format = member(schema, "format");
+      BASALT_CHECK(!format || listed(format_name(*format, path), kHintFormats),
+                   "json schema: unsupported keyword \"format\" at {}: format and pattern together "
+                   "are not supported",
                    path);
       BASALT_CHECK(!length_keyword,
-                   "json schema: unsupported keyword \"{}\" at {}: length bounds and pattern together are not "
+                   "json schema: unsupported keyword \"{}\" at {}: length bounds and pattern "
+                   "together are not "
                    "supported",
                    length_keyword ? length_keyword : "", path);
       return Translation::of(seq({quote, pattern_rule(pattern->get<std::string>(), path), quote}));
     }
-    if (const Json* format = member(schema, "format")) {
-      BASALT_CHECK(format->is_string(), "json schema: keyword \"format\" at {} must be a string", path);
-      const std::string name = format->get<std::string>();
+    if (const Json* format = member(schema, "format"); format && !listed(format_name(*format, path), kHintFormats)) {
+      const std::string name = format_name(*format, path);
       BASALT_CHECK(listed(name, kFormats),
                    "json schema: unsupported keyword \"format\" at {}: format \"{}\" is not supported", path, name);
       BASALT_CHECK(!length_keyword,
-                   "json schema: unsupported keyword \"{}\" at {}: length bounds and format together are not "
+                   "json schema: unsupported keyword \"{}\" at {}: length bounds and format "
+                   "together are not "
                    "supported",
                    length_keyword ? length_keyword : "", path);
-      return Translation::of(seq({quote, use("format-" + name), quote}));
+      return Translation::of(seq({quote, use(name == "url" ? "format-uri" : "format-" + name), quote}));
     }
     if (!length_keyword) return Translation::of(use("json-string"));
     return Translation::of(
         seq({quote, times(use("json-char"), min_length, max_length, rule_hint(path) + ".chars"), quote}));
+  }
+
+  static std::string format_name(const Json& format, const std::string& path) {
+    BASALT_CHECK(format.is_string(), "json schema: keyword \"format\" at {} must be a string", path);
+    return format.get<std::string>();
   }
 
   std::string pattern_rule(const std::string& pattern, const std::string& path) {
@@ -1891,7 +2159,8 @@ class Translator {
       if (key == "$ref") {
         const auto [pointer, target] = resolve(value, path);
         BASALT_CHECK(std::find(inlining.begin(), inlining.end(), pointer) == inlining.end(),
-                     "json schema: unsupported keyword \"$ref\" at {}: \"{}\" is merged into itself (through allOf or "
+                     "json schema: unsupported keyword \"$ref\" at {}: \"{}\" is merged into "
+                     "itself (through allOf or "
                      "keywords beside $ref)",
                      path, pointer);
         inlining.push_back(pointer);
@@ -1951,7 +2220,8 @@ class Translator {
         if (!acc.contains(key) || acc[key].get<int64_t>() > n) acc[key] = n;
       } else if (key == "pattern" || key == "format") {
         BASALT_CHECK(!acc.contains(key) || acc[key] == value,
-                     "json schema: unsupported keyword \"{}\" at {}: allOf cannot combine two different values of {}",
+                     "json schema: unsupported keyword \"{}\" at {}: allOf cannot combine two "
+                     "different values of {}",
                      key, path, key);
         acc[key] = value;
       }
@@ -1975,7 +2245,8 @@ class Translator {
     for (const Json& x : acc["anyOf"])
       for (const Json& y : branches) product.push_back(conjoin(x, y));
     BASALT_CHECK(product.size() <= kMaxAlternatives,
-                 "json schema: unsupported keyword \"{}\" at {}: combined with the other anyOf/oneOf lists of its "
+                 "json schema: unsupported keyword \"{}\" at {}: combined with the other "
+                 "anyOf/oneOf lists of its "
                  "allOf it makes {} alternatives (at most {})",
                  keyword, path, product.size(), kMaxAlternatives);
     acc["anyOf"] = product;

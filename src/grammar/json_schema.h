@@ -6,7 +6,8 @@
 // all; strings escaped as dump() escapes them (\" \\ \b \f \n \r \t, other
 // control characters as \u00xx in lowercase hex, all else raw UTF-8); integers
 // as -?(0|[1-9][0-9]*) without "-0"; numbers as JSON allows them (fraction and
-// exponent); object members in the order the schema lists `properties` (then
+// exponent), or, where minimum / maximum bound them, without an exponent and
+// without "-0" (every value in range has such a spelling); object members in the order the schema lists `properties` (then
 // the names `required` adds, in its order), the optional ones free to be
 // absent, then, unless additionalProperties is false, any number of further
 // members (their keys any string but the names in properties and required,
@@ -30,13 +31,18 @@
 // date-time as RFC 3339, with a leap second only as 23:59:60 in UTC; email as
 // RFC 5321's mailbox: dot-atom or quoted local part, hostname or
 // address-literal domain; uuid; ipv4 and ipv6 as RFC 3986 writes them; uri as
-// RFC 3986's URI; hostname as RFC 1123 labels of at most 63 characters, at most
-// 127 labels, the total length of 253 not enforced; on numbers, OpenAPI's int32
-// and int64 as integers in their range, float and double as any number, and a
-// format for strings as nothing), minLength / maxLength (code points, an escape
-// counting one), minimum / maximum / exclusiveMinimum / exclusiveMaximum on
-// integers (draft 4's boolean exclusive forms too) as the exact decimal
-// language of the range.
+// RFC 3986's URI, and url as uri; hostname as RFC 1123 labels of at most 63
+// characters, at most 127 labels, the total length of 253 not enforced;
+// OpenAPI's byte as RFC 4648 base64 (standard alphabet, padded, the padding's
+// bits zero), its password and binary as any string; on numbers, OpenAPI's
+// int32 and int64 as integers in their range, float and double as any number,
+// and a format for strings as nothing), minLength / maxLength (code points, an
+// escape counting one), minimum / maximum / exclusiveMinimum /
+// exclusiveMaximum (draft 4's boolean exclusive forms too) on integers as the
+// exact decimal language of the range, and on numbers as the exact language
+// of the range over decimal text (integer part, then fraction digits compared
+// with the bound's, which is the exact decimal of the JSON number: the
+// shortest that reads back as its double).
 //
 // oneOf is the anyOf of its branches where no value can match two of them,
 // and refused elsewhere. A type that two branches admit whole (every value of
@@ -84,10 +90,10 @@
 // dependentRequired, dependencies, patternProperties, propertyNames,
 // unevaluatedProperties, unevaluatedItems, contains, minContains,
 // maxContains, multipleOf, uniqueItems: true, $dynamicRef, $recursiveRef,
-// divisibleBy, disallow, extends, bounds on non-integer numbers, pattern or
-// format together with length bounds, an unknown format, an allOf whose
-// branches do not merge, a oneOf whose branches may overlap ("unsupported
-// keyword \"oneOf\" at #: its branches 0 and 1 may overlap"), an $id or id
+// divisibleBy, disallow, extends, pattern or format together with length
+// bounds, an unknown format, an allOf whose branches do not merge, a oneOf
+// whose branches may overlap ("unsupported keyword \"oneOf\" at #: its
+// branches 0 and 1 may overlap"), an $id or id
 // below the root with a $ref inside, a $ref outside the document or to an
 // anchor, a $ref cycle that reaches itself before any JSON text. A schema that
 // no value satisfies (false at the root, minItems > maxItems, a required

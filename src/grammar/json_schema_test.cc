@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -263,7 +264,8 @@ TEST(JsonSchemaStrings, Pattern) {
   quote.expect_rejects({"\"ab\"", "\"a\\u0022b\""});
 
   // Two patterns in one schema get rules of their own.
-  const SchemaGrammar two(R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x+$"},
+  const SchemaGrammar two(
+      R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x+$"},
                               "b": {"type": "string", "pattern": "^y+$"}}, "required": ["a", "b"]})");
   two.expect_accepts({R"({"a":"xx","b":"y"})"});
   two.expect_rejects({R"({"a":"y","b":"y"})"});
@@ -321,6 +323,28 @@ TEST(JsonSchemaFormats, Uri) {
                  "http://[::1]:8080/", "http://user:pw@host:80/a%20b", "tag:example.com,2024:x", "a:"},
                 {"//example.com", "http://exa mple.com", "1http://x", "http://x/%zz", "no-colon", "/relative",
                  "http://x/\"", "http://x/<y>"});
+}
+
+TEST(JsonSchemaFormats, OpenApiFormats) {
+  // url is uri by another name.
+  expect_format("url", {"https://example.com/a?b#c", "urn:x:y"}, {"example.com", "/path", "http://x/ y"});
+  // byte: RFC 4648 base64 with padding, the padding's bits zero.
+  expect_format("byte", {"", "QQ==", "QUI=", "QUJD", "QUJDRA==", "+/+/", "AAAAAA==", "aGVsbG8gd29ybGQ="},
+                {"Q", "QQ", "QQ=", "QUJ", "QUJDR", "QR==", "QUJ=", "QQ==QQ==", "Q===", "QUJD=", "QU-D", "QU_D",
+                 "QUJD\n", "QUJ D"});
+  // password and binary constrain no text; their length bounds apply.
+  expect_format("password", {"", "x", "\"\u00e9\n"}, {});
+  const SchemaGrammar secret(R"({"type": "string", "format": "binary", "minLength": 2})");
+  secret.expect_accepts({"\"ab\""});
+  secret.expect_rejects({"\"a\"", "1"});
+  const SchemaGrammar patterned(R"({"type": "string", "format": "password", "pattern": "^a"})");
+  patterned.expect_accepts({"\"ab\""});
+  patterned.expect_rejects({"\"b\""});
+  // Formats nobody defines stay refused.
+  for (const std::string name : {"country-code", "", "datetime", "path"}) {
+    EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": ")" + name + "\"}"),
+                    "format \"" + name + "\" is not supported");
+  }
 }
 
 TEST(JsonSchemaFormats, UnknownFormatsAndCombinationsAreRefused) {
@@ -438,7 +462,7 @@ TEST(JsonSchemaIntegers, NumberFormats) {
                   R"(unsupported keyword "format" at #/properties/p: format "percent" is not supported)");
 }
 
-TEST(JsonSchemaIntegers, EmptyRangesAndNumberBounds) {
+TEST(JsonSchemaIntegers, EmptyRanges) {
   EXPECT_CONTAINS(schema_error(R"({"type": "integer", "minimum": 5, "maximum": 4})"), "empty");
   EXPECT_CONTAINS(schema_error(R"({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4})"), "empty");
   EXPECT_CONTAINS(schema_error(R"({"type": "integer", "minimum": 0.5, "maximum": 0.7})"), "empty");
@@ -446,17 +470,101 @@ TEST(JsonSchemaIntegers, EmptyRangesAndNumberBounds) {
   const SchemaGrammar rest(R"({"type": ["integer", "null"], "minimum": 5, "maximum": 4})");
   rest.expect_accepts({"null"});
   rest.expect_rejects({"4", "5"});
-  // Bounds on numbers that need not be integers are refused.
-  EXPECT_CONTAINS(schema_error(R"({"type": "number", "minimum": 0})"), "unsupported keyword \"minimum\" at #");
-  EXPECT_CONTAINS(schema_error(R"({"properties": {"x": {"exclusiveMaximum": 1}}})"),
-                  "unsupported keyword \"exclusiveMaximum\" at #/properties/x");
   EXPECT_CONTAINS(schema_error(R"({"type": "integer", "minimum": "1"})"), "\"minimum\" at #");
+}
+
+// --- Numbers --------------------------------------------------------------------
+
+// A number in thousandths written with `decimals` fraction digits (0: as an
+// integer, which it must be).
+std::string thousandths_text(int64_t x, int decimals) {
+  const int64_t magnitude = x < 0 ? -x : x;
+  std::string out = (x < 0 ? "-" : "") + std::to_string(magnitude / 1000);
+  if (decimals == 0) return out;
+  std::string fraction = fmt::format("{:03d}", magnitude % 1000);
+  fraction.resize(static_cast<size_t>(decimals), '0');
+  return out + "." + fraction;
+}
+
+struct NumberCase {
+  std::string schema;
+  std::optional<int64_t> lo, hi;  // in thousandths
+  bool lo_strict = false, hi_strict = false;
+};
+
+TEST(JsonSchemaNumbers, BoundsAreExactOverDecimalText) {
+  const std::vector<NumberCase> cases = {
+      {R"({"type": "number", "minimum": 1.1})", 1100, std::nullopt},
+      {R"({"type": "number", "exclusiveMinimum": 1.1})", 1100, std::nullopt, true},
+      {R"({"type": "number", "maximum": 3.0})", std::nullopt, 3000},
+      {R"({"type": "number", "exclusiveMaximum": 3})", std::nullopt, 3000, false, true},
+      {R"({"type": "number", "minimum": -2, "maximum": 2.5})", -2000, 2500},
+      {R"({"type": "number", "minimum": -2.05, "exclusiveMaximum": -0.5})", -2050, -500, false, true},
+      {R"({"type": "number", "exclusiveMinimum": -0.125, "exclusiveMaximum": 0.125})", -125, 125, true, true},
+      {R"({"type": "number", "exclusiveMinimum": 0})", 0, std::nullopt, true},
+      {R"({"type": "number", "minimum": 0, "maximum": 0})", 0, 0},
+      {R"({"type": "number", "exclusiveMaximum": 0})", std::nullopt, 0, false, true},
+      {R"({"type": "number", "minimum": 0.25, "maximum": 0.75})", 250, 750},
+      {R"({"type": "number", "minimum": 1.005, "maximum": 1.007})", 1005, 1007},
+      {R"({"type": "number", "minimum": 9.99, "maximum": 10.01})", 9990, 10010},
+      {R"({"type": "number", "minimum": -90, "maximum": 90})", -90000, 90000},
+      {R"({"minimum": -1.5, "exclusiveMinimum": true, "maximum": 1.5, "exclusiveMaximum": true})", -1500, 1500, true,
+       true},
+      {R"({"minimum": 2, "exclusiveMinimum": 2, "maximum": 2.5, "exclusiveMaximum": 2.75})", 2000, 2500, true},
+      {R"({"type": ["number", "null"], "minimum": 1e-3, "maximum": 1.2e1})", 1, 12000},
+  };
+  for (const NumberCase& c : cases) {
+    SCOPED_TRACE(c.schema);
+    const CompiledSchema s(c.schema);
+    for (int64_t x = -100000; x <= 100000; x += x > -3000 && x < 12000 ? 1 : 997) {
+      const bool inside =
+          (!c.lo || (c.lo_strict ? x > *c.lo : x >= *c.lo)) && (!c.hi || (c.hi_strict ? x < *c.hi : x <= *c.hi));
+      for (const int decimals : {0, 1, 2, 3, 4, 9}) {
+        if (decimals == 0 && x % 1000 != 0) continue;
+        if (decimals > 0 && decimals < 3 && x % 1000 % (decimals == 1 ? 100 : 10) != 0) continue;
+        const std::string text = thousandths_text(x, decimals);
+        ASSERT_EQ(s.matches(text), inside) << text << "\n" << s.ebnf();
+      }
+    }
+    // Never "-0" (zero is written without the sign), never an exponent,
+    // never a leading zero.
+    for (const std::string text :
+         {"-0", "-0.0", "-0.000", "1e0", "1E+1", "0.5e1", "-1e-1", "01", "00.5", ".5", "5.", "+1"})
+      EXPECT_FALSE(s.matches(text)) << text;
+  }
+}
+
+TEST(JsonSchemaNumbers, BoundsOfAnySizeAndLongFractions) {
+  const SchemaGrammar tiny(R"({"type": "number", "exclusiveMinimum": 0.000123})");
+  tiny.expect_accepts({"0.0001230000001", "0.000124", "1", "123456789012345678901234567890"});
+  tiny.expect_rejects({"0.000123", "0.0001230000", "0.0001229999999999", "0", "-1"});
+  const SchemaGrammar large(R"({"type": "number", "minimum": -1e30, "maximum": 1.5e20})");
+  large.expect_accepts(
+      {"-1000000000000000000000000000000", "150000000000000000000", "149999999999999999999.99999", "0"});
+  large.expect_rejects(
+      {"-1000000000000000000000000000000.0001", "150000000000000000000.00001", "150000000000000000001"});
+  // Latitude, as real schemas bound it.
+  const SchemaGrammar latitude(R"({"type": "number", "minimum": -90, "maximum": 90})");
+  latitude.expect_accepts({"-90", "-90.000", "-89.999999", "0", "0.0", "45.5", "90"});
+  latitude.expect_rejects({"-90.0000001", "90.1", "91", "-91", "-0"});
+  // Unspecified type: the bounds apply to numbers only.
+  const SchemaGrammar any(R"({"minimum": 0.5})");
+  any.expect_accepts({"0.5", "\"x\"", "null", "[]"});
+  any.expect_rejects({"0.4999", "-1", "0"});
+  // Empty ranges.
+  EXPECT_CONTAINS(schema_error(R"({"type": "number", "minimum": 1.5, "exclusiveMaximum": 1.5})"), "empty");
+  EXPECT_CONTAINS(schema_error(R"({"type": "number", "minimum": 2.5, "maximum": 2.25})"), "empty");
+  const SchemaGrammar rest(R"({"type": ["number", "string"], "exclusiveMinimum": 1, "maximum": 1})");
+  rest.expect_accepts({"\"a\""});
+  rest.expect_rejects({"1", "1.0"});
+  EXPECT_CONTAINS(schema_error(R"({"type": "number", "exclusiveMaximum": "1"})"), "\"exclusiveMaximum\" at #");
 }
 
 // --- Objects --------------------------------------------------------------------
 
 TEST(JsonSchemaObjects, OptionalPropertiesInEveryCombination) {
-  const SchemaGrammar s(R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
+  const SchemaGrammar s(
+      R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
       "c": {"type": "boolean"}, "d": {"type": "null"}}, "required": ["b"], "additionalProperties": false})");
   const std::vector<std::pair<std::string, std::string>> optional = {{"a", "1"}, {"c", "true"}, {"d", "null"}};
   for (int mask = 0; mask < 8; ++mask) {
@@ -481,7 +589,8 @@ TEST(JsonSchemaObjects, OptionalPropertiesInEveryCombination) {
       R"({ "b":"x"})",
   });
 
-  const SchemaGrammar all_optional(R"({"type": "object", "properties": {"p": {}, "q": {}, "r": {}, "s": {}},
+  const SchemaGrammar all_optional(
+      R"({"type": "object", "properties": {"p": {}, "q": {}, "r": {}, "s": {}},
                                           "additionalProperties": false})");
   for (int mask = 0; mask < 16; ++mask) {
     ordered_json value = ordered_json::object();
@@ -531,7 +640,8 @@ TEST(JsonSchemaObjects, AdditionalProperties) {
 
 TEST(JsonSchemaObjects, AdditionalKeysAreNotTheListedNames) {
   // Otherwise {"a":"x"} would pass as an additional property.
-  const SchemaGrammar s(R"({"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "string"},
+  const SchemaGrammar s(
+      R"({"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "string"},
                                                               "\n\u00e9": false}})");
   s.expect_accepts({R"({"a":1})", R"({"ab":"x","abc":1})", R"({"b":1})", R"({"":1})", R"({"a\n":1,"A":2})",
                     R"({"aa":1})", R"({"\n":1})", "{\"\\n\xC3\xA8\":1}", "{\"\\n\xC3\xA9\xC3\xA9\":1}",
@@ -551,12 +661,14 @@ TEST(JsonSchemaObjects, RequiredNamesOutsideProperties) {
 }
 
 TEST(JsonSchemaObjects, MinAndMaxProperties) {
-  const SchemaGrammar closed(R"({"properties": {"a": {}, "b": {}, "c": {}}, "additionalProperties": false,
+  const SchemaGrammar closed(
+      R"({"properties": {"a": {}, "b": {}, "c": {}}, "additionalProperties": false,
                                  "minProperties": 1, "maxProperties": 2})");
   closed.expect_accepts({R"({"a":1})", R"({"c":1})", R"({"a":1,"b":2})", R"({"a":1,"c":2})", R"({"b":1,"c":2})"});
   closed.expect_rejects({"{}", R"({"a":1,"b":2,"c":3})"});
 
-  const SchemaGrammar open(R"({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1,
+  const SchemaGrammar open(
+      R"({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1,
                                "maxProperties": 2})");
   open.expect_accepts({R"({"x":1})", R"({"a":1,"x":2})", R"({"x":1,"y":2})", R"({"a":1,"b":2})"});
   open.expect_rejects({"{}", R"({"a":1,"b":2,"x":3})", R"({"x":1,"y":2,"z":3})"});
@@ -600,7 +712,8 @@ TEST(JsonSchemaArrays, PrefixItems) {
   closed.expect_accepts({"[]", "[\"a\"]", "[\"a\",1]"});
   closed.expect_rejects({"[\"a\",1,2]", "[1]", "[\"a\",\"b\"]"});
 
-  const SchemaGrammar rest(R"({"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "boolean"},
+  const SchemaGrammar rest(
+      R"({"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "boolean"},
                                "minItems": 1, "maxItems": 3})");
   rest.expect_accepts({"[\"a\"]", "[\"a\",true]", "[\"a\",true,false]"});
   rest.expect_rejects({"[]", "[true]", "[\"a\",1]", "[\"a\",true,false,true]"});
@@ -670,7 +783,8 @@ TEST(JsonSchemaCombinations, AnyOfAndOneOf) {
   // Pydantic's Optional and discriminated union shapes.
   const SchemaGrammar optional(R"({"anyOf": [{"type": "string"}, {"type": "null"}], "default": null, "title": "X"})");
   optional.expect_accepts({"null", "\"s\""});
-  const SchemaGrammar tagged(R"({"$defs": {"Cat": {"properties": {"pet": {"const": "cat"}}, "required": ["pet"]},
+  const SchemaGrammar tagged(
+      R"({"$defs": {"Cat": {"properties": {"pet": {"const": "cat"}}, "required": ["pet"]},
                                            "Dog": {"properties": {"pet": {"const": "dog"}}, "required": ["pet"]}},
       "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
       "discriminator": {"propertyName": "pet"}})");
@@ -872,7 +986,8 @@ TEST(JsonSchemaRefs, DefinitionsAndPointers) {
   by_id.expect_accepts({"null"});
 
   // Keywords beside $ref apply as well.
-  const SchemaGrammar beside(R"({"$defs": {"base": {"type": "object", "properties": {"id": {"type": "integer"}}}},
+  const SchemaGrammar beside(
+      R"({"$defs": {"base": {"type": "object", "properties": {"id": {"type": "integer"}}}},
                                  "$ref": "#/$defs/base", "required": ["id"]})");
   beside.expect_accepts({R"({"id":1})"});
   beside.expect_rejects({"{}", R"({"id":"x"})"});
@@ -907,7 +1022,8 @@ TEST(JsonSchemaRefs, Refused) {
   EXPECT_CONTAINS(schema_error(R"({"$ref": "#/$defs/missing"})"), "points at nothing");
   EXPECT_CONTAINS(schema_error(R"({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})"),
                   "#/$defs/a -> #/$defs/a");
-  EXPECT_CONTAINS(schema_error(R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}, {}]}},
+  EXPECT_CONTAINS(schema_error(
+                      R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}, {}]}},
                                    "$ref": "#/$defs/a"})"),
                   "refers to itself before any JSON text");
   EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"$ref": "#"}, {"type": "null"}]})"),
@@ -975,9 +1091,10 @@ TEST(JsonSchemaFlexible, WhitespaceBetweenTokensOnly) {
   JsonSchemaOptions options;
   options.compact = false;
   options.max_whitespace = 2;
-  const SchemaGrammar s(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+  const SchemaGrammar s(
+      R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
       "b": {"type": "string"}, "c": {}}, "required": ["a"], "additionalProperties": false})",
-                        options);
+      options);
   s.expect_accepts({R"({"a":[1,2]})", R"({ "a" : [ 1 , 2 ] })", "{\n\t\"a\":[]}", "{\"a\":[ ],\r\n\"b\" :\"x\"}",
                     R"({"a":[], "c": {  }})", R"({"a":[], "c": { "k" : [ null ] }})"});
   s.expect_rejects({R"({   "a":[]})", R"({"a":[1   ,2]})", R"( {"a":[]})", R"({"a":[]} )", R"({"a":[1 2]})",
@@ -1040,7 +1157,8 @@ TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
   const SchemaGrammar unused(R"({"$defs": {"x": {"not": {}}}, "type": "null"})");
   unused.expect_accepts({"null"});
   // Annotations are ignored, and uniqueItems: false asserts nothing.
-  const SchemaGrammar annotated(R"({"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "urn:x",
+  const SchemaGrammar annotated(
+      R"({"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "urn:x",
       "title": "t", "description": "d", "default": 1, "examples": [1], "example": 1, "$comment": "c",
       "deprecated": false, "readOnly": true, "writeOnly": false, "$anchor": "a", "type": "array", "uniqueItems": false,
       "contentMediaType": "text/plain", "contentEncoding": "base64"})");
