@@ -494,47 +494,87 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar) {
 // --- StackArena --------------------------------------------------------------
 
 namespace {
-uint32_t node_hash(int32_t state, int32_t parent) {
-  uint64_t h = (static_cast<uint64_t>(static_cast<uint32_t>(state)) << 32) | static_cast<uint32_t>(parent);
+uint32_t mix(uint64_t h) {
   h *= 0x9E3779B97F4A7C15ull;
   return static_cast<uint32_t>(h >> 32);
+}
+uint32_t node_hash(int32_t state, int32_t parent) {
+  return mix((static_cast<uint64_t>(static_cast<uint32_t>(state)) << 32) | static_cast<uint32_t>(parent));
+}
+uint32_t join_hash(std::span<const int32_t> members) {
+  uint64_t h = 0x6A09E667F3BCC909ull;
+  for (int32_t m : members) h = (h ^ static_cast<uint32_t>(m)) * 0x100000001B3ull + mix(h);
+  return mix(h);
 }
 }  // namespace
 
 StackArena::StackArena() { heads_.assign(64, -1); }
 
+uint32_t StackArena::hash_of(size_t id) const {
+  const StackNode& n = nodes_[id];
+  return n.state == kJoinState ? join_hash(join_members(static_cast<int32_t>(id))) : node_hash(n.state, n.parent);
+}
+
+void StackArena::link(size_t id, uint32_t hash) {
+  const uint32_t b = hash & static_cast<uint32_t>(heads_.size() - 1);
+  next_.push_back(heads_[b]);
+  heads_[b] = static_cast<int32_t>(id);
+  if (nodes_.size() > heads_.size()) rehash(heads_.size() * 2);
+}
+
 void StackArena::rehash(size_t buckets) {
   heads_.assign(buckets, -1);
   const uint32_t mask = static_cast<uint32_t>(buckets - 1);
   for (size_t i = 0; i < nodes_.size(); ++i) {
-    const uint32_t b = node_hash(nodes_[i].state, nodes_[i].parent) & mask;
+    const uint32_t b = hash_of(i) & mask;
     next_[i] = heads_[b];
     heads_[b] = static_cast<int32_t>(i);
   }
 }
 
 int32_t StackArena::intern(int32_t state, int32_t parent) {
-  const uint32_t mask = static_cast<uint32_t>(heads_.size() - 1);
-  const uint32_t b = node_hash(state, parent) & mask;
+  const uint32_t hash = node_hash(state, parent);
+  const uint32_t b = hash & static_cast<uint32_t>(heads_.size() - 1);
   for (int32_t i = heads_[b]; i >= 0; i = next_[static_cast<size_t>(i)]) {
     const StackNode& n = nodes_[static_cast<size_t>(i)];
     if (n.state == state && n.parent == parent) return i;
   }
   const auto id = static_cast<int32_t>(nodes_.size());
   nodes_.push_back({state, parent});
-  next_.push_back(heads_[b]);
-  heads_[b] = id;
-  if (nodes_.size() > heads_.size()) rehash(heads_.size() * 2);
+  link(static_cast<size_t>(id), hash);
+  return id;
+}
+
+int32_t StackArena::join(std::vector<int32_t>& parents) {
+  std::sort(parents.begin(), parents.end());
+  parents.erase(std::unique(parents.begin(), parents.end()), parents.end());
+  BASALT_ASSERT(!parents.empty());
+  if (parents.size() == 1) return parents[0];
+  const uint32_t hash = join_hash(parents);
+  const uint32_t b = hash & static_cast<uint32_t>(heads_.size() - 1);
+  for (int32_t i = heads_[b]; i >= 0; i = next_[static_cast<size_t>(i)]) {
+    if (nodes_[static_cast<size_t>(i)].state != kJoinState) continue;
+    const std::span<const int32_t> m = join_members(i);
+    if (std::equal(m.begin(), m.end(), parents.begin(), parents.end())) return i;
+  }
+  const auto id = static_cast<int32_t>(nodes_.size());
+  nodes_.push_back({kJoinState, static_cast<int32_t>(joins_.size())});
+  joins_.emplace_back(members_.size(), members_.size() + parents.size());
+  members_.insert(members_.end(), parents.begin(), parents.end());
+  link(static_cast<size_t>(id), hash);
   return id;
 }
 
 void StackArena::rewind(size_t n) {
   const uint32_t mask = static_cast<uint32_t>(heads_.size() - 1);
   while (nodes_.size() > n) {
-    const StackNode& node = nodes_.back();
-    const uint32_t b = node_hash(node.state, node.parent) & mask;
+    const uint32_t b = hash_of(nodes_.size() - 1) & mask;
     BASALT_ASSERT(heads_[b] == static_cast<int32_t>(nodes_.size() - 1));
     heads_[b] = next_.back();
+    if (nodes_.back().state == kJoinState) {
+      members_.resize(joins_.back().first);
+      joins_.pop_back();
+    }
     nodes_.pop_back();
     next_.pop_back();
   }
@@ -577,13 +617,24 @@ ClosureFlags StackWork::close(const CompiledGrammar& g, StackArena& arena, std::
       const int32_t callee = arena.intern(g.rule_start[static_cast<size_t>(call.rule)], ret);
       if (mark(callee)) work_.push_back(callee);
     }
+    BASALT_CHECK(out.size() <= kMaxLiveStacks,
+                 "structured output: the grammar is too ambiguous here (more than {} parses of the text are alive "
+                 "at once, as when anyOf branches that begin alike nest); make the alternatives differ early",
+                 kMaxLiveStacks);
     if (s.accepting) {
-      if (node.parent == kStackBottom) {
-        flags.can_end = true;
-      } else if (node.parent == kStackUnknown) {
-        flags.escaped = true;
-      } else if (mark(node.parent)) {
-        work_.push_back(node.parent);
+      auto return_into = [&](int32_t parent) {
+        if (parent == kStackBottom) {
+          flags.can_end = true;
+        } else if (parent == kStackUnknown) {
+          flags.escaped = true;
+        } else if (mark(parent)) {
+          work_.push_back(parent);
+        }
+      };
+      if (arena.is_join(node.parent)) {
+        for (int32_t p : arena.join_members(node.parent)) return_into(p);
+      } else {
+        return_into(node.parent);
       }
     }
   }
@@ -600,6 +651,45 @@ void StackWork::step(const CompiledGrammar& g, StackArena& arena, std::span<cons
     if (t < 0) continue;
     const int32_t next = arena.intern(t, node.parent);
     if (mark(next)) out.push_back(next);
+  }
+  if (out.size() > 1) merge_tops(arena, out);
+}
+
+void StackWork::merge_tops(StackArena& arena, std::vector<int32_t>& set) {
+  // Most steps leave distinct top states: find out in one pass.
+  uint32_t max_state = 0;
+  for (int32_t id : set) max_state = std::max(max_state, static_cast<uint32_t>(arena[id].state));
+  if (state_seen_.size() <= max_state) state_seen_.resize(max_state + 1, 0u);
+  bool repeated = false;
+  for (int32_t id : set) {
+    uint32_t& seen = state_seen_[static_cast<size_t>(arena[id].state)];
+    repeated |= seen == pass_;
+    seen = pass_;
+  }
+  if (!repeated) return;
+  tops_.clear();
+  for (int32_t id : set) tops_.emplace_back(arena[id].state, id);
+  std::sort(tops_.begin(), tops_.end());
+  set.clear();
+  for (size_t i = 0; i < tops_.size();) {
+    size_t j = i + 1;
+    while (j < tops_.size() && tops_[j].first == tops_[i].first) ++j;
+    if (j == i + 1) {
+      set.push_back(tops_[i].second);
+    } else {
+      parents_.clear();
+      for (size_t k = i; k < j; ++k) {
+        const int32_t p = arena[tops_[k].second].parent;
+        if (arena.is_join(p)) {
+          const std::span<const int32_t> m = arena.join_members(p);
+          parents_.insert(parents_.end(), m.begin(), m.end());
+        } else {
+          parents_.push_back(p);
+        }
+      }
+      set.push_back(arena.intern(tops_[i].first, arena.join(parents_)));
+    }
+    i = j;
   }
 }
 

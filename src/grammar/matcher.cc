@@ -25,15 +25,21 @@ bool GrammarMatcher::accept_bytes(std::string_view bytes) {
   const size_t mark = s.arena.size();
   std::vector<int32_t> cur = s.sets.back();
   std::vector<int32_t> closed, next;
-  for (const char c : bytes) {
-    s.work.close(*grammar_, s.arena, cur, closed);
-    s.work.step(*grammar_, s.arena, closed, static_cast<uint8_t>(c), next);
-    if (next.empty()) {
-      s.arena.rewind(mark);
-      s.closed_valid = false;
-      return false;
+  try {
+    for (const char c : bytes) {
+      s.work.close(*grammar_, s.arena, cur, closed);
+      s.work.step(*grammar_, s.arena, closed, static_cast<uint8_t>(c), next);
+      if (next.empty()) {
+        s.arena.rewind(mark);
+        s.closed_valid = false;
+        return false;
+      }
+      cur.swap(next);
     }
-    cur.swap(next);
+  } catch (...) {  // past kMaxLiveStacks: the state stays as it was
+    s.arena.rewind(mark);
+    s.closed_valid = false;
+    throw;
   }
   s.sets.push_back(std::move(cur));
   s.marks.push_back(mark);

@@ -7,7 +7,8 @@
 // becomes a deterministic automaton whose edges either consume a byte range
 // or call another rule; a matcher's state is the set of stacks of such
 // automaton states that the text so far can leave the parser in (a
-// pushdown automaton run breadth-first, stacks shared as a tree).
+// pushdown automaton run breadth-first; stacks share their bottoms as a tree
+// and their tops through joins, see grammar/automaton.h).
 //
 // Contract: compile_grammar() throws basalt::Error for a left-recursive
 // grammar (a rule that can reach itself without consuming a byte; the
@@ -35,7 +36,8 @@ class GrammarMatcher {
   explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
 
   // Consumes `bytes` if the grammar allows them here; otherwise returns
-  // false and the state is unchanged.
+  // false and the state is unchanged. Throws basalt::Error (the state
+  // unchanged) where the text would leave more than kMaxLiveStacks parses.
   bool accept_bytes(std::string_view bytes);
   // Whether the text accepted so far is a whole sentence of the grammar.
   bool can_end() const;

@@ -208,7 +208,9 @@ void TokenMasker::fill(GrammarMatcher& matcher, std::span<uint32_t> words) const
     // The stack's top state and its callers' states, up to kContextDepth.
     chain.clear();
     int32_t n = id;
-    while (n >= 0 && chain.size() <= kContextDepth) {
+    // A join ends the chain: past it the callers are several, and the
+    // entry of the chain so far leaves undecided what depends on them.
+    while (n >= 0 && chain.size() <= kContextDepth && !s.arena.is_join(n)) {
       chain.push_back(s.arena[n].state);
       n = s.arena[n].parent;
     }

@@ -126,6 +126,13 @@ TEST(TokenMask, EqualsBruteForceOnAmbiguousAndNullableRules) {
   check_walks("root ::= (item \",\"?)* \"}\"\nitem ::= \"\\\"\"? [a-c]* \"\\\"\"?", 20, 25, 5);
 }
 
+// Nested rules that read the same text: the stacks share their tops
+// through joins, which end the cached contexts early.
+TEST(TokenMask, EqualsBruteForceWhereStacksJoin) {
+  check_walks("root ::= a | b\na ::= \"(\" (a | b)? \")\" \"a\"?\nb ::= \"(\" (a | b)? \")\" \"b\"", 20, 40, 7);
+  check_walks("root ::= x | y\nx ::= \"{\" [ab]* (x | y)? \"}\"\ny ::= \"{\" [bc]* (x | y)? \"}\" \"c\"?", 20, 40, 8);
+}
+
 TEST(TokenMask, EndIdsOnlyWhereTheGrammarCanEnd) {
   const auto vocab = synthetic_vocabulary(6);
   const auto grammar = compile_grammar(parse_ebnf(R"(root ::= "ab" | "abc")"));
