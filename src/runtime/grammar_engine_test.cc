@@ -6,6 +6,7 @@
 
 #include <string_view>
 
+#include "core/error.h"
 #include "grammar/structured_output.h"
 #include "runtime/grammar_constraint.h"
 #include "testing/engine_mode_test_util.h"
@@ -104,6 +105,51 @@ TEST_P(EngineMode, JumpForwardOutputsDoNotDependOnOverlap) {
   for (size_t i = 0; i < plain.outputs.size(); ++i)
     EXPECT_EQ(plain.outputs[i].output_ids, overlapped.outputs[i].output_ids) << "request " << i;
   EXPECT_EQ(plain.metrics.jump_forward_tokens, overlapped.metrics.jump_forward_tokens);
+}
+
+// A constraint that fails after some tokens, as a grammar too ambiguous to
+// follow does: its request ends with the error, the others in its steps
+// go on untouched.
+class FailingConstraint : public TokenConstraint {
+ public:
+  FailingConstraint(int fail_at, bool in_accept) : fail_at_(fail_at), in_accept_(in_accept) {}
+  void fill_allowed(std::span<uint32_t>) override {
+    if (!in_accept_ && accepted_ == fail_at_) throw Error("the constraint gave up");
+  }
+  void accept(int32_t) override {
+    if (in_accept_ && accepted_ == fail_at_) throw Error("the constraint gave up");
+    ++accepted_;
+  }
+  void rollback(int n) override { accepted_ -= n; }
+  std::shared_ptr<TokenConstraint> fresh_copy() const override {
+    return std::make_shared<FailingConstraint>(fail_at_, in_accept_);
+  }
+
+ private:
+  int fail_at_;
+  bool in_accept_;
+  int accepted_ = 0;
+};
+
+TEST_P(EngineMode, AFailingConstraintFailsOnlyItsRequest) {
+  Fixture f(kLlama);
+  EngineOptions o = slots(2048);
+  Engine engine(*f.model, f.backend, nullptr, o);
+  const RequestOutput alone = collect(*engine.submit(EngineRequest{{7, 8, 9}, greedy(24), 0, 0, std::nullopt, nullptr}));
+  for (bool in_accept : {false, true}) {
+    RequestHandle failing = engine.submit(EngineRequest{{139, 190}, greedy(40), 0, 0, std::nullopt,
+                                                        std::make_shared<FailingConstraint>(5, in_accept)});
+    RequestHandle beside = engine.submit(EngineRequest{{7, 8, 9}, greedy(24), 0, 0, std::nullopt, nullptr});
+    const RequestOutput failed = collect(*failing);
+    EXPECT_EQ(failed.reason, FinishReason::kError);
+    EXPECT_NE(failed.error.find("the constraint gave up"), std::string::npos) << failed.error;
+    EXPECT_LE(failed.output_ids.size(), 5u);
+    const RequestOutput other = collect(*beside);
+    EXPECT_EQ(other.reason, FinishReason::kLength);
+    EXPECT_EQ(other.output_ids, alone.output_ids);
+  }
+  EXPECT_EQ(engine.metrics().requests_failed, 2u);
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
 }
 
 INSTANTIATE_TEST_SUITE_P(Engine, EngineMode,

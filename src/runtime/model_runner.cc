@@ -49,8 +49,15 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   result.logprobs.assign(R, {});
   result.sampled_logprobs.assign(R, std::numeric_limits<float>::quiet_NaN());
   result.forced.assign(R, {});
+  result.row_errors.clear();
   result.next.clear();
   if (R == 0) return;
+  // A constraint that throws fails its own request, not the step.
+  auto fail_row = [&](size_t r, const std::exception& e) {
+    result.row_errors.resize(R);
+    result.row_errors[r] = *e.what() != '\0' ? e.what() : "the request's token constraint failed";
+  };
+  auto row_failed = [&](size_t r) { return !result.row_errors.empty() && !result.row_errors[r].empty(); };
 
   // The constraints' masks, filled on the host while the device computes.
   bool masked = false;
@@ -62,11 +69,16 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
     for (size_t r = 0; r < R; ++r) {
       if (!plan.rows[r].constraint || plan.rows[r].stale) continue;
       std::span<uint32_t> row(mask.data() + r * static_cast<size_t>(words), static_cast<size_t>(words));
-      plan.rows[r].constraint->fill_allowed(row);
-      // Bits past the vocabulary do not count.
-      if (vocab_ % 32 != 0) row.back() &= (uint32_t{1} << (vocab_ % 32)) - 1;
-      BASALT_CHECK(std::any_of(row.begin(), row.end(), [](uint32_t w) { return w != 0; }),
-                   "the token constraint of sampled row {} allows no token", r);
+      try {
+        plan.rows[r].constraint->fill_allowed(row);
+        // Bits past the vocabulary do not count.
+        if (vocab_ % 32 != 0) row.back() &= (uint32_t{1} << (vocab_ % 32)) - 1;
+        BASALT_CHECK(std::any_of(row.begin(), row.end(), [](uint32_t w) { return w != 0; }),
+                     "the token constraint of sampled row {} allows no token", r);
+      } catch (const std::exception& e) {
+        fail_row(r, e);
+        std::fill(row.begin(), row.end(), ~uint32_t{0});  // sampled, then dropped
+      }
     }
   }
 
@@ -143,12 +155,18 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   }
   for (size_t r = 0; r < R; ++r) {
     const StepPlan::SampleRow& row = plan.rows[r];
-    if (row.stale) continue;
+    if (row.stale || row_failed(r)) continue;
     row.processor->append(result.next[r]);
     if (!row.constraint) continue;
-    row.constraint->accept(result.next[r]);
-    if (!row.jump_forward) continue;
-    result.forced[r] = row.constraint->forced_tokens();
+    try {
+      row.constraint->accept(result.next[r]);
+      if (!row.jump_forward) continue;
+      result.forced[r] = row.constraint->forced_tokens();
+    } catch (const std::exception& e) {
+      fail_row(r, e);
+      result.forced[r].clear();
+      continue;
+    }
     for (int32_t t : result.forced[r]) row.processor->append(t);
   }
 }

@@ -600,6 +600,10 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
       ++m_.discarded_tokens;
       continue;
     }
+    if (!result.row_errors.empty() && !result.row_errors[i].empty()) {
+      end(r, FinishReason::kError, updates, {}, std::move(result.row_errors[i]));
+      continue;
+    }
     if (on_token(r, result.next[i], std::move(result.logprobs[i]), result.sampled_logprobs[i], now, updates)) continue;
     if (i >= result.forced.size() || result.forced[i].empty()) continue;
     int appended = 0;

@@ -104,7 +104,8 @@ class Scheduler {
   // can never run (it does not fit the pool even alone) finishes in updates.
   std::shared_ptr<StepPlan> schedule(std::vector<RequestUpdate>& updates);
   // Takes a planned step's results, in plan order. Throws basalt::Error when
-  // the step failed (result.error); the caller then calls fail_all().
+  // the step failed (result.error); the caller then calls fail_all(). A row
+  // that failed alone (result.row_errors) finishes its request with kError.
   void update(StepPlan& plan, StepResult& result, std::vector<RequestUpdate>& updates);
   // After a failed step (every launched step is done or dropped): finishes
   // every request with the error and empties the cache, since launched

@@ -96,6 +96,10 @@ struct StepResult {
   std::vector<std::vector<TokenLogprob>> logprobs;  // per row, top alternatives when asked
   std::vector<float> sampled_logprobs;           // per row; NaN where not asked
   std::vector<std::vector<int32_t>> forced;      // per row: jump-forward tokens after `next`
+  // Per sampled row, only when some row failed (empty otherwise): the
+  // error of a row whose constraint threw (a grammar too ambiguous to
+  // follow, say). That request fails alone; its sample is meaningless.
+  std::vector<std::string> row_errors;
   std::string error;                             // non-empty: the step failed
   Clock::time_point exec_start, exec_end;
 };
