@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "grammar/ebnf.h"
+#include "grammar/matcher.h"
 #include "grammar/regex.h"
 
 namespace basalt {
@@ -34,8 +35,9 @@ using Json = nlohmann::ordered_json;
 // definitions hold what $ref reaches).
 constexpr std::string_view kGeneralKeywords[] = {"type",  "enum", "const", "anyOf",      "oneOf",
                                                  "allOf", "$ref", "$defs", "definitions"};
-constexpr std::string_view kObjectKeywords[] = {"properties", "required", "additionalProperties", "minProperties",
-                                                "maxProperties"};
+constexpr std::string_view kObjectKeywords[] = {"properties",    "required",          "additionalProperties",
+                                                "minProperties", "maxProperties",     "patternProperties",
+                                                "dependencies",  "dependentRequired", "dependentSchemas"};
 constexpr std::string_view kArrayKeywords[] = {"items",    "prefixItems", "additionalItems",
                                                "minItems", "maxItems",    "uniqueItems"};
 constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength", "pattern", "format"};
@@ -56,13 +58,9 @@ constexpr std::string_view kUnenforcedKeywords[] = {"not",
                                                     "if",
                                                     "then",
                                                     "else",
-                                                    "dependentSchemas",
-                                                    "dependentRequired",
-                                                    "dependencies",
                                                     "contains",
                                                     "minContains",
                                                     "maxContains",
-                                                    "patternProperties",
                                                     "propertyNames",
                                                     "multipleOf",
                                                     "$dynamicRef",
@@ -108,6 +106,9 @@ constexpr int64_t kMaxCount = int64_t{1} << 53;
 // one translation may make: a schema past these is hostile or a bug.
 constexpr size_t kMaxAlternatives = 256;
 constexpr size_t kMaxMergedSchemas = 2000;
+// Objects told apart by which dependency triggers they have (dependentRequired,
+// dependentSchemas): each combination is a schema of its own.
+constexpr size_t kMaxDependencyCombinations = 64;
 
 // --- JSON types ---------------------------------------------------------------
 
@@ -1070,8 +1071,12 @@ class Translator {
     BASALT_CHECK(schema.is_object(), "json schema: the schema at {} must be an object or a boolean", path);
     check_keywords(schema, path);
     if (schema.contains("$ref") && !has_assertions(schema, {"$ref"})) return translate_ref(schema.at("$ref"), path);
-    if (schema.contains("$ref") || schema.contains("allOf") || (schema.contains("anyOf") && schema.contains("oneOf")))
+    // Draft 7's dependencies become dependentRequired / dependentSchemas there.
+    if (schema.contains("$ref") || schema.contains("allOf") || (schema.contains("anyOf") && schema.contains("oneOf")) ||
+        schema.contains("dependencies"))
       return translate_merged(merge({{&schema, path}}), path);
+    if (schema.contains("dependentRequired") || schema.contains("dependentSchemas"))
+      return translate_dependencies(schema, path);
     if (schema.contains("anyOf")) return translate_alternatives(schema, "anyOf", path);
     if (schema.contains("oneOf")) return translate_alternatives(schema, "oneOf", path);
     if (schema.contains("enum") || schema.contains("const")) return translate_enum(schema, path);
@@ -1089,6 +1094,83 @@ class Translator {
                    kMaxMergedSchemas);
     }
     return target(key, path, rule_hint(path) + ".merged", [&] { return translate(merged.schema, path); });
+  }
+
+  // dependentRequired and dependentSchemas: the anyOf of the objects
+  // without each trigger property (the property false) and the objects with
+  // it (required, with the names it requires or the schema it brings merged
+  // in, and "type": "object", as only an object with the property must
+  // satisfy them), trigger by trigger; a trigger that a combination
+  // already requires does not fork it. Exact: every value is in exactly one
+  // combination, whose schema is what the value must satisfy.
+  Translation translate_dependencies(const Json& schema, const std::string& path) {
+    Json base = Json::object();
+    for (const auto& [key, value] : schema.items())
+      if (key != "dependentRequired" && key != "dependentSchemas") base[key] = value;
+    std::vector<std::string> triggers;
+    for (const char* keyword : {"dependentRequired", "dependentSchemas"}) {
+      const Json* map = member(schema, keyword);
+      if (!map) continue;
+      BASALT_CHECK(map->is_object(), "json schema: keyword \"{}\" at {} must be an object", keyword, path);
+      for (const auto& [name, value] : map->items()) {
+        if (std::find(triggers.begin(), triggers.end(), name) == triggers.end()) triggers.push_back(name);
+        if (std::string_view(keyword) != "dependentRequired") continue;  // schemas are read when merged
+        BASALT_CHECK(
+            value.is_array() && std::all_of(value.begin(), value.end(), [](const Json& n) { return n.is_string(); }),
+            "json schema: keyword \"dependentRequired\" at {} must map names to arrays of names", path);
+      }
+    }
+    struct Combination {
+      std::set<std::string> required;  // known to be required
+      Json parts = Json::array();      // schemas merged with the base
+    };
+    std::vector<Combination> combinations(1);
+    if (const Json* required = member(schema, "required"); required && required->is_array())
+      for (const Json& name : *required)
+        if (name.is_string()) combinations[0].required.insert(name.get<std::string>());
+    const Json* dependent_required = member(schema, "dependentRequired");
+    const Json* dependent_schemas = member(schema, "dependentSchemas");
+    for (const std::string& trigger : triggers) {
+      std::vector<Combination> next;
+      for (Combination& c : combinations) {
+        Combination with = c;
+        Json present = {{"type", "object"}, {"required", Json::array({trigger})}};
+        with.required.insert(trigger);
+        if (dependent_required && dependent_required->contains(trigger)) {
+          for (const Json& name : dependent_required->at(trigger)) {
+            present["required"].push_back(name);
+            with.required.insert(name.get<std::string>());
+          }
+        }
+        with.parts.push_back(present);
+        if (dependent_schemas && dependent_schemas->contains(trigger))
+          with.parts.push_back(dependent_schemas->at(trigger));
+        if (!c.required.contains(trigger)) {
+          c.parts.push_back({{"properties", {{trigger, false}}}});
+          next.push_back(std::move(c));
+        }
+        next.push_back(std::move(with));
+      }
+      combinations = std::move(next);
+      BASALT_CHECK(combinations.size() <= kMaxDependencyCombinations,
+                   "json schema: unsupported keyword \"{}\" at {}: its triggers make more than {} combinations of "
+                   "present and absent properties",
+                   dependent_required ? "dependentRequired" : "dependentSchemas", path, kMaxDependencyCombinations);
+    }
+    std::vector<std::string> options;
+    std::string reason;
+    for (const Combination& c : combinations) {
+      std::vector<Part> parts{{&base, path}};
+      for (const Json& part : c.parts) parts.emplace_back(&part, path);
+      const Translation t = translate_merged(merge(parts), path);
+      if (t.satisfiable()) {
+        options.push_back(t.expr);
+      } else if (reason.empty()) {
+        reason = t.no_value_reason;
+      }
+    }
+    if (options.empty()) return Translation::none(reason);
+    return Translation::of(alt(options));
   }
 
   // anyOf / oneOf: the branches, each with the keywords beside it merged in.
@@ -1827,7 +1909,9 @@ class Translator {
     return format.get<std::string>();
   }
 
-  std::string pattern_rule(const std::string& pattern, const std::string& path) {
+  // The rule of a pattern's language (JSON-escaped text, search semantics);
+  // `keyword` names where the pattern came from, for errors.
+  std::string pattern_rule(const std::string& pattern, const std::string& path, std::string_view keyword = "pattern") {
     auto [it, inserted] = patterns_.try_emplace(pattern);
     if (!inserted) return it->second;
     RegexRules rules;
@@ -1835,12 +1919,79 @@ class Translator {
       rules = regex_to_ebnf(pattern, RegexMode::kSearch, /*json_escaped=*/true,
                             fmt::format("pattern{}.", patterns_.size()));
     } catch (const Error& e) {
-      fail("json schema: keyword \"pattern\" at {}: {}", path, e.what());
+      fail("json schema: {}keyword \"{}\" at {}: {}", keyword == "pattern" ? "" : "unsupported ", keyword, path,
+           e.what());
     }
     pattern_rules_ += rules.rules;
     if (!pattern_rules_.empty() && pattern_rules_.back() != '\n') pattern_rules_.push_back('\n');
     it->second = rules.root;
     return rules.root;
+  }
+
+  // --- patternProperties ---
+
+  // Whether the pattern matches the name (search semantics, as JSON Schema
+  // reads patterns).
+  bool name_matches(const std::string& pattern, const std::string& name, const std::string& path) {
+    auto it = pattern_grammars_.find(pattern);
+    if (it == pattern_grammars_.end()) {
+      RegexRules rules;
+      try {
+        rules = regex_to_ebnf(pattern, RegexMode::kSearch, /*json_escaped=*/true, "p.");
+      } catch (const Error& e) {
+        fail("json schema: unsupported keyword \"patternProperties\" at {}: {}", path, e.what());
+      }
+      it = pattern_grammars_.emplace(pattern, parse_ebnf(rules.rules, rules.root)).first;
+    }
+    const std::string quoted = Json(name).dump();
+    return grammar_matches(it->second, std::string_view(quoted).substr(1, quoted.size() - 2));
+  }
+
+  // Whether every name matches: a pattern with no anchor that matches the
+  // empty name matches the empty text at the start of any name.
+  bool matches_every_name(const std::string& pattern, const std::string& path) {
+    return pattern.find_first_of("^$") == std::string::npos && name_matches(pattern, "", path);
+  }
+
+  // The literal text every name the pattern matches starts with, when the
+  // pattern is anchored at the start ("^abc", "^x-", "^\\."); `whole` when
+  // the pattern is that text and nothing else ("^abc$"). Patterns with an
+  // alternation anywhere have none.
+  static std::string literal_prefix(const std::string& pattern, bool& whole) {
+    whole = false;
+    std::string prefix;
+    if (pattern.empty() || pattern[0] != '^' || pattern.find('|') != std::string::npos) return prefix;
+    const std::string_view special = ".[](){}*+?|^$\\";
+    for (size_t i = 1; i < pattern.size();) {
+      char c = pattern[i];
+      size_t next = i + 1;
+      if (c == '\\' && i + 1 < pattern.size() && std::ispunct(static_cast<unsigned char>(pattern[i + 1]))) {
+        c = pattern[i + 1];
+        next = i + 2;
+      } else if (special.find(c) != std::string_view::npos || static_cast<unsigned char>(c) >= 0x80) {
+        whole = c == '$' && i + 1 == pattern.size();
+        return prefix;
+      }
+      // A quantifier after the character may leave it out or repeat it.
+      if (next < pattern.size() && std::string_view("*?{+").find(pattern[next]) != std::string_view::npos) {
+        if (pattern[next] == '+') prefix.push_back(c);
+        return prefix;
+      }
+      prefix.push_back(c);
+      i = next;
+    }
+    return prefix;
+  }
+
+  // Whether no name matches both patterns: their literal prefixes differ, or
+  // one is a single name the other does not match.
+  bool patterns_disjoint(const std::string& a, const std::string& b, const std::string& path) {
+    bool a_whole = false, b_whole = false;
+    const std::string a_prefix = literal_prefix(a, a_whole), b_prefix = literal_prefix(b, b_whole);
+    const size_t common = std::min(a_prefix.size(), b_prefix.size());
+    if (a_prefix.compare(0, common, b_prefix, 0, common) != 0) return true;
+    if (a_whole && !name_matches(b, a_prefix, path)) return true;
+    return b_whole && !name_matches(a, b_prefix, path);
   }
 
   // --- Arrays ---
@@ -1916,7 +2067,8 @@ class Translator {
 
   Translation object(const Json& schema, const std::string& path) {
     if (!schema.contains("properties") && !schema.contains("required") && !schema.contains("additionalProperties") &&
-        !schema.contains("minProperties") && !schema.contains("maxProperties")) {
+        !schema.contains("minProperties") && !schema.contains("maxProperties") &&
+        !schema.contains("patternProperties")) {
       return Translation::of(use("json-object"));
     }
     const Json* properties = member(schema, "properties");
@@ -1934,6 +2086,23 @@ class Translator {
     const Json* additional = member(schema, "additionalProperties");
     BASALT_CHECK(!additional || additional->is_boolean() || additional->is_object(),
                  "json schema: keyword \"additionalProperties\" at {} must be a schema", path);
+    const Json* patterns = member(schema, "patternProperties");
+    BASALT_CHECK(!patterns || patterns->is_object(),
+                 "json schema: keyword \"patternProperties\" at {} must be an object", path);
+    const std::string patterns_path = child_path(path, "patternProperties");
+    // The schema a listed name must satisfy: its own (or none), and that of
+    // each pattern it matches; absent when no pattern matches it.
+    const auto with_patterns = [&](const std::string& name, const Json* own,
+                                   const std::string& own_path) -> std::optional<Translation> {
+      if (!patterns) return std::nullopt;
+      std::vector<Part> parts;
+      if (own) parts.emplace_back(own, own_path);
+      for (const auto& [pattern, pattern_schema] : patterns->items())
+        if (name_matches(pattern, name, patterns_path))
+          parts.emplace_back(&pattern_schema, child_path(patterns_path, pattern));
+      if (parts.size() == (own ? 1u : 0u)) return std::nullopt;
+      return translate_merged(merge(parts), own ? own_path : path);
+    };
     const int64_t min_properties = optional_count(schema, "minProperties", path).value_or(0);
     const std::optional<int64_t> max_properties = optional_count(schema, "maxProperties", path);
     if (max_properties && min_properties > *max_properties) {
@@ -1955,7 +2124,8 @@ class Translator {
     if (properties) {
       for (const auto& [name, property] : properties->items()) {
         const std::string property_path = child_path(child_path(path, "properties"), name);
-        const Translation t = translate(property, property_path);
+        const std::optional<Translation> matched = with_patterns(name, &property, property_path);
+        const Translation t = matched ? *matched : translate(property, property_path);
         if (!t.satisfiable()) {
           if (is_required(name)) {
             return Translation::none(
@@ -1979,19 +2149,31 @@ class Translator {
     }
     for (const std::string& name : required) {
       if (properties && properties->contains(name)) continue;
+      if (const std::optional<Translation> matched = with_patterns(name, nullptr, path)) {
+        if (!matched->satisfiable()) {
+          return Translation::none(
+              fmt::format("required property \"{}\" at {} admits no value: {}", name, path, matched->no_value_reason));
+        }
+        listed_members.push_back({member_text(name, share(matched->expr, hint + ".pattern")), true});
+        continue;
+      }
       if (!extra_value) {
         return Translation::none(
             fmt::format("required property \"{}\" at {} is not in properties and {}", name, path, extra_reason));
       }
       listed_members.push_back({member_text(name, *extra_value), true});
     }
+    // The listed names are not additional properties: their own schemas (or
+    // their absence, for a false one) decide them.
+    std::vector<std::string> names = required;
+    if (properties)
+      for (const auto& [name, property] : properties->items()) names.push_back(name);
+    if (patterns) {
+      return object_members(listed_members, pattern_members(*patterns, names, path), min_properties, max_properties,
+                            path);
+    }
     std::optional<std::string> extra_member;
     if (extra_value) {
-      // The listed names are not additional properties: their own schemas
-      // (or their absence, for a false one) decide them.
-      std::vector<std::string> names = required;
-      if (properties)
-        for (const auto& [name, property] : properties->items()) names.push_back(name);
       if (names.empty() && *extra_value == "json-value") {
         extra_member = use("json-member");
       } else {
@@ -1999,6 +2181,53 @@ class Translator {
       }
     }
     return object_members(listed_members, extra_member, min_properties, max_properties, path);
+  }
+
+  // The further members of an object with patternProperties: a name that
+  // matches a pattern, with a value that satisfies that pattern's schema and
+  // the schema of every other pattern not proven to match no name it
+  // matches (so a name two patterns match satisfies both, whichever is
+  // written). Names that match no pattern are left out, so that
+  // additionalProperties never applies to a further member: exact where it
+  // is false or a pattern matches every name, otherwise the grammar loses
+  // the members additionalProperties would admit (never admitting one it
+  // would not). A pattern that matches a listed name must leave that name
+  // out: done for a pattern that matches every name or only that one,
+  // refused otherwise (no difference of languages is built here).
+  std::optional<std::string> pattern_members(const Json& patterns, const std::vector<std::string>& names,
+                                             const std::string& path) {
+    const std::string patterns_path = child_path(path, "patternProperties");
+    const std::string hint = rule_hint(path);
+    std::vector<std::string> options;
+    for (const auto& [pattern, pattern_schema] : patterns.items()) {
+      const std::string pattern_path = child_path(patterns_path, pattern);
+      std::string key;
+      const auto listed_name = std::find_if(names.begin(), names.end(),
+                                            [&](const std::string& n) { return name_matches(pattern, n, path); });
+      bool single_name = false;
+      literal_prefix(pattern, single_name);
+      if (single_name && listed_name != names.end()) continue;  // "^id$": its one name is listed
+      if (matches_every_name(pattern, path)) {
+        key = key_other_than(names, hint);
+      } else {
+        BASALT_CHECK(listed_name == names.end(),
+                     "json schema: unsupported keyword \"patternProperties\" at {}: pattern \"{}\" matches the "
+                     "listed property \"{}\" (further members are written apart from listed ones, and the names "
+                     "of a pattern less the listed ones are not built)",
+                     path, pattern, *listed_name);
+        key = seq({lit("\""), pattern_rule(pattern, patterns_path, "patternProperties"), lit("\"")});
+      }
+      std::vector<Part> parts{{&pattern_schema, pattern_path}};
+      for (const auto& [other, other_schema] : patterns.items()) {
+        if (other != pattern && !patterns_disjoint(pattern, other, path))
+          parts.emplace_back(&other_schema, child_path(patterns_path, other));
+      }
+      const Translation value =
+          parts.size() == 1 ? translate(pattern_schema, pattern_path) : translate_merged(merge(parts), pattern_path);
+      if (value.satisfiable()) options.push_back(seq({key, ws_, lit(":"), ws_, value.expr}));
+    }
+    if (options.empty()) return std::nullopt;
+    return share(alt(options), hint + ".member");
   }
 
   // A JSON string, quotes included, other than each of `names`: a trie of
@@ -2218,6 +2447,8 @@ class Translator {
       } else if (key == "maxLength" || key == "maxItems" || key == "maxProperties") {
         const int64_t n = read_count(value, key, path);
         if (!acc.contains(key) || acc[key].get<int64_t>() > n) acc[key] = n;
+      } else if (key == "dependencies" || key == "dependentRequired" || key == "dependentSchemas") {
+        merge_dependencies(acc, key, value, at);
       } else if (key == "pattern" || key == "format") {
         BASALT_CHECK(!acc.contains(key) || acc[key] == value,
                      "json schema: unsupported keyword \"{}\" at {}: allOf cannot combine two "
@@ -2232,6 +2463,30 @@ class Translator {
     merge_bounds(merged.schema, schema, path);
     merge_object_keywords(merged.schema, schema, path);
     merge_array_keywords(merged.schema, schema, path);
+  }
+
+  // Both schemas' dependencies hold: for each trigger, the names both
+  // require, and the schemas both bring. Draft 7's dependencies are a
+  // name's dependentRequired (an array) or dependentSchemas (a schema).
+  static void merge_dependencies(Json& acc, const std::string& key, const Json& value, const std::string& path) {
+    BASALT_CHECK(value.is_object(), "json schema: keyword \"{}\" at {} must be an object", key, path);
+    for (const auto& [trigger, dependent] : value.items()) {
+      const bool names = key == "dependentRequired" || (key == "dependencies" && dependent.is_array());
+      if (names) {
+        BASALT_CHECK(dependent.is_array() &&
+                         std::all_of(dependent.begin(), dependent.end(), [](const Json& n) { return n.is_string(); }),
+                     "json schema: keyword \"{}\" at {} must map names to arrays of names", key, path);
+        Json& united = acc["dependentRequired"][trigger];
+        if (united.is_null()) united = Json::array();
+        for (const Json& name : dependent)
+          if (std::find(united.begin(), united.end(), name) == united.end()) united.push_back(name);
+      } else {
+        BASALT_CHECK(dependent.is_object() || dependent.is_boolean(),
+                     "json schema: keyword \"{}\" at {} must map names to schemas", key, path);
+        Json& both = acc["dependentSchemas"][trigger];
+        both = both.is_null() ? dependent : conjoin(both, dependent);
+      }
+    }
   }
 
   void add_alternatives(Json& acc, const Json& branches, const std::string& keyword, const std::string& path) {
@@ -2287,6 +2542,7 @@ class Translator {
     }
     const Json* properties = member(schema, "properties");
     const Json* additional = member(schema, "additionalProperties");
+    merge_pattern_properties(acc, schema, path);
     if (!properties && !additional) return;
     BASALT_CHECK(!properties || properties->is_object(), "json schema: keyword \"properties\" at {} must be an object",
                  path);
@@ -2305,6 +2561,32 @@ class Translator {
       acc.erase("additionalProperties");
     } else {
       acc["additionalProperties"] = rest;
+    }
+  }
+
+  // patternProperties are merged only where the properties beside them stay
+  // exact: one side has them, and the other has no properties,
+  // additionalProperties or patternProperties, or only properties that are
+  // false (no such member, whatever a pattern says: the absent dependency
+  // triggers). Otherwise a property of one side would have to be matched
+  // against the other's patterns, which is refused.
+  static void merge_pattern_properties(Json& acc, const Json& schema, const std::string& path) {
+    const Json* patterns = member(schema, "patternProperties");
+    if (!patterns && !acc.contains("patternProperties")) return;
+    const auto only_false_properties = [](const Json& s) {
+      if (s.contains("additionalProperties") || s.contains("patternProperties")) return false;
+      if (!s.contains("properties")) return true;
+      const Json& properties = s.at("properties");
+      return properties.is_object() && std::all_of(properties.begin(), properties.end(),
+                                                   [](const Json& p) { return p.is_boolean() && !p.get<bool>(); });
+    };
+    BASALT_CHECK(patterns ? only_false_properties(acc) : only_false_properties(schema),
+                 "json schema: unsupported keyword \"patternProperties\" at {}: allOf cannot combine patternProperties "
+                 "with the properties, additionalProperties or patternProperties of another schema",
+                 path);
+    if (patterns) {
+      BASALT_CHECK(patterns->is_object(), "json schema: keyword \"patternProperties\" at {} must be an object", path);
+      acc["patternProperties"] = *patterns;
     }
   }
 
@@ -2350,7 +2632,8 @@ class Translator {
   std::set<std::string> names_;
   std::set<std::string> defined_;
   std::map<std::string, std::string> chunks_;
-  std::map<std::string, std::string> patterns_;  // pattern -> its root rule
+  std::map<std::string, std::string> patterns_;      // pattern -> its root rule
+  std::map<std::string, Grammar> pattern_grammars_;  // pattern -> its language, to match names against
   std::string pattern_rules_;
   std::map<std::string, Target> targets_;
   std::vector<Owner> owners_;

@@ -11,15 +11,17 @@
 // the names `required` adds, in its order), the optional ones free to be
 // absent, then, unless additionalProperties is false, any number of further
 // members (their keys any string but the names in properties and required,
-// which only their own schemas decide). Flexible (compact = false): JSON
+// which only their own schemas decide; with patternProperties, names that
+// match a pattern, below). Flexible (compact = false): JSON
 // whitespace between tokens, at most max_whitespace characters in a row, none
 // before or after the value. enum and const values are written as dump() writes
 // them, so their objects and arrays are compact in flexible mode too.
 //
 // Keywords (draft 2020-12 and the older drafts real schemas use): type (and
 // type lists), properties, required, additionalProperties (true unless given,
-// as the specification says), minProperties / maxProperties (over listed and
-// further members alike), items / prefixItems (and draft-4 array `items` with
+// as the specification says), patternProperties, dependentRequired,
+// dependentSchemas and dependencies (below), minProperties / maxProperties
+// (over listed and further members alike), items / prefixItems (and draft-4 array `items` with
 // additionalItems), minItems / maxItems, uniqueItems: false, enum, const (with
 // `type` beside them and nothing else), anyOf, oneOf (below), allOf (merged:
 // types intersected, properties and items combined branch against branch,
@@ -43,6 +45,20 @@
 // of the range over decimal text (integer part, then fraction digits compared
 // with the bound's, which is the exact decimal of the JSON number: the
 // shortest that reads back as its double).
+//
+// patternProperties: a listed name (properties, required) satisfies the
+// schema of each pattern that matches it (ECMAScript, unanchored) besides
+// its own; the further members are the names that match a pattern (other
+// than the listed names), each value satisfying its pattern's schema and
+// that of every pattern not proven disjoint from it (distinct literal
+// prefixes after ^, or a ^name$ the other does not match). Names that match
+// no pattern are not offered, so additionalProperties only decides required
+// names outside properties: exact where it is false or a pattern matches
+// every name, narrower (never wider) otherwise. dependentRequired,
+// dependentSchemas and draft 7's dependencies (arrays and schemas): the
+// object is one of the combinations of its triggers present (required, with
+// what they require or bring merged in as allOf) or absent (false), each
+// its own object grammar; exact.
 //
 // oneOf is the anyOf of its branches where no value can match two of them,
 // and refused elsewhere. A type that two branches admit whole (every value of
@@ -86,12 +102,15 @@
 // Contract: every keyword of those vocabularies that the translation cannot
 // enforce throws basalt::Error naming it and the schema path as a JSON
 // pointer ("unsupported keyword \"not\" at #/properties/a"), so an assertion
-// is never silently ignored: if/then/else, not, dependentSchemas,
-// dependentRequired, dependencies, patternProperties, propertyNames,
+// is never silently ignored: if/then/else, not, propertyNames,
 // unevaluatedProperties, unevaluatedItems, contains, minContains,
 // maxContains, multipleOf, uniqueItems: true, $dynamicRef, $recursiveRef,
 // divisibleBy, disallow, extends, pattern or format together with length
-// bounds, an unknown format, an allOf whose branches do not merge, a oneOf
+// bounds, an unknown format, an allOf whose branches do not merge (one that
+// combines patternProperties with another schema's properties among them),
+// a patternProperties pattern that matches a listed name (and neither every
+// name nor only that one), more than 64 combinations of dependency
+// triggers, a oneOf
 // whose branches may overlap ("unsupported keyword \"oneOf\" at #: its
 // branches 0 and 1 may overlap"), an $id or id
 // below the root with a $ref inside, a $ref outside the document or to an

@@ -685,6 +685,127 @@ TEST(JsonSchemaObjects, MinAndMaxProperties) {
                   "maxProperties");
 }
 
+TEST(JsonSchemaObjects, PatternProperties) {
+  // One pattern, additionalProperties false: further names are exactly the
+  // pattern's (unanchored: a match anywhere), and their values its schema.
+  const SchemaGrammar closed(R"({"type": "object", "properties": {"id": {"type": "string"}},
+                                 "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": false})");
+  closed.expect_accepts({"{}", R"({"id":"a"})", R"({"id":"a","x-b":1,"x-":2})", R"({"x-c":3})"});
+  closed.expect_rejects({R"({"y":1})", R"({"x-b":"s"})", R"({"id":"a","ax-":1})", R"({"id":1})", R"({"X-b":1})"});
+  const SchemaGrammar search(R"({"patternProperties": {"[0-9]": {"type": "null"}}, "additionalProperties": false})");
+  search.expect_accepts({R"({"a1b":null,"2":null})"});
+  search.expect_rejects({R"({"ab":null})", R"({"a1":1})", "{\"\":null}"});
+  // A listed property the pattern matches satisfies both schemas.
+  const SchemaGrammar both(R"({"properties": {"n1": {"type": "integer"}}, "patternProperties": {"n*": {"minimum": 5}},
+                               "additionalProperties": false})");
+  both.expect_accepts({R"({"n1":5})", R"({"n1":7,"n2":5.5})", R"({"x":"s"})"});
+  both.expect_rejects({R"({"n1":4})", R"({"n1":5.5})", R"({"n2":4})", R"({"n1":5,"n1":6})"});
+  // A pattern that matches every name leaves the listed names out of the
+  // further members.
+  const SchemaGrammar every(R"({"properties": {"a": {"type": "string"}}, "required": ["a"],
+                                "patternProperties": {".*": {"type": ["string", "integer"]}}})");
+  every.expect_accepts({R"({"a":"x"})", R"({"a":"x","b":1,"c":"y"})", R"({"a":"x","":2})"});
+  every.expect_rejects({R"({"a":1})", R"({"a":"x","b":null})", R"({"a":"x","a":"y"})", R"({"b":1})"});
+  // Overlapping patterns: a name both match satisfies both schemas.
+  const SchemaGrammar overlap(R"({"patternProperties": {"a": {"type": "integer"}, "b": {"minimum": 3}},
+                                  "additionalProperties": false})");
+  overlap.expect_accepts({R"({"a":3})", R"({"b":4})", R"({"ab":3})"});
+  overlap.expect_rejects({R"({"ab":2})", R"({"ab":3.5})", R"({"a":"s"})", R"({"b":2})", R"({"c":5})"});
+  // Patterns with different literal prefixes are disjoint: each name takes
+  // its own pattern's schema only.
+  const SchemaGrammar disjoint(R"({"required": ["RSRC"], "patternProperties": {
+      "^BIOS$": {"type": "string", "pattern": "-sys$"}, "^RSRC$": {"type": "string", "pattern": "-resource$"},
+      "^\\.": {"type": "string"}}})");
+  disjoint.expect_accepts({R"({"RSRC":"a-resource"})", R"({"RSRC":"a-resource","BIOS":"b-sys",".x":"c"})"});
+  disjoint.expect_rejects(
+      {R"({"RSRC":"a-sys"})", R"({"RSRC":"r-resource","BIOS":"b-resource"})", "{}", R"({"RSRC":"a-resource",".x":1})"});
+  // A required name no pattern matches takes additionalProperties; further
+  // names no pattern matches are left out (narrower, never wider).
+  const SchemaGrammar rest(R"({"required": ["z"], "patternProperties": {"^[0-9]+$": {"type": "integer"}},
+                               "additionalProperties": {"type": "string"}})");
+  rest.expect_accepts({R"({"z":"s"})", R"({"z":"s","12":3})"});
+  rest.expect_rejects({R"({"z":1})", R"({"z":"s","12":"x"})", R"({"z":"s","1a":3})", R"({"12":3})"});
+  // Only objects are constrained.
+  const SchemaGrammar any(R"({"patternProperties": {"^a": {"type": "integer"}}})");
+  any.expect_accepts({"\"s\"", "1", R"({"ab":1})"});
+  any.expect_rejects({R"({"ab":"s"})"});
+  // A pattern (not matching every name) that matches a listed name is refused,
+  // and so is a pattern the regex translation refuses; allOf merges
+  // patternProperties only beside no other properties.
+  EXPECT_CONTAINS(
+      schema_error(R"({"properties": {"x1": {}}, "patternProperties": {"^x": {}}, "additionalProperties": false})"),
+      R"(unsupported keyword "patternProperties" at #: pattern "^x" matches the listed property "x1")");
+  EXPECT_CONTAINS(schema_error(R"({"properties": {"p": {"patternProperties": {"(^a)|b": {}}}}})"),
+                  R"(unsupported keyword "patternProperties" at #/properties/p)");
+  EXPECT_CONTAINS(schema_error(R"({"allOf": [{"patternProperties": {"^a": {}}}, {"properties": {"b": {}}}]})"),
+                  R"(unsupported keyword "patternProperties" at #/allOf/1)");
+  // With dependencies: the absent trigger is false beside the patterns.
+  const SchemaGrammar dependent(R"({"patternProperties": {"^[a-p]$": {"type": "integer"}},
+                                    "dependentRequired": {"q": ["r"]}})");
+  dependent.expect_accepts({R"({"a":1})", R"({"q":1,"r":2})"});
+  dependent.expect_rejects({R"({"q":1})", R"({"a":"s"})"});
+}
+
+TEST(JsonSchemaObjects, DependentRequired) {
+  // A trigger among the properties, one beside them (an additional property).
+  const SchemaGrammar s(R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                                                              "c": {"type": "integer"}},
+                            "dependentRequired": {"a": ["b", "c"], "z": ["a"]}})");
+  s.expect_accepts({"{}", R"({"b":1})", R"({"a":1,"b":2,"c":3})", R"({"b":1,"c":2})", R"({"a":1,"b":2,"c":3,"z":4})",
+                    R"({"c":1,"y":2})"});
+  s.expect_rejects({R"({"a":1})", R"({"a":1,"b":2})", R"({"a":1,"c":3})", R"({"z":1})", R"({"b":1,"c":2,"z":3})",
+                    R"({"a":1,"b":2,"c":3,"z":"x","z":1})"});
+  // Only objects: other values pass.
+  const SchemaGrammar any(R"({"dependentRequired": {"a": ["b"]}})");
+  any.expect_accepts({"1", "\"a\"", "[]", "{}", R"({"b":1})", R"({"a":1,"b":2})"});
+  any.expect_rejects({R"({"a":1})", R"({"x":0,"a":1})"});
+  // Draft 7's dependencies, arrays both ways (each requires the other).
+  const SchemaGrammar both(R"({"properties": {"cylindrical": {"type": "number"}, "axis": {"type": "number"}},
+                               "additionalProperties": false,
+                               "dependencies": {"cylindrical": ["axis"], "axis": ["cylindrical"]}})");
+  both.expect_accepts({"{}", R"({"cylindrical":1,"axis":2})"});
+  both.expect_rejects({R"({"cylindrical":1})", R"({"axis":2})"});
+  // A dependency no object can meet leaves the objects without the trigger.
+  const SchemaGrammar closed(R"({"properties": {"a": {}}, "additionalProperties": false,
+                                 "dependentRequired": {"a": ["b"]}})");
+  closed.expect_accepts({"{}"});
+  closed.expect_rejects({R"({"a":1})", R"({"a":1,"b":1})"});
+  // A trigger already required forks nothing; allOf unites the names.
+  const SchemaGrammar merged(R"({"required": ["a"], "allOf": [{"dependentRequired": {"a": ["b"]}},
+                                                               {"dependencies": {"a": ["c"]}}]})");
+  merged.expect_accepts({R"({"a":1,"b":2,"c":3})"});
+  merged.expect_rejects({R"({"a":1,"b":2})", R"({"a":1,"c":3})", "{}", "1"});
+}
+
+TEST(JsonSchemaObjects, DependentSchemas) {
+  const SchemaGrammar s(R"({"type": "object", "properties": {"kind": {"type": "string"}, "size": {}},
+                            "dependentSchemas": {"kind": {"properties": {"size": {"type": "integer"}},
+                                                          "required": ["size"]}}})");
+  s.expect_accepts({"{}", R"({"size":"big"})", R"({"kind":"a","size":3})", R"({"size":[]})"});
+  s.expect_rejects({R"({"kind":"a"})", R"({"kind":"a","size":"big"})"});
+  // Draft 7's schema form, with a oneOf in the dependent schema (as real
+  // schemas write a type and its formats).
+  const SchemaGrammar formats(R"({"properties": {"type": {"enum": ["integer", "number"]}, "format": {}},
+      "dependencies": {"format": {"oneOf": [
+          {"properties": {"type": {"enum": ["integer"]}, "format": {"enum": ["int32", "int64"]}}, "required": ["format"]},
+          {"properties": {"type": {"enum": ["number"]}, "format": {"enum": ["float", "double"]}}, "required": ["format"]}
+      ]}}})");
+  formats.expect_accepts({R"({"type":"integer"})", R"({"type":"integer","format":"int32"})",
+                          R"({"type":"number","format":"double"})", R"({"format":"double"})", "{}", "3"});
+  formats.expect_rejects(
+      {R"({"type":"integer","format":"double"})", R"({"type":"number","format":"int64"})", R"({"format":"x"})"});
+  // false: the trigger may not be present at all.
+  const SchemaGrammar never(R"({"dependentSchemas": {"a": false}})");
+  never.expect_accepts({"{}", R"({"b":1})"});
+  never.expect_rejects({R"({"a":1})", R"({"b":1,"a":1})"});
+  // Past 64 combinations of triggers, refused.
+  std::string many = R"({"dependentRequired": {)";
+  for (int i = 0; i < 7; ++i) many += fmt::format(R"({}"t{}": ["u{}"])", i ? ", " : "", i, i);
+  EXPECT_CONTAINS(schema_error(many + "}}"), R"(unsupported keyword "dependentRequired" at #)");
+  EXPECT_CONTAINS(schema_error(R"({"dependentRequired": {"a": "b"}})"), R"("dependentRequired" at #)");
+  EXPECT_CONTAINS(schema_error(R"({"dependentSchemas": {"a": {"not": {}}}})"), R"(unsupported keyword "not")");
+}
+
 // --- Arrays ---------------------------------------------------------------------
 
 TEST(JsonSchemaArrays, ItemsAndBounds) {
@@ -1125,11 +1246,7 @@ TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
       {R"({"properties": {"a": {"not": {}}}})", R"(unsupported keyword "not" at #/properties/a)"},
       {R"({"if": {}, "then": {}})", R"(unsupported keyword "if" at #)"},
       {R"({"type": "array", "items": {"contains": {}}})", R"(unsupported keyword "contains" at #/items)"},
-      {R"({"patternProperties": {"^x": {}}})", R"(unsupported keyword "patternProperties" at #)"},
       {R"({"propertyNames": {"maxLength": 3}})", R"(unsupported keyword "propertyNames" at #)"},
-      {R"({"dependentRequired": {}})", R"(unsupported keyword "dependentRequired" at #)"},
-      {R"({"dependentSchemas": {}})", R"(unsupported keyword "dependentSchemas" at #)"},
-      {R"({"dependencies": {}})", R"(unsupported keyword "dependencies" at #)"},
       {R"({"unevaluatedProperties": false})", R"(unsupported keyword "unevaluatedProperties" at #)"},
       {R"({"unevaluatedItems": false})", R"(unsupported keyword "unevaluatedItems" at #)"},
       {R"({"minContains": 1})", R"(unsupported keyword "minContains" at #)"},
@@ -1138,10 +1255,6 @@ TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
       {R"({"$dynamicRef": "#meta"})", R"(unsupported keyword "$dynamicRef" at #)"},
       {R"({"$recursiveRef": "#"})", R"(unsupported keyword "$recursiveRef" at #)"},
       {R"({"type": "number", "divisibleBy": 2})", R"(unsupported keyword "divisibleBy" at #)"},
-      {R"({"type": "object", "properties": {"a": {"type": "object", "dependencies": {"x": ["y"]}}}})",
-       R"(unsupported keyword "dependencies" at #/properties/a)"},
-      {R"({"type": "array", "items": {"type": "object", "patternProperties": {"^x": {}}}})",
-       R"(unsupported keyword "patternProperties" at #/items)"},
       {R"({"$defs": {"n": {"type": "integer", "multipleOf": 5, "x-unit": "s"}}, "$ref": "#/$defs/n"})",
        R"(unsupported keyword "multipleOf" at #/$defs/n)"},
       {R"({"items": {"prefixItems": [{"else": {}}]}})", R"(unsupported keyword "else" at #/items/prefixItems/0)"},
@@ -1186,10 +1299,9 @@ TEST(JsonSchemaKeywords, KeysThatAreNoJsonSchemaKeywordAreAnnotations) {
   // The JSON Schema keywords that cannot be enforced are still refused, with
   // their path, beside unknown keys or not.
   EXPECT_CONTAINS(schema_error(R"({"x-a": 1, "not": {"type": "null"}})"), R"(unsupported keyword "not" at #)");
-  EXPECT_CONTAINS(schema_error(R"({"properties": {"a": {"x-b": 1, "patternProperties": {}}}})"),
-                  R"(unsupported keyword "patternProperties" at #/properties/a)");
-  EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"dependencies": {}}]})"),
-                  R"(unsupported keyword "dependencies" at #/anyOf/0)");
+  EXPECT_CONTAINS(schema_error(R"({"properties": {"a": {"x-b": 1, "propertyNames": {}}}})"),
+                  R"(unsupported keyword "propertyNames" at #/properties/a)");
+  EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"if": {}}]})"), R"(unsupported keyword "if" at #/anyOf/0)");
   EXPECT_CONTAINS(schema_error(R"({"items": {"multipleOf": 3}})"), R"(unsupported keyword "multipleOf" at #/items)");
 }
 
