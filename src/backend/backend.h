@@ -221,6 +221,12 @@ class Backend {
   virtual Tensor empty(Shape shape, DType dtype) = 0;
   // Copies between host and this device, or within it; same dtype and numel.
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  // Host memory `src` into this device's `dst`, ordered after the ops
+  // already enqueued, without waiting for them: `src` may be reused or freed
+  // as soon as it returns (a GPU backend stages it in pinned memory). For
+  // small per-step inputs (token masks) that are ready before the device
+  // has finished the work they follow. The default is copy().
+  virtual void upload(const Tensor& src, Tensor& dst) { copy(src, dst); }
 
   // The dtype model code gives the activations that only feed linear layers
   // (normalised hidden states, attention outputs, the MLP's gated product)

@@ -740,6 +740,41 @@ TEST(BackendContract, ErrorsNameTheOpTheArgumentAndTheTensor) {
   }
 }
 
+// upload() is ordered after the ops already enqueued, and its source can be
+// overwritten at once: more uploads than the staging buffers, each behind a
+// long op, each source scribbled over right after.
+TEST(BackendContract, UploadIsOrderedAndLeavesTheSourceFree) {
+  for (const BackendUnderTest& under_test : backends_under_test()) {
+    std::unique_ptr<Backend> backend = under_test.make();
+    if (!backend) continue;
+    const int64_t n = 1 << 16;
+    std::vector<float> values(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i % 977) - 400.0f;
+    Tensor host = Tensor::from_f32({4, n / 4}, values);
+    std::vector<Tensor> uploaded;
+    for (int round = 0; round < 9; ++round) {
+      Tensor big = backend->empty({4, n / 4}, DType::kF32);
+      backend->copy(host, big);
+      Tensor soft = backend->empty({4, n / 4}, DType::kF32);
+      backend->softmax(big, soft);  // enqueued work the upload follows
+      Tensor dst = backend->empty({4, n / 4}, DType::kF32);
+      Tensor src = Tensor::from_f32({4, n / 4}, std::vector<float>(static_cast<size_t>(n), static_cast<float>(round)));
+      backend->upload(src, dst);
+      std::fill_n(src.data<float>(), n, -1.0f);
+      uploaded.push_back(dst);
+    }
+    for (size_t round = 0; round < uploaded.size(); ++round) {
+      Tensor back = Tensor::empty({4, n / 4}, DType::kF32);
+      backend->copy(uploaded[round], back);
+      EXPECT_EQ(std::count(back.data<float>(), back.data<float>() + n, static_cast<float>(round)), n)
+          << under_test.name << " round " << round;
+    }
+    const Tensor wrong = Tensor::empty({2}, DType::kF32);
+    Tensor device_dst = backend->empty({3}, DType::kF32);
+    EXPECT_THROW(backend->upload(wrong, device_dst), Error) << under_test.name;
+  }
+}
+
 struct Param {
   size_t backend;
   size_t op_case;

@@ -26,6 +26,7 @@ class ForwardingBackend : public Backend {
   Device device() const override { return inner_.device(); }
   Tensor empty(Shape shape, DType dtype) override { return inner_.empty(std::move(shape), dtype); }
   void copy(const Tensor& src, Tensor& dst) override { inner_.copy(src, dst); }
+  void upload(const Tensor& src, Tensor& dst) override { inner_.upload(src, dst); }
   DType activation_dtype(DType weights) const override { return inner_.activation_dtype(weights); }
   std::unique_ptr<RecordedOps> record(const std::function<void()>& ops) override { return inner_.record(ops); }
   bool can_record() const override { return inner_.can_record(); }

@@ -134,7 +134,7 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
     const Tensor host_mask =
         Tensor::from_i32({L, words}, std::span<const int32_t>(reinterpret_cast<const int32_t*>(mask.data()), mask.size()));
     Tensor device_mask = backend_.empty({L, words}, DType::kI32);
-    backend_.copy(host_mask, device_mask);
+    backend_.upload(host_mask, device_mask);  // no wait: sampling queues behind the forward pass
     backend_.apply_token_bitmask(logits, device_mask);
   }
   std::vector<SamplingRow> rows;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "backend/cuda/attention.h"
@@ -132,6 +133,10 @@ CudaBackend::~CudaBackend() {
     (void)cudaStreamSynchronize(stream_);
     (void)cudaStreamDestroy(stream_);
   }
+  for (Staging& s : staging_) {
+    if (s.host != nullptr) (void)cudaFreeHost(s.host);
+    if (s.copied != nullptr) (void)cudaEventDestroy(s.copied);
+  }
 }
 
 void CudaBackend::make_current() {
@@ -154,6 +159,29 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   BASALT_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), kind, stream_));
   // The host side may be read or freed as soon as copy returns.
   if (from_host || to_host) synchronize();
+}
+
+void CudaBackend::upload(const Tensor& src, Tensor& dst) {
+  BASALT_CHECK(src.device() == Device::kCpu && dst.device() == Device::kCuda,
+               "cuda upload: {} into {} is not host to device", src.describe(), dst.describe());
+  BASALT_CHECK(src.dtype() == dst.dtype() && src.shape() == dst.shape(), "cuda upload: {} into {}", src.describe(),
+               dst.describe());
+  const size_t bytes = src.nbytes();
+  if (bytes == 0) return;
+  Staging& s = staging_[next_staging_];
+  next_staging_ = (next_staging_ + 1) % kStagingBuffers;
+  if (s.copied == nullptr) BASALT_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
+  BASALT_CUDA_CHECK(cudaEventSynchronize(s.copied));  // its last copy has run (at once when never recorded)
+  if (s.capacity < bytes) {
+    if (s.host != nullptr) BASALT_CUDA_CHECK(cudaFreeHost(s.host));
+    s.host = nullptr;
+    s.capacity = 0;
+    BASALT_CUDA_CHECK(cudaMallocHost(&s.host, bytes));
+    s.capacity = bytes;
+  }
+  std::memcpy(s.host, src.raw(), bytes);
+  BASALT_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), s.host, bytes, cudaMemcpyHostToDevice, stream_));
+  BASALT_CUDA_CHECK(cudaEventRecord(s.copied, stream_));
 }
 
 namespace {

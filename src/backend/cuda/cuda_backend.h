@@ -91,6 +91,7 @@ class CudaBackend final : public Backend {
 
   Tensor empty(Shape shape, DType dtype) override;
   void copy(const Tensor& src, Tensor& dst) override;
+  void upload(const Tensor& src, Tensor& dst) override;
   // bf16 under bf16 weights; f32 otherwise (f16 weights keep the f32
   // activations, rounded once to f16 by the linear, rather than a double
   // rounding through bf16).
@@ -161,6 +162,16 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Profiler> profiler_;  // null while profiling is off
   std::unique_ptr<CudaMla> mla_;         // MLA state: cuBLAS handle, dequantized FP8 kv_b (mla.h)
   std::unique_ptr<MoeExpertTables> moe_tables_;
+  // upload()'s pinned staging buffers, used in turn; each is reused once the
+  // copy recorded by its event has run.
+  struct Staging {
+    void* host = nullptr;
+    size_t capacity = 0;
+    cudaEvent_t copied = nullptr;
+  };
+  static constexpr size_t kStagingBuffers = 4;
+  Staging staging_[kStagingBuffers];
+  size_t next_staging_ = 0;
 };
 
 }  // namespace basalt
