@@ -877,10 +877,19 @@ std::string ApiServer::render_chat(const ParsedRequest& r) const {
   return text;
 }
 
+std::optional<ToolCallFormat> ApiServer::tool_format_for(const ParsedRequest& r) const {
+  // A request that brings its own chat template brings its own tool-call
+  // format, unless the server was told one (or the template shows none).
+  if (options_.tool_call_parser == "auto" && !r.chat_template.empty())
+    if (const std::optional<ToolCallFormat> own = detect_tool_call_format(r.chat_template)) return own;
+  return tool_format_;
+}
+
 ChatOutputOptions ApiServer::chat_output_options(const ParsedRequest& r, const std::string& prompt) const {
   ChatOutputOptions o;
-  if (r.tool_choice != ParsedRequest::ToolChoice::kNone && tool_format_) {
-    o.tool_format = tool_format_;
+  const std::optional<ToolCallFormat> tool_format = tool_format_for(r);
+  if (r.tool_choice != ParsedRequest::ToolChoice::kNone && tool_format) {
+    o.tool_format = tool_format;
     o.tools = r.tools;
   }
   if (reasoning_format_) {
@@ -974,7 +983,8 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
   if (chat && forced_call) {
     // The call is forced by a grammar of the model's own tool-call format,
     // its arguments by each function's parameter schema.
-    if (!tool_format_)
+    const std::optional<ToolCallFormat> tool_format = tool_format_for(r);
+    if (!tool_format)
       throw ApiError(400,
                      "'tool_choice' forces a tool call, but this server has no tool-call format for the model "
                      "(start it with --tool-call-parser NAME; none was detected from the chat template)",
@@ -982,7 +992,7 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
     StructuredOutputSpec spec;
     spec.kind = StructuredOutputSpec::Kind::kGrammar;
     try {
-      spec.text = tool_call_grammar(*tool_format_, r.tools,
+      spec.text = tool_call_grammar(*tool_format, r.tools,
                                     r.tool_choice == ParsedRequest::ToolChoice::kNamed ? ToolChoiceMode::kNamed
                                                                                         : ToolChoiceMode::kRequired,
                                     r.tool_choice_name, r.parallel_tool_calls);

@@ -124,7 +124,8 @@ class ApiServer {
   int64_t created_ = 0;
   std::once_flag grammars_once_;
   std::unique_ptr<GrammarCache> grammars_;  // compiled structured-output grammars
-  std::optional<ToolCallFormat> tool_format_;
+  std::optional<ToolCallFormat> tool_format_;  // from --tool-call-parser or the model's template
+  std::optional<ToolCallFormat> tool_format_for(const ParsedRequest& r) const;
   std::optional<ReasoningFormat> reasoning_format_;
 };
 

@@ -126,6 +126,26 @@ test('a named function is the one call, and parallel_tool_calls false allows one
   }
 });
 
+test('a request\'s own chat template brings its own tool-call format', async () => {
+  // Llama 3.2's way of asking for calls: {"name": ..., "parameters": ...}.
+  const template = '{% for m in messages %}{{ m.content }}{% endfor %} Tools: {{ tools | tojson }}. ' +
+    'Respond with {"name": function name, "parameters": dictionary of argument name and its value}.';
+  for (const seed of [1, 2]) {
+    const r = await client.chat.completions.create({
+      model: 'basalt-mini', messages, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } },
+      temperature: 1, seed, max_tokens: 200, chat_template: template, logprobs: true });
+    const choice = r.choices[0];
+    assert.equal(choice.finish_reason, 'tool_calls', JSON.stringify(choice));
+    assert.equal(choice.message.tool_calls.length, 1);
+    assert.equal(choice.message.tool_calls[0].function.name, 'get_weather');
+    checkCall(choice.message.tool_calls[0]);
+    // The text the model wrote (its tokens) is Llama's JSON, not the
+    // server's default Hermes tags.
+    const raw = choice.logprobs.content.map((t) => t.token).join('');
+    assert.match(raw, /^\s*\{"name": ?"get_weather", ?"parameters": ?\{/, raw);
+  }
+});
+
 test('"auto" parses the calls the model writes and keeps the text around them', async () => {
   // The output is pinned by a regex, so the model "writes" text and a call
   // in Hermes' format; the parser must split them.
