@@ -1177,7 +1177,8 @@ class Translator {
   // A oneOf is its anyOf where no value can match two of its branches: the
   // types that two branches admit whole are left out (every value of them
   // matches both, so none is valid), and the branches left that admit a
-  // value must be told apart pairwise on the rest (one_of_plan), or the
+  // value must be told apart pairwise on the rest (one_of_plan), or be
+  // rewritten so that they exclude each other (exclusive_branches), or the
   // oneOf is refused.
   Translation translate_alternatives(const Json& schema, const std::string& keyword, const std::string& path) {
     const Json& branches = schema.at(keyword);
@@ -1201,21 +1202,32 @@ class Translator {
     std::vector<std::string> options;
     std::vector<size_t> live;  // the branches that admit a value
     std::string reason;
-    for (size_t i = 0; i < branches.size(); ++i) {
-      const std::string branch_path = child_path(branches_path, i);
-      const Translation t = base.empty()
-                                ? translate(branches[i], branch_path)
-                                : translate_merged(merge({{&base, path}, {&branches[i], branch_path}}), branch_path);
-      if (t.satisfiable()) {
-        options.push_back(t.expr);
-        live.push_back(i);
-      } else if (reason.empty()) {
-        reason = t.no_value_reason;
+    const auto translate_branches = [&](const Json& list) {
+      options.clear();
+      live.clear();
+      reason.clear();
+      for (size_t i = 0; i < list.size(); ++i) {
+        const std::string branch_path = child_path(branches_path, i);
+        const Translation t = base.empty()
+                                  ? translate(list[i], branch_path)
+                                  : translate_merged(merge({{&base, path}, {&list[i], branch_path}}), branch_path);
+        if (t.satisfiable()) {
+          options.push_back(t.expr);
+          live.push_back(i);
+        } else if (reason.empty()) {
+          reason = t.no_value_reason;
+        }
       }
-    }
+    };
+    translate_branches(branches);
     if (options.empty())
       return Translation::none(fmt::format("no branch of {} admits a value ({})", branches_path, reason));
-    if (plan) check_exclusive(*plan, live, path);
+    if (plan && overlapping(*plan, live)) {
+      // The rules the first translation made stay unused.
+      translate_branches(exclusive_branches(base, branches, *plan, live, path));
+      if (options.empty())
+        return Translation::none(fmt::format("no branch of {} admits a value alone ({})", branches_path, reason));
+    }
     return Translation::of(alt(options));
   }
 
@@ -1281,21 +1293,199 @@ class Translator {
     return plan;
   }
 
-  // Refuses the oneOf unless the `live` branches (those that admit a value)
-  // provably exclude each other.
-  static void check_exclusive(const OneOfPlan& plan, const std::vector<size_t>& live, const std::string& path) {
+  // The first two of the `live` branches (those that admit a value) not
+  // proven to exclude each other; none when every two are.
+  static std::optional<std::pair<size_t, size_t>> overlapping(const OneOfPlan& plan, const std::vector<size_t>& live) {
     for (size_t a = 0; a < live.size(); ++a) {
-      for (size_t b = a + 1; b < live.size(); ++b) {
-        if (disjoint(plan.branches[live[a]], plan.branches[live[b]])) continue;
-        fail(
-            "json schema: unsupported keyword \"oneOf\" at {}: its branches {} and {} may overlap "
-            "(a value that "
-            "matches both is invalid; branches are told apart only by their types, their const or "
-            "enum values, or "
-            "the const or enum values of a property both require)",
-            path, live[a], live[b]);
-      }
+      for (size_t b = a + 1; b < live.size(); ++b)
+        if (!disjoint(plan.branches[live[a]], plan.branches[live[b]])) return std::pair(live[a], live[b]);
     }
+    return std::nullopt;
+  }
+
+  // The oneOf's branches as the grammar takes them, such that no value of one
+  // matches another of the original branches (with the keywords beside the
+  // oneOf): rewritten by the names they require (required_apart), or by a
+  // property they all list (discriminated). Refuses the oneOf, naming the
+  // first pair `plan` does not tell apart, where neither applies. Called
+  // only where that proof fails.
+  Json exclusive_branches(const Json& base, const Json& branches, const OneOfPlan& plan,
+                          const std::vector<size_t>& live, const std::string& path) {
+    if (std::optional<Json> rewritten = required_apart(branches, plan, live, path)) return *rewritten;
+    if (std::optional<Json> rewritten = discriminated(base, branches, live, path)) return *rewritten;
+    const auto [a, b] = *overlapping(plan, live);
+    fail(
+        "json schema: unsupported keyword \"oneOf\" at {}: its branches {} and {} may overlap (a value that matches "
+        "both is invalid; branches are told apart only by their types, their const or enum values, the const or "
+        "enum values of a property both require, the names they require, or the const or enum values of a property "
+        "every branch lists)",
+        path, a, b);
+  }
+
+  // The names a branch requires, in order, each once; none when the branch
+  // is no object with a non-empty `required` of names.
+  static std::optional<std::vector<std::string>> required_names(const Json& branch) {
+    const Json* list = branch.is_object() ? member(branch, "required") : nullptr;
+    if (!list || !list->is_array() || list->empty()) return std::nullopt;
+    std::vector<std::string> names;
+    for (const Json& name : *list) {
+      if (!name.is_string()) return std::nullopt;
+      if (std::find(names.begin(), names.end(), name.get<std::string>()) == names.end())
+        names.push_back(name.get<std::string>());
+    }
+    return names;
+  }
+
+  // Branches told apart by the names they require (Glaiveai2K's
+  // calculate_area: [{"required": ["radius"]}, {"required": ["length",
+  // "width"]}, ...]; an object may have all of them). Branch i becomes:
+  // branch i, an object, and, for each other live branch j not proven
+  // disjoint from it, without at least one name that j requires and i does
+  // not (the anyOf over those names n of {"properties": {n: false}}). Such a
+  // value fails j's required, so j; the pairs proven disjoint stay so; the
+  // other branches admit no value: it matches branch i alone, by
+  // construction (no proof is run again). Where j requires no name that i
+  // does not, every object of branch i satisfies j's required: when j's
+  // other assertions admit every object (type, if any, includes "object"),
+  // branch i never matches alone and is dropped (false); otherwise the
+  // rewrite does not apply.
+  // Exact where each branch is `required` alone (annotations aside), or
+  // each is "type": "object" and `required`: a non-object then matches
+  // every branch or none (invalid either way), and a valid object matches
+  // one branch only, so it lacks a name of each other's that its own does
+  // not require. Where a branch j has other keywords, missing a name is only
+  // one way to fail j: the objects that fail j otherwise, and non-objects,
+  // are left out (narrower, never wider).
+  // None (not applicable) where two live branches not proven disjoint do not
+  // both require names.
+  std::optional<Json> required_apart(const Json& branches, const OneOfPlan& plan, const std::vector<size_t>& live,
+                                     const std::string& path) {
+    const auto admits_every_object = [&](const Json& branch, const std::string& at) {
+      return !has_assertions(branch, {"required", "type"}) &&
+             (!branch.contains("type") || (type_set(branch.at("type"), child_path(at, "type")) & kObject));
+    };
+    Json rewritten = branches;
+    for (const size_t i : live) {
+      const std::optional<std::vector<std::string>> own = required_names(branches[i]);
+      // Per other branch j, the names j requires that i does not.
+      std::vector<std::vector<std::string>> missing;
+      bool dropped = false;
+      for (const size_t j : live) {
+        if (j == i || disjoint(plan.branches[i], plan.branches[j])) continue;
+        const std::optional<std::vector<std::string>> other = required_names(branches[j]);
+        if (!own || !other) return std::nullopt;
+        std::vector<std::string> names;
+        for (const std::string& name : *other)
+          if (std::find(own->begin(), own->end(), name) == own->end()) names.push_back(name);
+        if (names.empty()) {
+          if (!admits_every_object(branches[j], child_path(child_path(path, "oneOf"), j))) return std::nullopt;
+          dropped = true;
+          break;
+        }
+        missing.push_back(std::move(names));
+      }
+      if (dropped) {
+        rewritten[i] = false;
+        continue;
+      }
+      if (missing.empty()) continue;
+      // The sets of absent names: one name from each list (a set that
+      // contains another adds nothing to the anyOf and is left out).
+      std::set<std::set<std::string>> absent{{}};
+      for (const std::vector<std::string>& names : missing) {
+        std::set<std::set<std::string>> next;
+        for (const std::set<std::string>& set : absent) {
+          for (const std::string& name : names) {
+            std::set<std::string> more = set;
+            more.insert(name);
+            next.insert(std::move(more));
+          }
+        }
+        BASALT_CHECK(next.size() <= kMaxAlternatives,
+                     "json schema: unsupported keyword \"oneOf\" at {}: telling its branches apart by the names "
+                     "they require makes more than {} alternatives",
+                     path, kMaxAlternatives);
+        absent = std::move(next);
+      }
+      Json options = Json::array();
+      for (const std::set<std::string>& set : absent) {
+        const bool minimal = std::none_of(absent.begin(), absent.end(), [&](const std::set<std::string>& other) {
+          return other.size() < set.size() && std::includes(set.begin(), set.end(), other.begin(), other.end());
+        });
+        if (!minimal) continue;
+        Json properties = Json::object();
+        for (const std::string& name : set) properties[name] = false;
+        options.push_back({{"properties", properties}});
+      }
+      Json apart = options.size() == 1 ? options[0] : Json{{"anyOf", options}};
+      apart["type"] = "object";
+      rewritten[i] = Json{{"allOf", Json::array({branches[i], apart})}};
+    }
+    return rewritten;
+  }
+
+  // The schema a branch stands for: itself, or what its $ref names where it
+  // is a $ref alone (annotations aside), followed.
+  const Json& referenced_schema(const Json& branch, const std::string& path) const {
+    const Json* at = &branch;
+    for (int hops = 0; hops < 16 && at->is_object() && at->contains("$ref") && !has_assertions(*at, {"$ref"}); ++hops)
+      at = resolve(at->at("$ref"), path).second;
+    return *at;
+  }
+
+  // Branches told apart by a property that every live branch lists in
+  // `properties` with const or enum values disjoint from each other
+  // branch's, but that not all require (Github_easy/o13129.json:
+  // {"properties": {"type": {"enum": ["callback"]}, ...}} and {"properties":
+  // {"type": {"enum": ["field", "value"]}, ...}}; {} matches both): the
+  // first such property is added to each branch's `required` (a branch that
+  // is a $ref alone becomes a copy of the schema it names), and the proof is
+  // run again on the rewritten branches, which gives them up unless it
+  // succeeds. This narrows: objects without the property, valid where they
+  // match one branch, are not written. Sound: a value of rewritten branch i
+  // has the property; were it to match an original branch j, it would match
+  // the rewritten j (j with the property required), which the proof shows
+  // it does not. (The types the rewritten branches admit whole are those the
+  // originals do, less objects: the types the proof leaves out are left out
+  // already.) None where no property is such.
+  std::optional<Json> discriminated(const Json& base, const Json& branches, const std::vector<size_t>& live,
+                                    const std::string& path) {
+    const std::string branches_path = child_path(path, "oneOf");
+    std::vector<const Json*> properties;  // each live branch's
+    for (const size_t i : live) {
+      const Json& schema = referenced_schema(branches[i], child_path(branches_path, i));
+      const Json* listed = schema.is_object() ? member(schema, "properties") : nullptr;
+      if (!listed || !listed->is_object()) return std::nullopt;
+      properties.push_back(listed);
+    }
+    if (properties.empty()) return std::nullopt;
+    for (const auto& [name, first] : properties[0]->items()) {
+      summary_steps_ = 0;
+      std::vector<Summary> values;
+      std::vector<std::string> open;
+      for (size_t k = 0; k < live.size() && values.size() == k; ++k) {
+        if (!properties[k]->contains(name)) break;
+        const std::string at = child_path(child_path(child_path(branches_path, live[k]), "properties"), name);
+        Summary s = summarize(properties[k]->at(name), at, 1, open);
+        if (s.values) values.push_back(std::move(s));
+      }
+      if (values.size() != live.size()) continue;
+      bool apart = true;
+      for (size_t a = 0; a < values.size() && apart; ++a)
+        for (size_t b = a + 1; b < values.size() && apart; ++b) apart = disjoint(values[a], values[b]);
+      if (!apart) continue;
+      Json rewritten = branches;
+      for (const size_t i : live) {
+        Json schema = referenced_schema(branches[i], child_path(branches_path, i));
+        Json& required = schema["required"];
+        if (required.is_null()) required = Json::array();
+        if (!required.is_array()) return std::nullopt;
+        if (std::find(required.begin(), required.end(), Json(name)) == required.end()) required.push_back(name);
+        rewritten[i] = std::move(schema);
+      }
+      if (!overlapping(one_of_plan(base, rewritten, path), live)) return rewritten;
+    }
+    return std::nullopt;
   }
 
   Summary summarize(const Json& schema, const std::string& path, int depth, std::vector<std::string>& open) {
@@ -1488,13 +1678,17 @@ class Translator {
     return false;
   }
 
+  // enum and const: the values, each written as dump() writes it, that
+  // satisfy the keywords beside them that can be checked on a value here:
+  // type, minLength / maxLength (code points) and pattern on strings, and
+  // the number bounds on numbers (exact decimals); each says nothing of the
+  // values of other types. Any other assertion is refused.
   Translation translate_enum(const Json& schema, const std::string& path) {
-    // Other assertions would filter the values; rather than validate them
-    // here, refuse.
     for (const auto& [key, value] : schema.items()) {
-      BASALT_CHECK(!is_assertion(key) || key == "type" || key == "enum" || key == "const",
-                   "json schema: unsupported keyword \"{}\" at {}: only \"type\" can accompany "
-                   "enum or const",
+      BASALT_CHECK(!is_assertion(key) || key == "type" || key == "enum" || key == "const" || key == "minLength" ||
+                       key == "maxLength" || key == "pattern" || listed(key, kNumberKeywords),
+                   "json schema: unsupported keyword \"{}\" at {}: only type, minLength, maxLength, pattern and "
+                   "number bounds can accompany enum or const",
                    key, path);
     }
     Json values = Json::array();
@@ -1511,10 +1705,39 @@ class Translator {
       values = Json::array({*value});
     }
     const uint8_t types = schema.contains("type") ? type_set(schema.at("type"), child_path(path, "type")) : kAnyType;
+    const int64_t min_length = optional_count(schema, "minLength", path).value_or(0);
+    const std::optional<int64_t> max_length = optional_count(schema, "maxLength", path);
+    const Json* pattern = member(schema, "pattern");
+    BASALT_CHECK(!pattern || pattern->is_string(), "json schema: keyword \"pattern\" at {} must be a string", path);
+    const auto [lower, upper] = number_bounds(schema, path);
+    const auto satisfies = [&](const Json& value) {
+      if (value.is_string()) {
+        const auto length = static_cast<int64_t>(code_points(value.get<std::string>()).size());
+        if (length < min_length || (max_length && length > *max_length)) return false;
+        return !pattern || text_matches(pattern->get<std::string>(), value.get<std::string>(), path, "pattern");
+      }
+      if (!value.is_number()) return true;
+      const Decimal x = decimal_of(value);
+      const auto within = [&](const std::optional<NumberBound>& bound, int side) {
+        if (!bound) return true;
+        const int c = compare(x, bound->value) * side;
+        return c > 0 || (c == 0 && !bound->strict);
+      };
+      return within(lower, 1) && within(upper, -1);
+    };
     std::vector<std::string> literals;
-    for (const Json& value : values)
-      if (value_type(value) & types) literals.push_back(lit(value.dump()));
-    if (literals.empty()) return Translation::none(fmt::format("no value of the enum at {} has an allowed type", path));
+    bool typed = false;
+    for (const Json& value : values) {
+      if (!(value_type(value) & types)) continue;
+      typed = true;
+      if (satisfies(value)) literals.push_back(lit(value.dump()));
+    }
+    if (!typed) return Translation::none(fmt::format("no value of the enum at {} has an allowed type", path));
+    if (literals.empty()) {
+      return Translation::none(
+          fmt::format("no value of the enum at {} satisfies the length bounds, pattern or number bounds beside it",
+                      path));
+    }
     return Translation::of(alt(literals));
   }
 
@@ -1930,21 +2153,29 @@ class Translator {
 
   // --- patternProperties ---
 
-  // Whether the pattern matches the name (search semantics, as JSON Schema
-  // reads patterns).
-  bool name_matches(const std::string& pattern, const std::string& name, const std::string& path) {
+  // Whether the pattern matches the string `text` (search semantics, as
+  // JSON Schema reads patterns; matched against its JSON-escaped spelling,
+  // as pattern_rule's language is); `keyword` names where the pattern came
+  // from, for errors.
+  bool text_matches(const std::string& pattern, const std::string& text, const std::string& path,
+                    std::string_view keyword) {
     auto it = pattern_grammars_.find(pattern);
     if (it == pattern_grammars_.end()) {
       RegexRules rules;
       try {
         rules = regex_to_ebnf(pattern, RegexMode::kSearch, /*json_escaped=*/true, "p.");
       } catch (const Error& e) {
-        fail("json schema: unsupported keyword \"patternProperties\" at {}: {}", path, e.what());
+        fail("json schema: {}keyword \"{}\" at {}: {}", keyword == "pattern" ? "" : "unsupported ", keyword, path,
+             e.what());
       }
       it = pattern_grammars_.emplace(pattern, parse_ebnf(rules.rules, rules.root)).first;
     }
-    const std::string quoted = Json(name).dump();
+    const std::string quoted = Json(text).dump();
     return grammar_matches(it->second, std::string_view(quoted).substr(1, quoted.size() - 2));
+  }
+
+  bool name_matches(const std::string& pattern, const std::string& name, const std::string& path) {
+    return text_matches(pattern, name, path, "patternProperties");
   }
 
   // Whether every name matches: a pattern with no anchor that matches the
@@ -2402,10 +2633,11 @@ class Translator {
       } else if (key == "anyOf" || key == "oneOf") {
         BASALT_CHECK(value.is_array() && !value.empty(), "json schema: keyword \"{}\" at {} must be a non-empty array",
                      key, path);
+        Json branches = value;
         if (key == "oneOf") {
           // Proven exclusive here, on the keywords beside it (the branches
-          // the translation would find empty are not known yet), it is an
-          // anyOf from now on.
+          // the translation would find empty are not known yet), or
+          // rewritten to be, it is an anyOf from now on.
           Json base = Json::object();
           for (const auto& [other, other_value] : schema.items())
             if (other != key && is_assertion(other)) base[other] = other_value;
@@ -2413,7 +2645,7 @@ class Translator {
           std::vector<size_t> live;
           for (size_t i = 0; i < plan.branches.size(); ++i)
             if (plan.branches[i].types) live.push_back(i);
-          check_exclusive(plan, live, path);
+          if (overlapping(plan, live)) branches = exclusive_branches(base, value, plan, live, path);
           if (plan.kept != kAnyType &&
               !restrict_types(acc, plan.kept & (acc.contains("type") ? type_set(acc["type"], at) : kAnyType))) {
             set_false(merged,
@@ -2421,7 +2653,7 @@ class Translator {
             return;
           }
         }
-        add_alternatives(acc, value, key, path);
+        add_alternatives(acc, branches, key, path);
       } else if (key == "type") {
         const uint8_t common = type_set(value, at) & (acc.contains("type") ? type_set(acc["type"], at) : kAnyType);
         if (!common) {

@@ -22,8 +22,10 @@
 // as the specification says), patternProperties, dependentRequired,
 // dependentSchemas and dependencies (below), minProperties / maxProperties
 // (over listed and further members alike), items / prefixItems (and draft-4 array `items` with
-// additionalItems), minItems / maxItems, uniqueItems: false, enum, const (with
-// `type` beside them and nothing else), anyOf, oneOf (below), allOf (merged:
+// additionalItems), minItems / maxItems, uniqueItems: false, enum, const (the
+// values that satisfy the type, minLength / maxLength, pattern and number
+// bounds beside them, each checked on the value; no other assertion beside
+// them), anyOf, oneOf (below), allOf (merged:
 // types intersected, properties and items combined branch against branch,
 // required united, bounds tightened; equal patterns or formats only),
 // keywords beside $ref (merged as allOf), $ref / $defs / definitions (JSON
@@ -76,7 +78,17 @@
 // that admits no value (false, an empty range) overlaps nothing; inside allOf
 // or beside $ref only where that shows without translating it. In drafts 4 to
 // 7 (as $schema names them) the keywords beside a $ref count for none of
-// these proofs, as those drafts ignore them.
+// these proofs, as those drafts ignore them. Where the proof fails, two
+// rewrites: branches that require names ([{"required": ["radius"]},
+// {"required": ["length", "width"]}]) each become an object that lacks, for
+// every other branch not proven apart, one of that branch's names it does not
+// require (a branch that requires all of another's is dropped where the other
+// admits every object that has them): exact for branches of `required` alone,
+// narrower where branches have other keywords (the objects that fail a branch
+// otherwise, and non-objects, are not written). Else branches that each list
+// a property in `properties` with const / enum values apart from the others'
+// ({"properties": {"kind": {"enum": ["a"]}}}) get that property required, and
+// are proven again: narrower (objects without the property are not written).
 //
 // Keys: every keyword of the JSON Schema vocabularies (drafts 4 to 2020-12:
 // core, applicator, unevaluated, validation, format, content, meta-data, with
@@ -110,9 +122,9 @@
 // combines patternProperties with another schema's properties among them),
 // a patternProperties pattern that matches a listed name (and neither every
 // name nor only that one), more than 64 combinations of dependency
-// triggers, a oneOf
-// whose branches may overlap ("unsupported keyword \"oneOf\" at #: its
-// branches 0 and 1 may overlap"), an $id or id
+// triggers, a oneOf whose branches may overlap and neither rewrite tells apart
+// ("unsupported keyword \"oneOf\" at #: its branches 0 and 1 may overlap"),
+// an assertion beside enum or const other than those above, an $id or id
 // below the root with a $ref inside, a $ref outside the document or to an
 // anchor, a $ref cycle that reaches itself before any JSON text. A schema that
 // no value satisfies (false at the root, minItems > maxItems, a required

@@ -879,7 +879,41 @@ TEST(JsonSchemaEnum, ValuesAsDumpWritesThem) {
   EXPECT_CONTAINS(schema_error(R"({"enum": []})"), "enum at # is empty");
   EXPECT_CONTAINS(schema_error(R"({"type": "integer", "enum": ["a"]})"), "allowed type");
   EXPECT_CONTAINS(schema_error(R"({"enum": ["a"], "const": "b"})"), "const");
-  EXPECT_CONTAINS(schema_error(R"({"enum": ["a", "bb"], "maxLength": 1})"), "unsupported keyword \"maxLength\" at #");
+}
+
+// The keywords beside enum or const that a value can be checked against
+// keep the values that satisfy them; each applies to its own type only.
+TEST(JsonSchemaEnum, ValuesFilteredByTheKeywordsBesideThem) {
+  // Github_medium/o14076.json.
+  const SchemaGrammar mode(R"({"type": "string", "enum": ["HOME", "HOTSPOT", ""], "minLength": 1})");
+  mode.expect_accepts({"\"HOME\"", "\"HOTSPOT\""});
+  mode.expect_rejects({"\"\""});
+  // Lengths in code points; other types untouched.
+  const SchemaGrammar lengths(R"({"enum": ["\u00e9\u00e9", "ab", "abc", "a", 5, null], "minLength": 2,
+                                  "maxLength": 2})");
+  lengths.expect_accepts({"\"\xC3\xA9\xC3\xA9\"", "\"ab\"", "5", "null"});
+  lengths.expect_rejects({"\"abc\"", "\"a\""});
+  // pattern, searched in the value (escapes as the pattern's language reads them).
+  const SchemaGrammar pattern(R"({"enum": ["a1", "ba", "x\"y", "xy", 1], "pattern": "^a|x\""})");
+  pattern.expect_accepts({"\"a1\"", R"("x\"y")", "1"});
+  pattern.expect_rejects({"\"ba\"", "\"xy\""});
+  // Number bounds as exact decimals, draft 4's boolean exclusives too.
+  const SchemaGrammar bounded(R"({"enum": [1, 2, 2.5, 3, 0.30000000000000004, "s"], "minimum": 2,
+                                  "exclusiveMaximum": 3})");
+  bounded.expect_accepts({"2", "2.5", "\"s\""});
+  bounded.expect_rejects({"1", "3", "0.30000000000000004"});
+  const SchemaGrammar draft4(R"({"enum": [0.1, 0.2], "maximum": 0.2, "exclusiveMaximum": true})");
+  draft4.expect_accepts({"0.1"});
+  draft4.expect_rejects({"0.2"});
+  const SchemaGrammar constant(R"({"const": 5, "minimum": 5})");
+  constant.expect_accepts({"5"});
+
+  EXPECT_CONTAINS(schema_error(R"({"enum": ["a", "bb"], "minLength": 3})"), "no value satisfies");
+  EXPECT_CONTAINS(schema_error(R"({"const": 5, "exclusiveMinimum": 5})"), "no value satisfies");
+  EXPECT_CONTAINS(schema_error(R"({"enum": ["a"], "format": "email"})"), "unsupported keyword \"format\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"enum": [[1]], "minItems": 1})"), "unsupported keyword \"minItems\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"properties": {"p": {"enum": [1], "multipleOf": 2}}})"),
+                  "unsupported keyword \"multipleOf\" at #/properties/p");
 }
 
 // --- anyOf, oneOf, allOf --------------------------------------------------------
@@ -1000,18 +1034,123 @@ TEST(JsonSchemaOneOf, BranchesToldApartByARequiredProperty) {
   merged.expect_rejects({"{}", R"({"t":"z"})", "\"x\""});
 }
 
+// Branches that differ by the names they require: each is rewritten to lack
+// a name of each other's, which is exact for `required` alone.
+TEST(JsonSchemaOneOf, BranchesToldApartByTheNamesTheyRequire) {
+  // Glaiveai2K/calculate_area_0bc8b268.json: every object of the five names
+  // is accepted exactly when it has the names of one branch only.
+  const std::string area = R"({"type": "object", "properties": {"radius": {"type": "number"},
+      "length": {"type": "number"}, "width": {"type": "number"}, "base": {"type": "number"},
+      "height": {"type": "number"}},
+      "oneOf": [{"required": ["radius"]}, {"required": ["length", "width"]}, {"required": ["base", "height"]}]})";
+  const SchemaGrammar s(area);
+  s.expect_values({R"({"radius": 1})", R"({"length": 1, "width": 2})", R"({"base": 1, "height": 2})",
+                   R"({"radius": 1, "length": 2})", R"({"radius": 1, "x": 2})"});
+  s.expect_rejects({"{}", R"({"length":1})", R"({"radius":1,"length":2,"width":3})",
+                    R"({"radius":1,"base":1,"height":2})", R"({"radius":"x"})", "1"});
+  const std::vector<std::string> names = {"radius", "length", "width", "base", "height"};
+  const std::vector<std::vector<std::string>> branches = {{"radius"}, {"length", "width"}, {"base", "height"}};
+  for (unsigned subset = 0; subset < 32; ++subset) {
+    std::string text = "{";
+    for (size_t k = 0; k < names.size(); ++k) {
+      if (!(subset & (1u << k))) continue;
+      text += (text.size() > 1 ? ",\"" : "\"") + names[k] + "\":1";
+    }
+    text += "}";
+    const auto has = [&](const std::string& name) {
+      return (subset & (1u << (std::find(names.begin(), names.end(), name) - names.begin()))) != 0;
+    };
+    const auto matched = std::count_if(branches.begin(), branches.end(), [&](const std::vector<std::string>& b) {
+      return std::all_of(b.begin(), b.end(), has);
+    });
+    EXPECT_EQ(s.matches(text), matched == 1) << text;
+  }
+
+  // Github_medium/o11667.json's shape; untyped, no non-object is valid (each
+  // matches both branches).
+  const SchemaGrammar type_or_ref(R"({"oneOf": [{"required": ["type"]}, {"required": ["$ref"]}]})");
+  type_or_ref.expect_accepts({R"({"type":"x"})", R"({"$ref":"#/a","format":1})"});
+  type_or_ref.expect_rejects({R"({"type":"x","$ref":"#/a"})", "{}", "\"type\"", "null", "[]"});
+
+  // A branch that requires every name another one does never matches alone.
+  const SchemaGrammar superset(R"({"oneOf": [{"required": ["a"]}, {"type": "object", "required": ["a", "b"]}]})");
+  superset.expect_accepts({R"({"a":1})", R"({"a":1,"c":2})"});
+  superset.expect_rejects({R"({"a":1,"b":2})", R"({"b":2})", "{}"});
+
+  // Other keywords in the branches: missing a name is the one way to fail a
+  // branch that is written, so {"a": "x", "b": "y"}, valid (b is no
+  // integer), is left out.
+  const SchemaGrammar narrowed(R"({"type": "object", "oneOf": [
+      {"required": ["a"], "properties": {"a": {"type": "string"}}},
+      {"required": ["b"], "properties": {"b": {"type": "integer"}}}]})");
+  narrowed.expect_accepts({R"({"a":"x"})", R"({"b":1})", R"({"a":"x","c":null})"});
+  narrowed.expect_rejects({R"({"a":"x","b":1})", R"({"a":"x","b":"y"})", R"({"a":1})", "{}"});
+
+  // Merged (beside allOf), and with keywords beside the oneOf that make one
+  // absent name impossible.
+  const SchemaGrammar merged(
+      R"({"allOf": [{"type": "object"}, {"oneOf": [{"required": ["a"]}, {"required": ["b", "c"]}]}]})");
+  merged.expect_accepts({R"({"a":1})", R"({"b":1,"c":2})", R"({"a":1,"b":2})"});
+  merged.expect_rejects({R"({"a":1,"b":2,"c":3})", R"({"b":1})", "{}"});
+  const SchemaGrammar beside(R"({"type": "object", "required": ["b"],
+      "oneOf": [{"required": ["a"]}, {"required": ["b", "c"]}]})");
+  beside.expect_accepts({R"({"b":1,"a":2})", R"({"b":1,"c":2})"});
+  beside.expect_rejects({R"({"b":1,"a":2,"c":3})", R"({"b":1})", R"({"a":1})"});
+}
+
+// Branches told apart by the values of a property each lists but none
+// requires: the property is required, which narrows (objects without it are
+// not written).
+TEST(JsonSchemaOneOf, BranchesNarrowedToTheirDiscriminator) {
+  // Github_easy/o13129.json.
+  const SchemaGrammar field(R"({"type": "object", "oneOf": [
+      {"properties": {"type": {"type": "string", "enum": ["callback"]}, "value": {"type": "string"},
+                      "options": {"type": "object"}}},
+      {"properties": {"type": {"type": "string", "enum": ["field", "value"]},
+                      "value": {"type": ["string", "null", "boolean", "number"]}, "options": {"type": "object"}}}]})");
+  field.expect_values({R"({"type": "callback", "value": "x"})", R"({"type": "field", "value": null})",
+                       R"({"type": "value", "value": 1.5, "options": {}})", R"({"type": "callback", "other": 1})"});
+  field.expect_rejects({"{}", R"({"value":"x"})", R"({"type":"callback","value":1})", R"({"type":"other"})",
+                        R"({"type":"field","value":[]})", "\"callback\""});
+
+  // Branches that are $refs (Github_medium/o13137.json, draft 4), the
+  // discriminator a boolean.
+  const SchemaGrammar referenced(R"({"$schema": "http://json-schema.org/draft-04/schema#",
+      "definitions": {"off": {"properties": {"required": {"type": "boolean", "enum": [false]},
+                                             "unique": {"type": "boolean", "enum": [false]}}},
+                      "on": {"properties": {"required": {"type": "boolean", "enum": [true]},
+                                            "unique": {"type": "boolean"}}}},
+      "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+      "oneOf": [{"$ref": "#/definitions/off"}, {"$ref": "#/definitions/on"}]})");
+  referenced.expect_accepts({R"({"name":"n","required":false})", R"({"name":"n","required":false,"unique":false})",
+                             R"({"name":"n","required":true,"unique":true})"});
+  referenced.expect_rejects({R"({"name":"n"})", R"({"name":"n","required":false,"unique":true})",
+                             R"({"required":true})"});
+
+  // Merged beside $ref, through the same rewrite.
+  const SchemaGrammar merged(R"({"$defs": {"base": {"type": "object"}}, "$ref": "#/$defs/base",
+      "oneOf": [{"properties": {"k": {"const": 1}}}, {"properties": {"k": {"const": 2}, "v": {"type": "string"}}}]})");
+  merged.expect_accepts({R"({"k":1})", R"({"k":2,"v":"x"})", R"({"k":1,"v":3})"});
+  merged.expect_rejects({"{}", R"({"k":3})", R"({"k":2,"v":3})"});
+}
+
 TEST(JsonSchemaOneOf, BranchesThatMayOverlapAreRefused) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       // Bounds that overlap at 5.
       {R"({"oneOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 5}]})",
        R"(unsupported keyword "oneOf" at #: its branches 0 and 1 may overlap)"},
-      // Object branches with only optional properties (Github_easy/o13129.json):
-      // {} matches both.
-      {R"({"type": "object", "oneOf": [{"properties": {"type": {"enum": ["callback"]}}},
-                                       {"properties": {"type": {"enum": ["field", "value"]}}}]})",
+      // Object branches with only optional properties whose values overlap:
+      // {} and {"type": "b"} match both.
+      {R"({"type": "object", "oneOf": [{"properties": {"type": {"enum": ["a", "b"]}}},
+                                       {"properties": {"type": {"enum": ["b", "c"]}}}]})",
        R"(unsupported keyword "oneOf" at #: its branches 0 and 1 may overlap)"},
-      // Different required properties: an object may have both.
-      {R"({"oneOf": [{"required": ["a"]}, {"required": ["b"]}]})",
+      // Branch 1 requires every name branch 0 does, and branch 0's other
+      // keywords do not admit every object: {"a": 1, "b": 2} matches branch 1
+      // alone, which missing names cannot say.
+      {R"({"oneOf": [{"required": ["a"], "properties": {"a": {"type": "string"}}}, {"required": ["a", "b"]}]})",
+       R"(unsupported keyword "oneOf" at #: its branches 0 and 1 may overlap)"},
+      // A branch that requires nothing, not proven apart from one that does.
+      {R"({"type": "object", "oneOf": [{"required": ["a"]}, {"properties": {"a": {"type": "integer"}}}]})",
        R"(unsupported keyword "oneOf" at #: its branches 0 and 1 may overlap)"},
       // Untyped branches that both constrain strings.
       {R"({"oneOf": [{"minLength": 2}, {"maxLength": 4}]})",
