@@ -112,10 +112,31 @@ std::string calls_expr(bool parallel, std::string_view joiner) {
   return fmt::format("tool-call ({} tool-call)*", ebnf_literal(joiner));
 }
 
+// Text without "</think>" in it, as rule "think-text". A '<' starts either
+// a run that breaks off before the tag is complete (and goes on with
+// anything but '<', which would start a new run), or a run of proper
+// prefixes of the tag, each followed by another '<', that the text may end
+// with (then "</think>" follows, or another run does).
+constexpr std::string_view kThinkTextRules = R"(think-text ::= ( [^<] | think-lt )* think-partial*
+think-lt ::= think-partial* "<"+ ( [^</] | "/" ( [^<t] | "t" ( [^<h] | "h" ( [^<i] | "i" ( [^<n] | "n" ( [^<k] | "k" [^<>] ) ) ) ) ) )
+think-partial ::= "<"+ ( "/" ( "t" ( "h" ( "i" ( "n" "k"? )? )? )? )? )?
+)";
+
+// The reasoning before the calls, as ReasoningParser reads each format
+// (narrower: the parser also takes whitespace before <think>, which the
+// grammar leaves out so that a model is not led into writing it).
+std::string reasoning_expr(const ReasoningPrefix& r) {
+  const std::string text_then_close = "think-text \"</think>\" [ \\t\\n]*";
+  if (r.format == ReasoningFormat::kDeepSeekR1) return "\"<think>\"? " + text_then_close;
+  if (r.starts_in_reasoning) return text_then_close;
+  return "( \"<think>\" " + text_then_close + " )?";
+}
+
 }  // namespace
 
 std::string tool_call_grammar(ToolCallFormat format, const nlohmann::ordered_json& tools, ToolChoiceMode mode,
-                              const std::string& named_function, bool parallel) {
+                              const std::string& named_function, bool parallel,
+                              std::optional<ReasoningPrefix> reasoning) {
   std::vector<Function> functions = functions_of(tools);
   if (mode == ToolChoiceMode::kNamed) {
     const auto named =
@@ -154,7 +175,9 @@ std::string tool_call_grammar(ToolCallFormat format, const nlohmann::ordered_jso
                          ebnf_literal("<｜tool▁calls▁end｜>"));
       break;
   }
-  return fmt::format("root ::= {}\ntool-call ::= {}\n{}", root, alternatives, arguments);
+  if (!reasoning) return fmt::format("root ::= {}\ntool-call ::= {}\n{}", root, alternatives, arguments);
+  return fmt::format("root ::= {} {}\ntool-call ::= {}\n{}{}", reasoning_expr(*reasoning), root, alternatives,
+                     arguments, kThinkTextRules);
 }
 
 }  // namespace basalt

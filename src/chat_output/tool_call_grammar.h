@@ -30,8 +30,10 @@
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 
+#include "chat_output/reasoning_parser.h"
 #include "chat_output/tool_call_format.h"
 
 namespace basalt {
@@ -41,11 +43,22 @@ enum class ToolChoiceMode {
   kNamed,     // a call to named_function
 };
 
+// A reasoning model's output with forced calls: its reasoning first, as
+// its ReasoningParser reads it (the calls are what follows </think>).
+struct ReasoningPrefix {
+  ReasoningFormat format;
+  bool starts_in_reasoning;  // the prompt opened the block (prompt_opens_reasoning())
+};
+
 // EBNF with root rule "root": one call, or with `parallel` one or more
 // (kNamed: always one). tools: the request's `tools` array
 // ([{"type": "function", "function": {"name", "parameters"?}}]), parsed as
 // ordered_json so that the grammar keeps the schemas' property order.
+// With `reasoning`, the calls come after the reasoning block, whose text is
+// free but for "</think>", which ends it: kDeepSeekR1 and an opened kQwen3
+// block must reason (and close the block); kQwen3 otherwise may open one.
 std::string tool_call_grammar(ToolCallFormat format, const nlohmann::ordered_json& tools, ToolChoiceMode mode,
-                              const std::string& named_function, bool parallel);
+                              const std::string& named_function, bool parallel,
+                              std::optional<ReasoningPrefix> reasoning = std::nullopt);
 
 }  // namespace basalt

@@ -223,6 +223,50 @@ TEST(ToolCallGrammar, SentencesParseBackIntoTheirCalls) {
   }
 }
 
+// With a reasoning parser on, the calls follow the reasoning block: its
+// text is anything without "</think>" (checked against a plain search over
+// random texts dense in the tag's pieces), and the parser splits the output
+// back into that text and calls that parse.
+TEST(ToolCallGrammar, ReasoningBeforeTheCalls) {
+  const std::string call = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\":1,\"b\":2}}\n</tool_call>";
+  struct Case {
+    ReasoningPrefix prefix;
+    std::string open;  // what the output writes before the reasoning text
+    bool reasoning_optional;
+  };
+  const Case cases[] = {{{ReasoningFormat::kDeepSeekR1, false}, "", false},
+                        {{ReasoningFormat::kDeepSeekR1, false}, "<think>", false},
+                        {{ReasoningFormat::kQwen3, true}, "", false},
+                        {{ReasoningFormat::kQwen3, false}, "<think>", true}};
+  std::mt19937 rng(23);
+  const std::string pieces[] = {"<", "/", "t", "h", "i", "n", "k", ">", "a", "</", "</think", "<<", "é"};
+  for (const Case& c : cases) {
+    const auto compiled = compile_grammar(parse_ebnf(
+        tool_call_grammar(ToolCallFormat::kHermes, tools(), ToolChoiceMode::kNamed, "add", false, c.prefix)));
+    EXPECT_EQ(accepts(compiled, call), c.reasoning_optional);
+    int with_tag = 0;
+    for (int i = 0; i < 3000; ++i) {
+      std::string text;
+      const int n = static_cast<int>(rng() % 9);
+      for (int j = 0; j < n; ++j) text += pieces[rng() % std::size(pieces)];
+      const bool has_tag = text.find("</think>") != std::string::npos;
+      with_tag += has_tag;
+      const std::string output = c.open + text + "</think>\n" + call;
+      ASSERT_EQ(accepts(compiled, output), !has_tag) << output;
+      if (has_tag) continue;
+      ReasoningParser parser(c.prefix.format, c.prefix.starts_in_reasoning);
+      ReasoningDelta d = parser.feed(output);
+      const ReasoningDelta end = parser.finish();
+      d.reasoning += end.reasoning;
+      d.content += end.content;
+      EXPECT_EQ(d.reasoning, text) << output;
+      std::string content;
+      EXPECT_EQ(parse_calls(ToolCallFormat::kHermes, d.content, &content).size(), 1u) << output;
+    }
+    EXPECT_GT(with_tag, 10);
+  }
+}
+
 TEST(ToolCallGrammar, NamedFunctionOnly) {
   for (const ToolCallFormat format : kFormats) {
     const Grammar grammar = parse_ebnf(tool_call_grammar(format, tools(), ToolChoiceMode::kNamed, "add", true));

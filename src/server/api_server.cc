@@ -992,10 +992,15 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
     StructuredOutputSpec spec;
     spec.kind = StructuredOutputSpec::Kind::kGrammar;
     try {
+      // A reasoning model reasons first; the grammar starts the calls
+      // where its reasoning parser ends the reasoning.
+      std::optional<ReasoningPrefix> reasoning;
+      if (chat_output.reasoning_format)
+        reasoning = ReasoningPrefix{*chat_output.reasoning_format, chat_output.starts_in_reasoning};
       spec.text = tool_call_grammar(*tool_format, r.tools,
                                     r.tool_choice == ParsedRequest::ToolChoice::kNamed ? ToolChoiceMode::kNamed
                                                                                         : ToolChoiceMode::kRequired,
-                                    r.tool_choice_name, r.parallel_tool_calls);
+                                    r.tool_choice_name, r.parallel_tool_calls, reasoning);
     } catch (const Error& e) {
       throw ApiError(400, fmt::format("'tools': {}", e.what()), "tools");
     }

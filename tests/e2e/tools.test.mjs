@@ -3,8 +3,8 @@
 // own format (the bundled model's template is Hermes'), with arguments Ajv
 // checks against each function's parameters; streamed tool_calls deltas add
 // up to the whole response's calls; "auto" parses calls the model writes;
-// --reasoning-parser moves <think> text to reasoning_content. Bad choices
-// are 400s that name the field.
+// --reasoning-parser moves <think> text to reasoning_content (and a forced
+// call may follow reasoning). Bad choices are 400s that name the field.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -203,6 +203,21 @@ test('--reasoning-parser puts the <think> text in reasoning_content', async () =
     // Without an opening <think>, a qwen3 output is all content.
     const plain = await c.chat.completions.create({ ...params, structured_outputs: undefined, max_tokens: 8 });
     assert.equal(plain.choices[0].message.reasoning_content, null);
+    // A forced call may come after reasoning: the grammar starts the call
+    // where the parser ends the reasoning, so it parses either way.
+    let forcedCalls = 0;
+    for (const seed of [1, 2, 3]) {
+      const forced = await c.chat.completions.create({
+        model: 'basalt-mini', messages, tools, tool_choice: { type: 'function', function: { name: 'add' } },
+        temperature: 1, seed, max_tokens: 200 });
+      const choice = forced.choices[0];
+      if (choice.finish_reason === 'length') continue;  // still reasoning
+      assert.equal(choice.finish_reason, 'tool_calls', JSON.stringify(choice));
+      assert.equal(choice.message.tool_calls.length, 1);
+      checkCall(choice.message.tool_calls[0]);
+      forcedCalls += 1;
+    }
+    assert.ok(forcedCalls >= 1, 'no forced call finished');
   } finally {
     const { code } = await reasoner.stop();
     assert.equal(code, 0, reasoner.log());
