@@ -1709,7 +1709,10 @@ class Translator {
     const std::optional<int64_t> max_length = optional_count(schema, "maxLength", path);
     const Json* pattern = member(schema, "pattern");
     BASALT_CHECK(!pattern || pattern->is_string(), "json schema: keyword \"pattern\" at {} must be a string", path);
-    const auto [lower, upper] = number_bounds(schema, path);
+    // Not a structured binding: clang before 16 cannot capture one in a lambda.
+    const auto bounds = number_bounds(schema, path);
+    const std::optional<NumberBound>& lower = bounds.first;
+    const std::optional<NumberBound>& upper = bounds.second;
     const auto satisfies = [&](const Json& value) {
       if (value.is_string()) {
         const auto length = static_cast<int64_t>(code_points(value.get<std::string>()).size());
@@ -2430,7 +2433,9 @@ class Translator {
     const std::string patterns_path = child_path(path, "patternProperties");
     const std::string hint = rule_hint(path);
     std::vector<std::string> options;
-    for (const auto& [pattern, pattern_schema] : patterns.items()) {
+    for (const auto& item : patterns.items()) {  // no structured binding: a lambda below captures the key
+      const std::string& pattern = item.key();
+      const Json& pattern_schema = item.value();
       const std::string pattern_path = child_path(patterns_path, pattern);
       std::string key;
       const auto listed_name = std::find_if(names.begin(), names.end(),
