@@ -87,7 +87,7 @@ struct Engine::Parts {
         kv(slots, options.page_size, RadixCacheOptions{options.radix_cache, options.eviction}),
         scheduler(kv, scheduler_options(model, tokenizer, options)),
         runner(model, backend, slots, options.kv_dtype),
-        pipeline(runner, options.overlap) {
+        pipeline(runner, options.overlap && !options.speculative.enabled()) {
     snapshot = scheduler.metrics();
   }
 
@@ -104,6 +104,7 @@ struct Engine::Parts {
     s.max_logprobs = o.max_logprobs;
     s.stop_strings = tokenizer != nullptr;
     s.jump_forward = o.jump_forward;
+    s.speculative = o.speculative;
     return s;
   }
 

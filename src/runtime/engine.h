@@ -74,6 +74,7 @@
 #include "runtime/request_stream.h"
 #include "runtime/sampling_params.h"
 #include "runtime/scheduler.h"
+#include "runtime/speculative.h"
 #include "tokenizer/tokenizer.h"
 
 namespace basalt {
@@ -120,6 +121,10 @@ struct EngineOptions {
   // may not be the tokens the model would have picked, so what follows can
   // differ from token-by-token decoding (bench/README.md).
   bool jump_forward = false;
+  // Speculative decoding (runtime/speculative.h): drafts verified in the
+  // decode step, outputs token for token those of plain decoding. It needs
+  // each step's tokens before the next is planned, so it turns overlap off.
+  SpeculativeOptions speculative;
 };
 
 // What the server and the CLI need of an engine.

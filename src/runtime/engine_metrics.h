@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 namespace basalt {
 
@@ -67,6 +68,11 @@ struct EngineMetrics {
   uint64_t discarded_tokens = 0;
   // Output tokens that jump-forward appended without sampling.
   uint64_t jump_forward_tokens = 0;
+  // Speculative decoding: draft tokens verified, those accepted, and the
+  // accepted ones by their place among the drafts (0: the first draft).
+  uint64_t draft_tokens = 0;
+  uint64_t accepted_draft_tokens = 0;
+  std::vector<uint64_t> accepted_by_position;
   // Histograms (seconds).
   Histogram queue_time;     // submit -> first admission
   Histogram ttft;           // submit -> first token

@@ -66,18 +66,49 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   const int64_t words = token_mask_words(vocab_);
   if (masked) {
     mask.assign(static_cast<size_t>(L * words), ~uint32_t{0});
+    // A draft group's rows are masked as if its drafts were accepted up to
+    // each row: the constraint takes each draft after its row's mask, and
+    // gives them back at the group's end. Past a draft its mask refuses, the
+    // rows are left unmasked (their samples cannot be accepted).
+    size_t group_first = 0;
+    int advanced = 0;
+    bool blocked = false;
     for (size_t r = 0; r < R; ++r) {
-      if (!plan.rows[r].constraint || plan.rows[r].stale) continue;
+      const StepPlan::SampleRow& sample_row = plan.rows[r];
+      if (r == 0 || plan.rows[r - 1].draft < 0) {
+        group_first = r;
+        advanced = 0;
+        blocked = false;
+      }
+      if (!sample_row.constraint || sample_row.stale) continue;
       std::span<uint32_t> row(mask.data() + r * static_cast<size_t>(words), static_cast<size_t>(words));
-      try {
-        plan.rows[r].constraint->fill_allowed(row);
-        // Bits past the vocabulary do not count.
-        if (vocab_ % 32 != 0) row.back() &= (uint32_t{1} << (vocab_ % 32)) - 1;
-        BASALT_CHECK(std::any_of(row.begin(), row.end(), [](uint32_t w) { return w != 0; }),
-                     "the token constraint of sampled row {} allows no token", r);
-      } catch (const std::exception& e) {
-        fail_row(r, e);
-        std::fill(row.begin(), row.end(), ~uint32_t{0});  // sampled, then dropped
+      if (!blocked && !row_failed(group_first)) {
+        try {
+          sample_row.constraint->fill_allowed(row);
+          // Bits past the vocabulary do not count.
+          if (vocab_ % 32 != 0) row.back() &= (uint32_t{1} << (vocab_ % 32)) - 1;
+          BASALT_CHECK(std::any_of(row.begin(), row.end(), [](uint32_t w) { return w != 0; }),
+                       "the token constraint of sampled row {} allows no token", r);
+          const int32_t d = sample_row.draft;
+          if (d >= 0) {
+            if (d < vocab_ && (row[static_cast<size_t>(d) / 32] >> (d % 32)) & 1u) {
+              sample_row.constraint->accept(d);
+              ++advanced;
+            } else {
+              blocked = true;
+            }
+          }
+        } catch (const std::exception& e) {
+          fail_row(group_first, e);
+          std::fill(row.begin(), row.end(), ~uint32_t{0});  // sampled, then dropped
+        }
+      }
+      if (sample_row.draft < 0 && advanced > 0) {
+        try {
+          sample_row.constraint->rollback(advanced);
+        } catch (const std::exception& e) {
+          fail_row(group_first, e);
+        }
       }
     }
   }
@@ -153,21 +184,34 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
     for (size_t r = 0; r < R; ++r)
       if (plan.rows[r].sampled_logprob) result.sampled_logprobs[r] = host_sampled.data<float>()[r];
   }
-  for (size_t r = 0; r < R; ++r) {
-    const StepPlan::SampleRow& row = plan.rows[r];
-    if (row.stale || row_failed(r)) continue;
-    row.processor->append(result.next[r]);
+  // Each group's accepted drafts: while a row sampled exactly the draft the
+  // next row's input assumed. The request's tokens are the group's first
+  // 1 + accepted samples; the processor and constraint take those.
+  const bool verifies = std::any_of(plan.rows.begin(), plan.rows.end(), [](const auto& row) { return row.draft >= 0; });
+  if (verifies) result.accepted.assign(R, 0);
+  else result.accepted.clear();
+  for (size_t r = 0; r < R;) {
+    size_t last = r;
+    while (plan.rows[last].draft >= 0) ++last;
+    size_t take = r;
+    while (take < last && result.next[take] == plan.rows[take].draft) ++take;
+    if (verifies) result.accepted[r] = static_cast<int32_t>(take - r);
+    const size_t group = r;
+    r = last + 1;
+    const StepPlan::SampleRow& row = plan.rows[group];
+    if (row.stale || row_failed(group)) continue;
+    for (size_t j = group; j <= take; ++j) row.processor->append(result.next[j]);
     if (!row.constraint) continue;
     try {
-      row.constraint->accept(result.next[r]);
+      for (size_t j = group; j <= take; ++j) row.constraint->accept(result.next[j]);
       if (!row.jump_forward) continue;
-      result.forced[r] = row.constraint->forced_tokens();
+      result.forced[group] = row.constraint->forced_tokens();
     } catch (const std::exception& e) {
-      fail_row(r, e);
-      result.forced[r].clear();
+      fail_row(group, e);
+      result.forced[group].clear();
       continue;
     }
-    for (int32_t t : result.forced[r]) row.processor->append(t);
+    for (int32_t t : result.forced[group]) row.processor->append(t);
   }
 }
 

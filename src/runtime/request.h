@@ -69,6 +69,10 @@ struct Usage {
   int64_t cached_prompt_tokens = 0;  // prompt tokens found in the radix cache
   int preemptions = 0;
   double queue_seconds = 0;  // submit -> first admission
+  // Speculative decoding (runtime/speculative.h): tokens proposed for this
+  // request and verified, and how many of them were accepted.
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
 };
 
 // What a client reads from a request's stream (runtime/request_stream.h).
@@ -142,6 +146,10 @@ struct Request {
   uint64_t planned_for = 0;
   int64_t step_start = 0;
   int64_t step_len = 0;
+  // Draft tokens the step being planned (then the one in flight) verifies
+  // after the last known token: its positions past the known tokens
+  // (runtime/speculative.h).
+  std::vector<int32_t> drafts;
   // The latest launched step's length and id.
   int64_t inflight_len = 0;
   uint64_t last_step = 0;

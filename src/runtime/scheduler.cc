@@ -365,7 +365,16 @@ std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates)
       prefill_candidates_.push_back(&r);
       continue;
     }
-    const int64_t n = r.remaining();
+    int64_t n = r.remaining();
+    if (n == 1 && propose_drafts(r)) {
+      // Drafts only where memory is at hand: they never preempt anyone.
+      const int64_t with_drafts = n + static_cast<int64_t>(r.drafts.size());
+      if (kv_.allocate(r.kv, with_drafts)) {
+        n = with_drafts;
+      } else {
+        r.drafts.clear();
+      }
+    }
     bool ok = false;
     while (!r.preempted) {
       if (kv_.allocate(r.kv, n)) {
@@ -484,10 +493,13 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
       __builtin_prefetch(ahead->tokens.data() + ahead->tokens.size());
     }
     const int64_t known = static_cast<int64_t>(r->tokens.size());
+    const auto drafts = static_cast<int64_t>(r->drafts.size());
     for (int64_t i = 0; i < r->step_len; ++i) {
       const int64_t pos = r->step_start + i;
       if (pos < known) {
         plan->token_ids.push_back(r->tokens[static_cast<size_t>(pos)]);
+      } else if (pos - known < drafts) {
+        plan->token_ids.push_back(r->drafts[static_cast<size_t>(pos - known)]);
       } else {
         // The token the step in flight samples for this request.
         BASALT_CHECK(pos == known && r->pending > 0 && previous != 0 && r->last_step == previous,
@@ -503,8 +515,8 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
     plan->kv_slots.insert(plan->kv_slots.end(), r->kv.slots.begin(), r->kv.slots.begin() + end_pos);
     plan->q_start.push_back(static_cast<int32_t>(plan->token_ids.size()));
     plan->kv_start.push_back(static_cast<int32_t>(plan->kv_slots.size()));
-    const bool samples = end_pos == r->target();
-    (r->step_len == 1 && samples ? any_decode : any_prefill) = true;
+    const bool samples = end_pos == r->target() + drafts;
+    (r->step_len == 1 + drafts && samples ? any_decode : any_prefill) = true;
     if (r->step_start < r->prompt_len)
       m_.prefill_tokens += static_cast<uint64_t>(std::min(end_pos, r->prompt_len) - r->step_start);
     // The step's KV counts as written from now on: steps run in order, so any
@@ -516,23 +528,84 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
     r->last_step = plan->id;
     if (prefill) kv_.commit(r->kv, r->request.cache_namespace, r->tokens);
     if (samples) {
-      plan->logit_rows.push_back(static_cast<int32_t>(plan->token_ids.size()) - 1);
-      SamplingRow sampling = r->sampling;
-      sampling.step = static_cast<uint64_t>(r->num_output + r->pending);
-      plan->rows.push_back(StepPlan::SampleRow{
-          r->processor.get(), r->constraint, sampling, r->logprobs, r->logprobs > 0 || r->sampled_logprob,
-          options_.jump_forward && r->constraint != nullptr && r->logprobs == 0 && !r->sampled_logprob});
-      r->pending_row = static_cast<int>(plan->sampled.size());
-      ++r->pending;
-      plan->sampled.push_back(r);
+      // One row after the last known token, and one after each draft.
+      const auto last = static_cast<int32_t>(plan->token_ids.size()) - 1;
+      for (int64_t d = 0; d <= drafts; ++d) {
+        plan->logit_rows.push_back(last - static_cast<int32_t>(drafts - d));
+        SamplingRow sampling = r->sampling;
+        sampling.step = static_cast<uint64_t>(r->num_output + r->pending);
+        plan->rows.push_back(StepPlan::SampleRow{
+            r->processor.get(), r->constraint, sampling, r->logprobs, r->logprobs > 0 || r->sampled_logprob,
+            drafts == 0 && options_.jump_forward && r->constraint != nullptr && r->logprobs == 0 &&
+                !r->sampled_logprob});
+        if (d < drafts) plan->rows.back().draft = r->drafts[static_cast<size_t>(d)];
+        r->pending_row = static_cast<int>(plan->sampled.size());
+        ++r->pending;
+        plan->sampled.push_back(r);
+      }
+      if (drafts > 0) {
+        plan->mode = ForwardMode::kVerify;
+        m_.draft_tokens += static_cast<uint64_t>(drafts);
+        r->usage.draft_tokens += drafts;
+      }
     }
   }
+  // A step with drafts is a verification (rows past one per request), mixed
+  // with prefill chunks or not: models specialise only on pure decode.
+  const bool verifies = plan->mode == ForwardMode::kVerify;
   plan->mode = any_prefill ? (any_decode ? ForwardMode::kMixed : ForwardMode::kExtend) : ForwardMode::kDecode;
+  if (verifies) plan->mode = any_prefill ? ForwardMode::kMixed : ForwardMode::kVerify;
   // The model wants at least one logits row; an all-prefill step computes one it ignores.
   if (plan->logit_rows.empty()) plan->logit_rows.push_back(static_cast<int32_t>(plan->token_ids.size()) - 1);
   plan->requests = std::move(batch);
   in_flight_step_ = plan->id;
   return plan;
+}
+
+bool Scheduler::propose_drafts(Request& r) {
+  r.drafts.clear();
+  const SpeculativeOptions& spec = options_.speculative;
+  // Rows past the first see the processor's state of the first (penalties
+  // and biases would need it per row): such requests decode plainly.
+  if (!spec.enabled() || r.pending > 0 || r.stale_samples > 0 || r.processor->active()) return false;
+  const int k = std::min(spec.num_draft_tokens, r.max_tokens - r.num_output - 1);
+  if (k <= 0) return false;
+  r.drafts = propose_ngram(r.tokens, k, spec.ngram_min, spec.ngram_max);
+  return !r.drafts.empty();
+}
+
+size_t Scheduler::take_verified(StepPlan& plan, StepResult& result, size_t first, Clock::time_point now,
+                                std::vector<RequestUpdate>& updates) {
+  Request& r = *plan.sampled[first];
+  size_t last = first;
+  while (plan.rows[last].draft >= 0) ++last;
+  const auto drafts = static_cast<int64_t>(last - first);
+  r.pending -= static_cast<int>(drafts + 1);
+  r.drafts.clear();
+  if (r.finished) {
+    m_.discarded_tokens += static_cast<uint64_t>(drafts + 1);
+    return last;
+  }
+  if (!result.row_errors.empty() && !result.row_errors[first].empty()) {
+    end(r, FinishReason::kError, updates, {}, std::move(result.row_errors[first]));
+    return last;
+  }
+  BASALT_CHECK(result.accepted.size() > first && result.accepted[first] >= 0 && result.accepted[first] <= drafts,
+               "request {}: no verification result for its {} drafts", r.id, drafts);
+  const int64_t accepted = result.accepted[first];
+  // The KV of the rejected drafts' positions goes before any token lands,
+  // so that a request ending here caches only verified positions.
+  kv_.rollback(r.kv, drafts - accepted);
+  m_.accepted_draft_tokens += static_cast<uint64_t>(accepted);
+  r.usage.accepted_tokens += accepted;
+  if (m_.accepted_by_position.size() < static_cast<size_t>(drafts))
+    m_.accepted_by_position.resize(static_cast<size_t>(drafts), 0);
+  for (int64_t d = 0; d < accepted; ++d) ++m_.accepted_by_position[static_cast<size_t>(d)];
+  m_.discarded_tokens += static_cast<uint64_t>(drafts - accepted);
+  for (size_t row = first; row <= first + static_cast<size_t>(accepted); ++row)
+    if (on_token(r, result.next[row], std::move(result.logprobs[row]), result.sampled_logprobs[row], now, updates))
+      break;
+  return last;
 }
 
 // --- results --------------------------------------------------------------------
@@ -594,6 +667,10 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
       __builtin_prefetch(ahead->tokens.data() + ahead->tokens.size());
     }
     Request& r = *plan.sampled[i];
+    if (plan.rows[i].draft >= 0) {
+      i = take_verified(plan, result, i, now, updates);
+      continue;
+    }
     --r.pending;
     if (r.finished || r.stale_samples > 0) {  // an overlap's extra row, or one planned before forced tokens
       if (!r.finished) --r.stale_samples;

@@ -49,6 +49,7 @@
 #include "runtime/engine_metrics.h"
 #include "runtime/kv_manager.h"
 #include "runtime/request.h"
+#include "runtime/speculative.h"
 #include "runtime/step.h"
 
 namespace basalt {
@@ -73,6 +74,10 @@ struct SchedulerOptions {
   // without a sampling step each (not for requests that want logprobs: no
   // logprob is computed for a forced token).
   bool jump_forward = false;
+  // Speculative decoding: drafts for decoding requests (runtime/speculative.h).
+  // The runner verifies them; overlap must be off (a step's next tokens are
+  // known only once it is updated).
+  SpeculativeOptions speculative;
 };
 
 // A running request's KV, for tests that watch every step.
@@ -133,6 +138,13 @@ class Scheduler {
   // The step in flight samples the request's last token (max_tokens).
   static bool samples_its_last(const Request& r) { return r.pending > 0 && r.num_output + r.pending >= r.max_tokens; }
   std::vector<Request*> plan_batch(std::vector<RequestUpdate>& updates);
+  // Fills r.drafts for the step being planned; whether there are any.
+  bool propose_drafts(Request& r);
+  // Takes the results of the draft group whose first sampled row is
+  // `first`: the accepted tokens, the rejected positions' KV rolled back.
+  // Returns the group's last row.
+  size_t take_verified(StepPlan& plan, StepResult& result, size_t first, Clock::time_point now,
+                       std::vector<RequestUpdate>& updates);
   std::shared_ptr<StepPlan> fresh_plan();
   void preempt(Request& r);
   Request* pick_victim();

@@ -60,6 +60,12 @@ struct StepPlan {
     // input, so what this row samples is dropped (it is not shown to the
     // processor or constraint).
     bool stale = false;
+    // Speculative decoding: >= 0 when the next row is the same request's,
+    // one position on, whose input is this draft token. The rows of one
+    // request form a group: its first row samples after the last known
+    // token, each later row after one more draft. A draft is accepted while
+    // the row before it sampled exactly it (StepResult::accepted).
+    int32_t draft = -1;
   };
   std::vector<SampleRow> rows;
   // Whether the last step before it ran back to back with it (for the
@@ -100,6 +106,11 @@ struct StepResult {
   // error of a row whose constraint threw (a grammar too ambiguous to
   // follow, say). That request fails alone; its sample is meaningless.
   std::vector<std::string> row_errors;
+  // Per sampled row, only when the step has draft groups (empty otherwise):
+  // on a group's first row, how many of its drafts were accepted (the
+  // group's first 1 + accepted sampled tokens are the request's next
+  // tokens; the rest are dropped).
+  std::vector<int32_t> accepted;
   std::string error;                             // non-empty: the step failed
   Clock::time_point exec_start, exec_end;
 };

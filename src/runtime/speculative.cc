@@ -1,0 +1,54 @@
+#include "runtime/speculative.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace basalt {
+
+SpeculativeAlgorithm parse_speculative_algorithm(std::string_view name) {
+  if (name == "none") return SpeculativeAlgorithm::kNone;
+  if (name == "ngram" || name == "prompt_lookup") return SpeculativeAlgorithm::kNgram;
+  throw Error(fmt::format("unknown speculative algorithm \"{}\" (known: ngram, none)", name));
+}
+
+std::string_view to_string(SpeculativeAlgorithm algorithm) {
+  switch (algorithm) {
+    case SpeculativeAlgorithm::kNone: return "none";
+    case SpeculativeAlgorithm::kNgram: return "ngram";
+  }
+  return "?";
+}
+
+void SpeculativeOptions::validate() const {
+  BASALT_CHECK(num_draft_tokens >= 0 && num_draft_tokens <= 16,
+               "speculative decoding: the number of draft tokens must be 0 to 16, not {}", num_draft_tokens);
+  BASALT_CHECK(ngram_min >= 1 && ngram_max >= ngram_min && ngram_max <= 32,
+               "speculative decoding: n-gram sizes must satisfy 1 <= min <= max <= 32, not {}..{}", ngram_min,
+               ngram_max);
+}
+
+SpeculativeOptions speculative_options(std::string_view algorithm, int num_draft_tokens) {
+  SpeculativeOptions o;
+  o.algorithm = parse_speculative_algorithm(algorithm);
+  o.num_draft_tokens = num_draft_tokens;
+  o.validate();
+  return o;
+}
+
+std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int k, int min_n, int max_n) {
+  const auto size = static_cast<int64_t>(tokens.size());
+  if (k <= 0) return {};
+  for (int n = std::min<int64_t>(max_n, size - 1); n >= min_n; --n) {
+    const std::span<const int32_t> suffix = tokens.subspan(static_cast<size_t>(size - n));
+    // The latest earlier occurrence: its end is before the suffix's own end.
+    for (int64_t end = size - 1; end >= n; --end) {
+      if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + (end - n))) continue;
+      const int64_t take = std::min<int64_t>(k, size - end);
+      return std::vector<int32_t>(tokens.begin() + end, tokens.begin() + end + take);
+    }
+  }
+  return {};
+}
+
+}  // namespace basalt

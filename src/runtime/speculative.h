@@ -1,0 +1,58 @@
+// Speculative decoding's proposals and options.
+//
+// A decoding request may carry draft tokens into a step: the step computes
+// its last token and the drafts together (k + 1 rows of logits) and samples
+// every row; a draft is accepted while the token sampled before it equals
+// it (model_runner.h: StepResult::accepted). Because sampling draws with
+// sampling_uniform(seed, output index) (backend/sampling_rng.h), the row for
+// output index n draws exactly what plain decoding would draw there, so the
+// tokens that come out are the tokens plain decoding gives, token for token,
+// at any temperature, whatever was proposed: a wrong draft only costs the
+// rows after it. Each draft is accepted with the probability the target
+// model gives it, which is what rejection sampling (Leviathan et al. 2023)
+// gives for a proposal that puts all its mass on one token, as n-gram
+// lookup does.
+//
+// Contract: propose_ngram() is a pure function of its arguments.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace basalt {
+
+enum class SpeculativeAlgorithm : uint8_t {
+  kNone,
+  kNgram,  // prompt lookup: the tokens that followed the latest earlier match of the text's last n tokens
+};
+
+// "ngram" (also "prompt_lookup", vLLM's older name), "none"; throws
+// basalt::Error for another name, listing these.
+SpeculativeAlgorithm parse_speculative_algorithm(std::string_view name);
+std::string_view to_string(SpeculativeAlgorithm algorithm);
+
+struct SpeculativeOptions {
+  SpeculativeAlgorithm algorithm = SpeculativeAlgorithm::kNone;
+  int num_draft_tokens = 4;  // most drafts per request per step (k)
+  // n-gram lookup: the longest suffix tried first, down to the shortest.
+  int ngram_max = 4;
+  int ngram_min = 2;
+  bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
+  // Throws basalt::Error when a field is out of range.
+  void validate() const;
+};
+
+// The options --speculative-algorithm NAME --speculative-num-draft-tokens K
+// give (the n-gram sizes at their defaults); throws basalt::Error for a bad
+// name or count.
+SpeculativeOptions speculative_options(std::string_view algorithm, int num_draft_tokens);
+
+// Up to `k` tokens to follow `tokens`: for n from max_n down to min_n, the
+// latest earlier place where the last n tokens occur, and what followed it
+// there (fewer than k where the text ends first). Empty when no such n-gram
+// recurs.
+std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int k, int min_n, int max_n);
+
+}  // namespace basalt

@@ -1,0 +1,175 @@
+// Speculative decoding: the n-gram proposer, and the engine with drafts,
+// whose outputs must be those of plain decoding token for token (greedy and
+// at temperature > 0, with and without a grammar, every page size), with
+// drafts proposed and both accepted and rejected, the KV of rejected drafts
+// given back and every invariant holding after every step.
+#include "runtime/speculative.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/error.h"
+#include "grammar/structured_output.h"
+#include "runtime/grammar_constraint.h"
+#include "testing/engine_mode_test_util.h"
+#include "testing/engine_test_util.h"
+
+namespace basalt {
+namespace {
+
+using namespace basalt::testing;
+
+TEST(NgramProposer, TheLatestEarlierMatchOfTheLongestSuffix) {
+  const std::vector<int32_t> t = {1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3};
+  // "2 3" occurred twice before: the latest (followed by 7 8 5 ...) wins.
+  EXPECT_EQ(propose_ngram(t, 3, 2, 4), (std::vector<int32_t>{7, 8, 5}));
+  // A longer suffix is tried first: "5 2 3" never recurs, "2 3" does.
+  EXPECT_EQ(propose_ngram(t, 2, 2, 3), (std::vector<int32_t>{7, 8}));
+  // What followed may be shorter than k where the text ends.
+  EXPECT_EQ(propose_ngram(std::vector<int32_t>{4, 4, 4}, 5, 1, 2), (std::vector<int32_t>{4}));
+  EXPECT_TRUE(propose_ngram(std::vector<int32_t>{1, 2, 3, 4}, 3, 1, 3).empty());
+  EXPECT_TRUE(propose_ngram(t, 0, 2, 4).empty());
+  EXPECT_TRUE(propose_ngram(std::vector<int32_t>{}, 3, 1, 3).empty());
+  EXPECT_TRUE(propose_ngram(std::vector<int32_t>{5}, 3, 1, 3).empty());
+}
+
+TEST(NgramProposer, OptionsAndNames) {
+  EXPECT_EQ(parse_speculative_algorithm("ngram"), SpeculativeAlgorithm::kNgram);
+  EXPECT_EQ(parse_speculative_algorithm("none"), SpeculativeAlgorithm::kNone);
+  EXPECT_THROW(parse_speculative_algorithm("eagle9"), Error);
+  SpeculativeOptions o;
+  EXPECT_FALSE(o.enabled());
+  o.algorithm = SpeculativeAlgorithm::kNgram;
+  EXPECT_TRUE(o.enabled());
+  o.num_draft_tokens = 17;
+  EXPECT_THROW(o.validate(), Error);
+  o.num_draft_tokens = 4;
+  o.ngram_min = 0;
+  EXPECT_THROW(o.validate(), Error);
+}
+
+struct SpecRun {
+  std::vector<RequestOutput> outputs;
+  EngineMetrics metrics;
+};
+
+// Prompts that repeat themselves, so that n-gram lookup finds drafts.
+std::vector<std::vector<int32_t>> looping_prompts() {
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    const std::vector<int32_t> motif = random_ids(rng, 3 + static_cast<size_t>(i));
+    std::vector<int32_t> p;
+    for (int rep = 0; rep < 4; ++rep) p.insert(p.end(), motif.begin(), motif.end());
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+// The looping prompts (or only the one at `only`), each with its own length.
+SpecRun run(Fixture& f, bool speculative, float temperature, const std::shared_ptr<const TokenMasker>& grammar,
+            int only = -1) {
+  EngineOptions o = base();
+  o.kv_slots = 4096;
+  o.check_invariants = true;
+  if (speculative) {
+    o.speculative.algorithm = SpeculativeAlgorithm::kNgram;
+    o.speculative.num_draft_tokens = 3;
+    o.speculative.ngram_min = 1;
+    o.speculative.ngram_max = 3;
+  }
+  Engine engine(*f.model, f.backend, f.tokenizer.get(), o);
+  std::vector<RequestHandle> handles;
+  int i = 0;
+  for (const std::vector<int32_t>& prompt : looping_prompts()) {
+    if (only >= 0 && i != only) {
+      ++i;
+      continue;
+    }
+    SamplingParams p;
+    p.max_tokens = 20 + 7 * i;
+    p.temperature = temperature;
+    p.top_p = temperature > 0 ? 0.9f : 1.0f;
+    p.seed = 40 + static_cast<uint64_t>(i++);
+    EngineRequest r = request(prompt, p);
+    if (grammar) r.constraint = std::make_shared<GrammarConstraint>(grammar, nullptr);
+    handles.push_back(engine.submit(std::move(r)));
+  }
+  SpecRun out;
+  for (RequestHandle& h : handles) out.outputs.push_back(collect(*h));
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+  out.metrics = engine.metrics();
+  return out;
+}
+
+void expect_same_outputs(const SpecRun& plain, const SpecRun& spec) {
+  ASSERT_EQ(plain.outputs.size(), spec.outputs.size());
+  for (size_t i = 0; i < plain.outputs.size(); ++i) {
+    EXPECT_EQ(spec.outputs[i].output_ids, plain.outputs[i].output_ids) << "request " << i;
+    EXPECT_EQ(spec.outputs[i].reason, plain.outputs[i].reason) << "request " << i;
+  }
+  EXPECT_EQ(spec.metrics.output_tokens, plain.metrics.output_tokens);
+}
+
+class Speculative : public EngineMode {};
+
+TEST_P(Speculative, GreedyOutputsAreThoseOfPlainDecoding) {
+  Fixture f(kLlama);
+  const SpecRun plain = run(f, false, 0.0f, nullptr);
+  const SpecRun spec = run(f, true, 0.0f, nullptr);
+  expect_same_outputs(plain, spec);
+  EXPECT_EQ(plain.metrics.draft_tokens, 0u);
+  EXPECT_GT(spec.metrics.draft_tokens, 0u);
+  EXPECT_GT(spec.metrics.accepted_draft_tokens, 0u);
+  EXPECT_LT(spec.metrics.accepted_draft_tokens, spec.metrics.draft_tokens);  // some were wrong, and cost nothing
+  // Alone, a request that takes drafts needs fewer steps.
+  for (int only = 0; only < 4; ++only) {
+    const SpecRun one_plain = run(f, false, 0.0f, nullptr, only);
+    const SpecRun one_spec = run(f, true, 0.0f, nullptr, only);
+    expect_same_outputs(one_plain, one_spec);
+    EXPECT_EQ(one_plain.metrics.steps - one_spec.metrics.steps, one_spec.metrics.accepted_draft_tokens)
+        << "prompt " << only;
+  }
+  uint64_t by_position = 0;
+  for (uint64_t n : spec.metrics.accepted_by_position) by_position += n;
+  EXPECT_EQ(by_position, spec.metrics.accepted_draft_tokens);
+  int64_t drafted = 0, accepted = 0;
+  for (const RequestOutput& o : spec.outputs) {
+    drafted += o.usage.draft_tokens;
+    accepted += o.usage.accepted_tokens;
+  }
+  EXPECT_EQ(static_cast<uint64_t>(drafted), spec.metrics.draft_tokens);
+  EXPECT_EQ(static_cast<uint64_t>(accepted), spec.metrics.accepted_draft_tokens);
+}
+
+// Every row draws with (seed, its output index), so at temperature > 0 too
+// the tokens are those plain decoding draws.
+TEST_P(Speculative, SampledOutputsAreThoseOfPlainDecoding) {
+  Fixture f(kLlama);
+  const SpecRun plain = run(f, false, 1.0f, nullptr);
+  const SpecRun spec = run(f, true, 1.0f, nullptr);
+  expect_same_outputs(plain, spec);
+  EXPECT_GT(spec.metrics.draft_tokens, 0u);
+}
+
+// A grammar masks each draft row as if the drafts before it were accepted.
+TEST_P(Speculative, ConstrainedOutputsAreThoseOfPlainDecoding) {
+  Fixture f(kLlama, /*with_tokenizer=*/true);
+  GrammarCache cache(TokenVocabulary::from_tokenizer(*f.tokenizer, static_cast<int32_t>(f.model->config().vocab_size),
+                                                     f.model->config().eos_token_ids));
+  // A small alphabet, so that the output repeats itself and drafts come
+  // from it; the prompts' drafts mostly break the grammar (masked rows).
+  const auto grammar = cache.get({StructuredOutputSpec::Kind::kGrammar, R"(root ::= [ab ]+ "." | "a"+ [cd]*)"});
+  for (const float temperature : {0.0f, 1.0f}) {
+    const SpecRun plain = run(f, false, temperature, grammar);
+    const SpecRun spec = run(f, true, temperature, grammar);
+    expect_same_outputs(plain, spec);
+    EXPECT_GT(spec.metrics.accepted_draft_tokens, 0u) << temperature << ": " << spec.metrics.draft_tokens << " drafts";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Engine, Speculative, ::testing::Combine(::testing::Values(false), ::testing::Values(1, 4, 16)));
+
+}  // namespace
+}  // namespace basalt
