@@ -153,6 +153,29 @@ TEST(Cli, PagedKvGivesTheSameSamples) {
   }
 }
 
+// The bundled model repeats itself here, so n-gram drafts come and some
+// are accepted; the text is plain decoding's, token for token.
+TEST(Cli, SpeculativeDecodingGivesPlainDecodingsTokens) {
+  const std::string args = "generate --prompt 'The cat sat on the mat. The cat sat on the mat. The cat sat on the' "
+                           "--max-tokens 40 --json ";
+  for (const char* sampling : {"--temperature 0", "--temperature 1 --seed 9"}) {
+    const CliRun plain = run(args + sampling);
+    const CliRun spec = run(args + sampling + " --speculative-algorithm ngram --speculative-num-draft-tokens 3");
+    ASSERT_EQ(spec.exit_code, 0) << spec.err;
+    const json p = json::parse(plain.out), s = json::parse(spec.out);
+    EXPECT_EQ(s["output_ids"], p["output_ids"]) << sampling;
+    EXPECT_FALSE(p.contains("speculative"));
+    // Sampled text rarely repeats an earlier pair of tokens; greedy text does.
+    if (std::string(sampling) == "--temperature 0") {
+      EXPECT_GT(s["speculative"]["draft_tokens"].get<int>(), 0);
+    }
+    EXPECT_LE(s["speculative"]["accepted_tokens"].get<int>(), s["speculative"]["draft_tokens"].get<int>());
+  }
+  const CliRun bad = run("generate --prompt x --speculative-algorithm eagle9");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("unknown speculative algorithm \"eagle9\""), std::string::npos) << bad.err;
+}
+
 TEST(Cli, StopsOnEndOfSequence) {
   // Make the first greedy token the end-of-sequence id: generation stops
   // there, reports "stop" and keeps the token in output_ids.

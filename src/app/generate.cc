@@ -61,6 +61,8 @@ struct GenerateFlags {
   std::string device = "cpu";
   bool enforce_eager = false;
   bool jump_forward = false;
+  std::string speculative_algorithm = "none";
+  int speculative_num_draft_tokens = 4;
   std::string kv_cache_dtype = "auto";
   // Structured output (at most one).
   std::string json_schema_file;
@@ -347,6 +349,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   options.max_logprobs = 100;
   options.max_running = f.max_running;
   options.jump_forward = f.jump_forward;
+  options.speculative = speculative_options(f.speculative_algorithm, f.speculative_num_draft_tokens);
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   int64_t slots = 0;
   for (const BatchItem& item : items)
@@ -409,6 +412,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
         result.stop_reason = std::move(e->stop_reason);
         result.error = std::move(e->error);
         result.seed = e->seed;
+        result.usage = e->usage;
       }
       BASALT_CHECK(result.reason != FinishReason::kError, "{}", result.error);
       if (!f.json) {
@@ -422,6 +426,14 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
     if (!f.json) return;
     nlohmann::json out;
     out["prompt_ids"] = items[0].prompt;
+    if (options.speculative.enabled()) {
+      int64_t drafted = 0, accepted = 0;
+      for (const RequestOutput& r : results) {
+        drafted += r.usage.draft_tokens;
+        accepted += r.usage.accepted_tokens;
+      }
+      out["speculative"] = {{"draft_tokens", drafted}, {"accepted_tokens", accepted}};
+    }
     if (f.n == 1) {
       out.update(result_json(results[0]));
     } else {
@@ -447,6 +459,8 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
     out["usage"] = {{"prompt_tokens", r.usage.prompt_tokens},
                     {"completion_tokens", r.usage.completion_tokens},
                     {"cached_prompt_tokens", r.usage.cached_prompt_tokens}};
+    if (options.speculative.enabled())
+      out["speculative"] = {{"draft_tokens", r.usage.draft_tokens}, {"accepted_tokens", r.usage.accepted_tokens}};
     if (r.reason == FinishReason::kError) out["error"] = r.error;
     std::printf("%s\n", dump(out).c_str());
     std::fflush(stdout);
@@ -501,6 +515,12 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--page-size", flags->page_size, "KV slots per page (default 1)")->check(CLI::Range(1, 4096));
   cmd->add_option("--json-schema", flags->json_schema_file, "Structured output: the text is a JSON instance of the schema in this file (compact JSON, properties in the schema's order)");
   cmd->add_flag("--jump-forward", flags->jump_forward, "Structured output: append the text the grammar forces without sampling each token (its tokens as the tokenizer spells them, so what follows may differ; default off)");
+  cmd->add_option("--speculative-algorithm", flags->speculative_algorithm,
+                  "Speculative decoding: ngram (drafts looked up in the request's own text) or none; the output "
+                  "is token for token that of plain decoding (default none; turns --overlap off)");
+  cmd->add_option("--speculative-num-draft-tokens", flags->speculative_num_draft_tokens,
+                  "Speculative decoding: the most draft tokens verified per request per step (default 4)")
+      ->check(CLI::Range(1, 16));
   cmd->add_flag("--json-object", flags->json_object, "Structured output: the text is a JSON object");
   cmd->add_option("--regex", flags->regex, "Structured output: the whole text matches this regular expression (ECMAScript syntax)");
   cmd->add_option("--grammar", flags->grammar_file, "Structured output: the text is a sentence of the EBNF (GBNF) grammar in this file, from its rule root");

@@ -58,6 +58,8 @@ struct ServeFlags {
   bool no_radix_cache = false;
   bool overlap = false;
   bool jump_forward = false;
+  std::string speculative_algorithm = "none";
+  int speculative_num_draft_tokens = 4;
   int page_size = 1;
   std::string policy = "lpm";
   size_t max_body_bytes = 8u << 20;
@@ -189,6 +191,7 @@ void run_serve(const ServeFlags& f) {
   options.radix_cache = !f.no_radix_cache;
   options.overlap = f.overlap;
   options.jump_forward = f.jump_forward;
+  options.speculative = speculative_options(f.speculative_algorithm, f.speculative_num_draft_tokens);
   options.page_size = f.page_size;
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   options.policy = f.policy == "fcfs" ? SchedulePolicy::kFcfs : SchedulePolicy::kLongestPrefixMatch;
@@ -285,6 +288,12 @@ void add_serve_command(CLI::App& app) {
                 "Structured output: append the text the grammar forces (keys, punctuation) without sampling "
                 "each token; the forced text is tokenized as the tokenizer spells it, so what follows may differ "
                 "from token-by-token decoding (default off)");
+  cmd->add_option("--speculative-algorithm", f.speculative_algorithm,
+                  "Speculative decoding: ngram (drafts looked up in the request's own text) or none; the output "
+                  "is token for token that of plain decoding (default none; turns --overlap off)");
+  cmd->add_option("--speculative-num-draft-tokens", f.speculative_num_draft_tokens,
+                  "Speculative decoding: the most draft tokens verified per request per step (default 4)")
+      ->check(CLI::Range(1, 16));
   cmd->add_flag("--overlap", f.overlap,
                 "Schedule step N+1 while step N runs on an executor thread (default off: on the CPU "
                 "backend the model already uses every core)");

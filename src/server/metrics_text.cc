@@ -96,6 +96,17 @@ std::string render_metrics(const MetricsInput& in) {
   w.counter("basalt_generation_tokens_total", "Output tokens generated.", static_cast<double>(m.output_tokens));
   w.counter("basalt_jump_forward_tokens_total", "Output tokens structured output forced without a sampling step.",
             static_cast<double>(m.jump_forward_tokens));
+  w.counter("basalt_spec_draft_tokens_total", "Draft tokens speculative decoding verified.",
+            static_cast<double>(m.draft_tokens));
+  w.counter("basalt_spec_accepted_tokens_total", "Draft tokens speculative decoding accepted.",
+            static_cast<double>(m.accepted_draft_tokens));
+  if (!m.accepted_by_position.empty()) {
+    w.family("basalt_spec_accepted_by_position_total", "counter",
+             "Accepted draft tokens by their place among a step's drafts (0: the first).");
+    for (size_t i = 0; i < m.accepted_by_position.size(); ++i)
+      w.value("basalt_spec_accepted_by_position_total", static_cast<double>(m.accepted_by_position[i]),
+              fmt::format("position=\"{}\"", i));
+  }
   w.counter("basalt_preemptions_total", "Running requests preempted for memory (recomputed later).",
             static_cast<double>(m.preemptions));
   w.counter("basalt_engine_steps_total", "Scheduler steps (one model call each).", static_cast<double>(m.steps));

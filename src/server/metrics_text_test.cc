@@ -26,6 +26,9 @@ TEST(MetricsText, FamiliesHistogramsAndVllmNames) {
   in.engine.output_tokens = 42;
   in.engine.requests_finished = 10;
   in.engine.requests_stopped = 4;
+  in.engine.draft_tokens = 9;
+  in.engine.accepted_draft_tokens = 5;
+  in.engine.accepted_by_position = {4, 1};
   in.http_requests[{"/v1/completions", 200}] = 7;
   const std::string text = render_metrics(in);
 
@@ -63,6 +66,9 @@ TEST(MetricsText, FamiliesHistogramsAndVllmNames) {
   EXPECT_EQ(samples["basalt_http_requests_total{" + label + ",route=\"/v1/completions\",status=\"200\"}"], "7");
   // vLLM's counters and histograms carry the same figures.
   EXPECT_EQ(samples["vllm:generation_tokens_total{" + label + "}"], "42");
+  EXPECT_EQ(samples["basalt_spec_draft_tokens_total{" + label + "}"], "9");
+  EXPECT_EQ(samples["basalt_spec_accepted_tokens_total{" + label + "}"], "5");
+  EXPECT_EQ(samples["basalt_spec_accepted_by_position_total{" + label + ",position=\"1\"}"], "1");
   EXPECT_EQ(samples["vllm:request_success_total{" + label + ",finished_reason=\"stop\"}"], "4");
   EXPECT_EQ(samples["vllm:request_success_total{" + label + ",finished_reason=\"length\"}"], "6");
   EXPECT_EQ(samples["vllm:time_to_first_token_seconds_count{" + label + "}"], "3");
