@@ -1,0 +1,147 @@
+// basalt_bench_speculative: what speculative decoding gains at batch 1, on
+// the bundled model on the CPU backend, or any model directory on any
+// device. Each workload runs greedy, plain and with n-gram drafts of each
+// --k, alternated, best of --repeats; the outputs must be equal token for
+// token (the program fails otherwise). Reported: output tokens/s and the
+// ratio to plain decoding; engine steps; the drafts' acceptance; the ideal
+// speedup the acceptance implies (tokens per step against plain's, as if a
+// verification step cost what a decode step costs) and how much of it the
+// speedup reaches.
+//
+//   basalt_bench_speculative [--tokens N] [--repeats N] [--k 2,4] [--model DIR] [--device cpu|cuda] [--eager]
+//
+// Workloads: "copy" asks for a passage to be written out again and starts
+// the copy (an edit of a given text: most of the output is in the prompt);
+// "free" continues a sentence.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "app/device_choice.h"
+#include "bench_util.h"
+#include "model/graphed_model.h"
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+using namespace basalt;
+
+const char* kPassage =
+    "The package maintainer keeps a small list of changes for each release. Every change names the file it "
+    "touches, the reason for it and the person who asked for it. Before a release the list is read once more, "
+    "the tests are run on a clean machine, and the archive is signed. When a change breaks something, it is "
+    "taken out again and the release waits a day.";
+
+struct Workload {
+  const char* name;
+  std::string prompt;
+};
+
+struct Result {
+  double tokens_per_s = 0;
+  uint64_t steps = 0, tokens = 0, drafted = 0, accepted = 0;
+  std::vector<int32_t> output;
+};
+
+Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::string& prompt, int k, int tokens) {
+  EngineOptions o;
+  o.max_running = 1;
+  o.kv_slots = 4096;
+  o.kv_dtype = kv_cache_dtype("auto", backend);
+  if (k > 0) o.speculative = speculative_options("ngram", k);
+  Engine engine(model, backend, &tok, o);
+  SamplingParams p;
+  p.max_tokens = tokens;
+  p.temperature = 0.0f;
+  p.ignore_eos = true;
+  const auto start = bench::Clock::now();
+  RequestHandle h = engine.submit(EngineRequest{tok.encode(prompt, true), p, 0, 0, std::nullopt, nullptr});
+  const RequestOutput out = collect(*h);
+  const double wall = bench::seconds_since(start);
+  if (out.reason == FinishReason::kError) {
+    std::fprintf(stderr, "request failed: %s\n", out.error.c_str());
+    std::exit(1);
+  }
+  const EngineMetrics m = engine.metrics();
+  return {static_cast<double>(m.output_tokens) / wall, m.steps, m.output_tokens, m.draft_tokens,
+          m.accepted_draft_tokens, out.output_ids};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int tokens = 128, repeats = 3;
+  std::vector<int> ks = {2, 4};
+  std::string dir = std::string(BASALT_SOURCE_DIR) + "/models/basalt-mini";
+  std::string device = "cpu";
+  bool eager = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--eager") {
+      eager = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", flag.c_str());
+      return 2;
+    }
+    const char* v = argv[++i];
+    if (flag == "--tokens") tokens = std::atoi(v);
+    else if (flag == "--repeats") repeats = std::max(1, std::atoi(v));
+    else if (flag == "--model") dir = v;
+    else if (flag == "--device") device = v;
+    else if (flag == "--k") {
+      ks.clear();
+      for (const char* p = v; *p;) {
+        ks.push_back(std::atoi(p));
+        while (*p && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  std::unique_ptr<Backend> backend_owner = make_backend(device);
+  Backend& backend = *backend_owner;
+  std::unique_ptr<Model> model = load_model(dir, backend);
+  if (!eager && backend.can_record()) model = make_graphed_model(std::move(model), backend, {.max_batch = 8});
+  const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
+  const std::vector<Workload> workloads = {
+      {"copy", std::string("Here is a text.\n\n") + kPassage + "\n\nThe same text, written out again:\n\nThe package"},
+      {"free", "Once upon a time, in a small town by the sea,"}};
+  std::printf("%s, %s backend, greedy, %d output tokens, batch 1, best of %d\n", dir.c_str(), device.c_str(), tokens,
+              repeats);
+  std::printf("%-6s %-10s %10s %8s %7s %11s %8s %10s %10s\n", "work", "mode", "tokens/s", "vs plain", "steps",
+              "acceptance", "tok/step", "ideal", "of ideal");
+  for (const Workload& w : workloads) {
+    std::vector<int> modes = {0};
+    modes.insert(modes.end(), ks.begin(), ks.end());
+    std::vector<Result> best(modes.size());
+    for (int r = 0; r < repeats; ++r)
+      for (size_t m = 0; m < modes.size(); ++m) {
+        Result x = run(*model, backend, tok, w.prompt, modes[m], tokens);
+        if (x.tokens_per_s > best[m].tokens_per_s) best[m] = std::move(x);
+      }
+    const double plain_per_step = static_cast<double>(best[0].tokens) / static_cast<double>(best[0].steps);
+    for (size_t m = 0; m < modes.size(); ++m) {
+      const Result& x = best[m];
+      if (x.output != best[0].output) {
+        std::fprintf(stderr, "%s, k=%d: the output differs from plain decoding\n", w.name, modes[m]);
+        return 1;
+      }
+      const double per_step = static_cast<double>(x.tokens) / static_cast<double>(x.steps);
+      const double speedup = x.tokens_per_s / best[0].tokens_per_s;
+      const double ideal = per_step / plain_per_step;
+      const std::string mode = modes[m] == 0 ? std::string("plain") : "ngram k=" + std::to_string(modes[m]);
+      const double acceptance = x.drafted ? static_cast<double>(x.accepted) / static_cast<double>(x.drafted) : 0.0;
+      std::printf("%-6s %-10s %10.1f %7.2fx %7llu %10.0f%% %8.2f %9.2fx %9.0f%%\n", w.name, mode.c_str(),
+                  x.tokens_per_s, speedup, static_cast<unsigned long long>(x.steps), 100.0 * acceptance, per_step,
+                  ideal, 100.0 * speedup / ideal);
+    }
+  }
+}
