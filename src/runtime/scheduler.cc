@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "runtime/logits_processor.h"
+#include "runtime/token_constraint.h"
 
 namespace basalt {
 namespace {
@@ -536,8 +537,8 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
         sampling.step = static_cast<uint64_t>(r->num_output + r->pending);
         plan->rows.push_back(StepPlan::SampleRow{
             r->processor.get(), r->constraint, sampling, r->logprobs, r->logprobs > 0 || r->sampled_logprob,
-            drafts == 0 && options_.jump_forward && r->constraint != nullptr && r->logprobs == 0 &&
-                !r->sampled_logprob});
+            drafts == 0 && options_.jump_forward && !options_.speculative.enabled() && r->constraint != nullptr &&
+                r->logprobs == 0 && !r->sampled_logprob});
         if (d < drafts) plan->rows.back().draft = r->drafts[static_cast<size_t>(d)];
         r->pending_row = static_cast<int>(plan->sampled.size());
         ++r->pending;
@@ -570,6 +571,15 @@ bool Scheduler::propose_drafts(Request& r) {
   if (!spec.enabled() || r.pending > 0 || r.stale_samples > 0 || r.processor->active()) return false;
   const int k = std::min(spec.num_draft_tokens, r.max_tokens - r.num_output - 1);
   if (k <= 0) return false;
+  if (r.constraint != nullptr && spec.grammar_drafts) {
+    // The constraint is the runner's, but with speculation the runner runs
+    // on this thread between schedule() and update() (no overlap): asking
+    // it here is safe. It takes the forced tokens; they go back at once.
+    r.drafts = r.constraint->forced_tokens();
+    if (!r.drafts.empty()) r.constraint->rollback(static_cast<int>(r.drafts.size()));
+    if (static_cast<int>(r.drafts.size()) > k) r.drafts.resize(static_cast<size_t>(k));
+    if (!r.drafts.empty()) return true;
+  }
   r.drafts = propose_ngram(r.tokens, k, spec.ngram_min, spec.ngram_max);
   return !r.drafts.empty();
 }

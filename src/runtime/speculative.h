@@ -39,6 +39,10 @@ struct SpeculativeOptions {
   // n-gram lookup: the longest suffix tried first, down to the shortest.
   int ngram_max = 4;
   int ngram_min = 2;
+  // A constrained request drafts the text its grammar forces, where it
+  // forces some (TokenConstraint::forced_tokens): jump-forward, made exact
+  // by verification. N-gram lookup otherwise.
+  bool grammar_drafts = true;
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
   // Throws basalt::Error when a field is out of range.
   void validate() const;
