@@ -62,9 +62,9 @@ struct EngineMetrics {
   uint64_t output_tokens = 0;
   uint64_t preemptions = 0;
   uint64_t steps = 0;
-  // Tokens sampled for requests that had already finished: with overlap, a
-  // request that stops on step N's token is in step N+1 too, and that row is
-  // computed and dropped.
+  // Tokens sampled and dropped: for requests that had already finished (with
+  // overlap, a request that stops on step N's token is in step N+1 too, and
+  // that row is computed and dropped), and the rows after a rejected draft.
   uint64_t discarded_tokens = 0;
   // Output tokens that jump-forward appended without sampling.
   uint64_t jump_forward_tokens = 0;
