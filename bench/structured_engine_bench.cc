@@ -77,7 +77,7 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::shar
   for (RequestHandle& h : handles) {
     const RequestOutput out = collect(*h);
     if (out.reason == FinishReason::kError) {
-      std::fprintf(stderr, "request failed: %s\n", out.error.c_str());
+      std::fprintf(stderr, "request failed (%s, batch %d): %s\n", name(mode), batch, out.error.c_str());
       std::exit(1);
     }
   }
