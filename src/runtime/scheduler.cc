@@ -483,7 +483,7 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
   plan->logit_rows.reserve(batch.size());
   plan->rows.reserve(batch.size());
   plan->sampled.reserve(batch.size());
-  bool any_prefill = false, any_decode = false;
+  bool any_prefill = false, any_decode = false, any_drafts = false;
   for (size_t b = 0; b < batch.size(); ++b) {
     Request* r = batch[b];
     if (b + kPrefetchAhead < batch.size()) {
@@ -545,17 +545,17 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
         plan->sampled.push_back(r);
       }
       if (drafts > 0) {
-        plan->mode = ForwardMode::kVerify;
+        any_drafts = true;
         m_.draft_tokens += static_cast<uint64_t>(drafts);
         r->usage.draft_tokens += drafts;
       }
     }
   }
-  // A step with drafts is a verification (rows past one per request), mixed
-  // with prefill chunks or not: models specialise only on pure decode.
-  const bool verifies = plan->mode == ForwardMode::kVerify;
-  plan->mode = any_prefill ? (any_decode ? ForwardMode::kMixed : ForwardMode::kExtend) : ForwardMode::kDecode;
-  if (verifies) plan->mode = any_prefill ? ForwardMode::kMixed : ForwardMode::kVerify;
+  // A step with drafts is a verification (rows past one per request), or
+  // mixed when it has prefill chunks too: models specialise only on pure
+  // decode.
+  if (any_drafts) plan->mode = any_prefill ? ForwardMode::kMixed : ForwardMode::kVerify;
+  else plan->mode = any_prefill ? (any_decode ? ForwardMode::kMixed : ForwardMode::kExtend) : ForwardMode::kDecode;
   // The model wants at least one logits row; an all-prefill step computes one it ignores.
   if (plan->logit_rows.empty()) plan->logit_rows.push_back(static_cast<int32_t>(plan->token_ids.size()) - 1);
   plan->requests = std::move(batch);

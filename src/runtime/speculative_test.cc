@@ -67,19 +67,32 @@ std::vector<std::vector<int32_t>> looping_prompts() {
   return prompts;
 }
 
-// The looping prompts (or only the one at `only`), each with its own length.
-SpecRun run(Fixture& f, bool speculative, float temperature, const std::shared_ptr<const TokenMasker>& grammar,
-            int only = -1) {
+EngineOptions engine_options(bool speculative, int num_draft_tokens) {
   EngineOptions o = base();
   o.kv_slots = 4096;
   o.check_invariants = true;
   if (speculative) {
     o.speculative.algorithm = SpeculativeAlgorithm::kNgram;
-    o.speculative.num_draft_tokens = 3;
+    o.speculative.num_draft_tokens = num_draft_tokens;
     o.speculative.ngram_min = 1;
     o.speculative.ngram_max = 3;
   }
-  Engine engine(*f.model, f.backend, f.tokenizer.get(), o);
+  return o;
+}
+
+// Every request's output, then the KV drained back whole, then the metrics.
+SpecRun finish(Engine& engine, std::vector<RequestHandle>& handles) {
+  SpecRun out;
+  for (RequestHandle& h : handles) out.outputs.push_back(collect(*h));
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+  out.metrics = engine.metrics();
+  return out;
+}
+
+// The looping prompts (or only the one at `only`), each with its own length.
+SpecRun run(Fixture& f, bool speculative, float temperature, const std::shared_ptr<const TokenMasker>& grammar,
+            int only = -1) {
+  Engine engine(*f.model, f.backend, f.tokenizer.get(), engine_options(speculative, 3));
   std::vector<RequestHandle> handles;
   int i = 0;
   for (const std::vector<int32_t>& prompt : looping_prompts()) {
@@ -96,11 +109,7 @@ SpecRun run(Fixture& f, bool speculative, float temperature, const std::shared_p
     if (grammar) r.constraint = std::make_shared<GrammarConstraint>(grammar, nullptr);
     handles.push_back(engine.submit(std::move(r)));
   }
-  SpecRun out;
-  for (RequestHandle& h : handles) out.outputs.push_back(collect(*h));
-  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
-  out.metrics = engine.metrics();
-  return out;
+  return finish(engine, handles);
 }
 
 void expect_same_outputs(const SpecRun& plain, const SpecRun& spec) {
@@ -179,14 +188,7 @@ TEST_P(Speculative, ForcedTextIsDraftedAndVerified) {
   const auto grammar = cache.get({StructuredOutputSpec::Kind::kGrammar,
                                   R"(root ::= ("{\"name\": \"" [a-z]{1,4} "\", \"count\": " [1-9] "}\n")+)"});
   auto run_forced = [&](bool speculative) {
-    EngineOptions o = base();
-    o.kv_slots = 4096;
-    o.check_invariants = true;
-    if (speculative) {
-      o.speculative.algorithm = SpeculativeAlgorithm::kNgram;
-      o.speculative.num_draft_tokens = 8;
-    }
-    Engine engine(*f.model, f.backend, f.tokenizer.get(), o);
+    Engine engine(*f.model, f.backend, f.tokenizer.get(), engine_options(speculative, 8));
     std::vector<RequestHandle> handles;
     for (uint64_t seed = 0; seed < 3; ++seed) {
       SamplingParams p;
@@ -197,11 +199,7 @@ TEST_P(Speculative, ForcedTextIsDraftedAndVerified) {
       r.constraint = std::make_shared<GrammarConstraint>(grammar, f.tokenizer.get());
       handles.push_back(engine.submit(std::move(r)));
     }
-    SpecRun out;
-    for (RequestHandle& h : handles) out.outputs.push_back(collect(*h));
-    EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
-    out.metrics = engine.metrics();
-    return out;
+    return finish(engine, handles);
   };
   const SpecRun plain = run_forced(false), spec = run_forced(true);
   expect_same_outputs(plain, spec);
