@@ -37,6 +37,14 @@ __device__ __forceinline__ __half from_f32<__half>(float v) {
 // needs none of it before (the GEMVs stream their weights). A kernel calls
 // let_consumer_start() to allow such a successor to launch before it ends
 // (a no-op when the successor was launched normally).
+//
+// What an earlier kernel writes is never read through a `const T*
+// __restrict__` parameter in such a kernel: the compiler reads those through
+// the read-only path (ld.global.nc), which promises the data does not change
+// while the kernel runs, and may then issue the loads before the wait. (A
+// GEMV of two rows did, on the H200: the blocks that started early read the
+// input before the kernel before it had written it.) Weights may stay
+// __restrict__; activations, ids and scales from earlier kernels may not.
 __device__ __forceinline__ void wait_for_producer() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void let_consumer_start() { asm volatile("griddepcontrol.launch_dependents;"); }
 

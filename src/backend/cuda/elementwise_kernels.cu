@@ -25,7 +25,7 @@ __device__ float block_sum(float v) {
 // ---------------------------------------------------------------------------
 
 template <typename Act, typename W>
-__global__ void embedding_kernel(const int32_t* __restrict__ ids, const W* __restrict__ table, Act* __restrict__ out,
+__global__ void embedding_kernel(const int32_t* ids, const W* __restrict__ table, Act* __restrict__ out,
                                  int64_t vocab, int64_t hidden) {
   let_consumer_start();  // a GEMV after this may start streaming its weights
   wait_for_producer();   // launched early itself: inputs are the kernels' before
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kWideMaxThreads)
 }
 
 template <typename Act, typename Out>
-__global__ void silu_and_mul_kernel(const Act* __restrict__ gate_up, Out* __restrict__ out, int64_t tokens,
+__global__ void silu_and_mul_kernel(const Act* gate_up, Out* __restrict__ out, int64_t tokens,
                                     int64_t inter) {
   let_consumer_start();  // a GEMV after this may start streaming its weights
   wait_for_producer();   // launched early itself: inputs are the kernels' before
@@ -177,7 +177,7 @@ __global__ void silu_and_mul_kernel(const Act* __restrict__ gate_up, Out* __rest
 // The same arithmetic four elements at a time (inter a multiple of 4,
 // aligned rows): 16-byte loads of gate and up, one store per four outputs.
 template <typename Act, typename Out>
-__global__ void silu_and_mul4_kernel(const Act* __restrict__ gate_up, Out* __restrict__ out, int64_t tokens,
+__global__ void silu_and_mul4_kernel(const Act* gate_up, Out* __restrict__ out, int64_t tokens,
                                      int64_t inter) {
   let_consumer_start();
   wait_for_producer();

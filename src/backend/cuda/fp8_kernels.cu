@@ -25,7 +25,7 @@ constexpr float kE4m3Max = 448.0f;  // largest finite e4m3 (e4m3fn) value
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    quantize_fp8_groups_kernel(const T* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales,
+    quantize_fp8_groups_kernel(const T* x, uint8_t* __restrict__ q, float* __restrict__ scales,
                                int64_t rows, int64_t cols, int64_t groups, int64_t scale_row_stride,
                                int64_t scale_group_stride) {
   wait_for_producer();  // x is the kernels' before this one
@@ -139,7 +139,7 @@ __device__ __forceinline__ uint4 load_chunk(const uint8_t* row, int64_t k, int64
 
 template <typename O, int MT, int SPLIT, int TILES, int DEPTH, bool kVec>
 __global__ void __launch_bounds__(SPLIT* TILES * 32)
-    linear_fp8_stream_kernel(const uint8_t* __restrict__ q, const float* __restrict__ act_scales,
+    linear_fp8_stream_kernel(const uint8_t* q, const float* act_scales,
                              const uint8_t* __restrict__ w, const float* __restrict__ w_scales, O* __restrict__ out,
                              int64_t rows, int64_t n_out, int64_t cols, int64_t slabs) {
   constexpr int kWarps = SPLIT * TILES;

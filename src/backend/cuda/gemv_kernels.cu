@@ -87,7 +87,7 @@ __device__ __forceinline__ uint4 load_x(const X* x, int row, int m, int64_t k_to
 // the loads of the next kUnroll chunks in flight while it multiplies the
 // current ones (register double buffering).
 template <typename X, typename W, typename O, int MT, int kWarps, int kUnroll>
-__global__ void __launch_bounds__(kWarps * 32) gemv_mma_kernel(const X* __restrict__ x, const W* __restrict__ w,
+__global__ void __launch_bounds__(kWarps * 32) gemv_mma_kernel(const X* x, const W* __restrict__ w,
                                                                const float* __restrict__ bias, O* __restrict__ out,
                                                                int m, int64_t n, int64_t k) {
   __shared__ float partial[kWarps][MT][kRows][8];
@@ -185,7 +185,7 @@ constexpr int kRowWarps = 8;
 constexpr int kDepth = 8;
 
 template <typename X, typename W, typename O, int M>
-__global__ void __launch_bounds__(kRowWarps * 32) gemv_row_kernel(const X* __restrict__ x, const W* __restrict__ w,
+__global__ void __launch_bounds__(kRowWarps * 32) gemv_row_kernel(const X* x, const W* __restrict__ w,
                                                                   const float* __restrict__ bias,
                                                                   O* __restrict__ out, int64_t n, int64_t k) {
   let_consumer_start();
