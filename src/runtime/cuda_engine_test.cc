@@ -34,7 +34,11 @@
 #include "backend/cuda/device.h"
 #include "model/forward_batch.h"
 #include "model/model.h"
+#include "grammar/structured_output.h"
 #include "runtime/engine.h"
+#include "runtime/grammar_constraint.h"
+#include "runtime/speculative.h"
+#include "tokenizer/tokenizer.h"
 #include "testing/engine_test_util.h"
 #include "runtime/logits_processor.h"
 
@@ -405,6 +409,59 @@ TEST_P(CudaEngine, MixedRequestsMatchTheCpuEngine) {
     }
   }
   RecordProperty("stopped_on_eos", stopped);
+}
+
+// Speculation on the device: drafts (n-gram lookup, a grammar's forced
+// text) verified in one forward pass of several rows per request give the
+// tokens of plain decoding, greedy and sampled, constrained or not (near
+// ties aside: a verify step's shapes differ from a decode step's). A
+// constrained token outside its row's mask fails its request. Before the
+// GEMV read its input coherently, a two-row verify step on the 8B shape
+// left the logits of its first blocks NaN.
+TEST_P(CudaEngine, SpeculationGivesThePlainTokens) {
+  const Tokenizer tokenizer = Tokenizer::from_file(dir_ + "/tokenizer.json");
+  GrammarCache cache(
+      TokenVocabulary::from_tokenizer(tokenizer, static_cast<int32_t>(cpu_model_->config().vocab_size), eos_));
+  const auto grammar = cache.get({StructuredOutputSpec::Kind::kGrammar,
+                                  R"(root ::= ("{\"name\": \"" [a-z]{1,4} "\", \"count\": " [1-9] "}\n")+)"});
+  // Each run gets its own constraints (a constraint holds its request's state).
+  const auto make_requests = [&] {
+    std::mt19937 rng(23);
+    std::vector<EngineRequest> requests;
+    for (int i = 0; i < 12; ++i) {
+      // Prompts that repeat a motif, so that n-gram lookup finds drafts.
+      const std::vector<int32_t> motif = random_ids(rng, 3 + static_cast<size_t>(i % 4));
+      std::vector<int32_t> prompt;
+      for (int rep = 0; rep < 4; ++rep) prompt.insert(prompt.end(), motif.begin(), motif.end());
+      SamplingParams p = greedy(24 + i % 5);
+      if (i % 2 == 1) {
+        p.temperature = 1.0f;
+        p.top_p = 0.9f;
+        p.seed = 900 + static_cast<uint64_t>(i);
+      }
+      EngineRequest r = request(std::move(prompt), p);
+      if (i % 3 == 2) r.constraint = std::make_shared<GrammarConstraint>(grammar, &tokenizer);
+      requests.push_back(std::move(r));
+    }
+    return requests;
+  };
+  const std::vector<EngineRequest> requests = make_requests();
+  std::vector<RequestOutput> outputs[2];
+  for (int speculative = 0; speculative < 2; ++speculative) {
+    const std::vector<EngineRequest> fresh = make_requests();
+    EngineOptions o = options(4096, false, speculative == 1 ? 16 : 1);
+    if (speculative == 1) o.speculative = speculative_options("ngram", 6);
+    Engine engine(*gpu_model_, *gpu_, &tokenizer, o);
+    // Alone first (batch 1: one request's rows are the whole step), then together.
+    for (size_t i = 0; i < 3; ++i) outputs[speculative].push_back(run_all(engine, {fresh[i]})[0]);
+    const auto rest = run_all(engine, std::vector<EngineRequest>(fresh.begin() + 3, fresh.end()));
+    outputs[speculative].insert(outputs[speculative].end(), rest.begin(), rest.end());
+    EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+    if (speculative == 1) {
+      EXPECT_GT(engine.metrics().accepted_draft_tokens, 0u);
+    }
+  }
+  compare(requests, outputs[0], outputs[1], "plain vs speculative");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngine, ::testing::Values("llama", "llama_bias", "qwen2"),

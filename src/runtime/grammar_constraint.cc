@@ -34,7 +34,18 @@ void GrammarConstraint::accept(int32_t token) {
   // counts tokens.
   const bool ok = v.is_end(token) ? matcher_.can_end() && matcher_.accept_bytes({})
                                   : matcher_.accept_bytes(v.bytes(token));
-  BASALT_CHECK(ok, "structured output: token {} was sampled outside the grammar's mask", token);
+  if (ok) return;
+  // Only a bug gets here: say whether the mask itself let the token through
+  // (the masker and the matcher disagree) or the sampler took a refused one.
+  std::vector<uint32_t> words(static_cast<size_t>(token_mask_words(v.size())), ~uint32_t{0});
+  masker_->fill(matcher_, words);
+  const bool allowed = (words[static_cast<size_t>(token) / 32] >> (token % 32)) & 1u;
+  std::string shown;
+  for (const char c : v.bytes(token))
+    shown += c >= 0x20 && c < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", static_cast<uint8_t>(c));
+  fail("structured output: token {} (\"{}\") was sampled outside the grammar's mask (the mask {} it; {} tokens "
+       "accepted before)",
+       token, shown, allowed ? "allows" : "refuses", matcher_.history());
 }
 
 void GrammarConstraint::rollback(int n) { matcher_.rollback(n); }

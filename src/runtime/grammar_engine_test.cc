@@ -152,6 +152,26 @@ TEST_P(EngineMode, AFailingConstraintFailsOnlyItsRequest) {
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
 }
 
+// A token outside the mask reaches accept() only through a bug; the error
+// names the token and says whether the mask itself let it through, which
+// tells a masker bug from a sampler that ignored the mask.
+TEST(GrammarConstraint, ATokenOutsideTheMaskNamesItselfAndTheMask) {
+  Fixture f(kLlama, /*with_tokenizer=*/true);
+  GrammarCache cache(TokenVocabulary::from_tokenizer(*f.tokenizer, static_cast<int32_t>(f.model->config().vocab_size),
+                                                     f.model->config().eos_token_ids));
+  GrammarConstraint c(cache.get({StructuredOutputSpec::Kind::kGrammar, R"(root ::= "ab")"}));
+  const std::vector<int32_t> b = f.tokenizer->encode("b", false);
+  ASSERT_EQ(b.size(), 1u);
+  try {
+    c.accept(b[0]);
+    ADD_FAILURE() << "accepted a token the grammar refuses";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(fmt::format("token {} (\"b\")", b[0])), std::string::npos) << m;
+    EXPECT_NE(m.find("the mask refuses it; 0 tokens accepted before"), std::string::npos) << m;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Engine, EngineMode,
                          ::testing::Combine(::testing::Bool(), ::testing::Values<int32_t>(1, 16)));
 
