@@ -2,13 +2,12 @@
 // bundled model on the CPU backend, or any model directory on any device.
 // The same requests run unconstrained, constrained by a JSON schema whose
 // instances never end (an array of records, so every request writes exactly
-// --tokens tokens either way), constrained with jump-forward, and
-// constrained with the forced text drafted and verified (speculative
-// decoding with grammar drafts, which is exact); output tokens/s and engine
-// steps, at batch 1 and 64, best of --repeats runs, the four modes
-// alternated. The masks are computed on the host while the
-// device runs the forward pass, so on a GPU the question is whether they
-// hide behind it.
+// --tokens tokens either way), and constrained with jump-forward (the
+// forced text drafted and verified, so the tokens are those without it);
+// output tokens/s, engine steps, forced tokens drafted and accepted, at
+// batch 1 and 64, best of --repeats runs, the three modes alternated. The
+// masks are computed on the host while the device runs the forward pass,
+// so on a GPU the question is whether they hide behind it.
 //
 //   basalt_bench_structured [--tokens N] [--repeats N] [--batches 1,64] [--model DIR] [--device cpu|cuda]
 #include <algorithm>
@@ -34,22 +33,19 @@ const char* kSchema = R"({"type": "array", "items": {"type": "object", "properti
   "role": {"enum": ["admin", "user", "guest"]}, "active": {"type": "boolean"}},
   "required": ["name", "age", "role", "active"], "additionalProperties": false}})";
 
-// kVerified: the forced text drafted and verified (speculative decoding with
-// grammar drafts, runtime/speculative.h): exact, unlike kJumpForward.
-enum class Mode { kFree, kConstrained, kJumpForward, kVerified };
+enum class Mode { kFree, kConstrained, kJumpForward };
 const char* name(Mode m) {
   switch (m) {
     case Mode::kFree: return "unconstrained";
     case Mode::kConstrained: return "schema";
     case Mode::kJumpForward: return "schema + jump-forward";
-    case Mode::kVerified: return "schema + verified forced";
   }
   return "?";
 }
 
 struct Result {
   double tokens_per_s = 0;
-  uint64_t steps = 0, tokens = 0, forced = 0;
+  uint64_t steps = 0, tokens = 0, drafted = 0, forced = 0;
   double exec_us = 0, sched_us = 0;  // per step: model + sampler (wall), the scheduling thread's CPU
 };
 
@@ -60,7 +56,6 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::shar
   o.kv_slots = static_cast<int64_t>(batch) * (tokens + 64);
   o.kv_dtype = kv_cache_dtype("auto", backend);
   o.jump_forward = mode == Mode::kJumpForward;
-  if (mode == Mode::kVerified) o.speculative = speculative_options("ngram", 8);
   Engine engine(model, backend, &tok, o);
   std::vector<RequestHandle> handles;
   const auto start = bench::Clock::now();
@@ -83,9 +78,9 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::shar
   }
   const double wall = bench::seconds_since(start);
   const EngineMetrics m = engine.metrics();
-  // Forced: appended by jump-forward, or drafts of forced text accepted.
-  return {static_cast<double>(m.output_tokens) / wall, m.steps, m.output_tokens,
-          m.jump_forward_tokens + m.accepted_draft_tokens,
+  // Forced: drafts of forced text accepted.
+  return {static_cast<double>(m.output_tokens) / wall, m.steps, m.output_tokens, m.draft_tokens,
+          m.jump_forward_tokens,
           m.execute_time.mean() * 1e6, m.schedule_time.mean() * 1e6};
 }
 
@@ -125,19 +120,20 @@ int main(int argc, char** argv) {
       cache.get({StructuredOutputSpec::Kind::kJsonSchema, kSchema});
   std::printf("%s (vocabulary %lld), %s backend, %d output tokens per request, best of %d\n", dir.c_str(),
               static_cast<long long>(model->config().vocab_size), device.c_str(), tokens, repeats);
-  std::printf("%6s  %-24s %12s %8s %8s %10s %13s %14s\n", "batch", "mode", "tokens/s", "steps", "forced", "vs free",
-              "exec us/step", "sched us/step");
+  std::printf("%6s  %-22s %12s %8s %8s %8s %10s %13s %14s\n", "batch", "mode", "tokens/s", "steps", "drafted",
+              "accepted", "vs free", "exec us/step", "sched us/step");
   for (int batch : batches) {
-    const Mode modes[] = {Mode::kFree, Mode::kConstrained, Mode::kJumpForward, Mode::kVerified};
-    Result best[4];
+    const Mode modes[] = {Mode::kFree, Mode::kConstrained, Mode::kJumpForward};
+    Result best[3];
     for (int r = 0; r < repeats; ++r)
-      for (int m = 0; m < 4; ++m) {
+      for (int m = 0; m < 3; ++m) {
         const Result x = run(*model, backend, tok, masker, modes[m], batch, tokens);
         if (x.tokens_per_s > best[m].tokens_per_s) best[m] = x;
       }
-    for (int m = 0; m < 4; ++m)
-      std::printf("%6d  %-24s %12.1f %8llu %8llu %9.2fx %13.1f %14.1f\n", batch, name(modes[m]), best[m].tokens_per_s,
-                  static_cast<unsigned long long>(best[m].steps), static_cast<unsigned long long>(best[m].forced),
+    for (int m = 0; m < 3; ++m)
+      std::printf("%6d  %-22s %12.1f %8llu %8llu %8llu %9.2fx %13.1f %14.1f\n", batch, name(modes[m]),
+                  best[m].tokens_per_s, static_cast<unsigned long long>(best[m].steps),
+                  static_cast<unsigned long long>(best[m].drafted), static_cast<unsigned long long>(best[m].forced),
                   best[m].tokens_per_s / best[0].tokens_per_s, best[m].exec_us, best[m].sched_us);
   }
 }

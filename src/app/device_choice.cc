@@ -55,6 +55,12 @@ DType kv_cache_dtype(const std::string& choice, const Backend& backend) {
   fail("--kv-cache-dtype {}: expected auto, bf16 or f32", choice);
 }
 
+bool jump_forward_choice(bool on, bool off, const Backend& backend) {
+  BASALT_CHECK(!(on && off), "--jump-forward and --no-jump-forward: give at most one");
+  if (on || off) return on;
+  return backend.device() != Device::kCpu;
+}
+
 const char* available_devices() {
 #ifdef BASALT_HAVE_CUDA
   return "cpu, cuda";

@@ -24,6 +24,11 @@ size_t kv_budget_bytes(const std::string& device, double fraction);
 // precision its attention multiplies in, half the memory and traffic) and
 // f32 on the CPU; "bf16" and "f32" are taken as given; anything else throws.
 DType kv_cache_dtype(const std::string& choice, const Backend& backend);
+// Jump-forward for --jump-forward / --no-jump-forward (at most one given):
+// on by default on a GPU, where a step that verifies the forced text costs
+// about what a decode step costs; off by default on the CPU, where each of
+// its rows costs compute (bench/README.md has both figures).
+bool jump_forward_choice(bool on, bool off, const Backend& backend);
 // "cpu" or "cpu, cuda": what this build offers, for --help texts.
 const char* available_devices();
 

@@ -61,6 +61,7 @@ struct GenerateFlags {
   std::string device = "cpu";
   bool enforce_eager = false;
   bool jump_forward = false;
+  bool no_jump_forward = false;
   std::string speculative_algorithm = "none";
   int speculative_num_draft_tokens = 4;
   std::string kv_cache_dtype = "auto";
@@ -348,7 +349,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   EngineOptions options;
   options.max_logprobs = 100;
   options.max_running = f.max_running;
-  options.jump_forward = f.jump_forward;
+  options.jump_forward = jump_forward_choice(f.jump_forward, f.no_jump_forward, backend);
   options.speculative = speculative_options(f.speculative_algorithm, f.speculative_num_draft_tokens);
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   int64_t slots = 0;
@@ -514,7 +515,12 @@ void add_generate_command(CLI::App& app) {
                 "Launch every decode step's kernels one by one instead of replaying CUDA graphs (GPU only)");
   cmd->add_option("--page-size", flags->page_size, "KV slots per page (default 1)")->check(CLI::Range(1, 4096));
   cmd->add_option("--json-schema", flags->json_schema_file, "Structured output: the text is a JSON instance of the schema in this file (compact JSON, properties in the schema's order)");
-  cmd->add_flag("--jump-forward", flags->jump_forward, "Structured output: append the text the grammar forces without sampling each token (its tokens as the tokenizer spells them, so what follows may differ; default off)");
+  cmd->add_flag("--jump-forward", flags->jump_forward,
+                "Structured output: draft the text the grammar forces (keys, punctuation) and verify it in one step; "
+                "the output is token for token that of plain decoding (default on with --device cuda, off on the CPU, "
+                "where the extra rows cost compute)");
+  cmd->add_flag("--no-jump-forward", flags->no_jump_forward,
+                "Structured output: sample every token (see --jump-forward)");
   cmd->add_option("--speculative-algorithm", flags->speculative_algorithm,
                   "Speculative decoding: ngram (drafts looked up in the request's own text) or none; the output "
                   "is token for token that of plain decoding (default none; turns --overlap off)");

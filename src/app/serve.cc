@@ -58,6 +58,7 @@ struct ServeFlags {
   bool no_radix_cache = false;
   bool overlap = false;
   bool jump_forward = false;
+  bool no_jump_forward = false;
   std::string speculative_algorithm = "none";
   int speculative_num_draft_tokens = 4;
   int page_size = 1;
@@ -190,7 +191,7 @@ void run_serve(const ServeFlags& f) {
   options.step_token_budget = f.step_token_budget;
   options.radix_cache = !f.no_radix_cache;
   options.overlap = f.overlap;
-  options.jump_forward = f.jump_forward;
+  options.jump_forward = jump_forward_choice(f.jump_forward, f.no_jump_forward, backend);
   options.speculative = speculative_options(f.speculative_algorithm, f.speculative_num_draft_tokens);
   options.page_size = f.page_size;
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
@@ -285,9 +286,10 @@ void add_serve_command(CLI::App& app) {
                   "Tokens per engine step: decode tokens plus prefill chunks (default 512)");
   cmd->add_flag("--no-radix-cache", f.no_radix_cache, "Turn the radix prefix cache off");
   cmd->add_flag("--jump-forward", f.jump_forward,
-                "Structured output: append the text the grammar forces (keys, punctuation) without sampling "
-                "each token; the forced text is tokenized as the tokenizer spells it, so what follows may differ "
-                "from token-by-token decoding (default off)");
+                "Structured output: draft the text the grammar forces (keys, punctuation) and verify it in one step; "
+                "the output is token for token that of plain decoding (default on with --device cuda, off on the CPU, "
+                "where the extra rows cost compute)");
+  cmd->add_flag("--no-jump-forward", f.no_jump_forward, "Structured output: sample every token (see --jump-forward)");
   cmd->add_option("--speculative-algorithm", f.speculative_algorithm,
                   "Speculative decoding: ngram (drafts looked up in the request's own text) or none; the output "
                   "is token for token that of plain decoding (default none; turns --overlap off)");

@@ -450,7 +450,10 @@ TEST_P(CudaEngine, SpeculationGivesThePlainTokens) {
   for (int speculative = 0; speculative < 2; ++speculative) {
     const std::vector<EngineRequest> fresh = make_requests();
     EngineOptions o = options(4096, false, speculative == 1 ? 16 : 1);
-    if (speculative == 1) o.speculative = speculative_options("ngram", 6);
+    if (speculative == 1) {
+      o.speculative = speculative_options("ngram", 6);
+      o.jump_forward = true;
+    }
     Engine engine(*gpu_model_, *gpu_, &tokenizer, o);
     // Alone first (batch 1: one request's rows are the whole step), then together.
     for (size_t i = 0; i < 3; ++i) outputs[speculative].push_back(run_all(engine, {fresh[i]})[0]);

@@ -87,6 +87,8 @@ struct Engine::Parts {
         kv(slots, options.page_size, RadixCacheOptions{options.radix_cache, options.eviction}),
         scheduler(kv, scheduler_options(model, tokenizer, options)),
         runner(model, backend, slots, options.kv_dtype),
+        // With n-gram speculation every step waits for the one before
+        // (drafts follow the last token): no thread to hand steps to.
         pipeline(runner, options.overlap && !options.speculative.enabled()) {
     snapshot = scheduler.metrics();
   }
@@ -325,6 +327,18 @@ void Engine::run() {
     bool stepped = false;
     try {
       std::shared_ptr<StepPipeline::Step> launched;
+      bool taken = false;
+      // Drafts follow a request's last token: while some request may draft,
+      // the step in flight is taken before the next is planned.
+      if (p.inflight != nullptr && scheduler.wants_drafts()) {
+        const std::shared_ptr<StepPipeline::Step> done = std::move(p.inflight);
+        p.inflight.reset();
+        const double c = thread_cpu_seconds();
+        p.pipeline.wait(*done);
+        exec_cpu += thread_cpu_seconds() - c;
+        scheduler.update(*done->plan, done->result, updates);
+        taken = true;
+      }
       if (scheduler.has_requests()) {
         if (std::shared_ptr<StepPlan> plan = scheduler.schedule(updates)) {
           plan->chained = chained;
@@ -332,11 +346,11 @@ void Engine::run() {
         }
       }
       std::shared_ptr<StepPipeline::Step> done = p.pipeline.threaded() ? std::exchange(p.inflight, launched) : launched;
-      stepped = launched != nullptr || done != nullptr;
+      stepped = launched != nullptr || done != nullptr || taken;
       if (done != nullptr) {
         const double c = thread_cpu_seconds();
         p.pipeline.wait(*done);
-        exec_cpu = thread_cpu_seconds() - c;
+        exec_cpu += thread_cpu_seconds() - c;
         scheduler.update(*done->plan, done->result, updates);
       }
       if (stepped) chained = true;

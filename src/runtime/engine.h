@@ -39,7 +39,10 @@
 // constraint calls, so penalties and masks see every token in order. A
 // request that stops on step N's token is already in step N+1: that row is
 // computed and dropped (EngineMetrics::discarded_tokens). A failed step fails
-// the step after it, every request, and empties the cache.
+// the step after it, every request, and empties the cache. While a request
+// may draft (speculation; jump-forward with a constrained request running)
+// the engine takes the step in flight before it plans the next: drafts
+// follow the last token.
 //
 // Pages (EngineOptions::page_size = P): the pool hands out KV in pages of P
 // consecutive slots, every request's KV is page-aligned (position p at
@@ -116,10 +119,12 @@ struct EngineOptions {
   // Tokens per block of the KV events (runtime/kv_events.h), rounded up to
   // whole pages. Events are computed only while someone subscribes.
   int32_t kv_event_block_size = 16;
-  // Jump-forward of constrained requests (SchedulerOptions::jump_forward).
-  // Off by default: forced text goes in as the tokenizer spells it, which
-  // may not be the tokens the model would have picked, so what follows can
-  // differ from token-by-token decoding (bench/README.md).
+  // Jump-forward of constrained requests (SchedulerOptions::jump_forward):
+  // the text a grammar forces is drafted and verified, so outputs are token
+  // for token those without it. Off here; the CLI turns it on for CUDA,
+  // where a verification step costs about what a decode step costs, and
+  // leaves it off on the CPU, where each draft row costs compute
+  // (bench/README.md).
   bool jump_forward = false;
   // Speculative decoding (runtime/speculative.h): drafts verified in the
   // decode step, outputs token for token those of plain decoding. It needs

@@ -66,7 +66,8 @@ struct EngineMetrics {
   // overlap, a request that stops on step N's token is in step N+1 too, and
   // that row is computed and dropped), and the rows after a rejected draft.
   uint64_t discarded_tokens = 0;
-  // Output tokens that jump-forward appended without sampling.
+  // Output tokens jump-forward drafted (text a grammar forces) and
+  // verification accepted: each saved a step.
   uint64_t jump_forward_tokens = 0;
   // Speculative decoding: draft tokens verified, those accepted, and the
   // accepted ones by their place among the drafts (0: the first draft).

@@ -62,15 +62,13 @@ std::vector<int32_t> GrammarConstraint::forced_tokens() {
   // that are no UTF-8, and those are sampled instead.
   if (text.empty() || unicode::find_invalid_utf8(text) != std::string::npos) return {};
   std::vector<int32_t> ids = tokenizer_->encode(text, /*add_special_tokens=*/false);
-  if (ids.size() < 2) return {};
-  ids.pop_back();
   const TokenVocabulary& v = masker_->vocabulary();
   std::string spelled;
   for (int32_t id : ids) {
     if (!v.usable(id)) return {};
     spelled += v.bytes(id);
   }
-  if (text.compare(0, spelled.size(), spelled) != 0) return {};
+  if (spelled != text) return {};
   for (int32_t id : ids) BASALT_ASSERT(matcher_.accept_bytes(v.bytes(id)));
   return ids;
 }

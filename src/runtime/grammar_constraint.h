@@ -10,11 +10,12 @@
 // using the same grammar.
 //
 // Jump-forward (given a tokenizer): forced_tokens() takes the text the
-// grammar leaves no choice about (a property name, `":`, closing brackets),
-// encodes it as the tokenizer would, and returns all but its last token: the
-// last stays for the model to sample, since the tokenizer might merge it
-// with what follows. Nothing is forced where the encoding does not spell the
-// text back exactly (a normalizing tokenizer) or would be a single token.
+// grammar leaves no choice about (a property name, `":`, closing brackets)
+// and encodes it as the tokenizer would. The model may spell it otherwise
+// (or merge its last token with what follows): the engine verifies these
+// tokens as drafts, so a different spelling costs a rejected draft, never a
+// different output. Nothing is forced where the encoding does not spell the
+// text back exactly (a normalizing tokenizer).
 #pragma once
 
 #include <memory>

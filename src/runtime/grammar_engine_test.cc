@@ -75,7 +75,12 @@ ConstrainedRun run_constrained(Fixture& f, bool jump_forward, bool overlap, int 
   return run;
 }
 
-TEST_P(EngineMode, GrammarConstrainedOutputsAreSentencesWithAndWithoutJumpForward) {
+// Jump-forward drafts the forced text and verifies it: the documents are
+// the grammar's sentences and, greedy or sampled, with n > 1 and beside an
+// unconstrained request, token for token those of plain decoding, in fewer
+// steps. Overlap (a parameter) waits for the step in flight while a
+// constrained request runs, and changes nothing either.
+TEST_P(EngineMode, JumpForwardGivesTheTokensOfPlainDecodingInFewerSteps) {
   Fixture f(kLlama, /*with_tokenizer=*/true);
   const ConstrainedRun sampled = run_constrained(f, /*jump_forward=*/false, g_overlap, 2);
   const ConstrainedRun jumped = run_constrained(f, /*jump_forward=*/true, g_overlap, 2);
@@ -88,23 +93,51 @@ TEST_P(EngineMode, GrammarConstrainedOutputsAreSentencesWithAndWithoutJumpForwar
     }
     EXPECT_EQ(run->outputs.back().output_ids.size(), 12u);  // the unconstrained one is untouched
   }
+  for (size_t i = 0; i < sampled.outputs.size(); ++i)
+    EXPECT_EQ(jumped.outputs[i].output_ids, sampled.outputs[i].output_ids) << "request " << i;
   EXPECT_EQ(sampled.metrics.jump_forward_tokens, 0u);
+  EXPECT_EQ(sampled.metrics.draft_tokens, 0u);
   EXPECT_GT(jumped.metrics.jump_forward_tokens, 20u);
-  // Forced tokens cost no sampling step: fewer steps for the same documents.
+  EXPECT_EQ(jumped.metrics.jump_forward_tokens, jumped.metrics.accepted_draft_tokens);
   EXPECT_LT(jumped.metrics.steps, sampled.metrics.steps);
 }
 
-// The overlap scheduler plans a step before it knows the forced tokens of
-// the one in flight; that row is dropped, so the outputs equal those of the
-// plain scheduler token for token.
-TEST_P(EngineMode, JumpForwardOutputsDoNotDependOnOverlap) {
+// Alone, with a grammar that is mostly forced text: most drafts are
+// accepted, and every accepted draft is a step saved (greedy and sampled).
+TEST_P(EngineMode, EachAcceptedForcedDraftSavesAStep) {
   Fixture f(kLlama, /*with_tokenizer=*/true);
-  const ConstrainedRun plain = run_constrained(f, /*jump_forward=*/true, /*overlap=*/false, 1);
-  const ConstrainedRun overlapped = run_constrained(f, /*jump_forward=*/true, /*overlap=*/true, 1);
-  ASSERT_EQ(plain.outputs.size(), overlapped.outputs.size());
-  for (size_t i = 0; i < plain.outputs.size(); ++i)
-    EXPECT_EQ(plain.outputs[i].output_ids, overlapped.outputs[i].output_ids) << "request " << i;
-  EXPECT_EQ(plain.metrics.jump_forward_tokens, overlapped.metrics.jump_forward_tokens);
+  GrammarCache cache(TokenVocabulary::from_tokenizer(*f.tokenizer, static_cast<int32_t>(f.model->config().vocab_size),
+                                                     f.model->config().eos_token_ids));
+  const auto grammar = cache.get({StructuredOutputSpec::Kind::kGrammar,
+                                  R"(root ::= ("{\"name\": \"" [a-z]{1,4} "\", \"count\": " [1-9] "}\n")+)"});
+  for (uint64_t seed = 0; seed < 3; ++seed) {
+    ConstrainedRun runs[2];
+    for (int jump = 0; jump < 2; ++jump) {
+      EngineOptions o = slots(2048);
+      o.jump_forward = jump == 1;
+      o.check_invariants = true;
+      Engine engine(*f.model, f.backend, f.tokenizer.get(), o);
+      SamplingParams p;
+      p.max_tokens = 60;
+      p.temperature = seed == 0 ? 0.0f : 1.0f;
+      p.seed = seed;
+      EngineRequest r{{139, 190, 81}, p, 0, 0, std::nullopt, std::make_shared<GrammarConstraint>(grammar, f.tokenizer.get())};
+      runs[jump].outputs.push_back(collect(*engine.submit(std::move(r))));
+      EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+      runs[jump].metrics = engine.metrics();
+    }
+    const EngineMetrics& m = runs[1].metrics;
+    EXPECT_EQ(runs[1].outputs[0].output_ids, runs[0].outputs[0].output_ids) << "seed " << seed;
+    EXPECT_GT(m.accepted_draft_tokens * 2, m.draft_tokens) << "seed " << seed;
+    // With overlap, plain decoding also runs a step past the request's last
+    // token (computed and dropped); jump-forward waits for each step.
+    if (g_overlap) {
+      EXPECT_GE(runs[0].metrics.steps - m.steps, m.jump_forward_tokens) << "seed " << seed;
+    } else {
+      EXPECT_EQ(runs[0].metrics.steps - m.steps, m.jump_forward_tokens) << "seed " << seed;
+    }
+    EXPECT_LT(m.steps * 3, runs[0].metrics.steps * 2) << "seed " << seed;
+  }
 }
 
 // A constraint that fails after some tokens, as a grammar too ambiguous to

@@ -48,7 +48,6 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   model_.forward(fb, kv_, logits);
   result.logprobs.assign(R, {});
   result.sampled_logprobs.assign(R, std::numeric_limits<float>::quiet_NaN());
-  result.forced.assign(R, {});
   result.row_errors.clear();
   result.next.clear();
   if (R == 0) return;
@@ -61,7 +60,7 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
 
   // The constraints' masks, filled on the host while the device computes.
   bool masked = false;
-  for (const StepPlan::SampleRow& row : plan.rows) masked |= row.constraint != nullptr && !row.stale;
+  for (const StepPlan::SampleRow& row : plan.rows) masked |= row.constraint != nullptr;
   std::vector<uint32_t> mask;
   const int64_t words = token_mask_words(vocab_);
   if (masked) {
@@ -80,7 +79,7 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
         advanced = 0;
         blocked = false;
       }
-      if (!sample_row.constraint || sample_row.stale) continue;
+      if (!sample_row.constraint) continue;
       std::span<uint32_t> row(mask.data() + r * static_cast<size_t>(words), static_cast<size_t>(words));
       if (!blocked && !row_failed(group_first)) {
         try {
@@ -199,19 +198,14 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
     const size_t group = r;
     r = last + 1;
     const StepPlan::SampleRow& row = plan.rows[group];
-    if (row.stale || row_failed(group)) continue;
+    if (row_failed(group)) continue;
     for (size_t j = group; j <= take; ++j) row.processor->append(result.next[j]);
     if (!row.constraint) continue;
     try {
       for (size_t j = group; j <= take; ++j) row.constraint->accept(result.next[j]);
-      if (!row.jump_forward) continue;
-      result.forced[group] = row.constraint->forced_tokens();
     } catch (const std::exception& e) {
       fail_row(group, e);
-      result.forced[group].clear();
-      continue;
     }
-    for (int32_t t : result.forced[group]) row.processor->append(t);
   }
 }
 
@@ -290,21 +284,9 @@ void StepPipeline::run(Step& step) {
         plan.token_ids[f.index] = last_next_[static_cast<size_t>(f.row)];
       }
     }
-    // A row whose input the last step sampled, when that step also forced
-    // tokens after it: the plan was made before they were known, so this
-    // row's sample is stale (the scheduler drops it).
-    if (!plan.futures.empty()) {
-      for (const FutureToken& f : plan.futures) {
-        if (static_cast<size_t>(f.row) >= last_forced_.size() || !last_forced_[static_cast<size_t>(f.row)]) continue;
-        for (size_t r = 0; r < plan.logit_rows.size() && r < plan.rows.size(); ++r)
-          if (plan.logit_rows[r] == static_cast<int32_t>(f.index)) plan.rows[r].stale = true;
-      }
-    }
     last_id_ = 0;
     runner_.run(plan, result);
     last_next_ = result.next;
-    last_forced_.assign(result.forced.size(), false);
-    for (size_t r = 0; r < result.forced.size(); ++r) last_forced_[r] = !result.forced[r].empty();
     last_id_ = plan.id;
   } catch (const std::exception& e) {
     result.error = e.what();

@@ -78,7 +78,6 @@ class StepPipeline {
   // The last step that succeeded and its sampled tokens (the runner's thread).
   uint64_t last_id_ = 0;
   std::vector<int32_t> last_next_;
-  std::vector<bool> last_forced_;  // per row of that step: it forced tokens
 
   std::mutex mu_;
   std::condition_variable cv_;       // work queued or stop

@@ -135,9 +135,6 @@ struct Request {
   // the row of the latest one (a FutureToken of the next step).
   int pending = 0;
   int pending_row = 0;
-  // Samples in flight that were planned before jump-forward tokens were
-  // appended: their tokens are dropped when they land (overlap).
-  int stale_samples = 0;
   bool finished = false;
   bool preempted = false;  // since its last admission (it waits to be recomputed)
   RequestKv kv;
@@ -150,6 +147,7 @@ struct Request {
   // after the last known token: its positions past the known tokens
   // (runtime/speculative.h).
   std::vector<int32_t> drafts;
+  bool drafts_forced = false;  // the drafts are text its grammar forces (jump-forward)
   // The latest launched step's length and id.
   int64_t inflight_len = 0;
   uint64_t last_step = 0;

@@ -361,7 +361,7 @@ std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates)
   for (size_t i = 0; i < running_.size(); ++i) {
     if (i + kPrefetchAhead < running_.size()) prefetch_step_fields(running_[i + kPrefetchAhead].get());
     Request& r = *running_[i];
-    if (r.preempted || r.finished || r.remaining() < 1 || samples_its_last(r) || r.stale_samples > 0) continue;
+    if (r.preempted || r.finished || r.remaining() < 1 || samples_its_last(r)) continue;
     if (r.catching_up()) {
       prefill_candidates_.push_back(&r);
       continue;
@@ -536,9 +536,7 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
         SamplingRow sampling = r->sampling;
         sampling.step = static_cast<uint64_t>(r->num_output + r->pending);
         plan->rows.push_back(StepPlan::SampleRow{
-            r->processor.get(), r->constraint, sampling, r->logprobs, r->logprobs > 0 || r->sampled_logprob,
-            drafts == 0 && options_.jump_forward && !options_.speculative.enabled() && r->constraint != nullptr &&
-                r->logprobs == 0 && !r->sampled_logprob});
+            r->processor.get(), r->constraint, sampling, r->logprobs, r->logprobs > 0 || r->sampled_logprob});
         if (d < drafts) plan->rows.back().draft = r->drafts[static_cast<size_t>(d)];
         r->pending_row = static_cast<int>(plan->sampled.size());
         ++r->pending;
@@ -565,23 +563,37 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
 
 bool Scheduler::propose_drafts(Request& r) {
   r.drafts.clear();
+  r.drafts_forced = false;
   const SpeculativeOptions& spec = options_.speculative;
-  // Rows past the first see the processor's state of the first (penalties
-  // and biases would need it per row): such requests decode plainly.
-  if (!spec.enabled() || r.pending > 0 || r.stale_samples > 0 || r.processor->active()) return false;
-  const int k = std::min(spec.num_draft_tokens, r.max_tokens - r.num_output - 1);
-  if (k <= 0) return false;
-  if (r.constraint != nullptr && spec.grammar_drafts) {
-    // The constraint is the runner's, but with speculation the runner runs
-    // on this thread between schedule() and update() (no overlap): asking
-    // it here is safe. It takes the forced tokens; they go back at once.
+  const bool grammar = options_.jump_forward && r.constraint != nullptr;
+  // Drafts follow the request's last known token: none while a step that
+  // samples for it is in flight. Rows past the first see the processor's
+  // state of the first (penalties and biases would need it per row): such
+  // requests decode plainly.
+  if ((!grammar && !spec.enabled()) || r.pending > 0 || r.processor->active()) return false;
+  const int room = r.max_tokens - r.num_output - 1;
+  if (room <= 0) return false;
+  if (grammar) {
+    // The constraint is the runner's, which samples for this request only
+    // in steps that are in flight (none now); forced_tokens() reads the
+    // shared masker's grammar and vocabulary, which are immutable. It takes
+    // the forced tokens; they go back at once.
     r.drafts = r.constraint->forced_tokens();
     if (!r.drafts.empty()) r.constraint->rollback(static_cast<int>(r.drafts.size()));
-    if (static_cast<int>(r.drafts.size()) > k) r.drafts.resize(static_cast<size_t>(k));
-    if (!r.drafts.empty()) return true;
+    r.drafts.resize(std::min({r.drafts.size(), static_cast<size_t>(room), kMaxForcedDrafts}));
+    r.drafts_forced = !r.drafts.empty();
+    if (r.drafts_forced) return true;
   }
-  r.drafts = propose_ngram(r.tokens, k, spec.ngram_min, spec.ngram_max);
+  if (!spec.enabled()) return false;
+  r.drafts = propose_ngram(r.tokens, std::min(spec.num_draft_tokens, room), spec.ngram_min, spec.ngram_max);
   return !r.drafts.empty();
+}
+
+bool Scheduler::wants_drafts() const {
+  if (options_.speculative.enabled()) return !running_.empty();
+  if (!options_.jump_forward) return false;
+  return std::any_of(running_.begin(), running_.end(),
+                     [](const std::unique_ptr<Request>& r) { return r->constraint != nullptr && !r->finished; });
 }
 
 size_t Scheduler::take_verified(StepPlan& plan, StepResult& result, size_t first, Clock::time_point now,
@@ -607,6 +619,7 @@ size_t Scheduler::take_verified(StepPlan& plan, StepResult& result, size_t first
   // so that a request ending here caches only verified positions.
   kv_.rollback(r.kv, drafts - accepted);
   m_.accepted_draft_tokens += static_cast<uint64_t>(accepted);
+  if (r.drafts_forced) m_.jump_forward_tokens += static_cast<uint64_t>(accepted);
   r.usage.accepted_tokens += accepted;
   if (m_.accepted_by_position.size() < static_cast<size_t>(drafts))
     m_.accepted_by_position.resize(static_cast<size_t>(drafts), 0);
@@ -621,12 +634,10 @@ size_t Scheduler::take_verified(StepPlan& plan, StepResult& result, size_t first
 // --- results --------------------------------------------------------------------
 
 bool Scheduler::on_token(Request& r, int32_t token, std::vector<TokenLogprob> logprobs, float logprob,
-                         Clock::time_point now, std::vector<RequestUpdate>& updates, bool forced) {
-  if (!forced) {
-    if (r.num_output == 0) m_.ttft.observe(seconds(now - r.submitted));
-    else m_.inter_token.observe(seconds(now - r.last_token));
-    r.last_token = now;
-  }
+                         Clock::time_point now, std::vector<RequestUpdate>& updates) {
+  if (r.num_output == 0) m_.ttft.observe(seconds(now - r.submitted));
+  else m_.inter_token.observe(seconds(now - r.last_token));
+  r.last_token = now;
   r.tokens.push_back(token);
   ++r.num_output;
   ++r.usage.completion_tokens;
@@ -682,8 +693,7 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
       continue;
     }
     --r.pending;
-    if (r.finished || r.stale_samples > 0) {  // an overlap's extra row, or one planned before forced tokens
-      if (!r.finished) --r.stale_samples;
+    if (r.finished) {  // an overlap's extra row
       ++m_.discarded_tokens;
       continue;
     }
@@ -691,17 +701,7 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
       end(r, FinishReason::kError, updates, {}, std::move(result.row_errors[i]));
       continue;
     }
-    if (on_token(r, result.next[i], std::move(result.logprobs[i]), result.sampled_logprobs[i], now, updates)) continue;
-    if (i >= result.forced.size() || result.forced[i].empty()) continue;
-    int appended = 0;
-    for (int32_t t : result.forced[i]) {
-      if (r.num_output + r.pending >= r.max_tokens) break;
-      ++appended;
-      ++m_.jump_forward_tokens;
-      if (on_token(r, t, {}, std::numeric_limits<float>::quiet_NaN(), now, updates, /*forced=*/true)) break;
-    }
-    // Samples already in flight were planned without these tokens.
-    if (appended > 0 && !r.finished) r.stale_samples = r.pending;
+    on_token(r, result.next[i], std::move(result.logprobs[i]), result.sampled_logprobs[i], now, updates);
   }
   remove_finished();
 }

@@ -70,13 +70,13 @@ struct SchedulerOptions {
   int max_logprobs = kDefaultMaxLogprobs;
   // Whether stop strings can be matched (a tokenizer exists on the client side).
   bool stop_strings = true;
-  // Jump-forward: a constrained request's forced tokens join its output
-  // without a sampling step each (not for requests that want logprobs: no
-  // logprob is computed for a forced token).
+  // Jump-forward: where a constrained request's grammar forces text (a
+  // property name, `", "`, closing brackets), that text, spelled as the
+  // tokenizer spells it, is drafted and verified in one step (not where the
+  // request's processor is active: penalties would need per-row state).
+  // Exact: the output is token for token that of plain decoding.
   bool jump_forward = false;
   // Speculative decoding: drafts for decoding requests (runtime/speculative.h).
-  // The runner verifies them; overlap must be off (a step's next tokens are
-  // known only once it is updated).
   SpeculativeOptions speculative;
 };
 
@@ -120,6 +120,11 @@ class Scheduler {
   void cancel_all(const std::string& message, std::vector<RequestUpdate>& updates);
 
   bool has_requests() const { return !waiting_.empty() || !running_.empty(); }
+  // Whether a running request may draft in the next step (speculation, or
+  // jump-forward with a constrained request running): drafts follow a
+  // request's last token, so with overlap the engine updates the step in
+  // flight before it plans.
+  bool wants_drafts() const;
   // Launched steps not updated yet.
   bool step_in_flight() const { return processed_step_ < next_step_id_; }
   int64_t running() const { return static_cast<int64_t>(running_.size()); }
@@ -156,9 +161,8 @@ class Scheduler {
   std::vector<Request*> admission_order();
   void requeue_preempted();
   // One sampled token; true when the request finished.
-  // `forced`: a jump-forward token (no timing sample).
   bool on_token(Request& r, int32_t token, std::vector<TokenLogprob> logprobs, float logprob,
-                Clock::time_point now, std::vector<RequestUpdate>& updates, bool forced = false);
+                Clock::time_point now, std::vector<RequestUpdate>& updates);
   void end(Request& r, FinishReason reason, std::vector<RequestUpdate>& updates, StopReason stop_reason = {},
            std::string error = {});
   void release_kv(Request& r, bool cache_it);

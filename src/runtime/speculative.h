@@ -13,15 +13,24 @@
 // gives for a proposal that puts all its mass on one token, as n-gram
 // lookup does.
 //
+// Jump-forward (SchedulerOptions::jump_forward) uses the same verification:
+// where a constrained request's grammar forces text, that text is its
+// drafts (TokenConstraint::forced_tokens), up to kMaxForcedDrafts tokens,
+// before any n-gram lookup.
+//
 // Contract: propose_ngram() is a pure function of its arguments.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
 #include <vector>
 
 namespace basalt {
+
+// The most forced-text tokens drafted per request per step.
+inline constexpr size_t kMaxForcedDrafts = 16;
 
 enum class SpeculativeAlgorithm : uint8_t {
   kNone,
@@ -39,10 +48,6 @@ struct SpeculativeOptions {
   // n-gram lookup: the longest suffix tried first, down to the shortest.
   int ngram_max = 4;
   int ngram_min = 2;
-  // A constrained request drafts the text its grammar forces, where it
-  // forces some (TokenConstraint::forced_tokens): jump-forward, made exact
-  // by verification. N-gram lookup otherwise.
-  bool grammar_drafts = true;
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
   // Throws basalt::Error when a field is out of range.
   void validate() const;

@@ -178,36 +178,6 @@ TEST_P(Speculative, ConstrainedOutputsAreThoseOfPlainDecoding) {
   }
 }
 
-// Jump-forward made exact: the text a grammar forces is drafted and
-// verified, so greedy output is token-by-token decoding's (the tokenizer's
-// spelling of the forced text is accepted only where the model agrees).
-TEST_P(Speculative, ForcedTextIsDraftedAndVerified) {
-  Fixture f(kLlama, /*with_tokenizer=*/true);
-  GrammarCache cache(TokenVocabulary::from_tokenizer(*f.tokenizer, static_cast<int32_t>(f.model->config().vocab_size),
-                                                     f.model->config().eos_token_ids));
-  const auto grammar = cache.get({StructuredOutputSpec::Kind::kGrammar,
-                                  R"(root ::= ("{\"name\": \"" [a-z]{1,4} "\", \"count\": " [1-9] "}\n")+)"});
-  auto run_forced = [&](bool speculative) {
-    Engine engine(*f.model, f.backend, f.tokenizer.get(), engine_options(speculative, 8));
-    std::vector<RequestHandle> handles;
-    for (uint64_t seed = 0; seed < 3; ++seed) {
-      SamplingParams p;
-      p.max_tokens = 60;
-      p.temperature = seed == 0 ? 0.0f : 1.0f;
-      p.seed = seed;
-      EngineRequest r = request({139, 190, 81}, p);
-      r.constraint = std::make_shared<GrammarConstraint>(grammar, f.tokenizer.get());
-      handles.push_back(engine.submit(std::move(r)));
-    }
-    return finish(engine, handles);
-  };
-  const SpecRun plain = run_forced(false), spec = run_forced(true);
-  expect_same_outputs(plain, spec);
-  // Most of this text is forced: most drafts are the grammar's, and accepted.
-  EXPECT_GT(spec.metrics.accepted_draft_tokens * 2, spec.metrics.draft_tokens);
-  EXPECT_LT(spec.metrics.steps * 3, plain.metrics.steps * 2);
-}
-
 INSTANTIATE_TEST_SUITE_P(Engine, Speculative, ::testing::Combine(::testing::Values(false), ::testing::Values(1, 4, 16)));
 
 }  // namespace

@@ -53,13 +53,6 @@ struct StepPlan {
     SamplingRow sampling;
     int logprobs = 0;
     bool sampled_logprob = false;  // report the drawn token's logprob
-    // Ask the constraint for forced tokens after this row's token
-    // (TokenConstraint::forced_tokens; jump-forward).
-    bool jump_forward = false;
-    // Set by the pipeline: the step before forced tokens after this row's
-    // input, so what this row samples is dropped (it is not shown to the
-    // processor or constraint).
-    bool stale = false;
     // Speculative decoding: >= 0 when the next row is the same request's,
     // one position on, whose input is this draft token. The rows of one
     // request form a group: its first row samples after the last known
@@ -101,7 +94,6 @@ struct StepResult {
   std::vector<int32_t> next;                     // per sampled row
   std::vector<std::vector<TokenLogprob>> logprobs;  // per row, top alternatives when asked
   std::vector<float> sampled_logprobs;           // per row; NaN where not asked
-  std::vector<std::vector<int32_t>> forced;      // per row: jump-forward tokens after `next`
   // Per sampled row, only when some row failed (empty otherwise): the
   // error of a row whose constraint threw (a grammar too ambiguous to
   // follow, say). That request fails alone; its sample is meaningless.

@@ -31,10 +31,11 @@ class TokenConstraint {
   // A constraint of the same kind in its initial state, for another sample
   // of the same request (EngineClient::submit_n).
   virtual std::shared_ptr<TokenConstraint> fresh_copy() const = 0;
-  // Jump-forward, called after accept() when the engine allows it: tokens
-  // that the constraint alone decides must come next, already accepted (so
-  // rollback counts them). The engine appends them to the output without a
-  // sampling step each. Empty: nothing is forced (the default).
+  // Jump-forward: tokens spelling text the constraint alone decides must
+  // come next, already accepted (so rollback(size) gives them back). The
+  // engine gives them back at once and drafts them: a step verifies them
+  // all, so they cost one step, not one each, where the model agrees.
+  // Empty: nothing is forced (the default).
   virtual std::vector<int32_t> forced_tokens() { return {}; }
 };
 

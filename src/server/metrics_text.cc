@@ -94,7 +94,7 @@ std::string render_metrics(const MetricsInput& in) {
   w.counter("basalt_prefill_tokens_total", "Prompt tokens computed by the model.",
             static_cast<double>(m.prefill_tokens));
   w.counter("basalt_generation_tokens_total", "Output tokens generated.", static_cast<double>(m.output_tokens));
-  w.counter("basalt_jump_forward_tokens_total", "Output tokens structured output forced without a sampling step.",
+  w.counter("basalt_jump_forward_tokens_total", "Output tokens jump-forward drafted from text a grammar forces and verification accepted.",
             static_cast<double>(m.jump_forward_tokens));
   w.counter("basalt_spec_draft_tokens_total", "Draft tokens speculative decoding verified.",
             static_cast<double>(m.draft_tokens));
