@@ -571,7 +571,7 @@ bool Scheduler::propose_drafts(Request& r) {
   // state of the first (penalties and biases would need it per row): such
   // requests decode plainly.
   if ((!grammar && !spec.enabled()) || r.pending > 0 || r.processor->active()) return false;
-  const int room = r.max_tokens - r.num_output - 1;
+  const int room = std::min(r.max_tokens - r.num_output - 1, spec.adaptive ? r.draft_cap : kMaxDrafts);
   if (room <= 0) return false;
   if (grammar) {
     // The constraint is the runner's, which samples for this request only
@@ -580,7 +580,7 @@ bool Scheduler::propose_drafts(Request& r) {
     // the forced tokens; they go back at once.
     r.drafts = r.constraint->forced_tokens();
     if (!r.drafts.empty()) r.constraint->rollback(static_cast<int>(r.drafts.size()));
-    r.drafts.resize(std::min({r.drafts.size(), static_cast<size_t>(room), kMaxForcedDrafts}));
+    r.drafts.resize(std::min(r.drafts.size(), static_cast<size_t>(room)));
     r.drafts_forced = !r.drafts.empty();
     if (r.drafts_forced) return true;
   }
@@ -620,6 +620,8 @@ size_t Scheduler::take_verified(StepPlan& plan, StepResult& result, size_t first
   kv_.rollback(r.kv, drafts - accepted);
   m_.accepted_draft_tokens += static_cast<uint64_t>(accepted);
   if (r.drafts_forced) m_.jump_forward_tokens += static_cast<uint64_t>(accepted);
+  r.draft_cap = accepted == drafts ? static_cast<int>(std::min<int64_t>(2 * drafts, kMaxDrafts))
+                                   : static_cast<int>(accepted + 1);
   r.usage.accepted_tokens += accepted;
   if (m_.accepted_by_position.size() < static_cast<size_t>(drafts))
     m_.accepted_by_position.resize(static_cast<size_t>(drafts), 0);

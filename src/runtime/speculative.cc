@@ -21,8 +21,9 @@ std::string_view to_string(SpeculativeAlgorithm algorithm) {
 }
 
 void SpeculativeOptions::validate() const {
-  BASALT_CHECK(num_draft_tokens >= 0 && num_draft_tokens <= 16,
-               "speculative decoding: the number of draft tokens must be 0 to 16, not {}", num_draft_tokens);
+  BASALT_CHECK(num_draft_tokens >= 0 && num_draft_tokens <= kMaxDrafts,
+               "speculative decoding: the number of draft tokens must be 0 to {}, not {}", kMaxDrafts,
+               num_draft_tokens);
   BASALT_CHECK(ngram_min >= 1 && ngram_max >= ngram_min && ngram_max <= 32,
                "speculative decoding: n-gram sizes must satisfy 1 <= min <= max <= 32, not {}..{}", ngram_min,
                ngram_max);

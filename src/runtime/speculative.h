@@ -13,10 +13,16 @@
 // gives for a proposal that puts all its mass on one token, as n-gram
 // lookup does.
 //
+// Adaptive length (SpeculativeOptions::adaptive, on by default): a
+// request's next drafts are capped by its last verification, a + 1 after a
+// rejection at draft a (the row that disagreed is worth one more try), twice
+// the drafts after all were accepted, up to kMaxDrafts, so that where the
+// model disagrees the rejected rows stay few.
+//
 // Jump-forward (SchedulerOptions::jump_forward) uses the same verification:
 // where a constrained request's grammar forces text, that text is its
-// drafts (TokenConstraint::forced_tokens), up to kMaxForcedDrafts tokens,
-// before any n-gram lookup.
+// drafts (TokenConstraint::forced_tokens), up to kMaxDrafts tokens, before
+// any n-gram lookup.
 //
 // Contract: propose_ngram() is a pure function of its arguments.
 #pragma once
@@ -29,8 +35,8 @@
 
 namespace basalt {
 
-// The most forced-text tokens drafted per request per step.
-inline constexpr size_t kMaxForcedDrafts = 16;
+// The most drafts per request per step, from any proposer.
+inline constexpr int kMaxDrafts = 16;
 
 enum class SpeculativeAlgorithm : uint8_t {
   kNone,
@@ -48,6 +54,8 @@ struct SpeculativeOptions {
   // n-gram lookup: the longest suffix tried first, down to the shortest.
   int ngram_max = 4;
   int ngram_min = 2;
+  // Cap each request's drafts by its last verification (above).
+  bool adaptive = true;
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
   // Throws basalt::Error when a field is out of range.
   void validate() const;

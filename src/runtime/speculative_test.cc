@@ -91,8 +91,10 @@ SpecRun finish(Engine& engine, std::vector<RequestHandle>& handles) {
 
 // The looping prompts (or only the one at `only`), each with its own length.
 SpecRun run(Fixture& f, bool speculative, float temperature, const std::shared_ptr<const TokenMasker>& grammar,
-            int only = -1) {
-  Engine engine(*f.model, f.backend, f.tokenizer.get(), engine_options(speculative, 3));
+            int only = -1, int num_draft_tokens = 3, bool adaptive = true) {
+  EngineOptions o = engine_options(speculative, num_draft_tokens);
+  o.speculative.adaptive = adaptive;
+  Engine engine(*f.model, f.backend, f.tokenizer.get(), o);
   std::vector<RequestHandle> handles;
   int i = 0;
   for (const std::vector<int32_t>& prompt : looping_prompts()) {
@@ -175,6 +177,24 @@ TEST_P(Speculative, ConstrainedOutputsAreThoseOfPlainDecoding) {
     const SpecRun spec = run(f, true, temperature, grammar);
     expect_same_outputs(plain, spec);
     EXPECT_GT(spec.metrics.accepted_draft_tokens, 0u) << temperature << ": " << spec.metrics.draft_tokens << " drafts";
+  }
+}
+
+// Adaptive length: after a rejection at draft a a request drafts a + 1,
+// so where the model disagrees fewer rows are wasted: fewer drafts, a
+// higher share accepted, the same tokens.
+TEST_P(Speculative, AdaptiveLengthDraftsLessWhereTheModelDisagrees) {
+  Fixture f(kLlama);
+  for (const float temperature : {0.0f, 1.0f}) {
+    const SpecRun fixed = run(f, true, temperature, nullptr, -1, 8, /*adaptive=*/false);
+    const SpecRun adaptive = run(f, true, temperature, nullptr, -1, 8, /*adaptive=*/true);
+    expect_same_outputs(fixed, adaptive);
+    EXPECT_LT(adaptive.metrics.draft_tokens, fixed.metrics.draft_tokens) << temperature;
+    if (temperature > 0) continue;  // sampled, these prompts' drafts are all rejected
+    EXPECT_GT(adaptive.metrics.accepted_draft_tokens * fixed.metrics.draft_tokens,
+              fixed.metrics.accepted_draft_tokens * adaptive.metrics.draft_tokens)
+        << temperature << ": " << adaptive.metrics.accepted_draft_tokens << "/" << adaptive.metrics.draft_tokens
+        << " against " << fixed.metrics.accepted_draft_tokens << "/" << fixed.metrics.draft_tokens;
   }
 }
 
