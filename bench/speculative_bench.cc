@@ -2,7 +2,8 @@
 // the bundled model on the CPU backend, or any model directory on any
 // device. Each workload runs greedy, plain and with n-gram drafts of each
 // --k, alternated, best of --repeats; the outputs must be equal token for
-// token (the program fails otherwise). Reported: output tokens/s and the
+// token (the program fails otherwise on the CPU; on a GPU it says from
+// which token they differ). Reported: output tokens/s and the
 // ratio to plain decoding; engine steps; the drafts' acceptance; the ideal
 // speedup the acceptance implies (tokens per step against plain's, as if a
 // verification step cost what a decode step costs) and how much of it the
@@ -53,6 +54,7 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::stri
   o.kv_slots = 4096;
   o.kv_dtype = kv_cache_dtype("auto", backend);
   if (k > 0) o.speculative = speculative_options("ngram", k);
+  o.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
   Engine engine(model, backend, &tok, o);
   SamplingParams p;
   p.max_tokens = tokens;
@@ -131,8 +133,14 @@ int main(int argc, char** argv) {
     for (size_t m = 0; m < modes.size(); ++m) {
       const Result& x = best[m];
       if (x.output != best[0].output) {
-        std::fprintf(stderr, "%s, k=%d: the output differs from plain decoding\n", w.name, modes[m]);
-        return 1;
+        // On the CPU the outputs are equal bit for bit; a GPU's kernels
+        // round differently at other batch shapes (k + 1 rows against one),
+        // which can flip a near tie (the bundled model's MoE routing
+        // amplifies one). Reported, and the figures still shown.
+        const auto at = std::mismatch(x.output.begin(), x.output.end(), best[0].output.begin(), best[0].output.end());
+        std::fprintf(stderr, "%s, k=%d: the output differs from plain decoding from token %zu\n", w.name, modes[m],
+                     static_cast<size_t>(at.first - x.output.begin()));
+        if (device == "cpu") return 1;
       }
       const double per_step = static_cast<double>(x.tokens) / static_cast<double>(x.steps);
       const double speedup = x.tokens_per_s / best[0].tokens_per_s;

@@ -56,6 +56,7 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::shar
   o.kv_slots = static_cast<int64_t>(batch) * (tokens + 64);
   o.kv_dtype = kv_cache_dtype("auto", backend);
   o.jump_forward = mode == Mode::kJumpForward;
+  o.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
   Engine engine(model, backend, &tok, o);
   std::vector<RequestHandle> handles;
   const auto start = bench::Clock::now();

@@ -61,6 +61,8 @@ bool jump_forward_choice(bool on, bool off, const Backend& backend) {
   return backend.device() != Device::kCpu;
 }
 
+int adaptive_drafts_from_batch(const Backend& backend) { return backend.device() == Device::kCpu ? 1 : 16; }
+
 const char* available_devices() {
 #ifdef BASALT_HAVE_CUDA
   return "cpu, cuda";

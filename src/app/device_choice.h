@@ -29,6 +29,12 @@ DType kv_cache_dtype(const std::string& choice, const Backend& backend);
 // about what a decode step costs; off by default on the CPU, where each of
 // its rows costs compute (bench/README.md has both figures).
 bool jump_forward_choice(bool on, bool off, const Backend& backend);
+// SpeculativeOptions::adaptive_from_batch for the device: 1 on the CPU (each
+// draft row costs compute), 16 on a GPU, where a few more rows per request
+// cost almost nothing at small batches (bench/README.md: the H200 copy
+// workload at batch 1 gives 2.17x capped at nothing, 1.56x capped; at batch
+// 64 jump-forward gives 0.82x uncapped, 0.88x capped; 16 lies between).
+int adaptive_drafts_from_batch(const Backend& backend);
 // "cpu" or "cpu, cuda": what this build offers, for --help texts.
 const char* available_devices();
 

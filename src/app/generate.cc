@@ -351,6 +351,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   options.max_running = f.max_running;
   options.jump_forward = jump_forward_choice(f.jump_forward, f.no_jump_forward, backend);
   options.speculative = speculative_options(f.speculative_algorithm, f.speculative_num_draft_tokens);
+  options.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   int64_t slots = 0;
   for (const BatchItem& item : items)

@@ -193,6 +193,7 @@ void run_serve(const ServeFlags& f) {
   options.overlap = f.overlap;
   options.jump_forward = jump_forward_choice(f.jump_forward, f.no_jump_forward, backend);
   options.speculative = speculative_options(f.speculative_algorithm, f.speculative_num_draft_tokens);
+  options.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
   options.page_size = f.page_size;
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   options.policy = f.policy == "fcfs" ? SchedulePolicy::kFcfs : SchedulePolicy::kLongestPrefixMatch;

@@ -149,7 +149,7 @@ struct Request {
   // (runtime/speculative.h).
   std::vector<int32_t> drafts;
   bool drafts_forced = false;  // the drafts are text its grammar forces (jump-forward)
-  int draft_cap = kMaxDrafts;  // the most drafts its next step may carry (SpeculativeOptions::adaptive)
+  int draft_cap = kMaxDrafts;  // the most drafts its next step may carry (SpeculativeOptions::adaptive_from_batch)
   // The latest launched step's length and id.
   int64_t inflight_len = 0;
   uint64_t last_step = 0;

@@ -571,7 +571,9 @@ bool Scheduler::propose_drafts(Request& r) {
   // state of the first (penalties and biases would need it per row): such
   // requests decode plainly.
   if ((!grammar && !spec.enabled()) || r.pending > 0 || r.processor->active()) return false;
-  const int room = std::min(r.max_tokens - r.num_output - 1, spec.adaptive ? r.draft_cap : kMaxDrafts);
+  const bool capped =
+      spec.adaptive_from_batch > 0 && static_cast<int64_t>(running_.size()) >= spec.adaptive_from_batch;
+  const int room = std::min(r.max_tokens - r.num_output - 1, capped ? r.draft_cap : kMaxDrafts);
   if (room <= 0) return false;
   if (grammar) {
     // The constraint is the runner's, which samples for this request only

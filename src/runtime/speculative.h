@@ -13,11 +13,13 @@
 // gives for a proposal that puts all its mass on one token, as n-gram
 // lookup does.
 //
-// Adaptive length (SpeculativeOptions::adaptive, on by default): a
-// request's next drafts are capped by its last verification, a + 1 after a
-// rejection at draft a (the row that disagreed is worth one more try), twice
-// the drafts after all were accepted, up to kMaxDrafts, so that where the
-// model disagrees the rejected rows stay few.
+// Adaptive length (SpeculativeOptions::adaptive_from_batch): with at least
+// that many requests running, a request's next drafts are capped by its last
+// verification, a + 1 after a rejection at draft a (the row that disagreed
+// is worth one more try), twice the drafts after all were accepted, up to
+// kMaxDrafts, so that where the model disagrees the rejected rows stay few.
+// Rows cost compute on the CPU at any batch; on a GPU a few more rows cost
+// almost nothing until the batch is large (bench/README.md has both).
 //
 // Jump-forward (SchedulerOptions::jump_forward) uses the same verification:
 // where a constrained request's grammar forces text, that text is its
@@ -54,8 +56,9 @@ struct SpeculativeOptions {
   // n-gram lookup: the longest suffix tried first, down to the shortest.
   int ngram_max = 4;
   int ngram_min = 2;
-  // Cap each request's drafts by its last verification (above).
-  bool adaptive = true;
+  // Cap each request's drafts by its last verification (above) while at
+  // least this many requests run; 0: never.
+  int adaptive_from_batch = 1;
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
   // Throws basalt::Error when a field is out of range.
   void validate() const;

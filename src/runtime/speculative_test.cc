@@ -93,7 +93,7 @@ SpecRun finish(Engine& engine, std::vector<RequestHandle>& handles) {
 SpecRun run(Fixture& f, bool speculative, float temperature, const std::shared_ptr<const TokenMasker>& grammar,
             int only = -1, int num_draft_tokens = 3, bool adaptive = true) {
   EngineOptions o = engine_options(speculative, num_draft_tokens);
-  o.speculative.adaptive = adaptive;
+  o.speculative.adaptive_from_batch = adaptive ? 1 : 0;
   Engine engine(*f.model, f.backend, f.tokenizer.get(), o);
   std::vector<RequestHandle> handles;
   int i = 0;
