@@ -98,11 +98,35 @@ void LogitsProcessor::append(int32_t id) {
   BASALT_CHECK(id >= 0 && id < vocab_size_, "output token id {} is outside the vocabulary (0..{})",
                id, vocab_size_ - 1);
   ++num_output_;
+  Appended a{id, false, false};
   if (!seen_.empty() && !seen_[static_cast<size_t>(id)]) {
     seen_[static_cast<size_t>(id)] = 1;
     seen_ids_.push_back(id);
+    a.first_seen = true;
   }
-  if (!counts_.empty() && counts_[static_cast<size_t>(id)]++ == 0) output_ids_.push_back(id);
+  if (!counts_.empty() && counts_[static_cast<size_t>(id)]++ == 0) {
+    output_ids_.push_back(id);
+    a.first_counted = true;
+  }
+  appended_.push_back(a);
+}
+
+void LogitsProcessor::rollback(int n) {
+  BASALT_CHECK(n >= 0 && static_cast<size_t>(n) <= appended_.size(), "logits processor: cannot roll back {} of {} tokens",
+               n, appended_.size());
+  // Last in, first out: a token first seen or counted by its append is the
+  // last entry of those lists when it is undone.
+  for (int i = 0; i < n; ++i) {
+    const Appended a = appended_.back();
+    appended_.pop_back();
+    --num_output_;
+    if (a.first_seen) {
+      seen_[static_cast<size_t>(a.id)] = 0;
+      seen_ids_.pop_back();
+    }
+    if (!counts_.empty()) --counts_[static_cast<size_t>(a.id)];
+    if (a.first_counted) output_ids_.pop_back();
+  }
 }
 
 }  // namespace basalt

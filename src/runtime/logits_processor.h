@@ -58,6 +58,10 @@ class LogitsProcessor {
   void edits(int32_t row, std::vector<LogitEdit>& out) const;
   // Records one sampled output token.
   void append(int32_t id);
+  // Forgets the last n appended tokens (n <= those appended): a
+  // verification step sees each draft row's edits with the drafts before it
+  // appended, then takes them back.
+  void rollback(int n);
 
   int num_output_tokens() const { return num_output_; }
 
@@ -77,6 +81,13 @@ class LogitsProcessor {
   std::vector<int32_t> counts_;
   std::vector<int32_t> output_ids_;
   int num_output_ = 0;
+  // Per appended token, what rollback() undoes: the id, and whether it was
+  // first seen (seen_ids_) or first counted (output_ids_) by that append.
+  struct Appended {
+    int32_t id;
+    bool first_seen, first_counted;
+  };
+  std::vector<Appended> appended_;
 };
 
 }  // namespace basalt

@@ -34,6 +34,48 @@ TEST(LogitsProcessor, DefaultsChangeNothing) {
   EXPECT_EQ(applied(p, row), row);
 }
 
+// rollback(n) returns to the state n appends ago, whatever they touched
+// (new ids, repeated ids, the min_tokens boundary): checked against a
+// processor that never saw them, over random sequences.
+TEST(LogitsProcessor, RollbackUndoesTheLastAppends) {
+  SamplingParams params;
+  params.min_tokens = 3;
+  params.repetition_penalty = 1.3f;
+  params.frequency_penalty = 0.4f;
+  params.presence_penalty = 0.25f;
+  params.logit_bias = {{4, 1.5f}};
+  const std::vector<int32_t> prompt = {1, 2};
+  const std::vector<int32_t> eos = {7};
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> id(0, 7);
+  for (int trial = 0; trial < 200; ++trial) {
+    LogitsProcessor p(params, 8, eos, prompt), fresh(params, 8, eos, prompt);
+    const int keep = trial % 6, extra = 1 + trial % 5;
+    for (int i = 0; i < keep; ++i) {
+      const int32_t t = id(rng);
+      p.append(t);
+      fresh.append(t);
+    }
+    for (int i = 0; i < extra; ++i) p.append(id(rng));
+    p.rollback(extra);
+    std::vector<LogitEdit> got, want;
+    p.edits(0, got);
+    fresh.edits(0, want);
+    ASSERT_EQ(got.size(), want.size()) << "trial " << trial;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].token, want[i].token) << "trial " << trial;
+      EXPECT_EQ(got[i].suppress, want[i].suppress) << "trial " << trial;
+      EXPECT_EQ(got[i].subtract, want[i].subtract) << "trial " << trial;
+      EXPECT_EQ(got[i].repetition, want[i].repetition) << "trial " << trial;
+    }
+    EXPECT_EQ(p.active(), fresh.active());
+    EXPECT_EQ(p.num_output_tokens(), fresh.num_output_tokens());
+  }
+  LogitsProcessor p(params, 8, eos, prompt);
+  p.append(3);
+  EXPECT_THROW(p.rollback(2), Error);
+}
+
 TEST(LogitsProcessor, RepetitionPenaltyDividesPositiveMultipliesNegative) {
   SamplingParams params;
   params.repetition_penalty = 2.0f;

@@ -116,11 +116,10 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   // logprobs (raw, before the processors and masks) are reduced on the
   // device to each row's top entries and the drawn token's value.
   int top = 0;
-  bool want_sampled = false, active = false;
+  bool want_sampled = false;
   for (const StepPlan::SampleRow& row : plan.rows) {
     top = std::max(top, row.logprobs);
     want_sampled |= row.sampled_logprob;
-    active |= row.processor->active();
   }
   top = std::min(top, vocab_);
   Tensor lp;
@@ -154,12 +153,21 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
       }
     }
   }
-  if (active) {
-    std::vector<LogitEdit> edits;
-    for (size_t r = 0; r < R; ++r)
-      if (plan.rows[r].processor->active()) plan.rows[r].processor->edits(static_cast<int32_t>(r), edits);
-    backend_.adjust_logits(logits, edits);
+  // The processors' edits: a draft group's rows as if the drafts before
+  // each were sampled (penalties count them), given back at the group's end.
+  std::vector<LogitEdit> edits;
+  for (size_t r = 0, appended = 0; r < R; ++r) {
+    LogitsProcessor& processor = *plan.rows[r].processor;
+    if (processor.active()) processor.edits(static_cast<int32_t>(r), edits);
+    if (plan.rows[r].draft >= 0) {
+      processor.append(plan.rows[r].draft);
+      ++appended;
+    } else if (appended > 0) {
+      processor.rollback(static_cast<int>(appended));
+      appended = 0;
+    }
   }
+  if (!edits.empty()) backend_.adjust_logits(logits, edits);
   if (masked) {
     const Tensor host_mask =
         Tensor::from_i32({L, words}, std::span<const int32_t>(reinterpret_cast<const int32_t*>(mask.data()), mask.size()));

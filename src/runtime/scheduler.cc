@@ -567,10 +567,8 @@ bool Scheduler::propose_drafts(Request& r) {
   const SpeculativeOptions& spec = options_.speculative;
   const bool grammar = options_.jump_forward && r.constraint != nullptr;
   // Drafts follow the request's last known token: none while a step that
-  // samples for it is in flight. Rows past the first see the processor's
-  // state of the first (penalties and biases would need it per row): such
-  // requests decode plainly.
-  if ((!grammar && !spec.enabled()) || r.pending > 0 || r.processor->active()) return false;
+  // samples for it is in flight.
+  if ((!grammar && !spec.enabled()) || r.pending > 0) return false;
   const bool capped =
       spec.adaptive_from_batch > 0 && static_cast<int64_t>(running_.size()) >= spec.adaptive_from_batch;
   const int room = std::min(r.max_tokens - r.num_output - 1, capped ? r.draft_cap : kMaxDrafts);

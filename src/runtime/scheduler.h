@@ -72,9 +72,8 @@ struct SchedulerOptions {
   bool stop_strings = true;
   // Jump-forward: where a constrained request's grammar forces text (a
   // property name, `", "`, closing brackets), that text, spelled as the
-  // tokenizer spells it, is drafted and verified in one step (not where the
-  // request's processor is active: penalties would need per-row state).
-  // Exact: the output is token for token that of plain decoding.
+  // tokenizer spells it, is drafted and verified in one step. Exact: the
+  // output is token for token that of plain decoding.
   bool jump_forward = false;
   // Speculative decoding: drafts for decoding requests (runtime/speculative.h).
   SpeculativeOptions speculative;

@@ -180,6 +180,42 @@ TEST_P(Speculative, ConstrainedOutputsAreThoseOfPlainDecoding) {
   }
 }
 
+// Penalties, logit bias and min_tokens see each draft row as if the drafts
+// before it were sampled: outputs stay plain decoding's, and drafts are
+// still proposed and accepted.
+TEST_P(Speculative, PenalisedOutputsAreThoseOfPlainDecoding) {
+  Fixture f(kLlama);
+  auto penalised = [&](bool speculative, float temperature) {
+    Engine engine(*f.model, f.backend, nullptr, engine_options(speculative, 4));
+    std::vector<RequestHandle> handles;
+    int i = 0;
+    for (const std::vector<int32_t>& prompt : looping_prompts()) {
+      SamplingParams p;
+      p.max_tokens = 24;
+      p.temperature = temperature;
+      p.seed = 70 + static_cast<uint64_t>(i);
+      // Mild, so that the output still repeats itself and drafts land.
+      if (i % 2 == 0) p.frequency_penalty = 0.2f;
+      else p.repetition_penalty = 1.1f;
+      if (i == 1) p.logit_bias = {{prompt[0], 0.5f}};
+      if (i == 2) p.min_tokens = 10;
+      p.presence_penalty = i == 3 ? 0.3f : 0.0f;
+      handles.push_back(engine.submit(request(prompt, p)));
+      ++i;
+    }
+    return finish(engine, handles);
+  };
+  for (const float temperature : {0.0f, 1.0f}) {
+    const SpecRun plain = penalised(false, temperature);
+    const SpecRun spec = penalised(true, temperature);
+    expect_same_outputs(plain, spec);
+    EXPECT_GT(spec.metrics.draft_tokens, 0u) << temperature;
+    if (temperature == 0.0f) {
+      EXPECT_GT(spec.metrics.accepted_draft_tokens, 0u);
+    }
+  }
+}
+
 // Adaptive length: after a rejection at draft a a request drafts a + 1,
 // so where the model disagrees fewer rows are wasted: fewer drafts, a
 // higher share accepted, the same tokens.
