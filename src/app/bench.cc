@@ -15,6 +15,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,18 @@ std::string ask_model_name(boost::asio::io_context& io, HttpClient& client, cons
   return name;
 }
 
+// The server's speculation counters now (GET /metrics); nullopt when it has
+// none or the scrape fails (the report then says nothing about them).
+std::optional<SpecCounters> scrape_spec_counters(boost::asio::io_context& io, HttpClient& client) {
+  std::optional<SpecCounters> counters;
+  client.send("GET", "/metrics", "", false, false, [&](ExchangeResult&& r) {
+    if (r.error == ErrorKind::kNone) counters = spec_counters(r.body);
+  });
+  io.restart();
+  io.run();
+  return counters;
+}
+
 void run_bench(const BenchFlags& f) {
   const std::string endpoint = f.endpoint;
   BASALT_CHECK(!endpoint.empty() && endpoint[0] == '/', "--endpoint '{}' must be a path starting with '/'", endpoint);
@@ -217,8 +230,14 @@ void run_bench(const BenchFlags& f) {
     o.shape = {rate, f.seed + i, f.burst_factor, f.burst_start, f.burst_duration};
     o.progress = !f.no_progress;
     o.label = std::isfinite(rate) ? fmt::format("rate {:g}", rate) : "rate inf";
+    const std::optional<SpecCounters> spec_before = scrape_spec_counters(io, client);
     RunResult run = run_load(io, client, workload, o);
+    const std::optional<SpecCounters> spec_after = scrape_spec_counters(io, client);
     Metrics m = compute_metrics(run, {f.slo_ttft_ms, f.slo_tpot_ms});
+    if (spec_before && spec_after)
+      m.speculation = SpecCounters{spec_after->drafted - spec_before->drafted,
+                                   spec_after->accepted - spec_before->accepted,
+                                   spec_after->jump_forward - spec_before->jump_forward};
     m.label = f.label;
     m.rate = std::isfinite(rate) ? rate : 0;
     m.max_concurrency = f.max_concurrency;

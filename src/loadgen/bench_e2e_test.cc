@@ -133,6 +133,26 @@ TEST(BenchE2E, RandomWorkloadCountsExactlyTheAskedTokens) {
   EXPECT_GT(res["client"]["cpu_s"].get<double>(), 0);
   EXPECT_NE(r.out.find("TTFT"), std::string::npos);
   EXPECT_NE(slurp(svg).find("</svg>"), std::string::npos);
+  // The server's speculation counters, scraped around the run: none drafted.
+  ASSERT_TRUE(res["speculative"].is_object()) << res.dump();
+  EXPECT_EQ(res["speculative"]["draft_tokens"], 0);
+}
+
+// Against a server that speculates, the report has the drafts of this run
+// and their acceptance, next to ITL.
+TEST(BenchE2E, SpeculationIsReportedNextToItl) {
+  Server server({"--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "4"});
+  const BenchRun r = bench(server, "--num-prompts 6 --input-len 16 --output-len 48 --ignore-eos --seed 5");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_TRUE(r.report.is_object()) << r.out;
+  const json& res = r.report["results"][0];
+  expect_no_errors(res);
+  const json& spec = res["speculative"];
+  ASSERT_TRUE(spec.is_object()) << res.dump();
+  // Greedy text from the bundled model repeats itself within 48 tokens.
+  EXPECT_GT(spec["draft_tokens"].get<double>(), 0) << spec.dump();
+  EXPECT_LE(spec["accepted_tokens"].get<double>(), spec["draft_tokens"].get<double>());
+  EXPECT_NE(r.out.find("Speculative: "), std::string::npos) << r.out;
 }
 
 TEST(BenchE2E, ChatMultiTurnSharedPrefixSweepAndApiKeys) {

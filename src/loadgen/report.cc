@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <set>
 
 namespace basalt::loadgen {
@@ -98,6 +99,43 @@ json summary_json(const Summary& s) {
 
 }  // namespace
 
+std::optional<SpecCounters> spec_counters(std::string_view text) {
+  SpecCounters c;
+  bool found = false;
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view{} : text.substr(end + 1);
+    if (line.empty() || line[0] == '#') continue;
+    // name{labels} value [timestamp]
+    const size_t name_end = line.find_first_of("{ ");
+    if (name_end == std::string_view::npos) continue;
+    const std::string_view name = line.substr(0, name_end);
+    double* into = nullptr;
+    if (name == "basalt_spec_draft_tokens_total" || name == "vllm:spec_decode_num_draft_tokens_total")
+      into = &c.drafted;
+    else if (name == "basalt_spec_accepted_tokens_total" || name == "vllm:spec_decode_num_accepted_tokens_total")
+      into = &c.accepted;
+    else if (name == "basalt_jump_forward_tokens_total")
+      into = &c.jump_forward;
+    if (into == nullptr) continue;
+    size_t value_at = name_end;
+    if (line[name_end] == '{') {
+      const size_t close = line.find('}', name_end);
+      if (close == std::string_view::npos) continue;
+      value_at = close + 1;
+    }
+    const std::string value(line.substr(value_at));
+    char* parsed_end = nullptr;
+    const double v = std::strtod(value.c_str(), &parsed_end);
+    if (parsed_end == value.c_str() || !std::isfinite(v)) continue;
+    *into += v;
+    found = true;
+  }
+  if (!found) return std::nullopt;
+  return c;
+}
+
 json metrics_json(const Metrics& m) {
   json errors = {{"connect", 0}, {"http_status", 0}, {"timeout", 0}, {"stream", 0}};
   for (const auto& [k, v] : m.errors) errors[k] = v;
@@ -125,6 +163,14 @@ json metrics_json(const Metrics& m) {
           {"errors", errors},
           {"error_examples", m.error_examples},
           {"tokens_per_second_timeline", m.tokens_per_second},
+          {"speculative",
+           m.speculation ? json{{"draft_tokens", m.speculation->drafted},
+                                {"accepted_tokens", m.speculation->accepted},
+                                {"acceptance", m.speculation->drafted > 0
+                                                   ? json(m.speculation->accepted / m.speculation->drafted)
+                                                   : json(nullptr)},
+                                {"jump_forward_tokens", m.speculation->jump_forward}}
+                         : json(nullptr)},
           {"client",
            {{"cpu_s", m.cpu_s},
             {"cpu_us_per_output_token", m.cpu_us_per_token},
@@ -162,6 +208,11 @@ std::string metrics_table(const Metrics& m) {
   row("ITL", m.itl);
   row("TPOT", m.tpot);
   row("E2E", m.e2e);
+  if (m.speculation && m.speculation->drafted > 0) {
+    const SpecCounters& c = *m.speculation;
+    s += fmt::format("Speculative: {:.1f}% of {:.0f} drafts accepted ({:.0f}; {:.0f} of them forced text)\n",
+                     100 * c.accepted / c.drafted, c.drafted, c.accepted, c.jump_forward);
+  }
   if (m.failed > 0) {
     std::string kinds;
     for (const auto& [k, v] : m.errors) kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", v, k);

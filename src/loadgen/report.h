@@ -23,9 +23,16 @@
 //    for one or more runs, the CDFs of TTFT, ITL, TPOT and E2E and the output
 //    token throughput over time (1-second bins), one colour per run, with
 //    axes, ticks and a legend; labels are XML-escaped.
+//  * Speculation: the server's own counters of draft tokens verified and
+//    accepted over the run (the difference of two scrapes of its /metrics,
+//    read by spec_counters: Basalt's basalt_spec_* and
+//    basalt_jump_forward_tokens_total, vLLM's vllm:spec_decode_*), shown
+//    next to ITL when the server has them.
 #pragma once
 
 #include <map>
+#include <optional>
+#include <string_view>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -34,6 +41,14 @@
 #include "loadgen/stats.h"
 
 namespace basalt::loadgen {
+
+// Draft tokens a server verified and accepted, from its Prometheus text:
+// the sums over every series of the known counter names. nullopt when the
+// text has none of them (a server without speculation counters).
+struct SpecCounters {
+  double drafted = 0, accepted = 0, jump_forward = 0;
+};
+std::optional<SpecCounters> spec_counters(std::string_view prometheus_text);
 
 struct Metrics {
   std::string label;
@@ -46,6 +61,7 @@ struct Metrics {
   SloLimits slo;
   Summary ttft, itl, tpot, e2e, output_len;
   std::map<std::string, int64_t> errors;  // by kind name
+  std::optional<SpecCounters> speculation;  // over the run; unset: not known
   std::vector<std::string> error_examples;
   // Client overhead.
   double cpu_s = 0, cpu_us_per_token = 0, cpu_fraction = 0;

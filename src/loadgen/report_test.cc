@@ -17,6 +17,48 @@ RequestRecord ok(double sent, std::vector<double> tokens, int64_t usage, double 
   return r;
 }
 
+// Basalt's and vLLM's counter names, summed over their series; comments,
+// other metrics and malformed values are passed over.
+TEST(SpecCounters, SumsTheKnownCountersOfEitherServer) {
+  const auto basalt = spec_counters(
+      "# HELP basalt_spec_draft_tokens_total Draft tokens.\n"
+      "# TYPE basalt_spec_draft_tokens_total counter\n"
+      "basalt_spec_draft_tokens_total{model=\"m\"} 120\n"
+      "basalt_spec_accepted_tokens_total{model=\"m\"} 7.5e1\n"
+      "basalt_spec_accepted_by_position_total{model=\"m\",position=\"0\"} 50\n"
+      "basalt_jump_forward_tokens_total{model=\"m\"} 30\n"
+      "basalt_spec_draft_tokens_total{model=\"n\"} 10\n"
+      "basalt_spec_accepted_tokens_total{model=\"n\"} not-a-number\n"
+      "basalt_requests_total 99");
+  ASSERT_TRUE(basalt.has_value());
+  EXPECT_DOUBLE_EQ(basalt->drafted, 130);
+  EXPECT_DOUBLE_EQ(basalt->accepted, 75);
+  EXPECT_DOUBLE_EQ(basalt->jump_forward, 30);
+  const auto vllm = spec_counters(
+      "vllm:spec_decode_num_draft_tokens_total{engine=\"0\",model_name=\"x\"} 40.0\n"
+      "vllm:spec_decode_num_accepted_tokens_total{engine=\"0\",model_name=\"x\"} 10.0\n");
+  ASSERT_TRUE(vllm.has_value());
+  EXPECT_DOUBLE_EQ(vllm->drafted, 40);
+  EXPECT_DOUBLE_EQ(vllm->accepted, 10);
+  EXPECT_FALSE(spec_counters("vllm:num_requests_running 3\n# basalt_spec_draft_tokens_total 5\n").has_value());
+  EXPECT_FALSE(spec_counters("").has_value());
+}
+
+TEST(SpecCounters, ShownNextToItlAndInTheJson) {
+  Metrics m;
+  EXPECT_TRUE(metrics_json(m)["speculative"].is_null());
+  EXPECT_EQ(metrics_table(m).find("Speculative"), std::string::npos);
+  m.speculation = SpecCounters{200, 150, 40};
+  const std::string table = metrics_table(m);
+  EXPECT_NE(table.find("Speculative: 75.0% of 200 drafts accepted (150; 40 of them forced text)"), std::string::npos)
+      << table;
+  EXPECT_LT(table.find("ITL"), table.find("Speculative"));
+  const nlohmann::json j = metrics_json(m)["speculative"];
+  EXPECT_DOUBLE_EQ(j["acceptance"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(j["draft_tokens"].get<double>(), 200);
+  EXPECT_DOUBLE_EQ(j["jump_forward_tokens"].get<double>(), 40);
+}
+
 TEST(Metrics, HandComputedRun) {
   RunResult run;
   run.wall_s = 2.0;
