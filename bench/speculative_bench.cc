@@ -1,7 +1,8 @@
 // basalt_bench_speculative: what speculative decoding gains at batch 1, on
 // the bundled model on the CPU backend, or any model directory on any
-// device. Each workload runs greedy, plain and with n-gram drafts of each
-// --k, alternated, best of --repeats; the outputs must be equal token for
+// device. Each workload runs greedy, plain, with n-gram drafts of each
+// --k, and with the model's MTP layer drafting where it has one,
+// alternated, best of --repeats; the outputs must be equal token for
 // token (the program fails otherwise on the CPU; on a GPU it says from
 // which token they differ). Reported: output tokens/s and the
 // ratio to plain decoding; engine steps; the drafts' acceptance; the ideal
@@ -54,6 +55,7 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::stri
   o.kv_slots = 4096;
   o.kv_dtype = kv_cache_dtype("auto", backend);
   if (k > 0) o.speculative = speculative_options("ngram", k);
+  if (k < 0) o.speculative = speculative_options("mtp", 1);
   o.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
   Engine engine(model, backend, &tok, o);
   SamplingParams p;
@@ -121,8 +123,9 @@ int main(int argc, char** argv) {
   std::printf("%-6s %-10s %10s %8s %7s %11s %8s %10s %10s\n", "work", "mode", "tokens/s", "vs plain", "steps",
               "acceptance", "tok/step", "ideal", "of ideal");
   for (const Workload& w : workloads) {
-    std::vector<int> modes = {0};
+    std::vector<int> modes = {0};  // plain, n-gram k for each --k, and -1: MTP
     modes.insert(modes.end(), ks.begin(), ks.end());
+    if (model->draft_head() != nullptr) modes.push_back(-1);
     std::vector<Result> best(modes.size());
     for (int r = 0; r < repeats; ++r)
       for (size_t m = 0; m < modes.size(); ++m) {
@@ -132,20 +135,22 @@ int main(int argc, char** argv) {
     const double plain_per_step = static_cast<double>(best[0].tokens) / static_cast<double>(best[0].steps);
     for (size_t m = 0; m < modes.size(); ++m) {
       const Result& x = best[m];
+      const std::string mode = modes[m] == 0   ? std::string("plain")
+                               : modes[m] < 0 ? std::string("mtp")
+                                              : "ngram k=" + std::to_string(modes[m]);
       if (x.output != best[0].output) {
         // On the CPU the outputs are equal bit for bit; a GPU's kernels
         // round differently at other batch shapes (k + 1 rows against one),
         // which can flip a near tie (the bundled model's MoE routing
         // amplifies one). Reported, and the figures still shown.
         const auto at = std::mismatch(x.output.begin(), x.output.end(), best[0].output.begin(), best[0].output.end());
-        std::fprintf(stderr, "%s, k=%d: the output differs from plain decoding from token %zu\n", w.name, modes[m],
+        std::fprintf(stderr, "%s, %s: the output differs from plain decoding from token %zu\n", w.name, mode.c_str(),
                      static_cast<size_t>(at.first - x.output.begin()));
         if (device == "cpu") return 1;
       }
       const double per_step = static_cast<double>(x.tokens) / static_cast<double>(x.steps);
       const double speedup = x.tokens_per_s / best[0].tokens_per_s;
       const double ideal = per_step / plain_per_step;
-      const std::string mode = modes[m] == 0 ? std::string("plain") : "ngram k=" + std::to_string(modes[m]);
       const double acceptance = x.drafted ? static_cast<double>(x.accepted) / static_cast<double>(x.drafted) : 0.0;
       std::printf("%-6s %-10s %10.1f %7.2fx %7llu %10.0f%% %8.2f %9.2fx %9.0f%%\n", w.name, mode.c_str(),
                   x.tokens_per_s, speedup, static_cast<unsigned long long>(x.steps), 100.0 * acceptance, per_step,

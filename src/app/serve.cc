@@ -292,7 +292,8 @@ void add_serve_command(CLI::App& app) {
                 "where the extra rows cost compute)");
   cmd->add_flag("--no-jump-forward", f.no_jump_forward, "Structured output: sample every token (see --jump-forward)");
   cmd->add_option("--speculative-algorithm", f.speculative_algorithm,
-                  "Speculative decoding: ngram (drafts looked up in the request's own text) or none; the output "
+                  "Speculative decoding: ngram (drafts looked up in the request's own text), mtp (the model's "
+                  "multi-token-prediction layer drafts one token) or none; the output "
                   "is token for token that of plain decoding (default none; turns --overlap off)");
   cmd->add_option("--speculative-num-draft-tokens", f.speculative_num_draft_tokens,
                   "Speculative decoding: the most draft tokens verified per request per step (default 4)")

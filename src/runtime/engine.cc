@@ -90,6 +90,8 @@ struct Engine::Parts {
         // With n-gram speculation every step waits for the one before
         // (drafts follow the last token): no thread to hand steps to.
         pipeline(runner, options.overlap && !options.speculative.enabled()) {
+    BASALT_CHECK(options.speculative.algorithm != SpeculativeAlgorithm::kMtp || model.draft_head() != nullptr,
+                 "speculative decoding with mtp: the model has no multi-token-prediction layer");
     snapshot = scheduler.metrics();
   }
 

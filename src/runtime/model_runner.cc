@@ -33,7 +33,9 @@ LocalModelRunner::LocalModelRunner(Model& model, Backend& backend, int64_t kv_sl
     : model_(model),
       backend_(backend),
       kv_(model.allocate_kv(kv_slots, kv_dtype)),
-      vocab_(static_cast<int32_t>(model.config().vocab_size)) {
+      vocab_(static_cast<int32_t>(model.config().vocab_size)),
+      kv_slots_(kv_slots),
+      kv_dtype_(kv_dtype) {
   // Before the first step: a model that records work (CUDA graphs) does it
   // now, against this KV storage, rather than in the middle of serving.
   model_.prepare(kv_);
@@ -45,7 +47,14 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   const auto L = static_cast<int64_t>(plan.logit_rows.size());
   const size_t R = plan.rows.size();
   Tensor logits = backend_.empty({L, vocab_}, DType::kF32);
-  model_.forward(fb, kv_, logits);
+  Tensor hidden;
+  if (plan.capture_hidden) {
+    BASALT_CHECK(model_.draft_head() != nullptr, "speculative decoding: the model has no draft head (MTP layer)");
+    hidden = backend_.empty({fb.num_tokens(), model_.config().hidden_size}, DType::kF32);
+    model_.forward(fb, kv_, logits, &hidden);
+  } else {
+    model_.forward(fb, kv_, logits);
+  }
   result.logprobs.assign(R, {});
   result.sampled_logprobs.assign(R, std::numeric_limits<float>::quiet_NaN());
   result.row_errors.clear();
@@ -215,6 +224,85 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
       fail_row(group, e);
     }
   }
+  if (plan.capture_hidden) run_draft_head(plan, hidden, result);
+}
+
+// The head reads, at each position the step computed and kept, the model's
+// hidden state there and the token that follows it (the next input, or for
+// a sequence's last kept position the token sampled there, or for a prefill
+// chunk the prompt's next token), writes its KV at that position's slot,
+// and at each sampling sequence's last kept position predicts the token
+// after the one just sampled: the next step's draft. Positions of rejected
+// drafts are not kept (their KV is rolled back and will be written again).
+void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden, StepResult& result) {
+  DraftHead& head = *model_.draft_head();
+  if (!head_kv_ready_) {
+    head_kv_ = head.allocate_kv(kv_slots_, kv_dtype_);
+    head_kv_ready_ = true;
+  }
+  const size_t R = plan.rows.size();
+  result.proposals.assign(R, -1);
+  std::vector<int32_t> ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows, hidden_rows;
+  std::vector<size_t> proposal_rows;  // per head logits row: the plan row (a group's first) it drafts for
+  const auto failed = [&](size_t r) { return !result.row_errors.empty() && !result.row_errors[r].empty(); };
+  size_t r = 0;
+  for (size_t s = 0; s + 1 < plan.q_start.size(); ++s) {
+    const int32_t q0 = plan.q_start[s], q1 = plan.q_start[s + 1], n = q1 - q0;
+    const int32_t k0 = plan.kv_start[s], k1 = plan.kv_start[s + 1];
+    // The sequence's sampled rows (one group) are those whose logits row
+    // lies in its tokens; rows come in sequence order.
+    const size_t first = r;
+    while (r < R && plan.logit_rows[r] < q1) ++r;
+    const bool samples = r > first;
+    int32_t kept = n, follow = plan.next_known[s];
+    if (samples) {
+      if (failed(first)) continue;
+      const auto drafts = static_cast<int32_t>(r - first) - 1;
+      const int32_t accepted = result.accepted.empty() ? 0 : result.accepted[first];
+      kept = n - drafts + accepted;
+      follow = result.next[first + static_cast<size_t>(accepted)];
+    } else if (follow < 0) {
+      --kept;  // the token after the chunk is not known yet: its last position waits
+    }
+    if (kept <= 0) continue;
+    for (int32_t i = 0; i < kept; ++i) {
+      const int32_t t = q0 + i;
+      ids.push_back(i == kept - 1 && follow >= 0 ? follow : plan.token_ids[static_cast<size_t>(t + 1)]);
+      positions.push_back(plan.positions[static_cast<size_t>(t)]);
+      out_slots.push_back(plan.out_slots[static_cast<size_t>(t)]);
+      hidden_rows.push_back(t);
+    }
+    kv_slots.insert(kv_slots.end(), plan.kv_slots.begin() + k0, plan.kv_slots.begin() + (k1 - (n - kept)));
+    q_start.push_back(static_cast<int32_t>(ids.size()));
+    kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
+    if (samples) {
+      logit_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+      proposal_rows.push_back(first);
+    }
+  }
+  if (ids.empty()) return;
+  if (logit_rows.empty()) logit_rows.push_back(0);  // the head wants a row; nobody reads it
+  ForwardBatch hb;
+  hb.mode = ForwardMode::kExtend;
+  hb.token_ids = i32_tensor(ids);
+  hb.positions = i32_tensor(positions);
+  hb.out_slots = i32_tensor(out_slots);
+  hb.attention.q_start = i32_tensor(q_start);
+  hb.attention.kv_start = i32_tensor(kv_start);
+  hb.attention.kv_slots = i32_tensor(kv_slots);
+  hb.logit_rows = i32_tensor(logit_rows);
+  const auto N = static_cast<int64_t>(ids.size()), L = static_cast<int64_t>(logit_rows.size());
+  Tensor rows = backend_.empty({N}, DType::kI32);
+  backend_.copy(i32_tensor(hidden_rows), rows);
+  Tensor kept_hidden = backend_.empty({N, model_.config().hidden_size}, DType::kF32);
+  backend_.embedding(rows, hidden, kept_hidden);  // gathers the kept positions' rows
+  Tensor head_logits = backend_.empty({L, vocab_}, DType::kF32);
+  head.forward(hb, kept_hidden, head_kv_, head_logits);
+  Tensor best = backend_.empty({L}, DType::kI32);
+  backend_.argmax(head_logits, best);
+  Tensor host_best = Tensor::empty({L}, DType::kI32);
+  backend_.copy(best, host_best);
+  for (size_t j = 0; j < proposal_rows.size(); ++j) result.proposals[proposal_rows[j]] = host_best.data<int32_t>()[j];
 }
 
 // --- StepPipeline -----------------------------------------------------------------

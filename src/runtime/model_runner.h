@@ -45,10 +45,19 @@ class LocalModelRunner : public ModelRunner {
   KvBuffers& kv() { return kv_; }
 
  private:
+  // The draft head's pass after sampling (StepPlan::capture_hidden).
+  void run_draft_head(const StepPlan& plan, const Tensor& hidden, StepResult& result);
+
   Model& model_;
   Backend& backend_;
   KvBuffers kv_;
   int32_t vocab_;
+  int64_t kv_slots_;
+  DType kv_dtype_;
+  // The draft head's own KV, slot for slot beside the model's (allocated at
+  // the first step that runs the head).
+  KvBuffers head_kv_;
+  bool head_kv_ready_ = false;
 };
 
 // Runs steps in order. Threaded (overlap): launch() queues a step and

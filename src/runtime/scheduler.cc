@@ -483,6 +483,7 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
   plan->logit_rows.reserve(batch.size());
   plan->rows.reserve(batch.size());
   plan->sampled.reserve(batch.size());
+  plan->capture_hidden = options_.speculative.algorithm == SpeculativeAlgorithm::kMtp;
   bool any_prefill = false, any_decode = false, any_drafts = false;
   for (size_t b = 0; b < batch.size(); ++b) {
     Request* r = batch[b];
@@ -516,6 +517,7 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
     plan->kv_slots.insert(plan->kv_slots.end(), r->kv.slots.begin(), r->kv.slots.begin() + end_pos);
     plan->q_start.push_back(static_cast<int32_t>(plan->token_ids.size()));
     plan->kv_start.push_back(static_cast<int32_t>(plan->kv_slots.size()));
+    if (plan->capture_hidden) plan->next_known.push_back(end_pos < known ? r->tokens[static_cast<size_t>(end_pos)] : -1);
     const bool samples = end_pos == r->target() + drafts;
     (r->step_len == 1 + drafts && samples ? any_decode : any_prefill) = true;
     if (r->step_start < r->prompt_len)
@@ -585,6 +587,10 @@ bool Scheduler::propose_drafts(Request& r) {
     if (r.drafts_forced) return true;
   }
   if (!spec.enabled()) return false;
+  if (spec.algorithm == SpeculativeAlgorithm::kMtp) {
+    if (r.proposal >= 0) r.drafts.assign(1, r.proposal);
+    return !r.drafts.empty();
+  }
   r.drafts = propose_ngram(r.tokens, std::min(spec.num_draft_tokens, room), spec.ngram_min, spec.ngram_max);
   return !r.drafts.empty();
 }
@@ -615,6 +621,7 @@ size_t Scheduler::take_verified(StepPlan& plan, StepResult& result, size_t first
   BASALT_CHECK(result.accepted.size() > first && result.accepted[first] >= 0 && result.accepted[first] <= drafts,
                "request {}: no verification result for its {} drafts", r.id, drafts);
   const int64_t accepted = result.accepted[first];
+  r.proposal = first < result.proposals.size() ? result.proposals[first] : -1;
   // The KV of the rejected drafts' positions goes before any token lands,
   // so that a request ending here caches only verified positions.
   kv_.rollback(r.kv, drafts - accepted);
@@ -703,6 +710,7 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
       end(r, FinishReason::kError, updates, {}, std::move(result.row_errors[i]));
       continue;
     }
+    r.proposal = i < result.proposals.size() ? result.proposals[i] : -1;
     on_token(r, result.next[i], std::move(result.logprobs[i]), result.sampled_logprobs[i], now, updates);
   }
   remove_finished();

@@ -9,13 +9,15 @@ namespace basalt {
 SpeculativeAlgorithm parse_speculative_algorithm(std::string_view name) {
   if (name == "none") return SpeculativeAlgorithm::kNone;
   if (name == "ngram" || name == "prompt_lookup") return SpeculativeAlgorithm::kNgram;
-  throw Error(fmt::format("unknown speculative algorithm \"{}\" (known: ngram, none)", name));
+  if (name == "mtp" || name == "deepseek_mtp") return SpeculativeAlgorithm::kMtp;
+  throw Error(fmt::format("unknown speculative algorithm \"{}\" (known: mtp, ngram, none)", name));
 }
 
 std::string_view to_string(SpeculativeAlgorithm algorithm) {
   switch (algorithm) {
     case SpeculativeAlgorithm::kNone: return "none";
     case SpeculativeAlgorithm::kNgram: return "ngram";
+    case SpeculativeAlgorithm::kMtp: return "mtp";
   }
   return "?";
 }
@@ -33,6 +35,9 @@ SpeculativeOptions speculative_options(std::string_view algorithm, int num_draft
   SpeculativeOptions o;
   o.algorithm = parse_speculative_algorithm(algorithm);
   o.num_draft_tokens = num_draft_tokens;
+  // One MTP layer drafts one token (chaining it on its own hidden state is
+  // not done yet).
+  if (o.algorithm == SpeculativeAlgorithm::kMtp) o.num_draft_tokens = std::min(num_draft_tokens, 1);
   o.validate();
   return o;
 }

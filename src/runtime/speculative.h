@@ -43,9 +43,14 @@ inline constexpr int kMaxDrafts = 16;
 enum class SpeculativeAlgorithm : uint8_t {
   kNone,
   kNgram,  // prompt lookup: the tokens that followed the latest earlier match of the text's last n tokens
+  // The model's own multi-token-prediction layer (Model::draft_head): after
+  // each step it reads the target's final hidden states and the tokens that
+  // follow them, keeps its own KV, and drafts the token after the next.
+  kMtp,
 };
 
-// "ngram" (also "prompt_lookup", vLLM's older name), "none"; throws
+// "mtp" (also "deepseek_mtp", vLLM's name), "ngram" (also "prompt_lookup",
+// vLLM's older name), "none"; throws
 // basalt::Error for another name, listing these.
 SpeculativeAlgorithm parse_speculative_algorithm(std::string_view name);
 std::string_view to_string(SpeculativeAlgorithm algorithm);
@@ -65,8 +70,8 @@ struct SpeculativeOptions {
 };
 
 // The options --speculative-algorithm NAME --speculative-num-draft-tokens K
-// give (the n-gram sizes at their defaults); throws basalt::Error for a bad
-// name or count.
+// give (the n-gram sizes at their defaults; MTP drafts at most one token);
+// throws basalt::Error for a bad name or count.
 SpeculativeOptions speculative_options(std::string_view algorithm, int num_draft_tokens);
 
 // Up to `k` tokens to follow `tokens`: for n from max_n down to min_n, the

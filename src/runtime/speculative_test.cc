@@ -37,6 +37,9 @@ TEST(NgramProposer, TheLatestEarlierMatchOfTheLongestSuffix) {
 TEST(NgramProposer, OptionsAndNames) {
   EXPECT_EQ(parse_speculative_algorithm("ngram"), SpeculativeAlgorithm::kNgram);
   EXPECT_EQ(parse_speculative_algorithm("none"), SpeculativeAlgorithm::kNone);
+  EXPECT_EQ(parse_speculative_algorithm("mtp"), SpeculativeAlgorithm::kMtp);
+  EXPECT_EQ(parse_speculative_algorithm("deepseek_mtp"), SpeculativeAlgorithm::kMtp);
+  EXPECT_EQ(speculative_options("mtp", 4).num_draft_tokens, 1);  // one layer, one draft
   EXPECT_THROW(parse_speculative_algorithm("eagle9"), Error);
   SpeculativeOptions o;
   EXPECT_FALSE(o.enabled());
@@ -213,6 +216,58 @@ TEST_P(Speculative, PenalisedOutputsAreThoseOfPlainDecoding) {
     if (temperature == 0.0f) {
       EXPECT_GT(spec.metrics.accepted_draft_tokens, 0u);
     }
+  }
+}
+
+// MTP: the model's own multi-token-prediction layer drafts the token after
+// the next one from each step's hidden states. Outputs are plain
+// decoding's, greedy and sampled, with prompts fed in chunks (the head
+// reads a chunk's next prompt token) and several requests per step; on the
+// bundled model, whose MTP layer was trained with it, drafts are accepted.
+TEST_P(Speculative, MtpDraftsGiveThePlainTokens) {
+  for (const std::string& dir : {kDeepSeek, std::string(BASALT_MODEL_DIR)}) {
+    Fixture f(dir);
+    auto run_mtp = [&](bool mtp, float temperature) {
+      EngineOptions o = base();
+      o.kv_slots = 4096;
+      o.check_invariants = true;
+      o.step_token_budget = 7;  // prompts in chunks
+      if (mtp) o.speculative = speculative_options("mtp", 4);
+      Engine engine(*f.model, f.backend, nullptr, o);
+      std::vector<RequestHandle> handles;
+      int i = 0;
+      for (const std::vector<int32_t>& prompt : looping_prompts()) {
+        SamplingParams p;
+        p.max_tokens = 20 + 5 * i;
+        p.temperature = temperature;
+        p.seed = 90 + static_cast<uint64_t>(i++);
+        p.ignore_eos = true;
+        handles.push_back(engine.submit(request(prompt, p)));
+      }
+      return finish(engine, handles);
+    };
+    for (const float temperature : {0.0f, 1.0f}) {
+      const SpecRun plain = run_mtp(false, temperature);
+      const SpecRun mtp = run_mtp(true, temperature);
+      expect_same_outputs(plain, mtp);
+      EXPECT_GT(mtp.metrics.draft_tokens, 0u) << dir;
+      if (dir != kDeepSeek && temperature == 0.0f) {
+        EXPECT_GT(mtp.metrics.accepted_draft_tokens * 4, mtp.metrics.draft_tokens)
+            << mtp.metrics.accepted_draft_tokens << " of " << mtp.metrics.draft_tokens;
+        EXPECT_LT(mtp.metrics.steps, plain.metrics.steps);
+      }
+    }
+  }
+  // A model without the layer is refused at once.
+  Fixture llama(kLlama);
+  EngineOptions o = base();
+  o.kv_slots = 256;
+  o.speculative = speculative_options("mtp", 1);
+  try {
+    Engine engine(*llama.model, llama.backend, nullptr, o);
+    ADD_FAILURE() << "an engine with mtp on a model without the layer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no multi-token-prediction layer"), std::string::npos) << e.what();
   }
 }
 

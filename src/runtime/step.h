@@ -41,8 +41,12 @@ struct StepPlan {
   std::vector<int32_t> token_ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows;
   uint64_t futures_of = 0;  // the step whose tokens the futures are (0: none)
   std::vector<FutureToken> futures;
-  // Hidden states of these rows are wanted back (draft heads read them).
+  // Run the model's draft head after sampling (SpeculativeAlgorithm::kMtp):
+  // the forward pass keeps its final hidden states, and per sequence
+  // next_known holds the token after its last input when that is known
+  // already (a prefill chunk that does not end the prompt), else -1.
   bool capture_hidden = false;
+  std::vector<int32_t> next_known;
 
   // One per sampled logits row, in order. The processor and constraint are
   // the request's, which outlives every plan that names it (a finished
@@ -78,7 +82,7 @@ struct StepPlan {
 inline void StepPlan::clear() {
   id = 0;
   mode = ForwardMode::kExtend;
-  for (auto* v : {&token_ids, &positions, &out_slots, &kv_slots, &logit_rows}) v->clear();
+  for (auto* v : {&token_ids, &positions, &out_slots, &kv_slots, &logit_rows, &next_known}) v->clear();
   q_start.assign(1, 0);
   kv_start.assign(1, 0);
   futures_of = 0;
@@ -103,6 +107,10 @@ struct StepResult {
   // group's first 1 + accepted sampled tokens are the request's next
   // tokens; the rest are dropped).
   std::vector<int32_t> accepted;
+  // Per sampled row, only when the plan captured hidden states: on a
+  // group's first row, the draft head's token for after the group's last
+  // accepted token (-1: none).
+  std::vector<int32_t> proposals;
   std::string error;                             // non-empty: the step failed
   Clock::time_point exec_start, exec_end;
 };
