@@ -19,16 +19,7 @@ inline ForwardBatch host_batch(const std::vector<int32_t>& ids, const std::vecto
                                const std::vector<int32_t>& out_slots, const std::vector<int32_t>& q_start,
                                const std::vector<int32_t>& kv_start, const std::vector<int32_t>& kv_slots,
                                const std::vector<int32_t>& logit_rows) {
-  auto t = [](const std::vector<int32_t>& v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); };
-  ForwardBatch b;
-  b.token_ids = t(ids);
-  b.positions = t(positions);
-  b.out_slots = t(out_slots);
-  b.attention.q_start = t(q_start);
-  b.attention.kv_start = t(kv_start);
-  b.attention.kv_slots = t(kv_slots);
-  b.logit_rows = t(logit_rows);
-  return b;
+  return host_forward_batch(ids, positions, out_slots, q_start, kv_start, kv_slots, logit_rows);
 }
 
 // B sequences, each with `context` cached tokens, decoding one token at

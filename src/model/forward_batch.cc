@@ -20,6 +20,22 @@ const char* to_string(ForwardMode mode) {
   return "?";
 }
 
+ForwardBatch host_forward_batch(std::span<const int32_t> token_ids, std::span<const int32_t> positions,
+                                std::span<const int32_t> out_slots, std::span<const int32_t> q_start,
+                                std::span<const int32_t> kv_start, std::span<const int32_t> kv_slots,
+                                std::span<const int32_t> logit_rows) {
+  const auto t = [](std::span<const int32_t> v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); };
+  ForwardBatch b;
+  b.token_ids = t(token_ids);
+  b.positions = t(positions);
+  b.out_slots = t(out_slots);
+  b.attention.q_start = t(q_start);
+  b.attention.kv_start = t(kv_start);
+  b.attention.kv_slots = t(kv_slots);
+  b.logit_rows = t(logit_rows);
+  return b;
+}
+
 ForwardBatch single_sequence_batch(std::span<const int32_t> new_tokens, int64_t start_position,
                                    bool all_logits) {
   const int64_t n = static_cast<int64_t>(new_tokens.size());

@@ -47,6 +47,12 @@ namespace basalt {
 // the tensors already live on the device). Models call it first in forward.
 ForwardBatch on_backend(const ForwardBatch& batch, Backend& backend);
 
+// A batch of host tensors from its arrays (their meaning above), mode kExtend.
+ForwardBatch host_forward_batch(std::span<const int32_t> token_ids, std::span<const int32_t> positions,
+                                std::span<const int32_t> out_slots, std::span<const int32_t> q_start,
+                                std::span<const int32_t> kv_start, std::span<const int32_t> kv_slots,
+                                std::span<const int32_t> logit_rows);
+
 // The batch for one sequence whose KV occupies slots 0..start+n-1 in position
 // order (slot == position): new_tokens sit at positions start..start+n-1 and
 // only the last token's logits are wanted. Host tensors.

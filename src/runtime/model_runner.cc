@@ -15,15 +15,9 @@ namespace {
 Tensor i32_tensor(const std::vector<int32_t>& v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); }
 
 ForwardBatch forward_batch_of(const StepPlan& plan) {
-  ForwardBatch fb;
+  ForwardBatch fb = host_forward_batch(plan.token_ids, plan.positions, plan.out_slots, plan.q_start, plan.kv_start,
+                                       plan.kv_slots, plan.logit_rows);
   fb.mode = plan.mode;
-  fb.token_ids = i32_tensor(plan.token_ids);
-  fb.positions = i32_tensor(plan.positions);
-  fb.out_slots = i32_tensor(plan.out_slots);
-  fb.attention.q_start = i32_tensor(plan.q_start);
-  fb.attention.kv_start = i32_tensor(plan.kv_start);
-  fb.attention.kv_slots = i32_tensor(plan.kv_slots);
-  fb.logit_rows = i32_tensor(plan.logit_rows);
   return fb;
 }
 
@@ -282,15 +276,7 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
   }
   if (ids.empty()) return;
   if (logit_rows.empty()) logit_rows.push_back(0);  // the head wants a row; nobody reads it
-  ForwardBatch hb;
-  hb.mode = ForwardMode::kExtend;
-  hb.token_ids = i32_tensor(ids);
-  hb.positions = i32_tensor(positions);
-  hb.out_slots = i32_tensor(out_slots);
-  hb.attention.q_start = i32_tensor(q_start);
-  hb.attention.kv_start = i32_tensor(kv_start);
-  hb.attention.kv_slots = i32_tensor(kv_slots);
-  hb.logit_rows = i32_tensor(logit_rows);
+  const ForwardBatch hb = host_forward_batch(ids, positions, out_slots, q_start, kv_start, kv_slots, logit_rows);
   const auto N = static_cast<int64_t>(ids.size()), L = static_cast<int64_t>(logit_rows.size());
   Tensor rows = backend_.empty({N}, DType::kI32);
   backend_.copy(i32_tensor(hidden_rows), rows);
