@@ -230,15 +230,7 @@ TEST(CudaGraphs, PaddedRowsDoNotDisturbRealOnes) {
       kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
       rows.push_back(static_cast<int32_t>(s));
     }
-    const auto t = [](const std::vector<int32_t>& v) { return Tensor::from_i32({static_cast<int64_t>(v.size())}, v); };
-    ForwardBatch b;
-    b.token_ids = t(ids);
-    b.positions = t(positions);
-    b.out_slots = t(out_slots);
-    b.attention.q_start = t(q_start);
-    b.attention.kv_start = t(kv_start);
-    b.attention.kv_slots = t(kv_slots);
-    b.logit_rows = t(rows);
+    const ForwardBatch b = host_forward_batch(ids, positions, out_slots, q_start, kv_start, kv_slots, rows);
     Tensor want = gpu.empty({3, V}, DType::kF32), got = gpu.empty({3, V}, DType::kF32);
     direct->forward(b, kv_a, want);
     graphed->forward(b, kv_b, got);
