@@ -47,7 +47,8 @@ namespace basalt {
 // the tensors already live on the device). Models call it first in forward.
 ForwardBatch on_backend(const ForwardBatch& batch, Backend& backend);
 
-// A batch of host tensors from its arrays (their meaning above), mode kExtend.
+// A batch of host tensors from its arrays (their meaning above), in the
+// default mode (kMixed: nothing assumed of its shape).
 ForwardBatch host_forward_batch(std::span<const int32_t> token_ids, std::span<const int32_t> positions,
                                 std::span<const int32_t> out_slots, std::span<const int32_t> q_start,
                                 std::span<const int32_t> kv_start, std::span<const int32_t> kv_slots,
