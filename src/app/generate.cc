@@ -64,6 +64,7 @@ struct GenerateFlags {
   bool no_jump_forward = false;
   std::string speculative_algorithm = "none";
   int speculative_num_draft_tokens = 4;
+  int speculative_disable_by_batch_size = 32;
   std::string kv_cache_dtype = "auto";
   // Structured output (at most one).
   std::string json_schema_file;
@@ -352,6 +353,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   options.jump_forward = jump_forward_choice(f.jump_forward, f.no_jump_forward, backend);
   options.speculative = speculative_options(f.speculative_algorithm, f.speculative_num_draft_tokens);
   options.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
+  options.speculative.disable_from_batch = f.speculative_disable_by_batch_size;
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   int64_t slots = 0;
   for (const BatchItem& item : items)
@@ -526,6 +528,10 @@ void add_generate_command(CLI::App& app) {
                   "Speculative decoding: ngram (drafts looked up in the request's own text), mtp (the model's "
                   "multi-token-prediction layer drafts one token) or none; the output "
                   "is token for token that of plain decoding (default none; turns --overlap off)");
+  cmd->add_option("--speculative-disable-by-batch-size", flags->speculative_disable_by_batch_size,
+                  "Speculative decoding and jump-forward: no drafts while at least this many requests run "
+                  "(default 32; 0: never)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--speculative-num-draft-tokens", flags->speculative_num_draft_tokens,
                   "Speculative decoding: the most draft tokens verified per request per step (default 4)")
       ->check(CLI::Range(1, 16));

@@ -569,8 +569,8 @@ bool Scheduler::propose_drafts(Request& r) {
   const SpeculativeOptions& spec = options_.speculative;
   const bool grammar = options_.jump_forward && r.constraint != nullptr;
   // Drafts follow the request's last known token: none while a step that
-  // samples for it is in flight.
-  if ((!grammar && !spec.enabled()) || r.pending > 0) return false;
+  // samples for it is in flight, and none in a batch large enough.
+  if ((!grammar && !spec.enabled()) || r.pending > 0 || drafting_off()) return false;
   const bool capped =
       spec.adaptive_from_batch > 0 && static_cast<int64_t>(running_.size()) >= spec.adaptive_from_batch;
   const int room = std::min(r.max_tokens - r.num_output - 1, capped ? r.draft_cap : kMaxDrafts);
@@ -595,7 +595,13 @@ bool Scheduler::propose_drafts(Request& r) {
   return !r.drafts.empty();
 }
 
+bool Scheduler::drafting_off() const {
+  const int off = options_.speculative.disable_from_batch;
+  return off > 0 && static_cast<int64_t>(running_.size()) >= off;
+}
+
 bool Scheduler::wants_drafts() const {
+  if (drafting_off()) return false;
   if (options_.speculative.enabled()) return !running_.empty();
   if (!options_.jump_forward) return false;
   return std::any_of(running_.begin(), running_.end(),

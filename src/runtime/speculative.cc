@@ -26,6 +26,9 @@ void SpeculativeOptions::validate() const {
   BASALT_CHECK(num_draft_tokens >= 0 && num_draft_tokens <= kMaxDrafts,
                "speculative decoding: the number of draft tokens must be 0 to {}, not {}", kMaxDrafts,
                num_draft_tokens);
+  BASALT_CHECK(adaptive_from_batch >= 0 && disable_from_batch >= 0,
+               "speculative decoding: batch thresholds must be >= 0 (0: never), not {} and {}", adaptive_from_batch,
+               disable_from_batch);
   BASALT_CHECK(ngram_min >= 1 && ngram_max >= ngram_min && ngram_max <= 32,
                "speculative decoding: n-gram sizes must satisfy 1 <= min <= max <= 32, not {}..{}", ngram_min,
                ngram_max);

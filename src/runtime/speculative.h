@@ -64,6 +64,12 @@ struct SpeculativeOptions {
   // Cap each request's drafts by its last verification (above) while at
   // least this many requests run; 0: never.
   int adaptive_from_batch = 1;
+  // No drafts at all (n-gram, MTP or jump-forward's) while at least this
+  // many requests run: a large batch keeps the device busy, and rows it
+  // verifies in vain cost compute (vLLM's speculative_disable_by_batch_size).
+  // 0: never. The default lies between the batches measured (drafts pay at
+  // 1 and lose at 64 on the H200 and the CPU; bench/README.md).
+  int disable_from_batch = 32;
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
   // Throws basalt::Error when a field is out of range.
   void validate() const;

@@ -271,6 +271,29 @@ TEST_P(Speculative, MtpDraftsGiveThePlainTokens) {
   }
 }
 
+// The off-switch: no drafts while the batch is at least
+// disable_from_batch requests; the same tokens either way.
+TEST_P(Speculative, NoDraftsInABatchAtTheOffSwitch) {
+  Fixture f(kLlama);
+  auto batch_of_four = [&](int off) {
+    EngineOptions o = engine_options(true, 4);
+    o.speculative.disable_from_batch = off;
+    Engine engine(*f.model, f.backend, nullptr, o);
+    std::vector<RequestHandle> handles;
+    for (const std::vector<int32_t>& prompt : looping_prompts()) handles.push_back(engine.submit(request(prompt, greedy(24))));
+    return finish(engine, handles);
+  };
+  const SpecRun never = batch_of_four(0), at_five = batch_of_four(5), at_one = batch_of_four(1);
+  expect_same_outputs(never, at_one);
+  expect_same_outputs(never, at_five);
+  EXPECT_GT(never.metrics.draft_tokens, 0u);
+  EXPECT_EQ(at_five.metrics.draft_tokens, never.metrics.draft_tokens);  // four never reach five
+  EXPECT_EQ(at_one.metrics.draft_tokens, 0u);
+  SpeculativeOptions bad = speculative_options("ngram", 4);
+  bad.disable_from_batch = -1;
+  EXPECT_THROW(bad.validate(), Error);
+}
+
 // Adaptive length: after a rejection at draft a a request drafts a + 1,
 // so where the model disagrees fewer rows are wasted: fewer drafts, a
 // higher share accepted, the same tokens.
