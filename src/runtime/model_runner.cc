@@ -53,7 +53,10 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   result.sampled_logprobs.assign(R, std::numeric_limits<float>::quiet_NaN());
   result.row_errors.clear();
   result.next.clear();
-  if (R == 0) return;
+  if (R == 0) {  // prefill chunks only: the draft head still reads them
+    if (plan.capture_hidden) run_draft_head(plan, hidden, result);
+    return;
+  }
   // A constraint that throws fails its own request, not the step.
   auto fail_row = [&](size_t r, const std::exception& e) {
     result.row_errors.resize(R);
