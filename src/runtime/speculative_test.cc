@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <random>
 
 #include "core/error.h"
@@ -92,29 +93,40 @@ SpecRun finish(Engine& engine, std::vector<RequestHandle>& handles) {
   return out;
 }
 
+// Each looping prompt i submitted with params(i) (no request where it
+// returns nullopt), then finish().
+template <typename Params>
+SpecRun run_looping(Engine& engine, Params params, const std::shared_ptr<const TokenMasker>& grammar = nullptr) {
+  std::vector<RequestHandle> handles;
+  int i = 0;
+  for (const std::vector<int32_t>& prompt : looping_prompts()) {
+    const std::optional<SamplingParams> p = params(i++, prompt);
+    if (!p) continue;
+    EngineRequest r = request(prompt, *p);
+    if (grammar) r.constraint = std::make_shared<GrammarConstraint>(grammar, nullptr);
+    handles.push_back(engine.submit(std::move(r)));
+  }
+  return finish(engine, handles);
+}
+
 // The looping prompts (or only the one at `only`), each with its own length.
 SpecRun run(Fixture& f, bool speculative, float temperature, const std::shared_ptr<const TokenMasker>& grammar,
             int only = -1, int num_draft_tokens = 3, bool adaptive = true) {
   EngineOptions o = engine_options(speculative, num_draft_tokens);
   o.speculative.adaptive_from_batch = adaptive ? 1 : 0;
   Engine engine(*f.model, f.backend, f.tokenizer.get(), o);
-  std::vector<RequestHandle> handles;
-  int i = 0;
-  for (const std::vector<int32_t>& prompt : looping_prompts()) {
-    if (only >= 0 && i != only) {
-      ++i;
-      continue;
-    }
-    SamplingParams p;
-    p.max_tokens = 20 + 7 * i;
-    p.temperature = temperature;
-    p.top_p = temperature > 0 ? 0.9f : 1.0f;
-    p.seed = 40 + static_cast<uint64_t>(i++);
-    EngineRequest r = request(prompt, p);
-    if (grammar) r.constraint = std::make_shared<GrammarConstraint>(grammar, nullptr);
-    handles.push_back(engine.submit(std::move(r)));
-  }
-  return finish(engine, handles);
+  return run_looping(
+      engine,
+      [&](int i, const std::vector<int32_t>&) -> std::optional<SamplingParams> {
+        if (only >= 0 && i != only) return std::nullopt;
+        SamplingParams p;
+        p.max_tokens = 20 + 7 * i;
+        p.temperature = temperature;
+        p.top_p = temperature > 0 ? 0.9f : 1.0f;
+        p.seed = 40 + static_cast<uint64_t>(i);
+        return p;
+      },
+      grammar);
 }
 
 void expect_same_outputs(const SpecRun& plain, const SpecRun& spec) {
@@ -190,9 +202,7 @@ TEST_P(Speculative, PenalisedOutputsAreThoseOfPlainDecoding) {
   Fixture f(kLlama);
   auto penalised = [&](bool speculative, float temperature) {
     Engine engine(*f.model, f.backend, nullptr, engine_options(speculative, 4));
-    std::vector<RequestHandle> handles;
-    int i = 0;
-    for (const std::vector<int32_t>& prompt : looping_prompts()) {
+    return run_looping(engine, [&](int i, const std::vector<int32_t>& prompt) -> std::optional<SamplingParams> {
       SamplingParams p;
       p.max_tokens = 24;
       p.temperature = temperature;
@@ -203,10 +213,8 @@ TEST_P(Speculative, PenalisedOutputsAreThoseOfPlainDecoding) {
       if (i == 1) p.logit_bias = {{prompt[0], 0.5f}};
       if (i == 2) p.min_tokens = 10;
       p.presence_penalty = i == 3 ? 0.3f : 0.0f;
-      handles.push_back(engine.submit(request(prompt, p)));
-      ++i;
-    }
-    return finish(engine, handles);
+      return p;
+    });
   };
   for (const float temperature : {0.0f, 1.0f}) {
     const SpecRun plain = penalised(false, temperature);
@@ -234,17 +242,14 @@ TEST_P(Speculative, MtpDraftsGiveThePlainTokens) {
       o.step_token_budget = 7;  // prompts in chunks
       if (mtp) o.speculative = speculative_options("mtp", 4);
       Engine engine(*f.model, f.backend, nullptr, o);
-      std::vector<RequestHandle> handles;
-      int i = 0;
-      for (const std::vector<int32_t>& prompt : looping_prompts()) {
+      return run_looping(engine, [&](int i, const std::vector<int32_t>&) -> std::optional<SamplingParams> {
         SamplingParams p;
         p.max_tokens = 20 + 5 * i;
         p.temperature = temperature;
-        p.seed = 90 + static_cast<uint64_t>(i++);
+        p.seed = 90 + static_cast<uint64_t>(i);
         p.ignore_eos = true;
-        handles.push_back(engine.submit(request(prompt, p)));
-      }
-      return finish(engine, handles);
+        return p;
+      });
     };
     for (const float temperature : {0.0f, 1.0f}) {
       const SpecRun plain = run_mtp(false, temperature);
@@ -279,9 +284,9 @@ TEST_P(Speculative, NoDraftsInABatchAtTheOffSwitch) {
     EngineOptions o = engine_options(true, 4);
     o.speculative.disable_from_batch = off;
     Engine engine(*f.model, f.backend, nullptr, o);
-    std::vector<RequestHandle> handles;
-    for (const std::vector<int32_t>& prompt : looping_prompts()) handles.push_back(engine.submit(request(prompt, greedy(24))));
-    return finish(engine, handles);
+    return run_looping(engine, [](int, const std::vector<int32_t>&) -> std::optional<SamplingParams> {
+      return greedy(24);
+    });
   };
   const SpecRun never = batch_of_four(0), at_five = batch_of_four(5), at_one = batch_of_four(1);
   expect_same_outputs(never, at_one);
