@@ -613,7 +613,13 @@ ClosureFlags StackWork::close(const CompiledGrammar& g, StackArena& arena, std::
     const AutomatonState& s = g.states[static_cast<size_t>(node.state)];
     for (uint32_t c = s.calls_begin; c < s.calls_end; ++c) {
       const RuleCall& call = g.calls[c];
-      const int32_t ret = arena.intern(call.target, node.parent);
+      // A call in tail position pushes nothing: where the caller would
+      // continue it can only return, so the callee returns for it. Rules
+      // that end by calling the next (a regular language written as one
+      // rule per state) then read any length of text on a stack of one.
+      const AutomatonState& after = g.states[static_cast<size_t>(call.target)];
+      const bool tail = after.accepting && after.bytes_begin == after.bytes_end && after.calls_begin == after.calls_end;
+      const int32_t ret = tail ? node.parent : arena.intern(call.target, node.parent);
       const int32_t callee = arena.intern(g.rule_start[static_cast<size_t>(call.rule)], ret);
       if (mark(callee)) work_.push_back(callee);
     }

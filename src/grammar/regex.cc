@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -194,6 +195,76 @@ uint32_t hex_value(uint32_t c) {
 
 bool is_ascii_letter(uint32_t c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 bool is_ascii_digit(uint32_t c) { return c >= '0' && c <= '9'; }
+
+// The code points of a Unicode General_Category, by the names ECMAScript
+// accepts in \p{...} (short or long; the tables' Unicode version); null for
+// any other name. Each set is built once, from the tokenizer's tables.
+const Ranges* category_set(std::string_view name) {
+  using unicode::Category;
+  using unicode::category_bit;
+  static const std::vector<std::tuple<std::string_view, std::string_view, unicode::CategoryMask>> kNames = {
+      {"L", "Letter", unicode::kLetterMask},
+      {"LC", "Cased_Letter",
+       category_bit(Category::kLu) | category_bit(Category::kLl) | category_bit(Category::kLt)},
+      {"Lu", "Uppercase_Letter", category_bit(Category::kLu)},
+      {"Ll", "Lowercase_Letter", category_bit(Category::kLl)},
+      {"Lt", "Titlecase_Letter", category_bit(Category::kLt)},
+      {"Lm", "Modifier_Letter", category_bit(Category::kLm)},
+      {"Lo", "Other_Letter", category_bit(Category::kLo)},
+      {"M", "Mark", unicode::kMarkMask},
+      {"Mn", "Nonspacing_Mark", category_bit(Category::kMn)},
+      {"Mc", "Spacing_Mark", category_bit(Category::kMc)},
+      {"Me", "Enclosing_Mark", category_bit(Category::kMe)},
+      {"N", "Number", unicode::kNumberMask},
+      {"Nd", "Decimal_Number", category_bit(Category::kNd)},
+      {"Nl", "Letter_Number", category_bit(Category::kNl)},
+      {"No", "Other_Number", category_bit(Category::kNo)},
+      {"P", "Punctuation", unicode::kPunctuationMask},
+      {"Pc", "Connector_Punctuation", category_bit(Category::kPc)},
+      {"Pd", "Dash_Punctuation", category_bit(Category::kPd)},
+      {"Ps", "Open_Punctuation", category_bit(Category::kPs)},
+      {"Pe", "Close_Punctuation", category_bit(Category::kPe)},
+      {"Pi", "Initial_Punctuation", category_bit(Category::kPi)},
+      {"Pf", "Final_Punctuation", category_bit(Category::kPf)},
+      {"Po", "Other_Punctuation", category_bit(Category::kPo)},
+      {"S", "Symbol", unicode::kSymbolMask},
+      {"Sm", "Math_Symbol", category_bit(Category::kSm)},
+      {"Sc", "Currency_Symbol", category_bit(Category::kSc)},
+      {"Sk", "Modifier_Symbol", category_bit(Category::kSk)},
+      {"So", "Other_Symbol", category_bit(Category::kSo)},
+      {"Z", "Separator", unicode::kSeparatorMask},
+      {"Zs", "Space_Separator", category_bit(Category::kZs)},
+      {"Zl", "Line_Separator", category_bit(Category::kZl)},
+      {"Zp", "Paragraph_Separator", category_bit(Category::kZp)},
+      {"C", "Other", unicode::kOtherMask},
+      {"Cc", "Control", category_bit(Category::kCc)},
+      {"Cf", "Format", category_bit(Category::kCf)},
+      {"Cs", "Surrogate", category_bit(Category::kCs)},
+      {"Co", "Private_Use", category_bit(Category::kCo)},
+      {"Cn", "Unassigned", category_bit(Category::kCn)},
+  };
+  static std::mutex mu;
+  static std::map<unicode::CategoryMask, Ranges> built;
+  for (const auto& [short_name, long_name, mask] : kNames) {
+    if (name != short_name && name != long_name) continue;
+    const std::lock_guard<std::mutex> lock(mu);
+    auto [it, inserted] = built.try_emplace(mask);
+    if (inserted) {
+      Ranges ranges;
+      for (uint32_t c = 0; c <= kMaxCodePoint; ++c) {
+        if (!unicode::in_categories(static_cast<char32_t>(c), mask)) continue;
+        if (!ranges.empty() && ranges.back().second + 1 == c) {
+          ranges.back().second = c;
+        } else {
+          ranges.emplace_back(c, c);
+        }
+      }
+      it->second = normalize(std::move(ranges));
+    }
+    return &it->second;
+  }
+  return nullptr;
+}
 
 // Recursive descent over the pattern's code points (ECMAScript's Pattern
 // grammar with the `u` flag's meaning; see regex.h for what is accepted).
@@ -512,8 +583,12 @@ class Parser {
       case 'k':
         refuse(start, "named backreference \\k");
       case 'p':
-      case 'P':
-        refuse(start, "Unicode property escape \\p / \\P");
+      case 'P': {
+        const Ranges& set = parse_property(start);
+        Ranges chosen = c == 'p' ? set : complement(set);
+        if (chosen.empty()) refuse(start, "property escape that matches no code point");
+        return set_atom(std::move(chosen));
+      }
       default:
         break;
     }
@@ -524,6 +599,22 @@ class Parser {
     // it is refused rather than read as the letter.
     if (c >= 0x20 && c <= 0x7E && !is_ascii_letter(c) && !is_ascii_digit(c)) return char_atom(c);
     refuse(start, "unknown escape");
+  }
+
+  // \p{Name} after the `p`: a General_Category by its short or long name
+  // (L, Letter, Nd, Decimal_Number, ...), optionally as gc=Name or
+  // General_Category=Name. Scripts and binary properties are refused.
+  const Ranges& parse_property(size_t start) {
+    if (!consume('{')) refuse(start, "bad escape \\p (it takes {name})");
+    std::string name;
+    while (!at_end() && peek() != '}' && name.size() < 64) name.push_back(static_cast<char>(next() & 0x7F));
+    if (!consume('}')) refuse(start, "unterminated \\p{...}");
+    for (const char* prefix : {"gc=", "General_Category="}) {
+      if (name.starts_with(prefix)) name.erase(0, std::string_view(prefix).size());
+    }
+    const Ranges* set = category_set(name);
+    if (set == nullptr) refuse(start, "Unicode property other than a general category");
+    return *set;
   }
 
   // \uHHHH (a surrogate pair of two such escapes making one code point) or
@@ -731,6 +822,7 @@ class Emitter {
     return fmt::format("{{{},{}}}", min, max);
   }
 
+ public:
   // Without escaping a set is one class. JSON-escaped, the code points a
   // string cannot carry raw become their escape sequences: \" \\ and the
   // five letter escapes after one backslash, the other controls as
@@ -766,6 +858,7 @@ class Emitter {
     return {helper_rule(body), Expr::Binding::kPrimary};
   }
 
+ private:
   // `lead` followed by one of the ASCII characters `tails`.
   static void add_escape_part(std::vector<Expr>& parts, std::string_view lead, const Ranges& tails) {
     if (tails.empty()) return;
@@ -834,6 +927,453 @@ RegexRules regex_to_ebnf(std::string_view pattern, RegexMode mode, bool json_esc
   RegexRules result;
   result.root = fmt::format("{}root", prefix);
   result.rules = fmt::format("{} ::= {}\n{}", result.root, root_body, emitter.helper_rules());
+  return result;
+}
+
+}  // namespace basalt
+
+// --- RegexLanguage -----------------------------------------------------------
+
+namespace basalt {
+
+namespace {
+
+// A Thompson automaton whose moves read one code point of a set: the way
+// from a pattern's tree (or a list of strings) to a RegexLanguage.
+class CodePointNfa {
+ public:
+  // Bounded repetition copies its operand, so a pattern such as
+  // (a{100}){100} is refused here rather than by the subset construction.
+  static constexpr size_t kMaxStates = size_t{1} << 16;
+
+  struct Move {
+    Ranges set;
+    uint32_t target;
+  };
+  struct State {
+    std::vector<uint32_t> epsilon;
+    std::vector<Move> moves;
+  };
+
+  uint32_t add() {
+    BASALT_CHECK(states_.size() < kMaxStates,
+                 "regex: the pattern is too large to combine with other patterns (more than {} automaton states)",
+                 kMaxStates);
+    states_.emplace_back();
+    return static_cast<uint32_t>(states_.size() - 1);
+  }
+  void epsilon(uint32_t from, uint32_t to) { states_[from].epsilon.push_back(to); }
+  void move(uint32_t from, Ranges set, uint32_t to) { states_[from].moves.push_back({std::move(set), to}); }
+
+  // Adds the text `node` matches, read from `from`; returns the state where
+  // it ends. Nothing is added that leads into `from`, so alternatives may
+  // share it.
+  uint32_t build(const Node& node, uint32_t from) {
+    switch (node.kind) {
+      case Node::Kind::kEmpty:
+        return from;
+      case Node::Kind::kChar:
+      case Node::Kind::kSet: {
+        const uint32_t to = add();
+        move(from, node.kind == Node::Kind::kChar ? Ranges{{node.code_point, node.code_point}} : node.set, to);
+        return to;
+      }
+      case Node::Kind::kSequence:
+        for (const Node& child : node.children) from = build(child, from);
+        return from;
+      case Node::Kind::kChoice: {
+        const uint32_t end = add();
+        for (const Node& child : node.children) epsilon(build(child, from), end);
+        return end;
+      }
+      case Node::Kind::kRepeat: {
+        const Node& body = node.children[0];
+        for (int32_t i = 0; i < node.min; ++i) from = build(body, from);
+        if (node.max < 0) {
+          const uint32_t loop = add();
+          epsilon(from, loop);
+          epsilon(build(body, loop), loop);
+          return loop;
+        }
+        const uint32_t end = add();
+        for (int32_t i = node.min; i < node.max; ++i) {
+          epsilon(from, end);
+          from = build(body, from);
+        }
+        epsilon(from, end);
+        return end;
+      }
+    }
+    BASALT_ASSERT(false);
+  }
+
+  // Any code points, read from `from` (the unanchored side of a search).
+  uint32_t any_text(uint32_t from) {
+    const uint32_t loop = add();
+    epsilon(from, loop);
+    move(loop, any_set(), loop);
+    return loop;
+  }
+
+  // `set` and every state its epsilon moves reach, sorted.
+  void close(std::vector<uint32_t>& set) const {
+    std::vector<uint32_t> work = set;
+    std::vector<bool> seen(states_.size(), false);
+    for (const uint32_t s : set) seen[s] = true;
+    while (!work.empty()) {
+      const uint32_t s = work.back();
+      work.pop_back();
+      for (const uint32_t t : states_[s].epsilon) {
+        if (seen[t]) continue;
+        seen[t] = true;
+        set.push_back(t);
+        work.push_back(t);
+      }
+    }
+    std::sort(set.begin(), set.end());
+  }
+
+  const State& operator[](uint32_t s) const { return states_[s]; }
+
+ private:
+  std::vector<State> states_;
+};
+
+bool ranges_contain(const Ranges& set, uint32_t c) {
+  const auto it = std::upper_bound(set.begin(), set.end(), std::make_pair(c, kMaxCodePoint + 1));
+  return it != set.begin() && std::prev(it)->second >= c;
+}
+
+// Edges cover U+0000..U+10FFFF. Surrogates are never read, so the edge
+// before them extends over them and absorbs the next edge when that one has
+// the same target: equal behaviour on scalar values gives equal edge lists,
+// which minimization compares.
+void canonicalize(std::vector<std::tuple<uint32_t, uint32_t, uint32_t>>& edges) {
+  std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> out;
+  for (auto [lo, hi, target] : edges) {
+    if (lo >= kSurrogateFirst && hi <= kSurrogateLast) continue;
+    if (lo >= kSurrogateFirst && lo <= kSurrogateLast) lo = kSurrogateLast + 1;
+    if (!out.empty() && std::get<2>(out.back()) == target) {
+      std::get<1>(out.back()) = hi;
+      continue;
+    }
+    if (!out.empty()) std::get<1>(out.back()) = lo - 1;
+    out.emplace_back(out.empty() ? 0 : lo, hi, target);
+  }
+  edges = std::move(out);
+}
+
+// Subset construction over an automaton whose only accepting state is
+// `accept`.
+template <typename State, typename Edge>
+std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t accept, size_t max_states) {
+  std::map<std::vector<uint32_t>, uint32_t> ids;
+  std::vector<std::vector<uint32_t>> sets;
+  const auto id_of = [&](std::vector<uint32_t> set) {
+    nfa.close(set);
+    const auto [it, inserted] = ids.try_emplace(set, static_cast<uint32_t>(sets.size()));
+    if (inserted) {
+      BASALT_CHECK(sets.size() < max_states,
+                   "regex: the patterns combine into more than {} automaton states; use simpler patterns",
+                   max_states);
+      sets.push_back(std::move(set));
+    }
+    return it->second;
+  };
+  id_of({start});
+  std::vector<State> out;
+  for (size_t i = 0; i < sets.size(); ++i) {
+    const std::vector<uint32_t> set = sets[i];  // sets grows below
+    std::vector<uint32_t> cuts{0, kMaxCodePoint + 1};
+    for (const uint32_t s : set) {
+      for (const auto& m : nfa[s].moves) {
+        for (const auto& [lo, hi] : m.set) {
+          cuts.push_back(lo);
+          cuts.push_back(hi + 1);
+        }
+      }
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> edges;
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      std::vector<uint32_t> targets;
+      for (const uint32_t s : set)
+        for (const auto& m : nfa[s].moves)
+          if (ranges_contain(m.set, cuts[k])) targets.push_back(m.target);
+      const uint32_t target = id_of(std::move(targets));
+      if (!edges.empty() && std::get<2>(edges.back()) == target) {
+        std::get<1>(edges.back()) = cuts[k + 1] - 1;
+      } else {
+        edges.emplace_back(cuts[k], cuts[k + 1] - 1, target);
+      }
+    }
+    canonicalize(edges);
+    State state;
+    state.accepting = std::binary_search(set.begin(), set.end(), accept);
+    for (const auto& [lo, hi, target] : edges) state.edges.push_back(Edge{lo, hi, target});
+    out.push_back(std::move(state));
+  }
+  return out;
+}
+
+}  // namespace
+
+RegexLanguage RegexLanguage::of_pattern(std::string_view pattern, RegexMode mode) {
+  const std::vector<Alternative> alternatives = Parser(pattern).parse();
+  CodePointNfa nfa;
+  const uint32_t start = nfa.add(), accept = nfa.add();
+  for (const Alternative& alternative : alternatives) {
+    uint32_t at = start;
+    if (mode == RegexMode::kSearch && !alternative.anchored_start) at = nfa.any_text(at);
+    at = nfa.build(alternative.body, at);
+    if (mode == RegexMode::kSearch && !alternative.anchored_end) at = nfa.any_text(at);
+    nfa.epsilon(at, accept);
+  }
+  return minimized(determinize<State, Edge>(nfa, start, accept, kMaxStates));
+}
+
+RegexLanguage RegexLanguage::of_strings(const std::vector<std::string>& texts) {
+  CodePointNfa nfa;
+  const uint32_t start = nfa.add(), accept = nfa.add();
+  for (const std::string& text : texts) {
+    if (unicode::find_invalid_utf8(text) != std::string::npos) continue;
+    uint32_t at = start;
+    size_t pos = 0;
+    char32_t c = 0;
+    while (unicode::decode_utf8(text, pos, c)) {
+      const uint32_t next = nfa.add();
+      nfa.move(at, {{static_cast<uint32_t>(c), static_cast<uint32_t>(c)}}, next);
+      at = next;
+    }
+    nfa.epsilon(at, accept);
+  }
+  return minimized(determinize<State, Edge>(nfa, start, accept, kMaxStates));
+}
+
+RegexLanguage RegexLanguage::all() {
+  State state;
+  state.accepting = true;
+  state.edges.push_back({0, kMaxCodePoint, 0});
+  return RegexLanguage({state});
+}
+
+RegexLanguage RegexLanguage::of_length(int64_t min, int64_t max) {
+  BASALT_CHECK(min >= 0 && (max < 0 || min <= max), "regex: length bounds {} to {} are out of order", min, max);
+  // State i: i code points read; the last counting state loops when
+  // unbounded, or leads to a rejecting sink.
+  const int64_t counting = (max < 0 ? min : max) + 1;
+  BASALT_CHECK(counting + 1 <= static_cast<int64_t>(kMaxStates),
+               "regex: length bound {} needs more than {} automaton states", counting - 1, kMaxStates);
+  const auto n = static_cast<uint32_t>(counting);
+  std::vector<State> states(max < 0 ? n : n + 1);
+  for (uint32_t i = 0; i < states.size(); ++i) {
+    states[i].accepting = i < n && i >= min;
+    const uint32_t next = i + 1 < n ? i + 1 : max < 0 ? n - 1 : n;
+    states[i].edges.push_back({0, kMaxCodePoint, next});
+  }
+  return minimized(std::move(states));
+}
+
+RegexLanguage RegexLanguage::intersect(const RegexLanguage& other) const {
+  std::map<std::pair<uint32_t, uint32_t>, uint32_t> ids;
+  std::vector<std::pair<uint32_t, uint32_t>> pairs;
+  const auto id_of = [&](uint32_t a, uint32_t b) {
+    const auto [it, inserted] = ids.try_emplace({a, b}, static_cast<uint32_t>(pairs.size()));
+    if (inserted) {
+      BASALT_CHECK(pairs.size() < kMaxStates,
+                   "regex: the patterns combine into more than {} automaton states; use simpler patterns",
+                   kMaxStates);
+      pairs.emplace_back(a, b);
+    }
+    return it->second;
+  };
+  id_of(0, 0);
+  std::vector<State> out;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const State& a = states_[pairs[i].first];
+    const State& b = other.states_[pairs[i].second];
+    State state;
+    state.accepting = a.accepting && b.accepting;
+    size_t ia = 0, ib = 0;
+    for (uint32_t lo = 0; lo <= kMaxCodePoint;) {
+      const Edge& ea = a.edges[ia];
+      const Edge& eb = b.edges[ib];
+      const uint32_t hi = std::min(ea.hi, eb.hi);
+      const uint32_t target = id_of(ea.target, eb.target);
+      if (!state.edges.empty() && state.edges.back().target == target) {
+        state.edges.back().hi = hi;
+      } else {
+        state.edges.push_back({lo, hi, target});
+      }
+      if (ea.hi == hi) ++ia;
+      if (eb.hi == hi) ++ib;
+      lo = hi + 1;
+    }
+    out.push_back(std::move(state));
+  }
+  return minimized(std::move(out));
+}
+
+RegexLanguage RegexLanguage::complement() const {
+  std::vector<State> flipped = states_;
+  for (State& s : flipped) s.accepting = !s.accepting;
+  return RegexLanguage(std::move(flipped));  // flipping keeps a minimal automaton minimal
+}
+
+// The states from which an accepting one can be reached.
+std::vector<bool> RegexLanguage::live_states(const std::vector<State>& states) {
+  std::vector<std::vector<uint32_t>> sources(states.size());
+  std::vector<uint32_t> work;
+  std::vector<bool> live(states.size(), false);
+  for (uint32_t s = 0; s < states.size(); ++s) {
+    for (const Edge& e : states[s].edges) sources[e.target].push_back(s);
+    if (states[s].accepting) {
+      live[s] = true;
+      work.push_back(s);
+    }
+  }
+  while (!work.empty()) {
+    const uint32_t s = work.back();
+    work.pop_back();
+    for (const uint32_t from : sources[s]) {
+      if (live[from]) continue;
+      live[from] = true;
+      work.push_back(from);
+    }
+  }
+  return live;
+}
+
+// Moore's partition refinement: states start split into those that can
+// no longer accept (one sink), accepting and rejecting ones, and a class
+// splits while its members' edges lead into different classes. Refinement
+// takes as many rounds as the longest distinction (a length bound of 200
+// takes 200), so past kMinimizeLimit states only the sink is merged: the
+// automaton stays correct and reachable-only, if not minimal.
+RegexLanguage RegexLanguage::minimized(std::vector<State> states) {
+  const size_t n = states.size();
+  const std::vector<bool> live = live_states(states);
+  const bool refine = n <= kMinimizeLimit;
+  std::vector<uint32_t> cls(n);
+  std::map<uint32_t, uint32_t> first_ids;
+  for (size_t s = 0; s < n; ++s) {
+    // Unrefined, every live state is a class of its own.
+    const auto kind = static_cast<uint32_t>(!live[s] ? 0 : refine ? (states[s].accepting ? 1 : 2) : 1 + s);
+    cls[s] = first_ids.try_emplace(kind, static_cast<uint32_t>(first_ids.size())).first->second;
+  }
+  size_t count = first_ids.size();
+  std::vector<uint32_t> signature;
+  for (bool splitting = refine; splitting;) {
+    std::map<std::vector<uint32_t>, uint32_t> ids;
+    std::vector<uint32_t> next(n);
+    for (size_t s = 0; s < n; ++s) {
+      signature.assign(1, cls[s]);
+      uint32_t last_class = UINT32_MAX;
+      for (const Edge& e : states[s].edges) {
+        if (cls[e.target] == last_class) continue;  // the same class as the edge before: one span
+        last_class = cls[e.target];
+        signature.push_back(e.lo);
+        signature.push_back(last_class);
+      }
+      next[s] = ids.try_emplace(signature, static_cast<uint32_t>(ids.size())).first->second;
+    }
+    cls = std::move(next);
+    splitting = ids.size() != count;
+    count = ids.size();
+  }
+  // Number the classes in the order a walk from the start meets them.
+  std::vector<uint32_t> number(count, UINT32_MAX);
+  std::vector<uint32_t> representative;
+  number[cls[0]] = 0;
+  representative.push_back(0);
+  std::vector<State> out;
+  for (size_t i = 0; i < representative.size(); ++i) {
+    const State& from = states[representative[i]];
+    State state;
+    state.accepting = from.accepting;
+    for (const Edge& e : from.edges) {
+      uint32_t& target = number[cls[e.target]];
+      if (target == UINT32_MAX) {
+        target = static_cast<uint32_t>(representative.size());
+        representative.push_back(e.target);
+      }
+      if (!state.edges.empty() && state.edges.back().target == target) {
+        state.edges.back().hi = e.hi;
+      } else {
+        state.edges.push_back({e.lo, e.hi, target});
+      }
+    }
+    out.push_back(std::move(state));
+  }
+  return RegexLanguage(std::move(out));
+}
+
+// Every state is reachable, so these hold for automata minimized() left
+// unminimized too.
+bool RegexLanguage::empty() const {
+  return std::none_of(states_.begin(), states_.end(), [](const State& s) { return s.accepting; });
+}
+
+bool RegexLanguage::is_all() const {
+  return std::all_of(states_.begin(), states_.end(), [](const State& s) { return s.accepting; });
+}
+
+bool RegexLanguage::contains(std::string_view utf8) const {
+  if (unicode::find_invalid_utf8(utf8) != std::string::npos) return false;
+  uint32_t state = 0;
+  size_t pos = 0;
+  char32_t c = 0;
+  while (unicode::decode_utf8(utf8, pos, c)) {
+    const std::vector<Edge>& edges = states_[state].edges;
+    const auto it = std::upper_bound(edges.begin(), edges.end(), static_cast<uint32_t>(c),
+                                     [](uint32_t value, const Edge& e) { return value < e.lo; });
+    state = std::prev(it)->target;
+  }
+  return states_[state].accepting;
+}
+
+RegexRules RegexLanguage::to_ebnf(bool json_escaped, std::string_view prefix) const {
+  for (const char c : prefix) {
+    const bool name_char =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+    BASALT_CHECK(name_char, "regex: rule prefix \"{}\" has characters outside [A-Za-z0-9_.-]", prefix);
+  }
+  BASALT_CHECK(!empty(), "regex: the combined patterns match no text");
+  // Live states can still reach acceptance; the rest are never entered.
+  const size_t n = states_.size();
+  const std::vector<bool> live = live_states(states_);
+  // A state that only ends is written as nothing after the code point that
+  // enters it.
+  std::vector<bool> only_ends(n, false);
+  for (size_t s = 0; s < n; ++s) {
+    only_ends[s] = states_[s].accepting && std::none_of(states_[s].edges.begin(), states_[s].edges.end(),
+                                                        [&](const Edge& e) { return live[e.target]; });
+  }
+  const auto name = [&](uint32_t s) {
+    return s == 0 ? fmt::format("{}root", prefix) : fmt::format("{}q{}", prefix, s);
+  };
+  Emitter emitter(json_escaped, prefix);
+  std::string rules;
+  for (uint32_t s = 0; s < n; ++s) {
+    if (!live[s] || (s != 0 && only_ends[s])) continue;
+    std::map<uint32_t, Ranges> by_target;
+    for (const Edge& e : states_[s].edges)
+      if (live[e.target]) by_target[e.target].emplace_back(e.lo, e.hi);
+    std::string body;
+    for (auto& [target, ranges] : by_target) {
+      const Ranges set = normalize(std::move(ranges));
+      if (set.empty()) continue;  // surrogates only
+      if (!body.empty()) body += " | ";
+      body += parenthesized(emitter.emit_set(set), Expr::Binding::kSequence);
+      if (!only_ends[target]) body += " " + name(target);
+    }
+    if (states_[s].accepting) body += body.empty() ? ebnf_literal("") : " | " + ebnf_literal("");
+    rules += fmt::format("{} ::= {}\n", name(s), body);
+  }
+  RegexRules result;
+  result.root = name(0);
+  result.rules = rules + emitter.helper_rules();
   return result;
 }
 

@@ -9,7 +9,8 @@
 // \cX, and escaped ASCII punctuation such as \. \/ \- \"), `.` (any code
 // point but LF, CR, U+2028, U+2029), classes [...] and [^...] with ranges
 // and the escapes \d \D \w \W \s \S inside and outside them ([\b] is
-// backspace), alternation, groups (capturing, (?:...), named (?<n>...); the
+// backspace), Unicode general categories \p{L} \P{Nd} (short or long
+// names, gc= optional; the tokenizer's Unicode tables), alternation, groups (capturing, (?:...), named (?<n>...); the
 // names are not checked for duplicates, nothing refers to them),
 // quantifiers * + ? {m} {m,} {m,n} and their lazy forms (the same language),
 // and the anchors ^ and $ at the start and end of the pattern or of a
@@ -18,7 +19,7 @@
 // Refused with basalt::Error naming the construct and its byte offset:
 // backreferences (\1-\9, \k<n>), lookahead and lookbehind, \b \B, anchors
 // anywhere else (inside a group too), flags and modifier groups (?i),
-// Unicode property escapes \p{..} \P{..} (no tables here), octal escapes,
+// other Unicode properties (scripts, binary ones), octal escapes,
 // lone surrogates, escaped letters without a meaning above (\a, \z, ...),
 // a `{` that does not start a quantifier (Annex B reads it as a literal,
 // other dialects read {,n} as a quantifier) and a lone `]` or `}` (write
@@ -37,6 +38,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace basalt {
 
@@ -59,5 +62,67 @@ enum class RegexMode : uint8_t {
 // else raw UTF-8. So a pattern's class [^a] never lets a bare `"` end the
 // string.
 RegexRules regex_to_ebnf(std::string_view pattern, RegexMode mode, bool json_escaped, std::string_view prefix);
+
+// The language of regular expressions as a minimal deterministic automaton
+// over Unicode scalar values, closed under intersection and complement.
+// JSON Schema needs it where patterns meet: a member name of an object with
+// patternProperties takes the schema of every pattern it matches and
+// additionalProperties' only when it matches none, so the grammar writes one
+// member form per combination of patterns, and each combination's names are
+// an intersection of patterns and complements (less the listed names).
+//
+// Contract: every value describes a set of strings exactly, by a total
+// automaton whose states are all reachable; automata up to kMinimizeLimit
+// states are minimal; one past kMaxStates states (a pattern such as
+// (a|b)*a(a|b){20}, or a product that blows up) throws basalt::Error, as do
+// the patterns regex_to_ebnf refuses.
+class RegexLanguage {
+ public:
+  static constexpr size_t kMaxStates = 4096;
+  // Automata up to this many states are minimized; larger ones only have
+  // their dead states merged (see minimized()).
+  static constexpr size_t kMinimizeLimit = 512;
+
+  // The strings `pattern` matches under `mode`.
+  static RegexLanguage of_pattern(std::string_view pattern, RegexMode mode);
+  // Exactly `texts` (UTF-8; text that is not valid UTF-8 is left out).
+  static RegexLanguage of_strings(const std::vector<std::string>& texts);
+  // Every string.
+  static RegexLanguage all();
+  // The strings of `min` to `max` code points (no upper bound when max < 0).
+  static RegexLanguage of_length(int64_t min, int64_t max);
+
+  RegexLanguage intersect(const RegexLanguage& other) const;
+  RegexLanguage complement() const;
+  RegexLanguage minus(const RegexLanguage& other) const { return intersect(other.complement()); }
+
+  bool empty() const;
+  bool is_all() const;
+  bool contains(std::string_view utf8) const;
+  size_t state_count() const { return states_.size(); }
+
+  // EBNF rules for the language (which must not be empty), as
+  // regex_to_ebnf writes them: raw UTF-8 or JSON-escaped string content,
+  // every rule name beginning with `prefix`, the root prefix + "root".
+  RegexRules to_ebnf(bool json_escaped, std::string_view prefix) const;
+
+ private:
+  struct Edge {
+    uint32_t lo = 0, hi = 0;  // inclusive code points
+    uint32_t target = 0;
+  };
+  struct State {
+    bool accepting = false;
+    // Sorted; together they cover every scalar value once (a rejecting
+    // sink stands for "no way on").
+    std::vector<Edge> edges;
+  };
+  explicit RegexLanguage(std::vector<State> states) : states_(std::move(states)) {}
+  // The same language, reachable states only, minimal up to kMinimizeLimit
+  // states (state 0 the start).
+  static RegexLanguage minimized(std::vector<State> states);
+  static std::vector<bool> live_states(const std::vector<State>& states);
+  std::vector<State> states_;  // state 0 is the start
+};
 
 }  // namespace basalt

@@ -214,8 +214,11 @@ TEST(RegexErrors, NameTheConstructAndOffset) {
       {"a{10001}", "limit of 10000", 1},
       {"a{1,10001}", "limit of 10000", 1},
       {"a{99999999999999999999,}", "limit of 10000", 1},
-      {"\\p{L}", "Unicode property", 0},
-      {"[\\P{L}]", "Unicode property", 1},
+      {"\\p{Script=Greek}", "Unicode property other than a general category", 0},
+      {"[\\P{Alphabetic}]", "Unicode property other than a general category", 1},
+      {"\\p{Cs}", "matches no code point", 0},
+      {"\\pL", "it takes {name}", 0},
+      {"\\p{L", "unterminated", 0},
       {"a{", "'{'", 1},
       {"a{,3}", "'{'", 1},
       {"{2}", "nothing to repeat", 0},
@@ -309,6 +312,15 @@ TEST(RegexLanguage, ShorthandEscapes) {
   expect_code_points("[^\\s\\d]", [](uint32_t c) { return !is_ecma_space(c) && !(c >= '0' && c <= '9'); });
 }
 
+TEST(RegexLanguage, UnicodeGeneralCategories) {
+  expect_language("^\\p{L}+$", RegexMode::kSearch, false, {"abc", "\xC3\xA9t\xC3\xA9", "\xE4\xB8\xAD"},
+                  {"", "a1", "a b", "_"});
+  expect_language("^[\\p{Lu}\\p{Nd}]$", RegexMode::kSearch, false, {"A", "7", "\xD9\xA3"}, {"a", "-"});
+  expect_language("^\\P{Letter}$", RegexMode::kSearch, true, {"1", " ", "\\n"}, {"a", "\xC3\xA9"});
+  expect_language("^\\p{gc=Decimal_Number}\\p{General_Category=Zs}$", RegexMode::kSearch, false, {"1 "},
+                  {"1\t", "a "});
+}
+
 TEST(RegexLanguage, DotAndLineTerminators) {
   expect_code_points(".", [](uint32_t c) { return !is_line_terminator(c); });
   const std::string line_separator = "\xE2\x80\xA8", paragraph_separator = "\xE2\x80\xA9";
@@ -398,6 +410,114 @@ TEST(RegexLanguage, JsonEscapedClassesAndLiterals) {
   expect_json("ab", RegexMode::kSearch, {"ab", "\\\"ab\\n", "x\\\\ab\\u0000"}, {"\"ab", "ab\\", "ab\n", ""});
   expect_json("", RegexMode::kSearch, {"", "\\\"x"}, {"\"", "\\"});
   expect_json("^a|b$", RegexMode::kSearch, {"a\\\"", "\\tb", "a"}, {"\\\"a", "b\\n", "a\""});
+}
+
+}  // namespace
+}  // namespace basalt
+
+namespace basalt {
+namespace {
+
+// Every string over a small alphabet (one with a quote, a newline and a
+// two-byte code point) up to `length`.
+Strings strings_up_to(size_t length) {
+  const Strings alphabet = {"a", "b", "c", "\n", "\"", "\xC3\xA9"};
+  Strings out{""};
+  for (size_t begin = 0, end = 1, l = 0; l < length; ++l) {
+    for (size_t i = begin; i < end; ++i)
+      for (const std::string& c : alphabet) out.push_back(out[i] + c);
+    begin = end;
+    end = out.size();
+  }
+  return out;
+}
+
+// The automaton, its EBNF (raw and JSON-escaped) and the pattern's own
+// translation agree on every short string.
+void expect_automaton_agrees(std::string_view pattern, RegexMode mode) {
+  SCOPED_TRACE(std::string(pattern));
+  const RegexLanguage language = RegexLanguage::of_pattern(pattern, mode);
+  const Language direct(pattern, mode, /*json_escaped=*/false);
+  const RegexRules raw = language.to_ebnf(/*json_escaped=*/false, "l.");
+  const RegexRules escaped = language.to_ebnf(/*json_escaped=*/true, "l.");
+  const Grammar raw_grammar = parse_ebnf(raw.rules, raw.root);
+  const Grammar escaped_grammar = parse_ebnf(escaped.rules, escaped.root);
+  for (const std::string& s : strings_up_to(4)) {
+    const bool expected = direct.accepts(s);
+    EXPECT_EQ(language.contains(s), expected) << "\"" << s << "\"";
+    EXPECT_EQ(grammar_matches(raw_grammar, s), expected) << "\"" << s << "\"; rules:\n" << raw.rules;
+    EXPECT_EQ(grammar_matches(escaped_grammar, json_content(s)), expected) << "\"" << s << "\"; rules:\n"
+                                                                           << escaped.rules;
+  }
+}
+
+TEST(RegexAutomaton, AgreesWithThePatternsTranslation) {
+  for (const char* pattern : {"a", "^a", "a$", "^ab$", "^(a|b)*c$", "^[^a]{1,3}$", ".", "^.*$", "a|^b$|c$", "^$",
+                              "", "^(?:ab|a)(bc|c)?$", "[\\s\"]", "^\\w+$", "^[a\\u00e9]{2}", "^(a+|b){2,}$"}) {
+    expect_automaton_agrees(pattern, RegexMode::kSearch);
+    expect_automaton_agrees(pattern, RegexMode::kFullMatch);
+  }
+}
+
+TEST(RegexAutomaton, IntersectionComplementAndDifference) {
+  const RegexLanguage starts_a = RegexLanguage::of_pattern("^a", RegexMode::kSearch);
+  const RegexLanguage ends_b = RegexLanguage::of_pattern("b$", RegexMode::kSearch);
+  const RegexLanguage both = starts_a.intersect(ends_b);
+  EXPECT_TRUE(both.contains("ab"));
+  EXPECT_TRUE(both.contains("acccb"));
+  EXPECT_FALSE(both.contains("a"));
+  EXPECT_FALSE(both.contains("bab"));
+  const RegexLanguage a_not_b = starts_a.minus(ends_b);
+  EXPECT_TRUE(a_not_b.contains("a"));
+  EXPECT_FALSE(a_not_b.contains("ab"));
+  EXPECT_FALSE(a_not_b.contains("c"));
+  EXPECT_TRUE(starts_a.complement().contains(""));
+  EXPECT_FALSE(starts_a.complement().contains("abc"));
+  EXPECT_TRUE(RegexLanguage::of_pattern("^a$", RegexMode::kSearch)
+                  .intersect(RegexLanguage::of_pattern("^b$", RegexMode::kSearch))
+                  .empty());
+  EXPECT_TRUE(starts_a.intersect(starts_a.complement()).empty());
+  EXPECT_TRUE(starts_a.minus(starts_a).empty());
+  EXPECT_FALSE(starts_a.empty());
+  // A pattern that can match the empty text somewhere matches every name.
+  EXPECT_TRUE(RegexLanguage::of_pattern("x*", RegexMode::kSearch).is_all());
+  EXPECT_TRUE(starts_a.intersect(RegexLanguage::all()).intersect(starts_a).contains("a"));
+  EXPECT_TRUE(starts_a.complement().complement().contains("ax"));
+}
+
+TEST(RegexAutomaton, NamesLessListedOnes) {
+  const RegexLanguage listed = RegexLanguage::of_strings({"id", "name", "\xC3\xA9t\xC3\xA9", "bad\xFF"});
+  EXPECT_TRUE(listed.contains("id"));
+  EXPECT_TRUE(listed.contains("\xC3\xA9t\xC3\xA9"));
+  EXPECT_FALSE(listed.contains("i"));
+  EXPECT_FALSE(listed.contains("bad\xFF"));  // not UTF-8: left out
+  const RegexLanguage others = RegexLanguage::all().minus(listed);
+  for (const char* name : {"", "i", "ids", "nam", "names", "x"}) EXPECT_TRUE(others.contains(name)) << name;
+  for (const char* name : {"id", "name"}) EXPECT_FALSE(others.contains(name)) << name;
+  const RegexRules rules = others.to_ebnf(/*json_escaped=*/true, "o.");
+  const Grammar grammar = parse_ebnf(rules.rules, rules.root);
+  EXPECT_TRUE(grammar_matches(grammar, "i\\\"d"));
+  EXPECT_TRUE(grammar_matches(grammar, "idx"));
+  EXPECT_FALSE(grammar_matches(grammar, "id"));
+  EXPECT_FALSE(grammar_matches(grammar, "a\"b"));  // a raw quote is never string content
+}
+
+TEST(RegexAutomaton, AutomataAreMinimal) {
+  // One accepting state that loops, and the sink every other code point leads to.
+  EXPECT_EQ(RegexLanguage::of_pattern("(a|a|aa)*", RegexMode::kFullMatch).state_count(), 2u);
+  EXPECT_EQ(RegexLanguage::of_pattern("^[ab]*$", RegexMode::kSearch).state_count(), 2u);
+  EXPECT_TRUE(RegexLanguage::all().complement().empty());
+  // Every scalar value: surrogates are no part of any text, so this is all text.
+  EXPECT_TRUE(RegexLanguage::of_pattern("[\\u0000-\\uD7FF\\uE000-\\u{10FFFF}]*", RegexMode::kFullMatch).is_all());
+  const RegexLanguage no_a = RegexLanguage::of_pattern("[^a]*", RegexMode::kFullMatch);
+  EXPECT_EQ(no_a.intersect(no_a).state_count(), no_a.state_count());
+}
+
+TEST(RegexAutomaton, BlowUpIsRefused) {
+  EXPECT_THROW(RegexLanguage::of_pattern("^(a|b)*a(a|b){14}$", RegexMode::kSearch), Error);
+  EXPECT_THROW(RegexLanguage::of_pattern("(((a{100}){100}){100})", RegexMode::kFullMatch), Error);
+  EXPECT_THROW(RegexLanguage::of_pattern("(?=a)", RegexMode::kSearch), Error);
+  EXPECT_THROW(RegexLanguage::all().complement().to_ebnf(false, "e."), Error);
 }
 
 }  // namespace
