@@ -37,7 +37,8 @@ constexpr std::string_view kGeneralKeywords[] = {"type",  "enum", "const", "anyO
                                                  "allOf", "$ref", "$defs", "definitions"};
 constexpr std::string_view kObjectKeywords[] = {"properties",    "required",          "additionalProperties",
                                                 "minProperties", "maxProperties",     "patternProperties",
-                                                "dependencies",  "dependentRequired", "dependentSchemas"};
+                                                "dependencies",  "dependentRequired", "dependentSchemas",
+                                                "propertyNames"};
 constexpr std::string_view kArrayKeywords[] = {"items",    "prefixItems", "additionalItems",
                                                "minItems", "maxItems",    "uniqueItems"};
 constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength", "pattern", "format"};
@@ -61,7 +62,6 @@ constexpr std::string_view kUnenforcedKeywords[] = {"not",
                                                     "contains",
                                                     "minContains",
                                                     "maxContains",
-                                                    "propertyNames",
                                                     "multipleOf",
                                                     "$dynamicRef",
                                                     "$recursiveRef",
@@ -109,6 +109,9 @@ constexpr size_t kMaxMergedSchemas = 2000;
 // Objects told apart by which dependency triggers they have (dependentRequired,
 // dependentSchemas): each combination is a schema of its own.
 constexpr size_t kMaxDependencyCombinations = 64;
+// Sets of member names told apart by which patternProperties patterns match
+// them: each is a member form of its own.
+constexpr size_t kMaxPatternOverlaps = 64;
 
 // --- JSON types ---------------------------------------------------------------
 
@@ -665,10 +668,32 @@ class Translator {
       const Json* dialect = member(document, "$schema");
       if (dialect && dialect->is_string()) {
         const std::string name = dialect->get<std::string>();
+        BASALT_CHECK(known_dialect(name),
+                     "json schema: unsupported keyword \"$schema\" at #: \"{}\" is not a JSON Schema draft's "
+                     "metaschema, so the vocabularies it enables are unknown",
+                     name);
         for (const char* draft : {"draft-03", "draft-04", "draft-05", "draft-06", "draft-07"})
           siblings_of_ref_ignored_ = siblings_of_ref_ignored_ || name.find(draft) != std::string::npos;
       }
     }
+  }
+
+  // The metaschemas of the drafts (and their hyper-schemas, which add only
+  // annotations), as http or https, with or without the empty fragment; a
+  // custom metaschema may turn vocabularies off, which nothing here can see.
+  static bool known_dialect(std::string_view name) {
+    if (name.ends_with("#")) name.remove_suffix(1);
+    for (const std::string_view scheme : {"http://", "https://"})
+      if (name.starts_with(scheme)) name.remove_prefix(scheme.size());
+    if (!name.starts_with("json-schema.org/")) return false;
+    name.remove_prefix(std::string_view("json-schema.org/").size());
+    for (const std::string_view draft : {"", "draft-03/", "draft-04/", "draft-05/", "draft-06/", "draft-07/",
+                                         "draft/2019-09/", "draft/2020-12/"}) {
+      if (!name.starts_with(draft)) continue;
+      const std::string_view rest = name.substr(draft.size());
+      if (rest == "schema" || (!draft.empty() && rest == "hyper-schema")) return true;
+    }
+    return false;
   }
 
   std::string document_grammar() {
@@ -2107,11 +2132,7 @@ class Translator {
                    "json schema: unsupported keyword \"format\" at {}: format and pattern together "
                    "are not supported",
                    path);
-      BASALT_CHECK(!length_keyword,
-                   "json schema: unsupported keyword \"{}\" at {}: length bounds and pattern "
-                   "together are not "
-                   "supported",
-                   length_keyword ? length_keyword : "", path);
+      if (length_keyword) return bounded_pattern(pattern->get<std::string>(), min_length, max_length, path);
       return Translation::of(seq({quote, pattern_rule(pattern->get<std::string>(), path), quote}));
     }
     if (const Json* format = member(schema, "format"); format && !listed(format_name(*format, path), kHintFormats)) {
@@ -2128,6 +2149,27 @@ class Translator {
     if (!length_keyword) return Translation::of(use("json-string"));
     return Translation::of(
         seq({quote, times(use("json-char"), min_length, max_length, rule_hint(path) + ".chars"), quote}));
+  }
+
+  // A pattern with length bounds: the pattern's language intersected with
+  // that of the lengths, as one automaton.
+  Translation bounded_pattern(const std::string& pattern, int64_t min_length, std::optional<int64_t> max_length,
+                              const std::string& path) {
+    RegexLanguage language = RegexLanguage::all();
+    try {
+      language = RegexLanguage::of_pattern(pattern, RegexMode::kSearch)
+                     .intersect(RegexLanguage::of_length(min_length, max_length.value_or(-1)));
+    } catch (const Error& e) {
+      fail("json schema: unsupported keyword \"{}\" at {}: with pattern: {}",
+           min_length > 0 ? "minLength" : "maxLength", path, e.what());
+    }
+    if (language.empty()) {
+      return Translation::none(
+          fmt::format("no string of the length bounds at {} matches pattern \"{}\"", path, pattern));
+    }
+    const RegexRules rules = language.to_ebnf(/*json_escaped=*/true, fmt::format("lang{}.", ++name_sets_));
+    pattern_rules_ += rules.rules;
+    return Translation::of(seq({lit("\""), rules.root, lit("\"")}));
   }
 
   static std::string format_name(const Json& format, const std::string& path) {
@@ -2177,55 +2219,17 @@ class Translator {
     return grammar_matches(it->second, std::string_view(quoted).substr(1, quoted.size() - 2));
   }
 
-  bool name_matches(const std::string& pattern, const std::string& name, const std::string& path) {
-    return text_matches(pattern, name, path, "patternProperties");
-  }
-
-  // Whether every name matches: a pattern with no anchor that matches the
-  // empty name matches the empty text at the start of any name.
-  bool matches_every_name(const std::string& pattern, const std::string& path) {
-    return pattern.find_first_of("^$") == std::string::npos && name_matches(pattern, "", path);
-  }
-
-  // The literal text every name the pattern matches starts with, when the
-  // pattern is anchored at the start ("^abc", "^x-", "^\\."); `whole` when
-  // the pattern is that text and nothing else ("^abc$"). Patterns with an
-  // alternation anywhere have none.
-  static std::string literal_prefix(const std::string& pattern, bool& whole) {
-    whole = false;
-    std::string prefix;
-    if (pattern.empty() || pattern[0] != '^' || pattern.find('|') != std::string::npos) return prefix;
-    const std::string_view special = ".[](){}*+?|^$\\";
-    for (size_t i = 1; i < pattern.size();) {
-      char c = pattern[i];
-      size_t next = i + 1;
-      if (c == '\\' && i + 1 < pattern.size() && std::ispunct(static_cast<unsigned char>(pattern[i + 1]))) {
-        c = pattern[i + 1];
-        next = i + 2;
-      } else if (special.find(c) != std::string_view::npos || static_cast<unsigned char>(c) >= 0x80) {
-        whole = c == '$' && i + 1 == pattern.size();
-        return prefix;
+  // A patternProperties pattern's names (search semantics), made once.
+  const RegexLanguage& name_language(const std::string& pattern, const std::string& path) {
+    auto it = name_languages_.find(pattern);
+    if (it == name_languages_.end()) {
+      try {
+        it = name_languages_.emplace(pattern, RegexLanguage::of_pattern(pattern, RegexMode::kSearch)).first;
+      } catch (const Error& e) {
+        fail("json schema: unsupported keyword \"patternProperties\" at {}: {}", path, e.what());
       }
-      // A quantifier after the character may leave it out or repeat it.
-      if (next < pattern.size() && std::string_view("*?{+").find(pattern[next]) != std::string_view::npos) {
-        if (pattern[next] == '+') prefix.push_back(c);
-        return prefix;
-      }
-      prefix.push_back(c);
-      i = next;
     }
-    return prefix;
-  }
-
-  // Whether no name matches both patterns: their literal prefixes differ, or
-  // one is a single name the other does not match.
-  bool patterns_disjoint(const std::string& a, const std::string& b, const std::string& path) {
-    bool a_whole = false, b_whole = false;
-    const std::string a_prefix = literal_prefix(a, a_whole), b_prefix = literal_prefix(b, b_whole);
-    const size_t common = std::min(a_prefix.size(), b_prefix.size());
-    if (a_prefix.compare(0, common, b_prefix, 0, common) != 0) return true;
-    if (a_whole && !name_matches(b, a_prefix, path)) return true;
-    return b_whole && !name_matches(a, b_prefix, path);
+    return it->second;
   }
 
   // --- Arrays ---
@@ -2302,9 +2306,19 @@ class Translator {
   Translation object(const Json& schema, const std::string& path) {
     if (!schema.contains("properties") && !schema.contains("required") && !schema.contains("additionalProperties") &&
         !schema.contains("minProperties") && !schema.contains("maxProperties") &&
-        !schema.contains("patternProperties")) {
+        !schema.contains("patternProperties") && !schema.contains("propertyNames")) {
       return Translation::of(use("json-object"));
     }
+    std::optional<RegexLanguage> allowed_names;
+    if (const Json* limit = member(schema, "propertyNames")) {
+      const std::string limit_path = child_path(path, "propertyNames");
+      try {
+        allowed_names = names_of(*limit, limit_path, 0);
+      } catch (const Error& e) {
+        fail("json schema: unsupported keyword \"propertyNames\" at {}: {}", path, e.what());
+      }
+    }
+    const auto name_allowed = [&](const std::string& name) { return !allowed_names || allowed_names->contains(name); };
     const Json* properties = member(schema, "properties");
     BASALT_CHECK(!properties || properties->is_object(), "json schema: keyword \"properties\" at {} must be an object",
                  path);
@@ -2332,7 +2346,7 @@ class Translator {
       std::vector<Part> parts;
       if (own) parts.emplace_back(own, own_path);
       for (const auto& [pattern, pattern_schema] : patterns->items())
-        if (name_matches(pattern, name, patterns_path))
+        if (name_language(pattern, path).contains(name))
           parts.emplace_back(&pattern_schema, child_path(patterns_path, pattern));
       if (parts.size() == (own ? 1u : 0u)) return std::nullopt;
       return translate_merged(merge(parts), own ? own_path : path);
@@ -2355,8 +2369,15 @@ class Translator {
       if (ws_.empty()) return seq({lit(key + ":"), value});
       return seq({lit(key), ws_, lit(":"), ws_, value});
     };
+    for (const std::string& name : required) {
+      if (!name_allowed(name)) {
+        return Translation::none(fmt::format("required property \"{}\" at {} is not a name propertyNames allows",
+                                             name, path));
+      }
+    }
     if (properties) {
       for (const auto& [name, property] : properties->items()) {
+        if (!name_allowed(name)) continue;
         const std::string property_path = child_path(child_path(path, "properties"), name);
         const std::optional<Translation> matched = with_patterns(name, &property, property_path);
         const Translation t = matched ? *matched : translate(property, property_path);
@@ -2402,9 +2423,11 @@ class Translator {
     std::vector<std::string> names = required;
     if (properties)
       for (const auto& [name, property] : properties->items()) names.push_back(name);
-    if (patterns) {
-      return object_members(listed_members, pattern_members(*patterns, names, path), min_properties, max_properties,
-                            path);
+    if (patterns || allowed_names) {
+      return object_members(listed_members,
+                            pattern_members(patterns ? *patterns : Json::object(), names,
+                                            allowed_names ? &*allowed_names : nullptr, extra_value, path),
+                            min_properties, max_properties, path);
     }
     std::optional<std::string> extra_member;
     if (extra_value) {
@@ -2417,50 +2440,118 @@ class Translator {
     return object_members(listed_members, extra_member, min_properties, max_properties, path);
   }
 
-  // The further members of an object with patternProperties: a name that
-  // matches a pattern, with a value that satisfies that pattern's schema and
-  // the schema of every other pattern not proven to match no name it
-  // matches (so a name two patterns match satisfies both, whichever is
-  // written). Names that match no pattern are left out, so that
-  // additionalProperties never applies to a further member: exact where it
-  // is false or a pattern matches every name, otherwise the grammar loses
-  // the members additionalProperties would admit (never admitting one it
-  // would not). A pattern that matches a listed name must leave that name
-  // out: done for a pattern that matches every name or only that one,
-  // refused otherwise (no difference of languages is built here).
+  // The member names a propertyNames schema allows, as a language: type,
+  // pattern, minLength, maxLength, enum, const, allOf and $ref of such
+  // schemas (every name is a string); other assertions are refused.
+  RegexLanguage names_of(const Json& schema, const std::string& path, int depth) {
+    BASALT_CHECK(depth < 64, "its $ref and allOf nest past 64 levels at {}", path);
+    if (schema.is_boolean()) return schema.get<bool>() ? RegexLanguage::all() : RegexLanguage::all().complement();
+    BASALT_CHECK(schema.is_object(), "the schema at {} must be an object or a boolean", path);
+    check_keywords(schema, path);
+    RegexLanguage names = RegexLanguage::all();
+    const int64_t min_length = optional_count(schema, "minLength", path).value_or(0);
+    const std::optional<int64_t> max_length = optional_count(schema, "maxLength", path);
+    if (max_length && min_length > *max_length) return RegexLanguage::all().complement();
+    if (min_length > 0 || max_length) names = names.intersect(RegexLanguage::of_length(min_length, max_length.value_or(-1)));
+    for (const auto& [key, value] : schema.items()) {
+      if (!is_assertion(key) || key == "minLength" || key == "maxLength") continue;
+      const std::string at = child_path(path, key);
+      if (key == "type") {
+        if (!(type_set(value, at) & kString)) return RegexLanguage::all().complement();
+      } else if (key == "pattern") {
+        BASALT_CHECK(value.is_string(), "keyword \"pattern\" at {} must be a string", path);
+        names = names.intersect(RegexLanguage::of_pattern(value.get<std::string>(), RegexMode::kSearch));
+      } else if (key == "enum" || key == "const") {
+        BASALT_CHECK(key == "const" || value.is_array(), "keyword \"enum\" at {} must be an array", path);
+        std::vector<std::string> listed_names;
+        for (const Json& v : key == "const" ? Json::array({value}) : value)
+          if (v.is_string()) listed_names.push_back(v.get<std::string>());
+        names = names.intersect(RegexLanguage::of_strings(listed_names));
+      } else if (key == "allOf") {
+        BASALT_CHECK(value.is_array() && !value.empty(), "keyword \"allOf\" at {} must be a non-empty array", path);
+        for (size_t i = 0; i < value.size(); ++i) names = names.intersect(names_of(value[i], child_path(at, i), depth + 1));
+      } else if (key == "$ref") {
+        const auto [pointer, target] = resolve(value, path);
+        names = names.intersect(names_of(*target, pointer, depth + 1));
+      } else if (!listed(key, kObjectKeywords) && !listed(key, kArrayKeywords) && !listed(key, kNumberKeywords)) {
+        // Keywords of other types assert nothing about a string.
+        fail("keyword \"{}\" at {} is not supported for names", key, path);
+      }
+    }
+    return names;
+  }
+
+  // The further members of an object with patternProperties or
+  // propertyNames, exactly: the names not listed (and allowed, when
+  // `allowed_names` is given) are split by the patterns that match them (each split
+  // an intersection of patterns and complements, built as automata), and
+  // each part is one member form, whose value satisfies the schema of every
+  // pattern matching its names, or `extra_value` (additionalProperties)
+  // where none does; absent when no further member is possible.
   std::optional<std::string> pattern_members(const Json& patterns, const std::vector<std::string>& names,
-                                             const std::string& path) {
+                                             const RegexLanguage* allowed_names,
+                                             const std::optional<std::string>& extra_value, const std::string& path) {
     const std::string patterns_path = child_path(path, "patternProperties");
     const std::string hint = rule_hint(path);
+    struct NameSet {
+      RegexLanguage names;
+      std::vector<const Json*> matched;  // the patterns' items
+    };
+    std::vector<Json::const_iterator> items;
+    for (auto it = patterns.begin(); it != patterns.end(); ++it) items.push_back(it);
+    std::vector<const RegexLanguage*> languages;
+    for (const auto& item : items) languages.push_back(&name_language(item.key(), path));
+    std::vector<NameSet> parts;
+    try {
+      const RegexLanguage unlisted = RegexLanguage::all().minus(RegexLanguage::of_strings(names));
+      parts.push_back({allowed_names ? allowed_names->intersect(unlisted) : unlisted, {}});
+      if (parts.back().names.empty()) parts.clear();
+      for (size_t i = 0; i < items.size(); ++i) {
+        const RegexLanguage& language = *languages[i];
+        std::vector<NameSet> split;
+        for (NameSet& part : parts) {
+          RegexLanguage in = part.names.intersect(language);
+          RegexLanguage out = part.names.minus(language);
+          if (!in.empty()) {
+            std::vector<const Json*> matched = part.matched;
+            matched.push_back(&*items[i]);
+            split.push_back({std::move(in), std::move(matched)});
+          }
+          if (!out.empty()) split.push_back({std::move(out), std::move(part.matched)});
+        }
+        BASALT_CHECK(split.size() <= kMaxPatternOverlaps,
+                     "the patterns overlap in more than {} combinations", kMaxPatternOverlaps);
+        parts = std::move(split);
+      }
+    } catch (const Error& e) {
+      fail("json schema: unsupported keyword \"patternProperties\" at {}: {}", path, e.what());
+    }
     std::vector<std::string> options;
-    for (const auto& item : patterns.items()) {  // no structured binding: a lambda below captures the key
-      const std::string& pattern = item.key();
-      const Json& pattern_schema = item.value();
-      const std::string pattern_path = child_path(patterns_path, pattern);
-      std::string key;
-      const auto listed_name = std::find_if(names.begin(), names.end(),
-                                            [&](const std::string& n) { return name_matches(pattern, n, path); });
-      bool single_name = false;
-      literal_prefix(pattern, single_name);
-      if (single_name && listed_name != names.end()) continue;  // "^id$": its one name is listed
-      if (matches_every_name(pattern, path)) {
-        key = key_other_than(names, hint);
+    for (const NameSet& part : parts) {
+      std::optional<std::string> value;
+      if (part.matched.empty()) {
+        value = extra_value;
       } else {
-        BASALT_CHECK(listed_name == names.end(),
-                     "json schema: unsupported keyword \"patternProperties\" at {}: pattern \"{}\" matches the "
-                     "listed property \"{}\" (further members are written apart from listed ones, and the names "
-                     "of a pattern less the listed ones are not built)",
-                     path, pattern, *listed_name);
-        key = seq({lit("\""), pattern_rule(pattern, patterns_path, "patternProperties"), lit("\"")});
+        std::vector<Part> schemas;
+        for (size_t i = 0; i < items.size(); ++i) {
+          if (std::find(part.matched.begin(), part.matched.end(), &*items[i]) != part.matched.end())
+            schemas.emplace_back(&*items[i], child_path(patterns_path, items[i].key()));
+        }
+        const Translation t = schemas.size() == 1 ? translate(*schemas[0].first, schemas[0].second)
+                                                  : translate_merged(merge(schemas), schemas[0].second);
+        if (t.satisfiable()) value = t.expr;
       }
-      std::vector<Part> parts{{&pattern_schema, pattern_path}};
-      for (const auto& [other, other_schema] : patterns.items()) {
-        if (other != pattern && !patterns_disjoint(pattern, other, path))
-          parts.emplace_back(&other_schema, child_path(patterns_path, other));
+      if (!value) continue;
+      std::string key;
+      if (part.names.is_all()) {
+        key = use("json-string");
+      } else {
+        const RegexRules rules =
+            part.names.to_ebnf(/*json_escaped=*/true, fmt::format("lang{}.", ++name_sets_));
+        pattern_rules_ += rules.rules;
+        key = seq({lit("\""), rules.root, lit("\"")});
       }
-      const Translation value =
-          parts.size() == 1 ? translate(pattern_schema, pattern_path) : translate_merged(merge(parts), pattern_path);
-      if (value.satisfiable()) options.push_back(seq({key, ws_, lit(":"), ws_, value.expr}));
+      options.push_back(seq({key, ws_, lit(":"), ws_, *value}));
     }
     if (options.empty()) return std::nullopt;
     return share(alt(options), hint + ".member");
@@ -2686,6 +2777,9 @@ class Translator {
         if (!acc.contains(key) || acc[key].get<int64_t>() > n) acc[key] = n;
       } else if (key == "dependencies" || key == "dependentRequired" || key == "dependentSchemas") {
         merge_dependencies(acc, key, value, at);
+      } else if (key == "propertyNames") {
+        // Both limits hold: names_of reads an allOf of them.
+        acc[key] = acc.contains(key) ? Json::object({{"allOf", Json::array({acc[key], value})}}) : value;
       } else if (key == "pattern" || key == "format") {
         BASALT_CHECK(!acc.contains(key) || acc[key] == value,
                      "json schema: unsupported keyword \"{}\" at {}: allOf cannot combine two "
@@ -2870,7 +2964,9 @@ class Translator {
   std::set<std::string> defined_;
   std::map<std::string, std::string> chunks_;
   std::map<std::string, std::string> patterns_;      // pattern -> its root rule
-  std::map<std::string, Grammar> pattern_grammars_;  // pattern -> its language, to match names against
+  std::map<std::string, Grammar> pattern_grammars_;  // pattern -> its language, to match values against
+  std::map<std::string, RegexLanguage> name_languages_;  // a patternProperties pattern -> the names it matches
+  size_t name_sets_ = 0;  // rule prefixes for the languages RegexLanguage writes
   std::string pattern_rules_;
   std::map<std::string, Target> targets_;
   std::vector<Owner> owners_;

@@ -19,7 +19,7 @@
 //
 // Keywords (draft 2020-12 and the older drafts real schemas use): type (and
 // type lists), properties, required, additionalProperties (true unless given,
-// as the specification says), patternProperties, dependentRequired,
+// as the specification says), patternProperties, propertyNames, dependentRequired,
 // dependentSchemas and dependencies (below), minProperties / maxProperties
 // (over listed and further members alike), items / prefixItems (and draft-4 array `items` with
 // additionalItems), minItems / maxItems, uniqueItems: false, enum, const (the
@@ -50,13 +50,17 @@
 //
 // patternProperties: a listed name (properties, required) satisfies the
 // schema of each pattern that matches it (ECMAScript, unanchored) besides
-// its own; the further members are the names that match a pattern (other
-// than the listed names), each value satisfying its pattern's schema and
-// that of every pattern not proven disjoint from it (distinct literal
-// prefixes after ^, or a ^name$ the other does not match). Names that match
-// no pattern are not offered, so additionalProperties only decides required
-// names outside properties: exact where it is false or a pattern matches
-// every name, narrower (never wider) otherwise. dependentRequired,
+// its own; the further names (all but the listed ones) are split by which
+// patterns match them, each split an intersection of pattern languages and
+// their complements built as automata (RegexLanguage, grammar/regex.h), and
+// each is one member form whose value satisfies the schemas of exactly the
+// patterns that match, or additionalProperties where none does; exact.
+// propertyNames (type, pattern, minLength / maxLength, enum, const, allOf
+// and $ref of those; other assertions refused): listed names it refuses are
+// left out (a required one admits no object), further names are
+// intersected with it; exact. A pattern beside minLength / maxLength is
+// their intersection; exact. Automata past RegexLanguage::kMaxStates are
+// refused by name. dependentRequired,
 // dependentSchemas and draft 7's dependencies (arrays and schemas): the
 // object is one of the combinations of its triggers present (required, with
 // what they require or bring merged in as allOf) or absent (false), each

@@ -5,6 +5,7 @@
 // keywords and schemas the translation refuses, each named with its path.
 #include "grammar/json_schema.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -271,6 +272,27 @@ TEST(JsonSchemaStrings, Pattern) {
   two.expect_rejects({R"({"a":"y","b":"y"})"});
 
   EXPECT_CONTAINS(schema_error(R"j({"properties": {"p": {"pattern": "(?=a)"}}})j"), "#/properties/p");
+}
+
+TEST(JsonSchemaStrings, PatternWithLengthBounds) {
+  // The pattern's strings of the bounded lengths (code points, not bytes).
+  const SchemaGrammar bounded(R"({"type": "string", "pattern": "^[a-z\u00e9]+$", "minLength": 2, "maxLength": 3})");
+  bounded.expect_accepts({"\"ab\"", "\"abc\"", quoted("\xC3\xA9\xC3\xA9\xC3\xA9")});
+  bounded.expect_rejects({"\"a\"", "\"abcd\"", "\"a1\"", quoted("\xC3\xA9")});
+  // Unanchored: the bounds count the whole string, not the match.
+  const SchemaGrammar search(R"({"type": "string", "pattern": "x", "maxLength": 3})");
+  search.expect_accepts({"\"x\"", "\"axb\"", quoted("\"x\n")});
+  search.expect_rejects({"\"abcx\"", "\"ab\""});
+  const SchemaGrammar at_least(R"({"type": "string", "pattern": "^a", "minLength": 3})");
+  at_least.expect_accepts({"\"abc\"", "\"abcdefgh\""});
+  at_least.expect_rejects({"\"ab\"", "\"bbc\""});
+  // No string has both: a required member can then have no value.
+  EXPECT_CONTAINS(schema_error(R"({"type": "object", "properties": {"p": {"type": "string", "pattern": "^a{5}$",
+                                   "maxLength": 3}}, "required": ["p"]})"),
+                  "no string of the length bounds at #/properties/p matches pattern");
+  // Bounds past what one automaton may hold are refused by name.
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "pattern": "^a", "maxLength": 100000})"),
+                  R"(unsupported keyword "maxLength" at #: with pattern)");
 }
 
 // --- Formats --------------------------------------------------------------------
@@ -719,24 +741,39 @@ TEST(JsonSchemaObjects, PatternProperties) {
   disjoint.expect_accepts({R"({"RSRC":"a-resource"})", R"({"RSRC":"a-resource","BIOS":"b-sys",".x":"c"})"});
   disjoint.expect_rejects(
       {R"({"RSRC":"a-sys"})", R"({"RSRC":"r-resource","BIOS":"b-resource"})", "{}", R"({"RSRC":"a-resource",".x":1})"});
-  // A required name no pattern matches takes additionalProperties; further
-  // names no pattern matches are left out (narrower, never wider).
+  // A name no pattern matches takes additionalProperties, required or not.
   const SchemaGrammar rest(R"({"required": ["z"], "patternProperties": {"^[0-9]+$": {"type": "integer"}},
                                "additionalProperties": {"type": "string"}})");
-  rest.expect_accepts({R"({"z":"s"})", R"({"z":"s","12":3})"});
+  rest.expect_accepts({R"({"z":"s"})", R"({"z":"s","12":3})", R"({"z":"s","1a":"t"})"});
   rest.expect_rejects({R"({"z":1})", R"({"z":"s","12":"x"})", R"({"z":"s","1a":3})", R"({"12":3})"});
+  // Without additionalProperties, names no pattern matches take any value.
+  const SchemaGrammar open(R"({"patternProperties": {"^a": {"type": "integer"}, "b$": {"type": "string"}}})");
+  open.expect_accepts({R"({"a":1})", R"({"c":null})", R"({"xb":"s","c":[1]})", R"({"ac":1,"c":{}})"});
+  // A name both match must satisfy both: an integer and a string, so none.
+  open.expect_rejects({R"({"a":"s"})", R"({"b":2})", R"({"ab":1})", R"({"ab":"s"})"});
+  // Overlapping patterns beside additionalProperties: each name gets the
+  // schemas of exactly the patterns it matches.
+  const SchemaGrammar mixed(R"({"patternProperties": {"^a": {"type": "integer"}, "b$": {"minimum": 10}},
+                                "additionalProperties": {"type": "boolean"}})");
+  mixed.expect_accepts({R"({"a":1,"b":11.5,"ab":12,"c":true})"});
+  mixed.expect_rejects({R"({"ab":1})", R"({"ab":12.5})", R"({"c":1})", R"({"b":5})", R"({"a":true})"});
   // Only objects are constrained.
   const SchemaGrammar any(R"({"patternProperties": {"^a": {"type": "integer"}}})");
   any.expect_accepts({"\"s\"", "1", R"({"ab":1})"});
   any.expect_rejects({R"({"ab":"s"})"});
-  // A pattern (not matching every name) that matches a listed name is refused,
-  // and so is a pattern the regex translation refuses; allOf merges
-  // patternProperties only beside no other properties.
-  EXPECT_CONTAINS(
-      schema_error(R"({"properties": {"x1": {}}, "patternProperties": {"^x": {}}, "additionalProperties": false})"),
-      R"(unsupported keyword "patternProperties" at #: pattern "^x" matches the listed property "x1")");
+  // A pattern that matches a listed name: the name takes its property's
+  // schema and the pattern's, the pattern's other names the pattern's alone.
+  const SchemaGrammar listed(R"({"properties": {"x1": {"type": "integer"}}, "patternProperties": {"^x": {"minimum": 3}},
+                                 "additionalProperties": false})");
+  listed.expect_accepts({R"({"x1":3})", R"({"x1":4,"x2":3.5,"x":"s"})", R"({"xx":null})"});
+  listed.expect_rejects({R"({"x1":2})", R"({"x1":3.5})", R"({"x2":1})", R"({"y":1})"});
+  // Patterns the regex translation refuses, and combinations past what the
+  // automata may hold, are refused by name; allOf merges patternProperties
+  // only beside no other properties.
   EXPECT_CONTAINS(schema_error(R"({"properties": {"p": {"patternProperties": {"(^a)|b": {}}}}})"),
                   R"(unsupported keyword "patternProperties" at #/properties/p)");
+  EXPECT_CONTAINS(schema_error(R"({"patternProperties": {"^(a|b)*a(a|b){14}$": {}}})"),
+                  R"(unsupported keyword "patternProperties" at #: regex: the patterns combine)");
   EXPECT_CONTAINS(schema_error(R"({"allOf": [{"patternProperties": {"^a": {}}}, {"properties": {"b": {}}}]})"),
                   R"(unsupported keyword "patternProperties" at #/allOf/1)");
   // With dependencies: the absent trigger is false beside the patterns.
@@ -744,6 +781,36 @@ TEST(JsonSchemaObjects, PatternProperties) {
                                     "dependentRequired": {"q": ["r"]}})");
   dependent.expect_accepts({R"({"a":1})", R"({"q":1,"r":2})"});
   dependent.expect_rejects({R"({"q":1})", R"({"a":"s"})"});
+}
+
+TEST(JsonSchemaObjects, PropertyNames) {
+  // Every member name, listed or further, is one propertyNames allows.
+  const SchemaGrammar short_names(R"({"propertyNames": {"maxLength": 3}, "properties": {"long": {}, "ok": {}}})");
+  short_names.expect_accepts({"{}", R"({"ok":1})", R"({"abc":1,"x":[]})", "1"});
+  short_names.expect_rejects({R"({"long":1})", R"({"abcd":1})"});
+  const SchemaGrammar pattern(R"({"propertyNames": {"pattern": "^a+$", "type": "string"},
+                                  "patternProperties": {"^aa": {"type": "integer"}},
+                                  "additionalProperties": {"type": "string"}})");
+  pattern.expect_accepts({R"({"a":"s","aaa":1})"});
+  pattern.expect_rejects({R"({"b":"s"})", R"({"aa":"s"})", R"({"a":1})"});
+  const SchemaGrammar listed(R"({"propertyNames": {"enum": ["foo", "bar", 3]}, "additionalProperties": false,
+                                 "properties": {"foo": {"type": "integer"}, "baz": {}}})");
+  listed.expect_accepts({R"({"foo":1})", "{}"});
+  listed.expect_rejects({R"({"baz":1})", R"({"bar":1})", R"({"foo":"s"})"});
+  const SchemaGrammar through_ref(R"({"$defs": {"name": {"const": "id"}}, "propertyNames": {"$ref": "#/$defs/name"}})");
+  through_ref.expect_accepts({R"({"id":[1]})", "{}"});
+  through_ref.expect_rejects({R"({"x":1})"});
+  // allOf: both limits.
+  const SchemaGrammar merged(R"({"allOf": [{"propertyNames": {"pattern": "^a"}}, {"propertyNames": {"maxLength": 2}}]})");
+  merged.expect_accepts({R"({"ab":1})"});
+  merged.expect_rejects({R"({"abc":1})", R"({"b":1})"});
+  const SchemaGrammar none(R"({"propertyNames": false})");
+  none.expect_accepts({"{}"});
+  none.expect_rejects({R"({"a":1})"});
+  EXPECT_CONTAINS(schema_error(R"({"type": "object", "propertyNames": {"maxLength": 1}, "required": ["ab"]})"),
+                  "required property \"ab\" at # is not a name propertyNames allows");
+  EXPECT_CONTAINS(schema_error(R"({"propertyNames": {"format": "email"}})"),
+                  R"(unsupported keyword "propertyNames" at #: keyword "format" at #/propertyNames is not supported)");
 }
 
 TEST(JsonSchemaObjects, DependentRequired) {
@@ -1385,7 +1452,7 @@ TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
       {R"({"properties": {"a": {"not": {}}}})", R"(unsupported keyword "not" at #/properties/a)"},
       {R"({"if": {}, "then": {}})", R"(unsupported keyword "if" at #)"},
       {R"({"type": "array", "items": {"contains": {}}})", R"(unsupported keyword "contains" at #/items)"},
-      {R"({"propertyNames": {"maxLength": 3}})", R"(unsupported keyword "propertyNames" at #)"},
+      {R"({"propertyNames": {"anyOf": [{"maxLength": 3}]}})", R"(unsupported keyword "propertyNames" at #)"},
       {R"({"unevaluatedProperties": false})", R"(unsupported keyword "unevaluatedProperties" at #)"},
       {R"({"unevaluatedItems": false})", R"(unsupported keyword "unevaluatedItems" at #)"},
       {R"({"minContains": 1})", R"(unsupported keyword "minContains" at #)"},
@@ -1401,8 +1468,6 @@ TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
       {R"({"$defs": {"x": {"not": {}}}, "$ref": "#/$defs/x"})", R"(unsupported keyword "not" at #/$defs/x)"},
       {R"({"anyOf": [{}, {"additionalProperties": {"not": {}}}]})",
        R"(unsupported keyword "not" at #/anyOf/1/additionalProperties)"},
-      {R"({"type": "string", "pattern": "a", "maxLength": 3})", R"(unsupported keyword "maxLength" at #)"},
-      {R"({"type": "string", "pattern": "a", "minLength": 1})", R"(unsupported keyword "minLength" at #)"},
   };
   for (const auto& [schema, message] : cases) EXPECT_CONTAINS(schema_error(schema), message);
   // Unused definitions are not translated, so not checked either.
@@ -1438,10 +1503,24 @@ TEST(JsonSchemaKeywords, KeysThatAreNoJsonSchemaKeywordAreAnnotations) {
   // The JSON Schema keywords that cannot be enforced are still refused, with
   // their path, beside unknown keys or not.
   EXPECT_CONTAINS(schema_error(R"({"x-a": 1, "not": {"type": "null"}})"), R"(unsupported keyword "not" at #)");
-  EXPECT_CONTAINS(schema_error(R"({"properties": {"a": {"x-b": 1, "propertyNames": {}}}})"),
-                  R"(unsupported keyword "propertyNames" at #/properties/a)");
+  EXPECT_CONTAINS(schema_error(R"({"properties": {"a": {"x-b": 1, "contains": {}}}})"),
+                  R"(unsupported keyword "contains" at #/properties/a)");
   EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"if": {}}]})"), R"(unsupported keyword "if" at #/anyOf/0)");
   EXPECT_CONTAINS(schema_error(R"({"items": {"multipleOf": 3}})"), R"(unsupported keyword "multipleOf" at #/items)");
+}
+
+TEST(JsonSchemaRefused, MetaschemasOtherThanTheDrafts) {
+  // A custom metaschema may switch the validation vocabulary off.
+  EXPECT_CONTAINS(schema_error(R"({"$schema": "http://localhost:1234/draft2020-12/metaschema-no-validation.json",
+                                   "minimum": 10})"),
+                  R"(unsupported keyword "$schema" at #: "http://localhost:1234/draft2020-12/)");
+  EXPECT_CONTAINS(schema_error(R"({"$schema": "https://json-schema.org/draft/2020-12/other"})"), "$schema");
+  for (const char* draft : {"http://json-schema.org/draft-04/schema#", "https://json-schema.org/draft-07/schema",
+                            "http://json-schema.org/schema#", "https://json-schema.org/draft/2019-09/schema",
+                            "http://json-schema.org/draft-04/hyper-schema#"}) {
+    const SchemaGrammar s(fmt::format(R"({{"$schema": "{}", "type": "integer"}})", draft));
+    s.expect_accepts({"1"});
+  }
 }
 
 TEST(JsonSchemaRefused, MalformedKeywordValues) {
