@@ -199,7 +199,7 @@ bool is_true_schema(const Json& schema) {
 // A schema that both `a` and `b` require.
 Json conjoin(const Json& a, const Json& b) {
   if (is_true_schema(a)) return b;
-  if (is_true_schema(b)) return a;
+  if (is_true_schema(b) || json_equal(a, b)) return a;
   if (a.is_boolean() || b.is_boolean()) return false;
   return Json{{"allOf", Json::array({a, b})}};
 }
@@ -728,6 +728,7 @@ class Translator {
   struct Merged {
     Json schema = Json::object();
     std::string no_value_reason;
+    std::set<std::string> refs;  // $ref targets merged in: a second time adds nothing
   };
   using Part = std::pair<const Json*, std::string>;  // a schema and its path
   // A listed property: its member text (key, colon, value).
@@ -2157,8 +2158,12 @@ class Translator {
                               const std::string& path) {
     RegexLanguage language = RegexLanguage::all();
     try {
-      language = RegexLanguage::of_pattern(pattern, RegexMode::kSearch)
-                     .intersect(RegexLanguage::of_length(min_length, max_length.value_or(-1)));
+      language = RegexLanguage::of_pattern(pattern, RegexMode::kSearch);
+    } catch (const Error& e) {
+      fail("json schema: keyword \"pattern\" at {}: {}", path, e.what());
+    }
+    try {
+      language = language.intersect(RegexLanguage::of_length(min_length, max_length.value_or(-1)));
     } catch (const Error& e) {
       fail("json schema: unsupported keyword \"{}\" at {}: with pattern: {}",
            min_length > 0 ? "minLength" : "maxLength", path, e.what());
@@ -2719,6 +2724,7 @@ class Translator {
                      "itself (through allOf or "
                      "keywords beside $ref)",
                      path, pointer);
+        if (!merged.refs.insert(pointer).second) continue;
         inlining.push_back(pointer);
         merge_into(merged, *target, pointer, inlining);
         inlining.pop_back();

@@ -1254,6 +1254,16 @@ TEST(JsonSchemaCombinations, AllOfMerges) {
   objects.expect_accepts({R"({"a":"xy","b":1})"});
   objects.expect_rejects({R"({"a":"x"})", R"({"a":"xyz","b":1})", R"({"b":1,"a":"x"})"});
 
+  // A schema met twice adds nothing the second time: here one with
+  // patternProperties beside properties, which allOf cannot merge with
+  // another's, reached through both a property and the pattern matching it.
+  const SchemaGrammar twice(R"({"$defs": {"p": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                                "patternProperties": {"^x": {"type": "string"}}}},
+                                "properties": {"a": {"type": "array", "items": {"$ref": "#/$defs/p"}}},
+                                "patternProperties": {"^a": {"items": {"$ref": "#/$defs/p"}}}})");
+  twice.expect_accepts({R"({"a":[{"n":1,"xy":"s"}]})"});
+  twice.expect_rejects({R"({"a":[{"n":"s"}]})", R"({"a":[{"xy":1}]})"});
+
   // A property one branch lists is an additional property of the other.
   const SchemaGrammar closed(R"({"allOf": [{"properties": {"a": {}}, "additionalProperties": false},
                                            {"properties": {"b": {}}}]})");
