@@ -34,7 +34,7 @@ using Json = nlohmann::ordered_json;
 // Keywords the translation enforces, by the type they apply to ($defs and
 // definitions hold what $ref reaches).
 constexpr std::string_view kGeneralKeywords[] = {"type",  "enum", "const", "anyOf",      "oneOf",
-                                                 "allOf", "$ref", "$defs", "definitions"};
+                                                 "allOf", "$ref", "$defs", "definitions", "not"};
 constexpr std::string_view kObjectKeywords[] = {"properties",    "required",          "additionalProperties",
                                                 "minProperties", "maxProperties",     "patternProperties",
                                                 "dependencies",  "dependentRequired", "dependentSchemas",
@@ -42,7 +42,8 @@ constexpr std::string_view kObjectKeywords[] = {"properties",    "required",    
 constexpr std::string_view kArrayKeywords[] = {"items",    "prefixItems", "additionalItems",
                                                "minItems", "maxItems",    "uniqueItems"};
 constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength", "pattern", "format"};
-constexpr std::string_view kNumberKeywords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+constexpr std::string_view kNumberKeywords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                                "multipleOf"};
 
 // Keywords of the JSON Schema vocabularies (drafts 4 to 2020-12: core,
 // applicator, unevaluated, validation; and draft 3's assertions, which
@@ -55,14 +56,12 @@ constexpr std::string_view kNumberKeywords[] = {"minimum", "maximum", "exclusive
 // OpenAPI's, typos), which a validator ignores as the specification says.
 // $id and draft 4's id are annotations too, but below the root only where
 // no $ref depends on them (check_keywords).
-constexpr std::string_view kUnenforcedKeywords[] = {"not",
-                                                    "if",
+constexpr std::string_view kUnenforcedKeywords[] = {"if",
                                                     "then",
                                                     "else",
                                                     "contains",
                                                     "minContains",
                                                     "maxContains",
-                                                    "multipleOf",
                                                     "$dynamicRef",
                                                     "$recursiveRef",
                                                     "unevaluatedProperties",
@@ -1096,6 +1095,10 @@ class Translator {
     }
     BASALT_CHECK(schema.is_object(), "json schema: the schema at {} must be an object or a boolean", path);
     check_keywords(schema, path);
+    if (const Json* negated = member(schema, "not")) {
+      if (negation(*negated, path).types == kAnyType)
+        return Translation::none(fmt::format("the schema at {} is negated by a not that every value matches", path));
+    }
     if (schema.contains("$ref") && !has_assertions(schema, {"$ref"})) return translate_ref(schema.at("$ref"), path);
     // Draft 7's dependencies become dependentRequired / dependentSchemas there.
     if (schema.contains("$ref") || schema.contains("allOf") || (schema.contains("anyOf") && schema.contains("oneOf")) ||
@@ -1712,8 +1715,8 @@ class Translator {
   Translation translate_enum(const Json& schema, const std::string& path) {
     for (const auto& [key, value] : schema.items()) {
       BASALT_CHECK(!is_assertion(key) || key == "type" || key == "enum" || key == "const" || key == "minLength" ||
-                       key == "maxLength" || key == "pattern" || listed(key, kNumberKeywords),
-                   "json schema: unsupported keyword \"{}\" at {}: only type, minLength, maxLength, pattern and "
+                       key == "maxLength" || key == "pattern" || key == "not" || listed(key, kNumberKeywords),
+                   "json schema: unsupported keyword \"{}\" at {}: only type, minLength, maxLength, pattern, not and "
                    "number bounds can accompany enum or const",
                    key, path);
     }
@@ -1739,13 +1742,17 @@ class Translator {
     const auto bounds = number_bounds(schema, path);
     const std::optional<NumberBound>& lower = bounds.first;
     const std::optional<NumberBound>& upper = bounds.second;
+    const Json* negated = member(schema, "not");
+    const std::optional<Negation> taken = negated ? std::optional<Negation>(negation(*negated, path)) : std::nullopt;
     const auto satisfies = [&](const Json& value) {
+      if (taken && taken->excludes(value)) return false;
       if (value.is_string()) {
         const auto length = static_cast<int64_t>(code_points(value.get<std::string>()).size());
         if (length < min_length || (max_length && length > *max_length)) return false;
         return !pattern || text_matches(pattern->get<std::string>(), value.get<std::string>(), path, "pattern");
       }
       if (!value.is_number()) return true;
+      if (whole_numbers_only(schema, path) && value_type(value) != kInteger) return false;
       const Decimal x = decimal_of(value);
       const auto within = [&](const std::optional<NumberBound>& bound, int side) {
         if (!bound) return true;
@@ -1786,23 +1793,43 @@ class Translator {
                      "json schema: unsupported keyword \"format\" at {}: format \"{}\" is not supported", path, name);
       }
     }
+    if (whole_numbers_only(schema, path)) types &= static_cast<uint8_t>(~kFraction);
+    std::optional<Negation> taken;
+    if (const Json* negated = member(schema, "not")) {
+      taken = negation(*negated, path);
+      BASALT_CHECK((taken->types & (kInteger | kFraction)) != kInteger || !(types & kFraction),
+                   "json schema: unsupported keyword \"not\" at {}: numbers that are not integers are not built",
+                   path);
+      types &= static_cast<uint8_t>(~taken->types);
+    }
+    const auto literal_taken = [&](const Json& value) {
+      return taken && std::any_of(taken->literals.begin(), taken->literals.end(),
+                                  [&](const Json& v) { return v == value; });
+    };
     std::vector<std::string> options;
-    std::string reason;
+    std::string reason = fmt::format("the not at {} takes away every value its types allow", path);
+    bool reason_set = false;
     const auto add = [&](const Translation& t) {
       if (t.satisfiable()) {
         options.push_back(t.expr);
-      } else if (reason.empty()) {
+      } else if (!reason_set) {
         reason = t.no_value_reason;
+        reason_set = true;
       }
     };
-    if (types & kNull) add(Translation::of(lit("null")));
-    if (types & kBoolean) add(Translation::of(alt({lit("true"), lit("false")})));
+    if ((types & kNull) && !literal_taken(Json(nullptr))) add(Translation::of(lit("null")));
+    if (types & kBoolean) {
+      std::vector<std::string> truths;
+      for (const bool b : {true, false})
+        if (!literal_taken(Json(b))) truths.push_back(lit(b ? "true" : "false"));
+      if (!truths.empty()) add(Translation::of(alt(truths)));
+    }
     if (types & kFraction) {
       add(number(schema, path));
     } else if (types & kInteger) {
       add(integer(schema, path));
     }
-    if (types & kString) add(string(schema, path));
+    if (types & kString) add(string(schema, path, taken && taken->strings ? &*taken->strings : nullptr));
     if (types & kArray) add(array(schema, path));
     if (types & kObject) add(object(schema, path));
     if (options.empty()) return Translation::none(reason);
@@ -2118,7 +2145,8 @@ class Translator {
 
   // --- Strings ---
 
-  Translation string(const Json& schema, const std::string& path) {
+  // `excluded`: strings a `not` takes away (Negation::strings), or null.
+  Translation string(const Json& schema, const std::string& path, const RegexLanguage* excluded = nullptr) {
     const int64_t min_length = optional_count(schema, "minLength", path).value_or(0);
     const std::optional<int64_t> max_length = optional_count(schema, "maxLength", path);
     if (max_length && min_length > *max_length) {
@@ -2126,16 +2154,18 @@ class Translator {
     }
     const char* length_keyword = min_length > 0 ? "minLength" : max_length ? "maxLength" : nullptr;
     const std::string quote = lit("\"");
-    if (const Json* pattern = member(schema, "pattern")) {
-      BASALT_CHECK(pattern->is_string(), "json schema: keyword \"pattern\" at {} must be a string", path);
-      const Json* format = member(schema, "format");
-      BASALT_CHECK(!format || listed(format_name(*format, path), kHintFormats),
-                   "json schema: unsupported keyword \"format\" at {}: format and pattern together "
-                   "are not supported",
-                   path);
-      if (length_keyword) return bounded_pattern(pattern->get<std::string>(), min_length, max_length, path);
-      return Translation::of(seq({quote, pattern_rule(pattern->get<std::string>(), path), quote}));
+    const Json* pattern = member(schema, "pattern");
+    BASALT_CHECK(!pattern || pattern->is_string(), "json schema: keyword \"pattern\" at {} must be a string", path);
+    if (const Json* format = member(schema, "format");
+        format && (pattern || excluded) && !listed(format_name(*format, path), kHintFormats)) {
+      fail("json schema: unsupported keyword \"format\" at {}: format and {} together are not supported", path,
+           pattern ? "pattern" : "not");
     }
+    if (excluded || (pattern && length_keyword)) {
+      return string_language(pattern ? pattern->get<std::string>() : std::optional<std::string>(), min_length,
+                             max_length, excluded, path);
+    }
+    if (pattern) return Translation::of(seq({quote, pattern_rule(pattern->get<std::string>(), path), quote}));
     if (const Json* format = member(schema, "format"); format && !listed(format_name(*format, path), kHintFormats)) {
       const std::string name = format_name(*format, path);
       BASALT_CHECK(listed(name, kFormats),
@@ -2152,29 +2182,149 @@ class Translator {
         seq({quote, times(use("json-char"), min_length, max_length, rule_hint(path) + ".chars"), quote}));
   }
 
-  // A pattern with length bounds: the pattern's language intersected with
-  // that of the lengths, as one automaton.
-  Translation bounded_pattern(const std::string& pattern, int64_t min_length, std::optional<int64_t> max_length,
+  // multipleOf: 1 (or 1.0) asks for integers, which the number grammar
+  // then leaves to the integer one; any other divisor is refused by name.
+  static bool whole_numbers_only(const Json& schema, const std::string& path) {
+    const Json* divisor = member(schema, "multipleOf");
+    if (!divisor) return false;
+    BASALT_CHECK(divisor->is_number() && divisor->get<double>() > 0,
+                 "json schema: keyword \"multipleOf\" at {} must be a number above 0", path);
+    BASALT_CHECK(divisor->get<double>() == 1.0,
+                 "json schema: unsupported keyword \"multipleOf\" at {}: only 1 (integers) is supported, not {}",
+                 path, divisor->dump());
+    return true;
+  }
+
+  // Strings as one automaton: those the pattern matches (every string
+  // without one), of the length bounds, less `excluded` (a not's).
+  Translation string_language(const std::optional<std::string>& pattern, int64_t min_length,
+                              std::optional<int64_t> max_length, const RegexLanguage* excluded,
                               const std::string& path) {
     RegexLanguage language = RegexLanguage::all();
-    try {
-      language = RegexLanguage::of_pattern(pattern, RegexMode::kSearch);
-    } catch (const Error& e) {
-      fail("json schema: keyword \"pattern\" at {}: {}", path, e.what());
+    if (pattern) {
+      try {
+        language = RegexLanguage::of_pattern(*pattern, RegexMode::kSearch);
+      } catch (const Error& e) {
+        fail("json schema: keyword \"pattern\" at {}: {}", path, e.what());
+      }
     }
+    const char* keyword = excluded ? "not" : min_length > 0 ? "minLength" : "maxLength";
     try {
-      language = language.intersect(RegexLanguage::of_length(min_length, max_length.value_or(-1)));
+      if (min_length > 0 || max_length)
+        language = language.intersect(RegexLanguage::of_length(min_length, max_length.value_or(-1)));
+      if (excluded) language = language.minus(*excluded);
     } catch (const Error& e) {
-      fail("json schema: unsupported keyword \"{}\" at {}: with pattern: {}",
-           min_length > 0 ? "minLength" : "maxLength", path, e.what());
+      fail("json schema: unsupported keyword \"{}\" at {}: {}", keyword, path, e.what());
     }
     if (language.empty()) {
-      return Translation::none(
-          fmt::format("no string of the length bounds at {} matches pattern \"{}\"", path, pattern));
+      return Translation::none(fmt::format("no string at {} meets its pattern, length bounds and not together",
+                                           path));
     }
     const RegexRules rules = language.to_ebnf(/*json_escaped=*/true, fmt::format("lang{}.", ++name_sets_));
     pattern_rules_ += rules.rules;
     return Translation::of(seq({lit("\""), rules.root, lit("\"")}));
+  }
+
+  // What a `not` takes away, by type: every value of `types`, and besides
+  // them the `strings` and `literals` (true, false, null) it names. A value
+  // matches the negated schema when each of its keywords that applies to
+  // the value's type holds; supported are schemas whose assertions are
+  // type, enum, const and pattern (and boolean schemas), so that what they
+  // take away is whole types, strings (a list or a pattern) and literals.
+  // Others, and lists of numbers, objects or arrays, are refused by name.
+  struct Negation {
+    uint8_t types = 0;
+    std::optional<RegexLanguage> strings;
+    std::vector<Json> literals;
+    bool excludes(const Json& value) const {
+      const uint8_t t = value_type(value);
+      if ((types & t) == t) return true;
+      if (value.is_string()) return strings && strings->contains(value.get<std::string>());
+      return std::any_of(literals.begin(), literals.end(), [&](const Json& v) { return v == value; });
+    }
+  };
+
+  Negation negation(const Json& negated, const std::string& path) {
+    const std::string at = child_path(path, "not");
+    Negation out;
+    if (negated.is_boolean()) {
+      if (negated.get<bool>()) out.types = kAnyType;
+      return out;
+    }
+    BASALT_CHECK(negated.is_object(), "json schema: keyword \"not\" at {} must be a schema", path);
+    // not (A or B) takes away what not A and not B take (how merging writes
+    // two nots).
+    if (const Json* branches = member(negated, "anyOf"); branches && !has_assertions(negated, {"anyOf"})) {
+      BASALT_CHECK(branches->is_array() && !branches->empty(),
+                   "json schema: keyword \"anyOf\" at {} must be a non-empty array", at);
+      for (const Json& branch : *branches) {
+        Negation one = negation(branch, path);
+        out.types |= one.types;
+        out.literals.insert(out.literals.end(), one.literals.begin(), one.literals.end());
+        if (one.strings) {
+          out.strings = out.strings ? out.strings->complement().intersect(one.strings->complement()).complement()
+                                    : std::move(one.strings);
+        }
+      }
+      return out;
+    }
+    for (const auto& [key, value] : negated.items()) {
+      BASALT_CHECK(!is_assertion(key) || key == "type" || key == "enum" || key == "const" || key == "pattern",
+                   "json schema: unsupported keyword \"not\" at {}: only type, enum, const and pattern are "
+                   "supported inside it, not \"{}\"",
+                   path, key);
+    }
+    const uint8_t types = negated.contains("type") ? type_set(negated.at("type"), child_path(at, "type")) : kAnyType;
+    std::optional<std::vector<Json>> values;
+    if (const Json* list = member(negated, "enum")) {
+      BASALT_CHECK(list->is_array(), "json schema: keyword \"enum\" at {} must be an array", at);
+      values = std::vector<Json>(list->begin(), list->end());
+    }
+    if (const Json* value = member(negated, "const")) {
+      std::vector<Json> kept;
+      if (!values || std::any_of(values->begin(), values->end(), [&](const Json& v) { return json_equal(v, *value); }))
+        kept.push_back(*value);
+      values = kept;
+    }
+    const Json* pattern = member(negated, "pattern");
+    BASALT_CHECK(!pattern || pattern->is_string(), "json schema: keyword \"pattern\" at {} must be a string", at);
+    // Types no keyword of the negated schema applies to are taken whole.
+    for (const uint8_t type : {kNull, kBoolean, kObject, kArray, kInteger, kFraction}) {
+      if (!(types & type)) continue;
+      if (!values) {
+        out.types |= type;
+        continue;
+      }
+      for (const Json& v : *values) {
+        const uint8_t vt = value_type(v);
+        if (vt != type) continue;
+        BASALT_CHECK(type == kNull || type == kBoolean,
+                     "json schema: unsupported keyword \"not\" at {}: only strings, booleans and null can be "
+                     "listed inside it",
+                     path);
+        out.literals.push_back(v);
+      }
+    }
+    if (types & kString) {
+      if (!values && !pattern) {
+        out.types |= kString;
+      } else {
+        try {
+          RegexLanguage strings =
+              pattern ? RegexLanguage::of_pattern(pattern->get<std::string>(), RegexMode::kSearch) : RegexLanguage::all();
+          if (values) {
+            std::vector<std::string> listed;
+            for (const Json& v : *values)
+              if (v.is_string()) listed.push_back(v.get<std::string>());
+            strings = strings.intersect(RegexLanguage::of_strings(listed));
+          }
+          if (!strings.empty()) out.strings = std::move(strings);
+        } catch (const Error& e) {
+          fail("json schema: unsupported keyword \"not\" at {}: {}", path, e.what());
+        }
+      }
+    }
+    return out;
   }
 
   static std::string format_name(const Json& format, const std::string& path) {
@@ -2783,10 +2933,13 @@ class Translator {
         if (!acc.contains(key) || acc[key].get<int64_t>() > n) acc[key] = n;
       } else if (key == "dependencies" || key == "dependentRequired" || key == "dependentSchemas") {
         merge_dependencies(acc, key, value, at);
+      } else if (key == "not") {
+        // not A and not B is not (A or B): values are taken away by both.
+        acc[key] = acc.contains(key) ? Json::object({{"anyOf", Json::array({acc[key], value})}}) : value;
       } else if (key == "propertyNames") {
         // Both limits hold: names_of reads an allOf of them.
         acc[key] = acc.contains(key) ? Json::object({{"allOf", Json::array({acc[key], value})}}) : value;
-      } else if (key == "pattern" || key == "format") {
+      } else if (key == "pattern" || key == "format" || key == "multipleOf") {
         BASALT_CHECK(!acc.contains(key) || acc[key] == value,
                      "json schema: unsupported keyword \"{}\" at {}: allOf cannot combine two "
                      "different values of {}",

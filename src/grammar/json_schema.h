@@ -60,7 +60,13 @@
 // left out (a required one admits no object), further names are
 // intersected with it; exact. A pattern beside minLength / maxLength is
 // their intersection; exact. Automata past RegexLanguage::kMaxStates are
-// refused by name. dependentRequired,
+// refused by name. not: of a boolean schema, or of one whose assertions
+// are type, enum, const and pattern (anyOf of those too, as merging writes
+// two nots): the values it matches are taken away (whole types; strings
+// listed or matching the pattern, as an automaton; true, false, null);
+// lists of numbers, objects or arrays, and not integer beside number, are
+// refused; exact. multipleOf: 1 (integers); other divisors refused.
+// dependentRequired,
 // dependentSchemas and draft 7's dependencies (arrays and schemas): the
 // object is one of the combinations of its triggers present (required, with
 // what they require or bring merged in as allOf) or absent (false), each

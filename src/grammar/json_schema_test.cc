@@ -289,10 +289,10 @@ TEST(JsonSchemaStrings, PatternWithLengthBounds) {
   // No string has both: a required member can then have no value.
   EXPECT_CONTAINS(schema_error(R"({"type": "object", "properties": {"p": {"type": "string", "pattern": "^a{5}$",
                                    "maxLength": 3}}, "required": ["p"]})"),
-                  "no string of the length bounds at #/properties/p matches pattern");
+                  "no string at #/properties/p meets its pattern, length bounds and not together");
   // Bounds past what one automaton may hold are refused by name.
   EXPECT_CONTAINS(schema_error(R"({"type": "string", "pattern": "^a", "maxLength": 100000})"),
-                  R"(unsupported keyword "maxLength" at #: with pattern)");
+                  R"(unsupported keyword "maxLength" at #: regex: length bound 100000)");
 }
 
 // --- Formats --------------------------------------------------------------------
@@ -770,7 +770,7 @@ TEST(JsonSchemaObjects, PatternProperties) {
   // Patterns the regex translation refuses, and combinations past what the
   // automata may hold, are refused by name; allOf merges patternProperties
   // only beside no other properties.
-  EXPECT_CONTAINS(schema_error(R"({"properties": {"p": {"patternProperties": {"(^a)|b": {}}}}})"),
+  EXPECT_CONTAINS(schema_error(R"({"properties": {"p": {"patternProperties": {"(^a)b": {}}}}})"),
                   R"(unsupported keyword "patternProperties" at #/properties/p)");
   EXPECT_CONTAINS(schema_error(R"({"patternProperties": {"^(a|b)*a(a|b){14}$": {}}})"),
                   R"(unsupported keyword "patternProperties" at #: regex: the patterns combine)");
@@ -870,7 +870,7 @@ TEST(JsonSchemaObjects, DependentSchemas) {
   for (int i = 0; i < 7; ++i) many += fmt::format(R"({}"t{}": ["u{}"])", i ? ", " : "", i, i);
   EXPECT_CONTAINS(schema_error(many + "}}"), R"(unsupported keyword "dependentRequired" at #)");
   EXPECT_CONTAINS(schema_error(R"({"dependentRequired": {"a": "b"}})"), R"("dependentRequired" at #)");
-  EXPECT_CONTAINS(schema_error(R"({"dependentSchemas": {"a": {"not": {}}}})"), R"(unsupported keyword "not")");
+  EXPECT_CONTAINS(schema_error(R"({"dependentSchemas": {"a": {"not": {"required": ["z"]}}}})"), R"(unsupported keyword "not")");
 }
 
 // --- Arrays ---------------------------------------------------------------------
@@ -1247,6 +1247,68 @@ TEST(JsonSchemaOneOf, BranchesThatMayOverlapAreRefused) {
   siblings.expect_rejects({"null"});
 }
 
+TEST(JsonSchemaCombinations, Not) {
+  // Whole types, and types no keyword inside applies to.
+  const SchemaGrammar not_object(R"({"not": {"type": "object"}})");
+  not_object.expect_accepts({"1", "\"s\"", "[]", "null"});
+  not_object.expect_rejects({"{}"});
+  const SchemaGrammar not_number(R"({"type": ["number", "string"], "not": {"type": "number"}})");
+  not_number.expect_accepts({"\"s\""});
+  not_number.expect_rejects({"1", "1.5"});
+  // A pattern applies to strings only: every other value matches it, so
+  // the not leaves the strings it does not match.
+  const SchemaGrammar no_digits(R"({"not": {"pattern": "[0-9]"}})");
+  no_digits.expect_accepts({"\"abc\"", "\"\""});
+  no_digits.expect_rejects({"\"a1\"", "1", "null", "{}"});
+  // Listed values: strings, booleans, null; other types pass.
+  const SchemaGrammar not_listed(R"({"type": ["string", "boolean", "null", "integer"],
+                                     "not": {"enum": ["logs", true, null]}})");
+  not_listed.expect_accepts({"\"log\"", "\"logs2\"", "false", "3"});
+  not_listed.expect_rejects({"\"logs\"", "true", "null"});
+  // Beside a pattern and length bounds, and beside enum values.
+  const SchemaGrammar beside(R"({"type": "string", "pattern": "^[a-z]+$", "maxLength": 4, "not": {"const": "none"}})");
+  beside.expect_accepts({"\"nope\"", "\"non\""});
+  beside.expect_rejects({"\"none\"", "\"nones\"", "\"N\""});
+  const SchemaGrammar filtered(R"({"enum": ["a", "b", 1], "not": {"enum": ["a"]}})");
+  filtered.expect_accepts({"\"b\"", "1"});
+  filtered.expect_rejects({"\"a\""});
+  // Through $ref and allOf (merged): both nots hold.
+  const SchemaGrammar merged(R"({"$defs": {"s": {"type": "string", "not": {"const": "x"}}},
+                                 "allOf": [{"$ref": "#/$defs/s"}], "not": {"const": "y"}})");
+  merged.expect_accepts({"\"z\""});
+  merged.expect_rejects({"\"x\"", "\"y\""});
+  // Inside a property.
+  const SchemaGrammar property(R"({"properties": {"kind": {"type": "string", "not": {"enum": ["old"]}}},
+                                   "required": ["kind"], "additionalProperties": false})");
+  property.expect_accepts({R"({"kind":"new"})"});
+  property.expect_rejects({R"({"kind":"old"})"});
+  // not {} and not true admit nothing; not false takes nothing away.
+  EXPECT_CONTAINS(schema_error(R"({"not": {}})"), "no value satisfies the schema");
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "not": true})"), "no value satisfies the schema");
+  const SchemaGrammar nothing_taken(R"({"type": "integer", "not": false})");
+  nothing_taken.expect_accepts({"1"});
+  // What cannot be built is refused by name.
+  EXPECT_CONTAINS(schema_error(R"({"not": {"required": ["a"]}})"),
+                  R"(unsupported keyword "not" at #: only type, enum, const and pattern are supported inside it)");
+  EXPECT_CONTAINS(schema_error(R"({"not": {"enum": [1]}})"), R"(unsupported keyword "not" at #: only strings)");
+  EXPECT_CONTAINS(schema_error(R"({"type": "number", "not": {"type": "integer"}})"),
+                  R"(unsupported keyword "not" at #: numbers that are not integers)");
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "date", "not": {"const": "x"}})"),
+                  R"(unsupported keyword "format" at #: format and not together)");
+}
+
+TEST(JsonSchemaNumbers, MultipleOfOneIsIntegers) {
+  const SchemaGrammar whole(R"({"type": "number", "multipleOf": 1, "minimum": -2, "maximum": 20})");
+  whole.expect_accepts({"0", "-2", "20"});
+  whole.expect_rejects({"1.5", "21", "1e1"});
+  const SchemaGrammar listed(R"({"enum": [1, 2.5, "a"], "multipleOf": 1.0})");
+  listed.expect_accepts({"1", "\"a\""});
+  listed.expect_rejects({"2.5"});
+  EXPECT_CONTAINS(schema_error(R"({"type": "number", "multipleOf": 0.01})"),
+                  R"(unsupported keyword "multipleOf" at #: only 1 (integers) is supported, not 0.01)");
+  EXPECT_CONTAINS(schema_error(R"({"type": "number", "multipleOf": 0})"), "must be a number above 0");
+}
+
 TEST(JsonSchemaCombinations, AllOfMerges) {
   const SchemaGrammar objects(R"({"allOf": [
       {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
@@ -1294,7 +1356,7 @@ TEST(JsonSchemaCombinations, AllOfMerges) {
   EXPECT_CONTAINS(schema_error(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})"), "no value satisfies");
   const std::string e = schema_error(R"({"allOf": [{"pattern": "a"}, {"pattern": "b"}]})");
   EXPECT_CONTAINS(e, "unsupported keyword \"pattern\" at #/allOf/1");
-  EXPECT_CONTAINS(schema_error(R"({"allOf": [{"not": {}}]})"), "unsupported keyword \"not\" at #/allOf/0");
+  EXPECT_CONTAINS(schema_error(R"({"allOf": [{"not": {"required": ["z"]}}]})"), "unsupported keyword \"not\" at #");
 }
 
 // --- $ref -----------------------------------------------------------------------
@@ -1459,7 +1521,7 @@ TEST(JsonSchemaFlexible, WhitespaceBetweenTokensOnly) {
 
 TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"({"properties": {"a": {"not": {}}}})", R"(unsupported keyword "not" at #/properties/a)"},
+      {R"({"properties": {"a": {"not": {"required": ["z"]}}}})", R"(unsupported keyword "not" at #/properties/a)"},
       {R"({"if": {}, "then": {}})", R"(unsupported keyword "if" at #)"},
       {R"({"type": "array", "items": {"contains": {}}})", R"(unsupported keyword "contains" at #/items)"},
       {R"({"propertyNames": {"anyOf": [{"maxLength": 3}]}})", R"(unsupported keyword "propertyNames" at #)"},
@@ -1474,9 +1536,9 @@ TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
       {R"({"$defs": {"n": {"type": "integer", "multipleOf": 5, "x-unit": "s"}}, "$ref": "#/$defs/n"})",
        R"(unsupported keyword "multipleOf" at #/$defs/n)"},
       {R"({"items": {"prefixItems": [{"else": {}}]}})", R"(unsupported keyword "else" at #/items/prefixItems/0)"},
-      {R"({"properties": {"a/b~": {"not": {}}}})", R"(unsupported keyword "not" at #/properties/a~1b~0)"},
-      {R"({"$defs": {"x": {"not": {}}}, "$ref": "#/$defs/x"})", R"(unsupported keyword "not" at #/$defs/x)"},
-      {R"({"anyOf": [{}, {"additionalProperties": {"not": {}}}]})",
+      {R"({"properties": {"a/b~": {"not": {"required": ["z"]}}}})", R"(unsupported keyword "not" at #/properties/a~1b~0)"},
+      {R"({"$defs": {"x": {"not": {"required": ["z"]}}}, "$ref": "#/$defs/x"})", R"(unsupported keyword "not" at #/$defs/x)"},
+      {R"({"anyOf": [{}, {"additionalProperties": {"not": {"required": ["z"]}}}]})",
        R"(unsupported keyword "not" at #/anyOf/1/additionalProperties)"},
   };
   for (const auto& [schema, message] : cases) EXPECT_CONTAINS(schema_error(schema), message);
@@ -1512,7 +1574,7 @@ TEST(JsonSchemaKeywords, KeysThatAreNoJsonSchemaKeywordAreAnnotations) {
   values.expect_accepts({"null"});
   // The JSON Schema keywords that cannot be enforced are still refused, with
   // their path, beside unknown keys or not.
-  EXPECT_CONTAINS(schema_error(R"({"x-a": 1, "not": {"type": "null"}})"), R"(unsupported keyword "not" at #)");
+  EXPECT_CONTAINS(schema_error(R"({"x-a": 1, "not": {"required": ["z"]}})"), R"(unsupported keyword "not" at #)");
   EXPECT_CONTAINS(schema_error(R"({"properties": {"a": {"x-b": 1, "contains": {}}}})"),
                   R"(unsupported keyword "contains" at #/properties/a)");
   EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"if": {}}]})"), R"(unsupported keyword "if" at #/anyOf/0)");

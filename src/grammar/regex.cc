@@ -270,11 +270,15 @@ const Ranges* category_set(std::string_view name) {
 // grammar with the `u` flag's meaning; see regex.h for what is accepted).
 class Parser {
  public:
-  explicit Parser(std::string_view pattern) { decode(pattern); }
+  explicit Parser(std::string_view pattern) {
+    decode(pattern);
+    end_ = code_points_.size();
+  }
 
   std::vector<Alternative> parse() {
     std::vector<Alternative> alternatives;
     do {
+      if (parse_group_alternatives(alternatives)) continue;
       Alternative alternative;
       alternative.anchored_start = consume('^');
       alternative.body = parse_sequence(&alternative.anchored_end);
@@ -329,10 +333,52 @@ class Parser {
     fail("regex: {} at offset {} of the pattern", what, offsets_[index]);
   }
 
-  bool at_end() const { return pos_ >= code_points_.size(); }
+  // A top-level alternative that is one group and nothing else, "(^a|b$)",
+  // stands for the group's alternatives, so that the anchors at their
+  // edges are at the pattern's edges (the same language). Parsed with the
+  // end moved to the group's `)`.
+  bool parse_group_alternatives(std::vector<Alternative>& out) {
+    if (peek() != '(') return false;
+    const size_t start = pos_;
+    const auto at = [&](size_t i) { return i < end_ ? code_points_[i] : kEndOfPattern; };
+    size_t body = pos_ + 1;
+    if (at(body) == '?') {
+      if (at(body + 1) != ':') return false;  // named groups and lookarounds parse as ever
+      body += 2;
+    }
+    size_t depth = 1, close = body;
+    bool in_class = false;
+    for (; close < end_; ++close) {
+      const uint32_t c = code_points_[close];
+      if (c == '\\') {
+        ++close;
+      } else if (in_class) {
+        in_class = c != ']';
+      } else if (c == '[') {
+        in_class = true;
+      } else if (c == '(') {
+        ++depth;
+      } else if (c == ')' && --depth == 0) {
+        break;
+      }
+    }
+    if (close >= end_ || (close + 1 < end_ && code_points_[close + 1] != '|')) return false;
+    if (++depth_ > kMaxGroupNesting) refuse(start, fmt::format("groups nested deeper than {}", kMaxGroupNesting));
+    const size_t outer_end = end_;
+    end_ = close;
+    pos_ = body;
+    std::vector<Alternative> inner = parse();
+    end_ = outer_end;
+    pos_ = close + 1;
+    --depth_;
+    for (Alternative& alternative : inner) out.push_back(std::move(alternative));
+    return true;
+  }
+
+  bool at_end() const { return pos_ >= end_; }
   // The code point `ahead` places on, or kEndOfPattern.
   uint32_t peek(size_t ahead = 0) const {
-    return pos_ + ahead < code_points_.size() ? code_points_[pos_ + ahead] : kEndOfPattern;
+    return pos_ + ahead < end_ ? code_points_[pos_ + ahead] : kEndOfPattern;
   }
   bool consume(uint32_t c) {
     if (peek() != c) return false;
@@ -349,7 +395,7 @@ class Parser {
     while (!at_end() && peek() != '|' && peek() != ')') {
       const size_t start = pos_;
       if (peek() == '$') {
-        const bool ends_alternative = pos_ + 1 == code_points_.size() || code_points_[pos_ + 1] == '|';
+        const bool ends_alternative = pos_ + 1 == end_ || code_points_[pos_ + 1] == '|';
         if (anchored_end == nullptr || !ends_alternative) {
           refuse(start, "anchor '$' not at the end of a top-level alternative");
         }
@@ -656,6 +702,7 @@ class Parser {
   }
 
   std::vector<uint32_t> code_points_;
+  size_t end_ = 0;  // where parsing stops: the pattern's end, or a group's ')' (parse_group_alternatives)
   std::vector<size_t> offsets_;  // byte offset of each code point, then the pattern's size
   size_t pos_ = 0;
   int depth_ = 0;

@@ -14,7 +14,9 @@
 // names are not checked for duplicates, nothing refers to them),
 // quantifiers * + ? {m} {m,} {m,n} and their lazy forms (the same language),
 // and the anchors ^ and $ at the start and end of the pattern or of a
-// top-level alternative (`^a|b$`).
+// top-level alternative (`^a|b$`), a non-capturing or capturing group that
+// is a whole top-level alternative counting as its alternatives
+// (`^$|(^a+$)`).
 //
 // Refused with basalt::Error naming the construct and its byte offset:
 // backreferences (\1-\9, \k<n>), lookahead and lookbehind, \b \B, anchors

@@ -188,8 +188,8 @@ TEST(RegexErrors, NameTheConstructAndOffset) {
       {"a\\B", "word boundary \\B", 1},
       {"a^b", "anchor '^'", 1},
       {"a$b", "anchor '$'", 1},
-      {"(^a)", "anchor '^'", 1},
-      {"(a$)", "anchor '$'", 2},
+      {"(^a)b", "anchor '^'", 1},
+      {"(a$)b", "anchor '$'", 2},
       {"a$$", "anchor '$'", 1},
       {"(ab", "unbalanced '('", 0},
       {"a(b(c)", "unbalanced '('", 1},
@@ -371,6 +371,19 @@ TEST(RegexLanguage, AnchorsInSearchMode) {
   expect_search("", {"", "anything\n"}, {});
   expect_search("^|x", {"", "yyy"}, {});
   expect_search("^(a|b)c$", {"ac", "bc"}, {"c", "abc", "acc"});
+}
+
+TEST(RegexLanguage, AnchorsInAGroupThatIsAWholeAlternative) {
+  expect_language("^$|(^(?:\\S+\\s+){0,2}\\S+$)", RegexMode::kSearch, false, {"", "a", "a b", "a b c"},
+                  {" ", "a b c d", "a "});
+  expect_language("(^a|b$)", RegexMode::kSearch, false, {"a", "ax", "xb", "b"}, {"xa", "bx", ""});
+  expect_language("x|(?:^a$)", RegexMode::kSearch, false, {"a", "yxy"}, {"aa", ""});
+  expect_language("((^a$))", RegexMode::kSearch, false, {"a"}, {"ba"});
+  // A group with more after it is parsed as ever: its anchors are refused.
+  EXPECT_THROW(regex_to_ebnf("(^a)b", RegexMode::kSearch, false, "r"), Error);
+  EXPECT_THROW(regex_to_ebnf("(^a)*", RegexMode::kSearch, false, "r"), Error);
+  // A ')' in a class or escaped does not close the group.
+  expect_language("(^[)]\\)a)", RegexMode::kSearch, false, {"))a", "))ab"}, {")a", "x))a"});
 }
 
 TEST(RegexLanguage, AnchorsInFullMatchMode) {
