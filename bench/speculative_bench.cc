@@ -1,7 +1,7 @@
 // basalt_bench_speculative: what speculative decoding gains at batch 1, on
 // the bundled model on the CPU backend, or any model directory on any
 // device. Each workload runs greedy, plain, with n-gram drafts of each
-// --k, and with the model's MTP layer drafting where it has one,
+// --k, and with the model's MTP layer drafting (chained, each --k) where it has one,
 // alternated, best of --repeats; the outputs must be equal token for
 // token (the program fails otherwise on the CPU; on a GPU it says from
 // which token they differ). Reported: output tokens/s and the
@@ -55,7 +55,7 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::stri
   o.kv_slots = 4096;
   o.kv_dtype = kv_cache_dtype("auto", backend);
   if (k > 0) o.speculative = speculative_options("ngram", k);
-  if (k < 0) o.speculative = speculative_options("mtp", 1);
+  if (k < 0) o.speculative = speculative_options("mtp", -k);
   o.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
   Engine engine(model, backend, &tok, o);
   SamplingParams p;
@@ -123,9 +123,10 @@ int main(int argc, char** argv) {
   std::printf("%-6s %-10s %10s %8s %7s %11s %8s %10s %10s\n", "work", "mode", "tokens/s", "vs plain", "steps",
               "acceptance", "tok/step", "ideal", "of ideal");
   for (const Workload& w : workloads) {
-    std::vector<int> modes = {0};  // plain, n-gram k for each --k, and -1: MTP
+    std::vector<int> modes = {0};  // plain, n-gram k for each --k, and -k: MTP chaining k drafts
     modes.insert(modes.end(), ks.begin(), ks.end());
-    if (model->draft_head() != nullptr) modes.push_back(-1);
+    if (model->draft_head() != nullptr)
+      for (const int k : ks) modes.push_back(-k);
     std::vector<Result> best(modes.size());
     for (int r = 0; r < repeats; ++r)
       for (size_t m = 0; m < modes.size(); ++m) {
@@ -136,7 +137,7 @@ int main(int argc, char** argv) {
     for (size_t m = 0; m < modes.size(); ++m) {
       const Result& x = best[m];
       const std::string mode = modes[m] == 0   ? std::string("plain")
-                               : modes[m] < 0 ? std::string("mtp")
+                               : modes[m] < 0 ? "mtp k=" + std::to_string(-modes[m])
                                               : "ngram k=" + std::to_string(modes[m]);
       if (x.output != best[0].output) {
         // On the CPU the outputs are equal bit for bit; a GPU's kernels

@@ -229,18 +229,26 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
 // a sequence's last kept position the token sampled there, or for a prefill
 // chunk the prompt's next token), writes its KV at that position's slot,
 // and at each sampling sequence's last kept position predicts the token
-// after the one just sampled: the next step's draft. Positions of rejected
-// drafts are not kept (their KV is rolled back and will be written again).
+// after the one just sampled: the next step's first draft. Positions of
+// rejected drafts are not kept (their KV is rolled back and will be written
+// again). Each further draft (plan.draft_chain) runs the head once more, on
+// the draft before it and the head's own hidden state, one position on; its
+// KV goes to scratch slots past the pool's (kHeadScratchSlots), which the
+// next step's pass replaces with KV at the real slots.
 void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden, StepResult& result) {
   DraftHead& head = *model_.draft_head();
   if (!head_kv_ready_) {
-    head_kv_ = head.allocate_kv(kv_slots_, kv_dtype_);
+    head_kv_ = head.allocate_kv(kv_slots_ + kHeadScratchSlots, kv_dtype_);
     head_kv_ready_ = true;
   }
   const size_t R = plan.rows.size();
-  result.proposals.assign(R, -1);
+  result.proposals.assign(R, {});
   std::vector<int32_t> ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows, hidden_rows;
   std::vector<size_t> proposal_rows;  // per head logits row: the plan row (a group's first) it drafts for
+  // Per head logits row: its sequence's kept slots (a range of kv_slots)
+  // and the position after its last kept one.
+  std::vector<std::pair<size_t, size_t>> context;
+  std::vector<int32_t> next_position;
   const auto failed = [&](size_t r) { return !result.row_errors.empty() && !result.row_errors[r].empty(); };
   size_t r = 0;
   for (size_t s = 0; s + 1 < plan.q_start.size(); ++s) {
@@ -275,6 +283,8 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
     if (samples) {
       logit_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
       proposal_rows.push_back(first);
+      context.emplace_back(kv_slots.size() - static_cast<size_t>(k1 - k0 - (n - kept)), kv_slots.size());
+      next_position.push_back(positions.back() + 1);
     }
   }
   if (ids.empty()) return;
@@ -286,12 +296,50 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
   Tensor kept_hidden = backend_.empty({N, model_.config().hidden_size}, DType::kF32);
   backend_.embedding(rows, hidden, kept_hidden);  // gathers the kept positions' rows
   Tensor head_logits = backend_.empty({L, vocab_}, DType::kF32);
-  head.forward(hb, kept_hidden, head_kv_, head_logits);
-  Tensor best = backend_.empty({L}, DType::kI32);
-  backend_.argmax(head_logits, best);
-  Tensor host_best = Tensor::empty({L}, DType::kI32);
-  backend_.copy(best, host_best);
-  for (size_t j = 0; j < proposal_rows.size(); ++j) result.proposals[proposal_rows[j]] = host_best.data<int32_t>()[j];
+  const int64_t H = model_.config().hidden_size;
+  const auto S = static_cast<int64_t>(proposal_rows.size());
+  // Chained drafts share the scratch slots: draft_chain - 1 per sequence.
+  const int chain = S == 0 ? 1
+                           : static_cast<int>(std::clamp<int64_t>(kHeadScratchSlots / S + 1, 1, plan.draft_chain));
+  Tensor head_hidden = chain > 1 ? backend_.empty({N, H}, DType::kF32) : Tensor();
+  head.forward(hb, kept_hidden, head_kv_, head_logits, chain > 1 ? &head_hidden : nullptr);
+  const auto draft = [&](const Tensor& logits, int64_t rows) {
+    Tensor best = backend_.empty({rows}, DType::kI32);
+    backend_.argmax(logits, best);
+    Tensor host_best = Tensor::empty({rows}, DType::kI32);
+    backend_.copy(best, host_best);
+    for (int64_t j = 0; j < S; ++j)
+      result.proposals[proposal_rows[static_cast<size_t>(j)]].push_back(host_best.data<const int32_t>()[j]);
+  };
+  draft(head_logits, L);
+  if (S == 0 || chain <= 1) return;
+  // The head's own hidden states at the sequences' last kept rows.
+  Tensor last_rows = backend_.empty({S}, DType::kI32);
+  backend_.copy(i32_tensor(std::vector<int32_t>(logit_rows.begin(), logit_rows.begin() + S)), last_rows);
+  Tensor chained_hidden = backend_.empty({S, H}, DType::kF32);
+  backend_.embedding(last_rows, head_hidden, chained_hidden);
+  Tensor chained_logits = backend_.empty({S, vocab_}, DType::kF32);
+  Tensor next_hidden = backend_.empty({S, H}, DType::kF32);
+  for (int step = 1; step < chain; ++step) {
+    std::vector<int32_t> c_ids, c_positions, c_out_slots, c_q{0}, c_kv_start{0}, c_kv_slots, c_rows;
+    for (int64_t j = 0; j < S; ++j) {
+      const auto sj = static_cast<size_t>(j);
+      c_ids.push_back(result.proposals[proposal_rows[sj]].back());
+      c_positions.push_back(next_position[sj] + step - 1);
+      const auto scratch = [&](int d) { return static_cast<int32_t>(kv_slots_ + j * (chain - 1) + d); };
+      c_out_slots.push_back(scratch(step - 1));
+      c_kv_slots.insert(c_kv_slots.end(), kv_slots.begin() + static_cast<std::ptrdiff_t>(context[sj].first),
+                        kv_slots.begin() + static_cast<std::ptrdiff_t>(context[sj].second));
+      for (int d = 0; d < step; ++d) c_kv_slots.push_back(scratch(d));
+      c_q.push_back(static_cast<int32_t>(j + 1));
+      c_kv_start.push_back(static_cast<int32_t>(c_kv_slots.size()));
+      c_rows.push_back(static_cast<int32_t>(j));
+    }
+    const ForwardBatch cb = host_forward_batch(c_ids, c_positions, c_out_slots, c_q, c_kv_start, c_kv_slots, c_rows);
+    head.forward(cb, chained_hidden, head_kv_, chained_logits, step + 1 < chain ? &next_hidden : nullptr);
+    draft(chained_logits, S);
+    std::swap(chained_hidden, next_hidden);
+  }
 }
 
 // --- StepPipeline -----------------------------------------------------------------

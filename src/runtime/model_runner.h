@@ -54,8 +54,10 @@ class LocalModelRunner : public ModelRunner {
   int32_t vocab_;
   int64_t kv_slots_;
   DType kv_dtype_;
-  // The draft head's own KV, slot for slot beside the model's (allocated at
-  // the first step that runs the head).
+  // The draft head's own KV, slot for slot beside the model's, then
+  // kHeadScratchSlots more for chained drafts (allocated at the first step
+  // that runs the head).
+  static constexpr int64_t kHeadScratchSlots = 1024;
   KvBuffers head_kv_;
   bool head_kv_ready_ = false;
 };

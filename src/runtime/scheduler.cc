@@ -484,6 +484,7 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
   plan->rows.reserve(batch.size());
   plan->sampled.reserve(batch.size());
   plan->capture_hidden = options_.speculative.algorithm == SpeculativeAlgorithm::kMtp;
+  plan->draft_chain = std::max(1, options_.speculative.num_draft_tokens);
   bool any_prefill = false, any_decode = false, any_drafts = false;
   for (size_t b = 0; b < batch.size(); ++b) {
     Request* r = batch[b];
@@ -588,7 +589,9 @@ bool Scheduler::propose_drafts(Request& r) {
   }
   if (!spec.enabled()) return false;
   if (spec.algorithm == SpeculativeAlgorithm::kMtp) {
-    if (r.proposal >= 0) r.drafts.assign(1, r.proposal);
+    const size_t n = std::min({r.proposal.size(), static_cast<size_t>(room),
+                               static_cast<size_t>(spec.num_draft_tokens)});
+    r.drafts.assign(r.proposal.begin(), r.proposal.begin() + static_cast<std::ptrdiff_t>(n));
     return !r.drafts.empty();
   }
   r.drafts = propose_ngram(r.tokens, std::min(spec.num_draft_tokens, room), spec.ngram_min, spec.ngram_max);
@@ -627,7 +630,7 @@ size_t Scheduler::take_verified(StepPlan& plan, StepResult& result, size_t first
   BASALT_CHECK(result.accepted.size() > first && result.accepted[first] >= 0 && result.accepted[first] <= drafts,
                "request {}: no verification result for its {} drafts", r.id, drafts);
   const int64_t accepted = result.accepted[first];
-  r.proposal = first < result.proposals.size() ? result.proposals[first] : -1;
+  r.proposal = first < result.proposals.size() ? std::move(result.proposals[first]) : std::vector<int32_t>{};
   // The KV of the rejected drafts' positions goes before any token lands,
   // so that a request ending here caches only verified positions.
   kv_.rollback(r.kv, drafts - accepted);
@@ -716,7 +719,7 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
       end(r, FinishReason::kError, updates, {}, std::move(result.row_errors[i]));
       continue;
     }
-    r.proposal = i < result.proposals.size() ? result.proposals[i] : -1;
+    r.proposal = i < result.proposals.size() ? std::move(result.proposals[i]) : std::vector<int32_t>{};
     on_token(r, result.next[i], std::move(result.logprobs[i]), result.sampled_logprobs[i], now, updates);
   }
   remove_finished();

@@ -38,9 +38,6 @@ SpeculativeOptions speculative_options(std::string_view algorithm, int num_draft
   SpeculativeOptions o;
   o.algorithm = parse_speculative_algorithm(algorithm);
   o.num_draft_tokens = num_draft_tokens;
-  // One MTP layer drafts one token (chaining it on its own hidden state is
-  // not done yet).
-  if (o.algorithm == SpeculativeAlgorithm::kMtp) o.num_draft_tokens = std::min(num_draft_tokens, 1);
   o.validate();
   return o;
 }

@@ -45,7 +45,9 @@ enum class SpeculativeAlgorithm : uint8_t {
   kNgram,  // prompt lookup: the tokens that followed the latest earlier match of the text's last n tokens
   // The model's own multi-token-prediction layer (Model::draft_head): after
   // each step it reads the target's final hidden states and the tokens that
-  // follow them, keeps its own KV, and drafts the token after the next.
+  // follow them, keeps its own KV, and drafts the token after the next;
+  // for k > 1 it runs again on its own hidden state and that draft, and so
+  // on (a chain, as vLLM and SGLang run one MTP layer for several tokens).
   kMtp,
 };
 
@@ -76,7 +78,7 @@ struct SpeculativeOptions {
 };
 
 // The options --speculative-algorithm NAME --speculative-num-draft-tokens K
-// give (the n-gram sizes at their defaults; MTP drafts at most one token);
+// give (the n-gram sizes at their defaults);
 // throws basalt::Error for a bad name or count.
 SpeculativeOptions speculative_options(std::string_view algorithm, int num_draft_tokens);
 

@@ -40,7 +40,7 @@ TEST(NgramProposer, OptionsAndNames) {
   EXPECT_EQ(parse_speculative_algorithm("none"), SpeculativeAlgorithm::kNone);
   EXPECT_EQ(parse_speculative_algorithm("mtp"), SpeculativeAlgorithm::kMtp);
   EXPECT_EQ(parse_speculative_algorithm("deepseek_mtp"), SpeculativeAlgorithm::kMtp);
-  EXPECT_EQ(speculative_options("mtp", 4).num_draft_tokens, 1);  // one layer, one draft
+  EXPECT_EQ(speculative_options("mtp", 4).num_draft_tokens, 4);  // one layer, chained
   EXPECT_THROW(parse_speculative_algorithm("eagle9"), Error);
   SpeculativeOptions o;
   EXPECT_FALSE(o.enabled());
@@ -228,19 +228,21 @@ TEST_P(Speculative, PenalisedOutputsAreThoseOfPlainDecoding) {
 }
 
 // MTP: the model's own multi-token-prediction layer drafts the token after
-// the next one from each step's hidden states. Outputs are plain
+// the next one from each step's hidden states, and with k > 1 chains on
+// its own hidden state for the tokens after that. Outputs are plain
 // decoding's, greedy and sampled, with prompts fed in chunks (the head
 // reads a chunk's next prompt token) and several requests per step; on the
 // bundled model, whose MTP layer was trained with it, drafts are accepted.
 TEST_P(Speculative, MtpDraftsGiveThePlainTokens) {
   for (const std::string& dir : {kDeepSeek, std::string(BASALT_MODEL_DIR)}) {
     Fixture f(dir);
+    int k = 1;
     auto run_mtp = [&](bool mtp, float temperature) {
       EngineOptions o = base();
       o.kv_slots = 4096;
       o.check_invariants = true;
       o.step_token_budget = 7;  // prompts in chunks
-      if (mtp) o.speculative = speculative_options("mtp", 4);
+      if (mtp) o.speculative = speculative_options("mtp", k);
       Engine engine(*f.model, f.backend, nullptr, o);
       return run_looping(engine, [&](int i, const std::vector<int32_t>&) -> std::optional<SamplingParams> {
         SamplingParams p;
@@ -253,13 +255,22 @@ TEST_P(Speculative, MtpDraftsGiveThePlainTokens) {
     };
     for (const float temperature : {0.0f, 1.0f}) {
       const SpecRun plain = run_mtp(false, temperature);
-      const SpecRun mtp = run_mtp(true, temperature);
-      expect_same_outputs(plain, mtp);
-      EXPECT_GT(mtp.metrics.draft_tokens, 0u) << dir;
-      if (dir != kDeepSeek && temperature == 0.0f) {
-        EXPECT_GT(mtp.metrics.accepted_draft_tokens * 4, mtp.metrics.draft_tokens)
-            << mtp.metrics.accepted_draft_tokens << " of " << mtp.metrics.draft_tokens;
-        EXPECT_LT(mtp.metrics.steps, plain.metrics.steps);
+      for (k = 1; k <= 3; k += 2) {
+        const SpecRun mtp = run_mtp(true, temperature);
+        expect_same_outputs(plain, mtp);
+        EXPECT_GT(mtp.metrics.draft_tokens, 0u) << dir;
+        if (dir != kDeepSeek && temperature == 0.0f) {
+          EXPECT_GT(mtp.metrics.accepted_draft_tokens * 4, mtp.metrics.draft_tokens)
+              << "k " << k << ": " << mtp.metrics.accepted_draft_tokens << " of " << mtp.metrics.draft_tokens;
+          EXPECT_LT(mtp.metrics.steps, plain.metrics.steps) << "k " << k;
+          // A chain's later drafts are accepted too. (Steps are no measure
+          // here: the step budget of 7 tokens splits the drafts of several
+          // requests over more steps.)
+          if (k == 3) {
+            ASSERT_GT(mtp.metrics.accepted_by_position.size(), 1u);
+            EXPECT_GT(mtp.metrics.accepted_by_position[1], 0u);
+          }
+        }
       }
     }
   }

@@ -47,6 +47,10 @@ struct StepPlan {
   // already (a prefill chunk that does not end the prompt), else -1.
   bool capture_hidden = false;
   std::vector<int32_t> next_known;
+  // How many tokens the draft head drafts per sampling sequence: the first
+  // from the target's hidden state, each next from the head's own hidden
+  // state and the token it drafted before (a chain).
+  int draft_chain = 1;
 
   // One per sampled logits row, in order. The processor and constraint are
   // the request's, which outlives every plan that names it (a finished
@@ -88,6 +92,7 @@ inline void StepPlan::clear() {
   futures_of = 0;
   futures.clear();
   capture_hidden = false;
+  draft_chain = 1;
   rows.clear();
   chained = false;
   requests.clear();
@@ -108,9 +113,9 @@ struct StepResult {
   // tokens; the rest are dropped).
   std::vector<int32_t> accepted;
   // Per sampled row, only when the plan captured hidden states: on a
-  // group's first row, the draft head's token for after the group's last
-  // accepted token (-1: none).
-  std::vector<int32_t> proposals;
+  // group's first row, the draft head's tokens for after the group's last
+  // accepted token (up to draft_chain of them; empty: none).
+  std::vector<std::vector<int32_t>> proposals;
   std::string error;                             // non-empty: the step failed
   Clock::time_point exec_start, exec_end;
 };

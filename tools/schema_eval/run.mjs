@@ -33,7 +33,8 @@
 // schemas that name no draft, Ajv2019 for 2019-09, Ajv's draft-07 class for
 // drafts 4 to 7 (whose array-form `items` 2020-12 reads differently), with
 // draft 4's boolean exclusiveMinimum / exclusiveMaximum rewritten to
-// draft 6's numbers, as Basalt reads them. Each schema gets its own Ajv
+// draft 6's numbers, as Basalt reads them, and draft 4's `id` as `$id`
+// (Ajv refuses `id`; Basalt reads either). Each schema gets its own Ajv
 // instance, unknown keywords and formats are ignored by Ajv (strict: false).
 // Exit status 0 unless the run itself fails.
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -82,12 +83,26 @@ function draft4Bounds(s) {
   return o;
 }
 
+// Draft 4's `id` (a schema's identifier, a string) as `$id`, which Ajv
+// reads (it refuses `id`); values that are instances (enum, const, default,
+// examples) are left as they are.
+function draft4Ids(s) {
+  if (Array.isArray(s)) return s.map(draft4Ids);
+  if (s === null || typeof s !== 'object') return s;
+  const o = {};
+  for (const [k, v] of Object.entries(s)) {
+    if (k === 'id' && typeof v === 'string' && !('$id' in s)) o.$id = v;
+    else o[k] = ['enum', 'const', 'default', 'examples'].includes(k) ? v : draft4Ids(v);
+  }
+  return o;
+}
+
 function validator(schema) {
   const draft = typeof schema === 'object' && schema !== null ? String(schema.$schema ?? '') : '';
   const options = { strict: false, allErrors: true, validateSchema: false };
   let Cls = Ajv2020;
-  let copy = schema;
-  if (/draft-0[3-7]/.test(draft)) { Cls = Ajv07; copy = draft4Bounds(schema); }
+  let copy = draft4Ids(schema);
+  if (/draft-0[3-7]/.test(draft)) { Cls = Ajv07; copy = draft4Bounds(copy); }
   else if (/2019-09/.test(draft)) Cls = Ajv2019;
   if (typeof copy === 'object' && copy !== null) { copy = { ...copy }; delete copy.$schema; }
   const ajv = new Cls(options);
