@@ -72,8 +72,10 @@ constexpr std::string_view kUnenforcedKeywords[] = {"if",
 
 // Formats enforced on strings ("url", which OpenAPI documents and real
 // schemas use, as "uri"; OpenAPI's "byte" as RFC 4648 base64).
-constexpr std::string_view kFormats[] = {"date", "time", "date-time", "email",    "uuid", "ipv4",
-                                         "ipv6", "uri",  "url",       "hostname", "byte"};
+constexpr std::string_view kFormats[] = {"date",         "time",         "date-time",    "email",
+                                         "uuid",         "ipv4",         "ipv6",         "uri",
+                                         "url",          "hostname",     "byte",         "duration",
+                                         "json-pointer", "relative-json-pointer", "uri-reference"};
 // OpenAPI's formats that only hint at a string's use and constrain no text:
 // any string.
 constexpr std::string_view kHintFormats[] = {"password", "binary"};
@@ -561,6 +563,28 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
       {"format-uri-pchar", R"g([A-Za-z0-9._~!$&\x27()*+,;=:@\-] | format-uri-pct)g"},
       {"format-uri-query", R"g((format-uri-pchar | [/?])*)g"},
       {"format-uri-pct", R"g('%' [0-9A-Fa-f]{2})g"},
+      // RFC 3986's URI-reference: a URI, or a relative reference (its first
+      // segment without a colon, so that it reads as no scheme).
+      {"format-uri-reference", R"g(format-uri | format-uri-relative-part? ('?' format-uri-query)? ('#' format-uri-query)?)g"},
+      {"format-uri-relative-part",
+       R"g('//' format-uri-authority format-uri-path | '/' (format-uri-pchar+ format-uri-path)?)g"
+       R"g( | format-uri-nc+ format-uri-path)g"},
+      {"format-uri-nc", R"g([A-Za-z0-9._~!$&\x27()*+,;=@\-] | format-uri-pct)g"},
+      // RFC 3339's duration (its appendix A, ISO 8601's form).
+      {"format-duration", R"g('P' (format-dur-date | format-dur-time | [0-9]+ 'W'))g"},
+      {"format-dur-date", R"g((format-dur-day | format-dur-month | format-dur-year) format-dur-time?)g"},
+      {"format-dur-time", R"g('T' (format-dur-hour | format-dur-minute | format-dur-second))g"},
+      {"format-dur-year", R"g([0-9]+ 'Y' format-dur-month?)g"},
+      {"format-dur-month", R"g([0-9]+ 'M' format-dur-day?)g"},
+      {"format-dur-day", R"g([0-9]+ 'D')g"},
+      {"format-dur-hour", R"g([0-9]+ 'H' format-dur-minute?)g"},
+      {"format-dur-minute", R"g([0-9]+ 'M' format-dur-second?)g"},
+      {"format-dur-second", R"g([0-9]+ 'S')g"},
+      // RFC 6901's JSON pointer; its characters as a JSON string holds them.
+      {"format-json-pointer", R"g(('/' format-pointer-char*)*)g"},
+      {"format-pointer-char", R"g([^"\\\x00-\x1f/~] | json-escape | '~' [01])g"},
+      // A relative JSON pointer: levels up, then '#' or a pointer.
+      {"format-relative-json-pointer", R"g(('0' | [1-9] [0-9]*) ('#' | format-json-pointer))g"},
       // RFC 4648 base64, standard alphabet, padded to a multiple of four
       // characters; the bits padding leaves over are zero (section 3.5), as
       // an encoder writes them.

@@ -35,7 +35,10 @@
 // date-time as RFC 3339, with a leap second only as 23:59:60 in UTC; email as
 // RFC 5321's mailbox: dot-atom or quoted local part, hostname or
 // address-literal domain; uuid; ipv4 and ipv6 as RFC 3986 writes them; uri as
-// RFC 3986's URI, and url as uri; hostname as RFC 1123 labels of at most 63
+// RFC 3986's URI, and url as uri; uri-reference as RFC 3986's URI-reference;
+// duration as RFC 3339's (appendix A); json-pointer as RFC 6901's and
+// relative-json-pointer as a count of levels then '#' or a JSON pointer;
+// hostname as RFC 1123 labels of at most 63
 // characters, at most 127 labels, the total length of 253 not enforced;
 // OpenAPI's byte as RFC 4648 base64 (standard alphabet, padded, the padding's
 // bits zero), its password and binary as any string; on numbers, OpenAPI's

@@ -347,6 +347,17 @@ TEST(JsonSchemaFormats, Uri) {
                  "http://x/\"", "http://x/<y>"});
 }
 
+TEST(JsonSchemaFormats, UriReferenceDurationAndPointers) {
+  expect_format("uri-reference", {"https://example.com/a?b#c", "//example.com/x", "/abs/path", "rel/path?q", "#frag",
+                                  "", "a%20b", "../x"},
+                {"a:b:c d", "\\x", "rel path", "#a#b", "%zz"});
+  expect_format("duration", {"P4DT12H30M5S", "P1Y", "P2W", "PT1M", "P1M2D", "PT36H", "P0D"},
+                {"P", "PT", "P1D2H", "P1W2D", "1D", "P1.5D", "PT1H1D", "p1d"});
+  expect_format("json-pointer", {"", "/", "/foo/0", "/a~1b", "/m~0n", "/ \"q\"", "//"},
+                {"foo", "/~2", "/a~", "#/a"});
+  expect_format("relative-json-pointer", {"0", "1/a", "2#", "10/x/y", "0/"}, {"", "/a", "01", "-1/a", "1##", "#"});
+}
+
 TEST(JsonSchemaFormats, OpenApiFormats) {
   // url is uri by another name.
   expect_format("url", {"https://example.com/a?b#c", "urn:x:y"}, {"example.com", "/path", "http://x/ y"});
