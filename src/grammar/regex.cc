@@ -1129,10 +1129,18 @@ std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t
   };
   id_of({start});
   std::vector<State> out;
+  // Each state checks every move of its set at every cut of the code
+  // points; classes of hundreds of ranges (\p{L}) under a bounded
+  // repetition make that the cost, which patterns from requests must not
+  // make unbounded.
+  constexpr size_t kMaxWork = size_t{1} << 22;
+  size_t work = 0;
   for (size_t i = 0; i < sets.size(); ++i) {
     const std::vector<uint32_t> set = sets[i];  // sets grows below
     std::vector<uint32_t> cuts{0, kMaxCodePoint + 1};
+    size_t moves = 0;
     for (const uint32_t s : set) {
+      moves += nfa[s].moves.size();
       for (const auto& m : nfa[s].moves) {
         for (const auto& [lo, hi] : m.set) {
           cuts.push_back(lo);
@@ -1142,13 +1150,21 @@ std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t
     }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    work += cuts.size() * (moves + set.size());
+    BASALT_CHECK(work <= kMaxWork,
+                 "regex: the patterns are too large to combine (building their automaton takes more than {} steps)",
+                 kMaxWork);
     std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> edges;
+    // The intervals of a large class alternate between few target sets:
+    // each is closed and looked up once per state.
+    std::map<std::vector<uint32_t>, uint32_t> seen;
     for (size_t k = 0; k + 1 < cuts.size(); ++k) {
       std::vector<uint32_t> targets;
       for (const uint32_t s : set)
         for (const auto& m : nfa[s].moves)
           if (ranges_contain(m.set, cuts[k])) targets.push_back(m.target);
-      const uint32_t target = id_of(std::move(targets));
+      const auto known = seen.find(targets);
+      const uint32_t target = known != seen.end() ? known->second : seen.emplace(targets, id_of(targets)).first->second;
       if (!edges.empty() && std::get<2>(edges.back()) == target) {
         std::get<1>(edges.back()) = cuts[k + 1] - 1;
       } else {

@@ -530,6 +530,8 @@ TEST(RegexAutomaton, BlowUpIsRefused) {
   EXPECT_THROW(RegexLanguage::of_pattern("^(a|b)*a(a|b){14}$", RegexMode::kSearch), Error);
   EXPECT_THROW(RegexLanguage::of_pattern("(((a{100}){100}){100})", RegexMode::kFullMatch), Error);
   EXPECT_THROW(RegexLanguage::of_pattern("(?=a)", RegexMode::kSearch), Error);
+  // Large classes under a long repetition: refused for the work, quickly.
+  EXPECT_THROW(RegexLanguage::of_pattern("^[\\p{L}\\p{N}]{1,3000}$", RegexMode::kSearch), Error);
   EXPECT_THROW(RegexLanguage::all().complement().to_ebnf(false, "e."), Error);
 }
 
