@@ -350,7 +350,7 @@ TEST(ToolCallGrammar, ErrorsNameTheFunction) {
         [&] { tool_call_grammar(format, ordered_json::parse(tools_text), mode, "missing", false); });
   };
   const std::string bad_schema = R"([{"type": "function", "function": {"name": "f", "parameters":
-      {"type": "object", "properties": {"a": {"not": {"required": ["z"]}}}}}}])";
+      {"type": "object", "properties": {"a": {"not": {"minLength": 2}}}}}}])";
   EXPECT_CONTAINS(error(bad_schema), "function \"f\"");
   EXPECT_CONTAINS(error(bad_schema), "unsupported keyword \"not\" at #/properties/a");
   EXPECT_CONTAINS(error(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}])"),

@@ -1120,6 +1120,15 @@ class Translator {
     BASALT_CHECK(schema.is_object(), "json schema: the schema at {} must be an object or a boolean", path);
     check_keywords(schema, path);
     if (const Json* negated = member(schema, "not")) {
+      // not of required names: the objects that lack one of them, as anyOf.
+      if (std::optional<Json> absent = absent_names(*negated, path)) {
+        Json rewritten = schema;
+        rewritten.erase("not");
+        Json& all = rewritten["allOf"];
+        if (!all.is_array()) all = Json::array();
+        all.push_back(std::move(*absent));
+        return translate_merged(merge({{&rewritten, path}}), path);
+      }
       if (negation(*negated, path).types == kAnyType)
         return Translation::none(fmt::format("the schema at {} is negated by a not that every value matches", path));
     }
@@ -2268,6 +2277,49 @@ class Translator {
     }
   };
 
+  // A not's schema that only requires names, as what the not leaves: the
+  // objects that lack at least one of them (every other value has them all,
+  // as required applies to objects only). {"required": R} leaves objects
+  // with some r of R absent; anyOf of such schemas leaves what each leaves
+  // (allOf), allOf of them what their union leaves. Absent for any other
+  // schema.
+  std::optional<Json> absent_names(const Json& negated, const std::string& path) {
+    if (!negated.is_object() || negated.empty()) return std::nullopt;
+    const auto only = [&](const Json& s, std::string_view key) {
+      return s.is_object() && s.contains(key) && !has_assertions(s, {key});
+    };
+    std::vector<std::string> names;
+    const auto collect = [&](const Json& s) {
+      const Json& list = s.at("required");
+      BASALT_CHECK(list.is_array(), "json schema: keyword \"required\" at {} must be an array of strings", path);
+      for (const Json& name : list) {
+        BASALT_CHECK(name.is_string(), "json schema: keyword \"required\" at {} must be an array of strings", path);
+        names.push_back(name.get<std::string>());
+      }
+    };
+    if (only(negated, "required")) {
+      collect(negated);
+    } else if (only(negated, "allOf") && negated.at("allOf").is_array() && !negated.at("allOf").empty() &&
+               std::all_of(negated.at("allOf").begin(), negated.at("allOf").end(),
+                           [&](const Json& s) { return only(s, "required"); })) {
+      for (const Json& s : negated.at("allOf")) collect(s);
+    } else if (only(negated, "anyOf") && negated.at("anyOf").is_array() && !negated.at("anyOf").empty()) {
+      Json each = Json::array();
+      for (const Json& s : negated.at("anyOf")) {
+        std::optional<Json> one = absent_names(s, path);
+        if (!one) return std::nullopt;
+        each.push_back(std::move(*one));
+      }
+      return Json{{"allOf", std::move(each)}};
+    } else {
+      return std::nullopt;
+    }
+    if (names.empty()) return Json(false);  // every object has all of no names
+    Json lacking = Json::array();
+    for (const std::string& name : names) lacking.push_back(Json{{"properties", Json{{name, false}}}});
+    return Json{{"type", "object"}, {"anyOf", std::move(lacking)}};
+  }
+
   Negation negation(const Json& negated, const std::string& path) {
     const std::string at = child_path(path, "not");
     Negation out;
@@ -2294,8 +2346,8 @@ class Translator {
     }
     for (const auto& [key, value] : negated.items()) {
       BASALT_CHECK(!is_assertion(key) || key == "type" || key == "enum" || key == "const" || key == "pattern",
-                   "json schema: unsupported keyword \"not\" at {}: only type, enum, const and pattern are "
-                   "supported inside it, not \"{}\"",
+                   "json schema: unsupported keyword \"not\" at {}: only type, enum, const and pattern (or "
+                   "required alone) are supported inside it, not \"{}\"",
                    path, key);
     }
     const uint8_t types = negated.contains("type") ? type_set(negated.at("type"), child_path(at, "type")) : kAnyType;

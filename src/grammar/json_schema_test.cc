@@ -881,7 +881,7 @@ TEST(JsonSchemaObjects, DependentSchemas) {
   for (int i = 0; i < 7; ++i) many += fmt::format(R"({}"t{}": ["u{}"])", i ? ", " : "", i, i);
   EXPECT_CONTAINS(schema_error(many + "}}"), R"(unsupported keyword "dependentRequired" at #)");
   EXPECT_CONTAINS(schema_error(R"({"dependentRequired": {"a": "b"}})"), R"("dependentRequired" at #)");
-  EXPECT_CONTAINS(schema_error(R"({"dependentSchemas": {"a": {"not": {"required": ["z"]}}}})"), R"(unsupported keyword "not")");
+  EXPECT_CONTAINS(schema_error(R"({"dependentSchemas": {"a": {"not": {"minLength": 2}}}})"), R"(unsupported keyword "not")");
 }
 
 // --- Arrays ---------------------------------------------------------------------
@@ -1299,8 +1299,19 @@ TEST(JsonSchemaCombinations, Not) {
   const SchemaGrammar nothing_taken(R"({"type": "integer", "not": false})");
   nothing_taken.expect_accepts({"1"});
   // What cannot be built is refused by name.
-  EXPECT_CONTAINS(schema_error(R"({"not": {"required": ["a"]}})"),
-                  R"(unsupported keyword "not" at #: only type, enum, const and pattern are supported inside it)");
+  EXPECT_CONTAINS(schema_error(R"({"not": {"minLength": 2}})"),
+                  R"(unsupported keyword "not" at #: only type, enum, const and pattern (or required alone))");
+  // not of required names: objects lacking one of them; other values fail.
+  const SchemaGrammar lacking(R"({"type": ["object", "null"], "not": {"required": ["a", "b"]}})");
+  lacking.expect_accepts({"{}", R"({"a":1})", R"({"b":1,"c":2})"});
+  lacking.expect_rejects({R"({"a":1,"b":2})", R"({"b":1,"a":2})", "null"});
+  const SchemaGrammar neither(R"({"properties": {"x": {}, "y": {}}, "not": {"anyOf": [{"required": ["x"]}, {"required": ["y"]}]}})");
+  neither.expect_accepts({"{}", R"({"z":1})"});
+  neither.expect_rejects({R"({"x":1})", R"({"y":1})", "1"});
+  const SchemaGrammar not_both(R"({"not": {"allOf": [{"required": ["site"]}, {"required": ["app"]}]}})");
+  not_both.expect_accepts({R"({"site":1})", R"({"app":1})", "{}"});
+  not_both.expect_rejects({R"({"site":1,"app":2})", "\"s\""});
+  EXPECT_CONTAINS(schema_error(R"({"type": "object", "not": {"required": []}})"), "no value satisfies the schema");
   EXPECT_CONTAINS(schema_error(R"({"not": {"enum": [1]}})"), R"(unsupported keyword "not" at #: only strings)");
   EXPECT_CONTAINS(schema_error(R"({"type": "number", "not": {"type": "integer"}})"),
                   R"(unsupported keyword "not" at #: numbers that are not integers)");
@@ -1367,7 +1378,7 @@ TEST(JsonSchemaCombinations, AllOfMerges) {
   EXPECT_CONTAINS(schema_error(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})"), "no value satisfies");
   const std::string e = schema_error(R"({"allOf": [{"pattern": "a"}, {"pattern": "b"}]})");
   EXPECT_CONTAINS(e, "unsupported keyword \"pattern\" at #/allOf/1");
-  EXPECT_CONTAINS(schema_error(R"({"allOf": [{"not": {"required": ["z"]}}]})"), "unsupported keyword \"not\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"allOf": [{"not": {"minLength": 2}}]})"), "unsupported keyword \"not\" at #");
 }
 
 // --- $ref -----------------------------------------------------------------------
@@ -1532,7 +1543,7 @@ TEST(JsonSchemaFlexible, WhitespaceBetweenTokensOnly) {
 
 TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"({"properties": {"a": {"not": {"required": ["z"]}}}})", R"(unsupported keyword "not" at #/properties/a)"},
+      {R"({"properties": {"a": {"not": {"minLength": 2}}}})", R"(unsupported keyword "not" at #/properties/a)"},
       {R"({"if": {}, "then": {}})", R"(unsupported keyword "if" at #)"},
       {R"({"type": "array", "items": {"contains": {}}})", R"(unsupported keyword "contains" at #/items)"},
       {R"({"propertyNames": {"anyOf": [{"maxLength": 3}]}})", R"(unsupported keyword "propertyNames" at #)"},
@@ -1547,9 +1558,9 @@ TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
       {R"({"$defs": {"n": {"type": "integer", "multipleOf": 5, "x-unit": "s"}}, "$ref": "#/$defs/n"})",
        R"(unsupported keyword "multipleOf" at #/$defs/n)"},
       {R"({"items": {"prefixItems": [{"else": {}}]}})", R"(unsupported keyword "else" at #/items/prefixItems/0)"},
-      {R"({"properties": {"a/b~": {"not": {"required": ["z"]}}}})", R"(unsupported keyword "not" at #/properties/a~1b~0)"},
-      {R"({"$defs": {"x": {"not": {"required": ["z"]}}}, "$ref": "#/$defs/x"})", R"(unsupported keyword "not" at #/$defs/x)"},
-      {R"({"anyOf": [{}, {"additionalProperties": {"not": {"required": ["z"]}}}]})",
+      {R"({"properties": {"a/b~": {"not": {"minLength": 2}}}})", R"(unsupported keyword "not" at #/properties/a~1b~0)"},
+      {R"({"$defs": {"x": {"not": {"minLength": 2}}}, "$ref": "#/$defs/x"})", R"(unsupported keyword "not" at #/$defs/x)"},
+      {R"({"anyOf": [{}, {"additionalProperties": {"not": {"minLength": 2}}}]})",
        R"(unsupported keyword "not" at #/anyOf/1/additionalProperties)"},
   };
   for (const auto& [schema, message] : cases) EXPECT_CONTAINS(schema_error(schema), message);
@@ -1585,7 +1596,7 @@ TEST(JsonSchemaKeywords, KeysThatAreNoJsonSchemaKeywordAreAnnotations) {
   values.expect_accepts({"null"});
   // The JSON Schema keywords that cannot be enforced are still refused, with
   // their path, beside unknown keys or not.
-  EXPECT_CONTAINS(schema_error(R"({"x-a": 1, "not": {"required": ["z"]}})"), R"(unsupported keyword "not" at #)");
+  EXPECT_CONTAINS(schema_error(R"({"x-a": 1, "not": {"minLength": 2}})"), R"(unsupported keyword "not" at #)");
   EXPECT_CONTAINS(schema_error(R"({"properties": {"a": {"x-b": 1, "contains": {}}}})"),
                   R"(unsupported keyword "contains" at #/properties/a)");
   EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"if": {}}]})"), R"(unsupported keyword "if" at #/anyOf/0)");

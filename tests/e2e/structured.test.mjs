@@ -153,7 +153,7 @@ test('structured output with logprobs, stop strings and the prefix cache', async
 test('bad specs are 400s that name the field and the problem', async () => {
   const chat = (extra) => client.chat.completions.create({ model: 'basalt-mini', messages, max_tokens: 4, ...extra });
   const refused = [
-    [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', not: { required: ['a'] } } } } },
+    [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', not: { minProperties: 2 } } } } },
       'response_format.json_schema.schema', '"not"'],
     [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { a: { type: 'number', multipleOf: 2 } } } } } },
       'response_format.json_schema.schema', '#/properties/a'],
