@@ -67,8 +67,9 @@
 // are type, enum, const and pattern (anyOf of those too, as merging writes
 // two nots): the values it matches are taken away (whole types; strings
 // listed or matching the pattern, as an automaton; true, false, null);
-// lists of numbers, objects or arrays, and not integer beside number, are
-// refused; exact. multipleOf: 1 (integers); other divisors refused.
+// a not of required names alone (or anyOf / allOf of such) is the objects
+// that lack one of them; lists of numbers, objects or arrays, and not
+// integer beside number, are refused; exact. multipleOf: 1 (integers); other divisors refused.
 // dependentRequired,
 // dependentSchemas and draft 7's dependencies (arrays and schemas): the
 // object is one of the combinations of its triggers present (required, with
