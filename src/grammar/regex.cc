@@ -936,14 +936,19 @@ class Emitter {
   std::string helper_rules_;
 };
 
-}  // namespace
-
-RegexRules regex_to_ebnf(std::string_view pattern, RegexMode mode, bool json_escaped, std::string_view prefix) {
+// Rule names are made of EBNF name characters.
+void check_rule_prefix(std::string_view prefix) {
   for (const char c : prefix) {
     const bool name_char =
         (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
     BASALT_CHECK(name_char, "regex: rule prefix \"{}\" has characters outside [A-Za-z0-9_.-]", prefix);
   }
+}
+
+}  // namespace
+
+RegexRules regex_to_ebnf(std::string_view pattern, RegexMode mode, bool json_escaped, std::string_view prefix) {
+  check_rule_prefix(prefix);
   const std::vector<Alternative> alternatives = Parser(pattern).parse();
   Emitter emitter(json_escaped, prefix);
   // Made only when a side needs it: in JSON it adds a helper rule.
@@ -1397,11 +1402,7 @@ bool RegexLanguage::contains(std::string_view utf8) const {
 }
 
 RegexRules RegexLanguage::to_ebnf(bool json_escaped, std::string_view prefix) const {
-  for (const char c : prefix) {
-    const bool name_char =
-        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
-    BASALT_CHECK(name_char, "regex: rule prefix \"{}\" has characters outside [A-Za-z0-9_.-]", prefix);
-  }
+  check_rule_prefix(prefix);
   BASALT_CHECK(!empty(), "regex: the combined patterns match no text");
   // Live states can still reach acceptance; the rest are never entered.
   const size_t n = states_.size();
