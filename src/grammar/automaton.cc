@@ -5,6 +5,7 @@
 #include <memory>
 #include <functional>
 #include <set>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "grammar/matcher.h"
@@ -125,8 +126,111 @@ struct NfaEdge {
   int32_t to = -1;
 };
 
+// Which rules a call inside a repetition compiles inline (their body copied
+// into the caller's automaton instead of a call edge): a rule on no cycle of
+// references whose body, with what it inlines in turn, weighs at most
+// kInlineWeight. One character of a string (`json-char`, its escapes) then
+// costs the run one byte edge instead of a call and a return per byte.
+// Calls outside repetitions stay calls, so a rule used once per value (a
+// whole string) keeps one set of states that every caller shares, and with
+// them the token masks computed for them.
+constexpr int64_t kInlineWeight = 1024;
+
+class InlinePlan {
+ public:
+  explicit InlinePlan(const Grammar& g) : g_(g) {
+    const size_t n = g.rules.size();
+    index_.assign(n, -1);
+    low_.assign(n, 0);
+    on_stack_.assign(n, false);
+    recursive_.assign(n, false);
+    for (size_t r = 0; r < n; ++r)
+      if (index_[r] < 0) strongly_connect(static_cast<int32_t>(r));
+    weight_.assign(n, -2);  // -2: not computed
+  }
+
+  // The rule's weight when it may be inlined, -1 when it may not.
+  int64_t weight(int32_t rule) {
+    int64_t& w = weight_[static_cast<size_t>(rule)];
+    if (w == -2) {
+      w = -1;  // while computing (no cycle reaches here: recursive rules stop first)
+      if (!recursive_[static_cast<size_t>(rule)]) {
+        const int64_t body = weight_of(g_.rules[static_cast<size_t>(rule)].body);
+        w = body <= kInlineWeight ? body : -1;
+      }
+    }
+    return w;
+  }
+
+ private:
+  int64_t weight_of(const GrammarExpr& e) {
+    using K = GrammarExpr::Kind;
+    switch (e.kind) {
+      case K::kBytes: return std::max<int64_t>(1, static_cast<int64_t>(e.bytes.size()));
+      case K::kClass: return 4;
+      case K::kRuleRef: {
+        const int64_t w = weight(e.rule);
+        return w < 0 ? 1 : w;
+      }
+      case K::kSequence:
+      case K::kChoice: {
+        int64_t sum = 1;
+        for (const GrammarExpr& c : e.children) sum = std::min<int64_t>(sum + weight_of(c), kInlineWeight + 1);
+        return sum;
+      }
+      case K::kRepeat: {
+        const int64_t copies = e.max < 0 ? int64_t{e.min} + 1 : std::max<int64_t>(1, e.max);
+        return std::min<int64_t>(weight_of(e.children[0]) * copies, kInlineWeight + 1);
+      }
+    }
+    return kInlineWeight + 1;
+  }
+
+  // Tarjan's strongly connected components over rule references: a rule is
+  // recursive when its component has several rules or it refers to itself.
+  void strongly_connect(int32_t r) {
+    index_[static_cast<size_t>(r)] = low_[static_cast<size_t>(r)] = next_index_++;
+    stack_.push_back(r);
+    on_stack_[static_cast<size_t>(r)] = true;
+    std::vector<int32_t> refs;
+    references(g_.rules[static_cast<size_t>(r)].body, refs);
+    for (int32_t t : refs) {
+      if (t == r) recursive_[static_cast<size_t>(r)] = true;
+      if (index_[static_cast<size_t>(t)] < 0) {
+        strongly_connect(t);
+        low_[static_cast<size_t>(r)] = std::min(low_[static_cast<size_t>(r)], low_[static_cast<size_t>(t)]);
+      } else if (on_stack_[static_cast<size_t>(t)]) {
+        low_[static_cast<size_t>(r)] = std::min(low_[static_cast<size_t>(r)], index_[static_cast<size_t>(t)]);
+      }
+    }
+    if (low_[static_cast<size_t>(r)] != index_[static_cast<size_t>(r)]) return;
+    std::vector<int32_t> component;
+    int32_t t;
+    do {
+      t = stack_.back();
+      stack_.pop_back();
+      on_stack_[static_cast<size_t>(t)] = false;
+      component.push_back(t);
+    } while (t != r);
+    if (component.size() > 1)
+      for (int32_t c : component) recursive_[static_cast<size_t>(c)] = true;
+  }
+  static void references(const GrammarExpr& e, std::vector<int32_t>& out) {
+    if (e.kind == GrammarExpr::Kind::kRuleRef) out.push_back(e.rule);
+    for (const GrammarExpr& c : e.children) references(c, out);
+  }
+
+  const Grammar& g_;
+  std::vector<int32_t> index_, low_, stack_;
+  std::vector<bool> on_stack_, recursive_;
+  int32_t next_index_ = 0;
+  std::vector<int64_t> weight_;
+};
+
 class Nfa {
  public:
+  Nfa(const Grammar& grammar, InlinePlan& plan) : grammar_(grammar), plan_(plan) {}
+
   int32_t add() {
     BASALT_CHECK(out_.size() < kMaxNfaStates, "grammar: too large (more than {} automaton states before "
                  "determinization); lower the repetition bounds", kMaxNfaStates);
@@ -137,8 +241,9 @@ class Nfa {
   const std::vector<NfaEdge>& out(int32_t s) const { return out_[static_cast<size_t>(s)]; }
   size_t size() const { return out_.size(); }
 
-  // Adds paths from `from` to `to` that match `e`.
-  void compile(const GrammarExpr& e, int32_t from, int32_t to) {
+  // Adds paths from `from` to `to` that match `e`; `copies` is how many
+  // times the repetitions around `e` repeat it (0 outside any).
+  void compile(const GrammarExpr& e, int32_t from, int32_t to, int64_t copies = 0) {
     using K = GrammarExpr::Kind;
     switch (e.kind) {
       case K::kBytes: {
@@ -163,14 +268,20 @@ class Nfa {
         }
         return;
       }
-      case K::kRuleRef:
-        edge(from, {NfaEdge::kCall, 0, 0, e.rule, to});
+      case K::kRuleRef: {
+        const int64_t w = copies > 0 ? plan_.weight(e.rule) : -1;
+        if (w >= 0 && w * copies <= kInlineWeight) {
+          compile(grammar_.rules[static_cast<size_t>(e.rule)].body, from, to, copies);
+        } else {
+          edge(from, {NfaEdge::kCall, 0, 0, e.rule, to});
+        }
         return;
+      }
       case K::kSequence: {
         int32_t cur = from;
         for (size_t i = 0; i < e.children.size(); ++i) {
           const int32_t next = i + 1 == e.children.size() ? to : add();
-          compile(e.children[i], cur, next);
+          compile(e.children[i], cur, next, copies);
           cur = next;
         }
         if (e.children.empty()) edge(from, {NfaEdge::kEpsilon, 0, 0, -1, to});
@@ -182,23 +293,25 @@ class Nfa {
           // the others.
           const int32_t start = add();
           edge(from, {NfaEdge::kEpsilon, 0, 0, -1, start});
-          compile(c, start, to);
+          compile(c, start, to, copies);
         }
         return;
       case K::kRepeat: {
         BASALT_CHECK(e.min <= kMaxRepetition && e.max <= kMaxRepetition,
                      "grammar: repetition bound past the limit of {}", kMaxRepetition);
+        const int64_t inner =
+            std::max<int64_t>(copies, 1) * (e.max < 0 ? int64_t{e.min} + 1 : std::max<int64_t>(1, e.max));
         int32_t cur = from;
         for (int32_t i = 0; i < e.min; ++i) {
           const int32_t next = add();
-          compile(e.children[0], cur, next);
+          compile(e.children[0], cur, next, inner);
           cur = next;
         }
         if (e.max < 0) {
           const int32_t loop = add();
           edge(cur, {NfaEdge::kEpsilon, 0, 0, -1, loop});
           const int32_t body_end = add();
-          compile(e.children[0], loop, body_end);
+          compile(e.children[0], loop, body_end, inner);
           edge(body_end, {NfaEdge::kEpsilon, 0, 0, -1, loop});
           edge(loop, {NfaEdge::kEpsilon, 0, 0, -1, to});
           return;
@@ -206,7 +319,7 @@ class Nfa {
         for (int32_t i = e.min; i < e.max; ++i) {
           const int32_t next = add();
           edge(cur, {NfaEdge::kEpsilon, 0, 0, -1, to});
-          compile(e.children[0], cur, next);
+          compile(e.children[0], cur, next, inner);
           cur = next;
         }
         edge(cur, {NfaEdge::kEpsilon, 0, 0, -1, to});
@@ -216,6 +329,8 @@ class Nfa {
   }
 
  private:
+  const Grammar& grammar_;
+  InlinePlan& plan_;
   std::vector<std::vector<NfaEdge>> out_;
 };
 
@@ -240,15 +355,27 @@ class Determinizer {
 
  private:
   std::vector<int32_t> closure(std::vector<int32_t> seeds) {
+    if (seen_.size() < nfa_.size()) seen_.resize(nfa_.size(), 0);
+    ++stamp_;
     std::vector<int32_t> out;
-    std::vector<int32_t> work = std::move(seeds);
-    std::set<int32_t> seen(work.begin(), work.end());
+    std::vector<int32_t>& work = seeds;
+    for (size_t i = 0; i < work.size();) {  // drop repeated seeds
+      if (seen_[static_cast<size_t>(work[i])] == stamp_) {
+        work[i] = work.back();
+        work.pop_back();
+      } else {
+        seen_[static_cast<size_t>(work[i++])] = stamp_;
+      }
+    }
     while (!work.empty()) {
       const int32_t s = work.back();
       work.pop_back();
       out.push_back(s);
-      for (const NfaEdge& e : nfa_.out(s))
-        if (e.kind == NfaEdge::kEpsilon && seen.insert(e.to).second) work.push_back(e.to);
+      for (const NfaEdge& e : nfa_.out(s)) {
+        if (e.kind != NfaEdge::kEpsilon || seen_[static_cast<size_t>(e.to)] == stamp_) continue;
+        seen_[static_cast<size_t>(e.to)] = stamp_;
+        work.push_back(e.to);
+      }
     }
     std::sort(out.begin(), out.end());
     return out;
@@ -322,7 +449,16 @@ class Determinizer {
   size_t& total_;
   size_t elements_ = 0;  // NFA states over every set so far
   size_t work_ = 0;      // sets expanded and intervals split, summed
-  std::map<std::vector<int32_t>, int32_t> index_;
+  struct SetHash {
+    size_t operator()(const std::vector<int32_t>& set) const {
+      uint64_t h = 1469598103934665603ull;
+      for (int32_t x : set) h = (h ^ static_cast<uint32_t>(x)) * 1099511628211ull;
+      return static_cast<size_t>(h ^ (h >> 29));
+    }
+  };
+  std::unordered_map<std::vector<int32_t>, int32_t, SetHash> index_;
+  std::vector<uint32_t> seen_;  // per NFA state: the closure that last met it
+  uint32_t stamp_ = 0;
   std::vector<std::vector<int32_t>> sets_;
   std::vector<DfaState> dfa_;
 };
@@ -450,8 +586,9 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar) {
   std::vector<std::vector<DfaState>> rules;
   std::vector<std::string> names;
   size_t total = 0;
+  InlinePlan plan(grammar);
   for (const GrammarRule& rule : grammar.rules) {
-    Nfa nfa;
+    Nfa nfa(grammar, plan);
     const int32_t start = nfa.add(), end = nfa.add();
     nfa.compile(rule.body, start, end);
     rules.push_back(Determinizer(nfa, start, end, total).run());

@@ -2,9 +2,12 @@
 // byte, with rollback; and the grammars the compiler refuses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
+#include "grammar/automaton.h"
 #include "grammar/ebnf.h"
 #include "grammar/matcher.h"
 
@@ -77,6 +80,35 @@ TEST(Ebnf, RulesCallEachOtherAndRecurse) {
   EXPECT_TRUE(matches("root ::= \"a\" root | \"\"", deep));
   // GBNF rule separation: a rule ends where the next "name ::=" begins.
   EXPECT_TRUE(matches("root ::= a\n  b\na ::= \"x\"\nb ::= \"y\"", "xy"));
+}
+
+TEST(Ebnf, SmallRulesRepeatedInARuleCompileInline) {
+  // `item` (and `esc` through it) is repeated in root: its bytes are copied
+  // into root's automaton. `tail` is called once and `value` is recursive:
+  // both stay calls.
+  const std::string text = R"g(
+    root  ::= "[" item* "]" tail value*
+    item  ::= [a-c] | esc
+    esc   ::= "\\" [nt]
+    tail  ::= "!"
+    value ::= "(" value* ")"
+  )g";
+  const Grammar grammar = parse_ebnf(text);
+  const auto compiled = compile_grammar(grammar);
+  std::vector<std::string> called;
+  for (size_t s = 0; s < compiled->states.size(); ++s) {
+    const AutomatonState& state = compiled->states[s];
+    if (state.rule != grammar.root) continue;
+    for (uint32_t c = state.calls_begin; c < state.calls_end; ++c)
+      called.push_back(compiled->rule_names[static_cast<size_t>(compiled->calls[c].rule)]);
+  }
+  std::sort(called.begin(), called.end());
+  called.erase(std::unique(called.begin(), called.end()), called.end());
+  EXPECT_EQ(called, (std::vector<std::string>{"tail", "value"}));
+  EXPECT_TRUE(matches(text, "[ab\\nc\\t]!(())()"));
+  EXPECT_TRUE(matches(text, "[]!"));
+  EXPECT_FALSE(matches(text, "[a\\x]!"));
+  EXPECT_FALSE(matches(text, "[ad]!"));
 }
 
 TEST(Ebnf, ParseErrorsNameThePlace) {

@@ -100,6 +100,10 @@ bool enforced(std::string_view key) {
 // Repetitions past this many are built from rules of this many, so that no
 // bound reaches kMaxRepetition and no automaton unrolls a huge count.
 constexpr int64_t kChunk = 256;
+// A bounded string's characters are written in runs of at most this many
+// (see chars_then_quote).
+constexpr int64_t kCharChunk = 32;
+constexpr int64_t kMaxCharRuns = 32;
 // Counts (minLength, maxItems, ...) past this are refused rather than risk
 // overflow; no model writes that much.
 constexpr int64_t kMaxCount = int64_t{1} << 53;
@@ -860,6 +864,38 @@ class Translator {
     if (!is_name(expr)) expr = define(hint, expr);
     if (!hi) return seq({exactly(expr, lo), expr + "*"});
     return seq({exactly(expr, lo), at_most(expr, *hi - lo)});
+  }
+
+  // A string's characters, between lo and hi of them (hi absent: any
+  // number), then its closing quote. Counts up to kCharChunk are written
+  // out; larger ones in rules of kCharChunk characters that end by calling
+  // the next (tail calls: the stack stays one deep), each holding its
+  // closing quote so that no state inside the characters can end the rule.
+  // The characters then compile inline (grammar/automaton.cc inlines small
+  // rules repeated in a rule) to byte edges, which the token-mask walk
+  // follows without calls or returns.
+  std::string chars_then_quote(int64_t lo, std::optional<int64_t> hi, const std::string& hint) {
+    const std::string ch = use("json-char"), quote = lit("\"");
+    std::string head = exactly(ch, lo);
+    if (!hi) return seq({head, ch + "*", quote});
+    // Past kMaxCharRuns runs, the rules would cost more to compile than the
+    // walk saves: the characters are counted as other repetitions are.
+    if (*hi - lo > kCharChunk * kMaxCharRuns) return seq({times(ch, lo, hi, hint), quote});
+    return seq({head, at_most_then(ch, *hi - lo, quote, hint)});
+  }
+  // atom{0,count} then `end`, deterministic from the left: after fewer
+  // than kCharChunk atoms, `end` or more atoms; after kCharChunk of them,
+  // the same for count - kCharChunk (a rule of its own, called last).
+  std::string at_most_then(const std::string& atom, int64_t count, const std::string& end, const std::string& hint) {
+    if (count < kCharChunk) return seq({repeat_suffix(atom, 0, count), end});
+    const std::string key = fmt::format("{}#{}#{}", atom, end, count);
+    if (const auto it = chunks_.find(key); it != chunks_.end()) return it->second;
+    const std::string name = unique_name(hint + ".upto");
+    chunks_.emplace(key, name);
+    std::string rest = at_most_then(atom, count - kCharChunk, end, hint);
+    rules_.emplace_back(name, alt({seq({repeat_suffix(atom, 0, kCharChunk - 1), end}),
+                                   seq({repeat_suffix(atom, kCharChunk, kCharChunk), rest})}));
+    return name;
   }
 
   // The closing bracket after `count` members.
@@ -2212,7 +2248,7 @@ class Translator {
     }
     if (!length_keyword) return Translation::of(use("json-string"));
     return Translation::of(
-        seq({quote, times(use("json-char"), min_length, max_length, rule_hint(path) + ".chars"), quote}));
+        seq({quote, chars_then_quote(min_length, max_length, rule_hint(path) + ".chars")}));
   }
 
   // multipleOf: 1 (or 1.0) asks for integers, which the number grammar

@@ -239,6 +239,17 @@ TEST(JsonSchemaStrings, LongLengthBoundsAreExact) {
     EXPECT_TRUE(s.matches(quoted(std::string(n, 'x')))) << n;
   for (const size_t n : {0, 255, 256, 299, 601, 700}) EXPECT_FALSE(s.matches(quoted(std::string(n, 'x')))) << n;
 
+  // Up to 32 runs of 32 characters, each run its own rule with the closing
+  // quote (chars_then_quote): every count at and around a run's edge.
+  const SchemaGrammar runs(R"({"type": "string", "minLength": 3, "maxLength": 200})");
+  for (const size_t n : {3, 4, 31, 32, 33, 63, 64, 65, 96, 199, 200})
+    EXPECT_TRUE(runs.matches(quoted(std::string(n, 'x')))) << n;
+  for (const size_t n : {0, 2, 201, 224}) EXPECT_FALSE(runs.matches(quoted(std::string(n, 'x')))) << n;
+  std::string escapes;
+  for (int i = 0; i < 100; ++i) escapes += i % 2 ? "\n" : "\xC3\xA9";  // an escaped newline, then é
+  EXPECT_TRUE(runs.matches(quoted(escapes + std::string(100, 'z'))));
+  EXPECT_FALSE(runs.matches(quoted(escapes + std::string(101, 'z'))));
+
   const SchemaGrammar huge(R"({"type": "string", "maxLength": 2147483647})");
   EXPECT_TRUE(huge.matches(quoted(std::string(70000, 'y'))));
   const SchemaGrammar at_least(R"({"type": "string", "minLength": 70000})");

@@ -19,6 +19,7 @@ class TrieWalker {
       : g_(g), arena_(arena), work_(work), base_(arena.size()) {
     levels_.resize(1);
     levels_[0].set.assign(root.begin(), root.end());
+    lexicalize(levels_[0]);
   }
   ~TrieWalker() { arena_.rewind(base_); }
 
@@ -33,15 +34,40 @@ class TrieWalker {
     for (size_t d = keep; d < bytes.size(); ++d) {
       if (levels_.size() <= d + 1) levels_.resize(d + 2);  // before taking references into it
       Level& level = levels_[d];
-      const ClosureFlags flags = work_.close(g_, arena_, level.set, level.closed);
-      level.escaped = (d > 0 && levels_[d - 1].escaped) || flags.escaped;
       Level& next = levels_[d + 1];
-      next.mark = arena_.size();
-      work_.step(g_, arena_, level.closed, static_cast<uint8_t>(bytes[d]), next.set);
-      if (next.set.empty()) {
-        arena_.rewind(next.mark);
-        dead_ = true;
-        return d;
+      const auto byte = static_cast<uint8_t>(bytes[d]);
+      const bool escaped_before = d > 0 && levels_[d - 1].escaped;
+      if (level.lex_state >= 0) {
+        // Inside a rule's own bytes (a string's contents): the closure is
+        // the stack itself, the step one edge lookup, and no stack node is
+        // made until the run leaves such states.
+        level.escaped = escaped_before;
+        next.mark = arena_.size();
+        const int32_t t = g_.step(level.lex_state, byte);
+        if (t < 0) return fail(d);
+        if (lexical_state(t)) {
+          next.lex_state = t;
+          next.lex_parent = level.lex_parent;
+        } else {
+          next.lex_state = -1;
+          next.set.assign(1, arena_.intern(t, level.lex_parent));
+        }
+        next.closed_ready = false;
+      } else {
+        if (!level.closed_ready) {
+          const ClosureFlags flags = work_.close(g_, arena_, level.set, level.closed);
+          level.closure_escaped = flags.escaped;
+          level.closed_ready = true;
+        }
+        level.escaped = escaped_before || level.closure_escaped;
+        // After the closure: its nodes stay while the walk is at or past
+        // this level; what steps on from here is dropped with `mark`.
+        next.mark = arena_.size();
+        work_.step(g_, arena_, level.closed, byte, next.set);
+        if (next.set.empty()) return fail(d);
+        next.lex_state = -1;
+        next.closed_ready = false;
+        lexicalize(next);
       }
       depth_ = d + 1;
     }
@@ -54,11 +80,34 @@ class TrieWalker {
 
  private:
   struct Level {
-    std::vector<int32_t> set;     // stacks after this many bytes
-    std::vector<int32_t> closed;  // their closure (valid while walking on from here)
-    bool escaped = false;         // a closure up to here returned into kStackUnknown
-    size_t mark = 0;              // the arena's size before `set` was made
+    // The stacks after this many bytes: one stack held as its top state and
+    // parent node when that state calls nothing and cannot return
+    // (lex_state >= 0), else `set`.
+    int32_t lex_state = -1;
+    int32_t lex_parent = kStackBottom;
+    std::vector<int32_t> set;
+    std::vector<int32_t> closed;  // the closure of `set`, once closed_ready
+    bool closed_ready = false;
+    bool closure_escaped = false;  // that closure returned into kStackUnknown
+    bool escaped = false;          // a closure up to here returned into kStackUnknown
+    size_t mark = 0;               // the arena's size before this level was made
   };
+
+  bool lexical_state(int32_t state) const {
+    const AutomatonState& s = g_.states[static_cast<size_t>(state)];
+    return !s.accepting && s.calls_begin == s.calls_end;
+  }
+  void lexicalize(Level& level) const {
+    if (level.set.size() != 1 || !lexical_state(arena_[level.set[0]].state)) return;
+    level.lex_state = arena_[level.set[0]].state;
+    level.lex_parent = arena_[level.set[0]].parent;
+  }
+  size_t fail(size_t d) {
+    arena_.rewind(levels_[d + 1].mark);
+    dead_ = true;
+    return d;
+  }
+
   const CompiledGrammar& g_;
   StackArena& arena_;
   StackWork& work_;
@@ -107,6 +156,18 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> bytes, std::vector<boo
   lcp_.assign(sorted_.size(), 0);
   for (size_t i = 1; i < sorted_.size(); ++i)
     lcp_[i] = static_cast<int32_t>(common_prefix(bytes_[static_cast<size_t>(sorted_[i - 1])], bytes_[static_cast<size_t>(sorted_[i])]));
+  sorted_offsets_.reserve(sorted_.size() + 1);
+  for (int32_t id : sorted_) {
+    sorted_offsets_.push_back(static_cast<uint32_t>(sorted_text_.size()));
+    sorted_text_ += bytes_[static_cast<size_t>(id)];
+  }
+  sorted_offsets_.push_back(static_cast<uint32_t>(sorted_text_.size()));
+}
+
+size_t TokenVocabulary::skip(size_t i, size_t depth) const {
+  size_t j = i + 1;
+  while (j < lcp_.size() && static_cast<size_t>(lcp_[j]) > depth) ++j;
+  return j;
 }
 
 std::shared_ptr<const TokenVocabulary> TokenVocabulary::from_tokenizer(const Tokenizer& tokenizer,
@@ -150,8 +211,6 @@ TokenMasker::Entry TokenMasker::compute(const std::vector<int32_t>& chain, bool 
   for (size_t i = chain.size(); i-- > 0;) node = arena.intern(chain[i], node);
   TrieWalker walker(*grammar_, arena, work, std::span<const int32_t>(&node, 1));
   const std::vector<int32_t>& sorted = v.sorted();
-  // The context one caller shorter decided everything but its undecided
-  // tokens; those are walked again here, with one more caller known.
   const Entry* shorter = nullptr;
   if (chain.size() > 1 || bottom) {
     std::vector<int32_t> less(chain.begin(), chain.end() - (bottom ? 0 : 1));
@@ -159,22 +218,37 @@ TokenMasker::Entry TokenMasker::compute(const std::vector<int32_t>& chain, bool 
   }
   Entry e;
   e.accepted = shorter != nullptr ? shorter->accepted : std::vector<uint32_t>(static_cast<size_t>((v.size() + 31) / 32), 0u);
-  std::string_view last;
-  auto classify = [&](int32_t pos, size_t lcp) {
-    const std::string& b = v.bytes(sorted[static_cast<size_t>(pos)]);
-    const size_t reached = walker.walk(b, lcp);
-    if (reached == b.size()) {
-      set_bit(e.accepted, sorted[static_cast<size_t>(pos)]);
-    } else if (walker.escaped_at(reached)) {
-      e.undecided.push_back(pos);
-    }
-    last = b;
-  };
   if (shorter == nullptr) {
-    for (size_t i = 0; i < sorted.size(); ++i) classify(static_cast<int32_t>(i), static_cast<size_t>(v.lcp(i)));
+    // The whole vocabulary in byte order. A token the walk fails on decides
+    // every token after it that shares the failing byte, so those are
+    // skipped (left out, or undecided with it when the failure escaped).
+    for (size_t i = 0; i < sorted.size();) {
+      const std::string_view b = v.sorted_bytes(i);
+      const size_t reached = walker.walk(b, static_cast<size_t>(v.lcp(i)));
+      if (reached == b.size()) {
+        set_bit(e.accepted, sorted[i]);
+        ++i;
+        continue;
+      }
+      const size_t next = v.skip(i, reached);
+      if (walker.escaped_at(reached))
+        for (size_t j = i; j < next; ++j) e.undecided.push_back(static_cast<int32_t>(j));
+      i = next;
+    }
   } else {
-    for (int32_t pos : shorter->undecided)
-      classify(pos, common_prefix(last, v.bytes(sorted[static_cast<size_t>(pos)])));
+    // The context one caller shorter decided everything but its undecided
+    // tokens; those are walked again here, with one more caller known.
+    std::string_view last;
+    for (int32_t pos : shorter->undecided) {
+      const std::string_view b = v.sorted_bytes(static_cast<size_t>(pos));
+      const size_t reached = walker.walk(b, common_prefix(last, b));
+      if (reached == b.size()) {
+        set_bit(e.accepted, sorted[static_cast<size_t>(pos)]);
+      } else if (walker.escaped_at(reached)) {
+        e.undecided.push_back(pos);
+      }
+      last = b;
+    }
   }
   return e;
 }
@@ -227,7 +301,7 @@ void TokenMasker::fill(GrammarMatcher& matcher, std::span<uint32_t> words) const
     for (int32_t pos : undecided) {
       const int32_t id = v.sorted()[static_cast<size_t>(pos)];
       if (has_bit(words, id)) continue;
-      const std::string& b = v.bytes(id);
+      const std::string_view b = v.sorted_bytes(static_cast<size_t>(pos));
       if (walker.walk(b, common_prefix(last, b)) == b.size()) set_bit(words, id);
       last = b;
     }

@@ -55,6 +55,16 @@ class TokenVocabulary {
   // Usable ids in byte order; lcp(i): bytes shared by sorted(i - 1) and sorted(i).
   const std::vector<int32_t>& sorted() const { return sorted_; }
   int32_t lcp(size_t i) const { return lcp_[i]; }
+  // The bytes of sorted()[i], from one buffer laid out in sorted order: a
+  // whole-vocabulary walk reads it front to back instead of chasing 128k
+  // strings scattered by id (which cost the walk more than the grammar did).
+  std::string_view sorted_bytes(size_t i) const {
+    return {sorted_text_.data() + sorted_offsets_[i], sorted_offsets_[i + 1] - sorted_offsets_[i]};
+  }
+  // The first sorted position after i whose token does not begin with the
+  // first `depth` + 1 bytes of sorted()[i] (depth < its length): where a
+  // walk that failed on byte `depth` of token i goes on.
+  size_t skip(size_t i, size_t depth) const;
 
  private:
   std::vector<std::string> bytes_;
@@ -63,6 +73,8 @@ class TokenVocabulary {
   std::vector<int32_t> end_ids_;
   std::vector<int32_t> sorted_;
   std::vector<int32_t> lcp_;
+  std::string sorted_text_;
+  std::vector<uint32_t> sorted_offsets_;  // sorted_.size() + 1 of them
 };
 
 class TokenMasker {

@@ -133,6 +133,18 @@ TEST(TokenMask, EqualsBruteForceWhereStacksJoin) {
   check_walks("root ::= x | y\nx ::= \"{\" [ab]* (x | y)? \"}\"\ny ::= \"{\" [bc]* (x | y)? \"}\" \"c\"?", 20, 40, 8);
 }
 
+// Strings whose characters compile inline (a small rule repeated), walked
+// as single stacks without a node per byte; bounded ones in runs that end
+// by calling the next run, as the JSON Schema translation writes them.
+TEST(TokenMask, EqualsBruteForceInsideInlinedCharacters) {
+  check_walks("root ::= \"{\" (s \":\" s (\",\" s)*)? \"}\"\ns ::= \"\\\"\" c* \"\\\"\"\n"
+              "c ::= [^\"\\\\] | \"\\\\\" [\"n]",
+              20, 40, 9);
+  check_walks("root ::= \"[\" s \"]\"\ns ::= \"\\\"\" r\nr ::= c{0,3} \"\\\"\" | c{4} r2\n"
+              "r2 ::= c{0,3} \"\\\"\" | c{4} r3\nr3 ::= c{0,2} \"\\\"\"\nc ::= [^\"\\\\] | \"\\\\\" [\"nu]",
+              20, 30, 10);
+}
+
 TEST(TokenMask, EndIdsOnlyWhereTheGrammarCanEnd) {
   const auto vocab = synthetic_vocabulary(6);
   const auto grammar = compile_grammar(parse_ebnf(R"(root ::= "ab" | "abc")"));
