@@ -135,6 +135,10 @@ struct NfaEdge {
 // whole string) keeps one set of states that every caller shares, and with
 // them the token masks computed for them.
 constexpr int64_t kInlineWeight = 1024;
+// What one rule may take inline in all: a rule with hundreds of repeated
+// call sites keeps calls past it rather than grow its automaton past the
+// state limit.
+constexpr int64_t kInlinePerRule = 8192;
 
 class InlinePlan {
  public:
@@ -270,7 +274,8 @@ class Nfa {
       }
       case K::kRuleRef: {
         const int64_t w = copies > 0 ? plan_.weight(e.rule) : -1;
-        if (w >= 0 && w * copies <= kInlineWeight) {
+        if (w >= 0 && w * copies <= kInlineWeight && inlined_ + w * copies <= kInlinePerRule) {
+          inlined_ += w * copies;
           compile(grammar_.rules[static_cast<size_t>(e.rule)].body, from, to, copies);
         } else {
           edge(from, {NfaEdge::kCall, 0, 0, e.rule, to});
@@ -331,6 +336,7 @@ class Nfa {
  private:
   const Grammar& grammar_;
   InlinePlan& plan_;
+  int64_t inlined_ = 0;  // the weight inlined into this rule so far
   std::vector<std::vector<NfaEdge>> out_;
 };
 

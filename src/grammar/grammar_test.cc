@@ -111,6 +111,19 @@ TEST(Ebnf, SmallRulesRepeatedInARuleCompileInline) {
   EXPECT_FALSE(matches(text, "[ad]!"));
 }
 
+TEST(Ebnf, InliningIntoOneRuleIsBounded) {
+  // A thousand repeated sites of a character rule: past the rule's inline
+  // budget the sites stay calls, so the automaton stays small.
+  std::string text = "root ::= ";
+  for (int i = 0; i < 1000; ++i) text += (i ? " | \"k" : "\"k") + std::to_string(i) + "\" c* \"!\"";
+  text += "\nc ::= [a-z\\u00e0-\\u00ff] | \"%\" [0-9a-f] [0-9a-f] | \"%u\" [0-9a-f]{4}\n";
+  const auto compiled = compile_grammar(parse_ebnf(text));
+  EXPECT_LT(compiled->states.size(), 6000u);  // 10,013 when every site is inlined
+  EXPECT_TRUE(matches(text, "k17ab%0f\xC3\xA9!"));
+  EXPECT_TRUE(matches(text, "k999%u00ffz!"));
+  EXPECT_FALSE(matches(text, "k1000!"));
+}
+
 TEST(Ebnf, ParseErrorsNameThePlace) {
   auto parse_error = [](const std::string& text) -> std::string {
     try {

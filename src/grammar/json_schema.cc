@@ -509,6 +509,9 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
       {"json-value", "json-object | json-array | json-string | json-number | 'true' | 'false' | 'null'"},
       {"json-string", R"g('"' json-char* '"')g"},
       {"json-char", R"g([^"\\\x00-\x1f] | json-escape)g"},
+      // What follows a string's first character: shared by the names
+      // other than a property list's (each trie node leaves through it).
+      {"json-string-rest", R"g(json-char* '"')g"},
       {"json-escape", R"g('\' ["\\bfnrt] | '\u000' [0-7bef] | '\u001' [0-9a-f])g"},
       {"json-number", R"g('-'? ('0' | [1-9] [0-9]*) ('.' [0-9]+)? ([eE] [+\-]? [0-9]+)?)g"},
       {"json-integer", R"g('0' | '-'? [1-9] [0-9]*)g"},
@@ -2851,7 +2854,7 @@ class Translator {
       if (!trie[at].name_ends) options.push_back(lit("\""));
       std::set<uint32_t> continuing;
       for (const auto& [code_point, child] : trie[at].children) continuing.insert(code_point);
-      options.push_back(seq({json_char_except(continuing), use("json-char") + "*", lit("\"")}));
+      options.push_back(seq({json_char_except(continuing), use("json-string-rest")}));
       for (const auto& [code_point, child] : trie[at].children)
         options.push_back(seq({lit(json_spelling(code_point)), node(child)}));
       return alt(options);
