@@ -9,6 +9,7 @@
 #include "grammar/json_schema.h"
 
 #include <algorithm>
+#include <iterator>
 #include <cctype>
 #include <cmath>
 #include <functional>
@@ -1357,6 +1358,9 @@ class Translator {
     uint8_t full = 0;
     std::optional<std::vector<Json>> values;
     std::vector<Member> members;  // a vector of a type still incomplete here is allowed (C++17)
+    // Objects: the only member names allowed (additionalProperties false,
+    // no patternProperties), sorted; none when any name may appear.
+    std::optional<std::vector<std::string>> names;
   };
   struct Member {
     std::string name;
@@ -1412,6 +1416,7 @@ class Translator {
   // only where that proof fails.
   Json exclusive_branches(const Json& base, const Json& branches, const OneOfPlan& plan,
                           const std::vector<size_t>& live, const std::string& path) {
+    if (std::optional<Json> rewritten = nonempty_apart(branches, plan, live)) return *rewritten;
     if (std::optional<Json> rewritten = required_apart(branches, plan, live, path)) return *rewritten;
     if (std::optional<Json> rewritten = discriminated(base, branches, live, path)) return *rewritten;
     const auto [a, b] = *overlapping(plan, live);
@@ -1421,6 +1426,37 @@ class Translator {
         "enum values of a property both require, the names they require, or the const or enum values of a property "
         "every branch lists)",
         path, a, b);
+  }
+
+  // Branches that overlap only in the empty object (Github_trivial's
+  // ForgetRequest: [{"properties": {"key": ...}, "additionalProperties":
+  // false}, {"properties": {"keys": ...}, "additionalProperties": false}]):
+  // where every pair not proven disjoint is two objects-only branches whose
+  // allowed names do not meet, a value of both has no member at all, so {}
+  // matches both and is invalid; each such branch gets minProperties 1.
+  // Exact. None where some pair overlaps otherwise.
+  static std::optional<Json> nonempty_apart(const Json& branches, const OneOfPlan& plan,
+                                            const std::vector<size_t>& live) {
+    std::set<size_t> touched;
+    for (size_t a = 0; a < live.size(); ++a) {
+      for (size_t b = a + 1; b < live.size(); ++b) {
+        const Summary& x = plan.branches[live[a]];
+        const Summary& y = plan.branches[live[b]];
+        if (disjoint(x, y)) continue;
+        if ((x.types & y.types) != kObject || !x.names || !y.names) return std::nullopt;
+        std::vector<std::string> common;
+        std::set_intersection(x.names->begin(), x.names->end(), y.names->begin(), y.names->end(),
+                              std::back_inserter(common));
+        if (!common.empty()) return std::nullopt;
+        touched.insert(live[a]);
+        touched.insert(live[b]);
+      }
+    }
+    if (touched.empty()) return std::nullopt;
+    Json rewritten = branches;
+    for (const size_t i : touched)
+      rewritten[i] = Json{{"allOf", Json::array({branches[i], Json{{"minProperties", 1}}})}};
+    return rewritten;
   }
 
   // The names a branch requires, in order, each once; none when the branch
@@ -1671,6 +1707,14 @@ class Translator {
         add_member(s, key, value);
       }
     }
+    if (const Json* additional = member(schema, "additionalProperties");
+        additional && additional->is_boolean() && !additional->get<bool>() && !schema.contains("patternProperties")) {
+      std::vector<std::string> listed;
+      if (const Json* properties = member(schema, "properties"); properties && properties->is_object())
+        for (const auto& [name, value] : properties->items()) listed.push_back(name);
+      std::sort(listed.begin(), listed.end());
+      restrict_names(s, listed);
+    }
     s = normalized(std::move(s));
     // Drafts 4 to 7 ignore the keywords beside $ref; the translation
     // enforces them (2019-09 on), but whether two branches overlap is
@@ -1693,10 +1737,24 @@ class Translator {
     s.members.push_back(Member{name, value});
   }
 
+  static void restrict_names(Summary& s, const std::vector<std::string>& names) {
+    if (!s.names) {
+      s.names = names;
+      return;
+    }
+    std::vector<std::string> common;
+    std::set_intersection(s.names->begin(), s.names->end(), names.begin(), names.end(), std::back_inserter(common));
+    s.names = std::move(common);
+  }
+  static bool allows_name(const Summary& s, const std::string& name) {
+    return !s.names || std::binary_search(s.names->begin(), s.names->end(), name);
+  }
+
   // The values both admit (a summary of the allOf of the two).
   static Summary meet(Summary a, const Summary& b) {
     a.types &= b.types;
     a.full &= b.full;
+    if (b.names) restrict_names(a, *b.names);
     if (b.values) {
       if (!a.values) {
         a.values = b.values;
@@ -1726,13 +1784,18 @@ class Translator {
     for (const auto& [name, value] : a.members)
       for (const auto& [other, other_value] : b.members)
         if (name == other) u.members.push_back(Member{name, join(value, other_value)});
+    if (a.names && b.names) {
+      u.names.emplace();
+      std::set_union(a.names->begin(), a.names->end(), b.names->begin(), b.names->end(),
+                     std::back_inserter(*u.names));
+    }
     return u;
   }
 
   // Types and values narrowed to each other.
   static Summary normalized(Summary s) {
-    for (const auto& [name, value] : s.members)
-      if (!value.types) s.types &= static_cast<uint8_t>(~kObject);  // a required member admits nothing
+    for (const auto& [name, value] : s.members)  // a required member admits nothing, or its name is not allowed
+      if (!value.types || !allows_name(s, name)) s.types &= static_cast<uint8_t>(~kObject);
     if (s.values) {
       std::vector<Json> kept;
       uint8_t types = 0;
@@ -1762,6 +1825,8 @@ class Translator {
       const auto it = object.find(name);
       if (it == object.end() || excluded(value, *it)) return true;
     }
+    for (const auto& [name, value] : object.items())
+      if (!allows_name(s, name)) return true;  // (a member it does not allow)
     return false;
   }
 
@@ -1776,6 +1841,11 @@ class Translator {
     for (const auto& [name, value] : a.members)
       for (const auto& [other, other_value] : b.members)
         if (name == other && disjoint(value, other_value)) return true;
+    // A name one requires that the other does not allow.
+    for (const auto& [name, value] : a.members)
+      if (!allows_name(b, name)) return true;
+    for (const auto& [name, value] : b.members)
+      if (!allows_name(a, name)) return true;
     return false;
   }
 

@@ -1190,6 +1190,37 @@ TEST(JsonSchemaOneOf, BranchesToldApartByTheNamesTheyRequire) {
 // Branches told apart by the values of a property each lists but none
 // requires: the property is required, which narrows (objects without it are
 // not written).
+TEST(JsonSchemaOneOf, BranchesToldApartByTheNamesTheyAllow) {
+  // WashingtonPost's promo items: an open branch requires "version", which
+  // the closed ones do not allow (so no value matches two): exact, as is.
+  const SchemaGrammar promo(R"({"oneOf": [
+      {"type": "object", "required": ["type", "version"], "properties": {"type": {"type": "string"}}},
+      {"type": "object", "required": ["type", "referent"], "additionalProperties": false,
+       "properties": {"type": {"enum": ["reference"]}, "referent": {"type": "integer"}}},
+      {"$ref": "#/$defs/html"}],
+      "$defs": {"html": {"type": "object", "required": ["type", "content"], "additionalProperties": false,
+                         "properties": {"type": {"const": "raw_html"}, "content": {"type": "string"}}}}})");
+  promo.expect_values({R"({"type": "x", "version": 1})", R"({"type": "reference", "referent": 1})",
+                       R"({"type": "raw_html", "content": "<p>"})"});
+  promo.expect_accepts({R"({"type":"reference","version":2,"referent":1})"});  // the first branch's
+  promo.expect_rejects({R"({"type": "reference"})", R"({"type": "raw_html", "content": "a", "referent": 1})",
+                        R"({"type": "reference", "referent": "a"})", "{}", "1"});
+
+  // Github_trivial/o10020.json (ForgetRequest): two closed branches with no
+  // name in common overlap only in {}, which is invalid and left out.
+  const SchemaGrammar forget(R"({"type": "object", "oneOf": [
+      {"additionalProperties": false, "properties": {"key": {"type": "string", "maxLength": 12}}},
+      {"additionalProperties": false, "properties": {"keys": {"type": "array", "items": {"type": "string"}}}}]})");
+  forget.expect_values({R"({"key": "a"})", R"({"keys": ["a", "b"]})", R"({"keys": []})"});
+  forget.expect_rejects({"{}", R"({"key": "a", "keys": []})", R"({"other": 1})", R"({"key": 1})", "[]"});
+
+  // A name both allow leaves the overlap unproven: still refused.
+  EXPECT_CONTAINS(schema_error(R"({"type": "object", "oneOf": [
+      {"additionalProperties": false, "properties": {"a": {}, "b": {}}},
+      {"additionalProperties": false, "properties": {"b": {}, "c": {}}}]})"),
+                  "may overlap");
+}
+
 TEST(JsonSchemaOneOf, BranchesNarrowedToTheirDiscriminator) {
   // Github_easy/o13129.json.
   const SchemaGrammar field(R"({"type": "object", "oneOf": [
