@@ -1361,6 +1361,11 @@ class Translator {
     // Objects: the only member names allowed (additionalProperties false,
     // no patternProperties), sorted; none when any name may appear.
     std::optional<std::vector<std::string>> names;
+    // Strings: patterns every string matches (JSON Schema's search).
+    std::vector<std::string> patterns;
+    // Arrays: the summary of every item (`items` a schema, no prefixItems),
+    // one element or none.
+    std::vector<Summary> items;
   };
   struct Member {
     std::string name;
@@ -1428,34 +1433,45 @@ class Translator {
         path, a, b);
   }
 
-  // Branches that overlap only in the empty object (Github_trivial's
+  // Branches that overlap only in the empty object or array (Github_trivial's
   // ForgetRequest: [{"properties": {"key": ...}, "additionalProperties":
-  // false}, {"properties": {"keys": ...}, "additionalProperties": false}]):
-  // where every pair not proven disjoint is two objects-only branches whose
-  // allowed names do not meet, a value of both has no member at all, so {}
-  // matches both and is invalid; each such branch gets minProperties 1.
-  // Exact. None where some pair overlaps otherwise.
+  // false}, {"properties": {"keys": ...}, "additionalProperties": false}];
+  // Github_ultra's scale domain: arrays of numbers or of strings): where
+  // every pair not proven disjoint is two objects-only branches whose
+  // allowed names do not meet, or two arrays-only branches whose items are
+  // proven disjoint, a value of both is {} or [], which matches both and so
+  // is invalid; each such branch gets minProperties or minItems 1. Exact.
+  // None where some pair overlaps otherwise.
   static std::optional<Json> nonempty_apart(const Json& branches, const OneOfPlan& plan,
                                             const std::vector<size_t>& live) {
-    std::set<size_t> touched;
+    std::set<std::pair<size_t, uint8_t>> touched;  // (branch, the type of the overlap)
     for (size_t a = 0; a < live.size(); ++a) {
       for (size_t b = a + 1; b < live.size(); ++b) {
         const Summary& x = plan.branches[live[a]];
         const Summary& y = plan.branches[live[b]];
         if (disjoint(x, y)) continue;
-        if ((x.types & y.types) != kObject || !x.names || !y.names) return std::nullopt;
-        std::vector<std::string> common;
-        std::set_intersection(x.names->begin(), x.names->end(), y.names->begin(), y.names->end(),
-                              std::back_inserter(common));
-        if (!common.empty()) return std::nullopt;
-        touched.insert(live[a]);
-        touched.insert(live[b]);
+        const uint8_t common_types = x.types & y.types;
+        if (common_types == kObject) {
+          if (!x.names || !y.names) return std::nullopt;
+          std::vector<std::string> common;
+          std::set_intersection(x.names->begin(), x.names->end(), y.names->begin(), y.names->end(),
+                                std::back_inserter(common));
+          if (!common.empty()) return std::nullopt;
+        } else if (common_types == kArray) {
+          if (x.items.empty() || y.items.empty() || !disjoint(x.items[0], y.items[0])) return std::nullopt;
+        } else {
+          return std::nullopt;
+        }
+        touched.emplace(live[a], common_types);
+        touched.emplace(live[b], common_types);
       }
     }
     if (touched.empty()) return std::nullopt;
     Json rewritten = branches;
-    for (const size_t i : touched)
-      rewritten[i] = Json{{"allOf", Json::array({branches[i], Json{{"minProperties", 1}}})}};
+    for (const auto& [i, type] : touched) {
+      const Json nonempty = type == kObject ? Json{{"minProperties", 1}} : Json{{"minItems", 1}};
+      rewritten[i] = Json{{"allOf", Json::array({rewritten[i], nonempty})}};
+    }
     return rewritten;
   }
 
@@ -1675,6 +1691,18 @@ class Translator {
         s = meet(std::move(s), any);
       } else if (key == "format") {
         s.full &= static_cast<uint8_t>(~(kString | kInteger | kFraction));  // int32 on numbers
+      } else if (key == "pattern" && value.is_string()) {
+        s.full &= static_cast<uint8_t>(~kString);
+        s.patterns.push_back(value.get<std::string>());
+      } else if (key == "items" && (value.is_object() || value.is_boolean()) && !schema.contains("prefixItems") &&
+                 depth < kSummaryDepth) {
+        s.full &= static_cast<uint8_t>(~kArray);
+        Summary items = summarize(value, at, depth + 1, open);
+        if (s.items.empty()) {
+          s.items.push_back(std::move(items));
+        } else {
+          s.items[0] = meet(std::move(s.items[0]), items);
+        }
       } else if (listed(key, kStringKeywords)) {
         s.full &= static_cast<uint8_t>(~kString);
       } else if (listed(key, kNumberKeywords)) {
@@ -1755,6 +1783,14 @@ class Translator {
     a.types &= b.types;
     a.full &= b.full;
     if (b.names) restrict_names(a, *b.names);
+    a.patterns.insert(a.patterns.end(), b.patterns.begin(), b.patterns.end());
+    if (!b.items.empty()) {
+      if (a.items.empty()) {
+        a.items = b.items;
+      } else {
+        a.items[0] = meet(std::move(a.items[0]), b.items[0]);
+      }
+    }
     if (b.values) {
       if (!a.values) {
         a.values = b.values;
@@ -1784,6 +1820,7 @@ class Translator {
     for (const auto& [name, value] : a.members)
       for (const auto& [other, other_value] : b.members)
         if (name == other) u.members.push_back(Member{name, join(value, other_value)});
+    if (!a.items.empty() && !b.items.empty()) u.items.push_back(join(a.items[0], b.items[0]));
     if (a.names && b.names) {
       u.names.emplace();
       std::set_union(a.names->begin(), a.names->end(), b.names->begin(), b.names->end(),
@@ -1817,7 +1854,45 @@ class Translator {
     if (!(value_type(v) & s.types)) return true;
     if (s.values && std::none_of(s.values->begin(), s.values->end(), [&](const Json& w) { return json_equal(v, w); }))
       return true;
+    if (v.is_string() && !s.patterns.empty()) {
+      const std::string text = v.get<std::string>();
+      for (const std::string& pattern : s.patterns)
+        if (const std::optional<RegexLanguage> language = pattern_language(pattern);
+            language && !language->contains(text))
+          return true;
+    }
+    if (v.is_array() && !s.items.empty())
+      for (const Json& item : v)
+        if (excluded(s.items[0], item)) return true;
     return v.is_object() && lacks_members(s, v);
+  }
+
+  // The strings a pattern matches; none where the regex is refused.
+  static std::optional<RegexLanguage> pattern_language(const std::string& pattern) {
+    try {
+      return RegexLanguage::of_pattern(pattern, RegexMode::kSearch);
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  }
+
+  // Whether no string matches every pattern of both (an automaton's
+  // intersection; not proven where a pattern is refused or the product
+  // grows past RegexLanguage's limits).
+  static bool patterns_exclusive(const Summary& a, const Summary& b) {
+    if (a.patterns.empty() || b.patterns.empty()) return false;
+    try {
+      std::optional<RegexLanguage> common;
+      for (const std::vector<std::string>* list : {&a.patterns, &b.patterns}) {
+        for (const std::string& pattern : *list) {
+          RegexLanguage language = RegexLanguage::of_pattern(pattern, RegexMode::kSearch);
+          common = common ? common->intersect(language) : std::move(language);
+        }
+      }
+      return common->empty();
+    } catch (const Error&) {
+      return false;
+    }
   }
 
   static bool lacks_members(const Summary& s, const Json& object) {
@@ -1837,6 +1912,7 @@ class Translator {
     if (!common) return true;
     if (a.values) return std::all_of(a.values->begin(), a.values->end(), [&](const Json& v) { return excluded(b, v); });
     if (b.values) return std::all_of(b.values->begin(), b.values->end(), [&](const Json& v) { return excluded(a, v); });
+    if (common == kString) return patterns_exclusive(a, b);
     if (common != kObject) return false;
     for (const auto& [name, value] : a.members)
       for (const auto& [other, other_value] : b.members)

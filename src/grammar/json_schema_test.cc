@@ -1214,10 +1214,34 @@ TEST(JsonSchemaOneOf, BranchesToldApartByTheNamesTheyAllow) {
   forget.expect_values({R"({"key": "a"})", R"({"keys": ["a", "b"]})", R"({"keys": []})"});
   forget.expect_rejects({"{}", R"({"key": "a", "keys": []})", R"({"other": 1})", R"({"key": 1})", "[]"});
 
+  // Arrays whose items are proven apart overlap only in [] (Github_ultra's
+  // scale domain).
+  const SchemaGrammar domain(R"({"oneOf": [{"type": "array", "items": {"type": "number"}},
+                                           {"type": "array", "items": {"type": "string"}}]})");
+  domain.expect_values({"[1, 2.5]", R"(["a"])"});
+  domain.expect_rejects({"[]", R"([1, "a"])", "{}", "1"});
+
   // A name both allow leaves the overlap unproven: still refused.
   EXPECT_CONTAINS(schema_error(R"({"type": "object", "oneOf": [
       {"additionalProperties": false, "properties": {"a": {}, "b": {}}},
       {"additionalProperties": false, "properties": {"b": {}, "c": {}}}]})"),
+                  "may overlap");
+}
+
+TEST(JsonSchemaOneOf, StringBranchesToldApartByTheirPatterns) {
+  // JsonSchemaStore's ansible templated-integer-or-percent: no string
+  // matches both patterns (their automata's intersection is empty).
+  const SchemaGrammar percent(R"({"oneOf": [{"type": "integer"},
+      {"type": "string", "pattern": "^\\d+\\.?\\d*%?$"},
+      {"type": "string", "pattern": "^\\{\\{.*\\}\\}$"}]})");
+  percent.expect_values({"5", R"("12%")", R"("1.5")", R"("{{ x }}")"});
+  percent.expect_rejects({R"("x")", "1.5", R"("{{1}")"});
+  // An enum's values outside the other branch's pattern.
+  const SchemaGrammar listed(R"({"oneOf": [{"enum": ["ab", "cd"]}, {"type": "string", "pattern": "^x"}]})");
+  listed.expect_values({R"("ab")", R"("xyz")"});
+  listed.expect_rejects({R"("abc")", R"("yx")"});
+  // Patterns that meet ("APPROVER" and "SIGNER" searched: "APPROVERSIGNER").
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "oneOf": [{"pattern": "APPROVER"}, {"pattern": "SIGNER"}]})"),
                   "may overlap");
 }
 
