@@ -1,8 +1,9 @@
 // basalt_bench_speculative: what speculative decoding gains at batch 1, on
 // the bundled model on the CPU backend, or any model directory on any
 // device. Each workload runs greedy, plain, with n-gram drafts of each
-// --k, and with the model's MTP layer drafting (chained, each --k) where it has one,
-// alternated, best of --repeats; the outputs must be equal token for
+// --k, with the model's MTP layer drafting (chained, each --k) where it has
+// one, and with a draft model (--draft-model; models/basalt-draft for the
+// bundled model) drafting each --k, alternated, best of --repeats; the outputs must be equal token for
 // token (the program fails otherwise on the CPU; on a GPU it says from
 // which token they differ). Reported: output tokens/s and the
 // ratio to plain decoding; engine steps; the drafts' acceptance; the ideal
@@ -10,7 +11,8 @@
 // verification step cost what a decode step costs) and how much of it the
 // speedup reaches.
 //
-//   basalt_bench_speculative [--tokens N] [--repeats N] [--k 2,4] [--model DIR] [--device cpu|cuda] [--eager]
+//   basalt_bench_speculative [--tokens N] [--repeats N] [--k 2,4] [--model DIR] [--draft-model DIR]
+//                            [--device cpu|cuda] [--eager]
 //
 // Workloads: "copy" asks for a passage to be written out again and starts
 // the copy (an edit of a given text: most of the output is in the prompt);
@@ -49,13 +51,21 @@ struct Result {
   std::vector<int32_t> output;
 };
 
-Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::string& prompt, int k, int tokens) {
+// A way to decode: plain, or an algorithm with k drafts.
+struct Mode {
+  std::string algorithm;  // "none", "ngram", "mtp", "draft"
+  int k = 0;
+  std::string name() const { return algorithm == "none" ? "plain" : algorithm + " k=" + std::to_string(k); }
+};
+
+Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::string& prompt, const Mode& mode,
+           const std::shared_ptr<Model>& draft, int tokens) {
   EngineOptions o;
   o.max_running = 1;
   o.kv_slots = 4096;
   o.kv_dtype = kv_cache_dtype("auto", backend);
-  if (k > 0) o.speculative = speculative_options("ngram", k);
-  if (k < 0) o.speculative = speculative_options("mtp", -k);
+  if (mode.algorithm != "none") o.speculative = speculative_options(mode.algorithm, mode.k);
+  if (mode.algorithm == "draft") o.draft_model = draft;
   o.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
   Engine engine(model, backend, &tok, o);
   SamplingParams p;
@@ -81,6 +91,7 @@ int main(int argc, char** argv) {
   int tokens = 128, repeats = 3;
   std::vector<int> ks = {2, 4};
   std::string dir = std::string(BASALT_SOURCE_DIR) + "/models/basalt-mini";
+  std::string draft_dir;  // default: the bundled draft model beside the bundled model
   std::string device = "cpu";
   bool eager = false;
   for (int i = 1; i < argc; ++i) {
@@ -97,6 +108,7 @@ int main(int argc, char** argv) {
     if (flag == "--tokens") tokens = std::atoi(v);
     else if (flag == "--repeats") repeats = std::max(1, std::atoi(v));
     else if (flag == "--model") dir = v;
+    else if (flag == "--draft-model") draft_dir = v;
     else if (flag == "--device") device = v;
     else if (flag == "--k") {
       ks.clear();
@@ -114,6 +126,9 @@ int main(int argc, char** argv) {
   Backend& backend = *backend_owner;
   std::unique_ptr<Model> model = load_model(dir, backend);
   if (!eager && backend.can_record()) model = make_graphed_model(std::move(model), backend, {.max_batch = 8});
+  if (draft_dir.empty() && dir == std::string(BASALT_SOURCE_DIR) + "/models/basalt-mini")
+    draft_dir = std::string(BASALT_SOURCE_DIR) + "/models/basalt-draft";
+  const std::shared_ptr<Model> draft = draft_dir.empty() ? nullptr : load_model(draft_dir, backend);
   const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
   const std::vector<Workload> workloads = {
       {"copy", std::string("Here is a text.\n\n") + kPassage + "\n\nThe same text, written out again:\n\nThe package"},
@@ -123,22 +138,22 @@ int main(int argc, char** argv) {
   std::printf("%-6s %-10s %10s %8s %7s %11s %8s %10s %10s\n", "work", "mode", "tokens/s", "vs plain", "steps",
               "acceptance", "tok/step", "ideal", "of ideal");
   for (const Workload& w : workloads) {
-    std::vector<int> modes = {0};  // plain, n-gram k for each --k, and -k: MTP chaining k drafts
-    modes.insert(modes.end(), ks.begin(), ks.end());
+    std::vector<Mode> modes = {{"none", 0}};
+    for (const int k : ks) modes.push_back({"ngram", k});
     if (model->draft_head() != nullptr)
-      for (const int k : ks) modes.push_back(-k);
+      for (const int k : ks) modes.push_back({"mtp", k});
+    if (draft)
+      for (const int k : ks) modes.push_back({"draft", k});
     std::vector<Result> best(modes.size());
     for (int r = 0; r < repeats; ++r)
       for (size_t m = 0; m < modes.size(); ++m) {
-        Result x = run(*model, backend, tok, w.prompt, modes[m], tokens);
+        Result x = run(*model, backend, tok, w.prompt, modes[m], draft, tokens);
         if (x.tokens_per_s > best[m].tokens_per_s) best[m] = std::move(x);
       }
     const double plain_per_step = static_cast<double>(best[0].tokens) / static_cast<double>(best[0].steps);
     for (size_t m = 0; m < modes.size(); ++m) {
       const Result& x = best[m];
-      const std::string mode = modes[m] == 0   ? std::string("plain")
-                               : modes[m] < 0 ? "mtp k=" + std::to_string(-modes[m])
-                                              : "ngram k=" + std::to_string(modes[m]);
+      const std::string mode = modes[m].name();
       if (x.output != best[0].output) {
         // On the CPU the outputs are equal bit for bit; a GPU's kernels
         // round differently at other batch shapes (k + 1 rows against one),

@@ -16,6 +16,7 @@
 #include "app/commands.h"
 #include "app/model_dir.h"
 #include "app/device_choice.h"
+#include "app/speculation_flags.h"
 #include "core/error.h"
 #include "grammar/structured_output.h"
 #include "model/checkpoint.h"
@@ -62,9 +63,7 @@ struct GenerateFlags {
   bool enforce_eager = false;
   bool jump_forward = false;
   bool no_jump_forward = false;
-  std::string speculative_algorithm = "none";
-  int speculative_num_draft_tokens = 4;
-  int speculative_disable_by_batch_size = 32;
+  SpeculationFlags speculation;
   std::string kv_cache_dtype = "auto";
   // Structured output (at most one).
   std::string json_schema_file;
@@ -351,9 +350,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   options.max_logprobs = 100;
   options.max_running = f.max_running;
   options.jump_forward = jump_forward_choice(f.jump_forward, f.no_jump_forward, backend);
-  options.speculative = speculative_options(f.speculative_algorithm, f.speculative_num_draft_tokens);
-  options.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
-  options.speculative.disable_from_batch = f.speculative_disable_by_batch_size;
+  apply_speculation_flags(f.speculation, backend, options);
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   int64_t slots = 0;
   for (const BatchItem& item : items)
@@ -524,17 +521,7 @@ void add_generate_command(CLI::App& app) {
                 "where the extra rows cost compute)");
   cmd->add_flag("--no-jump-forward", flags->no_jump_forward,
                 "Structured output: sample every token (see --jump-forward)");
-  cmd->add_option("--speculative-algorithm", flags->speculative_algorithm,
-                  "Speculative decoding: ngram (drafts looked up in the request's own text), mtp (the model's "
-                  "multi-token-prediction layer drafts one token) or none; the output "
-                  "is token for token that of plain decoding (default none; turns --overlap off)");
-  cmd->add_option("--speculative-disable-by-batch-size", flags->speculative_disable_by_batch_size,
-                  "Speculative decoding and jump-forward: no drafts while at least this many requests run "
-                  "(default 32; 0: never)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--speculative-num-draft-tokens", flags->speculative_num_draft_tokens,
-                  "Speculative decoding: the most draft tokens verified per request per step (default 4)")
-      ->check(CLI::Range(1, 16));
+  add_speculation_flags(*cmd, flags->speculation);
   cmd->add_flag("--json-object", flags->json_object, "Structured output: the text is a JSON object");
   cmd->add_option("--regex", flags->regex, "Structured output: the whole text matches this regular expression (ECMAScript syntax)");
   cmd->add_option("--grammar", flags->grammar_file, "Structured output: the text is a sentence of the EBNF (GBNF) grammar in this file, from its rule root");

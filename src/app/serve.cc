@@ -23,6 +23,7 @@
 #include "app/commands.h"
 #include "app/model_dir.h"
 #include "app/device_choice.h"
+#include "app/speculation_flags.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/config.h"
@@ -59,9 +60,7 @@ struct ServeFlags {
   bool overlap = false;
   bool jump_forward = false;
   bool no_jump_forward = false;
-  std::string speculative_algorithm = "none";
-  int speculative_num_draft_tokens = 4;
-  int speculative_disable_by_batch_size = 32;
+  SpeculationFlags speculation;
   int page_size = 1;
   std::string policy = "lpm";
   size_t max_body_bytes = 8u << 20;
@@ -193,9 +192,7 @@ void run_serve(const ServeFlags& f) {
   options.radix_cache = !f.no_radix_cache;
   options.overlap = f.overlap;
   options.jump_forward = jump_forward_choice(f.jump_forward, f.no_jump_forward, backend);
-  options.speculative = speculative_options(f.speculative_algorithm, f.speculative_num_draft_tokens);
-  options.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
-  options.speculative.disable_from_batch = f.speculative_disable_by_batch_size;
+  apply_speculation_flags(f.speculation, backend, options);
   options.page_size = f.page_size;
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   options.policy = f.policy == "fcfs" ? SchedulePolicy::kFcfs : SchedulePolicy::kLongestPrefixMatch;
@@ -293,17 +290,7 @@ void add_serve_command(CLI::App& app) {
                 "the output is token for token that of plain decoding (default on with --device cuda, off on the CPU, "
                 "where the extra rows cost compute)");
   cmd->add_flag("--no-jump-forward", f.no_jump_forward, "Structured output: sample every token (see --jump-forward)");
-  cmd->add_option("--speculative-algorithm", f.speculative_algorithm,
-                  "Speculative decoding: ngram (drafts looked up in the request's own text), mtp (the model's "
-                  "multi-token-prediction layer drafts one token) or none; the output "
-                  "is token for token that of plain decoding (default none; turns --overlap off)");
-  cmd->add_option("--speculative-disable-by-batch-size", f.speculative_disable_by_batch_size,
-                  "Speculative decoding and jump-forward: no drafts while at least this many requests run "
-                  "(default 32; 0: never)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--speculative-num-draft-tokens", f.speculative_num_draft_tokens,
-                  "Speculative decoding: the most draft tokens verified per request per step (default 4)")
-      ->check(CLI::Range(1, 16));
+  add_speculation_flags(*cmd, f.speculation);
   cmd->add_flag("--overlap", f.overlap,
                 "Schedule step N+1 while step N runs on an executor thread (default off: on the CPU "
                 "backend the model already uses every core)");

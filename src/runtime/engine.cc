@@ -34,7 +34,9 @@ int64_t pool_slots(const Model& model, const EngineOptions& o) {
     return o.kv_slots - o.kv_slots % page;
   }
   const size_t budget = o.kv_budget_bytes ? o.kv_budget_bytes : KvPool::host_memory_budget(0.1);
-  const int64_t from_budget = KvPool::slots_for_budget(model.kv_bytes_per_slot(o.kv_dtype), budget, o.page_size);
+  const size_t per_slot =
+      model.kv_bytes_per_slot(o.kv_dtype) + (o.draft_model ? o.draft_model->kv_bytes_per_slot(o.kv_dtype) : 0);
+  const int64_t from_budget = KvPool::slots_for_budget(per_slot, budget, o.page_size);
   const int64_t cap = static_cast<int64_t>(o.max_running) * model.config().max_position_embeddings;
   const int64_t cap_pages = (std::max<int64_t>(cap, 1) + page - 1) / page * page;
   const int64_t slots = std::min(from_budget, cap_pages);
@@ -86,12 +88,14 @@ struct Engine::Parts {
       : options(std::move(o)),
         kv(slots, options.page_size, RadixCacheOptions{options.radix_cache, options.eviction}),
         scheduler(kv, scheduler_options(model, tokenizer, options)),
-        runner(model, backend, slots, options.kv_dtype),
+        runner(model, backend, slots, options.kv_dtype, options.draft_model.get()),
         // With n-gram speculation every step waits for the one before
         // (drafts follow the last token): no thread to hand steps to.
         pipeline(runner, options.overlap && !options.speculative.enabled()) {
     BASALT_CHECK(options.speculative.algorithm != SpeculativeAlgorithm::kMtp || model.draft_head() != nullptr,
                  "speculative decoding with mtp: the model has no multi-token-prediction layer");
+    BASALT_CHECK(options.speculative.algorithm != SpeculativeAlgorithm::kDraft || options.draft_model != nullptr,
+                 "speculative decoding with a draft model: no draft model was given (--speculative-draft-model)");
     snapshot = scheduler.metrics();
   }
 

@@ -130,6 +130,9 @@ struct EngineOptions {
   // decode step, outputs token for token those of plain decoding. It needs
   // each step's tokens before the next is planned, so it turns overlap off.
   SpeculativeOptions speculative;
+  // The draft model of SpeculativeAlgorithm::kDraft, on the same backend
+  // (its KV takes slots beside the model's, counted in the KV budget).
+  std::shared_ptr<Model> draft_model;
 };
 
 // What the server and the CLI need of an engine.

@@ -23,13 +23,18 @@ ForwardBatch forward_batch_of(const StepPlan& plan) {
 
 }  // namespace
 
-LocalModelRunner::LocalModelRunner(Model& model, Backend& backend, int64_t kv_slots, DType kv_dtype)
+LocalModelRunner::LocalModelRunner(Model& model, Backend& backend, int64_t kv_slots, DType kv_dtype,
+                                   Model* draft_model)
     : model_(model),
       backend_(backend),
       kv_(model.allocate_kv(kv_slots, kv_dtype)),
       vocab_(static_cast<int32_t>(model.config().vocab_size)),
       kv_slots_(kv_slots),
-      kv_dtype_(kv_dtype) {
+      kv_dtype_(kv_dtype),
+      draft_model_(draft_model) {
+  BASALT_CHECK(!draft_model || draft_model->config().vocab_size <= model.config().vocab_size,
+               "speculative decoding: the draft model's vocabulary ({} tokens) is larger than the model's ({})",
+               draft_model ? draft_model->config().vocab_size : 0, model.config().vocab_size);
   // Before the first step: a model that records work (CUDA graphs) does it
   // now, against this KV storage, rather than in the middle of serving.
   model_.prepare(kv_);
@@ -53,8 +58,9 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   result.sampled_logprobs.assign(R, std::numeric_limits<float>::quiet_NaN());
   result.row_errors.clear();
   result.next.clear();
-  if (R == 0) {  // prefill chunks only: the draft head still reads them
+  if (R == 0) {  // prefill chunks only: the draft head or model still reads them
     if (plan.capture_hidden) run_draft_head(plan, hidden, result);
+    if (plan.run_draft_model) run_draft_model(plan, result);
     return;
   }
   // A constraint that throws fails its own request, not the step.
@@ -222,6 +228,7 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
     }
   }
   if (plan.capture_hidden) run_draft_head(plan, hidden, result);
+  if (plan.run_draft_model) run_draft_model(plan, result);
 }
 
 // The head reads, at each position the step computed and kept, the model's
@@ -339,6 +346,108 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
     head.forward(cb, chained_hidden, head_kv_, chained_logits, step + 1 < chain ? &next_hidden : nullptr);
     draft(chained_logits, S);
     std::swap(chained_hidden, next_hidden);
+  }
+}
+
+// The draft model reads, per sequence, the tokens the step kept at their own
+// positions and slots (what the target read there: its KV is the draft's
+// slot for slot), and at each sampling sequence the token just sampled, one
+// position on, in a scratch slot past the pool's: its logits there are the
+// first draft (greedy). Each further draft (plan.draft_chain) reads the
+// draft before it, one more scratch slot on. The next step writes the
+// sampled token's KV at its real slot, as the target does. Rejected drafts'
+// positions are not kept: the slots they would take are written again.
+void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result) {
+  BASALT_CHECK(draft_model_ != nullptr, "speculative decoding: no draft model was loaded");
+  Model& draft = *draft_model_;
+  if (!draft_kv_ready_) {
+    draft_kv_ = draft.allocate_kv(kv_slots_ + kHeadScratchSlots, kv_dtype_);
+    draft_kv_ready_ = true;
+  }
+  const size_t R = plan.rows.size();
+  result.proposals.assign(R, {});
+  const auto failed = [&](size_t r) { return !result.row_errors.empty() && !result.row_errors[r].empty(); };
+  // The sampling sequences first: how many, to share the scratch slots.
+  int64_t S = 0;
+  for (size_t r = 0; r < R; ++r) S += (r == 0 || plan.rows[r - 1].draft < 0) && !failed(r) ? 1 : 0;
+  const int chain =
+      S == 0 ? 1 : static_cast<int>(std::clamp<int64_t>(kHeadScratchSlots / S, 1, plan.draft_chain));
+  const auto scratch = [&](int64_t j, int d) { return static_cast<int32_t>(kv_slots_ + j * chain + d); };
+  std::vector<int32_t> ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows;
+  std::vector<size_t> proposal_rows;                // per drafting sequence: its group's first plan row
+  std::vector<std::pair<size_t, size_t>> context;   // its kept slots, a range of kv_slots
+  std::vector<int32_t> sampled_position;            // the position of the token just sampled
+  size_t r = 0;
+  for (size_t s = 0; s + 1 < plan.q_start.size(); ++s) {
+    const int32_t q0 = plan.q_start[s], q1 = plan.q_start[s + 1], n = q1 - q0;
+    const int32_t k0 = plan.kv_start[s], k1 = plan.kv_start[s + 1];
+    const size_t first = r;
+    while (r < R && plan.logit_rows[r] < q1) ++r;
+    const bool samples = r > first;
+    int32_t kept = n;
+    if (samples) {
+      if (failed(first)) continue;
+      const auto drafts = static_cast<int32_t>(r - first) - 1;
+      const int32_t accepted = result.accepted.empty() ? 0 : result.accepted[first];
+      kept = n - drafts + accepted;
+    }
+    for (int32_t i = 0; i < kept; ++i) {
+      ids.push_back(plan.token_ids[static_cast<size_t>(q0 + i)]);
+      positions.push_back(plan.positions[static_cast<size_t>(q0 + i)]);
+      out_slots.push_back(plan.out_slots[static_cast<size_t>(q0 + i)]);
+    }
+    kv_slots.insert(kv_slots.end(), plan.kv_slots.begin() + k0, plan.kv_slots.begin() + (k1 - (n - kept)));
+    if (samples) {
+      const auto j = static_cast<int64_t>(proposal_rows.size());
+      context.emplace_back(kv_slots.size() - static_cast<size_t>(k1 - k0 - (n - kept)), kv_slots.size());
+      const int32_t accepted = result.accepted.empty() ? 0 : result.accepted[first];
+      ids.push_back(result.next[first + static_cast<size_t>(accepted)]);
+      sampled_position.push_back(positions.back() + 1);
+      positions.push_back(sampled_position.back());
+      out_slots.push_back(scratch(j, 0));
+      kv_slots.push_back(scratch(j, 0));
+      logit_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+      proposal_rows.push_back(first);
+    }
+    q_start.push_back(static_cast<int32_t>(ids.size()));
+    kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
+  }
+  if (ids.empty()) return;
+  if (logit_rows.empty()) logit_rows.push_back(0);  // the model wants a row; nobody reads it
+  const auto draft_vocab = draft.config().vocab_size;
+  Tensor logits = backend_.empty({static_cast<int64_t>(logit_rows.size()), draft_vocab}, DType::kF32);
+  ForwardBatch fb = host_forward_batch(ids, positions, out_slots, q_start, kv_start, kv_slots, logit_rows);
+  fb.mode = ForwardMode::kDraft;
+  draft.forward(fb, draft_kv_, logits);
+  const auto take_drafts = [&](const Tensor& rows_logits, int64_t rows) {
+    Tensor best = backend_.empty({rows}, DType::kI32);
+    backend_.argmax(rows_logits, best);
+    Tensor host_best = Tensor::empty({rows}, DType::kI32);
+    backend_.copy(best, host_best);
+    for (size_t j = 0; j < proposal_rows.size(); ++j)
+      result.proposals[proposal_rows[j]].push_back(host_best.data<const int32_t>()[j]);
+  };
+  if (proposal_rows.empty()) return;
+  take_drafts(logits, static_cast<int64_t>(logit_rows.size()));
+  Tensor chained_logits = backend_.empty({S, draft_vocab}, DType::kF32);
+  for (int step = 1; step < chain; ++step) {
+    std::vector<int32_t> c_ids, c_positions, c_out_slots, c_q{0}, c_kv_start{0}, c_kv_slots, c_rows;
+    for (size_t j = 0; j < proposal_rows.size(); ++j) {
+      const auto jj = static_cast<int64_t>(j);
+      c_ids.push_back(result.proposals[proposal_rows[j]].back());
+      c_positions.push_back(sampled_position[j] + step);
+      c_out_slots.push_back(scratch(jj, step));
+      c_kv_slots.insert(c_kv_slots.end(), kv_slots.begin() + static_cast<std::ptrdiff_t>(context[j].first),
+                        kv_slots.begin() + static_cast<std::ptrdiff_t>(context[j].second));
+      for (int d = 0; d <= step; ++d) c_kv_slots.push_back(scratch(jj, d));
+      c_q.push_back(static_cast<int32_t>(j + 1));
+      c_kv_start.push_back(static_cast<int32_t>(c_kv_slots.size()));
+      c_rows.push_back(static_cast<int32_t>(j));
+    }
+    ForwardBatch cb = host_forward_batch(c_ids, c_positions, c_out_slots, c_q, c_kv_start, c_kv_slots, c_rows);
+    cb.mode = ForwardMode::kDraft;
+    draft.forward(cb, draft_kv_, chained_logits);
+    take_drafts(chained_logits, S);
   }
 }
 

@@ -40,13 +40,17 @@ class ModelRunner {
 // The runner of one model on one backend, in this process.
 class LocalModelRunner : public ModelRunner {
  public:
-  LocalModelRunner(Model& model, Backend& backend, int64_t kv_slots, DType kv_dtype);
+  // `draft_model` (may be null): the separate model plan.run_draft_model
+  // runs, on the same backend, with a vocabulary no larger than the model's.
+  LocalModelRunner(Model& model, Backend& backend, int64_t kv_slots, DType kv_dtype, Model* draft_model = nullptr);
   void run(StepPlan& plan, StepResult& result) override;
   KvBuffers& kv() { return kv_; }
 
  private:
   // The draft head's pass after sampling (StepPlan::capture_hidden).
   void run_draft_head(const StepPlan& plan, const Tensor& hidden, StepResult& result);
+  // The draft model's pass after sampling (StepPlan::run_draft_model).
+  void run_draft_model(const StepPlan& plan, StepResult& result);
 
   Model& model_;
   Backend& backend_;
@@ -60,6 +64,11 @@ class LocalModelRunner : public ModelRunner {
   static constexpr int64_t kHeadScratchSlots = 1024;
   KvBuffers head_kv_;
   bool head_kv_ready_ = false;
+  // The draft model and its KV, laid out as the head's (allocated at its
+  // first pass).
+  Model* draft_model_ = nullptr;
+  KvBuffers draft_kv_;
+  bool draft_kv_ready_ = false;
 };
 
 // Runs steps in order. Threaded (overlap): launch() queues a step and

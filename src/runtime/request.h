@@ -149,7 +149,7 @@ struct Request {
   // (runtime/speculative.h).
   std::vector<int32_t> drafts;
   bool drafts_forced = false;  // the drafts are text its grammar forces (jump-forward)
-  std::vector<int32_t> proposal;  // the draft head's tokens for after the last known one (kMtp)
+  std::vector<int32_t> proposal;  // the draft head's or draft model's tokens for after the last known one
   int draft_cap = kMaxDrafts;  // the most drafts its next step may carry (SpeculativeOptions::adaptive_from_batch)
   // The latest launched step's length and id.
   int64_t inflight_len = 0;

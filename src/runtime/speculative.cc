@@ -10,7 +10,8 @@ SpeculativeAlgorithm parse_speculative_algorithm(std::string_view name) {
   if (name == "none") return SpeculativeAlgorithm::kNone;
   if (name == "ngram" || name == "prompt_lookup") return SpeculativeAlgorithm::kNgram;
   if (name == "mtp" || name == "deepseek_mtp") return SpeculativeAlgorithm::kMtp;
-  throw Error(fmt::format("unknown speculative algorithm \"{}\" (known: mtp, ngram, none)", name));
+  if (name == "draft" || name == "draft_model" || name == "standalone") return SpeculativeAlgorithm::kDraft;
+  throw Error(fmt::format("unknown speculative algorithm \"{}\" (known: mtp, ngram, draft, none)", name));
 }
 
 std::string_view to_string(SpeculativeAlgorithm algorithm) {
@@ -18,6 +19,7 @@ std::string_view to_string(SpeculativeAlgorithm algorithm) {
     case SpeculativeAlgorithm::kNone: return "none";
     case SpeculativeAlgorithm::kNgram: return "ngram";
     case SpeculativeAlgorithm::kMtp: return "mtp";
+    case SpeculativeAlgorithm::kDraft: return "draft";
   }
   return "?";
 }

@@ -49,10 +49,17 @@ enum class SpeculativeAlgorithm : uint8_t {
   // for k > 1 it runs again on its own hidden state and that draft, and so
   // on (a chain, as vLLM and SGLang run one MTP layer for several tokens).
   kMtp,
+  // A separate small model with the target's vocabulary
+  // (EngineOptions::draft_model; models/basalt-draft beside the bundled
+  // model): after each step it reads the tokens the step kept, with its own
+  // KV slot for slot beside the target's, and drafts greedily from the token
+  // just sampled on, a chain of k (SGLang's STANDALONE, vLLM's draft_model).
+  kDraft,
 };
 
 // "mtp" (also "deepseek_mtp", vLLM's name), "ngram" (also "prompt_lookup",
-// vLLM's older name), "none"; throws
+// vLLM's older name), "draft" (also "draft_model", vLLM's, and "standalone",
+// SGLang's), "none"; throws
 // basalt::Error for another name, listing these.
 SpeculativeAlgorithm parse_speculative_algorithm(std::string_view name);
 std::string_view to_string(SpeculativeAlgorithm algorithm);

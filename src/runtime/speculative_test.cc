@@ -41,6 +41,9 @@ TEST(NgramProposer, OptionsAndNames) {
   EXPECT_EQ(parse_speculative_algorithm("mtp"), SpeculativeAlgorithm::kMtp);
   EXPECT_EQ(parse_speculative_algorithm("deepseek_mtp"), SpeculativeAlgorithm::kMtp);
   EXPECT_EQ(speculative_options("mtp", 4).num_draft_tokens, 4);  // one layer, chained
+  for (const char* name : {"draft", "draft_model", "standalone"})
+    EXPECT_EQ(parse_speculative_algorithm(name), SpeculativeAlgorithm::kDraft) << name;
+  EXPECT_EQ(to_string(SpeculativeAlgorithm::kDraft), "draft");
   EXPECT_THROW(parse_speculative_algorithm("eagle9"), Error);
   SpeculativeOptions o;
   EXPECT_FALSE(o.enabled());
@@ -284,6 +287,73 @@ TEST_P(Speculative, MtpDraftsGiveThePlainTokens) {
     ADD_FAILURE() << "an engine with mtp on a model without the layer";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no multi-token-prediction layer"), std::string::npos) << e.what();
+  }
+}
+
+// A separate draft model: it reads each step's kept tokens with its own KV
+// beside the target's and drafts greedily from the token just sampled.
+// Outputs are plain decoding's, greedy and sampled, prompts in chunks,
+// several requests per step, k = 1 and 3. A model drafting for itself is
+// accepted every time at temperature 0 (its KV mirrors the target's, so its
+// logits are the target's); the bundled draft model, trained on the bundled
+// model's data, has drafts accepted for the bundled model.
+TEST_P(Speculative, DraftModelGivesThePlainTokens) {
+  const std::string bundled = std::string(BASALT_MODEL_DIR);
+  const std::string bundled_draft = bundled + "/../basalt-draft";
+  for (const auto& [dir, draft_dir] : {std::pair{kLlama, kLlama}, std::pair{bundled, bundled_draft}}) {
+    Fixture f(dir);
+    std::shared_ptr<Model> draft = load_model(draft_dir, f.backend);
+    int k = 1;
+    auto run_draft = [&](bool speculate, float temperature) {
+      EngineOptions o = base();
+      o.kv_slots = 4096;
+      o.check_invariants = true;
+      o.step_token_budget = 7;  // prompts in chunks
+      if (speculate) {
+        o.speculative = speculative_options("draft", k);
+        o.draft_model = draft;
+      }
+      Engine engine(*f.model, f.backend, nullptr, o);
+      return run_looping(engine, [&](int i, const std::vector<int32_t>&) -> std::optional<SamplingParams> {
+        SamplingParams p;
+        p.max_tokens = 20 + 5 * i;
+        p.temperature = temperature;
+        p.seed = 90 + static_cast<uint64_t>(i);
+        p.ignore_eos = true;
+        return p;
+      });
+    };
+    for (const float temperature : {0.0f, 1.0f}) {
+      const SpecRun plain = run_draft(false, temperature);
+      for (k = 1; k <= 3; k += 2) {
+        const SpecRun spec = run_draft(true, temperature);
+        expect_same_outputs(plain, spec);
+        const EngineMetrics& m = spec.metrics;
+        EXPECT_GT(m.draft_tokens, 0u) << dir;
+        if (temperature > 0.0f) continue;
+        if (dir == draft_dir) {
+          EXPECT_EQ(m.accepted_draft_tokens, m.draft_tokens) << "k " << k;
+        } else {
+          EXPECT_GT(m.accepted_draft_tokens * 5, m.draft_tokens)
+              << "k " << k << ": " << m.accepted_draft_tokens << " of " << m.draft_tokens;
+        }
+      }
+    }
+  }
+  // Without a draft model, or with one whose vocabulary is larger, the
+  // engine is refused at once.
+  Fixture llama(kLlama);
+  EngineOptions o = base();
+  o.kv_slots = 256;
+  o.speculative = speculative_options("draft", 1);
+  EXPECT_THROW(Engine(*llama.model, llama.backend, nullptr, o), Error);
+  o.draft_model = load_model(bundled_draft, llama.backend);
+  ASSERT_GT(o.draft_model->config().vocab_size, llama.model->config().vocab_size);
+  try {
+    Engine engine(*llama.model, llama.backend, nullptr, o);
+    ADD_FAILURE() << "a draft model with a larger vocabulary";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vocabulary"), std::string::npos) << e.what();
   }
 }
 

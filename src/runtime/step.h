@@ -51,6 +51,10 @@ struct StepPlan {
   // from the target's hidden state, each next from the head's own hidden
   // state and the token it drafted before (a chain).
   int draft_chain = 1;
+  // Run the draft model after sampling (SpeculativeAlgorithm::kDraft): it
+  // reads the tokens each sequence kept and drafts draft_chain tokens after
+  // the one sampled.
+  bool run_draft_model = false;
 
   // One per sampled logits row, in order. The processor and constraint are
   // the request's, which outlives every plan that names it (a finished
@@ -93,6 +97,7 @@ inline void StepPlan::clear() {
   futures.clear();
   capture_hidden = false;
   draft_chain = 1;
+  run_draft_model = false;
   rows.clear();
   chained = false;
   requests.clear();

@@ -1,0 +1,32 @@
+// The speculative-decoding flags `basalt serve` and `basalt generate` share,
+// and the engine options they make.
+//
+// Contract: add_speculation_flags() registers --speculative-algorithm,
+// --speculative-num-draft-tokens, --speculative-disable-by-batch-size and
+// --speculative-draft-model on `cmd`. apply_speculation_flags() validates
+// them (an unknown algorithm, a draft model without the draft algorithm or
+// the reverse throw basalt::Error naming the flag), sets
+// EngineOptions::speculative for the backend, and loads the draft model on
+// `backend` when the algorithm is "draft".
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "backend/backend.h"
+#include "runtime/engine.h"
+
+namespace basalt {
+
+struct SpeculationFlags {
+  std::string algorithm = "none";
+  int num_draft_tokens = 4;
+  int disable_by_batch_size = 32;
+  std::string draft_model;  // a model directory
+};
+
+void add_speculation_flags(CLI::App& cmd, SpeculationFlags& flags);
+void apply_speculation_flags(const SpeculationFlags& flags, Backend& backend, EngineOptions& options);
+
+}  // namespace basalt
