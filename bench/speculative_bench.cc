@@ -128,7 +128,12 @@ int main(int argc, char** argv) {
   if (!eager && backend.can_record()) model = make_graphed_model(std::move(model), backend, {.max_batch = 8});
   if (draft_dir.empty() && dir == std::string(BASALT_SOURCE_DIR) + "/models/basalt-mini")
     draft_dir = std::string(BASALT_SOURCE_DIR) + "/models/basalt-draft";
-  const std::shared_ptr<Model> draft = draft_dir.empty() ? nullptr : load_model(draft_dir, backend);
+  std::shared_ptr<Model> draft;
+  if (!draft_dir.empty()) {
+    std::unique_ptr<Model> loaded = load_model(draft_dir, backend);
+    if (!eager && backend.can_record()) loaded = make_graphed_model(std::move(loaded), backend, {.max_batch = 8});
+    draft = std::move(loaded);
+  }
   const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
   const std::vector<Workload> workloads = {
       {"copy", std::string("Here is a text.\n\n") + kPassage + "\n\nThe same text, written out again:\n\nThe package"},

@@ -350,7 +350,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   options.max_logprobs = 100;
   options.max_running = f.max_running;
   options.jump_forward = jump_forward_choice(f.jump_forward, f.no_jump_forward, backend);
-  apply_speculation_flags(f.speculation, backend, options);
+  apply_speculation_flags(f.speculation, backend, options, f.enforce_eager ? 0 : std::min(f.max_running, 4096));
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   int64_t slots = 0;
   for (const BatchItem& item : items)

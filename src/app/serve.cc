@@ -192,7 +192,7 @@ void run_serve(const ServeFlags& f) {
   options.radix_cache = !f.no_radix_cache;
   options.overlap = f.overlap;
   options.jump_forward = jump_forward_choice(f.jump_forward, f.no_jump_forward, backend);
-  apply_speculation_flags(f.speculation, backend, options);
+  apply_speculation_flags(f.speculation, backend, options, f.enforce_eager ? 0 : std::min(f.max_running, 4096));
   options.page_size = f.page_size;
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   options.policy = f.policy == "fcfs" ? SchedulePolicy::kFcfs : SchedulePolicy::kLongestPrefixMatch;

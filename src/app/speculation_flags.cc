@@ -2,6 +2,7 @@
 
 #include "app/device_choice.h"
 #include "core/error.h"
+#include "model/graphed_model.h"
 #include "model/model.h"
 
 namespace basalt {
@@ -24,7 +25,8 @@ void add_speculation_flags(CLI::App& cmd, SpeculationFlags& flags) {
       ->check(CLI::Range(1, 16));
 }
 
-void apply_speculation_flags(const SpeculationFlags& flags, Backend& backend, EngineOptions& options) {
+void apply_speculation_flags(const SpeculationFlags& flags, Backend& backend, EngineOptions& options,
+                             int graph_batch) {
   options.speculative = speculative_options(flags.algorithm, flags.num_draft_tokens);
   options.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
   options.speculative.disable_from_batch = flags.disable_by_batch_size;
@@ -32,8 +34,10 @@ void apply_speculation_flags(const SpeculationFlags& flags, Backend& backend, En
   BASALT_CHECK(!draft || !flags.draft_model.empty(), "--speculative-algorithm draft needs --speculative-draft-model DIR");
   BASALT_CHECK(draft || flags.draft_model.empty(),
                "--speculative-draft-model is used only with --speculative-algorithm draft");
-  // Eager: its steps are few tokens each, and it runs once per step.
-  if (draft) options.draft_model = load_model(flags.draft_model, backend);
+  if (!draft) return;
+  std::unique_ptr<Model> model = load_model(flags.draft_model, backend);
+  if (graph_batch > 0) model = make_graphed_model(std::move(model), backend, {.max_batch = graph_batch});
+  options.draft_model = std::move(model);
 }
 
 }  // namespace basalt

@@ -7,7 +7,8 @@
 // them (an unknown algorithm, a draft model without the draft algorithm or
 // the reverse throw basalt::Error naming the flag), sets
 // EngineOptions::speculative for the backend, and loads the draft model on
-// `backend` when the algorithm is "draft".
+// `backend` when the algorithm is "draft" (its one-token chain steps replay
+// CUDA graphs up to `graph_batch` sequences; 0: eager).
 #pragma once
 
 #include <string>
@@ -27,6 +28,7 @@ struct SpeculationFlags {
 };
 
 void add_speculation_flags(CLI::App& cmd, SpeculationFlags& flags);
-void apply_speculation_flags(const SpeculationFlags& flags, Backend& backend, EngineOptions& options);
+void apply_speculation_flags(const SpeculationFlags& flags, Backend& backend, EngineOptions& options,
+                             int graph_batch);
 
 }  // namespace basalt

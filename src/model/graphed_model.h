@@ -6,22 +6,26 @@
 // padded batch size (Backend::record: CUDA graphs) and replays it.
 //
 // Contract:
-//  * forward() takes the recorded path for a pure decode batch on the host:
-//    every sequence has exactly one new token (q_start = 0, 1, ..., T), the
-//    logits of every row are wanted in order (logit_rows = 0..T-1),
-//    T <= max_batch, and its kv_slots fit the static buffer. Any other
-//    batch (prefill, extend, speculative verification, device tensors) runs
-//    the wrapped model directly.
-//  * A recorded batch is padded to the next recorded size (1, 2, 4, 8, then
-//    multiples of 8) with sequences of one query row and no keys whose token
-//    writes no KV (slot -1); Backend::store_kv and attention define that
-//    case (nothing stored, zero output), and their logits are dropped. The
+//  * forward() takes the recorded path for a batch on the host whose every
+//    sequence has the same number R of new tokens, 1 (decode) to 8 (a
+//    speculative verification: the last token and its drafts), q_start =
+//    0, R, 2R, ..., T, the logits of every row wanted in order (logit_rows
+//    = 0..T-1), T <= max_batch once padded, and kv_slots that fit the static
+//    buffer. Any other batch (prefill, extend, drafts of different lengths,
+//    device tensors, a step that wants hidden states) runs the wrapped
+//    model directly.
+//  * A recorded batch is padded to the next recorded count of sequences (1,
+//    2, 4, 8, then multiples of 8) with sequences of R query rows and no
+//    keys whose tokens write no KV (slot -1); Backend::store_kv and
+//    attention define that case (nothing stored, zero output), and their
+//    logits are dropped. Graphs are kept per (sequences, R). The
 //    result is what the wrapped model computes for the padded batch, which
 //    for a backend that is not batch invariant may differ in rounding from
 //    the unpadded batch.
 //  * prepare(kv) (the engine calls it before its first step) records every
-//    size up to max_batch on batches of padding rows only; a size still
-//    missing is recorded the first time a batch needs it. Each recording
+//    decode size (R = 1) up to max_batch on batches of padding rows only; a
+//    shape still missing (any R > 1) is recorded the first time a batch
+//    needs it. Each recording
 //    follows one direct forward of its batch (which loads kernels and plans
 //    outside the recording) and is bound to the KvBuffers passed: a forward
 //    with other KvBuffers (other memory) drops every graph and records

@@ -16,11 +16,13 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "runtime/engine.h"
+#include "runtime/speculative.h"
 
 namespace basalt {
 namespace {
 
 const std::string kLlama = std::string(BASALT_TESTDATA) + "/models/llama";
+const std::string kDeepSeek = std::string(BASALT_TESTDATA) + "/models/deepseek_v3";
 
 class ReplayingCpuBackend final : public CpuBackend {
  public:
@@ -56,8 +58,10 @@ std::vector<EngineRequest> crowd(int count) {
   return requests;
 }
 
-std::vector<std::vector<int32_t>> run(Model& model, Backend& backend, const std::vector<EngineRequest>& requests) {
+std::vector<std::vector<int32_t>> run(Model& model, Backend& backend, const std::vector<EngineRequest>& requests,
+                                      const SpeculativeOptions& speculative = {}) {
   EngineOptions o;
+  o.speculative = speculative;
   o.eos_ids = model.config().eos_token_ids;
   o.kv_slots = 1024;
   o.check_invariants = true;
@@ -87,6 +91,52 @@ TEST(GraphedModel, ReplayedStepsEqualPlainOnesAndAllSizesAreRecordedUpFront) {
   EXPECT_EQ(replaying.recordings, 5);
   EXPECT_GT(stats.replays, 10);
   EXPECT_GT(stats.direct, 0);  // the prefills
+}
+
+// Verification steps (a sequence's last token and its drafts, the same
+// number of rows for every sequence) are recorded per (sequences, rows)
+// when first met, and replayed after; steps whose sequences verify
+// different numbers of drafts run directly. The tokens are plain decoding's.
+TEST(GraphedModel, VerificationStepsAreRecordedByRowsPerSequence) {
+  CpuBackend cpu;
+  ReplayingCpuBackend replaying;
+  auto plain = load_model(kLlama, cpu);
+  auto graphed = make_graphed_model(load_model(kLlama, replaying), replaying, {.max_batch = 12});
+  std::vector<EngineRequest> requests = crowd(3);
+  for (EngineRequest& q : requests) {  // greedy and long: a random model's text loops, and n-gram lookup drafts
+    q.params.temperature = 0.0f;
+    q.params.max_tokens = 48;
+  }
+  SpeculativeOptions ngram = speculative_options("ngram", 3);
+  ngram.ngram_min = 1;
+  ngram.adaptive_from_batch = 0;  // always 3 drafts where the lookup finds 3
+  const auto expected = run(*plain, cpu, requests);
+  EXPECT_EQ(run(*graphed, replaying, requests, ngram), expected);
+  // One request alone: its verification steps have one shape each.
+  const std::vector<EngineRequest> one(requests.begin(), requests.begin() + 1);
+  EXPECT_EQ(run(*graphed, replaying, one, ngram)[0], expected[0]);
+  const GraphStats stats = graph_stats(*graphed);
+  EXPECT_GT(stats.recordings, 5) << "direct " << stats.direct << " replays " << stats.replays;
+  EXPECT_GT(stats.replays, stats.recordings);
+  EXPECT_EQ(replaying.recordings, stats.recordings);
+}
+
+// MTP's steps keep the final hidden states for the draft head: those are
+// recorded too (a shape of their own), decode and verification alike.
+TEST(GraphedModel, StepsThatKeepHiddenStatesAreRecorded) {
+  CpuBackend cpu;
+  ReplayingCpuBackend replaying;
+  auto plain = load_model(kDeepSeek, cpu);
+  auto graphed = make_graphed_model(load_model(kDeepSeek, replaying), replaying, {.max_batch = 8});
+  std::vector<EngineRequest> requests = crowd(2);
+  for (EngineRequest& q : requests) q.params.max_tokens = 16;
+  const auto expected = run(*plain, cpu, requests);
+  EXPECT_EQ(run(*graphed, replaying, requests, speculative_options("mtp", 2)), expected);
+  const std::vector<EngineRequest> one(requests.begin(), requests.begin() + 1);
+  EXPECT_EQ(run(*graphed, replaying, one, speculative_options("mtp", 2))[0], expected[0]);
+  const GraphStats stats = graph_stats(*graphed);
+  EXPECT_GT(stats.recordings, 4) << "direct " << stats.direct << " replays " << stats.replays;  // 1, 2, 4, 8, then more
+  EXPECT_GT(stats.replays, stats.recordings);
 }
 
 TEST(GraphedModel, BatchesBeyondMaxBatchRunDirectly) {
