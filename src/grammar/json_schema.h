@@ -88,11 +88,17 @@
 // const / enum values); or their const / enum values differ; or, as objects,
 // both require a property whose values are disjoint in turn (the
 // discriminator pattern, {"properties": {"kind": {"const": "a"}}, "required":
-// ["kind"]}). $ref, allOf and anyOf inside a branch are followed. A branch
+// ["kind"]}), or one requires a name the other does not allow
+// (additionalProperties false, no patternProperties); or, as strings, their
+// patterns' automata do not intersect. $ref, allOf and anyOf inside a branch
+// are followed. A branch
 // that admits no value (false, an empty range) overlaps nothing; inside allOf
 // or beside $ref only where that shows without translating it. In drafts 4 to
 // 7 (as $schema names them) the keywords beside a $ref count for none of
-// these proofs, as those drafts ignore them. Where the proof fails, two
+// these proofs, as those drafts ignore them. Where the proof fails,
+// branches that overlap only in {} (closed objects allowing no name in
+// common) or [] (arrays whose items are proven apart) each get minProperties
+// or minItems 1, exactly (that value matches both, so it is invalid); then two
 // rewrites: branches that require names ([{"required": ["radius"]},
 // {"required": ["length", "width"]}]) each become an object that lacks, for
 // every other branch not proven apart, one of that branch's names it does not
