@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "runtime/generator.h"
 #include "runtime/logits_processor.h"
+#include "runtime/speculative.h"
 #include "runtime/token_constraint.h"
 
 namespace basalt {
@@ -209,11 +210,14 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   const bool verifies = std::any_of(plan.rows.begin(), plan.rows.end(), [](const auto& row) { return row.draft >= 0; });
   if (verifies) result.accepted.assign(R, 0);
   else result.accepted.clear();
+  std::vector<int32_t> drafts;
   for (size_t r = 0; r < R;) {
     size_t last = r;
     while (plan.rows[last].draft >= 0) ++last;
-    size_t take = r;
-    while (take < last && result.next[take] == plan.rows[take].draft) ++take;
+    drafts.clear();
+    for (size_t j = r; j < last; ++j) drafts.push_back(plan.rows[j].draft);
+    const size_t take =
+        r + accepted_drafts(std::span<const int32_t>(result.next.data() + r, last - r + 1), drafts);
     if (verifies) result.accepted[r] = static_cast<int32_t>(take - r);
     const size_t group = r;
     r = last + 1;

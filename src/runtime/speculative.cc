@@ -44,6 +44,12 @@ SpeculativeOptions speculative_options(std::string_view algorithm, int num_draft
   return o;
 }
 
+size_t accepted_drafts(std::span<const int32_t> sampled, std::span<const int32_t> drafts) {
+  size_t take = 0;
+  while (take < drafts.size() && take < sampled.size() && sampled[take] == drafts[take]) ++take;
+  return take;
+}
+
 std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int k, int min_n, int max_n) {
   const auto size = static_cast<int64_t>(tokens.size());
   if (k <= 0) return {};

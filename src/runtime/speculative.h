@@ -89,6 +89,13 @@ struct SpeculativeOptions {
 // throws basalt::Error for a bad name or count.
 SpeculativeOptions speculative_options(std::string_view algorithm, int num_draft_tokens);
 
+// Verification's rule: how many of `drafts` are accepted when the rows
+// before them (the last token's, then each draft's) sampled `sampled`
+// (drafts.size() + 1 of them, each drawn as plain decoding draws at its
+// output index): while the row before a draft sampled exactly it. The
+// output is then sampled[0 .. accepted], which is plain decoding's text.
+size_t accepted_drafts(std::span<const int32_t> sampled, std::span<const int32_t> drafts);
+
 // Up to `k` tokens to follow `tokens`: for n from max_n down to min_n, the
 // latest earlier place where the last n tokens occur, and what followed it
 // there (fewer than k where the text ends first). Empty when no such n-gram

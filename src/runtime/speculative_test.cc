@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <optional>
 #include <random>
 
@@ -33,6 +34,71 @@ TEST(NgramProposer, TheLatestEarlierMatchOfTheLongestSuffix) {
   EXPECT_TRUE(propose_ngram(t, 0, 2, 4).empty());
   EXPECT_TRUE(propose_ngram(std::vector<int32_t>{}, 3, 1, 3).empty());
   EXPECT_TRUE(propose_ngram(std::vector<int32_t>{5}, 3, 1, 3).empty());
+}
+
+// At temperature > 0 verification keeps the target's distribution, and a
+// chi-square test over many seeds tells: a Markov chain over a few tokens is
+// the target; a verification step after token x0 has a draft d drawn from
+// another distribution, rows M[x0] and M[d] sampled by the real sampler with
+// the request's seed at output indices 0 and 1; the output is what
+// accepted_drafts() keeps, then (after a rejection) plain decoding's next
+// draw. The pairs of output tokens must follow M[x0][a] * M[a][b]. A
+// deliberately biased rule (take a likely draft even where the row sampled
+// something else) must fail the same test.
+TEST(Verification, KeepsTheTargetDistributionAtTemperatureOne) {
+  constexpr int V = 4;
+  const float M[V][V] = {{0.1f, 0.4f, 0.3f, 0.2f},
+                         {0.5f, 0.1f, 0.2f, 0.2f},
+                         {0.25f, 0.25f, 0.4f, 0.1f},
+                         {0.3f, 0.3f, 0.2f, 0.2f}};
+  const float q[V] = {0.05f, 0.15f, 0.7f, 0.1f};  // the proposer: not the target
+  const int x0 = 0;
+  CpuBackend cpu;
+  const auto draw = [&](const float* probs, uint64_t seed, uint64_t index) {
+    std::vector<float> logits(V);
+    for (int v = 0; v < V; ++v) logits[static_cast<size_t>(v)] = std::log(probs[v]);
+    const Tensor row = Tensor::from_f32({1, V}, logits);
+    Tensor out = Tensor::empty({1}, DType::kI32);
+    const SamplingRow sampling{1.0f, 0, 1.0f, 0.0f, seed, index};
+    cpu.sample(row, std::span<const SamplingRow>(&sampling, 1), out);
+    return out.data<int32_t>()[0];
+  };
+  // The output's first two tokens for one seed, under a rule.
+  const auto pair_of = [&](uint64_t seed, bool biased) {
+    std::mt19937 proposer(static_cast<uint32_t>(seed * 7919 + 1));
+    std::discrete_distribution<int> from_q(q, q + V);
+    const int32_t d = from_q(proposer);
+    const int32_t s0 = draw(M[x0], seed, 0), s1 = draw(M[d], seed, 1);
+    const int32_t sampled[] = {s0, s1};
+    const size_t accepted = accepted_drafts(sampled, std::span<const int32_t>(&d, 1));
+    if (biased && accepted == 0 && M[x0][d] >= 0.3f) return std::pair{d, s1};  // the bias
+    if (accepted == 1) return std::pair{s0, s1};
+    return std::pair{s0, draw(M[s0], seed, 1)};  // rejected: the next step draws index 1 after s0
+  };
+  const auto chi_square = [&](bool biased) {
+    constexpr int kSeeds = 20000;
+    double counts[V][V] = {};
+    for (int s = 0; s < kSeeds; ++s) {
+      const auto [a, b] = pair_of(1000 + static_cast<uint64_t>(s), biased);
+      counts[a][b] += 1;
+    }
+    double x2 = 0;
+    for (int a = 0; a < V; ++a)
+      for (int b = 0; b < V; ++b) {
+        const double expected = kSeeds * M[x0][a] * M[a][b];
+        x2 += (counts[a][b] - expected) * (counts[a][b] - expected) / expected;
+      }
+    return x2;
+  };
+  // 15 degrees of freedom: 37.7 is the 0.1% critical value.
+  const double exact = chi_square(false), biased = chi_square(true);
+  EXPECT_LT(exact, 37.7) << "biased " << biased;
+  EXPECT_GT(biased, 37.7) << "exact " << exact;
+  // And the exact rule's pairs are plain decoding's, seed for seed.
+  for (uint64_t seed = 1; seed < 200; ++seed) {
+    const int32_t a = draw(M[x0], seed, 0);
+    EXPECT_EQ(pair_of(seed, false), (std::pair{a, draw(M[a], seed, 1)})) << seed;
+  }
 }
 
 TEST(NgramProposer, OptionsAndNames) {
