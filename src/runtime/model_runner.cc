@@ -22,6 +22,50 @@ ForwardBatch forward_batch_of(const StepPlan& plan) {
   return fb;
 }
 
+// A sequence of a finished step, as the draft passes after sampling read
+// it: its tokens [q0, q0 + n) and slots [k0, k1) in the plan, and how many
+// of its positions the step kept (a verification keeps its last token and
+// the accepted drafts; a prefill chunk all of them). `first` is its sampled
+// group's first row when `samples`; `sampled` the token drawn after its
+// last kept position (-1 when it does not sample). Sequences whose sampled
+// row failed are left out.
+struct KeptSequence {
+  size_t index = 0;
+  int32_t q0 = 0, n = 0, k0 = 0, k1 = 0, kept = 0;
+  bool samples = false;
+  size_t first = 0;
+  int32_t sampled = -1;
+};
+
+std::vector<KeptSequence> kept_sequences(const StepPlan& plan, const StepResult& result) {
+  std::vector<KeptSequence> out;
+  const size_t R = plan.rows.size();
+  size_t r = 0;
+  for (size_t s = 0; s + 1 < plan.q_start.size(); ++s) {
+    KeptSequence k;
+    k.index = s;
+    k.q0 = plan.q_start[s];
+    k.n = plan.q_start[s + 1] - k.q0;
+    k.k0 = plan.kv_start[s];
+    k.k1 = plan.kv_start[s + 1];
+    k.kept = k.n;
+    // The sequence's sampled rows (one group) are those whose logits row
+    // lies in its tokens; rows come in sequence order.
+    k.first = r;
+    while (r < R && plan.logit_rows[r] < k.q0 + k.n) ++r;
+    k.samples = r > k.first;
+    if (k.samples) {
+      if (!result.row_errors.empty() && !result.row_errors[k.first].empty()) continue;
+      const auto drafts = static_cast<int32_t>(r - k.first) - 1;
+      const int32_t accepted = result.accepted.empty() ? 0 : result.accepted[k.first];
+      k.kept = k.n - drafts + accepted;
+      k.sampled = result.next[k.first + static_cast<size_t>(accepted)];
+    }
+    out.push_back(k);
+  }
+  return out;
+}
+
 }  // namespace
 
 LocalModelRunner::LocalModelRunner(Model& model, Backend& backend, int64_t kv_slots, DType kv_dtype,
@@ -260,26 +304,10 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
   // and the position after its last kept one.
   std::vector<std::pair<size_t, size_t>> context;
   std::vector<int32_t> next_position;
-  const auto failed = [&](size_t r) { return !result.row_errors.empty() && !result.row_errors[r].empty(); };
-  size_t r = 0;
-  for (size_t s = 0; s + 1 < plan.q_start.size(); ++s) {
-    const int32_t q0 = plan.q_start[s], q1 = plan.q_start[s + 1], n = q1 - q0;
-    const int32_t k0 = plan.kv_start[s], k1 = plan.kv_start[s + 1];
-    // The sequence's sampled rows (one group) are those whose logits row
-    // lies in its tokens; rows come in sequence order.
-    const size_t first = r;
-    while (r < R && plan.logit_rows[r] < q1) ++r;
-    const bool samples = r > first;
-    int32_t kept = n, follow = plan.next_known[s];
-    if (samples) {
-      if (failed(first)) continue;
-      const auto drafts = static_cast<int32_t>(r - first) - 1;
-      const int32_t accepted = result.accepted.empty() ? 0 : result.accepted[first];
-      kept = n - drafts + accepted;
-      follow = result.next[first + static_cast<size_t>(accepted)];
-    } else if (follow < 0) {
-      --kept;  // the token after the chunk is not known yet: its last position waits
-    }
+  for (const KeptSequence& seq : kept_sequences(plan, result)) {
+    const auto [s, q0, n, k0, k1, sequence_kept, samples, first, sampled] = seq;
+    int32_t kept = sequence_kept, follow = samples ? sampled : plan.next_known[s];
+    if (!samples && follow < 0) --kept;  // the token after the chunk is not known yet: its last position waits
     if (kept <= 0) continue;
     for (int32_t i = 0; i < kept; ++i) {
       const int32_t t = q0 + i;
@@ -370,10 +398,10 @@ void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result)
   }
   const size_t R = plan.rows.size();
   result.proposals.assign(R, {});
-  const auto failed = [&](size_t r) { return !result.row_errors.empty() && !result.row_errors[r].empty(); };
+  const std::vector<KeptSequence> sequences = kept_sequences(plan, result);
   // The sampling sequences first: how many, to share the scratch slots.
-  int64_t S = 0;
-  for (size_t r = 0; r < R; ++r) S += (r == 0 || plan.rows[r - 1].draft < 0) && !failed(r) ? 1 : 0;
+  const auto S = static_cast<int64_t>(
+      std::count_if(sequences.begin(), sequences.end(), [](const KeptSequence& k) { return k.samples; }));
   const int chain =
       S == 0 ? 1 : static_cast<int>(std::clamp<int64_t>(kHeadScratchSlots / S, 1, plan.draft_chain));
   const auto scratch = [&](int64_t j, int d) { return static_cast<int32_t>(kv_slots_ + j * chain + d); };
@@ -381,20 +409,8 @@ void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result)
   std::vector<size_t> proposal_rows;                // per drafting sequence: its group's first plan row
   std::vector<std::pair<size_t, size_t>> context;   // its kept slots, a range of kv_slots
   std::vector<int32_t> sampled_position;            // the position of the token just sampled
-  size_t r = 0;
-  for (size_t s = 0; s + 1 < plan.q_start.size(); ++s) {
-    const int32_t q0 = plan.q_start[s], q1 = plan.q_start[s + 1], n = q1 - q0;
-    const int32_t k0 = plan.kv_start[s], k1 = plan.kv_start[s + 1];
-    const size_t first = r;
-    while (r < R && plan.logit_rows[r] < q1) ++r;
-    const bool samples = r > first;
-    int32_t kept = n;
-    if (samples) {
-      if (failed(first)) continue;
-      const auto drafts = static_cast<int32_t>(r - first) - 1;
-      const int32_t accepted = result.accepted.empty() ? 0 : result.accepted[first];
-      kept = n - drafts + accepted;
-    }
+  for (const KeptSequence& seq : sequences) {
+    const auto [s, q0, n, k0, k1, kept, samples, first, sampled] = seq;
     for (int32_t i = 0; i < kept; ++i) {
       ids.push_back(plan.token_ids[static_cast<size_t>(q0 + i)]);
       positions.push_back(plan.positions[static_cast<size_t>(q0 + i)]);
@@ -404,8 +420,7 @@ void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result)
     if (samples) {
       const auto j = static_cast<int64_t>(proposal_rows.size());
       context.emplace_back(kv_slots.size() - static_cast<size_t>(k1 - k0 - (n - kept)), kv_slots.size());
-      const int32_t accepted = result.accepted.empty() ? 0 : result.accepted[first];
-      ids.push_back(result.next[first + static_cast<size_t>(accepted)]);
+      ids.push_back(sampled);
       sampled_position.push_back(positions.back() + 1);
       positions.push_back(sampled_position.back());
       out_slots.push_back(scratch(j, 0));

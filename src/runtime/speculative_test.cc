@@ -209,6 +209,28 @@ void expect_same_outputs(const SpecRun& plain, const SpecRun& spec) {
 
 class Speculative : public EngineMode {};
 
+// The looping prompts fed in chunks of 7 tokens, several requests per step,
+// each with its own length and seed, end of sequence ignored; `speculative`
+// (and its draft model) applied.
+SpecRun run_chunked(Fixture& f, float temperature, const SpeculativeOptions& speculative = {},
+                    const std::shared_ptr<Model>& draft = nullptr) {
+  EngineOptions o = base();
+  o.kv_slots = 4096;
+  o.check_invariants = true;
+  o.step_token_budget = 7;  // prompts in chunks
+  o.speculative = speculative;
+  o.draft_model = draft;
+  Engine engine(*f.model, f.backend, nullptr, o);
+  return run_looping(engine, [&](int i, const std::vector<int32_t>&) -> std::optional<SamplingParams> {
+    SamplingParams p;
+    p.max_tokens = 20 + 5 * i;
+    p.temperature = temperature;
+    p.seed = 90 + static_cast<uint64_t>(i);
+    p.ignore_eos = true;
+    return p;
+  });
+}
+
 TEST_P(Speculative, GreedyOutputsAreThoseOfPlainDecoding) {
   Fixture f(kLlama);
   const SpecRun plain = run(f, false, 0.0f, nullptr);
@@ -305,27 +327,10 @@ TEST_P(Speculative, PenalisedOutputsAreThoseOfPlainDecoding) {
 TEST_P(Speculative, MtpDraftsGiveThePlainTokens) {
   for (const std::string& dir : {kDeepSeek, std::string(BASALT_MODEL_DIR)}) {
     Fixture f(dir);
-    int k = 1;
-    auto run_mtp = [&](bool mtp, float temperature) {
-      EngineOptions o = base();
-      o.kv_slots = 4096;
-      o.check_invariants = true;
-      o.step_token_budget = 7;  // prompts in chunks
-      if (mtp) o.speculative = speculative_options("mtp", k);
-      Engine engine(*f.model, f.backend, nullptr, o);
-      return run_looping(engine, [&](int i, const std::vector<int32_t>&) -> std::optional<SamplingParams> {
-        SamplingParams p;
-        p.max_tokens = 20 + 5 * i;
-        p.temperature = temperature;
-        p.seed = 90 + static_cast<uint64_t>(i);
-        p.ignore_eos = true;
-        return p;
-      });
-    };
     for (const float temperature : {0.0f, 1.0f}) {
-      const SpecRun plain = run_mtp(false, temperature);
-      for (k = 1; k <= 3; k += 2) {
-        const SpecRun mtp = run_mtp(true, temperature);
+      const SpecRun plain = run_chunked(f, temperature);
+      for (int k = 1; k <= 3; k += 2) {
+        const SpecRun mtp = run_chunked(f, temperature, speculative_options("mtp", k));
         expect_same_outputs(plain, mtp);
         EXPECT_GT(mtp.metrics.draft_tokens, 0u) << dir;
         if (dir != kDeepSeek && temperature == 0.0f) {
@@ -368,31 +373,11 @@ TEST_P(Speculative, DraftModelGivesThePlainTokens) {
   const std::string bundled_draft = bundled + "/../basalt-draft";
   for (const auto& [dir, draft_dir] : {std::pair{kLlama, kLlama}, std::pair{bundled, bundled_draft}}) {
     Fixture f(dir);
-    std::shared_ptr<Model> draft = load_model(draft_dir, f.backend);
-    int k = 1;
-    auto run_draft = [&](bool speculate, float temperature) {
-      EngineOptions o = base();
-      o.kv_slots = 4096;
-      o.check_invariants = true;
-      o.step_token_budget = 7;  // prompts in chunks
-      if (speculate) {
-        o.speculative = speculative_options("draft", k);
-        o.draft_model = draft;
-      }
-      Engine engine(*f.model, f.backend, nullptr, o);
-      return run_looping(engine, [&](int i, const std::vector<int32_t>&) -> std::optional<SamplingParams> {
-        SamplingParams p;
-        p.max_tokens = 20 + 5 * i;
-        p.temperature = temperature;
-        p.seed = 90 + static_cast<uint64_t>(i);
-        p.ignore_eos = true;
-        return p;
-      });
-    };
+    const std::shared_ptr<Model> draft = load_model(draft_dir, f.backend);
     for (const float temperature : {0.0f, 1.0f}) {
-      const SpecRun plain = run_draft(false, temperature);
-      for (k = 1; k <= 3; k += 2) {
-        const SpecRun spec = run_draft(true, temperature);
+      const SpecRun plain = run_chunked(f, temperature);
+      for (int k = 1; k <= 3; k += 2) {
+        const SpecRun spec = run_chunked(f, temperature, speculative_options("draft", k), draft);
         expect_same_outputs(plain, spec);
         const EngineMetrics& m = spec.metrics;
         EXPECT_GT(m.draft_tokens, 0u) << dir;
