@@ -153,71 +153,99 @@ class InlinePlan {
     weight_.assign(n, -2);  // -2: not computed
   }
 
-  // The rule's weight when it may be inlined, -1 when it may not.
-  int64_t weight(int32_t rule) {
+  // The rule's weight when it may be inlined, -1 when it may not. `depth`
+  // counts the rules being weighed inside each other: past kMaxInlineDepth
+  // a rule is not inlined (a chain of thousands of rules would otherwise
+  // recurse as deep).
+  int64_t weight(int32_t rule, int depth = 0) {
     int64_t& w = weight_[static_cast<size_t>(rule)];
-    if (w == -2) {
-      w = -1;  // while computing (no cycle reaches here: recursive rules stop first)
-      if (!recursive_[static_cast<size_t>(rule)]) {
-        const int64_t body = weight_of(g_.rules[static_cast<size_t>(rule)].body);
-        w = body <= kInlineWeight ? body : -1;
-      }
-    }
-    return w;
+    if (w != -2) return w;
+    if (depth > kMaxInlineDepth || recursive_[static_cast<size_t>(rule)]) return -1;
+    const int64_t body = weight_of(g_.rules[static_cast<size_t>(rule)].body, depth);
+    // (Recursive rules never get here, so no cycle reads w while it is computed.)
+    weight_[static_cast<size_t>(rule)] = body <= kInlineWeight ? body : -1;
+    return weight_[static_cast<size_t>(rule)];
   }
 
  private:
-  int64_t weight_of(const GrammarExpr& e) {
+  static constexpr int kMaxInlineDepth = 16;
+
+  int64_t weight_of(const GrammarExpr& e, int depth) {
     using K = GrammarExpr::Kind;
     switch (e.kind) {
       case K::kBytes: return std::max<int64_t>(1, static_cast<int64_t>(e.bytes.size()));
       case K::kClass: return 4;
       case K::kRuleRef: {
-        const int64_t w = weight(e.rule);
+        const int64_t w = weight(e.rule, depth + 1);
         return w < 0 ? 1 : w;
       }
       case K::kSequence:
       case K::kChoice: {
         int64_t sum = 1;
-        for (const GrammarExpr& c : e.children) sum = std::min<int64_t>(sum + weight_of(c), kInlineWeight + 1);
+        for (const GrammarExpr& c : e.children)
+          sum = std::min<int64_t>(sum + weight_of(c, depth), kInlineWeight + 1);
         return sum;
       }
       case K::kRepeat: {
         const int64_t copies = e.max < 0 ? int64_t{e.min} + 1 : std::max<int64_t>(1, e.max);
-        return std::min<int64_t>(weight_of(e.children[0]) * copies, kInlineWeight + 1);
+        return std::min<int64_t>(weight_of(e.children[0], depth) * copies, kInlineWeight + 1);
       }
     }
     return kInlineWeight + 1;
   }
 
-  // Tarjan's strongly connected components over rule references: a rule is
+  // Tarjan's strongly connected components over rule references, with an
+  // explicit stack (a grammar may chain thousands of rules): a rule is
   // recursive when its component has several rules or it refers to itself.
-  void strongly_connect(int32_t r) {
-    index_[static_cast<size_t>(r)] = low_[static_cast<size_t>(r)] = next_index_++;
-    stack_.push_back(r);
-    on_stack_[static_cast<size_t>(r)] = true;
-    std::vector<int32_t> refs;
-    references(g_.rules[static_cast<size_t>(r)].body, refs);
-    for (int32_t t : refs) {
-      if (t == r) recursive_[static_cast<size_t>(r)] = true;
-      if (index_[static_cast<size_t>(t)] < 0) {
-        strongly_connect(t);
-        low_[static_cast<size_t>(r)] = std::min(low_[static_cast<size_t>(r)], low_[static_cast<size_t>(t)]);
-      } else if (on_stack_[static_cast<size_t>(t)]) {
-        low_[static_cast<size_t>(r)] = std::min(low_[static_cast<size_t>(r)], index_[static_cast<size_t>(t)]);
+  void strongly_connect(int32_t root) {
+    struct Frame {
+      int32_t rule;
+      std::vector<int32_t> refs;
+      size_t next = 0;
+    };
+    std::vector<Frame> frames;
+    const auto open = [&](int32_t r) {
+      index_[static_cast<size_t>(r)] = low_[static_cast<size_t>(r)] = next_index_++;
+      stack_.push_back(r);
+      on_stack_[static_cast<size_t>(r)] = true;
+      Frame f{r, {}, 0};
+      references(g_.rules[static_cast<size_t>(r)].body, f.refs);
+      frames.push_back(std::move(f));
+    };
+    open(root);
+    while (!frames.empty()) {
+      Frame& f = frames.back();
+      const auto r = static_cast<size_t>(f.rule);
+      if (f.next < f.refs.size()) {
+        const int32_t t = f.refs[f.next++];
+        if (static_cast<size_t>(t) == r) recursive_[r] = true;
+        if (index_[static_cast<size_t>(t)] < 0) {
+          open(t);  // invalidates f
+        } else if (on_stack_[static_cast<size_t>(t)]) {
+          low_[r] = std::min(low_[r], index_[static_cast<size_t>(t)]);
+        }
+        continue;
+      }
+      // Every reference done: close the rule, then hand its low to its caller.
+      if (low_[r] == index_[r]) {
+        std::vector<int32_t> component;
+        int32_t t;
+        do {
+          t = stack_.back();
+          stack_.pop_back();
+          on_stack_[static_cast<size_t>(t)] = false;
+          component.push_back(t);
+        } while (static_cast<size_t>(t) != r);
+        if (component.size() > 1)
+          for (int32_t c : component) recursive_[static_cast<size_t>(c)] = true;
+      }
+      const int32_t low = low_[r];
+      frames.pop_back();
+      if (!frames.empty()) {
+        const auto caller = static_cast<size_t>(frames.back().rule);
+        low_[caller] = std::min(low_[caller], low);
       }
     }
-    if (low_[static_cast<size_t>(r)] != index_[static_cast<size_t>(r)]) return;
-    std::vector<int32_t> component;
-    int32_t t;
-    do {
-      t = stack_.back();
-      stack_.pop_back();
-      on_stack_[static_cast<size_t>(t)] = false;
-      component.push_back(t);
-    } while (t != r);
-    if (component.size() > 1)
-      for (int32_t c : component) recursive_[static_cast<size_t>(c)] = true;
   }
   static void references(const GrammarExpr& e, std::vector<int32_t>& out) {
     if (e.kind == GrammarExpr::Kind::kRuleRef) out.push_back(e.rule);
@@ -304,8 +332,11 @@ class Nfa {
       case K::kRepeat: {
         BASALT_CHECK(e.min <= kMaxRepetition && e.max <= kMaxRepetition,
                      "grammar: repetition bound past the limit of {}", kMaxRepetition);
-        const int64_t inner =
-            std::max<int64_t>(copies, 1) * (e.max < 0 ? int64_t{e.min} + 1 : std::max<int64_t>(1, e.max));
+        // (Capped: past the inline budget no call inside is inlined anyway,
+        // and nested repetitions would overflow.)
+        const int64_t inner = std::min<int64_t>(
+            std::max<int64_t>(copies, 1) * (e.max < 0 ? int64_t{e.min} + 1 : std::max<int64_t>(1, e.max)),
+            kInlineWeight + 1);
         int32_t cur = from;
         for (int32_t i = 0; i < e.min; ++i) {
           const int32_t next = add();

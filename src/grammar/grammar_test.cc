@@ -124,6 +124,22 @@ TEST(Ebnf, InliningIntoOneRuleIsBounded) {
   EXPECT_FALSE(matches(text, "k1000!"));
 }
 
+TEST(Ebnf, ALongChainOfRulesCompiles) {
+  // Three thousand rules, each calling the next (in a repetition, so that
+  // the inliner weighs them): neither the inliner (a depth cap) nor the
+  // search for recursive rules (an explicit stack) recurses along the chain.
+  // (Longer chains compile correctly but slowly: the productive / nullable
+  // fixpoints take a pass per rule of the chain.)
+  constexpr int kRules = 3000;
+  std::string text = "root ::= (r0 \"!\")*\n";
+  for (int i = 0; i < kRules; ++i)
+    text += "r" + std::to_string(i) + " ::= \"a\" " + (i + 1 < kRules ? "r" + std::to_string(i + 1) : "\"\"") + "\n";
+  const auto compiled = compile_grammar(parse_ebnf(text));
+  EXPECT_GT(compiled->states.size(), static_cast<size_t>(kRules));
+  EXPECT_TRUE(matches(text, std::string(kRules, 'a') + "!"));
+  EXPECT_FALSE(matches(text, std::string(kRules - 1, 'a') + "!"));
+}
+
 TEST(Ebnf, ParseErrorsNameThePlace) {
   auto parse_error = [](const std::string& text) -> std::string {
     try {
