@@ -404,6 +404,10 @@ void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result)
       std::count_if(sequences.begin(), sequences.end(), [](const KeptSequence& k) { return k.samples; }));
   const int chain =
       S == 0 ? 1 : static_cast<int>(std::clamp<int64_t>(kHeadScratchSlots / S, 1, plan.draft_chain));
+  // Past kHeadScratchSlots sampling sequences (a batch larger than any
+  // that drafts: the off-switch is far below) the rest draft nothing; their
+  // kept tokens are still read, so that their KV is complete.
+  const int64_t drafting = std::min<int64_t>(S, kHeadScratchSlots / chain);
   const auto scratch = [&](int64_t j, int d) { return static_cast<int32_t>(kv_slots_ + j * chain + d); };
   std::vector<int32_t> ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows;
   std::vector<size_t> proposal_rows;                // per drafting sequence: its group's first plan row
@@ -417,7 +421,7 @@ void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result)
       out_slots.push_back(plan.out_slots[static_cast<size_t>(q0 + i)]);
     }
     kv_slots.insert(kv_slots.end(), plan.kv_slots.begin() + k0, plan.kv_slots.begin() + (k1 - (n - kept)));
-    if (samples) {
+    if (samples && static_cast<int64_t>(proposal_rows.size()) < drafting) {
       const auto j = static_cast<int64_t>(proposal_rows.size());
       context.emplace_back(kv_slots.size() - static_cast<size_t>(k1 - k0 - (n - kept)), kv_slots.size());
       ids.push_back(sampled);
@@ -448,7 +452,8 @@ void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result)
   };
   if (proposal_rows.empty()) return;
   take_drafts(logits, static_cast<int64_t>(logit_rows.size()));
-  Tensor chained_logits = backend_.empty({S, draft_vocab}, DType::kF32);
+  const auto P = static_cast<int64_t>(proposal_rows.size());
+  Tensor chained_logits = backend_.empty({P, draft_vocab}, DType::kF32);
   for (int step = 1; step < chain; ++step) {
     std::vector<int32_t> c_ids, c_positions, c_out_slots, c_q{0}, c_kv_start{0}, c_kv_slots, c_rows;
     for (size_t j = 0; j < proposal_rows.size(); ++j) {
@@ -466,7 +471,7 @@ void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result)
     ForwardBatch cb = host_forward_batch(c_ids, c_positions, c_out_slots, c_q, c_kv_start, c_kv_slots, c_rows);
     cb.mode = ForwardMode::kDraft;
     draft.forward(cb, draft_kv_, chained_logits);
-    take_drafts(chained_logits, S);
+    take_drafts(chained_logits, P);
   }
 }
 

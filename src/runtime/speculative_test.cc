@@ -391,6 +391,34 @@ TEST_P(Speculative, DraftModelGivesThePlainTokens) {
       }
     }
   }
+  // More sampling requests in one step than the draft's scratch slots: the
+  // ones past them draft nothing, and every output is still plain decoding's.
+  {
+    Fixture llama(kLlama);
+    std::shared_ptr<Model> self = load_model(kLlama, llama.backend);
+    const auto crowd = [&](bool speculate) {
+      EngineOptions o = base();
+      o.kv_slots = 16384;
+      o.max_running = 1100;
+      o.step_token_budget = 4096;
+      if (speculate) {
+        o.speculative = speculative_options("draft", 1);
+        o.speculative.disable_from_batch = 0;
+        o.draft_model = self;
+      }
+      Engine engine(*llama.model, llama.backend, nullptr, o);
+      std::vector<RequestHandle> handles;
+      for (int i = 0; i < 1100; ++i) {
+        SamplingParams p;
+        p.max_tokens = 3;
+        p.temperature = 0.0f;
+        p.ignore_eos = true;
+        handles.push_back(engine.submit(request({2 + i % 300, 3 + i % 200}, p)));
+      }
+      return finish(engine, handles);
+    };
+    expect_same_outputs(crowd(false), crowd(true));
+  }
   // Without a draft model, or with one whose vocabulary is larger, the
   // engine is refused at once.
   Fixture llama(kLlama);
