@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 #include <memory>
-#include <functional>
 #include <set>
 #include <unordered_map>
 
@@ -502,39 +501,65 @@ class Determinizer {
 
 // --- Analyses on the per-rule automata ---------------------------------------
 
-// Rules whose language is not empty (`productive`) or holds "" (`nullable`),
-// as fixpoints: a rule qualifies when a path from its start to an
-// accepting state uses only calls of qualifying rules (and, for
-// productive, any byte edge).
+// Rules whose language is not empty (`productive`) or holds "" (`nullable`):
+// a rule qualifies when a path from its start to an accepting state uses only
+// calls of qualifying rules (and, for productive, any byte edge). One search
+// per rule, stopped at the calls of rules not (yet) known to qualify and
+// resumed from there when they do: each state is visited once, so the cost is
+// linear in the automata (a pass over every rule until nothing changes is
+// quadratic on a long chain of rules, which a request can send).
 std::vector<bool> rules_where(const std::vector<std::vector<DfaState>>& rules, bool bytes_allowed) {
-  std::vector<bool> ok(rules.size(), false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < rules.size(); ++r) {
-      if (ok[r]) continue;
-      const auto& dfa = rules[r];
-      std::vector<bool> seen(dfa.size(), false);
-      std::vector<int32_t> work{0};
-      seen[0] = true;
-      bool found = false;
-      while (!work.empty() && !found) {
-        const auto s = static_cast<size_t>(work.back());
-        work.pop_back();
-        if (dfa[s].accepting) found = true;
-        auto visit = [&](int32_t t) {
-          if (!seen[static_cast<size_t>(t)]) {
-            seen[static_cast<size_t>(t)] = true;
-            work.push_back(t);
-          }
-        };
-        if (bytes_allowed)
-          for (const ByteEdge& e : dfa[s].bytes) visit(e.target);
-        for (const RuleCall& c : dfa[s].calls)
-          if (ok[static_cast<size_t>(c.rule)]) visit(c.target);
+  const size_t n = rules.size();
+  std::vector<bool> ok(n, false);
+  std::vector<std::vector<bool>> seen(n);
+  // Per rule: the searches (caller, the state after the call) waiting for it.
+  std::vector<std::vector<std::pair<size_t, int32_t>>> waiting(n);
+  std::vector<size_t> qualified;  // rules whose waiting searches are not resumed yet
+  std::vector<int32_t> work;
+  // Whether rule r reaches an accepting state from state `from`, past what
+  // its earlier searches saw.
+  const auto search = [&](size_t r, int32_t from) {
+    const auto& dfa = rules[r];
+    std::vector<bool>& met = seen[r];
+    work.clear();
+    const auto visit = [&](int32_t t) {
+      if (!met[static_cast<size_t>(t)]) {
+        met[static_cast<size_t>(t)] = true;
+        work.push_back(t);
       }
-      if (found) {
-        ok[r] = true;
-        changed = true;
+    };
+    visit(from);
+    while (!work.empty()) {
+      const auto s = static_cast<size_t>(work.back());
+      work.pop_back();
+      if (dfa[s].accepting) return true;
+      if (bytes_allowed)
+        for (const ByteEdge& e : dfa[s].bytes) visit(e.target);
+      for (const RuleCall& c : dfa[s].calls) {
+        if (ok[static_cast<size_t>(c.rule)]) {
+          visit(c.target);
+        } else {
+          waiting[static_cast<size_t>(c.rule)].emplace_back(r, c.target);
+        }
+      }
+    }
+    return false;
+  };
+  for (size_t r = 0; r < n; ++r) {
+    seen[r].assign(rules[r].size(), false);
+    if (search(r, 0)) {
+      ok[r] = true;
+      qualified.push_back(r);
+    }
+  }
+  while (!qualified.empty()) {
+    const size_t q = qualified.back();
+    qualified.pop_back();
+    const std::vector<std::pair<size_t, int32_t>> resumed = std::move(waiting[q]);
+    for (const auto& [caller, target] : resumed) {
+      if (!ok[caller] && search(caller, target)) {
+        ok[caller] = true;
+        qualified.push_back(caller);
       }
     }
   }
@@ -547,17 +572,28 @@ void trim(std::vector<std::vector<DfaState>>& rules, const std::vector<bool>& pr
   for (auto& dfa : rules) {
     for (DfaState& s : dfa)
       std::erase_if(s.calls, [&](const RuleCall& c) { return !productive[static_cast<size_t>(c.rule)]; });
+    // Live: an accepting state, or one with an edge into a live state; found
+    // backwards from the accepting states.
+    std::vector<std::vector<int32_t>> into(dfa.size());
+    for (size_t s = 0; s < dfa.size(); ++s) {
+      for (const ByteEdge& e : dfa[s].bytes) into[static_cast<size_t>(e.target)].push_back(static_cast<int32_t>(s));
+      for (const RuleCall& c : dfa[s].calls) into[static_cast<size_t>(c.target)].push_back(static_cast<int32_t>(s));
+    }
     std::vector<bool> live(dfa.size(), false);
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (size_t s = 0; s < dfa.size(); ++s) {
-        if (live[s]) continue;
-        bool l = dfa[s].accepting;
-        for (const ByteEdge& e : dfa[s].bytes) l = l || live[static_cast<size_t>(e.target)];
-        for (const RuleCall& c : dfa[s].calls) l = l || live[static_cast<size_t>(c.target)];
-        if (l) {
-          live[s] = true;
-          changed = true;
+    std::vector<int32_t> work;
+    for (size_t s = 0; s < dfa.size(); ++s) {
+      if (dfa[s].accepting) {
+        live[s] = true;
+        work.push_back(static_cast<int32_t>(s));
+      }
+    }
+    while (!work.empty()) {
+      const auto t = static_cast<size_t>(work.back());
+      work.pop_back();
+      for (const int32_t s : into[t]) {
+        if (!live[static_cast<size_t>(s)]) {
+          live[static_cast<size_t>(s)] = true;
+          work.push_back(s);
         }
       }
     }
@@ -593,27 +629,39 @@ void refuse_left_recursion(const std::vector<std::vector<DfaState>>& rules, cons
     }
     first_calls[r].assign(callees.begin(), callees.end());
   }
-  // Depth-first search for a cycle; the path names it.
+  // Depth-first search for a cycle, with an explicit stack (a chain of
+  // rules may be as long as a request makes it); the path names it.
   std::vector<uint8_t> color(n, 0);  // 0 new, 1 on the path, 2 done
-  std::vector<int32_t> path;
-  std::function<void(int32_t)> visit = [&](int32_t r) {
-    color[static_cast<size_t>(r)] = 1;
-    path.push_back(r);
-    for (int32_t c : first_calls[static_cast<size_t>(r)]) {
+  std::vector<std::pair<int32_t, size_t>> path;  // (rule, its next callee to try)
+  for (size_t root = 0; root < n; ++root) {
+    if (color[root] != 0) continue;
+    color[root] = 1;
+    path.emplace_back(static_cast<int32_t>(root), 0);
+    while (!path.empty()) {
+      auto& [r, next] = path.back();
+      const std::vector<int32_t>& callees = first_calls[static_cast<size_t>(r)];
+      if (next == callees.size()) {
+        color[static_cast<size_t>(r)] = 2;
+        path.pop_back();
+        continue;
+      }
+      const int32_t c = callees[next++];
       if (color[static_cast<size_t>(c)] == 1) {
+        // The cycle's rules, the first dozen of them where it is longer.
         std::string cycle;
-        for (auto it = std::find(path.begin(), path.end(), c); it != path.end(); ++it)
-          cycle += names[static_cast<size_t>(*it)] + " -> ";
+        auto it = std::find_if(path.begin(), path.end(), [&](const auto& entry) { return entry.first == c; });
+        const auto length = static_cast<size_t>(path.end() - it);
+        for (size_t i = 0; it != path.end() && i < 12; ++it, ++i) cycle += names[static_cast<size_t>(it->first)] + " -> ";
+        if (length > 12) cycle += fmt::format("({} more) -> ", length - 12);
         fail("grammar: rule \"{}\" is left-recursive ({}{}); rewrite it to consume text before recursing",
              names[static_cast<size_t>(c)], cycle, names[static_cast<size_t>(c)]);
       }
-      if (color[static_cast<size_t>(c)] == 0) visit(c);
+      if (color[static_cast<size_t>(c)] == 0) {
+        color[static_cast<size_t>(c)] = 1;
+        path.emplace_back(c, 0);
+      }
     }
-    path.pop_back();
-    color[static_cast<size_t>(r)] = 2;
-  };
-  for (size_t r = 0; r < n; ++r)
-    if (color[r] == 0) visit(static_cast<int32_t>(r));
+  }
 }
 
 }  // namespace

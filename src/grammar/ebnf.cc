@@ -126,7 +126,7 @@ class Parser {
   }
 
   void parse_quantifiers(GrammarExpr& item) {
-    for (;;) {
+    for (int stacked = 0;; ++stacked) {
       const char c = peek();
       int32_t min, max;
       const size_t at = pos_;
@@ -157,6 +157,8 @@ class Parser {
       } else {
         return;
       }
+      // Each quantifier nests the item once more (see kMaxGroupNesting).
+      if (stacked == kMaxGroupNesting) error(at, "more than {} quantifiers in a row", kMaxGroupNesting);
       GrammarExpr rep;
       rep.kind = GrammarExpr::Kind::kRepeat;
       rep.min = min;
@@ -211,8 +213,12 @@ class Parser {
       return e;
     }
     if (c == '(') {
+      // Parsing, compiling and freeing a group recurse into it: the nesting
+      // a request can send is bounded, as a regex's is.
+      if (++depth_ > kMaxGroupNesting) error(start, "groups nested deeper than {}", kMaxGroupNesting);
       ++pos_;
       e = parse_choice(/*nested=*/true);
+      --depth_;
       skip_space();
       if (peek() != ')') error(start, "unbalanced (");
       ++pos_;
@@ -337,6 +343,8 @@ class Parser {
 
   std::string_view text_;
   size_t pos_ = 0;
+  int depth_ = 0;
+  static constexpr int kMaxGroupNesting = 1000;
 };
 
 }  // namespace

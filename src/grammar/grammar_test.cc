@@ -125,12 +125,12 @@ TEST(Ebnf, InliningIntoOneRuleIsBounded) {
 }
 
 TEST(Ebnf, ALongChainOfRulesCompiles) {
-  // Three thousand rules, each calling the next (in a repetition, so that
-  // the inliner weighs them): neither the inliner (a depth cap) nor the
-  // search for recursive rules (an explicit stack) recurses along the chain.
-  // (Longer chains compile correctly but slowly: the productive / nullable
-  // fixpoints take a pass per rule of the chain.)
-  constexpr int kRules = 3000;
+  // Fifty thousand rules, each calling the next (in a repetition, so that
+  // the inliner weighs them): neither the inliner (a depth cap), the search
+  // for recursive rules (an explicit stack), nor the productive / nullable
+  // analyses (a worklist; a pass per rule of the chain took minutes) recurse
+  // or loop along the chain.
+  constexpr int kRules = 50000;
   std::string text = "root ::= (r0 \"!\")*\n";
   for (int i = 0; i < kRules; ++i)
     text += "r" + std::to_string(i) + " ::= \"a\" " + (i + 1 < kRules ? "r" + std::to_string(i + 1) : "\"\"") + "\n";
@@ -138,6 +138,17 @@ TEST(Ebnf, ALongChainOfRulesCompiles) {
   EXPECT_GT(compiled->states.size(), static_cast<size_t>(kRules));
   EXPECT_TRUE(matches(text, std::string(kRules, 'a') + "!"));
   EXPECT_FALSE(matches(text, std::string(kRules - 1, 'a') + "!"));
+
+  // Each rule calling the next before any byte: the search for left
+  // recursion walks the chain without recursing.
+  std::string left = "root ::= l0\n";
+  for (int i = 0; i < kRules; ++i)
+    left += "l" + std::to_string(i) + " ::= " + (i + 1 < kRules ? "l" + std::to_string(i + 1) + " " : "") + "\"b\"\n";
+  EXPECT_EQ(error_of(left), "");
+  // The same chain closed into a cycle: left-recursive, and said so.
+  std::string cycle = left;
+  cycle.replace(cycle.rfind("\"b\""), 3, "l0 \"b\" | \"b\"");
+  EXPECT_NE(error_of(cycle).find("is left-recursive"), std::string::npos);
 }
 
 TEST(Ebnf, ParseErrorsNameThePlace) {
@@ -163,6 +174,13 @@ TEST(Ebnf, ParseErrorsNameThePlace) {
   EXPECT_NE(parse_error("root ::= [\\uD800]").find("not a Unicode scalar value"), std::string::npos);
   EXPECT_NE(parse_error("root ::= \"a\" @").find("unexpected character '@'"), std::string::npos);
   EXPECT_NE(parse_error("").find("no rules"), std::string::npos);
+  // Groups and quantifiers nest the parse and the compile: both are bounded.
+  EXPECT_EQ(parse_error("root ::= " + std::string(1000, '(') + "\"a\"" + std::string(1000, ')')), "");
+  EXPECT_NE(parse_error("root ::= " + std::string(100000, '(') + "\"a\"" + std::string(100000, ')'))
+                .find("groups nested deeper than 1000"),
+            std::string::npos);
+  EXPECT_NE(parse_error("root ::= \"a\"" + std::string(100000, '?')).find("more than 1000 quantifiers in a row"),
+            std::string::npos);
 }
 
 TEST(Ebnf, CompilerRefusesLeftRecursionAndEmptyLanguages) {

@@ -19,6 +19,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -72,11 +73,13 @@ constexpr std::string_view kUnenforcedKeywords[] = {"if",
                                                     "extends"};
 
 // Formats enforced on strings ("url", which OpenAPI documents and real
-// schemas use, as "uri"; OpenAPI's "byte" as RFC 4648 base64).
+// schemas use, as "uri"; OpenAPI's "byte" as RFC 4648 base64; Google's API
+// Discovery formats for times and durations).
 constexpr std::string_view kFormats[] = {"date",         "time",         "date-time",    "email",
                                          "uuid",         "ipv4",         "ipv6",         "uri",
                                          "url",          "hostname",     "byte",         "duration",
-                                         "json-pointer", "relative-json-pointer", "uri-reference"};
+                                         "json-pointer", "relative-json-pointer", "uri-reference",
+                                         "google-datetime", "google-duration"};
 // OpenAPI's formats that only hint at a string's use and constrain no text:
 // any string.
 constexpr std::string_view kHintFormats[] = {"password", "binary"};
@@ -86,7 +89,8 @@ constexpr std::string_view kStringOnlyFormats[] = {
     "date",     "time",          "date-time",    "duration", "email",        "idn-email",
     "hostname", "idn-hostname",  "ipv4",         "ipv6",     "uri",          "uri-reference",
     "iri",      "iri-reference", "uri-template", "uuid",     "json-pointer", "relative-json-pointer",
-    "regex",    "byte",          "binary",       "password", "url"};
+    "regex",    "byte",          "binary",       "password", "url",
+    "google-datetime", "google-duration"};
 
 template <size_t N>
 bool listed(std::string_view key, const std::string_view (&list)[N]) {
@@ -111,6 +115,14 @@ constexpr int64_t kMaxCount = int64_t{1} << 53;
 // Products of anyOf lists that allOf merging may build, and merged schemas
 // one translation may make: a schema past these is hostile or a bug.
 constexpr size_t kMaxAlternatives = 256;
+// An object's optional members nest one group each; past this many a rule
+// is made (the EBNF parser bounds group nesting).
+constexpr int kMaxInlineChain = 32;
+// Subschemas, $ref hops and allOf merges nested in each other, at most.
+constexpr int kMaxNesting = 256;
+// (listed properties + 1) x (the counts of members told apart + 1) past this
+// is refused: an object's members and their count are a grammar that size.
+constexpr size_t kMaxMemberStates = 1'000'000;
 constexpr size_t kMaxMergedSchemas = 2000;
 // Objects told apart by which dependency triggers they have (dependentRequired,
 // dependentSchemas): each combination is a schema of its own.
@@ -531,6 +543,11 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
       {"format-fraction", R"g('.' [0-9]+)g"},
       {"format-offset", R"g([Zz] | [+\-] format-hour ':' [0-5] [0-9])g"},
       {"format-date-time", R"g(format-date [Tt] format-time)g"},
+      // Google's API Discovery formats: an RFC 3339 time in UTC, and seconds
+      // with up to nine fractional digits and an "s".
+      {"format-google-datetime",
+       R"g(format-date 'T' format-hour ':' [0-5] [0-9] ':' [0-5] [0-9] format-fraction? 'Z')g"},
+      {"format-google-duration", R"g('-'? [0-9]+ ('.' [0-9]{1,9})? 's')g"},
       {"format-uuid",
        R"g([0-9A-Fa-f]{8} '-' [0-9A-Fa-f]{4} '-' [0-9A-Fa-f]{4} '-' [0-9A-Fa-f]{4} '-' [0-9A-Fa-f]{12})g"},
       {"format-ipv4", R"g(format-dec-octet '.' format-dec-octet '.' format-dec-octet '.' format-dec-octet)g"},
@@ -603,6 +620,26 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
   };
   return *rules;
 }
+
+// The strings of `format` (one of kFormats) as a grammar writes them: their
+// JSON text, quotes included, by the format's rules and those they call.
+std::shared_ptr<const CompiledGrammar> format_grammar(const std::string& format) {
+  const std::string rule = format == "url" ? "format-uri" : "format-" + format;
+  std::string text = fmt::format("root ::= {} {} {}\n", ebnf_literal("\""), rule, ebnf_literal("\""));
+  std::set<std::string> written;
+  std::vector<std::string> work{rule};
+  while (!work.empty()) {
+    const std::string name = work.back();
+    work.pop_back();
+    if (!written.insert(name).second) continue;
+    const std::string body = with_literals(fixed_rules().at(name));
+    text += fmt::format("{} ::= {}\n", name, body);
+    for (const std::string& callee : names_in(body))
+      if (fixed_rules().contains(callee)) work.push_back(callee);
+  }
+  return compile_grammar(parse_ebnf(text));
+}
+
 
 // Names of the shared rules built here rather than fixed (they depend on the
 // whitespace option).
@@ -768,6 +805,25 @@ class Translator {
     bool required;
   };
 
+  // Translating, merging and summarizing recurse into subschemas and
+  // through $ref: a chain of thousands of $ref, allOf or anyOf would
+  // exhaust the stack, so past kMaxNesting levels the schema is refused.
+  class NestingGuard {
+   public:
+    NestingGuard(int& nesting, const std::string& path) : nesting_(nesting) {
+      BASALT_CHECK(nesting_ < kMaxNesting,
+                   "json schema: the schema at {} is nested (through subschemas and $ref) deeper than {} levels", path,
+                   kMaxNesting);
+      ++nesting_;
+    }
+    ~NestingGuard() { --nesting_; }
+    NestingGuard(const NestingGuard&) = delete;
+    NestingGuard& operator=(const NestingGuard&) = delete;
+
+   private:
+    int& nesting_;
+  };
+
   class DepthGuard {
    public:
     explicit DepthGuard(int& depth) : depth_(depth) { ++depth_; }
@@ -780,8 +836,10 @@ class Translator {
   // --- Rules ---
 
   std::string unique_name(const std::string& hint) {
+    // The next suffix to try is kept per hint: a schema with thousands of
+    // rules of one hint would otherwise try every suffix taken before.
     std::string name = hint;
-    for (int i = 2; names_.contains(name); ++i) name = fmt::format("{}-{}", hint, i);
+    for (int& i = next_suffix_.try_emplace(hint, 2).first->second; names_.contains(name); ++i) name = fmt::format("{}-{}", hint, i);
     names_.insert(name);
     return name;
   }
@@ -1153,6 +1211,7 @@ class Translator {
   // --- Schemas ---
 
   Translation translate(const Json& schema, const std::string& path) {
+    const NestingGuard guard(nesting_, path);
     if (schema.is_boolean()) {
       if (schema.get<bool>()) return Translation::of(use("json-value"));
       return Translation::none(fmt::format("the schema at {} is false", path));
@@ -1366,6 +1425,10 @@ class Translator {
     // Arrays: the summary of every item (`items` a schema, no prefixItems),
     // one element or none.
     std::vector<Summary> items;
+    // Objects: bounds on the number of members (minProperties and the
+    // required names; maxProperties and the names allowed).
+    int64_t min_members = 0;
+    std::optional<int64_t> max_members;
   };
   struct Member {
     std::string name;
@@ -1424,6 +1487,8 @@ class Translator {
     if (std::optional<Json> rewritten = nonempty_apart(branches, plan, live)) return *rewritten;
     if (std::optional<Json> rewritten = required_apart(branches, plan, live, path)) return *rewritten;
     if (std::optional<Json> rewritten = discriminated(base, branches, live, path)) return *rewritten;
+    if (std::optional<Json> rewritten = closed_apart(base, branches, plan, live, path)) return *rewritten;
+    if (std::optional<Json> rewritten = patterns_apart(branches, plan, live)) return *rewritten;
     const auto [a, b] = *overlapping(plan, live);
     fail(
         "json schema: unsupported keyword \"oneOf\" at {}: its branches {} and {} may overlap (a value that matches "
@@ -1577,6 +1642,90 @@ class Translator {
     return rewritten;
   }
 
+  // Object branches closed to the members they list (Github_hard's xAPI
+  // agent: [{"$ref": "#/definitions/mbox"}, {"$ref":
+  // "#/definitions/account"}, ...], each an open object that requires its
+  // own member): each branch whose schema (a $ref alone followed) lists
+  // `properties` and says nothing else of other members (no
+  // additionalProperties, patternProperties, unevaluatedProperties, nor
+  // anything that merges in more: allOf, anyOf, oneOf, $ref, if,
+  // dependencies) gets additionalProperties false, as OpenAI's strict mode
+  // writes every object. Narrower, never wider. Exact for oneOf where every
+  // closed branch is proven apart from every other ORIGINAL branch (so a
+  // value of closed branch i matches original branch i alone): a closed
+  // branch lacks a member another requires, or has fewer members than
+  // another's minimum. None where some ordered pair is not proven apart.
+  std::optional<Json> closed_apart(const Json& base, const Json& branches, const OneOfPlan& plan,
+                                   const std::vector<size_t>& live, const std::string& path) {
+    const std::string branches_path = child_path(path, "oneOf");
+    Json rewritten = branches;
+    bool closed = false;
+    for (const size_t i : live) {
+      const Json& schema = referenced_schema(branches[i], child_path(branches_path, i));
+      const Json* listed = schema.is_object() ? member(schema, "properties") : nullptr;
+      if (!listed || !listed->is_object()) continue;
+      constexpr std::string_view kOpeners[] = {"additionalProperties", "patternProperties", "unevaluatedProperties",
+                                               "allOf", "anyOf", "oneOf", "$ref", "if", "dependencies",
+                                               "dependentSchemas", "$dynamicRef", "$recursiveRef"};
+      if (std::any_of(std::begin(kOpeners), std::end(kOpeners), [&](std::string_view k) {
+            return schema.contains(std::string(k));
+          }))
+        continue;
+      Json copy = schema;
+      copy["additionalProperties"] = false;
+      rewritten[i] = std::move(copy);
+      closed = true;
+    }
+    if (!closed) return std::nullopt;
+    const OneOfPlan narrowed = one_of_plan(base, rewritten, path);
+    for (const size_t i : live)
+      for (const size_t j : live)
+        if (i != j && !disjoint(narrowed.branches[i], plan.branches[j])) return std::nullopt;
+    return rewritten;
+  }
+
+  // String branches told apart by their patterns (Github_medium's approver
+  // role: [{"pattern": "APPROVER"}, {"pattern": "SIGNER"}], which
+  // "APPROVER SIGNER" matches both of): where every pair not proven apart
+  // overlaps in strings only and both have patterns, each such branch also
+  // gets, for each pattern of the other, {"not": {"pattern": ...}}. A string
+  // of branch i then matches no pattern of branch j, so not branch j;
+  // strings branch j rejects otherwise are left out (narrower, never
+  // wider). None where some pair overlaps otherwise.
+  static std::optional<Json> patterns_apart(const Json& branches, const OneOfPlan& plan,
+                                            const std::vector<size_t>& live) {
+    std::map<size_t, std::vector<std::string>> excluded;  // per branch, the patterns it must not match
+    for (size_t a = 0; a < live.size(); ++a) {
+      for (size_t b = a + 1; b < live.size(); ++b) {
+        const Summary& x = plan.branches[live[a]];
+        const Summary& y = plan.branches[live[b]];
+        if (disjoint(x, y)) continue;
+        if ((x.types & y.types) != kString) return std::nullopt;
+        // The patterns of one that the other does not have (those beside
+        // the oneOf both have).
+        const auto only = [](const Summary& of, const Summary& other) {
+          std::vector<std::string> out;
+          for (const std::string& pattern : of.patterns)
+            if (std::find(other.patterns.begin(), other.patterns.end(), pattern) == other.patterns.end())
+              out.push_back(pattern);
+          return out;
+        };
+        const std::vector<std::string> x_only = only(x, y), y_only = only(y, x);
+        if (x_only.empty() || y_only.empty()) return std::nullopt;
+        excluded[live[a]].insert(excluded[live[a]].end(), y_only.begin(), y_only.end());
+        excluded[live[b]].insert(excluded[live[b]].end(), x_only.begin(), x_only.end());
+      }
+    }
+    if (excluded.empty()) return std::nullopt;
+    Json rewritten = branches;
+    for (const auto& [i, patterns] : excluded) {
+      Json all = Json::array({rewritten[i]});
+      for (const std::string& pattern : patterns) all.push_back({{"not", {{"pattern", pattern}}}});
+      rewritten[i] = Json{{"allOf", std::move(all)}};
+    }
+    return rewritten;
+  }
+
   // The schema a branch stands for: itself, or what its $ref names where it
   // is a $ref alone (annotations aside), followed.
   const Json& referenced_schema(const Json& branch, const std::string& path) const {
@@ -1643,7 +1792,8 @@ class Translator {
 
   Summary summarize(const Json& schema, const std::string& path, int depth, std::vector<std::string>& open) {
     Summary s;
-    if (++summary_steps_ > kSummarySteps) return s;
+    if (++summary_steps_ > kSummarySteps || nesting_ >= kMaxNesting) return s;  // nothing known
+    const NestingGuard guard(nesting_, path);
     if (schema.is_boolean()) {
       if (schema.get<bool>()) {
         s.full = kAnyType;
@@ -1711,6 +1861,16 @@ class Translator {
         s.full &= static_cast<uint8_t>(~kArray);
       } else if (listed(key, kObjectKeywords)) {
         s.full &= static_cast<uint8_t>(~kObject);
+        if (key == "minProperties" && value.is_number_unsigned())
+          s.min_members = std::max(s.min_members, static_cast<int64_t>(std::min<uint64_t>(value.get<uint64_t>(), kMaxCount)));
+        if (key == "maxProperties" && value.is_number_unsigned())
+          bound_members(s, static_cast<int64_t>(std::min<uint64_t>(value.get<uint64_t>(), kMaxCount)));
+        if (key == "required" && value.is_array()) {
+          std::set<std::string> names;
+          for (const Json& name : value)
+            if (name.is_string()) names.insert(name.get<std::string>());
+          s.min_members = std::max(s.min_members, static_cast<int64_t>(names.size()));
+        }
       } else if (is_assertion(key) || listed(key, kUnenforcedKeywords)) {
         s.full = 0;  // malformed, or refused when translated
       }
@@ -1768,11 +1928,16 @@ class Translator {
   static void restrict_names(Summary& s, const std::vector<std::string>& names) {
     if (!s.names) {
       s.names = names;
-      return;
+    } else {
+      std::vector<std::string> common;
+      std::set_intersection(s.names->begin(), s.names->end(), names.begin(), names.end(),
+                            std::back_inserter(common));
+      s.names = std::move(common);
     }
-    std::vector<std::string> common;
-    std::set_intersection(s.names->begin(), s.names->end(), names.begin(), names.end(), std::back_inserter(common));
-    s.names = std::move(common);
+    bound_members(s, static_cast<int64_t>(s.names->size()));
+  }
+  static void bound_members(Summary& s, int64_t most) {
+    s.max_members = s.max_members ? std::min(*s.max_members, most) : most;
   }
   static bool allows_name(const Summary& s, const std::string& name) {
     return !s.names || std::binary_search(s.names->begin(), s.names->end(), name);
@@ -1782,6 +1947,8 @@ class Translator {
   static Summary meet(Summary a, const Summary& b) {
     a.types &= b.types;
     a.full &= b.full;
+    a.min_members = std::max(a.min_members, b.min_members);
+    if (b.max_members) bound_members(a, *b.max_members);
     if (b.names) restrict_names(a, *b.names);
     a.patterns.insert(a.patterns.end(), b.patterns.begin(), b.patterns.end());
     if (!b.items.empty()) {
@@ -1813,6 +1980,8 @@ class Translator {
     Summary u;
     u.types = a.types | b.types;
     u.full = a.full | b.full;
+    u.min_members = std::min(a.min_members, b.min_members);
+    if (a.max_members && b.max_members) u.max_members = std::max(*a.max_members, *b.max_members);
     if (a.values && b.values) {
       u.values = *a.values;
       u.values->insert(u.values->end(), b.values->begin(), b.values->end());
@@ -1833,6 +2002,7 @@ class Translator {
   static Summary normalized(Summary s) {
     for (const auto& [name, value] : s.members)  // a required member admits nothing, or its name is not allowed
       if (!value.types || !allows_name(s, name)) s.types &= static_cast<uint8_t>(~kObject);
+    if (s.max_members && s.min_members > *s.max_members) s.types &= static_cast<uint8_t>(~kObject);
     if (s.values) {
       std::vector<Json> kept;
       uint8_t types = 0;
@@ -1896,6 +2066,8 @@ class Translator {
   }
 
   static bool lacks_members(const Summary& s, const Json& object) {
+    const auto count = static_cast<int64_t>(object.size());
+    if (count < s.min_members || (s.max_members && count > *s.max_members)) return true;
     for (const auto& [name, value] : s.members) {
       const auto it = object.find(name);
       if (it == object.end() || excluded(value, *it)) return true;
@@ -1914,6 +2086,8 @@ class Translator {
     if (b.values) return std::all_of(b.values->begin(), b.values->end(), [&](const Json& v) { return excluded(a, v); });
     if (common == kString) return patterns_exclusive(a, b);
     if (common != kObject) return false;
+    if ((b.max_members && a.min_members > *b.max_members) || (a.max_members && b.min_members > *a.max_members))
+      return true;
     for (const auto& [name, value] : a.members)
       for (const auto& [other, other_value] : b.members)
         if (name == other && disjoint(value, other_value)) return true;
@@ -1931,13 +2105,6 @@ class Translator {
   // the number bounds on numbers (exact decimals); each says nothing of the
   // values of other types. Any other assertion is refused.
   Translation translate_enum(const Json& schema, const std::string& path) {
-    for (const auto& [key, value] : schema.items()) {
-      BASALT_CHECK(!is_assertion(key) || key == "type" || key == "enum" || key == "const" || key == "minLength" ||
-                       key == "maxLength" || key == "pattern" || key == "not" || listed(key, kNumberKeywords),
-                   "json schema: unsupported keyword \"{}\" at {}: only type, minLength, maxLength, pattern, not and "
-                   "number bounds can accompany enum or const",
-                   key, path);
-    }
     Json values = Json::array();
     if (const Json* list = member(schema, "enum")) {
       BASALT_CHECK(list->is_array(), "json schema: keyword \"enum\" at {} must be an array", path);
@@ -1952,6 +2119,33 @@ class Translator {
       values = Json::array({*value});
     }
     const uint8_t types = schema.contains("type") ? type_set(schema.at("type"), child_path(path, "type")) : kAnyType;
+    // Keywords of objects and arrays say nothing of the values when none is
+    // an object or an array; a known format is checked on each string.
+    uint8_t value_types = 0;
+    for (const Json& value : values) value_types |= value_type(value);
+    for (const auto& [key, value] : schema.items()) {
+      const bool checked = !is_assertion(key) || key == "type" || key == "enum" || key == "const" ||
+                           key == "minLength" || key == "maxLength" || key == "pattern" || key == "not" ||
+                           listed(key, kNumberKeywords) || (key == "format" && value.is_string()) ||
+                           (listed(key, kObjectKeywords) && !(value_types & types & kObject)) ||
+                           (listed(key, kArrayKeywords) && !(value_types & types & kArray));
+      BASALT_CHECK(checked,
+                   "json schema: unsupported keyword \"{}\" at {}: only type, minLength, maxLength, pattern, format, "
+                   "not and number bounds can accompany enum or const values that are objects or arrays",
+                   key, path);
+    }
+    const Json* format = member(schema, "format");
+    const std::string format_name = format ? format->get<std::string>() : "";
+    const bool format_checked = format && !listed(format_name, kHintFormats) && (value_types & types & kString);
+    std::shared_ptr<const CompiledGrammar> strings_of_format;  // compiled at the first string checked
+    BASALT_CHECK(!format_checked || listed(format_name, kFormats),
+                 "json schema: unsupported keyword \"format\" at {}: format \"{}\" is not supported", path,
+                 format_name);
+    BASALT_CHECK(!format || !(value_types & types & (kInteger | kFraction)) || format_name == "float" ||
+                     format_name == "double" || listed(format_name, kStringOnlyFormats),
+                 "json schema: unsupported keyword \"format\" at {}: format \"{}\" beside enum or const values "
+                 "that are numbers",
+                 path, format_name);
     const int64_t min_length = optional_count(schema, "minLength", path).value_or(0);
     const std::optional<int64_t> max_length = optional_count(schema, "maxLength", path);
     const Json* pattern = member(schema, "pattern");
@@ -1967,6 +2161,11 @@ class Translator {
       if (value.is_string()) {
         const auto length = static_cast<int64_t>(code_points(value.get<std::string>()).size());
         if (length < min_length || (max_length && length > *max_length)) return false;
+        if (format_checked) {
+          if (!strings_of_format) strings_of_format = format_grammar(format_name);
+          GrammarMatcher matcher(strings_of_format);
+          if (!matcher.accept_bytes(value.dump()) || !matcher.can_end()) return false;
+        }
         return !pattern || text_matches(pattern->get<std::string>(), value.get<std::string>(), path, "pattern");
       }
       if (!value.is_number()) return true;
@@ -2374,6 +2573,13 @@ class Translator {
     const std::string quote = lit("\"");
     const Json* pattern = member(schema, "pattern");
     BASALT_CHECK(!pattern || pattern->is_string(), "json schema: keyword \"pattern\" at {} must be a string", path);
+    // A pattern every string matches (Github_ultra/o12409.json's
+    // "([0-9a-zA-Z]+)?", searched) says nothing; length bounds are written
+    // without it, as long as they come.
+    if (pattern && length_keyword) {
+      const std::optional<RegexLanguage> language = pattern_language(pattern->get<std::string>());
+      if (language && language->is_all()) pattern = nullptr;
+    }
     if (const Json* format = member(schema, "format");
         format && (pattern || excluded) && !listed(format_name(*format, path), kHintFormats)) {
       fail("json schema: unsupported keyword \"format\" at {}: format and {} together are not supported", path,
@@ -2386,6 +2592,18 @@ class Translator {
     if (pattern) return Translation::of(seq({quote, pattern_rule(pattern->get<std::string>(), path), quote}));
     if (const Json* format = member(schema, "format"); format && !listed(format_name(*format, path), kHintFormats)) {
       const std::string name = format_name(*format, path);
+      // Google's API Discovery writes 64-bit integers (and some 32-bit ones)
+      // as strings of their decimal digits: "type": "string", "format":
+      // "int64".
+      if (const auto range = integer_text_range(name)) {
+        BASALT_CHECK(!length_keyword,
+                     "json schema: unsupported keyword \"{}\" at {}: length bounds and format together are not "
+                     "supported",
+                     length_keyword ? length_keyword : "", path);
+        const Json bounds = {{"minimum", range->first}, {"maximum", range->second}};
+        const Translation digits = integer(bounds, path);
+        return digits.satisfiable() ? Translation::of(seq({quote, digits.expr, quote})) : digits;
+      }
       BASALT_CHECK(listed(name, kFormats),
                    "json schema: unsupported keyword \"format\" at {}: format \"{}\" is not supported", path, name);
       BASALT_CHECK(!length_keyword,
@@ -2398,6 +2616,17 @@ class Translator {
     if (!length_keyword) return Translation::of(use("json-string"));
     return Translation::of(
         seq({quote, chars_then_quote(min_length, max_length, rule_hint(path) + ".chars")}));
+  }
+
+  // The range of the integer formats a string may carry (Google's API
+  // Discovery: int64 and uint64 are strings of decimal digits, int32 and
+  // uint32 too where a string type says so); none for other formats.
+  static std::optional<std::pair<Json, Json>> integer_text_range(const std::string& format) {
+    if (format == "int32") return std::pair<Json, Json>(INT32_MIN, INT32_MAX);
+    if (format == "uint32") return std::pair<Json, Json>(0, UINT32_MAX);
+    if (format == "int64") return std::pair<Json, Json>(INT64_MIN, INT64_MAX);
+    if (format == "uint64") return std::pair<Json, Json>(0, UINT64_MAX);
+    return std::nullopt;
   }
 
   // multipleOf: 1 (or 1.0) asks for integers, which the number grammar
@@ -2488,6 +2717,14 @@ class Translator {
                std::all_of(negated.at("allOf").begin(), negated.at("allOf").end(),
                            [&](const Json& s) { return only(s, "required"); })) {
       for (const Json& s : negated.at("allOf")) collect(s);
+    } else if (negated.contains("required") && negated.at("required").is_array() &&
+               !negated.at("required").empty() && !negated.contains("anyOf") && !negated.contains("oneOf")) {
+      // required beside other keywords (Github_medium/o21864.json: not
+      // {"properties": {...}, "required": ["FirstName", "LastName"]}): the
+      // objects that lack a required name fail the negated schema whatever
+      // else it says, so they satisfy the not; the values that fail it
+      // otherwise are left out (narrower, never wider).
+      collect(negated);
     } else if (only(negated, "anyOf") && negated.at("anyOf").is_array() && !negated.at("anyOf").empty()) {
       Json each = Json::array();
       for (const Json& s : negated.at("anyOf")) {
@@ -2513,6 +2750,13 @@ class Translator {
       return out;
     }
     BASALT_CHECK(negated.is_object(), "json schema: keyword \"not\" at {} must be a schema", path);
+    // A $ref alone: what it names (JsonSchemaStore's avro-avsc: a custom type
+    // name, not one of the primitive types' enum).
+    if (negated.contains("$ref") && !has_assertions(negated, {"$ref"})) {
+      const Json& target = referenced_schema(negated, at);
+      const bool still_ref = target.is_object() && target.contains("$ref") && !has_assertions(target, {"$ref"});
+      if (!still_ref) return negation(target, path);  // (a cycle of $refs stays one, and is refused below)
+    }
     // not (A or B) takes away what not A and not B take (how merging writes
     // two nots).
     if (const Json* branches = member(negated, "anyOf"); branches && !has_assertions(negated, {"anyOf"})) {
@@ -2889,6 +3133,21 @@ class Translator {
       } else if (key == "$ref") {
         const auto [pointer, target] = resolve(value, path);
         names = names.intersect(names_of(*target, pointer, depth + 1));
+      } else if (key == "anyOf" || key == "oneOf") {
+        // anyOf: the union of the branches' names; oneOf: less the names of
+        // two branches (JsonSchemaStore's ansible-lint: rule names, an enum
+        // or a pattern).
+        BASALT_CHECK(value.is_array() && !value.empty(), "keyword \"{}\" at {} must be a non-empty array", key, path);
+        std::vector<RegexLanguage> branches;
+        for (size_t i = 0; i < value.size(); ++i) branches.push_back(names_of(value[i], child_path(at, i), depth + 1));
+        RegexLanguage none_of = RegexLanguage::all();  // the names no branch takes
+        for (const RegexLanguage& branch : branches) none_of = none_of.minus(branch);
+        RegexLanguage any = none_of.complement();
+        if (key == "oneOf") {
+          for (size_t i = 0; i < branches.size(); ++i)
+            for (size_t j = i + 1; j < branches.size(); ++j) any = any.minus(branches[i].intersect(branches[j]));
+        }
+        names = names.intersect(any);
       } else if (!listed(key, kObjectKeywords) && !listed(key, kArrayKeywords) && !listed(key, kNumberKeywords)) {
         // Keywords of other types assert nothing about a string.
         fail("keyword \"{}\" at {} is not supported for names", key, path);
@@ -3041,16 +3300,29 @@ class Translator {
       if (max_properties) return c < *max_properties ? std::optional<int64_t>(c + 1) : std::nullopt;
       return std::min(c + 1, cap);
     };
-    std::map<State, bool> live_memo;
-    std::function<bool(size_t, int64_t)> live = [&](size_t k, int64_t c) -> bool {
-      if (k == n) return extra_member.has_value() || c >= min_properties;
-      const auto it = live_memo.find({k, c});
-      if (it != live_memo.end()) return it->second;
-      const std::optional<int64_t> next = next_count(c);
-      const bool ok = (next && live(k + 1, *next)) || (!listed_members[k].required && live(k + 1, c));
-      live_memo[{k, c}] = ok;
-      return ok;
-    };
+    // live(k, c): from member k with c members written, some choice of the
+    // rest ends within the bounds; from the last member back (no recursion
+    // along thousands of properties). c is at most k and at most cap.
+    const auto counted = static_cast<size_t>(std::min(static_cast<int64_t>(n), cap)) + 1;
+    BASALT_CHECK((n + 1) * counted <= kMaxMemberStates,
+                 "json schema: unsupported keyword \"{}\" at {}: counting {} listed properties up to {} makes too "
+                 "large a grammar",
+                 max_properties ? "maxProperties" : "minProperties", path, n, cap);
+    std::vector<std::vector<bool>> live_at(n + 1);
+    for (size_t k = n + 1; k-- > 0;) {
+      const int64_t top = std::min(static_cast<int64_t>(k), cap);
+      live_at[k].resize(static_cast<size_t>(top) + 1);
+      for (int64_t c = 0; c <= top; ++c) {
+        if (k == n) {
+          live_at[k][static_cast<size_t>(c)] = extra_member.has_value() || c >= min_properties;
+          continue;
+        }
+        const std::optional<int64_t> next = next_count(c);
+        live_at[k][static_cast<size_t>(c)] = (next && live_at[k + 1][static_cast<size_t>(*next)]) ||
+                                             (!listed_members[k].required && live_at[k + 1][static_cast<size_t>(c)]);
+      }
+    }
+    const auto live = [&](size_t k, int64_t c) { return live_at[k][static_cast<size_t>(c)]; };
     if (!live(0, 0)) {
       return Translation::none(
           fmt::format("no object at {} has between minProperties and maxProperties of the properties it allows", path));
@@ -3074,30 +3346,40 @@ class Translator {
         if (seen.insert(next).second) work.push_back(next);
       }
     }
+    // Each state's text, from the last member back, so that its successors'
+    // are made first (no recursion along thousands of properties). A state
+    // entered two ways gets a rule, as does a state that would nest inline
+    // texts kMaxInlineChain deep: no expression nests deeper than that, and
+    // no text is copied into more than that many others.
     const std::string hint = rule_hint(path);
-    std::map<State, std::string> state_rules;
-    std::function<std::string(State)> text = [&](State s) -> std::string {
+    std::vector<State> order(seen.begin(), seen.end());
+    std::sort(order.begin(), order.end(), [](const State& x, const State& y) { return x.first > y.first; });
+    std::map<State, std::pair<std::string, int>> texts;  // its expression, the inline texts nested in it
+    for (const State& s : order) {
       const auto [k, c] = s;
+      std::string expr;
+      int nested = 0;
       if (k == n) {
-        if (!extra_member) return close(c, "}");
-        return members(*extra_member, c == 0, std::max<int64_t>(0, min_properties - c),
-                       max_properties ? std::optional(*max_properties - c) : std::nullopt, "}", hint);
-      }
-      std::vector<std::string> options;
-      for (const auto& [next, present] : successors(k, c)) {
-        std::string rest;
-        if (ways_in[next] >= 2) {
-          auto [it, inserted] = state_rules.try_emplace(next);
-          if (inserted) it->second = share(text(next), fmt::format("{}.k{}c{}", hint, next.first, next.second));
-          rest = it->second;
-        } else {
-          rest = text(next);
+        expr = extra_member ? members(*extra_member, c == 0, std::max<int64_t>(0, min_properties - c),
+                                      max_properties ? std::optional(*max_properties - c) : std::nullopt, "}", hint)
+                            : close(c, "}");
+      } else {
+        std::vector<std::string> options;
+        for (const auto& [next, present] : successors(k, c)) {
+          const auto& [rest, rest_nested] = texts.at(next);
+          nested = std::max(nested, rest_nested + 1);
+          options.push_back(present ? seq({c == 0 ? "" : sep_, listed_members[k].text, rest}) : rest);
         }
-        options.push_back(present ? seq({c == 0 ? "" : sep_, listed_members[k].text, rest}) : rest);
+        expr = alt(options);
       }
-      return alt(options);
-    };
-    return Translation::of(seq({lit("{"), ws_, text({0, 0})}));
+      if (nested >= kMaxInlineChain) {
+        expr = define(fmt::format("{}.k{}c{}", hint, k, c), std::move(expr));
+      } else if (ways_in[s] >= 2) {
+        expr = share(std::move(expr), fmt::format("{}.k{}c{}", hint, k, c));
+      }
+      texts[s] = {expr, is_name(expr) ? 0 : nested};
+    }
+    return Translation::of(seq({lit("{"), ws_, texts.at({0, 0}).first}));
   }
 
   // --- allOf ---
@@ -3117,6 +3399,7 @@ class Translator {
   // Adds `schema`'s assertions to `merged`; `inlining` holds the $ref
   // targets being merged in, which must not include themselves.
   void merge_into(Merged& merged, const Json& schema, const std::string& path, std::vector<std::string>& inlining) {
+    const NestingGuard guard(nesting_, path);
     if (merged.schema.is_boolean()) return;
     if (schema.is_boolean()) {
       if (!schema.get<bool>()) set_false(merged, fmt::format("the schema at {} is false", path));
@@ -3381,6 +3664,8 @@ class Translator {
   std::string sep_;  // between two members
   std::vector<std::pair<std::string, std::string>> rules_;
   std::set<std::string> names_;
+  std::unordered_map<std::string, int> next_suffix_;
+  int nesting_ = 0;  // see NestingGuard  // per rule-name hint, from 2
   std::set<std::string> defined_;
   std::map<std::string, std::string> chunks_;
   std::map<std::string, std::string> patterns_;      // pattern -> its root rule

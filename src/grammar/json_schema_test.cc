@@ -304,6 +304,11 @@ TEST(JsonSchemaStrings, PatternWithLengthBounds) {
   // Bounds past what one automaton may hold are refused by name.
   EXPECT_CONTAINS(schema_error(R"({"type": "string", "pattern": "^a", "maxLength": 100000})"),
                   R"(unsupported keyword "maxLength" at #: regex: length bound 100000)");
+  // A pattern every string matches says nothing: long bounds stay usable
+  // (Github_ultra/o12409.json).
+  const SchemaGrammar any_text(R"({"type": "string", "maxLength": 4096, "pattern": "([0-9a-zA-Z]+)?"})");
+  any_text.expect_accepts({"\"\"", "\"a b\"", "\"" + std::string(4096, 'x') + "\""});
+  any_text.expect_rejects({"\"" + std::string(4097, 'x') + "\""});
 }
 
 // --- Formats --------------------------------------------------------------------
@@ -328,6 +333,10 @@ TEST(JsonSchemaFormats, DateAndTime) {
       {"24:00:00Z", "12:60:00Z", "12:00:00", "12:00:60Z", "1:00:00Z", "12:00:00+24:00", "12:00:00+05", "12:00:00.Z"});
   expect_format("date-time", {"2024-01-02T03:04:05Z", "2024-01-02t03:04:05.5+01:00", "2024-02-29T23:59:60-00:00"},
                 {"2024-01-02 03:04:05Z", "2024-01-02T03:04Z", "2024-01-02", "2023-02-29T00:00:00Z"});
+  // Google's API Discovery formats: UTC only; seconds with an "s".
+  expect_format("google-datetime", {"2024-01-02T03:04:05Z", "2024-01-02T03:04:05.123Z"},
+                {"2024-01-02T03:04:05+01:00", "2024-01-02t03:04:05Z", "2023-02-29T00:00:00Z", "2024-01-02"});
+  expect_format("google-duration", {"3.5s", "-1s", "0.000000001s"}, {"3.5", "1.0000000001s", "s", "1m"});
 }
 
 TEST(JsonSchemaFormats, Addresses) {
@@ -384,6 +393,13 @@ TEST(JsonSchemaFormats, OpenApiFormats) {
   const SchemaGrammar patterned(R"({"type": "string", "format": "password", "pattern": "^a"})");
   patterned.expect_accepts({"\"ab\""});
   patterned.expect_rejects({"\"b\""});
+  // Google's API Discovery: 64-bit integers as strings of their digits.
+  expect_format("int64", {"0", "-9223372036854775808", "9223372036854775807", "42"},
+                {"9223372036854775808", "-9223372036854775809", "01", "1.5", "", "+1"});
+  expect_format("uint64", {"0", "18446744073709551615"}, {"-1", "18446744073709551616"});
+  expect_format("uint32", {"4294967295"}, {"4294967296", "-1"});
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "int64", "maxLength": 3})"),
+                  "length bounds and format together");
   // Formats nobody defines stay refused.
   for (const std::string name : {"country-code", "", "datetime", "path"}) {
     EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": ")" + name + "\"}"),
@@ -826,6 +842,14 @@ TEST(JsonSchemaObjects, PropertyNames) {
   const SchemaGrammar merged(R"({"allOf": [{"propertyNames": {"pattern": "^a"}}, {"propertyNames": {"maxLength": 2}}]})");
   merged.expect_accepts({R"({"ab":1})"});
   merged.expect_rejects({R"({"abc":1})", R"({"b":1})"});
+  // anyOf: either branch's names; oneOf: less those of two branches
+  // (JsonSchemaStore's ansible-lint).
+  const SchemaGrammar either(R"({"propertyNames": {"anyOf": [{"enum": ["x"]}, {"pattern": "^y"}]}})");
+  either.expect_accepts({R"({"x":1,"yes":2})"});
+  either.expect_rejects({R"({"z":1})"});
+  const SchemaGrammar one(R"({"propertyNames": {"oneOf": [{"enum": ["fqcn", "yaml[x]"]}, {"pattern": "^yaml"}]}})");
+  one.expect_accepts({R"({"fqcn":1,"yaml":2,"yaml[y]":3})"});
+  one.expect_rejects({R"({"yaml[x]":1})", R"({"other":1})"});
   const SchemaGrammar none(R"({"propertyNames": false})");
   none.expect_accepts({"{}"});
   none.expect_rejects({R"({"a":1})"});
@@ -999,8 +1023,20 @@ TEST(JsonSchemaEnum, ValuesFilteredByTheKeywordsBesideThem) {
 
   EXPECT_CONTAINS(schema_error(R"({"enum": ["a", "bb"], "minLength": 3})"), "no value satisfies");
   EXPECT_CONTAINS(schema_error(R"({"const": 5, "exclusiveMinimum": 5})"), "no value satisfies");
-  EXPECT_CONTAINS(schema_error(R"({"enum": ["a"], "format": "email"})"), "unsupported keyword \"format\" at #");
+  // A known format, checked on each string (Github_medium/o12337.json: url).
+  const SchemaGrammar format(R"({"type": "string", "format": "url",
+                                 "enum": ["http://www.w3.org/2000/09/xmldsig#rsa-sha1", "not a uri"]})");
+  format.expect_accepts({R"("http://www.w3.org/2000/09/xmldsig#rsa-sha1")"});
+  format.expect_rejects({R"("not a uri")"});
+  EXPECT_CONTAINS(schema_error(R"({"enum": ["a"], "format": "email"})"), "no value satisfies");
+  EXPECT_CONTAINS(schema_error(R"({"enum": ["a"], "format": "color"})"), "format \"color\" is not supported");
+  EXPECT_CONTAINS(schema_error(R"({"enum": [1], "format": "int32"})"), "beside enum or const values that are numbers");
+  // Keywords of objects and arrays beside values that are neither
+  // (JsonSchemaStore's accelerator: minItems beside an enum of strings).
+  const SchemaGrammar others(R"({"enum": ["text", "html"], "minItems": 1, "properties": {"a": {}}, "required": ["a"]})");
+  others.expect_accepts({R"("text")", R"("html")"});
   EXPECT_CONTAINS(schema_error(R"({"enum": [[1]], "minItems": 1})"), "unsupported keyword \"minItems\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"enum": [{}], "required": ["a"]})"), "unsupported keyword \"required\" at #");
   EXPECT_CONTAINS(schema_error(R"({"properties": {"p": {"enum": [1], "multipleOf": 2}}})"),
                   "unsupported keyword \"multipleOf\" at #/properties/p");
 }
@@ -1240,8 +1276,38 @@ TEST(JsonSchemaOneOf, StringBranchesToldApartByTheirPatterns) {
   const SchemaGrammar listed(R"({"oneOf": [{"enum": ["ab", "cd"]}, {"type": "string", "pattern": "^x"}]})");
   listed.expect_values({R"("ab")", R"("xyz")"});
   listed.expect_rejects({R"("abc")", R"("yx")"});
-  // Patterns that meet ("APPROVER" and "SIGNER" searched: "APPROVERSIGNER").
-  EXPECT_CONTAINS(schema_error(R"({"type": "string", "oneOf": [{"pattern": "APPROVER"}, {"pattern": "SIGNER"}]})"),
+  // Patterns that meet ("APPROVER" and "SIGNER" searched: "APPROVERSIGNER"):
+  // each branch leaves out the strings of the other's pattern.
+  const SchemaGrammar role(R"({"type": "string", "oneOf": [{"pattern": "APPROVER"}, {"pattern": "SIGNER"}]})");
+  role.expect_values({R"("APPROVER")", R"("SIGNER")", R"("the APPROVER")"});
+  role.expect_rejects({R"("APPROVERSIGNER")", R"("SIGNER, APPROVER")", R"("other")", "1"});
+  // Branches that share a pattern beside the oneOf and have no other: no
+  // pattern of their own to leave out, still refused.
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "pattern": "^a", "oneOf": [{"minLength": 1}, {"maxLength": 3}]})"),
+                  "may overlap");
+}
+
+TEST(JsonSchemaOneOf, OpenObjectBranchesClosedToWhatTheyList) {
+  // Github_hard's xAPI agent: open objects, each requiring its own member;
+  // closed, a value of one lacks what each other requires.
+  const SchemaGrammar agent(R"({"oneOf": [
+      {"type": "object", "required": ["mbox"], "properties": {"mbox": {"type": "string"}, "name": {"type": "string"}}},
+      {"type": "object", "required": ["account"], "properties": {"account": {"type": "object"},
+                                                                  "name": {"type": "string"}}}]})");
+  agent.expect_values({R"({"mbox": "a@b"})", R"({"mbox": "a@b", "name": "n"})", R"({"account": {}, "name": "n"})"});
+  agent.expect_rejects({R"({"mbox": "a@b", "account": {}})", R"({"mbox": "a@b", "other": 1})", R"({"name": "n"})",
+                        "{}"});
+  // Told apart by their member counts: at least two required members
+  // against at most one member.
+  const SchemaGrammar counted(R"({"oneOf": [
+      {"type": "object", "required": ["url", "type"], "properties": {"url": {"type": "string"},
+                                                                    "type": {"type": "string"}}},
+      {"type": "object", "additionalProperties": {"enum": [false]}, "minProperties": 1, "maxProperties": 1}]})");
+  counted.expect_values({R"({"url": "u", "type": "git"})", R"({"x": false})"});
+  counted.expect_rejects({R"({"url": "u"})", R"({"x": true})", "{}", R"({"url": "u", "type": "git", "x": false})"});
+  // A branch with no required member matches any object of the other's
+  // closed names: still refused.
+  EXPECT_CONTAINS(schema_error(R"({"type": "object", "oneOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]})"),
                   "may overlap");
 }
 
@@ -1378,6 +1444,19 @@ TEST(JsonSchemaCombinations, Not) {
   not_both.expect_accepts({R"({"site":1})", R"({"app":1})", "{}"});
   not_both.expect_rejects({R"({"site":1,"app":2})", "\"s\""});
   EXPECT_CONTAINS(schema_error(R"({"type": "object", "not": {"required": []}})"), "no value satisfies the schema");
+  // required beside other keywords (Github_medium/o21864.json): the objects
+  // that lack a required name; those that fail the negated schema otherwise
+  // are left out.
+  const SchemaGrammar no_name(R"({"not": {"properties": {"First": {"type": "string"}}, "required": ["First"]}})");
+  no_name.expect_accepts({"{}", R"({"Last":"x"})"});
+  no_name.expect_rejects({R"({"First":"x"})", R"({"First":1})", "1"});
+  // A $ref alone, followed (JsonSchemaStore's avro-avsc).
+  const SchemaGrammar custom(R"({"type": "string", "not": {"$ref": "#/$defs/primitive"},
+                                 "$defs": {"primitive": {"enum": ["int", "string"]}}})");
+  custom.expect_accepts({R"("Point")", R"("integer")"});
+  custom.expect_rejects({R"("int")", R"("string")"});
+  EXPECT_CONTAINS(schema_error(R"({"not": {"$ref": "#/$defs/a"}, "$defs": {"a": {"$ref": "#/$defs/a"}}})"),
+                  R"(unsupported keyword "not")");
   EXPECT_CONTAINS(schema_error(R"({"not": {"enum": [1]}})"), R"(unsupported keyword "not" at #: only strings)");
   EXPECT_CONTAINS(schema_error(R"({"type": "number", "not": {"type": "integer"}})"),
                   R"(unsupported keyword "not" at #: numbers that are not integers)");
@@ -1612,7 +1691,7 @@ TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
       {R"({"properties": {"a": {"not": {"minLength": 2}}}})", R"(unsupported keyword "not" at #/properties/a)"},
       {R"({"if": {}, "then": {}})", R"(unsupported keyword "if" at #)"},
       {R"({"type": "array", "items": {"contains": {}}})", R"(unsupported keyword "contains" at #/items)"},
-      {R"({"propertyNames": {"anyOf": [{"maxLength": 3}]}})", R"(unsupported keyword "propertyNames" at #)"},
+      {R"({"propertyNames": {"anyOf": [{"format": "date"}]}})", R"(unsupported keyword "propertyNames" at #)"},
       {R"({"unevaluatedProperties": false})", R"(unsupported keyword "unevaluatedProperties" at #)"},
       {R"({"unevaluatedItems": false})", R"(unsupported keyword "unevaluatedItems" at #)"},
       {R"({"minContains": 1})", R"(unsupported keyword "minContains" at #)"},
