@@ -79,7 +79,7 @@ constexpr std::string_view kFormats[] = {"date",         "time",         "date-t
                                          "uuid",         "ipv4",         "ipv6",         "uri",
                                          "url",          "hostname",     "byte",         "duration",
                                          "json-pointer", "relative-json-pointer", "uri-reference",
-                                         "google-datetime", "google-duration"};
+                                         "google-datetime", "google-duration", "regex"};
 // OpenAPI's formats that only hint at a string's use and constrain no text:
 // any string.
 constexpr std::string_view kHintFormats[] = {"password", "binary"};
@@ -517,6 +517,30 @@ std::string with_prefixed_names(std::string_view text, std::string_view prefix) 
 
 // Rules every grammar may share, written once each where used. json-char is
 // one character of a JSON string's content as dump() writes it.
+// A class range of format-regex, in order: a printable ASCII character, "-",
+// and one at or past it (none of them "]", "\", "-" or the quote, which a
+// class writes otherwise).
+std::string_view regex_ranges() {
+  static const std::string* text = [] {
+    const auto usable = [](int c) { return c != ']' && c != '\\' && c != '-' && c != '"'; };
+    std::string out;
+    for (int first = 0x20; first <= 0x7e; ++first) {
+      if (!usable(first)) continue;
+      std::string ends;
+      for (int c = first; c <= 0x7e; ++c) {
+        if (!usable(c)) continue;
+        int last = c;
+        while (last + 1 <= 0x7e && usable(last + 1)) ++last;
+        ends += c == last ? fmt::format("\\x{:02x}", c) : fmt::format("\\x{:02x}-\\x{:02x}", c, last);
+        c = last;
+      }
+      out += fmt::format("{}[\\x{:02x}] '-' [{}]", out.empty() ? "" : " | ", first, ends);
+    }
+    return new std::string(out);
+  }();
+  return *text;
+}
+
 const std::map<std::string_view, std::string_view>& fixed_rules() {
   static const auto* rules = new std::map<std::string_view, std::string_view>{
       {"json-value", "json-object | json-array | json-string | json-number | 'true' | 'false' | 'null'"},
@@ -548,6 +572,27 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
       {"format-google-datetime",
        R"g(format-date 'T' format-hour ':' [0-5] [0-9] ':' [0-5] [0-9] format-fraction? 'Z')g"},
       {"format-google-duration", R"g('-'? [0-9]+ ('.' [0-9]{1,9})? 's')g"},
+      // ECMA-262 regular expressions that compile with the u flag (as Ajv's
+      // regex format checks them), written in a subset of their syntax:
+      // alternatives of quantified atoms (a literal character, ".", a class
+      // without ranges, a group, a class escape or an escaped syntax
+      // character) and anchors. No range, so none out of order; quantifier
+      // counts as {n} or {n,}; class ranges between printable ASCII
+      // characters, in order. Regex backslashes are JSON's \\ here.
+      {"format-regex", R"g(format-re-terms ('|' format-re-terms)*)g"},
+      {"format-re-terms", R"g((format-re-atom format-re-quantifier? | '^' | '$' | '\\' [bB])*)g"},
+      {"format-re-atom",
+       R"g(format-re-char | '.' | '(' ('?:')? format-regex ')')g"
+       R"g( | '[' '^'? (format-re-range | format-re-class-char)* ']')g"
+       R"g( | '\\' ([dDwWsSfnrtv] | [\^$.|?*+()[\]{}/] | '\\'))g"},
+      {"format-re-char", R"g([^"\\\x00-\x1f^$.|?*+()[\]{}] | format-re-json-escape)g"},
+      {"format-re-class-char",
+       R"g([^"\\\x00-\x1f\]\-] | format-re-json-escape | '\\' ([dDwWsSbfnrtv] | [\^$.|?*+()[\]{}/\-] | '\\'))g"},
+      // A JSON escape other than \\ (the regex's backslash): a quote or a
+      // control character, a literal to the regex.
+      {"format-re-json-escape", R"g('\' ["bfnrt] | '\u000' [0-7bef] | '\u001' [0-9a-f])g"},
+      {"format-re-range", regex_ranges()},
+      {"format-re-quantifier", R"g(([*+?] | '{' [0-9]+ ','? '}') '?'?)g"},
       {"format-uuid",
        R"g([0-9A-Fa-f]{8} '-' [0-9A-Fa-f]{4} '-' [0-9A-Fa-f]{4} '-' [0-9A-Fa-f]{4} '-' [0-9A-Fa-f]{12})g"},
       {"format-ipv4", R"g(format-dec-octet '.' format-dec-octet '.' format-dec-octet '.' format-dec-octet)g"},

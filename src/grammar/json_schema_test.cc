@@ -393,6 +393,10 @@ TEST(JsonSchemaFormats, OpenApiFormats) {
   const SchemaGrammar patterned(R"({"type": "string", "format": "password", "pattern": "^a"})");
   patterned.expect_accepts({"\"ab\""});
   patterned.expect_rejects({"\"b\""});
+  // regex: a subset of ECMA-262's syntax that compiles with the u flag.
+  expect_format("regex", {"", "a|b", "^[a-z_]+$", "(?:ab)*?c{2,}", "\\d+\\.\\d{3}", "[^\\]\\-]", "\\bx\\B", "(a|)",
+                          "\"q\"", "\\\\"},
+                {"(", ")", "a**", "[z-a]", "a{3,2}", "*a", "\\", "\\-", "a{", "]", "\\q", "^*"});
   // Google's API Discovery: 64-bit integers as strings of their digits.
   expect_format("int64", {"0", "-9223372036854775808", "9223372036854775807", "42"},
                 {"9223372036854775808", "-9223372036854775809", "01", "1.5", "", "+1"});
@@ -401,7 +405,7 @@ TEST(JsonSchemaFormats, OpenApiFormats) {
   EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "int64", "maxLength": 3})"),
                   "length bounds and format together");
   // Formats nobody defines stay refused.
-  for (const std::string name : {"country-code", "", "datetime", "path"}) {
+  for (const std::string name : {"country-code", "", "datetime", "path", "color"}) {
     EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": ")" + name + "\"}"),
                     "format \"" + name + "\" is not supported");
   }
