@@ -666,11 +666,11 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
   return *rules;
 }
 
-// The strings of `format` (one of kFormats) as a grammar writes them: their
-// JSON text, quotes included, by the format's rules and those they call.
-std::shared_ptr<const CompiledGrammar> format_grammar(const std::string& format) {
+// The format's rules (and those they call), as one grammar whose root is
+// `prefix` format `suffix` (EBNF text of literals).
+Grammar format_rules(const std::string& format, std::string_view prefix, std::string_view suffix) {
   const std::string rule = format == "url" ? "format-uri" : "format-" + format;
-  std::string text = fmt::format("root ::= {} {} {}\n", ebnf_literal("\""), rule, ebnf_literal("\""));
+  std::string text = fmt::format("root ::= {} {} {}\n", prefix, rule, suffix);
   std::set<std::string> written;
   std::vector<std::string> work{rule};
   while (!work.empty()) {
@@ -682,8 +682,113 @@ std::shared_ptr<const CompiledGrammar> format_grammar(const std::string& format)
     for (const std::string& callee : names_in(body))
       if (fixed_rules().contains(callee)) work.push_back(callee);
   }
-  return compile_grammar(parse_ebnf(text));
+  return parse_ebnf(text);
 }
+
+// The strings of `format` (one of kFormats) as a grammar writes them: their
+// JSON text, quotes included.
+std::shared_ptr<const CompiledGrammar> format_grammar(const std::string& format) {
+  return compile_grammar(format_rules(format, ebnf_literal("\""), ebnf_literal("\"")));
+}
+
+// A code point the format rules write as itself in JSON text and a regex
+// reads as itself when written \uXXXX: not a quote, a backslash or a
+// control character (JSON escapes those), at most U+FFFF.
+bool plain_code_point(uint32_t c) { return c >= 0x20 && c != '"' && c != '\\' && c <= 0xFFFF; }
+
+// An ECMAScript regex for the strings of the format's rules (over JSON
+// text) whose text has no escape: sequences, choices, classes and
+// repetitions as written, calls of other rules written out. Narrower where
+// the rules say more: a choice's alternatives that need an escaped
+// character are left out, as are such characters from classes. None where
+// nothing is left, or a rule calls itself.
+std::optional<std::string> regex_of(const Grammar& g, const GrammarExpr& e, int depth) {
+  using K = GrammarExpr::Kind;
+  if (depth > 32) return std::nullopt;
+  const auto code_point = [](uint32_t c) { return fmt::format("\\u{:04X}", c); };
+  switch (e.kind) {
+    case K::kBytes: {
+      std::string out;
+      for (const char c : e.bytes) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x80 || !plain_code_point(u)) return std::nullopt;
+        out += code_point(u);
+      }
+      return "(?:" + out + ")";
+    }
+    case K::kClass: {
+      std::vector<std::pair<uint32_t, uint32_t>> ranges;  // the plain code points of the class
+      const auto add_plain = [&](uint32_t lo, uint32_t hi) {
+        lo = std::max<uint32_t>(lo, 0x20);
+        hi = std::min<uint32_t>(hi, 0xFFFF);
+        for (const uint32_t cut : {uint32_t{'"'}, uint32_t{'\\'}}) {
+          if (lo <= cut && cut <= hi) {
+            if (cut > lo) ranges.emplace_back(lo, cut - 1);
+            lo = cut + 1;
+          }
+        }
+        if (lo <= hi) ranges.emplace_back(lo, hi);
+      };
+      std::vector<std::pair<uint32_t, uint32_t>> sorted = e.ranges;
+      std::sort(sorted.begin(), sorted.end());
+      if (e.negated) {
+        uint32_t next = 0;  // the first code point no range covers yet
+        for (const auto& [lo, hi] : sorted) {
+          if (lo > next) add_plain(next, lo - 1);
+          next = std::max(next, hi + 1);
+        }
+        add_plain(next, 0xFFFF);
+      } else {
+        for (const auto& [lo, hi] : sorted) add_plain(lo, hi);
+      }
+      if (ranges.empty()) return std::nullopt;
+      std::string out = "[";
+      for (const auto& [lo, hi] : ranges) out += lo == hi ? code_point(lo) : code_point(lo) + "-" + code_point(hi);
+      return out + "]";
+    }
+    case K::kRuleRef:
+      return regex_of(g, g.rules[static_cast<size_t>(e.rule)].body, depth + 1);
+    case K::kSequence: {
+      std::string out = "(?:";
+      for (const GrammarExpr& c : e.children) {
+        const std::optional<std::string> part = regex_of(g, c, depth + 1);
+        if (!part) return std::nullopt;
+        out += *part;
+      }
+      return out + ")";
+    }
+    case K::kChoice: {
+      std::vector<std::string> parts;
+      for (const GrammarExpr& c : e.children)
+        if (std::optional<std::string> part = regex_of(g, c, depth + 1)) parts.push_back(std::move(*part));
+      if (parts.empty()) return std::nullopt;
+      std::string out = "(?:";
+      for (size_t i = 0; i < parts.size(); ++i) out += (i ? "|" : "") + parts[i];
+      return out + ")";
+    }
+    case K::kRepeat: {
+      const std::optional<std::string> part = regex_of(g, e.children[0], depth + 1);
+      if (!part) return e.min == 0 ? std::optional<std::string>("(?:)") : std::nullopt;
+      if (e.max < 0) return fmt::format("(?:{}){{{},}}", *part, e.min);
+      return fmt::format("(?:{}){{{},{}}}", *part, e.min, e.max);
+    }
+  }
+  return std::nullopt;
+}
+
+// The strings of `format` (one of kFormats) as a language, where the format's
+// rules are regular and fit its automaton (see regex_of); none otherwise.
+std::optional<RegexLanguage> format_language(const std::string& format) {
+  const Grammar g = format_rules(format, "", "");
+  const std::optional<std::string> regex = regex_of(g, g.rules[static_cast<size_t>(g.root)].body, 0);
+  if (!regex) return std::nullopt;
+  try {
+    return RegexLanguage::of_pattern("^" + *regex + "$", RegexMode::kSearch);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
 
 
 // Names of the shared rules built here rather than fixed (they depend on the
@@ -2625,10 +2730,22 @@ class Translator {
       const std::optional<RegexLanguage> language = pattern_language(pattern->get<std::string>());
       if (language && language->is_all()) pattern = nullptr;
     }
+    // A format beside a pattern, not or length bounds: the format's strings
+    // as an automaton (where its rules are regular and fit one), met with
+    // the others (Github_medium/o1053.json: a date and a pattern).
     if (const Json* format = member(schema, "format");
-        format && (pattern || excluded) && !listed(format_name(*format, path), kHintFormats)) {
-      fail("json schema: unsupported keyword \"format\" at {}: format and {} together are not supported", path,
-           pattern ? "pattern" : "not");
+        format && (pattern || excluded || length_keyword) && !listed(format_name(*format, path), kHintFormats)) {
+      const std::string name = format_name(*format, path);
+      std::optional<RegexLanguage> formatted;
+      if (listed(name, kFormats)) formatted = format_language(name);
+      if (formatted) {
+        return string_language(pattern ? pattern->get<std::string>() : std::optional<std::string>(), min_length,
+                               max_length, excluded, path, &*formatted);
+      }
+      if (pattern || excluded) {
+        fail("json schema: unsupported keyword \"format\" at {}: format and {} together are not supported", path,
+             pattern ? "pattern" : "not");
+      }
     }
     if (excluded || (pattern && length_keyword)) {
       return string_language(pattern ? pattern->get<std::string>() : std::optional<std::string>(), min_length,
@@ -2687,15 +2804,16 @@ class Translator {
     return true;
   }
 
-  // Strings as one automaton: those the pattern matches (every string
-  // without one), of the length bounds, less `excluded` (a not's).
+  // Strings as one automaton: those of `formatted` (every string without
+  // it) that the pattern matches, of the length bounds, less `excluded` (a
+  // not's).
   Translation string_language(const std::optional<std::string>& pattern, int64_t min_length,
                               std::optional<int64_t> max_length, const RegexLanguage* excluded,
-                              const std::string& path) {
-    RegexLanguage language = RegexLanguage::all();
+                              const std::string& path, const RegexLanguage* formatted = nullptr) {
+    RegexLanguage language = formatted ? *formatted : RegexLanguage::all();
     if (pattern) {
       try {
-        language = RegexLanguage::of_pattern(*pattern, RegexMode::kSearch);
+        language = language.intersect(RegexLanguage::of_pattern(*pattern, RegexMode::kSearch));
       } catch (const Error& e) {
         fail("json schema: keyword \"pattern\" at {}: {}", path, e.what());
       }

@@ -411,13 +411,31 @@ TEST(JsonSchemaFormats, OpenApiFormats) {
   }
 }
 
+TEST(JsonSchemaFormats, RegularFormatsMeetPatternsAndLengthBounds) {
+  // Github_medium/o1053.json: a date and a pattern that admits partial dates.
+  const SchemaGrammar from(R"({"type": "string", "format": "date", "pattern": "^([0-9]{4})(-([0-9]{2}))?(-([0-9]{2}))?$"})");
+  from.expect_accepts({R"("2024-02-29")", R"("1999-12-31")"});
+  from.expect_rejects({R"("2023-02-29")", R"("2024-02")", R"("2024-13-01")"});
+  // Length bounds in code points, leap years and all.
+  const SchemaGrammar short_time(R"({"type": "string", "format": "date-time", "maxLength": 20})");
+  short_time.expect_accepts({R"("2024-02-29T23:59:59Z")"});
+  short_time.expect_rejects({R"("2024-02-29T23:59:59.5Z")", R"("2023-02-29T23:59:59Z")"});
+  const SchemaGrammar uuid(R"({"type": "string", "format": "uuid", "pattern": "^0"})");
+  uuid.expect_accepts({R"("0a4b1c2d-0000-4000-8000-000000000000")"});
+  uuid.expect_rejects({R"("1a4b1c2d-0000-4000-8000-000000000000")", R"("0")"});
+}
+
 TEST(JsonSchemaFormats, UnknownFormatsAndCombinationsAreRefused) {
   const std::string e = schema_error(R"({"properties": {"c": {"type": "string", "format": "color"}}})");
   EXPECT_CONTAINS(e, "\"format\"");
   EXPECT_CONTAINS(e, "#/properties/c");
   EXPECT_CONTAINS(e, "color");
-  EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "date", "minLength": 1})"), "\"minLength\" at #");
-  EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "date", "pattern": "1"})"), "\"format\" at #");
+  // Formats whose strings are no automaton of the size patterns get (a URI's
+  // rules, a hostname's 127 labels) stay refused beside a pattern or bounds.
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "uri", "maxLength": 255})"), "\"maxLength\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "email", "pattern": "1"})"), "\"format\" at #");
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "hostname", "not": {"const": "x"}})"),
+                  R"(unsupported keyword "format" at #: format and not together)");
   // format applies to strings only; it does not make other types fail.
   const SchemaGrammar either(R"({"type": ["string", "integer"], "format": "date"})");
   either.expect_accepts({"\"2024-01-01\"", "5"});
@@ -1464,8 +1482,10 @@ TEST(JsonSchemaCombinations, Not) {
   EXPECT_CONTAINS(schema_error(R"({"not": {"enum": [1]}})"), R"(unsupported keyword "not" at #: only strings)");
   EXPECT_CONTAINS(schema_error(R"({"type": "number", "not": {"type": "integer"}})"),
                   R"(unsupported keyword "not" at #: numbers that are not integers)");
-  EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "date", "not": {"const": "x"}})"),
-                  R"(unsupported keyword "format" at #: format and not together)");
+  // A regular format beside not: its automaton less what not takes.
+  const SchemaGrammar not_today(R"({"type": "string", "format": "date", "not": {"const": "2024-01-01"}})");
+  not_today.expect_accepts({R"("2024-01-02")"});
+  not_today.expect_rejects({R"("2024-01-01")", R"("x")"});
 }
 
 TEST(JsonSchemaNumbers, MultipleOfOneIsIntegers) {
