@@ -1579,6 +1579,11 @@ class Translator {
     // required names; maxProperties and the names allowed).
     int64_t min_members = 0;
     std::optional<int64_t> max_members;
+    // Objects: what a member's value is when the member is present: by its
+    // name (`properties`), and by a pattern its name matches
+    // (`patternProperties`; the pattern in `name`).
+    std::vector<Member> present;
+    std::vector<Member> patterned;
   };
   struct Member {
     std::string name;
@@ -2045,6 +2050,16 @@ class Translator {
         add_member(s, key, value);
       }
     }
+    if (depth < kSummaryDepth) {
+      for (const std::string_view key : {"properties", "patternProperties"}) {
+        const Json* list = member(schema, std::string(key));
+        if (!list || !list->is_object()) continue;
+        for (const auto& [name, value] : list->items()) {
+          Summary v = summarize(value, child_path(child_path(path, std::string(key)), name), depth + 1, open);
+          (key == "properties" ? s.present : s.patterned).push_back(Member{name, std::move(v)});
+        }
+      }
+    }
     if (const Json* additional = member(schema, "additionalProperties");
         additional && additional->is_boolean() && !additional->get<bool>() && !schema.contains("patternProperties")) {
       std::vector<std::string> listed;
@@ -2120,6 +2135,8 @@ class Translator {
       }
     }
     for (const auto& [name, value] : b.members) add_member(a, name, value);
+    a.present.insert(a.present.end(), b.present.begin(), b.present.end());
+    a.patterned.insert(a.patterned.end(), b.patterned.begin(), b.patterned.end());
     return normalized(std::move(a));
   }
 
@@ -2246,6 +2263,21 @@ class Translator {
       if (!allows_name(b, name)) return true;
     for (const auto& [name, value] : b.members)
       if (!allows_name(a, name)) return true;
+    return present_apart(a, b) || present_apart(b, a);
+  }
+
+  // Whether a member `required` requires has values that `constrains` does
+  // not admit for it when present (Github_hard's xAPI agent: mbox requires
+  // "mbox" a string; mbox_sha1sum's patternProperties make "mbox" null).
+  static bool present_apart(const Summary& constrains, const Summary& required) {
+    for (const auto& [name, value] : required.members) {
+      for (const auto& [listed, present] : constrains.present)
+        if (listed == name && disjoint(present, value)) return true;
+      for (const auto& [pattern, present] : constrains.patterned) {
+        const std::optional<RegexLanguage> language = pattern_language(pattern);
+        if (language && language->contains(name) && disjoint(present, value)) return true;
+      }
+    }
     return false;
   }
 

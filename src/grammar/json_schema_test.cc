@@ -1309,6 +1309,25 @@ TEST(JsonSchemaOneOf, StringBranchesToldApartByTheirPatterns) {
                   "may overlap");
 }
 
+TEST(JsonSchemaOneOf, BranchesToldApartByWhatAMemberIsWhenPresent) {
+  // Github_hard's xAPI agent: each branch requires its own member and makes
+  // the others' null where present; a string "mbox" is not null.
+  const SchemaGrammar agent(R"({"oneOf": [
+      {"type": "object", "required": ["mbox"], "properties": {"mbox": {"type": "string"}},
+       "patternProperties": {"^(openid|account)$": {"type": "null"}}},
+      {"type": "object", "required": ["openid"], "properties": {"openid": {"type": "string"}},
+       "patternProperties": {"^(mbox|account)$": {"type": "null"}}}]})");
+  agent.expect_values({R"({"mbox": "m"})", R"({"openid": "o", "mbox": null})", R"({"mbox": "m", "x": 1})"});
+  agent.expect_rejects({R"({"mbox": "m", "openid": "o"})", R"({"openid": "o", "account": 1})", "{}"});
+  // By a listed property: "kind" a string in one, a number where present in
+  // the other.
+  const SchemaGrammar kinds(R"({"oneOf": [
+      {"type": "object", "required": ["kind"], "properties": {"kind": {"type": "string"}}},
+      {"type": "object", "required": ["size"], "properties": {"kind": {"type": "number"}, "size": {}}}]})");
+  kinds.expect_values({R"({"kind": "a"})", R"({"kind": 2, "size": 1})"});
+  kinds.expect_rejects({R"({"kind": "a", "size": 1})", R"({"kind": 1})"});
+}
+
 TEST(JsonSchemaOneOf, OpenObjectBranchesClosedToWhatTheyList) {
   // Github_hard's xAPI agent: open objects, each requiring its own member;
   // closed, a value of one lacks what each other requires.
