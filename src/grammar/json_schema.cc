@@ -608,8 +608,11 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
        R"g( | ((format-h16 ':'){0,5} format-h16)? '::' format-h16 | ((format-h16 ':'){0,6} format-h16)? '::')g"},
       {"format-h16", R"g([0-9A-Fa-f]{1,4})g"},
       {"format-ls32", R"g(format-h16 ':' format-h16 | format-ipv4)g"},
-      // RFC 1123 labels; 127 of them is the most that fit in 253 characters.
-      {"format-hostname", R"g(format-label ('.' format-label){0,126})g"},
+      // RFC 1123 labels, any number of them: the 253-character total is not
+      // enforced (a bound of 127 labels did not enforce it either, and kept
+      // every label a call of its own, which made masks at a label's end a
+      // walk across a return; unbounded, the labels compile inline).
+      {"format-hostname", R"g(format-label ('.' format-label)*)g"},
       {"format-label", R"g([A-Za-z0-9] ([A-Za-z0-9\-]{0,61} [A-Za-z0-9])?)g"},
       // RFC 5321's Mailbox. The quoted local part is written as it is inside
       // a JSON string: its quotes and backslashes escaped.
