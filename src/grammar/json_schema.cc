@@ -515,8 +515,6 @@ std::string with_prefixed_names(std::string_view text, std::string_view prefix) 
   return out;
 }
 
-// Rules every grammar may share, written once each where used. json-char is
-// one character of a JSON string's content as dump() writes it.
 // A class range of format-regex, in order: a printable ASCII character, "-",
 // and one at or past it (none of them "]", "\", "-" or the quote, which a
 // class writes otherwise).
@@ -541,6 +539,8 @@ std::string_view regex_ranges() {
   return *text;
 }
 
+// Rules every grammar may share, written once each where used. json-char is
+// one character of a JSON string's content as dump() writes it.
 const std::map<std::string_view, std::string_view>& fixed_rules() {
   static const auto* rules = new std::map<std::string_view, std::string_view>{
       {"json-value", "json-object | json-array | json-string | json-number | 'true' | 'false' | 'null'"},
@@ -574,11 +574,10 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
       {"format-google-duration", R"g('-'? [0-9]+ ('.' [0-9]{1,9})? 's')g"},
       // ECMA-262 regular expressions that compile with the u flag (as Ajv's
       // regex format checks them), written in a subset of their syntax:
-      // alternatives of quantified atoms (a literal character, ".", a class
-      // without ranges, a group, a class escape or an escaped syntax
-      // character) and anchors. No range, so none out of order; quantifier
-      // counts as {n} or {n,}; class ranges between printable ASCII
-      // characters, in order. Regex backslashes are JSON's \\ here.
+      // alternatives of quantified atoms (a literal character, ".", a class,
+      // a group, a class escape or an escaped syntax character) and anchors.
+      // Class ranges only between printable ASCII characters, in order;
+      // quantifier counts as {n} or {n,}. A regex backslash is JSON's \\ here.
       {"format-regex", R"g(format-re-terms ('|' format-re-terms)*)g"},
       {"format-re-terms", R"g((format-re-atom format-re-quantifier? | '^' | '$' | '\\' [bB])*)g"},
       {"format-re-atom",
@@ -696,18 +695,20 @@ std::shared_ptr<const CompiledGrammar> format_grammar(const std::string& format)
 
 // A code point the format rules write as itself in JSON text and a regex
 // reads as itself when written \uXXXX: not a quote, a backslash or a
-// control character (JSON escapes those), at most U+FFFF.
-bool plain_code_point(uint32_t c) { return c >= 0x20 && c != '"' && c != '\\' && c <= 0xFFFF; }
+// control character (JSON escapes those), no surrogate, at most U+FFFF.
+bool plain_code_point(uint32_t c) {
+  return c >= 0x20 && c != '"' && c != '\\' && (c < 0xD800 || c > 0xDFFF) && c <= 0xFFFF;
+}
 
 // An ECMAScript regex for the strings of the format's rules (over JSON
 // text) whose text has no escape: sequences, choices, classes and
 // repetitions as written, calls of other rules written out. Narrower where
 // the rules say more: a choice's alternatives that need an escaped
-// character are left out, as are such characters from classes. None where
-// nothing is left, or a rule calls itself.
-std::optional<std::string> regex_of(const Grammar& g, const GrammarExpr& e, int depth) {
+// character are left out, as are such characters from classes, and so are
+// alternatives that recurse (a regex's groups). None where nothing is left.
+// `open`: the rules being written out.
+std::optional<std::string> regex_of(const Grammar& g, const GrammarExpr& e, std::vector<int32_t>& open) {
   using K = GrammarExpr::Kind;
-  if (depth > 32) return std::nullopt;
   const auto code_point = [](uint32_t c) { return fmt::format("\\u{:04X}", c); };
   switch (e.kind) {
     case K::kBytes: {
@@ -724,10 +725,12 @@ std::optional<std::string> regex_of(const Grammar& g, const GrammarExpr& e, int 
       const auto add_plain = [&](uint32_t lo, uint32_t hi) {
         lo = std::max<uint32_t>(lo, 0x20);
         hi = std::min<uint32_t>(hi, 0xFFFF);
-        for (const uint32_t cut : {uint32_t{'"'}, uint32_t{'\\'}}) {
-          if (lo <= cut && cut <= hi) {
-            if (cut > lo) ranges.emplace_back(lo, cut - 1);
-            lo = cut + 1;
+        // Less the quote, the backslash and the surrogates, in order.
+        for (const auto& [cut_lo, cut_hi] : {std::pair<uint32_t, uint32_t>{'"', '"'}, {'\\', '\\'},
+                                             {0xD800, 0xDFFF}}) {
+          if (lo <= cut_hi && cut_lo <= hi) {
+            if (cut_lo > lo) ranges.emplace_back(lo, cut_lo - 1);
+            lo = cut_hi + 1;
           }
         }
         if (lo <= hi) ranges.emplace_back(lo, hi);
@@ -749,12 +752,17 @@ std::optional<std::string> regex_of(const Grammar& g, const GrammarExpr& e, int 
       for (const auto& [lo, hi] : ranges) out += lo == hi ? code_point(lo) : code_point(lo) + "-" + code_point(hi);
       return out + "]";
     }
-    case K::kRuleRef:
-      return regex_of(g, g.rules[static_cast<size_t>(e.rule)].body, depth + 1);
+    case K::kRuleRef: {
+      if (std::find(open.begin(), open.end(), e.rule) != open.end()) return std::nullopt;
+      open.push_back(e.rule);
+      std::optional<std::string> body = regex_of(g, g.rules[static_cast<size_t>(e.rule)].body, open);
+      open.pop_back();
+      return body;
+    }
     case K::kSequence: {
       std::string out = "(?:";
       for (const GrammarExpr& c : e.children) {
-        const std::optional<std::string> part = regex_of(g, c, depth + 1);
+        const std::optional<std::string> part = regex_of(g, c, open);
         if (!part) return std::nullopt;
         out += *part;
       }
@@ -763,14 +771,14 @@ std::optional<std::string> regex_of(const Grammar& g, const GrammarExpr& e, int 
     case K::kChoice: {
       std::vector<std::string> parts;
       for (const GrammarExpr& c : e.children)
-        if (std::optional<std::string> part = regex_of(g, c, depth + 1)) parts.push_back(std::move(*part));
+        if (std::optional<std::string> part = regex_of(g, c, open)) parts.push_back(std::move(*part));
       if (parts.empty()) return std::nullopt;
       std::string out = "(?:";
       for (size_t i = 0; i < parts.size(); ++i) out += (i ? "|" : "") + parts[i];
       return out + ")";
     }
     case K::kRepeat: {
-      const std::optional<std::string> part = regex_of(g, e.children[0], depth + 1);
+      const std::optional<std::string> part = regex_of(g, e.children[0], open);
       if (!part) return e.min == 0 ? std::optional<std::string>("(?:)") : std::nullopt;
       if (e.max < 0) return fmt::format("(?:{}){{{},}}", *part, e.min);
       return fmt::format("(?:{}){{{},{}}}", *part, e.min, e.max);
@@ -783,7 +791,8 @@ std::optional<std::string> regex_of(const Grammar& g, const GrammarExpr& e, int 
 // rules are regular and fit its automaton (see regex_of); none otherwise.
 std::optional<RegexLanguage> format_language(const std::string& format) {
   const Grammar g = format_rules(format, "", "");
-  const std::optional<std::string> regex = regex_of(g, g.rules[static_cast<size_t>(g.root)].body, 0);
+  std::vector<int32_t> open{g.root};
+  const std::optional<std::string> regex = regex_of(g, g.rules[static_cast<size_t>(g.root)].body, open);
   if (!regex) return std::nullopt;
   try {
     return RegexLanguage::of_pattern("^" + *regex + "$", RegexMode::kSearch);

@@ -420,6 +420,11 @@ TEST(JsonSchemaFormats, RegularFormatsMeetPatternsAndLengthBounds) {
   const SchemaGrammar short_time(R"({"type": "string", "format": "date-time", "maxLength": 20})");
   short_time.expect_accepts({R"("2024-02-29T23:59:59Z")"});
   short_time.expect_rejects({R"("2024-02-29T23:59:59.5Z")", R"("2023-02-29T23:59:59Z")"});
+  // A format whose rules recurse (a regex's groups): met without the
+  // recursive alternatives.
+  const SchemaGrammar anchored(R"({"type": "string", "format": "regex", "pattern": "^\\^"})");
+  anchored.expect_accepts({R"("^[a-z]+$")"});
+  anchored.expect_rejects({"\"^(a)\"", "\"a\"", "\"^(\""});
   const SchemaGrammar uuid(R"({"type": "string", "format": "uuid", "pattern": "^0"})");
   uuid.expect_accepts({R"("0a4b1c2d-0000-4000-8000-000000000000")"});
   uuid.expect_rejects({R"("1a4b1c2d-0000-4000-8000-000000000000")", R"("0")"});
