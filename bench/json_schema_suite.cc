@@ -70,6 +70,7 @@
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/token_mask.h"
+#include "runtime/grammar_constraint.h"
 #include "tokenizer/tokenizer.h"
 
 namespace basalt {
@@ -230,18 +231,31 @@ struct Checker {
       written = w.text();
     }
     *text = written;
+    // The real path: a GrammarConstraint's masks (the grammar's, less the
+    // repeats of distinct arrays). A matcher beside it tells a token the
+    // grammar allows but the constraint does not (a repeat: rejected) from
+    // one the grammar's own mask refuses though its bytes parse (a bug).
     const TokenVocabulary& v = masker.vocabulary();
     GrammarMatcher m(masker.grammar());
+    GrammarConstraint constraint(std::shared_ptr<const TokenMasker>(&masker, [](const TokenMasker*) {}));
     std::vector<uint32_t> words(static_cast<size_t>((v.size() + 31) / 32));
     auto allowed = [&](int32_t id) { return (words[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u; };
+    const auto step = [&](int32_t id) {
+      std::fill(words.begin(), words.end(), ~uint32_t{0});
+      constraint.fill_allowed(words);
+      if (allowed(id)) return Verdict::kAccepted;
+      masker.fill(m, words);
+      return allowed(id) ? Verdict::kRejected : Verdict::kMaskMismatch;
+    };
     std::string joined;
     for (int32_t id : tok.encode(written, /*add_special_tokens=*/false)) {
-      masker.fill(m, words);
-      if (!allowed(id) || !m.accept_bytes(v.bytes(id))) return Verdict::kMaskMismatch;
+      if (const Verdict verdict = step(id); verdict != Verdict::kAccepted) return verdict;
+      if (!m.accept_bytes(v.bytes(id))) return Verdict::kMaskMismatch;
+      constraint.accept(id);
       joined += v.bytes(id);
     }
-    masker.fill(m, words);
-    if (!allowed(end_id) || joined != written) return Verdict::kMaskMismatch;
+    if (const Verdict verdict = step(end_id); verdict != Verdict::kAccepted) return verdict;
+    if (joined != written) return Verdict::kMaskMismatch;
     return Verdict::kAccepted;
   }
 };

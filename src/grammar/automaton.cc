@@ -159,7 +159,9 @@ class InlinePlan {
   int64_t weight(int32_t rule, int depth = 0) {
     int64_t& w = weight_[static_cast<size_t>(rule)];
     if (w != -2) return w;
-    if (depth > kMaxInlineDepth || recursive_[static_cast<size_t>(rule)]) return -1;
+    if (depth > kMaxInlineDepth || recursive_[static_cast<size_t>(rule)] ||
+        is_distinct_rule(g_.rules[static_cast<size_t>(rule)].name))
+      return -1;
     const int64_t body = weight_of(g_.rules[static_cast<size_t>(rule)].body, depth);
     // (Recursive rules never get here, so no cycle reads w while it is computed.)
     weight_[static_cast<size_t>(rule)] = body <= kInlineWeight ? body : -1;
@@ -713,6 +715,14 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar) {
       out.calls_end = static_cast<uint32_t>(g->calls.size());
     }
   }
+  for (size_t r = 0; r < rules.size(); ++r) {
+    if (!is_distinct_rule(names[r])) continue;
+    for (const uint8_t opener : {uint8_t{'['}, uint8_t{'{'}}) {
+      const int32_t s = g->step(g->rule_start[r], opener);
+      if (s >= 0) g->distinct_openers.push_back(s);
+    }
+  }
+  std::sort(g->distinct_openers.begin(), g->distinct_openers.end());
   return g;
 }
 

@@ -56,6 +56,9 @@ class CompiledGrammar {
   std::vector<int32_t> rule_start;
   std::vector<std::string> rule_names;
   int32_t root = 0;
+  // Sorted: the states a distinct rule (grammar/ebnf.h) is in right after
+  // its first byte, `[` or `{`.
+  std::vector<int32_t> distinct_openers;
 
   // The state `byte` leads to from `state`, -1 if none.
   int32_t step(int32_t state, uint8_t byte) const {

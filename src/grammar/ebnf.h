@@ -22,6 +22,14 @@
 // never produces a broken code point unless it is written byte by byte with
 // \xHH above 0x7F inside a literal (then those bytes are taken as written).
 //
+// A rule whose name begins with kDistinctRulePrefix ("distinct..") writes a
+// JSON array or object starting with its first byte, whose items (an
+// array's) or member names (an object's) must all differ: JSON Schema's
+// uniqueItems, which no context-free grammar can say. The grammar alone
+// allows repeats; GrammarConstraint checks them at run time
+// (grammar/distinct_json.h). Such rules are never compiled inline, so the
+// matcher can tell where one was opened (GrammarMatcher::opened_distinct).
+//
 // Contract: parse_ebnf() throws basalt::Error naming line:column and what is
 // wrong (unknown rule, a rule defined twice, bad escape, unbalanced
 // bracket, a repetition bound past kMaxRepetition, no root rule). Rules
@@ -67,6 +75,9 @@ struct Grammar {
   // The rule's index, -1 when there is none.
   int32_t find(std::string_view name) const;
 };
+
+inline constexpr std::string_view kDistinctRulePrefix = "distinct..";
+inline bool is_distinct_rule(std::string_view name) { return name.starts_with(kDistinctRulePrefix); }
 
 // The largest repetition bound {m,n} the compiler unrolls.
 inline constexpr int32_t kMaxRepetition = 10000;

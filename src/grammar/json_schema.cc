@@ -57,7 +57,10 @@ constexpr std::string_view kNumberKeywords[] = {"minimum", "maximum", "exclusive
 // and any key that is no JSON Schema keyword at all (vendor extensions,
 // OpenAPI's, typos), which a validator ignores as the specification says.
 // $id and draft 4's id are annotations too, but below the root only where
-// no $ref depends on them (check_keywords).
+// no $ref depends on them (check_keywords). if / then / else are rewritten
+// away where a schema is translated or merged (without_conditional); only
+// the readers that take a narrower schema (propertyNames, not, summaries)
+// meet them here.
 constexpr std::string_view kUnenforcedKeywords[] = {"if",
                                                     "then",
                                                     "else",
@@ -1146,8 +1149,8 @@ class Translator {
     for (const auto& [key, value] : schema.items()) {
       if ((key == "$id" || key == "id") && path != "#") check_embedded_id(schema, path);
       BASALT_CHECK(!listed(key, kUnenforcedKeywords), "json schema: unsupported keyword \"{}\" at {}", key, path);
-      BASALT_CHECK(key != "uniqueItems" || value == false,
-                   "json schema: unsupported keyword \"uniqueItems\" at {} (only false can be enforced)", path);
+      BASALT_CHECK(key != "uniqueItems" || value.is_boolean(), "json schema: keyword \"uniqueItems\" at {} must be a boolean",
+                   path);
     }
   }
 
@@ -1379,6 +1382,10 @@ class Translator {
       return Translation::none(fmt::format("the schema at {} is false", path));
     }
     BASALT_CHECK(schema.is_object(), "json schema: the schema at {} must be an object or a boolean", path);
+    if (schema.contains("if") || schema.contains("then") || schema.contains("else")) {
+      const Json rewritten = without_conditional(schema, path);
+      return translate_merged(merge({{&rewritten, path}}), path);
+    }
     check_keywords(schema, path);
     if (const Json* negated = member(schema, "not")) {
       // not of required names: the objects that lack one of them, as anyOf.
@@ -2949,6 +2956,69 @@ class Translator {
     return Json{{"type", "object"}, {"anyOf", std::move(lacking)}};
   }
 
+  // if / then / else: the schema without them, in an allOf with the anyOf
+  // of two schemas no value matches both of, allOf [if, then] and
+  // allOf [not if, else] (then and else default to true). `not if` is
+  // written where the if is a schema `not` takes (type, enum, const,
+  // pattern), or an object test made of properties whose schemas `not`
+  // takes, required names and type object (the discriminator of real
+  // schemas: if {"properties": {"kind": {"const": "a"}}}); the values that
+  // fail such a test are the non-objects (when it says type object), the
+  // objects that lack a required name, and the objects with a listed member
+  // that fails its schema. Other ifs are refused.
+  // Then or else without if, and if without either, assert nothing.
+  Json without_conditional(const Json& schema, const std::string& path) {
+    Json rest = schema;
+    for (const char* key : {"if", "then", "else"}) rest.erase(key);
+    if (!schema.contains("if") || (!schema.contains("then") && !schema.contains("else"))) return rest;
+    const Json& condition = schema.at("if");
+    const std::string at = child_path(path, "if");
+    const auto negatable = [&](const Json& s, const std::string& p) {
+      try {
+        negation(s, p);
+        return true;
+      } catch (const Error&) {
+        return false;
+      }
+    };
+    Json failing = Json::array();  // schemas whose union is `not if`
+    if (condition.is_boolean()) {
+      if (!condition.get<bool>()) failing.push_back(true);
+    } else if (negatable(condition, path)) {
+      failing.push_back(Json{{"not", condition}});
+    } else {
+      BASALT_CHECK(condition.is_object(), "json schema: keyword \"if\" at {} must be a schema", path);
+      for (const auto& [key, value] : condition.items()) {
+        BASALT_CHECK(!is_assertion(key) || key == "properties" || key == "required" ||
+                         (key == "type" && value == "object"),
+                     "json schema: unsupported keyword \"if\" at {}: its else needs the values that fail it, "
+                     "and only those of type, enum, const, pattern, or of properties, required and type object, "
+                     "are known, not of \"{}\"",
+                     path, key);
+      }
+      if (condition.contains("type")) failing.push_back(Json{{"not", Json{{"type", "object"}}}});
+      if (const Json* names = member(condition, "required"); names && names->is_array() && !names->empty())
+        failing.push_back(Json{{"type", "object"}, {"not", Json{{"required", *names}}}});
+      if (const Json* properties = member(condition, "properties")) {
+        BASALT_CHECK(properties->is_object(), "json schema: keyword \"properties\" at {} must be an object", at);
+        for (const auto& [name, member_schema] : properties->items()) {
+          BASALT_CHECK(negatable(member_schema, child_path(child_path(at, "properties"), name)),
+                       "json schema: unsupported keyword \"if\" at {}: its else needs the values that fail the "
+                       "schema of property \"{}\", and only those of type, enum, const and pattern are known",
+                       path, name);
+          failing.push_back(Json{{"type", "object"},
+                                 {"required", Json::array({name})},
+                                 {"properties", Json{{name, Json{{"not", member_schema}}}}}});
+        }
+      }
+    }
+    const Json then_schema = schema.contains("then") ? schema.at("then") : Json(true);
+    const Json else_schema = schema.contains("else") ? schema.at("else") : Json(true);
+    Json branches = Json::array({Json{{"allOf", Json::array({condition, then_schema})}}});
+    for (const Json& f : failing) branches.push_back(Json{{"allOf", Json::array({f, else_schema})}});
+    return Json{{"allOf", Json::array({rest, Json{{"anyOf", branches}}})}};
+  }
+
   Negation negation(const Json& negated, const std::string& path) {
     const std::string at = child_path(path, "not");
     Negation out;
@@ -3101,8 +3171,12 @@ class Translator {
 
   // --- Arrays ---
 
+  // Arrays whose items must differ (uniqueItems) are written by a distinct
+  // rule (grammar/ebnf.h): the grammar allows repeats, and the matcher's
+  // users take them out at run time (grammar/distinct_json.h).
   Translation array(const Json& schema, const std::string& path) {
-    if (!schema.contains("items") && !schema.contains("prefixItems") && !schema.contains("minItems") &&
+    const bool distinct = schema.value("uniqueItems", false) == true;
+    if (!distinct && !schema.contains("items") && !schema.contains("prefixItems") && !schema.contains("minItems") &&
         !schema.contains("maxItems")) {
       return Translation::of(use("json-array"));
     }
@@ -3165,6 +3239,7 @@ class Translator {
       const std::string present = seq({i == 0 ? "" : sep_, item_exprs[static_cast<size_t>(i)], text});
       text = i >= min_items ? alt({present, close(i, "]")}) : present;
     }
+    if (distinct) return Translation::of(define(std::string(kDistinctRulePrefix) + hint, seq({lit("["), ws_, text})));
     return Translation::of(seq({lit("["), ws_, text}));
   }
 
@@ -3613,6 +3688,10 @@ class Translator {
       return;
     }
     BASALT_CHECK(schema.is_object(), "json schema: the schema at {} must be an object or a boolean", path);
+    if (schema.contains("if") || schema.contains("then") || schema.contains("else")) {
+      merge_into(merged, without_conditional(schema, path), path, inlining);
+      return;
+    }
     check_keywords(schema, path);
     for (const auto& [key, value] : schema.items()) {
       if (merged.schema.is_boolean()) return;
@@ -3690,6 +3769,8 @@ class Translator {
       } else if (key == "propertyNames") {
         // Both limits hold: names_of reads an allOf of them.
         acc[key] = acc.contains(key) ? Json::object({{"allOf", Json::array({acc[key], value})}}) : value;
+      } else if (key == "uniqueItems") {
+        if (value == true) acc[key] = true;
       } else if (key == "pattern" || key == "format" || key == "multipleOf") {
         BASALT_CHECK(!acc.contains(key) || acc[key] == value,
                      "json schema: unsupported keyword \"{}\" at {}: allOf cannot combine two "
@@ -3697,7 +3778,7 @@ class Translator {
                      key, path, key);
         acc[key] = value;
       }
-      // The rest: annotations, $defs, uniqueItems (false), and the keyword
+      // The rest: annotations, $defs, and the keyword
       // groups merged below, whose members depend on each other.
     }
     if (merged.schema.is_boolean()) return;

@@ -921,6 +921,44 @@ TEST(JsonSchemaObjects, DependentRequired) {
   merged.expect_rejects({R"({"a":1,"b":2})", R"({"a":1,"c":3})", "{}", "1"});
 }
 
+// if / then / else: the discriminator form real schemas use, a test `not`
+// can negate, and booleans; then and else default to true.
+TEST(JsonSchemaCombinations, IfThenElse) {
+  const SchemaGrammar kind(R"({"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "x": {}, "y": {}},
+                               "if": {"properties": {"kind": {"const": "a"}}},
+                               "then": {"required": ["x"]}, "else": {"required": ["y"]}})");
+  kind.expect_accepts({R"({"kind":"a","x":1})", R"({"kind":"b","y":1})", R"({"x":1})", R"({"kind":"a","x":1,"y":2})"});
+  kind.expect_rejects({R"({"kind":"a","y":1})", R"({"kind":"b","x":1})", R"({"y":1})", "{}"});
+  // Required in the if: an object without the name fails it, so takes else.
+  const SchemaGrammar required(R"({"if": {"required": ["a"], "properties": {"a": {"type": "string"}}},
+                                   "then": {"properties": {"b": {"type": "integer"}}},
+                                   "else": {"properties": {"b": {"type": "string"}}}})");
+  required.expect_accepts({R"({"a":"s","b":1})", R"({"b":"t"})", R"({"a":1,"b":"t"})", "1", "\"s\""});
+  required.expect_rejects({R"({"a":"s","b":"t"})", R"({"b":1})", R"({"a":1,"b":1})"});
+  // type object in the if: other values fail it.
+  const SchemaGrammar typed(R"({"if": {"type": "object"}, "then": {"required": ["a"]}, "else": {"type": "integer"}})");
+  typed.expect_accepts({R"({"a":1})", "3"});
+  typed.expect_rejects({"{}", "\"s\"", "1.5"});
+  // Without else (true) or then (true); a false if takes else alone.
+  const SchemaGrammar no_else(R"({"if": {"type": "string"}, "then": {"maxLength": 2}})");
+  no_else.expect_accepts({"\"ab\"", "1", "null"});
+  no_else.expect_rejects({"\"abc\""});
+  const SchemaGrammar never(R"({"if": false, "then": {"type": "null"}, "else": {"type": "boolean"}})");
+  never.expect_accepts({"true"});
+  never.expect_rejects({"null", "1"});
+  // Inside allOf, merged with what is beside it.
+  const SchemaGrammar merged(R"({"type": "object", "properties": {"t": {"type": "string"}, "n": {"type": "integer"}},
+                                 "allOf": [{"if": {"properties": {"t": {"const": "int"}}}, "then": {"required": ["n"]},
+                                            "else": {"properties": {"n": false}}}]})");
+  merged.expect_accepts({R"({"t":"int","n":1})", R"({"t":"x"})", R"({"n":2})"});
+  merged.expect_rejects({R"({"t":"int"})", R"({"t":"x","n":1})"});
+  // Then or else without if, or an if without either, assert nothing.
+  for (const char* alone : {R"({"then": false})", R"({"else": false})", R"({"if": {"minimum": 1}})"}) {
+    const SchemaGrammar s(alone);
+    s.expect_accepts({"1", "\"a\"", "{}"});
+  }
+}
+
 TEST(JsonSchemaObjects, DependentSchemas) {
   const SchemaGrammar s(R"({"type": "object", "properties": {"kind": {"type": "string"}, "size": {}},
                             "dependentSchemas": {"kind": {"properties": {"size": {"type": "integer"}},
@@ -1741,20 +1779,21 @@ TEST(JsonSchemaFlexible, WhitespaceBetweenTokensOnly) {
 TEST(JsonSchemaRefused, UnsupportedKeywordsNameThemselvesAndTheirPath) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"properties": {"a": {"not": {"minLength": 2}}}})", R"(unsupported keyword "not" at #/properties/a)"},
-      {R"({"if": {}, "then": {}})", R"(unsupported keyword "if" at #)"},
+      {R"({"if": {"minLength": 2}, "then": {}})", R"(unsupported keyword "if" at #)"},
+      {R"({"properties": {"a": {"if": {"properties": {"b": {"minimum": 1}}}, "else": {}}}})",
+       R"(unsupported keyword "if" at #/properties/a: its else needs the values that fail the schema of property "b")"},
       {R"({"type": "array", "items": {"contains": {}}})", R"(unsupported keyword "contains" at #/items)"},
       {R"({"propertyNames": {"anyOf": [{"format": "date"}]}})", R"(unsupported keyword "propertyNames" at #)"},
       {R"({"unevaluatedProperties": false})", R"(unsupported keyword "unevaluatedProperties" at #)"},
       {R"({"unevaluatedItems": false})", R"(unsupported keyword "unevaluatedItems" at #)"},
       {R"({"minContains": 1})", R"(unsupported keyword "minContains" at #)"},
       {R"({"type": "integer", "multipleOf": 2})", R"(unsupported keyword "multipleOf" at #)"},
-      {R"({"type": "array", "uniqueItems": true})", R"(unsupported keyword "uniqueItems" at #)"},
+      {R"({"type": "array", "uniqueItems": 1})", R"(keyword "uniqueItems" at # must be a boolean)"},
       {R"({"$dynamicRef": "#meta"})", R"(unsupported keyword "$dynamicRef" at #)"},
       {R"({"$recursiveRef": "#"})", R"(unsupported keyword "$recursiveRef" at #)"},
       {R"({"type": "number", "divisibleBy": 2})", R"(unsupported keyword "divisibleBy" at #)"},
       {R"({"$defs": {"n": {"type": "integer", "multipleOf": 5, "x-unit": "s"}}, "$ref": "#/$defs/n"})",
        R"(unsupported keyword "multipleOf" at #/$defs/n)"},
-      {R"({"items": {"prefixItems": [{"else": {}}]}})", R"(unsupported keyword "else" at #/items/prefixItems/0)"},
       {R"({"properties": {"a/b~": {"not": {"minLength": 2}}}})", R"(unsupported keyword "not" at #/properties/a~1b~0)"},
       {R"({"$defs": {"x": {"not": {"minLength": 2}}}, "$ref": "#/$defs/x"})", R"(unsupported keyword "not" at #/$defs/x)"},
       {R"({"anyOf": [{}, {"additionalProperties": {"not": {"minLength": 2}}}]})",
@@ -1796,7 +1835,8 @@ TEST(JsonSchemaKeywords, KeysThatAreNoJsonSchemaKeywordAreAnnotations) {
   EXPECT_CONTAINS(schema_error(R"({"x-a": 1, "not": {"minLength": 2}})"), R"(unsupported keyword "not" at #)");
   EXPECT_CONTAINS(schema_error(R"({"properties": {"a": {"x-b": 1, "contains": {}}}})"),
                   R"(unsupported keyword "contains" at #/properties/a)");
-  EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"if": {}}]})"), R"(unsupported keyword "if" at #/anyOf/0)");
+  EXPECT_CONTAINS(schema_error(R"({"anyOf": [{"if": {"maxItems": 1}, "then": {}}]})"),
+                  R"(unsupported keyword "if" at #/anyOf/0)");
   EXPECT_CONTAINS(schema_error(R"({"items": {"multipleOf": 3}})"), R"(unsupported keyword "multipleOf" at #/items)");
 }
 

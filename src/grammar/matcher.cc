@@ -1,5 +1,7 @@
 #include "grammar/matcher.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "grammar/automaton.h"
 #include "grammar/matcher_state.h"
@@ -57,6 +59,25 @@ bool GrammarMatcher::must_end() const {
     if (grammar_->has_bytes(state_->arena[id].state)) return false;
   return true;
 }
+
+void GrammarMatcher::next_bytes(std::bitset<256>& out) const {
+  out.reset();
+  for (int32_t id : state_->closure(*grammar_)) {
+    const AutomatonState& s = grammar_->states[static_cast<size_t>(state_->arena[id].state)];
+    for (uint32_t e = s.bytes_begin; e < s.bytes_end; ++e)
+      for (int b = grammar_->byte_edges[e].lo; b <= grammar_->byte_edges[e].hi; ++b) out.set(static_cast<size_t>(b));
+  }
+}
+
+bool GrammarMatcher::opened_distinct() const {
+  const std::vector<int32_t>& openers = grammar_->distinct_openers;
+  if (openers.empty() || history() == 0) return false;
+  for (int32_t id : state_->sets.back())
+    if (std::binary_search(openers.begin(), openers.end(), state_->arena[id].state)) return true;
+  return false;
+}
+
+bool GrammarMatcher::has_distinct_rules() const { return !grammar_->distinct_openers.empty(); }
 
 std::string GrammarMatcher::forced_bytes(size_t max_bytes) {
   std::string forced;

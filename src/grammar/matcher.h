@@ -17,6 +17,7 @@
 // threads; a GrammarMatcher is used by one thread at a time.
 #pragma once
 
+#include <bitset>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -46,6 +47,12 @@ class GrammarMatcher {
   // The bytes every continuation of the text starts with, up to max_bytes:
   // those the grammar leaves no choice about (it cannot end before them).
   std::string forced_bytes(size_t max_bytes);
+  // Sets in `out` the bytes the grammar allows next.
+  void next_bytes(std::bitset<256>& out) const;
+  // Whether the last byte accepted opened a distinct rule's array or object
+  // (grammar/ebnf.h) on some parse of the text.
+  bool opened_distinct() const;
+  bool has_distinct_rules() const;
   // Forgets the last n successful accept_bytes() calls (n <= history()).
   void rollback(int n);
   int history() const;

@@ -162,6 +162,27 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> bytes, std::vector<boo
     sorted_text_ += bytes_[static_cast<size_t>(id)];
   }
   sorted_offsets_.push_back(static_cast<uint32_t>(sorted_text_.size()));
+  for (size_t id = 0; id < bytes_.size(); ++id) {
+    if (!usable_[id]) continue;
+    const std::string& b = bytes_[id];
+    if (b.find('"') != std::string::npos) with_quote_.push_back(static_cast<int32_t>(id));
+    if (b.find_first_of("\",]}") != std::string::npos) with_closer_.push_back(static_cast<int32_t>(id));
+  }
+}
+
+std::span<const int32_t> TokenVocabulary::spelled(std::string_view bytes) const {
+  size_t lo = 0, hi = sorted_.size();
+  while (lo < hi) {  // the first position whose bytes are not below `bytes`
+    const size_t mid = (lo + hi) / 2;
+    if (sorted_bytes(mid) < bytes) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  size_t end = lo;
+  while (end < sorted_.size() && sorted_bytes(end) == bytes) ++end;
+  return {sorted_.data() + lo, end - lo};
 }
 
 size_t TokenVocabulary::skip(size_t i, size_t depth) const {

@@ -65,6 +65,12 @@ class TokenVocabulary {
   // first `depth` + 1 bytes of sorted()[i] (depth < its length): where a
   // walk that failed on byte `depth` of token i goes on.
   size_t skip(size_t i, size_t depth) const;
+  // Usable ids, ascending, whose bytes hold a `"` / one of `"` `,` `]` `}`:
+  // the tokens that can end an element of JSON (grammar/distinct_json.h).
+  const std::vector<int32_t>& with_quote() const { return with_quote_; }
+  const std::vector<int32_t>& with_closer() const { return with_closer_; }
+  // The usable ids whose bytes are exactly `bytes`.
+  std::span<const int32_t> spelled(std::string_view bytes) const;
 
  private:
   std::vector<std::string> bytes_;
@@ -75,6 +81,7 @@ class TokenVocabulary {
   std::vector<int32_t> lcp_;
   std::string sorted_text_;
   std::vector<uint32_t> sorted_offsets_;  // sorted_.size() + 1 of them
+  std::vector<int32_t> with_quote_, with_closer_;
 };
 
 class TokenMasker {

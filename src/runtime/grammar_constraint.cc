@@ -23,17 +23,59 @@ size_t whole_characters(std::string_view s) {
 }  // namespace
 
 GrammarConstraint::GrammarConstraint(std::shared_ptr<const TokenMasker> masker, const Tokenizer* jump_forward)
-    : masker_(std::move(masker)), tokenizer_(jump_forward), matcher_(masker_->grammar()) {}
+    : masker_(std::move(masker)), tokenizer_(jump_forward), matcher_(masker_->grammar()) {
+  if (matcher_.has_distinct_rules()) distinct_.emplace();
+}
 
-void GrammarConstraint::fill_allowed(std::span<uint32_t> words) { masker_->fill(matcher_, words); }
+void GrammarConstraint::fill_allowed(std::span<uint32_t> words) {
+  masker_->fill(matcher_, words);
+  if (distinct_) distinct_->filter(matcher_, masker_->vocabulary(), words);
+}
+
+bool GrammarConstraint::take(std::string_view bytes) {
+  if (!distinct_) {
+    if (!matcher_.accept_bytes(bytes)) return false;
+    pieces_.push_back(1);
+    return true;
+  }
+  // In pieces that end where a container may open, so that the matcher
+  // tells whether it opened a distinct one.
+  const size_t text_size = distinct_->size();
+  int pieces = 0;
+  size_t begin = 0;
+  std::vector<std::pair<size_t, bool>> openers;  // (position, opened a distinct container)
+  for (size_t i = 0; i <= bytes.size(); ++i) {
+    const bool cut = i < bytes.size() && (bytes[i] == '[' || bytes[i] == '{');
+    if (!cut && i < bytes.size()) continue;
+    const size_t end = cut ? i + 1 : i;
+    if (end > begin || pieces == 0) {
+      if (!matcher_.accept_bytes(bytes.substr(begin, end - begin))) {
+        matcher_.rollback(pieces);
+        return false;
+      }
+      ++pieces;
+      if (cut) openers.emplace_back(i, matcher_.opened_distinct());
+    }
+    begin = end;
+  }
+  size_t next_opener = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const auto b = static_cast<uint8_t>(bytes[i]);
+    bool opened = false;
+    if (next_opener < openers.size() && openers[next_opener].first == i) opened = openers[next_opener++].second;
+    distinct_->accept(b, opened && distinct_->wants_opener(b));
+  }
+  pieces_.push_back(pieces);
+  text_sizes_.push_back(text_size);
+  return true;
+}
 
 void GrammarConstraint::accept(int32_t token) {
   const TokenVocabulary& v = masker_->vocabulary();
   BASALT_CHECK(token >= 0 && token < v.size(), "structured output: token {} outside the vocabulary", token);
   // An end id adds no text; it is kept in the history so that rollback
   // counts tokens.
-  const bool ok = v.is_end(token) ? matcher_.can_end() && matcher_.accept_bytes({})
-                                  : matcher_.accept_bytes(v.bytes(token));
+  const bool ok = v.is_end(token) ? matcher_.can_end() && take({}) : take(v.bytes(token));
   if (ok) return;
   // Only a bug gets here: say whether the mask itself let the token through
   // (the masker and the matcher disagree) or the sampler took a refused one.
@@ -45,10 +87,22 @@ void GrammarConstraint::accept(int32_t token) {
     shown += c >= 0x20 && c < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", static_cast<uint8_t>(c));
   fail("structured output: token {} (\"{}\") was sampled outside the grammar's mask (the mask {} it; {} tokens "
        "accepted before)",
-       token, shown, allowed ? "allows" : "refuses", matcher_.history());
+       token, shown, allowed ? "allows" : "refuses", pieces_.size());
 }
 
-void GrammarConstraint::rollback(int n) { matcher_.rollback(n); }
+void GrammarConstraint::rollback(int n) {
+  BASALT_CHECK(n >= 0 && static_cast<size_t>(n) <= pieces_.size(), "structured output: cannot roll back {} of {} tokens",
+               n, pieces_.size());
+  if (n == 0) return;
+  int accepts = 0;
+  for (size_t i = pieces_.size() - static_cast<size_t>(n); i < pieces_.size(); ++i) accepts += pieces_[i];
+  matcher_.rollback(accepts);
+  pieces_.resize(pieces_.size() - static_cast<size_t>(n));
+  if (distinct_) {
+    distinct_->rewind(text_sizes_[text_sizes_.size() - static_cast<size_t>(n)]);
+    text_sizes_.resize(text_sizes_.size() - static_cast<size_t>(n));
+  }
+}
 
 std::shared_ptr<TokenConstraint> GrammarConstraint::fresh_copy() const {
   return std::make_shared<GrammarConstraint>(masker_, tokenizer_);
@@ -69,7 +123,7 @@ std::vector<int32_t> GrammarConstraint::forced_tokens() {
     spelled += v.bytes(id);
   }
   if (spelled != text) return {};
-  for (int32_t id : ids) BASALT_ASSERT(matcher_.accept_bytes(v.bytes(id)));
+  for (int32_t id : ids) BASALT_ASSERT(take(v.bytes(id)));
   return ids;
 }
 

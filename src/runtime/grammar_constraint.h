@@ -16,10 +16,19 @@
 // tokens as drafts, so a different spelling costs a rejected draft, never a
 // different output. Nothing is forced where the encoding does not spell the
 // text back exactly (a normalizing tokenizer).
+//
+// Distinct items and names (grammar/distinct_json.h): where the grammar has
+// distinct rules, the text is also kept by a DistinctJson, which takes from
+// each mask the tokens that would repeat an element. A token is then
+// accepted in pieces, each ending at a `[` or `{`, so that the matcher can
+// say whether that byte opened a distinct container.
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <vector>
 
+#include "grammar/distinct_json.h"
 #include "grammar/token_mask.h"
 #include "runtime/token_constraint.h"
 #include "tokenizer/tokenizer.h"
@@ -45,8 +54,17 @@ class GrammarConstraint : public TokenConstraint {
 
  private:
   std::shared_ptr<const TokenMasker> masker_;
+  // Accepts `bytes` on the matcher (and the distinct tracker); false, with
+  // nothing changed, when the grammar refuses them.
+  bool take(std::string_view bytes);
+
   const Tokenizer* tokenizer_;
   GrammarMatcher matcher_;
+  std::optional<DistinctJson> distinct_;
+  // Per accepted token: the matcher accepts it took, and the text's size
+  // before it (for rollback).
+  std::vector<int> pieces_;
+  std::vector<size_t> text_sizes_;
 };
 
 }  // namespace basalt
