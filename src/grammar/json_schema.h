@@ -22,7 +22,13 @@
 // as the specification says), patternProperties, propertyNames, dependentRequired,
 // dependentSchemas and dependencies (below), minProperties / maxProperties
 // (over listed and further members alike), items / prefixItems (and draft-4 array `items` with
-// additionalItems), minItems / maxItems, uniqueItems: false, enum, const (the
+// additionalItems), minItems / maxItems, uniqueItems (true: the array is
+// written by a distinct rule, grammar/ebnf.h, whose repeats the matcher's
+// users take out at run time, grammar/distinct_json.h), if / then / else
+// (the allOf of the schema without them and the anyOf of [if, then] and
+// [not if, else], where `not if` is a not the translation takes or the
+// discriminator form: properties whose schemas not takes, required and type
+// object), enum, const (the
 // values that satisfy the type, minLength / maxLength, pattern and number
 // bounds beside them, each checked on the value; no other assertion beside
 // them), anyOf, oneOf (below), allOf (merged:
@@ -134,9 +140,10 @@
 // Contract: every keyword of those vocabularies that the translation cannot
 // enforce throws basalt::Error naming it and the schema path as a JSON
 // pointer ("unsupported keyword \"not\" at #/properties/a"), so an assertion
-// is never silently ignored: if/then/else, not, propertyNames,
+// is never silently ignored: an if whose failing values cannot be written,
+// not, propertyNames,
 // unevaluatedProperties, unevaluatedItems, contains, minContains,
-// maxContains, multipleOf, uniqueItems: true, $dynamicRef, $recursiveRef,
+// maxContains, multipleOf, $dynamicRef, $recursiveRef,
 // divisibleBy, disallow, extends, pattern or format together with length
 // bounds, an unknown format, an allOf whose branches do not merge (one that
 // combines patternProperties with another schema's properties among them),
