@@ -35,10 +35,15 @@ const person = {
     name: { type: 'string', minLength: 1, maxLength: 12 },
     age: { type: 'integer', minimum: 0, maximum: 120 },
     role: { enum: ['admin', 'user', 'guest'] },
-    tags: { type: 'array', items: { type: 'string', pattern: '^[a-z]{1,6}$' }, maxItems: 3 },
+    tags: { type: 'array', items: { type: 'string', pattern: '^[a-z]{1,6}$' }, maxItems: 3, uniqueItems: true },
+    // Distinct items of a finite domain: every instance is a permutation.
+    levels: { type: 'array', items: { enum: [1, 2, 3] }, minItems: 3, uniqueItems: true },
     active: { type: 'boolean' },
   },
-  required: ['name', 'age', 'role'],
+  required: ['name', 'age', 'role', 'levels'],
+  if: { properties: { role: { const: 'admin' } } },
+  then: { required: ['active'] },
+  else: { properties: { active: false } },
   additionalProperties: false,
 };
 const event = {
@@ -99,7 +104,7 @@ test('response_format json_object and the vLLM and SGLang spellings', async () =
     assert.equal(typeof JSON.parse(text), 'object');
   }
   const completion = (extra) => client.completions.create({
-    model: 'basalt-mini', prompt: 'The answer is', max_tokens: 40, temperature: 1, seed: 3, ...extra,
+    model: 'basalt-mini', prompt: 'The answer is', max_tokens: 80, temperature: 1, seed: 3, ...extra,
   });
   for (const extra of [{ guided_json: person }, { structured_outputs: { json: person } }, { json_schema: JSON.stringify(person) }]) {
     const r = await completion(extra);
