@@ -77,12 +77,12 @@ constexpr std::string_view kUnenforcedKeywords[] = {"if",
 
 // Formats enforced on strings ("url", which OpenAPI documents and real
 // schemas use, as "uri"; OpenAPI's "byte" as RFC 4648 base64; Google's API
-// Discovery formats for times and durations).
+// Discovery formats for times, durations and field masks).
 constexpr std::string_view kFormats[] = {"date",         "time",         "date-time",    "email",
                                          "uuid",         "ipv4",         "ipv6",         "uri",
                                          "url",          "hostname",     "byte",         "duration",
                                          "json-pointer", "relative-json-pointer", "uri-reference",
-                                         "google-datetime", "google-duration", "regex"};
+                                         "google-datetime", "google-duration", "google-fieldmask", "regex"};
 // OpenAPI's formats that only hint at a string's use and constrain no text:
 // any string.
 constexpr std::string_view kHintFormats[] = {"password", "binary"};
@@ -93,7 +93,7 @@ constexpr std::string_view kStringOnlyFormats[] = {
     "hostname", "idn-hostname",  "ipv4",         "ipv6",     "uri",          "uri-reference",
     "iri",      "iri-reference", "uri-template", "uuid",     "json-pointer", "relative-json-pointer",
     "regex",    "byte",          "binary",       "password", "url",
-    "google-datetime", "google-duration"};
+    "google-datetime", "google-duration", "google-fieldmask"};
 
 template <size_t N>
 bool listed(std::string_view key, const std::string_view (&list)[N]) {
@@ -575,6 +575,9 @@ const std::map<std::string_view, std::string_view>& fixed_rules() {
       {"format-google-datetime",
        R"g(format-date 'T' format-hour ':' [0-5] [0-9] ':' [0-5] [0-9] format-fraction? 'Z')g"},
       {"format-google-duration", R"g('-'? [0-9]+ ('.' [0-9]{1,9})? 's')g"},
+      // A FieldMask in JSON: field paths (names joined by dots), joined by commas.
+      {"format-google-fieldmask", R"g((format-fieldmask-path (',' format-fieldmask-path)*)?)g"},
+      {"format-fieldmask-path", R"g([A-Za-z_] [A-Za-z0-9_]* ('.' [A-Za-z_] [A-Za-z0-9_]*)*)g"},
       // ECMA-262 regular expressions that compile with the u flag (as Ajv's
       // regex format checks them), written in a subset of their syntax:
       // alternatives of quantified atoms (a literal character, ".", a class,
@@ -1715,9 +1718,30 @@ class Translator {
   }
 
   // The names a branch requires, in order, each once; none when the branch
-  // is no object with a non-empty `required` of names.
+  // is no object with a non-empty `required` of names. A branch without one
+  // whose anyOf alternatives all have one requires the names they share
+  // (Github_hard/o12453.json: [{"required": ["labware", "slot"]},
+  // {"required": ["labware", "position"]}] requires "labware").
   static std::optional<std::vector<std::string>> required_names(const Json& branch) {
     const Json* list = branch.is_object() ? member(branch, "required") : nullptr;
+    const Json* alternatives = branch.is_object() ? member(branch, "anyOf") : nullptr;
+    if (!list && alternatives && alternatives->is_array() && !alternatives->empty()) {
+      std::optional<std::vector<std::string>> shared;
+      for (const Json& alternative : *alternatives) {
+        if (alternative.is_object() && alternative.contains("anyOf")) return std::nullopt;  // one level only
+        std::optional<std::vector<std::string>> names = required_names(alternative);
+        if (!names) return std::nullopt;
+        if (shared) {
+          std::erase_if(*shared, [&](const std::string& n) {
+            return std::find(names->begin(), names->end(), n) == names->end();
+          });
+        } else {
+          shared = std::move(names);
+        }
+      }
+      if (shared->empty()) return std::nullopt;
+      return shared;
+    }
     if (!list || !list->is_array() || list->empty()) return std::nullopt;
     std::vector<std::string> names;
     for (const Json& name : *list) {
@@ -1910,8 +1934,10 @@ class Translator {
   }
 
   // Branches told apart by a property that every live branch lists in
-  // `properties` with const or enum values disjoint from each other
-  // branch's, but that not all require (Github_easy/o13129.json:
+  // `properties` with values the proof tells apart from each other branch's
+  // (const or enum values; strings of patterns that do not meet, as
+  // Github_ultra/o17072.json's "type": {"pattern": "^Displace$"}), but that
+  // not all require (Github_easy/o13129.json:
   // {"properties": {"type": {"enum": ["callback"]}, ...}} and {"properties":
   // {"type": {"enum": ["field", "value"]}, ...}}; {} matches both): the
   // first such property is added to each branch's `required` (a branch that
@@ -1942,8 +1968,7 @@ class Translator {
       for (size_t k = 0; k < live.size() && values.size() == k; ++k) {
         if (!properties[k]->contains(name)) break;
         const std::string at = child_path(child_path(child_path(branches_path, live[k]), "properties"), name);
-        Summary s = summarize(properties[k]->at(name), at, 1, open);
-        if (s.values) values.push_back(std::move(s));
+        values.push_back(summarize(properties[k]->at(name), at, 1, open));
       }
       if (values.size() != live.size()) continue;
       bool apart = true;

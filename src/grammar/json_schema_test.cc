@@ -337,6 +337,8 @@ TEST(JsonSchemaFormats, DateAndTime) {
   expect_format("google-datetime", {"2024-01-02T03:04:05Z", "2024-01-02T03:04:05.123Z"},
                 {"2024-01-02T03:04:05+01:00", "2024-01-02t03:04:05Z", "2023-02-29T00:00:00Z", "2024-01-02"});
   expect_format("google-duration", {"3.5s", "-1s", "0.000000001s"}, {"3.5", "1.0000000001s", "s", "1m"});
+  expect_format("google-fieldmask", {"", "name", "user.displayName,photo", "a_b.c2"},
+                {",", "a,", "a..b", "1a", "a b", ".a"});
 }
 
 TEST(JsonSchemaFormats, Addresses) {
@@ -1230,6 +1232,16 @@ TEST(JsonSchemaOneOf, BranchesToldApartByARequiredProperty) {
 
 // Branches that differ by the names they require: each is rewritten to lack
 // a name of each other's, which is exact for `required` alone.
+// A branch that is an anyOf of required lists requires the names they
+// share (Github_hard/o12453.json); a value of two branches is left out.
+TEST(JsonSchemaOneOf, BranchesToldApartByTheNamesTheirAlternativesShare) {
+  const SchemaGrammar s(R"({"type": "object", "properties": {"labware": {}, "box": {}, "slot": {}, "position": {}},
+      "oneOf": [{"anyOf": [{"required": ["labware", "slot"]}, {"required": ["labware", "position"]}]},
+                {"anyOf": [{"required": ["box", "slot"]}, {"required": ["box", "position"]}]}]})");
+  s.expect_accepts({R"({"labware":1,"slot":2})", R"({"box":1,"position":2})", R"({"labware":1,"position":2})"});
+  s.expect_rejects({R"({"labware":1,"box":2,"slot":3})", R"({"labware":1})", "{}", R"({"slot":1})"});
+}
+
 TEST(JsonSchemaOneOf, BranchesToldApartByTheNamesTheyRequire) {
   // Glaiveai2K/calculate_area_0bc8b268.json: every object of the five names
   // is accepted exactly when it has the names of one branch only.
@@ -1424,6 +1436,16 @@ TEST(JsonSchemaOneOf, BranchesNarrowedToTheirDiscriminator) {
                              R"({"name":"n","required":true,"unique":true})"});
   referenced.expect_rejects({R"({"name":"n"})", R"({"name":"n","required":false,"unique":true})",
                              R"({"required":true})"});
+
+  // The discriminator a string of patterns that do not meet
+  // (Github_ultra/o17072.json).
+  const SchemaGrammar patterned(R"({"oneOf": [
+      {"type": "object", "properties": {"type": {"type": "string", "pattern": "^Displace$"}, "x": {}},
+       "additionalProperties": false},
+      {"type": "object", "properties": {"type": {"type": "string", "pattern": "^Quad"}, "y": {}},
+       "additionalProperties": false}]})");
+  patterned.expect_accepts({R"({"type":"Displace","x":1})", R"({"type":"Quadrant","y":1})"});
+  patterned.expect_rejects({"{}", R"({"x":1})", R"({"type":"Displace","y":1})", R"({"type":"Other"})"});
 
   // Merged beside $ref, through the same rewrite.
   const SchemaGrammar merged(R"({"$defs": {"base": {"type": "object"}}, "$ref": "#/$defs/base",
