@@ -30,6 +30,7 @@
 #include "core/error.h"
 #include "grammar/structured_output.h"
 #include "grammar/token_mask.h"
+#include "runtime/grammar_constraint.h"
 #include "tokenizer/tokenizer.h"
 
 namespace basalt {
@@ -70,23 +71,28 @@ struct Walk {
 
 void walk(const std::shared_ptr<const TokenMasker>& masker, const std::vector<int32_t>& ids, int32_t end_id,
           MaskPlace place, Walk& out) {
+  // Through a GrammarConstraint, as a request is served: the masker's mask,
+  // less the repeats of distinct arrays (grammar/distinct_json.h).
   const TokenVocabulary& v = masker->vocabulary();
-  GrammarMatcher m(masker->grammar());
+  GrammarConstraint c(masker);
   std::vector<uint32_t> words(static_cast<size_t>((v.size() + 31) / 32));
   auto allowed = [&](int32_t id) { return (words[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u; };
   for (int32_t id : ids) {
+    std::fill(words.begin(), words.end(), ~uint32_t{0});
     const auto t0 = Clock::now();
-    masker->fill(m, words);
+    c.fill_allowed(words);
     out.mask_us.push_back(micros(Clock::now() - t0));
     out.places.push_back(place);
     ++place.tokens_before;
     ++out.tokens;
-    if (!allowed(id) || !m.accept_bytes(v.bytes(id))) {
+    if (!allowed(id)) {
       ++out.rejected;
       return;
     }
+    c.accept(id);
   }
-  masker->fill(m, words);
+  std::fill(words.begin(), words.end(), ~uint32_t{0});
+  c.fill_allowed(words);
   if (!allowed(end_id)) ++out.end_refused;
 }
 

@@ -719,10 +719,13 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar) {
     if (!is_distinct_rule(names[r])) continue;
     for (const uint8_t opener : {uint8_t{'['}, uint8_t{'{'}}) {
       const int32_t s = g->step(g->rule_start[r], opener);
-      if (s >= 0) g->distinct_openers.push_back(s);
+      if (s < 0) continue;
+      g->distinct_openers.push_back(s);
+      if (names[r].starts_with(kOpenDistinctRulePrefix)) g->open_distinct_openers.push_back(s);
     }
   }
   std::sort(g->distinct_openers.begin(), g->distinct_openers.end());
+  std::sort(g->open_distinct_openers.begin(), g->open_distinct_openers.end());
   return g;
 }
 

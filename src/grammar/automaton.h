@@ -59,6 +59,7 @@ class CompiledGrammar {
   // Sorted: the states a distinct rule (grammar/ebnf.h) is in right after
   // its first byte, `[` or `{`.
   std::vector<int32_t> distinct_openers;
+  std::vector<int32_t> open_distinct_openers;  // those of kOpenDistinctRulePrefix rules
 
   // The state `byte` leads to from `state`, -1 if none.
   int32_t step(int32_t state, uint8_t byte) const {

@@ -21,16 +21,26 @@ bool begins_one(const std::multiset<std::string>& texts, std::string_view prefix
   return it != texts.end() && std::string_view(*it).starts_with(prefix);
 }
 
+// An element's value. A string without escapes, the common case, is read
+// without the parser (the filter reads thousands of candidate items a step).
+nlohmann::json value_of(std::string_view text) {
+  if (text.size() >= 2 && text.front() == '"' && text.back() == '"' &&
+      text.find('\\') == std::string_view::npos)
+    return nlohmann::json(std::string(text.substr(1, text.size() - 2)));
+  return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
+
 // The order a search tries bytes in: the ones that end things first (a
 // short value is found soonest), then the rest ascending.
 constexpr uint8_t kClosers[] = {'"', ']', '}', ','};
 
 }  // namespace
 
-void DistinctJson::push_frame(bool array, bool distinct, size_t at) {
+void DistinctJson::push_frame(bool array, Distinct opened, size_t at) {
   Frame f;
   f.array = array;
-  f.distinct = distinct;
+  f.distinct = opened != Distinct::kNo;
+  f.open = opened == Distinct::kOpen;
   f.key_next = !array;
   frames_.push_back(std::move(f));
   undo_.emplace_back(Undo::kPushed, at);
@@ -42,7 +52,7 @@ DistinctJson::Outcome DistinctJson::complete(Frame& f, size_t end) {
   f.start = -1;
   if (!f.distinct) return {};
   const std::string text(trimmed(std::string_view(text_).substr(begin, end - begin)));
-  nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json value = value_of(text);
   // Text that does not parse (only a grammar that is no JSON writes it)
   // counts as new, compared by its text alone.
   const bool repeat = value.is_discarded() ? f.texts.contains(text)
@@ -55,13 +65,13 @@ DistinctJson::Outcome DistinctJson::complete(Frame& f, size_t end) {
   return {repeat ? Outcome::kRepeat : Outcome::kNew, index};
 }
 
-DistinctJson::Outcome DistinctJson::push(uint8_t byte, bool opened_distinct) {
+DistinctJson::Outcome DistinctJson::push(uint8_t byte, Distinct opened) {
   const size_t at = text_.size();
   text_.push_back(static_cast<char>(byte));
   if (frames_.empty()) {
     // Outside distinct containers the text is only watched for their start.
-    if (opened_distinct) {
-      push_frame(byte == '[', true, at);
+    if (opened != Distinct::kNo) {
+      push_frame(byte == '[', opened, at);
       in_string_ = escaped_ = key_string_ = false;
     }
     return {};
@@ -104,7 +114,7 @@ DistinctJson::Outcome DistinctJson::push(uint8_t byte, bool opened_distinct) {
     case '[':
     case '{':
       if (f.array && f.start < 0) f.start = static_cast<int64_t>(at);
-      push_frame(byte == '[', opened_distinct, at);
+      push_frame(byte == '[', opened, at);
       return {};
     case ']':
     case '}': {
@@ -165,8 +175,8 @@ std::optional<size_t> DistinctJson::risky_frame() const {
     const Frame& f = frames_[i];
     if (!f.distinct || f.values.empty()) continue;
     if (f.start < 0) {
-      // After a comma: a new element must come.
-      if (f.array || f.key_next) return i;
+      // After a comma: a new element must come (and always can, open).
+      if ((f.array || f.key_next) && !f.open) return i;
       continue;
     }
     // An object's element is its name: once written, nothing is at risk.
@@ -176,7 +186,7 @@ std::optional<size_t> DistinctJson::risky_frame() const {
     // A whole value equal to an earlier one but spelled otherwise (1.0 for
     // 1, members in another order): it may not end here.
     if (!in_string_ && i + 1 == frames_.size()) {
-      const nlohmann::json value = nlohmann::json::parse(so_far, nullptr, /*allow_exceptions=*/false);
+      const nlohmann::json value = value_of(so_far);
       if (!value.is_discarded() && std::find(f.values.begin(), f.values.end(), value) != f.values.end()) return i;
     }
   }
@@ -199,20 +209,41 @@ bool DistinctJson::search(GrammarMatcher& matcher, size_t frame, int& budget, in
     if (!matcher.accept_bytes(std::string_view(&c, 1))) continue;
     const bool opener = wants_opener(b);
     const size_t mark = size();
-    const Outcome o = push(b, opener && matcher.opened_distinct());
+    const Outcome o = push(b, opener ? matcher.opened_distinct() : Distinct::kNo);
+    path_.push_back(static_cast<char>(b));
     bool found;
     if (o.kind == Outcome::kRepeat) {
       found = false;
     } else if ((o.kind == Outcome::kNew && o.frame <= frame) || frames_.size() <= frame) {
       found = true;
+      witness_ = path_;
     } else {
       found = depth >= 256 || search(matcher, frame, budget, depth + 1);
     }
+    path_.pop_back();
     rewind(mark);
     matcher.rollback(1);
     if (found) return true;
   }
   return false;
+}
+
+bool DistinctJson::witness_holds(GrammarMatcher& matcher, size_t frame) {
+  if (witness_.empty() || witness_.find_first_of("[{") != std::string::npos) return false;
+  if (!matcher.accept_bytes(witness_)) return false;
+  const size_t mark = size();
+  bool holds = false;
+  for (const char c : witness_) {
+    const Outcome o = push(static_cast<uint8_t>(c), Distinct::kNo);
+    if (o.kind == Outcome::kRepeat) break;
+    if ((o.kind == Outcome::kNew && o.frame <= frame) || frames_.size() <= frame) {
+      holds = true;
+      break;
+    }
+  }
+  rewind(mark);
+  matcher.rollback(1);
+  return holds;
 }
 
 void DistinctJson::filter(GrammarMatcher& matcher, const TokenVocabulary& vocabulary, std::span<uint32_t> words) {
@@ -249,7 +280,7 @@ void DistinctJson::filter(GrammarMatcher& matcher, const TokenVocabulary& vocabu
       const auto b = static_cast<uint8_t>(c);
       // Containers a token opens are taken as distinct when inside one
       // (the strictest reading; the matcher is not asked mid-token).
-      if (push(b, wants_opener(b) && !frames_.empty()).kind == Outcome::kRepeat) {
+      if (push(b, wants_opener(b) && !frames_.empty() ? Distinct::kYes : Distinct::kNo).kind == Outcome::kRepeat) {
         repeats = true;
         break;
       }
@@ -257,7 +288,7 @@ void DistinctJson::filter(GrammarMatcher& matcher, const TokenVocabulary& vocabu
     if (!repeats) {
       if (const std::optional<size_t> frame = risky_frame(); frame && matcher.accept_bytes(bytes)) {
         int budget = kSearchBudget;
-        repeats = !search(matcher, *frame, budget, 0);
+        repeats = !witness_holds(matcher, *frame) && !search(matcher, *frame, budget, 0);
         matcher.rollback(1);
       }
     }

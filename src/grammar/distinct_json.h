@@ -44,9 +44,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "grammar/matcher.h"
+
 namespace basalt {
 
-class GrammarMatcher;
 class TokenVocabulary;
 
 class DistinctJson {
@@ -58,7 +59,8 @@ class DistinctJson {
   bool wants_opener(uint8_t byte) const {
     return (byte == '[' || byte == '{') && !(in_string_ && !frames_.empty());
   }
-  void accept(uint8_t byte, bool opened_distinct) { push(byte, opened_distinct); }
+  using Distinct = GrammarMatcher::Distinct;
+  void accept(uint8_t byte, Distinct opened) { push(byte, opened); }
   size_t size() const { return text_.size(); }
   void rewind(size_t n);
 
@@ -71,6 +73,7 @@ class DistinctJson {
   struct Frame {
     bool array = true;
     bool distinct = false;
+    bool open = false;      // a new element can always follow (kOpen)
     bool key_next = false;  // an object's next string is a member name
     int64_t start = -1;     // where the current element's text began; -1: not yet
     std::multiset<std::string> texts;  // the earlier elements' texts (distinct frames)
@@ -92,18 +95,25 @@ class DistinctJson {
     std::unique_ptr<Frame> frame;  // kPopped
   };
 
-  Outcome push(uint8_t byte, bool opened_distinct);
+  Outcome push(uint8_t byte, Distinct opened);
   Outcome complete(Frame& f, size_t end);
-  void push_frame(bool array, bool distinct, size_t at);
+  void push_frame(bool array, Distinct opened, size_t at);
   // The outermost frame whose current element could still be forced to
   // repeat an earlier one (see the header comment), if any.
   std::optional<size_t> risky_frame() const;
   bool search(GrammarMatcher& matcher, size_t frame, int& budget, int depth);
+  // Whether `witness_` (the bytes the last search succeeded with) also ends
+  // frame `frame`'s element as a new value from here: most candidates of a
+  // mask (`",` `.",` `!",`) leave the same state, which the same bytes
+  // continue, so one search serves them all.
+  bool witness_holds(GrammarMatcher& matcher, size_t frame);
 
   std::string text_;
   std::vector<Frame> frames_;
   bool in_string_ = false, escaped_ = false, key_string_ = false;
   std::vector<Undo> undo_;
+  std::string path_;     // the bytes of the search's current path
+  std::string witness_;  // see witness_holds()
 };
 
 }  // namespace basalt

@@ -3264,8 +3264,48 @@ class Translator {
       const std::string present = seq({i == 0 ? "" : sep_, item_exprs[static_cast<size_t>(i)], text});
       text = i >= min_items ? alt({present, close(i, "]")}) : present;
     }
-    if (distinct) return Translation::of(define(std::string(kDistinctRulePrefix) + hint, seq({lit("["), ws_, text})));
+    if (distinct) {
+      bool open = values_outnumber(*rest.first, rest.second, max_items);
+      for (const auto& [item, item_path] : prefix) open = open && values_outnumber(*item, item_path, max_items);
+      const std::string_view marker = open ? kOpenDistinctRulePrefix : kDistinctRulePrefix;
+      return Translation::of(define(std::string(marker) + hint, seq({lit("["), ws_, text})));
+    }
     return Translation::of(seq({lit("["), ws_, text}));
+  }
+
+  // Whether distinct items of `item` can always take one more in an array
+  // of at most `max_items` (kOpenDistinctRulePrefix): the item's values are
+  // infinite, or more than max_items. Decided for one type and its bounds;
+  // false where unsure, and the run-time check then searches.
+  bool values_outnumber(const Json& item, const std::string& path, std::optional<int64_t> max_items) const {
+    const Json& s = referenced_schema(item, path);
+    if (s.is_boolean()) return s.get<bool>();
+    if (!s.is_object()) return false;
+    const Json* type = member(s, "type");
+    if (!type) return !has_assertions(s, {});
+    if (!type->is_string()) return false;
+    const std::string t = type->get<std::string>();
+    if (t == "string") {
+      if (has_assertions(s, {"type", "minLength", "maxLength"})) return false;
+      const Json* most = member(s, "maxLength");
+      // Past 2 characters, strings outnumber any array a model writes.
+      return !most || (most->is_number_unsigned() && most->get<uint64_t>() >= 3 && max_items && *max_items <= 100000);
+    }
+    if (t == "number") {
+      if (has_assertions(s, {"type", "minimum", "maximum"})) return false;
+      const Json* lo = member(s, "minimum");
+      const Json* hi = member(s, "maximum");
+      return !lo || !hi || !json_equal(*lo, *hi);
+    }
+    if (t == "integer") {
+      if (has_assertions(s, {"type", "minimum", "maximum"})) return false;
+      const Json* lo = member(s, "minimum");
+      const Json* hi = member(s, "maximum");
+      if (!lo || !hi) return true;
+      return lo->is_number() && hi->is_number() && max_items &&
+             hi->get<double>() - lo->get<double>() >= static_cast<double>(*max_items);
+    }
+    return (t == "object" || t == "array") && !has_assertions(s, {"type"});
   }
 
   // --- Objects ---
@@ -3918,10 +3958,16 @@ class Translator {
   // triggers). Otherwise a property of one side would have to be matched
   // against the other's patterns, which is refused.
   static void merge_pattern_properties(Json& acc, const Json& schema, const std::string& path) {
-    const Json* patterns = member(schema, "patternProperties");
+    // An empty patternProperties says nothing (Github_ultra/o12653.json).
+    const auto has_patterns = [](const Json& s) {
+      const Json* p = member(s, "patternProperties");
+      return p && !(p->is_object() && p->empty());
+    };
+    if (!has_patterns(acc)) acc.erase("patternProperties");
+    const Json* patterns = has_patterns(schema) ? member(schema, "patternProperties") : nullptr;
     if (!patterns && !acc.contains("patternProperties")) return;
-    const auto only_false_properties = [](const Json& s) {
-      if (s.contains("additionalProperties") || s.contains("patternProperties")) return false;
+    const auto only_false_properties = [&](const Json& s) {
+      if (s.contains("additionalProperties") || has_patterns(s)) return false;
       if (!s.contains("properties")) return true;
       const Json& properties = s.at("properties");
       return properties.is_object() && std::all_of(properties.begin(), properties.end(),

@@ -69,12 +69,21 @@ void GrammarMatcher::next_bytes(std::bitset<256>& out) const {
   }
 }
 
-bool GrammarMatcher::opened_distinct() const {
+GrammarMatcher::Distinct GrammarMatcher::opened_distinct() const {
   const std::vector<int32_t>& openers = grammar_->distinct_openers;
-  if (openers.empty() || history() == 0) return false;
-  for (int32_t id : state_->sets.back())
-    if (std::binary_search(openers.begin(), openers.end(), state_->arena[id].state)) return true;
-  return false;
+  const std::vector<int32_t>& open = grammar_->open_distinct_openers;
+  if (openers.empty() || history() == 0) return Distinct::kNo;
+  bool any = false, all_open = true;
+  for (int32_t id : state_->sets.back()) {
+    const int32_t s = state_->arena[id].state;
+    if (std::binary_search(openers.begin(), openers.end(), s)) {
+      any = true;
+      all_open = all_open && std::binary_search(open.begin(), open.end(), s);
+    } else {
+      all_open = false;
+    }
+  }
+  return !any ? Distinct::kNo : all_open ? Distinct::kOpen : Distinct::kYes;
 }
 
 bool GrammarMatcher::has_distinct_rules() const { return !grammar_->distinct_openers.empty(); }

@@ -50,8 +50,10 @@ class GrammarMatcher {
   // Sets in `out` the bytes the grammar allows next.
   void next_bytes(std::bitset<256>& out) const;
   // Whether the last byte accepted opened a distinct rule's array or object
-  // (grammar/ebnf.h) on some parse of the text.
-  bool opened_distinct() const;
+  // (grammar/ebnf.h) on some parse of the text, and whether every such
+  // parse opened one whose new elements cannot run out (kOpen).
+  enum class Distinct : uint8_t { kNo, kYes, kOpen };
+  Distinct opened_distinct() const;
   bool has_distinct_rules() const;
   // Forgets the last n successful accept_bytes() calls (n <= history()).
   void rollback(int n);

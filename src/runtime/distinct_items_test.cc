@@ -104,6 +104,12 @@ TEST(DistinctItems, TheGrammarAloneAllowsRepeatsTheMasksDoNot) {
   const char* text = R"({"type": "array", "items": {"type": "integer"}, "uniqueItems": true})";
   const std::string ebnf = to_ebnf({StructuredOutputSpec::Kind::kJsonSchema, text});
   EXPECT_NE(ebnf.find(kDistinctRulePrefix), std::string::npos) << ebnf;
+  // Integers are endless: no new item can run out, and the rule says so.
+  EXPECT_NE(ebnf.find(kOpenDistinctRulePrefix), std::string::npos) << ebnf;
+  const std::string finite = to_ebnf({StructuredOutputSpec::Kind::kJsonSchema,
+                                      R"({"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": true})"});
+  EXPECT_NE(finite.find(kDistinctRulePrefix), std::string::npos) << finite;
+  EXPECT_EQ(finite.find(kOpenDistinctRulePrefix), std::string::npos) << finite;
   EXPECT_TRUE(grammar_matches(parse_ebnf(ebnf), "[1,1]"));
   Walk w(schema(text));
   w.write("[1,2,1");

@@ -43,7 +43,7 @@ bool GrammarConstraint::take(std::string_view bytes) {
   const size_t text_size = distinct_->size();
   int pieces = 0;
   size_t begin = 0;
-  std::vector<std::pair<size_t, bool>> openers;  // (position, opened a distinct container)
+  std::vector<std::pair<size_t, DistinctJson::Distinct>> openers;  // (position, what that byte opened)
   for (size_t i = 0; i <= bytes.size(); ++i) {
     const bool cut = i < bytes.size() && (bytes[i] == '[' || bytes[i] == '{');
     if (!cut && i < bytes.size()) continue;
@@ -61,9 +61,9 @@ bool GrammarConstraint::take(std::string_view bytes) {
   size_t next_opener = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
     const auto b = static_cast<uint8_t>(bytes[i]);
-    bool opened = false;
+    DistinctJson::Distinct opened = DistinctJson::Distinct::kNo;
     if (next_opener < openers.size() && openers[next_opener].first == i) opened = openers[next_opener++].second;
-    distinct_->accept(b, opened && distinct_->wants_opener(b));
+    distinct_->accept(b, distinct_->wants_opener(b) ? opened : DistinctJson::Distinct::kNo);
   }
   pieces_.push_back(pieces);
   text_sizes_.push_back(text_size);
