@@ -721,7 +721,7 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar) {
       const int32_t s = g->step(g->rule_start[r], opener);
       if (s < 0) continue;
       g->distinct_openers.push_back(s);
-      if (names[r].starts_with(kOpenDistinctRulePrefix)) g->open_distinct_openers.push_back(s);
+      if (is_open_distinct_rule(names[r])) g->open_distinct_openers.push_back(s);
     }
   }
   std::sort(g->distinct_openers.begin(), g->distinct_openers.end());

@@ -173,7 +173,8 @@ void DistinctJson::rewind(size_t n) {
 std::optional<size_t> DistinctJson::risky_frame() const {
   for (size_t i = 0; i < frames_.size(); ++i) {
     const Frame& f = frames_[i];
-    if (!f.distinct || f.values.empty()) continue;
+    // An open object's names can always go on to a new one.
+    if (!f.distinct || f.values.empty() || (f.open && !f.array)) continue;
     if (f.start < 0) {
       // After a comma: a new element must come (and always can, open).
       if ((f.array || f.key_next) && !f.open) return i;
@@ -258,7 +259,7 @@ void DistinctJson::filter(GrammarMatcher& matcher, const TokenVocabulary& vocabu
   for (int32_t id : in_string_ ? vocabulary.with_quote() : vocabulary.with_closer())
     if (allowed(id)) candidates.push_back(id);
   for (const Frame& f : frames_) {
-    if (!f.distinct || f.values.empty()) continue;
+    if (!f.distinct || f.values.empty() || (f.open && !f.array)) continue;
     if (f.start < 0 && !(f.array || f.key_next)) continue;
     const std::string so_far(f.start < 0 ? std::string_view() : std::string_view(text_).substr(static_cast<size_t>(f.start)));
     for (auto it = f.texts.lower_bound(so_far); it != f.texts.end() && it->starts_with(so_far); ++it) {

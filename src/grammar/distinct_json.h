@@ -25,6 +25,14 @@
 // the schema's arrays cannot be unique (minItems past what its items can
 // be), and the grammar's own guarantee — a mask is never empty — wins.
 //
+// JSON Schema's translation uses distinct rules for uniqueItems arrays
+// only. Objects with additionalProperties (and json_object) would keep a
+// model from writing a member name twice, but the filter's scan of the
+// vocabulary's quote-holding tokens then runs at every step inside such
+// objects: on Llama 3's vocabulary it took the grammar bench's cache-filled
+// masks from p50 1.7 to 3.4-7 us and p90 4.8 to 39-60 us, so it waits for a
+// cheaper way to find the tokens that can close a name.
+//
 // Contract: accept() takes every byte the matcher accepted, in order, with
 // whether it opened a distinct container (ask the matcher after each byte
 // for which wants_opener() was true); rewind(n) goes back to the first n

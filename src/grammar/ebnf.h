@@ -22,14 +22,15 @@
 // never produces a broken code point unless it is written byte by byte with
 // \xHH above 0x7F inside a literal (then those bytes are taken as written).
 //
-// A rule whose name begins with kDistinctRulePrefix ("distinct..") writes a
+// A rule whose name contains kDistinctRulePrefix ("distinct..", at its start
+// or after a prefix that translations put before every rule) writes a
 // JSON array or object starting with its first byte, whose items (an
 // array's) or member names (an object's) must all differ: JSON Schema's
 // uniqueItems, which no context-free grammar can say. The grammar alone
 // allows repeats; GrammarConstraint checks them at run time
 // (grammar/distinct_json.h). Such rules are never compiled inline, so the
 // matcher can tell where one was opened (GrammarMatcher::opened_distinct).
-// One named with kOpenDistinctRulePrefix ("distinct..open..") also promises
+// One whose name contains kOpenDistinctRulePrefix ("distinct..open..") also promises
 // that a new element can always follow (its items' values outnumber what
 // the array may hold), which spares the check a search at each comma.
 //
@@ -81,7 +82,10 @@ struct Grammar {
 
 inline constexpr std::string_view kDistinctRulePrefix = "distinct..";
 inline constexpr std::string_view kOpenDistinctRulePrefix = "distinct..open..";
-inline bool is_distinct_rule(std::string_view name) { return name.starts_with(kDistinctRulePrefix); }
+inline bool is_distinct_rule(std::string_view name) { return name.find(kDistinctRulePrefix) != std::string_view::npos; }
+inline bool is_open_distinct_rule(std::string_view name) {
+  return name.find(kOpenDistinctRulePrefix) != std::string_view::npos;
+}
 
 // The largest repetition bound {m,n} the compiler unrolls.
 inline constexpr int32_t kMaxRepetition = 10000;
