@@ -1,8 +1,10 @@
 // libFuzzer target: the structured-output compilers on untrusted specs. The
 // first byte picks the input's kind (an EBNF grammar, an ECMAScript regex in
 // either mode, a JSON schema); the rest is the spec. Whatever compiles is
-// matched against a few texts and masked over a small vocabulary. Every
-// failure must be a basalt::Error; nothing may crash, leak or hang.
+// matched against a few texts and masked over a small vocabulary; where
+// the grammar has distinct rules (uniqueItems), a DistinctJson follows the
+// text byte by byte, filters the masks and goes back with the matcher.
+// Every failure must be a basalt::Error; nothing may crash, leak or hang.
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "grammar/distinct_json.h"
 #include "grammar/ebnf.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
@@ -34,8 +37,34 @@ const std::shared_ptr<const basalt::TokenVocabulary>& vocabulary() {
   return v;
 }
 
+// The run-time half of uniqueItems, as GrammarConstraint drives it, one
+// byte per step (so the matcher can say what each `[` opened); odd bytes
+// the grammar refuses take a step back.
+void exercise_distinct(const std::shared_ptr<const basalt::CompiledGrammar>& grammar, std::string_view text) {
+  basalt::GrammarMatcher m(grammar);
+  if (!m.has_distinct_rules()) return;
+  const basalt::TokenMasker masker(grammar, vocabulary());
+  basalt::DistinctJson distinct;
+  std::vector<uint32_t> words(static_cast<size_t>((vocabulary()->size() + 31) / 32));
+  for (size_t i = 0; i < text.size() && i < 96; ++i) {
+    masker.fill(m, words);
+    distinct.filter(m, *vocabulary(), words);
+    const auto b = static_cast<uint8_t>(text[i]);
+    if (!m.accept_bytes(text.substr(i, 1))) {
+      if ((b & 1) != 0 && m.history() > 0) {
+        m.rollback(1);
+        distinct.rewind(distinct.size() - 1);
+      }
+      continue;
+    }
+    distinct.accept(b, distinct.wants_opener(b) ? m.opened_distinct() : basalt::GrammarMatcher::Distinct::kNo);
+  }
+}
+
 void exercise(const std::string& ebnf, std::string_view text) {
   const auto grammar = basalt::compile_grammar(basalt::parse_ebnf(ebnf));
+  exercise_distinct(grammar, text);
+  exercise_distinct(grammar, R"([1,1,"a","a",[1],[1],{"a":1,"a":1},1.0,{"b":[2]},{"b":[2]}])");
   basalt::GrammarMatcher m(grammar);
   const basalt::TokenMasker masker(grammar, vocabulary());
   std::vector<uint32_t> words(static_cast<size_t>((vocabulary()->size() + 31) / 32));
