@@ -3264,6 +3264,14 @@ class Translator {
       const std::string present = seq({i == 0 ? "" : sep_, item_exprs[static_cast<size_t>(i)], text});
       text = i >= min_items ? alt({present, close(i, "]")}) : present;
     }
+    if (distinct && prefix.empty()) {
+      // Fewer distinct values than minItems asks for: no array at all
+      // (rather than a grammar the run-time check can only let repeat).
+      if (const std::optional<int64_t> count = value_count(*rest.first, rest.second); count && *count < min_items) {
+        return Translation::none(fmt::format("the items at {} take {} distinct values, fewer than minItems {}", path,
+                                             *count, min_items));
+      }
+    }
     if (distinct) {
       bool open = values_outnumber(*rest.first, rest.second, max_items);
       for (const auto& [item, item_path] : prefix) open = open && values_outnumber(*item, item_path, max_items);
@@ -3271,6 +3279,36 @@ class Translator {
       return Translation::of(define(std::string(marker) + hint, seq({lit("["), ws_, text})));
     }
     return Translation::of(seq({lit("["), ws_, text}));
+  }
+
+  // How many values `item` admits, where that is plain from it: an enum or
+  // const alone (beside type at most), a boolean or null type, or an
+  // integer range; none otherwise.
+  std::optional<int64_t> value_count(const Json& item, const std::string& path) const {
+    const Json& s = referenced_schema(item, path);
+    if (s.is_boolean()) return s.get<bool>() ? std::nullopt : std::optional<int64_t>(0);
+    if (!s.is_object()) return std::nullopt;
+    if (const Json* list = member(s, "enum"); list && list->is_array() && !has_assertions(s, {"enum", "type"}) &&
+                                              !s.contains("type")) {
+      std::vector<Json> distinct;
+      for (const Json& v : *list)
+        if (std::none_of(distinct.begin(), distinct.end(), [&](const Json& d) { return json_equal(d, v); }))
+          distinct.push_back(v);
+      return static_cast<int64_t>(distinct.size());
+    }
+    if (s.contains("const") && !has_assertions(s, {"const"})) return 1;
+    const Json* type = member(s, "type");
+    if (!type || !type->is_string()) return std::nullopt;
+    if (*type == "boolean" && !has_assertions(s, {"type"})) return 2;
+    if (*type == "null" && !has_assertions(s, {"type"})) return 1;
+    if (*type == "integer" && !has_assertions(s, {"type", "minimum", "maximum"})) {
+      const Json* lo = member(s, "minimum");
+      const Json* hi = member(s, "maximum");
+      if (!lo || !hi || !lo->is_number_integer() || !hi->is_number_integer()) return std::nullopt;
+      const double span = hi->get<double>() - lo->get<double>() + 1;
+      return span < 0 ? 0 : span > 1e15 ? std::nullopt : std::optional<int64_t>(static_cast<int64_t>(span));
+    }
+    return std::nullopt;
   }
 
   // Whether distinct items of `item` can always take one more in an array

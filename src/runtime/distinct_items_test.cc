@@ -280,12 +280,28 @@ TEST(DistinctItems, RollbackForgetsTheItems) {
   EXPECT_EQ(t.mask(), start);
 }
 
-// A schema whose items cannot all differ keeps its grammar's masks (never
-// an empty one).
-TEST(DistinctItems, AnImpossibleArrayStillEnds) {
-  Walk w(schema(R"({"type": "array", "uniqueItems": true, "minItems": 2, "maxItems": 2, "items": {"const": 1}})"));
+// Where the items plainly take fewer values than minItems, the translation
+// says no array satisfies the schema. Where that is not plain (a pattern's
+// strings), the masks are the grammar's where nothing else is left: never
+// an empty one.
+TEST(DistinctItems, AnImpossibleArrayIsRefusedOrStillEnds) {
+  for (const char* impossible : {
+           R"({"type": "array", "uniqueItems": true, "minItems": 2, "items": {"const": 1}})",
+           R"({"type": "array", "uniqueItems": true, "minItems": 3, "items": {"enum": ["a", "b", "a"]}})",
+           R"({"type": "array", "uniqueItems": true, "minItems": 3, "items": {"type": "boolean"}})",
+           R"({"type": "array", "uniqueItems": true, "minItems": 4, "items": {"type": "integer", "minimum": 1,
+               "maximum": 3}})"}) {
+    try {
+      to_ebnf({StructuredOutputSpec::Kind::kJsonSchema, impossible});
+      ADD_FAILURE() << "translated " << impossible;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("distinct values, fewer than minItems"), std::string::npos) << e.what();
+    }
+  }
+  Walk w(schema(R"({"type": "array", "uniqueItems": true, "minItems": 2, "maxItems": 2,
+                    "items": {"type": "string", "pattern": "^a$"}})"));
   std::mt19937 rng(1);
-  EXPECT_EQ(w.sample(rng), "[1,1]");
+  EXPECT_EQ(w.sample(rng), R"(["a","a"])");
 }
 
 TEST(DistinctItems, UniqueItemsMustBeABoolean) {
