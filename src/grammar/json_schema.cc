@@ -4004,6 +4004,50 @@ class Translator {
     if (!has_patterns(acc)) acc.erase("patternProperties");
     const Json* patterns = has_patterns(schema) ? member(schema, "patternProperties") : nullptr;
     if (!patterns && !acc.contains("patternProperties")) return;
+    // A side closed to the names it lists (additionalProperties false, no
+    // patterns of its own) meets the other's patterns on those names alone:
+    // each listed name takes the schema of every pattern that matches it,
+    // and the patterns have no other name to apply to (Github_hard/o13457:
+    // an xAPI agent's listed names, met with mbox's patternProperties).
+    // Exact where the patterned side says nothing of further names.
+    const auto closed = [&](const Json& s) {
+      const Json* additional = member(s, "additionalProperties");
+      const Json* listed = member(s, "properties");
+      return additional && *additional == false && !has_patterns(s) && (!listed || listed->is_object());
+    };
+    const auto says_nothing_further = [](const Json& s) {
+      const Json* additional = member(s, "additionalProperties");
+      return !additional || *additional == true;
+    };
+    // Each name of `names` takes, in `into`'s properties, the schema of
+    // every pattern of `patterns` it matches.
+    const auto meet_on_names = [&](Json& into, const Json& names, const Json& patterns) {
+      BASALT_CHECK(patterns.is_object(), "json schema: keyword \"patternProperties\" at {} must be an object", path);
+      for (const auto& [name, unused] : names.items()) {
+        for (const auto& [pattern, pattern_schema] : patterns.items()) {
+          bool matches = false;
+          try {
+            matches = RegexLanguage::of_pattern(pattern, RegexMode::kSearch).contains(name);
+          } catch (const Error& e) {
+            fail("json schema: keyword \"patternProperties\" at {}: {}", path, e.what());
+          }
+          if (!matches) continue;
+          Json& property = into["properties"][name];
+          property = property.is_null() ? pattern_schema : Json{{"allOf", Json::array({property, pattern_schema})}};
+        }
+      }
+    };
+    if (patterns && closed(acc) && says_nothing_further(schema)) {
+      if (acc.contains("properties")) meet_on_names(acc, acc.at("properties"), *patterns);
+      return;
+    }
+    if (!patterns && closed(schema) && says_nothing_further(acc)) {
+      // The other way round: the patterns met so far, on this side's names.
+      const Json mine = acc.at("patternProperties");
+      acc.erase("patternProperties");
+      if (const Json* listed = member(schema, "properties")) meet_on_names(acc, *listed, mine);
+      return;
+    }
     const auto only_false_properties = [&](const Json& s) {
       if (s.contains("additionalProperties") || has_patterns(s)) return false;
       if (!s.contains("properties")) return true;

@@ -1640,6 +1640,27 @@ TEST(JsonSchemaCombinations, AllOfMerges) {
 
 // --- $ref -----------------------------------------------------------------------
 
+// allOf of an object closed to the names it lists and one with
+// patternProperties: the patterns meet the listed names (Github_hard/o13457).
+TEST(JsonSchemaCombinations, AllOfMeetsPatternsOnAClosedSidesNames) {
+  const SchemaGrammar s(R"({"allOf": [
+      {"properties": {"mbox": {}, "sha": {}, "name": {}}, "additionalProperties": false},
+      {"required": ["mbox"], "properties": {"mbox": {"type": "string"}},
+       "patternProperties": {"^(sha|acct)$": {"type": "null"}}}]})");
+  s.expect_accepts({R"({"mbox":"m"})", R"({"mbox":"m","sha":null,"name":1})", "1"});
+  s.expect_rejects({R"({"mbox":"m","sha":1})", R"({"mbox":1})", R"({"mbox":"m","acct":null})", "{}"});
+  // The patterned side first.
+  const SchemaGrammar reversed(R"({"allOf": [
+      {"properties": {"mbox": {"type": "string"}}, "patternProperties": {"^(sha|acct)$": {"type": "null"}}},
+      {"properties": {"mbox": {}, "sha": {}, "name": {}}, "additionalProperties": false}]})");
+  reversed.expect_accepts({"{}", R"({"mbox":"m","sha":null,"name":1})"});
+  reversed.expect_rejects({R"({"sha":1})", R"({"mbox":1})", R"({"acct":null})"});
+  // A patterned side that also closes its further names is still refused.
+  EXPECT_CONTAINS(schema_error(R"({"allOf": [{"properties": {"a": {}}, "additionalProperties": false},
+                                             {"patternProperties": {"^a$": {}}, "additionalProperties": false}]})"),
+                  R"(unsupported keyword "patternProperties")");
+}
+
 TEST(JsonSchemaRefs, DefinitionsAndPointers) {
   const SchemaGrammar defs(R"({"$defs": {"id": {"type": "integer", "minimum": 1}},
       "definitions": {"name": {"type": "string"}},
