@@ -1594,6 +1594,8 @@ class Translator {
     std::optional<std::vector<std::string>> names;
     // Strings: patterns every string matches (JSON Schema's search).
     std::vector<std::string> patterns;
+    // Values a `not` of enum or const takes away.
+    std::vector<Json> not_values;
     // Arrays: the summary of every item (`items` a schema, no prefixItems),
     // one element or none.
     std::vector<Summary> items;
@@ -2038,6 +2040,23 @@ class Translator {
         for (size_t i = 0; i < value.size(); ++i) any = join(any, summarize(value[i], child_path(at, i), depth, open));
         if (key == "oneOf") any.full = 0;  // a type two branches admit whole is not admitted
         s = meet(std::move(s), any);
+      } else if (key == "not") {
+        // not of an enum or const (a $ref alone followed; avro-avsc's custom
+        // type names are not the primitive ones): those values are out.
+        s.full = 0;
+        const Json& negated = referenced_schema(value, at);
+        if (negated.is_object() && !has_assertions(negated, {"enum", "const", "type"})) {
+          std::vector<Json> listed;
+          if (const Json* list = member(negated, "enum"); list && list->is_array()) listed.assign(list->begin(), list->end());
+          if (const Json* one = member(negated, "const")) listed.push_back(*one);
+          const uint8_t types = negated.contains("type") ? type_set(negated.at("type"), child_path(at, "type")) : kAnyType;
+          // With both enum and const, a value must be in both to be taken
+          // away; taking the enum's and the const's is then too much, so
+          // only one of them is read.
+          if (!(negated.contains("enum") && negated.contains("const")))
+            for (const Json& v : listed)
+              if (value_type(v) & types) s.not_values.push_back(v);
+        }
       } else if (key == "format") {
         s.full &= static_cast<uint8_t>(~(kString | kInteger | kFraction));  // int32 on numbers
       } else if (key == "pattern" && value.is_string()) {
@@ -2160,6 +2179,7 @@ class Translator {
     if (b.max_members) bound_members(a, *b.max_members);
     if (b.names) restrict_names(a, *b.names);
     a.patterns.insert(a.patterns.end(), b.patterns.begin(), b.patterns.end());
+    a.not_values.insert(a.not_values.end(), b.not_values.begin(), b.not_values.end());
     if (!b.items.empty()) {
       if (a.items.empty()) {
         a.items = b.items;
@@ -2233,6 +2253,8 @@ class Translator {
   // Whether `v` is proven not to be among the values `s` admits.
   static bool excluded(const Summary& s, const Json& v) {
     if (!(value_type(v) & s.types)) return true;
+    if (std::any_of(s.not_values.begin(), s.not_values.end(), [&](const Json& w) { return json_equal(v, w); }))
+      return true;
     if (s.values && std::none_of(s.values->begin(), s.values->end(), [&](const Json& w) { return json_equal(v, w); }))
       return true;
     if (v.is_string() && !s.patterns.empty()) {

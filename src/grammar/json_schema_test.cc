@@ -1454,6 +1454,17 @@ TEST(JsonSchemaOneOf, BranchesNarrowedToTheirDiscriminator) {
   merged.expect_rejects({"{}", R"({"k":3})", R"({"k":2,"v":3})"});
 }
 
+// A branch whose not takes away the other branch's values
+// (JsonSchemaStore/avro-avsc.json: a custom type name is any name but a
+// primitive one).
+TEST(JsonSchemaOneOf, BranchesToldApartByTheValuesANotTakesAway) {
+  const SchemaGrammar avro(R"({"$defs": {"primitive": {"type": "string", "enum": ["null", "int"]}},
+      "oneOf": [{"$ref": "#/$defs/primitive"},
+                {"type": "string", "pattern": "^[a-z]+$", "not": {"$ref": "#/$defs/primitive"}}]})");
+  avro.expect_accepts({"\"null\"", "\"int\"", "\"record\""});
+  avro.expect_rejects({"\"Int1\"", "1", "null"});
+}
+
 TEST(JsonSchemaOneOf, BranchesThatMayOverlapAreRefused) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       // Bounds that overlap at 5.
