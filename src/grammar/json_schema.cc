@@ -3304,8 +3304,8 @@ class Translator {
   }
 
   // How many values `item` admits, where that is plain from it: an enum or
-  // const alone (beside type at most), a boolean or null type, or an
-  // integer range; none otherwise.
+  // a const alone, a boolean or null type, or an integer range; none
+  // otherwise.
   std::optional<int64_t> value_count(const Json& item, const std::string& path) const {
     const Json& s = referenced_schema(item, path);
     if (s.is_boolean()) return s.get<bool>() ? std::nullopt : std::optional<int64_t>(0);

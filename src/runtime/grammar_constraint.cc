@@ -49,7 +49,14 @@ bool GrammarConstraint::take(std::string_view bytes) {
     if (!cut && i < bytes.size()) continue;
     const size_t end = cut ? i + 1 : i;
     if (end > begin || pieces == 0) {
-      if (!matcher_.accept_bytes(bytes.substr(begin, end - begin))) {
+      bool accepted = false;
+      try {
+        accepted = matcher_.accept_bytes(bytes.substr(begin, end - begin));
+      } catch (...) {  // past the matcher's stack limit: undo the pieces before
+        matcher_.rollback(pieces);
+        throw;
+      }
+      if (!accepted) {
         matcher_.rollback(pieces);
         return false;
       }
