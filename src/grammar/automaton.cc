@@ -160,7 +160,8 @@ class InlinePlan {
     int64_t& w = weight_[static_cast<size_t>(rule)];
     if (w != -2) return w;
     if (depth > kMaxInlineDepth || recursive_[static_cast<size_t>(rule)] ||
-        is_distinct_rule(g_.rules[static_cast<size_t>(rule)].name))
+        is_distinct_rule(g_.rules[static_cast<size_t>(rule)].name) ||
+        bounded_rule_limit(g_.rules[static_cast<size_t>(rule)].name))
       return -1;
     const int64_t body = weight_of(g_.rules[static_cast<size_t>(rule)].body, depth);
     // (Recursive rules never get here, so no cycle reads w while it is computed.)
@@ -726,6 +727,15 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar) {
   }
   std::sort(g->distinct_openers.begin(), g->distinct_openers.end());
   std::sort(g->open_distinct_openers.begin(), g->open_distinct_openers.end());
+  for (size_t r = 0; r < rules.size(); ++r) {
+    const std::optional<int64_t> limit = bounded_rule_limit(names[r]);
+    if (!limit) continue;
+    const int32_t opener = g->step(g->rule_start[r], '"');
+    BASALT_CHECK(opener >= 0, "grammar: bounded rule \"{}\" must begin with a quote", names[r]);
+    g->bounded_regions.push_back({opener, std::make_shared<BoundedText>(grammar, static_cast<int32_t>(r), *limit)});
+  }
+  std::sort(g->bounded_regions.begin(), g->bounded_regions.end(),
+            [](const BoundedRegion& a, const BoundedRegion& b) { return a.opener < b.opener; });
   return g;
 }
 

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "grammar/bounded_string.h"
 #include "grammar/ebnf.h"
 
 namespace basalt {
@@ -60,6 +61,9 @@ class CompiledGrammar {
   // its first byte, `[` or `{`.
   std::vector<int32_t> distinct_openers;
   std::vector<int32_t> open_distinct_openers;  // those of kOpenDistinctRulePrefix rules
+  // The bounded rules (grammar/ebnf.h), by the state their opening quote
+  // leads to, sorted.
+  std::vector<BoundedRegion> bounded_regions;
 
   // The state `byte` leads to from `state`, -1 if none.
   int32_t step(int32_t state, uint8_t byte) const {

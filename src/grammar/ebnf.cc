@@ -1,6 +1,7 @@
 #include "grammar/ebnf.h"
 
 #include <algorithm>
+#include <charconv>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -377,6 +378,18 @@ std::string ebnf_literal(std::string_view value) {
   }
   out.push_back('"');
   return out;
+}
+
+std::optional<int64_t> bounded_rule_limit(std::string_view name) {
+  const size_t at = name.find(kBoundedRulePrefix);
+  if (at == std::string_view::npos) return std::nullopt;
+  const std::string_view rest = name.substr(at + kBoundedRulePrefix.size());
+  int64_t limit = 0;
+  const auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), limit);
+  if (error != std::errc() || end == rest.data() || limit < 0) return std::nullopt;
+  if (std::string_view(end, static_cast<size_t>(rest.data() + rest.size() - end)).substr(0, 2) != "..")
+    return std::nullopt;
+  return limit;
 }
 
 }  // namespace basalt

@@ -34,6 +34,15 @@
 // that a new element can always follow (its items' values outnumber what
 // the array may hold), which spares the check a search at each comma.
 //
+// A rule whose name contains kBoundedRulePrefix followed by a count and
+// "..", as in "bounded..200..title", writes a JSON string (its opening
+// quote, JSON-escaped text, its closing quote) that may hold at most that
+// many code points once decoded: JSON Schema's maxLength where the
+// string's pattern or format is an automaton too large to count lengths in
+// (grammar/bounded_string.h). The rule's text must be a regular language;
+// the grammar alone allows longer strings, and GrammarConstraint keeps the
+// bound at run time. Such rules are never compiled inline either.
+//
 // Contract: parse_ebnf() throws basalt::Error naming line:column and what is
 // wrong (unknown rule, a rule defined twice, bad escape, unbalanced
 // bracket, a repetition bound past kMaxRepetition, no root rule). Rules
@@ -42,6 +51,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,6 +96,10 @@ inline bool is_distinct_rule(std::string_view name) { return name.find(kDistinct
 inline bool is_open_distinct_rule(std::string_view name) {
   return name.find(kOpenDistinctRulePrefix) != std::string_view::npos;
 }
+
+inline constexpr std::string_view kBoundedRulePrefix = "bounded..";
+// The bound a bounded rule's name gives, none for other names.
+std::optional<int64_t> bounded_rule_limit(std::string_view name);
 
 // The largest repetition bound {m,n} the compiler unrolls.
 inline constexpr int32_t kMaxRepetition = 10000;

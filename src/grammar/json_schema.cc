@@ -2917,19 +2917,36 @@ class Translator {
       }
     }
     const char* keyword = excluded ? "not" : min_length > 0 ? "minLength" : "maxLength";
+    // maxLength kept at run time (grammar/bounded_string.h) where counting
+    // up to it multiplies a pattern's or format's automaton past what fits:
+    // a uri of at most 255 code points (Github_hard/o1051.json), at most 50
+    // words in 500 (Github_ultra/o21135.json).
+    std::optional<int64_t> run_time_bound;
     try {
-      if (min_length > 0 || max_length)
-        language = language.intersect(RegexLanguage::of_length(min_length, max_length.value_or(-1)));
+      if (min_length > 0 || max_length) {
+        try {
+          language = language.intersect(RegexLanguage::of_length(min_length, max_length.value_or(-1)));
+        } catch (const Error&) {
+          if (!max_length || (!pattern && !formatted)) throw;
+          language = language.intersect(RegexLanguage::of_length(min_length, -1));
+          run_time_bound = max_length;
+        }
+      }
       if (excluded) language = language.minus(*excluded);
     } catch (const Error& e) {
       fail("json schema: unsupported keyword \"{}\" at {}: {}", keyword, path, e.what());
     }
-    if (language.empty()) {
+    if (language.empty() || (run_time_bound && language.shortest() > *run_time_bound)) {
       return Translation::none(fmt::format("no string at {} meets its pattern, length bounds and not together",
                                            path));
     }
     const RegexRules rules = language.to_ebnf(/*json_escaped=*/true, fmt::format("lang{}.", ++name_sets_));
     pattern_rules_ += rules.rules;
+    if (run_time_bound) {
+      const std::string bounded = fmt::format("{}{}..lang{}.string", kBoundedRulePrefix, *run_time_bound, name_sets_);
+      pattern_rules_ += fmt::format("{} ::= {}\n", bounded, seq({lit("\""), rules.root, lit("\"")}));
+      return Translation::of(bounded);
+    }
     return Translation::of(seq({lit("\""), rules.root, lit("\"")}));
   }
 

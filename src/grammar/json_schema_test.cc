@@ -89,6 +89,7 @@ class SchemaGrammar {
         grammar_(parse_ebnf(ebnf_)) {}
 
   bool matches(const std::string& text) const { return grammar_matches(grammar_, text); }
+  const std::string& ebnf() const { return ebnf_; }
 
   // Each JSON value, spelled canonically, must be accepted.
   void expect_values(const Texts& values) const {
@@ -301,9 +302,15 @@ TEST(JsonSchemaStrings, PatternWithLengthBounds) {
   EXPECT_CONTAINS(schema_error(R"({"type": "object", "properties": {"p": {"type": "string", "pattern": "^a{5}$",
                                    "maxLength": 3}}, "required": ["p"]})"),
                   "no string at #/properties/p meets its pattern, length bounds and not together");
-  // Bounds past what one automaton may hold are refused by name.
-  EXPECT_CONTAINS(schema_error(R"({"type": "string", "pattern": "^a", "maxLength": 100000})"),
-                  R"(unsupported keyword "maxLength" at #: regex: length bound 100000)");
+  // Bounds past what one automaton may hold are kept at run time by a
+  // bounded rule (grammar/bounded_string.h), whose grammar alone is the
+  // pattern; a minLength that large is refused by name.
+  const SchemaGrammar long_bound(R"({"type": "string", "pattern": "^a", "maxLength": 100000})");
+  EXPECT_NE(long_bound.ebnf().find(std::string(kBoundedRulePrefix) + "100000.."), std::string::npos) << long_bound.ebnf();
+  long_bound.expect_accepts({"\"a\"", "\"abc\""});
+  long_bound.expect_rejects({"\"b\"", "\"\""});
+  EXPECT_CONTAINS(schema_error(R"({"type": "string", "pattern": "^a", "minLength": 100000})"),
+                  R"(unsupported keyword "minLength" at #: regex: length bound 100000)");
   // A pattern every string matches says nothing: long bounds stay usable
   // (Github_ultra/o12409.json).
   const SchemaGrammar any_text(R"({"type": "string", "maxLength": 4096, "pattern": "([0-9a-zA-Z]+)?"})");
@@ -437,10 +444,14 @@ TEST(JsonSchemaFormats, UnknownFormatsAndCombinationsAreRefused) {
   EXPECT_CONTAINS(e, "\"format\"");
   EXPECT_CONTAINS(e, "#/properties/c");
   EXPECT_CONTAINS(e, "color");
-  // A format whose strings meet length bounds in too large an automaton (a
-  // URI's rules by 255 lengths) stays refused beside them, as do the
-  // formats that are no automaton here (integers as strings).
-  EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "uri", "maxLength": 255})"), "\"maxLength\" at #");
+  // A format whose strings meet a maxLength in too large an automaton (a
+  // URI's rules by 255 lengths) is written with a bounded rule; formats that
+  // are no automaton here (integers as strings) stay refused beside length
+  // bounds and not.
+  const SchemaGrammar uri(R"({"type": "string", "format": "uri", "maxLength": 255})");
+  EXPECT_NE(uri.ebnf().find(std::string(kBoundedRulePrefix) + "255.."), std::string::npos) << uri.ebnf();
+  uri.expect_accepts({"\"https://example.com/a?b=c\""});
+  uri.expect_rejects({"\"not a uri\""});
   EXPECT_CONTAINS(schema_error(R"({"type": "string", "format": "int64", "not": {"const": "1"}})"),
                   R"(unsupported keyword "format" at #: format and not together)");
   // An email beside a pattern: both met.

@@ -88,6 +88,21 @@ GrammarMatcher::Distinct GrammarMatcher::opened_distinct() const {
 
 bool GrammarMatcher::has_distinct_rules() const { return !grammar_->distinct_openers.empty(); }
 
+const BoundedRegion* GrammarMatcher::opened_bounded() const {
+  const std::vector<BoundedRegion>& regions = grammar_->bounded_regions;
+  if (regions.empty() || history() == 0) return nullptr;
+  const BoundedRegion* first = nullptr;
+  for (int32_t id : state_->sets.back()) {
+    const int32_t s = state_->arena[id].state;
+    const auto it = std::lower_bound(regions.begin(), regions.end(), s,
+                                     [](const BoundedRegion& r, int32_t state) { return r.opener < state; });
+    if (it != regions.end() && it->opener == s && (first == nullptr || it->opener < first->opener)) first = &*it;
+  }
+  return first;
+}
+
+bool GrammarMatcher::has_bounded_rules() const { return !grammar_->bounded_regions.empty(); }
+
 std::string GrammarMatcher::forced_bytes(size_t max_bytes) {
   std::string forced;
   while (forced.size() < max_bytes && !can_end()) {

@@ -29,6 +29,7 @@
 namespace basalt {
 
 class CompiledGrammar;
+struct BoundedRegion;
 
 std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar);
 
@@ -55,6 +56,11 @@ class GrammarMatcher {
   enum class Distinct : uint8_t { kNo, kYes, kOpen };
   Distinct opened_distinct() const;
   bool has_distinct_rules() const;
+  // The bounded rule (grammar/ebnf.h) whose string the last byte accepted
+  // opened on some parse of the text (the first, where several did), or
+  // null.
+  const BoundedRegion* opened_bounded() const;
+  bool has_bounded_rules() const;
   // Forgets the last n successful accept_bytes() calls (n <= history()).
   void rollback(int n);
   int history() const;

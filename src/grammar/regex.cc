@@ -1185,6 +1185,113 @@ std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t
   return out;
 }
 
+// A rule of a Grammar as code point moves (RegexLanguage::of_rule). A rule
+// is built once per place it ends in: references in tail position pass their
+// own end on, so a right-linear chain of rules shares one copy of each and
+// loops where it refers back; every other reference ends in a state made
+// for it, which builds the rule afresh. A rule met again while one of its
+// fresh builds is under way refers to itself with text after the reference:
+// the language is not regular (or not as written), and that is refused.
+class RuleNfaBuilder {
+ public:
+  RuleNfaBuilder(const Grammar& grammar, CodePointNfa& nfa)
+      : grammar_(grammar), nfa_(nfa), expanding_(grammar.rules.size(), false) {}
+
+  // The state rule `rule`'s text starts from, ending in `end`.
+  uint32_t start_of(int32_t rule, uint32_t end) {
+    BASALT_CHECK(rule >= 0 && static_cast<size_t>(rule) < grammar_.rules.size(), "regex: rule {} out of range", rule);
+    const auto [it, inserted] = starts_.try_emplace({rule, end}, 0);
+    if (!inserted) return it->second;
+    const uint32_t start = nfa_.add();
+    it->second = start;
+    const uint32_t at = build(grammar_.rules[static_cast<size_t>(rule)].body, start, end);
+    if (at != end) nfa_.epsilon(at, end);
+    return start;
+  }
+
+ private:
+  // Adds `e`'s text read from `from`; returns where it ends. `tail_end`:
+  // the end of the rule `e` closes (its text is the last of that rule), or
+  // none.
+  uint32_t build(const GrammarExpr& e, uint32_t from, std::optional<uint32_t> tail_end) {
+    using K = GrammarExpr::Kind;
+    switch (e.kind) {
+      case K::kBytes: {
+        BASALT_CHECK(unicode::find_invalid_utf8(e.bytes) == std::string::npos,
+                     "regex: a rule's literal is not UTF-8 text");
+        size_t pos = 0;
+        char32_t c = 0;
+        while (unicode::decode_utf8(e.bytes, pos, c)) {
+          const uint32_t next = nfa_.add();
+          nfa_.move(from, {{static_cast<uint32_t>(c), static_cast<uint32_t>(c)}}, next);
+          from = next;
+        }
+        return from;
+      }
+      case K::kClass: {
+        Ranges set = normalize(Ranges(e.ranges.begin(), e.ranges.end()));
+        if (e.negated) set = complement(set);
+        const uint32_t next = nfa_.add();
+        if (!set.empty()) nfa_.move(from, std::move(set), next);
+        return next;
+      }
+      case K::kRuleRef: {
+        if (tail_end) return enter(e.rule, from, *tail_end);
+        BASALT_CHECK(!expanding_[static_cast<size_t>(e.rule)],
+                     "regex: rule \"{}\" refers to itself with text after the reference (not a regular language)",
+                     grammar_.rules[static_cast<size_t>(e.rule)].name);
+        expanding_[static_cast<size_t>(e.rule)] = true;
+        const uint32_t after = nfa_.add();
+        enter(e.rule, from, after);
+        expanding_[static_cast<size_t>(e.rule)] = false;
+        return after;
+      }
+      case K::kSequence:
+        for (size_t i = 0; i < e.children.size(); ++i)
+          from = build(e.children[i], from, i + 1 == e.children.size() ? tail_end : std::nullopt);
+        return from;
+      case K::kChoice: {
+        const uint32_t end = nfa_.add();
+        for (const GrammarExpr& child : e.children) {
+          const uint32_t at = build(child, from, tail_end);
+          if (!(tail_end && at == *tail_end)) nfa_.epsilon(at, end);  // a tail reference went on there
+        }
+        return end;
+      }
+      case K::kRepeat: {
+        const GrammarExpr& body = e.children[0];
+        for (int32_t i = 0; i < e.min; ++i) from = build(body, from, std::nullopt);
+        if (e.max < 0) {
+          const uint32_t loop = nfa_.add();
+          nfa_.epsilon(from, loop);
+          nfa_.epsilon(build(body, loop, std::nullopt), loop);
+          return loop;
+        }
+        const uint32_t end = nfa_.add();
+        for (int32_t i = e.min; i < e.max; ++i) {
+          nfa_.epsilon(from, end);
+          from = build(body, from, std::nullopt);
+        }
+        nfa_.epsilon(from, end);
+        return end;
+      }
+    }
+    BASALT_ASSERT(false);
+  }
+
+  // Enters rule `rule` from `from`, ending in `end`: the end state is where
+  // the text goes on.
+  uint32_t enter(int32_t rule, uint32_t from, uint32_t end) {
+    nfa_.epsilon(from, start_of(rule, end));
+    return end;
+  }
+
+  const Grammar& grammar_;
+  CodePointNfa& nfa_;
+  std::map<std::pair<int32_t, uint32_t>, uint32_t> starts_;
+  std::vector<bool> expanding_;
+};
+
 }  // namespace
 
 RegexLanguage RegexLanguage::of_pattern(std::string_view pattern, RegexMode mode) {
@@ -1216,6 +1323,14 @@ RegexLanguage RegexLanguage::of_strings(const std::vector<std::string>& texts) {
     }
     nfa.epsilon(at, accept);
   }
+  return minimized(determinize<State, Edge>(nfa, start, accept, kMaxStates));
+}
+
+RegexLanguage RegexLanguage::of_rule(const Grammar& grammar, int32_t rule) {
+  CodePointNfa nfa;
+  const uint32_t accept = nfa.add();
+  RuleNfaBuilder builder(grammar, nfa);
+  const uint32_t start = builder.start_of(rule, accept);
   return minimized(determinize<State, Edge>(nfa, start, accept, kMaxStates));
 }
 
@@ -1392,13 +1507,32 @@ bool RegexLanguage::contains(std::string_view utf8) const {
   uint32_t state = 0;
   size_t pos = 0;
   char32_t c = 0;
-  while (unicode::decode_utf8(utf8, pos, c)) {
-    const std::vector<Edge>& edges = states_[state].edges;
-    const auto it = std::upper_bound(edges.begin(), edges.end(), static_cast<uint32_t>(c),
-                                     [](uint32_t value, const Edge& e) { return value < e.lo; });
-    state = std::prev(it)->target;
-  }
+  while (unicode::decode_utf8(utf8, pos, c)) state = next(state, static_cast<uint32_t>(c));
   return states_[state].accepting;
+}
+
+uint32_t RegexLanguage::next(uint32_t state, uint32_t c) const {
+  const std::vector<Edge>& edges = states_[state].edges;
+  const auto it = std::upper_bound(edges.begin(), edges.end(), c, [](uint32_t value, const Edge& e) { return value < e.lo; });
+  return std::prev(it)->target;
+}
+
+std::optional<int64_t> RegexLanguage::shortest() const {
+  // Breadth first from the start: the first accepting state met is the
+  // nearest.
+  std::vector<int64_t> depth(states_.size(), -1);
+  std::vector<uint32_t> queue{0};
+  depth[0] = 0;
+  for (size_t i = 0; i < queue.size(); ++i) {
+    const uint32_t s = queue[i];
+    if (states_[s].accepting) return depth[s];
+    for (const Edge& e : states_[s].edges) {
+      if (depth[e.target] >= 0) continue;
+      depth[e.target] = depth[s] + 1;
+      queue.push_back(e.target);
+    }
+  }
+  return std::nullopt;
 }
 
 RegexRules RegexLanguage::to_ebnf(bool json_escaped, std::string_view prefix) const {

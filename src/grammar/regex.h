@@ -38,12 +38,16 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 namespace basalt {
+
+struct Grammar;
 
 struct RegexRules {
   std::string rules;  // EBNF text: one or more rules
@@ -93,6 +97,15 @@ class RegexLanguage {
   static RegexLanguage all();
   // The strings of `min` to `max` code points (no upper bound when max < 0).
   static RegexLanguage of_length(int64_t min, int64_t max);
+  // The text rule `rule` of `grammar` (grammar/ebnf.h) writes, as code
+  // points. A reference in tail position (nothing follows it in its rule)
+  // continues where the referring rule would end, so rules that call each
+  // other last (right-linear ones, as to_ebnf() writes) are loops; any
+  // other reference is built afresh where it stands. Throws basalt::Error
+  // where that never ends (a rule that reaches itself through a reference
+  // something follows: not a regular language), for bytes that are not
+  // UTF-8, and past kMaxStates.
+  static RegexLanguage of_rule(const Grammar& grammar, int32_t rule);
 
   RegexLanguage intersect(const RegexLanguage& other) const;
   RegexLanguage complement() const;
@@ -102,6 +115,20 @@ class RegexLanguage {
   bool is_all() const;
   bool contains(std::string_view utf8) const;
   size_t state_count() const { return states_.size(); }
+  // The fewest code points of a string in the language; none when empty.
+  std::optional<int64_t> shortest() const;
+
+  // The automaton itself, for walks that step it one code point at a time
+  // (grammar/bounded_string.h). State 0 is the start; every state's edges
+  // are sorted and cover every scalar value once.
+  struct Edge {
+    uint32_t lo = 0, hi = 0;  // inclusive code points
+    uint32_t target = 0;
+  };
+  bool accepting(uint32_t state) const { return states_[state].accepting; }
+  std::span<const Edge> edges(uint32_t state) const { return states_[state].edges; }
+  // Where code point `c` (a scalar value) leads from `state`.
+  uint32_t next(uint32_t state, uint32_t c) const;
 
   // EBNF rules for the language (which must not be empty), as
   // regex_to_ebnf writes them: raw UTF-8 or JSON-escaped string content,
@@ -109,10 +136,6 @@ class RegexLanguage {
   RegexRules to_ebnf(bool json_escaped, std::string_view prefix) const;
 
  private:
-  struct Edge {
-    uint32_t lo = 0, hi = 0;  // inclusive code points
-    uint32_t target = 0;
-  };
   struct State {
     bool accepting = false;
     // Sorted; together they cover every scalar value once (a rejecting

@@ -535,5 +535,24 @@ TEST(RegexAutomaton, BlowUpIsRefused) {
   EXPECT_THROW(RegexLanguage::all().complement().to_ebnf(false, "e."), Error);
 }
 
+TEST(RegexAutomaton, RulesOfAGrammarAsALanguage) {
+  // Rules that call each other last are loops; a helper called in the
+  // middle is built where it stands; the shortest string is counted.
+  const Grammar g = parse_ebnf(
+      "root ::= \"<\" body\nbody ::= digit body | \">\"\ndigit ::= [0-9] | \"x\" hex\nhex ::= [a-f]\n");
+  const RegexLanguage language = RegexLanguage::of_rule(g, g.root);
+  EXPECT_TRUE(language.contains("<>"));
+  EXPECT_TRUE(language.contains("<12xa9>"));
+  EXPECT_FALSE(language.contains("<x>"));
+  EXPECT_FALSE(language.contains("<1"));
+  EXPECT_EQ(language.shortest(), 2);
+  EXPECT_FALSE(RegexLanguage::all().complement().shortest());
+  // A rule that reaches itself with text after the call is no automaton.
+  const Grammar nested = parse_ebnf("root ::= \"(\" root \")\" | \"\"\n");
+  EXPECT_THROW(RegexLanguage::of_rule(nested, nested.root), Error);
+  const Grammar bytes = parse_ebnf("root ::= \"\\xff\"\n");
+  EXPECT_THROW(RegexLanguage::of_rule(bytes, bytes.root), Error);
+}
+
 }  // namespace
 }  // namespace basalt

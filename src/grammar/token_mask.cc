@@ -168,6 +168,10 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> bytes, std::vector<boo
     if (b.find('"') != std::string::npos) with_quote_.push_back(static_cast<int32_t>(id));
     if (b.find_first_of("\",]}") != std::string::npos) with_closer_.push_back(static_cast<int32_t>(id));
   }
+  longest_first_ = sorted_;
+  std::stable_sort(longest_first_.begin(), longest_first_.end(), [&](int32_t a, int32_t b) {
+    return bytes_[static_cast<size_t>(a)].size() > bytes_[static_cast<size_t>(b)].size();
+  });
 }
 
 std::span<const int32_t> TokenVocabulary::spelled(std::string_view bytes) const {

@@ -69,6 +69,8 @@ class TokenVocabulary {
   // the tokens that can end an element of JSON (grammar/distinct_json.h).
   const std::vector<int32_t>& with_quote() const { return with_quote_; }
   const std::vector<int32_t>& with_closer() const { return with_closer_; }
+  // Usable ids, longest bytes first (grammar/bounded_string.h).
+  const std::vector<int32_t>& longest_first() const { return longest_first_; }
   // The usable ids whose bytes are exactly `bytes`.
   std::span<const int32_t> spelled(std::string_view bytes) const;
 
@@ -82,6 +84,7 @@ class TokenVocabulary {
   std::string sorted_text_;
   std::vector<uint32_t> sorted_offsets_;  // sorted_.size() + 1 of them
   std::vector<int32_t> with_quote_, with_closer_;
+  std::vector<int32_t> longest_first_;
 };
 
 class TokenMasker {

@@ -14,85 +14,25 @@
 #include "grammar/ebnf.h"
 #include "grammar/structured_output.h"
 #include "runtime/grammar_constraint.h"
+#include "testing/constraint_walk_test_util.h"
 
 namespace basalt {
 namespace {
 
-constexpr int32_t kEnd = 0;
-
-// Every byte as a token, and pieces that cross JSON's punctuation.
-std::shared_ptr<const TokenVocabulary> vocabulary() {
-  std::vector<std::string> bytes = {"</s>"};
-  for (int b = 1; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
-  for (const char* piece : {"\",\"", "\"]", "\",", "],[", "]]", "[[", "1,", "1]", "1.0", ".0", "\"a\"", "\"a", "\"b",
-                            "ab", "{\"", "\":", "},{", "}]", "true", "false", ",\"", "\"}", "12", "\\u0041"})
-    bytes.emplace_back(piece);
-  std::vector<bool> usable(bytes.size(), true);
-  usable[0] = false;
-  const auto n = static_cast<int32_t>(bytes.size());
-  return std::make_shared<TokenVocabulary>(std::move(bytes), std::move(usable), n, std::vector<int32_t>{kEnd});
-}
+using testing::ConstraintWalk;
+using Walk = ConstraintWalk;
 
 std::shared_ptr<const TokenMasker> masker_for(StructuredOutputSpec spec) {
-  static const auto v = vocabulary();
-  return std::make_shared<TokenMasker>(compile_grammar(parse_ebnf(to_ebnf(spec))), v);
+  // Every byte as a token, and pieces that cross JSON's punctuation.
+  static const auto v = testing::byte_vocabulary({"\",\"", "\"]", "\",", "],[", "]]", "[[", "1,", "1]", "1.0", ".0",
+                                                  "\"a\"", "\"a", "\"b", "ab", "{\"", "\":", "},{", "}]", "true",
+                                                  "false", ",\"", "\"}", "12", "\\u0041"});
+  return testing::masker_of(to_ebnf(spec), v);
 }
 
 std::shared_ptr<const TokenMasker> schema(const char* text) {
   return masker_for({StructuredOutputSpec::Kind::kJsonSchema, text});
 }
-
-struct Walk {
-  explicit Walk(std::shared_ptr<const TokenMasker> m) : masker(std::move(m)), c(masker) {}
-
-  std::vector<uint32_t> mask() {
-    std::vector<uint32_t> words(static_cast<size_t>(token_mask_words(masker->vocabulary().size())), ~uint32_t{0});
-    c.fill_allowed(words);
-    return words;
-  }
-  bool allows(std::string_view bytes) {
-    const std::vector<uint32_t> words = mask();
-    for (int32_t id : masker->vocabulary().spelled(bytes))
-      if ((words[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u) return true;
-    return false;
-  }
-  // Takes `text` one byte token at a time, each checked against the mask.
-  void write(std::string_view text) {
-    for (const char ch : text) {
-      const std::string_view b(&ch, 1);
-      ASSERT_TRUE(allows(b)) << "refused '" << b << "' after " << written;
-      c.accept(masker->vocabulary().spelled(b)[0]);
-      written += ch;
-    }
-  }
-  // Samples to the end, uniformly among the allowed tokens (the end
-  // token, when allowed, half the time).
-  std::string sample(std::mt19937& rng, int max_steps = 400) {
-    for (int step = 0; step < max_steps; ++step) {
-      const std::vector<uint32_t> words = mask();
-      std::vector<int32_t> ids;
-      for (int32_t id = 0; id < masker->vocabulary().size(); ++id)
-        if ((words[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u) ids.push_back(id);
-      EXPECT_FALSE(ids.empty()) << "empty mask after " << written;
-      if (ids.empty()) break;
-      const bool can_end = std::find(ids.begin(), ids.end(), kEnd) != ids.end();
-      if (can_end && rng() % 2 == 0) return written;
-      int32_t id;
-      do {
-        id = ids[rng() % ids.size()];
-      } while (id == kEnd && ids.size() > 1);
-      if (id == kEnd) return written;
-      c.accept(id);
-      written += masker->vocabulary().bytes(id);
-    }
-    ADD_FAILURE() << "no end in " << max_steps << " steps: " << written;
-    return written;
-  }
-
-  std::shared_ptr<const TokenMasker> masker;
-  GrammarConstraint c;
-  std::string written;
-};
 
 bool all_distinct(const nlohmann::json& array) {
   for (size_t i = 0; i < array.size(); ++i)

@@ -25,27 +25,34 @@ size_t whole_characters(std::string_view s) {
 GrammarConstraint::GrammarConstraint(std::shared_ptr<const TokenMasker> masker, const Tokenizer* jump_forward)
     : masker_(std::move(masker)), tokenizer_(jump_forward), matcher_(masker_->grammar()) {
   if (matcher_.has_distinct_rules()) distinct_.emplace();
+  if (matcher_.has_bounded_rules()) bounded_.emplace();
 }
 
 void GrammarConstraint::fill_allowed(std::span<uint32_t> words) {
   masker_->fill(matcher_, words);
   if (distinct_) distinct_->filter(matcher_, masker_->vocabulary(), words);
+  if (bounded_) bounded_->filter(masker_->vocabulary(), words);
 }
 
 bool GrammarConstraint::take(std::string_view bytes) {
-  if (!distinct_) {
+  if (!distinct_ && !bounded_) {
     if (!matcher_.accept_bytes(bytes)) return false;
     pieces_.push_back(1);
     return true;
   }
-  // In pieces that end where a container may open, so that the matcher
-  // tells whether it opened a distinct one.
-  const size_t text_size = distinct_->size();
+  // In pieces that end where a container or a bounded string may open, so
+  // that the matcher tells whether one did.
+  const auto cuts_after = [&](char b) { return (distinct_ && (b == '[' || b == '{')) || (bounded_ && b == '"'); };
   int pieces = 0;
   size_t begin = 0;
-  std::vector<std::pair<size_t, DistinctJson::Distinct>> openers;  // (position, what that byte opened)
+  struct Opened {
+    size_t at;
+    DistinctJson::Distinct distinct;
+    const BoundedRegion* bounded;
+  };
+  std::vector<Opened> opened;
   for (size_t i = 0; i <= bytes.size(); ++i) {
-    const bool cut = i < bytes.size() && (bytes[i] == '[' || bytes[i] == '{');
+    const bool cut = i < bytes.size() && cuts_after(bytes[i]);
     if (!cut && i < bytes.size()) continue;
     const size_t end = cut ? i + 1 : i;
     if (end > begin || pieces == 0) {
@@ -61,19 +68,32 @@ bool GrammarConstraint::take(std::string_view bytes) {
         return false;
       }
       ++pieces;
-      if (cut) openers.emplace_back(i, matcher_.opened_distinct());
+      if (cut) {
+        opened.push_back({i, distinct_ ? matcher_.opened_distinct() : DistinctJson::Distinct::kNo,
+                          bounded_ ? matcher_.opened_bounded() : nullptr});
+      }
     }
     begin = end;
   }
-  size_t next_opener = 0;
+  if (distinct_) text_sizes_.push_back(distinct_->size());
+  if (bounded_) bounded_before_.push_back(bounded_->snapshot());
+  size_t next = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
     const auto b = static_cast<uint8_t>(bytes[i]);
-    DistinctJson::Distinct opened = DistinctJson::Distinct::kNo;
-    if (next_opener < openers.size() && openers[next_opener].first == i) opened = openers[next_opener++].second;
-    distinct_->accept(b, distinct_->wants_opener(b) ? opened : DistinctJson::Distinct::kNo);
+    const Opened* here = next < opened.size() && opened[next].at == i ? &opened[next++] : nullptr;
+    if (distinct_) {
+      const auto what = here != nullptr ? here->distinct : DistinctJson::Distinct::kNo;
+      distinct_->accept(b, distinct_->wants_opener(b) ? what : DistinctJson::Distinct::kNo);
+    }
+    if (bounded_) {
+      if (bounded_->active()) {
+        bounded_->accept(b);
+      } else if (here != nullptr && here->bounded != nullptr) {
+        bounded_->begin(*here->bounded);
+      }
+    }
   }
   pieces_.push_back(pieces);
-  text_sizes_.push_back(text_size);
   return true;
 }
 
@@ -108,6 +128,10 @@ void GrammarConstraint::rollback(int n) {
   if (distinct_) {
     distinct_->rewind(text_sizes_[text_sizes_.size() - static_cast<size_t>(n)]);
     text_sizes_.resize(text_sizes_.size() - static_cast<size_t>(n));
+  }
+  if (bounded_) {
+    bounded_->restore(bounded_before_[bounded_before_.size() - static_cast<size_t>(n)]);
+    bounded_before_.resize(bounded_before_.size() - static_cast<size_t>(n));
   }
 }
 

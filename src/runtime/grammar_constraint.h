@@ -22,12 +22,18 @@
 // each mask the tokens that would repeat an element. A token is then
 // accepted in pieces, each ending at a `[` or `{`, so that the matcher can
 // say whether that byte opened a distinct container.
+//
+// Bounded strings (grammar/bounded_string.h): where the grammar has bounded
+// rules, a BoundedStrings follows the string such a rule opened (tokens are
+// cut after each `"` too) and takes from each mask the tokens after which
+// it could not close within its bound.
 #pragma once
 
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "grammar/bounded_string.h"
 #include "grammar/distinct_json.h"
 #include "grammar/token_mask.h"
 #include "runtime/token_constraint.h"
@@ -61,10 +67,12 @@ class GrammarConstraint : public TokenConstraint {
   const Tokenizer* tokenizer_;
   GrammarMatcher matcher_;
   std::optional<DistinctJson> distinct_;
-  // Per accepted token: the matcher accepts it took, and the text's size
-  // before it (for rollback).
+  std::optional<BoundedStrings> bounded_;
+  // Per accepted token: the matcher accepts it took, and the distinct
+  // text's size and the bounded string's place before it (for rollback).
   std::vector<int> pieces_;
   std::vector<size_t> text_sizes_;
+  std::vector<BoundedStrings::Snapshot> bounded_before_;
 };
 
 }  // namespace basalt
