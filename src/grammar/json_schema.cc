@@ -2921,13 +2921,26 @@ class Translator {
     // up to it multiplies a pattern's or format's automaton past what fits:
     // a uri of at most 255 code points (Github_hard/o1051.json), at most 50
     // words in 500 (Github_ultra/o21135.json).
+    // The product has at most (states) x (maxLength + 1) states; past the
+    // limit it is not tried (a uri's product takes 20 ms to fail).
     std::optional<int64_t> run_time_bound;
     try {
       if (min_length > 0 || max_length) {
-        try {
-          language = language.intersect(RegexLanguage::of_length(min_length, max_length.value_or(-1)));
-        } catch (const Error&) {
-          if (!max_length || (!pattern && !formatted)) throw;
+        const bool may_bound = max_length && (pattern || formatted);
+        const bool product_fits = !max_length || static_cast<double>(language.state_count()) *
+                                                         static_cast<double>(*max_length + 1) <=
+                                                     static_cast<double>(RegexLanguage::kMaxStates);
+        std::optional<RegexLanguage> product;
+        if (!may_bound || product_fits) {
+          try {
+            product = language.intersect(RegexLanguage::of_length(min_length, max_length.value_or(-1)));
+          } catch (const Error&) {
+            if (!may_bound) throw;
+          }
+        }
+        if (product) {
+          language = std::move(*product);
+        } else {
           language = language.intersect(RegexLanguage::of_length(min_length, -1));
           run_time_bound = max_length;
         }

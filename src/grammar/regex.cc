@@ -1558,15 +1558,25 @@ RegexRules RegexLanguage::to_ebnf(bool json_escaped, std::string_view prefix) co
     std::map<uint32_t, Ranges> by_target;
     for (const Edge& e : states_[s].edges)
       if (live[e.target]) by_target[e.target].emplace_back(e.lo, e.hi);
+    // A state's loop onto itself is a repetition inside its rule (q ::= a q
+    // | b r  is  q ::= a* (b r)): text that stays in the state, a word's
+    // letters or a path's characters, then crosses no rule call per code
+    // point, which token masks would walk through one by one.
+    std::string loop;
     std::string body;
     for (auto& [target, ranges] : by_target) {
       const Ranges set = normalize(std::move(ranges));
       if (set.empty()) continue;  // surrogates only
+      if (target == s) {
+        loop = parenthesized(emitter.emit_set(set), Expr::Binding::kPrimary) + "*";
+        continue;
+      }
       if (!body.empty()) body += " | ";
       body += parenthesized(emitter.emit_set(set), Expr::Binding::kSequence);
       if (!only_ends[target]) body += " " + name(target);
     }
     if (states_[s].accepting) body += body.empty() ? ebnf_literal("") : " | " + ebnf_literal("");
+    if (!loop.empty()) body = body == ebnf_literal("") ? loop : fmt::format("{} ({})", loop, body);
     rules += fmt::format("{} ::= {}\n", name(s), body);
   }
   RegexRules result;
