@@ -283,7 +283,11 @@ TEST(JsonSchemaStrings, Pattern) {
   two.expect_accepts({R"({"a":"xx","b":"y"})"});
   two.expect_rejects({R"({"a":"y","b":"y"})"});
 
-  EXPECT_CONTAINS(schema_error(R"j({"properties": {"p": {"pattern": "(?=a)"}}})j"), "#/properties/p");
+  EXPECT_CONTAINS(schema_error(R"j({"properties": {"p": {"pattern": "(?<=a)"}}})j"), "#/properties/p");
+  // A lookahead constrains the rest of the string.
+  const SchemaGrammar look(R"({"type": "string", "pattern": "^(?!.*--)[a-z-]+$"})");
+  look.expect_accepts({R"("a-b")"});
+  look.expect_rejects({R"("a--b")", R"("")"});
 }
 
 TEST(JsonSchemaStrings, PatternWithLengthBounds) {

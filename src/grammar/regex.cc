@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -126,12 +127,13 @@ const Ranges& json_escaped_set() {
 // The regex as a tree. Groups leave no node of their own: they only decide
 // what a quantifier applies to.
 struct Node {
-  enum class Kind : uint8_t { kEmpty, kChar, kSet, kSequence, kChoice, kRepeat };
+  enum class Kind : uint8_t { kEmpty, kChar, kSet, kSequence, kChoice, kRepeat, kLook };
   Kind kind = Kind::kEmpty;
   uint32_t code_point = 0;     // kChar
   Ranges set;                  // kSet, normalized and never empty
   std::vector<Node> children;  // kSequence, kChoice; kRepeat has one
   int32_t min = 0, max = -1;   // kRepeat; max < 0: unbounded
+  int32_t look = -1;           // kLook: its index among the pattern's lookaheads
 };
 
 Node char_node(uint32_t code_point) {
@@ -163,6 +165,15 @@ struct Alternative {
   Node body;
   bool anchored_start = false;
   bool anchored_end = false;
+};
+
+// (?=...) or (?!...): the text from where it stands on must (must not)
+// begin with a match of one of its alternatives, or be one where the
+// alternative ends with `$`.
+struct Lookahead {
+  bool negative = false;
+  size_t offset = 0;  // bytes into the pattern, for messages
+  std::vector<Alternative> alternatives;
 };
 
 // One class item or escape: a single code point, or a set (\d, \s, ...).
@@ -288,6 +299,8 @@ class Parser {
     if (!at_end()) refuse(pos_, "unbalanced ')'");
     return alternatives;
   }
+  // The lookaheads kLook nodes index, after parse().
+  const std::vector<Lookahead>& lookaheads() const { return lookaheads_; }
 
  private:
   void decode(std::string_view text) {
@@ -395,7 +408,8 @@ class Parser {
     while (!at_end() && peek() != '|' && peek() != ')') {
       const size_t start = pos_;
       if (peek() == '$') {
-        const bool ends_alternative = pos_ + 1 == end_ || code_points_[pos_ + 1] == '|';
+        const bool ends_alternative = pos_ + 1 == end_ || code_points_[pos_ + 1] == '|' ||
+                                      (in_lookahead_ && code_points_[pos_ + 1] == ')');
         if (anchored_end == nullptr || !ends_alternative) {
           refuse(start, "anchor '$' not at the end of a top-level alternative");
         }
@@ -404,6 +418,7 @@ class Parser {
         break;
       }
       Node atom = parse_atom();
+      if (atom.kind == Node::Kind::kLook && is_quantifier_start()) refuse(pos_, "quantifier on a lookahead");
       if (is_quantifier_start()) atom = parse_quantifier(std::move(atom));
       if (is_quantifier_start()) refuse(pos_, "quantifier with nothing to repeat");
       if (atom.kind != Node::Kind::kEmpty) items.push_back(std::move(atom));
@@ -514,7 +529,8 @@ class Parser {
       if (kind == ':') {
         ++pos_;
       } else if (kind == '=' || kind == '!') {
-        refuse(start, kind == '=' ? "lookahead (?=" : "negative lookahead (?!");
+        ++pos_;
+        return parse_lookahead(start, kind == '!');
       } else if (kind == '<' && (peek(1) == '=' || peek(1) == '!')) {
         refuse(start, peek(1) == '=' ? "lookbehind (?<=" : "negative lookbehind (?<!");
       } else if (kind == '<') {
@@ -532,6 +548,30 @@ class Parser {
     if (!consume(')')) refuse(start, "unbalanced '('");
     --depth_;
     return list_node(Node::Kind::kChoice, std::move(alternatives));
+  }
+
+  // The body of (?=...) or (?!...) after its `?=` / `?!`: alternatives that
+  // may end with `$`. A lookahead inside one is refused.
+  Node parse_lookahead(size_t start, bool negative) {
+    if (in_lookahead_) refuse(start, "lookahead inside a lookahead");
+    if (++depth_ > kMaxGroupNesting) refuse(start, fmt::format("groups nested deeper than {}", kMaxGroupNesting));
+    in_lookahead_ = true;
+    Lookahead look;
+    look.negative = negative;
+    look.offset = offsets_[start];
+    do {
+      Alternative alternative;
+      alternative.body = parse_sequence(&alternative.anchored_end);
+      look.alternatives.push_back(std::move(alternative));
+    } while (consume('|'));
+    if (!consume(')')) refuse(start, "unbalanced '('");
+    in_lookahead_ = false;
+    --depth_;
+    Node node;
+    node.kind = Node::Kind::kLook;
+    node.look = static_cast<int32_t>(lookaheads_.size());
+    lookaheads_.push_back(std::move(look));
+    return node;
   }
 
   // The name of (?<name>...) up to and including `>`: an identifier (ASCII
@@ -706,6 +746,8 @@ class Parser {
   std::vector<size_t> offsets_;  // byte offset of each code point, then the pattern's size
   size_t pos_ = 0;
   int depth_ = 0;
+  bool in_lookahead_ = false;
+  std::vector<Lookahead> lookaheads_;
 };
 
 // The letter of a two-character JSON escape (\" \\ \b \f \n \r \t), 0 when
@@ -814,6 +856,8 @@ class Emitter {
       case Node::Kind::kRepeat:
         return {parenthesized(emit(node.children[0]), Expr::Binding::kPrimary) + quantifier(node.min, node.max),
                 Expr::Binding::kQuantified};
+      case Node::Kind::kLook:
+        break;  // patterns with lookaheads go through RegexLanguage
     }
     BASALT_ASSERT(false);
   }
@@ -949,7 +993,11 @@ void check_rule_prefix(std::string_view prefix) {
 
 RegexRules regex_to_ebnf(std::string_view pattern, RegexMode mode, bool json_escaped, std::string_view prefix) {
   check_rule_prefix(prefix);
-  const std::vector<Alternative> alternatives = Parser(pattern).parse();
+  Parser parser(pattern);
+  const std::vector<Alternative> alternatives = parser.parse();
+  // A lookahead constrains all the text after it: the pattern is written
+  // from its automaton, where that is a product.
+  if (!parser.lookaheads().empty()) return RegexLanguage::of_pattern(pattern, mode).to_ebnf(json_escaped, prefix);
   Emitter emitter(json_escaped, prefix);
   // Made only when a side needs it: in JSON it adds a helper rule.
   std::string any_text;
@@ -1005,6 +1053,8 @@ class CodePointNfa {
   struct State {
     std::vector<uint32_t> epsilon;
     std::vector<Move> moves;
+    // Empty moves that pass a lookahead: (target, its index).
+    std::vector<std::pair<uint32_t, uint32_t>> looks;
   };
 
   uint32_t add() {
@@ -1037,6 +1087,12 @@ class CodePointNfa {
         const uint32_t end = add();
         for (const Node& child : node.children) epsilon(build(child, from), end);
         return end;
+      }
+      case Node::Kind::kLook: {
+        const uint32_t to = add();
+        states_[from].looks.emplace_back(to, static_cast<uint32_t>(node.look));
+        has_looks_ = true;
+        return to;
       }
       case Node::Kind::kRepeat: {
         const Node& body = node.children[0];
@@ -1086,9 +1142,12 @@ class CodePointNfa {
   }
 
   const State& operator[](uint32_t s) const { return states_[s]; }
+  size_t size() const { return states_.size(); }
+  bool has_looks() const { return has_looks_; }
 
  private:
   std::vector<State> states_;
+  bool has_looks_ = false;
 };
 
 bool ranges_contain(const Ranges& set, uint32_t c) {
@@ -1179,6 +1238,138 @@ std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t
     canonicalize(edges);
     State state;
     state.accepting = std::binary_search(set.begin(), set.end(), accept);
+    for (const auto& [lo, hi, target] : edges) state.edges.push_back(Edge{lo, hi, target});
+    out.push_back(std::move(state));
+  }
+  return out;
+}
+
+// A lookahead's language, for the subset construction below: the texts
+// that satisfy (?=...) from where it stands (its alternatives' matches,
+// followed by anything unless the alternative ends with `$`), and for each
+// state whether every text on from it is in the language (kAll), none is
+// (kNone), or that is still open.
+struct LookLanguage {
+  enum Fate : uint8_t { kOpen, kAll, kNone };
+  bool negative = false;
+  RegexLanguage language = RegexLanguage::all();
+  std::vector<Fate> fate;
+};
+
+// Subset construction for a pattern with lookaheads. A state of the
+// automaton is a set of (NFA state, obligations): the lookaheads a path
+// passed and has yet to settle, each with where its language stands. An
+// obligation whose language has reached kAll (a lookahead's text has
+// matched) is met for (?=) and broken for (?!); kNone the other way round;
+// at the end of the text an open one is met when its state accepts (for
+// (?=)) or does not (for (?!)). Paths with a broken obligation die.
+template <typename State, typename Edge>
+std::vector<State> determinize_looking(const CodePointNfa& nfa, uint32_t start, uint32_t accept,
+                                       const std::vector<LookLanguage>& looks, size_t max_states) {
+  using Obligations = std::vector<std::pair<uint32_t, uint32_t>>;  // (lookahead, its state), sorted
+  using Element = std::pair<uint32_t, uint32_t>;                  // (NFA state, obligations id)
+  std::map<Obligations, uint32_t> obligation_ids;
+  std::vector<Obligations> obligations;
+  const auto settle = [&](Obligations o) -> std::optional<uint32_t> {
+    Obligations open;
+    for (const auto& [i, st] : o) {
+      const LookLanguage::Fate fate = looks[i].fate[st];
+      if (fate == LookLanguage::kOpen) {
+        open.emplace_back(i, st);
+      } else if ((fate == LookLanguage::kAll) == looks[i].negative) {
+        return std::nullopt;  // broken
+      }
+    }
+    std::sort(open.begin(), open.end());
+    open.erase(std::unique(open.begin(), open.end()), open.end());
+    const auto [it, inserted] = obligation_ids.try_emplace(open, static_cast<uint32_t>(obligations.size()));
+    if (inserted) obligations.push_back(open);
+    return it->second;
+  };
+  const auto close = [&](std::vector<Element>& set) {
+    std::set<Element> seen(set.begin(), set.end());
+    std::vector<Element> work = set;
+    while (!work.empty()) {
+      const auto [q, o] = work.back();
+      work.pop_back();
+      const auto add = [&](Element e) {
+        if (seen.insert(e).second) work.push_back(e);
+      };
+      for (const uint32_t t : nfa[q].epsilon) add({t, o});
+      for (const auto& [t, i] : nfa[q].looks) {
+        Obligations more = obligations[o];
+        more.emplace_back(i, 0);
+        if (const std::optional<uint32_t> id = settle(std::move(more))) add({t, *id});
+      }
+    }
+    set.assign(seen.begin(), seen.end());
+  };
+  std::map<std::vector<Element>, uint32_t> ids;
+  std::vector<std::vector<Element>> sets;
+  const auto id_of = [&](std::vector<Element> set) {
+    close(set);
+    const auto [it, inserted] = ids.try_emplace(set, static_cast<uint32_t>(sets.size()));
+    if (inserted) {
+      BASALT_CHECK(sets.size() < max_states,
+                   "regex: the patterns combine into more than {} automaton states; use simpler patterns",
+                   max_states);
+      sets.push_back(std::move(set));
+    }
+    return it->second;
+  };
+  id_of({{start, *settle({})}});
+  std::vector<State> out;
+  constexpr size_t kMaxWork = size_t{1} << 22;
+  size_t work = 0;
+  for (size_t n = 0; n < sets.size(); ++n) {
+    const std::vector<Element> set = sets[n];  // sets grows below
+    std::vector<uint32_t> cuts{0, kMaxCodePoint + 1};
+    for (const auto& [q, o] : set) {
+      for (const auto& m : nfa[q].moves) {
+        for (const auto& [lo, hi] : m.set) {
+          cuts.push_back(lo);
+          cuts.push_back(hi + 1);
+        }
+      }
+      for (const auto& [i, st] : obligations[o])
+        for (const RegexLanguage::Edge& e : looks[i].language.edges(st)) cuts.push_back(e.lo);
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    work += cuts.size() * set.size();
+    BASALT_CHECK(work <= kMaxWork,
+                 "regex: the patterns are too large to combine (building their automaton takes more than {} steps)",
+                 kMaxWork);
+    std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> edges;
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      const uint32_t c = cuts[k];
+      std::vector<Element> targets;
+      for (const auto& [q, o] : set) {
+        for (const auto& m : nfa[q].moves) {
+          if (!ranges_contain(m.set, c)) continue;
+          Obligations moved = obligations[o];
+          for (auto& [i, st] : moved) st = looks[i].language.next(st, c);
+          if (const std::optional<uint32_t> id = settle(std::move(moved))) targets.emplace_back(m.target, *id);
+        }
+      }
+      std::sort(targets.begin(), targets.end());
+      targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+      const uint32_t target = id_of(std::move(targets));
+      if (!edges.empty() && std::get<2>(edges.back()) == target) {
+        std::get<1>(edges.back()) = cuts[k + 1] - 1;
+      } else {
+        edges.emplace_back(cuts[k], cuts[k + 1] - 1, target);
+      }
+    }
+    canonicalize(edges);
+    State state;
+    for (const auto& [q, o] : set) {
+      if (q != accept) continue;
+      state.accepting = std::all_of(obligations[o].begin(), obligations[o].end(), [&](const auto& ob) {
+        return looks[ob.first].language.accepting(ob.second) != looks[ob.first].negative;
+      });
+      if (state.accepting) break;
+    }
     for (const auto& [lo, hi, target] : edges) state.edges.push_back(Edge{lo, hi, target});
     out.push_back(std::move(state));
   }
@@ -1295,7 +1486,8 @@ class RuleNfaBuilder {
 }  // namespace
 
 RegexLanguage RegexLanguage::of_pattern(std::string_view pattern, RegexMode mode) {
-  const std::vector<Alternative> alternatives = Parser(pattern).parse();
+  Parser parser(pattern);
+  const std::vector<Alternative> alternatives = parser.parse();
   CodePointNfa nfa;
   const uint32_t start = nfa.add(), accept = nfa.add();
   for (const Alternative& alternative : alternatives) {
@@ -1305,7 +1497,30 @@ RegexLanguage RegexLanguage::of_pattern(std::string_view pattern, RegexMode mode
     if (mode == RegexMode::kSearch && !alternative.anchored_end) at = nfa.any_text(at);
     nfa.epsilon(at, accept);
   }
-  return minimized(determinize<State, Edge>(nfa, start, accept, kMaxStates));
+  if (!nfa.has_looks()) return minimized(determinize<State, Edge>(nfa, start, accept, kMaxStates));
+  std::vector<LookLanguage> looks;
+  for (const Lookahead& lookahead : parser.lookaheads()) {
+    CodePointNfa body;
+    const uint32_t from = body.add(), to = body.add();
+    for (const Alternative& alternative : lookahead.alternatives) {
+      uint32_t at = body.build(alternative.body, from);
+      if (!alternative.anchored_end) at = body.any_text(at);
+      body.epsilon(at, to);
+    }
+    LookLanguage look;
+    look.negative = lookahead.negative;
+    look.language = minimized(determinize<State, Edge>(body, from, to, kMaxStates));
+    // kAll: no rejecting state is reachable; kNone: no accepting one.
+    const std::vector<State>& states = look.language.states_;
+    const std::vector<bool> live = live_states(states);
+    std::vector<State> flipped = states;
+    for (State& st : flipped) st.accepting = !st.accepting;
+    const std::vector<bool> can_reject = live_states(flipped);
+    for (size_t st = 0; st < states.size(); ++st)
+      look.fate.push_back(!can_reject[st] ? LookLanguage::kAll : !live[st] ? LookLanguage::kNone : LookLanguage::kOpen);
+    looks.push_back(std::move(look));
+  }
+  return minimized(determinize_looking<State, Edge>(nfa, start, accept, looks, kMaxStates));
 }
 
 RegexLanguage RegexLanguage::of_strings(const std::vector<std::string>& texts) {

@@ -16,10 +16,14 @@
 // and the anchors ^ and $ at the start and end of the pattern or of a
 // top-level alternative (`^a|b$`), a non-capturing or capturing group that
 // is a whole top-level alternative counting as its alternatives
-// (`^$|(^a+$)`).
+// (`^$|(^a+$)`), and lookaheads (?=...) and (?!...) anywhere but inside
+// another or under a quantifier, whose alternatives may end with `$`.
+// A lookahead constrains all the text after it, so a pattern that has one
+// is written from its automaton (RegexLanguage: a product of the pattern
+// and each lookahead's language, within its state limit).
 //
 // Refused with basalt::Error naming the construct and its byte offset:
-// backreferences (\1-\9, \k<n>), lookahead and lookbehind, \b \B, anchors
+// backreferences (\1-\9, \k<n>), lookbehind, \b \B, anchors
 // anywhere else (inside a group too), flags and modifier groups (?i),
 // other Unicode properties (scripts, binary ones), octal escapes,
 // lone surrogates, escaped letters without a meaning above (\a, \z, ...),

@@ -180,8 +180,9 @@ TEST(RegexErrors, NameTheConstructAndOffset) {
   const Case cases[] = {
       {"(a)\\1", "backreference", 3},
       {"(?<n>a)\\k<n>", "named backreference", 7},
-      {"a(?=b)", "lookahead", 1},
-      {"(?!b)a", "negative lookahead", 0},
+      {"a(?=(?!b))", "lookahead inside a lookahead", 4},
+      {"a(?=b)*", "quantifier on a lookahead", 6},
+      {"a(?=b$c)", "anchor '$'", 5},
       {"x(?<=a)b", "lookbehind", 1},
       {"(?<!a)b", "negative lookbehind", 0},
       {"\\bfoo", "word boundary \\b", 0},
@@ -231,7 +232,7 @@ TEST(RegexErrors, NameTheConstructAndOffset) {
       {"(?<1>a)", "group name", 0},
       {"[]", "matches nothing", 0},
       {"x[^\\s\\S]", "matches nothing", 1},
-      {"\xC3\xA9(?=a)", "lookahead", 2},  // offsets count bytes: é is two
+      {"\xC3\xA9(?<=a)", "lookbehind", 2},  // offsets count bytes: é is two
       {"a\xFF", "invalid UTF-8", 1},
   };
   for (const Case& c : cases) {
@@ -529,7 +530,7 @@ TEST(RegexAutomaton, AutomataAreMinimal) {
 TEST(RegexAutomaton, BlowUpIsRefused) {
   EXPECT_THROW(RegexLanguage::of_pattern("^(a|b)*a(a|b){14}$", RegexMode::kSearch), Error);
   EXPECT_THROW(RegexLanguage::of_pattern("(((a{100}){100}){100})", RegexMode::kFullMatch), Error);
-  EXPECT_THROW(RegexLanguage::of_pattern("(?=a)", RegexMode::kSearch), Error);
+  EXPECT_THROW(RegexLanguage::of_pattern("(?<=a)", RegexMode::kSearch), Error);
   // Large classes under a long repetition: refused for the work, quickly.
   EXPECT_THROW(RegexLanguage::of_pattern("^[\\p{L}\\p{N}]{1,3000}$", RegexMode::kSearch), Error);
   EXPECT_THROW(RegexLanguage::all().complement().to_ebnf(false, "e."), Error);
@@ -552,6 +553,42 @@ TEST(RegexAutomaton, RulesOfAGrammarAsALanguage) {
   EXPECT_THROW(RegexLanguage::of_rule(nested, nested.root), Error);
   const Grammar bytes = parse_ebnf("root ::= \"\\xff\"\n");
   EXPECT_THROW(RegexLanguage::of_rule(bytes, bytes.root), Error);
+}
+
+TEST(RegexAutomaton, LookaheadsConstrainTheTextAfterThem) {
+  struct Case {
+    const char* pattern;
+    std::vector<const char*> matches, others;
+  };
+  const Case cases[] = {
+      {"^(?!.*--)[a-z-]+$", {"a-b", "-a-"}, {"a--b", "--"}},
+      // Password rules, as schemas write them.
+      {"^(?=.*\\d)(?=.*[A-Z]).{8,}$", {"Abcdefg1", "12345678X"}, {"abcdefg1", "Abcdefgh", "Abc1"}},
+      // Inside an optional group: the rest of the whole text must hold no --
+      // (JsonSchemaStore/appsemblerc.schema.json).
+      {"^@([\\da-z](?:(?!.*--)[\\da-z-]*[\\da-z])?)/([\\da-z](?:(?!.*--)[\\da-z-]*[\\da-z])?)$",
+       {"@a-b/c-d", "@ab/c", "@a/b"},
+       {"@a--b/c", "@a/b--c", "@a-/b"}},
+      // `$` ends a lookahead's alternative: the rest is exactly its match.
+      {"^(?![0-9]*$)[a-z0-9]+$", {"12a", "a"}, {"123", ""}},
+      {"^(?=.{1,5}$)[a-z]+$", {"abcde", "a"}, {"abcdef", ""}},
+      {"^(?=ab|cd$)[a-z]+$", {"abx", "cd"}, {"cdx", "x"}},
+      // Unanchored: (JsonSchemaStore/airlock-microgateway-3.2.json).
+      {"^(?![ \\t\\n]*\\(default(.*)\\))[\\s\\S]*", {"x (default)", "(default", ""}, {"(default x)", "  (default)"}},
+      {"a(?=b)", {"ab", "xabx"}, {"a", "ac"}},
+  };
+  for (const Case& c : cases) {
+    const RegexLanguage language = RegexLanguage::of_pattern(c.pattern, RegexMode::kSearch);
+    for (const char* text : c.matches) EXPECT_TRUE(language.contains(text)) << c.pattern << " on " << text;
+    for (const char* text : c.others) EXPECT_FALSE(language.contains(text)) << c.pattern << " on " << text;
+  }
+  // regex_to_ebnf writes such a pattern from its automaton.
+  const RegexRules rules = regex_to_ebnf("(?!ab)[a-z]{2}", RegexMode::kFullMatch, /*json_escaped=*/false, "l.");
+  const Grammar grammar = parse_ebnf(rules.rules, rules.root);
+  EXPECT_TRUE(grammar_matches(grammar, "ac"));
+  EXPECT_TRUE(grammar_matches(grammar, "ba"));
+  EXPECT_FALSE(grammar_matches(grammar, "ab"));
+  EXPECT_FALSE(grammar_matches(grammar, "abc"));
 }
 
 }  // namespace
