@@ -3,7 +3,9 @@
 // either mode, a JSON schema); the rest is the spec. Whatever compiles is
 // matched against a few texts and masked over a small vocabulary; where
 // the grammar has distinct rules (uniqueItems), a DistinctJson follows the
-// text byte by byte, filters the masks and goes back with the matcher.
+// text byte by byte, filters the masks and goes back with the matcher, and
+// where it has bounded rules (maxLength kept at run time) a BoundedStrings
+// does the same.
 // Every failure must be a basalt::Error; nothing may crash, leak or hang.
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "grammar/bounded_string.h"
 #include "grammar/distinct_json.h"
 #include "grammar/ebnf.h"
 #include "grammar/json_schema.h"
@@ -61,9 +64,40 @@ void exercise_distinct(const std::shared_ptr<const basalt::CompiledGrammar>& gra
   }
 }
 
+// The run-time half of a bounded string's maxLength, the same way.
+void exercise_bounded(const std::shared_ptr<const basalt::CompiledGrammar>& grammar, std::string_view text) {
+  basalt::GrammarMatcher m(grammar);
+  if (!m.has_bounded_rules()) return;
+  const basalt::TokenMasker masker(grammar, vocabulary());
+  basalt::BoundedStrings bounded;
+  std::vector<basalt::BoundedStrings::Snapshot> before;
+  std::vector<uint32_t> words(static_cast<size_t>((vocabulary()->size() + 31) / 32));
+  for (size_t i = 0; i < text.size() && i < 96; ++i) {
+    masker.fill(m, words);
+    bounded.filter(*vocabulary(), words);
+    const auto b = static_cast<uint8_t>(text[i]);
+    if (!m.accept_bytes(text.substr(i, 1))) {
+      if ((b & 1) != 0 && m.history() > 0) {
+        m.rollback(1);
+        bounded.restore(before.back());
+        before.pop_back();
+      }
+      continue;
+    }
+    before.push_back(bounded.snapshot());
+    if (bounded.active()) {
+      bounded.accept(b);
+    } else if (const basalt::BoundedRegion* region = b == '"' ? m.opened_bounded() : nullptr) {
+      bounded.begin(*region);
+    }
+  }
+}
+
 void exercise(const std::string& ebnf, std::string_view text) {
   const auto grammar = basalt::compile_grammar(basalt::parse_ebnf(ebnf));
   exercise_distinct(grammar, text);
+  exercise_bounded(grammar, text);
+  exercise_bounded(grammar, R"({"a":"abcdefgh\n\u001fÃ©xyz","b":["http://x.io/a b","a@b.co"]})");
   exercise_distinct(grammar, R"([1,1,"a","a",[1],[1],{"a":1,"a":1},1.0,{"b":[2]},{"b":[2]}])");
   basalt::GrammarMatcher m(grammar);
   const basalt::TokenMasker masker(grammar, vocabulary());
