@@ -353,10 +353,11 @@ TEST(JsonSchemaFormats, DateAndTime) {
 }
 
 TEST(JsonSchemaFormats, Addresses) {
-  expect_format("email",
-                {"a@b.c", "first.last+tag@example.com", "x@localhost", "\"john doe\"@example.com",
-                 "\"a\\\"b\"@example.com", "u@[127.0.0.1]", "u@[IPv6:::1]", "o'brien@example.org"},
-                {"a@", "@b", "a..b@c", ".a@b", "a.@b", "a@-b.com", "a b@c", "a@b@c", "\"a\"b\"@c", "a@b_c"});
+  // The form every validator takes (Ajv's refuses the RFC's one-label
+  // domains, quoted local parts and address literals): those are not written.
+  expect_format("email", {"a@b.c", "first.last+tag@example.com", "o'brien@example.org", "x@a-b.co.uk"},
+                {"a@", "@b", "a..b@c.d", ".a@b.c", "a.@b.c", "a@-b.com", "a b@c.d", "a@b@c.d", "\"a\"b\"@c.d",
+                 "a@b_c.d", "x@localhost", "\"john doe\"@example.com", "u@[127.0.0.1]", "u@[IPv6:::1]"});
   expect_format("uuid", {"123e4567-e89b-12d3-a456-426614174000", "123E4567-E89B-12D3-A456-426614174000"},
                 {"123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456-42661417400",
                  "g23e4567-e89b-12d3-a456-426614174000", "123e4567-e89b-12d3-a456-4266141740000"});
