@@ -53,8 +53,13 @@ const event = {
     day: { type: 'string', format: 'date' },
     score: { anyOf: [{ type: 'integer', minimum: -5, maximum: 5 }, { type: 'null' }] },
     where: { $ref: '#/$defs/place' },
+    // An email's automaton times a counter to 24 is past what one grammar
+    // holds: the bound is kept at run time (a bounded rule).
+    contact: { type: 'string', format: 'email', maxLength: 24 },
+    // A lookahead: no "--" anywhere after the start.
+    code: { type: 'string', pattern: '^(?!.*--)[a-z-]{1,10}$' },
   },
-  required: ['id', 'day', 'score', 'where'],
+  required: ['id', 'day', 'score', 'where', 'contact', 'code'],
   additionalProperties: false,
   $defs: { place: { type: 'object', properties: { city: { type: 'string', maxLength: 8 } }, required: ['city'],
                     additionalProperties: false } },
@@ -164,7 +169,7 @@ test('bad specs are 400s that name the field and the problem', async () => {
       'response_format.json_schema.schema', '#/properties/a'],
     [{ response_format: { type: 'json_schema', json_schema: { name: 'x' } } }, 'response_format.json_schema.schema', 'schema'],
     [{ response_format: { type: 'xml' } }, 'response_format.type', 'xml'],
-    [{ guided_regex: 'a(?=b)' }, 'guided_regex', 'look'],
+    [{ guided_regex: 'a(?<=b)' }, 'guided_regex', 'lookbehind'],
     [{ guided_grammar: 'root ::= "a" missing' }, 'guided_grammar', 'missing'],
     [{ guided_grammar: 'root ::= root "a" | "b"' }, 'guided_grammar', 'left-recursive'],
     [{ guided_choice: [] }, 'guided_choice', 'non-empty'],
