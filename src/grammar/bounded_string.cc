@@ -62,8 +62,20 @@ BoundedText::BoundedText(const Grammar& grammar, int32_t rule, int64_t max_lengt
   BASALT_CHECK(least != kNever, "grammar: bounded rule \"{}\" never closes its string", name);
   BASALT_CHECK(least <= max_length, "grammar: bounded rule \"{}\" needs {} code points, above its bound {}", name,
                least, max_length);
-  for (const int64_t n : needed_)
-    if (n != kNever) most_needed_ = std::max(most_needed_, n);
+  // Rounds of "the most of my successors'": after k of them, the most over
+  // the states k code points on or fewer (states that cannot close count
+  // nothing: a token that leads there is another parse's, kept unjudged).
+  most_near_.resize(needed_.size());
+  for (size_t v = 0; v < needed_.size(); ++v) {
+    most_near_[v] = needed_[v] == kNever ? 0 : needed_[v];
+    most_needed_ = std::max(most_needed_, most_near_[v]);
+  }
+  for (int round = 0; round < kNear; ++round) {
+    std::vector<int64_t> next = most_near_;
+    for (size_t to = 0; to < sources.size(); ++to)
+      for (const auto& [from, costs_one] : sources[to]) next[from] = std::max(next[from], most_near_[to]);
+    most_near_ = std::move(next);
+  }
 }
 
 BoundedText::Cursor BoundedText::start() const {
@@ -156,12 +168,16 @@ void BoundedStrings::accept(uint8_t byte) {
 
 void BoundedStrings::filter(const TokenVocabulary& vocabulary, std::span<uint32_t> words) const {
   if (text_ == nullptr) return;
-  // A token of n bytes adds at most n code points: those no longer than
-  // the room left, less the most any state needs, fit.
-  const int64_t sure = text_->max_length() - cursor_.count - text_->most_needed();
+  // A token of n bytes adds at most n code points and leads to a state at
+  // most n code points on: a token fits when its length and the most any
+  // state needs are within the room left, or (no longer than kNear) its
+  // length and the most those states need; so do all shorter ones.
+  const int64_t room = text_->max_length() - cursor_.count;
+  const int64_t near = text_->most_needed_near(cursor_);
   for (const int32_t id : vocabulary.longest_first()) {
     const std::string& bytes = vocabulary.bytes(id);
-    if (static_cast<int64_t>(bytes.size()) <= sure) break;
+    const auto length = static_cast<int64_t>(bytes.size());
+    if (length + text_->most_needed() <= room || (length <= BoundedText::kNear && length + near <= room)) break;
     uint32_t& word = words[static_cast<size_t>(id) / 32];
     const uint32_t bit = 1u << (static_cast<uint32_t>(id) % 32);
     if ((word & bit) == 0) continue;

@@ -29,7 +29,8 @@
 // needs, stay within the bound (a token that closes the string fits when
 // its code points before the quote do). A token of n bytes adds at most n
 // code points, so only tokens longer than the room left, less the most
-// any state needs, are looked at: none until the string nears its bound.
+// the states a few code points on need, are walked: none until the string
+// nears its bound.
 //
 // Contract: the mask is never emptied. Each token kept leaves a way to
 // close in time (the fewest-code-points path from its state), and a byte
@@ -84,8 +85,15 @@ class BoundedText {
   bool fits(const Cursor& c) const;
 
   int64_t max_length() const { return max_length_; }
-  // The most code points any live state needs before it can close.
+  // Tokens of at most kNear bytes are judged without a walk: they fit when
+  // their length, plus the most any state within kNear code points of the
+  // cursor's needs, is within the room left.
+  static constexpr int kNear = 16;
+  // The most any state that can close needs.
   int64_t most_needed() const { return most_needed_; }
+  int64_t most_needed_near(const Cursor& c) const {
+    return most_near_[static_cast<size_t>(c.state) * kPhases + (c.need > 0 ? kPlain : c.phase)];
+  }
 
  private:
   // Escape phases: plain text, after `\`, and after `\u` with 0-3 hex digits.
@@ -100,6 +108,9 @@ class BoundedText {
   int64_t max_length_;
   uint32_t start_ = 0;           // the state after the opening quote
   std::vector<int64_t> needed_;  // per state * kPhases + phase; kNever when it cannot close
+  // Per state * kPhases + phase: the most `needed_` of a state that can
+  // still close, over those kNear code points or fewer on.
+  std::vector<int64_t> most_near_;
   int64_t most_needed_ = 0;
 };
 

@@ -39,13 +39,15 @@
 // included; recursion through objects or arrays; one rule per referenced
 // schema), pattern (ECMAScript, grammar/regex.h), format (date, time,
 // date-time as RFC 3339, with a leap second only as 23:59:60 in UTC; email as
-// RFC 5321's mailbox: dot-atom or quoted local part, hostname or
-// address-literal domain; uuid; ipv4 and ipv6 as RFC 3986 writes them; uri as
+// RFC 5321's mailbox in the form every validator takes: a dot-atom local
+// part and a domain of two labels or more (quoted local parts, one-label
+// domains and address literals, which Ajv's format refuses, are not
+// written); uuid; ipv4 and ipv6 as RFC 3986 writes them; uri as
 // RFC 3986's URI, and url as uri; uri-reference as RFC 3986's URI-reference;
 // duration as RFC 3339's (appendix A); json-pointer as RFC 6901's and
 // relative-json-pointer as a count of levels then '#' or a JSON pointer;
 // hostname as RFC 1123 labels of at most 63
-// characters, at most 127 labels, the total length of 253 not enforced;
+// characters, any number of them, the total length of 253 not enforced;
 // OpenAPI's byte as RFC 4648 base64 (standard alphabet, padded, the padding's
 // bits zero), its password and binary as any string; on numbers, OpenAPI's
 // int32 and int64 as integers in their range, float and double as any number,
@@ -68,8 +70,11 @@
 // and $ref of those; other assertions refused): listed names it refuses are
 // left out (a required one admits no object), further names are
 // intersected with it; exact. A pattern beside minLength / maxLength is
-// their intersection; exact. Automata past RegexLanguage::kMaxStates are
-// refused by name. not: of a boolean schema, or of one whose assertions
+// their intersection; exact. Where a pattern's or format's automaton times
+// maxLength + 1 passes RegexLanguage::kMaxStates, the string is written
+// without its upper bound in a bounded rule (grammar/ebnf.h) and the bound
+// is kept at run time (grammar/bounded_string.h); exact. Other automata
+// past RegexLanguage::kMaxStates are refused by name. not: of a boolean schema, or of one whose assertions
 // are type, enum, const and pattern (anyOf of those too, as merging writes
 // two nots): the values it matches are taken away (whole types; strings
 // listed or matching the pattern, as an automaton; true, false, null);
