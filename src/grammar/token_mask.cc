@@ -1,6 +1,7 @@
 #include "grammar/token_mask.h"
 
 #include <algorithm>
+#include <bitset>
 
 #include "core/error.h"
 #include "grammar/automaton.h"
@@ -37,6 +38,26 @@ class TrieWalker {
       Level& next = levels_[d + 1];
       const auto byte = static_cast<uint8_t>(bytes[d]);
       const bool escaped_before = d > 0 && levels_[d - 1].escaped;
+      if (level.lex_state >= 0 && g_.states[static_cast<size_t>(level.lex_state)].accepting) {
+        // A state that reads bytes and may end its rule (a hostname label
+        // after its first character): a byte that nothing after the return
+        // can read is the state's alone, and steps as in a lexical state;
+        // any other takes the general path below.
+        const Return& back = return_of(level);
+        if (back.first[byte]) {
+          level.set.assign(1, arena_.intern(level.lex_state, level.lex_parent));
+          level.lex_state = -1;
+          level.closed_ready = false;
+        } else {
+          level.escaped = escaped_before || back.escaped;
+          next.mark = arena_.size();
+          const int32_t t = g_.step(level.lex_state, byte);
+          if (t < 0) return fail(d);
+          take_single(next, t, level);
+          depth_ = d + 1;
+          continue;
+        }
+      }
       if (level.lex_state >= 0) {
         // Inside a rule's own bytes (a string's contents): the closure is
         // the stack itself, the step one edge lookup, and no stack node is
@@ -45,14 +66,7 @@ class TrieWalker {
         next.mark = arena_.size();
         const int32_t t = g_.step(level.lex_state, byte);
         if (t < 0) return fail(d);
-        if (lexical_state(t)) {
-          next.lex_state = t;
-          next.lex_parent = level.lex_parent;
-        } else {
-          next.lex_state = -1;
-          next.set.assign(1, arena_.intern(t, level.lex_parent));
-        }
-        next.closed_ready = false;
+        take_single(next, t, level);
       } else {
         if (!level.closed_ready) {
           const ClosureFlags flags = work_.close(g_, arena_, level.set, level.closed);
@@ -79,12 +93,20 @@ class TrieWalker {
   bool escaped_at(size_t depth) const { return levels_[depth].escaped; }
 
  private:
+  // What returning into a parent can read next: the first bytes of the
+  // closure of that return, and whether it reached an unknown caller.
+  struct Return {
+    std::bitset<256> first;
+    bool escaped = false;
+  };
   struct Level {
     // The stacks after this many bytes: one stack held as its top state and
-    // parent node when that state calls nothing and cannot return
-    // (lex_state >= 0), else `set`.
+    // parent node when that state calls nothing (lex_state >= 0), else
+    // `set`.
     int32_t lex_state = -1;
     int32_t lex_parent = kStackBottom;
+    Return back;             // for lex_parent, once back_ready
+    bool back_ready = false;
     std::vector<int32_t> set;
     std::vector<int32_t> closed;  // the closure of `set`, once closed_ready
     bool closed_ready = false;
@@ -95,12 +117,57 @@ class TrieWalker {
 
   bool lexical_state(int32_t state) const {
     const AutomatonState& s = g_.states[static_cast<size_t>(state)];
-    return !s.accepting && s.calls_begin == s.calls_end;
+    return s.calls_begin == s.calls_end;
   }
   void lexicalize(Level& level) const {
+    level.back_ready = false;
     if (level.set.size() != 1 || !lexical_state(arena_[level.set[0]].state)) return;
     level.lex_state = arena_[level.set[0]].state;
     level.lex_parent = arena_[level.set[0]].parent;
+  }
+  // The single stack `t` on `from`'s parent, as the next level.
+  void take_single(Level& next, int32_t t, const Level& from) {
+    next.closed_ready = false;
+    if (lexical_state(t)) {
+      next.lex_state = t;
+      next.lex_parent = from.lex_parent;
+      next.back = from.back;  // the same parent
+      next.back_ready = from.back_ready;
+    } else {
+      next.lex_state = -1;
+      next.back_ready = false;
+      next.set.assign(1, arena_.intern(t, from.lex_parent));
+    }
+  }
+  const Return& return_of(Level& level) {
+    if (level.back_ready) return level.back;
+    Return back;
+    roots_.clear();
+    const auto add = [&](int32_t parent) {
+      if (parent == kStackUnknown) {
+        back.escaped = true;
+      } else if (parent != kStackBottom) {
+        roots_.push_back(parent);
+      }
+    };
+    if (arena_.is_join(level.lex_parent)) {
+      for (int32_t p : arena_.join_members(level.lex_parent)) add(p);
+    } else {
+      add(level.lex_parent);
+    }
+    if (!roots_.empty()) {
+      const size_t mark = arena_.size();
+      back.escaped = work_.close(g_, arena_, roots_, closed_).escaped || back.escaped;
+      for (int32_t id : closed_) {
+        const AutomatonState& s = g_.states[static_cast<size_t>(arena_[id].state)];
+        for (uint32_t e = s.bytes_begin; e < s.bytes_end; ++e)
+          for (int b = g_.byte_edges[e].lo; b <= g_.byte_edges[e].hi; ++b) back.first.set(static_cast<size_t>(b));
+      }
+      arena_.rewind(mark);
+    }
+    level.back = back;
+    level.back_ready = true;
+    return level.back;
   }
   size_t fail(size_t d) {
     arena_.rewind(levels_[d + 1].mark);
@@ -115,6 +182,7 @@ class TrieWalker {
   std::vector<Level> levels_;
   size_t depth_ = 0;  // levels_[0..depth_] hold the current token's prefix
   bool dead_ = false;
+  std::vector<int32_t> roots_, closed_;  // return_of's scratch
 };
 
 void set_bit(std::span<uint32_t> words, int32_t id) {
