@@ -233,13 +233,12 @@ void run_bench(const BenchFlags& f) {
     const std::optional<SpecCounters> spec_before = scrape_spec_counters(io, client);
     RunResult run = run_load(io, client, workload, o);
     const std::optional<SpecCounters> spec_after = scrape_spec_counters(io, client);
-    Metrics m = compute_metrics(run, {f.slo_ttft_ms, f.slo_tpot_ms});
+    Metrics m = compute_metrics(run, {f.slo_ttft_ms, f.slo_tpot_ms}, rate);
     if (spec_before && spec_after)
       m.speculation = SpecCounters{spec_after->drafted - spec_before->drafted,
                                    spec_after->accepted - spec_before->accepted,
                                    spec_after->jump_forward - spec_before->jump_forward};
     m.label = f.label;
-    m.rate = std::isfinite(rate) ? rate : 0;
     m.max_concurrency = f.max_concurrency;
     std::fputs(metrics_table(m).c_str(), stdout);
     std::fflush(stdout);

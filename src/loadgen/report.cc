@@ -11,9 +11,10 @@ namespace basalt::loadgen {
 
 using nlohmann::json;
 
-Metrics compute_metrics(const RunResult& run, const SloLimits& slo) {
+Metrics compute_metrics(const RunResult& run, const SloLimits& slo, double rate) {
   Metrics m;
   m.slo = slo;
+  m.rate = rate > 0 && std::isfinite(rate) ? rate : 0;
   m.abandoned_turns = run.abandoned_turns;
   m.held_by_limit = run.held_by_limit;
   m.duration_s = run.wall_s;
@@ -83,9 +84,14 @@ Metrics compute_metrics(const RunResult& run, const SloLimits& slo) {
     m.client_bottleneck = true;
     m.bottleneck_reasons.push_back(fmt::format("the client used {:.0f}% of one core", m.cpu_fraction * 100));
   }
-  if (m.lag_ms.p99 > 10) {
+  const double late_ms = m.rate > 0 ? std::max(1.0, 0.1 * 1000.0 / m.rate) : 10.0;
+  if (m.lag_ms.p99 > late_ms) {
     m.client_bottleneck = true;
-    m.bottleneck_reasons.push_back(fmt::format("requests went out late (P99 arrival lag {:.1f} ms)", m.lag_ms.p99));
+    m.bottleneck_reasons.push_back(
+        m.rate > 0 ? fmt::format("requests went out late (P99 arrival lag {:.1f} ms, over a tenth of the {:.1f} ms "
+                                 "mean gap between arrivals)",
+                                 m.lag_ms.p99, 1000.0 / m.rate)
+                   : fmt::format("requests went out late (P99 arrival lag {:.1f} ms)", m.lag_ms.p99));
   }
   return m;
 }

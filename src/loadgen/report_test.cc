@@ -134,6 +134,31 @@ TEST(Metrics, FlagsAClientBottleneck) {
   EXPECT_NE(metrics_table(m).find("WARNING"), std::string::npos);
 }
 
+TEST(Metrics, JudgesArrivalLagAgainstTheGapBetweenArrivals) {
+  const auto with_lag = [](double lag_s, double rate) {
+    RunResult run;
+    run.wall_s = 10.0;
+    for (int i = 0; i < 100; ++i) {
+      RequestRecord r = ok(0, {0.01}, -1, 0.02);
+      r.lag_s = lag_s;
+      run.records.push_back(r);
+    }
+    return compute_metrics(run, {}, rate);
+  };
+  // 17 ms at 4 requests/s is 7% of the 250 ms gap: no warning.
+  EXPECT_FALSE(with_lag(0.017, 4).client_bottleneck);
+  EXPECT_TRUE(with_lag(0.040, 4).client_bottleneck);
+  // 2 ms at 2,000 requests/s is four gaps; 0.5 ms is timer jitter.
+  EXPECT_TRUE(with_lag(0.002, 2000).client_bottleneck);
+  EXPECT_FALSE(with_lag(0.0005, 2000).client_bottleneck);
+  // An unlimited rate keeps the 10 ms rule.
+  EXPECT_FALSE(with_lag(0.008, 0).client_bottleneck);
+  const Metrics late = with_lag(0.012, 0);
+  ASSERT_TRUE(late.client_bottleneck);
+  EXPECT_NE(late.bottleneck_reasons[0].find("12.0 ms"), std::string::npos);
+  EXPECT_NE(with_lag(0.040, 4).bottleneck_reasons[0].find("250.0 ms mean gap"), std::string::npos);
+}
+
 TEST(Svg, DrawsEveryPanelAndEscapesLabels) {
   RunResult run;
   run.wall_s = 1.0;
