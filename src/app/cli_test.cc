@@ -664,6 +664,7 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
       "serve --max-model-len 100000 --port 0",
       "serve --log-format xml --port 0",
       "serve --threads -2 --port 0",
+      "serve --allowed-origins https://app.example.com/path --port 0",
       "BASALT_NUM_THREADS=lots generate" + model + " --prompt x",
       "generate" + model + " --prompt x --threads 99999",
   };

@@ -44,6 +44,7 @@ struct ServeFlags {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::vector<std::string> api_keys;
+  std::vector<std::string> allowed_origins;
   std::string api_key_file;
   std::string tls_cert;
   std::string tls_key;
@@ -152,6 +153,14 @@ void run_serve(const ServeFlags& f) {
   http.max_connections = f.max_connections;
   http.tls_cert_file = f.tls_cert;
   http.tls_key_file = f.tls_key;
+  for (const std::string& origin : f.allowed_origins) {
+    // An origin is scheme://host[:port], as browsers send it; a path or a
+    // trailing slash would never match.
+    BASALT_CHECK(origin == "*" || ((origin.rfind("http://", 0) == 0 || origin.rfind("https://", 0) == 0) &&
+                                   origin.find('/', origin.find("//") + 2) == std::string::npos),
+                 "--allowed-origins {}: give origins as scheme://host[:port] (no path), or *", origin);
+  }
+  http.allowed_origins = f.allowed_origins;
   const bool request_log = !f.no_request_log;
   http.on_rejection = [&api, request_log](const TransportRejection& r) {
     if (ApiServer* a = api.load()) return a->note_rejection(r.status, r.remote, r.method, r.path, r.reason);
@@ -262,6 +271,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", f.port, "TCP port (default 8000; 0: any free port)");
   cmd->add_option("--api-key", f.api_keys, "Require this API key as 'Authorization: Bearer KEY' (repeatable)");
   cmd->add_option("--api-key-file", f.api_key_file, "Read API keys from this file, one per line ('#' comments)");
+  cmd->add_option("--allowed-origins", f.allowed_origins,
+                  "Let browser pages from these origins call the API (CORS), e.g. https://app.example.com, or * "
+                  "for any; repeatable or comma-separated (default: none)")
+      ->delimiter(',');
   cmd->add_option("--tls-cert", f.tls_cert, "PEM certificate chain: serve HTTPS (needs --tls-key)");
   cmd->add_option("--tls-key", f.tls_key, "PEM private key for --tls-cert");
   cmd->add_option("--max-running", f.max_running, "Requests decoded together at most (default 64)");

@@ -1,5 +1,6 @@
 #include "server/http_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #ifdef BASALT_TLS
@@ -65,7 +66,36 @@ HttpResponse transport_error(int status, const std::string& message) {
   return r;
 }
 
-std::string head_text(const HttpResponse& r, bool http10, bool keep_alive, bool streamed) {
+// The CORS headers a request from an allowed origin gets (none for
+// others), and whether it is a preflight the transport answers itself.
+struct Cors {
+  std::vector<std::pair<std::string, std::string>> headers;
+  bool preflight = false;
+};
+
+Cors cors_for(const std::vector<std::string>& allowed, const HttpRequest& request) {
+  Cors cors;
+  const std::optional<std::string_view> origin = request.header("origin");
+  if (allowed.empty() || !origin) return cors;
+  const bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+  if (!any && std::find(allowed.begin(), allowed.end(), *origin) == allowed.end()) return cors;
+  cors.headers.emplace_back("Access-Control-Allow-Origin", any ? "*" : std::string(*origin));
+  if (!any) cors.headers.emplace_back("Vary", "Origin");
+  cors.preflight = request.method == "OPTIONS" && request.header("access-control-request-method").has_value();
+  if (cors.preflight) {
+    cors.headers.emplace_back("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const std::optional<std::string_view> asked = request.header("access-control-request-headers");
+    cors.headers.emplace_back("Access-Control-Allow-Headers",
+                              asked ? std::string(*asked) : std::string("Authorization, Content-Type"));
+    cors.headers.emplace_back("Access-Control-Max-Age", "600");
+  } else {
+    cors.headers.emplace_back("Access-Control-Expose-Headers", "X-Request-Id, Retry-After");
+  }
+  return cors;
+}
+
+std::string head_text(const HttpResponse& r, bool http10, bool keep_alive, bool streamed,
+                      const std::vector<std::pair<std::string, std::string>>& more = {}) {
   std::string s = http10 ? "HTTP/1.0 " : "HTTP/1.1 ";
   s += std::to_string(r.status);
   s += ' ';
@@ -73,11 +103,13 @@ std::string head_text(const HttpResponse& r, bool http10, bool keep_alive, bool 
   s += "\r\nServer: basalt\r\nContent-Type: ";
   s += r.content_type;
   s += "\r\n";
-  for (const auto& [name, value] : r.headers) {
-    s += name;
-    s += ": ";
-    s += value;
-    s += "\r\n";
+  for (const auto* list : {&r.headers, &more}) {
+    for (const auto& [name, value] : *list) {
+      s += name;
+      s += ": ";
+      s += value;
+      s += "\r\n";
+    }
   }
   if (!streamed) {
     s += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
@@ -279,6 +311,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       } catch (const std::exception&) {
       }
     }
+    cors_headers_.clear();  // the request was never read: no origin is known
     send_whole(transport_error(status, reason));
   }
 
@@ -304,6 +337,14 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     keep_alive_ = request.keep_alive;
     http10_ = request.http10;
     head_only_ = request.method == "HEAD";
+    Cors cors = cors_for(server_.options.allowed_origins, request);
+    cors_headers_ = std::move(cors.headers);
+    if (cors.preflight) {
+      HttpResponse preflight;
+      preflight.status = 204;
+      preflight.content_type = "text/plain";
+      return send_whole(preflight);
+    }
     HandlerResult result;
     try {
       result = server_.handler(request);
@@ -331,7 +372,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void send_whole(const HttpResponse& response) {
-    out_ = head_text(response, http10_, keep_alive_, false);
+    out_ = head_text(response, http10_, keep_alive_, false, cors_headers_);
     if (!head_only_) out_ += response.body;
     write([self = this->shared_from_this()] { self->after_response(); });
   }
@@ -363,7 +404,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       }
       streamed_ = true;
       if (http10_) keep_alive_ = false;
-      bytes = head_text(*out.head, http10_, keep_alive_, true);
+      bytes = head_text(*out.head, http10_, keep_alive_, true, cors_headers_);
       append_chunk(bytes, out.head->body, http10_);
     }
     append_chunk(bytes, out.data, http10_);
@@ -471,6 +512,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   bool head_sent_ = false;
   bool streamed_ = false;
   bool head_only_ = false;  // a HEAD request: no body is sent
+  std::vector<std::pair<std::string, std::string>> cors_headers_;  // the current request's
   bool counted_ = false;    // in responses_in_progress
 };
 

@@ -27,6 +27,16 @@
 //  * Every request the server answers itself (413, 431, 400, 503 past
 //    max_connections) is reported to on_rejection, if set, from an I/O
 //    thread.
+//  * CORS, where allowed_origins is set: a request whose Origin is allowed
+//    gets Access-Control-Allow-Origin (the origin, with Vary: Origin; or *)
+//    and Access-Control-Expose-Headers (X-Request-Id, Retry-After) on its
+//    response, streamed or whole; a preflight from an allowed origin (an
+//    OPTIONS request with Access-Control-Request-Method) is answered 204
+//    by the transport, without the handler (a preflight carries no
+//    credentials), allowing GET, POST and OPTIONS, the headers it asked
+//    for, and a 600 s cache. Other requests, and every request when the
+//    list is empty (the default), get no CORS headers: a browser then
+//    refuses the response, as the same-origin policy asks.
 #pragma once
 
 #include <chrono>
@@ -117,6 +127,9 @@ struct HttpServerOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::function<void(const TransportRejection&)> on_rejection;
+  // Origins whose pages may call the server from a browser: exact origins
+  // ("https://app.example.com") or "*" for any. Empty: no CORS.
+  std::vector<std::string> allowed_origins;
 };
 
 class HttpServer {

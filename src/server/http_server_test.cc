@@ -68,6 +68,55 @@ TEST(HttpServer, KeepAliveServesSeveralRequestsOnOneConnection) {
   EXPECT_NE(r4.find("POST /d 2"), std::string::npos) << r4;
 }
 
+TEST(HttpServer, CorsAnswersPreflightsAndMarksResponsesOfAllowedOrigins) {
+  HttpServerOptions o = quick_options();
+  o.allowed_origins = {"https://app.example.com"};
+  HttpServer server(o, echo);
+  server.start();
+  Client c(server.port());
+  ASSERT_TRUE(c.connected());
+  // A preflight: answered by the transport, never the handler.
+  c.send("OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example.com\r\n"
+         "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type\r\n\r\n");
+  const std::string preflight = c.response();
+  EXPECT_NE(preflight.find("HTTP/1.1 204"), std::string::npos) << preflight;
+  EXPECT_NE(preflight.find("Access-Control-Allow-Origin: https://app.example.com"), std::string::npos);
+  EXPECT_NE(preflight.find("Access-Control-Allow-Methods: GET, POST, OPTIONS"), std::string::npos);
+  EXPECT_NE(preflight.find("Access-Control-Allow-Headers: authorization, content-type"), std::string::npos);
+  EXPECT_NE(preflight.find("Access-Control-Max-Age: 600"), std::string::npos);
+  EXPECT_EQ(preflight.find("OPTIONS /v1"), std::string::npos) << "the handler answered";
+  // The request itself carries the origin back, and exposes X-Request-Id.
+  c.send(post("/a", "hi", "Origin: https://app.example.com\r\n"));
+  const std::string allowed = c.response();
+  EXPECT_NE(allowed.find("Access-Control-Allow-Origin: https://app.example.com"), std::string::npos) << allowed;
+  EXPECT_NE(allowed.find("Vary: Origin"), std::string::npos);
+  EXPECT_NE(allowed.find("Access-Control-Expose-Headers: X-Request-Id, Retry-After"), std::string::npos);
+  // Another origin gets nothing, and its OPTIONS goes to the handler.
+  c.send(post("/b", "hi", "Origin: https://evil.example\r\n"));
+  const std::string other = c.response();
+  EXPECT_EQ(other.find("Access-Control"), std::string::npos) << other;
+  c.send("OPTIONS /a HTTP/1.1\r\nHost: x\r\nOrigin: https://evil.example\r\nAccess-Control-Request-Method: POST\r\n\r\n");
+  const std::string refused = c.response();
+  EXPECT_NE(refused.find("OPTIONS /a"), std::string::npos) << refused;
+  EXPECT_EQ(refused.find("Access-Control"), std::string::npos) << refused;
+  // "*": any origin, and no Vary.
+  HttpServerOptions any = quick_options();
+  any.allowed_origins = {"*"};
+  HttpServer open(any, echo);
+  open.start();
+  Client d(open.port());
+  d.send(post("/a", "hi", "Origin: https://anything.example\r\n"));
+  const std::string star = d.response();
+  EXPECT_NE(star.find("Access-Control-Allow-Origin: *"), std::string::npos) << star;
+  EXPECT_EQ(star.find("Vary: Origin"), std::string::npos);
+  // Off by default: no CORS headers at all.
+  HttpServer plain(quick_options(), echo);
+  plain.start();
+  Client e(plain.port());
+  e.send(post("/a", "hi", "Origin: https://app.example.com\r\n"));
+  EXPECT_EQ(e.response().find("Access-Control"), std::string::npos);
+}
+
 TEST(HttpServer, LimitsGetTheirStatusAndAClose) {
   HttpServer server(quick_options(), echo);
   server.start();
