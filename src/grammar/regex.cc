@@ -1155,11 +1155,64 @@ bool ranges_contain(const Ranges& set, uint32_t c) {
   return it != set.begin() && std::prev(it)->second >= c;
 }
 
+// The sets a subset construction meets, numbered in the order met; one past
+// `max_states` throws.
+template <typename Set>
+class SetNumbering {
+ public:
+  explicit SetNumbering(size_t max_states) : max_states_(max_states) {}
+  uint32_t id_of(Set set) {
+    const auto [it, inserted] = ids_.try_emplace(set, static_cast<uint32_t>(sets_.size()));
+    if (inserted) {
+      BASALT_CHECK(sets_.size() < max_states_,
+                   "regex: the patterns combine into more than {} automaton states; use simpler patterns",
+                   max_states_);
+      sets_.push_back(std::move(set));
+    }
+    return it->second;
+  }
+  size_t size() const { return sets_.size(); }
+  const Set& operator[](size_t i) const { return sets_[i]; }
+
+ private:
+  size_t max_states_;
+  std::map<Set, uint32_t> ids_;
+  std::vector<Set> sets_;
+};
+
+using EdgeList = std::vector<std::tuple<uint32_t, uint32_t, uint32_t>>;  // (lo, hi, target)
+
+// Appends code points [lo, hi] -> target, extending the last edge where it
+// has the same target.
+void extend_edges(EdgeList& edges, uint32_t lo, uint32_t hi, uint32_t target) {
+  if (!edges.empty() && std::get<2>(edges.back()) == target) {
+    std::get<1>(edges.back()) = hi;
+  } else {
+    edges.emplace_back(lo, hi, target);
+  }
+}
+
+// Sorted, distinct cut points; counts `cuts * per_cut` against the work
+// bound of one subset construction.
+void finish_cuts(std::vector<uint32_t>& cuts, size_t per_cut, size_t& work) {
+  // Each state checks every move of its set at every cut of the code
+  // points; classes of hundreds of ranges (\p{L}) under a bounded
+  // repetition make that the cost, which patterns from requests must not
+  // make unbounded.
+  constexpr size_t kMaxWork = size_t{1} << 22;
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  work += cuts.size() * per_cut;
+  BASALT_CHECK(work <= kMaxWork,
+               "regex: the patterns are too large to combine (building their automaton takes more than {} steps)",
+               kMaxWork);
+}
+
 // Edges cover U+0000..U+10FFFF. Surrogates are never read, so the edge
 // before them extends over them and absorbs the next edge when that one has
 // the same target: equal behaviour on scalar values gives equal edge lists,
 // which minimization compares.
-void canonicalize(std::vector<std::tuple<uint32_t, uint32_t, uint32_t>>& edges) {
+void canonicalize(EdgeList& edges) {
   std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> out;
   for (auto [lo, hi, target] : edges) {
     if (lo >= kSurrogateFirst && hi <= kSurrogateLast) continue;
@@ -1178,26 +1231,13 @@ void canonicalize(std::vector<std::tuple<uint32_t, uint32_t, uint32_t>>& edges) 
 // `accept`.
 template <typename State, typename Edge>
 std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t accept, size_t max_states) {
-  std::map<std::vector<uint32_t>, uint32_t> ids;
-  std::vector<std::vector<uint32_t>> sets;
+  SetNumbering<std::vector<uint32_t>> sets(max_states);
   const auto id_of = [&](std::vector<uint32_t> set) {
     nfa.close(set);
-    const auto [it, inserted] = ids.try_emplace(set, static_cast<uint32_t>(sets.size()));
-    if (inserted) {
-      BASALT_CHECK(sets.size() < max_states,
-                   "regex: the patterns combine into more than {} automaton states; use simpler patterns",
-                   max_states);
-      sets.push_back(std::move(set));
-    }
-    return it->second;
+    return sets.id_of(std::move(set));
   };
   id_of({start});
   std::vector<State> out;
-  // Each state checks every move of its set at every cut of the code
-  // points; classes of hundreds of ranges (\p{L}) under a bounded
-  // repetition make that the cost, which patterns from requests must not
-  // make unbounded.
-  constexpr size_t kMaxWork = size_t{1} << 22;
   size_t work = 0;
   for (size_t i = 0; i < sets.size(); ++i) {
     const std::vector<uint32_t> set = sets[i];  // sets grows below
@@ -1212,13 +1252,8 @@ std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t
         }
       }
     }
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    work += cuts.size() * (moves + set.size());
-    BASALT_CHECK(work <= kMaxWork,
-                 "regex: the patterns are too large to combine (building their automaton takes more than {} steps)",
-                 kMaxWork);
-    std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> edges;
+    finish_cuts(cuts, moves + set.size(), work);
+    EdgeList edges;
     // The intervals of a large class alternate between few target sets:
     // each is closed and looked up once per state.
     std::map<std::vector<uint32_t>, uint32_t> seen;
@@ -1229,11 +1264,7 @@ std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t
           if (ranges_contain(m.set, cuts[k])) targets.push_back(m.target);
       const auto known = seen.find(targets);
       const uint32_t target = known != seen.end() ? known->second : seen.emplace(targets, id_of(targets)).first->second;
-      if (!edges.empty() && std::get<2>(edges.back()) == target) {
-        std::get<1>(edges.back()) = cuts[k + 1] - 1;
-      } else {
-        edges.emplace_back(cuts[k], cuts[k + 1] - 1, target);
-      }
+      extend_edges(edges, cuts[k], cuts[k + 1] - 1, target);
     }
     canonicalize(edges);
     State state;
@@ -1304,22 +1335,13 @@ std::vector<State> determinize_looking(const CodePointNfa& nfa, uint32_t start, 
     }
     set.assign(seen.begin(), seen.end());
   };
-  std::map<std::vector<Element>, uint32_t> ids;
-  std::vector<std::vector<Element>> sets;
+  SetNumbering<std::vector<Element>> sets(max_states);
   const auto id_of = [&](std::vector<Element> set) {
     close(set);
-    const auto [it, inserted] = ids.try_emplace(set, static_cast<uint32_t>(sets.size()));
-    if (inserted) {
-      BASALT_CHECK(sets.size() < max_states,
-                   "regex: the patterns combine into more than {} automaton states; use simpler patterns",
-                   max_states);
-      sets.push_back(std::move(set));
-    }
-    return it->second;
+    return sets.id_of(std::move(set));
   };
   id_of({{start, *settle({})}});
   std::vector<State> out;
-  constexpr size_t kMaxWork = size_t{1} << 22;
   size_t work = 0;
   for (size_t n = 0; n < sets.size(); ++n) {
     const std::vector<Element> set = sets[n];  // sets grows below
@@ -1334,13 +1356,8 @@ std::vector<State> determinize_looking(const CodePointNfa& nfa, uint32_t start, 
       for (const auto& [i, st] : obligations[o])
         for (const RegexLanguage::Edge& e : looks[i].language.edges(st)) cuts.push_back(e.lo);
     }
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    work += cuts.size() * set.size();
-    BASALT_CHECK(work <= kMaxWork,
-                 "regex: the patterns are too large to combine (building their automaton takes more than {} steps)",
-                 kMaxWork);
-    std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> edges;
+    finish_cuts(cuts, set.size(), work);
+    EdgeList edges;
     for (size_t k = 0; k + 1 < cuts.size(); ++k) {
       const uint32_t c = cuts[k];
       std::vector<Element> targets;
@@ -1354,12 +1371,7 @@ std::vector<State> determinize_looking(const CodePointNfa& nfa, uint32_t start, 
       }
       std::sort(targets.begin(), targets.end());
       targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
-      const uint32_t target = id_of(std::move(targets));
-      if (!edges.empty() && std::get<2>(edges.back()) == target) {
-        std::get<1>(edges.back()) = cuts[k + 1] - 1;
-      } else {
-        edges.emplace_back(cuts[k], cuts[k + 1] - 1, target);
-      }
+      extend_edges(edges, cuts[k], cuts[k + 1] - 1, id_of(std::move(targets)));
     }
     canonicalize(edges);
     State state;
