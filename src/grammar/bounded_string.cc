@@ -65,15 +65,30 @@ BoundedText::BoundedText(const Grammar& grammar, int32_t rule, int64_t max_lengt
   // Rounds of "the most of my successors'": after k of them, the most over
   // the states k code points on or fewer (states that cannot close count
   // nothing: a token that leads there is another parse's, kept unjudged).
+  // Only the nodes a string can be in are worked on: most escape phases of
+  // most states are never entered.
+  std::vector<std::vector<uint32_t>> successors(needed_.size());
+  for (size_t to = 0; to < sources.size(); ++to)
+    for (const auto& [from, costs_one] : sources[to]) successors[from].push_back(static_cast<uint32_t>(to));
+  std::vector<uint32_t> reachable{node(start_, kPlain)};
+  std::vector<bool> seen(needed_.size(), false);
+  seen[reachable[0]] = true;
+  for (size_t i = 0; i < reachable.size(); ++i) {
+    for (const uint32_t to : successors[reachable[i]]) {
+      if (seen[to]) continue;
+      seen[to] = true;
+      reachable.push_back(to);
+    }
+  }
   most_near_.resize(needed_.size());
   for (size_t v = 0; v < needed_.size(); ++v) {
     most_near_[v] = needed_[v] == kNever ? 0 : needed_[v];
-    most_needed_ = std::max(most_needed_, most_near_[v]);
+    if (seen[v]) most_needed_ = std::max(most_needed_, most_near_[v]);
   }
   for (int round = 0; round < kNear; ++round) {
     std::vector<int64_t> next = most_near_;
-    for (size_t to = 0; to < sources.size(); ++to)
-      for (const auto& [from, costs_one] : sources[to]) next[from] = std::max(next[from], most_near_[to]);
+    for (const uint32_t from : reachable)
+      for (const uint32_t to : successors[from]) next[from] = std::max(next[from], most_near_[to]);
     most_near_ = std::move(next);
   }
 }
