@@ -130,10 +130,19 @@ struct NfaEdge {
 // references whose body, with what it inlines in turn, weighs at most
 // kInlineWeight. One character of a string (`json-char`, its escapes) then
 // costs the run one byte edge instead of a call and a return per byte.
-// Calls outside repetitions stay calls, so a rule used once per value (a
-// whole string) keeps one set of states that every caller shares, and with
-// them the token masks computed for them.
+// Calls outside repetitions stay calls (but for rules of about one
+// character, kInlineOnce), so a rule used once per value (a whole string)
+// keeps one set of states that every caller shares, and with them the
+// token masks computed for them.
 constexpr int64_t kInlineWeight = 1024;
+// A call outside repetitions compiles inline when the rule refers to no
+// rule and weighs no more than one character of a pattern (a class with
+// its JSON escapes, about 30): a pattern's automaton state, written as a
+// rule that reads a
+// character then calls the next state, then has no call of its own where
+// its bytes could be the callee's too (a space that is also the first byte
+// of a non-ASCII word character), so a walk through it takes no closure.
+constexpr int64_t kInlineOnce = 64;
 // What one rule may take inline in all: a rule with hundreds of repeated
 // call sites keeps calls past it rather than grow its automaton past the
 // state limit.
@@ -156,6 +165,13 @@ class InlinePlan {
   // counts the rules being weighed inside each other: past kMaxInlineDepth
   // a rule is not inlined (a chain of thousands of rules would otherwise
   // recurse as deep).
+  // Whether the rule refers to no rule (a character class, a literal).
+  bool is_leaf(int32_t rule) const {
+    std::vector<int32_t> refs;
+    references(g_.rules[static_cast<size_t>(rule)].body, refs);
+    return refs.empty();
+  }
+
   int64_t weight(int32_t rule, int depth = 0) {
     int64_t& w = weight_[static_cast<size_t>(rule)];
     if (w != -2) return w;
@@ -303,11 +319,13 @@ class Nfa {
         return;
       }
       case K::kRuleRef: {
-        const int64_t w = copies > 0 ? plan_.weight(e.rule) : -1;
+        const int64_t w = plan_.weight(e.rule);
         // The site's copies together within kInlineWeight; each copy (one
         // call of compile: a repetition compiles its body once per copy)
-        // charged once to the rule's budget.
-        if (w >= 0 && w * copies <= kInlineWeight && inlined_ + w <= kInlinePerRule) {
+        // charged once to the rule's budget. Outside repetitions only a
+        // character's worth (kInlineOnce).
+        const bool fits = copies > 0 ? w * copies <= kInlineWeight : w <= kInlineOnce && plan_.is_leaf(e.rule);
+        if (w >= 0 && fits && inlined_ + w <= kInlinePerRule) {
           inlined_ += w;
           compile(grammar_.rules[static_cast<size_t>(e.rule)].body, from, to, copies);
         } else {

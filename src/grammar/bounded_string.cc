@@ -15,46 +15,84 @@ BoundedText::BoundedText(const Grammar& grammar, int32_t rule, int64_t max_lengt
   const std::string& name = grammar.rules[static_cast<size_t>(rule)].name;
   BASALT_CHECK(max_length >= 0, "grammar: bounded rule \"{}\" has a negative bound", name);
   const size_t states = text_.state_count();
-  // Fewest code points to the closing quote, by a breadth-first search
-  // backwards from it whose moves cost 0 (escape letters, the quote) or 1.
+  // The moves between (state, escape phase) nodes, each once: a state's
+  // edges cover every code point, mostly towards few targets, so they are
+  // taken per target, with what the edges there read.
+  struct Arc {
+    uint32_t from, to;
+    bool costs_one;
+  };
+  std::vector<Arc> arcs;
   needed_.assign(states * kPhases, kNever);
-  std::vector<std::vector<std::pair<uint32_t, bool>>> sources(states * kPhases);  // (node, costs one)
   std::deque<uint32_t> work;
   const auto node = [](uint32_t state, uint8_t phase) { return state * kPhases + phase; };
+  enum : uint8_t { kOther = 1, kQuote = 2, kBackslashChar = 4, kU = 8, kNotOnlyU = 16 };
+  std::vector<std::pair<uint32_t, uint8_t>> reads;  // (target, what edges there read)
   for (uint32_t s = 0; s < states; ++s) {
+    reads.clear();
     for (const RegexLanguage::Edge& e : text_.edges(s)) {
       const auto has = [&](uint32_t c) { return e.lo <= c && c <= e.hi; };
+      uint8_t what = 0;
+      if (e.hi - e.lo + 1 > static_cast<uint32_t>(has('"')) + static_cast<uint32_t>(has('\\'))) what |= kOther;
+      if (has('"')) what |= kQuote;
+      if (has('\\')) what |= kBackslashChar;
+      if (has('u')) what |= kU;
+      if (e.lo != 'u' || e.hi != 'u') what |= kNotOnlyU;
+      reads.emplace_back(e.target, what);
+    }
+    std::sort(reads.begin(), reads.end());
+    for (size_t i = 0; i < reads.size();) {
+      const uint32_t t = reads[i].first;
+      uint8_t what = 0;
+      for (; i < reads.size() && reads[i].first == t; ++i) what |= reads[i].second;
       // Plain text: a quote that ends the rule's text closes the string.
-      if (has('"') && text_.accepting(e.target)) {
-        if (needed_[node(s, kPlain)] != 0) {
-          needed_[node(s, kPlain)] = 0;
-          work.push_back(node(s, kPlain));
-        }
+      if ((what & kQuote) && text_.accepting(t) && needed_[node(s, kPlain)] != 0) {
+        needed_[node(s, kPlain)] = 0;
+        work.push_back(node(s, kPlain));
       }
-      const bool others = e.hi - e.lo + 1 > static_cast<uint32_t>(has('"')) + static_cast<uint32_t>(has('\\'));
-      if (others || (has('"') && !text_.accepting(e.target)))
-        sources[node(e.target, kPlain)].emplace_back(node(s, kPlain), true);
-      if (has('\\')) sources[node(e.target, kBackslash)].emplace_back(node(s, kPlain), true);
+      if ((what & kOther) || ((what & kQuote) && !text_.accepting(t))) arcs.push_back({node(s, kPlain), node(t, kPlain), true});
+      if (what & kBackslashChar) arcs.push_back({node(s, kPlain), node(t, kBackslash), true});
       // Inside an escape nothing more is counted.
-      if (has('u')) sources[node(e.target, kHex0)].emplace_back(node(s, kBackslash), false);
-      if (e.lo != 'u' || e.hi != 'u') sources[node(e.target, kPlain)].emplace_back(node(s, kBackslash), false);
-      for (uint8_t p = kHex0; p < kHex3; ++p)
-        sources[node(e.target, static_cast<uint8_t>(p + 1))].emplace_back(node(s, p), false);
-      sources[node(e.target, kPlain)].emplace_back(node(s, kHex3), false);
+      if (what & kU) arcs.push_back({node(s, kBackslash), node(t, kHex0), false});
+      if (what & kNotOnlyU) arcs.push_back({node(s, kBackslash), node(t, kPlain), false});
+      for (uint8_t p = kHex0; p < kHex3; ++p) arcs.push_back({node(s, p), node(t, static_cast<uint8_t>(p + 1)), false});
+      arcs.push_back({node(s, kHex3), node(t, kPlain), false});
     }
   }
+  const size_t nodes = needed_.size();
+  // Sources by target, for the search below.
+  std::vector<uint32_t> into(nodes + 1, 0);
+  for (const Arc& a : arcs) ++into[a.to + 1];
+  for (size_t v = 0; v < nodes; ++v) into[v + 1] += into[v];
+  std::vector<uint32_t> sources(arcs.size());
+  {
+    std::vector<uint32_t> fill(into.begin(), into.end() - 1);
+    for (uint32_t k = 0; k < arcs.size(); ++k) sources[fill[arcs[k].to]++] = k;
+  }
+  // Fewest code points to the closing quote, by a breadth-first search
+  // backwards from it whose moves cost 0 (escape letters, the quote) or 1.
   while (!work.empty()) {
     const uint32_t n = work.front();
     work.pop_front();
-    for (const auto& [from, costs_one] : sources[n]) {
-      const int64_t d = needed_[n] + (costs_one ? 1 : 0);
-      if (d >= needed_[from]) continue;
-      needed_[from] = d;
-      if (costs_one) {
-        work.push_back(from);
+    for (uint32_t k = into[n]; k < into[n + 1]; ++k) {
+      const Arc& a = arcs[sources[k]];
+      const int64_t d = needed_[n] + (a.costs_one ? 1 : 0);
+      if (d >= needed_[a.from]) continue;
+      needed_[a.from] = d;
+      if (a.costs_one) {
+        work.push_back(a.from);
       } else {
-        work.push_front(from);
+        work.push_front(a.from);
       }
+    }
+  }
+  // Where each ASCII code point leads, per state: most of what filter()
+  // walks near a bound.
+  ascii_next_.resize(states * 0x80);
+  for (uint32_t s = 0; s < states; ++s) {
+    for (const RegexLanguage::Edge& e : text_.edges(s)) {
+      if (e.lo >= 0x80) break;
+      for (uint32_t c = e.lo; c <= std::min<uint32_t>(e.hi, 0x7F); ++c) ascii_next_[s * 0x80 + c] = e.target;
     }
   }
   start_ = text_.next(0, '"');
@@ -67,29 +105,35 @@ BoundedText::BoundedText(const Grammar& grammar, int32_t rule, int64_t max_lengt
   // nothing: a token that leads there is another parse's, kept unjudged).
   // Only the nodes a string can be in are worked on: most escape phases of
   // most states are never entered.
-  std::vector<std::vector<uint32_t>> successors(needed_.size());
-  for (size_t to = 0; to < sources.size(); ++to)
-    for (const auto& [from, costs_one] : sources[to]) successors[from].push_back(static_cast<uint32_t>(to));
+  std::vector<uint32_t> out_begin(nodes + 1, 0), successors(arcs.size());
+  for (const Arc& a : arcs) ++out_begin[a.from + 1];
+  for (size_t v = 0; v < nodes; ++v) out_begin[v + 1] += out_begin[v];
+  {
+    std::vector<uint32_t> fill(out_begin.begin(), out_begin.end() - 1);
+    for (const Arc& a : arcs) successors[fill[a.from]++] = a.to;
+  }
   std::vector<uint32_t> reachable{node(start_, kPlain)};
-  std::vector<bool> seen(needed_.size(), false);
+  std::vector<bool> seen(nodes, false);
   seen[reachable[0]] = true;
   for (size_t i = 0; i < reachable.size(); ++i) {
-    for (const uint32_t to : successors[reachable[i]]) {
+    for (uint32_t k = out_begin[reachable[i]]; k < out_begin[reachable[i] + 1]; ++k) {
+      const uint32_t to = successors[k];
       if (seen[to]) continue;
       seen[to] = true;
       reachable.push_back(to);
     }
   }
-  most_near_.resize(needed_.size());
-  for (size_t v = 0; v < needed_.size(); ++v) {
+  most_near_.resize(nodes);
+  for (size_t v = 0; v < nodes; ++v) {
     most_near_[v] = needed_[v] == kNever ? 0 : needed_[v];
     if (seen[v]) most_needed_ = std::max(most_needed_, most_near_[v]);
   }
+  std::vector<int64_t> next = most_near_;
   for (int round = 0; round < kNear; ++round) {
-    std::vector<int64_t> next = most_near_;
     for (const uint32_t from : reachable)
-      for (const uint32_t to : successors[from]) next[from] = std::max(next[from], most_near_[to]);
-    most_near_ = std::move(next);
+      for (uint32_t k = out_begin[from]; k < out_begin[from + 1]; ++k)
+        next[from] = std::max(next[from], most_near_[successors[k]]);
+    most_near_ = next;
   }
 }
 
@@ -100,7 +144,7 @@ BoundedText::Cursor BoundedText::start() const {
 }
 
 bool BoundedText::take(Cursor& c, uint32_t code_point) const {
-  const uint32_t next = text_.next(c.state, code_point);
+  const uint32_t next = code_point < 0x80 ? ascii_next_[c.state * 0x80 + code_point] : text_.next(c.state, code_point);
   switch (c.phase) {
     case kPlain:
       if (code_point == '"' && text_.accepting(next)) {
@@ -189,23 +233,61 @@ void BoundedStrings::filter(const TokenVocabulary& vocabulary, std::span<uint32_
   // length and the most those states need; so do all shorter ones.
   const int64_t room = text_->max_length() - cursor_.count;
   const int64_t near = text_->most_needed_near(cursor_);
-  for (const int32_t id : vocabulary.longest_first()) {
-    const std::string& bytes = vocabulary.bytes(id);
-    const auto length = static_cast<int64_t>(bytes.size());
-    if (length + text_->most_needed() <= room || (length <= BoundedText::kNear && length + near <= room)) break;
-    uint32_t& word = words[static_cast<size_t>(id) / 32];
-    const uint32_t bit = 1u << (static_cast<uint32_t>(id) % 32);
-    if ((word & bit) == 0) continue;
-    BoundedText::Cursor c = cursor_;
+  const int64_t unjudged = std::max(room - text_->most_needed(), std::min<int64_t>(BoundedText::kNear, room - near));
+  // The longer tokens the mask allows, in byte order, each walked from the
+  // cursor after the bytes it shares with the last one walked (cursors[d]:
+  // after d bytes of it, up to `valid`, where it closed or left the text).
+  const std::vector<int32_t>& sorted = vocabulary.sorted();
+  const auto allowed = [&](size_t pos) {
+    const int32_t id = sorted[pos];
+    return (words[static_cast<size_t>(id) / 32] >> (static_cast<uint32_t>(id) % 32)) & 1u;
+  };
+  const auto longer = [&](size_t pos) { return static_cast<int64_t>(vocabulary.sorted_bytes(pos).size()) > unjudged; };
+  // The judged tokens are the first of longest_first(): few of them are
+  // picked out and sorted, many are found by a pass in byte order.
+  const std::vector<int32_t>& longest = vocabulary.longest_first();
+  const size_t judged_count = static_cast<size_t>(
+      std::partition_point(longest.begin(), longest.end(), [&](int32_t pos) { return longer(static_cast<size_t>(pos)); }) -
+      longest.begin());
+  std::vector<int32_t> judged;  // positions in sorted
+  if (judged_count * 8 < sorted.size()) {
+    for (size_t k = 0; k < judged_count; ++k)
+      if (allowed(static_cast<size_t>(longest[k]))) judged.push_back(longest[k]);
+    std::sort(judged.begin(), judged.end());
+  } else {
+    for (size_t pos = 0; pos < sorted.size(); ++pos)
+      if (longer(pos) && allowed(pos)) judged.push_back(static_cast<int32_t>(pos));
+  }
+  std::vector<BoundedText::Cursor> cursors(1, cursor_);
+  std::string_view last;
+  size_t valid = 0;
+  bool last_alive = true;
+  for (const int32_t pos : judged) {
+    const std::string_view bytes = vocabulary.sorted_bytes(static_cast<size_t>(pos));
+    const int32_t id = sorted[static_cast<size_t>(pos)];
+    size_t shared = 0;
+    const size_t most = std::min(last.size(), bytes.size());
+    while (shared < most && last[shared] == bytes[shared]) ++shared;
     bool alive = true;
-    for (const char b : bytes) {
-      if (c.closed) break;
-      if (!text_->advance(c, static_cast<uint8_t>(b))) {
-        alive = false;  // another parse's text: kept, as accept() stops there
-        break;
+    size_t d = std::min(shared, valid);
+    if (d < shared && valid < last.size()) {
+      // `last` stopped inside the shared bytes: so does this one.
+      alive = last_alive;
+    } else {
+      if (cursors.size() < bytes.size() + 1) cursors.resize(bytes.size() + 1);
+      for (; d < bytes.size() && !cursors[d].closed; ++d) {
+        cursors[d + 1] = cursors[d];
+        if (!text_->advance(cursors[d + 1], static_cast<uint8_t>(bytes[d]))) {
+          alive = false;  // another parse's text: kept, as accept() stops there
+          break;
+        }
       }
+      valid = d;
     }
-    if (alive && !text_->fits(c)) word &= ~bit;
+    last = bytes;
+    last_alive = alive;
+    if (alive && !text_->fits(cursors[valid]))
+      words[static_cast<size_t>(id) / 32] &= ~(1u << (static_cast<uint32_t>(id) % 32));
   }
 }
 

@@ -30,7 +30,8 @@
 // its code points before the quote do). A token of n bytes adds at most n
 // code points, so only tokens longer than the room left, less the most
 // the states a few code points on need, are walked: none until the string
-// nears its bound.
+// nears its bound, and then those the mask allows, in byte order, each from
+// the bytes it shares with the one before.
 //
 // Contract: the mask is never emptied. Each token kept leaves a way to
 // close in time (the fewest-code-points path from its state), and a byte
@@ -105,6 +106,7 @@ class BoundedText {
   }
 
   RegexLanguage text_;
+  std::vector<uint32_t> ascii_next_;  // per state * 0x80 + an ASCII code point: text_.next()
   int64_t max_length_;
   uint32_t start_ = 0;           // the state after the opening quote
   std::vector<int64_t> needed_;  // per state * kPhases + phase; kNever when it cannot close

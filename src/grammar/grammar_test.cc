@@ -84,13 +84,15 @@ TEST(Ebnf, RulesCallEachOtherAndRecurse) {
 
 TEST(Ebnf, SmallRulesRepeatedInARuleCompileInline) {
   // `item` (and `esc` through it) is repeated in root: its bytes are copied
-  // into root's automaton. `tail` is called once and `value` is recursive:
-  // both stay calls.
+  // into root's automaton. `mark` is called once but reads one character
+  // and calls nothing: copied too. `tail` is called once and is larger,
+  // `value` is recursive: both stay calls.
   const std::string text = R"g(
-    root  ::= "[" item* "]" tail value*
+    root  ::= "[" item* "]" mark tail value*
     item  ::= [a-c] | esc
     esc   ::= "\\" [nt]
-    tail  ::= "!"
+    mark  ::= [!?]
+    tail  ::= "and after the mark, a tail longer than one character's worth of bytes" ("." | "!")
     value ::= "(" value* ")"
   )g";
   const Grammar grammar = parse_ebnf(text);
@@ -105,9 +107,11 @@ TEST(Ebnf, SmallRulesRepeatedInARuleCompileInline) {
   std::sort(called.begin(), called.end());
   called.erase(std::unique(called.begin(), called.end()), called.end());
   EXPECT_EQ(called, (std::vector<std::string>{"tail", "value"}));
-  EXPECT_TRUE(matches(text, "[ab\\nc\\t]!(())()"));
-  EXPECT_TRUE(matches(text, "[]!"));
-  EXPECT_FALSE(matches(text, "[a\\x]!"));
+  const std::string tail = "and after the mark, a tail longer than one character's worth of bytes.";
+  EXPECT_TRUE(matches(text, "[ab\\nc\\t]!" + tail + "(())()"));
+  EXPECT_TRUE(matches(text, "[]?" + tail));
+  EXPECT_FALSE(matches(text, "[a\\x]!" + tail));
+  EXPECT_FALSE(matches(text, "[a]" + tail));
   EXPECT_FALSE(matches(text, "[ad]!"));
 }
 

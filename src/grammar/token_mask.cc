@@ -9,18 +9,27 @@
 #include "tokenizer/tokenizer.h"
 
 namespace basalt {
+long g_fast=0,g_general=0,g_closures=0,g_tokens=0,g_owns=0,g_backs=0;
 namespace {
 
 // Walks tokens in byte order from one set of stacks, keeping the sets after
 // each byte of the current token so that the next token starts from the
 // bytes it shares with this one.
+//
+// A level that holds one stack (a state on a parent) steps without a
+// closure when the byte is the top state's alone: not a first byte of what
+// the state's calls lead to, nor of what returning into the parent can read
+// when the state may return. Inside a string, a word of a pattern, or a
+// label, that is nearly every byte, and the step is one lookup in a table
+// of the walker's own (a row of 256 per state met) with no stack node made.
 class TrieWalker {
  public:
   TrieWalker(const CompiledGrammar& g, StackArena& arena, StackWork& work, std::span<const int32_t> root)
-      : g_(g), arena_(arena), work_(work), base_(arena.size()) {
+      : g_(g), arena_(arena), work_(work), base_(arena.size()), row_of_(g.states.size(), -1) {
     levels_.resize(1);
     levels_[0].set.assign(root.begin(), root.end());
-    lexicalize(levels_[0]);
+    levels_[0].set_ready = true;
+    single(levels_[0]);
   }
   ~TrieWalker() { arena_.rewind(base_); }
 
@@ -29,60 +38,65 @@ class TrieWalker {
   size_t walk(std::string_view bytes, size_t lcp) {
     if (dead_ && lcp > depth_) return depth_;  // shares the byte that failed
     const size_t keep = std::min(lcp, depth_);
-    if (keep < depth_) arena_.rewind(levels_[keep + 1].mark);
+    if (keep < depth_ && arena_.size() > levels_[keep + 1].mark) arena_.rewind(levels_[keep + 1].mark);
     depth_ = keep;
     dead_ = false;
+    if (levels_.size() <= bytes.size()) levels_.resize(bytes.size() + 1);
     for (size_t d = keep; d < bytes.size(); ++d) {
-      if (levels_.size() <= d + 1) levels_.resize(d + 2);  // before taking references into it
       Level& level = levels_[d];
       Level& next = levels_[d + 1];
       const auto byte = static_cast<uint8_t>(bytes[d]);
       const bool escaped_before = d > 0 && levels_[d - 1].escaped;
-      if (level.lex_state >= 0 && g_.states[static_cast<size_t>(level.lex_state)].accepting) {
-        // A state that reads bytes and may end its rule (a hostname label
-        // after its first character): a byte that nothing after the return
-        // can read is the state's alone, and steps as in a lexical state;
-        // any other takes the general path below.
-        const Return& back = return_of(level);
-        if (back.first[byte]) {
-          level.set.assign(1, arena_.intern(level.lex_state, level.lex_parent));
-          level.lex_state = -1;
-          level.closed_ready = false;
-        } else {
-          level.escaped = escaped_before || back.escaped;
+      if (level.row >= 0) {
+        int32_t move = moves_[static_cast<size_t>(level.row) * 256 + byte];
+        bool escaped = escaped_before;
+        if (move != kNotAlone && level.returns) {
+          const Return& back = return_of(level);
+          if (back.first[byte]) move = kNotAlone;
+          escaped = escaped || back.escaped;
+        }
+        if (move != kNotAlone) {
+          // The byte is the top state's alone: its closure's other stacks
+          // cannot read it, so the step is the state's own edge.
+          level.escaped = escaped;
           next.mark = arena_.size();
-          const int32_t t = g_.step(level.lex_state, byte);
-          if (t < 0) return fail(d);
-          take_single(next, t, level);
+          if (move == kDead) return fail(d);
+          if (move == kUnresolved) move = resolve(level.row, byte);
+          next.set_ready = false;
+          next.closed_ready = false;
+          next.parent = level.parent;
+          next.back = level.back;  // the same parent
+          if (move >= 0) {
+            next.row = move >> 1;
+            next.returns = (move & 1) != 0;
+          } else {  // kReturns: a rule's end, which stands for its caller
+            next.row = -1;
+            next.top = g_.step(rows_[static_cast<size_t>(level.row)].state, byte);
+            settle(next);
+          }
           depth_ = d + 1;
           continue;
         }
-      }
-      if (level.lex_state >= 0) {
-        // Inside a rule's own bytes (a string's contents): the closure is
-        // the stack itself, the step one edge lookup, and no stack node is
-        // made until the run leaves such states.
-        level.escaped = escaped_before;
-        next.mark = arena_.size();
-        const int32_t t = g_.step(level.lex_state, byte);
-        if (t < 0) return fail(d);
-        take_single(next, t, level);
-      } else {
-        if (!level.closed_ready) {
-          const ClosureFlags flags = work_.close(g_, arena_, level.set, level.closed);
-          level.closure_escaped = flags.escaped;
-          level.closed_ready = true;
+        if (!level.set_ready) {
+          // Made before next.mark, so it lives as long as this level.
+          level.set.assign(1, arena_.intern(rows_[static_cast<size_t>(level.row)].state, level.parent));
+          level.set_ready = true;
         }
-        level.escaped = escaped_before || level.closure_escaped;
-        // After the closure: its nodes stay while the walk is at or past
-        // this level; what steps on from here is dropped with `mark`.
-        next.mark = arena_.size();
-        work_.step(g_, arena_, level.closed, byte, next.set);
-        if (next.set.empty()) return fail(d);
-        next.lex_state = -1;
-        next.closed_ready = false;
-        lexicalize(next);
       }
+      if (!level.closed_ready) {
+        const ClosureFlags flags = work_.close(g_, arena_, level.set, level.closed);
+        level.closure_escaped = flags.escaped;
+        level.closed_ready = true;
+      }
+      level.escaped = escaped_before || level.closure_escaped;
+      // After the closure: its nodes stay while the walk is at or past
+      // this level; what steps on from here is dropped with `mark`.
+      next.mark = arena_.size();
+      work_.step(g_, arena_, level.closed, byte, next.set);
+      if (next.set.empty()) return fail(d);
+      next.set_ready = true;
+      next.closed_ready = false;
+      single(next);
       depth_ = d + 1;
     }
     return bytes.size();
@@ -99,15 +113,31 @@ class TrieWalker {
     std::bitset<256> first;
     bool escaped = false;
   };
+  // A state met alone on top of a stack, with its row of moves_: per byte
+  // (its moves whichever the parent is)
+  //   row of the state the edge leads to (as settle() leaves it) * 2 + 1
+  //     when that state's closure may return into the parent, whose
+  //     first bytes then need checking too;
+  //   kDead: no edge; kNotAlone: a stack the state's calls lead to may read
+  //   the byte too (a closure decides); kReturns: the edge ends the rule
+  //   (settle() pops the parent); kUnresolved: an edge not yet followed.
+  struct Row {
+    int32_t state = -1;
+    bool returns = false;  // the state's closure may return into its parent
+  };
+  static constexpr int32_t kDead = -1, kNotAlone = -2, kReturns = -3, kUnresolved = -4;
   struct Level {
-    // The stacks after this many bytes: one stack held as its top state and
-    // parent node when that state calls nothing (lex_state >= 0), else
-    // `set`.
-    int32_t lex_state = -1;
-    int32_t lex_parent = kStackBottom;
-    Return back;             // for lex_parent, once back_ready
-    bool back_ready = false;
+    // The stacks after this many bytes. One stack is held as its top
+    // state's row (row >= 0, top state rows_[row].state) and its parent;
+    // `set` holds the stacks as nodes once set_ready (for one stack, made
+    // the first time a byte needs the closure).
+    int32_t row = -1;
+    bool returns = false;    // rows_[row].returns
+    int32_t top = -1;        // settle()'s scratch
+    int32_t parent = kStackBottom;
+    int32_t back = -1;       // `parent`'s Return in backs_, once known
     std::vector<int32_t> set;
+    bool set_ready = false;
     std::vector<int32_t> closed;  // the closure of `set`, once closed_ready
     bool closed_ready = false;
     bool closure_escaped = false;  // that closure returned into kStackUnknown
@@ -115,32 +145,105 @@ class TrieWalker {
     size_t mark = 0;               // the arena's size before this level was made
   };
 
-  bool lexical_state(int32_t state) const {
-    const AutomatonState& s = g_.states[static_cast<size_t>(state)];
-    return s.calls_begin == s.calls_end;
+  void single(Level& level) {
+    level.back = -1;
+    level.row = -1;
+    if (level.set.size() != 1) return;
+    level.top = arena_[level.set[0]].state;
+    level.parent = arena_[level.set[0]].parent;
+    settle(level);
   }
-  void lexicalize(Level& level) const {
-    level.back_ready = false;
-    if (level.set.size() != 1 || !lexical_state(arena_[level.set[0]].state)) return;
-    level.lex_state = arena_[level.set[0]].state;
-    level.lex_parent = arena_[level.set[0]].parent;
-  }
-  // The single stack `t` on `from`'s parent, as the next level.
-  void take_single(Level& next, int32_t t, const Level& from) {
-    next.closed_ready = false;
-    if (lexical_state(t)) {
-      next.lex_state = t;
-      next.lex_parent = from.lex_parent;
-      next.back = from.back;  // the same parent
-      next.back_ready = from.back_ready;
-    } else {
-      next.lex_state = -1;
-      next.back_ready = false;
-      next.set.assign(1, arena_.intern(t, from.lex_parent));
+  // A level's one stack (`top` on `parent`) as the stack it stands for, so
+  // that the byte after it can take the fast path: a rule's end, which can
+  // only return, is its caller's continuation; a state that only calls a
+  // rule in tail position (a regex's next state, written as a rule) is that
+  // rule's start. Both leave the closure, and so the steps, as they were.
+  // Sets the level's row.
+  void settle(Level& level) {
+    for (int hops = 0; hops < kMaxSettleHops; ++hops) {
+      const AutomatonState& s = g_.states[static_cast<size_t>(level.top)];
+      if (s.bytes_begin != s.bytes_end) break;
+      if (s.calls_begin == s.calls_end) {
+        if (!s.accepting || level.parent < 0 || arena_.is_join(level.parent)) break;
+        const StackNode& caller = arena_[level.parent];
+        level.top = caller.state;
+        level.parent = caller.parent;
+        level.back = -1;
+      } else if (const int32_t callee = tail_callee(level.top); callee >= 0) {
+        level.top = callee;
+      } else {
+        break;
+      }
+      level.set_ready = false;
+      level.closed_ready = false;
     }
+    level.row = row_of(level.top);
+    level.returns = rows_[static_cast<size_t>(level.row)].returns;
+  }
+  // The start of the rule `state` only calls in tail position, -1 if it is
+  // not such a state.
+  int32_t tail_callee(int32_t state) const {
+    const AutomatonState& s = g_.states[static_cast<size_t>(state)];
+    if (s.accepting || s.bytes_begin != s.bytes_end || s.calls_end - s.calls_begin != 1) return -1;
+    const RuleCall& call = g_.calls[s.calls_begin];
+    return ends_rule(call.target) ? g_.rule_start[static_cast<size_t>(call.rule)] : -1;
+  }
+  bool ends_rule(int32_t state) const {
+    const AutomatonState& s = g_.states[static_cast<size_t>(state)];
+    return s.accepting && s.bytes_begin == s.bytes_end && s.calls_begin == s.calls_end;
+  }
+  static constexpr int kMaxSettleHops = 64;
+
+  int32_t row_of(int32_t state) {
+    int32_t& row = row_of_[static_cast<size_t>(state)];
+    if (row >= 0) return row;
+    row = static_cast<int32_t>(rows_.size());
+    Row r;
+    r.state = state;
+    const size_t base = moves_.size();
+    moves_.resize(base + 256, kDead);
+    const AutomatonState& s = g_.states[static_cast<size_t>(state)];
+    for (uint32_t e = s.bytes_begin; e < s.bytes_end; ++e)
+      for (int b = g_.byte_edges[e].lo; b <= g_.byte_edges[e].hi; ++b) moves_[base + static_cast<size_t>(b)] = kUnresolved;
+    if (s.calls_begin == s.calls_end) {
+      r.returns = s.accepting;
+    } else {
+      std::bitset<256> others;
+      const size_t mark = arena_.size();
+      const int32_t root = arena_.intern(state, kStackUnknown);
+      r.returns = work_.close(g_, arena_, std::span<const int32_t>(&root, 1), closed_).escaped;
+      for (int32_t id : closed_)
+        if (id != root) add_first_bytes(arena_[id].state, others);
+      arena_.rewind(mark);
+      for (size_t b = 0; b < 256; ++b)
+        if (others[b]) moves_[base + b] = kNotAlone;
+    }
+    rows_.push_back(r);
+    return row;
+  }
+  // Follows row `row`'s edge on `byte` for the first time.
+  int32_t resolve(int32_t row, uint8_t byte) {
+    int32_t t = g_.step(rows_[static_cast<size_t>(row)].state, byte);
+    for (int hops = 0; hops < kMaxSettleHops; ++hops) {
+      const int32_t callee = tail_callee(t);
+      if (callee < 0) break;
+      t = callee;
+    }
+    int32_t move = kReturns;
+    if (!ends_rule(t)) {
+      const int32_t to = row_of(t);
+      move = to * 2 + (rows_[static_cast<size_t>(to)].returns ? 1 : 0);
+    }
+    moves_[static_cast<size_t>(row) * 256 + byte] = move;
+    return move;
+  }
+  void add_first_bytes(int32_t state, std::bitset<256>& bytes) const {
+    const AutomatonState& s = g_.states[static_cast<size_t>(state)];
+    for (uint32_t e = s.bytes_begin; e < s.bytes_end; ++e)
+      for (int b = g_.byte_edges[e].lo; b <= g_.byte_edges[e].hi; ++b) bytes.set(static_cast<size_t>(b));
   }
   const Return& return_of(Level& level) {
-    if (level.back_ready) return level.back;
+    if (level.back >= 0) return backs_[static_cast<size_t>(level.back)];
     Return back;
     roots_.clear();
     const auto add = [&](int32_t parent) {
@@ -150,24 +253,20 @@ class TrieWalker {
         roots_.push_back(parent);
       }
     };
-    if (arena_.is_join(level.lex_parent)) {
-      for (int32_t p : arena_.join_members(level.lex_parent)) add(p);
+    if (arena_.is_join(level.parent)) {
+      for (int32_t p : arena_.join_members(level.parent)) add(p);
     } else {
-      add(level.lex_parent);
+      add(level.parent);
     }
     if (!roots_.empty()) {
       const size_t mark = arena_.size();
       back.escaped = work_.close(g_, arena_, roots_, closed_).escaped || back.escaped;
-      for (int32_t id : closed_) {
-        const AutomatonState& s = g_.states[static_cast<size_t>(arena_[id].state)];
-        for (uint32_t e = s.bytes_begin; e < s.bytes_end; ++e)
-          for (int b = g_.byte_edges[e].lo; b <= g_.byte_edges[e].hi; ++b) back.first.set(static_cast<size_t>(b));
-      }
+      for (int32_t id : closed_) add_first_bytes(arena_[id].state, back.first);
       arena_.rewind(mark);
     }
-    level.back = back;
-    level.back_ready = true;
-    return level.back;
+    level.back = static_cast<int32_t>(backs_.size());
+    backs_.push_back(back);
+    return backs_.back();
   }
   size_t fail(size_t d) {
     arena_.rewind(levels_[d + 1].mark);
@@ -182,7 +281,11 @@ class TrieWalker {
   std::vector<Level> levels_;
   size_t depth_ = 0;  // levels_[0..depth_] hold the current token's prefix
   bool dead_ = false;
-  std::vector<int32_t> roots_, closed_;  // return_of's scratch
+  std::vector<int32_t> roots_, closed_;  // return_of's and row_of's scratch
+  std::vector<int32_t> row_of_;          // per state: its row, -1 until met
+  std::vector<Row> rows_;
+  std::vector<int32_t> moves_;  // 256 per row
+  std::vector<Return> backs_;   // each level's `back` indexes it
 };
 
 void set_bit(std::span<uint32_t> words, int32_t id) {
@@ -236,9 +339,10 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> bytes, std::vector<boo
     if (b.find('"') != std::string::npos) with_quote_.push_back(static_cast<int32_t>(id));
     if (b.find_first_of("\",]}") != std::string::npos) with_closer_.push_back(static_cast<int32_t>(id));
   }
-  longest_first_ = sorted_;
+  longest_first_.resize(sorted_.size());
+  for (size_t i = 0; i < sorted_.size(); ++i) longest_first_[i] = static_cast<int32_t>(i);
   std::stable_sort(longest_first_.begin(), longest_first_.end(), [&](int32_t a, int32_t b) {
-    return bytes_[static_cast<size_t>(a)].size() > bytes_[static_cast<size_t>(b)].size();
+    return sorted_bytes(static_cast<size_t>(a)).size() > sorted_bytes(static_cast<size_t>(b)).size();
   });
 }
 

@@ -69,7 +69,7 @@ class TokenVocabulary {
   // the tokens that can end an element of JSON (grammar/distinct_json.h).
   const std::vector<int32_t>& with_quote() const { return with_quote_; }
   const std::vector<int32_t>& with_closer() const { return with_closer_; }
-  // Usable ids, longest bytes first (grammar/bounded_string.h).
+  // Positions in sorted(), longest bytes first (grammar/bounded_string.h).
   const std::vector<int32_t>& longest_first() const { return longest_first_; }
   // The usable ids whose bytes are exactly `bytes`.
   std::span<const int32_t> spelled(std::string_view bytes) const;

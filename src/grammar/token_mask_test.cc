@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "grammar/ebnf.h"
+#include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/token_mask.h"
 #include "tokenizer/tokenizer.h"
@@ -143,6 +146,21 @@ TEST(TokenMask, EqualsBruteForceInsideInlinedCharacters) {
   check_walks("root ::= \"[\" s \"]\"\ns ::= \"\\\"\" r\nr ::= c{0,3} \"\\\"\" | c{4} r2\n"
               "r2 ::= c{0,3} \"\\\"\" | c{4} r3\nr3 ::= c{0,2} \"\\\"\"\nc ::= [^\"\\\\] | \"\\\\\" [\"nu]",
               20, 30, 10);
+}
+
+// A regex written as rules: each automaton state a rule, each move to
+// another state a call in tail position, characters called where they are
+// not repeated. A walk through one stack steps without a closure where the
+// byte is its top's alone; a rule's end stands for its caller, a tail call
+// for the callee's start.
+TEST(TokenMask, EqualsBruteForceThroughTailCallsAndCalledCharacters) {
+  check_walks("root ::= \"(\" a \")\" \"!\"?\na ::= c b\nb ::= c* (\" \" a | \"\")\n"
+              "c ::= [a-c] | \"\\\\\" [n\"]",
+              20, 40, 11);
+  const nlohmann::ordered_json words = {{"type", "string"}, {"pattern", "^(?:\\S+\\s+){0,3}\\S+$"}};
+  check_walks(json_schema_to_ebnf(words), 20, 40, 12);
+  const nlohmann::ordered_json list = {{"type", "array"}, {"items", words}, {"maxItems", 3}};
+  check_walks(json_schema_to_ebnf(list), 20, 40, 13);
 }
 
 TEST(TokenMask, EndIdsOnlyWhereTheGrammarCanEnd) {
