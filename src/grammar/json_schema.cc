@@ -2942,7 +2942,7 @@ class Translator {
         if (product) {
           language = std::move(*product);
         } else {
-          language = language.intersect(RegexLanguage::of_length(min_length, -1));
+          if (min_length > 0) language = language.intersect(RegexLanguage::of_length(min_length, -1));
           run_time_bound = max_length;
         }
       }

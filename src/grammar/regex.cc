@@ -9,6 +9,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -1123,19 +1124,31 @@ class CodePointNfa {
     return loop;
   }
 
-  // `set` and every state its epsilon moves reach, sorted.
+  // `set` and every state its epsilon moves reach, sorted, each once.
   void close(std::vector<uint32_t>& set) const {
-    std::vector<uint32_t> work = set;
-    std::vector<bool> seen(states_.size(), false);
-    for (const uint32_t s : set) seen[s] = true;
-    while (!work.empty()) {
-      const uint32_t s = work.back();
-      work.pop_back();
+    // Marks by pass number: a subset construction closes thousands of sets
+    // of an automaton of thousands of states.
+    if (seen_.size() < states_.size()) seen_.resize(states_.size(), 0);
+    if (++pass_ == 0) {
+      std::fill(seen_.begin(), seen_.end(), 0);
+      pass_ = 1;
+    }
+    size_t kept = 0;
+    for (const uint32_t s : set) {
+      if (seen_[s] == pass_) continue;
+      seen_[s] = pass_;
+      set[kept++] = s;
+    }
+    set.resize(kept);
+    work_.assign(set.begin(), set.end());
+    while (!work_.empty()) {
+      const uint32_t s = work_.back();
+      work_.pop_back();
       for (const uint32_t t : states_[s].epsilon) {
-        if (seen[t]) continue;
-        seen[t] = true;
+        if (seen_[t] == pass_) continue;
+        seen_[t] = pass_;
         set.push_back(t);
-        work.push_back(t);
+        work_.push_back(t);
       }
     }
     std::sort(set.begin(), set.end());
@@ -1148,6 +1161,8 @@ class CodePointNfa {
  private:
   std::vector<State> states_;
   bool has_looks_ = false;
+  mutable std::vector<uint32_t> seen_, work_;  // close()'s scratch
+  mutable uint32_t pass_ = 0;
 };
 
 bool ranges_contain(const Ranges& set, uint32_t c) {
@@ -1157,7 +1172,16 @@ bool ranges_contain(const Ranges& set, uint32_t c) {
 
 // The sets a subset construction meets, numbered in the order met; one past
 // `max_states` throws.
-template <typename Set>
+// Hashes a set of NFA states (sorted, so equal sets hash alike).
+struct StateSetHash {
+  size_t operator()(const std::vector<uint32_t>& set) const {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const uint32_t s : set) h = (h ^ s) * 0x100000001b3ull;
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+template <typename Set, typename Index = std::map<Set, uint32_t>>
 class SetNumbering {
  public:
   explicit SetNumbering(size_t max_states) : max_states_(max_states) {}
@@ -1176,7 +1200,7 @@ class SetNumbering {
 
  private:
   size_t max_states_;
-  std::map<Set, uint32_t> ids_;
+  Index ids_;
   std::vector<Set> sets_;
 };
 
@@ -1192,20 +1216,25 @@ void extend_edges(EdgeList& edges, uint32_t lo, uint32_t hi, uint32_t target) {
   }
 }
 
-// Sorted, distinct cut points; counts `cuts * per_cut` against the work
-// bound of one subset construction.
-void finish_cuts(std::vector<uint32_t>& cuts, size_t per_cut, size_t& work) {
+// Counts `cuts * per_cut` against the work bound of one subset
+// construction.
+void charge_cuts(size_t cuts, size_t per_cut, size_t& work) {
   // Each state checks every move of its set at every cut of the code
   // points; classes of hundreds of ranges (\p{L}) under a bounded
   // repetition make that the cost, which patterns from requests must not
   // make unbounded.
   constexpr size_t kMaxWork = size_t{1} << 22;
-  std::sort(cuts.begin(), cuts.end());
-  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  work += cuts.size() * per_cut;
+  work += cuts * per_cut;
   BASALT_CHECK(work <= kMaxWork,
                "regex: the patterns are too large to combine (building their automaton takes more than {} steps)",
                kMaxWork);
+}
+
+// Sorted, distinct cut points, charged as above.
+void finish_cuts(std::vector<uint32_t>& cuts, size_t per_cut, size_t& work) {
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  charge_cuts(cuts.size(), per_cut, work);
 }
 
 // Edges cover U+0000..U+10FFFF. Surrogates are never read, so the edge
@@ -1228,10 +1257,13 @@ void canonicalize(EdgeList& edges) {
 }
 
 // Subset construction over an automaton whose only accepting state is
-// `accept`.
+// `accept`. Each set's moves are swept in code point order: a move's range
+// adds its target where it begins and takes it away past its end, so each
+// interval between cuts knows its targets without testing every move.
 template <typename State, typename Edge>
 std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t accept, size_t max_states) {
-  SetNumbering<std::vector<uint32_t>> sets(max_states);
+  SetNumbering<std::vector<uint32_t>, std::unordered_map<std::vector<uint32_t>, uint32_t, StateSetHash>> sets(
+      max_states);
   const auto id_of = [&](std::vector<uint32_t> set) {
     nfa.close(set);
     return sets.id_of(std::move(set));
@@ -1239,32 +1271,55 @@ std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t
   id_of({start});
   std::vector<State> out;
   size_t work = 0;
+  std::vector<std::pair<uint32_t, int64_t>> events;  // (code point, target + 1 entering / -(target + 1) leaving)
+  std::vector<uint32_t> count(nfa.size(), 0);        // per target: the ranges covering the sweep's point
+  std::vector<uint32_t> targets;                     // those with a count, sorted
+  std::map<std::vector<uint32_t>, uint32_t> seen;
   for (size_t i = 0; i < sets.size(); ++i) {
     const std::vector<uint32_t> set = sets[i];  // sets grows below
-    std::vector<uint32_t> cuts{0, kMaxCodePoint + 1};
+    events.clear();
     size_t moves = 0;
     for (const uint32_t s : set) {
       moves += nfa[s].moves.size();
       for (const auto& m : nfa[s].moves) {
         for (const auto& [lo, hi] : m.set) {
-          cuts.push_back(lo);
-          cuts.push_back(hi + 1);
+          events.emplace_back(lo, int64_t{m.target} + 1);
+          events.emplace_back(hi + 1, -(int64_t{m.target} + 1));
         }
       }
     }
-    finish_cuts(cuts, moves + set.size(), work);
+    std::sort(events.begin(), events.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    size_t cuts = 2;  // 0 and past the last code point, with every other cut
+    for (size_t e = 0; e < events.size(); ++e)
+      if ((e == 0 || events[e].first != events[e - 1].first) && events[e].first != 0 &&
+          events[e].first != kMaxCodePoint + 1)
+        ++cuts;
+    charge_cuts(cuts, moves + set.size(), work);
     EdgeList edges;
     // The intervals of a large class alternate between few target sets:
     // each is closed and looked up once per state.
-    std::map<std::vector<uint32_t>, uint32_t> seen;
-    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
-      std::vector<uint32_t> targets;
-      for (const uint32_t s : set)
-        for (const auto& m : nfa[s].moves)
-          if (ranges_contain(m.set, cuts[k])) targets.push_back(m.target);
+    seen.clear();
+    targets.clear();
+    size_t e = 0;
+    for (uint32_t at = 0; at <= kMaxCodePoint;) {
+      for (; e < events.size() && events[e].first == at; ++e) {
+        const auto t = static_cast<uint32_t>((events[e].second > 0 ? events[e].second : -events[e].second) - 1);
+        if (events[e].second > 0) {
+          if (count[t]++ == 0) targets.insert(std::lower_bound(targets.begin(), targets.end(), t), t);
+        } else if (--count[t] == 0) {
+          targets.erase(std::lower_bound(targets.begin(), targets.end(), t));
+        }
+      }
+      const uint32_t until = e < events.size() ? events[e].first : kMaxCodePoint + 1;
       const auto known = seen.find(targets);
       const uint32_t target = known != seen.end() ? known->second : seen.emplace(targets, id_of(targets)).first->second;
-      extend_edges(edges, cuts[k], cuts[k + 1] - 1, target);
+      extend_edges(edges, at, until - 1, target);
+      at = until;
+    }
+    for (; e < events.size(); ++e) {  // the ends at the last code point
+      const auto t = static_cast<uint32_t>(-events[e].second - 1);
+      if (--count[t] == 0) targets.erase(std::lower_bound(targets.begin(), targets.end(), t));
     }
     canonicalize(edges);
     State state;
@@ -1661,6 +1716,92 @@ std::vector<bool> RegexLanguage::live_states(const std::vector<State>& states) {
 // takes as many rounds as the longest distinction (a length bound of 200
 // takes 200), so past kMinimizeLimit states only the sink is merged: the
 // automaton stays correct and reachable-only, if not minimal.
+namespace {
+
+// Hopcroft's partition refinement: splits the classes `cls` (numbered 0 to
+// count - 1) until states of one class move alike, class for class, on
+// every code point; returns the classes' count, `cls` renumbered. The
+// alphabet is the intervals of code points no state's edge boundary splits.
+// Each split puts the smaller half to work, so an automaton that counts
+// (at most 50 words: a chain of a hundred states) takes one pass per split
+// rather than a round per state of the chain.
+template <typename State>
+size_t refine_classes(const std::vector<State>& states, std::vector<uint32_t>& cls, size_t count) {
+  const size_t n = states.size();
+  std::vector<uint32_t> cuts;
+  for (const State& s : states)
+    for (const auto& e : s.edges) cuts.push_back(e.lo);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  const size_t letters = cuts.size();
+  // Sources of each (letter, target), grouped by letter * n + target.
+  std::vector<uint32_t> into(letters * n + 1, 0), sources(letters * n);
+  {
+    std::vector<uint32_t> target(letters * n);
+    for (size_t s = 0; s < n; ++s) {
+      size_t e = 0;
+      const auto& edges = states[s].edges;
+      for (size_t a = 0; a < letters; ++a) {
+        while (edges[e].hi < cuts[a]) ++e;
+        target[s * letters + a] = edges[e].target;
+        ++into[a * n + edges[e].target + 1];
+      }
+    }
+    for (size_t k = 0; k + 1 < into.size(); ++k) into[k + 1] += into[k];
+    std::vector<uint32_t> fill(into.begin(), into.end() - 1);
+    for (size_t s = 0; s < n; ++s)
+      for (size_t a = 0; a < letters; ++a) sources[fill[a * n + target[s * letters + a]]++] = static_cast<uint32_t>(s);
+  }
+  std::vector<std::vector<uint32_t>> members(n);
+  for (size_t s = 0; s < n; ++s) members[cls[s]].push_back(static_cast<uint32_t>(s));
+  std::vector<uint8_t> waiting(n * letters, 0);  // (class, letter) is on the work list
+  std::vector<std::pair<uint32_t, uint32_t>> work;
+  size_t largest = 0;
+  for (size_t c = 1; c < count; ++c)
+    if (members[c].size() > members[largest].size()) largest = c;
+  for (size_t c = 0; c < count; ++c) {
+    if (c == largest) continue;
+    for (size_t a = 0; a < letters; ++a) {
+      waiting[c * letters + a] = 1;
+      work.emplace_back(static_cast<uint32_t>(c), static_cast<uint32_t>(a));
+    }
+  }
+  std::vector<std::vector<uint32_t>> marked(n);
+  std::vector<uint32_t> touched;
+  while (!work.empty()) {
+    const auto [splitter, a] = work.back();
+    work.pop_back();
+    waiting[splitter * letters + a] = 0;
+    touched.clear();
+    for (const uint32_t t : members[splitter]) {
+      for (uint32_t k = into[a * n + t]; k < into[a * n + t + 1]; ++k) {
+        const uint32_t s = sources[k];
+        if (marked[cls[s]].empty()) touched.push_back(cls[s]);
+        marked[cls[s]].push_back(s);
+      }
+    }
+    for (const uint32_t c : touched) {
+      std::vector<uint32_t>& in = marked[c];
+      if (in.size() < members[c].size()) {
+        const auto fresh = static_cast<uint32_t>(count++);
+        for (const uint32_t s : in) cls[s] = fresh;
+        members[fresh] = std::move(in);
+        std::erase_if(members[c], [&](uint32_t s) { return cls[s] == fresh; });
+        const uint32_t smaller = members[fresh].size() < members[c].size() ? fresh : c;
+        for (size_t b = 0; b < letters; ++b) {
+          const uint32_t add = waiting[c * letters + b] ? fresh : smaller;
+          waiting[add * letters + b] = 1;
+          work.emplace_back(add, static_cast<uint32_t>(b));
+        }
+      }
+      in.clear();
+    }
+  }
+  return count;
+}
+
+}  // namespace
+
 RegexLanguage RegexLanguage::minimized(std::vector<State> states) {
   const size_t n = states.size();
   const std::vector<bool> live = live_states(states);
@@ -1673,25 +1814,7 @@ RegexLanguage RegexLanguage::minimized(std::vector<State> states) {
     cls[s] = first_ids.try_emplace(kind, static_cast<uint32_t>(first_ids.size())).first->second;
   }
   size_t count = first_ids.size();
-  std::vector<uint32_t> signature;
-  for (bool splitting = refine; splitting;) {
-    std::map<std::vector<uint32_t>, uint32_t> ids;
-    std::vector<uint32_t> next(n);
-    for (size_t s = 0; s < n; ++s) {
-      signature.assign(1, cls[s]);
-      uint32_t last_class = UINT32_MAX;
-      for (const Edge& e : states[s].edges) {
-        if (cls[e.target] == last_class) continue;  // the same class as the edge before: one span
-        last_class = cls[e.target];
-        signature.push_back(e.lo);
-        signature.push_back(last_class);
-      }
-      next[s] = ids.try_emplace(signature, static_cast<uint32_t>(ids.size())).first->second;
-    }
-    cls = std::move(next);
-    splitting = ids.size() != count;
-    count = ids.size();
-  }
+  if (refine) count = refine_classes(states, cls, count);
   // Number the classes in the order a walk from the start meets them.
   std::vector<uint32_t> number(count, UINT32_MAX);
   std::vector<uint32_t> representative;
