@@ -13,7 +13,7 @@
 //
 //   basalt_bench_grammar [--tokenizer tokenizer.json] [--schemas FILE] [--repeats N] [--slowest N]
 //
-// --slowest N lists the N slowest first-pass masks: the schema, and the
+// --slowest N lists the N slowest masks of each pass: the schema, and the
 // instance's text up to the token whose mask it was (where to look next).
 //
 // The default tokenizer is the bundled model's; the Llama 3 vocabulary
@@ -154,20 +154,23 @@ int main(int argc, char** argv) {
                   name, percentile(w.mask_us, 50), percentile(w.mask_us, 90), percentile(w.mask_us, 99),
                   percentile(w.mask_us, 100), w.tokens, w.rejected, w.end_refused);
     }
-    std::vector<size_t> order(cold.mask_us.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    const size_t listed = std::min(order.size(), static_cast<size_t>(slowest));
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(listed), order.end(),
-                      [&](size_t a, size_t b) { return cold.mask_us[a] > cold.mask_us[b]; });
-    for (size_t k = 0; k < listed; ++k) {
-      const MaskPlace& at = cold.places[order[k]];
-      const auto& entry = data[at.schema];
-      const std::vector<int32_t> ids = tok.encode(entry["instances"][at.instance].dump(), false);
-      std::string before;
-      for (int t = 0; t < at.tokens_before; ++t) before += vocab->bytes(ids[static_cast<size_t>(t)]);
-      if (before.size() > 80) before = "..." + before.substr(before.size() - 80);
-      std::printf("slow %8.1f µs  schema %zu (%s)  after: %s\n", cold.mask_us[order[k]], at.schema,
-                  entry.value("name", std::string("?")).c_str(), before.c_str());
+    for (const auto& [label, w] : {std::pair<const char*, const Walk&>{"first pass", cold},
+                                   std::pair<const char*, const Walk&>{"cache filled", warm}}) {
+      std::vector<size_t> order(w.mask_us.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      const size_t listed = std::min(order.size(), static_cast<size_t>(slowest));
+      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(listed), order.end(),
+                        [&](size_t a, size_t b) { return w.mask_us[a] > w.mask_us[b]; });
+      for (size_t k = 0; k < listed; ++k) {
+        const MaskPlace& at = w.places[order[k]];
+        const auto& entry = data[at.schema];
+        const std::vector<int32_t> ids = tok.encode(entry["instances"][at.instance].dump(), false);
+        std::string before;
+        for (int t = 0; t < at.tokens_before; ++t) before += vocab->bytes(ids[static_cast<size_t>(t)]);
+        if (before.size() > 80) before = "..." + before.substr(before.size() - 80);
+        std::printf("slow (%s) %8.1f µs  schema %zu (%s)  after: %s\n", label, w.mask_us[order[k]], at.schema,
+                    entry.value("name", std::string("?")).c_str(), before.c_str());
+      }
     }
     return cold.rejected + cold.end_refused + warm.rejected + warm.end_refused == 0 ? 0 : 1;
   } catch (const std::exception& e) {
