@@ -138,11 +138,15 @@ constexpr int64_t kInlineWeight = 1024;
 // A call outside repetitions compiles inline when the rule refers to no
 // rule and weighs no more than one character of a pattern (a class with
 // its JSON escapes, about 30): a pattern's automaton state, written as a
-// rule that reads a
-// character then calls the next state, then has no call of its own where
-// its bytes could be the callee's too (a space that is also the first byte
-// of a non-ASCII word character), so a walk through it takes no closure.
+// rule that reads a character then calls the next state, then has no call
+// of its own where its bytes could be the callee's too (a space that is
+// also the first byte of a non-ASCII word character), so a walk through it
+// takes no closure. Only where the grammar's such calls weigh at most
+// kInlineOnceTotal together: a schema with three patterns of 1,700 states
+// each (at most 200 words, three times) would copy its two classes into
+// every state, past the grammar's state limit; it keeps them all calls.
 constexpr int64_t kInlineOnce = 64;
+constexpr int64_t kInlineOnceTotal = 32768;
 // What one rule may take inline in all: a rule with hundreds of repeated
 // call sites keeps calls past it rather than grow its automaton past the
 // state limit.
@@ -165,11 +169,17 @@ class InlinePlan {
   // counts the rules being weighed inside each other: past kMaxInlineDepth
   // a rule is not inlined (a chain of thousands of rules would otherwise
   // recurse as deep).
-  // Whether the rule refers to no rule (a character class, a literal).
-  bool is_leaf(int32_t rule) const {
-    std::vector<int32_t> refs;
-    references(g_.rules[static_cast<size_t>(rule)].body, refs);
-    return refs.empty();
+  // Whether a call of `rule` outside repetitions compiles inline: the
+  // rule is a leaf (refers to no rule) within kInlineOnce, and the
+  // grammar's calls of such rules outside repetitions weigh at most
+  // kInlineOnceTotal together.
+  bool inline_once(int32_t rule) {
+    if (once_demand_ < 0) {
+      once_demand_ = 0;
+      for (const GrammarRule& r : g_.rules) once_demand_ += once_sites(r.body);
+    }
+    const int64_t w = weight(rule);
+    return once_demand_ <= kInlineOnceTotal && w >= 0 && w <= kInlineOnce && is_leaf(rule);
   }
 
   int64_t weight(int32_t rule, int depth = 0) {
@@ -265,6 +275,30 @@ class InlinePlan {
       }
     }
   }
+  bool is_leaf(int32_t rule) {
+    if (leaf_.empty()) {
+      leaf_.resize(g_.rules.size());
+      std::vector<int32_t> refs;
+      for (size_t r = 0; r < g_.rules.size(); ++r) {
+        refs.clear();
+        references(g_.rules[r].body, refs);
+        leaf_[r] = refs.empty();
+      }
+    }
+    return leaf_[static_cast<size_t>(rule)];
+  }
+  // The weight of the calls in `e`, outside repetitions, of leaf rules
+  // within kInlineOnce.
+  int64_t once_sites(const GrammarExpr& e) {
+    if (e.kind == GrammarExpr::Kind::kRepeat) return 0;
+    if (e.kind == GrammarExpr::Kind::kRuleRef) {
+      const int64_t w = weight(e.rule);
+      return w >= 0 && w <= kInlineOnce && is_leaf(e.rule) ? w : 0;
+    }
+    int64_t sum = 0;
+    for (const GrammarExpr& c : e.children) sum += once_sites(c);
+    return sum;
+  }
   static void references(const GrammarExpr& e, std::vector<int32_t>& out) {
     if (e.kind == GrammarExpr::Kind::kRuleRef) out.push_back(e.rule);
     for (const GrammarExpr& c : e.children) references(c, out);
@@ -275,6 +309,8 @@ class InlinePlan {
   std::vector<bool> on_stack_, recursive_;
   int32_t next_index_ = 0;
   std::vector<int64_t> weight_;
+  int64_t once_demand_ = -1;  // once_sites() over the grammar, once computed
+  std::vector<bool> leaf_;    // per rule, once computed
 };
 
 class Nfa {
@@ -324,7 +360,7 @@ class Nfa {
         // call of compile: a repetition compiles its body once per copy)
         // charged once to the rule's budget. Outside repetitions only a
         // character's worth (kInlineOnce).
-        const bool fits = copies > 0 ? w * copies <= kInlineWeight : w <= kInlineOnce && plan_.is_leaf(e.rule);
+        const bool fits = copies > 0 ? w * copies <= kInlineWeight : plan_.inline_once(e.rule);
         if (w >= 0 && fits && inlined_ + w <= kInlinePerRule) {
           inlined_ += w;
           compile(grammar_.rules[static_cast<size_t>(e.rule)].body, from, to, copies);
@@ -754,6 +790,18 @@ std::shared_ptr<const CompiledGrammar> compile_grammar(const Grammar& grammar) {
   }
   std::sort(g->bounded_regions.begin(), g->bounded_regions.end(),
             [](const BoundedRegion& a, const BoundedRegion& b) { return a.opener < b.opener; });
+  std::array<bool, 257> starts{};  // a class begins at this byte
+  starts[0] = true;
+  for (const ByteEdge& e : g->byte_edges) {
+    starts[e.lo] = true;
+    starts[static_cast<size_t>(e.hi) + 1] = true;
+  }
+  int cls = -1;
+  for (size_t b = 0; b < 256; ++b) {
+    if (starts[b]) ++cls;
+    g->byte_class[b] = static_cast<uint8_t>(cls);
+  }
+  g->byte_classes = cls + 1;
   return g;
 }
 

@@ -22,6 +22,7 @@
 // the stacks after a step have distinct top states.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -64,6 +65,10 @@ class CompiledGrammar {
   // The bounded rules (grammar/ebnf.h), by the state their opening quote
   // leads to, sorted.
   std::vector<BoundedRegion> bounded_regions;
+  // Bytes no edge tells apart share a class (0 to byte_classes - 1): every
+  // state steps them alike, so per-state tables have a column per class.
+  std::array<uint8_t, 256> byte_class{};
+  int byte_classes = 1;
 
   // The state `byte` leads to from `state`, -1 if none.
   int32_t step(int32_t state, uint8_t byte) const {

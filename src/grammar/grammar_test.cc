@@ -128,6 +128,40 @@ TEST(Ebnf, InliningIntoOneRuleIsBounded) {
   EXPECT_FALSE(matches(text, "k1000!"));
 }
 
+// A pattern written as rules, one per state, each reading a character
+// class (a rule) then calling the next state. A few states copy the
+// classes in; thousands of them (a schema with several "at most 200
+// words" patterns) keep the calls, so the automaton stays within bounds.
+TEST(Ebnf, OneCharacterRulesCalledOnceCompileInlineWithinAGrammarBudget) {
+  const auto chain = [](int states) {
+    std::string text = "root ::= \"[\" q0 \"]\"\n";
+    for (int i = 0; i < states; ++i) {
+      const std::string next = i + 1 < states ? " q" + std::to_string(i + 1) : "";
+      text += "q" + std::to_string(i) + " ::= w+" + (next.empty() ? "" : " (s" + next + " | \"\")") + "\n";
+    }
+    text += "w ::= [^ \\u00a0\\u2000-\\u200a\\]] | \"\\\\\" [n\"]\n";
+    text += "s ::= [ \\u00a0\\u2000-\\u200a] | \"\\\\t\" | \"\\\\u0020\" | \"\\\\u00a0\"\n";
+    return text;
+  };
+  const auto calls_of = [](const std::string& text, const std::string& rule) {
+    const Grammar grammar = parse_ebnf(text);
+    const auto compiled = compile_grammar(grammar);
+    int calls = 0;
+    for (size_t c = 0; c < compiled->calls.size(); ++c)
+      if (compiled->rule_names[static_cast<size_t>(compiled->calls[c].rule)] == rule) ++calls;
+    return std::make_pair(calls, compiled->states.size());
+  };
+  const std::string few = chain(20);
+  EXPECT_EQ(calls_of(few, "s").first, 0);
+  EXPECT_TRUE(matches(few, "[ab c\xE2\x80\x82" "d\\n\\te]"));
+  EXPECT_FALSE(matches(few, "[ab  c]"));
+  const std::string many = chain(2000);
+  const auto [calls, states] = calls_of(many, "s");
+  EXPECT_GT(calls, 0);
+  EXPECT_LT(states, 200000u);
+  EXPECT_TRUE(matches(many, "[a b\xC2\xA0" "c]"));
+}
+
 TEST(Ebnf, ALongChainOfRulesCompiles) {
   // Fifty thousand rules, each calling the next (in a repetition, so that
   // the inliner weighs them): neither the inliner (a depth cap), the search

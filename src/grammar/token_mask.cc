@@ -21,11 +21,13 @@ namespace {
 // the state's calls lead to, nor of what returning into the parent can read
 // when the state may return. Inside a string, a word of a pattern, or a
 // label, that is nearly every byte, and the step is one lookup in a table
-// of the walker's own (a row of 256 per state met) with no stack node made.
+// of the walker's own (a row per state met, a column per byte class of the
+// grammar) with no stack node made.
 class TrieWalker {
  public:
   TrieWalker(const CompiledGrammar& g, StackArena& arena, StackWork& work, std::span<const int32_t> root)
-      : g_(g), arena_(arena), work_(work), base_(arena.size()), row_of_(g.states.size(), -1) {
+      : g_(g), arena_(arena), work_(work), base_(arena.size()), columns_(static_cast<size_t>(g.byte_classes)),
+        row_of_(g.states.size(), -1) {
     levels_.resize(1);
     levels_[0].set.assign(root.begin(), root.end());
     levels_[0].set_ready = true;
@@ -48,7 +50,7 @@ class TrieWalker {
       const auto byte = static_cast<uint8_t>(bytes[d]);
       const bool escaped_before = d > 0 && levels_[d - 1].escaped;
       if (level.row >= 0) {
-        int32_t move = moves_[static_cast<size_t>(level.row) * 256 + byte];
+        int32_t move = moves_[static_cast<size_t>(level.row) * columns_ + g_.byte_class[byte]];
         bool escaped = escaped_before;
         if (move != kNotAlone && level.returns) {
           const Return& back = return_of(level);
@@ -114,7 +116,7 @@ class TrieWalker {
     bool escaped = false;
   };
   // A state met alone on top of a stack, with its row of moves_: per byte
-  // (its moves whichever the parent is)
+  // class (its moves whichever the parent is)
   //   row of the state the edge leads to (as settle() leaves it) * 2 + 1
   //     when that state's closure may return into the parent, whose
   //     first bytes then need checking too;
@@ -201,10 +203,10 @@ class TrieWalker {
     Row r;
     r.state = state;
     const size_t base = moves_.size();
-    moves_.resize(base + 256, kDead);
+    moves_.resize(base + columns_, kDead);
     const AutomatonState& s = g_.states[static_cast<size_t>(state)];
     for (uint32_t e = s.bytes_begin; e < s.bytes_end; ++e)
-      for (int b = g_.byte_edges[e].lo; b <= g_.byte_edges[e].hi; ++b) moves_[base + static_cast<size_t>(b)] = kUnresolved;
+      for (int b = g_.byte_edges[e].lo; b <= g_.byte_edges[e].hi; ++b) moves_[base + g_.byte_class[b]] = kUnresolved;
     if (s.calls_begin == s.calls_end) {
       r.returns = s.accepting;
     } else {
@@ -216,12 +218,12 @@ class TrieWalker {
         if (id != root) add_first_bytes(arena_[id].state, others);
       arena_.rewind(mark);
       for (size_t b = 0; b < 256; ++b)
-        if (others[b]) moves_[base + b] = kNotAlone;
+        if (others[b]) moves_[base + g_.byte_class[b]] = kNotAlone;
     }
     rows_.push_back(r);
     return row;
   }
-  // Follows row `row`'s edge on `byte` for the first time.
+  // Follows row `row`'s edge on `byte` (and its class) for the first time.
   int32_t resolve(int32_t row, uint8_t byte) {
     int32_t t = g_.step(rows_[static_cast<size_t>(row)].state, byte);
     for (int hops = 0; hops < kMaxSettleHops; ++hops) {
@@ -234,7 +236,7 @@ class TrieWalker {
       const int32_t to = row_of(t);
       move = to * 2 + (rows_[static_cast<size_t>(to)].returns ? 1 : 0);
     }
-    moves_[static_cast<size_t>(row) * 256 + byte] = move;
+    moves_[static_cast<size_t>(row) * columns_ + g_.byte_class[byte]] = move;
     return move;
   }
   void add_first_bytes(int32_t state, std::bitset<256>& bytes) const {
@@ -278,13 +280,14 @@ class TrieWalker {
   StackArena& arena_;
   StackWork& work_;
   size_t base_;
+  size_t columns_;  // the grammar's byte classes
   std::vector<Level> levels_;
   size_t depth_ = 0;  // levels_[0..depth_] hold the current token's prefix
   bool dead_ = false;
   std::vector<int32_t> roots_, closed_;  // return_of's and row_of's scratch
   std::vector<int32_t> row_of_;          // per state: its row, -1 until met
   std::vector<Row> rows_;
-  std::vector<int32_t> moves_;  // 256 per row
+  std::vector<int32_t> moves_;  // columns_ per row
   std::vector<Return> backs_;   // each level's `back` indexes it
 };
 
