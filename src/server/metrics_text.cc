@@ -1,58 +1,30 @@
 #include "server/metrics_text.h"
 
-#include <fmt/format.h>
+#include <span>
+#include <string>
+
+#include "server/prometheus_text.h"
 
 namespace basalt {
 namespace {
 
-std::string escape(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
+// The replica's families: every sample labelled with the model's name.
 class Writer {
  public:
-  explicit Writer(const std::string& model) : label_(fmt::format("model_name=\"{}\"", escape(model))) {}
+  explicit Writer(const std::string& model) : text_(PrometheusLabels{{"model_name", model}}) {}
 
-  void family(const char* name, const char* type, const char* help) {
-    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
-  }
-  void value(const char* name, double v, const std::string& extra = {}) {
-    out_ += fmt::format("{}{{{}{}}} {}\n", name, label_, extra.empty() ? "" : "," + extra, number(v));
-  }
-  void gauge(const char* name, const char* help, double v) {
-    family(name, "gauge", help);
-    value(name, v);
-  }
-  void counter(const char* name, const char* help, double v) {
-    family(name, "counter", help);
-    value(name, v);
-  }
+  void family(const char* name, const char* type, const char* help) { text_.family(name, type, help); }
+  void value(const char* name, double v, const PrometheusLabels& labels = {}) { text_.sample(name, v, labels); }
+  void gauge(const char* name, const char* help, double v) { text_.gauge(name, help, v); }
+  void counter(const char* name, const char* help, double v) { text_.counter(name, help, v); }
   void histogram(const char* name, const char* help, const Histogram& h) {
-    family(name, "histogram", help);
-    uint64_t cumulative = 0;
-    for (size_t i = 0; i < Histogram::kBounds.size(); ++i) {
-      cumulative += h.buckets[i];
-      out_ += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, label_, number(Histogram::kBounds[i]), cumulative);
-    }
-    out_ += fmt::format("{}_bucket{{{},le=\"+Inf\"}} {}\n", name, label_, h.count);
-    out_ += fmt::format("{}_sum{{{}}} {}\n", name, label_, number(h.sum));
-    out_ += fmt::format("{}_count{{{}}} {}\n", name, label_, h.count);
+    text_.histogram(name, help, Histogram::kBounds,
+                    std::span<const uint64_t>(h.buckets.data(), Histogram::kBounds.size()), h.count, h.sum);
   }
-  std::string take() { return std::move(out_); }
+  std::string take() { return text_.take(); }
 
  private:
-  static std::string number(double v) { return fmt::format("{}", v); }
-  std::string label_;
-  std::string out_;
+  PrometheusText text_;
 };
 
 }  // namespace
@@ -83,10 +55,10 @@ std::string render_metrics(const MetricsInput& in) {
   w.family("basalt_requests_finished_total", "counter", "Engine requests finished, by outcome.");
   w.value("basalt_requests_finished_total",
           static_cast<double>(m.requests_finished),
-          "outcome=\"completed\"");
-  w.value("basalt_requests_finished_total", static_cast<double>(m.requests_cancelled), "outcome=\"cancelled\"");
-  w.value("basalt_requests_finished_total", static_cast<double>(m.requests_failed), "outcome=\"error\"");
-  w.value("basalt_requests_finished_total", static_cast<double>(m.requests_expired), "outcome=\"deadline\"");
+          {{"outcome", "completed"}});
+  w.value("basalt_requests_finished_total", static_cast<double>(m.requests_cancelled), {{"outcome", "cancelled"}});
+  w.value("basalt_requests_finished_total", static_cast<double>(m.requests_failed), {{"outcome", "error"}});
+  w.value("basalt_requests_finished_total", static_cast<double>(m.requests_expired), {{"outcome", "deadline"}});
   w.counter("basalt_prompt_tokens_total", "Prompt tokens of admitted requests (counted at each admission).",
             static_cast<double>(m.prompt_tokens));
   w.counter("basalt_prompt_tokens_cached_total", "Of those, tokens found in the radix cache.",
@@ -105,7 +77,7 @@ std::string render_metrics(const MetricsInput& in) {
              "Accepted draft tokens by their place among a step's drafts (0: the first).");
     for (size_t i = 0; i < m.accepted_by_position.size(); ++i)
       w.value("basalt_spec_accepted_by_position_total", static_cast<double>(m.accepted_by_position[i]),
-              fmt::format("position=\"{}\"", i));
+              {{"position", std::to_string(i)}});
   }
   w.counter("basalt_preemptions_total", "Running requests preempted for memory (recomputed later).",
             static_cast<double>(m.preemptions));
@@ -115,7 +87,7 @@ std::string render_metrics(const MetricsInput& in) {
   w.family("basalt_http_requests_total", "counter", "HTTP requests answered, by route and status.");
   for (const auto& [key, count] : in.http_requests)
     w.value("basalt_http_requests_total", static_cast<double>(count),
-            fmt::format("route=\"{}\",status=\"{}\"", escape(key.first), key.second));
+            {{"route", key.first}, {"status", std::to_string(key.second)}});
 
   w.histogram("basalt_queue_time_seconds", "Submit to first admission.", m.queue_time);
   w.histogram("basalt_time_to_first_token_seconds", "Submit to first output token.", m.ttft);
@@ -144,10 +116,10 @@ std::string render_metrics(const MetricsInput& in) {
   w.counter("vllm:prefix_cache_hits_total", "vLLM-compatible: of those, tokens found.",
             static_cast<double>(m.cached_prompt_tokens));
   w.family("vllm:request_success_total", "counter", "vLLM-compatible: finished requests, by finish reason.");
-  w.value("vllm:request_success_total", static_cast<double>(m.requests_stopped), "finished_reason=\"stop\"");
+  w.value("vllm:request_success_total", static_cast<double>(m.requests_stopped), {{"finished_reason", "stop"}});
   w.value("vllm:request_success_total", static_cast<double>(m.requests_finished - m.requests_stopped),
-          "finished_reason=\"length\"");
-  w.value("vllm:request_success_total", static_cast<double>(m.requests_cancelled), "finished_reason=\"abort\"");
+          {{"finished_reason", "length"}});
+  w.value("vllm:request_success_total", static_cast<double>(m.requests_cancelled), {{"finished_reason", "abort"}});
   w.histogram("vllm:time_to_first_token_seconds", "vLLM-compatible: submit to first output token.", m.ttft);
   w.histogram("vllm:inter_token_latency_seconds", "vLLM-compatible: between consecutive output tokens.",
               m.inter_token);
