@@ -14,7 +14,8 @@
 #endif
 
 #include "core/error.h"
-#include "loadgen/sse.h"
+#include "loadgen/chunk.h"
+#include "server/sse.h"
 
 namespace basalt::loadgen {
 

@@ -1,73 +1,8 @@
-#include "loadgen/sse.h"
+#include "loadgen/chunk.h"
 
 #include <nlohmann/json.hpp>
 
 namespace basalt::loadgen {
-
-SseParser::SseParser(Callback on_event, size_t max_line_bytes)
-    : on_event_(std::move(on_event)), max_line_bytes_(max_line_bytes) {}
-
-bool SseParser::feed(std::string_view bytes) {
-  if (!error_.empty()) return false;
-  size_t i = 0;
-  while (i < bytes.size()) {
-    if (after_cr_) {
-      after_cr_ = false;
-      if (bytes[i] == '\n') {
-        ++i;
-        continue;
-      }
-    }
-    // Copy the run up to the next line end in one go.
-    size_t j = i;
-    while (j < bytes.size() && bytes[j] != '\n' && bytes[j] != '\r') ++j;
-    if (line_.size() + (j - i) > max_line_bytes_) {
-      error_ = "an event-stream line is longer than " + std::to_string(max_line_bytes_) + " bytes";
-      return false;
-    }
-    line_.append(bytes.data() + i, j - i);
-    if (j == bytes.size()) break;
-    after_cr_ = bytes[j] == '\r';
-    i = j + 1;
-    line_done();
-  }
-  return true;
-}
-
-void SseParser::line_done() {
-  if (line_.empty()) {
-    dispatch();
-    return;
-  }
-  if (line_[0] != ':') {
-    const size_t colon = line_.find(':');
-    const std::string_view field = std::string_view(line_).substr(0, colon);
-    if (field == "data") {
-      std::string_view value;
-      if (colon != std::string::npos) {
-        value = std::string_view(line_).substr(colon + 1);
-        if (!value.empty() && value[0] == ' ') value.remove_prefix(1);
-      }
-      if (has_data_) data_ += '\n';
-      data_.append(value);
-      has_data_ = true;
-    }
-  }
-  line_.clear();
-}
-
-void SseParser::dispatch() {
-  if (has_data_) on_event_(data_);
-  data_.clear();
-  has_data_ = false;
-}
-
-void SseParser::finish() {
-  if (!error_.empty()) return;
-  if (!line_.empty()) line_done();
-  dispatch();
-  after_cr_ = false;
-}
 
 namespace {
 
