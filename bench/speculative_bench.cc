@@ -73,7 +73,7 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::stri
   p.temperature = 0.0f;
   p.ignore_eos = true;
   const auto start = bench::Clock::now();
-  RequestHandle h = engine.submit(EngineRequest{tok.encode(prompt, true), p, 0, 0, std::nullopt, nullptr});
+  RequestHandle h = engine.submit(EngineRequest{tok.encode(prompt, true), p, 0, 0, std::nullopt, nullptr, {}});
   const RequestOutput out = collect(*h);
   const double wall = bench::seconds_since(start);
   if (out.reason == FinishReason::kError) {

@@ -183,8 +183,12 @@ RequestHandle Engine::submit(EngineRequest request, uint64_t* group, std::string
   r->request = std::move(request);
   r->submitted = Clock::now();
   StreamOwner* owner = this;
-  auto stream = std::make_shared<RequestStream>(r->id, owner, OutputProcessor(tokenizer_, r->request.params, r->seed),
-                                                parts_->ledger);
+  OutputProcessor output(tokenizer_, r->request.params, r->seed);
+  if (!r->request.resume_output.empty()) {
+    std::string why = output.prime(r->request.resume_output);
+    if (r->refusal.empty()) r->refusal = std::move(why);
+  }
+  auto stream = std::make_shared<RequestStream>(r->id, owner, std::move(output), parts_->ledger);
   {
     std::lock_guard<std::mutex> lock(parts_->mu);
     parts_->submissions.push_back({std::move(r), stream});

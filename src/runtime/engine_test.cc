@@ -324,6 +324,120 @@ TEST_P(EngineMode, TokenConstraintsDecideEveryToken) {
   expect_same(f.alone(c.prompt, c.params), out[2], "unconstrained");
 }
 
+// A request resumed after k of its output tokens (EngineRequest::
+// resume_output) gives the rest of the full run's tokens, for every k:
+// greedy, seeded sampling, penalties and min_tokens over the resumed
+// tokens, a grammar-like constraint primed with them. Its text is the end
+// of the full run's text, and usage counts every output token.
+TEST_P(EngineMode, ResumedRequestsContinueAsTheFullRun) {
+  Fixture f(kLlama, /*with_tokenizer=*/true);
+  std::mt19937 rng(21);
+  std::vector<EngineRequest> full;
+  full.push_back(request(random_ids(rng, 9), greedy(12)));
+  SamplingParams hot = greedy(12);
+  hot.temperature = 0.9f;
+  hot.top_p = 0.9f;
+  hot.seed = 77;
+  full.push_back(request(random_ids(rng, 7), hot));
+  SamplingParams penalised = greedy(14);
+  penalised.temperature = 1.0f;
+  penalised.seed = 78;
+  penalised.repetition_penalty = 1.3f;
+  penalised.frequency_penalty = 0.5f;
+  penalised.presence_penalty = 0.4f;
+  penalised.min_tokens = 6;
+  penalised.ignore_eos = false;
+  penalised.stop = {"zq"};
+  full.push_back(request(random_ids(rng, 11), penalised));
+  const std::vector<int32_t> forced = {7, 300, 41, 41, 2, 199, 5, 88};
+  SamplingParams constrained = greedy(static_cast<int>(forced.size()));
+  constrained.temperature = 1.5f;
+  constrained.seed = 3;
+  full.push_back(request({139, 190, 81}, constrained));
+  full.back().constraint = std::make_shared<ForcedSequence>(forced);
+
+  EngineOptions o = base();
+  o.kv_slots = 2048;
+  o.step_token_budget = 16;  // prompt and resumed tokens go in chunks
+  o.check_invariants = true;
+  Engine engine(*f.model, f.backend, f.tokenizer.get(), o);
+  const std::vector<RequestOutput> whole = run_all(engine, full);
+  std::vector<EngineRequest> resumed;
+  std::vector<std::pair<size_t, size_t>> from;  // (full request, k)
+  for (size_t i = 0; i < full.size(); ++i) {
+    ASSERT_TRUE(whole[i].error.empty()) << whole[i].error;
+    const std::vector<int32_t>& ids = whole[i].output_ids;
+    ASSERT_GE(ids.size(), 2u);
+    for (size_t k = 1; k < ids.size(); ++k) {
+      EngineRequest r = full[i];
+      if (r.constraint) r.constraint = r.constraint->fresh_copy();
+      r.resume_output.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k));
+      resumed.push_back(std::move(r));
+      from.emplace_back(i, k);
+    }
+  }
+  const std::vector<RequestOutput> out = run_all(engine, resumed);
+  for (size_t j = 0; j < out.size(); ++j) {
+    const auto [i, k] = from[j];
+    const std::string what = "request " + std::to_string(i) + " resumed after " + std::to_string(k);
+    const std::vector<int32_t>& ids = whole[i].output_ids;
+    EXPECT_EQ(out[j].output_ids, std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end()))
+        << what << ": " << out[j].error;
+    EXPECT_EQ(out[j].reason, whole[i].reason) << what;
+    EXPECT_EQ(out[j].stop_reason, whole[i].stop_reason) << what;
+    EXPECT_TRUE(whole[i].text.ends_with(out[j].text)) << what << ": \"" << out[j].text << "\"";
+    EXPECT_EQ(out[j].usage.completion_tokens, static_cast<int64_t>(ids.size())) << what;
+  }
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+}
+
+// A continuation the earlier run could not have made is refused with an
+// error that says why, and nothing runs.
+TEST_P(EngineMode, ResumedRequestsThatCannotContinueAreRefused) {
+  Fixture f(kLlama, /*with_tokenizer=*/true);
+  int32_t with_e = -1;  // a token whose text holds an "e"
+  for (int32_t id = 2; id < 320 && with_e < 0; ++id) {
+    const std::optional<std::string> bytes = f.tokenizer->token_bytes(id);
+    if (bytes && bytes->find('e') != std::string::npos) with_e = id;
+  }
+  ASSERT_GE(with_e, 0);
+  std::vector<EngineRequest> bad;
+  std::vector<std::string> why;
+  const auto add = [&](EngineRequest r, std::vector<int32_t> resume, std::string expected) {
+    r.resume_output = std::move(resume);
+    bad.push_back(std::move(r));
+    why.push_back(std::move(expected));
+  };
+  add(request({5, 6, 7}, greedy(3)), {9, 10, 11}, "nothing is left to generate");
+  add(request({5, 6, 7}, greedy(8)), {9, 400, 11}, "outside the vocabulary");
+  SamplingParams stop_id = greedy(8);
+  stop_id.stop_token_ids = {41};
+  add(request({5, 6, 7}, stop_id), {9, 41, 11}, "already ends at token 1");
+  SamplingParams stop_string = greedy(8);
+  stop_string.stop = {"e"};
+  add(request({5, 6, 7}, stop_string), {9, with_e}, "stop string \"e\"");
+  EngineRequest limited = request({5, 6, 7}, greedy(8));
+  limited.constraint = std::make_shared<AllowedSet>(std::vector<int32_t>{10, 20});
+  add(limited, {10, 30}, "not allowed");
+  // Before min_tokens, a stop id is ordinary output: that one continues.
+  SamplingParams early = stop_id;
+  early.min_tokens = 4;
+  add(request({5, 6, 7}, early), {9, 41, 11}, "");
+  Engine engine(*f.model, f.backend, f.tokenizer.get(), slots(512));
+  const std::vector<RequestOutput> out = run_all(engine, bad);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (why[i].empty()) {
+      EXPECT_TRUE(out[i].error.empty()) << out[i].error;
+      EXPECT_EQ(out[i].usage.completion_tokens, 3 + static_cast<int64_t>(out[i].output_ids.size()));
+      continue;
+    }
+    EXPECT_EQ(out[i].reason, FinishReason::kError) << i;
+    EXPECT_NE(out[i].error.find(why[i]), std::string::npos) << i << ": " << out[i].error;
+    EXPECT_TRUE(out[i].output_ids.empty()) << i;
+  }
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+}
+
 // A KV-event subscriber's index, kept from its batches alone, equals what a
 // later subscriber's snapshot says the cache holds; cached prompts are found
 // under the hashes a router computes from their tokens.

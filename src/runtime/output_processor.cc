@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include <fmt/format.h>
+
 namespace basalt {
 
 OutputProcessor::OutputProcessor(const Tokenizer* tokenizer, const SamplingParams& params, uint64_t seed)
@@ -20,6 +22,19 @@ std::string OutputProcessor::feed(const std::string& piece, bool check, std::opt
   StopChecker::Result r = checker_->feed(piece, check);
   stop = std::move(r.stop);
   return std::move(r.text);
+}
+
+std::string OutputProcessor::prime(std::span<const int32_t> tokens) {
+  for (const int32_t token : tokens) {
+    ++num_output_;
+    if (tokenizer_ == nullptr || token < 0 || token >= tokenizer_->vocab_size()) continue;
+    std::optional<std::string> stop;
+    feed(decoder_->push(token), num_output_ > min_tokens_, stop);
+    if (stop)
+      return fmt::format("resume_output already holds the stop string \"{}\" (by output token {})", *stop,
+                         num_output_ - 1);
+  }
+  return {};
 }
 
 void OutputProcessor::process(RequestUpdate u, std::deque<EngineEvent>& out) {

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "runtime/request.h"
@@ -36,6 +37,12 @@ class OutputProcessor {
   // The tokenizer is borrowed (it must outlive the processor); null: no text.
   OutputProcessor(const Tokenizer* tokenizer, const SamplingParams& params, uint64_t seed);
 
+  // Takes in output tokens an earlier run produced (EngineRequest::
+  // resume_output) as if they had been processed, without events: the
+  // text, the text held back and the stop strings go on from there. Returns
+  // why the continuation cannot be (a stop string already in their text,
+  // past min_tokens), or "".
+  std::string prime(std::span<const int32_t> tokens);
   // Appends the events of one update to `out`.
   void process(RequestUpdate update, std::deque<EngineEvent>& out);
   // The client's stream has ended (a finished event was produced).

@@ -59,6 +59,16 @@ struct EngineRequest {
   // Restricts which tokens may be sampled (structured output); the engine
   // advances it with every accepted token. Null: any token.
   std::shared_ptr<TokenConstraint> constraint;
+  // Output tokens an earlier run of this request already produced (a
+  // gateway resuming a stream whose replica failed). The request continues
+  // as that run would have after them: they count as output (max_tokens,
+  // min_tokens, penalties, usage.completion_tokens, the grammar), the next
+  // token is drawn at their count in the seed's sequence, and only tokens
+  // after them are reported. A continuation the run could not have made
+  // (one that already ended: an end or stop token past min_tokens, a stop
+  // string, max_tokens reached; or one the grammar refuses) is refused
+  // with an error.
+  std::vector<int32_t> resume_output;
 };
 
 enum class FinishReason : uint8_t { kStop, kLength, kCancelled, kError, kDeadline };
@@ -132,6 +142,7 @@ struct Request {
   std::vector<int32_t> tokens;  // prompt, then output
   int64_t prompt_len = 0;
   int num_output = 0;
+  int resumed = 0;  // of num_output, the tokens of request.resume_output
   // Launched steps not processed yet: tokens they sample for this request,
   // the row of the latest one (a FutureToken of the next step).
   int pending = 0;

@@ -109,10 +109,51 @@ void Scheduler::add(std::unique_ptr<Request> request, std::vector<RequestUpdate>
     r.tokens = r.request.prompt;
     r.processor = std::make_unique<LogitsProcessor>(r.request.params, options_.vocab_size, options_.eos_ids,
                                                     r.request.prompt);
+    if (std::string why = resume(r); !why.empty()) return end(r, FinishReason::kError, updates, {}, std::move(why));
   } catch (const std::exception& e) {
     return end(r, FinishReason::kError, updates, {}, e.what());
   }
   waiting_.push_back(std::move(request));
+}
+
+// A resumed request enters as one preempted after its resumed tokens: they
+// are known tokens without KV (the recompute path prefills them with the
+// prompt), they count as output, and the logits processor and the
+// constraint have seen them, so the next token is the one the earlier run
+// would have drawn (its sampling step is num_output, runtime/sampling_params.h).
+std::string Scheduler::resume(Request& r) {
+  const std::vector<int32_t>& resumed = r.request.resume_output;
+  if (resumed.empty()) return {};
+  const auto k = static_cast<int64_t>(resumed.size());
+  if (k >= r.max_tokens)
+    return fmt::format("resume_output holds {} tokens and max_tokens is {}: nothing is left to generate", k,
+                       r.max_tokens);
+  std::vector<uint32_t> allowed;
+  if (r.constraint != nullptr) allowed.resize(static_cast<size_t>(token_mask_words(options_.vocab_size)));
+  for (int64_t j = 0; j < k; ++j) {
+    const int32_t id = resumed[static_cast<size_t>(j)];
+    if (id < 0 || id >= options_.vocab_size)
+      return fmt::format("resume_output token {} ({}) is outside the vocabulary (0..{})", j, id,
+                         options_.vocab_size - 1);
+    const bool past_min = j + 1 >= r.min_tokens;
+    if (past_min && ((!r.ignore_eos && contains(options_.eos_ids, id)) ||
+                     (r.has_stop_ids && contains(r.request.params.stop_token_ids, id))))
+      return fmt::format("resume_output already ends at token {} ({}, an end or stop token)", j, id);
+    if (r.constraint != nullptr) {
+      std::fill(allowed.begin(), allowed.end(), ~uint32_t{0});
+      r.constraint->fill_allowed(allowed);
+      if (((allowed[static_cast<size_t>(id) / 32] >> (static_cast<uint32_t>(id) % 32)) & 1u) == 0)
+        return fmt::format("resume_output token {} ({}) is not allowed by the request's structured output there", j,
+                           id);
+      r.constraint->accept(id);
+    }
+    r.processor->append(id);
+    r.tokens.push_back(id);
+  }
+  r.num_output = static_cast<int>(k);
+  r.resumed = static_cast<int>(k);
+  r.usage.completion_tokens = k;
+  return {};
 }
 
 void Scheduler::finish(uint64_t id, FinishReason reason, std::vector<RequestUpdate>& updates, std::string error,
@@ -654,7 +695,7 @@ size_t Scheduler::take_verified(StepPlan& plan, StepResult& result, size_t first
 
 bool Scheduler::on_token(Request& r, int32_t token, std::vector<TokenLogprob> logprobs, float logprob,
                          Clock::time_point now, std::vector<RequestUpdate>& updates) {
-  if (r.num_output == 0) m_.ttft.observe(seconds(now - r.submitted));
+  if (r.num_output == r.resumed) m_.ttft.observe(seconds(now - r.submitted));
   else m_.inter_token.observe(seconds(now - r.last_token));
   r.last_token = now;
   r.tokens.push_back(token);

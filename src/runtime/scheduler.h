@@ -135,6 +135,8 @@ class Scheduler {
 
  private:
   std::string invalid(const Request& r) const;
+  // Takes in request.resume_output (EngineRequest); why it cannot, or "".
+  std::string resume(Request& r);
   // The KV a finishing request may cache: its launched positions, less those
   // of a step still in flight that samples for it (an overlap's extra row).
   int64_t settled_kv(const Request& r) const;
