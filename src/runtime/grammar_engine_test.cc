@@ -188,6 +188,65 @@ TEST_P(EngineMode, AFailingConstraintFailsOnlyItsRequest) {
 // A token outside the mask reaches accept() only through a bug; the error
 // names the token and says whether the mask itself let it through, which
 // tells a masker bug from a sampler that ignored the mask.
+// A structured request resumed after k of its tokens (EngineRequest::
+// resume_output) continues as the full run did, for every k, with
+// jump-forward on: the grammar, its distinct items and its bounded strings
+// are primed with the resumed tokens.
+TEST_P(EngineMode, ResumedStructuredRequestsContinueAsTheFullRun) {
+  Fixture f(kLlama, /*with_tokenizer=*/true);
+  GrammarCache cache(TokenVocabulary::from_tokenizer(*f.tokenizer, static_cast<int32_t>(f.model->config().vocab_size),
+                                                     f.model->config().eos_token_ids));
+  const auto masker = cache.get({StructuredOutputSpec::Kind::kJsonSchema,
+                                 R"({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": true,
+                                     "items": {"type": "string", "maxLength": 4}, "minItems": 2, "maxItems": 3},
+                                     "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+                                     "required": ["tags", "n"], "additionalProperties": false})"});
+  EngineOptions o = base();
+  o.kv_slots = 4096;
+  o.jump_forward = true;
+  o.check_invariants = true;
+  Engine engine(*f.model, f.backend, f.tokenizer.get(), o);
+  for (uint64_t seed : {1, 2}) {
+    SamplingParams p;
+    p.max_tokens = 60;
+    p.temperature = 1.0f;
+    p.seed = seed;
+    EngineRequest full = testing::request({139, 190, 81}, p);
+    full.constraint = std::make_shared<GrammarConstraint>(masker, f.tokenizer.get());
+    const RequestOutput whole = collect(*engine.submit(full));
+    ASSERT_TRUE(whole.error.empty()) << whole.error;
+    ASSERT_GE(whole.output_ids.size(), 4u);
+    EXPECT_TRUE(whole.text.starts_with("{\"tags\":[\"")) << whole.text;  // items to keep distinct
+    std::vector<EngineRequest> resumed;
+    for (size_t k = 1; k < whole.output_ids.size(); ++k) {
+      EngineRequest r = full;
+      r.constraint = std::make_shared<GrammarConstraint>(masker, f.tokenizer.get());
+      r.resume_output.assign(whole.output_ids.begin(), whole.output_ids.begin() + static_cast<std::ptrdiff_t>(k));
+      resumed.push_back(std::move(r));
+    }
+    const std::vector<RequestOutput> out = run_all(engine, resumed);
+    for (size_t j = 0; j < out.size(); ++j) {
+      const size_t k = j + 1;
+      EXPECT_EQ(out[j].output_ids, std::vector<int32_t>(whole.output_ids.begin() + static_cast<std::ptrdiff_t>(k),
+                                                        whole.output_ids.end()))
+          << "seed " << seed << " resumed after " << k << ": " << out[j].error;
+      EXPECT_EQ(out[j].reason, whole.reason) << "seed " << seed << " resumed after " << k;
+    }
+    // The same burst without resume_output: dozens of constrained requests
+    // joining one whose forced drafts are being verified (with overlap, the
+    // batch grew past drafting while that verification was in flight, and
+    // the next step was planned on a token nobody sampled: every request
+    // failed).
+    for (EngineRequest& r : resumed) {
+      r.resume_output.clear();
+      r.constraint = std::make_shared<GrammarConstraint>(masker, f.tokenizer.get());
+    }
+    for (const RequestOutput& o : run_all(engine, resumed))
+      EXPECT_EQ(o.output_ids, whole.output_ids) << "seed " << seed << ": " << o.error;
+  }
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+}
+
 TEST(GrammarConstraint, ATokenOutsideTheMaskNamesItselfAndTheMask) {
   Fixture f(kLlama, /*with_tokenizer=*/true);
   GrammarCache cache(TokenVocabulary::from_tokenizer(*f.tokenizer, static_cast<int32_t>(f.model->config().vocab_size),

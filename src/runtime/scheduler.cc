@@ -403,6 +403,7 @@ std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates)
     if (i + kPrefetchAhead < running_.size()) prefetch_step_fields(running_[i + kPrefetchAhead].get());
     Request& r = *running_[i];
     if (r.preempted || r.finished || r.remaining() < 1 || samples_its_last(r)) continue;
+    if (r.pending > 0 && !r.drafts.empty()) continue;  // its verification is in flight (wants_drafts())
     if (r.catching_up()) {
       prefill_candidates_.push_back(&r);
       continue;
@@ -646,6 +647,13 @@ bool Scheduler::drafting_off() const {
 }
 
 bool Scheduler::wants_drafts() const {
+  // A verification in flight decides by its accepted count where its
+  // request's next input is: the next step is planned after it lands, even
+  // when the batch has grown past drafting meanwhile (requests admitted
+  // beside it), or that request would be planned on a token nobody samples.
+  if (std::any_of(running_.begin(), running_.end(),
+                  [](const std::unique_ptr<Request>& r) { return r->pending > 0 && !r->drafts.empty(); }))
+    return true;
   if (drafting_off()) return false;
   if (options_.speculative.enabled()) return !running_.empty();
   if (!options_.jump_forward) return false;

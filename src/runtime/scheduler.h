@@ -120,9 +120,10 @@ class Scheduler {
 
   bool has_requests() const { return !waiting_.empty() || !running_.empty(); }
   // Whether a running request may draft in the next step (speculation, or
-  // jump-forward with a constrained request running): drafts follow a
-  // request's last token, so with overlap the engine updates the step in
-  // flight before it plans.
+  // jump-forward with a constrained request running), or has a verification
+  // in flight: drafts follow a request's last token, and a verification's
+  // accepted count decides it, so with overlap the engine updates the step
+  // in flight before it plans.
   bool wants_drafts() const;
   // Launched steps not updated yet.
   bool step_in_flight() const { return processed_step_ < next_step_id_; }
