@@ -11,9 +11,8 @@
 namespace basalt {
 namespace {
 
-std::vector<std::string> parse_in_pieces(const std::string& body, const std::vector<size_t>& cuts) {
-  std::vector<std::string> events;
-  SseParser p([&events](std::string_view d) { events.emplace_back(d); });
+// Feeds `body` cut at `cuts` (ascending), then finishes.
+void feed_in_pieces(SseParser& p, const std::string& body, const std::vector<size_t>& cuts) {
   size_t at = 0;
   for (size_t cut : cuts) {
     EXPECT_TRUE(p.feed(std::string_view(body).substr(at, cut - at)));
@@ -21,6 +20,12 @@ std::vector<std::string> parse_in_pieces(const std::string& body, const std::vec
   }
   EXPECT_TRUE(p.feed(std::string_view(body).substr(at)));
   p.finish();
+}
+
+std::vector<std::string> parse_in_pieces(const std::string& body, const std::vector<size_t>& cuts) {
+  std::vector<std::string> events;
+  SseParser p([&events](std::string_view d) { events.emplace_back(d); });
+  feed_in_pieces(p, body, cuts);
   return events;
 }
 
@@ -87,13 +92,7 @@ std::vector<std::string> everything_in_pieces(const std::string& body, const std
   SseParser p([&out](std::string_view d) { out.push_back("data " + std::string(d)); });
   p.on_raw([&out](std::string_view r) { out.push_back("raw " + std::string(r)); });
   p.on_comment([&out](std::string_view c) { out.push_back("comment " + std::string(c)); });
-  size_t at = 0;
-  for (size_t cut : cuts) {
-    EXPECT_TRUE(p.feed(std::string_view(body).substr(at, cut - at)));
-    at = cut;
-  }
-  EXPECT_TRUE(p.feed(std::string_view(body).substr(at)));
-  p.finish();
+  feed_in_pieces(p, body, cuts);
   return out;
 }
 
