@@ -9,7 +9,6 @@
 #include "tokenizer/tokenizer.h"
 
 namespace basalt {
-long g_fast=0,g_general=0,g_closures=0,g_tokens=0,g_owns=0,g_backs=0;
 namespace {
 
 // Walks tokens in byte order from one set of stacks, keeping the sets after
