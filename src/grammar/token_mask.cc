@@ -107,6 +107,52 @@ class TrieWalker {
   // returned into an unknown caller with that byte still to consume.
   bool escaped_at(size_t depth) const { return levels_[depth].escaped; }
 
+  // How many plain bytes (TokenVocabulary::is_plain_byte) in a row one
+  // stack of the root's closure takes by its own edges, every plain byte
+  // alike at each step (a string's characters: a state that loops, or a
+  // bounded run's positions, also where the root calls the string's rule):
+  // a plain token no longer than that is accepted without a walk, since
+  // that stack alone reads all of it. kMaxPlainReach for a loop.
+  static constexpr size_t kMaxPlainReach = 1 << 16;
+  size_t plain_reach() {
+    std::vector<uint8_t> representatives;  // a plain byte of each class that has one
+    std::vector<bool> seen(static_cast<size_t>(g_.byte_classes), false);
+    for (int b = 0; b < 256; ++b) {
+      const auto byte = static_cast<uint8_t>(b);
+      if (!TokenVocabulary::is_plain_byte(byte) || seen[g_.byte_class[byte]]) continue;
+      seen[g_.byte_class[byte]] = true;
+      representatives.push_back(byte);
+    }
+    const Level& root = levels_[0];
+    const size_t mark = arena_.size();
+    std::vector<int32_t> roots = root.set;
+    if (!root.set_ready) roots.assign(1, arena_.intern(rows_[static_cast<size_t>(root.row)].state, root.parent));
+    work_.close(g_, arena_, roots, closed_);
+    size_t best = 0;
+    for (const int32_t id : closed_) best = std::max(best, own_plain_reach(arena_[id].state, representatives));
+    arena_.rewind(mark);
+    return best;
+  }
+  size_t own_plain_reach(int32_t state, const std::vector<uint8_t>& representatives) const {
+    size_t reach = 0;
+    for (; reach < 256; ++reach) {
+      int32_t next = -1;
+      for (const uint8_t b : representatives) {
+        const int32_t t = g_.step(state, b);
+        if (t < 0 || (next >= 0 && t != next)) return reach;
+        next = t;
+      }
+      for (int hops = 0; hops < kMaxSettleHops && next >= 0; ++hops) {  // a tail call goes on in its callee
+        const int32_t callee = tail_callee(next);
+        if (callee < 0) break;
+        next = callee;
+      }
+      if (next == state) return kMaxPlainReach;
+      state = next;
+    }
+    return reach;
+  }
+
  private:
   // What returning into a parent can read next: the first bytes of the
   // closure of that return, and whether it reached an unknown caller.
@@ -341,6 +387,11 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> bytes, std::vector<boo
     if (b.find('"') != std::string::npos) with_quote_.push_back(static_cast<int32_t>(id));
     if (b.find_first_of("\",]}") != std::string::npos) with_closer_.push_back(static_cast<int32_t>(id));
   }
+  plain_.resize(sorted_.size());
+  for (size_t i = 0; i < sorted_.size(); ++i) {
+    const std::string_view b = sorted_bytes(i);
+    plain_[i] = std::all_of(b.begin(), b.end(), [](char c) { return is_plain_byte(static_cast<uint8_t>(c)); });
+  }
   longest_first_.resize(sorted_.size());
   for (size_t i = 0; i < sorted_.size(); ++i) longest_first_[i] = static_cast<int32_t>(i);
   std::stable_sort(longest_first_.begin(), longest_first_.end(), [&](int32_t a, int32_t b) {
@@ -421,9 +472,20 @@ TokenMasker::Entry TokenMasker::compute(const std::vector<int32_t>& chain, bool 
     // The whole vocabulary in byte order. A token the walk fails on decides
     // every token after it that shares the failing byte, so those are
     // skipped (left out, or undecided with it when the failure escaped).
+    // Plain tokens the root state reads alone are accepted unwalked; the
+    // next walk starts from what it shares with the last token walked.
+    const size_t reach = walker.plain_reach();
+    size_t shared = 0;  // bytes shared with the last token walked
     for (size_t i = 0; i < sorted.size();) {
       const std::string_view b = v.sorted_bytes(i);
-      const size_t reached = walker.walk(b, static_cast<size_t>(v.lcp(i)));
+      shared = std::min(shared, static_cast<size_t>(v.lcp(i)));
+      if (b.size() <= reach && v.plain(i)) {
+        set_bit(e.accepted, sorted[i]);
+        ++i;
+        continue;
+      }
+      const size_t reached = walker.walk(b, shared);
+      shared = b.size();
       if (reached == b.size()) {
         set_bit(e.accepted, sorted[i]);
         ++i;

@@ -69,6 +69,10 @@ class TokenVocabulary {
   // the tokens that can end an element of JSON (grammar/distinct_json.h).
   const std::vector<int32_t>& with_quote() const { return with_quote_; }
   const std::vector<int32_t>& with_closer() const { return with_closer_; }
+  // Whether sorted()[i]'s bytes are all plain text (is_plain_byte:
+  // printable ASCII but `"` and `\`), what most of a string's tokens are.
+  bool plain(size_t i) const { return plain_[i]; }
+  static bool is_plain_byte(uint8_t b) { return b >= 0x20 && b < 0x7F && b != '"' && b != '\\'; }
   // Positions in sorted(), longest bytes first (grammar/bounded_string.h).
   const std::vector<int32_t>& longest_first() const { return longest_first_; }
   // The usable ids whose bytes are exactly `bytes`.
@@ -85,6 +89,7 @@ class TokenVocabulary {
   std::vector<uint32_t> sorted_offsets_;  // sorted_.size() + 1 of them
   std::vector<int32_t> with_quote_, with_closer_;
   std::vector<int32_t> longest_first_;
+  std::vector<bool> plain_;  // per sorted position
 };
 
 class TokenMasker {
