@@ -142,11 +142,8 @@ class TrieWalker {
         if (t < 0 || (next >= 0 && t != next)) return reach;
         next = t;
       }
-      for (int hops = 0; hops < kMaxSettleHops && next >= 0; ++hops) {  // a tail call goes on in its callee
-        const int32_t callee = tail_callee(next);
-        if (callee < 0) break;
-        next = callee;
-      }
+      if (next < 0) return reach;
+      next = through_tail_calls(next);  // a tail call goes on in its callee
       if (next == state) return kMaxPlainReach;
       state = next;
     }
@@ -235,6 +232,15 @@ class TrieWalker {
     const RuleCall& call = g_.calls[s.calls_begin];
     return ends_rule(call.target) ? g_.rule_start[static_cast<size_t>(call.rule)] : -1;
   }
+  // `state`, or where the calls it makes only in tail position lead.
+  int32_t through_tail_calls(int32_t state) const {
+    for (int hops = 0; hops < kMaxSettleHops; ++hops) {
+      const int32_t callee = tail_callee(state);
+      if (callee < 0) break;
+      state = callee;
+    }
+    return state;
+  }
   bool ends_rule(int32_t state) const {
     const AutomatonState& s = g_.states[static_cast<size_t>(state)];
     return s.accepting && s.bytes_begin == s.bytes_end && s.calls_begin == s.calls_end;
@@ -270,12 +276,7 @@ class TrieWalker {
   }
   // Follows row `row`'s edge on `byte` (and its class) for the first time.
   int32_t resolve(int32_t row, uint8_t byte) {
-    int32_t t = g_.step(rows_[static_cast<size_t>(row)].state, byte);
-    for (int hops = 0; hops < kMaxSettleHops; ++hops) {
-      const int32_t callee = tail_callee(t);
-      if (callee < 0) break;
-      t = callee;
-    }
+    const int32_t t = through_tail_calls(g_.step(rows_[static_cast<size_t>(row)].state, byte));
     int32_t move = kReturns;
     if (!ends_rule(t)) {
       const int32_t to = row_of(t);
