@@ -22,11 +22,16 @@
 // the H200's measured 4.18 TB/s (../shared PERF-ANCHORS). Prefill: one
 // prompt of --prompt tokens (default 4096) in one forward, best of two after
 // a warm-up. One eager step per batch size, and one prefill, then run with
-// the op profiler.
+// the op profiler. Verification: one sequence over the same context with 1,
+// 2 and 4 query rows (the last token and 1 or 3 drafts, as speculative
+// decoding verifies them), replayed from graphs, sizes alternated round by
+// round, median of --steps; reported against the 1-row step. Each row is
+// routed on its own, so a step of R rows reads up to R times the experts
+// one row reads.
 //
-// The full model: the same files are loaded again with the dense layer only
-// (config.json rewritten), so a MoE layer costs (t_slice - t_dense_only) /
-// moe_layers and a dense layer t_dense_only - t_head, with t_head the
+// The full model: a checkpoint of the dense layer alone is written and
+// loaded too, so a MoE layer costs (t_slice - t_dense_only) / moe_layers and
+// a dense layer t_dense_only - t_head, with t_head the
 // lm_head's bytes at 4.18 TB/s. 61 layers (3 dense, 58 MoE) on one GPU
 // would take t_head + 3 t_dense + 58 t_moe per step (it does not fit: ~700
 // GB). On 8 GPUs the bench assumes the work splits evenly (attention and
@@ -46,10 +51,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -127,7 +130,12 @@ DeepseekShape tiny_shape() {
 struct Timings {
   std::vector<double> eager_ms, graphed_ms;
   double prefill_tps = 0;
+  // Batch 1, graphed: a step of kVerifyRows[i] query rows (a speculative
+  // verification of the last token and kVerifyRows[i] - 1 drafts).
+  std::vector<double> verify_ms;
 };
+
+constexpr int64_t kVerifyRows[] = {1, 2, 4};
 
 // Fills a latent cache with random bf16 rows (a constant fill can draw less
 // power and clock higher).
@@ -161,7 +169,7 @@ void print_profile(Backend& backend, const std::string& what, const std::functio
 }
 
 Timings measure(const std::filesystem::path& dir, Backend& backend, const Options& o, const DeepseekShape& shape,
-                const std::vector<int64_t>& batches, bool prefill, bool profile) {
+                const std::vector<int64_t>& batches, bool prefill, bool verify, bool profile) {
   auto start = Clock::now();
   std::unique_ptr<Model> model = load_model(dir.string(), backend);
   std::printf("loaded %lld layer(s) in %.1f s: %s\n", static_cast<long long>(model->config().num_layers),
@@ -199,6 +207,25 @@ Timings measure(const std::filesystem::path& dir, Backend& backend, const Option
                     [&] { graphed->forward(on_backend(step, backend), kv, logits); });
     }
   }
+  if (verify) {
+    // Alternated round by round, so that clock drift falls on every size alike.
+    KvBuffers kv = graphed->allocate_kv(stride, DType::kBF16);
+    for (Tensor& cache : kv.k) fill_random(backend, cache);
+    std::vector<std::vector<double>> times(std::size(kVerifyRows));
+    for (int i = 0; i < o.steps + 2; ++i) {
+      for (size_t j = 0; j < std::size(kVerifyRows); ++j) {
+        const int64_t rows = kVerifyRows[j];
+        const ForwardBatch step = decode_batch(1, o.context, stride, V, rows);
+        Tensor logits = backend.empty({rows, V}, DType::kF32);
+        Tensor sync = Tensor::empty({1, V}, DType::kF32);
+        const auto t0 = Clock::now();
+        graphed->forward(step, kv, logits);
+        backend.copy(logits.rows(0, 1), sync);
+        if (i >= 2) times[j].push_back(seconds_since(t0) * 1e3);
+      }
+    }
+    for (const std::vector<double>& v : times) t.verify_ms.push_back(median(v));
+  }
   if (prefill) {
     KvBuffers kv = graphed->allocate_kv(o.prompt + 8, DType::kBF16);
     const ForwardBatch batch = prefill_batch(1, o.prompt, o.prompt + 8, V);
@@ -217,16 +244,6 @@ Timings measure(const std::filesystem::path& dir, Backend& backend, const Option
     }
   }
   return t;
-}
-
-void set_layers(const std::filesystem::path& dir, int layers) {
-  nlohmann::json config;
-  {
-    std::ifstream in(dir / "config.json");
-    in >> config;
-  }
-  config["num_hidden_layers"] = layers;
-  std::ofstream(dir / "config.json") << config.dump(1) << "\n";
 }
 
 }  // namespace
@@ -275,12 +292,19 @@ int main(int argc, char** argv) {
   std::printf("written in %.1f s\n", seconds_since(start));
 
   const std::vector<int64_t> batches = {1, 32, 128};
-  const Timings slice = measure(dir, *backend, o, shape, batches, /*prefill=*/true, /*profile=*/true);
+  const Timings slice = measure(dir, *backend, o, shape, batches, /*prefill=*/true, /*verify=*/true,
+                                 /*profile=*/true);
   Timings dense_only;
   const int moe_layers = shape.layers - shape.dense_layers;
   if (moe_layers > 0 && shape.dense_layers == 1) {
-    set_layers(dir, 1);
-    dense_only = measure(dir, *backend, o, shape, batches, /*prefill=*/false, /*profile=*/false);
+    // A checkpoint of its own (the loader refuses tensors its config leaves unused).
+    DeepseekShape dense = shape;
+    dense.layers = 1;
+    const std::filesystem::path dense_dir = dir / "dense";
+    std::filesystem::create_directories(dense_dir);
+    write_random_deepseek(dense_dir, dense);
+    dense_only = measure(dense_dir, *backend, o, dense, batches, /*prefill=*/false, /*verify=*/false,
+                         /*profile=*/false);
   }
 
   const int64_t cache_row = 2 * (shape.kv_lora + shape.rope);  // bf16 latent row
@@ -299,6 +323,12 @@ int main(int argc, char** argv) {
   }
   std::printf("prefill, one prompt of %lld tokens: %.0f tokens/s\n", static_cast<long long>(o.prompt),
               slice.prefill_tps);
+
+  std::printf("\nspeculative verification, batch 1, graphed: a step of the last token and its drafts\n");
+  std::printf("%-6s %11s %12s\n", "rows", "ms", "vs 1 row");
+  for (size_t j = 0; j < slice.verify_ms.size(); ++j)
+    std::printf("%-6lld %11.3f %11.2fx\n", static_cast<long long>(kVerifyRows[j]), slice.verify_ms[j],
+                slice.verify_ms[j] / slice.verify_ms[0]);
 
   if (dense_only.graphed_ms.empty()) return 0;
   const double head_ms = 2.0 * static_cast<double>(shape.vocab * shape.hidden) / kReadBandwidth * 1e3;

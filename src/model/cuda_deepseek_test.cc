@@ -50,6 +50,7 @@
 #include "runtime/engine.h"
 #include "testing/engine_test_util.h"
 #include "runtime/generator.h"
+#include "runtime/speculative.h"
 #include "tokenizer/tokenizer.h"
 
 namespace basalt {
@@ -336,6 +337,60 @@ TEST(CudaDeepseekGraphs, ReplayedDecodeStepsMatchDirectOnes) {
     }
     EXPECT_GT(graph_stats(*graphed).replays, 10) << name;
   }
+}
+
+// MTP speculation with the model and its head graphed: one request at a
+// time (batch 1, so no padding), the verification steps and the head's
+// passes (over the step's rows, and chained) replay graphs, and they
+// compute what the direct launches compute: the same tokens, and the same
+// drafts accepted, request by request.
+TEST(CudaDeepseekGraphs, MtpHeadStepsReplayAndDraftAsDirectOnes) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = kModels + "deepseek_v3";
+  CudaBackend gpu;
+  auto direct = load_model(dir, gpu);
+  auto graphed = make_graphed_model(load_model(dir, gpu), gpu, {.max_batch = 16});
+  std::mt19937 rng(8);
+  std::vector<EngineRequest> requests;
+  for (int r = 0; r < 4; ++r) {
+    EngineRequest q;
+    std::uniform_int_distribution<int32_t> id(2, 200);
+    const std::vector<int32_t> motif = {id(rng), id(rng), id(rng)};
+    for (int rep = 0; rep < 4; ++rep) q.prompt.insert(q.prompt.end(), motif.begin(), motif.end());
+    q.params.temperature = r % 2 == 0 ? 0.0f : 0.9f;
+    q.params.seed = 60 + r;
+    q.params.max_tokens = 24;
+    q.params.ignore_eos = true;
+    requests.push_back(q);
+  }
+  for (const int k : {1, 3}) {
+    std::vector<RequestOutput> outputs[2];
+    for (int which = 0; which < 2; ++which) {
+      EngineOptions o;
+      o.eos_ids = direct->config().eos_token_ids;
+      o.kv_slots = 1024;
+      o.check_invariants = true;
+      o.speculative = speculative_options("mtp", k);
+      o.speculative.adaptive_from_batch = 0;
+      Engine engine(which == 0 ? *direct : *graphed, gpu, nullptr, o);
+      for (const EngineRequest& q : requests) outputs[which].push_back(testing::run_all(engine, {q})[0]);
+      EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+    }
+    int64_t accepted = 0;
+    for (size_t r = 0; r < requests.size(); ++r) {
+      const std::string label = "k " + std::to_string(k) + ", request " + std::to_string(r);
+      ASSERT_EQ(outputs[1][r].reason, FinishReason::kLength) << label << ": " << outputs[1][r].error;
+      EXPECT_EQ(outputs[0][r].output_ids, outputs[1][r].output_ids) << label;
+      EXPECT_EQ(outputs[0][r].usage.draft_tokens, outputs[1][r].usage.draft_tokens) << label;
+      EXPECT_EQ(outputs[0][r].usage.accepted_tokens, outputs[1][r].usage.accepted_tokens) << label;
+      accepted += outputs[1][r].usage.accepted_tokens;
+    }
+    EXPECT_GT(accepted, 0) << "k " << k;
+  }
+  const GraphStats stats = graph_stats(*graphed);
+  EXPECT_GT(stats.head_recordings, 0);
+  EXPECT_GT(stats.head_replays, 2 * stats.head_recordings);
+  EXPECT_GT(stats.replays, 20);
 }
 
 }  // namespace

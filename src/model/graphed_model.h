@@ -11,29 +11,37 @@
 //    speculative verification: the last token and its drafts), q_start =
 //    0, R, 2R, ..., T, the logits of every row wanted in order (logit_rows
 //    = 0..T-1), T <= max_batch once padded, and kv_slots that fit the static
-//    buffer. Any other batch (prefill, extend, drafts of different lengths,
-//    device tensors, a step that wants hidden states) runs the wrapped
-//    model directly.
+//    buffer; with or without the final hidden states (a draft head reads
+//    them). Any other batch (prefill, extend, drafts of different lengths,
+//    device tensors) runs the wrapped model directly.
+//  * draft_head() is the wrapped model's draft head (null when it has none),
+//    wrapped the same way: a head step takes the recorded path under the
+//    same conditions except that it wants one logits row per sequence,
+//    anywhere in that sequence (the row that drafts the next token), and
+//    its `hidden` input (device memory) is copied into a static buffer
+//    first. Its graphs are bound to the head's own KvBuffers.
 //  * A recorded batch is padded to the next recorded count of sequences (1,
 //    2, 4, 8, then multiples of 8) with sequences of R query rows and no
 //    keys whose tokens write no KV (slot -1); Backend::store_kv and
 //    attention define that case (nothing stored, zero output), and their
-//    logits are dropped. Graphs are kept per (sequences, R). The
-//    result is what the wrapped model computes for the padded batch, which
-//    for a backend that is not batch invariant may differ in rounding from
-//    the unpadded batch.
+//    logits are dropped. Graphs are kept per (sequences, R, hidden states
+//    or not). The result is what the wrapped model computes for the padded
+//    batch, which for a backend that is not batch invariant may differ in
+//    rounding from the unpadded batch.
 //  * prepare(kv) (the engine calls it before its first step) records every
 //    decode size (R = 1) up to max_batch on batches of padding rows only; a
-//    shape still missing (any R > 1) is recorded the first time a batch
-//    needs it. Each recording
-//    follows one direct forward of its batch (which loads kernels and plans
-//    outside the recording) and is bound to the KvBuffers passed: a forward
-//    with other KvBuffers (other memory) drops every graph and records
-//    again. On a backend that cannot record (Backend::can_record false: the
-//    CPU's) every batch runs directly and prepare() does nothing.
+//    shape still missing (any R > 1, hidden states, any head step) is
+//    recorded the first time a batch needs it. Each recording follows one
+//    direct run of its batch (which loads kernels and plans outside the
+//    recording) and is bound to the KvBuffers passed: a forward with other
+//    KvBuffers (other memory) drops every graph of that model or head and
+//    records again. On a backend that cannot record (Backend::can_record
+//    false: the CPU's) every batch runs directly and prepare() does nothing.
 //  * Memory kept: the static inputs (7 i32 arrays sized by max_batch, plus
-//    kv_capacity slots), logits [max_batch, vocab] f32, and the scratch of
-//    the recordings (shared by all of them).
+//    kv_capacity slots), logits [max_batch, vocab] f32, hidden states
+//    [max_batch, hidden_size] f32 once a step keeps them, and the scratch of
+//    the recordings (shared by all of them); a draft head has its own static
+//    inputs, logits and two hidden-state buffers (in and out).
 //  * Used by one thread at a time, like any Model.
 #pragma once
 
@@ -58,6 +66,8 @@ struct GraphStats {
   int64_t replays = 0;     // steps that took the recorded path
   int64_t direct = 0;      // steps that ran the wrapped model directly
   int64_t recordings = 0;  // graphs recorded
+  // The same for the draft head's steps (zeros without a head).
+  int64_t head_replays = 0, head_direct = 0, head_recordings = 0;
 };
 // The counters of a model made by make_graphed_model (zeros for any other).
 GraphStats graph_stats(const Model& model);

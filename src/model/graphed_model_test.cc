@@ -59,7 +59,7 @@ std::vector<EngineRequest> crowd(int count) {
 }
 
 std::vector<std::vector<int32_t>> run(Model& model, Backend& backend, const std::vector<EngineRequest>& requests,
-                                      const SpeculativeOptions& speculative = {}) {
+                                      const SpeculativeOptions& speculative = {}, std::vector<Usage>* usage = nullptr) {
   EngineOptions o;
   o.speculative = speculative;
   o.eos_ids = model.config().eos_token_ids;
@@ -73,6 +73,7 @@ std::vector<std::vector<int32_t>> run(Model& model, Backend& backend, const std:
     const RequestOutput r = collect(*h);
     EXPECT_EQ(r.reason, FinishReason::kLength) << r.error;
     out.push_back(r.output_ids);
+    if (usage != nullptr) usage->push_back(r.usage);
   }
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
   return out;
@@ -137,6 +138,42 @@ TEST(GraphedModel, StepsThatKeepHiddenStatesAreRecorded) {
   const GraphStats stats = graph_stats(*graphed);
   EXPECT_GT(stats.recordings, 4) << "direct " << stats.direct << " replays " << stats.replays;  // 1, 2, 4, 8, then more
   EXPECT_GT(stats.replays, stats.recordings);
+}
+
+// The draft head (MTP) is graphed with its model: its passes over a step
+// whose sequences all have the same rows, and its chained passes, replay
+// recordings. It drafts what the plain head drafts (the CPU is batch
+// invariant): the same drafts accepted, step for step.
+TEST(GraphedModel, DraftHeadStepsAreRecordedAndDraftWhatThePlainHeadDrafts) {
+  CpuBackend cpu;
+  ReplayingCpuBackend replaying;
+  auto plain = load_model(kDeepSeek, cpu);
+  auto graphed = make_graphed_model(load_model(kDeepSeek, replaying), replaying, {.max_batch = 8});
+  ASSERT_NE(graphed->draft_head(), nullptr);
+  std::vector<EngineRequest> requests = crowd(3);
+  for (EngineRequest& q : requests) q.params.max_tokens = 20;
+  for (const int k : {1, 3}) {
+    SCOPED_TRACE("k = " + std::to_string(k));
+    SpeculativeOptions mtp = speculative_options("mtp", k);
+    mtp.adaptive_from_batch = 0;
+    std::vector<Usage> expected_usage, usage;
+    const auto expected = run(*plain, cpu, requests, mtp, &expected_usage);
+    const GraphStats before = graph_stats(*graphed);
+    EXPECT_EQ(run(*graphed, replaying, requests, mtp, &usage), expected);
+    ASSERT_EQ(usage.size(), expected_usage.size());
+    int64_t drafts = 0;
+    for (size_t i = 0; i < usage.size(); ++i) {
+      EXPECT_EQ(usage[i].draft_tokens, expected_usage[i].draft_tokens) << i;
+      EXPECT_EQ(usage[i].accepted_tokens, expected_usage[i].accepted_tokens) << i;
+      drafts += usage[i].draft_tokens;
+    }
+    EXPECT_GT(drafts, 0);
+    const GraphStats after = graph_stats(*graphed);
+    EXPECT_GT(after.head_recordings, before.head_recordings);
+    EXPECT_GT(after.head_replays - before.head_replays, after.head_recordings - before.head_recordings);
+    EXPECT_GT(after.head_direct, before.head_direct);  // the prompts' passes
+  }
+  EXPECT_EQ(graph_stats(*plain).head_replays, 0);
 }
 
 TEST(GraphedModel, BatchesBeyondMaxBatchRunDirectly) {

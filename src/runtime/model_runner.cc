@@ -284,12 +284,18 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
 // a sequence's last kept position the token sampled there, or for a prefill
 // chunk the prompt's next token), writes its KV at that position's slot,
 // and at each sampling sequence's last kept position predicts the token
-// after the one just sampled: the next step's first draft. Positions of
-// rejected drafts are not kept (their KV is rolled back and will be written
-// again). Each further draft (plan.draft_chain) runs the head once more, on
-// the draft before it and the head's own hidden state, one position on; its
-// KV goes to scratch slots past the pool's (kHeadScratchSlots), which the
-// next step's pass replaces with KV at the real slots.
+// after the one just sampled: the next step's first draft. It reads every
+// row of the step, in the step's layout, so that a step whose sequences
+// all have the same number of rows gives the head a batch of that shape
+// too (a GraphedModel's head replays it): the rows past a sequence's last
+// kept one (rejected drafts; a chunk's last position while the token after
+// it is unknown) write no KV (slot -1) and their outputs are not read;
+// causal attention keeps them out of the kept rows. The rejected positions
+// are written again when the sequence gets there. Each further draft
+// (plan.draft_chain) runs the head once more, on the draft before it and
+// the head's own hidden state, one position on; its KV goes to scratch
+// slots past the pool's (kHeadScratchSlots), which the next step's pass
+// replaces with KV at the real slots.
 void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden, StepResult& result) {
   DraftHead& head = *model_.draft_head();
   if (!head_kv_ready_) {
@@ -309,31 +315,40 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
     int32_t kept = sequence_kept, follow = samples ? sampled : plan.next_known[s];
     if (!samples && follow < 0) --kept;  // the token after the chunk is not known yet: its last position waits
     if (kept <= 0) continue;
-    for (int32_t i = 0; i < kept; ++i) {
+    for (int32_t i = 0; i < n; ++i) {
       const int32_t t = q0 + i;
-      ids.push_back(i == kept - 1 && follow >= 0 ? follow : plan.token_ids[static_cast<size_t>(t + 1)]);
+      const bool keep = i < kept;
+      if (i == kept - 1 && follow >= 0)
+        ids.push_back(follow);
+      else
+        ids.push_back(plan.token_ids[static_cast<size_t>(keep ? t + 1 : t)]);
       positions.push_back(plan.positions[static_cast<size_t>(t)]);
-      out_slots.push_back(plan.out_slots[static_cast<size_t>(t)]);
+      out_slots.push_back(keep ? plan.out_slots[static_cast<size_t>(t)] : -1);
       hidden_rows.push_back(t);
     }
-    kv_slots.insert(kv_slots.end(), plan.kv_slots.begin() + k0, plan.kv_slots.begin() + (k1 - (n - kept)));
+    kv_slots.insert(kv_slots.end(), plan.kv_slots.begin() + k0, plan.kv_slots.begin() + k1);
+    if (samples) {
+      logit_rows.push_back(static_cast<int32_t>(ids.size()) - (n - kept) - 1);
+      proposal_rows.push_back(first);
+      context.emplace_back(kv_slots.size() - static_cast<size_t>(k1 - k0), kv_slots.size() - (n - kept));
+      next_position.push_back(plan.positions[static_cast<size_t>(q0 + kept - 1)] + 1);
+    }
     q_start.push_back(static_cast<int32_t>(ids.size()));
     kv_start.push_back(static_cast<int32_t>(kv_slots.size()));
-    if (samples) {
-      logit_rows.push_back(static_cast<int32_t>(ids.size()) - 1);
-      proposal_rows.push_back(first);
-      context.emplace_back(kv_slots.size() - static_cast<size_t>(k1 - k0 - (n - kept)), kv_slots.size());
-      next_position.push_back(positions.back() + 1);
-    }
   }
   if (ids.empty()) return;
   if (logit_rows.empty()) logit_rows.push_back(0);  // the head wants a row; nobody reads it
   const ForwardBatch hb = host_forward_batch(ids, positions, out_slots, q_start, kv_start, kv_slots, logit_rows);
   const auto N = static_cast<int64_t>(ids.size()), L = static_cast<int64_t>(logit_rows.size());
-  Tensor rows = backend_.empty({N}, DType::kI32);
-  backend_.copy(i32_tensor(hidden_rows), rows);
-  Tensor kept_hidden = backend_.empty({N, model_.config().hidden_size}, DType::kF32);
-  backend_.embedding(rows, hidden, kept_hidden);  // gathers the kept positions' rows
+  // The step's hidden states as they are when the head reads every row of
+  // the step; else the rows it reads, gathered.
+  Tensor kept_hidden = hidden;
+  if (N != hidden.dim(0)) {
+    Tensor rows = backend_.empty({N}, DType::kI32);
+    backend_.copy(i32_tensor(hidden_rows), rows);
+    kept_hidden = backend_.empty({N, model_.config().hidden_size}, DType::kF32);
+    backend_.embedding(rows, hidden, kept_hidden);
+  }
   Tensor head_logits = backend_.empty({L, vocab_}, DType::kF32);
   const int64_t H = model_.config().hidden_size;
   const auto S = static_cast<int64_t>(proposal_rows.size());
