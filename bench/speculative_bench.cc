@@ -3,7 +3,8 @@
 // device. Each workload runs greedy, plain, with n-gram drafts of each
 // --k, with the model's MTP layer drafting (chained, each --k) where it has
 // one, and with a draft model (--draft-model; models/basalt-draft for the
-// bundled model) drafting each --k, alternated, best of --repeats; the outputs must be equal token for
+// bundled model) drafting each --k, and with an EAGLE head (--eagle DIR,
+// tools/train/train_eagle.py) drafting each --k, alternated, best of --repeats; the outputs must be equal token for
 // token (the program fails otherwise on the CPU; on a GPU it says from
 // which token they differ). Reported: output tokens/s and the
 // ratio to plain decoding; engine steps; the drafts' acceptance; the ideal
@@ -12,7 +13,7 @@
 // speedup reaches.
 //
 //   basalt_bench_speculative [--tokens N] [--repeats N] [--k 2,4] [--model DIR] [--draft-model DIR]
-//                            [--device cpu|cuda] [--eager]
+//                            [--eagle DIR] [--device cpu|cuda] [--eager]
 //
 // Workloads: "copy" asks for a passage to be written out again and starts
 // the copy (an edit of a given text: most of the output is in the prompt);
@@ -25,6 +26,7 @@
 
 #include "app/device_choice.h"
 #include "bench_util.h"
+#include "model/eagle_head.h"
 #include "model/graphed_model.h"
 #include "model/model.h"
 #include "runtime/engine.h"
@@ -53,7 +55,7 @@ struct Result {
 
 // A way to decode: plain, or an algorithm with k drafts.
 struct Mode {
-  std::string algorithm;  // "none", "ngram", "mtp", "draft"
+  std::string algorithm;  // "none", "ngram", "mtp", "eagle", "draft"
   int k = 0;
   std::string name() const { return algorithm == "none" ? "plain" : algorithm + " k=" + std::to_string(k); }
 };
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   std::vector<int> ks = {2, 4};
   std::string dir = std::string(BASALT_SOURCE_DIR) + "/models/basalt-mini";
   std::string draft_dir;  // default: the bundled draft model beside the bundled model
+  std::string eagle_dir;
   std::string device = "cpu";
   bool eager = false;
   for (int i = 1; i < argc; ++i) {
@@ -109,6 +112,7 @@ int main(int argc, char** argv) {
     else if (flag == "--repeats") repeats = std::max(1, std::atoi(v));
     else if (flag == "--model") dir = v;
     else if (flag == "--draft-model") draft_dir = v;
+    else if (flag == "--eagle") eagle_dir = v;
     else if (flag == "--device") device = v;
     else if (flag == "--k") {
       ks.clear();
@@ -134,6 +138,15 @@ int main(int argc, char** argv) {
     if (!eager && backend.can_record()) loaded = make_graphed_model(std::move(loaded), backend, {.max_batch = 8});
     draft = std::move(loaded);
   }
+  // The EAGLE head drafts for a second copy of the model (the first keeps
+  // its own MTP layer as its draft head).
+  std::unique_ptr<Model> with_eagle;
+  if (!eagle_dir.empty()) {
+    std::unique_ptr<Model> target = load_model(dir, backend);
+    std::unique_ptr<DraftHead> head = load_eagle_head(eagle_dir, backend, dir);
+    with_eagle = with_draft_head(std::move(target), std::move(head));
+    if (!eager && backend.can_record()) with_eagle = make_graphed_model(std::move(with_eagle), backend, {.max_batch = 8});
+  }
   const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
   const std::vector<Workload> workloads = {
       {"copy", std::string("Here is a text.\n\n") + kPassage + "\n\nThe same text, written out again:\n\nThe package"},
@@ -147,12 +160,15 @@ int main(int argc, char** argv) {
     for (const int k : ks) modes.push_back({"ngram", k});
     if (model->draft_head() != nullptr)
       for (const int k : ks) modes.push_back({"mtp", k});
+    if (with_eagle)
+      for (const int k : ks) modes.push_back({"eagle", k});
     if (draft)
       for (const int k : ks) modes.push_back({"draft", k});
     std::vector<Result> best(modes.size());
     for (int r = 0; r < repeats; ++r)
       for (size_t m = 0; m < modes.size(); ++m) {
-        Result x = run(*model, backend, tok, w.prompt, modes[m], draft, tokens);
+        Model& target = modes[m].algorithm == "eagle" ? *with_eagle : *model;
+        Result x = run(target, backend, tok, w.prompt, modes[m], draft, tokens);
         if (x.tokens_per_s > best[m].tokens_per_s) best[m] = std::move(x);
       }
     const double plain_per_step = static_cast<double>(best[0].tokens) / static_cast<double>(best[0].steps);

@@ -176,6 +176,24 @@ TEST(Cli, SpeculativeDecodingGivesPlainDecodingsTokens) {
   EXPECT_NE(bad.err.find("unknown speculative algorithm \"eagle9\""), std::string::npos) << bad.err;
 }
 
+// An EAGLE head (the test fixture's random one, for the llama fixture)
+// drafts through `generate`; the tokens are plain decoding's. The head's
+// directory is not a model, and eagle needs one.
+TEST(Cli, EagleHeadDraftsThroughGenerate) {
+  const std::string head = std::string(BASALT_TESTDATA) + "/eagle/llama_head";
+  const std::string args = "generate --model " + kModels + "llama --prompt-ids 5,6,7,8,5,6,7 --max-tokens 24 --json ";
+  const CliRun plain = run(args + "--temperature 0");
+  const CliRun spec = run(args + "--temperature 0 --speculative-algorithm eagle --speculative-draft-model " + head);
+  ASSERT_EQ(spec.exit_code, 0) << spec.err;
+  EXPECT_EQ(json::parse(spec.out)["output_ids"], json::parse(plain.out)["output_ids"]);
+  EXPECT_GT(json::parse(spec.out)["speculative"]["draft_tokens"].get<int>(), 0);
+  const CliRun missing = run(args + "--speculative-algorithm eagle");
+  EXPECT_NE(missing.err.find("--speculative-algorithm eagle needs --speculative-draft-model"), std::string::npos)
+      << missing.err;
+  const CliRun as_model = run("generate --model " + head + " --prompt-ids 5,6 --max-tokens 2");
+  EXPECT_NE(as_model.err.find("is an EAGLE draft head"), std::string::npos) << as_model.err;
+}
+
 TEST(Cli, StopsOnEndOfSequence) {
   // Make the first greedy token the end-of-sequence id: generation stops
   // there, reports "stop" and keeps the token in output_ids.

@@ -338,7 +338,9 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
   ProgressPrinter progress;
-  std::unique_ptr<Model> model = load_model(f.model, backend, std::ref(progress));
+  std::unique_ptr<Model> model =
+      attach_speculation_head(f.speculation, load_model(f.model, backend, std::ref(progress)), f.model,
+                              backend);
   if (!f.enforce_eager)
     model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
   if (const std::string summary = model->summary(); !summary.empty())

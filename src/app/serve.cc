@@ -192,7 +192,7 @@ void run_serve(const ServeFlags& f) {
 
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
-  std::unique_ptr<Model> model = load_model(dir, backend);
+  std::unique_ptr<Model> model = attach_speculation_head(f.speculation, load_model(dir, backend), dir, backend);
   if (!f.enforce_eager) model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
   TokenizerBundle tokenizer = load_tokenizer_dir(dir);
   EngineOptions options;

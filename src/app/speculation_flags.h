@@ -3,14 +3,20 @@
 //
 // Contract: add_speculation_flags() registers --speculative-algorithm,
 // --speculative-num-draft-tokens, --speculative-disable-by-batch-size and
-// --speculative-draft-model on `cmd`. apply_speculation_flags() validates
-// them (an unknown algorithm, a draft model without the draft algorithm or
-// the reverse throw basalt::Error naming the flag), sets
-// EngineOptions::speculative for the backend, and loads the draft model on
-// `backend` when the algorithm is "draft" (its one-token chain steps replay
-// CUDA graphs up to `graph_batch` sequences; 0: eager).
+// --speculative-draft-model on `cmd`. attach_speculation_head() loads the
+// EAGLE head (--speculative-draft-model) beside `model` (loaded from
+// `model_dir`, whose embedding and lm_head the head shares) when the algorithm
+// is "eagle" and returns the model with it as its draft head (otherwise
+// `model` as it is); call it before wrapping the model in a GraphedModel,
+// which then graphs the head's steps too. apply_speculation_flags()
+// validates the flags (an unknown algorithm, a draft directory without the
+// draft or eagle algorithm or the reverse throw basalt::Error naming the
+// flag), sets EngineOptions::speculative for the backend, and loads the
+// draft model on `backend` when the algorithm is "draft" (its one-token
+// chain steps replay CUDA graphs up to `graph_batch` sequences; 0: eager).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -28,6 +34,8 @@ struct SpeculationFlags {
 };
 
 void add_speculation_flags(CLI::App& cmd, SpeculationFlags& flags);
+std::unique_ptr<Model> attach_speculation_head(const SpeculationFlags& flags, std::unique_ptr<Model> model,
+                                               const std::string& model_dir, Backend& backend);
 void apply_speculation_flags(const SpeculationFlags& flags, Backend& backend, EngineOptions& options,
                              int graph_batch);
 

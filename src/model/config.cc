@@ -306,6 +306,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& label) {
   }
 
   parse_sizes(f, label, c);
+  c.eagle_head = f.boolean_or("basalt_eagle_head", false);
   BASALT_CHECK(c.num_heads % c.num_kv_heads == 0,
                "{}: num_attention_heads ({}) is not a multiple of num_key_value_heads ({})", label,
                c.num_heads, c.num_kv_heads);

@@ -109,6 +109,10 @@ struct ModelConfig {
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;
 
+  // config.json's "basalt_eagle_head": the directory is an EAGLE-style draft
+  // head (model/eagle_head.h) in the Llama layout, not a model to serve.
+  bool eagle_head = false;
+
   static ModelConfig load(const std::string& dir);
   // label names the source in error messages (usually the file path).
   static ModelConfig from_json(const nlohmann::json& json, const std::string& label);

@@ -343,7 +343,8 @@ TEST(CudaDeepseekGraphs, ReplayedDecodeStepsMatchDirectOnes) {
 // time (batch 1, so no padding), the verification steps and the head's
 // passes (over the step's rows, and chained) replay graphs, and they
 // compute what the direct launches compute: the same tokens, and the same
-// drafts accepted, request by request.
+// drafts made and accepted, request by request. (The fixture's MTP layer
+// is random: its drafts are rarely accepted.)
 TEST(CudaDeepseekGraphs, MtpHeadStepsReplayAndDraftAsDirectOnes) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = kModels + "deepseek_v3";
@@ -376,16 +377,16 @@ TEST(CudaDeepseekGraphs, MtpHeadStepsReplayAndDraftAsDirectOnes) {
       for (const EngineRequest& q : requests) outputs[which].push_back(testing::run_all(engine, {q})[0]);
       EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
     }
-    int64_t accepted = 0;
+    int64_t drafts = 0;
     for (size_t r = 0; r < requests.size(); ++r) {
       const std::string label = "k " + std::to_string(k) + ", request " + std::to_string(r);
       ASSERT_EQ(outputs[1][r].reason, FinishReason::kLength) << label << ": " << outputs[1][r].error;
       EXPECT_EQ(outputs[0][r].output_ids, outputs[1][r].output_ids) << label;
       EXPECT_EQ(outputs[0][r].usage.draft_tokens, outputs[1][r].usage.draft_tokens) << label;
       EXPECT_EQ(outputs[0][r].usage.accepted_tokens, outputs[1][r].usage.accepted_tokens) << label;
-      accepted += outputs[1][r].usage.accepted_tokens;
+      drafts += outputs[1][r].usage.draft_tokens;
     }
-    EXPECT_GT(accepted, 0) << "k " << k;
+    EXPECT_GT(drafts, 0) << "k " << k;
   }
   const GraphStats stats = graph_stats(*graphed);
   EXPECT_GT(stats.head_recordings, 0);

@@ -139,6 +139,9 @@ class DeepseekModelImpl final : public DeepseekModel {
     KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override {
       return model_.allocate(num_slots, dtype, 1);
     }
+    size_t kv_bytes_per_slot(DType dtype) const override {
+      return static_cast<size_t>(model_.latent_width()) * dtype_size(dtype);
+    }
     void forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
                  Tensor* hidden_out) override {
       model_.forward_mtp(batch, hidden, kv, logits, hidden_out);

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/checkpoint.h"
+#include "model/eagle_head.h"
 #include "model/rope.h"
 
 namespace basalt {
@@ -40,16 +41,28 @@ Tensor concat_rows(const std::vector<Tensor>& parts) {
 
 class DenseModel final : public Model {
  public:
-  DenseModel(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend)
+  // `target` (EAGLE heads only, may be null): the checkpoint of the model
+  // the head drafts for, whose embedding and lm_head the head uses where it
+  // stores none of its own.
+  DenseModel(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend, const Checkpoint* target = nullptr)
       : config_(config), backend_(backend) {
     const ModelConfig& c = config_;
     const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
     const int64_t q_out = c.num_heads * D, kv_out = c.num_kv_heads * D;
 
-    embed_tokens_ = weight(ckpt, "model.embed_tokens.weight", {c.vocab_size, H});
+    const std::string embed_name = "model.embed_tokens.weight";
+    const bool shared = c.eagle_head && target != nullptr;
+    embed_tokens_ = weight(shared && !ckpt.has(embed_name) ? *target : ckpt, embed_name, {c.vocab_size, H});
+    if (c.eagle_head) {
+      eagle_fc_ = weight(ckpt, "eagle.fc.weight", {H, 2 * H});
+      eagle_fc_bias_ = bias(ckpt, "eagle.fc.bias", H);
+    }
     final_norm_ = weight(ckpt, "model.norm.weight", {H});
     if (c.tie_word_embeddings) {
       lm_head_ = embed_tokens_;
+    } else if (shared && !ckpt.has("lm_head.weight")) {
+      // The target's lm_head, or its embedding where the two are tied.
+      lm_head_ = weight(*target, target->has("lm_head.weight") ? "lm_head.weight" : embed_name, {c.vocab_size, H});
     } else {
       lm_head_ = weight(ckpt, "lm_head.weight", {c.vocab_size, H});
     }
@@ -118,17 +131,49 @@ class DenseModel final : public Model {
   using Model::forward;
   void forward(const ForwardBatch& host_batch, KvBuffers& kv, Tensor& logits, Tensor* hidden_out) override {
     const ForwardBatch batch = on_backend(host_batch, backend_);
+    const int64_t T = batch.num_tokens();
+    BASALT_CHECK(T > 0, "forward: empty batch");
+    Tensor residual = backend_.empty({T, config_.hidden_size}, DType::kF32);
+    backend_.embedding(batch.token_ids, embed_tokens_, residual);
+    run(batch, residual, kv, logits, hidden_out, /*hidden_before_norm=*/false);
+  }
+
+  // The EAGLE head's step (eagle_head.h): the layers start from
+  // fc([embedding(token), hidden]) and the hidden states handed back are
+  // the last layer's output before the final norm.
+  void forward_eagle(const ForwardBatch& host_batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
+                     Tensor* hidden_out) {
+    BASALT_CHECK(config_.eagle_head, "forward_eagle: not an EAGLE head");
+    const ForwardBatch batch = on_backend(host_batch, backend_);
+    const int64_t T = batch.num_tokens(), H = config_.hidden_size;
+    BASALT_CHECK(T > 0, "forward_eagle: empty batch");
+    BASALT_CHECK(hidden.dtype() == DType::kF32 && hidden.rank() == 2 && hidden.dim(0) == T && hidden.dim(1) == H,
+                 "forward_eagle: hidden must be f32 [{}, {}], got {}", T, H, hidden.describe());
+    Backend& b = backend_;
+    Tensor emb = b.empty({T, H}, DType::kF32), cat = b.empty({T, 2 * H}, DType::kF32);
+    b.embedding(batch.token_ids, embed_tokens_, emb);
+    b.concat_columns(emb, hidden, cat);
+    Tensor residual = b.empty({T, H}, DType::kF32);
+    b.linear(cat, eagle_fc_, &eagle_fc_bias_, residual);
+    run(batch, residual, kv, logits, hidden_out, /*hidden_before_norm=*/true);
+  }
+
+ private:
+  // The decoder layers over `residual` (f32 [T, H], the first layer's
+  // input), the final norm, and lm_head for batch.logit_rows; hidden_out
+  // (optional, f32 [T, H]) gets the final hidden states after the final
+  // norm, or before it when hidden_before_norm.
+  void run(const ForwardBatch& batch, Tensor& residual, KvBuffers& kv, Tensor& logits, Tensor* hidden_out,
+           bool hidden_before_norm) {
     const ModelConfig& c = config_;
     const int64_t T = batch.num_tokens();
     const int64_t H = c.hidden_size, D = c.head_dim;
-    BASALT_CHECK(T > 0, "forward: empty batch");
     BASALT_CHECK(static_cast<int64_t>(kv.k.size()) == c.num_layers, "forward: KV buffers have {} layers, model has {}", kv.k.size(), c.num_layers);
     Backend& b = backend_;
 
     // Activations that only feed linear layers take the backend's activation
     // dtype (bf16 on the GPU); the residual stream, projections and logits are f32.
     const DType act_dtype = b.activation_dtype(layers_[0].gate_up_proj.dtype());
-    Tensor residual = b.empty({T, H}, DType::kF32);
     Tensor hidden = b.empty({T, H}, act_dtype);
     Tensor qkv = b.empty({T, (c.num_heads + 2 * c.num_kv_heads) * D}, DType::kF32);
     Tensor q = b.empty({T, c.num_heads * D}, DType::kF32);
@@ -144,7 +189,6 @@ class DenseModel final : public Model {
                                 static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))), 0};
     const float eps = static_cast<float>(c.rms_norm_eps);
 
-    b.embedding(batch.token_ids, embed_tokens_, residual);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const LayerWeights& w = layers_[static_cast<size_t>(l)];
       Tensor& k_cache = kv.k[static_cast<size_t>(l)];
@@ -170,23 +214,25 @@ class DenseModel final : public Model {
     BASALT_CHECK(logits.rank() == 2 && logits.dim(0) == L && logits.dim(1) == c.vocab_size,
                  "forward: logits must be f32 [{}, {}], got {}", L, c.vocab_size, logits.describe());
     if (hidden_out != nullptr) {
-      // The final hidden states go out in f32; lm_head reads the same rows.
       BASALT_CHECK(hidden_out->dtype() == DType::kF32 && hidden_out->rank() == 2 && hidden_out->dim(0) == T &&
                        hidden_out->dim(1) == H,
                    "forward: hidden must be f32 [{}, {}], got {}", T, H, hidden_out->describe());
+    }
+    if (hidden_out != nullptr && !hidden_before_norm) {
+      // The final hidden states go out in f32; lm_head reads the same rows.
       b.add_rms_norm(residual, block_out, final_norm_, eps, *hidden_out);
       Tensor selected = b.empty({L, H}, DType::kF32);
       b.embedding(batch.logit_rows, *hidden_out, selected);
       b.linear(selected, lm_head_, nullptr, logits);
       return;
     }
-    b.add_rms_norm(residual, block_out, final_norm_, eps, hidden);
+    b.add_rms_norm(residual, block_out, final_norm_, eps, hidden);  // residual now holds the last layer's output
+    if (hidden_out != nullptr) b.copy(residual, *hidden_out);
     Tensor selected = b.empty({L, H}, act_dtype);
     b.embedding(batch.logit_rows, hidden, selected);  // gathers the wanted rows
     b.linear(selected, lm_head_, nullptr, logits);
   }
 
- private:
   static const Tensor* opt(const Tensor& t) { return t.raw() ? &t : nullptr; }
 
   Tensor to_backend(const Tensor& host) {
@@ -212,11 +258,76 @@ class DenseModel final : public Model {
   ModelConfig config_;
   Backend& backend_;
   Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
+  Tensor eagle_fc_, eagle_fc_bias_;  // EAGLE heads only: [H, 2H] and f32 [H]
   float rope_scaling_ = 1.0f;
   std::vector<LayerWeights> layers_;
 };
 
+// The EAGLE head as a DraftHead (eagle_head.h): a one-layer DenseModel
+// whose layers start from the fc projection.
+class EagleHead final : public DraftHead {
+ public:
+  EagleHead(std::unique_ptr<DenseModel> model) : model_(std::move(model)) {}
+  KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override { return model_->allocate_kv(num_slots, dtype); }
+  size_t kv_bytes_per_slot(DType dtype) const override { return model_->kv_bytes_per_slot(dtype); }
+  void forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
+               Tensor* hidden_out) override {
+    model_->forward_eagle(batch, hidden, kv, logits, hidden_out);
+  }
+
+ private:
+  std::unique_ptr<DenseModel> model_;
+};
+
+// A Model whose draft_head() is a head loaded beside it.
+class ModelWithHead final : public Model {
+ public:
+  ModelWithHead(std::unique_ptr<Model> model, std::unique_ptr<DraftHead> head)
+      : model_(std::move(model)), head_(std::move(head)) {}
+  const ModelConfig& config() const override { return model_->config(); }
+  KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override { return model_->allocate_kv(num_slots, dtype); }
+  size_t kv_bytes_per_slot(DType dtype) const override { return model_->kv_bytes_per_slot(dtype); }
+  using Model::forward;
+  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override {
+    model_->forward(batch, kv, logits, hidden);
+  }
+  DraftHead* draft_head() override { return head_.get(); }
+  void prepare(KvBuffers& kv) override { model_->prepare(kv); }
+  std::string summary() const override { return model_->summary(); }
+
+ private:
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<DraftHead> head_;
+};
+
 }  // namespace
+
+std::unique_ptr<DraftHead> load_eagle_head(const std::string& dir, Backend& backend, const std::string& target_dir) {
+  const ModelConfig config = ModelConfig::load(dir);
+  const ModelConfig target = ModelConfig::load(target_dir);
+  BASALT_CHECK(config.eagle_head, "{}: not an EAGLE draft head (config.json has no \"basalt_eagle_head\": true)",
+               dir);
+  BASALT_CHECK(config.architecture == Architecture::kLlama, "{}: an EAGLE head has the llama layout, not '{}'", dir,
+               config.model_type);
+  BASALT_CHECK(config.num_layers >= 1, "{}: an EAGLE head needs at least one layer", dir);
+  BASALT_CHECK(config.hidden_size == target.hidden_size,
+               "{}: the head's hidden_size ({}) differs from the model's ({})", dir, config.hidden_size,
+               target.hidden_size);
+  BASALT_CHECK(config.vocab_size == target.vocab_size,
+               "{}: the head's vocab_size ({}) differs from the model's ({})", dir, config.vocab_size,
+               target.vocab_size);
+  Checkpoint checkpoint = Checkpoint::open(dir);
+  const Checkpoint target_checkpoint = Checkpoint::open(target_dir);
+  auto model = std::make_unique<DenseModel>(config, checkpoint, backend, &target_checkpoint);
+  const std::vector<std::string> unused = checkpoint.unused();
+  BASALT_CHECK(unused.empty(), "{}: {} tensor(s) of the head are not used (first: '{}')", dir, unused.size(),
+               unused.empty() ? std::string() : unused[0]);
+  return std::make_unique<EagleHead>(std::move(model));
+}
+
+std::unique_ptr<Model> with_draft_head(std::unique_ptr<Model> model, std::unique_ptr<DraftHead> head) {
+  return std::make_unique<ModelWithHead>(std::move(model), std::move(head));
+}
 
 std::unique_ptr<Model> load_dense_model(const ModelConfig& config, const Checkpoint& checkpoint,
                                         Backend& backend) {

@@ -16,6 +16,7 @@
 // the model's thread.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/tensor.h"
@@ -30,6 +31,8 @@ class DraftHead {
   virtual ~DraftHead() = default;
   // KV storage for num_slots token slots of the head's own layers.
   virtual KvBuffers allocate_kv(int64_t num_slots, DType dtype = DType::kF32) const = 0;
+  // Bytes of that storage per token slot.
+  virtual size_t kv_bytes_per_slot(DType dtype) const = 0;
   virtual void forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
                        Tensor* hidden_out = nullptr) = 0;
 };

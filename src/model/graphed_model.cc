@@ -219,6 +219,7 @@ class GraphedHead final : public DraftHead {
         hidden_size_(hidden_size), vocab_(vocab) {}
 
   KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override { return head_.allocate_kv(num_slots, dtype); }
+  size_t kv_bytes_per_slot(DType dtype) const override { return head_.kv_bytes_per_slot(dtype); }
 
   void forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
                Tensor* hidden_out) override {

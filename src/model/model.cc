@@ -73,6 +73,9 @@ void check_every_tensor_used(const ModelConfig& config, const Checkpoint& checkp
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
                                   const LoadProgress& progress) {
   const ModelConfig config = ModelConfig::load(dir);
+  BASALT_CHECK(!config.eagle_head,
+               "{}: this is an EAGLE draft head, not a model (use it with --speculative-algorithm eagle "
+               "--speculative-draft-model DIR)", dir);
   Checkpoint checkpoint = Checkpoint::open(dir);
   std::unique_ptr<Model> model;
   switch (config.architecture) {

@@ -26,7 +26,7 @@ double thread_cpu_seconds() {
 }
 
 // The pool's size in slots: whole pages.
-int64_t pool_slots(const Model& model, const EngineOptions& o) {
+int64_t pool_slots(Model& model, const EngineOptions& o) {
   const int64_t page = o.page_size;
   BASALT_CHECK(page >= 1, "page_size must be >= 1, got {}", page);
   if (o.kv_slots > 0) {
@@ -34,8 +34,11 @@ int64_t pool_slots(const Model& model, const EngineOptions& o) {
     return o.kv_slots - o.kv_slots % page;
   }
   const size_t budget = o.kv_budget_bytes ? o.kv_budget_bytes : KvPool::host_memory_budget(0.1);
-  const size_t per_slot =
-      model.kv_bytes_per_slot(o.kv_dtype) + (o.draft_model ? o.draft_model->kv_bytes_per_slot(o.kv_dtype) : 0);
+  // The draft model's KV and the draft head's sit slot for slot beside the model's.
+  const DraftHead* head = drafts_with_head(o.speculative.algorithm) ? model.draft_head() : nullptr;
+  const size_t per_slot = model.kv_bytes_per_slot(o.kv_dtype) +
+                          (o.draft_model ? o.draft_model->kv_bytes_per_slot(o.kv_dtype) : 0) +
+                          (head != nullptr ? head->kv_bytes_per_slot(o.kv_dtype) : 0);
   const int64_t from_budget = KvPool::slots_for_budget(per_slot, budget, o.page_size);
   const int64_t cap = static_cast<int64_t>(o.max_running) * model.config().max_position_embeddings;
   const int64_t cap_pages = (std::max<int64_t>(cap, 1) + page - 1) / page * page;
@@ -94,6 +97,8 @@ struct Engine::Parts {
         pipeline(runner, options.overlap && !options.speculative.enabled()) {
     BASALT_CHECK(options.speculative.algorithm != SpeculativeAlgorithm::kMtp || model.draft_head() != nullptr,
                  "speculative decoding with mtp: the model has no multi-token-prediction layer");
+    BASALT_CHECK(options.speculative.algorithm != SpeculativeAlgorithm::kEagle || model.draft_head() != nullptr,
+                 "speculative decoding with eagle: no EAGLE head was loaded beside the model");
     BASALT_CHECK(options.speculative.algorithm != SpeculativeAlgorithm::kDraft || options.draft_model != nullptr,
                  "speculative decoding with a draft model: no draft model was given (--speculative-draft-model)");
     snapshot = scheduler.metrics();

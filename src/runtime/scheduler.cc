@@ -525,7 +525,7 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
   plan->logit_rows.reserve(batch.size());
   plan->rows.reserve(batch.size());
   plan->sampled.reserve(batch.size());
-  plan->capture_hidden = options_.speculative.algorithm == SpeculativeAlgorithm::kMtp;
+  plan->capture_hidden = drafts_with_head(options_.speculative.algorithm);
   plan->draft_chain = std::max(1, options_.speculative.num_draft_tokens);
   plan->run_draft_model = options_.speculative.algorithm == SpeculativeAlgorithm::kDraft;
   bool any_prefill = false, any_decode = false, any_drafts = false;
@@ -631,7 +631,7 @@ bool Scheduler::propose_drafts(Request& r) {
     if (r.drafts_forced) return true;
   }
   if (!spec.enabled()) return false;
-  if (spec.algorithm == SpeculativeAlgorithm::kMtp || spec.algorithm == SpeculativeAlgorithm::kDraft) {
+  if (drafts_with_head(spec.algorithm) || spec.algorithm == SpeculativeAlgorithm::kDraft) {
     const size_t n = std::min({r.proposal.size(), static_cast<size_t>(room),
                                static_cast<size_t>(spec.num_draft_tokens)});
     r.drafts.assign(r.proposal.begin(), r.proposal.begin() + static_cast<std::ptrdiff_t>(n));

@@ -10,8 +10,9 @@ SpeculativeAlgorithm parse_speculative_algorithm(std::string_view name) {
   if (name == "none") return SpeculativeAlgorithm::kNone;
   if (name == "ngram" || name == "prompt_lookup") return SpeculativeAlgorithm::kNgram;
   if (name == "mtp" || name == "deepseek_mtp") return SpeculativeAlgorithm::kMtp;
+  if (name == "eagle") return SpeculativeAlgorithm::kEagle;
   if (name == "draft" || name == "draft_model" || name == "standalone") return SpeculativeAlgorithm::kDraft;
-  throw Error(fmt::format("unknown speculative algorithm \"{}\" (known: mtp, ngram, draft, none)", name));
+  throw Error(fmt::format("unknown speculative algorithm \"{}\" (known: mtp, eagle, ngram, draft, none)", name));
 }
 
 std::string_view to_string(SpeculativeAlgorithm algorithm) {
@@ -19,6 +20,7 @@ std::string_view to_string(SpeculativeAlgorithm algorithm) {
     case SpeculativeAlgorithm::kNone: return "none";
     case SpeculativeAlgorithm::kNgram: return "ngram";
     case SpeculativeAlgorithm::kMtp: return "mtp";
+    case SpeculativeAlgorithm::kEagle: return "eagle";
     case SpeculativeAlgorithm::kDraft: return "draft";
   }
   return "?";

@@ -49,6 +49,10 @@ enum class SpeculativeAlgorithm : uint8_t {
   // for k > 1 it runs again on its own hidden state and that draft, and so
   // on (a chain, as vLLM and SGLang run one MTP layer for several tokens).
   kMtp,
+  // An EAGLE-style head trained on the target's hidden states
+  // (model/eagle_head.h, loaded beside the model as its draft head): it
+  // drafts exactly as kMtp does.
+  kEagle,
   // A separate small model with the target's vocabulary
   // (EngineOptions::draft_model; models/basalt-draft beside the bundled
   // model): after each step it reads the tokens the step kept, with its own
@@ -57,12 +61,17 @@ enum class SpeculativeAlgorithm : uint8_t {
   kDraft,
 };
 
-// "mtp" (also "deepseek_mtp", vLLM's name), "ngram" (also "prompt_lookup",
+// "mtp" (also "deepseek_mtp", vLLM's name), "eagle", "ngram" (also "prompt_lookup",
 // vLLM's older name), "draft" (also "draft_model", vLLM's, and "standalone",
 // SGLang's), "none"; throws
 // basalt::Error for another name, listing these.
 SpeculativeAlgorithm parse_speculative_algorithm(std::string_view name);
 std::string_view to_string(SpeculativeAlgorithm algorithm);
+// Whether the algorithm drafts with the model's draft head (Model::draft_head:
+// MTP's layer or an EAGLE head), which reads the target's hidden states.
+inline bool drafts_with_head(SpeculativeAlgorithm algorithm) {
+  return algorithm == SpeculativeAlgorithm::kMtp || algorithm == SpeculativeAlgorithm::kEagle;
+}
 
 struct SpeculativeOptions {
   SpeculativeAlgorithm algorithm = SpeculativeAlgorithm::kNone;
