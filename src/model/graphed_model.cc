@@ -57,10 +57,15 @@ class Recorder {
     if (unsupported_) return false;
     const int64_t t = batch.num_tokens();
     if (t < 1 || t > options_.max_batch) return false;
-    const Tensor* host[] = {&batch.token_ids, &batch.positions, &batch.out_slots, &batch.logit_rows,
-                            &batch.attention.q_start, &batch.attention.kv_start, &batch.attention.kv_slots};
+    const Tensor* host[] = {&batch.positions, &batch.out_slots, &batch.logit_rows, &batch.attention.q_start,
+                            &batch.attention.kv_start, &batch.attention.kv_slots};
     for (const Tensor* h : host)
       if (h->device() != Device::kCpu || h->dtype() != DType::kI32) return false;
+    // The token ids may already be on the device (a draft head's chain
+    // reads the drafts it just made there); they are copied in after the rest.
+    if (batch.token_ids.dtype() != DType::kI32 || batch.token_ids.numel() != t ||
+        (batch.token_ids.device() != Device::kCpu && batch.token_ids.device() != backend_.device()))
+      return false;
     const int64_t seqs = batch.attention.q_start.numel() - 1;
     if (seqs < 1 || batch.attention.kv_start.numel() != seqs + 1 || t % seqs != 0 ||
         t / seqs > kMaxRowsPerSequence)
@@ -104,7 +109,8 @@ class Recorder {
     const auto put = [&](int64_t offset, const Tensor& src, int64_t n) {
       std::copy_n(src.data<const int32_t>(), n, s + offset);
     };
-    put(off_ids(), batch.token_ids, t);
+    const bool ids_on_host = batch.token_ids.device() == Device::kCpu;
+    if (ids_on_host) put(off_ids(), batch.token_ids, t);
     put(off_positions(), batch.positions, t);
     put(off_out_slots(), batch.out_slots, t);
     put(off_logit_rows(), batch.logit_rows, batch.logit_rows.numel());
@@ -112,6 +118,7 @@ class Recorder {
     put(off_kv_start(), batch.attention.kv_start, seqs + 1);
     const int64_t kv_used = batch.attention.kv_slots.numel();
     put(off_kv_slots(), batch.attention.kv_slots, kv_used);
+    if (!ids_on_host) std::fill_n(s + off_ids(), t, 0);
     for (int64_t i = t; i < int64_t{size} * rows; ++i) {  // padding rows: no keys, written nowhere
       s[off_ids() + i] = 0;
       s[off_positions() + i] = 0;
@@ -127,6 +134,10 @@ class Recorder {
     const Tensor src = staging_.rows(0, n);
     Tensor dst = inputs_.rows(0, n);
     backend_.copy(src, dst);
+    if (!ids_on_host) {  // the real rows' ids over the staged ones (the padding rows' stay 0)
+      Tensor ids = inputs_.rows(off_ids(), t);
+      backend_.copy(batch.token_ids, ids);
+    }
   }
 
   // The static inputs as the batch of `shape`.

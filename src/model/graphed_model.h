@@ -12,8 +12,10 @@
 //    0, R, 2R, ..., T, the logits of every row wanted in order (logit_rows
 //    = 0..T-1), T <= max_batch once padded, and kv_slots that fit the static
 //    buffer; with or without the final hidden states (a draft head reads
-//    them). Any other batch (prefill, extend, drafts of different lengths,
-//    device tensors) runs the wrapped model directly.
+//    them). The token ids may be on the device instead (copied into the
+//    static inputs there). Any other batch (prefill, extend, drafts of
+//    different lengths, other device tensors) runs the wrapped model
+//    directly.
 //  * draft_head() is the wrapped model's draft head (null when it has none),
 //    wrapped the same way: a head step takes the recorded path under the
 //    same conditions except that it wants one logits row per sequence,

@@ -357,43 +357,51 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
                            : static_cast<int>(std::clamp<int64_t>(kHeadScratchSlots / S + 1, 1, plan.draft_chain));
   Tensor head_hidden = chain > 1 ? backend_.empty({N, H}, DType::kF32) : Tensor();
   head.forward(hb, kept_hidden, head_kv_, head_logits, chain > 1 ? &head_hidden : nullptr);
-  const auto draft = [&](const Tensor& logits, int64_t rows) {
-    Tensor best = backend_.empty({rows}, DType::kI32);
-    backend_.argmax(logits, best);
-    Tensor host_best = Tensor::empty({rows}, DType::kI32);
-    backend_.copy(best, host_best);
-    for (int64_t j = 0; j < S; ++j)
-      result.proposals[proposal_rows[static_cast<size_t>(j)]].push_back(host_best.data<const int32_t>()[j]);
-  };
-  draft(head_logits, L);
-  if (S == 0 || chain <= 1) return;
-  // The head's own hidden states at the sequences' last kept rows.
-  Tensor last_rows = backend_.empty({S}, DType::kI32);
-  backend_.copy(i32_tensor(std::vector<int32_t>(logit_rows.begin(), logit_rows.begin() + S)), last_rows);
-  Tensor chained_hidden = backend_.empty({S, H}, DType::kF32);
-  backend_.embedding(last_rows, head_hidden, chained_hidden);
-  Tensor chained_logits = backend_.empty({S, vocab_}, DType::kF32);
-  Tensor next_hidden = backend_.empty({S, H}, DType::kF32);
-  for (int step = 1; step < chain; ++step) {
-    std::vector<int32_t> c_ids, c_positions, c_out_slots, c_q{0}, c_kv_start{0}, c_kv_slots, c_rows;
-    for (int64_t j = 0; j < S; ++j) {
-      const auto sj = static_cast<size_t>(j);
-      c_ids.push_back(result.proposals[proposal_rows[sj]].back());
-      c_positions.push_back(next_position[sj] + step - 1);
-      const auto scratch = [&](int d) { return static_cast<int32_t>(kv_slots_ + j * (chain - 1) + d); };
-      c_out_slots.push_back(scratch(step - 1));
-      c_kv_slots.insert(c_kv_slots.end(), kv_slots.begin() + static_cast<std::ptrdiff_t>(context[sj].first),
-                        kv_slots.begin() + static_cast<std::ptrdiff_t>(context[sj].second));
-      for (int d = 0; d < step; ++d) c_kv_slots.push_back(scratch(d));
-      c_q.push_back(static_cast<int32_t>(j + 1));
-      c_kv_start.push_back(static_cast<int32_t>(c_kv_slots.size()));
-      c_rows.push_back(static_cast<int32_t>(j));
+  if (S == 0) return;
+  // Each draft stays on the device, where the next chained pass reads it;
+  // all of them come to the host together at the end (one wait per step,
+  // not one per draft).
+  Tensor drafts = backend_.empty({chain * S}, DType::kI32);
+  Tensor first_drafts = drafts.rows(0, S);
+  backend_.argmax(head_logits, first_drafts);
+  if (chain > 1) {
+    // The head's own hidden states at the sequences' last kept rows.
+    Tensor last_rows = backend_.empty({S}, DType::kI32);
+    backend_.copy(i32_tensor(std::vector<int32_t>(logit_rows.begin(), logit_rows.begin() + S)), last_rows);
+    Tensor chained_hidden = backend_.empty({S, H}, DType::kF32);
+    backend_.embedding(last_rows, head_hidden, chained_hidden);
+    Tensor chained_logits = backend_.empty({S, vocab_}, DType::kF32);
+    Tensor next_hidden = backend_.empty({S, H}, DType::kF32);
+    const std::vector<int32_t> unknown_ids(static_cast<size_t>(S), 0);  // replaced by the device's drafts
+    for (int step = 1; step < chain; ++step) {
+      std::vector<int32_t> c_positions, c_out_slots, c_q{0}, c_kv_start{0}, c_kv_slots, c_rows;
+      for (int64_t j = 0; j < S; ++j) {
+        const auto sj = static_cast<size_t>(j);
+        c_positions.push_back(next_position[sj] + step - 1);
+        const auto scratch = [&](int d) { return static_cast<int32_t>(kv_slots_ + j * (chain - 1) + d); };
+        c_out_slots.push_back(scratch(step - 1));
+        c_kv_slots.insert(c_kv_slots.end(), kv_slots.begin() + static_cast<std::ptrdiff_t>(context[sj].first),
+                          kv_slots.begin() + static_cast<std::ptrdiff_t>(context[sj].second));
+        for (int d = 0; d < step; ++d) c_kv_slots.push_back(scratch(d));
+        c_q.push_back(static_cast<int32_t>(j + 1));
+        c_kv_start.push_back(static_cast<int32_t>(c_kv_slots.size()));
+        c_rows.push_back(static_cast<int32_t>(j));
+      }
+      ForwardBatch cb =
+          host_forward_batch(unknown_ids, c_positions, c_out_slots, c_q, c_kv_start, c_kv_slots, c_rows);
+      cb.token_ids = drafts.rows((step - 1) * S, S);
+      head.forward(cb, chained_hidden, head_kv_, chained_logits, step + 1 < chain ? &next_hidden : nullptr);
+      Tensor step_drafts = drafts.rows(step * S, S);
+      backend_.argmax(chained_logits, step_drafts);
+      std::swap(chained_hidden, next_hidden);
     }
-    const ForwardBatch cb = host_forward_batch(c_ids, c_positions, c_out_slots, c_q, c_kv_start, c_kv_slots, c_rows);
-    head.forward(cb, chained_hidden, head_kv_, chained_logits, step + 1 < chain ? &next_hidden : nullptr);
-    draft(chained_logits, S);
-    std::swap(chained_hidden, next_hidden);
   }
+  Tensor host_drafts = Tensor::empty({chain * S}, DType::kI32);
+  backend_.copy(drafts, host_drafts);
+  for (int step = 0; step < chain; ++step)
+    for (int64_t j = 0; j < S; ++j)
+      result.proposals[proposal_rows[static_cast<size_t>(j)]].push_back(
+          host_drafts.data<const int32_t>()[step * S + j]);
 }
 
 // The draft model reads, per sequence, the tokens the step kept at their own
