@@ -396,12 +396,7 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
       std::swap(chained_hidden, next_hidden);
     }
   }
-  Tensor host_drafts = Tensor::empty({chain * S}, DType::kI32);
-  backend_.copy(drafts, host_drafts);
-  for (int step = 0; step < chain; ++step)
-    for (int64_t j = 0; j < S; ++j)
-      result.proposals[proposal_rows[static_cast<size_t>(j)]].push_back(
-          host_drafts.data<const int32_t>()[step * S + j]);
+  hand_out_drafts(drafts, chain, proposal_rows, result);
 }
 
 // The draft model reads, per sequence, the tokens the step kept at their own
@@ -465,23 +460,18 @@ void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result)
   ForwardBatch fb = host_forward_batch(ids, positions, out_slots, q_start, kv_start, kv_slots, logit_rows);
   fb.mode = ForwardMode::kDraft;
   draft.forward(fb, draft_kv_, logits);
-  const auto take_drafts = [&](const Tensor& rows_logits, int64_t rows) {
-    Tensor best = backend_.empty({rows}, DType::kI32);
-    backend_.argmax(rows_logits, best);
-    Tensor host_best = Tensor::empty({rows}, DType::kI32);
-    backend_.copy(best, host_best);
-    for (size_t j = 0; j < proposal_rows.size(); ++j)
-      result.proposals[proposal_rows[j]].push_back(host_best.data<const int32_t>()[j]);
-  };
   if (proposal_rows.empty()) return;
-  take_drafts(logits, static_cast<int64_t>(logit_rows.size()));
   const auto P = static_cast<int64_t>(proposal_rows.size());
+  // As the head's chain: drafts stay on the device until the last.
+  Tensor drafts = backend_.empty({chain * P}, DType::kI32);
+  Tensor first_drafts = drafts.rows(0, P);
+  backend_.argmax(logits, first_drafts);
   Tensor chained_logits = backend_.empty({P, draft_vocab}, DType::kF32);
+  const std::vector<int32_t> unknown_ids(static_cast<size_t>(P), 0);  // replaced by the device's drafts
   for (int step = 1; step < chain; ++step) {
-    std::vector<int32_t> c_ids, c_positions, c_out_slots, c_q{0}, c_kv_start{0}, c_kv_slots, c_rows;
+    std::vector<int32_t> c_positions, c_out_slots, c_q{0}, c_kv_start{0}, c_kv_slots, c_rows;
     for (size_t j = 0; j < proposal_rows.size(); ++j) {
       const auto jj = static_cast<int64_t>(j);
-      c_ids.push_back(result.proposals[proposal_rows[j]].back());
       c_positions.push_back(sampled_position[j] + step);
       c_out_slots.push_back(scratch(jj, step));
       c_kv_slots.insert(c_kv_slots.end(), kv_slots.begin() + static_cast<std::ptrdiff_t>(context[j].first),
@@ -491,11 +481,27 @@ void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result)
       c_kv_start.push_back(static_cast<int32_t>(c_kv_slots.size()));
       c_rows.push_back(static_cast<int32_t>(j));
     }
-    ForwardBatch cb = host_forward_batch(c_ids, c_positions, c_out_slots, c_q, c_kv_start, c_kv_slots, c_rows);
+    ForwardBatch cb =
+        host_forward_batch(unknown_ids, c_positions, c_out_slots, c_q, c_kv_start, c_kv_slots, c_rows);
+    cb.token_ids = drafts.rows((step - 1) * P, P);
     cb.mode = ForwardMode::kDraft;
     draft.forward(cb, draft_kv_, chained_logits);
-    take_drafts(chained_logits, P);
+    Tensor step_drafts = drafts.rows(step * P, P);
+    backend_.argmax(chained_logits, step_drafts);
   }
+  hand_out_drafts(drafts, chain, proposal_rows, result);
+}
+
+// Copies a step's drafts ([chain, sequences] on the device, chain-major) to
+// the host and appends each sequence's to its group's proposals.
+void LocalModelRunner::hand_out_drafts(const Tensor& drafts, int chain, const std::vector<size_t>& proposal_rows,
+                                       StepResult& result) {
+  const auto S = static_cast<int64_t>(proposal_rows.size());
+  Tensor host = Tensor::empty({chain * S}, DType::kI32);
+  backend_.copy(drafts, host);
+  for (int step = 0; step < chain; ++step)
+    for (int64_t j = 0; j < S; ++j)
+      result.proposals[proposal_rows[static_cast<size_t>(j)]].push_back(host.data<const int32_t>()[step * S + j]);
 }
 
 // --- StepPipeline -----------------------------------------------------------------

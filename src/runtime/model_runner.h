@@ -51,6 +51,8 @@ class LocalModelRunner : public ModelRunner {
   void run_draft_head(const StepPlan& plan, const Tensor& hidden, StepResult& result);
   // The draft model's pass after sampling (StepPlan::run_draft_model).
   void run_draft_model(const StepPlan& plan, StepResult& result);
+  void hand_out_drafts(const Tensor& drafts, int chain, const std::vector<size_t>& proposal_rows,
+                       StepResult& result);
 
   Model& model_;
   Backend& backend_;
