@@ -161,6 +161,10 @@ struct Request {
   std::vector<int32_t> drafts;
   bool drafts_forced = false;  // the drafts are text its grammar forces (jump-forward)
   std::vector<int32_t> proposal;  // the draft head's or draft model's tokens for after the last known one
+  // A step ran for it while the batch was too large to draft, without the
+  // draft head's or draft model's pass: their KV misses its tokens from
+  // there, so it drafts from them no more (n-gram and forced text still do).
+  bool draft_kv_stale = false;
   int draft_cap = kMaxDrafts;  // the most drafts its next step may carry (SpeculativeOptions::adaptive_from_batch)
   // The latest launched step's length and id.
   int64_t inflight_len = 0;

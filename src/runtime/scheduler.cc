@@ -525,9 +525,20 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
   plan->logit_rows.reserve(batch.size());
   plan->rows.reserve(batch.size());
   plan->sampled.reserve(batch.size());
-  plan->capture_hidden = drafts_with_head(options_.speculative.algorithm);
+  // Past the off-switch the draft head's and draft model's passes are left
+  // out too (they are most of what speculation costs a step that drafts
+  // nothing); the batch's requests then draft from them no more.
+  const SpeculativeAlgorithm algorithm = options_.speculative.algorithm;
+  const bool drafter = drafts_with_head(algorithm) || algorithm == SpeculativeAlgorithm::kDraft;
+  const bool drafter_runs = drafter && !drafting_off();
+  plan->capture_hidden = drafter_runs && drafts_with_head(algorithm);
   plan->draft_chain = std::max(1, options_.speculative.num_draft_tokens);
-  plan->run_draft_model = options_.speculative.algorithm == SpeculativeAlgorithm::kDraft;
+  plan->run_draft_model = drafter_runs && algorithm == SpeculativeAlgorithm::kDraft;
+  if (drafter && !drafter_runs)
+    for (Request* r : batch) {
+      r->draft_kv_stale = true;
+      r->proposal.clear();
+    }
   bool any_prefill = false, any_decode = false, any_drafts = false;
   for (size_t b = 0; b < batch.size(); ++b) {
     Request* r = batch[b];
@@ -632,6 +643,7 @@ bool Scheduler::propose_drafts(Request& r) {
   }
   if (!spec.enabled()) return false;
   if (drafts_with_head(spec.algorithm) || spec.algorithm == SpeculativeAlgorithm::kDraft) {
+    if (r.draft_kv_stale) return false;
     const size_t n = std::min({r.proposal.size(), static_cast<size_t>(room),
                                static_cast<size_t>(spec.num_draft_tokens)});
     r.drafts.assign(r.proposal.begin(), r.proposal.begin() + static_cast<std::ptrdiff_t>(n));
