@@ -4,7 +4,8 @@
 // --k, with the model's MTP layer drafting (chained, each --k) where it has
 // one, and with a draft model (--draft-model; models/basalt-draft for the
 // bundled model) drafting each --k, and with an EAGLE head (--eagle DIR,
-// tools/train/train_eagle.py) drafting each --k, alternated, best of --repeats; the outputs must be equal token for
+// tools/train/train_eagle.py; models/basalt-mini-eagle for the bundled
+// model) drafting each --k, alternated, best of --repeats; the outputs must be equal token for
 // token (the program fails otherwise on the CPU; on a GPU it says from
 // which token they differ). Reported: output tokens/s and the
 // ratio to plain decoding; engine steps; the drafts' acceptance; the ideal
@@ -132,6 +133,8 @@ int main(int argc, char** argv) {
   if (!eager && backend.can_record()) model = make_graphed_model(std::move(model), backend, {.max_batch = 8});
   if (draft_dir.empty() && dir == std::string(BASALT_SOURCE_DIR) + "/models/basalt-mini")
     draft_dir = std::string(BASALT_SOURCE_DIR) + "/models/basalt-draft";
+  if (eagle_dir.empty() && dir == std::string(BASALT_SOURCE_DIR) + "/models/basalt-mini")
+    eagle_dir = std::string(BASALT_SOURCE_DIR) + "/models/basalt-mini-eagle";
   std::shared_ptr<Model> draft;
   if (!draft_dir.empty()) {
     std::unique_ptr<Model> loaded = load_model(draft_dir, backend);

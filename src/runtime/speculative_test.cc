@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "grammar/structured_output.h"
+#include "model/eagle_head.h"
 #include "runtime/grammar_constraint.h"
 #include "testing/engine_mode_test_util.h"
 #include "testing/engine_test_util.h"
@@ -361,6 +362,35 @@ TEST_P(Speculative, MtpDraftsGiveThePlainTokens) {
   }
 }
 
+// The bundled EAGLE head (models/basalt-mini-eagle, trained on the bundled
+// model's own text) drafts in place of the MTP layer: plain decoding's
+// tokens, greedy and sampled, alone and chained; greedy, its drafts are
+// accepted and the steps fall.
+TEST_P(Speculative, BundledEagleHeadGivesThePlainTokens) {
+  const std::string dir = BASALT_MODEL_DIR;
+  Fixture f(dir);
+  f.model = with_draft_head(std::move(f.model), load_eagle_head(dir + "-eagle", f.backend, dir));
+  for (const float temperature : {0.0f, 1.0f}) {
+    const SpecRun plain = run_chunked(f, temperature);
+    for (int k = 1; k <= 3; k += 2) {
+      const SpecRun eagle = run_chunked(f, temperature, speculative_options("eagle", k));
+      expect_same_outputs(plain, eagle);
+      EXPECT_GT(eagle.metrics.draft_tokens, 0u);
+      if (temperature == 0.0f) {
+        // These prompts are random ids repeated, not the text it learned
+        // from: a quarter accepted is the bar the MTP test sets too.
+        EXPECT_GT(eagle.metrics.accepted_draft_tokens * 4, eagle.metrics.draft_tokens)
+            << "k " << k << ": " << eagle.metrics.accepted_draft_tokens << " of " << eagle.metrics.draft_tokens;
+        // (At k = 3 the step budget of 7 tokens splits several requests'
+        // drafts over more steps: no measure there.)
+        if (k == 1) {
+          EXPECT_LT(eagle.metrics.steps, plain.metrics.steps);
+        }
+      }
+    }
+  }
+}
+
 // A separate draft model: it reads each step's kept tokens with its own KV
 // beside the target's and drafts greedily from the token just sampled.
 // Outputs are plain decoding's, greedy and sampled, prompts in chunks,
@@ -457,6 +487,45 @@ TEST_P(Speculative, NoDraftsInABatchAtTheOffSwitch) {
   SpeculativeOptions bad = speculative_options("ngram", 4);
   bad.disable_from_batch = -1;
   EXPECT_THROW(bad.validate(), Error);
+}
+
+// At the off-switch the draft head's and draft model's passes are left out
+// too, and the requests of such a batch draft from them no more (their KV
+// misses those tokens); a request that runs alone afterwards drafts again.
+// The tokens are plain decoding's throughout.
+TEST_P(Speculative, DraftPassesStopAtTheOffSwitch) {
+  for (const char* algorithm : {"mtp", "draft"}) {
+    SCOPED_TRACE(algorithm);
+    Fixture f(std::string(algorithm) == "mtp" ? kDeepSeek : kLlama);
+    const auto run_engine = [&](bool speculate) {
+      EngineOptions o = engine_options(false, 0);
+      if (speculate) {
+        o.speculative = speculative_options(algorithm, 2);
+        o.speculative.disable_from_batch = 3;
+        if (std::string(algorithm) == "draft") o.draft_model = load_model(kLlama, f.backend);
+      }
+      Engine engine(*f.model, f.backend, nullptr, o);
+      // Three together: the batch is at the off-switch from the first step.
+      std::vector<RequestHandle> handles;
+      int i = 0;
+      for (const std::vector<int32_t>& prompt : looping_prompts()) {
+        if (i++ == 3) break;
+        handles.push_back(engine.submit(request(prompt, greedy(16))));
+      }
+      const SpecRun together = finish(engine, handles);
+      // Then one alone.
+      std::vector<RequestHandle> alone = {engine.submit(request(looping_prompts()[3], greedy(16)))};
+      const uint64_t drafted_together = engine.metrics().draft_tokens;
+      const SpecRun single = finish(engine, alone);
+      return std::tuple{together, drafted_together, single};
+    };
+    const auto [plain_together, plain_drafts, plain_single] = run_engine(false);
+    const auto [together, drafted_together, single] = run_engine(true);
+    expect_same_outputs(plain_together, together);
+    expect_same_outputs(plain_single, single);
+    EXPECT_EQ(drafted_together, 0u);
+    EXPECT_GT(single.metrics.draft_tokens, 0u);
+  }
 }
 
 // Adaptive length: after a rejection at draft a a request drafts a + 1,
