@@ -66,6 +66,30 @@ std::vector<KeptSequence> kept_sequences(const StepPlan& plan, const StepResult&
   return out;
 }
 
+// The batch of one chained draft pass: per drafting sequence j one token
+// (`ids`, on the device: the drafts just made) at positions[j], reading the
+// sequence's context (context[j], a range of kv_slots) and then `reads`
+// scratch slots from scratch_base[j], the last of which it writes.
+ForwardBatch chain_batch(const Tensor& ids, const std::vector<int32_t>& positions, const std::vector<int32_t>& kv_slots,
+                         const std::vector<std::pair<size_t, size_t>>& context,
+                         const std::vector<int32_t>& scratch_base, int reads) {
+  const size_t S = positions.size();
+  std::vector<int32_t> out_slots, q_start{0}, kv_start{0}, slots, rows;
+  for (size_t j = 0; j < S; ++j) {
+    out_slots.push_back(scratch_base[j] + reads - 1);
+    slots.insert(slots.end(), kv_slots.begin() + static_cast<std::ptrdiff_t>(context[j].first),
+                 kv_slots.begin() + static_cast<std::ptrdiff_t>(context[j].second));
+    for (int d = 0; d < reads; ++d) slots.push_back(scratch_base[j] + d);
+    q_start.push_back(static_cast<int32_t>(j + 1));
+    kv_start.push_back(static_cast<int32_t>(slots.size()));
+    rows.push_back(static_cast<int32_t>(j));
+  }
+  const std::vector<int32_t> unknown_ids(S, 0);  // replaced by the device's drafts
+  ForwardBatch batch = host_forward_batch(unknown_ids, positions, out_slots, q_start, kv_start, slots, rows);
+  batch.token_ids = ids;
+  return batch;
+}
+
 }  // namespace
 
 LocalModelRunner::LocalModelRunner(Model& model, Backend& backend, int64_t kv_slots, DType kv_dtype,
@@ -372,24 +396,14 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
     backend_.embedding(last_rows, head_hidden, chained_hidden);
     Tensor chained_logits = backend_.empty({S, vocab_}, DType::kF32);
     Tensor next_hidden = backend_.empty({S, H}, DType::kF32);
-    const std::vector<int32_t> unknown_ids(static_cast<size_t>(S), 0);  // replaced by the device's drafts
+    std::vector<int32_t> scratch_base(static_cast<size_t>(S)), positions(static_cast<size_t>(S));
+    for (int64_t j = 0; j < S; ++j)
+      scratch_base[static_cast<size_t>(j)] = static_cast<int32_t>(kv_slots_ + j * (chain - 1));
     for (int step = 1; step < chain; ++step) {
-      std::vector<int32_t> c_positions, c_out_slots, c_q{0}, c_kv_start{0}, c_kv_slots, c_rows;
-      for (int64_t j = 0; j < S; ++j) {
-        const auto sj = static_cast<size_t>(j);
-        c_positions.push_back(next_position[sj] + step - 1);
-        const auto scratch = [&](int d) { return static_cast<int32_t>(kv_slots_ + j * (chain - 1) + d); };
-        c_out_slots.push_back(scratch(step - 1));
-        c_kv_slots.insert(c_kv_slots.end(), kv_slots.begin() + static_cast<std::ptrdiff_t>(context[sj].first),
-                          kv_slots.begin() + static_cast<std::ptrdiff_t>(context[sj].second));
-        for (int d = 0; d < step; ++d) c_kv_slots.push_back(scratch(d));
-        c_q.push_back(static_cast<int32_t>(j + 1));
-        c_kv_start.push_back(static_cast<int32_t>(c_kv_slots.size()));
-        c_rows.push_back(static_cast<int32_t>(j));
-      }
-      ForwardBatch cb =
-          host_forward_batch(unknown_ids, c_positions, c_out_slots, c_q, c_kv_start, c_kv_slots, c_rows);
-      cb.token_ids = drafts.rows((step - 1) * S, S);
+      for (int64_t j = 0; j < S; ++j)
+        positions[static_cast<size_t>(j)] = next_position[static_cast<size_t>(j)] + step - 1;
+      // The draft before, at the next position, in scratch slot step - 1.
+      ForwardBatch cb = chain_batch(drafts.rows((step - 1) * S, S), positions, kv_slots, context, scratch_base, step);
       head.forward(cb, chained_hidden, head_kv_, chained_logits, step + 1 < chain ? &next_hidden : nullptr);
       Tensor step_drafts = drafts.rows(step * S, S);
       backend_.argmax(chained_logits, step_drafts);
@@ -467,23 +481,13 @@ void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result)
   Tensor first_drafts = drafts.rows(0, P);
   backend_.argmax(logits, first_drafts);
   Tensor chained_logits = backend_.empty({P, draft_vocab}, DType::kF32);
-  const std::vector<int32_t> unknown_ids(static_cast<size_t>(P), 0);  // replaced by the device's drafts
+  std::vector<int32_t> scratch_base(static_cast<size_t>(P)), chain_positions(static_cast<size_t>(P));
+  for (int64_t j = 0; j < P; ++j) scratch_base[static_cast<size_t>(j)] = scratch(j, 0);
   for (int step = 1; step < chain; ++step) {
-    std::vector<int32_t> c_positions, c_out_slots, c_q{0}, c_kv_start{0}, c_kv_slots, c_rows;
-    for (size_t j = 0; j < proposal_rows.size(); ++j) {
-      const auto jj = static_cast<int64_t>(j);
-      c_positions.push_back(sampled_position[j] + step);
-      c_out_slots.push_back(scratch(jj, step));
-      c_kv_slots.insert(c_kv_slots.end(), kv_slots.begin() + static_cast<std::ptrdiff_t>(context[j].first),
-                        kv_slots.begin() + static_cast<std::ptrdiff_t>(context[j].second));
-      for (int d = 0; d <= step; ++d) c_kv_slots.push_back(scratch(jj, d));
-      c_q.push_back(static_cast<int32_t>(j + 1));
-      c_kv_start.push_back(static_cast<int32_t>(c_kv_slots.size()));
-      c_rows.push_back(static_cast<int32_t>(j));
-    }
+    for (size_t j = 0; j < proposal_rows.size(); ++j) chain_positions[j] = sampled_position[j] + step;
+    // The draft before, one position on, in scratch slot step (slot 0 holds the sampled token).
     ForwardBatch cb =
-        host_forward_batch(unknown_ids, c_positions, c_out_slots, c_q, c_kv_start, c_kv_slots, c_rows);
-    cb.token_ids = drafts.rows((step - 1) * P, P);
+        chain_batch(drafts.rows((step - 1) * P, P), chain_positions, kv_slots, context, scratch_base, step + 1);
     cb.mode = ForwardMode::kDraft;
     draft.forward(cb, draft_kv_, chained_logits);
     Tensor step_drafts = drafts.rows(step * P, P);

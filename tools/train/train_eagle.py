@@ -128,7 +128,9 @@ class Layer(nn.Module):
         self.mlp.up_proj = nn.Linear(H, c["intermediate_size"], bias=False)
         self.mlp.down_proj = nn.Linear(c["intermediate_size"], H, bias=False)
 
-    def forward(self, x, positions):
+    def qkv(self, x, positions):
+        """Queries, keys and values [B, heads, L, D], rotated; keys and values
+        repeated to every query head."""
         B, L, _ = x.shape
         h = self.input_layernorm(x)
         a = self.self_attn
@@ -138,15 +140,21 @@ class Layer(nn.Module):
         cos, sin = rope_tables(positions, self.head_dim, self.theta)
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
         q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if self.kv_heads != self.heads:
-            rep = self.heads // self.kv_heads
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + a.o_proj(o.transpose(1, 2).reshape(B, L, -1))
+        rep = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def finish(self, x, attn):
+        """The residual after attention output attn [B, heads, L, D], then the MLP."""
+        B, _, L, _ = attn.shape
+        x = x + self.self_attn.o_proj(attn.transpose(1, 2).reshape(B, L, -1))
         h = self.post_attention_layernorm(x)
         m = self.mlp
         return x + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
+
+    def forward(self, x, positions):
+        q, k, v = self.qkv(x, positions)
+        return self.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
 class EagleHead(nn.Module):
@@ -254,23 +262,9 @@ def chained_logits(head, tokens, hidden, positions, draft, r):
 
 
 def chained_layer(layer, x_tf, pos_tf, x_ch, pos_ch):
-    B, L, _ = x_tf.shape
-    a = layer.self_attn
-
-    def qkv(x, pos):
-        h = layer.input_layernorm(x)
-        q = a.q_proj(h).view(B, L, layer.heads, layer.head_dim)
-        k = a.k_proj(h).view(B, L, layer.kv_heads, layer.head_dim)
-        v = a.v_proj(h).view(B, L, layer.kv_heads, layer.head_dim)
-        cos, sin = rope_tables(pos, layer.head_dim, layer.theta)
-        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-        q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
-        rep = layer.heads // layer.kv_heads
-        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-    q1, k1, v1 = qkv(x_tf, pos_tf)
-    q2, k2, v2 = qkv(x_ch, pos_ch)
+    L = x_tf.shape[1]
+    q1, k1, v1 = layer.qkv(x_tf, pos_tf)
+    q2, k2, v2 = layer.qkv(x_ch, pos_ch)
     scale = 1.0 / math.sqrt(layer.head_dim)
     # Chained row i sees teacher-forced keys 0..i and its own key.
     s_tf = (q2 @ k1.transpose(-1, -2)) * scale  # [B, heads, L, L]
@@ -279,12 +273,8 @@ def chained_layer(layer, x_tf, pos_tf, x_ch, pos_ch):
     s_self = (q2 * k2).sum(-1, keepdim=True) * scale
     p = torch.softmax(torch.cat([s_tf, s_self], dim=-1), dim=-1)
     o2 = p[..., :L] @ v1 + p[..., L:] * v2
-    out_tf = layer(x_tf, pos_tf)
-    x_ch = x_ch + a.o_proj(o2.transpose(1, 2).reshape(B, L, -1))
-    h = layer.post_attention_layernorm(x_ch)
-    m = layer.mlp
-    x_ch = x_ch + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
-    return out_tf, x_ch
+    out_tf = layer.finish(x_tf, F.scaled_dot_product_attention(q1, k1, v1, is_causal=True))
+    return out_tf, layer.finish(x_ch, o2)
 
 
 def write_fixture(args):
