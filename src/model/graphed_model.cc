@@ -25,19 +25,34 @@ int padded_size(int64_t t, int max_batch) {
 // step's last token and up to 7 drafts.
 constexpr int64_t kMaxRowsPerSequence = 8;
 
-// Which logits rows a recorded step computes: every row (a model's steps;
-// logit_rows = 0..T-1) or one row per sequence, anywhere in it (a draft
-// head's: the row that drafts the next token).
+// Which logits rows a recorder takes: every row (logit_rows = 0..T-1: a
+// model's steps, and a draft head's pass over a step's samples), and with
+// kOnePerSequence also one row per sequence, anywhere in it (a draft
+// head's pass that drafts from each sequence's last kept row).
 enum class LogitRows { kEvery, kOnePerSequence };
 
-// A recorded step's shape: sequences (padded), query rows each, and whether
-// it writes hidden states (a model's final ones for a draft head; a head's
-// own, for chaining).
+// A recorded step's shape: sequences (padded), query rows each, whether it
+// writes hidden states (a model's final ones for a draft head; a head's
+// own, for chaining), and whether it computes every row's logits (else one
+// per sequence).
 struct Shape {
   int size = 0, rows = 1;
   bool hidden = false;
-  bool operator<(const Shape& o) const { return std::tie(size, rows, hidden) < std::tie(o.size, o.rows, o.hidden); }
+  bool every = true;
+  bool operator<(const Shape& o) const {
+    return std::tie(size, rows, hidden, every) < std::tie(o.size, o.rows, o.hidden, o.every);
+  }
 };
+
+// Whether the batch wants every row's logits, in order.
+bool every_row(const ForwardBatch& batch) {
+  const int64_t t = batch.num_tokens();
+  if (batch.logit_rows.numel() != t) return false;
+  const int32_t* rows = batch.logit_rows.data<const int32_t>();
+  for (int64_t i = 0; i < t; ++i)
+    if (rows[i] != i) return false;
+  return true;
+}
 
 // What the model and the draft head wrappers share: the static inputs of
 // their recorded steps (the seven i32 arrays of a ForwardBatch, in one
@@ -74,13 +89,9 @@ class Recorder {
     const int32_t* q = batch.attention.q_start.data<const int32_t>();
     for (int64_t s = 0; s <= seqs; ++s)
       if (q[s] != s * per) return false;
-    const int32_t* rows = batch.logit_rows.data<const int32_t>();
-    if (logit_rows_ == LogitRows::kEvery) {
-      if (batch.logit_rows.numel() != t) return false;
-      for (int64_t i = 0; i < t; ++i)
-        if (rows[i] != i) return false;
-    } else {
-      if (batch.logit_rows.numel() != seqs) return false;
+    if (!every_row(batch)) {
+      if (logit_rows_ != LogitRows::kOnePerSequence || batch.logit_rows.numel() != seqs) return false;
+      const int32_t* rows = batch.logit_rows.data<const int32_t>();
       for (int64_t s = 0; s < seqs; ++s)
         if (rows[s] < s * per || rows[s] >= (s + 1) * per) return false;
     }
@@ -97,12 +108,13 @@ class Recorder {
   Shape shape_of(const ForwardBatch& batch, bool hidden) const {
     const int64_t t = batch.num_tokens();
     const int rows = static_cast<int>(t / (batch.attention.q_start.numel() - 1));
-    return {padded_size(t / rows, options_.max_batch / rows), rows, hidden};
+    return {padded_size(t / rows, options_.max_batch / rows), rows, hidden, every_row(batch)};
   }
 
-  // Writes the batch, padded to `size` sequences of `rows` query rows each,
+  // Writes the batch, padded to the shape's sequences of its rows each,
   // into the static inputs.
-  void stage(const ForwardBatch& batch, int size, int rows) {
+  void stage(const ForwardBatch& batch, const Shape& shape) {
+    const int size = shape.size, rows = shape.rows;
     const int64_t t = batch.num_tokens();
     const int64_t seqs = batch.attention.q_start.numel() - 1;
     int32_t* s = staging_.data<int32_t>();
@@ -123,12 +135,12 @@ class Recorder {
       s[off_ids() + i] = 0;
       s[off_positions() + i] = 0;
       s[off_out_slots() + i] = -1;
-      if (logit_rows_ == LogitRows::kEvery) s[off_logit_rows() + i] = static_cast<int32_t>(i);
+      if (shape.every) s[off_logit_rows() + i] = static_cast<int32_t>(i);
     }
     for (int64_t q = seqs; q < size; ++q) {  // padding sequences of `rows` queries each
       s[off_q_start() + q + 1] = static_cast<int32_t>((q + 1) * rows);
       s[off_kv_start() + q + 1] = static_cast<int32_t>(kv_used);
-      if (logit_rows_ == LogitRows::kOnePerSequence) s[off_logit_rows() + q] = static_cast<int32_t>(q * rows);
+      if (!shape.every) s[off_logit_rows() + q] = static_cast<int32_t>(q * rows);
     }
     const int64_t n = off_kv_slots() + kv_used;
     const Tensor src = staging_.rows(0, n);
@@ -147,7 +159,7 @@ class Recorder {
     b.token_ids = inputs_.rows(off_ids(), t);
     b.positions = inputs_.rows(off_positions(), t);
     b.out_slots = inputs_.rows(off_out_slots(), t);
-    b.logit_rows = inputs_.rows(off_logit_rows(), logit_rows_ == LogitRows::kEvery ? t : shape.size);
+    b.logit_rows = inputs_.rows(off_logit_rows(), shape.every ? t : shape.size);
     b.attention.q_start = inputs_.rows(off_q_start(), shape.size + 1);
     b.attention.kv_start = inputs_.rows(off_kv_start(), shape.size + 1);
     b.attention.kv_slots = inputs_.rows(off_kv_slots(), capacity_);
@@ -240,14 +252,14 @@ class GraphedHead final : public DraftHead {
       return;
     }
     allocate();
-    const int64_t t = batch.num_tokens(), seqs = batch.logit_rows.numel();
+    const int64_t t = batch.num_tokens(), wanted = batch.logit_rows.numel();
     const Shape shape = recorder_.shape_of(batch, hidden_out != nullptr);
-    recorder_.stage(batch, shape.size, shape.rows);
+    recorder_.stage(batch, shape);
     Tensor in = hidden_in_.rows(0, t);
     backend_.copy(hidden, in);
     const int64_t padded_t = int64_t{shape.size} * shape.rows;
     const Tensor states_in = hidden_in_.rows(0, padded_t);
-    Tensor out_logits = logits_.rows(0, shape.size);
+    Tensor out_logits = logits_.rows(0, shape.every ? padded_t : shape.size);
     Tensor states_out = shape.hidden ? hidden_out_.rows(0, padded_t) : Tensor();
     const bool with_hidden = shape.hidden;
     DraftHead* head = &head_;
@@ -256,7 +268,7 @@ class GraphedHead final : public DraftHead {
           head->forward(b, states_in, k, out_logits, with_hidden ? &states_out : nullptr);
         });
     (void)replayed;  // without recording, the direct run inside replay() wrote the outputs
-    const Tensor first = logits_.rows(0, seqs);
+    const Tensor first = logits_.rows(0, wanted);
     backend_.copy(first, logits);
     if (hidden_out != nullptr) {
       const Tensor states = hidden_out_.rows(0, t);
@@ -314,7 +326,7 @@ class GraphedModel final : public Model {
     }
     const int64_t t = batch.num_tokens();
     const Shape shape = recorder_.shape_of(batch, hidden != nullptr);
-    recorder_.stage(batch, shape.size, shape.rows);
+    recorder_.stage(batch, shape);
     run(shape, kv);
     const Tensor first = logits_.rows(0, t);
     backend_.copy(first, logits);
@@ -333,13 +345,13 @@ class GraphedModel final : public Model {
     std::set<int> sizes;
     for (int64_t t = 1; t <= options_.max_batch; ++t) sizes.insert(padded_size(t, options_.max_batch));
     for (const int size : sizes) {
-      const Shape shape{size, 1, false};
+      const Shape shape{size, 1, false, true};
       if (recorder_.recorded(shape)) continue;
       ForwardBatch empty;
       empty.token_ids = Tensor::empty({0}, DType::kI32);
       empty.positions = empty.out_slots = empty.logit_rows = empty.attention.kv_slots = empty.token_ids;
       empty.attention.q_start = empty.attention.kv_start = Tensor::from_i32({1}, std::vector<int32_t>{0});
-      recorder_.stage(empty, size, 1);
+      recorder_.stage(empty, shape);
       if (!run(shape, kv)) return;
     }
   }

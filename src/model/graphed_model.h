@@ -18,18 +18,20 @@
 //    directly.
 //  * draft_head() is the wrapped model's draft head (null when it has none),
 //    wrapped the same way: a head step takes the recorded path under the
-//    same conditions except that it wants one logits row per sequence,
-//    anywhere in that sequence (the row that drafts the next token), and
-//    its `hidden` input (device memory) is copied into a static buffer
-//    first. Its graphs are bound to the head's own KvBuffers.
+//    same conditions except that it may want one logits row per sequence,
+//    anywhere in that sequence (the row that drafts the next token),
+//    instead of every row, and its `hidden` input (device memory) is copied
+//    into a static buffer first. Its graphs are bound to the head's own
+//    KvBuffers.
 //  * A recorded batch is padded to the next recorded count of sequences (1,
 //    2, 4, 8, then multiples of 8) with sequences of R query rows and no
 //    keys whose tokens write no KV (slot -1); Backend::store_kv and
 //    attention define that case (nothing stored, zero output), and their
 //    logits are dropped. Graphs are kept per (sequences, R, hidden states
-//    or not). The result is what the wrapped model computes for the padded
-//    batch, which for a backend that is not batch invariant may differ in
-//    rounding from the unpadded batch.
+//    or not, every row's logits or one per sequence). The result is what
+//    the wrapped model computes for the padded batch, which for a backend
+//    that is not batch invariant may differ in rounding from the unpadded
+//    batch.
 //  * prepare(kv) (the engine calls it before its first step) records every
 //    decode size (R = 1) up to max_batch on batches of padding rows only; a
 //    shape still missing (any R > 1, hidden states, any head step) is

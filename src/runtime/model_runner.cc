@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <span>
 #include <pthread.h>
 
 #include "core/error.h"
@@ -64,6 +65,15 @@ std::vector<KeptSequence> kept_sequences(const StepPlan& plan, const StepResult&
     out.push_back(k);
   }
   return out;
+}
+
+// Whether every token of the step samples, in order (decode and
+// verification steps: no prefill chunk).
+bool every_token_samples(const StepPlan& plan) {
+  if (plan.rows.size() != plan.token_ids.size() || plan.logit_rows.size() != plan.token_ids.size()) return false;
+  for (size_t i = 0; i < plan.logit_rows.size(); ++i)
+    if (plan.logit_rows[i] != static_cast<int32_t>(i)) return false;
+  return true;
 }
 
 // The batch of one chained draft pass: per drafting sequence j one token
@@ -259,10 +269,20 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   std::vector<SamplingRow> rows;
   rows.reserve(R);
   for (const StepPlan::SampleRow& row : plan.rows) rows.push_back(row.sampling);
-  Tensor out = backend_.empty({L}, DType::kI32);
+  // Where every token of the step samples (decode and verification
+  // only), the draft head runs on the samples straight away, on the device,
+  // and its drafts for every row come back with the samples in one copy.
+  const bool early_head = plan.capture_hidden && every_token_samples(plan);
+  Tensor both = backend_.empty({early_head ? 2 * L : L}, DType::kI32);
+  Tensor out = both.rows(0, L);
   backend_.sample(logits, rows, out);
-  Tensor host_out = Tensor::empty({L}, DType::kI32);
-  backend_.copy(out, host_out);
+  Tensor head_hidden;
+  if (early_head) {
+    Tensor row_drafts = both.rows(L, L);
+    head_hidden = launch_head_on_samples(plan, fb, hidden, out, row_drafts);
+  }
+  Tensor host_out = Tensor::empty({both.numel()}, DType::kI32);
+  backend_.copy(both, host_out);
   result.next.assign(host_out.data<int32_t>(), host_out.data<int32_t>() + R);
   if (want_sampled) {
     Tensor sampled = backend_.empty({L}, DType::kF32);
@@ -299,8 +319,74 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
       fail_row(group, e);
     }
   }
-  if (plan.capture_hidden) run_draft_head(plan, hidden, result);
+  if (early_head) {
+    finish_head_on_samples(plan, std::span<const int32_t>(host_out.data<const int32_t>() + L, static_cast<size_t>(L)),
+                           head_hidden, result);
+  } else if (plan.capture_hidden) {
+    run_draft_head(plan, hidden, result);
+  }
   if (plan.run_draft_model) run_draft_model(plan, result);
+}
+
+// The head's pass where every token of the step samples: it reads the
+// step's own batch with each row's sampled token as that row's next token
+// (for every kept row that is the token that follows it: an accepted
+// draft, or the token sampled after the last), so it needs nothing from
+// the host and runs right behind sampling. Its KV goes to every row's slot;
+// the rows past a sequence's last kept one (rejected drafts) are written
+// with tokens nobody keeps, and their slots are written again when the
+// sequence gets there. It drafts at every row (`row_drafts`, on the
+// device); finish_head_on_samples() keeps each sequence's draft at its
+// last kept row. Returns the head's hidden states for the chain (empty when
+// there is none).
+Tensor LocalModelRunner::launch_head_on_samples(const StepPlan& plan, const ForwardBatch& fb, const Tensor& hidden,
+                                                const Tensor& sampled, Tensor& row_drafts) {
+  DraftHead& head = *model_.draft_head();
+  ensure_head_kv(head);
+  ForwardBatch hb = fb;
+  hb.token_ids = sampled;
+  const int64_t T = fb.num_tokens();
+  Tensor head_logits = backend_.empty({T, vocab_}, DType::kF32);
+  const int chain = head_chain(plan, static_cast<int64_t>(plan.q_start.size()) - 1);
+  Tensor head_hidden = chain > 1 ? backend_.empty({T, model_.config().hidden_size}, DType::kF32) : Tensor();
+  head.forward(hb, hidden, head_kv_, head_logits, chain > 1 ? &head_hidden : nullptr);
+  backend_.argmax(head_logits, row_drafts);
+  return head_hidden;
+}
+
+void LocalModelRunner::finish_head_on_samples(const StepPlan& plan, std::span<const int32_t> row_drafts,
+                                              const Tensor& head_hidden, StepResult& result) {
+  const size_t R = plan.rows.size();
+  result.proposals.assign(R, {});
+  std::vector<size_t> proposal_rows;
+  std::vector<int32_t> last_rows, first_drafts, next_position;
+  std::vector<std::pair<size_t, size_t>> context;  // ranges of plan.kv_slots
+  for (const KeptSequence& seq : kept_sequences(plan, result)) {
+    if (!seq.samples) continue;
+    const int32_t last = seq.q0 + seq.kept - 1;
+    proposal_rows.push_back(seq.first);
+    last_rows.push_back(last);
+    first_drafts.push_back(row_drafts[static_cast<size_t>(last)]);
+    next_position.push_back(plan.positions[static_cast<size_t>(last)] + 1);
+    context.emplace_back(static_cast<size_t>(seq.k0), static_cast<size_t>(seq.k1 - (seq.n - seq.kept)));
+  }
+  const auto S = static_cast<int64_t>(proposal_rows.size());
+  if (S == 0) return;
+  const int chain = head_chain(plan, static_cast<int64_t>(plan.q_start.size()) - 1);
+  if (chain <= 1) {
+    for (int64_t j = 0; j < S; ++j)
+      result.proposals[proposal_rows[static_cast<size_t>(j)]].push_back(first_drafts[static_cast<size_t>(j)]);
+    return;
+  }
+  Tensor drafts = backend_.empty({chain * S}, DType::kI32);
+  Tensor first = drafts.rows(0, S);
+  backend_.copy(i32_tensor(first_drafts), first);
+  Tensor rows = backend_.empty({S}, DType::kI32);
+  backend_.copy(i32_tensor(last_rows), rows);
+  Tensor chained_hidden = backend_.empty({S, model_.config().hidden_size}, DType::kF32);
+  backend_.embedding(rows, head_hidden, chained_hidden);
+  chain_head(chain, drafts, chained_hidden, plan.kv_slots, context, next_position);
+  hand_out_drafts(drafts, chain, proposal_rows, result);
 }
 
 // The head reads, at each position the step computed and kept, the model's
@@ -322,10 +408,7 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
 // replaces with KV at the real slots.
 void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden, StepResult& result) {
   DraftHead& head = *model_.draft_head();
-  if (!head_kv_ready_) {
-    head_kv_ = head.allocate_kv(kv_slots_ + kHeadScratchSlots, kv_dtype_);
-    head_kv_ready_ = true;
-  }
+  ensure_head_kv(head);
   const size_t R = plan.rows.size();
   result.proposals.assign(R, {});
   std::vector<int32_t> ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows, hidden_rows;
@@ -376,9 +459,7 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
   Tensor head_logits = backend_.empty({L, vocab_}, DType::kF32);
   const int64_t H = model_.config().hidden_size;
   const auto S = static_cast<int64_t>(proposal_rows.size());
-  // Chained drafts share the scratch slots: draft_chain - 1 per sequence.
-  const int chain = S == 0 ? 1
-                           : static_cast<int>(std::clamp<int64_t>(kHeadScratchSlots / S + 1, 1, plan.draft_chain));
+  const int chain = head_chain(plan, S);
   Tensor head_hidden = chain > 1 ? backend_.empty({N, H}, DType::kF32) : Tensor();
   head.forward(hb, kept_hidden, head_kv_, head_logits, chain > 1 ? &head_hidden : nullptr);
   if (S == 0) return;
@@ -394,21 +475,7 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
     backend_.copy(i32_tensor(std::vector<int32_t>(logit_rows.begin(), logit_rows.begin() + S)), last_rows);
     Tensor chained_hidden = backend_.empty({S, H}, DType::kF32);
     backend_.embedding(last_rows, head_hidden, chained_hidden);
-    Tensor chained_logits = backend_.empty({S, vocab_}, DType::kF32);
-    Tensor next_hidden = backend_.empty({S, H}, DType::kF32);
-    std::vector<int32_t> scratch_base(static_cast<size_t>(S)), positions(static_cast<size_t>(S));
-    for (int64_t j = 0; j < S; ++j)
-      scratch_base[static_cast<size_t>(j)] = static_cast<int32_t>(kv_slots_ + j * (chain - 1));
-    for (int step = 1; step < chain; ++step) {
-      for (int64_t j = 0; j < S; ++j)
-        positions[static_cast<size_t>(j)] = next_position[static_cast<size_t>(j)] + step - 1;
-      // The draft before, at the next position, in scratch slot step - 1.
-      ForwardBatch cb = chain_batch(drafts.rows((step - 1) * S, S), positions, kv_slots, context, scratch_base, step);
-      head.forward(cb, chained_hidden, head_kv_, chained_logits, step + 1 < chain ? &next_hidden : nullptr);
-      Tensor step_drafts = drafts.rows(step * S, S);
-      backend_.argmax(chained_logits, step_drafts);
-      std::swap(chained_hidden, next_hidden);
-    }
+    chain_head(chain, drafts, chained_hidden, kv_slots, context, next_position);
   }
   hand_out_drafts(drafts, chain, proposal_rows, result);
 }
@@ -494,6 +561,45 @@ void LocalModelRunner::run_draft_model(const StepPlan& plan, StepResult& result)
     backend_.argmax(chained_logits, step_drafts);
   }
   hand_out_drafts(drafts, chain, proposal_rows, result);
+}
+
+int LocalModelRunner::head_chain(const StepPlan& plan, int64_t sequences) const {
+  // Chained drafts share the scratch slots: draft_chain - 1 per sequence.
+  return sequences == 0 ? 1
+                        : static_cast<int>(std::clamp<int64_t>(kHeadScratchSlots / sequences + 1, 1, plan.draft_chain));
+}
+
+void LocalModelRunner::ensure_head_kv(DraftHead& head) {
+  if (head_kv_ready_) return;
+  head_kv_ = head.allocate_kv(kv_slots_ + kHeadScratchSlots, kv_dtype_);
+  head_kv_ready_ = true;
+}
+
+// Each further draft runs the head once more, on the draft before it (row
+// step - 1 of `drafts`, on the device) and its own hidden state, one
+// position on; its KV goes to scratch slots past the pool's, which the next
+// step's pass replaces with KV at the real slots. Sequence j reads
+// kv_slots[context[j]] and its scratch slots so far.
+void LocalModelRunner::chain_head(int chain, Tensor& drafts, Tensor chained_hidden, const std::vector<int32_t>& kv_slots,
+                                  const std::vector<std::pair<size_t, size_t>>& context,
+                                  const std::vector<int32_t>& next_position) {
+  DraftHead& head = *model_.draft_head();
+  const auto S = static_cast<int64_t>(next_position.size());
+  Tensor chained_logits = backend_.empty({S, vocab_}, DType::kF32);
+  Tensor next_hidden = backend_.empty({S, model_.config().hidden_size}, DType::kF32);
+  std::vector<int32_t> scratch_base(static_cast<size_t>(S)), positions(static_cast<size_t>(S));
+  for (int64_t j = 0; j < S; ++j)
+    scratch_base[static_cast<size_t>(j)] = static_cast<int32_t>(kv_slots_ + j * (chain - 1));
+  for (int step = 1; step < chain; ++step) {
+    for (int64_t j = 0; j < S; ++j)
+      positions[static_cast<size_t>(j)] = next_position[static_cast<size_t>(j)] + step - 1;
+    // The draft before, at the next position, in scratch slot step - 1.
+    ForwardBatch cb = chain_batch(drafts.rows((step - 1) * S, S), positions, kv_slots, context, scratch_base, step);
+    head.forward(cb, chained_hidden, head_kv_, chained_logits, step + 1 < chain ? &next_hidden : nullptr);
+    Tensor step_drafts = drafts.rows(step * S, S);
+    backend_.argmax(chained_logits, step_drafts);
+    std::swap(chained_hidden, next_hidden);
+  }
 }
 
 // Copies a step's drafts ([chain, sequences] on the device, chain-major) to

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -53,6 +54,19 @@ class LocalModelRunner : public ModelRunner {
   void run_draft_model(const StepPlan& plan, StepResult& result);
   void hand_out_drafts(const Tensor& drafts, int chain, const std::vector<size_t>& proposal_rows,
                        StepResult& result);
+  // The draft head's pass right behind sampling, where every token of the
+  // step samples (its drafts at every row go to `row_drafts` on the
+  // device), and what the host does with them once the samples are known.
+  Tensor launch_head_on_samples(const StepPlan& plan, const ForwardBatch& fb, const Tensor& hidden,
+                                const Tensor& sampled, Tensor& row_drafts);
+  void finish_head_on_samples(const StepPlan& plan, std::span<const int32_t> row_drafts, const Tensor& head_hidden,
+                              StepResult& result);
+  // The head's chained passes after its first draft (row 0 of `drafts`).
+  void chain_head(int chain, Tensor& drafts, Tensor chained_hidden, const std::vector<int32_t>& kv_slots,
+                  const std::vector<std::pair<size_t, size_t>>& context, const std::vector<int32_t>& next_position);
+  // Drafts per sequence the head makes in a step of `sequences` drafting sequences.
+  int head_chain(const StepPlan& plan, int64_t sequences) const;
+  void ensure_head_kv(DraftHead& head);
 
   Model& model_;
   Backend& backend_;
