@@ -489,42 +489,86 @@ TEST_P(Speculative, NoDraftsInABatchAtTheOffSwitch) {
   EXPECT_THROW(bad.validate(), Error);
 }
 
+// Counts what speculation asks of a model: forward passes that keep hidden
+// states, and the draft head's passes (the head is wrapped).
+class CountingModel final : public Model {
+ public:
+  explicit CountingModel(Model& inner) : inner_(inner), head_(inner.draft_head(), *this) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override { return inner_.allocate_kv(num_slots, dtype); }
+  size_t kv_bytes_per_slot(DType dtype) const override { return inner_.kv_bytes_per_slot(dtype); }
+  using Model::forward;
+  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override {
+    passes += 1;
+    hidden_passes += hidden != nullptr;
+    inner_.forward(batch, kv, logits, hidden);
+  }
+  DraftHead* draft_head() override { return head_.inner != nullptr ? &head_ : nullptr; }
+  int passes = 0, hidden_passes = 0, head_passes = 0;
+
+ private:
+  struct Head final : DraftHead {
+    Head(DraftHead* h, CountingModel& m) : inner(h), model(m) {}
+    KvBuffers allocate_kv(int64_t n, DType dtype) const override { return inner->allocate_kv(n, dtype); }
+    size_t kv_bytes_per_slot(DType dtype) const override { return inner->kv_bytes_per_slot(dtype); }
+    void forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
+                 Tensor* hidden_out) override {
+      ++model.head_passes;
+      inner->forward(batch, hidden, kv, logits, hidden_out);
+    }
+    DraftHead* inner;
+    CountingModel& model;
+  };
+  Model& inner_;
+  Head head_;
+};
+
 // At the off-switch the draft head's and draft model's passes are left out
-// too, and the requests of such a batch draft from them no more (their KV
-// misses those tokens); a request that runs alone afterwards drafts again.
-// The tokens are plain decoding's throughout.
+// too (no hidden states kept, no head or draft model pass), and the tokens
+// are plain decoding's. (The switch set at 1 holds from the first step; at
+// a higher one, when the batch first reaches it depends on when the
+// engine's thread admits each request.)
 TEST_P(Speculative, DraftPassesStopAtTheOffSwitch) {
   for (const char* algorithm : {"mtp", "draft"}) {
     SCOPED_TRACE(algorithm);
-    Fixture f(std::string(algorithm) == "mtp" ? kDeepSeek : kLlama);
-    const auto run_engine = [&](bool speculate) {
+    const bool mtp = std::string(algorithm) == "mtp";
+    Fixture f(mtp ? kDeepSeek : kLlama);
+    const auto run_engine = [&](bool speculate, int off, CountingModel& target, CountingModel* draft) {
       EngineOptions o = engine_options(false, 0);
       if (speculate) {
         o.speculative = speculative_options(algorithm, 2);
-        o.speculative.disable_from_batch = 3;
-        if (std::string(algorithm) == "draft") o.draft_model = load_model(kLlama, f.backend);
+        o.speculative.disable_from_batch = off;
+        if (!mtp) o.draft_model = std::shared_ptr<Model>(draft, [](Model*) {});
       }
-      Engine engine(*f.model, f.backend, nullptr, o);
-      // Three together: the batch is at the off-switch from the first step.
+      Engine engine(target, f.backend, nullptr, o);
       std::vector<RequestHandle> handles;
       int i = 0;
       for (const std::vector<int32_t>& prompt : looping_prompts()) {
         if (i++ == 3) break;
         handles.push_back(engine.submit(request(prompt, greedy(16))));
       }
-      const SpecRun together = finish(engine, handles);
-      // Then one alone.
-      std::vector<RequestHandle> alone = {engine.submit(request(looping_prompts()[3], greedy(16)))};
-      const uint64_t drafted_together = engine.metrics().draft_tokens;
-      const SpecRun single = finish(engine, alone);
-      return std::tuple{together, drafted_together, single};
+      return finish(engine, handles);
     };
-    const auto [plain_together, plain_drafts, plain_single] = run_engine(false);
-    const auto [together, drafted_together, single] = run_engine(true);
-    expect_same_outputs(plain_together, together);
-    expect_same_outputs(plain_single, single);
-    EXPECT_EQ(drafted_together, 0u);
-    EXPECT_GT(single.metrics.draft_tokens, 0u);
+    auto draft_model = load_model(kLlama, f.backend);
+    CountingModel plain_target(*f.model), target(*f.model), never_target(*f.model);
+    CountingModel draft(*draft_model), never_draft(*draft_model);
+    const SpecRun plain = run_engine(false, 0, plain_target, nullptr);
+    const SpecRun off = run_engine(true, 1, target, &draft);
+    const SpecRun never = run_engine(true, 0, never_target, &never_draft);
+    expect_same_outputs(plain, off);
+    expect_same_outputs(plain, never);
+    EXPECT_EQ(off.metrics.draft_tokens, 0u);
+    EXPECT_EQ(target.hidden_passes, 0);
+    EXPECT_EQ(target.head_passes, 0);
+    EXPECT_EQ(draft.passes, 0);
+    // Below the switch the passes run (the counters see them).
+    EXPECT_GT(never.metrics.draft_tokens, 0u);
+    if (mtp) {
+      EXPECT_GT(never_target.hidden_passes, 0);
+      EXPECT_GT(never_target.head_passes, 0);
+    } else {
+      EXPECT_GT(never_draft.passes, 0);
+    }
   }
 }
 
