@@ -14,7 +14,12 @@
 // speedup reaches.
 //
 //   basalt_bench_speculative [--tokens N] [--repeats N] [--k 2,4] [--model DIR] [--draft-model DIR]
-//                            [--eagle DIR] [--device cpu|cuda] [--eager]
+//                            [--eagle DIR] [--device cpu|cuda] [--eager] [--only plain,mtp,...]
+//                            [--work copy|free]
+//
+// --only keeps the listed algorithms (plain is always run: the others are
+// measured against it); --work runs one workload. Both are there to profile
+// one mode (say under ncu) without the rest.
 //
 // Workloads: "copy" asks for a passage to be written out again and starts
 // the copy (an edit of a given text: most of the output is in the prompt);
@@ -98,6 +103,7 @@ int main(int argc, char** argv) {
   std::string eagle_dir;
   std::string device = "cpu";
   bool eager = false;
+  std::string only, only_work;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--eager") {
@@ -115,6 +121,8 @@ int main(int argc, char** argv) {
     else if (flag == "--draft-model") draft_dir = v;
     else if (flag == "--eagle") eagle_dir = v;
     else if (flag == "--device") device = v;
+    else if (flag == "--only") only = std::string(",") + v + ",";
+    else if (flag == "--work") only_work = v;
     else if (flag == "--k") {
       ks.clear();
       for (const char* p = v; *p;) {
@@ -158,14 +166,19 @@ int main(int argc, char** argv) {
               repeats);
   std::printf("%-6s %-10s %10s %8s %7s %11s %8s %10s %10s\n", "work", "mode", "tokens/s", "vs plain", "steps",
               "acceptance", "tok/step", "ideal", "of ideal");
+  const auto wanted = [&](const char* algorithm) {
+    return only.empty() || only.find(std::string(",") + algorithm + ",") != std::string::npos;
+  };
   for (const Workload& w : workloads) {
+    if (!only_work.empty() && only_work != w.name) continue;
     std::vector<Mode> modes = {{"none", 0}};
-    for (const int k : ks) modes.push_back({"ngram", k});
-    if (model->draft_head() != nullptr)
+    if (wanted("ngram"))
+      for (const int k : ks) modes.push_back({"ngram", k});
+    if (model->draft_head() != nullptr && wanted("mtp"))
       for (const int k : ks) modes.push_back({"mtp", k});
-    if (with_eagle)
+    if (with_eagle && wanted("eagle"))
       for (const int k : ks) modes.push_back({"eagle", k});
-    if (draft)
+    if (draft && wanted("draft"))
       for (const int k : ks) modes.push_back({"draft", k});
     std::vector<Result> best(modes.size());
     for (int r = 0; r < repeats; ++r)
@@ -197,4 +210,16 @@ int main(int argc, char** argv) {
                   ideal, 100.0 * speedup / ideal);
     }
   }
+  // Which steps replayed graphs (a head pass that runs directly costs its
+  // launches; this says whether that happened).
+  const auto say = [](const char* name, const Model* m) {
+    if (m == nullptr) return;
+    const GraphStats g = graph_stats(*m);
+    std::fprintf(stderr, "graphs, %s: %lld replays, %lld direct; head %lld replays, %lld direct\n", name,
+                 static_cast<long long>(g.replays), static_cast<long long>(g.direct),
+                 static_cast<long long>(g.head_replays), static_cast<long long>(g.head_direct));
+  };
+  say("target", model.get());
+  say("target with the EAGLE head", with_eagle.get());
+  say("draft model", draft.get());
 }
