@@ -91,7 +91,7 @@ ForwardBatch on_backend(const ForwardBatch& batch, Backend& backend) {
       at += p->numel();
     }
   Tensor device = backend.empty({total}, DType::kI32);
-  backend.copy(packed, device);
+  backend.upload(packed, device);  // queued behind the work before it, without a wait
   Tensor* outs[] = {&out.token_ids,         &out.positions,          &out.out_slots,
                     &out.attention.q_start, &out.attention.kv_start, &out.attention.kv_slots,
                     &out.logit_rows};

@@ -145,7 +145,10 @@ class Recorder {
     const int64_t n = off_kv_slots() + kv_used;
     const Tensor src = staging_.rows(0, n);
     Tensor dst = inputs_.rows(0, n);
-    backend_.copy(src, dst);
+    // Without waiting for the device: the work queued before (the step
+    // before, or the step this head pass follows) keeps it busy while the
+    // host stages and launches this one.
+    backend_.upload(src, dst);
     if (!ids_on_host) {  // the real rows' ids over the staged ones (the padding rows' stay 0)
       Tensor ids = inputs_.rows(off_ids(), t);
       backend_.copy(batch.token_ids, ids);
