@@ -654,8 +654,12 @@ bool Scheduler::propose_drafts(Request& r) {
 }
 
 bool Scheduler::drafting_off() const {
+  // The queue counts (vLLM counts enqueued requests too): a burst that
+  // arrives at once would otherwise draft in its first steps, while the
+  // batch fills, and pay the drafts' passes for requests that stop
+  // drafting a few steps later.
   const int off = options_.speculative.disable_from_batch;
-  return off > 0 && static_cast<int64_t>(running_.size()) >= off;
+  return off > 0 && static_cast<int64_t>(running_.size() + waiting_.size()) >= off;
 }
 
 bool Scheduler::wants_drafts() const {

@@ -147,7 +147,8 @@ class Scheduler {
   std::vector<Request*> plan_batch(std::vector<RequestUpdate>& updates);
   // Fills r.drafts for the step being planned; whether there are any.
   bool propose_drafts(Request& r);
-  // Whether the batch is too large to draft (SpeculativeOptions::disable_from_batch).
+  // Whether the load (running and waiting requests) is too large to draft
+  // (SpeculativeOptions::disable_from_batch).
   bool drafting_off() const;
   // Takes the results of the draft group whose first sampled row is
   // `first`: the accepted tokens, the rejected positions' KV rolled back.

@@ -83,7 +83,7 @@ struct SpeculativeOptions {
   // least this many requests run; 0: never.
   int adaptive_from_batch = 1;
   // No drafts at all (n-gram, MTP or jump-forward's) while at least this
-  // many requests run: a large batch keeps the device busy, and rows it
+  // many requests run or wait: a large batch keeps the device busy, and rows it
   // verifies in vain cost compute (vLLM's speculative_disable_by_batch_size).
   // 0: never. The default lies between the batches measured (drafts pay at
   // 1 and lose at 64 on the H200 and the CPU; bench/README.md).
