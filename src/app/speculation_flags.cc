@@ -14,14 +14,14 @@ void add_speculation_flags(CLI::App& cmd, SpeculationFlags& flags) {
                  "multi-token-prediction layer drafts), eagle (an EAGLE head trained for the model drafts: "
                  "--speculative-draft-model), draft (a small model with the same vocabulary drafts: "
                  "--speculative-draft-model) or none; the output is token for token that of plain decoding "
-                 "(default none; turns --overlap off)");
+                 "(default none)");
   cmd.add_option("--speculative-draft-model", flags.draft_model,
                  "Speculative decoding with --speculative-algorithm draft: the draft model's directory (its "
                  "vocabulary must be the model's, e.g. models/basalt-draft beside models/basalt-mini); with "
                  "eagle: the EAGLE head's directory (tools/train/train_eagle.py writes one)");
   cmd.add_option("--speculative-disable-by-batch-size", flags.disable_by_batch_size,
-                 "Speculative decoding and jump-forward: no drafts while at least this many requests run "
-                 "(default 32; 0: never)")
+                 "Speculative decoding and jump-forward: no drafts while at least this many requests run or "
+                 "wait (default 32; 0: never)")
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--speculative-num-draft-tokens", flags.num_draft_tokens,
                  "Speculative decoding: the most draft tokens verified per request per step (default 4)")

@@ -92,9 +92,9 @@ struct Engine::Parts {
         kv(slots, options.page_size, RadixCacheOptions{options.radix_cache, options.eviction}),
         scheduler(kv, scheduler_options(model, tokenizer, options)),
         runner(model, backend, slots, options.kv_dtype, options.draft_model.get()),
-        // With n-gram speculation every step waits for the one before
-        // (drafts follow the last token): no thread to hand steps to.
-        pipeline(runner, options.overlap && !options.speculative.enabled()) {
+        // With speculation the steps that may draft run on the scheduling
+        // thread (Engine::loop); the rest overlap as without it.
+        pipeline(runner, options.overlap) {
     BASALT_CHECK(options.speculative.algorithm != SpeculativeAlgorithm::kMtp || model.draft_head() != nullptr,
                  "speculative decoding with mtp: the model has no multi-token-prediction layer");
     BASALT_CHECK(options.speculative.algorithm != SpeculativeAlgorithm::kEagle || model.draft_head() != nullptr,
@@ -357,10 +357,16 @@ void Engine::run() {
       if (scheduler.has_requests()) {
         if (std::shared_ptr<StepPlan> plan = scheduler.schedule(updates)) {
           plan->chained = chained;
-          launched = p.pipeline.launch(std::move(plan));
+          // A step the next round would take before planning (it verifies
+          // drafts, or its requests may draft after it) runs here and is
+          // taken now: handing it to the runner's thread would only add the
+          // hand-off's latency to a step nothing overlaps.
+          const bool take_now = p.pipeline.threaded() && p.inflight == nullptr && scheduler.wants_drafts();
+          launched = take_now ? p.pipeline.launch_inline(std::move(plan)) : p.pipeline.launch(std::move(plan));
         }
       }
-      std::shared_ptr<StepPipeline::Step> done = p.pipeline.threaded() ? std::exchange(p.inflight, launched) : launched;
+      std::shared_ptr<StepPipeline::Step> done =
+          p.pipeline.threaded() && !(launched && launched->on_caller) ? std::exchange(p.inflight, launched) : launched;
       stepped = launched != nullptr || done != nullptr || taken;
       if (done != nullptr) {
         const double c = thread_cpu_seconds();

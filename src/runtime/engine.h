@@ -127,8 +127,10 @@ struct EngineOptions {
   // (bench/README.md).
   bool jump_forward = false;
   // Speculative decoding (runtime/speculative.h): drafts verified in the
-  // decode step, outputs token for token those of plain decoding. It needs
-  // each step's tokens before the next is planned, so it turns overlap off.
+  // decode step, outputs token for token those of plain decoding. A step
+  // that may draft needs the tokens of the one before, so with overlap such
+  // steps run one at a time, on the scheduling thread; past the off-switch
+  // (disable_from_batch) steps overlap as without speculation.
   SpeculativeOptions speculative;
   // The draft model of SpeculativeAlgorithm::kDraft, on the same backend
   // (its KV takes slots beside the model's, counted in the KV budget).

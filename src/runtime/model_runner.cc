@@ -380,9 +380,9 @@ void LocalModelRunner::finish_head_on_samples(const StepPlan& plan, std::span<co
   }
   Tensor drafts = backend_.empty({chain * S}, DType::kI32);
   Tensor first = drafts.rows(0, S);
-  backend_.copy(i32_tensor(first_drafts), first);
+  backend_.upload(i32_tensor(first_drafts), first);
   Tensor rows = backend_.empty({S}, DType::kI32);
-  backend_.copy(i32_tensor(last_rows), rows);
+  backend_.upload(i32_tensor(last_rows), rows);
   Tensor chained_hidden = backend_.empty({S, model_.config().hidden_size}, DType::kF32);
   backend_.embedding(rows, head_hidden, chained_hidden);
   chain_head(chain, drafts, chained_hidden, plan.kv_slots, context, next_position);
@@ -452,7 +452,7 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
   Tensor kept_hidden = hidden;
   if (N != hidden.dim(0)) {
     Tensor rows = backend_.empty({N}, DType::kI32);
-    backend_.copy(i32_tensor(hidden_rows), rows);
+    backend_.upload(i32_tensor(hidden_rows), rows);
     kept_hidden = backend_.empty({N, model_.config().hidden_size}, DType::kF32);
     backend_.embedding(rows, hidden, kept_hidden);
   }
@@ -472,7 +472,7 @@ void LocalModelRunner::run_draft_head(const StepPlan& plan, const Tensor& hidden
   if (chain > 1) {
     // The head's own hidden states at the sequences' last kept rows.
     Tensor last_rows = backend_.empty({S}, DType::kI32);
-    backend_.copy(i32_tensor(std::vector<int32_t>(logit_rows.begin(), logit_rows.begin() + S)), last_rows);
+    backend_.upload(i32_tensor(std::vector<int32_t>(logit_rows.begin(), logit_rows.begin() + S)), last_rows);
     Tensor chained_hidden = backend_.empty({S, H}, DType::kF32);
     backend_.embedding(last_rows, head_hidden, chained_hidden);
     chain_head(chain, drafts, chained_hidden, kv_slots, context, next_position);
@@ -643,8 +643,22 @@ std::shared_ptr<StepPipeline::Step> StepPipeline::launch(std::shared_ptr<StepPla
   return step;
 }
 
+std::shared_ptr<StepPipeline::Step> StepPipeline::launch_inline(std::shared_ptr<StepPlan> plan) {
+  auto step = std::make_shared<Step>();
+  step->plan = std::move(plan);
+  step->on_caller = true;
+  if (threaded()) {
+    // The runner's thread is idle: nothing queued, and its last step's
+    // writes (last_next_) are visible, by this lock, to the caller's run.
+    std::lock_guard<std::mutex> lock(mu_);
+    BASALT_CHECK(queue_.empty() && !running_, "step {} launched inline while a step is still to run",
+                 step->plan->id);
+  }
+  return step;
+}
+
 void StepPipeline::wait(Step& step) {
-  if (!threaded()) {
+  if (!threaded() || step.on_caller) {
     if (!step.done) {
       run(step);
       step.done = true;
@@ -665,11 +679,13 @@ void StepPipeline::loop() {
       if (queue_.empty()) return;  // stopping
       step = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
     run(*step);
     {
       std::lock_guard<std::mutex> lock(mu_);
       step->done = true;
+      running_ = false;
     }
     done_cv_.notify_all();
   }

@@ -102,8 +102,15 @@ class StepPipeline {
     std::shared_ptr<StepPlan> plan;
     StepResult result;
     bool done = false;  // under the pipeline's lock when threaded
+    bool on_caller = false;  // runs on the thread that waits for it (launch_inline)
   };
   std::shared_ptr<Step> launch(std::shared_ptr<StepPlan> plan);
+  // A step that runs on the caller's thread, at wait(), even when the
+  // pipeline is threaded: for a step the caller takes at once (a
+  // speculative one, whose drafts follow its tokens), where a hand-off to
+  // the runner's thread and back would only add its latency. Only while no
+  // launched step is still to run (the caller has waited for them all).
+  std::shared_ptr<Step> launch_inline(std::shared_ptr<StepPlan> plan);
   void wait(Step& step);
 
  private:
@@ -120,6 +127,7 @@ class StepPipeline {
   std::condition_variable done_cv_;  // a step is done
   std::deque<std::shared_ptr<Step>> queue_;
   bool stop_ = false;
+  bool running_ = false;  // the runner's thread is running a step
   std::thread thread_;
 };
 
