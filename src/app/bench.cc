@@ -107,7 +107,7 @@ std::vector<Conversation> make_workload(BenchFlags f, const TextMaker& maker, ui
 }
 
 // The first model id of GET /v1/models, or "" when the server does not say.
-std::string ask_model_name(boost::asio::io_context& io, HttpClient& client, const std::string& base_url) {
+std::string ask_model_name(boost::asio::io_context& io, CompletionClient& client, const std::string& base_url) {
   std::string name;
   std::string problem;
   bool unreachable = false;
@@ -137,7 +137,7 @@ std::string ask_model_name(boost::asio::io_context& io, HttpClient& client, cons
 
 // The server's speculation counters now (GET /metrics); nullopt when it has
 // none or the scrape fails (the report then says nothing about them).
-std::optional<SpecCounters> scrape_spec_counters(boost::asio::io_context& io, HttpClient& client) {
+std::optional<SpecCounters> scrape_spec_counters(boost::asio::io_context& io, CompletionClient& client) {
   std::optional<SpecCounters> counters;
   client.send("GET", "/metrics", "", false, false, [&](ExchangeResult&& r) {
     if (r.error == ErrorKind::kNone) counters = spec_counters(r.body);
@@ -205,7 +205,7 @@ void run_bench(const BenchFlags& f) {
   copts.api_key = api_key;
   copts.timeout_s = f.timeout;
   copts.insecure = f.insecure;
-  HttpClient client(io, url, copts);
+  CompletionClient client(io, url, copts);
   const std::string model = f.served_model_name.empty() ? ask_model_name(io, client, f.base_url) : f.served_model_name;
 
   int64_t requests = 0;

@@ -1,12 +1,10 @@
-// HttpClient: the asynchronous HTTP/1.1 client under `basalt bench`
-// (Boost.Asio sockets, Boost.Beast's response parser, TLS through OpenSSL
-// when the build has it).
+// CompletionClient: OpenAI completion exchanges for `basalt bench`, over
+// the generic HttpClient (server/http_client.h), which owns the sockets,
+// TLS, keep-alive pool and timeouts.
 //
 // Contract:
-//  * Everything runs on the io_context the client is given; the client
-//    starts no threads and holds no thread per request, so one thread drives
-//    any number of concurrent streams. Calls must come from that thread (or
-//    before it runs).
+//  * Everything runs on the io_context the client is given (the HttpClient's
+//    strand on it); one thread drives any number of concurrent streams.
 //  * send() performs one request and calls `done` exactly once, on the
 //    io_context, with an ExchangeResult. It never throws for anything the
 //    network or the server does; every failure is classified:
@@ -20,16 +18,12 @@
 //                   an event was not a valid chunk, the server sent an
 //                   error event, or a stream ended without `data: [DONE]`.
 //  * For a streamed request (stream = true) the body is read as server-sent
-//    events: a chunked body as each chunk arrives (what Basalt, vLLM and
-//    SGLang send), any other body when it ends; each event that carries text
-//    counts as one output token and its arrival time is recorded; usage
+//    events as it arrives; each event that carries text counts as one
+//    output token and its arrival time is recorded; usage
 //    (stream_options.include_usage) is reported when sent.
-//  * Idle keep-alive connections are reused. A request whose reused
-//    connection fails before any response byte (the server closed it while
-//    idle) is retried once on a fresh connection.
-//  * parse_url validates a base URL: http or https, a host, an optional
-//    port (1-65535), an optional path prefix; no query or fragment. Throws
-//    basalt::Error naming the problem.
+//  * Idle keep-alive connections are reused (HttpClient's rules).
+//  * parse_url validates a base URL (parse_base_url, errors naming
+//    --base-url).
 #pragma once
 
 #include <chrono>
@@ -39,23 +33,15 @@
 #include <string>
 #include <vector>
 
-namespace boost::asio {
-class io_context;
-}
+#include "server/http_client.h"
 
 namespace basalt::loadgen {
 
 using Clock = std::chrono::steady_clock;
 
-struct Url {
-  std::string scheme;  // "http" or "https"
-  std::string host;
-  std::string port;    // always set (80/443 by default)
-  std::string prefix;  // path prefix without a trailing '/', maybe empty
-};
-
+using Url = BaseUrl;
 Url parse_url(const std::string& text);
-bool tls_supported();
+inline bool tls_supported() { return http_client_tls_supported(); }
 
 enum class ErrorKind { kNone = 0, kConnect, kHttpStatus, kTimeout, kStream };
 const char* error_kind_name(ErrorKind kind);
@@ -83,14 +69,14 @@ struct ClientOptions {
   Clock::time_point epoch = Clock::now();
 };
 
-class HttpClient {
+class CompletionClient {
  public:
   // Resolves the host at once (throws basalt::Error when that fails or
   // https is asked of a build without TLS).
-  HttpClient(boost::asio::io_context& io, Url url, ClientOptions options);
-  ~HttpClient();
-  HttpClient(const HttpClient&) = delete;
-  HttpClient& operator=(const HttpClient&) = delete;
+  CompletionClient(boost::asio::io_context& io, Url url, ClientOptions options);
+  ~CompletionClient();
+  CompletionClient(const CompletionClient&) = delete;
+  CompletionClient& operator=(const CompletionClient&) = delete;
 
   using Done = std::function<void(ExchangeResult&&)>;
   // path is appended to the URL's prefix; body empty means no body.
@@ -101,11 +87,12 @@ class HttpClient {
   void set_epoch(Clock::time_point epoch);
   // Closes idle connections.
   void close_idle();
-
-  struct Impl;
+  // Connections opened so far.
+  size_t connections_opened() const { return http_.connections_opened(); }
 
  private:
-  std::unique_ptr<Impl> impl_;
+  HttpClient http_;
+  ClientOptions options_;
 };
 
 }  // namespace basalt::loadgen

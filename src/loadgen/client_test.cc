@@ -1,4 +1,4 @@
-// HttpClient against a scripted server on a local socket: every way a server
+// CompletionClient against a scripted server on a local socket: every way a server
 // can misbehave is counted as an error of its kind, never a crash.
 #include "loadgen/client.h"
 
@@ -158,7 +158,7 @@ class ScriptedServer {
   std::vector<std::thread> workers_;
 };
 
-ExchangeResult exchange(boost::asio::io_context& io, HttpClient& client, const std::string& path) {
+ExchangeResult exchange(boost::asio::io_context& io, CompletionClient& client, const std::string& path) {
   ExchangeResult out;
   bool called = false;
   client.send("POST", path, "{}", true, true, [&](ExchangeResult&& r) {
@@ -172,10 +172,10 @@ ExchangeResult exchange(boost::asio::io_context& io, HttpClient& client, const s
   return out;
 }
 
-TEST(HttpClient, StreamsTokensSplitIntoTinyPiecesAndReusesTheConnection) {
+TEST(CompletionClient, StreamsTokensSplitIntoTinyPiecesAndReusesTheConnection) {
   ScriptedServer server;
   boost::asio::io_context io;
-  HttpClient client(io, parse_url("http://127.0.0.1:" + std::to_string(server.port())), {});
+  CompletionClient client(io, parse_url("http://127.0.0.1:" + std::to_string(server.port())), {});
   for (int i = 0; i < 2; ++i) {
     const ExchangeResult r = exchange(io, client, "/good");
     EXPECT_EQ(r.error, ErrorKind::kNone) << r.error_message;
@@ -191,12 +191,12 @@ TEST(HttpClient, StreamsTokensSplitIntoTinyPiecesAndReusesTheConnection) {
   EXPECT_EQ(server.connections(), 1);
 }
 
-TEST(HttpClient, ClassifiesEveryFailure) {
+TEST(CompletionClient, ClassifiesEveryFailure) {
   ScriptedServer server;
   boost::asio::io_context io;
   ClientOptions o;
   o.timeout_s = 0.5;
-  HttpClient client(io, parse_url("http://127.0.0.1:" + std::to_string(server.port())), o);
+  CompletionClient client(io, parse_url("http://127.0.0.1:" + std::to_string(server.port())), o);
   struct Case {
     const char* path;
     ErrorKind kind;
@@ -221,7 +221,7 @@ TEST(HttpClient, ClassifiesEveryFailure) {
   EXPECT_NE(exchange(io, client, "/status").body.find("too many requests"), std::string::npos);
 }
 
-TEST(HttpClient, ConnectionRefusedIsAConnectError) {
+TEST(CompletionClient, ConnectionRefusedIsAConnectError) {
   // A port that was free a moment ago and has no listener now.
   int port = 0;
   {
@@ -229,7 +229,7 @@ TEST(HttpClient, ConnectionRefusedIsAConnectError) {
     port = probe.port();
   }
   boost::asio::io_context io;
-  HttpClient client(io, parse_url("http://127.0.0.1:" + std::to_string(port)), {});
+  CompletionClient client(io, parse_url("http://127.0.0.1:" + std::to_string(port)), {});
   const ExchangeResult r = exchange(io, client, "/good");
   EXPECT_EQ(r.error, ErrorKind::kConnect) << r.error_message;
 }

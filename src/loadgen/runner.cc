@@ -59,7 +59,7 @@ double cpu_seconds(const timeval& tv) { return static_cast<double>(tv.tv_sec) + 
 
 class Run {
  public:
-  Run(asio::io_context& io, HttpClient& client, const std::vector<Conversation>& conversations,
+  Run(asio::io_context& io, CompletionClient& client, const std::vector<Conversation>& conversations,
       const RunOptions& options)
       : io_(io),
         client_(client),
@@ -225,7 +225,7 @@ class Run {
   }
 
   asio::io_context& io_;
-  HttpClient& client_;
+  CompletionClient& client_;
   const std::vector<Conversation>& conversations_;
   const RunOptions& options_;
   asio::steady_timer arrival_timer_;
@@ -249,7 +249,7 @@ class Run {
 
 }  // namespace
 
-RunResult run_load(asio::io_context& io, HttpClient& client, const std::vector<Conversation>& conversations,
+RunResult run_load(asio::io_context& io, CompletionClient& client, const std::vector<Conversation>& conversations,
                    const RunOptions& options) {
   BASALT_CHECK(options.max_concurrency >= 0, "--max-concurrency must be >= 0 (0: no limit), got {}",
                options.max_concurrency);

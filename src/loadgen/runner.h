@@ -1,5 +1,5 @@
 // The load-test driver: sends a workload's requests on an arrival schedule
-// with a concurrency limit, through one HttpClient on one thread.
+// with a concurrency limit, through one CompletionClient on one thread.
 //
 // Contract:
 //  * run_load runs the io_context on the calling thread until every request
@@ -75,7 +75,7 @@ struct RunResult {
 std::string build_body(const Conversation& conversation, size_t turn, const std::vector<std::string>& answers,
                        const RunOptions& options);
 
-RunResult run_load(boost::asio::io_context& io, HttpClient& client, const std::vector<Conversation>& conversations,
+RunResult run_load(boost::asio::io_context& io, CompletionClient& client, const std::vector<Conversation>& conversations,
                    const RunOptions& options);
 
 }  // namespace basalt::loadgen
