@@ -1,8 +1,11 @@
 #include "server/api_server.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <thread>
 #include <ctime>
 #include <fmt/format.h>
 #include <random>
@@ -61,6 +64,44 @@ struct ApiServer::Shared {
       for (auto& [id, w] : wakers) all.push_back(w);
     }
     for (auto& w : all) w();
+  }
+
+  // Heartbeats (X-Basalt-Heartbeat): a thread, started with the first
+  // response that asks for them, wakes those responses every kBeatTick;
+  // each writes its `: hb` comment when its own interval has passed.
+  static constexpr std::chrono::milliseconds kBeatTick{25};
+  std::map<uint64_t, std::function<void()>> beats;  // under mu
+  std::thread beat_thread;                          // started under mu
+  std::condition_variable beat_cv;
+  bool beat_stop = false;  // under mu
+  uint64_t add_beat(std::function<void()> wake) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!beat_thread.joinable() && !beat_stop) beat_thread = std::thread([this] { beat_loop(); });
+    beats.emplace(next_waker, std::move(wake));
+    return next_waker++;
+  }
+  void remove_beat(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    beats.erase(id);
+  }
+  void beat_loop() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!beat_stop) {
+      beat_cv.wait_for(lock, kBeatTick, [&] { return beat_stop; });
+      std::vector<std::function<void()>> due;
+      for (auto& [id, w] : beats) due.push_back(w);
+      lock.unlock();
+      for (auto& w : due) w();
+      lock.lock();
+    }
+  }
+  void stop_beats() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      beat_stop = true;
+    }
+    beat_cv.notify_all();
+    if (beat_thread.joinable()) beat_thread.join();
   }
 };
 
@@ -169,7 +210,8 @@ class GenerationProducer : public ResponseProducer {
  public:
   GenerationProducer(std::shared_ptr<ApiServer::Shared> shared, const Tokenizer& tokenizer, ParsedRequest request,
                      std::string id, std::string header_id, std::string model, std::vector<std::string> echo_texts,
-                     std::vector<int64_t> prompt_lengths, std::vector<Choice> choices, std::string remote)
+                     std::vector<int64_t> prompt_lengths, std::vector<Choice> choices, std::string remote,
+                     std::chrono::milliseconds heartbeat)
       : shared_(std::move(shared)),
         tokenizer_(tokenizer),
         request_(std::move(request)),
@@ -180,16 +222,20 @@ class GenerationProducer : public ResponseProducer {
         prompt_lengths_(std::move(prompt_lengths)),
         choices_(std::move(choices)),
         remote_(std::move(remote)),
+        heartbeat_(request_.stream ? heartbeat : std::chrono::milliseconds(0)),
         created_(unix_now()),
-        start_(Clock::now()) {}
+        start_(Clock::now()),
+        last_write_(start_) {}
 
   ~GenerationProducer() override {
     if (waker_) shared_->remove_waker(*waker_);
+    if (beat_) shared_->remove_beat(*beat_);
     cancel_rest();
   }
 
   void start(std::function<void()> wake) override {
     waker_ = shared_->add_waker(wake);
+    if (heartbeat_.count() > 0) beat_ = shared_->add_beat(wake);
     for (size_t i = 0; i < choices_.size(); ++i) {
       Choice& c = choices_[i];
       if (request_.echo && !request_.chat) c.text_offset = echo_texts_[static_cast<size_t>(c.prompt_index)].size();
@@ -222,6 +268,16 @@ class GenerationProducer : public ResponseProducer {
       finish_log(out.head->status);
       return;
     }
+    const Clock::time_point now = Clock::now();
+    const bool beat_due = heartbeat_.count() > 0 && sse.empty() && !all_done && now - last_write_ >= heartbeat_;
+    if (beat_due) {
+      // Nothing else is due: a comment line, which SSE clients ignore,
+      // tells a proxy watching for stalls that this stream is alive (a
+      // long prefill, a slow step). The first one starts the stream.
+      sse = ": hb\n\n";
+      first_event_ = true;
+    }
+    if (!sse.empty() || all_done) last_write_ = now;
     if (!head_sent_) {
       // The first event decides: an error before any output is a plain
       // error response, anything else starts the event stream.
@@ -259,11 +315,16 @@ class GenerationProducer : public ResponseProducer {
     shared_->server_cuts.fetch_add(1);
     const ApiError error(503, "the server is shutting down and cut this request off before it finished", {},
                          "server_error");
+    // The code says what happened, so that a gateway resumes the stream
+    // on another replica rather than pass the error on.
+    json body = json::parse(error.body());
+    body["error"]["code"] = "cut_by_server";
     if (!head_sent_) {
       out.head = error_response(error);
+      out.head->body = body.dump();
       out.head->headers.emplace_back("X-Request-Id", header_id_);
     } else {
-      out.data = std::move(sse) + "data: " + error.body() + "\n\n" + "data: [DONE]\n\n";
+      out.data = std::move(sse) + "data: " + body.dump() + "\n\n" + "data: [DONE]\n\n";
     }
     out.done = true;
     finish_log(503, "cut_by_server");
@@ -551,8 +612,11 @@ class GenerationProducer : public ResponseProducer {
   std::vector<int64_t> prompt_lengths_;
   std::vector<Choice> choices_;
   std::string remote_;
+  std::chrono::milliseconds heartbeat_;  // X-Basalt-Heartbeat; 0: none
+  std::optional<uint64_t> beat_;
   int64_t created_;
   Clock::time_point start_;
+  Clock::time_point last_write_;  // bytes last given to the transport
   std::optional<Clock::time_point> first_token_;
   bool first_event_ = false;
   bool error_before_output_ = false;
@@ -701,7 +765,7 @@ ApiServer::ApiServer(EngineClient& engine, const Tokenizer& tokenizer, const Tok
   if (!options_.reasoning_parser.empty()) reasoning_format_ = parse_reasoning_format(options_.reasoning_parser);
 }
 
-ApiServer::~ApiServer() = default;
+ApiServer::~ApiServer() { shared_->stop_beats(); }
 
 GrammarCache& ApiServer::grammars() {
   // The vocabulary's token bytes are gathered on the first structured
@@ -899,8 +963,26 @@ ChatOutputOptions ApiServer::chat_output_options(const ParsedRequest& r, const s
   return o;
 }
 
+namespace {
+
+// X-Basalt-Heartbeat: milliseconds between `: hb` comments on a stream
+// with nothing else to send (a gateway's stall detection asks for them).
+std::chrono::milliseconds heartbeat_of(const HttpRequest& request) {
+  const std::optional<std::string_view> h = request.header("x-basalt-heartbeat");
+  if (!h) return std::chrono::milliseconds(0);
+  int64_t ms = -1;
+  if (!h->empty() && h->size() <= 6 && h->find_first_not_of("0123456789") == std::string_view::npos)
+    ms = std::stoll(std::string(*h));
+  if (ms < 100 || ms > 60000)
+    throw ApiError(400, fmt::format("X-Basalt-Heartbeat: expected milliseconds from 100 to 60000, got '{}'", *h));
+  return std::chrono::milliseconds(ms);
+}
+
+}  // namespace
+
 HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::string& header_id) {
   if (draining_) throw ApiError(503, "the server is shutting down", {}, "server_error");
+  const std::chrono::milliseconds heartbeat = heartbeat_of(request);
   ProtocolLimits limits = options_.limits;
   ParsedRequest r = chat ? parse_chat_request(request.body, limits) : parse_completion_request(request.body, limits);
   if (!r.model.empty() && r.model != options_.served_model_name)
@@ -1055,7 +1137,7 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
   auto producer = std::make_unique<GenerationProducer>(shared_, tokenizer_, std::move(r), id,
                                                        client_id.empty() ? id : client_id, options_.served_model_name,
                                                        std::move(echo_texts), std::move(prompt_lengths),
-                                                       std::move(choices), request.remote);
+                                                       std::move(choices), request.remote, heartbeat);
   return HandlerResult{{}, std::move(producer)};
 }
 

@@ -196,5 +196,61 @@ TEST(ApiServer, QueueLimitAnswers429AndDrainingAnswers503) {
   holder.close();
 }
 
+// X-Basalt-Heartbeat: a stream with nothing to send (here, a request that
+// waits in the queue behind another) starts at once and writes `: hb`
+// comments at that interval, then its events as usual; a bad value is a
+// 400. At the drain deadline a stream's error event says cut_by_server.
+TEST(ApiServer, HeartbeatsKeepAWaitingStreamAliveAndCutsSaySo) {
+  ApiServerOptions api;
+  api.max_running = 1;
+  api.max_queue = 1;
+  EngineOptions engine_options;
+  engine_options.max_running = 1;
+  Served s(api, engine_options);
+  Client holder(s.http->port());
+  holder.send(testing::post_request(
+      "/v1/completions", json{{"prompt", "Hold"}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}.dump()));
+  (void)holder.read_until([](const std::string& b) { return b.find("data: {") != std::string::npos; }, 60000ms);
+
+  Client waiting(s.http->port());
+  waiting.send(testing::post_request(
+      "/v1/completions", json{{"prompt", "Wait"}, {"max_tokens", 4}, {"stream", true}}.dump(),
+      "X-Basalt-Heartbeat: 100\r\n"));
+  const auto beats = [](const std::string& b) {
+    size_t n = 0;
+    for (size_t at = 0; (at = b.find(": hb\n\n", at)) != std::string::npos; at += 6) ++n;
+    return n;
+  };
+  const std::string early =
+      waiting.read_until([&](const std::string& b) { return beats(b) >= 3; }, 10000ms);
+  EXPECT_EQ(early.substr(0, 12), "HTTP/1.1 200") << early;
+  EXPECT_GE(beats(early), 3u) << early;
+  EXPECT_EQ(early.find("data: {"), std::string::npos) << "still queued behind the holder: " << early;
+  holder.close();  // the holder goes; the waiting request runs
+  const std::string rest =
+      waiting.read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; }, 60000ms);
+  EXPECT_NE(rest.find("data: {"), std::string::npos) << rest;
+  EXPECT_NE(rest.find("data: [DONE]"), std::string::npos) << rest;
+
+  for (const char* bad : {"50", "abc", "", "60001", "99999999999"}) {
+    Client c(s.http->port());
+    c.send(testing::post_request("/v1/completions", json{{"prompt", "x"}, {"stream", true}}.dump(),
+                                 std::string("X-Basalt-Heartbeat: ") + bad + "\r\n"));
+    const std::string r = c.response(10000ms);
+    EXPECT_EQ(r.substr(0, 12), "HTTP/1.1 400") << bad << ": " << r;
+    EXPECT_NE(r.find("X-Basalt-Heartbeat"), std::string::npos) << r;
+  }
+
+  Client cut(s.http->port());
+  cut.send(testing::post_request(
+      "/v1/completions", json{{"prompt", "Cut"}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}.dump()));
+  (void)cut.read_until([](const std::string& b) { return b.find("data: {") != std::string::npos; }, 60000ms);
+  s.server->cut_in_flight();
+  const std::string end =
+      cut.read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; }, 60000ms);
+  EXPECT_NE(end.find(R"("code":"cut_by_server")"), std::string::npos) << end.substr(end.size() > 400 ? end.size() - 400 : 0);
+  EXPECT_EQ(s.server->server_cuts(), 1u);
+}
+
 }  // namespace
 }  // namespace basalt
