@@ -186,6 +186,7 @@ struct Choice {
   int prompt_index = 0;
   bool announced = false;  // stream: the first chunk (role / echo) went out
   bool finished = false;
+  size_t ids_told = 0;  // X-Basalt-Resume-Info: ids already named in a comment
   std::string text;
   std::vector<int32_t> ids;
   std::vector<std::vector<TokenLogprob>> top;  // per token, when logprobs
@@ -211,7 +212,7 @@ class GenerationProducer : public ResponseProducer {
   GenerationProducer(std::shared_ptr<ApiServer::Shared> shared, const Tokenizer& tokenizer, ParsedRequest request,
                      std::string id, std::string header_id, std::string model, std::vector<std::string> echo_texts,
                      std::vector<int64_t> prompt_lengths, std::vector<Choice> choices, std::string remote,
-                     std::chrono::milliseconds heartbeat)
+                     std::chrono::milliseconds heartbeat, bool resume_info)
       : shared_(std::move(shared)),
         tokenizer_(tokenizer),
         request_(std::move(request)),
@@ -223,6 +224,7 @@ class GenerationProducer : public ResponseProducer {
         choices_(std::move(choices)),
         remote_(std::move(remote)),
         heartbeat_(request_.stream ? heartbeat : std::chrono::milliseconds(0)),
+        resume_info_(resume_info),
         created_(unix_now()),
         start_(Clock::now()),
         last_write_(start_) {}
@@ -357,6 +359,7 @@ class GenerationProducer : public ResponseProducer {
       choice["stop_reason"] = stop_reason_json(e.stop_reason);
       if (request_.chat && e.text.empty()) choice["delta"] = json::object();
       announce(c, sse);
+      tell_resume_info(c, sse);
       sse += sse_line(chunk({choice}));
       return;
     }
@@ -380,11 +383,30 @@ class GenerationProducer : public ResponseProducer {
       if (delta.empty() && lp.is_null()) return;  // held back (a possible marker or stop string)
       json choice = chunk_choice(c, {}, lp);
       choice["delta"] = std::move(delta);
+      tell_resume_info(c, sse);
       sse += sse_line(chunk({choice}));
       return;
     }
     if (e.text.empty() && lp.is_null()) return;  // held back (a possible stop string)
+    tell_resume_info(c, sse);
     sse += sse_line(chunk({chunk_choice(c, e.text, lp)}));
+  }
+
+  // X-Basalt-Resume-Info: 1 puts before each event of a choice a comment
+  // with what a gateway needs to resume the stream elsewhere after it: the
+  // token ids since the choice's last such comment, the bytes of the
+  // choice's text produced so far (its deltas are in this event or
+  // earlier ones; a chat choice's parser holds some of them back, and the
+  // same text fed to a fresh parser holds back the same), and whether the
+  // choice ends here. SSE clients skip comments.
+  void tell_resume_info(Choice& c, std::string& sse) {
+    if (!resume_info_) return;
+    json ids = json::array();
+    for (size_t i = c.ids_told; i < c.ids.size(); ++i) ids.push_back(c.ids[i]);
+    c.ids_told = c.ids.size();
+    sse += ": basalt " +
+           json{{"i", c.index}, {"t", std::move(ids)}, {"o", c.text.size()}, {"f", c.finished ? 1 : 0}}.dump() +
+           "\n";
   }
 
   // OpenAI's "tool_calls" when the model stopped after calling.
@@ -613,6 +635,7 @@ class GenerationProducer : public ResponseProducer {
   std::vector<Choice> choices_;
   std::string remote_;
   std::chrono::milliseconds heartbeat_;  // X-Basalt-Heartbeat; 0: none
+  bool resume_info_;                     // X-Basalt-Resume-Info: 1
   std::optional<uint64_t> beat_;
   int64_t created_;
   Clock::time_point start_;
@@ -1137,7 +1160,8 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
   auto producer = std::make_unique<GenerationProducer>(shared_, tokenizer_, std::move(r), id,
                                                        client_id.empty() ? id : client_id, options_.served_model_name,
                                                        std::move(echo_texts), std::move(prompt_lengths),
-                                                       std::move(choices), request.remote, heartbeat);
+                                                       std::move(choices), request.remote, heartbeat,
+                                                       request.header("x-basalt-resume-info") == "1");
   return HandlerResult{{}, std::move(producer)};
 }
 

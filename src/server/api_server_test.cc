@@ -196,6 +196,60 @@ TEST(ApiServer, QueueLimitAnswers429AndDrainingAnswers503) {
   holder.close();
 }
 
+// X-Basalt-Resume-Info: 1 puts a comment before each event of a choice:
+// the ids since the last one (together, the choice's whole output), the
+// choice's text bytes so far, and whether it ends there.
+TEST(ApiServer, ResumeInfoCommentsNameEveryTokenAndTheTextSoFar) {
+  Served s;
+  const std::string prompt = "Debian packages are";
+  const json body = {{"prompt", prompt}, {"max_tokens", 20}, {"n", 2},      {"seed", 7},
+                     {"stream", true},   {"stop", " the"},   {"temperature", 1.0}};
+  Client c(s.http->port());
+  c.send(testing::post_request("/v1/completions", body.dump(), "X-Basalt-Resume-Info: 1\r\n"));
+  const std::string raw =
+      c.read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; }, 60000ms);
+  std::vector<std::vector<int32_t>> told(2);
+  std::vector<std::string> texts(2);
+  std::vector<int> ends(2, 0);
+  size_t comments = 0;
+  for (size_t at = 0; (at = raw.find("\n: basalt ", at)) != std::string::npos;) {
+    const size_t eol = raw.find('\n', at + 1);
+    const json info = json::parse(raw.substr(at + 10, eol - at - 10));
+    ++comments;
+    // The event right after it, of the same choice.
+    ASSERT_EQ(raw.compare(eol + 1, 6, "data: "), 0) << raw.substr(at, 200);
+    const size_t event_end = raw.find('\n', eol + 1);
+    const json chunk = json::parse(raw.substr(eol + 7, event_end - eol - 7));
+    ASSERT_EQ(chunk["choices"].size(), 1u);
+    const int i = info["i"].get<int>();
+    ASSERT_EQ(chunk["choices"][0]["index"].get<int>(), i);
+    for (const json& id : info["t"]) told[static_cast<size_t>(i)].push_back(id.get<int32_t>());
+    texts[static_cast<size_t>(i)] += chunk["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(info["o"].get<size_t>(), texts[static_cast<size_t>(i)].size());
+    EXPECT_EQ(info["f"].get<int>(), chunk["choices"][0]["finish_reason"].is_null() ? 0 : 1);
+    ends[static_cast<size_t>(i)] += info["f"].get<int>();
+    at = event_end;
+  }
+  EXPECT_GT(comments, 4u);
+  const std::vector<int32_t> ids = s.bundle->tokenizer.encode(prompt, true);
+  for (int i = 0; i < 2; ++i) {
+    SamplingParams p;
+    p.max_tokens = 20;
+    p.seed = sample_seed(7, i);
+    p.stop = {" the"};
+    const RequestOutput want = s.direct(ids, p);
+    EXPECT_EQ(told[static_cast<size_t>(i)], want.output_ids) << i;
+    EXPECT_EQ(texts[static_cast<size_t>(i)], want.text) << i;
+    EXPECT_EQ(ends[static_cast<size_t>(i)], 1) << i;
+  }
+  // Without the header, no comments.
+  Client plain(s.http->port());
+  plain.send(testing::post_request("/v1/completions", body.dump()));
+  const std::string quiet =
+      plain.read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; }, 60000ms);
+  EXPECT_EQ(quiet.find("\n: basalt "), std::string::npos);
+}
+
 // X-Basalt-Heartbeat: a stream with nothing to send (here, a request that
 // waits in the queue behind another) starts at once and writes `: hb`
 // comments at that interval, then its events as usual; a bad value is a
