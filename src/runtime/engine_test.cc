@@ -368,7 +368,7 @@ TEST_P(EngineMode, ResumedRequestsContinueAsTheFullRun) {
     ASSERT_TRUE(whole[i].error.empty()) << whole[i].error;
     const std::vector<int32_t>& ids = whole[i].output_ids;
     ASSERT_GE(ids.size(), 2u);
-    for (size_t k = 1; k < ids.size(); ++k) {
+    for (size_t k = 1; k <= ids.size(); ++k) {  // all of them: it ends at once, as the run did
       EngineRequest r = full[i];
       if (r.constraint) r.constraint = r.constraint->fresh_copy();
       r.resume_output.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k));
@@ -392,7 +392,8 @@ TEST_P(EngineMode, ResumedRequestsContinueAsTheFullRun) {
 }
 
 // A continuation the earlier run could not have made is refused with an
-// error that says why, and nothing runs.
+// error that says why, and nothing runs; one of a run that had ended ends
+// at once as it did.
 TEST_P(EngineMode, ResumedRequestsThatCannotContinueAreRefused) {
   Fixture f(kLlama, /*with_tokenizer=*/true);
   int32_t with_e = -1;  // a token whose text holds an "e"
@@ -408,14 +409,14 @@ TEST_P(EngineMode, ResumedRequestsThatCannotContinueAreRefused) {
     bad.push_back(std::move(r));
     why.push_back(std::move(expected));
   };
-  add(request({5, 6, 7}, greedy(3)), {9, 10, 11}, "nothing is left to generate");
+  add(request({5, 6, 7}, greedy(3)), {9, 10, 11, 12}, "more than the run could make");
   add(request({5, 6, 7}, greedy(8)), {9, 400, 11}, "outside the vocabulary");
   SamplingParams stop_id = greedy(8);
   stop_id.stop_token_ids = {41};
   add(request({5, 6, 7}, stop_id), {9, 41, 11}, "already ends at token 1");
   SamplingParams stop_string = greedy(8);
   stop_string.stop = {"e"};
-  add(request({5, 6, 7}, stop_string), {9, with_e}, "stop string \"e\"");
+  add(request({5, 6, 7}, stop_string), {with_e, 9}, "stop string \"e\"");
   EngineRequest limited = request({5, 6, 7}, greedy(8));
   limited.constraint = std::make_shared<AllowedSet>(std::vector<int32_t>{10, 20});
   add(limited, {10, 30}, "not allowed");
@@ -434,6 +435,25 @@ TEST_P(EngineMode, ResumedRequestsThatCannotContinueAreRefused) {
     EXPECT_EQ(out[i].reason, FinishReason::kError) << i;
     EXPECT_NE(out[i].error.find(why[i]), std::string::npos) << i << ": " << out[i].error;
     EXPECT_TRUE(out[i].output_ids.empty()) << i;
+  }
+  // Runs that had ended with their last resumed token end at once, as they
+  // did, with nothing new: max_tokens, a stop id, a stop string.
+  std::vector<EngineRequest> ended;
+  ended.push_back(request({5, 6, 7}, greedy(3)));
+  ended.back().resume_output = {9, 10, 11};
+  ended.push_back(request({5, 6, 7}, stop_id));
+  ended.back().resume_output = {9, 41};
+  ended.push_back(request({5, 6, 7}, stop_string));
+  ended.back().resume_output = {9, with_e};
+  const std::vector<RequestOutput> done = run_all(engine, ended);
+  const FinishReason reasons[] = {FinishReason::kLength, FinishReason::kStop, FinishReason::kStop};
+  const StopReason stops[] = {StopReason{}, StopReason{int32_t{41}}, StopReason{std::string("e")}};
+  for (size_t i = 0; i < done.size(); ++i) {
+    EXPECT_TRUE(done[i].error.empty()) << i << ": " << done[i].error;
+    EXPECT_EQ(done[i].reason, reasons[i]) << i;
+    EXPECT_EQ(done[i].stop_reason, stops[i]) << i;
+    EXPECT_TRUE(done[i].output_ids.empty()) << i;
+    EXPECT_EQ(done[i].usage.completion_tokens, static_cast<int64_t>(ended[i].resume_output.size())) << i;
   }
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
 }

@@ -25,14 +25,20 @@ std::string OutputProcessor::feed(const std::string& piece, bool check, std::opt
 }
 
 std::string OutputProcessor::prime(std::span<const int32_t> tokens) {
-  for (const int32_t token : tokens) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t token = tokens[i];
     ++num_output_;
     if (tokenizer_ == nullptr || token < 0 || token >= tokenizer_->vocab_size()) continue;
     std::optional<std::string> stop;
-    feed(decoder_->push(token), num_output_ > min_tokens_, stop);
-    if (stop)
+    primed_text_ += feed(decoder_->push(token), num_output_ > min_tokens_, stop);
+    if (!stop) continue;
+    if (i + 1 < tokens.size())
       return fmt::format("resume_output already holds the stop string \"{}\" (by output token {})", *stop,
                          num_output_ - 1);
+    // The run ended on this token's stop string: the request ends at once,
+    // as it did (its finish names the string).
+    stopped_by_string_ = true;
+    string_stop_ = std::move(*stop);
   }
   return {};
 }

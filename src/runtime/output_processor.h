@@ -40,9 +40,16 @@ class OutputProcessor {
   // Takes in output tokens an earlier run produced (EngineRequest::
   // resume_output) as if they had been processed, without events: the
   // text, the text held back and the stop strings go on from there. Returns
-  // why the continuation cannot be (a stop string already in their text,
-  // past min_tokens), or "".
+  // why the continuation cannot be (a stop string already in their text
+  // before the last token, past min_tokens), or "". A stop string that the
+  // last token completes ended the run there: primed_stop() says so, and
+  // the finish this processor then makes names it.
   std::string prime(std::span<const int32_t> tokens);
+  bool primed_stop() const { return stopped_by_string_; }
+  // The text priming let out: what the resumed run had reported by its
+  // last resumed token (text held back for a possible stop string, or an
+  // unfinished UTF-8 sequence, comes with the tokens after).
+  const std::string& primed_text() const { return primed_text_; }
   // Appends the events of one update to `out`.
   void process(RequestUpdate update, std::deque<EngineEvent>& out);
   // The client's stream has ended (a finished event was produced).
@@ -55,6 +62,7 @@ class OutputProcessor {
   std::string feed(const std::string& piece, bool check, std::optional<std::string>& stop);
 
   const Tokenizer* tokenizer_;
+  std::string primed_text_;
   int min_tokens_;
   bool include_stop_;
   uint64_t seed_;

@@ -27,6 +27,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -64,10 +65,11 @@ struct EngineRequest {
   // as that run would have after them: they count as output (max_tokens,
   // min_tokens, penalties, usage.completion_tokens, the grammar), the next
   // token is drawn at their count in the seed's sequence, and only tokens
-  // after them are reported. A continuation the run could not have made
-  // (one that already ended: an end or stop token past min_tokens, a stop
-  // string, max_tokens reached; or one the grammar refuses) is refused
-  // with an error.
+  // after them are reported. A run that had ended with the last of them (an
+  // end or stop token past min_tokens, a stop string, max_tokens) ends at
+  // once as it did, reporting nothing new. A continuation the run could
+  // not have made (tokens past such an end, more than max_tokens, a token
+  // the grammar refuses) is refused with an error.
   std::vector<int32_t> resume_output;
 };
 
@@ -143,6 +145,11 @@ struct Request {
   int64_t prompt_len = 0;
   int num_output = 0;
   int resumed = 0;  // of num_output, the tokens of request.resume_output
+  // The resumed run had ended with its last resumed token: how (set by
+  // Scheduler::resume), or by a stop string in its text (set at submit by
+  // the output side, which then names the string).
+  std::optional<std::pair<FinishReason, StopReason>> resume_end;
+  bool resume_stopped = false;
   // Launched steps not processed yet: tokens they sample for this request,
   // the row of the latest one (a FutureToken of the next step).
   int pending = 0;

@@ -6,7 +6,11 @@ namespace basalt {
 
 RequestStream::RequestStream(uint64_t id, StreamOwner* owner, OutputProcessor processor,
                              std::shared_ptr<StopLedger> ledger)
-    : id_(id), owner_(owner), ledger_(std::move(ledger)), processor_(std::move(processor)) {}
+    : id_(id),
+      resumed_text_(processor.primed_text()),
+      owner_(owner),
+      ledger_(std::move(ledger)),
+      processor_(std::move(processor)) {}
 
 void RequestStream::account_late_finish(const RequestUpdate& update) {
   if (!ledger_ || !client_kept_) return;

@@ -55,6 +55,9 @@ class RequestStream {
                 std::shared_ptr<StopLedger> ledger = nullptr);
 
   uint64_t id() const { return id_; }
+  // A resumed request's text so far (OutputProcessor::primed_text; empty
+  // for any other). Set at construction, so any thread may read it.
+  const std::string& resumed_text() const { return resumed_text_; }
   // Blocks until the next event; nothing once the finished event was taken.
   std::optional<EngineEvent> next_event();
   // The next event if one is ready.
@@ -81,6 +84,7 @@ class RequestStream {
   void account_late_finish(const RequestUpdate& update);
 
   const uint64_t id_;
+  const std::string resumed_text_;
   mutable std::mutex mu_;  // updates_, ended_, owner_, listener_
   std::condition_variable cv_;
   std::deque<RequestUpdate> updates_;

@@ -113,6 +113,11 @@ void Scheduler::add(std::unique_ptr<Request> request, std::vector<RequestUpdate>
   } catch (const std::exception& e) {
     return end(r, FinishReason::kError, updates, {}, e.what());
   }
+  // A continuation of a run that had ended (its last token, or a stop
+  // string the output side found in its text) ends at once, as that run
+  // did, with nothing new.
+  if (r.resume_end) return end(r, r.resume_end->first, updates, std::move(r.resume_end->second));
+  if (r.resume_stopped) return end(r, FinishReason::kStop, updates);
   waiting_.push_back(std::move(request));
 }
 
@@ -125,8 +130,8 @@ std::string Scheduler::resume(Request& r) {
   const std::vector<int32_t>& resumed = r.request.resume_output;
   if (resumed.empty()) return {};
   const auto k = static_cast<int64_t>(resumed.size());
-  if (k >= r.max_tokens)
-    return fmt::format("resume_output holds {} tokens and max_tokens is {}: nothing is left to generate", k,
+  if (k > r.max_tokens)
+    return fmt::format("resume_output holds {} tokens and max_tokens is {}: more than the run could make", k,
                        r.max_tokens);
   std::vector<uint32_t> allowed;
   if (r.constraint != nullptr) allowed.resize(static_cast<size_t>(token_mask_words(options_.vocab_size)));
@@ -136,8 +141,9 @@ std::string Scheduler::resume(Request& r) {
       return fmt::format("resume_output token {} ({}) is outside the vocabulary (0..{})", j, id,
                          options_.vocab_size - 1);
     const bool past_min = j + 1 >= r.min_tokens;
-    if (past_min && ((!r.ignore_eos && contains(options_.eos_ids, id)) ||
-                     (r.has_stop_ids && contains(r.request.params.stop_token_ids, id))))
+    const bool is_eos = past_min && !r.ignore_eos && contains(options_.eos_ids, id);
+    const bool is_stop_id = past_min && r.has_stop_ids && contains(r.request.params.stop_token_ids, id);
+    if ((is_eos || is_stop_id) && j + 1 < k)
       return fmt::format("resume_output already ends at token {} ({}, an end or stop token)", j, id);
     if (r.constraint != nullptr) {
       std::fill(allowed.begin(), allowed.end(), ~uint32_t{0});
@@ -149,6 +155,15 @@ std::string Scheduler::resume(Request& r) {
     }
     r.processor->append(id);
     r.tokens.push_back(id);
+    // The run ended with this token: the request ends as it did (in
+    // on_token's order: an end or stop token, then max_tokens).
+    if (is_eos || is_stop_id) {
+      StopReason stop_reason;
+      if (is_stop_id && !is_eos) stop_reason = id;
+      r.resume_end = {FinishReason::kStop, std::move(stop_reason)};
+    } else if (j + 1 == r.max_tokens) {
+      r.resume_end = {FinishReason::kLength, StopReason{}};
+    }
   }
   r.num_output = static_cast<int>(k);
   r.resumed = static_cast<int>(k);

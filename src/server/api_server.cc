@@ -187,6 +187,7 @@ struct Choice {
   bool announced = false;  // stream: the first chunk (role / echo) went out
   bool finished = false;
   size_t ids_told = 0;  // X-Basalt-Resume-Info: ids already named in a comment
+  size_t resumed = 0;   // basalt_resume: of ids, those the first attempt made
   std::string text;
   std::vector<int32_t> ids;
   std::vector<std::vector<TokenLogprob>> top;  // per token, when logprobs
@@ -197,6 +198,9 @@ struct Choice {
   Usage usage;
   // Chat with tool or reasoning parsing: the text as message fields.
   std::shared_ptr<ChatOutputStream> output;
+  // basalt_resume: the text the first attempt made past what the gateway
+  // forwarded (sent first).
+  std::string gap;
 };
 
 // The logprob of the sampled token, from the event's alternatives.
@@ -225,7 +229,7 @@ class GenerationProducer : public ResponseProducer {
         remote_(std::move(remote)),
         heartbeat_(request_.stream ? heartbeat : std::chrono::milliseconds(0)),
         resume_info_(resume_info),
-        created_(unix_now()),
+        created_(request_.resume && request_.resume->created ? *request_.resume->created : unix_now()),
         start_(Clock::now()),
         last_write_(start_) {}
 
@@ -240,8 +244,9 @@ class GenerationProducer : public ResponseProducer {
     if (heartbeat_.count() > 0) beat_ = shared_->add_beat(wake);
     for (size_t i = 0; i < choices_.size(); ++i) {
       Choice& c = choices_[i];
-      if (request_.echo && !request_.chat) c.text_offset = echo_texts_[static_cast<size_t>(c.prompt_index)].size();
-      c.handle->set_listener(wake);
+      if (request_.echo && !request_.chat && !request_.resume)
+        c.text_offset = echo_texts_[static_cast<size_t>(c.prompt_index)].size();
+      if (c.handle) c.handle->set_listener(wake);
     }
   }
 
@@ -254,6 +259,10 @@ class GenerationProducer : public ResponseProducer {
 
   void pull(Output& out) override {
     std::string sse;
+    if (!resume_text_sent_) {
+      resume_text_sent_ = true;
+      for (Choice& c : choices_) send_resume_gap(c, sse);
+    }
     for (Choice& c : choices_) {
       while (!c.finished) {
         std::optional<EngineEvent> e = c.handle->try_next_event();
@@ -282,8 +291,9 @@ class GenerationProducer : public ResponseProducer {
     if (!sse.empty() || all_done) last_write_ = now;
     if (!head_sent_) {
       // The first event decides: an error before any output is a plain
-      // error response, anything else starts the event stream.
-      if (!first_event_) return;
+      // error response, anything else starts the event stream (a resumed
+      // request whose choices had all finished has no event: it is done).
+      if (!first_event_ && !all_done) return;
       if (error_before_output_) {
         out.head = error_head();
         out.done = true;
@@ -342,7 +352,7 @@ class GenerationProducer : public ResponseProducer {
       c.error = e.error;
       c.usage = e.usage;
       c.text += e.text;
-      if (e.reason == FinishReason::kError && c.ids.empty() && !head_sent_) {
+      if (e.reason == FinishReason::kError && c.ids.size() == c.resumed && !head_sent_) {
         error_before_output_ = true;
         if (error_.empty()) error_ = e.error;
         return;
@@ -390,6 +400,21 @@ class GenerationProducer : public ResponseProducer {
     if (e.text.empty() && lp.is_null()) return;  // held back (a possible stop string)
     tell_resume_info(c, sse);
     sse += sse_line(chunk({chunk_choice(c, e.text, lp)}));
+  }
+
+  // A resumed choice's text the first attempt made and the gateway did not
+  // forward (past its text_offset): the first chunk of the resumed stream.
+  void send_resume_gap(Choice& c, std::string& sse) {
+    if (c.gap.empty()) return;
+    json choice = chunk_choice(c, c.output ? std::string() : c.gap, nullptr);
+    if (c.output) {
+      json delta = c.output->feed(c.gap);
+      if (delta.empty()) return;  // held back by the parser: it comes with later text
+      choice["delta"] = std::move(delta);
+    }
+    tell_resume_info(c, sse);
+    sse += sse_line(chunk({choice}));
+    first_event_ = true;  // the stream starts with it
   }
 
   // X-Basalt-Resume-Info: 1 puts before each event of a choice a comment
@@ -469,6 +494,8 @@ class GenerationProducer : public ResponseProducer {
       k = k < 0 ? c.usage.cached_prompt_tokens : std::min(k, c.usage.cached_prompt_tokens);
     }
     for (int64_t k : cached) t.cached += std::max<int64_t>(k, 0);
+    // A resumed stream reports what the first attempt found in its cache.
+    if (request_.resume && request_.resume->prior_cached_tokens) t.cached = *request_.resume->prior_cached_tokens;
     return t;
   }
 
@@ -583,6 +610,7 @@ class GenerationProducer : public ResponseProducer {
   // Stops listening and cancels every choice still running.
   void cancel_rest() {
     for (Choice& c : choices_) {
+      if (!c.handle) continue;  // resumed as finished: never submitted
       c.handle->set_listener({});
       if (!c.finished) {
         c.handle->cancel();
@@ -646,6 +674,7 @@ class GenerationProducer : public ResponseProducer {
   std::string error_;
   bool head_sent_ = false;
   bool logged_ = false;
+  bool resume_text_sent_ = false;
 };
 
 std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
@@ -988,6 +1017,83 @@ ChatOutputOptions ApiServer::chat_output_options(const ParsedRequest& r, const s
 
 namespace {
 
+// basalt_resume: each choice of the request as a request of its own, sample
+// i % n of prompt i / n drawing with sample_seed(seed, i % n) as submit_n
+// gives it, continuing from the output the first attempt made (a choice
+// that had finished is kept, not run). The text the continuation's ids make
+// beyond the client's text_offset is the choice's gap, sent first; a chat
+// parser is fed the text before the offset, so it holds back what the first
+// attempt's held back. Throws ApiError (400) for an index, id or offset
+// the request cannot have, with nothing left submitted.
+std::vector<Choice> resume_choices(EngineClient& engine, const Tokenizer& tokenizer, const ParsedRequest& r,
+                                   const std::vector<std::vector<int32_t>>& prompts,
+                                   const std::shared_ptr<const TokenMasker>& grammar, const ChatOutputOptions* parsing) {
+  const int n = r.params.n;
+  const int samples = static_cast<int>(prompts.size()) * n;
+  const int64_t vocab = engine.model_config().vocab_size;
+  std::map<int, const ParsedRequest::ResumedChoice*> given;
+  for (const ParsedRequest::ResumedChoice& rc : r.resume->choices) {
+    if (rc.index >= samples)
+      throw ApiError(400, fmt::format("'basalt_resume.choices' index {} is past this request's {} choices", rc.index,
+                                      samples),
+                     "basalt_resume");
+    for (const int32_t id : rc.output_ids)
+      if (id >= vocab)
+        throw ApiError(400, fmt::format("'basalt_resume.choices' index {}: {} is not a token id of this model",
+                                        rc.index, id),
+                       "basalt_resume");
+    given[rc.index] = &rc;
+  }
+  std::vector<Choice> choices;
+  try {
+    for (int i = 0; i < samples; ++i) {
+      Choice c;
+      c.index = i;
+      c.prompt_index = i / n;
+      c.announced = true;  // no role delta, no echo: the first attempt sent them
+      if (parsing != nullptr) c.output = std::make_shared<ChatOutputStream>(*parsing);
+      const auto found = given.find(i);
+      const ParsedRequest::ResumedChoice* rc = found == given.end() ? nullptr : found->second;
+      if (rc != nullptr) c.ids = rc->output_ids;
+      c.resumed = c.ids_told = c.ids.size();
+      if (rc != nullptr && rc->finished) {
+        c.finished = true;  // counted in usage, not run again
+        choices.push_back(std::move(c));
+        continue;
+      }
+      EngineRequest e;
+      e.prompt = prompts[static_cast<size_t>(i / n)];
+      e.params = r.params;
+      e.params.n = 1;
+      e.params.seed = sample_seed(*r.params.seed, i % n);
+      e.cache_namespace = namespace_of(r.cache_salt);
+      e.priority = r.priority;
+      if (grammar) e.constraint = std::make_shared<GrammarConstraint>(grammar, &tokenizer);
+      e.resume_output = c.ids;
+      c.handle = engine.submit(std::move(e));
+      choices.push_back(std::move(c));
+      Choice& added = choices.back();
+      const std::string& text = added.handle->resumed_text();
+      const auto offset = static_cast<size_t>(rc != nullptr ? rc->text_offset : 0);
+      if (offset > text.size())
+        throw ApiError(400,
+                       fmt::format("'basalt_resume.choices' index {}: text_offset {} is past the {} bytes of text "
+                                   "its output_token_ids make",
+                                   i, offset, text.size()),
+                       "basalt_resume");
+      added.text = text;
+      added.text_offset = text.size();
+      if (added.output) (void)added.output->feed(text.substr(0, offset));
+      added.gap = text.substr(offset);
+    }
+  } catch (...) {
+    for (Choice& c : choices)
+      if (c.handle) c.handle->cancel();
+    throw;
+  }
+  return choices;
+}
+
 // X-Basalt-Heartbeat: milliseconds between `: hb` comments on a stream
 // with nothing else to send (a gateway's stall detection asks for them).
 std::chrono::milliseconds heartbeat_of(const HttpRequest& request) {
@@ -1132,8 +1238,17 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
   // The n samples of a prompt share its prefill through the radix cache;
   // sample i draws with sample_seed(seed, i).
   std::vector<Choice> choices;
+  if (r.resume) {
+    try {
+      const bool parsed = chat && (chat_output.tool_format || chat_output.reasoning_format);
+      choices = resume_choices(engine_, tokenizer_, r, prompts, grammar, parsed ? &chat_output : nullptr);
+    } catch (...) {
+      shared_->in_flight.fetch_sub(wanted);
+      throw;
+    }
+  }
   int index = 0;
-  for (size_t p = 0; p < prompts.size(); ++p) {
+  for (size_t p = 0; p < prompts.size() && !r.resume; ++p) {
     EngineRequest e;
     e.prompt = prompts[p];
     e.params = r.params;
@@ -1150,7 +1265,9 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
       choices.push_back(std::move(c));
     }
   }
-  shared_->in_flight.fetch_add(static_cast<int64_t>(choices.size()) - wanted);  // normally 0
+  // Normally 0; a resumed request's finished choices are not submitted.
+  const auto submitted = std::count_if(choices.begin(), choices.end(), [](const Choice& c) { return c.handle != nullptr; });
+  shared_->in_flight.fetch_add(static_cast<int64_t>(submitted) - wanted);
   // vLLM's convention: the response id is the prefix and the client's id
   // (X-Request-Id, else the body's request_id), which is echoed as is.
   std::string client_id = header_id;

@@ -8,9 +8,11 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
@@ -248,6 +250,156 @@ TEST(ApiServer, ResumeInfoCommentsNameEveryTokenAndTheTextSoFar) {
   const std::string quiet =
       plain.read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; }, 60000ms);
   EXPECT_EQ(quiet.find("\n: basalt "), std::string::npos);
+}
+
+// A stream's events as a gateway reads them: each data event with the
+// X-Basalt-Resume-Info comment before it (null when there was none).
+struct StreamEvents {
+  std::vector<json> infos, chunks;
+};
+StreamEvents stream_events(const std::string& raw) {
+  StreamEvents out;
+  json info;
+  size_t at = 0;
+  while (at < raw.size()) {
+    size_t eol = raw.find('\n', at);
+    if (eol == std::string::npos) eol = raw.size();
+    std::string line = raw.substr(at, eol - at);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    at = eol + 1;
+    if (line.rfind(": basalt ", 0) == 0) info = json::parse(line.substr(9));
+    if (line.rfind("data: {", 0) != 0) continue;
+    const json chunk = json::parse(line.substr(6));
+    if (chunk.contains("choices") && chunk["choices"].empty()) continue;  // usage
+    out.infos.push_back(std::exchange(info, json()));
+    out.chunks.push_back(chunk);
+  }
+  return out;
+}
+
+std::string stream_of(Served& s, const std::string& path, const json& body) {
+  Client c(s.http->port());
+  c.send(testing::post_request(path, body.dump(), "X-Basalt-Resume-Info: 1\r\nX-Request-Id: same-one\r\n"));
+  return c.read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; }, 60000ms);
+}
+
+// What one choice received: its ids (from the comments), its text, and how
+// it finished.
+struct Received {
+  std::vector<int32_t> ids;
+  std::string text;
+  int64_t offset = 0;
+  bool finished = false;
+  std::string finish_reason;
+};
+
+void receive(const json& info, const json& chunk, bool chat, std::map<int, Received>& got) {
+  for (const json& c : chunk["choices"]) {
+    Received& r = got[c["index"].get<int>()];
+    if (!info.is_null()) {
+      for (const json& id : info["t"]) r.ids.push_back(id.get<int32_t>());
+      r.offset = info["o"].get<int64_t>();
+      r.finished = r.finished || info["f"].get<int>() == 1;
+    }
+    const json& text = chat ? c["delta"]["content"] : c["text"];
+    if (text.is_string()) r.text += text.get<std::string>();
+    if (!c["finish_reason"].is_null()) r.finish_reason = c["finish_reason"].get<std::string>();
+  }
+}
+
+// basalt_resume after every event of a stream: the events before the cut
+// and those of the resumed stream are, choice by choice, the whole stream's
+// ids, text and finish; the resumed stream keeps the id and created time,
+// and sends no role or echo again.
+TEST(ApiServer, AStreamResumedAfterAnyEventIsTheWholeStream) {
+  Served s;
+  const json completion = {{"prompt", "Debian stable"}, {"max_tokens", 10}, {"n", 2}, {"seed", 11},
+                           {"temperature", 1.0}, {"stream", true}, {"stop", " is"}};
+  const json chat = {{"messages", json::array({{{"role", "user"}, {"content", "What is apt?"}}})},
+                     {"max_tokens", 8}, {"seed", 5}, {"temperature", 0.8}, {"stream", true}};
+  for (const bool is_chat : {false, true}) {
+    SCOPED_TRACE(is_chat ? "chat" : "completions");
+    const std::string path = is_chat ? "/v1/chat/completions" : "/v1/completions";
+    const json& body = is_chat ? chat : completion;
+    const StreamEvents whole = stream_events(stream_of(s, path, body));
+    ASSERT_GT(whole.chunks.size(), 3u);
+    std::map<int, Received> want;
+    for (size_t e = 0; e < whole.chunks.size(); ++e) receive(whole.infos[e], whole.chunks[e], is_chat, want);
+    for (const auto& [i, r] : want) {
+      EXPECT_TRUE(r.finished) << i;
+      EXPECT_FALSE(r.ids.empty()) << i;
+    }
+    // Cut after event k: the first k events were forwarded.
+    for (size_t k = 0; k <= whole.chunks.size(); ++k) {
+      SCOPED_TRACE("cut after event " + std::to_string(k));
+      std::map<int, Received> got;
+      for (size_t e = 0; e < k; ++e) receive(whole.infos[e], whole.chunks[e], is_chat, got);
+      json choices = json::array();
+      for (const auto& [i, r] : got) {
+        if (r.ids.empty() && !r.finished) continue;  // the role chunk only: it starts afresh
+        choices.push_back(
+            {{"index", i}, {"output_token_ids", r.ids}, {"text_offset", r.offset}, {"finished", r.finished}});
+      }
+      json resumed_body = body;
+      resumed_body["basalt_resume"] = {{"choices", choices}, {"created", whole.chunks[0]["created"]}};
+      const std::string raw = stream_of(s, path, resumed_body);
+      ASSERT_EQ(raw.substr(0, 12), "HTTP/1.1 200") << raw;
+      const StreamEvents rest = stream_events(raw);
+      for (size_t e = 0; e < rest.chunks.size(); ++e) {
+        EXPECT_EQ(rest.chunks[e]["id"], whole.chunks[0]["id"]);
+        EXPECT_EQ(rest.chunks[e]["created"], whole.chunks[0]["created"]);
+        for (const json& c : rest.chunks[e]["choices"]) {
+          EXPECT_FALSE(is_chat && c["delta"].contains("role")) << c;
+        }
+        receive(rest.infos[e], rest.chunks[e], is_chat, got);
+      }
+      for (const auto& [i, r] : want) {
+        EXPECT_EQ(got[i].ids, r.ids) << i;
+        EXPECT_EQ(got[i].text, r.text) << i;
+        EXPECT_EQ(got[i].finish_reason, r.finish_reason) << i;
+      }
+    }
+  }
+  // A text_offset short of the text the ids make (a gateway that lost an
+  // event's comment): the text past the offset comes first.
+  {
+    const StreamEvents whole = stream_events(stream_of(s, "/v1/completions", completion));
+    std::map<int, Received> want, got;
+    for (size_t e = 0; e < whole.chunks.size(); ++e) receive(whole.infos[e], whole.chunks[e], false, want);
+    for (size_t e = 0; e < 3; ++e) receive(whole.infos[e], whole.chunks[e], false, got);
+    json choices = json::array();
+    for (auto& [i, r] : got) {
+      choices.push_back({{"index", i}, {"output_token_ids", r.ids}, {"text_offset", 0}, {"finished", r.finished}});
+      if (!r.finished) r.text.clear();  // the resumed stream sends it all again
+    }
+    json resumed_body = completion;
+    resumed_body["basalt_resume"] = {{"choices", choices}};
+    const StreamEvents rest = stream_events(stream_of(s, "/v1/completions", resumed_body));
+    for (size_t e = 0; e < rest.chunks.size(); ++e) receive(rest.infos[e], rest.chunks[e], false, got);
+    for (const auto& [i, r] : want) EXPECT_EQ(got[i].text, r.text) << i;
+  }
+  EXPECT_EQ(s.server->in_flight(), 0);
+  // What a gateway cannot ask: no seed, no stream, an index past the
+  // choices, ids outside the vocabulary, an offset past the text.
+  const json ids = json::array({5, 6});
+  const json bad[] = {
+      {{"prompt", "x"}, {"stream", true}, {"basalt_resume", {{"choices", json::array()}}}},
+      {{"prompt", "x"}, {"seed", 1}, {"basalt_resume", {{"choices", json::array()}}}},
+      {{"prompt", "x"}, {"seed", 1}, {"stream", true}, {"basalt_resume", {{"choices", {{{"index", 3}}}}}}},
+      {{"prompt", "x"}, {"seed", 1}, {"stream", true},
+       {"basalt_resume", {{"choices", {{{"index", 0}, {"output_token_ids", {99999999}}}}}}}},
+      {{"prompt", "x"}, {"seed", 1}, {"stream", true},
+       {"basalt_resume", {{"choices", {{{"index", 0}, {"output_token_ids", ids}, {"text_offset", 1000}}}}}}},
+      {{"prompt", "x"}, {"seed", 1}, {"stream", true}, {"basalt_resume", {{"choices", json::array()}, {"extra", 1}}}},
+  };
+  for (const json& b : bad) {
+    int status = 0;
+    const json r = s.call("/v1/completions", b, &status);
+    EXPECT_EQ(status, 400) << b;
+    EXPECT_NE(r["error"]["message"].get<std::string>().find("basalt_resume"), std::string::npos) << r;
+  }
+  EXPECT_EQ(s.server->in_flight(), 0);
+  EXPECT_EQ(s.engine->drain_and_clear_cache(), s.engine->kv_capacity());
 }
 
 // X-Basalt-Heartbeat: a stream with nothing to send (here, a request that

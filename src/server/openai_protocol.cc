@@ -227,6 +227,51 @@ void normalize_tool_calls(ordered_json& message) {
 }
 
 // The sampling fields the two endpoints share.
+// basalt_resume: {"choices": [{"index", "output_token_ids", "text_offset",
+// "finished"}], "created", "prior_usage": {"cached_tokens"}}; every key
+// checked, unknown ones refused.
+void parse_resume(const json& v, ParsedRequest& r) {
+  constexpr const char* kParam = "basalt_resume";
+  const auto only_keys = [&](const json& obj, std::initializer_list<const char*> keys, const char* where) {
+    for (auto it = obj.begin(); it != obj.end(); ++it)
+      if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return it.key() == k; }))
+        bad(kParam, fmt::format("'basalt_resume{}' has no field '{}'", where, it.key()));
+  };
+  if (!v.is_object()) bad(kParam, "'basalt_resume' must be an object");
+  only_keys(v, {"choices", "created", "prior_usage"}, "");
+  if (!r.stream) bad(kParam, "'basalt_resume' resumes a stream: 'stream' must be true");
+  if (!r.params.seed) bad(kParam, "'basalt_resume' needs the 'seed' the first attempt ran with");
+  ParsedRequest::Resume resume;
+  const json* choices = field(v, "choices");
+  if (choices == nullptr || !choices->is_array() || choices->size() > 4096)
+    bad(kParam, "'basalt_resume.choices' must be an array (at most 4096 entries)");
+  for (const json& c : *choices) {
+    if (!c.is_object()) bad(kParam, "'basalt_resume.choices' entries must be objects");
+    only_keys(c, {"index", "output_token_ids", "text_offset", "finished"}, ".choices[]");
+    ParsedRequest::ResumedChoice rc;
+    if (field(c, "index") == nullptr) bad(kParam, "'basalt_resume.choices[]' needs an 'index'");
+    rc.index = static_cast<int>(get_int(c, "index", 0, 0, 65535));
+    if (const json* ids = field(c, "output_token_ids")) {
+      if (!ids->is_array() || ids->size() > (size_t{1} << 20))
+        bad(kParam, "'basalt_resume.choices[].output_token_ids' must be an array of token ids");
+      rc.output_ids = id_list(*ids, kParam);
+    }
+    rc.text_offset = get_int(c, "text_offset", 0, 0, std::numeric_limits<int32_t>::max());
+    rc.finished = get_bool(c, "finished", false);
+    for (const ParsedRequest::ResumedChoice& other : resume.choices)
+      if (other.index == rc.index) bad(kParam, fmt::format("'basalt_resume.choices' names index {} twice", rc.index));
+    resume.choices.push_back(std::move(rc));
+  }
+  if (field(v, "created") != nullptr) resume.created = get_int(v, "created", 0, 0, INT64_MAX);
+  if (const json* prior = field(v, "prior_usage")) {
+    if (!prior->is_object()) bad(kParam, "'basalt_resume.prior_usage' must be an object");
+    only_keys(*prior, {"cached_tokens"}, ".prior_usage");
+    if (field(*prior, "cached_tokens") != nullptr)
+      resume.prior_cached_tokens = get_int(*prior, "cached_tokens", 0, 0, INT64_MAX);
+  }
+  r.resume = std::move(resume);
+}
+
 void parse_common(const json& b, ParsedRequest& r, const ProtocolLimits& limits) {
   r.model = get_string(b, "model");
   SamplingParams& p = r.params;
@@ -309,6 +354,7 @@ void parse_common(const json& b, ParsedRequest& r, const ProtocolLimits& limits)
   r.truncate_prompt_tokens = get_int(b, "truncate_prompt_tokens", 0, -1, std::numeric_limits<int32_t>::max());
   if (r.truncate_prompt_tokens == 0 && field(b, "truncate_prompt_tokens") != nullptr)
     bad("truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or positive");
+  if (const json* resume = field(b, "basalt_resume")) parse_resume(*resume, r);
 }
 
 // Structured output: the one field of a request that constrains the output

@@ -102,6 +102,22 @@ struct ParsedRequest {
   // guided_*), and the field it came from (errors name it).
   std::optional<StructuredOutputSpec> structured;
   std::string structured_param;
+  // basalt_resume: a gateway resumes a stream whose replica failed
+  // (docs/ROUTER.md). Per choice (its index among the prompts' samples),
+  // the output the first attempt made and the bytes of its text already
+  // forwarded; a finished choice is not run again. Needs seed and stream.
+  struct ResumedChoice {
+    int index = 0;
+    std::vector<int32_t> output_ids;
+    int64_t text_offset = 0;
+    bool finished = false;
+  };
+  struct Resume {
+    std::vector<ResumedChoice> choices;
+    std::optional<int64_t> created;              // the first attempt's
+    std::optional<int64_t> prior_cached_tokens;  // prior_usage.cached_tokens
+  };
+  std::optional<Resume> resume;
 };
 
 // Throws ApiError (400) for malformed JSON, wrong types and out-of-range values.

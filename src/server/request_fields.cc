@@ -58,6 +58,7 @@ const RequestField kFields[] = {
     {"cache_salt", B, S, {}, {}, "requests with different salts never share prefix-cache entries"},
     {"request_id", B, S, {}, {}, "the response id and log id (an X-Request-Id header wins)"},
     {"add_special_tokens", B, S, {}, {}, ""},
+    {"basalt_resume", B, S, {}, {}, "a gateway resuming a stream elsewhere: the output so far per choice (docs/ROUTER.md)"},
     {"add_generation_prompt", H, S, {}, {}, ""},
     {"continue_final_message", H, S, {}, {}, ""},
     {"chat_template", H, S, {}, {}, "a Jinja template used instead of the model's"},
