@@ -301,7 +301,9 @@ void receive(const json& info, const json& chunk, bool chat, std::map<int, Recei
       r.offset = info["o"].get<int64_t>();
       r.finished = r.finished || info["f"].get<int>() == 1;
     }
-    const json& text = chat ? c["delta"]["content"] : c["text"];
+    // A finish chunk's delta may be empty: look, don't index.
+    const json& holder = chat ? c.value("delta", json::object()) : c;
+    const json text = holder.value(chat ? "content" : "text", json());
     if (text.is_string()) r.text += text.get<std::string>();
     if (!c["finish_reason"].is_null()) r.finish_reason = c["finish_reason"].get<std::string>();
   }
