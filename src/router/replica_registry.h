@@ -1,0 +1,83 @@
+// ReplicaRegistry: the replicas `basalt route` spreads requests over.
+//
+// Contract:
+//  * A replica is written `URL [key=value ...]`, on the command line
+//    (--replica) or one per line of a file (--replica-file; blank lines and
+//    `#` comments skipped). The URL is a base URL (server/http_client.h's
+//    parse_base_url); the keys are labels: `region`, `pool` and `model`
+//    (else the gateway asks the replica's /v1/models). Another key, an empty
+//    value, a URL given twice or an empty list is an error (basalt::Error)
+//    naming the flag, or the file and line.
+//  * A replica's identity is its canonical URL (scheme://host:port/prefix,
+//    scheme and host lower-cased), so `http://A:80/` and `http://a` are one
+//    replica.
+//  * set() publishes a new immutable Snapshot; snapshot() returns the
+//    current one. Readers hold a snapshot as long as they like (a request in
+//    flight keeps the replica it chose), and set() never changes one that
+//    was handed out. Both are safe from any thread.
+//  * Per-replica mutable state (ReplicaState) is keyed by identity and
+//    survives set(): a replica still listed keeps its state (its in-flight
+//    count, later its health); one no longer listed is marked draining (no
+//    new requests; those in flight finish) and dropped from the next
+//    snapshot; listed again, it gets its state back, no longer draining.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/http_client.h"
+
+namespace basalt::router {
+
+struct ReplicaSpec {
+  BaseUrl url;
+  std::string id;  // the canonical URL
+  std::string region, pool, model;  // empty: not given
+};
+
+// `text` is "URL [key=value ...]"; `where` names it in errors ("--replica",
+// "replicas.txt:3").
+ReplicaSpec parse_replica(std::string_view text, std::string_view where);
+// The lines of a replica file; `name` names it in errors.
+std::vector<ReplicaSpec> parse_replica_file(std::string_view text, std::string_view name);
+// The canonical form of a base URL.
+std::string canonical_url(const BaseUrl& url);
+
+// What the gateway keeps per replica between snapshots.
+struct ReplicaState {
+  std::atomic<int64_t> in_flight{0};     // requests sent and not yet answered in full
+  std::atomic<bool> draining{false};     // removed from the list: no new requests
+};
+
+struct Replica {
+  ReplicaSpec spec;
+  std::shared_ptr<ReplicaState> state;
+};
+
+struct Snapshot {
+  uint64_t generation = 0;  // 1 for the first set(), one more for each after
+  std::vector<Replica> replicas;
+  // The replica with this canonical URL; null when not listed.
+  const Replica* find(std::string_view id) const;
+};
+
+class ReplicaRegistry {
+ public:
+  // Throws basalt::Error for an empty list or a replica given twice (the
+  // registry is left as it was).
+  void set(std::vector<ReplicaSpec> specs);
+  std::shared_ptr<const Snapshot> snapshot() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<const Snapshot> current_ = std::make_shared<const Snapshot>();
+  std::map<std::string, std::shared_ptr<ReplicaState>, std::less<>> states_;  // every replica ever listed
+};
+
+}  // namespace basalt::router
