@@ -5,10 +5,10 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
-#include <thread>
 #include <ctime>
 #include <fmt/format.h>
 #include <random>
+#include <thread>
 
 #include "core/error.h"
 #include "chat_output/tool_call_grammar.h"

@@ -287,7 +287,7 @@ std::string stream_of(Served& s, const std::string& path, const json& body) {
 // it finished.
 struct Received {
   std::vector<int32_t> ids;
-  std::string text;
+  std::string text, reasoning;
   int64_t offset = 0;
   bool finished = false;
   std::string finish_reason;
@@ -305,6 +305,8 @@ void receive(const json& info, const json& chunk, bool chat, std::map<int, Recei
     const json& holder = chat ? c.value("delta", json::object()) : c;
     const json text = holder.value(chat ? "content" : "text", json());
     if (text.is_string()) r.text += text.get<std::string>();
+    const json reasoning = chat ? holder.value("reasoning_content", json()) : json();
+    if (reasoning.is_string()) r.reasoning += reasoning.get<std::string>();
     if (!c["finish_reason"].is_null()) r.finish_reason = c["finish_reason"].get<std::string>();
   }
 }
@@ -313,16 +315,10 @@ void receive(const json& info, const json& chunk, bool chat, std::map<int, Recei
 // and those of the resumed stream are, choice by choice, the whole stream's
 // ids, text and finish; the resumed stream keeps the id and created time,
 // and sends no role or echo again.
-TEST(ApiServer, AStreamResumedAfterAnyEventIsTheWholeStream) {
-  Served s;
-  const json completion = {{"prompt", "Debian stable"}, {"max_tokens", 10}, {"n", 2}, {"seed", 11},
-                           {"temperature", 1.0}, {"stream", true}, {"stop", " is"}};
-  const json chat = {{"messages", json::array({{{"role", "user"}, {"content", "What is apt?"}}})},
-                     {"max_tokens", 8}, {"seed", 5}, {"temperature", 0.8}, {"stream", true}};
-  for (const bool is_chat : {false, true}) {
-    SCOPED_TRACE(is_chat ? "chat" : "completions");
+// Every event boundary of one stream.
+void check_resumes(Served& s, bool is_chat, const json& body) {
+  {
     const std::string path = is_chat ? "/v1/chat/completions" : "/v1/completions";
-    const json& body = is_chat ? chat : completion;
     const StreamEvents whole = stream_events(stream_of(s, path, body));
     ASSERT_GT(whole.chunks.size(), 3u);
     std::map<int, Received> want;
@@ -330,6 +326,7 @@ TEST(ApiServer, AStreamResumedAfterAnyEventIsTheWholeStream) {
     for (const auto& [i, r] : want) {
       EXPECT_TRUE(r.finished) << i;
       EXPECT_FALSE(r.ids.empty()) << i;
+      EXPECT_FALSE(r.text.empty() && r.reasoning.empty()) << i;
     }
     // Cut after event k: the first k events were forwarded.
     for (size_t k = 0; k <= whole.chunks.size(); ++k) {
@@ -358,9 +355,39 @@ TEST(ApiServer, AStreamResumedAfterAnyEventIsTheWholeStream) {
       for (const auto& [i, r] : want) {
         EXPECT_EQ(got[i].ids, r.ids) << i;
         EXPECT_EQ(got[i].text, r.text) << i;
+        EXPECT_EQ(got[i].reasoning, r.reasoning) << i;
         EXPECT_EQ(got[i].finish_reason, r.finish_reason) << i;
       }
     }
+  }
+}
+
+TEST(ApiServer, AStreamResumedAfterAnyEventIsTheWholeStream) {
+  Served s;
+  const json completion = {{"prompt", "Debian stable"}, {"max_tokens", 10}, {"n", 2}, {"seed", 11},
+                           {"temperature", 1.0}, {"stream", true}, {"stop", " is"}};
+  const json chat = {{"messages", json::array({{{"role", "user"}, {"content", "What is apt?"}}})},
+                     {"max_tokens", 8}, {"seed", 5}, {"temperature", 0.8}, {"stream", true}};
+  {
+    SCOPED_TRACE("completions");
+    check_resumes(s, false, completion);
+  }
+  {
+    SCOPED_TRACE("chat");
+    check_resumes(s, true, chat);
+  }
+  {
+    // A reply parser in the way: the resumed stream's parser is fed the
+    // text before the offset and holds back what the first one held back.
+    SCOPED_TRACE("chat with a reasoning parser");
+    ApiServerOptions api;
+    api.reasoning_parser = "deepseek_r1";
+    Served reasoning(api);
+    json think = chat;
+    think["messages"] = json::array({{{"role", "user"}, {"content", "Think: what is apt?"}}});
+    think["max_tokens"] = 14;
+    check_resumes(reasoning, true, think);
+    EXPECT_EQ(reasoning.server->in_flight(), 0);
   }
   // A text_offset short of the text the ids make (a gateway that lost an
   // event's comment): the text past the offset comes first.
