@@ -192,7 +192,7 @@ RequestHandle Engine::submit(EngineRequest request, uint64_t* group, std::string
   if (!r->request.resume_output.empty()) {
     std::string why = output.prime(r->request.resume_output);
     if (r->refusal.empty()) r->refusal = std::move(why);
-    r->resume_stopped = output.primed_stop();
+    if (output.primed_stop()) r->resume_end = {FinishReason::kStop, StopReason{}};
   }
   auto stream = std::make_shared<RequestStream>(r->id, owner, std::move(output), parts_->ledger);
   {

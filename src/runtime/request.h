@@ -145,11 +145,10 @@ struct Request {
   int64_t prompt_len = 0;
   int num_output = 0;
   int resumed = 0;  // of num_output, the tokens of request.resume_output
-  // The resumed run had ended with its last resumed token: how (set by
-  // Scheduler::resume), or by a stop string in its text (set at submit by
-  // the output side, which then names the string).
+  // The resumed run had ended with its last resumed token: how. Set at
+  // submit for a stop string in its text (the output side then names the
+  // string in the finish), else by Scheduler::resume.
   std::optional<std::pair<FinishReason, StopReason>> resume_end;
-  bool resume_stopped = false;
   // Launched steps not processed yet: tokens they sample for this request,
   // the row of the latest one (a FutureToken of the next step).
   int pending = 0;

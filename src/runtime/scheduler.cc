@@ -117,7 +117,6 @@ void Scheduler::add(std::unique_ptr<Request> request, std::vector<RequestUpdate>
   // string the output side found in its text) ends at once, as that run
   // did, with nothing new.
   if (r.resume_end) return end(r, r.resume_end->first, updates, std::move(r.resume_end->second));
-  if (r.resume_stopped) return end(r, FinishReason::kStop, updates);
   waiting_.push_back(std::move(request));
 }
 

@@ -35,7 +35,13 @@ struct ApiServer::Shared {
   // Set at the drain deadline: every live generation response ends with a
   // 503 (whole) or an error event (stream) at its next pull.
   std::atomic<bool> cutting{false};
-  std::map<uint64_t, std::function<void()>> wakers;  // live responses' wake-ups, under mu
+  // Live responses' wake-ups, under mu; `beats`: the response asked for
+  // heartbeats (X-Basalt-Heartbeat), so the beat thread wakes it too.
+  struct Waker {
+    std::function<void()> wake;
+    bool beats = false;
+  };
+  std::map<uint64_t, Waker> wakers;
   uint64_t next_waker = 0;
 
   void count(const std::string& route, int status) {
@@ -48,9 +54,10 @@ struct ApiServer::Shared {
   void log(const LogLine& line) {
     if (log_requests) line.emit();
   }
-  uint64_t add_waker(std::function<void()> wake) {
+  uint64_t add_waker(std::function<void()> wake, bool beats = false) {
     std::lock_guard<std::mutex> lock(mu);
-    wakers.emplace(next_waker, std::move(wake));
+    if (beats && !beat_thread.joinable() && !beat_stop) beat_thread = std::thread([this] { beat_loop(); });
+    wakers.emplace(next_waker, Waker{std::move(wake), beats});
     return next_waker++;
   }
   void remove_waker(uint64_t id) {
@@ -61,7 +68,7 @@ struct ApiServer::Shared {
     std::vector<std::function<void()>> all;
     {
       std::lock_guard<std::mutex> lock(mu);
-      for (auto& [id, w] : wakers) all.push_back(w);
+      for (auto& [id, w] : wakers) all.push_back(w.wake);
     }
     for (auto& w : all) w();
   }
@@ -70,26 +77,16 @@ struct ApiServer::Shared {
   // response that asks for them, wakes those responses every kBeatTick;
   // each writes its `: hb` comment when its own interval has passed.
   static constexpr std::chrono::milliseconds kBeatTick{25};
-  std::map<uint64_t, std::function<void()>> beats;  // under mu
-  std::thread beat_thread;                          // started under mu
+  std::thread beat_thread;  // started under mu
   std::condition_variable beat_cv;
   bool beat_stop = false;  // under mu
-  uint64_t add_beat(std::function<void()> wake) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!beat_thread.joinable() && !beat_stop) beat_thread = std::thread([this] { beat_loop(); });
-    beats.emplace(next_waker, std::move(wake));
-    return next_waker++;
-  }
-  void remove_beat(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu);
-    beats.erase(id);
-  }
   void beat_loop() {
     std::unique_lock<std::mutex> lock(mu);
     while (!beat_stop) {
       beat_cv.wait_for(lock, kBeatTick, [&] { return beat_stop; });
       std::vector<std::function<void()>> due;
-      for (auto& [id, w] : beats) due.push_back(w);
+      for (auto& [id, w] : wakers)
+        if (w.beats) due.push_back(w.wake);
       lock.unlock();
       for (auto& w : due) w();
       lock.lock();
@@ -235,13 +232,11 @@ class GenerationProducer : public ResponseProducer {
 
   ~GenerationProducer() override {
     if (waker_) shared_->remove_waker(*waker_);
-    if (beat_) shared_->remove_beat(*beat_);
     cancel_rest();
   }
 
   void start(std::function<void()> wake) override {
-    waker_ = shared_->add_waker(wake);
-    if (heartbeat_.count() > 0) beat_ = shared_->add_beat(wake);
+    waker_ = shared_->add_waker(wake, heartbeat_.count() > 0);
     for (size_t i = 0; i < choices_.size(); ++i) {
       Choice& c = choices_[i];
       if (request_.echo && !request_.chat && !request_.resume)
@@ -279,16 +274,17 @@ class GenerationProducer : public ResponseProducer {
       finish_log(out.head->status);
       return;
     }
-    const Clock::time_point now = Clock::now();
-    const bool beat_due = heartbeat_.count() > 0 && sse.empty() && !all_done && now - last_write_ >= heartbeat_;
-    if (beat_due) {
-      // Nothing else is due: a comment line, which SSE clients ignore,
-      // tells a proxy watching for stalls that this stream is alive (a
-      // long prefill, a slow step). The first one starts the stream.
-      sse = ": hb\n\n";
-      first_event_ = true;
+    if (heartbeat_.count() > 0) {
+      const Clock::time_point now = Clock::now();
+      if (sse.empty() && !all_done && now - last_write_ >= heartbeat_) {
+        // Nothing else is due: a comment line, which SSE clients ignore,
+        // tells a proxy watching for stalls that this stream is alive (a
+        // long prefill, a slow step). The first one starts the stream.
+        sse = ": hb\n\n";
+        first_event_ = true;
+      }
+      if (!sse.empty() || all_done) last_write_ = now;
     }
-    if (!sse.empty() || all_done) last_write_ = now;
     if (!head_sent_) {
       // The first event decides: an error before any output is a plain
       // error response, anything else starts the event stream (a resumed
@@ -664,7 +660,6 @@ class GenerationProducer : public ResponseProducer {
   std::string remote_;
   std::chrono::milliseconds heartbeat_;  // X-Basalt-Heartbeat; 0: none
   bool resume_info_;                     // X-Basalt-Resume-Info: 1
-  std::optional<uint64_t> beat_;
   int64_t created_;
   Clock::time_point start_;
   Clock::time_point last_write_;  // bytes last given to the transport
