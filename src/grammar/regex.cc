@@ -1185,7 +1185,12 @@ template <typename Set, typename Index = std::map<Set, uint32_t>>
 class SetNumbering {
  public:
   explicit SetNumbering(size_t max_states) : max_states_(max_states) {}
-  uint32_t id_of(Set set) {
+  // Copies `set` only when it is new.
+  uint32_t id_of(const Set& set) {
+    if (const auto it = ids_.find(set); it != ids_.end()) return it->second;
+    return id_of(Set(set));
+  }
+  uint32_t id_of(Set&& set) {
     const auto [it, inserted] = ids_.try_emplace(set, static_cast<uint32_t>(sets_.size()));
     if (inserted) {
       BASALT_CHECK(sets_.size() < max_states_,
@@ -1242,7 +1247,8 @@ void finish_cuts(std::vector<uint32_t>& cuts, size_t per_cut, size_t& work) {
 // the same target: equal behaviour on scalar values gives equal edge lists,
 // which minimization compares.
 void canonicalize(EdgeList& edges) {
-  std::vector<std::tuple<uint32_t, uint32_t, uint32_t>> out;
+  thread_local EdgeList out;  // kept between calls: a subset construction makes one per state
+  out.clear();
   for (auto [lo, hi, target] : edges) {
     if (lo >= kSurrogateFirst && hi <= kSurrogateLast) continue;
     if (lo >= kSurrogateFirst && lo <= kSurrogateLast) lo = kSurrogateLast + 1;
@@ -1253,7 +1259,7 @@ void canonicalize(EdgeList& edges) {
     if (!out.empty()) std::get<1>(out.back()) = lo - 1;
     out.emplace_back(out.empty() ? 0 : lo, hi, target);
   }
-  edges = std::move(out);
+  edges.swap(out);
 }
 
 // Subset construction over an automaton whose only accepting state is
@@ -1264,9 +1270,11 @@ template <typename State, typename Edge>
 std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t accept, size_t max_states) {
   SetNumbering<std::vector<uint32_t>, std::unordered_map<std::vector<uint32_t>, uint32_t, StateSetHash>> sets(
       max_states);
-  const auto id_of = [&](std::vector<uint32_t> set) {
-    nfa.close(set);
-    return sets.id_of(std::move(set));
+  std::vector<uint32_t> closed;  // id_of's scratch
+  const auto id_of = [&](const std::vector<uint32_t>& set) {
+    closed.assign(set.begin(), set.end());
+    nfa.close(closed);
+    return sets.id_of(closed);
   };
   id_of({start});
   std::vector<State> out;
@@ -1274,9 +1282,14 @@ std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t
   std::vector<std::pair<uint32_t, int64_t>> events;  // (code point, target + 1 entering / -(target + 1) leaving)
   std::vector<uint32_t> count(nfa.size(), 0);        // per target: the ranges covering the sweep's point
   std::vector<uint32_t> targets;                     // those with a count, sorted
-  std::map<std::vector<uint32_t>, uint32_t> seen;
+  // The target sets met in this state and their ids (seen_count of them;
+  // the vectors keep their capacity from state to state).
+  std::vector<std::pair<std::vector<uint32_t>, uint32_t>> seen;
+  size_t seen_count = 0;
+  std::vector<uint32_t> set;
+  EdgeList edges;
   for (size_t i = 0; i < sets.size(); ++i) {
-    const std::vector<uint32_t> set = sets[i];  // sets grows below
+    set.assign(sets[i].begin(), sets[i].end());  // sets grows below
     events.clear();
     size_t moves = 0;
     for (const uint32_t s : set) {
@@ -1296,10 +1309,10 @@ std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t
           events[e].first != kMaxCodePoint + 1)
         ++cuts;
     charge_cuts(cuts, moves + set.size(), work);
-    EdgeList edges;
+    edges.clear();
     // The intervals of a large class alternate between few target sets:
     // each is closed and looked up once per state.
-    seen.clear();
+    seen_count = 0;
     targets.clear();
     size_t e = 0;
     for (uint32_t at = 0; at <= kMaxCodePoint;) {
@@ -1312,8 +1325,17 @@ std::vector<State> determinize(const CodePointNfa& nfa, uint32_t start, uint32_t
         }
       }
       const uint32_t until = e < events.size() ? events[e].first : kMaxCodePoint + 1;
-      const auto known = seen.find(targets);
-      const uint32_t target = known != seen.end() ? known->second : seen.emplace(targets, id_of(targets)).first->second;
+      uint32_t target = 0;
+      size_t k = 0;
+      while (k < seen_count && seen[k].first != targets) ++k;
+      if (k < seen_count) {
+        target = seen[k].second;
+      } else {
+        target = id_of(targets);
+        if (seen_count == seen.size()) seen.emplace_back();
+        seen[seen_count].first.assign(targets.begin(), targets.end());
+        seen[seen_count++].second = target;
+      }
       extend_edges(edges, at, until - 1, target);
       at = until;
     }
@@ -1710,12 +1732,14 @@ std::vector<bool> RegexLanguage::live_states(const std::vector<State>& states) {
   return live;
 }
 
-// Moore's partition refinement: states start split into those that can
-// no longer accept (one sink), accepting and rejecting ones, and a class
-// splits while its members' edges lead into different classes. Refinement
-// takes as many rounds as the longest distinction (a length bound of 200
-// takes 200), so past kMinimizeLimit states only the sink is merged: the
-// automaton stays correct and reachable-only, if not minimal.
+// Minimization: states start split into those that can no longer accept
+// (one sink), accepting and rejecting ones, and classes split while their
+// members' edges lead into different classes (refine_classes). Past
+// kMinimizeLimit states, or kMinimizeCells states times letters, only the
+// sink is merged: the automaton stays correct and reachable-only, if not
+// minimal. Minimal automata matter downstream: a bounded string's text
+// rebuilt from the grammar (BoundedText) is thousands of states unminimized
+// for a uri and under two hundred minimized.
 namespace {
 
 // Hopcroft's partition refinement: splits the classes `cls` (numbered 0 to
@@ -1726,13 +1750,20 @@ namespace {
 // (at most 50 words: a chain of a hundred states) takes one pass per split
 // rather than a round per state of the chain.
 template <typename State>
-size_t refine_classes(const std::vector<State>& states, std::vector<uint32_t>& cls, size_t count) {
-  const size_t n = states.size();
+std::vector<uint32_t> letter_cuts(const std::vector<State>& states) {
   std::vector<uint32_t> cuts;
   for (const State& s : states)
     for (const auto& e : s.edges) cuts.push_back(e.lo);
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  return cuts;
+}
+
+// `cuts`: letter_cuts(states), where each letter begins.
+template <typename State>
+size_t refine_classes(const std::vector<State>& states, const std::vector<uint32_t>& cuts, std::vector<uint32_t>& cls,
+                      size_t count) {
+  const size_t n = states.size();
   const size_t letters = cuts.size();
   // Sources of each (letter, target), grouped by letter * n + target.
   std::vector<uint32_t> into(letters * n + 1, 0), sources(letters * n);
@@ -1805,7 +1836,9 @@ size_t refine_classes(const std::vector<State>& states, std::vector<uint32_t>& c
 RegexLanguage RegexLanguage::minimized(std::vector<State> states) {
   const size_t n = states.size();
   const std::vector<bool> live = live_states(states);
-  const bool refine = n <= kMinimizeLimit;
+  // Refinement's tables take a cell per state and letter.
+  const std::vector<uint32_t> cuts = n <= kMinimizeLimit ? letter_cuts(states) : std::vector<uint32_t>{};
+  const bool refine = n <= kMinimizeLimit && n * cuts.size() <= kMinimizeCells;
   std::vector<uint32_t> cls(n);
   std::map<uint32_t, uint32_t> first_ids;
   for (size_t s = 0; s < n; ++s) {
@@ -1814,7 +1847,7 @@ RegexLanguage RegexLanguage::minimized(std::vector<State> states) {
     cls[s] = first_ids.try_emplace(kind, static_cast<uint32_t>(first_ids.size())).first->second;
   }
   size_t count = first_ids.size();
-  if (refine) count = refine_classes(states, cls, count);
+  if (refine) count = refine_classes(states, cuts, cls, count);
   // Number the classes in the order a walk from the start meets them.
   std::vector<uint32_t> number(count, UINT32_MAX);
   std::vector<uint32_t> representative;

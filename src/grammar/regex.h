@@ -83,15 +83,18 @@ RegexRules regex_to_ebnf(std::string_view pattern, RegexMode mode, bool json_esc
 //
 // Contract: every value describes a set of strings exactly, by a total
 // automaton whose states are all reachable; automata up to kMinimizeLimit
-// states are minimal; one past kMaxStates states (a pattern such as
-// (a|b)*a(a|b){20}, or a product that blows up) throws basalt::Error, as do
-// the patterns regex_to_ebnf refuses.
+// states (and kMinimizeCells) are minimal; one past kMaxStates states (a
+// pattern such as (a|b)*a(a|b){20}, or a product that blows up) throws
+// basalt::Error, as do the patterns regex_to_ebnf refuses.
 class RegexLanguage {
  public:
   static constexpr size_t kMaxStates = 4096;
   // Automata up to this many states are minimized; larger ones only have
-  // their dead states merged (see minimized()).
-  static constexpr size_t kMinimizeLimit = 512;
+  // their dead states merged (see minimized()) ...
+  static constexpr size_t kMinimizeLimit = 4096;
+  // ... and when their states times the code point intervals their edges
+  // tell apart are at most this many (the minimization's tables).
+  static constexpr size_t kMinimizeCells = size_t{1} << 20;
 
   // The strings `pattern` matches under `mode`.
   static RegexLanguage of_pattern(std::string_view pattern, RegexMode mode);
