@@ -1,7 +1,9 @@
 #include "grammar/token_mask.h"
 
 #include <algorithm>
+#include <bit>
 #include <bitset>
+#include <optional>
 
 #include "core/error.h"
 #include "grammar/automaton.h"
@@ -24,9 +26,10 @@ namespace {
 // grammar) with no stack node made.
 class TrieWalker {
  public:
-  TrieWalker(const CompiledGrammar& g, StackArena& arena, StackWork& work, std::span<const int32_t> root)
-      : g_(g), arena_(arena), work_(work), base_(arena.size()), columns_(static_cast<size_t>(g.byte_classes)),
-        row_of_(g.states.size(), -1) {
+  TrieWalker(const CompiledGrammar& g, UnitReach& reach, StackArena& arena, StackWork& work,
+             std::span<const int32_t> root)
+      : g_(g), reach_(reach), arena_(arena), work_(work), base_(arena.size()),
+        columns_(static_cast<size_t>(g.byte_classes)), row_of_(g.states.size(), -1) {
     levels_.resize(1);
     levels_[0].set.assign(root.begin(), root.end());
     levels_[0].set_ready = true;
@@ -107,6 +110,53 @@ class TrieWalker {
   // returned into an unknown caller with that byte still to consume.
   bool escaped_at(size_t depth) const { return levels_[depth].escaped; }
 
+  // A stack that reads the rest of a token unwalked: at `depth` bytes
+  // into it the walk holds one stack, and what follows is `family` bytes,
+  // which that stack reads, any of them alike, for `reach` bytes on
+  // (family_reach: a string's characters, a word's, a label's).
+  struct TailReach {
+    size_t depth = 0;
+    int family = 0;
+    size_t reach = 0;
+  };
+  // The reach that accepts the token at sorted position i of `v`, which
+  // shares `shared` bytes with the last token walked, without a walk; none
+  // when no level it shares (of the deepest few) is such a stack. The
+  // states of a word-count pattern or of a hostname label's positions are
+  // walked whole once each; this leaves to such a walk mostly the tokens'
+  // first bytes, and the tokens that follow the one it accepts are checked
+  // against the same reach (accepts()).
+  std::optional<TailReach> tail_reach(const TokenVocabulary& v, size_t i, size_t shared) {
+    const size_t top = std::min(shared, depth_);
+    // The deepest levels only: a walk is what finds the rest.
+    const size_t lowest = top >= kTailLevels ? top + 1 - kTailLevels : 0;
+    for (size_t d = top + 1; d-- > lowest;) {
+      const int32_t row = levels_[d].row;
+      if (row < 0) continue;
+      Row& r = rows_[static_cast<size_t>(row)];
+      if (r.reaching < 0) {
+        r.reaching = 0;
+        for (int f = 0; f < TokenVocabulary::kUnitFamilies; ++f) {
+          r.reach[f] = static_cast<int32_t>(family_reach(r.state, f));
+          if (r.reach[f] > 0) r.reaching = static_cast<int8_t>(r.reaching | (1 << f));
+        }
+      }
+      for (int f = 0; f < TokenVocabulary::kUnitFamilies; ++f) {
+        if (!((r.reaching >> f) & 1) || v.family_tail(f, i) > d) continue;
+        const TailReach found{d, f, static_cast<size_t>(r.reach[f])};
+        if (accepts(found, v, i)) return found;
+      }
+    }
+    return std::nullopt;
+  }
+  // Whether `r` reads the rest of token i, which shares r.depth bytes with
+  // the token r was found for.
+  static bool accepts(const TailReach& r, const TokenVocabulary& v, size_t i) {
+    const size_t units = v.family_units(r.family, i, r.depth);
+    return units != std::string_view::npos && units <= r.reach;
+  }
+  static constexpr size_t kTailLevels = 3;
+
   // How many plain bytes (TokenVocabulary::is_plain_byte) in a row one
   // stack of the root's closure takes by its own edges, every plain byte
   // alike at each step (a string's characters: a state that loops, or a
@@ -168,6 +218,10 @@ class TrieWalker {
   struct Row {
     int32_t state = -1;
     bool returns = false;  // the state's closure may return into its parent
+    // family_reach() per unit family, and a bit for each family it is
+    // above 0 for (-1 until a walk asks).
+    int32_t reach[TokenVocabulary::kUnitFamilies] = {};
+    int8_t reaching = -1;
   };
   static constexpr int32_t kDead = -1, kNotAlone = -2, kReturns = -3, kUnresolved = -4;
   struct Level {
@@ -188,6 +242,114 @@ class TrieWalker {
     bool escaped = false;          // a closure up to here returned into kStackUnknown
     size_t mark = 0;               // the arena's size before this level was made
   };
+
+  // How many units of family f in a row one stack in `state` reads by its
+  // own edges, whatever the units: at each step every unit of the family
+  // leads to the same state (unit_step), or ends the rule there.
+  // UnitReach::kMax for a loop (or past it). Shared by the masker's walks.
+  size_t family_reach(int32_t state, int f) {
+    if (const int32_t known = reach_.get(f, state); known >= 0) return static_cast<size_t>(known);
+    // Follows the chain to a state whose reach is known, then counts back.
+    if (on_chain_.empty()) on_chain_.assign(g_.states.size(), false);
+    chain_.clear();
+    int32_t s = state;
+    size_t known = 0;
+    while (true) {
+      if (const int32_t m = reach_.get(f, s); m >= 0) {
+        known = static_cast<size_t>(m);
+        break;
+      }
+      if (on_chain_[static_cast<size_t>(s)] || chain_.size() >= UnitReach::kMax) {  // a loop
+        known = UnitReach::kMax;
+        break;
+      }
+      on_chain_[static_cast<size_t>(s)] = true;
+      chain_.push_back(s);
+      const int32_t next = unit_step(s, f);
+      if (next < 0 || ends_rule(next)) {
+        // None alike, or the unit ends the rule: what follows is the caller's.
+        known = next < 0 ? 0 : 1;
+        on_chain_[static_cast<size_t>(s)] = false;
+        reach_.set(f, s, static_cast<int32_t>(known));
+        chain_.pop_back();
+        break;
+      }
+      s = next;
+    }
+    for (size_t k = chain_.size(); k-- > 0;) {
+      known = std::min(known + 1, UnitReach::kMax);
+      on_chain_[static_cast<size_t>(chain_[k])] = false;
+      reach_.set(f, chain_[k], static_cast<int32_t>(known));
+    }
+    return static_cast<size_t>(reach_.get(f, state));
+  }
+  // The state (through tail calls) every unit of family f leads `state`
+  // to by its own edges, -1 when they do not all lead to one. A UTF-8
+  // character's bytes are followed class by class, each byte's state alive
+  // and inside the rule, within a budget (patterns that tell many
+  // characters apart get none).
+  int32_t unit_step(int32_t state, int f) {
+    const int bytes_family = f == TokenVocabulary::kTextFamily ? TokenVocabulary::kPlainFamily : f;
+    std::vector<uint8_t>& bytes = family_bytes_[bytes_family];
+    if (bytes.empty()) {  // a byte of each class in the family
+      std::vector<bool> seen(columns_, false);
+      for (int b = 0; b < 256; ++b) {
+        const auto byte = static_cast<uint8_t>(b);
+        if (!TokenVocabulary::in_family(bytes_family, byte) || seen[g_.byte_class[byte]]) continue;
+        seen[g_.byte_class[byte]] = true;
+        bytes.push_back(byte);
+      }
+    }
+    int32_t to = -1;
+    const auto agree = [&](int32_t t) {
+      if (t < 0) return false;
+      t = through_tail_calls(t);
+      if (to >= 0 && t != to) return false;
+      to = t;
+      return true;
+    };
+    for (const uint8_t b : bytes)
+      if (!agree(g_.step(state, b))) return -1;
+    if (f != TokenVocabulary::kTextFamily) return to;
+    // RFC 3629's well-formed sequences of two bytes or more.
+    struct Sequence {
+      int length;
+      uint8_t lo[4], hi[4];
+    };
+    static constexpr Sequence kSequences[] = {
+        {2, {0xC2, 0x80}, {0xDF, 0xBF}},
+        {3, {0xE0, 0xA0, 0x80}, {0xE0, 0xBF, 0xBF}},
+        {3, {0xE1, 0x80, 0x80}, {0xEC, 0xBF, 0xBF}},
+        {3, {0xED, 0x80, 0x80}, {0xED, 0x9F, 0xBF}},
+        {3, {0xEE, 0x80, 0x80}, {0xEF, 0xBF, 0xBF}},
+        {4, {0xF0, 0x90, 0x80, 0x80}, {0xF0, 0xBF, 0xBF, 0xBF}},
+        {4, {0xF1, 0x80, 0x80, 0x80}, {0xF3, 0xBF, 0xBF, 0xBF}},
+        {4, {0xF4, 0x80, 0x80, 0x80}, {0xF4, 0x8F, 0xBF, 0xBF}},
+    };
+    size_t budget = kCharacterSteps;
+    const auto follow = [&](auto&& self, int32_t at, const Sequence& seq, size_t k) -> bool {
+      if (k >= 4) return false;  // (lengths are 2 to 4)
+      for (int b = seq.lo[k]; b <= seq.hi[k];) {
+        int end = b;  // the class of b ends at `end` within the range
+        while (end < seq.hi[k] && g_.byte_class[end + 1] == g_.byte_class[b]) ++end;
+        if (budget-- == 0) return false;
+        const int32_t t = g_.step(at, static_cast<uint8_t>(b));
+        if (k + 1 == static_cast<size_t>(seq.length)) {
+          if (!agree(t)) return false;
+        } else {
+          if (t < 0) return false;
+          const int32_t inside = through_tail_calls(t);
+          if (ends_rule(inside) || !self(self, inside, seq, k + 1)) return false;
+        }
+        b = end + 1;
+      }
+      return true;
+    };
+    for (const Sequence& seq : kSequences)
+      if (!follow(follow, state, seq, size_t{0})) return -1;
+    return to;
+  }
+  static constexpr size_t kCharacterSteps = 1024;
 
   void single(Level& level) {
     level.back = -1;
@@ -323,6 +485,7 @@ class TrieWalker {
   }
 
   const CompiledGrammar& g_;
+  UnitReach& reach_;
   StackArena& arena_;
   StackWork& work_;
   size_t base_;
@@ -335,6 +498,11 @@ class TrieWalker {
   std::vector<Row> rows_;
   std::vector<int32_t> moves_;  // columns_ per row
   std::vector<Return> backs_;   // each level's `back` indexes it
+  // family_reach()'s: per family, a byte of each class; the chain it
+  // follows, and which states are on it.
+  std::vector<uint8_t> family_bytes_[TokenVocabulary::kUnitFamilies];
+  std::vector<int32_t> chain_;
+  std::vector<bool> on_chain_;  // per state, once needed
 };
 
 void set_bit(std::span<uint32_t> words, int32_t id) {
@@ -349,6 +517,41 @@ size_t common_prefix(std::string_view a, std::string_view b) {
   size_t i = 0;
   while (i < n && a[i] == b[i]) ++i;
   return i;
+}
+
+// Walks the tokens at `positions` of v.sorted() (ascending) from the
+// walker's stacks, setting in `accepted` those some stack reads whole
+// (passing over those already set) and adding to `undecided`, when given,
+// those a stack leaves by returning into an unknown caller. A token that
+// fails decides the tokens after it that share the failing byte, so those
+// go with it unwalked.
+void walk_positions(TrieWalker& walker, const TokenVocabulary& v, std::span<const int32_t> positions,
+                    std::span<uint32_t> accepted, std::vector<int32_t>* undecided) {
+  std::string_view last;  // the last token walked
+  for (size_t k = 0; k < positions.size();) {
+    const auto pos = static_cast<size_t>(positions[k]);
+    const int32_t id = v.sorted()[pos];
+    const std::string_view b = v.sorted_bytes(pos);
+    const size_t shared = common_prefix(last, b);
+    if (has_bit(accepted, id) || walker.tail_reach(v, pos, shared)) {
+      set_bit(accepted, id);
+      ++k;
+      continue;
+    }
+    const size_t reached = walker.walk(b, shared);
+    last = b;
+    if (reached == b.size()) {
+      set_bit(accepted, id);
+      ++k;
+      continue;
+    }
+    const std::string_view failed = b.substr(0, reached + 1);
+    const bool escaped = walker.escaped_at(reached);
+    do {
+      if (escaped && undecided != nullptr) undecided->push_back(positions[k]);
+      ++k;
+    } while (k < positions.size() && v.sorted_bytes(static_cast<size_t>(positions[k])).starts_with(failed));
+  }
 }
 
 }  // namespace
@@ -393,11 +596,77 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> bytes, std::vector<boo
     const std::string_view b = sorted_bytes(i);
     plain_[i] = std::all_of(b.begin(), b.end(), [](char c) { return is_plain_byte(static_cast<uint8_t>(c)); });
   }
+  for (int f = 0; f < kUnitFamilies; ++f) {
+    family_tail_[f].resize(sorted_.size());
+    for (size_t i = 0; i < sorted_.size(); ++i) {
+      const std::string_view b = sorted_bytes(i);
+      size_t tail = 0;
+      if (f == kTextFamily) {  // read forwards: characters begin where the one before ends
+        uint64_t starts = 0;
+        for (size_t at = 0; at < b.size();) {
+          const size_t length = is_plain_byte(static_cast<uint8_t>(b[at])) ? 1 : utf8_character(b, at);
+          if (length == 0) {
+            tail = at + 1;
+            starts = 0;
+          } else if (at < 64) {
+            starts |= uint64_t{1} << at;
+          }
+          at += length > 0 ? length : 1;
+        }
+        text_starts_.push_back(starts);
+      } else {
+        tail = b.size();
+        while (tail > 0 && in_family(f, static_cast<uint8_t>(b[tail - 1]))) --tail;
+      }
+      family_tail_[f][i] = static_cast<uint32_t>(tail);
+    }
+  }
   longest_first_.resize(sorted_.size());
   for (size_t i = 0; i < sorted_.size(); ++i) longest_first_[i] = static_cast<int32_t>(i);
   std::stable_sort(longest_first_.begin(), longest_first_.end(), [&](int32_t a, int32_t b) {
     return sorted_bytes(static_cast<size_t>(a)).size() > sorted_bytes(static_cast<size_t>(b)).size();
   });
+}
+
+size_t TokenVocabulary::utf8_character(std::string_view bytes, size_t at) {
+  // The second byte's range by the first (RFC 3629's table); later bytes
+  // are 0x80-0xBF.
+  const auto lead = static_cast<uint8_t>(bytes[at]);
+  size_t length = 0;
+  uint8_t lo = 0x80, hi = 0xBF;
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) lo = 0xA0;
+    if (lead == 0xED) hi = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) lo = 0x90;
+    if (lead == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  size_t k = 1;
+  for (; k < length && at + k < bytes.size(); ++k) {
+    const auto c = static_cast<uint8_t>(bytes[at + k]);
+    if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) return 0;
+  }
+  return k;
+}
+
+size_t TokenVocabulary::text_units(size_t i, size_t from) const {
+  const std::string_view b = sorted_bytes(i);
+  if (b.size() <= 64) {
+    const uint64_t starts = text_starts_[i];
+    if (from < b.size() && !((starts >> from) & 1)) return std::string_view::npos;  // inside a character
+    return static_cast<size_t>(std::popcount(from < 64 ? starts >> from : 0));
+  }
+  size_t at = family_tail(kTextFamily, i), units = 0;
+  for (; at < from; ++units) at += is_plain_byte(static_cast<uint8_t>(b[at])) ? 1 : utf8_character(b, at);
+  if (at != from) return std::string_view::npos;  // inside a character
+  for (units = 0; at < b.size(); ++units) at += is_plain_byte(static_cast<uint8_t>(b[at])) ? 1 : utf8_character(b, at);
+  return units;
 }
 
 std::span<const int32_t> TokenVocabulary::spelled(std::string_view bytes) const {
@@ -443,9 +712,18 @@ bool TokenVocabulary::is_end(int32_t id) const {
 
 // --- TokenMasker -------------------------------------------------------------
 
+UnitReach::UnitReach(size_t states) {
+  for (auto& table : reach_) {
+    table = std::make_unique<std::atomic<int32_t>[]>(states);
+    for (size_t s = 0; s < states; ++s) table[s].store(-1, std::memory_order_relaxed);
+  }
+}
+
 TokenMasker::TokenMasker(std::shared_ptr<const CompiledGrammar> grammar,
                          std::shared_ptr<const TokenVocabulary> vocabulary)
-    : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {}
+    : grammar_(std::move(grammar)),
+      vocabulary_(std::move(vocabulary)),
+      reach_(std::make_unique<UnitReach>(grammar_->states.size())) {}
 
 size_t TokenMasker::cached_entries() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -460,7 +738,7 @@ TokenMasker::Entry TokenMasker::compute(const std::vector<int32_t>& chain, bool 
   // on the real bottom).
   int32_t node = bottom ? kStackBottom : kStackUnknown;
   for (size_t i = chain.size(); i-- > 0;) node = arena.intern(chain[i], node);
-  TrieWalker walker(*grammar_, arena, work, std::span<const int32_t>(&node, 1));
+  TrieWalker walker(*grammar_, *reach_, arena, work, std::span<const int32_t>(&node, 1));
   const std::vector<int32_t>& sorted = v.sorted();
   const Entry* shorter = nullptr;
   if (chain.size() > 1 || bottom) {
@@ -473,8 +751,10 @@ TokenMasker::Entry TokenMasker::compute(const std::vector<int32_t>& chain, bool 
     // The whole vocabulary in byte order. A token the walk fails on decides
     // every token after it that shares the failing byte, so those are
     // skipped (left out, or undecided with it when the failure escaped).
-    // Plain tokens the root state reads alone are accepted unwalked; the
-    // next walk starts from what it shares with the last token walked.
+    // Plain tokens the root state reads alone, and tokens whose tail a
+    // shared level's stack reads (TrieWalker::tail_reach), are accepted
+    // unwalked; the next walk starts from what it shares with the last
+    // token walked.
     const size_t reach = walker.plain_reach();
     size_t shared = 0;  // bytes shared with the last token walked
     for (size_t i = 0; i < sorted.size();) {
@@ -483,6 +763,15 @@ TokenMasker::Entry TokenMasker::compute(const std::vector<int32_t>& chain, bool 
       if (b.size() <= reach && v.plain(i)) {
         set_bit(e.accepted, sorted[i]);
         ++i;
+        continue;
+      }
+      if (const auto tail = walker.tail_reach(v, i, shared)) {
+        // It and the tokens after it that share its stack and tail.
+        do {
+          set_bit(e.accepted, sorted[i]);
+          ++i;
+        } while (i < sorted.size() && static_cast<size_t>(v.lcp(i)) >= tail->depth &&
+                 TrieWalker::accepts(*tail, v, i) && (shared = std::min(shared, static_cast<size_t>(v.lcp(i))), true));
         continue;
       }
       const size_t reached = walker.walk(b, shared);
@@ -500,17 +789,7 @@ TokenMasker::Entry TokenMasker::compute(const std::vector<int32_t>& chain, bool 
   } else {
     // The context one caller shorter decided everything but its undecided
     // tokens; those are walked again here, with one more caller known.
-    std::string_view last;
-    for (int32_t pos : shorter->undecided) {
-      const std::string_view b = v.sorted_bytes(static_cast<size_t>(pos));
-      const size_t reached = walker.walk(b, common_prefix(last, b));
-      if (reached == b.size()) {
-        set_bit(e.accepted, sorted[static_cast<size_t>(pos)]);
-      } else if (walker.escaped_at(reached)) {
-        e.undecided.push_back(pos);
-      }
-      last = b;
-    }
+    walk_positions(walker, v, shorter->undecided, e.accepted, &e.undecided);
   }
   return e;
 }
@@ -558,15 +837,8 @@ void TokenMasker::fill(GrammarMatcher& matcher, std::span<uint32_t> words) const
     // Deeper than the cached contexts reach: against the real stacks.
     std::sort(undecided.begin(), undecided.end());
     undecided.erase(std::unique(undecided.begin(), undecided.end()), undecided.end());
-    TrieWalker walker(*grammar_, s.arena, s.work, current);
-    std::string_view last;
-    for (int32_t pos : undecided) {
-      const int32_t id = v.sorted()[static_cast<size_t>(pos)];
-      if (has_bit(words, id)) continue;
-      const std::string_view b = v.sorted_bytes(static_cast<size_t>(pos));
-      if (walker.walk(b, common_prefix(last, b)) == b.size()) set_bit(words, id);
-      last = b;
-    }
+    TrieWalker walker(*grammar_, *reach_, s.arena, s.work, current);
+    walk_positions(walker, v, undecided, words, nullptr);
   }
   s.closure(*grammar_);
   if (s.flags.can_end)

@@ -12,7 +12,10 @@
 // the callers the key knows with bytes to spare, are walked against the
 // real stack at each step. The whole vocabulary is walked once per state;
 // an entry with one more caller walks only the tokens the shorter one left
-// undecided.
+// undecided. A walk reads a token's first bytes only where a stack it holds
+// reads the rest as a run of one unit family (a string's, a word's or a
+// label's characters, UTF-8 included: UnitReach), so that a state is a
+// walk of about the vocabulary's distinct beginnings.
 //
 // Contract: a TokenMasker is shared by every request using the same grammar
 // and vocabulary, from any thread (its cache is locked). Special tokens,
@@ -22,6 +25,7 @@
 // empty: a trimmed grammar can always be continued or ended.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -73,6 +77,32 @@ class TokenVocabulary {
   // printable ASCII but `"` and `\`), what most of a string's tokens are.
   bool plain(size_t i) const { return plain_[i]; }
   static bool is_plain_byte(uint8_t b) { return b >= 0x20 && b < 0x7F && b != '"' && b != '\\'; }
+  // Families of text units a state may read alike, one unit after
+  // another: plain bytes (a string's characters), plain bytes but the space
+  // (a word's, as \S+ reads them inside a string), ASCII letters and digits
+  // (a hostname label's), and text: plain bytes and UTF-8 characters (a
+  // string's characters, whatever their script; a token's last character
+  // may be cut short). family_tail(f, i): where the tail of sorted()[i]
+  // that is all units of family f begins (its length when the last byte is
+  // none); family_units(f, i, d): how many units its bytes from d on are,
+  // or npos when d is before the tail or inside a character. A walk that
+  // holds, at such a d, one stack reading any units of the family as far
+  // as the token goes accepts it without reading them.
+  enum UnitFamily : int { kPlainFamily = 0, kWordFamily = 1, kAlnumFamily = 2, kTextFamily = 3, kUnitFamilies = 4 };
+  // Whether `b` is a unit of byte family f (not kTextFamily).
+  static bool in_family(int family, uint8_t b) {
+    if (family == kAlnumFamily) return (b >= '0' && b <= '9') || ((b | 0x20) >= 'a' && (b | 0x20) <= 'z');
+    return is_plain_byte(b) && (family == kPlainFamily || b != ' ');
+  }
+  // The byte length of the UTF-8 character of two bytes or more that
+  // begins at bytes[at] (cut short by the end of `bytes`, its bytes so far
+  // valid), 0 when none begins there.
+  static size_t utf8_character(std::string_view bytes, size_t at);
+  size_t family_tail(int family, size_t i) const { return family_tail_[static_cast<size_t>(family)][i]; }
+  size_t family_units(int family, size_t i, size_t from) const {
+    if (from < family_tail(family, i)) return std::string_view::npos;
+    return family == kTextFamily ? text_units(i, from) : sorted_bytes(i).size() - from;
+  }
   // Positions in sorted(), longest bytes first (grammar/bounded_string.h).
   const std::vector<int32_t>& longest_first() const { return longest_first_; }
   // The usable ids whose bytes are exactly `bytes`.
@@ -83,6 +113,8 @@ class TokenVocabulary {
   std::vector<bool> usable_;
   int32_t size_;
   std::vector<int32_t> end_ids_;
+  size_t text_units(size_t i, size_t from) const;  // family_units(kTextFamily, ...)
+
   std::vector<int32_t> sorted_;
   std::vector<int32_t> lcp_;
   std::string sorted_text_;
@@ -90,6 +122,30 @@ class TokenVocabulary {
   std::vector<int32_t> with_quote_, with_closer_;
   std::vector<int32_t> longest_first_;
   std::vector<bool> plain_;  // per sorted position
+  std::vector<uint32_t> family_tail_[kUnitFamilies];  // per sorted position
+  // Per sorted position: bit k set where a text unit of its tail begins at
+  // byte k (k < 64), for family_units().
+  std::vector<uint64_t> text_starts_;
+};
+
+// Per grammar state and unit family (TokenVocabulary::UnitFamily): how
+// many units of the family in a row a stack in that state reads alike by
+// its own edges (the walks' TrieWalker::family_reach), -1 until a walk
+// asks. Shared by a masker's walks on any thread: a value is the same
+// whichever walk stores it.
+class UnitReach {
+ public:
+  static constexpr size_t kMax = 1 << 12;  // a loop, or that many or more
+  explicit UnitReach(size_t states);
+  int32_t get(int family, int32_t state) const {
+    return reach_[family][static_cast<size_t>(state)].load(std::memory_order_relaxed);
+  }
+  void set(int family, int32_t state, int32_t units) {
+    reach_[family][static_cast<size_t>(state)].store(units, std::memory_order_relaxed);
+  }
+
+ private:
+  std::unique_ptr<std::atomic<int32_t>[]> reach_[TokenVocabulary::kUnitFamilies];
 };
 
 class TokenMasker {
@@ -122,6 +178,7 @@ class TokenMasker {
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   std::shared_ptr<const TokenVocabulary> vocabulary_;
+  std::unique_ptr<UnitReach> reach_;
   mutable std::mutex mu_;
   mutable std::unordered_map<std::string, std::unique_ptr<Entry>> cache_;
 };

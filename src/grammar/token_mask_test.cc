@@ -3,6 +3,7 @@
 // matcher itself; rollback restores the masks of earlier steps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,7 +35,11 @@ std::shared_ptr<const TokenVocabulary> synthetic_vocabulary(uint32_t seed) {
       "{\"", "\":", "\",", "\"}", "\"]", "\":\"", "\"},", "}]", "]}", "}}", "]]", ",\"", "[{", "[[", "true",
       "null", "false", "12", "345", "0.", ".5", "e+", "-1", "abc", "name", "value", "\\\"", "\\n", "\\u00", " \"",
       "  ", "\n", "\xC3\xA9", "\xE4\xB8", "\x80", "aab", "bba", "bbb", "ccc", "cb", "(((", ")))", ")(", "a)",
-      "\"a", "x\"", "\"}}", "\"]}", "1,", "2]", "3}"};
+      "\"a", "x\"", "\"}}", "\"]}", "1,", "2]", "3}",
+      // Tails a walk reads unwalked: words, labels, UTF-8 characters
+      // (whole, cut short, and \s ones: U+00A0, U+2028).
+      " word", " a", "b c", "ab12", "a-b", "db-1", "a.b", "\xC3\xA9t\xC3\xA9", "caf\xC3\xA9", " \xC3\xA9",
+      "\xF0\x9F\x98\x80", "\xF0\x9F", "\xC2\xA0", "\xE2\x80\xA8", "x\xE2\x80\xA8y"};
   std::mt19937 rng(seed);
   std::vector<std::string> all = pieces;
   for (int i = 0; i < 300; ++i) {
@@ -161,6 +166,60 @@ TEST(TokenMask, EqualsBruteForceThroughTailCallsAndCalledCharacters) {
   check_walks(json_schema_to_ebnf(words), 20, 40, 12);
   const nlohmann::ordered_json list = {{"type", "array"}, {"items", words}, {"maxItems", 3}};
   check_walks(json_schema_to_ebnf(list), 20, 40, 13);
+}
+
+// Strings whose states read a family of units alike (TrieWalker's tail
+// reach): loops and counted runs of plain bytes, words, alphanumerics and
+// UTF-8 characters, and patterns that tell some characters apart.
+TEST(TokenMask, EqualsBruteForceWhereTailsAreReadUnwalked) {
+  const std::vector<nlohmann::ordered_json> schemas = {
+      {{"type", "string"}},
+      {{"type", "string"}, {"maxLength", 6}},
+      {{"type", "string"}, {"format", "hostname"}},
+      {{"type", "string"}, {"pattern", "^\\p{L}+( \\p{L}+)*$"}},
+      {{"type", "string"}, {"pattern", "^[^ ]{0,3}( [^ ]+)*$"}},
+      // All plain bytes alike, some characters not: \u00e9, and U+2028 for `.`.
+      {{"type", "string"}, {"pattern", "^[^\\u00e9]*$"}},
+      {{"type", "string"}, {"pattern", "^.{0,5}$"}},
+      {{"type", "array"}, {"items", {{"type", "string"}, {"maxLength", 4}}}, {"maxItems", 3}},
+  };
+  uint32_t seed = 20;
+  for (const auto& schema : schemas) check_walks(json_schema_to_ebnf(schema), 12, 30, seed++);
+}
+
+TEST(TokenMask, UnitFamiliesOfATokensTail) {
+  const TokenVocabulary v({"<s>", "\"ab", " caf\xC3\xA9", "x\xF0\x9F", "\x80" "ab", "a b"}, {false, true, true, true, true, true}, 6,
+                          {0});
+  const auto at = [&](std::string_view bytes) {
+    const auto ids = v.spelled(bytes);
+    EXPECT_EQ(ids.size(), 1u) << bytes;
+    const auto& sorted = v.sorted();
+    return static_cast<size_t>(std::find(sorted.begin(), sorted.end(), ids[0]) - sorted.begin());
+  };
+  using V = TokenVocabulary;
+  constexpr size_t kNone = std::string_view::npos;
+  // `"ab`: the quote is no unit of any family.
+  EXPECT_EQ(v.family_tail(V::kPlainFamily, at("\"ab")), 1u);
+  EXPECT_EQ(v.family_tail(V::kTextFamily, at("\"ab")), 1u);
+  EXPECT_EQ(v.family_units(V::kAlnumFamily, at("\"ab"), 1), 2u);
+  EXPECT_EQ(v.family_units(V::kAlnumFamily, at("\"ab"), 0), kNone);
+  // ` café`: text reads it all, four characters from byte 1; plain bytes stop at the é.
+  EXPECT_EQ(v.family_tail(V::kTextFamily, at(" caf\xC3\xA9")), 0u);
+  EXPECT_EQ(v.family_units(V::kTextFamily, at(" caf\xC3\xA9"), 1), 4u);
+  EXPECT_EQ(v.family_units(V::kTextFamily, at(" caf\xC3\xA9"), 5), kNone);  // inside the é
+  EXPECT_EQ(v.family_tail(V::kPlainFamily, at(" caf\xC3\xA9")), 6u);
+  EXPECT_EQ(v.family_tail(V::kWordFamily, at(" caf\xC3\xA9")), 6u);
+  // A character cut short at the token's end is one unit.
+  EXPECT_EQ(v.family_units(V::kTextFamily, at("x\xF0\x9F"), 0), 2u);
+  // A continuation byte first begins nothing; the tail starts after it.
+  EXPECT_EQ(v.family_tail(V::kTextFamily, at("\x80" "ab")), 1u);
+  // The word family stops at the space.
+  EXPECT_EQ(v.family_tail(V::kWordFamily, at("a b")), 2u);
+  EXPECT_EQ(v.family_tail(V::kPlainFamily, at("a b")), 0u);
+  EXPECT_EQ(TokenVocabulary::utf8_character("\xE0\x9F\x80", 0), 0u);  // overlong
+  EXPECT_EQ(TokenVocabulary::utf8_character("\xED\xA0\x80", 0), 0u);  // a surrogate
+  EXPECT_EQ(TokenVocabulary::utf8_character("\xF4\x8F\xBF\xBF", 0), 4u);
+  EXPECT_EQ(TokenVocabulary::utf8_character("\xF4\x90", 0), 0u);  // past U+10FFFF
 }
 
 TEST(TokenMask, EndIdsOnlyWhereTheGrammarCanEnd) {
