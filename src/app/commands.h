@@ -15,6 +15,7 @@ void add_tokenize_commands(CLI::App& app);
 void add_quantize_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_route_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 
 // Parses "1,2,3" (spaces allowed) into ids; throws basalt::Error naming the flag.

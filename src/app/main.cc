@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   basalt::add_quantize_command(app);
   basalt::add_eval_command(app);
   basalt::add_serve_command(app);
+  basalt::add_route_command(app);
   basalt::add_bench_command(app);
   try {
     app.parse(argc, argv);

@@ -13,7 +13,6 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <pthread.h>
 #include <string>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "app/http_flags.h"
 #include "app/model_dir.h"
 #include "app/device_choice.h"
 #include "app/speculation_flags.h"
@@ -32,6 +32,7 @@
 #include "runtime/engine.h"
 #include "runtime/kv_pool.h"
 #include "server/api_server.h"
+#include "server/http_auth.h"
 #include "server/http_server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -39,20 +40,13 @@ namespace basalt {
 namespace {
 
 struct ServeFlags {
+  HttpFlags http;
   std::string model;
   std::string served_model_name;
-  std::string host = "127.0.0.1";
-  int port = 8000;
-  std::vector<std::string> api_keys;
-  std::vector<std::string> allowed_origins;
-  std::string api_key_file;
-  std::string tls_cert;
-  std::string tls_key;
   int max_running = 64;
   int max_queue = 1024;
   int max_n = 0;
   int threads = 0;
-  std::string log_format = "text";
   double kv_fraction = -1;  // unset: the device's default (kv_budget_bytes)
   int64_t kv_slots = 0;
   int64_t max_model_len = 0;
@@ -64,15 +58,8 @@ struct ServeFlags {
   SpeculationFlags speculation;
   int page_size = 1;
   std::string policy = "lpm";
-  size_t max_body_bytes = 8u << 20;
-  double request_timeout = 30;
-  double idle_timeout = 60;
-  double write_timeout = 30;
-  size_t max_connections = 4096;
-  int io_threads = 2;
   double drain_timeout = 30;
   bool log_text = false;
-  bool no_request_log = false;
   std::string tool_call_parser = "auto";
   std::string reasoning_parser;
   std::string device = "cpu";
@@ -85,21 +72,6 @@ std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
 
-std::vector<std::string> read_keys(const std::string& path) {
-  std::ifstream in(path);
-  BASALT_CHECK(in.good(), "--api-key-file {}: cannot read it", path);
-  std::vector<std::string> keys;
-  std::string line;
-  while (std::getline(in, line)) {
-    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
-    const size_t start = line.find_first_not_of(" \t");
-    if (start == std::string::npos || line[start] == '#') continue;
-    keys.push_back(line.substr(start));
-  }
-  BASALT_CHECK(!keys.empty(), "--api-key-file {}: no keys in it (one per line)", path);
-  return keys;
-}
-
 void log_lifecycle(const char* event, std::initializer_list<std::pair<const char*, std::string>> fields) {
   LogLine line(event);
   for (const auto& [key, value] : fields) line.add(key, value);
@@ -107,8 +79,7 @@ void log_lifecycle(const char* event, std::initializer_list<std::pair<const char
 }
 
 void run_serve(const ServeFlags& f) {
-  set_log_format(parse_log_format(f.log_format));
-  BASALT_CHECK(f.port >= 0 && f.port <= 65535, "--port {} is not a TCP port", f.port);
+  HttpServerOptions http = http_server_options(f.http);
   BASALT_CHECK(f.max_n >= 0, "--max-n must be >= 0");
   BASALT_CHECK(f.threads >= 0 && f.threads <= 4096, "--threads must be in [0, 4096], got {}", f.threads);
   BASALT_CHECK(f.max_running >= 1, "--max-running must be >= 1");
@@ -116,7 +87,6 @@ void run_serve(const ServeFlags& f) {
   BASALT_CHECK(f.kv_fraction == -1 || (f.kv_fraction > 0 && f.kv_fraction <= 1),
                "--kv-cache-fraction must be in (0, 1]");
   BASALT_CHECK(f.page_size >= 1 && f.page_size <= 4096, "--page-size must be in [1, 4096]");
-  BASALT_CHECK(f.io_threads >= 1 && f.io_threads <= 64, "--io-threads must be in [1, 64]");
   BASALT_CHECK(f.policy == "lpm" || f.policy == "fcfs", "--schedule-policy must be lpm or fcfs");
   const std::string dir = model_dir_or_bundled(f.model);
   // The context limit is checked before the weights load, so a wrong flag
@@ -128,10 +98,7 @@ void run_serve(const ServeFlags& f) {
                "{}/config.json)",
                f.max_model_len, config.max_position_embeddings, dir);
 
-  std::vector<std::string> keys = f.api_keys;
-  if (!f.api_key_file.empty())
-    for (std::string& k : read_keys(f.api_key_file)) keys.push_back(std::move(k));
-  for (const std::string& k : keys) BASALT_CHECK(!k.empty(), "API keys must not be empty");
+  const std::vector<std::string> keys = api_keys(f.http);
 
   // Signals are taken by sigwait on this thread only.
   sigset_t signals;
@@ -142,26 +109,7 @@ void run_serve(const ServeFlags& f) {
   std::signal(SIGPIPE, SIG_IGN);
 
   std::atomic<ApiServer*> api{nullptr};
-  HttpServerOptions http;
-  http.host = f.host;
-  http.port = static_cast<uint16_t>(f.port);
-  http.io_threads = f.io_threads;
-  http.max_body_bytes = f.max_body_bytes;
-  http.request_timeout = millis(f.request_timeout);
-  http.idle_timeout = millis(f.idle_timeout);
-  http.write_timeout = millis(f.write_timeout);
-  http.max_connections = f.max_connections;
-  http.tls_cert_file = f.tls_cert;
-  http.tls_key_file = f.tls_key;
-  for (const std::string& origin : f.allowed_origins) {
-    // An origin is scheme://host[:port], as browsers send it; a path or a
-    // trailing slash would never match.
-    BASALT_CHECK(origin == "*" || ((origin.rfind("http://", 0) == 0 || origin.rfind("https://", 0) == 0) &&
-                                   origin.find('/', origin.find("//") + 2) == std::string::npos),
-                 "--allowed-origins {}: give origins as scheme://host[:port] (no path), or *", origin);
-  }
-  http.allowed_origins = f.allowed_origins;
-  const bool request_log = !f.no_request_log;
+  const bool request_log = !f.http.no_request_log;
   http.on_rejection = [&api, request_log](const TransportRejection& r) {
     if (ApiServer* a = api.load()) return a->note_rejection(r.status, r.remote, r.method, r.path, r.reason);
     if (request_log)
@@ -187,8 +135,8 @@ void run_serve(const ServeFlags& f) {
     return HandlerResult{std::move(r), nullptr};
   });
   server.start();
-  const std::string scheme = f.tls_cert.empty() ? "http" : "https";
-  log_lifecycle("listening", {{"url", fmt::format("{}://{}:{}", scheme, f.host, server.port())}, {"model_dir", dir}});
+  log_lifecycle("listening",
+                {{"url", fmt::format("{}://{}:{}", http_scheme(f.http), f.http.host, server.port())}, {"model_dir", dir}});
 
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
@@ -217,7 +165,7 @@ void run_serve(const ServeFlags& f) {
   api_options.max_running = f.max_running;
   api_options.max_n = f.max_n;
   api_options.max_model_len = f.max_model_len;
-  api_options.log_requests = !f.no_request_log;
+  api_options.log_requests = !f.http.no_request_log;
   api_options.log_text = f.log_text;
   api_options.tool_call_parser = f.tool_call_parser;
   api_options.reasoning_parser = f.reasoning_parser;
@@ -264,19 +212,10 @@ void add_serve_command(CLI::App& app) {
   auto flags = std::make_shared<ServeFlags>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
   ServeFlags& f = *flags;
+  add_http_flags(*cmd, f.http);
   cmd->add_option("--model", f.model, "Hugging Face model directory (default: the bundled model)");
   cmd->add_option("--served-model-name", f.served_model_name,
                   "The model name clients use (default: the model directory's name)");
-  cmd->add_option("--host", f.host, "Address to listen on (default 127.0.0.1; 0.0.0.0 for all)");
-  cmd->add_option("--port", f.port, "TCP port (default 8000; 0: any free port)");
-  cmd->add_option("--api-key", f.api_keys, "Require this API key as 'Authorization: Bearer KEY' (repeatable)");
-  cmd->add_option("--api-key-file", f.api_key_file, "Read API keys from this file, one per line ('#' comments)");
-  cmd->add_option("--allowed-origins", f.allowed_origins,
-                  "Let browser pages from these origins call the API (CORS), e.g. https://app.example.com, or * "
-                  "for any; repeatable or comma-separated (default: none)")
-      ->delimiter(',');
-  cmd->add_option("--tls-cert", f.tls_cert, "PEM certificate chain: serve HTTPS (needs --tls-key)");
-  cmd->add_option("--tls-key", f.tls_key, "PEM private key for --tls-cert");
   cmd->add_option("--max-running", f.max_running, "Requests decoded together at most (default 64)");
   cmd->add_option("--max-queue", f.max_queue,
                   "Requests allowed to wait beyond --max-running; more get 429 (default 1024)");
@@ -286,9 +225,6 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", f.threads,
                   "CPU backend threads (default 0: the BASALT_NUM_THREADS environment variable, else one per "
                   "hardware thread)");
-  cmd->add_option("--log-format", f.log_format,
-                  "Log lines as text (timestamp, level, event, key=value fields) or json (one object per line) "
-                  "(default text)");
   cmd->add_option("--kv-cache-fraction", f.kv_fraction,
                   "Fraction of memory for the KV pool: of host memory on the CPU (default 0.1), of the GPU memory "
                   "left after the weights with --device cuda (default 0.8)");
@@ -311,18 +247,9 @@ void add_serve_command(CLI::App& app) {
                   "KV slots per page: each request's KV is page-aligned and the prefix cache shares whole pages "
                   "(default 1)");
   cmd->add_option("--schedule-policy", f.policy, "lpm (longest prefix match first) or fcfs (default lpm)");
-  cmd->add_option("--max-body-bytes", f.max_body_bytes, "Largest request body; bigger gets 413 (default 8388608)");
-  cmd->add_option("--request-timeout", f.request_timeout,
-                  "Seconds for a client to send a whole request (default 30)");
-  cmd->add_option("--idle-timeout", f.idle_timeout, "Seconds a kept-alive connection may idle (default 60)");
-  cmd->add_option("--write-timeout", f.write_timeout,
-                  "Seconds a response write may stall before the client is dropped (default 30)");
-  cmd->add_option("--max-connections", f.max_connections, "Open connections at most; more get 503 (default 4096)");
-  cmd->add_option("--io-threads", f.io_threads, "Threads running the HTTP connections (default 2)");
   cmd->add_option("--drain-timeout", f.drain_timeout,
                   "Seconds running requests may take to finish after SIGTERM (default 30)");
   cmd->add_flag("--log-requests-text", f.log_text, "Also log completion text (off: logs carry ids, sizes, timings)");
-  cmd->add_flag("--no-request-log", f.no_request_log, "Do not log one line per request");
   cmd->add_option("--tool-call-parser", f.tool_call_parser,
                   "Chat tool calls: hermes, llama3_json, mistral, deepseek_v3 or deepseek_v31 parses the model's "
                   "calls into tool_calls and lets tool_choice force one; auto detects the format from the chat "

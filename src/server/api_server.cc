@@ -15,6 +15,7 @@
 #include "runtime/grammar_constraint.h"
 #include "core/log.h"
 #include "core/version.h"
+#include "server/http_auth.h"
 #include "server/metrics_text.h"
 #include "template/jinja.h"
 
@@ -131,15 +132,6 @@ std::string route_of(const std::string& path) {
   return "other";
 }
 
-// A client's request id (X-Request-Id or the body's request_id) is kept only
-// when it is safe to echo in a header and a log line.
-bool valid_client_id(std::string_view id) {
-  if (id.empty() || id.size() > 256) return false;
-  for (unsigned char ch : id)
-    if (ch < 0x21 || ch > 0x7e) return false;
-  return true;
-}
-
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::kStop: return "stop";
@@ -155,17 +147,6 @@ json stop_reason_json(const StopReason& s) {
   if (const auto* id = std::get_if<int32_t>(&s)) return *id;
   if (const auto* text = std::get_if<std::string>(&s)) return *text;
   return nullptr;
-}
-
-bool constant_time_equal(std::string_view a, std::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= static_cast<unsigned char>(x ^ y);
-  }
-  return diff == 0;
 }
 
 uint64_t namespace_of(const std::string& salt) {
@@ -826,18 +807,7 @@ GrammarCache& ApiServer::grammars() {
 
 int64_t ApiServer::in_flight() const { return shared_->in_flight.load(); }
 
-bool ApiServer::authorized(const HttpRequest& request) const {
-  if (options_.api_keys.empty()) return true;
-  const std::optional<std::string_view> header = request.header("authorization");
-  if (!header) return false;
-  std::string_view value = *header;
-  constexpr std::string_view kBearer = "Bearer ";
-  if (value.size() < kBearer.size() || value.substr(0, kBearer.size()) != kBearer) return false;
-  value.remove_prefix(kBearer.size());
-  bool ok = false;
-  for (const std::string& key : options_.api_keys) ok |= constant_time_equal(value, key);
-  return ok;
-}
+bool ApiServer::authorized(const HttpRequest& request) const { return bearer_authorized(request, options_.api_keys); }
 
 HandlerResult ApiServer::handle(HttpRequest& request) {
   const std::string& path = request.path;

@@ -1,18 +1,28 @@
-// Starts `basalt serve` on a free port for a test file and stops it after.
+// Starts `basalt serve` (or `basalt route`) on a free port for a test file
+// and stops it after.
 // BASALT_BINARY names the binary (set by ctest); the bundled model is used
 // unless BASALT_MODEL says otherwise.
 import { spawn } from 'node:child_process';
 
-export async function startServer(args = [], { timeoutMs = 120000 } = {}) {
-  const binary = process.env.BASALT_BINARY;
-  if (!binary) throw new Error('BASALT_BINARY is not set');
+export async function startServer(args = [], options = {}) {
   // BASALT_SERVE_EXTRA adds flags to every server (ctest runs the client
   // tests again with --overlap).
   const extra = (process.env.BASALT_SERVE_EXTRA ?? '').split(' ').filter((a) => a);
-  const child = spawn(binary, ['serve', '--port', '0', ...args, ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
+  return startBasalt('serve', [...args, ...extra], options);
+}
+
+// `basalt route` (the gateway) on a free port, over `args`' replicas.
+export async function startGateway(args = [], options = {}) {
+  return startBasalt('route', args, options);
+}
+
+async function startBasalt(command, args, { timeoutMs = 120000 } = {}) {
+  const binary = process.env.BASALT_BINARY;
+  if (!binary) throw new Error('BASALT_BINARY is not set');
+  const child = spawn(binary, [command, '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const ready = new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server not ready in time:\n${log}`)), timeoutMs);
+    const timer = setTimeout(() => reject(new Error(`${command} not ready in time:\n${log}`)), timeoutMs);
     let port = null;
     child.stderr.on('data', (chunk) => {
       log += chunk.toString();
@@ -27,7 +37,7 @@ export async function startServer(args = [], { timeoutMs = 120000 } = {}) {
     });
     child.on('exit', (code) => {
       clearTimeout(timer);
-      reject(new Error(`server exited with ${code}:\n${log}`));
+      reject(new Error(`${command} exited with ${code}:\n${log}`));
     });
   });
   const port = await ready;

@@ -1,0 +1,43 @@
+// The HTTP flags `basalt serve` and `basalt route` share: where to listen,
+// TLS, API keys, CORS origins, the transport's limits and timeouts, and the
+// log format. add_http_flags() registers them; http_server_options() and
+// api_keys() check them (basalt::Error naming the flag) and build what the
+// transport and the request handlers take.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "server/http_server.h"
+
+namespace basalt {
+
+struct HttpFlags {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::vector<std::string> api_keys;
+  std::string api_key_file;
+  std::vector<std::string> allowed_origins;
+  std::string tls_cert;
+  std::string tls_key;
+  size_t max_body_bytes = 8u << 20;
+  double request_timeout = 30;
+  double idle_timeout = 60;
+  double write_timeout = 30;
+  size_t max_connections = 4096;
+  int io_threads = 2;
+  std::string log_format = "text";
+  bool no_request_log = false;
+};
+
+void add_http_flags(CLI::App& cmd, HttpFlags& f);
+// Also sets the log format.
+HttpServerOptions http_server_options(const HttpFlags& f);
+// --api-key and the keys of --api-key-file.
+std::vector<std::string> api_keys(const HttpFlags& f);
+// "http" or "https", as the flags make the server listen.
+std::string http_scheme(const HttpFlags& f);
+
+}  // namespace basalt

@@ -1,0 +1,165 @@
+// `basalt route`: the gateway over `basalt serve` replicas (router/, and
+// docs/ROUTER.md for the plan it grows along).
+//
+// Lifecycle: the replica list is read and checked first (a bad line fails
+// the command), the port is bound, and a `listening` then a `ready` line are
+// logged. SIGHUP re-reads --replica-file (with the --replica flags): a good
+// list replaces the old one (replicas no longer listed drain: their
+// requests in flight finish), a bad one is logged and the old list kept.
+// SIGTERM or SIGINT stops accepting, lets forwarded requests finish until
+// --drain-timeout, then closes every connection; a second signal skips the
+// wait.
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <csignal>
+#include <fmt/format.h>
+#include <fstream>
+#include <pthread.h>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "app/commands.h"
+#include "app/http_flags.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "router/replica_registry.h"
+#include "router/route_server.h"
+#include "server/http_server.h"
+
+namespace basalt {
+namespace {
+
+struct RouteFlags {
+  HttpFlags http;
+  std::vector<std::string> replicas;
+  std::string replica_file;
+  std::string upstream_api_key;
+  int max_attempts = 3;
+  double upstream_timeout = 600;
+  int client_threads = 2;
+  double drain_timeout = 30;
+};
+
+std::vector<router::ReplicaSpec> read_replicas(const RouteFlags& f) {
+  std::vector<router::ReplicaSpec> specs;
+  for (const std::string& text : f.replicas) specs.push_back(router::parse_replica(text, "--replica"));
+  if (!f.replica_file.empty()) {
+    std::ifstream in(f.replica_file);
+    BASALT_CHECK(in.good(), "--replica-file {}: cannot read it", f.replica_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    for (router::ReplicaSpec& spec : router::parse_replica_file(text.str(), f.replica_file))
+      specs.push_back(std::move(spec));
+  }
+  BASALT_CHECK(!specs.empty(), "no replicas: give --replica URL or --replica-file FILE");
+  return specs;
+}
+
+void log_replicas(const router::ReplicaRegistry& registry) {
+  const auto snapshot = registry.snapshot();
+  std::string ids;
+  for (const router::Replica& r : snapshot->replicas) ids += (ids.empty() ? "" : ",") + r.spec.id;
+  LogLine("replicas")
+      .add("generation", static_cast<int64_t>(snapshot->generation))
+      .add("count", static_cast<int64_t>(snapshot->replicas.size()))
+      .add("replicas", ids)
+      .emit();
+}
+
+void run_route(const RouteFlags& f) {
+  HttpServerOptions http = http_server_options(f.http);
+  BASALT_CHECK(f.max_attempts >= 1 && f.max_attempts <= 16, "--max-attempts must be in [1, 16]");
+  BASALT_CHECK(f.client_threads >= 1 && f.client_threads <= 64, "--client-threads must be in [1, 64]");
+  BASALT_CHECK(f.upstream_timeout > 0 && f.upstream_timeout < 1e7, "--upstream-timeout must be positive seconds");
+  BASALT_CHECK(f.drain_timeout > 0 && f.drain_timeout < 1e7, "--drain-timeout must be positive seconds");
+  router::ReplicaRegistry registry;
+  registry.set(read_replicas(f));
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  // The replicas' connections run on threads of their own.
+  boost::asio::io_context client_io;
+  auto work = boost::asio::make_work_guard(client_io);
+  std::vector<std::thread> client_threads;
+  for (int i = 0; i < f.client_threads; ++i) client_threads.emplace_back([&client_io] { client_io.run(); });
+
+  router::RouteServerOptions options;
+  options.api_keys = api_keys(f.http);
+  options.upstream_api_key = f.upstream_api_key;
+  options.max_attempts = f.max_attempts;
+  options.log_requests = !f.http.no_request_log;
+  HttpClientOptions client_options;
+  client_options.timeout_s = f.upstream_timeout;
+  client_options.max_body_bytes = f.http.max_body_bytes > (size_t{64} << 20) ? f.http.max_body_bytes : size_t{64} << 20;
+  router::RouteServer route(registry, client_io, options, client_options);
+  http.on_rejection = [&route](const TransportRejection& r) { route.note_rejection(r); };
+  HttpServer server(http, [&route](HttpRequest& request) { return route.handle(request); });
+  server.start();
+  LogLine("listening").add("url", fmt::format("{}://{}:{}", http_scheme(f.http), f.http.host, server.port())).emit();
+  log_replicas(registry);
+  LogLine("ready").add("max_attempts", f.max_attempts).add("api_keys", !options.api_keys.empty()).emit();
+
+  while (true) {
+    int signal_number = 0;
+    sigwait(&signals, &signal_number);
+    if (signal_number != SIGHUP) {
+      LogLine("draining").add("signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT").emit();
+      break;
+    }
+    try {
+      registry.set(read_replicas(f));
+      log_replicas(registry);
+    } catch (const Error& e) {
+      LogLine("replicas", LogLevel::kWarning).add("reload", "refused").add("error", e.what()).emit();
+    }
+  }
+  server.stop_accepting();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(f.drain_timeout * 1000));
+  const timespec tick{0, 20 * 1000 * 1000};
+  while (server.responses_in_progress() > 0 && std::chrono::steady_clock::now() < deadline) {
+    if (sigtimedwait(&signals, nullptr, &tick) > 0) break;  // a second signal: stop now
+  }
+  server.stop();
+  work.reset();
+  client_io.stop();
+  for (std::thread& t : client_threads) t.join();
+  LogLine("stopped").emit();
+}
+
+}  // namespace
+
+void add_route_command(CLI::App& app) {
+  auto flags = std::make_shared<RouteFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "route", "Serve the OpenAI-compatible API over several `basalt serve` replicas (a gateway)");
+  RouteFlags& f = *flags;
+  add_http_flags(*cmd, f.http);
+  cmd->add_option("--replica", f.replicas,
+                  "A replica: its root URL, then labels, e.g. 'http://10.0.0.5:8000 region=eu pool=a model=llama' "
+                  "(repeatable). A replica with a model label gets that model's requests only");
+  cmd->add_option("--replica-file", f.replica_file,
+                  "Read replicas from this file, one per line as for --replica ('#' comments); re-read on SIGHUP");
+  cmd->add_option("--upstream-api-key", f.upstream_api_key,
+                  "Send this API key to the replicas (the clients' keys are never forwarded)");
+  cmd->add_option("--max-attempts", f.max_attempts,
+                  "Replicas one request may be tried on before anything reached its client (default 3)");
+  cmd->add_option("--upstream-timeout", f.upstream_timeout,
+                  "Seconds one attempt on a replica may take in all (default 600)");
+  cmd->add_option("--client-threads", f.client_threads, "Threads running the connections to replicas (default 2)");
+  cmd->add_option("--drain-timeout", f.drain_timeout,
+                  "Seconds forwarded requests may take to finish after SIGTERM (default 30)");
+  cmd->callback([flags] { run_route(*flags); });
+}
+
+}  // namespace basalt

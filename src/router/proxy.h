@@ -1,0 +1,97 @@
+// The gateway's forwarding of one client request to its replicas
+// (docs/ROUTER.md §3, "before the first byte").
+//
+// ReplicaClients keeps one HttpClient (keep-alive pool) per replica, made
+// the first time a request goes there, on the gateway's client io_context.
+//
+// ProxyProducer is the response the gateway gives the HTTP transport for a
+// request it forwards. It sends the request to the replica `pick` chooses
+// and passes the answer back:
+//  * a stream (text/event-stream) event by event, each complete event as
+//    the replica sent its bytes (SSE comments, heartbeats among them, are
+//    not passed on), the head as soon as the replica's 200 head arrives;
+//  * anything else whole, status and body as the replica sent them.
+// Before anything reached the client it tries another replica (never one
+// tried for this request), up to max_attempts in all, when the connection
+// fails or breaks, or the replica answers 429, 502, 503 or 504 (its answer
+// is passed on when no attempt is left); other statuses (400, 404, ...) are
+// the request's own and are passed on at once. A stream that breaks after
+// its head was sent ends with an error event (code "upstream_failed") and
+// `data: [DONE]`. With no replica to try the client gets 503 (none was
+// available) or 502 (every attempt failed), as an OpenAI error body.
+//
+// Contract: the producer's state is shared with the client callbacks
+// (which run on the replica client's strand), so either side may go first;
+// abort() cancels the exchange in flight and the replica sees its client
+// go away. Each attempt counts in the replica's ReplicaState::in_flight
+// while it runs, and `observe` (when set) hears how each attempt and the
+// request ended, from the thread that ended them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "router/replica_registry.h"
+#include "server/http_client.h"
+#include "server/http_server.h"
+
+namespace basalt::router {
+
+class ReplicaClients {
+ public:
+  ReplicaClients(boost::asio::io_context& io, HttpClientOptions options);
+  ~ReplicaClients();
+  HttpClient& of(const ReplicaSpec& replica);
+
+ private:
+  boost::asio::io_context& io_;
+  HttpClientOptions options_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<HttpClient>, std::less<>> clients_;
+};
+
+// How one attempt on a replica ended.
+enum class AttemptOutcome {
+  kAnswered,   // the replica answered (any status) and the answer was used
+  kRetryable,  // 429/502/503/504 before anything reached the client
+  kFailed,     // the connection failed, broke or timed out
+  kCancelled,  // the client went away
+};
+const char* attempt_outcome_name(AttemptOutcome outcome);
+
+struct ProxyObserver {
+  std::function<void(const ReplicaSpec&, AttemptOutcome)> attempt;
+  // The status the client got (a stream cut after its head counts as its
+  // 200), and the replicas tried, in order (canonical ids).
+  std::function<void(int status, const std::vector<std::string>& tried)> finished;
+};
+
+struct ProxyRequest {
+  OutgoingRequest upstream;  // what each attempt sends
+  int max_attempts = 3;
+  // The next replica to try, none tried before (`tried`: canonical ids);
+  // null when none is left.
+  std::function<std::shared_ptr<const Replica>(const std::vector<std::string>& tried)> pick;
+  ProxyObserver observe;
+};
+
+class ProxyProducer : public ResponseProducer {
+ public:
+  ProxyProducer(ReplicaClients& clients, ProxyRequest request);
+  ~ProxyProducer() override;
+  void start(std::function<void()> wake) override;
+  void pull(Output& out) override;
+  void abort() override;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace basalt::router

@@ -1,0 +1,363 @@
+// The gateway's forwarding (RouteServer over ProxyProducer) against fake
+// replicas: HttpServers on free ports whose handlers answer as a replica
+// would, or fail as one does. A real HttpServer runs the gateway, and an
+// HttpClient is its client, so every byte crosses real sockets.
+#include "router/route_server.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "router/replica_registry.h"
+#include "server/http_client.h"
+#include "server/http_server.h"
+
+namespace basalt::router {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A replica's event stream: `events` at once, then `done`, or held open
+// until the replica's server stops (`forever`). Counts its aborts.
+class EventsProducer : public ResponseProducer {
+ public:
+  EventsProducer(std::string events, bool forever, std::atomic<int>& aborts)
+      : events_(std::move(events)), forever_(forever), aborts_(aborts) {}
+  void start(std::function<void()> wake) override { wake(); }
+  void pull(Output& out) override {
+    if (sent_) return;
+    HttpResponse head;
+    head.content_type = "text/event-stream";
+    head.headers.emplace_back("X-Request-Id", "replica-id");
+    out.head = head;
+    out.data = events_;
+    out.done = !forever_;
+    sent_ = true;
+  }
+  void abort() override { ++aborts_; }
+
+ private:
+  std::string events_;
+  bool forever_;
+  std::atomic<int>& aborts_;
+  bool sent_ = false;
+};
+
+// A fake replica: answers each forwarded request as `answer` says, and
+// records what it got.
+struct FakeReplica {
+  std::function<HandlerResult(HttpRequest&)> answer;
+  std::unique_ptr<HttpServer> server;
+  std::mutex mu;
+  std::vector<HttpRequest> got;
+  std::atomic<int> aborts{0};
+
+  void start() {
+    HttpServerOptions options;
+    options.port = 0;
+    server = std::make_unique<HttpServer>(options, [this](HttpRequest& r) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        got.push_back(r);
+      }
+      return answer(r);
+    });
+    server->start();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(server->port()); }
+  size_t requests() {
+    std::lock_guard<std::mutex> lock(mu);
+    return got.size();
+  }
+};
+
+HandlerResult whole(int status, std::string body) {
+  HandlerResult r;
+  r.response.status = status;
+  r.response.body = std::move(body);
+  return r;
+}
+
+struct Reply {
+  std::optional<IncomingHead> head;
+  std::string body;
+  HttpFailure failure = HttpFailure::kNone;
+  bool done = false;
+};
+
+class Gateway : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    work_.emplace(boost::asio::make_work_guard(io_));
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    route_.reset();
+    for (auto& r : replicas_)
+      if (r->server) r->server->stop();
+    work_.reset();
+    io_.stop();
+    thread_.join();
+  }
+  FakeReplica& replica(std::function<HandlerResult(HttpRequest&)> answer) {
+    replicas_.push_back(std::make_unique<FakeReplica>());
+    replicas_.back()->answer = std::move(answer);
+    replicas_.back()->start();
+    return *replicas_.back();
+  }
+  // The gateway over `lines` (each "URL [labels]").
+  void start_gateway(const std::vector<std::string>& lines, RouteServerOptions options = {}) {
+    std::vector<ReplicaSpec> specs;
+    for (const std::string& line : lines) specs.push_back(parse_replica(line, "test"));
+    registry_.set(std::move(specs));
+    options.log_requests = false;
+    route_ = std::make_unique<RouteServer>(registry_, io_, options);
+    HttpServerOptions http;
+    http.port = 0;
+    server_ = std::make_unique<HttpServer>(http, [this](HttpRequest& r) { return route_->handle(r); });
+    server_->start();
+    client_ = std::make_unique<HttpClient>(io_, parse_base_url("http://127.0.0.1:" + std::to_string(server_->port())));
+  }
+  // One request through the gateway, to its end.
+  Reply call(const std::string& method, const std::string& path, const std::string& body = {},
+             std::vector<std::pair<std::string, std::string>> headers = {}) {
+    auto reply = std::make_shared<Reply>();
+    auto mu = std::make_shared<std::mutex>();
+    auto cv = std::make_shared<std::condition_variable>();
+    OutgoingRequest req;
+    req.method = method;
+    req.path = path;
+    req.body = body;
+    req.headers = std::move(headers);
+    ExchangeCallbacks c;
+    c.on_head = [reply, mu](const IncomingHead& h) {
+      std::lock_guard<std::mutex> lock(*mu);
+      reply->head = h;
+    };
+    c.on_data = [reply, mu](std::string_view d) {
+      std::lock_guard<std::mutex> lock(*mu);
+      reply->body.append(d);
+    };
+    c.on_done = [reply, mu, cv](HttpFailure f, const std::string&) {
+      std::lock_guard<std::mutex> lock(*mu);
+      reply->failure = f;
+      reply->done = true;
+      cv->notify_all();
+    };
+    client_->send(req, c);
+    std::unique_lock<std::mutex> lock(*mu);
+    EXPECT_TRUE(cv->wait_for(lock, 10s, [&] { return reply->done; })) << method << " " << path;
+    return *reply;
+  }
+  std::string metrics() { return call("GET", "/metrics").body; }
+
+  boost::asio::io_context io_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
+  std::thread thread_;
+  std::vector<std::unique_ptr<FakeReplica>> replicas_;
+  ReplicaRegistry registry_;
+  std::unique_ptr<RouteServer> route_;
+  std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<HttpClient> client_;
+};
+
+const std::string kCompletion = R"({"model":"m","prompt":"hi"})";
+
+TEST_F(Gateway, PassesAWholeAnswerOnWithItsStatusAndHeaders) {
+  FakeReplica& a = replica([](HttpRequest& r) {
+    HandlerResult out = whole(200, R"({"echo":)" + r.body + "}");
+    out.response.headers.emplace_back("X-Request-Id", std::string(r.header("x-request-id").value_or("none")));
+    return out;
+  });
+  start_gateway({a.url()}, {.api_keys = {"k1"}, .upstream_api_key = "up"});
+  const Reply r = call("POST", "/v1/completions?x=1", kCompletion,
+                       {{"Authorization", "Bearer k1"}, {"X-Request-Id", "client-7"}, {"traceparent", "00-ab-cd-01"}});
+  ASSERT_TRUE(r.head);
+  EXPECT_EQ(r.head->status, 200);
+  EXPECT_EQ(r.body, R"({"echo":)" + kCompletion + "}");
+  EXPECT_EQ(r.head->header("x-request-id").value_or(""), "client-7");
+  ASSERT_EQ(a.requests(), 1u);
+  const HttpRequest& got = a.got[0];
+  EXPECT_EQ(got.target, "/v1/completions?x=1");
+  EXPECT_EQ(got.body, kCompletion);
+  // The replica gets the gateway's key, never the client's.
+  EXPECT_EQ(got.header("authorization").value_or(""), "Bearer up");
+  EXPECT_EQ(got.header("traceparent").value_or(""), "00-ab-cd-01");
+  // Without the key: 401, and nothing forwarded.
+  EXPECT_EQ(call("POST", "/v1/completions", kCompletion).head->status, 401);
+  EXPECT_EQ(a.requests(), 1u);
+}
+
+TEST_F(Gateway, SpreadsRequestsRoundRobinAndRoutesByModel) {
+  FakeReplica& a = replica([](HttpRequest&) { return whole(200, R"({"from":"a"})"); });
+  FakeReplica& b = replica([](HttpRequest&) { return whole(200, R"({"from":"b"})"); });
+  FakeReplica& c = replica([](HttpRequest&) { return whole(200, R"({"from":"c"})"); });
+  start_gateway({a.url(), b.url(), c.url() + " model=other"});
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(call("POST", "/v1/completions", kCompletion).head->status, 200);
+  // Model m: a and b (c serves only "other"), three each.
+  EXPECT_EQ(a.requests(), 3u);
+  EXPECT_EQ(b.requests(), 3u);
+  EXPECT_EQ(c.requests(), 0u);
+  // "other" is served by c and by the unlabeled a and b.
+  for (int i = 0; i < 3; ++i) call("POST", "/v1/chat/completions", R"({"model":"other","messages":[]})");
+  EXPECT_EQ(c.requests(), 1u);
+  EXPECT_EQ(a.requests() + b.requests(), 8u);
+}
+
+TEST_F(Gateway, AnswersWhatItCanWithoutAReplica) {
+  FakeReplica& a = replica([](HttpRequest&) { return whole(200, "{}"); });
+  start_gateway({a.url() + " model=m"});
+  EXPECT_EQ(call("GET", "/health").head->status, 200);
+  EXPECT_EQ(call("GET", "/ready").head->status, 200);
+  const Reply bad = call("POST", "/v1/completions", "{not json");
+  EXPECT_EQ(bad.head->status, 400);
+  EXPECT_NE(bad.body.find("\"error\""), std::string::npos);
+  const Reply unknown = call("POST", "/v1/completions", R"({"model":"nope","prompt":"x"})");
+  EXPECT_EQ(unknown.head->status, 404);
+  EXPECT_NE(unknown.body.find("nope"), std::string::npos);
+  EXPECT_EQ(call("GET", "/v1/completions").head->status, 405);
+  EXPECT_EQ(call("GET", "/nowhere").head->status, 404);
+  EXPECT_EQ(a.requests(), 0u);
+  // GET endpoints go to any replica.
+  EXPECT_EQ(call("GET", "/v1/models").head->status, 200);
+  EXPECT_EQ(a.requests(), 1u);
+}
+
+TEST_F(Gateway, RetriesOnAnotherReplicaBeforeTheFirstByte) {
+  FakeReplica& busy = replica([](HttpRequest&) {
+    HandlerResult r = whole(503, R"({"error":{"message":"draining"}})");
+    r.response.headers.emplace_back("Retry-After", "2");
+    return r;
+  });
+  FakeReplica& ok = replica([](HttpRequest&) { return whole(200, R"({"ok":true})"); });
+  FakeReplica& refused = replica([](HttpRequest&) { return whole(200, "{}"); });
+  const std::string refused_url = refused.url();
+  refused.server->stop();  // nothing listens there any more
+  start_gateway({busy.url(), refused_url, ok.url()});
+  for (int i = 0; i < 6; ++i) {
+    const Reply r = call("POST", "/v1/completions", kCompletion);
+    ASSERT_TRUE(r.head);
+    EXPECT_EQ(r.head->status, 200) << i;
+    EXPECT_EQ(r.body, R"({"ok":true})");
+  }
+  EXPECT_EQ(ok.requests(), 6u);
+  const std::string m = metrics();
+  EXPECT_NE(m.find("outcome=\"retryable\""), std::string::npos) << m;
+  EXPECT_NE(m.find("outcome=\"failed\""), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_replica_in_flight{replica=")" + canonical_url(parse_base_url(ok.url())) + "\"} 0"),
+            std::string::npos)
+      << m;
+}
+
+TEST_F(Gateway, PassesTheLastRetryableAnswerOnWhenNoReplicaIsLeft) {
+  FakeReplica& a = replica([](HttpRequest&) {
+    HandlerResult r = whole(429, R"({"error":{"message":"queue full"}})");
+    r.response.headers.emplace_back("Retry-After", "3");
+    return r;
+  });
+  FakeReplica& b = replica([](HttpRequest&) { return whole(503, R"({"error":{"message":"busy"}})"); });
+  start_gateway({a.url(), b.url()});
+  const Reply r = call("POST", "/v1/completions", kCompletion);
+  ASSERT_TRUE(r.head);
+  EXPECT_TRUE(r.head->status == 429 || r.head->status == 503) << r.head->status;
+  EXPECT_EQ(a.requests() + b.requests(), 2u);  // each tried once
+  // A request's own error is not retried.
+  FakeReplica& c = replica([](HttpRequest&) { return whole(400, R"({"error":{"message":"bad"}})"); });
+  start_gateway({c.url(), a.url()});
+  const size_t a_before = a.requests();
+  const Reply bad = call("POST", "/v1/completions", kCompletion);
+  EXPECT_EQ(bad.head->status, 400);
+  EXPECT_EQ(bad.body, R"({"error":{"message":"bad"}})");
+  EXPECT_EQ(c.requests(), 1u);
+  EXPECT_EQ(a.requests(), a_before);
+}
+
+TEST_F(Gateway, AllReplicasDownIs502) {
+  FakeReplica& a = replica([](HttpRequest&) { return whole(200, "{}"); });
+  const std::string url = a.url();
+  a.server->stop();
+  start_gateway({url});
+  const Reply r = call("POST", "/v1/completions", kCompletion);
+  EXPECT_EQ(r.head->status, 502);
+  EXPECT_NE(r.body.find("replicas failed"), std::string::npos) << r.body;
+}
+
+TEST_F(Gateway, PassesAStreamOnEventByEventWithoutComments) {
+  const std::string events = "data: {\"i\":1}\n\n: hb\n\ndata: {\"i\":2}\r\n\r\ndata: [DONE]\n\n";
+  FakeReplica& a = replica([&](HttpRequest&) {
+    HandlerResult r;
+    r.producer = std::make_unique<EventsProducer>(events, false, replicas_[0]->aborts);
+    return r;
+  });
+  start_gateway({a.url()});
+  const Reply r = call("POST", "/v1/chat/completions", R"({"model":"m","stream":true,"messages":[]})");
+  ASSERT_TRUE(r.head);
+  EXPECT_EQ(r.head->status, 200);
+  EXPECT_EQ(r.head->header("content-type").value_or(""), "text/event-stream");
+  EXPECT_EQ(r.head->header("x-request-id").value_or(""), "replica-id");
+  EXPECT_EQ(r.body, "data: {\"i\":1}\n\ndata: {\"i\":2}\r\n\r\ndata: [DONE]\n\n");
+}
+
+TEST_F(Gateway, AStreamWhoseReplicaDiesEndsWithAnErrorEvent) {
+  FakeReplica& a = replica([&](HttpRequest&) {
+    HandlerResult r;
+    r.producer = std::make_unique<EventsProducer>("data: {\"i\":1}\n\ndata: {\"i\":2}\n\n", true, replicas_[0]->aborts);
+    return r;
+  });
+  start_gateway({a.url()});
+  std::thread killer([&] {
+    while (a.requests() == 0) std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(100ms);  // the two events are on their way
+    a.server->stop();
+  });
+  const Reply r = call("POST", "/v1/completions", R"({"model":"m","stream":true,"prompt":"x"})");
+  killer.join();
+  ASSERT_TRUE(r.head);
+  EXPECT_EQ(r.head->status, 200);
+  EXPECT_EQ(r.failure, HttpFailure::kNone);
+  EXPECT_EQ(r.body.rfind("data: {\"i\":1}\n\ndata: {\"i\":2}\n\ndata: {\"error\":", 0), 0u) << r.body;
+  EXPECT_NE(r.body.find("\"code\":\"upstream_failed\""), std::string::npos) << r.body;
+  EXPECT_TRUE(r.body.ends_with("data: [DONE]\n\n")) << r.body;
+}
+
+TEST_F(Gateway, AClientThatGoesAwayCancelsItsReplicaRequest) {
+  FakeReplica& a = replica([&](HttpRequest&) {
+    HandlerResult r;
+    r.producer = std::make_unique<EventsProducer>("data: {\"i\":1}\n\n", true, replicas_[0]->aborts);
+    return r;
+  });
+  start_gateway({a.url()});
+  std::atomic<bool> got_event{false};
+  OutgoingRequest req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = R"({"model":"m","stream":true,"prompt":"x"})";
+  ExchangeCallbacks c;
+  c.on_data = [&](std::string_view) { got_event = true; };
+  const ExchangeHandle h = client_->send(req, c);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!got_event && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(got_event);
+  h.cancel();
+  while (a.aborts.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(a.aborts.load(), 1);
+  // And its attempt no longer counts as in flight.
+  const std::string needle =
+      R"(basalt_route_replica_in_flight{replica=")" + canonical_url(parse_base_url(a.url())) + "\"} 0";
+  while (metrics().find(needle) == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_NE(metrics().find(needle), std::string::npos);
+}
+
+}  // namespace
+}  // namespace basalt::router

@@ -1,0 +1,247 @@
+#include "router/route_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "core/log.h"
+#include "server/http_auth.h"
+#include "server/openai_protocol.h"
+#include "server/prometheus_text.h"
+
+namespace basalt::router {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The path as the gateway names it in metrics and logs.
+std::string route_of(const std::string& path) {
+  static const char* kKnown[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
+                                 "/health",         "/ready",               "/metrics",   "/version"};
+  for (const char* k : kKnown)
+    if (path == k) return k;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  return "other";
+}
+
+bool routed_by_model(const std::string& route) {
+  return route == "/v1/completions" || route == "/v1/chat/completions" || route == "/tokenize" ||
+         route == "/detokenize";
+}
+
+HttpResponse json_error(int status, const std::string& message, const std::string& type, const std::string& param = {}) {
+  HttpResponse r;
+  r.status = status;
+  r.body = error_body(status, message, type, param);
+  return r;
+}
+
+bool serves(const ReplicaSpec& spec, const std::string& model) {
+  return spec.model.empty() || model.empty() || spec.model == model;
+}
+
+}  // namespace
+
+// Counters shared with the requests in flight (their callbacks may end
+// after the server).
+struct RouteServer::Shared {
+  bool log_requests = true;
+  std::mutex mu;
+  std::map<std::pair<std::string, int>, int64_t> requests;                 // (route, status)
+  std::map<std::pair<std::string, std::string>, int64_t> attempts;       // (replica, outcome)
+  std::map<std::string, uint64_t> round_robin;                             // per model
+  std::atomic<int64_t> in_flight{0};
+
+  void count_request(const std::string& route, int status) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++requests[{route, status}];
+  }
+  void count_attempt(const std::string& replica, AttemptOutcome outcome) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++attempts[{replica, attempt_outcome_name(outcome)}];
+  }
+};
+
+RouteServer::RouteServer(ReplicaRegistry& registry, boost::asio::io_context& client_io, RouteServerOptions options,
+                         HttpClientOptions client_options)
+    : registry_(registry),
+      options_(std::move(options)),
+      clients_(client_io, std::move(client_options)),
+      shared_(std::make_shared<Shared>()) {
+  shared_->log_requests = options_.log_requests;
+}
+
+RouteServer::~RouteServer() = default;
+
+std::shared_ptr<const Replica> RouteServer::pick(const std::string& model, const std::vector<std::string>& tried) {
+  const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
+  std::vector<const Replica*> candidates;
+  for (const Replica& r : snapshot->replicas) {
+    if (r.state->draining.load() || !serves(r.spec, model)) continue;
+    if (std::find(tried.begin(), tried.end(), r.spec.id) != tried.end()) continue;
+    candidates.push_back(&r);
+  }
+  if (candidates.empty()) return nullptr;
+  uint64_t turn = 0;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    turn = shared_->round_robin[model]++;
+  }
+  // Shares the snapshot's ownership: the replica stays valid while the
+  // request holds it, whatever set() does meanwhile.
+  return std::shared_ptr<const Replica>(snapshot, candidates[turn % candidates.size()]);
+}
+
+HandlerResult RouteServer::handle(HttpRequest& request) {
+  const std::string route = route_of(request.path);
+  const auto answer = [&](HttpResponse r) {
+    shared_->count_request(route, r.status);
+    if (shared_->log_requests && route != "/metrics" && route != "/health" && route != "/ready")
+      LogLine("request", r.status >= 500 ? LogLevel::kWarning : LogLevel::kInfo)
+          .add("remote", request.remote)
+          .add("method", request.method)
+          .add("path", route)
+          .add("status", r.status)
+          .emit();
+    return HandlerResult{std::move(r), nullptr};
+  };
+  const auto need = [&](const char* method) {
+    return request.method == method || (std::string_view(method) == "GET" && request.method == "HEAD");
+  };
+  if (route == "/health") {
+    if (!need("GET")) return answer(json_error(405, "use GET or HEAD", "invalid_request_error"));
+    HttpResponse r;
+    r.body = R"({"status":"ok"})";
+    return answer(std::move(r));
+  }
+  if (route == "/ready") {
+    if (!need("GET")) return answer(json_error(405, "use GET or HEAD", "invalid_request_error"));
+    const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
+    const bool any = std::any_of(snapshot->replicas.begin(), snapshot->replicas.end(),
+                                 [](const Replica& r) { return !r.state->draining.load(); });
+    HttpResponse r;
+    r.status = any ? 200 : 503;
+    r.body = any ? R"({"status":"ready"})" : error_body(503, "no replica is listed", "server_error");
+    return answer(std::move(r));
+  }
+  if (!bearer_authorized(request, options_.api_keys)) {
+    HttpResponse r = json_error(401, "a valid API key is required ('Authorization: Bearer KEY')", "invalid_request_error");
+    r.headers.emplace_back("WWW-Authenticate", "Bearer");
+    return answer(std::move(r));
+  }
+  if (route == "/metrics") {
+    if (!need("GET")) return answer(json_error(405, "use GET or HEAD", "invalid_request_error"));
+    HttpResponse r;
+    r.content_type = "text/plain; version=0.0.4";
+    r.body = metrics_text();
+    return answer(std::move(r));
+  }
+  if (route == "other") return answer(json_error(404, "no such endpoint: " + request.path, "invalid_request_error"));
+  const bool by_model = routed_by_model(route);
+  if (by_model ? request.method != "POST" : !need("GET"))
+    return answer(json_error(405, by_model ? "use POST" : "use GET or HEAD", "invalid_request_error"));
+  std::string model;
+  if (by_model) {
+    try {
+      const nlohmann::json body = parse_json_object(request.body);
+      if (const auto it = body.find("model"); it != body.end() && it->is_string()) model = it->get<std::string>();
+    } catch (const ApiError& e) {
+      HttpResponse r;
+      r.status = e.status();
+      r.body = e.body();
+      return answer(std::move(r));
+    }
+    const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
+    const bool known = std::any_of(snapshot->replicas.begin(), snapshot->replicas.end(),
+                                   [&](const Replica& r) { return serves(r.spec, model); });
+    if (!known)
+      return answer(json_error(404, "the model '" + model + "' is not served here", "invalid_request_error", "model"));
+  }
+  return forward(request, route, model);
+}
+
+HandlerResult RouteServer::forward(HttpRequest& request, const std::string& route, const std::string& model) {
+  ProxyRequest p;
+  p.max_attempts = options_.max_attempts;
+  p.upstream.method = request.method == "HEAD" ? "GET" : request.method;
+  p.upstream.path = request.target;
+  p.upstream.body = std::move(request.body);
+  if (!p.upstream.body.empty())
+    p.upstream.headers.emplace_back("Content-Type",
+                                    std::string(request.header("content-type").value_or("application/json")));
+  if (auto id = request.header("x-request-id"); id && valid_client_id(*id))
+    p.upstream.headers.emplace_back("X-Request-Id", std::string(*id));
+  for (const char* name : {"traceparent", "tracestate"})
+    if (auto v = request.header(name); v && v->size() <= 512) p.upstream.headers.emplace_back(name, std::string(*v));
+  if (!options_.upstream_api_key.empty())
+    p.upstream.headers.emplace_back("Authorization", "Bearer " + options_.upstream_api_key);
+  p.pick = [this, model](const std::vector<std::string>& tried) { return pick(model, tried); };
+  std::shared_ptr<Shared> shared = shared_;
+  p.observe.attempt = [shared](const ReplicaSpec& replica, AttemptOutcome outcome) {
+    shared->count_attempt(replica.id, outcome);
+  };
+  shared->in_flight.fetch_add(1);
+  p.observe.finished = [shared, route, remote = request.remote, method = request.method, model,
+                        start = Clock::now()](int status, const std::vector<std::string>& tried) {
+    shared->in_flight.fetch_sub(1);
+    shared->count_request(route, status);
+    if (!shared->log_requests) return;
+    std::string replicas;
+    for (const std::string& id : tried) replicas += (replicas.empty() ? "" : ",") + id;
+    LogLine("request", status >= 500 ? LogLevel::kWarning : LogLevel::kInfo)
+        .add("remote", remote)
+        .add("method", method)
+        .add("path", route)
+        .add("model", model)
+        .add("status", status)
+        .add("attempts", static_cast<int64_t>(tried.size()))
+        .add("replicas", replicas)
+        .add("total_s", std::chrono::duration<double>(Clock::now() - start).count())
+        .emit();
+  };
+  HandlerResult result;
+  result.producer = std::make_unique<ProxyProducer>(clients_, std::move(p));
+  return result;
+}
+
+void RouteServer::note_rejection(const TransportRejection& r) {
+  shared_->count_request(r.path.empty() ? "other" : route_of(r.path), r.status);
+  if (shared_->log_requests)
+    LogLine("request", LogLevel::kWarning)
+        .add("remote", r.remote)
+        .add("status", r.status)
+        .add("outcome", "rejected_by_transport")
+        .add("reason", r.reason)
+        .emit();
+}
+
+std::string RouteServer::metrics_text() const {
+  PrometheusText out;
+  const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  out.family("basalt_route_requests_total", "counter", "Requests the gateway answered, by route and status");
+  for (const auto& [key, n] : shared_->requests)
+    out.sample("basalt_route_requests_total", static_cast<double>(n),
+               {{"route", key.first}, {"status", std::to_string(key.second)}});
+  out.gauge("basalt_route_requests_in_flight", "Forwarded requests not yet answered in full",
+            static_cast<double>(shared_->in_flight.load()));
+  out.family("basalt_route_replica_attempts_total", "counter",
+             "Attempts on each replica, by how they ended (answered, retryable, failed, cancelled)");
+  for (const auto& [key, n] : shared_->attempts)
+    out.sample("basalt_route_replica_attempts_total", static_cast<double>(n),
+               {{"replica", key.first}, {"outcome", key.second}});
+  out.family("basalt_route_replica_in_flight", "gauge", "Attempts running on each listed replica");
+  for (const Replica& r : snapshot->replicas)
+    out.sample("basalt_route_replica_in_flight", static_cast<double>(r.state->in_flight.load()),
+               {{"replica", r.spec.id}});
+  out.family("basalt_route_replica_draining", "gauge", "1 for a listed replica that takes no new requests");
+  for (const Replica& r : snapshot->replicas)
+    out.sample("basalt_route_replica_draining", r.state->draining.load() ? 1 : 0, {{"replica", r.spec.id}});
+  return out.take();
+}
+
+}  // namespace basalt::router

@@ -1,0 +1,65 @@
+// RouteServer: the HTTP handler of `basalt route` (docs/ROUTER.md §1): the
+// OpenAI-compatible endpoints of `basalt serve`, answered by forwarding to
+// the replicas of a ReplicaRegistry (router/proxy.h).
+//
+// Contract:
+//  * POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize
+//    go to a replica that serves the body's `model` (a replica with a
+//    `model` label serves that model only; one without serves any), GET
+//    /v1/models, /v1/models/{id} and /version to any replica; the choice is
+//    round-robin per model over the replicas not draining. A body that is
+//    not a JSON object is answered 400 here; a model no listed replica
+//    serves, 404 (model_not_found). Bodies are forwarded as they came.
+//  * /health answers 200 while the gateway runs; /ready 200 while some
+//    replica is listed and not draining, else 503; /metrics the gateway's
+//    own counters (Prometheus text).
+//  * API keys (options.api_keys) are checked as `basalt serve` checks them
+//    (server/http_auth.h), before anything is forwarded; the client's
+//    Authorization header is never forwarded: replicas get
+//    options.upstream_api_key, if set. X-Request-Id (when valid),
+//    traceparent and tracestate are forwarded.
+//  * One `request` log line per request (no text), when options.log_requests.
+//  * handle() never blocks and may be called from any I/O thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "router/proxy.h"
+#include "router/replica_registry.h"
+#include "server/http_server.h"
+
+namespace basalt::router {
+
+struct RouteServerOptions {
+  std::vector<std::string> api_keys;
+  std::string upstream_api_key;
+  int max_attempts = 3;
+  bool log_requests = true;
+};
+
+class RouteServer {
+ public:
+  RouteServer(ReplicaRegistry& registry, boost::asio::io_context& client_io, RouteServerOptions options,
+              HttpClientOptions client_options = {});
+  ~RouteServer();
+
+  HandlerResult handle(HttpRequest& request);
+  // A request the transport answered itself (413, 431, 400, 503).
+  void note_rejection(const TransportRejection& rejection);
+  std::string metrics_text() const;
+
+  struct Shared;
+
+ private:
+  std::shared_ptr<const Replica> pick(const std::string& model, const std::vector<std::string>& tried);
+  HandlerResult forward(HttpRequest& request, const std::string& route, const std::string& model);
+
+  ReplicaRegistry& registry_;
+  RouteServerOptions options_;
+  ReplicaClients clients_;
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace basalt::router

@@ -1,0 +1,116 @@
+// `basalt route` over two `basalt serve` replicas of the bundled model,
+// driven by the official `openai` npm client: answers through the gateway
+// equal the replicas' own, requests spread over both, a replica killed
+// with SIGKILL is retried around before the first byte, and SIGHUP reloads
+// the replica file.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { writeFileSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import OpenAI from 'openai';
+import { startServer, startGateway, parseMetrics, waitFor } from './server.mjs';
+
+let replicas = [];
+let gateway;
+
+before(async () => {
+  replicas = await Promise.all([0, 1].map(() => startServer(['--threads', '1', '--no-request-log'])));
+  gateway = await startGateway([...replicas.flatMap((r) => ['--replica', r.baseURL]), '--api-key', 'gw-key']);
+});
+
+after(async () => {
+  for (const r of replicas) await r.stop();
+  const { code } = await gateway.stop();
+  assert.equal(code, 0, gateway.log());
+});
+
+const openai = (baseURL, apiKey = 'none') => new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0 });
+
+async function gatewayMetrics() {
+  const r = await fetch(`${gateway.baseURL}/metrics`, { headers: { Authorization: 'Bearer gw-key' } });
+  assert.equal(r.status, 200);
+  return parseMetrics(await r.text());
+}
+
+// The attempts on replica `id` (its canonical URL) that ended as `outcome`.
+function attempts(samples, id, outcome) {
+  return samples[`basalt_route_replica_attempts_total{replica="${id}",outcome="${outcome}"}`] ?? 0;
+}
+
+async function streamedText(client, body) {
+  let text = '';
+  const stream = await client.chat.completions.create({ ...body, stream: true });
+  for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+  return text;
+}
+
+test('answers through the gateway equal the replicas\' own, whole and streamed', async () => {
+  const through = openai(gateway.baseURL, 'gw-key');
+  const direct = openai(replicas[0].baseURL);
+  const completion = { model: 'basalt-mini', prompt: 'The gateway', max_tokens: 16, temperature: 0 };
+  const a = await through.completions.create(completion);
+  const b = await direct.completions.create(completion);
+  assert.equal(a.choices[0].text, b.choices[0].text);
+  assert.equal(a.usage.completion_tokens, b.usage.completion_tokens);
+  const chat = { model: 'basalt-mini', messages: [{ role: 'user', content: 'Hello' }], max_tokens: 24, seed: 7,
+                 temperature: 1 };
+  assert.equal(await streamedText(through, chat), await streamedText(direct, chat));
+  // Without the gateway's key: 401, from the gateway.
+  await assert.rejects(openai(gateway.baseURL, 'wrong').completions.create(completion), (e) => e.status === 401);
+});
+
+test('requests spread over both replicas', async () => {
+  const through = openai(gateway.baseURL, 'gw-key');
+  const before = await gatewayMetrics();
+  for (let i = 0; i < 4; ++i)
+    await through.completions.create({ model: 'basalt-mini', prompt: `spread ${i}`, max_tokens: 2 });
+  const now = await gatewayMetrics();
+  for (const r of replicas) {
+    const id = `http://127.0.0.1:${r.port}`;
+    assert.equal(attempts(now, id, 'answered') - attempts(before, id, 'answered'), 2, JSON.stringify(now));
+  }
+});
+
+test('a killed replica is retried around before the first byte', async () => {
+  const through = openai(gateway.baseURL, 'gw-key');
+  const body = { model: 'basalt-mini', prompt: 'Still here', max_tokens: 8, temperature: 0 };
+  const expected = (await openai(replicas[0].baseURL).completions.create(body)).choices[0].text;
+  replicas[1].child.kill('SIGKILL');
+  await replicas[1].exited;
+  for (let i = 0; i < 4; ++i) {
+    assert.equal((await through.completions.create(body)).choices[0].text, expected);
+    let text = '';
+    const stream = await through.completions.create({ ...body, stream: true });
+    for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
+    assert.equal(text, expected);
+  }
+  const m = await gatewayMetrics();
+  assert.ok(attempts(m, `http://127.0.0.1:${replicas[1].port}`, 'failed') >= 1, JSON.stringify(m));
+});
+
+test('SIGHUP re-reads the replica file', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'basalt-route-'));
+  const file = join(dir, 'replicas.txt');
+  writeFileSync(file, `# labelled with a model it does not serve, first\n${replicas[0].baseURL} model=elsewhere\n`);
+  const second = await startGateway(['--replica-file', file, '--no-request-log']);
+  try {
+    const client = openai(second.baseURL);
+    const body = { model: 'basalt-mini', prompt: 'x', max_tokens: 1 };
+    // The gateway knows no replica for the model: its own 404.
+    await assert.rejects(client.completions.create(body),
+                         (e) => e.status === 404 && /not served here/.test(e.message));
+    writeFileSync(file, `${replicas[0].baseURL} model=basalt-mini\n`);
+    second.child.kill('SIGHUP');
+    assert.ok(await waitFor(() => /replicas generation=2 /.test(second.log())), second.log());
+    assert.equal((await client.completions.create(body)).object, 'text_completion');
+    // A bad file is refused and the list kept.
+    writeFileSync(file, 'not-a-url\n');
+    second.child.kill('SIGHUP');
+    assert.ok(await waitFor(() => /reload=refused/.test(second.log())), second.log());
+    assert.equal((await client.completions.create(body)).object, 'text_completion');
+  } finally {
+    const { code } = await second.stop();
+    assert.equal(code, 0, second.log());
+  }
+});
