@@ -39,6 +39,8 @@ struct RouteFlags {
   std::string replica_file;
   std::string upstream_api_key;
   int max_attempts = 3;
+  int max_failovers = 2;
+  double stall_timeout = 10;
   double upstream_timeout = 600;
   int client_threads = 2;
   double drain_timeout = 30;
@@ -73,6 +75,8 @@ void log_replicas(const router::ReplicaRegistry& registry) {
 void run_route(const RouteFlags& f) {
   HttpServerOptions http = http_server_options(f.http);
   BASALT_CHECK(f.max_attempts >= 1 && f.max_attempts <= 16, "--max-attempts must be in [1, 16]");
+  BASALT_CHECK(f.max_failovers >= 0 && f.max_failovers <= 16, "--max-failovers must be in [0, 16]");
+  BASALT_CHECK(f.stall_timeout >= 0.1 && f.stall_timeout <= 3600, "--stall-timeout must be in [0.1, 3600] seconds");
   BASALT_CHECK(f.client_threads >= 1 && f.client_threads <= 64, "--client-threads must be in [1, 64]");
   BASALT_CHECK(f.upstream_timeout > 0 && f.upstream_timeout < 1e7, "--upstream-timeout must be positive seconds");
   BASALT_CHECK(f.drain_timeout > 0 && f.drain_timeout < 1e7, "--drain-timeout must be positive seconds");
@@ -97,6 +101,8 @@ void run_route(const RouteFlags& f) {
   options.api_keys = api_keys(f.http);
   options.upstream_api_key = f.upstream_api_key;
   options.max_attempts = f.max_attempts;
+  options.max_failovers = f.max_failovers;
+  options.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.stall_timeout * 1000));
   options.log_requests = !f.http.no_request_log;
   HttpClientOptions client_options;
   client_options.timeout_s = f.upstream_timeout;
@@ -107,7 +113,7 @@ void run_route(const RouteFlags& f) {
   server.start();
   LogLine("listening").add("url", fmt::format("{}://{}:{}", http_scheme(f.http), f.http.host, server.port())).emit();
   log_replicas(registry);
-  LogLine("ready").add("max_attempts", f.max_attempts).add("api_keys", !options.api_keys.empty()).emit();
+  LogLine("ready").add("max_attempts", f.max_attempts).add("max_failovers", f.max_failovers).add("api_keys", !options.api_keys.empty()).emit();
 
   while (true) {
     int signal_number = 0;
@@ -154,6 +160,12 @@ void add_route_command(CLI::App& app) {
                   "Send this API key to the replicas (the clients' keys are never forwarded)");
   cmd->add_option("--max-attempts", f.max_attempts,
                   "Replicas one request may be tried on before anything reached its client (default 3)");
+  cmd->add_option("--max-failovers", f.max_failovers,
+                  "Times one stream may be resumed on another replica after its replica failed it mid-stream "
+                  "(default 2; 0: end it with an error event)");
+  cmd->add_option("--stall-timeout", f.stall_timeout,
+                  "Seconds without a byte after which a streaming replica counts as stalled and the stream is "
+                  "resumed elsewhere (default 10; replicas are asked for a heartbeat every quarter of it)");
   cmd->add_option("--upstream-timeout", f.upstream_timeout,
                   "Seconds one attempt on a replica may take in all (default 600)");
   cmd->add_option("--client-threads", f.client_threads, "Threads running the connections to replicas (default 2)");

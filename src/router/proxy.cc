@@ -1,5 +1,8 @@
 #include "router/proxy.h"
 
+#include <algorithm>
+#include <boost/asio/steady_timer.hpp>
+#include <map>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -57,6 +60,8 @@ HttpResponse error_response(int status, const std::string& message) {
 // Shared by the producer (the client connection's strand) and the attempt
 // callbacks (the replica client's strand); `mu` guards everything.
 struct ProxyProducer::State : std::enable_shared_from_this<State> {
+  using Clock = std::chrono::steady_clock;
+
   ReplicaClients& clients;
   ProxyRequest request;
   std::mutex mu;
@@ -74,8 +79,14 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
   bool streaming = false;  // a 200 text/event-stream: passed on as it comes
   std::string body;        // a whole answer's body so far
   std::unique_ptr<SseParser> events;
+  std::string event_raw;   // the event on_raw just reported, until its data comes
+  bool saw_done = false;   // this attempt's `data: [DONE]` went out
+  bool cut = false;        // this attempt sent cut_by_server
+  bool stalled = false;    // this attempt was ended for silence
+  Clock::time_point last_byte;
   // What the client gets.
   std::optional<HttpResponse> head;  // set once; taken by pull()
+  bool committed = false;            // a stream's head is the client's: no more retries
   bool head_sent = false;
   std::string pending;  // stream bytes not yet pulled
   bool done = false;
@@ -84,17 +95,43 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
   int final_status = 0;
   // The last replica's 429/502/503/504, passed on when no other is left.
   std::optional<HttpResponse> fallback;
+  // Failover: the request body, and per choice what its forwarded events
+  // hold (the `: basalt` comments of an event wait in `infos` until it goes
+  // out).
+  nlohmann::json body_json;
+  struct Resumed {
+    std::vector<int32_t> ids;
+    int64_t offset = 0;
+    bool finished = false;
+  };
+  std::map<int64_t, Resumed> resumed;
+  std::vector<nlohmann::json> infos;
+  std::optional<int64_t> created;
+  int failovers = 0;
+  std::unique_ptr<boost::asio::steady_timer> stall_timer;
 
-  State(ReplicaClients& c, ProxyRequest r) : clients(c), request(std::move(r)) {}
+  State(ReplicaClients& c, ProxyRequest r) : clients(c), request(std::move(r)) {
+    if (!request.failover.enabled) return;
+    body_json = nlohmann::json::parse(request.upstream.body, nullptr, /*allow_exceptions=*/false);
+    if (!body_json.is_object()) {
+      request.failover.enabled = false;
+      return;
+    }
+    const auto beat = std::clamp<int64_t>(request.failover.stall_timeout.count() / 4, 100, 60000);
+    request.upstream.headers.emplace_back("X-Basalt-Heartbeat", std::to_string(beat));
+    request.upstream.headers.emplace_back("X-Basalt-Resume-Info", "1");
+  }
 
   // Under mu: sends the request to the next replica, or answers the client
   // when none is left.
   void next_attempt() {
     if (aborted || done) return;
     std::shared_ptr<const Replica> to;
-    if (static_cast<int>(tried.size()) < request.max_attempts && request.pick) to = request.pick(tried);
+    if (static_cast<int>(tried.size()) < request.max_attempts + failovers && request.pick) to = request.pick(tried);
     if (!to) {
-      if (fallback) {  // a replica's 429/502/503/504, passed on as it came
+      if (committed) {
+        end_stream_with_error();
+      } else if (fallback) {  // a replica's 429/502/503/504, passed on as it came
         HttpResponse r = std::move(*fallback);
         fallback.reset();
         finish(std::move(r));
@@ -111,6 +148,10 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     passed_headers.clear();
     streaming = false;
     events.reset();
+    event_raw.clear();
+    infos.clear();
+    saw_done = cut = stalled = false;
+    last_byte = Clock::now();
     const uint64_t id = ++attempt_id;
     to->state->in_flight.fetch_add(1);
     std::weak_ptr<State> weak = weak_from_this();
@@ -134,49 +175,118 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     } catch (const std::exception& e) {  // the replica's host no longer resolves
       to->state->in_flight.fetch_sub(1);
       last_failure = to->spec.id + ": " + e.what();
-      observe_attempt(AttemptOutcome::kFailed);
-      next_attempt();
+      attempt_failed("eof");
       return;
     }
-    exchange = client->send(request.upstream, std::move(callbacks));
+    OutgoingRequest upstream = request.upstream;
+    if (committed) upstream.body = resume_body();
+    exchange = client->send(std::move(upstream), std::move(callbacks));
+    if (request.failover.enabled && !stall_timer) watch_for_stalls();
+  }
+
+  // The request body with `basalt_resume`: each choice's tokens and text
+  // as far as the client has them.
+  std::string resume_body() const {
+    nlohmann::json choices = nlohmann::json::array();
+    for (const auto& [index, r] : resumed)
+      choices.push_back({{"index", index}, {"output_token_ids", r.ids}, {"text_offset", r.offset},
+                         {"finished", r.finished}});
+    nlohmann::json b = body_json;
+    b["basalt_resume"] = {{"choices", std::move(choices)}};
+    if (created) b["basalt_resume"]["created"] = *created;
+    return b.dump();
   }
 
   void on_head(uint64_t id, const IncomingHead& h) {
     std::lock_guard<std::mutex> lock(mu);
     if (id != attempt_id || aborted || done) return;
+    last_byte = Clock::now();
     status = h.status;
     content_type = std::string(h.header("content-type").value_or("application/json"));
     for (const char* name : {"x-request-id", "retry-after"})
       if (const auto v = h.header(name)) passed_headers.emplace_back(name, std::string(*v));
-    if (status == 200 && content_type.rfind("text/event-stream", 0) == 0) {
-      streaming = true;
-      events = std::make_unique<SseParser>([](std::string_view) {});
-      events->on_raw([this](std::string_view raw) { pending.append(raw); });
-      HttpResponse r;
-      r.status = 200;
-      r.content_type = content_type;
-      r.headers = passed_headers;
-      head = std::move(r);
-      wake_client();
-    }
+    if (status != 200 || content_type.rfind("text/event-stream", 0) != 0) return;
+    streaming = true;
+    events = std::make_unique<SseParser>([this](std::string_view data) { on_event(data); });
+    events->on_raw([this](std::string_view raw) {
+      flush_event_raw();  // one without data (none is expected)
+      event_raw.assign(raw);
+    });
+    events->on_comment([this](std::string_view comment) { on_comment(comment); });
+    if (committed) return;  // a resumed stream: the client has its head
+    committed = true;
+    HttpResponse r;
+    r.status = 200;
+    r.content_type = content_type;
+    r.headers = passed_headers;
+    head = std::move(r);
+    wake_client();
   }
 
   void on_data(uint64_t id, std::string_view bytes) {
     std::lock_guard<std::mutex> lock(mu);
     if (id != attempt_id || aborted || done) return;
+    last_byte = Clock::now();
     if (!streaming) {
       body.append(bytes);
       return;
     }
     const size_t before = pending.size();
-    if (!events->feed(bytes)) {
+    const bool fed = events->feed(bytes);
+    flush_event_raw();
+    if (!fed) {
       // An event past the parser's bound: the stream cannot be passed on
       // event by event. The exchange is ended; on_done sees the cut.
       last_failure = replica->spec.id + ": " + events->error();
       exchange.cancel();
-      return;
+    } else if (cut) {
+      exchange.cancel();
     }
     if (pending.size() != before) wake_client();
+  }
+
+  // A complete event: passed on, with what its comments said applied.
+  void on_event(std::string_view data) {
+    const std::string raw = std::move(event_raw);
+    event_raw.clear();
+    if (raw.empty() || cut || saw_done) return;  // nothing of this attempt after those
+    if (data == "[DONE]") {
+      saw_done = true;
+      pending += raw;
+      return;
+    }
+    if (request.failover.enabled && data.find("cut_by_server") != std::string_view::npos) {
+      const nlohmann::json j = nlohmann::json::parse(data, nullptr, false);
+      if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].value("code", "") == "cut_by_server") {
+        cut = true;  // resumed elsewhere, not passed on
+        return;
+      }
+    }
+    if (request.failover.enabled && !created) {
+      const nlohmann::json j = nlohmann::json::parse(data, nullptr, false);
+      if (j.is_object() && j.contains("created") && j["created"].is_number_integer()) created = j["created"].get<int64_t>();
+    }
+    for (const nlohmann::json& info : infos) {
+      Resumed& r = resumed[info.value("i", int64_t{0})];
+      for (const auto& t : info["t"]) r.ids.push_back(t.get<int32_t>());
+      r.offset = info.value("o", int64_t{0});
+      r.finished = info.value("f", 0) == 1;
+    }
+    infos.clear();
+    pending += raw;
+  }
+
+  void flush_event_raw() {
+    if (event_raw.empty() || cut || saw_done) return;
+    pending += event_raw;
+    event_raw.clear();
+  }
+
+  void on_comment(std::string_view comment) {
+    constexpr std::string_view kInfo = " basalt ";
+    if (!request.failover.enabled || comment.substr(0, kInfo.size()) != kInfo) return;
+    nlohmann::json info = nlohmann::json::parse(comment.substr(kInfo.size()), nullptr, false);
+    if (info.is_object() && info.contains("t") && info["t"].is_array()) infos.push_back(std::move(info));
   }
 
   void on_done(uint64_t id, HttpFailure failure, const std::string& message) {
@@ -188,26 +298,34 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     }
     if (done) return;
     if (streaming) {
-      // The head went out with the replica's 200: nothing can be retried.
-      if (failure == HttpFailure::kNone && events->error().empty()) {
+      flush_event_raw();
+      const bool clean = failure == HttpFailure::kNone && events->error().empty() && !cut &&
+                         (saw_done || !request.failover.enabled);
+      if (clean) {
         observe_attempt(AttemptOutcome::kAnswered);
         done = true;
         final_status = 200;
         wake_client();
         return;
       }
-      last_failure = replica->spec.id + ": " + (failure == HttpFailure::kNone ? events->error() : message);
-      observe_attempt(AttemptOutcome::kFailed);
-      pending += "data: " + stream_error(last_failure) + "\n\ndata: [DONE]\n\n";
-      done = true;
-      final_status = 200;
-      wake_client();
+      last_failure = replica->spec.id + ": " +
+                     (cut ? std::string("cut by the server")
+                          : stalled ? std::string("no byte for the stall timeout")
+                                    : failure == HttpFailure::kNone
+                                          ? (events->error().empty() ? "ended before [DONE]" : events->error())
+                                          : std::string(http_failure_name(failure)) + " " + message);
+      attempt_failed(cut ? "cut" : stalled ? "stall" : "eof");
       return;
     }
-    if (failure != HttpFailure::kNone) {
-      last_failure = replica->spec.id + ": " + http_failure_name(failure) + (message.empty() ? "" : " (" + message + ")");
-      observe_attempt(AttemptOutcome::kFailed);
-      next_attempt();
+    if (failure != HttpFailure::kNone || committed) {
+      // Before the head, or a resumed attempt that got no stream.
+      if (failure == HttpFailure::kNone)
+        last_failure = replica->spec.id + ": status " + std::to_string(status) + " " + body.substr(0, 200);
+      else
+        last_failure = replica->spec.id + ": " + (stalled ? std::string("no byte for the stall timeout")
+                                                          : http_failure_name(failure) +
+                                                                (message.empty() ? "" : " (" + message + ")"));
+      attempt_failed(stalled ? "stall" : "eof");
       return;
     }
     HttpResponse r;
@@ -224,6 +342,52 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     }
     observe_attempt(AttemptOutcome::kAnswered);
     finish(std::move(r));
+  }
+
+  // The attempt failed: before the client's head another replica is
+  // tried; after it the stream is resumed elsewhere while failovers last.
+  void attempt_failed(const char* reason) {
+    observe_attempt(AttemptOutcome::kFailed);
+    if (!committed) {
+      next_attempt();
+      return;
+    }
+    if (!request.failover.enabled || failovers >= request.failover.max_failovers) {
+      end_stream_with_error();
+      return;
+    }
+    ++failovers;
+    if (request.observe.failover && replica) request.observe.failover(replica->spec, reason);
+    next_attempt();
+  }
+
+  void end_stream_with_error() {
+    pending += "data: " + stream_error(last_failure) + "\n\ndata: [DONE]\n\n";
+    done = true;
+    final_status = 200;
+    wake_client();
+  }
+
+  // Every quarter of the stall timeout: an attempt silent for all of it is
+  // ended (on_done then resumes the stream elsewhere).
+  void watch_for_stalls() {
+    stall_timer = std::make_unique<boost::asio::steady_timer>(clients.io());
+    arm_stall_timer();
+  }
+  void arm_stall_timer() {
+    stall_timer->expires_after(std::max(request.failover.stall_timeout / 4, std::chrono::milliseconds(25)));
+    stall_timer->async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      if (ec) return;
+      const auto self = weak.lock();
+      if (!self) return;
+      std::lock_guard<std::mutex> lock(self->mu);
+      if (self->done || self->aborted) return;
+      if (!self->stalled && Clock::now() - self->last_byte > self->request.failover.stall_timeout) {
+        self->stalled = true;
+        self->exchange.cancel();
+      }
+      self->arm_stall_timer();
+    });
   }
 
   void finish(HttpResponse r) {
@@ -290,6 +454,7 @@ void ProxyProducer::abort() {
   s.aborted = true;
   s.wake = nullptr;
   s.exchange.cancel();
+  if (s.stall_timer) s.stall_timer->cancel();
 }
 
 }  // namespace basalt::router

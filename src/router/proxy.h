@@ -17,8 +17,17 @@
 // is passed on when no attempt is left); other statuses (400, 404, ...) are
 // the request's own and are passed on at once. A stream that breaks after
 // its head was sent ends with an error event (code "upstream_failed") and
-// `data: [DONE]`. With no replica to try the client gets 503 (none was
-// available) or 502 (every attempt failed), as an OpenAI error body.
+// `data: [DONE]`, unless the request may fail over: then (ROUTER.md §3)
+// the stream is resumed on another replica from the tokens the client has
+// (the `: basalt` comments the replica writes with X-Basalt-Resume-Info,
+// applied as their events go out), with the same body and seed plus
+// `basalt_resume`, and the client sees one stream. Triggers: the
+// connection ends before `data: [DONE]` or breaks, an error event with
+// code cut_by_server (not passed on), or no byte for the stall timeout
+// (heartbeats are asked for, a quarter of it, so a slow replica is not
+// taken for a stalled one); at most max_failovers times. With no replica
+// to try the client gets 503 (none was available) or 502 (every attempt
+// failed), as an OpenAI error body.
 //
 // Contract: the producer's state is shared with the client callbacks
 // (which run on the replica client's strand), so either side may go first;
@@ -28,6 +37,7 @@
 // request ended, from the thread that ended them.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -47,6 +57,7 @@ class ReplicaClients {
   ReplicaClients(boost::asio::io_context& io, HttpClientOptions options);
   ~ReplicaClients();
   HttpClient& of(const ReplicaSpec& replica);
+  boost::asio::io_context& io() { return io_; }
 
  private:
   boost::asio::io_context& io_;
@@ -66,14 +77,26 @@ const char* attempt_outcome_name(AttemptOutcome outcome);
 
 struct ProxyObserver {
   std::function<void(const ReplicaSpec&, AttemptOutcome)> attempt;
+  // A stream resumed elsewhere after `replica` failed it: "eof" (ended or
+  // broke before [DONE]), "stall" or "cut" (cut_by_server).
+  std::function<void(const ReplicaSpec& replica, const char* reason)> failover;
   // The status the client got (a stream cut after its head counts as its
   // 200), and the replicas tried, in order (canonical ids).
   std::function<void(int status, const std::vector<std::string>& tried)> finished;
 };
 
+// A stream the gateway may resume elsewhere: its body is a JSON object
+// with `stream` and `seed` (the gateway fixes one).
+struct FailoverOptions {
+  bool enabled = false;
+  int max_failovers = 2;
+  std::chrono::milliseconds stall_timeout{10000};
+};
+
 struct ProxyRequest {
   OutgoingRequest upstream;  // what each attempt sends
   int max_attempts = 3;
+  FailoverOptions failover;
   // The next replica to try, none tried before (`tried`: canonical ids);
   // null when none is left.
   std::function<std::shared_ptr<const Replica>(const std::vector<std::string>& tried)> pick;

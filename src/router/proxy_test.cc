@@ -184,18 +184,31 @@ TEST_F(Gateway, PassesAWholeAnswerOnWithItsStatusAndHeaders) {
                        {{"Authorization", "Bearer k1"}, {"X-Request-Id", "client-7"}, {"traceparent", "00-ab-cd-01"}});
   ASSERT_TRUE(r.head);
   EXPECT_EQ(r.head->status, 200);
-  EXPECT_EQ(r.body, R"({"echo":)" + kCompletion + "}");
   EXPECT_EQ(r.head->header("x-request-id").value_or(""), "client-7");
   ASSERT_EQ(a.requests(), 1u);
-  const HttpRequest& got = a.got[0];
+  const HttpRequest got = a.got[0];  // a copy: the list grows below
   EXPECT_EQ(got.target, "/v1/completions?x=1");
-  EXPECT_EQ(got.body, kCompletion);
+  // The body as sent, with a seed of the gateway's (none was given), so
+  // that an attempt run again draws the same.
+  nlohmann::json sent = nlohmann::json::parse(got.body);
+  ASSERT_TRUE(sent["seed"].is_number_integer()) << got.body;
+  EXPECT_GE(sent["seed"].get<int64_t>(), 0);
+  sent.erase("seed");
+  EXPECT_EQ(sent, nlohmann::json::parse(kCompletion));
+  EXPECT_EQ(r.body, R"({"echo":)" + got.body + "}");
+  // A body with a seed goes on byte for byte; without an X-Request-Id the
+  // gateway names the request.
+  const std::string seeded = R"({"prompt":"hi", "seed":5,"model":"m"})";
+  call("POST", "/v1/completions", seeded, {{"Authorization", "Bearer k1"}});
+  ASSERT_EQ(a.requests(), 2u);
+  EXPECT_EQ(a.got[1].body, seeded);
+  EXPECT_EQ(a.got[1].header("x-request-id").value_or("").rfind("route-", 0), 0u);
   // The replica gets the gateway's key, never the client's.
   EXPECT_EQ(got.header("authorization").value_or(""), "Bearer up");
   EXPECT_EQ(got.header("traceparent").value_or(""), "00-ab-cd-01");
   // Without the key: 401, and nothing forwarded.
   EXPECT_EQ(call("POST", "/v1/completions", kCompletion).head->status, 401);
-  EXPECT_EQ(a.requests(), 1u);
+  EXPECT_EQ(a.requests(), 2u);
 }
 
 TEST_F(Gateway, SpreadsRequestsRoundRobinAndRoutesByModel) {
@@ -357,6 +370,140 @@ TEST_F(Gateway, AClientThatGoesAwayCancelsItsReplicaRequest) {
   while (metrics().find(needle) == std::string::npos && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(5ms);
   EXPECT_NE(metrics().find(needle), std::string::npos);
+}
+
+}  // namespace
+}  // namespace basalt::router
+
+namespace basalt::router {
+namespace {
+
+// Mid-stream failover: replica `a` writes two choices' worth of events with
+// their resume comments, the last one cut short; replica `b` continues from
+// what the client got.
+class Failover : public Gateway {
+ protected:
+  static constexpr const char* kFirst =
+      ": basalt {\"i\":0,\"t\":[1,2],\"o\":5,\"f\":0}\n"
+      "data: {\"created\":123,\"choices\":[{\"index\":0,\"text\":\"hello\"}]}\n\n"
+      ": hb\n\n"
+      ": basalt {\"i\":1,\"t\":[7],\"o\":3,\"f\":1}\n"
+      "data: {\"choices\":[{\"index\":1,\"text\":\"abc\",\"finish_reason\":\"stop\"}]}\n\n"
+      ": basalt {\"i\":0,\"t\":[3],\"o\":9,\"f\":0}\n"
+      "data: {\"choices\":[{\"index\":0,\"text\":\" wor";  // cut short: never passed on
+  static constexpr const char* kRest = "data: {\"choices\":[{\"index\":0,\"text\":\" world\"}]}\n\ndata: [DONE]\n\n";
+  static constexpr const char* kClientSees =
+      "data: {\"created\":123,\"choices\":[{\"index\":0,\"text\":\"hello\"}]}\n\n"
+      "data: {\"choices\":[{\"index\":1,\"text\":\"abc\",\"finish_reason\":\"stop\"}]}\n\n"
+      "data: {\"choices\":[{\"index\":0,\"text\":\" world\"}]}\n\ndata: [DONE]\n\n";
+
+  FakeReplica& continuing() {
+    return replica([this](HttpRequest&) {
+      HandlerResult r;
+      r.producer = std::make_unique<EventsProducer>(kRest, false, aborts_);
+      return r;
+    });
+  }
+  // What `b` must have been asked: the same body and seed, plus what the
+  // client has of each choice.
+  static void expect_resumed(const HttpRequest& got) {
+    const nlohmann::json body = nlohmann::json::parse(got.body);
+    EXPECT_EQ(body["seed"], 42);
+    EXPECT_EQ(body["prompt"], "x");
+    const nlohmann::json expected = nlohmann::json::parse(R"({"choices": [
+        {"index": 0, "output_token_ids": [1, 2], "text_offset": 5, "finished": false},
+        {"index": 1, "output_token_ids": [7], "text_offset": 3, "finished": true}], "created": 123})");
+    EXPECT_EQ(body["basalt_resume"], expected) << got.body;
+    EXPECT_EQ(got.header("x-basalt-resume-info").value_or(""), "1");
+    EXPECT_EQ(got.header("x-request-id").value_or(""), "same-id");
+  }
+  Reply stream() {
+    return call("POST", "/v1/completions", R"({"model":"m","stream":true,"prompt":"x","n":2,"seed":42})",
+                {{"X-Request-Id", "same-id"}});
+  }
+  std::atomic<int> aborts_{0};
+};
+
+TEST_F(Failover, AReplicaThatDiesMidStreamIsResumedElsewhere) {
+  FakeReplica& a = replica([this](HttpRequest&) {
+    HandlerResult r;
+    r.producer = std::make_unique<EventsProducer>(kFirst, true, aborts_);
+    return r;
+  });
+  FakeReplica& b = continuing();
+  start_gateway({a.url(), b.url()});
+  std::thread killer([&] {
+    while (a.requests() == 0) std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(100ms);
+    a.server->stop();
+  });
+  const Reply r = stream();
+  killer.join();
+  ASSERT_TRUE(r.head);
+  EXPECT_EQ(r.head->status, 200);
+  EXPECT_EQ(r.body, kClientSees);
+  ASSERT_EQ(b.requests(), 1u);
+  expect_resumed(b.got[0]);
+  // The first attempt asked for heartbeats and resume comments.
+  EXPECT_EQ(a.got[0].header("x-basalt-resume-info").value_or(""), "1");
+  EXPECT_EQ(a.got[0].header("x-basalt-heartbeat").value_or(""), "2500");
+  EXPECT_NE(metrics().find("basalt_route_failovers_total{replica=\"" + canonical_url(parse_base_url(a.url())) +
+                           "\",reason=\"eof\"} 1"),
+            std::string::npos)
+      << metrics();
+}
+
+TEST_F(Failover, AStalledReplicaIsResumedElsewhere) {
+  FakeReplica& a = replica([this](HttpRequest&) {
+    HandlerResult r;
+    r.producer = std::make_unique<EventsProducer>(kFirst, true, aborts_);  // then silence
+    return r;
+  });
+  FakeReplica& b = continuing();
+  RouteServerOptions options;
+  options.stall_timeout = 300ms;
+  start_gateway({a.url(), b.url()}, options);
+  const Reply r = stream();
+  ASSERT_TRUE(r.head);
+  EXPECT_EQ(r.body, kClientSees);
+  ASSERT_EQ(b.requests(), 1u);
+  expect_resumed(b.got[0]);
+  // The stalled replica was told its client went.
+  EXPECT_EQ(aborts_.load(), 1);
+  EXPECT_NE(metrics().find("reason=\"stall\"} 1"), std::string::npos) << metrics();
+}
+
+TEST_F(Failover, AStreamCutByItsServerIsResumedWithoutTheCut) {
+  FakeReplica& a = replica([this](HttpRequest&) {
+    const std::string first(kFirst);
+    const std::string whole_events = first.substr(0, first.rfind(": basalt")) +
+                                     "data: {\"error\":{\"message\":\"draining\",\"type\":\"server_error\",\"param\":"
+                                     "null,\"code\":\"cut_by_server\"}}\n\ndata: [DONE]\n\n";
+    HandlerResult r;
+    r.producer = std::make_unique<EventsProducer>(whole_events, false, aborts_);
+    return r;
+  });
+  FakeReplica& b = continuing();
+  start_gateway({a.url(), b.url()});
+  const Reply r = stream();
+  EXPECT_EQ(r.body, kClientSees);
+  ASSERT_EQ(b.requests(), 1u);
+  expect_resumed(b.got[0]);
+}
+
+TEST_F(Failover, EndsWithAnErrorEventWhenNoFailoverIsLeft) {
+  FakeReplica& a = replica([this](HttpRequest&) {
+    HandlerResult r;
+    r.producer = std::make_unique<EventsProducer>(kFirst, true, aborts_);
+    return r;
+  });
+  RouteServerOptions options;
+  options.stall_timeout = 200ms;
+  start_gateway({a.url()}, options);
+  const Reply r = stream();
+  EXPECT_EQ(r.body.rfind("data: {\"created\":123", 0), 0u) << r.body;
+  EXPECT_NE(r.body.find("\"code\":\"upstream_failed\""), std::string::npos) << r.body;
+  EXPECT_TRUE(r.body.ends_with("data: [DONE]\n\n"));
 }
 
 }  // namespace

@@ -2,8 +2,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <fmt/format.h>
 #include <map>
 #include <mutex>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -40,6 +42,18 @@ HttpResponse json_error(int status, const std::string& message, const std::strin
   return r;
 }
 
+// A seed for a request that has none: 63 random bits (what JSON and the
+// replica's parser take as a non-negative integer).
+int64_t random_seed() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return static_cast<int64_t>(rng() >> 1);
+}
+
+std::string gateway_request_id() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("route-{:016x}", rng());
+}
+
 bool serves(const ReplicaSpec& spec, const std::string& model) {
   return spec.model.empty() || model.empty() || spec.model == model;
 }
@@ -54,6 +68,7 @@ struct RouteServer::Shared {
   std::map<std::pair<std::string, int>, int64_t> requests;                 // (route, status)
   std::map<std::pair<std::string, std::string>, int64_t> attempts;       // (replica, outcome)
   std::map<std::string, uint64_t> round_robin;                             // per model
+  std::map<std::pair<std::string, std::string>, int64_t> failovers;       // (replica that failed, reason)
   std::atomic<int64_t> in_flight{0};
 
   void count_request(const std::string& route, int status) {
@@ -145,10 +160,18 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
   if (by_model ? request.method != "POST" : !need("GET"))
     return answer(json_error(405, by_model ? "use POST" : "use GET or HEAD", "invalid_request_error"));
   std::string model;
+  bool stream = false;
   if (by_model) {
     try {
-      const nlohmann::json body = parse_json_object(request.body);
+      nlohmann::json body = parse_json_object(request.body);
       if (const auto it = body.find("model"); it != body.end() && it->is_string()) model = it->get<std::string>();
+      if (route == "/v1/completions" || route == "/v1/chat/completions") {
+        stream = body.value("stream", false) == true && !body.contains("basalt_resume");
+        if (!body.contains("seed") || body["seed"].is_null()) {
+          body["seed"] = random_seed();
+          request.body = body.dump();
+        }
+      }
     } catch (const ApiError& e) {
       HttpResponse r;
       r.status = e.status();
@@ -161,20 +184,27 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
     if (!known)
       return answer(json_error(404, "the model '" + model + "' is not served here", "invalid_request_error", "model"));
   }
-  return forward(request, route, model);
+  return forward(request, route, model, stream);
 }
 
-HandlerResult RouteServer::forward(HttpRequest& request, const std::string& route, const std::string& model) {
+HandlerResult RouteServer::forward(HttpRequest& request, const std::string& route, const std::string& model,
+                                   bool stream) {
   ProxyRequest p;
   p.max_attempts = options_.max_attempts;
+  p.failover.enabled = stream;
+  p.failover.max_failovers = options_.max_failovers;
+  p.failover.stall_timeout = options_.stall_timeout;
   p.upstream.method = request.method == "HEAD" ? "GET" : request.method;
   p.upstream.path = request.target;
   p.upstream.body = std::move(request.body);
   if (!p.upstream.body.empty())
     p.upstream.headers.emplace_back("Content-Type",
                                     std::string(request.header("content-type").value_or("application/json")));
-  if (auto id = request.header("x-request-id"); id && valid_client_id(*id))
+  if (auto id = request.header("x-request-id"); id && valid_client_id(*id)) {
     p.upstream.headers.emplace_back("X-Request-Id", std::string(*id));
+  } else if (routed_by_model(route)) {
+    p.upstream.headers.emplace_back("X-Request-Id", gateway_request_id());
+  }
   for (const char* name : {"traceparent", "tracestate"})
     if (auto v = request.header(name); v && v->size() <= 512) p.upstream.headers.emplace_back(name, std::string(*v));
   if (!options_.upstream_api_key.empty())
@@ -183,6 +213,10 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
   std::shared_ptr<Shared> shared = shared_;
   p.observe.attempt = [shared](const ReplicaSpec& replica, AttemptOutcome outcome) {
     shared->count_attempt(replica.id, outcome);
+  };
+  p.observe.failover = [shared](const ReplicaSpec& replica, const char* reason) {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    ++shared->failovers[{replica.id, reason}];
   };
   shared->in_flight.fetch_add(1);
   p.observe.finished = [shared, route, remote = request.remote, method = request.method, model,
@@ -234,6 +268,10 @@ std::string RouteServer::metrics_text() const {
   for (const auto& [key, n] : shared_->attempts)
     out.sample("basalt_route_replica_attempts_total", static_cast<double>(n),
                {{"replica", key.first}, {"outcome", key.second}});
+  out.family("basalt_route_failovers_total", "counter",
+             "Streams resumed on another replica, by the replica that failed them and why (eof, stall, cut)");
+  for (const auto& [key, n] : shared_->failovers)
+    out.sample("basalt_route_failovers_total", static_cast<double>(n), {{"replica", key.first}, {"reason", key.second}});
   out.family("basalt_route_replica_in_flight", "gauge", "Attempts running on each listed replica");
   for (const Replica& r : snapshot->replicas)
     out.sample("basalt_route_replica_in_flight", static_cast<double>(r.state->in_flight.load()),

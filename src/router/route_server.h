@@ -18,10 +18,17 @@
 //    Authorization header is never forwarded: replicas get
 //    options.upstream_api_key, if set. X-Request-Id (when valid),
 //    traceparent and tracestate are forwarded.
+//  * Completions and chats get a `seed` when the client gave none (a random
+//    one), so that a request run again, or resumed elsewhere, draws what
+//    the first attempt drew; and an X-Request-Id (the client's, else one of
+//    the gateway's), so every attempt names the response alike. Streamed
+//    ones fail over mid-stream (FailoverOptions from max_failovers and
+//    stall_timeout), unless the body already carries basalt_resume.
 //  * One `request` log line per request (no text), when options.log_requests.
 //  * handle() never blocks and may be called from any I/O thread.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +43,9 @@ struct RouteServerOptions {
   std::vector<std::string> api_keys;
   std::string upstream_api_key;
   int max_attempts = 3;
+  // Streamed completions and chats fail over mid-stream (router/proxy.h).
+  int max_failovers = 2;
+  std::chrono::milliseconds stall_timeout{10000};
   bool log_requests = true;
 };
 
@@ -54,7 +64,7 @@ class RouteServer {
 
  private:
   std::shared_ptr<const Replica> pick(const std::string& model, const std::vector<std::string>& tried);
-  HandlerResult forward(HttpRequest& request, const std::string& route, const std::string& model);
+  HandlerResult forward(HttpRequest& request, const std::string& route, const std::string& model, bool stream);
 
   ReplicaRegistry& registry_;
   RouteServerOptions options_;

@@ -9,7 +9,7 @@ import { writeFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI from 'openai';
-import { startServer, startGateway, parseMetrics, waitFor } from './server.mjs';
+import { startServer, startGateway, parseMetrics, metric, waitFor } from './server.mjs';
 
 let replicas = [];
 let gateway;
@@ -112,5 +112,58 @@ test('SIGHUP re-reads the replica file', async () => {
   } finally {
     const { code } = await second.stop();
     assert.equal(code, 0, second.log());
+  }
+});
+
+test('streams survive a replica SIGKILLed and another SIGSTOPped mid-stream, text for text', async () => {
+  const fleet = await Promise.all([0, 1, 2].map(() => startServer(['--threads', '1', '--no-request-log'])));
+  const gw = await startGateway([...fleet.flatMap((r) => ['--replica', r.baseURL]), '--stall-timeout', '1',
+                                 '--no-request-log']);
+  try {
+    const bodies = [];
+    for (let i = 0; i < 6; ++i)
+      bodies.push({ model: 'basalt-mini', prompt: `Failover ${i}:`, max_tokens: 300, ignore_eos: true,
+                    ...(i % 2 ? { temperature: 1, seed: 100 + i } : { temperature: 0 }) });
+    // The texts without a fault, from one replica directly.
+    const direct = openai(fleet[0].baseURL);
+    const expected = [];
+    for (const b of bodies) expected.push((await direct.completions.create(b)).choices[0].text);
+    const through = openai(gw.baseURL);
+    let started = 0;
+    let markAll;
+    const allStarted = new Promise((r) => { markAll = r; });
+    const runs = bodies.map(async (b) => {
+      let text = '';
+      let first = true;
+      const stream = await through.completions.create({ ...b, stream: true });
+      for await (const chunk of stream) {
+        if (chunk.error) throw new Error(JSON.stringify(chunk.error));
+        text += chunk.choices[0]?.text ?? '';
+        if (first) {
+          first = false;
+          if (++started === bodies.length) markAll();
+        }
+      }
+      return text;
+    });
+    await allStarted;
+    fleet[1].child.kill('SIGKILL');
+    fleet[2].child.kill('SIGSTOP');
+    const texts = await Promise.all(runs);
+    for (let i = 0; i < bodies.length; ++i) assert.equal(texts[i], expected[i], `stream ${i}`);
+    const m = parseMetrics(await (await fetch(`${gw.baseURL}/metrics`)).text());
+    const failovers = Object.entries(m).filter(([k]) => k.startsWith('basalt_route_failovers_total'))
+      .reduce((sum, [, v]) => sum + v, 0);
+    assert.ok(failovers >= 2, JSON.stringify(m));
+    // The stopped replica, woken, sees its clients gone and frees their KV.
+    fleet[2].child.kill('SIGCONT');
+    assert.ok(await waitFor(async () => {
+      const r = parseMetrics(await (await fetch(`${fleet[2].baseURL}/metrics`)).text());
+      return metric(r, 'basalt_kv_cache_used_tokens') === 0 && metric(r, 'basalt_requests_running') === 0;
+    }, 20000));
+  } finally {
+    fleet[2].child.kill('SIGCONT');
+    await gw.stop();
+    for (const r of [fleet[0], fleet[2]]) await r.stop();
   }
 });
