@@ -112,13 +112,7 @@ void run_serve(const ServeFlags& f) {
   const bool request_log = !f.http.no_request_log;
   http.on_rejection = [&api, request_log](const TransportRejection& r) {
     if (ApiServer* a = api.load()) return a->note_rejection(r.status, r.remote, r.method, r.path, r.reason);
-    if (request_log)
-      LogLine("request", LogLevel::kWarning)
-          .add("remote", r.remote)
-          .add("status", r.status)
-          .add("outcome", "rejected_by_transport")
-          .add("reason", r.reason)
-          .emit();
+    if (request_log) transport_rejection_line(r, {}).emit();
   };
   HttpServer server(http, [&api, request_log](HttpRequest& request) -> HandlerResult {
     if (ApiServer* a = api.load()) return a->handle(request);

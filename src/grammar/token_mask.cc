@@ -9,6 +9,7 @@
 #include "grammar/automaton.h"
 #include "grammar/matcher_state.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace basalt {
 namespace {
@@ -629,30 +630,10 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> bytes, std::vector<boo
 }
 
 size_t TokenVocabulary::utf8_character(std::string_view bytes, size_t at) {
-  // The second byte's range by the first (RFC 3629's table); later bytes
-  // are 0x80-0xBF.
-  const auto lead = static_cast<uint8_t>(bytes[at]);
-  size_t length = 0;
-  uint8_t lo = 0x80, hi = 0xBF;
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) lo = 0xA0;
-    if (lead == 0xED) hi = 0x9F;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) lo = 0x90;
-    if (lead == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  size_t k = 1;
-  for (; k < length && at + k < bytes.size(); ++k) {
-    const auto c = static_cast<uint8_t>(bytes[at + k]);
-    if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) return 0;
-  }
-  return k;
+  if (static_cast<uint8_t>(bytes[at]) < 0x80) return 0;
+  bool complete = false;
+  const size_t valid = unicode::utf8_valid_prefix(bytes, at, complete);
+  return complete || at + valid == bytes.size() ? valid : 0;
 }
 
 size_t TokenVocabulary::text_units(size_t i, size_t from) const {

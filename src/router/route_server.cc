@@ -243,14 +243,9 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
 }
 
 void RouteServer::note_rejection(const TransportRejection& r) {
-  shared_->count_request(r.path.empty() ? "other" : route_of(r.path), r.status);
-  if (shared_->log_requests)
-    LogLine("request", LogLevel::kWarning)
-        .add("remote", r.remote)
-        .add("status", r.status)
-        .add("outcome", "rejected_by_transport")
-        .add("reason", r.reason)
-        .emit();
+  const std::string route = r.path.empty() ? "other" : route_of(r.path);
+  shared_->count_request(route, r.status);
+  if (shared_->log_requests) transport_rejection_line(r, route).emit();
 }
 
 std::string RouteServer::metrics_text() const {

@@ -898,11 +898,7 @@ void ApiServer::note_rejection(int status, const std::string& remote, const std:
                                const std::string& path, const std::string& reason) {
   const std::string route = path.empty() ? "other" : route_of(path);
   shared_->count(route, status);
-  LogLine line("request", LogLevel::kWarning);
-  line.add("remote", remote);
-  if (!method.empty()) line.add("method", method);
-  line.add("path", route).add("status", status).add("outcome", "rejected_by_transport").add("reason", reason);
-  shared_->log(line);
+  shared_->log(transport_rejection_line({status, remote, method, path, reason}, route));
 }
 
 void ApiServer::cut_in_flight() {

@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace basalt {
 
@@ -636,6 +637,15 @@ int64_t HttpServer::responses_in_progress() const { return impl_->responses_in_p
 size_t HttpServer::open_connections() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->sessions.size();
+}
+
+LogLine transport_rejection_line(const TransportRejection& r, std::string_view route) {
+  LogLine line("request", LogLevel::kWarning);
+  line.add("remote", r.remote);
+  if (!r.method.empty()) line.add("method", r.method);
+  if (!route.empty()) line.add("path", route);
+  line.add("status", r.status).add("outcome", "rejected_by_transport").add("reason", r.reason);
+  return line;
 }
 
 }  // namespace basalt

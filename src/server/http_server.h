@@ -158,6 +158,12 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
+class LogLine;
+// The `request` log line (a warning) of a request the transport answered
+// itself: remote, method when known, path as `route` names it (when given),
+// status, outcome rejected_by_transport, reason.
+LogLine transport_rejection_line(const TransportRejection& rejection, std::string_view route);
+
 // "200 OK" style reason phrases for the statuses the server uses.
 std::string_view http_reason(int status);
 

@@ -246,12 +246,7 @@ size_t utf8_sequence_length(unsigned char b) {
   return 1;
 }
 
-namespace {
-
-// How many bytes of text[pos...] form the longest valid prefix of a UTF-8
-// sequence (the "maximal subpart" of Unicode's U+FFFD substitution practice),
-// and whether that prefix is a complete character.
-size_t valid_prefix(std::string_view text, size_t pos, bool& complete) {
+size_t utf8_valid_prefix(std::string_view text, size_t pos, bool& complete) {
   auto byte = [&](size_t i) { return static_cast<unsigned char>(text[pos + i]); };
   unsigned char b0 = byte(0);
   complete = false;
@@ -285,12 +280,10 @@ size_t valid_prefix(std::string_view text, size_t pos, bool& complete) {
   return have;
 }
 
-}  // namespace
-
 bool decode_utf8(std::string_view text, size_t& pos, char32_t& cp) {
   if (pos >= text.size()) return false;
   bool complete;
-  size_t n = valid_prefix(text, pos, complete);
+  size_t n = utf8_valid_prefix(text, pos, complete);
   if (!complete) return false;
   auto b = [&](size_t i) {
     return static_cast<char32_t>(static_cast<unsigned char>(text[pos + i]));
@@ -339,7 +332,7 @@ size_t find_invalid_utf8(std::string_view text) {
       continue;
     }
     bool complete;
-    size_t n = valid_prefix(text, pos, complete);
+    size_t n = utf8_valid_prefix(text, pos, complete);
     if (!complete) return pos;
     pos += n;
   }
@@ -352,7 +345,7 @@ std::string utf8_lossy(std::string_view bytes) {
   size_t pos = 0;
   while (pos < bytes.size()) {
     bool complete;
-    size_t n = valid_prefix(bytes, pos, complete);
+    size_t n = utf8_valid_prefix(bytes, pos, complete);
     if (complete) {
       out.append(bytes.substr(pos, n));
       pos += n;

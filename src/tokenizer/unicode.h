@@ -107,6 +107,11 @@ bool decode_utf8(std::string_view text, size_t& pos, char32_t& cp);
 // Byte length of the UTF-8 sequence that starts with lead byte b (1 for
 // continuation or invalid bytes, so loops always advance).
 size_t utf8_sequence_length(unsigned char b);
+// How many bytes of text[pos...] form the longest valid prefix of a UTF-8
+// sequence (the "maximal subpart" of Unicode's U+FFFD substitution
+// practice: 0 for a byte no character begins with), and whether that
+// prefix is a whole character.
+size_t utf8_valid_prefix(std::string_view text, size_t pos, bool& complete);
 void append_utf8(char32_t cp, std::string& out);
 // The offset of the first invalid byte, or npos when text is valid UTF-8.
 size_t find_invalid_utf8(std::string_view text);

@@ -1,8 +1,9 @@
-// `basalt route` over two `basalt serve` replicas of the bundled model,
-// driven by the official `openai` npm client: answers through the gateway
-// equal the replicas' own, requests spread over both, a replica killed
-// with SIGKILL is retried around before the first byte, and SIGHUP reloads
-// the replica file.
+// `basalt route` over `basalt serve` replicas of the bundled model, driven
+// by the official `openai` npm client: answers through the gateway equal
+// the replicas' own, requests spread over them, a replica killed with
+// SIGKILL is retried around before the first byte, SIGHUP reloads the
+// replica file, and 40 streams live through one replica SIGKILLed and
+// another SIGSTOPped mid-stream with the texts they would have had.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { writeFileSync, mkdtempSync } from 'node:fs';
@@ -115,42 +116,59 @@ test('SIGHUP re-reads the replica file', async () => {
   }
 });
 
-test('streams survive a replica SIGKILLed and another SIGSTOPped mid-stream, text for text', async () => {
-  const fleet = await Promise.all([0, 1, 2].map(() => startServer(['--threads', '1', '--no-request-log'])));
+test('40 streams survive a replica SIGKILLed and another SIGSTOPped mid-stream, text for text', async () => {
+  const fleet = await Promise.all([0, 1, 2, 3].map(() => startServer(['--threads', '1', '--no-request-log'])));
   const gw = await startGateway([...fleet.flatMap((r) => ['--replica', r.baseURL]), '--stall-timeout', '1',
                                  '--no-request-log']);
   try {
+    // Greedy, seeded sampling, penalties and a JSON schema; some with n = 2.
+    const schema = { type: 'object', properties: { name: { type: 'string', maxLength: 12 },
+                     tags: { type: 'array', items: { type: 'string', maxLength: 8 }, maxItems: 3 } },
+                     required: ['name', 'tags'], additionalProperties: false };
     const bodies = [];
-    for (let i = 0; i < 6; ++i)
-      bodies.push({ model: 'basalt-mini', prompt: `Failover ${i}:`, max_tokens: 300, ignore_eos: true,
-                    ...(i % 2 ? { temperature: 1, seed: 100 + i } : { temperature: 0 }) });
+    for (let i = 0; i < 40; ++i) {
+      const kind = i % 4;
+      const b = { model: 'basalt-mini', prompt: `Failover ${i}:`, max_tokens: 120, n: i % 5 === 0 ? 2 : 1 };
+      if (kind === 0) Object.assign(b, { temperature: 0, ignore_eos: true });
+      if (kind === 1) Object.assign(b, { temperature: 1, top_p: 0.9, seed: 100 + i, ignore_eos: true });
+      if (kind === 2) Object.assign(b, { temperature: 0, frequency_penalty: 0.5, presence_penalty: 0.3,
+                                         ignore_eos: true });
+      if (kind === 3) {
+        Object.assign(b, { temperature: 1, seed: 200 + i, max_tokens: 400,
+                           response_format: { type: 'json_schema', json_schema: { name: 'item', schema } } });
+      }
+      bodies.push(b);
+    }
+    const texts = (choices) => choices.sort((a, b) => a.index - b.index).map((c) => c.text);
     // The texts without a fault, from one replica directly.
     const direct = openai(fleet[0].baseURL);
     const expected = [];
-    for (const b of bodies) expected.push((await direct.completions.create(b)).choices[0].text);
+    for (const b of bodies) expected.push(texts((await direct.completions.create(b)).choices));
     const through = openai(gw.baseURL);
     let started = 0;
     let markAll;
     const allStarted = new Promise((r) => { markAll = r; });
     const runs = bodies.map(async (b) => {
-      let text = '';
+      const got = Array.from({ length: b.n }, (_, index) => ({ index, text: '' }));
       let first = true;
       const stream = await through.completions.create({ ...b, stream: true });
       for await (const chunk of stream) {
         if (chunk.error) throw new Error(JSON.stringify(chunk.error));
-        text += chunk.choices[0]?.text ?? '';
+        for (const c of chunk.choices) got[c.index].text += c.text ?? '';
         if (first) {
           first = false;
           if (++started === bodies.length) markAll();
         }
       }
-      return text;
+      return texts(got);
     });
     await allStarted;
     fleet[1].child.kill('SIGKILL');
     fleet[2].child.kill('SIGSTOP');
-    const texts = await Promise.all(runs);
-    for (let i = 0; i < bodies.length; ++i) assert.equal(texts[i], expected[i], `stream ${i}`);
+    const results = await Promise.all(runs);
+    for (let i = 0; i < bodies.length; ++i) assert.deepEqual(results[i], expected[i], `stream ${i}`);
+    for (let i = 3; i < bodies.length; i += 4)
+      for (const text of results[i]) JSON.parse(text);  // the schema's documents
     const m = parseMetrics(await (await fetch(`${gw.baseURL}/metrics`)).text());
     const failovers = Object.entries(m).filter(([k]) => k.startsWith('basalt_route_failovers_total'))
       .reduce((sum, [, v]) => sum + v, 0);
@@ -164,6 +182,6 @@ test('streams survive a replica SIGKILLed and another SIGSTOPped mid-stream, tex
   } finally {
     fleet[2].child.kill('SIGCONT');
     await gw.stop();
-    for (const r of [fleet[0], fleet[2]]) await r.stop();
+    for (const r of [fleet[0], fleet[2], fleet[3]]) await r.stop();
   }
 });
