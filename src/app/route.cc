@@ -41,6 +41,8 @@ struct RouteFlags {
   int max_attempts = 3;
   int max_failovers = 2;
   double stall_timeout = 10;
+  double health_interval = 2;
+  double health_timeout = 1;
   double upstream_timeout = 600;
   int client_threads = 2;
   double drain_timeout = 30;
@@ -77,6 +79,9 @@ void run_route(const RouteFlags& f) {
   BASALT_CHECK(f.max_attempts >= 1 && f.max_attempts <= 16, "--max-attempts must be in [1, 16]");
   BASALT_CHECK(f.max_failovers >= 0 && f.max_failovers <= 16, "--max-failovers must be in [0, 16]");
   BASALT_CHECK(f.stall_timeout >= 0.1 && f.stall_timeout <= 3600, "--stall-timeout must be in [0.1, 3600] seconds");
+  BASALT_CHECK(f.health_interval >= 0.05 && f.health_interval <= 3600,
+               "--health-interval must be in [0.05, 3600] seconds");
+  BASALT_CHECK(f.health_timeout >= 0.05 && f.health_timeout <= 3600, "--health-timeout must be in [0.05, 3600] seconds");
   BASALT_CHECK(f.client_threads >= 1 && f.client_threads <= 64, "--client-threads must be in [1, 64]");
   BASALT_CHECK(f.upstream_timeout > 0 && f.upstream_timeout < 1e7, "--upstream-timeout must be positive seconds");
   BASALT_CHECK(f.drain_timeout > 0 && f.drain_timeout < 1e7, "--drain-timeout must be positive seconds");
@@ -103,6 +108,8 @@ void run_route(const RouteFlags& f) {
   options.max_attempts = f.max_attempts;
   options.max_failovers = f.max_failovers;
   options.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.stall_timeout * 1000));
+  options.health.interval = std::chrono::milliseconds(static_cast<int64_t>(f.health_interval * 1000));
+  options.health.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.health_timeout * 1000));
   options.log_requests = !f.http.no_request_log;
   HttpClientOptions client_options;
   client_options.timeout_s = f.upstream_timeout;
@@ -166,6 +173,10 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--stall-timeout", f.stall_timeout,
                   "Seconds without a byte after which a streaming replica counts as stalled and the stream is "
                   "resumed elsewhere (default 10; replicas are asked for a heartbeat every quarter of it)");
+  cmd->add_option("--health-interval", f.health_interval,
+                  "Seconds between /ready probes of each replica; 2 failed in a row take it out, 2 passed bring it "
+                  "back (default 2)");
+  cmd->add_option("--health-timeout", f.health_timeout, "Seconds a /ready probe may take (default 1)");
   cmd->add_option("--upstream-timeout", f.upstream_timeout,
                   "Seconds one attempt on a replica may take in all (default 600)");
   cmd->add_option("--client-threads", f.client_threads, "Threads running the connections to replicas (default 2)");

@@ -27,7 +27,9 @@ HttpClient& ReplicaClients::of(const ReplicaSpec& replica) {
 const char* attempt_outcome_name(AttemptOutcome outcome) {
   switch (outcome) {
     case AttemptOutcome::kAnswered: return "answered";
-    case AttemptOutcome::kRetryable: return "retryable";
+    case AttemptOutcome::kBusy: return "busy";
+    case AttemptOutcome::kUnavailable: return "unavailable";
+    case AttemptOutcome::kUnreachable: return "unreachable";
     case AttemptOutcome::kFailed: return "failed";
     case AttemptOutcome::kCancelled: return "cancelled";
   }
@@ -175,7 +177,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     } catch (const std::exception& e) {  // the replica's host no longer resolves
       to->state->in_flight.fetch_sub(1);
       last_failure = to->spec.id + ": " + e.what();
-      attempt_failed("eof");
+      attempt_failed("eof", AttemptOutcome::kUnreachable);
       return;
     }
     OutgoingRequest upstream = request.upstream;
@@ -325,7 +327,8 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
         last_failure = replica->spec.id + ": " + (stalled ? std::string("no byte for the stall timeout")
                                                           : http_failure_name(failure) +
                                                                 (message.empty() ? "" : " (" + message + ")"));
-      attempt_failed(stalled ? "stall" : "eof");
+      attempt_failed(stalled ? "stall" : "eof",
+                     failure == HttpFailure::kConnect ? AttemptOutcome::kUnreachable : AttemptOutcome::kFailed);
       return;
     }
     HttpResponse r;
@@ -335,7 +338,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     r.body = std::move(body);
     if (retryable_status(status)) {
       last_failure = replica->spec.id + ": status " + std::to_string(status);
-      observe_attempt(AttemptOutcome::kRetryable);
+      observe_attempt(status == 429 ? AttemptOutcome::kBusy : AttemptOutcome::kUnavailable);
       fallback = std::move(r);  // passed on if no other replica is left
       next_attempt();
       return;
@@ -346,8 +349,8 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
 
   // The attempt failed: before the client's head another replica is
   // tried; after it the stream is resumed elsewhere while failovers last.
-  void attempt_failed(const char* reason) {
-    observe_attempt(AttemptOutcome::kFailed);
+  void attempt_failed(const char* reason, AttemptOutcome outcome = AttemptOutcome::kFailed) {
+    observe_attempt(outcome);
     if (!committed) {
       next_attempt();
       return;
@@ -398,7 +401,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
   }
 
   void observe_attempt(AttemptOutcome outcome) {
-    if (request.observe.attempt && replica) request.observe.attempt(replica->spec, outcome);
+    if (request.observe.attempt && replica) request.observe.attempt(*replica, outcome);
   }
 
   void wake_client() {

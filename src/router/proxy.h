@@ -68,15 +68,17 @@ class ReplicaClients {
 
 // How one attempt on a replica ended.
 enum class AttemptOutcome {
-  kAnswered,   // the replica answered (any status) and the answer was used
-  kRetryable,  // 429/502/503/504 before anything reached the client
-  kFailed,     // the connection failed, broke or timed out
-  kCancelled,  // the client went away
+  kAnswered,     // the replica answered and the answer was used
+  kBusy,         // 429 before anything reached the client
+  kUnavailable,  // 502/503/504 before anything reached the client
+  kUnreachable,  // no connection (refused, reset before any byte, no route)
+  kFailed,       // the exchange broke, timed out, stalled or was cut by the server
+  kCancelled,    // the client went away
 };
 const char* attempt_outcome_name(AttemptOutcome outcome);
 
 struct ProxyObserver {
-  std::function<void(const ReplicaSpec&, AttemptOutcome)> attempt;
+  std::function<void(const Replica&, AttemptOutcome)> attempt;
   // A stream resumed elsewhere after `replica` failed it: "eof" (ended or
   // broke before [DONE]), "stall" or "cut" (cut_by_server).
   std::function<void(const ReplicaSpec& replica, const char* reason)> failover;

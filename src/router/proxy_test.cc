@@ -121,6 +121,7 @@ class Gateway : public ::testing::Test {
     for (const std::string& line : lines) specs.push_back(parse_replica(line, "test"));
     registry_.set(std::move(specs));
     options.log_requests = false;
+    options.health_checks = health_checks_;
     route_ = std::make_unique<RouteServer>(registry_, io_, options);
     HttpServerOptions http;
     http.port = 0;
@@ -161,6 +162,7 @@ class Gateway : public ::testing::Test {
   }
   std::string metrics() { return call("GET", "/metrics").body; }
 
+  bool health_checks_ = false;  // the probes would count as requests the fakes got
   boost::asio::io_context io_;
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::thread thread_;
@@ -179,7 +181,10 @@ TEST_F(Gateway, PassesAWholeAnswerOnWithItsStatusAndHeaders) {
     out.response.headers.emplace_back("X-Request-Id", std::string(r.header("x-request-id").value_or("none")));
     return out;
   });
-  start_gateway({a.url()}, {.api_keys = {"k1"}, .upstream_api_key = "up"});
+  RouteServerOptions options;
+  options.api_keys = {"k1"};
+  options.upstream_api_key = "up";
+  start_gateway({a.url()}, options);
   const Reply r = call("POST", "/v1/completions?x=1", kCompletion,
                        {{"Authorization", "Bearer k1"}, {"X-Request-Id", "client-7"}, {"traceparent", "00-ab-cd-01"}});
   ASSERT_TRUE(r.head);
@@ -265,8 +270,14 @@ TEST_F(Gateway, RetriesOnAnotherReplicaBeforeTheFirstByte) {
   }
   EXPECT_EQ(ok.requests(), 6u);
   const std::string m = metrics();
-  EXPECT_NE(m.find("outcome=\"retryable\""), std::string::npos) << m;
-  EXPECT_NE(m.find("outcome=\"failed\""), std::string::npos) << m;
+  EXPECT_NE(m.find("outcome=\"unavailable\""), std::string::npos) << m;
+  EXPECT_NE(m.find("outcome=\"unreachable\""), std::string::npos) << m;
+  // The replica that refused was ejected at once, and tried only once.
+  const std::string refused_id = canonical_url(parse_base_url(refused_url));
+  EXPECT_NE(m.find("basalt_route_replica_attempts_total{replica=\"" + refused_id + "\",outcome=\"unreachable\"} 1"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("basalt_route_replica_breaker_state{replica=\"" + refused_id + "\"} 2"), std::string::npos) << m;
   EXPECT_NE(m.find(R"(basalt_route_replica_in_flight{replica=")" + canonical_url(parse_base_url(ok.url())) + "\"} 0"),
             std::string::npos)
       << m;
@@ -504,6 +515,30 @@ TEST_F(Failover, EndsWithAnErrorEventWhenNoFailoverIsLeft) {
   EXPECT_EQ(r.body.rfind("data: {\"created\":123", 0), 0u) << r.body;
   EXPECT_NE(r.body.find("\"code\":\"upstream_failed\""), std::string::npos) << r.body;
   EXPECT_TRUE(r.body.ends_with("data: [DONE]\n\n"));
+}
+
+}  // namespace
+}  // namespace basalt::router
+
+namespace basalt::router {
+namespace {
+
+TEST_F(Gateway, ReplicasFailingTheirProbesGetNoRequests) {
+  FakeReplica& sick = replica([](HttpRequest& r) {
+    return r.path == "/ready" ? whole(503, R"({"status":"loading"})") : whole(200, R"({"from":"sick"})");
+  });
+  FakeReplica& well = replica([](HttpRequest&) { return whole(200, R"({"from":"well"})"); });
+  health_checks_ = true;
+  RouteServerOptions options;
+  options.health.interval = std::chrono::milliseconds(20);
+  start_gateway({sick.url(), well.url()}, options);
+  const std::string sick_id = canonical_url(parse_base_url(sick.url()));
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (metrics().find("basalt_route_replica_healthy{replica=\"" + sick_id + "\"} 0") == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(call("POST", "/v1/completions", kCompletion).body, R"({"from":"well"})");
+  EXPECT_EQ(call("GET", "/ready").head->status, 200);  // one replica is healthy
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "router/circuit_breaker.h"
 #include "server/http_client.h"
 
 namespace basalt::router {
@@ -53,6 +54,10 @@ std::string canonical_url(const BaseUrl& url);
 struct ReplicaState {
   std::atomic<int64_t> in_flight{0};     // requests sent and not yet answered in full
   std::atomic<bool> draining{false};     // removed from the list: no new requests
+  std::atomic<bool> healthy{true};       // its health probes (router/health.h); true until they say
+  std::mutex mu;                         // guards what follows
+  CircuitBreaker breaker;                // from how its requests ended
+  int probe_failures = 0, probe_successes = 0;  // in a row
 };
 
 struct Replica {

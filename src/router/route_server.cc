@@ -88,17 +88,25 @@ RouteServer::RouteServer(ReplicaRegistry& registry, boost::asio::io_context& cli
       clients_(client_io, std::move(client_options)),
       shared_(std::make_shared<Shared>()) {
   shared_->log_requests = options_.log_requests;
+  if (options_.health_checks) {
+    health_ = std::make_unique<HealthChecker>(registry_, client_io, options_.health);
+    health_->start();
+  }
 }
 
-RouteServer::~RouteServer() = default;
+RouteServer::~RouteServer() {
+  if (health_) health_->stop();
+}
 
 std::shared_ptr<const Replica> RouteServer::pick(const std::string& model, const std::vector<std::string>& tried) {
   const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
+  const auto now = Clock::now();
   std::vector<const Replica*> candidates;
   for (const Replica& r : snapshot->replicas) {
-    if (r.state->draining.load() || !serves(r.spec, model)) continue;
+    if (r.state->draining.load() || !r.state->healthy.load() || !serves(r.spec, model)) continue;
     if (std::find(tried.begin(), tried.end(), r.spec.id) != tried.end()) continue;
-    candidates.push_back(&r);
+    std::lock_guard<std::mutex> lock(r.state->mu);
+    if (r.state->breaker.available(now)) candidates.push_back(&r);
   }
   if (candidates.empty()) return nullptr;
   uint64_t turn = 0;
@@ -106,10 +114,34 @@ std::shared_ptr<const Replica> RouteServer::pick(const std::string& model, const
     std::lock_guard<std::mutex> lock(shared_->mu);
     turn = shared_->round_robin[model]++;
   }
-  // Shares the snapshot's ownership: the replica stays valid while the
-  // request holds it, whatever set() does meanwhile.
-  return std::shared_ptr<const Replica>(snapshot, candidates[turn % candidates.size()]);
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    const Replica* r = candidates[(turn + k) % candidates.size()];
+    std::lock_guard<std::mutex> lock(r->state->mu);
+    // Shares the snapshot's ownership: the replica stays valid while the
+    // request holds it, whatever set() does meanwhile.
+    if (r->state->breaker.acquire(now)) return std::shared_ptr<const Replica>(snapshot, r);
+  }
+  return nullptr;  // their half-open trials were taken meanwhile
 }
+
+namespace {
+
+// An attempt's end, told to its replica's breaker (which pick() acquired).
+void report(const Replica& replica, AttemptOutcome outcome) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(replica.state->mu);
+  CircuitBreaker& b = replica.state->breaker;
+  switch (outcome) {
+    case AttemptOutcome::kAnswered: b.success(now); break;
+    case AttemptOutcome::kBusy:
+    case AttemptOutcome::kCancelled: b.release(); break;
+    case AttemptOutcome::kUnavailable:
+    case AttemptOutcome::kFailed: b.failure(now); break;
+    case AttemptOutcome::kUnreachable: b.eject(now); break;
+  }
+}
+
+}  // namespace
 
 HandlerResult RouteServer::handle(HttpRequest& request) {
   const std::string route = route_of(request.path);
@@ -136,11 +168,12 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
   if (route == "/ready") {
     if (!need("GET")) return answer(json_error(405, "use GET or HEAD", "invalid_request_error"));
     const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
-    const bool any = std::any_of(snapshot->replicas.begin(), snapshot->replicas.end(),
-                                 [](const Replica& r) { return !r.state->draining.load(); });
+    const bool any = std::any_of(snapshot->replicas.begin(), snapshot->replicas.end(), [](const Replica& r) {
+      return !r.state->draining.load() && r.state->healthy.load();
+    });
     HttpResponse r;
     r.status = any ? 200 : 503;
-    r.body = any ? R"({"status":"ready"})" : error_body(503, "no replica is listed", "server_error");
+    r.body = any ? R"({"status":"ready"})" : error_body(503, "no listed replica is healthy", "server_error");
     return answer(std::move(r));
   }
   if (!bearer_authorized(request, options_.api_keys)) {
@@ -211,8 +244,9 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     p.upstream.headers.emplace_back("Authorization", "Bearer " + options_.upstream_api_key);
   p.pick = [this, model](const std::vector<std::string>& tried) { return pick(model, tried); };
   std::shared_ptr<Shared> shared = shared_;
-  p.observe.attempt = [shared](const ReplicaSpec& replica, AttemptOutcome outcome) {
-    shared->count_attempt(replica.id, outcome);
+  p.observe.attempt = [shared](const Replica& replica, AttemptOutcome outcome) {
+    report(replica, outcome);
+    shared->count_attempt(replica.spec.id, outcome);
   };
   p.observe.failover = [shared](const ReplicaSpec& replica, const char* reason) {
     std::lock_guard<std::mutex> lock(shared->mu);
@@ -274,6 +308,24 @@ std::string RouteServer::metrics_text() const {
   out.family("basalt_route_replica_draining", "gauge", "1 for a listed replica that takes no new requests");
   for (const Replica& r : snapshot->replicas)
     out.sample("basalt_route_replica_draining", r.state->draining.load() ? 1 : 0, {{"replica", r.spec.id}});
+  out.family("basalt_route_replica_healthy", "gauge", "1 while a replica's /ready probes pass");
+  for (const Replica& r : snapshot->replicas)
+    out.sample("basalt_route_replica_healthy", r.state->healthy.load() ? 1 : 0, {{"replica", r.spec.id}});
+  const auto now = Clock::now();
+  out.family("basalt_route_replica_breaker_state", "gauge",
+             "A replica's circuit breaker: 0 closed, 1 half-open (one trial at a time), 2 open");
+  for (const Replica& r : snapshot->replicas) {
+    std::lock_guard<std::mutex> state_lock(r.state->mu);
+    out.sample("basalt_route_replica_breaker_state", static_cast<double>(r.state->breaker.state(now)),
+               {{"replica", r.spec.id}});
+  }
+  out.family("basalt_route_replica_ejections_total", "counter",
+             "Times a replica was taken out at once for refusing or dropping a connection");
+  for (const Replica& r : snapshot->replicas) {
+    std::lock_guard<std::mutex> state_lock(r.state->mu);
+    out.sample("basalt_route_replica_ejections_total", static_cast<double>(r.state->breaker.ejections()),
+               {{"replica", r.spec.id}});
+  }
   return out.take();
 }
 

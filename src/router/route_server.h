@@ -7,11 +7,14 @@
 //    go to a replica that serves the body's `model` (a replica with a
 //    `model` label serves that model only; one without serves any), GET
 //    /v1/models, /v1/models/{id} and /version to any replica; the choice is
-//    round-robin per model over the replicas not draining. A body that is
+//    round-robin per model over the replicas not draining, healthy (their
+//    /ready probes) and whose circuit breaker lets a request through
+//    (router/circuit_breaker.h: each attempt's end is reported to it; a
+//    replica that refuses connections is ejected at once). A body that is
 //    not a JSON object is answered 400 here; a model no listed replica
 //    serves, 404 (model_not_found). Bodies are forwarded as they came.
 //  * /health answers 200 while the gateway runs; /ready 200 while some
-//    replica is listed and not draining, else 503; /metrics the gateway's
+//    replica is listed, not draining and healthy, else 503; /metrics the gateway's
 //    own counters (Prometheus text).
 //  * API keys (options.api_keys) are checked as `basalt serve` checks them
 //    (server/http_auth.h), before anything is forwarded; the client's
@@ -33,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "router/health.h"
 #include "router/proxy.h"
 #include "router/replica_registry.h"
 #include "server/http_server.h"
@@ -46,6 +50,10 @@ struct RouteServerOptions {
   // Streamed completions and chats fail over mid-stream (router/proxy.h).
   int max_failovers = 2;
   std::chrono::milliseconds stall_timeout{10000};
+  // Probes of each replica's /ready (router/health.h); off for tests that
+  // drive health by hand.
+  bool health_checks = true;
+  HealthOptions health;
   bool log_requests = true;
 };
 
@@ -70,6 +78,7 @@ class RouteServer {
   RouteServerOptions options_;
   ReplicaClients clients_;
   std::shared_ptr<Shared> shared_;
+  std::unique_ptr<HealthChecker> health_;
 };
 
 }  // namespace basalt::router

@@ -87,7 +87,10 @@ test('a killed replica is retried around before the first byte', async () => {
     assert.equal(text, expected);
   }
   const m = await gatewayMetrics();
-  assert.ok(attempts(m, `http://127.0.0.1:${replicas[1].port}`, 'failed') >= 1, JSON.stringify(m));
+  // Tried once (or by a probe-free half-open trial), then ejected.
+  const dead = `http://127.0.0.1:${replicas[1].port}`;
+  assert.ok(attempts(m, dead, 'unreachable') >= 1 && attempts(m, dead, 'unreachable') <= 2, JSON.stringify(m));
+  assert.equal(m[`basalt_route_replica_breaker_state{replica="${dead}"}`], 2, JSON.stringify(m));
 });
 
 test('SIGHUP re-reads the replica file', async () => {
