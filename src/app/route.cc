@@ -10,6 +10,7 @@
 // --drain-timeout, then closes every connection; a second signal skips the
 // wait.
 #include <atomic>
+#include <cctype>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
@@ -35,6 +36,8 @@ namespace {
 
 struct RouteFlags {
   HttpFlags http;
+  std::string policy = "round-robin";
+  std::string session_header = "x-session-id";
   std::vector<std::string> replicas;
   std::string replica_file;
   std::string upstream_api_key;
@@ -103,6 +106,9 @@ void run_route(const RouteFlags& f) {
   for (int i = 0; i < f.client_threads; ++i) client_threads.emplace_back([&client_io] { client_io.run(); });
 
   router::RouteServerOptions options;
+  options.policy = router::parse_policy(f.policy);
+  options.session_header = f.session_header;
+  for (char& c : options.session_header) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   options.api_keys = api_keys(f.http);
   options.upstream_api_key = f.upstream_api_key;
   options.max_attempts = f.max_attempts;
@@ -120,7 +126,7 @@ void run_route(const RouteFlags& f) {
   server.start();
   LogLine("listening").add("url", fmt::format("{}://{}:{}", http_scheme(f.http), f.http.host, server.port())).emit();
   log_replicas(registry);
-  LogLine("ready").add("max_attempts", f.max_attempts).add("max_failovers", f.max_failovers).add("api_keys", !options.api_keys.empty()).emit();
+  LogLine("ready").add("policy", router::policy_name(options.policy)).add("max_attempts", f.max_attempts).add("max_failovers", f.max_failovers).add("api_keys", !options.api_keys.empty()).emit();
 
   while (true) {
     int signal_number = 0;
@@ -163,6 +169,12 @@ void add_route_command(CLI::App& app) {
                   "(repeatable). A replica with a model label gets that model's requests only");
   cmd->add_option("--replica-file", f.replica_file,
                   "Read replicas from this file, one per line as for --replica ('#' comments); re-read on SIGHUP");
+  cmd->add_option("--policy", f.policy,
+                  "How a request's replica is chosen: round-robin, least-load (fewest requests in flight from the "
+                  "gateway), power-of-two (the less loaded of two drawn at random) or session (a session stays on "
+                  "its replica: --session-header, else the body's user) (default round-robin)");
+  cmd->add_option("--session-header", f.session_header,
+                  "The header that names a request's session for --policy session (default X-Session-Id)");
   cmd->add_option("--upstream-api-key", f.upstream_api_key,
                   "Send this API key to the replicas (the clients' keys are never forwarded)");
   cmd->add_option("--max-attempts", f.max_attempts,

@@ -543,3 +543,27 @@ TEST_F(Gateway, ReplicasFailingTheirProbesGetNoRequests) {
 
 }  // namespace
 }  // namespace basalt::router
+
+namespace basalt::router {
+namespace {
+
+TEST_F(Gateway, SessionPolicyKeepsASessionOnOneReplica) {
+  FakeReplica& a = replica([](HttpRequest&) { return whole(200, R"({"from":"a"})"); });
+  FakeReplica& b = replica([](HttpRequest&) { return whole(200, R"({"from":"b"})"); });
+  FakeReplica& c = replica([](HttpRequest&) { return whole(200, R"({"from":"c"})"); });
+  RouteServerOptions options;
+  options.policy = Policy::kSession;
+  start_gateway({a.url(), b.url(), c.url()}, options);
+  for (const std::string session : {"alice", "bob", "carol"}) {
+    const std::string first = call("POST", "/v1/completions", kCompletion, {{"X-Session-Id", session}}).body;
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(call("POST", "/v1/completions", kCompletion, {{"X-Session-Id", session}}).body, first) << session;
+    // The body's user names a session too.
+    const std::string body = R"({"model":"m","prompt":"x","user":")" + session + "-u\"}";
+    const std::string by_user = call("POST", "/v1/completions", body).body;
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(call("POST", "/v1/completions", body).body, by_user) << session;
+  }
+}
+
+}  // namespace
+}  // namespace basalt::router

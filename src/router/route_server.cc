@@ -98,7 +98,8 @@ RouteServer::~RouteServer() {
   if (health_) health_->stop();
 }
 
-std::shared_ptr<const Replica> RouteServer::pick(const std::string& model, const std::vector<std::string>& tried) {
+std::shared_ptr<const Replica> RouteServer::pick(const std::string& model, const std::string& session,
+                                                 const std::vector<std::string>& tried) {
   const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
   const auto now = Clock::now();
   std::vector<const Replica*> candidates;
@@ -114,8 +115,11 @@ std::shared_ptr<const Replica> RouteServer::pick(const std::string& model, const
     std::lock_guard<std::mutex> lock(shared_->mu);
     turn = shared_->round_robin[model]++;
   }
-  for (size_t k = 0; k < candidates.size(); ++k) {
-    const Replica* r = candidates[(turn + k) % candidates.size()];
+  std::vector<Candidate> loads;
+  for (const Replica* r : candidates) loads.push_back({r->spec.id, r->state->in_flight.load()});
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  for (const size_t k : preference(options_.policy, loads, turn, rng(), session)) {
+    const Replica* r = candidates[k];
     std::lock_guard<std::mutex> lock(r->state->mu);
     // Shares the snapshot's ownership: the replica stays valid while the
     // request holds it, whatever set() does meanwhile.
@@ -193,11 +197,16 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
   if (by_model ? request.method != "POST" : !need("GET"))
     return answer(json_error(405, by_model ? "use POST" : "use GET or HEAD", "invalid_request_error"));
   std::string model;
+  std::string session;
+  if (auto h = request.header(options_.session_header); h && !options_.session_header.empty())
+    session = std::string(h->substr(0, 256));
   bool stream = false;
   if (by_model) {
     try {
       nlohmann::json body = parse_json_object(request.body);
       if (const auto it = body.find("model"); it != body.end() && it->is_string()) model = it->get<std::string>();
+      if (const auto it = body.find("user"); session.empty() && it != body.end() && it->is_string())
+        session = it->get<std::string>().substr(0, 256);
       if (route == "/v1/completions" || route == "/v1/chat/completions") {
         stream = body.value("stream", false) == true && !body.contains("basalt_resume");
         if (!body.contains("seed") || body["seed"].is_null()) {
@@ -217,11 +226,11 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
     if (!known)
       return answer(json_error(404, "the model '" + model + "' is not served here", "invalid_request_error", "model"));
   }
-  return forward(request, route, model, stream);
+  return forward(request, route, model, session, stream);
 }
 
 HandlerResult RouteServer::forward(HttpRequest& request, const std::string& route, const std::string& model,
-                                   bool stream) {
+                                   const std::string& session, bool stream) {
   ProxyRequest p;
   p.max_attempts = options_.max_attempts;
   p.failover.enabled = stream;
@@ -242,7 +251,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     if (auto v = request.header(name); v && v->size() <= 512) p.upstream.headers.emplace_back(name, std::string(*v));
   if (!options_.upstream_api_key.empty())
     p.upstream.headers.emplace_back("Authorization", "Bearer " + options_.upstream_api_key);
-  p.pick = [this, model](const std::vector<std::string>& tried) { return pick(model, tried); };
+  p.pick = [this, model, session](const std::vector<std::string>& tried) { return pick(model, session, tried); };
   std::shared_ptr<Shared> shared = shared_;
   p.observe.attempt = [shared](const Replica& replica, AttemptOutcome outcome) {
     report(replica, outcome);

@@ -7,7 +7,8 @@
 //    go to a replica that serves the body's `model` (a replica with a
 //    `model` label serves that model only; one without serves any), GET
 //    /v1/models, /v1/models/{id} and /version to any replica; the choice is
-//    round-robin per model over the replicas not draining, healthy (their
+//    options.policy's (router/policy.h; round-robin per model by default)
+//    over the replicas not draining, healthy (their
 //    /ready probes) and whose circuit breaker lets a request through
 //    (router/circuit_breaker.h: each attempt's end is reported to it; a
 //    replica that refuses connections is ejected at once). A body that is
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "router/health.h"
+#include "router/policy.h"
 #include "router/proxy.h"
 #include "router/replica_registry.h"
 #include "server/http_server.h"
@@ -44,6 +46,9 @@
 namespace basalt::router {
 
 struct RouteServerOptions {
+  Policy policy = Policy::kRoundRobin;
+  // The session policy's key: this header, else the body's `user`.
+  std::string session_header = "x-session-id";
   std::vector<std::string> api_keys;
   std::string upstream_api_key;
   int max_attempts = 3;
@@ -71,8 +76,10 @@ class RouteServer {
   struct Shared;
 
  private:
-  std::shared_ptr<const Replica> pick(const std::string& model, const std::vector<std::string>& tried);
-  HandlerResult forward(HttpRequest& request, const std::string& route, const std::string& model, bool stream);
+  std::shared_ptr<const Replica> pick(const std::string& model, const std::string& session,
+                                      const std::vector<std::string>& tried);
+  HandlerResult forward(HttpRequest& request, const std::string& route, const std::string& model,
+                        const std::string& session, bool stream);
 
   ReplicaRegistry& registry_;
   RouteServerOptions options_;

@@ -1,0 +1,43 @@
+// Routing policies (docs/ROUTER.md §2): the order in which a request's
+// candidate replicas are tried. The candidates are already filtered (model,
+// health, breaker, not tried yet); pick() takes the first whose breaker
+// lets the request through. Pure and deterministic given `turn` (a
+// per-model counter) and `random`.
+//
+//  * round-robin: the candidates rotated by `turn`.
+//  * least-load: fewest requests the gateway has in flight on it first
+//    (ties rotated by `turn`). Load is what this gateway sent; a replica's
+//    own queue (its /metrics) is not read yet.
+//  * power-of-two: two candidates drawn with `random`, the less loaded
+//    first, then the other, then the rest by load (SGLang's p2c).
+//  * session: rendezvous hashing of the request's session key over the
+//    candidates' ids, so a key stays on its replica while that one is
+//    listed and a removed replica moves only its own keys; the next in
+//    that order takes over while it is out. No key: round-robin.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace basalt::router {
+
+enum class Policy { kRoundRobin, kLeastLoad, kPowerOfTwo, kSession };
+
+// "round-robin", "least-load", "power-of-two" or "session"; throws
+// basalt::Error naming `flag` otherwise.
+Policy parse_policy(std::string_view name, std::string_view flag = "--policy");
+const char* policy_name(Policy policy);
+
+struct Candidate {
+  std::string_view id;  // the replica's canonical URL
+  int64_t load = 0;     // requests in flight on it from this gateway
+};
+
+// Indices into `candidates`, most preferred first (each once).
+std::vector<size_t> preference(Policy policy, std::span<const Candidate> candidates, uint64_t turn, uint64_t random,
+                               std::string_view session_key);
+
+}  // namespace basalt::router
