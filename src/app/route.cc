@@ -36,7 +36,7 @@ namespace {
 
 struct RouteFlags {
   HttpFlags http;
-  std::string policy = "round-robin";
+  std::string policy = "cache-aware";
   std::string session_header = "x-session-id";
   std::vector<std::string> replicas;
   std::string replica_file;
@@ -170,9 +170,10 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--replica-file", f.replica_file,
                   "Read replicas from this file, one per line as for --replica ('#' comments); re-read on SIGHUP");
   cmd->add_option("--policy", f.policy,
-                  "How a request's replica is chosen: round-robin, least-load (fewest requests in flight from the "
-                  "gateway), power-of-two (the less loaded of two drawn at random) or session (a session stays on "
-                  "its replica: --session-header, else the body's user) (default round-robin)");
+                  "How a request's replica is chosen: cache-aware (the one this gateway sent the longest part of "
+                  "the prompt, unless it is much busier), round-robin, least-load (fewest requests in flight from "
+                  "the gateway), power-of-two (the less loaded of two drawn at random) or session (a session stays "
+                  "on its replica: --session-header, else the body's user) (default cache-aware)");
   cmd->add_option("--session-header", f.session_header,
                   "The header that names a request's session for --policy session (default X-Session-Id)");
   cmd->add_option("--upstream-api-key", f.upstream_api_key,

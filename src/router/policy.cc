@@ -31,15 +31,17 @@ std::vector<size_t> rotated(size_t n, uint64_t turn) {
 }  // namespace
 
 Policy parse_policy(std::string_view name, std::string_view flag) {
+  if (name == "cache-aware") return Policy::kCacheAware;
   if (name == "round-robin") return Policy::kRoundRobin;
   if (name == "least-load") return Policy::kLeastLoad;
   if (name == "power-of-two") return Policy::kPowerOfTwo;
   if (name == "session") return Policy::kSession;
-  fail("{} {}: expected round-robin, least-load, power-of-two or session", flag, name);
+  fail("{} {}: expected cache-aware, round-robin, least-load, power-of-two or session", flag, name);
 }
 
 const char* policy_name(Policy policy) {
   switch (policy) {
+    case Policy::kCacheAware: return "cache-aware";
     case Policy::kRoundRobin: return "round-robin";
     case Policy::kLeastLoad: return "least-load";
     case Policy::kPowerOfTwo: return "power-of-two";
@@ -48,14 +50,36 @@ const char* policy_name(Policy policy) {
   return "round-robin";
 }
 
-std::vector<size_t> preference(Policy policy, std::span<const Candidate> candidates, uint64_t turn, uint64_t random,
-                               std::string_view session_key) {
+std::vector<size_t> preference(Policy policy, std::span<const Candidate> candidates, const PickInput& in) {
   const size_t n = candidates.size();
-  std::vector<size_t> order = rotated(n, turn);
+  std::vector<size_t> order = rotated(n, in.turn);
+  const uint64_t random = in.random;
+  const std::string_view session_key = in.session;
   const auto by_load = [&](size_t a, size_t b) { return candidates[a].load < candidates[b].load; };
   switch (policy) {
     case Policy::kRoundRobin:
       break;
+    case Policy::kCacheAware: {
+      if (n == 0) break;
+      int64_t least = candidates[0].load;
+      size_t best = 0;
+      for (const Candidate& c : candidates) {
+        least = std::min(least, c.load);
+        best = std::max(best, c.matched);
+      }
+      const auto overloaded = [&](size_t i) {
+        const int64_t load = candidates[i].load;
+        return load - least > in.balance_abs && static_cast<double>(load) > in.balance_rel * static_cast<double>(least);
+      };
+      const bool use_cache =
+          in.blocks > 0 && static_cast<double>(best) >= in.cache_threshold * static_cast<double>(in.blocks);
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        if (overloaded(a) != overloaded(b)) return !overloaded(a);
+        if (use_cache && candidates[a].matched != candidates[b].matched) return candidates[a].matched > candidates[b].matched;
+        return candidates[a].load < candidates[b].load;
+      });
+      break;
+    }
     case Policy::kLeastLoad:
       std::stable_sort(order.begin(), order.end(), by_load);
       break;

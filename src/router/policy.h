@@ -10,6 +10,13 @@
 //    own queue (its /metrics) is not read yet.
 //  * power-of-two: two candidates drawn with `random`, the less loaded
 //    first, then the other, then the rest by load (SGLang's p2c).
+//  * cache-aware (the default): the replica holding the longest cached
+//    prefix of the prompt (PrefixIndex's matched blocks), when its share of
+//    the prompt is at least cache_threshold; otherwise, and among equal
+//    matches, the least loaded. A candidate whose load is both more than
+//    balance_abs above the least loaded one's and more than balance_rel
+//    times it goes last (SGLang's imbalance rule, applied per candidate
+//    rather than switching the whole fleet to shortest-queue).
 //  * session: rendezvous hashing of the request's session key over the
 //    candidates' ids, so a key stays on its replica while that one is
 //    listed and a removed replica moves only its own keys; the next in
@@ -24,9 +31,9 @@
 
 namespace basalt::router {
 
-enum class Policy { kRoundRobin, kLeastLoad, kPowerOfTwo, kSession };
+enum class Policy { kCacheAware, kRoundRobin, kLeastLoad, kPowerOfTwo, kSession };
 
-// "round-robin", "least-load", "power-of-two" or "session"; throws
+// "cache-aware", "round-robin", "least-load", "power-of-two" or "session"; throws
 // basalt::Error naming `flag` otherwise.
 Policy parse_policy(std::string_view name, std::string_view flag = "--policy");
 const char* policy_name(Policy policy);
@@ -34,10 +41,20 @@ const char* policy_name(Policy policy);
 struct Candidate {
   std::string_view id;  // the replica's canonical URL
   int64_t load = 0;     // requests in flight on it from this gateway
+  size_t matched = 0;   // cache-aware: the prompt's blocks it probably holds
+};
+
+struct PickInput {
+  uint64_t turn = 0;    // the model's request counter
+  uint64_t random = 0;  // power-of-two's draw
+  std::string_view session;
+  size_t blocks = 0;    // cache-aware: the prompt's blocks
+  double cache_threshold = 0.3;  // SGLang's CLI default
+  int64_t balance_abs = 32;
+  double balance_rel = 1.5;
 };
 
 // Indices into `candidates`, most preferred first (each once).
-std::vector<size_t> preference(Policy policy, std::span<const Candidate> candidates, uint64_t turn, uint64_t random,
-                               std::string_view session_key);
+std::vector<size_t> preference(Policy policy, std::span<const Candidate> candidates, const PickInput& in);
 
 }  // namespace basalt::router

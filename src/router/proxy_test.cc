@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -220,7 +221,9 @@ TEST_F(Gateway, SpreadsRequestsRoundRobinAndRoutesByModel) {
   FakeReplica& a = replica([](HttpRequest&) { return whole(200, R"({"from":"a"})"); });
   FakeReplica& b = replica([](HttpRequest&) { return whole(200, R"({"from":"b"})"); });
   FakeReplica& c = replica([](HttpRequest&) { return whole(200, R"({"from":"c"})"); });
-  start_gateway({a.url(), b.url(), c.url() + " model=other"});
+  RouteServerOptions options;
+  options.policy = Policy::kRoundRobin;
+  start_gateway({a.url(), b.url(), c.url() + " model=other"}, options);
   for (int i = 0; i < 6; ++i) EXPECT_EQ(call("POST", "/v1/completions", kCompletion).head->status, 200);
   // Model m: a and b (c serves only "other"), three each.
   EXPECT_EQ(a.requests(), 3u);
@@ -479,7 +482,9 @@ TEST_F(Failover, AStalledReplicaIsResumedElsewhere) {
   EXPECT_EQ(r.body, kClientSees);
   ASSERT_EQ(b.requests(), 1u);
   expect_resumed(b.got[0]);
-  // The stalled replica was told its client went.
+  // The stalled replica is told its client went (when it notices).
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (aborts_.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(aborts_.load(), 1);
   EXPECT_NE(metrics().find("reason=\"stall\"} 1"), std::string::npos) << metrics();
 }
@@ -563,6 +568,35 @@ TEST_F(Gateway, SessionPolicyKeepsASessionOnOneReplica) {
     const std::string by_user = call("POST", "/v1/completions", body).body;
     for (int i = 0; i < 3; ++i) EXPECT_EQ(call("POST", "/v1/completions", body).body, by_user) << session;
   }
+}
+
+}  // namespace
+}  // namespace basalt::router
+
+namespace basalt::router {
+namespace {
+
+TEST_F(Gateway, CacheAwareSendsASharedPrefixWhereItWentBefore) {
+  FakeReplica& a = replica([](HttpRequest&) { return whole(200, R"({"from":"a"})"); });
+  FakeReplica& b = replica([](HttpRequest&) { return whole(200, R"({"from":"b"})"); });
+  start_gateway({a.url(), b.url()});  // cache-aware is the default
+  const std::string system(1000, 's');
+  const auto body = [&](const std::string& prefix, int i) {
+    return nlohmann::json{{"model", "m"}, {"prompt", prefix + " question " + std::to_string(i)}}.dump();
+  };
+  const std::string first = call("POST", "/v1/completions", body(system, 0)).body;
+  for (int i = 1; i < 6; ++i) EXPECT_EQ(call("POST", "/v1/completions", body(system, i)).body, first) << i;
+  // Another prefix has no match anywhere: the least loaded (both idle) in turn.
+  const std::string other(1000, 'o');
+  std::set<std::string> seen;
+  for (int i = 0; i < 4; ++i) seen.insert(call("POST", "/v1/completions", body(std::to_string(i) + other, i)).body);
+  EXPECT_EQ(seen.size(), 2u);
+  // A tenant's cache_salt is its own namespace: no match for the same text.
+  const std::string salted =
+      nlohmann::json{{"model", "m"}, {"prompt", system + " question 1"}, {"cache_salt", "t2"}}.dump();
+  std::set<std::string> salted_seen;
+  for (int i = 0; i < 4; ++i) salted_seen.insert(call("POST", "/v1/completions", salted).body);
+  EXPECT_EQ(salted_seen.size(), 1u);  // its own prefix now, kept together too
 }
 
 }  // namespace

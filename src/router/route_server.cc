@@ -86,7 +86,8 @@ RouteServer::RouteServer(ReplicaRegistry& registry, boost::asio::io_context& cli
     : registry_(registry),
       options_(std::move(options)),
       clients_(client_io, std::move(client_options)),
-      shared_(std::make_shared<Shared>()) {
+      shared_(std::make_shared<Shared>()),
+      prefixes_(options_.prefix) {
   shared_->log_requests = options_.log_requests;
   if (options_.health_checks) {
     health_ = std::make_unique<HealthChecker>(registry_, client_io, options_.health);
@@ -98,8 +99,8 @@ RouteServer::~RouteServer() {
   if (health_) health_->stop();
 }
 
-std::shared_ptr<const Replica> RouteServer::pick(const std::string& model, const std::string& session,
-                                                 const std::vector<std::string>& tried) {
+std::shared_ptr<const Replica> RouteServer::pick(const Routing& routing, const std::vector<std::string>& tried) {
+  const std::string& model = routing.model;
   const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
   const auto now = Clock::now();
   std::vector<const Replica*> candidates;
@@ -117,13 +118,29 @@ std::shared_ptr<const Replica> RouteServer::pick(const std::string& model, const
   }
   std::vector<Candidate> loads;
   for (const Replica* r : candidates) loads.push_back({r->spec.id, r->state->in_flight.load()});
+  if (!routing.blocks.empty()) {
+    std::vector<std::string_view> ids;
+    for (const Candidate& c : loads) ids.push_back(c.id);
+    const std::vector<size_t> matched = prefixes_.match(ids, routing.blocks, now);
+    for (size_t i = 0; i < loads.size(); ++i) loads[i].matched = matched[i];
+  }
   thread_local std::mt19937_64 rng{std::random_device{}()};
-  for (const size_t k : preference(options_.policy, loads, turn, rng(), session)) {
+  PickInput in;
+  in.turn = turn;
+  in.random = rng();
+  in.session = routing.session;
+  in.blocks = routing.blocks.size();
+  for (const size_t k : preference(options_.policy, loads, in)) {
     const Replica* r = candidates[k];
-    std::lock_guard<std::mutex> lock(r->state->mu);
+    {
+      std::lock_guard<std::mutex> lock(r->state->mu);
+      if (!r->state->breaker.acquire(now)) continue;
+    }
+    // The prompt's blocks are (about to be) in that replica's cache.
+    prefixes_.insert(r->spec.id, routing.blocks, now);
     // Shares the snapshot's ownership: the replica stays valid while the
     // request holds it, whatever set() does meanwhile.
-    if (r->state->breaker.acquire(now)) return std::shared_ptr<const Replica>(snapshot, r);
+    return std::shared_ptr<const Replica>(snapshot, r);
   }
   return nullptr;  // their half-open trials were taken meanwhile
 }
@@ -196,8 +213,9 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
   const bool by_model = routed_by_model(route);
   if (by_model ? request.method != "POST" : !need("GET"))
     return answer(json_error(405, by_model ? "use POST" : "use GET or HEAD", "invalid_request_error"));
-  std::string model;
-  std::string session;
+  Routing routing;
+  std::string& model = routing.model;
+  std::string& session = routing.session;
   if (auto h = request.header(options_.session_header); h && !options_.session_header.empty())
     session = std::string(h->substr(0, 256));
   bool stream = false;
@@ -209,6 +227,14 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
         session = it->get<std::string>().substr(0, 256);
       if (route == "/v1/completions" || route == "/v1/chat/completions") {
         stream = body.value("stream", false) == true && !body.contains("basalt_resume");
+        if (options_.policy == Policy::kCacheAware) {
+          const auto salt = body.find("cache_salt");
+          const std::string scope =
+              model + '\x1f' + (salt != body.end() && salt->is_string() ? salt->get<std::string>() : "");
+          const auto prompt = body.find(route == "/v1/completions" ? "prompt" : "messages");
+          if (prompt != body.end())
+            routing.blocks = prefixes_.blocks(scope, prompt->is_string() ? prompt->get<std::string>() : prompt->dump());
+        }
         if (!body.contains("seed") || body["seed"].is_null()) {
           body["seed"] = random_seed();
           request.body = body.dump();
@@ -226,11 +252,11 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
     if (!known)
       return answer(json_error(404, "the model '" + model + "' is not served here", "invalid_request_error", "model"));
   }
-  return forward(request, route, model, session, stream);
+  return forward(request, route, std::move(routing), stream);
 }
 
-HandlerResult RouteServer::forward(HttpRequest& request, const std::string& route, const std::string& model,
-                                   const std::string& session, bool stream) {
+HandlerResult RouteServer::forward(HttpRequest& request, const std::string& route, Routing routing, bool stream) {
+  const std::string model = routing.model;
   ProxyRequest p;
   p.max_attempts = options_.max_attempts;
   p.failover.enabled = stream;
@@ -251,7 +277,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     if (auto v = request.header(name); v && v->size() <= 512) p.upstream.headers.emplace_back(name, std::string(*v));
   if (!options_.upstream_api_key.empty())
     p.upstream.headers.emplace_back("Authorization", "Bearer " + options_.upstream_api_key);
-  p.pick = [this, model, session](const std::vector<std::string>& tried) { return pick(model, session, tried); };
+  p.pick = [this, routing = std::move(routing)](const std::vector<std::string>& tried) { return pick(routing, tried); };
   std::shared_ptr<Shared> shared = shared_;
   p.observe.attempt = [shared](const Replica& replica, AttemptOutcome outcome) {
     report(replica, outcome);

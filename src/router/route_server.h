@@ -7,7 +7,10 @@
 //    go to a replica that serves the body's `model` (a replica with a
 //    `model` label serves that model only; one without serves any), GET
 //    /v1/models, /v1/models/{id} and /version to any replica; the choice is
-//    options.policy's (router/policy.h; round-robin per model by default)
+//    options.policy's (router/policy.h; cache-aware by default, from a
+//    PrefixIndex of where this gateway sent each prompt's blocks: the
+//    completion's prompt, the chat's messages, scoped by model and
+//    cache_salt)
 //    over the replicas not draining, healthy (their
 //    /ready probes) and whose circuit breaker lets a request through
 //    (router/circuit_breaker.h: each attempt's end is reported to it; a
@@ -39,6 +42,7 @@
 
 #include "router/health.h"
 #include "router/policy.h"
+#include "router/prefix_index.h"
 #include "router/proxy.h"
 #include "router/replica_registry.h"
 #include "server/http_server.h"
@@ -46,7 +50,8 @@
 namespace basalt::router {
 
 struct RouteServerOptions {
-  Policy policy = Policy::kRoundRobin;
+  Policy policy = Policy::kCacheAware;
+  PrefixIndex::Options prefix;
   // The session policy's key: this header, else the body's `user`.
   std::string session_header = "x-session-id";
   std::vector<std::string> api_keys;
@@ -76,15 +81,20 @@ class RouteServer {
   struct Shared;
 
  private:
-  std::shared_ptr<const Replica> pick(const std::string& model, const std::string& session,
-                                      const std::vector<std::string>& tried);
-  HandlerResult forward(HttpRequest& request, const std::string& route, const std::string& model,
-                        const std::string& session, bool stream);
+  // What a request is routed by.
+  struct Routing {
+    std::string model;
+    std::string session;
+    std::vector<uint64_t> blocks;  // cache-aware: the prompt's PrefixIndex blocks
+  };
+  std::shared_ptr<const Replica> pick(const Routing& routing, const std::vector<std::string>& tried);
+  HandlerResult forward(HttpRequest& request, const std::string& route, Routing routing, bool stream);
 
   ReplicaRegistry& registry_;
   RouteServerOptions options_;
   ReplicaClients clients_;
   std::shared_ptr<Shared> shared_;
+  PrefixIndex prefixes_;
   std::unique_ptr<HealthChecker> health_;
 };
 
