@@ -29,6 +29,7 @@
 #include "core/log.h"
 #include "router/replica_registry.h"
 #include "router/route_server.h"
+#include "router/tenants.h"
 #include "server/http_server.h"
 
 namespace basalt {
@@ -40,6 +41,7 @@ struct RouteFlags {
   std::string session_header = "x-session-id";
   std::vector<std::string> replicas;
   std::string replica_file;
+  std::string tenants_file;
   std::string upstream_api_key;
   int max_attempts = 3;
   int max_failovers = 2;
@@ -64,6 +66,14 @@ std::vector<router::ReplicaSpec> read_replicas(const RouteFlags& f) {
   }
   BASALT_CHECK(!specs.empty(), "no replicas: give --replica URL or --replica-file FILE");
   return specs;
+}
+
+std::vector<router::Tenant> read_tenants(const std::string& path) {
+  std::ifstream in(path);
+  BASALT_CHECK(in.good(), "--tenants-file {}: cannot read it", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return router::parse_tenants(text.str(), path);
 }
 
 void log_replicas(const router::ReplicaRegistry& registry) {
@@ -105,7 +115,10 @@ void run_route(const RouteFlags& f) {
   std::vector<std::thread> client_threads;
   for (int i = 0; i < f.client_threads; ++i) client_threads.emplace_back([&client_io] { client_io.run(); });
 
+  router::TenantBook tenants;
+  if (!f.tenants_file.empty()) tenants.set(read_tenants(f.tenants_file));
   router::RouteServerOptions options;
+  options.tenants = &tenants;
   options.policy = router::parse_policy(f.policy);
   options.session_header = f.session_header;
   for (char& c : options.session_header) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -140,6 +153,14 @@ void run_route(const RouteFlags& f) {
       log_replicas(registry);
     } catch (const Error& e) {
       LogLine("replicas", LogLevel::kWarning).add("reload", "refused").add("error", e.what()).emit();
+    }
+    if (!f.tenants_file.empty()) {
+      try {
+        tenants.set(read_tenants(f.tenants_file));
+        LogLine("tenants").add("count", static_cast<int64_t>(tenants.running().size())).emit();
+      } catch (const Error& e) {
+        LogLine("tenants", LogLevel::kWarning).add("reload", "refused").add("error", e.what()).emit();
+      }
     }
   }
   server.stop_accepting();
@@ -176,6 +197,10 @@ void add_route_command(CLI::App& app) {
                   "on its replica: --session-header, else the body's user) (default cache-aware)");
   cmd->add_option("--session-header", f.session_header,
                   "The header that names a request's session for --policy session (default X-Session-Id)");
+  cmd->add_option("--tenants-file", f.tenants_file,
+                  "Tenants (JSON: keys, class, limits, share_cache; docs/ROUTER.md): their keys are accepted, their "
+                  "requests rate- and concurrency-limited (429 with Retry-After) and kept in their own cache "
+                  "namespace; re-read on SIGHUP");
   cmd->add_option("--upstream-api-key", f.upstream_api_key,
                   "Send this API key to the replicas (the clients' keys are never forwarded)");
   cmd->add_option("--max-attempts", f.max_attempts,

@@ -451,13 +451,25 @@ void ProxyProducer::pull(Output& out) {
 }
 
 void ProxyProducer::abort() {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  State& s = *state_;
-  if (s.aborted || (s.done && s.head_sent && s.pending.empty())) return;
-  s.aborted = true;
-  s.wake = nullptr;
-  s.exchange.cancel();
-  if (s.stall_timer) s.stall_timer->cancel();
+  std::function<void(int, const std::vector<std::string>&)> finished;
+  std::vector<std::string> tried;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    State& s = *state_;
+    if (s.aborted || (s.done && s.head_sent && s.pending.empty() && s.finished_reported)) return;
+    s.aborted = true;
+    s.wake = nullptr;
+    s.exchange.cancel();
+    if (s.stall_timer) s.stall_timer->cancel();
+    if (!s.finished_reported) {
+      // The client went before its answer was out: the request ends here,
+      // as nginx's 499 names it.
+      s.finished_reported = true;
+      finished = s.request.observe.finished;
+      tried = s.tried;
+    }
+  }
+  if (finished) finished(499, tried);
 }
 
 }  // namespace basalt::router

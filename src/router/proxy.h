@@ -83,7 +83,8 @@ struct ProxyObserver {
   // broke before [DONE]), "stall" or "cut" (cut_by_server).
   std::function<void(const ReplicaSpec& replica, const char* reason)> failover;
   // The status the client got (a stream cut after its head counts as its
-  // 200), and the replicas tried, in order (canonical ids).
+  // 200; a client gone before its answer was out, 499), and the replicas
+  // tried, in order (canonical ids). Exactly once per request.
   std::function<void(int status, const std::vector<std::string>& tried)> finished;
 };
 

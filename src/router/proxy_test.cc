@@ -162,6 +162,9 @@ class Gateway : public ::testing::Test {
     return *reply;
   }
   std::string metrics() { return call("GET", "/metrics").body; }
+  std::string metrics_as(const std::string& key) {
+    return call("GET", "/metrics", {}, {{"Authorization", "Bearer " + key}}).body;
+  }
 
   bool health_checks_ = false;  // the probes would count as requests the fakes got
   boost::asio::io_context io_;
@@ -378,12 +381,15 @@ TEST_F(Gateway, AClientThatGoesAwayCancelsItsReplicaRequest) {
   h.cancel();
   while (a.aborts.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(a.aborts.load(), 1);
-  // And its attempt no longer counts as in flight.
+  // And its attempt no longer counts as in flight, nor the request.
   const std::string needle =
       R"(basalt_route_replica_in_flight{replica=")" + canonical_url(parse_base_url(a.url())) + "\"} 0";
   while (metrics().find(needle) == std::string::npos && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(5ms);
-  EXPECT_NE(metrics().find(needle), std::string::npos);
+  const std::string m = metrics();
+  EXPECT_NE(m.find(needle), std::string::npos) << m;
+  EXPECT_NE(m.find("basalt_route_requests_in_flight 0"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_requests_total{route="/v1/completions",status="499"} 1)"), std::string::npos) << m;
 }
 
 }  // namespace
@@ -597,6 +603,49 @@ TEST_F(Gateway, CacheAwareSendsASharedPrefixWhereItWentBefore) {
   std::set<std::string> salted_seen;
   for (int i = 0; i < 4; ++i) salted_seen.insert(call("POST", "/v1/completions", salted).body);
   EXPECT_EQ(salted_seen.size(), 1u);  // its own prefix now, kept together too
+}
+
+}  // namespace
+}  // namespace basalt::router
+
+namespace basalt::router {
+namespace {
+
+TEST_F(Gateway, TenantsAreKnownByKeyLimitedAndNamespaced) {
+  FakeReplica& a = replica([](HttpRequest&) { return whole(200, R"({"ok":true})"); });
+  TenantBook book;
+  book.set(parse_tenants(R"({"classes": {"gold": {"priority": 3}},
+                             "tenants": {"acme": {"keys": ["sk-acme"], "class": "gold",
+                                                  "limits": {"rps": 1, "burst": 2}},
+                                         "open": {"keys": ["sk-open"], "share_cache": true}}})",
+                         "test"));
+  RouteServerOptions options;
+  options.tenants = &book;
+  start_gateway({a.url()}, options);
+  const auto as = [](const char* key) {
+    return std::vector<std::pair<std::string, std::string>>{{"Authorization", std::string("Bearer ") + key}};
+  };
+  const std::string body = R"({"model":"m","prompt":"x","cache_salt":"mine"})";
+  EXPECT_EQ(call("POST", "/v1/completions", body, as("sk-acme")).head->status, 200);
+  // The replica got the tenant's namespace around the client's salt, and its class's priority.
+  const nlohmann::json sent = nlohmann::json::parse(a.got.back().body);
+  EXPECT_EQ(sent["cache_salt"], "t:acme/mine");
+  EXPECT_EQ(sent["priority"], 3);
+  // Burst 2: the second passes, the third is 429 with Retry-After.
+  EXPECT_EQ(call("POST", "/v1/completions", body, as("sk-acme")).head->status, 200);
+  const Reply limited = call("POST", "/v1/completions", body, as("sk-acme"));
+  EXPECT_EQ(limited.head->status, 429);
+  EXPECT_EQ(limited.head->header("retry-after").value_or(""), "1");
+  EXPECT_NE(limited.body.find("rate limit"), std::string::npos);
+  // A sharing tenant keeps the client's salt; an unknown key is 401.
+  EXPECT_EQ(call("POST", "/v1/completions", body, as("sk-open")).head->status, 200);
+  EXPECT_EQ(nlohmann::json::parse(a.got.back().body)["cache_salt"], "mine");
+  EXPECT_EQ(call("POST", "/v1/completions", body, as("sk-nobody")).head->status, 401);
+  EXPECT_EQ(call("POST", "/v1/completions", body).head->status, 401);
+  const std::string m = metrics_as("sk-open");
+  EXPECT_NE(m.find(R"(basalt_route_rejections_total{tenant="acme",reason="rate"} 1)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_tenant_requests_total{tenant="acme",status="200"} 2)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_tenant_running{tenant="acme"} 0)"), std::string::npos) << m;
 }
 
 }  // namespace

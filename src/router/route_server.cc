@@ -69,6 +69,8 @@ struct RouteServer::Shared {
   std::map<std::pair<std::string, std::string>, int64_t> attempts;       // (replica, outcome)
   std::map<std::string, uint64_t> round_robin;                             // per model
   std::map<std::pair<std::string, std::string>, int64_t> failovers;       // (replica that failed, reason)
+  std::map<std::pair<std::string, int>, int64_t> tenant_requests;         // (tenant, status), forwarded
+  std::map<std::pair<std::string, std::string>, int64_t> rejections;      // (tenant, reason)
   std::atomic<int64_t> in_flight{0};
 
   void count_request(const std::string& route, int status) {
@@ -197,7 +199,15 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
     r.body = any ? R"({"status":"ready"})" : error_body(503, "no listed replica is healthy", "server_error");
     return answer(std::move(r));
   }
-  if (!bearer_authorized(request, options_.api_keys)) {
+  // The tenant, when the key is one of the tenants file's.
+  std::optional<Tenant> tenant;
+  TenantBook* book = options_.tenants != nullptr && !options_.tenants->empty() ? options_.tenants : nullptr;
+  if (book != nullptr) {
+    if (const auto h = request.header("authorization"); h && h->substr(0, 7) == "Bearer ")
+      tenant = book->find(h->substr(7));
+  }
+  if (!tenant && (book != nullptr || !options_.api_keys.empty()) &&
+      (options_.api_keys.empty() || !bearer_authorized(request, options_.api_keys))) {
     HttpResponse r = json_error(401, "a valid API key is required ('Authorization: Bearer KEY')", "invalid_request_error");
     r.headers.emplace_back("WWW-Authenticate", "Bearer");
     return answer(std::move(r));
@@ -214,6 +224,7 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
   if (by_model ? request.method != "POST" : !need("GET"))
     return answer(json_error(405, by_model ? "use POST" : "use GET or HEAD", "invalid_request_error"));
   Routing routing;
+  if (tenant) routing.tenant = tenant->name;
   std::string& model = routing.model;
   std::string& session = routing.session;
   if (auto h = request.header(options_.session_header); h && !options_.session_header.empty())
@@ -227,6 +238,18 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
         session = it->get<std::string>().substr(0, 256);
       if (route == "/v1/completions" || route == "/v1/chat/completions") {
         stream = body.value("stream", false) == true && !body.contains("basalt_resume");
+        bool changed = false;
+        if (tenant) {
+          // The tenant's namespace in the replicas' caches, and its class's
+          // priority (the replica's scheduler then agrees with the gateway).
+          if (!tenant->share_cache) {
+            const auto salt = body.find("cache_salt");
+            body["cache_salt"] =
+                TenantBook::cache_salt(*tenant, salt != body.end() && salt->is_string() ? salt->get<std::string>() : "");
+          }
+          body["priority"] = tenant->priority;
+          changed = true;
+        }
         if (options_.policy == Policy::kCacheAware) {
           const auto salt = body.find("cache_salt");
           const std::string scope =
@@ -237,8 +260,9 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
         }
         if (!body.contains("seed") || body["seed"].is_null()) {
           body["seed"] = random_seed();
-          request.body = body.dump();
+          changed = true;
         }
+        if (changed) request.body = body.dump();
       }
     } catch (const ApiError& e) {
       HttpResponse r;
@@ -252,11 +276,27 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
     if (!known)
       return answer(json_error(404, "the model '" + model + "' is not served here", "invalid_request_error", "model"));
   }
+  if (tenant) {
+    const TenantBook::Admission a = book->admit(tenant->name, Clock::now());
+    if (!a.admitted) {
+      {
+        std::lock_guard<std::mutex> lock(shared_->mu);
+        ++shared_->rejections[{tenant->name, a.reason}];
+      }
+      HttpResponse r = json_error(429,
+                                  a.reason == "rate" ? "this API key's request rate limit is reached"
+                                                     : "this API key has as many requests running as it may",
+                                  "rate_limit_error");
+      r.headers.emplace_back("Retry-After", std::to_string(a.retry_after_s));
+      return answer(std::move(r));
+    }
+  }
   return forward(request, route, std::move(routing), stream);
 }
 
 HandlerResult RouteServer::forward(HttpRequest& request, const std::string& route, Routing routing, bool stream) {
   const std::string model = routing.model;
+  const std::string tenant = routing.tenant;  // routing itself moves into pick below
   ProxyRequest p;
   p.max_attempts = options_.max_attempts;
   p.failover.enabled = stream;
@@ -288,10 +328,16 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     ++shared->failovers[{replica.id, reason}];
   };
   shared->in_flight.fetch_add(1);
-  p.observe.finished = [shared, route, remote = request.remote, method = request.method, model,
+  TenantBook* book = !tenant.empty() ? options_.tenants : nullptr;
+  p.observe.finished = [shared, route, remote = request.remote, method = request.method, model, book, tenant,
                         start = Clock::now()](int status, const std::vector<std::string>& tried) {
     shared->in_flight.fetch_sub(1);
+    if (book != nullptr) book->release(tenant);
     shared->count_request(route, status);
+    if (!tenant.empty()) {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      ++shared->tenant_requests[{tenant, status}];
+    }
     if (!shared->log_requests) return;
     std::string replicas;
     for (const std::string& id : tried) replicas += (replicas.empty() ? "" : ",") + id;
@@ -300,6 +346,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
         .add("method", method)
         .add("path", route)
         .add("model", model)
+        .add("tenant", tenant)
         .add("status", status)
         .add("attempts", static_cast<int64_t>(tried.size()))
         .add("replicas", replicas)
@@ -332,6 +379,19 @@ std::string RouteServer::metrics_text() const {
   for (const auto& [key, n] : shared_->attempts)
     out.sample("basalt_route_replica_attempts_total", static_cast<double>(n),
                {{"replica", key.first}, {"outcome", key.second}});
+  out.family("basalt_route_tenant_requests_total", "counter", "Forwarded requests by tenant and status");
+  for (const auto& [key, n] : shared_->tenant_requests)
+    out.sample("basalt_route_tenant_requests_total", static_cast<double>(n),
+               {{"tenant", key.first}, {"status", std::to_string(key.second)}});
+  out.family("basalt_route_rejections_total", "counter",
+             "Requests answered 429 at the gateway, by tenant and reason (rate, concurrency)");
+  for (const auto& [key, n] : shared_->rejections)
+    out.sample("basalt_route_rejections_total", static_cast<double>(n), {{"tenant", key.first}, {"reason", key.second}});
+  if (options_.tenants != nullptr) {
+    out.family("basalt_route_tenant_running", "gauge", "A tenant's requests being forwarded now");
+    for (const auto& [name, n] : options_.tenants->running())
+      out.sample("basalt_route_tenant_running", static_cast<double>(n), {{"tenant", name}});
+  }
   out.family("basalt_route_failovers_total", "counter",
              "Streams resumed on another replica, by the replica that failed them and why (eof, stall, cut)");
   for (const auto& [key, n] : shared_->failovers)

@@ -20,8 +20,12 @@
 //  * /health answers 200 while the gateway runs; /ready 200 while some
 //    replica is listed, not draining and healthy, else 503; /metrics the gateway's
 //    own counters (Prometheus text).
-//  * API keys (options.api_keys) are checked as `basalt serve` checks them
-//    (server/http_auth.h), before anything is forwarded; the client's
+//  * API keys (options.api_keys, and the tenants' keys) are checked as
+//    `basalt serve` checks them (server/http_auth.h), before anything is
+//    forwarded. A tenant's request over its limits is answered 429 with
+//    Retry-After and the reason; its completions and chats get the
+//    tenant's cache_salt namespace (unless it shares its cache) and its
+//    class's `priority`. The client's
 //    Authorization header is never forwarded: replicas get
 //    options.upstream_api_key, if set. X-Request-Id (when valid),
 //    traceparent and tracestate are forwarded.
@@ -45,6 +49,7 @@
 #include "router/prefix_index.h"
 #include "router/proxy.h"
 #include "router/replica_registry.h"
+#include "router/tenants.h"
 #include "server/http_server.h"
 
 namespace basalt::router {
@@ -55,6 +60,10 @@ struct RouteServerOptions {
   // The session policy's key: this header, else the body's `user`.
   std::string session_header = "x-session-id";
   std::vector<std::string> api_keys;
+  // Tenants (router/tenants.h), when not null and not empty: their keys
+  // are accepted too, and their requests limited, namespaced and given
+  // their class's priority. The caller owns it (it reloads it).
+  TenantBook* tenants = nullptr;
   std::string upstream_api_key;
   int max_attempts = 3;
   // Streamed completions and chats fail over mid-stream (router/proxy.h).
@@ -84,6 +93,7 @@ class RouteServer {
   // What a request is routed by.
   struct Routing {
     std::string model;
+    std::string tenant;  // empty: none
     std::string session;
     std::vector<uint64_t> blocks;  // cache-aware: the prompt's PrefixIndex blocks
   };

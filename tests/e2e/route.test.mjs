@@ -119,6 +119,37 @@ test('SIGHUP re-reads the replica file', async () => {
   }
 });
 
+test('tenants: keys, 429 past a rate, and a cache namespace each', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'basalt-tenants-'));
+  const file = join(dir, 'tenants.json');
+  writeFileSync(file, JSON.stringify({ tenants: {
+    a: { keys: ['sk-a'], limits: { rps: 0.5, burst: 3 } },
+    b: { keys: ['sk-b'] } } }));
+  const gw = await startGateway(['--replica', replicas[0].baseURL, '--tenants-file', file, '--no-request-log']);
+  try {
+    const prompt = 'A long shared system prompt for tenants. '.repeat(12);
+    const body = { model: 'basalt-mini', prompt, max_tokens: 1 };
+    const a = openai(gw.baseURL, 'sk-a');
+    const b = openai(gw.baseURL, 'sk-b');
+    await a.completions.create(body);
+    const again = await a.completions.create(body);
+    assert.ok(again.usage.prompt_tokens_details?.cached_tokens > 0, JSON.stringify(again.usage));
+    // The same prompt from another tenant finds nothing of a's in the cache.
+    const other = await b.completions.create(body);
+    assert.equal(other.usage.prompt_tokens_details?.cached_tokens ?? 0, 0, JSON.stringify(other.usage));
+    // a's bucket (3) is spent: 429 with Retry-After.
+    await a.completions.create(body);
+    const r = await fetch(`${gw.baseURL}/v1/completions`, { method: 'POST', body: JSON.stringify(body),
+      headers: { 'Content-Type': 'application/json', Authorization: 'Bearer sk-a' } });
+    assert.equal(r.status, 429);
+    assert.ok(Number(r.headers.get('retry-after')) >= 1);
+    await assert.rejects(openai(gw.baseURL, 'sk-nobody').completions.create(body), (e) => e.status === 401);
+  } finally {
+    const { code } = await gw.stop();
+    assert.equal(code, 0, gw.log());
+  }
+});
+
 test('40 streams survive a replica SIGKILLed and another SIGSTOPped mid-stream, text for text', async () => {
   const fleet = await Promise.all([0, 1, 2, 3].map(() => startServer(['--threads', '1', '--no-request-log'])));
   const gw = await startGateway([...fleet.flatMap((r) => ['--replica', r.baseURL]), '--stall-timeout', '1',

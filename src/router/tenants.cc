@@ -1,0 +1,175 @@
+#include "router/tenants.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cctype>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "server/http_auth.h"
+
+namespace basalt::router {
+namespace {
+
+using json = nlohmann::json;
+
+// Checks that `object` (at `path`) has only `allowed` fields.
+void only(const json& object, std::initializer_list<const char*> allowed, std::string_view file,
+          const std::string& path) {
+  BASALT_CHECK(object.is_object(), "{}: {} must be an object", file, path);
+  for (const auto& [key, value] : object.items()) {
+    const bool known = std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; });
+    BASALT_CHECK(known, "{}: {}.{} is not a known field", file, path, key);
+  }
+}
+
+double positive_number(const json& v, std::string_view file, const std::string& path) {
+  BASALT_CHECK(v.is_number() && v.get<double>() > 0 && std::isfinite(v.get<double>()),
+               "{}: {} must be a positive number", file, path);
+  return v.get<double>();
+}
+
+}  // namespace
+
+std::vector<Tenant> parse_tenants(std::string_view text, std::string_view name) {
+  const json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  BASALT_CHECK(!doc.is_discarded(), "{}: not JSON", name);
+  only(doc, {"classes", "tenants"}, name, "the file");
+  std::map<std::string, int> priorities = {{"default", 0}};
+  if (const auto c = doc.find("classes"); c != doc.end()) {
+    BASALT_CHECK(c->is_object(), "{}: classes must be an object", name);
+    for (const auto& [class_name, spec] : c->items()) {
+      const std::string path = "classes." + class_name;
+      only(spec, {"priority"}, name, path);
+      int priority = 0;
+      if (const auto p = spec.find("priority"); p != spec.end()) {
+        BASALT_CHECK(p->is_number_integer() && p->get<int64_t>() >= -100 && p->get<int64_t>() <= 100,
+                     "{}: {}.priority must be an integer in [-100, 100]", name, path);
+        priority = p->get<int>();
+      }
+      priorities[class_name] = priority;
+    }
+  }
+  BASALT_CHECK(doc.contains("tenants") && doc["tenants"].is_object() && !doc["tenants"].empty(),
+               "{}: `tenants` must be an object with at least one tenant", name);
+  std::vector<Tenant> out;
+  std::set<std::string> keys;
+  for (const auto& [tenant_name, spec] : doc["tenants"].items()) {
+    const std::string path = "tenants." + tenant_name;
+    BASALT_CHECK(!tenant_name.empty() && tenant_name.size() <= 64 &&
+                     std::all_of(tenant_name.begin(), tenant_name.end(),
+                                 [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.'; }),
+                 "{}: tenant names are 1-64 letters, digits, '-', '_' or '.' ({})", name, path);
+    only(spec, {"keys", "class", "limits", "share_cache"}, name, path);
+    Tenant t;
+    t.name = tenant_name;
+    const auto k = spec.find("keys");
+    BASALT_CHECK(k != spec.end() && k->is_array() && !k->empty(), "{}: {}.keys must be a list of API keys", name,
+                 path);
+    for (const json& key : *k) {
+      BASALT_CHECK(key.is_string() && !key.get<std::string>().empty() && key.get<std::string>().size() <= 256,
+                   "{}: {}.keys holds something that is not a key (1-256 characters)", name, path);
+      BASALT_CHECK(keys.insert(key.get<std::string>()).second, "{}: {}.keys: a key is given twice in the file", name,
+                   path);
+      t.keys.push_back(key.get<std::string>());
+    }
+    t.class_name = "default";
+    if (const auto c = spec.find("class"); c != spec.end()) {
+      BASALT_CHECK(c->is_string() && priorities.count(c->get<std::string>()),
+                   "{}: {}.class must name a class of `classes`", name, path);
+      t.class_name = c->get<std::string>();
+    }
+    t.priority = priorities[t.class_name];
+    if (const auto l = spec.find("limits"); l != spec.end()) {
+      only(*l, {"rps", "burst", "max_concurrency"}, name, path + ".limits");
+      if (l->contains("rps")) t.limits.rps = positive_number((*l)["rps"], name, path + ".limits.rps");
+      if (l->contains("burst")) {
+        BASALT_CHECK(l->contains("rps"), "{}: {}.limits.burst needs rps", name, path);
+        t.limits.burst = positive_number((*l)["burst"], name, path + ".limits.burst");
+      }
+      if (t.limits.rps > 0 && t.limits.burst == 0) t.limits.burst = std::max(1.0, t.limits.rps);
+      if (l->contains("max_concurrency")) {
+        const json& m = (*l)["max_concurrency"];
+        BASALT_CHECK(m.is_number_integer() && m.get<int64_t>() > 0, "{}: {}.limits.max_concurrency must be a "
+                     "positive integer", name, path);
+        t.limits.max_concurrency = m.get<int64_t>();
+      }
+    }
+    if (const auto s = spec.find("share_cache"); s != spec.end()) {
+      BASALT_CHECK(s->is_boolean(), "{}: {}.share_cache must be true or false", name, path);
+      t.share_cache = s->get<bool>();
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void TenantBook::set(std::vector<Tenant> tenants) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tenants_ = std::move(tenants);
+  for (const Tenant& t : tenants_) counters_.try_emplace(t.name);
+}
+
+bool TenantBook::empty() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tenants_.empty();
+}
+
+std::optional<Tenant> TenantBook::find(std::string_view key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Every key is compared, each in constant time: how long this takes
+  // says nothing about which key came close.
+  const Tenant* found = nullptr;
+  for (const Tenant& t : tenants_)
+    for (const std::string& k : t.keys)
+      if (constant_time_equal(key, k) && found == nullptr) found = &t;
+  if (found == nullptr) return std::nullopt;
+  return *found;
+}
+
+TenantBook::Admission TenantBook::admit(const std::string& tenant, Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto t = std::find_if(tenants_.begin(), tenants_.end(), [&](const Tenant& x) { return x.name == tenant; });
+  if (t == tenants_.end()) return {true, {}, 0};  // removed by a reload meanwhile: no limits left
+  Counters& c = counters_[tenant];
+  const TenantLimits& l = t->limits;
+  if (l.max_concurrency > 0 && c.running >= l.max_concurrency) return {false, "concurrency", 1};
+  if (l.rps > 0) {
+    if (c.tokens < 0) {
+      c.tokens = l.burst;
+    } else {
+      c.tokens = std::min(l.burst, c.tokens + std::chrono::duration<double>(now - c.refilled).count() * l.rps);
+    }
+    c.refilled = now;
+    if (c.tokens < 1) {
+      const int wait = static_cast<int>(std::ceil((1 - c.tokens) / l.rps));
+      return {false, "rate", std::clamp(wait, 1, 60)};
+    }
+    c.tokens -= 1;
+  }
+  ++c.running;
+  return {true, {}, 0};
+}
+
+void TenantBook::release(const std::string& tenant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = counters_.find(tenant);
+  if (it != counters_.end() && it->second.running > 0) --it->second.running;
+}
+
+std::string TenantBook::cache_salt(const Tenant& tenant, std::string_view client_salt) {
+  std::string salt = "t:" + tenant.name;
+  if (!client_salt.empty()) salt += "/" + std::string(client_salt);
+  return salt;
+}
+
+std::map<std::string, int64_t> TenantBook::running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, int64_t> out;
+  for (const Tenant& t : tenants_) out[t.name] = counters_.at(t.name).running;
+  return out;
+}
+
+}  // namespace basalt::router
