@@ -110,6 +110,10 @@ class Gateway : public ::testing::Test {
     io_.stop();
     thread_.join();
   }
+  // A replica that answers {"from":"NAME"}.
+  FakeReplica& named(const std::string& name) {
+    return replica([body = R"({"from":")" + name + "\"}"](HttpRequest&) { return whole(200, body); });
+  }
   FakeReplica& replica(std::function<HandlerResult(HttpRequest&)> answer) {
     replicas_.push_back(std::make_unique<FakeReplica>());
     replicas_.back()->answer = std::move(answer);
@@ -221,9 +225,9 @@ TEST_F(Gateway, PassesAWholeAnswerOnWithItsStatusAndHeaders) {
 }
 
 TEST_F(Gateway, SpreadsRequestsRoundRobinAndRoutesByModel) {
-  FakeReplica& a = replica([](HttpRequest&) { return whole(200, R"({"from":"a"})"); });
-  FakeReplica& b = replica([](HttpRequest&) { return whole(200, R"({"from":"b"})"); });
-  FakeReplica& c = replica([](HttpRequest&) { return whole(200, R"({"from":"c"})"); });
+  FakeReplica& a = named("a");
+  FakeReplica& b = named("b");
+  FakeReplica& c = named("c");
   RouteServerOptions options;
   options.policy = Policy::kRoundRobin;
   start_gateway({a.url(), b.url(), c.url() + " model=other"}, options);
@@ -392,11 +396,6 @@ TEST_F(Gateway, AClientThatGoesAwayCancelsItsReplicaRequest) {
   EXPECT_NE(m.find(R"(basalt_route_requests_total{route="/v1/completions",status="499"} 1)"), std::string::npos) << m;
 }
 
-}  // namespace
-}  // namespace basalt::router
-
-namespace basalt::router {
-namespace {
 
 // Mid-stream failover: replica `a` writes two choices' worth of events with
 // their resume comments, the last one cut short; replica `b` continues from
@@ -528,11 +527,6 @@ TEST_F(Failover, EndsWithAnErrorEventWhenNoFailoverIsLeft) {
   EXPECT_TRUE(r.body.ends_with("data: [DONE]\n\n"));
 }
 
-}  // namespace
-}  // namespace basalt::router
-
-namespace basalt::router {
-namespace {
 
 TEST_F(Gateway, ReplicasFailingTheirProbesGetNoRequests) {
   FakeReplica& sick = replica([](HttpRequest& r) {
@@ -552,16 +546,11 @@ TEST_F(Gateway, ReplicasFailingTheirProbesGetNoRequests) {
   EXPECT_EQ(call("GET", "/ready").head->status, 200);  // one replica is healthy
 }
 
-}  // namespace
-}  // namespace basalt::router
-
-namespace basalt::router {
-namespace {
 
 TEST_F(Gateway, SessionPolicyKeepsASessionOnOneReplica) {
-  FakeReplica& a = replica([](HttpRequest&) { return whole(200, R"({"from":"a"})"); });
-  FakeReplica& b = replica([](HttpRequest&) { return whole(200, R"({"from":"b"})"); });
-  FakeReplica& c = replica([](HttpRequest&) { return whole(200, R"({"from":"c"})"); });
+  FakeReplica& a = named("a");
+  FakeReplica& b = named("b");
+  FakeReplica& c = named("c");
   RouteServerOptions options;
   options.policy = Policy::kSession;
   start_gateway({a.url(), b.url(), c.url()}, options);
@@ -576,15 +565,10 @@ TEST_F(Gateway, SessionPolicyKeepsASessionOnOneReplica) {
   }
 }
 
-}  // namespace
-}  // namespace basalt::router
-
-namespace basalt::router {
-namespace {
 
 TEST_F(Gateway, CacheAwareSendsASharedPrefixWhereItWentBefore) {
-  FakeReplica& a = replica([](HttpRequest&) { return whole(200, R"({"from":"a"})"); });
-  FakeReplica& b = replica([](HttpRequest&) { return whole(200, R"({"from":"b"})"); });
+  FakeReplica& a = named("a");
+  FakeReplica& b = named("b");
   start_gateway({a.url(), b.url()});  // cache-aware is the default
   const std::string system(1000, 's');
   const auto body = [&](const std::string& prefix, int i) {
@@ -605,11 +589,6 @@ TEST_F(Gateway, CacheAwareSendsASharedPrefixWhereItWentBefore) {
   EXPECT_EQ(salted_seen.size(), 1u);  // its own prefix now, kept together too
 }
 
-}  // namespace
-}  // namespace basalt::router
-
-namespace basalt::router {
-namespace {
 
 TEST_F(Gateway, TenantsAreKnownByKeyLimitedAndNamespaced) {
   FakeReplica& a = replica([](HttpRequest&) { return whole(200, R"({"ok":true})"); });
