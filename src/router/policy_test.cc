@@ -14,6 +14,7 @@
 namespace basalt::router {
 namespace {
 
+// The candidates' ids are views of `ids`, which must outlive them.
 std::vector<Candidate> with_loads(const std::vector<std::string>& ids, std::vector<int64_t> loads) {
   std::vector<Candidate> c;
   for (size_t i = 0; i < ids.size(); ++i) c.push_back({ids[i], loads[i]});
@@ -69,7 +70,8 @@ TEST(Policy, SessionsStayPutAndARemovedReplicaMovesOnlyItsOwn) {
   }
   for (const auto& id : kIds) EXPECT_GT(per_replica[id], 25) << id;  // spread, about 50 each
   // Without replica b, b's sessions move and nobody else's does.
-  const auto three = with_loads({kIds[0], kIds[2], kIds[3]}, {0, 0, 0});
+  const std::vector<std::string> three_ids = {kIds[0], kIds[2], kIds[3]};  // the candidates' ids point here
+  const auto three = with_loads(three_ids, {0, 0, 0});
   for (const auto& [key, id] : home) {
     const std::string now(three[order(Policy::kSession, three, 0, 0, key)[0]].id);
     if (id != kIds[1]) {
