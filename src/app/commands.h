@@ -20,5 +20,7 @@ void add_bench_command(CLI::App& app);
 
 // Parses "1,2,3" (spaces allowed) into ids; throws basalt::Error naming the flag.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag);
+// A file's whole contents; throws basalt::Error naming the flag when it cannot be read.
+std::string read_text_file(const std::string& path, const char* flag);
 
 }  // namespace basalt

@@ -73,16 +73,6 @@ struct GenerateFlags {
   std::vector<std::string> choices;
 };
 
-std::string read_text_file(const std::string& path, const char* flag) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  BASALT_CHECK(file != nullptr, "{}: cannot open '{}'", flag, path);
-  std::string content;
-  char buffer[1 << 16];
-  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, file)) > 0;) content.append(buffer, n);
-  std::fclose(file);
-  return content;
-}
-
 // The --json-schema / --json-object / --regex / --grammar / --choice flag
 // given, if any.
 std::optional<StructuredOutputSpec> structured_from_flags(const GenerateFlags& f) {

@@ -1,3 +1,4 @@
+#include <cstdio>
 #include <charconv>
 
 #include "app/commands.h"
@@ -29,6 +30,16 @@ std::vector<int32_t> parse_id_list(const std::string& text, const std::string& f
     ++i;
   }
   return ids;
+}
+
+std::string read_text_file(const std::string& path, const char* flag) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  BASALT_CHECK(file != nullptr, "{}: cannot open '{}'", flag, path);
+  std::string content;
+  char buffer[1 << 16];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, file)) > 0;) content.append(buffer, n);
+  std::fclose(file);
+  return content;
 }
 
 }  // namespace basalt

@@ -16,9 +16,7 @@
 #include <chrono>
 #include <csignal>
 #include <fmt/format.h>
-#include <fstream>
 #include <pthread.h>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,24 +54,16 @@ struct RouteFlags {
 std::vector<router::ReplicaSpec> read_replicas(const RouteFlags& f) {
   std::vector<router::ReplicaSpec> specs;
   for (const std::string& text : f.replicas) specs.push_back(router::parse_replica(text, "--replica"));
-  if (!f.replica_file.empty()) {
-    std::ifstream in(f.replica_file);
-    BASALT_CHECK(in.good(), "--replica-file {}: cannot read it", f.replica_file);
-    std::stringstream text;
-    text << in.rdbuf();
-    for (router::ReplicaSpec& spec : router::parse_replica_file(text.str(), f.replica_file))
+  if (!f.replica_file.empty())
+    for (router::ReplicaSpec& spec :
+         router::parse_replica_file(read_text_file(f.replica_file, "--replica-file"), f.replica_file))
       specs.push_back(std::move(spec));
-  }
   BASALT_CHECK(!specs.empty(), "no replicas: give --replica URL or --replica-file FILE");
   return specs;
 }
 
 std::vector<router::Tenant> read_tenants(const std::string& path) {
-  std::ifstream in(path);
-  BASALT_CHECK(in.good(), "--tenants-file {}: cannot read it", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return router::parse_tenants(text.str(), path);
+  return router::parse_tenants(read_text_file(path, "--tenants-file"), path);
 }
 
 void log_replicas(const router::ReplicaRegistry& registry) {

@@ -110,6 +110,20 @@ class Gateway : public ::testing::Test {
     io_.stop();
     thread_.join();
   }
+  // A replica that streams `events`, then ends, or holds the stream open
+  // (`forever`); its aborts count in `aborts`, else in its own counter.
+  FakeReplica& streaming(std::string events, bool forever, std::atomic<int>* aborts = nullptr) {
+    replicas_.push_back(std::make_unique<FakeReplica>());
+    FakeReplica& f = *replicas_.back();
+    std::atomic<int>& counter = aborts != nullptr ? *aborts : f.aborts;
+    f.answer = [events = std::move(events), forever, &counter](HttpRequest&) {
+      HandlerResult r;
+      r.producer = std::make_unique<EventsProducer>(events, forever, counter);
+      return r;
+    };
+    f.start();
+    return f;
+  }
   // A replica that answers {"from":"NAME"}.
   FakeReplica& named(const std::string& name) {
     return replica([body = R"({"from":")" + name + "\"}"](HttpRequest&) { return whole(200, body); });
@@ -328,11 +342,7 @@ TEST_F(Gateway, AllReplicasDownIs502) {
 
 TEST_F(Gateway, PassesAStreamOnEventByEventWithoutComments) {
   const std::string events = "data: {\"i\":1}\n\n: hb\n\ndata: {\"i\":2}\r\n\r\ndata: [DONE]\n\n";
-  FakeReplica& a = replica([&](HttpRequest&) {
-    HandlerResult r;
-    r.producer = std::make_unique<EventsProducer>(events, false, replicas_[0]->aborts);
-    return r;
-  });
+  FakeReplica& a = streaming(events, false);
   start_gateway({a.url()});
   const Reply r = call("POST", "/v1/chat/completions", R"({"model":"m","stream":true,"messages":[]})");
   ASSERT_TRUE(r.head);
@@ -343,11 +353,7 @@ TEST_F(Gateway, PassesAStreamOnEventByEventWithoutComments) {
 }
 
 TEST_F(Gateway, AStreamWhoseReplicaDiesEndsWithAnErrorEvent) {
-  FakeReplica& a = replica([&](HttpRequest&) {
-    HandlerResult r;
-    r.producer = std::make_unique<EventsProducer>("data: {\"i\":1}\n\ndata: {\"i\":2}\n\n", true, replicas_[0]->aborts);
-    return r;
-  });
+  FakeReplica& a = streaming("data: {\"i\":1}\n\ndata: {\"i\":2}\n\n", true);
   start_gateway({a.url()});
   std::thread killer([&] {
     while (a.requests() == 0) std::this_thread::sleep_for(5ms);
@@ -365,11 +371,7 @@ TEST_F(Gateway, AStreamWhoseReplicaDiesEndsWithAnErrorEvent) {
 }
 
 TEST_F(Gateway, AClientThatGoesAwayCancelsItsReplicaRequest) {
-  FakeReplica& a = replica([&](HttpRequest&) {
-    HandlerResult r;
-    r.producer = std::make_unique<EventsProducer>("data: {\"i\":1}\n\n", true, replicas_[0]->aborts);
-    return r;
-  });
+  FakeReplica& a = streaming("data: {\"i\":1}\n\n", true);
   start_gateway({a.url()});
   std::atomic<bool> got_event{false};
   OutgoingRequest req;
@@ -416,13 +418,7 @@ class Failover : public Gateway {
       "data: {\"choices\":[{\"index\":1,\"text\":\"abc\",\"finish_reason\":\"stop\"}]}\n\n"
       "data: {\"choices\":[{\"index\":0,\"text\":\" world\"}]}\n\ndata: [DONE]\n\n";
 
-  FakeReplica& continuing() {
-    return replica([this](HttpRequest&) {
-      HandlerResult r;
-      r.producer = std::make_unique<EventsProducer>(kRest, false, aborts_);
-      return r;
-    });
-  }
+  FakeReplica& continuing() { return streaming(kRest, false, &aborts_); }
   // What `b` must have been asked: the same body and seed, plus what the
   // client has of each choice.
   static void expect_resumed(const HttpRequest& got) {
@@ -444,11 +440,7 @@ class Failover : public Gateway {
 };
 
 TEST_F(Failover, AReplicaThatDiesMidStreamIsResumedElsewhere) {
-  FakeReplica& a = replica([this](HttpRequest&) {
-    HandlerResult r;
-    r.producer = std::make_unique<EventsProducer>(kFirst, true, aborts_);
-    return r;
-  });
+  FakeReplica& a = streaming(kFirst, true, &aborts_);
   FakeReplica& b = continuing();
   start_gateway({a.url(), b.url()});
   std::thread killer([&] {
@@ -473,11 +465,7 @@ TEST_F(Failover, AReplicaThatDiesMidStreamIsResumedElsewhere) {
 }
 
 TEST_F(Failover, AStalledReplicaIsResumedElsewhere) {
-  FakeReplica& a = replica([this](HttpRequest&) {
-    HandlerResult r;
-    r.producer = std::make_unique<EventsProducer>(kFirst, true, aborts_);  // then silence
-    return r;
-  });
+  FakeReplica& a = streaming(kFirst, true, &aborts_);  // then silence
   FakeReplica& b = continuing();
   RouteServerOptions options;
   options.stall_timeout = 300ms;
@@ -513,11 +501,7 @@ TEST_F(Failover, AStreamCutByItsServerIsResumedWithoutTheCut) {
 }
 
 TEST_F(Failover, EndsWithAnErrorEventWhenNoFailoverIsLeft) {
-  FakeReplica& a = replica([this](HttpRequest&) {
-    HandlerResult r;
-    r.producer = std::make_unique<EventsProducer>(kFirst, true, aborts_);
-    return r;
-  });
+  FakeReplica& a = streaming(kFirst, true, &aborts_);
   RouteServerOptions options;
   options.stall_timeout = 200ms;
   start_gateway({a.url()}, options);
