@@ -293,6 +293,21 @@ TEST(CudaElementwise, CastSoftmaxAndArgmax) {
   EXPECT_EQ(got.data<int32_t>()[1], 5);
   EXPECT_EQ(got.data<int32_t>()[2], 7);
   EXPECT_EQ(got.data<int32_t>()[3], 0);
+  // A vocabulary-sized row (aligned, four columns a load) and an odd one:
+  // the best in the last column, a tie across warps, -inf everywhere.
+  for (const int64_t cols : {int64_t{8192}, int64_t{8191}}) {
+    Tensor wide = Tensor::empty({3, cols}, DType::kF32);
+    for (int64_t i = 0; i < 3 * cols; ++i) wide.data<float>()[i] = static_cast<float>((i * 7919) % 1000) * 1e-3f;
+    wide.data<float>()[cols - 1] = 5.0f;
+    wide.data<float>()[cols + 4000] = wide.data<float>()[cols + 33] = 7.0f;
+    for (int64_t i = 2 * cols; i < 3 * cols; ++i) wide.data<float>()[i] = -INFINITY;
+    Tensor wide_out = device_poisoned({3}, DType::kI32);
+    cuda_argmax(cuda_to_device(wide), wide_out);
+    const Tensor w = cuda_to_host(wide_out);
+    EXPECT_EQ(w.data<int32_t>()[0], cols - 1) << cols;
+    EXPECT_EQ(w.data<int32_t>()[1], 33) << cols;
+    EXPECT_EQ(w.data<int32_t>()[2], 0) << cols;
+  }
 }
 
 TEST(CudaElementwise, ShapeAndPlacementErrorsThrowBeforeLaunching) {

@@ -3,6 +3,7 @@
 #include "backend/cuda/element_types.cuh"
 
 #include <algorithm>
+#include <climits>
 
 namespace basalt::cuda_kernels {
 namespace {
@@ -255,37 +256,59 @@ __global__ void softmax_kernel(const float* x, float* out, int64_t cols, bool lo
     dst[c] = log ? in[c] - m - log_sum : expf(in[c] - m) * inv;
 }
 
-// One block per row: each thread keeps its best (value, index), then the
-// block reduces; NaN never wins, ties go to the lower index.
-__global__ void argmax_kernel(const float* x, int32_t* out, int64_t cols) {
-  const float* in = x + blockIdx.x * cols;
+// argmax: one block of kArgmaxThreads per row. Each thread keeps the best
+// (value, column) of its columns, read four at a time where the row is
+// 16-byte aligned, so a row of a vocabulary's logits is two loads a thread
+// rather than a long chain of dependent ones; then each warp and the block
+// reduce the pairs. NaN never wins, ties go to the lower column, a row of
+// NaN gives 0.
+constexpr int kArgmaxThreads = 1024;
+
+__device__ __forceinline__ void keep_better(float& best, int& index, float v, int i) {
+  if (i >= 0 && (index < 0 || v > best || (v == best && i < index))) {
+    best = v;
+    index = i;
+  }
+}
+
+__device__ __forceinline__ void consider(float& best, int& index, float v, int i) {
+  if (!isnan(v)) keep_better(best, index, v, i);
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* x, int32_t* out, int cols) {
+  const float* in = x + static_cast<int64_t>(blockIdx.x) * cols;
   float best = -INFINITY;
-  int64_t index = -1;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = in[c];
-    if (!isnan(v) && (index < 0 || v > best)) {
-      best = v;
-      index = c;
+  int index = -1;
+  int tail = 0;
+  if ((reinterpret_cast<uintptr_t>(in) & 15) == 0) {
+    const int quads = cols / 4;
+    const float4* in4 = reinterpret_cast<const float4*>(in);
+    for (int q = threadIdx.x; q < quads; q += kArgmaxThreads) {
+      const float4 v = in4[q];
+      consider(best, index, v.x, 4 * q);
+      consider(best, index, v.y, 4 * q + 1);
+      consider(best, index, v.z, 4 * q + 2);
+      consider(best, index, v.w, 4 * q + 3);
     }
+    tail = quads * 4;
   }
-  __shared__ float values[kThreads];
-  __shared__ int64_t indices[kThreads];
-  values[threadIdx.x] = best;
-  indices[threadIdx.x] = index;
+  for (int c = tail + threadIdx.x; c < cols; c += kArgmaxThreads) consider(best, index, in[c], c);
+  for (int offset = 16; offset > 0; offset /= 2)
+    keep_better(best, index, __shfl_down_sync(0xffffffffu, best, offset), __shfl_down_sync(0xffffffffu, index, offset));
+  __shared__ float warp_best[kArgmaxThreads / 32];
+  __shared__ int warp_index[kArgmaxThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_best[warp] = best;
+    warp_index[warp] = index;
+  }
   __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      const float v = values[threadIdx.x + stride];
-      const int64_t i = indices[threadIdx.x + stride];
-      const int64_t j = indices[threadIdx.x];
-      if (i >= 0 && (j < 0 || v > values[threadIdx.x] || (v == values[threadIdx.x] && i < j))) {
-        values[threadIdx.x] = v;
-        indices[threadIdx.x] = i;
-      }
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[blockIdx.x] = indices[0] < 0 ? 0 : static_cast<int32_t>(indices[0]);
+  if (warp != 0) return;
+  best = warp_best[lane];
+  index = warp_index[lane];
+  for (int offset = 16; offset > 0; offset /= 2)
+    keep_better(best, index, __shfl_down_sync(0xffffffffu, best, offset), __shfl_down_sync(0xffffffffu, index, offset));
+  if (lane == 0) out[blockIdx.x] = index < 0 ? 0 : index;
 }
 
 // qkv_rope_store: one block per token, one warp per head at a time. A head is
@@ -488,7 +511,8 @@ cudaError_t softmax(const float* x, float* out, int64_t rows, int64_t cols, bool
 }
 
 cudaError_t argmax(const float* x, int32_t* out, int64_t rows, int64_t cols, cudaStream_t stream) {
-  argmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, out, cols);
+  if (cols > INT32_MAX) return cudaErrorInvalidValue;
+  argmax_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(x, out, static_cast<int>(cols));
   return cudaGetLastError();
 }
 
