@@ -14,13 +14,15 @@
 // speedup reaches.
 //
 //   basalt_bench_speculative [--tokens N] [--repeats N] [--k 2,4] [--model DIR] [--draft-model DIR]
-//                            [--eagle DIR] [--device cpu|cuda] [--eager] [--no-overlap] [--only mtp,...]
+//                            [--eagle DIR] [--device cpu|cuda] [--eager] [--no-overlap] [--only mtp,...] [--profile]
 //                            [--work copy|free]
 //
 // Overlap is on with cuda (--no-overlap turns it off), off on the CPU.
 // --only keeps the listed algorithms (plain is always run: the others are
 // measured against it); --work runs one workload. Both are there to profile
-// one mode (say under ncu) without the rest.
+// one mode (say under ncu) without the rest. --profile (cuda) adds one run
+// per mode, the first k, with the backend's op events on: GPU time per step
+// by op (a graph replay is one op) against the step's wall time.
 //
 // Workloads: "copy" asks for a passage to be written out again and starts
 // the copy (an edit of a given text: most of the output is in the prompt);
@@ -38,6 +40,9 @@
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "tokenizer/tokenizer.h"
+#ifdef BASALT_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace {
 
@@ -104,12 +109,12 @@ int main(int argc, char** argv) {
   std::string draft_dir;  // default: the bundled draft model beside the bundled model
   std::string eagle_dir;
   std::string device = "cpu";
-  bool eager = false, no_overlap = false;
+  bool eager = false, no_overlap = false, profile = false;
   std::string only, only_work;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--eager" || flag == "--no-overlap") {
-      (flag == "--eager" ? eager : no_overlap) = true;
+    if (flag == "--eager" || flag == "--no-overlap" || flag == "--profile") {
+      (flag == "--eager" ? eager : flag == "--profile" ? profile : no_overlap) = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -217,6 +222,40 @@ int main(int argc, char** argv) {
                   ideal, 100.0 * speedup / ideal);
     }
   }
+#ifdef BASALT_HAVE_CUDA
+  // Where a step's time goes on the GPU: one more run of each mode (the
+  // first workload kept, the first k) with the backend's op events on
+  // (graph replays count as one op), per step: the GPU time of each op
+  // against the step's wall time. Events cost launches, so these runs are
+  // a little slower than the table's.
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&backend); profile && cuda != nullptr) {
+    const Workload& w = only_work == "free" ? workloads[1] : workloads[0];
+    for (const char* algorithm : {"none", "ngram", "mtp", "eagle", "draft"}) {
+      if (std::string(algorithm) != "none" && !wanted(algorithm)) continue;
+      if (std::string(algorithm) == "mtp" && model->draft_head() == nullptr) continue;
+      if (std::string(algorithm) == "eagle" && !with_eagle) continue;
+      if (std::string(algorithm) == "draft" && !draft) continue;
+      const Mode mode{algorithm, std::string(algorithm) == "none" ? 0 : ks.front()};
+      Model& target = mode.algorithm == "eagle" ? *with_eagle : *model;
+      cuda->set_profiling(true);
+      const auto start = bench::Clock::now();
+      const Result x = run(target, backend, tok, w.prompt, mode, draft, tokens, overlap);
+      const double wall_us = bench::seconds_since(start) * 1e6 / static_cast<double>(x.steps);
+      const std::vector<OpTime> ops = cuda->profile();
+      cuda->set_profiling(false);
+      double gpu_ms = 0;
+      for (const OpTime& o : ops) gpu_ms += o.ms;
+      const double steps = static_cast<double>(x.steps);
+      std::printf("\nprofile, %s %s: %llu steps, wall %.1f us/step, GPU %.1f us/step (%.0f%%)\n", w.name,
+                  mode.name().c_str(), static_cast<unsigned long long>(x.steps), wall_us, gpu_ms * 1e3 / steps,
+                  100.0 * gpu_ms * 1e3 / steps / wall_us);
+      for (const OpTime& o : ops)
+        if (o.ms * 1e3 / steps >= 1.0)
+          std::printf("  %-28s %7.2f calls/step %8.1f us/step\n", o.op.c_str(), static_cast<double>(o.calls) / steps,
+                      o.ms * 1e3 / steps);
+    }
+  }
+#endif
   // Which steps replayed graphs (a head pass that runs directly costs its
   // launches; this says whether that happened).
   const auto say = [](const char* name, const Model* m) {

@@ -186,13 +186,19 @@ void CudaBackend::upload(const Tensor& src, Tensor& dst) {
 
 namespace {
 
+// A replay is one op to the profiler ("graph replay").
 class CudaGraph final : public RecordedOps {
  public:
-  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  CudaGraph(CudaBackend& backend, cudaGraphExec_t exec, cudaStream_t stream)
+      : backend_(backend), exec_(exec), stream_(stream) {}
   ~CudaGraph() override { (void)cudaGraphExecDestroy(exec_); }
-  void replay() override { BASALT_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+  void replay() override {
+    OpScope scope(backend_, "graph replay", 0);
+    BASALT_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+  }
 
  private:
+  CudaBackend& backend_;
   cudaGraphExec_t exec_;
   cudaStream_t stream_;
 };
@@ -225,7 +231,7 @@ std::unique_ptr<RecordedOps> CudaBackend::record(const std::function<void()>& op
   const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
   (void)cudaGraphDestroy(graph);
   BASALT_CUDA_CHECK(status);
-  return std::make_unique<CudaGraph>(exec, stream_);
+  return std::make_unique<CudaGraph>(*this, exec, stream_);
 }
 
 void CudaBackend::embedding_impl(const Tensor& ids, const Tensor& table, Tensor& out) {
