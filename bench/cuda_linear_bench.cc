@@ -22,6 +22,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/gemv_kernels.h"
 
 namespace {
 
@@ -70,7 +71,7 @@ int main(int argc, char** argv) {
                                {"gate_up_proj", 28672, 4096},
                                {"down_proj", 4096, 14336},
                                {"lm_head", 128256, 4096}};
-  const int64_t token_counts[] = {1, 2, 4, 8, 16, 64, 256, 4096};
+  const int64_t token_counts[] = {1, 2, 3, 4, 5, 8, 16, 64, 256, 4096};
   CublasLt blas;
   cudaEvent_t start, stop;
   BASALT_CUDA_CHECK(cudaEventCreate(&start));
@@ -110,7 +111,7 @@ int main(int argc, char** argv) {
         // out as the model uses them; every configuration (gemv_kernels.h).
         Tensor out32 = cuda_empty({m, s.n}, DType::kF32);
         for (int variant = 1; variant <= 4; ++variant) {
-          if (variant == 4 && m > 4) continue;
+          if (variant == 4 && m > cuda_kernels::kRowKernelMaxRows) continue;
           for (int w = 0; w < 3; ++w) skinny_linear(x, weights[w % copies], nullptr, out32, nullptr, variant);
           std::vector<float> skinny_times;
           for (int r = 0; r < repeats; ++r) {

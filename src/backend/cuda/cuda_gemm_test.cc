@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
 #include "testing/backend_test_util.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/gemv_kernels.h"
 #include "backend/reference_ops.h"
 #include "core/error.h"
 
@@ -111,6 +113,39 @@ TEST(CudaGemm, SkinnyLinearMatchesTheReference) {
   Tensor out = cuda_empty({17, 4}, DType::kF32);
   EXPECT_THROW(skinny_linear(cuda_empty({17, 32}, DType::kF32), cuda_empty({4, 32}, DType::kBF16), nullptr, out),
                Error);
+}
+
+// Speculative verification computes a request's last token and its drafts as
+// rows of one call where plain decoding computes one row; where a row of a
+// call is not bit for bit what a one-row call on it gives, greedy decoding
+// with drafts can part from greedy decoding without them at a near tie. The
+// warp-per-row kernel (config 4) has that property up to kRowKernelMaxRows
+// rows, and the default choice has it up to 2 rows (one draft).
+TEST(CudaGemm, SkinnyLinearRowsAreWhatOneRowCallsGive) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TestRng rng;
+  for (const bool x_f32 : {false, true})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{1000, 4096}, {33, 544}, {8192, 256}})
+      for (int64_t m = 2; m <= cuda_kernels::kRowKernelMaxRows; ++m) {
+        const Tensor x16 = testing::random_tensor(rng, {m, k}, DType::kBF16);
+        const Tensor x = x_f32 ? x16.to_f32() : x16;
+        const Tensor w = cuda_to_device(testing::random_tensor(rng, {n, k}, DType::kBF16, 0.05f));
+        for (const int config : {cuda_kernels::kGemvDefault, 4}) {
+          if (config == cuda_kernels::kGemvDefault && m > 2) continue;
+          Tensor out = cuda_empty({m, n}, DType::kF32);
+          skinny_linear(cuda_to_device(x), w, nullptr, out, nullptr, config);
+          const Tensor all = cuda_to_host(out);
+          for (int64_t r = 0; r < m; ++r) {
+            Tensor one = cuda_empty({1, n}, DType::kF32);
+            skinny_linear(cuda_to_device(x.rows(r, 1)), w, nullptr, one, nullptr);  // the default one-row call
+            const Tensor got = cuda_to_host(one);
+            EXPECT_EQ(
+                std::memcmp(got.raw(), all.data<const float>() + r * n, static_cast<size_t>(n) * sizeof(float)), 0)
+                << "row " << r << " of " << m << ", " << n << "x" << k << (x_f32 ? ", f32 x" : ", bf16 x")
+                << ", config " << config;
+          }
+        }
+      }
 }
 
 TEST(CudaGemm, MismatchesThrow) {

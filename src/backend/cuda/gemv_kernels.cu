@@ -269,7 +269,11 @@ cudaError_t launch(const void* x, const void* w, const float* bias, void* out, i
   const int mi = static_cast<int>(m);
   // Measured on the H200 (bench/README): one warp per row is fastest at 1
   // and 2 rows on every Llama-8B shape; from 3 rows on, the tensor-core
-  // kernel with 8 warps and 4 chunks in flight.
+  // kernel with 8 warps and 4 chunks in flight (the warp-per-row kernel
+  // reads x once per weight row, so it falls behind as rows are added: 4-15 %
+  // at 3 rows, up to 2x at 8). Each row of the warp-per-row kernel is what
+  // a one-row call computes; the tensor-core kernel's rows are not (it
+  // rounds f32 x to the weights' type and sums in other groups).
   if (variant == kGemvDefault) variant = m <= 2 ? 4 : 1;
   if (variant == 4 && m <= kRowKernelMaxRows) {
     const unsigned blocks = static_cast<unsigned>((n + kRowWarps - 1) / kRowWarps);
@@ -278,7 +282,11 @@ cudaError_t launch(const void* x, const void* w, const float* bias, void* out, i
       case 1: return launch_dependent(gemv_row_kernel<X, W, O, 1>, blocks, threads, stream, xp, wp, bias, op, n, k);
       case 2: return launch_dependent(gemv_row_kernel<X, W, O, 2>, blocks, threads, stream, xp, wp, bias, op, n, k);
       case 3: return launch_dependent(gemv_row_kernel<X, W, O, 3>, blocks, threads, stream, xp, wp, bias, op, n, k);
-      default: return launch_dependent(gemv_row_kernel<X, W, O, 4>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      case 4: return launch_dependent(gemv_row_kernel<X, W, O, 4>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      case 5: return launch_dependent(gemv_row_kernel<X, W, O, 5>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      case 6: return launch_dependent(gemv_row_kernel<X, W, O, 6>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      case 7: return launch_dependent(gemv_row_kernel<X, W, O, 7>, blocks, threads, stream, xp, wp, bias, op, n, k);
+      default: return launch_dependent(gemv_row_kernel<X, W, O, 8>, blocks, threads, stream, xp, wp, bias, op, n, k);
     }
   }
   const unsigned blocks = static_cast<unsigned>((n + kRows - 1) / kRows);

@@ -24,7 +24,7 @@
 namespace basalt::cuda_kernels {
 
 inline constexpr int64_t kGemvMaxRows = 16;
-inline constexpr int64_t kRowKernelMaxRows = 4;
+inline constexpr int64_t kRowKernelMaxRows = 8;
 
 // variant: kGemvDefault picks by m; 1..3 force a tensor-core configuration
 // (1: 8 warps x 4 chunks in flight, 2: 4 x 8, 3: 8 x 2), 4 the warp-per-row
