@@ -71,6 +71,11 @@ struct EngineRequest {
   // not have made (tokens past such an end, more than max_tokens, a token
   // the grammar refuses) is refused with an error.
   std::vector<int32_t> resume_output;
+  // Predicted outputs (OpenAI's `prediction`): tokens the client expects the
+  // output to repeat. The request drafts from them (runtime/speculative.h,
+  // PredictionLookup), with or without the engine's own speculation; the
+  // output is what it would be without them.
+  std::vector<int32_t> prediction;
 };
 
 enum class FinishReason : uint8_t { kStop, kLength, kCancelled, kError, kDeadline };
@@ -86,6 +91,11 @@ struct Usage {
   // request and verified, and how many of them were accepted.
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;
+  // Of those, the drafts taken from EngineRequest::prediction (OpenAI's
+  // accepted_prediction_tokens and, for the rejected ones,
+  // rejected_prediction_tokens).
+  int64_t prediction_accepted_tokens = 0;
+  int64_t prediction_rejected_tokens = 0;
 };
 
 // What a client reads from a request's stream (runtime/request_stream.h).
@@ -166,6 +176,8 @@ struct Request {
   // (runtime/speculative.h).
   std::vector<int32_t> drafts;
   bool drafts_forced = false;  // the drafts are text its grammar forces (jump-forward)
+  bool drafts_predicted = false;  // the drafts are from request.prediction
+  std::unique_ptr<PredictionLookup> prediction;  // request.prediction's lookup (null: none)
   std::vector<int32_t> proposal;  // the draft head's or draft model's tokens for after the last known one
   // A step ran for it while the batch was too large to draft, without the
   // draft head's or draft model's pass: their KV misses its tokens from

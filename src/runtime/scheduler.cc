@@ -80,6 +80,12 @@ std::string Scheduler::invalid(const Request& r) const {
   if (need > options_.max_context)
     return fmt::format("prompt ({} tokens) plus max_tokens ({}) exceeds the model's context length ({})",
                        q.prompt.size(), q.params.max_tokens, options_.max_context);
+  for (int32_t id : q.prediction)
+    if (id < 0 || id >= options_.vocab_size)
+      return fmt::format("prediction token id {} is outside the vocabulary (0..{})", id, options_.vocab_size - 1);
+  if (static_cast<int64_t>(q.prediction.size()) > options_.max_context)
+    return fmt::format("the prediction ({} tokens) is longer than the model's context length ({})",
+                       q.prediction.size(), options_.max_context);
   if (kv_.rounded(need) > kv_.capacity())
     return fmt::format("prompt ({} tokens) plus max_tokens ({}) can never fit in the KV pool ({} slots)",
                        q.prompt.size(), q.params.max_tokens, kv_.capacity());
@@ -105,6 +111,7 @@ void Scheduler::add(std::unique_ptr<Request> request, std::vector<RequestUpdate>
   r.has_stop_ids = !p.stop_token_ids.empty();
   if (std::string why = invalid(r); !why.empty()) return end(r, FinishReason::kError, updates, {}, std::move(why));
   if (r.request.params.max_tokens == 0) return end(r, FinishReason::kLength, updates);
+  if (!r.request.prediction.empty()) r.prediction = std::make_unique<PredictionLookup>(r.request.prediction);
   try {
     r.tokens = r.request.prompt;
     r.processor = std::make_unique<LogitsProcessor>(r.request.params, options_.vocab_size, options_.eos_ids,
@@ -635,11 +642,12 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
 bool Scheduler::propose_drafts(Request& r) {
   r.drafts.clear();
   r.drafts_forced = false;
+  r.drafts_predicted = false;
   const SpeculativeOptions& spec = options_.speculative;
   const bool grammar = options_.jump_forward && r.constraint != nullptr;
   // Drafts follow the request's last known token: none while a step that
   // samples for it is in flight, and none in a batch large enough.
-  if ((!grammar && !spec.enabled()) || r.pending > 0 || drafting_off()) return false;
+  if ((!grammar && !spec.enabled() && !r.prediction) || r.pending > 0 || drafting_off()) return false;
   const bool capped =
       spec.adaptive_from_batch > 0 && static_cast<int64_t>(running_.size()) >= spec.adaptive_from_batch;
   const int room = std::min(r.max_tokens - r.num_output - 1, capped ? r.draft_cap : kMaxDrafts);
@@ -654,6 +662,15 @@ bool Scheduler::propose_drafts(Request& r) {
     r.drafts.resize(std::min(r.drafts.size(), static_cast<size_t>(room)));
     r.drafts_forced = !r.drafts.empty();
     if (r.drafts_forced) return true;
+  }
+  if (r.prediction) {
+    // A predicted output outranks the engine's proposer: the client knows
+    // the text. Where the output has left the prediction and no place for
+    // it is found again, the proposer below drafts instead.
+    const std::span<const int32_t> output(r.tokens.data() + r.prompt_len, r.tokens.size() - static_cast<size_t>(r.prompt_len));
+    r.drafts = r.prediction->propose(output, room);
+    r.drafts_predicted = !r.drafts.empty();
+    if (r.drafts_predicted) return true;
   }
   if (!spec.enabled()) return false;
   if (drafts_with_head(spec.algorithm) || spec.algorithm == SpeculativeAlgorithm::kDraft) {
@@ -686,9 +703,10 @@ bool Scheduler::wants_drafts() const {
     return true;
   if (drafting_off()) return false;
   if (options_.speculative.enabled()) return !running_.empty();
-  if (!options_.jump_forward) return false;
-  return std::any_of(running_.begin(), running_.end(),
-                     [](const std::unique_ptr<Request>& r) { return r->constraint != nullptr && !r->finished; });
+  const bool grammar = options_.jump_forward;
+  return std::any_of(running_.begin(), running_.end(), [grammar](const std::unique_ptr<Request>& r) {
+    return !r->finished && (r->prediction != nullptr || (grammar && r->constraint != nullptr));
+  });
 }
 
 size_t Scheduler::take_verified(StepPlan& plan, StepResult& result, size_t first, Clock::time_point now,
@@ -716,6 +734,10 @@ size_t Scheduler::take_verified(StepPlan& plan, StepResult& result, size_t first
   kv_.rollback(r.kv, drafts - accepted);
   m_.accepted_draft_tokens += static_cast<uint64_t>(accepted);
   if (r.drafts_forced) m_.jump_forward_tokens += static_cast<uint64_t>(accepted);
+  if (r.drafts_predicted) {
+    r.usage.prediction_accepted_tokens += accepted;
+    r.usage.prediction_rejected_tokens += drafts - accepted;
+  }
   r.draft_cap = accepted == drafts ? static_cast<int>(std::min<int64_t>(2 * drafts, kMaxDrafts))
                                    : static_cast<int>(accepted + 1);
   r.usage.accepted_tokens += accepted;

@@ -67,4 +67,47 @@ std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int k, int m
   return {};
 }
 
+std::vector<int32_t> PredictionLookup::propose(std::span<const int32_t> output, int k) {
+  constexpr size_t npos = static_cast<size_t>(-1);
+  if (output.size() < seen_ || (seen_ > 0 && output[seen_ - 1] != last_seen_)) {
+    cursor_ = last_good_ = seen_ = 0;  // not the output walked so far: start again
+  }
+  bool lost = cursor_ == npos;
+  for (; seen_ < output.size(); ++seen_) {
+    if (!lost && cursor_ < prediction_.size() && prediction_[cursor_] == output[seen_]) {
+      ++cursor_;
+      continue;
+    }
+    if (!lost) last_good_ = cursor_;
+    lost = true;
+  }
+  if (!output.empty()) last_seen_ = output.back();
+  cursor_ = lost ? npos : cursor_;
+  if (lost) realign(output);
+  if (cursor_ == npos || k <= 0) return {};
+  const size_t take = std::min(prediction_.size() - cursor_, static_cast<size_t>(k));
+  return std::vector<int32_t>(prediction_.begin() + static_cast<std::ptrdiff_t>(cursor_),
+                              prediction_.begin() + static_cast<std::ptrdiff_t>(cursor_ + take));
+}
+
+void PredictionLookup::realign(std::span<const int32_t> output) {
+  const size_t longest = std::min<size_t>(kPredictionMaxMatch, output.size());
+  for (size_t n = longest; n >= 1; --n) {
+    const std::span<const int32_t> suffix = output.subspan(output.size() - n);
+    const auto find_from = [&](size_t from) -> size_t {
+      if (prediction_.size() < n) return static_cast<size_t>(-1);
+      for (size_t at = from; at + n <= prediction_.size(); ++at)
+        if (std::equal(suffix.begin(), suffix.end(), prediction_.begin() + static_cast<std::ptrdiff_t>(at)))
+          return at + n;
+      return static_cast<size_t>(-1);
+    };
+    size_t found = find_from(std::min(last_good_ >= n ? last_good_ - n : 0, prediction_.size()));
+    if (found == static_cast<size_t>(-1)) found = find_from(0);
+    if (found != static_cast<size_t>(-1)) {
+      cursor_ = last_good_ = found;
+      return;
+    }
+  }
+}
+
 }  // namespace basalt

@@ -111,4 +111,36 @@ size_t accepted_drafts(std::span<const int32_t> sampled, std::span<const int32_t
 // recurs.
 std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int k, int min_n, int max_n);
 
+// Predicted outputs (OpenAI's `prediction`): text the client expects most of
+// the output to repeat (a file being edited, say), whose tokens a request
+// drafts from, whatever the engine's own proposer. The lookup follows the
+// output through the prediction: a cursor at the prediction token the next
+// output token should be; each new output token that equals it moves it on;
+// one that does not loses the place, and the place is found again at the
+// first occurrence, at or after the last place that held, else anywhere, of
+// the output's longest suffix (kPredictionMaxMatch tokens down to 1) in the
+// prediction. Drafts are the prediction's tokens from the cursor.
+//
+// Contract: propose() depends only on the prediction, the outputs it was
+// shown before and the one it is shown now (an output that is not an
+// extension of the last one shown starts the walk again).
+class PredictionLookup {
+ public:
+  static constexpr int kPredictionMaxMatch = 8;
+
+  explicit PredictionLookup(std::vector<int32_t> prediction) : prediction_(std::move(prediction)) {}
+  // Up to k drafts to follow `output` (the request's output tokens so far).
+  std::vector<int32_t> propose(std::span<const int32_t> output, int k);
+  size_t size() const { return prediction_.size(); }
+
+ private:
+  void realign(std::span<const int32_t> output);
+
+  std::vector<int32_t> prediction_;
+  size_t cursor_ = 0;        // where the next output token should be; npos: lost
+  size_t last_good_ = 0;     // the cursor's last place before it was lost
+  size_t seen_ = 0;          // output tokens walked so far
+  int32_t last_seen_ = -1;   // the last of them, to tell an unrelated output
+};
+
 }  // namespace basalt

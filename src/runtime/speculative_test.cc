@@ -37,6 +37,54 @@ TEST(NgramProposer, TheLatestEarlierMatchOfTheLongestSuffix) {
   EXPECT_TRUE(propose_ngram(std::vector<int32_t>{5}, 3, 1, 3).empty());
 }
 
+TEST(PredictionLookup, FollowsTheOutputAndFindsItsPlaceAgain) {
+  const std::vector<int32_t> pred = {10, 11, 12, 13, 14, 15, 16, 17};
+  {
+    PredictionLookup p(pred);
+    // Before any output: the prediction's start.
+    EXPECT_EQ(p.propose(std::vector<int32_t>{}, 3), (std::vector<int32_t>{10, 11, 12}));
+    // The output so far is the prediction's start: what follows it.
+    EXPECT_EQ(p.propose(std::vector<int32_t>{10, 11}, 3), (std::vector<int32_t>{12, 13, 14}));
+    EXPECT_EQ(p.propose(std::vector<int32_t>{10, 11, 12, 13, 14, 15}, 5), (std::vector<int32_t>{16, 17}));
+    EXPECT_TRUE(p.propose(std::vector<int32_t>{10, 11, 12, 13, 14, 15, 16, 17}, 5).empty());  // all used
+    EXPECT_TRUE(p.propose(std::vector<int32_t>{10, 11}, 0).empty());
+  }
+  {
+    // A token the prediction does not have loses the place; the output's
+    // longest suffix found in the prediction gives it back.
+    PredictionLookup p(pred);
+    EXPECT_EQ(p.propose(std::vector<int32_t>{10, 11}, 2), (std::vector<int32_t>{12, 13}));
+    EXPECT_TRUE(p.propose(std::vector<int32_t>{10, 11, 99}, 2).empty());  // 99 is nowhere in it
+    EXPECT_EQ(p.propose(std::vector<int32_t>{10, 11, 99, 13}, 2), (std::vector<int32_t>{14, 15}));
+    // An inserted token, then the prediction again from where it was.
+    EXPECT_EQ(p.propose(std::vector<int32_t>{10, 11, 99, 13, 14, 15, 16}, 4), (std::vector<int32_t>{17}));
+  }
+  {
+    // Deleted text: the output skips ahead, and the suffix finds where.
+    PredictionLookup p(pred);
+    EXPECT_EQ(p.propose(std::vector<int32_t>{10, 15}, 2), (std::vector<int32_t>{16, 17}));
+  }
+  {
+    // A recurring token: the place is looked for from where the output left
+    // the prediction, not from its start.
+    PredictionLookup p(std::vector<int32_t>{1, 2, 7, 3, 4, 7, 5, 6});
+    EXPECT_EQ(p.propose(std::vector<int32_t>{1, 2, 7, 3, 4}, 1), (std::vector<int32_t>{7}));
+    EXPECT_EQ(p.propose(std::vector<int32_t>{1, 2, 7, 3, 4, 8, 7}, 2), (std::vector<int32_t>{5, 6}));
+    // The longest suffix wins over a nearer shorter one: "2 7" is at the start.
+    PredictionLookup q(std::vector<int32_t>{1, 2, 7, 3, 4, 7, 5, 6});
+    EXPECT_EQ(q.propose(std::vector<int32_t>{1, 2, 7, 3, 4, 9, 2, 7}, 2), (std::vector<int32_t>{3, 4}));
+  }
+  {
+    // An output that is not the one walked so far starts the walk again.
+    PredictionLookup p(pred);
+    EXPECT_EQ(p.propose(std::vector<int32_t>{10, 11, 12}, 1), (std::vector<int32_t>{13}));
+    EXPECT_EQ(p.propose(std::vector<int32_t>{10}, 2), (std::vector<int32_t>{11, 12}));
+    EXPECT_EQ(p.propose(std::vector<int32_t>{10, 50}, 2), (std::vector<int32_t>{}));
+    EXPECT_EQ(p.propose(std::vector<int32_t>{10, 11}, 2), (std::vector<int32_t>{12, 13}));
+  }
+  EXPECT_TRUE(PredictionLookup(std::vector<int32_t>{}).propose(std::vector<int32_t>{1, 2}, 3).empty());
+}
+
 // At temperature > 0 verification keeps the target's distribution, and a
 // chi-square test over many seeds tells: a Markov chain over a few tokens is
 // the target; a verification step after token x0 has a draft d drawn from
@@ -606,6 +654,70 @@ TEST_P(Speculative, AdaptiveLengthDraftsLessWhereTheModelDisagrees) {
               fixed.metrics.accepted_draft_tokens * adaptive.metrics.draft_tokens)
         << temperature << ": " << adaptive.metrics.accepted_draft_tokens << "/" << adaptive.metrics.draft_tokens
         << " against " << fixed.metrics.accepted_draft_tokens << "/" << fixed.metrics.draft_tokens;
+  }
+}
+
+// Predicted outputs draft from the client's text with or without the
+// engine's own speculation: the output is plain decoding's whatever the
+// prediction says, a right prediction takes most of the steps away, and the
+// usage counts the prediction's drafts apart.
+TEST_P(Speculative, PredictedOutputsAreThoseOfPlainDecoding) {
+  Fixture f(kLlama);
+  for (const float temperature : {0.0f, 1.0f}) {
+    const SpecRun plain = run(f, false, temperature, nullptr);
+    for (const bool engine_speculates : {false, true})
+      for (const int edit : {0, 1, 2}) {
+        // 0: the prediction is the output; 1: with a token changed and one
+        // inserted in the middle; 2: unrelated tokens (drafts, if any, are
+        // rejected; the output is the same).
+        Engine engine(*f.model, f.backend, nullptr, engine_options(engine_speculates, 3));
+        std::vector<RequestHandle> handles;
+        std::mt19937 rng(7);
+        int i = 0;
+        for (const std::vector<int32_t>& prompt : looping_prompts()) {
+          SamplingParams p;
+          p.max_tokens = 20 + 7 * i;
+          p.temperature = temperature;
+          p.top_p = temperature > 0 ? 0.9f : 1.0f;
+          p.seed = 40 + static_cast<uint64_t>(i);
+          EngineRequest r = request(prompt, p);
+          std::vector<int32_t> predicted = plain.outputs[static_cast<size_t>(i)].output_ids;
+          if (edit == 1) {
+            const size_t mid = predicted.size() / 2;
+            predicted[mid] = (predicted[mid] + 1) % 200;
+            predicted.insert(predicted.begin() + static_cast<std::ptrdiff_t>(mid / 2), 3);
+          } else if (edit == 2) {
+            predicted = random_ids(rng, predicted.size());
+          }
+          r.prediction = predicted;
+          handles.push_back(engine.submit(std::move(r)));
+          ++i;
+        }
+        const SpecRun got = finish(engine, handles);
+        const std::string what = "temperature " + std::to_string(temperature) + (engine_speculates ? ", n-gram" : "") +
+                                 ", edit " + std::to_string(edit);
+        SCOPED_TRACE(what);
+        expect_same_outputs(plain, got);
+        int64_t accepted = 0, rejected = 0;
+        for (const RequestOutput& o : got.outputs) {
+          accepted += o.usage.prediction_accepted_tokens;
+          rejected += o.usage.prediction_rejected_tokens;
+          EXPECT_LE(o.usage.prediction_accepted_tokens, o.usage.accepted_tokens);
+        }
+        const auto total = static_cast<int64_t>(plain.metrics.output_tokens);
+        if (edit == 0) {
+          // Every token but the prefill's and each verification's last
+          // (sampled after the drafts) was an accepted draft: at most 16
+          // drafts a step, so at most 3 verifications for these lengths.
+          EXPECT_GE(accepted, total - 4 - 4 * 3);
+          EXPECT_EQ(rejected, 0);
+          EXPECT_LT(got.metrics.steps * 3, plain.metrics.steps);
+        }
+        if (edit == 1) {
+          EXPECT_GT(accepted, total / 2);
+          EXPECT_GT(rejected, 0);
+        }
+      }
   }
 }
 
