@@ -460,6 +460,7 @@ class GenerationProducer : public ResponseProducer {
   // since the others reuse that sample's KV). So cached <= prompt always.
   struct Totals {
     int64_t prompt = 0, completion = 0, cached = 0;
+    int64_t prediction_accepted = 0, prediction_rejected = 0;
   };
   Totals totals() const {
     Totals t;
@@ -467,6 +468,8 @@ class GenerationProducer : public ResponseProducer {
     std::vector<int64_t> cached(prompt_lengths_.size(), -1);
     for (const Choice& c : choices_) {
       t.completion += static_cast<int64_t>(c.ids.size());
+      t.prediction_accepted += c.usage.prediction_accepted_tokens;
+      t.prediction_rejected += c.usage.prediction_rejected_tokens;
       int64_t& k = cached[static_cast<size_t>(c.prompt_index)];
       k = k < 0 ? c.usage.cached_prompt_tokens : std::min(k, c.usage.cached_prompt_tokens);
     }
@@ -478,10 +481,16 @@ class GenerationProducer : public ResponseProducer {
 
   json usage_json() const {
     const Totals t = totals();
-    return {{"prompt_tokens", t.prompt},
-            {"completion_tokens", t.completion},
-            {"total_tokens", t.prompt + t.completion},
-            {"prompt_tokens_details", {{"cached_tokens", t.cached}}}};
+    json usage = {{"prompt_tokens", t.prompt},
+                  {"completion_tokens", t.completion},
+                  {"total_tokens", t.prompt + t.completion},
+                  {"prompt_tokens_details", {{"cached_tokens", t.cached}}}};
+    // OpenAI's names; rejected counts drafts of the prediction the model did
+    // not write (they cost a verification row each, not output).
+    if (request_.prediction)
+      usage["completion_tokens_details"] = {{"accepted_prediction_tokens", t.prediction_accepted},
+                                            {"rejected_prediction_tokens", t.prediction_rejected}};
+    return usage;
   }
 
   json usage_chunk() const {
@@ -1031,6 +1040,7 @@ std::vector<Choice> resume_choices(EngineClient& engine, const Tokenizer& tokeni
       e.priority = r.priority;
       if (grammar) e.constraint = std::make_shared<GrammarConstraint>(grammar, &tokenizer);
       e.resume_output = c.ids;
+      if (r.prediction) e.prediction = tokenizer.encode(*r.prediction, /*add_special_tokens=*/false);
       c.handle = engine.submit(std::move(e));
       choices.push_back(std::move(c));
       Choice& added = choices.back();
@@ -1188,6 +1198,17 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
     }
   }
 
+  // The prediction's tokens, spelled as the model would write the text.
+  std::vector<int32_t> prediction;
+  if (r.prediction) {
+    prediction = tokenizer_.encode(*r.prediction, /*add_special_tokens=*/false);
+    if (static_cast<int64_t>(prediction.size()) > max_model_len_)
+      throw ApiError(400,
+                     fmt::format("'prediction' is {} tokens, longer than the model's context length ({})",
+                                 prediction.size(), max_model_len_),
+                     "prediction");
+  }
+
   // Admission control: the engine's queue is bounded here.
   const int64_t wanted = static_cast<int64_t>(prompts.size()) * r.params.n;
   const int64_t limit = static_cast<int64_t>(options_.max_running) + options_.max_queue;
@@ -1215,6 +1236,7 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
     e.params = r.params;
     e.cache_namespace = namespace_of(r.cache_salt);
     e.priority = r.priority;
+    e.prediction = prediction;
     if (grammar) e.constraint = std::make_shared<GrammarConstraint>(grammar, &tokenizer_);
     for (RequestHandle& handle : engine_.submit_n(std::move(e), r.params.n)) {
       Choice c;

@@ -135,6 +135,69 @@ TEST(ApiServer, SamplesEqualSingleRequestsAndShareThePrompt) {
   EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0);
 }
 
+// OpenAI's predicted outputs: the prediction's tokens are verified drafts,
+// so the text is what it is without one (greedy and seeded), a prediction
+// of the very text is accepted almost whole, and usage says so; a chat
+// takes content parts; bad shapes are 400s that name the field.
+TEST(ApiServer, PredictedOutputsLeaveTheTextAsItIs) {
+  Served s;
+  for (const double temperature : {0.0, 1.0}) {
+    const json plain_body = {{"prompt", "To install a package, run"}, {"max_tokens", 40}, {"temperature", temperature},
+                             {"seed", 7}, {"ignore_eos", true}};
+    const json plain = s.call("/v1/completions", plain_body);
+    const std::string text = plain["choices"][0]["text"].get<std::string>();
+    EXPECT_FALSE(plain["usage"].contains("completion_tokens_details"));
+    const uint64_t steps_before = s.engine->metrics().steps;
+    json body = plain_body;
+    body["prediction"] = {{"type", "content"}, {"content", text}};
+    const json predicted = s.call("/v1/completions", body);
+    const uint64_t steps = s.engine->metrics().steps - steps_before;
+    EXPECT_EQ(predicted["choices"][0]["text"].get<std::string>(), text) << temperature;
+    const json& details = predicted["usage"]["completion_tokens_details"];
+    EXPECT_GE(details["accepted_prediction_tokens"].get<int64_t>(), 30) << details;
+    // The text is tokenized afresh, and where the tokenizer spells a piece
+    // otherwise than the model wrote it a draft is rejected and the place
+    // found again.
+    EXPECT_LT(details["rejected_prediction_tokens"].get<int64_t>(), 10) << details;
+    EXPECT_LT(steps, 10u) << "40 tokens from a prediction of them";
+    // A prediction that is wrong from the middle on: the same text.
+    body["prediction"] = {{"type", "content"}, {"content", text.substr(0, text.size() / 2) + " something else entirely."}};
+    const json edited = s.call("/v1/completions", body);
+    EXPECT_EQ(edited["choices"][0]["text"].get<std::string>(), text) << temperature;
+    EXPECT_GT(edited["usage"]["completion_tokens_details"]["rejected_prediction_tokens"].get<int64_t>(), 0);
+  }
+  // Chat, with the prediction as text parts.
+  const json chat_body = {{"messages", {{{"role", "user"}, {"content", "Name three colors."}}}},
+                          {"max_tokens", 24}, {"temperature", 0}};
+  const json chat = s.call("/v1/chat/completions", chat_body);
+  const std::string answer = chat["choices"][0]["message"]["content"].get<std::string>();
+  json predicted_chat = chat_body;
+  predicted_chat["prediction"] = {
+      {"type", "content"},
+      {"content", {{{"type", "text"}, {"text", answer.substr(0, 5)}}, {{"type", "text"}, {"text", answer.substr(5)}}}}};
+  const json chat_again = s.call("/v1/chat/completions", predicted_chat);
+  EXPECT_EQ(chat_again["choices"][0]["message"]["content"].get<std::string>(), answer);
+  EXPECT_GT(chat_again["usage"]["completion_tokens_details"]["accepted_prediction_tokens"].get<int64_t>(), 0);
+
+  const std::vector<json> bad = {
+      {{"prompt", "x"}, {"prediction", "text"}},
+      {{"prompt", "x"}, {"prediction", {{"type", "text"}, {"content", "x"}}}},
+      {{"prompt", "x"}, {"prediction", {{"type", "content"}}}},
+      {{"prompt", "x"}, {"prediction", {{"type", "content"}, {"content", 3}}}},
+      {{"prompt", "x"}, {"prediction", {{"type", "content"}, {"content", {{{"type", "image_url"}, {"text", "x"}}}}}}},
+      {{"prompt", "x"}, {"prediction", {{"type", "content"}, {"content", "x"}, {"extra", 1}}}},
+      {{"prompt", "x"}, {"prediction", {{"type", "content"}, {"content", std::string(300000, 'a')}}}},
+  };
+  for (const json& b : bad) {
+    int status = 0;
+    const json r = s.call("/v1/completions", b, &status);
+    EXPECT_EQ(status, 400) << b.dump().substr(0, 200);
+    EXPECT_EQ(r["error"]["param"], "prediction") << r;
+  }
+  EXPECT_EQ(s.server->in_flight(), 0);
+  EXPECT_EQ(s.engine->drain_and_clear_cache(), s.engine->kv_capacity());
+}
+
 TEST(ApiServer, StreamedTextEqualsWholeText) {
   Served s;
   const json body = {{"prompt", "To install a package, run"}, {"max_tokens", 16}, {"temperature", 0},

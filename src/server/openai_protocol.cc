@@ -227,6 +227,34 @@ void normalize_tool_calls(ordered_json& message) {
 }
 
 // The sampling fields the two endpoints share.
+// prediction: {"type": "content", "content": text, or an array of
+// {"type": "text", "text"} parts, joined}. Returns the text.
+std::string parse_prediction(const json& v) {
+  constexpr const char* kParam = "prediction";
+  if (!v.is_object()) bad(kParam, R"('prediction' must be an object {"type": "content", "content": ...})");
+  for (auto it = v.begin(); it != v.end(); ++it)
+    if (it.key() != "type" && it.key() != "content") bad(kParam, fmt::format("'prediction' has no field '{}'", it.key()));
+  const json* type = field(v, "type");
+  if (type == nullptr || !type->is_string() || type->get<std::string>() != "content")
+    bad(kParam, R"('prediction.type' must be "content")");
+  const json* content = field(v, "content");
+  if (content == nullptr) bad(kParam, "'prediction.content' is missing");
+  if (content->is_string()) return content->get<std::string>();
+  if (!content->is_array())
+    bad(kParam, fmt::format("'prediction.content' must be a string or an array of text parts, not {}",
+                            type_name(*content)));
+  std::string text;
+  for (const json& part : *content) {
+    const json* part_type = part.is_object() ? field(part, "type") : nullptr;
+    const json* part_text = part.is_object() ? field(part, "text") : nullptr;
+    if (part_type == nullptr || !part_type->is_string() || part_type->get<std::string>() != "text" ||
+        part_text == nullptr || !part_text->is_string() || part.size() != 2)
+      bad(kParam, R"('prediction.content' parts must be {"type": "text", "text": "..."})");
+    text += part_text->get<std::string>();
+  }
+  return text;
+}
+
 // basalt_resume: {"choices": [{"index", "output_token_ids", "text_offset",
 // "finished"}], "created", "prior_usage": {"cached_tokens"}}; every key
 // checked, unknown ones refused.
@@ -355,6 +383,7 @@ void parse_common(const json& b, ParsedRequest& r, const ProtocolLimits& limits)
   if (r.truncate_prompt_tokens == 0 && field(b, "truncate_prompt_tokens") != nullptr)
     bad("truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or positive");
   if (const json* resume = field(b, "basalt_resume")) parse_resume(*resume, r);
+  if (const json* prediction = field(b, "prediction")) r.prediction = parse_prediction(*prediction);
 }
 
 // Structured output: the one field of a request that constrains the output

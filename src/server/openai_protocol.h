@@ -102,6 +102,10 @@ struct ParsedRequest {
   // guided_*), and the field it came from (errors name it).
   std::optional<StructuredOutputSpec> structured;
   std::string structured_param;
+  // prediction (OpenAI's predicted outputs): text the output is expected to
+  // repeat; its tokens are drafts verified as speculative decoding's, so the
+  // output is the same with or without it.
+  std::optional<std::string> prediction;
   // basalt_resume: a gateway resumes a stream whose replica failed
   // (docs/ROUTER.md). Per choice (its index among the prompts' samples),
   // the output the first attempt made and the bytes of its text already

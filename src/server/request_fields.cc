@@ -44,6 +44,7 @@ const RequestField kFields[] = {
     {"tools", H, S, {}, {}, "rendered by the chat template; the model's calls come back as tool_calls (--tool-call-parser)"},
     {"tool_choice", H, S, {}, {}, "none, auto, required or a named function; the last two force calls by grammar"},
     {"parallel_tool_calls", H, S, {}, {}, "false: a forced choice makes exactly one call"},
+    {"prediction", B, S, {}, {}, "predicted outputs: its tokens are drafts the model verifies, so the output is unchanged; usage.completion_tokens_details counts them"},
     // --- vLLM and SGLang extensions ---------------------------------------
     {"top_k", B, S, {}, {}, ""},
     {"min_p", B, S, {}, {}, ""},
@@ -85,7 +86,6 @@ const RequestField kFields[] = {
     {"verbosity", H, U, "[]", R"("low")", ""},
     {"modalities", H, U, R"([["text"]])", R"(["text", "audio"])", "text only"},
     {"audio", H, U, "[]", R"({"voice": "alloy"})", "text only"},
-    {"prediction", H, U, "[]", R"({"type": "content", "content": "x"})", "predicted outputs are not implemented"},
     {"web_search_options", H, U, "[]", "{}", ""},
     {"functions", H, U, "[[]]", R"([{"name": "f"}])", "use tools"},
     {"function_call", H, U, R"(["none"])", R"("auto")", "use tool_choice"},
