@@ -5,7 +5,10 @@
 // one, and with a draft model (--draft-model; models/basalt-draft for the
 // bundled model) drafting each --k, and with an EAGLE head (--eagle DIR,
 // tools/train/train_eagle.py; models/basalt-mini-eagle for the bundled
-// model) drafting each --k, alternated, best of --repeats; the outputs must be equal token for
+// model) drafting each --k, and with a predicted output (OpenAI's
+// `prediction`: the request's own drafts, no proposer; here plain decoding's
+// own text with a phrase inserted in its middle), alternated, best of
+// --repeats; the outputs must be equal token for
 // token (the program fails otherwise on the CPU; on a GPU it says from
 // which token they differ). Reported: output tokens/s and the
 // ratio to plain decoding; engine steps; the drafts' acceptance; the ideal
@@ -57,6 +60,7 @@ const char* kPassage =
 struct Workload {
   const char* name;
   std::string prompt;
+  std::string prediction;  // a predicted output (the "predict" mode's; set from plain decoding's text)
 };
 
 struct Result {
@@ -67,19 +71,23 @@ struct Result {
 
 // A way to decode: plain, or an algorithm with k drafts.
 struct Mode {
-  std::string algorithm;  // "none", "ngram", "mtp", "eagle", "draft"
+  std::string algorithm;  // "none", "ngram", "mtp", "eagle", "draft", "predict" (a predicted output, no proposer)
   int k = 0;
-  std::string name() const { return algorithm == "none" ? "plain" : algorithm + " k=" + std::to_string(k); }
+  std::string name() const {
+    if (algorithm == "none" || algorithm == "predict") return algorithm == "none" ? "plain" : "predicted";
+    return algorithm + " k=" + std::to_string(k);
+  }
 };
 
-Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::string& prompt, const Mode& mode,
+Result run(Model& model, Backend& backend, const Tokenizer& tok, const Workload& work, const Mode& mode,
            const std::shared_ptr<Model>& draft, int tokens, bool overlap) {
+  const std::string& prompt = work.prompt;
   EngineOptions o;
   o.overlap = overlap;
   o.max_running = 1;
   o.kv_slots = 4096;
   o.kv_dtype = kv_cache_dtype("auto", backend);
-  if (mode.algorithm != "none") o.speculative = speculative_options(mode.algorithm, mode.k);
+  if (mode.algorithm != "none" && mode.algorithm != "predict") o.speculative = speculative_options(mode.algorithm, mode.k);
   if (mode.algorithm == "draft") o.draft_model = draft;
   o.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
   Engine engine(model, backend, &tok, o);
@@ -88,7 +96,9 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::stri
   p.temperature = 0.0f;
   p.ignore_eos = true;
   const auto start = bench::Clock::now();
-  RequestHandle h = engine.submit(EngineRequest{tok.encode(prompt, true), p, 0, 0, std::nullopt, nullptr, {}});
+  EngineRequest request{tok.encode(prompt, true), p, 0, 0, std::nullopt, nullptr, {}, {}};
+  if (mode.algorithm == "predict") request.prediction = tok.encode(work.prediction, false);
+  RequestHandle h = engine.submit(std::move(request));
   const RequestOutput out = collect(*h);
   const double wall = bench::seconds_since(start);
   if (out.reason == FinishReason::kError) {
@@ -172,8 +182,9 @@ int main(int argc, char** argv) {
   }
   const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
   const std::vector<Workload> workloads = {
-      {"copy", std::string("Here is a text.\n\n") + kPassage + "\n\nThe same text, written out again:\n\nThe package"},
-      {"free", "Once upon a time, in a small town by the sea,"}};
+      {"copy", std::string("Here is a text.\n\n") + kPassage + "\n\nThe same text, written out again:\n\nThe package",
+       ""},
+      {"free", "Once upon a time, in a small town by the sea,", ""}};
   std::printf("%s, %s backend, greedy, %d output tokens, batch 1, overlap %s, best of %d\n", dir.c_str(), device.c_str(),
               tokens, overlap ? "on" : "off", repeats);
   std::printf("%-6s %-10s %10s %8s %7s %11s %8s %10s %10s\n", "work", "mode", "tokens/s", "vs plain", "steps",
@@ -192,11 +203,20 @@ int main(int argc, char** argv) {
       for (const int k : ks) modes.push_back({"eagle", k});
     if (draft && wanted("draft"))
       for (const int k : ks) modes.push_back({"draft", k});
+    if (wanted("predict")) modes.push_back({"predict", 0});
     std::vector<Result> best(modes.size());
     for (int r = 0; r < repeats; ++r)
       for (size_t m = 0; m < modes.size(); ++m) {
         Model& target = modes[m].algorithm == "eagle" ? *with_eagle : *model;
-        Result x = run(target, backend, tok, w.prompt, modes[m], draft, tokens, overlap);
+        // A predicted output is the plain run's own text with a phrase
+        // inserted in its middle (an edit the model does not make), as a
+        // client re-generating a document would send it.
+        Workload work = w;
+        if (modes[m].algorithm == "predict") {
+          const std::string text = tok.decode(best[0].output, true);
+          work.prediction = text.substr(0, text.size() / 2) + " (an inserted phrase)" + text.substr(text.size() / 2);
+        }
+        Result x = run(target, backend, tok, work, modes[m], draft, tokens, overlap);
         if (x.tokens_per_s > best[m].tokens_per_s) best[m] = std::move(x);
       }
     const double plain_per_step = static_cast<double>(best[0].tokens) / static_cast<double>(best[0].steps);
@@ -239,7 +259,7 @@ int main(int argc, char** argv) {
       Model& target = mode.algorithm == "eagle" ? *with_eagle : *model;
       cuda->set_profiling(true);
       const auto start = bench::Clock::now();
-      const Result x = run(target, backend, tok, w.prompt, mode, draft, tokens, overlap);
+      const Result x = run(target, backend, tok, w, mode, draft, tokens, overlap);
       const double wall_us = bench::seconds_since(start) * 1e6 / static_cast<double>(x.steps);
       const std::vector<OpTime> ops = cuda->profile();
       cuda->set_profiling(false);

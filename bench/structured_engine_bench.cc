@@ -66,7 +66,7 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const std::shar
     p.temperature = 1.0f;
     p.seed = 100 + static_cast<uint64_t>(i);
     p.ignore_eos = true;
-    EngineRequest r{tok.encode("People, as JSON records:", true), p, 0, 0, std::nullopt, nullptr, {}};
+    EngineRequest r{tok.encode("People, as JSON records:", true), p, 0, 0, std::nullopt, nullptr, {}, {}};
     if (mode != Mode::kFree) r.constraint = std::make_shared<GrammarConstraint>(masker, &tok);
     handles.push_back(engine.submit(std::move(r)));
   }

@@ -381,7 +381,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
     const uint64_t seed = f.seed_given ? f.seed : random_seed();
     std::vector<RequestHandle> handles;
     for (int i = 0; i < f.n; ++i) {
-      EngineRequest request{items[0].prompt, items[0].params, 0, 0, std::nullopt, constraint(), {}};
+      EngineRequest request{items[0].prompt, items[0].params, 0, 0, std::nullopt, constraint(), {}, {}};
       request.params.seed = sample_seed(seed, i);
       handles.push_back(engine.submit(std::move(request)));
     }
@@ -442,7 +442,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   // --batch: every request at once; one JSON line each, in input order.
   std::vector<RequestHandle> handles;
   for (const BatchItem& item : items)
-    handles.push_back(engine.submit(EngineRequest{item.prompt, item.params, 0, 0, std::nullopt, constraint(), {}}));
+    handles.push_back(engine.submit(EngineRequest{item.prompt, item.params, 0, 0, std::nullopt, constraint(), {}, {}}));
   for (size_t i = 0; i < handles.size(); ++i) {
     const RequestOutput r = collect(*handles[i]);
     nlohmann::json out;

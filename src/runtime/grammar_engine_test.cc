@@ -63,11 +63,11 @@ ConstrainedRun run_constrained(Fixture& f, bool jump_forward, bool overlap, int 
     p.temperature = i == 0 ? 0.0f : 1.0f;
     p.seed = 11 + static_cast<uint64_t>(i);
     EngineRequest r{{139, 190, 81, 313 + i}, p, 0, 0, std::nullopt,
-                    std::make_shared<GrammarConstraint>(masker, f.tokenizer.get()), {}};
+                    std::make_shared<GrammarConstraint>(masker, f.tokenizer.get()), {}, {}};
     for (RequestHandle& h : engine.submit_n(std::move(r), n)) handles.push_back(std::move(h));
   }
   // And one unconstrained request beside them.
-  handles.push_back(engine.submit(EngineRequest{{139, 190}, greedy(12), 0, 0, std::nullopt, nullptr, {}}));
+  handles.push_back(engine.submit(EngineRequest{{139, 190}, greedy(12), 0, 0, std::nullopt, nullptr, {}, {}}));
   ConstrainedRun run;
   for (RequestHandle& h : handles) run.outputs.push_back(collect(*h));
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
@@ -121,7 +121,7 @@ TEST_P(EngineMode, EachAcceptedForcedDraftSavesAStep) {
       p.max_tokens = 60;
       p.temperature = seed == 0 ? 0.0f : 1.0f;
       p.seed = seed;
-      EngineRequest r{{139, 190, 81}, p, 0, 0, std::nullopt, std::make_shared<GrammarConstraint>(grammar, f.tokenizer.get()), {}};
+      EngineRequest r{{139, 190, 81}, p, 0, 0, std::nullopt, std::make_shared<GrammarConstraint>(grammar, f.tokenizer.get()), {}, {}};
       runs[jump].outputs.push_back(collect(*engine.submit(std::move(r))));
       EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
       runs[jump].metrics = engine.metrics();
@@ -168,11 +168,11 @@ TEST_P(EngineMode, AFailingConstraintFailsOnlyItsRequest) {
   Fixture f(kLlama);
   EngineOptions o = slots(2048);
   Engine engine(*f.model, f.backend, nullptr, o);
-  const RequestOutput alone = collect(*engine.submit(EngineRequest{{7, 8, 9}, greedy(24), 0, 0, std::nullopt, nullptr, {}}));
+  const RequestOutput alone = collect(*engine.submit(EngineRequest{{7, 8, 9}, greedy(24), 0, 0, std::nullopt, nullptr, {}, {}}));
   for (bool in_accept : {false, true}) {
     RequestHandle failing = engine.submit(EngineRequest{{139, 190}, greedy(40), 0, 0, std::nullopt,
-                                                        std::make_shared<FailingConstraint>(5, in_accept), {}});
-    RequestHandle beside = engine.submit(EngineRequest{{7, 8, 9}, greedy(24), 0, 0, std::nullopt, nullptr, {}});
+                                                        std::make_shared<FailingConstraint>(5, in_accept), {}, {}});
+    RequestHandle beside = engine.submit(EngineRequest{{7, 8, 9}, greedy(24), 0, 0, std::nullopt, nullptr, {}, {}});
     const RequestOutput failed = collect(*failing);
     EXPECT_EQ(failed.reason, FinishReason::kError);
     EXPECT_NE(failed.error.find("the constraint gave up"), std::string::npos) << failed.error;
