@@ -9,6 +9,7 @@
 // SIGTERM or SIGINT stops accepting, lets forwarded requests finish until
 // --drain-timeout, then closes every connection; a second signal skips the
 // wait.
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <boost/asio/executor_work_guard.hpp>
@@ -46,6 +47,7 @@ struct RouteFlags {
   double stall_timeout = 10;
   double health_interval = 2;
   double health_timeout = 1;
+  double metrics_interval = 1;
   double upstream_timeout = 600;
   int client_threads = 2;
   double drain_timeout = 30;
@@ -85,6 +87,8 @@ void run_route(const RouteFlags& f) {
   BASALT_CHECK(f.health_interval >= 0.05 && f.health_interval <= 3600,
                "--health-interval must be in [0.05, 3600] seconds");
   BASALT_CHECK(f.health_timeout >= 0.05 && f.health_timeout <= 3600, "--health-timeout must be in [0.05, 3600] seconds");
+  BASALT_CHECK(f.metrics_interval >= 0.05 && f.metrics_interval <= 3600,
+               "--metrics-interval must be in [0.05, 3600] seconds");
   BASALT_CHECK(f.client_threads >= 1 && f.client_threads <= 64, "--client-threads must be in [1, 64]");
   BASALT_CHECK(f.upstream_timeout > 0 && f.upstream_timeout < 1e7, "--upstream-timeout must be positive seconds");
   BASALT_CHECK(f.drain_timeout > 0 && f.drain_timeout < 1e7, "--drain-timeout must be positive seconds");
@@ -119,6 +123,11 @@ void run_route(const RouteFlags& f) {
   options.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.stall_timeout * 1000));
   options.health.interval = std::chrono::milliseconds(static_cast<int64_t>(f.health_interval * 1000));
   options.health.timeout = std::chrono::milliseconds(static_cast<int64_t>(f.health_timeout * 1000));
+  // A scrape may take as long as a probe; its numbers count for three
+  // intervals (at least 2 s, GIE's staleness bound).
+  options.scrape.interval = std::chrono::milliseconds(static_cast<int64_t>(f.metrics_interval * 1000));
+  options.scrape.timeout = options.health.timeout;
+  options.scrape.stale_after = std::max(3 * options.scrape.interval, std::chrono::milliseconds(2000));
   options.log_requests = !f.http.no_request_log;
   HttpClientOptions client_options;
   client_options.timeout_s = f.upstream_timeout;
@@ -182,9 +191,10 @@ void add_route_command(CLI::App& app) {
                   "Read replicas from this file, one per line as for --replica ('#' comments); re-read on SIGHUP");
   cmd->add_option("--policy", f.policy,
                   "How a request's replica is chosen: cache-aware (the one this gateway sent the longest part of "
-                  "the prompt, unless it is much busier), round-robin, least-load (fewest requests in flight from "
-                  "the gateway), power-of-two (the less loaded of two drawn at random) or session (a session stays "
-                  "on its replica: --session-header, else the body's user) (default cache-aware)");
+                  "the prompt, unless it is much busier), round-robin, least-load (the fewest requests queued and "
+                  "running by the replica's scraped /metrics plus those sent since, else in flight from the "
+                  "gateway), power-of-two (the less loaded of two drawn at random) or session (a session stays on "
+                  "its replica: --session-header, else the body's user) (default cache-aware)");
   cmd->add_option("--session-header", f.session_header,
                   "The header that names a request's session for --policy session (default X-Session-Id)");
   cmd->add_option("--tenants-file", f.tenants_file,
@@ -204,7 +214,10 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--health-interval", f.health_interval,
                   "Seconds between /ready probes of each replica; 2 failed in a row take it out, 2 passed bring it "
                   "back (default 2)");
-  cmd->add_option("--health-timeout", f.health_timeout, "Seconds a /ready probe may take (default 1)");
+  cmd->add_option("--health-timeout", f.health_timeout, "Seconds a /ready probe (or a /metrics scrape) may take (default 1)");
+  cmd->add_option("--metrics-interval", f.metrics_interval,
+                  "Seconds between scrapes of each replica's /metrics (its queue, batch and KV usage: the load "
+                  "policies compare and the saturation the tenants' queue waits on) (default 1)");
   cmd->add_option("--upstream-timeout", f.upstream_timeout,
                   "Seconds one attempt on a replica may take in all (default 600)");
   cmd->add_option("--client-threads", f.client_threads, "Threads running the connections to replicas (default 2)");

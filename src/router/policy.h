@@ -5,9 +5,10 @@
 // per-model counter) and `random`.
 //
 //  * round-robin: the candidates rotated by `turn`.
-//  * least-load: fewest requests the gateway has in flight on it first
-//    (ties rotated by `turn`). Load is what this gateway sent; a replica's
-//    own queue (its /metrics) is not read yet.
+//  * least-load: the least loaded first (ties rotated by `turn`). A
+//    candidate's load is the caller's: the gateway gives the replica's
+//    scraped queue and batch plus what it sent since that scrape, or its
+//    own in-flight count without a fresh scrape (router/replica_metrics.h).
 //  * power-of-two: two candidates drawn with `random`, the less loaded
 //    first, then the other, then the rest by load (SGLang's p2c).
 //  * cache-aware (the default): the replica holding the longest cached
@@ -40,7 +41,7 @@ const char* policy_name(Policy policy);
 
 struct Candidate {
   std::string_view id;  // the replica's canonical URL
-  int64_t load = 0;     // requests in flight on it from this gateway
+  int64_t load = 0;     // its requests queued and running (see least-load)
   size_t matched = 0;   // cache-aware: the prompt's blocks it probably holds
 };
 

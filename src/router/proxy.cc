@@ -155,7 +155,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     saw_done = cut = stalled = false;
     last_byte = Clock::now();
     const uint64_t id = ++attempt_id;
-    to->state->in_flight.fetch_add(1);
+    const uint64_t generation = to->state->attempt_started();
     std::weak_ptr<State> weak = weak_from_this();
     ExchangeCallbacks callbacks;
     callbacks.on_head = [weak, id](const IncomingHead& h) {
@@ -167,15 +167,15 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     // on_done holds the state: the in-flight count must come down even
     // when the client went away first.
     auto self = shared_from_this();
-    callbacks.on_done = [self, id, to](HttpFailure failure, const std::string& message) {
-      to->state->in_flight.fetch_sub(1);
+    callbacks.on_done = [self, id, to, generation](HttpFailure failure, const std::string& message) {
+      to->state->attempt_ended(generation);
       self->on_done(id, failure, message);
     };
     HttpClient* client = nullptr;
     try {
       client = &clients.of(to->spec);
     } catch (const std::exception& e) {  // the replica's host no longer resolves
-      to->state->in_flight.fetch_sub(1);
+      to->state->attempt_ended(generation);
       last_failure = to->spec.id + ": " + e.what();
       attempt_failed("eof", AttemptOutcome::kUnreachable);
       return;

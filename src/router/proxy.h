@@ -32,7 +32,8 @@
 // Contract: the producer's state is shared with the client callbacks
 // (which run on the replica client's strand), so either side may go first;
 // abort() cancels the exchange in flight and the replica sees its client
-// go away. Each attempt counts in the replica's ReplicaState::in_flight
+// go away. Each attempt counts in the replica's ReplicaState (in flight,
+// and sent since its last scrape)
 // while it runs, and `observe` (when set) hears how each attempt and the
 // request ended, from the thread that ended them.
 #pragma once

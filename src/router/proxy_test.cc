@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -128,6 +129,16 @@ class Gateway : public ::testing::Test {
   FakeReplica& named(const std::string& name) {
     return replica([body = R"({"from":")" + name + "\"}"](HttpRequest&) { return whole(200, body); });
   }
+  // A replica whose /metrics says `waiting` requests wait in it, and which
+  // answers anything else {"from":"NAME","usage":...}.
+  FakeReplica& metered(const std::string& name, std::shared_ptr<std::atomic<int>> waiting) {
+    return replica([name, waiting](HttpRequest& r) {
+      if (r.path == "/metrics")
+        return whole(200, "basalt_requests_waiting " + std::to_string(waiting->load()) +
+                              "\nbasalt_requests_running 1\nbasalt_kv_cache_usage_ratio 0.1\n");
+      return whole(200, R"({"from":")" + name + R"(","usage":{"completion_tokens":1}})");
+    });
+  }
   FakeReplica& replica(std::function<HandlerResult(HttpRequest&)> answer) {
     replicas_.push_back(std::make_unique<FakeReplica>());
     replicas_.back()->answer = std::move(answer);
@@ -141,6 +152,7 @@ class Gateway : public ::testing::Test {
     registry_.set(std::move(specs));
     options.log_requests = false;
     options.health_checks = health_checks_;
+    options.scrape_metrics = scrape_metrics_;
     route_ = std::make_unique<RouteServer>(registry_, io_, options);
     HttpServerOptions http;
     http.port = 0;
@@ -185,6 +197,7 @@ class Gateway : public ::testing::Test {
   }
 
   bool health_checks_ = false;  // the probes would count as requests the fakes got
+  bool scrape_metrics_ = false;  // so would the scrapes
   boost::asio::io_context io_;
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::thread thread_;
@@ -609,6 +622,47 @@ TEST_F(Gateway, TenantsAreKnownByKeyLimitedAndNamespaced) {
   EXPECT_NE(m.find(R"(basalt_route_rejections_total{tenant="acme",reason="rate"} 1)"), std::string::npos) << m;
   EXPECT_NE(m.find(R"(basalt_route_tenant_requests_total{tenant="acme",status="200"} 2)"), std::string::npos) << m;
   EXPECT_NE(m.find(R"(basalt_route_tenant_running{tenant="acme"} 0)"), std::string::npos) << m;
+}
+
+// The completions a fake replica got (its scrapes aside).
+size_t completions(FakeReplica& f) {
+  std::lock_guard<std::mutex> lock(f.mu);
+  return static_cast<size_t>(std::count_if(f.got.begin(), f.got.end(),
+                                           [](const HttpRequest& r) { return r.path == "/v1/completions"; }));
+}
+
+// Waits until every listed replica has a scrape that says `waiting`.
+bool scraped(ReplicaRegistry& registry, const std::vector<double>& waiting) {
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < until) {
+    const auto snapshot = registry.snapshot();
+    bool all = true;
+    for (size_t i = 0; i < snapshot->replicas.size(); ++i) {
+      ReplicaState& s = *snapshot->replicas[i].state;
+      std::lock_guard<std::mutex> lock(s.mu);
+      all = all && s.scraped.valid && s.scraped.waiting == waiting[i];
+    }
+    if (all) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
+TEST_F(Gateway, LeastLoadReadsTheReplicasScrapedQueues) {
+  const auto busy = std::make_shared<std::atomic<int>>(50);
+  const auto idle = std::make_shared<std::atomic<int>>(0);
+  FakeReplica& a = metered("a", busy);
+  FakeReplica& b = metered("b", idle);
+  scrape_metrics_ = true;
+  RouteServerOptions options;
+  options.policy = Policy::kLeastLoad;
+  options.scrape.interval = 20ms;
+  start_gateway({a.url(), b.url()}, options);
+  ASSERT_TRUE(scraped(registry_, {50, 0}));
+  // The gateway has nothing in flight anywhere: only the scrapes tell them apart.
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(call("POST", "/v1/completions", kCompletion).body.substr(0, 12), R"({"from":"b",)");
+  EXPECT_EQ(completions(a), 0u);
+  EXPECT_EQ(completions(b), 4u);
 }
 
 }  // namespace

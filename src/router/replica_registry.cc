@@ -29,6 +29,20 @@ std::string lower(std::string s) {
 
 }  // namespace
 
+uint64_t ReplicaState::attempt_started() {
+  in_flight.fetch_add(1);
+  std::lock_guard<std::mutex> lock(mu);
+  ++sent_since_scrape;
+  return scrape_generation;
+}
+
+void ReplicaState::attempt_ended(uint64_t generation) {
+  in_flight.fetch_sub(1);
+  std::lock_guard<std::mutex> lock(mu);
+  // One started before the last scrape is in that scrape's numbers.
+  if (generation == scrape_generation && sent_since_scrape > 0) --sent_since_scrape;
+}
+
 std::string canonical_url(const BaseUrl& url) {
   const std::string host = lower(url.host);
   const bool v6 = host.find(':') != std::string::npos;

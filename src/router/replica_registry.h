@@ -23,6 +23,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -50,6 +51,21 @@ std::vector<ReplicaSpec> parse_replica_file(std::string_view text, std::string_v
 // The canonical form of a base URL.
 std::string canonical_url(const BaseUrl& url);
 
+// What the last scrape of a replica's /metrics said (router/replica_metrics.h).
+struct ScrapedLoad {
+  bool valid = false;  // the last scrape answered with the numbers below
+  std::chrono::steady_clock::time_point at{};
+  double waiting = 0;   // requests queued in the replica
+  double running = 0;   // requests in its running batch
+  double kv_usage = 0;  // used / capacity of its KV cache, 0 to 1
+  // basalt_prefill_tokens_total, and its change since the scrape before
+  // (none after a restart of the replica or before two scrapes).
+  double prefill_tokens = -1;
+  double prefill_tokens_delta = -1;
+  double prefill_tokens_per_s = -1;
+  uint64_t failures = 0;  // scrapes that failed, in all
+};
+
 // What the gateway keeps per replica between snapshots.
 struct ReplicaState {
   std::atomic<int64_t> in_flight{0};     // requests sent and not yet answered in full
@@ -58,6 +74,16 @@ struct ReplicaState {
   std::mutex mu;                         // guards what follows
   CircuitBreaker breaker;                // from how its requests ended
   int probe_failures = 0, probe_successes = 0;  // in a row
+  ScrapedLoad scraped;
+  // Attempts started since the last scrape was recorded and not ended yet:
+  // the load the scraped numbers cannot show.
+  int64_t sent_since_scrape = 0;
+  uint64_t scrape_generation = 0;  // one more per recorded scrape
+
+  // An attempt begins (in_flight and sent_since_scrape count it); the
+  // value returned goes back to attempt_ended().
+  uint64_t attempt_started();
+  void attempt_ended(uint64_t generation);
 };
 
 struct Replica {

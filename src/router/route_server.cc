@@ -95,10 +95,15 @@ RouteServer::RouteServer(ReplicaRegistry& registry, boost::asio::io_context& cli
     health_ = std::make_unique<HealthChecker>(registry_, client_io, options_.health);
     health_->start();
   }
+  if (options_.scrape_metrics) {
+    scraper_ = std::make_unique<MetricsScraper>(registry_, client_io, options_.scrape);
+    scraper_->start();
+  }
 }
 
 RouteServer::~RouteServer() {
   if (health_) health_->stop();
+  if (scraper_) scraper_->stop();
 }
 
 std::shared_ptr<const Replica> RouteServer::pick(const Routing& routing, const std::vector<std::string>& tried) {
@@ -119,7 +124,7 @@ std::shared_ptr<const Replica> RouteServer::pick(const Routing& routing, const s
     turn = shared_->round_robin[model]++;
   }
   std::vector<Candidate> loads;
-  for (const Replica* r : candidates) loads.push_back({r->spec.id, r->state->in_flight.load()});
+  for (const Replica* r : candidates) loads.push_back({r->spec.id, load_of(*r->state, now, options_.scrape)});
   if (!routing.blocks.empty()) {
     std::vector<std::string_view> ids;
     for (const Candidate& c : loads) ids.push_back(c.id);

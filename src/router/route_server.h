@@ -48,6 +48,7 @@
 #include "router/policy.h"
 #include "router/prefix_index.h"
 #include "router/proxy.h"
+#include "router/replica_metrics.h"
 #include "router/replica_registry.h"
 #include "router/tenants.h"
 #include "server/http_server.h"
@@ -73,6 +74,11 @@ struct RouteServerOptions {
   // drive health by hand.
   bool health_checks = true;
   HealthOptions health;
+  // Scrapes of each replica's /metrics (router/replica_metrics.h): the
+  // load policies compare; off for tests whose fakes answer only what
+  // they are asked.
+  bool scrape_metrics = true;
+  ScrapeOptions scrape;
   bool log_requests = true;
 };
 
@@ -106,6 +112,7 @@ class RouteServer {
   std::shared_ptr<Shared> shared_;
   PrefixIndex prefixes_;
   std::unique_ptr<HealthChecker> health_;
+  std::unique_ptr<MetricsScraper> scraper_;
 };
 
 }  // namespace basalt::router

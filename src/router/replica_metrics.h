@@ -1,0 +1,102 @@
+// Replica metrics: what the gateway learns from each replica's /metrics
+// (docs/ROUTER.md §1, §2, §4), and what it makes of it.
+//
+//  * read_prometheus_text() reads the Prometheus text format (0.0.4):
+//    `name{label="value",...} value [timestamp]` lines, `#` lines skipped.
+//    A line that does not follow the format is counted in bad_lines and
+//    skipped; nothing a replica sends can make it throw or read past the
+//    text. At most max_samples samples are kept.
+//  * replica_load() picks out the numbers the gateway routes by:
+//    basalt_requests_waiting, basalt_requests_running,
+//    basalt_kv_cache_usage_ratio and basalt_prefill_tokens_total (the
+//    vllm:num_requests_waiting / _running and vllm:kv_cache_usage_perc
+//    names when basalt's are absent), summed over their label sets (one
+//    per model a replica serves; the largest for the usage ratio). A value
+//    that cannot be one (negative, not finite, a usage past 1) counts as
+//    absent.
+//  * MetricsScraper GETs /metrics of every listed replica each `interval`
+//    (on the io_context it is given; a replica's scrapes never overlap)
+//    and records the result in its ReplicaState: a scrape is good when it
+//    answered 200 with waiting, running and usage; anything else (a
+//    failed connection, another status, garbage, a missing number) leaves
+//    the state invalid until the next good one. Recording a scrape starts
+//    a new count of the attempts sent since (ReplicaState).
+//  * load_of() and saturated() are how policies and the admission queue
+//    read a replica: with a valid scrape younger than stale_after, load is
+//    its waiting + running + the attempts sent since the scrape, and it is
+//    saturated when waiting + those attempts reach max_waiting (5) or its
+//    KV usage reaches max_kv_usage (0.8), GIE's defaults; without one, the
+//    load is this gateway's in-flight count and it is never saturated (the
+//    gateway has no numbers to hold requests back by).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "router/replica_registry.h"
+#include "server/prometheus_text.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace basalt::router {
+
+struct PrometheusSample {
+  std::string name;
+  PrometheusLabels labels;
+  double value = 0;
+};
+
+struct PrometheusRead {
+  std::vector<PrometheusSample> samples;
+  size_t bad_lines = 0;
+};
+
+PrometheusRead read_prometheus_text(std::string_view text, size_t max_samples = 100000);
+
+struct ReplicaLoad {
+  std::optional<double> waiting, running, kv_usage, prefill_tokens;
+  bool complete() const { return waiting && running && kv_usage; }
+};
+
+ReplicaLoad replica_load(const PrometheusRead& read);
+
+struct ScrapeOptions {
+  std::chrono::milliseconds interval{1000};
+  std::chrono::milliseconds timeout{1000};
+  std::chrono::milliseconds stale_after{3000};
+  double max_waiting = 5;
+  double max_kv_usage = 0.8;
+};
+
+// The load policies compare replicas by (see above).
+int64_t load_of(ReplicaState& state, std::chrono::steady_clock::time_point now,
+                const ScrapeOptions& options);
+bool saturated(ReplicaState& state, std::chrono::steady_clock::time_point now,
+               const ScrapeOptions& options);
+
+class MetricsScraper {
+ public:
+  MetricsScraper(ReplicaRegistry& registry, boost::asio::io_context& io,
+                 ScrapeOptions options = {});
+  ~MetricsScraper();
+  void start();
+  void stop();
+
+  // The bookkeeping of one scrape: `load` none or incomplete is a failure.
+  static void record(ReplicaState& state, const std::optional<ReplicaLoad>& load,
+                     std::chrono::steady_clock::time_point now);
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace basalt::router
