@@ -198,9 +198,10 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--session-header", f.session_header,
                   "The header that names a request's session for --policy session (default X-Session-Id)");
   cmd->add_option("--tenants-file", f.tenants_file,
-                  "Tenants (JSON: keys, class, limits, share_cache; docs/ROUTER.md): their keys are accepted, their "
-                  "requests rate- and concurrency-limited (429 with Retry-After) and kept in their own cache "
-                  "namespace; re-read on SIGHUP");
+                  "Tenants (JSON: classes, keys, weights, limits, share_cache; docs/ROUTER.md): their keys are "
+                  "accepted, their requests rate-, token- and concurrency-limited (429 with Retry-After), queued by "
+                  "class and weight while the replicas are saturated, and kept in their own cache namespace; "
+                  "re-read on SIGHUP");
   cmd->add_option("--upstream-api-key", f.upstream_api_key,
                   "Send this API key to the replicas (the clients' keys are never forwarded)");
   cmd->add_option("--max-attempts", f.max_attempts,

@@ -111,6 +111,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
   std::optional<int64_t> created;
   int failovers = 0;
   std::unique_ptr<boost::asio::steady_timer> stall_timer;
+  int64_t completion_tokens = -1;  // from the answer's usage
 
   State(ReplicaClients& c, ProxyRequest r) : clients(c), request(std::move(r)) {
     if (!request.failover.enabled) return;
@@ -204,6 +205,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     if (id != attempt_id || aborted || done) return;
     last_byte = Clock::now();
     status = h.status;
+    if (request.observe.head) request.observe.head();
     content_type = std::string(h.header("content-type").value_or("application/json"));
     for (const char* name : {"x-request-id", "retry-after"})
       if (const auto v = h.header(name)) passed_headers.emplace_back(name, std::string(*v));
@@ -264,6 +266,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
         return;
       }
     }
+    if (data.find("\"usage\"") != std::string_view::npos) note_usage(data);
     if (request.failover.enabled && !created) {
       const nlohmann::json j = nlohmann::json::parse(data, nullptr, false);
       if (j.is_object() && j.contains("created") && j["created"].is_number_integer()) created = j["created"].get<int64_t>();
@@ -276,6 +279,25 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     }
     infos.clear();
     pending += raw;
+  }
+
+  // An answer's (or a stream chunk's) usage.completion_tokens.
+  void note_usage(std::string_view json_text) {
+    const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, false);
+    if (!j.is_object()) return;
+    const auto u = j.find("usage");
+    if (u == j.end() || !u->is_object()) return;
+    const auto c = u->find("completion_tokens");
+    if (c != u->end() && c->is_number_integer() && c->get<int64_t>() >= 0) completion_tokens = c->get<int64_t>();
+  }
+
+  // What finished() reports: the usage, else the tokens the client's
+  // events carried by their resume comments.
+  int64_t used_completion_tokens() const {
+    if (completion_tokens >= 0 || resumed.empty()) return completion_tokens;
+    int64_t n = 0;
+    for (const auto& [index, r] : resumed) n += static_cast<int64_t>(r.ids.size());
+    return n;
   }
 
   void flush_event_raw() {
@@ -344,6 +366,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
       return;
     }
     observe_attempt(AttemptOutcome::kAnswered);
+    if (status == 200 && request.observe.finished && r.body.size() <= (size_t{1} << 20)) note_usage(r.body);
     finish(std::move(r));
   }
 
@@ -425,9 +448,10 @@ void ProxyProducer::start(std::function<void()> wake) {
 }
 
 void ProxyProducer::pull(Output& out) {
-  std::function<void(int, const std::vector<std::string>&)> finished;
+  std::function<void(int, const std::vector<std::string>&, int64_t)> finished;
   int status = 0;
   std::vector<std::string> tried;
+  int64_t completion_tokens = -1;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     State& s = *state_;
@@ -445,14 +469,16 @@ void ProxyProducer::pull(Output& out) {
       finished = s.request.observe.finished;
       status = s.final_status;
       tried = s.tried;
+      completion_tokens = s.used_completion_tokens();
     }
   }
-  if (finished) finished(status, tried);
+  if (finished) finished(status, tried, completion_tokens);
 }
 
 void ProxyProducer::abort() {
-  std::function<void(int, const std::vector<std::string>&)> finished;
+  std::function<void(int, const std::vector<std::string>&, int64_t)> finished;
   std::vector<std::string> tried;
+  int64_t completion_tokens = -1;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     State& s = *state_;
@@ -467,9 +493,10 @@ void ProxyProducer::abort() {
       s.finished_reported = true;
       finished = s.request.observe.finished;
       tried = s.tried;
+      completion_tokens = s.used_completion_tokens();
     }
   }
-  if (finished) finished(499, tried);
+  if (finished) finished(499, tried, completion_tokens);
 }
 
 }  // namespace basalt::router

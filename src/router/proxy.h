@@ -83,10 +83,15 @@ struct ProxyObserver {
   // A stream resumed elsewhere after `replica` failed it: "eof" (ended or
   // broke before [DONE]), "stall" or "cut" (cut_by_server).
   std::function<void(const ReplicaSpec& replica, const char* reason)> failover;
+  // A replica's head arrived (it began answering). Called under the
+  // producer's lock: it must not call back into the producer.
+  std::function<void()> head;
   // The status the client got (a stream cut after its head counts as its
-  // 200; a client gone before its answer was out, 499), and the replicas
-  // tried, in order (canonical ids). Exactly once per request.
-  std::function<void(int status, const std::vector<std::string>& tried)> finished;
+  // 200; a client gone before its answer was out, 499), the replicas
+  // tried, in order (canonical ids), and the completion tokens the answer
+  // had (its `usage`, else the tokens its resume comments named; -1 when
+  // neither said). Exactly once per request.
+  std::function<void(int status, const std::vector<std::string>& tried, int64_t completion_tokens)> finished;
 };
 
 // A stream the gateway may resume elsewhere: its body is a JSON object

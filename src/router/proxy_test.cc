@@ -12,6 +12,7 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -663,6 +664,54 @@ TEST_F(Gateway, LeastLoadReadsTheReplicasScrapedQueues) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(call("POST", "/v1/completions", kCompletion).body.substr(0, 12), R"({"from":"b",)");
   EXPECT_EQ(completions(a), 0u);
   EXPECT_EQ(completions(b), 4u);
+}
+
+TEST_F(Gateway, TenantsQueueWhileTheReplicaIsSaturated) {
+  const auto waiting = std::make_shared<std::atomic<int>>(9);  // past 5: saturated
+  FakeReplica& a = metered("a", waiting);
+  TenantBook book;
+  book.set(parse_tenants(R"({"classes": {"live": {"priority": 2, "queue_deadline_ms": 300},
+                                         "spare": {"priority": 0, "sheddable": true}},
+                             "tenants": {"live": {"keys": ["sk-live"], "class": "live"},
+                                         "spare": {"keys": ["sk-spare"], "class": "spare"}}})",
+                         "test"));
+  scrape_metrics_ = true;
+  RouteServerOptions options;
+  options.tenants = &book;
+  options.scrape.interval = 20ms;
+  start_gateway({a.url()}, options);
+  ASSERT_TRUE(scraped(registry_, {9}));
+  const auto as = [](const char* key) {
+    return std::vector<std::pair<std::string, std::string>>{{"Authorization", std::string("Bearer ") + key}};
+  };
+  // Sheddable: refused at once.
+  const auto t0 = std::chrono::steady_clock::now();
+  const Reply shed = call("POST", "/v1/completions", kCompletion, as("sk-spare"));
+  EXPECT_EQ(shed.head->status, 429);
+  EXPECT_EQ(shed.head->header("retry-after").value_or(""), "1");
+  EXPECT_NE(shed.body.find("sheddable"), std::string::npos) << shed.body;
+  // Interactive: waits its class's deadline, then 429 with Retry-After.
+  const Reply late = call("POST", "/v1/completions", kCompletion, as("sk-live"));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(late.head->status, 429);
+  EXPECT_GE(waited, 0.3);
+  EXPECT_NE(late.body.find("deadline"), std::string::npos) << late.body;
+  EXPECT_GE(std::stoi(std::string(late.head->header("retry-after").value_or("0"))), 1);
+  EXPECT_EQ(completions(a), 0u);
+  // One that waits while the replica is saturated goes once it is not.
+  auto pending = std::async(std::launch::async, [&] { return call("POST", "/v1/completions", kCompletion, as("sk-live")); });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(completions(a), 0u);
+  waiting->store(0);
+  const Reply went = pending.get();
+  EXPECT_EQ(went.head->status, 200);
+  EXPECT_EQ(completions(a), 1u);
+  const std::string m = metrics_as("sk-live");
+  EXPECT_NE(m.find(R"(basalt_route_rejections_total{tenant="spare",reason="saturated"} 1)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_rejections_total{tenant="live",reason="deadline"} 1)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_queue_depth{class="live",tenant="live"} 0)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_queue_wait_seconds_count{class="live"} 1)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_tenant_running{tenant="live"} 0)"), std::string::npos) << m;
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include "router/route_server.h"
 
 #include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <fmt/format.h>
 #include <map>
@@ -58,7 +61,171 @@ bool serves(const ReplicaSpec& spec, const std::string& model) {
   return spec.model.empty() || model.empty() || spec.model == model;
 }
 
+// A prompt's estimated tokens: its bytes / 4 (about what BPE tokenizers
+// make of English), or one per token id.
+int64_t prompt_estimate(const nlohmann::json& prompt) {
+  if (prompt.is_string()) return static_cast<int64_t>(prompt.get_ref<const std::string&>().size() + 3) / 4;
+  if (prompt.is_number_integer()) return 1;
+  if (prompt.is_array()) {
+    int64_t n = 0;
+    for (const nlohmann::json& part : prompt) n += prompt_estimate(part);
+    return n;
+  }
+  return static_cast<int64_t>(prompt.dump().size() + 3) / 4;  // chat messages
+}
+
+// A tenant's request while it waits in the admission queue, then the
+// ProxyProducer it becomes there, or the 429 it gets.
+class QueuedProducer : public ResponseProducer {
+ public:
+  struct Hooks {
+    // Queues the request; returns a refusal made at once.
+    std::function<std::optional<AdmissionDecision>(AdmissionQueue::Decided, AdmissionQueue::Id*)> submit;
+    std::function<bool(AdmissionQueue::Id)> cancel;
+    std::function<std::unique_ptr<ProxyProducer>()> dispatched;     // it may go: its producer
+    std::function<HttpResponse(const AdmissionDecision&)> refused;  // its answer, counted and refunded
+    std::function<void()> dropped;    // dispatched after its client went
+    std::function<void()> cancelled;  // its client went while it was queued
+  };
+
+  explicit QueuedProducer(Hooks hooks) : slot_(std::make_shared<Slot>()) { slot_->hooks = std::move(hooks); }
+  ~QueuedProducer() override { abort(); }
+
+  void start(std::function<void()> wake) override {
+    {
+      std::lock_guard<std::mutex> lock(slot_->mu);
+      slot_->wake = std::move(wake);
+    }
+    AdmissionQueue::Id id = 0;
+    const std::optional<AdmissionDecision> refused =
+        slot_->hooks.submit([slot = slot_](const AdmissionDecision& d) { slot->decide(d); }, &id);
+    if (refused) {
+      slot_->decide(*refused);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(slot_->mu);
+    slot_->id = id;
+    slot_->queued = true;
+  }
+
+  void pull(Output& out) override {
+    ProxyProducer* inner = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(slot_->mu);
+      if (slot_->refusal) {
+        out.head = std::move(*slot_->refusal);
+        slot_->refusal.reset();
+        out.done = true;
+        return;
+      }
+      inner = slot_->inner.get();
+    }
+    if (inner != nullptr) inner->pull(out);
+  }
+
+  void abort() override {
+    ProxyProducer* inner = nullptr;
+    bool queued = false;
+    AdmissionQueue::Id id = 0;
+    {
+      std::lock_guard<std::mutex> lock(slot_->mu);
+      if (slot_->aborted) return;
+      slot_->aborted = true;
+      slot_->wake = nullptr;
+      inner = slot_->inner.get();
+      queued = slot_->queued && !slot_->decided;
+      id = slot_->id;
+    }
+    if (inner != nullptr) {
+      inner->abort();
+    } else if (queued && slot_->hooks.cancel(id)) {
+      slot_->hooks.cancelled();
+    }
+  }
+
+ private:
+  struct Slot {
+    Hooks hooks;
+    std::mutex mu;  // what follows
+    std::function<void()> wake;
+    std::unique_ptr<ProxyProducer> inner;
+    std::optional<HttpResponse> refusal;
+    AdmissionQueue::Id id = 0;
+    bool queued = false;
+    bool decided = false;
+    bool aborted = false;
+
+    void decide(const AdmissionDecision& d) {
+      std::unique_lock<std::mutex> lock(mu);
+      decided = true;
+      if (aborted) {
+        lock.unlock();
+        if (d.dispatched) {
+          hooks.dropped();
+        } else {
+          hooks.refused(d);
+        }
+        return;
+      }
+      if (d.dispatched) {
+        inner = hooks.dispatched();
+        inner->start(wake);  // under mu: pull() and abort() wait for the producer to exist
+        return;
+      }
+      refusal = hooks.refused(d);
+      const std::function<void()> w = wake;
+      lock.unlock();
+      if (w) w();
+    }
+  };
+  std::shared_ptr<Slot> slot_;
+};
+
 }  // namespace
+
+// The admission queue, and what pumps it: requests as they come, the
+// events that may free a replica (posted to the client io_context), and a
+// 50 ms timer.
+struct RouteServer::Admission : std::enable_shared_from_this<Admission> {
+  AdmissionQueue queue;
+  boost::asio::io_context& io;
+  std::mutex mu;  // held while pumping, so stop() waits for a pump in progress; guards the timer
+  bool stopped = false;
+  boost::asio::steady_timer timer;
+
+  explicit Admission(boost::asio::io_context& i) : io(i), timer(i) {}
+
+  void pump() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!stopped) queue.pump(Clock::now());
+  }
+  void pump_soon() {
+    boost::asio::post(io, [weak = weak_from_this()] {
+      if (const auto self = weak.lock()) self->pump();
+    });
+  }
+  void start() {
+    std::lock_guard<std::mutex> lock(mu);
+    arm();
+  }
+  void arm() {  // under mu
+    timer.expires_after(std::chrono::milliseconds(50));
+    timer.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      if (ec) return;
+      const auto self = weak.lock();
+      if (!self) return;
+      std::lock_guard<std::mutex> lock(self->mu);
+      if (self->stopped) return;
+      self->queue.pump(Clock::now());
+      self->arm();
+    });
+  }
+  void stop() {
+    std::lock_guard<std::mutex> lock(mu);
+    stopped = true;
+    timer.cancel();
+  }
+};
 
 // Counters shared with the requests in flight (their callbacks may end
 // after the server).
@@ -81,6 +248,23 @@ struct RouteServer::Shared {
     std::lock_guard<std::mutex> lock(mu);
     ++attempts[{replica, attempt_outcome_name(outcome)}];
   }
+  // A 429 of the gateway's, counted under its tenant and reason.
+  HttpResponse rejection(const std::string& tenant, const std::string& reason, int retry_after_s) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++rejections[{tenant, reason}];
+    }
+    const char* message = reason == "rate"          ? "this API key's request rate limit is reached"
+                          : reason == "tokens"      ? "this API key's token rate limit is reached"
+                          : reason == "concurrency" ? "this API key has as many requests running as it may"
+                          : reason == "queue_full"  ? "this API key has as many requests queued as it may"
+                          : reason == "deadline"    ? "the request waited in the gateway's queue past its class's deadline"
+                          : reason == "saturated"   ? "the replicas are saturated and this API key's requests are sheddable"
+                                                    : "refused";
+    HttpResponse r = json_error(429, message, "rate_limit_error");
+    r.headers.emplace_back("Retry-After", std::to_string(retry_after_s));
+    return r;
+  }
 };
 
 RouteServer::RouteServer(ReplicaRegistry& registry, boost::asio::io_context& client_io, RouteServerOptions options,
@@ -99,24 +283,68 @@ RouteServer::RouteServer(ReplicaRegistry& registry, boost::asio::io_context& cli
     scraper_ = std::make_unique<MetricsScraper>(registry_, client_io, options_.scrape);
     scraper_->start();
   }
+  admission_ = std::make_shared<Admission>(client_io);
+  if (options_.tenants != nullptr) admission_->start();
 }
 
 RouteServer::~RouteServer() {
+  admission_->stop();
   if (health_) health_->stop();
   if (scraper_) scraper_->stop();
+}
+
+std::vector<const Replica*> RouteServer::candidates(const Snapshot& snapshot, const std::string& model,
+                                                    const std::vector<std::string>& tried, Clock::time_point now) const {
+  std::vector<const Replica*> out;
+  for (const Replica& r : snapshot.replicas) {
+    if (r.state->draining.load() || !r.state->healthy.load() || !serves(r.spec, model)) continue;
+    if (std::find(tried.begin(), tried.end(), r.spec.id) != tried.end()) continue;
+    std::lock_guard<std::mutex> lock(r.state->mu);
+    if (r.state->breaker.available(now)) out.push_back(&r);
+  }
+  return out;
+}
+
+bool RouteServer::first_choice_saturated(const Routing& routing) {
+  const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
+  const auto now = Clock::now();
+  const std::vector<const Replica*> replicas = candidates(*snapshot, routing.model, {}, now);
+  if (replicas.empty()) return false;  // the proxy answers that
+  uint64_t turn = 0;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    turn = shared_->round_robin[routing.model];  // the turn pick() will take
+  }
+  std::vector<Candidate> loads;
+  for (const Replica* r : replicas) loads.push_back({r->spec.id, load_of(*r->state, now, options_.scrape)});
+  if (!routing.blocks.empty()) {
+    std::vector<std::string_view> ids;
+    for (const Candidate& c : loads) ids.push_back(c.id);
+    const std::vector<size_t> matched = prefixes_.match(ids, routing.blocks, now);
+    for (size_t i = 0; i < loads.size(); ++i) loads[i].matched = matched[i];
+  }
+  PickInput in;
+  in.turn = turn;
+  in.session = routing.session;
+  in.blocks = routing.blocks.size();
+  const std::vector<size_t> order = preference(options_.policy, loads, in);
+  return saturated(*replicas[order.front()]->state, now, options_.scrape);
+}
+
+bool RouteServer::pool_saturated(const Routing& routing) {
+  const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
+  const auto now = Clock::now();
+  const std::vector<const Replica*> replicas = candidates(*snapshot, routing.model, {}, now);
+  return !replicas.empty() && std::all_of(replicas.begin(), replicas.end(), [&](const Replica* r) {
+    return saturated(*r->state, now, options_.scrape);
+  });
 }
 
 std::shared_ptr<const Replica> RouteServer::pick(const Routing& routing, const std::vector<std::string>& tried) {
   const std::string& model = routing.model;
   const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
   const auto now = Clock::now();
-  std::vector<const Replica*> candidates;
-  for (const Replica& r : snapshot->replicas) {
-    if (r.state->draining.load() || !r.state->healthy.load() || !serves(r.spec, model)) continue;
-    if (std::find(tried.begin(), tried.end(), r.spec.id) != tried.end()) continue;
-    std::lock_guard<std::mutex> lock(r.state->mu);
-    if (r.state->breaker.available(now)) candidates.push_back(&r);
-  }
+  const std::vector<const Replica*> candidates = this->candidates(*snapshot, model, tried, now);
   if (candidates.empty()) return nullptr;
   uint64_t turn = 0;
   {
@@ -235,6 +463,9 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
   if (auto h = request.header(options_.session_header); h && !options_.session_header.empty())
     session = std::string(h->substr(0, 256));
   bool stream = false;
+  // A tenant's completion or chat waits in the admission queue.
+  bool queued = false;
+  Cost cost;
   if (by_model) {
     try {
       nlohmann::json body = parse_json_object(request.body);
@@ -245,6 +476,17 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
         stream = body.value("stream", false) == true && !body.contains("basalt_resume");
         bool changed = false;
         if (tenant) {
+          queued = true;
+          const auto prompt = body.find(route == "/v1/completions" ? "prompt" : "messages");
+          cost.prompt = prompt != body.end() ? prompt_estimate(*prompt) : 0;
+          int64_t max_tokens = route == "/v1/completions" ? 16 : 1024;
+          for (const char* field : {"max_tokens", "max_completion_tokens"})
+            if (const auto m = body.find(field); m != body.end() && m->is_number_integer() && m->get<int64_t>() >= 0)
+              max_tokens = std::min<int64_t>(m->get<int64_t>(), int64_t{1} << 30);
+          int64_t n = 1;
+          if (const auto c = body.find("n"); c != body.end() && c->is_number_integer())
+            n = std::clamp<int64_t>(c->get<int64_t>(), 1, 128);
+          cost.completion = max_tokens * n;
           // The tenant's namespace in the replicas' caches, and its class's
           // priority (the replica's scheduler then agrees with the gateway).
           if (!tenant->share_cache) {
@@ -282,26 +524,23 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
       return answer(json_error(404, "the model '" + model + "' is not served here", "invalid_request_error", "model"));
   }
   if (tenant) {
-    const TenantBook::Admission a = book->admit(tenant->name, Clock::now());
-    if (!a.admitted) {
-      {
-        std::lock_guard<std::mutex> lock(shared_->mu);
-        ++shared_->rejections[{tenant->name, a.reason}];
-      }
-      HttpResponse r = json_error(429,
-                                  a.reason == "rate" ? "this API key's request rate limit is reached"
-                                                     : "this API key has as many requests running as it may",
-                                  "rate_limit_error");
-      r.headers.emplace_back("Retry-After", std::to_string(a.retry_after_s));
-      return answer(std::move(r));
+    const TenantBook::Admission a = book->admit(tenant->name, Clock::now(), queued ? cost.total() : 0, queued);
+    if (!a.admitted) return answer(shared_->rejection(tenant->name, a.reason, a.retry_after_s));
+    if (queued && tenant->sheddable && pool_saturated(routing)) {
+      book->refund(tenant->name, cost.total());
+      return answer(shared_->rejection(tenant->name, "saturated", 1));
     }
   }
-  return forward(request, route, std::move(routing), stream);
+  return forward(request, route, std::move(routing), stream, queued ? &*tenant : nullptr, cost);
 }
 
-HandlerResult RouteServer::forward(HttpRequest& request, const std::string& route, Routing routing, bool stream) {
+HandlerResult RouteServer::forward(HttpRequest& request, const std::string& route, Routing routing, bool stream,
+                                   const Tenant* queued_tenant, Cost cost) {
   const std::string model = routing.model;
   const std::string tenant = routing.tenant;  // routing itself moves into pick below
+  const bool queued = queued_tenant != nullptr;
+  // The saturation gate reads the routing too.
+  const Routing gate_routing = queued ? routing : Routing{};
   ProxyRequest p;
   p.max_attempts = options_.max_attempts;
   p.failover.enabled = stream;
@@ -332,12 +571,26 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     std::lock_guard<std::mutex> lock(shared->mu);
     ++shared->failovers[{replica.id, reason}];
   };
-  shared->in_flight.fetch_add(1);
   TenantBook* book = !tenant.empty() ? options_.tenants : nullptr;
-  p.observe.finished = [shared, route, remote = request.remote, method = request.method, model, book, tenant,
-                        start = Clock::now()](int status, const std::vector<std::string>& tried) {
+  const std::weak_ptr<Admission> admission = admission_;
+  if (queued) {
+    // A replica that began answering may have room for the next.
+    p.observe.head = [admission] {
+      if (const auto a = admission.lock()) a->pump_soon();
+    };
+  }
+  p.observe.finished = [shared, route, remote = request.remote, method = request.method, model, book, tenant, queued,
+                        admission, cost, start = Clock::now()](int status, const std::vector<std::string>& tried,
+                                                               int64_t completion_tokens) {
     shared->in_flight.fetch_sub(1);
     if (book != nullptr) book->release(tenant);
+    if (queued) {
+      if (book != nullptr && completion_tokens >= 0) book->refund(tenant, cost.completion - completion_tokens);
+      if (const auto a = admission.lock()) {
+        a->queue.finished(tenant);
+        a->pump_soon();
+      }
+    }
     shared->count_request(route, status);
     if (!tenant.empty()) {
       std::lock_guard<std::mutex> lock(shared->mu);
@@ -359,7 +612,69 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
         .emit();
   };
   HandlerResult result;
-  result.producer = std::make_unique<ProxyProducer>(clients_, std::move(p));
+  if (!queued) {
+    shared->in_flight.fetch_add(1);
+    result.producer = std::make_unique<ProxyProducer>(clients_, std::move(p));
+    return result;
+  }
+  // The request ended without running: its tokens back, its status counted and logged.
+  const auto ended_unrun = [shared, route, remote = request.remote, method = request.method, model, book, tenant,
+                            cost, start = Clock::now()](int status) {
+    if (book != nullptr) book->refund(tenant, cost.total());
+    shared->count_request(route, status);
+    if (!shared->log_requests) return;
+    LogLine("request", LogLevel::kInfo)
+        .add("remote", remote)
+        .add("method", method)
+        .add("path", route)
+        .add("model", model)
+        .add("tenant", tenant)
+        .add("status", status)
+        .add("attempts", int64_t{0})
+        .add("total_s", std::chrono::duration<double>(Clock::now() - start).count())
+        .emit();
+  };
+  AdmissionRequest entry;
+  entry.tenant = tenant;
+  entry.class_name = queued_tenant->class_name;
+  entry.priority = queued_tenant->priority;
+  entry.weight = queued_tenant->weight;
+  entry.max_concurrency = queued_tenant->limits.max_concurrency;
+  entry.max_queued = queued_tenant->limits.max_queued;
+  entry.cost = cost.total();
+  entry.queue_deadline = std::chrono::milliseconds(queued_tenant->queue_deadline_ms);
+  entry.ready = [this, gate_routing] { return !first_choice_saturated(gate_routing); };
+  QueuedProducer::Hooks hooks;
+  auto request_for_proxy = std::make_shared<ProxyRequest>(std::move(p));
+  hooks.submit = [admission = admission_, entry = std::move(entry)](AdmissionQueue::Decided decided,
+                                                                    AdmissionQueue::Id* id) {
+    auto refused = admission->queue.submit(entry, Clock::now(), std::move(decided), id);
+    if (!refused) admission->pump();
+    return refused;
+  };
+  hooks.cancel = [admission](AdmissionQueue::Id id) {
+    const auto a = admission.lock();
+    return a && a->queue.cancel(id);
+  };
+  hooks.dispatched = [this, shared, book, tenant, request_for_proxy] {
+    shared->in_flight.fetch_add(1);
+    if (book != nullptr) book->started(tenant);
+    return std::make_unique<ProxyProducer>(clients_, std::move(*request_for_proxy));
+  };
+  hooks.refused = [shared, tenant, ended_unrun](const AdmissionDecision& d) {
+    HttpResponse r = shared->rejection(tenant, d.reason, d.retry_after_s);
+    ended_unrun(429);
+    return r;
+  };
+  hooks.dropped = [admission, tenant, ended_unrun] {
+    if (const auto a = admission.lock()) {
+      a->queue.finished(tenant);
+      a->pump_soon();
+    }
+    ended_unrun(499);
+  };
+  hooks.cancelled = [ended_unrun] { ended_unrun(499); };
+  result.producer = std::make_unique<QueuedProducer>(std::move(hooks));
   return result;
 }
 
@@ -389,7 +704,8 @@ std::string RouteServer::metrics_text() const {
     out.sample("basalt_route_tenant_requests_total", static_cast<double>(n),
                {{"tenant", key.first}, {"status", std::to_string(key.second)}});
   out.family("basalt_route_rejections_total", "counter",
-             "Requests answered 429 at the gateway, by tenant and reason (rate, concurrency)");
+             "Requests answered 429 at the gateway, by tenant and reason (rate, tokens, concurrency, queue_full, "
+             "deadline, saturated)");
   for (const auto& [key, n] : shared_->rejections)
     out.sample("basalt_route_rejections_total", static_cast<double>(n), {{"tenant", key.first}, {"reason", key.second}});
   if (options_.tenants != nullptr) {
@@ -397,6 +713,15 @@ std::string RouteServer::metrics_text() const {
     for (const auto& [name, n] : options_.tenants->running())
       out.sample("basalt_route_tenant_running", static_cast<double>(n), {{"tenant", name}});
   }
+  out.family("basalt_route_queue_depth", "gauge", "Requests waiting in the gateway's admission queue, by class and tenant");
+  for (const auto& [key, n] : admission_->queue.depths())
+    out.sample("basalt_route_queue_depth", static_cast<double>(n), {{"class", key.first}, {"tenant", key.second}});
+  out.family("basalt_route_queue_wait_seconds", "histogram",
+             "Seconds requests waited in the admission queue before going to a replica, by class");
+  for (const auto& [class_name, w] : admission_->queue.waits())
+    out.histogram_samples("basalt_route_queue_wait_seconds", AdmissionQueue::kWaitBounds,
+                          std::span<const uint64_t>(w.buckets.data(), std::size(AdmissionQueue::kWaitBounds)), w.count,
+                          w.sum, {{"class", class_name}});
   out.family("basalt_route_failovers_total", "counter",
              "Streams resumed on another replica, by the replica that failed them and why (eof, stall, cut)");
   for (const auto& [key, n] : shared_->failovers)

@@ -35,6 +35,18 @@
 //    the gateway's), so every attempt names the response alike. Streamed
 //    ones fail over mid-stream (FailoverOptions from max_failovers and
 //    stall_timeout), unless the body already carries basalt_resume.
+//  * A tenant's completions and chats go through the admission queue
+//    (router/admission.h, ROUTER.md §4) after its buckets (router/tenants.h)
+//    are charged their estimated tokens (the prompt's bytes / 4, plus
+//    max_tokens times n; 16 for a completion without max_tokens, 1024 for a
+//    chat): a sheddable class's request is refused (429) at once while
+//    every replica that could take it is saturated; the others wait until
+//    the replica the policy would choose is below saturation
+//    (router/replica_metrics.h), checked as they arrive, when an attempt
+//    gets its head or a request ends, and every 50 ms. Unused completion
+//    tokens (from the answer's usage) are given back to the bucket at the
+//    end. Requests under options.api_keys only, and other routes, are not
+//    queued.
 //  * One `request` log line per request (no text), when options.log_requests.
 //  * handle() never blocks and may be called from any I/O thread.
 #pragma once
@@ -44,6 +56,7 @@
 #include <string>
 #include <vector>
 
+#include "router/admission.h"
 #include "router/health.h"
 #include "router/policy.h"
 #include "router/prefix_index.h"
@@ -84,6 +97,8 @@ struct RouteServerOptions {
 
 class RouteServer {
  public:
+  using Clock = std::chrono::steady_clock;
+
   RouteServer(ReplicaRegistry& registry, boost::asio::io_context& client_io, RouteServerOptions options,
               HttpClientOptions client_options = {});
   ~RouteServer();
@@ -103,8 +118,22 @@ class RouteServer {
     std::string session;
     std::vector<uint64_t> blocks;  // cache-aware: the prompt's PrefixIndex blocks
   };
+  // What a tenant's queued request costs, in estimated tokens.
+  struct Cost {
+    int64_t prompt = 0;
+    int64_t completion = 0;  // max_tokens × n
+    int64_t total() const { return prompt + completion; }
+  };
+  // The replicas that may take a request now, as pick() filters them.
+  std::vector<const Replica*> candidates(const Snapshot& snapshot, const std::string& model,
+                                         const std::vector<std::string>& tried, Clock::time_point now) const;
   std::shared_ptr<const Replica> pick(const Routing& routing, const std::vector<std::string>& tried);
-  HandlerResult forward(HttpRequest& request, const std::string& route, Routing routing, bool stream);
+  // The saturation gate: whether the replica pick() would choose first is
+  // saturated, and whether every candidate is (none: neither).
+  bool first_choice_saturated(const Routing& routing);
+  bool pool_saturated(const Routing& routing);
+  HandlerResult forward(HttpRequest& request, const std::string& route, Routing routing, bool stream,
+                        const Tenant* queued_tenant, Cost cost);
 
   ReplicaRegistry& registry_;
   RouteServerOptions options_;
@@ -113,6 +142,8 @@ class RouteServer {
   PrefixIndex prefixes_;
   std::unique_ptr<HealthChecker> health_;
   std::unique_ptr<MetricsScraper> scraper_;
+  struct Admission;
+  std::shared_ptr<Admission> admission_;
 };
 
 }  // namespace basalt::router

@@ -31,25 +31,40 @@ double positive_number(const json& v, std::string_view file, const std::string& 
   return v.get<double>();
 }
 
+int64_t milliseconds(const json& v, std::string_view file, const std::string& path) {
+  BASALT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 3600000,
+               "{}: {} must be an integer number of milliseconds in [1, 3600000]", file, path);
+  return v.get<int64_t>();
+}
+
 }  // namespace
 
 std::vector<Tenant> parse_tenants(std::string_view text, std::string_view name) {
   const json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   BASALT_CHECK(!doc.is_discarded(), "{}: not JSON", name);
   only(doc, {"classes", "tenants"}, name, "the file");
-  std::map<std::string, int> priorities = {{"default", 0}};
+  // The classes, as the tenants of each get them.
+  std::map<std::string, Tenant> classes;
+  classes["default"].class_name = "default";
   if (const auto c = doc.find("classes"); c != doc.end()) {
     BASALT_CHECK(c->is_object(), "{}: classes must be an object", name);
     for (const auto& [class_name, spec] : c->items()) {
       const std::string path = "classes." + class_name;
-      only(spec, {"priority"}, name, path);
-      int priority = 0;
+      only(spec, {"priority", "queue_deadline_ms", "ttft_slo_ms", "sheddable"}, name, path);
+      Tenant& k = classes[class_name];
+      k.class_name = class_name;
       if (const auto p = spec.find("priority"); p != spec.end()) {
         BASALT_CHECK(p->is_number_integer() && p->get<int64_t>() >= -100 && p->get<int64_t>() <= 100,
                      "{}: {}.priority must be an integer in [-100, 100]", name, path);
-        priority = p->get<int>();
+        k.priority = p->get<int>();
       }
-      priorities[class_name] = priority;
+      if (spec.contains("queue_deadline_ms"))
+        k.queue_deadline_ms = milliseconds(spec["queue_deadline_ms"], name, path + ".queue_deadline_ms");
+      if (spec.contains("ttft_slo_ms")) k.ttft_slo_ms = milliseconds(spec["ttft_slo_ms"], name, path + ".ttft_slo_ms");
+      if (const auto sh = spec.find("sheddable"); sh != spec.end()) {
+        BASALT_CHECK(sh->is_boolean(), "{}: {}.sheddable must be true or false", name, path);
+        k.sheddable = sh->get<bool>();
+      }
     }
   }
   BASALT_CHECK(doc.contains("tenants") && doc["tenants"].is_object() && !doc["tenants"].empty(),
@@ -62,8 +77,14 @@ std::vector<Tenant> parse_tenants(std::string_view text, std::string_view name) 
                      std::all_of(tenant_name.begin(), tenant_name.end(),
                                  [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.'; }),
                  "{}: tenant names are 1-64 letters, digits, '-', '_' or '.' ({})", name, path);
-    only(spec, {"keys", "class", "limits", "share_cache"}, name, path);
-    Tenant t;
+    only(spec, {"keys", "class", "weight", "limits", "share_cache"}, name, path);
+    std::string class_name = "default";
+    if (const auto c = spec.find("class"); c != spec.end()) {
+      BASALT_CHECK(c->is_string() && classes.count(c->get<std::string>()),
+                   "{}: {}.class must name a class of `classes`", name, path);
+      class_name = c->get<std::string>();
+    }
+    Tenant t = classes.at(class_name);
     t.name = tenant_name;
     const auto k = spec.find("keys");
     BASALT_CHECK(k != spec.end() && k->is_array() && !k->empty(), "{}: {}.keys must be a list of API keys", name,
@@ -75,15 +96,20 @@ std::vector<Tenant> parse_tenants(std::string_view text, std::string_view name) 
                    path);
       t.keys.push_back(key.get<std::string>());
     }
-    t.class_name = "default";
-    if (const auto c = spec.find("class"); c != spec.end()) {
-      BASALT_CHECK(c->is_string() && priorities.count(c->get<std::string>()),
-                   "{}: {}.class must name a class of `classes`", name, path);
-      t.class_name = c->get<std::string>();
+    if (spec.contains("weight")) {
+      t.weight = positive_number(spec["weight"], name, path + ".weight");
+      BASALT_CHECK(t.weight <= 1e6, "{}: {}.weight must be at most 1000000", name, path);
     }
-    t.priority = priorities[t.class_name];
     if (const auto l = spec.find("limits"); l != spec.end()) {
-      only(*l, {"rps", "burst", "max_concurrency"}, name, path + ".limits");
+      only(*l, {"rps", "burst", "tokens_per_min", "max_concurrency", "max_queued"}, name, path + ".limits");
+      if (l->contains("tokens_per_min"))
+        t.limits.tokens_per_min = positive_number((*l)["tokens_per_min"], name, path + ".limits.tokens_per_min");
+      if (l->contains("max_queued")) {
+        const json& m = (*l)["max_queued"];
+        BASALT_CHECK(m.is_number_integer() && m.get<int64_t>() > 0 && m.get<int64_t>() <= 1000000,
+                     "{}: {}.limits.max_queued must be an integer in [1, 1000000]", name, path);
+        t.limits.max_queued = m.get<int64_t>();
+      }
       if (l->contains("rps")) t.limits.rps = positive_number((*l)["rps"], name, path + ".limits.rps");
       if (l->contains("burst")) {
         BASALT_CHECK(l->contains("rps"), "{}: {}.limits.burst needs rps", name, path);
@@ -129,28 +155,57 @@ std::optional<Tenant> TenantBook::find(std::string_view key) const {
   return *found;
 }
 
-TenantBook::Admission TenantBook::admit(const std::string& tenant, Clock::time_point now) {
+TenantBook::Admission TenantBook::admit(const std::string& tenant, Clock::time_point now, int64_t tokens,
+                                       bool queued) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto t = std::find_if(tenants_.begin(), tenants_.end(), [&](const Tenant& x) { return x.name == tenant; });
-  if (t == tenants_.end()) return {true, {}, 0};  // removed by a reload meanwhile: no limits left
+  if (t == tenants_.end()) {  // removed by a reload meanwhile: no limits left
+    if (!queued) ++counters_[tenant].running;
+    return {true, {}, 0};
+  }
   Counters& c = counters_[tenant];
   const TenantLimits& l = t->limits;
-  if (l.max_concurrency > 0 && c.running >= l.max_concurrency) return {false, "concurrency", 1};
+  if (!queued && l.max_concurrency > 0 && c.running >= l.max_concurrency) return {false, "concurrency", 1};
+  // Both buckets are brought up to date first; neither is charged unless both pass.
   if (l.rps > 0) {
-    if (c.tokens < 0) {
-      c.tokens = l.burst;
-    } else {
-      c.tokens = std::min(l.burst, c.tokens + std::chrono::duration<double>(now - c.refilled).count() * l.rps);
-    }
+    c.tokens = c.tokens < 0 ? l.burst
+                            : std::min(l.burst, c.tokens + std::chrono::duration<double>(now - c.refilled).count() * l.rps);
     c.refilled = now;
-    if (c.tokens < 1) {
-      const int wait = static_cast<int>(std::ceil((1 - c.tokens) / l.rps));
-      return {false, "rate", std::clamp(wait, 1, 60)};
-    }
-    c.tokens -= 1;
   }
-  ++c.running;
+  const double per_s = l.tokens_per_min / 60;
+  if (l.tokens_per_min > 0) {
+    const double elapsed_s = std::chrono::duration<double>(now - c.token_refilled).count();
+    c.token_bucket = !c.token_bucket ? l.tokens_per_min : std::min(l.tokens_per_min, *c.token_bucket + elapsed_s * per_s);
+    c.token_refilled = now;
+  }
+  if (l.rps > 0 && c.tokens < 1) {
+    const int wait = static_cast<int>(std::ceil((1 - c.tokens) / l.rps));
+    return {false, "rate", std::clamp(wait, 1, 60)};
+  }
+  const double charge = static_cast<double>(std::max<int64_t>(0, tokens));
+  if (l.tokens_per_min > 0 && *c.token_bucket < charge && *c.token_bucket < l.tokens_per_min) {
+    const double deficit = std::min(charge, l.tokens_per_min) - *c.token_bucket;
+    const double wait = std::ceil(deficit / per_s);
+    return {false, "tokens", static_cast<int>(std::clamp(wait, 1.0, 60.0))};
+  }
+  if (l.rps > 0) c.tokens -= 1;
+  if (l.tokens_per_min > 0) *c.token_bucket -= charge;
+  if (!queued) ++c.running;
   return {true, {}, 0};
+}
+
+void TenantBook::started(const std::string& tenant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_[tenant].running;
+}
+
+void TenantBook::refund(const std::string& tenant, int64_t tokens) {
+  if (tokens <= 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto t = std::find_if(tenants_.begin(), tenants_.end(), [&](const Tenant& x) { return x.name == tenant; });
+  const auto c = counters_.find(tenant);
+  if (t == tenants_.end() || c == counters_.end() || t->limits.tokens_per_min <= 0 || !c->second.token_bucket) return;
+  c->second.token_bucket = std::min(t->limits.tokens_per_min, *c->second.token_bucket + static_cast<double>(tokens));
 }
 
 void TenantBook::release(const std::string& tenant) {

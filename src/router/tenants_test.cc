@@ -85,5 +85,95 @@ TEST(Tenants, ARateBucketAndAConcurrencyLimit) {
   EXPECT_EQ(book.running().at("globex"), 100);
 }
 
+TEST(Tenants, ClassesWeightsAndQueueLimitsAreReadAndChecked) {
+  const std::vector<Tenant> t = parse_tenants(R"({
+    "classes": {"interactive": {"priority": 2, "queue_deadline_ms": 2000, "ttft_slo_ms": 1500},
+                "spare": {"priority": 0, "sheddable": true}},
+    "tenants": {"acme": {"keys": ["k1"], "class": "interactive", "weight": 3,
+                         "limits": {"tokens_per_min": 6000, "max_queued": 8}},
+                "idle": {"keys": ["k2"], "class": "spare"},
+                "plain": {"keys": ["k3"]}}})",
+                                              "t");
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0].queue_deadline_ms, 2000);
+  EXPECT_EQ(t[0].ttft_slo_ms, 1500);
+  EXPECT_EQ(t[0].weight, 3);
+  EXPECT_EQ(t[0].limits.tokens_per_min, 6000);
+  EXPECT_EQ(t[0].limits.max_queued, 8);
+  EXPECT_FALSE(t[0].sheddable);
+  EXPECT_TRUE(t[1].sheddable);
+  EXPECT_EQ(t[1].queue_deadline_ms, 60000);  // the gateway's default
+  EXPECT_EQ(t[2].class_name, "default");
+  EXPECT_EQ(t[2].weight, 1);
+  const auto error = [](const std::string& text) {
+    try {
+      parse_tenants(text, "t.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto tenant_with = [](const std::string& fields) {
+    return R"({"tenants": {"a": {"keys": ["k"], )" + fields + "}}}";
+  };
+  EXPECT_NE(error(tenant_with(R"("weight": 0)")).find("tenants.a.weight"), std::string::npos);
+  EXPECT_NE(error(tenant_with(R"("weight": "3")")).find("tenants.a.weight"), std::string::npos);
+  EXPECT_NE(error(tenant_with(R"("weight": 1e9)")).find("tenants.a.weight"), std::string::npos);
+  EXPECT_NE(error(tenant_with(R"("limits": {"tokens_per_min": -5})")).find("tenants.a.limits.tokens_per_min"),
+            std::string::npos);
+  EXPECT_NE(error(tenant_with(R"("limits": {"max_queued": 1.5})")).find("tenants.a.limits.max_queued"),
+            std::string::npos);
+  EXPECT_NE(error(tenant_with(R"("limits": {"max_queued": 0})")).find("tenants.a.limits.max_queued"),
+            std::string::npos);
+  const auto class_with = [](const std::string& fields) {
+    return R"({"classes": {"c": {)" + fields + R"(}}, "tenants": {"a": {"keys": ["k"], "class": "c"}}})";
+  };
+  EXPECT_NE(error(class_with(R"("queue_deadline_ms": 0)")).find("classes.c.queue_deadline_ms"), std::string::npos);
+  EXPECT_NE(error(class_with(R"("queue_deadline_ms": 2.5)")).find("classes.c.queue_deadline_ms"), std::string::npos);
+  EXPECT_NE(error(class_with(R"("ttft_slo_ms": -1)")).find("classes.c.ttft_slo_ms"), std::string::npos);
+  EXPECT_NE(error(class_with(R"("sheddable": 1)")).find("classes.c.sheddable"), std::string::npos);
+  EXPECT_NE(error(class_with(R"("weight": 1)")).find("classes.c.weight"), std::string::npos);
+}
+
+TEST(Tenants, ATokenBucketChargedAtAdmissionAndRefundedAtTheEnd) {
+  TenantBook book;
+  book.set(parse_tenants(R"({"tenants": {"a": {"keys": ["k"], "limits": {"tokens_per_min": 600,
+                                                                          "max_concurrency": 1}}}})",
+                         "t"));
+  auto t = TenantBook::Clock::now();
+  // 600 a minute: 10 a second, 600 at most. Queued requests skip the
+  // concurrency limit (the queue applies it) and run from started().
+  ASSERT_TRUE(book.admit("a", t, 400, true).admitted);
+  ASSERT_TRUE(book.admit("a", t, 150, true).admitted);
+  EXPECT_EQ(book.running().at("a"), 0);
+  const auto refused = book.admit("a", t, 100, true);  // 50 left
+  EXPECT_FALSE(refused.admitted);
+  EXPECT_EQ(refused.reason, "tokens");
+  EXPECT_EQ(refused.retry_after_s, 5);  // 50 more at 10 a second
+  // The first used 120 of its 400: 280 back, so 330 now.
+  book.refund("a", 280);
+  ASSERT_TRUE(book.admit("a", t, 300, true).admitted);
+  EXPECT_FALSE(book.admit("a", t, 100, true).admitted);  // 30 left
+  t += 7s;                                                 // +70
+  ASSERT_TRUE(book.admit("a", t, 100, true).admitted);
+  // Refunds never fill past a minute's tokens.
+  book.refund("a", 100000);
+  ASSERT_TRUE(book.admit("a", t, 600, true).admitted);
+  EXPECT_FALSE(book.admit("a", t, 1, true).admitted);
+  // A request larger than a minute's tokens passes once the bucket is full.
+  t += 60s;
+  ASSERT_TRUE(book.admit("a", t, 5000, true).admitted);
+  const auto after_big = book.admit("a", t, 1, true);
+  EXPECT_FALSE(after_big.admitted);
+  EXPECT_EQ(after_big.retry_after_s, 60);  // clamped
+  // Not queued: the concurrency limit holds as before.
+  t += 3600s;
+  ASSERT_TRUE(book.admit("a", t, 1).admitted);
+  EXPECT_EQ(book.admit("a", t, 1).reason, "concurrency");
+  book.release("a");
+  book.started("a");
+  EXPECT_EQ(book.running().at("a"), 1);
+}
+
 }  // namespace
 }  // namespace basalt::router
