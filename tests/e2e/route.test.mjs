@@ -2,8 +2,11 @@
 // by the official `openai` npm client: answers through the gateway equal
 // the replicas' own, requests spread over them, a replica killed with
 // SIGKILL is retried around before the first byte, SIGHUP reloads the
-// replica file, and 40 streams live through one replica SIGKILLed and
-// another SIGSTOPped mid-stream with the texts they would have had.
+// replica file, tenants are limited and namespaced, a burst at ten times
+// the replicas' rate is queued by class (the excess 429 with Retry-After,
+// interactive requests first), and 40 streams live through one replica
+// SIGKILLed and another SIGSTOPped mid-stream with the texts they would
+// have had.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { writeFileSync, mkdtempSync } from 'node:fs';
@@ -147,6 +150,102 @@ test('tenants: keys, 429 past a rate, and a cache namespace each', async () => {
   } finally {
     const { code } = await gw.stop();
     assert.equal(code, 0, gw.log());
+  }
+});
+
+// One streamed completion through the gateway as `key`: its status, its
+// Retry-After, and the seconds to its first event (a 200's).
+async function timedStream(baseURL, key, body) {
+  const start = performance.now();
+  const r = await fetch(`${baseURL}/v1/completions`, { method: 'POST', body: JSON.stringify({ ...body, stream: true }),
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` } });
+  const out = { status: r.status, retryAfter: r.headers.get('retry-after'), ttft: null, error: null };
+  if (r.status !== 200) {
+    await r.text();
+    return out;
+  }
+  const decoder = new TextDecoder();
+  let text = '';
+  for await (const chunk of r.body) {
+    text += decoder.decode(chunk, { stream: true });
+    if (out.ttft === null && text.includes('data: ')) out.ttft = (performance.now() - start) / 1000;
+  }
+  if (!text.includes('data: [DONE]') || text.includes('"error"')) out.error = text.slice(-300);
+  return out;
+}
+
+test('a burst: interactive goes first, the excess is 429 with Retry-After, nothing is 5xx', async () => {
+  // Replicas that run 2 requests at a time, so a burst queues: in them up
+  // to the gateway's saturation gate (5 waiting), then in the gateway.
+  const fleet = await Promise.all([0, 1].map(() => startServer(['--threads', '1', '--max-running', '2',
+                                                                '--no-request-log'])));
+  const dir = mkdtempSync(join(tmpdir(), 'basalt-burst-'));
+  const file = join(dir, 'tenants.json');
+  writeFileSync(file, JSON.stringify({
+    classes: { interactive: { priority: 2, queue_deadline_ms: 5000, ttft_slo_ms: 3000 },
+               batch: { priority: 1, queue_deadline_ms: 1500 },
+               spare: { priority: 0, sheddable: true, queue_deadline_ms: 1000 } },
+    tenants: { live: { keys: ['sk-live'], class: 'interactive' },
+               bulk: { keys: ['sk-bulk'], class: 'batch', weight: 2, limits: { max_queued: 16 } },
+               spare: { keys: ['sk-spare'], class: 'spare' } } }));
+  const gw = await startGateway([...fleet.flatMap((r) => ['--replica', r.baseURL]), '--tenants-file', file,
+                                 '--policy', 'least-load', '--metrics-interval', '0.1', '--no-request-log']);
+  try {
+    // About half a second of decoding each on one CPU thread: two replicas
+    // of two slots serve about 8 a second, so R is well within them and 10·R
+    // well past them.
+    const body = { model: 'basalt-mini', max_tokens: 400, temperature: 0, ignore_eos: true };
+    // One request alone, timed: TTFT is bounded in multiples of it, so the
+    // bound holds on a slower machine as well.
+    const alone = await timedStream(fleet[0].baseURL, 'none', { ...body, prompt: 'Alone:' });
+    const start = performance.now();
+    await timedStream(fleet[0].baseURL, 'none', { ...body, prompt: 'Alone again:' });
+    const single = (performance.now() - start) / 1000;
+    assert.equal(alone.status, 200);
+    const sent = [];
+    const send = (tenant, i) => {
+      sent.push({ tenant, result: timedStream(gw.baseURL, `sk-${tenant}`, { ...body, prompt: `Burst ${i}:` }) });
+    };
+    const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+    // Rate R = 2/s for 3 s (one tenant after another), then 10·R for 4 s:
+    // the interactive tenant sends 2/s, batch and sheddable the rest.
+    let i = 0;
+    for (let t = 0; t < 6; ++t, ++i) {
+      send(['live', 'bulk', 'spare'][t % 3], i);
+      await sleep(500);
+    }
+    for (let t = 0; t < 80; ++t, ++i) {
+      send(t % 10 === 0 ? 'live' : t % 2 ? 'bulk' : 'spare', i);
+      await sleep(50);
+    }
+    const results = await Promise.all(sent.map(async (s) => ({ tenant: s.tenant, ...(await s.result) })));
+    const by = (tenant) => results.filter((r) => r.tenant === tenant);
+    const summary = JSON.stringify(['live', 'bulk', 'spare'].map((t) => [t, by(t).map((r) => r.status)])) +
+                    ` live TTFTs ${by('live').map((r) => r.ttft?.toFixed(2))}`;
+    for (const r of results) {
+      assert.ok(r.status === 200 || r.status === 429, summary);
+      if (r.status === 429) {
+        const after = Number(r.retryAfter);
+        assert.ok(Number.isInteger(after) && after >= 1 && after <= 60, JSON.stringify(r));
+      }
+      assert.equal(r.error, null, JSON.stringify(r));
+    }
+    // The excess was refused, the interactive tenant's requests were not,
+    // and each got its first token within a few single-request times
+    // (first come, first served behind the burst would take ten times
+    // longer: some 80 requests at 8 a second).
+    assert.ok(results.filter((r) => r.status === 429).length >= 20, summary);
+    assert.ok(by('live').every((r) => r.status === 200), summary);
+    const bound = Math.max(2, 4 * single);
+    assert.ok(Math.max(...by('live').map((r) => r.ttft)) <= bound, `bound ${bound.toFixed(2)} s: ${summary}`);
+    const m = parseMetrics(await (await fetch(`${gw.baseURL}/metrics`, { headers: { Authorization: 'Bearer sk-live' } })).text());
+    const rejected = (tenant, reason) => m[`basalt_route_rejections_total{tenant="${tenant}",reason="${reason}"}`] ?? 0;
+    assert.ok(rejected('spare', 'saturated') + rejected('spare', 'deadline') >= 1, JSON.stringify(m));
+    assert.ok(rejected('bulk', 'deadline') + rejected('bulk', 'queue_full') >= 1, JSON.stringify(m));
+    assert.equal(m['basalt_route_queue_depth{class="interactive",tenant="live"}'], 0);
+  } finally {
+    await gw.stop();
+    for (const r of fleet) await r.stop();
   }
 });
 
