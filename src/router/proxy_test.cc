@@ -714,5 +714,49 @@ TEST_F(Gateway, TenantsQueueWhileTheReplicaIsSaturated) {
   EXPECT_NE(m.find(R"(basalt_route_tenant_running{tenant="live"} 0)"), std::string::npos) << m;
 }
 
+TEST_F(Gateway, AClientGoneWhileQueuedLeavesTheQueueWithItsTokensBack) {
+  const auto waiting = std::make_shared<std::atomic<int>>(9);
+  FakeReplica& a = metered("a", waiting);
+  TenantBook book;
+  // 20 tokens a minute; a request here is estimated at 17 (1 for "hi", 16
+  // for the default max_tokens), so a second fits only after a refund.
+  book.set(parse_tenants(R"({"tenants": {"t": {"keys": ["sk-t"], "limits": {"tokens_per_min": 20}}}})", "test"));
+  scrape_metrics_ = true;
+  RouteServerOptions options;
+  options.tenants = &book;
+  options.scrape.interval = 20ms;
+  start_gateway({a.url()}, options);
+  ASSERT_TRUE(scraped(registry_, {9}));
+  OutgoingRequest req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = kCompletion;
+  req.headers = {{"Authorization", "Bearer sk-t"}};
+  const ExchangeHandle h = client_->send(req, ExchangeCallbacks{});
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  const auto wait_for = [&](const std::string& needle) {
+    while (metrics_as("sk-t").find(needle) == std::string::npos && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(5ms);
+    return metrics_as("sk-t").find(needle) != std::string::npos;
+  };
+  ASSERT_TRUE(wait_for(R"(basalt_route_queue_depth{class="default",tenant="t"} 1)"));
+  h.cancel();
+  EXPECT_TRUE(wait_for(R"(basalt_route_requests_total{route="/v1/completions",status="499"} 1)"));
+  const std::string m = metrics_as("sk-t");
+  EXPECT_NE(m.find(R"(basalt_route_queue_depth{class="default",tenant="t"} 0)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_tenant_running{tenant="t"} 0)"), std::string::npos) << m;
+  EXPECT_NE(m.find("basalt_route_requests_in_flight 0"), std::string::npos) << m;
+  waiting->store(0);
+  const Reply r = call("POST", "/v1/completions", kCompletion, {{"Authorization", "Bearer sk-t"}});
+  EXPECT_EQ(r.head->status, 200) << r.body;
+  EXPECT_EQ(completions(a), 1u);
+  // The answer used 1 of its 16 completion tokens: 15 back, 18 now; a
+  // third fits, a fourth does not.
+  EXPECT_EQ(call("POST", "/v1/completions", kCompletion, {{"Authorization", "Bearer sk-t"}}).head->status, 200);
+  const Reply refused = call("POST", "/v1/completions", kCompletion, {{"Authorization", "Bearer sk-t"}});
+  EXPECT_EQ(refused.head->status, 429);
+  EXPECT_NE(refused.body.find("token rate limit"), std::string::npos) << refused.body;
+}
+
 }  // namespace
 }  // namespace basalt::router

@@ -82,7 +82,7 @@ class QueuedProducer : public ResponseProducer {
     // Queues the request; returns a refusal made at once.
     std::function<std::optional<AdmissionDecision>(AdmissionQueue::Decided, AdmissionQueue::Id*)> submit;
     std::function<bool(AdmissionQueue::Id)> cancel;
-    std::function<std::unique_ptr<ProxyProducer>()> dispatched;     // it may go: its producer
+    std::function<std::unique_ptr<ProxyProducer>(const AdmissionDecision&)> dispatched;  // it may go: its producer
     std::function<HttpResponse(const AdmissionDecision&)> refused;  // its answer, counted and refunded
     std::function<void()> dropped;    // dispatched after its client went
     std::function<void()> cancelled;  // its client went while it was queued
@@ -168,7 +168,7 @@ class QueuedProducer : public ResponseProducer {
         return;
       }
       if (d.dispatched) {
-        inner = hooks.dispatched();
+        inner = hooks.dispatched(d);
         inner->start(wake);  // under mu: pull() and abort() wait for the producer to exist
         return;
       }
@@ -579,9 +579,12 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
       if (const auto a = admission.lock()) a->pump_soon();
     };
   }
+  // Seconds the request waited in the admission queue (set before its
+  // producer starts, read after it ends).
+  const auto queue_s = std::make_shared<double>(0);
   p.observe.finished = [shared, route, remote = request.remote, method = request.method, model, book, tenant, queued,
-                        admission, cost, start = Clock::now()](int status, const std::vector<std::string>& tried,
-                                                               int64_t completion_tokens) {
+                        admission, cost, queue_s, start = Clock::now()](
+                           int status, const std::vector<std::string>& tried, int64_t completion_tokens) {
     shared->in_flight.fetch_sub(1);
     if (book != nullptr) book->release(tenant);
     if (queued) {
@@ -608,6 +611,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
         .add("status", status)
         .add("attempts", static_cast<int64_t>(tried.size()))
         .add("replicas", replicas)
+        .add("queue_s", *queue_s)
         .add("total_s", std::chrono::duration<double>(Clock::now() - start).count())
         .emit();
   };
@@ -619,10 +623,11 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
   }
   // The request ended without running: its tokens back, its status counted and logged.
   const auto ended_unrun = [shared, route, remote = request.remote, method = request.method, model, book, tenant,
-                            cost, start = Clock::now()](int status) {
+                            cost, start = Clock::now()](int status, double waited_s) {
     if (book != nullptr) book->refund(tenant, cost.total());
     shared->count_request(route, status);
     if (!shared->log_requests) return;
+    const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
     LogLine("request", LogLevel::kInfo)
         .add("remote", remote)
         .add("method", method)
@@ -631,7 +636,8 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
         .add("tenant", tenant)
         .add("status", status)
         .add("attempts", int64_t{0})
-        .add("total_s", std::chrono::duration<double>(Clock::now() - start).count())
+        .add("queue_s", waited_s >= 0 ? waited_s : total_s)  // a client gone while queued: all of it
+        .add("total_s", total_s)
         .emit();
   };
   AdmissionRequest entry;
@@ -656,14 +662,15 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     const auto a = admission.lock();
     return a && a->queue.cancel(id);
   };
-  hooks.dispatched = [this, shared, book, tenant, request_for_proxy] {
+  hooks.dispatched = [this, shared, book, tenant, request_for_proxy, queue_s](const AdmissionDecision& d) {
+    *queue_s = d.waited_s;
     shared->in_flight.fetch_add(1);
     if (book != nullptr) book->started(tenant);
     return std::make_unique<ProxyProducer>(clients_, std::move(*request_for_proxy));
   };
   hooks.refused = [shared, tenant, ended_unrun](const AdmissionDecision& d) {
     HttpResponse r = shared->rejection(tenant, d.reason, d.retry_after_s);
-    ended_unrun(429);
+    ended_unrun(429, d.waited_s);
     return r;
   };
   hooks.dropped = [admission, tenant, ended_unrun] {
@@ -671,9 +678,9 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
       a->queue.finished(tenant);
       a->pump_soon();
     }
-    ended_unrun(499);
+    ended_unrun(499, -1);
   };
-  hooks.cancelled = [ended_unrun] { ended_unrun(499); };
+  hooks.cancelled = [ended_unrun] { ended_unrun(499, -1); };
   result.producer = std::make_unique<QueuedProducer>(std::move(hooks));
   return result;
 }
@@ -687,6 +694,10 @@ void RouteServer::note_rejection(const TransportRejection& r) {
 std::string RouteServer::metrics_text() const {
   PrometheusText out;
   const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
+  // Read before shared_->mu is taken: a pump holds the queue's lock while
+  // its gate takes shared_->mu.
+  const auto queue_depths = admission_->queue.depths();
+  const auto queue_waits = admission_->queue.waits();
   std::lock_guard<std::mutex> lock(shared_->mu);
   out.family("basalt_route_requests_total", "counter", "Requests the gateway answered, by route and status");
   for (const auto& [key, n] : shared_->requests)
@@ -714,11 +725,11 @@ std::string RouteServer::metrics_text() const {
       out.sample("basalt_route_tenant_running", static_cast<double>(n), {{"tenant", name}});
   }
   out.family("basalt_route_queue_depth", "gauge", "Requests waiting in the gateway's admission queue, by class and tenant");
-  for (const auto& [key, n] : admission_->queue.depths())
+  for (const auto& [key, n] : queue_depths)
     out.sample("basalt_route_queue_depth", static_cast<double>(n), {{"class", key.first}, {"tenant", key.second}});
   out.family("basalt_route_queue_wait_seconds", "histogram",
              "Seconds requests waited in the admission queue before going to a replica, by class");
-  for (const auto& [class_name, w] : admission_->queue.waits())
+  for (const auto& [class_name, w] : queue_waits)
     out.histogram_samples("basalt_route_queue_wait_seconds", AdmissionQueue::kWaitBounds,
                           std::span<const uint64_t>(w.buckets.data(), std::size(AdmissionQueue::kWaitBounds)), w.count,
                           w.sum, {{"class", class_name}});
