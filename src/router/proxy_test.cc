@@ -664,6 +664,11 @@ TEST_F(Gateway, LeastLoadReadsTheReplicasScrapedQueues) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(call("POST", "/v1/completions", kCompletion).body.substr(0, 12), R"({"from":"b",)");
   EXPECT_EQ(completions(a), 0u);
   EXPECT_EQ(completions(b), 4u);
+  const std::string m = metrics();
+  const std::string a_id = canonical_url(parse_base_url(a.url()));
+  EXPECT_NE(m.find(R"(basalt_route_replica_waiting{replica=")" + a_id + "\"} 50"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_replica_kv_usage{replica=")" + a_id + "\"} 0.1"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_replica_scrape_failures_total{replica=")" + a_id + "\"} 0"), std::string::npos) << m;
 }
 
 TEST_F(Gateway, TenantsQueueWhileTheReplicaIsSaturated) {

@@ -755,6 +755,29 @@ std::string RouteServer::metrics_text() const {
     out.sample("basalt_route_replica_breaker_state", static_cast<double>(r.state->breaker.state(now)),
                {{"replica", r.spec.id}});
   }
+  // What the last scrape of each replica said (replicas without a good one have no sample).
+  struct Scraped {
+    std::string id;
+    ScrapedLoad load;
+  };
+  std::vector<Scraped> scraped;
+  for (const Replica& r : snapshot->replicas) {
+    std::lock_guard<std::mutex> state_lock(r.state->mu);
+    scraped.push_back({r.spec.id, r.state->scraped});
+  }
+  out.family("basalt_route_replica_waiting", "gauge", "Requests waiting in each replica, by its last good scrape");
+  for (const Scraped& r : scraped)
+    if (r.load.valid) out.sample("basalt_route_replica_waiting", r.load.waiting, {{"replica", r.id}});
+  out.family("basalt_route_replica_running", "gauge", "Requests running in each replica, by its last good scrape");
+  for (const Scraped& r : scraped)
+    if (r.load.valid) out.sample("basalt_route_replica_running", r.load.running, {{"replica", r.id}});
+  out.family("basalt_route_replica_kv_usage", "gauge", "Each replica's KV cache usage, 0 to 1, by its last good scrape");
+  for (const Scraped& r : scraped)
+    if (r.load.valid) out.sample("basalt_route_replica_kv_usage", r.load.kv_usage, {{"replica", r.id}});
+  out.family("basalt_route_replica_scrape_failures_total", "counter",
+             "Scrapes of a replica's /metrics that failed (no answer, not 200, or numbers missing)");
+  for (const Scraped& r : scraped)
+    out.sample("basalt_route_replica_scrape_failures_total", static_cast<double>(r.load.failures), {{"replica", r.id}});
   out.family("basalt_route_replica_ejections_total", "counter",
              "Times a replica was taken out at once for refusing or dropping a connection");
   for (const Replica& r : snapshot->replicas) {
