@@ -1,12 +1,8 @@
 // Replica metrics: what the gateway learns from each replica's /metrics
 // (docs/ROUTER.md §1, §2, §4), and what it makes of it.
 //
-//  * read_prometheus_text() reads the Prometheus text format (0.0.4):
-//    `name{label="value",...} value [timestamp]` lines, `#` lines skipped.
-//    A line that does not follow the format is counted in bad_lines and
-//    skipped; nothing a replica sends can make it throw or read past the
-//    text. At most max_samples samples are kept.
-//  * replica_load() picks out the numbers the gateway routes by:
+//  * replica_load() picks out, from a replica's text as
+//    router/prometheus_reader.h reads it, the numbers the gateway routes by:
 //    basalt_requests_waiting, basalt_requests_running,
 //    basalt_kv_cache_usage_ratio and basalt_prefill_tokens_total (the
 //    vllm:num_requests_waiting / _running and vllm:kv_cache_usage_perc
@@ -38,27 +34,14 @@
 #include <string_view>
 #include <vector>
 
+#include "router/prometheus_reader.h"
 #include "router/replica_registry.h"
-#include "server/prometheus_text.h"
 
 namespace boost::asio {
 class io_context;
 }
 
 namespace basalt::router {
-
-struct PrometheusSample {
-  std::string name;
-  PrometheusLabels labels;
-  double value = 0;
-};
-
-struct PrometheusRead {
-  std::vector<PrometheusSample> samples;
-  size_t bad_lines = 0;
-};
-
-PrometheusRead read_prometheus_text(std::string_view text, size_t max_samples = 100000);
 
 struct ReplicaLoad {
   std::optional<double> waiting, running, kv_usage, prefill_tokens;
