@@ -103,12 +103,6 @@ void run_route(const RouteFlags& f) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  // The replicas' connections run on threads of their own.
-  boost::asio::io_context client_io;
-  auto work = boost::asio::make_work_guard(client_io);
-  std::vector<std::thread> client_threads;
-  for (int i = 0; i < f.client_threads; ++i) client_threads.emplace_back([&client_io] { client_io.run(); });
-
   router::TenantBook tenants;
   if (!f.tenants_file.empty()) tenants.set(read_tenants(f.tenants_file));
   router::RouteServerOptions options;
@@ -132,6 +126,26 @@ void run_route(const RouteFlags& f) {
   HttpClientOptions client_options;
   client_options.timeout_s = f.upstream_timeout;
   client_options.max_body_bytes = f.http.max_body_bytes > (size_t{64} << 20) ? f.http.max_body_bytes : size_t{64} << 20;
+
+  // The replicas' connections run on threads of their own, started once
+  // every flag and file above has been read (a bad one is an error, not a
+  // terminate() with threads running); stopped and joined however this
+  // function is left, the port already taken included.
+  boost::asio::io_context client_io;
+  auto work = boost::asio::make_work_guard(client_io);
+  std::vector<std::thread> client_threads;
+  struct JoinOnExit {
+    boost::asio::executor_work_guard<boost::asio::io_context::executor_type>& work;
+    boost::asio::io_context& io;
+    std::vector<std::thread>& threads;
+    ~JoinOnExit() {
+      work.reset();
+      io.stop();
+      for (std::thread& t : threads)
+        if (t.joinable()) t.join();
+    }
+  } join_on_exit{work, client_io, client_threads};
+  for (int i = 0; i < f.client_threads; ++i) client_threads.emplace_back([&client_io] { client_io.run(); });
   router::RouteServer route(registry, client_io, options, client_options);
   http.on_rejection = [&route](const TransportRejection& r) { route.note_rejection(r); };
   HttpServer server(http, [&route](HttpRequest& request) { return route.handle(request); });

@@ -122,6 +122,17 @@ test('SIGHUP re-reads the replica file', async () => {
   }
 });
 
+test('a bad tenants file or policy at start is an error naming it, not a crash', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'basalt-bad-'));
+  const file = join(dir, 'tenants.json');
+  writeFileSync(file, JSON.stringify({ tenants: { a: { keys: ['k'], weight: -2 } } }));
+  for (const [args, says] of [[['--tenants-file', file], /tenants\.a\.weight must be a positive number/],
+                              [['--policy', 'bogus'], /--policy bogus: expected/]]) {
+    await assert.rejects(startGateway(['--replica', replicas[0].baseURL, ...args], { timeoutMs: 20000 }),
+                         (e) => /route exited with 1:/.test(e.message) && says.test(e.message));
+  }
+});
+
 test('tenants: keys, 429 past a rate, and a cache namespace each', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'basalt-tenants-'));
   const file = join(dir, 'tenants.json');
