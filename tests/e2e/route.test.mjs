@@ -193,7 +193,7 @@ test('a burst: interactive goes first, the excess is 429 with Retry-After, nothi
   const dir = mkdtempSync(join(tmpdir(), 'basalt-burst-'));
   const file = join(dir, 'tenants.json');
   writeFileSync(file, JSON.stringify({
-    classes: { interactive: { priority: 2, queue_deadline_ms: 5000, ttft_slo_ms: 3000 },
+    classes: { interactive: { priority: 2, queue_deadline_ms: 30000, ttft_slo_ms: 3000 },
                batch: { priority: 1, queue_deadline_ms: 1500 },
                spare: { priority: 0, sheddable: true, queue_deadline_ms: 1000 } },
     tenants: { live: { keys: ['sk-live'], class: 'interactive' },
