@@ -5,20 +5,16 @@
 // healthy again; a success also lets an open circuit breaker try the
 // replica (half-open) without waiting out its open time.
 //
-// Contract: runs on the io_context it is given (probes never overlap for
-// one replica); start() and stop() from any thread; stop() (also the
-// destructor) ends the ticks, probes in flight end as cancelled and are
-// not recorded. record() is the bookkeeping of one probe, for tests.
+// Contract: as router/replica_poller.h's, whose rounds it is (probes never
+// overlap for one replica; probes cancelled by stop() are not recorded).
+// record() is the bookkeeping of one probe, for tests.
 #pragma once
 
 #include <chrono>
 #include <memory>
 
+#include "router/replica_poller.h"
 #include "router/replica_registry.h"
-
-namespace boost::asio {
-class io_context;
-}
 
 namespace basalt::router {
 
@@ -32,17 +28,14 @@ struct HealthOptions {
 class HealthChecker {
  public:
   HealthChecker(ReplicaRegistry& registry, boost::asio::io_context& io, HealthOptions options = {});
-  ~HealthChecker();
-  void start();
-  void stop();
+  void start() { poller_.start(); }
+  void stop() { poller_.stop(); }
 
   static void record(ReplicaState& state, bool ok, const HealthOptions& options,
                      std::chrono::steady_clock::time_point now);
 
-  struct Impl;
-
  private:
-  std::shared_ptr<Impl> impl_;
+  ReplicaPoller poller_;
 };
 
 }  // namespace basalt::router

@@ -1,16 +1,9 @@
 #include "router/replica_metrics.h"
 
 #include <algorithm>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <mutex>
-#include <set>
-
-#include "server/http_client.h"
 
 namespace basalt::router {
 namespace {
@@ -95,91 +88,14 @@ void MetricsScraper::record(ReplicaState& state, const std::optional<ReplicaLoad
   ++state.scrape_generation;
 }
 
-struct MetricsScraper::Impl : std::enable_shared_from_this<Impl> {
-  ReplicaRegistry& registry;
-  boost::asio::io_context& io;
-  ScrapeOptions options;
-  boost::asio::steady_timer timer;
-  std::mutex mu;  // what follows
-  bool stopped = false;
-  std::map<std::string, std::unique_ptr<HttpClient>> clients;  // per replica
-  std::set<std::string> scraping;                              // a scrape is out
-  std::vector<ExchangeHandle> out;
-
-  Impl(ReplicaRegistry& r, boost::asio::io_context& i, ScrapeOptions o)
-      : registry(r), io(i), options(o), timer(i) {}
-
-  void tick() {
-    const std::shared_ptr<const Snapshot> snapshot = registry.snapshot();
-    std::lock_guard<std::mutex> lock(mu);
-    if (stopped) return;
-    out.clear();
-    for (const Replica& r : snapshot->replicas) {
-      if (!scraping.insert(r.spec.id).second) continue;  // the last one is still out
-      auto it = clients.find(r.spec.id);
-      if (it == clients.end()) {
-        HttpClientOptions o;
-        o.timeout_s = std::chrono::duration<double>(options.timeout).count();
-        o.max_body_bytes = 4 << 20;  // a replica's metrics are some kB; more is not read
-        o.max_idle = 2;
-        try {
-          it = clients.emplace(r.spec.id, std::make_unique<HttpClient>(io, r.spec.url, o)).first;
-        } catch (const std::exception&) {  // the host does not resolve
-          scraping.erase(r.spec.id);
-          MetricsScraper::record(*r.state, std::nullopt, std::chrono::steady_clock::now());
-          continue;
-        }
-      }
-      OutgoingRequest req;
-      req.path = "/metrics";
-      struct Answer {
-        int status = 0;
-        std::string body;
-      };
-      auto answer = std::make_shared<Answer>();
-      ExchangeCallbacks c;
-      c.on_head = [answer](const IncomingHead& h) { answer->status = h.status; };
-      c.on_data = [answer](std::string_view bytes) { answer->body.append(bytes); };
-      c.on_done = [weak = weak_from_this(), state = r.state, id = r.spec.id, answer](
-                      HttpFailure f, const std::string&) {
-        const auto self = weak.lock();
-        if (!self) return;
-        {
-          std::lock_guard<std::mutex> lock(self->mu);
-          self->scraping.erase(id);
-          if (self->stopped || f == HttpFailure::kCancelled) return;
-        }
-        std::optional<ReplicaLoad> load;
-        if (f == HttpFailure::kNone && answer->status == 200)
-          load = replica_load(read_prometheus_text(answer->body));
-        MetricsScraper::record(*state, load, std::chrono::steady_clock::now());
-      };
-      out.push_back(it->second->send(req, std::move(c)));
-    }
-    timer.expires_after(options.interval);
-    timer.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
-      if (ec) return;
-      if (const auto self = weak.lock()) self->tick();
-    });
-  }
-};
-
 MetricsScraper::MetricsScraper(ReplicaRegistry& registry, boost::asio::io_context& io,
                                ScrapeOptions options)
-    : impl_(std::make_shared<Impl>(registry, io, options)) {}
-
-MetricsScraper::~MetricsScraper() { stop(); }
-
-void MetricsScraper::start() {
-  boost::asio::post(impl_->io, [impl = impl_] { impl->tick(); });
-}
-
-void MetricsScraper::stop() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->stopped) return;
-  impl_->stopped = true;
-  impl_->timer.cancel();
-  for (const ExchangeHandle& h : impl_->out) h.cancel();
-}
+    // A replica's metrics are some kB; more (up to 4 MiB) is not read.
+    : poller_(registry, io, PollOptions{"/metrics", options.interval, options.timeout, 4 << 20},
+              [](ReplicaState& state, const std::optional<PollAnswer>& answer) {
+                std::optional<ReplicaLoad> load;
+                if (answer && answer->status == 200) load = replica_load(read_prometheus_text(answer->body));
+                record(state, load, std::chrono::steady_clock::now());
+              }) {}
 
 }  // namespace basalt::router

@@ -35,11 +35,8 @@
 #include <vector>
 
 #include "router/prometheus_reader.h"
+#include "router/replica_poller.h"
 #include "router/replica_registry.h"
-
-namespace boost::asio {
-class io_context;
-}
 
 namespace basalt::router {
 
@@ -68,18 +65,15 @@ class MetricsScraper {
  public:
   MetricsScraper(ReplicaRegistry& registry, boost::asio::io_context& io,
                  ScrapeOptions options = {});
-  ~MetricsScraper();
-  void start();
-  void stop();
+  void start() { poller_.start(); }
+  void stop() { poller_.stop(); }
 
   // The bookkeeping of one scrape: `load` none or incomplete is a failure.
   static void record(ReplicaState& state, const std::optional<ReplicaLoad>& load,
                      std::chrono::steady_clock::time_point now);
 
-  struct Impl;
-
  private:
-  std::shared_ptr<Impl> impl_;
+  ReplicaPoller poller_;  // GET /metrics, its rounds (router/replica_poller.h)
 };
 
 }  // namespace basalt::router
