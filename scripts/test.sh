@@ -51,7 +51,7 @@ summary() {
 
 echo "== build and test (RelWithDebInfo)"
 scripts/build.sh build
-run_ctest build -j "$jobs" --timeout 900
+run_ctest build -j "$jobs" --timeout 900 -LE soak
 if [[ "${BASALT_QUICK:-0}" == "1" || $status -ne 0 ]]; then
   summary
 fi
@@ -76,5 +76,5 @@ echo "== build and test (ASan + UBSan)"
 # instrumented; the build above has already compiled the CUDA backend.
 scripts/build.sh build-asan -DBASALT_SANITIZE=ON -DBASALT_BENCH=OFF -DBASALT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  run_ctest build-asan -j "$jobs" --timeout 1800
+  run_ctest build-asan -j "$jobs" --timeout 1800 -LE soak
 summary
