@@ -91,17 +91,27 @@ std::vector<int32_t> PredictionLookup::propose(std::span<const int32_t> output, 
 }
 
 void PredictionLookup::realign(std::span<const int32_t> output) {
+  if (output.empty()) return;
+  if (where_.empty())
+    for (size_t i = 0; i < prediction_.size(); ++i) where_[prediction_[i]].push_back(i);
+  const auto places = where_.find(output.back());
+  if (places == where_.end()) return;
+  const std::vector<size_t>& ends = places->second;  // where a suffix's last token can sit
   const size_t longest = std::min<size_t>(kPredictionMaxMatch, output.size());
   for (size_t n = longest; n >= 1; --n) {
     const std::span<const int32_t> suffix = output.subspan(output.size() - n);
+    // The first place, among at most kRealignCandidates from `from` on,
+    // where the suffix ends at or after from + n - 1.
     const auto find_from = [&](size_t from) -> size_t {
-      if (prediction_.size() < n) return static_cast<size_t>(-1);
-      for (size_t at = from; at + n <= prediction_.size(); ++at)
-        if (std::equal(suffix.begin(), suffix.end(), prediction_.begin() + static_cast<std::ptrdiff_t>(at)))
-          return at + n;
+      auto it = std::lower_bound(ends.begin(), ends.end(), from + n - 1);
+      for (size_t tried = 0; it != ends.end() && tried < kRealignCandidates; ++it, ++tried) {
+        const size_t begin = *it + 1 - n;
+        if (std::equal(suffix.begin(), suffix.end(), prediction_.begin() + static_cast<std::ptrdiff_t>(begin)))
+          return *it + 1;
+      }
       return static_cast<size_t>(-1);
     };
-    size_t found = find_from(std::min(last_good_ >= n ? last_good_ - n : 0, prediction_.size()));
+    size_t found = find_from(last_good_ >= n ? last_good_ - n : 0);
     if (found == static_cast<size_t>(-1)) found = find_from(0);
     if (found != static_cast<size_t>(-1)) {
       cursor_ = last_good_ = found;

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace basalt {
@@ -119,7 +120,10 @@ std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int k, int m
 // one that does not loses the place, and the place is found again at the
 // first occurrence, at or after the last place that held, else anywhere, of
 // the output's longest suffix (kPredictionMaxMatch tokens down to 1) in the
-// prediction. Drafts are the prediction's tokens from the cursor.
+// prediction. Drafts are the prediction's tokens from the cursor. Finding
+// the place again looks only where the output's last token occurs (an
+// index built at the first loss), at most kRealignCandidates of those from
+// each starting point, so that a long prediction costs a step little.
 //
 // Contract: propose() depends only on the prediction, the outputs it was
 // shown before and the one it is shown now (an output that is not an
@@ -127,6 +131,7 @@ std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int k, int m
 class PredictionLookup {
  public:
   static constexpr int kPredictionMaxMatch = 8;
+  static constexpr size_t kRealignCandidates = 256;
 
   explicit PredictionLookup(std::vector<int32_t> prediction) : prediction_(std::move(prediction)) {}
   // Up to k drafts to follow `output` (the request's output tokens so far).
@@ -137,6 +142,7 @@ class PredictionLookup {
   void realign(std::span<const int32_t> output);
 
   std::vector<int32_t> prediction_;
+  std::unordered_map<int32_t, std::vector<size_t>> where_;  // token -> its places, ascending (built when first lost)
   size_t cursor_ = 0;        // where the next output token should be; npos: lost
   size_t last_good_ = 0;     // the cursor's last place before it was lost
   size_t seen_ = 0;          // output tokens walked so far
