@@ -1,5 +1,7 @@
 #include "server/prometheus_text.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -7,7 +9,12 @@
 namespace basalt {
 namespace {
 
-std::string number(double v) { return fmt::format("{}", v); }
+// Prometheus spells the non-finite values +Inf, -Inf and NaN.
+std::string number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  return fmt::format("{}", v);
+}
 
 void append_labels(std::string& out, const PrometheusLabels& labels) {
   for (const auto& [key, value] : labels) {
