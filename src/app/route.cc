@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "router/replica_registry.h"
 #include "router/route_server.h"
+#include "router/placement.h"
 #include "router/tenants.h"
 #include "server/http_server.h"
 
@@ -51,6 +52,8 @@ struct RouteFlags {
   double upstream_timeout = 600;
   int client_threads = 2;
   double drain_timeout = 30;
+  std::string home_pool;
+  double assumed_prefill_rate = 2000;
 };
 
 std::vector<router::ReplicaSpec> read_replicas(const RouteFlags& f) {
@@ -92,8 +95,18 @@ void run_route(const RouteFlags& f) {
   BASALT_CHECK(f.client_threads >= 1 && f.client_threads <= 64, "--client-threads must be in [1, 64]");
   BASALT_CHECK(f.upstream_timeout > 0 && f.upstream_timeout < 1e7, "--upstream-timeout must be positive seconds");
   BASALT_CHECK(f.drain_timeout > 0 && f.drain_timeout < 1e7, "--drain-timeout must be positive seconds");
+  BASALT_CHECK(f.home_pool.empty() || router::valid_placement_name(f.home_pool),
+               "--home-pool must be a pool name (1-64 letters, digits, '-', '_' or '.')");
+  BASALT_CHECK(f.assumed_prefill_rate >= 1 && f.assumed_prefill_rate <= 1e9,
+               "--assumed-prefill-rate must be in [1, 1e9] tokens per second");
   router::ReplicaRegistry registry;
   registry.set(read_replicas(f));
+  if (!f.home_pool.empty()) {
+    const auto snapshot = registry.snapshot();
+    BASALT_CHECK(std::any_of(snapshot->replicas.begin(), snapshot->replicas.end(),
+                             [&](const router::Replica& r) { return r.spec.pool == f.home_pool; }),
+                 "--home-pool {}: no replica is labelled pool={}", f.home_pool, f.home_pool);
+  }
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -123,6 +136,8 @@ void run_route(const RouteFlags& f) {
   options.scrape.timeout = options.health.timeout;
   options.scrape.stale_after = std::max(3 * options.scrape.interval, std::chrono::milliseconds(2000));
   options.log_requests = !f.http.no_request_log;
+  options.home_pool = f.home_pool;
+  options.assumed_prefill_rate = f.assumed_prefill_rate;
   HttpClientOptions client_options;
   client_options.timeout_s = f.upstream_timeout;
   client_options.max_body_bytes = f.http.max_body_bytes > (size_t{64} << 20) ? f.http.max_body_bytes : size_t{64} << 20;
@@ -238,6 +253,11 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--client-threads", f.client_threads, "Threads running the connections to replicas (default 2)");
   cmd->add_option("--drain-timeout", f.drain_timeout,
                   "Seconds forwarded requests may take to finish after SIGTERM (default 30)");
+  cmd->add_option("--home-pool", f.home_pool,
+                  "The pool (replica label pool=) of requests whose tenant names none (default: every replica)");
+  cmd->add_option("--assumed-prefill-rate", f.assumed_prefill_rate,
+                  "A replica's prefill tokens per second for the pools' estimated queue time, until its "
+                  "/metrics show one (default 2000)");
   cmd->callback([flags] { run_route(*flags); });
 }
 

@@ -138,6 +138,9 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
         HttpResponse r = std::move(*fallback);
         fallback.reset();
         finish(std::move(r));
+      } else if (!request.no_replica_message.empty()) {  // a constraint ran out of replicas: say which
+        finish(error_response(503, request.no_replica_message +
+                                       (tried.empty() ? std::string() : " (last failure: " + last_failure + ")")));
       } else {
         finish(tried.empty() ? error_response(503, "no replica is available for this request")
                              : error_response(502, "the replicas failed this request (last: " + last_failure + ")"));

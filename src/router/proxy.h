@@ -26,8 +26,8 @@
 // code cut_by_server (not passed on), or no byte for the stall timeout
 // (heartbeats are asked for, a quarter of it, so a slow replica is not
 // taken for a stalled one); at most max_failovers times. With no replica
-// to try the client gets 503 (none was available) or 502 (every attempt
-// failed), as an OpenAI error body.
+// to try the client gets 503 (none was available, or the request's
+// no_replica_message) or 502 (every attempt failed), as an OpenAI error body.
 //
 // Contract: the producer's state is shared with the client callbacks
 // (which run on the replica client's strand), so either side may go first;
@@ -109,6 +109,11 @@ struct ProxyRequest {
   // The next replica to try, none tried before (`tried`: canonical ids);
   // null when none is left.
   std::function<std::shared_ptr<const Replica>(const std::vector<std::string>& tried)> pick;
+  // When set, the request is answered 503 with this message (and the
+  // last failure, if any) when no replica is left before its head, rather
+  // than the generic 503 or the 502 of failed attempts: the gateway's
+  // region constraint, which the client must hear about.
+  std::string no_replica_message;
   ProxyObserver observe;
 };
 

@@ -763,5 +763,132 @@ TEST_F(Gateway, AClientGoneWhileQueuedLeavesTheQueueWithItsTokensBack) {
   EXPECT_NE(refused.body.find("token rate limit"), std::string::npos) << refused.body;
 }
 
+// Regions (ROUTER.md §5): a tenant restricted to eu whose only eu replica
+// dies mid-stream gets the stream's error event, never a resumption on the
+// us replica; and, that replica gone, a 503 naming the region.
+TEST_F(Failover, ARegionRestrictedStreamIsNeverResumedOutsideItsRegion) {
+  FakeReplica& eu = streaming(kFirst, true, &aborts_);
+  FakeReplica& us = continuing();
+  TenantBook book;
+  book.set(parse_tenants(R"({"tenants": {"acme": {"keys": ["sk-acme"], "regions": ["eu"]}}})", "test"));
+  RouteServerOptions options;
+  options.tenants = &book;
+  start_gateway({eu.url() + " region=eu", us.url() + " region=us"}, options);
+  std::thread killer([&] {
+    while (eu.requests() == 0) std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(100ms);
+    eu.server->stop();
+  });
+  const Reply r = call("POST", "/v1/completions", R"({"model":"m","stream":true,"prompt":"x","n":2,"seed":42})",
+                       {{"Authorization", "Bearer sk-acme"}});
+  killer.join();
+  ASSERT_TRUE(r.head);
+  EXPECT_EQ(r.head->status, 200);
+  EXPECT_EQ(r.body.rfind("data: {\"created\":123", 0), 0u) << r.body;
+  EXPECT_NE(r.body.find("\"code\":\"upstream_failed\""), std::string::npos) << r.body;
+  EXPECT_TRUE(r.body.ends_with("data: [DONE]\n\n")) << r.body;
+  // Before the first byte: the dead eu replica is tried, then 503.
+  const Reply refused = call("POST", "/v1/completions", R"({"model":"m","prompt":"x"})",
+                             {{"Authorization", "Bearer sk-acme"}});
+  ASSERT_TRUE(refused.head);
+  EXPECT_EQ(refused.head->status, 503);
+  EXPECT_NE(refused.body.find("allowed regions (eu)"), std::string::npos) << refused.body;
+  EXPECT_EQ(us.requests(), 0u);
+  const std::string m = metrics_as("sk-acme");
+  EXPECT_NE(m.find(R"(basalt_route_region_refusals_total{tenant="acme",reason="no_replica"} 2)"), std::string::npos)
+      << m;
+}
+
+TEST_F(Gateway, XBasaltRegionNarrowsTheRegionsAndIsNotForwarded) {
+  FakeReplica& eu = named("eu");
+  FakeReplica& us = named("us");
+  TenantBook book;
+  book.set(parse_tenants(R"({"tenants": {"acme": {"keys": ["sk-acme"], "regions": ["eu", "us"]},
+                                         "free": {"keys": ["sk-free"]}}})",
+                         "test"));
+  RouteServerOptions options;
+  options.tenants = &book;
+  options.policy = Policy::kRoundRobin;
+  start_gateway({eu.url() + " region=eu", us.url() + " region=us"}, options);
+  const auto as = [](const char* key, const char* region) {
+    std::vector<std::pair<std::string, std::string>> h = {{"Authorization", std::string("Bearer ") + key}};
+    if (region != nullptr) h.emplace_back("X-Basalt-Region", region);
+    return h;
+  };
+  // Narrowed to us: every request there.
+  for (int i = 0; i < 4; ++i) {
+    const Reply r = call("POST", "/v1/completions", kCompletion, as("sk-acme", "us"));
+    EXPECT_EQ(r.body, R"({"from":"us"})");
+  }
+  // Without the header both regions take requests (round-robin).
+  std::set<std::string> from;
+  for (int i = 0; i < 4; ++i) from.insert(call("POST", "/v1/completions", kCompletion, as("sk-acme", nullptr)).body);
+  EXPECT_EQ(from.size(), 2u);
+  // Outside the tenant's regions: 403; malformed: 400; neither forwarded.
+  const Reply forbidden = call("POST", "/v1/completions", kCompletion, as("sk-acme", "ap"));
+  EXPECT_EQ(forbidden.head->status, 403);
+  EXPECT_NE(forbidden.body.find("may not use: ap"), std::string::npos) << forbidden.body;
+  EXPECT_EQ(call("POST", "/v1/completions", kCompletion, as("sk-acme", "us;eu")).head->status, 400);
+  // A tenant without regions: the header alone restricts.
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(call("POST", "/v1/completions", kCompletion, as("sk-free", "eu")).body, R"({"from":"eu"})");
+  // A region no replica is in: 503 naming it.
+  const Reply none = call("POST", "/v1/completions", kCompletion, as("sk-free", "ap"));
+  EXPECT_EQ(none.head->status, 503);
+  EXPECT_NE(none.body.find("allowed regions (ap)"), std::string::npos) << none.body;
+  EXPECT_EQ(completions(us), 6u);
+  EXPECT_EQ(completions(eu), 5u);
+  for (FakeReplica* f : {&eu, &us}) {
+    std::lock_guard<std::mutex> lock(f->mu);
+    for (const HttpRequest& got : f->got) EXPECT_FALSE(got.header("x-basalt-region")) << got.path;
+  }
+  const std::string m = metrics_as("sk-acme");
+  EXPECT_NE(m.find(R"(basalt_route_region_refusals_total{tenant="acme",reason="forbidden"} 1)"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find(R"(basalt_route_region_refusals_total{tenant="free",reason="no_replica"} 1)"), std::string::npos)
+      << m;
+}
+
+// Overflow (ROUTER.md §5): the home pool's EQT, 40 waiting requests of
+// ~100 tokens at an assumed 1,000 tokens/s = 4 s, is past the class's 1 s
+// objective: a request goes to the overflow pool with the lowest EQT among
+// those inside its regions (c is listed first and idle, but in us), and
+// comes home once the home pool's queue is gone.
+TEST_F(Gateway, AnOverflowingHomePoolSendsRequestsToAnOverflowPoolInsideTheRegions) {
+  const auto home_waiting = std::make_shared<std::atomic<int>>(40);
+  FakeReplica& a = metered("a", home_waiting);
+  FakeReplica& b = metered("b", std::make_shared<std::atomic<int>>(0));
+  FakeReplica& c = metered("c", std::make_shared<std::atomic<int>>(0));
+  TenantBook book;
+  book.set(parse_tenants(R"({"classes": {"live": {"priority": 1, "ttft_slo_ms": 1000, "queue_deadline_ms": 5000}},
+                             "tenants": {"acme": {"keys": ["sk-acme"], "class": "live", "regions": ["eu"],
+                                                  "pool": "a", "overflow_pools": ["c", "b"]}}})",
+                         "test"));
+  scrape_metrics_ = true;
+  RouteServerOptions options;
+  options.tenants = &book;
+  options.scrape.interval = 20ms;
+  options.assumed_prefill_rate = 1000;
+  start_gateway({a.url() + " region=eu pool=a", b.url() + " region=eu pool=b", c.url() + " region=us pool=c"},
+                options);
+  ASSERT_TRUE(scraped(registry_, {40, 0, 0}));
+  const std::string body = R"({"model":"m","prompt":")" + std::string(400, 'x') + "\"}";
+  const std::vector<std::pair<std::string, std::string>> key = {{"Authorization", "Bearer sk-acme"}};
+  const Reply over = call("POST", "/v1/completions", body, key);
+  EXPECT_EQ(over.body.substr(0, 12), R"({"from":"b",)") << over.body;
+  std::string m = metrics_as("sk-acme");
+  EXPECT_NE(m.find(R"(basalt_route_pool_overflowing{pool="a",class="live"} 1)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_pool_requests_total{pool="b",overflow="true"} 1)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_pool_estimated_queue_seconds{pool="a"} 4)"), std::string::npos) << m;
+  // The home queue drains: EQT 0.1 s (the request's own queued tokens), below 0.8 s.
+  home_waiting->store(0);
+  ASSERT_TRUE(scraped(registry_, {0, 0, 0}));
+  const Reply home = call("POST", "/v1/completions", body, key);
+  EXPECT_EQ(home.body.substr(0, 12), R"({"from":"a",)") << home.body;
+  m = metrics_as("sk-acme");
+  EXPECT_NE(m.find(R"(basalt_route_pool_overflowing{pool="a",class="live"} 0)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_pool_requests_total{pool="a",overflow="false"} 1)"), std::string::npos) << m;
+  EXPECT_EQ(completions(c), 0u);
+}
+
 }  // namespace
 }  // namespace basalt::router

@@ -61,6 +61,20 @@ bool saturated(ReplicaState& state, std::chrono::steady_clock::time_point now,
          state.scraped.kv_usage >= options.max_kv_usage;
 }
 
+PrefillEstimate prefill_estimate(ReplicaState& state, std::chrono::steady_clock::time_point now,
+                                 const ScrapeOptions& options, double average_prompt_tokens,
+                                 double assumed_tokens_per_s) {
+  std::lock_guard<std::mutex> lock(state.mu);
+  PrefillEstimate e;
+  const double requests = fresh(state.scraped, now, options)
+                              ? state.scraped.waiting + static_cast<double>(state.sent_since_scrape)
+                              : static_cast<double>(state.in_flight.load());
+  e.pending_tokens = requests * std::max(0.0, average_prompt_tokens);
+  e.tokens_per_s = state.scraped.prefill_capacity_per_s > 0 ? state.scraped.prefill_capacity_per_s
+                                                            : assumed_tokens_per_s;
+  return e;
+}
+
 void MetricsScraper::record(ReplicaState& state, const std::optional<ReplicaLoad>& load,
                             std::chrono::steady_clock::time_point now) {
   std::lock_guard<std::mutex> lock(state.mu);
@@ -79,6 +93,13 @@ void MetricsScraper::record(ReplicaState& state, const std::optional<ReplicaLoad
     s.prefill_tokens_delta = s.prefill_tokens_per_s = -1;  // the first, or the replica restarted
   }
   s.prefill_tokens = load->prefill_tokens.value_or(-1);
+  const bool busy = (s.valid && s.waiting > 0) || *load->waiting > 0;
+  if (s.prefill_tokens_delta > 0 && busy) {
+    constexpr double kWeight = 0.3;  // of the newest sample: about the last three scrapes
+    s.prefill_capacity_per_s = s.prefill_capacity_per_s < 0
+                                   ? s.prefill_tokens_per_s
+                                   : kWeight * s.prefill_tokens_per_s + (1 - kWeight) * s.prefill_capacity_per_s;
+  }
   s.valid = true;
   s.at = now;
   s.waiting = *load->waiting;

@@ -24,6 +24,14 @@
 //    KV usage reaches max_kv_usage (0.8), GIE's defaults; without one, the
 //    load is this gateway's in-flight count and it is never saturated (the
 //    gateway has no numbers to hold requests back by).
+//  * prefill_estimate() is a replica's share of a pool's EQT
+//    (router/placement.h). Replicas do not export the prompt tokens they
+//    have yet to prefill, so the pending tokens are its requests not yet
+//    running (scraped waiting + attempts sent since; without a fresh scrape
+//    the gateway's in-flight count) times the average prompt the gateway
+//    has seen; the rate is the EWMA of basalt_prefill_tokens_total's rate
+//    over scrapes that found requests waiting (an idle replica's rate is its
+//    demand, not what it can do), `assumed_tokens_per_s` until there is one.
 #pragma once
 
 #include <chrono>
@@ -60,6 +68,14 @@ int64_t load_of(ReplicaState& state, std::chrono::steady_clock::time_point now,
                 const ScrapeOptions& options);
 bool saturated(ReplicaState& state, std::chrono::steady_clock::time_point now,
                const ScrapeOptions& options);
+
+struct PrefillEstimate {
+  double pending_tokens = 0;
+  double tokens_per_s = 0;
+};
+PrefillEstimate prefill_estimate(ReplicaState& state, std::chrono::steady_clock::time_point now,
+                                 const ScrapeOptions& options, double average_prompt_tokens,
+                                 double assumed_tokens_per_s);
 
 class MetricsScraper {
  public:

@@ -126,6 +126,42 @@ TEST(ReplicaMetrics, LoadAndSaturationFromAScrapeAndWhatWasSentSince) {
   EXPECT_FALSE(saturated(state, t, o));
 }
 
+TEST(ReplicaMetrics, PrefillCapacityIsLearnedOnlyWhileRequestsWait) {
+  ReplicaState state;
+  ScrapeOptions o;
+  auto t = Clock::now();
+  MetricsScraper::record(state, load(0, 1, 0.1, 1000), t);
+  // Idle: 100 tokens in a second is what it was asked, not what it can do.
+  t += 1s;
+  MetricsScraper::record(state, load(0, 1, 0.1, 1100), t);
+  EXPECT_EQ(state.scraped.prefill_tokens_per_s, 100);
+  EXPECT_EQ(state.scraped.prefill_capacity_per_s, -1);
+  // Requests waiting at the end of the interval: 4000 tokens/s measured.
+  t += 1s;
+  MetricsScraper::record(state, load(3, 4, 0.5, 5100), t);
+  EXPECT_EQ(state.scraped.prefill_capacity_per_s, 4000);
+  // Waiting at its start: 2000 tokens/s, weighed 0.3 into the average.
+  t += 1s;
+  MetricsScraper::record(state, load(0, 4, 0.5, 7100), t);
+  EXPECT_DOUBLE_EQ(state.scraped.prefill_capacity_per_s, 0.3 * 2000 + 0.7 * 4000);
+  // A failed scrape keeps it.
+  MetricsScraper::record(state, std::nullopt, t);
+  EXPECT_DOUBLE_EQ(state.scraped.prefill_capacity_per_s, 3400);
+
+  // The estimate: waiting + sent since the scrape, times the average prompt.
+  ReplicaState fresh_state;
+  EXPECT_EQ(prefill_estimate(fresh_state, t, o, 100, 2000).tokens_per_s, 2000);  // assumed until measured
+  EXPECT_EQ(prefill_estimate(fresh_state, t, o, 100, 2000).pending_tokens, 0);
+  fresh_state.attempt_started();  // no scrape: the in-flight count
+  EXPECT_EQ(prefill_estimate(fresh_state, t, o, 100, 2000).pending_tokens, 100);
+  MetricsScraper::record(fresh_state, load(4, 2, 0.1), t);
+  fresh_state.attempt_started();
+  const PrefillEstimate e = prefill_estimate(fresh_state, t, o, 100, 2000);
+  EXPECT_EQ(e.pending_tokens, 500);  // (4 waiting + 1 sent) × 100
+  EXPECT_EQ(e.tokens_per_s, 2000);
+  EXPECT_DOUBLE_EQ(prefill_estimate(state, t, o, 100, 2000).tokens_per_s, 3400);
+}
+
 // A fake replica whose /metrics answers what `body` holds at the time.
 class Scraper : public ::testing::Test {
  protected:

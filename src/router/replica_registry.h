@@ -63,6 +63,10 @@ struct ScrapedLoad {
   double prefill_tokens = -1;
   double prefill_tokens_delta = -1;
   double prefill_tokens_per_s = -1;
+  // The prefill rate measured while the replica had requests waiting (an
+  // EWMA over such scrapes; -1 until one): its capacity, where the rate of
+  // an idle replica would be only its demand.
+  double prefill_capacity_per_s = -1;
   uint64_t failures = 0;  // scrapes that failed, in all
 };
 

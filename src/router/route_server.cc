@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -238,7 +239,24 @@ struct RouteServer::Shared {
   std::map<std::pair<std::string, std::string>, int64_t> failovers;       // (replica that failed, reason)
   std::map<std::pair<std::string, int>, int64_t> tenant_requests;         // (tenant, status), forwarded
   std::map<std::pair<std::string, std::string>, int64_t> rejections;      // (tenant, reason)
+  std::map<std::pair<std::string, bool>, int64_t> pool_requests;          // (pool, overflowed)
+  std::map<std::pair<std::string, std::string>, int64_t> region_refusals;  // (tenant, reason)
   std::atomic<int64_t> in_flight{0};
+  // The prompts' estimated tokens, an EWMA over completions and chats (0
+  // before the first): what a replica's waiting request is taken to hold.
+  std::atomic<double> average_prompt_tokens{0};
+
+  void note_prompt(int64_t tokens) {
+    constexpr double kWeight = 0.05;  // of the newest prompt
+    double old = average_prompt_tokens.load();
+    const double t = static_cast<double>(tokens);
+    while (!average_prompt_tokens.compare_exchange_weak(old, old == 0 ? t : kWeight * t + (1 - kWeight) * old)) {
+    }
+  }
+  void count_region_refusal(const std::string& tenant, const char* reason) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++region_refusals[{tenant, reason}];
+  }
 
   void count_request(const std::string& route, int status) {
     std::lock_guard<std::mutex> lock(mu);
@@ -293,11 +311,12 @@ RouteServer::~RouteServer() {
   if (scraper_) scraper_->stop();
 }
 
-std::vector<const Replica*> RouteServer::candidates(const Snapshot& snapshot, const std::string& model,
+std::vector<const Replica*> RouteServer::candidates(const Snapshot& snapshot, const Routing& routing,
                                                     const std::vector<std::string>& tried, Clock::time_point now) const {
   std::vector<const Replica*> out;
   for (const Replica& r : snapshot.replicas) {
-    if (r.state->draining.load() || !r.state->healthy.load() || !serves(r.spec, model)) continue;
+    if (r.state->draining.load() || !r.state->healthy.load() || !serves(r.spec, routing.model)) continue;
+    if (!region_allowed(routing.regions, r.spec.region)) continue;  // never, whatever else fails
     if (std::find(tried.begin(), tried.end(), r.spec.id) != tried.end()) continue;
     std::lock_guard<std::mutex> lock(r.state->mu);
     if (r.state->breaker.available(now)) out.push_back(&r);
@@ -305,79 +324,160 @@ std::vector<const Replica*> RouteServer::candidates(const Snapshot& snapshot, co
   return out;
 }
 
+double RouteServer::pool_eqt_ms(const Snapshot& snapshot, const std::string& pool, Clock::time_point now) const {
+  PoolLoad load;
+  load.queued_tokens = static_cast<double>(queued_tokens_->of(pool));
+  const double average_prompt = shared_->average_prompt_tokens.load();
+  for (const Replica& r : snapshot.replicas) {
+    if ((!pool.empty() && r.spec.pool != pool) || r.state->draining.load() || !r.state->healthy.load()) continue;
+    const PrefillEstimate e =
+        prefill_estimate(*r.state, now, options_.scrape, average_prompt, options_.assumed_prefill_rate);
+    load.pending_prefill_tokens += e.pending_tokens;
+    load.prefill_tokens_per_s += e.tokens_per_s;
+  }
+  return estimated_queue_ms(load);
+}
+
+std::pair<std::string, bool> RouteServer::choose_pool(const Routing& routing, const Snapshot& snapshot,
+                                                      Clock::time_point now) {
+  const std::string& home = routing.home_pool;
+  if (home.empty() || routing.ttft_slo_ms <= 0) return {home, false};
+  if (!overflow_.observe(home, routing.class_name, pool_eqt_ms(snapshot, home, now), routing.ttft_slo_ms) ||
+      routing.overflow_pools.empty())
+    return {home, false};
+  const std::vector<const Replica*> usable = candidates(snapshot, routing, {}, now);
+  std::vector<OverflowOption> options;
+  for (const std::string& pool : routing.overflow_pools) {
+    OverflowOption o;
+    o.pool = pool;
+    o.reachable = std::any_of(usable.begin(), usable.end(), [&](const Replica* r) { return r->spec.pool == pool; });
+    o.eqt_ms = o.reachable ? pool_eqt_ms(snapshot, pool, now) : 0;
+    options.push_back(o);
+  }
+  const std::optional<size_t> chosen = choose_overflow_pool(options, routing.ttft_slo_ms);
+  if (!chosen) return {home, false};
+  return {routing.overflow_pools[*chosen], true};
+}
+
+std::vector<std::vector<const Replica*>> RouteServer::by_pool(const Routing& routing, const std::string& chosen,
+                                                              const std::vector<const Replica*>& candidates) {
+  if (routing.home_pool.empty()) return {candidates};
+  std::vector<std::string> pools = {chosen};
+  if (chosen != routing.home_pool) pools.push_back(routing.home_pool);
+  for (const std::string& p : routing.overflow_pools)
+    if (std::find(pools.begin(), pools.end(), p) == pools.end()) pools.push_back(p);
+  std::vector<std::vector<const Replica*>> groups;
+  for (const std::string& pool : pools) {
+    std::vector<const Replica*> group;
+    for (const Replica* r : candidates)
+      if (r->spec.pool == pool) group.push_back(r);
+    if (!group.empty()) groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
+std::vector<size_t> RouteServer::order(const Routing& routing, const std::vector<const Replica*>& group,
+                                       uint64_t turn, uint64_t random, Clock::time_point now) const {
+  std::vector<Candidate> loads;
+  for (const Replica* r : group) loads.push_back({r->spec.id, load_of(*r->state, now, options_.scrape)});
+  if (!routing.blocks.empty()) {
+    std::vector<std::string_view> ids;
+    for (const Candidate& c : loads) ids.push_back(c.id);
+    const std::vector<size_t> matched = prefixes_.match(ids, routing.blocks, now);
+    for (size_t i = 0; i < loads.size(); ++i) loads[i].matched = matched[i];
+  }
+  PickInput in;
+  in.turn = turn;
+  in.random = random;
+  in.session = routing.session;
+  in.blocks = routing.blocks.size();
+  return preference(options_.policy, loads, in);
+}
+
 bool RouteServer::first_choice_saturated(const Routing& routing) {
   const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
   const auto now = Clock::now();
-  const std::vector<const Replica*> replicas = candidates(*snapshot, routing.model, {}, now);
+  const std::vector<const Replica*> replicas = candidates(*snapshot, routing, {}, now);
   if (replicas.empty()) return false;  // the proxy answers that
   uint64_t turn = 0;
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
     turn = shared_->round_robin[routing.model];  // the turn pick() will take
   }
-  std::vector<Candidate> loads;
-  for (const Replica* r : replicas) loads.push_back({r->spec.id, load_of(*r->state, now, options_.scrape)});
-  if (!routing.blocks.empty()) {
-    std::vector<std::string_view> ids;
-    for (const Candidate& c : loads) ids.push_back(c.id);
-    const std::vector<size_t> matched = prefixes_.match(ids, routing.blocks, now);
-    for (size_t i = 0; i < loads.size(); ++i) loads[i].matched = matched[i];
-  }
-  PickInput in;
-  in.turn = turn;
-  in.session = routing.session;
-  in.blocks = routing.blocks.size();
-  const std::vector<size_t> order = preference(options_.policy, loads, in);
-  return saturated(*replicas[order.front()]->state, now, options_.scrape);
+  // The pool pick() would choose now: a request held at an overflowing
+  // home goes as soon as an overflow pool qualifies.
+  const std::vector<std::vector<const Replica*>> groups =
+      by_pool(routing, choose_pool(routing, *snapshot, now).first, replicas);
+  if (groups.empty()) return false;
+  const std::vector<size_t> preferred = order(routing, groups.front(), turn, 0, now);
+  return saturated(*groups.front()[preferred.front()]->state, now, options_.scrape);
 }
 
 bool RouteServer::pool_saturated(const Routing& routing) {
   const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
   const auto now = Clock::now();
-  const std::vector<const Replica*> replicas = candidates(*snapshot, routing.model, {}, now);
+  std::vector<const Replica*> replicas;
+  for (const auto& group : by_pool(routing, routing.home_pool, candidates(*snapshot, routing, {}, now)))
+    replicas.insert(replicas.end(), group.begin(), group.end());
   return !replicas.empty() && std::all_of(replicas.begin(), replicas.end(), [&](const Replica* r) {
     return saturated(*r->state, now, options_.scrape);
   });
 }
 
 std::shared_ptr<const Replica> RouteServer::pick(const Routing& routing, const std::vector<std::string>& tried) {
-  const std::string& model = routing.model;
   const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
   const auto now = Clock::now();
-  const std::vector<const Replica*> candidates = this->candidates(*snapshot, model, tried, now);
-  if (candidates.empty()) return nullptr;
-  uint64_t turn = 0;
+  Placement& placement = *routing.placement;
+  // The first attempt chooses the request's pool; later ones keep it.
+  std::string chosen;
+  bool overflowed = false;
+  bool decided = false;
   {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    turn = shared_->round_robin[model]++;
+    std::lock_guard<std::mutex> lock(placement.mu);
+    decided = placement.decided;
+    chosen = placement.pool;
+    overflowed = placement.overflowed;
   }
-  std::vector<Candidate> loads;
-  for (const Replica* r : candidates) loads.push_back({r->spec.id, load_of(*r->state, now, options_.scrape)});
-  if (!routing.blocks.empty()) {
-    std::vector<std::string_view> ids;
-    for (const Candidate& c : loads) ids.push_back(c.id);
-    const std::vector<size_t> matched = prefixes_.match(ids, routing.blocks, now);
-    for (size_t i = 0; i < loads.size(); ++i) loads[i].matched = matched[i];
+  if (!decided) std::tie(chosen, overflowed) = choose_pool(routing, *snapshot, now);
+  const std::vector<std::vector<const Replica*>> groups =
+      by_pool(routing, chosen, candidates(*snapshot, routing, tried, now));
+  uint64_t turn = 0;
+  if (!groups.empty()) {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    turn = shared_->round_robin[routing.model]++;
   }
   thread_local std::mt19937_64 rng{std::random_device{}()};
-  PickInput in;
-  in.turn = turn;
-  in.random = rng();
-  in.session = routing.session;
-  in.blocks = routing.blocks.size();
-  for (const size_t k : preference(options_.policy, loads, in)) {
-    const Replica* r = candidates[k];
-    {
-      std::lock_guard<std::mutex> lock(r->state->mu);
-      if (!r->state->breaker.acquire(now)) continue;
+  const uint64_t random = rng();
+  for (const std::vector<const Replica*>& group : groups) {
+    for (const size_t k : order(routing, group, turn, random, now)) {
+      const Replica* r = group[k];
+      {
+        std::lock_guard<std::mutex> lock(r->state->mu);
+        if (!r->state->breaker.acquire(now)) continue;
+      }
+      // The prompt's blocks are (about to be) in that replica's cache.
+      prefixes_.insert(r->spec.id, routing.blocks, now);
+      {
+        std::lock_guard<std::mutex> lock(placement.mu);
+        if (!placement.decided) {
+          placement.decided = true;
+          placement.pool = chosen;
+          placement.overflowed = overflowed && r->spec.pool == chosen;
+          std::lock_guard<std::mutex> shared_lock(shared_->mu);
+          ++shared_->pool_requests[{r->spec.pool, placement.overflowed}];
+        }
+        placement.region = r->spec.region;
+      }
+      // Shares the snapshot's ownership: the replica stays valid while the
+      // request holds it, whatever set() does meanwhile.
+      return std::shared_ptr<const Replica>(snapshot, r);
     }
-    // The prompt's blocks are (about to be) in that replica's cache.
-    prefixes_.insert(r->spec.id, routing.blocks, now);
-    // Shares the snapshot's ownership: the replica stays valid while the
-    // request holds it, whatever set() does meanwhile.
-    return std::shared_ptr<const Replica>(snapshot, r);
   }
-  return nullptr;  // their half-open trials were taken meanwhile
+  if (!routing.regions.empty()) {
+    std::lock_guard<std::mutex> lock(placement.mu);
+    placement.ran_out_in_region = true;
+  }
+  return nullptr;  // none left, or their half-open trials were taken meanwhile
 }
 
 namespace {
@@ -458,6 +558,22 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
     return answer(json_error(405, by_model ? "use POST" : "use GET or HEAD", "invalid_request_error"));
   Routing routing;
   if (tenant) routing.tenant = tenant->name;
+  // Where it may go (a hard filter) and where it should (its pools).
+  AllowedRegions allowed = allowed_regions(tenant ? std::span<const std::string>(tenant->regions)
+                                                  : std::span<const std::string>(),
+                                           request.header("x-basalt-region"));
+  if (allowed.status != 0) {
+    if (allowed.status == 403) shared_->count_region_refusal(routing.tenant, "forbidden");
+    return answer(json_error(allowed.status, allowed.message,
+                             allowed.status == 403 ? "permission_error" : "invalid_request_error"));
+  }
+  routing.regions = std::move(allowed.regions);
+  routing.home_pool = tenant && !tenant->pool.empty() ? tenant->pool : options_.home_pool;
+  if (tenant) {
+    routing.overflow_pools = tenant->overflow_pools;
+    routing.class_name = tenant->class_name;
+    routing.ttft_slo_ms = tenant->ttft_slo_ms;
+  }
   std::string& model = routing.model;
   std::string& session = routing.session;
   if (auto h = request.header(options_.session_header); h && !options_.session_header.empty())
@@ -475,10 +591,13 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
       if (route == "/v1/completions" || route == "/v1/chat/completions") {
         stream = body.value("stream", false) == true && !body.contains("basalt_resume");
         bool changed = false;
-        if (tenant) {
-          queued = true;
+        {
           const auto prompt = body.find(route == "/v1/completions" ? "prompt" : "messages");
           cost.prompt = prompt != body.end() ? prompt_estimate(*prompt) : 0;
+          shared_->note_prompt(cost.prompt);  // the size a replica's waiting request is taken to have
+        }
+        if (tenant) {
+          queued = true;
           int64_t max_tokens = route == "/v1/completions" ? 16 : 1024;
           for (const char* field : {"max_tokens", "max_completion_tokens"})
             if (const auto m = body.find(field); m != body.end() && m->is_number_integer() && m->get<int64_t>() >= 0)
@@ -561,6 +680,14 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     if (auto v = request.header(name); v && v->size() <= 512) p.upstream.headers.emplace_back(name, std::string(*v));
   if (!options_.upstream_api_key.empty())
     p.upstream.headers.emplace_back("Authorization", "Bearer " + options_.upstream_api_key);
+  if (!routing.regions.empty()) {
+    std::string names;
+    for (const std::string& r : routing.regions) names += (names.empty() ? "" : ", ") + r;
+    p.no_replica_message = "no replica inside the allowed regions (" + names +
+                           ") is available for this request; it is not sent outside them";
+  }
+  const std::shared_ptr<Placement> placement = routing.placement;
+  const std::string home_pool = routing.home_pool;
   p.pick = [this, routing = std::move(routing)](const std::vector<std::string>& tried) { return pick(routing, tried); };
   std::shared_ptr<Shared> shared = shared_;
   p.observe.attempt = [shared](const Replica& replica, AttemptOutcome outcome) {
@@ -583,9 +710,18 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
   // producer starts, read after it ends).
   const auto queue_s = std::make_shared<double>(0);
   p.observe.finished = [shared, route, remote = request.remote, method = request.method, model, book, tenant, queued,
-                        admission, cost, queue_s, start = Clock::now()](
+                        admission, cost, queue_s, placement, start = Clock::now()](
                            int status, const std::vector<std::string>& tried, int64_t completion_tokens) {
     shared->in_flight.fetch_sub(1);
+    std::string pool, region;
+    bool ran_out_in_region = false;
+    {
+      std::lock_guard<std::mutex> lock(placement->mu);
+      pool = placement->pool;
+      region = placement->region;
+      ran_out_in_region = placement->ran_out_in_region;
+    }
+    if (ran_out_in_region) shared->count_region_refusal(tenant, "no_replica");
     if (book != nullptr) book->release(tenant);
     if (queued) {
       if (book != nullptr && completion_tokens >= 0) book->refund(tenant, cost.completion - completion_tokens);
@@ -611,6 +747,8 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
         .add("status", status)
         .add("attempts", static_cast<int64_t>(tried.size()))
         .add("replicas", replicas)
+        .add("pool", pool)
+        .add("region", region)
         .add("queue_s", *queue_s)
         .add("total_s", std::chrono::duration<double>(Clock::now() - start).count())
         .emit();
@@ -652,35 +790,51 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
   entry.ready = [this, gate_routing] { return !first_choice_saturated(gate_routing); };
   QueuedProducer::Hooks hooks;
   auto request_for_proxy = std::make_shared<ProxyRequest>(std::move(p));
-  hooks.submit = [admission = admission_, entry = std::move(entry)](AdmissionQueue::Decided decided,
-                                                                    AdmissionQueue::Id* id) {
+  // Its tokens count in its home pool's EQT while it waits, once.
+  const auto unqueue = [queued_tokens = queued_tokens_, home_pool, tokens = cost.total(),
+                        left = std::make_shared<std::atomic<bool>>(false)] {
+    if (!left->exchange(true)) queued_tokens->remove(home_pool, tokens);
+  };
+  queued_tokens_->add(home_pool, cost.total());
+  hooks.submit = [admission = admission_, entry = std::move(entry), unqueue](AdmissionQueue::Decided decided,
+                                                                             AdmissionQueue::Id* id) {
     auto refused = admission->queue.submit(entry, Clock::now(), std::move(decided), id);
-    if (!refused) admission->pump();
+    if (refused) {
+      unqueue();
+    } else {
+      admission->pump();
+    }
     return refused;
   };
   hooks.cancel = [admission](AdmissionQueue::Id id) {
     const auto a = admission.lock();
     return a && a->queue.cancel(id);
   };
-  hooks.dispatched = [this, shared, book, tenant, request_for_proxy, queue_s](const AdmissionDecision& d) {
+  hooks.dispatched = [this, shared, book, tenant, request_for_proxy, queue_s, unqueue](const AdmissionDecision& d) {
+    unqueue();
     *queue_s = d.waited_s;
     shared->in_flight.fetch_add(1);
     if (book != nullptr) book->started(tenant);
     return std::make_unique<ProxyProducer>(clients_, std::move(*request_for_proxy));
   };
-  hooks.refused = [shared, tenant, ended_unrun](const AdmissionDecision& d) {
+  hooks.refused = [shared, tenant, ended_unrun, unqueue](const AdmissionDecision& d) {
+    unqueue();
     HttpResponse r = shared->rejection(tenant, d.reason, d.retry_after_s);
     ended_unrun(429, d.waited_s);
     return r;
   };
-  hooks.dropped = [admission, tenant, ended_unrun] {
+  hooks.dropped = [admission, tenant, ended_unrun, unqueue] {
+    unqueue();
     if (const auto a = admission.lock()) {
       a->queue.finished(tenant);
       a->pump_soon();
     }
     ended_unrun(499, -1);
   };
-  hooks.cancelled = [ended_unrun] { ended_unrun(499, -1); };
+  hooks.cancelled = [ended_unrun, unqueue] {
+    unqueue();
+    ended_unrun(499, -1);
+  };
   result.producer = std::make_unique<QueuedProducer>(std::move(hooks));
   return result;
 }
@@ -698,7 +852,33 @@ std::string RouteServer::metrics_text() const {
   // its gate takes shared_->mu.
   const auto queue_depths = admission_->queue.depths();
   const auto queue_waits = admission_->queue.waits();
+  // The pools the listed replicas name, with their EQT (it reads shared_ too).
+  std::map<std::string, double> pool_eqt_s;
+  for (const Replica& r : snapshot->replicas)
+    if (!r.spec.pool.empty() && !pool_eqt_s.count(r.spec.pool))
+      pool_eqt_s[r.spec.pool] = pool_eqt_ms(*snapshot, r.spec.pool, Clock::now()) / 1000;
   std::lock_guard<std::mutex> lock(shared_->mu);
+  out.family("basalt_route_pool_estimated_queue_seconds", "gauge",
+             "Estimated queue time of each pool: tokens queued for it here and waiting in its replicas over their "
+             "prefill rate (+Inf without a replica to take them)");
+  for (const auto& [pool, eqt] : pool_eqt_s)
+    out.sample("basalt_route_pool_estimated_queue_seconds", eqt, {{"pool", pool}});
+  out.family("basalt_route_pool_overflowing", "gauge",
+             "1 while a home pool overflows for a class (its EQT went above the class's ttft_slo_ms and has not "
+             "fallen below 0.8 of it since)");
+  for (const auto& [key, on] : overflow_.states())
+    out.sample("basalt_route_pool_overflowing", on ? 1 : 0, {{"pool", key.first}, {"class", key.second}});
+  out.family("basalt_route_pool_requests_total", "counter",
+             "Requests by the pool of the replica their first attempt went to, and whether they overflowed there");
+  for (const auto& [key, n] : shared_->pool_requests)
+    out.sample("basalt_route_pool_requests_total", static_cast<double>(n),
+               {{"pool", key.first}, {"overflow", key.second ? "true" : "false"}});
+  out.family("basalt_route_region_refusals_total", "counter",
+             "Requests refused for their regions: forbidden (X-Basalt-Region outside the tenant's, 403), no_replica "
+             "(no replica left inside them; never sent outside)");
+  for (const auto& [key, n] : shared_->region_refusals)
+    out.sample("basalt_route_region_refusals_total", static_cast<double>(n),
+               {{"tenant", key.first}, {"reason", key.second}});
   out.family("basalt_route_requests_total", "counter", "Requests the gateway answered, by route and status");
   for (const auto& [key, n] : shared_->requests)
     out.sample("basalt_route_requests_total", static_cast<double>(n),

@@ -47,17 +47,33 @@
 //    tokens (from the answer's usage) are given back to the bucket at the
 //    end. Requests under options.api_keys only, and other routes, are not
 //    queued.
+//  * Placement (router/placement.h, ROUTER.md §5): a request's allowed
+//    regions (its tenant's, narrowed by X-Basalt-Region, which is never
+//    forwarded; 400 when malformed, 403 when outside the tenant's) filter
+//    the replicas of its first attempt, every retry and every failover:
+//    with none left inside them it gets 503 (before its head) or its
+//    stream's error event, and is never sent elsewhere. Its pools are its
+//    home pool (the tenant's `pool`, else options.home_pool; none: every
+//    replica) then its tenant's overflow_pools; each attempt takes the
+//    pool chosen for the request first, then the others in that order,
+//    never a replica of another pool. The chosen pool is the home one
+//    unless the home pool overflows for the request's class (its EQT
+//    above the class's ttft_slo_ms, until below 0.8 of it): then the
+//    overflow pool with the lowest EQT below the objective, if any.
 //  * One `request` log line per request (no text), when options.log_requests.
 //  * handle() never blocks and may be called from any I/O thread.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "router/admission.h"
 #include "router/health.h"
+#include "router/placement.h"
 #include "router/policy.h"
 #include "router/prefix_index.h"
 #include "router/proxy.h"
@@ -93,6 +109,10 @@ struct RouteServerOptions {
   bool scrape_metrics = true;
   ScrapeOptions scrape;
   bool log_requests = true;
+  // The pool of requests whose tenant names none (empty: every replica).
+  std::string home_pool;
+  // A replica's prefill tokens per second until its scrapes measure one.
+  double assumed_prefill_rate = 2000;
 };
 
 class RouteServer {
@@ -111,12 +131,27 @@ class RouteServer {
   struct Shared;
 
  private:
+  // Where a request went, shared by its attempts (and its log line).
+  struct Placement {
+    std::mutex mu;
+    bool decided = false;  // its first attempt chose `pool`
+    std::string pool;      // the pool chosen (empty: every replica)
+    bool overflowed = false;
+    std::string region;    // the region of the replica last picked
+    bool ran_out_in_region = false;  // no replica was left inside its regions
+  };
   // What a request is routed by.
   struct Routing {
     std::string model;
     std::string tenant;  // empty: none
     std::string session;
     std::vector<uint64_t> blocks;  // cache-aware: the prompt's PrefixIndex blocks
+    std::vector<std::string> regions;  // allowed (empty: any)
+    std::string home_pool;             // empty: every replica
+    std::vector<std::string> overflow_pools;
+    std::string class_name;
+    int64_t ttft_slo_ms = 0;  // 0: never overflows
+    std::shared_ptr<Placement> placement = std::make_shared<Placement>();
   };
   // What a tenant's queued request costs, in estimated tokens.
   struct Cost {
@@ -125,12 +160,23 @@ class RouteServer {
     int64_t total() const { return prompt + completion; }
   };
   // The replicas that may take a request now, as pick() filters them.
-  std::vector<const Replica*> candidates(const Snapshot& snapshot, const std::string& model,
+  std::vector<const Replica*> candidates(const Snapshot& snapshot, const Routing& routing,
                                          const std::vector<std::string>& tried, Clock::time_point now) const;
   std::shared_ptr<const Replica> pick(const Routing& routing, const std::vector<std::string>& tried);
   // The saturation gate: whether the replica pick() would choose first is
   // saturated, and whether every candidate is (none: neither).
   bool first_choice_saturated(const Routing& routing);
+  // The pool a request goes to now (home, or an overflow pool), and
+  // whether that is an overflow.
+  std::pair<std::string, bool> choose_pool(const Routing& routing, const Snapshot& snapshot,
+                                           Clock::time_point now);
+  double pool_eqt_ms(const Snapshot& snapshot, const std::string& pool, Clock::time_point now) const;
+  // `candidates` grouped by the pools a request tries, in order: `chosen`,
+  // then its home pool and overflow pools (one group of all without a home pool).
+  static std::vector<std::vector<const Replica*>> by_pool(const Routing& routing, const std::string& chosen,
+                                                          const std::vector<const Replica*>& candidates);
+  std::vector<size_t> order(const Routing& routing, const std::vector<const Replica*>& group, uint64_t turn,
+                            uint64_t random, Clock::time_point now) const;
   bool pool_saturated(const Routing& routing);
   HandlerResult forward(HttpRequest& request, const std::string& route, Routing routing, bool stream,
                         const Tenant* queued_tenant, Cost cost);
@@ -144,6 +190,8 @@ class RouteServer {
   std::unique_ptr<MetricsScraper> scraper_;
   struct Admission;
   std::shared_ptr<Admission> admission_;
+  OverflowTracker overflow_;
+  std::shared_ptr<QueuedTokens> queued_tokens_ = std::make_shared<QueuedTokens>();
 };
 
 }  // namespace basalt::router

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "router/placement.h"
 #include "server/http_auth.h"
 
 namespace basalt::router {
@@ -35,6 +36,22 @@ int64_t milliseconds(const json& v, std::string_view file, const std::string& pa
   BASALT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 3600000,
                "{}: {} must be an integer number of milliseconds in [1, 3600000]", file, path);
   return v.get<int64_t>();
+}
+
+// A list of distinct region or pool names at `path`; `non_empty` when it may not be [].
+std::vector<std::string> names(const json& v, bool non_empty, std::string_view file, const std::string& path) {
+  BASALT_CHECK(v.is_array() && (!non_empty || !v.empty()) && v.size() <= 64,
+               "{}: {} must be a list of {}at most 64 names", file, path, non_empty ? "1 to " : "");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = fmt::format("{}[{}]", path, i);
+    BASALT_CHECK(v[i].is_string() && valid_placement_name(v[i].get<std::string>()),
+                 "{}: {} must be a name of 1-64 letters, digits, '-', '_' or '.'", file, at);
+    BASALT_CHECK(std::find(out.begin(), out.end(), v[i].get<std::string>()) == out.end(),
+                 "{}: {} is given twice in the list", file, at);
+    out.push_back(v[i].get<std::string>());
+  }
+  return out;
 }
 
 }  // namespace
@@ -77,7 +94,8 @@ std::vector<Tenant> parse_tenants(std::string_view text, std::string_view name) 
                      std::all_of(tenant_name.begin(), tenant_name.end(),
                                  [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.'; }),
                  "{}: tenant names are 1-64 letters, digits, '-', '_' or '.' ({})", name, path);
-    only(spec, {"keys", "class", "weight", "limits", "share_cache"}, name, path);
+    only(spec, {"keys", "class", "weight", "limits", "share_cache", "regions", "pool", "overflow_pools"}, name,
+         path);
     std::string class_name = "default";
     if (const auto c = spec.find("class"); c != spec.end()) {
       BASALT_CHECK(c->is_string() && classes.count(c->get<std::string>()),
@@ -126,6 +144,18 @@ std::vector<Tenant> parse_tenants(std::string_view text, std::string_view name) 
     if (const auto s = spec.find("share_cache"); s != spec.end()) {
       BASALT_CHECK(s->is_boolean(), "{}: {}.share_cache must be true or false", name, path);
       t.share_cache = s->get<bool>();
+    }
+    if (const auto r = spec.find("regions"); r != spec.end()) t.regions = names(*r, true, name, path + ".regions");
+    if (const auto p = spec.find("pool"); p != spec.end()) {
+      BASALT_CHECK(p->is_string() && valid_placement_name(p->get<std::string>()),
+                   "{}: {}.pool must be a name of 1-64 letters, digits, '-', '_' or '.'", name, path);
+      t.pool = p->get<std::string>();
+    }
+    if (const auto o = spec.find("overflow_pools"); o != spec.end()) {
+      t.overflow_pools = names(*o, false, name, path + ".overflow_pools");
+      const auto home = std::find(t.overflow_pools.begin(), t.overflow_pools.end(), t.pool);
+      BASALT_CHECK(home == t.overflow_pools.end(), "{}: {}.overflow_pools[{}] is the tenant's own pool", name, path,
+                   home - t.overflow_pools.begin());
     }
     out.push_back(std::move(t));
   }

@@ -7,7 +7,8 @@
 //    "tenants": {"acme": {"keys": ["sk-acme-1"], "class": "interactive", "weight": 3,
 //                         "limits": {"rps": 20, "burst": 40, "tokens_per_min": 400000,
 //                                    "max_concurrency": 64, "max_queued": 256},
-//                         "share_cache": false}}}
+//                         "share_cache": false, "regions": ["eu"], "pool": "eu-a",
+//                         "overflow_pools": ["eu-b"]}}}
 //
 // Contract:
 //  * parse_tenants() checks the whole file: unknown fields, wrong types,
@@ -28,6 +29,11 @@
 //    started() (queued, once dispatched) until release(); refund() gives
 //    back the tokens it was charged and did not use, and all of them when
 //    it never ran.
+//  * Placement (router/placement.h): `regions` are where the tenant's
+//    requests may be served (a non-empty list, none: anywhere), `pool` its
+//    home pool, `overflow_pools` the pools its requests may overflow to,
+//    in order (the home pool not among them); names as
+//    valid_placement_name() takes them, none twice.
 //  * cache_salt(): unless the tenant shares its cache, the namespace its
 //    requests get in the replicas' radix caches ("t:" + tenant, then "/"
 //    and the client's own salt), so tenants never hit each other's
@@ -61,7 +67,7 @@ struct Tenant {
   std::vector<std::string> keys;
   // Its class's: name, priority (higher first), how long its requests may
   // wait in the gateway's queue (default 60 s), its time-to-first-token
-  // objective (read, used by regions' overflow later; 0: none) and whether
+  // objective (0: none; a class without one never overflows) and whether
   // it is shed while the replicas are saturated.
   std::string class_name;
   int priority = 0;
@@ -71,6 +77,9 @@ struct Tenant {
   double weight = 1;  // its share inside its class
   TenantLimits limits;
   bool share_cache = false;
+  std::vector<std::string> regions;  // empty: any
+  std::string pool;                  // empty: the gateway's --home-pool
+  std::vector<std::string> overflow_pools;
 };
 
 // `text` is the file's contents; `name` names it in errors.

@@ -177,3 +177,48 @@ TEST(Tenants, ATokenBucketChargedAtAdmissionAndRefundedAtTheEnd) {
 
 }  // namespace
 }  // namespace basalt::router
+
+namespace basalt::router {
+namespace {
+
+TEST(Tenants, RegionsPoolAndOverflowPoolsAreReadAndChecked) {
+  const std::vector<Tenant> t = parse_tenants(R"({"tenants": {
+      "acme": {"keys": ["k1"], "regions": ["eu", "ch"], "pool": "eu-a", "overflow_pools": ["eu-b", "ch-a"]},
+      "plain": {"keys": ["k2"]}}})",
+                                              "t");
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].regions, (std::vector<std::string>{"eu", "ch"}));
+  EXPECT_EQ(t[0].pool, "eu-a");
+  EXPECT_EQ(t[0].overflow_pools, (std::vector<std::string>{"eu-b", "ch-a"}));
+  EXPECT_TRUE(t[1].regions.empty());
+  EXPECT_TRUE(t[1].pool.empty());
+  EXPECT_TRUE(t[1].overflow_pools.empty());
+  const auto error = [](const std::string& fields) {
+    try {
+      parse_tenants(R"({"tenants": {"a": {"keys": ["k"], )" + fields + "}}}", "t.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto expect = [&](const std::string& fields, const std::string& says) {
+    const std::string e = error(fields);
+    EXPECT_NE(e.find(says), std::string::npos) << fields << " -> " << e;
+  };
+  expect(R"("regions": [])", "t.json: tenants.a.regions must be a list of 1 to");
+  expect(R"("regions": "eu")", "tenants.a.regions must be a list");
+  expect(R"("regions": ["eu", "e u"])", "tenants.a.regions[1] must be a name");
+  expect(R"("regions": ["eu", 3])", "tenants.a.regions[1] must be a name");
+  expect(R"("regions": ["eu", "eu"])", "tenants.a.regions[1] is given twice");
+  expect(R"("pool": "")", "tenants.a.pool must be a name");
+  expect(R"("pool": ["a"])", "tenants.a.pool must be a name");
+  expect(R"("overflow_pools": {"b": 1})", "tenants.a.overflow_pools must be a list");
+  expect(R"("overflow_pools": ["b", "b"])", "tenants.a.overflow_pools[1] is given twice");
+  expect(R"("pool": "a", "overflow_pools": ["b", "a"])", "tenants.a.overflow_pools[1] is the tenant's own pool");
+  expect(R"("zone": "x")", "tenants.a.zone is not a known field");
+  // An empty overflow list is allowed (no overflow).
+  EXPECT_EQ(error(R"("pool": "a", "overflow_pools": [])"), "no error");
+}
+
+}  // namespace
+}  // namespace basalt::router

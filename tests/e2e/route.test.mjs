@@ -122,12 +122,18 @@ test('SIGHUP re-reads the replica file', async () => {
   }
 });
 
-test('a bad tenants file or policy at start is an error naming it, not a crash', async () => {
+test('a bad tenants file, policy or pool flag at start is an error naming it, not a crash', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'basalt-bad-'));
   const file = join(dir, 'tenants.json');
   writeFileSync(file, JSON.stringify({ tenants: { a: { keys: ['k'], weight: -2 } } }));
+  const regions = join(dir, 'regions.json');
+  writeFileSync(regions, JSON.stringify({ tenants: { a: { keys: ['k'], regions: ['eu', 'eu'] } } }));
   for (const [args, says] of [[['--tenants-file', file], /tenants\.a\.weight must be a positive number/],
-                              [['--policy', 'bogus'], /--policy bogus: expected/]]) {
+                              [['--tenants-file', regions], /tenants\.a\.regions\[1\] is given twice/],
+                              [['--policy', 'bogus'], /--policy bogus: expected/],
+                              [['--home-pool', 'eu-a'], /--home-pool eu-a: no replica is labelled pool=eu-a/],
+                              [['--home-pool', 'e u'], /--home-pool must be a pool name/],
+                              [['--assumed-prefill-rate', '0'], /--assumed-prefill-rate must be in/]]) {
     await assert.rejects(startGateway(['--replica', replicas[0].baseURL, ...args], { timeoutMs: 20000 }),
                          (e) => /route exited with 1:/.test(e.message) && says.test(e.message));
   }
