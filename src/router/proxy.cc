@@ -112,6 +112,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
   int failovers = 0;
   std::unique_ptr<boost::asio::steady_timer> stall_timer;
   int64_t completion_tokens = -1;  // from the answer's usage
+  bool first_byte_seen = false;
 
   State(ReplicaClients& c, ProxyRequest r) : clients(c), request(std::move(r)) {
     if (!request.failover.enabled) return;
@@ -186,6 +187,10 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     }
     OutgoingRequest upstream = request.upstream;
     if (committed) upstream.body = resume_body();
+    if (request.trace) {
+      upstream.headers.emplace_back("traceparent", attempt_traceparent(*request.trace));
+      if (!request.trace->tracestate.empty()) upstream.headers.emplace_back("tracestate", request.trace->tracestate);
+    }
     exchange = client->send(std::move(upstream), std::move(callbacks));
     if (request.failover.enabled && !stall_timer) watch_for_stalls();
   }
@@ -249,7 +254,16 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     } else if (cut) {
       exchange.cancel();
     }
-    if (pending.size() != before) wake_client();
+    if (pending.size() != before) {
+      note_first_byte();
+      wake_client();
+    }
+  }
+
+  void note_first_byte() {
+    if (first_byte_seen || !replica) return;
+    first_byte_seen = true;
+    if (request.observe.first_byte) request.observe.first_byte(replica->spec);
   }
 
   // A complete event: passed on, with what its comments said applied.
@@ -370,6 +384,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     }
     observe_attempt(AttemptOutcome::kAnswered);
     if (status == 200 && request.observe.finished && r.body.size() <= (size_t{1} << 20)) note_usage(r.body);
+    note_first_byte();
     finish(std::move(r));
   }
 

@@ -35,7 +35,8 @@
 // go away. Each attempt counts in the replica's ReplicaState (in flight,
 // and sent since its last scrape)
 // while it runs, and `observe` (when set) hears how each attempt and the
-// request ended, from the thread that ended them.
+// request ended, from the thread that ended them. Each attempt is a span of
+// the request's trace, when it has one (ProxyRequest::trace).
 #pragma once
 
 #include <chrono>
@@ -44,10 +45,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "router/replica_registry.h"
+#include "router/trace_context.h"
 #include "server/http_client.h"
 #include "server/http_server.h"
 
@@ -86,6 +89,10 @@ struct ProxyObserver {
   // A replica's head arrived (it began answering). Called under the
   // producer's lock: it must not call back into the producer.
   std::function<void()> head;
+  // The first bytes of the answer went to the client (a stream's first
+  // event, or a whole answer the replica gave), from `replica`. Called
+  // under the producer's lock, at most once.
+  std::function<void(const ReplicaSpec& replica)> first_byte;
   // The status the client got (a stream cut after its head counts as its
   // 200; a client gone before its answer was out, 499), the replicas
   // tried, in order (canonical ids), and the completion tokens the answer
@@ -114,6 +121,9 @@ struct ProxyRequest {
   // than the generic 503 or the 502 of failed attempts: the gateway's
   // region constraint, which the client must hear about.
   std::string no_replica_message;
+  // When set, each attempt carries a traceparent of this trace with a new
+  // parent-id (router/trace_context.h), and its tracestate when it has one.
+  std::optional<TraceContext> trace;
   ProxyObserver observe;
 };
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "router/replica_registry.h"
+#include "router/trace_context.h"
 #include "server/http_client.h"
 #include "server/http_server.h"
 
@@ -222,7 +223,8 @@ TEST_F(Gateway, PassesAWholeAnswerOnWithItsStatusAndHeaders) {
   options.upstream_api_key = "up";
   start_gateway({a.url()}, options);
   const Reply r = call("POST", "/v1/completions?x=1", kCompletion,
-                       {{"Authorization", "Bearer k1"}, {"X-Request-Id", "client-7"}, {"traceparent", "00-ab-cd-01"}});
+                       {{"Authorization", "Bearer k1"}, {"X-Request-Id", "client-7"},
+                        {"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}});
   ASSERT_TRUE(r.head);
   EXPECT_EQ(r.head->status, 200);
   EXPECT_EQ(r.head->header("x-request-id").value_or(""), "client-7");
@@ -246,7 +248,10 @@ TEST_F(Gateway, PassesAWholeAnswerOnWithItsStatusAndHeaders) {
   EXPECT_EQ(a.got[1].header("x-request-id").value_or("").rfind("route-", 0), 0u);
   // The replica gets the gateway's key, never the client's.
   EXPECT_EQ(got.header("authorization").value_or(""), "Bearer up");
-  EXPECT_EQ(got.header("traceparent").value_or(""), "00-ab-cd-01");
+  // The client's trace, under a parent-id of the gateway's attempt.
+  const std::string traceparent(got.header("traceparent").value_or(""));
+  EXPECT_EQ(traceparent.substr(0, 36), "00-0af7651916cd43dd8448eb211c80319c-") << traceparent;
+  EXPECT_NE(traceparent.substr(36, 16), "b7ad6b7169203331") << traceparent;
   // Without the key: 401, and nothing forwarded.
   EXPECT_EQ(call("POST", "/v1/completions", kCompletion).head->status, 401);
   EXPECT_EQ(a.requests(), 2u);
@@ -888,6 +893,54 @@ TEST_F(Gateway, AnOverflowingHomePoolSendsRequestsToAnOverflowPoolInsideTheRegio
   EXPECT_NE(m.find(R"(basalt_route_pool_overflowing{pool="a",class="live"} 0)"), std::string::npos) << m;
   EXPECT_NE(m.find(R"(basalt_route_pool_requests_total{pool="a",overflow="false"} 1)"), std::string::npos) << m;
   EXPECT_EQ(completions(c), 0u);
+}
+
+// W3C trace context (ROUTER.md §6): each attempt is a new span of the
+// client's trace, or of a new one; latencies by replica and tenant.
+TEST_F(Gateway, EachAttemptIsASpanOfTheTraceAndLatenciesAreCounted) {
+  FakeReplica& busy = replica([](HttpRequest&) { return whole(503, R"({"error":"busy"})"); });
+  FakeReplica& a = named("a");
+  TenantBook book;
+  book.set(parse_tenants(R"({"tenants": {"acme": {"keys": ["sk-acme"]}}})", "test"));
+  RouteServerOptions options;
+  options.tenants = &book;
+  options.policy = Policy::kRoundRobin;  // busy first, then a, each time
+  start_gateway({busy.url(), a.url()}, options);
+  const std::string client = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const Reply r = call("POST", "/v1/completions", kCompletion,
+                       {{"Authorization", "Bearer sk-acme"}, {"traceparent", client}, {"tracestate", "v=1,w=2"}});
+  EXPECT_EQ(r.body, R"({"from":"a"})");
+  ASSERT_EQ(busy.requests(), 1u);
+  ASSERT_EQ(a.requests(), 1u);
+  const std::string first(busy.got[0].header("traceparent").value_or(""));
+  const std::string second(a.got[0].header("traceparent").value_or(""));
+  for (const std::string& p : {first, second}) {
+    EXPECT_TRUE(valid_traceparent(p)) << p;
+    EXPECT_EQ(p.substr(0, 36), client.substr(0, 36)) << p;  // the client's trace
+    EXPECT_EQ(p.substr(52), "-01") << p;                    // and flags
+    EXPECT_NE(p.substr(36, 16), client.substr(36, 16)) << p;
+  }
+  EXPECT_NE(first.substr(36, 16), second.substr(36, 16));
+  EXPECT_EQ(busy.got[0].header("tracestate").value_or(""), "v=1,w=2");
+  EXPECT_EQ(a.got[0].header("tracestate").value_or(""), "v=1,w=2");
+  // Without a traceparent (an invalid one alike): a new trace, no tracestate.
+  call("POST", "/v1/completions", kCompletion,
+       {{"Authorization", "Bearer sk-acme"}, {"traceparent", "00-bogus"}, {"tracestate", "v=1"}});
+  ASSERT_EQ(a.requests(), 2u);
+  const std::string fresh(a.got[1].header("traceparent").value_or(""));
+  EXPECT_TRUE(valid_traceparent(fresh)) << fresh;
+  EXPECT_NE(fresh.substr(3, 32), client.substr(3, 32));
+  EXPECT_EQ(fresh.substr(52), "-00");
+  EXPECT_FALSE(a.got[1].header("tracestate"));
+  const std::string m = metrics_as("sk-acme");
+  const std::string a_id = canonical_url(parse_base_url(a.url()));
+  for (const char* family : {"basalt_route_replica_ttft_seconds", "basalt_route_replica_request_seconds"})
+    EXPECT_NE(m.find(std::string(family) + "_count{replica=\"" + a_id + "\"} 2"), std::string::npos) << family << m;
+  for (const char* family : {"basalt_route_tenant_ttft_seconds", "basalt_route_tenant_request_seconds"})
+    EXPECT_NE(m.find(std::string(family) + "_count{tenant=\"acme\"} 2"), std::string::npos) << family << m;
+  // The busy replica answered nothing: no latency of its own.
+  EXPECT_EQ(m.find("_seconds_count{replica=\"" + canonical_url(parse_base_url(busy.url())) + "\"}"), std::string::npos)
+      << m;
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 #include "router/route_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <fmt/format.h>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <random>
@@ -228,6 +230,24 @@ struct RouteServer::Admission : std::enable_shared_from_this<Admission> {
   }
 };
 
+namespace {
+
+// Seconds, counted per bucket of kLatencyBounds (and past the last).
+constexpr double kLatencyBounds[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
+struct LatencyHistogram {
+  std::vector<uint64_t> buckets = std::vector<uint64_t>(std::size(kLatencyBounds) + 1, 0);
+  uint64_t count = 0;
+  double sum = 0;
+  void add(double seconds) {
+    const auto bucket = std::lower_bound(std::begin(kLatencyBounds), std::end(kLatencyBounds), seconds);
+    ++buckets[static_cast<size_t>(bucket - std::begin(kLatencyBounds))];
+    ++count;
+    sum += seconds;
+  }
+};
+
+}  // namespace
+
 // Counters shared with the requests in flight (their callbacks may end
 // after the server).
 struct RouteServer::Shared {
@@ -241,6 +261,9 @@ struct RouteServer::Shared {
   std::map<std::pair<std::string, std::string>, int64_t> rejections;      // (tenant, reason)
   std::map<std::pair<std::string, bool>, int64_t> pool_requests;          // (pool, overflowed)
   std::map<std::pair<std::string, std::string>, int64_t> region_refusals;  // (tenant, reason)
+  // Answered requests (2xx): time to the first byte by the replica that
+  // sent it, and in all by the last replica tried; both by tenant too.
+  std::map<std::string, LatencyHistogram> replica_ttft, replica_total, tenant_ttft, tenant_total;
   std::atomic<int64_t> in_flight{0};
   // The prompts' estimated tokens, an EWMA over completions and chats (0
   // before the first): what a replica's waiting request is taken to hold.
@@ -676,8 +699,8 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
   } else if (routed_by_model(route)) {
     p.upstream.headers.emplace_back("X-Request-Id", gateway_request_id());
   }
-  for (const char* name : {"traceparent", "tracestate"})
-    if (auto v = request.header(name); v && v->size() <= 512) p.upstream.headers.emplace_back(name, std::string(*v));
+  p.trace = trace_of(request.header("traceparent"), request.header("tracestate"));
+  const std::string trace_id = p.trace->trace_id;
   if (!options_.upstream_api_key.empty())
     p.upstream.headers.emplace_back("Authorization", "Bearer " + options_.upstream_api_key);
   if (!routing.regions.empty()) {
@@ -709,10 +732,39 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
   // Seconds the request waited in the admission queue (set before its
   // producer starts, read after it ends).
   const auto queue_s = std::make_shared<double>(0);
+  // When its first byte went out, and from which replica.
+  struct FirstByte {
+    std::mutex mu;
+    double seconds = -1;
+    std::string replica;
+  };
+  const auto first_byte = std::make_shared<FirstByte>();
+  p.observe.first_byte = [first_byte, start = Clock::now()](const ReplicaSpec& replica) {
+    std::lock_guard<std::mutex> lock(first_byte->mu);
+    first_byte->seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    first_byte->replica = replica.id;
+  };
   p.observe.finished = [shared, route, remote = request.remote, method = request.method, model, book, tenant, queued,
-                        admission, cost, queue_s, placement, start = Clock::now()](
+                        admission, cost, queue_s, placement, first_byte, trace_id, start = Clock::now()](
                            int status, const std::vector<std::string>& tried, int64_t completion_tokens) {
     shared->in_flight.fetch_sub(1);
+    const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
+    double ttft_s = -1;
+    std::string ttft_replica;
+    {
+      std::lock_guard<std::mutex> lock(first_byte->mu);
+      ttft_s = first_byte->seconds;
+      ttft_replica = first_byte->replica;
+    }
+    if (status >= 200 && status < 300 && !tried.empty()) {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->replica_total[tried.back()].add(total_s);
+      if (!tenant.empty()) shared->tenant_total[tenant].add(total_s);
+      if (ttft_s >= 0) {
+        shared->replica_ttft[ttft_replica].add(ttft_s);
+        if (!tenant.empty()) shared->tenant_ttft[tenant].add(ttft_s);
+      }
+    }
     std::string pool, region;
     bool ran_out_in_region = false;
     {
@@ -749,8 +801,10 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
         .add("replicas", replicas)
         .add("pool", pool)
         .add("region", region)
+        .add("trace_id", trace_id)
         .add("queue_s", *queue_s)
-        .add("total_s", std::chrono::duration<double>(Clock::now() - start).count())
+        .add("ttft_s", ttft_s)
+        .add("total_s", total_s)
         .emit();
   };
   HandlerResult result;
@@ -761,7 +815,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
   }
   // The request ended without running: its tokens back, its status counted and logged.
   const auto ended_unrun = [shared, route, remote = request.remote, method = request.method, model, book, tenant,
-                            cost, start = Clock::now()](int status, double waited_s) {
+                            cost, trace_id, start = Clock::now()](int status, double waited_s) {
     if (book != nullptr) book->refund(tenant, cost.total());
     shared->count_request(route, status);
     if (!shared->log_requests) return;
@@ -774,6 +828,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
         .add("tenant", tenant)
         .add("status", status)
         .add("attempts", int64_t{0})
+        .add("trace_id", trace_id)
         .add("queue_s", waited_s >= 0 ? waited_s : total_s)  // a client gone while queued: all of it
         .add("total_s", total_s)
         .emit();
@@ -913,6 +968,25 @@ std::string RouteServer::metrics_text() const {
     out.histogram_samples("basalt_route_queue_wait_seconds", AdmissionQueue::kWaitBounds,
                           std::span<const uint64_t>(w.buckets.data(), std::size(AdmissionQueue::kWaitBounds)), w.count,
                           w.sum, {{"class", class_name}});
+  const auto latency = [&out](const char* name, const char* help, const char* label,
+                              const std::map<std::string, LatencyHistogram>& histograms) {
+    out.family(name, "histogram", help);
+    for (const auto& [key, h] : histograms)
+      out.histogram_samples(name, kLatencyBounds, std::span<const uint64_t>(h.buckets.data(), std::size(kLatencyBounds)),
+                            h.count, h.sum, {{label, key}});
+  };
+  latency("basalt_route_replica_ttft_seconds",
+          "Seconds from a request's arrival to its answer's first byte, by the replica that sent it (answered requests)",
+          "replica", shared_->replica_ttft);
+  latency("basalt_route_replica_request_seconds",
+          "Seconds from a request's arrival to its answer's end, by the last replica tried (answered requests)",
+          "replica", shared_->replica_total);
+  latency("basalt_route_tenant_ttft_seconds",
+          "Seconds from a request's arrival to its answer's first byte, by tenant (answered requests)", "tenant",
+          shared_->tenant_ttft);
+  latency("basalt_route_tenant_request_seconds",
+          "Seconds from a request's arrival to its answer's end, by tenant (answered requests)", "tenant",
+          shared_->tenant_total);
   out.family("basalt_route_failovers_total", "counter",
              "Streams resumed on another replica, by the replica that failed them and why (eof, stall, cut)");
   for (const auto& [key, n] : shared_->failovers)

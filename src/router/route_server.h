@@ -27,8 +27,14 @@
 //    tenant's cache_salt namespace (unless it shares its cache) and its
 //    class's `priority`. The client's
 //    Authorization header is never forwarded: replicas get
-//    options.upstream_api_key, if set. X-Request-Id (when valid),
-//    traceparent and tracestate are forwarded.
+//    options.upstream_api_key, if set. X-Request-Id (when valid) is
+//    forwarded; every request belongs to a W3C trace (the client's valid
+//    traceparent, else a new one) and each attempt carries a new parent-id
+//    under it, with the client's tracestate as it came
+//    (router/trace_context.h).
+//  * /metrics has, for answered (2xx) requests, histograms of the seconds
+//    to the first byte (by the replica that sent it) and to the end (by the
+//    last replica tried), per replica and per tenant.
 //  * Completions and chats get a `seed` when the client gave none (a random
 //    one), so that a request run again, or resumed elsewhere, draws what
 //    the first attempt drew; and an X-Request-Id (the client's, else one of
