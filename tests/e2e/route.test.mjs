@@ -66,9 +66,18 @@ test('answers through the gateway equal the replicas\' own, whole and streamed',
 
 test('requests spread over both replicas', async () => {
   const through = openai(gateway.baseURL, 'gw-key');
+  // The gateway weighs each replica by its last scrape: start once neither
+  // shows work (the test before sent a request straight to a replica, which
+  // a slow machine's scrape may still see), then send the four together,
+  // so that the gateway's own count of what it sent decides.
+  const idle = (m) => replicas.every((r) => {
+    const id = `http://127.0.0.1:${r.port}`;
+    return m[`basalt_route_replica_running{replica="${id}"}`] === 0 && m[`basalt_route_replica_waiting{replica="${id}"}`] === 0;
+  });
+  assert.ok(await waitFor(async () => idle(await gatewayMetrics()), 20000), 'the replicas never scraped idle');
   const before = await gatewayMetrics();
-  for (let i = 0; i < 4; ++i)
-    await through.completions.create({ model: 'basalt-mini', prompt: `spread ${i}`, max_tokens: 2 });
+  await Promise.all([0, 1, 2, 3].map((i) =>
+    through.completions.create({ model: 'basalt-mini', prompt: `spread ${i}`, max_tokens: 2 })));
   const now = await gatewayMetrics();
   for (const r of replicas) {
     const id = `http://127.0.0.1:${r.port}`;
