@@ -993,11 +993,13 @@ namespace {
 // that had finished is kept, not run). The text the continuation's ids make
 // beyond the client's text_offset is the choice's gap, sent first; a chat
 // parser is fed the text before the offset, so it holds back what the first
-// attempt's held back. Throws ApiError (400) for an index, id or offset
+// attempt's held back. Each takes the request's prediction tokens as given.
+// Throws ApiError (400) for an index, id or offset
 // the request cannot have, with nothing left submitted.
 std::vector<Choice> resume_choices(EngineClient& engine, const Tokenizer& tokenizer, const ParsedRequest& r,
                                    const std::vector<std::vector<int32_t>>& prompts,
-                                   const std::shared_ptr<const TokenMasker>& grammar, const ChatOutputOptions* parsing) {
+                                   const std::shared_ptr<const TokenMasker>& grammar,
+                                   const std::vector<int32_t>& prediction, const ChatOutputOptions* parsing) {
   const int n = r.params.n;
   const int samples = static_cast<int>(prompts.size()) * n;
   const int64_t vocab = engine.model_config().vocab_size;
@@ -1040,7 +1042,7 @@ std::vector<Choice> resume_choices(EngineClient& engine, const Tokenizer& tokeni
       e.priority = r.priority;
       if (grammar) e.constraint = std::make_shared<GrammarConstraint>(grammar, &tokenizer);
       e.resume_output = c.ids;
-      if (r.prediction) e.prediction = tokenizer.encode(*r.prediction, /*add_special_tokens=*/false);
+      e.prediction = prediction;
       c.handle = engine.submit(std::move(e));
       choices.push_back(std::move(c));
       Choice& added = choices.back();
@@ -1223,7 +1225,7 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
   if (r.resume) {
     try {
       const bool parsed = chat && (chat_output.tool_format || chat_output.reasoning_format);
-      choices = resume_choices(engine_, tokenizer_, r, prompts, grammar, parsed ? &chat_output : nullptr);
+      choices = resume_choices(engine_, tokenizer_, r, prompts, grammar, prediction, parsed ? &chat_output : nullptr);
     } catch (...) {
       shared_->in_flight.fetch_sub(wanted);
       throw;
