@@ -16,6 +16,9 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
+#include <map>
+#include <memory>
 #include <fmt/format.h>
 #include <pthread.h>
 #include <string>
@@ -31,6 +34,7 @@
 #include "router/placement.h"
 #include "router/tenants.h"
 #include "server/http_server.h"
+#include "tokenizer/tokenizer.h"
 
 namespace basalt {
 namespace {
@@ -54,7 +58,29 @@ struct RouteFlags {
   double drain_timeout = 30;
   std::string home_pool;
   double assumed_prefill_rate = 2000;
+  std::vector<std::string> tokenizers;
+  int tokenizer_threads = 2;
 };
+
+// --tokenizer [NAME=]DIR: the tokenizer of the model NAME (default: the
+// directory's name, as `basalt serve` names its model).
+std::map<std::string, std::shared_ptr<const TokenizerBundle>> read_tokenizers(const std::vector<std::string>& flags) {
+  std::map<std::string, std::shared_ptr<const TokenizerBundle>> out;
+  for (const std::string& flag : flags) {
+    const size_t eq = flag.find('=');
+    std::string dir = eq == std::string::npos ? flag : flag.substr(eq + 1);
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    const std::string name = eq == std::string::npos ? std::filesystem::path(dir).filename().string() : flag.substr(0, eq);
+    BASALT_CHECK(!name.empty() && !dir.empty(), "--tokenizer {}: expected [MODEL=]DIR", flag);
+    BASALT_CHECK(!out.count(name), "--tokenizer {}: model '{}' has a tokenizer already", flag, name);
+    try {
+      out[name] = std::make_shared<const TokenizerBundle>(load_tokenizer_dir(dir));
+    } catch (const Error& e) {
+      fail("--tokenizer {}: {}", flag, e.what());
+    }
+  }
+  return out;
+}
 
 std::vector<router::ReplicaSpec> read_replicas(const RouteFlags& f) {
   std::vector<router::ReplicaSpec> specs;
@@ -99,6 +125,7 @@ void run_route(const RouteFlags& f) {
                "--home-pool must be a pool name (1-64 letters, digits, '-', '_' or '.')");
   BASALT_CHECK(f.assumed_prefill_rate >= 1 && f.assumed_prefill_rate <= 1e9,
                "--assumed-prefill-rate must be in [1, 1e9] tokens per second");
+  BASALT_CHECK(f.tokenizer_threads >= 1 && f.tokenizer_threads <= 64, "--tokenizer-threads must be in [1, 64]");
   router::ReplicaRegistry registry;
   registry.set(read_replicas(f));
   if (!f.home_pool.empty()) {
@@ -138,6 +165,10 @@ void run_route(const RouteFlags& f) {
   options.log_requests = !f.http.no_request_log;
   options.home_pool = f.home_pool;
   options.assumed_prefill_rate = f.assumed_prefill_rate;
+  options.tokenizers = read_tokenizers(f.tokenizers);
+  options.tokenizer_threads = f.tokenizer_threads;
+  BASALT_CHECK(options.tokenizers.empty() || options.policy == router::Policy::kCacheAware,
+               "--tokenizer is for --policy cache-aware (it reads the replicas' KV events to route by cached prefix)");
   HttpClientOptions client_options;
   client_options.timeout_s = f.upstream_timeout;
   client_options.max_body_bytes = f.http.max_body_bytes > (size_t{64} << 20) ? f.http.max_body_bytes : size_t{64} << 20;
@@ -167,7 +198,7 @@ void run_route(const RouteFlags& f) {
   server.start();
   LogLine("listening").add("url", fmt::format("{}://{}:{}", http_scheme(f.http), f.http.host, server.port())).emit();
   log_replicas(registry);
-  LogLine("ready").add("policy", router::policy_name(options.policy)).add("max_attempts", f.max_attempts).add("max_failovers", f.max_failovers).add("api_keys", !options.api_keys.empty()).emit();
+  LogLine("ready").add("policy", router::policy_name(options.policy)).add("max_attempts", f.max_attempts).add("max_failovers", f.max_failovers).add("api_keys", !options.api_keys.empty()).add("exact_cache", !options.tokenizers.empty()).emit();
 
   while (true) {
     int signal_number = 0;
@@ -219,8 +250,9 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--replica-file", f.replica_file,
                   "Read replicas from this file, one per line as for --replica ('#' comments); re-read on SIGHUP");
   cmd->add_option("--policy", f.policy,
-                  "How a request's replica is chosen: cache-aware (the one this gateway sent the longest part of "
-                  "the prompt, unless it is much busier), round-robin, least-load (the fewest requests queued and "
+                  "How a request's replica is chosen: cache-aware (the one holding the longest part of the prompt "
+                  "in its cache, exactly with --tokenizer, else where this gateway sent it, unless it is much "
+                  "busier), round-robin, least-load (the fewest requests queued and "
                   "running by the replica's scraped /metrics plus those sent since, else in flight from the "
                   "gateway), power-of-two (the less loaded of two drawn at random) or session (a session stays on "
                   "its replica: --session-header, else the body's user) (default cache-aware)");
@@ -258,6 +290,13 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--assumed-prefill-rate", f.assumed_prefill_rate,
                   "A replica's prefill tokens per second for the pools' estimated queue time, until its "
                   "/metrics show one (default 2000)");
+  cmd->add_option("--tokenizer", f.tokenizers,
+                  "[MODEL=]DIR: the tokenizer of a model's replicas (a model directory; MODEL defaults to the "
+                  "directory's name, as serve names it). With it, --policy cache-aware is exact for that model: the "
+                  "gateway tokenizes its prompts as the replicas do and reads their KV events (GET /v1/kv_events) "
+                  "to know what each one holds (repeatable)");
+  cmd->add_option("--tokenizer-threads", f.tokenizer_threads,
+                  "Threads tokenizing prompts for --tokenizer, off the I/O threads (default 2)");
   cmd->callback([flags] { run_route(*flags); });
 }
 

@@ -62,20 +62,19 @@ std::vector<size_t> preference(Policy policy, std::span<const Candidate> candida
     case Policy::kCacheAware: {
       if (n == 0) break;
       int64_t least = candidates[0].load;
-      size_t best = 0;
+      double best = 0;
       for (const Candidate& c : candidates) {
         least = std::min(least, c.load);
-        best = std::max(best, c.matched);
+        best = std::max(best, c.cached);
       }
       const auto overloaded = [&](size_t i) {
         const int64_t load = candidates[i].load;
         return load - least > in.balance_abs && static_cast<double>(load) > in.balance_rel * static_cast<double>(least);
       };
-      const bool use_cache =
-          in.blocks > 0 && static_cast<double>(best) >= in.cache_threshold * static_cast<double>(in.blocks);
+      const bool use_cache = best > 0 && best >= in.cache_threshold;
       std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
         if (overloaded(a) != overloaded(b)) return !overloaded(a);
-        if (use_cache && candidates[a].matched != candidates[b].matched) return candidates[a].matched > candidates[b].matched;
+        if (use_cache && candidates[a].cached != candidates[b].cached) return candidates[a].cached > candidates[b].cached;
         return candidates[a].load < candidates[b].load;
       });
       break;

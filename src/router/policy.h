@@ -12,9 +12,10 @@
 //  * power-of-two: two candidates drawn with `random`, the less loaded
 //    first, then the other, then the rest by load (SGLang's p2c).
 //  * cache-aware (the default): the replica holding the longest cached
-//    prefix of the prompt (PrefixIndex's matched blocks), when its share of
-//    the prompt is at least cache_threshold; otherwise, and among equal
-//    matches, the least loaded. A candidate whose load is both more than
+//    prefix of the prompt (its `cached` share: the replica's KV events' say
+//    where it streams them, else PrefixIndex's, router/route_server.h), when
+//    that share is at least cache_threshold; otherwise, and among equal
+//    shares, the least loaded. A candidate whose load is both more than
 //    balance_abs above the least loaded one's and more than balance_rel
 //    times it goes last (SGLang's imbalance rule, applied per candidate
 //    rather than switching the whole fleet to shortest-queue).
@@ -42,14 +43,13 @@ const char* policy_name(Policy policy);
 struct Candidate {
   std::string_view id;  // the replica's canonical URL
   int64_t load = 0;     // its requests queued and running (see least-load)
-  size_t matched = 0;   // cache-aware: the prompt's blocks it probably holds
+  double cached = 0;    // cache-aware: the share of the prompt's blocks it holds, 0 to 1
 };
 
 struct PickInput {
   uint64_t turn = 0;    // the model's request counter
   uint64_t random = 0;  // power-of-two's draw
   std::string_view session;
-  size_t blocks = 0;    // cache-aware: the prompt's blocks
   double cache_threshold = 0.3;  // SGLang's CLI default
   int64_t balance_abs = 32;
   double balance_rel = 1.5;

@@ -84,23 +84,22 @@ TEST(Policy, SessionsStayPutAndARemovedReplicaMovesOnlyItsOwn) {
 
 TEST(Policy, CacheAwareTakesTheLongestMatchUnlessItIsTooShortOrTheReplicaTooBusy) {
   std::vector<Candidate> c = with_loads(kIds, {4, 0, 2, 1});
-  c[0].matched = 8;
-  c[2].matched = 8;
-  c[3].matched = 2;
+  c[0].cached = 0.8;
+  c[2].cached = 0.8;
+  c[3].cached = 0.2;
   PickInput in;
-  in.blocks = 10;
   // a and c hold 8 of 10 blocks: c first, being less loaded; then a; then d, holding 2.
   EXPECT_EQ(preference(Policy::kCacheAware, c, in), (std::vector<size_t>{2, 0, 3, 1}));
   // Below the threshold (3 of 10 needed) the match is not trusted: by load.
-  for (auto& x : c) x.matched = std::min<size_t>(x.matched, 2);
+  for (auto& x : c) x.cached = std::min(x.cached, 0.2);
   EXPECT_EQ(preference(Policy::kCacheAware, c, in), (std::vector<size_t>{1, 3, 2, 0}));
   // A replica both 32 requests above the least loaded and 1.5 times it goes last, match or not.
   c = with_loads(kIds, {40, 5, 6, 50});
-  c[0].matched = 10;
-  c[3].matched = 10;
+  c[0].cached = 1;
+  c[3].cached = 1;
   EXPECT_EQ(preference(Policy::kCacheAware, c, in), (std::vector<size_t>{1, 2, 0, 3}));
   c = with_loads(kIds, {36, 5, 6, 50});  // 31 above: not overloaded
-  c[0].matched = 10;
+  c[0].cached = 1;
   EXPECT_EQ(preference(Policy::kCacheAware, c, in)[0], 0u);
 }
 

@@ -23,16 +23,17 @@ std::vector<uint64_t> PrefixIndex::blocks(std::string_view scope, std::string_vi
 }
 
 std::vector<size_t> PrefixIndex::match(std::span<const std::string_view> replicas, std::span<const uint64_t> blocks,
-                                       Clock::time_point now) const {
+                                       Clock::time_point now, std::span<const Clock::duration> max_age) const {
   std::vector<size_t> matched(replicas.size(), 0);
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t r = 0; r < replicas.size(); ++r) {
     const auto it = held_.find(replicas[r]);
     if (it == held_.end()) continue;
+    const Clock::duration ttl = r < max_age.size() ? max_age[r] : Clock::duration(options_.ttl);
     size_t n = 0;
     for (const uint64_t b : blocks) {
       const auto found = it->second.at.find(b);
-      if (found == it->second.at.end() || now - found->second.second > options_.ttl) break;
+      if (found == it->second.at.end() || now - found->second.second > ttl) break;
       ++n;
     }
     matched[r] = n;

@@ -1,7 +1,8 @@
 // PrefixIndex: which replicas probably hold a prompt's beginning in their
 // radix caches, from where the gateway sent earlier prompts (the
-// approximate mode of docs/ROUTER.md §2; the exact one reads replicas' KV
-// events, step 12). Prompts are cut into blocks of block_bytes bytes, each
+// approximate mode of docs/ROUTER.md §2; the exact one, router/kv_index.h,
+// reads replicas' KV events, and keeps these entries only as provisional
+// ones for the time before a replica's events tell). Prompts are cut into blocks of block_bytes bytes, each
 // hashed together with every block before it (the first with the request's
 // scope: model and cache namespace), so a block's hash names the whole
 // prefix that ends with it (as the Gateway API Inference Extension's
@@ -43,9 +44,10 @@ class PrefixIndex {
 
   // The chained hashes of the whole blocks of `text` (at most max_blocks).
   std::vector<uint64_t> blocks(std::string_view scope, std::string_view text) const;
-  // Per replica of `replicas`: its leading blocks of `blocks`.
+  // Per replica of `replicas`: its leading blocks of `blocks`, each sent
+  // within the ttl, or within max_age[i] when given for that replica.
   std::vector<size_t> match(std::span<const std::string_view> replicas, std::span<const uint64_t> blocks,
-                            Clock::time_point now) const;
+                            Clock::time_point now, std::span<const Clock::duration> max_age = {}) const;
   void insert(std::string_view replica, std::span<const uint64_t> blocks, Clock::time_point now);
   // Blocks held for `replica` (tests, metrics).
   size_t entries(std::string_view replica) const;

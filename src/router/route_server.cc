@@ -5,6 +5,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <fmt/format.h>
 #include <iterator>
@@ -246,6 +247,21 @@ struct LatencyHistogram {
   }
 };
 
+// The share of a prompt its first replica held, counted per bucket of
+// kShareBounds.
+constexpr double kShareBounds[] = {0, 0.1, 0.25, 0.5, 0.75, 0.9, 1};
+struct ShareHistogram {
+  std::vector<uint64_t> buckets = std::vector<uint64_t>(std::size(kShareBounds) + 1, 0);
+  uint64_t count = 0;
+  double sum = 0;
+  void add(double share) {
+    const auto bucket = std::lower_bound(std::begin(kShareBounds), std::end(kShareBounds), share);
+    ++buckets[static_cast<size_t>(bucket - std::begin(kShareBounds))];
+    ++count;
+    sum += share;
+  }
+};
+
 }  // namespace
 
 // Counters shared with the requests in flight (their callbacks may end
@@ -264,6 +280,8 @@ struct RouteServer::Shared {
   // Answered requests (2xx): time to the first byte by the replica that
   // sent it, and in all by the last replica tried; both by tenant too.
   std::map<std::string, LatencyHistogram> replica_ttft, replica_total, tenant_ttft, tenant_total;
+  // Cache-aware: the prompt's share its first replica held, approximate [0] or exact [1].
+  ShareHistogram cached_share[2];
   std::atomic<int64_t> in_flight{0};
   // The prompts' estimated tokens, an EWMA over completions and chats (0
   // before the first): what a replica's waiting request is taken to hold.
@@ -326,9 +344,21 @@ RouteServer::RouteServer(ReplicaRegistry& registry, boost::asio::io_context& cli
   }
   admission_ = std::make_shared<Admission>(client_io);
   if (options_.tenants != nullptr) admission_->start();
+  if (options_.policy == Policy::kCacheAware && !options_.tokenizers.empty()) {
+    tokenizer_pool_ = std::make_unique<boost::asio::thread_pool>(std::max(1, options_.tokenizer_threads));
+    KvEventsOptions events = options_.kv_events;
+    if (events.api_key.empty()) events.api_key = options_.upstream_api_key;
+    kv_events_ = std::make_unique<KvEventSubscriber>(registry_, client_io, kv_index_, std::move(events));
+    kv_events_->start();
+  }
 }
 
 RouteServer::~RouteServer() {
+  if (tokenizer_pool_) {
+    tokenizer_pool_->stop();
+    tokenizer_pool_->join();
+  }
+  if (kv_events_) kv_events_->stop();
   admission_->stop();
   if (health_) health_->stop();
   if (scraper_) scraper_->stop();
@@ -399,21 +429,50 @@ std::vector<std::vector<const Replica*>> RouteServer::by_pool(const Routing& rou
   return groups;
 }
 
+std::shared_ptr<const TokenizerBundle> RouteServer::tokenizer_for(const std::string& model) const {
+  if (const auto it = options_.tokenizers.find(model); it != options_.tokenizers.end()) return it->second;
+  if (model.empty() && options_.tokenizers.size() == 1) return options_.tokenizers.begin()->second;
+  return nullptr;
+}
+
+double RouteServer::cached_share(const Routing& routing, const Replica& replica, Clock::time_point now,
+                                 bool* exact) const {
+  *exact = false;
+  double share = 0;
+  Clock::duration provisional = options_.prefix.ttl;
+  if (routing.exact) {
+    if (const int32_t block_size = kv_index_.block_size(replica.spec.id); block_size > 0) {
+      const std::vector<uint64_t>& hashes = routing.exact->hashes(block_size);
+      const std::optional<size_t> matched = kv_index_.match(replica.spec.id, hashes);
+      if (matched && !hashes.empty()) {
+        *exact = true;
+        share = static_cast<double>(*matched) / static_cast<double>(hashes.size());
+        provisional = options_.provisional_window;  // what its events have not shown yet
+      }
+    }
+  }
+  if (!routing.blocks.empty()) {
+    const std::string_view id = replica.spec.id;
+    const size_t sent = prefixes_.match(std::span<const std::string_view>(&id, 1), routing.blocks, now,
+                                        std::span<const Clock::duration>(&provisional, 1))[0];
+    share = std::max(share, static_cast<double>(sent) / static_cast<double>(routing.blocks.size()));
+  }
+  return share;
+}
+
 std::vector<size_t> RouteServer::order(const Routing& routing, const std::vector<const Replica*>& group,
                                        uint64_t turn, uint64_t random, Clock::time_point now) const {
   std::vector<Candidate> loads;
-  for (const Replica* r : group) loads.push_back({r->spec.id, load_of(*r->state, now, options_.scrape)});
-  if (!routing.blocks.empty()) {
-    std::vector<std::string_view> ids;
-    for (const Candidate& c : loads) ids.push_back(c.id);
-    const std::vector<size_t> matched = prefixes_.match(ids, routing.blocks, now);
-    for (size_t i = 0; i < loads.size(); ++i) loads[i].matched = matched[i];
+  for (const Replica* r : group) {
+    Candidate c{r->spec.id, load_of(*r->state, now, options_.scrape)};
+    bool exact = false;
+    if (options_.policy == Policy::kCacheAware) c.cached = cached_share(routing, *r, now, &exact);
+    loads.push_back(c);
   }
   PickInput in;
   in.turn = turn;
   in.random = random;
   in.session = routing.session;
-  in.blocks = routing.blocks.size();
   return preference(options_.policy, loads, in);
 }
 
@@ -477,6 +536,12 @@ std::shared_ptr<const Replica> RouteServer::pick(const Routing& routing, const s
       {
         std::lock_guard<std::mutex> lock(r->state->mu);
         if (!r->state->breaker.acquire(now)) continue;
+      }
+      if (tried.empty() && options_.policy == Policy::kCacheAware) {
+        bool exact = false;
+        const double share = cached_share(routing, *r, now, &exact);
+        std::lock_guard<std::mutex> lock(shared_->mu);
+        shared_->cached_share[exact ? 1 : 0].add(share);
       }
       // The prompt's blocks are (about to be) in that replica's cache.
       prefixes_.insert(r->spec.id, routing.blocks, now);
@@ -652,6 +717,14 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
           changed = true;
         }
         if (changed) request.body = body.dump();
+        if (options_.policy == Policy::kCacheAware) {
+          if (std::shared_ptr<const TokenizerBundle> tokenizer = tokenizer_for(model)) {
+            const auto salt = body.find("cache_salt");
+            routing.exact = std::make_shared<ExactPrompt>(
+                std::move(tokenizer), request.body, route == "/v1/chat/completions",
+                salt != body.end() && salt->is_string() ? salt->get_ref<const std::string&>() : std::string_view());
+          }
+        }
       }
     } catch (const ApiError& e) {
       HttpResponse r;
@@ -680,6 +753,12 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
                                    const Tenant* queued_tenant, Cost cost) {
   const std::string model = routing.model;
   const std::string tenant = routing.tenant;  // routing itself moves into pick below
+  // A prompt to tokenize before the first pick: its producer does that first.
+  const auto tokenizing_first = [this, exact = routing.exact](std::unique_ptr<ResponseProducer> producer) {
+    if (!exact || !tokenizer_pool_) return producer;
+    return std::unique_ptr<ResponseProducer>(
+        std::make_unique<TokenizingProducer>(*tokenizer_pool_, exact, std::move(producer)));
+  };
   const bool queued = queued_tenant != nullptr;
   // The saturation gate reads the routing too.
   const Routing gate_routing = queued ? routing : Routing{};
@@ -810,7 +889,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
   HandlerResult result;
   if (!queued) {
     shared->in_flight.fetch_add(1);
-    result.producer = std::make_unique<ProxyProducer>(clients_, std::move(p));
+    result.producer = tokenizing_first(std::make_unique<ProxyProducer>(clients_, std::move(p)));
     return result;
   }
   // The request ended without running: its tokens back, its status counted and logged.
@@ -890,7 +969,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     unqueue();
     ended_unrun(499, -1);
   };
-  result.producer = std::make_unique<QueuedProducer>(std::move(hooks));
+  result.producer = tokenizing_first(std::make_unique<QueuedProducer>(std::move(hooks)));
   return result;
 }
 
@@ -987,6 +1066,31 @@ std::string RouteServer::metrics_text() const {
   latency("basalt_route_tenant_request_seconds",
           "Seconds from a request's arrival to its answer's end, by tenant (answered requests)", "tenant",
           shared_->tenant_total);
+  out.family("basalt_route_prefix_cached_ratio", "histogram",
+             "Cache-aware routing: the share of a prompt's blocks its first replica held, by how that was known "
+             "(exact: the replica's KV events; approximate: where the gateway sent prompts)");
+  for (int mode = 0; mode < 2; ++mode) {
+    const ShareHistogram& h = shared_->cached_share[mode];
+    if (h.count != 0)
+      out.histogram_samples("basalt_route_prefix_cached_ratio", kShareBounds,
+                            std::span<const uint64_t>(h.buckets.data(), std::size(kShareBounds)), h.count, h.sum,
+                            {{"mode", mode == 1 ? "exact" : "approximate"}});
+  }
+  if (kv_events_) {
+    out.family("basalt_route_kv_events_live", "gauge",
+               "1 while a replica's KV events are read (its cached prefixes known exactly)");
+    for (const Replica& r : snapshot->replicas)
+      out.sample("basalt_route_kv_events_live", kv_index_.block_size(r.spec.id) > 0 ? 1 : 0, {{"replica", r.spec.id}});
+    out.family("basalt_route_kv_index_blocks", "gauge", "Blocks a replica's KV events say it holds");
+    for (const Replica& r : snapshot->replicas)
+      out.sample("basalt_route_kv_index_blocks", static_cast<double>(kv_index_.blocks(r.spec.id)),
+                 {{"replica", r.spec.id}});
+    out.family("basalt_route_kv_events_resyncs_total", "counter",
+               "Times a replica's KV-event stream ended after its snapshot (a gap, an error, the replica gone) and "
+               "had to be read again");
+    for (const auto& [id, n] : kv_events_->resyncs())
+      out.sample("basalt_route_kv_events_resyncs_total", static_cast<double>(n), {{"replica", id}});
+  }
   out.family("basalt_route_failovers_total", "counter",
              "Streams resumed on another replica, by the replica that failed them and why (eof, stall, cut)");
   for (const auto& [key, n] : shared_->failovers)

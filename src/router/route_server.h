@@ -10,7 +10,10 @@
 //    options.policy's (router/policy.h; cache-aware by default, from a
 //    PrefixIndex of where this gateway sent each prompt's blocks: the
 //    completion's prompt, the chat's messages, scoped by model and
-//    cache_salt)
+//    cache_salt; for a model with a tokenizer in options.tokenizers, from
+//    the replicas' KV events too: the prompt tokenized off the I/O threads
+//    before its first pick, router/exact_prompt.h, and looked up in a
+//    KvIndex that a KvEventSubscriber keeps)
 //    over the replicas not draining, healthy (their
 //    /ready probes) and whose circuit breaker lets a request through
 //    (router/circuit_breaker.h: each attempt's end is reported to it; a
@@ -71,6 +74,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -78,7 +82,10 @@
 #include <vector>
 
 #include "router/admission.h"
+#include "router/exact_prompt.h"
 #include "router/health.h"
+#include "router/kv_events_subscriber.h"
+#include "router/kv_index.h"
 #include "router/placement.h"
 #include "router/policy.h"
 #include "router/prefix_index.h"
@@ -87,6 +94,10 @@
 #include "router/replica_registry.h"
 #include "router/tenants.h"
 #include "server/http_server.h"
+
+namespace boost::asio {
+class thread_pool;
+}
 
 namespace basalt::router {
 
@@ -119,6 +130,17 @@ struct RouteServerOptions {
   std::string home_pool;
   // A replica's prefill tokens per second until its scrapes measure one.
   double assumed_prefill_rate = 2000;
+  // Exact cache-aware routing (ROUTER.md §2): the tokenizer of each model
+  // name (the body's `model`; with one tokenizer, also a body without
+  // one). With any, the gateway reads its replicas' KV events
+  // (router/kv_events_subscriber.h) and tokenizes those models' prompts
+  // on tokenizer_threads threads of its own.
+  std::map<std::string, std::shared_ptr<const TokenizerBundle>> tokenizers;
+  int tokenizer_threads = 2;
+  KvEventsOptions kv_events;
+  // How long the PrefixIndex's entries count for a replica whose KV events
+  // are read: the time before its events show what was sent to it.
+  std::chrono::milliseconds provisional_window{10000};
 };
 
 class RouteServer {
@@ -152,6 +174,7 @@ class RouteServer {
     std::string tenant;  // empty: none
     std::string session;
     std::vector<uint64_t> blocks;  // cache-aware: the prompt's PrefixIndex blocks
+    std::shared_ptr<ExactPrompt> exact;  // cache-aware with the model's tokenizer
     std::vector<std::string> regions;  // allowed (empty: any)
     std::string home_pool;             // empty: every replica
     std::vector<std::string> overflow_pools;
@@ -181,6 +204,12 @@ class RouteServer {
   // then its home pool and overflow pools (one group of all without a home pool).
   static std::vector<std::vector<const Replica*>> by_pool(const Routing& routing, const std::string& chosen,
                                                           const std::vector<const Replica*>& candidates);
+  // The share of the prompt `replica` holds (its KV events' say when they
+  // are read, and what was sent to it lately), 0 to 1; `exact` tells
+  // which.
+  double cached_share(const Routing& routing, const Replica& replica, Clock::time_point now, bool* exact) const;
+  // The tokenizer of `model` (options.tokenizers), or null.
+  std::shared_ptr<const TokenizerBundle> tokenizer_for(const std::string& model) const;
   std::vector<size_t> order(const Routing& routing, const std::vector<const Replica*>& group, uint64_t turn,
                             uint64_t random, Clock::time_point now) const;
   bool pool_saturated(const Routing& routing);
@@ -192,12 +221,16 @@ class RouteServer {
   ReplicaClients clients_;
   std::shared_ptr<Shared> shared_;
   PrefixIndex prefixes_;
+  KvIndex kv_index_;
+  std::unique_ptr<KvEventSubscriber> kv_events_;
   std::unique_ptr<HealthChecker> health_;
   std::unique_ptr<MetricsScraper> scraper_;
   struct Admission;
   std::shared_ptr<Admission> admission_;
   OverflowTracker overflow_;
   std::shared_ptr<QueuedTokens> queued_tokens_ = std::make_shared<QueuedTokens>();
+  // Last: joined first, so no tokenization outlives what it starts.
+  std::unique_ptr<boost::asio::thread_pool> tokenizer_pool_;
 };
 
 }  // namespace basalt::router

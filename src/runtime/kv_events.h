@@ -25,7 +25,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace basalt {
@@ -41,6 +43,28 @@ inline uint64_t kv_block_hash(uint64_t parent, uint64_t ns, std::span<const int3
   uint64_t h = kv_mix64(parent ^ kv_mix64(ns));
   for (int32_t t : tokens) h = kv_mix64(h ^ static_cast<uint32_t>(t));
   return h;
+}
+
+// The namespace of a cache salt (docs/SERVER.md): 0 without one, else the
+// 64-bit FNV-1a hash of its bytes with the lowest bit set.
+inline uint64_t kv_cache_namespace(std::string_view salt) {
+  if (salt.empty()) return 0;
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char c : salt) h = (h ^ c) * 1099511628211ull;
+  return h | 1;  // never the default namespace 0
+}
+
+// The chained hashes of the whole blocks of `tokens` (at most max_blocks).
+inline std::vector<uint64_t> kv_block_hashes(uint64_t ns, std::span<const int32_t> tokens, size_t block_size,
+                                             size_t max_blocks = SIZE_MAX) {
+  std::vector<uint64_t> out;
+  if (block_size == 0) return out;
+  uint64_t parent = 0;
+  for (size_t at = 0; at + block_size <= tokens.size() && out.size() < max_blocks; at += block_size) {
+    parent = kv_block_hash(parent, ns, tokens.subspan(at, block_size));
+    out.push_back(parent);
+  }
+  return out;
 }
 
 struct KvEvent {

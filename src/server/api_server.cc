@@ -15,9 +15,10 @@
 #include "runtime/grammar_constraint.h"
 #include "core/log.h"
 #include "core/version.h"
+#include "runtime/kv_events.h"
+#include "server/chat_prompt.h"
 #include "server/http_auth.h"
 #include "server/metrics_text.h"
-#include "template/jinja.h"
 
 namespace basalt {
 
@@ -147,13 +148,6 @@ json stop_reason_json(const StopReason& s) {
   if (const auto* id = std::get_if<int32_t>(&s)) return *id;
   if (const auto* text = std::get_if<std::string>(&s)) return *text;
   return nullptr;
-}
-
-uint64_t namespace_of(const std::string& salt) {
-  if (salt.empty()) return 0;
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : salt) h = (h ^ c) * 1099511628211ull;
-  return h | 1;  // never the default namespace 0
 }
 
 // One sampled output being produced.
@@ -940,27 +934,7 @@ HttpResponse ApiServer::model(const std::string& id) const {
 }
 
 std::string ApiServer::render_chat(const ParsedRequest& r) const {
-  const std::string& source = !r.chat_template.empty() ? r.chat_template : tokenizer_config_.chat_template;
-  if (source.empty())
-    throw ApiError(400, "this model has no chat template; use /v1/completions or pass 'chat_template'");
-  nlohmann::ordered_json extra = r.template_kwargs;
-  if (tokenizer_config_.bos_token) extra["bos_token"] = *tokenizer_config_.bos_token;
-  if (tokenizer_config_.eos_token) extra["eos_token"] = *tokenizer_config_.eos_token;
-  for (auto it = r.template_kwargs.begin(); it != r.template_kwargs.end(); ++it) extra[it.key()] = it.value();
-  std::string text;
-  try {
-    text = render_chat_template(source, r.messages, r.add_generation_prompt, extra);
-  } catch (const Error& e) {
-    throw ApiError(400, fmt::format("chat template error: {}", e.what()), "messages");
-  }
-  if (r.continue_final_message) {
-    // Cut after the final message's content, so the model continues it.
-    const nlohmann::ordered_json& last = r.messages.back();
-    const std::string content = last["content"].is_string() ? last["content"].get<std::string>() : "";
-    const size_t at = content.empty() ? std::string::npos : text.rfind(content);
-    if (at != std::string::npos) text.resize(at + content.size());
-  }
-  return text;
+  return render_chat_prompt(r, tokenizer_config_);
 }
 
 std::optional<ToolCallFormat> ApiServer::tool_format_for(const ParsedRequest& r) const {
@@ -1038,7 +1012,7 @@ std::vector<Choice> resume_choices(EngineClient& engine, const Tokenizer& tokeni
       e.params = r.params;
       e.params.n = 1;
       e.params.seed = sample_seed(*r.params.seed, i % n);
-      e.cache_namespace = namespace_of(r.cache_salt);
+      e.cache_namespace = kv_cache_namespace(r.cache_salt);
       e.priority = r.priority;
       if (grammar) e.constraint = std::make_shared<GrammarConstraint>(grammar, &tokenizer);
       e.resume_output = c.ids;
@@ -1127,11 +1101,7 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
       }
     }
   }
-  if (r.truncate_prompt_tokens != 0) {
-    const int64_t keep = r.truncate_prompt_tokens < 0 ? max_model_len_ - 1 : r.truncate_prompt_tokens;
-    for (auto& ids : prompts)
-      if (static_cast<int64_t>(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
-  }
+  for (auto& ids : prompts) truncate_prompt(ids, r.truncate_prompt_tokens, max_model_len_);
   const int64_t capacity = engine_.kv_capacity();
   std::vector<int64_t> prompt_lengths;
   for (const auto& ids : prompts) {
@@ -1236,7 +1206,7 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
     EngineRequest e;
     e.prompt = prompts[p];
     e.params = r.params;
-    e.cache_namespace = namespace_of(r.cache_salt);
+    e.cache_namespace = kv_cache_namespace(r.cache_salt);
     e.priority = r.priority;
     e.prediction = prediction;
     if (grammar) e.constraint = std::make_shared<GrammarConstraint>(grammar, &tokenizer_);
