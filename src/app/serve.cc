@@ -30,6 +30,7 @@
 #include "model/graphed_model.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "runtime/warmup.h"
 #include "runtime/kv_pool.h"
 #include "server/api_server.h"
 #include "server/http_auth.h"
@@ -64,6 +65,7 @@ struct ServeFlags {
   std::string reasoning_parser;
   std::string device = "cpu";
   bool enforce_eager = false;
+  std::string warmup = "auto";
   std::string kv_cache_dtype = "auto";
 };
 
@@ -150,6 +152,18 @@ void run_serve(const ServeFlags& f) {
   options.kv_slots = f.kv_slots;
   if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
   Engine engine(*model, backend, &tokenizer.tokenizer, options);
+
+  // The first work, before /ready: on a GPU, the kernels, GEMM plans and
+  // memory the first requests would otherwise wait for (runtime/warmup.h).
+  if (f.warmup == "on" || (f.warmup == "auto" && backend.device() != Device::kCpu)) {
+    const WarmupReport w = warm_up(engine, {.max_prompt_tokens = std::max<int64_t>(f.step_token_budget * 2, 1024)});
+    LogLine("warmup")
+        .add("requests", w.requests)
+        .add("prompt_tokens", w.prompt_tokens)
+        .add("longest_prompt", w.longest_prompt)
+        .add("seconds", w.seconds)
+        .emit();
+  }
 
   ApiServerOptions api_options;
   api_options.served_model_name =
@@ -254,6 +268,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--device", f.device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");
+  cmd->add_option("--warmup", f.warmup,
+                  "Run synthetic requests before /ready turns 200 (prompts of 1, 2, 4, ... tokens up to twice the "
+                  "step budget, at least 1,024), so the first requests do not wait for kernels to load, GEMM plans "
+                  "and memory: auto (on for a GPU, off on the CPU), on or off (default auto)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_flag("--enforce-eager", f.enforce_eager,
                 "Launch every decode step's kernels one by one instead of replaying CUDA graphs (GPU only)");
   cmd->callback([flags] { run_serve(*flags); });

@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "runtime/warmup.h"
 #include "testing/engine_mode_test_util.h"
 #include "testing/engine_test_util.h"
 #include "runtime/generator.h"
@@ -450,6 +451,46 @@ INSTANTIATE_TEST_SUITE_P(Engine, EngineLifecycle,
                            return std::string(std::get<0>(info.param) ? "OverlapOn" : "OverlapOff") +
                                   "Page" + std::to_string(std::get<1>(info.param));
                          });
+
+}  // namespace
+}  // namespace basalt
+
+namespace basalt {
+namespace {
+
+// The warm-up runs one prompt of each power-of-two length that fits half
+// the pool, decodes each, and leaves the pool as it found it: nothing held,
+// nothing cached; a later request is served as by a fresh engine.
+TEST(Warmup, RunsEveryPowerOfTwoPromptThatFitsAndLeavesThePoolEmpty) {
+  testing::Fixture f(testing::kLlama);
+  EngineOptions o = testing::base();
+  o.kv_slots = 600;
+  o.step_token_budget = 32;  // the longer prompts are prefilled in chunks
+  o.check_invariants = true;
+  Engine engine(*f.model, f.backend, nullptr, o);
+  const WarmupReport r = warm_up(engine, {.max_prompt_tokens = 4096, .decode_tokens = 3});
+  // 1 + 2 + ... + 128 with 3 outputs each is 255 + 24 = 279 slots, under
+  // half the pool (300); adding 256 would not be.
+  EXPECT_EQ(r.requests, 8);
+  EXPECT_EQ(r.prompt_tokens, 255);
+  EXPECT_EQ(r.longest_prompt, 128);
+  EXPECT_EQ(r.output_tokens, 24);
+  EXPECT_GT(r.seconds, 0.0);
+  const EngineMetrics m = engine.metrics();
+  EXPECT_EQ(m.requests_finished, 8u);
+  EXPECT_EQ(m.kv_cached, 0);
+  EXPECT_EQ(m.kv_used, 0);
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+  const uint64_t cached = m.cached_prompt_tokens;
+  const auto after = run_all(engine, {testing::request({5, 6, 7}, testing::greedy(4))});
+  EXPECT_EQ(after[0].output_ids.size(), 4u);
+  EXPECT_EQ(engine.metrics().cached_prompt_tokens, cached);  // nothing of the warm-up was left to match
+
+  // A small cap is kept to.
+  const WarmupReport capped = warm_up(engine, {.max_prompt_tokens = 10, .decode_tokens = 1});
+  EXPECT_EQ(capped.longest_prompt, 8);
+  EXPECT_EQ(capped.requests, 4);
+}
 
 }  // namespace
 }  // namespace basalt

@@ -94,3 +94,25 @@ test('the drain deadline cuts off what is left, tells the clients, and still exi
   assert.equal(requests.find((r) => r.client_request_id === 'whole-1')?.id, 'cmpl-whole-1');
   assert.equal(lines.find((l) => l.event === 'stopped').requests_cut, 2);
 });
+
+test('--warmup on runs its requests before /ready and leaves the cache empty', async () => {
+  const server = await startServer(['--threads', '1', '--warmup', 'on', '--no-request-log']);
+  try {
+    const log = server.log();
+    const warm = log.match(/warmup requests=(\d+) prompt_tokens=(\d+) longest_prompt=(\d+)/);
+    assert.ok(warm, log);
+    assert.ok(log.indexOf(' warmup ') < log.indexOf(' ready '), log);
+    assert.equal(Number(warm[3]), 1024);  // twice the step budget (512), at least 1,024
+    const metrics = await (await fetch(`${server.baseURL}/metrics`)).text();
+    assert.match(metrics, /\nbasalt_kv_cache_used_tokens{model_name="basalt-mini"} 0\n/);
+    assert.match(metrics, /\nbasalt_radix_cache_tokens{model_name="basalt-mini"} 0\n/);
+    const r = await fetch(`${server.baseURL}/v1/completions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: 'After the warm-up', max_tokens: 4, temperature: 0 }),
+    });
+    assert.equal(r.status, 200);
+    assert.equal((await r.json()).usage.prompt_tokens_details?.cached_tokens ?? 0, 0);
+  } finally {
+    await server.stop();
+  }
+});
