@@ -24,6 +24,24 @@ HttpClient& ReplicaClients::of(const ReplicaSpec& replica) {
   return *it->second;
 }
 
+void ResidenceHistogram::add(Clock::duration held) {
+  const double seconds = std::chrono::duration<double>(held).count();
+  const auto bucket = std::lower_bound(std::begin(kBounds), std::end(kBounds), seconds) - std::begin(kBounds);
+  buckets_[static_cast<size_t>(bucket)].fetch_add(1, std::memory_order_relaxed);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(held).count();
+  sum_ns_.fetch_add(static_cast<uint64_t>(std::max<int64_t>(ns, 0)), std::memory_order_relaxed);
+}
+
+ResidenceHistogram::Counts ResidenceHistogram::counts() const {
+  Counts c;
+  for (size_t i = 0; i < kBuckets; ++i) {
+    c.buckets[i] = buckets_[i].load(std::memory_order_relaxed);
+    c.count += c.buckets[i];
+  }
+  c.sum = static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9;
+  return c;
+}
+
 const char* attempt_outcome_name(AttemptOutcome outcome) {
   switch (outcome) {
     case AttemptOutcome::kAnswered: return "answered";
@@ -86,11 +104,19 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
   bool cut = false;        // this attempt sent cut_by_server
   bool stalled = false;    // this attempt was ended for silence
   Clock::time_point last_byte;
+  // The attempt before this one failed before the client's head: the
+  // replica and why, told to observe.retry when another is tried.
+  std::shared_ptr<const Replica> retry_from;
+  AttemptOutcome retry_why = AttemptOutcome::kFailed;
   // What the client gets.
   std::optional<HttpResponse> head;  // set once; taken by pull()
   bool committed = false;            // a stream's head is the client's: no more retries
   bool head_sent = false;
   std::string pending;  // stream bytes not yet pulled
+  // With request.added_latency: when the last byte of each replica event
+  // in `pending` arrived, and of a whole answer waiting in `head`.
+  std::vector<Clock::time_point> pending_at;
+  std::optional<Clock::time_point> body_at;
   bool done = false;
   bool aborted = false;
   bool finished_reported = false;
@@ -133,6 +159,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     std::shared_ptr<const Replica> to;
     if (static_cast<int>(tried.size()) < request.max_attempts + failovers && request.pick) to = request.pick(tried);
     if (!to) {
+      retry_from.reset();
       if (committed) {
         end_stream_with_error();
       } else if (fallback) {  // a replica's 429/502/503/504, passed on as it came
@@ -147,6 +174,10 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
                              : error_response(502, "the replicas failed this request (last: " + last_failure + ")"));
       }
       return;
+    }
+    if (retry_from) {
+      if (request.observe.retry) request.observe.retry(retry_from->spec, retry_why);
+      retry_from.reset();
     }
     replica = to;
     tried.push_back(to->spec.id);
@@ -236,9 +267,10 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
   }
 
   void on_data(uint64_t id, std::string_view bytes) {
+    const auto now = Clock::now();  // before the lock: waiting for it is the gateway's time too
     std::lock_guard<std::mutex> lock(mu);
     if (id != attempt_id || aborted || done) return;
-    last_byte = Clock::now();
+    last_byte = now;
     if (!streaming) {
       body.append(bytes);
       return;
@@ -273,7 +305,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     if (raw.empty() || cut || saw_done) return;  // nothing of this attempt after those
     if (data == "[DONE]") {
       saw_done = true;
-      pending += raw;
+      relay(raw);
       return;
     }
     if (request.failover.enabled && data.find("cut_by_server") != std::string_view::npos) {
@@ -295,7 +327,13 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
       r.finished = info.value("f", 0) == 1;
     }
     infos.clear();
+    relay(raw);
+  }
+
+  // A replica's event goes to the client, its arrival noted.
+  void relay(std::string_view raw) {
     pending += raw;
+    if (request.added_latency) pending_at.push_back(last_byte);
   }
 
   // An answer's (or a stream chunk's) usage.completion_tokens.
@@ -319,7 +357,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
 
   void flush_event_raw() {
     if (event_raw.empty() || cut || saw_done) return;
-    pending += event_raw;
+    relay(event_raw);
     event_raw.clear();
   }
 
@@ -377,14 +415,18 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     r.body = std::move(body);
     if (retryable_status(status)) {
       last_failure = replica->spec.id + ": status " + std::to_string(status);
-      observe_attempt(status == 429 ? AttemptOutcome::kBusy : AttemptOutcome::kUnavailable);
+      const AttemptOutcome outcome = status == 429 ? AttemptOutcome::kBusy : AttemptOutcome::kUnavailable;
+      observe_attempt(outcome);
       fallback = std::move(r);  // passed on if no other replica is left
+      retry_from = replica;
+      retry_why = outcome;
       next_attempt();
       return;
     }
     observe_attempt(AttemptOutcome::kAnswered);
     if (status == 200 && request.observe.finished && r.body.size() <= (size_t{1} << 20)) note_usage(r.body);
     note_first_byte();
+    if (request.added_latency) body_at = last_byte;
     finish(std::move(r));
   }
 
@@ -393,6 +435,8 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
   void attempt_failed(const char* reason, AttemptOutcome outcome = AttemptOutcome::kFailed) {
     observe_attempt(outcome);
     if (!committed) {
+      retry_from = replica;
+      retry_why = outcome;
       next_attempt();
       return;
     }
@@ -481,6 +525,15 @@ void ProxyProducer::pull(Output& out) {
     if (!s.head_sent) return;
     out.data += s.pending;
     s.pending.clear();
+    if (s.request.added_latency && (s.body_at || !s.pending_at.empty())) {
+      // The transport writes what this pull gives as soon as it returns.
+      const auto now = State::Clock::now();
+      AddedLatency& added = *s.request.added_latency;
+      if (s.body_at) added.body.add(now - *s.body_at);
+      s.body_at.reset();
+      for (const auto at : s.pending_at) added.event.add(now - at);
+      s.pending_at.clear();
+    }
     out.done = s.done;
     if (s.done && !s.finished_reported) {
       s.finished_reported = true;

@@ -36,9 +36,13 @@
 // and sent since its last scrape)
 // while it runs, and `observe` (when set) hears how each attempt and the
 // request ended, from the thread that ended them. Each attempt is a span of
-// the request's trace, when it has one (ProxyRequest::trace).
+// the request's trace, when it has one (ProxyRequest::trace). The time the
+// gateway holds each relayed event, or a whole answer's body, goes to
+// ProxyRequest::added_latency (when set).
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -70,6 +74,42 @@ class ReplicaClients {
   std::map<std::string, std::unique_ptr<HttpClient>, std::less<>> clients_;
 };
 
+// Seconds the gateway itself held an answer's bytes (ROUTER.md §6,
+// `basalt_route_added_latency_seconds`), from the replica client's callback
+// that delivered the last byte of a relayed event (or of a whole answer's
+// body) to the pull in which the client connection's transport takes them
+// and starts its socket write. That includes the wait for the client's
+// strand and for a write to that client still in progress; it excludes
+// the kernel's socket buffers on either side. Per-bucket counters are
+// relaxed atomics: any thread adds without a lock; a reader sees each
+// counter's latest value (a scrape racing an add may see the bucket and
+// not yet the sum).
+class ResidenceHistogram {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr double kBounds[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                       0.01,    0.025,  0.05,    0.1,    0.25,  1};
+  static constexpr size_t kBuckets = std::size(kBounds) + 1;  // the last: past every bound
+
+  void add(Clock::duration held);
+  struct Counts {
+    std::array<uint64_t, kBuckets> buckets{};
+    uint64_t count = 0;  // the buckets' total
+    double sum = 0;      // seconds
+  };
+  Counts counts() const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
+  std::atomic<uint64_t> sum_ns_{0};
+};
+
+// The gateway's residence, by what was held.
+struct AddedLatency {
+  ResidenceHistogram event;  // a relayed stream event
+  ResidenceHistogram body;   // a whole answer's body
+};
+
 // How one attempt on a replica ended.
 enum class AttemptOutcome {
   kAnswered,     // the replica answered and the answer was used
@@ -83,6 +123,11 @@ const char* attempt_outcome_name(AttemptOutcome outcome);
 
 struct ProxyObserver {
   std::function<void(const Replica&, AttemptOutcome)> attempt;
+  // Another replica is about to be tried before anything reached the
+  // client, because `from` ended its attempt as `why` (kBusy,
+  // kUnavailable, kUnreachable or kFailed). Not called when no replica is
+  // left, nor for a failover (a stream resumed after its head went out).
+  std::function<void(const ReplicaSpec& from, AttemptOutcome why)> retry;
   // A stream resumed elsewhere after `replica` failed it: "eof" (ended or
   // broke before [DONE]), "stall" or "cut" (cut_by_server).
   std::function<void(const ReplicaSpec& replica, const char* reason)> failover;
@@ -125,6 +170,9 @@ struct ProxyRequest {
   // parent-id (router/trace_context.h), and its tracestate when it has one.
   std::optional<TraceContext> trace;
   ProxyObserver observe;
+  // When set, the time each relayed event and whole answer spent in the
+  // gateway is added here (ResidenceHistogram).
+  std::shared_ptr<AddedLatency> added_latency;
 };
 
 class ProxyProducer : public ResponseProducer {

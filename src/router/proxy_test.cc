@@ -943,5 +943,45 @@ TEST_F(Gateway, EachAttemptIsASpanOfTheTraceAndLatenciesAreCounted) {
       << m;
 }
 
+// ROUTER.md §6: a request retried once counts one retry, by the replica it
+// left and how that attempt ended; every relayed event, and a whole
+// answer's body, counts the time the gateway held it.
+TEST_F(Gateway, CountsRetriesAndTheTimeTheGatewayHoldsWhatItRelays) {
+  FakeReplica& busy = replica([](HttpRequest&) { return whole(503, R"({"error":"busy"})"); });
+  FakeReplica& a = named("a");
+  RouteServerOptions options;
+  options.policy = Policy::kRoundRobin;  // busy first, then a
+  start_gateway({busy.url(), a.url()}, options);
+  EXPECT_EQ(call("POST", "/v1/completions", kCompletion).body, R"({"from":"a"})");
+  const std::string busy_id = canonical_url(parse_base_url(busy.url()));
+  std::string m = metrics();
+  EXPECT_NE(m.find("basalt_route_retries_total{replica=\"" + busy_id + "\",reason=\"unavailable\"} 1"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find("basalt_route_retries_total{replica=\"" + canonical_url(parse_base_url(a.url()))),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find(R"(basalt_route_added_latency_seconds_count{kind="body"} 1)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_added_latency_seconds_bucket{kind="body",le="1"} 1)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_added_latency_seconds_count{kind="event"} 0)"), std::string::npos) << m;
+  // A stream retried away from a replica that refuses connections: three
+  // events relayed (the heartbeat comment is not one), one retry.
+  FakeReplica& refused = replica([](HttpRequest&) { return whole(200, "{}"); });
+  const std::string refused_url = refused.url();
+  refused.server->stop();
+  FakeReplica& streamer = streaming("data: {\"i\":1}\n\n: hb\n\ndata: {\"i\":2}\n\ndata: [DONE]\n\n", false);
+  start_gateway({refused_url, streamer.url()}, options);
+  const Reply r = call("POST", "/v1/completions", R"({"model":"m","stream":true,"prompt":"x"})");
+  EXPECT_EQ(r.body, "data: {\"i\":1}\n\ndata: {\"i\":2}\n\ndata: [DONE]\n\n");
+  m = metrics();
+  EXPECT_NE(m.find("basalt_route_retries_total{replica=\"" + canonical_url(parse_base_url(refused_url)) +
+                   "\",reason=\"unreachable\"} 1"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find(R"(basalt_route_added_latency_seconds_count{kind="event"} 3)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_added_latency_seconds_bucket{kind="event",le="1"} 3)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_added_latency_seconds_count{kind="body"} 0)"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace basalt::router

@@ -273,6 +273,7 @@ struct RouteServer::Shared {
   std::map<std::pair<std::string, std::string>, int64_t> attempts;       // (replica, outcome)
   std::map<std::string, uint64_t> round_robin;                             // per model
   std::map<std::pair<std::string, std::string>, int64_t> failovers;       // (replica that failed, reason)
+  std::map<std::pair<std::string, std::string>, int64_t> retries;         // (replica retried away from, reason)
   std::map<std::pair<std::string, int>, int64_t> tenant_requests;         // (tenant, status), forwarded
   std::map<std::pair<std::string, std::string>, int64_t> rejections;      // (tenant, reason)
   std::map<std::pair<std::string, bool>, int64_t> pool_requests;          // (pool, overflowed)
@@ -282,6 +283,8 @@ struct RouteServer::Shared {
   std::map<std::string, LatencyHistogram> replica_ttft, replica_total, tenant_ttft, tenant_total;
   // Cache-aware: the prompt's share its first replica held, approximate [0] or exact [1].
   ShareHistogram cached_share[2];
+  // The gateway's own time with relayed events and bodies (no lock: atomics).
+  AddedLatency added_latency;
   std::atomic<int64_t> in_flight{0};
   // The prompts' estimated tokens, an EWMA over completions and chats (0
   // before the first): what a replica's waiting request is taken to hold.
@@ -800,6 +803,11 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     std::lock_guard<std::mutex> lock(shared->mu);
     ++shared->failovers[{replica.id, reason}];
   };
+  p.observe.retry = [shared](const ReplicaSpec& from, AttemptOutcome why) {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    ++shared->retries[{from.id, attempt_outcome_name(why)}];
+  };
+  p.added_latency = std::shared_ptr<AddedLatency>(shared, &shared->added_latency);
   TenantBook* book = !tenant.empty() ? options_.tenants : nullptr;
   const std::weak_ptr<Admission> admission = admission_;
   if (queued) {
@@ -1095,6 +1103,23 @@ std::string RouteServer::metrics_text() const {
              "Streams resumed on another replica, by the replica that failed them and why (eof, stall, cut)");
   for (const auto& [key, n] : shared_->failovers)
     out.sample("basalt_route_failovers_total", static_cast<double>(n), {{"replica", key.first}, {"reason", key.second}});
+  out.family("basalt_route_retries_total", "counter",
+             "Attempts after a request's first, before anything reached its client, by the replica retried away "
+             "from and how its attempt ended (busy: 429, unavailable: 502/503/504, unreachable: no connection, "
+             "failed: broken or timed out)");
+  for (const auto& [key, n] : shared_->retries)
+    out.sample("basalt_route_retries_total", static_cast<double>(n), {{"replica", key.first}, {"reason", key.second}});
+  out.family("basalt_route_added_latency_seconds", "histogram",
+             "Seconds the gateway held what it relayed: from reading the last byte of a replica's stream event "
+             "(kind=event) or whole answer (kind=body) to handing it to the client connection's write");
+  const auto residence = [&out](const char* kind, const ResidenceHistogram& h) {
+    const ResidenceHistogram::Counts c = h.counts();
+    out.histogram_samples("basalt_route_added_latency_seconds", ResidenceHistogram::kBounds,
+                          std::span<const uint64_t>(c.buckets.data(), std::size(ResidenceHistogram::kBounds)), c.count,
+                          c.sum, {{"kind", kind}});
+  };
+  residence("event", shared_->added_latency.event);
+  residence("body", shared_->added_latency.body);
   out.family("basalt_route_replica_in_flight", "gauge", "Attempts running on each listed replica");
   for (const Replica& r : snapshot->replicas)
     out.sample("basalt_route_replica_in_flight", static_cast<double>(r.state->in_flight.load()),
