@@ -60,6 +60,10 @@ struct RouteFlags {
   double assumed_prefill_rate = 2000;
   std::vector<std::string> tokenizers;
   int tokenizer_threads = 2;
+  // Each replica's circuit breaker (router/circuit_breaker.h).
+  int breaker_failures = 5;
+  double breaker_open_seconds = 10;
+  int breaker_half_open_successes = 2;
 };
 
 // --tokenizer [NAME=]DIR: the tokenizer of the model NAME (default: the
@@ -126,7 +130,16 @@ void run_route(const RouteFlags& f) {
   BASALT_CHECK(f.assumed_prefill_rate >= 1 && f.assumed_prefill_rate <= 1e9,
                "--assumed-prefill-rate must be in [1, 1e9] tokens per second");
   BASALT_CHECK(f.tokenizer_threads >= 1 && f.tokenizer_threads <= 64, "--tokenizer-threads must be in [1, 64]");
-  router::ReplicaRegistry registry;
+  BASALT_CHECK(f.breaker_failures >= 1 && f.breaker_failures <= 1000, "--breaker-failures must be in [1, 1000]");
+  BASALT_CHECK(f.breaker_open_seconds >= 0.01 && f.breaker_open_seconds <= 3600,
+               "--breaker-open-seconds must be in [0.01, 3600] seconds");
+  BASALT_CHECK(f.breaker_half_open_successes >= 1 && f.breaker_half_open_successes <= 1000,
+               "--breaker-half-open-successes must be in [1, 1000]");
+  router::BreakerOptions breaker;
+  breaker.failures_to_open = f.breaker_failures;
+  breaker.open_for = std::chrono::milliseconds(static_cast<int64_t>(f.breaker_open_seconds * 1000));
+  breaker.successes_to_close = f.breaker_half_open_successes;
+  router::ReplicaRegistry registry(breaker);
   registry.set(read_replicas(f));
   if (!f.home_pool.empty()) {
     const auto snapshot = registry.snapshot();
@@ -297,6 +310,15 @@ void add_route_command(CLI::App& app) {
                   "to know what each one holds (repeatable)");
   cmd->add_option("--tokenizer-threads", f.tokenizer_threads,
                   "Threads tokenizing prompts for --tokenizer, off the I/O threads (default 2)");
+  cmd->add_option("--breaker-failures", f.breaker_failures,
+                  "Failed attempts in a row (broken, timed out, 5xx, stalled, cut) that open a replica's circuit "
+                  "breaker: it gets no requests for --breaker-open-seconds (default 5)");
+  cmd->add_option("--breaker-open-seconds", f.breaker_open_seconds,
+                  "Seconds an open breaker keeps its replica out before letting one trial request at a time "
+                  "through (half-open) (default 10; a passing /ready probe ends the wait early)");
+  cmd->add_option("--breaker-half-open-successes", f.breaker_half_open_successes,
+                  "Trial requests that must succeed in a row to close a half-open breaker; one failure opens it "
+                  "again (default 2)");
   cmd->callback([flags] { run_route(*flags); });
 }
 

@@ -105,7 +105,7 @@ void ReplicaRegistry::set(std::vector<ReplicaSpec> specs) {
   next->generation = current_->generation + 1;
   for (ReplicaSpec& s : specs) {
     std::shared_ptr<ReplicaState>& state = states_[s.id];
-    if (!state) state = std::make_shared<ReplicaState>();
+    if (!state) state = std::make_shared<ReplicaState>(breaker_);
     state->draining.store(false);
     next->replicas.push_back(Replica{std::move(s), state});
   }

@@ -72,6 +72,8 @@ struct ScrapedLoad {
 
 // What the gateway keeps per replica between snapshots.
 struct ReplicaState {
+  explicit ReplicaState(BreakerOptions breaker_options = {}) : breaker(breaker_options) {}
+
   std::atomic<int64_t> in_flight{0};     // requests sent and not yet answered in full
   std::atomic<bool> draining{false};     // removed from the list: no new requests
   std::atomic<bool> healthy{true};       // its health probes (router/health.h); true until they say
@@ -104,12 +106,15 @@ struct Snapshot {
 
 class ReplicaRegistry {
  public:
+  // Each replica's circuit breaker opens, waits and closes as `breaker` says.
+  explicit ReplicaRegistry(BreakerOptions breaker = {}) : breaker_(breaker) {}
   // Throws basalt::Error for an empty list or a replica given twice (the
   // registry is left as it was).
   void set(std::vector<ReplicaSpec> specs);
   std::shared_ptr<const Snapshot> snapshot() const;
 
  private:
+  BreakerOptions breaker_;
   mutable std::mutex mu_;
   std::shared_ptr<const Snapshot> current_ = std::make_shared<const Snapshot>();
   std::map<std::string, std::shared_ptr<ReplicaState>, std::less<>> states_;  // every replica ever listed

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "core/error.h"
@@ -121,6 +122,40 @@ TEST(ReplicaRegistry, ReadersAndReloadsRunTogether) {
   for (std::thread& t : readers) t.join();
   EXPECT_EQ(bad.load(), 0);
   EXPECT_EQ(registry.snapshot()->replicas.size(), 200u);
+}
+
+// `basalt route --breaker-*`: every replica's breaker, listed at first or
+// on a reload, opens, waits and closes as the registry's options say.
+TEST(ReplicaRegistry, EveryReplicasBreakerTakesTheRegistrysOptions) {
+  BreakerOptions options;
+  options.failures_to_open = 1;
+  options.open_for = std::chrono::milliseconds(500);
+  options.successes_to_close = 3;
+  ReplicaRegistry registry(options);
+  registry.set({parse_replica("http://a", "test")});
+  registry.set({parse_replica("http://a", "test"), parse_replica("http://b", "test")});
+  const auto t0 = CircuitBreaker::Clock::now();
+  for (const Replica& r : registry.snapshot()->replicas) {
+    CircuitBreaker& b = r.state->breaker;
+    b.failure(t0);  // one is enough
+    EXPECT_EQ(b.state(t0), CircuitBreaker::State::kOpen) << r.spec.id;
+    EXPECT_EQ(b.state(t0 + std::chrono::milliseconds(499)), CircuitBreaker::State::kOpen) << r.spec.id;
+    const auto later = t0 + std::chrono::milliseconds(500);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(b.state(later), CircuitBreaker::State::kHalfOpen) << r.spec.id << " " << i;
+      ASSERT_TRUE(b.acquire(later));
+      b.success(later);
+    }
+    EXPECT_EQ(b.state(later), CircuitBreaker::State::kClosed) << r.spec.id;
+  }
+  // The defaults: five failures in a row.
+  ReplicaRegistry plain;
+  plain.set({parse_replica("http://a", "test")});
+  CircuitBreaker& b = plain.snapshot()->replicas[0].state->breaker;
+  for (int i = 0; i < 4; ++i) b.failure(t0);
+  EXPECT_EQ(b.state(t0), CircuitBreaker::State::kClosed);
+  b.failure(t0);
+  EXPECT_EQ(b.state(t0), CircuitBreaker::State::kOpen);
 }
 
 }  // namespace

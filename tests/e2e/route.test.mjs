@@ -131,7 +131,7 @@ test('SIGHUP re-reads the replica file', async () => {
   }
 });
 
-test('a bad tenants file, policy or pool flag at start is an error naming it, not a crash', async () => {
+test('a bad tenants file, policy, pool or breaker flag at start is an error naming it, not a crash', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'basalt-bad-'));
   const file = join(dir, 'tenants.json');
   writeFileSync(file, JSON.stringify({ tenants: { a: { keys: ['k'], weight: -2 } } }));
@@ -142,10 +142,19 @@ test('a bad tenants file, policy or pool flag at start is an error naming it, no
                               [['--policy', 'bogus'], /--policy bogus: expected/],
                               [['--home-pool', 'eu-a'], /--home-pool eu-a: no replica is labelled pool=eu-a/],
                               [['--home-pool', 'e u'], /--home-pool must be a pool name/],
-                              [['--assumed-prefill-rate', '0'], /--assumed-prefill-rate must be in/]]) {
+                              [['--assumed-prefill-rate', '0'], /--assumed-prefill-rate must be in/],
+                              [['--breaker-failures', '0'], /--breaker-failures must be in \[1, 1000\]/],
+                              [['--breaker-open-seconds', '0'], /--breaker-open-seconds must be in \[0\.01, 3600\]/],
+                              [['--breaker-half-open-successes', '1001'],
+                               /--breaker-half-open-successes must be in \[1, 1000\]/]]) {
     await assert.rejects(startGateway(['--replica', replicas[0].baseURL, ...args], { timeoutMs: 20000 }),
                          (e) => /route exited with 1:/.test(e.message) && says.test(e.message));
   }
+  // In range, they are taken.
+  const gw = await startGateway(['--replica', replicas[0].baseURL, '--breaker-failures', '1',
+                                 '--breaker-open-seconds', '0.5', '--breaker-half-open-successes', '1']);
+  const { code } = await gw.stop();
+  assert.equal(code, 0, gw.log());
 });
 
 test('tenants: keys, 429 past a rate, and a cache namespace each', async () => {
