@@ -68,6 +68,25 @@ std::string stream_error(const std::string& failure) {
       .dump();
 }
 
+// How many choices a completion or chat asks for, as a replica counts them
+// (its prompts times n); 0 when the body does not say it plainly (a body
+// the replica refuses is never resumed).
+int64_t choice_count(const nlohmann::json& body) {
+  int64_t n = 1;
+  if (const auto it = body.find("n"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 1) return 0;
+    n = it->get<int64_t>();
+  }
+  int64_t prompts = 0;
+  if (body.contains("messages")) {
+    prompts = 1;
+  } else if (const auto p = body.find("prompt"); p != body.end()) {
+    if (p->is_string()) prompts = 1;
+    else if (p->is_array() && !p->empty()) prompts = (*p)[0].is_number() ? 1 : static_cast<int64_t>(p->size());
+  }
+  return n <= 4096 && prompts * n <= 4096 ? prompts * n : 0;  // basalt_resume lists at most 4096
+}
+
 HttpResponse error_response(int status, const std::string& message) {
   HttpResponse r;
   r.status = status;
@@ -125,8 +144,13 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
   std::optional<HttpResponse> fallback;
   // Failover: the request body, and per choice what its forwarded events
   // hold (the `: basalt` comments of an event wait in `infos` until it goes
-  // out).
+  // out). A choice is in `resumed` once the client has a chunk of it (the
+  // replica comments its role delta or echo too); the others, of the body's
+  // `choices`, are resumed as not announced. `cached_tokens`: the usage's
+  // cached prompt tokens, as the last comment that went out said.
   nlohmann::json body_json;
+  int64_t choices = 0;
+  std::optional<int64_t> cached_tokens;
   struct Resumed {
     std::vector<int32_t> ids;
     int64_t offset = 0;
@@ -147,6 +171,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
       request.failover.enabled = false;
       return;
     }
+    choices = choice_count(body_json);
     const auto beat = std::clamp<int64_t>(request.failover.stall_timeout.count() / 4, 100, 60000);
     request.upstream.headers.emplace_back("X-Basalt-Heartbeat", std::to_string(beat));
     request.upstream.headers.emplace_back("X-Basalt-Resume-Info", "1");
@@ -227,15 +252,22 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
   }
 
   // The request body with `basalt_resume`: each choice's tokens and text
-  // as far as the client has them.
+  // as far as the client has them (a choice it has no chunk of: not
+  // announced, so the replica sends its role delta or echo), and the first
+  // attempt's cached prompt tokens, so that the usage is the one a run
+  // without the failure reports.
   std::string resume_body() const {
-    nlohmann::json choices = nlohmann::json::array();
+    std::map<int64_t, nlohmann::json> entries;
+    for (int64_t i = 0; i < choices; ++i) entries[i] = {{"index", i}, {"announced", false}};
     for (const auto& [index, r] : resumed)
-      choices.push_back({{"index", index}, {"output_token_ids", r.ids}, {"text_offset", r.offset},
-                         {"finished", r.finished}});
+      entries[index] = {{"index", index}, {"output_token_ids", r.ids}, {"text_offset", r.offset},
+                        {"finished", r.finished}};
+    nlohmann::json list = nlohmann::json::array();
+    for (auto& [index, entry] : entries) list.push_back(std::move(entry));
     nlohmann::json b = body_json;
-    b["basalt_resume"] = {{"choices", std::move(choices)}};
+    b["basalt_resume"] = {{"choices", std::move(list)}};
     if (created) b["basalt_resume"]["created"] = *created;
+    if (cached_tokens) b["basalt_resume"]["prior_usage"] = {{"cached_tokens", *cached_tokens}};
     return b.dump();
   }
 
@@ -325,6 +357,8 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
       for (const auto& t : info["t"]) r.ids.push_back(t.get<int32_t>());
       r.offset = info.value("o", int64_t{0});
       r.finished = info.value("f", 0) == 1;
+      if (const auto c = info.find("c"); c != info.end() && c->is_number_integer() && c->get<int64_t>() >= 0)
+        cached_tokens = c->get<int64_t>();
     }
     infos.clear();
     relay(raw);

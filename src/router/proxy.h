@@ -21,7 +21,10 @@
 // the stream is resumed on another replica from the tokens the client has
 // (the `: basalt` comments the replica writes with X-Basalt-Resume-Info,
 // applied as their events go out), with the same body and seed plus
-// `basalt_resume`, and the client sees one stream. Triggers: the
+// `basalt_resume` (a choice the client has no chunk of listed as not
+// announced, so its role delta or echo still comes; the first attempt's
+// cached prompt tokens, once a comment said them, as prior_usage), and the
+// client sees one stream. Triggers: the
 // connection ends before `data: [DONE]` or breaks, an error event with
 // code cut_by_server (not passed on), or no byte for the stall timeout
 // (heartbeats are asked for, a quarter of it, so a slow replica is not

@@ -519,6 +519,48 @@ TEST_F(Failover, AStreamCutByItsServerIsResumedWithoutTheCut) {
   expect_resumed(b.got[0]);
 }
 
+// A chat of two choices cut before the second had any chunk: the resumed
+// attempt is told that choice was never announced (so it sends its role
+// delta), and the cached prompt tokens the first attempt's comments named.
+TEST_F(Failover, AChoiceWithoutAChunkIsResumedUnannouncedWithTheFirstAttemptsCachedTokens) {
+  const std::string first =
+      ": basalt {\"i\":0,\"t\":[],\"o\":0,\"f\":0}\n"
+      "data: {\"created\":77,\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"
+      ": basalt {\"i\":0,\"t\":[4,5],\"o\":2,\"f\":0,\"c\":3}\n"
+      "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+  FakeReplica& a = streaming(first, true, &aborts_);
+  FakeReplica& b = continuing();
+  start_gateway({a.url(), b.url()});
+  std::thread killer([&] {
+    while (a.requests() == 0) std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(100ms);
+    a.server->stop();
+  });
+  const Reply r = call("POST", "/v1/chat/completions",
+                       R"({"model":"m","stream":true,"messages":[{"role":"user","content":"x"}],"n":2,"seed":9})");
+  killer.join();
+  ASSERT_TRUE(r.head);
+  ASSERT_EQ(b.requests(), 1u);
+  const nlohmann::json resume = nlohmann::json::parse(b.got[0].body)["basalt_resume"];
+  const nlohmann::json expected = nlohmann::json::parse(R"({"choices": [
+      {"index": 0, "output_token_ids": [4, 5], "text_offset": 2, "finished": false},
+      {"index": 1, "announced": false}], "created": 77, "prior_usage": {"cached_tokens": 3}})");
+  EXPECT_EQ(resume, expected) << b.got[0].body;
+  // A completion of two prompts, two samples each, cut before any event:
+  // four choices, none announced, no cached tokens known.
+  FakeReplica& c = streaming(": hb\n\n", true, &aborts_);
+  FakeReplica& d = continuing();
+  RouteServerOptions options;
+  options.stall_timeout = 300ms;
+  start_gateway({c.url(), d.url()}, options);
+  call("POST", "/v1/completions", R"({"model":"m","stream":true,"prompt":["x","y"],"n":2,"seed":9})");
+  ASSERT_EQ(d.requests(), 1u);
+  const nlohmann::json none = nlohmann::json::parse(d.got[0].body)["basalt_resume"];
+  EXPECT_EQ(none, nlohmann::json::parse(R"({"choices": [{"index": 0, "announced": false},
+      {"index": 1, "announced": false}, {"index": 2, "announced": false}, {"index": 3, "announced": false}]})"))
+      << d.got[0].body;
+}
+
 TEST_F(Failover, EndsWithAnErrorEventWhenNoFailoverIsLeft) {
   FakeReplica& a = streaming(kFirst, true, &aborts_);
   RouteServerOptions options;

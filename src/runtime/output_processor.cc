@@ -53,6 +53,7 @@ void OutputProcessor::process(RequestUpdate u, std::deque<EngineEvent>& out) {
     ev.token = u.token;
     ev.logprobs = std::move(u.logprobs);
     ev.logprob = u.logprob;
+    ev.usage = u.usage;
     const bool check = num_output_ > min_tokens_;
     // Ids past the tokenizer's vocabulary (padded embedding rows) carry no text.
     const bool has_text = tokenizer_ != nullptr && u.token < tokenizer_->vocab_size();

@@ -110,11 +110,14 @@ struct EngineEvent {
   // temperature 1, before penalties and filters) when params.logprobs > 0 or
   // params.sampled_logprob; NaN otherwise.
   float logprob = std::numeric_limits<float>::quiet_NaN();
+  // Both kinds: the request's usage as of this event (a token's counts the
+  // output so far; the prompt-side figures, cached_prompt_tokens among
+  // them, are final from the first token on).
+  Usage usage;
   // kFinished:
   FinishReason reason = FinishReason::kLength;
   StopReason stop_reason;
   std::string error;
-  Usage usage;
   uint64_t seed = 0;
 };
 

@@ -158,7 +158,9 @@ struct Choice {
   int prompt_index = 0;
   bool announced = false;  // stream: the first chunk (role / echo) went out
   bool finished = false;
-  size_t ids_told = 0;  // X-Basalt-Resume-Info: ids already named in a comment
+  size_t ids_told = 0;     // X-Basalt-Resume-Info: ids already named in a comment,
+  size_t offset_told = 0;  // and the text bytes the last comment named
+  int64_t cached = -1;     // prompt tokens its engine request found cached (-1: no event yet)
   size_t resumed = 0;   // basalt_resume: of ids, those the first attempt made
   std::string text;
   std::vector<int32_t> ids;
@@ -315,6 +317,7 @@ class GenerationProducer : public ResponseProducer {
 
   void on_event(Choice& c, EngineEvent& e, std::string& sse) {
     first_event_ = true;
+    if (c.cached < 0) c.cached = e.usage.cached_prompt_tokens;
     if (e.kind == EngineEvent::Kind::kFinished) {
       c.finished = true;
       shared_->in_flight.fetch_sub(1);
@@ -383,6 +386,7 @@ class GenerationProducer : public ResponseProducer {
       if (delta.empty()) return;  // held back by the parser: it comes with later text
       choice["delta"] = std::move(delta);
     }
+    announce(c, sse);  // a choice the client had no event of
     tell_resume_info(c, sse);
     sse += sse_line(chunk({choice}));
     first_event_ = true;  // the stream starts with it
@@ -393,16 +397,39 @@ class GenerationProducer : public ResponseProducer {
   // token ids since the choice's last such comment, the bytes of the
   // choice's text produced so far (its deltas are in this event or
   // earlier ones; a chat choice's parser holds some of them back, and the
-  // same text fed to a fresh parser holds back the same), and whether the
-  // choice ends here. SSE clients skip comments.
+  // same text fed to a fresh parser holds back the same), whether the
+  // choice ends here, and, once known, the request's cached prompt tokens.
+  // SSE clients skip comments.
   void tell_resume_info(Choice& c, std::string& sse) {
     if (!resume_info_) return;
     json ids = json::array();
     for (size_t i = c.ids_told; i < c.ids.size(); ++i) ids.push_back(c.ids[i]);
     c.ids_told = c.ids.size();
-    sse += ": basalt " +
-           json{{"i", c.index}, {"t", std::move(ids)}, {"o", c.text.size()}, {"f", c.finished ? 1 : 0}}.dump() +
-           "\n";
+    c.offset_told = c.text.size();
+    write_resume_info(c, std::move(ids), c.finished, sse);
+  }
+  void write_resume_info(const Choice& c, json ids, bool ends, std::string& sse) {
+    json info = {{"i", c.index}, {"t", std::move(ids)}, {"o", c.offset_told}, {"f", ends ? 1 : 0}};
+    if (const std::optional<int64_t> cached = known_cached()) info["c"] = *cached;
+    sse += ": basalt " + info.dump() + "\n";
+  }
+
+  // The prompt tokens found cached, as usage will report them (totals()),
+  // once every choice's engine request has had an event (a resumed request:
+  // as the first attempt's were, when the gateway said). Final once known.
+  std::optional<int64_t> known_cached() {
+    if (request_.resume && request_.resume->prior_cached_tokens) return request_.resume->prior_cached_tokens;
+    if (known_cached_) return known_cached_;
+    std::vector<int64_t> cached(prompt_lengths_.size(), -1);
+    for (const Choice& c : choices_) {
+      if (c.cached < 0) return std::nullopt;
+      int64_t& k = cached[static_cast<size_t>(c.prompt_index)];
+      k = k < 0 ? c.cached : std::min(k, c.cached);
+    }
+    int64_t total = 0;
+    for (const int64_t k : cached) total += std::max<int64_t>(k, 0);
+    known_cached_ = total;
+    return known_cached_;
   }
 
   // OpenAI's "tool_calls" when the model stopped after calling.
@@ -412,10 +439,13 @@ class GenerationProducer : public ResponseProducer {
   }
 
   // The first chunk of a choice: the assistant role (chat) or the echoed
-  // prompt (completions with echo).
+  // prompt (completions with echo). Its resume comment names no new ids or
+  // text (the chunk carries neither): it tells a gateway that the client
+  // has the choice's first chunk, so a resumed stream does not send it again.
   void announce(Choice& c, std::string& sse) {
     if (c.announced) return;
     c.announced = true;
+    if (resume_info_ && (request_.chat || request_.echo)) write_resume_info(c, json::array(), false, sse);
     if (request_.chat) {
       json choice = {{"index", c.index},
                      {"delta", {{"role", "assistant"}, {"content", ""}}},
@@ -654,6 +684,7 @@ class GenerationProducer : public ResponseProducer {
   bool head_sent_ = false;
   bool logged_ = false;
   bool resume_text_sent_ = false;
+  std::optional<int64_t> known_cached_;  // known_cached(), once every choice had an event
 };
 
 std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
@@ -996,10 +1027,12 @@ std::vector<Choice> resume_choices(EngineClient& engine, const Tokenizer& tokeni
       Choice c;
       c.index = i;
       c.prompt_index = i / n;
-      c.announced = true;  // no role delta, no echo: the first attempt sent them
       if (parsing != nullptr) c.output = std::make_shared<ChatOutputStream>(*parsing);
       const auto found = given.find(i);
       const ParsedRequest::ResumedChoice* rc = found == given.end() ? nullptr : found->second;
+      // No role delta, no echo when the first attempt sent them (a choice
+      // not listed included, as before "announced" existed).
+      c.announced = rc == nullptr || rc->announced;
       if (rc != nullptr) c.ids = rc->output_ids;
       c.resumed = c.ids_told = c.ids.size();
       if (rc != nullptr && rc->finished) {
@@ -1030,6 +1063,7 @@ std::vector<Choice> resume_choices(EngineClient& engine, const Tokenizer& tokeni
                        "basalt_resume");
       added.text = text;
       added.text_offset = text.size();
+      added.offset_told = offset;
       if (added.output) (void)added.output->feed(text.substr(0, offset));
       added.gap = text.substr(offset);
     }

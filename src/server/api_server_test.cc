@@ -316,9 +316,11 @@ TEST(ApiServer, ResumeInfoCommentsNameEveryTokenAndTheTextSoFar) {
 }
 
 // A stream's events as a gateway reads them: each data event with the
-// X-Basalt-Resume-Info comment before it (null when there was none).
+// X-Basalt-Resume-Info comment before it (null when there was none), and
+// the usage chunk's usage (null without one).
 struct StreamEvents {
   std::vector<json> infos, chunks;
+  json usage;
 };
 StreamEvents stream_events(const std::string& raw) {
   StreamEvents out;
@@ -333,7 +335,10 @@ StreamEvents stream_events(const std::string& raw) {
     if (line.rfind(": basalt ", 0) == 0) info = json::parse(line.substr(9));
     if (line.rfind("data: {", 0) != 0) continue;
     const json chunk = json::parse(line.substr(6));
-    if (chunk.contains("choices") && chunk["choices"].empty()) continue;  // usage
+    if (chunk.contains("choices") && chunk["choices"].empty()) {
+      out.usage = chunk["usage"];
+      continue;
+    }
     out.infos.push_back(std::exchange(info, json()));
     out.chunks.push_back(chunk);
   }
@@ -346,14 +351,15 @@ std::string stream_of(Served& s, const std::string& path, const json& body) {
   return c.read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; }, 60000ms);
 }
 
-// What one choice received: its ids (from the comments), its text, and how
-// it finished.
+// What one choice received: its ids (from the comments), its text, how it
+// finished, and its role deltas.
 struct Received {
   std::vector<int32_t> ids;
   std::string text, reasoning;
   int64_t offset = 0;
   bool finished = false;
   std::string finish_reason;
+  int roles = 0;
 };
 
 void receive(const json& info, const json& chunk, bool chat, std::map<int, Received>& got) {
@@ -366,6 +372,7 @@ void receive(const json& info, const json& chunk, bool chat, std::map<int, Recei
     }
     // A finish chunk's delta may be empty: look, don't index.
     const json& holder = chat ? c.value("delta", json::object()) : c;
+    if (chat && holder.contains("role")) ++r.roles;
     const json text = holder.value(chat ? "content" : "text", json());
     if (text.is_string()) r.text += text.get<std::string>();
     const json reasoning = chat ? holder.value("reasoning_content", json()) : json();
@@ -374,16 +381,19 @@ void receive(const json& info, const json& chunk, bool chat, std::map<int, Recei
   }
 }
 
-// basalt_resume after every event of a stream: the events before the cut
-// and those of the resumed stream are, choice by choice, the whole stream's
-// ids, text and finish; the resumed stream keeps the id and created time,
-// and sends no role or echo again.
-// Every event boundary of one stream.
+// basalt_resume after every event of a stream, built as a gateway builds
+// it: the events before the cut and those of the resumed stream are, choice
+// by choice, the whole stream's ids, text and finish; each choice has one
+// role delta (or echo) in all, whether the cut came before its first chunk
+// or after it; the resumed stream keeps the id and created time, and its
+// usage is the whole stream's, cached tokens included once the comments
+// before the cut said them (before that, the resumed run's own).
 void check_resumes(Served& s, bool is_chat, const json& body) {
   {
     const std::string path = is_chat ? "/v1/chat/completions" : "/v1/completions";
     const StreamEvents whole = stream_events(stream_of(s, path, body));
     ASSERT_GT(whole.chunks.size(), 3u);
+    size_t with_prior = 0;  // cuts after the comments said the cached tokens
     std::map<int, Received> want;
     for (size_t e = 0; e < whole.chunks.size(); ++e) receive(whole.infos[e], whole.chunks[e], is_chat, want);
     for (const auto& [i, r] : want) {
@@ -395,24 +405,34 @@ void check_resumes(Served& s, bool is_chat, const json& body) {
     for (size_t k = 0; k <= whole.chunks.size(); ++k) {
       SCOPED_TRACE("cut after event " + std::to_string(k));
       std::map<int, Received> got;
-      for (size_t e = 0; e < k; ++e) receive(whole.infos[e], whole.chunks[e], is_chat, got);
+      json cached;  // the last `c` the client's events carried
+      for (size_t e = 0; e < k; ++e) {
+        receive(whole.infos[e], whole.chunks[e], is_chat, got);
+        if (whole.infos[e].contains("c")) cached = whole.infos[e]["c"];
+      }
+      // Every choice: those the client has a chunk of as far as it got,
+      // the others as never announced.
       json choices = json::array();
-      for (const auto& [i, r] : got) {
-        if (r.ids.empty() && !r.finished) continue;  // the role chunk only: it starts afresh
-        choices.push_back(
-            {{"index", i}, {"output_token_ids", r.ids}, {"text_offset", r.offset}, {"finished", r.finished}});
+      for (const auto& [i, unused] : want) {
+        const auto r = got.find(i);
+        if (r == got.end()) {
+          choices.push_back({{"index", i}, {"announced", false}});
+          continue;
+        }
+        choices.push_back({{"index", i},
+                           {"output_token_ids", r->second.ids},
+                           {"text_offset", r->second.offset},
+                           {"finished", r->second.finished}});
       }
       json resumed_body = body;
       resumed_body["basalt_resume"] = {{"choices", choices}, {"created", whole.chunks[0]["created"]}};
+      if (!cached.is_null()) resumed_body["basalt_resume"]["prior_usage"] = {{"cached_tokens", cached}};
       const std::string raw = stream_of(s, path, resumed_body);
       ASSERT_EQ(raw.substr(0, 12), "HTTP/1.1 200") << raw;
       const StreamEvents rest = stream_events(raw);
       for (size_t e = 0; e < rest.chunks.size(); ++e) {
         EXPECT_EQ(rest.chunks[e]["id"], whole.chunks[0]["id"]);
         EXPECT_EQ(rest.chunks[e]["created"], whole.chunks[0]["created"]);
-        for (const json& c : rest.chunks[e]["choices"]) {
-          EXPECT_FALSE(is_chat && c["delta"].contains("role")) << c;
-        }
         receive(rest.infos[e], rest.chunks[e], is_chat, got);
       }
       for (const auto& [i, r] : want) {
@@ -420,20 +440,45 @@ void check_resumes(Served& s, bool is_chat, const json& body) {
         EXPECT_EQ(got[i].text, r.text) << i;
         EXPECT_EQ(got[i].reasoning, r.reasoning) << i;
         EXPECT_EQ(got[i].finish_reason, r.finish_reason) << i;
+        EXPECT_EQ(got[i].roles, is_chat ? 1 : 0) << i;
+      }
+      ASSERT_TRUE(whole.usage.is_object());
+      ASSERT_TRUE(rest.usage.is_object()) << raw;
+      for (const char* field : {"prompt_tokens", "completion_tokens", "total_tokens"})
+        EXPECT_EQ(rest.usage[field], whole.usage[field]) << field;
+      const json& own = rest.usage["prompt_tokens_details"]["cached_tokens"];
+      if (!cached.is_null()) {
+        ++with_prior;
+        EXPECT_EQ(own, whole.usage["prompt_tokens_details"]["cached_tokens"]);
+      } else if (k == 0) {
+        // Nothing said: the resumed run's own count, which finds the
+        // prompt the whole run left in the cache.
+        EXPECT_GT(own.get<int64_t>(), whole.usage["prompt_tokens_details"]["cached_tokens"].get<int64_t>());
       }
     }
+    EXPECT_GT(with_prior, whole.chunks.size() / 2);
   }
 }
 
 TEST(ApiServer, AStreamResumedAfterAnyEventIsTheWholeStream) {
   Served s;
+  const json usage = {{"include_usage", true}};
   const json completion = {{"prompt", "Debian stable"}, {"max_tokens", 10}, {"n", 2}, {"seed", 11},
-                           {"temperature", 1.0}, {"stream", true}, {"stop", " is"}};
+                           {"temperature", 1.0}, {"stream", true}, {"stop", " is"}, {"stream_options", usage}};
   const json chat = {{"messages", json::array({{{"role", "user"}, {"content", "What is apt?"}}})},
-                     {"max_tokens", 8}, {"seed", 5}, {"temperature", 0.8}, {"stream", true}};
+                     {"max_tokens", 8}, {"n", 2}, {"seed", 5}, {"temperature", 0.8}, {"stream", true},
+                     {"stream_options", usage}};
   {
     SCOPED_TRACE("completions");
     check_resumes(s, false, completion);
+  }
+  {
+    // The echo is a choice's first chunk, as a chat's role delta is.
+    SCOPED_TRACE("completions with echo");
+    json echo = completion;
+    echo["prompt"] = "Debian testing takes its packages from unstable";
+    echo["echo"] = true;
+    check_resumes(s, false, echo);
   }
   {
     SCOPED_TRACE("chat");
@@ -472,7 +517,8 @@ TEST(ApiServer, AStreamResumedAfterAnyEventIsTheWholeStream) {
   }
   EXPECT_EQ(s.server->in_flight(), 0);
   // What a gateway cannot ask: no seed, no stream, an index past the
-  // choices, ids outside the vocabulary, an offset past the text.
+  // choices, ids outside the vocabulary, an offset past the text, a choice
+  // finished but never announced.
   const json ids = json::array({5, 6});
   const json bad[] = {
       {{"prompt", "x"}, {"stream", true}, {"basalt_resume", {{"choices", json::array()}}}},
@@ -483,6 +529,8 @@ TEST(ApiServer, AStreamResumedAfterAnyEventIsTheWholeStream) {
       {{"prompt", "x"}, {"seed", 1}, {"stream", true},
        {"basalt_resume", {{"choices", {{{"index", 0}, {"output_token_ids", ids}, {"text_offset", 1000}}}}}}},
       {{"prompt", "x"}, {"seed", 1}, {"stream", true}, {"basalt_resume", {{"choices", json::array()}, {"extra", 1}}}},
+      {{"prompt", "x"}, {"seed", 1}, {"stream", true},
+       {"basalt_resume", {{"choices", {{{"index", 0}, {"finished", true}, {"announced", false}}}}}}},
   };
   for (const json& b : bad) {
     int status = 0;

@@ -256,8 +256,8 @@ std::string parse_prediction(const json& v) {
 }
 
 // basalt_resume: {"choices": [{"index", "output_token_ids", "text_offset",
-// "finished"}], "created", "prior_usage": {"cached_tokens"}}; every key
-// checked, unknown ones refused.
+// "finished", "announced"}], "created", "prior_usage": {"cached_tokens"}};
+// every key checked, unknown ones refused.
 void parse_resume(const json& v, ParsedRequest& r) {
   constexpr const char* kParam = "basalt_resume";
   const auto only_keys = [&](const json& obj, std::initializer_list<const char*> keys, const char* where) {
@@ -275,7 +275,7 @@ void parse_resume(const json& v, ParsedRequest& r) {
     bad(kParam, "'basalt_resume.choices' must be an array (at most 4096 entries)");
   for (const json& c : *choices) {
     if (!c.is_object()) bad(kParam, "'basalt_resume.choices' entries must be objects");
-    only_keys(c, {"index", "output_token_ids", "text_offset", "finished"}, ".choices[]");
+    only_keys(c, {"index", "output_token_ids", "text_offset", "finished", "announced"}, ".choices[]");
     ParsedRequest::ResumedChoice rc;
     if (field(c, "index") == nullptr) bad(kParam, "'basalt_resume.choices[]' needs an 'index'");
     rc.index = static_cast<int>(get_int(c, "index", 0, 0, 65535));
@@ -286,6 +286,9 @@ void parse_resume(const json& v, ParsedRequest& r) {
     }
     rc.text_offset = get_int(c, "text_offset", 0, 0, std::numeric_limits<int32_t>::max());
     rc.finished = get_bool(c, "finished", false);
+    rc.announced = get_bool(c, "announced", true);
+    if (rc.finished && !rc.announced)
+      bad(kParam, fmt::format("'basalt_resume.choices' index {} cannot have finished without an event", rc.index));
     for (const ParsedRequest::ResumedChoice& other : resume.choices)
       if (other.index == rc.index) bad(kParam, fmt::format("'basalt_resume.choices' names index {} twice", rc.index));
     resume.choices.push_back(std::move(rc));

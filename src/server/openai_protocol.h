@@ -109,12 +109,15 @@ struct ParsedRequest {
   // basalt_resume: a gateway resumes a stream whose replica failed
   // (docs/ROUTER.md). Per choice (its index among the prompts' samples),
   // the output the first attempt made and the bytes of its text already
-  // forwarded; a finished choice is not run again. Needs seed and stream.
+  // forwarded; a finished choice is not run again; an unannounced one had
+  // no event at the client, so its role delta or echo is still due. Needs
+  // seed and stream.
   struct ResumedChoice {
     int index = 0;
     std::vector<int32_t> output_ids;
     int64_t text_offset = 0;
     bool finished = false;
+    bool announced = true;
   };
   struct Resume {
     std::vector<ResumedChoice> choices;
