@@ -12,6 +12,7 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/log.h"
 #include "router/replica_registry.h"
 #include "router/trace_context.h"
 #include "server/http_client.h"
@@ -91,6 +93,30 @@ HandlerResult whole(int status, std::string body) {
   return r;
 }
 
+// Waits until every listed replica has a scrape that says `waiting`.
+bool scraped(ReplicaRegistry& registry, const std::vector<double>& waiting);
+
+// Log lines go to a file while one lives.
+struct LogToFile {
+  std::FILE* file = std::tmpfile();
+  LogToFile() { set_log_sink(file); }
+  ~LogToFile() {
+    set_log_sink(nullptr);
+    std::fclose(file);
+  }
+  // The first line that has `needle` ("" when none).
+  std::string line_with(const std::string& needle) {
+    std::fflush(file);
+    std::rewind(file);
+    char buffer[4096];
+    while (std::fgets(buffer, sizeof buffer, file) != nullptr) {
+      const std::string line = buffer;
+      if (line.find(needle) != std::string::npos) return line;
+    }
+    return "";
+  }
+};
+
 struct Reply {
   std::optional<IncomingHead> head;
   std::string body;
@@ -152,7 +178,7 @@ class Gateway : public ::testing::Test {
     std::vector<ReplicaSpec> specs;
     for (const std::string& line : lines) specs.push_back(parse_replica(line, "test"));
     registry_.set(std::move(specs));
-    options.log_requests = false;
+    options.log_requests = log_requests_;
     options.health_checks = health_checks_;
     options.scrape_metrics = scrape_metrics_;
     route_ = std::make_unique<RouteServer>(registry_, io_, options);
@@ -161,6 +187,15 @@ class Gateway : public ::testing::Test {
     server_ = std::make_unique<HttpServer>(http, [this](HttpRequest& r) { return route_->handle(r); });
     server_->start();
     client_ = std::make_unique<HttpClient>(io_, parse_base_url("http://127.0.0.1:" + std::to_string(server_->port())));
+  }
+  // The gateway over `lines`, scraping the replicas' /metrics every 20 ms;
+  // true once every replica's scrape says `waiting` (in the order listed).
+  bool start_scraping_gateway(const std::vector<std::string>& lines, RouteServerOptions options,
+                              const std::vector<double>& waiting) {
+    scrape_metrics_ = true;
+    options.scrape.interval = 20ms;
+    start_gateway(lines, options);
+    return scraped(registry_, waiting);
   }
   // One request through the gateway, to its end.
   Reply call(const std::string& method, const std::string& path, const std::string& body = {},
@@ -198,6 +233,7 @@ class Gateway : public ::testing::Test {
     return call("GET", "/metrics", {}, {{"Authorization", "Bearer " + key}}).body;
   }
 
+  bool log_requests_ = false;
   bool health_checks_ = false;  // the probes would count as requests the fakes got
   bool scrape_metrics_ = false;  // so would the scrapes
   boost::asio::io_context io_;
@@ -679,7 +715,6 @@ size_t completions(FakeReplica& f) {
                                            [](const HttpRequest& r) { return r.path == "/v1/completions"; }));
 }
 
-// Waits until every listed replica has a scrape that says `waiting`.
 bool scraped(ReplicaRegistry& registry, const std::vector<double>& waiting) {
   const auto until = std::chrono::steady_clock::now() + 10s;
   while (std::chrono::steady_clock::now() < until) {
@@ -701,12 +736,9 @@ TEST_F(Gateway, LeastLoadReadsTheReplicasScrapedQueues) {
   const auto idle = std::make_shared<std::atomic<int>>(0);
   FakeReplica& a = metered("a", busy);
   FakeReplica& b = metered("b", idle);
-  scrape_metrics_ = true;
   RouteServerOptions options;
   options.policy = Policy::kLeastLoad;
-  options.scrape.interval = 20ms;
-  start_gateway({a.url(), b.url()}, options);
-  ASSERT_TRUE(scraped(registry_, {50, 0}));
+  ASSERT_TRUE(start_scraping_gateway({a.url(), b.url()}, options, {50, 0}));
   // The gateway has nothing in flight anywhere: only the scrapes tell them apart.
   for (int i = 0; i < 4; ++i) EXPECT_EQ(call("POST", "/v1/completions", kCompletion).body.substr(0, 12), R"({"from":"b",)");
   EXPECT_EQ(completions(a), 0u);
@@ -719,6 +751,8 @@ TEST_F(Gateway, LeastLoadReadsTheReplicasScrapedQueues) {
 }
 
 TEST_F(Gateway, TenantsQueueWhileTheReplicaIsSaturated) {
+  LogToFile log;
+  log_requests_ = true;
   const auto waiting = std::make_shared<std::atomic<int>>(9);  // past 5: saturated
   FakeReplica& a = metered("a", waiting);
   TenantBook book;
@@ -727,12 +761,9 @@ TEST_F(Gateway, TenantsQueueWhileTheReplicaIsSaturated) {
                              "tenants": {"live": {"keys": ["sk-live"], "class": "live"},
                                          "spare": {"keys": ["sk-spare"], "class": "spare"}}})",
                          "test"));
-  scrape_metrics_ = true;
   RouteServerOptions options;
   options.tenants = &book;
-  options.scrape.interval = 20ms;
-  start_gateway({a.url()}, options);
-  ASSERT_TRUE(scraped(registry_, {9}));
+  ASSERT_TRUE(start_scraping_gateway({a.url()}, options, {9}));
   const auto as = [](const char* key) {
     return std::vector<std::pair<std::string, std::string>>{{"Authorization", std::string("Bearer ") + key}};
   };
@@ -764,6 +795,23 @@ TEST_F(Gateway, TenantsQueueWhileTheReplicaIsSaturated) {
   EXPECT_NE(m.find(R"(basalt_route_queue_depth{class="live",tenant="live"} 0)"), std::string::npos) << m;
   EXPECT_NE(m.find(R"(basalt_route_queue_wait_seconds_count{class="live"} 1)"), std::string::npos) << m;
   EXPECT_NE(m.find(R"(basalt_route_tenant_running{tenant="live"} 0)"), std::string::npos) << m;
+  // One `request` line each: the one refused in the queue never ran (no
+  // replicas, pool, region or ttft_s), the one that went did.
+  const std::string refused = log.line_with("tenant=live status=429");
+  EXPECT_NE(refused.find(" request remote="), std::string::npos) << refused;
+  EXPECT_NE(refused.find(" path=/v1/completions model=m tenant=live status=429 attempts=0 trace_id="),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find(" queue_s="), std::string::npos) << refused;
+  EXPECT_NE(refused.find(" total_s="), std::string::npos) << refused;
+  for (const char* absent : {"replicas=", "pool=", "region=", "ttft_s="})
+    EXPECT_EQ(refused.find(absent), std::string::npos) << absent << " " << refused;
+  const std::string ran = log.line_with("tenant=live status=200");
+  EXPECT_NE(ran.find(" status=200 attempts=1 replicas=" + canonical_url(parse_base_url(a.url())) + " pool="),
+            std::string::npos)
+      << ran;
+  for (const char* present : {" region=", " trace_id=", " queue_s=", " ttft_s=", " total_s="})
+    EXPECT_NE(ran.find(present), std::string::npos) << present << " " << ran;
 }
 
 TEST_F(Gateway, AClientGoneWhileQueuedLeavesTheQueueWithItsTokensBack) {
@@ -773,12 +821,9 @@ TEST_F(Gateway, AClientGoneWhileQueuedLeavesTheQueueWithItsTokensBack) {
   // 20 tokens a minute; a request here is estimated at 17 (1 for "hi", 16
   // for the default max_tokens), so a second fits only after a refund.
   book.set(parse_tenants(R"({"tenants": {"t": {"keys": ["sk-t"], "limits": {"tokens_per_min": 20}}}})", "test"));
-  scrape_metrics_ = true;
   RouteServerOptions options;
   options.tenants = &book;
-  options.scrape.interval = 20ms;
-  start_gateway({a.url()}, options);
-  ASSERT_TRUE(scraped(registry_, {9}));
+  ASSERT_TRUE(start_scraping_gateway({a.url()}, options, {9}));
   OutgoingRequest req;
   req.method = "POST";
   req.path = "/v1/completions";
@@ -910,14 +955,12 @@ TEST_F(Gateway, AnOverflowingHomePoolSendsRequestsToAnOverflowPoolInsideTheRegio
                              "tenants": {"acme": {"keys": ["sk-acme"], "class": "live", "regions": ["eu"],
                                                   "pool": "a", "overflow_pools": ["c", "b"]}}})",
                          "test"));
-  scrape_metrics_ = true;
   RouteServerOptions options;
   options.tenants = &book;
-  options.scrape.interval = 20ms;
   options.assumed_prefill_rate = 1000;
-  start_gateway({a.url() + " region=eu pool=a", b.url() + " region=eu pool=b", c.url() + " region=us pool=c"},
-                options);
-  ASSERT_TRUE(scraped(registry_, {40, 0, 0}));
+  ASSERT_TRUE(start_scraping_gateway(
+      {a.url() + " region=eu pool=a", b.url() + " region=eu pool=b", c.url() + " region=us pool=c"}, options,
+      {40, 0, 0}));
   const std::string body = R"({"model":"m","prompt":")" + std::string(400, 'x') + "\"}";
   const std::vector<std::pair<std::string, std::string>> key = {{"Authorization", "Bearer sk-acme"}};
   const Reply over = call("POST", "/v1/completions", body, key);

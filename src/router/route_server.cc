@@ -588,6 +588,37 @@ void report(const Replica& replica, AttemptOutcome outcome) {
   }
 }
 
+// A forwarded request's `request` log line: what is known when it arrives,
+// then how it ended.
+struct RequestLog {
+  std::string remote, method, route, model, tenant, trace_id;
+  // Where it ran; a request that ended in the admission queue has none.
+  struct Ran {
+    const std::vector<std::string>& tried;
+    const std::string& pool;
+    const std::string& region;
+    double ttft_s = -1;
+  };
+  void emit(int status, const Ran* ran, double queue_s, double total_s) const {
+    LogLine line("request", status >= 500 ? LogLevel::kWarning : LogLevel::kInfo);
+    line.add("remote", remote)
+        .add("method", method)
+        .add("path", route)
+        .add("model", model)
+        .add("tenant", tenant)
+        .add("status", status)
+        .add("attempts", ran != nullptr ? static_cast<int64_t>(ran->tried.size()) : int64_t{0});
+    if (ran != nullptr) {
+      std::string replicas;
+      for (const std::string& id : ran->tried) replicas += (replicas.empty() ? "" : ",") + id;
+      line.add("replicas", replicas).add("pool", ran->pool).add("region", ran->region);
+    }
+    line.add("trace_id", trace_id).add("queue_s", queue_s);
+    if (ran != nullptr) line.add("ttft_s", ran->ttft_s);
+    line.add("total_s", total_s).emit();
+  }
+};
+
 }  // namespace
 
 HandlerResult RouteServer::handle(HttpRequest& request) {
@@ -782,7 +813,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     p.upstream.headers.emplace_back("X-Request-Id", gateway_request_id());
   }
   p.trace = trace_of(request.header("traceparent"), request.header("tracestate"));
-  const std::string trace_id = p.trace->trace_id;
+  const RequestLog request_log{request.remote, request.method, route, model, tenant, p.trace->trace_id};
   if (!options_.upstream_api_key.empty())
     p.upstream.headers.emplace_back("Authorization", "Bearer " + options_.upstream_api_key);
   if (!routing.regions.empty()) {
@@ -831,9 +862,9 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     first_byte->seconds = std::chrono::duration<double>(Clock::now() - start).count();
     first_byte->replica = replica.id;
   };
-  p.observe.finished = [shared, route, remote = request.remote, method = request.method, model, book, tenant, queued,
-                        admission, cost, queue_s, placement, first_byte, trace_id, start = Clock::now()](
-                           int status, const std::vector<std::string>& tried, int64_t completion_tokens) {
+  p.observe.finished = [shared, route, request_log, book, tenant, queued, admission, cost, queue_s, placement,
+                        first_byte, start = Clock::now()](int status, const std::vector<std::string>& tried,
+                                                          int64_t completion_tokens) {
     shared->in_flight.fetch_sub(1);
     const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
     double ttft_s = -1;
@@ -875,24 +906,8 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
       ++shared->tenant_requests[{tenant, status}];
     }
     if (!shared->log_requests) return;
-    std::string replicas;
-    for (const std::string& id : tried) replicas += (replicas.empty() ? "" : ",") + id;
-    LogLine("request", status >= 500 ? LogLevel::kWarning : LogLevel::kInfo)
-        .add("remote", remote)
-        .add("method", method)
-        .add("path", route)
-        .add("model", model)
-        .add("tenant", tenant)
-        .add("status", status)
-        .add("attempts", static_cast<int64_t>(tried.size()))
-        .add("replicas", replicas)
-        .add("pool", pool)
-        .add("region", region)
-        .add("trace_id", trace_id)
-        .add("queue_s", *queue_s)
-        .add("ttft_s", ttft_s)
-        .add("total_s", total_s)
-        .emit();
+    const RequestLog::Ran ran{tried, pool, region, ttft_s};
+    request_log.emit(status, &ran, *queue_s, total_s);
   };
   HandlerResult result;
   if (!queued) {
@@ -901,24 +916,14 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     return result;
   }
   // The request ended without running: its tokens back, its status counted and logged.
-  const auto ended_unrun = [shared, route, remote = request.remote, method = request.method, model, book, tenant,
-                            cost, trace_id, start = Clock::now()](int status, double waited_s) {
+  const auto ended_unrun = [shared, route, request_log, book, tenant, cost,
+                            start = Clock::now()](int status, double waited_s) {
     if (book != nullptr) book->refund(tenant, cost.total());
     shared->count_request(route, status);
     if (!shared->log_requests) return;
     const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
-    LogLine("request", LogLevel::kInfo)
-        .add("remote", remote)
-        .add("method", method)
-        .add("path", route)
-        .add("model", model)
-        .add("tenant", tenant)
-        .add("status", status)
-        .add("attempts", int64_t{0})
-        .add("trace_id", trace_id)
-        .add("queue_s", waited_s >= 0 ? waited_s : total_s)  // a client gone while queued: all of it
-        .add("total_s", total_s)
-        .emit();
+    // A client gone while queued waited all of it.
+    request_log.emit(status, nullptr, waited_s >= 0 ? waited_s : total_s, total_s);
   };
   AdmissionRequest entry;
   entry.tenant = tenant;
