@@ -5,8 +5,6 @@
 // a burst, a concurrency limit, or a sweep over rates) from one thread, and
 // reports TTFT, ITL, TPOT, E2E, throughput, goodput and errors as a table,
 // JSON and an SVG picture, with the client's own CPU cost (src/loadgen/).
-#include <sys/resource.h>
-
 #include <boost/asio/io_context.hpp>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +20,7 @@
 #include "app/commands.h"
 #include "app/model_dir.h"
 #include "core/error.h"
+#include "core/file_limit.h"
 #include "loadgen/client.h"
 #include "loadgen/report.h"
 #include "loadgen/runner.h"
@@ -194,11 +193,7 @@ void run_bench(const BenchFlags& f) {
 
   // Every stream is a socket: lift the soft descriptor limit (often 1024)
   // to the hard one, so high concurrency is not cut short by EMFILE.
-  rlimit files{};
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &files);
-  }
+  raise_open_file_limit();
 
   boost::asio::io_context io(1);
   ClientOptions copts;

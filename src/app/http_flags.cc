@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/file_limit.h"
 #include "core/log.h"
 #include "server/http_auth.h"
 
@@ -75,5 +76,20 @@ std::vector<std::string> api_keys(const HttpFlags& f) {
 }
 
 std::string http_scheme(const HttpFlags& f) { return f.tls_cert.empty() ? "http" : "https"; }
+
+uint64_t raise_file_limit_for_connections(const HttpFlags& f, int per_connection) {
+  const uint64_t limit = raise_open_file_limit();
+  // Beside the connections: the listening socket, logs, model files, the
+  // probes of a gateway; 64 is plenty.
+  const uint64_t needed = static_cast<uint64_t>(f.max_connections) * static_cast<uint64_t>(per_connection) + 64;
+  if (limit < needed)
+    LogLine("open_files", LogLevel::kWarning)
+        .add("limit", limit)
+        .add("needed", needed)
+        .add("max_connections", static_cast<uint64_t>(f.max_connections))
+        .add("hint", "raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower --max-connections")
+        .emit();
+  return limit;
+}
 
 }  // namespace basalt

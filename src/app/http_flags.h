@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,5 +40,10 @@ HttpServerOptions http_server_options(const HttpFlags& f);
 std::vector<std::string> api_keys(const HttpFlags& f);
 // "http" or "https", as the flags make the server listen.
 std::string http_scheme(const HttpFlags& f);
+// Lifts the open-file limit to the hard one (core/file_limit.h) and logs a
+// warning when that is still short of --max-connections connections holding
+// `per_connection` descriptors each (a gateway's stream holds two: its
+// client's and its replica's). Returns the limit in force.
+uint64_t raise_file_limit_for_connections(const HttpFlags& f, int per_connection);
 
 }  // namespace basalt

@@ -155,6 +155,8 @@ void run_route(const RouteFlags& f) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  // Each stream holds two descriptors: its client's connection and its replica's.
+  const uint64_t open_files = raise_file_limit_for_connections(f.http, 2);
 
   router::TenantBook tenants;
   if (!f.tenants_file.empty()) tenants.set(read_tenants(f.tenants_file));
@@ -211,7 +213,7 @@ void run_route(const RouteFlags& f) {
   server.start();
   LogLine("listening").add("url", fmt::format("{}://{}:{}", http_scheme(f.http), f.http.host, server.port())).emit();
   log_replicas(registry);
-  LogLine("ready").add("policy", router::policy_name(options.policy)).add("max_attempts", f.max_attempts).add("max_failovers", f.max_failovers).add("api_keys", !options.api_keys.empty()).add("exact_cache", !options.tokenizers.empty()).emit();
+  LogLine("ready").add("policy", router::policy_name(options.policy)).add("max_attempts", f.max_attempts).add("max_failovers", f.max_failovers).add("api_keys", !options.api_keys.empty()).add("exact_cache", !options.tokenizers.empty()).add("open_files", open_files).emit();
 
   while (true) {
     int signal_number = 0;

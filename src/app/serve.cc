@@ -109,6 +109,7 @@ void run_serve(const ServeFlags& f) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  const uint64_t open_files = raise_file_limit_for_connections(f.http, 1);
 
   std::atomic<ApiServer*> api{nullptr};
   const bool request_log = !f.http.no_request_log;
@@ -188,6 +189,7 @@ void run_serve(const ServeFlags& f) {
       .add("max_model_len", api_server.max_model_len())
       .add("tool_call_parser", api_server.tool_call_parser())
       .add("api_keys", !keys.empty())
+      .add("open_files", open_files)
       .emit();
 
   int signal_number = 0;
