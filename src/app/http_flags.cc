@@ -1,6 +1,7 @@
 #include "app/http_flags.h"
 
 #include <chrono>
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/file_limit.h"
@@ -33,7 +34,8 @@ void add_http_flags(CLI::App& cmd, HttpFlags& f) {
   cmd.add_option("--idle-timeout", f.idle_timeout, "Seconds a kept-alive connection may idle (default 60)");
   cmd.add_option("--write-timeout", f.write_timeout,
                  "Seconds a response write may stall before the client is dropped (default 30)");
-  cmd.add_option("--max-connections", f.max_connections, "Open connections at most; more get 503 (default 4096)");
+  cmd.add_option("--max-connections", f.max_connections,
+                 fmt::format("Open connections at most; more get 503 (default {})", f.max_connections));
   cmd.add_option("--io-threads", f.io_threads, "Threads running the HTTP connections (default 2)");
   cmd.add_option("--log-format", f.log_format,
                  "Log lines as text (timestamp, level, event, key=value fields) or json (one object per line) "

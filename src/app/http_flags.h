@@ -33,6 +33,7 @@ struct HttpFlags {
   bool no_request_log = false;
 };
 
+// The defaults are f's values (a command may change them first).
 void add_http_flags(CLI::App& cmd, HttpFlags& f);
 // Also sets the log format.
 HttpServerOptions http_server_options(const HttpFlags& f);

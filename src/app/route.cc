@@ -258,6 +258,9 @@ void add_route_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "route", "Serve the OpenAI-compatible API over several `basalt serve` replicas (a gateway)");
   RouteFlags& f = *flags;
+  // A gateway holds every stream open at once (2,000 req/s of 5 s streams
+  // is 10,000), and a connection costs it little: a socket and a strand.
+  f.http.max_connections = 65536;
   add_http_flags(*cmd, f.http);
   cmd->add_option("--replica", f.replicas,
                   "A replica: its root URL, then labels, e.g. 'http://10.0.0.5:8000 region=eu pool=a model=llama' "
