@@ -651,6 +651,7 @@ class Gateway {
 
 struct LaneStats {
   std::vector<int64_t> event_ns;  // receive − sent, per event
+  std::vector<int64_t> event_at_ns;  // sent, per event (for the timeline)
   std::vector<int64_t> ttft_ns;   // first event − send, per answered request
   std::vector<int64_t> lag_ns;    // send − due, per request
   int64_t requests = 0, ok = 0, events = 0;
@@ -783,6 +784,7 @@ class Lane {
       }
       const int64_t sent = std::strtoll(data.data() + at + 10, nullptr, 10);
       stats_.event_ns.push_back(arrival_ns_ - sent);
+      stats_.event_at_ns.push_back(sent);
       if (s->first_ns < 0) s->first_ns = arrival_ns_;
       ++s->events;
     });
@@ -894,6 +896,7 @@ struct RunResult {
   std::string first_error;
   int64_t peak_streams = 0;
   Percentiles event, ttft, client_lag, replica_lag;
+  std::vector<Percentiles> timeline;  // the events sent in each second of the run
   double client_cpu_s = 0;
   double gateway_cpu_s = -1;  // -1: no gateway in this run
   int64_t replica_streams = 0, replica_streams_via_gateway = 0;
@@ -943,6 +946,7 @@ RunResult run_load(const std::string& name, const Flags& f, const std::vector<st
   for (auto& lane : all) {
     LaneStats s = lane->stop();
     total.event_ns.insert(total.event_ns.end(), s.event_ns.begin(), s.event_ns.end());
+    total.event_at_ns.insert(total.event_at_ns.end(), s.event_at_ns.begin(), s.event_at_ns.end());
     total.ttft_ns.insert(total.ttft_ns.end(), s.ttft_ns.begin(), s.ttft_ns.end());
     total.lag_ns.insert(total.lag_ns.end(), s.lag_ns.begin(), s.lag_ns.end());
     total.requests += s.requests;
@@ -961,6 +965,15 @@ RunResult run_load(const std::string& name, const Flags& f, const std::vector<st
   r.first_error = total.first_error;
   r.peak_streams = concurrency.peak.load();
   r.event = percentiles_ms(total.event_ns);
+  // Per second of the run, by when the replica sent the event.
+  std::vector<std::vector<int64_t>> seconds;
+  for (size_t i = 0; i < total.event_ns.size(); ++i) {
+    const int64_t second = (total.event_at_ns[i] - ns_of(plan.start)) / 1000000000;
+    if (second < 0) continue;
+    if (seconds.size() <= static_cast<size_t>(second)) seconds.resize(static_cast<size_t>(second) + 1);
+    seconds[static_cast<size_t>(second)].push_back(total.event_ns[i]);
+  }
+  for (const std::vector<int64_t>& in_second : seconds) r.timeline.push_back(percentiles_ms(in_second));
   r.ttft = percentiles_ms(total.ttft_ns);
   r.client_lag = percentiles_ms(total.lag_ns);
   std::vector<int64_t> replica_lags;
@@ -990,6 +1003,9 @@ json run_json(const RunResult& r) {
             {"client_cpu_s", r.client_cpu_s},
             {"replica_streams", r.replica_streams},
             {"replica_streams_via_gateway", r.replica_streams_via_gateway}};
+  json timeline = json::array();
+  for (const Percentiles& p : r.timeline) timeline.push_back(to_json(p));
+  j["event_ms_by_second"] = std::move(timeline);
   if (!r.first_error.empty()) j["first_error"] = r.first_error;
   if (r.gateway_cpu_s >= 0) j["gateway_cpu_s"] = r.gateway_cpu_s;
   return j;
@@ -1009,6 +1025,12 @@ std::string table(const std::vector<RunResult>& runs, const std::string& setup) 
   t += "\nper-event latency, ms (receive - sent_ns)\n" + head;
   for (const RunResult& r : runs) t += row(r.name, r.event);
   if (direct && gateway) t += row("added by the gateway", minus(gateway->event, direct->event));
+  for (const RunResult& r : runs) {
+    if (r.timeline.size() > 120) continue;
+    t += fmt::format("  {} P99 by second:", r.name);
+    for (const Percentiles& p : r.timeline) t += fmt::format(" {:.2f}", p.p99);
+    t += "\n";
+  }
   t += "\nTTFT, ms (request handed to the client - first event)\n" + head;
   for (const RunResult& r : runs) t += row(r.name, r.ttft);
   if (direct && gateway) t += row("added by the gateway", minus(gateway->ttft, direct->ttft));
