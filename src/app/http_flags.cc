@@ -37,6 +37,9 @@ void add_http_flags(CLI::App& cmd, HttpFlags& f) {
   cmd.add_option("--max-connections", f.max_connections,
                  fmt::format("Open connections at most; more get 503 (default {})", f.max_connections));
   cmd.add_option("--io-threads", f.io_threads, "Threads running the HTTP connections (default 2)");
+  cmd.add_option("--io-model", f.io_model,
+                 "How the --io-threads share the connections: shared (one event loop all of them run) or "
+                 "per-thread (an event loop per thread, each connection kept on one) (default shared)");
   cmd.add_option("--log-format", f.log_format,
                  "Log lines as text (timestamp, level, event, key=value fields) or json (one object per line) "
                  "(default text)");
@@ -51,6 +54,9 @@ HttpServerOptions http_server_options(const HttpFlags& f) {
   http.host = f.host;
   http.port = static_cast<uint16_t>(f.port);
   http.io_threads = f.io_threads;
+  BASALT_CHECK(f.io_model == "shared" || f.io_model == "per-thread", "--io-model must be shared or per-thread, got {}",
+               f.io_model);
+  http.io_model = f.io_model == "per-thread" ? IoModel::kPerThread : IoModel::kShared;
   http.max_body_bytes = f.max_body_bytes;
   http.request_timeout = millis(f.request_timeout, "--request-timeout");
   http.idle_timeout = millis(f.idle_timeout, "--idle-timeout");

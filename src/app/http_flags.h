@@ -29,6 +29,7 @@ struct HttpFlags {
   double write_timeout = 30;
   size_t max_connections = 4096;
   int io_threads = 2;
+  std::string io_model = "shared";
   std::string log_format = "text";
   bool no_request_log = false;
 };

@@ -171,19 +171,30 @@ struct HttpServer::Impl {
   std::optional<asio::ssl::context> tls;
 #endif
 
-  asio::io_context ioc;
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
-  tcp::acceptor acceptor{ioc};
+  // One io_context run by every I/O thread (kShared), or one per thread
+  // (kPerThread, each connection on one of them); the acceptor is on the
+  // first.
+  std::vector<std::unique_ptr<asio::io_context>> contexts;
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::optional<tcp::acceptor> acceptor;
+  size_t next_context = 0;  // the accept handler's: the context of the next connection
   std::vector<std::thread> threads;
   std::atomic<int64_t> responses_in_progress{0};
   uint16_t bound_port = 0;
 
-  Impl(HttpServerOptions o, HttpHandler h)
-      : options(std::move(o)), handler(std::move(h)), ioc(std::max(1, options.io_threads)) {}
+  Impl(HttpServerOptions o, HttpHandler h) : options(std::move(o)), handler(std::move(h)) {
+    const int n = std::max(1, options.io_threads);
+    if (options.io_model == IoModel::kPerThread) {
+      for (int i = 0; i < n; ++i) contexts.push_back(std::make_unique<asio::io_context>(1));
+    } else {
+      contexts.push_back(std::make_unique<asio::io_context>(n));
+    }
+    acceptor.emplace(*contexts.front());
+  }
 
   void accept();
   template <class Stream>
-  void launch(Stream stream, bool over_limit);
+  void launch(Stream stream, bool over_limit, asio::io_context& context);
   void forget(uint64_t id) {
     std::lock_guard<std::mutex> lock(mu);
     sessions.erase(id);
@@ -212,11 +223,11 @@ constexpr bool kIsTls = !std::is_same_v<Stream, tcp::socket>;
 template <class Stream>
 class Session : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(HttpServer::Impl& server, uint64_t id, Stream stream, bool over_limit)
+  Session(HttpServer::Impl& server, uint64_t id, Stream stream, bool over_limit, asio::io_context& context)
       : server_(server),
         id_(id),
         stream_(std::move(stream)),
-        strand_(asio::make_strand(server.ioc)),
+        strand_(asio::make_strand(context)),
         read_timer_(strand_),
         write_timer_(strand_),
         over_limit_(over_limit) {}
@@ -520,21 +531,24 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 }  // namespace
 
 template <class Stream>
-void HttpServer::Impl::launch(Stream stream, bool over_limit) {
+void HttpServer::Impl::launch(Stream stream, bool over_limit, asio::io_context& context) {
   std::shared_ptr<Session<Stream>> session;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (stopped) return;
     const uint64_t id = next_session++;
-    session = std::make_shared<Session<Stream>>(*this, id, std::move(stream), over_limit);
+    session = std::make_shared<Session<Stream>>(*this, id, std::move(stream), over_limit, context);
     sessions[id] = session;
   }
   session->start();
 }
 
 void HttpServer::Impl::accept() {
-  acceptor.async_accept(asio::make_strand(ioc), [this](error_code ec, tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+  // Connections are dealt round the contexts (one, when they share it).
+  asio::io_context& context = *contexts[next_context];
+  next_context = (next_context + 1) % contexts.size();
+  acceptor->async_accept(asio::make_strand(context), [this, &context](error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
     if (!ec) {
       error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
@@ -545,12 +559,12 @@ void HttpServer::Impl::accept() {
       }
 #ifdef BASALT_TLS
       if (tls) {
-        launch(asio::ssl::stream<tcp::socket>(std::move(socket), *tls), over_limit);
+        launch(asio::ssl::stream<tcp::socket>(std::move(socket), *tls), over_limit, context);
         accept();
         return;
       }
 #endif
-      launch(std::move(socket), over_limit);
+      launch(std::move(socket), over_limit, context);
     }
     accept();
   });
@@ -585,25 +599,28 @@ void HttpServer::start() {
   const asio::ip::address address = asio::ip::make_address(o.host, ec);
   BASALT_CHECK(!ec, "--host '{}' is not an IP address", o.host);
   const tcp::endpoint endpoint(address, o.port);
-  s.acceptor.open(endpoint.protocol(), ec);
+  s.acceptor->open(endpoint.protocol(), ec);
   BASALT_CHECK(!ec, "cannot open a socket: {}", ec.message());
-  s.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  s.acceptor.bind(endpoint, ec);
+  s.acceptor->set_option(asio::socket_base::reuse_address(true), ec);
+  s.acceptor->bind(endpoint, ec);
   BASALT_CHECK(!ec, "cannot listen on {}:{}: {}", o.host, o.port, ec.message());
-  s.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  s.acceptor->listen(asio::socket_base::max_listen_connections, ec);
   BASALT_CHECK(!ec, "cannot listen on {}:{}: {}", o.host, o.port, ec.message());
-  s.bound_port = s.acceptor.local_endpoint().port();
-  s.work.emplace(s.ioc.get_executor());
+  s.bound_port = s.acceptor->local_endpoint().port();
+  for (auto& context : s.contexts) s.work.push_back(asio::make_work_guard(*context));
   s.accept();
-  for (int i = 0; i < std::max(1, o.io_threads); ++i) s.threads.emplace_back([&s] { s.ioc.run(); });
+  for (int i = 0; i < std::max(1, o.io_threads); ++i) {
+    asio::io_context& context = *s.contexts[static_cast<size_t>(i) % s.contexts.size()];
+    s.threads.emplace_back([&context] { context.run(); });
+  }
 }
 
 uint16_t HttpServer::port() const { return impl_->bound_port; }
 
 void HttpServer::stop_accepting() {
-  asio::post(impl_->ioc, [s = impl_.get()] {
+  asio::post(*impl_->contexts.front(), [s = impl_.get()] {
     error_code ec;
-    s->acceptor.close(ec);
+    s->acceptor->close(ec);
   });
 }
 
@@ -618,16 +635,19 @@ void HttpServer::stop() {
       if (auto p = weak.lock()) live.push_back(std::move(p));
   }
   if (s.threads.empty()) return;
-  asio::post(s.ioc, [&s] {
+  asio::post(*s.contexts.front(), [&s] {
     error_code ec;
-    s.acceptor.close(ec);
+    s.acceptor->close(ec);
   });
   for (auto& session : live) session->close_from_server();
   live.clear();
-  s.work.reset();
+  s.work.clear();
   // Everything was cancelled, so run() returns soon; a last resort after 2 s.
-  for (int i = 0; i < 200 && !s.ioc.stopped(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  s.ioc.stop();
+  const auto all_stopped = [&s] {
+    return std::all_of(s.contexts.begin(), s.contexts.end(), [](const auto& c) { return c->stopped(); });
+  };
+  for (int i = 0; i < 200 && !all_stopped(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (auto& context : s.contexts) context->stop();
   for (std::thread& t : s.threads) t.join();
   s.threads.clear();
 }

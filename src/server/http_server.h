@@ -2,9 +2,10 @@
 // the sockets and TLS, Boost.Beast's parser for requests).
 //
 // Contract:
-//  * A fixed number of I/O threads run every connection; each connection is
-//    serialized on its own strand, so a handler and the pulls of its
-//    response never run concurrently for one connection.
+//  * A fixed number of I/O threads run every connection (io_model: they share
+//    one io_context, or each runs its own and a connection stays on one);
+//    each connection is serialized on its own strand, so a handler and the
+//    pulls of its response never run concurrently for one connection.
 //  * The Handler is called once per complete request, on an I/O thread. It
 //    must not block: it either answers at once (HttpResponse) or returns a
 //    ResponseProducer that the server pulls from whenever the producer's
@@ -113,10 +114,20 @@ struct TransportRejection {
   std::string reason;
 };
 
+// How the I/O threads share the connections: kShared, one io_context that
+// every thread runs (a connection's handlers may run on any of them, one at a
+// time); kPerThread, one io_context per thread, made for one thread (Asio's
+// concurrency hint 1, its single-thread optimisations: handlers posted from
+// its own thread skip the shared queue), each accepted connection given to
+// the next in turn for its life: no scheduler or epoll set shared between
+// threads, and no balancing of busy connections across them either.
+enum class IoModel { kShared, kPerThread };
+
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;  // 0: any free port (see HttpServer::port())
   int io_threads = 2;
+  IoModel io_model = IoModel::kShared;
   size_t max_body_bytes = 8u << 20;
   size_t max_header_bytes = 64u << 10;
   std::chrono::milliseconds request_timeout{30000};

@@ -1,7 +1,7 @@
 // The HTTP transport against raw sockets: keep-alive, limits (413, 431, 400),
 // timeouts (request, idle, stalled writes), streamed bodies in chunked
 // encoding, a client leaving mid-stream (abort), the connection cap, stop()
-// with producers running, and TLS.
+// with producers running, the per-thread I/O model, and TLS.
 #include "server/http_server.h"
 #include "testing/http_test_client.h"
 
@@ -10,9 +10,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #ifdef BASALT_TLS
 #include <boost/asio.hpp>
@@ -326,6 +330,60 @@ TEST(HttpServer, StopAbortsRunningProducers) {
   server->stop();
   EXPECT_EQ(aborts.load(), 1);
   EXPECT_TRUE(c.wait_closed(2000ms));
+  server.reset();
+}
+
+TEST(HttpServer, PerThreadIoModelDealsConnectionsRoundTheThreads) {
+  HttpServerOptions o = quick_options();
+  o.io_threads = 3;
+  o.io_model = IoModel::kPerThread;
+  std::mutex mu;
+  std::map<std::string, std::thread::id> thread_of;  // by connection's probe
+  std::atomic<int> aborts{0};
+  auto server = std::make_unique<HttpServer>(o, [&](HttpRequest& r) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const std::string probe(r.header("x-probe").value_or(""));
+      const auto [it, fresh] = thread_of.emplace(probe, std::this_thread::get_id());
+      // A connection stays on its thread.
+      EXPECT_TRUE(fresh || it->second == std::this_thread::get_id()) << probe;
+    }
+    if (r.path == "/plain") return echo(r);
+    return HandlerResult{{}, std::make_unique<TickerProducer>(r.path == "/forever" ? 100000 : 20, 0, &aborts)};
+  });
+  server->start();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 6; ++i) clients.push_back(std::make_unique<Client>(server->port()));
+  // Two requests on each connection: a stream (woken from its producer's
+  // thread), then a whole answer on the same connection.
+  for (int i = 0; i < 6; ++i) clients[i]->send("GET /stream HTTP/1.1\r\nHost: x\r\nX-Probe: " + std::to_string(i) + "\r\n\r\n");
+  for (int i = 0; i < 6; ++i) {
+    const std::string raw =
+        clients[i]->read_until([](const std::string& b) { return b.find("\r\n0\r\n\r\n") != std::string::npos; });
+    EXPECT_NE(raw.find("data: 19\n"), std::string::npos) << i << raw.substr(0, 200);
+  }
+  for (int i = 0; i < 6; ++i) {
+    clients[i]->send("GET /plain HTTP/1.1\r\nHost: x\r\nX-Probe: " + std::to_string(i) + "\r\n\r\n");
+    (void)clients[i]->read_until([](const std::string& b) { return b.find("GET /plain") != std::string::npos; });
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(thread_of.size(), 6u);
+    std::set<std::thread::id> threads;
+    for (const auto& [probe, id] : thread_of) threads.insert(id);
+    EXPECT_EQ(threads.size(), 3u);  // six connections dealt round three threads
+    // Dealt in turn: connections i and i + 3 share a thread.
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(thread_of[std::to_string(i)], thread_of[std::to_string(i + 3)]);
+  }
+  EXPECT_EQ(server->open_connections(), 6u);
+  // stop() reaches every thread's connections.
+  clients[4]->send("GET /forever HTTP/1.1\r\nHost: x\r\nX-Probe: 4\r\n\r\n");
+  (void)clients[4]->read_until([](const std::string& b) {  // past the answers already read
+    return b.find("data: 2\n", b.find("GET /plain")) != std::string::npos;
+  });
+  server->stop();
+  EXPECT_EQ(aborts.load(), 1);
+  for (auto& c : clients) EXPECT_TRUE(c->wait_closed(2000ms));
   server.reset();
 }
 
