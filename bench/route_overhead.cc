@@ -39,7 +39,9 @@
 // request was handed to the client; the peak of streams open at once; how
 // late requests went out against their schedule (the client's own lag),
 // the replicas' lag (sent_ns − the event's due time), and the CPU seconds of
-// the load threads and of the gateway (/proc). The report gives P50, P90,
+// the load threads and of the gateway (/proc), and the gateway's own
+// histogram of an event's time inside it (basalt_route_added_latency_seconds
+// from its /metrics, as bucket bounds). The report gives P50, P90,
 // P99, P99.9 and max of both latencies for each run and the difference of
 // the gateway's percentiles and the direct ones (what the gateway adds), as
 // a table, or with --json as one JSON object on stdout (the table then goes
@@ -92,6 +94,7 @@
 #include "core/error.h"
 #include "core/file_limit.h"
 #include "loadgen/stats.h"
+#include "router/prometheus_reader.h"
 #include "server/http_client.h"
 #include "server/http_server.h"
 #include "server/sse.h"
@@ -888,6 +891,42 @@ json to_json(const Percentiles& p) {
   return {{"count", p.count}, {"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"p99.9", p.p999}, {"max", p.max}};
 }
 
+// The gateway's own view of an event's time inside it: its histogram
+// basalt_route_added_latency_seconds{kind="event"}, each percentile as the
+// upper bound of the bucket it falls in (ms; +inf past the last bound).
+struct Residence {
+  int64_t count = 0;
+  double p50 = 0, p90 = 0, p99 = 0, p999 = 0;
+};
+
+std::optional<Residence> residence_of(const std::string& metrics) {
+  std::vector<std::pair<double, double>> buckets;  // (le in ms, cumulative count)
+  for (const router::PrometheusSample& sample : router::read_prometheus_text(metrics).samples) {
+    if (sample.name != "basalt_route_added_latency_seconds_bucket") continue;
+    std::string kind, le;
+    for (const auto& [name, value] : sample.labels) {
+      if (name == "kind") kind = value;
+      if (name == "le") le = value;
+    }
+    if (kind != "event" || le.empty()) continue;
+    buckets.emplace_back(le == "+Inf" ? INFINITY : std::atof(le.c_str()) * 1e3, sample.value);
+  }
+  if (buckets.empty()) return std::nullopt;
+  std::sort(buckets.begin(), buckets.end());
+  Residence r;
+  r.count = static_cast<int64_t>(buckets.back().second);
+  auto bound = [&](double p) {
+    for (const auto& [le, cumulative] : buckets)
+      if (cumulative >= p / 100 * static_cast<double>(r.count)) return le;
+    return static_cast<double>(INFINITY);
+  };
+  r.p50 = bound(50);
+  r.p90 = bound(90);
+  r.p99 = bound(99);
+  r.p999 = bound(99.9);
+  return r;
+}
+
 struct RunResult {
   std::string name;
   double wall_s = 0;
@@ -900,6 +939,7 @@ struct RunResult {
   double client_cpu_s = 0;
   double gateway_cpu_s = -1;  // -1: no gateway in this run
   int64_t replica_streams = 0, replica_streams_via_gateway = 0;
+  std::optional<Residence> residence;  // through the gateway, when its /metrics has the histogram
 };
 
 RunResult run_load(const std::string& name, const Flags& f, const std::vector<std::string>& targets,
@@ -980,7 +1020,11 @@ RunResult run_load(const std::string& name, const Flags& f, const std::vector<st
   side.take_lags(replica_lags);
   r.replica_lag = percentiles_ms(replica_lags);
   r.client_cpu_s = total.cpu_s;
-  if (gateway) r.gateway_cpu_s = gateway->cpu_seconds() - gateway_cpu0;
+  if (gateway) {
+    r.gateway_cpu_s = gateway->cpu_seconds() - gateway_cpu0;
+    std::string metrics;
+    if (http_status(gateway->url(), "/metrics", 5.0, &metrics) == 200) r.residence = residence_of(metrics);
+  }
   r.replica_streams = side.streams.load() - streams0;
   r.replica_streams_via_gateway = side.resumable.load() - resumable0;
   return r;
@@ -1008,6 +1052,12 @@ json run_json(const RunResult& r) {
   j["event_ms_by_second"] = std::move(timeline);
   if (!r.first_error.empty()) j["first_error"] = r.first_error;
   if (r.gateway_cpu_s >= 0) j["gateway_cpu_s"] = r.gateway_cpu_s;
+  if (r.residence) {
+    const auto le = [](double ms) { return std::isinf(ms) ? json("+Inf") : json(ms); };
+    j["gateway_residence_ms_le"] = {{"count", r.residence->count}, {"p50", le(r.residence->p50)},
+                                    {"p90", le(r.residence->p90)},   {"p99", le(r.residence->p99)},
+                                    {"p99.9", le(r.residence->p999)}};
+  }
   return j;
 }
 
@@ -1030,6 +1080,14 @@ std::string table(const std::vector<RunResult>& runs, const std::string& setup) 
     t += fmt::format("  {} P99 by second:", r.name);
     for (const Percentiles& p : r.timeline) t += fmt::format(" {:.2f}", p.p99);
     t += "\n";
+  }
+  for (const RunResult& r : runs) {
+    if (!r.residence) continue;
+    const auto le = [](double ms) { return std::isinf(ms) ? std::string("inf") : fmt::format("{:g}", ms); };
+    t += fmt::format(
+        "  the gateway's own histogram of an event's time inside it (basalt_route_added_latency_seconds), "
+        "{} events: p50 <= {}, p90 <= {}, p99 <= {}, p99.9 <= {} ms\n",
+        r.residence->count, le(r.residence->p50), le(r.residence->p90), le(r.residence->p99), le(r.residence->p999));
   }
   t += "\nTTFT, ms (request handed to the client - first event)\n" + head;
   for (const RunResult& r : runs) t += row(r.name, r.ttft);
