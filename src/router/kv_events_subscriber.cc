@@ -147,9 +147,11 @@ struct KvEventSubscriber::Impl : std::enable_shared_from_this<Impl> {
     };
     auto reader = std::make_shared<Reader>();
     const std::weak_ptr<Impl> weak = weak_from_this();
-    // One event's data: a batch, applied under mu in order.
+    // One event's data: a batch, applied under mu in order. The parser is
+    // the reader's, so it refers to it plainly: a shared_ptr here would be
+    // a cycle that never frees either.
     reader->sse = std::make_unique<SseParser>(
-        [weak, id, generation, reader](std::string_view data) {
+        [weak, id, generation, reader = reader.get()](std::string_view data) {
           const auto self = weak.lock();
           if (!self || reader->failed) return;
           const std::optional<KvBatch> batch = parse_kv_batch(data);
