@@ -21,7 +21,7 @@ for warmup in off on; do
   start=$(date +%s.%N)
   "$basalt" serve --model "$model" --port "$port" --warmup "$warmup" --no-request-log "$@" 2>"$out/serve-$warmup.log" &
   pid=$!
-  until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
+  until python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)" "http://127.0.0.1:$port/ready" 2>/dev/null; do
     kill -0 "$pid" 2>/dev/null || { cat "$out/serve-$warmup.log"; exit 1; }
     sleep 0.2
   done
