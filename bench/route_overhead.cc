@@ -1162,6 +1162,9 @@ int run(int argc, char** argv) {
                  "warning: the open-file limit is %llu, and about %.0f descriptors are needed for %.0f streams; "
                  "raise the hard limit (ulimit -Hn) or lower --rate\n",
                  static_cast<unsigned long long>(files), wanted, streams);
+  // Sized now rather than doubling during the ramp (core/file_limit.h); the
+  // gateway does the same for its --max-connections.
+  reserve_descriptor_table(std::min(static_cast<uint64_t>(files), static_cast<uint64_t>(wanted)));
   ::signal(SIGPIPE, SIG_IGN);
 
   ReplicaSide side;

@@ -5,6 +5,7 @@
 // a burst, a concurrency limit, or a sweep over rates) from one thread, and
 // reports TTFT, ITL, TPOT, E2E, throughput, goodput and errors as a table,
 // JSON and an SVG picture, with the client's own CPU cost (src/loadgen/).
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <cmath>
 #include <cstdio>
@@ -192,8 +193,15 @@ void run_bench(const BenchFlags& f) {
   for (size_t i = 0; i < rates.size(); ++i) workloads.push_back(make_workload(f, maker, f.seed + i));
 
   // Every stream is a socket: lift the soft descriptor limit (often 1024)
-  // to the hard one, so high concurrency is not cut short by EMFILE.
-  raise_open_file_limit();
+  // to the hard one, so high concurrency is not cut short by EMFILE, and
+  // size the descriptor table for the most streams at once (each request of
+  // the largest workload, or --max-concurrency), so its growth does not
+  // stall a connect in the middle of the measurement.
+  const uint64_t files = raise_open_file_limit();
+  size_t most_streams = 0;
+  for (const std::vector<Conversation>& w : workloads) most_streams = std::max(most_streams, w.size());
+  if (f.max_concurrency > 0) most_streams = std::min(most_streams, static_cast<size_t>(f.max_concurrency));
+  reserve_descriptor_table(std::min<uint64_t>(files, most_streams + 64));
 
   boost::asio::io_context io(1);
   ClientOptions copts;

@@ -1,5 +1,6 @@
 #include "app/http_flags.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
 
@@ -97,6 +98,9 @@ uint64_t raise_file_limit_for_connections(const HttpFlags& f, int per_connection
         .add("max_connections", static_cast<uint64_t>(f.max_connections))
         .add("hint", "raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower --max-connections")
         .emit();
+  // The table sized now, not one doubling at a time under load
+  // (core/file_limit.h says what each doubling costs).
+  reserve_descriptor_table(std::min(limit, needed));
   return limit;
 }
 

@@ -45,7 +45,8 @@ std::string http_scheme(const HttpFlags& f);
 // Lifts the open-file limit to the hard one (core/file_limit.h) and logs a
 // warning when that is still short of --max-connections connections holding
 // `per_connection` descriptors each (a gateway's stream holds two: its
-// client's and its replica's). Returns the limit in force.
+// client's and its replica's), and sizes the descriptor table for that many
+// (or the limit) at once. Returns the limit in force.
 uint64_t raise_file_limit_for_connections(const HttpFlags& f, int per_connection);
 
 }  // namespace basalt

@@ -1,6 +1,10 @@
 #include "core/file_limit.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <limits>
 
 namespace basalt {
 
@@ -13,6 +17,20 @@ uint64_t raise_open_file_limit() {
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) files = raised;
   }
   return static_cast<uint64_t>(files.rlim_cur);
+}
+
+bool reserve_descriptor_table(uint64_t count) {
+  if (count == 0) return true;
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || count > files.rlim_cur ||
+      count > static_cast<uint64_t>(std::numeric_limits<int>::max()))
+    return false;
+  // The lowest free descriptor at or above count - 1: taking it makes the
+  // kernel size the table for it. F_DUPFD never replaces an open descriptor.
+  const int high = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, static_cast<int>(count - 1));
+  if (high < 0) return false;
+  ::close(high);
+  return true;
 }
 
 }  // namespace basalt

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
 
 namespace basalt {
 namespace {
@@ -24,6 +28,34 @@ TEST(FileLimit, SoftLimitRisesToTheHardOne) {
   EXPECT_EQ(after.rlim_max, before.rlim_max);
   EXPECT_EQ(now, static_cast<uint64_t>(after.rlim_cur));
   EXPECT_EQ(raise_open_file_limit(), now);
+}
+
+// The kernel's table size, FDSize in /proc/self/status.
+uint64_t descriptor_table_size() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("FDSize:", 0) == 0) return std::stoull(line.substr(7));
+  return 0;
+}
+
+TEST(FileLimit, ReservingGrowsTheDescriptorTableOnce) {
+  raise_open_file_limit();
+  rlimit files{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+  if (files.rlim_cur < 5000) GTEST_SKIP() << "the hard open-file limit is " << files.rlim_max;
+  const uint64_t before = descriptor_table_size();
+  ASSERT_GT(before, 0u);
+  ASSERT_LT(before, 5000u) << "a fresh test process starts with a small table";
+  EXPECT_TRUE(reserve_descriptor_table(5000));
+  EXPECT_GE(descriptor_table_size(), 5000u);
+  // Nothing stays open: the next descriptor is a low one again.
+  const int fd = ::dup(STDERR_FILENO);
+  EXPECT_LT(fd, 64);
+  ::close(fd);
+  // Beyond the soft limit: refused, and nothing changes.
+  EXPECT_FALSE(reserve_descriptor_table(static_cast<uint64_t>(files.rlim_cur) + 1));
+  EXPECT_TRUE(reserve_descriptor_table(0));
 }
 
 }  // namespace
