@@ -200,9 +200,12 @@ class Recorder {
   bool recorded(const Shape& shape) const { return graphs_.count(shape) != 0; }
 
   // Allocates the static inputs on first use and drops the graphs when the
-  // KV storage changes (they point at every layer's K and V memory).
+  // KV storage changes (they point at every layer's K and V memory, and a
+  // backend that replays by re-running the step reads the KvBuffers object
+  // itself: a new one at the address of K and V memory freed before, as the
+  // next engine on this model may get, is a change too).
   void bind(KvBuffers& kv) {
-    std::vector<const void*> key;
+    std::vector<const void*> key{&kv};
     for (const std::vector<Tensor>* side : {&kv.k, &kv.v})
       for (const Tensor& t : *side) key.push_back(t.raw());
     if (inputs_.raw() != nullptr && key == kv_key_ && kv.num_slots == kv_slots_) return;
@@ -229,7 +232,7 @@ class Recorder {
   GraphOptions options_;
   LogitRows logit_rows_;
   bool unsupported_;  // the backend cannot record: every batch runs directly
-  std::vector<const void*> kv_key_;  // the K and V memory the graphs were recorded on
+  std::vector<const void*> kv_key_;  // the KvBuffers, then the K and V memory, the graphs were recorded on
   int64_t kv_slots_ = 0;
   int64_t capacity_ = 0;
   Tensor inputs_, staging_;
