@@ -709,7 +709,7 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
 const std::string kBundled = std::string(BASALT_TESTDATA) + "/../models/";
 
 void expect_bundled_matches_transformers(const std::string& model, const std::string& report,
-                                         const char* section) {
+                                         const char* section, const std::string& flags = "") {
   const json samples = read_json(kBundled + "reports/" + report)[section]["samples"];
   ASSERT_FALSE(samples.empty());
   for (const json& sample : samples) {
@@ -717,10 +717,10 @@ void expect_bundled_matches_transformers(const std::string& model, const std::st
     const std::vector<int> expected = sample["output_ids"];
     const CliRun r = run("generate --model " + kBundled + model + " --prompt-ids " + join(prompt) +
                          " --max-tokens " + std::to_string(expected.size()) +
-                         " --temperature 0 --ignore-eos --json");
+                         " --temperature 0 --ignore-eos --json" + flags);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(json::parse(r.out)["output_ids"].get<std::vector<int>>(), expected)
-        << model << ": " << sample["prompt"];
+        << model << flags << ": " << sample["prompt"];
   }
 }
 
@@ -731,6 +731,23 @@ TEST(Cli, BundledMainModelMatchesTransformersGreedy) {
 TEST(Cli, BundledDraftModelMatchesTransformersGreedy) {
   expect_bundled_matches_transformers("basalt-draft", "run1-tokenizer-draft.json",
                                       "draft_transformers");
+}
+
+// --tp: the draft model (Llama layout, 4 heads, 2 key/value heads) over 2
+// and 4 CPU ranks gives transformers' tokens too; what cannot be sharded is
+// refused, naming why.
+TEST(Cli, TensorParallelGenerateMatchesTransformersGreedy) {
+  expect_bundled_matches_transformers("basalt-draft", "run1-tokenizer-draft.json", "draft_transformers", " --tp 2");
+  expect_bundled_matches_transformers("basalt-draft", "run1-tokenizer-draft.json", "draft_transformers",
+                                      " --tp 4 --threads 2");
+  const CliRun heads = run("generate --model " + kBundled + "basalt-draft --prompt-ids 1,2,3 --tp 3");
+  EXPECT_NE(heads.exit_code, 0);
+  EXPECT_NE(heads.err.find("num_attention_heads (4) must divide by it"), std::string::npos) << heads.err;
+  const CliRun mla = run("generate --model " + kBundled + "basalt-mini --prompt-ids 1,2,3 --tp 2");
+  EXPECT_NE(mla.exit_code, 0);
+  EXPECT_NE(mla.err.find("runs on one rank for now"), std::string::npos) << mla.err;
+  const CliRun zero = run("generate --model " + kBundled + "basalt-draft --prompt-ids 1,2,3 --tp 0");
+  EXPECT_NE(zero.err.find("--tp must be in [1, 64]"), std::string::npos) << zero.err;
 }
 
 TEST(Cli, WithoutModelFlagUsesTheBundledModel) {

@@ -58,6 +58,7 @@ struct GenerateFlags {
   std::string batch;
   int max_running = 64;
   int threads = 0;
+  int tp = 1;  // --tp: tensor-parallel ranks
   int page_size = 1;
   std::string device = "cpu";
   bool enforce_eager = false;
@@ -329,7 +330,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   Backend& backend = *backend_owner;
   ProgressPrinter progress;
   std::unique_ptr<Model> model =
-      attach_speculation_head(f.speculation, load_model(f.model, backend, std::ref(progress)), f.model,
+      attach_speculation_head(f.speculation, load_model_for_tp(f.model, backend, f.tp, std::ref(progress)), f.model,
                               backend);
   if (!f.enforce_eager)
     model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
@@ -500,6 +501,9 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--threads", flags->threads,
                   "CPU backend threads (default 0: the BASALT_NUM_THREADS environment variable, else one per "
                   "hardware thread)");
+  cmd->add_option("--tp,--tensor-parallel-size", flags->tp,
+                  "Tensor parallelism: run the model over this many ranks (the Llama/Qwen/Mistral families; on the "
+                  "CPU the ranks are threads of this process sharing --threads) (default 1)");
   cmd->add_option("--device", flags->device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");

@@ -48,6 +48,7 @@ struct ServeFlags {
   int max_queue = 1024;
   int max_n = 0;
   int threads = 0;
+  int tp = 1;  // --tp: tensor-parallel ranks
   double kv_fraction = -1;  // unset: the device's default (kv_budget_bytes)
   int64_t kv_slots = 0;
   int64_t max_model_len = 0;
@@ -137,7 +138,7 @@ void run_serve(const ServeFlags& f) {
 
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
-  std::unique_ptr<Model> model = attach_speculation_head(f.speculation, load_model(dir, backend), dir, backend);
+  std::unique_ptr<Model> model = attach_speculation_head(f.speculation, load_model_for_tp(dir, backend, f.tp), dir, backend);
   if (!f.enforce_eager) model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
   TokenizerBundle tokenizer = load_tokenizer_dir(dir);
   EngineOptions options;
@@ -185,6 +186,7 @@ void run_serve(const ServeFlags& f) {
   LogLine("ready")
       .add("model", api_options.served_model_name)
       .add("device", f.device)
+      .add("tp", f.tp)
       .add("kv_slots", engine.kv_capacity())
       .add("max_model_len", api_server.max_model_len())
       .add("tool_call_parser", api_server.tool_call_parser())
@@ -267,6 +269,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--reasoning-parser", f.reasoning_parser,
                   "Reasoning models: deepseek_r1 or qwen3 moves the <think> text to reasoning_content (default: "
                   "none)");
+  cmd->add_option("--tp,--tensor-parallel-size", f.tp,
+                  "Tensor parallelism: run the model over this many ranks (the Llama/Qwen/Mistral families; on the "
+                  "CPU the ranks are threads of this process sharing --threads) (default 1)");
   cmd->add_option("--device", f.device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/communicator.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "model/eagle_head.h"
@@ -39,32 +40,60 @@ Tensor concat_rows(const std::vector<Tensor>& parts) {
   return out;
 }
 
+// Columns [begin, begin + count) of a 2-D host tensor, copied.
+Tensor columns(const Tensor& t, int64_t begin, int64_t count) {
+  BASALT_ASSERT(t.rank() == 2 && begin >= 0 && begin + count <= t.dim(1));
+  const size_t elem = dtype_size(t.dtype());
+  Tensor out = Tensor::empty({t.dim(0), count}, t.dtype());
+  for (int64_t r = 0; r < t.dim(0); ++r)
+    std::memcpy(out.data<char>() + static_cast<size_t>(r * count) * elem,
+                static_cast<const char*>(t.raw()) + static_cast<size_t>(r * t.dim(1) + begin) * elem,
+                static_cast<size_t>(count) * elem);
+  return out;
+}
+
 class DenseModel final : public Model {
  public:
   // `target` (EAGLE heads only, may be null): the checkpoint of the model
   // the head drafts for, whose embedding and lm_head the head uses where it
-  // stores none of its own.
-  DenseModel(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend, const Checkpoint* target = nullptr)
-      : config_(config), backend_(backend) {
+  // stores none of its own. `tp` (may be null: one rank): the tensor-parallel
+  // group this rank belongs to (dense.h says what each rank holds).
+  DenseModel(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend, const Checkpoint* target = nullptr,
+             Communicator* tp = nullptr)
+      : config_(config), backend_(backend), tp_(tp) {
     const ModelConfig& c = config_;
     const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
     const int64_t q_out = c.num_heads * D, kv_out = c.num_kv_heads * D;
+    plan_shards();
+    const int64_t rank = tp_ != nullptr ? tp_->rank() : 0;
 
     const std::string embed_name = "model.embed_tokens.weight";
     const bool shared = c.eagle_head && target != nullptr;
-    embed_tokens_ = weight(shared && !ckpt.has(embed_name) ? *target : ckpt, embed_name, {c.vocab_size, H});
+    if (world_ == 1) {
+      embed_tokens_ = weight(shared && !ckpt.has(embed_name) ? *target : ckpt, embed_name, {c.vocab_size, H});
+    } else {
+      // This rank's vocabulary rows, then a row of zeros that every id
+      // outside them looks up (forward maps them there), so the all-reduce
+      // of the ranks' lookups is the embedding.
+      const Tensor all = ckpt.get(embed_name, {c.vocab_size, H});
+      check_dense_dtype(ckpt, embed_name, all);
+      Tensor shard = Tensor::zeros({vocab_local_ + 1, H}, all.dtype());
+      std::memcpy(shard.raw(), all.rows(vocab_begin_, vocab_local_).raw(),
+                  static_cast<size_t>(vocab_local_ * H) * dtype_size(all.dtype()));
+      embed_tokens_ = to_backend(shard);
+    }
     if (c.eagle_head) {
       eagle_fc_ = weight(ckpt, "eagle.fc.weight", {H, 2 * H});
       eagle_fc_bias_ = bias(ckpt, "eagle.fc.bias", H);
     }
     final_norm_ = weight(ckpt, "model.norm.weight", {H});
     if (c.tie_word_embeddings) {
-      lm_head_ = embed_tokens_;
+      lm_head_ = embed_tokens_.rows(0, vocab_local_);
     } else if (shared && !ckpt.has("lm_head.weight")) {
       // The target's lm_head, or its embedding where the two are tied.
       lm_head_ = weight(*target, target->has("lm_head.weight") ? "lm_head.weight" : embed_name, {c.vocab_size, H});
     } else {
-      lm_head_ = weight(ckpt, "lm_head.weight", {c.vocab_size, H});
+      lm_head_ = sharded_rows(ckpt, "lm_head.weight", {c.vocab_size, H}, vocab_begin_, vocab_local_);
     }
 
     layers_.resize(static_cast<size_t>(c.num_layers));
@@ -73,34 +102,46 @@ class DenseModel final : public Model {
       LayerWeights& w = layers_[static_cast<size_t>(l)];
       w.input_norm = weight(ckpt, p + "input_layernorm.weight", {H});
       w.post_attention_norm = weight(ckpt, p + "post_attention_layernorm.weight", {H});
-      const Tensor q_w = ckpt.get(p + "self_attn.q_proj.weight", {q_out, H});
-      const Tensor k_w = ckpt.get(p + "self_attn.k_proj.weight", {kv_out, H});
-      const Tensor v_w = ckpt.get(p + "self_attn.v_proj.weight", {kv_out, H});
+      // Column-parallel q/k/v: this rank's query heads and the key/value
+      // heads they read; row-parallel o_proj: the matching input columns.
+      const int64_t q_begin = rank * heads_ * D, kv_begin = kv_head_begin_ * D;
+      const Tensor q_w = ckpt.get(p + "self_attn.q_proj.weight", {q_out, H}).rows(q_begin, heads_ * D);
+      const Tensor k_w = ckpt.get(p + "self_attn.k_proj.weight", {kv_out, H}).rows(kv_begin, kv_heads_ * D);
+      const Tensor v_w = ckpt.get(p + "self_attn.v_proj.weight", {kv_out, H}).rows(kv_begin, kv_heads_ * D);
       BASALT_CHECK(q_w.dtype() == k_w.dtype() && q_w.dtype() == v_w.dtype(), "{}: q/k/v_proj dtypes differ", p);
       check_dense_dtype(ckpt, p + "self_attn.q_proj.weight", q_w);
       w.qkv_proj = to_backend(concat_rows({q_w, k_w, v_w}));
-      w.o_proj = weight(ckpt, p + "self_attn.o_proj.weight", {H, q_out});
+      w.o_proj = sharded_columns(ckpt, p + "self_attn.o_proj.weight", {H, q_out}, q_begin, heads_ * D);
       if (c.qkv_bias) {
-        w.qkv_bias = to_backend(concat_rows({ckpt.get(p + "self_attn.q_proj.bias", {q_out}).to_f32(),
-                                             ckpt.get(p + "self_attn.k_proj.bias", {kv_out}).to_f32(),
-                                             ckpt.get(p + "self_attn.v_proj.bias", {kv_out}).to_f32()}));
+        w.qkv_bias = to_backend(
+            concat_rows({ckpt.get(p + "self_attn.q_proj.bias", {q_out}).rows(q_begin, heads_ * D).to_f32(),
+                         ckpt.get(p + "self_attn.k_proj.bias", {kv_out}).rows(kv_begin, kv_heads_ * D).to_f32(),
+                         ckpt.get(p + "self_attn.v_proj.bias", {kv_out}).rows(kv_begin, kv_heads_ * D).to_f32()}));
       }
-      if (c.o_bias) w.o_bias = bias(ckpt, p + "self_attn.o_proj.bias", H);
+      // A row-parallel layer's bias is added once: by rank 0, before the sum.
+      if (c.o_bias && rank == 0) w.o_bias = bias(ckpt, p + "self_attn.o_proj.bias", H);
+      if (c.o_bias && rank != 0) (void)ckpt.get(p + "self_attn.o_proj.bias", {H});
       if (c.qk_norm) {
         w.q_norm = weight(ckpt, p + "self_attn.q_norm.weight", {D});
         w.k_norm = weight(ckpt, p + "self_attn.k_norm.weight", {D});
       }
-      const Tensor gate = ckpt.get(p + "mlp.gate_proj.weight", {I, H});
-      const Tensor up = ckpt.get(p + "mlp.up_proj.weight", {I, H});
+      // Column-parallel gate and up (this rank's slice of each), row-parallel down.
+      const int64_t i_begin = rank * intermediate_;
+      const Tensor gate = ckpt.get(p + "mlp.gate_proj.weight", {I, H}).rows(i_begin, intermediate_);
+      const Tensor up = ckpt.get(p + "mlp.up_proj.weight", {I, H}).rows(i_begin, intermediate_);
       BASALT_CHECK(gate.dtype() == up.dtype(), "{}: gate_proj and up_proj dtypes differ", p);
       check_dense_dtype(ckpt, p + "mlp.gate_proj.weight", gate);
       w.gate_up_proj = to_backend(concat_rows({gate, up}));
-      w.down_proj = weight(ckpt, p + "mlp.down_proj.weight", {H, I});
+      w.down_proj = sharded_columns(ckpt, p + "mlp.down_proj.weight", {H, I}, i_begin, intermediate_);
       if (c.mlp_bias) {
-        const Tensor gate_b = ckpt.get(p + "mlp.gate_proj.bias", {I}).to_f32();
-        const Tensor up_b = ckpt.get(p + "mlp.up_proj.bias", {I}).to_f32();
+        const Tensor gate_b = ckpt.get(p + "mlp.gate_proj.bias", {I}).rows(i_begin, intermediate_).to_f32();
+        const Tensor up_b = ckpt.get(p + "mlp.up_proj.bias", {I}).rows(i_begin, intermediate_).to_f32();
         w.gate_up_bias = to_backend(concat_rows({gate_b, up_b}));
-        w.down_bias = bias(ckpt, p + "mlp.down_proj.bias", H);
+        if (rank == 0) {
+          w.down_bias = bias(ckpt, p + "mlp.down_proj.bias", H);
+        } else {
+          (void)ckpt.get(p + "mlp.down_proj.bias", {H});
+        }
       }
     }
 
@@ -113,14 +154,13 @@ class DenseModel final : public Model {
   const ModelConfig& config() const override { return config_; }
 
   size_t kv_bytes_per_slot(DType dtype) const override {
-    return static_cast<size_t>(2 * config_.num_layers * config_.num_kv_heads * config_.head_dim) *
-           dtype_size(dtype);
+    return static_cast<size_t>(2 * config_.num_layers * kv_heads_ * config_.head_dim) * dtype_size(dtype);
   }
 
   KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override {
     KvBuffers kv;
     kv.num_slots = num_slots;
-    const int64_t width = config_.num_kv_heads * config_.head_dim;
+    const int64_t width = kv_heads_ * config_.head_dim;
     for (int64_t l = 0; l < config_.num_layers; ++l) {
       kv.k.push_back(backend_.empty({num_slots, width}, dtype));
       kv.v.push_back(backend_.empty({num_slots, width}, dtype));
@@ -130,11 +170,35 @@ class DenseModel final : public Model {
 
   using Model::forward;
   void forward(const ForwardBatch& host_batch, KvBuffers& kv, Tensor& logits, Tensor* hidden_out) override {
-    const ForwardBatch batch = on_backend(host_batch, backend_);
-    const int64_t T = batch.num_tokens();
+    if (world_ == 1) {
+      const ForwardBatch batch = on_backend(host_batch, backend_);
+      const int64_t T = batch.num_tokens();
+      BASALT_CHECK(T > 0, "forward: empty batch");
+      Tensor residual = backend_.empty({T, config_.hidden_size}, DType::kF32);
+      backend_.embedding(batch.token_ids, embed_tokens_, residual);
+      run(batch, residual, kv, logits, hidden_out, /*hidden_before_norm=*/false);
+      return;
+    }
+    // Vocabulary-parallel embedding: ids of this rank's rows look up their
+    // row, the others the zero row after them; the sum over ranks is the
+    // embedding.
+    ForwardBatch local = host_batch;
+    BASALT_CHECK(host_batch.token_ids.device() == Device::kCpu && host_batch.token_ids.dtype() == DType::kI32,
+                 "forward: a tensor-parallel rank takes host token ids, got {}", host_batch.token_ids.describe());
+    const int64_t T = host_batch.num_tokens();
     BASALT_CHECK(T > 0, "forward: empty batch");
+    local.token_ids = Tensor::empty({T}, DType::kI32);
+    for (int64_t i = 0; i < T; ++i) {
+      const int32_t id = host_batch.token_ids.data<const int32_t>()[i];
+      BASALT_CHECK(id >= 0 && id < config_.vocab_size, "forward: token id {} is outside the vocabulary ({})", id,
+                   config_.vocab_size);
+      const int64_t at = id - vocab_begin_;
+      local.token_ids.data<int32_t>()[i] = static_cast<int32_t>(at >= 0 && at < vocab_local_ ? at : vocab_local_);
+    }
+    const ForwardBatch batch = on_backend(local, backend_);
     Tensor residual = backend_.empty({T, config_.hidden_size}, DType::kF32);
     backend_.embedding(batch.token_ids, embed_tokens_, residual);
+    tp_->all_reduce(residual);
     run(batch, residual, kv, logits, hidden_out, /*hidden_before_norm=*/false);
   }
 
@@ -175,16 +239,16 @@ class DenseModel final : public Model {
     // dtype (bf16 on the GPU); the residual stream, projections and logits are f32.
     const DType act_dtype = b.activation_dtype(layers_[0].gate_up_proj.dtype());
     Tensor hidden = b.empty({T, H}, act_dtype);
-    Tensor qkv = b.empty({T, (c.num_heads + 2 * c.num_kv_heads) * D}, DType::kF32);
-    Tensor q = b.empty({T, c.num_heads * D}, DType::kF32);
-    Tensor attn = b.empty({T, c.num_heads * D}, DType::kF32);
-    Tensor gate_up = b.empty({T, 2 * c.intermediate_size}, DType::kF32);
-    Tensor act = b.empty({T, c.intermediate_size}, act_dtype);
+    Tensor qkv = b.empty({T, (heads_ + 2 * kv_heads_) * D}, DType::kF32);
+    Tensor q = b.empty({T, heads_ * D}, DType::kF32);
+    Tensor attn = b.empty({T, heads_ * D}, DType::kF32);
+    Tensor gate_up = b.empty({T, 2 * intermediate_}, DType::kF32);
+    Tensor act = b.empty({T, intermediate_}, act_dtype);
     Tensor block_out = b.empty({T, H}, DType::kF32);
 
-    const RopeParams rope{static_cast<int>(c.num_heads), static_cast<int>(D), static_cast<int>(c.rotary_dim),
+    const RopeParams rope{static_cast<int>(heads_), static_cast<int>(D), static_cast<int>(c.rotary_dim),
                           RopeStyle::kRotateHalf, &inv_freq_, rope_scaling_};
-    AttentionParams attn_params{static_cast<int>(c.num_heads), static_cast<int>(c.num_kv_heads),
+    AttentionParams attn_params{static_cast<int>(heads_), static_cast<int>(kv_heads_),
                                 static_cast<int>(D), static_cast<int>(D),
                                 static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))), 0};
     const float eps = static_cast<float>(c.rms_norm_eps);
@@ -200,15 +264,17 @@ class DenseModel final : public Model {
       }
       b.linear(hidden, w.qkv_proj, opt(w.qkv_bias), qkv);
       b.qkv_rope_store(qkv, c.qk_norm ? &w.q_norm : nullptr, c.qk_norm ? &w.k_norm : nullptr, eps,
-                       batch.positions, rope, static_cast<int>(c.num_heads), static_cast<int>(c.num_kv_heads),
+                       batch.positions, rope, static_cast<int>(heads_), static_cast<int>(kv_heads_),
                        batch.out_slots, k_cache, v_cache, q);
       attn_params.sliding_window = c.sliding_window_per_layer[static_cast<size_t>(l)];
       b.attention(q, k_cache, v_cache, batch.attention, attn_params, attn);
       b.linear(attn, w.o_proj, opt(w.o_bias), block_out);
+      if (tp_ != nullptr) tp_->all_reduce(block_out);
       b.add_rms_norm(residual, block_out, w.post_attention_norm, eps, hidden);
       b.linear(hidden, w.gate_up_proj, opt(w.gate_up_bias), gate_up);
       b.silu_and_mul(gate_up, act);
       b.linear(act, w.down_proj, opt(w.down_bias), block_out);
+      if (tp_ != nullptr) tp_->all_reduce(block_out);
     }
     const int64_t L = batch.logit_rows.numel();
     BASALT_CHECK(logits.rank() == 2 && logits.dim(0) == L && logits.dim(1) == c.vocab_size,
@@ -223,14 +289,80 @@ class DenseModel final : public Model {
       b.add_rms_norm(residual, block_out, final_norm_, eps, *hidden_out);
       Tensor selected = b.empty({L, H}, DType::kF32);
       b.embedding(batch.logit_rows, *hidden_out, selected);
-      b.linear(selected, lm_head_, nullptr, logits);
+      lm_head(selected, logits);
       return;
     }
     b.add_rms_norm(residual, block_out, final_norm_, eps, hidden);  // residual now holds the last layer's output
     if (hidden_out != nullptr) b.copy(residual, *hidden_out);
     Tensor selected = b.empty({L, H}, act_dtype);
     b.embedding(batch.logit_rows, hidden, selected);  // gathers the wanted rows
-    b.linear(selected, lm_head_, nullptr, logits);
+    lm_head(selected, logits);
+  }
+
+  // logits [L, vocab] = selected [L, H] times lm_head; with several ranks
+  // each computes its vocabulary columns and the all-gather puts them side
+  // by side (on the host: the ranks run on the CPU backend for now).
+  void lm_head(const Tensor& selected, Tensor& logits) {
+    if (world_ == 1) {
+      backend_.linear(selected, lm_head_, nullptr, logits);
+      return;
+    }
+    const int64_t L = selected.dim(0);
+    BASALT_CHECK(backend_.device() == Device::kCpu, "tensor parallelism runs on the CPU backend only for now");
+    Tensor part = backend_.empty({L, vocab_local_}, DType::kF32);
+    backend_.linear(selected, lm_head_, nullptr, part);
+    Tensor gathered = backend_.empty({world_ * L, vocab_local_}, DType::kF32);
+    tp_->all_gather(part, gathered);
+    for (int64_t r = 0; r < world_; ++r)
+      for (int64_t i = 0; i < L; ++i)
+        std::memcpy(logits.data<float>() + i * config_.vocab_size + r * vocab_local_,
+                    gathered.data<const float>() + (r * L + i) * vocab_local_,
+                    static_cast<size_t>(vocab_local_) * sizeof(float));
+  }
+
+  // What this rank holds of the model: heads, key/value heads, MLP columns
+  // and vocabulary rows; everything when there is one rank. The checks name
+  // the config field that does not divide.
+  void plan_shards() {
+    const ModelConfig& c = config_;
+    world_ = tp_ != nullptr ? tp_->world_size() : 1;
+    const int64_t rank = tp_ != nullptr ? tp_->rank() : 0;
+    heads_ = c.num_heads;
+    kv_heads_ = c.num_kv_heads;
+    intermediate_ = c.intermediate_size;
+    vocab_local_ = c.vocab_size;
+    if (world_ == 1) return;
+    const int64_t n = world_;
+    BASALT_CHECK(!c.eagle_head, "an EAGLE head runs on one rank, not {}", n);
+    BASALT_CHECK(c.num_heads % n == 0, "tensor parallelism over {} ranks: num_attention_heads ({}) must divide by it", n,
+                 c.num_heads);
+    BASALT_CHECK(c.num_kv_heads % n == 0 || n % c.num_kv_heads == 0,
+                 "tensor parallelism over {} ranks: num_key_value_heads ({}) must divide by it or divide it", n,
+                 c.num_kv_heads);
+    BASALT_CHECK(c.intermediate_size % n == 0,
+                 "tensor parallelism over {} ranks: intermediate_size ({}) must divide by it", n, c.intermediate_size);
+    BASALT_CHECK(c.vocab_size % n == 0, "tensor parallelism over {} ranks: vocab_size ({}) must divide by it", n,
+                 c.vocab_size);
+    heads_ = c.num_heads / n;
+    // Fewer key/value heads than ranks: each rank keeps the one its query
+    // heads read, so a head is held by n / num_kv_heads ranks (as vLLM does).
+    kv_heads_ = c.num_kv_heads >= n ? c.num_kv_heads / n : 1;
+    kv_head_begin_ = c.num_kv_heads >= n ? rank * kv_heads_ : rank / (n / c.num_kv_heads);
+    intermediate_ = c.intermediate_size / n;
+    vocab_local_ = c.vocab_size / n;
+    vocab_begin_ = rank * vocab_local_;
+  }
+
+  Tensor sharded_rows(const Checkpoint& ckpt, const std::string& name, Shape shape, int64_t begin, int64_t count) {
+    const Tensor t = ckpt.get(name, shape);
+    check_dense_dtype(ckpt, name, t);
+    return to_backend(t.rows(begin, count));
+  }
+  Tensor sharded_columns(const Checkpoint& ckpt, const std::string& name, Shape shape, int64_t begin,
+                         int64_t count) {
+    const Tensor t = ckpt.get(name, shape);
+    check_dense_dtype(ckpt, name, t);
+    return to_backend(world_ == 1 ? t : columns(t, begin, count));
   }
 
   static const Tensor* opt(const Tensor& t) { return t.raw() ? &t : nullptr; }
@@ -257,6 +389,10 @@ class DenseModel final : public Model {
 
   ModelConfig config_;
   Backend& backend_;
+  Communicator* tp_ = nullptr;  // null: one rank
+  int64_t world_ = 1;
+  int64_t heads_ = 0, kv_heads_ = 0, kv_head_begin_ = 0, intermediate_ = 0;  // this rank's
+  int64_t vocab_begin_ = 0, vocab_local_ = 0;                                // this rank's vocabulary rows
   Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
   Tensor eagle_fc_, eagle_fc_bias_;  // EAGLE heads only: [H, 2H] and f32 [H]
   float rope_scaling_ = 1.0f;
@@ -330,8 +466,8 @@ std::unique_ptr<Model> with_draft_head(std::unique_ptr<Model> model, std::unique
 }
 
 std::unique_ptr<Model> load_dense_model(const ModelConfig& config, const Checkpoint& checkpoint,
-                                        Backend& backend) {
-  return std::make_unique<DenseModel>(config, checkpoint, backend);
+                                        Backend& backend, Communicator* tp) {
+  return std::make_unique<DenseModel>(config, checkpoint, backend, nullptr, tp);
 }
 
 }  // namespace basalt

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/communicator.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "model/deepseek_v3.h"
@@ -71,7 +72,7 @@ void check_every_tensor_used(const ModelConfig& config, const Checkpoint& checkp
 }  // namespace
 
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
-                                  const LoadProgress& progress) {
+                                  const LoadProgress& progress, Communicator* tp) {
   const ModelConfig config = ModelConfig::load(dir);
   BASALT_CHECK(!config.eagle_head,
                "{}: this is an EAGLE draft head, not a model (use it with --speculative-algorithm eagle "
@@ -84,10 +85,13 @@ std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
     case Architecture::kQwen2:
     case Architecture::kQwen3:
       if (progress) checkpoint.prefetch(progress);
-      model = load_dense_model(config, checkpoint, backend);
+      model = load_dense_model(config, checkpoint, backend, tp);
       break;
     case Architecture::kDeepseekV2:
     case Architecture::kDeepseekV3:
+      BASALT_CHECK(tp == nullptr || tp->world_size() == 1,
+                   "{}: {} runs on one rank for now (tensor parallelism covers the dense families)", dir,
+                   config.model_type);
       // No prefetch: only the pages of the tensors a forward pass touches
       // become resident (the MTP layer and idle experts cost nothing).
       model = load_deepseek_model(config, checkpoint, backend);

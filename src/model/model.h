@@ -61,8 +61,12 @@ class Model {
 };
 
 // progress(done_bytes, total_bytes) is called while weights are read.
+// `tp` (optional): the tensor-parallel group this rank of the model belongs
+// to; the rank loads and runs its shard (dense families: model/dense.h;
+// others refuse more than one rank).
 using LoadProgress = std::function<void(uint64_t, uint64_t)>;
+class Communicator;
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
-                                  const LoadProgress& progress = {});
+                                  const LoadProgress& progress = {}, Communicator* tp = nullptr);
 
 }  // namespace basalt

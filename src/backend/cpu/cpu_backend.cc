@@ -512,4 +512,23 @@ void CpuBackend::gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& o
   }
 }
 
+namespace {
+
+// The pool is a base constructed before CpuBackend, which keeps a pointer to it.
+struct OwnPool {
+  explicit OwnPool(int threads) : pool(threads) {}
+  ThreadPool pool;
+};
+
+class CpuBackendWithPool final : private OwnPool, public CpuBackend {
+ public:
+  explicit CpuBackendWithPool(int threads) : OwnPool(threads), CpuBackend(&pool) {}
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend_with_threads(int threads) {
+  return std::make_unique<CpuBackendWithPool>(std::max(1, threads));
+}
+
 }  // namespace basalt

@@ -24,6 +24,8 @@
 // all of this bit for bit.
 #pragma once
 
+#include <memory>
+
 #include "backend/backend.h"
 #include "core/thread_pool.h"
 
@@ -85,5 +87,10 @@ class CpuBackend : public Backend {
  private:
   ThreadPool* pool_;
 };
+
+// A CPU backend with a pool of `threads` threads of its own (at least one),
+// for ranks that run side by side in one process (model/tensor_parallel.h)
+// and must not share, or wait on, the global pool.
+std::unique_ptr<Backend> make_cpu_backend_with_threads(int threads);
 
 }  // namespace basalt

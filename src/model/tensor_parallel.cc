@@ -1,0 +1,166 @@
+#include "model/tensor_parallel.h"
+
+#include <condition_variable>
+#include <exception>
+#include <fmt/format.h>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backend/communicator.h"
+#include "core/error.h"
+
+namespace basalt {
+namespace {
+
+class TensorParallelModel final : public Model {
+ public:
+  TensorParallelModel(const std::string& dir, int world, const RankBackendFactory& make_backend,
+                      const LoadProgress& progress) {
+    BASALT_CHECK(world >= 1, "tensor parallelism needs at least one rank, got {}", world);
+    std::vector<std::unique_ptr<Communicator>> group = make_local_group(world);
+    ranks_.resize(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      Rank& rank = ranks_[static_cast<size_t>(r)];
+      rank.comm = std::move(group[static_cast<size_t>(r)]);
+      rank.backend = make_backend(r);
+      BASALT_CHECK(rank.backend != nullptr && rank.backend->device() == Device::kCpu,
+                   "tensor parallelism runs its ranks on the CPU backend for now");
+    }
+    for (int r = 0; r < world; ++r) threads_.emplace_back([this, r] { serve(r); });
+    try {
+      // Each rank reads its own shard; only rank 0 reports progress (the
+      // ranks read the same files' pages at about the same pace).
+      run_on_every_rank([&](int r) {
+        Rank& rank = ranks_[static_cast<size_t>(r)];
+        rank.model = load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, rank.comm.get());
+      });
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
+
+  ~TensorParallelModel() override { stop(); }
+
+  const ModelConfig& config() const override { return ranks_[0].model->config(); }
+
+  KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override {
+    KvBuffers all;
+    all.num_slots = num_slots;
+    for (const Rank& rank : ranks_) {
+      KvBuffers own = rank.model->allocate_kv(num_slots, dtype);
+      all.k.insert(all.k.end(), own.k.begin(), own.k.end());
+      all.v.insert(all.v.end(), own.v.begin(), own.v.end());
+    }
+    return all;
+  }
+
+  size_t kv_bytes_per_slot(DType dtype) const override {
+    size_t bytes = 0;
+    for (const Rank& rank : ranks_) bytes += rank.model->kv_bytes_per_slot(dtype);
+    return bytes;
+  }
+
+  using Model::forward;
+  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override {
+    const size_t layers = static_cast<size_t>(config().num_layers);
+    BASALT_CHECK(kv.k.size() == layers * ranks_.size() && kv.v.size() == kv.k.size(),
+                 "forward: KV buffers have {} layers, {} ranks of {} layers need {}", kv.k.size(), ranks_.size(),
+                 layers, layers * ranks_.size());
+    BASALT_CHECK(logits.device() == Device::kCpu && (hidden == nullptr || hidden->device() == Device::kCpu),
+                 "forward: a tensor-parallel model writes host logits, got {}", logits.describe());
+    run_on_every_rank([&](int r) {
+      KvBuffers own;
+      own.num_slots = kv.num_slots;
+      const auto first = static_cast<std::ptrdiff_t>(static_cast<size_t>(r) * layers);
+      own.k.assign(kv.k.begin() + first, kv.k.begin() + first + static_cast<std::ptrdiff_t>(layers));
+      own.v.assign(kv.v.begin() + first, kv.v.begin() + first + static_cast<std::ptrdiff_t>(layers));
+      if (r == 0) {
+        ranks_[0].model->forward(batch, own, logits, hidden);
+        return;
+      }
+      // The other ranks' logits are the same; each writes its own copy.
+      Tensor scratch = Tensor::empty(logits.shape(), DType::kF32);
+      ranks_[static_cast<size_t>(r)].model->forward(batch, own, scratch, nullptr);
+    });
+  }
+
+  std::string summary() const override {
+    const std::string own = ranks_[0].model->summary();
+    return fmt::format("tensor parallel over {} ranks{}{}", ranks_.size(), own.empty() ? "" : "; rank 0: ", own);
+  }
+
+ private:
+  struct Rank {
+    std::unique_ptr<Communicator> comm;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Model> model;
+  };
+
+  // Runs job(rank) on every rank's thread at once (a collective waits for
+  // all of them) and returns when all are done; rethrows the first error.
+  void run_on_every_rank(const std::function<void(int)>& job) {
+    std::unique_lock<std::mutex> lock(mu_);
+    job_ = &job;
+    errors_.assign(ranks_.size(), nullptr);
+    pending_ = static_cast<int>(ranks_.size());
+    ++generation_;
+    work_.notify_all();
+    done_.wait(lock, [this] { return pending_ == 0; });
+    job_ = nullptr;
+    for (const std::exception_ptr& e : errors_)
+      if (e) std::rethrow_exception(e);
+  }
+
+  void serve(int r) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      work_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      const std::function<void(int)>* job = job_;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        (*job)(r);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      errors_[static_cast<size_t>(r)] = error;
+      if (--pending_ == 0) done_.notify_all();
+    }
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    work_.notify_all();
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
+    threads_.clear();
+  }
+
+  std::vector<Rank> ranks_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;  // what follows
+  std::condition_variable work_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  std::vector<std::exception_ptr> errors_;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> load_tensor_parallel(const std::string& dir, int world, const RankBackendFactory& make_backend,
+                                            const LoadProgress& progress) {
+  return std::make_unique<TensorParallelModel>(dir, world, make_backend, progress);
+}
+
+}  // namespace basalt
