@@ -30,31 +30,9 @@ using testing::read_json;
 class DenseReference : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DenseReference, PrefillLogitsMatchTransformers) {
-  const std::string dir = kModels + GetParam();
   CpuBackend backend;
-  auto model = load_model(dir, backend);
-  const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
-  const nlohmann::json meta = read_json(dir + "/reference.json");
-  const int64_t vocab = model->config().vocab_size;
-  for (size_t p = 0; p < meta["prompt_lengths"].size(); ++p) {
-    const Tensor ids = ref.tensor("prompt_" + std::to_string(p) + ".ids");
-    const Tensor expected = ref.tensor("prompt_" + std::to_string(p) + ".logits");
-    const int64_t n = ids.numel();
-    ForwardBatch batch = single_sequence_batch(
-        std::span<const int32_t>(ids.data<int32_t>(), static_cast<size_t>(n)), 0, /*all_logits=*/true);
-    KvBuffers kv = model->allocate_kv(n);
-    Tensor logits = Tensor::empty({n, vocab}, DType::kF32);
-    model->forward(batch, kv, logits);
-    double diff2 = 0, ref2 = 0, max_abs = 0;
-    for (int64_t i = 0; i < n * vocab; ++i) {
-      const double d = logits.data<float>()[i] - expected.data<float>()[i];
-      diff2 += d * d;
-      ref2 += static_cast<double>(expected.data<float>()[i]) * expected.data<float>()[i];
-      max_abs = std::max(max_abs, std::fabs(d));
-    }
-    EXPECT_LT(std::sqrt(diff2 / ref2), 1e-5) << GetParam() << " prompt length " << n;
-    EXPECT_LT(max_abs, 1e-3) << GetParam() << " prompt length " << n;
-  }
+  auto model = load_model(kModels + GetParam(), backend);
+  testing::expect_prefill_logits_match_reference(*model, kModels + GetParam(), GetParam());
 }
 
 TEST_P(DenseReference, GreedyContinuationMatchesTransformers) {
