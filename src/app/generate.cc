@@ -502,8 +502,9 @@ void add_generate_command(CLI::App& app) {
                   "CPU backend threads (default 0: the BASALT_NUM_THREADS environment variable, else one per "
                   "hardware thread)");
   cmd->add_option("--tp,--tensor-parallel-size", flags->tp,
-                  "Tensor parallelism: run the model over this many ranks (the Llama/Qwen/Mistral families; on the "
-                  "CPU the ranks are threads of this process sharing --threads) (default 1)");
+                  "Tensor parallelism: run the model over this many ranks (heads, MLP slices and vocabulary split; "
+                  "DeepSeek's routed experts split whole; on the CPU the ranks are threads of this process sharing "
+                  "--threads) (default 1)");
   cmd->add_option("--device", flags->device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");

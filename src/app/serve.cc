@@ -270,8 +270,9 @@ void add_serve_command(CLI::App& app) {
                   "Reasoning models: deepseek_r1 or qwen3 moves the <think> text to reasoning_content (default: "
                   "none)");
   cmd->add_option("--tp,--tensor-parallel-size", f.tp,
-                  "Tensor parallelism: run the model over this many ranks (the Llama/Qwen/Mistral families; on the "
-                  "CPU the ranks are threads of this process sharing --threads) (default 1)");
+                  "Tensor parallelism: run the model over this many ranks (heads, MLP slices and vocabulary split; "
+                  "DeepSeek's routed experts split whole; on the CPU the ranks are threads of this process sharing "
+                  "--threads) (default 1)");
   cmd->add_option("--device", f.device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");

@@ -7,9 +7,11 @@
 #include <sstream>
 #include <vector>
 
+#include "backend/communicator.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "model/rope.h"
+#include "model/tp_shard.h"
 
 namespace basalt {
 namespace {
@@ -58,15 +60,24 @@ std::string human_bytes(double n) {
 
 class DeepseekModelImpl final : public DeepseekModel {
  public:
-  DeepseekModelImpl(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend)
-      : config_(config), dir_(ckpt.dir()), backend_(backend) {
+  DeepseekModelImpl(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend, Communicator* tp)
+      : config_(config), dir_(ckpt.dir()), backend_(backend), tp_(tp) {
     const ModelConfig& c = config_;
     const DeepseekConfig& d = c.deepseek;
     const int64_t H = c.hidden_size;
-    embed_tokens_ = plain(ckpt, "model.embed_tokens.weight", {c.vocab_size, H});
+    plan_shards();
+    if (world_ == 1) {
+      embed_tokens_ = plain(ckpt, "model.embed_tokens.weight", {c.vocab_size, H});
+      lm_head_ = c.tie_word_embeddings ? embed_tokens_ : plain(ckpt, "lm_head.weight", {c.vocab_size, H});
+    } else {
+      // Vocabulary-parallel (model/tp_shard.h).
+      embed_tokens_ = to_backend(tp::vocab_shard(plain(ckpt, "model.embed_tokens.weight", {c.vocab_size, H}),
+                                                 vocab_begin_, vocab_local_));
+      lm_head_ = c.tie_word_embeddings
+                     ? embed_tokens_.rows(0, vocab_local_)
+                     : plain(ckpt, "lm_head.weight", {c.vocab_size, H}).rows(vocab_begin_, vocab_local_);
+    }
     final_norm_ = plain(ckpt, "model.norm.weight", {H});
-    lm_head_ = c.tie_word_embeddings ? embed_tokens_
-                                     : plain(ckpt, "lm_head.weight", {c.vocab_size, H});
     layers_.resize(static_cast<size_t>(c.num_layers));
     for (int64_t l = 0; l < c.num_layers; ++l)
       layers_[static_cast<size_t>(l)] = load_layer(ckpt, l);
@@ -95,7 +106,7 @@ class DeepseekModelImpl final : public DeepseekModel {
         Tensor::from_f32({static_cast<int64_t>(rope.inv_freq.size())}, rope.inv_freq));
     reserve_step_constants(kStepConstantRows, kStepConstantRows);
     const int R = static_cast<int>(d.qk_rope_head_dim), Dn = static_cast<int>(d.qk_nope_head_dim);
-    rope_q_ = RopeParams{static_cast<int>(c.num_heads), Dn + R, R, RopeStyle::kInterleaved,
+    rope_q_ = RopeParams{static_cast<int>(heads_), Dn + R, R, RopeStyle::kInterleaved,
                          &inv_freq_, rope.attention_scaling, Dn};
     rope_k_ = RopeParams{1, R, R, RopeStyle::kInterleaved, &inv_freq_, rope.attention_scaling, 0};
     double scale = 1.0 / std::sqrt(static_cast<double>(Dn + R));
@@ -103,7 +114,7 @@ class DeepseekModelImpl final : public DeepseekModel {
       const double m = yarn_get_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
       scale *= m * m;
     }
-    mla_ = MlaParams{static_cast<int>(c.num_heads), static_cast<int>(d.kv_lora_rank), Dn, R,
+    mla_ = MlaParams{static_cast<int>(heads_), static_cast<int>(d.kv_lora_rank), Dn, R,
                      static_cast<int>(d.v_head_dim), static_cast<float>(scale)};
     const bool greedy = d.topk_method == "greedy";
     route_ = MoeRouteParams{d.scoring_func == "sigmoid" ? MoeScoring::kSigmoid : MoeScoring::kSoftmax,
@@ -127,10 +138,19 @@ class DeepseekModelImpl final : public DeepseekModel {
   // it is there already, as in a replayed CUDA graph's static inputs).
   using Model::forward;
   void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override {
-    run(on_backend(batch, backend_), kv, logits, hidden);
+    if (world_ == 1) {
+      run(on_backend(batch, backend_), kv, logits, hidden);
+      return;
+    }
+    BASALT_CHECK(batch.num_tokens() > 0, "forward: empty batch");
+    ForwardBatch local = batch;
+    local.token_ids = tp::local_vocab_ids(batch.token_ids, vocab_begin_, vocab_local_, config_.vocab_size);
+    run(on_backend(local, backend_), kv, logits, hidden);
   }
 
-  DraftHead* draft_head() override { return mtp_ ? &mtp_head_ : nullptr; }
+  // Under tensor parallelism the MTP layer is loaded (its shard) but not
+  // offered: drafting over ranks is not built yet.
+  DraftHead* draft_head() override { return mtp_ && world_ == 1 ? &mtp_head_ : nullptr; }
 
   // The MTP layer as a DraftHead (see deepseek_v3.h).
   class MtpHead : public DraftHead {
@@ -154,6 +174,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   void forward_mtp(const ForwardBatch& host_batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
                    Tensor* hidden_out) {
     BASALT_CHECK(mtp_ != nullptr, "{}: the checkpoint has no MTP layer", ckpt_dir());
+    BASALT_CHECK(world_ == 1, "forward_mtp: the MTP layer runs on one rank");
     const ForwardBatch batch = on_backend(host_batch, backend_);
     const int64_t T = batch.num_tokens(), H = config_.hidden_size;
     BASALT_CHECK(T > 0, "forward_mtp: empty batch");
@@ -295,6 +316,7 @@ class DeepseekModelImpl final : public DeepseekModel {
     Tensor block_out = b.empty({T, H}, DType::kF32);
     Steps steps(*this, batch);
     b.embedding(batch.token_ids, embed_tokens_, residual);
+    if (tp_ != nullptr) tp_->all_reduce(residual);
     for (int64_t l = 0; l < c.num_layers; ++l)
       run_layer(layers_[static_cast<size_t>(l)], residual, hidden, block_out, batch,
                 kv.k[static_cast<size_t>(l)], l == 0, steps);
@@ -315,7 +337,13 @@ class DeepseekModelImpl final : public DeepseekModel {
                  logits.describe());
     Tensor selected = backend_.empty({L, H}, DType::kF32);
     backend_.embedding(batch.logit_rows, hidden, selected);  // gathers the wanted rows
-    backend_.linear(selected, head, nullptr, logits);
+    if (world_ == 1) {
+      backend_.linear(selected, head, nullptr, logits);
+      return;
+    }
+    Tensor part = backend_.empty({L, vocab_local_}, DType::kF32);
+    backend_.linear(selected, head, nullptr, part);
+    tp::gather_vocab_columns(*tp_, backend_, part, logits);
   }
 
   // One decoder block. On entry block_out holds the previous block's output
@@ -340,7 +368,7 @@ class DeepseekModelImpl final : public DeepseekModel {
     const ModelConfig& c = config_;
     const DeepseekConfig& d = c.deepseek;
     Backend& b = backend_;
-    const int64_t T = batch.num_tokens(), heads = c.num_heads;
+    const int64_t T = batch.num_tokens(), heads = heads_;  // this rank's
     const int64_t Dn = d.qk_nope_head_dim, R = d.qk_rope_head_dim, Dv = d.v_head_dim;
     const float eps = static_cast<float>(c.rms_norm_eps);
     Tensor q = b.empty({T, heads * (Dn + R)}, DType::kF32);
@@ -371,12 +399,14 @@ class DeepseekModelImpl final : public DeepseekModel {
       b.mla_attention(q, cache, w.kv_b_proj, batch.attention, mla_, attn);
     }
     lin(attn, w.o_proj, out);
+    if (tp_ != nullptr) tp_->all_reduce(out);  // the heads' partial sums
   }
 
   void feed_forward(const Layer& w, const Tensor& hidden, const Steps& steps, Tensor& out) {
     Backend& b = backend_;
     if (!w.moe) {
       b.moe_experts(hidden, steps.first_expert, steps.unit_weight, std::span(&w.dense, 1), out);
+      if (tp_ != nullptr) tp_->all_reduce(out);
       return;
     }
     const int64_t T = hidden.dim(0), E = config_.deepseek.n_routed_experts;
@@ -386,11 +416,51 @@ class DeepseekModelImpl final : public DeepseekModel {
     Tensor weights = b.empty({T, route_.top_k}, DType::kF32);
     b.moe_route(router_logits, w.router_bias.raw() ? &w.router_bias : nullptr, route_, ids,
                 weights);
-    b.moe_experts(hidden, ids, weights, w.experts, out);
+    if (world_ == 1) {
+      b.moe_experts(hidden, ids, weights, w.experts, out);
+    } else {
+      experts_of_this_rank(hidden, ids, weights, w.experts, out);
+    }
     if (w.has_shared) {
       Tensor shared = b.empty({T, config_.hidden_size}, DType::kF32);
       b.moe_experts(hidden, steps.first_expert, steps.unit_weight, std::span(&w.shared, 1), shared);
       b.add(out, shared, out);
+    }
+    if (tp_ != nullptr) tp_->all_reduce(out);  // every rank's experts and shared slice
+  }
+
+  // Expert parallelism with the tokens on every rank (they are, after the
+  // attention's all-reduce): this rank's experts, [expert_begin_,
+  // expert_begin_ + experts.size()), run on the (token, choice) pairs routed
+  // to them, one row per pair; out[t] is the sum of t's pairs here (zero
+  // where it has none), for the all-reduce to complete. Host gather and
+  // scatter: the ranks run on the CPU backend.
+  void experts_of_this_rank(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                            std::span<const MoeExpert> experts, Tensor& out) {
+    Backend& b = backend_;
+    const int64_t T = x.dim(0), H = x.dim(1), K = ids.dim(1);
+    const int64_t local = static_cast<int64_t>(experts.size());
+    std::vector<int32_t> token, expert;
+    std::vector<float> weight;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t e = ids.data<const int32_t>()[t * K + j] - expert_begin_;
+        if (e < 0 || e >= local) continue;
+        token.push_back(static_cast<int32_t>(t));
+        expert.push_back(static_cast<int32_t>(e));
+        weight.push_back(weights.data<const float>()[t * K + j]);
+      }
+    std::fill(out.data<float>(), out.data<float>() + T * H, 0.0f);
+    const int64_t P = static_cast<int64_t>(token.size());
+    if (P == 0) return;
+    const Tensor rows = Tensor::from_i32({P}, token);
+    Tensor xs = b.empty({P, H}, x.dtype()), ys = b.empty({P, H}, DType::kF32);
+    b.embedding(rows, x, xs);  // gathers the pairs' tokens
+    b.moe_experts(xs, Tensor::from_i32({P, 1}, expert), Tensor::from_f32({P, 1}, weight), experts, ys);
+    for (int64_t p = 0; p < P; ++p) {
+      float* dst = out.data<float>() + token[static_cast<size_t>(p)] * H;
+      const float* src = ys.data<const float>() + p * H;
+      for (int64_t h = 0; h < H; ++h) dst[h] += src[h];
     }
   }
 
@@ -407,7 +477,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   Layer load_layer(const Checkpoint& ckpt, int64_t l) {
     const ModelConfig& c = config_;
     const DeepseekConfig& d = c.deepseek;
-    const int64_t H = c.hidden_size, heads = c.num_heads;
+    const int64_t H = c.hidden_size, heads = c.num_heads, mine = heads_, first = rank_ * heads_;
     const int64_t Dn = d.qk_nope_head_dim, R = d.qk_rope_head_dim, Dv = d.v_head_dim;
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Layer w;
@@ -417,19 +487,24 @@ class DeepseekModelImpl final : public DeepseekModel {
     if (d.q_lora_rank > 0) {
       w.q_a_proj = linear(ckpt, a + "q_a_proj.weight", d.q_lora_rank, H);
       w.q_a_norm = plain(ckpt, a + "q_a_layernorm.weight", {d.q_lora_rank});
-      w.q_b_proj = linear(ckpt, a + "q_b_proj.weight", heads * (Dn + R), d.q_lora_rank);
+      w.q_b_proj = shard_rows(linear(ckpt, a + "q_b_proj.weight", heads * (Dn + R), d.q_lora_rank),
+                              first * (Dn + R), mine * (Dn + R), a + "q_b_proj.weight");
     } else {
-      w.q_proj = linear(ckpt, a + "q_proj.weight", heads * (Dn + R), H);
+      w.q_proj = shard_rows(linear(ckpt, a + "q_proj.weight", heads * (Dn + R), H), first * (Dn + R),
+                            mine * (Dn + R), a + "q_proj.weight");
     }
+    // The latent (kv_a) is every head's: each rank computes and caches it.
     w.kv_a_proj = linear(ckpt, a + "kv_a_proj_with_mqa.weight", d.kv_lora_rank + R, H);
     w.kv_a_norm = plain(ckpt, a + "kv_a_layernorm.weight", {d.kv_lora_rank});
-    w.kv_b_proj = linear(ckpt, a + "kv_b_proj.weight", heads * (Dn + Dv), d.kv_lora_rank);
-    w.o_proj = linear(ckpt, a + "o_proj.weight", H, heads * Dv);
+    w.kv_b_proj = shard_rows(linear(ckpt, a + "kv_b_proj.weight", heads * (Dn + Dv), d.kv_lora_rank),
+                             first * (Dn + Dv), mine * (Dn + Dv), a + "kv_b_proj.weight");
+    w.o_proj = shard_columns(linear(ckpt, a + "o_proj.weight", H, heads * Dv), first * Dv, mine * Dv,
+                             a + "o_proj.weight");
 
     const std::string m = p + "mlp.";
     w.moe = d.is_moe_layer(l);
     if (!w.moe) {
-      w.dense = expert(ckpt, m, c.intermediate_size, false);
+      w.dense = shard_mlp(expert(ckpt, m, c.intermediate_size, false), c.intermediate_size, m);
       return w;
     }
     const int64_t E = d.n_routed_experts, I = d.moe_intermediate_size;
@@ -446,20 +521,96 @@ class DeepseekModelImpl final : public DeepseekModel {
       BASALT_CHECK(gate_up.dtype() != DType::kF8E4M3 && down.dtype() != DType::kF8E4M3,
                    "{}: fused expert tensors '{}experts.*' must not be float8 (block scales are "
                    "per expert)", ckpt.info(m + "experts.down_proj").file, m);
-      for (int64_t e = 0; e < E; ++e) {
+      for (int64_t e = expert_begin_; e < expert_begin_ + experts_local_; ++e) {
         const Tensor gu = gate_up.rows(e, 1).reshape({2 * I, H});
         w.experts.push_back(MoeExpert{{gu.rows(0, I), Tensor()}, {gu.rows(I, I), Tensor()},
                                       {down.rows(e, 1).reshape({H, I}), Tensor()}});
       }
     } else {
-      for (int64_t e = 0; e < E; ++e)
-        w.experts.push_back(expert(ckpt, m + "experts." + std::to_string(e) + ".", I, true));
+      // Every expert's tensors are read (and checked); this rank keeps its own.
+      for (int64_t e = 0; e < E; ++e) {
+        MoeExpert ex = expert(ckpt, m + "experts." + std::to_string(e) + ".", I, true);
+        if (e >= expert_begin_ && e < expert_begin_ + experts_local_) w.experts.push_back(std::move(ex));
+      }
     }
     if (d.n_shared_experts > 0) {
       w.has_shared = true;
-      w.shared = expert(ckpt, m + "shared_experts.", I * d.n_shared_experts, false);
+      w.shared = shard_mlp(expert(ckpt, m + "shared_experts.", I * d.n_shared_experts, false),
+                           I * d.n_shared_experts, m + "shared_experts.");
     }
     return w;
+  }
+
+  // --- Tensor parallelism (world_ > 1) ------------------------------------
+  //
+  // Rank r of N holds query heads [r*h, (r+1)*h), h = num_heads / N: their
+  // rows of q_proj / q_b_proj and kv_b_proj and their columns of o_proj
+  // (all-reduced after); the latent projection, its norm and cache on every
+  // rank (replicated: DP attention would keep one copy); 1/N of the dense
+  // and shared MLPs (gate/up rows, down columns); routed experts [r*E/N,
+  // (r+1)*E/N) run on the tokens routed to them (expert parallelism over
+  // tokens every rank has), one all-reduce for the whole feed-forward;
+  // vocabulary rows of the embedding and lm_head (model/tp_shard.h). FP8
+  // weights split only at whole 128x128 blocks.
+  void plan_shards() {
+    const ModelConfig& c = config_;
+    const DeepseekConfig& d = c.deepseek;
+    world_ = tp_ != nullptr ? tp_->world_size() : 1;
+    rank_ = tp_ != nullptr ? tp_->rank() : 0;
+    heads_ = c.num_heads;
+    vocab_local_ = c.vocab_size;
+    experts_local_ = d.n_routed_experts;
+    if (world_ == 1) return;
+    const int64_t n = world_;
+    auto divides = [&](int64_t value, const char* field) {
+      BASALT_CHECK(value % n == 0, "tensor parallelism over {} ranks: {} ({}) must divide by it", n, field, value);
+    };
+    divides(c.num_heads, "num_attention_heads");
+    divides(c.vocab_size, "vocab_size");
+    divides(c.intermediate_size, "intermediate_size");
+    if (d.n_routed_experts > 0) divides(d.n_routed_experts, "n_routed_experts");
+    if (d.n_shared_experts > 0) divides(d.moe_intermediate_size * d.n_shared_experts, "the shared experts' width");
+    heads_ = c.num_heads / n;
+    vocab_local_ = c.vocab_size / n;
+    vocab_begin_ = rank_ * vocab_local_;
+    experts_local_ = d.n_routed_experts / n;
+    expert_begin_ = rank_ * experts_local_;
+  }
+
+  // Rows [begin, begin + count) of a linear weight (and of its FP8 block
+  // scales, at whole blocks); the weight itself with one rank.
+  LinearWeight shard_rows(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) const {
+    if (world_ == 1) return w;
+    LinearWeight out;
+    out.weight = w.weight.rows(begin, count);
+    if (w.block_fp8()) {
+      check_block_aligned(begin, count, w.weight.dim(0), name);
+      out.scale_inv = w.scale_inv.rows(begin / kFp8BlockSize, (count + kFp8BlockSize - 1) / kFp8BlockSize);
+    }
+    return out;
+  }
+  LinearWeight shard_columns(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) const {
+    if (world_ == 1) return w;
+    LinearWeight out;
+    out.weight = tp::columns(w.weight, begin, count);
+    if (w.block_fp8()) {
+      check_block_aligned(begin, count, w.weight.dim(1), name);
+      out.scale_inv =
+          tp::columns(w.scale_inv, begin / kFp8BlockSize, (count + kFp8BlockSize - 1) / kFp8BlockSize);
+    }
+    return out;
+  }
+  void check_block_aligned(int64_t begin, int64_t count, int64_t size, const std::string& name) const {
+    BASALT_CHECK(begin % kFp8BlockSize == 0 && (count % kFp8BlockSize == 0 || begin + count == size),
+                 "{}: tensor parallelism over {} ranks splits '{}' inside a {}-wide FP8 block ([{}, {}) of {})",
+                 dir_, world_, name, kFp8BlockSize, begin, begin + count, size);
+  }
+  // This rank's 1/N of an MLP `inter` wide: gate and up rows, down columns.
+  MoeExpert shard_mlp(const MoeExpert& e, int64_t inter, const std::string& prefix) const {
+    const int64_t mine = inter / world_, first = rank_ * mine;
+    return MoeExpert{shard_rows(e.gate, first, mine, prefix + "gate_proj.weight"),
+                     shard_rows(e.up, first, mine, prefix + "up_proj.weight"),
+                     shard_columns(e.down, first, mine, prefix + "down_proj.weight")};
   }
 
   MoeExpert expert(const Checkpoint& ckpt, const std::string& p, int64_t inter, bool routed) {
@@ -533,6 +684,11 @@ class DeepseekModelImpl final : public DeepseekModel {
   ModelConfig config_;
   std::string dir_;
   Backend& backend_;
+  Communicator* tp_ = nullptr;  // null: one rank
+  int64_t world_ = 1, rank_ = 0;
+  int64_t heads_ = 0;                         // this rank's query heads
+  int64_t vocab_begin_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows
+  int64_t expert_begin_ = 0, experts_local_ = 0;  // this rank's routed experts
   Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
   std::vector<Layer> layers_;
   std::unique_ptr<Mtp> mtp_;
@@ -549,9 +705,9 @@ class DeepseekModelImpl final : public DeepseekModel {
 
 }  // namespace
 
-std::unique_ptr<DeepseekModel> load_deepseek_model(const ModelConfig& config,
-                                                   const Checkpoint& checkpoint, Backend& backend) {
-  return std::make_unique<DeepseekModelImpl>(config, checkpoint, backend);
+std::unique_ptr<DeepseekModel> load_deepseek_model(const ModelConfig& config, const Checkpoint& checkpoint,
+                                                   Backend& backend, Communicator* tp) {
+  return std::make_unique<DeepseekModelImpl>(config, checkpoint, backend, tp);
 }
 
 }  // namespace basalt

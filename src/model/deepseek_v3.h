@@ -46,6 +46,16 @@
 //    final hidden state as vLLM and SGLang pass it); vLLM also zeroes the
 //    embedding of a token at position 0, which is not done here. Plain
 //    generation does not use it.
+//  * Tensor parallelism (a Communicator given, N ranks): query heads split
+//    (q_proj / q_b_proj and kv_b_proj rows, o_proj columns, all-reduced);
+//    the latent projection and its cache on every rank; the dense and shared
+//    MLPs split in 1/N slices; routed experts split whole, each rank running
+//    its experts on the (token, choice) pairs routed to them, one all-reduce
+//    per feed-forward; vocabulary rows of the embedding and lm_head
+//    (model/tp_shard.h). FP8 weights split only at whole 128x128 blocks. The
+//    MTP layer is loaded but not offered as a draft head over ranks. This is
+//    tensor parallelism with expert parallelism over tokens every rank has
+//    (SGLang's EP MoE under TP), not yet DP attention with all-to-all.
 #pragma once
 
 #include <memory>
@@ -69,7 +79,10 @@ class DeepseekModel : public Model {
 
 };
 
-std::unique_ptr<DeepseekModel> load_deepseek_model(const ModelConfig& config,
-                                                   const Checkpoint& checkpoint, Backend& backend);
+// `tp` (may be null: one rank): the tensor-parallel group this rank belongs
+// to; what a rank holds is written above DeepseekModelImpl::plan_shards.
+class Communicator;
+std::unique_ptr<DeepseekModel> load_deepseek_model(const ModelConfig& config, const Checkpoint& checkpoint,
+                                                   Backend& backend, Communicator* tp = nullptr);
 
 }  // namespace basalt

@@ -8,6 +8,7 @@
 #include "model/checkpoint.h"
 #include "model/eagle_head.h"
 #include "model/rope.h"
+#include "model/tp_shard.h"
 
 namespace basalt {
 namespace {
@@ -40,18 +41,6 @@ Tensor concat_rows(const std::vector<Tensor>& parts) {
   return out;
 }
 
-// Columns [begin, begin + count) of a 2-D host tensor, copied.
-Tensor columns(const Tensor& t, int64_t begin, int64_t count) {
-  BASALT_ASSERT(t.rank() == 2 && begin >= 0 && begin + count <= t.dim(1));
-  const size_t elem = dtype_size(t.dtype());
-  Tensor out = Tensor::empty({t.dim(0), count}, t.dtype());
-  for (int64_t r = 0; r < t.dim(0); ++r)
-    std::memcpy(out.data<char>() + static_cast<size_t>(r * count) * elem,
-                static_cast<const char*>(t.raw()) + static_cast<size_t>(r * t.dim(1) + begin) * elem,
-                static_cast<size_t>(count) * elem);
-  return out;
-}
-
 class DenseModel final : public Model {
  public:
   // `target` (EAGLE heads only, may be null): the checkpoint of the model
@@ -72,15 +61,10 @@ class DenseModel final : public Model {
     if (world_ == 1) {
       embed_tokens_ = weight(shared && !ckpt.has(embed_name) ? *target : ckpt, embed_name, {c.vocab_size, H});
     } else {
-      // This rank's vocabulary rows, then a row of zeros that every id
-      // outside them looks up (forward maps them there), so the all-reduce
-      // of the ranks' lookups is the embedding.
+      // This rank's vocabulary rows and a zero row (model/tp_shard.h).
       const Tensor all = ckpt.get(embed_name, {c.vocab_size, H});
       check_dense_dtype(ckpt, embed_name, all);
-      Tensor shard = Tensor::zeros({vocab_local_ + 1, H}, all.dtype());
-      std::memcpy(shard.raw(), all.rows(vocab_begin_, vocab_local_).raw(),
-                  static_cast<size_t>(vocab_local_ * H) * dtype_size(all.dtype()));
-      embed_tokens_ = to_backend(shard);
+      embed_tokens_ = to_backend(tp::vocab_shard(all, vocab_begin_, vocab_local_));
     }
     if (c.eagle_head) {
       eagle_fc_ = weight(ckpt, "eagle.fc.weight", {H, 2 * H});
@@ -179,22 +163,12 @@ class DenseModel final : public Model {
       run(batch, residual, kv, logits, hidden_out, /*hidden_before_norm=*/false);
       return;
     }
-    // Vocabulary-parallel embedding: ids of this rank's rows look up their
-    // row, the others the zero row after them; the sum over ranks is the
-    // embedding.
-    ForwardBatch local = host_batch;
-    BASALT_CHECK(host_batch.token_ids.device() == Device::kCpu && host_batch.token_ids.dtype() == DType::kI32,
-                 "forward: a tensor-parallel rank takes host token ids, got {}", host_batch.token_ids.describe());
+    // Vocabulary-parallel embedding (model/tp_shard.h): the sum over ranks
+    // of their lookups.
     const int64_t T = host_batch.num_tokens();
     BASALT_CHECK(T > 0, "forward: empty batch");
-    local.token_ids = Tensor::empty({T}, DType::kI32);
-    for (int64_t i = 0; i < T; ++i) {
-      const int32_t id = host_batch.token_ids.data<const int32_t>()[i];
-      BASALT_CHECK(id >= 0 && id < config_.vocab_size, "forward: token id {} is outside the vocabulary ({})", id,
-                   config_.vocab_size);
-      const int64_t at = id - vocab_begin_;
-      local.token_ids.data<int32_t>()[i] = static_cast<int32_t>(at >= 0 && at < vocab_local_ ? at : vocab_local_);
-    }
+    ForwardBatch local = host_batch;
+    local.token_ids = tp::local_vocab_ids(host_batch.token_ids, vocab_begin_, vocab_local_, config_.vocab_size);
     const ForwardBatch batch = on_backend(local, backend_);
     Tensor residual = backend_.empty({T, config_.hidden_size}, DType::kF32);
     backend_.embedding(batch.token_ids, embed_tokens_, residual);
@@ -307,17 +281,9 @@ class DenseModel final : public Model {
       backend_.linear(selected, lm_head_, nullptr, logits);
       return;
     }
-    const int64_t L = selected.dim(0);
-    BASALT_CHECK(backend_.device() == Device::kCpu, "tensor parallelism runs on the CPU backend only for now");
-    Tensor part = backend_.empty({L, vocab_local_}, DType::kF32);
+    Tensor part = backend_.empty({selected.dim(0), vocab_local_}, DType::kF32);
     backend_.linear(selected, lm_head_, nullptr, part);
-    Tensor gathered = backend_.empty({world_ * L, vocab_local_}, DType::kF32);
-    tp_->all_gather(part, gathered);
-    for (int64_t r = 0; r < world_; ++r)
-      for (int64_t i = 0; i < L; ++i)
-        std::memcpy(logits.data<float>() + i * config_.vocab_size + r * vocab_local_,
-                    gathered.data<const float>() + (r * L + i) * vocab_local_,
-                    static_cast<size_t>(vocab_local_) * sizeof(float));
+    tp::gather_vocab_columns(*tp_, backend_, part, logits);
   }
 
   // What this rank holds of the model: heads, key/value heads, MLP columns
@@ -362,7 +328,7 @@ class DenseModel final : public Model {
                          int64_t count) {
     const Tensor t = ckpt.get(name, shape);
     check_dense_dtype(ckpt, name, t);
-    return to_backend(world_ == 1 ? t : columns(t, begin, count));
+    return to_backend(world_ == 1 ? t : tp::columns(t, begin, count));
   }
 
   static const Tensor* opt(const Tensor& t) { return t.raw() ? &t : nullptr; }

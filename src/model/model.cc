@@ -89,12 +89,9 @@ std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
       break;
     case Architecture::kDeepseekV2:
     case Architecture::kDeepseekV3:
-      BASALT_CHECK(tp == nullptr || tp->world_size() == 1,
-                   "{}: {} runs on one rank for now (tensor parallelism covers the dense families)", dir,
-                   config.model_type);
       // No prefetch: only the pages of the tensors a forward pass touches
       // become resident (the MTP layer and idle experts cost nothing).
-      model = load_deepseek_model(config, checkpoint, backend);
+      model = load_deepseek_model(config, checkpoint, backend, tp);
       break;
   }
   BASALT_CHECK(model != nullptr, "{}: unsupported architecture", dir);

@@ -62,8 +62,7 @@ class Model {
 
 // progress(done_bytes, total_bytes) is called while weights are read.
 // `tp` (optional): the tensor-parallel group this rank of the model belongs
-// to; the rank loads and runs its shard (dense families: model/dense.h;
-// others refuse more than one rank).
+// to; the rank loads and runs its shard (model/dense.h, model/deepseek_v3.h).
 using LoadProgress = std::function<void(uint64_t, uint64_t)>;
 class Communicator;
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,

@@ -68,8 +68,18 @@ class TensorParallelModel final : public Model {
     BASALT_CHECK(kv.k.size() == layers * ranks_.size() && kv.v.size() == kv.k.size(),
                  "forward: KV buffers have {} layers, {} ranks of {} layers need {}", kv.k.size(), ranks_.size(),
                  layers, layers * ranks_.size());
-    BASALT_CHECK(logits.device() == Device::kCpu && (hidden == nullptr || hidden->device() == Device::kCpu),
-                 "forward: a tensor-parallel model writes host logits, got {}", logits.describe());
+    // What only rank 0 is given is checked here, before any rank starts: a
+    // rank that failed after a collective would leave the others waiting in
+    // the next one.
+    const int64_t rows = batch.logit_rows.numel(), tokens = batch.num_tokens();
+    BASALT_CHECK(logits.device() == Device::kCpu && logits.dtype() == DType::kF32 && logits.rank() == 2 &&
+                     logits.dim(0) == rows && logits.dim(1) == config().vocab_size,
+                 "forward: logits must be host f32 [{}, {}], got {}", rows, config().vocab_size, logits.describe());
+    BASALT_CHECK(hidden == nullptr || (hidden->device() == Device::kCpu && hidden->dtype() == DType::kF32 &&
+                                       hidden->rank() == 2 && hidden->dim(0) == tokens &&
+                                       hidden->dim(1) == config().hidden_size),
+                 "forward: hidden must be host f32 [{}, {}], got {}", tokens, config().hidden_size,
+                 hidden->describe());
     run_on_every_rank([&](int r) {
       KvBuffers own;
       own.num_slots = kv.num_slots;
