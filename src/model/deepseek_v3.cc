@@ -562,14 +562,12 @@ class DeepseekModelImpl final : public DeepseekModel {
     experts_local_ = d.n_routed_experts;
     if (world_ == 1) return;
     const int64_t n = world_;
-    auto divides = [&](int64_t value, const char* field) {
-      BASALT_CHECK(value % n == 0, "tensor parallelism over {} ranks: {} ({}) must divide by it", n, field, value);
-    };
-    divides(c.num_heads, "num_attention_heads");
-    divides(c.vocab_size, "vocab_size");
-    divides(c.intermediate_size, "intermediate_size");
-    if (d.n_routed_experts > 0) divides(d.n_routed_experts, "n_routed_experts");
-    if (d.n_shared_experts > 0) divides(d.moe_intermediate_size * d.n_shared_experts, "the shared experts' width");
+    tp::check_divides(n, c.num_heads, "num_attention_heads");
+    tp::check_divides(n, c.vocab_size, "vocab_size");
+    tp::check_divides(n, c.intermediate_size, "intermediate_size");
+    if (d.n_routed_experts > 0) tp::check_divides(n, d.n_routed_experts, "n_routed_experts");
+    if (d.n_shared_experts > 0)
+      tp::check_divides(n, d.moe_intermediate_size * d.n_shared_experts, "the shared experts' width");
     heads_ = c.num_heads / n;
     vocab_local_ = c.vocab_size / n;
     vocab_begin_ = rank_ * vocab_local_;
@@ -585,7 +583,7 @@ class DeepseekModelImpl final : public DeepseekModel {
     out.weight = w.weight.rows(begin, count);
     if (w.block_fp8()) {
       check_block_aligned(begin, count, w.weight.dim(0), name);
-      out.scale_inv = w.scale_inv.rows(begin / kFp8BlockSize, (count + kFp8BlockSize - 1) / kFp8BlockSize);
+      out.scale_inv = w.scale_inv.rows(begin / kFp8BlockSize, fp8_blocks(count));
     }
     return out;
   }
@@ -595,11 +593,12 @@ class DeepseekModelImpl final : public DeepseekModel {
     out.weight = tp::columns(w.weight, begin, count);
     if (w.block_fp8()) {
       check_block_aligned(begin, count, w.weight.dim(1), name);
-      out.scale_inv =
-          tp::columns(w.scale_inv, begin / kFp8BlockSize, (count + kFp8BlockSize - 1) / kFp8BlockSize);
+      out.scale_inv = tp::columns(w.scale_inv, begin / kFp8BlockSize, fp8_blocks(count));
     }
     return out;
   }
+  // 128-wide FP8 scale blocks covering n values (the last one partial).
+  static int64_t fp8_blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
   void check_block_aligned(int64_t begin, int64_t count, int64_t size, const std::string& name) const {
     BASALT_CHECK(begin % kFp8BlockSize == 0 && (count % kFp8BlockSize == 0 || begin + count == size),
                  "{}: tensor parallelism over {} ranks splits '{}' inside a {}-wide FP8 block ([{}, {}) of {})",
@@ -635,8 +634,7 @@ class DeepseekModelImpl final : public DeepseekModel {
                      ckpt.has(scale_name),
                  "{}: tensor '{}' is float8_e4m3fn but its scale tensor '{}' is missing", file,
                  name, scale_name);
-    const int64_t bn = (n + kFp8BlockSize - 1) / kFp8BlockSize;
-    const int64_t bk = (k + kFp8BlockSize - 1) / kFp8BlockSize;
+    const int64_t bn = fp8_blocks(n), bk = fp8_blocks(k);
     Tensor scale = ckpt.get(scale_name, {bn, bk});
     BASALT_CHECK(is_floating(scale.dtype()) && scale.dtype() != DType::kF8E4M3,
                  "{}: tensor '{}' must be float32, got {}", ckpt.info(scale_name).file, scale_name,

@@ -300,15 +300,12 @@ class DenseModel final : public Model {
     if (world_ == 1) return;
     const int64_t n = world_;
     BASALT_CHECK(!c.eagle_head, "an EAGLE head runs on one rank, not {}", n);
-    BASALT_CHECK(c.num_heads % n == 0, "tensor parallelism over {} ranks: num_attention_heads ({}) must divide by it", n,
-                 c.num_heads);
+    tp::check_divides(n, c.num_heads, "num_attention_heads");
     BASALT_CHECK(c.num_kv_heads % n == 0 || n % c.num_kv_heads == 0,
                  "tensor parallelism over {} ranks: num_key_value_heads ({}) must divide by it or divide it", n,
                  c.num_kv_heads);
-    BASALT_CHECK(c.intermediate_size % n == 0,
-                 "tensor parallelism over {} ranks: intermediate_size ({}) must divide by it", n, c.intermediate_size);
-    BASALT_CHECK(c.vocab_size % n == 0, "tensor parallelism over {} ranks: vocab_size ({}) must divide by it", n,
-                 c.vocab_size);
+    tp::check_divides(n, c.intermediate_size, "intermediate_size");
+    tp::check_divides(n, c.vocab_size, "vocab_size");
     heads_ = c.num_heads / n;
     // Fewer key/value heads than ranks: each rank keeps the one its query
     // heads read, so a head is held by n / num_kv_heads ranks (as vLLM does).

@@ -90,9 +90,12 @@ class TensorParallelModel final : public Model {
         ranks_[0].model->forward(batch, own, logits, hidden);
         return;
       }
-      // The other ranks' logits are the same; each writes its own copy.
-      Tensor scratch = Tensor::empty(logits.shape(), DType::kF32);
-      ranks_[static_cast<size_t>(r)].model->forward(batch, own, scratch, nullptr);
+      // The other ranks' logits are the same; each writes its own copy,
+      // into a buffer kept across steps and grown to the largest step's.
+      Rank& rank = ranks_[static_cast<size_t>(r)];
+      if (rank.logits.numel() < logits.numel()) rank.logits = Tensor::empty({logits.numel()}, DType::kF32);
+      Tensor scratch = rank.logits.rows(0, logits.numel()).reshape(logits.shape());
+      rank.model->forward(batch, own, scratch, nullptr);
     });
   }
 
@@ -106,6 +109,7 @@ class TensorParallelModel final : public Model {
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Model> model;
+    Tensor logits;  // f32, ranks other than 0: where their copy of the logits goes
   };
 
   // Runs job(rank) on every rank's thread at once (a collective waits for

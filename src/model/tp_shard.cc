@@ -7,6 +7,10 @@
 
 namespace basalt::tp {
 
+void check_divides(int64_t world, int64_t value, const char* field) {
+  BASALT_CHECK(value % world == 0, "tensor parallelism over {} ranks: {} ({}) must divide by it", world, field, value);
+}
+
 Tensor columns(const Tensor& t, int64_t begin, int64_t count) {
   BASALT_CHECK(t.device() == Device::kCpu && t.rank() == 2 && begin >= 0 && count >= 0 && begin + count <= t.dim(1),
                "tensor parallelism: columns [{}, {}) of {}", begin, begin + count, t.describe());

@@ -23,6 +23,8 @@ class Communicator;
 
 namespace tp {
 
+// Throws unless `value` (the config field `field`) divides by `world`.
+void check_divides(int64_t world, int64_t value, const char* field);
 // Columns [begin, begin + count) of a 2-D host tensor, copied.
 Tensor columns(const Tensor& t, int64_t begin, int64_t count);
 // Rows [begin, begin + count) of a 2-D host table, then a row of zeros.
