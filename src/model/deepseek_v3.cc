@@ -60,8 +60,13 @@ std::string human_bytes(double n) {
 
 class DeepseekModelImpl final : public DeepseekModel {
  public:
-  DeepseekModelImpl(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend, Communicator* tp)
-      : config_(config), dir_(ckpt.dir()), backend_(backend), tp_(tp) {
+  DeepseekModelImpl(const ModelConfig& config, const Checkpoint& ckpt, Backend& backend, const RankRole& role)
+      : config_(config),
+        dir_(ckpt.dir()),
+        backend_(backend),
+        tp_(role.dp_attention ? nullptr : role.group),
+        ep_(role.group),
+        dp_attention_(role.dp_attention && role.group != nullptr) {
     const ModelConfig& c = config_;
     const DeepseekConfig& d = c.deepseek;
     const int64_t H = c.hidden_size;
@@ -138,6 +143,18 @@ class DeepseekModelImpl final : public DeepseekModel {
   // it is there already, as in a replayed CUDA graph's static inputs).
   using Model::forward;
   void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override {
+    if (dp_attention_) {
+      // A failure part-way through would leave the other ranks waiting in
+      // this step's next exchange: the rank finishes them without tokens.
+      exchanges_done_ = 0;
+      try {
+        run(on_backend(batch, backend_), kv, logits, hidden);
+      } catch (...) {
+        exchange_idle(exchanges_done_);
+        throw;
+      }
+      return;
+    }
     if (world_ == 1) {
       run(on_backend(batch, backend_), kv, logits, hidden);
       return;
@@ -148,9 +165,14 @@ class DeepseekModelImpl final : public DeepseekModel {
     run(on_backend(local, backend_), kv, logits, hidden);
   }
 
-  // Under tensor parallelism the MTP layer is loaded (its shard) but not
-  // offered: drafting over ranks is not built yet.
-  DraftHead* draft_head() override { return mtp_ && world_ == 1 ? &mtp_head_ : nullptr; }
+  void forward_idle() override {
+    BASALT_CHECK(dp_attention_, "forward_idle: the model does not run DP attention");
+    exchange_idle(0);
+  }
+
+  // Over ranks the MTP layer is loaded (its shard) but not offered:
+  // drafting over ranks is not built yet.
+  DraftHead* draft_head() override { return mtp_ && world_ == 1 && ep_world_ == 1 ? &mtp_head_ : nullptr; }
 
   // The MTP layer as a DraftHead (see deepseek_v3.h).
   class MtpHead : public DraftHead {
@@ -174,7 +196,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   void forward_mtp(const ForwardBatch& host_batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
                    Tensor* hidden_out) {
     BASALT_CHECK(mtp_ != nullptr, "{}: the checkpoint has no MTP layer", ckpt_dir());
-    BASALT_CHECK(world_ == 1, "forward_mtp: the MTP layer runs on one rank");
+    BASALT_CHECK(world_ == 1 && ep_world_ == 1, "forward_mtp: the MTP layer runs on one rank");
     const ForwardBatch batch = on_backend(host_batch, backend_);
     const int64_t T = batch.num_tokens(), H = config_.hidden_size;
     BASALT_CHECK(T > 0, "forward_mtp: empty batch");
@@ -416,8 +438,10 @@ class DeepseekModelImpl final : public DeepseekModel {
     Tensor weights = b.empty({T, route_.top_k}, DType::kF32);
     b.moe_route(router_logits, w.router_bias.raw() ? &w.router_bias : nullptr, route_, ids,
                 weights);
-    if (world_ == 1) {
+    if (ep_world_ == 1) {
       b.moe_experts(hidden, ids, weights, w.experts, out);
+    } else if (dp_attention_) {
+      exchange_with_experts(hidden, ids, weights, w.experts, &out);
     } else {
       experts_of_this_rank(hidden, ids, weights, w.experts, out);
     }
@@ -461,6 +485,83 @@ class DeepseekModelImpl final : public DeepseekModel {
       float* dst = out.data<float>() + token[static_cast<size_t>(p)] * H;
       const float* src = ys.data<const float>() + p * H;
       for (int64_t h = 0; h < H; ++h) dst[h] += src[h];
+    }
+  }
+
+  // DP attention's MoE exchange (deepseek_v3.h), on the host: the ranks
+  // run on the CPU backend. The (token, choice) pairs of this rank's batch
+  // go to the ranks that hold their experts, in rank order, each rank's in
+  // (token, choice) order; the counts, the pairs' expert numbers on their
+  // rank, and their hidden rows go in three collectives, and the experts'
+  // unweighted results come back in a fourth. out (f32 [T, H]) gets, per
+  // token, its choices' results times their weights, summed in choice
+  // order. x f32 [T, H]; ids i32 and weights f32 [T, top_k]; with out null
+  // the rank has no tokens (x, ids and weights have no rows) and only
+  // serves its experts.
+  void exchange_with_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                             std::span<const MoeExpert> experts, Tensor* out) {
+    BASALT_CHECK(backend_.device() == Device::kCpu, "DP attention runs on the CPU backend only for now");
+    Backend& b = backend_;
+    const int64_t T = x.dim(0), H = config_.hidden_size, K = ids.dim(1), n = ep_world_;
+    const int64_t P = T * K;
+    const int32_t* id = ids.data<const int32_t>();
+    // position[t * K + j]: where pair (t, j) sits in what this rank sends.
+    std::vector<int64_t> send_rows(static_cast<size_t>(n), 0), position(static_cast<size_t>(P));
+    for (int64_t p = 0; p < P; ++p) ++send_rows[static_cast<size_t>(id[p] / experts_local_)];
+    std::vector<int64_t> next(static_cast<size_t>(n), 0);
+    for (int64_t r = 1; r < n; ++r) next[static_cast<size_t>(r)] = next[static_cast<size_t>(r - 1)] + send_rows[static_cast<size_t>(r - 1)];
+    std::vector<int32_t> send_token(static_cast<size_t>(P)), send_expert(static_cast<size_t>(P));
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t owner = id[p] / experts_local_, at = next[static_cast<size_t>(owner)]++;
+      position[static_cast<size_t>(p)] = at;
+      send_token[static_cast<size_t>(at)] = static_cast<int32_t>(p / K);
+      send_expert[static_cast<size_t>(at)] = static_cast<int32_t>(id[p] - owner * experts_local_);
+    }
+    // Counts: row r of `counts` is what rank r sends to each rank.
+    Tensor mine = Tensor::empty({1, n}, DType::kI32), counts = Tensor::empty({n, n}, DType::kI32);
+    for (int64_t r = 0; r < n; ++r) mine.data<int32_t>()[r] = static_cast<int32_t>(send_rows[static_cast<size_t>(r)]);
+    ep_->all_gather(mine, counts);
+    std::vector<int64_t> recv_rows(static_cast<size_t>(n));
+    int64_t R = 0;
+    for (int64_t r = 0; r < n; ++r) R += recv_rows[static_cast<size_t>(r)] = counts.data<const int32_t>()[r * n + ep_rank_];
+    // Dispatch: the pairs' expert numbers, then their hidden rows.
+    Tensor expert_out = Tensor::empty({P, 1}, DType::kI32), expert_in = Tensor::empty({R, 1}, DType::kI32);
+    std::copy(send_expert.begin(), send_expert.end(), expert_out.data<int32_t>());
+    ep_->all_to_all(expert_out, send_rows, expert_in, recv_rows);
+    Tensor rows_out = b.empty({P, H}, DType::kF32), rows_in = b.empty({R, H}, DType::kF32);
+    if (P > 0) b.embedding(Tensor::from_i32({P}, send_token), x, rows_out);  // gathers the pairs' tokens
+    ep_->all_to_all(rows_out, send_rows, rows_in, recv_rows);
+    // This rank's experts on what it received, unweighted; then combine.
+    Tensor results = b.empty({R, H}, DType::kF32), back = b.empty({P, H}, DType::kF32);
+    if (R > 0) {
+      reserve_step_constants(R, 0);
+      b.moe_experts(rows_in, expert_in, step_ones_.rows(0, R), experts, results);
+    }
+    ep_->all_to_all(results, recv_rows, back, send_rows);
+    ++exchanges_done_;
+    if (out == nullptr) return;
+    const float* weight = weights.data<const float>();
+    std::fill(out->data<float>(), out->data<float>() + T * H, 0.0f);
+    for (int64_t t = 0; t < T; ++t) {
+      float* dst = out->data<float>() + t * H;
+      for (int64_t j = 0; j < K; ++j) {
+        const float w = weight[t * K + j];
+        const float* src = back.data<const float>() + position[static_cast<size_t>(t * K + j)] * H;
+        for (int64_t h = 0; h < H; ++h) dst[h] += w * src[h];
+      }
+    }
+  }
+
+  // The exchanges of a step's MoE layers from the `from`-th on, with no
+  // tokens of this rank's own.
+  void exchange_idle(int64_t from) {
+    const int64_t H = config_.hidden_size, K = route_.top_k;
+    const Tensor x = Tensor::empty({0, H}, DType::kF32), ids = Tensor::empty({0, K}, DType::kI32);
+    const Tensor weights = Tensor::empty({0, K}, DType::kF32);
+    int64_t seen = 0;
+    for (const Layer& w : layers_) {
+      if (!w.moe) continue;
+      if (seen++ >= from) exchange_with_experts(x, ids, weights, w.experts, nullptr);
     }
   }
 
@@ -551,28 +652,34 @@ class DeepseekModelImpl final : public DeepseekModel {
   // (r+1)*E/N) run on the tokens routed to them (expert parallelism over
   // tokens every rank has), one all-reduce for the whole feed-forward;
   // vocabulary rows of the embedding and lm_head (model/tp_shard.h). FP8
-  // weights split only at whole 128x128 blocks.
+  // weights split only at whole 128x128 blocks. Under DP attention (no
+  // tensor-parallel group) a rank holds everything but the routed experts,
+  // which split as above over the group.
   void plan_shards() {
     const ModelConfig& c = config_;
     const DeepseekConfig& d = c.deepseek;
     world_ = tp_ != nullptr ? tp_->world_size() : 1;
     rank_ = tp_ != nullptr ? tp_->rank() : 0;
+    ep_world_ = ep_ != nullptr ? ep_->world_size() : 1;
+    ep_rank_ = ep_ != nullptr ? ep_->rank() : 0;
     heads_ = c.num_heads;
     vocab_local_ = c.vocab_size;
     experts_local_ = d.n_routed_experts;
+    if (ep_world_ > 1 && d.n_routed_experts > 0) {
+      tp::check_divides(ep_world_, d.n_routed_experts, "n_routed_experts");
+      experts_local_ = d.n_routed_experts / ep_world_;
+      expert_begin_ = ep_rank_ * experts_local_;
+    }
     if (world_ == 1) return;
     const int64_t n = world_;
     tp::check_divides(n, c.num_heads, "num_attention_heads");
     tp::check_divides(n, c.vocab_size, "vocab_size");
     tp::check_divides(n, c.intermediate_size, "intermediate_size");
-    if (d.n_routed_experts > 0) tp::check_divides(n, d.n_routed_experts, "n_routed_experts");
     if (d.n_shared_experts > 0)
       tp::check_divides(n, d.moe_intermediate_size * d.n_shared_experts, "the shared experts' width");
     heads_ = c.num_heads / n;
     vocab_local_ = c.vocab_size / n;
     vocab_begin_ = rank_ * vocab_local_;
-    experts_local_ = d.n_routed_experts / n;
-    expert_begin_ = rank_ * experts_local_;
   }
 
   // Rows [begin, begin + count) of a linear weight (and of its FP8 block
@@ -682,8 +789,12 @@ class DeepseekModelImpl final : public DeepseekModel {
   ModelConfig config_;
   std::string dir_;
   Backend& backend_;
-  Communicator* tp_ = nullptr;  // null: one rank
-  int64_t world_ = 1, rank_ = 0;
+  Communicator* tp_ = nullptr;  // the tensor-parallel group; null: one rank, or DP attention
+  Communicator* ep_ = nullptr;  // the group the routed experts are split over (tp_, or DP attention's)
+  bool dp_attention_ = false;
+  int64_t world_ = 1, rank_ = 0;        // tensor parallelism's
+  int64_t ep_world_ = 1, ep_rank_ = 0;  // expert parallelism's
+  int64_t exchanges_done_ = 0;          // DP attention: MoE exchanges of the step so far
   int64_t heads_ = 0;                         // this rank's query heads
   int64_t vocab_begin_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows
   int64_t expert_begin_ = 0, experts_local_ = 0;  // this rank's routed experts
@@ -704,8 +815,8 @@ class DeepseekModelImpl final : public DeepseekModel {
 }  // namespace
 
 std::unique_ptr<DeepseekModel> load_deepseek_model(const ModelConfig& config, const Checkpoint& checkpoint,
-                                                   Backend& backend, Communicator* tp) {
-  return std::make_unique<DeepseekModelImpl>(config, checkpoint, backend, tp);
+                                                   Backend& backend, const RankRole& role) {
+  return std::make_unique<DeepseekModelImpl>(config, checkpoint, backend, role);
 }
 
 }  // namespace basalt

@@ -55,7 +55,19 @@
 //    (model/tp_shard.h). FP8 weights split only at whole 128x128 blocks. The
 //    MTP layer is loaded but not offered as a draft head over ranks. This is
 //    tensor parallelism with expert parallelism over tokens every rank has
-//    (SGLang's EP MoE under TP), not yet DP attention with all-to-all.
+//    (SGLang's EP MoE under TP).
+//  * DP attention (RankRole::dp_attention, N ranks): every rank holds the
+//    whole model (attention, its latent cache, dense layers, shared experts,
+//    embedding and lm_head) but the routed experts, split whole over the
+//    ranks as above, and runs a batch of its own. In each MoE layer a rank
+//    sends every (token, choice) pair's hidden state to the rank of its
+//    expert (all-to-all dispatch), runs its experts on the pairs it
+//    receives, and sends the results back (combine), where each token sums
+//    its choices in choice order; no all-reduce. Every rank of the group
+//    must take part in every step: a rank without tokens calls
+//    forward_idle(), which serves its experts to the others. A rank whose
+//    forward fails after it began finishes the step's exchanges idle, so
+//    the others do not wait, then throws. The MTP layer is not offered.
 #pragma once
 
 #include <memory>
@@ -76,13 +88,13 @@ enum class MlaForm {
 class DeepseekModel : public Model {
  public:
   virtual void set_mla_form(MlaForm form) = 0;
-
+  // DP attention: this rank's part in a step in which it has no tokens.
+  virtual void forward_idle() = 0;
 };
 
-// `tp` (may be null: one rank): the tensor-parallel group this rank belongs
-// to; what a rank holds is written above DeepseekModelImpl::plan_shards.
-class Communicator;
+// `role`: the rank's part in a group (model/model.h); what a rank holds is
+// written above DeepseekModelImpl::plan_shards.
 std::unique_ptr<DeepseekModel> load_deepseek_model(const ModelConfig& config, const Checkpoint& checkpoint,
-                                                   Backend& backend, Communicator* tp = nullptr);
+                                                   Backend& backend, const RankRole& role = {});
 
 }  // namespace basalt

@@ -72,7 +72,7 @@ void check_every_tensor_used(const ModelConfig& config, const Checkpoint& checkp
 }  // namespace
 
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
-                                  const LoadProgress& progress, Communicator* tp) {
+                                  const LoadProgress& progress, const RankRole& role) {
   const ModelConfig config = ModelConfig::load(dir);
   BASALT_CHECK(!config.eagle_head,
                "{}: this is an EAGLE draft head, not a model (use it with --speculative-algorithm eagle "
@@ -84,14 +84,17 @@ std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
     case Architecture::kMistral:
     case Architecture::kQwen2:
     case Architecture::kQwen3:
+      BASALT_CHECK(!role.dp_attention,
+                   "{}: DP attention is for DeepSeek's latent attention; a {} model runs tensor-parallel",
+                   dir, config.model_type);
       if (progress) checkpoint.prefetch(progress);
-      model = load_dense_model(config, checkpoint, backend, tp);
+      model = load_dense_model(config, checkpoint, backend, role.group);
       break;
     case Architecture::kDeepseekV2:
     case Architecture::kDeepseekV3:
       // No prefetch: only the pages of the tensors a forward pass touches
       // become resident (the MTP layer and idle experts cost nothing).
-      model = load_deepseek_model(config, checkpoint, backend, tp);
+      model = load_deepseek_model(config, checkpoint, backend, role);
       break;
   }
   BASALT_CHECK(model != nullptr, "{}: unsupported architecture", dir);

@@ -61,11 +61,20 @@ class Model {
 };
 
 // progress(done_bytes, total_bytes) is called while weights are read.
-// `tp` (optional): the tensor-parallel group this rank of the model belongs
-// to; the rank loads and runs its shard (model/dense.h, model/deepseek_v3.h).
 using LoadProgress = std::function<void(uint64_t, uint64_t)>;
+
+// The part one rank plays in a model split over a group of ranks. With no
+// group the rank holds the whole model. With a group and no dp_attention
+// the model is tensor-parallel over it (model/dense.h, model/deepseek_v3.h
+// say what a rank holds); with dp_attention (DeepSeek only) each rank runs
+// the whole model but the routed experts on a batch of its own, the experts
+// split over the group (model/data_parallel.h).
 class Communicator;
+struct RankRole {
+  Communicator* group = nullptr;
+  bool dp_attention = false;
+};
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
-                                  const LoadProgress& progress = {}, Communicator* tp = nullptr);
+                                  const LoadProgress& progress = {}, const RankRole& role = {});
 
 }  // namespace basalt

@@ -1,14 +1,11 @@
 #include "model/tensor_parallel.h"
 
-#include <condition_variable>
-#include <exception>
 #include <fmt/format.h>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "backend/communicator.h"
 #include "core/error.h"
+#include "model/rank_threads.h"
 
 namespace basalt {
 namespace {
@@ -16,8 +13,8 @@ namespace {
 class TensorParallelModel final : public Model {
  public:
   TensorParallelModel(const std::string& dir, int world, const RankBackendFactory& make_backend,
-                      const LoadProgress& progress) {
-    BASALT_CHECK(world >= 1, "tensor parallelism needs at least one rank, got {}", world);
+                      const LoadProgress& progress)
+      : threads_(world) {
     std::vector<std::unique_ptr<Communicator>> group = make_local_group(world);
     ranks_.resize(static_cast<size_t>(world));
     for (int r = 0; r < world; ++r) {
@@ -27,21 +24,13 @@ class TensorParallelModel final : public Model {
       BASALT_CHECK(rank.backend != nullptr && rank.backend->device() == Device::kCpu,
                    "tensor parallelism runs its ranks on the CPU backend for now");
     }
-    for (int r = 0; r < world; ++r) threads_.emplace_back([this, r] { serve(r); });
-    try {
-      // Each rank reads its own shard; only rank 0 reports progress (the
-      // ranks read the same files' pages at about the same pace).
-      run_on_every_rank([&](int r) {
-        Rank& rank = ranks_[static_cast<size_t>(r)];
-        rank.model = load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, rank.comm.get());
-      });
-    } catch (...) {
-      stop();
-      throw;
-    }
+    // Each rank reads its own shard; only rank 0 reports progress (the
+    // ranks read the same files' pages at about the same pace).
+    threads_.run_or_throw([&](int r) {
+      Rank& rank = ranks_[static_cast<size_t>(r)];
+      rank.model = load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get()});
+    });
   }
-
-  ~TensorParallelModel() override { stop(); }
 
   const ModelConfig& config() const override { return ranks_[0].model->config(); }
 
@@ -80,7 +69,7 @@ class TensorParallelModel final : public Model {
                                        hidden->dim(1) == config().hidden_size),
                  "forward: hidden must be host f32 [{}, {}], got {}", tokens, config().hidden_size,
                  hidden->describe());
-    run_on_every_rank([&](int r) {
+    threads_.run_or_throw([&](int r) {
       KvBuffers own;
       own.num_slots = kv.num_slots;
       const auto first = static_cast<std::ptrdiff_t>(static_cast<size_t>(r) * layers);
@@ -112,62 +101,10 @@ class TensorParallelModel final : public Model {
     Tensor logits;  // f32, ranks other than 0: where their copy of the logits goes
   };
 
-  // Runs job(rank) on every rank's thread at once (a collective waits for
-  // all of them) and returns when all are done; rethrows the first error.
-  void run_on_every_rank(const std::function<void(int)>& job) {
-    std::unique_lock<std::mutex> lock(mu_);
-    job_ = &job;
-    errors_.assign(ranks_.size(), nullptr);
-    pending_ = static_cast<int>(ranks_.size());
-    ++generation_;
-    work_.notify_all();
-    done_.wait(lock, [this] { return pending_ == 0; });
-    job_ = nullptr;
-    for (const std::exception_ptr& e : errors_)
-      if (e) std::rethrow_exception(e);
-  }
-
-  void serve(int r) {
-    uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      work_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
-      const std::function<void(int)>* job = job_;
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        (*job)(r);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      errors_[static_cast<size_t>(r)] = error;
-      if (--pending_ == 0) done_.notify_all();
-    }
-  }
-
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    work_.notify_all();
-    for (std::thread& t : threads_)
-      if (t.joinable()) t.join();
-    threads_.clear();
-  }
-
+  // Declared before ranks_, so destroyed after them: the threads run the
+  // ranks' work, and nothing is running once the model is destroyed.
+  RankThreads threads_;
   std::vector<Rank> ranks_;
-  std::vector<std::thread> threads_;
-  std::mutex mu_;  // what follows
-  std::condition_variable work_, done_;
-  const std::function<void(int)>* job_ = nullptr;
-  std::vector<std::exception_ptr> errors_;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
 };
 
 }  // namespace

@@ -1,0 +1,47 @@
+// DP attention: a DeepSeek model over N ranks that run as threads of this
+// process, each rank with a batch and a latent cache of its own and the
+// routed experts split over the ranks (model/deepseek_v3.h says what a rank
+// holds and how tokens reach their experts), as SGLang runs DeepSeek-V3 with
+// --enable-dp-attention. Each rank is fed by a scheduler of its own.
+//
+// Contract: load_data_parallel(dir, world, make_backend) makes the
+// in-process communicator group, a backend per rank, one thread per rank,
+// and loads every rank's part on its thread (a config whose experts do not
+// divide by the ranks, or a model without latent attention, is refused).
+// rank(r) is the Model that rank r's scheduler drives: its KV is rank r's
+// own, and its forward() hands the batch to the group and returns when the
+// step it joined has run. A step (a round) starts once every rank has
+// handed in a batch, or `round_wait` after a rank has handed one in, with
+// whatever has come by then; a rank without a batch takes part idle
+// (forward_idle), serving its experts to the others. So ranks under load
+// step together, and a lone busy rank waits round_wait per step for the
+// others. Each rank's Model is called by one thread at a time; the errors of
+// a step go to the caller whose batch failed (an idle rank's to every
+// caller of that step). The caller's tensors are host tensors (the ranks
+// run on the CPU backend for now). The group outlives the Models it hands
+// out.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+#include "model/tensor_parallel.h"
+
+namespace basalt {
+
+class DataParallelGroup {
+ public:
+  virtual ~DataParallelGroup() = default;
+  virtual int world() const = 0;
+  virtual Model& rank(int r) = 0;
+};
+
+std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, int world,
+                                                      const RankBackendFactory& make_backend,
+                                                      const LoadProgress& progress = {},
+                                                      std::chrono::microseconds round_wait =
+                                                          std::chrono::microseconds(1000));
+
+}  // namespace basalt

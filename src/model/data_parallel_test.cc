@@ -1,0 +1,165 @@
+// DP attention with expert parallelism on the CPU, ranks as threads: the
+// DeepSeek fixtures over 2 and 4 ranks against transformers, with every
+// rank stepping at once and with one rank busy while the others serve their
+// experts idle; ranks running different requests at once against one rank;
+// a failing batch on one rank that leaves the others' results whole; and the
+// layouts the group refuses.
+#include "model/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "runtime/generator.h"
+#include "testing/reference_test_util.h"
+
+namespace basalt {
+namespace {
+
+const std::string kModels = std::string(BASALT_TESTDATA) + "/models/";
+
+std::unique_ptr<DataParallelGroup> load_over(const std::string& name, int world) {
+  return load_data_parallel(kModels + name, world, [](int) { return make_cpu_backend_with_threads(1); });
+}
+
+// Runs body(rank) on a thread per rank, at once.
+void on_every_rank(int world, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
+  for (std::thread& t : threads) t.join();
+}
+
+struct Case {
+  std::string model;
+  int world;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " over " << c.world << " ranks"; }
+
+class DataParallelReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DataParallelReference, EveryRankAtOnceMatchesTransformers) {
+  const auto [name, world] = GetParam();
+  auto group = load_over(name, world);
+  on_every_rank(world, [&](int r) {
+    testing::expect_prefill_logits_match_reference(group->rank(r), kModels + name,
+                                                   name + " rank " + std::to_string(r) + " of " +
+                                                       std::to_string(world),
+                                                   1e-4, 1e-2);
+  });
+}
+
+TEST_P(DataParallelReference, OneBusyRankWithTheOthersIdleMatchesTransformersGreedy) {
+  const auto [name, world] = GetParam();
+  auto group = load_over(name, world);
+  CpuBackend sampler;
+  testing::expect_greedy_matches_reference(group->rank(world - 1), sampler, kModels + name);
+}
+
+// Each rank generates from its own prompt (the fixture's greedy prompt cut
+// by a different number of tokens), all at once: steps of different
+// lengths meet in the same rounds, and ranks finish at different times.
+TEST_P(DataParallelReference, RanksWithTheirOwnRequestsEqualOneRank) {
+  const auto [name, world] = GetParam();
+  auto group = load_over(name, world);
+  CpuBackend backend;
+  auto one = load_model(kModels + name, backend);
+  const nlohmann::json meta = testing::read_json(kModels + name + "/reference.json");
+  const std::vector<int32_t> prompt = meta["greedy_prompt"].get<std::vector<int32_t>>();
+  GenerateOptions options;
+  options.max_tokens = 6;
+  options.temperature = 0.0f;
+  options.ignore_eos = true;
+  auto prompt_of = [&](int r) {
+    return std::vector<int32_t>(prompt.begin(), prompt.end() - std::min<int64_t>(r, static_cast<int64_t>(prompt.size()) - 1));
+  };
+  std::vector<GenerateResult> results(static_cast<size_t>(world));
+  on_every_rank(world, [&](int r) {
+    CpuBackend sampler;
+    results[static_cast<size_t>(r)] = generate(group->rank(r), sampler, prompt_of(r), options);
+  });
+  CpuBackend sampler;
+  for (int r = 0; r < world; ++r) {
+    const GenerateResult alone = generate(*one, sampler, prompt_of(r), options);
+    EXPECT_EQ(results[static_cast<size_t>(r)].output_ids, alone.output_ids) << "rank " << r;
+  }
+}
+
+// V2-Lite: softmax routing, 8 experts (4 or 2 a rank), 2 shared; V3:
+// grouped sigmoid routing, 16 experts (8 or 4 a rank).
+INSTANTIATE_TEST_SUITE_P(Families, DataParallelReference,
+                         ::testing::Values(Case{"deepseek_v2_lite", 2}, Case{"deepseek_v2_lite", 4},
+                                           Case{"deepseek_v3", 2}, Case{"deepseek_v3", 4}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.model + "_dp" + std::to_string(info.param.world);
+                         });
+
+TEST(DataParallel, AFailingBatchFailsAloneAndTheGroupGoesOn) {
+  auto group = load_over("deepseek_v3", 2);
+  CpuBackend backend;
+  auto one = load_model(kModels + "deepseek_v3", backend);
+  const int64_t vocab = group->rank(0).config().vocab_size;
+  const std::vector<int32_t> good = {3, 7, 11}, bad = {3, static_cast<int32_t>(vocab), 11};
+  auto step = [&](Model& m, const std::vector<int32_t>& ids) {
+    KvBuffers kv = m.allocate_kv(8);
+    Tensor logits = Tensor::empty({1, vocab}, DType::kF32);
+    m.forward(single_sequence_batch(ids, 0), kv, logits);
+    return std::vector<float>(logits.data<float>(), logits.data<float>() + vocab);
+  };
+  const std::vector<float> expected = step(*one, good);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> got;
+    bool failed = false;
+    on_every_rank(2, [&](int r) {
+      if (r == 0) {
+        try {
+          step(group->rank(0), bad);
+        } catch (const Error& e) {
+          failed = std::string(e.what()).find("outside the vocabulary") != std::string::npos ||
+                   std::string(e.what()).find(std::to_string(vocab)) != std::string::npos;
+        }
+      } else {
+        got = step(group->rank(1), good);
+      }
+    });
+    EXPECT_TRUE(failed) << "round " << round;
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-4) << "logit " << i;
+  }
+  // A wrong output tensor is refused before the rank joins a round.
+  KvBuffers kv = group->rank(1).allocate_kv(8);
+  Tensor wide = Tensor::empty({1, vocab + 1}, DType::kF32);
+  EXPECT_THROW(group->rank(1).forward(single_sequence_batch(good, 0), kv, wide), Error);
+}
+
+TEST(DataParallel, EachRankHoldsItsOwnLatentCacheAndNoDraftHead) {
+  auto group = load_over("deepseek_v3", 4);
+  CpuBackend backend;
+  auto one = load_model(kModels + "deepseek_v3", backend);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(group->rank(r).kv_bytes_per_slot(DType::kF32), one->kv_bytes_per_slot(DType::kF32));
+    EXPECT_EQ(group->rank(r).draft_head(), nullptr);
+  }
+  EXPECT_NE(group->rank(2).summary().find("DP attention over 4 ranks (this is rank 2)"), std::string::npos)
+      << group->rank(2).summary();
+}
+
+TEST(DataParallel, ALayoutItCannotRunIsRefusedNamingWhy) {
+  try {
+    load_over("deepseek_v2_lite", 3);  // 8 experts
+    FAIL() << "8 experts over 3 ranks loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n_routed_experts (8)"), std::string::npos) << e.what();
+  }
+  try {
+    load_over("llama", 2);
+    FAIL() << "a dense model loaded with DP attention";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DP attention is for DeepSeek"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace basalt
