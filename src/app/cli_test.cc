@@ -15,7 +15,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "testing/cli_test_util.h"
@@ -747,6 +749,52 @@ TEST(Cli, TensorParallelGenerateMatchesTransformersGreedy) {
   EXPECT_NE(heads.err.find("num_attention_heads (4) must divide by it"), std::string::npos) << heads.err;
   const CliRun zero = run("generate --model " + kBundled + "basalt-draft --prompt-ids 1,2,3 --tp 0");
   EXPECT_NE(zero.err.find("--tp must be in [1, 64]"), std::string::npos) << zero.err;
+}
+
+// --tp N --dp-attention: the main model (DeepSeek layout, 16 experts) over
+// 2 and 4 DP-attention ranks gives transformers' tokens; a --batch of
+// prompts spread over the ranks gives what one engine gives; what is not
+// offered is refused, naming the flag.
+TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
+  expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers", " --tp 2 --dp-attention");
+  expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
+                                      " --tp 4 --ep 4 --dp-attention --threads 2");
+  const std::string batch = temp_path("dp_batch.jsonl");
+  {
+    std::ofstream out(batch);
+    for (const char* prompt : {"The Debian project", "Free software is", "A compiler turns", "On a cold morning",
+                               "The river"})
+      out << json{{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}}.dump() << "\n";
+  }
+  const CliRun one = run("generate --batch " + batch + " --json");
+  const CliRun ranks = run("generate --batch " + batch + " --json --tp 2 --dp-attention");
+  std::filesystem::remove(batch);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(ranks.exit_code, 0) << ranks.err;
+  // Line by line (seeds, which greedy does not use, and cached prompt
+  // tokens, which depend on the rank a request met, may differ).
+  std::istringstream want(one.out), got(ranks.out);
+  std::string a, b;
+  int lines = 0;
+  while (std::getline(want, a)) {
+    ASSERT_TRUE(std::getline(got, b)) << ranks.out;
+    EXPECT_EQ(json::parse(a)["output_ids"], json::parse(b)["output_ids"]) << a << "\n" << b;
+    EXPECT_EQ(json::parse(a)["text"], json::parse(b)["text"]);
+    ++lines;
+  }
+  EXPECT_EQ(lines, 5);
+  EXPECT_NE(ranks.err.find("DP attention over 2 ranks"), std::string::npos) << ranks.err;
+  const std::pair<std::string, std::string> refusals[] = {
+      {" --tp 2 --ep 4", "--ep 4: the routed experts are split over the --tp ranks (2)"},
+      {" --dp-attention", "--dp-attention runs over the --tp ranks: give --tp 2 or more"},
+      {" --tp 2 --dp-attention --speculative-algorithm ngram", "speculative decoding over DP-attention ranks"},
+      {" --tp 2 --dp-attention --model " + kBundled + "basalt-draft", "DP attention is for DeepSeek"},
+  };
+  for (const auto& [flags, message] : refusals) {
+    const CliRun r = run("generate --prompt-ids 1,2,3" + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.err.find(message), std::string::npos) << flags << ": " << r.err;
+  }
 }
 
 TEST(Cli, WithoutModelFlagUsesTheBundledModel) {

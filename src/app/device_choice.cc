@@ -1,7 +1,6 @@
 #include "app/device_choice.h"
 
 #include "backend/cpu/cpu_backend.h"
-#include "model/tensor_parallel.h"
 #include "runtime/kv_pool.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -64,18 +63,6 @@ bool jump_forward_choice(bool on, bool off, const Backend& backend) {
 }
 
 int adaptive_drafts_from_batch(const Backend& backend) { return backend.device() == Device::kCpu ? 1 : 16; }
-
-std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, int tp,
-                                         const LoadProgress& progress) {
-  BASALT_CHECK(tp >= 1 && tp <= 64, "--tp must be in [1, 64], got {}", tp);
-  if (tp == 1) return load_model(dir, backend, progress);
-  BASALT_CHECK(backend.device() == Device::kCpu,
-               "--tp {} --device {}: tensor parallelism runs CPU ranks for now (GPU ranks over NCCL are not built "
-               "yet)",
-               tp, backend.name());
-  const int per_rank = std::max(1, ThreadPool::global().size() / tp);
-  return load_tensor_parallel(dir, tp, [per_rank](int) { return make_cpu_backend_with_threads(per_rank); }, progress);
-}
 
 const char* available_devices() {
 #ifdef BASALT_HAVE_CUDA

@@ -36,13 +36,6 @@ bool jump_forward_choice(bool on, bool off, const Backend& backend);
 // workload at batch 1 gives 2.17x capped at nothing, 1.56x capped; at batch
 // 64 jump-forward gives 0.82x uncapped, 0.88x capped; 16 lies between).
 int adaptive_drafts_from_batch(const Backend& backend);
-// The model in `dir` for --tp: on `backend` itself with tp == 1; over tp
-// tensor-parallel ranks (model/tensor_parallel.h) otherwise, CPU ranks as
-// threads of this process, each with a pool of its own and an equal share
-// of `backend`'s threads (at least one), while `backend` keeps sampling.
-// tp outside [1, 64], or above 1 on a GPU (not built yet), is an error.
-std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, int tp,
-                                         const LoadProgress& progress = {});
 // "cpu" or "cpu, cuda": what this build offers, for --help texts.
 const char* available_devices();
 

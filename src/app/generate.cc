@@ -16,6 +16,7 @@
 #include "app/commands.h"
 #include "app/model_dir.h"
 #include "app/device_choice.h"
+#include "app/parallel_flags.h"
 #include "app/speculation_flags.h"
 #include "core/error.h"
 #include "grammar/structured_output.h"
@@ -58,7 +59,7 @@ struct GenerateFlags {
   std::string batch;
   int max_running = 64;
   int threads = 0;
-  int tp = 1;  // --tp: tensor-parallel ranks
+  ParallelFlags parallel;
   int page_size = 1;
   std::string device = "cpu";
   bool enforce_eager = false;
@@ -326,16 +327,24 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
     items.push_back(std::move(item));
   }
 
+  check_parallel_flags(f.parallel, f.device, f.speculation.algorithm != "none");
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
   ProgressPrinter progress;
-  std::unique_ptr<Model> model =
-      attach_speculation_head(f.speculation, load_model_for_tp(f.model, backend, f.tp, std::ref(progress)), f.model,
-                              backend);
-  if (!f.enforce_eager)
-    model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
-  if (const std::string summary = model->summary(); !summary.empty())
-    std::fprintf(stderr, "%s\n", summary.c_str());
+  // With --dp-attention the requests are spread over an engine per rank
+  // (start_dp_attention_engines), each KV pool sized as one engine's would be.
+  std::unique_ptr<Model> model;
+  DpAttentionEngines dp;
+  if (f.parallel.dp_attention) {
+    dp = DpAttentionEngines::load(f.model, f.parallel.tp, std::ref(progress));
+  } else {
+    model = attach_speculation_head(
+        f.speculation, load_model_for_tp(f.model, backend, f.parallel.tp, std::ref(progress)), f.model, backend);
+    if (!f.enforce_eager)
+      model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
+  }
+  const Model& shape = model ? *model : dp.model->rank(0);
+  if (const std::string summary = shape.summary(); !summary.empty()) std::fprintf(stderr, "%s\n", summary.c_str());
 
   // The pool holds every request at its longest at once, so nothing waits
   // for memory (capped by the budget the engine derives from host memory).
@@ -349,7 +358,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   for (const BatchItem& item : items)
     slots += (static_cast<int64_t>(item.prompt.size()) + std::max(item.params.max_tokens, 0)) *
              (batch_given ? 1 : f.n);
-  const int64_t budget_slots = KvPool::slots_for_budget(model->kv_bytes_per_slot(options.kv_dtype),
+  const int64_t budget_slots = KvPool::slots_for_budget(shape.kv_bytes_per_slot(options.kv_dtype),
                                                         KvPool::host_memory_budget(0.1));
   options.page_size = f.page_size;
   // Whole pages, one per request more than the tokens need (each request's
@@ -358,15 +367,23 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   slots += requests * (f.page_size - 1);
   slots = (slots + f.page_size - 1) / f.page_size * f.page_size;
   options.kv_slots = std::max<int64_t>(f.page_size, std::min(slots, budget_slots));
-  Engine engine(*model, backend, tok, options);
+  std::unique_ptr<Engine> single;
+  if (model) {
+    single = std::make_unique<Engine>(*model, backend, tok, options);
+  } else {
+    // Every rank's pool can hold every request (start() splits kv_slots).
+    options.kv_slots *= f.parallel.tp;
+    dp.start(tok, options);
+  }
+  EngineClient& engine = single ? static_cast<EngineClient&>(*single) : *dp.engines;
 
   // Each request (and sample) walks the grammar on its own; they share its
   // compiled form and mask cache.
   std::shared_ptr<const TokenMasker> grammar;
   if (structured) {
     BASALT_CHECK(tokenizer.has_value(), "{}: no tokenizer.json, so structured output has no token bytes", f.model);
-    GrammarCache cache(TokenVocabulary::from_tokenizer(*tokenizer, static_cast<int32_t>(model->config().vocab_size),
-                                                       model->config().eos_token_ids));
+    GrammarCache cache(TokenVocabulary::from_tokenizer(*tokenizer, static_cast<int32_t>(engine.model_config().vocab_size),
+                                                       engine.model_config().eos_token_ids));
     try {
       grammar = cache.get(*structured);
     } catch (const Error& e) {
@@ -501,10 +518,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--threads", flags->threads,
                   "CPU backend threads (default 0: the BASALT_NUM_THREADS environment variable, else one per "
                   "hardware thread)");
-  cmd->add_option("--tp,--tensor-parallel-size", flags->tp,
-                  "Tensor parallelism: run the model over this many ranks (heads, MLP slices and vocabulary split; "
-                  "DeepSeek's routed experts split whole; on the CPU the ranks are threads of this process sharing "
-                  "--threads) (default 1)");
+  add_parallel_flags(*cmd, flags->parallel);
   cmd->add_option("--device", flags->device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");

@@ -23,6 +23,7 @@
 #include "app/http_flags.h"
 #include "app/model_dir.h"
 #include "app/device_choice.h"
+#include "app/parallel_flags.h"
 #include "app/speculation_flags.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -48,7 +49,7 @@ struct ServeFlags {
   int max_queue = 1024;
   int max_n = 0;
   int threads = 0;
-  int tp = 1;  // --tp: tensor-parallel ranks
+  ParallelFlags parallel;
   double kv_fraction = -1;  // unset: the device's default (kv_budget_bytes)
   int64_t kv_slots = 0;
   int64_t max_model_len = 0;
@@ -91,6 +92,7 @@ void run_serve(const ServeFlags& f) {
                "--kv-cache-fraction must be in (0, 1]");
   BASALT_CHECK(f.page_size >= 1 && f.page_size <= 4096, "--page-size must be in [1, 4096]");
   BASALT_CHECK(f.policy == "lpm" || f.policy == "fcfs", "--schedule-policy must be lpm or fcfs");
+  check_parallel_flags(f.parallel, f.device, f.speculation.algorithm != "none");
   const std::string dir = model_dir_or_bundled(f.model);
   // The context limit is checked before the weights load, so a wrong flag
   // fails in a second.
@@ -138,8 +140,6 @@ void run_serve(const ServeFlags& f) {
 
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
-  std::unique_ptr<Model> model = attach_speculation_head(f.speculation, load_model_for_tp(dir, backend, f.tp), dir, backend);
-  if (!f.enforce_eager) model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
   TokenizerBundle tokenizer = load_tokenizer_dir(dir);
   EngineOptions options;
   options.max_running = f.max_running;
@@ -152,19 +152,40 @@ void run_serve(const ServeFlags& f) {
   options.kv_dtype = kv_cache_dtype(f.kv_cache_dtype, backend);
   options.policy = f.policy == "fcfs" ? SchedulePolicy::kFcfs : SchedulePolicy::kLongestPrefixMatch;
   options.kv_slots = f.kv_slots;
-  if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
-  Engine engine(*model, backend, &tokenizer.tokenizer, options);
+  // One engine over the model (on `backend`, or tensor-parallel over --tp
+  // ranks), or with --dp-attention an engine per rank behind one group.
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Engine> single;
+  DpAttentionEngines dp;
+  std::vector<Engine*> engines;
+  if (f.parallel.dp_attention) {
+    if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
+    dp = DpAttentionEngines::load(dir, f.parallel.tp);
+    dp.start(&tokenizer.tokenizer, options);
+    for (int r = 0; r < dp.engines->size(); ++r) engines.push_back(&dp.engines->engine(r));
+  } else {
+    model = attach_speculation_head(f.speculation, load_model_for_tp(dir, backend, f.parallel.tp), dir, backend);
+    if (!f.enforce_eager)
+      model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
+    // The KV budget is taken from what the weights left free.
+    if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
+    single = std::make_unique<Engine>(*model, backend, &tokenizer.tokenizer, options);
+    engines.push_back(single.get());
+  }
+  EngineClient& engine = single ? static_cast<EngineClient&>(*single) : *dp.engines;
 
   // The first work, before /ready: on a GPU, the kernels, GEMM plans and
   // memory the first requests would otherwise wait for (runtime/warmup.h).
   if (f.warmup == "on" || (f.warmup == "auto" && backend.device() != Device::kCpu)) {
-    const WarmupReport w = warm_up(engine, {.max_prompt_tokens = std::max<int64_t>(f.step_token_budget * 2, 1024)});
-    LogLine("warmup")
-        .add("requests", w.requests)
-        .add("prompt_tokens", w.prompt_tokens)
-        .add("longest_prompt", w.longest_prompt)
-        .add("seconds", w.seconds)
-        .emit();
+    for (Engine* e : engines) {
+      const WarmupReport w = warm_up(*e, {.max_prompt_tokens = std::max<int64_t>(f.step_token_budget * 2, 1024)});
+      LogLine("warmup")
+          .add("requests", w.requests)
+          .add("prompt_tokens", w.prompt_tokens)
+          .add("longest_prompt", w.longest_prompt)
+          .add("seconds", w.seconds)
+          .emit();
+    }
   }
 
   ApiServerOptions api_options;
@@ -186,7 +207,8 @@ void run_serve(const ServeFlags& f) {
   LogLine("ready")
       .add("model", api_options.served_model_name)
       .add("device", f.device)
-      .add("tp", f.tp)
+      .add("tp", f.parallel.tp)
+      .add("dp_attention", f.parallel.dp_attention)
       .add("kv_slots", engine.kv_capacity())
       .add("max_model_len", api_server.max_model_len())
       .add("tool_call_parser", api_server.tool_call_parser())
@@ -269,10 +291,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--reasoning-parser", f.reasoning_parser,
                   "Reasoning models: deepseek_r1 or qwen3 moves the <think> text to reasoning_content (default: "
                   "none)");
-  cmd->add_option("--tp,--tensor-parallel-size", f.tp,
-                  "Tensor parallelism: run the model over this many ranks (heads, MLP slices and vocabulary split; "
-                  "DeepSeek's routed experts split whole; on the CPU the ranks are threads of this process sharing "
-                  "--threads) (default 1)");
+  add_parallel_flags(*cmd, f.parallel);
   cmd->add_option("--device", f.device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");

@@ -254,6 +254,11 @@ EngineMetrics Engine::metrics() const {
 
 int64_t Engine::kv_capacity() const { return parts_->kv.capacity(); }
 
+int64_t Engine::load() const {
+  std::lock_guard<std::mutex> lock(parts_->mu);
+  return parts_->snapshot.running + parts_->snapshot.queued + static_cast<int64_t>(parts_->submissions.size());
+}
+
 uint64_t Engine::subscribe_kv_events(KvEventListener listener) {
   static std::atomic<uint64_t> next_id{1};
   const uint64_t id = next_id.fetch_add(1);

@@ -180,6 +180,11 @@ class Engine : public EngineClient, private StreamOwner {
   void cancel(uint64_t id) override;
   EngineMetrics metrics() const override;
   int64_t kv_capacity() const override;
+  // Requests in the engine, for load balancing (runtime/engine_group.h):
+  // those running or queued when the last step ended, plus those submitted
+  // since that its scheduler has not yet taken in. Cheap; approximate while
+  // a step runs.
+  int64_t load() const;
   const ModelConfig& model_config() const override { return model_->config(); }
   uint64_t subscribe_kv_events(KvEventListener listener) override;
   void unsubscribe_kv_events(uint64_t id) override;

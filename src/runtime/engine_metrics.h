@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace basalt {
@@ -27,6 +28,13 @@ struct Histogram {
     ++count;
     sum += seconds;
     if (seconds > max) max = seconds;
+  }
+  // Adds other's observations (the histograms of several engines as one).
+  void merge(const Histogram& other) {
+    for (size_t i = 0; i < buckets.size(); ++i) buckets[i] += other.buckets[i];
+    count += other.count;
+    sum += other.sum;
+    if (other.max > max) max = other.max;
   }
   double mean() const { return count ? sum / static_cast<double>(count) : 0.0; }
   // The upper bound of the bucket holding quantile q (max for the last one).
@@ -86,6 +94,46 @@ struct EngineMetrics {
   // this one while the scheduler worked (the "bubble"; idle periods with no
   // request are not counted). Overlap hides the scheduler's work in it.
   Histogram bubble;
+
+  // Adds other's gauges, counters and histograms: several engines (the DP
+  // ranks of one model, runtime/engine_group.h) seen as one.
+  void merge(const EngineMetrics& other) {
+    running += other.running;
+    queued += other.queued;
+    kv_capacity += other.kv_capacity;
+    kv_used += other.kv_used;
+    kv_cached += other.kv_cached;
+    for (auto [mine, theirs] : {std::pair{&requests_submitted, other.requests_submitted},
+                                {&requests_finished, other.requests_finished},
+                                {&requests_stopped, other.requests_stopped},
+                                {&requests_cancelled, other.requests_cancelled},
+                                {&requests_failed, other.requests_failed},
+                                {&requests_expired, other.requests_expired},
+                                {&prompt_tokens, other.prompt_tokens},
+                                {&cached_prompt_tokens, other.cached_prompt_tokens},
+                                {&prefill_tokens, other.prefill_tokens},
+                                {&output_tokens, other.output_tokens},
+                                {&preemptions, other.preemptions},
+                                {&steps, other.steps},
+                                {&discarded_tokens, other.discarded_tokens},
+                                {&jump_forward_tokens, other.jump_forward_tokens},
+                                {&draft_tokens, other.draft_tokens},
+                                {&accepted_draft_tokens, other.accepted_draft_tokens}})
+      *mine += theirs;
+    if (accepted_by_position.size() < other.accepted_by_position.size())
+      accepted_by_position.resize(other.accepted_by_position.size());
+    for (size_t i = 0; i < other.accepted_by_position.size(); ++i)
+      accepted_by_position[i] += other.accepted_by_position[i];
+    for (auto [mine, theirs] : {std::pair{&queue_time, &other.queue_time},
+                                {&ttft, &other.ttft},
+                                {&inter_token, &other.inter_token},
+                                {&end_to_end, &other.end_to_end},
+                                {&schedule_time, &other.schedule_time},
+                                {&step_time, &other.step_time},
+                                {&execute_time, &other.execute_time},
+                                {&bubble, &other.bubble}})
+      mine->merge(*theirs);
+  }
 
   double cache_hit_rate() const {
     return prompt_tokens ? static_cast<double>(cached_prompt_tokens) / static_cast<double>(prompt_tokens)

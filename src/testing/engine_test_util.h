@@ -58,7 +58,7 @@ inline EngineRequest request(std::vector<int32_t> prompt, SamplingParams p, uint
 }
 
 // Submits every request at once, then collects each stream, in order.
-inline std::vector<RequestOutput> run_all(Engine& engine, const std::vector<EngineRequest>& requests) {
+inline std::vector<RequestOutput> run_all(EngineClient& engine, const std::vector<EngineRequest>& requests) {
   std::vector<RequestHandle> handles;
   for (const auto& r : requests) handles.push_back(engine.submit(r));
   std::vector<RequestOutput> out;

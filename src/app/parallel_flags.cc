@@ -1,0 +1,81 @@
+#include "app/parallel_flags.h"
+
+#include <algorithm>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/tensor_parallel.h"
+#include "runtime/kv_pool.h"
+
+namespace basalt {
+
+void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags) {
+  cmd.add_option("--tp,--tensor-parallel-size", flags.tp,
+                 "Tensor parallelism: run the model over this many ranks (heads, MLP slices and vocabulary split; "
+                 "DeepSeek's routed experts split whole; on the CPU the ranks are threads of this process sharing "
+                 "--threads) (default 1)");
+  cmd.add_option("--ep,--expert-parallel-size", flags.ep,
+                 "Expert parallelism: the ranks DeepSeek's routed experts are split over; they are the --tp ranks, so "
+                 "give the same number or leave it out");
+  cmd.add_flag("--dp-attention", flags.dp_attention,
+               "DeepSeek: DP attention over the --tp ranks: each rank holds the whole model but the routed experts, "
+               "with a scheduler, radix cache and latent cache of its own and a share of the requests; tokens reach "
+               "their experts by all-to-all (SGLang's --enable-dp-attention)");
+}
+
+void check_parallel_flags(const ParallelFlags& flags, const std::string& device, bool speculation) {
+  BASALT_CHECK(flags.tp >= 1 && flags.tp <= 64, "--tp must be in [1, 64], got {}", flags.tp);
+  BASALT_CHECK(flags.ep == 0 || flags.ep == flags.tp,
+               "--ep {}: the routed experts are split over the --tp ranks ({}); give --ep {} or leave it out",
+               flags.ep, flags.tp, flags.tp);
+  if (!flags.dp_attention) return;
+  BASALT_CHECK(flags.tp >= 2, "--dp-attention runs over the --tp ranks: give --tp 2 or more");
+  BASALT_CHECK(device == "cpu",
+               "--dp-attention --device {}: DP attention runs CPU ranks for now (GPU ranks over NCCL are not built yet)",
+               device);
+  BASALT_CHECK(!speculation, "--dp-attention: speculative decoding over DP-attention ranks is not built yet");
+}
+
+namespace {
+
+RankBackendFactory cpu_ranks(int ranks) {
+  const int per_rank = std::max(1, ThreadPool::global().size() / ranks);
+  return [per_rank](int) { return make_cpu_backend_with_threads(per_rank); };
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, int tp,
+                                         const LoadProgress& progress) {
+  BASALT_CHECK(tp >= 1 && tp <= 64, "--tp must be in [1, 64], got {}", tp);
+  if (tp == 1) return load_model(dir, backend, progress);
+  BASALT_CHECK(backend.device() == Device::kCpu,
+               "--tp {} --device {}: tensor parallelism runs CPU ranks for now (GPU ranks over NCCL are not built "
+               "yet)",
+               tp, backend.name());
+  return load_tensor_parallel(dir, tp, cpu_ranks(tp), progress);
+}
+
+DpAttentionEngines DpAttentionEngines::load(const std::string& dir, int ranks, const LoadProgress& progress) {
+  DpAttentionEngines out;
+  out.model = load_data_parallel(dir, ranks, cpu_ranks(ranks), progress);
+  return out;
+}
+
+void DpAttentionEngines::start(const Tokenizer* tokenizer, EngineOptions options) {
+  const int ranks = model->world();
+  if (options.kv_slots > 0) options.kv_slots = std::max<int64_t>(options.kv_slots / ranks, options.page_size);
+  if (options.kv_slots == 0) {
+    const size_t budget = options.kv_budget_bytes > 0 ? options.kv_budget_bytes : KvPool::host_memory_budget(0.1);
+    options.kv_budget_bytes = std::max<size_t>(budget / static_cast<size_t>(ranks), 1);
+  }
+  std::vector<std::unique_ptr<Engine>> made;
+  for (int r = 0; r < ranks; ++r) {
+    samplers.push_back(make_cpu_backend_with_threads(1));
+    made.push_back(std::make_unique<Engine>(model->rank(r), *samplers.back(), tokenizer, options));
+  }
+  engines = std::make_unique<EngineGroup>(std::move(made));
+}
+
+}  // namespace basalt
