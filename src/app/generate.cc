@@ -340,7 +340,8 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   } else {
     model = attach_speculation_head(
         f.speculation, load_model_for_tp(f.model, backend, f.parallel.tp, std::ref(progress)), f.model, backend);
-    if (!f.enforce_eager)
+    // Over GPU ranks each rank runs eagerly (graphs per rank are not built).
+    if (!f.enforce_eager && f.parallel.tp == 1)
       model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
   }
   const Model& shape = model ? *model : dp.model->rank(0);

@@ -7,6 +7,13 @@
 #include "core/thread_pool.h"
 #include "model/tensor_parallel.h"
 #include "runtime/kv_pool.h"
+#ifdef BASALT_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device.h"
+#endif
+#ifdef BASALT_HAVE_NCCL
+#include "backend/cuda/nccl_communicator.h"
+#endif
 
 namespace basalt {
 
@@ -50,11 +57,27 @@ std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backen
                                          const LoadProgress& progress) {
   BASALT_CHECK(tp >= 1 && tp <= 64, "--tp must be in [1, 64], got {}", tp);
   if (tp == 1) return load_model(dir, backend, progress);
-  BASALT_CHECK(backend.device() == Device::kCpu,
-               "--tp {} --device {}: tensor parallelism runs CPU ranks for now (GPU ranks over NCCL are not built "
-               "yet)",
-               tp, backend.name());
-  return load_tensor_parallel(dir, tp, cpu_ranks(tp), progress);
+  if (backend.device() == Device::kCpu) return load_tensor_parallel(dir, tp, cpu_ranks(tp), progress);
+#ifdef BASALT_HAVE_CUDA
+  // GPU ranks: rank 0 on the sampling backend's GPU, rank r on the r-th GPU
+  // after it, one thread each, NCCL between them.
+  const int gpus = cuda_device_count();
+  BASALT_CHECK(tp <= gpus, "--tp {} --device cuda: this machine has {} GPU{}", tp, gpus, gpus == 1 ? "" : "s");
+  const int base = backend.ordinal();
+  RankGroupFactory group;
+#ifdef BASALT_HAVE_NCCL
+  group = [](std::span<Backend* const> backends) {
+    std::vector<CudaBackend*> ranks;
+    for (Backend* b : backends) ranks.push_back(dynamic_cast<CudaBackend*>(b));
+    return make_nccl_group(ranks);
+  };
+#endif
+  return load_tensor_parallel(
+      dir, tp, [base, gpus](int r) { return std::make_unique<CudaBackend>((base + r) % gpus); }, progress, &backend,
+      group);
+#else
+  fail("--tp {} --device {}: this build has no GPU backend", tp, backend.name());
+#endif
 }
 
 DpAttentionEngines DpAttentionEngines::load(const std::string& dir, int ranks, const LoadProgress& progress) {

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "backend/reference_ops.h"
@@ -475,7 +476,7 @@ void Backend::moe_route(const Tensor& logits, const Tensor* bias, const MoeRoute
 }
 
 void Backend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                          std::span<const MoeExpert> experts, Tensor& out) {
+                          std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert) {
   const OpCheck c(*this, "moe_experts");
   c.tensor(x, "x", c.activations(), 2);
   const int64_t T = x.dim(0), H = x.dim(1);
@@ -497,8 +498,14 @@ void Backend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weig
   c.linear_weight(experts[0].gate, "gate", g0.dim(0), H);
   c.linear_weight(experts[0].up, "up", g0.dim(0), H);
   c.linear_weight(experts[0].down, "down", H, g0.dim(0));
-  c.indices(ids, "ids", static_cast<int64_t>(experts.size()), false, "experts");
-  moe_experts_impl(x, ids, weights, experts, out);
+  if (first_expert < 0) {
+    c.indices(ids, "ids", static_cast<int64_t>(experts.size()), false, "experts");
+  } else {
+    REQUIRE(c, first_expert + static_cast<int64_t>(experts.size()) <= std::numeric_limits<int32_t>::max(),
+            "experts [{}, {}) lie past the ids' range", first_expert,
+            first_expert + static_cast<int64_t>(experts.size()));
+  }
+  moe_experts_impl(x, ids, weights, experts, out, first_expert);
 }
 
 void Backend::mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,

@@ -334,9 +334,13 @@ class Backend {
   // out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]). x [T, H] (f32,
   // or bf16 on a backend that computes in bf16); out f32 [T, H]; ids i32
   // [T, k] indexing experts; weights f32 [T, k]. Each expert runs only on the
-  // tokens routed to it. out must not overlap x.
+  // tokens routed to it. out must not overlap x. With first_expert >= 0
+  // (expert parallelism) `experts` are the model's experts [first_expert,
+  // first_expert + experts.size()), ids name the model's experts (any i32),
+  // and a pair routed outside that slice adds nothing (a token with none
+  // gets a row of zeros).
   void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                   std::span<const MoeExpert> experts, Tensor& out);
+                   std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert = -1);
   // The MLA cache write: for each token t, row = kv_a[t] = [latent (L) | k_pe (R)];
   // cache[slots[t]] = [rms_norm(latent) * norm_weight | rope(k_pe at positions[t])].
   // kv_a f32 [T, L + R]; norm_weight [L]; cache f32 or bf16 [S, L + R]. rope
@@ -406,7 +410,7 @@ class Backend {
   virtual void moe_route_impl(const Tensor& logits, const Tensor* bias,
                               const MoeRouteParams& params, Tensor& ids, Tensor& weights) = 0;
   virtual void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                                std::span<const MoeExpert> experts, Tensor& out) = 0;
+                                std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert) = 0;
   virtual void mla_store_kv_impl(const Tensor& kv_a, const Tensor& norm_weight, float eps,
                                  const Tensor& positions, const RopeParams& rope,
                                  const Tensor& slots, Tensor& cache) = 0;

@@ -521,6 +521,48 @@ void moe_experts_case(Harness& h, DType w_dtype) {
   h.close("out", out, want, h.bound(1e-5, gpu));
 }
 
+// Expert parallelism: experts [0, 2) and [2, 6) of six as two slices
+// (first_expert 0 and 2), each against the whole table with the other
+// slice's pairs weighted zero; ids outside every slice (another rank's, or
+// negative) add nothing.
+void moe_experts_slice_case(Harness& h, DType w_dtype) {
+  const int64_t T = 5, H = 256, I = 128, E = 6, K = 3;
+  std::vector<MoeExpert> host(static_cast<size_t>(E)), device;
+  for (MoeExpert& e : host) {
+    if (w_dtype == DType::kF8E4M3) {
+      e = {fp8_weight(h, I, H), fp8_weight(h, I, H), fp8_weight(h, H, I)};
+    } else {
+      e = {dense_weight(h, I, H, w_dtype), dense_weight(h, I, H, w_dtype), dense_weight(h, H, I, w_dtype)};
+    }
+    device.push_back({h.up(e.gate), h.up(e.up), h.up(e.down)});
+  }
+  const Tensor x = rand(h, {T, H}), weights = rand(h, {T, K});
+  std::vector<int32_t> id;
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<int32_t> pick = distinct_slots(h, K, E);
+    id.insert(id.end(), pick.begin(), pick.end());
+  }
+  id[1] = 40;  // no slice's
+  id[5] = -3;
+  const Tensor ids = Tensor::from_i32({T, K}, id);
+  const double gpu = w_dtype == DType::kF32 ? 1e-5 : w_dtype == DType::kBF16 ? 1e-2 : 0.1;
+  for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 2}, {2, 4}}) {
+    std::vector<int32_t> clamped = id;  // the whole table's view: every id valid
+    std::vector<float> masked(weights.data<const float>(), weights.data<const float>() + T * K);
+    for (size_t p = 0; p < id.size(); ++p) {
+      if (id[p] < first || id[p] >= first + count) masked[p] = 0.0f;
+      clamped[p] = std::clamp<int32_t>(id[p], 0, static_cast<int32_t>(E - 1));
+    }
+    Tensor want = Tensor::empty({T, H}, DType::kF32);
+    reference::moe_experts(x, Tensor::from_i32({T, K}, clamped), Tensor::from_f32({T, K}, masked), host, want);
+    Tensor out = h.out({T, H});
+    h.backend().moe_experts(h.up(x), h.up(ids), h.up(weights),
+                            std::span<const MoeExpert>(device).subspan(static_cast<size_t>(first), static_cast<size_t>(count)),
+                            out, first);
+    h.close(first == 0 ? "experts [0, 2)" : "experts [2, 6)", out, want, h.bound(1e-5, gpu));
+  }
+}
+
 // DeepSeek-like MLA dimensions, scaled down.
 constexpr int kHeads = 4, kLatent = 64, kNope = 16, kRopeDims = 16, kV = 32;
 MlaParams mla_params() {
@@ -691,6 +733,9 @@ std::vector<OpCase> all_cases() {
                  [w](Harness& h) { moe_experts_case(h, w); }});
   c.push_back(
       {B::kMoeExperts, "weights_mixed", [](Harness& h) { moe_experts_case(h, DType::kF16); }});
+  for (DType w : {f32, bf16, f8})
+    c.push_back({B::kMoeExperts, fmt::format("slice_weights_{}", dtype_name(w)),
+                 [w](Harness& h) { moe_experts_slice_case(h, w); }});
   for (DType cache : {f32, bf16})
     c.push_back({B::kMlaStoreKv, fmt::format("{}_cache", dtype_name(cache)),
                  [cache](Harness& h) { mla_store_kv_case(h, cache); }});

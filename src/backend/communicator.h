@@ -58,7 +58,12 @@ void check_broadcast(int root, int world, const char* who);
 // An in-process group of `world` ranks over host tensors, for ranks that run
 // as threads of one process (the CPU backend, and tests of multi-rank code
 // on one machine). Communicator i is rank i; each must be used by its own
-// thread, since a collective waits for every rank.
-std::vector<std::unique_ptr<Communicator>> make_local_group(int world);
+// thread, since a collective waits for every rank. With `staging` (a
+// backend per rank), rank i also takes tensors on staging[i]'s device,
+// copied through host memory by that backend (slow; it lets several ranks
+// share one GPU, which NCCL refuses, so multi-rank device code is tested on
+// one GPU).
+class Backend;
+std::vector<std::unique_ptr<Communicator>> make_local_group(int world, std::span<Backend* const> staging = {});
 
 }  // namespace basalt

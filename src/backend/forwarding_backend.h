@@ -96,8 +96,8 @@ class ForwardingBackend : public Backend {
     inner_.moe_route(logits, bias, params, ids, weights);
   }
   void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                        std::span<const MoeExpert> experts, Tensor& out) override {
-    inner_.moe_experts(x, ids, weights, experts, out);
+                        std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert) override {
+    inner_.moe_experts(x, ids, weights, experts, out, first_expert);
   }
   void mla_store_kv_impl(const Tensor& kv_a, const Tensor& norm_weight, float eps,
                          const Tensor& positions, const RopeParams& rope, const Tensor& slots,

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "backend/communicator.h"
+
+#include "backend/backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -87,14 +89,20 @@ struct Shared {
 
 class LocalCommunicator final : public Communicator {
  public:
-  LocalCommunicator(std::shared_ptr<Shared> shared, int rank) : shared_(std::move(shared)), rank_(rank) {}
+  LocalCommunicator(std::shared_ptr<Shared> shared, int rank, Backend* staging)
+      : shared_(std::move(shared)), rank_(rank), staging_(staging) {}
 
   int rank() const override { return rank_; }
   int world_size() const override { return shared_->world; }
 
   void all_reduce(Tensor& x, ReduceOp op) override {
     check_all_reduce(x, "local");
-    require_host(x);
+    if (x.device() != Device::kCpu) {
+      Tensor h = to_host(x);
+      all_reduce(h, op);
+      staging_->copy(h, x);
+      return;
+    }
     const auto n = static_cast<size_t>(x.numel());
     shared_->in[static_cast<size_t>(rank_)] = x.raw();
     shared_->barrier();
@@ -118,8 +126,12 @@ class LocalCommunicator final : public Communicator {
 
   void all_gather(const Tensor& x, Tensor& out) override {
     check_all_gather(x, out, shared_->world, "local");
-    require_host(x);
-    require_host(out);
+    if (x.device() != Device::kCpu || out.device() != Device::kCpu) {
+      Tensor h = Tensor::empty(out.shape(), out.dtype());
+      all_gather(to_host(x), h);
+      staging_->copy(h, out);
+      return;
+    }
     shared_->in[static_cast<size_t>(rank_)] = x.raw();
     shared_->barrier();
     const size_t bytes = x.nbytes();
@@ -133,8 +145,12 @@ class LocalCommunicator final : public Communicator {
   void all_to_all(const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
                   std::span<const int64_t> recv_rows) override {
     check_all_to_all(send, send_rows, recv, recv_rows, shared_->world, "local");
-    require_host(send);
-    require_host(recv);
+    if (send.device() != Device::kCpu || recv.device() != Device::kCpu) {
+      Tensor h = Tensor::empty(recv.shape(), recv.dtype());
+      all_to_all(to_host(send), send_rows, h, recv_rows);
+      staging_->copy(h, recv);
+      return;
+    }
     shared_->in[static_cast<size_t>(rank_)] = send.raw();
     shared_->counts[static_cast<size_t>(rank_)] = send_rows;
     shared_->barrier();
@@ -167,7 +183,12 @@ class LocalCommunicator final : public Communicator {
 
   void broadcast(Tensor& x, int root) override {
     check_broadcast(root, shared_->world, "local");
-    require_host(x);
+    if (x.device() != Device::kCpu) {
+      Tensor h = to_host(x);
+      broadcast(h, root);
+      staging_->copy(h, x);
+      return;
+    }
     shared_->in[static_cast<size_t>(rank_)] = x.raw();
     shared_->barrier();
     if (rank_ != root && x.nbytes() > 0) std::memcpy(x.raw(), shared_->in[static_cast<size_t>(root)], x.nbytes());
@@ -175,21 +196,34 @@ class LocalCommunicator final : public Communicator {
   }
 
  private:
-  static void require_host(const Tensor& t) {
-    BASALT_CHECK(t.device() == Device::kCpu, "local communicator: {} is not in host memory", t.describe());
+  // A copy of device tensor t in host memory, through the staging backend
+  // (whose copy waits for the device); a host tensor as it is.
+  Tensor to_host(const Tensor& t) {
+    if (t.device() == Device::kCpu) return t;
+    BASALT_CHECK(staging_ != nullptr && staging_->device() == t.device(),
+                 "local communicator: {} is not in host memory, and rank {} has no backend of its device", t.describe(),
+                 rank_);
+    Tensor h = Tensor::empty(t.shape(), t.dtype());
+    staging_->copy(t, h);
+    return h;
   }
 
   std::shared_ptr<Shared> shared_;
   int rank_;
+  Backend* staging_;  // may be null: host tensors only
 };
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_local_group(int world) {
+std::vector<std::unique_ptr<Communicator>> make_local_group(int world, std::span<Backend* const> staging) {
   BASALT_CHECK(world >= 1 && world <= 1024, "a communicator group needs 1..1024 ranks, got {}", world);
+  BASALT_CHECK(staging.empty() || staging.size() == static_cast<size_t>(world),
+               "a communicator group of {} ranks with {} staging backends", world, staging.size());
   auto shared = std::make_shared<Shared>(world);
   std::vector<std::unique_ptr<Communicator>> ranks;
-  for (int r = 0; r < world; ++r) ranks.push_back(std::make_unique<LocalCommunicator>(shared, r));
+  for (int r = 0; r < world; ++r)
+    ranks.push_back(
+        std::make_unique<LocalCommunicator>(shared, r, staging.empty() ? nullptr : staging[static_cast<size_t>(r)]));
   return ranks;
 }
 

@@ -148,7 +148,7 @@ void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& p
 }
 
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                 std::span<const MoeExpert> experts, Tensor& out) {
+                 std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert) {
   need(x, "moe_experts", "x", DType::kF32, 2);
   need(out, "moe_experts", "out", DType::kF32, 2);
   need(ids, "moe_experts", "ids", DType::kI32, 2);
@@ -168,9 +168,10 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   for (int64_t t = 0; t < T; ++t) {
     std::vector<double> acc(static_cast<size_t>(H), 0.0);
     for (int64_t j = 0; j < K; ++j) {
-      const int32_t id = ids.data<const int32_t>()[t * K + j];
-      BASALT_CHECK(id >= 0 && id < static_cast<int64_t>(experts.size()),
-                   "reference moe_experts: expert id {} out of range", id);
+      const int64_t id = static_cast<int64_t>(ids.data<const int32_t>()[t * K + j]) - std::max<int64_t>(first_expert, 0);
+      const bool mine = id >= 0 && id < static_cast<int64_t>(experts.size());
+      BASALT_CHECK(mine || first_expert >= 0, "reference moe_experts: expert id {} out of range", id);
+      if (!mine) continue;  // another rank's expert
       const MoeExpert& e = experts[static_cast<size_t>(id)];
       const float* xr = x.data<const float>() + t * H;
       for (int64_t i = 0; i < I; ++i) {

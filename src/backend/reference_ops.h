@@ -121,7 +121,7 @@ void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
 void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
                Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                 std::span<const MoeExpert> experts, Tensor& out);
+                 std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert = -1);
 void mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps, const Tensor& positions,
                   const RopeParams& rope, const Tensor& slots, Tensor& cache);
 void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_b,
@@ -215,8 +215,8 @@ class ReferenceBackend final : public Backend {
     reference::moe_route(logits, bias, params, ids, weights);
   }
   void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                        std::span<const MoeExpert> experts, Tensor& out) override {
-    reference::moe_experts(x, ids, weights, experts, out);
+                        std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert) override {
+    reference::moe_experts(x, ids, weights, experts, out, first_expert);
   }
   void mla_store_kv_impl(const Tensor& kv_a, const Tensor& norm_weight, float eps,
                          const Tensor& positions, const RopeParams& rope, const Tensor& slots,

@@ -76,7 +76,7 @@ class DeepseekModelImpl final : public DeepseekModel {
       lm_head_ = c.tie_word_embeddings ? embed_tokens_ : plain(ckpt, "lm_head.weight", {c.vocab_size, H});
     } else {
       // Vocabulary-parallel (model/tp_shard.h).
-      embed_tokens_ = to_backend(tp::vocab_shard(plain(ckpt, "model.embed_tokens.weight", {c.vocab_size, H}),
+      embed_tokens_ = to_backend(tp::vocab_shard(plain_host(ckpt, "model.embed_tokens.weight", {c.vocab_size, H}),
                                                  vocab_begin_, vocab_local_));
       lm_head_ = c.tie_word_embeddings
                      ? embed_tokens_.rows(0, vocab_local_)
@@ -443,7 +443,10 @@ class DeepseekModelImpl final : public DeepseekModel {
     } else if (dp_attention_) {
       exchange_with_experts(hidden, ids, weights, w.experts, &out);
     } else {
-      experts_of_this_rank(hidden, ids, weights, w.experts, out);
+      // Expert parallelism over tokens every rank has (after the
+      // attention's all-reduce): this rank's experts on the pairs routed to
+      // them; the all-reduce below completes each token's sum.
+      b.moe_experts(hidden, ids, weights, w.experts, out, expert_begin_);
     }
     if (w.has_shared) {
       Tensor shared = b.empty({T, config_.hidden_size}, DType::kF32);
@@ -451,41 +454,6 @@ class DeepseekModelImpl final : public DeepseekModel {
       b.add(out, shared, out);
     }
     if (tp_ != nullptr) tp_->all_reduce(out);  // every rank's experts and shared slice
-  }
-
-  // Expert parallelism with the tokens on every rank (they are, after the
-  // attention's all-reduce): this rank's experts, [expert_begin_,
-  // expert_begin_ + experts.size()), run on the (token, choice) pairs routed
-  // to them, one row per pair; out[t] is the sum of t's pairs here (zero
-  // where it has none), for the all-reduce to complete. Host gather and
-  // scatter: the ranks run on the CPU backend.
-  void experts_of_this_rank(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                            std::span<const MoeExpert> experts, Tensor& out) {
-    Backend& b = backend_;
-    const int64_t T = x.dim(0), H = x.dim(1), K = ids.dim(1);
-    const int64_t local = static_cast<int64_t>(experts.size());
-    std::vector<int32_t> token, expert;
-    std::vector<float> weight;
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < K; ++j) {
-        const int64_t e = ids.data<const int32_t>()[t * K + j] - expert_begin_;
-        if (e < 0 || e >= local) continue;
-        token.push_back(static_cast<int32_t>(t));
-        expert.push_back(static_cast<int32_t>(e));
-        weight.push_back(weights.data<const float>()[t * K + j]);
-      }
-    std::fill(out.data<float>(), out.data<float>() + T * H, 0.0f);
-    const int64_t P = static_cast<int64_t>(token.size());
-    if (P == 0) return;
-    const Tensor rows = Tensor::from_i32({P}, token);
-    Tensor xs = b.empty({P, H}, x.dtype()), ys = b.empty({P, H}, DType::kF32);
-    b.embedding(rows, x, xs);  // gathers the pairs' tokens
-    b.moe_experts(xs, Tensor::from_i32({P, 1}, expert), Tensor::from_f32({P, 1}, weight), experts, ys);
-    for (int64_t p = 0; p < P; ++p) {
-      float* dst = out.data<float>() + token[static_cast<size_t>(p)] * H;
-      const float* src = ys.data<const float>() + p * H;
-      for (int64_t h = 0; h < H; ++h) dst[h] += src[h];
-    }
   }
 
   // DP attention's MoE exchange (deepseek_v3.h), on the host: the ranks
@@ -588,18 +556,18 @@ class DeepseekModelImpl final : public DeepseekModel {
     if (d.q_lora_rank > 0) {
       w.q_a_proj = linear(ckpt, a + "q_a_proj.weight", d.q_lora_rank, H);
       w.q_a_norm = plain(ckpt, a + "q_a_layernorm.weight", {d.q_lora_rank});
-      w.q_b_proj = shard_rows(linear(ckpt, a + "q_b_proj.weight", heads * (Dn + R), d.q_lora_rank),
+      w.q_b_proj = shard_rows(host_linear(ckpt, a + "q_b_proj.weight", heads * (Dn + R), d.q_lora_rank),
                               first * (Dn + R), mine * (Dn + R), a + "q_b_proj.weight");
     } else {
-      w.q_proj = shard_rows(linear(ckpt, a + "q_proj.weight", heads * (Dn + R), H), first * (Dn + R),
+      w.q_proj = shard_rows(host_linear(ckpt, a + "q_proj.weight", heads * (Dn + R), H), first * (Dn + R),
                             mine * (Dn + R), a + "q_proj.weight");
     }
     // The latent (kv_a) is every head's: each rank computes and caches it.
     w.kv_a_proj = linear(ckpt, a + "kv_a_proj_with_mqa.weight", d.kv_lora_rank + R, H);
     w.kv_a_norm = plain(ckpt, a + "kv_a_layernorm.weight", {d.kv_lora_rank});
-    w.kv_b_proj = shard_rows(linear(ckpt, a + "kv_b_proj.weight", heads * (Dn + Dv), d.kv_lora_rank),
+    w.kv_b_proj = shard_rows(host_linear(ckpt, a + "kv_b_proj.weight", heads * (Dn + Dv), d.kv_lora_rank),
                              first * (Dn + Dv), mine * (Dn + Dv), a + "kv_b_proj.weight");
-    w.o_proj = shard_columns(linear(ckpt, a + "o_proj.weight", H, heads * Dv), first * Dv, mine * Dv,
+    w.o_proj = shard_columns(host_linear(ckpt, a + "o_proj.weight", H, heads * Dv), first * Dv, mine * Dv,
                              a + "o_proj.weight");
 
     const std::string m = p + "mlp.";
@@ -617,21 +585,22 @@ class DeepseekModelImpl final : public DeepseekModel {
     }
     if (ckpt.has(m + "experts.gate_up_proj")) {
       // transformers 5's fused layout: views of one tensor per projection.
-      const Tensor gate_up = weight_tensor(ckpt, m + "experts.gate_up_proj", {E, 2 * I, H}, true);
-      const Tensor down = weight_tensor(ckpt, m + "experts.down_proj", {E, H, I}, true);
+      const Tensor gate_up = host_weight(ckpt, m + "experts.gate_up_proj", {E, 2 * I, H}, true);
+      const Tensor down = host_weight(ckpt, m + "experts.down_proj", {E, H, I}, true);
       BASALT_CHECK(gate_up.dtype() != DType::kF8E4M3 && down.dtype() != DType::kF8E4M3,
                    "{}: fused expert tensors '{}experts.*' must not be float8 (block scales are "
                    "per expert)", ckpt.info(m + "experts.down_proj").file, m);
       for (int64_t e = expert_begin_; e < expert_begin_ + experts_local_; ++e) {
         const Tensor gu = gate_up.rows(e, 1).reshape({2 * I, H});
-        w.experts.push_back(MoeExpert{{gu.rows(0, I), Tensor()}, {gu.rows(I, I), Tensor()},
-                                      {down.rows(e, 1).reshape({H, I}), Tensor()}});
+        w.experts.push_back(on_device(MoeExpert{{gu.rows(0, I), Tensor()}, {gu.rows(I, I), Tensor()},
+                                                {down.rows(e, 1).reshape({H, I}), Tensor()}}));
       }
     } else {
-      // Every expert's tensors are read (and checked); this rank keeps its own.
+      // Every expert's tensors are checked; this rank keeps (and uploads)
+      // its own.
       for (int64_t e = 0; e < E; ++e) {
         MoeExpert ex = expert(ckpt, m + "experts." + std::to_string(e) + ".", I, true);
-        if (e >= expert_begin_ && e < expert_begin_ + experts_local_) w.experts.push_back(std::move(ex));
+        if (e >= expert_begin_ && e < expert_begin_ + experts_local_) w.experts.push_back(on_device(ex));
       }
     }
     if (d.n_shared_experts > 0) {
@@ -682,27 +651,28 @@ class DeepseekModelImpl final : public DeepseekModel {
     vocab_begin_ = rank_ * vocab_local_;
   }
 
-  // Rows [begin, begin + count) of a linear weight (and of its FP8 block
-  // scales, at whole blocks); the weight itself with one rank.
-  LinearWeight shard_rows(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) const {
-    if (world_ == 1) return w;
+  // Rows [begin, begin + count) of a host linear weight (and of its FP8
+  // block scales, at whole blocks), on the backend; the whole weight with
+  // one rank.
+  LinearWeight shard_rows(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) {
+    if (world_ == 1) return on_device(w);
     LinearWeight out;
     out.weight = w.weight.rows(begin, count);
     if (w.block_fp8()) {
       check_block_aligned(begin, count, w.weight.dim(0), name);
       out.scale_inv = w.scale_inv.rows(begin / kFp8BlockSize, fp8_blocks(count));
     }
-    return out;
+    return on_device(out);
   }
-  LinearWeight shard_columns(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) const {
-    if (world_ == 1) return w;
+  LinearWeight shard_columns(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) {
+    if (world_ == 1) return on_device(w);
     LinearWeight out;
     out.weight = tp::columns(w.weight, begin, count);
     if (w.block_fp8()) {
       check_block_aligned(begin, count, w.weight.dim(1), name);
       out.scale_inv = tp::columns(w.scale_inv, begin / kFp8BlockSize, fp8_blocks(count));
     }
-    return out;
+    return on_device(out);
   }
   // 128-wide FP8 scale blocks covering n values (the last one partial).
   static int64_t fp8_blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
@@ -711,26 +681,37 @@ class DeepseekModelImpl final : public DeepseekModel {
                  "{}: tensor parallelism over {} ranks splits '{}' inside a {}-wide FP8 block ([{}, {}) of {})",
                  dir_, world_, name, kFp8BlockSize, begin, begin + count, size);
   }
-  // This rank's 1/N of an MLP `inter` wide: gate and up rows, down columns.
-  MoeExpert shard_mlp(const MoeExpert& e, int64_t inter, const std::string& prefix) const {
+  // This rank's 1/N of a host MLP `inter` wide (gate and up rows, down
+  // columns), on the backend.
+  MoeExpert shard_mlp(const MoeExpert& e, int64_t inter, const std::string& prefix) {
     const int64_t mine = inter / world_, first = rank_ * mine;
     return MoeExpert{shard_rows(e.gate, first, mine, prefix + "gate_proj.weight"),
                      shard_rows(e.up, first, mine, prefix + "up_proj.weight"),
                      shard_columns(e.down, first, mine, prefix + "down_proj.weight")};
   }
 
+  // An MLP's three host weights, checked (expert parallelism uploads only
+  // a rank's own experts).
   MoeExpert expert(const Checkpoint& ckpt, const std::string& p, int64_t inter, bool routed) {
     const int64_t H = config_.hidden_size;
-    return MoeExpert{linear(ckpt, p + "gate_proj.weight", inter, H, routed),
-                     linear(ckpt, p + "up_proj.weight", inter, H, routed),
-                     linear(ckpt, p + "down_proj.weight", H, inter, routed)};
+    return MoeExpert{host_linear(ckpt, p + "gate_proj.weight", inter, H, routed),
+                     host_linear(ckpt, p + "up_proj.weight", inter, H, routed),
+                     host_linear(ckpt, p + "down_proj.weight", H, inter, routed)};
+  }
+  MoeExpert on_device(const MoeExpert& e) { return MoeExpert{on_device(e.gate), on_device(e.up), on_device(e.down)}; }
+  LinearWeight on_device(const LinearWeight& w) {
+    return LinearWeight{to_backend(w.weight), w.scale_inv.raw() ? to_backend(w.scale_inv) : Tensor()};
   }
 
-  // A linear weight: bf16/f16/f32, or f8_e4m3 with its weight_scale_inv.
-  LinearWeight linear(const Checkpoint& ckpt, const std::string& name, int64_t n, int64_t k,
-                      bool routed = false) {
+  LinearWeight linear(const Checkpoint& ckpt, const std::string& name, int64_t n, int64_t k) {
+    return on_device(host_linear(ckpt, name, n, k));
+  }
+  // A linear weight in host memory, checked: bf16/f16/f32, or f8_e4m3 with
+  // its weight_scale_inv.
+  LinearWeight host_linear(const Checkpoint& ckpt, const std::string& name, int64_t n, int64_t k,
+                           bool routed = false) {
     LinearWeight w;
-    w.weight = weight_tensor(ckpt, name, {n, k}, routed);
+    w.weight = host_weight(ckpt, name, {n, k}, routed);
     if (w.weight.dtype() != DType::kF8E4M3) return w;
     const std::string file = ckpt.info(name).file;
     BASALT_CHECK(config_.deepseek.fp8_block_weights,
@@ -747,29 +728,31 @@ class DeepseekModelImpl final : public DeepseekModel {
                  "{}: tensor '{}' must be float32, got {}", ckpt.info(scale_name).file, scale_name,
                  dtype_name(scale.dtype()));
     count(scale, routed);
-    w.scale_inv = to_backend(scale.dtype() == DType::kF32 ? scale : scale.to_f32());
+    w.scale_inv = scale.dtype() == DType::kF32 ? scale : scale.to_f32();
     return w;
   }
 
-  Tensor weight_tensor(const Checkpoint& ckpt, const std::string& name, const Shape& shape,
-                       bool routed) {
+  Tensor host_weight(const Checkpoint& ckpt, const std::string& name, const Shape& shape, bool routed) {
     Tensor t = ckpt.get(name, shape);
     BASALT_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16 ||
                      t.dtype() == DType::kF16 || t.dtype() == DType::kF8E4M3,
                  "{}: tensor '{}' has dtype {}; weights must be f32, bf16, f16 or f8_e4m3",
                  ckpt.info(name).file, name, dtype_name(t.dtype()));
     count(t, routed);
-    return to_backend(t);
+    return t;
   }
 
   // Embeddings, norms, heads and the router: f32, bf16 or f16 as published.
   Tensor plain(const Checkpoint& ckpt, const std::string& name, const Shape& shape) {
+    return to_backend(plain_host(ckpt, name, shape));
+  }
+  Tensor plain_host(const Checkpoint& ckpt, const std::string& name, const Shape& shape) {
     Tensor t = ckpt.get(name, shape);
     BASALT_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16 || t.dtype() == DType::kF16,
                  "{}: tensor '{}' has dtype {}; it must be f32, bf16 or f16",
                  ckpt.info(name).file, name, dtype_name(t.dtype()));
     count(t, false);
-    return to_backend(t);
+    return t;
   }
 
   void count(const Tensor& t, bool routed) {

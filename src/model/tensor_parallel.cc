@@ -13,21 +13,34 @@ namespace {
 class TensorParallelModel final : public Model {
  public:
   TensorParallelModel(const std::string& dir, int world, const RankBackendFactory& make_backend,
-                      const LoadProgress& progress)
+                      const LoadProgress& progress, Backend* first, const RankGroupFactory& make_group)
       : threads_(world) {
-    std::vector<std::unique_ptr<Communicator>> group = make_local_group(world);
     ranks_.resize(static_cast<size_t>(world));
+    std::vector<Backend*> backends;
     for (int r = 0; r < world; ++r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];
-      rank.comm = std::move(group[static_cast<size_t>(r)]);
-      rank.backend = make_backend(r);
-      BASALT_CHECK(rank.backend != nullptr && rank.backend->device() == Device::kCpu,
-                   "tensor parallelism runs its ranks on the CPU backend for now");
+      if (r == 0 && first != nullptr) {
+        rank.backend = first;
+      } else {
+        rank.owned_backend = make_backend(r);
+        rank.backend = rank.owned_backend.get();
+      }
+      BASALT_CHECK(rank.backend != nullptr, "tensor parallelism: no backend for rank {}", r);
+      BASALT_CHECK(r == 0 || rank.backend->device() == backends.front()->device(),
+                   "tensor parallelism: rank {} runs on {}, rank 0 on {}", r, rank.backend->name(),
+                   backends.front()->name());
+      backends.push_back(rank.backend);
     }
+    std::vector<std::unique_ptr<Communicator>> group =
+        make_group ? make_group(backends) : make_local_group(world, backends);
+    BASALT_CHECK(group.size() == static_cast<size_t>(world), "tensor parallelism: a group of {} for {} ranks",
+                 group.size(), world);
+    for (int r = 0; r < world; ++r) ranks_[static_cast<size_t>(r)].comm = std::move(group[static_cast<size_t>(r)]);
     // Each rank reads its own shard; only rank 0 reports progress (the
     // ranks read the same files' pages at about the same pace).
     threads_.run_or_throw([&](int r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];
+      rank.backend->make_current();
       rank.model = load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get()});
     });
   }
@@ -35,12 +48,18 @@ class TensorParallelModel final : public Model {
   const ModelConfig& config() const override { return ranks_[0].model->config(); }
 
   KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override {
+    // Each rank allocates on its own thread (its device current there).
+    std::vector<KvBuffers> own(ranks_.size());
+    threads_.run_or_throw([&](int r) {
+      const Rank& rank = ranks_[static_cast<size_t>(r)];
+      rank.backend->make_current();
+      own[static_cast<size_t>(r)] = rank.model->allocate_kv(num_slots, dtype);
+    });
     KvBuffers all;
     all.num_slots = num_slots;
-    for (const Rank& rank : ranks_) {
-      KvBuffers own = rank.model->allocate_kv(num_slots, dtype);
-      all.k.insert(all.k.end(), own.k.begin(), own.k.end());
-      all.v.insert(all.v.end(), own.v.begin(), own.v.end());
+    for (const KvBuffers& k : own) {
+      all.k.insert(all.k.end(), k.k.begin(), k.k.end());
+      all.v.insert(all.v.end(), k.v.begin(), k.v.end());
     }
     return all;
   }
@@ -61,15 +80,18 @@ class TensorParallelModel final : public Model {
     // rank that failed after a collective would leave the others waiting in
     // the next one.
     const int64_t rows = batch.logit_rows.numel(), tokens = batch.num_tokens();
-    BASALT_CHECK(logits.device() == Device::kCpu && logits.dtype() == DType::kF32 && logits.rank() == 2 &&
+    const Device device = ranks_[0].backend->device();
+    BASALT_CHECK(logits.device() == device && logits.dtype() == DType::kF32 && logits.rank() == 2 &&
                      logits.dim(0) == rows && logits.dim(1) == config().vocab_size,
-                 "forward: logits must be host f32 [{}, {}], got {}", rows, config().vocab_size, logits.describe());
-    BASALT_CHECK(hidden == nullptr || (hidden->device() == Device::kCpu && hidden->dtype() == DType::kF32 &&
+                 "forward: logits must be f32 [{}, {}] on rank 0's {}, got {}", rows, config().vocab_size,
+                 ranks_[0].backend->name(), logits.describe());
+    BASALT_CHECK(hidden == nullptr || (hidden->device() == device && hidden->dtype() == DType::kF32 &&
                                        hidden->rank() == 2 && hidden->dim(0) == tokens &&
                                        hidden->dim(1) == config().hidden_size),
-                 "forward: hidden must be host f32 [{}, {}], got {}", tokens, config().hidden_size,
-                 hidden->describe());
+                 "forward: hidden must be f32 [{}, {}] on rank 0's {}, got {}", tokens, config().hidden_size,
+                 ranks_[0].backend->name(), hidden->describe());
     threads_.run_or_throw([&](int r) {
+      ranks_[static_cast<size_t>(r)].backend->make_current();
       KvBuffers own;
       own.num_slots = kv.num_slots;
       const auto first = static_cast<std::ptrdiff_t>(static_cast<size_t>(r) * layers);
@@ -82,7 +104,7 @@ class TensorParallelModel final : public Model {
       // The other ranks' logits are the same; each writes its own copy,
       // into a buffer kept across steps and grown to the largest step's.
       Rank& rank = ranks_[static_cast<size_t>(r)];
-      if (rank.logits.numel() < logits.numel()) rank.logits = Tensor::empty({logits.numel()}, DType::kF32);
+      if (rank.logits.numel() < logits.numel()) rank.logits = rank.backend->empty({logits.numel()}, DType::kF32);
       Tensor scratch = rank.logits.rows(0, logits.numel()).reshape(logits.shape());
       rank.model->forward(batch, own, scratch, nullptr);
     });
@@ -96,22 +118,24 @@ class TensorParallelModel final : public Model {
  private:
   struct Rank {
     std::unique_ptr<Communicator> comm;
-    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Backend> owned_backend;  // null where rank 0 runs on the caller's
+    Backend* backend = nullptr;
     std::unique_ptr<Model> model;
     Tensor logits;  // f32, ranks other than 0: where their copy of the logits goes
   };
 
   // Declared before ranks_, so destroyed after them: the threads run the
   // ranks' work, and nothing is running once the model is destroyed.
-  RankThreads threads_;
+  mutable RankThreads threads_;  // allocate_kv runs on it too
   std::vector<Rank> ranks_;
 };
 
 }  // namespace
 
 std::unique_ptr<Model> load_tensor_parallel(const std::string& dir, int world, const RankBackendFactory& make_backend,
-                                            const LoadProgress& progress) {
-  return std::make_unique<TensorParallelModel>(dir, world, make_backend, progress);
+                                            const LoadProgress& progress, Backend* first,
+                                            const RankGroupFactory& make_group) {
+  return std::make_unique<TensorParallelModel>(dir, world, make_backend, progress, first, make_group);
 }
 
 }  // namespace basalt

@@ -49,16 +49,31 @@ Tensor local_vocab_ids(const Tensor& ids, int64_t begin, int64_t count, int64_t 
 
 void gather_vocab_columns(Communicator& comm, Backend& backend, const Tensor& part, Tensor& logits) {
   const int64_t world = comm.world_size(), L = part.dim(0), cols = part.dim(1);
-  BASALT_CHECK(backend.device() == Device::kCpu && logits.device() == Device::kCpu,
-               "tensor parallelism runs on the CPU backend only for now");
-  BASALT_CHECK(logits.rank() == 2 && logits.dim(0) == L && logits.dim(1) == world * cols,
-               "forward: logits must be f32 [{}, {}], got {}", L, world * cols, logits.describe());
+  BASALT_CHECK(logits.rank() == 2 && logits.dim(0) == L && logits.dim(1) == world * cols &&
+                   logits.device() == backend.device(),
+               "forward: logits must be f32 [{}, {}] on the {} backend, got {}", L, world * cols, backend.name(),
+               logits.describe());
   Tensor gathered = backend.empty({world * L, cols}, DType::kF32);
   comm.all_gather(part, gathered);
-  for (int64_t r = 0; r < world; ++r)
-    for (int64_t i = 0; i < L; ++i)
-      std::memcpy(logits.data<float>() + i * world * cols + r * cols, gathered.data<const float>() + (r * L + i) * cols,
-                  static_cast<size_t>(cols) * sizeof(float));
+  if (backend.device() == Device::kCpu) {
+    for (int64_t r = 0; r < world; ++r)
+      for (int64_t i = 0; i < L; ++i)
+        std::memcpy(logits.data<float>() + i * world * cols + r * cols,
+                    gathered.data<const float>() + (r * L + i) * cols, static_cast<size_t>(cols) * sizeof(float));
+    return;
+  }
+  // On a device, rank by rank beside the columns so far (a copy of the
+  // row-prefix each time: N^2 / 2 column copies, small beside lm_head).
+  if (world == 1) {
+    backend.copy(gathered, logits);
+    return;
+  }
+  Tensor so_far = gathered.rows(0, L);
+  for (int64_t r = 1; r < world; ++r) {
+    Tensor next = r + 1 == world ? logits : backend.empty({L, (r + 1) * cols}, DType::kF32);
+    backend.concat_columns(so_far, gathered.rows(r * L, L), next);
+    so_far = next;
+  }
 }
 
 }  // namespace basalt::tp

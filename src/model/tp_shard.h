@@ -8,8 +8,9 @@
 // its row, any other to the zero row), looks them up, and the all-reduce
 // of the ranks' lookups is the embedding. Its lm_head is the same rows (or
 // lm_head's), giving logits for its columns; gather_vocab_columns() puts
-// the ranks' columns side by side on every rank. Host tensors only (the
-// ranks run on the CPU backend for now); the checks throw basalt::Error.
+// the ranks' columns side by side on every rank, on the rank's backend
+// (part and logits live there). The weight helpers take host tensors (they
+// slice before upload); the checks throw basalt::Error.
 #pragma once
 
 #include <cstdint>

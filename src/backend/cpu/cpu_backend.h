@@ -73,7 +73,7 @@ class CpuBackend : public Backend {
   void moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                       Tensor& ids, Tensor& weights) override;
   void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                        std::span<const MoeExpert> experts, Tensor& out) override;
+                        std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert) override;
   void mla_store_kv_impl(const Tensor& kv_a, const Tensor& norm_weight, float eps,
                          const Tensor& positions, const RopeParams& rope, const Tensor& slots,
                          Tensor& cache) override;

@@ -94,20 +94,29 @@ void CpuBackend::moe_route_impl(const Tensor& logits, const Tensor* bias, const 
 }
 
 void CpuBackend::moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                                  std::span<const MoeExpert> experts, Tensor& out) {
+                                  std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert) {
   const int64_t T = x.dim(0), H = x.dim(1), K = ids.dim(1);
   const int64_t I = experts[0].gate.weight.rank() == 2 ? experts[0].gate.weight.dim(0) : 0;
   const int64_t E = static_cast<int64_t>(experts.size());
 
-  // Group the (token, slot) pairs by expert.
-  std::vector<int64_t> count(static_cast<size_t>(E + 1), 0);
+  // Group the (token, slot) pairs by expert; with a slice of the model's
+  // experts (first_expert >= 0), the pairs routed outside it are left out.
+  const int64_t first = std::max<int64_t>(first_expert, 0);
+  std::vector<int64_t> local(static_cast<size_t>(T * K));
   const int32_t* id = ids.data<const int32_t>();
-  for (int64_t i = 0; i < T * K; ++i) ++count[id[i] + 1];  // ids were checked by Backend
+  for (int64_t i = 0; i < T * K; ++i) {
+    const int64_t e = static_cast<int64_t>(id[i]) - first;  // ids were checked by Backend when first_expert < 0
+    local[static_cast<size_t>(i)] = e >= 0 && e < E ? e : -1;
+  }
+  std::vector<int64_t> count(static_cast<size_t>(E + 1), 0);
+  for (int64_t e : local)
+    if (e >= 0) ++count[static_cast<size_t>(e + 1)];
   std::partial_sum(count.begin(), count.end(), count.begin());
-  std::vector<int64_t> order(static_cast<size_t>(T * K));
+  std::vector<int64_t> order(static_cast<size_t>(count[static_cast<size_t>(E)]));
   {
     std::vector<int64_t> fill(count.begin(), count.end() - 1);
-    for (int64_t i = 0; i < T * K; ++i) order[fill[id[i]]++] = i;
+    for (int64_t i = 0; i < T * K; ++i)
+      if (local[static_cast<size_t>(i)] >= 0) order[static_cast<size_t>(fill[static_cast<size_t>(local[static_cast<size_t>(i)])]++)] = i;
   }
   for (int64_t e = 0; e < E; ++e) {
     if (count[e + 1] == count[e]) continue;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 
@@ -75,10 +76,12 @@ class CudaBackend::Profiler {
 // Brackets one op with the profiler's events (nothing when profiling is off).
 class OpScope {
  public:
-  OpScope(CudaBackend& backend, const char* op, double bytes, double flops = 0) : backend_(backend) {
+  OpScope(CudaBackend& backend, const char* op, double bytes, double flops = 0)
+      : backend_(backend), owner_(backend.owner_) {
     if (backend_.profiler_) pair_ = backend_.profiler_->begin(op, bytes, flops, backend_.stream_);
   }
-  OpScope(CudaBackend& backend, std::string op, double bytes, double flops) : backend_(backend) {
+  OpScope(CudaBackend& backend, std::string op, double bytes, double flops)
+      : backend_(backend), owner_(backend.owner_) {
     if (backend_.profiler_) pair_ = backend_.profiler_->begin(std::move(op), bytes, flops, backend_.stream_);
   }
   ~OpScope() {
@@ -90,6 +93,7 @@ class OpScope {
  private:
   static constexpr size_t kNone = ~size_t{0};
   CudaBackend& backend_;
+  CudaAllocationOwner owner_;  // the op's scratch is this backend's
   size_t pair_ = kNone;
 };
 
@@ -113,7 +117,11 @@ std::vector<OpTime> CudaBackend::profile() {
   return profiler_ ? profiler_->collect(stream_) : std::vector<OpTime>{};
 }
 
-CudaBackend::CudaBackend(int ordinal) : ordinal_(ordinal) {
+namespace {
+std::atomic<uint32_t> next_allocation_owner{1};
+}  // namespace
+
+CudaBackend::CudaBackend(int ordinal) : ordinal_(ordinal), owner_(next_allocation_owner.fetch_add(1)) {
   BASALT_CHECK(cuda_available(), "no CUDA device is available");
   int count = 0;
   BASALT_CUDA_CHECK(cudaGetDeviceCount(&count));
@@ -147,7 +155,10 @@ void CudaBackend::make_current() {
 
 void CudaBackend::synchronize() { BASALT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
-Tensor CudaBackend::empty(Shape shape, DType dtype) { return cuda_empty(std::move(shape), dtype); }
+Tensor CudaBackend::empty(Shape shape, DType dtype) {
+  const CudaAllocationOwner mine(owner_);
+  return cuda_empty(std::move(shape), dtype);
+}
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   BASALT_CHECK(src.dtype() == dst.dtype() && src.shape() == dst.shape(), "cuda copy: {} into {}", src.describe(),
@@ -367,7 +378,7 @@ void CudaBackend::moe_route_impl(const Tensor& logits, const Tensor* bias,
   cuda_moe_route(logits, bias, params, ids, weights, stream_);
 }
 void CudaBackend::moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                                   std::span<const MoeExpert> experts, Tensor& out) {
+                                   std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert) {
   const MoeExpertTable& table = moe_tables_->get(experts, stream_);
   // Bytes: x, out, routing, and the weights of as many experts as the call
   // can touch (min(E, T k): which ones is only known on the device).
@@ -378,7 +389,9 @@ void CudaBackend::moe_experts_impl(const Tensor& x, const Tensor& ids, const Ten
   const double touched = std::min(static_cast<double>(experts.size()), pairs);
   const double flops = 6.0 * pairs * static_cast<double>(table.hidden) * static_cast<double>(table.inter);
   const OpScope scope(*this, "moe_experts", bytes_of({&x, &ids, &weights, &out}) + touched * expert_bytes, flops);
-  cuda_moe_experts(x, ids, weights, table, out, stream_);
+  MoeOptions options;
+  options.first_expert = static_cast<int32_t>(std::max<int64_t>(first_expert, 0));
+  cuda_moe_experts(x, ids, weights, table, out, stream_, options);
 }
 void CudaBackend::mla_store_kv_impl(const Tensor& kv_a, const Tensor& norm_weight, float eps,
                                     const Tensor& positions, const RopeParams& rope,

@@ -141,7 +141,7 @@ class CudaBackend final : public Backend {
   void moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                       Tensor& ids, Tensor& weights) override;
   void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                        std::span<const MoeExpert> experts, Tensor& out) override;
+                        std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert) override;
   void mla_store_kv_impl(const Tensor& kv_a, const Tensor& norm_weight, float eps,
                          const Tensor& positions, const RopeParams& rope, const Tensor& slots,
                          Tensor& cache) override;
@@ -156,6 +156,7 @@ class CudaBackend final : public Backend {
   class Profiler;
   friend class OpScope;
   int ordinal_ = 0;
+  uint32_t owner_ = 0;  // whose cached blocks its tensors use (device.h: CudaAllocationOwner)
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CublasLt> blas_;
   std::unique_ptr<CudaFp8Linear> fp8_;

@@ -2,9 +2,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -21,13 +22,24 @@ bool cuda_available() {
   return count > 0;
 }
 
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
 namespace {
 
-// Blocks freed by tensors are kept per rounded size and handed out again.
-// Every op of the backend runs on one stream, in order, so a block released
-// by a tensor whose last kernel is still queued may be reused by a kernel
-// queued later: the stream orders the two. (A second stream would need
-// events before reuse.)
+// Blocks freed by tensors are kept per owner and rounded size and handed
+// out again to the same owner. An owner is a backend (one stream): its ops
+// run in order, so a block released by a tensor whose last kernel is still
+// queued may be reused by a kernel the same backend queues later. Another
+// backend on the same GPU (tensor-parallel ranks sharing one GPU in tests)
+// runs on another stream, which nothing orders with this one, so it never
+// gets the block.
 class BlockCache {
  public:
   // One cache per GPU: a block goes back to the cache of the device it was
@@ -49,11 +61,11 @@ class BlockCache {
 
   // pool 0 is the general cache; pool 1 holds the blocks of recorded graphs
   // (see CudaGraphPoolScope in device.h) and never lends to pool 0.
-  void* take(size_t bytes, int pool) {
+  void* take(size_t bytes, int pool, uint32_t owner) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto& free = free_[pool];
-      auto it = free.find(bytes);
+      auto it = free.find({owner, bytes});
       if (it != free.end() && !it->second.empty()) {
         void* p = it->second.back();
         it->second.pop_back();
@@ -71,9 +83,9 @@ class BlockCache {
     return p;
   }
 
-  void give(void* p, size_t bytes, int pool) {
+  void give(void* p, size_t bytes, int pool, uint32_t owner) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_[pool][bytes].push_back(p);
+    free_[pool][{owner, bytes}].push_back(p);
   }
 
   // Frees the general cache's blocks; graph blocks stay (recorded graphs
@@ -81,17 +93,18 @@ class BlockCache {
   void release_all() {
     std::lock_guard<std::mutex> lock(mu_);
     (void)cudaDeviceSynchronize();
-    for (auto& [bytes, blocks] : free_[0])
+    for (auto& [key, blocks] : free_[0])
       for (void* p : blocks) (void)cudaFree(p);
     free_[0].clear();
   }
 
  private:
   std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_[2];
+  std::map<std::pair<uint32_t, size_t>, std::vector<void*>> free_[2];  // by (owner, bytes)
 };
 
-thread_local int t_pool = 0;  // the pool this thread allocates from
+thread_local int t_pool = 0;         // the pool this thread allocates from
+thread_local uint32_t t_owner = 0;  // and for whom (CudaAllocationOwner)
 
 // Sizes round up to 512 B below 1 MiB and to 2 MiB above, so blocks are
 // reused across slightly different shapes.
@@ -107,13 +120,19 @@ Tensor cuda_empty(Shape shape, DType dtype) {
   if (bytes == 0) return Tensor::wrap(nullptr, std::move(shape), dtype, nullptr, Device::kCuda);
   const size_t size = rounded(bytes);
   const int pool = t_pool;
+  const uint32_t whose = t_owner;
   const int device = BlockCache::current_device();
-  void* data = BlockCache::of(device).take(size, pool);
-  std::shared_ptr<void> owner(data, [size, pool, device](void* p) { BlockCache::of(device).give(p, size, pool); });
+  void* data = BlockCache::of(device).take(size, pool, whose);
+  std::shared_ptr<void> owner(data, [size, pool, device, whose](void* p) {
+    BlockCache::of(device).give(p, size, pool, whose);
+  });
   return Tensor::wrap(data, std::move(shape), dtype, std::move(owner), Device::kCuda);
 }
 
 void cuda_release_cached_memory() { BlockCache::of(BlockCache::current_device()).release_all(); }
+
+CudaAllocationOwner::CudaAllocationOwner(uint32_t owner) : previous_(t_owner) { t_owner = owner; }
+CudaAllocationOwner::~CudaAllocationOwner() { t_owner = previous_; }
 
 CudaGraphPoolScope::CudaGraphPoolScope() : previous_(t_pool) { t_pool = 1; }
 CudaGraphPoolScope::~CudaGraphPoolScope() { t_pool = previous_; }

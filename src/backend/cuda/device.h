@@ -3,8 +3,9 @@
 // Contract: cuda_empty returns a Tensor of Device::kCuda on the thread's
 // current device (256-byte aligned,
 // contents uninitialised) whose block returns to a cache when the last handle
-// to it goes, for the next cuda_empty of the same rounded size: reuse is safe
-// because the backend runs every op on one stream, in order (see device.cc).
+// to it goes, for the next cuda_empty of the same rounded size by the same
+// owner (CudaAllocationOwner): reuse is safe because a backend runs every op
+// on one stream, in order (see device.cc).
 // When cudaMalloc runs out, the cache is released and the allocation retried. cuda_to_device / cuda_to_host copy a whole
 // contiguous tensor and return when the copy is complete. Every CUDA failure
 // throws basalt::Error naming the call, the file and line, and CUDA's
@@ -14,12 +15,15 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/tensor.h"
 
 namespace basalt {
 
 bool cuda_available();
+// How many CUDA devices this process sees (0 when none, without throwing).
+int cuda_device_count();
 Tensor cuda_empty(Shape shape, DType dtype);
 Tensor cuda_to_device(const Tensor& host);
 Tensor cuda_to_host(const Tensor& device);
@@ -32,6 +36,22 @@ size_t cuda_free_memory();
 size_t cuda_total_memory();
 // Frees the current device's cached blocks (after synchronising it).
 void cuda_release_cached_memory();
+
+// While one of these lives, cuda_empty on this thread allocates for
+// `owner` (a backend, CudaBackend::allocation_owner()): blocks go back to
+// that owner's cache and only it gets them again, since only its stream is
+// ordered with their last use. 0, the default, is the owner of threads that
+// name none.
+class CudaAllocationOwner {
+ public:
+  explicit CudaAllocationOwner(uint32_t owner);
+  ~CudaAllocationOwner();
+  CudaAllocationOwner(const CudaAllocationOwner&) = delete;
+  CudaAllocationOwner& operator=(const CudaAllocationOwner&) = delete;
+
+ private:
+  uint32_t previous_;
+};
 
 // While one of these lives, cuda_empty on this thread takes blocks from the
 // graph pool: blocks that recorded CUDA graphs may point at. A graph-pool

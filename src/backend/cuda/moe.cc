@@ -256,6 +256,7 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   mark(0);
   cuda_kernels::MoePermuteArgs perm{};
   perm.ids = ids.data<const int32_t>();
+  perm.first_expert = options.first_expert;
   perm.pairs = static_cast<int32_t>(R);
   perm.experts = static_cast<int32_t>(E);
   perm.tile_m = tile_m;
@@ -339,6 +340,7 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
     a.a = x.raw();
     a.a_bf16 = x.dtype() == DType::kBF16;
     a.ids = ids.data<const int32_t>();
+    a.first_expert = options.first_expert;
     a.row_pair = row_pair;
     a.top_k = static_cast<int32_t>(k);
     a.gather = true;

@@ -94,6 +94,10 @@ struct MoeOptions {
   int fp8_mma = -1;    // cuda_kernels::MoeMmaMode of the FP8 path; -1: the default
   int tile_m = 0;      // 16, 64 or 128; 0: by the mean rows per used expert
   bool generic = false;  // the generic path whatever the experts
+  // Expert parallelism (Backend::moe_experts' first_expert): the table holds
+  // experts [first_expert, first_expert + E) of the model, ids name the
+  // model's experts, and pairs routed elsewhere are skipped.
+  int32_t first_expert = 0;
 };
 // When given, events recorded at the stage boundaries: [0] start, [1] after
 // the permutation and the activations' quantization (or bf16 rounding), [2]

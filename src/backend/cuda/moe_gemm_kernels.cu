@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kPermuteThreads) moe_permute_kernel(MoePermute
   for (int e = tid; e < E; e += kPermuteThreads) count[e] = 0;
   __syncthreads();
   for (int p = tid; p < a.pairs; p += kPermuteThreads) {
-    const int e = a.ids[p];
+    const int e = a.ids[p] - a.first_expert;
     if (e >= 0 && e < E) atomicAdd(&count[e], 1);
   }
   __syncthreads();
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kPermuteThreads) moe_permute_kernel(MoePermute
   if (tid == 0) *a.num_tiles = static_cast<int32_t>(total & 0xffffffffll);
   __syncthreads();
   for (int p = tid; p < a.pairs; p += kPermuteThreads) {
-    const int e = a.ids[p];
+    const int e = a.ids[p] - a.first_expert;
     if (e >= 0 && e < E) {
       const int r = atomicAdd(&cursor[e], 1);
       a.row_pair[r] = p;
@@ -484,7 +484,7 @@ __global__ void __launch_bounds__(32 * kGenericWarps) moe_generic_kernel(MoeGene
   if (n >= a.n) return;
   const int pair = a.row_pair[row];
   if (pair < 0) return;
-  const MoeExpertPtrs& ex = a.table[a.ids[pair]];
+  const MoeExpertPtrs& ex = a.table[a.ids[pair] - a.first_expert];
   const int64_t src = a.gather ? pair / a.top_k : row;
   const int64_t K = a.k;
   float s0 = 0.0f, s1 = 0.0f;

@@ -61,6 +61,7 @@ cudaError_t moe_fill_table(MoeExpertPtrs* table, const MoeTableChunk& chunk, cud
 // max_tiles must be >= min(pairs, (pairs + min(experts, pairs) * (tile_m - 1)) / tile_m).
 struct MoePermuteArgs {
   const int32_t* ids;
+  int32_t first_expert;  // ids name experts [first_expert, first_expert + experts); others are skipped
   int32_t pairs, experts, tile_m;
   int32_t* row_pair;
   int32_t* pair_row;
@@ -107,6 +108,7 @@ struct MoeGenericArgs {
   const void* a;
   bool a_bf16;
   const int32_t* ids;
+  int32_t first_expert;  // as MoePermuteArgs'
   const int32_t* row_pair;
   int32_t top_k;
   bool gather;
