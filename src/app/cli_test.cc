@@ -797,6 +797,25 @@ TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
   }
 }
 
+// --random-weights: a directory with config.json alone (the bundled
+// model's) runs, over ranks too; without the flag it has no weights.
+TEST(Cli, RandomWeightsNeedOnlyAConfig) {
+  const std::string dir = temp_path("config_only");
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(kBundled + "basalt-mini/config.json", dir + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  for (const char* flags : {"", " --tp 2", " --tp 2 --dp-attention"}) {
+    const CliRun r = run("generate --model " + dir + " --random-weights --prompt-ids 1,2,3 --max-tokens 3 "
+                         "--temperature 0 --ignore-eos --json" + std::string(flags));
+    ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.err;
+    EXPECT_EQ(json::parse(r.out)["output_ids"].size(), 3u) << flags;
+  }
+  const CliRun without = run("generate --model " + dir + " --prompt-ids 1,2,3 --max-tokens 3");
+  std::filesystem::remove_all(dir);
+  EXPECT_NE(without.exit_code, 0);
+  EXPECT_NE(without.err.find("safetensors"), std::string::npos) << without.err;
+}
+
 TEST(Cli, WithoutModelFlagUsesTheBundledModel) {
   const std::string args = " --prompt 'The Debian project' --max-tokens 12 --temperature 0.7 --seed 3 --json";
   const CliRun implicit = run("generate" + args);

@@ -336,10 +336,10 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   std::unique_ptr<Model> model;
   DpAttentionEngines dp;
   if (f.parallel.dp_attention) {
-    dp = DpAttentionEngines::load(f.model, f.parallel.tp, std::ref(progress));
+    dp = DpAttentionEngines::load(f.model, f.parallel, std::ref(progress));
   } else {
     model = attach_speculation_head(
-        f.speculation, load_model_for_tp(f.model, backend, f.parallel.tp, std::ref(progress)), f.model, backend);
+        f.speculation, load_model_for_tp(f.model, backend, f.parallel, std::ref(progress)), f.model, backend);
     // Over GPU ranks each rank runs eagerly (graphs per rank are not built).
     if (!f.enforce_eager && f.parallel.tp == 1)
       model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});

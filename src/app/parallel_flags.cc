@@ -1,6 +1,7 @@
 #include "app/parallel_flags.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -25,6 +26,9 @@ void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags) {
   cmd.add_option("--ep,--expert-parallel-size", flags.ep,
                  "Expert parallelism: the ranks DeepSeek's routed experts are split over; they are the --tp ranks, so "
                  "give the same number or leave it out");
+  cmd.add_flag("--random-weights", flags.random_weights,
+               "Random weights in the shapes of the model directory's config.json (no weight files read): to "
+               "benchmark a model at full size where its weights are not at hand; it answers garbage");
   cmd.add_flag("--dp-attention", flags.dp_attention,
                "DeepSeek: DP attention over the --tp ranks: each rank holds the whole model but the routed experts, "
                "with a scheduler, radix cache and latent cache of its own and a share of the requests; tokens reach "
@@ -53,11 +57,13 @@ RankBackendFactory cpu_ranks(int ranks) {
 
 }  // namespace
 
-std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, int tp,
+std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, const ParallelFlags& flags,
                                          const LoadProgress& progress) {
+  const int tp = flags.tp;
   BASALT_CHECK(tp >= 1 && tp <= 64, "--tp must be in [1, 64], got {}", tp);
-  if (tp == 1) return load_model(dir, backend, progress);
-  if (backend.device() == Device::kCpu) return load_tensor_parallel(dir, tp, cpu_ranks(tp), progress);
+  if (tp == 1) return load_model(dir, backend, progress, {}, flags.weights());
+  if (backend.device() == Device::kCpu)
+    return load_tensor_parallel(dir, tp, cpu_ranks(tp), progress, nullptr, {}, flags.weights());
 #ifdef BASALT_HAVE_CUDA
   // GPU ranks: rank 0 on the sampling backend's GPU, rank r on the r-th GPU
   // after it, one thread each, NCCL between them.
@@ -74,15 +80,17 @@ std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backen
 #endif
   return load_tensor_parallel(
       dir, tp, [base, gpus](int r) { return std::make_unique<CudaBackend>((base + r) % gpus); }, progress, &backend,
-      group);
+      group, flags.weights());
 #else
   fail("--tp {} --device {}: this build has no GPU backend", tp, backend.name());
 #endif
 }
 
-DpAttentionEngines DpAttentionEngines::load(const std::string& dir, int ranks, const LoadProgress& progress) {
+DpAttentionEngines DpAttentionEngines::load(const std::string& dir, const ParallelFlags& flags,
+                                            const LoadProgress& progress) {
   DpAttentionEngines out;
-  out.model = load_data_parallel(dir, ranks, cpu_ranks(ranks), progress);
+  out.model = load_data_parallel(dir, flags.tp, cpu_ranks(flags.tp), progress, std::chrono::microseconds(1000),
+                                 flags.weights());
   return out;
 }
 

@@ -2,7 +2,8 @@
 // and what they build.
 //
 // Contract: add_parallel_flags() registers --tp/--tensor-parallel-size,
-// --ep/--expert-parallel-size and --dp-attention on `cmd`.
+// --ep/--expert-parallel-size, --dp-attention and --random-weights (the
+// model's weights random, model/model.h's Weights::kRandom) on `cmd`.
 // check_parallel_flags() refuses, naming the flag, what is not offered: --tp
 // outside [1, 64]; --ep other than --tp (a model's routed experts are split
 // over its --tp ranks); --dp-attention with --tp 1, on a GPU, or with
@@ -10,9 +11,10 @@
 // --dp-attention: on `backend` itself with tp 1; otherwise over tp
 // tensor-parallel ranks (model/tensor_parallel.h), CPU ranks as threads of
 // this process, each with a pool of its own and an equal share of
-// `backend`'s threads (at least one), while `backend` keeps sampling; a GPU
-// with tp > 1 is refused (not built yet). DpAttentionEngines is
-// --dp-attention: load() puts the model over `ranks` ranks
+// `backend`'s threads (at least one), while `backend` keeps sampling; on a
+// GPU, tp GPUs, a rank each (rank 0 on `backend`), NCCL between them, every
+// rank eager (no CUDA graphs yet).
+// DpAttentionEngines is --dp-attention: load() puts the model over --tp ranks
 // (model/data_parallel.h), their threads shared the same way; start() then
 // makes an engine per rank with `options` (kv_slots and kv_budget_bytes
 // split evenly between them), each sampling on a one-thread CPU backend of
@@ -36,11 +38,13 @@ struct ParallelFlags {
   int tp = 1;
   int ep = 0;  // 0: not given (the --tp ranks)
   bool dp_attention = false;
+  bool random_weights = false;  // --random-weights: Weights::kRandom
+  Weights weights() const { return random_weights ? Weights::kRandom : Weights::kCheckpoint; }
 };
 
 void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags);
 void check_parallel_flags(const ParallelFlags& flags, const std::string& device, bool speculation);
-std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, int tp,
+std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, const ParallelFlags& flags,
                                          const LoadProgress& progress = {});
 
 struct DpAttentionEngines {
@@ -48,7 +52,7 @@ struct DpAttentionEngines {
   std::vector<std::unique_ptr<Backend>> samplers;
   std::unique_ptr<EngineGroup> engines;  // declared last: stopped first
 
-  static DpAttentionEngines load(const std::string& dir, int ranks, const LoadProgress& progress = {});
+  static DpAttentionEngines load(const std::string& dir, const ParallelFlags& flags, const LoadProgress& progress = {});
   void start(const Tokenizer* tokenizer, EngineOptions options);
 };
 

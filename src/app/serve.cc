@@ -160,11 +160,11 @@ void run_serve(const ServeFlags& f) {
   std::vector<Engine*> engines;
   if (f.parallel.dp_attention) {
     if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
-    dp = DpAttentionEngines::load(dir, f.parallel.tp);
+    dp = DpAttentionEngines::load(dir, f.parallel);
     dp.start(&tokenizer.tokenizer, options);
     for (int r = 0; r < dp.engines->size(); ++r) engines.push_back(&dp.engines->engine(r));
   } else {
-    model = attach_speculation_head(f.speculation, load_model_for_tp(dir, backend, f.parallel.tp), dir, backend);
+    model = attach_speculation_head(f.speculation, load_model_for_tp(dir, backend, f.parallel), dir, backend);
     // Over GPU ranks each rank runs eagerly (graphs per rank are not built).
     if (!f.enforce_eager && f.parallel.tp == 1)
       model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});

@@ -4,13 +4,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <system_error>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace basalt {
@@ -81,6 +86,159 @@ bool is_regular_file(const std::string& path) {
 }
 
 }  // namespace
+
+// --- Random weights (Checkpoint::random) -----------------------------------
+
+// The values: for each (dtype, kind), one period of kPeriod random bytes in
+// a memory file, mapped twice in a row (the window: any tensor of up to a
+// period, at any offset in the first, is a view of it); a larger tensor gets
+// a mapping of its own that repeats the period as often as it needs. So
+// every tensor is a zero-copy view, and a 671B-parameter model costs a few
+// periods of memory.
+class RandomValues {
+ public:
+  static constexpr size_t kPeriod = 32u << 20;
+
+  explicit RandomValues(const std::function<void(uint8_t*, size_t)>& fill) {
+    fd_ = ::memfd_create("basalt-random-weights", MFD_CLOEXEC);
+    BASALT_CHECK(fd_ >= 0, "random weights: memfd_create failed: {}", std::strerror(errno));
+    BASALT_CHECK(::ftruncate(fd_, kPeriod) == 0, "random weights: ftruncate failed: {}", std::strerror(errno));
+    void* period = ::mmap(nullptr, kPeriod, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    BASALT_CHECK(period != MAP_FAILED, "random weights: mmap failed: {}", std::strerror(errno));
+    fill(static_cast<uint8_t*>(period), kPeriod);
+    ::munmap(period, kPeriod);
+    window_ = map_repeated(2 * kPeriod);
+  }
+  ~RandomValues() {
+    ::munmap(window_, 2 * kPeriod);
+    ::close(fd_);
+  }
+  RandomValues(const RandomValues&) = delete;
+  RandomValues& operator=(const RandomValues&) = delete;
+
+  // `bytes` of the values from `offset` (< kPeriod) on, kept mapped while
+  // the returned owner lives (it keeps `self` alive too).
+  static std::pair<const uint8_t*, std::shared_ptr<void>> view(const std::shared_ptr<RandomValues>& self,
+                                                               size_t offset, size_t bytes) {
+    if (offset + bytes <= 2 * kPeriod) return {static_cast<const uint8_t*>(self->window_) + offset, self};
+    const size_t size = (offset + bytes + kPeriod - 1) / kPeriod * kPeriod;
+    void* region = self->map_repeated(size);
+    std::shared_ptr<void> owner(region, [self, size](void* p) { ::munmap(p, size); });
+    return {static_cast<const uint8_t*>(region) + offset, owner};
+  }
+
+ private:
+  // A read-only mapping of `size` bytes (a multiple of kPeriod) that repeats
+  // the period.
+  void* map_repeated(size_t size) const {
+    void* base = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    BASALT_CHECK(base != MAP_FAILED, "random weights: cannot reserve {} bytes: {}", size, std::strerror(errno));
+    for (size_t at = 0; at < size; at += kPeriod) {
+      void* p = ::mmap(static_cast<uint8_t*>(base) + at, kPeriod, PROT_READ, MAP_SHARED | MAP_FIXED, fd_, 0);
+      if (p == MAP_FAILED) {
+        const int error = errno;
+        ::munmap(base, size);
+        fail("random weights: mmap failed: {}", std::strerror(error));
+      }
+    }
+    return base;
+  }
+
+  int fd_ = -1;
+  void* window_ = nullptr;
+};
+
+struct Checkpoint::RandomWeights {
+  enum class Kind : uint8_t { kWeight, kOnes, kScale, kSmall };
+
+  RandomWeightsSpec spec;
+  std::mutex mu;  // values
+  std::map<std::pair<DType, Kind>, std::shared_ptr<RandomValues>> values;
+
+  static bool ends_with(std::string_view s, std::string_view end) {
+    return s.size() >= end.size() && s.substr(s.size() - end.size()) == end;
+  }
+
+  // The dtype and kind of values a checkpoint of the config holds in `name`.
+  std::pair<DType, Kind> rule(std::string_view name) const {
+    if (ends_with(name, ".weight_scale_inv")) return {DType::kF32, Kind::kScale};
+    if (name.find("norm") != std::string_view::npos) return {DType::kBF16, Kind::kOnes};
+    if (ends_with(name, "e_score_correction_bias")) return {DType::kF32, Kind::kSmall};
+    if (ends_with(name, ".bias")) return {DType::kBF16, Kind::kSmall};
+    if (spec.fp8_linears && name.starts_with("model.layers.") && ends_with(name, "_proj.weight"))
+      return {DType::kF8E4M3, Kind::kWeight};
+    return {DType::kBF16, Kind::kWeight};
+  }
+
+  bool has(std::string_view name) const {
+    if (name.starts_with("model.layers." + std::to_string(spec.num_layers) + ".")) return false;  // MTP
+    if (ends_with(name, ".mlp.experts.gate_up_proj") || ends_with(name, ".mlp.experts.down_proj"))
+      return false;  // the per-expert layout
+    if (ends_with(name, ".weight_scale_inv")) return spec.fp8_linears;
+    if (ends_with(name, "e_score_correction_bias")) return spec.router_bias;
+    if (name == "lm_head.weight") return !spec.tied_lm_head;
+    return name == "model.embed_tokens.weight";
+  }
+
+  // Bytes of `kind` in `dtype` from a fixed seed: random values of a
+  // weight's size (uniform in +-0.05; e4m3 codes up to 1.875, never NaN),
+  // ones, scales of 0.05, or small values (+-0.01).
+  static void fill(uint8_t* out, size_t bytes, DType dtype, Kind kind) {
+    uint64_t state = 0x9e3779b97f4a7c15ull ^ (static_cast<uint64_t>(dtype) << 8) ^ static_cast<uint64_t>(kind);
+    auto next = [&state] {  // splitmix64
+      uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      return z ^ (z >> 31);
+    };
+    const float spread = kind == Kind::kSmall ? 0.02f : 0.1f;
+    auto value = [&]() -> float {
+      if (kind == Kind::kOnes) return 1.0f;
+      if (kind == Kind::kScale) return 0.05f;
+      return (static_cast<float>(next() >> 40) / 16777216.0f - 0.5f) * spread;
+    };
+    const size_t elem = dtype_size(dtype), n = bytes / elem;
+    for (size_t i = 0; i < n; ++i) {
+      if (dtype == DType::kF8E4M3) {
+        // The top exponent bit cleared: |value| <= 1.875, never NaN.
+        out[i] = kind == Kind::kWeight ? static_cast<uint8_t>(next() & 0xB7u) : 0x38;  // 0x38: 1.0
+      } else if (dtype == DType::kBF16 || dtype == DType::kF16) {
+        const uint16_t v = dtype == DType::kBF16 ? f32_to_bf16(value()) : f32_to_f16(value());
+        std::memcpy(out + i * 2, &v, 2);
+      } else {
+        const float v = value();
+        std::memcpy(out + i * 4, &v, 4);
+      }
+    }
+  }
+
+  Tensor get(std::string_view name, const Shape& shape) {
+    const auto [dtype, kind] = rule(name);
+    const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    // FNV-1a of the name picks where in the period the tensor starts.
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+    const size_t offset = kind == Kind::kWeight || kind == Kind::kSmall ? (h % (RandomValues::kPeriod / 64)) * 64 : 0;
+    std::shared_ptr<RandomValues> source;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      std::shared_ptr<RandomValues>& v = values[{dtype, kind}];
+      if (!v)
+        v = std::make_shared<RandomValues>([dtype, kind](uint8_t* out, size_t n) { fill(out, n, dtype, kind); });
+      source = v;
+    }
+    auto [data, owner] = RandomValues::view(source, offset, bytes);
+    return Tensor::wrap(const_cast<uint8_t*>(data), shape, dtype, std::move(owner), Device::kCpu);
+  }
+};
+
+Checkpoint Checkpoint::random(const RandomWeightsSpec& spec, const std::string& label) {
+  Checkpoint checkpoint;
+  checkpoint.dir_ = label;
+  checkpoint.random_ = std::make_shared<RandomWeights>();
+  checkpoint.random_->spec = spec;
+  return checkpoint;
+}
 
 Checkpoint Checkpoint::open(const std::string& dir) {
   std::error_code error;
@@ -158,7 +316,9 @@ std::vector<std::string> Checkpoint::names() const {
   return names;
 }
 
-bool Checkpoint::has(std::string_view name) const { return file_index_.contains(name); }
+bool Checkpoint::has(std::string_view name) const {
+  return random_ ? random_->has(name) : file_index_.contains(name);
+}
 
 std::vector<std::string> Checkpoint::files() const {
   std::vector<std::string> paths;
@@ -186,17 +346,24 @@ std::vector<std::string> Checkpoint::unused() const {
   return names;
 }
 
-void Checkpoint::require(std::string_view name) const { file_of(name); }
+void Checkpoint::require(std::string_view name) const {
+  if (!random_) file_of(name);
+}
 
 CheckpointTensorInfo Checkpoint::info(std::string_view name) const {
+  if (random_) return CheckpointTensorInfo{random_->rule(name).first, {}, "random weights for " + dir_, 0};
   const SafetensorsFile& file = file_of(name);
   const SafetensorsEntry& entry = *file.find(name);
   return CheckpointTensorInfo{entry.dtype, entry.shape, file.path(), entry.nbytes()};
 }
 
-Tensor Checkpoint::get(std::string_view name) const { return file_of(name).tensor(name); }
+Tensor Checkpoint::get(std::string_view name) const {
+  BASALT_CHECK(!random_, "random weights for {}: tensor '{}' was asked for without its shape", dir_, name);
+  return file_of(name).tensor(name);
+}
 
 Tensor Checkpoint::get(std::string_view name, const Shape& expected_shape) const {
+  if (random_) return random_->get(name, expected_shape);
   const SafetensorsFile& file = file_of(name);
   const SafetensorsEntry& entry = *file.find(name);
   if (entry.shape != expected_shape) {
@@ -207,7 +374,7 @@ Tensor Checkpoint::get(std::string_view name, const Shape& expected_shape) const
 }
 
 std::optional<Tensor> Checkpoint::find(std::string_view name) const {
-  if (!has(name)) return std::nullopt;
+  if (!has(name) || random_) return std::nullopt;
   return get(name);
 }
 

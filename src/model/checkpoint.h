@@ -15,6 +15,19 @@
 // touch, so a large model's first forward pass would stall on I/O; callers
 // that want the cost up front (with a progress line) call prefetch().
 //
+// Checkpoint::random(spec, label) is a checkpoint of random weights for a
+// config (RandomWeightsSpec says what of it matters), with no file behind it, for benchmarks at full shape where no
+// weights can be downloaded: get(name, shape) returns a tensor of the shape
+// asked for, in the dtype a Hugging Face checkpoint of that config has
+// (bf16; float8_e4m3fn for a block-FP8 DeepSeek's decoder linears, with
+// float32 weight_scale_inv), holding values of a weight's size (norms are
+// ones, scales 0.05, linear weights uniform in +-0.05 or e4m3 codes up to
+// 1.875); has() answers as such a checkpoint would (no fused experts, no MTP
+// layer). The values are views into a few shared buffers of random values
+// (each tensor starts at an offset its name picks), so a 671B-parameter
+// model costs about its largest tensor in host memory and no generation
+// time. The model computes garbage, at the speed of the real weights.
+//
 // A Checkpoint is immutable after open and safe to read from many threads.
 // It records which tensors were read (get, find, info, require), so a loader
 // can check that the config used every tensor (unused()): a config that
@@ -39,6 +52,14 @@
 
 namespace basalt {
 
+// What Checkpoint::random needs to know of a config.
+struct RandomWeightsSpec {
+  bool fp8_linears = false;   // block-FP8 decoder linears (a DeepSeek quantization_config)
+  bool tied_lm_head = false;  // tie_word_embeddings: no lm_head.weight
+  bool router_bias = false;   // DeepSeek-V3's gate.e_score_correction_bias
+  int64_t num_layers = 0;     // model.layers.<num_layers>.* (an MTP layer) is left out
+};
+
 struct CheckpointTensorInfo {
   DType dtype = DType::kF32;
   Shape shape;
@@ -53,6 +74,7 @@ class Checkpoint {
   using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
   static Checkpoint open(const std::string& dir);
+  static Checkpoint random(const RandomWeightsSpec& spec, const std::string& label);
 
   const std::string& dir() const { return dir_; }
   // Tensor names, sorted.
@@ -81,9 +103,11 @@ class Checkpoint {
   std::vector<std::string> unused() const;
 
  private:
+  struct RandomWeights;
   Checkpoint() = default;
   const SafetensorsFile& file_of(std::string_view name) const;
 
+  std::shared_ptr<RandomWeights> random_;  // set: Checkpoint::random
   std::string dir_;
   std::vector<SafetensorsFile> files_;
   // Tensor name to the index in files_ of the file that holds it.

@@ -35,7 +35,7 @@ class RankView final : public Model {
 class Group final : public DataParallelGroup {
  public:
   Group(const std::string& dir, int world, const RankBackendFactory& make_backend, const LoadProgress& progress,
-        std::chrono::microseconds round_wait)
+        std::chrono::microseconds round_wait, Weights weights)
       : threads_(world), round_wait_(round_wait), waiting_(static_cast<size_t>(world), nullptr) {
     std::vector<std::unique_ptr<Communicator>> comms = make_local_group(world);
     ranks_.resize(static_cast<size_t>(world));
@@ -50,7 +50,7 @@ class Group final : public DataParallelGroup {
     threads_.run_or_throw([&](int r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];
       std::unique_ptr<Model> model =
-          load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get(), true});
+          load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get(), true}, weights);
       rank.model.reset(dynamic_cast<DeepseekModel*>(model.get()));
       BASALT_CHECK(rank.model != nullptr, "{}: DP attention needs a DeepSeek model", dir);
       (void)model.release();
@@ -172,8 +172,8 @@ std::string RankView::summary() const {
 std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, int world,
                                                       const RankBackendFactory& make_backend,
                                                       const LoadProgress& progress,
-                                                      std::chrono::microseconds round_wait) {
-  return std::make_unique<Group>(dir, world, make_backend, progress, round_wait);
+                                                      std::chrono::microseconds round_wait, Weights weights) {
+  return std::make_unique<Group>(dir, world, make_backend, progress, round_wait, weights);
 }
 
 }  // namespace basalt

@@ -42,6 +42,7 @@ std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, in
                                                       const RankBackendFactory& make_backend,
                                                       const LoadProgress& progress = {},
                                                       std::chrono::microseconds round_wait =
-                                                          std::chrono::microseconds(1000));
+                                                          std::chrono::microseconds(1000),
+                                                      Weights weights = Weights::kCheckpoint);
 
 }  // namespace basalt

@@ -72,12 +72,21 @@ void check_every_tensor_used(const ModelConfig& config, const Checkpoint& checkp
 }  // namespace
 
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
-                                  const LoadProgress& progress, const RankRole& role) {
+                                  const LoadProgress& progress, const RankRole& role, Weights weights) {
   const ModelConfig config = ModelConfig::load(dir);
   BASALT_CHECK(!config.eagle_head,
                "{}: this is an EAGLE draft head, not a model (use it with --speculative-algorithm eagle "
                "--speculative-draft-model DIR)", dir);
-  Checkpoint checkpoint = Checkpoint::open(dir);
+  const bool deepseek =
+      config.architecture == Architecture::kDeepseekV2 || config.architecture == Architecture::kDeepseekV3;
+  Checkpoint checkpoint =
+      weights == Weights::kRandom
+          ? Checkpoint::random({.fp8_linears = config.deepseek.fp8_block_weights,
+                                .tied_lm_head = config.tie_word_embeddings,
+                                .router_bias = deepseek && config.deepseek.topk_method == "noaux_tc",
+                                .num_layers = config.num_layers},
+                               dir)
+          : Checkpoint::open(dir);
   std::unique_ptr<Model> model;
   switch (config.architecture) {
     case Architecture::kLlama:

@@ -74,7 +74,12 @@ struct RankRole {
   Communicator* group = nullptr;
   bool dp_attention = false;
 };
+// Where the weights come from: the checkpoint's files, or random values in
+// the config's shapes (Checkpoint::random: benchmarks at full shape without
+// a download; only config.json is read from `dir`).
+enum class Weights : uint8_t { kCheckpoint, kRandom };
 std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
-                                  const LoadProgress& progress = {}, const RankRole& role = {});
+                                  const LoadProgress& progress = {}, const RankRole& role = {},
+                                  Weights weights = Weights::kCheckpoint);
 
 }  // namespace basalt

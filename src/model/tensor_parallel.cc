@@ -13,7 +13,8 @@ namespace {
 class TensorParallelModel final : public Model {
  public:
   TensorParallelModel(const std::string& dir, int world, const RankBackendFactory& make_backend,
-                      const LoadProgress& progress, Backend* first, const RankGroupFactory& make_group)
+                      const LoadProgress& progress, Backend* first, const RankGroupFactory& make_group,
+                      Weights weights)
       : threads_(world) {
     ranks_.resize(static_cast<size_t>(world));
     std::vector<Backend*> backends;
@@ -41,7 +42,8 @@ class TensorParallelModel final : public Model {
     threads_.run_or_throw([&](int r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];
       rank.backend->make_current();
-      rank.model = load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get()});
+      rank.model =
+          load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get()}, weights);
     });
   }
 
@@ -134,8 +136,8 @@ class TensorParallelModel final : public Model {
 
 std::unique_ptr<Model> load_tensor_parallel(const std::string& dir, int world, const RankBackendFactory& make_backend,
                                             const LoadProgress& progress, Backend* first,
-                                            const RankGroupFactory& make_group) {
-  return std::make_unique<TensorParallelModel>(dir, world, make_backend, progress, first, make_group);
+                                            const RankGroupFactory& make_group, Weights weights) {
+  return std::make_unique<TensorParallelModel>(dir, world, make_backend, progress, first, make_group, weights);
 }
 
 }  // namespace basalt

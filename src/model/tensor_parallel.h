@@ -42,6 +42,7 @@ using RankGroupFactory = std::function<std::vector<std::unique_ptr<Communicator>
 
 std::unique_ptr<Model> load_tensor_parallel(const std::string& dir, int world, const RankBackendFactory& make_backend,
                                             const LoadProgress& progress = {}, Backend* first = nullptr,
-                                            const RankGroupFactory& make_group = {});
+                                            const RankGroupFactory& make_group = {},
+                                            Weights weights = Weights::kCheckpoint);
 
 }  // namespace basalt
