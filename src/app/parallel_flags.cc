@@ -107,6 +107,11 @@ void DpAttentionEngines::start(const Tokenizer* tokenizer, EngineOptions options
     made.push_back(std::make_unique<Engine>(model->rank(r), *samplers.back(), tokenizer, options));
   }
   engines = std::make_unique<EngineGroup>(std::move(made));
+  model->set_activity([group = engines.get()](int r) { return group->engine(r).load() > 0; });
+}
+
+DpAttentionEngines::~DpAttentionEngines() {
+  if (model) model->set_activity({});  // before the engines it asks go
 }
 
 }  // namespace basalt

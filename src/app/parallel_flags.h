@@ -18,7 +18,8 @@
 // (model/data_parallel.h), their threads shared the same way; start() then
 // makes an engine per rank with `options` (kv_slots and kv_budget_bytes
 // split evenly between them), each sampling on a one-thread CPU backend of
-// its own, behind one EngineGroup (runtime/engine_group.h).
+// its own, behind one EngineGroup (runtime/engine_group.h); a step does not
+// wait for the ranks whose engines have no request (set_activity).
 #pragma once
 
 #include <memory>
@@ -51,6 +52,11 @@ struct DpAttentionEngines {
   std::unique_ptr<DataParallelGroup> model;
   std::vector<std::unique_ptr<Backend>> samplers;
   std::unique_ptr<EngineGroup> engines;  // declared last: stopped first
+
+  DpAttentionEngines() = default;
+  DpAttentionEngines(DpAttentionEngines&&) = default;
+  DpAttentionEngines& operator=(DpAttentionEngines&&) = default;
+  ~DpAttentionEngines();
 
   static DpAttentionEngines load(const std::string& dir, const ParallelFlags& flags, const LoadProgress& progress = {});
   void start(const Tokenizer* tokenizer, EngineOptions options);

@@ -63,6 +63,10 @@ class Group final : public DataParallelGroup {
     return *ranks_[static_cast<size_t>(r)].view;
   }
   DeepseekModel& model(int r) const { return *ranks_[static_cast<size_t>(r)].model; }
+  void set_activity(std::function<bool(int)> busy) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = std::move(busy);
+  }
 
   // Rank r's step: joins the next round and returns once it has run.
   void forward(int r, const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) {
@@ -88,7 +92,7 @@ class Group final : public DataParallelGroup {
       const bool queued = waiting_[static_cast<size_t>(r)] == &mine;
       if (running_ || !queued) {
         changed_.wait(lock);
-      } else if (num_waiting_ == world() || std::chrono::steady_clock::now() >= deadline) {
+      } else if (everyone_busy_is_in() || std::chrono::steady_clock::now() >= deadline) {
         lead_round(lock);
       } else {
         changed_.wait_until(lock, deadline);
@@ -113,6 +117,15 @@ class Group final : public DataParallelGroup {
     std::unique_ptr<DeepseekModel> model;
     std::unique_ptr<RankView> view;
   };
+
+  // Whether every rank that may hand in a batch has (mu_ held).
+  bool everyone_busy_is_in() const {
+    if (num_waiting_ == world()) return true;
+    if (!busy_) return false;
+    for (int q = 0; q < world(); ++q)
+      if (waiting_[static_cast<size_t>(q)] == nullptr && busy_(q)) return false;
+    return true;
+  }
 
   // Runs the steps handed in so far, every other rank idle; called with mu_
   // held, which it releases while the round runs.
@@ -150,6 +163,7 @@ class Group final : public DataParallelGroup {
   std::condition_variable changed_;
   std::vector<Step*> waiting_;  // per rank: its step for the next round, or null
   int num_waiting_ = 0;
+  std::function<bool(int)> busy_;  // set_activity
   bool running_ = false;
 };
 

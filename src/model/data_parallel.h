@@ -14,8 +14,11 @@
 // handed in a batch, or `round_wait` after a rank has handed one in, with
 // whatever has come by then; a rank without a batch takes part idle
 // (forward_idle), serving its experts to the others. So ranks under load
-// step together, and a lone busy rank waits round_wait per step for the
-// others. Each rank's Model is called by one thread at a time; the errors of
+// step together. set_activity(busy) names the ranks worth waiting for: a
+// round also starts once every rank with busy(rank) true has handed in its
+// batch, so a lone busy rank does not wait round_wait per step (busy is
+// called with the group's lock held, from the ranks' callers' threads; it
+// must be quick and must not call into the group). Each rank's Model is called by one thread at a time; the errors of
 // a step go to the caller whose batch failed (an idle rank's to every
 // caller of that step). The caller's tensors are host tensors (the ranks
 // run on the CPU backend for now). The group outlives the Models it hands
@@ -23,6 +26,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,6 +40,8 @@ class DataParallelGroup {
   virtual ~DataParallelGroup() = default;
   virtual int world() const = 0;
   virtual Model& rank(int r) = 0;
+  // Null: every rank is waited for (up to round_wait).
+  virtual void set_activity(std::function<bool(int rank)> busy) = 0;
 };
 
 std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, int world,

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <thread>
 
@@ -132,6 +133,28 @@ TEST(DataParallel, AFailingBatchFailsAloneAndTheGroupGoesOn) {
   KvBuffers kv = group->rank(1).allocate_kv(8);
   Tensor wide = Tensor::empty({1, vocab + 1}, DType::kF32);
   EXPECT_THROW(group->rank(1).forward(single_sequence_batch(good, 0), kv, wide), Error);
+}
+
+// With the other ranks known to be idle, a lone rank's step starts at once
+// instead of after round_wait (2 s here).
+TEST(DataParallel, ALoneBusyRankDoesNotWaitForIdleOnes) {
+  auto group = load_data_parallel(kModels + "deepseek_v3", 2, [](int) { return make_cpu_backend_with_threads(1); },
+                                  {}, std::chrono::seconds(2));
+  Model& rank = group->rank(0);
+  const int64_t vocab = rank.config().vocab_size;
+  KvBuffers kv = rank.allocate_kv(8);
+  Tensor logits = Tensor::empty({1, vocab}, DType::kF32);
+  const std::vector<int32_t> ids = {3, 7, 11};
+  auto seconds = [&] {
+    const auto start = std::chrono::steady_clock::now();
+    rank.forward(single_sequence_batch(ids, 0), kv, logits);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  EXPECT_GE(seconds(), 1.9) << "rank 1 was waited for";
+  group->set_activity([](int r) { return r == 0; });
+  EXPECT_LT(seconds(), 1.0);
+  group->set_activity({});
+  EXPECT_GE(seconds(), 1.9);
 }
 
 TEST(DataParallel, EachRankHoldsItsOwnLatentCacheAndNoDraftHead) {
