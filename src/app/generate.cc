@@ -383,8 +383,9 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   std::shared_ptr<const TokenMasker> grammar;
   if (structured) {
     BASALT_CHECK(tokenizer.has_value(), "{}: no tokenizer.json, so structured output has no token bytes", f.model);
-    GrammarCache cache(TokenVocabulary::from_tokenizer(*tokenizer, static_cast<int32_t>(engine.model_config().vocab_size),
-                                                       engine.model_config().eos_token_ids));
+    const ModelConfig& config = engine.model_config();
+    GrammarCache cache(TokenVocabulary::from_tokenizer(*tokenizer, static_cast<int32_t>(config.vocab_size),
+                                                       config.eos_token_ids));
     try {
       grammar = cache.get(*structured);
     } catch (const Error& e) {

@@ -43,7 +43,7 @@ void check_parallel_flags(const ParallelFlags& flags, const std::string& device,
   if (!flags.dp_attention) return;
   BASALT_CHECK(flags.tp >= 2, "--dp-attention runs over the --tp ranks: give --tp 2 or more");
   BASALT_CHECK(device == "cpu",
-               "--dp-attention --device {}: DP attention runs CPU ranks for now (GPU ranks over NCCL are not built yet)",
+               "--dp-attention --device {}: DP attention runs CPU ranks for now (GPU ranks are not built yet)",
                device);
   BASALT_CHECK(!speculation, "--dp-attention: speculative decoding over DP-attention ranks is not built yet");
 }

@@ -556,9 +556,9 @@ void moe_experts_slice_case(Harness& h, DType w_dtype) {
     Tensor want = Tensor::empty({T, H}, DType::kF32);
     reference::moe_experts(x, Tensor::from_i32({T, K}, clamped), Tensor::from_f32({T, K}, masked), host, want);
     Tensor out = h.out({T, H});
-    h.backend().moe_experts(h.up(x), h.up(ids), h.up(weights),
-                            std::span<const MoeExpert>(device).subspan(static_cast<size_t>(first), static_cast<size_t>(count)),
-                            out, first);
+    const std::span<const MoeExpert> slice =
+        std::span<const MoeExpert>(device).subspan(static_cast<size_t>(first), static_cast<size_t>(count));
+    h.backend().moe_experts(h.up(x), h.up(ids), h.up(weights), slice, out, first);
     h.close(first == 0 ? "experts [0, 2)" : "experts [2, 6)", out, want, h.bound(1e-5, gpu));
   }
 }

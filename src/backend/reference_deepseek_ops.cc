@@ -168,7 +168,8 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   for (int64_t t = 0; t < T; ++t) {
     std::vector<double> acc(static_cast<size_t>(H), 0.0);
     for (int64_t j = 0; j < K; ++j) {
-      const int64_t id = static_cast<int64_t>(ids.data<const int32_t>()[t * K + j]) - std::max<int64_t>(first_expert, 0);
+      const int64_t id =
+          static_cast<int64_t>(ids.data<const int32_t>()[t * K + j]) - std::max<int64_t>(first_expert, 0);
       const bool mine = id >= 0 && id < static_cast<int64_t>(experts.size());
       BASALT_CHECK(mine || first_expert >= 0, "reference moe_experts: expert id {} out of range", id);
       if (!mine) continue;  // another rank's expert

@@ -74,7 +74,8 @@ TEST_P(DataParallelReference, RanksWithTheirOwnRequestsEqualOneRank) {
   options.temperature = 0.0f;
   options.ignore_eos = true;
   auto prompt_of = [&](int r) {
-    return std::vector<int32_t>(prompt.begin(), prompt.end() - std::min<int64_t>(r, static_cast<int64_t>(prompt.size()) - 1));
+    const int64_t cut = std::min<int64_t>(r, static_cast<int64_t>(prompt.size()) - 1);
+    return std::vector<int32_t>(prompt.begin(), prompt.end() - cut);
   };
   std::vector<GenerateResult> results(static_cast<size_t>(world));
   on_every_rank(world, [&](int r) {

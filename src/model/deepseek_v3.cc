@@ -477,7 +477,7 @@ class DeepseekModelImpl final : public DeepseekModel {
     std::vector<int64_t> send_rows(static_cast<size_t>(n), 0), position(static_cast<size_t>(P));
     for (int64_t p = 0; p < P; ++p) ++send_rows[static_cast<size_t>(id[p] / experts_local_)];
     std::vector<int64_t> next(static_cast<size_t>(n), 0);
-    for (int64_t r = 1; r < n; ++r) next[static_cast<size_t>(r)] = next[static_cast<size_t>(r - 1)] + send_rows[static_cast<size_t>(r - 1)];
+    for (size_t r = 1; r < next.size(); ++r) next[r] = next[r - 1] + send_rows[r - 1];
     std::vector<int32_t> send_token(static_cast<size_t>(P)), send_expert(static_cast<size_t>(P));
     for (int64_t p = 0; p < P; ++p) {
       const int64_t owner = id[p] / experts_local_, at = next[static_cast<size_t>(owner)]++;
@@ -487,11 +487,13 @@ class DeepseekModelImpl final : public DeepseekModel {
     }
     // Counts: row r of `counts` is what rank r sends to each rank.
     Tensor mine = Tensor::empty({1, n}, DType::kI32), counts = Tensor::empty({n, n}, DType::kI32);
-    for (int64_t r = 0; r < n; ++r) mine.data<int32_t>()[r] = static_cast<int32_t>(send_rows[static_cast<size_t>(r)]);
+    for (int64_t r = 0; r < n; ++r)
+      mine.data<int32_t>()[r] = static_cast<int32_t>(send_rows[static_cast<size_t>(r)]);
     ep_->all_gather(mine, counts);
     std::vector<int64_t> recv_rows(static_cast<size_t>(n));
     int64_t R = 0;
-    for (int64_t r = 0; r < n; ++r) R += recv_rows[static_cast<size_t>(r)] = counts.data<const int32_t>()[r * n + ep_rank_];
+    for (int64_t r = 0; r < n; ++r)
+      R += recv_rows[static_cast<size_t>(r)] = counts.data<const int32_t>()[r * n + ep_rank_];
     // Dispatch: the pairs' expert numbers, then their hidden rows.
     Tensor expert_out = Tensor::empty({P, 1}, DType::kI32), expert_in = Tensor::empty({R, 1}, DType::kI32);
     std::copy(send_expert.begin(), send_expert.end(), expert_out.data<int32_t>());

@@ -67,7 +67,9 @@
 //    must take part in every step: a rank without tokens calls
 //    forward_idle(), which serves its experts to the others. A rank whose
 //    forward fails after it began finishes the step's exchanges idle, so
-//    the others do not wait, then throws. The MTP layer is not offered.
+//    the others do not wait, then throws (a failure inside an exchange, a
+//    broken group, is not recovered). The MTP layer is not offered. The
+//    exchange runs on the host (CPU ranks) for now.
 #pragma once
 
 #include <memory>

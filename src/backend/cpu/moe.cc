@@ -115,8 +115,10 @@ void CpuBackend::moe_experts_impl(const Tensor& x, const Tensor& ids, const Tens
   std::vector<int64_t> order(static_cast<size_t>(count[static_cast<size_t>(E)]));
   {
     std::vector<int64_t> fill(count.begin(), count.end() - 1);
-    for (int64_t i = 0; i < T * K; ++i)
-      if (local[static_cast<size_t>(i)] >= 0) order[static_cast<size_t>(fill[static_cast<size_t>(local[static_cast<size_t>(i)])]++)] = i;
+    for (int64_t i = 0; i < T * K; ++i) {
+      const int64_t e = local[static_cast<size_t>(i)];
+      if (e >= 0) order[static_cast<size_t>(fill[static_cast<size_t>(e)]++)] = i;
+    }
   }
   for (int64_t e = 0; e < E; ++e) {
     if (count[e + 1] == count[e]) continue;
