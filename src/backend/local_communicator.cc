@@ -63,7 +63,8 @@ void check_broadcast(int root, int world, const char* who) {
 namespace {
 
 struct Shared {
-  explicit Shared(int world) : world(world), in(static_cast<size_t>(world)), counts(static_cast<size_t>(world)) {}
+  explicit Shared(int world)
+      : world(world), in(static_cast<size_t>(world)), out(static_cast<size_t>(world)), counts(static_cast<size_t>(world)) {}
 
   // Waits until every rank has arrived; reusable.
   void barrier() {
@@ -84,6 +85,7 @@ struct Shared {
   int arrived = 0;
   uint64_t phase = 0;
   std::vector<const void*> in;                   // per rank: the input it published
+  std::vector<const void*> out;                  // per rank: its all_reduce slice's sums
   std::vector<std::span<const int64_t>> counts;  // per rank: all_to_all send counts
 };
 
@@ -103,25 +105,40 @@ class LocalCommunicator final : public Communicator {
       staging_->copy(h, x);
       return;
     }
+    // Each rank sums its own slice of the elements over every rank's input
+    // (in rank order, so every rank gets the same bits), then every rank
+    // copies every slice: world times less work per rank than each summing
+    // everything.
     const auto n = static_cast<size_t>(x.numel());
-    shared_->in[static_cast<size_t>(rank_)] = x.raw();
+    const auto world = static_cast<size_t>(shared_->world), me = static_cast<size_t>(rank_);
+    auto slice_begin = [&](size_t r) { return n * r / world; };
+    shared_->in[me] = x.raw();
     shared_->barrier();
-    std::vector<float> result(n);
     const bool bf16 = x.dtype() == DType::kBF16;
-    for (size_t i = 0; i < n; ++i) {
-      float acc = 0;
-      for (int r = 0; r < shared_->world; ++r) {
-        const void* p = shared_->in[static_cast<size_t>(r)];
-        const float v = bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+    auto load = [bf16](const void* p, size_t i) {
+      return bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+    };
+    const size_t begin = slice_begin(me), end = slice_begin(me + 1);
+    std::vector<float> mine(end - begin);
+    for (size_t r = 0; r < world; ++r) {
+      const void* p = shared_->in[r];
+      for (size_t i = begin; i < end; ++i) {
+        const float v = load(p, i);
+        float& acc = mine[i - begin];
         acc = r == 0 ? v : op == ReduceOp::kSum ? acc + v : std::max(acc, v);
       }
-      result[i] = acc;
     }
-    shared_->barrier();  // every rank has read every input
-    for (size_t i = 0; i < n; ++i) {
-      if (bf16) static_cast<uint16_t*>(x.raw())[i] = f32_to_bf16(result[i]);
-      else static_cast<float*>(x.raw())[i] = result[i];
+    shared_->out[me] = mine.data();
+    shared_->barrier();  // every input read, every slice summed
+    for (size_t r = 0; r < world; ++r) {
+      const float* sums = static_cast<const float*>(shared_->out[r]);
+      for (size_t i = slice_begin(r); i < slice_begin(r + 1); ++i) {
+        const float v = sums[i - slice_begin(r)];
+        if (bf16) static_cast<uint16_t*>(x.raw())[i] = f32_to_bf16(v);
+        else static_cast<float*>(x.raw())[i] = v;
+      }
     }
+    shared_->barrier();  // every slice copied before its owner frees it
   }
 
   void all_gather(const Tensor& x, Tensor& out) override {
