@@ -332,7 +332,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   Backend& backend = *backend_owner;
   ProgressPrinter progress;
   // With --dp-attention the requests are spread over an engine per rank
-  // (start_dp_attention_engines), each KV pool sized as one engine's would be.
+  // (DpAttentionEngines), each KV pool sized as one engine's would be.
   std::unique_ptr<Model> model;
   DpAttentionEngines dp;
   if (f.parallel.dp_attention) {
