@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <span>
 #include <vector>
@@ -79,9 +80,18 @@ struct ModelBenchFlags {
   int tokens = 0;
 };
 
-// Parses --layers N --prompt N --tokens N over the given defaults; false (with
-// a message on stderr) on an unknown flag or a value below 1.
-inline bool parse_model_bench_flags(int argc, char** argv, ModelBenchFlags* flags) {
+// An integer flag `--name N` of a bench: where it goes and its least value.
+struct IntFlag {
+  const char* name;
+  int* target;
+  int min;
+};
+
+// Parses `--name N` pairs over the targets' defaults; false (with a message
+// on stderr) on an unknown flag, a missing value or a value below its min.
+inline bool parse_int_flags(int argc, char** argv, std::initializer_list<IntFlag> known) {
+  std::string names;
+  for (const IntFlag& f : known) names += std::string(names.empty() ? "" : " ") + f.name;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) {
@@ -89,18 +99,23 @@ inline bool parse_model_bench_flags(int argc, char** argv, ModelBenchFlags* flag
       return false;
     }
     const int value = std::atoi(argv[i + 1]);
-    int* target = flag == "--layers" ? &flags->layers
-                  : flag == "--prompt" ? &flags->prompt
-                  : flag == "--tokens" ? &flags->tokens
-                                       : nullptr;
-    if (target == nullptr || value < 1) {
-      std::fprintf(stderr, "unknown flag or bad value: %s %s (flags: --layers --prompt --tokens)\n",
-                   flag.c_str(), argv[i + 1]);
+    const IntFlag* match = nullptr;
+    for (const IntFlag& f : known)
+      if (flag == f.name) match = &f;
+    if (match == nullptr || value < match->min) {
+      std::fprintf(stderr, "unknown flag or bad value: %s %s (flags: %s)\n", flag.c_str(), argv[i + 1],
+                   names.c_str());
       return false;
     }
-    *target = value;
+    *match->target = value;
   }
   return true;
+}
+
+// Parses --layers N --prompt N --tokens N over the given defaults (each >= 1).
+inline bool parse_model_bench_flags(int argc, char** argv, ModelBenchFlags* flags) {
+  return parse_int_flags(
+      argc, argv, {{"--layers", &flags->layers, 1}, {"--prompt", &flags->prompt, 1}, {"--tokens", &flags->tokens, 1}});
 }
 
 struct GenerationTiming {

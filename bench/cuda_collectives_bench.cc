@@ -44,6 +44,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/communicator.h"
+#include "bench_util.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
@@ -70,23 +71,8 @@ struct Options {
 };
 
 bool parse(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n", flag.c_str());
-      return false;
-    }
-    const int value = std::atoi(argv[i + 1]);
-    if (flag == "--iters" && value >= 1) o->iters = value;
-    else if (flag == "--warmup" && value >= 0) o->warmup = value;
-    else if (flag == "--gpus" && value >= 1) o->gpus = value;
-    else {
-      std::fprintf(stderr, "unknown flag or bad value: %s %s (flags: --iters --warmup --gpus)\n", flag.c_str(),
-                   argv[i + 1]);
-      return false;
-    }
-  }
-  return true;
+  return bench::parse_int_flags(argc, argv,
+                                {{"--iters", &o->iters, 1}, {"--warmup", &o->warmup, 0}, {"--gpus", &o->gpus, 1}});
 }
 
 enum class Op { kAllReduce, kAllGather, kAllToAll };

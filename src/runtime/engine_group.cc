@@ -98,11 +98,26 @@ EngineGroup::~EngineGroup() {
 }
 
 size_t EngineGroup::cached_prefix_blocks(int i, uint64_t ns, std::span<const int32_t> prompt) const {
+  PromptBlocks blocks;
+  return leading_blocks(i, ns, prompt, blocks);
+}
+
+size_t EngineGroup::leading_blocks(int i, uint64_t ns, std::span<const int32_t> prompt, PromptBlocks& blocks) const {
   const CachedBlocks& c = *cached_[static_cast<size_t>(i)];
+  int32_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.blocks.empty()) return 0;
+    size = c.block_size;
+  }
+  if (size <= 0) return 0;
+  if (blocks.block_size != size) {  // hashed once per block size (the engines share one)
+    blocks.block_size = size;
+    blocks.hashes = kv_block_hashes(ns, prompt, static_cast<size_t>(size));
+  }
   std::lock_guard<std::mutex> lock(c.mu);
-  if (c.block_size <= 0 || c.blocks.empty()) return 0;
   size_t held = 0;
-  for (uint64_t h : kv_block_hashes(ns, prompt, static_cast<size_t>(c.block_size))) {
+  for (uint64_t h : blocks.hashes) {
     if (c.blocks.count(h) == 0) break;
     ++held;
   }
@@ -117,10 +132,11 @@ Engine& EngineGroup::pick(const EngineRequest& request) {
   const int64_t limit = least + std::max<int64_t>(2, least / 4);
   const size_t first = static_cast<size_t>(turn_.fetch_add(1) % n);
   size_t best = n, best_blocks = 0;
+  PromptBlocks prompt;
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (first + k) % n;
     if (load[i] > limit) continue;
-    const size_t blocks = cached_prefix_blocks(static_cast<int>(i), request.cache_namespace, request.prompt);
+    const size_t blocks = leading_blocks(static_cast<int>(i), request.cache_namespace, request.prompt, prompt);
     if (best == n || blocks > best_blocks || (blocks == best_blocks && load[i] < load[best])) {
       best = i;
       best_blocks = blocks;

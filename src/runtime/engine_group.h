@@ -58,7 +58,15 @@ class EngineGroup final : public EngineClient {
  private:
   struct Subscription;
   struct CachedBlocks;
+  // A prompt's block hashes at one block size.
+  struct PromptBlocks {
+    int32_t block_size = 0;
+    std::vector<uint64_t> hashes;
+  };
   Engine& pick(const EngineRequest& request);
+  // cached_prefix_blocks, hashing the prompt into `blocks` only when its
+  // block size differs from engine i's.
+  size_t leading_blocks(int i, uint64_t ns, std::span<const int32_t> prompt, PromptBlocks& blocks) const;
 
   std::vector<std::unique_ptr<Engine>> engines_;
   std::vector<std::unique_ptr<CachedBlocks>> cached_;  // per engine
