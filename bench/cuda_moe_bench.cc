@@ -9,12 +9,15 @@
 //    (16 sets in turn) and the 256 experts take 11.3 GB, so weights come
 //    from HBM. T = 1 and 32 are timed again as CUDA graph replays
 //    (CudaBackend::record), as a serving engine runs decode.
-//  * Prefill, T = 4096: TFLOP/s of the whole op and of its two grouped GEMMs
+//  * Prefill, T = 1024 and 4096: TFLOP/s of the whole op and of its two grouped GEMMs
 //    alone (6 T k H I flops), next to DeepGEMM's published grouped-contiguous
 //    1214-1346 TFLOP/s (H800).
-// Every configuration runs with both FP8 multiplies (moe_gemm_kernels.h: the
-// PTX e4m3 mma, and e4m3 reread as f16) and the tile sizes that fit; stage
-// times come from events between the op's kernels (median over repeats).
+// Every configuration runs with each FP8 multiply (moe_gemm_kernels.h: the
+// PTX e4m3 mma, e4m3 reread as f16, and wgmma where it runs, for 64- and
+// 128-row tiles) and the tile sizes that fit; stage times come from events
+// between the op's kernels (median over repeats). Each row's output is
+// compared with the first row's of its T (the e4m3 mma): "vs first" is the
+// relative error (the sums differ only in order, so ~1e-6).
 //
 // Usage: basalt_bench_cuda_moe [--repeats N]
 #include <cuda_runtime_api.h>
@@ -140,15 +143,15 @@ int main(int argc, char** argv) {
               static_cast<long long>(kHidden), static_cast<long long>(kInter), static_cast<long long>(kExperts),
               expert_bytes * 1e-6, static_cast<long long>(kTopK));
   std::printf("stage columns: median us of prep (permute + quantize x), GEMM 1, act quantize, GEMM 2, un-permute\n\n");
-  std::printf("%6s %-9s %4s %9s | %7s %8s %7s %8s %7s | %8s %8s %9s %9s\n", "T", "mma", "tile", "us/call", "prep",
-              "gemm1", "actq", "gemm2", "unperm", "experts", "GB/s", "TFLOP/s", "GEMM TF/s");
+  std::printf("%6s %-9s %4s %9s | %7s %8s %7s %8s %7s | %8s %8s %9s %9s %9s\n", "T", "mma", "tile", "us/call", "prep",
+              "gemm1", "actq", "gemm2", "unperm", "experts", "GB/s", "TFLOP/s", "GEMM TF/s", "vs first");
 
   struct Result {
     int64_t T;
     double us, gbs, tflops, gemm_tflops;
   };
   std::vector<Result> results;
-  for (int64_t T : {int64_t{1}, int64_t{32}, int64_t{128}, int64_t{4096}}) {
+  for (int64_t T : {int64_t{1}, int64_t{32}, int64_t{128}, int64_t{1024}, int64_t{4096}}) {
     std::vector<Routing> routes;
     for (int i = 0; i < (T >= 4096 ? 2 : kRoutingSets); ++i) routes.push_back(random_routing(T, rng));
     double distinct = 0;
@@ -159,11 +162,15 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < xh.numel(); ++i) xh.data<float>()[i] = normal(rng);
     const Tensor x = cuda_to_device(xh);
     Tensor out = cuda_empty({T, kHidden}, DType::kF32);
-    const std::vector<int> tiles = T >= 4096 ? std::vector<int>{64, 128} : T >= 128 ? std::vector<int>{16, 64}
+    const std::vector<int> tiles = T >= 4096 ? std::vector<int>{64, 128} : T >= 1024 ? std::vector<int>{16, 64, 128} : T >= 128 ? std::vector<int>{16, 64}
                                                                                      : std::vector<int>{16};
     const int reps = T >= 4096 ? std::max(3, repeats / 3) : repeats;
-    for (int mode : {cuda_kernels::kMoeMmaE4m3, cuda_kernels::kMoeMmaE4m3AsF16})
+    Tensor first;  // the first configuration's output
+    for (int mode : {cuda_kernels::kMoeMmaE4m3, cuda_kernels::kMoeMmaE4m3AsF16, cuda_kernels::kMoeMmaWgmma,
+                     cuda_kernels::kMoeMmaWgmmaPrecise})
       for (int tile : tiles) {
+        const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
+        if (wgmma && (tile < 64 || !cuda_kernels::moe_wgmma_available())) continue;
         MoeOptions o;
         o.fp8_mma = mode;
         o.tile_m = tile;
@@ -183,18 +190,32 @@ int main(int argc, char** argv) {
             stage[s].push_back(ms);
           }
         }
+        // Against the first configuration, on the last routing set's output.
+        cuda_moe_experts(x, routes[0].ids, routes[0].weights, table, out, cuda.stream(), o);
         const Tensor check = cuda_to_host(out);
         int64_t bad = 0;
         for (int64_t i = 0; i < check.numel(); ++i) bad += std::isfinite(check.data<float>()[i]) ? 0 : 1;
+        if (!first.defined()) first = check;
+        double diff = 0, norm = 0;
+        for (int64_t i = 0; i < check.numel(); ++i) {
+          const double d = static_cast<double>(check.data<float>()[i]) - first.data<float>()[i];
+          diff += d * d;
+          norm += static_cast<double>(first.data<float>()[i]) * first.data<float>()[i];
+        }
+        const double rel = norm > 0 ? std::sqrt(diff / norm) : 0.0;
         const double sec = median(total) * 1e-3;
         const double gemm_sec = (median(stage[1]) + median(stage[3])) * 1e-3;
         const double flops = 6.0 * static_cast<double>(T) * kTopK * kHidden * kInter;
         const double gbs = distinct * expert_bytes / sec * 1e-9;
-        std::printf("%6lld %-9s %4d %9.1f | %7.1f %8.1f %7.1f %8.1f %7.1f | %8.1f %8.0f %9.1f %9.1f%s\n",
-                    static_cast<long long>(T), mode == cuda_kernels::kMoeMmaE4m3 ? "e4m3" : "e4m3>f16", tile,
+        const char* mode_name = mode == cuda_kernels::kMoeMmaE4m3          ? "e4m3"
+                                : mode == cuda_kernels::kMoeMmaE4m3AsF16   ? "e4m3>f16"
+                                : mode == cuda_kernels::kMoeMmaWgmma       ? "wgmma"
+                                                                           : "wgmma-k32";
+        std::printf("%6lld %-9s %4d %9.1f | %7.1f %8.1f %7.1f %8.1f %7.1f | %8.1f %8.0f %9.1f %9.1f %9.1e%s\n",
+                    static_cast<long long>(T), mode_name, tile,
                     sec * 1e6, median(stage[0]) * 1e3, median(stage[1]) * 1e3, median(stage[2]) * 1e3,
                     median(stage[3]) * 1e3, median(stage[4]) * 1e3, distinct, gbs, flops / sec * 1e-12,
-                    flops / gemm_sec * 1e-12, bad ? "  NON-FINITE OUTPUT" : "");
+                    flops / gemm_sec * 1e-12, rel, bad ? "  NON-FINITE OUTPUT" : "");
         results.push_back({T, sec * 1e6, gbs, flops / sec * 1e-12, flops / gemm_sec * 1e-12});
       }
     // Decode as an engine runs it: the backend op (default multiply and
@@ -230,12 +251,12 @@ int main(int argc, char** argv) {
   std::printf("\nceilings: H200 HBM read ~4180 GB/s (measured here); DeepGEMM grouped contiguous FP8 (H800) "
               "1214-1346 TFLOP/s; cuBLASLt dense block-FP8 M=4096 ~960-1135 TFLOP/s (PERF-ANCHORS)\n");
   std::printf("\nsummary (best per T):\n");
-  for (int64_t T : {int64_t{1}, int64_t{32}, int64_t{128}, int64_t{4096}}) {
+  for (int64_t T : {int64_t{1}, int64_t{32}, int64_t{128}, int64_t{1024}, int64_t{4096}}) {
     const Result* best = nullptr;
     for (const Result& r : results)
       if (r.T == T && (!best || r.us < best->us)) best = &r;
     if (!best) continue;
-    if (T < 4096)
+    if (T < 1024)
       std::printf("  T %5lld decode : %8.1f us, %6.0f GB/s of touched expert weights (%.0f%% of 4180)\n",
                   static_cast<long long>(T), best->us, best->gbs, 100.0 * best->gbs / 4180.0);
     else

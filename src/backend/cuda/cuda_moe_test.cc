@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -196,12 +197,30 @@ TEST(CudaMoe, RouteRejectsWhatItCannotRun) {
 //    f32 summation order and the rare e4m3 rounding of GEMM 1's result that
 //    flips where host and device differ in its last f32 bit (one e4m3 ulp
 //    of one element), far below 1e-4 in practice.
+//  * The wgmma multiplies against fp8_reference, 1e-2 (promoted per 128-K
+//    block) and 5e-3 (per k32 MMA): Hopper's FP8 tensor cores add the
+//    products of one MMA in fixed point, aligned to the largest and cut to
+//    about 14 bits (DeepSeek-V3's report, 3.5.2), and the partial sums of
+//    a stage the same way. Measured on the H200: 1.7e-3 to 6.7e-3 per 128
+//    and 1.5e-3 to 2.5e-3 per k32 over these tests' shapes. Both are far
+//    below the activations' own e4m3 rounding (0.036 RMS, above).
 //  * The generic path (f32 activations and sums, like the CPU backend), 1e-5.
 
 constexpr double kBf16Tolerance = 1e-2;
 constexpr double kFp8VsCpuTolerance = 0.1;
 constexpr double kFp8VsReferenceTolerance = 1e-3;
+constexpr double kFp8WgmmaVsReferenceTolerance = 1e-2;
+constexpr double kFp8WgmmaPreciseVsReferenceTolerance = 5e-3;
 constexpr double kGenericTolerance = 1e-5;
+
+// Against fp8_reference, for a multiply (MoeOptions::fp8_mma; -1, the
+// default, may take wgmma where it runs).
+double fp8_reference_tolerance(int fp8_mma) {
+  if (fp8_mma == cuda_kernels::kMoeMmaWgmmaPrecise) return kFp8WgmmaPreciseVsReferenceTolerance;
+  if (fp8_mma == cuda_kernels::kMoeMmaWgmma || (fp8_mma < 0 && cuda_kernels::moe_wgmma_available()))
+    return kFp8WgmmaVsReferenceTolerance;
+  return kFp8VsReferenceTolerance;
+}
 
 int64_t fp8_blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
 
@@ -358,7 +377,7 @@ Tensor check_experts(CudaBackend& cuda, const Experts& ex, const Tensor& x, cons
   EXPECT_LE(testing::relative_error(got, want), tolerance_vs_cpu) << "against the CPU backend";
   if (quantized) {
     const Tensor ref = fp8_reference(x_f32, route, ex.host);
-    EXPECT_LE(testing::relative_error(got, ref), kFp8VsReferenceTolerance) << "against fp8_reference";
+    EXPECT_LE(testing::relative_error(got, ref), fp8_reference_tolerance(-1)) << "against fp8_reference";
   }
   return got;
 }
@@ -468,6 +487,10 @@ TEST(CudaMoe, ExpertsEveryTileSizeAndMultiply) {
           if (fp8) {
             variants.push_back({cuda_kernels::kMoeMmaE4m3, tile, false});
             variants.push_back({cuda_kernels::kMoeMmaE4m3AsF16, tile, false});
+            if (tile >= 64 && cuda_kernels::moe_wgmma_available()) {
+              variants.push_back({cuda_kernels::kMoeMmaWgmma, tile, false});
+              variants.push_back({cuda_kernels::kMoeMmaWgmmaPrecise, tile, false});
+            }
           } else {
             variants.push_back({-1, tile, false});
           }
@@ -486,13 +509,65 @@ TEST(CudaMoe, ExpertsEveryTileSizeAndMultiply) {
             EXPECT_LE(testing::relative_error(got, want), kGenericTolerance);
           } else if (fp8) {
             EXPECT_LE(testing::relative_error(got, want), kFp8VsCpuTolerance);
-            EXPECT_LE(testing::relative_error(got, ref), kFp8VsReferenceTolerance);
+            EXPECT_LE(testing::relative_error(got, ref), fp8_reference_tolerance(o.fp8_mma));
           } else {
             EXPECT_LE(testing::relative_error(got, want), kBf16Tolerance);
           }
         }
       }
     }
+}
+
+// The wgmma multiplies are what a Hopper build runs on a Hopper device (so
+// the variants above cannot skip them there, and the default takes them),
+// within their bounds of fp8_reference at DeepSeek-V3's K (56 scale
+// blocks, many turns of the ring) with experts of several tiles.
+TEST(CudaMoe, ExpertsWgmmaOnHopper) {
+  REQUIRE_DEVICE();
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  if (major != 9 || minor != 0) GTEST_SKIP() << "not an sm_90 device";
+  ASSERT_TRUE(cuda_kernels::moe_wgmma_available());
+  TestRng rng;
+  CudaBackend cuda;
+  MoeExpertTables tables;
+  const int64_t H = 7168, I = 256, E = 4, T = 400;
+  const Experts ex = make_experts(rng, E, H, I, [](int64_t, int) { return DType::kF8E4M3; });
+  const MoeExpertTable& table = tables.get(ex.device, cuda.stream());
+  const Tensor x = testing::random_tensor(rng, {T, H}, DType::kF32);
+  const Routing route = random_routing(rng, T, E, 2, true);
+  const Tensor ref = fp8_reference(x, route, ex.host);
+  const Tensor d_x = cuda_to_device(x), d_ids = cuda_to_device(route.ids), d_w = cuda_to_device(route.weights);
+  double error[2][2] = {};  // [precise][tile 128]
+  for (int mode : {int{cuda_kernels::kMoeMmaE4m3}, int{cuda_kernels::kMoeMmaWgmma},
+                   int{cuda_kernels::kMoeMmaWgmmaPrecise}, -1})
+    for (int tile : {64, 128}) {
+      const MoeOptions o{mode, tile, false};
+      SCOPED_TRACE("mma " + std::to_string(mode) + ", tile_m " + std::to_string(tile));
+      Tensor out = cuda_empty({T, H}, DType::kF32);
+      cuda_fill_bytes(out, 0xFF);
+      cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(), o);
+      cuda.synchronize();
+      const Tensor got = cuda_to_host(out);
+      EXPECT_EQ(testing::count_nan(got), 0);
+      const double e = testing::relative_error(got, ref);
+      std::printf("mma %d tile %d: %.3g against fp8_reference\n", mode, tile, e);
+      EXPECT_LE(e, fp8_reference_tolerance(mode));
+      if (mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise)
+        error[mode == cuda_kernels::kMoeMmaWgmmaPrecise][tile == 128] = e;
+      if (mode < 0) {
+        EXPECT_EQ(e, error[0][tile == 128]) << "the default is the wgmma multiply";
+      }
+    }
+  // Promoting after every k32 MMA leaves less in the tensor cores' sums.
+  EXPECT_LT(error[1][0], error[0][0]);
+  EXPECT_LT(error[1][1], error[0][1]);
+  // Forced where it cannot run: a clear error, nothing launched.
+  Tensor out = cuda_empty({T, H}, DType::kF32);
+  EXPECT_THROW(cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(),
+                                MoeOptions{cuda_kernels::kMoeMmaWgmma, 16, false}),
+               Error);
 }
 
 // Experts that take the generic path: f32, f16, and a mix of bf16, FP8 and

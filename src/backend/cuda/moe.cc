@@ -69,8 +69,13 @@ namespace {
 
 using cuda_kernels::MoeExpertPtrs;
 
-// The FP8 GEMMs' multiply (cuda_kernels::MoeMmaMode) unless MoeOptions says.
-constexpr int kDefaultFp8Mma = cuda_kernels::kMoeMmaE4m3;
+// The FP8 GEMMs' multiply (cuda_kernels::MoeMmaMode) unless MoeOptions
+// says: wgmma where it runs and takes the tile (64 and 128 rows: prefill),
+// else mma.sync e4m3 (16-row tiles: decode, bound by the weights' bytes).
+int default_fp8_mma(int tile_m) {
+  if ((tile_m == 64 || tile_m == 128) && cuda_kernels::moe_wgmma_available()) return cuda_kernels::kMoeMmaWgmma;
+  return cuda_kernels::kMoeMmaE4m3;
+}
 
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -279,7 +284,12 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   if (path == MoeExpertTable::Path::kFp8) {
     const int64_t groups_h = (H + kFp8BlockSize - 1) / kFp8BlockSize;
     const int64_t groups_i = (I + kFp8BlockSize - 1) / kFp8BlockSize;
-    const int mode = options.fp8_mma >= 0 ? options.fp8_mma : kDefaultFp8Mma;
+    const int mode = options.fp8_mma >= 0 ? options.fp8_mma : default_fp8_mma(tile_m);
+    const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
+    BASALT_CHECK(!wgmma || ((tile_m == 64 || tile_m == 128) && cuda_kernels::moe_wgmma_available()),
+                 "cuda moe_experts: the wgmma multiply needs an sm_90a build on an sm_90 device and 64- or 128-row "
+                 "tiles (tile_m {})",
+                 tile_m);
     Tensor xq = cuda_empty({T, H}, DType::kF8E4M3), xs = cuda_empty({T, groups_h}, DType::kF32);
     cuda_quantize_fp8_groups(x, xq, xs, stream);
     mark(1);

@@ -28,6 +28,7 @@
 #include "backend/cuda/element_types.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/moe_gemm_kernels.h"
+#include "backend/cuda/wgmma.cuh"
 
 namespace basalt::cuda_kernels {
 namespace {
@@ -207,6 +208,77 @@ constexpr int gemm_smem_bytes(bool fp8) {
   return TileConfig<BM>::STAGES * (BM * kBK + kMoeGemmN * kBK + (fp8 ? BM * 4 : 0)) + BM * 4;
 }
 
+// The loads of one stage of a tile into shared memory, for THREADS threads:
+// 128 bytes of K of the tile's BM activation rows (gathered through
+// row_pair; zeros past the tile's rows and past K), of kMoeGemmN weight rows
+// (gated: rows 0-63 gate, 64-127 up, weight rows n0 .. n0 + 63 of each;
+// zeros past N and K), and with FP8 the activation rows' scales of that K
+// block. Rows are 128 bytes with swizzled chunks (swizzle()). The caller
+// commits and waits for the cp.async groups.
+template <int BM, int THREADS, bool FP8, bool GATED>
+struct StageLoader {
+  static constexpr int BN = GATED ? kMoeGemmN / 2 : kMoeGemmN;
+  static constexpr int A_BYTES = BM * kBK, B_BYTES = kMoeGemmN * kBK;
+  static constexpr int A_CHUNKS = BM * kBK / 16, B_CHUNKS = B_BYTES / 16;
+  static constexpr int A_ITERS = (A_CHUNKS + THREADS - 1) / THREADS;
+  static constexpr int B_ITERS = B_CHUNKS / THREADS;
+  static_assert(B_CHUNKS % THREADS == 0, "weight chunks per thread");
+  static_assert(THREADS >= BM, "a thread per activation row for the scales");
+
+  const MoeGemmArgs& a;
+  const int32_t* smem_src;  // [BM] activation row of each tile row, -1 past the tile
+  uint32_t base_a, base_b, base_scale;
+  int tid, k_bytes, KT, n0;
+  const uint8_t* w_main;
+  const uint8_t* b_main;  // this thread's chunk column in weight row n0 (gate, or the only matrix)
+  const uint8_t* b_up;
+  int b_rows;  // weight rows left from n0
+
+  __device__ StageLoader(const MoeGemmArgs& args, const int32_t* src, uint32_t sa, uint32_t sb, uint32_t ss, int t,
+                         int kbytes, int kt_count, int n_begin, const MoeExpertPtrs& ex)
+      : a(args), smem_src(src), base_a(sa), base_b(sb), base_scale(ss), tid(t), k_bytes(kbytes), KT(kt_count),
+        n0(n_begin) {
+    const int m0 = GATED ? 0 : 2;  // the first weight matrix
+    w_main = static_cast<const uint8_t*>(ex.w[m0]);
+    b_main = w_main + static_cast<int64_t>(n0) * k_bytes + (tid % 8) * 16;
+    b_up = static_cast<const uint8_t*>(ex.w[1]) + static_cast<int64_t>(n0) * k_bytes + (tid % 8) * 16;
+    b_rows = a.n - n0;
+  }
+
+  __device__ __forceinline__ void load(int stage, int kt) const {
+    const int kb = kt * kBK;
+    const bool chunk_ok = kb + (tid % 8) * 16 < k_bytes;
+#pragma unroll
+    for (int it = 0; it < A_ITERS; ++it) {
+      const int i = tid + it * THREADS;
+      if (A_CHUNKS % THREADS != 0 && i >= A_CHUNKS) continue;
+      const int r = i / 8, c = i % 8;
+      const int32_t src = smem_src[r];
+      const bool ok = src >= 0 && kb + c * 16 < k_bytes;
+      cp_async_16_or_zero(base_a + stage * A_BYTES + swizzle(r, c),
+                          ok ? a.a + static_cast<int64_t>(src) * k_bytes + kb + c * 16 : a.a, ok);
+    }
+#pragma unroll
+    for (int it = 0; it < B_ITERS; ++it) {
+      // Row r = tid / 8 + (THREADS / 8) it of the stage: gated, rows 0-63
+      // gate and 64-127 up (weight row n0 + r % 64); else weight row n0 + r.
+      constexpr int kRowsPerIter = THREADS / 8;
+      const int r = tid / 8 + kRowsPerIter * it;
+      const int rel = GATED ? r % BN : r;
+      const uint8_t* w = (GATED && r >= BN) ? b_up : b_main;
+      const bool ok = rel < b_rows && chunk_ok;
+      cp_async_16_or_zero(base_b + stage * B_BYTES + swizzle(r, tid % 8),
+                          ok ? w + static_cast<int64_t>(rel) * k_bytes + kb : w_main, ok);
+    }
+    if (FP8 && tid < BM) {
+      const int32_t src = smem_src[tid];
+      const bool ok = src >= 0;
+      cp_async_4_or_zero(base_scale + (stage * BM + tid) * 4,
+                         ok ? a.a_scale + static_cast<int64_t>(src) * KT + kt : a.a_scale, ok);
+    }
+  }
+};
+
 template <int BM, int MODE, bool GATED>
 __global__ void __launch_bounds__(kGemmThreads, TileConfig<BM>::MIN_BLOCKS) moe_gemm_kernel(MoeGemmArgs a) {
   constexpr bool FP8 = MODE != kMoeMmaBf16;
@@ -216,11 +288,7 @@ __global__ void __launch_bounds__(kGemmThreads, TileConfig<BM>::MIN_BLOCKS) moe_
   constexpr int NS = kMoeGemmN / WN / 8;                 // n8 blocks per warp (gated: gate half, up half)
   constexpr int HALF = NS / 2;
   constexpr int A_BYTES = BM * kBK, B_BYTES = kMoeGemmN * kBK;
-  constexpr int A_CHUNKS = BM * kBK / 16, B_CHUNKS = B_BYTES / 16;
-  constexpr int A_ITERS = (A_CHUNKS + kGemmThreads - 1) / kGemmThreads;
-  constexpr int B_ITERS = B_CHUNKS / kGemmThreads;
   static_assert(MS >= 1 && NS >= 2 && NS % 2 == 0, "warp tile");
-  static_assert(B_CHUNKS % kGemmThreads == 0, "weight chunks per thread");
   // An FP8 weight block of 128 rows holds each block's columns (one scale).
   static_assert(128 % BN == 0, "column blocks inside one scale block");
 
@@ -245,8 +313,6 @@ __global__ void __launch_bounds__(kGemmThreads, TileConfig<BM>::MIN_BLOCKS) moe_
     const int expert = info.x, row_begin = info.y, rows = info.z - info.y;
     const MoeExpertPtrs& ex = a.table[expert];
     const int m0 = GATED ? 0 : 2;  // the first weight matrix
-    const uint8_t* const w_main = static_cast<const uint8_t*>(ex.w[m0]);
-    const uint8_t* const w_up = static_cast<const uint8_t*>(ex.w[1]);
     const float* const ws_main = ex.scale[m0] + (n0 / 128) * KT;
     const float* const ws_up = ex.scale[1] + (n0 / 128) * KT;
 
@@ -258,42 +324,9 @@ __global__ void __launch_bounds__(kGemmThreads, TileConfig<BM>::MIN_BLOCKS) moe_
       smem_src[tid] = src;
     }
     __syncthreads();
-    // This thread's weight chunk: column tid % 8 of rows tid / 8 + 32 it.
-    const uint8_t* const b_main = w_main + static_cast<int64_t>(n0) * k_bytes + (tid % 8) * 16;
-    const uint8_t* const b_up = w_up + static_cast<int64_t>(n0) * k_bytes + (tid % 8) * 16;
-    const int b_rows = N - n0;  // weight rows left from n0
-    auto load_stage = [&](int stage, int kt) {
-      const int kb = kt * kBK;
-      const bool chunk_ok = kb + (tid % 8) * 16 < k_bytes;
-#pragma unroll
-      for (int it = 0; it < A_ITERS; ++it) {
-        const int i = tid + it * kGemmThreads;
-        if (A_CHUNKS % kGemmThreads != 0 && i >= A_CHUNKS) continue;
-        const int r = i / 8, c = i % 8;
-        const int32_t src = smem_src[r];
-        const bool ok = src >= 0 && kb + c * 16 < k_bytes;
-        cp_async_16_or_zero(base_a + stage * A_BYTES + swizzle(r, c), ok ? a.a + static_cast<int64_t>(src) * k_bytes + kb + c * 16 : a.a,
-                   ok);
-      }
-#pragma unroll
-      for (int it = 0; it < B_ITERS; ++it) {
-        // Row r = tid / 8 + 32 it of the stage: gated, rows 0-63 gate and
-        // 64-127 up (weight row n0 + r % 64); else weight row n0 + r.
-        constexpr int kRowsPerIter = kGemmThreads / 8;
-        const int r = tid / 8 + kRowsPerIter * it;
-        const int rel = GATED ? r % BN : r;
-        const uint8_t* w = (GATED && r >= BN) ? b_up : b_main;
-        const bool ok = rel < b_rows && chunk_ok;
-        cp_async_16_or_zero(base_b + stage * B_BYTES + swizzle(r, tid % 8),
-                   ok ? w + static_cast<int64_t>(rel) * k_bytes + kb : w_main, ok);
-      }
-      if (FP8 && tid < BM) {
-        const int32_t src = smem_src[tid];
-        const bool ok = src >= 0;
-        cp_async_4_or_zero(base_scale + (stage * BM + tid) * 4, ok ? a.a_scale + static_cast<int64_t>(src) * KT + kt : a.a_scale,
-                  ok);
-      }
-    };
+    const StageLoader<BM, kGemmThreads, FP8, GATED> loader(a, smem_src, base_a, base_b, base_scale, tid, k_bytes, KT,
+                                                            n0, ex);
+    auto load_stage = [&](int stage, int kt) { loader.load(stage, kt); };
 
     float acc[MS][NS][4];
     float part[FP8 ? MS : 1][FP8 ? NS : 1][4];
@@ -457,6 +490,291 @@ cudaError_t launch_gemm_m(const MoeGemmArgs& args, int mode, bool gated, int max
 }
 
 // ---------------------------------------------------------------------------
+// The FP8 grouped GEMM on wgmma (sm_90a; wgmma.cuh).
+//
+// A consumer warpgroup owns 64 rows of the tile and all 128 weight rows of a
+// stage (gated: 64 gate and 64 up columns; else 128 columns): one
+// m64n128k32 MMA per 32 bytes of K, four per stage. The stages are filled by
+// StageLoader (the cp.async ring and swizzle of the mma.sync kernel, which
+// is wgmma's 128-byte swizzle once the ring is 1024-byte aligned). Per stage
+// (one 128-K scale block) the MMAs write a fresh partial sum, which is then
+// scaled by act_scale[row] * weight_scale and added to the f32 accumulator
+// (DeepGEMM's promotion; PRECISE promotes after each k32 MMA instead). Two
+// shapes:
+//  * 128-row tiles (moe_wgmma_ws_kernel): warp-specialized. Warpgroup 0
+//    loads, warpgroups 1 and 2 compute; full and empty mbarriers per stage
+//    hand the ring over, so the two consumers run independently of each
+//    other and of the loads. (All three fit 168 registers a thread; moving
+//    registers from the loads to the MMAs with setmaxnreg made the loading
+//    code spill.)
+//  * 64-row tiles (moe_wgmma_kernel): one warpgroup that loads and computes,
+//    a block-wide barrier per stage, three blocks per SM so that one
+//    block's promotion and barrier overlap another's MMAs.
+
+// acc += part * (act_scale * weight scale) for this thread's rows (scales
+// s_lo, s_hi) and columns (gated: the first 8 n8 blocks gate, the rest up).
+template <bool GATED>
+__device__ __forceinline__ void wgmma_promote(float (&acc)[64], const float (&part)[64], float s_lo, float s_hi,
+                                              float w_main, float w_up) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float ws = (GATED && j >= 8) ? w_up : w_main;
+    const float lo = s_lo * ws, hi = s_hi * ws;
+    acc[4 * j + 0] += part[4 * j + 0] * lo;
+    acc[4 * j + 1] += part[4 * j + 1] * lo;
+    acc[4 * j + 2] += part[4 * j + 2] * hi;
+    acc[4 * j + 3] += part[4 * j + 3] * hi;
+  }
+}
+
+// One stage's MMAs (A at desc_a, B at desc_b) and their promotion; the
+// stage's shared memory may be refilled once this returns.
+template <bool GATED, bool PRECISE>
+__device__ __forceinline__ void wgmma_stage(float (&acc)[64], float (&part)[64], uint64_t desc_a, uint64_t desc_b,
+                                            float s_lo, float s_hi, float w_main, float w_up) {
+  if constexpr (PRECISE) {
+#pragma unroll
+    for (int ks = 0; ks < kBK / 32; ++ks) {
+      wgmma_fence();
+      wgmma_m64n128k32_e4m3(part, desc_a + 2 * ks, desc_b + 2 * ks, false);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(part);
+      wgmma_promote<GATED>(acc, part, s_lo, s_hi, w_main, w_up);
+    }
+  } else {
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kBK / 32; ++ks) wgmma_m64n128k32_e4m3(part, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(part);
+    wgmma_promote<GATED>(acc, part, s_lo, s_hi, w_main, w_up);
+  }
+}
+
+// The epilogue of one warpgroup: rows row_lo and row_lo + 8 of the tile
+// (those below `rows`), columns from n0.
+template <bool GATED>
+__device__ __forceinline__ void wgmma_store(const MoeGemmArgs& a, const float (&acc)[64], int rows, int row_begin,
+                                            int row_lo, int t4, int n0) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row_lo + 8 * half;
+    if (r >= rows) continue;
+    const int64_t row = row_begin + r;
+    if constexpr (GATED) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int n = n0 + 8 * j + 2 * t4;
+        const float v0 = silu_mul(acc[4 * j + 2 * half], acc[4 * (j + 8) + 2 * half]);
+        const float v1 = silu_mul(acc[4 * j + 2 * half + 1], acc[4 * (j + 8) + 2 * half + 1]);
+        if (a.out_bf16)
+          store_pair(static_cast<bf16*>(a.out), row, n, a.n, v0, v1);
+        else
+          store_pair(static_cast<float*>(a.out), row, n, a.n, v0, v1);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        store_pair(static_cast<float*>(a.out), row, n0 + 8 * j + 2 * t4, a.n, acc[4 * j + 2 * half],
+                   acc[4 * j + 2 * half + 1]);
+    }
+  }
+}
+
+// The activation row of tile row r (-1 past the tile's rows).
+__device__ __forceinline__ int32_t tile_source_row(const MoeGemmArgs& a, int row_begin, int rows, int r) {
+  if (r >= rows) return -1;
+  return a.gather ? a.row_pair[row_begin + r] / a.top_k : row_begin + r;
+}
+
+// The shared memory of a wgmma kernel: the ring (A and B stages, the
+// activation scales of each stage), the tile's source rows, and the
+// mbarriers, from a 1024-byte-aligned base.
+template <int BM, int STAGES>
+struct WgmmaSmem {
+  static constexpr int A_BYTES = BM * kBK, B_BYTES = kMoeGemmN * kBK;
+  static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages keep the 1024-byte alignment");
+  static constexpr int BYTES = STAGES * (A_BYTES + B_BYTES + BM * 4) + BM * 4 + 2 * STAGES * 8 + 1024;
+  uint32_t a, b, scale, full, empty;  // shared addresses: stages, scales [STAGES][BM], mbarriers [STAGES] each
+  int32_t* src;
+  __device__ explicit WgmmaSmem(uint8_t* raw) {
+    uint8_t* const base = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    a = smem_addr(base);
+    b = a + STAGES * A_BYTES;
+    scale = b + STAGES * B_BYTES;
+    src = reinterpret_cast<int32_t*>(base + STAGES * (A_BYTES + B_BYTES + BM * 4));
+    full = scale + STAGES * BM * 4 + BM * 4;
+    empty = full + STAGES * 8;
+  }
+  // The activation scale of tile row r in stage slot `slot`.
+  __device__ __forceinline__ float row_scale(int slot, int r) const { return ld_shared_f32(scale + (slot * BM + r) * 4); }
+};
+
+constexpr int kWgmmaSmallStages = 3, kWgmmaWsStages = 6;
+
+template <bool GATED, bool PRECISE>
+__global__ void __launch_bounds__(128, 3) moe_wgmma_kernel(MoeGemmArgs a) {
+  constexpr int BM = 64, STAGES = kWgmmaSmallStages;
+  using Loader = StageLoader<BM, 128, true, GATED>;
+  using Smem = WgmmaSmem<BM, STAGES>;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  const Smem sm(smem_raw);
+
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int row_lo = warp * 16 + lane / 4;  // this thread's rows: row_lo, row_lo + 8
+  const int KT = (a.k + kBK - 1) / kBK;
+  const int n0 = static_cast<int>(blockIdx.x) * Loader::BN;
+  const int num_tiles = *a.num_tiles;
+
+  for (int tile = static_cast<int>(blockIdx.y); tile < num_tiles; tile += static_cast<int>(gridDim.y)) {
+    const int4 info = a.tiles[tile];
+    const int row_begin = info.y, rows = info.z - info.y;
+    const MoeExpertPtrs& ex = a.table[info.x];
+    const float* const ws_main = ex.scale[GATED ? 0 : 2] + (n0 / 128) * KT;
+    const float* const ws_up = ex.scale[1] + (n0 / 128) * KT;
+    if (tid < BM) sm.src[tid] = tile_source_row(a, row_begin, rows, tid);
+    __syncthreads();
+    const Loader loader(a, sm.src, sm.a, sm.b, sm.scale, tid, a.k, KT, n0, ex);
+
+    float acc[64], part[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < KT) loader.load(s, s);
+      cp_async_commit();
+    }
+#pragma unroll 1
+    for (int kt = 0; kt < KT; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      fence_proxy_async_shared();
+      __syncthreads();
+      const int next = kt + STAGES - 1;
+      if (next < KT) loader.load(next % STAGES, next);
+      cp_async_commit();
+      const int slot = kt % STAGES;
+      wgmma_stage<GATED, PRECISE>(acc, part, wgmma_desc_sw128(sm.a + slot * Smem::A_BYTES),
+                                  wgmma_desc_sw128(sm.b + slot * Smem::B_BYTES), sm.row_scale(slot, row_lo),
+                                  sm.row_scale(slot, row_lo + 8), ws_main[kt], GATED ? ws_up[kt] : 0.0f);
+    }
+    cp_async_wait<0>();
+    wgmma_store<GATED>(a, acc, rows, row_begin, row_lo, lane % 4, n0);
+    __syncthreads();  // the next tile's loads overwrite the stages and the source rows
+  }
+}
+
+template <bool GATED, bool PRECISE>
+__global__ void __launch_bounds__(384, 1) moe_wgmma_ws_kernel(MoeGemmArgs a) {
+  constexpr int BM = 128, STAGES = kWgmmaWsStages;
+  // The producer marks a stage full once its own copies of it are done,
+  // LAG stages after issuing them (so that up to LAG + 1 are in flight).
+  constexpr int LAG = STAGES - 2;
+  using Loader = StageLoader<BM, 128, true, GATED>;
+  using Smem = WgmmaSmem<BM, STAGES>;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  const Smem sm(smem_raw);
+
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int wg = warp / 4;
+  const int KT = (a.k + kBK - 1) / kBK;
+  const int n0 = static_cast<int>(blockIdx.x) * Loader::BN;
+  const int num_tiles = *a.num_tiles;
+  if (tid < STAGES) {
+    mbarrier_init(sm.full + 8 * tid, 4);   // a lane of each producer warp
+    mbarrier_init(sm.empty + 8 * tid, 8);  // a lane of each consumer warp
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // The producer: stage `it` of this block (counted over its tiles) goes
+    // to slot it % STAGES once the consumers have emptied that slot's
+    // previous use.
+    int it = 0;
+    for (int tile = static_cast<int>(blockIdx.y); tile < num_tiles; tile += static_cast<int>(gridDim.y)) {
+      const int4 info = a.tiles[tile];
+      // Every producer thread's loads of the last tile were issued before
+      // any thread rewrites the source rows they read.
+      named_barrier_sync(1, 128);
+      sm.src[tid] = tile_source_row(a, info.y, info.z - info.y, tid);
+      named_barrier_sync(1, 128);
+      const Loader loader(a, sm.src, sm.a, sm.b, sm.scale, tid, a.k, KT, n0, a.table[info.x]);
+      for (int kt = 0; kt < KT; ++kt, ++it) {
+        const int slot = it % STAGES;
+        if (it >= STAGES) mbarrier_wait(sm.empty + 8 * slot, ((it / STAGES) + 1) & 1);
+        loader.load(slot, kt);
+        cp_async_commit();
+        if (it >= LAG) {
+          // This thread's copies of stage it - LAG are done and visible to
+          // wgmma; the warp's lane 0 then speaks for the warp.
+          cp_async_wait<LAG>();
+          fence_proxy_async_shared();
+          __syncwarp();
+          if (lane == 0) mbarrier_arrive(sm.full + 8 * ((it - LAG) % STAGES));
+        }
+      }
+    }
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    __syncwarp();
+    if (lane == 0)
+      for (int done = it - LAG < 0 ? 0 : it - LAG; done < it; ++done) mbarrier_arrive(sm.full + 8 * (done % STAGES));
+  } else {
+    const int row_lo = (wg - 1) * 64 + (warp % 4) * 16 + lane / 4;  // this thread's rows: row_lo, row_lo + 8
+    const uint32_t a_rows = (wg - 1) * 64 * kBK;                     // this warpgroup's rows in an A stage
+    int it = 0;
+    for (int tile = static_cast<int>(blockIdx.y); tile < num_tiles; tile += static_cast<int>(gridDim.y)) {
+      const int4 info = a.tiles[tile];
+      const int row_begin = info.y, rows = info.z - info.y;
+      const MoeExpertPtrs& ex = a.table[info.x];
+      const float* const ws_main = ex.scale[GATED ? 0 : 2] + (n0 / 128) * KT;
+      const float* const ws_up = ex.scale[1] + (n0 / 128) * KT;
+      float acc[64], part[64];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+#pragma unroll 1
+      for (int kt = 0; kt < KT; ++kt, ++it) {
+        const int slot = it % STAGES;
+        const float w_main = ws_main[kt], w_up = GATED ? ws_up[kt] : 0.0f;
+        mbarrier_wait(sm.full + 8 * slot, (it / STAGES) & 1);
+        const float s_lo = sm.row_scale(slot, row_lo), s_hi = sm.row_scale(slot, row_lo + 8);
+        wgmma_stage<GATED, PRECISE>(acc, part, wgmma_desc_sw128(sm.a + slot * Smem::A_BYTES + a_rows),
+                                    wgmma_desc_sw128(sm.b + slot * Smem::B_BYTES), s_lo, s_hi, w_main, w_up);
+        // The warp's MMAs of this stage are done (wgmma_stage waited).
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(sm.empty + 8 * slot);
+      }
+      wgmma_store<GATED>(a, acc, rows, row_begin, row_lo, lane % 4, n0);
+    }
+  }
+}
+
+template <int BM, bool GATED, bool PRECISE>
+cudaError_t launch_wgmma(const MoeGemmArgs& args, int max_tiles, cudaStream_t stream) {
+  constexpr bool WS = BM == 128;
+  constexpr int SMEM = WgmmaSmem<BM, WS ? kWgmmaWsStages : kWgmmaSmallStages>::BYTES;
+  const auto kernel = WS ? moe_wgmma_ws_kernel<GATED, PRECISE> : moe_wgmma_kernel<GATED, PRECISE>;
+  static const cudaError_t configured =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  if (configured != cudaSuccess) return configured;
+  constexpr int BN = GATED ? kMoeGemmN / 2 : kMoeGemmN;
+  const dim3 grid(static_cast<unsigned>((args.n + BN - 1) / BN),
+                  static_cast<unsigned>(max_tiles < 65535 ? max_tiles : 65535));
+  kernel<<<grid, WS ? 384 : 128, SMEM, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <int BM, bool PRECISE>
+cudaError_t launch_wgmma_m(const MoeGemmArgs& args, bool gated, int max_tiles, cudaStream_t stream) {
+  return gated ? launch_wgmma<BM, true, PRECISE>(args, max_tiles, stream)
+               : launch_wgmma<BM, false, PRECISE>(args, max_tiles, stream);
+}
+
+// 1 where this file's device code was compiled for sm_90a (wgmma.cuh).
+__device__ const int kWgmmaCompiled = BASALT_WGMMA;
+
+// ---------------------------------------------------------------------------
 // The generic GEMMs: one warp per output element.
 
 constexpr int kGenericWarps = 8;
@@ -564,12 +882,39 @@ cudaError_t moe_permute(const MoePermuteArgs& args, cudaStream_t stream) {
 }
 
 cudaError_t moe_gemm(const MoeGemmArgs& args, int mode, bool gated, int tile_m, int max_tiles, cudaStream_t stream) {
+  if (mode == kMoeMmaWgmma || mode == kMoeMmaWgmmaPrecise) {
+    const bool precise = mode == kMoeMmaWgmmaPrecise;
+    switch (tile_m) {
+      case 64: return precise ? launch_wgmma_m<64, true>(args, gated, max_tiles, stream)
+                              : launch_wgmma_m<64, false>(args, gated, max_tiles, stream);
+      case 128: return precise ? launch_wgmma_m<128, true>(args, gated, max_tiles, stream)
+                               : launch_wgmma_m<128, false>(args, gated, max_tiles, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
   switch (tile_m) {
     case 16: return launch_gemm_m<16>(args, mode, gated, max_tiles, stream);
     case 64: return launch_gemm_m<64>(args, mode, gated, max_tiles, stream);
     case 128: return launch_gemm_m<128>(args, mode, gated, max_tiles, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+bool moe_wgmma_available() {
+  static const bool available = [] {
+    int device = 0, major = 0, minor = 0, compiled = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+      return false;
+    if (major != 9 || minor != 0) return false;
+    if (cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof compiled) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return compiled == 1;
+  }();
+  return available;
 }
 
 cudaError_t moe_generic_gemm(const MoeGenericArgs& args, bool gated, cudaStream_t stream) {

@@ -1,0 +1,154 @@
+// Hopper's warpgroup MMA (wgmma, sm_90a) for the FP8 GEMMs: shared-memory
+// matrix descriptors, the fences and groups around the asynchronous MMA, and
+// the one tile shape the kernels use, m64n128k32 with e4m3 operands and f32
+// accumulators; and what warp-specialized kernels around it need (mbarriers,
+// named barriers). Device code only: include from .cu files.
+//
+// Contract:
+//  * Every wrapper is one PTX instruction as the PTX ISA documents it (9.7.15,
+//    "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"); none adds
+//    synchronisation beyond its own. All four warps of a warpgroup (128
+//    consecutive threads, the first a multiple of 128) execute them together.
+//  * Operands in shared memory are K-major (rows of K, as activations [M, K]
+//    and Hugging Face weights [N, K] are stored) in the 128-byte swizzle: rows
+//    of 128 bytes, 16-byte chunk c of row r at byte r * 128 + ((c ^ (r % 8)) *
+//    16), from a 1024-byte-aligned base (the XOR is taken on address bits, so
+//    the base must be aligned for the pattern to mean the same thing to the
+//    writer and to the MMA). The 32 bytes of K of one k32 step start 32 bytes
+//    further along the row: desc + 2 (the address field counts 16 bytes).
+//  * Accumulators of m64nN, f32: thread t of the warpgroup holds d[4 j + i]
+//    = D[16 (t / 32) + t % 32 / 4 + 8 (i / 2), 8 j + 2 (t % 4) + i % 2] for
+//    j < N / 8, i < 4 (the mma.sync m16n8 layout, repeated over n).
+//  * wgmma_wait<0>() then wgmma_fence_operands(d) before reading d: the
+//    fence keeps the compiler from moving reads of d above the wait.
+//  * Compiled only for sm_90a (BASALT_WGMMA is 1 there); elsewhere the
+//    wrappers trap, and callers choose another kernel (wgmma_compiled()).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/mma.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BASALT_WGMMA 1
+#else
+#define BASALT_WGMMA 0
+#endif
+
+namespace basalt::cuda_kernels {
+
+// Descriptor of a K-major, 128-byte-swizzled operand at shared address
+// `addr` (1024-byte-aligned tile base plus the k offset): start address,
+// stride between 8-row groups 1024 bytes, layout 1 (128B swizzle). The
+// leading offset is unused in this layout (K of one MMA fits in a row).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1024 >> 4) << 32) |
+         (static_cast<uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if BASALT_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if BASALT_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+// Waits until at most N committed groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if BASALT_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#else
+  __trap();
+#endif
+}
+// Makes this thread's generic-proxy writes to shared memory (st.shared,
+// cp.async) visible to the async proxy that wgmma reads through.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if BASALT_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// mbarriers in shared memory (PTX 9.7.13.15): init with the number of
+// arrivals that complete a phase; arrive (release); wait until the phase of
+// the given parity has completed (acquire).
+// Barriers are named by their shared-memory address.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, int count) {
+#if BASALT_WGMMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+#if BASALT_WGMMA
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, int parity) {
+#if BASALT_WGMMA
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+#else
+  __trap();
+#endif
+}
+// A float from shared memory by address.
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+// Barrier `id` (1-15; 0 is __syncthreads) over `threads` threads (a multiple
+// of 32) of the block.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d = (accumulate ? d : 0) + A B^T, A 64 x 32 e4m3 at desc_a, B 128 x 32
+// e4m3 at desc_b (both K-major), asynchronously: d is the warpgroup's until
+// the wgmma_wait that covers this MMA's group.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                      bool accumulate) {
+#if BASALT_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+#else
+  __trap();
+#endif
+}
+
+}  // namespace basalt::cuda_kernels
