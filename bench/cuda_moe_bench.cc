@@ -13,8 +13,8 @@
 //    alone (6 T k H I flops), next to DeepGEMM's published grouped-contiguous
 //    1214-1346 TFLOP/s (H800).
 // Every configuration runs with each FP8 multiply (moe_gemm_kernels.h: the
-// PTX e4m3 mma, e4m3 reread as f16, and wgmma where it runs, for 64- and
-// 128-row tiles) and the tile sizes that fit; stage times come from events
+// PTX e4m3 mma, e4m3 reread as f16, and wgmma where it runs, promoted per
+// 128-K block or per k32 MMA, 64-row tiles) and the tile sizes that fit; stage times come from events
 // between the op's kernels (median over repeats). Each row's output is
 // compared with the first row's of its T (the e4m3 mma): "vs first" is the
 // relative error (the sums differ only in order, so ~1e-6).
@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
                      cuda_kernels::kMoeMmaWgmmaPrecise})
       for (int tile : tiles) {
         const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
-        if (wgmma && (tile < 64 || !cuda_kernels::moe_wgmma_available())) continue;
+        if (wgmma && (tile != cuda_kernels::kWgmmaTileM || !cuda_kernels::moe_wgmma_available())) continue;
         MoeOptions o;
         o.fp8_mma = mode;
         o.tile_m = tile;

@@ -487,7 +487,7 @@ TEST(CudaMoe, ExpertsEveryTileSizeAndMultiply) {
           if (fp8) {
             variants.push_back({cuda_kernels::kMoeMmaE4m3, tile, false});
             variants.push_back({cuda_kernels::kMoeMmaE4m3AsF16, tile, false});
-            if (tile >= 64 && cuda_kernels::moe_wgmma_available()) {
+            if (tile == cuda_kernels::kWgmmaTileM && cuda_kernels::moe_wgmma_available()) {
               variants.push_back({cuda_kernels::kMoeMmaWgmma, tile, false});
               variants.push_back({cuda_kernels::kMoeMmaWgmmaPrecise, tile, false});
             }
@@ -539,35 +539,36 @@ TEST(CudaMoe, ExpertsWgmmaOnHopper) {
   const Routing route = random_routing(rng, T, E, 2, true);
   const Tensor ref = fp8_reference(x, route, ex.host);
   const Tensor d_x = cuda_to_device(x), d_ids = cuda_to_device(route.ids), d_w = cuda_to_device(route.weights);
-  double error[2][2] = {};  // [precise][tile 128]
-  for (int mode : {int{cuda_kernels::kMoeMmaE4m3}, int{cuda_kernels::kMoeMmaWgmma},
-                   int{cuda_kernels::kMoeMmaWgmmaPrecise}, -1})
-    for (int tile : {64, 128}) {
-      const MoeOptions o{mode, tile, false};
-      SCOPED_TRACE("mma " + std::to_string(mode) + ", tile_m " + std::to_string(tile));
-      Tensor out = cuda_empty({T, H}, DType::kF32);
-      cuda_fill_bytes(out, 0xFF);
-      cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(), o);
-      cuda.synchronize();
-      const Tensor got = cuda_to_host(out);
-      EXPECT_EQ(testing::count_nan(got), 0);
-      const double e = testing::relative_error(got, ref);
-      std::printf("mma %d tile %d: %.3g against fp8_reference\n", mode, tile, e);
-      EXPECT_LE(e, fp8_reference_tolerance(mode));
-      if (mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise)
-        error[mode == cuda_kernels::kMoeMmaWgmmaPrecise][tile == 128] = e;
-      if (mode < 0) {
-        EXPECT_EQ(e, error[0][tile == 128]) << "the default is the wgmma multiply";
-      }
+  double error[2] = {};  // [precise]
+  for (const MoeOptions& o : {MoeOptions{cuda_kernels::kMoeMmaE4m3, 64, false},
+                              MoeOptions{cuda_kernels::kMoeMmaE4m3, 128, false},
+                              MoeOptions{cuda_kernels::kMoeMmaWgmma, cuda_kernels::kWgmmaTileM, false},
+                              MoeOptions{cuda_kernels::kMoeMmaWgmmaPrecise, cuda_kernels::kWgmmaTileM, false},
+                              MoeOptions{}}) {
+    SCOPED_TRACE("mma " + std::to_string(o.fp8_mma) + ", tile_m " + std::to_string(o.tile_m));
+    Tensor out = cuda_empty({T, H}, DType::kF32);
+    cuda_fill_bytes(out, 0xFF);
+    cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(), o);
+    cuda.synchronize();
+    const Tensor got = cuda_to_host(out);
+    EXPECT_EQ(testing::count_nan(got), 0);
+    const double e = testing::relative_error(got, ref);
+    std::printf("mma %d tile %d: %.3g against fp8_reference\n", o.fp8_mma, o.tile_m, e);
+    EXPECT_LE(e, fp8_reference_tolerance(o.fp8_mma));
+    if (o.fp8_mma == cuda_kernels::kMoeMmaWgmma || o.fp8_mma == cuda_kernels::kMoeMmaWgmmaPrecise)
+      error[o.fp8_mma == cuda_kernels::kMoeMmaWgmmaPrecise] = e;
+    if (o.fp8_mma < 0) {
+      EXPECT_EQ(e, error[0]) << "the default is the wgmma multiply";
     }
+  }
   // Promoting after every k32 MMA leaves less in the tensor cores' sums.
-  EXPECT_LT(error[1][0], error[0][0]);
-  EXPECT_LT(error[1][1], error[0][1]);
+  EXPECT_LT(error[1], error[0]);
   // Forced where it cannot run: a clear error, nothing launched.
   Tensor out = cuda_empty({T, H}, DType::kF32);
-  EXPECT_THROW(cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(),
-                                MoeOptions{cuda_kernels::kMoeMmaWgmma, 16, false}),
-               Error);
+  for (int tile : {16, 128})
+    EXPECT_THROW(cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(),
+                                  MoeOptions{cuda_kernels::kMoeMmaWgmma, tile, false}),
+                 Error);
 }
 
 // Experts that take the generic path: f32, f16, and a mix of bf16, FP8 and

@@ -70,10 +70,10 @@ namespace {
 using cuda_kernels::MoeExpertPtrs;
 
 // The FP8 GEMMs' multiply (cuda_kernels::MoeMmaMode) unless MoeOptions
-// says: wgmma where it runs and takes the tile (64 and 128 rows: prefill),
-// else mma.sync e4m3 (16-row tiles: decode, bound by the weights' bytes).
+// says: wgmma where it runs and takes the tile (kWgmmaTileM rows), else
+// mma.sync e4m3.
 int default_fp8_mma(int tile_m) {
-  if ((tile_m == 64 || tile_m == 128) && cuda_kernels::moe_wgmma_available()) return cuda_kernels::kMoeMmaWgmma;
+  if (tile_m == cuda_kernels::kWgmmaTileM && cuda_kernels::moe_wgmma_available()) return cuda_kernels::kMoeMmaWgmma;
   return cuda_kernels::kMoeMmaE4m3;
 }
 
@@ -242,11 +242,16 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   if (path == MoeExpertTable::Path::kBf16 && x.dtype() == DType::kBF16 && reinterpret_cast<uintptr_t>(x.raw()) % 16 != 0)
     path = MoeExpertTable::Path::kGeneric;
 
-  // Tile rows by the mean rows per used expert (at most min(E, R) are used).
+  // Tile rows by the mean rows per used expert (at most min(E, R) are
+  // used): 16 for decode (bound by the weights' bytes either way); above, 64
+  // and 128 on mma.sync, and the wgmma multiply's 64 for FP8 where it runs
+  // (faster than 128 rows on any multiply: bench/README.md).
   int tile_m = options.tile_m;
   if (tile_m == 0) {
     const int64_t used = std::min(E, R), mean = (R + used - 1) / used;
-    tile_m = mean <= 16 ? 16 : mean <= 64 ? 64 : 128;
+    const bool wgmma_fp8 = path == MoeExpertTable::Path::kFp8 && options.fp8_mma < 0 &&
+                           cuda_kernels::moe_wgmma_available();
+    tile_m = mean <= 16 ? 16 : (mean <= 64 || wgmma_fp8) ? 64 : 128;
   }
   const int64_t max_tiles = std::min(R, (R + std::min(E, R) * (tile_m - 1)) / tile_m);
 
@@ -286,10 +291,10 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
     const int64_t groups_i = (I + kFp8BlockSize - 1) / kFp8BlockSize;
     const int mode = options.fp8_mma >= 0 ? options.fp8_mma : default_fp8_mma(tile_m);
     const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
-    BASALT_CHECK(!wgmma || ((tile_m == 64 || tile_m == 128) && cuda_kernels::moe_wgmma_available()),
-                 "cuda moe_experts: the wgmma multiply needs an sm_90a build on an sm_90 device and 64- or 128-row "
-                 "tiles (tile_m {})",
-                 tile_m);
+    BASALT_CHECK(!wgmma || (tile_m == cuda_kernels::kWgmmaTileM && cuda_kernels::moe_wgmma_available()),
+                 "cuda moe_experts: the wgmma multiply needs an sm_90a build on an sm_90 device and {}-row tiles "
+                 "(tile_m {})",
+                 cuda_kernels::kWgmmaTileM, tile_m);
     Tensor xq = cuda_empty({T, H}, DType::kF8E4M3), xs = cuda_empty({T, groups_h}, DType::kF32);
     cuda_quantize_fp8_groups(x, xq, xs, stream);
     mark(1);

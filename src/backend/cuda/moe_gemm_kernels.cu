@@ -492,24 +492,24 @@ cudaError_t launch_gemm_m(const MoeGemmArgs& args, int mode, bool gated, int max
 // ---------------------------------------------------------------------------
 // The FP8 grouped GEMM on wgmma (sm_90a; wgmma.cuh).
 //
-// A consumer warpgroup owns 64 rows of the tile and all 128 weight rows of a
-// stage (gated: 64 gate and 64 up columns; else 128 columns): one
-// m64n128k32 MMA per 32 bytes of K, four per stage. The stages are filled by
-// StageLoader (the cp.async ring and swizzle of the mma.sync kernel, which
-// is wgmma's 128-byte swizzle once the ring is 1024-byte aligned). Per stage
-// (one 128-K scale block) the MMAs write a fresh partial sum, which is then
-// scaled by act_scale[row] * weight_scale and added to the f32 accumulator
-// (DeepGEMM's promotion; PRECISE promotes after each k32 MMA instead). Two
-// shapes:
-//  * 128-row tiles (moe_wgmma_ws_kernel): warp-specialized. Warpgroup 0
-//    loads, warpgroups 1 and 2 compute; full and empty mbarriers per stage
-//    hand the ring over, so the two consumers run independently of each
-//    other and of the loads. (All three fit 168 registers a thread; moving
-//    registers from the loads to the MMAs with setmaxnreg made the loading
-//    code spill.)
-//  * 64-row tiles (moe_wgmma_kernel): one warpgroup that loads and computes,
-//    a block-wide barrier per stage, three blocks per SM so that one
-//    block's promotion and barrier overlap another's MMAs.
+// A block is one warpgroup and a tile of 64 rows against all 128 weight
+// rows of a stage (gated: 64 gate and 64 up columns; else 128 columns): one
+// m64n128k32 MMA per 32 bytes of K, four per stage. Every thread loads
+// (StageLoader: the cp.async ring and swizzle of the mma.sync kernel, which
+// is wgmma's 128-byte swizzle once the ring is 1024-byte aligned) and the
+// warpgroup computes; three blocks per SM, so that one block's promotion,
+// barrier and loads overlap another's MMAs. Per stage (one 128-K scale
+// block) the MMAs write a fresh partial sum, which is then scaled by
+// act_scale[row] * weight_scale and added to the f32 accumulator (DeepGEMM's
+// promotion; PRECISE promotes after each k32 MMA instead).
+//
+// Measured (bench/README.md, basalt_bench_cuda_moe): at DeepSeek-V3's
+// shapes this beats 128-row tiles, whether one block of two computing
+// warpgroups with a block-wide barrier per stage, or warp-specialized (a
+// loading warpgroup and two computing ones handing the ring over with
+// mbarriers; commit 694167c): 451 against 382 and 348 TFLOP/s at T = 4096.
+// Part of that is the tiles themselves: experts' rows are not multiples of
+// the tile, and a 128-row tile wastes more of its last tile per expert.
 
 // acc += part * (act_scale * weight scale) for this thread's rows (scales
 // s_lo, s_hi) and columns (gated: the first 8 n8 blocks gate, the rest up).
@@ -589,34 +589,34 @@ __device__ __forceinline__ int32_t tile_source_row(const MoeGemmArgs& a, int row
   return a.gather ? a.row_pair[row_begin + r] / a.top_k : row_begin + r;
 }
 
-// The shared memory of a wgmma kernel: the ring (A and B stages, the
-// activation scales of each stage), the tile's source rows, and the
-// mbarriers, from a 1024-byte-aligned base.
+// The shared memory of the wgmma kernel: the ring (A and B stages, the
+// activation scales of each stage) and the tile's source rows, from a
+// 1024-byte-aligned base.
 template <int BM, int STAGES>
 struct WgmmaSmem {
   static constexpr int A_BYTES = BM * kBK, B_BYTES = kMoeGemmN * kBK;
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages keep the 1024-byte alignment");
-  static constexpr int BYTES = STAGES * (A_BYTES + B_BYTES + BM * 4) + BM * 4 + 2 * STAGES * 8 + 1024;
-  uint32_t a, b, scale, full, empty;  // shared addresses: stages, scales [STAGES][BM], mbarriers [STAGES] each
+  static constexpr int BYTES = STAGES * (A_BYTES + B_BYTES + BM * 4) + BM * 4 + 1024;
+  uint32_t a, b, scale;  // shared addresses of the A stages, B stages, scales [STAGES][BM]
+  const float* scales;
   int32_t* src;
   __device__ explicit WgmmaSmem(uint8_t* raw) {
     uint8_t* const base = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
     a = smem_addr(base);
     b = a + STAGES * A_BYTES;
     scale = b + STAGES * B_BYTES;
+    scales = reinterpret_cast<const float*>(base + STAGES * (A_BYTES + B_BYTES));
     src = reinterpret_cast<int32_t*>(base + STAGES * (A_BYTES + B_BYTES + BM * 4));
-    full = scale + STAGES * BM * 4 + BM * 4;
-    empty = full + STAGES * 8;
   }
-  // The activation scale of tile row r in stage slot `slot`.
-  __device__ __forceinline__ float row_scale(int slot, int r) const { return ld_shared_f32(scale + (slot * BM + r) * 4); }
 };
 
-constexpr int kWgmmaSmallStages = 3, kWgmmaWsStages = 6;
+// Three blocks of 128 threads per SM: 161-168 registers a thread, 74 KB of
+// shared memory a block.
+constexpr int kWgmmaStages = 3;
 
 template <bool GATED, bool PRECISE>
 __global__ void __launch_bounds__(128, 3) moe_wgmma_kernel(MoeGemmArgs a) {
-  constexpr int BM = 64, STAGES = kWgmmaSmallStages;
+  constexpr int BM = kWgmmaTileM, STAGES = kWgmmaStages;
   using Loader = StageLoader<BM, 128, true, GATED>;
   using Smem = WgmmaSmem<BM, STAGES>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -656,8 +656,8 @@ __global__ void __launch_bounds__(128, 3) moe_wgmma_kernel(MoeGemmArgs a) {
       cp_async_commit();
       const int slot = kt % STAGES;
       wgmma_stage<GATED, PRECISE>(acc, part, wgmma_desc_sw128(sm.a + slot * Smem::A_BYTES),
-                                  wgmma_desc_sw128(sm.b + slot * Smem::B_BYTES), sm.row_scale(slot, row_lo),
-                                  sm.row_scale(slot, row_lo + 8), ws_main[kt], GATED ? ws_up[kt] : 0.0f);
+                                  wgmma_desc_sw128(sm.b + slot * Smem::B_BYTES), sm.scales[slot * BM + row_lo],
+                                  sm.scales[slot * BM + row_lo + 8], ws_main[kt], GATED ? ws_up[kt] : 0.0f);
     }
     cp_async_wait<0>();
     wgmma_store<GATED>(a, acc, rows, row_begin, row_lo, lane % 4, n0);
@@ -666,113 +666,17 @@ __global__ void __launch_bounds__(128, 3) moe_wgmma_kernel(MoeGemmArgs a) {
 }
 
 template <bool GATED, bool PRECISE>
-__global__ void __launch_bounds__(384, 1) moe_wgmma_ws_kernel(MoeGemmArgs a) {
-  constexpr int BM = 128, STAGES = kWgmmaWsStages;
-  // The producer marks a stage full once its own copies of it are done,
-  // LAG stages after issuing them (so that up to LAG + 1 are in flight).
-  constexpr int LAG = STAGES - 2;
-  using Loader = StageLoader<BM, 128, true, GATED>;
-  using Smem = WgmmaSmem<BM, STAGES>;
-  extern __shared__ __align__(128) uint8_t smem_raw[];
-  const Smem sm(smem_raw);
-
-  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const int wg = warp / 4;
-  const int KT = (a.k + kBK - 1) / kBK;
-  const int n0 = static_cast<int>(blockIdx.x) * Loader::BN;
-  const int num_tiles = *a.num_tiles;
-  if (tid < STAGES) {
-    mbarrier_init(sm.full + 8 * tid, 4);   // a lane of each producer warp
-    mbarrier_init(sm.empty + 8 * tid, 8);  // a lane of each consumer warp
-  }
-  __syncthreads();
-
-  if (wg == 0) {
-    // The producer: stage `it` of this block (counted over its tiles) goes
-    // to slot it % STAGES once the consumers have emptied that slot's
-    // previous use.
-    int it = 0;
-    for (int tile = static_cast<int>(blockIdx.y); tile < num_tiles; tile += static_cast<int>(gridDim.y)) {
-      const int4 info = a.tiles[tile];
-      // Every producer thread's loads of the last tile were issued before
-      // any thread rewrites the source rows they read.
-      named_barrier_sync(1, 128);
-      sm.src[tid] = tile_source_row(a, info.y, info.z - info.y, tid);
-      named_barrier_sync(1, 128);
-      const Loader loader(a, sm.src, sm.a, sm.b, sm.scale, tid, a.k, KT, n0, a.table[info.x]);
-      for (int kt = 0; kt < KT; ++kt, ++it) {
-        const int slot = it % STAGES;
-        if (it >= STAGES) mbarrier_wait(sm.empty + 8 * slot, ((it / STAGES) + 1) & 1);
-        loader.load(slot, kt);
-        cp_async_commit();
-        if (it >= LAG) {
-          // This thread's copies of stage it - LAG are done and visible to
-          // wgmma; the warp's lane 0 then speaks for the warp.
-          cp_async_wait<LAG>();
-          fence_proxy_async_shared();
-          __syncwarp();
-          if (lane == 0) mbarrier_arrive(sm.full + 8 * ((it - LAG) % STAGES));
-        }
-      }
-    }
-    cp_async_wait<0>();
-    fence_proxy_async_shared();
-    __syncwarp();
-    if (lane == 0)
-      for (int done = it - LAG < 0 ? 0 : it - LAG; done < it; ++done) mbarrier_arrive(sm.full + 8 * (done % STAGES));
-  } else {
-    const int row_lo = (wg - 1) * 64 + (warp % 4) * 16 + lane / 4;  // this thread's rows: row_lo, row_lo + 8
-    const uint32_t a_rows = (wg - 1) * 64 * kBK;                     // this warpgroup's rows in an A stage
-    int it = 0;
-    for (int tile = static_cast<int>(blockIdx.y); tile < num_tiles; tile += static_cast<int>(gridDim.y)) {
-      const int4 info = a.tiles[tile];
-      const int row_begin = info.y, rows = info.z - info.y;
-      const MoeExpertPtrs& ex = a.table[info.x];
-      const float* const ws_main = ex.scale[GATED ? 0 : 2] + (n0 / 128) * KT;
-      const float* const ws_up = ex.scale[1] + (n0 / 128) * KT;
-      float acc[64], part[64];
-#pragma unroll
-      for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-#pragma unroll 1
-      for (int kt = 0; kt < KT; ++kt, ++it) {
-        const int slot = it % STAGES;
-        const float w_main = ws_main[kt], w_up = GATED ? ws_up[kt] : 0.0f;
-        mbarrier_wait(sm.full + 8 * slot, (it / STAGES) & 1);
-        const float s_lo = sm.row_scale(slot, row_lo), s_hi = sm.row_scale(slot, row_lo + 8);
-        wgmma_stage<GATED, PRECISE>(acc, part, wgmma_desc_sw128(sm.a + slot * Smem::A_BYTES + a_rows),
-                                    wgmma_desc_sw128(sm.b + slot * Smem::B_BYTES), s_lo, s_hi, w_main, w_up);
-        // The warp's MMAs of this stage are done (wgmma_stage waited).
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(sm.empty + 8 * slot);
-      }
-      wgmma_store<GATED>(a, acc, rows, row_begin, row_lo, lane % 4, n0);
-    }
-  }
-}
-
-template <int BM, bool GATED, bool PRECISE>
 cudaError_t launch_wgmma(const MoeGemmArgs& args, int max_tiles, cudaStream_t stream) {
-  constexpr bool WS = BM == 128;
-  constexpr int SMEM = WgmmaSmem<BM, WS ? kWgmmaWsStages : kWgmmaSmallStages>::BYTES;
-  const auto kernel = WS ? moe_wgmma_ws_kernel<GATED, PRECISE> : moe_wgmma_kernel<GATED, PRECISE>;
+  constexpr int SMEM = WgmmaSmem<kWgmmaTileM, kWgmmaStages>::BYTES;
   static const cudaError_t configured =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+      cudaFuncSetAttribute(moe_wgmma_kernel<GATED, PRECISE>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (configured != cudaSuccess) return configured;
   constexpr int BN = GATED ? kMoeGemmN / 2 : kMoeGemmN;
   const dim3 grid(static_cast<unsigned>((args.n + BN - 1) / BN),
                   static_cast<unsigned>(max_tiles < 65535 ? max_tiles : 65535));
-  kernel<<<grid, WS ? 384 : 128, SMEM, stream>>>(args);
+  moe_wgmma_kernel<GATED, PRECISE><<<grid, 128, SMEM, stream>>>(args);
   return cudaGetLastError();
 }
-
-template <int BM, bool PRECISE>
-cudaError_t launch_wgmma_m(const MoeGemmArgs& args, bool gated, int max_tiles, cudaStream_t stream) {
-  return gated ? launch_wgmma<BM, true, PRECISE>(args, max_tiles, stream)
-               : launch_wgmma<BM, false, PRECISE>(args, max_tiles, stream);
-}
-
-// 1 where this file's device code was compiled for sm_90a (wgmma.cuh).
-__device__ const int kWgmmaCompiled = BASALT_WGMMA;
 
 // ---------------------------------------------------------------------------
 // The generic GEMMs: one warp per output element.
@@ -883,14 +787,10 @@ cudaError_t moe_permute(const MoePermuteArgs& args, cudaStream_t stream) {
 
 cudaError_t moe_gemm(const MoeGemmArgs& args, int mode, bool gated, int tile_m, int max_tiles, cudaStream_t stream) {
   if (mode == kMoeMmaWgmma || mode == kMoeMmaWgmmaPrecise) {
-    const bool precise = mode == kMoeMmaWgmmaPrecise;
-    switch (tile_m) {
-      case 64: return precise ? launch_wgmma_m<64, true>(args, gated, max_tiles, stream)
-                              : launch_wgmma_m<64, false>(args, gated, max_tiles, stream);
-      case 128: return precise ? launch_wgmma_m<128, true>(args, gated, max_tiles, stream)
-                               : launch_wgmma_m<128, false>(args, gated, max_tiles, stream);
-      default: return cudaErrorInvalidValue;
-    }
+    if (tile_m != kWgmmaTileM) return cudaErrorInvalidValue;
+    if (mode == kMoeMmaWgmmaPrecise)
+      return gated ? launch_wgmma<true, true>(args, max_tiles, stream) : launch_wgmma<false, true>(args, max_tiles, stream);
+    return gated ? launch_wgmma<true, false>(args, max_tiles, stream) : launch_wgmma<false, false>(args, max_tiles, stream);
   }
   switch (tile_m) {
     case 16: return launch_gemm_m<16>(args, mode, gated, max_tiles, stream);
@@ -901,20 +801,22 @@ cudaError_t moe_gemm(const MoeGemmArgs& args, int mode, bool gated, int tile_m, 
 }
 
 bool moe_wgmma_available() {
+  // No stream work (a graph may be recording on the caller's stream):
+  // BASALT_CUDA_SM90A says the build has sm_90a code (CMakeLists.txt), the
+  // attributes say the device runs it.
+#if defined(BASALT_CUDA_SM90A)
   static const bool available = [] {
-    int device = 0, major = 0, minor = 0, compiled = 0;
+    int device = 0, major = 0, minor = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return false;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
       return false;
-    if (major != 9 || minor != 0) return false;
-    if (cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof compiled) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return compiled == 1;
+    return major == 9 && minor == 0;
   }();
   return available;
+#else
+  return false;
+#endif
 }
 
 cudaError_t moe_generic_gemm(const MoeGenericArgs& args, bool gated, cudaStream_t stream) {

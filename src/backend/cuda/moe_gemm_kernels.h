@@ -96,7 +96,7 @@ struct MoeGemmArgs {
 // e4m3 operands reread in registers as f16 by moving bits (value * 2^-8,
 // exact) into f16 mma m16n8k16, the 2^16 folded into the promotion scale.
 // or e4m3 operands on Hopper's warpgroup MMA (wgmma m64n128k32 e4m3 from
-// shared memory, sm_90a only: moe_wgmma_available(); tile_m 64 or 128).
+// shared memory, sm_90a only: moe_wgmma_available(); tile_m kWgmmaTileM).
 // Every FP8 mode computes the same products. The mma.sync modes sum them in
 // f32; wgmma's FP8 path adds inside the tensor core with fewer mantissa bits
 // (DeepSeek-V3's report, section 3.3.2: about 14), so kMoeMmaWgmma, which
@@ -114,7 +114,8 @@ enum MoeMmaMode : int {
 // build's kernels were compiled for sm_90a (asked once).
 bool moe_wgmma_available();
 // tile_m is 16, 64 or 128 (the tile_m of moe_permute); the wgmma modes take
-// 64 or 128 and FP8 operands only (cudaErrorInvalidValue otherwise).
+// kWgmmaTileM and FP8 operands only (cudaErrorInvalidValue otherwise).
+inline constexpr int kWgmmaTileM = 64;
 cudaError_t moe_gemm(const MoeGemmArgs& args, int mode, bool gated, int tile_m, int max_tiles, cudaStream_t stream);
 
 // The generic GEMMs: A rows of f32 (or bf16 when a_bf16) of k elements

@@ -1,8 +1,7 @@
 // Hopper's warpgroup MMA (wgmma, sm_90a) for the FP8 GEMMs: shared-memory
 // matrix descriptors, the fences and groups around the asynchronous MMA, and
 // the one tile shape the kernels use, m64n128k32 with e4m3 operands and f32
-// accumulators; and what warp-specialized kernels around it need (mbarriers,
-// named barriers). Device code only: include from .cu files.
+// accumulators. Device code only: include from .cu files.
 //
 // Contract:
 //  * Every wrapper is one PTX instruction as the PTX ISA documents it (9.7.15,
@@ -26,8 +25,6 @@
 #pragma once
 
 #include <cstdint>
-
-#include "backend/cuda/mma.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define BASALT_WGMMA 1
@@ -79,49 +76,6 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 #endif
 }
 
-// mbarriers in shared memory (PTX 9.7.13.15): init with the number of
-// arrivals that complete a phase; arrive (release); wait until the phase of
-// the given parity has completed (acquire).
-// Barriers are named by their shared-memory address.
-__device__ __forceinline__ void mbarrier_init(uint32_t bar, int count) {
-#if BASALT_WGMMA
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
-#if BASALT_WGMMA
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void mbarrier_wait(uint32_t bar, int parity) {
-#if BASALT_WGMMA
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-#else
-  __trap();
-#endif
-}
-// A float from shared memory by address.
-__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-  return v;
-}
-// Barrier `id` (1-15; 0 is __syncthreads) over `threads` threads (a multiple
-// of 32) of the block.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 template <int N>
 __device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
 #pragma unroll
