@@ -449,6 +449,30 @@ TEST(Cli, EvalAgainstItselfHasZeroKl) {
   }
 }
 
+// --fp8-compute: the CPU computes FP8 weights weight-only (w8a16), says so,
+// and refuses w8a8 on every command that takes the flag, naming it.
+TEST(Cli, Fp8ComputeOnTheCpu) {
+  const std::string model = " --model " + kModels + "deepseek_v3_fp8";
+  CliRun r = run("eval" + model + " --ids 1,2,3,4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json out = json::parse(r.out);
+  EXPECT_EQ(out["device"], "cpu");
+  EXPECT_EQ(out["fp8_compute"], "w8a16");
+  r = run("eval" + model + " --ids 1,2,3,4 --fp8-compute w8a16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["perplexity"], out["perplexity"]);
+  for (const std::string& command : {"eval" + model + " --ids 1,2,3,4", "generate" + model + " --prompt-ids 1,2 --max-tokens 2",
+                                    "serve" + model + " --port 0"}) {
+    SCOPED_TRACE(command);
+    r = run(command + " --fp8-compute w8a8");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--fp8-compute w8a8 --device cpu"), std::string::npos) << r.err;
+    r = run(command + " --fp8-compute w4a16");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--fp8-compute w4a16: expected auto, w8a8 or w8a16"), std::string::npos) << r.err;
+  }
+}
+
 TEST(Cli, EvalKlOfAnFp8CopyMatchesTheLogitsOfBothModels) {
   // KL(P_reference || P_candidate) with the bf16 checkpoint as the reference
   // and its block-FP8 copy as the candidate, averaged over the scored

@@ -41,6 +41,20 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads) {
   fail("--device {}: unknown device (this build has: {})", device, available_devices());
 }
 
+void check_fp8_compute(const std::string& choice, const std::string& device) {
+  BASALT_CHECK(choice == "auto" || choice == "w8a8" || choice == "w8a16",
+               "--fp8-compute {}: expected auto, w8a8 or w8a16", choice);
+  BASALT_CHECK(!(choice == "w8a8" && device == "cpu"),
+               "--fp8-compute w8a8 --device cpu: the CPU backend multiplies FP8 weights by unquantized activations "
+               "(w8a16) only");
+}
+
+void apply_fp8_compute(const std::string& choice, Backend& backend) {
+  check_fp8_compute(choice, std::string(backend.name()));
+  if (choice == "auto") return;
+  backend.set_fp8_compute(choice == "w8a8" ? Fp8Compute::kW8A8 : Fp8Compute::kW8A16);
+}
+
 size_t kv_budget_bytes(const std::string& device, double fraction) {
 #ifdef BASALT_HAVE_CUDA
   if (device == "cuda")

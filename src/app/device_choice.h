@@ -15,6 +15,14 @@ namespace basalt {
 // default (BASALT_NUM_THREADS, else one per hardware thread). A malformed
 // BASALT_NUM_THREADS is an error, not silently the default.
 std::unique_ptr<Backend> make_backend(const std::string& device, int threads = 0);
+// --fp8-compute: how block-FP8 weights multiply (Backend::fp8_compute).
+// "auto" keeps the device's default (w8a8 on a GPU, as DeepSeek-V3's
+// inference; w8a16 on the CPU); "w8a8" quantizes the activations, "w8a16"
+// keeps them (weight-only); a mode the backend lacks (w8a8 on the CPU) or
+// anything else throws. check_fp8_compute checks the same for a --device
+// before any backend exists.
+void check_fp8_compute(const std::string& choice, const std::string& device);
+void apply_fp8_compute(const std::string& choice, Backend& backend);
 // The KV pool's memory budget on that device: `fraction` of host memory for
 // the CPU, of the memory still free for the GPU (call after loading weights).
 // A fraction <= 0 picks the device's default: 0.1 of host memory on the CPU

@@ -25,6 +25,9 @@
 // own cache (the window's first position at position 0), the way it was
 // trained; each position is counted in the window that scores its next token.
 //
+// --device runs both models on that backend; --fp8-compute chooses how an
+// FP8 checkpoint's weights multiply there (device_choice.h).
+//
 // tokens_per_second is the rate of --model's own forward passes (all window
 // tokens over their wall time); the reference model and the MTP layer are not
 // timed.
@@ -39,8 +42,8 @@
 #include <sstream>
 
 #include "app/commands.h"
+#include "app/device_choice.h"
 #include "app/model_dir.h"
-#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "model/deepseek_v3.h"
@@ -57,6 +60,9 @@ struct EvalFlags {
   std::string ids;
   std::string ids_file;
   std::string logits_out;
+  std::string device = "cpu";
+  std::string fp8_compute = "auto";
+  int threads = 0;
   int64_t max_tokens = 0;
   int64_t context = 0;
   bool mtp = false;
@@ -131,6 +137,7 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
                "--compare-model: '{}' is not a directory", f.compare_model);
   BASALT_CHECK(f.max_tokens >= 0, "--max-tokens must be non-negative (0: the whole text)");
   BASALT_CHECK(f.context == 0 || f.context >= 2, "--context must be at least 2 tokens");
+  check_fp8_compute(f.fp8_compute, f.device);
 
   std::vector<int32_t> ids;
   if (text_given) {
@@ -146,7 +153,9 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
     ids.resize(static_cast<size_t>(f.max_tokens));
   BASALT_CHECK(ids.size() >= 2, "perplexity needs at least 2 tokens, the input has {}", ids.size());
 
-  CpuBackend backend;
+  std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
+  Backend& backend = *backend_owner;
+  apply_fp8_compute(f.fp8_compute, backend);
   ProgressPrinter progress;
   std::unique_ptr<Model> model = load_model(f.model, backend, std::ref(progress));
   if (const std::string summary = model->summary(); !summary.empty())
@@ -266,7 +275,9 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
                           {"tokens", scored},
                           {"tokens_per_second", tokens_per_second},
                           {"nll_mean", nll_mean},
-                          {"top1", top1}};
+                          {"top1", top1},
+                          {"device", std::string(backend.name())},
+                          {"fp8_compute", fp8_compute_name(backend.fp8_compute())}};
     if (compare) {
       out["kl_mean"] = kl_mean;
       out["top1_agreement"] = top1_agreement;
@@ -287,8 +298,9 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
                 f.compare_model.c_str(), kl_mean, top1_agreement, reference_perplexity);
   if (mtp_model != nullptr)
     std::printf("MTP top-1 accuracy %.4f over %lld tokens\n", mtp_top1, static_cast<long long>(mtp_scored));
-  std::printf("%.1f tokens/s in forward passes (%lld tokens, %.3f s)\n", tokens_per_second,
-              static_cast<long long>(forwarded), seconds);
+  std::printf("%.1f tokens/s in forward passes (%lld tokens, %.3f s) on %s, FP8 weights computed %s\n",
+              tokens_per_second, static_cast<long long>(forwarded), seconds, std::string(backend.name()).c_str(),
+              fp8_compute_name(backend.fp8_compute()));
 }
 
 }  // namespace
@@ -312,8 +324,16 @@ void add_eval_command(CLI::App& app) {
                   "Reference model directory: also report the mean KL(reference || model), top-1 agreement "
                   "and the reference's perplexity");
   cmd->add_flag("--mtp", flags->mtp, "Also report the MTP layer's top-1 accuracy for the token after next");
+  cmd->add_option("--device", flags->device, std::string("Backend: ") + available_devices() + " (default cpu)");
+  cmd->add_option("--threads", flags->threads,
+                  "CPU backend threads (default 0: the BASALT_NUM_THREADS environment variable, else one per "
+                  "hardware thread)");
+  cmd->add_option("--fp8-compute", flags->fp8_compute,
+                  "How block-FP8 weights multiply: w8a8 (activations quantized per 1x128 group, the GPU default), "
+                  "w8a16 (weight-only, the CPU's only mode), auto");
   cmd->add_flag("--json", flags->json,
-                "Print {\"perplexity\", \"tokens\", \"tokens_per_second\", \"nll_mean\", \"top1\"}, with "
+                "Print {\"perplexity\", \"tokens\", \"tokens_per_second\", \"nll_mean\", \"top1\", \"device\", "
+                "\"fp8_compute\"}, with "
                 "\"kl_mean\", \"top1_agreement\", \"reference_perplexity\" (--compare-model) and "
                 "\"mtp_top1\", \"mtp_tokens\" (--mtp)");
   cmd->callback([flags, text, ids, ids_file] {

@@ -62,6 +62,7 @@ struct GenerateFlags {
   ParallelFlags parallel;
   int page_size = 1;
   std::string device = "cpu";
+  std::string fp8_compute = "auto";
   bool enforce_eager = false;
   bool jump_forward = false;
   bool no_jump_forward = false;
@@ -328,8 +329,10 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   }
 
   check_parallel_flags(f.parallel, f.device, f.speculation.algorithm != "none");
+  check_fp8_compute(f.fp8_compute, f.device);
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
+  apply_fp8_compute(f.fp8_compute, backend);
   ProgressPrinter progress;
   // With --dp-attention the requests are spread over an engine per rank
   // (DpAttentionEngines), each KV pool sized as one engine's would be.
@@ -522,6 +525,8 @@ void add_generate_command(CLI::App& app) {
                   "hardware thread)");
   add_parallel_flags(*cmd, flags->parallel);
   cmd->add_option("--device", flags->device, std::string("Backend: ") + available_devices() + " (default cpu)");
+  cmd->add_option("--fp8-compute", flags->fp8_compute,
+                  "How block-FP8 weights multiply: w8a8 quantizes the activations per 1x128 group (DeepSeek-V3's inference, the GPU default), w8a16 keeps them (weight-only: exact up to the weights' own rounding; on a GPU it keeps a bf16 copy of every FP8 weight); auto: the device's default");
   cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");
   cmd->add_flag("--enforce-eager", flags->enforce_eager,

@@ -78,9 +78,16 @@ std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backen
     return make_nccl_group(ranks);
   };
 #endif
+  // Every rank multiplies FP8 weights as the caller's backend does (--fp8-compute).
+  const Fp8Compute fp8 = backend.fp8_compute();
   return load_tensor_parallel(
-      dir, tp, [base, gpus](int r) { return std::make_unique<CudaBackend>((base + r) % gpus); }, progress, &backend,
-      group, flags.weights());
+      dir, tp,
+      [base, gpus, fp8](int r) {
+        auto rank = std::make_unique<CudaBackend>((base + r) % gpus);
+        rank->set_fp8_compute(fp8);
+        return rank;
+      },
+      progress, &backend, group, flags.weights());
 #else
   fail("--tp {} --device {}: this build has no GPU backend", tp, backend.name());
 #endif

@@ -66,6 +66,7 @@ struct ServeFlags {
   std::string tool_call_parser = "auto";
   std::string reasoning_parser;
   std::string device = "cpu";
+  std::string fp8_compute = "auto";
   bool enforce_eager = false;
   std::string warmup = "auto";
   std::string kv_cache_dtype = "auto";
@@ -93,6 +94,7 @@ void run_serve(const ServeFlags& f) {
   BASALT_CHECK(f.page_size >= 1 && f.page_size <= 4096, "--page-size must be in [1, 4096]");
   BASALT_CHECK(f.policy == "lpm" || f.policy == "fcfs", "--schedule-policy must be lpm or fcfs");
   check_parallel_flags(f.parallel, f.device, f.speculation.algorithm != "none");
+  check_fp8_compute(f.fp8_compute, f.device);
   const std::string dir = model_dir_or_bundled(f.model);
   // The context limit is checked before the weights load, so a wrong flag
   // fails in a second.
@@ -140,6 +142,7 @@ void run_serve(const ServeFlags& f) {
 
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
+  apply_fp8_compute(f.fp8_compute, backend);
   TokenizerBundle tokenizer = load_tokenizer_dir(dir);
   EngineOptions options;
   options.max_running = f.max_running;
@@ -294,6 +297,8 @@ void add_serve_command(CLI::App& app) {
                   "none)");
   add_parallel_flags(*cmd, f.parallel);
   cmd->add_option("--device", f.device, std::string("Backend: ") + available_devices() + " (default cpu)");
+  cmd->add_option("--fp8-compute", f.fp8_compute,
+                  "How block-FP8 weights multiply: w8a8 quantizes the activations per 1x128 group (DeepSeek-V3's inference, the GPU default), w8a16 keeps them (weight-only: exact up to the weights' own rounding; on a GPU it keeps a bf16 copy of every FP8 weight); auto: the device's default");
   cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");
   cmd->add_option("--warmup", f.warmup,

@@ -438,6 +438,14 @@ void Backend::gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
   gather_rows_impl(x, cols, out);
 }
 
+const char* fp8_compute_name(Fp8Compute mode) { return mode == Fp8Compute::kW8A8 ? "w8a8" : "w8a16"; }
+
+void Backend::set_fp8_compute(Fp8Compute mode) {
+  BASALT_CHECK(mode == Fp8Compute::kW8A16,
+               "the {} backend multiplies FP8 weights by unquantized activations (w8a16) only, not {}", name(),
+               fp8_compute_name(mode));
+}
+
 void Backend::linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                                Tensor& out) {
   const OpCheck c(*this, "linear_fp8_block");

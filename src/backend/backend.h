@@ -76,6 +76,10 @@ struct LinearWeight {
   bool block_fp8() const { return scale_inv.raw() != nullptr; }
 };
 
+// Backend::fp8_compute: activations quantized to FP8 (w8a8) or kept (w8a16).
+enum class Fp8Compute : uint8_t { kW8A8, kW8A16 };
+const char* fp8_compute_name(Fp8Compute mode);
+
 // Mixture-of-experts routing (DeepSeek V2/V3).
 enum class MoeScoring : uint8_t { kSoftmax, kSigmoid };
 struct MoeRouteParams {
@@ -252,6 +256,17 @@ class Backend {
   }
   // Whether record() records (false: it returns null).
   virtual bool can_record() const { return false; }
+
+  // How block-FP8 weights (linear_fp8_block, FP8 experts) are multiplied:
+  // kW8A8 quantizes the activations per token in 1x128 groups and
+  // multiplies in FP8 (DeepSeek-V3's own inference; the GPU's fast path),
+  // kW8A16 keeps the activations and multiplies by the dequantized weights
+  // (weight-only: only the weights' own rounding). The CPU backend computes
+  // kW8A16 only; the CUDA backend both, kW8A8 by default. set_fp8_compute
+  // throws basalt::Error for a mode the backend does not compute; call it
+  // before the first op.
+  virtual Fp8Compute fp8_compute() const { return Fp8Compute::kW8A16; }
+  virtual void set_fp8_compute(Fp8Compute mode);
 
   // out[t, :] = table[ids[t], :] as f32. ids i32 [T]; table [V, H].
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out);

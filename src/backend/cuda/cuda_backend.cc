@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/elementwise.h"
+#include "backend/cuda/dequantized.h"
 #include "backend/cuda/fp8_linear.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/mla.h"
@@ -134,6 +135,7 @@ CudaBackend::CudaBackend(int ordinal) : ordinal_(ordinal), owner_(next_allocatio
   fp8_ = std::make_unique<CudaFp8Linear>();
   mla_ = std::make_unique<CudaMla>(stream_);
   moe_tables_ = std::make_unique<MoeExpertTables>();
+  dequantized_ = std::make_unique<CudaDequantizedWeights>();
 }
 
 CudaBackend::~CudaBackend() {
@@ -367,6 +369,9 @@ void CudaBackend::gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& 
 
 void CudaBackend::linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                                         Tensor& out) {
+  // Weight-only: the bf16 linear over the dequantized copy (its own op scope).
+  if (fp8_compute_ == Fp8Compute::kW8A16)
+    return linear_impl(x, dequantized_->bf16(LinearWeight{w, scale_inv}, "linear_fp8_block"), nullptr, out);
   const OpScope scope(*this, fmt::format("linear_fp8_block {}x{}", w.dim(0), w.rank() == 2 ? w.dim(1) : 0),
                       bytes_of({&x, &w, &scale_inv, &out}),
                       2.0 * static_cast<double>(x.dim(0)) * static_cast<double>(w.numel()));
@@ -379,6 +384,22 @@ void CudaBackend::moe_route_impl(const Tensor& logits, const Tensor* bias,
 }
 void CudaBackend::moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
                                    std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert) {
+  if (fp8_compute_ == Fp8Compute::kW8A16 && experts[0].gate.block_fp8()) {
+    // The span's bf16 copy, made once (mixed spans keep their non-FP8
+    // matrices as they are; the table picks the path for the result).
+    const std::pair<const void*, size_t> key{experts[0].gate.weight.raw(), experts.size()};
+    auto it = dequantized_experts_.find(key);
+    if (it == dequantized_experts_.end()) {
+      std::vector<MoeExpert> copy;
+      copy.reserve(experts.size());
+      auto plain = [&](const LinearWeight& w) {
+        return w.block_fp8() ? LinearWeight{dequantized_->bf16(w, "moe_experts"), Tensor()} : w;
+      };
+      for (const MoeExpert& e : experts) copy.push_back(MoeExpert{plain(e.gate), plain(e.up), plain(e.down)});
+      it = dequantized_experts_.emplace(key, std::move(copy)).first;
+    }
+    experts = it->second;
+  }
   const MoeExpertTable& table = moe_tables_->get(experts, stream_);
   // Bytes: x, out, routing, and the weights of as many experts as the call
   // can touch (min(E, T k): which ones is only known on the device).

@@ -47,14 +47,22 @@
 //    the weights must outlive the backend's use of them). The MLA ops run on
 //    the device (mla.h: tensor-core attention core for bf16 caches at
 //    DeepSeek's 512 + 64 dims, FP8 kv_b dequantized once to bf16).
+//  * Fp8Compute::kW8A16 (weight-only FP8): linear_fp8_block and FP8
+//    experts multiply by bf16 copies of the weights, dequantized once at
+//    first use (dequantized.h), through the bf16 paths (the linear's
+//    tensor-core GEMMs, the bf16 expert GEMMs): the activations are rounded
+//    to bf16 as under a bf16 model, not quantized to e4m3, and every FP8
+//    weight then takes 2 more bytes of device memory.
 //  * Not batch invariant: cuBLASLt picks its algorithm by M, the GEMVs their
 //    scheme by row count and attention its split count by shapes.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -62,6 +70,7 @@
 namespace basalt {
 
 class CublasLt;
+class CudaDequantizedWeights;
 class CudaFp8Linear;
 class CudaMla;
 class MoeExpertTables;
@@ -100,6 +109,8 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<RecordedOps> record(const std::function<void()>& ops) override;
   bool can_record() const override { return true; }
+  Fp8Compute fp8_compute() const override { return fp8_compute_; }
+  void set_fp8_compute(Fp8Compute mode) override { fp8_compute_ = mode; }
 
   // Op profiling for benchmarks: while on, every op is bracketed by two CUDA
   // events on the stream (which serialises nothing, but costs launches, so
@@ -163,6 +174,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Profiler> profiler_;  // null while profiling is off
   std::unique_ptr<CudaMla> mla_;         // MLA state: cuBLAS handle, dequantized FP8 kv_b (mla.h)
   std::unique_ptr<MoeExpertTables> moe_tables_;
+  Fp8Compute fp8_compute_ = Fp8Compute::kW8A8;
+  // kW8A16: bf16 copies of the FP8 weights, and of each FP8 experts span
+  // (keyed by its first weight and size), made at first use.
+  std::unique_ptr<CudaDequantizedWeights> dequantized_;
+  std::map<std::pair<const void*, size_t>, std::vector<MoeExpert>> dequantized_experts_;
   // upload()'s pinned staging buffers, used in turn; each is reused once the
   // copy recorded by its event has run.
   struct Staging {

@@ -366,6 +366,63 @@ TEST(CudaFp8, LinearRecordsAndReplays) {
   }
 }
 
+// Fp8Compute::kW8A16 (weight-only): the product of the unquantized
+// activations and the dequantized weights, as the CPU backend computes it,
+// up to bf16 rounding of both operands (each 2^-9 relative: 2^-7 of the
+// row's sum_k |x| |w| leaves room); the default w8a8 is farther (its e4m3
+// activations lose up to 2^-4 each). The first call runs inside a graph
+// capture (the bf16 copy is made on a private stream, not recorded).
+TEST(CudaFp8, WeightOnlyIsTheCpuProductToBf16Rounding) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CpuBackend cpu;
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{200, 300}, {512, 1024}}) {
+    const Fp8Weight w = random_fp8_weight(rng, N, K);
+    const Tensor w_dev = cuda_to_device(w.w), s_dev = cuda_to_device(w.scale_inv);
+    CudaBackend weight_only, w8a8;
+    weight_only.set_fp8_compute(Fp8Compute::kW8A16);
+    EXPECT_EQ(weight_only.fp8_compute(), Fp8Compute::kW8A16);
+    EXPECT_EQ(w8a8.fp8_compute(), Fp8Compute::kW8A8);
+    bool first = true;
+    for (int64_t T : {1, 3, 37, 300}) {
+      SCOPED_TRACE("N " + std::to_string(N) + ", K " + std::to_string(K) + ", T " + std::to_string(T));
+      const Tensor x = testing::random_tensor(rng, {T, K}, DType::kF32);
+      Tensor want = Tensor::empty({T, N}, DType::kF32);
+      cpu.linear_fp8_block(x, w.w, w.scale_inv, want);
+      const LinearReference ref = linear_reference(x, w);
+      const Tensor x_dev = cuda_to_device(x);
+      Tensor got = cuda_empty({T, N}, DType::kF32), quantized = cuda_empty({T, N}, DType::kF32);
+      cuda_fill_bytes(got, 0xFF);
+      if (first) {
+        auto graph = weight_only.record([&] { weight_only.linear_fp8_block(x_dev, w_dev, s_dev, got); });
+        ASSERT_TRUE(graph);
+        graph->replay();
+        first = false;
+      } else {
+        weight_only.linear_fp8_block(x_dev, w_dev, s_dev, got);
+      }
+      w8a8.linear_fp8_block(x_dev, w_dev, s_dev, quantized);
+      weight_only.synchronize();
+      w8a8.synchronize();
+      const float* cpu_out = want.data<const float>();
+      double worst = 0, worst_w8a8 = 0;
+      auto magnitude = [&](int64_t i) { return ref.magnitude[static_cast<size_t>(i)]; };
+      EXPECT_EQ(count_far(
+                    cuda_to_host(got), [&](int64_t i) { return cpu_out[i]; },
+                    [&](int64_t i) { return 0x1p-7 * magnitude(i); }, magnitude, &worst, "w8a16"),
+                0);
+      count_far(
+          cuda_to_host(quantized), [&](int64_t i) { return cpu_out[i]; },
+          [&](int64_t i) { return ref.bound[static_cast<size_t>(i)] + kAccumulation * magnitude(i); }, magnitude,
+          &worst_w8a8, "w8a8");
+      EXPECT_LT(worst * 4, worst_w8a8) << "weight-only " << worst << ", w8a8 " << worst_w8a8;
+    }
+  }
+  // The CPU backend computes w8a16 only.
+  EXPECT_THROW(cpu.set_fp8_compute(Fp8Compute::kW8A8), Error);
+  cpu.set_fp8_compute(Fp8Compute::kW8A16);
+}
+
 TEST(CudaFp8, LinearRejectsBadShapes) {
   REQUIRE_DEVICE();
   CudaFp8Linear fp8;

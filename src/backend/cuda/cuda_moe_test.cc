@@ -413,6 +413,45 @@ TEST(CudaMoe, ExpertsMatchCpuBackend) {
     }
 }
 
+// Fp8Compute::kW8A16: FP8 experts run as their bf16 copies (the bf16 path,
+// within kBf16Tolerance of the CPU backend), closer to it than the default
+// w8a8; the copy is made at the first call, here inside a graph capture.
+TEST(CudaMoe, ExpertsWeightOnly) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CpuBackend cpu;
+  CudaBackend weight_only, w8a8;
+  weight_only.set_fp8_compute(Fp8Compute::kW8A16);
+  const int64_t E = 8, k = 2, H = 256, I = 128;
+  const Experts ex = make_experts(rng, E, H, I, [](int64_t, int) { return DType::kF8E4M3; });
+  bool first = true;
+  for (int64_t T : {1, 17, 300}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const Tensor x = testing::random_tensor(rng, {T, H}, DType::kF32);
+    const Routing route = random_routing(rng, T, E, k, T == 300);
+    Tensor want = testing::poisoned({T, H});
+    cpu.moe_experts(x, route.ids, route.weights, ex.host, want);
+    const Tensor d_x = cuda_to_device(x), d_ids = cuda_to_device(route.ids), d_w = cuda_to_device(route.weights);
+    Tensor got = cuda_empty({T, H}, DType::kF32), quantized = cuda_empty({T, H}, DType::kF32);
+    cuda_fill_bytes(got, 0xFF);
+    if (first) {
+      auto graph = weight_only.record([&] { weight_only.moe_experts(d_x, d_ids, d_w, ex.device, got); });
+      ASSERT_TRUE(graph);
+      graph->replay();
+      first = false;
+    } else {
+      weight_only.moe_experts(d_x, d_ids, d_w, ex.device, got);
+    }
+    w8a8.moe_experts(d_x, d_ids, d_w, ex.device, quantized);
+    weight_only.synchronize();
+    w8a8.synchronize();
+    const double e = testing::relative_error(cuda_to_host(got), want);
+    const double e8 = testing::relative_error(cuda_to_host(quantized), want);
+    EXPECT_LE(e, kBf16Tolerance);
+    EXPECT_LT(e * 4, e8) << "weight-only " << e << ", w8a8 " << e8;
+  }
+}
+
 // The expert shapes of the DeepSeek fixtures and the bundled model (tiny I:
 // 16 and 24 columns, H 64 and 136), at their prompts' token counts: the
 // models on the GPU disagreed with the CPU backend on some prompts.

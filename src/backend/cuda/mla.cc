@@ -56,7 +56,6 @@ void check_cache(const Tensor& cache, int64_t width, const char* op) {
 }  // namespace
 
 CudaMla::CudaMla(cudaStream_t stream) : stream_(stream) {
-  BASALT_CUDA_CHECK(cudaStreamCreateWithFlags(&setup_stream_, cudaStreamNonBlocking));
   cublasHandle_t handle = nullptr;
   check_blas(cublasCreate(&handle), "cublasCreate");
   blas_ = handle;
@@ -70,8 +69,6 @@ CudaMla::CudaMla(cudaStream_t stream) : stream_(stream) {
 CudaMla::~CudaMla() {
   if (blas_ != nullptr) (void)cublasDestroy(static_cast<cublasHandle_t>(blas_));
   if (workspace_ != nullptr) (void)cudaFree(workspace_);
-  for (auto& [key, entry] : dequantized_) (void)cudaFree(entry.bf16);
-  if (setup_stream_ != nullptr) (void)cudaStreamDestroy(setup_stream_);
 }
 
 CudaMla::Weight CudaMla::compute_weight(const LinearWeight& kv_b, int64_t rows, int64_t cols, const char* op) {
@@ -84,30 +81,7 @@ CudaMla::Weight CudaMla::compute_weight(const LinearWeight& kv_b, int64_t rows, 
                  "cuda {}: kv_b must be f32, bf16 or block FP8, got {}", op, w.describe());
     return Weight{w.raw(), w.dtype()};
   }
-  const int64_t rb = (rows + kFp8BlockSize - 1) / kFp8BlockSize, cb = (cols + kFp8BlockSize - 1) / kFp8BlockSize;
-  BASALT_CHECK(w.dtype() == DType::kF8E4M3 && kv_b.scale_inv.device() == Device::kCuda &&
-                   kv_b.scale_inv.dtype() == DType::kF32 && kv_b.scale_inv.rank() == 2 &&
-                   kv_b.scale_inv.dim(0) == rb && kv_b.scale_inv.dim(1) == cb,
-               "cuda {}: a block-FP8 kv_b is f8_e4m3 with f32 scale_inv [{}, {}] on the device, got {} and {}", op,
-               rb, cb, w.describe(), kv_b.scale_inv.describe());
-  const auto key = std::make_tuple(w.raw(), rows, cols);
-  auto it = dequantized_.find(key);
-  if (it == dequantized_.end()) {
-    // Once per weight, on the private stream, finished before returning: a
-    // capture on the backend's stream records none of it.
-    void* out = nullptr;
-    BASALT_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(rows * cols) * 2));
-    const cudaError_t status = cuda_kernels::mla_dequant_fp8(static_cast<const uint8_t*>(w.raw()),
-                                                             kv_b.scale_inv.data<const float>(), out, rows, cols,
-                                                             setup_stream_);
-    if (status != cudaSuccess) {
-      (void)cudaFree(out);
-      launched(status, op);
-    }
-    BASALT_CUDA_CHECK(cudaStreamSynchronize(setup_stream_));
-    it = dequantized_.emplace(key, Dequantized{kv_b, out}).first;
-  }
-  return Weight{it->second.bf16, DType::kBF16};
+  return Weight{dequantized_.bf16(kv_b, op).raw(), DType::kBF16};
 }
 
 void CudaMla::store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps, const Tensor& positions,

@@ -17,14 +17,9 @@
 //  * Limits: L <= 512, R <= 256 and even, heads * (Dn + Dv) and T * heads
 //    below 2^31. Any Dn, Dv.
 //  * FP8 kv_b is dequantized once to bf16 (as SGLang keeps bf16 w_kc / w_vc)
-//    and cached per weight, keyed by the weight's device pointer and shape;
-//    the entry keeps a handle to the FP8 weight and its scales, so their
-//    memory cannot be freed and handed to another weight while the key is in
-//    use (a model's weights live as long as the backend anyway; a caller that
-//    makes many short-lived FP8 weights keeps them alive with this object).
-//    The dequantization runs on a private stream
-//    that is synchronised at once, so a first use inside a graph capture
-//    works, and is never recorded.
+//    and kept per weight by a CudaDequantizedWeights (dequantized.h: keyed
+//    by the weight, which it keeps alive; a first use inside a graph capture
+//    works and is never recorded).
 //  * mla_attention (absorbed form) = three steps: q_lat(h) = q_nope(h) ·
 //    W_uk(h) (cuBLAS strided-batched GEMM over heads, f32 accumulation,
 //    written into q_full [T, heads, L + R] next to q_pe; for T <= 16 over a
@@ -62,6 +57,7 @@
 #include <tuple>
 
 #include "backend/backend.h"
+#include "backend/cuda/dequantized.h"
 #include "core/tensor.h"
 
 namespace basalt {
@@ -72,8 +68,7 @@ enum class CudaMlaPath : uint8_t { kAuto, kCudaCores };
 
 class CudaMla {
  public:
-  // Creates the cuBLAS handle (bound to `stream`), its workspace and the
-  // private stream used for one-time weight conversions.
+  // Creates the cuBLAS handle (bound to `stream`) and its workspace.
   explicit CudaMla(cudaStream_t stream);
   ~CudaMla();
   CudaMla(const CudaMla&) = delete;
@@ -100,14 +95,9 @@ class CudaMla {
   Weight compute_weight(const LinearWeight& kv_b, int64_t rows, int64_t cols, const char* op);
 
   cudaStream_t stream_;
-  cudaStream_t setup_stream_ = nullptr;
   void* blas_ = nullptr;  // cublasHandle_t
   void* workspace_ = nullptr;
-  struct Dequantized {
-    LinearWeight source;  // keeps the FP8 weight's memory (and so the key) unique
-    void* bf16 = nullptr;
-  };
-  std::map<std::tuple<const void*, int64_t, int64_t>, Dequantized> dequantized_;
+  CudaDequantizedWeights dequantized_;
 };
 
 }  // namespace basalt
