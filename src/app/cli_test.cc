@@ -768,6 +768,20 @@ TEST(Cli, TensorParallelGenerateMatchesTransformersGreedy) {
   expect_bundled_matches_transformers("basalt-draft", "run1-tokenizer-draft.json", "draft_transformers",
                                       " --tp 4 --threads 2");
   expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers", " --tp 2");
+  // DeepSeek's MTP layer drafts over the ranks too: transformers' tokens,
+  // and the drafts and acceptances of one rank.
+  expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
+                                      " --tp 2 --speculative-algorithm mtp");
+  const std::string mtp = "generate --model " + kBundled +
+                          "basalt-mini --prompt 'The Debian project' --max-tokens 40 --temperature 0 --ignore-eos "
+                          "--json --speculative-algorithm mtp";
+  const CliRun one_rank = run(mtp), two_ranks = run(mtp + " --tp 2");
+  ASSERT_EQ(one_rank.exit_code, 0) << one_rank.err;
+  ASSERT_EQ(two_ranks.exit_code, 0) << two_ranks.err;
+  const json a = json::parse(one_rank.out), b = json::parse(two_ranks.out);
+  EXPECT_EQ(a["text"], b["text"]);
+  EXPECT_GT(a["speculative"]["accepted_tokens"].get<int>(), 0);
+  EXPECT_EQ(a["speculative"], b["speculative"]);
   const CliRun heads = run("generate --model " + kBundled + "basalt-draft --prompt-ids 1,2,3 --tp 3");
   EXPECT_NE(heads.exit_code, 0);
   EXPECT_NE(heads.err.find("num_attention_heads (4) must divide by it"), std::string::npos) << heads.err;

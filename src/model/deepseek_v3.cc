@@ -95,12 +95,21 @@ class DeepseekModelImpl final : public DeepseekModel {
       m.hnorm = plain(ckpt, mtp + "hnorm.weight", {H});
       m.eh_proj = linear(ckpt, mtp + "eh_proj.weight", H, 2 * H);
       m.head_norm = plain(ckpt, mtp + "shared_head.norm.weight", {H});
-      m.embed = ckpt.has(mtp + "embed_tokens.weight")
-                    ? plain(ckpt, mtp + "embed_tokens.weight", {c.vocab_size, H})
-                    : embed_tokens_;
-      m.head = ckpt.has(mtp + "shared_head.head.weight")
-                   ? plain(ckpt, mtp + "shared_head.head.weight", {c.vocab_size, H})
-                   : lm_head_;
+      // Its own embedding and head where the checkpoint has them (DeepSeek-V3
+      // does), vocabulary-parallel over ranks as the model's are.
+      if (!ckpt.has(mtp + "embed_tokens.weight"))
+        m.embed = embed_tokens_;
+      else if (world_ == 1)
+        m.embed = plain(ckpt, mtp + "embed_tokens.weight", {c.vocab_size, H});
+      else
+        m.embed = to_backend(tp::vocab_shard(plain_host(ckpt, mtp + "embed_tokens.weight", {c.vocab_size, H}),
+                                             vocab_begin_, vocab_local_));
+      if (!ckpt.has(mtp + "shared_head.head.weight"))
+        m.head = lm_head_;
+      else if (world_ == 1)
+        m.head = plain(ckpt, mtp + "shared_head.head.weight", {c.vocab_size, H});
+      else
+        m.head = plain(ckpt, mtp + "shared_head.head.weight", {c.vocab_size, H}).rows(vocab_begin_, vocab_local_);
       m.layer = load_layer(ckpt, c.num_layers);
       mtp_ = std::make_unique<Mtp>(std::move(m));
     }
@@ -170,9 +179,10 @@ class DeepseekModelImpl final : public DeepseekModel {
     exchange_idle(0);
   }
 
-  // Over ranks the MTP layer is loaded (its shard) but not offered:
-  // drafting over ranks is not built yet.
-  DraftHead* draft_head() override { return mtp_ && world_ == 1 && ep_world_ == 1 ? &mtp_head_ : nullptr; }
+  // Over tensor-parallel ranks each rank's head is its shard of the MTP
+  // layer (model/tensor_parallel.h runs them together); under DP attention
+  // the MTP layer is loaded but not offered (drafting there is not built).
+  DraftHead* draft_head() override { return mtp_ && !dp_attention_ ? &mtp_head_ : nullptr; }
 
   // The MTP layer as a DraftHead (see deepseek_v3.h).
   class MtpHead : public DraftHead {
@@ -196,8 +206,20 @@ class DeepseekModelImpl final : public DeepseekModel {
   void forward_mtp(const ForwardBatch& host_batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
                    Tensor* hidden_out) {
     BASALT_CHECK(mtp_ != nullptr, "{}: the checkpoint has no MTP layer", ckpt_dir());
-    BASALT_CHECK(world_ == 1 && ep_world_ == 1, "forward_mtp: the MTP layer runs on one rank");
-    const ForwardBatch batch = on_backend(host_batch, backend_);
+    BASALT_CHECK(!dp_attention_, "forward_mtp: the MTP layer does not run over DP-attention ranks");
+    ForwardBatch local = host_batch;
+    if (world_ > 1) {
+      // Vocabulary-parallel embedding, as in forward(): the ids on the host
+      // (a chained draft's come from the device), mapped to this rank's rows.
+      Tensor ids = host_batch.token_ids;
+      if (ids.device() != Device::kCpu) {
+        Tensor host = Tensor::empty(ids.shape(), ids.dtype());
+        backend_.copy(ids, host);
+        ids = host;
+      }
+      local.token_ids = tp::local_vocab_ids(ids, vocab_begin_, vocab_local_, config_.vocab_size);
+    }
+    const ForwardBatch batch = on_backend(local, backend_);
     const int64_t T = batch.num_tokens(), H = config_.hidden_size;
     BASALT_CHECK(T > 0, "forward_mtp: empty batch");
     BASALT_CHECK(hidden.rank() == 2 && hidden.dim(0) == T && hidden.dim(1) == H,
@@ -209,6 +231,7 @@ class DeepseekModelImpl final : public DeepseekModel {
     Tensor emb = b.empty({T, H}, DType::kF32), normed_emb = b.empty({T, H}, DType::kF32);
     Tensor normed_hidden = b.empty({T, H}, DType::kF32), cat = b.empty({T, 2 * H}, DType::kF32);
     b.embedding(batch.token_ids, mtp_->embed, emb);
+    if (tp_ != nullptr) tp_->all_reduce(emb);
     b.rms_norm(emb, mtp_->enorm, eps, normed_emb);
     b.rms_norm(hidden, mtp_->hnorm, eps, normed_hidden);
     b.concat_columns(normed_emb, normed_hidden, cat);

@@ -53,7 +53,9 @@
 //    its experts on the (token, choice) pairs routed to them, one all-reduce
 //    per feed-forward; vocabulary rows of the embedding and lm_head
 //    (model/tp_shard.h). FP8 weights split only at whole 128x128 blocks. The
-//    MTP layer is loaded but not offered as a draft head over ranks. This is
+//    MTP layer splits the same way (its own embedding and head, where the
+//    checkpoint has them, by vocabulary rows; eh_proj whole); each rank's
+//    draft_head() is its shard, and model/tensor_parallel.h runs them. This is
 //    tensor parallelism with expert parallelism over tokens every rank has
 //    (SGLang's EP MoE under TP).
 //  * DP attention (RankRole::dp_attention, N ranks): every rank holds the

@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "runtime/generator.h"
+#include "testing/backend_test_util.h"
 #include "testing/reference_test_util.h"
 #include "testing/routing_test_util.h"
 
@@ -29,26 +30,14 @@ namespace {
 
 const std::string kModels = std::string(BASALT_TESTDATA) + "/models/";
 
+using testing::ids_of;
+using testing::relative_error;
 using testing::read_json;
-
-double relative_error(const Tensor& out, const Tensor& ref) {
-  double diff2 = 0, ref2 = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    const double d = static_cast<double>(out.data<float>()[i]) - ref.data<float>()[i];
-    diff2 += d * d;
-    ref2 += static_cast<double>(ref.data<float>()[i]) * ref.data<float>()[i];
-  }
-  return std::sqrt(diff2 / ref2);
-}
 
 DeepseekModel& as_deepseek(Model& model) {
   auto* d = dynamic_cast<DeepseekModel*>(&model);
   EXPECT_NE(d, nullptr);
   return *d;
-}
-
-std::span<const int32_t> ids_of(const Tensor& t) {
-  return {t.data<const int32_t>(), static_cast<size_t>(t.numel())};
 }
 
 // Full-sequence logits of a prompt in one step.

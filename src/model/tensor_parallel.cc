@@ -57,13 +57,7 @@ class TensorParallelModel final : public Model {
       rank.backend->make_current();
       own[static_cast<size_t>(r)] = rank.model->allocate_kv(num_slots, dtype);
     });
-    KvBuffers all;
-    all.num_slots = num_slots;
-    for (const KvBuffers& k : own) {
-      all.k.insert(all.k.end(), k.k.begin(), k.k.end());
-      all.v.insert(all.v.end(), k.v.begin(), k.v.end());
-    }
-    return all;
+    return concatenated(own, num_slots);
   }
 
   size_t kv_bytes_per_slot(DType dtype) const override {
@@ -103,14 +97,16 @@ class TensorParallelModel final : public Model {
         ranks_[0].model->forward(batch, own, logits, hidden);
         return;
       }
-      // The other ranks' logits are the same; each writes its own copy,
-      // into a buffer kept across steps and grown to the largest step's.
+      // The other ranks' logits are the same; each writes its own copy.
       Rank& rank = ranks_[static_cast<size_t>(r)];
-      if (rank.logits.numel() < logits.numel()) rank.logits = rank.backend->empty({logits.numel()}, DType::kF32);
-      Tensor scratch = rank.logits.rows(0, logits.numel()).reshape(logits.shape());
-      rank.model->forward(batch, own, scratch, nullptr);
+      Tensor own_logits = scratch(*rank.backend, rank.logits, logits.shape());
+      rank.model->forward(batch, own, own_logits, nullptr);
     });
   }
+
+  // The ranks' draft heads (DeepSeek's MTP layer, each rank its shard) run
+  // as one, as the ranks' models do; null when rank 0's model has none.
+  DraftHead* draft_head() override { return ranks_[0].model->draft_head() != nullptr ? &head_ : nullptr; }
 
   std::string summary() const override {
     const std::string own = ranks_[0].model->summary();
@@ -123,13 +119,94 @@ class TensorParallelModel final : public Model {
     std::unique_ptr<Backend> owned_backend;  // null where rank 0 runs on the caller's
     Backend* backend = nullptr;
     std::unique_ptr<Model> model;
-    Tensor logits;  // f32, ranks other than 0: where their copy of the logits goes
+    // f32, ranks other than 0, kept across steps and grown to the largest:
+    // their copy of the logits, and for the draft head rank 0's hidden
+    // states and their copy of its hidden output.
+    Tensor logits, head_hidden, head_hidden_out;
   };
+
+  // A rank's scratch `buffer` as a tensor of `shape`, grown when too small.
+  static Tensor scratch(Backend& backend, Tensor& buffer, Shape shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    if (buffer.numel() < n) buffer = backend.empty({n}, DType::kF32);
+    return buffer.rows(0, n).reshape(shape);
+  }
+
+  // The draft head over the ranks: the caller's hidden states are rank 0's
+  // (Model::forward gives them only there), so each pass first broadcasts
+  // them; each rank then runs its shard of the head on its own slice of the
+  // KV (one layer per rank, in rank order, as allocate_kv lays it out), and
+  // rank 0 writes the logits and hidden output the caller gave.
+  class Head final : public DraftHead {
+   public:
+    explicit Head(TensorParallelModel& m) : m_(m) {}
+
+    KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override {
+      std::vector<KvBuffers> own(m_.ranks_.size());
+      m_.threads_.run_or_throw([&](int r) {
+        const Rank& rank = m_.ranks_[static_cast<size_t>(r)];
+        rank.backend->make_current();
+        own[static_cast<size_t>(r)] = rank.model->draft_head()->allocate_kv(num_slots, dtype);
+      });
+      return concatenated(own, num_slots);
+    }
+
+    size_t kv_bytes_per_slot(DType dtype) const override {
+      size_t bytes = 0;
+      for (const Rank& rank : m_.ranks_) bytes += rank.model->draft_head()->kv_bytes_per_slot(dtype);
+      return bytes;
+    }
+
+    void forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
+                 Tensor* hidden_out) override {
+      const size_t world = m_.ranks_.size();
+      BASALT_CHECK(kv.k.size() % world == 0 && kv.v.size() == kv.k.size(),
+                   "draft head: KV buffers have {} layers, not a multiple of the {} ranks", kv.k.size(), world);
+      const size_t layers = kv.k.size() / world;
+      const int64_t T = batch.num_tokens(), H = m_.config().hidden_size;
+      BASALT_CHECK(hidden.rank() == 2 && hidden.dim(0) == T && hidden.dim(1) == H && hidden.dtype() == DType::kF32,
+                   "draft head: hidden must be f32 [{}, {}], got {}", T, H, hidden.describe());
+      m_.threads_.run_or_throw([&](int r) {
+        Rank& rank = m_.ranks_[static_cast<size_t>(r)];
+        rank.backend->make_current();
+        KvBuffers own;
+        own.num_slots = kv.num_slots;
+        const auto first = static_cast<std::ptrdiff_t>(static_cast<size_t>(r) * layers);
+        own.k.assign(kv.k.begin() + first, kv.k.begin() + first + static_cast<std::ptrdiff_t>(layers));
+        own.v.assign(kv.v.begin() + first, kv.v.begin() + first + static_cast<std::ptrdiff_t>(layers));
+        Tensor h = r == 0 ? hidden : scratch(*rank.backend, rank.head_hidden, {T, H});
+        rank.comm->broadcast(h, 0);
+        DraftHead& head = *rank.model->draft_head();
+        if (r == 0) {
+          head.forward(batch, h, own, logits, hidden_out);
+          return;
+        }
+        Tensor own_logits = scratch(*rank.backend, rank.logits, logits.shape());
+        Tensor own_hidden = hidden_out != nullptr ? scratch(*rank.backend, rank.head_hidden_out, {T, H}) : Tensor();
+        head.forward(batch, h, own, own_logits, hidden_out != nullptr ? &own_hidden : nullptr);
+      });
+    }
+
+   private:
+    TensorParallelModel& m_;
+  };
+
+  static KvBuffers concatenated(const std::vector<KvBuffers>& own, int64_t num_slots) {
+    KvBuffers all;
+    all.num_slots = num_slots;
+    for (const KvBuffers& k : own) {
+      all.k.insert(all.k.end(), k.k.begin(), k.k.end());
+      all.v.insert(all.v.end(), k.v.begin(), k.v.end());
+    }
+    return all;
+  }
 
   // Declared before ranks_, so destroyed after them: the threads run the
   // ranks' work, and nothing is running once the model is destroyed.
   mutable RankThreads threads_;  // allocate_kv runs on it too
   std::vector<Rank> ranks_;
+  Head head_{*this};
 };
 
 }  // namespace

@@ -22,9 +22,11 @@
 // num_layers + l] (and v likewise); kv_bytes_per_slot() is the sum over
 // ranks, replicated key/value heads counted on every rank that holds them.
 // Like any Model, one thread at a time calls it. Ranks run eagerly (no CUDA
-// graphs yet). It has no draft head of its own: DeepSeek's MTP layer is not
-// offered over ranks yet (an EAGLE head or a draft model can still be
-// attached beside the whole).
+// graphs yet). Its draft_head() is the ranks' heads run as one (DeepSeek's
+// MTP layer, each rank its shard; null when the ranks' models have none):
+// each pass broadcasts the caller's hidden states from rank 0, and its KV
+// is laid out as the model's (the head's layers of rank r after rank r-1's).
+// An EAGLE head or a draft model can be attached beside the whole instead.
 #pragma once
 
 #include <functional>

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,11 @@
 #include "runtime/generator.h"
 
 namespace basalt::testing {
+
+// The ids of a host i32 tensor, as a span.
+inline std::span<const int32_t> ids_of(const Tensor& t) {
+  return {t.data<const int32_t>(), static_cast<size_t>(t.numel())};
+}
 
 inline nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
