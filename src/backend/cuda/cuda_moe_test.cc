@@ -382,6 +382,19 @@ Tensor check_experts(CudaBackend& cuda, const Experts& ex, const Tensor& x, cons
   return got;
 }
 
+// cuda_moe_experts with `options` into a poisoned output; its host copy,
+// checked for NaN.
+Tensor run_op(CudaBackend& cuda, const Tensor& d_x, const Tensor& d_ids, const Tensor& d_w,
+              const MoeExpertTable& table, const MoeOptions& options) {
+  Tensor out = cuda_empty({d_x.dim(0), table.hidden}, DType::kF32);
+  cuda_fill_bytes(out, 0xFF);
+  cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(), options);
+  cuda.synchronize();
+  Tensor got = cuda_to_host(out);
+  EXPECT_EQ(testing::count_nan(got), 0);
+  return got;
+}
+
 std::string describe_case(DType w, int64_t E, int64_t k, int64_t H, int64_t I, int64_t T, DType x) {
   return std::string(dtype_name(w)) + " experts, E " + std::to_string(E) + ", top_k " + std::to_string(k) + ", H " +
          std::to_string(H) + ", I " + std::to_string(I) + ", T " + std::to_string(T) + ", x " + std::string(dtype_name(x));
@@ -538,12 +551,7 @@ TEST(CudaMoe, ExpertsEveryTileSizeAndMultiply) {
         for (const MoeOptions& o : variants) {
           SCOPED_TRACE(describe_case(wdt, 8, 2, H, I, T, DType::kF32) + ", tile_m " + std::to_string(o.tile_m) +
                        ", mma " + std::to_string(o.fp8_mma) + (o.generic ? ", generic" : ""));
-          Tensor out = cuda_empty({T, H}, DType::kF32);
-          cuda_fill_bytes(out, 0xFF);
-          cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(), o);
-          cuda.synchronize();
-          const Tensor got = cuda_to_host(out);
-          EXPECT_EQ(testing::count_nan(got), 0);
+          const Tensor got = run_op(cuda, d_x, d_ids, d_w, table, o);
           if (o.generic) {
             EXPECT_LE(testing::relative_error(got, want), kGenericTolerance);
           } else if (fp8) {
@@ -585,12 +593,7 @@ TEST(CudaMoe, ExpertsWgmmaOnHopper) {
                               MoeOptions{cuda_kernels::kMoeMmaWgmmaPrecise, cuda_kernels::kWgmmaTileM, false},
                               MoeOptions{}}) {
     SCOPED_TRACE("mma " + std::to_string(o.fp8_mma) + ", tile_m " + std::to_string(o.tile_m));
-    Tensor out = cuda_empty({T, H}, DType::kF32);
-    cuda_fill_bytes(out, 0xFF);
-    cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(), o);
-    cuda.synchronize();
-    const Tensor got = cuda_to_host(out);
-    EXPECT_EQ(testing::count_nan(got), 0);
+    const Tensor got = run_op(cuda, d_x, d_ids, d_w, table, o);
     const double e = testing::relative_error(got, ref);
     std::printf("mma %d tile %d: %.3g against fp8_reference\n", o.fp8_mma, o.tile_m, e);
     EXPECT_LE(e, fp8_reference_tolerance(o.fp8_mma));
