@@ -165,8 +165,21 @@ class TensorParallelModel final : public Model {
                    "draft head: KV buffers have {} layers, not a multiple of the {} ranks", kv.k.size(), world);
       const size_t layers = kv.k.size() / world;
       const int64_t T = batch.num_tokens(), H = m_.config().hidden_size;
-      BASALT_CHECK(hidden.rank() == 2 && hidden.dim(0) == T && hidden.dim(1) == H && hidden.dtype() == DType::kF32,
-                   "draft head: hidden must be f32 [{}, {}], got {}", T, H, hidden.describe());
+      // Checked before any rank starts, as forward() does: a rank that
+      // failed after a collective would leave the others waiting.
+      const Device device = m_.ranks_[0].backend->device();
+      BASALT_CHECK(hidden.device() == device && hidden.rank() == 2 && hidden.dim(0) == T && hidden.dim(1) == H &&
+                       hidden.dtype() == DType::kF32,
+                   "draft head: hidden must be f32 [{}, {}] on rank 0's device, got {}", T, H, hidden.describe());
+      const int64_t rows = batch.logit_rows.numel(), V = m_.config().vocab_size;
+      BASALT_CHECK(logits.device() == device && logits.dtype() == DType::kF32 && logits.rank() == 2 &&
+                       logits.dim(0) == rows && logits.dim(1) == V,
+                   "draft head: logits must be f32 [{}, {}] on rank 0's device, got {}", rows, V, logits.describe());
+      BASALT_CHECK(hidden_out == nullptr || (hidden_out->device() == device && hidden_out->dtype() == DType::kF32 &&
+                                             hidden_out->rank() == 2 && hidden_out->dim(0) == T &&
+                                             hidden_out->dim(1) == H),
+                   "draft head: hidden_out must be f32 [{}, {}] on rank 0's device, got {}", T, H,
+                   hidden_out->describe());
       m_.threads_.run_or_throw([&](int r) {
         Rank& rank = m_.ranks_[static_cast<size_t>(r)];
         rank.backend->make_current();

@@ -184,6 +184,10 @@ TEST(TensorParallel, DeepseekMtpHeadMatchesTransformers) {
                                  one_mtp_logits, &one_mtp_hidden);
       EXPECT_LT(testing::relative_error(mtp_hidden, one_mtp_hidden), 1e-5);
 
+      // A wrong output is refused before any rank starts (else a hang).
+      Tensor wrong = Tensor::empty({n, V + 1}, DType::kF32);
+      EXPECT_THROW(mtp->forward(single_sequence_batch(testing::ids_of(next), 0, true), hidden, mtp_kv, wrong), Error);
+
       KvBuffers step_kv = mtp->allocate_kv(n);
       Tensor step_logits = Tensor::empty({1, V}, DType::kF32);
       for (int64_t i = 0; i < n; ++i) {
