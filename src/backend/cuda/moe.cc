@@ -254,6 +254,14 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
     tile_m = mean <= 16 ? 16 : (mean <= 64 || wgmma_fp8) ? 64 : 128;
   }
   const int64_t max_tiles = std::min(R, (R + std::min(E, R) * (tile_m - 1)) / tile_m);
+  // The FP8 multiply, checked before anything is launched.
+  const int mode = options.fp8_mma >= 0 ? options.fp8_mma : default_fp8_mma(tile_m);
+  const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
+  BASALT_CHECK(path != MoeExpertTable::Path::kFp8 || !wgmma ||
+                   (tile_m == cuda_kernels::kWgmmaTileM && cuda_kernels::moe_wgmma_available()),
+               "cuda moe_experts: the wgmma multiply needs an sm_90a build on an sm_90 device and {}-row tiles "
+               "(tile_m {})",
+               cuda_kernels::kWgmmaTileM, tile_m);
 
   // Scratch of the permutation: tiles (int4), the tile count, row_pair, pair_row.
   Tensor index = cuda_empty({4 * max_tiles + 4 + 2 * R}, DType::kI32);
@@ -289,12 +297,6 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   if (path == MoeExpertTable::Path::kFp8) {
     const int64_t groups_h = (H + kFp8BlockSize - 1) / kFp8BlockSize;
     const int64_t groups_i = (I + kFp8BlockSize - 1) / kFp8BlockSize;
-    const int mode = options.fp8_mma >= 0 ? options.fp8_mma : default_fp8_mma(tile_m);
-    const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
-    BASALT_CHECK(!wgmma || (tile_m == cuda_kernels::kWgmmaTileM && cuda_kernels::moe_wgmma_available()),
-                 "cuda moe_experts: the wgmma multiply needs an sm_90a build on an sm_90 device and {}-row tiles "
-                 "(tile_m {})",
-                 cuda_kernels::kWgmmaTileM, tile_m);
     Tensor xq = cuda_empty({T, H}, DType::kF8E4M3), xs = cuda_empty({T, groups_h}, DType::kF32);
     cuda_quantize_fp8_groups(x, xq, xs, stream);
     mark(1);
