@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   nlohmann-json3-dev libfmt-dev libcli11-dev
-  libboost1.81-dev libssl-dev openssl
+  libboost1.81-dev libssl-dev openssl libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
 )
 # Node.js runs the server tests with the openai npm client (Debian's nodejs

@@ -473,6 +473,35 @@ TEST(Cli, Fp8ComputeOnTheCpu) {
   }
 }
 
+// `basalt deploy check`: the commented example is valid; a bad spec lists
+// every problem as FILE:LINE: PATH: message and exits non-zero; --json.
+TEST(Cli, DeployCheck) {
+  CliRun r = run("deploy check " + std::string(BASALT_SOURCE_DIR) + "/deploy/basalt.yaml");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("ok: mini: 1-4 replicas of registry.example/basalt:0.1-cpu", 0), 0u) << r.out;
+  const std::string bad = temp_path("bad_deploy.yaml");
+  {
+    std::ofstream out(bad);
+    out << "name: Bad_Name\nimage: img\nmodel: {path: rel}\nreplicas: {min: 3, max: 1}\n";
+  }
+  r = run("deploy check " + bad);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(bad + ":1: name: 'Bad_Name' is not a lowercase DNS label"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(bad + ":3: model.path:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(bad + ":4: replicas.max: 1 is below replicas.min (3)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("3 problems"), std::string::npos) << r.err;
+  r = run("deploy check --json " + bad);
+  EXPECT_NE(r.exit_code, 0);
+  const json out = json::parse(r.out);
+  EXPECT_EQ(out["ok"], false);
+  ASSERT_EQ(out["errors"].size(), 3u);
+  EXPECT_EQ(out["errors"][2]["path"], "replicas.max");
+  EXPECT_EQ(out["errors"][2]["line"], 4);
+  r = run("deploy check " + temp_path("no_such_spec.yaml"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("cannot open"), std::string::npos) << r.err;
+}
+
 TEST(Cli, EvalKlOfAnFp8CopyMatchesTheLogitsOfBothModels) {
   // KL(P_reference || P_candidate) with the bf16 checkpoint as the reference
   // and its block-FP8 copy as the candidate, averaged over the scored

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   basalt::add_serve_command(app);
   basalt::add_route_command(app);
   basalt::add_bench_command(app);
+  basalt::add_deploy_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

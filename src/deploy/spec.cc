@@ -1,0 +1,319 @@
+#include "deploy/spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <fmt/format.h>
+#include <initializer_list>
+#include <optional>
+#include <regex>
+#include <set>
+
+namespace basalt::deploy {
+namespace {
+
+const std::regex kLabel("[a-z0-9]([-a-z0-9]*[a-z0-9])?");
+const std::regex kSubdomain("[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*");
+const std::regex kLabelValue("[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?");
+const std::regex kCpu("[0-9]+(\\.[0-9]+)?m?");
+const std::regex kMemory("[0-9]+(\\.[0-9]+)?(k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?");
+const std::regex kDuration("([0-9]+(\\.[0-9]+)?)(s|m|h)");
+
+constexpr size_t kMaxNameLength = 50;  // leaves room for "-gateway-pdb" and the like within 63
+
+// Reads one document, recording what is wrong instead of stopping there.
+class Reader {
+ public:
+  explicit Reader(std::vector<SpecError>& errors) : errors_(errors) {}
+
+  void error(const std::string& path, const YAML::Node& node, std::string message) {
+    const int line = node.IsDefined() && node.Mark().line >= 0 ? node.Mark().line + 1 : 0;
+    errors_.push_back(SpecError{path, line, std::move(message)});
+  }
+
+  // Whether `node` is a mapping whose keys are all in `keys` (unknown keys
+  // are reported, and the mapping is still read).
+  bool mapping(const YAML::Node& node, const std::string& path, std::initializer_list<const char*> keys) {
+    if (!node.IsMap()) {
+      error(path, node, "expected a mapping");
+      return false;
+    }
+    for (const auto& entry : node) {
+      const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : std::string();
+      bool known = false;
+      for (const char* k : keys) known = known || key == k;
+      if (!known) {
+        std::string list;
+        for (const char* k : keys) list += (list.empty() ? "" : ", ") + std::string(k);
+        error(join(path, key.empty() ? "?" : key), entry.first, fmt::format("unknown key (expected one of: {})", list));
+      }
+    }
+    return true;
+  }
+
+  std::optional<std::string> scalar(const YAML::Node& node, const std::string& path) {
+    if (!node.IsScalar()) {
+      error(path, node, "expected a single value");
+      return std::nullopt;
+    }
+    return node.Scalar();
+  }
+
+  // A string field; `required` reports a missing one.
+  void text(const YAML::Node& parent, const char* key, const std::string& path, std::string& out, bool required) {
+    const YAML::Node node = parent[key];
+    if (!node.IsDefined() || node.IsNull()) {
+      if (required) errors_.push_back(SpecError{path, 0, "required"});
+      return;
+    }
+    if (const auto v = scalar(node, path)) out = *v;
+  }
+
+  void integer(const YAML::Node& parent, const char* key, const std::string& path, int& out, int lo, int hi) {
+    const YAML::Node node = parent[key];
+    if (!node.IsDefined() || node.IsNull()) return;
+    const auto v = scalar(node, path);
+    if (!v) return;
+    try {
+      const long long n = std::stoll(*v);
+      if (std::to_string(n) != *v) throw std::invalid_argument("not canonical");
+      if (n < lo || n > hi) {
+        error(path, node, fmt::format("{} is outside [{}, {}]", *v, lo, hi));
+        return;
+      }
+      out = static_cast<int>(n);
+    } catch (const std::exception&) {
+      error(path, node, fmt::format("'{}' is not an integer", *v));
+    }
+  }
+
+  void positive_number(const YAML::Node& parent, const char* key, const std::string& path, double& out) {
+    const YAML::Node node = parent[key];
+    if (!node.IsDefined() || node.IsNull()) return;
+    const auto v = scalar(node, path);
+    if (!v) return;
+    try {
+      size_t used = 0;
+      const double d = std::stod(*v, &used);
+      if (used != v->size() || !std::isfinite(d)) throw std::invalid_argument("not a number");
+      if (d <= 0) {
+        error(path, node, fmt::format("{} must be above 0", *v));
+        return;
+      }
+      out = d;
+    } catch (const std::exception&) {
+      error(path, node, fmt::format("'{}' is not a number", *v));
+    }
+  }
+
+  void duration(const YAML::Node& parent, const char* key, const std::string& path, double& seconds) {
+    const YAML::Node node = parent[key];
+    if (!node.IsDefined() || node.IsNull()) return;
+    const auto v = scalar(node, path);
+    if (!v) return;
+    std::smatch m;
+    if (!std::regex_match(*v, m, kDuration)) {
+      error(path, node, fmt::format("'{}' is not a duration (a number with s, m or h: 30s, 5m)", *v));
+      return;
+    }
+    const double unit = m[3] == "s" ? 1 : m[3] == "m" ? 60 : 3600;
+    const double s = std::stod(m[1]) * unit;
+    if (s <= 0 || s > 86400) {
+      error(path, node, fmt::format("'{}' must be above 0 and at most a day", *v));
+      return;
+    }
+    seconds = s;
+  }
+
+  static std::string join(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+
+ private:
+  std::vector<SpecError>& errors_;
+};
+
+void check_name(Reader& r, const YAML::Node& node, const std::string& path, const std::string& value,
+                const std::regex& shape, size_t max_length, const char* what) {
+  if (value.empty()) return;
+  if (value.size() > max_length || !std::regex_match(value, shape))
+    r.error(path, node, fmt::format("'{}' is not {}, at most {} characters", value, what, max_length));
+}
+
+bool has_whitespace(const std::string& s) { return s.find_first_of(" \t\r\n") != std::string::npos; }
+
+void read_model(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
+  const YAML::Node node = root["model"];
+  if (!node.IsDefined() || node.IsNull()) {
+    r.error("model.path", node, "required");
+    return;
+  }
+  if (!r.mapping(node, "model", {"path", "volume"})) return;
+  r.text(node, "path", "model.path", spec.model.path, true);
+  const bool path_ok = !spec.model.path.empty() && spec.model.path[0] == '/' &&
+                       spec.model.path.find("/../") == std::string::npos && !has_whitespace(spec.model.path);
+  if (!spec.model.path.empty() && !path_ok)
+    r.error("model.path", node["path"],
+            fmt::format("'{}' must be an absolute path without '..' or whitespace", spec.model.path));
+  const YAML::Node volume = node["volume"];
+  if (volume.IsDefined() && !volume.IsNull() && r.mapping(volume, "model.volume", {"pvc"})) {
+    r.text(volume, "pvc", "model.volume.pvc", spec.model.pvc, true);
+    check_name(r, volume["pvc"], "model.volume.pvc", spec.model.pvc, kSubdomain, 253,
+               "a PersistentVolumeClaim name (lowercase DNS subdomain)");
+    if (!spec.model.pvc.empty() && path_ok && spec.model.path.rfind("/models/", 0) != 0)
+      r.error("model.path", node["path"], "with model.volume the model lies under /models/ (where the volume is mounted)");
+  }
+}
+
+void read_engine(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
+  const YAML::Node node = root["engine"];
+  if (!node.IsDefined() || node.IsNull() || !r.mapping(node, "engine", {"args", "port"})) return;
+  r.integer(node, "port", "engine.port", spec.engine.port, 1, 65535);
+  const YAML::Node args = node["args"];
+  if (!args.IsDefined() || args.IsNull()) return;
+  if (!args.IsSequence()) {
+    r.error("engine.args", args, "expected a list of `basalt serve` flags");
+    return;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string path = fmt::format("engine.args[{}]", i);
+    const auto v = r.scalar(args[i], path);
+    if (!v) continue;
+    for (const char* own : {"--host", "--port", "--model"})
+      if (*v == own || v->rfind(std::string(own) + "=", 0) == 0)
+        r.error(path, args[i], fmt::format("{} is set by the rendered manifests (engine.port, model.path)", own));
+    spec.engine.args.push_back(*v);
+  }
+}
+
+void read_resources(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
+  const YAML::Node node = root["resources"];
+  if (!node.IsDefined() || node.IsNull() || !r.mapping(node, "resources", {"cpu", "memory", "gpu", "nodes"})) return;
+  DeploymentSpec::Resources& res = spec.resources;
+  r.text(node, "cpu", "resources.cpu", res.cpu, false);
+  if (!std::regex_match(res.cpu, kCpu) || std::stod(res.cpu) <= 0)
+    r.error("resources.cpu", node["cpu"], fmt::format("'{}' is not a CPU quantity above 0 (4, 500m)", res.cpu));
+  r.text(node, "memory", "resources.memory", res.memory, false);
+  if (!std::regex_match(res.memory, kMemory) || std::stod(res.memory) <= 0)
+    r.error("resources.memory", node["memory"],
+            fmt::format("'{}' is not a memory quantity above 0 (16Gi, 512Mi, 8G)", res.memory));
+  const YAML::Node gpu = node["gpu"];
+  bool count_given = false;  // a count was written, valid or not (no second error about it)
+  if (gpu.IsDefined() && !gpu.IsNull() && r.mapping(gpu, "resources.gpu", {"count", "product"})) {
+    count_given = gpu["count"].IsDefined();
+    r.integer(gpu, "count", "resources.gpu.count", res.gpu_count, 0, 16);
+    r.text(gpu, "product", "resources.gpu.product", res.gpu_product, false);
+    check_name(r, gpu["product"], "resources.gpu.product", res.gpu_product, kLabelValue, 63,
+               "a node label value (as nvidia.com/gpu.product has them: NVIDIA-H200)");
+    if (!res.gpu_product.empty() && res.gpu_count == 0 && !count_given)
+      r.error("resources.gpu.product", gpu["product"], "a GPU product without resources.gpu.count");
+  }
+  r.integer(node, "nodes", "resources.nodes", res.nodes, 1, 64);
+  if (res.nodes > 1 && res.gpu_count == 0 && !count_given)
+    r.error("resources.nodes", node["nodes"], "a replica spans nodes only with GPUs (resources.gpu.count)");
+}
+
+void read_scaling(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
+  const YAML::Node replicas = root["replicas"];
+  if (replicas.IsDefined() && !replicas.IsNull() && r.mapping(replicas, "replicas", {"min", "max"})) {
+    r.integer(replicas, "min", "replicas.min", spec.replicas.min, 0, 1000);
+    // max defaults to min (at least 1): a fixed size unless asked.
+    spec.replicas.max = std::max(spec.replicas.min, 1);
+    r.integer(replicas, "max", "replicas.max", spec.replicas.max, 1, 1000);
+    if (spec.replicas.max < spec.replicas.min)
+      r.error("replicas.max", replicas["max"],
+              fmt::format("{} is below replicas.min ({})", spec.replicas.max, spec.replicas.min));
+  }
+  const YAML::Node node = root["autoscaling"];
+  if (!node.IsDefined() || node.IsNull() ||
+      !r.mapping(node, "autoscaling", {"metric", "target", "up_after", "down_after"}))
+    return;
+  DeploymentSpec::Autoscaling& a = spec.autoscaling;
+  r.text(node, "metric", "autoscaling.metric", a.metric, false);
+  const bool seconds = a.metric == "queue_time" || a.metric == "ttft_p95";
+  if (a.metric != "concurrency" && !seconds)
+    r.error("autoscaling.metric", node["metric"],
+            fmt::format("'{}' is not concurrency, queue_time or ttft_p95", a.metric));
+  if (seconds && !node["target"].IsDefined())
+    r.error("autoscaling.target", node, fmt::format("required with metric {} (seconds)", a.metric));
+  r.positive_number(node, "target", "autoscaling.target", a.target);
+  r.duration(node, "up_after", "autoscaling.up_after", a.up_after_s);
+  r.duration(node, "down_after", "autoscaling.down_after", a.down_after_s);
+}
+
+void read_placement(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
+  const YAML::Node regions = root["regions"];
+  if (regions.IsDefined() && !regions.IsNull()) {
+    if (!regions.IsSequence()) {
+      r.error("regions", regions, "expected a list of region names");
+    } else {
+      std::set<std::string> seen;
+      for (size_t i = 0; i < regions.size(); ++i) {
+        const std::string path = fmt::format("regions[{}]", i);
+        const auto v = r.scalar(regions[i], path);
+        if (!v) continue;
+        if (!std::regex_match(*v, kLabelValue) || v->size() > 63)
+          r.error(path, regions[i], fmt::format("'{}' is not a region label value", *v));
+        else if (!seen.insert(*v).second)
+          r.error(path, regions[i], fmt::format("'{}' is listed twice", *v));
+        else
+          spec.regions.push_back(*v);
+      }
+    }
+  }
+  const YAML::Node tenants = root["tenants"];
+  if (tenants.IsDefined() && !tenants.IsNull() && r.mapping(tenants, "tenants", {"secret"})) {
+    r.text(tenants, "secret", "tenants.secret", spec.tenants_secret, true);
+    check_name(r, tenants["secret"], "tenants.secret", spec.tenants_secret, kSubdomain, 253,
+               "a Secret name (lowercase DNS subdomain)");
+  }
+  const YAML::Node gateway = root["gateway"];
+  if (gateway.IsDefined() && !gateway.IsNull() && r.mapping(gateway, "gateway", {"replicas"}))
+    r.integer(gateway, "replicas", "gateway.replicas", spec.gateway.replicas, 1, 100);
+}
+
+}  // namespace
+
+SpecResult parse_deployment_spec(const std::string& yaml_text) {
+  SpecResult result;
+  Reader r(result.errors);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    result.errors.push_back(SpecError{"", e.mark.line >= 0 ? e.mark.line + 1 : 0, "not valid YAML: " + e.msg});
+    return result;
+  }
+  if (!root.IsMap()) {
+    result.errors.push_back(SpecError{"", 0, "the file must hold one mapping (name:, image:, model:, ...)"});
+    return result;
+  }
+  DeploymentSpec& spec = result.spec;
+  r.mapping(root, "",
+            {"name", "image", "model", "engine", "resources", "replicas", "autoscaling", "regions", "tenants",
+             "gateway"});
+  r.text(root, "name", "name", spec.name, true);
+  check_name(r, root["name"], "name", spec.name, kLabel, kMaxNameLength,
+             "a lowercase DNS label (letters, digits and '-', starting and ending with a letter or digit)");
+  r.text(root, "image", "image", spec.image, true);
+  if (has_whitespace(spec.image)) r.error("image", root["image"], fmt::format("'{}' holds whitespace", spec.image));
+  read_model(r, root, spec);
+  read_engine(r, root, spec);
+  read_resources(r, root, spec);
+  read_scaling(r, root, spec);
+  read_placement(r, root, spec);
+  // In file order; what has no line (missing fields) last.
+  std::stable_sort(result.errors.begin(), result.errors.end(), [](const SpecError& a, const SpecError& b) {
+    return (a.line > 0 ? a.line : INT32_MAX) < (b.line > 0 ? b.line : INT32_MAX);
+  });
+  return result;
+}
+
+std::string describe(const SpecError& error) {
+  const std::string where = error.path.empty() ? "" : error.path + ": ";
+  return error.line > 0 ? fmt::format("line {}: {}{}", error.line, where, error.message) : where + error.message;
+}
+
+}  // namespace basalt::deploy

@@ -1,0 +1,81 @@
+// DeploymentSpec: one deployment of a model, as `basalt.yaml` describes it
+// (docs/DEPLOY.md section 1; a commented example is deploy/basalt.yaml).
+//
+// Contract:
+//  * parse_deployment_spec(text) parses YAML text into a DeploymentSpec,
+//    filling defaults, and returns every problem it finds, not just the
+//    first: each SpecError names the field's path (`replicas.max`,
+//    `engine.args[2]`), the 1-based line of the value (0 when the field is
+//    missing) and what is wrong, in file order (missing fields last). The
+//    spec is usable only when `errors` is empty. Unknown keys are errors (a misspelled key must not be ignored),
+//    and so are values of the wrong type. Malformed YAML is one error at
+//    the line the YAML parser reports. Nothing throws for bad input.
+//  * Required: name (a DNS-1123 label of at most 50 characters, so that
+//    the names derived from it stay within Kubernetes' 63), image, and
+//    model.path (absolute). Everything else has the default shown in
+//    DeploymentSpec.
+//  * engine.args are `basalt serve` flags passed verbatim; the ones the
+//    rendered manifests set themselves (--host, --port, --model) are refused.
+//  * Quantities (resources.cpu, resources.memory) follow Kubernetes'
+//    syntax (`4`, `500m`, `16Gi`, `1.5G`); durations (autoscaling.up_after,
+//    down_after) are a number with s, m or h (`30s`, `5m`).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace basalt::deploy {
+
+struct DeploymentSpec {
+  std::string name;
+  std::string image;
+  struct Model {
+    std::string path;  // inside the image, or under /models when `pvc` is set
+    std::string pvc;   // a PersistentVolumeClaim mounted read-only at /models; empty: none
+  } model;
+  struct Engine {
+    std::vector<std::string> args;
+    int port = 8000;
+  } engine;
+  struct Resources {
+    std::string cpu = "2";
+    std::string memory = "8Gi";
+    int gpu_count = 0;        // nvidia.com/gpu per pod
+    std::string gpu_product;  // nvidia.com/gpu.product node label value; empty: any
+    int nodes = 1;            // > 1: one replica spans nodes (a leader and workers)
+  } resources;
+  struct Replicas {
+    int min = 1;  // 0: scale to zero
+    int max = 1;
+  } replicas;
+  struct Autoscaling {
+    std::string metric = "concurrency";  // concurrency | queue_time | ttft_p95
+    double target = 8;                   // requests per replica, or seconds
+    double up_after_s = 30;
+    double down_after_s = 300;
+  } autoscaling;
+  std::vector<std::string> regions;  // topology.kubernetes.io/region values; empty: anywhere
+  std::string tenants_secret;        // the gateway's tenants file, from this Secret; empty: none
+  struct Gateway {
+    int replicas = 2;
+  } gateway;
+};
+
+struct SpecError {
+  std::string path;
+  int line = 0;
+  std::string message;
+};
+
+struct SpecResult {
+  DeploymentSpec spec;
+  std::vector<SpecError> errors;
+};
+
+SpecResult parse_deployment_spec(const std::string& yaml_text);
+
+// "line 17: replicas.max: 0 is below replicas.min (1)" (no line part when
+// the line is 0).
+std::string describe(const SpecError& error);
+
+}  // namespace basalt::deploy
