@@ -274,10 +274,47 @@ void read_placement(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
     r.integer(gateway, "replicas", "gateway.replicas", spec.gateway.replicas, 1, 100);
 }
 
+constexpr size_t kMaxSpecBytes = 1 << 20;
+constexpr int kMaxFlowDepth = 64;
+
+// The deepest nesting of flow collections ([...], {...}) outside quotes and
+// comments. The YAML parser recurses once per level; a spec needs a few.
+int flow_depth(const std::string& text) {
+  int depth = 0, deepest = 0;
+  char quote = 0;
+  bool comment = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (comment) {
+      comment = c != '\n';
+    } else if (quote != 0) {
+      if (c == quote) quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n')) {
+      comment = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 }  // namespace
 
 SpecResult parse_deployment_spec(const std::string& yaml_text) {
   SpecResult result;
+  if (yaml_text.size() > kMaxSpecBytes) {
+    result.errors.push_back(SpecError{"", 0, fmt::format("the file has {} bytes; a spec has at most {}",
+                                                          yaml_text.size(), kMaxSpecBytes)});
+    return result;
+  }
+  if (flow_depth(yaml_text) > kMaxFlowDepth) {
+    result.errors.push_back(SpecError{"", 0, fmt::format("lists or mappings nested more than {} deep", kMaxFlowDepth)});
+    return result;
+  }
   Reader r(result.errors);
   YAML::Node root;
   try {

@@ -9,7 +9,9 @@
 //    missing) and what is wrong, in file order (missing fields last). The
 //    spec is usable only when `errors` is empty. Unknown keys are errors (a misspelled key must not be ignored),
 //    and so are values of the wrong type. Malformed YAML is one error at
-//    the line the YAML parser reports. Nothing throws for bad input.
+//    the line the YAML parser reports; so is a file over 1 MiB or with
+//    lists or mappings nested more than 64 deep (the parser recurses per
+//    level). Nothing throws for bad input.
 //  * Required: name (a DNS-1123 label of at most 50 characters, so that
 //    the names derived from it stay within Kubernetes' 63), image, and
 //    model.path (absolute). Everything else has the default shown in

@@ -180,6 +180,17 @@ TEST(DeploySpec, MalformedYamlAndOtherDocumentsAreOneClearError) {
     ASSERT_EQ(r.errors.size(), 1u) << text;
     EXPECT_NE(r.errors[0].message.find("one mapping"), std::string::npos);
   }
+  // Too large, or nested too deep for a spec (the parser recurses per level).
+  r = parse_deployment_spec("name: " + std::string(2u << 20, 'a') + "\n");
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_NE(r.errors[0].message.find("at most 1048576"), std::string::npos);
+  r = parse_deployment_spec("name: a\nx: " + std::string(100000, '[') + "\n");
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_NE(r.errors[0].message.find("nested more than 64"), std::string::npos);
+  // Brackets inside quotes and comments do not count.
+  r = parse_deployment_spec("name: a\nimage: \"" + std::string(100, '[') + "\"\nmodel: {path: /m}  # " +
+                            std::string(100, '{') + "\n");
+  EXPECT_TRUE(r.errors.empty()) << describe(r.errors.front());
   // A replica spanning nodes needs GPUs; a GPU product needs a count.
   r = parse_deployment_spec("name: a\nimage: i\nmodel: {path: /m}\nresources: {nodes: 2, gpu: {product: X}}\n");
   ASSERT_EQ(r.errors.size(), 2u);
