@@ -61,6 +61,13 @@ class Reader {
     return node.Scalar();
   }
 
+  // An optional field's value: none when absent or null, or when it is not
+  // a single value (reported).
+  std::optional<std::string> present(const YAML::Node& node, const std::string& path) {
+    if (!node.IsDefined() || node.IsNull()) return std::nullopt;
+    return scalar(node, path);
+  }
+
   // A string field; `required` reports a missing one.
   void text(const YAML::Node& parent, const char* key, const std::string& path, std::string& out, bool required) {
     const YAML::Node node = parent[key];
@@ -73,8 +80,7 @@ class Reader {
 
   void integer(const YAML::Node& parent, const char* key, const std::string& path, int& out, int lo, int hi) {
     const YAML::Node node = parent[key];
-    if (!node.IsDefined() || node.IsNull()) return;
-    const auto v = scalar(node, path);
+    const auto v = present(node, path);
     if (!v) return;
     try {
       const long long n = std::stoll(*v);
@@ -91,8 +97,7 @@ class Reader {
 
   void positive_number(const YAML::Node& parent, const char* key, const std::string& path, double& out) {
     const YAML::Node node = parent[key];
-    if (!node.IsDefined() || node.IsNull()) return;
-    const auto v = scalar(node, path);
+    const auto v = present(node, path);
     if (!v) return;
     try {
       size_t used = 0;
@@ -110,8 +115,7 @@ class Reader {
 
   void duration(const YAML::Node& parent, const char* key, const std::string& path, double& seconds) {
     const YAML::Node node = parent[key];
-    if (!node.IsDefined() || node.IsNull()) return;
-    const auto v = scalar(node, path);
+    const auto v = present(node, path);
     if (!v) return;
     std::smatch m;
     if (!std::regex_match(*v, m, kDuration)) {
