@@ -8,18 +8,65 @@
 #include <fmt/format.h>
 #include <initializer_list>
 #include <optional>
-#include <regex>
+#include <string_view>
 #include <set>
 
 namespace basalt::deploy {
 namespace {
 
-const std::regex kLabel("[a-z0-9]([-a-z0-9]*[a-z0-9])?");
-const std::regex kSubdomain("[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*");
-const std::regex kLabelValue("[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?");
-const std::regex kCpu("[0-9]+(\\.[0-9]+)?m?");
-const std::regex kMemory("[0-9]+(\\.[0-9]+)?(k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?");
-const std::regex kDuration("([0-9]+(\\.[0-9]+)?)(s|m|h)");
+// Kubernetes' name and quantity syntaxes, by hand (std::regex trips GCC 12's
+// -Wmaybe-uninitialized in the sanitizer build, and these are small).
+bool alnum_lower(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+bool alnum(char c) { return alnum_lower(c) || (c >= 'A' && c <= 'Z'); }
+
+// A DNS-1123 label: [a-z0-9] and '-', starting and ending with [a-z0-9].
+bool is_label(std::string_view s) {
+  if (s.empty() || !alnum_lower(s.front()) || !alnum_lower(s.back())) return false;
+  for (char c : s)
+    if (!alnum_lower(c) && c != '-') return false;
+  return true;
+}
+// A DNS-1123 subdomain: labels joined by '.'.
+bool is_subdomain(std::string_view s) {
+  while (true) {
+    const size_t dot = s.find('.');
+    if (!is_label(s.substr(0, dot))) return false;
+    if (dot == std::string_view::npos) return true;
+    s.remove_prefix(dot + 1);
+  }
+}
+// A label value: [A-Za-z0-9], '-', '_' and '.', starting and ending alphanumeric.
+bool is_label_value(std::string_view s) {
+  if (s.empty() || !alnum(s.front()) || !alnum(s.back())) return false;
+  for (char c : s)
+    if (!alnum(c) && c != '-' && c != '_' && c != '.') return false;
+  return true;
+}
+// The length of a leading decimal number (digits, optionally '.' and digits); 0 if none.
+size_t decimal_length(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+  if (i == 0) return 0;
+  if (i < s.size() && s[i] == '.') {
+    size_t j = i + 1;
+    while (j < s.size() && s[j] >= '0' && s[j] <= '9') ++j;
+    if (j == i + 1) return 0;
+    i = j;
+  }
+  return i;
+}
+// A quantity: a decimal number followed by one of `suffixes` (or none).
+bool is_quantity(std::string_view s, std::initializer_list<std::string_view> suffixes) {
+  const size_t n = decimal_length(s);
+  if (n == 0) return false;
+  const std::string_view suffix = s.substr(n);
+  if (suffix.empty()) return true;
+  for (std::string_view ok : suffixes)
+    if (suffix == ok) return true;
+  return false;
+}
+bool is_cpu(std::string_view s) { return is_quantity(s, {"m"}); }
+bool is_memory(std::string_view s) { return is_quantity(s, {"k", "M", "G", "T", "P", "Ki", "Mi", "Gi", "Ti", "Pi"}); }
 
 constexpr size_t kMaxNameLength = 50;  // leaves room for "-gateway-pdb" and the like within 63
 
@@ -117,13 +164,14 @@ class Reader {
     const YAML::Node node = parent[key];
     const auto v = present(node, path);
     if (!v) return;
-    std::smatch m;
-    if (!std::regex_match(*v, m, kDuration)) {
+    const size_t n = decimal_length(*v);
+    const std::string unit_text = v->substr(n);
+    if (n == 0 || (unit_text != "s" && unit_text != "m" && unit_text != "h")) {
       error(path, node, fmt::format("'{}' is not a duration (a number with s, m or h: 30s, 5m)", *v));
       return;
     }
-    const double unit = m[3] == "s" ? 1 : m[3] == "m" ? 60 : 3600;
-    const double s = std::stod(m[1]) * unit;
+    const double unit = unit_text == "s" ? 1 : unit_text == "m" ? 60 : 3600;
+    const double s = std::stod(v->substr(0, n)) * unit;
     if (s <= 0 || s > 86400) {
       error(path, node, fmt::format("'{}' must be above 0 and at most a day", *v));
       return;
@@ -140,9 +188,9 @@ class Reader {
 };
 
 void check_name(Reader& r, const YAML::Node& node, const std::string& path, const std::string& value,
-                const std::regex& shape, size_t max_length, const char* what) {
+                bool (*shape)(std::string_view), size_t max_length, const char* what) {
   if (value.empty()) return;
-  if (value.size() > max_length || !std::regex_match(value, shape))
+  if (value.size() > max_length || !shape(value))
     r.error(path, node, fmt::format("'{}' is not {}, at most {} characters", value, what, max_length));
 }
 
@@ -164,7 +212,7 @@ void read_model(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
   const YAML::Node volume = node["volume"];
   if (volume.IsDefined() && !volume.IsNull() && r.mapping(volume, "model.volume", {"pvc"})) {
     r.text(volume, "pvc", "model.volume.pvc", spec.model.pvc, true);
-    check_name(r, volume["pvc"], "model.volume.pvc", spec.model.pvc, kSubdomain, 253,
+    check_name(r, volume["pvc"], "model.volume.pvc", spec.model.pvc, is_subdomain, 253,
                "a PersistentVolumeClaim name (lowercase DNS subdomain)");
     if (!spec.model.pvc.empty() && path_ok && spec.model.path.rfind("/models/", 0) != 0)
       r.error("model.path", node["path"], "with model.volume the model lies under /models/ (where the volume is mounted)");
@@ -197,10 +245,10 @@ void read_resources(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
   if (!node.IsDefined() || node.IsNull() || !r.mapping(node, "resources", {"cpu", "memory", "gpu", "nodes"})) return;
   DeploymentSpec::Resources& res = spec.resources;
   r.text(node, "cpu", "resources.cpu", res.cpu, false);
-  if (!std::regex_match(res.cpu, kCpu) || std::stod(res.cpu) <= 0)
+  if (!is_cpu(res.cpu) || std::stod(res.cpu) <= 0)
     r.error("resources.cpu", node["cpu"], fmt::format("'{}' is not a CPU quantity above 0 (4, 500m)", res.cpu));
   r.text(node, "memory", "resources.memory", res.memory, false);
-  if (!std::regex_match(res.memory, kMemory) || std::stod(res.memory) <= 0)
+  if (!is_memory(res.memory) || std::stod(res.memory) <= 0)
     r.error("resources.memory", node["memory"],
             fmt::format("'{}' is not a memory quantity above 0 (16Gi, 512Mi, 8G)", res.memory));
   const YAML::Node gpu = node["gpu"];
@@ -209,7 +257,7 @@ void read_resources(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
     count_given = gpu["count"].IsDefined();
     r.integer(gpu, "count", "resources.gpu.count", res.gpu_count, 0, 16);
     r.text(gpu, "product", "resources.gpu.product", res.gpu_product, false);
-    check_name(r, gpu["product"], "resources.gpu.product", res.gpu_product, kLabelValue, 63,
+    check_name(r, gpu["product"], "resources.gpu.product", res.gpu_product, is_label_value, 63,
                "a node label value (as nvidia.com/gpu.product has them: NVIDIA-H200)");
     if (!res.gpu_product.empty() && res.gpu_count == 0 && !count_given)
       r.error("resources.gpu.product", gpu["product"], "a GPU product without resources.gpu.count");
@@ -258,7 +306,7 @@ void read_placement(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
         const std::string path = fmt::format("regions[{}]", i);
         const auto v = r.scalar(regions[i], path);
         if (!v) continue;
-        if (!std::regex_match(*v, kLabelValue) || v->size() > 63)
+        if (!is_label_value(*v) || v->size() > 63)
           r.error(path, regions[i], fmt::format("'{}' is not a region label value", *v));
         else if (!seen.insert(*v).second)
           r.error(path, regions[i], fmt::format("'{}' is listed twice", *v));
@@ -270,7 +318,7 @@ void read_placement(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
   const YAML::Node tenants = root["tenants"];
   if (tenants.IsDefined() && !tenants.IsNull() && r.mapping(tenants, "tenants", {"secret"})) {
     r.text(tenants, "secret", "tenants.secret", spec.tenants_secret, true);
-    check_name(r, tenants["secret"], "tenants.secret", spec.tenants_secret, kSubdomain, 253,
+    check_name(r, tenants["secret"], "tenants.secret", spec.tenants_secret, is_subdomain, 253,
                "a Secret name (lowercase DNS subdomain)");
   }
   const YAML::Node gateway = root["gateway"];
@@ -336,7 +384,7 @@ SpecResult parse_deployment_spec(const std::string& yaml_text) {
             {"name", "image", "model", "engine", "resources", "replicas", "autoscaling", "regions", "tenants",
              "gateway"});
   r.text(root, "name", "name", spec.name, true);
-  check_name(r, root["name"], "name", spec.name, kLabel, kMaxNameLength,
+  check_name(r, root["name"], "name", spec.name, is_label, kMaxNameLength,
              "a lowercase DNS label (letters, digits and '-', starting and ending with a letter or digit)");
   r.text(root, "image", "image", spec.image, true);
   if (has_whitespace(spec.image)) r.error("image", root["image"], fmt::format("'{}' holds whitespace", spec.image));
