@@ -440,6 +440,20 @@ void Backend::gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
 
 const char* fp8_compute_name(Fp8Compute mode) { return mode == Fp8Compute::kW8A8 ? "w8a8" : "w8a16"; }
 
+namespace {
+class DoneDownload final : public Backend::PendingDownload {
+ public:
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<Backend::PendingDownload> Backend::download(const Tensor& src, Tensor& dst) {
+  BASALT_CHECK(dst.device() == Device::kCpu, "download: {} into {} is not into host memory", src.describe(),
+               dst.describe());
+  copy(src, dst);
+  return std::make_unique<DoneDownload>();
+}
+
 void Backend::set_fp8_compute(Fp8Compute mode) {
   BASALT_CHECK(mode == Fp8Compute::kW8A16,
                "the {} backend multiplies FP8 weights by unquantized activations (w8a16) only, not {}", name(),

@@ -231,6 +231,19 @@ class Backend {
   // small per-step inputs (token masks) that are ready before the device
   // has finished the work they follow. The default is copy().
   virtual void upload(const Tensor& src, Tensor& dst) { copy(src, dst); }
+  // A device-to-host copy that download() started: `dst` holds the data
+  // once wait() has returned (wait() again returns at once). Destroying it
+  // unwaited waits for the copy and leaves `dst` as it was.
+  class PendingDownload {
+   public:
+    virtual ~PendingDownload() = default;
+    virtual void wait() = 0;
+  };
+  // This device's `src` into host memory `dst`, ordered after the ops
+  // already enqueued, without waiting for them: the host goes on (with the
+  // next step's planning, say) while the device computes. `dst` must
+  // outlive the returned object. The default is copy(), done at once.
+  virtual std::unique_ptr<PendingDownload> download(const Tensor& src, Tensor& dst);
 
   // The dtype model code gives the activations that only feed linear layers
   // (normalised hidden states, attention outputs, the MLP's gated product)

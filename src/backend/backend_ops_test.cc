@@ -820,6 +820,56 @@ TEST(BackendContract, UploadIsOrderedAndLeavesTheSourceFree) {
   }
 }
 
+// download() is ordered after the ops already enqueued and leaves the host
+// free until wait(): several downloads behind long ops, waited out of order
+// (the CUDA backend's pinned buffers go back and are reused between them),
+// one dropped unwaited, a reused buffer grown for a larger copy, and the
+// host-memory rule.
+TEST(BackendContract, DownloadIsOrderedAndLandsAtWait) {
+  for (const BackendUnderTest& under_test : backends_under_test()) {
+    std::unique_ptr<Backend> backend = under_test.make();
+    if (!backend) continue;
+    const int64_t n = 1 << 16;
+    std::vector<float> values(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i % 977) - 400.0f;
+    const Tensor host = Tensor::from_f32({4, n / 4}, values);
+    Tensor big = backend->empty({4, n / 4}, DType::kF32);
+    backend->copy(host, big);
+    Tensor expected = Tensor::empty({4, n / 4}, DType::kF32);
+    reference::softmax(host, expected);
+    for (int round = 0; round < 3; ++round) {
+      std::vector<Tensor> landed;
+      std::vector<std::unique_ptr<Backend::PendingDownload>> pending;
+      for (int i = 0; i < 4; ++i) {
+        const int64_t rows = 1 + (round + i) % 4;  // sizes vary, so a reused buffer must grow
+        Tensor soft = backend->empty({rows, n / 4}, DType::kF32);
+        backend->softmax(big.rows(0, rows), soft);  // the work the download follows
+        landed.push_back(Tensor::from_f32({rows, n / 4}, std::vector<float>(static_cast<size_t>(rows * n / 4), -7.0f)));
+        pending.push_back(backend->download(soft, landed.back()));
+      }
+      Tensor dropped_into = Tensor::empty({1, n / 4}, DType::kF32);
+      backend->download(big.rows(0, 1), dropped_into).reset();  // never waited
+      for (int i = 3; i >= 0; --i) {
+        pending[static_cast<size_t>(i)]->wait();
+        pending[static_cast<size_t>(i)]->wait();  // again: nothing more
+        const Tensor& got = landed[static_cast<size_t>(i)];
+        const int64_t count = got.numel();
+        double worst = 0;
+        for (int64_t j = 0; j < count; ++j)
+          worst = std::max(worst, static_cast<double>(std::fabs(got.data<float>()[j] - expected.data<float>()[j])));
+        EXPECT_LT(worst, 1e-5) << under_test.name << " round " << round << " download " << i;
+      }
+    }
+    Tensor device_src = backend->empty({3}, DType::kF32);
+    if (backend->device() != Device::kCpu) {
+      Tensor device_dst = backend->empty({3}, DType::kF32);
+      EXPECT_THROW(backend->download(device_src, device_dst), Error) << under_test.name;
+    }
+    Tensor wrong = Tensor::empty({2}, DType::kF32);
+    EXPECT_THROW(backend->download(device_src, wrong), Error) << under_test.name;
+  }
+}
+
 struct Param {
   size_t backend;
   size_t op_case;

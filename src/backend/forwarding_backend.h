@@ -27,6 +27,9 @@ class ForwardingBackend : public Backend {
   Tensor empty(Shape shape, DType dtype) override { return inner_.empty(std::move(shape), dtype); }
   void copy(const Tensor& src, Tensor& dst) override { inner_.copy(src, dst); }
   void upload(const Tensor& src, Tensor& dst) override { inner_.upload(src, dst); }
+  std::unique_ptr<PendingDownload> download(const Tensor& src, Tensor& dst) override {
+    return inner_.download(src, dst);
+  }
   DType activation_dtype(DType weights) const override { return inner_.activation_dtype(weights); }
   std::unique_ptr<RecordedOps> record(const std::function<void()>& ops) override { return inner_.record(ops); }
   bool can_record() const override { return inner_.can_record(); }

@@ -147,6 +147,10 @@ CudaBackend::~CudaBackend() {
     if (s.host != nullptr) (void)cudaFreeHost(s.host);
     if (s.copied != nullptr) (void)cudaEventDestroy(s.copied);
   }
+  for (Pinned& p : free_pinned_) {
+    if (p.host != nullptr) (void)cudaFreeHost(p.host);
+    if (p.copied != nullptr) (void)cudaEventDestroy(p.copied);
+  }
 }
 
 void CudaBackend::make_current() {
@@ -195,6 +199,78 @@ void CudaBackend::upload(const Tensor& src, Tensor& dst) {
   std::memcpy(s.host, src.raw(), bytes);
   BASALT_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), s.host, bytes, cudaMemcpyHostToDevice, stream_));
   BASALT_CUDA_CHECK(cudaEventRecord(s.copied, stream_));
+}
+
+// A download's pinned buffer and event, back to the backend once the copy
+// has run (the backend outlives its downloads, as it does its tensors).
+class CudaBackend::Download final : public Backend::PendingDownload {
+ public:
+  Download(CudaBackend& backend, Pinned pinned, void* dst, size_t bytes)
+      : backend_(backend), pinned_(pinned), dst_(dst), bytes_(bytes) {}
+  ~Download() override {
+    if (pinned_.copied == nullptr) return;
+    (void)cudaEventSynchronize(pinned_.copied);
+    backend_.give_back_pinned(pinned_);
+  }
+  void wait() override {
+    if (pinned_.copied == nullptr) return;
+    BASALT_CUDA_CHECK(cudaEventSynchronize(pinned_.copied));
+    std::memcpy(dst_, pinned_.host, bytes_);
+    backend_.give_back_pinned(std::exchange(pinned_, Pinned{}));
+  }
+
+ private:
+  CudaBackend& backend_;
+  Pinned pinned_;
+  void* dst_;
+  size_t bytes_;
+};
+
+CudaBackend::Pinned CudaBackend::take_pinned(size_t bytes) {
+  Pinned p;
+  {
+    std::lock_guard<std::mutex> lock(pinned_mu_);
+    if (!free_pinned_.empty()) {
+      p = free_pinned_.back();
+      free_pinned_.pop_back();
+    }
+  }
+  try {
+    if (p.copied == nullptr) BASALT_CUDA_CHECK(cudaEventCreateWithFlags(&p.copied, cudaEventDisableTiming));
+    if (p.capacity < bytes) {
+      if (p.host != nullptr) BASALT_CUDA_CHECK(cudaFreeHost(p.host));
+      p.host = nullptr;
+      p.capacity = 0;
+      BASALT_CUDA_CHECK(cudaMallocHost(&p.host, bytes));
+      p.capacity = bytes;
+    }
+  } catch (...) {
+    give_back_pinned(p);
+    throw;
+  }
+  return p;
+}
+
+void CudaBackend::give_back_pinned(Pinned pinned) {
+  std::lock_guard<std::mutex> lock(pinned_mu_);
+  free_pinned_.push_back(pinned);
+}
+
+std::unique_ptr<Backend::PendingDownload> CudaBackend::download(const Tensor& src, Tensor& dst) {
+  BASALT_CHECK(src.device() == Device::kCuda && dst.device() == Device::kCpu,
+               "cuda download: {} into {} is not device to host", src.describe(), dst.describe());
+  BASALT_CHECK(src.dtype() == dst.dtype() && src.shape() == dst.shape(), "cuda download: {} into {}",
+               src.describe(), dst.describe());
+  const size_t bytes = src.nbytes();
+  Pinned p = take_pinned(std::max<size_t>(bytes, 1));
+  try {
+    if (bytes > 0) BASALT_CUDA_CHECK(cudaMemcpyAsync(p.host, src.raw(), bytes, cudaMemcpyDeviceToHost, stream_));
+    BASALT_CUDA_CHECK(cudaEventRecord(p.copied, stream_));
+  } catch (...) {
+    give_back_pinned(p);
+    throw;
+  }
+  return std::make_unique<Download>(*this, p, dst.raw(), bytes);
 }
 
 namespace {

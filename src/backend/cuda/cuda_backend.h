@@ -61,6 +61,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,6 +102,7 @@ class CudaBackend final : public Backend {
   Tensor empty(Shape shape, DType dtype) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void upload(const Tensor& src, Tensor& dst) override;
+  std::unique_ptr<PendingDownload> download(const Tensor& src, Tensor& dst) override;
   // bf16 under bf16 weights; f32 otherwise (f16 weights keep the f32
   // activations, rounded once to f16 by the linear, rather than a double
   // rounding through bf16).
@@ -189,6 +191,18 @@ class CudaBackend final : public Backend {
   static constexpr size_t kStagingBuffers = 4;
   Staging staging_[kStagingBuffers];
   size_t next_staging_ = 0;
+  // download()'s pinned buffers with their events, free for the next one
+  // (a download takes one and gives it back once waited; any thread).
+  class Download;
+  struct Pinned {
+    void* host = nullptr;
+    size_t capacity = 0;
+    cudaEvent_t copied = nullptr;
+  };
+  Pinned take_pinned(size_t bytes);
+  void give_back_pinned(Pinned pinned);
+  std::mutex pinned_mu_;
+  std::vector<Pinned> free_pinned_;
 };
 
 }  // namespace basalt
