@@ -20,6 +20,10 @@
 //                            [--eagle DIR] [--device cpu|cuda] [--eager] [--no-overlap] [--only mtp,...] [--profile]
 //                            [--work copy|free]
 //
+// Each run has an engine of its own, which first decodes another short text
+// (recording the CUDA graphs of the step shapes it meets, as a server does
+// once), so the timed request sees the steady state.
+//
 // Overlap is on with cuda (--no-overlap turns it off), off on the CPU.
 // --only keeps the listed algorithms (plain is always run: the others are
 // measured against it); --work runs one workload. Both are there to profile
@@ -33,6 +37,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,6 +62,10 @@ const char* kPassage =
     "the tests are run on a clean machine, and the archive is signed. When a change breaks something, it is "
     "taken out again and the release waits a day.";
 
+// What each engine decodes before the timed request (see run()).
+const char* kWarmUp =
+    "A short note to start with: the weather was mild, the trains ran on time, and the market opened early.";
+
 struct Workload {
   const char* name;
   std::string prompt;
@@ -67,20 +76,28 @@ struct Result {
   double tokens_per_s = 0;
   uint64_t steps = 0, tokens = 0, drafted = 0, accepted = 0;
   std::vector<int32_t> output;
+  // Per step, the engine's own split (EngineMetrics): the runner's wall
+  // time, the engine thread's CPU time outside it, the runner's idle gap.
+  double execute_us = 0, schedule_us = 0, bubble_us = 0;
+  double wall_s = 0;  // the timed request, submit to its last token
 };
 
 // A way to decode: plain, or an algorithm with k drafts.
 struct Mode {
   std::string algorithm;  // "none", "ngram", "mtp", "eagle", "draft", "predict" (a predicted output, no proposer)
   int k = 0;
+  // The step returns once the head's drafts are on the host too (what
+  // SpeculativeOptions::drafts_behind_samples saves; k = 1 heads only).
+  bool wait_for_drafts = false;
   std::string name() const {
     if (algorithm == "none" || algorithm == "predict") return algorithm == "none" ? "plain" : "predicted";
-    return algorithm + " k=" + std::to_string(k);
+    return algorithm + " k=" + std::to_string(k) + (wait_for_drafts ? " wait" : "");
   }
 };
 
 Result run(Model& model, Backend& backend, const Tokenizer& tok, const Workload& work, const Mode& mode,
-           const std::shared_ptr<Model>& draft, int tokens, bool overlap) {
+           const std::shared_ptr<Model>& draft, int tokens, bool overlap,
+           const std::function<void()>& after_warm_up = {}) {
   const std::string& prompt = work.prompt;
   EngineOptions o;
   o.overlap = overlap;
@@ -89,12 +106,23 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const Workload&
   o.kv_dtype = kv_cache_dtype("auto", backend);
   if (mode.algorithm != "none" && mode.algorithm != "predict") o.speculative = speculative_options(mode.algorithm, mode.k);
   if (mode.algorithm == "draft") o.draft_model = draft;
+  o.speculative.drafts_behind_samples = !mode.wait_for_drafts;
   o.speculative.adaptive_from_batch = adaptive_drafts_from_batch(backend);
   Engine engine(model, backend, &tok, o);
   SamplingParams p;
   p.max_tokens = tokens;
   p.temperature = 0.0f;
   p.ignore_eos = true;
+  // A server records its CUDA graphs once; a new engine (new KV memory)
+  // records them again, so each engine first decodes another text, which
+  // records the step shapes this mode meets and leaves the timed request
+  // the steady state. Its metrics are left out below.
+  SamplingParams warm = p;
+  warm.max_tokens = std::min(tokens, 48);
+  RequestHandle warming = engine.submit({tok.encode(kWarmUp, true), warm, 0, 0, std::nullopt, nullptr, {}, {}});
+  (void)collect(*warming);
+  const EngineMetrics before = engine.metrics();
+  if (after_warm_up) after_warm_up();
   const auto start = bench::Clock::now();
   EngineRequest request{tok.encode(prompt, true), p, 0, 0, std::nullopt, nullptr, {}, {}};
   if (mode.algorithm == "predict") request.prediction = tok.encode(work.prediction, false);
@@ -106,8 +134,19 @@ Result run(Model& model, Backend& backend, const Tokenizer& tok, const Workload&
     std::exit(1);
   }
   const EngineMetrics m = engine.metrics();
-  return {static_cast<double>(m.output_tokens) / wall, m.steps, m.output_tokens, m.draft_tokens,
-          m.accepted_draft_tokens, out.output_ids};
+  const auto per_step_us = [&](const Histogram& now, const Histogram& was) {
+    return now.count > was.count ? (now.sum - was.sum) * 1e6 / static_cast<double>(now.count - was.count) : 0.0;
+  };
+  return {static_cast<double>(m.output_tokens - before.output_tokens) / wall,
+          m.steps - before.steps,
+          m.output_tokens - before.output_tokens,
+          m.draft_tokens - before.draft_tokens,
+          m.accepted_draft_tokens - before.accepted_draft_tokens,
+          out.output_ids,
+          per_step_us(m.execute_time, before.execute_time),
+          per_step_us(m.schedule_time, before.schedule_time),
+          per_step_us(m.bubble, before.bubble),
+          wall};
 }
 
 }  // namespace
@@ -197,10 +236,18 @@ int main(int argc, char** argv) {
     std::vector<Mode> modes = {{"none", 0}};
     if (wanted("ngram"))
       for (const int k : ks) modes.push_back({"ngram", k});
+    // A head's k = 1 drafts come back behind the samples; "wait" is the
+    // same decoding with the step waiting for them, alternated with it.
     if (model->draft_head() != nullptr && wanted("mtp"))
-      for (const int k : ks) modes.push_back({"mtp", k});
+      for (const int k : ks) {
+        modes.push_back({"mtp", k});
+        if (k == 1) modes.push_back({"mtp", k, true});
+      }
     if (with_eagle && wanted("eagle"))
-      for (const int k : ks) modes.push_back({"eagle", k});
+      for (const int k : ks) {
+        modes.push_back({"eagle", k});
+        if (k == 1) modes.push_back({"eagle", k, true});
+      }
     if (draft && wanted("draft"))
       for (const int k : ks) modes.push_back({"draft", k});
     if (wanted("predict")) modes.push_back({"predict", 0});
@@ -250,25 +297,31 @@ int main(int argc, char** argv) {
   // a little slower than the table's.
   if (auto* cuda = dynamic_cast<CudaBackend*>(&backend); profile && cuda != nullptr) {
     const Workload& w = only_work == "free" ? workloads[1] : workloads[0];
+    std::vector<Mode> profiled;
     for (const char* algorithm : {"none", "ngram", "mtp", "eagle", "draft"}) {
       if (std::string(algorithm) != "none" && !wanted(algorithm)) continue;
       if (std::string(algorithm) == "mtp" && model->draft_head() == nullptr) continue;
       if (std::string(algorithm) == "eagle" && !with_eagle) continue;
       if (std::string(algorithm) == "draft" && !draft) continue;
       const Mode mode{algorithm, std::string(algorithm) == "none" ? 0 : ks.front()};
+      profiled.push_back(mode);
+      if ((mode.algorithm == "mtp" || mode.algorithm == "eagle") && mode.k == 1)
+        profiled.push_back({algorithm, 1, true});
+    }
+    for (const Mode& mode : profiled) {
       Model& target = mode.algorithm == "eagle" ? *with_eagle : *model;
-      cuda->set_profiling(true);
-      const auto start = bench::Clock::now();
-      const Result x = run(target, backend, tok, w, mode, draft, tokens, overlap);
-      const double wall_us = bench::seconds_since(start) * 1e6 / static_cast<double>(x.steps);
+      const Result x = run(target, backend, tok, w, mode, draft, tokens, overlap, [&] { cuda->set_profiling(true); });
+      const double wall_us = x.wall_s * 1e6 / static_cast<double>(x.steps);
       const std::vector<OpTime> ops = cuda->profile();
       cuda->set_profiling(false);
       double gpu_ms = 0;
       for (const OpTime& o : ops) gpu_ms += o.ms;
       const double steps = static_cast<double>(x.steps);
-      std::printf("\nprofile, %s %s: %llu steps, wall %.1f us/step, GPU %.1f us/step (%.0f%%)\n", w.name,
-                  mode.name().c_str(), static_cast<unsigned long long>(x.steps), wall_us, gpu_ms * 1e3 / steps,
-                  100.0 * gpu_ms * 1e3 / steps / wall_us);
+      std::printf("\nprofile, %s %s: %llu steps, wall %.1f us/step, GPU %.1f us/step (%.0f%%); engine: run %.1f, "
+                  "host outside it %.1f, gap between runs %.1f us/step\n",
+                  w.name, mode.name().c_str(), static_cast<unsigned long long>(x.steps), wall_us,
+                  gpu_ms * 1e3 / steps, 100.0 * gpu_ms * 1e3 / steps / wall_us, x.execute_us, x.schedule_us,
+                  x.bubble_us);
       for (const OpTime& o : ops)
         if (o.ms * 1e3 / steps >= 1.0)
           std::printf("  %-28s %7.2f calls/step %8.1f us/step\n", o.op.c_str(), static_cast<double>(o.calls) / steps,

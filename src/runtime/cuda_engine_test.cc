@@ -486,6 +486,57 @@ TEST_P(CudaEngine, SpeculationGivesThePlainTokens) {
   EXPECT_GT(graph_stats(*target).recordings, 7) << "verification shapes beside the decode sizes";
 }
 
+// A DeepSeek-V3 fixture's MTP layer drafting one token (k = 1), graphed:
+// with its drafts coming back behind the samples (the next step planned
+// while the head runs, the drafts written in before it runs) the engine
+// makes exactly the drafts, acceptances, steps and tokens it makes when
+// every step waits for its drafts. Both run the same kernels on the same
+// shapes, so nothing may differ, alone (batch 1) and together.
+TEST(CudaEngineMtp, DraftsBehindSamplesAreTheDraftsAStepWaitsFor) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  CudaBackend gpu;
+  std::unique_ptr<Model> target = make_graphed_model(load_model(kModels + "deepseek_v3", gpu), gpu, {.max_batch = 16});
+  auto make_requests = [] {
+    std::mt19937 rng(31);
+    std::vector<EngineRequest> requests;
+    for (int i = 0; i < 6; ++i) {
+      const std::vector<int32_t> motif = random_ids(rng, 3 + static_cast<size_t>(i % 3));
+      std::vector<int32_t> prompt;
+      for (int rep = 0; rep < 4; ++rep) prompt.insert(prompt.end(), motif.begin(), motif.end());
+      SamplingParams p = greedy(20 + i % 4);
+      if (i % 2 == 1) {
+        p.temperature = 1.0f;
+        p.seed = 300 + static_cast<uint64_t>(i);
+      }
+      requests.push_back(request(std::move(prompt), p));
+    }
+    return requests;
+  };
+  std::vector<RequestOutput> outputs[2];
+  EngineMetrics metrics[2];
+  for (int waits = 0; waits < 2; ++waits) {
+    EngineOptions o;
+    o.kv_slots = 4096;
+    o.check_invariants = true;
+    o.speculative = speculative_options("mtp", 1);
+    o.speculative.drafts_behind_samples = waits == 0;
+    Engine engine(*target, gpu, nullptr, o);
+    const std::vector<EngineRequest> fresh = make_requests();
+    for (size_t i = 0; i < 2; ++i) outputs[waits].push_back(run_all(engine, {fresh[i]})[0]);
+    const auto rest = run_all(engine, std::vector<EngineRequest>(fresh.begin() + 2, fresh.end()));
+    outputs[waits].insert(outputs[waits].end(), rest.begin(), rest.end());
+    EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+    metrics[waits] = engine.metrics();
+  }
+  ASSERT_EQ(outputs[0].size(), outputs[1].size());
+  for (size_t i = 0; i < outputs[0].size(); ++i)
+    EXPECT_EQ(outputs[0][i].output_ids, outputs[1][i].output_ids) << "request " << i;
+  EXPECT_GT(metrics[0].draft_tokens, 0u);
+  EXPECT_EQ(metrics[0].draft_tokens, metrics[1].draft_tokens);
+  EXPECT_EQ(metrics[0].accepted_draft_tokens, metrics[1].accepted_draft_tokens);
+  EXPECT_EQ(metrics[0].steps, metrics[1].steps);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngine, ::testing::Values("llama", "llama_bias", "qwen2"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

@@ -62,6 +62,9 @@ struct Engine::Parts {
   // The scheduling thread's own.
   Delivery::Batch batch;  // this iteration's new streams and updates
   std::shared_ptr<StepPipeline::Step> inflight;  // launched, not updated (overlap)
+  // Updated, with its drafts still on their way (StepResult::complete_proposals):
+  // they are taken once the next step is planned, before it runs.
+  std::shared_ptr<StepPipeline::Step> drafts_due;
 
   // The inbox.
   struct Submission {
@@ -346,6 +349,22 @@ void Engine::run() {
     // Overlap on: launch step N+1, then take step N's results while N+1
     // runs. Overlap off: launch a step and take its results at once.
     bool stepped = false;
+    // The drafts of the step updated last go into the plan made since (null:
+    // into the requests alone).
+    auto take_drafts = [&](StepPlan* next) {
+      if (p.drafts_due == nullptr) return;
+      const std::shared_ptr<StepPipeline::Step> due = std::move(p.drafts_due);
+      p.drafts_due.reset();
+      due->result.complete_proposals(due->result);
+      due->result.complete_proposals = nullptr;
+      scheduler.resolve_proposals(due->result, next);
+    };
+    auto update = [&](const std::shared_ptr<StepPipeline::Step>& done) {
+      scheduler.update(*done->plan, done->result, updates);
+      if (!done->result.complete_proposals) return;
+      take_drafts(nullptr);
+      p.drafts_due = done;
+    };
     try {
       std::shared_ptr<StepPipeline::Step> launched;
       bool taken = false;
@@ -357,11 +376,13 @@ void Engine::run() {
         const double c = thread_cpu_seconds();
         p.pipeline.wait(*done);
         exec_cpu += thread_cpu_seconds() - c;
-        scheduler.update(*done->plan, done->result, updates);
+        update(done);
         taken = true;
       }
       if (scheduler.has_requests()) {
-        if (std::shared_ptr<StepPlan> plan = scheduler.schedule(updates)) {
+        std::shared_ptr<StepPlan> plan = scheduler.schedule(updates);
+        take_drafts(plan.get());
+        if (plan != nullptr) {
           plan->chained = chained;
           // A step the next round would take before planning (it verifies
           // drafts, or its requests may draft after it) runs here and is
@@ -378,7 +399,7 @@ void Engine::run() {
         const double c = thread_cpu_seconds();
         p.pipeline.wait(*done);
         exec_cpu += thread_cpu_seconds() - c;
-        scheduler.update(*done->plan, done->result, updates);
+        update(done);
       }
       if (stepped) chained = true;
       if (stepped && p.options.check_invariants) scheduler.check_invariants();
@@ -387,6 +408,7 @@ void Engine::run() {
       // request fails, and the cache is emptied.
       if (p.inflight != nullptr) p.pipeline.wait(*p.inflight);
       p.inflight.reset();
+      p.drafts_due.reset();
       scheduler.fail_all(std::string("engine step failed: ") + e.what(), updates);
       chained = false;
     }

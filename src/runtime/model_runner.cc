@@ -270,25 +270,36 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   rows.reserve(R);
   for (const StepPlan::SampleRow& row : plan.rows) rows.push_back(row.sampling);
   // Where every token of the step samples (decode and verification
-  // only), the draft head runs on the samples straight away, on the device,
-  // and its drafts for every row come back with the samples in one copy.
+  // only), the draft head runs on the samples straight away, on the device.
+  // The samples (and the drawn tokens' logprobs) start for the host before
+  // the head is launched, so the host waits for them alone; the head's
+  // drafts for every row follow in a copy of their own, which a step with
+  // one draft per sequence does not wait for (complete_proposals).
   const bool early_head = plan.capture_hidden && every_token_samples(plan);
-  Tensor both = backend_.empty({early_head ? 2 * L : L}, DType::kI32);
-  Tensor out = both.rows(0, L);
+  Tensor out = backend_.empty({L}, DType::kI32);
   backend_.sample(logits, rows, out);
-  Tensor head_hidden;
-  if (early_head) {
-    Tensor row_drafts = both.rows(L, L);
-    head_hidden = launch_head_on_samples(plan, fb, hidden, out, row_drafts);
-  }
-  Tensor host_out = Tensor::empty({both.numel()}, DType::kI32);
-  backend_.copy(both, host_out);
-  result.next.assign(host_out.data<int32_t>(), host_out.data<int32_t>() + R);
+  Tensor host_out = Tensor::empty({L}, DType::kI32);
+  const std::unique_ptr<Backend::PendingDownload> samples_down = backend_.download(out, host_out);
+  Tensor host_sampled;
+  std::unique_ptr<Backend::PendingDownload> sampled_down;
   if (want_sampled) {
     Tensor sampled = backend_.empty({L}, DType::kF32);
     backend_.gather_rows(lp, out, sampled);
-    Tensor host_sampled = Tensor::empty({L}, DType::kF32);
-    backend_.copy(sampled, host_sampled);
+    host_sampled = Tensor::empty({L}, DType::kF32);
+    sampled_down = backend_.download(sampled, host_sampled);
+  }
+  Tensor head_hidden, host_drafts;
+  std::unique_ptr<Backend::PendingDownload> drafts_down;
+  if (early_head) {
+    Tensor row_drafts = backend_.empty({L}, DType::kI32);
+    head_hidden = launch_head_on_samples(plan, fb, hidden, out, row_drafts);
+    host_drafts = Tensor::empty({L}, DType::kI32);
+    drafts_down = backend_.download(row_drafts, host_drafts);
+  }
+  samples_down->wait();
+  result.next.assign(host_out.data<int32_t>(), host_out.data<int32_t>() + R);
+  if (want_sampled) {
+    sampled_down->wait();
     for (size_t r = 0; r < R; ++r)
       if (plan.rows[r].sampled_logprob) result.sampled_logprobs[r] = host_sampled.data<float>()[r];
   }
@@ -319,8 +330,12 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
       fail_row(group, e);
     }
   }
-  if (early_head) {
-    finish_head_on_samples(plan, std::span<const int32_t>(host_out.data<const int32_t>() + L, static_cast<size_t>(L)),
+  const bool one_draft = early_head && head_chain(plan, static_cast<int64_t>(plan.q_start.size()) - 1) <= 1;
+  if (one_draft && plan.drafts_behind_samples) {
+    defer_head_drafts(plan, std::move(host_drafts), std::move(drafts_down), result);
+  } else if (early_head) {
+    drafts_down->wait();
+    finish_head_on_samples(plan, std::span<const int32_t>(host_drafts.data<const int32_t>(), static_cast<size_t>(L)),
                            head_hidden, result);
   } else if (plan.capture_hidden) {
     run_draft_head(plan, hidden, result);
@@ -352,6 +367,25 @@ Tensor LocalModelRunner::launch_head_on_samples(const StepPlan& plan, const Forw
   head.forward(hb, hidden, head_kv_, head_logits, chain > 1 ? &head_hidden : nullptr);
   backend_.argmax(head_logits, row_drafts);
   return head_hidden;
+}
+
+void LocalModelRunner::defer_head_drafts(const StepPlan& plan, Tensor host_drafts,
+                                         std::unique_ptr<Backend::PendingDownload> drafts_down, StepResult& result) {
+  const size_t R = plan.rows.size();
+  result.proposals.assign(R, {});
+  std::vector<std::pair<size_t, size_t>> from;  // (proposal row, the row whose draft it is)
+  for (const KeptSequence& seq : kept_sequences(plan, result)) {
+    if (!seq.samples) continue;
+    from.emplace_back(seq.first, static_cast<size_t>(seq.q0 + seq.kept - 1));
+    result.proposals[seq.first].assign(1, kPendingDraft);
+  }
+  if (from.empty()) return;
+  std::shared_ptr<Backend::PendingDownload> download = std::move(drafts_down);
+  result.complete_proposals = [download, host_drafts, from = std::move(from)](StepResult& done) {
+    download->wait();
+    const int32_t* drafts = host_drafts.data<const int32_t>();
+    for (const auto& [row, at] : from) done.proposals[row].assign(1, drafts[at]);
+  };
 }
 
 void LocalModelRunner::finish_head_on_samples(const StepPlan& plan, std::span<const int32_t> row_drafts,

@@ -59,6 +59,10 @@ class LocalModelRunner : public ModelRunner {
   // device), and what the host does with them once the samples are known.
   Tensor launch_head_on_samples(const StepPlan& plan, const ForwardBatch& fb, const Tensor& hidden,
                                 const Tensor& sampled, Tensor& row_drafts);
+  // With one draft per sequence: the host takes the samples now and the
+  // drafts once `drafts_down` has landed (StepResult::complete_proposals).
+  void defer_head_drafts(const StepPlan& plan, Tensor host_drafts,
+                         std::unique_ptr<Backend::PendingDownload> drafts_down, StepResult& result);
   void finish_head_on_samples(const StepPlan& plan, std::span<const int32_t> row_drafts, const Tensor& head_hidden,
                               StepResult& result);
   // The head's chained passes after its first draft (row 0 of `drafts`).

@@ -554,11 +554,13 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
   const bool drafter_runs = drafter && !drafting_off();
   plan->capture_hidden = drafter_runs && drafts_with_head(algorithm);
   plan->draft_chain = std::max(1, options_.speculative.num_draft_tokens);
+  plan->drafts_behind_samples = options_.speculative.drafts_behind_samples;
   plan->run_draft_model = drafter_runs && algorithm == SpeculativeAlgorithm::kDraft;
   if (drafter && !drafter_runs)
     for (Request* r : batch) {
       r->draft_kv_stale = true;
       r->proposal.clear();
+      r->proposal_row = -1;
     }
   bool any_prefill = false, any_decode = false, any_drafts = false;
   for (size_t b = 0; b < batch.size(); ++b) {
@@ -728,7 +730,7 @@ size_t Scheduler::take_verified(StepPlan& plan, StepResult& result, size_t first
   BASALT_CHECK(result.accepted.size() > first && result.accepted[first] >= 0 && result.accepted[first] <= drafts,
                "request {}: no verification result for its {} drafts", r.id, drafts);
   const int64_t accepted = result.accepted[first];
-  r.proposal = first < result.proposals.size() ? std::move(result.proposals[first]) : std::vector<int32_t>{};
+  take_proposal(r, result, first);
   // The KV of the rejected drafts' positions goes before any token lands,
   // so that a request ending here caches only verified positions.
   kv_.rollback(r.kv, drafts - accepted);
@@ -821,10 +823,43 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
       end(r, FinishReason::kError, updates, {}, std::move(result.row_errors[i]));
       continue;
     }
-    r.proposal = i < result.proposals.size() ? std::move(result.proposals[i]) : std::vector<int32_t>{};
+    take_proposal(r, result, i);
     on_token(r, result.next[i], std::move(result.logprobs[i]), result.sampled_logprobs[i], now, updates);
   }
   remove_finished();
+}
+
+void Scheduler::take_proposal(Request& r, StepResult& result, size_t row) {
+  r.proposal = row < result.proposals.size() ? std::move(result.proposals[row]) : std::vector<int32_t>{};
+  const bool pending = std::find(r.proposal.begin(), r.proposal.end(), kPendingDraft) != r.proposal.end();
+  r.proposal_row = pending ? static_cast<int>(row) : -1;
+}
+
+void Scheduler::resolve_proposals(const StepResult& result, StepPlan* next) {
+  for (const auto& r : running_) {
+    if (r->proposal_row < 0) continue;
+    const auto row = static_cast<size_t>(r->proposal_row);
+    BASALT_CHECK(row < result.proposals.size() && result.proposals[row].size() == r->proposal.size(),
+                 "request {}: its drafts came back as {} tokens, not {}", r->id,
+                 row < result.proposals.size() ? result.proposals[row].size() : 0, r->proposal.size());
+    r->proposal = result.proposals[row];
+    r->proposal_row = -1;
+  }
+  if (next == nullptr) return;
+  // A pending draft is the input one position after its row's logits row;
+  // each request's drafts are its proposal's first ones, in order.
+  for (size_t i = 0; i < next->rows.size(); ++i) {
+    if (next->rows[i].draft != kPendingDraft) continue;
+    Request& r = *next->sampled[i];
+    size_t d = 0;
+    while (d < i && next->sampled[i - d - 1] == &r) ++d;
+    BASALT_CHECK(d < r.proposal.size() && d < r.drafts.size() && r.proposal[d] != kPendingDraft,
+                 "request {}: draft {} of step {} never came back", r.id, d, next->id);
+    const int32_t token = r.proposal[d];
+    next->rows[i].draft = token;
+    r.drafts[d] = token;
+    next->token_ids[static_cast<size_t>(next->logit_rows[i]) + 1] = token;
+  }
 }
 
 // --- checks ---------------------------------------------------------------------

@@ -111,6 +111,12 @@ class Scheduler {
   // the step failed (result.error); the caller then calls fail_all(). A row
   // that failed alone (result.row_errors) finishes its request with kError.
   void update(StepPlan& plan, StepResult& result, std::vector<RequestUpdate>& updates);
+  // The drafts of the last updated step, once its result's
+  // complete_proposals has run: each running request's proposal gets its
+  // tokens, and `next` (the step planned since, may be null; not launched
+  // yet) gets them where it carries them as kPendingDraft. Call it before
+  // `next` runs and before another step with pending proposals is updated.
+  void resolve_proposals(const StepResult& result, StepPlan* next);
   // After a failed step (every launched step is done or dropped): finishes
   // every request with the error and empties the cache, since launched
   // chunks entered it before their KV was written.
@@ -153,6 +159,8 @@ class Scheduler {
   // Takes the results of the draft group whose first sampled row is
   // `first`: the accepted tokens, the rejected positions' KV rolled back.
   // Returns the group's last row.
+  // The request's proposal from row `row` of a step's result (pending or not).
+  void take_proposal(Request& r, StepResult& result, size_t row);
   size_t take_verified(StepPlan& plan, StepResult& result, size_t first, Clock::time_point now,
                        std::vector<RequestUpdate>& updates);
   std::shared_ptr<StepPlan> fresh_plan();

@@ -89,6 +89,12 @@ struct SpeculativeOptions {
   // 0: never. The default lies between the batches measured (drafts pay at
   // 1 and lose at 64 on the H200 and the CPU; bench/README.md).
   int disable_from_batch = 32;
+  // A draft head's single drafts (k = 1) reach the host after the step's
+  // samples: the host updates its requests and plans the next step while
+  // the head runs, and writes the drafts in before that step runs
+  // (StepResult::complete_proposals). false: the step returns once its
+  // drafts are on the host too (what the benchmark compares against).
+  bool drafts_behind_samples = true;
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }
   // Throws basalt::Error when a field is out of range.
   void validate() const;

@@ -398,6 +398,19 @@ TEST_P(Speculative, MtpDraftsGiveThePlainTokens) {
             EXPECT_GT(mtp.metrics.accepted_by_position[1], 0u);
           }
         }
+        if (k == 1) {
+          // Drafts that reach the host after the samples (the next step
+          // planned meanwhile, the drafts written in before it runs) are
+          // the drafts a step that waits for them gets: same tokens, same
+          // drafts accepted, same steps.
+          SpeculativeOptions waiting = speculative_options("mtp", k);
+          waiting.drafts_behind_samples = false;
+          const SpecRun waited = run_chunked(f, temperature, waiting);
+          expect_same_outputs(plain, waited);
+          EXPECT_EQ(waited.metrics.draft_tokens, mtp.metrics.draft_tokens) << dir;
+          EXPECT_EQ(waited.metrics.accepted_draft_tokens, mtp.metrics.accepted_draft_tokens) << dir;
+          EXPECT_EQ(waited.metrics.steps, mtp.metrics.steps) << dir;
+        }
       }
     }
   }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,13 @@ class TokenConstraint;
 // An input token that the step launched just before this one samples
 // (overlap): row `row` of that step's sampled tokens goes to input `index`
 // of this step. The runner resolves it before the forward pass.
+// A draft whose value the step before has not brought to the host yet: the
+// draft head still runs on the device when its step's samples come back
+// (StepResult::complete_proposals). A plan may carry it in token_ids and a
+// row's `draft` until Scheduler::resolve_proposals() writes the value in,
+// which happens before the plan runs.
+constexpr int32_t kPendingDraft = -2;
+
 struct FutureToken {
   size_t index = 0;  // position in StepPlan::token_ids
   int32_t row = 0;   // sampled row of the previous step
@@ -51,6 +59,9 @@ struct StepPlan {
   // from the target's hidden state, each next from the head's own hidden
   // state and the token it drafted before (a chain).
   int draft_chain = 1;
+  // SpeculativeOptions::drafts_behind_samples: a head's single drafts may
+  // come back after the samples (StepResult::complete_proposals).
+  bool drafts_behind_samples = false;
   // Run the draft model after sampling (SpeculativeAlgorithm::kDraft): it
   // reads the tokens each sequence kept and drafts draft_chain tokens after
   // the one sampled.
@@ -97,6 +108,7 @@ inline void StepPlan::clear() {
   futures.clear();
   capture_hidden = false;
   draft_chain = 1;
+  drafts_behind_samples = false;
   run_draft_model = false;
   rows.clear();
   chained = false;
@@ -121,6 +133,12 @@ struct StepResult {
   // group's first row, the draft head's tokens for after the group's last
   // accepted token (up to draft_chain of them; empty: none).
   std::vector<std::vector<int32_t>> proposals;
+  // Set when the proposals are still on their way from the device (their
+  // tokens are kPendingDraft, their number final): the host takes the
+  // samples, updates its requests and plans the next step while the draft
+  // head runs. Waits for the drafts and writes them into `proposals`; call
+  // it once, before the next step runs.
+  std::function<void(StepResult&)> complete_proposals;
   std::string error;                             // non-empty: the step failed
   Clock::time_point exec_start, exec_end;
 };
