@@ -341,11 +341,13 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   if (f.parallel.dp_attention) {
     dp = DpAttentionEngines::load(f.model, f.parallel, std::ref(progress));
   } else {
+    const int graph_batch = f.enforce_eager ? 0 : std::min(f.max_running, 4096);
     model = attach_speculation_head(
-        f.speculation, load_model_for_tp(f.model, backend, f.parallel, std::ref(progress)), f.model, backend);
-    // Over GPU ranks each rank runs eagerly (graphs per rank are not built).
-    if (!f.enforce_eager && f.parallel.tp == 1)
-      model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
+        f.speculation, load_model_for_tp(f.model, backend, f.parallel, std::ref(progress), graph_batch), f.model,
+        backend);
+    // Over GPU ranks each rank records its own graphs (load_model_for_tp).
+    if (graph_batch > 0 && f.parallel.tp == 1)
+      model = make_graphed_model(std::move(model), backend, {.max_batch = graph_batch});
   }
   const Model& shape = model ? *model : dp.model->rank(0);
   if (const std::string summary = shape.summary(); !summary.empty()) std::fprintf(stderr, "%s\n", summary.c_str());

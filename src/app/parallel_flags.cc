@@ -58,7 +58,7 @@ RankBackendFactory cpu_ranks(int ranks) {
 }  // namespace
 
 std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, const ParallelFlags& flags,
-                                         const LoadProgress& progress) {
+                                         const LoadProgress& progress, int graph_batch) {
   const int tp = flags.tp;
   BASALT_CHECK(tp >= 1 && tp <= 64, "--tp must be in [1, 64], got {}", tp);
   if (tp == 1) return load_model(dir, backend, progress, {}, flags.weights());
@@ -87,7 +87,8 @@ std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backen
         rank->set_fp8_compute(fp8);
         return rank;
       },
-      progress, &backend, group, flags.weights());
+      progress, &backend, group, flags.weights(),
+      graph_batch > 0 ? std::optional<GraphOptions>(GraphOptions{.max_batch = graph_batch}) : std::nullopt);
 #else
   fail("--tp {} --device {}: this build has no GPU backend", tp, backend.name());
 #endif

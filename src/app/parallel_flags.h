@@ -45,8 +45,11 @@ struct ParallelFlags {
 
 void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags);
 void check_parallel_flags(const ParallelFlags& flags, const std::string& device, bool speculation);
+// With graph_batch > 0, GPU ranks over NCCL record CUDA graphs per rank for
+// decode batches up to that size (model/tensor_parallel.h); one rank (--tp
+// 1) is left to the caller to wrap.
 std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, const ParallelFlags& flags,
-                                         const LoadProgress& progress = {});
+                                         const LoadProgress& progress = {}, int graph_batch = 0);
 
 struct DpAttentionEngines {
   std::unique_ptr<DataParallelGroup> model;

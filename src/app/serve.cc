@@ -167,10 +167,12 @@ void run_serve(const ServeFlags& f) {
     dp.start(&tokenizer.tokenizer, options);
     for (int r = 0; r < dp.engines->size(); ++r) engines.push_back(&dp.engines->engine(r));
   } else {
-    model = attach_speculation_head(f.speculation, load_model_for_tp(dir, backend, f.parallel), dir, backend);
-    // Over GPU ranks each rank runs eagerly (graphs per rank are not built).
-    if (!f.enforce_eager && f.parallel.tp == 1)
-      model = make_graphed_model(std::move(model), backend, {.max_batch = std::min(f.max_running, 4096)});
+    const int graph_batch = f.enforce_eager ? 0 : std::min(f.max_running, 4096);
+    model = attach_speculation_head(f.speculation, load_model_for_tp(dir, backend, f.parallel, {}, graph_batch), dir,
+                                    backend);
+    // Over GPU ranks each rank records its own graphs (load_model_for_tp).
+    if (graph_batch > 0 && f.parallel.tp == 1)
+      model = make_graphed_model(std::move(model), backend, {.max_batch = graph_batch});
     // The KV budget is taken from what the weights left free.
     if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
     single = std::make_unique<Engine>(*model, backend, &tokenizer.tokenizer, options);

@@ -46,6 +46,12 @@ class Communicator {
   virtual void all_to_all(const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
                           std::span<const int64_t> recv_rows) = 0;
   virtual void broadcast(Tensor& x, int root) = 0;
+  // Whether its collectives may be recorded into a graph on its rank's
+  // backend (Backend::record): enqueued on that backend's stream with no
+  // wait on the host, so a replay repeats them on the same buffers (NCCL's;
+  // all_to_all's row counts, host values, are fixed at recording). The
+  // in-process group stages through host memory and cannot.
+  virtual bool can_record() const { return false; }
 };
 
 // The checks every communicator makes before entering a collective.

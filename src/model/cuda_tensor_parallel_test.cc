@@ -9,15 +9,20 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "model/graphed_model.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/tensor_parallel.h"
+#include "runtime/engine.h"
+#include "runtime/speculative.h"
 #include "testing/backend_test_util.h"
+#include "testing/engine_test_util.h"
 #include "testing/reference_test_util.h"
 #ifdef BASALT_HAVE_NCCL
 #include "backend/cuda/nccl_communicator.h"
@@ -106,6 +111,65 @@ TEST(CudaTensorParallelNccl, AWorldOfOneThroughNcclMatchesOneGpu) {
     expect_prefill_like_one_gpu(*ranks, name, gpu);
     testing::expect_greedy_matches_reference(*ranks, gpu, kModels + name, 0.02, 4);
   }
+}
+
+// Graphs per rank: over NCCL each rank records its own CUDA graphs with its
+// collectives inside (prepare() every decode size, then verification and
+// MTP-head shapes as they come), and an engine over them writes the tokens
+// of one graphed GPU, bit for bit (a world of one's all-reduce adds
+// nothing; the padded shapes, so the kernels, are the same). The in-process
+// group, which stages through the host, is left eager.
+TEST(CudaTensorParallelNccl, GraphsPerRankRecordTheirCollectivesAndReplay) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const RankGroupFactory nccl = [](std::span<Backend* const> backends) {
+    std::vector<CudaBackend*> gpus;
+    for (Backend* b : backends) gpus.push_back(dynamic_cast<CudaBackend*>(b));
+    return make_nccl_group(gpus);
+  };
+  const GraphOptions graphs{.max_batch = 8};
+  for (const char* name : {"qwen3", "deepseek_v3"}) {
+    const bool mtp = std::string(name) == "deepseek_v3";
+    CudaBackend gpu;
+    auto ranks = load_tensor_parallel(kModels + name, 1, [](int) { return std::make_unique<CudaBackend>(0); }, {},
+                                      &gpu, nccl, Weights::kCheckpoint, graphs);
+    ASSERT_TRUE(tensor_parallel_graphed(*ranks)) << name;
+    auto one = make_graphed_model(load_model(kModels + name, gpu), gpu, graphs);
+    std::mt19937 rng(17);
+    std::vector<EngineRequest> requests;
+    for (int i = 0; i < 5; ++i) {
+      const std::vector<int32_t> motif = testing::random_ids(rng, 3 + static_cast<size_t>(i));
+      std::vector<int32_t> prompt;
+      for (int rep = 0; rep < 3; ++rep) prompt.insert(prompt.end(), motif.begin(), motif.end());
+      SamplingParams p = testing::greedy(12);
+      p.ignore_eos = true;
+      requests.push_back(testing::request(std::move(prompt), p));
+    }
+    std::vector<RequestOutput> outputs[2];
+    for (int which = 0; which < 2; ++which) {
+      EngineOptions o;
+      o.kv_slots = 1024;
+      o.check_invariants = true;
+      if (mtp) o.speculative = speculative_options("mtp", 1);
+      Engine engine(which == 0 ? *ranks : *one, gpu, nullptr, o);
+      outputs[which].push_back(testing::run_all(engine, {requests[0]})[0]);  // alone: batch 1
+      const auto rest = testing::run_all(engine, std::vector<EngineRequest>(requests.begin() + 1, requests.end()));
+      outputs[which].insert(outputs[which].end(), rest.begin(), rest.end());
+      EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+    }
+    for (size_t i = 0; i < requests.size(); ++i)
+      EXPECT_EQ(outputs[0][i].output_ids, outputs[1][i].output_ids) << name << ", request " << i;
+    const GraphStats rank0 = tensor_parallel_graph_stats(*ranks, 0);
+    EXPECT_GE(rank0.recordings, 4) << name << ": prepare() records sizes 1, 2, 4 and 8";
+    EXPECT_GT(rank0.replays, 10) << name;
+    if (mtp) {
+      EXPECT_GT(rank0.head_replays, 5) << name;
+    }
+  }
+  // The in-process group cannot record: its ranks stay eager.
+  CudaBackend gpu;
+  auto local = load_tensor_parallel(kModels + "qwen3", 2, [](int) { return std::make_unique<CudaBackend>(0); }, {},
+                                    &gpu, {}, Weights::kCheckpoint, graphs);
+  EXPECT_FALSE(tensor_parallel_graphed(*local));
 }
 #endif
 

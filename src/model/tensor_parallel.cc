@@ -1,6 +1,8 @@
 #include "model/tensor_parallel.h"
 
 #include <fmt/format.h>
+
+#include <algorithm>
 #include <vector>
 
 #include "backend/communicator.h"
@@ -14,7 +16,7 @@ class TensorParallelModel final : public Model {
  public:
   TensorParallelModel(const std::string& dir, int world, const RankBackendFactory& make_backend,
                       const LoadProgress& progress, Backend* first, const RankGroupFactory& make_group,
-                      Weights weights)
+                      Weights weights, const std::optional<GraphOptions>& graphs)
       : threads_(world) {
     ranks_.resize(static_cast<size_t>(world));
     std::vector<Backend*> backends;
@@ -39,11 +41,31 @@ class TensorParallelModel final : public Model {
     for (int r = 0; r < world; ++r) ranks_[static_cast<size_t>(r)].comm = std::move(group[static_cast<size_t>(r)]);
     // Each rank reads its own shard; only rank 0 reports progress (the
     // ranks read the same files' pages at about the same pace).
+    // Graphs per rank, each recording its rank's collectives, where every
+    // rank can record them; all ranks take the same path for a batch, so
+    // they record and replay in step.
+    bool record = graphs.has_value();
+    for (const Rank& rank : ranks_) record = record && rank.backend->can_record() && rank.comm->can_record();
     threads_.run_or_throw([&](int r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];
       rank.backend->make_current();
       rank.model =
           load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get()}, weights);
+      if (record) rank.model = make_graphed_model(std::move(rank.model), *rank.backend, *graphs);
+    });
+    graphed_ = record;
+  }
+
+  bool graphed() const { return graphed_; }
+  GraphStats rank_stats(int r) const { return graph_stats(*ranks_[static_cast<size_t>(r)].model); }
+
+  // Each rank's graphs record on its own view of the KV (model/graphed_model.h).
+  void prepare(KvBuffers& kv) override {
+    const size_t layers = static_cast<size_t>(config().num_layers);
+    threads_.run_or_throw([&](int r) {
+      Rank& rank = ranks_[static_cast<size_t>(r)];
+      rank.backend->make_current();
+      rank.model->prepare(rank.kv.of(kv, static_cast<size_t>(r), layers));
     });
   }
 
@@ -87,18 +109,14 @@ class TensorParallelModel final : public Model {
                  "forward: hidden must be f32 [{}, {}] on rank 0's {}, got {}", tokens, config().hidden_size,
                  ranks_[0].backend->name(), hidden->describe());
     threads_.run_or_throw([&](int r) {
-      ranks_[static_cast<size_t>(r)].backend->make_current();
-      KvBuffers own;
-      own.num_slots = kv.num_slots;
-      const auto first = static_cast<std::ptrdiff_t>(static_cast<size_t>(r) * layers);
-      own.k.assign(kv.k.begin() + first, kv.k.begin() + first + static_cast<std::ptrdiff_t>(layers));
-      own.v.assign(kv.v.begin() + first, kv.v.begin() + first + static_cast<std::ptrdiff_t>(layers));
+      Rank& rank = ranks_[static_cast<size_t>(r)];
+      rank.backend->make_current();
+      KvBuffers& own = rank.kv.of(kv, static_cast<size_t>(r), layers);
       if (r == 0) {
-        ranks_[0].model->forward(batch, own, logits, hidden);
+        rank.model->forward(batch, own, logits, hidden);
         return;
       }
       // The other ranks' logits are the same; each writes its own copy.
-      Rank& rank = ranks_[static_cast<size_t>(r)];
       Tensor own_logits = scratch(*rank.backend, rank.logits, logits.shape());
       rank.model->forward(batch, own, own_logits, nullptr);
     });
@@ -114,6 +132,30 @@ class TensorParallelModel final : public Model {
   }
 
  private:
+  // A rank's layers of the engine's KvBuffers, kept as one object while
+  // they stay the same tensors: a graphed rank's recordings are bound to it.
+  class KvView {
+   public:
+    KvBuffers& of(const KvBuffers& all, size_t rank, size_t layers) {
+      const auto first = static_cast<std::ptrdiff_t>(rank * layers), n = static_cast<std::ptrdiff_t>(layers);
+      const bool same = view_.num_slots == all.num_slots && view_.k.size() == layers && view_.v.size() == layers &&
+                        std::equal(view_.k.begin(), view_.k.end(), all.k.begin() + first, same_memory) &&
+                        std::equal(view_.v.begin(), view_.v.end(), all.v.begin() + first, same_memory);
+      if (!same) {
+        view_.num_slots = all.num_slots;
+        view_.k.assign(all.k.begin() + first, all.k.begin() + first + n);
+        view_.v.assign(all.v.begin() + first, all.v.begin() + first + n);
+      }
+      return view_;
+    }
+
+   private:
+    static bool same_memory(const Tensor& a, const Tensor& b) {
+      return a.raw() == b.raw() && a.shape() == b.shape() && a.dtype() == b.dtype();
+    }
+    KvBuffers view_;
+  };
+
   struct Rank {
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<Backend> owned_backend;  // null where rank 0 runs on the caller's
@@ -123,6 +165,7 @@ class TensorParallelModel final : public Model {
     // their copy of the logits, and for the draft head rank 0's hidden
     // states and their copy of its hidden output.
     Tensor logits, head_hidden, head_hidden_out;
+    KvView kv, head_kv;
   };
 
   // A rank's scratch `buffer` as a tensor of `shape`, grown when too small.
@@ -183,11 +226,7 @@ class TensorParallelModel final : public Model {
       m_.threads_.run_or_throw([&](int r) {
         Rank& rank = m_.ranks_[static_cast<size_t>(r)];
         rank.backend->make_current();
-        KvBuffers own;
-        own.num_slots = kv.num_slots;
-        const auto first = static_cast<std::ptrdiff_t>(static_cast<size_t>(r) * layers);
-        own.k.assign(kv.k.begin() + first, kv.k.begin() + first + static_cast<std::ptrdiff_t>(layers));
-        own.v.assign(kv.v.begin() + first, kv.v.begin() + first + static_cast<std::ptrdiff_t>(layers));
+        KvBuffers& own = rank.head_kv.of(kv, static_cast<size_t>(r), layers);
         Tensor h = r == 0 ? hidden : scratch(*rank.backend, rank.head_hidden, {T, H});
         rank.comm->broadcast(h, 0);
         DraftHead& head = *rank.model->draft_head();
@@ -219,6 +258,7 @@ class TensorParallelModel final : public Model {
   // ranks' work, and nothing is running once the model is destroyed.
   mutable RankThreads threads_;  // allocate_kv runs on it too
   std::vector<Rank> ranks_;
+  bool graphed_ = false;
   Head head_{*this};
 };
 
@@ -226,8 +266,21 @@ class TensorParallelModel final : public Model {
 
 std::unique_ptr<Model> load_tensor_parallel(const std::string& dir, int world, const RankBackendFactory& make_backend,
                                             const LoadProgress& progress, Backend* first,
-                                            const RankGroupFactory& make_group, Weights weights) {
-  return std::make_unique<TensorParallelModel>(dir, world, make_backend, progress, first, make_group, weights);
+                                            const RankGroupFactory& make_group, Weights weights,
+                                            const std::optional<GraphOptions>& graphs) {
+  return std::make_unique<TensorParallelModel>(dir, world, make_backend, progress, first, make_group, weights,
+                                               graphs);
+}
+
+bool tensor_parallel_graphed(const Model& model) {
+  const auto* tp = dynamic_cast<const TensorParallelModel*>(&model);
+  return tp != nullptr && tp->graphed();
+}
+
+GraphStats tensor_parallel_graph_stats(const Model& model, int rank) {
+  const auto* tp = dynamic_cast<const TensorParallelModel*>(&model);
+  BASALT_CHECK(tp != nullptr, "tensor_parallel_graph_stats: not a tensor-parallel model");
+  return tp->rank_stats(rank);
 }
 
 }  // namespace basalt

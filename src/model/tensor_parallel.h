@@ -21,8 +21,13 @@
 // its device, laid out in one KvBuffers: layer l of rank r is k[r *
 // num_layers + l] (and v likewise); kv_bytes_per_slot() is the sum over
 // ranks, replicated key/value heads counted on every rank that holds them.
-// Like any Model, one thread at a time calls it. Ranks run eagerly (no CUDA
-// graphs yet). Its draft_head() is the ranks' heads run as one (DeepSeek's
+// Like any Model, one thread at a time calls it. With `graphs` given, and
+// where every rank's backend and communicator can record (GPU ranks over
+// NCCL), each rank's model is a GraphedModel of its own whose recordings
+// hold its collectives; prepare() records every rank's decode sizes (all
+// ranks take the same path for a batch, so their collectives stay in
+// step), and the caller must not wrap the whole in another GraphedModel.
+// Otherwise the ranks run eagerly. Its draft_head() is the ranks' heads run as one (DeepSeek's
 // MTP layer, each rank its shard; null when the ranks' models have none):
 // each pass broadcasts the caller's hidden states from rank 0, and its KV
 // is laid out as the model's (the head's layers of rank r after rank r-1's).
@@ -31,10 +36,12 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "model/graphed_model.h"
 #include "model/model.h"
 
 namespace basalt {
@@ -45,6 +52,12 @@ using RankGroupFactory = std::function<std::vector<std::unique_ptr<Communicator>
 std::unique_ptr<Model> load_tensor_parallel(const std::string& dir, int world, const RankBackendFactory& make_backend,
                                             const LoadProgress& progress = {}, Backend* first = nullptr,
                                             const RankGroupFactory& make_group = {},
-                                            Weights weights = Weights::kCheckpoint);
+                                            Weights weights = Weights::kCheckpoint,
+                                            const std::optional<GraphOptions>& graphs = std::nullopt);
+
+// Whether `model` (made by load_tensor_parallel) runs graphs per rank.
+bool tensor_parallel_graphed(const Model& model);
+// Rank `rank`'s graph counters (zeros when it runs eagerly).
+GraphStats tensor_parallel_graph_stats(const Model& model, int rank);
 
 }  // namespace basalt

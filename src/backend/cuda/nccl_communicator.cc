@@ -45,6 +45,7 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
+  bool can_record() const override { return true; }
 
   void all_reduce(Tensor& x, ReduceOp op) override {
     check_all_reduce(x, "nccl");
