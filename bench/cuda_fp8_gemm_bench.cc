@@ -1,6 +1,6 @@
 // The block-FP8 linear on the GPU (fp8_linear.h) at DeepSeek-V3's shapes
 // (DeepGEMM's table: N x K = 2112x7168, 24576x1536, 32768x512, 7168x16384,
-// 4096x7168, 7168x2048) for M = 1, 4, 16, 64, 128, 4096 tokens: time per call
+// 4096x7168, 7168x2048) for M = 1, 2, 4, 8, 16, 64, 128, 4096 tokens: time per call
 // of our weight-streaming kernel (both pipeline depths), cuBLASLt's
 // block-scaled FP8 (f32 out as the model uses it, and bf16 out as DeepGEMM
 // reports it) and the automatic choice, each including the activation
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   }
   const Shape2 shapes[] = {{2112, 7168, 0, 0, 0},        {24576, 1536, 0, 0, 0}, {32768, 512, 0, 0, 0},
                            {7168, 16384, 336, 645, 1520}, {4096, 7168, 287, 533, 1410}, {7168, 2048, 0, 0, 0}};
-  const int64_t token_counts[] = {1, 4, 16, 64, 128, 4096};
+  const int64_t token_counts[] = {1, 2, 4, 8, 16, 64, 128, 4096};
   CudaFp8Linear fp8;
   cudaStream_t stream;
   BASALT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
