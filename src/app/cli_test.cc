@@ -851,10 +851,23 @@ TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
   }
   EXPECT_EQ(lines, 5);
   EXPECT_NE(ranks.err.find("DP attention over 2 ranks"), std::string::npos) << ranks.err;
+  // n-gram drafts over the ranks: transformers' tokens, and the drafts and
+  // acceptances of one engine (a request's drafts depend on its tokens alone).
+  expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
+                                      " --tp 2 --dp-attention --speculative-algorithm ngram");
+  const std::string ngram = "generate --prompt 'one two three one two three one two' --max-tokens 24 "
+                            "--temperature 0 --ignore-eos --json --speculative-algorithm ngram";
+  const CliRun ngram_one = run(ngram), ngram_ranks = run(ngram + " --tp 2 --dp-attention");
+  ASSERT_EQ(ngram_one.exit_code, 0) << ngram_one.err;
+  ASSERT_EQ(ngram_ranks.exit_code, 0) << ngram_ranks.err;
+  const json one_engine = json::parse(ngram_one.out), over_ranks = json::parse(ngram_ranks.out);
+  EXPECT_EQ(one_engine["text"], over_ranks["text"]);
+  EXPECT_GT(over_ranks["speculative"]["draft_tokens"].get<int>(), 0) << ngram_ranks.out;
+  EXPECT_EQ(one_engine["speculative"], over_ranks["speculative"]);
   const std::pair<std::string, std::string> refusals[] = {
       {" --tp 2 --ep 4", "--ep 4: the routed experts are split over the --tp ranks (2)"},
       {" --dp-attention", "--dp-attention runs over the --tp ranks: give --tp 2 or more"},
-      {" --tp 2 --dp-attention --speculative-algorithm ngram", "speculative decoding over DP-attention ranks"},
+      {" --tp 2 --dp-attention --speculative-algorithm mtp", "the draft head and draft models do not run over"},
       {" --tp 2 --dp-attention --model " + kBundled + "basalt-draft", "DP attention is for DeepSeek"},
   };
   for (const auto& [flags, message] : refusals) {

@@ -35,7 +35,8 @@ void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags) {
                "their experts by all-to-all (SGLang's --enable-dp-attention)");
 }
 
-void check_parallel_flags(const ParallelFlags& flags, const std::string& device, bool speculation) {
+void check_parallel_flags(const ParallelFlags& flags, const std::string& device,
+                          const std::string& speculative_algorithm) {
   BASALT_CHECK(flags.tp >= 1 && flags.tp <= 64, "--tp must be in [1, 64], got {}", flags.tp);
   BASALT_CHECK(flags.ep == 0 || flags.ep == flags.tp,
                "--ep {}: the routed experts are split over the --tp ranks ({}); give --ep {} or leave it out",
@@ -45,7 +46,13 @@ void check_parallel_flags(const ParallelFlags& flags, const std::string& device,
   BASALT_CHECK(device == "cpu",
                "--dp-attention --device {}: DP attention runs CPU ranks for now (GPU ranks are not built yet)",
                device);
-  BASALT_CHECK(!speculation, "--dp-attention: speculative decoding over DP-attention ranks is not built yet");
+  // n-gram drafts need nothing but the ranks' own forward passes (a
+  // verification is a batch like any other); a draft head's or draft
+  // model's passes would have to meet in the ranks' expert exchanges too.
+  BASALT_CHECK(speculative_algorithm == "none" || speculative_algorithm == "ngram",
+               "--dp-attention --speculative-algorithm {}: the draft head and draft models do not run over "
+               "DP-attention ranks yet (ngram does)",
+               speculative_algorithm);
 }
 
 namespace {

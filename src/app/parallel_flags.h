@@ -44,7 +44,8 @@ struct ParallelFlags {
 };
 
 void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags);
-void check_parallel_flags(const ParallelFlags& flags, const std::string& device, bool speculation);
+void check_parallel_flags(const ParallelFlags& flags, const std::string& device,
+                          const std::string& speculative_algorithm);
 // With graph_batch > 0, GPU ranks over NCCL record CUDA graphs per rank for
 // decode batches up to that size (model/tensor_parallel.h); one rank (--tp
 // 1) is left to the caller to wrap.
