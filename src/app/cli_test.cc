@@ -864,10 +864,28 @@ TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
   EXPECT_EQ(one_engine["text"], over_ranks["text"]);
   EXPECT_GT(over_ranks["speculative"]["draft_tokens"].get<int>(), 0) << ngram_ranks.out;
   EXPECT_EQ(one_engine["speculative"], over_ranks["speculative"]);
+  // The MTP layer drafts over the ranks too, its passes meeting in the
+  // expert exchanges: transformers' tokens, and one engine's drafts and
+  // acceptances, over 2 and 4 ranks.
+  expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
+                                      " --tp 2 --dp-attention --speculative-algorithm mtp");
+  const std::string mtp = "generate --prompt 'The Debian project' --max-tokens 40 --temperature 0 --ignore-eos "
+                          "--json --speculative-algorithm mtp";
+  const CliRun mtp_one = run(mtp);
+  ASSERT_EQ(mtp_one.exit_code, 0) << mtp_one.err;
+  const json mtp_engine = json::parse(mtp_one.out);
+  EXPECT_GT(mtp_engine["speculative"]["accepted_tokens"].get<int>(), 0);
+  for (const char* flags : {" --tp 2 --dp-attention", " --tp 4 --dp-attention --threads 2"}) {
+    const CliRun mtp_ranks = run(mtp + flags);
+    ASSERT_EQ(mtp_ranks.exit_code, 0) << flags << ": " << mtp_ranks.err;
+    const json got = json::parse(mtp_ranks.out);
+    EXPECT_EQ(mtp_engine["text"], got["text"]) << flags;
+    EXPECT_EQ(mtp_engine["speculative"], got["speculative"]) << flags;
+  }
   const std::pair<std::string, std::string> refusals[] = {
       {" --tp 2 --ep 4", "--ep 4: the routed experts are split over the --tp ranks (2)"},
       {" --dp-attention", "--dp-attention runs over the --tp ranks: give --tp 2 or more"},
-      {" --tp 2 --dp-attention --speculative-algorithm mtp", "the draft head and draft models do not run over"},
+      {" --tp 2 --dp-attention --speculative-algorithm eagle", "EAGLE heads and draft models do not run over"},
       {" --tp 2 --dp-attention --model " + kBundled + "basalt-draft", "DP attention is for DeepSeek"},
   };
   for (const auto& [flags, message] : refusals) {

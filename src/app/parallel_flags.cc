@@ -47,11 +47,12 @@ void check_parallel_flags(const ParallelFlags& flags, const std::string& device,
                "--dp-attention --device {}: DP attention runs CPU ranks for now (GPU ranks are not built yet)",
                device);
   // n-gram drafts need nothing but the ranks' own forward passes (a
-  // verification is a batch like any other); a draft head's or draft
-  // model's passes would have to meet in the ranks' expert exchanges too.
-  BASALT_CHECK(speculative_algorithm == "none" || speculative_algorithm == "ngram",
-               "--dp-attention --speculative-algorithm {}: the draft head and draft models do not run over "
-               "DP-attention ranks yet (ngram does)",
+  // verification is a batch like any other), and the MTP layer's passes
+  // meet in the expert exchanges as the steps do (model/data_parallel.h);
+  // an EAGLE head or a draft model beside each rank is not built.
+  BASALT_CHECK(speculative_algorithm == "none" || speculative_algorithm == "ngram" || speculative_algorithm == "mtp",
+               "--dp-attention --speculative-algorithm {}: EAGLE heads and draft models do not run over "
+               "DP-attention ranks yet (ngram and mtp do)",
                speculative_algorithm);
 }
 

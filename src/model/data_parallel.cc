@@ -4,6 +4,7 @@
 #include <exception>
 #include <fmt/format.h>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "backend/communicator.h"
@@ -26,10 +27,26 @@ class RankView final : public Model {
   using Model::forward;
   void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override;
   std::string summary() const override;
+  DraftHead* draft_head() override;
 
  private:
+  // Rank r's MTP layer, its passes stepped with the group as forward() is.
+  class Head final : public DraftHead {
+   public:
+    Head(Group& group, int rank) : group_(group), rank_(rank) {}
+    KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override;
+    size_t kv_bytes_per_slot(DType dtype) const override;
+    void forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
+                 Tensor* hidden_out) override;
+
+   private:
+    Group& group_;
+    const int rank_;
+  };
+
   Group& group_;
   const int rank_;
+  Head head_{group_, rank_};
 };
 
 class Group final : public DataParallelGroup {
@@ -68,21 +85,30 @@ class Group final : public DataParallelGroup {
     busy_ = std::move(busy);
   }
 
-  // Rank r's step: joins the next round and returns once it has run.
-  void forward(int r, const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) {
+  // Rank r's step (head_in null) or pass of its MTP layer (head_in its
+  // hidden states; `hidden` the head's hidden output, may be null): joins
+  // the next round of that kind and returns once it has run.
+  void forward(int r, const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden,
+               const Tensor* head_in = nullptr) {
     // What the rank's model checks only after its first exchange is checked
     // here, so that a bad call fails alone, before the round.
     const ModelConfig& c = model(r).config();
     const int64_t rows = batch.logit_rows.numel(), tokens = batch.num_tokens();
+    const char* what = head_in != nullptr ? "draft head" : "forward";
     BASALT_CHECK(logits.device() == Device::kCpu && logits.dtype() == DType::kF32 && logits.rank() == 2 &&
                      logits.dim(0) == rows && logits.dim(1) == c.vocab_size,
-                 "forward: logits must be host f32 [{}, {}], got {}", rows, c.vocab_size, logits.describe());
-    BASALT_CHECK(hidden == nullptr || (hidden->device() == Device::kCpu && hidden->dtype() == DType::kF32 &&
-                                       hidden->rank() == 2 && hidden->dim(0) == tokens &&
-                                       hidden->dim(1) == c.hidden_size),
-                 "forward: hidden must be host f32 [{}, {}], got {}", tokens, c.hidden_size, hidden->describe());
-    Step mine{&batch, &kv, &logits, hidden, false, nullptr};
+                 "{}: logits must be host f32 [{}, {}], got {}", what, rows, c.vocab_size, logits.describe());
+    for (const Tensor* states : {static_cast<const Tensor*>(hidden), head_in})
+      BASALT_CHECK(states == nullptr || (states->device() == Device::kCpu && states->dtype() == DType::kF32 &&
+                                         states->rank() == 2 && states->dim(0) == tokens &&
+                                         states->dim(1) == c.hidden_size),
+                   "{}: hidden states must be host f32 [{}, {}], got {}", what, tokens, c.hidden_size,
+                   states->describe());
+    BASALT_CHECK(head_in == nullptr || model(r).draft_head() != nullptr, "draft head: {} has no MTP layer",
+                 model(r).summary());
+    Step mine{&batch, &kv, &logits, hidden, head_in, false, nullptr, 0};
     std::unique_lock<std::mutex> lock(mu_);
+    mine.arrival = ++arrivals_;
     BASALT_CHECK(waiting_[static_cast<size_t>(r)] == nullptr, "DP attention: rank {} is already in a step", r);
     waiting_[static_cast<size_t>(r)] = &mine;
     ++num_waiting_;
@@ -106,8 +132,10 @@ class Group final : public DataParallelGroup {
     KvBuffers* kv;
     Tensor* logits;
     Tensor* hidden;
+    const Tensor* head_in;  // non-null: a pass of the MTP layer
     bool done = false;
     std::exception_ptr error;
+    uint64_t arrival = 0;  // order of handing in, for which kind of round runs first
   };
 
  private:
@@ -127,18 +155,30 @@ class Group final : public DataParallelGroup {
     return true;
   }
 
-  // Runs the steps handed in so far, every other rank idle; called with mu_
-  // held, which it releases while the round runs.
+  // Runs the steps handed in so far of one kind (model steps, or passes of
+  // the MTP layer: the kind of the one handed in first), every other rank
+  // idle in it; a rank waiting with the other kind stays queued for the
+  // next round. Called with mu_ held, which it releases while the round runs.
   void lead_round(std::unique_lock<std::mutex>& lock) {
-    std::vector<Step*> round = waiting_;
-    std::fill(waiting_.begin(), waiting_.end(), nullptr);
-    num_waiting_ = 0;
+    const Step* first = nullptr;
+    for (const Step* step : waiting_)
+      if (step != nullptr && (first == nullptr || step->arrival < first->arrival)) first = step;
+    const bool heads = first != nullptr && first->head_in != nullptr;
+    std::vector<Step*> round(waiting_.size(), nullptr);
+    for (size_t q = 0; q < waiting_.size(); ++q) {
+      if (waiting_[q] == nullptr || (waiting_[q]->head_in != nullptr) != heads) continue;
+      round[q] = std::exchange(waiting_[q], nullptr);
+      --num_waiting_;
+    }
     running_ = true;
     lock.unlock();
     const std::vector<std::exception_ptr> errors = threads_.run([&](int q) {
       const Step* step = round[static_cast<size_t>(q)];
       if (step == nullptr) {
-        model(q).forward_idle();
+        if (heads) model(q).forward_mtp_idle();
+        else model(q).forward_idle();
+      } else if (heads) {
+        model(q).draft_head()->forward(*step->batch, *step->head_in, *step->kv, *step->logits, step->hidden);
       } else {
         model(q).forward(*step->batch, *step->kv, *step->logits, step->hidden);
       }
@@ -163,6 +203,7 @@ class Group final : public DataParallelGroup {
   std::condition_variable changed_;
   std::vector<Step*> waiting_;  // per rank: its step for the next round, or null
   int num_waiting_ = 0;
+  uint64_t arrivals_ = 0;
   std::function<bool(int)> busy_;  // set_activity
   bool running_ = false;
 };
@@ -174,6 +215,17 @@ KvBuffers RankView::allocate_kv(int64_t num_slots, DType dtype) const {
 size_t RankView::kv_bytes_per_slot(DType dtype) const { return group_.model(rank_).kv_bytes_per_slot(dtype); }
 void RankView::forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) {
   group_.forward(rank_, batch, kv, logits, hidden);
+}
+DraftHead* RankView::draft_head() { return group_.model(rank_).draft_head() != nullptr ? &head_ : nullptr; }
+KvBuffers RankView::Head::allocate_kv(int64_t num_slots, DType dtype) const {
+  return group_.model(rank_).draft_head()->allocate_kv(num_slots, dtype);
+}
+size_t RankView::Head::kv_bytes_per_slot(DType dtype) const {
+  return group_.model(rank_).draft_head()->kv_bytes_per_slot(dtype);
+}
+void RankView::Head::forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
+                             Tensor* hidden_out) {
+  group_.forward(rank_, batch, kv, logits, hidden_out, &hidden);
 }
 std::string RankView::summary() const {
   const std::string own = group_.model(rank_).summary();

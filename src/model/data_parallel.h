@@ -18,7 +18,12 @@
 // round also starts once every rank with busy(rank) true has handed in its
 // batch, so a lone busy rank does not wait round_wait per step (busy is
 // called with the group's lock held, from the ranks' callers' threads; it
-// must be quick and must not call into the group). Each rank's Model is called by one thread at a time; the errors of
+// must be quick and must not call into the group). rank(r).draft_head() is
+// rank r's MTP layer (null without one), whose passes meet in rounds the
+// same way, apart from the steps': a round runs the kind handed in first,
+// steps or passes, with every rank not handing in that kind idle in it
+// (forward_idle, forward_mtp_idle), and the other kind waits for the next
+// round. Each rank's Model is called by one thread at a time; the errors of
 // a step go to the caller whose batch failed (an idle rank's to every
 // caller of that step). The caller's tensors are host tensors (the ranks
 // run on the CPU backend for now). The group outlives the Models it hands

@@ -14,7 +14,9 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "model/safetensors.h"
 #include "runtime/generator.h"
+#include "testing/backend_test_util.h"
 #include "testing/reference_test_util.h"
 
 namespace basalt {
@@ -158,16 +160,62 @@ TEST(DataParallel, ALoneBusyRankDoesNotWaitForIdleOnes) {
   EXPECT_GE(seconds(), 1.9);
 }
 
-TEST(DataParallel, EachRankHoldsItsOwnLatentCacheAndNoDraftHead) {
+TEST(DataParallel, EachRankHoldsItsOwnLatentCacheAndMtpLayer) {
   auto group = load_over("deepseek_v3", 4);
   CpuBackend backend;
   auto one = load_model(kModels + "deepseek_v3", backend);
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(group->rank(r).kv_bytes_per_slot(DType::kF32), one->kv_bytes_per_slot(DType::kF32));
-    EXPECT_EQ(group->rank(r).draft_head(), nullptr);
+    ASSERT_NE(group->rank(r).draft_head(), nullptr);
+    EXPECT_EQ(group->rank(r).draft_head()->kv_bytes_per_slot(DType::kF32),
+              one->draft_head()->kv_bytes_per_slot(DType::kF32));
   }
   EXPECT_NE(group->rank(2).summary().find("DP attention over 4 ranks (this is rank 2)"), std::string::npos)
       << group->rank(2).summary();
+}
+
+// The MTP layer over DP-attention ranks, against transformers' MTP logits:
+// every rank at once, rank r first running r more steps of the model, so
+// that steps and passes of the MTP layer are handed in together and meet in
+// rounds of their own kind; then one rank alone, the others idle in its
+// passes; then the passes position by position.
+TEST(DataParallel, MtpHeadOnEachRankMatchesTransformers) {
+  const std::string dir = kModels + "deepseek_v3";
+  const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
+  const Tensor ids = ref.tensor("mtp.ids"), next = ref.tensor("mtp.next_ids"), want = ref.tensor("mtp.logits");
+  const int64_t n = ids.numel();
+  for (int world : {2, 4}) {
+    SCOPED_TRACE("over " + std::to_string(world) + " ranks");
+    auto group = load_over("deepseek_v3", world);
+    const int64_t H = group->rank(0).config().hidden_size, V = group->rank(0).config().vocab_size;
+    const auto run_rank = [&](int r, int extra_steps) {
+      Model& model = group->rank(r);
+      DraftHead& head = *model.draft_head();
+      Tensor logits = Tensor::empty({n, V}, DType::kF32), hidden = Tensor::empty({n, H}, DType::kF32);
+      for (int i = 0; i <= extra_steps; ++i) {
+        KvBuffers kv = model.allocate_kv(n);
+        model.forward(single_sequence_batch(testing::ids_of(ids), 0, true), kv, logits, &hidden);
+      }
+      KvBuffers head_kv = head.allocate_kv(n);
+      Tensor head_logits = Tensor::empty({n, V}, DType::kF32);
+      head.forward(single_sequence_batch(testing::ids_of(next), 0, true), hidden, head_kv, head_logits);
+      EXPECT_LT(testing::relative_error(head_logits, want), 1e-4) << "rank " << r;
+      return hidden;
+    };
+    on_every_rank(world, [&](int r) { run_rank(r, r); });
+    const Tensor hidden = run_rank(world - 1, 0);
+    DraftHead& head = *group->rank(world - 1).draft_head();
+    KvBuffers step_kv = head.allocate_kv(n);
+    Tensor step_logits = Tensor::empty({1, V}, DType::kF32);
+    for (int64_t i = 0; i < n; ++i) {
+      head.forward(single_sequence_batch(testing::ids_of(next).subspan(static_cast<size_t>(i), 1), i),
+                   hidden.rows(i, 1), step_kv, step_logits);
+      EXPECT_LT(testing::relative_error(step_logits, want.rows(i, 1)), 1e-4) << "position " << i;
+    }
+    // A wrong output fails alone, before the round.
+    Tensor wrong = Tensor::empty({n, V + 1}, DType::kF32);
+    EXPECT_THROW(head.forward(single_sequence_batch(testing::ids_of(next), 0, true), hidden, step_kv, wrong), Error);
+  }
 }
 
 TEST(DataParallel, ALayoutItCannotRunIsRefusedNamingWhy) {

@@ -181,8 +181,14 @@ class DeepseekModelImpl final : public DeepseekModel {
 
   // Over tensor-parallel ranks each rank's head is its shard of the MTP
   // layer (model/tensor_parallel.h runs them together); under DP attention
-  // the MTP layer is loaded but not offered (drafting there is not built).
-  DraftHead* draft_head() override { return mtp_ && !dp_attention_ ? &mtp_head_ : nullptr; }
+  // each rank's head runs its own batch, and its MoE meets the other ranks'
+  // (model/data_parallel.h steps the heads together, as it does the models).
+  DraftHead* draft_head() override { return mtp_ ? &mtp_head_ : nullptr; }
+
+  void forward_mtp_idle() override {
+    BASALT_CHECK(dp_attention_ && mtp_ != nullptr, "forward_mtp_idle: no MTP layer over DP-attention ranks");
+    if (mtp_->layer.moe) exchange_idle_layer(mtp_->layer);
+  }
 
   // The MTP layer as a DraftHead (see deepseek_v3.h).
   class MtpHead : public DraftHead {
@@ -206,7 +212,18 @@ class DeepseekModelImpl final : public DeepseekModel {
   void forward_mtp(const ForwardBatch& host_batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
                    Tensor* hidden_out) {
     BASALT_CHECK(mtp_ != nullptr, "{}: the checkpoint has no MTP layer", ckpt_dir());
-    BASALT_CHECK(!dp_attention_, "forward_mtp: the MTP layer does not run over DP-attention ranks");
+    if (dp_attention_) {
+      // As in forward(): a failure before the layer's exchange still takes
+      // part in it, so the other ranks do not wait.
+      exchanges_done_ = 0;
+      try {
+        run_mtp(on_backend(host_batch, backend_), hidden, kv, logits, hidden_out);
+      } catch (...) {
+        if (exchanges_done_ == 0 && mtp_->layer.moe) exchange_idle_layer(mtp_->layer);
+        throw;
+      }
+      return;
+    }
     ForwardBatch local = host_batch;
     if (world_ > 1) {
       // Vocabulary-parallel embedding, as in forward(): the ids on the host
@@ -219,7 +236,12 @@ class DeepseekModelImpl final : public DeepseekModel {
       }
       local.token_ids = tp::local_vocab_ids(ids, vocab_begin_, vocab_local_, config_.vocab_size);
     }
-    const ForwardBatch batch = on_backend(local, backend_);
+    run_mtp(on_backend(local, backend_), hidden, kv, logits, hidden_out);
+  }
+
+  // The MTP layer on a batch on this backend (token ids this rank's rows of
+  // the vocabulary where it is split).
+  void run_mtp(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits, Tensor* hidden_out) {
     const int64_t T = batch.num_tokens(), H = config_.hidden_size;
     BASALT_CHECK(T > 0, "forward_mtp: empty batch");
     BASALT_CHECK(hidden.rank() == 2 && hidden.dim(0) == T && hidden.dim(1) == H,
@@ -547,14 +569,19 @@ class DeepseekModelImpl final : public DeepseekModel {
 
   // The exchanges of a step's MoE layers from the `from`-th on, with no
   // tokens of this rank's own.
-  void exchange_idle(int64_t from) {
+  // One layer's exchange with no tokens of this rank's own.
+  void exchange_idle_layer(const Layer& w) {
     const int64_t H = config_.hidden_size, K = route_.top_k;
     const Tensor x = Tensor::empty({0, H}, DType::kF32), ids = Tensor::empty({0, K}, DType::kI32);
     const Tensor weights = Tensor::empty({0, K}, DType::kF32);
+    exchange_with_experts(x, ids, weights, w.experts, nullptr);
+  }
+
+  void exchange_idle(int64_t from) {
     int64_t seen = 0;
     for (const Layer& w : layers_) {
       if (!w.moe) continue;
-      if (seen++ >= from) exchange_with_experts(x, ids, weights, w.experts, nullptr);
+      if (seen++ >= from) exchange_idle_layer(w);
     }
   }
 

@@ -70,8 +70,10 @@
 //    forward_idle(), which serves its experts to the others. A rank whose
 //    forward fails after it began finishes the step's exchanges idle, so
 //    the others do not wait, then throws (a failure inside an exchange, a
-//    broken group, is not recovered). The MTP layer is not offered. The
-//    exchange runs on the host (CPU ranks) for now.
+//    broken group, is not recovered). The MTP layer (draft_head()) is each
+//    rank's whole but for its routed experts, and its passes meet like
+//    steps: every rank takes part in each, a rank without tokens through
+//    forward_mtp_idle(). The exchange runs on the host (CPU ranks) for now.
 #pragma once
 
 #include <memory>
@@ -94,6 +96,9 @@ class DeepseekModel : public Model {
   virtual void set_mla_form(MlaForm form) = 0;
   // DP attention: this rank's part in a step in which it has no tokens.
   virtual void forward_idle() = 0;
+  // DP attention: this rank's part in a pass of the MTP layer (draft_head())
+  // in which it has no tokens; throws without an MTP layer.
+  virtual void forward_mtp_idle() = 0;
 };
 
 // `role`: the rank's part in a group (model/model.h); what a rank holds is
