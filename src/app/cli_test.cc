@@ -502,6 +502,49 @@ TEST(Cli, DeployCheck) {
   EXPECT_NE(r.err.find("cannot open"), std::string::npos) << r.err;
 }
 
+TEST(Cli, DeployRender) {
+  const std::string spec = std::string(BASALT_SOURCE_DIR) + "/deploy/basalt.yaml";
+  CliRun r = run("deploy render --namespace serving " + spec);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Seven documents: the engine's Deployment, Service and budget, the
+  // gateway's, and the ScaledObject (the example autoscales 1-4).
+  size_t documents = 0;
+  for (size_t at = r.out.find("---\n"); at != std::string::npos; at = r.out.find("---\n", at + 1))
+    ++documents;
+  EXPECT_EQ(documents, 7u) << r.out;
+  EXPECT_NE(r.out.find("kind: ScaledObject"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("namespace: serving"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("- --model\n"), std::string::npos) << r.out;
+  r = run("deploy render --autoscaler hpa " + spec);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("kind: HorizontalPodAutoscaler"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("kind: ScaledObject"), std::string::npos) << r.out;
+  const std::string out_dir = temp_path("deploy_render_out");
+  std::filesystem::remove_all(out_dir);
+  r = run("deploy render --out " + out_dir + " " + spec);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(out_dir + "/deployment-mini-engine.yaml")) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(out_dir + "/scaledobject-mini-engine.yaml")) << r.out;
+  std::filesystem::remove_all(out_dir);
+  // Refused: a bad namespace, an unknown autoscaler, a spec with errors.
+  r = run("deploy render --namespace Serving " + spec);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--namespace: 'Serving' is not a lowercase DNS label"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(run("deploy render --autoscaler vpa " + spec).exit_code, 0);
+  const std::string bad = temp_path("bad_render.yaml");
+  {
+    std::ofstream out(bad);
+    out << "name: a\nimage: img\nmodel: {path: /m}\nreplicas: {min: 0, max: 2}\n";
+  }
+  r = run("deploy render --autoscaler hpa " + bad);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(bad + ": replicas.min: 0 (scale to zero) needs --autoscaler keda"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST(Cli, EvalKlOfAnFp8CopyMatchesTheLogitsOfBothModels) {
   // KL(P_reference || P_candidate) with the bf16 checkpoint as the reference
   // and its block-FP8 copy as the candidate, averaged over the scored

@@ -280,7 +280,7 @@ void read_scaling(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
   }
   const YAML::Node node = root["autoscaling"];
   if (!node.IsDefined() || node.IsNull() ||
-      !r.mapping(node, "autoscaling", {"metric", "target", "up_after", "down_after"}))
+      !r.mapping(node, "autoscaling", {"metric", "target", "up_after", "down_after", "prometheus"}))
     return;
   DeploymentSpec::Autoscaling& a = spec.autoscaling;
   r.text(node, "metric", "autoscaling.metric", a.metric, false);
@@ -293,6 +293,15 @@ void read_scaling(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
   r.positive_number(node, "target", "autoscaling.target", a.target);
   r.duration(node, "up_after", "autoscaling.up_after", a.up_after_s);
   r.duration(node, "down_after", "autoscaling.down_after", a.down_after_s);
+  r.text(node, "prometheus", "autoscaling.prometheus", a.prometheus, false);
+  const bool scheme_ok =
+      a.prometheus.rfind("http://", 0) == 0 || a.prometheus.rfind("https://", 0) == 0;
+  const size_t scheme_end = a.prometheus.find("://") + 3;
+  if (!scheme_ok || a.prometheus.size() == scheme_end || a.prometheus.size() > 2048 ||
+      a.prometheus.find_first_of(" \t\r\n\"'\\") != std::string::npos)
+    r.error("autoscaling.prometheus", node["prometheus"],
+            fmt::format("'{}' is not an http:// or https:// URL (without whitespace or quotes)",
+                        a.prometheus));
 }
 
 void read_placement(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {

@@ -7,11 +7,10 @@
 //    first: each SpecError names the field's path (`replicas.max`,
 //    `engine.args[2]`), the 1-based line of the value (0 when the field is
 //    missing) and what is wrong, in file order (missing fields last). The
-//    spec is usable only when `errors` is empty. Unknown keys are errors (a misspelled key must not be ignored),
-//    and so are values of the wrong type. Malformed YAML is one error at
-//    the line the YAML parser reports; so is a file over 1 MiB or with
-//    lists or mappings nested more than 64 deep (the parser recurses per
-//    level). Nothing throws for bad input.
+//    spec is usable only when `errors` is empty. Unknown keys are errors (a misspelled key must not
+//    be ignored), and so are values of the wrong type. Malformed YAML is one error at the line the
+//    YAML parser reports; so is a file over 1 MiB or with lists or mappings nested more than 64
+//    deep (the parser recurses per level). Nothing throws for bad input.
 //  * Required: name (a DNS-1123 label of at most 50 characters, so that
 //    the names derived from it stay within Kubernetes' 63), image, and
 //    model.path (absolute). Everything else has the default shown in
@@ -21,6 +20,9 @@
 //  * Quantities (resources.cpu, resources.memory) follow Kubernetes'
 //    syntax (`4`, `500m`, `16Gi`, `1.5G`); durations (autoscaling.up_after,
 //    down_after) are a number with s, m or h (`30s`, `5m`).
+//  * autoscaling.prometheus is an http:// or https:// URL without
+//    whitespace, quotes or backslashes (it is written into a query's
+//    manifest verbatim).
 #pragma once
 
 #include <string>
@@ -55,6 +57,10 @@ struct DeploymentSpec {
     double target = 8;                   // requests per replica, or seconds
     double up_after_s = 30;
     double down_after_s = 300;
+    // The Prometheus server the autoscaler's queries go to (KEDA's trigger;
+    // the HPA reads them through an adapter). The default is the Service
+    // the Prometheus operator creates in kube-prometheus' `monitoring`.
+    std::string prometheus = "http://prometheus-operated.monitoring.svc:9090";
   } autoscaling;
   std::vector<std::string> regions;  // topology.kubernetes.io/region values; empty: anywhere
   std::string tenants_secret;        // the gateway's tenants file, from this Secret; empty: none

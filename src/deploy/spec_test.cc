@@ -33,6 +33,7 @@ autoscaling:
   target: 0.5
   up_after: 45s
   down_after: 10m
+  prometheus: http://prometheus.monitoring:9090
 regions: [eu-west, us-east]
 tenants: {secret: mini-tenants}
 gateway: {replicas: 3}
@@ -59,6 +60,7 @@ TEST(DeploySpec, ReadsEveryField) {
   EXPECT_EQ(s.autoscaling.target, 0.5);
   EXPECT_EQ(s.autoscaling.up_after_s, 45);
   EXPECT_EQ(s.autoscaling.down_after_s, 600);
+  EXPECT_EQ(s.autoscaling.prometheus, "http://prometheus.monitoring:9090");
   EXPECT_EQ(s.regions, (std::vector<std::string>{"eu-west", "us-east"}));
   EXPECT_EQ(s.tenants_secret, "mini-tenants");
   EXPECT_EQ(s.gateway.replicas, 3);
@@ -75,6 +77,7 @@ TEST(DeploySpec, DefaultsFillWhatIsLeftOut) {
   EXPECT_EQ(r.spec.replicas.min, 1);
   EXPECT_EQ(r.spec.replicas.max, 1);
   EXPECT_EQ(r.spec.autoscaling.metric, "concurrency");
+  EXPECT_EQ(r.spec.autoscaling.prometheus, d.autoscaling.prometheus);
   EXPECT_EQ(r.spec.gateway.replicas, 2);
   // max follows min when only min is given.
   EXPECT_EQ(parse_deployment_spec("name: a\nimage: img\nmodel: {path: /m}\nreplicas: {min: 3}\n").spec.replicas.max, 3);
@@ -111,12 +114,14 @@ TEST(DeploySpec, EveryBadFieldIsNamedWithItsLine) {
       {{"image: \"a b\"", "image", "whitespace"}, "image: registry.example/basalt:0.1-cpu"},
       {{"  path: models/mini", "model.path", "absolute path"}, "  path: /models/basalt-mini"},
       {{"  path: /other/mini", "model.path", "under /models/"}, "  path: /models/basalt-mini"},
-      {{"  volume: {pvc: Models}", "model.volume.pvc", "PersistentVolumeClaim"}, "  volume: {pvc: models}"},
+      {{"  volume: {pvc: Models}", "model.volume.pvc", "PersistentVolumeClaim"},
+       "  volume: {pvc: models}"},
       {{"  args: [\"--port\", \"1\"]", "engine.args[0]", "set by the rendered manifests"},
        "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
       {{"  args: [\"--model=/x\"]", "engine.args[0]", "--model"},
        "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
-      {{"  args: --max-running 4", "engine.args", "list"}, "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
+      {{"  args: --max-running 4", "engine.args", "list"},
+       "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
       {{"  port: 70000", "engine.port", "outside [1, 65535]"}, "  port: 9000"},
       {{"  port: 80.5", "engine.port", "not an integer"}, "  port: 9000"},
       {{"  cpu: four", "resources.cpu", "CPU quantity"}, "  cpu: 500m"},
@@ -127,21 +132,38 @@ TEST(DeploySpec, EveryBadFieldIsNamedWithItsLine) {
        "  gpu: {count: 2, product: NVIDIA-H200}"},
       {{"  gpu: {count: 2, product: \"H 200\"}", "resources.gpu.product", "node label value"},
        "  gpu: {count: 2, product: NVIDIA-H200}"},
-      {{"  gpu: {count: 2, kind: h200}", "resources.gpu.kind", "unknown key"}, "  gpu: {count: 2, product: NVIDIA-H200}"},
+      {{"  gpu: {count: 2, kind: h200}", "resources.gpu.kind", "unknown key"},
+       "  gpu: {count: 2, product: NVIDIA-H200}"},
       {{"  nodes: 0", "resources.nodes", "outside [1, 64]"}, "  nodes: 2"},
-      {{"replicas: {min: 5, max: 2}", "replicas.max", "below replicas.min (5)"}, "replicas: {min: 0, max: 8}"},
-      {{"replicas: {min: -1, max: 2}", "replicas.min", "outside [0, 1000]"}, "replicas: {min: 0, max: 8}"},
-      {{"  metric: gpu_util", "autoscaling.metric", "not concurrency, queue_time or ttft_p95"}, "  metric: queue_time"},
+      {{"replicas: {min: 5, max: 2}", "replicas.max", "below replicas.min (5)"},
+       "replicas: {min: 0, max: 8}"},
+      {{"replicas: {min: -1, max: 2}", "replicas.min", "outside [0, 1000]"},
+       "replicas: {min: 0, max: 8}"},
+      {{"  metric: gpu_util", "autoscaling.metric", "not concurrency, queue_time or ttft_p95"},
+       "  metric: queue_time"},
       {{"  target: 0", "autoscaling.target", "above 0"}, "  target: 0.5"},
       {{"  target: fast", "autoscaling.target", "not a number"}, "  target: 0.5"},
       {{"  up_after: 45", "autoscaling.up_after", "duration"}, "  up_after: 45s"},
       {{"  down_after: 2d", "autoscaling.down_after", "duration"}, "  down_after: 10m"},
-      {{"regions: [eu-west, eu-west]", "regions[1]", "listed twice"}, "regions: [eu-west, us-east]"},
-      {{"regions: [\"eu west\"]", "regions[0]", "region label value"}, "regions: [eu-west, us-east]"},
+      {{"  prometheus: prometheus:9090", "autoscaling.prometheus", "http:// or https:// URL"},
+       "  prometheus: http://prometheus.monitoring:9090"},
+      {{"  prometheus: \"http://\"", "autoscaling.prometheus", "http:// or https:// URL"},
+       "  prometheus: http://prometheus.monitoring:9090"},
+      {{"  prometheus: \"http://a b\"", "autoscaling.prometheus", "http:// or https:// URL"},
+       "  prometheus: http://prometheus.monitoring:9090"},
+      {{"  prometheus: [http://a]", "autoscaling.prometheus", "single value"},
+       "  prometheus: http://prometheus.monitoring:9090"},
+      {{"regions: [eu-west, eu-west]", "regions[1]", "listed twice"},
+       "regions: [eu-west, us-east]"},
+      {{"regions: [\"eu west\"]", "regions[0]", "region label value"},
+       "regions: [eu-west, us-east]"},
       {{"regions: eu-west", "regions", "list"}, "regions: [eu-west, us-east]"},
-      {{"tenants: {secret: Mini}", "tenants.secret", "Secret name"}, "tenants: {secret: mini-tenants}"},
-      {{"tenants: {secret: mini-tenants, file: x}", "tenants.file", "unknown key"}, "tenants: {secret: mini-tenants}"},
-      {{"gateway: {replicas: 0}", "gateway.replicas", "outside [1, 100]"}, "gateway: {replicas: 3}"},
+      {{"tenants: {secret: Mini}", "tenants.secret", "Secret name"},
+       "tenants: {secret: mini-tenants}"},
+      {{"tenants: {secret: mini-tenants, file: x}", "tenants.file", "unknown key"},
+       "tenants: {secret: mini-tenants}"},
+      {{"gateway: {replicas: 0}", "gateway.replicas", "outside [1, 100]"},
+       "gateway: {replicas: 3}"},
       {{"gateway: [1]", "gateway", "mapping"}, "gateway: {replicas: 3}"},
   };
   for (const auto& [bad, original] : cases) {

@@ -1,0 +1,579 @@
+#include "deploy/render.h"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <string_view>
+
+namespace basalt::deploy {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr double kDefaultDrainSeconds = 30;  // `basalt serve` and `basalt route`'s --drain-timeout
+// The HPA's limits on its behavior fields (autoscaling/v2 validation).
+constexpr double kMaxStabilizationSeconds = 3600;
+constexpr int kMaxPolicyPeriodSeconds = 1800;
+// The startup probe gives a replica this long to load and warm up before it
+// is restarted; cold starts are not measured yet (docs/DEPLOY.md section 5),
+// and loading an 8B model from a network volume takes minutes.
+constexpr int kStartupSeconds = 600;
+constexpr int kProbePeriodSeconds = 5;
+const char* const kGpuResource = "nvidia.com/gpu";
+const char* const kGpuProductLabel = "nvidia.com/gpu.product";
+const char* const kTenantsKey = "tenants.json";  // the Secret's key holding `--tenants-file`
+const char* const kTenantsDir = "/etc/basalt/tenants";
+
+Json labels(const DeploymentSpec& spec, const char* component) {
+  return Json{{"app.kubernetes.io/name", "basalt"},
+              {"app.kubernetes.io/instance", spec.name},
+              {"app.kubernetes.io/component", component}};
+}
+
+Json metadata(const DeploymentSpec& spec, const RenderOptions& options, const std::string& name,
+              const char* component) {
+  return Json{
+      {"name", name}, {"namespace", options.namespace_name}, {"labels", labels(spec, component)}};
+}
+
+std::string engine_name(const DeploymentSpec& spec) { return spec.name + "-engine"; }
+std::string gateway_name(const DeploymentSpec& spec) { return spec.name + "-gateway"; }
+
+// The engine's --drain-timeout from engine.args (`--drain-timeout 60` or
+// `--drain-timeout=60`), else serve's default.
+double drain_seconds(const DeploymentSpec& spec, std::vector<SpecError>& errors) {
+  const std::string flag = "--drain-timeout";
+  double seconds = kDefaultDrainSeconds;
+  const std::vector<std::string>& args = spec.engine.args;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::optional<std::string> value;
+    if (args[i] == flag)
+      value = i + 1 < args.size() ? args[i + 1] : std::string();
+    else if (args[i].rfind(flag + "=", 0) == 0)
+      value = args[i].substr(flag.size() + 1);
+    if (!value) continue;
+    char* end = nullptr;
+    const double parsed = std::strtod(value->c_str(), &end);
+    if (value->empty() || *end != '\0' || !std::isfinite(parsed) || parsed <= 0 || parsed > 86400) {
+      errors.push_back(
+          SpecError{fmt::format("engine.args[{}]", i), 0,
+                    fmt::format("--drain-timeout '{}' is not seconds in (0, 86400]", *value)});
+      continue;
+    }
+    seconds = parsed;
+  }
+  return seconds;
+}
+
+Json http_probe(const char* path, int period, int failures, int timeout) {
+  return Json{{"httpGet", {{"path", path}, {"port", "http"}}},
+              {"periodSeconds", period},
+              {"timeoutSeconds", timeout},
+              {"failureThreshold", failures}};
+}
+
+// Non-root, no privilege escalation, no capabilities, read-only root: the
+// server writes nothing but /tmp.
+Json container_security() {
+  return Json{{"runAsNonRoot", true},           {"runAsUser", kImageUserId},
+              {"runAsGroup", kImageUserId},     {"allowPrivilegeEscalation", false},
+              {"readOnlyRootFilesystem", true}, {"capabilities", {{"drop", Json::array({"ALL"})}}}};
+}
+
+Json pod_security() {
+  return Json{{"runAsNonRoot", true},
+              {"runAsUser", kImageUserId},
+              {"runAsGroup", kImageUserId},
+              {"fsGroup", kImageUserId},
+              {"seccompProfile", {{"type", "RuntimeDefault"}}}};
+}
+
+// Replicas spread over zones where they can be, but are still scheduled
+// when a zone is full (a replica elsewhere beats none).
+Json zone_spread(const DeploymentSpec& spec, const char* component) {
+  return Json::array({Json{{"maxSkew", 1},
+                           {"topologyKey", "topology.kubernetes.io/zone"},
+                           {"whenUnsatisfiable", "ScheduleAnyway"},
+                           {"labelSelector", {{"matchLabels", labels(spec, component)}}}}});
+}
+
+// Pods only on nodes of the spec's regions (when it names any).
+void add_region_affinity(const DeploymentSpec& spec, Json& pod_spec) {
+  if (spec.regions.empty()) return;
+  Json values = Json::array();
+  for (const std::string& region : spec.regions) values.push_back(region);
+  pod_spec["affinity"] = {
+      {"nodeAffinity",
+       {{"requiredDuringSchedulingIgnoredDuringExecution",
+         {{"nodeSelectorTerms",
+           Json::array(
+               {{{"matchExpressions", Json::array({{{"key", "topology.kubernetes.io/region"},
+                                                    {"operator", "In"},
+                                                    {"values", values}}})}}})}}}}}};
+}
+
+Json pre_stop_sleep() {
+  return Json{
+      {"preStop",
+       {{"exec", {{"command", Json::array({"sleep", std::to_string(kPreStopSleepSeconds)})}}}}}};
+}
+
+Json deployment(const DeploymentSpec& spec, const RenderOptions& options, const std::string& name,
+                const char* component, std::optional<int> replicas, Json pod_spec) {
+  Json spec_body = Json::object();
+  // Left out when an autoscaler owns the count, so re-applying the
+  // manifests does not reset it.
+  if (replicas) spec_body["replicas"] = *replicas;
+  spec_body["selector"] = {{"matchLabels", labels(spec, component)}};
+  // Capacity never drops during a rollout: a new pod is ready before an
+  // old one goes.
+  spec_body["strategy"] = {{"type", "RollingUpdate"},
+                           {"rollingUpdate", {{"maxSurge", 1}, {"maxUnavailable", 0}}}};
+  Json template_metadata = {{"labels", labels(spec, component)}};
+  if (pod_spec.contains("annotations")) {
+    template_metadata["annotations"] = pod_spec["annotations"];
+    pod_spec.erase("annotations");
+  }
+  spec_body["template"] = {{"metadata", template_metadata}, {"spec", pod_spec}};
+  return Json{{"apiVersion", "apps/v1"},
+              {"kind", "Deployment"},
+              {"metadata", metadata(spec, options, name, component)},
+              {"spec", spec_body}};
+}
+
+Json engine_deployment(const DeploymentSpec& spec, const RenderOptions& options, double drain,
+                       std::optional<int> replicas) {
+  const DeploymentSpec::Resources& res = spec.resources;
+  Json args = Json::array({"serve", "--host", "0.0.0.0", "--port", std::to_string(spec.engine.port),
+                           "--model", spec.model.path});
+  for (const std::string& arg : spec.engine.args) args.push_back(arg);
+  // No CPU limit: throttling a decode step costs latency; the request
+  // reserves the cores. Memory is limited at its request so the pod is
+  // not the one evicted first under pressure.
+  Json requests = {{"cpu", res.cpu}, {"memory", res.memory}};
+  Json limits = {{"memory", res.memory}};
+  if (res.gpu_count > 0) {
+    requests[kGpuResource] = std::to_string(res.gpu_count);
+    limits[kGpuResource] = std::to_string(res.gpu_count);
+  }
+  Json mounts = Json::array({{{"name", "tmp"}, {"mountPath", "/tmp"}}});
+  Json volumes = Json::array({{{"name", "tmp"}, {"emptyDir", Json::object()}}});
+  if (!spec.model.pvc.empty()) {
+    mounts.push_back({{"name", "models"}, {"mountPath", "/models"}, {"readOnly", true}});
+    volumes.push_back(
+        {{"name", "models"},
+         {"persistentVolumeClaim", {{"claimName", spec.model.pvc}, {"readOnly", true}}}});
+  }
+  Json container = {
+      {"name", "engine"},
+      {"image", spec.image},
+      {"command", Json::array({"basalt"})},
+      {"args", args},
+      {"ports",
+       Json::array({{{"name", "http"}, {"containerPort", spec.engine.port}, {"protocol", "TCP"}}})},
+      {"resources", {{"requests", requests}, {"limits", limits}}},
+      {"startupProbe",
+       http_probe("/ready", kProbePeriodSeconds, kStartupSeconds / kProbePeriodSeconds, 2)},
+      {"readinessProbe", http_probe("/ready", kProbePeriodSeconds, 2, 2)},
+      {"livenessProbe", http_probe("/health", 10, 3, 5)},
+      {"lifecycle", pre_stop_sleep()},
+      {"securityContext", container_security()},
+      {"volumeMounts", mounts}};
+  Json pod = {// Where a Prometheus that follows these annotations scrapes the
+              // replica; the autoscaler's queries read what it collects.
+              {"annotations",
+               {{"prometheus.io/scrape", "true"},
+                {"prometheus.io/port", std::to_string(spec.engine.port)},
+                {"prometheus.io/path", "/metrics"}}},
+              {"terminationGracePeriodSeconds",
+               static_cast<int>(std::ceil(drain)) + kGraceBeyondDrainSeconds},
+              {"automountServiceAccountToken", false},
+              {"enableServiceLinks", false},
+              {"securityContext", pod_security()},
+              {"containers", Json::array({container})},
+              {"volumes", volumes},
+              {"topologySpreadConstraints", zone_spread(spec, "engine")}};
+  if (res.gpu_count > 0) {
+    if (!res.gpu_product.empty()) pod["nodeSelector"] = {{kGpuProductLabel, res.gpu_product}};
+    // GPU node pools are commonly tainted so that only GPU pods land there.
+    pod["tolerations"] =
+        Json::array({{{"key", kGpuResource}, {"operator", "Exists"}, {"effect", "NoSchedule"}}});
+  }
+  add_region_affinity(spec, pod);
+  return deployment(spec, options, engine_name(spec), "engine", replicas, std::move(pod));
+}
+
+// Headless: its DNS name resolves to every ready replica's address.
+Json engine_service(const DeploymentSpec& spec, const RenderOptions& options) {
+  return Json{{"apiVersion", "v1"},
+              {"kind", "Service"},
+              {"metadata", metadata(spec, options, engine_name(spec), "engine")},
+              {"spec",
+               {{"clusterIP", "None"},
+                {"selector", labels(spec, "engine")},
+                {"ports", Json::array({{{"name", "http"},
+                                        {"port", spec.engine.port},
+                                        {"targetPort", "http"},
+                                        {"protocol", "TCP"}}})}}}};
+}
+
+Json disruption_budget(const DeploymentSpec& spec, const RenderOptions& options,
+                       const std::string& name, const char* component) {
+  return Json{
+      {"apiVersion", "policy/v1"},
+      {"kind", "PodDisruptionBudget"},
+      {"metadata", metadata(spec, options, name, component)},
+      {"spec", {{"maxUnavailable", 1}, {"selector", {{"matchLabels", labels(spec, component)}}}}}};
+}
+
+Json gateway_deployment(const DeploymentSpec& spec, const RenderOptions& options) {
+  const std::string engine_url = fmt::format("http://{}.{}.svc:{}", engine_name(spec),
+                                             options.namespace_name, spec.engine.port);
+  Json args = Json::array({"route", "--host", "0.0.0.0", "--port", std::to_string(kGatewayPort),
+                           "--replica", engine_url});
+  Json mounts = Json::array({{{"name", "tmp"}, {"mountPath", "/tmp"}}});
+  Json volumes = Json::array({{{"name", "tmp"}, {"emptyDir", Json::object()}}});
+  if (!spec.tenants_secret.empty()) {
+    args.push_back("--tenants-file");
+    args.push_back(std::string(kTenantsDir) + "/" + kTenantsKey);
+    mounts.push_back({{"name", "tenants"}, {"mountPath", kTenantsDir}, {"readOnly", true}});
+    // Naming the key makes a Secret without it fail the pod's start
+    // instead of starting a gateway without its tenants.
+    volumes.push_back(
+        {{"name", "tenants"},
+         {"secret",
+          {{"secretName", spec.tenants_secret},
+           {"items", Json::array({{{"key", kTenantsKey}, {"path", kTenantsKey}}})}}}});
+  }
+  // The gateway's /ready needs a ready replica; a pool that scales to zero
+  // keeps its gateways in the Service (they queue requests meanwhile), so
+  // there readiness is /health.
+  const char* readiness = spec.replicas.min == 0 ? "/health" : "/ready";
+  Json container = {
+      {"name", "gateway"},
+      {"image", spec.image},
+      {"command", Json::array({"basalt"})},
+      {"args", args},
+      {"ports",
+       Json::array({{{"name", "http"}, {"containerPort", kGatewayPort}, {"protocol", "TCP"}}})},
+      {"resources", {{"requests", {{"cpu", "500m"}, {"memory", "512Mi"}}}}},
+      {"readinessProbe", http_probe(readiness, kProbePeriodSeconds, 2, 2)},
+      {"livenessProbe", http_probe("/health", 10, 3, 5)},
+      {"lifecycle", pre_stop_sleep()},
+      {"securityContext", container_security()},
+      {"volumeMounts", mounts}};
+  Json pod = {// Its admission queue is part of the concurrency the autoscaler reads.
+              {"annotations",
+               {{"prometheus.io/scrape", "true"},
+                {"prometheus.io/port", std::to_string(kGatewayPort)},
+                {"prometheus.io/path", "/metrics"}}},
+              {"terminationGracePeriodSeconds",
+               static_cast<int>(kDefaultDrainSeconds) + kGraceBeyondDrainSeconds},
+              {"automountServiceAccountToken", false},
+              {"enableServiceLinks", false},
+              {"securityContext", pod_security()},
+              {"containers", Json::array({container})},
+              {"volumes", volumes},
+              {"topologySpreadConstraints", zone_spread(spec, "gateway")}};
+  add_region_affinity(spec, pod);
+  return deployment(spec, options, gateway_name(spec), "gateway", spec.gateway.replicas,
+                    std::move(pod));
+}
+
+Json gateway_service(const DeploymentSpec& spec, const RenderOptions& options) {
+  return Json{{"apiVersion", "v1"},
+              {"kind", "Service"},
+              {"metadata", metadata(spec, options, gateway_name(spec), "gateway")},
+              {"spec",
+               {{"type", "ClusterIP"},
+                {"selector", labels(spec, "gateway")},
+                {"ports", Json::array({{{"name", "http"},
+                                        {"port", kGatewayPort},
+                                        {"targetPort", "http"},
+                                        {"protocol", "TCP"}}})}}}};
+}
+
+// What the autoscaler reads, as a PromQL query over the replicas' (and for
+// concurrency the gateways') series, and how the HPA compares it with the
+// target: AverageValue divides it by the replica count first.
+struct ScalingMetric {
+  std::string query;
+  std::string external_name;  // the name a Prometheus adapter serves it under (docs/DEPLOY.md)
+  bool per_replica;           // AverageValue (true) or Value
+};
+
+ScalingMetric scaling_metric(const DeploymentSpec& spec, const RenderOptions& options) {
+  const std::string engine =
+      fmt::format("namespace=\"{}\",pod=~\"{}-.+\"", options.namespace_name, engine_name(spec));
+  const std::string gateway =
+      fmt::format("namespace=\"{}\",pod=~\"{}-.+\"", options.namespace_name, gateway_name(spec));
+  const std::string& metric = spec.autoscaling.metric;
+  if (metric == "concurrency")
+    // Requests running and waiting in the replicas plus those the gateways
+    // queue: the last is what wakes a pool scaled to zero. `or vector(0)`:
+    // no replica, no series, and the sum still counts the rest.
+    return {fmt::format("(sum(vllm:num_requests_running{{{0}}}) or vector(0)) + "
+                        "(sum(vllm:num_requests_waiting{{{0}}}) or vector(0)) + "
+                        "(sum(basalt_route_queue_depth{{{1}}}) or vector(0))",
+                        engine, gateway),
+            "basalt_engine_concurrency", true};
+  // An idle pool's 0/0 or empty histogram is NaN; `>= 0` drops it so that
+  // `or vector(0)` reads it as no wait.
+  if (metric == "queue_time")
+    return {fmt::format(
+                "((sum(rate(vllm:request_queue_time_seconds_sum{{{0}}}[1m])) / "
+                "sum(rate(vllm:request_queue_time_seconds_count{{{0}}}[1m]))) >= 0) or vector(0)",
+                engine),
+            "basalt_engine_queue_time_seconds", false};
+  return {
+      fmt::format("(histogram_quantile(0.95, sum by (le) "
+                  "(rate(vllm:time_to_first_token_seconds_bucket{{{0}}}[1m]))) >= 0) or vector(0)",
+                  engine),
+      "basalt_engine_ttft_p95_seconds", false};
+}
+
+// The HPA behavior both autoscalers use: add replicas once the metric has
+// been above target for up_after (doubling at most each 15 s), remove one
+// at a time once it has been below for down_after.
+Json scaling_behavior(const DeploymentSpec& spec) {
+  const DeploymentSpec::Autoscaling& a = spec.autoscaling;
+  return Json{
+      {"scaleUp",
+       {{"stabilizationWindowSeconds", static_cast<int>(std::ceil(a.up_after_s))},
+        {"policies", Json::array({{{"type", "Percent"}, {"value", 100}, {"periodSeconds", 15}}})}}},
+      {"scaleDown",
+       {{"stabilizationWindowSeconds", static_cast<int>(std::ceil(a.down_after_s))},
+        {"policies", Json::array({{{"type", "Pods"},
+                                   {"value", 1},
+                                   {"periodSeconds",
+                                    std::min(kMaxPolicyPeriodSeconds,
+                                             static_cast<int>(std::ceil(a.down_after_s)))}}})}}}};
+}
+
+std::string number_text(double value) { return fmt::format("{}", value); }
+
+// A Kubernetes quantity for the HPA's targets: whole numbers as they are,
+// others in thousandths (0.5 -> 500m).
+std::string quantity_text(double value) {
+  const long long milli = std::llround(value * 1000);
+  return milli % 1000 == 0 ? std::to_string(milli / 1000) : std::to_string(milli) + "m";
+}
+
+Json keda_scaled_object(const DeploymentSpec& spec, const RenderOptions& options) {
+  const ScalingMetric metric = scaling_metric(spec, options);
+  return Json{
+      {"apiVersion", "keda.sh/v1alpha1"},
+      {"kind", "ScaledObject"},
+      {"metadata", metadata(spec, options, engine_name(spec), "engine")},
+      {"spec",
+       {{"scaleTargetRef",
+         {{"apiVersion", "apps/v1"}, {"kind", "Deployment"}, {"name", engine_name(spec)}}},
+        {"pollingInterval", 15},
+        // Used by KEDA only for the last step, from one replica to zero.
+        {"cooldownPeriod", static_cast<int>(std::ceil(spec.autoscaling.down_after_s))},
+        {"minReplicaCount", spec.replicas.min},
+        {"maxReplicaCount", spec.replicas.max},
+        {"advanced", {{"horizontalPodAutoscalerConfig", {{"behavior", scaling_behavior(spec)}}}}},
+        {"triggers", Json::array({{{"type", "prometheus"},
+                                   {"metricType", metric.per_replica ? "AverageValue" : "Value"},
+                                   {"metadata",
+                                    {{"serverAddress", spec.autoscaling.prometheus},
+                                     {"query", metric.query},
+                                     {"threshold", number_text(spec.autoscaling.target)},
+                                     // From zero, the first request waiting wakes the pool.
+                                     {"activationThreshold", "0"}}}}})}}}};
+}
+
+Json hpa(const DeploymentSpec& spec, const RenderOptions& options) {
+  const ScalingMetric metric = scaling_metric(spec, options);
+  const std::string target = quantity_text(spec.autoscaling.target);
+  Json target_body = metric.per_replica ? Json{{"type", "AverageValue"}, {"averageValue", target}}
+                                        : Json{{"type", "Value"}, {"value", target}};
+  return Json{{"apiVersion", "autoscaling/v2"},
+              {"kind", "HorizontalPodAutoscaler"},
+              {"metadata", metadata(spec, options, engine_name(spec), "engine")},
+              {"spec",
+               {{"scaleTargetRef",
+                 {{"apiVersion", "apps/v1"}, {"kind", "Deployment"}, {"name", engine_name(spec)}}},
+                {"minReplicas", spec.replicas.min},
+                {"maxReplicas", spec.replicas.max},
+                {"metrics", Json::array({{{"type", "External"},
+                                          {"external",
+                                           {{"metric",
+                                             {{"name", metric.external_name},
+                                              {"selector",
+                                               {{"matchLabels",
+                                                 {{"namespace", options.namespace_name},
+                                                  {"deployment", engine_name(spec)}}}}}}},
+                                            {"target", target_body}}}}})},
+                {"behavior", scaling_behavior(spec)}}}};
+}
+
+bool is_dns_label(std::string_view s) {
+  if (s.empty() || s.size() > 63) return false;
+  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  if (!alnum(s.front()) || !alnum(s.back())) return false;
+  return std::all_of(s.begin(), s.end(), [&](char c) { return alnum(c) || c == '-'; });
+}
+
+std::vector<SpecError> unrenderable(const DeploymentSpec& spec, const RenderOptions& options) {
+  std::vector<SpecError> errors;
+  if (!is_dns_label(options.namespace_name))
+    errors.push_back(
+        SpecError{"--namespace", 0,
+                  fmt::format("'{}' is not a lowercase DNS label of at most 63 characters",
+                              options.namespace_name)});
+  if (spec.resources.nodes > 1)
+    errors.push_back(SpecError{
+        "resources.nodes", 0,
+        fmt::format("{}: a replica over several nodes is a LeaderWorkerSet, which `deploy "
+                    "render` does not write yet (docs/DEPLOY.md step 5)",
+                    spec.resources.nodes)});
+  const bool autoscaled = spec.replicas.max > spec.replicas.min;
+  if (autoscaled && spec.replicas.min == 0) {
+    if (options.autoscaler == Autoscaler::kHpa)
+      errors.push_back(SpecError{
+          "replicas.min", 0,
+          "0 (scale to zero) needs --autoscaler keda: the HPA keeps at least one replica"});
+    else if (spec.autoscaling.metric != "concurrency")
+      errors.push_back(SpecError{
+          "replicas.min", 0,
+          fmt::format(
+              "0 (scale to zero) needs autoscaling.metric concurrency: {} is measured on running "
+              "replicas, so with none nothing would wake the pool",
+              spec.autoscaling.metric)});
+  }
+  if (autoscaled) {
+    for (const auto& [path, seconds] :
+         {std::pair<const char*, double>{"autoscaling.up_after", spec.autoscaling.up_after_s},
+          {"autoscaling.down_after", spec.autoscaling.down_after_s}})
+      if (seconds > kMaxStabilizationSeconds)
+        errors.push_back(
+            SpecError{path, 0,
+                      fmt::format("{} s: the autoscaler's stabilization window is at most {} s",
+                                  seconds, kMaxStabilizationSeconds)});
+    if (options.autoscaler == Autoscaler::kHpa && std::llround(spec.autoscaling.target * 1000) < 1)
+      errors.push_back(
+          SpecError{"autoscaling.target", 0, "below 0.001, it is not a quantity the HPA can hold"});
+  }
+  return errors;
+}
+
+// Whether a plain scalar with this text would be read back as something
+// other than a string (a number, a boolean, null) by YAML 1.1 or 1.2
+// readers: Kubernetes' reader is YAML 1.1's, where `yes` and `on` are booleans.
+bool needs_quotes(const std::string& s) {
+  if (s.empty()) return true;
+  std::string lower = s;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  for (const char* word : {"true", "false", "yes", "no", "on", "off", "y", "n", "null", "~"})
+    if (lower == word) return true;
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  if (*end == '\0') return true;  // 8000, 0.5, 1e3, 0x1F, inf
+  if (lower.size() > 2 && lower[0] == '0' && (lower[1] == 'b' || lower[1] == 'o')) return true;
+  if (lower.size() > 1 && lower[0] == '.' &&
+      (lower == ".inf" || lower == ".nan" || lower == "-.inf"))
+    return true;
+  // YAML 1.1's base-60 integers (1:30).
+  return std::isdigit(static_cast<unsigned char>(s[0])) && s.find(':') != std::string::npos &&
+         s.find_first_not_of("0123456789:._") == std::string::npos;
+}
+
+void emit(YAML::Emitter& out, const Json& value) {
+  switch (value.type()) {
+    case Json::value_t::object:
+      if (value.empty()) {
+        out << YAML::Flow << YAML::BeginMap << YAML::EndMap;
+        return;
+      }
+      out << YAML::BeginMap;
+      for (const auto& [key, item] : value.items()) {
+        out << YAML::Key;
+        if (needs_quotes(key))
+          out << YAML::DoubleQuoted << key;
+        else
+          out << key;
+        out << YAML::Value;
+        emit(out, item);
+      }
+      out << YAML::EndMap;
+      return;
+    case Json::value_t::array:
+      if (value.empty()) {
+        out << YAML::Flow << YAML::BeginSeq << YAML::EndSeq;
+        return;
+      }
+      out << YAML::BeginSeq;
+      for (const Json& item : value) emit(out, item);
+      out << YAML::EndSeq;
+      return;
+    case Json::value_t::string: {
+      const std::string& s = value.get_ref<const std::string&>();
+      if (needs_quotes(s))
+        out << YAML::DoubleQuoted << s;
+      else
+        out << s;
+      return;
+    }
+    case Json::value_t::boolean:
+      out << (value.get<bool>() ? "true" : "false");
+      return;
+    case Json::value_t::number_integer:
+      out << value.get<long long>();
+      return;
+    case Json::value_t::number_unsigned:
+      out << value.get<unsigned long long>();
+      return;
+    case Json::value_t::number_float:
+      out << fmt::format("{}", value.get<double>());
+      return;
+    default:
+      out << YAML::Null;
+      return;
+  }
+}
+
+}  // namespace
+
+RenderResult render_manifests(const DeploymentSpec& spec, const RenderOptions& options) {
+  RenderResult result;
+  result.errors = unrenderable(spec, options);
+  const double drain = drain_seconds(spec, result.errors);
+  if (!result.errors.empty()) return result;
+  const bool autoscaled = spec.replicas.max > spec.replicas.min;
+  result.objects.push_back(engine_deployment(
+      spec, options, drain, autoscaled ? std::nullopt : std::optional<int>(spec.replicas.min)));
+  result.objects.push_back(engine_service(spec, options));
+  result.objects.push_back(disruption_budget(spec, options, engine_name(spec), "engine"));
+  result.objects.push_back(gateway_deployment(spec, options));
+  result.objects.push_back(gateway_service(spec, options));
+  result.objects.push_back(disruption_budget(spec, options, gateway_name(spec), "gateway"));
+  if (autoscaled)
+    result.objects.push_back(options.autoscaler == Autoscaler::kKeda
+                                 ? keda_scaled_object(spec, options)
+                                 : hpa(spec, options));
+  return result;
+}
+
+std::string to_yaml(const nlohmann::ordered_json& object) {
+  YAML::Emitter out;
+  out.SetIndent(2);
+  emit(out, object);
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string manifest_file_name(const nlohmann::ordered_json& object) {
+  std::string kind = object.at("kind").get<std::string>();
+  std::transform(kind.begin(), kind.end(), kind.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  return kind + "-" + object.at("metadata").at("name").get<std::string>() + ".yaml";
+}
+
+}  // namespace basalt::deploy

@@ -1,0 +1,110 @@
+// `basalt deploy render` (docs/DEPLOY.md section 2): the real binary renders
+// deploy/basalt.yaml and variants of it (GPUs, a volume, tenants, regions,
+// scale to zero, the HPA, --out), and every object it writes must pass the
+// Kubernetes API schema of its kind: the core kinds through the
+// `kubernetes-models` validators, the KEDA ScaledObject through the models
+// of its published CRD (`@kubernetes-models/keda`), in k8s_schemas.mjs.
+// BASALT_BINARY names the binary (set by ctest).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { readFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { documents, validateObject } from './k8s_schemas.mjs';
+import { exampleSpec, scratch, unrenderable, variant, variants } from './deploy_variants.mjs';
+
+function binary() {
+  const path = process.env.BASALT_BINARY;
+  if (!path) throw new Error('BASALT_BINARY is not set');
+  return path;
+}
+
+function render(specPath, args = []) {
+  return spawnSync(binary(), ['deploy', 'render', specPath, ...args], { encoding: 'utf8' });
+}
+
+for (const [name, { spec, namespace, autoscaler }] of Object.entries(variants)) {
+  test(`every object rendered from ${name} passes its Kubernetes schema`, () => {
+    const r = render(spec, ['--namespace', namespace, '--autoscaler', autoscaler]);
+    assert.equal(r.status, 0, r.stderr);
+    const objects = documents(r.stdout);
+    assert.ok(objects.length >= 6, `${objects.length} objects`);
+    for (const object of objects) {
+      assert.doesNotThrow(() => validateObject(object), `${object.kind} ${object.metadata?.name}`);
+    }
+    const kinds = objects.map((o) => o.kind);
+    assert.equal(kinds.filter((k) => k === 'Deployment').length, 2);
+    if (name === 'fixed_size') assert.ok(!kinds.includes('ScaledObject') && !kinds.includes('HorizontalPodAutoscaler'));
+    if (name === 'hpa_queue_time') assert.ok(kinds.includes('HorizontalPodAutoscaler'));
+    if (name === 'example' || name === 'scale_to_zero') assert.ok(kinds.includes('ScaledObject'));
+    for (const object of objects) assert.equal(object.metadata.namespace, namespace);
+  });
+}
+
+test('the rendered YAML keeps strings strings and numbers numbers', () => {
+  const [engine] = documents(render(exampleSpec).stdout);
+  const pod = engine.spec.template;
+  assert.equal(pod.metadata.annotations['prometheus.io/scrape'], 'true');
+  assert.equal(pod.metadata.annotations['prometheus.io/port'], '8000');
+  assert.equal(pod.spec.containers[0].ports[0].containerPort, 8000);
+  assert.deepEqual(pod.spec.containers[0].args.slice(0, 5), ['serve', '--host', '0.0.0.0', '--port', '8000']);
+  assert.equal(pod.spec.containers[0].resources.requests.cpu, '4');
+});
+
+test('the validators reject objects that break their schema', () => {
+  const objects = documents(render(exampleSpec).stdout);
+  const broken = (mutate) => {
+    const copies = structuredClone(objects);
+    mutate(copies);
+    return () => copies.forEach(validateObject);
+  };
+  assert.doesNotThrow(broken(() => {}));
+  assert.throws(broken((o) => { o[0].spec.template.spec.containers[0].ports[0].containerPort = '8000'; }), /integer/);
+  assert.throws(broken((o) => { o[0].spec.template.spec.containers = 'engine'; }), /array/);
+  assert.throws(broken((o) => { o[1].spec.ports[0].port = 'http'; }), /integer/);
+  assert.throws(broken((o) => { o[2].spec.selector = []; }));
+  const scaled = objects.findIndex((x) => x.kind === 'ScaledObject');
+  assert.ok(scaled >= 0);
+  assert.throws(broken((o) => { o[scaled].spec.minReplicaCount = 'one'; }), /integer/);
+  assert.throws(broken((o) => { o[scaled].spec.triggers[0].metadata.threshold = 8; }), /string/);
+  assert.throws(broken((o) => { delete o[scaled].spec.scaleTargetRef; }), /scaleTargetRef/);
+  assert.throws(broken((o) => { o.push({ apiVersion: 'v1', kind: 'Pdb', metadata: { name: 'x' } }); }), /no schema/);
+});
+
+test('--out writes one file per object, the same objects as stdout', () => {
+  const dir = join(scratch, 'out');
+  const r = render(exampleSpec, ['--out', dir]);
+  assert.equal(r.status, 0, r.stderr);
+  const files = readdirSync(dir).sort();
+  assert.deepEqual(files, [
+    'deployment-mini-engine.yaml',
+    'deployment-mini-gateway.yaml',
+    'poddisruptionbudget-mini-engine.yaml',
+    'poddisruptionbudget-mini-gateway.yaml',
+    'scaledobject-mini-engine.yaml',
+    'service-mini-engine.yaml',
+    'service-mini-gateway.yaml',
+  ]);
+  assert.deepEqual(r.stdout.trim().split('\n').map((p) => p.slice(dir.length + 1)).sort(), files);
+  const fromFiles = files.flatMap((f) => documents(readFileSync(join(dir, f), 'utf8')));
+  const fromStdout = documents(execFileSync(binary(), ['deploy', 'render', exampleSpec], { encoding: 'utf8' }));
+  const key = (o) => `${o.kind}/${o.metadata.name}`;
+  assert.deepEqual(
+    fromFiles.sort((a, b) => key(a).localeCompare(key(b))),
+    fromStdout.sort((a, b) => key(a).localeCompare(key(b))),
+  );
+});
+
+test('a spec that cannot be rendered fails with the field named and writes nothing', () => {
+  for (const [name, { spec, autoscaler, error }] of Object.entries(unrenderable)) {
+    const r = render(spec, ['--autoscaler', autoscaler]);
+    assert.notEqual(r.status, 0, name);
+    assert.equal(r.stdout, '', name);
+    assert.match(r.stderr, error, name);
+  }
+  let r = render(variant('bad', [['name: mini', 'name: Mini']]));
+  assert.notEqual(r.status, 0);
+  assert.match(r.stderr, /:\d+: name: 'Mini' is not a lowercase DNS label/);
+  r = render(exampleSpec, ['--autoscaler', 'vpa']);
+  assert.notEqual(r.status, 0);
+});
