@@ -4,15 +4,22 @@
 # something is missing.
 set -euo pipefail
 
+# Boost 1.81 is Debian 12's newest; Ubuntu 24.04 (NVIDIA's CUDA images,
+# deploy/Dockerfile.cuda) has 1.83 instead.
+boost=libboost1.81-dev
+if grep -qs '^ID=ubuntu' /etc/os-release; then
+  boost=libboost1.83-dev
+fi
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   nlohmann-json3-dev libfmt-dev libcli11-dev
-  libboost1.81-dev libssl-dev openssl libyaml-cpp-dev
+  "$boost" libssl-dev openssl libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
 )
 # Node.js runs the server tests with the openai npm client (Debian's nodejs
-# when no newer one is installed).
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+# when no newer one is installed); BASALT_WITH_NODE=0 leaves it out (the
+# images, deploy/Dockerfile.*, build but do not test).
+if [[ "${BASALT_WITH_NODE:-1}" == "1" ]] && { ! command -v node >/dev/null || ! command -v npm >/dev/null; }; then
   packages+=(nodejs npm)
 fi
 # The fuzzers need clang with libFuzzer; optional for a plain build.
