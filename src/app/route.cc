@@ -6,6 +6,9 @@
 // logged. SIGHUP re-reads --replica-file (with the --replica flags): a good
 // list replaces the old one (replicas no longer listed drain: their
 // requests in flight finish), a bad one is logged and the old list kept.
+// --replica-dns HOST:PORT adds every address HOST resolves to, resolved
+// again every --dns-interval on a thread of its own and diffed against the
+// list the same way (router/dns_discovery.h).
 // SIGTERM or SIGINT stops accepting, lets forwarded requests finish until
 // --drain-timeout, then closes every connection; a second signal skips the
 // wait.
@@ -15,6 +18,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <filesystem>
 #include <map>
@@ -29,6 +33,7 @@
 #include "app/http_flags.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "router/dns_discovery.h"
 #include "router/replica_registry.h"
 #include "router/route_server.h"
 #include "router/placement.h"
@@ -45,6 +50,8 @@ struct RouteFlags {
   std::string session_header = "x-session-id";
   std::vector<std::string> replicas;
   std::string replica_file;
+  std::vector<std::string> replica_dns;
+  double dns_interval = 5;
   std::string tenants_file;
   std::string upstream_api_key;
   int max_attempts = 3;
@@ -86,6 +93,8 @@ std::map<std::string, std::shared_ptr<const TokenizerBundle>> read_tokenizers(co
   return out;
 }
 
+// The replicas given by --replica and --replica-file; with no
+// --replica-dns there must be one.
 std::vector<router::ReplicaSpec> read_replicas(const RouteFlags& f) {
   std::vector<router::ReplicaSpec> specs;
   for (const std::string& text : f.replicas) specs.push_back(router::parse_replica(text, "--replica"));
@@ -93,9 +102,53 @@ std::vector<router::ReplicaSpec> read_replicas(const RouteFlags& f) {
     for (router::ReplicaSpec& spec :
          router::parse_replica_file(read_text_file(f.replica_file, "--replica-file"), f.replica_file))
       specs.push_back(std::move(spec));
-  BASALT_CHECK(!specs.empty(), "no replicas: give --replica URL or --replica-file FILE");
+  BASALT_CHECK(!specs.empty() || !f.replica_dns.empty(),
+               "no replicas: give --replica URL, --replica-file FILE or --replica-dns HOST:PORT");
   return specs;
 }
+
+// Resolves the --replica-dns names every --dns-interval until destroyed,
+// logging the list when it changes and a failure when it starts or changes.
+class DnsRefresher {
+ public:
+  DnsRefresher(router::DnsDiscovery& discovery, const router::ReplicaRegistry& registry,
+               double interval_s)
+      : discovery_(discovery),
+        registry_(registry),
+        interval_(static_cast<int64_t>(interval_s * 1000)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~DnsRefresher() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  // One round now (also how the first list is found, before the port opens).
+  void refresh_and_log();
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!wake_.wait_for(lock, interval_, [this] { return stop_; })) {
+      lock.unlock();
+      refresh_and_log();
+      lock.lock();
+    }
+  }
+
+  router::DnsDiscovery& discovery_;
+  const router::ReplicaRegistry& registry_;
+  const std::chrono::milliseconds interval_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::string last_failures_;  // only touched by one refresh at a time
+  std::mutex refresh_mu_;
+  std::thread thread_;
+};
 
 std::vector<router::Tenant> read_tenants(const std::string& path) {
   return router::parse_tenants(read_text_file(path, "--tenants-file"), path);
@@ -110,6 +163,25 @@ void log_replicas(const router::ReplicaRegistry& registry) {
       .add("count", static_cast<int64_t>(snapshot->replicas.size()))
       .add("replicas", ids)
       .emit();
+}
+
+void DnsRefresher::refresh_and_log() {
+  std::lock_guard<std::mutex> lock(refresh_mu_);
+  const router::RefreshResult result = discovery_.refresh();
+  if (result.changed) log_replicas(registry_);
+  std::string failures;
+  for (const std::string& failure : result.failures)
+    failures += (failures.empty() ? "" : "; ") + failure;
+  if (failures != last_failures_) {
+    if (failures.empty())
+      LogLine("replica_dns").add("resolved", "again").emit();
+    else
+      LogLine("replica_dns", LogLevel::kWarning)
+          .add("error", failures)
+          .add("kept", "the last addresses")
+          .emit();
+    last_failures_ = failures;
+  }
 }
 
 void run_route(const RouteFlags& f) {
@@ -135,17 +207,27 @@ void run_route(const RouteFlags& f) {
                "--breaker-open-seconds must be in [0.01, 3600] seconds");
   BASALT_CHECK(f.breaker_half_open_successes >= 1 && f.breaker_half_open_successes <= 1000,
                "--breaker-half-open-successes must be in [1, 1000]");
+  BASALT_CHECK(f.dns_interval >= 0.1 && f.dns_interval <= 3600,
+               "--dns-interval must be in [0.1, 3600] seconds");
+  std::vector<router::DnsTarget> dns_targets;
+  for (const std::string& text : f.replica_dns)
+    dns_targets.push_back(router::parse_dns_target(text, "--replica-dns"));
   router::BreakerOptions breaker;
   breaker.failures_to_open = f.breaker_failures;
   breaker.open_for = std::chrono::milliseconds(static_cast<int64_t>(f.breaker_open_seconds * 1000));
   breaker.successes_to_close = f.breaker_half_open_successes;
   router::ReplicaRegistry registry(breaker);
-  registry.set(read_replicas(f));
+  router::AsioAddressResolver resolver;
+  router::DnsDiscovery discovery(registry, resolver, dns_targets);
+  discovery.set_fixed(read_replicas(f));
   if (!f.home_pool.empty()) {
     const auto snapshot = registry.snapshot();
-    BASALT_CHECK(std::any_of(snapshot->replicas.begin(), snapshot->replicas.end(),
-                             [&](const router::Replica& r) { return r.spec.pool == f.home_pool; }),
-                 "--home-pool {}: no replica is labelled pool={}", f.home_pool, f.home_pool);
+    BASALT_CHECK(
+        std::any_of(snapshot->replicas.begin(), snapshot->replicas.end(),
+                    [&](const router::Replica& r) { return r.spec.pool == f.home_pool; }) ||
+            std::any_of(dns_targets.begin(), dns_targets.end(),
+                        [&](const router::DnsTarget& t) { return t.labels.pool == f.home_pool; }),
+        "--home-pool {}: no replica is labelled pool={}", f.home_pool, f.home_pool);
   }
 
   sigset_t signals;
@@ -210,6 +292,13 @@ void run_route(const RouteFlags& f) {
   router::RouteServer route(registry, client_io, options, client_options);
   http.on_rejection = [&route](const TransportRejection& r) { route.note_rejection(r); };
   HttpServer server(http, [&route](HttpRequest& request) { return route.handle(request); });
+  // The names are resolved once before the port opens, then on a thread
+  // (signals are blocked in it, as in every thread started here).
+  std::unique_ptr<DnsRefresher> dns_refresher;
+  if (!dns_targets.empty()) {
+    dns_refresher = std::make_unique<DnsRefresher>(discovery, registry, f.dns_interval);
+    dns_refresher->refresh_and_log();
+  }
   server.start();
   LogLine("listening").add("url", fmt::format("{}://{}:{}", http_scheme(f.http), f.http.host, server.port())).emit();
   log_replicas(registry);
@@ -223,7 +312,7 @@ void run_route(const RouteFlags& f) {
       break;
     }
     try {
-      registry.set(read_replicas(f));
+      discovery.set_fixed(read_replicas(f));
       log_replicas(registry);
     } catch (const Error& e) {
       LogLine("replicas", LogLevel::kWarning).add("reload", "refused").add("error", e.what()).emit();
@@ -267,6 +356,13 @@ void add_route_command(CLI::App& app) {
                   "(repeatable). A replica with a model label gets that model's requests only");
   cmd->add_option("--replica-file", f.replica_file,
                   "Read replicas from this file, one per line as for --replica ('#' comments); re-read on SIGHUP");
+  cmd->add_option(
+      "--replica-dns", f.replica_dns,
+      "HOST:PORT, then labels as for --replica: every A and AAAA address of HOST is the replica "
+      "http://ADDRESS:PORT, resolved again every --dns-interval (a Kubernetes headless Service's "
+      "name lists its ready pods); addresses that vanish drain, new ones join (repeatable)");
+  cmd->add_option("--dns-interval", f.dns_interval,
+                  "Seconds between resolutions of --replica-dns (default 5)");
   cmd->add_option("--policy", f.policy,
                   "How a request's replica is chosen: cache-aware (the one holding the longest part of the prompt "
                   "in its cache, exactly with --tokenizer, else where this gateway sent it, unless it is much "

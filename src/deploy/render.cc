@@ -232,10 +232,11 @@ Json disruption_budget(const DeploymentSpec& spec, const RenderOptions& options,
 }
 
 Json gateway_deployment(const DeploymentSpec& spec, const RenderOptions& options) {
-  const std::string engine_url = fmt::format("http://{}.{}.svc:{}", engine_name(spec),
-                                             options.namespace_name, spec.engine.port);
+  // The headless Service's name resolves to each ready replica.
+  const std::string engine_dns =
+      fmt::format("{}.{}.svc:{}", engine_name(spec), options.namespace_name, spec.engine.port);
   Json args = Json::array({"route", "--host", "0.0.0.0", "--port", std::to_string(kGatewayPort),
-                           "--replica", engine_url});
+                           "--replica-dns", engine_dns});
   Json mounts = Json::array({{{"name", "tmp"}, {"mountPath", "/tmp"}}});
   Json volumes = Json::array({{{"name", "tmp"}, {"emptyDir", Json::object()}}});
   if (!spec.tenants_secret.empty()) {

@@ -27,9 +27,9 @@
 //    leaves the Service's endpoints before SIGTERM starts the drain) and
 //    leaves 10 s to exit. Probes: startup and readiness on /ready, liveness
 //    on /health.
-//  * The gateway runs `basalt route` over the engine Service's DNS name as
-//    its one replica URL (until `--replica-dns`, step 3, resolves it to each
-//    pod), with the tenants file from the Secret when one is named.
+//  * The gateway runs `basalt route --replica-dns NAME-engine.NS.svc:PORT`:
+//    every ready replica, as the headless Service's DNS name lists them,
+//    with the tenants file from the Secret when one is named.
 //  * to_yaml(object) writes one YAML document (no `---`); strings that a
 //    YAML reader would take for a number, a boolean or null are quoted, so
 //    the text reads back as the same tree.

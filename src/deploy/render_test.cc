@@ -198,12 +198,12 @@ TEST(DeployRender, ServicesAndDisruptionBudgetsSelectTheirPods) {
   EXPECT_EQ(gateway["spec"]["replicas"], 3);
   EXPECT_EQ(find(objects, "Service", "big-gateway")["spec"]["selector"],
             gateway["spec"]["selector"]["matchLabels"]);
-  // The gateway reaches the replicas through the engine Service's name.
+  // The gateway finds the replicas through the engine Service's name.
   const Json& args = container(gateway)["args"];
   EXPECT_EQ(args[0], "route");
-  EXPECT_NE(std::find(args.begin(), args.end(), Json("http://big-engine.serving.svc:9000")),
-            args.end())
-      << args;
+  const auto dns = std::find(args.begin(), args.end(), Json("--replica-dns"));
+  ASSERT_NE(dns, args.end()) << args;
+  EXPECT_EQ(*(dns + 1), "big-engine.serving.svc:9000");
 }
 
 TEST(DeployRender, TheTenantsSecretIsMountedAndGivenToTheGateway) {

@@ -97,6 +97,10 @@ const Replica* Snapshot::find(std::string_view id) const {
 
 void ReplicaRegistry::set(std::vector<ReplicaSpec> specs) {
   BASALT_CHECK(!specs.empty(), "no replicas: give --replica URL or --replica-file FILE");
+  set_allowing_none(std::move(specs));
+}
+
+void ReplicaRegistry::set_allowing_none(std::vector<ReplicaSpec> specs) {
   std::set<std::string> ids;
   for (const ReplicaSpec& s : specs)
     BASALT_CHECK(ids.insert(s.id).second, "the replica {} is listed twice", s.id);

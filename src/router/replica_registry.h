@@ -111,6 +111,9 @@ class ReplicaRegistry {
   // Throws basalt::Error for an empty list or a replica given twice (the
   // registry is left as it was).
   void set(std::vector<ReplicaSpec> specs);
+  // As set(), but an empty list is published too (every replica drains):
+  // what DNS discovery finds for a pool scaled to zero (router/dns_discovery.h).
+  void set_allowing_none(std::vector<ReplicaSpec> specs);
   std::shared_ptr<const Snapshot> snapshot() const;
 
  private:
