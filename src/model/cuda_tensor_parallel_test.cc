@@ -96,15 +96,17 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTensorParallel,
                          });
 
 #ifdef BASALT_HAVE_NCCL
+std::vector<std::unique_ptr<Communicator>> nccl_group(std::span<Backend* const> backends) {
+  std::vector<CudaBackend*> gpus;
+  for (Backend* b : backends) gpus.push_back(dynamic_cast<CudaBackend*>(b));
+  return make_nccl_group(gpus);
+}
+
 // NCCL's world of one: the collectives the layouts call (all-reduce after
 // the attention and the MLP) run through NCCL on the one GPU.
 TEST(CudaTensorParallelNccl, AWorldOfOneThroughNcclMatchesOneGpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const RankGroupFactory nccl = [](std::span<Backend* const> backends) {
-    std::vector<CudaBackend*> gpus;
-    for (Backend* b : backends) gpus.push_back(dynamic_cast<CudaBackend*>(b));
-    return make_nccl_group(gpus);
-  };
+  const RankGroupFactory nccl = nccl_group;
   for (const char* name : {"qwen3", "deepseek_v3"}) {
     CudaBackend gpu;
     auto ranks = over_gpu_ranks(kModels + name, 1, &gpu, nccl);
@@ -121,11 +123,7 @@ TEST(CudaTensorParallelNccl, AWorldOfOneThroughNcclMatchesOneGpu) {
 // group, which stages through the host, is left eager.
 TEST(CudaTensorParallelNccl, GraphsPerRankRecordTheirCollectivesAndReplay) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const RankGroupFactory nccl = [](std::span<Backend* const> backends) {
-    std::vector<CudaBackend*> gpus;
-    for (Backend* b : backends) gpus.push_back(dynamic_cast<CudaBackend*>(b));
-    return make_nccl_group(gpus);
-  };
+  const RankGroupFactory nccl = nccl_group;
   const GraphOptions graphs{.max_batch = 8};
   for (const char* name : {"qwen3", "deepseek_v3"}) {
     const bool mtp = std::string(name) == "deepseek_v3";

@@ -178,6 +178,20 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   if (from_host || to_host) synchronize();
 }
 
+namespace {
+
+// Pinned host memory of at least `bytes` at `host` (its contents not kept).
+void grow_pinned(void*& host, size_t& capacity, size_t bytes) {
+  if (capacity >= bytes) return;
+  if (host != nullptr) BASALT_CUDA_CHECK(cudaFreeHost(host));
+  host = nullptr;
+  capacity = 0;
+  BASALT_CUDA_CHECK(cudaMallocHost(&host, bytes));
+  capacity = bytes;
+}
+
+}  // namespace
+
 void CudaBackend::upload(const Tensor& src, Tensor& dst) {
   BASALT_CHECK(src.device() == Device::kCpu && dst.device() == Device::kCuda,
                "cuda upload: {} into {} is not host to device", src.describe(), dst.describe());
@@ -189,13 +203,7 @@ void CudaBackend::upload(const Tensor& src, Tensor& dst) {
   next_staging_ = (next_staging_ + 1) % kStagingBuffers;
   if (s.copied == nullptr) BASALT_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
   BASALT_CUDA_CHECK(cudaEventSynchronize(s.copied));  // its last copy has run (at once when never recorded)
-  if (s.capacity < bytes) {
-    if (s.host != nullptr) BASALT_CUDA_CHECK(cudaFreeHost(s.host));
-    s.host = nullptr;
-    s.capacity = 0;
-    BASALT_CUDA_CHECK(cudaMallocHost(&s.host, bytes));
-    s.capacity = bytes;
-  }
+  grow_pinned(s.host, s.capacity, bytes);
   std::memcpy(s.host, src.raw(), bytes);
   BASALT_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), s.host, bytes, cudaMemcpyHostToDevice, stream_));
   BASALT_CUDA_CHECK(cudaEventRecord(s.copied, stream_));
@@ -237,13 +245,7 @@ CudaBackend::Pinned CudaBackend::take_pinned(size_t bytes) {
   }
   try {
     if (p.copied == nullptr) BASALT_CUDA_CHECK(cudaEventCreateWithFlags(&p.copied, cudaEventDisableTiming));
-    if (p.capacity < bytes) {
-      if (p.host != nullptr) BASALT_CUDA_CHECK(cudaFreeHost(p.host));
-      p.host = nullptr;
-      p.capacity = 0;
-      BASALT_CUDA_CHECK(cudaMallocHost(&p.host, bytes));
-      p.capacity = bytes;
-    }
+    grow_pinned(p.host, p.capacity, bytes);
   } catch (...) {
     give_back_pinned(p);
     throw;
