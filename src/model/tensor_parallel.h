@@ -27,8 +27,9 @@
 // hold its collectives; prepare() records every rank's decode sizes (all
 // ranks take the same path for a batch, so their collectives stay in
 // step), and the caller must not wrap the whole in another GraphedModel.
-// Otherwise the ranks run eagerly. Its draft_head() is the ranks' heads run as one (DeepSeek's
-// MTP layer, each rank its shard; null when the ranks' models have none):
+// Otherwise the ranks run eagerly. Its draft_head() is the ranks' heads
+// run as one (DeepSeek's MTP layer, each rank its shard; null when the
+// ranks' models have none):
 // each pass broadcasts the caller's hidden states from rank 0, and its KV
 // is laid out as the model's (the head's layers of rank r after rank r-1's).
 // An EAGLE head or a draft model can be attached beside the whole instead.

@@ -156,11 +156,11 @@ class Scheduler {
   // Whether the load (running and waiting requests) is too large to draft
   // (SpeculativeOptions::disable_from_batch).
   bool drafting_off() const;
+  // The request's proposal from row `row` of a step's result (pending or not).
+  void take_proposal(Request& r, StepResult& result, size_t row);
   // Takes the results of the draft group whose first sampled row is
   // `first`: the accepted tokens, the rejected positions' KV rolled back.
   // Returns the group's last row.
-  // The request's proposal from row `row` of a step's result (pending or not).
-  void take_proposal(Request& r, StepResult& result, size_t row);
   size_t take_verified(StepPlan& plan, StepResult& result, size_t first, Clock::time_point now,
                        std::vector<RequestUpdate>& updates);
   std::shared_ptr<StepPlan> fresh_plan();

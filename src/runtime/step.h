@@ -26,9 +26,6 @@ namespace basalt {
 class LogitsProcessor;
 class TokenConstraint;
 
-// An input token that the step launched just before this one samples
-// (overlap): row `row` of that step's sampled tokens goes to input `index`
-// of this step. The runner resolves it before the forward pass.
 // A draft whose value the step before has not brought to the host yet: the
 // draft head still runs on the device when its step's samples come back
 // (StepResult::complete_proposals). A plan may carry it in token_ids and a
@@ -36,6 +33,9 @@ class TokenConstraint;
 // which happens before the plan runs.
 constexpr int32_t kPendingDraft = -2;
 
+// An input token that the step launched just before this one samples
+// (overlap): row `row` of that step's sampled tokens goes to input `index`
+// of this step. The runner resolves it before the forward pass.
 struct FutureToken {
   size_t index = 0;  // position in StepPlan::token_ids
   int32_t row = 0;   // sampled row of the previous step
