@@ -40,6 +40,8 @@
 #include "router/tenants.h"
 #include "server/http_server.h"
 #include "tokenizer/tokenizer.h"
+#include "workflow/definition.h"
+#include "workflow/service.h"
 
 namespace basalt {
 namespace {
@@ -71,6 +73,8 @@ struct RouteFlags {
   int breaker_failures = 5;
   double breaker_open_seconds = 10;
   int breaker_half_open_successes = 2;
+  std::string workflows;
+  std::string workflow_state_dir;
 };
 
 // --tokenizer [NAME=]DIR: the tokenizer of the model NAME (default: the
@@ -266,6 +270,17 @@ void run_route(const RouteFlags& f) {
   options.tokenizer_threads = f.tokenizer_threads;
   BASALT_CHECK(options.tokenizers.empty() || options.policy == router::Policy::kCacheAware,
                "--tokenizer is for --policy cache-aware (it reads the replicas' KV events to route by cached prefix)");
+  // Workflows are read before any thread starts: a bad definition stops
+  // the command with every problem named.
+  std::map<std::string, std::shared_ptr<const workflow::Workflow>> workflow_defs;
+  if (!f.workflows.empty()) workflow_defs = workflow::load_workflows(f.workflows);
+  BASALT_CHECK(f.workflow_state_dir.empty() || !f.workflows.empty(),
+               "--workflow-state-dir keeps the record of workflow runs: it needs --workflows");
+  std::unique_ptr<workflow::WorkflowService> workflows;
+  if (!workflow_defs.empty()) {
+    options.workflows = [&workflows](HttpRequest& request) { return workflows->handle(request); };
+    options.extra_metrics = [&workflows] { return workflows->metrics_text(); };
+  }
   HttpClientOptions client_options;
   client_options.timeout_s = f.upstream_timeout;
   client_options.max_body_bytes = f.http.max_body_bytes > (size_t{64} << 20) ? f.http.max_body_bytes : size_t{64} << 20;
@@ -290,6 +305,18 @@ void run_route(const RouteFlags& f) {
   } join_on_exit{work, client_io, client_threads};
   for (int i = 0; i < f.client_threads; ++i) client_threads.emplace_back([&client_io] { client_io.run(); });
   router::RouteServer route(registry, client_io, options, client_options);
+  if (!workflow_defs.empty()) {
+    workflow::ServiceOptions workflow_options;
+    workflow_options.state_dir = f.workflow_state_dir;
+    workflow_options.session_header = options.session_header;
+    workflow_options.log_steps = options.log_requests;
+    // A step is a request to this gateway's own handler: routed, retried
+    // and failed over as a client's would be.
+    workflows = std::make_unique<workflow::WorkflowService>(
+        std::move(workflow_defs), [&route](HttpRequest& request) { return route.handle(request); }, client_io,
+        workflow_options);
+    LogLine("workflows").add("loaded", f.workflows).add("replayed_runs", static_cast<uint64_t>(workflows->replayed_runs())).emit();
+  }
   http.on_rejection = [&route](const TransportRejection& r) { route.note_rejection(r); };
   HttpServer server(http, [&route](HttpRequest& request) { return route.handle(request); });
   // The names are resolved once before the port opens, then on a thread
@@ -420,6 +447,12 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--breaker-half-open-successes", f.breaker_half_open_successes,
                   "Trial requests that must succeed in a row to close a half-open breaker; one failure opens it "
                   "again (default 2)");
+  cmd->add_option("--workflows", f.workflows,
+                  "A workflow definition (JSON, docs/WORKFLOWS.md) or a directory of them (*.json): run by "
+                  "POST /v1/workflows/NAME/runs, their steps routed over the replicas");
+  cmd->add_option("--workflow-state-dir", f.workflow_state_dir,
+                  "Keep each workflow run's record here (one append-only file per run), replayed at start: a run "
+                  "posted again with its run_id resumes without re-running finished steps");
   cmd->callback([flags] { run_route(*flags); });
 }
 

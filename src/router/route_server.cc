@@ -34,6 +34,7 @@ std::string route_of(const std::string& path) {
   for (const char* k : kKnown)
     if (path == k) return k;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  if (path == "/v1/workflows" || path.rfind("/v1/workflows/", 0) == 0) return "/v1/workflows";
   return "other";
 }
 
@@ -674,6 +675,10 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
     r.body = metrics_text();
     return answer(std::move(r));
   }
+  if (route == "/v1/workflows") {
+    if (!options_.workflows) return answer(json_error(404, "no workflows are loaded (--workflows)", "invalid_request_error"));
+    return options_.workflows(request);
+  }
   if (route == "other") return answer(json_error(404, "no such endpoint: " + request.path, "invalid_request_error"));
   const bool by_model = routed_by_model(route);
   if (by_model ? request.method != "POST" : !need("GET"))
@@ -1173,7 +1178,9 @@ std::string RouteServer::metrics_text() const {
     out.sample("basalt_route_replica_ejections_total", static_cast<double>(r.state->breaker.ejections()),
                {{"replica", r.spec.id}});
   }
-  return out.take();
+  std::string text = out.take();
+  if (options_.extra_metrics) text += options_.extra_metrics();
+  return text;
 }
 
 }  // namespace basalt::router

@@ -70,10 +70,13 @@
 //    above the class's ttft_slo_ms, until below 0.8 of it): then the
 //    overflow pool with the lowest EQT below the objective, if any.
 //  * One `request` log line per request (no text), when options.log_requests.
+//  * /v1/workflows and what is under it go to options.workflows after the
+//    API key check (404 without it).
 //  * handle() never blocks and may be called from any I/O thread.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -141,6 +144,11 @@ struct RouteServerOptions {
   // How long the PrefixIndex's entries count for a replica whose KV events
   // are read: the time before its events show what was sent to it.
   std::chrono::milliseconds provisional_window{10000};
+  // Requests under /v1/workflows, once their API key passed (unset: 404):
+  // the workflow runs (workflow/service.h), whose steps come back here.
+  std::function<HandlerResult(HttpRequest&)> workflows;
+  // Appended to /metrics (the workflow runs' families).
+  std::function<std::string()> extra_metrics;
 };
 
 class RouteServer {

@@ -36,9 +36,9 @@ bool valid_name(std::string_view s, bool allow_dash) {
   });
 }
 
-// The deepest nesting of objects and arrays in JSON text (strings skipped),
-// so that a hostile file cannot exhaust the recursive parser's stack.
-int nesting_depth(std::string_view text) {
+}  // namespace
+
+int json_nesting_depth(std::string_view text) {
   int depth = 0, deepest = 0;
   bool in_string = false;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -58,6 +58,8 @@ int nesting_depth(std::string_view text) {
   }
   return deepest;
 }
+
+namespace {
 
 // Reports keys of `object` not in `allowed`.
 void check_keys(const nlohmann::json& object, const std::string& where,
@@ -503,7 +505,7 @@ int64_t Workflow::find(std::string_view name) const {
 Workflow parse_workflow(std::string_view text, std::string_view source) {
   BASALT_CHECK(text.size() <= kMaxFileBytes, "{}: {} bytes, more than a definition may have ({})",
                source, text.size(), kMaxFileBytes);
-  BASALT_CHECK(nesting_depth(text) <= kMaxDepth, "{}: nested more than {} levels", source,
+  BASALT_CHECK(json_nesting_depth(text) <= kMaxDepth, "{}: nested more than {} levels", source,
                kMaxDepth);
   nlohmann::json j;
   try {

@@ -107,6 +107,10 @@ std::map<std::string, std::shared_ptr<const Workflow>> load_workflows(const std:
 // else what is wrong (`input.text: required`).
 std::string check_input(const Workflow& workflow, const nlohmann::json& input);
 
+// The deepest nesting of objects and arrays in JSON text (strings
+// skipped): checked before nlohmann's parser, which recurses per level.
+int json_nesting_depth(std::string_view text);
+
 // Evaluates a validated condition (`if`) after its templates are rendered
 // (render_value), to true or false.
 bool evaluate_condition(const nlohmann::json& rendered);
