@@ -25,6 +25,7 @@
 #include "loadgen/client.h"
 #include "loadgen/report.h"
 #include "loadgen/runner.h"
+#include "loadgen/workflow_load.h"
 #include "loadgen/workload.h"
 #include "tokenizer/tokenizer.h"
 
@@ -71,6 +72,8 @@ struct BenchFlags {
   bool no_progress = false;
   bool insecure = false;
   std::string label;
+  std::string workflow;
+  std::string workflow_input = "{}";
 };
 
 double parse_rate(const std::string& text, const char* flag) {
@@ -147,6 +150,58 @@ std::optional<SpecCounters> scrape_spec_counters(boost::asio::io_context& io, Co
   return counters;
 }
 
+// `--workflow NAME`: the gateway's workflow runs as the load (docs/WORKFLOWS.md).
+void run_workflow_bench(const BenchFlags& f, const std::string& api_key) {
+  BASALT_CHECK(f.max_concurrency >= 0, "--max-concurrency must be >= 0 (0: no limit)");
+  BASALT_CHECK(f.num_prompts >= 1 && f.num_prompts <= 1000000, "--num-prompts (runs): 1 to 1000000");
+  BASALT_CHECK(f.sweep_rates.empty(), "--sweep-rates is not for --workflow (give --request-rate)");
+  BASALT_CHECK(std::all_of(f.workflow.begin(), f.workflow.end(),
+                           [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'; }),
+               "--workflow '{}': a workflow name is a-z, 0-9, _ and -", f.workflow);
+  json input;
+  std::string text = f.workflow_input;
+  if (!text.empty() && text[0] != '{') {
+    std::ifstream in(text, std::ios::binary);
+    BASALT_CHECK(in.good(), "--workflow-input {}: cannot read it (a JSON object, or a file holding one)", text);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  input = json::parse(text, nullptr, false);
+  BASALT_CHECK(input.is_object(), "--workflow-input: not a JSON object");
+  LoadShape shape{parse_rate(f.request_rate, "--request-rate"), f.seed, f.burst_factor, f.burst_start,
+                  f.burst_duration};
+  shape.validate();
+  raise_open_file_limit();
+  boost::asio::io_context io(1);
+  HttpClientOptions copts;
+  copts.timeout_s = f.timeout;
+  copts.insecure = f.insecure;
+  HttpClient client(io, parse_url(f.base_url), copts);
+  WorkflowLoadOptions o;
+  o.path = "/v1/workflows/" + f.workflow + "/runs";
+  o.body = json{{"input", input}}.dump();
+  o.api_key = api_key;
+  o.runs = f.num_prompts;
+  o.max_concurrency = f.max_concurrency;
+  o.shape = shape;
+  std::fprintf(stderr, "basalt bench: %lld runs of workflow %s at %s/s, to %s\n",
+               static_cast<long long>(o.runs), f.workflow.c_str(), f.request_rate.c_str(), f.base_url.c_str());
+  const json summary = summarize_workflow_load(run_workflow_load(io, client, o));
+  std::fputs(workflow_load_table(summary, fmt::format("workflow {} ({} runs, rate {})", f.workflow, o.runs,
+                                                      f.request_rate))
+                 .c_str(),
+             stdout);
+  std::fflush(stdout);
+  if (!f.output_json.empty()) {
+    std::ofstream out(f.output_json);
+    BASALT_CHECK(out.good(), "--output-json {}: cannot write it", f.output_json);
+    const json config = {{"base_url", f.base_url}, {"workflow", f.workflow}, {"input", input},
+                         {"runs", o.runs}, {"request_rate", f.request_rate}, {"max_concurrency", f.max_concurrency},
+                         {"seed", f.seed}};
+    out << json{{"config", config}, {"results", summary}}.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
+    BASALT_CHECK(out.good(), "--output-json {}: write failed", f.output_json);
+  }
+}
+
 void run_bench(const BenchFlags& f) {
   const std::string endpoint = f.endpoint;
   BASALT_CHECK(!endpoint.empty() && endpoint[0] == '/', "--endpoint '{}' must be a path starting with '/'", endpoint);
@@ -183,6 +238,7 @@ void run_bench(const BenchFlags& f) {
         break;
       }
 
+  if (!f.workflow.empty()) return run_workflow_bench(f, api_key);
   const Url url = parse_url(f.base_url);
   const std::string dir = model_dir_or_bundled(f.model);
   TokenizerBundle tokenizer = load_tokenizer_dir(dir);
@@ -330,6 +386,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--output-svg", f.output_svg, "Write latency CDFs and throughput over time as SVG here");
   cmd->add_option("--label", f.label, "A name for this run in the table, JSON and picture");
   cmd->add_flag("--no-progress", f.no_progress, "No progress output on stderr");
+  cmd->add_option("--workflow", f.workflow,
+                  "Drive this workflow of a `basalt route --workflows` gateway instead: --num-prompts runs at "
+                  "--request-rate (and --max-concurrency), reporting end-to-end percentiles");
+  cmd->add_option("--workflow-input", f.workflow_input,
+                  "The runs' input (--workflow): a JSON object, or a file holding one (default {})");
   cmd->add_flag("--insecure", f.insecure, "https: do not verify the server's certificate");
   cmd->callback([flags] { run_bench(*flags); });
 }

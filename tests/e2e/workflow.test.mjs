@@ -8,7 +8,9 @@
 // gateway at start, naming the step and field.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, readFileSync, readdirSync } from 'node:fs';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { tmpdir } from 'node:os';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -119,6 +121,19 @@ test('the example runs: classify to the schema, one summary per note, combine', 
   assert.equal(gateway.log().match(/workflow_step run=baseline /g).length, 3);
 });
 
+test('basalt bench drives the workflow at a rate and reports end-to-end percentiles', async () => {
+  const out = join(mkdtempSync(join(tmpdir(), 'basalt-workflow-bench-')), 'bench.json');
+  const { stdout } = await promisify(execFile)(process.env.BASALT_BINARY, [
+    'bench', '--base-url', gateway.baseURL, '--workflow', 'triage', '--workflow-input', JSON.stringify(input),
+    '--num-prompts', '4', '--request-rate', '20', '--max-concurrency', '2', '--output-json', out, '--no-progress']);
+  assert.match(stdout, /runs 4 {2}completed 4 {2}failed 0/);
+  const report = JSON.parse(readFileSync(out, 'utf8'));
+  assert.equal(report.results.completed, 4);
+  assert.equal(report.results.e2e_s.count, 4);
+  assert.ok(report.results.e2e_s.p50 > 0 && report.results.e2e_s.p99 >= report.results.e2e_s.p50);
+  assert.ok(report.results.first_result_s.p50 > 0);
+});
+
 test('a replica killed during the fan-out: the same output', async () => {
   let killedAt = -1;
   let victim;
@@ -163,7 +178,8 @@ test('a gateway killed mid-run: the run resumes from its record, finished steps 
   assert.ok(killed, 'the run ended before the gateway could be killed');
   await gateway.exited;
   gateway = await startGateway(gatewayArgs);
-  assert.match(gateway.log(), /workflows loaded=\S+ replayed_runs=3/);
+  const records = readdirSync(stateDir).filter((f) => f.endsWith('.jsonl')).length;
+  assert.match(gateway.log(), new RegExp(`workflows loaded=\\S+ replayed_runs=${records}`));
   const before = await (await fetch(`${gateway.baseURL}/v1/workflows/triage/runs/restarted`)).json();
   assert.equal(before.status, 'interrupted');
   assert.equal(before.steps[0].status, 'completed');
