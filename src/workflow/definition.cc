@@ -306,7 +306,10 @@ void check_condition(const nlohmann::json& c, const std::string& where, Problems
         where, "must be an object with one operator: equals, not_equals, contains, truthy or not");
     return;
   }
-  const auto& [op, arg] = *c.items().begin();
+  // (Not a structured binding of *items().begin(): that refers into a
+  // temporary iteration proxy.)
+  const std::string& op = c.begin().key();
+  const nlohmann::json& arg = c.begin().value();
   const std::string at = where + "." + op;
   if (op == "equals" || op == "not_equals" || op == "contains") {
     if (!arg.is_array() || arg.size() != 2)
@@ -730,7 +733,10 @@ std::string check_input(const Workflow& workflow, const nlohmann::json& input) {
 }
 
 bool evaluate_condition(const nlohmann::json& c) {
-  const auto& [op, arg] = *c.items().begin();
+  // (Not a structured binding of *items().begin(): that refers into a
+  // temporary iteration proxy.)
+  const std::string& op = c.begin().key();
+  const nlohmann::json& arg = c.begin().value();
   if (op == "equals") return arg[0] == arg[1];
   if (op == "not_equals") return arg[0] != arg[1];
   if (op == "contains") {
