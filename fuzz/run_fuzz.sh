@@ -12,7 +12,9 @@
 # and the gateway's reader of replicas' /metrics (prometheus_fuzz) for
 # PROMETHEUS_FUZZ_SECONDS (default 20), seeded with fuzz/corpus/prometheus,
 # and the deployment spec parser (deploy_spec_fuzz) for DEPLOY_FUZZ_SECONDS
-# (default 20), seeded with fuzz/corpus/deploy.
+# (default 20), seeded with fuzz/corpus/deploy, and the workflow definition
+# parser and templates (workflow_fuzz) for WORKFLOW_FUZZ_SECONDS (default 20),
+# seeded with fuzz/corpus/workflow.
 #
 # Usage: fuzz/run_fuzz.sh [seconds (default 60)] [build dir (default build-fuzz)]
 # Environment: CXX (default clang++-14), JOBS (build parallelism, default 1).
@@ -43,7 +45,7 @@ cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBASALT_FUZZ=ON -DBASALT_TESTS=OFF -DBASALT_BENCH=OFF -DBASALT_CUDA=OFF -DBASALT_NATIVE=OFF
 cmake --build "$build" --target safetensors_header_fuzz jinja_fuzz openai_request_fuzz grammar_fuzz chat_output_fuzz \
-  prometheus_fuzz deploy_spec_fuzz \
+  prometheus_fuzz deploy_spec_fuzz workflow_fuzz \
   -j"${JOBS:-1}"
 
 artifacts="$build/fuzz-artifacts"
@@ -78,3 +80,5 @@ fuzz chat_output_fuzz "${CHAT_OUTPUT_FUZZ_SECONDS:-20}" "$root/fuzz/chat_output.
 fuzz prometheus_fuzz "${PROMETHEUS_FUZZ_SECONDS:-20}" "$root/fuzz/prometheus.dict" "$root/fuzz/corpus/prometheus"
 # Deployment specs (basalt.yaml).
 fuzz deploy_spec_fuzz "${DEPLOY_FUZZ_SECONDS:-20}" "$root/fuzz/deploy.dict" "$root/fuzz/corpus/deploy"
+# Workflow definitions (basalt route --workflows) and their templates.
+fuzz workflow_fuzz "${WORKFLOW_FUZZ_SECONDS:-20}" "$root/fuzz/workflow.dict" "$root/fuzz/corpus/workflow"

@@ -64,7 +64,8 @@ namespace {
 // Reports keys of `object` not in `allowed`.
 void check_keys(const nlohmann::json& object, const std::string& where,
                 std::initializer_list<const char*> allowed, Problems& problems) {
-  for (const auto& [key, value] : object.items()) {
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    const std::string& key = it.key();
     if (std::none_of(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; }))
       problems.add(where + "." + key, "unknown field");
   }
