@@ -1236,21 +1236,27 @@ HandlerResult WorkflowService::Impl::start_run(HttpRequest& request,
     if (run->input != input)
       return {error_answer(409, fmt::format("run {} was started with another input", id)), {}};
   }
-  run->origin.headers.clear();
-  for (const char* carried : {"authorization", "x-basalt-region", "traceparent", "tracestate"})
-    if (const auto h = request.header(carried))
-      run->origin.headers.emplace_back(carried, std::string(*h));
-  run->attached = true;
-  run->events.clear();
-  emit(*run, "run", {{"run_id", id}, {"workflow", wf->name}, {"resumed", resumed}}, fx);
   if (resumed && run->status == "completed") {
-    // Its recorded results again; nothing runs.
+    // Its recorded results again, nothing run: from a copy of the record,
+    // so that clients reading it at once do not share an event buffer
+    // (nor touch the run's headers).
+    auto replay = std::make_shared<Run>();
+    replay->self = replay;
+    replay->id = id;
+    replay->wf = run->wf;
+    replay->input = run->input;
+    replay->status = run->status;
+    replay->steps = run->steps;
+    replay->output = run->output;
+    replay->seconds = run->seconds;
+    replay->attached = true;
+    emit(*replay, "run", {{"run_id", id}, {"workflow", wf->name}, {"resumed", true}}, fx);
     for (size_t i : wf->order) {
-      const StepState& s = run->steps[i];
+      const StepState& s = replay->steps[i];
       if (s.status == "skipped")
-        emit(*run, "step_skipped", {{"step", wf->steps[i].name}}, fx);
+        emit(*replay, "step_skipped", {{"step", wf->steps[i].name}}, fx);
       else
-        emit(*run, "step_result",
+        emit(*replay, "step_result",
              {{"step", wf->steps[i].name},
               {"output", s.output},
               {"seconds", s.seconds},
@@ -1258,10 +1264,17 @@ HandlerResult WorkflowService::Impl::start_run(HttpRequest& request,
               {"replayed", true}},
              fx);
     }
-    emit(*run, "run_completed",
-         {{"run_id", id}, {"output", run->output}, {"seconds", run->seconds}}, fx);
-    return {{}, std::make_unique<RunProducer>(shared_from_this(), run, stream)};
+    emit(*replay, "run_completed",
+         {{"run_id", id}, {"output", replay->output}, {"seconds", replay->seconds}}, fx);
+    return {{}, std::make_unique<RunProducer>(shared_from_this(), replay, stream)};
   }
+  run->origin.headers.clear();
+  for (const char* carried : {"authorization", "x-basalt-region", "traceparent", "tracestate"})
+    if (const auto h = request.header(carried))
+      run->origin.headers.emplace_back(carried, std::string(*h));
+  run->attached = true;
+  run->events.clear();
+  emit(*run, "run", {{"run_id", id}, {"workflow", wf->name}, {"resumed", resumed}}, fx);
   try {
     open_log(*run);
   } catch (const Error& e) {

@@ -575,6 +575,15 @@ TEST_F(ServiceTest, TheStateDirectoryResumesARunWithoutResendingFinishedSteps) {
   make_service(kTwoSteps, answer, state_dir_);
   EXPECT_EQ(state("r12")["status"], "completed");
   EXPECT_EQ(state("r12")["output"], "two");
+  // Posted again once completed: its record, nothing sent.
+  requests_.clear();
+  const Events again = post({{"run_id", "r12"}, {"input", {{"text", "hi"}}}});
+  ASSERT_EQ(again.named("run_completed").size(), 1u);
+  EXPECT_EQ(again.named("run_completed")[0]["output"], "two");
+  EXPECT_EQ(again.named("step_result").size(), 2u);
+  EXPECT_TRUE(again.named("step_started").empty());
+  EXPECT_TRUE(requests().empty());
+  EXPECT_EQ(state("r12")["status"], "completed");
 }
 
 TEST_F(ServiceTest, AnHttpStepCallsTheServiceWithItsRenderedBody) {
