@@ -39,6 +39,7 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxMapItems = 1024;
 constexpr size_t kMaxBodyBytes = size_t{8} << 20;
 constexpr size_t kMaxRunsKept = 10000;
+constexpr size_t kMaxUnsentTokenBytes = size_t{1} << 20;
 constexpr double kStepBounds[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
                                   2.5,  5,     10,   30,  60,   120, 300};
 constexpr size_t kStepBuckets = std::size(kStepBounds);
@@ -630,6 +631,10 @@ struct WorkflowService::Impl : std::enable_shared_from_this<WorkflowService::Imp
 
   static void emit(Run& run, std::string_view name, json data, Effects& fx) {
     if (!run.attached) return;
+    // A client that reads slower than the steps write: its token events
+    // wait here, so past a bound they are left out (each step's result
+    // still carries the whole text); the other events are few.
+    if (name == "token" && run.events.size() > kMaxUnsentTokenBytes) return;
     run.events += fmt::format("event: {}\ndata: {}\n\n", name,
                               data.dump(-1, ' ', false, json::error_handler_t::replace));
     fx.wake = run.wake;

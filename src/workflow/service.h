@@ -22,6 +22,8 @@
 //    timeout; a failed attempt is retried `retries` times (not a 4xx other than 408 and 429: the
 //    request's own fault), then as often on the fallback model. A step that still fails fails the
 //    run, and cancels the steps in flight. The client going away cancels its run.
+//    Token events wait for a slow client up to 1 MiB unsent, then are left
+//    out until it catches up (step results, which hold the text, never).
 //  * With options.state_dir, each run's record is a file of JSON lines
 //    appended as the run goes (run, item, step, end), written before the
 //    events they record are sent; the constructor replays every file, so a

@@ -184,7 +184,8 @@ class ServiceTest : public ::testing::Test {
 
   // Posts a run and reads its answer until it ends (or `stop_after`
   // events, then the client goes away).
-  Events post(const json& body, size_t stop_after = 0, int* status = nullptr) {
+  Events post(const json& body, size_t stop_after = 0, int* status = nullptr,
+              std::chrono::milliseconds hold = std::chrono::milliseconds(0)) {
     HttpRequest request;
     request.method = "POST";
     request.path = request.target = "/v1/workflows/w/runs";
@@ -208,6 +209,7 @@ class ServiceTest : public ::testing::Test {
       waker->woken = true;
       waker->cv.notify_all();
     });
+    std::this_thread::sleep_for(hold);  // a client slow to read
     std::string text;
     const auto deadline = std::chrono::steady_clock::now() + 10s;
     while (std::chrono::steady_clock::now() < deadline) {
@@ -508,6 +510,23 @@ TEST_F(ServiceTest, AClientThatGoesAwayCancelsItsRun) {
   EXPECT_EQ(state("r11")["status"], "cancelled");
   EXPECT_NE(service_->metrics_text().find("basalt_route_workflow_runs_in_progress 0"),
             std::string::npos);
+}
+
+TEST_F(ServiceTest, TokensWaitingForASlowClientAreBounded) {
+  make_service(
+      R"({"name": "w", "steps": [{"name": "s", "type": "model", "model": "a", "prompt": "p"}]})",
+      [](const json&) {
+        Answer a;
+        a.pieces.assign(3000, std::string(1000, 'x'));
+        return a;
+      });
+  const Events e = post({{"run_id", "slow"}}, 0, nullptr, 300ms);
+  ASSERT_EQ(e.named("run_completed").size(), 1u);
+  size_t token_bytes = 0;
+  for (const json& t : e.named("token")) token_bytes += t["text"].get<std::string>().size();
+  EXPECT_LT(token_bytes, size_t{1200} * 1000);  // about 1 MiB of events, not 3 MB
+  EXPECT_GT(token_bytes, 0u);
+  EXPECT_EQ(e.named("step_result")[0]["output"].get<std::string>().size(), 3000u * 1000);
 }
 
 TEST_F(ServiceTest, BadRequestsAreRefused) {
