@@ -1125,10 +1125,10 @@ class RunProducer : public ResponseProducer {
       }
       out.data = std::move(run_->events);
       run_->events.clear();
-    } else if (run_->terminal()) {
-      HttpResponse r = json_answer(200, impl_->state_of(*run_));
-      out.head = std::move(r);
+    } else {
+      // Without stream the events are not sent: none waits for the end.
       run_->events.clear();
+      if (run_->terminal()) out.head = json_answer(200, impl_->state_of(*run_));
     }
     if (run_->terminal()) {
       out.done = true;

@@ -529,6 +529,38 @@ TEST_F(ServiceTest, TokensWaitingForASlowClientAreBounded) {
   EXPECT_EQ(e.named("step_result")[0]["output"].get<std::string>().size(), 3000u * 1000);
 }
 
+TEST_F(ServiceTest, WithoutStreamTheAnswerIsTheStateAtTheEnd) {
+  make_service(kTwoSteps, [](const json&) {
+    Answer a;
+    a.pieces = {"a", "b"};
+    return a;
+  });
+  HttpRequest request;
+  request.method = "POST";
+  request.path = request.target = "/v1/workflows/w/runs";
+  request.body = R"({"run_id": "whole", "stream": false, "input": {"text": "x"}})";
+  HandlerResult r = service_->handle(request);
+  ASSERT_TRUE(r.producer);
+  std::atomic<int> wakes{0};
+  r.producer->start([&wakes] { ++wakes; });
+  std::string body;
+  for (int i = 0; i < 500; ++i) {
+    ResponseProducer::Output out;
+    r.producer->pull(out);
+    EXPECT_TRUE(out.data.empty());
+    if (out.head) {
+      EXPECT_TRUE(out.done);
+      body = out.head->body;
+      break;
+    }
+    std::this_thread::sleep_for(2ms);
+  }
+  const json state = json::parse(body);
+  EXPECT_EQ(state["status"], "completed");
+  EXPECT_EQ(state["output"], "ab");
+  EXPECT_EQ(state["steps"].size(), 2u);
+}
+
 TEST_F(ServiceTest, BadRequestsAreRefused) {
   make_service(kTwoSteps, [](const json&) { return Answer{}; });
   int status = 0;
