@@ -344,6 +344,16 @@ void run_route(const RouteFlags& f) {
     } catch (const Error& e) {
       LogLine("replicas", LogLevel::kWarning).add("reload", "refused").add("error", e.what()).emit();
     }
+    if (workflows) {
+      try {
+        auto defs = workflow::load_workflows(f.workflows);
+        const auto count = static_cast<uint64_t>(defs.size());
+        workflows->set_workflows(std::move(defs));
+        LogLine("workflows").add("reload", "ok").add("count", count).emit();
+      } catch (const Error& e) {
+        LogLine("workflows", LogLevel::kWarning).add("reload", "refused").add("error", e.what()).emit();
+      }
+    }
     if (!f.tenants_file.empty()) {
       try {
         tenants.set(read_tenants(f.tenants_file));
@@ -449,7 +459,7 @@ void add_route_command(CLI::App& app) {
                   "again (default 2)");
   cmd->add_option("--workflows", f.workflows,
                   "A workflow definition (JSON, docs/WORKFLOWS.md) or a directory of them (*.json): run by "
-                  "POST /v1/workflows/NAME/runs, their steps routed over the replicas");
+                  "POST /v1/workflows/NAME/runs, their steps routed over the replicas; re-read on SIGHUP");
   cmd->add_option("--workflow-state-dir", f.workflow_state_dir,
                   "Keep each workflow run's record here (one append-only file per run), replayed at start: a run "
                   "posted again with its run_id resumes without re-running finished steps");

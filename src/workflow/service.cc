@@ -480,6 +480,8 @@ struct StepHistogram {
 }  // namespace
 
 struct WorkflowService::Impl : std::enable_shared_from_this<WorkflowService::Impl> {
+  // The definitions and the HTTP steps' clients, replaced on reload.
+  mutable std::mutex defs_mu;
   std::map<std::string, std::shared_ptr<const Workflow>> workflows;
   Dispatch dispatch;
   asio::io_context& io;
@@ -954,7 +956,12 @@ struct WorkflowService::Impl : std::enable_shared_from_this<WorkflowService::Imp
       } else {
         const HttpCall& h = call.http;
         const auto [origin, path] = split_url(h.url);
-        HttpClient& client = *clients.at(origin);
+        HttpClient* client_ptr = nullptr;
+        {
+          std::lock_guard<std::mutex> defs_lock(defs_mu);
+          client_ptr = clients.at(origin).get();
+        }
+        HttpClient& client = *client_ptr;
         OutgoingRequest request;
         request.method = h.method;
         request.path = path;
@@ -1327,28 +1334,43 @@ HandlerResult WorkflowService::Impl::start_run(HttpRequest& request,
 WorkflowService::WorkflowService(std::map<std::string, std::shared_ptr<const Workflow>> workflows,
                                  Dispatch dispatch, asio::io_context& io, ServiceOptions options)
     : impl_(std::make_shared<Impl>(io)) {
-  impl_->workflows = std::move(workflows);
   impl_->dispatch = std::move(dispatch);
   impl_->options = std::move(options);
-  // One client per origin an HTTP step calls, resolved now: a host that
-  // does not resolve stops the gateway at start, not a run later.
-  for (const auto& [name, wf] : impl_->workflows) {
-    for (const Step& step : wf->steps) {
-      const Step* call = step.type == StepType::kMap ? step.inner.get() : &step;
-      if (call == nullptr || call->type != StepType::kHttp) continue;
-      const std::string origin = split_url(call->http.url).first;
-      if (impl_->clients.count(origin)) continue;
-      HttpClientOptions client_options;
-      client_options.max_body_bytes = kMaxBodyBytes + 1;
-      impl_->clients[origin] = std::make_unique<HttpClient>(
-          io, parse_base_url(origin, fmt::format("workflow {} step {} url", name, step.name)),
-          client_options);
-    }
-  }
+  set_workflows(std::move(workflows));
   if (!impl_->options.state_dir.empty()) impl_->replay_state_dir();
 }
 
 WorkflowService::~WorkflowService() = default;
+
+void WorkflowService::set_workflows(
+    std::map<std::string, std::shared_ptr<const Workflow>> workflows) {
+  // One client per origin an HTTP step calls, resolved now (here, not on
+  // an I/O thread): a host that does not resolve stops the gateway at
+  // start, or refuses a reload, rather than failing a run later. Clients
+  // are kept across reloads: runs of the old definitions may still call them.
+  std::map<std::string, std::unique_ptr<HttpClient>> added;
+  for (const auto& [name, wf] : workflows) {
+    for (const Step& step : wf->steps) {
+      const Step* call = step.type == StepType::kMap ? step.inner.get() : &step;
+      if (call == nullptr || call->type != StepType::kHttp) continue;
+      const std::string origin = split_url(call->http.url).first;
+      {
+        std::lock_guard<std::mutex> lock(impl_->defs_mu);
+        if (impl_->clients.count(origin)) continue;
+      }
+      if (added.count(origin)) continue;
+      HttpClientOptions client_options;
+      client_options.max_body_bytes = kMaxBodyBytes + 1;
+      added[origin] = std::make_unique<HttpClient>(
+          impl_->io,
+          parse_base_url(origin, fmt::format("workflow {} step {} url", name, step.name)),
+          client_options);
+    }
+  }
+  std::lock_guard<std::mutex> lock(impl_->defs_mu);
+  for (auto& [origin, client] : added) impl_->clients.emplace(origin, std::move(client));
+  impl_->workflows = std::move(workflows);
+}
 
 size_t WorkflowService::replayed_runs() const { return impl_->replayed; }
 
@@ -1373,15 +1395,21 @@ HandlerResult WorkflowService::handle(HttpRequest& request) {
   if (parts.empty()) {
     if (!get) return {error_answer(405, "use GET"), {}};
     json list = json::array();
+    std::lock_guard<std::mutex> lock(impl_->defs_mu);
     for (const auto& [name, wf] : impl_->workflows) list.push_back(wf->source);
     return {json_answer(200, {{"object", "list"}, {"data", std::move(list)}}), {}};
   }
-  const auto wf = impl_->workflows.find(parts[0]);
-  if (wf == impl_->workflows.end() || parts.size() < 2 || parts[1] != "runs" || parts.size() > 3)
+  std::shared_ptr<const Workflow> wf;
+  {
+    std::lock_guard<std::mutex> lock(impl_->defs_mu);
+    const auto it = impl_->workflows.find(parts[0]);
+    if (it != impl_->workflows.end()) wf = it->second;
+  }
+  if (!wf || parts.size() < 2 || parts[1] != "runs" || parts.size() > 3)
     return {error_answer(404, "no such workflow or endpoint: " + request.path), {}};
   if (parts.size() == 2) {
     if (request.method != "POST") return {error_answer(405, "use POST to start a run"), {}};
-    return impl_->start_run(request, wf->second);
+    return impl_->start_run(request, wf);
   }
   if (!get) return {error_answer(405, "use GET"), {}};
   std::shared_ptr<Run> run;

@@ -65,6 +65,12 @@ class WorkflowService {
                   Dispatch dispatch, boost::asio::io_context& io, ServiceOptions options = {});
   ~WorkflowService();
 
+  // Replaces the definitions (SIGHUP): new runs use the new ones; a run
+  // already started keeps the definition it started with, resumed later
+  // too (its record names its steps). Throws basalt::Error, keeping the
+  // old ones, when an HTTP step's host does not resolve.
+  void set_workflows(std::map<std::string, std::shared_ptr<const Workflow>> workflows);
+
   HandlerResult handle(HttpRequest& request);
   std::string metrics_text() const;
   // Runs read back from the state directory at construction.

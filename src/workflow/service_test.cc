@@ -561,6 +561,31 @@ TEST_F(ServiceTest, WithoutStreamTheAnswerIsTheStateAtTheEnd) {
   EXPECT_EQ(state["steps"].size(), 2u);
 }
 
+TEST_F(ServiceTest, DefinitionsAreReplacedForNewRunsOnly) {
+  make_service(kTwoSteps, [](const json& body) {
+    Answer a;
+    a.pieces = {body["model"].get<std::string>()};
+    return a;
+  });
+  std::string second = kTwoSteps;
+  second.replace(second.find(R"("model": "a")"), 12, R"("model": "b")");
+  std::map<std::string, std::shared_ptr<const Workflow>> defs;
+  defs["w"] = std::make_shared<const Workflow>(parse_workflow(second, "second"));
+  service_->set_workflows(defs);
+  const Events e = post({{"run_id", "new"}, {"input", {{"text", "x"}}}});
+  ASSERT_EQ(e.named("step_result").size(), 2u);
+  EXPECT_EQ(e.named("step_result")[0]["output"], "b");  // the new definition's first step
+  // A host that does not resolve: refused, the definitions kept.
+  const std::string bad = R"({"name": "w", "steps": [{"name": "h", "type": "http",
+                             "url": "http://no-such-host.invalid/x"}]})";
+  defs["w"] = std::make_shared<const Workflow>(parse_workflow(bad, "bad"));
+  EXPECT_THROW(service_->set_workflows(defs), Error);
+  HttpRequest list;
+  list.method = "GET";
+  list.path = list.target = "/v1/workflows";
+  EXPECT_EQ(json::parse(service_->handle(list).response.body)["data"][0]["steps"][0]["model"], "b");
+}
+
 TEST_F(ServiceTest, BadRequestsAreRefused) {
   make_service(kTwoSteps, [](const json&) { return Answer{}; });
   int status = 0;

@@ -233,6 +233,32 @@ test('bad requests are answered with the field at fault', async () => {
   assert.deepEqual(list.data.map((w) => w.name), ['triage']);
 });
 
+test('SIGHUP re-reads the definitions; a bad one is refused and the old kept', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'basalt-workflow-reload-'));
+  const one = (prompt) => JSON.stringify({
+    name: 'one', steps: [{ name: 's', type: 'model', model: 'basalt-mini', prompt, max_tokens: 4, temperature: 0 }],
+  });
+  writeFileSync(join(dir, 'one.json'), one('First'));
+  const g = await startGateway(['--replica', `${mini.baseURL} model=basalt-mini`, '--workflows', dir]);
+  try {
+    const promptOf = async () => (await (await fetch(`${g.baseURL}/v1/workflows`)).json()).data[0].steps[0].prompt;
+    assert.equal(await promptOf(), 'First');
+    writeFileSync(join(dir, 'one.json'), one('Second'));
+    g.child.kill('SIGHUP');
+    assert.ok(await waitFor(() => /workflows reload=ok count=1/.test(g.log()), 10000), g.log());
+    assert.equal(await promptOf(), 'Second');
+    writeFileSync(join(dir, 'one.json'), one('{{ steps.nope.output }}'));
+    g.child.kill('SIGHUP');
+    assert.ok(await waitFor(() => /workflows reload=refused/.test(g.log()), 10000), g.log());
+    assert.match(g.log(), /refers to undefined step 'nope'/);
+    assert.equal(await promptOf(), 'Second');
+    const r = await fetch(`${g.baseURL}/v1/workflows/one/runs`, { method: 'POST', body: '{"stream": false}' });
+    assert.equal((await r.json()).status, 'completed');
+  } finally {
+    await g.stop();
+  }
+});
+
 test('a definition with an undefined reference stops the gateway at start, naming step and field', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'basalt-workflow-bad-'));
   writeFileSync(join(dir, 'bad.json'), JSON.stringify({
