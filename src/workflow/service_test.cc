@@ -184,8 +184,10 @@ class ServiceTest : public ::testing::Test {
 
   // Posts a run and reads its answer until it ends (or `stop_after`
   // events, then the client goes away).
+  // `read_when`, if set: the client reads nothing before it holds (a
+  // client slow to read).
   Events post(const json& body, size_t stop_after = 0, int* status = nullptr,
-              std::chrono::milliseconds hold = std::chrono::milliseconds(0)) {
+              std::function<bool()> read_when = nullptr) {
     HttpRequest request;
     request.method = "POST";
     request.path = request.target = "/v1/workflows/w/runs";
@@ -209,7 +211,7 @@ class ServiceTest : public ::testing::Test {
       waker->woken = true;
       waker->cv.notify_all();
     });
-    std::this_thread::sleep_for(hold);  // a client slow to read
+    for (int i = 0; read_when && !read_when() && i < 2000; ++i) std::this_thread::sleep_for(5ms);
     std::string text;
     const auto deadline = std::chrono::steady_clock::now() + 10s;
     while (std::chrono::steady_clock::now() < deadline) {
@@ -520,7 +522,9 @@ TEST_F(ServiceTest, TokensWaitingForASlowClientAreBounded) {
         a.pieces.assign(3000, std::string(1000, 'x'));
         return a;
       });
-  const Events e = post({{"run_id", "slow"}}, 0, nullptr, 300ms);
+  // The client reads once the run has ended: every event waited for it.
+  const Events e = post({{"run_id", "slow"}}, 0, nullptr,
+                        [this] { return state("slow")["status"] == "completed"; });
   ASSERT_EQ(e.named("run_completed").size(), 1u);
   size_t token_bytes = 0;
   for (const json& t : e.named("token")) token_bytes += t["text"].get<std::string>().size();
