@@ -642,6 +642,22 @@ struct WorkflowService::Impl : std::enable_shared_from_this<WorkflowService::Imp
     fx.wake = run.wake;
   }
 
+  // A finished step again, for a client that attaches after it finished
+  // (a resumed or a completed run).
+  static void emit_recorded_step(Run& run, const Workflow& wf, size_t index, const StepState& s, Effects& fx) {
+    if (s.status == "skipped") {
+      emit(run, "step_skipped", {{"step", wf.steps[index].name}}, fx);
+      return;
+    }
+    emit(run, "step_result",
+         {{"step", wf.steps[index].name},
+          {"output", s.output},
+          {"seconds", s.seconds},
+          {"attempts", s.attempts},
+          {"replayed", true}},
+         fx);
+  }
+
   // ---- the state a step's templates see ----
 
   static json scope_of(const Run& run, const Step& step) {
@@ -1263,19 +1279,7 @@ HandlerResult WorkflowService::Impl::start_run(HttpRequest& request,
     replay->seconds = run->seconds;
     replay->attached = true;
     emit(*replay, "run", {{"run_id", id}, {"workflow", wf->name}, {"resumed", true}}, fx);
-    for (size_t i : wf->order) {
-      const StepState& s = replay->steps[i];
-      if (s.status == "skipped")
-        emit(*replay, "step_skipped", {{"step", wf->steps[i].name}}, fx);
-      else
-        emit(*replay, "step_result",
-             {{"step", wf->steps[i].name},
-              {"output", s.output},
-              {"seconds", s.seconds},
-              {"attempts", s.attempts},
-              {"replayed", true}},
-             fx);
-    }
+    for (size_t i : wf->order) emit_recorded_step(*replay, *wf, i, replay->steps[i], fx);
     emit(*replay, "run_completed",
          {{"run_id", id}, {"output", replay->output}, {"seconds", replay->seconds}}, fx);
     return {{}, std::make_unique<RunProducer>(shared_from_this(), replay, stream)};
@@ -1308,16 +1312,7 @@ HandlerResult WorkflowService::Impl::start_run(HttpRequest& request,
     StepState& s = run->steps[i];
     if (s.done()) {
       s.replayed = true;
-      if (s.status == "skipped")
-        emit(*run, "step_skipped", {{"step", wf->steps[i].name}}, fx);
-      else
-        emit(*run, "step_result",
-             {{"step", wf->steps[i].name},
-              {"output", s.output},
-              {"seconds", s.seconds},
-              {"attempts", s.attempts},
-              {"replayed", true}},
-             fx);
+      emit_recorded_step(*run, *wf, i, s, fx);
     } else {
       s.status = "pending";
       s.start_s = -1;
