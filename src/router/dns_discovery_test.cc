@@ -12,18 +12,12 @@
 #include <set>
 
 #include "core/error.h"
+#include "testing/error_test_util.h"
 
 namespace basalt::router {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 class StubResolver : public AddressResolver {
  public:
