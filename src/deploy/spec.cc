@@ -122,7 +122,14 @@ class Reader {
       if (required) errors_.push_back(SpecError{path, 0, "required"});
       return;
     }
-    if (const auto v = scalar(node, path)) out = *v;
+    const auto v = scalar(node, path);
+    if (!v) return;
+    // `name: ""` or a bare tag (`name: !`) is a value that says nothing.
+    if (required && v->empty()) {
+      error(path, node, "required, and empty here");
+      return;
+    }
+    out = *v;
   }
 
   void integer(const YAML::Node& parent, const char* key, const std::string& path, int& out, int lo, int hi) {

@@ -111,6 +111,11 @@ TEST(DeploySpec, EveryBadFieldIsNamedWithItsLine) {
   const std::vector<std::pair<BadCase, std::string>> cases = {
       {{"name: Mini_1", "name", "lowercase DNS label"}, "name: mini"},
       {{"name: " + std::string(51, 'a'), "name", "at most 50"}, "name: mini"},
+      {{"name: \"\"", "name", "empty"}, "name: mini"},
+      {{"name: !", "name", "empty"}, "name: mini"},  // a bare tag: the fuzzer's find
+      {{"image: ''", "image", "empty"}, "image: registry.example/basalt:0.1-cpu"},
+      {{"  path: \"\"", "model.path", "empty"}, "  path: /models/basalt-mini"},
+      {{"  volume: {pvc: \"\"}", "model.volume.pvc", "empty"}, "  volume: {pvc: models}"},
       {{"image: \"a b\"", "image", "whitespace"}, "image: registry.example/basalt:0.1-cpu"},
       {{"  path: models/mini", "model.path", "absolute path"}, "  path: /models/basalt-mini"},
       {{"  path: /other/mini", "model.path", "under /models/"}, "  path: /models/basalt-mini"},
