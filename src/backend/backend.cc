@@ -102,6 +102,18 @@ class OpCheck {
   }
   // A linear weight [n, k] as LinearWeight describes it.
   void linear_weight(const LinearWeight& w, const char* name, int64_t n, int64_t k) const {
+    if (w.int_quantized()) {
+      const IntWeightLayout& l = w.int_layout;
+      const std::string error = int_layout_error(l);
+      REQUIRE(*this, error.empty(), "{}: {}", name, error);
+      REQUIRE(*this, l.in_features == k, "{} has in_features {}, expected {}", name, l.in_features, k);
+      REQUIRE(*this, !w.block_fp8(), "{} has both integer and FP8 block scales", name);
+      tensor(w.weight, name, bit(l.bits == 8 ? DType::kI8 : DType::kU8), 2);
+      shape(w.weight, name, {n, l.code_columns()});
+      tensor(w.scales, "scales", bit(DType::kF16), 2);
+      shape(w.scales, "scales", {n, l.scale_columns()});
+      return;
+    }
     tensor(w.weight, name, kWeightDTypes, 2);
     shape(w.weight, name, {n, k});
     if (!w.block_fp8()) return;
@@ -474,6 +486,29 @@ void Backend::linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& s
   linear_fp8_block_impl(x, w, scale_inv, out);
 }
 
+void Backend::linear_int(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out) {
+  const OpCheck c(*this, "linear_int");
+  REQUIRE(c, w.int_quantized(), "w {} is not in an integer format", w.weight.describe());
+  c.tensor(x, "x", kF32, 2);
+  c.tensor(w.weight, "w", bit(DType::kI8) | bit(DType::kU8), 2);
+  c.linear_weight(w, "w", w.weight.dim(0), x.dim(1));
+  c.tensor(out, "out", kF32, 2);
+  c.shape(out, "out", {x.dim(0), w.weight.dim(0)});
+  if (bias) {
+    c.tensor(*bias, "bias", kBiasDTypes, 1);
+    c.shape(*bias, "bias", {w.weight.dim(0)});
+  }
+  REQUIRE(c, !overlaps(out, x) && !overlaps(out, w.weight) && !overlaps(out, w.scales), "out {} overlaps its inputs",
+          out.describe());
+  linear_int_impl(x, w, bias, out);
+}
+
+void Backend::linear_int_impl(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out) {
+  (void)x, (void)w, (void)bias, (void)out;
+  fail("linear_int: the {} backend has no integer-weight kernels (int8/int4 checkpoints run on the CPU backend)",
+       name());
+}
+
 void Backend::moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                         Tensor& ids, Tensor& weights) {
   const OpCheck c(*this, "moe_route");
@@ -515,7 +550,7 @@ void Backend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weig
   // as it uses them (checking hundreds of experts on every call would cost
   // more than a small batch's work).
   const Tensor& g0 = experts[0].gate.weight;
-  REQUIRE(c, g0.rank() == 2 && g0.dim(0) > 0 && g0.dim(1) == H,
+  REQUIRE(c, g0.rank() == 2 && g0.dim(0) > 0 && experts[0].gate.in_features() == H,
           "expert 0's gate {} must be [I, {}] with I > 0", g0.describe(), H);
   c.linear_weight(experts[0].gate, "gate", g0.dim(0), H);
   c.linear_weight(experts[0].up, "up", g0.dim(0), H);
@@ -569,6 +604,7 @@ void Backend::mla_attention(const Tensor& q, const Tensor& cache, const LinearWe
   c.tensor(cache, "cache", kCacheDTypes, 2);
   c.cache(cache, "cache", L + R);
   c.linear_weight(kv_b, "kv_b", heads * (Dn + Dv), L);
+  REQUIRE(c, !kv_b.int_quantized(), "kv_b must be f32, bf16, f16 or block FP8, not an integer format");
   c.layout(layout, T, cache.dim(0));
   mla_attention_impl(q, cache, kv_b, layout, params, out);
 }
@@ -585,6 +621,7 @@ void Backend::mla_expand_kv(const Tensor& cache, const Tensor& slots, const Line
   c.tensor(slots, "slots", kI32, 1);
   const int64_t S = slots.dim(0);
   c.linear_weight(kv_b, "kv_b", heads * (Dn + Dv), L);
+  REQUIRE(c, !kv_b.int_quantized(), "kv_b must be f32, bf16, f16 or block FP8, not an integer format");
   c.tensor(k, "k", kCacheDTypes, 2);
   c.tensor(v, "v", kCacheDTypes, 2);
   REQUIRE(c, k.dtype() == v.dtype(), "k {} and v {} must both be f32 or both bf16", k.describe(),

@@ -37,7 +37,9 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <utility>
 
+#include "core/int_weights.h"
 #include "core/tensor.h"
 
 namespace basalt {
@@ -69,11 +71,24 @@ inline constexpr int64_t kFp8BlockSize = 128;
 // bf16 or f16; or f8_e4m3 with scale_inv f32 [ceil(N/128), ceil(K/128)], where
 // element (n, k) means weight[n, k] * scale_inv[n / 128, k / 128] (the last
 // blocks of a dimension may be partial). scale_inv is empty (no memory) for
-// unscaled weights.
+// unscaled weights. Or an integer format (int_layout.bits 8 or 4,
+// core/int_weights.h): weight holds the codes (i8 [N, blocks * 32] or
+// packed u8 [N, blocks * 16]) and scales the f16 group scales [N, groups];
+// such a weight goes through Backend::linear_int.
 struct LinearWeight {
+  LinearWeight() = default;
+  // A float weight, or block FP8 with its scale_inv.
+  LinearWeight(Tensor w, Tensor block_scale_inv = Tensor())
+      : weight(std::move(w)), scale_inv(std::move(block_scale_inv)) {}
+
   Tensor weight;
   Tensor scale_inv;
+  Tensor scales;
+  IntWeightLayout int_layout;
   bool block_fp8() const { return scale_inv.raw() != nullptr; }
+  bool int_quantized() const { return int_layout.bits != 0; }
+  // K: the in_features the weight multiplies.
+  int64_t in_features() const { return int_quantized() ? int_layout.in_features : weight.dim(1); }
 };
 
 // Backend::fp8_compute: activations quantized to FP8 (w8a8) or kept (w8a16).
@@ -197,7 +212,7 @@ inline constexpr int kMaxTopKRows = 64;
 enum class BackendOp : uint8_t {
   kEmbedding, kLinear, kRmsNorm, kAddRmsNorm, kRope, kStoreKv, kQkvRopeStore, kAttention, kSiluAndMul, kAdd,
   kSoftmax, kLogSoftmax, kArgmax, kSample, kAdjustLogits, kApplyTokenBitmask, kTopKRows, kGatherRows,
-  kLinearFp8Block, kMoeRoute, kMoeExperts, kMlaStoreKv, kMlaAttention, kMlaExpandKv, kConcatColumns,
+  kLinearFp8Block, kMoeRoute, kMoeExperts, kMlaStoreKv, kMlaAttention, kMlaExpandKv, kConcatColumns, kLinearInt,
   kCount  // not an op
 };
 // clang-format on
@@ -215,7 +230,8 @@ class Backend {
   // drives a backend calls it before its ops.
   virtual void make_current() {}
   // Whether the backend implements the op (calling one it does not throws
-  // basalt::Error). The CPU and CUDA backends implement every op.
+  // basalt::Error). The CPU backend implements every op; the CUDA backend
+  // all but linear_int.
   virtual bool supports(BackendOp op) const {
     (void)op;
     return true;
@@ -348,6 +364,11 @@ class Backend {
   // out[t, n] = sum_k x[t, k] * w[n, k] * scale_inv[n / 128, k / 128].
   // x f32 [T, K]; w f8_e4m3 [N, K]; scale_inv f32 [ceil(N/128), ceil(K/128)].
   void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv, Tensor& out);
+  // out = x · wᵀ (+ bias) for an integer-format weight (w.int_quantized()),
+  // summed as core/int_weights.h defines (activations quantized per block
+  // of 32 columns). x f32 [T, K]; out f32 [T, N]; bias f32/bf16/f16 [N] or
+  // null. Host backends only (supports(kLinearInt)).
+  void linear_int(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out);
   // Chooses experts per token from router logits f32 [T, E]. Scores are
   // softmax(logits) or sigmoid(logits); selection uses scores + bias (bias f32
   // [E], sigmoid only, may be null). With num_groups > 1 each group is ranked
@@ -435,6 +456,8 @@ class Backend {
   virtual void gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) = 0;
   virtual void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                                      Tensor& out) = 0;
+  // Not pure: backends without integer kernels leave it (supports says so).
+  virtual void linear_int_impl(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out);
   virtual void moe_route_impl(const Tensor& logits, const Tensor* bias,
                               const MoeRouteParams& params, Tensor& ids, Tensor& weights) = 0;
   virtual void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,

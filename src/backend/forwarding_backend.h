@@ -33,6 +33,7 @@ class ForwardingBackend : public Backend {
   DType activation_dtype(DType weights) const override { return inner_.activation_dtype(weights); }
   std::unique_ptr<RecordedOps> record(const std::function<void()>& ops) override { return inner_.record(ops); }
   bool can_record() const override { return inner_.can_record(); }
+  bool supports(BackendOp op) const override { return inner_.supports(op); }
 
  protected:
   void embedding_impl(const Tensor& ids, const Tensor& table, Tensor& out) override {
@@ -93,6 +94,9 @@ class ForwardingBackend : public Backend {
   void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                              Tensor& out) override {
     inner_.linear_fp8_block(x, w, scale_inv, out);
+  }
+  void linear_int_impl(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out) override {
+    inner_.linear_int(x, w, bias, out);
   }
   void moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                       Tensor& ids, Tensor& weights) override {

@@ -26,6 +26,17 @@ void need_shape(const Tensor& t, const Shape& shape, const char* op, const char*
 int64_t blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
 
 void check_weight(const LinearWeight& w, int64_t n, int64_t k, const char* op, const char* name) {
+  if (w.int_quantized()) {
+    const IntWeightLayout& l = w.int_layout;
+    const std::string error = int_layout_error(l);
+    BASALT_CHECK(error.empty() && l.in_features == k, "reference {}: {}: {} (in_features {}, expected {})", op, name,
+                 error, l.in_features, k);
+    need(w.weight, op, name, l.bits == 8 ? DType::kI8 : DType::kU8, 2);
+    need_shape(w.weight, {n, l.code_columns()}, op, name);
+    need(w.scales, op, "scales", DType::kF16, 2);
+    need_shape(w.scales, {n, l.scale_columns()}, op, "scales");
+    return;
+  }
   BASALT_CHECK(w.weight.device() == Device::kCpu && w.weight.rank() == 2 &&
                    w.weight.dim(0) == n && w.weight.dim(1) == k,
                "reference {}: {} must be [{}, {}], got {}", op, name, n, k, w.weight.describe());
@@ -55,9 +66,41 @@ void check_layout(const AttentionLayout& layout, int64_t tokens, const char* op)
                "reference {}: layout does not cover q and kv_slots", op);
 }
 
+// Row t of x [T, K] through an integer-format weight: out[n] for every n,
+// as core/int_weights.h defines the product.
+std::vector<float> int_row(const float* x, const LinearWeight& w) {
+  const IntWeightLayout& l = w.int_layout;
+  const int64_t N = w.weight.dim(0);
+  std::vector<int8_t> codes(static_cast<size_t>(l.blocks() * kIntBlock));
+  std::vector<float> scales(static_cast<size_t>(l.blocks()));
+  quantize_int_activations(x, l.in_features, codes.data(), scales.data());
+  std::vector<float> out(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n)
+    out[n] = int_dot_reference(l, codes.data(), scales.data(), w.weight.data<const uint8_t>() + n * l.code_columns(),
+                               w.scales.data<const uint16_t>() + n * l.scale_columns());
+  return out;
+}
+
 }  // namespace
 
+void linear_int(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out) {
+  need(x, "linear_int", "x", DType::kF32, 2);
+  need(out, "linear_int", "out", DType::kF32, 2);
+  BASALT_CHECK(w.int_quantized(), "reference linear_int: w is not in an integer format");
+  const int64_t T = x.dim(0), K = x.dim(1), N = w.weight.rank() == 2 ? w.weight.dim(0) : 0;
+  check_weight(w, N, K, "linear_int", "w");
+  need_shape(out, {T, N}, "linear_int", "out");
+  if (bias) need_shape(*bias, {N}, "linear_int", "bias");
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<float> row = int_row(x.data<const float>() + t * K, w);
+    for (int64_t n = 0; n < N; ++n) out.data<float>()[t * N + n] = row[n] + (bias ? load_f32(*bias, n) : 0.0f);
+  }
+}
+
 float load_weight(const LinearWeight& w, int64_t n, int64_t k) {
+  if (w.int_quantized())
+    return dequantize_int(w.int_layout, w.weight.data<const uint8_t>() + n * w.int_layout.code_columns(),
+                          w.scales.data<const uint16_t>() + n * w.int_layout.scale_columns(), k);
   const int64_t K = w.weight.dim(1);
   const float v = load_f32(w.weight, n * K + k);
   if (!w.block_fp8()) return v;
@@ -159,7 +202,11 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   need_shape(weights, {T, K}, "moe_experts", "weights");
   BASALT_CHECK(!experts.empty(), "reference moe_experts: no experts");
   const int64_t I = experts[0].gate.weight.dim(0);
+  const bool int_experts = experts[0].gate.int_quantized();
   for (const MoeExpert& e : experts) {
+    BASALT_CHECK(e.gate.int_quantized() == int_experts && e.up.int_quantized() == int_experts &&
+                     e.down.int_quantized() == int_experts,
+                 "reference moe_experts: experts mix integer and other weight formats");
     check_weight(e.gate, I, H, "moe_experts", "gate");
     check_weight(e.up, I, H, "moe_experts", "up");
     check_weight(e.down, H, I, "moe_experts", "down");
@@ -175,6 +222,15 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
       if (!mine) continue;  // another rank's expert
       const MoeExpert& e = experts[static_cast<size_t>(id)];
       const float* xr = x.data<const float>() + t * H;
+      const double w = weights.data<const float>()[t * K + j];
+      if (int_experts) {  // the product of core/int_weights.h, as the CPU backend runs it
+        const std::vector<float> g = int_row(xr, e.gate), u = int_row(xr, e.up);
+        std::vector<float> a(static_cast<size_t>(I));
+        for (int64_t i = 0; i < I; ++i) a[i] = static_cast<float>(silu(g[i])) * u[i];
+        const std::vector<float> y = int_row(a.data(), e.down);
+        for (int64_t h = 0; h < H; ++h) acc[h] += w * y[h];
+        continue;
+      }
       for (int64_t i = 0; i < I; ++i) {
         double g = 0.0, u = 0.0;
         for (int64_t h = 0; h < H; ++h) {
@@ -183,7 +239,6 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
         }
         act[i] = static_cast<double>(static_cast<float>(silu(g)) * static_cast<float>(u));
       }
-      const double w = weights.data<const float>()[t * K + j];
       for (int64_t h = 0; h < H; ++h) {
         double y = 0.0;
         for (int64_t i = 0; i < I; ++i) y += act[i] * load_weight(e.down, h, i);

@@ -118,6 +118,8 @@ bool ranks_before(float a, int64_t ia, float b, int64_t ib);
 // expanded form (per-head keys and values from kv_b), which the absorbed form
 // of a fast backend must match.
 void linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv, Tensor& out);
+// The product of core/int_weights.h (activations quantized per block of 32).
+void linear_int(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out);
 void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
                Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
@@ -209,6 +211,9 @@ class ReferenceBackend final : public Backend {
   void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                              Tensor& out) override {
     reference::linear_fp8_block(x, w, scale_inv, out);
+  }
+  void linear_int_impl(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out) override {
+    reference::linear_int(x, w, bias, out);
   }
   void moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                       Tensor& ids, Tensor& weights) override {

@@ -12,6 +12,8 @@ size_t dtype_size(DType dtype) {
     case DType::kF8E4M3: return 1;
     case DType::kI32: return 4;
     case DType::kI64: return 8;
+    case DType::kI8: return 1;
+    case DType::kU8: return 1;
   }
   return 0;
 }
@@ -24,6 +26,8 @@ std::string_view dtype_name(DType dtype) {
     case DType::kF8E4M3: return "f8_e4m3";
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
+    case DType::kI8: return "i8";
+    case DType::kU8: return "u8";
   }
   return "?";
 }
@@ -35,6 +39,8 @@ std::optional<DType> dtype_from_safetensors(std::string_view name) {
   if (name == "F8_E4M3") return DType::kF8E4M3;
   if (name == "I32") return DType::kI32;
   if (name == "I64") return DType::kI64;
+  if (name == "I8") return DType::kI8;
+  if (name == "U8") return DType::kU8;
   return std::nullopt;
 }
 

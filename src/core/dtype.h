@@ -21,12 +21,14 @@ enum class DType : uint8_t {
   kF8E4M3,  // OCP e4m3fn: no infinities, max 448, one NaN pattern per sign
   kI32,
   kI64,
+  kI8,  // integer weight codes (core/int_weights.h)
+  kU8,  // packed 4-bit weight codes (core/int_weights.h)
 };
 
 size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);
 // Parses the dtype names safetensors uses ("F32", "BF16", "F16", "F8_E4M3",
-// "I32", "I64"). Returns nothing for any other name.
+// "I32", "I64", "I8", "U8"). Returns nothing for any other name.
 std::optional<DType> dtype_from_safetensors(std::string_view name);
 bool is_floating(DType dtype);
 

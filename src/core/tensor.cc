@@ -107,6 +107,8 @@ Tensor Tensor::to_f32() const {
     case DType::kF8E4M3: for (int64_t i = 0; i < n; ++i) o[i] = fp8e4m3_to_f32(data<uint8_t>()[i]); break;
     case DType::kI32: for (int64_t i = 0; i < n; ++i) o[i] = static_cast<float>(data<int32_t>()[i]); break;
     case DType::kI64: for (int64_t i = 0; i < n; ++i) o[i] = static_cast<float>(data<int64_t>()[i]); break;
+    case DType::kI8: for (int64_t i = 0; i < n; ++i) o[i] = static_cast<float>(data<int8_t>()[i]); break;
+    case DType::kU8: for (int64_t i = 0; i < n; ++i) o[i] = static_cast<float>(data<uint8_t>()[i]); break;
   }
   return out;
 }

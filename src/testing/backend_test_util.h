@@ -9,6 +9,7 @@
 // copy to the device before the call and back after it.
 #pragma once
 
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -61,6 +62,8 @@ inline void store_value(Tensor& t, int64_t i, float v) {
     case DType::kF8E4M3: t.data<uint8_t>()[i] = f32_to_fp8e4m3(v); break;
     case DType::kI32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
     case DType::kI64: t.data<int64_t>()[i] = static_cast<int64_t>(v); break;
+    case DType::kI8: t.data<int8_t>()[i] = static_cast<int8_t>(std::clamp(v, -128.0f, 127.0f)); break;
+    case DType::kU8: t.data<uint8_t>()[i] = static_cast<uint8_t>(std::clamp(v, 0.0f, 255.0f)); break;
   }
 }
 

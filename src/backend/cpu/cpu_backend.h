@@ -70,6 +70,7 @@ class CpuBackend : public Backend {
   // DeepSeek V2/V3 ops (moe.cc, mla.cc).
   void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                              Tensor& out) override;
+  void linear_int_impl(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out) override;
   void moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                       Tensor& ids, Tensor& weights) override;
   void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/int_linear.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/simd.h"
 #include "core/dtype.h"
@@ -79,7 +80,9 @@ void linear_fp8_block_f32(ThreadPool& pool, const float* x, int64_t tokens, int6
 void linear_weight_f32(ThreadPool& pool, const float* x, int64_t tokens, const LinearWeight& w,
                        float* out) {
   const int64_t N = w.weight.dim(0), K = w.weight.dim(1);
-  if (w.block_fp8()) {
+  if (w.int_quantized()) {
+    linear_int_f32(pool, x, tokens, w.int_layout, w.weight.raw(), w.scales.data<const uint16_t>(), N, nullptr, out);
+  } else if (w.block_fp8()) {
     linear_fp8_block_f32(pool, x, tokens, K, w.weight.data<const uint8_t>(),
                          w.scale_inv.data<const float>(), N, out);
   } else {

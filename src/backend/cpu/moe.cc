@@ -1,4 +1,4 @@
-// CpuBackend's block-FP8 linear and mixture-of-experts ops.
+// CpuBackend's block-FP8 and integer-format linears and mixture-of-experts ops.
 //
 // moe_experts groups the (token, slot) pairs by expert, gathers each expert's
 // tokens into a contiguous block and runs the expert's three linears on that
@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/deepseek_checks.h"
 #include "backend/cpu/fp8_block.h"
+#include "backend/cpu/int_linear.h"
 #include "core/error.h"
 
 namespace basalt {
@@ -25,6 +26,16 @@ void CpuBackend::linear_fp8_block_impl(const Tensor& x, const Tensor& w, const T
   const int64_t T = x.dim(0), K = x.dim(1), N = w.dim(0);
   cpu::linear_fp8_block_f32(*pool_, x.data<const float>(), T, K, w.data<const uint8_t>(),
                             scale_inv.data<const float>(), N, out.data<float>());
+}
+
+void CpuBackend::linear_int_impl(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out) {
+  std::vector<float> b;
+  if (bias != nullptr) {
+    const Tensor f = bias->dtype() == DType::kF32 ? *bias : bias->to_f32();
+    b.assign(f.data<const float>(), f.data<const float>() + f.numel());
+  }
+  cpu::linear_int_f32(*pool_, x.data<const float>(), x.dim(0), w.int_layout, w.weight.raw(),
+                      w.scales.data<const uint16_t>(), w.weight.dim(0), bias ? b.data() : nullptr, out.data<float>());
 }
 
 void CpuBackend::moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& p,

@@ -111,6 +111,8 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<RecordedOps> record(const std::function<void()>& ops) override;
   bool can_record() const override { return true; }
+  // Integer weight formats run on host backends only.
+  bool supports(BackendOp op) const override { return op != BackendOp::kLinearInt; }
   Fp8Compute fp8_compute() const override { return fp8_compute_; }
   void set_fp8_compute(Fp8Compute mode) override { fp8_compute_ = mode; }
 

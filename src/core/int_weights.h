@@ -1,0 +1,84 @@
+// Integer weight formats for the CPU: int8 and int4 codes with f16 scales.
+//
+// A linear weight W [N, K] ([out_features, in_features]) is stored as codes
+// and one f16 scale per group of `group` consecutive input columns of a row:
+// value = code * scale. `group` is a multiple of 32, or K itself (one scale
+// per row: "per channel"). Codes are laid out in blocks of 32 input columns,
+// the last block of a row padded with zero codes:
+//  * int8: codes i8 [N, blocks(K) * 32], each in [-127, 127];
+//  * int4: codes u8 [N, blocks(K) * 16]; in block b byte i holds column
+//    32 b + i in its low nibble and column 32 b + 16 + i in its high nibble,
+//    each as code + 8 with code in [-8, 7] (llama.cpp's Q4_0 order, which
+//    unpacks to the block's columns in order with one mask and one shift);
+//  * scales f16 [N, ceil(K / group)].
+// Quantizing a group: int8 takes scale = f16(amax / 127) and code =
+// round-to-nearest-even(w / scale) clamped to [-127, 127]; int4 takes the
+// element v of largest magnitude (the first on ties), scale = f16(v / -8)
+// (so v itself maps to -8 and the 16 levels cover the group's range) and
+// code = rne(w / scale) clamped to [-8, 7]. An all-zero group has scale 0
+// and codes 0. A weight that is not finite is refused.
+//
+// The product (Backend::linear_int) quantizes each row of the activations
+// x [T, K] in blocks of 32 columns (zero-padded): amax = the largest |x|
+// (NaN never wins), a_scale = amax / 127, code = rne(clamp(x * (127 / amax),
+// -127, 127)) with the clamp taking NaN to -127, all in f32; an all-zero
+// block has a_scale 0 and codes 0. Then out[t, n] is summed in one fixed
+// order that every implementation reproduces bit for bit:
+//   for each block b (in order): s = a_scale[t, b] * w_scale[n, 32 b / group]
+//     (one f32 product); for lane j in 0..7 the exact integer
+//     p_j = sum over the block's columns 4j..4j+3 of x_code * w_code, and
+//     acc[8 (b mod 2) + j] = fma(float(p_j), s, acc[8 (b mod 2) + j]);
+//   then v_j = acc[j] + acc[8 + j], u_j = v_j + v_{j+4} (j < 4),
+//   w_j = u_j + u_{j+2} (j < 2), out = w_0 + w_1 (+ bias[n]).
+// This is the lane split of an AVX2 multiply-add of bytes (four products per
+// 32-bit lane) with even and odd blocks in two accumulators, so the vector
+// kernels need no reductions inside the loop; the result is the same for
+// any token count, thread count or kernel (batch invariance).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace basalt {
+
+inline constexpr int64_t kIntBlock = 32;  // input columns per code block
+
+struct IntWeightLayout {
+  int bits = 0;             // 8 or 4; 0: not an integer format
+  int64_t group = 0;        // input columns per scale (a multiple of 32, or in_features)
+  int64_t in_features = 0;  // K
+
+  int64_t blocks() const { return (in_features + kIntBlock - 1) / kIntBlock; }
+  // Columns of the codes tensor: bytes per row.
+  int64_t code_columns() const { return blocks() * (bits == 4 ? kIntBlock / 2 : kIntBlock); }
+  int64_t scale_columns() const { return (in_features + group - 1) / group; }
+};
+
+// Which layouts are valid: bits 8 or 4, in_features >= 1, and group a
+// positive multiple of 32 or equal to in_features. Empty when valid; else
+// what is wrong.
+std::string int_layout_error(const IntWeightLayout& layout);
+
+// Quantizes one row of K f32 weights into codes (layout.code_columns()
+// bytes: i8 for int8, packed u8 for int4) and scales (f16 bits,
+// layout.scale_columns()). Throws basalt::Error on a weight that is not
+// finite.
+void quantize_int_row(const IntWeightLayout& layout, const float* w, void* codes, uint16_t* scales);
+
+// The f32 value of column k of a quantized row (code * scale).
+float dequantize_int(const IntWeightLayout& layout, const void* codes, const uint16_t* scales, int64_t k);
+
+// The code of column k of a quantized row.
+int int_code(const IntWeightLayout& layout, const void* codes, int64_t k);
+
+// Quantizes one row of K activations into codes [blocks * 32] (zero-padded)
+// and per-block scales [blocks], as the product above defines.
+void quantize_int_activations(const float* x, int64_t K, int8_t* codes, float* block_scales);
+
+// out = the product above for one activation row (already quantized) and one
+// weight row, without the bias. The scalar definition; the CPU kernels
+// reproduce its bits.
+float int_dot_reference(const IntWeightLayout& layout, const int8_t* x_codes, const float* x_scales,
+                        const void* w_codes, const uint16_t* w_scales);
+
+}  // namespace basalt
