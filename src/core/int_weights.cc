@@ -59,7 +59,8 @@ void quantize_int_row(const IntWeightLayout& l, const float* w, void* codes, uin
         const int64_t block = k / kIntBlock, i = k % kIntBlock;
         uint8_t& byte = c4[block * (kIntBlock / 2) + (i % 16)];
         const auto nibble = static_cast<uint8_t>(code + 8);
-        byte = i < 16 ? static_cast<uint8_t>((byte & 0xf0) | nibble) : static_cast<uint8_t>((byte & 0x0f) | (nibble << 4));
+        byte = i < 16 ? static_cast<uint8_t>((byte & 0xf0) | nibble)
+                      : static_cast<uint8_t>((byte & 0x0f) | (nibble << 4));
       }
     }
   }

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/int_weights.h"
 
 namespace basalt {
 namespace {
@@ -190,6 +191,17 @@ void parse_common_tail(const Fields& f, const std::string& label, ModelConfig& c
   check_token_ids(c, label);
 }
 
+// quantization_config of `basalt quantize --format int8|int4`.
+void parse_int_weights(const Fields& q, const std::string& label, ModelConfig& c) {
+  const int64_t bits = q.integer("bits");
+  BASALT_CHECK(bits == 8 || bits == 4, "{}: bits must be 8 or 4, got {}", label, bits);
+  const int64_t group = q.integer("group_size");
+  BASALT_CHECK(group == -1 || (group >= kIntBlock && group % kIntBlock == 0 && group <= (int64_t{1} << 20)),
+               "{}: group_size must be a multiple of {} or -1 (one scale per row), got {}", label, kIntBlock, group);
+  c.int_weights.bits = static_cast<int>(bits);
+  c.int_weights.group_size = group;
+}
+
 void parse_deepseek(const Fields& f, const std::string& label, ModelConfig& c) {
   DeepseekConfig& d = c.deepseek;
   const bool v3 = c.architecture == Architecture::kDeepseekV3;
@@ -263,7 +275,12 @@ void parse_deepseek(const Fields& f, const std::string& label, ModelConfig& c) {
     const std::string sub = label + " (quantization_config)";
     Fields qf(q, sub);
     const std::string method = qf.string_or("quant_method", "");
-    BASALT_CHECK(method == "fp8", "{}: quant_method '{}' is not supported (fp8 only)", sub, method);
+    if (method == kIntQuantMethod) {
+      parse_int_weights(qf, sub, c);
+      return;
+    }
+    BASALT_CHECK(method == "fp8", "{}: quant_method '{}' is not supported (fp8 or {} only)", sub, method,
+                 kIntQuantMethod);
     const std::string format = qf.string_or("fmt", "e4m3");
     BASALT_CHECK(format == "e4m3", "{}: fmt '{}' is not supported (e4m3 only)", sub, format);
     BASALT_CHECK(qf.has("weight_block_size"), "{}: missing field 'weight_block_size'", sub);
@@ -325,6 +342,16 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& label) {
   c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
   c.rotary_dim -= c.rotary_dim % 2;
   parse_common_tail(f, label, c);
+  if (f.has("quantization_config")) {
+    const json& q = j.at("quantization_config");
+    BASALT_CHECK(q.is_object(), "{}: quantization_config must be an object", label);
+    const std::string sub = label + " (quantization_config)";
+    const Fields qf(q, sub);
+    const std::string method = qf.string_or("quant_method", "");
+    BASALT_CHECK(method == kIntQuantMethod, "{}: quant_method '{}' is not supported for {} (only {})", sub, method,
+                 c.model_type, kIntQuantMethod);
+    parse_int_weights(qf, sub, c);
+  }
   switch (c.architecture) {
     case Architecture::kLlama:
     case Architecture::kMistral:

@@ -75,6 +75,18 @@ struct DeepseekConfig {
   }
 };
 
+// quantization_config {"quant_method": "basalt-int", "bits": 8 | 4,
+// "group_size": a multiple of 32, or -1 for one scale per row}: the linear
+// weights are in an integer format of core/int_weights.h (written by
+// `basalt quantize --format int8|int4`; CPU backend only).
+inline constexpr const char* kIntQuantMethod = "basalt-int";
+struct IntWeightsConfig {
+  int bits = 0;  // 0: the weights are not in an integer format
+  int64_t group_size = 0;
+  // The group of a weight with in_features k (-1: the whole row).
+  int64_t group_for(int64_t k) const { return group_size < 0 ? k : group_size; }
+};
+
 struct ModelConfig {
   std::string model_type;  // as written in config.json
   Architecture architecture = Architecture::kLlama;
@@ -105,6 +117,8 @@ struct ModelConfig {
   // head_dim is qk_nope_head_dim + qk_rope_head_dim and rotary_dim is
   // qk_rope_head_dim.
   DeepseekConfig deepseek;
+
+  IntWeightsConfig int_weights;
 
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;

@@ -10,6 +10,7 @@
 #include "backend/communicator.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
+#include "model/quantize.h"
 #include "model/rope.h"
 #include "model/tp_shard.h"
 
@@ -296,6 +297,13 @@ class DeepseekModelImpl final : public DeepseekModel {
     for (const auto& [dtype, n] : params_by_dtype_)
       out << " " << dtype_name(dtype) << " " << human_count(static_cast<double>(n));
     if (d.fp8_block_weights) out << " (fp8 e4m3 with 128x128 block scales)";
+    if (c.int_weights.bits != 0) {
+      out << " (int" << c.int_weights.bits << " codes, f16 scales per ";
+      if (c.int_weights.group_size < 0)
+        out << "row)";
+      else
+        out << c.int_weights.group_size << " columns)";
+    }
     return out.str();
   }
 
@@ -586,7 +594,9 @@ class DeepseekModelImpl final : public DeepseekModel {
   }
 
   void lin(const Tensor& x, const LinearWeight& w, Tensor& out) {
-    if (w.block_fp8()) {
+    if (w.int_quantized()) {
+      backend_.linear_int(x, w, nullptr, out);
+    } else if (w.block_fp8()) {
       backend_.linear_fp8_block(x, w.weight, w.scale_inv, out);
     } else {
       backend_.linear(x, w.weight, nullptr, out);
@@ -619,6 +629,8 @@ class DeepseekModelImpl final : public DeepseekModel {
     w.kv_a_norm = plain(ckpt, a + "kv_a_layernorm.weight", {d.kv_lora_rank});
     w.kv_b_proj = shard_rows(host_linear(ckpt, a + "kv_b_proj.weight", heads * (Dn + Dv), d.kv_lora_rank),
                              first * (Dn + Dv), mine * (Dn + Dv), a + "kv_b_proj.weight");
+    BASALT_CHECK(!w.kv_b_proj.int_quantized(), "{}: '{}kv_b_proj.weight' is in an integer format; MLA attention reads "
+                 "it in f32, bf16, f16 or block FP8", dir_, a);
     w.o_proj = shard_columns(host_linear(ckpt, a + "o_proj.weight", H, heads * Dv), first * Dv, mine * Dv,
                              a + "o_proj.weight");
 
@@ -708,6 +720,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   // one rank.
   LinearWeight shard_rows(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) {
     if (world_ == 1) return on_device(w);
+    check_not_int(w, name);
     LinearWeight out;
     out.weight = w.weight.rows(begin, count);
     if (w.block_fp8()) {
@@ -718,6 +731,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   }
   LinearWeight shard_columns(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) {
     if (world_ == 1) return on_device(w);
+    check_not_int(w, name);
     LinearWeight out;
     out.weight = tp::columns(w.weight, begin, count);
     if (w.block_fp8()) {
@@ -725,6 +739,10 @@ class DeepseekModelImpl final : public DeepseekModel {
       out.scale_inv = tp::columns(w.scale_inv, begin / kFp8BlockSize, fp8_blocks(count));
     }
     return on_device(out);
+  }
+  void check_not_int(const LinearWeight& w, const std::string& name) const {
+    BASALT_CHECK(!w.int_quantized(), "{}: '{}' is int{}: tensor parallelism over integer weights is not supported yet",
+                 dir_, name, w.int_layout.bits);
   }
   // 128-wide FP8 scale blocks covering n values (the last one partial).
   static int64_t fp8_blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
@@ -752,7 +770,16 @@ class DeepseekModelImpl final : public DeepseekModel {
   }
   MoeExpert on_device(const MoeExpert& e) { return MoeExpert{on_device(e.gate), on_device(e.up), on_device(e.down)}; }
   LinearWeight on_device(const LinearWeight& w) {
-    return LinearWeight{to_backend(w.weight), w.scale_inv.raw() ? to_backend(w.scale_inv) : Tensor()};
+    LinearWeight d{to_backend(w.weight), w.scale_inv.raw() ? to_backend(w.scale_inv) : Tensor()};
+    if (w.int_quantized()) {
+      BASALT_CHECK(backend_.supports(BackendOp::kLinearInt),
+                   "{}: int{} weights run on the CPU backend only; the {} backend has no integer kernels "
+                   "(use --device cpu)",
+                   dir_, w.int_layout.bits, backend_.name());
+      d.scales = to_backend(w.scales);
+      d.int_layout = w.int_layout;
+    }
+    return d;
   }
 
   LinearWeight linear(const Checkpoint& ckpt, const std::string& name, int64_t n, int64_t k) {
@@ -762,6 +789,15 @@ class DeepseekModelImpl final : public DeepseekModel {
   // its weight_scale_inv.
   LinearWeight host_linear(const Checkpoint& ckpt, const std::string& name, int64_t n, int64_t k,
                            bool routed = false) {
+    const DType stored = ckpt.info(name).dtype;
+    if (stored == DType::kI8 || stored == DType::kU8) {
+      LinearWeight w = read_int_linear(ckpt, name, n, k, config_);
+      total_params_ += n * k;  // codes and scales: n * k parameters
+      total_bytes_ += static_cast<int64_t>(w.weight.nbytes() + w.scales.nbytes());
+      params_by_dtype_[w.weight.dtype()] += n * k;
+      if (routed) expert_params_ += n * k;
+      return w;
+    }
     LinearWeight w;
     w.weight = host_weight(ckpt, name, {n, k}, routed);
     if (w.weight.dtype() != DType::kF8E4M3) return w;

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "model/eagle_head.h"
+#include "model/quantize.h"
 #include "model/rope.h"
 #include "model/tp_shard.h"
 
@@ -15,10 +16,10 @@ namespace {
 
 struct LayerWeights {
   Tensor input_norm, post_attention_norm;
-  Tensor qkv_proj, o_proj;  // q, k and v projections stacked: [(Hq + 2 Hkv) D, H]
+  LinearWeight qkv_proj, o_proj;  // q, k and v projections stacked: [(Hq + 2 Hkv) D, H]
   Tensor qkv_bias, o_bias;  // undefined when absent
   Tensor q_norm, k_norm;                  // Qwen3
-  Tensor gate_up_proj, down_proj;
+  LinearWeight gate_up_proj, down_proj;
   Tensor gate_up_bias, down_bias;
 };
 
@@ -71,8 +72,14 @@ class DenseModel final : public Model {
       eagle_fc_bias_ = bias(ckpt, "eagle.fc.bias", H);
     }
     final_norm_ = weight(ckpt, "model.norm.weight", {H});
+    const bool int_weights = c.int_weights.bits != 0;
+    BASALT_CHECK(!int_weights || world_ == 1,
+                 "{}: int{} weights run on one rank; tensor parallelism over them is not supported yet", ckpt.dir(),
+                 c.int_weights.bits);
     if (c.tie_word_embeddings) {
       lm_head_ = embed_tokens_.rows(0, vocab_local_);
+    } else if (int_weights) {
+      lm_head_ = int_on_backend(read_int_linear(ckpt, "lm_head.weight", c.vocab_size, H, c));
     } else if (shared && !ckpt.has("lm_head.weight")) {
       // The target's lm_head, or its embedding where the two are tied.
       lm_head_ = weight(*target, target->has("lm_head.weight") ? "lm_head.weight" : embed_name, {c.vocab_size, H});
@@ -89,13 +96,20 @@ class DenseModel final : public Model {
       // Column-parallel q/k/v: this rank's query heads and the key/value
       // heads they read; row-parallel o_proj: the matching input columns.
       const int64_t q_begin = rank * heads_ * D, kv_begin = kv_head_begin_ * D;
-      const Tensor q_w = ckpt.get(p + "self_attn.q_proj.weight", {q_out, H}).rows(q_begin, heads_ * D);
-      const Tensor k_w = ckpt.get(p + "self_attn.k_proj.weight", {kv_out, H}).rows(kv_begin, kv_heads_ * D);
-      const Tensor v_w = ckpt.get(p + "self_attn.v_proj.weight", {kv_out, H}).rows(kv_begin, kv_heads_ * D);
-      BASALT_CHECK(q_w.dtype() == k_w.dtype() && q_w.dtype() == v_w.dtype(), "{}: q/k/v_proj dtypes differ", p);
-      check_dense_dtype(ckpt, p + "self_attn.q_proj.weight", q_w);
-      w.qkv_proj = to_backend(concat_rows({q_w, k_w, v_w}));
-      w.o_proj = sharded_columns(ckpt, p + "self_attn.o_proj.weight", {H, q_out}, q_begin, heads_ * D);
+      if (int_weights) {
+        w.qkv_proj = int_on_backend(concat_int_rows({read_int_linear(ckpt, p + "self_attn.q_proj.weight", q_out, H, c),
+                                                 read_int_linear(ckpt, p + "self_attn.k_proj.weight", kv_out, H, c),
+                                                 read_int_linear(ckpt, p + "self_attn.v_proj.weight", kv_out, H, c)}));
+        w.o_proj = int_on_backend(read_int_linear(ckpt, p + "self_attn.o_proj.weight", H, q_out, c));
+      } else {
+        const Tensor q_w = ckpt.get(p + "self_attn.q_proj.weight", {q_out, H}).rows(q_begin, heads_ * D);
+        const Tensor k_w = ckpt.get(p + "self_attn.k_proj.weight", {kv_out, H}).rows(kv_begin, kv_heads_ * D);
+        const Tensor v_w = ckpt.get(p + "self_attn.v_proj.weight", {kv_out, H}).rows(kv_begin, kv_heads_ * D);
+        BASALT_CHECK(q_w.dtype() == k_w.dtype() && q_w.dtype() == v_w.dtype(), "{}: q/k/v_proj dtypes differ", p);
+        check_dense_dtype(ckpt, p + "self_attn.q_proj.weight", q_w);
+        w.qkv_proj = to_backend(concat_rows({q_w, k_w, v_w}));
+        w.o_proj = sharded_columns(ckpt, p + "self_attn.o_proj.weight", {H, q_out}, q_begin, heads_ * D);
+      }
       if (c.qkv_bias) {
         w.qkv_bias = to_backend(
             concat_rows({ckpt.get(p + "self_attn.q_proj.bias", {q_out}).rows(q_begin, heads_ * D).to_f32(),
@@ -111,12 +125,18 @@ class DenseModel final : public Model {
       }
       // Column-parallel gate and up (this rank's slice of each), row-parallel down.
       const int64_t i_begin = rank * intermediate_;
-      const Tensor gate = ckpt.get(p + "mlp.gate_proj.weight", {I, H}).rows(i_begin, intermediate_);
-      const Tensor up = ckpt.get(p + "mlp.up_proj.weight", {I, H}).rows(i_begin, intermediate_);
-      BASALT_CHECK(gate.dtype() == up.dtype(), "{}: gate_proj and up_proj dtypes differ", p);
-      check_dense_dtype(ckpt, p + "mlp.gate_proj.weight", gate);
-      w.gate_up_proj = to_backend(concat_rows({gate, up}));
-      w.down_proj = sharded_columns(ckpt, p + "mlp.down_proj.weight", {H, I}, i_begin, intermediate_);
+      if (int_weights) {
+        w.gate_up_proj = int_on_backend(concat_int_rows({read_int_linear(ckpt, p + "mlp.gate_proj.weight", I, H, c),
+                                                     read_int_linear(ckpt, p + "mlp.up_proj.weight", I, H, c)}));
+        w.down_proj = int_on_backend(read_int_linear(ckpt, p + "mlp.down_proj.weight", H, I, c));
+      } else {
+        const Tensor gate = ckpt.get(p + "mlp.gate_proj.weight", {I, H}).rows(i_begin, intermediate_);
+        const Tensor up = ckpt.get(p + "mlp.up_proj.weight", {I, H}).rows(i_begin, intermediate_);
+        BASALT_CHECK(gate.dtype() == up.dtype(), "{}: gate_proj and up_proj dtypes differ", p);
+        check_dense_dtype(ckpt, p + "mlp.gate_proj.weight", gate);
+        w.gate_up_proj = to_backend(concat_rows({gate, up}));
+        w.down_proj = sharded_columns(ckpt, p + "mlp.down_proj.weight", {H, I}, i_begin, intermediate_);
+      }
       if (c.mlp_bias) {
         const Tensor gate_b = ckpt.get(p + "mlp.gate_proj.bias", {I}).rows(i_begin, intermediate_).to_f32();
         const Tensor up_b = ckpt.get(p + "mlp.up_proj.bias", {I}).rows(i_begin, intermediate_).to_f32();
@@ -211,7 +231,7 @@ class DenseModel final : public Model {
 
     // Activations that only feed linear layers take the backend's activation
     // dtype (bf16 on the GPU); the residual stream, projections and logits are f32.
-    const DType act_dtype = b.activation_dtype(layers_[0].gate_up_proj.dtype());
+    const DType act_dtype = b.activation_dtype(layers_[0].gate_up_proj.weight.dtype());
     Tensor hidden = b.empty({T, H}, act_dtype);
     Tensor qkv = b.empty({T, (heads_ + 2 * kv_heads_) * D}, DType::kF32);
     Tensor q = b.empty({T, heads_ * D}, DType::kF32);
@@ -236,18 +256,18 @@ class DenseModel final : public Model {
       } else {
         b.add_rms_norm(residual, block_out, w.input_norm, eps, hidden);
       }
-      b.linear(hidden, w.qkv_proj, opt(w.qkv_bias), qkv);
+      lin(hidden, w.qkv_proj, opt(w.qkv_bias), qkv);
       b.qkv_rope_store(qkv, c.qk_norm ? &w.q_norm : nullptr, c.qk_norm ? &w.k_norm : nullptr, eps,
                        batch.positions, rope, static_cast<int>(heads_), static_cast<int>(kv_heads_),
                        batch.out_slots, k_cache, v_cache, q);
       attn_params.sliding_window = c.sliding_window_per_layer[static_cast<size_t>(l)];
       b.attention(q, k_cache, v_cache, batch.attention, attn_params, attn);
-      b.linear(attn, w.o_proj, opt(w.o_bias), block_out);
+      lin(attn, w.o_proj, opt(w.o_bias), block_out);
       if (tp_ != nullptr) tp_->all_reduce(block_out);
       b.add_rms_norm(residual, block_out, w.post_attention_norm, eps, hidden);
-      b.linear(hidden, w.gate_up_proj, opt(w.gate_up_bias), gate_up);
+      lin(hidden, w.gate_up_proj, opt(w.gate_up_bias), gate_up);
       b.silu_and_mul(gate_up, act);
-      b.linear(act, w.down_proj, opt(w.down_bias), block_out);
+      lin(act, w.down_proj, opt(w.down_bias), block_out);
       if (tp_ != nullptr) tp_->all_reduce(block_out);
     }
     const int64_t L = batch.logit_rows.numel();
@@ -278,11 +298,11 @@ class DenseModel final : public Model {
   // by side (on the host: the ranks run on the CPU backend for now).
   void lm_head(const Tensor& selected, Tensor& logits) {
     if (world_ == 1) {
-      backend_.linear(selected, lm_head_, nullptr, logits);
+      lin(selected, lm_head_, nullptr, logits);
       return;
     }
     Tensor part = backend_.empty({selected.dim(0), vocab_local_}, DType::kF32);
-    backend_.linear(selected, lm_head_, nullptr, part);
+    lin(selected, lm_head_, nullptr, part);
     tp::gather_vocab_columns(*tp_, backend_, part, logits);
   }
 
@@ -330,6 +350,38 @@ class DenseModel final : public Model {
 
   static const Tensor* opt(const Tensor& t) { return t.raw() ? &t : nullptr; }
 
+  // out = x · wᵀ (+ bias) for a weight of any format.
+  void lin(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out) {
+    if (w.int_quantized()) {
+      backend_.linear_int(x, w, bias, out);
+    } else {
+      backend_.linear(x, w.weight, bias, out);
+    }
+  }
+
+  // An integer-format weight for this backend, refused by one without the kernels.
+  LinearWeight int_on_backend(LinearWeight host) {
+    BASALT_CHECK(backend_.supports(BackendOp::kLinearInt),
+                 "int{} weights run on the CPU backend only; the {} backend has no integer kernels (use --device cpu)",
+                 host.int_layout.bits, backend_.name());
+    host.weight = to_backend(host.weight);
+    host.scales = to_backend(host.scales);
+    return host;
+  }
+  // Integer-format weights of one layout stacked by rows (fused q/k/v, gate/up).
+  static LinearWeight concat_int_rows(const std::vector<LinearWeight>& parts) {
+    LinearWeight out;
+    out.int_layout = parts.at(0).int_layout;
+    std::vector<Tensor> codes, scales;
+    for (const LinearWeight& p : parts) {
+      codes.push_back(p.weight);
+      scales.push_back(p.scales);
+    }
+    out.weight = concat_rows(codes);
+    out.scales = concat_rows(scales);
+    return out;
+  }
+
   Tensor to_backend(const Tensor& host) {
     if (backend_.device() == Device::kCpu) return host;
     Tensor t = backend_.empty(host.shape(), host.dtype());
@@ -356,7 +408,8 @@ class DenseModel final : public Model {
   int64_t world_ = 1;
   int64_t heads_ = 0, kv_heads_ = 0, kv_head_begin_ = 0, intermediate_ = 0;  // this rank's
   int64_t vocab_begin_ = 0, vocab_local_ = 0;                                // this rank's vocabulary rows
-  Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
+  Tensor embed_tokens_, final_norm_, inv_freq_;
+  LinearWeight lm_head_;
   Tensor eagle_fc_, eagle_fc_bias_;  // EAGLE heads only: [H, 2H] and f32 [H]
   float rope_scaling_ = 1.0f;
   std::vector<LayerWeights> layers_;

@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/int_weights.h"
 #include "core/thread_pool.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
@@ -61,17 +62,6 @@ void for_block_rows(int64_t rows, const std::function<void(int64_t)>& fn) {
   });
 }
 
-std::string safetensors_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kF8E4M3: return "F8_E4M3";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-  }
-  fail("unknown dtype");
-}
 
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -111,8 +101,8 @@ struct OutEntry {
   DType dtype = DType::kF32;
   Shape shape;
   uint64_t nbytes = 0;
-  enum Kind { kCopy, kFp8Weight, kScale } kind = kCopy;
-  std::string source;  // the input tensor (for kScale: the weight it scales)
+  enum Kind { kCopy, kFp8Weight, kScale, kIntCodes, kIntScales } kind = kCopy;
+  std::string source;  // the input tensor (for kScale and kIntScales: the weight it scales)
 };
 
 class ShardWriter {
@@ -164,6 +154,31 @@ std::string shape_json(const Shape& shape) {
     s += std::to_string(shape[i]);
   }
   return s + "]";
+}
+
+// A weight's codes and scales in an integer format.
+struct IntQuantized {
+  Tensor codes, scales;
+};
+
+IntQuantized quantize_int_tensor(const Tensor& w, const IntWeightLayout& l, std::string_view label) {
+  check_weight(w);
+  const int64_t rows = w.dim(0), cols = w.dim(1);
+  IntQuantized q{Tensor::empty({rows, l.code_columns()}, l.bits == 8 ? DType::kI8 : DType::kU8),
+                 Tensor::empty({rows, l.scale_columns()}, DType::kF16)};
+  ThreadPool::global().parallel_for(rows, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = begin; r < end; ++r) {
+      load_f32(w, r * cols, cols, row.data());
+      try {
+        quantize_int_row(l, row.data(), q.codes.data<uint8_t>() + r * l.code_columns(),
+                         q.scales.data<uint16_t>() + r * l.scale_columns());
+      } catch (const Error& e) {
+        fail("{}: row {}: {}", label, r, e.what());
+      }
+    }
+  });
+  return q;
 }
 
 }  // namespace
@@ -257,9 +272,47 @@ bool is_fp8_block_linear(std::string_view name, const Shape& shape) {
   return std::find(kLinears.begin(), kLinears.end(), leaf) != kLinears.end();
 }
 
-QuantizeReport quantize_checkpoint_fp8(const std::string& in_dir, const std::string& out_dir,
-                                       const QuantizeOptions& options,
-                                       const QuantizeProgress& progress) {
+bool is_int_linear(std::string_view name, const Shape& shape, const ModelConfig& config) {
+  const bool deepseek =
+      config.architecture == Architecture::kDeepseekV2 || config.architecture == Architecture::kDeepseekV3;
+  if (name == "lm_head.weight") return !deepseek && shape.size() == 2;
+  // Dense attention's k and v (DeepSeek's MLA has neither).
+  if (name.starts_with("model.layers.") && shape.size() == 2 &&
+      (ends_with(name, ".self_attn.k_proj.weight") || ends_with(name, ".self_attn.v_proj.weight")))
+    return true;
+  if (!is_fp8_block_linear(name, shape)) return false;
+  return !(deepseek && ends_with(name, ".kv_b_proj.weight"));
+}
+
+LinearWeight read_int_linear(const Checkpoint& ckpt, const std::string& name, int64_t n, int64_t k,
+                             const ModelConfig& config) {
+  const IntWeightsConfig& f = config.int_weights;
+  BASALT_CHECK(f.bits != 0, "{}: tensor '{}': config.json names no integer format", ckpt.dir(), name);
+  LinearWeight w;
+  w.int_layout = IntWeightLayout{f.bits, f.group_for(k), k};
+  const IntWeightLayout& l = w.int_layout;
+  const std::string layout_error = int_layout_error(l);
+  BASALT_CHECK(layout_error.empty(), "{}: tensor '{}': {}", ckpt.dir(), name, layout_error);
+  const DType code_dtype = f.bits == 8 ? DType::kI8 : DType::kU8;
+  w.weight = ckpt.get(name, {n, l.code_columns()});
+  BASALT_CHECK(w.weight.dtype() == code_dtype, "{}: tensor '{}' has dtype {}; int{} codes are {}",
+               ckpt.info(name).file, name, dtype_name(w.weight.dtype()), f.bits, dtype_name(code_dtype));
+  const std::string scale_name = name + "_scale";
+  BASALT_CHECK(ckpt.has(scale_name), "{}: tensor '{}' has no scales '{}'", ckpt.info(name).file, name, scale_name);
+  w.scales = ckpt.get(scale_name, {n, l.scale_columns()});
+  BASALT_CHECK(w.scales.dtype() == DType::kF16, "{}: tensor '{}' has dtype {}; scales are f16",
+               ckpt.info(scale_name).file, scale_name, dtype_name(w.scales.dtype()));
+  return w;
+}
+
+QuantizeReport quantize_checkpoint(const std::string& in_dir, const std::string& out_dir,
+                                   const QuantizeOptions& options, const QuantizeProgress& progress) {
+  const bool int_format = options.format != QuantFormat::kFp8Block;
+  const int bits = options.format == QuantFormat::kInt4 ? 4 : 8;
+  BASALT_CHECK(!int_format || options.group_size == -1 ||
+                   (options.group_size >= kIntBlock && options.group_size % kIntBlock == 0),
+               "the group size must be a multiple of {} or -1 (one scale per row), got {}", kIntBlock,
+               options.group_size);
   BASALT_CHECK(fs::is_directory(in_dir), "{}: not a model directory", in_dir);
   const fs::path config_path = fs::path(in_dir) / "config.json";
   BASALT_CHECK(fs::is_regular_file(config_path), "{}: no config.json in model directory", in_dir);
@@ -273,8 +326,9 @@ QuantizeReport quantize_checkpoint_fp8(const std::string& in_dir, const std::str
                "{}: the checkpoint is already quantized (config.json has a quantization_config)",
                in_dir);
   const ModelConfig config = ModelConfig::load(in_dir);
-  BASALT_CHECK(config.architecture == Architecture::kDeepseekV2 ||
-                   config.architecture == Architecture::kDeepseekV3,
+  const bool deepseek =
+      config.architecture == Architecture::kDeepseekV2 || config.architecture == Architecture::kDeepseekV3;
+  BASALT_CHECK(int_format || deepseek,
                "{}: model_type '{}': block-FP8 quantization is supported for DeepSeek-V2/V3 "
                "checkpoints only (the dense model loader reads f32, bf16 and f16 weights)",
                in_dir, config.model_type);
@@ -283,10 +337,13 @@ QuantizeReport quantize_checkpoint_fp8(const std::string& in_dir, const std::str
   const std::vector<std::string> names = ckpt.names();
   for (const std::string& name : names) {
     const CheckpointTensorInfo info = ckpt.info(name);
-    BASALT_CHECK(info.dtype != DType::kF8E4M3 && !ends_with(name, "_scale_inv"),
+    const bool codes = info.dtype == DType::kF8E4M3 || info.dtype == DType::kI8 || info.dtype == DType::kU8;
+    BASALT_CHECK(!codes && !ends_with(name, "_scale_inv") && !ends_with(name, ".weight_scale"),
                  "{}: tensor '{}' is {}: the checkpoint is already quantized", info.file, name,
-                 info.dtype == DType::kF8E4M3 ? "float8_e4m3fn" : "a quantization scale");
-    if (is_fp8_block_linear(name, info.shape)) {
+                 !codes ? std::string("a quantization scale")
+                 : info.dtype == DType::kF8E4M3 ? std::string("float8_e4m3fn")
+                                                : std::string(dtype_name(info.dtype)) + " codes");
+    if (int_format ? is_int_linear(name, info.shape, config) : is_fp8_block_linear(name, info.shape)) {
       BASALT_CHECK(info.dtype == DType::kF32 || info.dtype == DType::kBF16 || info.dtype == DType::kF16,
                    "{}: tensor '{}' has dtype {}; weights to quantize must be f32, bf16 or f16",
                    info.file, name, dtype_name(info.dtype));
@@ -319,6 +376,15 @@ QuantizeReport quantize_checkpoint_fp8(const std::string& in_dir, const std::str
   std::map<std::string, std::vector<std::string>> by_file;
   for (const std::string& name : names) by_file[ckpt.info(name).file].push_back(name);
 
+  // A dense model with tied embeddings gets an lm_head of its own: the
+  // embedding stays in its dtype for the lookups, the head is quantized.
+  const std::string embed_name = "model.embed_tokens.weight";
+  const bool untie = int_format && !deepseek && config.tie_word_embeddings && !ckpt.has("lm_head.weight");
+  BASALT_CHECK(!untie || ckpt.has(embed_name), "{}: no tensor '{}'", in_dir, embed_name);
+  auto int_layout = [&](const Shape& shape) {
+    return IntWeightLayout{bits, options.group_size < 0 ? shape[1] : options.group_size, shape[1]};
+  };
+
   QuantizeReport report;
   report.bytes_before = ckpt.total_bytes();
   std::map<std::string, std::string> weight_map;
@@ -332,9 +398,22 @@ QuantizeReport quantize_checkpoint_fp8(const std::string& in_dir, const std::str
 
     std::vector<OutEntry> entries;
     std::map<std::string, Tensor> scales;
-    for (const std::string& name : it->second) {
-      const CheckpointTensorInfo info = ckpt.info(name);
-      if (!is_fp8_block_linear(name, info.shape)) {
+    std::vector<std::string> tensors = it->second;
+    if (untie && ckpt.info(embed_name).file == file) tensors.push_back("lm_head.weight");
+    for (const std::string& name : tensors) {
+      const std::string source = name == "lm_head.weight" && untie ? embed_name : name;
+      const CheckpointTensorInfo info = ckpt.info(source);
+      if (int_format && is_int_linear(name, info.shape, config)) {
+        const IntWeightLayout l = int_layout(info.shape);
+        const std::string scale_name = name + "_scale";
+        BASALT_CHECK(!ckpt.has(scale_name), "{}: tensor '{}' already exists", info.file, scale_name);
+        entries.push_back({name, bits == 8 ? DType::kI8 : DType::kU8, {info.shape[0], l.code_columns()},
+                           static_cast<uint64_t>(info.shape[0] * l.code_columns()), OutEntry::kIntCodes, source});
+        entries.push_back({scale_name, DType::kF16, {info.shape[0], l.scale_columns()},
+                           static_cast<uint64_t>(info.shape[0] * l.scale_columns() * 2), OutEntry::kIntScales, source});
+        continue;
+      }
+      if (int_format || !is_fp8_block_linear(name, info.shape)) {
         entries.push_back({name, info.dtype, info.shape, info.nbytes, OutEntry::kCopy, name});
         continue;
       }
@@ -364,7 +443,7 @@ QuantizeReport quantize_checkpoint_fp8(const std::string& in_dir, const std::str
     uint64_t offset = 0;
     for (const OutEntry& e : entries) {
       header_text += fmt::format(",{}:{{\"dtype\":\"{}\",\"shape\":{},\"data_offsets\":[{},{}]}}",
-                                 nlohmann::json(e.name).dump(), safetensors_dtype(e.dtype),
+                                 nlohmann::json(e.name).dump(), safetensors_dtype_name(e.dtype),
                                  shape_json(e.shape), offset, offset + e.nbytes);
       offset += e.nbytes;
       weight_map[e.name] = shard;
@@ -396,10 +475,21 @@ QuantizeReport quantize_checkpoint_fp8(const std::string& in_dir, const std::str
           ++report.tensors_quantized;
           break;
         }
+        case OutEntry::kIntCodes:
+        case OutEntry::kIntScales: {
+          // Codes and scales each from one pass over the weight: one
+          // tensor's quantized image in memory at a time.
+          const Tensor w = ckpt.get(e.source);
+          const IntQuantized q = quantize_int_tensor(w, int_layout(w.shape()), e.source);
+          const Tensor& part = e.kind == OutEntry::kIntCodes ? q.codes : q.scales;
+          writer.write(part.raw(), part.nbytes());
+          if (e.kind == OutEntry::kIntCodes) ++report.tensors_quantized;
+          break;
+        }
       }
-      if (e.kind != OutEntry::kScale) {
+      if (e.kind != OutEntry::kScale && e.kind != OutEntry::kIntScales) {
         done += ckpt.info(e.source).nbytes;
-        if (progress) progress(done, report.bytes_before);
+        if (progress) progress(std::min(done, report.bytes_before), report.bytes_before);
       }
       report.bytes_after += e.nbytes;
     }
@@ -426,10 +516,17 @@ QuantizeReport quantize_checkpoint_fp8(const std::string& in_dir, const std::str
   }
   // config.json last: a directory left by an interrupted run does not load.
   nlohmann::ordered_json quant;
-  quant["activation_scheme"] = "dynamic";
-  quant["fmt"] = "e4m3";
-  quant["quant_method"] = "fp8";
-  quant["weight_block_size"] = {kFp8QuantBlock, kFp8QuantBlock};
+  if (int_format) {
+    quant["quant_method"] = kIntQuantMethod;
+    quant["bits"] = bits;
+    quant["group_size"] = options.group_size;
+    if (untie) config_json["tie_word_embeddings"] = false;
+  } else {
+    quant["activation_scheme"] = "dynamic";
+    quant["fmt"] = "e4m3";
+    quant["quant_method"] = "fp8";
+    quant["weight_block_size"] = {kFp8QuantBlock, kFp8QuantBlock};
+  }
   config_json["quantization_config"] = std::move(quant);
   write_text(fs::path(out_dir) / "config.json", config_json.dump(2) + "\n");
   return report;

@@ -1,4 +1,5 @@
-// Block-FP8 weight quantization in DeepSeek-V3's published format.
+// Weight quantization of checkpoints: block FP8 in DeepSeek-V3's published
+// format, and the integer formats of core/int_weights.h (below).
 //
 // Format: a 2-D linear weight [out, in] becomes float8_e4m3fn ("F8_E4M3")
 // plus a float32 "<name>_scale_inv" [ceil(out/128), ceil(in/128)]. For each
@@ -11,7 +12,7 @@
 // (half an e4m3 ulp: 3 mantissa bits in the normal range, a fixed 2^-9 step
 // among subnormals), up to float32 rounding of the division.
 //
-// quantize_checkpoint_fp8 rewrites a DeepSeek-V2/V3 checkpoint directory
+// quantize_checkpoint (block FP8) rewrites a DeepSeek-V2/V3 checkpoint directory
 // tensor by tensor: every decoder (and MTP) linear weight is quantized; the
 // embeddings, lm_head, norms, the router (mlp.gate) and its
 // e_score_correction_bias, biases and anything else are copied unchanged.
@@ -30,9 +31,13 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/tensor.h"
+#include "model/config.h"
 
 namespace basalt {
+
+class Checkpoint;
 
 inline constexpr int64_t kFp8QuantBlock = 128;
 inline constexpr float kFp8E4M3Max = 448.0f;
@@ -60,8 +65,35 @@ Tensor dequantize_fp8_block(const Tensor& weight, const Tensor& scale_inv);
 // an unquantized linear.
 bool is_fp8_block_linear(std::string_view name, const Shape& shape);
 
+// --- Integer formats (core/int_weights.h; config.h IntWeightsConfig) -------
+//
+// `basalt quantize --format int8|int4` stores a linear weight "X.weight"
+// [N, K] as its codes under the same name (i8 [N, blocks * 32], or u8
+// [N, blocks * 16] for int4) and its f16 group scales as "X.weight_scale"
+// [N, ceil(K / group)]. Which weights: every decoder linear a model runs
+// through a linear op (is_fp8_block_linear's names, except DeepSeek's
+// kv_b_proj, which MLA attention reads row by row) and a dense model's
+// lm_head (written from the embedding when the two are tied; config.json's
+// tie_word_embeddings then becomes false).
+
+// Whether `name` of `shape` in a checkpoint of `config` is stored in the
+// integer format.
+bool is_int_linear(std::string_view name, const Shape& shape, const ModelConfig& config);
+
+// Reads "name" [n, k] in the integer format config.int_weights says, with
+// its scales, as a host LinearWeight; throws basalt::Error naming the file
+// and tensor when a dtype or shape is not the format's.
+LinearWeight read_int_linear(const Checkpoint& ckpt, const std::string& name, int64_t n, int64_t k,
+                             const ModelConfig& config);
+
+enum class QuantFormat : uint8_t { kFp8Block, kInt8, kInt4 };
+
 struct QuantizeOptions {
   bool force = false;  // write into an output directory that is not empty
+  QuantFormat format = QuantFormat::kFp8Block;
+  // Integer formats: input columns per scale, a multiple of 32, or -1 for
+  // one scale per row.
+  int64_t group_size = 32;
 };
 
 struct QuantizeReport {
@@ -76,13 +108,16 @@ struct QuantizeReport {
 // of all; called with (0, total) first and last with done == total.
 using QuantizeProgress = std::function<void(uint64_t done, uint64_t total)>;
 
-// Throws basalt::Error (naming the directory, file or tensor) when the input
-// is missing, is not a DeepSeek checkpoint, is already quantized or holds a
-// weight that is not f32/bf16/f16, or when out_dir is the input, is a file, or
-// is a non-empty directory and options.force is false. With force, stale
-// *.safetensors files and the index in out_dir are removed first.
-QuantizeReport quantize_checkpoint_fp8(const std::string& in_dir, const std::string& out_dir,
-                                       const QuantizeOptions& options = {},
-                                       const QuantizeProgress& progress = {});
+// Writes a quantized copy of the checkpoint in `in_dir` in options.format:
+// block FP8 (DeepSeek-V2/V3 only, as above) or an integer format (any
+// architecture; is_int_linear says which weights). Throws basalt::Error
+// (naming the directory, file or tensor) when the input is missing, is of
+// an architecture the format does not take, is already quantized or holds a
+// weight that is not f32/bf16/f16, when the group size is not valid, or when
+// out_dir is the input, is a file, or is a non-empty directory and
+// options.force is false. With force, stale *.safetensors files and the
+// index in out_dir are removed first.
+QuantizeReport quantize_checkpoint(const std::string& in_dir, const std::string& out_dir,
+                                   const QuantizeOptions& options = {}, const QuantizeProgress& progress = {});
 
 }  // namespace basalt

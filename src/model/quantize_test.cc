@@ -248,7 +248,7 @@ class QuantizeDeepseek : public ::testing::TestWithParam<std::string> {};
 TEST_P(QuantizeDeepseek, CopyHasThePublishedLayoutAndRunsCloseToTheOriginal) {
   const std::string in = kModels + GetParam();
   const fs::path out = temp_dir(GetParam());
-  const QuantizeReport report = quantize_checkpoint_fp8(in, out.string());
+  const QuantizeReport report = quantize_checkpoint(in, out.string());
 
   // Layout: same shard files, index when the input had one, config gains
   // the quantization_config, tokenizer and generation config copied.
@@ -344,13 +344,121 @@ TEST_P(QuantizeDeepseek, CopyHasThePublishedLayoutAndRunsCloseToTheOriginal) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, QuantizeDeepseek,
                          ::testing::Values("deepseek_v3", "deepseek_v2_lite"));
 
+// The integer formats over a dense model with tied embeddings (qwen2: q/k/v
+// biases), one without (llama), and DeepSeek-V3 (experts, MLA, MTP).
+struct IntCase {
+  std::string model;
+  QuantFormat format;
+  int64_t group;
+};
+
+void PrintTo(const IntCase& c, std::ostream* os) {
+  *os << c.model << (c.format == QuantFormat::kInt8 ? " int8 " : " int4 ") << c.group;
+}
+
+class QuantizeInt : public ::testing::TestWithParam<IntCase> {};
+
+TEST_P(QuantizeInt, CopyHoldsTheFormatAndRunsCloseToTheOriginal) {
+  const IntCase& p = GetParam();
+  const std::string in = kModels + p.model;
+  const fs::path out = temp_dir(p.model + "_int");
+  QuantizeOptions options;
+  options.format = p.format;
+  options.group_size = p.group;
+  const QuantizeReport report = quantize_checkpoint(in, out.string(), options);
+  const int bits = p.format == QuantFormat::kInt8 ? 8 : 4;
+
+  const Checkpoint original = Checkpoint::open(in);
+  const Checkpoint quantized = Checkpoint::open(out.string());
+  const ModelConfig config = ModelConfig::load(in);
+  const nlohmann::json json = read_json(out / "config.json");
+  EXPECT_EQ(json["quantization_config"],
+            nlohmann::json({{"quant_method", "basalt-int"}, {"bits", bits}, {"group_size", p.group}}));
+  EXPECT_FALSE(json.value("tie_word_embeddings", false));
+  const bool deepseek = config.architecture == Architecture::kDeepseekV3;
+
+  // Every linear the format covers holds the codes and scales of its rows
+  // (checked against the format's own row quantizer); the rest is copied.
+  std::vector<std::string> names = original.names();
+  if (config.tie_word_embeddings) names.push_back("lm_head.weight");
+  int64_t linears = 0;
+  for (const std::string& name : names) {
+    const bool tied_head = name == "lm_head.weight" && config.tie_word_embeddings;
+    const Tensor a = original.get(tied_head ? "model.embed_tokens.weight" : name);
+    ASSERT_TRUE(quantized.has(name)) << name;
+    const Tensor b = quantized.get(name);
+    if (!is_int_linear(name, a.shape(), config)) {
+      ASSERT_EQ(b.dtype(), a.dtype()) << name;
+      EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << name;
+      EXPECT_FALSE(quantized.has(name + "_scale")) << name;
+      continue;
+    }
+    ++linears;
+    EXPECT_TRUE(name.find("kv_b_proj") == std::string::npos) << name;
+    const IntWeightLayout l{bits, p.group < 0 ? a.dim(1) : p.group, a.dim(1)};
+    const LinearWeight w = read_int_linear(quantized, name, a.dim(0), a.dim(1), ModelConfig::load(out.string()));
+    const Tensor f = a.to_f32();
+    std::vector<uint8_t> codes(static_cast<size_t>(l.code_columns()));
+    std::vector<uint16_t> scales(static_cast<size_t>(l.scale_columns()));
+    for (int64_t r = 0; r < a.dim(0); ++r) {
+      quantize_int_row(l, f.data<const float>() + r * a.dim(1), codes.data(), scales.data());
+      ASSERT_EQ(std::memcmp(codes.data(), w.weight.data<const uint8_t>() + r * l.code_columns(), codes.size()), 0)
+          << name << " row " << r;
+      ASSERT_EQ(std::memcmp(scales.data(), w.scales.data<const uint16_t>() + r * l.scale_columns(),
+                            scales.size() * 2),
+                0)
+          << name << " row " << r;
+    }
+  }
+  EXPECT_GT(linears, 0);
+  EXPECT_EQ(report.tensors_quantized, linears);
+  EXPECT_EQ(quantized.has("lm_head.weight_scale"), !deepseek);
+  EXPECT_LT(report.bytes_after, report.bytes_before + (config.tie_word_embeddings ? original.get(
+                                                          "model.embed_tokens.weight").nbytes() : 0));
+
+  // The engine runs the copy (integer kernels) close to the original.
+  CpuBackend backend;
+  auto plain = load_model(in, backend);
+  auto ints = load_model(out.string(), backend);
+  const std::vector<int> prompt = read_json(fs::path(in) / "reference.json")["greedy_prompt"];
+  std::vector<int32_t> ids(prompt.begin(), prompt.end());
+  for (int32_t i = 0; i < 24; ++i) ids.push_back((i * 37 + 11) % 300);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const LogitsDistance d = distance(prefill_logits(*ints, ids), prefill_logits(*plain, ids));
+  const double median = d.position_errors[d.position_errors.size() / 2];
+  std::printf("%s int%d group %lld: logits relative error %.4g (median position %.4g), mean KL %.4g, "
+              "same argmax %lld/%lld\n",
+              p.model.c_str(), bits, static_cast<long long>(p.group), d.relative_error, median, d.mean_kl,
+              static_cast<long long>(d.same_argmax), static_cast<long long>(n));
+  // int8 moves each weight by at most half of 1/127 of its group's largest
+  // (int4: 1/8 of it) and each activation likewise; these random models
+  // amplify that less than FP8's 2^-4 (DeepSeek's router flips a few
+  // positions, as with FP8 above).
+  EXPECT_LT(median, bits == 8 ? 0.05 : 0.3);
+  EXPECT_LT(d.mean_kl, bits == 8 ? 0.01 : 0.1);
+  EXPECT_GE(d.same_argmax * 10, n * (bits == 8 ? 8 : 5));
+  fs::remove_all(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, QuantizeInt,
+                         ::testing::Values(IntCase{"llama", QuantFormat::kInt8, 32},
+                                           IntCase{"qwen2", QuantFormat::kInt4, 32},
+                                           IntCase{"qwen2", QuantFormat::kInt8, -1},
+                                           IntCase{"deepseek_v3", QuantFormat::kInt8, 64},
+                                           IntCase{"deepseek_v3", QuantFormat::kInt4, 32}));
+
 TEST(QuantizeCheckpoint, RefusesBadInputsWithOneClearError) {
   const fs::path out = temp_dir("errors");
   auto quantize = [&](const std::string& in, bool force = false) {
-    return error_of([&] { quantize_checkpoint_fp8(in, out.string(), QuantizeOptions{force}); });
+    return error_of([&] { quantize_checkpoint(in, out.string(), QuantizeOptions{force}); });
   };
   EXPECT_NE(quantize(kModels + "deepseek_v3_fp8").find("already quantized"), std::string::npos);
   EXPECT_NE(quantize(kModels + "llama").find("DeepSeek-V2/V3 checkpoints only"), std::string::npos);
+  QuantizeOptions bad_group;
+  bad_group.format = QuantFormat::kInt8;
+  bad_group.group_size = 48;
+  EXPECT_NE(error_of([&] { quantize_checkpoint(kModels + "llama", out.string(), bad_group); }).find("multiple of 32"),
+            std::string::npos);
   EXPECT_NE(quantize(kModels + "no_such_model").find("not a model directory"), std::string::npos);
   EXPECT_FALSE(fs::exists(out));
 
@@ -373,7 +481,7 @@ TEST(QuantizeCheckpoint, RefusesBadInputsWithOneClearError) {
   EXPECT_FALSE(fs::exists(out / "model-00009-of-00009.safetensors"));
   EXPECT_TRUE(fs::exists(out / "notes.txt"));
   EXPECT_NO_THROW(Checkpoint::open(out.string()));
-  EXPECT_NE(error_of([&] { quantize_checkpoint_fp8(out.string(), out.string(), {true}); }), "");
+  EXPECT_NE(error_of([&] { quantize_checkpoint(out.string(), out.string(), {true}); }), "");
   fs::remove_all(out);
 }
 

@@ -40,25 +40,6 @@ namespace {
 
 std::string errno_message(int error) { return std::generic_category().message(error); }
 
-// The dtype names of the safetensors format, the inverse of dtype_from_safetensors.
-std::string_view safetensors_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "F32";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kF16:
-      return "F16";
-    case DType::kF8E4M3:
-      return "F8_E4M3";
-    case DType::kI32:
-      return "I32";
-    case DType::kI64:
-      return "I64";
-  }
-  fail("internal error: dtype {} has no safetensors name", static_cast<int>(dtype));
-}
-
 constexpr std::string_view kMetadataKey = "__metadata__";
 
 // nlohmann's message without its "[json.exception.parse_error.101] " tag, made
@@ -400,6 +381,28 @@ std::string json_quoted(const std::string& text, std::string_view what) {
 }
 
 }  // namespace
+
+std::string_view safetensors_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
+  }
+  fail("internal error: dtype {} has no safetensors name", static_cast<int>(dtype));
+}
 
 std::string printable_name(std::string_view name) {
   constexpr size_t kMaxShown = 200;

@@ -112,6 +112,10 @@ class SafetensorsFile {
 // control characters escaped as \xNN, names over 200 bytes shortened.
 std::string printable_name(std::string_view name);
 
+// The dtype's name in the safetensors format ("F32", "BF16", "I8", ...),
+// the inverse of dtype_from_safetensors.
+std::string_view safetensors_dtype_name(DType dtype);
+
 // Writes host tensors to `path` as safetensors in the layout the reference
 // writer uses: header padded with spaces to a multiple of 8 bytes, tensors
 // stored back to back without gaps, larger element types first, so that every
