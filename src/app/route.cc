@@ -33,6 +33,7 @@
 #include "app/http_flags.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "router/autoscaler.h"
 #include "router/dns_discovery.h"
 #include "router/replica_registry.h"
 #include "router/route_server.h"
@@ -75,6 +76,10 @@ struct RouteFlags {
   int breaker_half_open_successes = 2;
   std::string workflows;
   std::string workflow_state_dir;
+  // Autoscaled pools (router/autoscaler.h), and how long a request without
+  // a tenant waits for one of them that has no ready replica.
+  std::vector<std::string> autoscale;
+  double cold_start_timeout = 300;
 };
 
 // --tokenizer [NAME=]DIR: the tokenizer of the model NAME (default: the
@@ -216,6 +221,16 @@ void run_route(const RouteFlags& f) {
   std::vector<router::DnsTarget> dns_targets;
   for (const std::string& text : f.replica_dns)
     dns_targets.push_back(router::parse_dns_target(text, "--replica-dns"));
+  BASALT_CHECK(f.cold_start_timeout >= 0.1 && f.cold_start_timeout <= 86400,
+               "--cold-start-timeout must be in [0.1, 86400] seconds");
+  std::vector<router::AutoscaleConfig> autoscale;
+  for (const std::string& text : f.autoscale) {
+    router::AutoscaleConfig c = router::parse_autoscale(text, "--autoscale");
+    for (const router::AutoscaleConfig& other : autoscale)
+      BASALT_CHECK(other.pool != c.pool, "--autoscale: {} is autoscaled twice",
+                   c.pool.empty() ? std::string("the pool of every replica") : "pool " + c.pool);
+    autoscale.push_back(std::move(c));
+  }
   router::BreakerOptions breaker;
   breaker.failures_to_open = f.breaker_failures;
   breaker.open_for = std::chrono::milliseconds(static_cast<int64_t>(f.breaker_open_seconds * 1000));
@@ -232,6 +247,17 @@ void run_route(const RouteFlags& f) {
             std::any_of(dns_targets.begin(), dns_targets.end(),
                         [&](const router::DnsTarget& t) { return t.labels.pool == f.home_pool; }),
         "--home-pool {}: no replica is labelled pool={}", f.home_pool, f.home_pool);
+  }
+  for (const router::AutoscaleConfig& c : autoscale) {
+    if (c.pool.empty()) continue;
+    const auto snapshot = registry.snapshot();
+    BASALT_CHECK(
+        std::any_of(snapshot->replicas.begin(), snapshot->replicas.end(),
+                    [&](const router::Replica& r) { return r.spec.pool == c.pool; }) ||
+            std::any_of(dns_targets.begin(), dns_targets.end(),
+                        [&](const router::DnsTarget& t) { return t.labels.pool == c.pool; }),
+        "--autoscale pool={}: no replica (--replica, --replica-file or --replica-dns) is labelled pool={}", c.pool,
+        c.pool);
   }
 
   sigset_t signals;
@@ -268,6 +294,8 @@ void run_route(const RouteFlags& f) {
   options.assumed_prefill_rate = f.assumed_prefill_rate;
   options.tokenizers = read_tokenizers(f.tokenizers);
   options.tokenizer_threads = f.tokenizer_threads;
+  options.autoscale = autoscale;
+  options.cold_start_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.cold_start_timeout * 1000));
   BASALT_CHECK(options.tokenizers.empty() || options.policy == router::Policy::kCacheAware,
                "--tokenizer is for --policy cache-aware (it reads the replicas' KV events to route by cached prefix)");
   // Workflows are read before any thread starts: a bad definition stops
@@ -457,6 +485,17 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--breaker-half-open-successes", f.breaker_half_open_successes,
                   "Trial requests that must succeed in a row to close a half-open breaker; one failure opens it "
                   "again (default 2)");
+  cmd->add_option("--autoscale", f.autoscale,
+                  "An autoscaled pool: 'pool=NAME metric=concurrency|queue_time|ttft_p95 target=X min=N max=N "
+                  "up_after=30s down_after=5m' (every key optional; no pool: every replica; defaults concurrency, "
+                  "target 8 requests per replica, min 1, max 8, 30s, 5m; a metric in seconds needs its target). Its "
+                  "desired replica count (raised after up_after above 1.1 x target, lowered one step per down_after "
+                  "below 0.7 x target, at least 1 while requests wait at zero) is on /metrics "
+                  "(basalt_route_desired_replicas) and GET /v1/autoscale, evaluated every --metrics-interval; a "
+                  "request for it with no ready replica waits here until one is (repeatable, one per pool)");
+  cmd->add_option("--cold-start-timeout", f.cold_start_timeout,
+                  "Seconds a request without a tenant waits for an autoscaled pool with no ready replica before "
+                  "its 503 (a tenant's waits its class's queue_deadline_ms) (default 300)");
   cmd->add_option("--workflows", f.workflows,
                   "A workflow definition (JSON, docs/WORKFLOWS.md) or a directory of them (*.json): run by "
                   "POST /v1/workflows/NAME/runs, their steps routed over the replicas; re-read on SIGHUP");

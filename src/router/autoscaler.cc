@@ -83,8 +83,8 @@ AutoscaleConfig parse_autoscale(std::string_view text, std::string_view where) {
     const std::string_view value = item.substr(eq + 1);
     BASALT_CHECK(seen.insert(std::string(key)).second, "{} '{}': {} is given twice", where, text, key);
     if (key == "pool") {
-      BASALT_CHECK(valid_placement_name(value), "{} '{}': pool '{}' is not a pool name (1-64 letters, digits, '-', '_' or '.')",
-                   where, text, value);
+      BASALT_CHECK(valid_placement_name(value),
+                   "{} '{}': pool '{}' is not a pool name (1-64 letters, digits, '-', '_' or '.')", where, text, value);
       c.pool = std::string(value);
     } else if (key == "metric") {
       if (value == "concurrency")

@@ -109,4 +109,11 @@ int64_t QueuedTokens::of(const std::string& pool) const {
   return it == tokens_.end() ? 0 : it->second;
 }
 
+int64_t QueuedTokens::total() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (const auto& [pool, tokens] : tokens_) n += tokens;
+  return n;
+}
+
 }  // namespace basalt::router

@@ -85,6 +85,7 @@ class QueuedTokens {
   void add(const std::string& pool, int64_t tokens);
   void remove(const std::string& pool, int64_t tokens);
   int64_t of(const std::string& pool) const;
+  int64_t total() const;  // over every pool
 
  private:
   mutable std::mutex mu_;

@@ -7,6 +7,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <chrono>
+#include <cmath>
+#include <deque>
 #include <fmt/format.h>
 #include <iterator>
 #include <map>
@@ -16,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "core/log.h"
 #include "server/http_auth.h"
 #include "server/openai_protocol.h"
@@ -30,7 +33,7 @@ using Clock = std::chrono::steady_clock;
 // The path as the gateway names it in metrics and logs.
 std::string route_of(const std::string& path) {
   static const char* kKnown[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
-                                 "/health",         "/ready",               "/metrics",   "/version"};
+                                 "/health",         "/ready",               "/metrics",   "/version",  "/v1/autoscale"};
   for (const char* k : kKnown)
     if (path == k) return k;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -232,6 +235,59 @@ struct RouteServer::Admission : std::enable_shared_from_this<Admission> {
   }
 };
 
+// The autoscaled pools' policies (router/autoscaler.h), evaluated on a
+// timer, and what their last evaluation decided.
+struct RouteServer::Autoscaling : std::enable_shared_from_this<Autoscaling> {
+  struct PoolStatus {
+    AutoscaleConfig config;
+    int64_t ready = 0;
+    int64_t desired = 0;
+    int64_t waiting = 0;
+    double observed = 0;
+    std::string reason;
+  };
+  std::vector<PoolAutoscaler> scalers;  // under mu
+  std::function<void()> evaluate;       // the server's: one evaluation of every pool, under mu
+  std::chrono::milliseconds interval;
+  std::mutex mu;  // held while evaluating, so stop() waits for an evaluation in progress; guards the timer
+  bool stopped = false;
+  boost::asio::steady_timer timer;
+  mutable std::mutex status_mu;  // guards status
+  std::vector<PoolStatus> status;
+
+  Autoscaling(boost::asio::io_context& io, std::chrono::milliseconds every) : interval(every), timer(io) {}
+
+  void run_once() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!stopped) evaluate();
+  }
+  void start() {
+    std::lock_guard<std::mutex> lock(mu);
+    arm();
+  }
+  void arm() {  // under mu
+    timer.expires_after(interval);
+    timer.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      if (ec) return;
+      const auto self = weak.lock();
+      if (!self) return;
+      std::lock_guard<std::mutex> lock(self->mu);
+      if (self->stopped) return;
+      self->evaluate();
+      self->arm();
+    });
+  }
+  void stop() {
+    std::lock_guard<std::mutex> lock(mu);
+    stopped = true;
+    timer.cancel();
+  }
+  std::vector<PoolStatus> last() const {
+    std::lock_guard<std::mutex> lock(status_mu);
+    return status;
+  }
+};
+
 namespace {
 
 // Seconds, counted per bucket of kLatencyBounds (and past the last).
@@ -290,6 +346,36 @@ struct RouteServer::Shared {
   // The prompts' estimated tokens, an EWMA over completions and chats (0
   // before the first): what a replica's waiting request is taken to hold.
   std::atomic<double> average_prompt_tokens{0};
+  // Answered requests' seconds to the first byte over the last kTtftWindow,
+  // by the pool label of the replica that sent it (the autoscaler's
+  // ttft_p95), at most kTtftSamples per pool.
+  static constexpr std::chrono::seconds kTtftWindow{60};
+  static constexpr size_t kTtftSamples = 4096;
+  std::map<std::string, std::deque<std::pair<Clock::time_point, double>>> recent_ttft;
+
+  void note_ttft(const std::string& pool, double seconds, Clock::time_point now) {  // under mu
+    auto& samples = recent_ttft[pool];
+    samples.emplace_back(now, seconds);
+    while (!samples.empty() && (samples.size() > kTtftSamples || samples.front().first < now - kTtftWindow))
+      samples.pop_front();
+  }
+  // The 95th percentile of the window's samples of `pool` (empty: every
+  // pool); 0 without any.
+  double ttft_p95(const std::string& pool, Clock::time_point now) {
+    std::vector<double> values;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& [name, samples] : recent_ttft) {
+        if (!pool.empty() && name != pool) continue;
+        for (const auto& [at, seconds] : samples)
+          if (at >= now - kTtftWindow) values.push_back(seconds);
+      }
+    }
+    if (values.empty()) return 0;
+    const size_t k = static_cast<size_t>(std::ceil(0.95 * static_cast<double>(values.size()))) - 1;
+    std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(k), values.end());
+    return values[k];
+  }
 
   void note_prompt(int64_t tokens) {
     constexpr double kWeight = 0.05;  // of the newest prompt
@@ -338,6 +424,8 @@ RouteServer::RouteServer(ReplicaRegistry& registry, boost::asio::io_context& cli
       shared_(std::make_shared<Shared>()),
       prefixes_(options_.prefix) {
   shared_->log_requests = options_.log_requests;
+  for (const AutoscaleConfig& c : options_.autoscale)  // before anything starts
+    BASALT_CHECK(autoscaled(c.pool) == &c, "autoscaling: pool '{}' is given twice", c.pool);
   if (options_.health_checks) {
     health_ = std::make_unique<HealthChecker>(registry_, client_io, options_.health);
     health_->start();
@@ -347,7 +435,15 @@ RouteServer::RouteServer(ReplicaRegistry& registry, boost::asio::io_context& cli
     scraper_->start();
   }
   admission_ = std::make_shared<Admission>(client_io);
-  if (options_.tenants != nullptr) admission_->start();
+  // Its 50 ms pump also lets requests held for a pool scaled to zero go.
+  if (options_.tenants != nullptr || !options_.autoscale.empty()) admission_->start();
+  if (!options_.autoscale.empty()) {
+    autoscaling_ = std::make_shared<Autoscaling>(client_io, options_.scrape.interval);
+    for (const AutoscaleConfig& c : options_.autoscale) autoscaling_->scalers.emplace_back(c);
+    autoscaling_->evaluate = [this] { evaluate_pools(); };
+    autoscaling_->run_once();
+    autoscaling_->start();
+  }
   if (options_.policy == Policy::kCacheAware && !options_.tokenizers.empty()) {
     tokenizer_pool_ = std::make_unique<boost::asio::thread_pool>(std::max(1, options_.tokenizer_threads));
     KvEventsOptions events = options_.kv_events;
@@ -363,6 +459,7 @@ RouteServer::~RouteServer() {
     tokenizer_pool_->join();
   }
   if (kv_events_) kv_events_->stop();
+  if (autoscaling_) autoscaling_->stop();
   admission_->stop();
   if (health_) health_->stop();
   if (scraper_) scraper_->stop();
@@ -484,7 +581,8 @@ bool RouteServer::first_choice_saturated(const Routing& routing) {
   const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
   const auto now = Clock::now();
   const std::vector<const Replica*> replicas = candidates(*snapshot, routing, {}, now);
-  if (replicas.empty()) return false;  // the proxy answers that
+  // None: an autoscaled pool wakes (scale from zero); otherwise the proxy answers that.
+  if (replicas.empty()) return autoscaled(routing.home_pool) != nullptr;
   uint64_t turn = 0;
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
@@ -494,7 +592,7 @@ bool RouteServer::first_choice_saturated(const Routing& routing) {
   // home goes as soon as an overflow pool qualifies.
   const std::vector<std::vector<const Replica*>> groups =
       by_pool(routing, choose_pool(routing, *snapshot, now).first, replicas);
-  if (groups.empty()) return false;
+  if (groups.empty()) return autoscaled(routing.home_pool) != nullptr;
   const std::vector<size_t> preferred = order(routing, groups.front(), turn, 0, now);
   return saturated(*groups.front()[preferred.front()]->state, now, options_.scrape);
 }
@@ -508,6 +606,20 @@ bool RouteServer::pool_saturated(const Routing& routing) {
   return !replicas.empty() && std::all_of(replicas.begin(), replicas.end(), [&](const Replica* r) {
     return saturated(*r->state, now, options_.scrape);
   });
+}
+
+const AutoscaleConfig* RouteServer::autoscaled(const std::string& pool) const {
+  for (const AutoscaleConfig& c : options_.autoscale)
+    if (c.pool == pool) return &c;
+  return nullptr;
+}
+
+bool RouteServer::held_for_zero(const Routing& routing) {
+  if (autoscaled(routing.home_pool) == nullptr) return false;
+  const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
+  const std::vector<std::vector<const Replica*>> groups =
+      by_pool(routing, routing.home_pool, candidates(*snapshot, routing, {}, Clock::now()));
+  return std::all_of(groups.begin(), groups.end(), [](const auto& group) { return group.empty(); });
 }
 
 std::shared_ptr<const Replica> RouteServer::pick(const Routing& routing, const std::vector<std::string>& tried) {
@@ -675,6 +787,12 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
     r.body = metrics_text();
     return answer(std::move(r));
   }
+  if (route == "/v1/autoscale") {
+    if (!need("GET")) return answer(json_error(405, "use GET or HEAD", "invalid_request_error"));
+    HttpResponse r;
+    r.body = autoscale_json();
+    return answer(std::move(r));
+  }
   if (route == "/v1/workflows") {
     if (!options_.workflows) return answer(json_error(404, "no workflows are loaded (--workflows)", "invalid_request_error"));
     return options_.workflows(request);
@@ -774,7 +892,14 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
     const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
     const bool known = std::any_of(snapshot->replicas.begin(), snapshot->replicas.end(),
                                    [&](const Replica& r) { return serves(r.spec, model); });
-    if (!known)
+    // An autoscaled pool scaled to zero lists no replica: which models it
+    // serves is known once one is ready.
+    const std::string& home = routing.home_pool;
+    const bool none_listed =
+        autoscaled(home) != nullptr &&
+        std::none_of(snapshot->replicas.begin(), snapshot->replicas.end(),
+                     [&](const Replica& r) { return home.empty() || r.spec.pool == home; });
+    if (!known && !none_listed)
       return answer(json_error(404, "the model '" + model + "' is not served here", "invalid_request_error", "model"));
   }
   if (tenant) {
@@ -785,11 +910,14 @@ HandlerResult RouteServer::handle(HttpRequest& request) {
       return answer(shared_->rejection(tenant->name, "saturated", 1));
     }
   }
-  return forward(request, route, std::move(routing), stream, queued ? &*tenant : nullptr, cost);
+  // A request for a model, whose autoscaled pool has no replica to take
+  // it now, waits for one (scale from zero).
+  const bool held = !queued && by_model && held_for_zero(routing);
+  return forward(request, route, std::move(routing), stream, queued ? &*tenant : nullptr, cost, held);
 }
 
 HandlerResult RouteServer::forward(HttpRequest& request, const std::string& route, Routing routing, bool stream,
-                                   const Tenant* queued_tenant, Cost cost) {
+                                   const Tenant* queued_tenant, Cost cost, bool held) {
   const std::string model = routing.model;
   const std::string tenant = routing.tenant;  // routing itself moves into pick below
   // A prompt to tokenize before the first pick: its producer does that first.
@@ -798,7 +926,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     return std::unique_ptr<ResponseProducer>(
         std::make_unique<TokenizingProducer>(*tokenizer_pool_, exact, std::move(producer)));
   };
-  const bool queued = queued_tenant != nullptr;
+  const bool queued = queued_tenant != nullptr || held;
   // The saturation gate reads the routing too.
   const Routing gate_routing = queued ? routing : Routing{};
   ProxyRequest p;
@@ -860,12 +988,14 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     std::mutex mu;
     double seconds = -1;
     std::string replica;
+    std::string pool;  // the replica's pool label
   };
   const auto first_byte = std::make_shared<FirstByte>();
   p.observe.first_byte = [first_byte, start = Clock::now()](const ReplicaSpec& replica) {
     std::lock_guard<std::mutex> lock(first_byte->mu);
     first_byte->seconds = std::chrono::duration<double>(Clock::now() - start).count();
     first_byte->replica = replica.id;
+    first_byte->pool = replica.pool;
   };
   p.observe.finished = [shared, route, request_log, book, tenant, queued, admission, cost, queue_s, placement,
                         first_byte, start = Clock::now()](int status, const std::vector<std::string>& tried,
@@ -873,11 +1003,12 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     shared->in_flight.fetch_sub(1);
     const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
     double ttft_s = -1;
-    std::string ttft_replica;
+    std::string ttft_replica, ttft_pool;
     {
       std::lock_guard<std::mutex> lock(first_byte->mu);
       ttft_s = first_byte->seconds;
       ttft_replica = first_byte->replica;
+      ttft_pool = first_byte->pool;
     }
     if (status >= 200 && status < 300 && !tried.empty()) {
       std::lock_guard<std::mutex> lock(shared->mu);
@@ -886,6 +1017,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
       if (ttft_s >= 0) {
         shared->replica_ttft[ttft_replica].add(ttft_s);
         if (!tenant.empty()) shared->tenant_ttft[tenant].add(ttft_s);
+        shared->note_ttft(ttft_pool, ttft_s, Clock::now());
       }
     }
     std::string pool, region;
@@ -932,22 +1064,31 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
   };
   AdmissionRequest entry;
   entry.tenant = tenant;
-  entry.class_name = queued_tenant->class_name;
-  entry.priority = queued_tenant->priority;
-  entry.weight = queued_tenant->weight;
-  entry.max_concurrency = queued_tenant->limits.max_concurrency;
-  entry.max_queued = queued_tenant->limits.max_queued;
-  entry.cost = cost.total();
-  entry.queue_deadline = std::chrono::milliseconds(queued_tenant->queue_deadline_ms);
-  entry.ready = [this, gate_routing] { return !first_choice_saturated(gate_routing); };
+  entry.cost = std::max<int64_t>(1, cost.total());
+  if (queued_tenant != nullptr) {
+    entry.class_name = queued_tenant->class_name;
+    entry.priority = queued_tenant->priority;
+    entry.weight = queued_tenant->weight;
+    entry.max_concurrency = queued_tenant->limits.max_concurrency;
+    entry.max_queued = queued_tenant->limits.max_queued;
+    entry.queue_deadline = std::chrono::milliseconds(queued_tenant->queue_deadline_ms);
+    entry.ready = [this, gate_routing] { return !first_choice_saturated(gate_routing); };
+  } else {
+    // Held for its pool (no tenant: class and tenant ""): it goes once a replica can take it.
+    entry.queue_deadline = options_.cold_start_timeout;
+    entry.ready = [this, gate_routing] { return !held_for_zero(gate_routing); };
+  }
   QueuedProducer::Hooks hooks;
   auto request_for_proxy = std::make_shared<ProxyRequest>(std::move(p));
   // Its tokens count in its home pool's EQT while it waits, once.
-  const auto unqueue = [queued_tokens = queued_tokens_, home_pool, tokens = cost.total(),
-                        left = std::make_shared<std::atomic<bool>>(false)] {
-    if (!left->exchange(true)) queued_tokens->remove(home_pool, tokens);
+  const auto unqueue = [queued_tokens = queued_tokens_, queued_requests = queued_requests_, home_pool,
+                        tokens = cost.total(), left = std::make_shared<std::atomic<bool>>(false)] {
+    if (left->exchange(true)) return;
+    queued_tokens->remove(home_pool, tokens);
+    queued_requests->remove(home_pool, 1);
   };
   queued_tokens_->add(home_pool, cost.total());
+  queued_requests_->add(home_pool, 1);
   hooks.submit = [admission = admission_, entry = std::move(entry), unqueue](AdmissionQueue::Decided decided,
                                                                              AdmissionQueue::Id* id) {
     auto refused = admission->queue.submit(entry, Clock::now(), std::move(decided), id);
@@ -969,8 +1110,20 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
     if (book != nullptr) book->started(tenant);
     return std::make_unique<ProxyProducer>(clients_, std::move(*request_for_proxy));
   };
-  hooks.refused = [shared, tenant, ended_unrun, unqueue](const AdmissionDecision& d) {
+  hooks.refused = [shared, tenant, ended_unrun, unqueue, home_pool,
+                   timeout_s = std::chrono::duration<double>(options_.cold_start_timeout).count()](
+                      const AdmissionDecision& d) {
     unqueue();
+    if (tenant.empty()) {  // held for its pool: none turned ready in time
+      HttpResponse r = json_error(
+          503,
+          fmt::format("no replica of {} became ready within {} s (the gateway's --cold-start-timeout)",
+                      home_pool.empty() ? std::string("the replicas") : "pool '" + home_pool + "'", timeout_s),
+          "server_error");
+      r.headers.emplace_back("Retry-After", std::to_string(d.retry_after_s));
+      ended_unrun(503, d.waited_s);
+      return r;
+    }
     HttpResponse r = shared->rejection(tenant, d.reason, d.retry_after_s);
     ended_unrun(429, d.waited_s);
     return r;
@@ -997,6 +1150,59 @@ void RouteServer::note_rejection(const TransportRejection& r) {
   if (shared_->log_requests) transport_rejection_line(r, route).emit();
 }
 
+void RouteServer::evaluate_pools() {
+  const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
+  const auto now = Clock::now();
+  std::vector<Autoscaling::PoolStatus> status;
+  for (PoolAutoscaler& scaler : autoscaling_->scalers) {
+    const AutoscaleConfig& c = scaler.config();
+    AutoscaleObservation o;
+    o.now_s = std::chrono::duration<double>(now.time_since_epoch()).count();
+    double load = 0;
+    for (const Replica& r : snapshot->replicas) {
+      if ((!c.pool.empty() && r.spec.pool != c.pool) || r.state->draining.load() || !r.state->healthy.load()) continue;
+      ++o.ready;
+      if (c.metric == AutoscaleMetric::kConcurrency)
+        load += static_cast<double>(load_of(*r.state, now, options_.scrape));
+    }
+    o.waiting = c.pool.empty() ? queued_requests_->total() : queued_requests_->of(c.pool);
+    switch (c.metric) {
+      case AutoscaleMetric::kConcurrency:
+        o.observed = (load + static_cast<double>(o.waiting)) / static_cast<double>(std::max<int64_t>(1, o.ready));
+        break;
+      case AutoscaleMetric::kQueueTime: o.observed = pool_eqt_ms(*snapshot, c.pool, now) / 1000; break;
+      case AutoscaleMetric::kTtftP95: o.observed = shared_->ttft_p95(c.pool, now); break;
+    }
+    const AutoscaleDecision d = scaler.observe(o);
+    status.push_back({c, o.ready, d.desired, o.waiting, o.observed, d.reason});
+  }
+  std::lock_guard<std::mutex> lock(autoscaling_->status_mu);
+  autoscaling_->status = std::move(status);
+}
+
+std::string RouteServer::autoscale_json() const {
+  nlohmann::json pools = nlohmann::json::array();
+  if (autoscaling_) {
+    for (const Autoscaling::PoolStatus& p : autoscaling_->last()) {
+      const AutoscaleConfig& c = p.config;
+      pools.push_back({{"pool", c.pool},
+                       {"metric", autoscale_metric_name(c.metric)},
+                       {"target", c.target},
+                       {"min", c.min_replicas},
+                       {"max", c.max_replicas},
+                       {"up_after_s", c.up_after_s},
+                       {"down_after_s", c.down_after_s},
+                       {"current", p.ready},
+                       {"desired", p.desired},
+                       // Not finite (a queue time with no replica): null.
+                       {"observed", std::isfinite(p.observed) ? nlohmann::json(p.observed) : nlohmann::json()},
+                       {"waiting", p.waiting},
+                       {"reason", p.reason}});
+    }
+  }
+  return nlohmann::json{{"pools", std::move(pools)}}.dump();
+}
+
 std::string RouteServer::metrics_text() const {
   PrometheusText out;
   const std::shared_ptr<const Snapshot> snapshot = registry_.snapshot();
@@ -1004,12 +1210,31 @@ std::string RouteServer::metrics_text() const {
   // its gate takes shared_->mu.
   const auto queue_depths = admission_->queue.depths();
   const auto queue_waits = admission_->queue.waits();
+  const std::vector<Autoscaling::PoolStatus> autoscaled_pools =
+      autoscaling_ ? autoscaling_->last() : std::vector<Autoscaling::PoolStatus>{};
   // The pools the listed replicas name, with their EQT (it reads shared_ too).
   std::map<std::string, double> pool_eqt_s;
   for (const Replica& r : snapshot->replicas)
     if (!r.spec.pool.empty() && !pool_eqt_s.count(r.spec.pool))
       pool_eqt_s[r.spec.pool] = pool_eqt_ms(*snapshot, r.spec.pool, Clock::now()) / 1000;
   std::lock_guard<std::mutex> lock(shared_->mu);
+  if (!autoscaled_pools.empty()) {
+    out.family("basalt_route_desired_replicas", "gauge",
+               "Replicas each autoscaled pool should have, by the gateway's autoscaler (docs/DEPLOY.md section 4; "
+               "pool \"\": every replica)");
+    for (const Autoscaling::PoolStatus& p : autoscaled_pools)
+      out.sample("basalt_route_desired_replicas", static_cast<double>(p.desired), {{"pool", p.config.pool}});
+    out.family("basalt_route_ready_replicas", "gauge",
+               "Replicas of each autoscaled pool that take requests now (listed, not draining, healthy)");
+    for (const Autoscaling::PoolStatus& p : autoscaled_pools)
+      out.sample("basalt_route_ready_replicas", static_cast<double>(p.ready), {{"pool", p.config.pool}});
+    out.family("basalt_route_autoscale_observed", "gauge",
+               "The metric each autoscaled pool is scaled by, as last observed (concurrency: requests per ready "
+               "replica; queue_time, ttft_p95: seconds)");
+    for (const Autoscaling::PoolStatus& p : autoscaled_pools)
+      out.sample("basalt_route_autoscale_observed", p.observed,
+                 {{"pool", p.config.pool}, {"metric", autoscale_metric_name(p.config.metric)}});
+  }
   out.family("basalt_route_pool_estimated_queue_seconds", "gauge",
              "Estimated queue time of each pool: tokens queued for it here and waiting in its replicas over their "
              "prefill rate (+Inf without a replica to take them)");

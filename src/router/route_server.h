@@ -72,6 +72,26 @@
 //  * One `request` log line per request (no text), when options.log_requests.
 //  * /v1/workflows and what is under it go to options.workflows after the
 //    API key check (404 without it).
+//  * Autoscaled pools (options.autoscale, router/autoscaler.h; docs/DEPLOY.md
+//    §4): every scrape.interval each one's PoolAutoscaler is fed the pool's
+//    ready replicas (listed, not draining, healthy), its metric (concurrency:
+//    the ready replicas' load as the policies read it, plus the requests
+//    queued here for the pool, per ready replica; queue_time: the pool's EQT
+//    in seconds; ttft_p95: the 95th percentile of this gateway's times to
+//    first byte of the pool's answered requests over the last 60 s, 0
+//    without any) and the requests queued for it; its decision is on
+//    /metrics (basalt_route_desired_replicas{pool}, _ready_replicas{pool},
+//    _autoscale_observed{pool,metric}) and GET /v1/autoscale (JSON per
+//    pool: current, desired, observed, target, metric, min, max, waiting,
+//    reason). A pool's requests are those whose home pool it is (the pool
+//    "" is every replica, the home of requests without one).
+//  * Scale from zero: a request whose home pool is autoscaled and has no
+//    replica that could take it now waits in the admission queue instead
+//    of failing: a tenant's for its class's queue_deadline_ms (its 429
+//    after), one without a tenant for options.cold_start_timeout (then 503
+//    with Retry-After), and goes as soon as one turns ready (checked every
+//    50 ms). Its model is not checked against the replicas while the pool
+//    has none listed (a pool scaled to zero lists none).
 //  * handle() never blocks and may be called from any I/O thread.
 #pragma once
 
@@ -85,6 +105,7 @@
 #include <vector>
 
 #include "router/admission.h"
+#include "router/autoscaler.h"
 #include "router/exact_prompt.h"
 #include "router/health.h"
 #include "router/kv_events_subscriber.h"
@@ -149,6 +170,10 @@ struct RouteServerOptions {
   std::function<HandlerResult(HttpRequest&)> workflows;
   // Appended to /metrics (the workflow runs' families).
   std::function<std::string()> extra_metrics;
+  // Autoscaled pools, at most one per pool (see above), and how long a
+  // request without a tenant waits for one of them that has no ready replica.
+  std::vector<AutoscaleConfig> autoscale;
+  std::chrono::milliseconds cold_start_timeout{300000};
 };
 
 class RouteServer {
@@ -163,6 +188,8 @@ class RouteServer {
   // A request the transport answered itself (413, 431, 400, 503).
   void note_rejection(const TransportRejection& rejection);
   std::string metrics_text() const;
+  // What the autoscaled pools' last evaluation decided, as GET /v1/autoscale answers it.
+  std::string autoscale_json() const;
 
   struct Shared;
 
@@ -221,8 +248,17 @@ class RouteServer {
   std::vector<size_t> order(const Routing& routing, const std::vector<const Replica*>& group, uint64_t turn,
                             uint64_t random, Clock::time_point now) const;
   bool pool_saturated(const Routing& routing);
+  // Feeds every autoscaled pool's policy one observation (under Autoscaling's lock).
+  void evaluate_pools();
+  // The autoscaler of `pool`, or null.
+  const AutoscaleConfig* autoscaled(const std::string& pool) const;
+  // Whether a request must wait for its autoscaled home pool to get a
+  // replica it can use (scale from zero).
+  bool held_for_zero(const Routing& routing);
+  // `queued_tenant`: a tenant's completion or chat, queued; else `held`: a
+  // request without one, queued until its pool has a replica.
   HandlerResult forward(HttpRequest& request, const std::string& route, Routing routing, bool stream,
-                        const Tenant* queued_tenant, Cost cost);
+                        const Tenant* queued_tenant, Cost cost, bool held);
 
   ReplicaRegistry& registry_;
   RouteServerOptions options_;
@@ -237,6 +273,10 @@ class RouteServer {
   std::shared_ptr<Admission> admission_;
   OverflowTracker overflow_;
   std::shared_ptr<QueuedTokens> queued_tokens_ = std::make_shared<QueuedTokens>();
+  // Requests queued, one each, per home pool (what the autoscaler counts).
+  std::shared_ptr<QueuedTokens> queued_requests_ = std::make_shared<QueuedTokens>();
+  struct Autoscaling;
+  std::shared_ptr<Autoscaling> autoscaling_;
   // Last: joined first, so no tokenization outlives what it starts.
   std::unique_ptr<boost::asio::thread_pool> tokenizer_pool_;
 };
