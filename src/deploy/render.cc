@@ -16,8 +16,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr double kDefaultDrainSeconds = 30;  // `basalt serve` and `basalt route`'s --drain-timeout
-// The HPA's limits on its behavior fields (autoscaling/v2 validation).
-constexpr double kMaxStabilizationSeconds = 3600;
+// The HPA's limit on a scaling policy's period (autoscaling/v2 validation).
 constexpr int kMaxPolicyPeriodSeconds = 1800;
 // The startup probe gives a replica this long to load and warm up before it
 // is restarted; cold starts are not measured yet (docs/DEPLOY.md section 5),
@@ -231,6 +230,9 @@ Json disruption_budget(const DeploymentSpec& spec, const RenderOptions& options,
       {"spec", {{"maxUnavailable", 1}, {"selector", {{"matchLabels", labels(spec, component)}}}}}};
 }
 
+// A number as a flag or YAML text takes it (0.5, 8).
+std::string number_text(double value) { return fmt::format("{}", value); }
+
 Json gateway_deployment(const DeploymentSpec& spec, const RenderOptions& options) {
   // The headless Service's name resolves to each ready replica.
   const std::string engine_dns =
@@ -251,6 +253,16 @@ Json gateway_deployment(const DeploymentSpec& spec, const RenderOptions& options
           {{"secretName", spec.tenants_secret},
            {"items", Json::array({{{"key", kTenantsKey}, {"path", kTenantsKey}}})}}}});
   }
+  // The gateways' autoscaler (docs/DEPLOY.md section 4), whose count KEDA or
+  // the HPA reads; it also makes them hold requests while no replica is ready.
+  if (spec.replicas.max > spec.replicas.min) {
+    const DeploymentSpec::Autoscaling& a = spec.autoscaling;
+    args.push_back("--autoscale");
+    args.push_back(fmt::format("metric={} target={} min={} max={} up_after={}s down_after={}s", a.metric,
+                               number_text(a.target), spec.replicas.min, spec.replicas.max,
+                               static_cast<int>(std::ceil(a.up_after_s)),
+                               static_cast<int>(std::ceil(a.down_after_s))));
+  }
   // The gateway's /ready needs a ready replica; a pool that scales to zero
   // keeps its gateways in the Service (they queue requests meanwhile), so
   // there readiness is /health.
@@ -268,7 +280,7 @@ Json gateway_deployment(const DeploymentSpec& spec, const RenderOptions& options
       {"lifecycle", pre_stop_sleep()},
       {"securityContext", container_security()},
       {"volumeMounts", mounts}};
-  Json pod = {// Its admission queue is part of the concurrency the autoscaler reads.
+  Json pod = {// Its basalt_route_desired_replicas is what the autoscaler reads.
               {"annotations",
                {{"prometheus.io/scrape", "true"},
                 {"prometheus.io/port", std::to_string(kGatewayPort)},
@@ -299,56 +311,32 @@ Json gateway_service(const DeploymentSpec& spec, const RenderOptions& options) {
                                         {"protocol", "TCP"}}})}}}};
 }
 
-// What the autoscaler reads, as a PromQL query over the replicas' (and for
-// concurrency the gateways') series, and how the HPA compares it with the
-// target: AverageValue divides it by the replica count first.
-struct ScalingMetric {
-  std::string query;
-  std::string external_name;  // the name a Prometheus adapter serves it under (docs/DEPLOY.md)
-  bool per_replica;           // AverageValue (true) or Value
-};
-
-ScalingMetric scaling_metric(const DeploymentSpec& spec, const RenderOptions& options) {
-  const std::string engine =
-      fmt::format("namespace=\"{}\",pod=~\"{}-.+\"", options.namespace_name, engine_name(spec));
-  const std::string gateway =
-      fmt::format("namespace=\"{}\",pod=~\"{}-.+\"", options.namespace_name, gateway_name(spec));
-  const std::string& metric = spec.autoscaling.metric;
-  if (metric == "concurrency")
-    // Requests running and waiting in the replicas plus those the gateways
-    // queue: the last is what wakes a pool scaled to zero. `or vector(0)`:
-    // no replica, no series, and the sum still counts the rest.
-    return {fmt::format("(sum(vllm:num_requests_running{{{0}}}) or vector(0)) + "
-                        "(sum(vllm:num_requests_waiting{{{0}}}) or vector(0)) + "
-                        "(sum(basalt_route_queue_depth{{{1}}}) or vector(0))",
-                        engine, gateway),
-            "basalt_engine_concurrency", true};
-  // An idle pool's 0/0 or empty histogram is NaN; `>= 0` drops it so that
-  // `or vector(0)` reads it as no wait.
-  if (metric == "queue_time")
-    return {fmt::format(
-                "((sum(rate(vllm:request_queue_time_seconds_sum{{{0}}}[1m])) / "
-                "sum(rate(vllm:request_queue_time_seconds_count{{{0}}}[1m]))) >= 0) or vector(0)",
-                engine),
-            "basalt_engine_queue_time_seconds", false};
-  return {
-      fmt::format("(histogram_quantile(0.95, sum by (le) "
-                  "(rate(vllm:time_to_first_token_seconds_bucket{{{0}}}[1m]))) >= 0) or vector(0)",
-                  engine),
-      "basalt_engine_ttft_p95_seconds", false};
+// What the autoscaler reads (docs/DEPLOY.md section 4): the replica count
+// the gateways' own autoscaler wants for the pool, the largest of theirs
+// (each sees every replica but only its own queue). As an AverageValue
+// against 1 per replica, the HPA's count is that number. No `or vector(0)`:
+// with no gateway series the scaler errs and keeps the count, where a 0
+// would empty the pool.
+std::string desired_replicas_query(const DeploymentSpec& spec, const RenderOptions& options) {
+  return fmt::format("max(basalt_route_desired_replicas{{namespace=\"{}\",pod=~\"{}-.+\"}})",
+                     options.namespace_name, gateway_name(spec));
 }
 
-// The HPA behavior both autoscalers use: add replicas once the metric has
-// been above target for up_after (doubling at most each 15 s), remove one
-// at a time once it has been below for down_after.
+// The name a Prometheus adapter serves that query under for the HPA (docs/DEPLOY.md).
+const char* const kDesiredReplicasMetric = "basalt_route_desired_replicas";
+
+// The HPA behavior both autoscalers use. The gateway's count has waited
+// up_after and down_after already, so no stabilization window holds it
+// again; replicas are added at most doubling each 15 s and removed one per
+// down_after (at most 30 minutes, the HPA's limit on a policy's period).
 Json scaling_behavior(const DeploymentSpec& spec) {
   const DeploymentSpec::Autoscaling& a = spec.autoscaling;
   return Json{
       {"scaleUp",
-       {{"stabilizationWindowSeconds", static_cast<int>(std::ceil(a.up_after_s))},
+       {{"stabilizationWindowSeconds", 0},
         {"policies", Json::array({{{"type", "Percent"}, {"value", 100}, {"periodSeconds", 15}}})}}},
       {"scaleDown",
-       {{"stabilizationWindowSeconds", static_cast<int>(std::ceil(a.down_after_s))},
+       {{"stabilizationWindowSeconds", 0},
         {"policies", Json::array({{{"type", "Pods"},
                                    {"value", 1},
                                    {"periodSeconds",
@@ -356,17 +344,11 @@ Json scaling_behavior(const DeploymentSpec& spec) {
                                              static_cast<int>(std::ceil(a.down_after_s)))}}})}}}};
 }
 
-std::string number_text(double value) { return fmt::format("{}", value); }
-
-// A Kubernetes quantity for the HPA's targets: whole numbers as they are,
-// others in thousandths (0.5 -> 500m).
-std::string quantity_text(double value) {
-  const long long milli = std::llround(value * 1000);
-  return milli % 1000 == 0 ? std::to_string(milli / 1000) : std::to_string(milli) + "m";
-}
+// KEDA waits this long after the gateways' count reaches 0 before taking
+// the last replica away: the count itself has waited down_after.
+constexpr int kKedaCooldownSeconds = 30;
 
 Json keda_scaled_object(const DeploymentSpec& spec, const RenderOptions& options) {
-  const ScalingMetric metric = scaling_metric(spec, options);
   return Json{
       {"apiVersion", "keda.sh/v1alpha1"},
       {"kind", "ScaledObject"},
@@ -376,25 +358,24 @@ Json keda_scaled_object(const DeploymentSpec& spec, const RenderOptions& options
          {{"apiVersion", "apps/v1"}, {"kind", "Deployment"}, {"name", engine_name(spec)}}},
         {"pollingInterval", 15},
         // Used by KEDA only for the last step, from one replica to zero.
-        {"cooldownPeriod", static_cast<int>(std::ceil(spec.autoscaling.down_after_s))},
+        {"cooldownPeriod", kKedaCooldownSeconds},
         {"minReplicaCount", spec.replicas.min},
         {"maxReplicaCount", spec.replicas.max},
         {"advanced", {{"horizontalPodAutoscalerConfig", {{"behavior", scaling_behavior(spec)}}}}},
         {"triggers", Json::array({{{"type", "prometheus"},
-                                   {"metricType", metric.per_replica ? "AverageValue" : "Value"},
+                                   {"metricType", "AverageValue"},
                                    {"metadata",
                                     {{"serverAddress", spec.autoscaling.prometheus},
-                                     {"query", metric.query},
-                                     {"threshold", number_text(spec.autoscaling.target)},
-                                     // From zero, the first request waiting wakes the pool.
-                                     {"activationThreshold", "0"}}}}})}}}};
+                                     {"query", desired_replicas_query(spec, options)},
+                                     {"threshold", "1"},
+                                     // From zero, the first request waiting in a gateway
+                                     // makes its count 1, which wakes the pool.
+                                     {"activationThreshold", "0"},
+                                     // No gateway series: an error (the count is kept), not 0.
+                                     {"ignoreNullValues", "false"}}}}})}}}};
 }
 
 Json hpa(const DeploymentSpec& spec, const RenderOptions& options) {
-  const ScalingMetric metric = scaling_metric(spec, options);
-  const std::string target = quantity_text(spec.autoscaling.target);
-  Json target_body = metric.per_replica ? Json{{"type", "AverageValue"}, {"averageValue", target}}
-                                        : Json{{"type", "Value"}, {"value", target}};
   return Json{{"apiVersion", "autoscaling/v2"},
               {"kind", "HorizontalPodAutoscaler"},
               {"metadata", metadata(spec, options, engine_name(spec), "engine")},
@@ -406,12 +387,12 @@ Json hpa(const DeploymentSpec& spec, const RenderOptions& options) {
                 {"metrics", Json::array({{{"type", "External"},
                                           {"external",
                                            {{"metric",
-                                             {{"name", metric.external_name},
+                                             {{"name", kDesiredReplicasMetric},
                                               {"selector",
                                                {{"matchLabels",
                                                  {{"namespace", options.namespace_name},
                                                   {"deployment", engine_name(spec)}}}}}}},
-                                            {"target", target_body}}}}})},
+                                            {"target", {{"type", "AverageValue"}, {"averageValue", "1"}}}}}}})},
                 {"behavior", scaling_behavior(spec)}}}};
 }
 
@@ -436,32 +417,12 @@ std::vector<SpecError> unrenderable(const DeploymentSpec& spec, const RenderOpti
                     "render` does not write yet (docs/DEPLOY.md step 5)",
                     spec.resources.nodes)});
   const bool autoscaled = spec.replicas.max > spec.replicas.min;
-  if (autoscaled && spec.replicas.min == 0) {
-    if (options.autoscaler == Autoscaler::kHpa)
-      errors.push_back(SpecError{
-          "replicas.min", 0,
-          "0 (scale to zero) needs --autoscaler keda: the HPA keeps at least one replica"});
-    else if (spec.autoscaling.metric != "concurrency")
-      errors.push_back(SpecError{
-          "replicas.min", 0,
-          fmt::format(
-              "0 (scale to zero) needs autoscaling.metric concurrency: {} is measured on running "
-              "replicas, so with none nothing would wake the pool",
-              spec.autoscaling.metric)});
-  }
-  if (autoscaled) {
-    for (const auto& [path, seconds] :
-         {std::pair<const char*, double>{"autoscaling.up_after", spec.autoscaling.up_after_s},
-          {"autoscaling.down_after", spec.autoscaling.down_after_s}})
-      if (seconds > kMaxStabilizationSeconds)
-        errors.push_back(
-            SpecError{path, 0,
-                      fmt::format("{} s: the autoscaler's stabilization window is at most {} s",
-                                  seconds, kMaxStabilizationSeconds)});
-    if (options.autoscaler == Autoscaler::kHpa && std::llround(spec.autoscaling.target * 1000) < 1)
-      errors.push_back(
-          SpecError{"autoscaling.target", 0, "below 0.001, it is not a quantity the HPA can hold"});
-  }
+  // Any metric may scale to zero: the gateways hold the first requests and
+  // count 1 for them (docs/DEPLOY.md section 4).
+  if (autoscaled && spec.replicas.min == 0 && options.autoscaler == Autoscaler::kHpa)
+    errors.push_back(SpecError{
+        "replicas.min", 0,
+        "0 (scale to zero) needs --autoscaler keda: the HPA keeps at least one replica"});
   return errors;
 }
 

@@ -10,7 +10,10 @@
 //    PodDisruptionBudget `NAME-gateway`, and, when replicas.max >
 //    replicas.min, the autoscaler `NAME-engine`: a KEDA ScaledObject
 //    (keda.sh/v1alpha1, Prometheus trigger) or an autoscaling/v2
-//    HorizontalPodAutoscaler on external metrics. Every object is in
+//    HorizontalPodAutoscaler on an external metric, both reading the
+//    gateways' basalt_route_desired_replicas (the largest) as an
+//    AverageValue against 1 per replica, without stabilization windows
+//    (the gateways' count has its hysteresis). Every object is in
 //    options.namespace and carries the labels app.kubernetes.io/name
 //    (basalt), instance (NAME) and component (engine, gateway).
 //  * What the spec cannot be rendered to is returned as errors (each with
@@ -18,8 +21,7 @@
 //    1 (a LeaderWorkerSet, docs/DEPLOY.md step 5, is not rendered yet), a
 //    --drain-timeout in engine.args that is not a number of seconds in
 //    (0, 86400], replicas.min 0 with the HPA (its minReplicas is at least
-//    1) or with a metric in seconds (no replica, no samples: nothing could
-//    wake the pool), and a namespace that is not a DNS label.
+//    1), and a namespace that is not a DNS label.
 //  * The engine pods run `basalt serve --host 0.0.0.0 --port P --model
 //    PATH ARGS` as user 10001 (the images' `basalt`) with a read-only root
 //    file system and a writable /tmp; their termination grace is the
@@ -29,7 +31,9 @@
 //    on /health.
 //  * The gateway runs `basalt route --replica-dns NAME-engine.NS.svc:PORT`:
 //    every ready replica, as the headless Service's DNS name lists them,
-//    with the tenants file from the Secret when one is named.
+//    with the tenants file from the Secret when one is named, and when
+//    autoscaled `--autoscale 'metric=M target=T min=N max=N up_after=Us
+//    down_after=Ds'` from the spec (its autoscaler; docs/DEPLOY.md section 4).
 //  * to_yaml(object) writes one YAML document (no `---`); strings that a
 //    YAML reader would take for a number, a boolean or null are quoted, so
 //    the text reads back as the same tree.

@@ -222,7 +222,7 @@ TEST(DeployRender, TheTenantsSecretIsMountedAndGivenToTheGateway) {
   EXPECT_EQ(container(plain)["args"].dump().find("tenants"), std::string::npos);
 }
 
-TEST(DeployRender, KedaScalesBetweenTheReplicaBoundsOnTheChosenMetric) {
+TEST(DeployRender, KedaScalesToTheCountTheGatewaysAutoscalerWants) {
   RenderOptions options;
   options.namespace_name = "serving";
   const std::vector<Json> objects = render_ok(kGpuSpec, options);
@@ -231,53 +231,44 @@ TEST(DeployRender, KedaScalesBetweenTheReplicaBoundsOnTheChosenMetric) {
   EXPECT_EQ(so["spec"]["scaleTargetRef"]["name"], "big-engine");
   EXPECT_EQ(so["spec"]["minReplicaCount"], 2);
   EXPECT_EQ(so["spec"]["maxReplicaCount"], 10);
+  EXPECT_EQ(so["spec"]["cooldownPeriod"], 30);
+  // The gateways' count has waited up_after and down_after already.
   const Json& behavior = so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"];
-  EXPECT_EQ(behavior["scaleUp"]["stabilizationWindowSeconds"], 45);
-  EXPECT_EQ(behavior["scaleDown"]["stabilizationWindowSeconds"], 600);
+  EXPECT_EQ(behavior["scaleUp"]["stabilizationWindowSeconds"], 0);
+  EXPECT_EQ(behavior["scaleDown"]["stabilizationWindowSeconds"], 0);
   EXPECT_EQ(behavior["scaleDown"]["policies"][0]["value"], 1);
+  EXPECT_EQ(behavior["scaleDown"]["policies"][0]["periodSeconds"], 600);
   const Json& trigger = so["spec"]["triggers"][0];
   EXPECT_EQ(trigger["type"], "prometheus");
-  EXPECT_EQ(trigger["metricType"], "Value");
+  EXPECT_EQ(trigger["metricType"], "AverageValue");
   EXPECT_EQ(trigger["metadata"]["serverAddress"], "http://prom.monitoring:9090");
-  EXPECT_EQ(trigger["metadata"]["threshold"], "0.5");
-  const std::string query = trigger["metadata"]["query"];
-  EXPECT_NE(
-      query.find(
-          "vllm:request_queue_time_seconds_sum{namespace=\"serving\",pod=~\"big-engine-.+\"}"),
-      std::string::npos)
-      << query;
+  EXPECT_EQ(trigger["metadata"]["threshold"], "1");
+  EXPECT_EQ(trigger["metadata"]["ignoreNullValues"], "false");
+  EXPECT_EQ(trigger["metadata"]["query"],
+            "max(basalt_route_desired_replicas{namespace=\"serving\",pod=~\"big-gateway-.+\"})");
+  // The gateways compute that count from the spec's metric, target, bounds and times.
+  const Json& args = container(find(objects, "Deployment", "big-gateway"))["args"];
+  const auto flag = std::find(args.begin(), args.end(), Json("--autoscale"));
+  ASSERT_NE(flag, args.end()) << args;
+  EXPECT_EQ(*(flag + 1), "metric=queue_time target=0.5 min=2 max=10 up_after=45s down_after=600s");
+  // A fixed size has no autoscaler, in Kubernetes or in the gateway.
+  const std::vector<Json> fixed = render_ok("name: a\nimage: img\nmodel: {path: /m}\nreplicas: {min: 2, max: 2}\n");
+  EXPECT_EQ(container(fixed[3])["args"].dump().find("--autoscale"), std::string::npos);
+  for (const Json& o : fixed) EXPECT_NE(o["kind"], "ScaledObject");
 
-  // Concurrency: per replica, over running, waiting and the gateways' queue.
-  std::string concurrency = kGpuSpec;
-  concurrency.replace(concurrency.find("metric: queue_time"), 18, "metric: concurrency");
-  const Json so2 = render_ok(concurrency).back();
-  EXPECT_EQ(so2["spec"]["triggers"][0]["metricType"], "AverageValue");
-  const std::string q2 = so2["spec"]["triggers"][0]["metadata"]["query"];
-  for (const char* part :
-       {"vllm:num_requests_running{", "vllm:num_requests_waiting{",
-        "basalt_route_queue_depth{namespace=\"default\",pod=~\"big-gateway-.+\"}"})
-    EXPECT_NE(q2.find(part), std::string::npos) << part << " in " << q2;
-  std::string ttft = kGpuSpec;
-  ttft.replace(ttft.find("metric: queue_time"), 18, "metric: ttft_p95");
-  const std::string q3 = render_ok(ttft).back()["spec"]["triggers"][0]["metadata"]["query"];
-  EXPECT_NE(
-      q3.find(
-          "histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{"),
-      std::string::npos)
-      << q3;
-
-  // Scale to zero on concurrency.
-  const Json zero =
-      render_ok("name: a\nimage: img\nmodel: {path: /m}\nreplicas: {min: 0, max: 3}\n").back();
-  EXPECT_EQ(zero["spec"]["minReplicaCount"], 0);
-  EXPECT_EQ(zero["spec"]["triggers"][0]["metadata"]["activationThreshold"], "0");
-  // The gateway stays in its Service while no replica is ready.
-  const Json zero_gateway =
-      render_ok("name: a\nimage: img\nmodel: {path: /m}\nreplicas: {min: 0, max: 3}\n")[3];
-  EXPECT_EQ(container(zero_gateway)["readinessProbe"]["httpGet"]["path"], "/health");
+  // Scale to zero, on any metric: the gateways hold the first requests and count 1 for them.
+  for (const char* autoscaling : {"", "autoscaling: {metric: ttft_p95, target: 1}\n"}) {
+    const std::string yaml = std::string("name: a\nimage: img\nmodel: {path: /m}\nreplicas: {min: 0, max: 3}\n") +
+                             autoscaling;
+    const std::vector<Json> zero = render_ok(yaml);
+    EXPECT_EQ(zero.back()["spec"]["minReplicaCount"], 0);
+    EXPECT_EQ(zero.back()["spec"]["triggers"][0]["metadata"]["activationThreshold"], "0");
+    // The gateway stays in its Service while no replica is ready.
+    EXPECT_EQ(container(zero[3])["readinessProbe"]["httpGet"]["path"], "/health");
+  }
 }
 
-TEST(DeployRender, TheHpaReadsExternalMetricsWithQuantityTargets) {
+TEST(DeployRender, TheHpaReadsTheGatewaysCountAsAnExternalMetric) {
   RenderOptions options;
   options.autoscaler = Autoscaler::kHpa;
   const std::vector<Json> objects = render_ok(kGpuSpec, options);
@@ -288,14 +279,9 @@ TEST(DeployRender, TheHpaReadsExternalMetricsWithQuantityTargets) {
   EXPECT_EQ(hpa["spec"]["scaleTargetRef"]["kind"], "Deployment");
   const Json& metric = hpa["spec"]["metrics"][0];
   EXPECT_EQ(metric["type"], "External");
-  EXPECT_EQ(metric["external"]["metric"]["name"], "basalt_engine_queue_time_seconds");
-  EXPECT_EQ(metric["external"]["target"], (Json{{"type", "Value"}, {"value", "500m"}}));
-  EXPECT_EQ(hpa["spec"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"], 45);
-  std::string concurrency = kGpuSpec;
-  concurrency.replace(concurrency.find("metric: queue_time"), 18, "metric: concurrency");
-  concurrency.replace(concurrency.find("target: 0.5"), 11, "target: 8");
-  EXPECT_EQ(render_ok(concurrency, options).back()["spec"]["metrics"][0]["external"]["target"],
-            (Json{{"type", "AverageValue"}, {"averageValue", "8"}}));
+  EXPECT_EQ(metric["external"]["metric"]["name"], "basalt_route_desired_replicas");
+  EXPECT_EQ(metric["external"]["target"], (Json{{"type", "AverageValue"}, {"averageValue", "1"}}));
+  EXPECT_EQ(hpa["spec"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"], 0);
 }
 
 TEST(DeployRender, WhatCannotBeRenderedIsRefusedWithItsField) {
@@ -314,18 +300,12 @@ TEST(DeployRender, WhatCannotBeRenderedIsRefusedWithItsField) {
       {base + "resources: {gpu: {count: 1}, nodes: 2}\n", keda, "default", "resources.nodes",
        "LeaderWorkerSet"},
       {base + "replicas: {min: 0, max: 2}\n", hpa, "default", "replicas.min", "--autoscaler keda"},
-      {base + "replicas: {min: 0, max: 2}\nautoscaling: {metric: ttft_p95, target: 1}\n", keda,
-       "default", "replicas.min", "metric concurrency"},
       {base + "engine: {args: [--drain-timeout, soon]}\n", keda, "default", "engine.args[0]",
        "--drain-timeout 'soon'"},
       {base + "engine: {args: [--drain-timeout]}\n", keda, "default", "engine.args[0]",
        "not seconds"},
       {base + "engine: {args: [--drain-timeout=-1]}\n", keda, "default", "engine.args[0]",
        "not seconds"},
-      {base + "replicas: {min: 1, max: 2}\nautoscaling: {down_after: 2h}\n", keda, "default",
-       "autoscaling.down_after", "at most 3600"},
-      {base + "replicas: {min: 1, max: 2}\nautoscaling: {target: 0.0001}\n", hpa, "default",
-       "autoscaling.target", "quantity"},
       {base, keda, "Serving", "--namespace", "DNS label"},
   };
   for (const Case& c : cases) {

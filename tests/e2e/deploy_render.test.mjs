@@ -12,6 +12,7 @@ import { readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { documents, validateObject } from './k8s_schemas.mjs';
 import { exampleSpec, scratch, unrenderable, variant, variants } from './deploy_variants.mjs';
+import { startGateway } from './server.mjs';
 
 function binary() {
   const path = process.env.BASALT_BINARY;
@@ -40,6 +41,35 @@ for (const [name, { spec, namespace, autoscaler }] of Object.entries(variants)) 
     for (const object of objects) assert.equal(object.metadata.namespace, namespace);
   });
 }
+
+// The gateway's --autoscale as rendered is a flag `basalt route` takes: it
+// starts (and the autoscaler's count it exports is the one KEDA's query reads).
+test('every rendered gateway autoscaler is one basalt route starts with', async () => {
+  let checked = 0;
+  for (const [name, { spec, namespace, autoscaler }] of Object.entries(variants)) {
+    const r = render(spec, ['--namespace', namespace, '--autoscaler', autoscaler]);
+    assert.equal(r.status, 0, r.stderr);
+    const gateway = documents(r.stdout).find((o) => o.kind === 'Deployment' && o.metadata.name.endsWith('-gateway'));
+    const args = gateway.spec.template.spec.containers[0].args;
+    const at = args.indexOf('--autoscale');
+    if (name === 'fixed_size') {
+      assert.equal(at, -1, args.join(' '));
+      continue;
+    }
+    assert.ok(at > 0, `${name}: ${args.join(' ')}`);
+    const started = await startGateway(['--replica', 'http://127.0.0.1:9', '--autoscale', args[at + 1],
+      '--no-request-log']);
+    const pools = (await (await fetch(`${started.baseURL}/v1/autoscale`)).json()).pools;
+    const metrics = await (await fetch(`${started.baseURL}/metrics`)).text();
+    await started.stop();
+    assert.equal(pools.length, 1, name);
+    assert.match(args[at + 1], new RegExp(`metric=${pools[0].metric} target=${pools[0].target} ` +
+      `min=${pools[0].min} max=${pools[0].max} `), name);
+    assert.match(metrics, /^basalt_route_desired_replicas\{pool=""\} \d+$/m, name);
+    checked += 1;
+  }
+  assert.equal(checked, Object.keys(variants).length - 1);
+});
 
 test('the rendered YAML keeps strings strings and numbers numbers', () => {
   const [engine] = documents(render(exampleSpec).stdout);

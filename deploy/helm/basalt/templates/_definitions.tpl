@@ -132,13 +132,5 @@ lifecycle:
 {{- end -}}
 {{- if and (include "basalt.autoscaled" .) (eq (int .Values.replicas.min) 0) -}}
 {{- if eq .Values.autoscaler "hpa" }}{{ fail "replicas.min: 0 (scale to zero) needs autoscaler keda: the HPA keeps at least one replica" }}{{ end -}}
-{{- if ne .Values.autoscaling.metric "concurrency" }}{{ fail "replicas.min: 0 (scale to zero) needs autoscaling.metric concurrency" }}{{ end -}}
-{{- end -}}
-{{- if include "basalt.autoscaled" . -}}
-{{- range $field := list "up_after" "down_after" -}}
-{{- if gt (int (include "basalt.seconds" (get $.Values.autoscaling $field))) 3600 -}}
-{{- fail (printf "autoscaling.%s: the autoscaler's stabilization window is at most 3600 s" $field) -}}
-{{- end -}}
-{{- end -}}
 {{- end -}}
 {{- end }}
