@@ -193,9 +193,9 @@ AutoscaleDecision PoolAutoscaler::observe(const AutoscaleObservation& o) {
   } else {
     d.reason = fmt::format("{}: within {} to {} x target: holding", values, kDownFactor, kUpFactor);
   }
-  if (o.waiting > 0 && ready == 0 && *desired_ < 1) {
-    desired_ = 1;
-    d.reason = fmt::format("{} request(s) wait with no replica ready: scaling from zero", o.waiting);
+  if (o.waiting > 0 && ready == 0) {
+    desired_ = std::max<int64_t>(*desired_, 1);
+    d.reason = fmt::format("{} request(s) wait with no replica ready: scaling from zero to {}", o.waiting, *desired_);
   }
   if (before && *desired_ != *before) {
     // Both times restart here: the next raise needs up_after more, the next step down down_after more.

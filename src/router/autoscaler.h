@@ -41,8 +41,8 @@
 //    and 1.1 × target desired stays and both times end.
 //  * Scale from zero: while requests wait in the gateway for the pool and
 //    no replica of it is ready, desired is at least 1 at once (no
-//    up_after: those requests wait for it), whatever the metric says; max
-//    is at least 1, so this always holds.
+//    up_after: those requests wait for it), whatever the metric says, and
+//    the reason says so; max is at least 1, so this always holds.
 #pragma once
 
 #include <cstdint>

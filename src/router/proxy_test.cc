@@ -814,6 +814,83 @@ TEST_F(Gateway, TenantsQueueWhileTheReplicaIsSaturated) {
     EXPECT_NE(ran.find(present), std::string::npos) << present << " " << ran;
 }
 
+// What GET /v1/autoscale says of the one autoscaled pool, once `ready` holds (10 s at most).
+nlohmann::json autoscaled_pool_once(const std::function<std::string()>& get,
+                                    const std::function<bool(const nlohmann::json&)>& ready) {
+  nlohmann::json pool;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < until) {
+    pool = nlohmann::json::parse(get())["pools"][0];
+    if (ready(pool)) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  return pool;
+}
+
+TEST_F(Gateway, ATenantsRequestWaitsForItsAutoscaledPoolToGetAReadyReplica) {
+  FakeReplica& a = named("a");
+  TenantBook book;
+  book.set(parse_tenants(R"({"classes": {"live": {"priority": 1, "queue_deadline_ms": 10000}},
+                             "tenants": {"acme": {"keys": ["sk-acme"], "class": "live", "pool": "gpu"}}})",
+                         "test"));
+  RouteServerOptions options;
+  options.tenants = &book;
+  options.scrape.interval = 20ms;  // the autoscaler's evaluations (no scrapes here)
+  AutoscaleConfig gpu;
+  gpu.pool = "gpu";
+  gpu.min_replicas = 0;
+  gpu.max_replicas = 2;
+  options.autoscale = {gpu};
+  start_gateway({a.url() + " pool=gpu"}, options);
+  registry_.snapshot()->replicas[0].state->healthy.store(false);  // loading: its probes fail
+  const std::vector<std::pair<std::string, std::string>> acme = {{"Authorization", "Bearer sk-acme"}};
+  auto pending = std::async(std::launch::async, [&] { return call("POST", "/v1/completions", kCompletion, acme); });
+  const auto get = [&] { return call("GET", "/v1/autoscale", {}, acme).body; };
+  const nlohmann::json waking = autoscaled_pool_once(get, [](const nlohmann::json& p) { return p["waiting"] == 1; });
+  EXPECT_EQ(waking["pool"], "gpu");
+  EXPECT_EQ(waking["current"], 0);
+  EXPECT_EQ(waking["desired"], 1) << waking;
+  EXPECT_NE(waking["reason"].get<std::string>().find("scaling from zero"), std::string::npos) << waking;
+  EXPECT_EQ(completions(a), 0u);  // nothing went to the replica that is not ready
+  registry_.snapshot()->replicas[0].state->healthy.store(true);
+  const Reply served = pending.get();
+  EXPECT_EQ(served.head->status, 200);
+  EXPECT_EQ(served.body, R"({"from":"a"})");
+  const nlohmann::json after =
+      autoscaled_pool_once(get, [](const nlohmann::json& p) { return p["current"] == 1 && p["waiting"] == 0; });
+  EXPECT_EQ(after["current"], 1) << after;
+  EXPECT_EQ(after["waiting"], 0) << after;
+  const std::string m = metrics_as("sk-acme");
+  EXPECT_NE(m.find(R"(basalt_route_desired_replicas{pool="gpu"} 1)"), std::string::npos) << m;
+  EXPECT_NE(m.find(R"(basalt_route_ready_replicas{pool="gpu"} 1)"), std::string::npos) << m;
+}
+
+TEST_F(Gateway, ARequestForAPoolThatListsNoReplicaWaitsUntilOneIsListed) {
+  FakeReplica& a = named("a");
+  RouteServerOptions options;
+  options.scrape.interval = 20ms;
+  AutoscaleConfig every;  // pool "": every replica, the home of requests without one
+  every.min_replicas = 0;
+  options.autoscale = {every};
+  options.cold_start_timeout = 10s;
+  start_gateway({a.url()}, options);
+  const std::vector<ReplicaSpec> listed = {parse_replica(a.url(), "test")};
+  registry_.set_allowing_none({});  // scaled to zero: DNS lists nothing
+  // Its model cannot be checked against no replica: it waits rather than 404.
+  auto pending = std::async(std::launch::async, [&] { return call("POST", "/v1/completions", kCompletion); });
+  const auto get = [&] { return call("GET", "/v1/autoscale").body; };
+  const nlohmann::json waking = autoscaled_pool_once(get, [](const nlohmann::json& p) { return p["waiting"] == 1; });
+  EXPECT_EQ(waking["desired"], 1) << waking;
+  EXPECT_EQ(waking["current"], 0);
+  registry_.set(listed);
+  const Reply served = pending.get();
+  EXPECT_EQ(served.head->status, 200);
+  EXPECT_EQ(served.body, R"({"from":"a"})");
+  // A route that is not for a model is not held.
+  registry_.set_allowing_none({});
+  EXPECT_EQ(call("GET", "/v1/models").head->status, 503);
+}
+
 TEST_F(Gateway, AClientGoneWhileQueuedLeavesTheQueueWithItsTokensBack) {
   const auto waiting = std::make_shared<std::atomic<int>>(9);
   FakeReplica& a = metered("a", waiting);
