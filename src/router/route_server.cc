@@ -1064,7 +1064,7 @@ HandlerResult RouteServer::forward(HttpRequest& request, const std::string& rout
   };
   AdmissionRequest entry;
   entry.tenant = tenant;
-  entry.cost = std::max<int64_t>(1, cost.total());
+  entry.cost = cost.total();
   if (queued_tenant != nullptr) {
     entry.class_name = queued_tenant->class_name;
     entry.priority = queued_tenant->priority;
