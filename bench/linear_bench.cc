@@ -1,4 +1,6 @@
-// Speed of CpuBackend::linear at decode (1 token) and prefill (64 tokens)
+// Speed of CpuBackend::linear (bf16, f32 weights) and linear_int (int8 and
+// int4 codes with f16 scales per 32 columns, core/int_weights.h) at decode
+// (1 token) and prefill (64 tokens)
 // batch sizes on Llama-3.2-1B's projection shapes, next to the two ceilings
 // that matter: the machine's memory read bandwidth (decode streams every
 // weight once per token; measured per row as the time to stream the same
@@ -174,6 +176,31 @@ struct Row {
   double blas_s = 0.0, blas_gflops = 0.0;
 };
 
+// Enough distinct copies of an integer-format weight (codes and scales) to
+// make every call cold.
+std::vector<LinearWeight> int_weight_copies(const Tensor& w32, int bits) {
+  const IntWeightLayout l{bits, 32, w32.dim(1)};
+  const int64_t rows = w32.dim(0);
+  LinearWeight q;
+  q.int_layout = l;
+  q.weight = Tensor::empty({rows, l.code_columns()}, bits == 8 ? DType::kI8 : DType::kU8);
+  q.scales = Tensor::empty({rows, l.scale_columns()}, DType::kF16);
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_int_row(l, w32.data<const float>() + r * l.in_features, q.weight.data<uint8_t>() + r * l.code_columns(),
+                     q.scales.data<uint16_t>() + r * l.scale_columns());
+  const size_t bytes = q.weight.nbytes() + q.scales.nbytes();
+  std::vector<LinearWeight> out;
+  for (size_t i = 0; i < std::max<size_t>(2, (kColdBytes + bytes - 1) / bytes); ++i) {
+    LinearWeight c = q;
+    c.weight = Tensor::empty(q.weight.shape(), q.weight.dtype());
+    c.scales = Tensor::empty(q.scales.shape(), q.scales.dtype());
+    std::memcpy(c.weight.raw(), q.weight.raw(), q.weight.nbytes());
+    std::memcpy(c.scales.raw(), q.scales.raw(), q.scales.nbytes());
+    out.push_back(c);
+  }
+  return out;
+}
+
 // Enough distinct copies of a weight matrix to make every call cold.
 std::vector<Tensor> weight_copies(const Tensor& w) {
   const size_t copies = std::max<size_t>(2, (kColdBytes + w.nbytes() - 1) / w.nbytes());
@@ -201,7 +228,8 @@ void print_table(const std::vector<Row>& rows) {
                blas);
   }
   fmt::print(
-      "\nGB/s counts weight bytes read. 'of BW' is the time to merely stream the same number\n"
+      "\nGB/s counts weight bytes read (int8/int4: codes and f16 scales per 32 columns).\n"
+      "'of BW' is the time to merely stream the same number\n"
       "of bytes (all threads, measured in turns with the op) over the op's time: the share of\n"
       "the decode ceiling reached. 'vs sgemm' is OpenBLAS time / our time on the same shape\n"
       "(>1: ours is faster); sgemm always runs on f32 weights.\n");
@@ -231,21 +259,30 @@ int run(bool quick) {
     for (int64_t i = 0; i < w32.numel(); ++i) w32.data<float>()[i] = normal(rng);
     Tensor w16 = Tensor::empty({s.outs, s.in}, DType::kBF16);
     backend.copy(w32, w16);
-    for (DType dtype : {DType::kBF16, DType::kF32}) {
-      const std::vector<Tensor> weights = weight_copies(dtype == DType::kBF16 ? w16 : w32);
+    for (const std::string format : {"bf16", "f32", "int8", "int4"}) {
+      const bool ints = format.starts_with("int");
+      const DType dtype = format == "bf16" ? DType::kBF16 : DType::kF32;
+      const std::vector<Tensor> weights = ints ? std::vector<Tensor>{} : weight_copies(dtype == DType::kBF16 ? w16 : w32);
+      const std::vector<LinearWeight> int_weights = ints ? int_weight_copies(w32, format == "int8" ? 8 : 4)
+                                                         : std::vector<LinearWeight>{};
+      const size_t bytes = ints ? int_weights[0].weight.nbytes() + int_weights[0].scales.nbytes() : weights[0].nbytes();
       for (int64_t tokens : {int64_t{1}, int64_t{64}}) {
         Tensor x = Tensor::empty({tokens, s.in}, DType::kF32);
         for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = normal(rng) * 50.0f;
         Tensor out = Tensor::empty({tokens, s.outs}, DType::kF32);
-        std::vector<std::function<void(int)>> fns = {
-            [&](int rep) { backend.linear(x, weights[rep % weights.size()], nullptr, out); }};
+        std::vector<std::function<void(int)>> fns;
+        if (ints) {
+          fns.push_back([&](int rep) { backend.linear_int(x, int_weights[rep % int_weights.size()], nullptr, out); });
+        } else {
+          fns.push_back([&](int rep) { backend.linear(x, weights[rep % weights.size()], nullptr, out); });
+        }
 #if defined(BASALT_BENCH_OPENBLAS)
         // sgemm on f32 weights: next to f32 at both batch sizes, and next to
         // bf16 at 64 tokens, where both are compute bound.
         std::vector<Tensor> f32_copies;
         Tensor blas_out = Tensor::empty({tokens, s.outs}, DType::kF32);
-        if (dtype == DType::kF32 || tokens == 64) {
-          f32_copies = dtype == DType::kF32 ? weights : weight_copies(w32);
+        if ((format == "f32") || tokens == 64) {
+          f32_copies = format == "f32" ? weights : weight_copies(w32);
           fns.push_back([&](int rep) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tokens),
                         static_cast<int>(s.outs), static_cast<int>(s.in), 1.0f, x.data<float>(),
@@ -257,19 +294,18 @@ int run(bool quick) {
           });
         }
 #endif
-        const size_t bytes = weights[0].nbytes();
         fns.push_back([&](int rep) { probe.read(bytes, rep); });
         const std::vector<double> seconds = median_seconds(fns, min_seconds, 5);
         const double flops = 2.0 * tokens * s.in * s.outs;
-        Row row{s.what, tokens, std::string(dtype_name(dtype)), seconds[0],
-                weights[0].nbytes() / seconds[0] / 1e9, flops / seconds[0] / 1e9};
+        Row row{s.what, tokens, format, seconds[0], static_cast<double>(bytes) / seconds[0] / 1e9,
+                flops / seconds[0] / 1e9};
         row.read_s = seconds.back();
         if (seconds.size() > 2) {
           row.blas_s = seconds[1];
           row.blas_gflops = flops / row.blas_s / 1e9;
         }
         rows.push_back(row);
-        fmt::print(stderr, "  measured {} T={} {}\n", s.what, tokens, dtype_name(dtype));
+        fmt::print(stderr, "  measured {} T={} {}\n", s.what, tokens, format);
       }
     }
   }

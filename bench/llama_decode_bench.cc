@@ -1,11 +1,14 @@
 // Decode and prefill speed of a random-weight model with Llama-3.2-1B's shape
-// on the CPU backend, next to the weight-bandwidth floor.
+// on the CPU backend, in bf16 and in the int8 and int4 formats of `basalt
+// quantize` (f16 scales per 32 columns), next to the weight-bandwidth floor.
 //
 //   basalt_bench_llama_decode [--layers N] [--prompt N] [--tokens N]
 //
 // The checkpoint (bf16, ~2.5 GB for the full 16 layers) is written to a
 // temporary directory, loaded through the same path `basalt generate` uses,
-// and deleted afterwards. Decode reads every weight once per token, so
+// and deleted afterwards, with its int8 and int4 copies (quantize_checkpoint,
+// as `basalt quantize` writes them; the tied lm_head becomes an integer head
+// of its own). Decode reads every weight once per token, so
 // tokens/s can be at most (memory read bandwidth) / (weight bytes); the
 // bandwidth is measured in the same run with a multi-threaded streaming read.
 // Figures are the best of two timed runs after a warm-up run.
@@ -19,11 +22,13 @@
 #include <atomic>
 #include <unistd.h>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
+#include "model/quantize.h"
 #include "model/safetensors.h"
 #include "runtime/generator.h"
 #include "bench_util.h"
@@ -76,35 +81,54 @@ int main(int argc, char** argv) {
     write_safetensors((dir / "model.safetensors").string(), tensors);
   }
 
-  CpuBackend backend;
-  auto start = Clock::now();
-  auto model = load_model(dir.string(), backend);
-  const double load_s = seconds_since(start);
-
-  // Bytes of weights one decode step reads: every linear plus the (tied) head.
-  const double linear_bytes_per_layer =
-      2.0 * static_cast<double>(H * heads * D * 2 + H * kv_heads * D * 2 + 3 * H * I);
-  const double weight_bytes = layers * linear_bytes_per_layer + 2.0 * static_cast<double>(V * H);
+  struct Format {
+    const char* name;
+    std::filesystem::path dir;
+    double bytes_per_param;  // codes and scales
+  };
+  std::vector<Format> formats = {{"bf16", dir, 2.0}};
+  for (const auto& [name, format, bits] : {std::tuple{"int8", QuantFormat::kInt8, 8}, {"int4", QuantFormat::kInt4, 4}}) {
+    QuantizeOptions options;
+    options.format = format;
+    const auto out = dir.string() + "_" + name;
+    std::printf("quantizing to %s...\n", name);
+    std::fflush(stdout);
+    quantize_checkpoint(dir.string(), out, options);
+    formats.push_back({name, out, bits / 8.0 + 2.0 / 32.0});
+  }
 
   std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
   for (int i = 0; i < prompt_len; ++i) prompt[static_cast<size_t>(i)] = (i * 7919 + 13) % static_cast<int>(V);
+  // Parameters one decode step reads: every linear plus the head.
+  const double params = layers * static_cast<double>(H * heads * D * 2 + H * kv_heads * D * 2 + 3 * H * I) +
+                        static_cast<double>(V * H);
 
-  const GenerationTiming timing = time_generation(*model, backend, prompt, decode_tokens);
-  const double prefill_s = timing.prefill_s, decode_s = timing.decode_s;
-
+  CpuBackend backend;
+  struct Result {
+    double load_s, prefill_tps, decode_tps, weight_bytes;
+  };
+  std::vector<Result> results;
+  for (const Format& f : formats) {
+    auto start = Clock::now();
+    auto model = load_model(f.dir.string(), backend);
+    const double load_s = seconds_since(start);
+    const GenerationTiming timing = time_generation(*model, backend, prompt, decode_tokens);
+    results.push_back({load_s, prompt_len / timing.prefill_s, decode_tokens / timing.decode_s, params * f.bytes_per_param});
+  }
   const double bandwidth = measure_read_bandwidth();
-  const double decode_tps = decode_tokens / decode_s;
-  const double floor_tps = bandwidth * 1e9 / weight_bytes;
-  std::printf("\nLlama-3.2-1B shape, %d layers, bf16 weights, %d threads (load %.1f s)\n", layers,
-              ThreadPool::global().size(), load_s);
-  std::printf("%-34s %12s\n", "measure", "value");
-  std::printf("prefill tokens/s (%d-token prompt) %12.1f\n", prompt_len, prompt_len / prefill_s);
-  std::printf("%-34s %12.2f\n", "decode tokens/s (batch 1)", decode_tps);
-  std::printf("%-34s %12.2f\n", "weight GB read per decode token", weight_bytes / 1e9);
-  std::printf("%-34s %12.1f\n", "achieved weight GB/s in decode", decode_tps * weight_bytes / 1e9);
-  std::printf("%-34s %12.1f\n", "measured read bandwidth GB/s", bandwidth);
-  std::printf("%-34s %12.2f\n", "bandwidth floor tokens/s", floor_tps);
-  std::printf("%-34s %12.2f\n", "decode / floor", decode_tps / floor_tps);
-  std::filesystem::remove_all(dir);
+
+  std::printf("\nLlama-3.2-1B shape, %d layers, %d threads, %d-token prompt, batch-1 decode\n", layers,
+              ThreadPool::global().size(), prompt_len);
+  std::printf("measured read bandwidth: %.1f GB/s\n", bandwidth);
+  std::printf("%-6s %8s %12s %12s %10s %10s %12s %12s\n", "format", "load s", "prefill t/s", "decode t/s",
+              "GB/token", "floor t/s", "decode/floor", "decode/bf16");
+  for (size_t i = 0; i < formats.size(); ++i) {
+    const Result& r = results[i];
+    const double floor_tps = bandwidth * 1e9 / r.weight_bytes;
+    std::printf("%-6s %8.1f %12.1f %12.2f %10.2f %10.2f %12.2f %12.2f\n", formats[i].name, r.load_s, r.prefill_tps,
+                r.decode_tps, r.weight_bytes / 1e9, floor_tps, r.decode_tps / floor_tps,
+                r.decode_tps / results[0].decode_tps);
+  }
+  for (const Format& f : formats) std::filesystem::remove_all(f.dir);
   return 0;
 }

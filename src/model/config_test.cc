@@ -89,6 +89,31 @@ void expect_error(const json& j, const std::string& needle) {
   }
 }
 
+TEST(ModelConfig, ReadsTheIntegerWeightFormat) {
+  json j = llama_config();
+  EXPECT_EQ(ModelConfig::from_json(j, "config.json").int_weights.bits, 0);
+  j["quantization_config"] = {{"quant_method", "basalt-int"}, {"bits", 4}, {"group_size", 64}};
+  ModelConfig c = ModelConfig::from_json(j, "config.json");
+  EXPECT_EQ(c.int_weights.bits, 4);
+  EXPECT_EQ(c.int_weights.group_for(2048), 64);
+  j["quantization_config"] = {{"quant_method", "basalt-int"}, {"bits", 8}, {"group_size", -1}};
+  c = ModelConfig::from_json(j, "config.json");
+  EXPECT_EQ(c.int_weights.bits, 8);
+  EXPECT_EQ(c.int_weights.group_for(2048), 2048);  // one scale per row
+
+  for (const json& bad : {json{{"quant_method", "basalt-int"}, {"bits", 6}, {"group_size", 32}},
+                          json{{"quant_method", "basalt-int"}, {"bits", 8}, {"group_size", 48}},
+                          json{{"quant_method", "basalt-int"}, {"bits", 8}, {"group_size", 0}},
+                          json{{"quant_method", "basalt-int"}, {"bits", 8}}}) {
+    j["quantization_config"] = bad;
+    expect_error(j, "quantization_config");
+  }
+  j["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}};
+  expect_error(j, "quant_method 'awq' is not supported");
+  j["quantization_config"] = "int8";
+  expect_error(j, "quantization_config must be an object");
+}
+
 TEST(ModelConfig, RejectsBadInput) {
   json j = llama_config();
   j["num_key_value_heads"] = 5;

@@ -25,12 +25,12 @@ QuantizedRows& quantized_rows() {
   return rows;
 }
 
+#if defined(__AVX2__)
+
 // One weight row's f16 scales as f32, one per block of 32 columns.
 void block_scales_f32(const IntWeightLayout& l, const uint16_t* scales, float* out) {
   for (int64_t b = 0; b < l.blocks(); ++b) out[b] = f16_to_f32(scales[(b * kIntBlock) / l.group]);
 }
-
-#if defined(__AVX2__)
 
 // The 32 codes of block b of a weight row as signed bytes.
 template <int kBits>
