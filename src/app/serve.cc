@@ -2,7 +2,9 @@
 // engine, on the CPU or (--device cuda) the GPU backend.
 //
 // Lifecycle: the port is bound first, so /health answers and /ready says 503
-// while the model loads; then /ready turns 200. SIGTERM or SIGINT starts a
+// while the model loads; then /ready turns 200. Each phase of the start
+// (core/startup.h) logs a `startup` line with the seconds since the process
+// started, and /metrics carries them as basalt_engine_startup_seconds. SIGTERM or SIGINT starts a
 // drain: the listening socket closes, /ready answers 503, new generation
 // requests get 503, running ones finish until --drain-timeout, the rest are
 // cut off (a 503, or an error event on a stream, logged as cut by the
@@ -27,6 +29,7 @@
 #include "app/speculation_flags.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/startup.h"
 #include "model/config.h"
 #include "model/graphed_model.h"
 #include "model/model.h"
@@ -95,6 +98,7 @@ void run_serve(const ServeFlags& f) {
   BASALT_CHECK(f.policy == "lpm" || f.policy == "fcfs", "--schedule-policy must be lpm or fcfs");
   check_parallel_flags(f.parallel, f.device, f.speculation.algorithm);
   check_fp8_compute(f.fp8_compute, f.device);
+  start_startup_timeline();
   const std::string dir = model_dir_or_bundled(f.model);
   // The context limit is checked before the weights load, so a wrong flag
   // fails in a second.
@@ -137,6 +141,7 @@ void run_serve(const ServeFlags& f) {
     return HandlerResult{std::move(r), nullptr};
   });
   server.start();
+  mark_startup_phase("listening");
   log_lifecycle("listening",
                 {{"url", fmt::format("{}://{}:{}", http_scheme(f.http), f.http.host, server.port())}, {"model_dir", dir}});
 
@@ -192,6 +197,7 @@ void run_serve(const ServeFlags& f) {
           .add("seconds", w.seconds)
           .emit();
     }
+    mark_startup_phase("warmup");
   }
 
   ApiServerOptions api_options;
@@ -208,6 +214,8 @@ void run_serve(const ServeFlags& f) {
   api_options.reasoning_parser = f.reasoning_parser;
   ApiServer api_server(engine, tokenizer.tokenizer, tokenizer.config, api_options);
   api_server.set_connection_counter([&server] { return server.open_connections(); });
+  mark_startup_phase("ready");
+  api_server.set_startup_phases(startup_phases());
   api_server.set_ready(true);
   api.store(&api_server);
   LogLine("ready")
@@ -220,6 +228,7 @@ void run_serve(const ServeFlags& f) {
       .add("tool_call_parser", api_server.tool_call_parser())
       .add("api_keys", !keys.empty())
       .add("open_files", open_files)
+      .add("since_start_s", startup_phases().back().since_start_s)
       .emit();
 
   int signal_number = 0;

@@ -7,6 +7,7 @@
 
 #include "backend/communicator.h"
 #include "core/error.h"
+#include "core/startup.h"
 #include "model/checkpoint.h"
 #include "model/deepseek_v3.h"
 #include "model/dense.h"
@@ -87,6 +88,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
                                 .num_layers = config.num_layers},
                                dir)
           : Checkpoint::open(dir);
+  mark_startup_phase("mmap");
   std::unique_ptr<Model> model;
   switch (config.architecture) {
     case Architecture::kLlama:
@@ -96,7 +98,10 @@ std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
       BASALT_CHECK(!role.dp_attention,
                    "{}: DP attention is for DeepSeek's latent attention; a {} model runs tensor-parallel",
                    dir, config.model_type);
-      if (progress) checkpoint.prefetch(progress);
+      if (progress) {
+        checkpoint.prefetch(progress);
+        mark_startup_phase("read");
+      }
       model = load_dense_model(config, checkpoint, backend, role.group);
       break;
     case Architecture::kDeepseekV2:
@@ -108,6 +113,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
   }
   BASALT_CHECK(model != nullptr, "{}: unsupported architecture", dir);
   check_every_tensor_used(config, checkpoint);
+  mark_startup_phase("upload");
   return model;
 }
 

@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include "core/error.h"
+#include "core/startup.h"
 #include "runtime/generator.h"
 #include "runtime/logits_processor.h"
 #include "runtime/speculative.h"
@@ -114,9 +115,11 @@ LocalModelRunner::LocalModelRunner(Model& model, Backend& backend, int64_t kv_sl
   BASALT_CHECK(!draft_model || draft_model->config().vocab_size <= model.config().vocab_size,
                "speculative decoding: the draft model's vocabulary ({} tokens) is larger than the model's ({})",
                draft_model ? draft_model->config().vocab_size : 0, model.config().vocab_size);
+  mark_startup_phase("kv_cache");
   // Before the first step: a model that records work (CUDA graphs) does it
   // now, against this KV storage, rather than in the middle of serving.
   model_.prepare(kv_);
+  mark_startup_phase("graphs");
 }
 
 void LocalModelRunner::run(StepPlan& plan, StepResult& result) {

@@ -1310,6 +1310,7 @@ std::string ApiServer::metrics_text() const {
   in.in_flight = shared_->in_flight.load();
   in.open_connections = connections_ ? static_cast<int64_t>(connections_()) : 0;
   in.client_disconnects = shared_->client_disconnects.load();
+  in.startup_phases = startup_phases_;
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
     in.http_requests = shared_->http_requests;

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "core/startup.h"
 #include "runtime/engine.h"
 #include "server/chat_output_stream.h"
 #include "server/http_server.h"
@@ -90,6 +91,9 @@ class ApiServer {
   int64_t in_flight() const;
   // The transport's open connections, reported in /metrics.
   void set_connection_counter(std::function<size_t()> counter) { connections_ = std::move(counter); }
+  // When each phase of the process's start ended (core/startup.h), reported
+  // in /metrics; set before the server takes requests.
+  void set_startup_phases(std::vector<StartupPhase> phases) { startup_phases_ = std::move(phases); }
   std::string metrics_text() const;
   int64_t max_model_len() const { return max_model_len_; }
   // The tool-call format in use ("none" when calls stay text).
@@ -120,6 +124,7 @@ class ApiServer {
   std::atomic<bool> ready_{false};
   std::atomic<bool> draining_{false};
   std::function<size_t()> connections_;
+  std::vector<StartupPhase> startup_phases_;
   std::shared_ptr<Shared> shared_;
   int64_t created_ = 0;
   std::once_flag grammars_once_;

@@ -127,6 +127,12 @@ std::string render_metrics(const MetricsInput& in) {
               "vLLM-compatible (older name of vllm:inter_token_latency_seconds).", m.inter_token);
   w.histogram("vllm:e2e_request_latency_seconds", "vLLM-compatible: submit to finish.", m.end_to_end);
   w.histogram("vllm:request_queue_time_seconds", "vLLM-compatible: submit to first admission.", m.queue_time);
+  if (!in.startup_phases.empty()) {
+    w.family("basalt_engine_startup_seconds", "gauge",
+             "When each phase of the replica's start ended, in seconds since its process started.");
+    for (const StartupPhase& p : in.startup_phases)
+      w.value("basalt_engine_startup_seconds", p.since_start_s, {{"phase", p.name}});
+  }
   return w.take();
 }
 

@@ -13,7 +13,9 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "core/startup.h"
 #include "runtime/engine_metrics.h"
 
 namespace basalt {
@@ -25,6 +27,7 @@ struct MetricsInput {
   int64_t open_connections = 0;
   uint64_t client_disconnects = 0;
   std::map<std::pair<std::string, int>, uint64_t> http_requests;  // (route, status) -> count
+  std::vector<StartupPhase> startup_phases;  // basalt_engine_startup_seconds{phase}; none: no family
 };
 
 std::string render_metrics(const MetricsInput& in);

@@ -30,6 +30,7 @@ TEST(MetricsText, FamiliesHistogramsAndVllmNames) {
   in.engine.accepted_draft_tokens = 5;
   in.engine.accepted_by_position = {4, 1};
   in.http_requests[{"/v1/completions", 200}] = 7;
+  in.startup_phases = {{"listening", 0.03}, {"mmap", 0.05}, {"ready", 1.25}};
   const std::string text = render_metrics(in);
 
   std::set<std::string> typed, helped;
@@ -73,6 +74,12 @@ TEST(MetricsText, FamiliesHistogramsAndVllmNames) {
   EXPECT_EQ(samples["vllm:request_success_total{" + label + ",finished_reason=\"length\"}"], "6");
   EXPECT_EQ(samples["vllm:time_to_first_token_seconds_count{" + label + "}"], "3");
   EXPECT_EQ(samples["vllm:time_to_first_token_seconds_bucket{" + label + ",le=\"1\"}"], "2");
+  EXPECT_EQ(samples["basalt_engine_startup_seconds{" + label + ",phase=\"mmap\"}"], "0.05");
+  EXPECT_EQ(samples["basalt_engine_startup_seconds{" + label + ",phase=\"ready\"}"], "1.25");
+}
+
+TEST(MetricsText, NoStartupFamilyWithoutPhases) {
+  EXPECT_EQ(render_metrics(MetricsInput{}).find("basalt_engine_startup_seconds"), std::string::npos);
 }
 
 }  // namespace
