@@ -5,6 +5,8 @@
 // a burst, a concurrency limit, or a sweep over rates) from one thread, and
 // reports TTFT, ITL, TPOT, E2E, throughput, goodput and errors as a table,
 // JSON and an SVG picture, with the client's own CPU cost (src/loadgen/).
+// With --cold-start it measures instead how long `basalt serve` takes to
+// start (app/cold_start_bench.h).
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <cmath>
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "app/cold_start_bench.h"
 #include "app/commands.h"
 #include "app/model_dir.h"
 #include "core/error.h"
@@ -74,6 +77,11 @@ struct BenchFlags {
   std::string label;
   std::string workflow;
   std::string workflow_input = "{}";
+  bool cold_start = false;
+  int cold_start_runs = 5;
+  std::string cold_start_cache = "both";
+  bool json = false;
+  std::vector<std::string> serve_args;
 };
 
 double parse_rate(const std::string& text, const char* flag) {
@@ -202,7 +210,36 @@ void run_workflow_bench(const BenchFlags& f, const std::string& api_key) {
   }
 }
 
-void run_bench(const BenchFlags& f) {
+std::string api_key_of(const BenchFlags& f) {
+  if (!f.api_key.empty()) return f.api_key;
+  for (const char* env : {"BASALT_API_KEY", "OPENAI_API_KEY"})
+    if (const char* v = std::getenv(env); v != nullptr && *v != '\0') return v;
+  return {};
+}
+
+void run_bench(const BenchFlags& f, const CLI::App& cmd) {
+  if (f.cold_start) {
+    // The bench starts its own servers: the flags of a load test do not apply.
+    for (const char* load_flag : {"--base-url", "--workflow", "--sweep-rates", "--request-rate", "--dataset",
+                                  "--num-prompts", "--output-svg"})
+      BASALT_CHECK(cmd.count(load_flag) == 0, "--cold-start starts its own servers; {} is for a load test",
+                   load_flag);
+    ColdStartOptions o;
+    o.model = f.model;
+    o.runs = f.cold_start_runs;
+    o.cache = f.cold_start_cache;
+    o.serve_args = f.serve_args;
+    o.timeout_s = f.timeout;
+    o.api_key = api_key_of(f);
+    o.json = f.json;
+    o.output_json = f.output_json;
+    return run_cold_start_bench(o);
+  }
+  BASALT_CHECK(f.serve_args.empty(), "arguments after -- are `basalt serve`'s, for --cold-start (got '{}')",
+               f.serve_args.front());
+  BASALT_CHECK(!f.json && cmd.count("--cold-start-runs") == 0 && cmd.count("--cold-start-cache") == 0,
+               "--json, --cold-start-runs and --cold-start-cache are for --cold-start (a load test's JSON: "
+               "--output-json)");
   const std::string endpoint = f.endpoint;
   BASALT_CHECK(!endpoint.empty() && endpoint[0] == '/', "--endpoint '{}' must be a path starting with '/'", endpoint);
   const bool chat = endpoint.size() >= 17 && endpoint.compare(endpoint.size() - 17, 17, "/chat/completions") == 0;
@@ -230,13 +267,7 @@ void run_bench(const BenchFlags& f) {
   }
   BASALT_CHECK(f.burst_factor == 1 || f.burst_duration > 0, "--burst-factor needs --burst-duration");
 
-  std::string api_key = f.api_key;
-  if (api_key.empty())
-    for (const char* env : {"BASALT_API_KEY", "OPENAI_API_KEY"})
-      if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {
-        api_key = v;
-        break;
-      }
+  const std::string api_key = api_key_of(f);
 
   if (!f.workflow.empty()) return run_workflow_bench(f, api_key);
   const Url url = parse_url(f.base_url);
@@ -392,7 +423,17 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--workflow-input", f.workflow_input,
                   "The runs' input (--workflow): a JSON object, or a file holding one (default {})");
   cmd->add_flag("--insecure", f.insecure, "https: do not verify the server's certificate");
-  cmd->callback([flags] { run_bench(*flags); });
+  cmd->add_flag("--cold-start", f.cold_start,
+                "Measure `basalt serve`'s start instead: start it --cold-start-runs times on --model (arguments "
+                "after -- go to serve), time each start phase and the first request, and compare with reading "
+                "the weights at the disk's and the page cache's measured rates (--timeout: seconds to ready)");
+  cmd->add_option("--cold-start-runs", f.cold_start_runs, "--cold-start: starts per cache state (default 5)");
+  cmd->add_option("--cold-start-cache", f.cold_start_cache,
+                  "--cold-start: cold (the weights' pages dropped from the page cache before each start), warm, "
+                  "or both (default)");
+  cmd->add_flag("--json", f.json, "--cold-start: print the report as JSON instead of a table");
+  cmd->add_option("serve_args", f.serve_args, "--cold-start: after --, arguments for `basalt serve`");
+  cmd->callback([flags, cmd] { run_bench(*flags, *cmd); });
 }
 
 }  // namespace basalt

@@ -1,6 +1,8 @@
 // End to end: the real `basalt serve` on a free port, driven by the real
 // `basalt bench`, both as a user would run them (BASALT_BINARY); the JSON
-// report is checked against what was asked.
+// report is checked against what was asked. `basalt bench --cold-start`
+// starts its own servers: its report's shape is checked, and that every
+// run's phases are positive and in start order (no timing thresholds).
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -8,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -226,6 +229,119 @@ TEST(BenchE2E, Https) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.report["results"][0]["completed"], 4);
   EXPECT_EQ(r.report["results"][0]["output_tokens"], 16);
+}
+
+struct Command {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+Command run_command(const std::string& args) {
+  const fs::path dir = fs::temp_directory_path() / ("basalt_cold_start_e2e_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string command = std::string(BASALT_BINARY) + " " + args + " >" + (dir / "out").string() + " 2>" +
+                              (dir / "err").string();
+  const int status = std::system(command.c_str());
+  Command c{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
+  fs::remove_all(dir);
+  return c;
+}
+
+// Every run's phases: positive, in start order, ending with ready; the ones
+// every start of the bundled model on the CPU goes through are there.
+void expect_ordered_phases(const json& phases, const std::string& where) {
+  ASSERT_TRUE(phases.is_array() && !phases.empty()) << where;
+  const std::vector<std::string> order = {"listening", "mmap", "read", "upload", "kv_cache", "graphs", "warmup",
+                                          "ready"};
+  double previous = 0;
+  size_t previous_rank = 0;
+  std::vector<std::string> names;
+  for (const json& p : phases) {
+    const std::string name = p["phase"].get<std::string>();
+    const auto rank = static_cast<size_t>(std::find(order.begin(), order.end(), name) - order.begin());
+    ASSERT_LT(rank, order.size()) << where << ": unknown phase " << name;
+    EXPECT_TRUE(names.empty() || rank > previous_rank) << where << ": " << name << " out of order";
+    const double t = p["since_start_s"].get<double>();
+    EXPECT_GT(t, 0) << where << ": " << name;
+    EXPECT_GE(t, previous) << where << ": " << name;
+    previous = t;
+    previous_rank = rank;
+    names.push_back(name);
+  }
+  for (const char* needed : {"listening", "mmap", "upload", "kv_cache", "graphs", "ready"})
+    EXPECT_NE(std::find(names.begin(), names.end(), needed), names.end()) << where << ": no " << needed;
+  EXPECT_EQ(names.back(), "ready") << where;
+}
+
+TEST(ColdStartE2E, ReportsEveryRunsPhasesInOrderNextToTheFloor) {
+  const Command c = run_command("bench --cold-start --cold-start-runs 2 --json -- --no-request-log");
+  ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
+  const json r = json::parse(c.out, nullptr, false);
+  ASSERT_TRUE(r.is_object()) << c.out;
+  EXPECT_EQ(r["config"]["device"], "cpu");
+  EXPECT_EQ(r["config"]["serve_args"], json::array({"--no-request-log"}));
+  // The weights are the model's safetensors files.
+  uint64_t bytes = 0;
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(r["config"]["model"].get<std::string>()))
+    if (entry.path().extension() == ".safetensors") bytes += fs::file_size(entry.path()), ++files;
+  EXPECT_EQ(r["weights"]["bytes"], bytes);
+  EXPECT_EQ(r["weights"]["files"], files);
+  EXPECT_GT(r["rates"]["disk_read_bytes_per_s"].get<double>(), 0);
+  EXPECT_GT(r["rates"]["page_cache_read_bytes_per_s"].get<double>(), 0);
+  EXPECT_TRUE(r["rates"]["host_to_device_bytes_per_s"].is_null());
+  ASSERT_EQ(r["caches"].size(), 2u);
+  EXPECT_EQ(r["caches"][0]["cache"], "cold");
+  EXPECT_EQ(r["caches"][1]["cache"], "warm");
+  for (const json& cache : r["caches"]) {
+    const std::string name = cache["cache"].get<std::string>();
+    ASSERT_EQ(cache["runs"].size(), 2u) << name;
+    for (const json& run : cache["runs"]) {
+      expect_ordered_phases(run["phases"], name);
+      EXPECT_GT(run["ready_seen_s"].get<double>(), 0) << name;
+      EXPECT_GT(run["first_request_s"].get<double>(), 0) << name;
+      EXPECT_GE(run["cached_before"].get<double>(), 0) << name;
+      EXPECT_LE(run["cached_before"].get<double>(), 1) << name;
+    }
+    const json& median = cache["median"];
+    expect_ordered_phases(median["phases"], name + " median");
+    for (const json& p : median["phases"]) EXPECT_GE(p["took_s"].get<double>(), 0) << name;
+    EXPECT_GT(cache["floor_s"].get<double>(), 0) << name;
+    EXPECT_GT(median["ready_over_floor"].get<double>(), 0) << name;
+    EXPECT_EQ(median["ready_s"], median["ready_seen_s"]) << name;
+  }
+}
+
+TEST(ColdStartE2E, WarmupIsAPhaseAndTheTableNamesThePhases) {
+  const Command c = run_command("bench --cold-start --cold-start-runs 1 --cold-start-cache warm -- --warmup on "
+                                "--no-request-log");
+  ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
+  for (const char* text : {"warm end", "listening", "mmap", "warmup", "ready (client)/floor", "first request"})
+    EXPECT_NE(c.out.find(text), std::string::npos) << text << "\n" << c.out;
+  EXPECT_EQ(c.out.find("cold end"), std::string::npos) << c.out;
+}
+
+TEST(ColdStartE2E, BadArgumentsAndFailingServersAreClearErrors) {
+  Command c = run_command("bench --cold-start --cold-start-runs 0");
+  EXPECT_EQ(c.exit_code, 1);
+  EXPECT_NE(c.err.find("--cold-start-runs must be in [1, 1000]"), std::string::npos) << c.err;
+  c = run_command("bench --cold-start -- --port 9000");
+  EXPECT_EQ(c.exit_code, 1);
+  EXPECT_NE(c.err.find("--port is set by the bench"), std::string::npos) << c.err;
+  c = run_command("bench --cold-start --base-url http://127.0.0.1:1");
+  EXPECT_EQ(c.exit_code, 1);
+  EXPECT_NE(c.err.find("--base-url is for a load test"), std::string::npos) << c.err;
+  c = run_command("bench --cold-start --cold-start-cache lukewarm");
+  EXPECT_EQ(c.exit_code, 1);
+  EXPECT_NE(c.err.find("expected both, cold or warm"), std::string::npos) << c.err;
+  c = run_command("bench --num-prompts 1 -- --device cpu");
+  EXPECT_EQ(c.exit_code, 1);
+  EXPECT_NE(c.err.find("for --cold-start"), std::string::npos) << c.err;
+  // A server that stops at start: the bench fails with its log.
+  c = run_command("bench --cold-start --cold-start-runs 1 --cold-start-cache warm -- --max-running 0");
+  EXPECT_EQ(c.exit_code, 1);
+  EXPECT_NE(c.err.find("before it was ready"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("--max-running must be >= 1"), std::string::npos) << c.err;
 }
 
 }  // namespace

@@ -182,16 +182,6 @@ PhaseMedians collect(const ColdStartCache& cache) {
 
 double median_of(const std::vector<double>& v) { return summarize(v).median; }
 
-// The median ready time a cache state's runs reached: the server's own
-// ready phase, else (a server that exports no phases) the client's.
-double median_ready(const ColdStartCache& cache) {
-  const PhaseMedians m = collect(cache);
-  if (m.ended.contains("ready")) return median_of(m.ended.at("ready"));
-  std::vector<double> seen;
-  for (const ColdStartRun& r : cache.runs) seen.push_back(r.ready_seen_s);
-  return median_of(seen);
-}
-
 }  // namespace
 
 json ColdStartReport::to_json() const {
@@ -218,7 +208,7 @@ json ColdStartReport::to_json() const {
                         {"took_s", median_of(m.took.at(name))},
                         {"runs", m.ended.at(name).size()}});
     const double floor = floor_s(cache.cache == "cold");
-    const double ready = median_ready(cache);
+    const double ready = median_of(seen);
     caches_json.push_back({{"cache", cache.cache},
                            {"floor_s", floor},
                            {"runs", runs},
@@ -283,7 +273,7 @@ std::string ColdStartReport::table() const {
   row("ready (client)", [&](const json& c) { return cell(c["median"]["ready_seen_s"]); });
   row("first request", [&](const json& c) { return cell(c["median"]["first_request_s"]); });
   row("floor", [&](const json& c) { return cell(c["floor_s"]); });
-  row("ready / floor", [&](const json& c) {
+  row("ready (client)/floor", [&](const json& c) {
     const json& r = c["median"]["ready_over_floor"];
     return r.is_number() ? fmt::format("{:>9.1f}x", r.get<double>()) : fmt::format("{:>10}", "-");
   });

@@ -22,8 +22,9 @@
 //  * ColdStartReport holds the runs as measured; to_json() and table() add
 //    the medians (of each phase's end time, of the time spent in each phase
 //    since the one before, of the ready time seen by the client and of the
-//    first request's time) and the ratio of the median ready time to the
-//    floor. A phase missing from some runs has its median over the runs
+//    first request's time) and the ratio of the median ready time seen by
+//    the client to the floor (the client's clock is exact; the server's
+//    phases may be late by a clock tick, core/startup.h). A phase missing from some runs has its median over the runs
 //    that have it. table() prints seconds with 3 decimals.
 #pragma once
 
