@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <future>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -89,28 +90,30 @@ std::unique_ptr<Model> load_model(const std::string& dir, Backend& backend,
                                dir)
           : Checkpoint::open(dir);
   mark_startup_phase("mmap");
-  std::unique_ptr<Model> model;
-  switch (config.architecture) {
-    case Architecture::kLlama:
-    case Architecture::kMistral:
-    case Architecture::kQwen2:
-    case Architecture::kQwen3:
-      BASALT_CHECK(!role.dp_attention,
-                   "{}: DP attention is for DeepSeek's latent attention; a {} model runs tensor-parallel",
-                   dir, config.model_type);
-      if (progress) {
-        checkpoint.prefetch(progress);
-        mark_startup_phase("read");
-      }
-      model = load_dense_model(config, checkpoint, backend, role.group);
-      break;
-    case Architecture::kDeepseekV2:
-    case Architecture::kDeepseekV3:
-      // No prefetch: only the pages of the tensors a forward pass touches
-      // become resident (the MTP layer and idle experts cost nothing).
-      model = load_deepseek_model(config, checkpoint, backend, role);
-      break;
-  }
+  BASALT_CHECK(deepseek || !role.dp_attention,
+               "{}: DP attention is for DeepSeek's latent attention; a {} model runs tensor-parallel", dir,
+               config.model_type);
+  // The pages are read ahead on a thread of their own while the loader
+  // copies (to the GPU; on the CPU, a dense model's fused projections), so
+  // that reading from disk and copying overlap rather than add up: the
+  // copies find their pages read, or at least requested in large sequential
+  // reads instead of one page fault at a time. Not for a DeepSeek model on
+  // the CPU, which copies nothing: only the pages a forward pass touches
+  // become resident (the MTP layer and idle experts cost nothing). Of a
+  // group's ranks, a dense model's rank that reports progress (rank 0)
+  // reads, so the ranks do not each read the whole checkpoint; a DeepSeek
+  // rank of a group holds a share of the experts, and none reads ahead.
+  const bool copies_everything = !deepseek || backend.device() != Device::kCpu;
+  std::future<void> read_ahead;
+  if (copies_everything && (role.group == nullptr || (progress && !deepseek)))
+    read_ahead = std::async(std::launch::async, [&checkpoint, &progress] {
+      checkpoint.prefetch(progress);
+      mark_startup_phase("read");
+    });
+  // (If the load throws, the future's destructor waits for the thread.)
+  std::unique_ptr<Model> model = deepseek ? load_deepseek_model(config, checkpoint, backend, role)
+                                          : load_dense_model(config, checkpoint, backend, role.group);
+  if (read_ahead.valid()) read_ahead.get();
   BASALT_CHECK(model != nullptr, "{}: unsupported architecture", dir);
   check_every_tensor_used(config, checkpoint);
   mark_startup_phase("upload");
