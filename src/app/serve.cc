@@ -15,7 +15,9 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <memory>
+#include <optional>
 #include <pthread.h>
 #include <string>
 #include <thread>
@@ -145,10 +147,15 @@ void run_serve(const ServeFlags& f) {
   log_lifecycle("listening",
                 {{"url", fmt::format("{}://{}:{}", http_scheme(f.http), f.http.host, server.port())}, {"model_dir", dir}});
 
+  // The tokenizer (a large tokenizer.json takes a while to parse) loads on
+  // a thread of its own while the weights load; the engine needs it first.
+  // (A broken tokenizer is reported once the weights have loaded.)
+  std::future<TokenizerBundle> tokenizer_loading =
+      std::async(std::launch::async, [&dir] { return load_tokenizer_dir(dir); });
+  std::optional<TokenizerBundle> tokenizer_loaded;
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
   apply_fp8_compute(f.fp8_compute, backend);
-  TokenizerBundle tokenizer = load_tokenizer_dir(dir);
   EngineOptions options;
   options.max_running = f.max_running;
   options.step_token_budget = f.step_token_budget;
@@ -169,7 +176,8 @@ void run_serve(const ServeFlags& f) {
   if (f.parallel.dp_attention) {
     if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
     dp = DpAttentionEngines::load(dir, f.parallel);
-    dp.start(&tokenizer.tokenizer, options);
+    tokenizer_loaded.emplace(tokenizer_loading.get());
+    dp.start(&tokenizer_loaded->tokenizer, options);
     for (int r = 0; r < dp.engines->size(); ++r) engines.push_back(&dp.engines->engine(r));
   } else {
     const int graph_batch = f.enforce_eager ? 0 : std::min(f.max_running, 4096);
@@ -180,10 +188,12 @@ void run_serve(const ServeFlags& f) {
       model = make_graphed_model(std::move(model), backend, {.max_batch = graph_batch});
     // The KV budget is taken from what the weights left free.
     if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
-    single = std::make_unique<Engine>(*model, backend, &tokenizer.tokenizer, options);
+    tokenizer_loaded.emplace(tokenizer_loading.get());
+    single = std::make_unique<Engine>(*model, backend, &tokenizer_loaded->tokenizer, options);
     engines.push_back(single.get());
   }
   EngineClient& engine = single ? static_cast<EngineClient&>(*single) : *dp.engines;
+  const TokenizerBundle& tokenizer = *tokenizer_loaded;
 
   // The first work, before /ready: on a GPU, the kernels, GEMM plans and
   // memory the first requests would otherwise wait for (runtime/warmup.h).
