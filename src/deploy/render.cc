@@ -18,11 +18,12 @@ using Json = nlohmann::ordered_json;
 constexpr double kDefaultDrainSeconds = 30;  // `basalt serve` and `basalt route`'s --drain-timeout
 // The HPA's limit on a scaling policy's period (autoscaling/v2 validation).
 constexpr int kMaxPolicyPeriodSeconds = 1800;
-// The startup probe gives a replica this long to load and warm up before it
-// is restarted; cold starts are not measured yet (docs/DEPLOY.md section 5),
-// and loading an 8B model from a network volume takes minutes.
-constexpr int kStartupSeconds = 600;
 constexpr int kProbePeriodSeconds = 5;
+// The startup probe asks every second, so that a replica that starts in
+// well under a second (the bundled model on the CPU: docs/DEPLOY.md section
+// 5) is not kept out of its Service for a whole probe period; its budget is
+// engine.startup_timeout.
+constexpr int kStartupProbePeriodSeconds = 1;
 const char* const kGpuResource = "nvidia.com/gpu";
 const char* const kGpuProductLabel = "nvidia.com/gpu.product";
 const char* const kTenantsKey = "tenants.json";  // the Secret's key holding `--tenants-file`
@@ -177,7 +178,8 @@ Json engine_deployment(const DeploymentSpec& spec, const RenderOptions& options,
        Json::array({{{"name", "http"}, {"containerPort", spec.engine.port}, {"protocol", "TCP"}}})},
       {"resources", {{"requests", requests}, {"limits", limits}}},
       {"startupProbe",
-       http_probe("/ready", kProbePeriodSeconds, kStartupSeconds / kProbePeriodSeconds, 2)},
+       http_probe("/ready", kStartupProbePeriodSeconds,
+                  static_cast<int>(std::ceil(spec.engine.startup_timeout_s / kStartupProbePeriodSeconds)), 1)},
       {"readinessProbe", http_probe("/ready", kProbePeriodSeconds, 2, 2)},
       {"livenessProbe", http_probe("/health", 10, 3, 5)},
       {"lifecycle", pre_stop_sleep()},

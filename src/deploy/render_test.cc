@@ -129,9 +129,14 @@ TEST(DeployRender, ProbesDrainAndPreStopFollowTheDrainTimeout) {
   const Json& engine = find(objects, "Deployment", "big-engine");
   const Json& c = container(engine);
   EXPECT_EQ(c["startupProbe"]["httpGet"]["path"], "/ready");
-  EXPECT_GE(c["startupProbe"]["failureThreshold"].get<int>() *
-                c["startupProbe"]["periodSeconds"].get<int>(),
-            600);
+  // Asked every second, for engine.startup_timeout (default 10 minutes).
+  EXPECT_EQ(c["startupProbe"]["periodSeconds"], 1);
+  EXPECT_EQ(c["startupProbe"]["timeoutSeconds"], 1);
+  EXPECT_EQ(c["startupProbe"]["failureThreshold"], 600);
+  std::string short_start = kGpuSpec;
+  short_start.replace(short_start.find("  port: 9000\n"), 13, "  port: 9000\n  startup_timeout: 90.5s\n");
+  const std::vector<Json> quick = render_ok(short_start);
+  EXPECT_EQ(container(find(quick, "Deployment", "big-engine"))["startupProbe"]["failureThreshold"], 91);
   EXPECT_EQ(c["readinessProbe"]["httpGet"]["path"], "/ready");
   EXPECT_EQ(c["livenessProbe"]["httpGet"]["path"], "/health");
   EXPECT_EQ(c["livenessProbe"]["httpGet"]["port"], "http");

@@ -228,8 +228,9 @@ void read_model(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
 
 void read_engine(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
   const YAML::Node node = root["engine"];
-  if (!node.IsDefined() || node.IsNull() || !r.mapping(node, "engine", {"args", "port"})) return;
+  if (!node.IsDefined() || node.IsNull() || !r.mapping(node, "engine", {"args", "port", "startup_timeout"})) return;
   r.integer(node, "port", "engine.port", spec.engine.port, 1, 65535);
+  r.duration(node, "startup_timeout", "engine.startup_timeout", spec.engine.startup_timeout_s);
   const YAML::Node args = node["args"];
   if (!args.IsDefined() || args.IsNull()) return;
   if (!args.IsSequence()) {

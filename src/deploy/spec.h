@@ -19,7 +19,8 @@
 //    rendered manifests set themselves (--host, --port, --model) are refused.
 //  * Quantities (resources.cpu, resources.memory) follow Kubernetes'
 //    syntax (`4`, `500m`, `16Gi`, `1.5G`); durations (autoscaling.up_after,
-//    down_after) are a number with s, m or h (`30s`, `5m`).
+//    down_after, engine.startup_timeout) are a number with s, m or h (`30s`,
+//    `5m`), above 0 and at most a day.
 //  * autoscaling.prometheus is an http:// or https:// URL without
 //    whitespace, quotes or backslashes (it is written into a query's
 //    manifest verbatim).
@@ -40,6 +41,13 @@ struct DeploymentSpec {
   struct Engine {
     std::vector<std::string> args;
     int port = 8000;
+    // How long a replica may take from start to /ready before the kubelet
+    // restarts it (the startup probe's budget). A start reads the weights
+    // (on a cold node, from the image layer or the volume at its read rate)
+    // and copies them to the GPU: `basalt bench --cold-start` measures it
+    // (docs/DEPLOY.md section 5); ten minutes covers an 8B model read at
+    // 100 MB/s three times over.
+    double startup_timeout_s = 600;
   } engine;
   struct Resources {
     std::string cpu = "2";

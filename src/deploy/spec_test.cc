@@ -22,6 +22,7 @@ model:
 engine:
   args: ["--max-running", "64", "--fp8-compute=w8a16"]
   port: 9000
+  startup_timeout: 20m
 resources:
   cpu: 500m
   memory: 16Gi
@@ -49,6 +50,7 @@ TEST(DeploySpec, ReadsEveryField) {
   EXPECT_EQ(s.model.pvc, "models");
   EXPECT_EQ(s.engine.args, (std::vector<std::string>{"--max-running", "64", "--fp8-compute=w8a16"}));
   EXPECT_EQ(s.engine.port, 9000);
+  EXPECT_EQ(s.engine.startup_timeout_s, 1200);
   EXPECT_EQ(s.resources.cpu, "500m");
   EXPECT_EQ(s.resources.memory, "16Gi");
   EXPECT_EQ(s.resources.gpu_count, 2);
@@ -71,6 +73,7 @@ TEST(DeploySpec, DefaultsFillWhatIsLeftOut) {
   ASSERT_TRUE(r.errors.empty()) << describe(r.errors.front());
   const DeploymentSpec d;
   EXPECT_EQ(r.spec.engine.port, d.engine.port);
+  EXPECT_EQ(r.spec.engine.startup_timeout_s, 600);
   EXPECT_EQ(r.spec.resources.cpu, d.resources.cpu);
   EXPECT_EQ(r.spec.resources.memory, d.resources.memory);
   EXPECT_EQ(r.spec.resources.gpu_count, 0);
@@ -129,6 +132,9 @@ TEST(DeploySpec, EveryBadFieldIsNamedWithItsLine) {
        "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
       {{"  port: 70000", "engine.port", "outside [1, 65535]"}, "  port: 9000"},
       {{"  port: 80.5", "engine.port", "not an integer"}, "  port: 9000"},
+      {{"  startup_timeout: 600", "engine.startup_timeout", "duration"}, "  startup_timeout: 20m"},
+      {{"  startup_timeout: 25h", "engine.startup_timeout", "at most a day"}, "  startup_timeout: 20m"},
+      {{"  startup_timeout: 0s", "engine.startup_timeout", "above 0"}, "  startup_timeout: 20m"},
       {{"  cpu: four", "resources.cpu", "CPU quantity"}, "  cpu: 500m"},
       {{"  cpu: 0", "resources.cpu", "above 0"}, "  cpu: 500m"},
       {{"  memory: 16GB", "resources.memory", "memory quantity"}, "  memory: 16Gi"},

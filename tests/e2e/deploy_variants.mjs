@@ -35,6 +35,7 @@ export const variants = {
       ['# regions: [eu-west]', 'regions: [eu-west, eu-north]'],
       ['# tenants: {secret: mini-tenants}', 'tenants: {secret: mini-tenants}'],
       ['args: ["--max-running", "64"]', 'args: ["--max-running", "64", "--drain-timeout", "90"]'],
+      ['  # startup_timeout: 10m', '  startup_timeout: 2.5m'],
     ]),
     namespace: 'serving',
     autoscaler: 'keda',
@@ -77,6 +78,11 @@ export const unrenderable = {
     ]),
     autoscaler: 'keda',
     error: /resources\.nodes: 2: a replica over several nodes is a LeaderWorkerSet/,
+  },
+  startup_over_a_day: {
+    spec: variant('slowstart', [['  # startup_timeout: 10m', '  startup_timeout: 25h']]),
+    autoscaler: 'keda',
+    error: /engine\.startup_timeout: '25h' must be above 0 and at most a day/,
   },
   hpa_to_zero: {
     spec: variant('hpazero', [['replicas: {min: 1, max: 4}', 'replicas: {min: 0, max: 4}']]),

@@ -127,6 +127,10 @@ lifecycle:
 {{- end -}}
 {{- if not (has .Values.autoscaler (list "keda" "hpa")) }}{{ fail "autoscaler: keda or hpa" }}{{ end -}}
 {{- $target := include "basalt.target" . -}}
+{{- $startup := int (include "basalt.seconds" .Values.engine.startup_timeout) -}}
+{{- if or (le $startup 0) (gt $startup 86400) -}}
+{{- fail (printf "engine.startup_timeout: '%v' must be above 0 and at most a day" .Values.engine.startup_timeout) -}}
+{{- end -}}
 {{- if not (has .Values.autoscaling.metric (list "concurrency" "queue_time" "ttft_p95")) -}}
 {{- fail (printf "autoscaling.metric: '%s' is not concurrency, queue_time or ttft_p95" .Values.autoscaling.metric) -}}
 {{- end -}}
