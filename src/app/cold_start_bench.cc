@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdio>
@@ -265,15 +266,19 @@ void run_cold_start_bench(const ColdStartOptions& o) {
   for (const std::string& f : files) report.weight_bytes += fs::file_size(f);
   report.weight_files = static_cast<int>(files.size());
   if (!files.empty()) {
-    const ReadMeasurement disk = read_files(files, true);
-    // Read first, so the drop's effect is measured on cached pages.
-    for (const std::string& f : files) drop_file_cache(f);
-    report.cached_after_drop = cached_share(files);
-    const ReadMeasurement warm_up = read_files(files, false);
-    const ReadMeasurement cache = read_files(files, false);
-    static_cast<void>(warm_up);
-    report.disk_read_bytes_per_s = disk.bytes_per_s();
-    report.page_cache_read_bytes_per_s = cache.bytes_per_s();
+    // The best of three reads each way: a floor is what the disk and the
+    // page cache can do, and a shared machine's other work only slows a
+    // read down.
+    for (int i = 0; i < 3; ++i) {
+      report.disk_read_bytes_per_s = std::max(report.disk_read_bytes_per_s, read_files(files, true).bytes_per_s());
+      // Right after a read, so the drop's effect is measured on cached pages.
+      for (const std::string& f : files) drop_file_cache(f);
+      report.cached_after_drop = std::max(report.cached_after_drop, cached_share(files));
+    }
+    read_files(files, false);
+    for (int i = 0; i < 3; ++i)
+      report.page_cache_read_bytes_per_s =
+          std::max(report.page_cache_read_bytes_per_s, read_files(files, false).bytes_per_s());
   }
 
   ScratchDir scratch{fs::temp_directory_path() / fmt::format("basalt_cold_start_{}", ::getpid())};

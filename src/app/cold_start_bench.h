@@ -3,8 +3,10 @@
 // phase, against the floor of reading the weights at the rates measured in
 // the same run (loadgen/cold_start.h, docs/DEPLOY.md section 5).
 //
-// Contract: the weights' files are read once with their pages dropped
-// (the disk's rate) and once more from the page cache; then, per cache
+// Contract: the weights' files are read three times with their pages
+// dropped (the disk's rate: the best of the three, since a shared machine's
+// other work only slows a read) and three times from the page cache (its
+// rate, likewise); then, per cache
 // state asked for ("cold": the files' pages dropped before each start,
 // "warm": left as the previous start left them), `runs` servers are
 // started one after the other on 127.0.0.1 and a free port, with
