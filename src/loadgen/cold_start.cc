@@ -268,6 +268,7 @@ std::string ColdStartReport::table() const {
   auto row = [&](const char* label, auto value_of) {
     s += fmt::format("{:<22}", label);
     for (const json& c : j["caches"]) s += value_of(c) + fmt::format("{:>10}", "");
+    while (s.back() == ' ') s.pop_back();
     s += "\n";
   };
   row("ready (client)", [&](const json& c) { return cell(c["median"]["ready_seen_s"]); });
@@ -281,7 +282,7 @@ std::string ColdStartReport::table() const {
     return fmt::format("{:>9.0f}%", 100 * c["median"]["cached_before"].get<double>());
   });
   s += fmt::format("({} runs per cache state; end: seconds since the server's process started; took: since the "
-                   "phase before; ready (client): spawn to the first 200 from /ready; first request: a one-token "
+                   "phase before;\n ready (client): spawn to the first 200 from /ready; first request: a one-token "
                    "completion after that)\n",
                    caches.empty() ? 0 : caches.front().runs.size());
   return s;
