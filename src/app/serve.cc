@@ -150,8 +150,15 @@ void run_serve(const ServeFlags& f) {
   // The tokenizer (a large tokenizer.json takes a while to parse) loads on
   // a thread of its own while the weights load; the engine needs it first.
   // (A broken tokenizer is reported once the weights have loaded.)
-  std::future<TokenizerBundle> tokenizer_loading =
-      std::async(std::launch::async, [&dir] { return load_tokenizer_dir(dir); });
+  std::future<TokenizerBundle> tokenizer_loading = std::async(std::launch::async, [&dir] {
+    const auto start = Clock::now();
+    TokenizerBundle loaded = load_tokenizer_dir(dir);
+    LogLine("tokenizer")
+        .add("seconds", std::chrono::duration<double>(Clock::now() - start).count())
+        .add("since_start_s", seconds_since_process_start())
+        .emit();
+    return loaded;
+  });
   std::optional<TokenizerBundle> tokenizer_loaded;
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;

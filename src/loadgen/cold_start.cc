@@ -254,7 +254,9 @@ std::string ColdStartReport::table() const {
   for (const json& c : j["caches"])
     s += fmt::format("{:>10}{:>10}", c["cache"].get<std::string>() + " end", "took");
   s += "\n";
-  auto cell = [](const json& v) { return v.is_number() ? fmt::format("{:>10.3f}", v.get<double>()) : fmt::format("{:>10}", "-"); };
+  auto cell = [](const json& v) {
+    return v.is_number() ? fmt::format("{:>10.3f}", v.get<double>()) : fmt::format("{:>10}", "-");
+  };
   for (const std::string& name : names) {
     s += fmt::format("{:<22}", name);
     for (const json& c : j["caches"]) {

@@ -9,7 +9,8 @@
 // meanwhile (Checkpoint::prefetch, reporting `progress`), so reading and
 // moving overlap: for a dense model (of a group's ranks, those given
 // `progress`) and a DeepSeek model on a GPU alone; a DeepSeek model on the
-// CPU maps its weights, and only the pages a forward pass uses are read. forward() runs one ForwardBatch: it writes the new tokens' keys and
+// CPU maps its weights, and only the pages a forward pass uses are read.
+// forward() runs one ForwardBatch: it writes the new tokens' keys and
 // values into `kv` at batch.out_slots and returns f32 logits for
 // batch.logit_rows, and, when `hidden` is given, the final hidden state of
 // every batch token (after the final norm: what lm_head reads, and what draft
