@@ -256,6 +256,12 @@ void run_cold_start_bench(const ColdStartOptions& o) {
   const std::string device = flag_value(o.serve_args, "--device").value_or("cpu");
 
   ColdStartReport report;
+  report.command = fmt::format("basalt bench --cold-start --model {} --cold-start-runs {} --cold-start-cache {}", dir,
+                               o.runs, o.cache);
+  if (!o.serve_args.empty()) {
+    report.command += " --";
+    for (const std::string& a : o.serve_args) report.command += " " + a;
+  }
   report.model_dir = dir;
   report.serve_args = o.serve_args;
   report.device = device;

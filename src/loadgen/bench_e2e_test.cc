@@ -280,6 +280,9 @@ TEST(ColdStartE2E, ReportsEveryRunsPhasesInOrderNextToTheFloor) {
   ASSERT_TRUE(r.is_object()) << c.out;
   EXPECT_EQ(r["config"]["device"], "cpu");
   EXPECT_EQ(r["config"]["serve_args"], json::array({"--no-request-log"}));
+  EXPECT_NE(r["config"]["command"].get<std::string>().find("--cold-start-runs 2 --cold-start-cache both -- "
+                                                            "--no-request-log"),
+            std::string::npos);
   // The weights are the model's safetensors files.
   uint64_t bytes = 0;
   int files = 0;

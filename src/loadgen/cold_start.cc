@@ -220,7 +220,7 @@ json ColdStartReport::to_json() const {
                              {"cached_before", median_of(cached)},
                              {"ready_over_floor", floor > 0 ? json(ready / floor) : json(nullptr)}}}});
   }
-  return {{"config", {{"model", model_dir}, {"serve_args", serve_args}, {"device", device}}},
+  return {{"config", {{"command", command}, {"model", model_dir}, {"serve_args", serve_args}, {"device", device}}},
           {"weights", {{"bytes", weight_bytes}, {"files", weight_files}}},
           {"rates",
            {{"disk_read_bytes_per_s", disk_read_bytes_per_s},
@@ -244,6 +244,7 @@ std::string ColdStartReport::table() const {
                    gigabytes_per_s(page_cache_read_bytes_per_s));
   if (host_to_device_bytes_per_s) s += fmt::format(", host to device {}", gigabytes_per_s(*host_to_device_bytes_per_s));
   s += "\n";
+  if (!command.empty()) s += command + "\n";
   // Every phase any cache state saw, in the order they came.
   std::vector<std::string> names;
   for (const json& c : j["caches"])

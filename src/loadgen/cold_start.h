@@ -64,6 +64,7 @@ struct ColdStartCache {
 };
 
 struct ColdStartReport {
+  std::string command;  // the bench's own command line, to reproduce the report
   std::string model_dir;
   std::vector<std::string> serve_args;
   std::string device;
