@@ -237,11 +237,14 @@ std::string ColdStartReport::table() const {
   for (const std::string& a : serve_args) args += (args.empty() ? "" : " ") + a;
   std::string s = fmt::format("==== cold start: {} ({}){} ====\n", model_dir, device,
                               args.empty() ? "" : ", serve " + args);
-  s += fmt::format("weights {:.1f} MB in {} file{}; disk read {} ({:.0f}% of pages still cached after the drop), "
-                   "page cache {}",
-                   static_cast<double>(weight_bytes) / 1e6, weight_files, weight_files == 1 ? "" : "s",
-                   gigabytes_per_s(disk_read_bytes_per_s), 100 * cached_after_drop,
-                   gigabytes_per_s(page_cache_read_bytes_per_s));
+  if (weight_files == 0)
+    s += "no weight files (random weights): no disk floor";
+  else
+    s += fmt::format("weights {:.1f} MB in {} file{}; disk read {} ({:.0f}% of pages still cached after the drop), "
+                     "page cache {}",
+                     static_cast<double>(weight_bytes) / 1e6, weight_files, weight_files == 1 ? "" : "s",
+                     gigabytes_per_s(disk_read_bytes_per_s), 100 * cached_after_drop,
+                     gigabytes_per_s(page_cache_read_bytes_per_s));
   if (host_to_device_bytes_per_s) s += fmt::format(", host to device {}", gigabytes_per_s(*host_to_device_bytes_per_s));
   s += "\n";
   if (!command.empty()) s += command + "\n";

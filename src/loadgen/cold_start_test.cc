@@ -149,6 +149,7 @@ TEST(ColdStart, NoFloorWithoutMeasuredRates) {
   EXPECT_EQ(r.floor_s(false), 0);
   EXPECT_TRUE(r.to_json()["caches"][0]["median"]["ready_over_floor"].is_null());
   EXPECT_NE(r.table().find("ready (client)/floor"), std::string::npos);
+  EXPECT_NE(r.table().find("no weight files (random weights): no disk floor"), std::string::npos) << r.table();
 }
 
 }  // namespace
