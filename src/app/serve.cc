@@ -4,11 +4,12 @@
 // Lifecycle: the port is bound first, so /health answers and /ready says 503
 // while the model loads; then /ready turns 200. Each phase of the start
 // (core/startup.h) logs a `startup` line with the seconds since the process
-// started, and /metrics carries them as basalt_engine_startup_seconds. SIGTERM or SIGINT starts a
-// drain: the listening socket closes, /ready answers 503, new generation
-// requests get 503, running ones finish until --drain-timeout, the rest are
-// cut off (a 503, or an error event on a stream, logged as cut by the
-// server), and the process exits 0. A second signal skips the wait.
+// started, and /metrics carries them as basalt_engine_startup_seconds.
+// SIGTERM or SIGINT starts a drain: the listening socket closes, /ready
+// answers 503, new generation requests get 503, running ones finish until
+// --drain-timeout, the rest are cut off (a 503, or an error event on a
+// stream, logged as cut by the server), and the process exits 0. A second
+// signal skips the wait.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -148,7 +149,8 @@ void run_serve(const ServeFlags& f) {
                 {{"url", fmt::format("{}://{}:{}", http_scheme(f.http), f.http.host, server.port())}, {"model_dir", dir}});
 
   // The tokenizer (a large tokenizer.json takes a while to parse) loads on
-  // a thread of its own while the weights load; the engine needs it first.
+  // a thread of its own while the weights load; the engine is the first to
+  // need it.
   // (A broken tokenizer is reported once the weights have loaded.)
   std::future<TokenizerBundle> tokenizer_loading = std::async(std::launch::async, [&dir] {
     const auto start = Clock::now();

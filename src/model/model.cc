@@ -1,8 +1,8 @@
 #include "model/model.h"
 
 #include <algorithm>
-#include <future>
 #include <cstdlib>
+#include <future>
 #include <string>
 #include <vector>
 
