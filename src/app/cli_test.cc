@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -688,6 +689,43 @@ TEST(Cli, EvalIdsFileAndCompareModelTokenizers) {
   std::filesystem::remove(text_file);
 }
 
+// int8 / int4 copies of a dense model with tied embeddings (qwen2) and of a
+// DeepSeek model: the engine generates with them on the CPU, and eval
+// --compare-model reports what they cost against the original.
+TEST(Cli, QuantizeWritesIntegerCopiesTheCpuRuns) {
+  for (const auto& [model, format, group] :
+       {std::tuple{"qwen2", "int8", "32"}, {"qwen2", "int4", "channel"}, {"deepseek_v3", "int4", "64"}}) {
+    SCOPED_TRACE(std::string(model) + " " + format + " " + group);
+    const std::string out_dir = temp_path(std::string(model) + "_" + format);
+    std::filesystem::remove_all(out_dir);
+    const std::string src = kModels + model;
+    CliRun r = run("quantize --model " + src + " --out " + out_dir + " --format " + format + " --group-size " + group);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find(std::string("to ") + format + " with"), std::string::npos) << r.out;
+    const json q = read_json(out_dir + "/config.json")["quantization_config"];
+    EXPECT_EQ(q["quant_method"], "basalt-int");
+    EXPECT_EQ(q["bits"], format == std::string("int8") ? 8 : 4);
+    EXPECT_EQ(q["group_size"], group == std::string("channel") ? -1 : std::stoi(group));
+
+    const json ref = read_json(src + "/reference.json");
+    const std::vector<int> prompt = ref["greedy_prompt"];
+    r = run("generate --model " + out_dir + " --prompt-ids " + join(prompt) +
+            " --max-tokens 6 --temperature 0 --ignore-eos --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json::parse(r.out)["output_ids"].size(), 6u);
+    const std::vector<int32_t> raw = read_safetensor<int32_t>(src + "/reference.safetensors", "prompt_2.ids");
+    r = run("eval --model " + out_dir + " --compare-model " + src + " --ids " +
+            join(std::vector<int>(raw.begin(), raw.end())) + " --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json e = json::parse(r.out);
+    // These random fixtures' NLLs are large (tens of nats), so compare NLLs, not perplexities.
+    EXPECT_NEAR(e["nll_mean"].get<double>() / std::log(e["reference_perplexity"].get<double>()), 1.0, 0.05)
+        << e.dump();
+    EXPECT_LT(e["kl_mean"].get<double>(), 0.1) << e.dump();
+    std::filesystem::remove_all(out_dir);
+  }
+}
+
 TEST(Cli, QuantizeWritesAnFp8CopyTheEngineRuns) {
   const std::string out_dir = temp_path("fp8");
   std::filesystem::remove_all(out_dir);
@@ -773,7 +811,9 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
       "eval" + model + " --ids 1,2,99999",
       "quantize" + model + " --out " + out_dir,
       "quantize --model " + kModels + "deepseek_v3_fp8 --out " + out_dir,
-      "quantize --model " + kModels + "deepseek_v3 --out " + out_dir + " --format int4",
+      "quantize --model " + kModels + "deepseek_v3 --out " + out_dir + " --format int3",
+      "quantize --model " + kModels + "llama --out " + out_dir + " --format int8 --group-size 48",
+      "quantize --model " + kModels + "llama --out " + out_dir + " --format int4 --group-size rows",
       "quantize --model /nonexistent/model --out " + out_dir,
       "quantize --model " + kModels + "deepseek_v3",
       // A context longer than the model's is refused before anything loads.
