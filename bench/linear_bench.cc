@@ -8,7 +8,7 @@
 // of bandwidth drifts with its neighbours) and OpenBLAS sgemm on f32 copies
 // of the weights (prefill is compute bound).
 //
-//   basalt_bench_linear [--quick]
+//   basalt_bench_linear [--quick] [--only bf16|f32|int8|int4]
 //
 // Weights are cold for every call, as they are in a real forward pass where
 // the other layers' weights evict them: each repetition uses the next of
@@ -235,7 +235,7 @@ void print_table(const std::vector<Row>& rows) {
       "(>1: ours is faster); sgemm always runs on f32 weights.\n");
 }
 
-int run(bool quick) {
+int run(bool quick, const std::string& only) {
   ThreadPool& pool = ThreadPool::global();
   CpuBackend backend(&pool);
 #if defined(BASALT_BENCH_OPENBLAS)
@@ -260,6 +260,7 @@ int run(bool quick) {
     Tensor w16 = Tensor::empty({s.outs, s.in}, DType::kBF16);
     backend.copy(w32, w16);
     for (const std::string format : {"bf16", "f32", "int8", "int4"}) {
+      if (!only.empty() && format != only) continue;
       const bool ints = format.starts_with("int");
       const DType dtype = format == "bf16" ? DType::kBF16 : DType::kF32;
       const std::vector<Tensor> weights = ints ? std::vector<Tensor>{} : weight_copies(dtype == DType::kBF16 ? w16 : w32);
@@ -318,6 +319,18 @@ int run(bool quick) {
 }  // namespace basalt
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  return basalt::run(quick);
+  bool quick = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg == "--only" && i + 1 < argc) {
+      only = argv[++i];
+    } else {
+      fmt::print(stderr, "usage: basalt_bench_linear [--quick] [--only bf16|f32|int8|int4]\n");
+      return 2;
+    }
+  }
+  return basalt::run(quick, only);
 }

@@ -27,9 +27,22 @@ QuantizedRows& quantized_rows() {
 
 #if defined(__AVX2__)
 
-// One weight row's f16 scales as f32, one per block of 32 columns.
+// One weight row's f16 scales as f32, one per block of 32 columns (the
+// hardware conversion where there is one: exact, as f16_to_f32 is).
 void block_scales_f32(const IntWeightLayout& l, const uint16_t* scales, float* out) {
-  for (int64_t b = 0; b < l.blocks(); ++b) out[b] = f16_to_f32(scales[(b * kIntBlock) / l.group]);
+  const int64_t blocks = l.blocks();
+#if defined(__F16C__)
+  if (l.group == kIntBlock) {
+    int64_t b = 0;
+    for (; b + 8 <= blocks; b += 8)
+      _mm256_storeu_ps(out + b, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b))));
+    for (; b < blocks; ++b) out[b] = _cvtsh_ss(scales[b]);
+    return;
+  }
+  for (int64_t b = 0; b < blocks; ++b) out[b] = _cvtsh_ss(scales[(b * kIntBlock) / l.group]);
+#else
+  for (int64_t b = 0; b < blocks; ++b) out[b] = f16_to_f32(scales[(b * kIntBlock) / l.group]);
+#endif
 }
 
 // The 32 codes of block b of a weight row as signed bytes.
@@ -71,19 +84,26 @@ void tile_row(const IntWeightLayout& l, const int8_t* x_codes, const float* x_sc
               const uint8_t* w_row, const float* w_scales, float* out, int64_t out_stride) {
   __m256 even[kTokens], odd[kTokens];
   for (int t = 0; t < kTokens; ++t) even[t] = odd[t] = _mm256_setzero_ps();
-  const int64_t blocks = l.blocks();
-  for (int64_t b = 0; b < blocks; ++b) {
+  // acc += the block's lane dots times its scale product (activation block scale x weight scale).
+  const auto add_block = [&](int64_t b, __m256(&acc)[kTokens]) {
     const __m256i w = load_codes<kBits>(w_row, b);
     const __m256i magnitude = _mm256_sign_epi8(w, w);
     for (int t = 0; t < kTokens; ++t) {
       const int64_t xb = t * x_stride_blocks + b;
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_codes + xb * kIntBlock));
       const __m256 dots = _mm256_cvtepi32_ps(lane_dots(magnitude, _mm256_sign_epi8(x, w)));
-      const __m256 s = _mm256_set1_ps(x_scales[xb] * w_scales[b]);
-      __m256& acc = (b & 1) ? odd[t] : even[t];
-      acc = _mm256_fmadd_ps(dots, s, acc);
+      acc[t] = _mm256_fmadd_ps(dots, _mm256_set1_ps(x_scales[xb] * w_scales[b]), acc[t]);
     }
+  };
+  // Even blocks into one accumulator, odd ones into the other (the
+  // definition's order), unrolled so both stay in registers.
+  const int64_t blocks = l.blocks();
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    add_block(b, even);
+    add_block(b + 1, odd);
   }
+  if (b < blocks) add_block(b, even);
   for (int t = 0; t < kTokens; ++t) out[t * out_stride] = finish(even[t], odd[t]);
 }
 
