@@ -66,6 +66,8 @@ struct BenchFlags {
   double burst_factor = 1;
   double burst_start = 0;
   double burst_duration = 0;
+  double diurnal_amplitude = 0;
+  double diurnal_period = 86400;
   uint64_t seed = 0;
   double timeout = 600;
   double slo_ttft_ms = 0;
@@ -83,6 +85,14 @@ struct BenchFlags {
   bool json = false;
   std::vector<std::string> serve_args;
 };
+
+// The arrival schedule of one rate.
+LoadShape load_shape(const BenchFlags& f, double rate, uint64_t seed) {
+  LoadShape s{rate, seed, f.burst_factor, f.burst_start, f.burst_duration};
+  s.diurnal_amplitude = f.diurnal_amplitude;
+  s.diurnal_period_s = f.diurnal_period;
+  return s;
+}
 
 double parse_rate(const std::string& text, const char* flag) {
   std::string t = text;
@@ -175,8 +185,7 @@ void run_workflow_bench(const BenchFlags& f, const std::string& api_key) {
   }
   input = json::parse(text, nullptr, false);
   BASALT_CHECK(input.is_object(), "--workflow-input: not a JSON object");
-  LoadShape shape{parse_rate(f.request_rate, "--request-rate"), f.seed, f.burst_factor, f.burst_start,
-                  f.burst_duration};
+  LoadShape shape = load_shape(f, parse_rate(f.request_rate, "--request-rate"), f.seed);
   shape.validate();
   raise_open_file_limit();
   boost::asio::io_context io(1);
@@ -262,8 +271,7 @@ void run_bench(const BenchFlags& f, const CLI::App& cmd) {
     rates.push_back(parse_rate(f.request_rate, "--request-rate"));
   }
   for (double r : rates) {
-    LoadShape s{r, f.seed, f.burst_factor, f.burst_start, f.burst_duration};
-    s.validate();
+    load_shape(f, r, f.seed).validate();
   }
   BASALT_CHECK(f.burst_factor == 1 || f.burst_duration > 0, "--burst-factor needs --burst-duration");
 
@@ -317,7 +325,7 @@ void run_bench(const BenchFlags& f, const CLI::App& cmd) {
     o.include_usage = !f.no_usage;
     o.temperature = f.temperature;
     o.max_concurrency = f.max_concurrency;
-    o.shape = {rate, f.seed + i, f.burst_factor, f.burst_start, f.burst_duration};
+    o.shape = load_shape(f, rate, f.seed + i);
     o.progress = !f.no_progress;
     o.label = std::isfinite(rate) ? fmt::format("rate {:g}", rate) : "rate inf";
     const std::optional<SpecCounters> spec_before = scrape_spec_counters(io, client);
@@ -353,6 +361,7 @@ void run_bench(const BenchFlags& f, const CLI::App& cmd) {
                    {"ignore_eos", f.ignore_eos},
                    {"max_concurrency", f.max_concurrency},
                    {"burst", {{"factor", f.burst_factor}, {"start_s", f.burst_start}, {"duration_s", f.burst_duration}}},
+                   {"diurnal", {{"amplitude", f.diurnal_amplitude}, {"period_s", f.diurnal_period}}},
                    {"seed", f.seed}};
     if (f.dataset == "shared-prefix")
       config["shared_prefix"] = {{"groups", f.sp_groups},
@@ -409,6 +418,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--burst-factor", f.burst_factor, "Multiply the rate by this during the burst (default 1)");
   cmd->add_option("--burst-start", f.burst_start, "Seconds into the run the burst begins (default 0)");
   cmd->add_option("--burst-duration", f.burst_duration, "Seconds the burst lasts (default 0: no burst)");
+  cmd->add_option("--diurnal-amplitude", f.diurnal_amplitude,
+                  "Swing the rate by 1 + A sin(2 pi t / period), A in [0, 1] (default 0: steady)");
+  cmd->add_option("--diurnal-period", f.diurnal_period, "Seconds of one diurnal cycle (default 86400)");
   cmd->add_option("--seed", f.seed, "Seed for prompts and arrivals (default 0)");
   cmd->add_option("--timeout", f.timeout, "Seconds one request may take before it counts as a timeout (default 600)");
   cmd->add_option("--slo-ttft-ms", f.slo_ttft_ms, "Goodput SLO: time to first token at most this (default: none)");

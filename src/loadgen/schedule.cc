@@ -1,7 +1,9 @@
 #include "loadgen/schedule.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <random>
 
 #include "core/error.h"
@@ -15,13 +17,19 @@ void LoadShape::validate() const {
                burst_start_s);
   BASALT_CHECK(std::isfinite(burst_duration_s) && burst_duration_s >= 0,
                "--burst-duration must be >= 0 seconds, got {}", burst_duration_s);
+  BASALT_CHECK(std::isfinite(diurnal_amplitude) && diurnal_amplitude >= 0 && diurnal_amplitude <= 1,
+               "--diurnal-amplitude must be in [0, 1], got {}", diurnal_amplitude);
+  BASALT_CHECK(std::isfinite(diurnal_period_s) && diurnal_period_s > 0, "--diurnal-period must be > 0 seconds, got {}",
+               diurnal_period_s);
 }
 
 bool LoadShape::unlimited() const { return !(rate > 0) || std::isinf(rate); }
 
 double LoadShape::rate_at(double t) const {
-  if (burst_duration_s > 0 && t >= burst_start_s && t < burst_start_s + burst_duration_s) return rate * burst_factor;
-  return rate;
+  double r = rate;
+  if (burst_duration_s > 0 && t >= burst_start_s && t < burst_start_s + burst_duration_s) r *= burst_factor;
+  if (diurnal_amplitude > 0) r *= 1 + diurnal_amplitude * std::sin(2 * std::numbers::pi * t / diurnal_period_s);
+  return r;
 }
 
 namespace {
@@ -40,6 +48,18 @@ std::vector<double> arrival_times(int64_t n, const LoadShape& shape) {
   std::vector<double> times(static_cast<size_t>(n), 0.0);
   if (shape.unlimited()) return times;
   std::mt19937_64 rng(shape.seed);
+  if (shape.diurnal_amplitude > 0) {
+    // Thinning: candidates of a Poisson process at the peak rate, each kept
+    // with probability rate(t) / peak.
+    const double peak = shape.rate * std::max(1.0, shape.burst_factor) * (1 + shape.diurnal_amplitude);
+    double t = 0;
+    for (int64_t i = 0; i < n;) {
+      t += unit_exponential(rng) / peak;
+      const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+      if (u * peak < shape.rate_at(t)) times[static_cast<size_t>(i++)] = t;
+    }
+    return times;
+  }
   // The rate is piecewise constant with breakpoints at the burst's edges.
   const bool burst = shape.burst_duration_s > 0 && shape.burst_factor != 1;
   const double b0 = shape.burst_start_s, b1 = shape.burst_start_s + shape.burst_duration_s;

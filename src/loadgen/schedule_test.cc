@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "core/error.h"
 
@@ -63,6 +65,26 @@ TEST(Schedule, BurstMultipliesTheRateForItsPeriod) {
   EXPECT_DOUBLE_EQ(s.rate_at(200), 10);
 }
 
+TEST(Schedule, DiurnalRateFollowsTheSine) {
+  LoadShape s{100, 5};
+  s.diurnal_amplitude = 0.8;
+  s.diurnal_period_s = 400;  // peak 180/s around t = 100, trough 20/s around t = 300
+  EXPECT_DOUBLE_EQ(s.rate_at(100), 180);
+  EXPECT_NEAR(s.rate_at(300), 20, 1e-9);
+  const std::vector<double> t = arrival_times(40000, s);  // 100/s on average: ~400 s
+  int peak = 0, trough = 0;
+  for (double x : t) {
+    if (x >= 50 && x < 150) ++peak;
+    else if (x >= 250 && x < 350) ++trough;
+  }
+  // The integral of 100 (1 + 0.8 sin(2 pi t / 400)) over [50, 150) and [250, 350).
+  const double swing = 0.8 * 100 * 400 / std::numbers::pi * std::sqrt(0.5);
+  EXPECT_NEAR(peak, 10000 + swing, 400);  // ~3 sigma
+  EXPECT_NEAR(trough, 10000 - swing, 250);
+  EXPECT_TRUE(std::is_sorted(t.begin(), t.end()));
+  EXPECT_EQ(t, arrival_times(40000, s));
+}
+
 TEST(Schedule, RejectsBadShapes) {
   EXPECT_THROW(arrival_times(1, {-1, 0}), Error);
   EXPECT_THROW(arrival_times(1, {NAN, 0}), Error);
@@ -70,6 +92,12 @@ TEST(Schedule, RejectsBadShapes) {
   EXPECT_THROW(arrival_times(1, {1, 0, 2, -1, 1}), Error);
   EXPECT_THROW(arrival_times(1, {1, 0, 2, 0, -1}), Error);
   EXPECT_THROW(arrival_times(-1, {1, 0}), Error);
+  LoadShape diurnal{1, 0};
+  diurnal.diurnal_amplitude = 1.5;
+  EXPECT_THROW(arrival_times(1, diurnal), Error);
+  diurnal.diurnal_amplitude = 0.5;
+  diurnal.diurnal_period_s = 0;
+  EXPECT_THROW(arrival_times(1, diurnal), Error);
 }
 
 }  // namespace
