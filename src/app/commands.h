@@ -18,6 +18,7 @@ void add_serve_command(CLI::App& app);
 void add_route_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_deploy_command(CLI::App& app);
+void add_sim_command(CLI::App& app);
 
 // Parses "1,2,3" (spaces allowed) into ids; throws basalt::Error naming the flag.
 std::vector<int32_t> parse_id_list(const std::string& text, const std::string& flag);

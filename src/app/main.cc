@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   basalt::add_route_command(app);
   basalt::add_bench_command(app);
   basalt::add_deploy_command(app);
+  basalt::add_sim_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
