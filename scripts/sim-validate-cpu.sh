@@ -64,7 +64,8 @@ long_ctx = context(ctx)
 per_1k = max(0.0, (ctx["itl_ms"]["median"] - decode[2][1]) / (16 * (long_ctx - base_ctx) / 1000))
 # Prefill of n tokens in one step: fixed + n / rate + pairs(n) x cost, pairs(n) = n (n + 1) / 2 (causal
 # attention), fitted by least squares over four prompt lengths.
-points = [(res(f"prefill-{n}")["input_tokens"] / 8, res(f"prefill-{n}")["ttft_ms"]["median"]) for n in (64, 192, 320, 448)]
+points = [(res(f"prefill-{n}")["input_tokens"] / 8, res(f"prefill-{n}")["ttft_ms"]["median"])
+          for n in (64, 192, 320, 448)]
 def fit(columns):
     rows = [[f(n) for f in columns] for n, _ in points]
     k = len(columns)
@@ -87,7 +88,8 @@ rate = 1000 / per_token
 table = {
   "name": "cpu-basalt-mini",
   "source": f"Measured by scripts/sim-validate-cpu.sh on {time.strftime('%Y-%m-%d')}: the bundled model on this "
-            f"machine's CPU under `basalt serve {serve_flags}` (otherwise defaults); decode = median ITL of `basalt bench` at --max-concurrency "
+            f"machine's CPU under `basalt serve {serve_flags}` (otherwise defaults); decode = median ITL of "
+            "`basalt bench` at --max-concurrency "
             "B (16-token prompts, 64 outputs); context cost from the median ITL at B = 16 with 768-token prompts; "
             "prefill fixed cost, rate and attention cost fitted to the median TTFT of 64- to 448-token prompts "
             "arriving alone (Poisson, 1/s); KV = the "
@@ -110,7 +112,8 @@ seed=0
 for rate in "${rate_list[@]}"; do
   echo "rate $rate: basalt bench against basalt serve..." >&2
   # Each rate its own prompts (seed = its index), so the radix cache does not carry one into the next.
-  flags=(--dataset random --input-len 256 --output-len 128 --num-prompts "$prompts" --request-rate "$rate" --seed $((seed++)))
+  flags=(--dataset random --input-len 256 --output-len 128 --num-prompts "$prompts" --request-rate "$rate"
+    --seed $((seed++)))
   # Twice: how far two real runs of one trace differ is the floor under any comparison.
   bench "real-$rate" "${flags[@]}"
   bench "again-$rate" "${flags[@]}"
@@ -139,7 +142,8 @@ for rate in rates:
         ratio = b / mean if mean else float("nan")
         if name.startswith("TTFT") or name.endswith("/s"):
             worst = max(worst, abs(ratio - 1))
-        print(f"{rate:>5} {name:<18} {a:>9.1f} {a2:>9.1f} {b:>9.1f} {a2 / a if a else float('nan'):>11.3f} {ratio:>9.3f}")
+        spread = a2 / a if a else float("nan")
+        print(f"{rate:>5} {name:<18} {a:>9.1f} {a2:>9.1f} {b:>9.1f} {spread:>11.3f} {ratio:>9.3f}")
 print(f"largest difference of the simulator from the real runs' mean on TTFT P50/P99 and throughput: "
       f"{worst * 100:.1f} % ({'within' if worst <= 0.15 else 'NOT within'} 15 %)")
 PY

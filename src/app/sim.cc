@@ -84,7 +84,8 @@ double parse_rate(const std::string& text) {
 
 std::vector<loadgen::Conversation> make_pool(const SimFlags& f, const loadgen::TextMaker& maker) {
   using namespace loadgen;
-  if (f.dataset == "random") return make_random(maker, {f.num_prompts, f.input_len, f.output_len, f.range_ratio}, f.seed);
+  if (f.dataset == "random")
+    return make_random(maker, {f.num_prompts, f.input_len, f.output_len, f.range_ratio}, f.seed);
   if (f.dataset == "shared-prefix")
     return make_shared_prefix(maker,
                               {f.sp_groups, f.sp_prompts_per_group, f.sp_system_len, f.sp_question_len, f.output_len,
@@ -134,7 +135,7 @@ void run_sim(const SimFlags& f) {
   const std::vector<loadgen::Conversation> pool = make_pool(f, maker);
   const int64_t count = f.num_requests > 0 ? f.num_requests : static_cast<int64_t>(pool.size());
   const std::vector<double> arrivals = sim::trace_arrivals(shape, count, f.duration);
-  const std::vector<sim::SimRequest> requests = sim::requests_from(pool, arrivals);
+  const std::vector<sim::SimRequest> requests = sim::requests_from(pool, arrivals, f.seed);
   std::fprintf(stderr, "basalt sim: %zu requests (%s, %zu distinct), table %s, policy %s\n", requests.size(),
                f.dataset.c_str(), pool.size(), config.table.name.c_str(), router::policy_name(config.policy));
 
@@ -205,7 +206,8 @@ void add_sim_command(CLI::App& app) {
   cmd->add_option("--dataset", f.dataset, "random (default), shared-prefix or sharegpt");
   cmd->add_option("--dataset-path", f.dataset_path, "ShareGPT JSON or JSONL file (--dataset sharegpt)");
   cmd->add_option("--num-prompts", f.num_prompts,
-                  "Distinct prompts generated (random, sharegpt), cycled over the trace (default 100)");
+                  "Distinct prompts generated (random, sharegpt), in order, then drawn at random for a longer "
+                  "trace (default 100)");
   cmd->add_option("--input-len", f.input_len, "Prompt tokens (random; default 256)");
   cmd->add_option("--output-len", f.output_len, "Output tokens per request (default 128; sharegpt: the answer's)")
       ->each([&f](const std::string&) { f.output_len_set = true; });

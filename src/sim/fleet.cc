@@ -94,6 +94,7 @@ struct SimReplica {
   int64_t kv_used = 0;
   bool stepping = false;
   double step_start_s = 0;
+  int64_t step_decode = 0;
   double prefill_tokens_total = 0;
   // Prefix cache: groups, most recently used first.
   std::list<int64_t> lru;
@@ -210,6 +211,7 @@ class Fleet {
   }
 
   void retire(SimReplica& r) {
+    if (r.phase == Phase::kReady || r.phase == Phase::kDraining) ready_seconds_ += now_ - r.ready_s;
     r.phase = Phase::kGone;
     gpu_seconds_ += now_ - r.requested_s;
   }
@@ -218,6 +220,7 @@ class Fleet {
     SimReplica& r = *replicas_[static_cast<size_t>(index)];
     if (r.phase != Phase::kStarting) return;  // cancelled meanwhile
     r.phase = Phase::kReady;
+    r.ready_s = now_;
     pump();
   }
 
@@ -357,6 +360,8 @@ class Fleet {
       if (r.kv_used + need > t.kv_capacity_tokens) break;
       r.waiting.pop_front();
       r.kv_used += need;
+      max_kv_usage_ =
+          std::max(max_kv_usage_, static_cast<double>(r.kv_used) / static_cast<double>(t.kv_capacity_tokens));
       r.make_room(0, t.kv_capacity_tokens);  // the cache yields to running requests
       const bool hit = r.holds(q.prefix_group);
       if (hit) {
@@ -377,6 +382,7 @@ class Fleet {
     if (decode == 0 && prefill == 0) return;
     r.stepping = true;
     r.step_start_s = now_;
+    r.step_decode = decode;
     r.prefill_tokens_total += static_cast<double>(prefill);
     push(now_ + t.step_ms({decode, context, prefill, pairs}) / 1000, EventKind::kStepEnd, index);
   }
@@ -417,6 +423,8 @@ class Fleet {
       }
     }
     itl_.add(step_ms, gaps);
+    step_seconds_ += step_ms / 1000;
+    batch_seconds_ += static_cast<double>(r.step_decode) * step_ms / 1000;
     r.running = std::move(still);
     if (r.phase == Phase::kDraining && r.running.empty() && r.waiting.empty()) {
       retire(r);
@@ -564,6 +572,9 @@ class Fleet {
     out.cached_prompt_tokens = cached_prompt_tokens_;
     out.prefix_hit_rate =
         out.input_tokens == 0 ? 0 : static_cast<double>(cached_prompt_tokens_) / static_cast<double>(out.input_tokens);
+    out.mean_decode_batch = step_seconds_ > 0 ? batch_seconds_ / step_seconds_ : 0;
+    out.busy_fraction = ready_seconds_ > 0 ? step_seconds_ / ready_seconds_ : 0;
+    out.max_kv_usage = max_kv_usage_;
     out.timeline = std::move(timeline_);
     return out;
   }
@@ -589,7 +600,7 @@ class Fleet {
   Weighted itl_;
   std::vector<router::Candidate> cands_;
   std::vector<int> cand_index_;
-  double gpu_seconds_ = 0;
+  double gpu_seconds_ = 0, ready_seconds_ = 0, step_seconds_ = 0, batch_seconds_ = 0, max_kv_usage_ = 0;
   int64_t cold_starts_ = 0, max_replicas_ = 0, max_gateway_queue_ = 0, max_replica_queue_ = 0;
   int64_t cached_prompt_tokens_ = 0;
   std::vector<TimelinePoint> timeline_;
@@ -655,7 +666,10 @@ nlohmann::json sim_result_json(const SimResult& r) {
                       {"max_gateway_queue", r.max_gateway_queue},
                       {"max_replica_queue", r.max_replica_queue},
                       {"cached_prompt_tokens", r.cached_prompt_tokens},
-                      {"prefix_hit_rate", r.prefix_hit_rate}};
+                      {"prefix_hit_rate", r.prefix_hit_rate},
+                      {"mean_decode_batch", r.mean_decode_batch},
+                      {"busy_fraction", r.busy_fraction},
+                      {"max_kv_usage", r.max_kv_usage}};
   if (!r.timeline.empty()) {
     nlohmann::json points = nlohmann::json::array();
     for (const TimelinePoint& p : r.timeline)
@@ -691,6 +705,8 @@ std::string sim_result_table(const SimResult& r, const std::string& title) {
   out += fmt::format("{:<28}{} (largest fleet {})\n", "cold starts", r.cold_starts, r.max_replicas);
   out += fmt::format("{:<28}gateway {}, one replica {}\n", "max queue", r.max_gateway_queue, r.max_replica_queue);
   out += fmt::format("{:<28}{:.1f} % of prompt tokens\n", "prefix cache hits", r.prefix_hit_rate * 100);
+  out += fmt::format("{:<28}mean decode batch {:.1f}, busy {:.1f} % of ready time, peak KV {:.1f} %\n", "replicas",
+                     r.mean_decode_batch, r.busy_fraction * 100, r.max_kv_usage * 100);
   return out;
 }
 

@@ -43,8 +43,9 @@
 //    share of all requests whose TTFT is <= slo_ttft_ms, refused ones
 //    missing it), GPU-hours (replica lifetimes times gpus_per_replica),
 //    cold starts, the largest gateway queue and replica queue, the prefix
-//    tokens served from cache over all prompt tokens, and a timeline (one
-//    point per scrape.interval).
+//    tokens served from cache over all prompt tokens, the mean decode batch,
+//    the busy share of ready replica time, the peak KV reservation, and a
+//    timeline (one point per scrape.interval).
 #pragma once
 
 #include <cstdint>
@@ -107,6 +108,10 @@ struct SimResult {
   double gpu_hours = 0;
   int64_t cold_starts = 0, max_replicas = 0, max_gateway_queue = 0, max_replica_queue = 0;
   double prefix_hit_rate = 0;  // cached_prompt_tokens / input_tokens
+  // Where the replicas' capacity went: the decode batch averaged over step
+  // time, the share of ready replica time spent in steps, and the largest
+  // share of one replica's KV pool reserved at once.
+  double mean_decode_batch = 0, busy_fraction = 0, max_kv_usage = 0;
   std::vector<TimelinePoint> timeline;
 };
 

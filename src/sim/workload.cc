@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 #include <string>
 
 #include "core/error.h"
@@ -10,7 +11,7 @@
 namespace basalt::sim {
 
 std::vector<SimRequest> requests_from(const std::vector<loadgen::Conversation>& pool,
-                                      const std::vector<double>& arrivals) {
+                                      const std::vector<double>& arrivals, uint64_t seed) {
   BASALT_CHECK(!pool.empty() || arrivals.empty(), "the workload has no conversations");
   std::map<std::string, int64_t> groups;  // leading text -> group
   std::vector<SimRequest> shapes;
@@ -31,8 +32,10 @@ std::vector<SimRequest> requests_from(const std::vector<loadgen::Conversation>& 
   }
   std::vector<SimRequest> out;
   out.reserve(arrivals.size());
+  const bool draw = arrivals.size() > shapes.size();
+  std::mt19937_64 rng(seed);
   for (size_t k = 0; k < arrivals.size(); ++k) {
-    SimRequest q = shapes[k % shapes.size()];
+    SimRequest q = shapes[draw ? std::uniform_int_distribution<size_t>(0, shapes.size() - 1)(rng) : k];
     q.arrival_s = arrivals[k];
     out.push_back(q);
   }

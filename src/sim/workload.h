@@ -3,9 +3,12 @@
 // arrivals), so a simulated run and a real one replay the same trace.
 //
 // Contract:
-//  * requests_from(pool, arrivals): request k arrives at arrivals[k] and has
-//    the lengths of pool[k mod pool size] (the pool is cycled, so a long
-//    trace reuses a few thousand generated conversations): prompt = the
+//  * requests_from(pool, arrivals, seed): request k arrives at arrivals[k]
+//    and has the lengths of pool[k] while the trace is no longer than the
+//    pool (the order `basalt bench` sends them in); a longer trace draws
+//    each request's conversation uniformly from the pool (seeded), so it
+//    reuses a few thousand generated conversations without repeating their
+//    order in lockstep with a round-robin over replicas. Prompt = the
 //    leading messages' tokens + the question's, output = max_tokens (what
 //    `--ignore-eos` makes the server produce). Conversations with the same
 //    leading text form one shared-prefix group (its tokens the prefix).
@@ -26,7 +29,7 @@
 namespace basalt::sim {
 
 std::vector<SimRequest> requests_from(const std::vector<loadgen::Conversation>& pool,
-                                      const std::vector<double>& arrivals);
+                                      const std::vector<double>& arrivals, uint64_t seed);
 
 std::vector<double> trace_arrivals(const loadgen::LoadShape& shape, int64_t count, double duration_s);
 
