@@ -474,6 +474,26 @@ TEST(Cli, Fp8ComputeOnTheCpu) {
   }
 }
 
+// `basalt sim`: the bench trace on the H200 table, deterministic for a seed;
+// a trace that cannot be served is refused.
+TEST(Cli, Sim) {
+  const std::string table = std::string(BASALT_SOURCE_DIR) + "/bench/sim/h200-llama8b.json";
+  const std::string command = "sim --step-table " + table +
+                              " --dataset shared-prefix --sp-groups 4 --sp-prompts-per-group 4 --request-rate 50 "
+                              "--num-requests 400 --replicas 2 --seed 3 --json";
+  CliRun r = run(command);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json out = json::parse(r.out);
+  EXPECT_EQ(out["config"]["policy"], "cache-aware");
+  EXPECT_EQ(out["results"]["requests"], 400);
+  EXPECT_EQ(out["results"]["completed"], 400);
+  EXPECT_GT(out["results"]["prefix_hit_rate"].get<double>(), 0.5);
+  EXPECT_EQ(run(command).out, r.out);
+  r = run("sim --step-table " + table + " --replicas 0");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--replicas 0 needs --autoscale"), std::string::npos) << r.err;
+}
+
 // `basalt deploy check`: the commented example is valid; a bad spec lists
 // every problem as FILE:LINE: PATH: message and exits non-zero; --json.
 TEST(Cli, DeployCheck) {
