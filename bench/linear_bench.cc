@@ -214,7 +214,7 @@ std::vector<Tensor> weight_copies(const Tensor& w) {
 }
 
 void print_table(const std::vector<Row>& rows) {
-  fmt::print("\n{:<22} {:>3} {:>5} | {:>8} {:>6} {:>7} {:>6} | {:>8} {:>7} {:>8}\n", "shape (K -> N)",
+  fmt::print("\n{:<24} {:>3} {:>5} | {:>8} {:>6} {:>7} {:>6} | {:>8} {:>7} {:>8}\n", "shape (K -> N)",
              "T", "w", "ours ms", "GB/s", "GFLOP/s", "of BW", "sgemm ms", "GFLOP/s", "vs sgemm");
   fmt::print("{}\n", std::string(100, '-'));
   for (const Row& r : rows) {
@@ -223,7 +223,7 @@ void print_table(const std::vector<Row>& rows) {
       blas = fmt::format("{:>8.3f} {:>7.1f} {:>7.2f}x", r.blas_s * 1e3, r.blas_gflops,
                          r.blas_s / r.ours_s);
     }
-    fmt::print("{:<22} {:>3} {:>5} | {:>8.3f} {:>6.1f} {:>7.1f} {:>5.0f}% | {}\n", r.shape, r.tokens,
+    fmt::print("{:<24} {:>3} {:>5} | {:>8.3f} {:>6.1f} {:>7.1f} {:>5.0f}% | {}\n", r.shape, r.tokens,
                r.dtype, r.ours_s * 1e3, r.ours_gbs, r.ours_gflops, 100.0 * r.read_s / r.ours_s,
                blas);
   }
@@ -249,7 +249,8 @@ int run(bool quick, const std::string& only) {
 
   const std::vector<Shape3> shapes = {{"2048 -> 8192 (gate_up)", 2048, 8192},
                                       {"2048 -> 2048 (q, o)", 2048, 2048},
-                                      {"8192 -> 2048 (down)", 8192, 2048}};
+                                      {"8192 -> 2048 (down)", 8192, 2048},
+                                      {"2048 -> 128256 (lm_head)", 2048, 128256}};
   const double min_seconds = quick ? 0.2 : 1.0;
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 0.02f);
