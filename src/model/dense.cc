@@ -97,9 +97,10 @@ class DenseModel final : public Model {
       // heads they read; row-parallel o_proj: the matching input columns.
       const int64_t q_begin = rank * heads_ * D, kv_begin = kv_head_begin_ * D;
       if (int_weights) {
-        w.qkv_proj = int_on_backend(concat_int_rows({read_int_linear(ckpt, p + "self_attn.q_proj.weight", q_out, H, c),
-                                                 read_int_linear(ckpt, p + "self_attn.k_proj.weight", kv_out, H, c),
-                                                 read_int_linear(ckpt, p + "self_attn.v_proj.weight", kv_out, H, c)}));
+        const std::string a = p + "self_attn.";
+        w.qkv_proj = int_on_backend(concat_int_rows({read_int_linear(ckpt, a + "q_proj.weight", q_out, H, c),
+                                                     read_int_linear(ckpt, a + "k_proj.weight", kv_out, H, c),
+                                                     read_int_linear(ckpt, a + "v_proj.weight", kv_out, H, c)}));
         w.o_proj = int_on_backend(read_int_linear(ckpt, p + "self_attn.o_proj.weight", H, q_out, c));
       } else {
         const Tensor q_w = ckpt.get(p + "self_attn.q_proj.weight", {q_out, H}).rows(q_begin, heads_ * D);
@@ -126,8 +127,9 @@ class DenseModel final : public Model {
       // Column-parallel gate and up (this rank's slice of each), row-parallel down.
       const int64_t i_begin = rank * intermediate_;
       if (int_weights) {
-        w.gate_up_proj = int_on_backend(concat_int_rows({read_int_linear(ckpt, p + "mlp.gate_proj.weight", I, H, c),
-                                                     read_int_linear(ckpt, p + "mlp.up_proj.weight", I, H, c)}));
+        const std::string m = p + "mlp.";
+        w.gate_up_proj = int_on_backend(concat_int_rows({read_int_linear(ckpt, m + "gate_proj.weight", I, H, c),
+                                                         read_int_linear(ckpt, m + "up_proj.weight", I, H, c)}));
         w.down_proj = int_on_backend(read_int_linear(ckpt, p + "mlp.down_proj.weight", H, I, c));
       } else {
         const Tensor gate = ckpt.get(p + "mlp.gate_proj.weight", {I, H}).rows(i_begin, intermediate_);
