@@ -23,6 +23,7 @@
 #include "app/cold_start_bench.h"
 #include "app/commands.h"
 #include "app/model_dir.h"
+#include "app/workload_flags.h"
 #include "core/error.h"
 #include "core/file_limit.h"
 #include "loadgen/client.h"
@@ -38,36 +39,18 @@ namespace {
 using namespace loadgen;
 using nlohmann::json;
 
-struct BenchFlags {
+// The load test's flags beside the shared workload and arrival ones.
+struct BenchFlags : WorkloadFlags {
   std::string base_url = "http://127.0.0.1:8000";
   std::string endpoint = "/v1/completions";
   std::string served_model_name;
   std::string api_key;
   std::string model;
-  std::string dataset = "random";
-  std::string dataset_path;
-  int64_t num_prompts = 100;
-  int64_t input_len = 256;
-  int64_t output_len = 128;
-  bool output_len_set = false;
-  double range_ratio = 0;
-  int64_t sp_groups = 4;
-  int64_t sp_prompts_per_group = 8;
-  int64_t sp_system_len = 512;
-  int64_t sp_question_len = 64;
-  int64_t mt_turns = 4;
-  int64_t max_input_len = 1024;
   bool ignore_eos = false;
   bool no_usage = false;
   double temperature = 0;
-  std::string request_rate = "inf";
   std::string sweep_rates;
   int64_t max_concurrency = 0;
-  double burst_factor = 1;
-  double burst_start = 0;
-  double burst_duration = 0;
-  double diurnal_amplitude = 0;
-  double diurnal_period = 86400;
   uint64_t seed = 0;
   double timeout = 600;
   double slo_ttft_ms = 0;
@@ -85,47 +68,6 @@ struct BenchFlags {
   bool json = false;
   std::vector<std::string> serve_args;
 };
-
-// The arrival schedule of one rate.
-LoadShape load_shape(const BenchFlags& f, double rate, uint64_t seed) {
-  LoadShape s{rate, seed, f.burst_factor, f.burst_start, f.burst_duration};
-  s.diurnal_amplitude = f.diurnal_amplitude;
-  s.diurnal_period_s = f.diurnal_period;
-  return s;
-}
-
-double parse_rate(const std::string& text, const char* flag) {
-  std::string t = text;
-  while (!t.empty() && t.back() == ' ') t.pop_back();
-  while (!t.empty() && t.front() == ' ') t.erase(t.begin());
-  if (t == "inf" || t == "INF" || t == "Inf") return INFINITY;
-  char* end = nullptr;
-  const double v = std::strtod(t.c_str(), &end);
-  BASALT_CHECK(!t.empty() && end == t.c_str() + t.size() && std::isfinite(v) && v > 0,
-               "{} '{}': expected a positive number of requests per second or inf", flag, text);
-  return v;
-}
-
-std::vector<Conversation> make_workload(BenchFlags f, const TextMaker& maker, uint64_t seed) {
-  f.seed = seed;
-  if (f.dataset == "random") {
-    return make_random(maker, {f.num_prompts, f.input_len, f.output_len, f.range_ratio}, f.seed);
-  }
-  if (f.dataset == "shared-prefix") {
-    SharedPrefixSpec s{f.sp_groups, f.sp_prompts_per_group, f.sp_system_len, f.sp_question_len, f.output_len,
-                       f.range_ratio};
-    return make_shared_prefix(maker, s, f.seed);
-  }
-  if (f.dataset == "multi-turn") {
-    return make_multi_turn(maker, {f.num_prompts, f.mt_turns, f.input_len, f.output_len, f.range_ratio}, f.seed);
-  }
-  if (f.dataset == "sharegpt") {
-    BASALT_CHECK(!f.dataset_path.empty(), "--dataset sharegpt needs --dataset-path FILE");
-    return load_sharegpt(f.dataset_path, maker, {f.num_prompts, f.output_len_set ? f.output_len : 0, f.max_input_len},
-                         f.seed);
-  }
-  fail("--dataset '{}': expected random, shared-prefix, multi-turn or sharegpt", f.dataset);
-}
 
 // The first model id of GET /v1/models, or "" when the server does not say.
 std::string ask_model_name(boost::asio::io_context& io, CompletionClient& client, const std::string& base_url) {
@@ -285,7 +227,7 @@ void run_bench(const BenchFlags& f, const CLI::App& cmd) {
   // Each rate of a sweep gets its own prompts (seed + the rate's index), so a
   // server's prefix cache does not carry one rate's prompts into the next.
   std::vector<std::vector<Conversation>> workloads;
-  for (size_t i = 0; i < rates.size(); ++i) workloads.push_back(make_workload(f, maker, f.seed + i));
+  for (size_t i = 0; i < rates.size(); ++i) workloads.push_back(make_workload(f, maker, f.seed + i, /*multi_turn=*/true));
 
   // Every stream is a socket: lift the soft descriptor limit (often 1024)
   // to the hard one, so high concurrency is not cut short by EMFILE, and

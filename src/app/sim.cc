@@ -15,6 +15,7 @@
 
 #include "app/commands.h"
 #include "app/model_dir.h"
+#include "app/workload_flags.h"
 #include "core/error.h"
 #include "loadgen/workload.h"
 #include "router/autoscaler.h"
@@ -29,7 +30,8 @@ namespace {
 
 using nlohmann::json;
 
-struct SimFlags {
+// The simulator's flags beside the shared workload and arrival ones.
+struct SimFlags : WorkloadFlags {
   std::string step_table;
   int64_t replicas = 1;
   std::string autoscale;
@@ -41,63 +43,14 @@ struct SimFlags {
   int64_t scrape_interval_ms = 1000;
   double assumed_prefill_rate = 2000;
   std::string model;
-  std::string dataset = "random";
-  std::string dataset_path;
-  int64_t num_prompts = 100;
-  int64_t input_len = 256;
-  int64_t output_len = 128;
-  bool output_len_set = false;
-  double range_ratio = 0;
-  int64_t sp_groups = 4;
-  int64_t sp_prompts_per_group = 8;
-  int64_t sp_system_len = 512;
-  int64_t sp_question_len = 64;
-  int64_t max_input_len = 1024;
-  std::string request_rate = "inf";
   int64_t num_requests = 0;
   double duration = 0;
-  double burst_factor = 1;
-  double burst_start = 0;
-  double burst_duration = 0;
-  double diurnal_amplitude = 0;
-  double diurnal_period = 86400;
   uint64_t seed = 0;
   double slo_ttft_ms = 1000;
   bool json_out = false;
   std::string output_json;
   bool timeline = false;
 };
-
-double parse_rate(const std::string& text) {
-  if (text == "inf") return INFINITY;
-  size_t used = 0;
-  double r = 0;
-  try {
-    r = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  BASALT_CHECK(used == text.size() && !text.empty() && !std::isnan(r) && r >= 0,
-               "--request-rate '{}': expected a number >= 0 or inf", text);
-  return r;
-}
-
-std::vector<loadgen::Conversation> make_pool(const SimFlags& f, const loadgen::TextMaker& maker) {
-  using namespace loadgen;
-  if (f.dataset == "random")
-    return make_random(maker, {f.num_prompts, f.input_len, f.output_len, f.range_ratio}, f.seed);
-  if (f.dataset == "shared-prefix")
-    return make_shared_prefix(maker,
-                              {f.sp_groups, f.sp_prompts_per_group, f.sp_system_len, f.sp_question_len, f.output_len,
-                               f.range_ratio},
-                              f.seed);
-  if (f.dataset == "sharegpt") {
-    BASALT_CHECK(!f.dataset_path.empty(), "--dataset sharegpt needs --dataset-path FILE");
-    return load_sharegpt(f.dataset_path, maker, {f.num_prompts, f.output_len_set ? f.output_len : 0, f.max_input_len},
-                         f.seed);
-  }
-  fail("--dataset '{}': expected random, shared-prefix or sharegpt", f.dataset);
-}
 
 void run_sim(const SimFlags& f) {
   sim::FleetConfig config;
@@ -126,13 +79,11 @@ void run_sim(const SimFlags& f) {
   BASALT_CHECK(std::isfinite(f.duration) && f.duration >= 0, "--duration must be >= 0 seconds, got {}", f.duration);
   BASALT_CHECK(f.burst_factor == 1 || f.burst_duration > 0, "--burst-factor needs --burst-duration");
 
-  loadgen::LoadShape shape{parse_rate(f.request_rate), f.seed, f.burst_factor, f.burst_start, f.burst_duration};
-  shape.diurnal_amplitude = f.diurnal_amplitude;
-  shape.diurnal_period_s = f.diurnal_period;
+  const loadgen::LoadShape shape = load_shape(f, parse_rate(f.request_rate, "--request-rate"), f.seed);
   const std::string dir = model_dir_or_bundled(f.model);
   TokenizerBundle tokenizer = load_tokenizer_dir(dir);
   loadgen::TextMaker maker(tokenizer.tokenizer);
-  const std::vector<loadgen::Conversation> pool = make_pool(f, maker);
+  const std::vector<loadgen::Conversation> pool = make_workload(f, maker, f.seed, /*multi_turn=*/false);
   const int64_t count = f.num_requests > 0 ? f.num_requests : static_cast<int64_t>(pool.size());
   const std::vector<double> arrivals = sim::trace_arrivals(shape, count, f.duration);
   const std::vector<sim::SimRequest> requests = sim::requests_from(pool, arrivals, f.seed);
