@@ -189,55 +189,70 @@ class QueuedProducer : public ResponseProducer {
   std::shared_ptr<Slot> slot_;
 };
 
-}  // namespace
-
-// The admission queue, and what pumps it: requests as they come, the
-// events that may free a replica (posted to the client io_context), and a
-// 50 ms timer.
-struct RouteServer::Admission : std::enable_shared_from_this<Admission> {
-  AdmissionQueue queue;
-  boost::asio::io_context& io;
-  std::mutex mu;  // held while pumping, so stop() waits for a pump in progress; guards the timer
+// Work done every `interval` on an io_context until stop(): tick() runs
+// under mu, the next one is armed only after it, and none runs once stop()
+// has returned (stop() waits for a tick in progress).
+struct PeriodicWork : std::enable_shared_from_this<PeriodicWork> {
+  std::mutex mu;  // held while ticking; guards the timer
   bool stopped = false;
   boost::asio::steady_timer timer;
+  std::chrono::milliseconds interval;
 
-  explicit Admission(boost::asio::io_context& i) : io(i), timer(i) {}
+  PeriodicWork(boost::asio::io_context& io, std::chrono::milliseconds every) : timer(io), interval(every) {}
+  virtual ~PeriodicWork() = default;
+  virtual void tick() = 0;  // under mu
 
-  void pump() {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!stopped) queue.pump(Clock::now());
-  }
-  void pump_soon() {
-    boost::asio::post(io, [weak = weak_from_this()] {
-      if (const auto self = weak.lock()) self->pump();
-    });
-  }
   void start() {
     std::lock_guard<std::mutex> lock(mu);
     arm();
-  }
-  void arm() {  // under mu
-    timer.expires_after(std::chrono::milliseconds(50));
-    timer.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
-      if (ec) return;
-      const auto self = weak.lock();
-      if (!self) return;
-      std::lock_guard<std::mutex> lock(self->mu);
-      if (self->stopped) return;
-      self->queue.pump(Clock::now());
-      self->arm();
-    });
   }
   void stop() {
     std::lock_guard<std::mutex> lock(mu);
     stopped = true;
     timer.cancel();
   }
+
+ private:
+  void arm() {  // under mu
+    timer.expires_after(interval);
+    timer.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      if (ec) return;
+      const auto self = weak.lock();
+      if (!self) return;
+      std::lock_guard<std::mutex> lock(self->mu);
+      if (self->stopped) return;
+      self->tick();
+      self->arm();
+    });
+  }
+};
+
+}  // namespace
+
+// The admission queue, and what pumps it: requests as they come, the
+// events that may free a replica (posted to the client io_context), and a
+// 50 ms timer.
+struct RouteServer::Admission : PeriodicWork {
+  AdmissionQueue queue;
+  boost::asio::io_context& io;
+
+  explicit Admission(boost::asio::io_context& i) : PeriodicWork(i, std::chrono::milliseconds(50)), io(i) {}
+
+  void tick() override { queue.pump(Clock::now()); }
+  void pump() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!stopped) queue.pump(Clock::now());
+  }
+  void pump_soon() {
+    boost::asio::post(io, [weak = weak_from_this()] {
+      if (const auto self = weak.lock()) static_cast<Admission&>(*self).pump();
+    });
+  }
 };
 
 // The autoscaled pools' policies (router/autoscaler.h), evaluated on a
 // timer, and what their last evaluation decided.
-struct RouteServer::Autoscaling : std::enable_shared_from_this<Autoscaling> {
+struct RouteServer::Autoscaling : PeriodicWork {
   struct PoolStatus {
     AutoscaleConfig config;
     int64_t ready = 0;
@@ -248,39 +263,15 @@ struct RouteServer::Autoscaling : std::enable_shared_from_this<Autoscaling> {
   };
   std::vector<PoolAutoscaler> scalers;  // under mu
   std::function<void()> evaluate;       // the server's: one evaluation of every pool, under mu
-  std::chrono::milliseconds interval;
-  std::mutex mu;  // held while evaluating, so stop() waits for an evaluation in progress; guards the timer
-  bool stopped = false;
-  boost::asio::steady_timer timer;
   mutable std::mutex status_mu;  // guards status
   std::vector<PoolStatus> status;
 
-  Autoscaling(boost::asio::io_context& io, std::chrono::milliseconds every) : interval(every), timer(io) {}
+  Autoscaling(boost::asio::io_context& io, std::chrono::milliseconds every) : PeriodicWork(io, every) {}
 
+  void tick() override { evaluate(); }
   void run_once() {
     std::lock_guard<std::mutex> lock(mu);
     if (!stopped) evaluate();
-  }
-  void start() {
-    std::lock_guard<std::mutex> lock(mu);
-    arm();
-  }
-  void arm() {  // under mu
-    timer.expires_after(interval);
-    timer.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
-      if (ec) return;
-      const auto self = weak.lock();
-      if (!self) return;
-      std::lock_guard<std::mutex> lock(self->mu);
-      if (self->stopped) return;
-      self->evaluate();
-      self->arm();
-    });
-  }
-  void stop() {
-    std::lock_guard<std::mutex> lock(mu);
-    stopped = true;
-    timer.cancel();
   }
   std::vector<PoolStatus> last() const {
     std::lock_guard<std::mutex> lock(status_mu);
