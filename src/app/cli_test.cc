@@ -328,7 +328,7 @@ TEST(Cli, EvalPerplexityMatchesTransformersLogits) {
       const std::vector<int> ids(raw.begin(), raw.end());
       if (ids.size() < 2) continue;
       const double nll = mean_nll(ids, read_safetensor<float>(ref, prefix + ".logits"));
-      const CliRun r = run("eval --model " + kModels + name + " --ids " + join(ids) + " --json");
+      const CliRun r = run("eval --model " + kModels + name + " --ids " + join(ids) + " --json --dtype float32");
       ASSERT_EQ(r.exit_code, 0) << r.err;
       const json out = json::parse(r.out);
       EXPECT_EQ(out["tokens"], ids.size() - 1) << name;
@@ -580,8 +580,9 @@ TEST(Cli, EvalKlOfAnFp8CopyMatchesTheLogitsOfBothModels) {
     const size_t n = raw.size();
     const std::string ids = " --ids " + join(std::vector<int>(raw.begin(), raw.end()));
     const std::string src_logits = temp_path("src.f32"), fp8_logits = temp_path("fp8.f32");
-    ASSERT_EQ(run("eval --model " + src + ids + " --logits-out " + src_logits).exit_code, 0);
-    ASSERT_EQ(run("eval --model " + fp8 + ids + " --logits-out " + fp8_logits).exit_code, 0);
+    // f32 activations: the bf16 reference's logits are compared with transformers' f32 ones below.
+    ASSERT_EQ(run("eval --model " + src + ids + " --logits-out " + src_logits + " --dtype float32").exit_code, 0);
+    ASSERT_EQ(run("eval --model " + fp8 + ids + " --logits-out " + fp8_logits + " --dtype float32").exit_code, 0);
     const std::vector<float> p = read_floats(src_logits), q = read_floats(fp8_logits);
     std::filesystem::remove(src_logits);
     std::filesystem::remove(fp8_logits);
@@ -601,7 +602,7 @@ TEST(Cli, EvalKlOfAnFp8CopyMatchesTheLogitsOfBothModels) {
       agree += arg_max(p.data() + t * vocab, vocab) == arg_max(q.data() + t * vocab, vocab);
     }
     kl /= static_cast<double>(n - 1);
-    r = run("eval --model " + fp8 + " --compare-model " + src + ids + " --json");
+    r = run("eval --model " + fp8 + " --compare-model " + src + ids + " --json --dtype float32");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const json out = json::parse(r.out);
     EXPECT_GT(kl, 0.0);
@@ -610,7 +611,8 @@ TEST(Cli, EvalKlOfAnFp8CopyMatchesTheLogitsOfBothModels) {
     EXPECT_EQ(out["top1_agreement"].get<double>(), static_cast<double>(agree) / static_cast<double>(n - 1));
     EXPECT_NEAR(out["reference_perplexity"].get<double>(), std::exp(nll_p / static_cast<double>(n - 1)), 1e-9);
     // Swapping the roles gives the other direction's KL, also positive.
-    const json back = json::parse(run("eval --model " + src + " --compare-model " + fp8 + ids + " --json").out);
+    const json back =
+        json::parse(run("eval --model " + src + " --compare-model " + fp8 + ids + " --json --dtype float32").out);
     EXPECT_GT(back["kl_mean"].get<double>(), 0.0);
     EXPECT_EQ(back["perplexity"], out["reference_perplexity"]);
   }
@@ -863,7 +865,9 @@ TEST(Cli, BadInputExitsNonZeroWithOneLine) {
 
 // The bundled models (models/, trained by tools/train/train_bundled.py): the
 // greedy continuations transformers produced for them when they were trained
-// (models/reports/) are the reference.
+// (models/reports/) are the reference, run in f32: so is Basalt here
+// (--dtype float32; the default's bf16 activations are held to transformers
+// in model/bundled_test.cc, to a bf16 tolerance).
 const std::string kBundled = std::string(BASALT_TESTDATA) + "/../models/";
 
 void expect_bundled_matches_transformers(const std::string& model, const std::string& report,
@@ -875,10 +879,46 @@ void expect_bundled_matches_transformers(const std::string& model, const std::st
     const std::vector<int> expected = sample["output_ids"];
     const CliRun r = run("generate --model " + kBundled + model + " --prompt-ids " + join(prompt) +
                          " --max-tokens " + std::to_string(expected.size()) +
-                         " --temperature 0 --ignore-eos --json" + flags);
+                         " --temperature 0 --ignore-eos --json --dtype float32" + flags);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(json::parse(r.out)["output_ids"].get<std::vector<int>>(), expected)
         << model << flags << ": " << sample["prompt"];
+  }
+}
+
+// --dtype: bf16 weights meet bf16-rounded activations by default and f32
+// ones with float32; eval compares the two on the same model
+// (--compare-dtype), a small but real difference; bad values and float32 on
+// a GPU are refused, naming the flag, on every command that takes it.
+TEST(Cli, DtypeChoosesWhatBf16WeightsMultiplyWith) {
+  const std::string model = " --model " + kBundled + "basalt-mini";
+  const std::string ids = " --ids " + join(std::vector<int>{0, 74, 613, 349, 4805, 1871, 305, 270, 3187, 617, 3187, 16,
+                                                              270, 3187, 1141, 1547, 4091, 203, 3168, 270});
+  CliRun r = run("eval" + model + ids + " --compare-model " + kBundled + "basalt-mini --compare-dtype float32 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json out = json::parse(r.out);
+  EXPECT_EQ(out["dtype"], "auto");
+  EXPECT_EQ(out["compare_dtype"], "float32");
+  EXPECT_GT(out["kl_mean"].get<double>(), 0.0);
+  EXPECT_LT(out["kl_mean"].get<double>(), 1e-2);
+  EXPECT_NEAR(out["perplexity"].get<double>() / out["reference_perplexity"].get<double>(), 1.0, 0.01);
+  r = run("eval" + model + ids + " --dtype float32 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["perplexity"], out["reference_perplexity"]);
+  r = run("eval" + model + ids + " --dtype bfloat16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["perplexity"], out["perplexity"]);
+  r = run("eval" + model + ids + " --compare-dtype float32");
+  EXPECT_NE(r.err.find("--compare-dtype needs --compare-model"), std::string::npos) << r.err;
+  for (const std::string& command : {"eval" + model + ids, "generate" + model + " --prompt-ids 1,2 --max-tokens 2",
+                                    "serve" + model + " --port 0"}) {
+    SCOPED_TRACE(command);
+    r = run(command + " --dtype float16");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--dtype float16: expected auto, bfloat16 or float32"), std::string::npos) << r.err;
+    r = run(command + " --dtype float32 --device cuda");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--dtype float32 --device cuda"), std::string::npos) << r.err;
   }
 }
 

@@ -55,6 +55,25 @@ void apply_fp8_compute(const std::string& choice, Backend& backend) {
   backend.set_fp8_compute(choice == "w8a8" ? Fp8Compute::kW8A8 : Fp8Compute::kW8A16);
 }
 
+void check_dtype(const std::string& choice, const std::string& device) {
+  BASALT_CHECK(choice == "auto" || choice == "bfloat16" || choice == "float32",
+               "--dtype {}: expected auto, bfloat16 or float32", choice);
+  BASALT_CHECK(!(choice == "float32" && device != "cpu"),
+               "--dtype float32 --device {}: only the CPU backend multiplies bf16 weights by f32 activations",
+               device);
+}
+
+void apply_dtype(const std::string& choice, Backend& backend) {
+  check_dtype(choice, std::string(backend.name()));
+  if (auto* cpu = dynamic_cast<CpuBackend*>(&backend))
+    cpu->set_bf16_activations(choice == "float32" ? cpu::Bf16Activations::kF32 : cpu::Bf16Activations::kRounded);
+}
+
+cpu::Bf16Activations cpu_bf16_activations(const Backend& backend) {
+  const auto* cpu = dynamic_cast<const CpuBackend*>(&backend);
+  return cpu != nullptr ? cpu->bf16_activations() : cpu::Bf16Activations::kRounded;
+}
+
 size_t kv_budget_bytes(const std::string& device, double fraction) {
 #ifdef BASALT_HAVE_CUDA
   if (device == "cuda")

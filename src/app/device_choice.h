@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/cpu/linear.h"
 #include "model/model.h"
 
 namespace basalt {
@@ -23,6 +24,17 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads = 0
 // before any backend exists.
 void check_fp8_compute(const std::string& choice, const std::string& device);
 void apply_fp8_compute(const std::string& choice, Backend& backend);
+// --dtype: what bf16 weights multiply with. "auto" and "bfloat16" round the
+// activations to bf16 (core/bf16_product.h; on a GPU the tensor cores do the
+// same), "float32" keeps them f32 on the CPU (exact up to f32 sums, slower:
+// one FMA per weight instead of vdpbf16ps's two); a GPU has no float32
+// mode, and anything else throws. Weights in other dtypes always meet f32
+// activations. check_dtype checks a --device before any backend exists;
+// cpu_bf16_activations is the mode a CPU backend runs (its TP and DP ranks
+// take the same).
+void check_dtype(const std::string& choice, const std::string& device);
+void apply_dtype(const std::string& choice, Backend& backend);
+cpu::Bf16Activations cpu_bf16_activations(const Backend& backend);
 // The KV pool's memory budget on that device: `fraction` of host memory for
 // the CPU, of the memory still free for the GPU (call after loading weights).
 // A fraction <= 0 picks the device's default: 0.1 of host memory on the CPU

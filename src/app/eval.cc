@@ -16,6 +16,8 @@
 // nats, with --model the candidate and REF the reference, as llama.cpp's
 // perplexity --kl-divergence does with the base model's logits; the
 // fraction of positions where both argmaxes agree; and REF's perplexity.
+// --compare-dtype runs REF with another --dtype (REF may be --model itself:
+// what rounding the activations to bf16 costs).
 //
 // --mtp (DeepSeek checkpoints with a multi-token-prediction layer): for every
 // position i with a token i + 2, the MTP layer takes the main model's final
@@ -56,12 +58,14 @@ namespace {
 struct EvalFlags {
   std::string model;
   std::string compare_model;
+  std::string compare_dtype;  // empty: --dtype
   std::string text_file;
   std::string ids;
   std::string ids_file;
   std::string logits_out;
   std::string device = "cpu";
   std::string fp8_compute = "auto";
+  std::string dtype = "auto";
   int threads = 0;
   int64_t max_tokens = 0;
   int64_t context = 0;
@@ -138,6 +142,10 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
   BASALT_CHECK(f.max_tokens >= 0, "--max-tokens must be non-negative (0: the whole text)");
   BASALT_CHECK(f.context == 0 || f.context >= 2, "--context must be at least 2 tokens");
   check_fp8_compute(f.fp8_compute, f.device);
+  check_dtype(f.dtype, f.device);
+  const std::string compare_dtype = f.compare_dtype.empty() ? f.dtype : f.compare_dtype;
+  check_dtype(compare_dtype, f.device);
+  BASALT_CHECK(compare || f.compare_dtype.empty(), "--compare-dtype needs --compare-model");
 
   std::vector<int32_t> ids;
   if (text_given) {
@@ -156,15 +164,24 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
   apply_fp8_compute(f.fp8_compute, backend);
+  apply_dtype(f.dtype, backend);
   ProgressPrinter progress;
   std::unique_ptr<Model> model = load_model(f.model, backend, std::ref(progress));
   if (const std::string summary = model->summary(); !summary.empty())
     std::fprintf(stderr, "%s\n", summary.c_str());
   const ModelConfig& config = model->config();
   check_ids(ids, config);
+  std::unique_ptr<Backend> reference_backend_owner;  // declared before the model that uses it
   std::unique_ptr<Model> reference;
   if (compare) {
-    reference = load_model(f.compare_model, backend, std::ref(progress));
+    Backend* reference_backend = &backend;
+    if (compare_dtype != f.dtype) {
+      reference_backend_owner = make_backend(f.device);
+      apply_fp8_compute(f.fp8_compute, *reference_backend_owner);
+      apply_dtype(compare_dtype, *reference_backend_owner);
+      reference_backend = reference_backend_owner.get();
+    }
+    reference = load_model(f.compare_model, *reference_backend, std::ref(progress));
     BASALT_CHECK(reference->config().vocab_size == config.vocab_size,
                  "--compare-model: the vocabularies differ ({} and {} entries)", config.vocab_size,
                  reference->config().vocab_size);
@@ -277,8 +294,10 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
                           {"nll_mean", nll_mean},
                           {"top1", top1},
                           {"device", std::string(backend.name())},
-                          {"fp8_compute", fp8_compute_name(backend.fp8_compute())}};
+                          {"fp8_compute", fp8_compute_name(backend.fp8_compute())},
+                          {"dtype", f.dtype}};
     if (compare) {
+      out["compare_dtype"] = compare_dtype;
       out["kl_mean"] = kl_mean;
       out["top1_agreement"] = top1_agreement;
       out["reference_perplexity"] = reference_perplexity;
@@ -323,18 +342,25 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--compare-model", flags->compare_model,
                   "Reference model directory: also report the mean KL(reference || model), top-1 agreement "
                   "and the reference's perplexity");
+  cmd->add_option("--compare-dtype", flags->compare_dtype,
+                  "--dtype of the reference model (default: --dtype's), e.g. --compare-model of --model itself "
+                  "with float32: what bf16 activations cost");
   cmd->add_flag("--mtp", flags->mtp, "Also report the MTP layer's top-1 accuracy for the token after next");
   cmd->add_option("--device", flags->device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--threads", flags->threads,
                   "CPU backend threads (default 0: the BASALT_NUM_THREADS environment variable, else one per "
                   "hardware thread)");
+  cmd->add_option("--dtype", flags->dtype,
+                  "What bf16 weights multiply with: auto or bfloat16 round the activations to bf16, as GPU "
+                  "matmuls and llama.cpp do (the CPU's fast path); float32 keeps them f32 (CPU only: exact, "
+                  "slower). Other weight dtypes always meet f32 activations (default auto)");
   cmd->add_option("--fp8-compute", flags->fp8_compute,
                   "How block-FP8 weights multiply: w8a8 (activations quantized per 1x128 group, the GPU default), "
                   "w8a16 (weight-only, the CPU's only mode), auto");
   cmd->add_flag("--json", flags->json,
                 "Print {\"perplexity\", \"tokens\", \"tokens_per_second\", \"nll_mean\", \"top1\", \"device\", "
-                "\"fp8_compute\"}, with "
-                "\"kl_mean\", \"top1_agreement\", \"reference_perplexity\" (--compare-model) and "
+                "\"fp8_compute\", \"dtype\"}, with "
+                "\"kl_mean\", \"top1_agreement\", \"reference_perplexity\", \"compare_dtype\" (--compare-model) and "
                 "\"mtp_top1\", \"mtp_tokens\" (--mtp)");
   cmd->callback([flags, text, ids, ids_file] {
     flags->model = model_dir_or_bundled(flags->model);

@@ -63,6 +63,7 @@ struct GenerateFlags {
   int page_size = 1;
   std::string device = "cpu";
   std::string fp8_compute = "auto";
+  std::string dtype = "auto";
   bool enforce_eager = false;
   bool jump_forward = false;
   bool no_jump_forward = false;
@@ -330,16 +331,18 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
 
   check_parallel_flags(f.parallel, f.device, f.speculation.algorithm);
   check_fp8_compute(f.fp8_compute, f.device);
+  check_dtype(f.dtype, f.device);
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
   apply_fp8_compute(f.fp8_compute, backend);
+  apply_dtype(f.dtype, backend);
   ProgressPrinter progress;
   // With --dp-attention the requests are spread over an engine per rank
   // (DpAttentionEngines), each KV pool sized as one engine's would be.
   std::unique_ptr<Model> model;
   DpAttentionEngines dp;
   if (f.parallel.dp_attention) {
-    dp = DpAttentionEngines::load(f.model, f.parallel, std::ref(progress));
+    dp = DpAttentionEngines::load(f.model, f.parallel, backend, std::ref(progress));
   } else {
     const int graph_batch = f.enforce_eager ? 0 : std::min(f.max_running, 4096);
     model = attach_speculation_head(
@@ -527,6 +530,10 @@ void add_generate_command(CLI::App& app) {
                   "hardware thread)");
   add_parallel_flags(*cmd, flags->parallel);
   cmd->add_option("--device", flags->device, std::string("Backend: ") + available_devices() + " (default cpu)");
+  cmd->add_option("--dtype", flags->dtype,
+                  "What bf16 weights multiply with: auto or bfloat16 round the activations to bf16, as GPU "
+                  "matmuls and llama.cpp do (the CPU's fast path); float32 keeps them f32 (CPU only: exact, "
+                  "slower). Other weight dtypes always meet f32 activations (default auto)");
   cmd->add_option("--fp8-compute", flags->fp8_compute,
                   "How block-FP8 weights multiply: w8a8 quantizes the activations per 1x128 group (DeepSeek-V3's inference, the GPU default), w8a16 keeps them (weight-only: exact up to the weights' own rounding; on a GPU it keeps a bf16 copy of every FP8 weight); auto: the device's default");
   cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,

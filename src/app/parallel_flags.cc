@@ -1,5 +1,7 @@
 #include "app/parallel_flags.h"
 
+#include "app/device_choice.h"
+
 #include <algorithm>
 #include <chrono>
 
@@ -58,9 +60,10 @@ void check_parallel_flags(const ParallelFlags& flags, const std::string& device,
 
 namespace {
 
-RankBackendFactory cpu_ranks(int ranks) {
+// Each rank multiplies bf16 weights as the caller's backend does (--dtype).
+RankBackendFactory cpu_ranks(int ranks, cpu::Bf16Activations bf16_activations) {
   const int per_rank = std::max(1, ThreadPool::global().size() / ranks);
-  return [per_rank](int) { return make_cpu_backend_with_threads(per_rank); };
+  return [per_rank, bf16_activations](int) { return make_cpu_backend_with_threads(per_rank, bf16_activations); };
 }
 
 }  // namespace
@@ -71,7 +74,8 @@ std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backen
   BASALT_CHECK(tp >= 1 && tp <= 64, "--tp must be in [1, 64], got {}", tp);
   if (tp == 1) return load_model(dir, backend, progress, {}, flags.weights());
   if (backend.device() == Device::kCpu)
-    return load_tensor_parallel(dir, tp, cpu_ranks(tp), progress, nullptr, {}, flags.weights());
+    return load_tensor_parallel(dir, tp, cpu_ranks(tp, cpu_bf16_activations(backend)), progress, nullptr, {},
+                                flags.weights());
 #ifdef BASALT_HAVE_CUDA
   // GPU ranks: rank 0 on the sampling backend's GPU, rank r on the r-th GPU
   // after it, one thread each, NCCL between them.
@@ -103,10 +107,10 @@ std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backen
 }
 
 DpAttentionEngines DpAttentionEngines::load(const std::string& dir, const ParallelFlags& flags,
-                                            const LoadProgress& progress) {
+                                            const Backend& backend, const LoadProgress& progress) {
   DpAttentionEngines out;
-  out.model = load_data_parallel(dir, flags.tp, cpu_ranks(flags.tp), progress, std::chrono::microseconds(1000),
-                                 flags.weights());
+  out.model = load_data_parallel(dir, flags.tp, cpu_ranks(flags.tp, cpu_bf16_activations(backend)), progress,
+                                 std::chrono::microseconds(1000), flags.weights());
   return out;
 }
 

@@ -62,7 +62,9 @@ struct DpAttentionEngines {
   DpAttentionEngines& operator=(DpAttentionEngines&&) = default;
   ~DpAttentionEngines();
 
-  static DpAttentionEngines load(const std::string& dir, const ParallelFlags& flags, const LoadProgress& progress = {});
+  // The ranks multiply bf16 weights as `backend` does (--dtype).
+  static DpAttentionEngines load(const std::string& dir, const ParallelFlags& flags, const Backend& backend,
+                                 const LoadProgress& progress = {});
   void start(const Tokenizer* tokenizer, EngineOptions options);
 };
 

@@ -73,6 +73,7 @@ struct ServeFlags {
   std::string reasoning_parser;
   std::string device = "cpu";
   std::string fp8_compute = "auto";
+  std::string dtype = "auto";
   bool enforce_eager = false;
   std::string warmup = "auto";
   std::string kv_cache_dtype = "auto";
@@ -101,6 +102,7 @@ void run_serve(const ServeFlags& f) {
   BASALT_CHECK(f.policy == "lpm" || f.policy == "fcfs", "--schedule-policy must be lpm or fcfs");
   check_parallel_flags(f.parallel, f.device, f.speculation.algorithm);
   check_fp8_compute(f.fp8_compute, f.device);
+  check_dtype(f.dtype, f.device);
   start_startup_timeline();
   const std::string dir = model_dir_or_bundled(f.model);
   // The context limit is checked before the weights load, so a wrong flag
@@ -165,6 +167,7 @@ void run_serve(const ServeFlags& f) {
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
   apply_fp8_compute(f.fp8_compute, backend);
+  apply_dtype(f.dtype, backend);
   EngineOptions options;
   options.max_running = f.max_running;
   options.step_token_budget = f.step_token_budget;
@@ -184,7 +187,7 @@ void run_serve(const ServeFlags& f) {
   std::vector<Engine*> engines;
   if (f.parallel.dp_attention) {
     if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
-    dp = DpAttentionEngines::load(dir, f.parallel);
+    dp = DpAttentionEngines::load(dir, f.parallel, backend);
     tokenizer_loaded.emplace(tokenizer_loading.get());
     dp.start(&tokenizer_loaded->tokenizer, options);
     for (int r = 0; r < dp.engines->size(); ++r) engines.push_back(&dp.engines->engine(r));
@@ -327,6 +330,10 @@ void add_serve_command(CLI::App& app) {
                   "none)");
   add_parallel_flags(*cmd, f.parallel);
   cmd->add_option("--device", f.device, std::string("Backend: ") + available_devices() + " (default cpu)");
+  cmd->add_option("--dtype", f.dtype,
+                  "What bf16 weights multiply with: auto or bfloat16 round the activations to bf16, as GPU "
+                  "matmuls and llama.cpp do (the CPU's fast path); float32 keeps them f32 (CPU only: exact, "
+                  "slower). Other weight dtypes always meet f32 activations (default auto)");
   cmd->add_option("--fp8-compute", f.fp8_compute,
                   "How block-FP8 weights multiply: w8a8 quantizes the activations per 1x128 group (DeepSeek-V3's inference, the GPU default), w8a16 keeps them (weight-only: exact up to the weights' own rounding; on a GPU it keeps a bf16 copy of every FP8 weight); auto: the device's default");
   cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,

@@ -64,7 +64,11 @@ std::vector<BackendUnderTest> backends_under_test() {
 #ifdef BASALT_OPS_TEST_CUDA
   return {{"cuda", [] { return cuda_available() ? std::make_unique<CudaBackend>() : nullptr; }}};
 #else
-  return {{"cpu", [] { return std::make_unique<CpuBackend>(); }},
+  // The CPU with f32 activations throughout (--dtype float32), held to the
+  // reference's exact sums; its default for bf16 weights, activations rounded
+  // to bf16, is checked bit for bit in cpu/bf16_linear_test.cc and
+  // cpu/cpu_linear_test.cc.
+  return {{"cpu", [] { return std::make_unique<CpuBackend>(&ThreadPool::global(), cpu::Bf16Activations::kF32); }},
           {"reference", [] { return std::make_unique<ReferenceBackend>(); }}};
 #endif
 }

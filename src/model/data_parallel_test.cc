@@ -24,8 +24,11 @@ namespace {
 
 const std::string kModels = std::string(BASALT_TESTDATA) + "/models/";
 
+// Ranks with f32 activations (--dtype float32), for the 1e-4 comparisons
+// with transformers' f32 runs (the default mode: tensor_parallel_test.cc).
 std::unique_ptr<DataParallelGroup> load_over(const std::string& name, int world) {
-  return load_data_parallel(kModels + name, world, [](int) { return make_cpu_backend_with_threads(1); });
+  return load_data_parallel(kModels + name, world,
+                            [](int) { return make_cpu_backend_with_threads(1, cpu::Bf16Activations::kF32); });
 }
 
 // Runs body(rank) on a thread per rank, at once.
@@ -102,7 +105,7 @@ INSTANTIATE_TEST_SUITE_P(Families, DataParallelReference,
 
 TEST(DataParallel, AFailingBatchFailsAloneAndTheGroupGoesOn) {
   auto group = load_over("deepseek_v3", 2);
-  CpuBackend backend;
+  CpuBackend backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);  // as the ranks
   auto one = load_model(kModels + "deepseek_v3", backend);
   const int64_t vocab = group->rank(0).config().vocab_size;
   const std::vector<int32_t> good = {3, 7, 11}, bad = {3, static_cast<int32_t>(vocab), 11};

@@ -51,9 +51,14 @@ Tensor prefill_logits(Model& model, std::span<const int32_t> ids) {
 
 class DeepseekReference : public ::testing::TestWithParam<std::string> {};
 
+// f32 activations (--dtype float32), within 1e-4 of transformers' f32 run.
+// Not the default mode's bf16 activations: these random-weight fixtures'
+// routers have near-ties that rounding flips, moving whole experts' outputs
+// (up to 11% of the logits); the trained bundled model holds the default
+// mode to 1e-2 (bundled_test.cc).
 TEST_P(DeepseekReference, PrefillLogitsMatchTransformers) {
   const std::string dir = kModels + GetParam();
-  CpuBackend backend;
+  CpuBackend backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);
   auto model = load_model(dir, backend);
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
   const nlohmann::json meta = read_json(dir + "/reference.json");
@@ -69,7 +74,7 @@ TEST_P(DeepseekReference, BothMlaFormsMatchTransformers) {
   // The expanded and the weight-absorbed forms, forced for the whole prefill,
   // agree with each other and with the reference.
   const std::string dir = kModels + GetParam();
-  CpuBackend backend;
+  CpuBackend backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);  // --dtype float32
   auto model = load_model(dir, backend);
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
   const Tensor ids = ref.tensor("prompt_2.ids");
@@ -86,9 +91,11 @@ TEST_P(DeepseekReference, BothMlaFormsMatchTransformers) {
 TEST_P(DeepseekReference, GreedyContinuationMatchesTransformers) {
   // Each decode step takes the absorbed form.
   const std::string dir = kModels + GetParam();
-  CpuBackend backend;
-  auto model = load_model(dir, backend);
-  testing::expect_greedy_matches_reference(*model, backend, dir);
+  CpuBackend exact(&ThreadPool::global(), cpu::Bf16Activations::kF32);
+  testing::expect_greedy_matches_reference(*load_model(dir, exact), exact, dir);
+  CpuBackend rounded;
+  testing::expect_greedy_matches_reference(*load_model(dir, rounded), rounded, dir, /*min_margin=*/0.02,
+                                           /*min_compared=*/4);
 }
 
 TEST_P(DeepseekReference, ChunkedPrefillEqualsOneShot) {
@@ -122,7 +129,7 @@ class DeepseekMtp : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DeepseekMtp, MtpLogitsMatchReference) {
   const std::string dir = kModels + GetParam();
-  CpuBackend backend;
+  CpuBackend backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);  // --dtype float32
   auto model = load_model(dir, backend);
   DeepseekModel& ds = as_deepseek(*model);
   DraftHead* mtp = ds.draft_head();

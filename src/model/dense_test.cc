@@ -29,17 +29,26 @@ using testing::read_json;
 
 class DenseReference : public ::testing::TestWithParam<std::string> {};
 
+// Each fixture in both of the CPU's modes: f32 activations (--dtype float32)
+// within f32 rounding of transformers' f32 run; and the default, where bf16
+// weights meet activations rounded to bf16 (core/bf16_product.h), within
+// what that rounding moves (fixtures with f32 weights give the same in both).
 TEST_P(DenseReference, PrefillLogitsMatchTransformers) {
-  CpuBackend backend;
-  auto model = load_model(kModels + GetParam(), backend);
-  testing::expect_prefill_logits_match_reference(*model, kModels + GetParam(), GetParam());
+  CpuBackend exact(&ThreadPool::global(), cpu::Bf16Activations::kF32);
+  testing::expect_prefill_logits_match_reference(*load_model(kModels + GetParam(), exact), kModels + GetParam(),
+                                                 GetParam());
+  CpuBackend rounded;
+  testing::expect_prefill_logits_match_reference(*load_model(kModels + GetParam(), rounded), kModels + GetParam(),
+                                                 GetParam() + ", bf16 activations", 1e-2, 0.25);
 }
 
 TEST_P(DenseReference, GreedyContinuationMatchesTransformers) {
   const std::string dir = kModels + GetParam();
-  CpuBackend backend;
-  auto model = load_model(dir, backend);
-  testing::expect_greedy_matches_reference(*model, backend, dir);
+  CpuBackend exact(&ThreadPool::global(), cpu::Bf16Activations::kF32);
+  testing::expect_greedy_matches_reference(*load_model(dir, exact), exact, dir);
+  CpuBackend rounded;
+  testing::expect_greedy_matches_reference(*load_model(dir, rounded), rounded, dir, /*min_margin=*/0.02,
+                                           /*min_compared=*/4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DenseReference,
@@ -72,7 +81,8 @@ TEST(DenseModel, ChunkedPrefillEqualsOneShot) {
 // Asked for them, forward also gives every token's final hidden state (after
 // the final norm), and the logits are lm_head of those rows, unchanged.
 TEST(DenseModel, ForwardGivesTheFinalHiddenStatesOnRequest) {
-  CpuBackend backend;
+  // f32 activations: the logits are recomputed below from the hidden states in f32.
+  CpuBackend backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);
   for (const char* name : {"llama", "qwen2"}) {
     SCOPED_TRACE(name);
     auto model = load_model(kModels + name, backend);

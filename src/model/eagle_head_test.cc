@@ -42,7 +42,7 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 TEST(EagleHead, StepMatchesTheTrainersPyTorchCode) {
-  CpuBackend cpu;
+  CpuBackend cpu(&ThreadPool::global(), cpu::Bf16Activations::kF32);  // the trainer's f32 arithmetic
   auto target = load_model(kLlama, cpu);
   std::unique_ptr<DraftHead> head = load_eagle_head(kFixtureHead, cpu, kLlama);
   const SafetensorsFile expected = SafetensorsFile::open(kFixtureExpected);

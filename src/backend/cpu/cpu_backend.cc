@@ -218,7 +218,7 @@ void CpuBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor* bia
   const int64_t tokens = x.dim(0), in = x.dim(1), outs = w.dim(0);
   cpu::linear_f32(*pool_, x.data<const float>(), tokens, in, w.raw(), w.dtype(), outs,
                   bias ? bias->raw() : nullptr, bias ? bias->dtype() : DType::kF32,
-                  out.data<float>());
+                  out.data<float>(), bf16_activations_);
 }
 
 void CpuBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
@@ -522,13 +522,13 @@ struct OwnPool {
 
 class CpuBackendWithPool final : private OwnPool, public CpuBackend {
  public:
-  explicit CpuBackendWithPool(int threads) : OwnPool(threads), CpuBackend(&pool) {}
+  CpuBackendWithPool(int threads, cpu::Bf16Activations mode) : OwnPool(threads), CpuBackend(&pool, mode) {}
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend_with_threads(int threads) {
-  return std::make_unique<CpuBackendWithPool>(std::max(1, threads));
+std::unique_ptr<Backend> make_cpu_backend_with_threads(int threads, cpu::Bf16Activations bf16_activations) {
+  return std::make_unique<CpuBackendWithPool>(std::max(1, threads), bf16_activations);
 }
 
 }  // namespace basalt

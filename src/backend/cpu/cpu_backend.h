@@ -4,8 +4,12 @@
 // activations and f32/bf16/f16 (and block-FP8) weights, using the ThreadPool it is given and
 // AVX-512/AVX2 where the compiler targets them (scalar code otherwise). Results
 // match the scalar references in backend/reference_ops.h within float
-// rounding. Thread-safe only in the sense that distinct CpuBackend calls on
-// distinct tensors may run from one thread at a time (the pool is shared).
+// rounding, except that linear ops on bf16 weights (linear, the MoE experts)
+// round the activations to bf16 by default (core/bf16_product.h: the
+// definition they reproduce bit for bit); set_bf16_activations(kF32) keeps
+// them f32 (`--dtype float32`), which the reference's tolerance then holds.
+// Thread-safe only in the sense that distinct CpuBackend calls on distinct
+// tensors may run from one thread at a time (the pool is shared).
 //
 // Every op is batch-invariant (Backend's "Batch invariance"): a token's
 // output row has the same bits whatever the other rows of the call, the
@@ -27,13 +31,20 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "backend/cpu/linear.h"
 #include "core/thread_pool.h"
 
 namespace basalt {
 
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(ThreadPool* pool = &ThreadPool::global()) : pool_(pool) {}
+  explicit CpuBackend(ThreadPool* pool = &ThreadPool::global(),
+                      cpu::Bf16Activations bf16_activations = cpu::Bf16Activations::kRounded)
+      : pool_(pool), bf16_activations_(bf16_activations) {}
+
+  // How linear ops take bf16 weights (cpu/linear.h); set before the first op.
+  void set_bf16_activations(cpu::Bf16Activations mode) { bf16_activations_ = mode; }
+  cpu::Bf16Activations bf16_activations() const { return bf16_activations_; }
 
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return Device::kCpu; }
@@ -87,11 +98,13 @@ class CpuBackend : public Backend {
 
  private:
   ThreadPool* pool_;
+  cpu::Bf16Activations bf16_activations_;
 };
 
 // A CPU backend with a pool of `threads` threads of its own (at least one),
 // for ranks that run side by side in one process (model/tensor_parallel.h)
 // and must not share, or wait on, the global pool.
-std::unique_ptr<Backend> make_cpu_backend_with_threads(int threads);
+std::unique_ptr<Backend> make_cpu_backend_with_threads(
+    int threads, cpu::Bf16Activations bf16_activations = cpu::Bf16Activations::kRounded);
 
 }  // namespace basalt

@@ -1,16 +1,19 @@
 // CpuBackend::linear against the reference, across both kernel regimes
 // (few tokens: in-register conversion; many tokens: f32 panels), every weight
 // dtype, sizes that leave remainders in every blocking dimension, with and
-// without bias, and with pools of several sizes.
+// without bias, and with pools of several sizes. bf16 weights in the default
+// mode (activations rounded to bf16) are held to core/bf16_product.h's bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "testing/backend_test_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/linear.h"
 #include "backend/reference_ops.h"
+#include "core/bf16_product.h"
 #include "core/error.h"
 
 namespace basalt {
@@ -22,13 +25,35 @@ using testing::random_tensor;
 using testing::relative_error;
 using testing::TestRng;
 
-void expect_linear_matches(Backend& backend, TestRng& rng, int64_t tokens, int64_t in,
+// bf16 weights on a backend in the default mode: the bits of
+// core/bf16_product.h's definition, then the bias added in f32.
+void expect_bf16_definition(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) {
+  const int64_t tokens = x.dim(0), in = x.dim(1), outs = w.dim(0);
+  std::vector<uint16_t> row(static_cast<size_t>(bf16_padded_columns(in)));
+  int64_t differing = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    round_activations_bf16(x.data<const float>() + t * in, in, row.data());
+    for (int64_t n = 0; n < outs; ++n) {
+      float want = bf16_dot_reference(row.data(), w.data<const uint16_t>() + n * in, in);
+      if (bias != nullptr) want += bias->to_f32().data<const float>()[n];
+      const float got = out.data<const float>()[t * outs + n];
+      differing += std::memcmp(&want, &got, sizeof(float)) != 0;
+    }
+  }
+  EXPECT_EQ(differing, 0) << tokens << "x" << in << " -> " << outs << " bf16, activations rounded";
+}
+
+void expect_linear_matches(CpuBackend& backend, TestRng& rng, int64_t tokens, int64_t in,
                            int64_t outs, DType w_dtype, DType bias_dtype, bool with_bias) {
   const Tensor x = random_tensor(rng, {tokens, in}, DType::kF32);
   const Tensor w = random_tensor(rng, {outs, in}, w_dtype, 0.5f);
   const Tensor bias = random_tensor(rng, {outs}, bias_dtype);
   Tensor out = poisoned({tokens, outs}), ref = poisoned({tokens, outs});
   backend.linear(x, w, with_bias ? &bias : nullptr, out);
+  if (w_dtype == DType::kBF16 && backend.bf16_activations() == cpu::Bf16Activations::kRounded) {
+    expect_bf16_definition(x, w, with_bias ? &bias : nullptr, out);
+    return;
+  }
   reference::linear(x, w, with_bias ? &bias : nullptr, ref);
   EXPECT_EQ(count_nan(out), 0) << tokens << "x" << in << " -> " << outs << " " << dtype_name(w_dtype);
   // ||out - ref|| / ||ref|| < 1e-5, plus a term for cancellation: a lone dot
@@ -44,9 +69,11 @@ void expect_linear_matches(Backend& backend, TestRng& rng, int64_t tokens, int64
       << (with_bias ? " with bias" : "") << ", relative error " << relative_error(out, ref);
 }
 
+// Every dtype in the default mode; bf16 weights also with f32 activations
+// (--dtype float32), which the reference's exact sums bound.
 TEST(CpuLinear, OddShapesEveryDtypeBothRegimes) {
   TestRng rng;
-  CpuBackend backend;
+  CpuBackend backend, exact(&ThreadPool::global(), cpu::Bf16Activations::kF32);
   const int64_t panel = cpu::linear_panel_min_tokens();
   const std::vector<int64_t> token_counts = {1, 2, 3, 4, 5, panel - 1, panel, panel + 3, 17, 64, 65};
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3}) {
@@ -54,6 +81,8 @@ TEST(CpuLinear, OddShapesEveryDtypeBothRegimes) {
       for (int64_t in : {1, 3, 17, 63, 64, 65, 129}) {
         for (int64_t outs : {1, 3, 7, 13, 64}) {
           expect_linear_matches(backend, rng, tokens, in, outs, dtype, DType::kF32, (in + outs) % 2);
+          if (dtype == DType::kBF16)
+            expect_linear_matches(exact, rng, tokens, in, outs, dtype, DType::kF32, (in + outs) % 2);
         }
       }
     }
@@ -62,13 +91,14 @@ TEST(CpuLinear, OddShapesEveryDtypeBothRegimes) {
 
 TEST(CpuLinear, KBlockingAndTokenBlockingBoundaries) {
   TestRng rng;
-  CpuBackend backend;
+  CpuBackend backend, exact(&ThreadPool::global(), cpu::Bf16Activations::kF32);
   // in beyond one K-block (1024) with remainders; tokens beyond one token block (128).
   for (const auto& [tokens, in, outs] :
        std::vector<std::tuple<int64_t, int64_t, int64_t>>{
            {1, 2047, 33}, {3, 3000, 20}, {9, 1025, 31}, {64, 2048, 37}, {130, 1100, 19},
            {257, 96, 70}}) {
     expect_linear_matches(backend, rng, tokens, in, outs, DType::kBF16, DType::kF32, true);
+    expect_linear_matches(exact, rng, tokens, in, outs, DType::kBF16, DType::kF32, true);
   }
 }
 
@@ -104,6 +134,40 @@ TEST(CpuLinear, EmptyDimensions) {
   // tokens = 0: nothing to do.
   Tensor none = Tensor::empty({0, 5}, DType::kF32);
   backend.linear(Tensor::empty({0, 0}, DType::kF32), w, nullptr, none);
+}
+
+// The MoE experts multiply bf16 weights as the backend's mode says: one
+// expert taking every token with weight 1 gives, bit for bit, down(silu(gate
+// x) * up x) through linear in the same mode, and the two modes differ.
+TEST(CpuLinear, MoeExpertsOnBf16WeightsFollowTheMode) {
+  TestRng rng;
+  const int64_t T = 5, H = 70, I = 36;
+  const Tensor x = random_tensor(rng, {T, H}, DType::kF32);
+  MoeExpert expert;
+  expert.gate.weight = random_tensor(rng, {I, H}, DType::kBF16, 0.2f);
+  expert.up.weight = random_tensor(rng, {I, H}, DType::kBF16, 0.2f);
+  expert.down.weight = random_tensor(rng, {H, I}, DType::kBF16, 0.2f);
+  const Tensor ids = Tensor::from_i32({T, 1}, std::vector<int32_t>(T, 0));
+  const Tensor weights = Tensor::from_f32({T, 1}, std::vector<float>(T, 1.0f));
+  std::vector<Tensor> results;
+  for (const auto mode : {cpu::Bf16Activations::kRounded, cpu::Bf16Activations::kF32}) {
+    CpuBackend backend(&ThreadPool::global(), mode);
+    Tensor out = poisoned({T, H});
+    backend.moe_experts(x, ids, weights, std::vector<MoeExpert>{expert}, out);
+    Tensor gate = poisoned({T, I}), up = poisoned({T, I}), want = poisoned({T, H});
+    backend.linear(x, expert.gate.weight, nullptr, gate);
+    backend.linear(x, expert.up.weight, nullptr, up);
+    for (int64_t i = 0; i < T * I; ++i) {
+      const float g = gate.data<float>()[i];
+      gate.data<float>()[i] = g / (1.0f + std::exp(-g)) * up.data<float>()[i];
+    }
+    backend.linear(gate, expert.down.weight, nullptr, want);
+    EXPECT_EQ(std::memcmp(out.raw(), want.raw(), sizeof(float) * T * H), 0)
+        << (mode == cpu::Bf16Activations::kF32 ? "f32" : "rounded") << " activations";
+    results.push_back(std::move(out));
+  }
+  EXPECT_NE(std::memcmp(results[0].raw(), results[1].raw(), sizeof(float) * T * H), 0);
+  EXPECT_LT(relative_error(results[0], results[1]), 1e-2);
 }
 
 TEST(CpuLinearChecks, RejectsMismatches) {

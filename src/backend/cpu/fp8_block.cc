@@ -78,7 +78,7 @@ void linear_fp8_block_f32(ThreadPool& pool, const float* x, int64_t tokens, int6
 }
 
 void linear_weight_f32(ThreadPool& pool, const float* x, int64_t tokens, const LinearWeight& w,
-                       float* out) {
+                       float* out, Bf16Activations bf16_activations) {
   const int64_t N = w.weight.dim(0), K = w.weight.dim(1);
   if (w.int_quantized()) {
     linear_int_f32(pool, x, tokens, w.int_layout, w.weight.raw(), w.scales.data<const uint16_t>(), N, nullptr, out);
@@ -86,7 +86,8 @@ void linear_weight_f32(ThreadPool& pool, const float* x, int64_t tokens, const L
     linear_fp8_block_f32(pool, x, tokens, K, w.weight.data<const uint8_t>(),
                          w.scale_inv.data<const float>(), N, out);
   } else {
-    linear_f32(pool, x, tokens, K, w.weight.raw(), w.weight.dtype(), N, nullptr, DType::kF32, out);
+    linear_f32(pool, x, tokens, K, w.weight.raw(), w.weight.dtype(), N, nullptr, DType::kF32, out,
+               bf16_activations);
   }
 }
 

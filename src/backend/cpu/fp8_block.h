@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "backend/cpu/linear.h"
 #include "core/thread_pool.h"
 
 namespace basalt::cpu {
@@ -27,9 +28,10 @@ namespace basalt::cpu {
 void linear_fp8_block_f32(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
                           const uint8_t* w, const float* scale_inv, int64_t outs, float* out);
 
-// out [tokens, N] = x [tokens, K] · wᵀ for a LinearWeight w [N, K].
+// out [tokens, N] = x [tokens, K] · wᵀ for a LinearWeight w [N, K]; bf16
+// weights as linear_f32 takes them.
 void linear_weight_f32(ThreadPool& pool, const float* x, int64_t tokens, const LinearWeight& w,
-                       float* out);
+                       float* out, Bf16Activations bf16_activations = Bf16Activations::kRounded);
 
 // sum_k x[k] * w[n, k] over the row's K columns.
 float weight_row_dot(const LinearWeight& w, int64_t n, const float* x);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/bf16_linear.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd.h"
@@ -388,14 +389,21 @@ void linear_fp8_block_direct(ThreadPool& pool, const float* x, int64_t tokens, i
 }
 
 void linear_f32(ThreadPool& pool, const float* x, int64_t tokens, int64_t in, const void* w,
-                DType w_dtype, int64_t outs, const void* bias, DType bias_dtype, float* out) {
+                DType w_dtype, int64_t outs, const void* bias, DType bias_dtype, float* out,
+                Bf16Activations bf16_activations) {
   if (tokens == 0 || outs == 0) return;
   if (in == 0) {
     std::fill(out, out + tokens * outs, 0.0f);
   } else {
     switch (w_dtype) {
       case DType::kF32: linear_typed<DType::kF32>(pool, x, tokens, in, w, outs, out); break;
-      case DType::kBF16: linear_typed<DType::kBF16>(pool, x, tokens, in, w, outs, out); break;
+      case DType::kBF16:
+        if (bf16_activations == Bf16Activations::kRounded) {
+          linear_bf16_f32(pool, x, tokens, in, static_cast<const uint16_t*>(w), outs, out);
+        } else {
+          linear_typed<DType::kBF16>(pool, x, tokens, in, w, outs, out);
+        }
+        break;
       case DType::kF16: linear_typed<DType::kF16>(pool, x, tokens, in, w, outs, out); break;
       case DType::kF8E4M3: linear_typed<DType::kF8E4M3>(pool, x, tokens, in, w, outs, out); break;
       default: fail("linear: weight dtype {} is not supported", dtype_name(w_dtype));

@@ -1,10 +1,14 @@
 // The CPU linear kernel: out = x · wᵀ (+ bias) for f32 activations.
 //
 // Contract: linear_f32 computes out[t, n] = sum_k x[t, k] * w[n, k] + bias[n]
-// for row-major, contiguous, host x [tokens, in], w [outs, in] (f32, bf16, f16
-// or f8_e4m3) and out [tokens, outs], with f32 products of exactly converted
-// weights and f32 accumulation, spread over the pool. Arguments are trusted
-// (CpuBackend validates them); out must not overlap x or w.
+// for row-major, contiguous, host x [tokens, in], w [outs, in] (f32, f16 or
+// f8_e4m3) and out [tokens, outs], with f32 products of exactly converted
+// weights and f32 accumulation, spread over the pool. bf16 weights go to
+// bf16_linear.h (the activations rounded to bf16, core/bf16_product.h) and
+// get the same bias, unless the caller asks for f32 activations
+// (Bf16Activations::kF32: then they are summed as the other dtypes are).
+// Arguments are trusted (CpuBackend validates them); out must not overlap x
+// or w.
 //
 // Two regimes, because decode and prefill have opposite bottlenecks:
 //  * few tokens (decode, small batches): the op is a streaming read of w, so
@@ -32,9 +36,15 @@
 
 namespace basalt::cpu {
 
+// How bf16 weights meet the activations: rounded to bf16 (the linear op's
+// definition), or kept in f32 where a caller must agree with another f32 path
+// (MLA's expanded keys and values against the absorbed attention).
+enum class Bf16Activations { kRounded, kF32 };
+
 // bias may be null; otherwise bias_dtype is f32, bf16 or f16.
 void linear_f32(ThreadPool& pool, const float* x, int64_t tokens, int64_t in, const void* w,
-                DType w_dtype, int64_t outs, const void* bias, DType bias_dtype, float* out);
+                DType w_dtype, int64_t outs, const void* bias, DType bias_dtype, float* out,
+                Bf16Activations bf16_activations = Bf16Activations::kRounded);
 
 // The token count from which linear_f32 switches to the panel regime.
 int64_t linear_panel_min_tokens();

@@ -104,7 +104,8 @@ void CpuBackend::mla_expand_kv_impl(const Tensor& cache, const Tensor& slots,
     const float* row = cache_row(cache, slot[i], buf.data());
     std::copy_n(row, L, latent.data() + i * L);
   }
-  cpu::linear_weight_f32(*pool_, latent.data(), S, kv_b, kv.data());
+  // f32 latents, as the absorbed attention multiplies them, so both forms agree.
+  cpu::linear_weight_f32(*pool_, latent.data(), S, kv_b, kv.data(), cpu::Bf16Activations::kF32);
   // Copies n floats to element `at` of dst, rounded to dst's dtype.
   const auto put = [](const float* src, int64_t n, Tensor& dst, int64_t at) {
     if (dst.dtype() == DType::kF32) {

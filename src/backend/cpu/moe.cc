@@ -159,13 +159,13 @@ void CpuBackend::moe_experts_impl(const Tensor& x, const Tensor& ids, const Tens
         std::copy_n(xd + (pairs[i] / K) * H, H, xs.data() + i * H);
       xin = xs.data();
     }
-    cpu::linear_weight_f32(*pool_, xin, n, ex.gate, gate.data());
-    cpu::linear_weight_f32(*pool_, xin, n, ex.up, up.data());
+    cpu::linear_weight_f32(*pool_, xin, n, ex.gate, gate.data(), bf16_activations_);
+    cpu::linear_weight_f32(*pool_, xin, n, ex.up, up.data(), bf16_activations_);
     for (int64_t i = 0; i < n * I; ++i) {
       const float g = gate[i];
       gate[i] = g / (1.0f + std::exp(-g)) * up[i];
     }
-    cpu::linear_weight_f32(*pool_, gate.data(), n, ex.down, y.data());
+    cpu::linear_weight_f32(*pool_, gate.data(), n, ex.down, y.data(), bf16_activations_);
     const float* w = weights.data<const float>();
     float* o = out.data<float>();
     for (int64_t i = 0; i < n; ++i) {
