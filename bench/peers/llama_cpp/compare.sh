@@ -65,13 +65,14 @@ cmake --build "$LBUILD" --target llama-bench llama-quantize -j "$(nproc)" >> "$W
 LLAMA_BENCH=$LBUILD/bin/llama-bench
 LLAMA_QUANTIZE=$LBUILD/bin/llama-quantize
 
-# step OUTPUT COMMAND...: runs the command unless OUTPUT exists; a failed
-# command's partial output is removed so the next run writes it again.
+# step OUTPUT COMMAND...: runs the command unless OUTPUT exists, its output
+# in OUTPUT.log; a failed command's partial output is removed (so the next
+# run writes it again) and the end of its log printed.
 step() {
   local out=$1; shift
   [[ -e $out ]] && return 0
   echo "== writing $out"
-  "$@" > /dev/null || { rm -rf "$out"; exit 1; }
+  "$@" > "$out.log" 2>&1 || { tail -20 "$out.log"; rm -rf "$out"; exit 1; }
 }
 CONVERT=$ROOT/bench/peers/llama_cpp/convert.py
 step "$WORK/bf16" "$BUILD/bench/basalt_write_llama_model" --out "$WORK/bf16" --layers "$LAYERS" --hidden 2048 \
