@@ -7,11 +7,6 @@
 
 namespace basalt {
 
-int64_t bf16_block_columns(int64_t k) {
-  const int64_t blocks = std::max<int64_t>(1, (k + kBf16MaxBlock - 1) / kBf16MaxBlock);
-  return std::max<int64_t>(kBf16Chunk, bf16_padded_columns((k + blocks - 1) / blocks));
-}
-
 uint16_t round_activation_bf16(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
@@ -25,25 +20,19 @@ void round_activations_bf16(const float* x, int64_t k, uint16_t* out) {
 }
 
 float bf16_dot_reference(const uint16_t* x, const uint16_t* w, int64_t k) {
-  const int64_t padded = bf16_padded_columns(k), block = bf16_block_columns(k);
   const auto weight = [&](int64_t c) { return c < k ? bf16_to_f32(w[c]) : 0.0f; };
-  float out = 0.0f;
-  for (int64_t b0 = 0; b0 < padded; b0 += block) {
-    float acc[16] = {};
-    for (int64_t c = b0; c < std::min(padded, b0 + block); c += kBf16Chunk) {
-      for (int j = 0; j < 16; ++j) {
-        const int64_t o = c + 2 * j + 1, e = c + 2 * j;
-        acc[j] = acc[j] + bf16_to_f32(x[o]) * weight(o);
-        acc[j] = acc[j] + bf16_to_f32(x[e]) * weight(e);
-      }
+  float acc[16] = {};
+  for (int64_t c = 0; c < bf16_padded_columns(k); c += kBf16Chunk) {
+    for (int j = 0; j < 16; ++j) {
+      const int64_t o = c + 2 * j + 1, e = c + 2 * j;
+      acc[j] = acc[j] + bf16_to_f32(x[o]) * weight(o);
+      acc[j] = acc[j] + bf16_to_f32(x[e]) * weight(e);
     }
-    float v[8], u[4];
-    for (int j = 0; j < 8; ++j) v[j] = acc[j] + acc[j + 8];
-    for (int j = 0; j < 4; ++j) u[j] = v[j] + v[j + 4];
-    const float s = (u[0] + u[2]) + (u[1] + u[3]);
-    out = b0 == 0 ? s : out + s;
   }
-  return out;
+  float v[8], u[4];
+  for (int j = 0; j < 8; ++j) v[j] = acc[j] + acc[j + 8];
+  for (int j = 0; j < 4; ++j) u[j] = v[j] + v[j + 4];
+  return (u[0] + u[2]) + (u[1] + u[3]);
 }
 
 }  // namespace basalt

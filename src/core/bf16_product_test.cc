@@ -11,13 +11,10 @@
 namespace basalt {
 namespace {
 
-TEST(Bf16Product, BlocksAreEqualMultiplesOf32UpTo1024Columns) {
-  EXPECT_EQ(bf16_block_columns(1), 32);
-  EXPECT_EQ(bf16_block_columns(33), 64);
-  EXPECT_EQ(bf16_block_columns(1024), 1024);
-  EXPECT_EQ(bf16_block_columns(1025), 544);   // two blocks of ceil(1025 / 2) rounded up to 32
-  EXPECT_EQ(bf16_block_columns(8192), 1024);
-  EXPECT_EQ(bf16_block_columns(3000), 1024);  // ceil(3000 / 3) = 1000 -> 1024
+TEST(Bf16Product, RowsArePaddedTo32Columns) {
+  EXPECT_EQ(bf16_padded_columns(0), 0);
+  EXPECT_EQ(bf16_padded_columns(1), 32);
+  EXPECT_EQ(bf16_padded_columns(32), 32);
   EXPECT_EQ(bf16_padded_columns(1025), 1056);
 }
 

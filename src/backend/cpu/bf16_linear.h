@@ -13,10 +13,10 @@
 // is. Two regimes, as in linear.h: few tokens stream the weight rows one at
 // a time from memory, every token row of a group of four reusing each
 // loaded chunk; many tokens take tiles of 4 token rows × 6
-// weight rows (AVX-512) over K-blocks, the weight rows read in place (the
+// weight rows (AVX-512) over whole rows, the weight rows read in place (the
 // checkpoint's bf16 pairs are already the instruction's operand layout, so
-// nothing is packed or converted) and kept in L1 while the token rows of a
-// 128-token block stream past them from L2.
+// nothing is packed or converted) and kept in cache while the token rows of
+// a 128-token block stream past them.
 #pragma once
 
 #include <cstdint>

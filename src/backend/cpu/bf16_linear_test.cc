@@ -58,7 +58,7 @@ TEST(Bf16Linear, GivesTheDefinitionsBits) {
   if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "this machine has no AVX2";
 #endif
   std::mt19937 rng(20261205);
-  // Column counts around the 32-column chunk and the 1024-column block;
+  // Column counts around the 32-column chunk, one and many of them;
   // token counts on both sides of the panel regime (16) and its tiles.
   for (int threads : {1, 3}) {
     ThreadPool pool(threads);

@@ -17,7 +17,8 @@
 // linear_fp8_block, the MoE experts and mla_expand_kv sum every output
 // element in one fixed order set by K alone (K-blocks of at most 1024
 // columns, one vector accumulator per block, a fixed horizontal sum, block
-// sums left to right) in both the few-token and the many-token kernels, and
+// sums left to right; bf16 weights in the default mode: core/bf16_product.h's
+// order over the whole row) in both the few-token and the many-token kernels, and
 // block-FP8 weights dequantize to the same f32 values in both; so grouping
 // tokens by expert changes nothing. attention runs its online softmax over
 // key blocks aligned to multiples of 64 in the sequence, and mla_attention
