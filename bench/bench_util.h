@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <span>
 #include <vector>
 
@@ -72,6 +73,33 @@ inline double measure_read_bandwidth() {
     best = std::max(best, static_cast<double>(n * sizeof(float)) / seconds_since(start) / 1e9);
   }
   return best;
+}
+
+// Walks a bench's `--flag [value]` arguments: --help or -h prints `usage`
+// and exits 0; a flag listed in `switches` takes no value and goes to
+// on_switch(flag); any other needs one and goes to on_value(flag, value),
+// which returns false (having said why) to stop. False, with a message, on a
+// missing value too.
+template <class OnSwitch, class OnValue>
+bool walk_flags(int argc, char** argv, const char* usage, std::initializer_list<std::string_view> switches,
+                OnSwitch on_switch, OnValue on_value) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    }
+    if (std::find(switches.begin(), switches.end(), flag) != switches.end()) {
+      on_switch(flag);
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n%s", flag.c_str(), usage);
+      return false;
+    }
+    if (!on_value(flag, std::string(argv[++i]))) return false;
+  }
+  return true;
 }
 
 struct ModelBenchFlags {

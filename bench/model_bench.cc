@@ -53,47 +53,34 @@ bool parse_positive(const std::string& text, int* out) {
 }
 
 bool parse(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--json") {
-      f->json = true;
-      continue;
-    }
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n%s", flag.c_str(), kUsage);
-      return false;
-    }
-    const std::string value = argv[++i];
-    bool ok = true;
-    if (flag == "--model") {
-      f->model = value;
-    } else if (flag == "--prompt") {
-      f->prompts.clear();
-      for (size_t start = 0; ok && start <= value.size();) {
-        size_t comma = value.find(',', start);
-        if (comma == std::string::npos) comma = value.size();
-        int n = 0;
-        ok = parse_positive(value.substr(start, comma - start), &n);
-        f->prompts.push_back(n);
-        start = comma + 1;
-      }
-    } else if (flag == "--tokens") {
-      ok = parse_positive(value, &f->tokens);
-    } else if (flag == "--repeats") {
-      ok = parse_positive(value, &f->repeats);
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n%s", flag.c_str(), kUsage);
-      return false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "%s: not a positive count (or list of them): %s\n", flag.c_str(), value.c_str());
-      return false;
-    }
-  }
+  const bool walked = walk_flags(
+      argc, argv, kUsage, {"--json"}, [&](const std::string&) { f->json = true; },
+      [&](const std::string& flag, const std::string& value) {
+        bool ok = true;
+        if (flag == "--model") {
+          f->model = value;
+        } else if (flag == "--prompt") {
+          f->prompts.clear();
+          for (size_t start = 0; ok && start <= value.size();) {
+            size_t comma = value.find(',', start);
+            if (comma == std::string::npos) comma = value.size();
+            int n = 0;
+            ok = parse_positive(value.substr(start, comma - start), &n);
+            f->prompts.push_back(n);
+            start = comma + 1;
+          }
+        } else if (flag == "--tokens") {
+          ok = parse_positive(value, &f->tokens);
+        } else if (flag == "--repeats") {
+          ok = parse_positive(value, &f->repeats);
+        } else {
+          std::fprintf(stderr, "unknown flag %s\n%s", flag.c_str(), kUsage);
+          return false;
+        }
+        if (!ok) std::fprintf(stderr, "%s: not a positive count (or list of them): %s\n", flag.c_str(), value.c_str());
+        return ok;
+      });
+  if (!walked) return false;
   if (f->model.empty()) {
     std::fprintf(stderr, "--model is required\n%s", kUsage);
     return false;

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "bench_util.h"
 #include "llama_checkpoint.h"
 #include "tokenizer/tokenizer.h"
 
@@ -47,45 +48,35 @@ const char* const kUsage =
     "                                [--heads 32] [--kv-heads 8] [--tokenizer-from DIR] [--force]\n";
 
 bool parse(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--force") {
-      f->force = true;
-      continue;
-    }
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n%s", flag.c_str(), kUsage);
-      return false;
-    }
-    const std::string value = argv[++i];
-    if (flag == "--out") {
-      f->out = value;
-      continue;
-    }
-    if (flag == "--tokenizer-from") {
-      f->tokenizer_from = value;
-      continue;
-    }
-    char* end = nullptr;
-    const long long n = std::strtoll(value.c_str(), &end, 10);
-    if (end == value.c_str() || *end != '\0' || n < 1 || n > (1ll << 20)) {
-      std::fprintf(stderr, "%s %s: expected a positive integer\n", flag.c_str(), value.c_str());
-      return false;
-    }
-    if (flag == "--layers") f->shape.layers = static_cast<int>(n);
-    else if (flag == "--hidden") f->shape.hidden = n;
-    else if (flag == "--intermediate") f->shape.intermediate = n;
-    else if (flag == "--heads") f->shape.heads = n;
-    else if (flag == "--kv-heads") f->shape.kv_heads = n;
-    else {
-      std::fprintf(stderr, "unknown flag %s\n%s", flag.c_str(), kUsage);
-      return false;
-    }
-  }
+  const bool walked = walk_flags(
+      argc, argv, kUsage, {"--force"}, [&](const std::string&) { f->force = true; },
+      [&](const std::string& flag, const std::string& value) {
+        if (flag == "--out") {
+          f->out = value;
+          return true;
+        }
+        if (flag == "--tokenizer-from") {
+          f->tokenizer_from = value;
+          return true;
+        }
+        char* end = nullptr;
+        const long long n = std::strtoll(value.c_str(), &end, 10);
+        if (end == value.c_str() || *end != '\0' || n < 1 || n > (1ll << 20)) {
+          std::fprintf(stderr, "%s %s: expected a positive integer\n", flag.c_str(), value.c_str());
+          return false;
+        }
+        if (flag == "--layers") f->shape.layers = static_cast<int>(n);
+        else if (flag == "--hidden") f->shape.hidden = n;
+        else if (flag == "--intermediate") f->shape.intermediate = n;
+        else if (flag == "--heads") f->shape.heads = n;
+        else if (flag == "--kv-heads") f->shape.kv_heads = n;
+        else {
+          std::fprintf(stderr, "unknown flag %s\n%s", flag.c_str(), kUsage);
+          return false;
+        }
+        return true;
+      });
+  if (!walked) return false;
   if (f->out.empty()) {
     std::fprintf(stderr, "--out DIR is required\n%s", kUsage);
     return false;
