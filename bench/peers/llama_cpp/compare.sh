@@ -25,14 +25,18 @@
 #
 # Pairs (--formats, default all): bf16 (bf16/bf16), f16 (f16/f16), int8
 # (Basalt int8, 32-column groups / Q8_0), int4 (Basalt int4, 32-column groups
-# / Q4_0, and / Q4_K_M). The work directory (default /var/tmp/basalt-vs-llama-cpp)
-# takes about 9 GB and is kept, so a second run skips the writing.
+# / Q4_0, and / Q4_K_M), bundled (the bundled DeepSeek-V3-layout model,
+# models/basalt-mini, as llama.cpp's deepseek2 in bf16; tg256, since a token
+# takes half a millisecond). The work directory (default
+# /var/tmp/basalt-vs-llama-cpp) takes about 9 GB and is kept, so a second run
+# skips the writing.
 set -euo pipefail
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
 [[ $# -ge 1 && $1 != -* ]] || usage
-LLAMA_CPP=$(cd "$1" && pwd); shift
-LAYERS=16 THREADS=2 ROUNDS=3 WORK=/var/tmp/basalt-vs-llama-cpp FORMATS="bf16 f16 int8 int4"
+LLAMA_CPP=$(cd "$1" 2> /dev/null && pwd) || { echo "compare.sh: $1: no such directory" >&2; exit 1; }
+shift
+LAYERS=16 THREADS=2 ROUNDS=3 WORK=/var/tmp/basalt-vs-llama-cpp FORMATS="bf16 f16 int8 int4 bundled"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --layers) LAYERS=$2; shift 2 ;;
@@ -86,15 +90,18 @@ done
 for q in Q8_0 Q4_0 Q4_K_M; do
   step "$WORK/$q.gguf" "$LLAMA_QUANTIZE" "$WORK/bf16.gguf" "$WORK/$q.gguf" $q
 done
+step "$WORK/basalt-mini.gguf" "$PYTHON" "$CONVERT" gguf "$ROOT/models/basalt-mini" "$WORK/basalt-mini.gguf" \
+  --type bf16 --gguf-py "$LLAMA_CPP/gguf-py"
 
 PAIRS=()
 for f in $FORMATS; do
   case $f in
-    bf16) PAIRS+=("bf16 bf16 bf16.gguf") ;;
-    f16) PAIRS+=("f16 f16 f16.gguf") ;;
-    int8) PAIRS+=("int8/Q8_0 int8 Q8_0.gguf") ;;
-    int4) PAIRS+=("int4/Q4_0 int4 Q4_0.gguf" "int4/Q4_K_M int4 Q4_K_M.gguf") ;;
-    *) echo "compare.sh: unknown format $f (bf16, f16, int8, int4)" >&2; exit 2 ;;
+    bf16) PAIRS+=("bf16 $WORK/bf16 bf16.gguf 64") ;;
+    f16) PAIRS+=("f16 $WORK/f16 f16.gguf 64") ;;
+    int8) PAIRS+=("int8/Q8_0 $WORK/int8 Q8_0.gguf 64") ;;
+    int4) PAIRS+=("int4/Q4_0 $WORK/int4 Q4_0.gguf 64" "int4/Q4_K_M $WORK/int4 Q4_K_M.gguf 64") ;;
+    bundled) PAIRS+=("bundled $ROOT/models/basalt-mini basalt-mini.gguf 256") ;;
+    *) echo "compare.sh: unknown format $f (bf16, f16, int8, int4, bundled)" >&2; exit 2 ;;
   esac
 done
 
@@ -102,11 +109,11 @@ RESULTS=$WORK/results.jsonl
 : > "$RESULTS"
 for round in $(seq "$ROUNDS"); do
   for pair in "${PAIRS[@]}"; do
-    read -r label ours theirs <<< "$pair"
+    read -r label ours theirs tokens <<< "$pair"
     echo "== round $round: $label"
-    basalt=$(BASALT_NUM_THREADS=$THREADS "$BUILD/bench/basalt_bench_model" --model "$WORK/$ours" \
-      --prompt 128,512 --tokens 64 --json)
-    llama=$("$LLAMA_BENCH" -m "$WORK/$theirs" -p 128,512 -n 64 -t "$THREADS" -r 1 -o json 2> /dev/null)
+    basalt=$(BASALT_NUM_THREADS=$THREADS "$BUILD/bench/basalt_bench_model" --model "$ours" \
+      --prompt 128,512 --tokens "$tokens" --json)
+    llama=$("$LLAMA_BENCH" -m "$WORK/$theirs" -p 128,512 -n "$tokens" -t "$THREADS" -r 1 -o json 2> /dev/null)
     "$PYTHON" - "$label" "$basalt" "$llama" >> "$RESULTS" <<'EOF'
 import json, sys
 label, ours, theirs = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])

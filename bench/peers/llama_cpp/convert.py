@@ -17,8 +17,13 @@ the checkout's directory is put on the path).
 `f16` writes OUT_DIR as MODEL_DIR with every bf16 tensor of model.safetensors
 rounded to f16 (norms too: Basalt reads either), the other files copied.
 
-Only what the comparison writes is supported: one model.safetensors, a
-`llama` config, bf16 tensors. Anything else is refused with a message.
+`gguf` also writes a DeepSeek-V3 checkpoint (the bundled model) as llama.cpp's
+deepseek2 architecture (write_deepseek_gguf says what differs).
+
+Only what the comparison writes is supported: a `llama` (or, for `gguf`,
+`deepseek_v3`) config, bf16 tensors (f32 ones too for DeepSeek's router
+biases), one model.safetensors or an index of shards. Anything else is
+refused with a message.
 """
 import argparse
 import json
@@ -55,19 +60,38 @@ def bf16_to_f32(raw, shape):
     return bits.view(np.float32).reshape(shape)
 
 
-def load_model(model_dir):
+def load_model(model_dir, model_types=("llama",)):
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
-    if config.get("model_type") != "llama":
-        fail(f"{model_dir}: model_type {config.get('model_type')!r}, only 'llama' is written")
-    path = os.path.join(model_dir, "model.safetensors")
-    if not os.path.exists(path):
-        fail(f"{path}: missing (one model.safetensors is expected)")
-    tensors = read_safetensors(path)
+    if config.get("model_type") not in model_types:
+        fail(f"{model_dir}: model_type {config.get('model_type')!r}, expected one of {', '.join(model_types)}")
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    tensors = {}
+    for name in files:
+        path = os.path.join(model_dir, name)
+        if not os.path.exists(path):
+            fail(f"{path}: missing")
+        tensors.update(read_safetensors(path))
+    for name, (dtype, _, _) in tensors.items():
+        if dtype not in ("BF16", "F32"):
+            fail(f"{name}: dtype {dtype}, only BF16 (and F32) checkpoints are converted")
+    return config, tensors
+
+
+def require_bf16(tensors):
     for name, (dtype, _, _) in tensors.items():
         if dtype != "BF16":
-            fail(f"{name}: dtype {dtype}, only BF16 checkpoints are converted")
-    return config, tensors
+            fail(f"{name}: dtype {dtype}, a Llama checkpoint is converted from BF16 tensors only")
+
+
+def as_f32(entry):
+    dtype, shape, raw = entry
+    return bf16_to_f32(raw, shape) if dtype == "BF16" else raw.view(np.float32).reshape(shape)
 
 
 def rope_factors(config):
@@ -100,28 +124,9 @@ def to_interleaved_rope(rows, heads):
     return rows.reshape(heads, 2, out_dim // heads // 2, -1).swapaxes(1, 2).reshape(rows.shape)
 
 
-def write_gguf(args):
-    sys.path.insert(0, args.gguf_py)
-    import gguf  # llama.cpp's gguf-py, from the checkout
-
-    config, tensors = load_model(args.model)
-    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
-    head_dim = config["hidden_size"] // heads
-    writer = gguf.GGUFWriter(args.out, "llama")
-    writer.add_name(os.path.basename(os.path.normpath(args.model)))
-    writer.add_context_length(config.get("max_position_embeddings", 4096))
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
-    writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-5))
-    writer.add_vocab_size(config["vocab_size"])
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if args.type == "bf16" else gguf.LlamaFileType.MOSTLY_F16)
-
-    with open(os.path.join(args.model, "tokenizer.json")) as f:
+def add_vocabulary(gguf, writer, model_dir, config):
+    """The checkpoint's byte-level BPE tokenizer as a gpt2 vocabulary."""
+    with open(os.path.join(model_dir, "tokenizer.json")) as f:
         tokenizer = json.load(f)
     model = tokenizer["model"]
     if model.get("type") != "BPE":
@@ -151,6 +156,33 @@ def write_gguf(args):
     if config.get("eos_token_id") is not None:
         eos = config["eos_token_id"]
         writer.add_eos_token_id(eos[0] if isinstance(eos, list) else eos)
+
+
+def write_gguf(args):
+    sys.path.insert(0, args.gguf_py)
+    import gguf  # llama.cpp's gguf-py, from the checkout
+
+    config, tensors = load_model(args.model, ("llama", "deepseek_v3"))
+    if config["model_type"] == "deepseek_v3":
+        write_deepseek_gguf(args, gguf, config, tensors)
+        return
+    require_bf16(tensors)
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config["hidden_size"] // heads
+    writer = gguf.GGUFWriter(args.out, "llama")
+    writer.add_name(os.path.basename(os.path.normpath(args.model)))
+    writer.add_context_length(config.get("max_position_embeddings", 4096))
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-5))
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if args.type == "bf16" else gguf.LlamaFileType.MOSTLY_F16)
+    add_vocabulary(gguf, writer, args.model, config)
 
     matrix_type = gguf.GGMLQuantizationType.BF16 if args.type == "bf16" else gguf.GGMLQuantizationType.F16
 
@@ -206,8 +238,97 @@ def write_gguf(args):
     writer.close()
 
 
+def write_deepseek_gguf(args, gguf, config, tensors):
+    """DeepSeek-V3 as llama.cpp's deepseek2 architecture: the decoder layers
+    (the MTP layer past num_hidden_layers is left out: llama.cpp does not run
+    it), routed experts stacked into one tensor per projection, routers and
+    norms in f32. llama.cpp of this era routes without DeepSeek's expert
+    groups (n_group/topk_group), so its expert choices can differ from the
+    checkpoint's; the work per token is the same."""
+    layers = config["num_hidden_layers"]
+    writer = gguf.GGUFWriter(args.out, "deepseek2")
+    writer.add_name(os.path.basename(os.path.normpath(args.model)))
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_attention_heads"])
+    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    writer.add_leading_dense_block_count(config["first_k_dense_replace"])
+    writer.add_vocab_size(config["vocab_size"])
+    if config.get("q_lora_rank"):
+        writer.add_q_lora_rank(config["q_lora_rank"])
+    writer.add_kv_lora_rank(config["kv_lora_rank"])
+    writer.add_key_length(config["qk_nope_head_dim"] + config["qk_rope_head_dim"])
+    writer.add_value_length(config["v_head_dim"])
+    writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    writer.add_expert_count(config["n_routed_experts"])
+    writer.add_expert_shared_count(config["n_shared_experts"])
+    writer.add_expert_weights_scale(config["routed_scaling_factor"])
+    writer.add_expert_weights_norm(config["norm_topk_prob"])
+    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if config.get("scoring_func") == "sigmoid"
+                                  else gguf.ExpertGatingFuncType.SOFTMAX)
+    writer.add_rope_dimension_count(config["qk_rope_head_dim"])
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("type") == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_log_mul(0.1 * scaling["mscale_all_dim"])
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if args.type == "bf16" else gguf.LlamaFileType.MOSTLY_F16)
+    add_vocabulary(gguf, writer, args.model, config)
+
+    matrix_type = gguf.GGMLQuantizationType.BF16 if args.type == "bf16" else gguf.GGMLQuantizationType.F16
+
+    def matrix(values):
+        if args.type == "bf16":
+            return np.ascontiguousarray((values.view(np.uint32) >> 16).astype(np.uint16)), matrix_type
+        return values.astype(np.float16), matrix_type
+
+    def put(target, values, raw=True):
+        data, dtype = matrix(values) if raw else (np.ascontiguousarray(values, dtype=np.float32), None)
+        writer.add_tensor(target, data, raw_dtype=dtype)
+
+    get = lambda name: as_f32(tensors[name])
+    put("token_embd.weight", get("model.embed_tokens.weight"))
+    put("output_norm.weight", get("model.norm.weight"), raw=False)
+    put("output.weight", get("lm_head.weight"))
+    attention = {"q_a_proj": "attn_q_a", "q_b_proj": "attn_q_b", "kv_a_proj_with_mqa": "attn_kv_a_mqa",
+                 "kv_b_proj": "attn_kv_b", "o_proj": "attn_output"}
+    for i in range(layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        put(b + "attn_norm.weight", get(p + "input_layernorm.weight"), raw=False)
+        put(b + "ffn_norm.weight", get(p + "post_attention_layernorm.weight"), raw=False)
+        put(b + "attn_kv_a_norm.weight", get(p + "self_attn.kv_a_layernorm.weight"), raw=False)
+        if config.get("q_lora_rank"):
+            put(b + "attn_q_a_norm.weight", get(p + "self_attn.q_a_layernorm.weight"), raw=False)
+        for source, target in attention.items():
+            if p + f"self_attn.{source}.weight" in tensors:
+                put(b + target + ".weight", get(p + f"self_attn.{source}.weight"))
+        if i < config["first_k_dense_replace"]:
+            for proj in ("gate", "up", "down"):
+                put(b + f"ffn_{proj}.weight", get(p + f"mlp.{proj}_proj.weight"))
+            continue
+        put(b + "ffn_gate_inp.weight", get(p + "mlp.gate.weight"), raw=False)
+        if p + "mlp.gate.e_score_correction_bias" in tensors:
+            put(b + "exp_probs_b.bias", get(p + "mlp.gate.e_score_correction_bias"), raw=False)
+        for proj in ("gate", "up", "down"):
+            stacked = np.stack([get(p + f"mlp.experts.{e}.{proj}_proj.weight")
+                                for e in range(config["n_routed_experts"])])
+            put(b + f"ffn_{proj}_exps.weight", stacked)
+            put(b + f"ffn_{proj}_shexp.weight", get(p + f"mlp.shared_experts.{proj}_proj.weight"))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def write_f16(args):
     config, tensors = load_model(args.model)
+    require_bf16(tensors)
     os.makedirs(args.out, exist_ok=False)
     for name in os.listdir(args.model):
         if name not in ("model.safetensors", "config.json"):
