@@ -9,8 +9,8 @@
 // count. Arguments are trusted; out must not overlap x or w.
 //
 // The activations are rounded once per call into a per-thread buffer, half
-// the bytes of f32 rows, so a decode step's row stays in L1 however wide it
-// is. Two regimes, as in linear.h: few tokens stream the weight rows one at
+// the bytes of f32 rows (a decode step's 8,192-column row is 16 KiB, which
+// stays in L1 beside the streaming weights). Two regimes, as in linear.h: few tokens stream the weight rows one at
 // a time from memory, every token row of a group of four reusing each
 // loaded chunk; many tokens take tiles of 4 token rows × 6
 // weight rows (AVX-512) over whole rows, the weight rows read in place (the
