@@ -89,6 +89,15 @@ def require_bf16(tensors):
             fail(f"{name}: dtype {dtype}, a Llama checkpoint is converted from BF16 tensors only")
 
 
+def encode_matrix(gguf, values, kind):
+    """f32 values (exactly bf16 ones) as a GGUF matrix of `kind` ("bf16" or
+    "f16"): the data and the raw type to write it with."""
+    if kind == "bf16":
+        bits = np.ascontiguousarray((values.view(np.uint32) >> 16).astype(np.uint16))
+        return bits, gguf.GGMLQuantizationType.BF16
+    return values.astype(np.float16), gguf.GGMLQuantizationType.F16
+
+
 def as_f32(entry):
     dtype, shape, raw = entry
     return bf16_to_f32(raw, shape) if dtype == "BF16" else raw.view(np.float32).reshape(shape)
@@ -184,18 +193,14 @@ def write_gguf(args):
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if args.type == "bf16" else gguf.LlamaFileType.MOSTLY_F16)
     add_vocabulary(gguf, writer, args.model, config)
 
-    matrix_type = gguf.GGMLQuantizationType.BF16 if args.type == "bf16" else gguf.GGMLQuantizationType.F16
-
     def matrix(name, rows_permute_heads=None):
         _, shape, raw = tensors[name]
         if args.type == "bf16" and rows_permute_heads is None:
-            return raw.view(np.uint16).reshape(shape), matrix_type
+            return raw.view(np.uint16).reshape(shape), gguf.GGMLQuantizationType.BF16  # the bits as they are
         values = bf16_to_f32(raw, shape)
         if rows_permute_heads is not None:
             values = to_interleaved_rope(values, rows_permute_heads)
-        if args.type == "bf16":
-            return np.ascontiguousarray((values.view(np.uint32) >> 16).astype(np.uint16)), matrix_type
-        return values.astype(np.float16), matrix_type
+        return encode_matrix(gguf, values, args.type)
 
     def vector(name):
         _, shape, raw = tensors[name]
@@ -281,15 +286,9 @@ def write_deepseek_gguf(args, gguf, config, tensors):
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if args.type == "bf16" else gguf.LlamaFileType.MOSTLY_F16)
     add_vocabulary(gguf, writer, args.model, config)
 
-    matrix_type = gguf.GGMLQuantizationType.BF16 if args.type == "bf16" else gguf.GGMLQuantizationType.F16
-
-    def matrix(values):
-        if args.type == "bf16":
-            return np.ascontiguousarray((values.view(np.uint32) >> 16).astype(np.uint16)), matrix_type
-        return values.astype(np.float16), matrix_type
-
     def put(target, values, raw=True):
-        data, dtype = matrix(values) if raw else (np.ascontiguousarray(values, dtype=np.float32), None)
+        data, dtype = (encode_matrix(gguf, values, args.type) if raw
+                       else (np.ascontiguousarray(values, dtype=np.float32), None))
         writer.add_tensor(target, data, raw_dtype=dtype)
 
     get = lambda name: as_f32(tensors[name])
