@@ -13,11 +13,14 @@ namespace {
 constexpr int64_t kTokenTile = 4;  // token rows that share one read of a weight row
 constexpr int64_t kRowGrain = 16;  // weight rows per claimed chunk
 
-// The quantized activations of a call: codes [tokens, blocks * 32] and block
-// scales [tokens, blocks].
+// The quantized activations of a call: codes [tokens, blocks * 32], block
+// scales [tokens, blocks] and, where the kernel multiplies offset codes (see
+// kOffsetCodes), each block's eight lane corrections [tokens, blocks, 8]
+// (16 bits: at most 8 * 4 * 127 in magnitude).
 struct QuantizedRows {
   std::vector<int8_t> codes;
   std::vector<float> scales;
+  std::vector<int16_t> corrections;
 };
 
 QuantizedRows& quantized_rows() {
@@ -26,6 +29,29 @@ QuantizedRows& quantized_rows() {
 }
 
 #if defined(__AVX2__)
+
+// int4 multiplies the weight codes as unsigned bytes, code + 8 (the stored
+// nibbles), by the signed activation codes, and starts each lane's integer
+// sum at -8 * (the lane's four activation codes summed), so the lane ends
+// at the exact p_j of the definition with no per-block sign work (products
+// of at most 15 * 127 keep AVX2's 16-bit pair sums from saturating). int8
+// multiplies the weights' magnitudes by activations carrying their signs:
+// its offset form (code ^ 0x80, corrections of -128 * the lane sums) was
+// measured slower on the 8192-wide rows, whose 32-bit corrections pushed
+// the activations out of L1.
+template <int kBits>
+constexpr bool kOffsetCodes = kBits == 4;
+constexpr int kCodeOffset = 8;
+
+// The lane corrections -8 * sum(x[4 j .. 4 j + 3]) of one block, as 16 bits.
+inline __m128i lane_correction(__m256i x) {
+  const __m256i pair_sums = _mm256_maddubs_epi16(_mm256_set1_epi8(1), x);
+  const __m256i lane_sums = _mm256_madd_epi16(pair_sums, _mm256_set1_epi16(1));
+  const __m256i c = _mm256_mullo_epi32(lane_sums, _mm256_set1_epi32(-kCodeOffset));
+  // Pack the eight 32-bit lanes to 16 bits, in order.
+  const __m256i packed = _mm256_packs_epi32(c, c);  // per 128-bit half: c0..c3 c0..c3
+  return _mm_unpacklo_epi64(_mm256_castsi256_si128(packed), _mm256_extracti128_si256(packed, 1));
+}
 
 // One weight row's f16 scales as f32, one per block of 32 columns (the
 // hardware conversion where there is one: exact, as f16_to_f32 is).
@@ -45,7 +71,17 @@ void block_scales_f32(const IntWeightLayout& l, const uint16_t* scales, float* o
 #endif
 }
 
-// The 32 codes of block b of a weight row as signed bytes.
+// out[b] = x_scales[b] * w_scales[b]: the definition's per-block f32 product
+// (vector and scalar multiplies round alike).
+void scale_products(const float* x_scales, const float* w_scales, int64_t blocks, float* out) {
+  int64_t b = 0;
+  for (; b + 8 <= blocks; b += 8)
+    _mm256_storeu_ps(out + b, _mm256_mul_ps(_mm256_loadu_ps(x_scales + b), _mm256_loadu_ps(w_scales + b)));
+  for (; b < blocks; ++b) out[b] = x_scales[b] * w_scales[b];
+}
+
+// The 32 codes of block b of a weight row as bytes: code + offset
+// (unsigned) under kOffsetCodes, else the signed codes.
 template <int kBits>
 inline __m256i load_codes(const uint8_t* row, int64_t b) {
   if constexpr (kBits == 8) {
@@ -55,18 +91,30 @@ inline __m256i load_codes(const uint8_t* row, int64_t b) {
     const __m128i low = _mm_set1_epi8(0x0f);
     const __m128i lo = _mm_and_si128(packed, low);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+    return _mm256_set_m128i(hi, lo);
   }
 }
 
-// Per 32-bit lane j: the exact sum of the four products x[4j + e] * w[4j + e].
-inline __m256i lane_dots(__m256i w_magnitude, __m256i x_signed) {
+// Per 32-bit lane j: the exact sum p_j of the four products x[4j + e] *
+// code[4j + e] (w as load_codes gives it; c the block's lane corrections
+// under kOffsetCodes).
+template <int kBits>
+inline __m256i lane_dots(__m256i w, __m256i x, const int16_t* c) {
+  if constexpr (kOffsetCodes<kBits>) {
+    const __m256i start = _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w_magnitude, x_signed);
+    return _mm256_dpbusd_epi32(start, w, x);
 #else
-  const __m256i pairs = _mm256_maddubs_epi16(w_magnitude, x_signed);
-  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
 #endif
+  } else {  // int8: magnitudes times activations carrying the weights' signs
+    const __m256i magnitude = _mm256_sign_epi8(w, w), x_signed = _mm256_sign_epi8(x, w);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), magnitude, x_signed);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x_signed), _mm256_set1_epi16(1));
+#endif
+  }
 }
 
 // v_j = even_j + odd_j, then the fixed tree of core/int_weights.h.
@@ -77,27 +125,35 @@ inline float finish(__m256 even, __m256 odd) {
   return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
 }
 
-// out[t, n] for the tile's token rows t0 .. t0 + nt (nt <= kTokenTile) and
-// one weight row.
+// The activation side of a tile: kTokens token rows' codes, block scales
+// and lane corrections, `blocks` blocks apart.
+struct TokenTile {
+  const int8_t* codes;
+  const float* scales;
+  const int16_t* corrections;
+  int64_t blocks;
+};
+
+// out[t, n] for the tile's kTokens token rows and one weight row; products
+// holds each token row's per-block scale products, [kTokens][blocks]. A
+// weight block is loaded and unpacked once for all kTokens rows.
 template <int kBits, int kTokens>
-void tile_row(const IntWeightLayout& l, const int8_t* x_codes, const float* x_scales, int64_t x_stride_blocks,
-              const uint8_t* w_row, const float* w_scales, float* out, int64_t out_stride) {
+void tile_row(const TokenTile& x, const uint8_t* w_row, const float* products, float* out, int64_t out_stride) {
+  const int64_t blocks = x.blocks;
   __m256 even[kTokens], odd[kTokens];
   for (int t = 0; t < kTokens; ++t) even[t] = odd[t] = _mm256_setzero_ps();
-  // acc += the block's lane dots times its scale product (activation block scale x weight scale).
+  // acc += the block's lane dots times its scale product.
   const auto add_block = [&](int64_t b, __m256(&acc)[kTokens]) {
     const __m256i w = load_codes<kBits>(w_row, b);
-    const __m256i magnitude = _mm256_sign_epi8(w, w);
     for (int t = 0; t < kTokens; ++t) {
-      const int64_t xb = t * x_stride_blocks + b;
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_codes + xb * kIntBlock));
-      const __m256 dots = _mm256_cvtepi32_ps(lane_dots(magnitude, _mm256_sign_epi8(x, w)));
-      acc[t] = _mm256_fmadd_ps(dots, _mm256_set1_ps(x_scales[xb] * w_scales[b]), acc[t]);
+      const int64_t xb = t * blocks + b;
+      const __m256i xc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes + xb * kIntBlock));
+      const __m256 dots = _mm256_cvtepi32_ps(lane_dots<kBits>(w, xc, x.corrections + xb * 8));
+      acc[t] = _mm256_fmadd_ps(dots, _mm256_set1_ps(products[xb]), acc[t]);
     }
   };
   // Even blocks into one accumulator, odd ones into the other (the
   // definition's order), unrolled so both stay in registers.
-  const int64_t blocks = l.blocks();
   int64_t b = 0;
   for (; b + 2 <= blocks; b += 2) {
     add_block(b, even);
@@ -107,26 +163,43 @@ void tile_row(const IntWeightLayout& l, const int8_t* x_codes, const float* x_sc
   for (int t = 0; t < kTokens; ++t) out[t * out_stride] = finish(even[t], odd[t]);
 }
 
+// Weight rows n0 .. n1 for every token, in tiles of up to kTokenTile token
+// rows.
 template <int kBits>
 void rows_int(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, const uint8_t* codes,
               const uint16_t* scales, int64_t n0, int64_t n1, int64_t outs, float* out) {
   const int64_t blocks = l.blocks(), code_cols = l.code_columns(), scale_cols = l.scale_columns();
-  thread_local std::vector<float> row_scales;
+  thread_local std::vector<float> row_scales, products;
   row_scales.resize(static_cast<size_t>(blocks));
+  products.resize(static_cast<size_t>(kTokenTile * blocks));
   for (int64_t t0 = 0; t0 < tokens; t0 += kTokenTile) {
     const int64_t nt = std::min(kTokenTile, tokens - t0);
-    const int8_t* xc = q.codes.data() + t0 * blocks * kIntBlock;
-    const float* xs = q.scales.data() + t0 * blocks;
+    const TokenTile x{q.codes.data() + t0 * blocks * kIntBlock, q.scales.data() + t0 * blocks,
+                      q.corrections.data() + (kOffsetCodes<kBits> ? t0 * blocks * 8 : 0), blocks};
     for (int64_t n = n0; n < n1; ++n) {
       block_scales_f32(l, scales + n * scale_cols, row_scales.data());
+      for (int64_t t = 0; t < nt; ++t)
+        scale_products(x.scales + t * blocks, row_scales.data(), blocks, products.data() + t * blocks);
       const uint8_t* w_row = codes + n * code_cols;
       float* o = out + t0 * outs + n;
       switch (nt) {
-        case 1: tile_row<kBits, 1>(l, xc, xs, blocks, w_row, row_scales.data(), o, outs); break;
-        case 2: tile_row<kBits, 2>(l, xc, xs, blocks, w_row, row_scales.data(), o, outs); break;
-        case 3: tile_row<kBits, 3>(l, xc, xs, blocks, w_row, row_scales.data(), o, outs); break;
-        default: tile_row<kBits, 4>(l, xc, xs, blocks, w_row, row_scales.data(), o, outs); break;
+        case 1: tile_row<kBits, 1>(x, w_row, products.data(), o, outs); break;
+        case 2: tile_row<kBits, 2>(x, w_row, products.data(), o, outs); break;
+        case 3: tile_row<kBits, 3>(x, w_row, products.data(), o, outs); break;
+        default: tile_row<kBits, 4>(x, w_row, products.data(), o, outs); break;
       }
+    }
+  }
+}
+
+// The lane corrections of every block of `tokens` quantized rows (where
+// the kernel uses them).
+template <int kBits>
+void fill_corrections(QuantizedRows& q, int64_t t0, int64_t t1, int64_t blocks) {
+  if constexpr (kOffsetCodes<kBits>) {
+    for (int64_t i = t0 * blocks; i < t1 * blocks; ++i) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.codes.data() + i * kIntBlock));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q.corrections.data() + i * 8), lane_correction(x));
     }
   }
 }
@@ -143,6 +216,9 @@ void rows_int(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, 
                                             codes + n * l.code_columns(), scales + n * l.scale_columns());
 }
 
+template <int kBits>
+void fill_corrections(QuantizedRows&, int64_t, int64_t, int64_t) {}  // the definition needs none
+
 #endif
 
 }  // namespace
@@ -154,12 +230,18 @@ void linear_int_f32(ThreadPool& pool, const float* x, int64_t tokens, const IntW
   QuantizedRows& q = quantized_rows();
   q.codes.resize(static_cast<size_t>(tokens * blocks * kIntBlock));
   q.scales.resize(static_cast<size_t>(tokens * blocks));
+  q.corrections.resize(static_cast<size_t>(l.bits == 4 ? tokens * blocks * 8 : 0));
   pool.parallel_for(
       tokens,
       [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t)
           quantize_int_activations(x + t * K, K, q.codes.data() + t * blocks * kIntBlock,
                                    q.scales.data() + t * blocks);
+        if (l.bits == 8) {
+          fill_corrections<8>(q, t0, t1, blocks);
+        } else {
+          fill_corrections<4>(q, t0, t1, blocks);
+        }
       },
       std::max<int64_t>(1, 65536 / std::max<int64_t>(K, 1)));
   const auto* w = static_cast<const uint8_t*>(codes);

@@ -10,13 +10,16 @@
 // AVX2, scalar) gives the bits of int_dot_reference, so the op is
 // batch-invariant. Arguments are trusted (Backend::linear_int checks them).
 //
-// The arithmetic is integer: per block of 32 columns the x codes are signed
-// by the weight codes and multiplied with their magnitudes byte by byte
-// (AVX2 maddubs + madd, or one VNNI dpbusd), four products to a 32-bit lane,
-// then one f32 multiply-add per lane and block. A weight row's codes and
-// scales are read once per tile of four token rows; with few tokens (decode)
-// the kernel is a stream over the codes, half (int8) or a quarter (int4) of
-// the bytes of bf16 weights.
+// The arithmetic is integer: per block of 32 columns byte products (AVX2
+// maddubs + madd, or one VNNI dpbusd), four to a 32-bit lane, then one f32
+// multiply-add per lane and block by the block's scale product (computed
+// once per weight row and token row). int8 multiplies the weight codes'
+// magnitudes by x codes carrying their signs; int4 multiplies its stored
+// nibbles (code + 8) by the x codes and starts each lane at -8 times the
+// lane's x codes summed (computed once per call), which is exact. A weight
+// row's codes and scales are read once per tile of four token rows; with
+// few tokens (decode) the kernel is a stream over the codes, half (int8) or
+// a quarter (int4) of the bytes of bf16 weights.
 #pragma once
 
 #include <cstdint>
