@@ -198,7 +198,10 @@ inline Vec vsub(Vec a, Vec b) { return a - b; }
 inline Vec vmul(Vec a, Vec b) { return a * b; }
 inline Vec vdiv(Vec a, Vec b) { return a / b; }
 inline Vec vmax(Vec a, Vec b) { return a > b ? a : b; }
-inline Vec vfma(Vec a, Vec b, Vec c) { return a * b + c; }
+// Always fused: a * b + c would be contracted into an FMA in some inlined
+// copies and not in others (GCC's default -ffp-contract=fast where the target
+// has FMA), and two regimes of one op would then round differently.
+inline Vec vfma(Vec a, Vec b, Vec c) { return std::fma(a, b, c); }
 inline float vsum(Vec v) { return v; }
 inline float vmax_lanes(Vec v) { return v; }
 inline void vsum4(Vec a, Vec b, Vec c, Vec d, float* out) {
