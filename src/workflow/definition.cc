@@ -308,9 +308,11 @@ void check_condition(const nlohmann::json& c, const std::string& where, Problems
     return;
   }
   // (Not a structured binding of *items().begin(): that refers into a
-  // temporary iteration proxy.)
-  const std::string& op = c.begin().key();
-  const nlohmann::json& arg = c.begin().value();
+  // temporary iteration proxy; and a named iterator, so no reference is
+  // taken through a temporary one.)
+  const auto first = c.begin();
+  const std::string& op = first.key();
+  const nlohmann::json& arg = first.value();
   const std::string at = where + "." + op;
   if (op == "equals" || op == "not_equals" || op == "contains") {
     if (!arg.is_array() || arg.size() != 2)
@@ -735,9 +737,11 @@ std::string check_input(const Workflow& workflow, const nlohmann::json& input) {
 
 bool evaluate_condition(const nlohmann::json& c) {
   // (Not a structured binding of *items().begin(): that refers into a
-  // temporary iteration proxy.)
-  const std::string& op = c.begin().key();
-  const nlohmann::json& arg = c.begin().value();
+  // temporary iteration proxy; and a named iterator, so no reference is
+  // taken through a temporary one.)
+  const auto first = c.begin();
+  const std::string& op = first.key();
+  const nlohmann::json& arg = first.value();
   if (op == "equals") return arg[0] == arg[1];
   if (op == "not_equals") return arg[0] != arg[1];
   if (op == "contains") {
