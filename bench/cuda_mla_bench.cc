@@ -1,14 +1,16 @@
 // MLA decode on the GPU at DeepSeek-V3's attention shape (128 heads, latent
 // 512 + rope 64 = 576-wide bf16 cache rows, values the first 512, Dn = Dv =
 // 128, kv_b bf16 as the backend keeps a dequantized FP8 one): batch 1, 32
-// and 128 with 4096 keys per sequence.
+// and 128 with 4096 keys per sequence, and batch 1 with 32768.
 //  * "core": the attention core alone (CudaMla::attention_core on a built
-//    q_full; split-KV + combine where the shapes ask for it);
+//    q_full; split-KV + combine where the shapes ask for it), on the kernel
+//    the backend picks (wgmma on sm_90a), and "mma.sync" the same call
+//    forced onto the mma.sync kernel, side by side ("x": how much faster);
 //  * "op": the whole Backend::mla_attention (q absorption GEMM, core, value
 //    GEMM);
 //  * the core again with the number of key splits forced (2 .. 64), to
 //    check the automatic choice.
-// GB/s counts the cache rows read (4096 x 1152 bytes per sequence; the op
+// GB/s counts the cache rows read (1152 bytes per key and sequence; the op
 // adds kv_b's 32 MiB); TFLOP/s counts 2 * (576 + 512) flops per (head, key)
 // for the core, plus 2 * 2 * 128 * 512 per head and token for the GEMMs.
 // FlashMLA's published dense decode on an H800 (3.35 TB/s HBM) is up to
@@ -35,6 +37,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/mla.h"
 #include "core/dtype.h"
 
@@ -42,7 +45,7 @@ namespace {
 
 using namespace basalt;
 
-constexpr int kHeads = 128, kL = 512, kR = 64, kDn = 128, kDv = 128, kContext = 4096, kCalls = 20;
+constexpr int kHeads = 128, kL = 512, kR = 64, kDn = 128, kDv = 128, kCalls = 20;
 constexpr double kFlashMlaGBs = 3000.0;
 
 Tensor random_device(Shape shape, DType dtype, float scale, uint64_t seed) {
@@ -97,8 +100,8 @@ int main(int argc, char** argv) {
   const MlaParams p{kHeads, kL, kDn, kR, kDv, 0.1352f};
   const LinearWeight kv_b{random_device({int64_t{kHeads} * (kDn + kDv), kL}, DType::kBF16, 0.02f, 7), Tensor()};
   struct Row {
-    int batch;
-    double core_us, op_us, core_gbs, core_tflops, op_gbs, op_tflops;
+    int batch, context;
+    double core_us, mma_sync_us, op_us, core_gbs, core_tflops, op_gbs, op_tflops;
   };
   std::vector<Row> rows;
   struct SplitTime {
@@ -106,8 +109,9 @@ int main(int argc, char** argv) {
     double us;
   };
   std::vector<SplitTime> sweep;
-  for (int batch : {1, 32, 128}) {
-    const int64_t keys = int64_t{batch} * kContext;
+  const std::pair<int, int> cases[] = {{1, 4096}, {32, 4096}, {128, 4096}, {1, 32768}};
+  for (const auto& [batch, context] : cases) {
+    const int64_t keys = int64_t{batch} * context;
     const int64_t row_bytes = (kL + kR) * 2;
     const int64_t pool = std::max<int64_t>(keys, (int64_t{300} << 20) / row_bytes);
     const Tensor cache = random_device({pool, kL + kR}, DType::kBF16, 0.5f, 11 + batch);
@@ -121,7 +125,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> q_start(batch + 1), kv_start(batch + 1);
     for (int s = 0; s <= batch; ++s) {
       q_start[s] = s;
-      kv_start[s] = s * kContext;
+      kv_start[s] = s * context;
     }
     for (int l = 0; l < n_layouts; ++l) {
       std::vector<int32_t> slots(perm.begin() + l * keys, perm.begin() + (l + 1) * keys);
@@ -139,6 +143,13 @@ int main(int argc, char** argv) {
           for (int c = 0; c < kCalls; ++c) mla.attention_core(q_full, cache, layouts[c % n_layouts], p, o_lat);
         },
         repeats);
+    const double mma_sync_us = time_graph(
+        cuda,
+        [&] {
+          for (int c = 0; c < kCalls; ++c)
+            mla.attention_core(q_full, cache, layouts[c % n_layouts], p, o_lat, CudaMlaPath::kMmaSync);
+        },
+        repeats);
     const double op_us = time_graph(
         cuda,
         [&] {
@@ -147,7 +158,7 @@ int main(int argc, char** argv) {
         repeats);
     // The core at forced key-split counts, next to the automatic choice.
     for (const int splits : {2, 4, 8, 16, 32, 64}) {
-      if (int64_t{kContext} / splits < 32) continue;
+      if (context != 4096) continue;
       const double us = time_graph(
           cuda,
           [&] {
@@ -161,17 +172,19 @@ int main(int argc, char** argv) {
     const double core_flops = 2.0 * kHeads * static_cast<double>(keys) * (kL + kR + kL);
     const double gemm_flops = 2.0 * 2.0 * batch * kHeads * double{kDn} * kL;
     const double weight_bytes = static_cast<double>(kv_b.weight.nbytes());
-    rows.push_back({batch, core_us, op_us, cache_bytes / core_us / 1e3, core_flops / core_us / 1e6,
+    rows.push_back({batch, context, core_us, mma_sync_us, op_us, cache_bytes / core_us / 1e3, core_flops / core_us / 1e6,
                     (cache_bytes + weight_bytes) / op_us / 1e3, (core_flops + gemm_flops) / op_us / 1e6});
   }
-  std::printf("\nMLA decode, DeepSeek-V3 shape (128 heads, 576/512, bf16 cache), %d keys per sequence\n", kContext);
-  std::printf("%-6s %10s %10s %10s %10s %10s %10s %14s\n", "batch", "core us", "core GB/s", "core TF/s", "op us",
-              "op GB/s", "op TF/s", "FlashMLA GB/s");
+  std::printf("\nMLA decode, DeepSeek-V3 shape (128 heads, 576/512, bf16 cache); core: %s\n",
+              cuda_kernels::wgmma_available() ? "wgmma" : "mma.sync");
+  std::printf("%-6s %8s %10s %10s %10s %12s %8s %10s %10s %10s %14s\n", "batch", "keys", "core us", "core GB/s",
+              "core TF/s", "mma.sync us", "x", "op us", "op GB/s", "op TF/s", "FlashMLA GB/s");
   for (const Row& r : rows)
-    std::printf("%-6d %10.1f %10.0f %10.1f %10.1f %10.0f %10.1f %14.0f\n", r.batch, r.core_us, r.core_gbs,
-                r.core_tflops, r.op_us, r.op_gbs, r.op_tflops, kFlashMlaGBs);
+    std::printf("%-6d %8d %10.1f %10.0f %10.1f %12.1f %8.2f %10.1f %10.0f %10.1f %14.0f\n", r.batch, r.context,
+                r.core_us, r.core_gbs, r.core_tflops, r.mma_sync_us, r.mma_sync_us / r.core_us, r.op_us, r.op_gbs,
+                r.op_tflops, kFlashMlaGBs);
   std::printf("(FlashMLA: published H800 figure, 3.35 TB/s HBM; this GPU reads ~4.18 TB/s)\n");
-  std::printf("\ncore us at a forced number of key splits (the automatic choice is the table above)\n");
+  std::printf("\ncore us at a forced number of key splits, 4096 keys (the automatic choice is the table above)\n");
   std::printf("%-6s %8s %10s\n", "batch", "splits", "core us");
   for (const SplitTime& t : sweep) std::printf("%-6d %8d %10.1f\n", t.batch, t.splits, t.us);
   return 0;

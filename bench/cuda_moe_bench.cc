@@ -38,6 +38,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/moe_gemm_kernels.h"
 
 namespace {
@@ -170,7 +171,7 @@ int main(int argc, char** argv) {
                      cuda_kernels::kMoeMmaWgmmaPrecise})
       for (int tile : tiles) {
         const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
-        if (wgmma && (tile != cuda_kernels::kWgmmaTileM || !cuda_kernels::moe_wgmma_available())) continue;
+        if (wgmma && (tile != cuda_kernels::kWgmmaTileM || !cuda_kernels::wgmma_available())) continue;
         MoeOptions o;
         o.fp8_mma = mode;
         o.tile_m = tile;

@@ -23,6 +23,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/mla.h"
 #include "core/error.h"
 
@@ -308,7 +309,7 @@ TEST(CudaMla, ForcedSplitsAndPathsMatchCpuBackend) {
       const Tensor d_cache = cuda_to_device(cache), d_q = cuda_to_device(q);
       const LinearWeight d_kv_b = to_device(kv_b);
       const AttentionLayout layout = device_layout(host_layout(batch));
-      for (CudaMlaPath path : {CudaMlaPath::kAuto, CudaMlaPath::kCudaCores})
+      for (CudaMlaPath path : {CudaMlaPath::kAuto, CudaMlaPath::kMmaSync, CudaMlaPath::kCudaCores})
         for (int splits : {1, 3, 64}) {
           Tensor out = cuda_empty({batch.tokens, heads * d.Dv}, DType::kF32);
           cuda_fill_bytes(out, 0xFF);
@@ -320,6 +321,66 @@ TEST(CudaMla, ForcedSplitsAndPathsMatchCpuBackend) {
         }
     }
   }
+}
+
+// The wgmma core (sm_90a) against the mma.sync core on the same bf16 q_full
+// and cache. Both round q and P to bf16 and sum in f32, so they differ by
+// the rounding of P under different running maxima (64- against 32-key
+// tiles). Cases: 1, 16 and 128 heads (one partial row pass, one, two);
+// the mixed batch and verification-sized rows over partial and whole
+// 64-key tiles (up to 4,100 keys); automatic, 1 and 3 key splits; f32 and
+// bf16 outputs. Then a slot outside the cache: that sequence's rows are NaN
+// in both kernels, the other sequence's are not.
+TEST(CudaMla, WgmmaCoreMatchesMmaSyncCore) {
+  REQUIRE_DEVICE();
+  if (!cuda_kernels::wgmma_available()) GTEST_SKIP() << "the wgmma kernel needs sm_90a";
+  TestRng rng;
+  CudaBackend cuda;
+  CudaMla mla(cuda.stream());
+  const Dims d = kV3;
+  const int64_t S = 5000, W = d.L + d.R;
+  const std::vector<std::pair<int, int>> verify = {{3, 1000}, {5, 64}, {2, 65}, {4, 4100}, {1, 1}, {2, 128}};
+  const auto run = [&](const Tensor& q_full, const Tensor& cache, const AttentionLayout& layout, const MlaParams& p,
+                       CudaMlaPath path, int splits, DType out_dtype) {
+    Tensor out = cuda_empty({q_full.dim(0), p.num_heads * d.L}, out_dtype);
+    cuda_fill_bytes(out, 0xFF);
+    mla.attention_core(q_full, cache, layout, p, out, path, splits);
+    cuda.synchronize();
+    return cuda_to_host(out).to_f32();
+  };
+  const Tensor cache = cuda_to_device(random_cache(rng, S, W, DType::kBF16));
+  for (int64_t heads : {1, 16, 128})
+    for (const auto* seqs : {&kMixed, &verify})
+      for (DType out_dtype : {DType::kF32, DType::kBF16}) {
+        const MlaParams p = params_for(d, heads);
+        const Batch batch = make_batch(rng, *seqs, S, 3);
+        const Tensor q_full = cuda_to_device(random_tensor(rng, {batch.tokens, heads * W}, DType::kBF16, 0.3f));
+        const AttentionLayout layout = device_layout(host_layout(batch));
+        for (int splits : {0, 1, 3}) {
+          const Tensor want = run(q_full, cache, layout, p, CudaMlaPath::kMmaSync, splits, out_dtype);
+          const Tensor got = run(q_full, cache, layout, p, CudaMlaPath::kAuto, splits, out_dtype);
+          EXPECT_EQ(testing::count_nan(got), 0);
+          EXPECT_LT(relative_error(got, want), 4e-3)
+              << "heads " << heads << (seqs == &kMixed ? " mixed" : " verify") << " splits " << splits << " out "
+              << dtype_name(out_dtype);
+        }
+      }
+  const int64_t heads = 16;
+  const MlaParams p = params_for(d, heads);
+  Batch batch = make_batch(rng, {{1, 300}, {2, 200}}, S, 0);
+  batch.kv_slots[150] = static_cast<int32_t>(S + 5);
+  const Tensor q_full = cuda_to_device(random_tensor(rng, {batch.tokens, heads * W}, DType::kBF16, 0.3f));
+  const AttentionLayout layout = device_layout(host_layout(batch));
+  for (CudaMlaPath path : {CudaMlaPath::kAuto, CudaMlaPath::kMmaSync})
+    for (int splits : {0, 1, 3}) {
+      const Tensor got = run(q_full, cache, layout, p, path, splits, DType::kF32);
+      const int64_t row = heads * d.L;
+      for (int64_t e = 0; e < got.numel(); ++e) {
+        const bool bad_seq = e < row;  // sequence 0 is token 0
+        ASSERT_EQ(std::isnan(got.data<const float>()[e]), bad_seq)
+            << "path " << static_cast<int>(path) << " splits " << splits << " element " << e;
+      }
+    }
 }
 
 TEST(CudaMla, ExpandKvMatchesCpuBackend) {

@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/moe_gemm_kernels.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -217,7 +218,7 @@ constexpr double kGenericTolerance = 1e-5;
 // default, may take wgmma where it runs).
 double fp8_reference_tolerance(int fp8_mma) {
   if (fp8_mma == cuda_kernels::kMoeMmaWgmmaPrecise) return kFp8WgmmaPreciseVsReferenceTolerance;
-  if (fp8_mma == cuda_kernels::kMoeMmaWgmma || (fp8_mma < 0 && cuda_kernels::moe_wgmma_available()))
+  if (fp8_mma == cuda_kernels::kMoeMmaWgmma || (fp8_mma < 0 && cuda_kernels::wgmma_available()))
     return kFp8WgmmaVsReferenceTolerance;
   return kFp8VsReferenceTolerance;
 }
@@ -539,7 +540,7 @@ TEST(CudaMoe, ExpertsEveryTileSizeAndMultiply) {
           if (fp8) {
             variants.push_back({cuda_kernels::kMoeMmaE4m3, tile, false});
             variants.push_back({cuda_kernels::kMoeMmaE4m3AsF16, tile, false});
-            if (tile == cuda_kernels::kWgmmaTileM && cuda_kernels::moe_wgmma_available()) {
+            if (tile == cuda_kernels::kWgmmaTileM && cuda_kernels::wgmma_available()) {
               variants.push_back({cuda_kernels::kMoeMmaWgmma, tile, false});
               variants.push_back({cuda_kernels::kMoeMmaWgmmaPrecise, tile, false});
             }
@@ -575,7 +576,7 @@ TEST(CudaMoe, ExpertsWgmmaOnHopper) {
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
   if (major != 9 || minor != 0) GTEST_SKIP() << "not an sm_90 device";
-  ASSERT_TRUE(cuda_kernels::moe_wgmma_available());
+  ASSERT_TRUE(cuda_kernels::wgmma_available());
   TestRng rng;
   CudaBackend cuda;
   MoeExpertTables tables;

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/elementwise.h"
+#include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/mla_kernels.h"
 #include "core/error.h"
 
@@ -193,8 +194,12 @@ void CudaMla::attention_core(const Tensor& q_full, const Tensor& cache, const At
   shape.latent = static_cast<int>(L);
   shape.rope = static_cast<int>(R);
   shape.scale = p.scale;
-  const bool mma = path == CudaMlaPath::kAuto &&
+  const bool mma = path != CudaMlaPath::kCudaCores &&
                    cuda_kernels::mla_attention_uses_mma(elem(cache.dtype()), elem(q_full.dtype()), shape);
+  using cuda_kernels::MlaCoreKernel;
+  MlaCoreKernel kernel = MlaCoreKernel::kCudaCores;
+  if (mma) kernel = path == CudaMlaPath::kMmaSync || !cuda_kernels::wgmma_available() ? MlaCoreKernel::kMmaSync
+                                                                                        : MlaCoreKernel::kWgmma;
   BASALT_CHECK(mma || q_full.dtype() == DType::kF32,
                "cuda mla_attention: the CUDA-core path takes an f32 q_full, got {}", q_full.describe());
   if (T == 0 || ls.num_seqs == 0) return;
@@ -206,7 +211,7 @@ void CudaMla::attention_core(const Tensor& q_full, const Tensor& cache, const At
   launched(cuda_kernels::mla_attention(elem(q_full.dtype()), elem(cache.dtype()), elem(o_lat.dtype()), q_full.raw(),
                                        cache.raw(), layout.q_start.data<const int32_t>(),
                                        layout.kv_start.data<const int32_t>(), layout.kv_slots.data<const int32_t>(),
-                                       shape, n_splits, row_splits, mma,
+                                       shape, n_splits, row_splits, kernel,
                                        n_splits > 1 ? scratch.data<float>() : nullptr, o_lat.raw(), stream_),
            op);
 }
@@ -233,7 +238,7 @@ void CudaMla::attention(const Tensor& q, const Tensor& cache, const LinearWeight
   cuda_kernels::MlaAttentionShape probe;
   probe.latent = static_cast<int>(L);
   probe.rope = static_cast<int>(R);
-  const bool mma = path == CudaMlaPath::kAuto && w.dtype == DType::kBF16 &&
+  const bool mma = path != CudaMlaPath::kCudaCores && w.dtype == DType::kBF16 &&
                    cuda_kernels::mla_attention_uses_mma(elem(cache.dtype()), Elem::kBF16, probe);
   const DType q_full_dtype = mma ? DType::kBF16 : DType::kF32;
   cublasHandle_t handle = static_cast<cublasHandle_t>(blas_);

@@ -25,7 +25,8 @@
 //    written into q_full [T, heads, L + R] next to q_pe; for T <= 16 over a
 //    bf16 kv_b one kernel that also copies q_pe), the attention core
 //    (mla_kernels.cu: tensor cores for bf16 caches with L = 512, R = 64 and a
-//    bf16 / FP8 kv_b; q_full and the probabilities rounded to bf16: the
+//    bf16 / FP8 kv_b, on wgmma where the GPU and build have sm_90a,
+//    mla_wgmma_kernels.cu; q_full and the probabilities rounded to bf16: the
 //    tests allow 2e-2 relative against the CPU backend; CUDA cores in f32
 //    otherwise), then out(h) = o_lat(h) ·
 //    W_uv(h)ᵀ (strided-batched GEMM; for T <= 16 over a bf16 kv_b one kernel,
@@ -40,13 +41,13 @@
 //    grids and scratch sizes depend on shapes only, so all three ops can be
 //    recorded in CUDA graphs. Not batch invariant (split counts follow the
 //    call's shapes); each launch is deterministic.
-//  * Speed (H200, V3 decode, 4096 keys per sequence, bench/README.md): the
-//    core runs at 37 / 140 / 152 TFLOP/s at batch 1 / 32 / 128 (0.15 / 0.58 /
-//    0.63 TB/s of cache rows); at 128 heads MLA decode is compute-bound and
-//    FlashMLA's anchor is ~660 TFLOP/s. The mma.sync core is bound by
-//    shared-memory fragment loads and barriers at one 8-warp block per SM,
-//    batch 1 by fixed latencies; wgmma with TMA-fed 64-key tiles (FlashMLA's
-//    design) is the next step.
+//  * Speed (H200, V3 decode, 4096 keys per sequence, bench/README.md): on
+//    sm_90a the wgmma core (mla_wgmma_kernels.cu) runs at 44 / 213 / 239
+//    TFLOP/s at batch 1 / 32 / 128, 1.2-1.6x the mma.sync core (37 / 140 /
+//    152), which other GPUs and CudaMlaPath::kMmaSync use; at 128 heads MLA
+//    decode is compute-bound and FlashMLA's anchor is ~660 TFLOP/s. What is
+//    left: the two warpgroups wait on each other's P once per 64-key stage
+//    instead of ping-ponging softmax under the other's GEMMs.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -63,8 +64,10 @@
 namespace basalt {
 
 // Forces the attention core's path (tests, benchmarks); kAuto picks by
-// dtype and dims as above.
-enum class CudaMlaPath : uint8_t { kAuto, kCudaCores };
+// dtype and dims as above, and on the tensor cores wgmma where it runs
+// (sm_90a), mma.sync elsewhere; kMmaSync keeps the mma.sync kernel where the
+// tensor cores serve the call.
+enum class CudaMlaPath : uint8_t { kAuto, kCudaCores, kMmaSync };
 
 class CudaMla {
  public:

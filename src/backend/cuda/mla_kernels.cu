@@ -23,6 +23,8 @@
 //    cp.async into three stages (two in flight while one is used), the q
 //    tile stays in shared memory for the whole pass. q and P are rounded to
 //    bf16 (errors ~1e-3..1e-2 relative, as the prefill attention kernel).
+//  * mla_wgmma_kernel (mla_wgmma_kernels.cu; same dims, sm_90a): the same
+//    semantics on warpgroup MMA with 64-key tiles; preferred where it runs.
 //  * mla_core_kernel (any other dims or an f32 cache): CUDA cores, f32
 //    arithmetic; 4 rows per pass, 4 warps taking keys round-robin, a lane
 //    holding dims lane + 32 k of the row (latent sums in registers, L <=
@@ -35,13 +37,11 @@
 
 #include "backend/cuda/element_types.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/mla_core.cuh"
 #include "backend/cuda/mla_kernels.h"
 
 namespace basalt::cuda_kernels {
 namespace {
-
-__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
-constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -292,48 +292,6 @@ __global__ void __launch_bounds__(kAbsorbThreads)
 }
 
 // ---------------------------------------------------------------------------
-// Attention core: shared pieces.
-struct MlaArgs {
-  const void* q;  // q_full [T, heads, L + R]
-  const void* cache;
-  void* o;        // o_lat [T, heads, L] (splits == 1)
-  float* part_o;  // [splits, T * heads, L] (splits > 1)
-  float* part_ml;  // [splits, T * heads, 2]
-  const int32_t* q_start;
-  const int32_t* kv_start;
-  const int32_t* kv_slots;
-  int64_t q_tokens, kv_slots_len, num_slots;
-  int heads, L, R, splits, row_splits;
-  float scale_log2;
-};
-
-// A sequence's bounds as the layout gives them; a layout that runs outside
-// q or kv_slots is "bad": its rows (clamped into q) are written as NaN.
-struct Bounds {
-  int64_t q_begin, q_len, kv_begin, kv_len;
-  bool bad;
-};
-
-__device__ __forceinline__ Bounds seq_bounds(const MlaArgs& a, int s) {
-  const int64_t q0 = a.q_start[s], q1 = a.q_start[s + 1], k0 = a.kv_start[s], k1 = a.kv_start[s + 1];
-  Bounds b{q0, q1 - q0, k0, k1 - k0, false};
-  if (q0 < 0 || q1 < q0 || q1 > a.q_tokens || k0 < 0 || k1 < k0 || k1 > a.kv_slots_len) {
-    const int64_t lo = min(max(q0, int64_t{0}), a.q_tokens), hi = min(max(q1, lo), a.q_tokens);
-    b = Bounds{lo, hi - lo, 0, hi - lo, true};
-  }
-  return b;
-}
-
-template <typename O>
-__device__ __forceinline__ void store_pair(O* p, float x, float y) {
-  if constexpr (sizeof(O) == 4) {
-    *reinterpret_cast<float2*>(p) = make_float2(x, y);
-  } else {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
-  }
-}
-
-// ---------------------------------------------------------------------------
 // CUDA-core kernel (any L <= 512, R <= 256; f32 or bf16 cache; f32 q_full).
 constexpr int kCoreWarps = 4;
 constexpr int kCoreThreads = kCoreWarps * 32;
@@ -355,7 +313,7 @@ __global__ void __launch_bounds__(kCoreThreads) mla_core_kernel(MlaArgs a) {
   __shared__ float red_m[NW][RT], red_l[NW][RT];
   const int split = blockIdx.x % a.splits, row_split = blockIdx.x / a.splits, seq = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const Bounds b = seq_bounds(a, seq);
+  const MlaBounds b = mla_seq_bounds(a, seq);
   const int64_t total_rows = b.q_len * heads;
   const float* q = static_cast<const float*>(a.q);
   const Cache* cache = static_cast<const Cache*>(a.cache);
@@ -502,7 +460,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) mla_mma_kernel(MlaArgs a) {
   const int split = blockIdx.x % a.splits, row_split = blockIdx.x / a.splits, seq = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int rg = warp % 4, half = warp / 4;
-  const Bounds b = seq_bounds(a, seq);
+  const MlaBounds b = mla_seq_bounds(a, seq);
   const int heads = a.heads;
   const int64_t total_rows = b.q_len * heads;
   const bf16* q = static_cast<const bf16*>(a.q);
@@ -672,13 +630,13 @@ __global__ void __launch_bounds__(kMmaThreads, 1) mla_mma_kernel(MlaArgs a) {
           const float inv = poisoned ? quiet_nan() : (l_all > 0.0f ? 1.0f / l_all : 0.0f);
           O* dst = static_cast<O*>(a.o) + at * kMmaL + half * 256 + 2 * t4;
 #pragma unroll
-          for (int n = 0; n < 32; ++n) store_pair(dst + n * 8, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+          for (int n = 0; n < 32; ++n) mla_store_pair(dst + n * 8, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
         } else {
           const int64_t part = split * rows_all + at;
           float* dst = a.part_o + part * kMmaL + half * 256 + 2 * t4;
           const float f = poisoned ? quiet_nan() : 1.0f;
 #pragma unroll
-          for (int n = 0; n < 32; ++n) store_pair(dst + n * 8, o[n][2 * h] * f, o[n][2 * h + 1] * f);
+          for (int n = 0; n < 32; ++n) mla_store_pair(dst + n * 8, o[n][2 * h] * f, o[n][2 * h + 1] * f);
           if (half == 0 && t4 == 0) {
             a.part_ml[part * 2] = m_row[h];
             a.part_ml[part * 2 + 1] = poisoned ? quiet_nan() : l_all;
@@ -935,8 +893,8 @@ int64_t mla_attention_scratch_floats(const MlaAttentionShape& shape, int splits)
 
 cudaError_t mla_attention(Elem q_elem, Elem cache, Elem o_elem, const void* q_full, const void* cache_data,
                           const int32_t* q_start, const int32_t* kv_start, const int32_t* kv_slots,
-                          const MlaAttentionShape& shape, int splits, int row_splits, bool mma, float* scratch,
-                          void* o_lat, cudaStream_t stream) {
+                          const MlaAttentionShape& shape, int splits, int row_splits, MlaCoreKernel kernel,
+                          float* scratch, void* o_lat, cudaStream_t stream) {
   if (shape.q_tokens == 0 || shape.num_seqs == 0) return cudaSuccess;
   MlaArgs a{};
   a.q = q_full;
@@ -958,9 +916,12 @@ cudaError_t mla_attention(Elem q_elem, Elem cache, Elem o_elem, const void* q_fu
   a.row_splits = row_splits;
   a.scale_log2 = shape.scale * kLog2e;
   const dim3 grid(static_cast<unsigned>(splits * row_splits), static_cast<unsigned>(shape.num_seqs));
-  if (mma) {
-    if (q_elem != Elem::kBF16 || cache != Elem::kBF16) return cudaErrorInvalidValue;
-    const cudaError_t status = o_elem == Elem::kF32 ? launch_mma<float>(a, grid, stream) : launch_mma<bf16>(a, grid, stream);
+  if (kernel != MlaCoreKernel::kCudaCores) {
+    if (!mla_attention_uses_mma(cache, q_elem, shape)) return cudaErrorInvalidValue;
+    const bool f32_out = o_elem == Elem::kF32;
+    const cudaError_t status = kernel == MlaCoreKernel::kWgmma ? launch_mla_wgmma(a, grid, f32_out, stream)
+                               : f32_out                       ? launch_mma<float>(a, grid, stream)
+                                                               : launch_mma<bf16>(a, grid, stream);
     if (status != cudaSuccess) return status;
   } else {
     if (q_elem != Elem::kF32) return cudaErrorInvalidValue;

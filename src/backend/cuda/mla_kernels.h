@@ -83,9 +83,12 @@ struct MlaAttentionShape {
   float scale = 0.0f;
 };
 
-// Whether the tensor-core kernel serves this call (bf16 cache and q_full,
-// L = 512, R = 64).
+// Whether the tensor cores can serve this call (bf16 cache and q_full, L =
+// 512, R = 64); the split counts below take the answer as `mma`.
 bool mla_attention_uses_mma(Elem cache, Elem q_full, const MlaAttentionShape& shape);
+// The attention core's kernels: CUDA cores (any dims, f32 q_full), mma.sync
+// and wgmma (tensor cores, as above; wgmma on sm_90a only, kernel_caps.h).
+enum class MlaCoreKernel : uint8_t { kCudaCores, kMmaSync, kWgmma };
 // Key splits (1 .. kMlaMaxSplits) and row splits, from sizes only.
 int mla_attention_splits(const MlaAttentionShape& shape, bool mma);
 int mla_attention_row_splits(const MlaAttentionShape& shape, bool mma);
@@ -98,7 +101,7 @@ int64_t mla_attention_scratch_floats(const MlaAttentionShape& shape, int splits)
 // splits > 1, scratch holds mla_attention_scratch_floats floats.
 cudaError_t mla_attention(Elem q_elem, Elem cache, Elem o_elem, const void* q_full, const void* cache_data,
                           const int32_t* q_start, const int32_t* kv_start, const int32_t* kv_slots,
-                          const MlaAttentionShape& shape, int splits, int row_splits, bool mma, float* scratch,
-                          void* o_lat, cudaStream_t stream);
+                          const MlaAttentionShape& shape, int splits, int row_splits, MlaCoreKernel kernel,
+                          float* scratch, void* o_lat, cudaStream_t stream);
 
 }  // namespace basalt::cuda_kernels

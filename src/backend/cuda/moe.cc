@@ -6,6 +6,7 @@
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/fp8.h"
+#include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/moe_gemm_kernels.h"
 #include "backend/cuda/moe_kernels.h"
 #include "core/error.h"
@@ -73,7 +74,7 @@ using cuda_kernels::MoeExpertPtrs;
 // says: wgmma where it runs and takes the tile (kWgmmaTileM rows), else
 // mma.sync e4m3.
 int default_fp8_mma(int tile_m) {
-  if (tile_m == cuda_kernels::kWgmmaTileM && cuda_kernels::moe_wgmma_available()) return cuda_kernels::kMoeMmaWgmma;
+  if (tile_m == cuda_kernels::kWgmmaTileM && cuda_kernels::wgmma_available()) return cuda_kernels::kMoeMmaWgmma;
   return cuda_kernels::kMoeMmaE4m3;
 }
 
@@ -250,7 +251,7 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   if (tile_m == 0) {
     const int64_t used = std::min(E, R), mean = (R + used - 1) / used;
     const bool wgmma_fp8 = path == MoeExpertTable::Path::kFp8 && options.fp8_mma < 0 &&
-                           cuda_kernels::moe_wgmma_available();
+                           cuda_kernels::wgmma_available();
     tile_m = mean <= 16 ? 16 : (mean <= 64 || wgmma_fp8) ? 64 : 128;
   }
   const int64_t max_tiles = std::min(R, (R + std::min(E, R) * (tile_m - 1)) / tile_m);
@@ -258,7 +259,7 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   const int mode = options.fp8_mma >= 0 ? options.fp8_mma : default_fp8_mma(tile_m);
   const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
   BASALT_CHECK(path != MoeExpertTable::Path::kFp8 || !wgmma ||
-                   (tile_m == cuda_kernels::kWgmmaTileM && cuda_kernels::moe_wgmma_available()),
+                   (tile_m == cuda_kernels::kWgmmaTileM && cuda_kernels::wgmma_available()),
                "cuda moe_experts: the wgmma multiply needs an sm_90a build on an sm_90 device and {}-row tiles "
                "(tile_m {})",
                cuda_kernels::kWgmmaTileM, tile_m);

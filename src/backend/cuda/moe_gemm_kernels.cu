@@ -800,25 +800,6 @@ cudaError_t moe_gemm(const MoeGemmArgs& args, int mode, bool gated, int tile_m, 
   }
 }
 
-bool moe_wgmma_available() {
-  // No stream work (a graph may be recording on the caller's stream):
-  // BASALT_CUDA_SM90A says the build has sm_90a code (CMakeLists.txt), the
-  // attributes say the device runs it.
-#if defined(BASALT_CUDA_SM90A)
-  static const bool available = [] {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-      return false;
-    return major == 9 && minor == 0;
-  }();
-  return available;
-#else
-  return false;
-#endif
-}
-
 cudaError_t moe_generic_gemm(const MoeGenericArgs& args, bool gated, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.rows), static_cast<unsigned>((args.n + kGenericWarps - 1) / kGenericWarps));
   if (gated)

@@ -96,7 +96,7 @@ struct MoeGemmArgs {
 // e4m3 operands reread in registers as f16 by moving bits (value * 2^-8,
 // exact) into f16 mma m16n8k16, the 2^16 folded into the promotion scale.
 // or e4m3 operands on Hopper's warpgroup MMA (wgmma m64n128k32 e4m3 from
-// shared memory, sm_90a only: moe_wgmma_available(); tile_m kWgmmaTileM).
+// shared memory, sm_90a only: wgmma_available() in kernel_caps.h; tile_m kWgmmaTileM).
 // Every FP8 mode computes the same products. The mma.sync modes sum them in
 // f32; wgmma's FP8 path adds inside the tensor core with fewer mantissa bits
 // (DeepSeek-V3's report, section 3.3.2: about 14), so kMoeMmaWgmma, which
@@ -110,9 +110,6 @@ enum MoeMmaMode : int {
   kMoeMmaWgmma = 3,
   kMoeMmaWgmmaPrecise = 4
 };
-// Whether kMoeMmaWgmma runs here: the current device is sm_90 and this
-// build's kernels were compiled for sm_90a (asked once).
-bool moe_wgmma_available();
 // tile_m is 16, 64 or 128 (the tile_m of moe_permute); the wgmma modes take
 // kWgmmaTileM and FP8 operands only (cudaErrorInvalidValue otherwise).
 inline constexpr int kWgmmaTileM = 64;

@@ -1,7 +1,8 @@
-// Hopper's warpgroup MMA (wgmma, sm_90a) for the FP8 GEMMs: shared-memory
-// matrix descriptors, the fences and groups around the asynchronous MMA, and
-// the one tile shape the kernels use, m64n128k32 with e4m3 operands and f32
-// accumulators. Device code only: include from .cu files.
+// Hopper's warpgroup MMA (wgmma, sm_90a) for the FP8 GEMMs and the MLA decode
+// core: shared-memory matrix descriptors, the fences and groups around the
+// asynchronous MMA, and the tile shapes the kernels use: m64n128k32 with
+// e4m3 operands (the MoE GEMMs), m64n32k16 and m64n256k16 with bf16 operands
+// (the MLA decode core), all with f32 accumulators. Device code only: include from .cu files.
 //
 // Contract:
 //  * Every wrapper is one PTX instruction as the PTX ISA documents it (9.7.15,
@@ -9,19 +10,22 @@
 //    synchronisation beyond its own. All four warps of a warpgroup (128
 //    consecutive threads, the first a multiple of 128) execute them together.
 //  * Operands in shared memory are K-major (rows of K, as activations [M, K]
-//    and Hugging Face weights [N, K] are stored) in the 128-byte swizzle: rows
+//    and Hugging Face weights [N, K] are stored; wgmma_desc_sw128_mn is the
+//    one MN-major exception) in the 128-byte swizzle: rows
 //    of 128 bytes, 16-byte chunk c of row r at byte r * 128 + ((c ^ (r % 8)) *
 //    16), from a 1024-byte-aligned base (the XOR is taken on address bits, so
 //    the base must be aligned for the pattern to mean the same thing to the
-//    writer and to the MMA). The 32 bytes of K of one k32 step start 32 bytes
-//    further along the row: desc + 2 (the address field counts 16 bytes).
+//    writer and to the MMA). The 32 bytes of K of one step (k32 e4m3, k16
+//    bf16) start 32 bytes further along the row: desc + 2 (the address field
+//    counts 16 bytes).
 //  * Accumulators of m64nN, f32: thread t of the warpgroup holds d[4 j + i]
 //    = D[16 (t / 32) + t % 32 / 4 + 8 (i / 2), 8 j + 2 (t % 4) + i % 2] for
 //    j < N / 8, i < 4 (the mma.sync m16n8 layout, repeated over n).
 //  * wgmma_wait<0>() then wgmma_fence_operands(d) before reading d: the
 //    fence keeps the compiler from moving reads of d above the wait.
 //  * Compiled only for sm_90a (BASALT_WGMMA is 1 there); elsewhere the
-//    wrappers trap, and callers choose another kernel (wgmma_compiled()).
+//    wrappers trap, and callers choose another kernel (kernel_caps.h:
+//    wgmma_available()).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +45,17 @@ namespace basalt::cuda_kernels {
 __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1024 >> 4) << 32) |
          (static_cast<uint64_t>(1) << 62);
+}
+
+// Descriptor of an MN-major, 128-byte-swizzled operand (each k a row of MN
+// elements, as the value tile of attention is stored: keys x features) at
+// shared address `addr`: swizzle atoms of 8 rows x 128 bytes, `lbo` bytes
+// from one atom to the next 128 bytes of MN and `sbo` bytes to the next 8
+// rows of k (the PTX ISA's leading and stride byte offsets for MN-major
+// layouts; CUTLASS's make_gmma_desc<Major::MN> names them the same way).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128_mn(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -100,6 +115,65 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+#else
+  __trap();
+#endif
+}
+
+// d = (accumulate ? d : 0) + A B^T for bf16 operands, A 64 x 16 at desc_a, B
+// 32 x 16 at desc_b (both K-major, 128-byte swizzle), f32 accumulators.
+__device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                                     bool accumulate) {
+#if BASALT_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+#else
+  __trap();
+#endif
+}
+
+// d = (accumulate ? d : 0) + A B for bf16 operands, A 64 x 16 in registers
+// (a[0..3]: the mma.sync m16n8k16 A fragment of rows 16 w .. 16 w + 15 for
+// warp w of the warpgroup: the accumulator layout above, converted), B 16 x
+// 256 at desc_b MN-major (rows of 256 along N, one per k: wgmma_desc_sw128_mn).
+__device__ __forceinline__ void wgmma_m64n256k16_bf16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b,
+                                                         bool accumulate) {
+#if BASALT_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 #else
   __trap();
 #endif
