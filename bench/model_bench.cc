@@ -3,6 +3,7 @@
 // same weights (bench/peers/llama_cpp/compare.sh):
 //
 //   basalt_bench_model --model DIR [--prompt 128,512] [--tokens 64] [--repeats 1] [--json]
+//                      [--dtype auto|bfloat16|float32]
 //
 // ppN: a prompt of N tokens prefilled from an empty cache, in one step, until
 // its first token is out (tokens/s = N / seconds). tgN: N tokens decoded one
@@ -10,7 +11,8 @@
 // Prompts are fixed pseudo-random ids below the vocabulary size (as
 // llama-bench draws them). The path is `basalt generate`'s: load_model, then
 // generate() with greedy sampling and eos ignored; the thread count is the
-// global pool's (BASALT_NUM_THREADS, as everywhere).
+// global pool's (BASALT_NUM_THREADS, as everywhere); --dtype is `basalt
+// generate`'s (how bf16 weights meet the activations; auto by default).
 // One warm-up generation pages the weights in; then each test runs `repeats`
 // times and its median is printed, or one JSON object with every figure.
 #include <algorithm>
@@ -39,10 +41,12 @@ struct Flags {
   int tokens = 64;
   int repeats = 1;
   bool json = false;
+  std::string dtype = "auto";
 };
 
 const char* const kUsage =
-    "usage: basalt_bench_model --model DIR [--prompt 128,512] [--tokens 64] [--repeats 1] [--json]\n";
+    "usage: basalt_bench_model --model DIR [--prompt 128,512] [--tokens 64] [--repeats 1] [--json]\n"
+    "                          [--dtype auto|bfloat16|float32]\n";
 
 bool parse_positive(const std::string& text, int* out) {
   char* end = nullptr;
@@ -73,6 +77,12 @@ bool parse(int argc, char** argv, Flags* f) {
           ok = parse_positive(value, &f->tokens);
         } else if (flag == "--repeats") {
           ok = parse_positive(value, &f->repeats);
+        } else if (flag == "--dtype") {
+          f->dtype = value;
+          if (value != "auto" && value != "bfloat16" && value != "float32") {
+            std::fprintf(stderr, "--dtype %s: expected auto, bfloat16 or float32\n", value.c_str());
+            return false;
+          }
         } else {
           std::fprintf(stderr, "unknown flag %s\n%s", flag.c_str(), kUsage);
           return false;
@@ -125,6 +135,9 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, &flags)) return 2;
   try {
     CpuBackend backend;
+    backend.set_bf16_activations(flags.dtype == "auto"       ? cpu::auto_bf16_activations()
+                                 : flags.dtype == "float32" ? cpu::Bf16Activations::kF32
+                                                            : cpu::Bf16Activations::kRounded);
     const auto load_start = Clock::now();
     auto model = load_model(flags.model, backend);
     const double load_s = seconds_since(load_start);

@@ -66,7 +66,9 @@ void check_dtype(const std::string& choice, const std::string& device) {
 void apply_dtype(const std::string& choice, Backend& backend) {
   check_dtype(choice, std::string(backend.name()));
   if (auto* cpu = dynamic_cast<CpuBackend*>(&backend))
-    cpu->set_bf16_activations(choice == "float32" ? cpu::Bf16Activations::kF32 : cpu::Bf16Activations::kRounded);
+    cpu->set_bf16_activations(choice == "auto"       ? cpu::auto_bf16_activations()
+                              : choice == "float32" ? cpu::Bf16Activations::kF32
+                                                    : cpu::Bf16Activations::kRounded);
 }
 
 cpu::Bf16Activations cpu_bf16_activations(const Backend& backend) {

@@ -24,14 +24,21 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads = 0
 // before any backend exists.
 void check_fp8_compute(const std::string& choice, const std::string& device);
 void apply_fp8_compute(const std::string& choice, Backend& backend);
-// --dtype: what bf16 weights multiply with. "auto" and "bfloat16" round the
+// --dtype: what bf16 weights multiply with. "bfloat16" rounds the
 // activations to bf16 (core/bf16_product.h; on a GPU the tensor cores do the
-// same), "float32" keeps them f32 on the CPU (exact up to f32 sums, slower:
-// one FMA per weight instead of vdpbf16ps's two); a GPU has no float32
-// mode, and anything else throws. Weights in other dtypes always meet f32
+// same), "float32" keeps them f32 on the CPU (exact up to f32 sums; slower
+// where vdpbf16ps does two products per instruction), "auto" is bfloat16 on
+// a GPU and on CPU builds with AVX-512 BF16, float32 on other CPU builds
+// (cpu::auto_bf16_activations: there the rounded form is an emulation, and
+// the slower one); a GPU has no float32 mode, and anything else throws. Weights in other dtypes always meet f32
 // activations. check_dtype checks a --device before any backend exists;
 // cpu_bf16_activations is the mode a CPU backend runs (its TP and DP ranks
 // take the same).
+inline constexpr const char* kDtypeHelp =
+    "What bf16 weights multiply with: bfloat16 rounds the activations to bf16, as GPU matmuls and llama.cpp "
+    "do; float32 keeps them f32 (CPU only: exact); auto is bfloat16 on a GPU and on CPUs whose build has "
+    "AVX-512 BF16, float32 on other CPUs (the faster of the two there). Other weight dtypes always meet f32 "
+    "activations (default auto)";
 void check_dtype(const std::string& choice, const std::string& device);
 void apply_dtype(const std::string& choice, Backend& backend);
 cpu::Bf16Activations cpu_bf16_activations(const Backend& backend);

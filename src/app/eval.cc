@@ -351,9 +351,7 @@ void add_eval_command(CLI::App& app) {
                   "CPU backend threads (default 0: the BASALT_NUM_THREADS environment variable, else one per "
                   "hardware thread)");
   cmd->add_option("--dtype", flags->dtype,
-                  "What bf16 weights multiply with: auto or bfloat16 round the activations to bf16, as GPU "
-                  "matmuls and llama.cpp do (the CPU's fast path); float32 keeps them f32 (CPU only: exact, "
-                  "slower). Other weight dtypes always meet f32 activations (default auto)");
+                  kDtypeHelp);
   cmd->add_option("--fp8-compute", flags->fp8_compute,
                   "How block-FP8 weights multiply: w8a8 (activations quantized per 1x128 group, the GPU default), "
                   "w8a16 (weight-only, the CPU's only mode), auto");

@@ -331,9 +331,7 @@ void add_serve_command(CLI::App& app) {
   add_parallel_flags(*cmd, f.parallel);
   cmd->add_option("--device", f.device, std::string("Backend: ") + available_devices() + " (default cpu)");
   cmd->add_option("--dtype", f.dtype,
-                  "What bf16 weights multiply with: auto or bfloat16 round the activations to bf16, as GPU "
-                  "matmuls and llama.cpp do (the CPU's fast path); float32 keeps them f32 (CPU only: exact, "
-                  "slower). Other weight dtypes always meet f32 activations (default auto)");
+                  kDtypeHelp);
   cmd->add_option("--fp8-compute", f.fp8_compute,
                   "How block-FP8 weights multiply: w8a8 quantizes the activations per 1x128 group (DeepSeek-V3's inference, the GPU default), w8a16 keeps them (weight-only: exact up to the weights' own rounding; on a GPU it keeps a bf16 copy of every FP8 weight); auto: the device's default");
   cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,

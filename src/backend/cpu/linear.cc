@@ -395,6 +395,14 @@ float load_bias(const void* bias, DType dtype, int64_t i) {
 
 }  // namespace
 
+Bf16Activations auto_bf16_activations() {
+#if defined(__AVX512BF16__)
+  return Bf16Activations::kRounded;
+#else
+  return Bf16Activations::kF32;
+#endif
+}
+
 int64_t linear_panel_min_tokens() { return kPanelMinTokens; }
 
 void linear_fp8_block_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,

@@ -41,6 +41,13 @@ namespace basalt::cpu {
 // (MLA's expanded keys and values against the absorbed attention).
 enum class Bf16Activations { kRounded, kF32 };
 
+// The mode `--dtype auto` takes on this build: kRounded where the bf16
+// product runs on the AVX-512 BF16 instruction (at or above llama.cpp's
+// bf16 prefill there), kF32 elsewhere, where rounding costs an emulation of
+// that instruction's order and f32 activations meet weights converted once
+// per panel (AVX2 prefill 1.8x faster, bench/README.md).
+Bf16Activations auto_bf16_activations();
+
 // bias may be null; otherwise bias_dtype is f32, bf16 or f16.
 void linear_f32(ThreadPool& pool, const float* x, int64_t tokens, int64_t in, const void* w,
                 DType w_dtype, int64_t outs, const void* bias, DType bias_dtype, float* out,
