@@ -5,11 +5,13 @@
 #
 #   bench/peers/llama_cpp/compare.sh LLAMA_CPP_DIR [--layers 16] [--threads 2]
 #                                    [--rounds 3] [--work DIR] [--formats LIST]
+#                                    [--isa native|avx2]
 #
 # LLAMA_CPP_DIR is a llama.cpp source checkout (not part of this repository).
 # The script
 #  1. builds its llama-bench and llama-quantize (CMake, -DGGML_NATIVE=ON, in
-#     LLAMA_CPP_DIR/build-basalt; kept between runs);
+#     LLAMA_CPP_DIR/build-basalt; kept between runs; with --isa avx2, for
+#     AVX2 + FMA + F16C only, in LLAMA_CPP_DIR/build-basalt-avx2);
 #  2. writes a random-weight Llama-3.2-1B-shaped model (16 layers, hidden
 #     2048, MLP 8192, 32 query / 8 KV heads, the bundled tokenizer's 8,192
 #     ids) as Hugging Face safetensors (basalt_write_llama_model), an f16
@@ -30,13 +32,20 @@
 # takes half a millisecond). The work directory (default
 # /var/tmp/basalt-vs-llama-cpp) takes about 9 GB and is kept, so a second run
 # skips the writing.
+#
+# --isa avx2 times both engines as an AVX2 machine without AVX-512 runs them,
+# on any machine with AVX2: llama.cpp as above, Basalt from BASALT_BUILD_DIR
+# (default build-avx2), a build for x86-64-v3 made first with
+#   cmake -S . -B build-avx2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DBASALT_CUDA=OFF \
+#     -DBASALT_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3
+#   ninja -C build-avx2 basalt basalt_bench_model basalt_write_llama_model
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
 [[ $# -ge 1 && $1 != -* ]] || usage
 LLAMA_CPP=$(cd "$1" 2> /dev/null && pwd) || { echo "compare.sh: $1: no such directory" >&2; exit 1; }
 shift
-LAYERS=16 THREADS=2 ROUNDS=3 WORK=/var/tmp/basalt-vs-llama-cpp FORMATS="bf16 f16 int8 int4 bundled"
+LAYERS=16 THREADS=2 ROUNDS=3 WORK=/var/tmp/basalt-vs-llama-cpp FORMATS="bf16 f16 int8 int4 bundled" ISA=native
 while [[ $# -gt 0 ]]; do
   case $1 in
     --layers) LAYERS=$2; shift 2 ;;
@@ -44,12 +53,20 @@ while [[ $# -gt 0 ]]; do
     --rounds) ROUNDS=$2; shift 2 ;;
     --work) WORK=$2; shift 2 ;;
     --formats) FORMATS=${2//,/ }; shift 2 ;;
+    --isa) ISA=$2; shift 2 ;;
     *) usage ;;
   esac
 done
 
 ROOT=$(pwd)
-BUILD=${BASALT_BUILD_DIR:-$ROOT/build}
+case $ISA in
+  native) BUILD=${BASALT_BUILD_DIR:-$ROOT/build} LSUFFIX="" GGML_ISA=(-DGGML_NATIVE=ON) ;;
+  avx2)
+    BUILD=${BASALT_BUILD_DIR:-$ROOT/build-avx2} LSUFFIX=-avx2
+    GGML_ISA=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+    ;;
+  *) echo "compare.sh: --isa $ISA: expected native or avx2" >&2; exit 2 ;;
+esac
 PYTHON=${PYTHON:-python3}
 for tool in "$BUILD/bench/basalt_write_llama_model" "$BUILD/bench/basalt_bench_model" "$BUILD/bin/basalt"; do
   [[ -x $tool ]] || { echo "compare.sh: $tool is missing: build Basalt first (scripts/build.sh)" >&2; exit 1; }
@@ -61,8 +78,8 @@ done
 
 mkdir -p "$WORK"
 echo "== building llama.cpp's llama-bench and llama-quantize"
-LBUILD=$LLAMA_CPP/build-basalt
-cmake -S "$LLAMA_CPP" -B "$LBUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+LBUILD=$LLAMA_CPP/build-basalt$LSUFFIX
+cmake -S "$LLAMA_CPP" -B "$LBUILD" -DCMAKE_BUILD_TYPE=Release "${GGML_ISA[@]}" -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF > "$WORK/llama-cpp-build.log" 2>&1 || { cat "$WORK/llama-cpp-build.log"; exit 1; }
 cmake --build "$LBUILD" --target llama-bench llama-quantize -j "$(nproc)" >> "$WORK/llama-cpp-build.log" 2>&1 ||
   { tail -30 "$WORK/llama-cpp-build.log"; exit 1; }
@@ -124,14 +141,15 @@ EOF
   done
 done
 
-"$PYTHON" - "$RESULTS" "$THREADS" "$ROUNDS" <<'EOF'
+"$PYTHON" - "$RESULTS" "$THREADS" "$ROUNDS" "$ISA" <<'EOF'
 import collections, json, statistics, sys
 rows = collections.defaultdict(lambda: ([], []))
 for line in open(sys.argv[1]):
     r = json.loads(line)
     rows[(r["pair"], r["test"])][0].append(r["basalt"])
     rows[(r["pair"], r["test"])][1].append(r["llama_cpp"])
-print(f"\ntokens/s, median of {sys.argv[3]} alternated rounds, {sys.argv[2]} threads; x = Basalt / llama.cpp")
+print(f"\ntokens/s, median of {sys.argv[3]} alternated rounds, {sys.argv[2]} threads, {sys.argv[4]} builds;"
+      " x = Basalt / llama.cpp")
 print(f"| {'pair':<12} | {'test':<6} | {'Basalt':>8} | {'llama.cpp':>9} | {'x':>5} |")
 print(f"|{'-' * 14}|{'-' * 8}|{'-' * 10}|{'-' * 11}|{'-' * 7}|")
 for (pair, test), (ours, theirs) in rows.items():
