@@ -887,6 +887,43 @@ TEST(BackendContract, UploadIsOrderedAndLeavesTheSourceFree) {
   }
 }
 
+// copy() of host tensors larger than the CUDA backend's staging chunks (the
+// weights at load, each written into a row range of a fused device tensor):
+// every byte lands, in the right rows, the neighbours untouched, also when
+// the copy follows an upload that uses the same staging buffers.
+TEST(BackendContract, LargeHostCopiesIntoRowRangesLandExactly) {
+  for (const BackendUnderTest& under_test : backends_under_test()) {
+    std::unique_ptr<Backend> backend = under_test.make();
+    if (!backend) continue;
+    const int64_t cols = 4099;  // rows of an odd byte count
+    const int64_t rows_a = 1531, rows_b = 2053;  // 25 MB and 34 MB of f32: several chunks, a partial last
+    TestRng rng;
+    const Tensor a = random_tensor(rng, {rows_a, cols}, DType::kF32);
+    const Tensor b = random_tensor(rng, {rows_b, cols}, DType::kF32);
+    Tensor fused = backend->empty({rows_a + rows_b + 2, cols}, DType::kF32);
+    const Tensor edge = Tensor::from_f32({1, cols}, std::vector<float>(static_cast<size_t>(cols), -3.0f));
+    Tensor first = fused.rows(0, 1), last = fused.rows(rows_a + rows_b + 1, 1);
+    backend->copy(edge, first);
+    backend->copy(edge, last);
+    Tensor small_dst = backend->empty({1, cols}, DType::kF32);
+    backend->upload(edge, small_dst);  // a staging buffer in use, then reused by the large copy
+    Tensor into_a = fused.rows(1, rows_a), into_b = fused.rows(1 + rows_a, rows_b);
+    backend->copy(a, into_a);
+    backend->copy(b, into_b);
+    Tensor back = Tensor::empty({rows_a + rows_b + 2, cols}, DType::kF32);
+    backend->copy(fused, back);
+    const auto bytes_of = [](const Tensor& t) { return static_cast<size_t>(t.nbytes()); };
+    EXPECT_EQ(std::memcmp(back.rows(0, 1).raw(), edge.raw(), bytes_of(edge)), 0) << under_test.name;
+    EXPECT_EQ(std::memcmp(back.rows(1, rows_a).raw(), a.raw(), bytes_of(a)), 0) << under_test.name;
+    EXPECT_EQ(std::memcmp(back.rows(1 + rows_a, rows_b).raw(), b.raw(), bytes_of(b)), 0) << under_test.name;
+    EXPECT_EQ(std::memcmp(back.rows(rows_a + rows_b + 1, 1).raw(), edge.raw(), bytes_of(edge)), 0)
+        << under_test.name;
+    Tensor small_back = Tensor::empty({1, cols}, DType::kF32);
+    backend->copy(small_dst, small_back);
+    EXPECT_EQ(std::memcmp(small_back.raw(), edge.raw(), bytes_of(edge)), 0) << under_test.name;
+  }
+}
+
 // download() is ordered after the ops already enqueued and leaves the host
 // free until wait(): several downloads behind long ops, waited out of order
 // (the CUDA backend's pinned buffers go back and are reused between them),

@@ -153,7 +153,10 @@ double ColdStartReport::floor_s(bool cold) const {
   const double read_rate = cold ? disk_read_bytes_per_s : page_cache_read_bytes_per_s;
   const auto bytes = static_cast<double>(weight_bytes);
   double floor = read_rate > 0 ? bytes / read_rate : 0;
-  if (host_to_device_bytes_per_s && *host_to_device_bytes_per_s > 0) floor += bytes / *host_to_device_bytes_per_s;
+  // The loader reads ahead on a thread of its own while it uploads, so the
+  // slower of the two bounds the start, not their sum.
+  if (host_to_device_bytes_per_s && *host_to_device_bytes_per_s > 0)
+    floor = std::max(floor, bytes / *host_to_device_bytes_per_s);
   return floor;
 }
 

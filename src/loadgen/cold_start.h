@@ -77,8 +77,9 @@ struct ColdStartReport {
   std::vector<ColdStartCache> caches;
 
   // The floor of a start: the weights read at the measured rate (the disk's
-  // for a cold cache, the page cache's for a warm one), plus their upload at
-  // the host-to-device rate where there is one.
+  // for a cold cache, the page cache's for a warm one) or their upload at
+  // the host-to-device rate where there is one, whichever is slower (the
+  // loader overlaps the two).
   double floor_s(bool cold) const;
   nlohmann::json to_json() const;
   std::string table() const;

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <thread>
+#include <vector>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
@@ -173,7 +175,11 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   const bool from_host = src.device() == Device::kCpu, to_host = dst.device() == Device::kCpu;
   const cudaMemcpyKind kind = from_host ? (to_host ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
                                         : (to_host ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice);
-  BASALT_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), kind, stream_));
+  if (kind == cudaMemcpyHostToDevice && src.nbytes() >= kStagedCopyMinBytes) {
+    copy_staged_to_device(src.raw(), dst.raw(), src.nbytes());
+  } else {
+    BASALT_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), kind, stream_));
+  }
   // The host side may be read or freed as soon as copy returns.
   if (from_host || to_host) synchronize();
 }
@@ -190,7 +196,48 @@ void grow_pinned(void*& host, size_t& capacity, size_t bytes) {
   capacity = bytes;
 }
 
+// memcpy split over up to `threads` threads, each given at least 2 MiB.
+void parallel_memcpy(void* dst, const void* src, size_t bytes, size_t threads) {
+  constexpr size_t kMinShare = size_t{2} << 20;
+  const size_t n = std::max<size_t>(1, std::min(threads, bytes / kMinShare));
+  if (n == 1) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const size_t share = (bytes + n - 1) / n;
+  std::vector<std::thread> helpers;
+  for (size_t i = 1; i < n; ++i) {
+    const size_t begin = i * share, end = std::min(bytes, begin + share);
+    if (begin < end)
+      helpers.emplace_back([=] { std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin,
+                                             end - begin); });
+  }
+  std::memcpy(dst, src, std::min(bytes, share));
+  for (std::thread& t : helpers) t.join();
+}
+
 }  // namespace
+
+void CudaBackend::stage_and_copy(const void* src, void* dst, size_t bytes, size_t copy_threads) {
+  Staging& s = staging_[next_staging_];
+  next_staging_ = (next_staging_ + 1) % kStagingBuffers;
+  if (s.copied == nullptr) BASALT_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
+  BASALT_CUDA_CHECK(cudaEventSynchronize(s.copied));  // its last copy has run (at once when never recorded)
+  grow_pinned(s.host, s.capacity, bytes);
+  parallel_memcpy(s.host, src, bytes, copy_threads);
+  BASALT_CUDA_CHECK(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream_));
+  BASALT_CUDA_CHECK(cudaEventRecord(s.copied, stream_));
+}
+
+void CudaBackend::copy_staged_to_device(const void* src, void* dst, size_t bytes) {
+  // Threads for the host side: the page cache's memcpy runs at a few GB/s
+  // per core, the DMA at tens; a few cores keep the copy engine busy.
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency() / 2, 1, 8);
+  for (size_t offset = 0; offset < bytes; offset += kStagedChunkBytes) {
+    const size_t n = std::min(kStagedChunkBytes, bytes - offset);
+    stage_and_copy(static_cast<const char*>(src) + offset, static_cast<char*>(dst) + offset, n, threads);
+  }
+}
 
 void CudaBackend::upload(const Tensor& src, Tensor& dst) {
   BASALT_CHECK(src.device() == Device::kCpu && dst.device() == Device::kCuda,
@@ -199,14 +246,7 @@ void CudaBackend::upload(const Tensor& src, Tensor& dst) {
                dst.describe());
   const size_t bytes = src.nbytes();
   if (bytes == 0) return;
-  Staging& s = staging_[next_staging_];
-  next_staging_ = (next_staging_ + 1) % kStagingBuffers;
-  if (s.copied == nullptr) BASALT_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
-  BASALT_CUDA_CHECK(cudaEventSynchronize(s.copied));  // its last copy has run (at once when never recorded)
-  grow_pinned(s.host, s.capacity, bytes);
-  std::memcpy(s.host, src.raw(), bytes);
-  BASALT_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), s.host, bytes, cudaMemcpyHostToDevice, stream_));
-  BASALT_CUDA_CHECK(cudaEventRecord(s.copied, stream_));
+  stage_and_copy(src.raw(), dst.raw(), bytes, 1);
 }
 
 // A download's pinned buffer and event, back to the backend once the copy
