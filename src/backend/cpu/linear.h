@@ -45,7 +45,7 @@ enum class Bf16Activations { kRounded, kF32 };
 // product runs on the AVX-512 BF16 instruction (at or above llama.cpp's
 // bf16 prefill there), kF32 elsewhere, where rounding costs an emulation of
 // that instruction's order and f32 activations meet weights converted once
-// per panel (AVX2 prefill 1.8x faster, bench/README.md).
+// per panel (AVX2 prefill 1.7x faster, bench/README.md).
 Bf16Activations auto_bf16_activations();
 
 // bias may be null; otherwise bias_dtype is f32, bf16 or f16.
