@@ -1,4 +1,4 @@
-// Speed of CpuBackend::linear (bf16, f32 weights) and linear_int (int8 and
+// Speed of CpuBackend::linear (bf16, f16, f32 weights) and linear_int (int8 and
 // int4 codes with f16 scales per 32 columns, core/int_weights.h) at decode
 // (1 token) and prefill (64 tokens)
 // batch sizes on Llama-3.2-1B's projection shapes, next to the two ceilings
@@ -8,7 +8,11 @@
 // of bandwidth drifts with its neighbours) and OpenBLAS sgemm on f32 copies
 // of the weights (prefill is compute bound).
 //
-//   basalt_bench_linear [--quick] [--only bf16|f32|int8|int4]
+//   basalt_bench_linear [--quick] [--only bf16|f16|f32|int8|int4]
+//
+// bf16 weights meet the backend's default activations (rounded to bf16);
+// f16 and f32 weights meet f32 activations (the kernel `--dtype float32`
+// gives bf16 weights too).
 //
 // Weights are cold for every call, as they are in a real forward pass where
 // the other layers' weights evict them: each repetition uses the next of
@@ -260,11 +264,13 @@ int run(bool quick, const std::string& only) {
     for (int64_t i = 0; i < w32.numel(); ++i) w32.data<float>()[i] = normal(rng);
     Tensor w16 = Tensor::empty({s.outs, s.in}, DType::kBF16);
     backend.copy(w32, w16);
-    for (const std::string format : {"bf16", "f32", "int8", "int4"}) {
+    Tensor wf16 = Tensor::empty({s.outs, s.in}, DType::kF16);
+    backend.copy(w32, wf16);
+    for (const std::string format : {"bf16", "f16", "f32", "int8", "int4"}) {
       if (!only.empty() && format != only) continue;
       const bool ints = format.starts_with("int");
-      const DType dtype = format == "bf16" ? DType::kBF16 : DType::kF32;
-      const std::vector<Tensor> weights = ints ? std::vector<Tensor>{} : weight_copies(dtype == DType::kBF16 ? w16 : w32);
+      const Tensor& w = format == "bf16" ? w16 : format == "f16" ? wf16 : w32;
+      const std::vector<Tensor> weights = ints ? std::vector<Tensor>{} : weight_copies(w);
       const std::vector<LinearWeight> int_weights = ints ? int_weight_copies(w32, format == "int8" ? 8 : 4)
                                                          : std::vector<LinearWeight>{};
       const size_t bytes = ints ? int_weights[0].weight.nbytes() + int_weights[0].scales.nbytes() : weights[0].nbytes();
@@ -329,7 +335,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--only" && i + 1 < argc) {
       only = argv[++i];
     } else {
-      fmt::print(stderr, "usage: basalt_bench_linear [--quick] [--only bf16|f32|int8|int4]\n");
+      fmt::print(stderr, "usage: basalt_bench_linear [--quick] [--only bf16|f16|f32|int8|int4]\n");
       return 2;
     }
   }

@@ -40,15 +40,16 @@ constexpr bool kPanelHoldsWeights = false;
 #endif
 // The direct kernel's weight rows per pass and token rows per pass. Eight
 // concurrent row streams keep more misses in flight than four (decode: +20%
-// on one Zen 5 core); AVX2's 16 registers cannot hold 4 × 8 accumulators.
+// on one Zen 5 core). On AVX2 too, though 4 token rows x 8 weight rows of
+// accumulators outgrow its 16 registers: built for x86-64-v3 on two Zen 4
+// threads, 8 rows against 4 streamed bf16 and f16 weights 1.1-1.5x faster
+// at 1 token on the 1B shape's projections and 1.1-1.4x at 2 to 4 tokens
+// (2 rows was the slowest choice, 1 row mixed). The rows per pass do not
+// change a result's bits: each (token, row) sum runs over k in order.
 // No software prefetch: on two Zen 4 threads, f16 rows stream at 28-31 GB/s
 // without it and 22-30 GB/s with it 1 KiB ahead (gate_up, down and q shapes,
 // alternated in one run).
-#if defined(__AVX512F__)
 constexpr int kDirectRows = 8;
-#else
-constexpr int kDirectRows = 4;
-#endif
 constexpr int kDirectX = 4;
 // From this many tokens on, converting a weight panel once and reusing it
 // beats converting in registers for every group of kDirectX tokens (measured
