@@ -172,8 +172,9 @@ int main(int argc, char** argv) {
     const double core_flops = 2.0 * kHeads * static_cast<double>(keys) * (kL + kR + kL);
     const double gemm_flops = 2.0 * 2.0 * batch * kHeads * double{kDn} * kL;
     const double weight_bytes = static_cast<double>(kv_b.weight.nbytes());
-    rows.push_back({batch, context, core_us, mma_sync_us, op_us, cache_bytes / core_us / 1e3, core_flops / core_us / 1e6,
-                    (cache_bytes + weight_bytes) / op_us / 1e3, (core_flops + gemm_flops) / op_us / 1e6});
+    rows.push_back({batch, context, core_us, mma_sync_us, op_us, cache_bytes / core_us / 1e3,
+                    core_flops / core_us / 1e6, (cache_bytes + weight_bytes) / op_us / 1e3,
+                    (core_flops + gemm_flops) / op_us / 1e6});
   }
   std::printf("\nMLA decode, DeepSeek-V3 shape (128 heads, 576/512, bf16 cache); core: %s\n",
               cuda_kernels::wgmma_available() ? "wgmma" : "mma.sync");

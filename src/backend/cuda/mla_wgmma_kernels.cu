@@ -216,7 +216,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
       const uint64_t desc_v = wgmma_desc_sw128_mn(k_tile + wg * 4 * kBlockBytes, kBlockBytes, 1024);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk) wgmma_m64n256k16_bf16_rs(o, af[kk], desc_v + ((kk * 16 * 128) >> 4), true);
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma_m64n256k16_bf16_rs(o, af[kk], desc_v + ((kk * 16 * 128) >> 4), true);
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operands(o);
