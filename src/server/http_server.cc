@@ -172,8 +172,10 @@ struct HttpServer::Impl {
 #endif
 
   // One io_context run by every I/O thread (kShared), or one per thread
-  // (kPerThread, each connection on one of them); the acceptor is on the
-  // first.
+  // (kPerThread, each connection on one of them); the acceptor is on a
+  // strand of the first: its completions and the closes posted by
+  // stop_accepting() and stop() never run at once (a close next to an
+  // async_accept on another I/O thread crashed the server in its drain).
   std::vector<std::unique_ptr<asio::io_context>> contexts;
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::optional<tcp::acceptor> acceptor;
@@ -189,7 +191,7 @@ struct HttpServer::Impl {
     } else {
       contexts.push_back(std::make_unique<asio::io_context>(n));
     }
-    acceptor.emplace(*contexts.front());
+    acceptor.emplace(asio::make_strand(*contexts.front()));
   }
 
   void accept();
@@ -618,7 +620,7 @@ void HttpServer::start() {
 uint16_t HttpServer::port() const { return impl_->bound_port; }
 
 void HttpServer::stop_accepting() {
-  asio::post(*impl_->contexts.front(), [s = impl_.get()] {
+  asio::post(impl_->acceptor->get_executor(), [s = impl_.get()] {
     error_code ec;
     s->acceptor->close(ec);
   });
@@ -635,7 +637,7 @@ void HttpServer::stop() {
       if (auto p = weak.lock()) live.push_back(std::move(p));
   }
   if (s.threads.empty()) return;
-  asio::post(*s.contexts.front(), [&s] {
+  asio::post(s.acceptor->get_executor(), [&s] {
     error_code ec;
     s.acceptor->close(ec);
   });

@@ -333,6 +333,34 @@ TEST(HttpServer, StopAbortsRunningProducers) {
   server.reset();
 }
 
+// `basalt serve`'s drain: stop_accepting() at the signal, stop() soon after.
+// Both close the listening socket from a handler on the I/O threads; with
+// several threads on one context the two handlers must not run at once (a
+// concurrent close of one acceptor is a data race that crashed the server at
+// exit about once in a hundred drains on a loaded machine). Connections keep
+// arriving meanwhile, so an accept completes next to the closes too.
+TEST(HttpServer, StopAcceptingThenStopWithManyIoThreads) {
+  for (int round = 0; round < 200; ++round) {
+    HttpServerOptions o = quick_options();
+    o.io_threads = 8;
+    HttpServer server(o, echo);
+    server.start();
+    const uint16_t port = server.port();
+    std::atomic<bool> done{false};
+    std::thread knocker([&] {
+      while (!done.load()) Client knock(port);
+    });
+    Client c(port);
+    ASSERT_TRUE(c.connected());
+    c.send(post("/a", "x"));
+    EXPECT_NE(c.response().find("200"), std::string::npos);
+    server.stop_accepting();
+    server.stop();
+    done.store(true);
+    knocker.join();
+  }
+}
+
 TEST(HttpServer, PerThreadIoModelDealsConnectionsRoundTheThreads) {
   HttpServerOptions o = quick_options();
   o.io_threads = 3;
