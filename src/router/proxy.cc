@@ -109,6 +109,10 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
   std::shared_ptr<const Replica> replica;
   ExchangeHandle exchange;
   uint64_t attempt_id = 0;  // callbacks of an earlier attempt are ignored
+  // The attempt whose replica has begun answering (its stream passed an
+  // event on); 0: none. Its ReplicaState was told (attempt_answering).
+  uint64_t answering_attempt = 0;
+  uint64_t attempt_generation = 0;  // the current attempt's, from attempt_started()
   std::vector<std::string> tried;
   std::string last_failure;
   // What the attempt in flight has received.
@@ -217,6 +221,7 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     last_byte = Clock::now();
     const uint64_t id = ++attempt_id;
     const uint64_t generation = to->state->attempt_started();
+    attempt_generation = generation;
     std::weak_ptr<State> weak = weak_from_this();
     ExchangeCallbacks callbacks;
     callbacks.on_head = [weak, id](const IncomingHead& h) {
@@ -229,7 +234,12 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
     // when the client went away first.
     auto self = shared_from_this();
     callbacks.on_done = [self, id, to, generation](HttpFailure failure, const std::string& message) {
-      to->state->attempt_ended(generation);
+      bool answering = false;
+      {
+        std::lock_guard<std::mutex> lock(self->mu);
+        answering = self->answering_attempt == id;
+      }
+      to->state->attempt_ended(generation, answering);
       self->on_done(id, failure, message);
     };
     HttpClient* client = nullptr;
@@ -319,6 +329,10 @@ struct ProxyProducer::State : std::enable_shared_from_this<State> {
       exchange.cancel();
     }
     if (pending.size() != before) {
+      if (answering_attempt != id) {
+        answering_attempt = id;
+        replica->state->attempt_answering(attempt_generation);
+      }
       note_first_byte();
       wake_client();
     }

@@ -439,6 +439,14 @@ TEST_F(Gateway, AClientThatGoesAwayCancelsItsReplicaRequest) {
   const auto until = std::chrono::steady_clock::now() + 10s;
   while (!got_event && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
   ASSERT_TRUE(got_event);
+  // A stream that has begun answering is running at its replica: sent since
+  // the (absent) scrape, but no longer counted as waiting there.
+  ReplicaState& state = *registry_.snapshot()->replicas[0].state;
+  const auto counts = [&state] {
+    std::lock_guard<std::mutex> lock(state.mu);
+    return std::make_pair(state.sent_since_scrape, state.unanswered_since_scrape);
+  };
+  EXPECT_EQ(counts(), std::make_pair(int64_t{1}, int64_t{0}));
   h.cancel();
   while (a.aborts.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(a.aborts.load(), 1);
@@ -451,6 +459,7 @@ TEST_F(Gateway, AClientThatGoesAwayCancelsItsReplicaRequest) {
   EXPECT_NE(m.find(needle), std::string::npos) << m;
   EXPECT_NE(m.find("basalt_route_requests_in_flight 0"), std::string::npos) << m;
   EXPECT_NE(m.find(R"(basalt_route_requests_total{route="/v1/completions",status="499"} 1)"), std::string::npos) << m;
+  EXPECT_EQ(counts(), std::make_pair(int64_t{0}, int64_t{0}));
 }
 
 

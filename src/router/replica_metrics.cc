@@ -56,7 +56,7 @@ bool saturated(ReplicaState& state, std::chrono::steady_clock::time_point now,
                const ScrapeOptions& options) {
   std::lock_guard<std::mutex> lock(state.mu);
   if (!fresh(state.scraped, now, options)) return false;
-  return state.scraped.waiting + static_cast<double>(state.sent_since_scrape) >=
+  return state.scraped.waiting + static_cast<double>(state.unanswered_since_scrape) >=
              options.max_waiting ||
          state.scraped.kv_usage >= options.max_kv_usage;
 }
@@ -67,7 +67,7 @@ PrefillEstimate prefill_estimate(ReplicaState& state, std::chrono::steady_clock:
   std::lock_guard<std::mutex> lock(state.mu);
   PrefillEstimate e;
   const double requests = fresh(state.scraped, now, options)
-                              ? state.scraped.waiting + static_cast<double>(state.sent_since_scrape)
+                              ? state.scraped.waiting + static_cast<double>(state.unanswered_since_scrape)
                               : static_cast<double>(state.in_flight.load());
   e.pending_tokens = requests * std::max(0.0, average_prompt_tokens);
   e.tokens_per_s = state.scraped.prefill_capacity_per_s > 0 ? state.scraped.prefill_capacity_per_s
@@ -106,6 +106,7 @@ void MetricsScraper::record(ReplicaState& state, const std::optional<ReplicaLoad
   s.running = *load->running;
   s.kv_usage = *load->kv_usage;
   state.sent_since_scrape = 0;
+  state.unanswered_since_scrape = 0;
   ++state.scrape_generation;
 }
 

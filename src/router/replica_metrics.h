@@ -20,14 +20,16 @@
 //  * load_of() and saturated() are how policies and the admission queue
 //    read a replica: with a valid scrape younger than stale_after, load is
 //    its waiting + running + the attempts sent since the scrape, and it is
-//    saturated when waiting + those attempts reach max_waiting (5) or its
-//    KV usage reaches max_kv_usage (0.8), GIE's defaults; without one, the
+//    saturated when waiting + those of the attempts that have not begun
+//    answering (no streamed event yet) reach max_waiting (5) or its KV
+//    usage reaches max_kv_usage (0.8), GIE's defaults; without one, the
 //    load is this gateway's in-flight count and it is never saturated (the
 //    gateway has no numbers to hold requests back by).
 //  * prefill_estimate() is a replica's share of a pool's EQT
 //    (router/placement.h). Replicas do not export the prompt tokens they
 //    have yet to prefill, so the pending tokens are its requests not yet
-//    running (scraped waiting + attempts sent since; without a fresh scrape
+//    running (scraped waiting + attempts sent since that have not begun
+//    answering; without a fresh scrape
 //    the gateway's in-flight count) times the average prompt the gateway
 //    has seen; the rate is the EWMA of basalt_prefill_tokens_total's rate
 //    over scrapes that found requests waiting (an idle replica's rate is its

@@ -106,6 +106,22 @@ TEST(ReplicaMetrics, LoadAndSaturationFromAScrapeAndWhatWasSentSince) {
   EXPECT_TRUE(saturated(state, t, o));  // 2 + 3 = 5
   state.attempt_ended(g1);
   EXPECT_FALSE(saturated(state, t, o));
+  // A stream whose replica has begun answering is running there: still
+  // load, no longer waiting.
+  const uint64_t g2 = state.attempt_started();
+  EXPECT_TRUE(saturated(state, t, o));  // 2 + 3 unanswered
+  state.attempt_answering(g2);
+  EXPECT_FALSE(saturated(state, t, o));  // 2 + 2
+  EXPECT_EQ(load_of(state, t, o), 8);
+  EXPECT_EQ(prefill_estimate(state, t, o, 100, 1).pending_tokens, 400);  // (2 + 2) x 100
+  state.attempt_ended(g2, /*answering=*/true);
+  EXPECT_EQ(load_of(state, t, o), 7);
+  EXPECT_EQ(state.unanswered_since_scrape, 2);
+  state.attempt_started();
+  EXPECT_TRUE(saturated(state, t, o));
+  // An attempt from before the scrape changes nothing once it answers.
+  state.attempt_answering(before);
+  EXPECT_TRUE(saturated(state, t, o));
   // KV usage past 0.8 saturates; the prefill counter gives a rate.
   t += 500ms;
   MetricsScraper::record(state, load(0, 1, 0.85, 600), t);
@@ -113,6 +129,7 @@ TEST(ReplicaMetrics, LoadAndSaturationFromAScrapeAndWhatWasSentSince) {
   EXPECT_EQ(state.scraped.prefill_tokens_delta, 500);
   EXPECT_EQ(state.scraped.prefill_tokens_per_s, 1000);
   EXPECT_EQ(state.sent_since_scrape, 0);
+  EXPECT_EQ(state.unanswered_since_scrape, 0);
   // A counter that went down is a restarted replica: no rate.
   t += 1s;
   MetricsScraper::record(state, load(0, 0, 0, 10), t);

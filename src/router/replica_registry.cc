@@ -33,14 +33,22 @@ uint64_t ReplicaState::attempt_started() {
   in_flight.fetch_add(1);
   std::lock_guard<std::mutex> lock(mu);
   ++sent_since_scrape;
+  ++unanswered_since_scrape;
   return scrape_generation;
 }
 
-void ReplicaState::attempt_ended(uint64_t generation) {
+void ReplicaState::attempt_answering(uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (generation == scrape_generation && unanswered_since_scrape > 0) --unanswered_since_scrape;
+}
+
+void ReplicaState::attempt_ended(uint64_t generation, bool answering) {
   in_flight.fetch_sub(1);
   std::lock_guard<std::mutex> lock(mu);
   // One started before the last scrape is in that scrape's numbers.
-  if (generation == scrape_generation && sent_since_scrape > 0) --sent_since_scrape;
+  if (generation != scrape_generation) return;
+  if (sent_since_scrape > 0) --sent_since_scrape;
+  if (!answering && unanswered_since_scrape > 0) --unanswered_since_scrape;
 }
 
 std::string canonical_url(const BaseUrl& url) {

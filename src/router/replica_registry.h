@@ -84,12 +84,20 @@ struct ReplicaState {
   // Attempts started since the last scrape was recorded and not ended yet:
   // the load the scraped numbers cannot show.
   int64_t sent_since_scrape = 0;
+  // Those of them whose replica has not begun answering (no streamed event
+  // yet): what the scrape's `waiting` cannot show. A stream that has begun
+  // is running at the replica, so it does not count towards saturation.
+  int64_t unanswered_since_scrape = 0;
   uint64_t scrape_generation = 0;  // one more per recorded scrape
 
-  // An attempt begins (in_flight and sent_since_scrape count it); the
-  // value returned goes back to attempt_ended().
+  // An attempt begins (in_flight and both counts above count it); the
+  // value returned goes back to attempt_answering() and attempt_ended().
   uint64_t attempt_started();
-  void attempt_ended(uint64_t generation);
+  // Its replica began answering (the first event of a stream); at most once
+  // per attempt.
+  void attempt_answering(uint64_t generation);
+  // It ended; `answering`: attempt_answering() was called for it.
+  void attempt_ended(uint64_t generation, bool answering = false);
 };
 
 struct Replica {

@@ -407,6 +407,7 @@ class Fleet {
         if (run.prefill_left == 0) {
           run.generated = 1;
           s.first_token_s = s.last_token_s = now_;
+          r.state->attempt_answering(s.attempt);  // streamed: the gateway sees the first token
           ttft_window_.emplace_back(now_, (now_ - q.arrival_s) * 1000);
         }
       }
@@ -414,7 +415,7 @@ class Fleet {
       if (run.generated >= q.output_tokens) {
         s.end_s = now_;
         r.kv_used -= q.prompt_tokens + q.output_tokens;
-        r.state->attempt_ended(s.attempt);
+        r.state->attempt_ended(s.attempt, /*answering=*/true);
         if (s.via_queue) admission_.finished("sim");
         ++finished_;
         ended = true;
