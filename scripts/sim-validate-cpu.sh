@@ -5,7 +5,10 @@
 # long context), then runs the same trace twice, once as `basalt bench`
 # against `basalt serve` and once as `basalt sim` on the measured table, and
 # prints TTFT P50 / P99 and throughput of both with their differences
-# (within 15 % is the bar before the simulator's larger answers are trusted).
+# (within 15 % is the bar before the simulator's larger answers are trusted),
+# and the five slowest requests by TTFT of the real run and of the simulated
+# one, each with its TTFT on all three sides (both sides run with
+# --save-detailed, which numbers requests by their place in the trace).
 #
 # Usage: scripts/sim-validate-cpu.sh BASALT_BINARY [OUT_DIR] [RATES] [PROMPTS] [serve flags...]
 #   e.g. scripts/sim-validate-cpu.sh build/bin/basalt /tmp/simval 2,3 120 --threads 1 --no-radix-cache
@@ -115,9 +118,10 @@ for rate in "${rate_list[@]}"; do
   flags=(--dataset random --input-len 256 --output-len 128 --num-prompts "$prompts" --request-rate "$rate"
     --seed $((seed++)))
   # Twice: how far two real runs of one trace differ is the floor under any comparison.
-  bench "real-$rate" "${flags[@]}"
-  bench "again-$rate" "${flags[@]}"
-  "$basalt" sim --step-table "$out/cpu-table.json" --replicas 1 "${flags[@]}" --json >"$out/sim-$rate.json"
+  bench "real-$rate" "${flags[@]}" --save-detailed
+  bench "again-$rate" "${flags[@]}" --save-detailed
+  "$basalt" sim --step-table "$out/cpu-table.json" --replicas 1 "${flags[@]}" --save-detailed --json \
+    >"$out/sim-$rate.json"
 done
 kill $pid
 wait $pid 2>/dev/null || true
@@ -144,6 +148,14 @@ for rate in rates:
             worst = max(worst, abs(ratio - 1))
         spread = a2 / a if a else float("nan")
         print(f"{rate:>5} {name:<18} {a:>9.1f} {a2:>9.1f} {b:>9.1f} {spread:>11.3f} {ratio:>9.3f}")
+    # The tail, request by request (the traces are the same: index k is the k-th arrival on both sides).
+    def ttfts(r): return {d["index"]: d["ttft_ms"] for d in r.get("details", [])}
+    t_real, t_again, t_sim = ttfts(real), ttfts(again), ttfts(sim)
+    for side, ranked in (("real", t_real), ("sim", t_sim)):
+        top = sorted(ranked, key=ranked.get, reverse=True)[:5]
+        print(f"{rate:>5} slowest TTFT ({side}): " + ", ".join(
+            f"#{k} {t_real.get(k, -1):.0f}/{t_again.get(k, -1):.0f}/{t_sim.get(k, -1):.0f}" for k in top) +
+            " ms (real/again/sim)")
 print(f"largest difference of the simulator from the real runs' mean on TTFT P50/P99 and throughput: "
       f"{worst * 100:.1f} % ({'within' if worst <= 0.15 else 'NOT within'} 15 %)")
 PY

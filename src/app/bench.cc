@@ -56,6 +56,7 @@ struct BenchFlags : WorkloadFlags {
   double slo_ttft_ms = 0;
   double slo_tpot_ms = 0;
   std::string output_json;
+  bool save_detailed = false;
   std::string output_svg;
   bool no_progress = false;
   bool insecure = false;
@@ -172,7 +173,7 @@ void run_bench(const BenchFlags& f, const CLI::App& cmd) {
   if (f.cold_start) {
     // The bench starts its own servers: the flags of a load test do not apply.
     for (const char* load_flag : {"--base-url", "--workflow", "--sweep-rates", "--request-rate", "--dataset",
-                                  "--num-prompts", "--output-svg"})
+                                  "--num-prompts", "--output-svg", "--save-detailed"})
       BASALT_CHECK(cmd.count(load_flag) == 0, "--cold-start starts its own servers; {} is for a load test",
                    load_flag);
     ColdStartOptions o;
@@ -188,6 +189,8 @@ void run_bench(const BenchFlags& f, const CLI::App& cmd) {
   }
   BASALT_CHECK(f.serve_args.empty(), "arguments after -- are `basalt serve`'s, for --cold-start (got '{}')",
                f.serve_args.front());
+  BASALT_CHECK(!f.save_detailed || (!f.output_json.empty() && f.workflow.empty()),
+               "--save-detailed adds a load test's requests to --output-json: give --output-json (and no --workflow)");
   BASALT_CHECK(!f.json && cmd.count("--cold-start-runs") == 0 && cmd.count("--cold-start-cache") == 0,
                "--json, --cold-start-runs and --cold-start-cache are for --cold-start (a load test's JSON: "
                "--output-json)");
@@ -273,7 +276,7 @@ void run_bench(const BenchFlags& f, const CLI::App& cmd) {
     const std::optional<SpecCounters> spec_before = scrape_spec_counters(io, client);
     RunResult run = run_load(io, client, workload, o);
     const std::optional<SpecCounters> spec_after = scrape_spec_counters(io, client);
-    Metrics m = compute_metrics(run, {f.slo_ttft_ms, f.slo_tpot_ms}, rate);
+    Metrics m = compute_metrics(run, {f.slo_ttft_ms, f.slo_tpot_ms}, rate, f.save_detailed);
     if (spec_before && spec_after)
       m.speculation = SpecCounters{spec_after->drafted - spec_before->drafted,
                                    spec_after->accepted - spec_before->accepted,
@@ -368,6 +371,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--slo-ttft-ms", f.slo_ttft_ms, "Goodput SLO: time to first token at most this (default: none)");
   cmd->add_option("--slo-tpot-ms", f.slo_tpot_ms, "Goodput SLO: time per output token at most this (default: none)");
   cmd->add_option("--output-json", f.output_json, "Write config and results as JSON here");
+  cmd->add_flag("--save-detailed", f.save_detailed,
+                "Add every request to --output-json: its index in the trace, when it was due, TTFT, E2E, tokens "
+                "and error (`basalt sim --save-detailed` writes the same)");
   cmd->add_option("--output-svg", f.output_svg, "Write latency CDFs and throughput over time as SVG here");
   cmd->add_option("--label", f.label, "A name for this run in the table, JSON and picture");
   cmd->add_flag("--no-progress", f.no_progress, "No progress output on stderr");

@@ -50,6 +50,7 @@ struct SimFlags : WorkloadFlags {
   bool json_out = false;
   std::string output_json;
   bool timeline = false;
+  bool save_detailed = false;
 };
 
 void run_sim(const SimFlags& f) {
@@ -75,6 +76,7 @@ void run_sim(const SimFlags& f) {
   config.slo_ttft_ms = f.slo_ttft_ms;
   config.seed = f.seed;
   config.timeline = f.timeline;
+  config.detailed = f.save_detailed;
   BASALT_CHECK(f.num_requests >= 0, "--num-requests must be >= 0, got {}", f.num_requests);
   BASALT_CHECK(std::isfinite(f.duration) && f.duration >= 0, "--duration must be >= 0 seconds, got {}", f.duration);
   BASALT_CHECK(f.burst_factor == 1 || f.burst_duration > 0, "--burst-factor needs --burst-duration");
@@ -182,6 +184,9 @@ void add_sim_command(CLI::App& app) {
   cmd->add_flag("--json", f.json_out, "Print config and results as JSON instead of the table");
   cmd->add_option("--output-json", f.output_json, "Also write config and results as JSON here");
   cmd->add_flag("--timeline", f.timeline, "Add a point per scrape interval (replicas, queues) to the JSON");
+  cmd->add_flag("--save-detailed", f.save_detailed,
+                "Add every request to the JSON (as `basalt bench --save-detailed` writes them: index in the trace, "
+                "arrival, TTFT, E2E, tokens)");
   cmd->callback([flags] { run_sim(*flags); });
 }
 

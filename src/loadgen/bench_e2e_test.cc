@@ -120,7 +120,8 @@ TEST(BenchE2E, RandomWorkloadCountsExactlyTheAskedTokens) {
   Server server({});
   const fs::path svg = server.dir() / "report.svg";
   const BenchRun r = bench(server, "--num-prompts 12 --input-len 32 --output-len 16 --ignore-eos --request-rate 50 "
-                                   "--seed 3 --slo-ttft-ms 60000 --slo-tpot-ms 60000 --output-svg " + svg.string());
+                                   "--seed 3 --slo-ttft-ms 60000 --slo-tpot-ms 60000 --save-detailed --output-svg " +
+                                       svg.string());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   ASSERT_TRUE(r.report.is_object()) << r.out;
   const json& res = r.report["results"][0];
@@ -136,6 +137,19 @@ TEST(BenchE2E, RandomWorkloadCountsExactlyTheAskedTokens) {
   EXPECT_GT(res["client"]["cpu_s"].get<double>(), 0);
   EXPECT_NE(r.out.find("TTFT"), std::string::npos);
   EXPECT_NE(slurp(svg).find("</svg>"), std::string::npos);
+  // --save-detailed: each request by its index in the trace, due in order.
+  ASSERT_EQ(res["details"].size(), 12u) << res.dump();
+  for (int i = 0; i < 12; ++i) {
+    const json& d = res["details"][i];
+    EXPECT_EQ(d["index"], i);
+    EXPECT_EQ(d["output_tokens"], 16);
+    EXPECT_EQ(d["error"], "");
+    EXPECT_GT(d["ttft_ms"].get<double>(), 0);
+    EXPECT_LE(d["ttft_ms"].get<double>(), d["e2e_ms"].get<double>());
+    if (i > 0) {
+      EXPECT_GE(d["scheduled_s"].get<double>(), res["details"][i - 1]["scheduled_s"].get<double>());
+    }
+  }
   // The server's speculation counters, scraped around the run: none drafted.
   ASSERT_TRUE(res["speculative"].is_object()) << res.dump();
   EXPECT_EQ(res["speculative"]["draft_tokens"], 0);

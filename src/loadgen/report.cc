@@ -11,7 +11,21 @@ namespace basalt::loadgen {
 
 using nlohmann::json;
 
-Metrics compute_metrics(const RunResult& run, const SloLimits& slo, double rate) {
+json request_details_json(const std::vector<RequestDetail>& details) {
+  json out = json::array();
+  for (const RequestDetail& d : details)
+    out.push_back({{"index", d.index},
+                   {"turn", d.turn},
+                   {"scheduled_s", d.scheduled_s},
+                   {"ttft_ms", d.ttft_ms},
+                   {"e2e_ms", d.e2e_ms},
+                   {"input_tokens", d.input_tokens},
+                   {"output_tokens", d.output_tokens},
+                   {"error", d.error}});
+  return out;
+}
+
+Metrics compute_metrics(const RunResult& run, const SloLimits& slo, double rate, bool detailed) {
   Metrics m;
   m.slo = slo;
   m.rate = rate > 0 && std::isfinite(rate) ? rate : 0;
@@ -26,7 +40,16 @@ Metrics compute_metrics(const RunResult& run, const SloLimits& slo, double rate)
     const ExchangeResult& r = rec.result;
     ++m.requests;
     if (rec.on_schedule) lags.push_back(rec.lag_s * 1000.0);
+    RequestDetail* detail = nullptr;
+    if (detailed) {
+      detail = &m.details.emplace_back();
+      detail->index = rec.conversation;
+      detail->turn = rec.turn;
+      detail->scheduled_s = rec.scheduled_s;
+      detail->input_tokens = rec.input_tokens;
+    }
     if (r.error != ErrorKind::kNone) {
+      if (detail != nullptr) detail->error = std::string(error_kind_name(r.error)) + ": " + r.error_message;
       ++m.failed;
       ++m.errors[error_kind_name(r.error)];
       // Up to two distinct examples of each kind, so one common kind does not hide the others.
@@ -56,6 +79,12 @@ Metrics compute_metrics(const RunResult& run, const SloLimits& slo, double rate)
     }
     for (size_t i = 1; i < r.token_times.size(); ++i) m.itl_ms.push_back((r.token_times[i] - r.token_times[i - 1]) * 1000.0);
     latencies.push_back(lat);
+    if (detail != nullptr) {
+      detail->ttft_ms = r.first_token_s >= 0 ? lat.ttft_ms : -1;
+      detail->e2e_ms = e2e;
+      detail->input_tokens = in;
+      detail->output_tokens = out;
+    }
     // Throughput over time: each token in the 1-second bin it arrived in.
     for (double t : r.token_times) {
       const size_t bin = static_cast<size_t>(std::max(0.0, t));
@@ -64,6 +93,9 @@ Metrics compute_metrics(const RunResult& run, const SloLimits& slo, double rate)
     }
   }
   for (auto* v : {&m.ttft_ms, &m.itl_ms, &m.tpot_ms, &m.e2e_ms}) std::sort(v->begin(), v->end());
+  std::sort(m.details.begin(), m.details.end(), [](const RequestDetail& a, const RequestDetail& b) {
+    return std::pair(a.index, a.turn) < std::pair(b.index, b.turn);
+  });
   m.ttft = summarize(m.ttft_ms);
   m.itl = summarize(m.itl_ms);
   m.tpot = summarize(m.tpot_ms);
@@ -145,46 +177,49 @@ std::optional<SpecCounters> spec_counters(std::string_view text) {
 json metrics_json(const Metrics& m) {
   json errors = {{"connect", 0}, {"http_status", 0}, {"timeout", 0}, {"stream", 0}};
   for (const auto& [k, v] : m.errors) errors[k] = v;
-  return {{"label", m.label},
-          {"request_rate", m.rate > 0 && std::isfinite(m.rate) ? json(m.rate) : json("inf")},
-          {"max_concurrency", m.max_concurrency},
-          {"requests", m.requests},
-          {"completed", m.completed},
-          {"failed", m.failed},
-          {"abandoned_turns", m.abandoned_turns},
-          {"duration_s", m.duration_s},
-          {"input_tokens", m.input_tokens},
-          {"output_tokens", m.output_tokens},
-          {"request_throughput", m.request_throughput},
-          {"output_token_throughput", m.output_throughput},
-          {"total_token_throughput", m.total_token_throughput},
-          {"slo", {{"ttft_ms", m.slo.ttft_ms}, {"tpot_ms", m.slo.tpot_ms}}},
-          {"good_requests", m.good},
-          {"goodput", m.goodput},
-          {"ttft_ms", summary_json(m.ttft)},
-          {"itl_ms", summary_json(m.itl)},
-          {"tpot_ms", summary_json(m.tpot)},
-          {"e2e_ms", summary_json(m.e2e)},
-          {"output_len", summary_json(m.output_len)},
-          {"errors", errors},
-          {"error_examples", m.error_examples},
-          {"tokens_per_second_timeline", m.tokens_per_second},
-          {"speculative",
-           m.speculation ? json{{"draft_tokens", m.speculation->drafted},
-                                {"accepted_tokens", m.speculation->accepted},
-                                {"acceptance", m.speculation->drafted > 0
-                                                   ? json(m.speculation->accepted / m.speculation->drafted)
-                                                   : json(nullptr)},
-                                {"jump_forward_tokens", m.speculation->jump_forward}}
-                         : json(nullptr)},
-          {"client",
-           {{"cpu_s", m.cpu_s},
-            {"cpu_us_per_output_token", m.cpu_us_per_token},
-            {"cpu_fraction_of_wall", m.cpu_fraction},
-            {"arrival_lag_ms", summary_json(m.lag_ms)},
-            {"held_by_concurrency_limit", m.held_by_limit},
-            {"bottleneck", m.client_bottleneck},
-            {"bottleneck_reasons", m.bottleneck_reasons}}}};
+  json out = {{"label", m.label},
+              {"request_rate", m.rate > 0 && std::isfinite(m.rate) ? json(m.rate) : json("inf")},
+              {"max_concurrency", m.max_concurrency},
+              {"requests", m.requests},
+              {"completed", m.completed},
+              {"failed", m.failed},
+              {"abandoned_turns", m.abandoned_turns},
+              {"duration_s", m.duration_s},
+              {"input_tokens", m.input_tokens},
+              {"output_tokens", m.output_tokens},
+              {"request_throughput", m.request_throughput},
+              {"output_token_throughput", m.output_throughput},
+              {"total_token_throughput", m.total_token_throughput},
+              {"slo", {{"ttft_ms", m.slo.ttft_ms}, {"tpot_ms", m.slo.tpot_ms}}},
+              {"good_requests", m.good},
+              {"goodput", m.goodput},
+              {"ttft_ms", summary_json(m.ttft)},
+              {"itl_ms", summary_json(m.itl)},
+              {"tpot_ms", summary_json(m.tpot)},
+              {"e2e_ms", summary_json(m.e2e)},
+              {"output_len", summary_json(m.output_len)},
+              {"errors", errors},
+              {"error_examples", m.error_examples},
+              {"tokens_per_second_timeline", m.tokens_per_second},
+              {"speculative",
+               m.speculation
+                   ? json{{"draft_tokens", m.speculation->drafted},
+                          {"accepted_tokens", m.speculation->accepted},
+                          {"acceptance", m.speculation->drafted > 0 ? json(m.speculation->accepted /
+                                                                           m.speculation->drafted)
+                                                                    : json(nullptr)},
+                          {"jump_forward_tokens", m.speculation->jump_forward}}
+                   : json(nullptr)},
+              {"client",
+               {{"cpu_s", m.cpu_s},
+                {"cpu_us_per_output_token", m.cpu_us_per_token},
+                {"cpu_fraction_of_wall", m.cpu_fraction},
+                {"arrival_lag_ms", summary_json(m.lag_ms)},
+                {"held_by_concurrency_limit", m.held_by_limit},
+                {"bottleneck", m.client_bottleneck},
+                {"bottleneck_reasons", m.bottleneck_reasons}}}};
+  if (!m.details.empty()) out["details"] = request_details_json(m.details);
+  return out;
 }
 
 std::string metrics_table(const Metrics& m) {

@@ -53,6 +53,22 @@ struct SpecCounters {
 };
 std::optional<SpecCounters> spec_counters(std::string_view prometheus_text);
 
+// One request of a run, as --save-detailed writes it: its place in the
+// trace (`index`: the conversation, in the workload's order; `turn`), when
+// it was due (seconds from the run's start), its TTFT and E2E (ms; -1 when
+// it failed, TTFT also when no token came), its prompt and output tokens
+// (counted as the run's totals are), and its error (empty: completed).
+struct RequestDetail {
+  int64_t index = 0, turn = 0;
+  double scheduled_s = 0;
+  double ttft_ms = -1, e2e_ms = -1;
+  int64_t input_tokens = 0, output_tokens = 0;
+  std::string error;
+};
+// An array of objects with those keys; `basalt sim --save-detailed` writes
+// the same, so the two can be joined by index.
+nlohmann::json request_details_json(const std::vector<RequestDetail>& details);
+
 struct Metrics {
   std::string label;
   double rate = 0;  // requests/s asked (0: unlimited)
@@ -75,11 +91,14 @@ struct Metrics {
   // For the picture.
   std::vector<double> ttft_ms, itl_ms, tpot_ms, e2e_ms;  // sorted
   std::vector<double> tokens_per_second;                 // per 1-second bin
+  // compute_metrics(..., detailed) only: every request, by (index, turn);
+  // metrics_json adds them as "details" when there are any.
+  std::vector<RequestDetail> details;
 };
 
 // `rate`: the requests per second the run asked for (0: unlimited), which
 // the arrival lag is judged against.
-Metrics compute_metrics(const RunResult& run, const SloLimits& slo, double rate = 0);
+Metrics compute_metrics(const RunResult& run, const SloLimits& slo, double rate = 0, bool detailed = false);
 nlohmann::json metrics_json(const Metrics& m);
 std::string metrics_table(const Metrics& m);
 std::string render_svg(const std::vector<Metrics>& runs, const std::string& title);

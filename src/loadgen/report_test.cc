@@ -121,6 +121,47 @@ TEST(Metrics, HandComputedRun) {
   EXPECT_NE(table.find("1 http_status"), std::string::npos);
 }
 
+// --save-detailed: every request by its place in the trace, failed ones
+// with their error and no latencies; only when asked.
+TEST(Metrics, DetailsListEveryRequestInTraceOrder) {
+  RunResult run;
+  run.wall_s = 2.0;
+  RequestRecord b = ok(1.0, {1.3, 1.4}, 5, 1.5);
+  b.conversation = 1;
+  b.scheduled_s = 0.99;
+  RequestRecord a = ok(0.0, {0.1, 0.2, 0.4}, -1, 0.5);
+  RequestRecord bad;
+  bad.conversation = 2;
+  bad.input_tokens = 7;
+  bad.result.error = ErrorKind::kTimeout;
+  bad.result.error_message = "no answer in 600 s";
+  run.records = {bad, b, a};  // in the order they ended
+  EXPECT_TRUE(compute_metrics(run, {}).details.empty());
+  EXPECT_FALSE(metrics_json(compute_metrics(run, {})).contains("details"));
+  const Metrics m = compute_metrics(run, {}, 0, /*detailed=*/true);
+  ASSERT_EQ(m.details.size(), 3u);
+  EXPECT_EQ(m.details[0].index, 0);
+  EXPECT_NEAR(m.details[0].ttft_ms, 100, 1e-9);
+  EXPECT_NEAR(m.details[0].e2e_ms, 500, 1e-9);
+  EXPECT_EQ(m.details[0].output_tokens, 3);
+  EXPECT_EQ(m.details[1].index, 1);
+  EXPECT_DOUBLE_EQ(m.details[1].scheduled_s, 0.99);
+  EXPECT_NEAR(m.details[1].ttft_ms, 300, 1e-9);
+  EXPECT_EQ(m.details[1].output_tokens, 5);  // the usage's count
+  EXPECT_EQ(m.details[1].input_tokens, 10);
+  EXPECT_EQ(m.details[2].index, 2);
+  EXPECT_EQ(m.details[2].ttft_ms, -1);
+  EXPECT_EQ(m.details[2].e2e_ms, -1);
+  EXPECT_EQ(m.details[2].input_tokens, 7);
+  EXPECT_EQ(m.details[2].error, "timeout: no answer in 600 s");
+  const nlohmann::json j = metrics_json(m);
+  ASSERT_EQ(j["details"].size(), 3u);
+  EXPECT_EQ(j["details"][1]["index"], 1);
+  EXPECT_DOUBLE_EQ(j["details"][1]["ttft_ms"].get<double>(), m.details[1].ttft_ms);
+  EXPECT_EQ(j["details"][2]["error"], "timeout: no answer in 600 s");
+  EXPECT_EQ(j["details"][0]["error"], "");
+}
+
 TEST(Metrics, FlagsAClientBottleneck) {
   RunResult run;
   run.wall_s = 1.0;

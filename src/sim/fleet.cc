@@ -541,8 +541,16 @@ class Fleet {
       const SimRequest& q = reqs_[i];
       const RequestState& s = state_[i];
       end = std::max(end, s.end_s);
+      loadgen::RequestDetail* detail = nullptr;
+      if (c_.detailed) {
+        detail = &out.details.emplace_back();
+        detail->index = static_cast<int64_t>(i);
+        detail->scheduled_s = q.arrival_s;
+        detail->input_tokens = q.prompt_tokens;
+      }
       if (s.failed) {
         ++out.failed;
+        if (detail != nullptr) detail->error = "failed: refused or past the queue deadline";
         continue;
       }
       ++out.completed;
@@ -552,6 +560,11 @@ class Fleet {
       ttft.push_back(t_ms);
       e2e.push_back((s.end_s - q.arrival_s) * 1000);
       if (t_ms <= c_.slo_ttft_ms) ++good;
+      if (detail != nullptr) {
+        detail->ttft_ms = t_ms;
+        detail->e2e_ms = e2e.back();
+        detail->output_tokens = q.output_tokens;
+      }
     }
     now_ = end;
     for (const auto& r : replicas_)
@@ -684,6 +697,7 @@ nlohmann::json sim_result_json(const SimResult& r) {
                         {"running", p.running}});
     j["timeline"] = std::move(points);
   }
+  if (!r.details.empty()) j["details"] = loadgen::request_details_json(r.details);
   return j;
 }
 

@@ -54,6 +54,7 @@
 #include <string>
 #include <vector>
 
+#include "loadgen/report.h"
 #include "loadgen/stats.h"
 #include "router/autoscaler.h"
 #include "router/policy.h"
@@ -86,6 +87,7 @@ struct FleetConfig {
   double slo_ttft_ms = 1000;
   uint64_t seed = 0;  // power-of-two's draws
   bool timeline = false;
+  bool detailed = false;  // SimResult::details
 };
 
 // Checks a config (replicas, times, thresholds) and requests (sorted arrivals,
@@ -113,6 +115,9 @@ struct SimResult {
   // share of one replica's KV pool reserved at once.
   double mean_decode_batch = 0, busy_fraction = 0, max_kv_usage = 0;
   std::vector<TimelinePoint> timeline;
+  // With FleetConfig::detailed, every request in arrival order (index k is
+  // the trace's k-th, as `basalt bench --save-detailed` numbers them).
+  std::vector<loadgen::RequestDetail> details;
 };
 
 SimResult simulate(const FleetConfig& config, const std::vector<SimRequest>& requests);

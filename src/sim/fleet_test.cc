@@ -143,6 +143,37 @@ TEST(Fleet, ColdStartLongerThanTheQueueDeadlineFailsRequests) {
   EXPECT_LT(r.slo_attainment, 1.0 - 20.0 / 120);
 }
 
+// With details, every request in arrival order, their TTFTs those the
+// summary is made of; failed ones marked.
+TEST(Fleet, DetailsListEveryRequest) {
+  const std::vector<SimRequest> q = poisson(120, {2, 5}, 80, 1);
+  FleetConfig c = from_zero(30, 10);
+  EXPECT_TRUE(simulate(c, q).details.empty());
+  c.detailed = true;
+  const SimResult r = simulate(c, q);
+  ASSERT_EQ(r.details.size(), q.size());
+  int64_t failed = 0;
+  double slowest = 0;
+  for (size_t k = 0; k < q.size(); ++k) {
+    const loadgen::RequestDetail& d = r.details[k];
+    EXPECT_EQ(d.index, static_cast<int64_t>(k));
+    EXPECT_DOUBLE_EQ(d.scheduled_s, q[k].arrival_s);
+    EXPECT_EQ(d.input_tokens, 80);
+    if (!d.error.empty()) {
+      ++failed;
+      EXPECT_EQ(d.ttft_ms, -1);
+      continue;
+    }
+    EXPECT_EQ(d.output_tokens, 1);
+    EXPECT_GE(d.e2e_ms, d.ttft_ms);
+    slowest = std::max(slowest, d.ttft_ms);
+  }
+  EXPECT_EQ(failed, r.failed);
+  EXPECT_GT(failed, 0);
+  EXPECT_DOUBLE_EQ(slowest, r.ttft_ms.max);
+  EXPECT_EQ(sim_result_json(r)["details"].size(), q.size());
+}
+
 TEST(Fleet, AutoscalerFollowsLoadUpAndDown) {
   FleetConfig c = from_zero(5, 300);
   c.replicas = 1;
