@@ -351,7 +351,7 @@ TEST(HttpServer, StopAcceptingThenStopWithManyIoThreads) {
       while (!done.load()) Client knock(port);
     });
     Client c(port);
-    ASSERT_TRUE(c.connected());
+    EXPECT_TRUE(c.connected());  // not ASSERT: the knocker must be joined
     c.send(post("/a", "x"));
     EXPECT_NE(c.response().find("200"), std::string::npos);
     server.stop_accepting();
