@@ -20,6 +20,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/sampling.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace basalt {
 
@@ -196,35 +197,31 @@ void grow_pinned(void*& host, size_t& capacity, size_t bytes) {
   capacity = bytes;
 }
 
-// memcpy split over up to `threads` threads, each given at least 2 MiB.
-void parallel_memcpy(void* dst, const void* src, size_t bytes, size_t threads) {
+// memcpy split over the pool's threads (the caller's alone without one),
+// each given at least 2 MiB.
+void parallel_memcpy(void* dst, const void* src, size_t bytes, ThreadPool* pool) {
   constexpr size_t kMinShare = size_t{2} << 20;
-  const size_t n = std::max<size_t>(1, std::min(threads, bytes / kMinShare));
-  if (n == 1) {
+  const size_t shares = pool == nullptr ? 1 : std::clamp<size_t>(bytes / kMinShare, 1, pool->size());
+  if (shares == 1) {
     std::memcpy(dst, src, bytes);
     return;
   }
-  const size_t share = (bytes + n - 1) / n;
-  std::vector<std::thread> helpers;
-  for (size_t i = 1; i < n; ++i) {
-    const size_t begin = i * share, end = std::min(bytes, begin + share);
-    if (begin < end)
-      helpers.emplace_back([=] { std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin,
-                                             end - begin); });
-  }
-  std::memcpy(dst, src, std::min(bytes, share));
-  for (std::thread& t : helpers) t.join();
+  const size_t share = (bytes + shares - 1) / shares;
+  pool->parallel_for(static_cast<int64_t>(shares), [&](int64_t first, int64_t last) {
+    const size_t begin = static_cast<size_t>(first) * share, end = std::min(bytes, static_cast<size_t>(last) * share);
+    if (begin < end) std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
+  });
 }
 
 }  // namespace
 
-void CudaBackend::stage_and_copy(const void* src, void* dst, size_t bytes, size_t copy_threads) {
+void CudaBackend::stage_and_copy(const void* src, void* dst, size_t bytes, ThreadPool* copy_pool) {
   Staging& s = staging_[next_staging_];
   next_staging_ = (next_staging_ + 1) % kStagingBuffers;
   if (s.copied == nullptr) BASALT_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
   BASALT_CUDA_CHECK(cudaEventSynchronize(s.copied));  // its last copy has run (at once when never recorded)
   grow_pinned(s.host, s.capacity, bytes);
-  parallel_memcpy(s.host, src, bytes, copy_threads);
+  parallel_memcpy(s.host, src, bytes, copy_pool);
   BASALT_CUDA_CHECK(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream_));
   BASALT_CUDA_CHECK(cudaEventRecord(s.copied, stream_));
 }
@@ -232,10 +229,15 @@ void CudaBackend::stage_and_copy(const void* src, void* dst, size_t bytes, size_
 void CudaBackend::copy_staged_to_device(const void* src, void* dst, size_t bytes) {
   // Threads for the host side: the page cache's memcpy runs at a few GB/s
   // per core, the DMA at tens; a few cores keep the copy engine busy.
-  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency() / 2, 1, 8);
+  // The threads are made once, at the first such copy, and kept (a load
+  // makes thousands of chunks).
+  if (copy_pool_ == nullptr) {
+    const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency() / 2), 1, 8);
+    copy_pool_ = std::make_unique<ThreadPool>(threads);
+  }
   for (size_t offset = 0; offset < bytes; offset += kStagedChunkBytes) {
     const size_t n = std::min(kStagedChunkBytes, bytes - offset);
-    stage_and_copy(static_cast<const char*>(src) + offset, static_cast<char*>(dst) + offset, n, threads);
+    stage_and_copy(static_cast<const char*>(src) + offset, static_cast<char*>(dst) + offset, n, copy_pool_.get());
   }
 }
 
@@ -246,7 +248,7 @@ void CudaBackend::upload(const Tensor& src, Tensor& dst) {
                dst.describe());
   const size_t bytes = src.nbytes();
   if (bytes == 0) return;
-  stage_and_copy(src.raw(), dst.raw(), bytes, 1);
+  stage_and_copy(src.raw(), dst.raw(), bytes, nullptr);
 }
 
 // A download's pinned buffer and event, back to the backend once the copy

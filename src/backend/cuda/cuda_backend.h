@@ -75,6 +75,7 @@ class CudaDequantizedWeights;
 class CudaFp8Linear;
 class CudaMla;
 class MoeExpertTables;
+class ThreadPool;
 
 // GPU time of one kind of op while profiling was on (CudaBackend::profile).
 struct OpTime {
@@ -194,9 +195,11 @@ class CudaBackend final : public Backend {
   Staging staging_[kStagingBuffers];
   size_t next_staging_ = 0;
   // Copies bytes from host memory (pageable or not) to the device through
-  // the next staging buffer, memcpy'd by copy_threads threads; the DMA is
-  // queued on the stream, and the buffer is reused once it has run.
-  void stage_and_copy(const void* src, void* dst, size_t bytes, size_t copy_threads);
+  // the next staging buffer, memcpy'd by copy_pool's threads (the caller
+  // alone when null); the DMA is queued on the stream, and the buffer is
+  // reused once it has run.
+  void stage_and_copy(const void* src, void* dst, size_t bytes, ThreadPool* copy_pool);
+  std::unique_ptr<ThreadPool> copy_pool_;  // copy_staged_to_device's threads, made at its first use
   // copy() of a large host tensor (the weights at load): in chunks through
   // the staging buffers, so filling one overlaps the DMA of the others. A
   // pageable cudaMemcpy stages through the driver's own buffers one at a

@@ -55,6 +55,25 @@ __device__ __forceinline__ MlaBounds mla_seq_bounds(const MlaArgs& a, int s) {
   return b;
 }
 
+// The keys [begin, end) of a sequence that key split `split` reads for the
+// row pass starting at row r0 (rows r0 .. r0 + rows - 1, the last clamped to
+// the sequence's rows; row r is query token r / heads): every key up to the
+// pass's last position, cut into a.splits equal parts. Empty for a bad
+// layout, and where a split starts past the last key (begin >= end).
+struct MlaKeyRange {
+  int64_t begin, end;
+};
+
+__device__ __forceinline__ MlaKeyRange mla_split_keys(const MlaArgs& a, const MlaBounds& b, int split, int64_t r0,
+                                                      int rows) {
+  const int64_t total_rows = b.q_len * a.heads;
+  const int64_t pos_last = b.kv_len - b.q_len + min(r0 + rows - 1, total_rows - 1) / a.heads;
+  const int64_t hi = b.bad ? 0 : max(pos_last + 1, int64_t{0});
+  const int64_t per_split = (hi + a.splits - 1) / a.splits;
+  const int64_t begin = split * per_split;
+  return MlaKeyRange{begin, min(hi, begin + per_split)};
+}
+
 template <typename O>
 __device__ __forceinline__ void mla_store_pair(O* p, float x, float y) {
   if constexpr (sizeof(O) == 4) {

@@ -321,10 +321,8 @@ __global__ void __launch_bounds__(kCoreThreads) mla_core_kernel(MlaArgs a) {
   const int64_t rows_all = a.q_tokens * heads;
 
   for (int64_t r0 = int64_t{row_split} * RT; r0 < total_rows; r0 += int64_t{RT} * a.row_splits) {  // uniform
-    const int64_t pos_last = b.kv_len - b.q_len + min(r0 + RT - 1, total_rows - 1) / heads;
-    const int64_t hi = b.bad ? 0 : max(pos_last + 1, int64_t{0});
-    const int64_t per_split = (hi + a.splits - 1) / a.splits;
-    const int64_t c0 = split * per_split, c1 = min(hi, c0 + per_split);
+    const MlaKeyRange keys = mla_split_keys(a, b, split, r0, RT);
+    const int64_t c0 = keys.begin, c1 = keys.end;
     int64_t pos[RT];
 #pragma unroll
     for (int i = 0; i < RT; ++i) {
@@ -470,10 +468,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) mla_mma_kernel(MlaArgs a) {
   bf16* p_w = p_s + rg * 16 * PLD;  // this row group's P [16][PLD]
 
   for (int64_t r0 = int64_t{row_split} * kMmaRows; r0 < total_rows; r0 += int64_t{kMmaRows} * a.row_splits) {
-    const int64_t pos_last = b.kv_len - b.q_len + min(r0 + kMmaRows - 1, total_rows - 1) / heads;
-    const int64_t hi = b.bad ? 0 : max(pos_last + 1, int64_t{0});
-    const int64_t per_split = (hi + a.splits - 1) / a.splits;
-    const int64_t c0 = split * per_split, c1 = min(hi, c0 + per_split);
+    const MlaKeyRange keys = mla_split_keys(a, b, split, r0, kMmaRows);
+    const int64_t c0 = keys.begin, c1 = keys.end;
     const int64_t tiles = c1 > c0 ? (c1 - c0 + BN - 1) / BN : 0;
     int64_t pos_r[2];  // positions of this lane's rows g and g + 8 (-1: none)
 #pragma unroll

@@ -77,11 +77,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
   const int64_t rows_all = a.q_tokens * heads;
 
   for (int64_t r0 = int64_t{row_split} * kRows; r0 < total_rows; r0 += int64_t{kRows} * a.row_splits) {  // uniform
-    const int64_t pos_last = b.kv_len - b.q_len + min(r0 + kRows - 1, total_rows - 1) / heads;
-    const int64_t hi = b.bad ? 0 : max(pos_last + 1, int64_t{0});
+    const MlaKeyRange keys = mla_split_keys(a, b, split, r0, kRows);
     // Key indices within a sequence fit 32 bits (its slots are int32 rows).
-    const int per_split = static_cast<int>((hi + a.splits - 1) / a.splits);
-    const int c0 = split * per_split, c1 = static_cast<int>(min(hi, int64_t{c0} + per_split));
+    const int c0 = static_cast<int>(keys.begin), c1 = static_cast<int>(keys.end);
     const int tiles = c1 > c0 ? (c1 - c0 + kKeys - 1) / kKeys : 0;
     int pos_r[2];  // positions of this thread's rows g and g + 8 of its warp's 16 (-1: none)
 #pragma unroll
