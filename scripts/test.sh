@@ -9,6 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BASALT_WITH_FUZZ=1
+# ccache keys on paths relative to the checkout (as scripts/build.sh sets
+# them), so the fuzz build too hits objects cached by another clone.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
 scripts/install-deps.sh
 jobs=$(nproc)
 export CTEST_OUTPUT_ON_FAILURE=1
@@ -60,7 +63,7 @@ if [[ -x fuzz/run_fuzz.sh ]]; then
   seconds=${BASALT_FUZZ_SECONDS:-60}
   echo "== fuzz the safetensors header (${seconds} s), Jinja and request parsers (build-fuzz/fuzz.log)"
   mkdir -p build-fuzz
-  if fuzz/run_fuzz.sh "$seconds" >build-fuzz/fuzz.log 2>&1; then
+  if JOBS=$jobs fuzz/run_fuzz.sh "$seconds" >build-fuzz/fuzz.log 2>&1; then
     echo "fuzz: no crash, leak or sanitizer report"
   else
     echo "fuzz: FAILED (the end of build-fuzz/fuzz.log follows)"
