@@ -307,7 +307,7 @@ TEST(CudaDeepseekGraphs, ReplayedDecodeStepsMatchDirectOnes) {
       q.params.seed = 40 + r;
       q.params.max_tokens = 8 + r % 5;
       q.params.ignore_eos = true;
-      q.params.logprobs = 2;
+      q.params.logprobs = 5;
       requests.push_back(q);
     }
     std::vector<RequestOutput> outputs[2];
@@ -326,8 +326,10 @@ TEST(CudaDeepseekGraphs, ReplayedDecodeStepsMatchDirectOnes) {
       EXPECT_EQ(graph_stats(*graphed).recordings, recorded) << name << ": recorded while serving";
     }
     // The FP8 fixture rounds its activations to e4m3, so its logprobs move
-    // more between kernels than the bf16 fixture's.
-    const float tolerance = is_fp8(name) ? 0.15f : 0.03f;
+    // more between kernels than the bf16 fixture's. bf16: 0.031 was seen
+    // on an H100 once the MLA core ran on wgmma (bf16 probabilities, keys
+    // split by the batch's shape, which padding changes).
+    const float tolerance = is_fp8(name) ? 0.15f : 0.05f;
     int same = 0;
     for (size_t r = 0; r < requests.size(); ++r) {
       const RequestOutput& a = outputs[0][r];
@@ -339,7 +341,7 @@ TEST(CudaDeepseekGraphs, ReplayedDecodeStepsMatchDirectOnes) {
       const std::string what = name + " request " + std::to_string(r);
       size_t i = 0;
       for (; i < std::min(a.output_ids.size(), b.output_ids.size()); ++i) {
-        // Both runs saw the same context up to here: their top-2 agree.
+        // Both runs saw the same context up to here: their top-5 agree.
         for (const TokenLogprob& x : a.top_logprobs[i])
           for (const TokenLogprob& y : b.top_logprobs[i])
             if (x.id == y.id) {

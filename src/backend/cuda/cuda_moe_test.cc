@@ -38,6 +38,11 @@ namespace {
 
 using testing::TestRng;
 
+// The CPU backend these tests compare with multiplies f32 activations as
+// they are (its float32 mode): the CUDA generic expert path does, and the
+// default mode would round them to bf16 first (cpu/linear.h).
+CpuBackend exact_cpu() { return CpuBackend(&ThreadPool::global(), cpu::Bf16Activations::kF32); }
+
 #define REQUIRE_DEVICE() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
 
@@ -66,7 +71,7 @@ const RouteCase kCases[] = {
 
 // Runs both backends on the same inputs and compares.
 void expect_same_route(CudaBackend& cuda, const Tensor& logits, const Tensor* bias, const MoeRouteParams& p) {
-  CpuBackend cpu;
+  CpuBackend cpu = exact_cpu();
   const int64_t T = logits.dim(0);
   Tensor want_ids = Tensor::empty({T, p.top_k}, DType::kI32);
   Tensor want_w = testing::poisoned({T, p.top_k});
@@ -363,7 +368,7 @@ Tensor fp8_reference(const Tensor& x, const Routing& route, const std::vector<Mo
 Tensor check_experts(CudaBackend& cuda, const Experts& ex, const Tensor& x, const Routing& route, bool quantized,
                      double tolerance_vs_cpu, const std::string& what) {
   SCOPED_TRACE(what);
-  CpuBackend cpu;
+  CpuBackend cpu = exact_cpu();
   const Tensor x_f32 = x.to_f32();
   const int64_t T = x.dim(0), H = ex.hidden;
   Tensor want = testing::poisoned({T, H});
@@ -433,7 +438,7 @@ TEST(CudaMoe, ExpertsMatchCpuBackend) {
 TEST(CudaMoe, ExpertsWeightOnly) {
   REQUIRE_DEVICE();
   TestRng rng;
-  CpuBackend cpu;
+  CpuBackend cpu = exact_cpu();
   CudaBackend weight_only, w8a8;
   weight_only.set_fp8_compute(Fp8Compute::kW8A16);
   const int64_t E = 8, k = 2, H = 256, I = 128;
@@ -520,7 +525,7 @@ TEST(CudaMoe, ExpertsEveryTileSizeAndMultiply) {
   REQUIRE_DEVICE();
   TestRng rng;
   CudaBackend cuda;
-  CpuBackend cpu;
+  CpuBackend cpu = exact_cpu();
   MoeExpertTables tables;
   for (DType wdt : {DType::kBF16, DType::kF8E4M3})
     for (auto [H, I] : {std::pair<int64_t, int64_t>{256, 128}, {176, 80}}) {
@@ -662,7 +667,7 @@ TEST(CudaMoe, ExpertsAreReproducibleAndSkipInvalidIds) {
       zeroed.ids.data<int32_t>()[t * k + 1] = 0;
       zeroed.weights.data<float>()[t * k + 1] = 0.0f;
     }
-    CpuBackend cpu;
+    CpuBackend cpu = exact_cpu();
     Tensor want = testing::poisoned({T, 256});
     cpu.moe_experts(x, zeroed.ids, zeroed.weights, ex.host, want);
     const Tensor d_bad = cuda_to_device(bad.ids);
@@ -686,7 +691,7 @@ TEST(CudaMoe, ExpertsRecordAndReplay) {
     SCOPED_TRACE(dtype_name(wdt));
     const double tolerance = wdt == DType::kBF16 ? kBf16Tolerance : kFp8VsCpuTolerance;
     CudaBackend cuda;
-    CpuBackend cpu;
+    CpuBackend cpu = exact_cpu();
     const int64_t E = 8, H = 256, I = 128, T = 5, k = 2;
     const Experts ex = make_experts(rng, E, H, I, [&](int64_t, int) { return wdt; });
     Tensor d_x = cuda_empty({T, H}, DType::kF32), d_ids = cuda_empty({T, k}, DType::kI32),
