@@ -301,7 +301,9 @@ TEST(HttpServer, AClientThatStopsReadingIsDroppedAfterTheWriteTimeout) {
   server.start();
   Client c(server.port());
   c.send("GET /flood HTTP/1.1\r\nHost: x\r\n\r\n");
-  for (int i = 0; i < 500 && aborts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  // Up to 20 s: the loopback buffers take megabytes before a write stalls,
+  // and under ASan on a loaded two-core machine 5 s was once not enough.
+  for (int i = 0; i < 2000 && aborts.load() == 0; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(aborts.load(), 1);
 }
 
