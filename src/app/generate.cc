@@ -329,7 +329,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
     items.push_back(std::move(item));
   }
 
-  check_parallel_flags(f.parallel, f.device, f.speculation.algorithm);
+  check_parallel_flags(f.parallel, f.speculation.algorithm);
   check_fp8_compute(f.fp8_compute, f.device);
   check_dtype(f.dtype, f.device);
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);

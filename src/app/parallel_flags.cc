@@ -37,17 +37,13 @@ void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags) {
                "their experts by all-to-all (SGLang's --enable-dp-attention)");
 }
 
-void check_parallel_flags(const ParallelFlags& flags, const std::string& device,
-                          const std::string& speculative_algorithm) {
+void check_parallel_flags(const ParallelFlags& flags, const std::string& speculative_algorithm) {
   BASALT_CHECK(flags.tp >= 1 && flags.tp <= 64, "--tp must be in [1, 64], got {}", flags.tp);
   BASALT_CHECK(flags.ep == 0 || flags.ep == flags.tp,
                "--ep {}: the routed experts are split over the --tp ranks ({}); give --ep {} or leave it out",
                flags.ep, flags.tp, flags.tp);
   if (!flags.dp_attention) return;
   BASALT_CHECK(flags.tp >= 2, "--dp-attention runs over the --tp ranks: give --tp 2 or more");
-  BASALT_CHECK(device == "cpu",
-               "--dp-attention --device {}: DP attention runs CPU ranks for now (GPU ranks are not built yet)",
-               device);
   // n-gram drafts need nothing but the ranks' own forward passes (a
   // verification is a batch like any other), and the MTP layer's passes
   // meet in the expert exchanges as the steps do (model/data_parallel.h);
@@ -66,6 +62,37 @@ RankBackendFactory cpu_ranks(int ranks, cpu::Bf16Activations bf16_activations) {
   return [per_rank, bf16_activations](int) { return make_cpu_backend_with_threads(per_rank, bf16_activations); };
 }
 
+#ifdef BASALT_HAVE_CUDA
+// GPU ranks: rank r on the r-th GPU from the caller's backend's, one thread
+// each, NCCL between them; every rank multiplies FP8 weights as the
+// caller's backend does (--fp8-compute).
+struct GpuRanks {
+  RankBackendFactory make_backend;
+  RankGroupFactory make_group;
+};
+
+GpuRanks gpu_ranks(int ranks, const Backend& backend) {
+  const int gpus = cuda_device_count();
+  BASALT_CHECK(ranks <= gpus, "--tp {} --device cuda: this machine has {} GPU{}", ranks, gpus, gpus == 1 ? "" : "s");
+  GpuRanks out;
+  const int base = backend.ordinal();
+  const Fp8Compute fp8 = backend.fp8_compute();
+  out.make_backend = [base, gpus, fp8](int r) {
+    auto rank = std::make_unique<CudaBackend>((base + r) % gpus);
+    rank->set_fp8_compute(fp8);
+    return rank;
+  };
+#ifdef BASALT_HAVE_NCCL
+  out.make_group = [](std::span<Backend* const> backends) {
+    std::vector<CudaBackend*> ranks;
+    for (Backend* b : backends) ranks.push_back(dynamic_cast<CudaBackend*>(b));
+    return make_nccl_group(ranks);
+  };
+#endif
+  return out;
+}
+#endif
+
 }  // namespace
 
 std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, const ParallelFlags& flags,
@@ -77,29 +104,9 @@ std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backen
     return load_tensor_parallel(dir, tp, cpu_ranks(tp, cpu_bf16_activations(backend)), progress, nullptr, {},
                                 flags.weights());
 #ifdef BASALT_HAVE_CUDA
-  // GPU ranks: rank 0 on the sampling backend's GPU, rank r on the r-th GPU
-  // after it, one thread each, NCCL between them.
-  const int gpus = cuda_device_count();
-  BASALT_CHECK(tp <= gpus, "--tp {} --device cuda: this machine has {} GPU{}", tp, gpus, gpus == 1 ? "" : "s");
-  const int base = backend.ordinal();
-  RankGroupFactory group;
-#ifdef BASALT_HAVE_NCCL
-  group = [](std::span<Backend* const> backends) {
-    std::vector<CudaBackend*> ranks;
-    for (Backend* b : backends) ranks.push_back(dynamic_cast<CudaBackend*>(b));
-    return make_nccl_group(ranks);
-  };
-#endif
-  // Every rank multiplies FP8 weights as the caller's backend does (--fp8-compute).
-  const Fp8Compute fp8 = backend.fp8_compute();
+  const GpuRanks gpus = gpu_ranks(tp, backend);
   return load_tensor_parallel(
-      dir, tp,
-      [base, gpus, fp8](int r) {
-        auto rank = std::make_unique<CudaBackend>((base + r) % gpus);
-        rank->set_fp8_compute(fp8);
-        return rank;
-      },
-      progress, &backend, group, flags.weights(),
+      dir, tp, gpus.make_backend, progress, &backend, gpus.make_group, flags.weights(),
       graph_batch > 0 ? std::optional<GraphOptions>(GraphOptions{.max_batch = graph_batch}) : std::nullopt);
 #else
   fail("--tp {} --device {}: this build has no GPU backend", tp, backend.name());
@@ -109,22 +116,44 @@ std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backen
 DpAttentionEngines DpAttentionEngines::load(const std::string& dir, const ParallelFlags& flags,
                                             const Backend& backend, const LoadProgress& progress) {
   DpAttentionEngines out;
-  out.model = load_data_parallel(dir, flags.tp, cpu_ranks(flags.tp, cpu_bf16_activations(backend)), progress,
-                                 std::chrono::microseconds(1000), flags.weights());
+  if (backend.device() == Device::kCpu) {
+    out.model = load_data_parallel(dir, flags.tp, cpu_ranks(flags.tp, cpu_bf16_activations(backend)), progress,
+                                   std::chrono::microseconds(1000), flags.weights());
+    return out;
+  }
+#ifdef BASALT_HAVE_CUDA
+  const GpuRanks gpus = gpu_ranks(flags.tp, backend);
+  out.model = load_data_parallel(dir, flags.tp, gpus.make_backend, progress, std::chrono::microseconds(1000),
+                                 flags.weights(), gpus.make_group);
   return out;
+#else
+  fail("--dp-attention --device {}: this build has no GPU backend", backend.name());
+#endif
 }
 
 void DpAttentionEngines::start(const Tokenizer* tokenizer, EngineOptions options) {
   const int ranks = model->world();
-  if (options.kv_slots > 0) options.kv_slots = std::max<int64_t>(options.kv_slots / ranks, options.page_size);
+  // The KV budget (slots or bytes) is a device's: ranks sharing a device
+  // (CPU ranks; GPU ranks on fewer GPUs) split it.
+  const Backend& first = model->backend(0);
+  int sharing = 0;
+  for (int r = 0; r < ranks; ++r)
+    sharing += model->backend(r).device() == first.device() && model->backend(r).ordinal() == first.ordinal();
+  if (options.kv_slots > 0) options.kv_slots = std::max<int64_t>(options.kv_slots / sharing, options.page_size);
   if (options.kv_slots == 0) {
     const size_t budget = options.kv_budget_bytes > 0 ? options.kv_budget_bytes : KvPool::host_memory_budget(0.1);
-    options.kv_budget_bytes = std::max<size_t>(budget / static_cast<size_t>(ranks), 1);
+    options.kv_budget_bytes = std::max<size_t>(budget / static_cast<size_t>(sharing), 1);
   }
   std::vector<std::unique_ptr<Engine>> made;
   for (int r = 0; r < ranks; ++r) {
-    samplers.push_back(make_cpu_backend_with_threads(1));
-    made.push_back(std::make_unique<Engine>(model->rank(r), *samplers.back(), tokenizer, options));
+    // CPU ranks sample on a one-thread backend of the engine's own; a GPU
+    // rank's logits stay on its device and are sampled there.
+    Backend* sampling = &model->backend(r);
+    if (sampling->device() == Device::kCpu) {
+      samplers.push_back(make_cpu_backend_with_threads(1));
+      sampling = samplers.back().get();
+    }
+    made.push_back(std::make_unique<Engine>(model->rank(r), *sampling, tokenizer, options));
   }
   engines = std::make_unique<EngineGroup>(std::move(made));
   model->set_activity([group = engines.get()](int r) { return group->engine(r).load() > 0; });

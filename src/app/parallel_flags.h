@@ -6,20 +6,22 @@
 // model's weights random, model/model.h's Weights::kRandom) on `cmd`.
 // check_parallel_flags() refuses, naming the flag, what is not offered: --tp
 // outside [1, 64]; --ep other than --tp (a model's routed experts are split
-// over its --tp ranks); --dp-attention with --tp 1, on a GPU, or with
-// speculative decoding. load_model_for_tp() is the model for --tp without
+// over its --tp ranks); --dp-attention with --tp 1 or with EAGLE heads or
+// draft models. load_model_for_tp() is the model for --tp without
 // --dp-attention: on `backend` itself with tp 1; otherwise over tp
 // tensor-parallel ranks (model/tensor_parallel.h), CPU ranks as threads of
 // this process, each with a pool of its own and an equal share of
 // `backend`'s threads (at least one), while `backend` keeps sampling; on a
-// GPU, tp GPUs, a rank each (rank 0 on `backend`), NCCL between them, every
-// rank eager (no CUDA graphs yet).
+// GPU, tp GPUs, a rank each (rank 0 on `backend`), NCCL between them, each
+// rank recording CUDA graphs of its own when graph_batch > 0.
 // DpAttentionEngines is --dp-attention: load() puts the model over --tp ranks
-// (model/data_parallel.h), their threads shared the same way; start() then
-// makes an engine per rank with `options` (kv_slots and kv_budget_bytes
-// split evenly between them), each sampling on a one-thread CPU backend of
-// its own, behind one EngineGroup (runtime/engine_group.h); a step does not
-// wait for the ranks whose engines have no request (set_activity).
+// (model/data_parallel.h), CPU ranks' threads shared the same way, or on a
+// GPU a rank per GPU from `backend`'s, NCCL between them (eager: no graphs);
+// start() then makes an engine per rank with `options` (kv_slots and
+// kv_budget_bytes split evenly between ranks that share a device), each
+// sampling on a one-thread CPU backend of its own (CPU ranks) or on its
+// rank's GPU, behind one EngineGroup (runtime/engine_group.h); a step does
+// not wait for the ranks whose engines have no request (set_activity).
 #pragma once
 
 #include <memory>
@@ -44,8 +46,7 @@ struct ParallelFlags {
 };
 
 void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags);
-void check_parallel_flags(const ParallelFlags& flags, const std::string& device,
-                          const std::string& speculative_algorithm);
+void check_parallel_flags(const ParallelFlags& flags, const std::string& speculative_algorithm);
 // With graph_batch > 0, GPU ranks over NCCL record CUDA graphs per rank for
 // decode batches up to that size (model/tensor_parallel.h); one rank (--tp
 // 1) is left to the caller to wrap.

@@ -565,6 +565,19 @@ void Backend::moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weig
   moe_experts_impl(x, ids, weights, experts, out, first_expert);
 }
 
+void Backend::moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out) {
+  const OpCheck c(*this, "moe_combine");
+  c.tensor(rows, "rows", kF32, 2);
+  c.tensor(positions, "positions", kI32, 2);
+  c.tensor(weights, "weights", kF32, 2);
+  c.shape(weights, "weights", positions.shape());
+  c.tensor(out, "out", kF32, 2);
+  c.shape(out, "out", {positions.dim(0), rows.dim(1)});
+  REQUIRE(c, !overlaps(rows, out), "out {} overlaps rows", out.describe());
+  c.indices(positions, "positions", rows.dim(0), true, "rows");
+  moe_combine_impl(rows, positions, weights, out);
+}
+
 void Backend::mla_store_kv(const Tensor& kv_a, const Tensor& norm_weight, float eps,
                            const Tensor& positions, const RopeParams& rope, const Tensor& slots,
                            Tensor& cache) {

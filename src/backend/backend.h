@@ -213,6 +213,7 @@ enum class BackendOp : uint8_t {
   kEmbedding, kLinear, kRmsNorm, kAddRmsNorm, kRope, kStoreKv, kQkvRopeStore, kAttention, kSiluAndMul, kAdd,
   kSoftmax, kLogSoftmax, kArgmax, kSample, kAdjustLogits, kApplyTokenBitmask, kTopKRows, kGatherRows,
   kLinearFp8Block, kMoeRoute, kMoeExperts, kMlaStoreKv, kMlaAttention, kMlaExpandKv, kConcatColumns, kLinearInt,
+  kMoeCombine,
   kCount  // not an op
 };
 // clang-format on
@@ -390,6 +391,12 @@ class Backend {
   // gets a row of zeros).
   void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                    std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert = -1);
+  // out[t] = sum over j, in order, of weights[t, j] * rows[positions[t, j]]:
+  // the combine of routed experts whose results came back as rows, one per
+  // (token, choice) (DP attention's all-to-all, model/deepseek_v3.h). rows
+  // f32 [P, H]; positions i32 [T, k], each in [0, P) or negative (the pair
+  // adds nothing); weights f32 [T, k]; out f32 [T, H], not overlapping rows.
+  void moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out);
   // The MLA cache write: for each token t, row = kv_a[t] = [latent (L) | k_pe (R)];
   // cache[slots[t]] = [rms_norm(latent) * norm_weight | rope(k_pe at positions[t])].
   // kv_a f32 [T, L + R]; norm_weight [L]; cache f32 or bf16 [S, L + R]. rope
@@ -472,6 +479,8 @@ class Backend {
                                   const LinearWeight& kv_b, const MlaParams& params, Tensor& k,
                                   Tensor& v) = 0;
   virtual void concat_columns_impl(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  virtual void moe_combine_impl(const Tensor& rows, const Tensor& positions, const Tensor& weights,
+                                Tensor& out) = 0;
 };
 
 }  // namespace basalt

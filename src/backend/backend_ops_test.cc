@@ -489,6 +489,25 @@ void gather_rows_case(Harness& h) {
   h.same("out", out, want);
 }
 
+// Results that came back as rows, one per (token, choice) in any order, a
+// few pairs skipped (negative position).
+void moe_combine_case(Harness& h, int64_t tokens, int64_t k, int64_t hidden) {
+  const int64_t pairs = tokens * k, skipped = std::min<int64_t>(3, pairs), P = pairs - skipped;
+  std::vector<int32_t> where(static_cast<size_t>(pairs));
+  std::iota(where.begin(), where.end(), 0);
+  for (int64_t i = pairs - 1; i > 0; --i) std::swap(where[static_cast<size_t>(i)],
+                                                   where[static_cast<size_t>(h.rng().integer(0, i))]);
+  for (int32_t& w : where)
+    if (w >= P) w = -1;
+  const Tensor rows = rand(h, {P, hidden}), weights = rand(h, {tokens, k});
+  Tensor positions = i32_tensor(where).reshape({tokens, k});
+  Tensor want = Tensor::empty({tokens, hidden}, DType::kF32);
+  reference::moe_combine(rows, positions, weights, want);
+  Tensor out = h.out({tokens, hidden});
+  h.backend().moe_combine(h.up(rows), h.up(positions), h.up(weights), out);
+  h.close("out", out, want, h.bound(1e-6, 1e-6));
+}
+
 void linear_fp8_block_case(Harness& h, int64_t tokens, int64_t in, int64_t outs) {
   const Tensor x = rand(h, {tokens, in});
   const LinearWeight w = fp8_weight(h, outs, in);
@@ -812,6 +831,9 @@ std::vector<OpCase> all_cases() {
   c.push_back({B::kMlaExpandKv, "f32", [](Harness& h) { mla_expand_kv_case(h, f32); }});
   c.push_back({B::kMlaExpandKv, "bf16", [](Harness& h) { mla_expand_kv_case(h, bf16); }});
   c.push_back({B::kConcatColumns, "rows", concat_columns_case});
+  c.push_back({B::kMoeCombine, "scalar_rows", [](Harness& h) { moe_combine_case(h, 7, 8, 130); }});
+  c.push_back({B::kMoeCombine, "vector_rows", [](Harness& h) { moe_combine_case(h, 5, 3, 2048); }});
+  c.push_back({B::kMoeCombine, "one_row_left", [](Harness& h) { moe_combine_case(h, 4, 1, 4); }});
   return c;
 }
 

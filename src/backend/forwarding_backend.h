@@ -123,6 +123,9 @@ class ForwardingBackend : public Backend {
   void concat_columns_impl(const Tensor& a, const Tensor& b, Tensor& out) override {
     inner_.concat_columns(a, b, out);
   }
+  void moe_combine_impl(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out) override {
+    inner_.moe_combine(rows, positions, weights, out);
+  }
 
  private:
   Backend& inner_;

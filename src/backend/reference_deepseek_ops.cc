@@ -360,4 +360,26 @@ void concat_columns(const Tensor& a, const Tensor& b, Tensor& out) {
   }
 }
 
+void moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out) {
+  need(rows, "moe_combine", "rows", DType::kF32, 2);
+  need(positions, "moe_combine", "positions", DType::kI32, 2);
+  need(weights, "moe_combine", "weights", DType::kF32, 2);
+  need(out, "moe_combine", "out", DType::kF32, 2);
+  const int64_t P = rows.dim(0), H = rows.dim(1), T = positions.dim(0), K = positions.dim(1);
+  need_shape(weights, {T, K}, "moe_combine", "weights");
+  need_shape(out, {T, H}, "moe_combine", "out");
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      double sum = 0;
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t r = positions.data<const int32_t>()[t * K + j];
+        BASALT_CHECK(r < P, "reference moe_combine: positions[{}] = {} is past the {} rows", t * K + j, r, P);
+        if (r >= 0)
+          sum += static_cast<double>(weights.data<const float>()[t * K + j]) * rows.data<const float>()[r * H + h];
+      }
+      out.data<float>()[t * H + h] = static_cast<float>(sum);
+    }
+  }
+}
+
 }  // namespace basalt::reference

@@ -585,6 +585,7 @@ const char* to_string(BackendOp op) {
     case BackendOp::kMlaAttention: return "mla_attention";
     case BackendOp::kMlaExpandKv: return "mla_expand_kv";
     case BackendOp::kConcatColumns: return "concat_columns";
+    case BackendOp::kMoeCombine: return "moe_combine";
     case BackendOp::kLinearInt: return "linear_int";
     case BackendOp::kCount: break;
   }

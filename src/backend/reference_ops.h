@@ -131,6 +131,7 @@ void mla_attention(const Tensor& q, const Tensor& cache, const LinearWeight& kv_
 void mla_expand_kv(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
                    const MlaParams& params, Tensor& k, Tensor& v);
 void concat_columns(const Tensor& a, const Tensor& b, Tensor& out);
+void moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out);
 
 // Reads element i of a floating host tensor of any floating dtype as f32.
 float load_f32(const Tensor& t, int64_t i);
@@ -239,6 +240,9 @@ class ReferenceBackend final : public Backend {
   }
   void concat_columns_impl(const Tensor& a, const Tensor& b, Tensor& out) override {
     reference::concat_columns(a, b, out);
+  }
+  void moe_combine_impl(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out) override {
+    reference::moe_combine(rows, positions, weights, out);
   }
 };
 

@@ -52,20 +52,30 @@ class RankView final : public Model {
 class Group final : public DataParallelGroup {
  public:
   Group(const std::string& dir, int world, const RankBackendFactory& make_backend, const LoadProgress& progress,
-        std::chrono::microseconds round_wait, Weights weights)
+        std::chrono::microseconds round_wait, Weights weights, const RankGroupFactory& make_group)
       : threads_(world), round_wait_(round_wait), waiting_(static_cast<size_t>(world), nullptr) {
-    std::vector<std::unique_ptr<Communicator>> comms = make_local_group(world);
     ranks_.resize(static_cast<size_t>(world));
+    std::vector<Backend*> backends;
     for (int r = 0; r < world; ++r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];
-      rank.comm = std::move(comms[static_cast<size_t>(r)]);
       rank.backend = make_backend(r);
-      BASALT_CHECK(rank.backend != nullptr && rank.backend->device() == Device::kCpu,
-                   "DP attention runs its ranks on the CPU backend for now");
+      BASALT_CHECK(rank.backend != nullptr, "DP attention: no backend for rank {}", r);
+      BASALT_CHECK(r == 0 || rank.backend->device() == backends.front()->device(),
+                   "DP attention: rank {} runs on {}, rank 0 on {}", r, rank.backend->name(),
+                   backends.front()->name());
+      backends.push_back(rank.backend.get());
       rank.view = std::make_unique<RankView>(*this, r);
     }
+    std::vector<std::unique_ptr<Communicator>> comms =
+        make_group                                    ? make_group(backends)
+        : backends.front()->device() == Device::kCpu ? make_local_group(world)
+                                                      : make_local_group(world, backends);
+    BASALT_CHECK(comms.size() == static_cast<size_t>(world), "DP attention: a group of {} for {} ranks",
+                 comms.size(), world);
+    for (int r = 0; r < world; ++r) ranks_[static_cast<size_t>(r)].comm = std::move(comms[static_cast<size_t>(r)]);
     threads_.run_or_throw([&](int r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];
+      rank.backend->make_current();
       std::unique_ptr<Model> model =
           load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get(), true}, weights);
       rank.model.reset(dynamic_cast<DeepseekModel*>(model.get()));
@@ -78,6 +88,10 @@ class Group final : public DataParallelGroup {
   Model& rank(int r) override {
     BASALT_CHECK(r >= 0 && r < world(), "DP attention: rank {} of {}", r, world());
     return *ranks_[static_cast<size_t>(r)].view;
+  }
+  Backend& backend(int r) override {
+    BASALT_CHECK(r >= 0 && r < world(), "DP attention: rank {} of {}", r, world());
+    return *ranks_[static_cast<size_t>(r)].backend;
   }
   DeepseekModel& model(int r) const { return *ranks_[static_cast<size_t>(r)].model; }
   void set_activity(std::function<bool(int)> busy) override {
@@ -95,15 +109,17 @@ class Group final : public DataParallelGroup {
     const ModelConfig& c = model(r).config();
     const int64_t rows = batch.logit_rows.numel(), tokens = batch.num_tokens();
     const char* what = head_in != nullptr ? "draft head" : "forward";
-    BASALT_CHECK(logits.device() == Device::kCpu && logits.dtype() == DType::kF32 && logits.rank() == 2 &&
+    const Backend& own = *ranks_[static_cast<size_t>(r)].backend;
+    BASALT_CHECK(logits.device() == own.device() && logits.dtype() == DType::kF32 && logits.rank() == 2 &&
                      logits.dim(0) == rows && logits.dim(1) == c.vocab_size,
-                 "{}: logits must be host f32 [{}, {}], got {}", what, rows, c.vocab_size, logits.describe());
+                 "{}: logits must be f32 [{}, {}] on rank {}'s {}, got {}", what, rows, c.vocab_size, r, own.name(),
+                 logits.describe());
     for (const Tensor* states : {static_cast<const Tensor*>(hidden), head_in})
-      BASALT_CHECK(states == nullptr || (states->device() == Device::kCpu && states->dtype() == DType::kF32 &&
+      BASALT_CHECK(states == nullptr || (states->device() == own.device() && states->dtype() == DType::kF32 &&
                                          states->rank() == 2 && states->dim(0) == tokens &&
                                          states->dim(1) == c.hidden_size),
-                   "{}: hidden states must be host f32 [{}, {}], got {}", what, tokens, c.hidden_size,
-                   states->describe());
+                   "{}: hidden states must be f32 [{}, {}] on rank {}'s {}, got {}", what, tokens, c.hidden_size, r,
+                   own.name(), states->describe());
     BASALT_CHECK(head_in == nullptr || model(r).draft_head() != nullptr, "draft head: {} has no MTP layer",
                  model(r).summary());
     Step mine{&batch, &kv, &logits, hidden, head_in, false, nullptr, 0};
@@ -173,6 +189,7 @@ class Group final : public DataParallelGroup {
     running_ = true;
     lock.unlock();
     const std::vector<std::exception_ptr> errors = threads_.run([&](int q) {
+      ranks_[static_cast<size_t>(q)].backend->make_current();
       const Step* step = round[static_cast<size_t>(q)];
       if (step == nullptr) {
         if (heads) model(q).forward_mtp_idle();
@@ -210,6 +227,7 @@ class Group final : public DataParallelGroup {
 
 const ModelConfig& RankView::config() const { return group_.model(rank_).config(); }
 KvBuffers RankView::allocate_kv(int64_t num_slots, DType dtype) const {
+  group_.backend(rank_).make_current();
   return group_.model(rank_).allocate_kv(num_slots, dtype);
 }
 size_t RankView::kv_bytes_per_slot(DType dtype) const { return group_.model(rank_).kv_bytes_per_slot(dtype); }
@@ -218,6 +236,7 @@ void RankView::forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits,
 }
 DraftHead* RankView::draft_head() { return group_.model(rank_).draft_head() != nullptr ? &head_ : nullptr; }
 KvBuffers RankView::Head::allocate_kv(int64_t num_slots, DType dtype) const {
+  group_.backend(rank_).make_current();
   return group_.model(rank_).draft_head()->allocate_kv(num_slots, dtype);
 }
 size_t RankView::Head::kv_bytes_per_slot(DType dtype) const {
@@ -238,8 +257,9 @@ std::string RankView::summary() const {
 std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, int world,
                                                       const RankBackendFactory& make_backend,
                                                       const LoadProgress& progress,
-                                                      std::chrono::microseconds round_wait, Weights weights) {
-  return std::make_unique<Group>(dir, world, make_backend, progress, round_wait, weights);
+                                                      std::chrono::microseconds round_wait, Weights weights,
+                                                      const RankGroupFactory& make_group) {
+  return std::make_unique<Group>(dir, world, make_backend, progress, round_wait, weights, make_group);
 }
 
 }  // namespace basalt

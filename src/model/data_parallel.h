@@ -4,30 +4,35 @@
 // holds and how tokens reach their experts), as SGLang runs DeepSeek-V3 with
 // --enable-dp-attention. Each rank is fed by a scheduler of its own.
 //
-// Contract: load_data_parallel(dir, world, make_backend) makes the
-// in-process communicator group, a backend per rank, one thread per rank,
-// and loads every rank's part on its thread (a config whose experts do not
-// divide by the ranks, or a model without latent attention, is refused).
-// rank(r) is the Model that rank r's scheduler drives: its KV is rank r's
-// own, and its forward() hands the batch to the group and returns when the
-// step it joined has run. A step (a round) starts once every rank has
-// handed in a batch, or `round_wait` after a rank has handed one in, with
-// whatever has come by then; a rank without a batch takes part idle
-// (forward_idle), serving its experts to the others. So ranks under load
-// step together. set_activity(busy) names the ranks worth waiting for: a
-// round also starts once every rank with busy(rank) true has handed in its
-// batch, so a lone busy rank does not wait round_wait per step (busy is
-// called with the group's lock held, from the ranks' callers' threads; it
-// must be quick and must not call into the group). rank(r).draft_head() is
-// rank r's MTP layer (null without one), whose passes meet in rounds the
-// same way, apart from the steps': a round runs the kind handed in first,
-// steps or passes, with every rank not handing in that kind idle in it
-// (forward_idle, forward_mtp_idle), and the other kind waits for the next
-// round. Each rank's Model is called by one thread at a time; the errors of
-// a step go to the caller whose batch failed (an idle rank's to every
-// caller of that step). The caller's tensors are host tensors (the ranks
-// run on the CPU backend for now). The group outlives the Models it hands
-// out.
+// Contract: load_data_parallel(dir, world, make_backend) makes a backend
+// per rank (all of one device kind: CPU ranks, or GPU ranks, one GPU each or
+// several sharing one), the communicator group between them (make_group's;
+// by default the in-process group, which stages device tensors through host
+// memory), one thread per rank, and loads every rank's part on its thread
+// (a config whose experts do not divide by the ranks, or a model without
+// latent attention, is refused). rank(r) is the Model that rank r's
+// scheduler drives: its KV is rank r's own, and its forward() hands the
+// batch to the group and returns when the step it joined has run. A step (a
+// round) starts once every rank has handed in a batch, or `round_wait` after
+// a rank has handed one in, with whatever has come by then; a rank without a
+// batch takes part idle (forward_idle), serving its experts to the others.
+// So ranks under load step together. set_activity(busy) names the ranks
+// worth waiting for: a round also starts once every rank with busy(rank)
+// true has handed in its batch, so a lone busy rank does not wait round_wait
+// per step (busy is called with the group's lock held, from the ranks'
+// callers' threads; it must be quick and must not call into the group).
+// rank(r).draft_head() is rank r's MTP layer (null without one), whose
+// passes meet in rounds the same way, apart from the steps': a round runs
+// the kind handed in first, steps or passes, with every rank not handing in
+// that kind idle in it (forward_idle, forward_mtp_idle), and the other kind
+// waits for the next round. Each rank's Model is called by one thread at a
+// time; the errors of a step go to the caller whose batch failed (an idle
+// rank's to every caller of that step). The caller's tensors (logits,
+// hidden states) live where rank r's backend keeps them: backend(r), on
+// which the caller samples; rank(r).allocate_kv makes that backend's device
+// current on the calling thread. GPU ranks run eagerly (the expert exchange
+// reads its counts on the host each layer). The group outlives the Models
+// it hands out.
 #pragma once
 
 #include <chrono>
@@ -45,6 +50,7 @@ class DataParallelGroup {
   virtual ~DataParallelGroup() = default;
   virtual int world() const = 0;
   virtual Model& rank(int r) = 0;
+  virtual Backend& backend(int r) = 0;
   // Null: every rank is waited for (up to round_wait).
   virtual void set_activity(std::function<bool(int rank)> busy) = 0;
 };
@@ -54,6 +60,7 @@ std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, in
                                                       const LoadProgress& progress = {},
                                                       std::chrono::microseconds round_wait =
                                                           std::chrono::microseconds(1000),
-                                                      Weights weights = Weights::kCheckpoint);
+                                                      Weights weights = Weights::kCheckpoint,
+                                                      const RankGroupFactory& make_group = {});
 
 }  // namespace basalt

@@ -516,50 +516,54 @@ class DeepseekModelImpl final : public DeepseekModel {
     if (tp_ != nullptr) tp_->all_reduce(out);  // every rank's experts and shared slice
   }
 
-  // DP attention's MoE exchange (deepseek_v3.h), on the host: the ranks
-  // run on the CPU backend. The (token, choice) pairs of this rank's batch
-  // go to the ranks that hold their experts, in rank order, each rank's in
-  // (token, choice) order; the counts, the pairs' expert numbers on their
-  // rank, and their hidden rows go in three collectives, and the experts'
-  // unweighted results come back in a fourth. out (f32 [T, H]) gets, per
-  // token, its choices' results times their weights, summed in choice
-  // order. x f32 [T, H]; ids i32 and weights f32 [T, top_k]; with out null
-  // the rank has no tokens (x, ids and weights have no rows) and only
-  // serves its experts.
+  // DP attention's MoE exchange (deepseek_v3.h). The (token, choice) pairs
+  // of this rank's batch go to the ranks that hold their experts, in rank
+  // order, each rank's in (token, choice) order; the counts, the pairs'
+  // expert numbers on their rank, and their hidden rows go in three
+  // collectives, and the experts' unweighted results come back in a fourth.
+  // out (f32 [T, H]) gets, per token, its choices' results times their
+  // weights, summed in choice order (Backend::moe_combine). x f32 [T, H];
+  // ids i32 and weights f32 [T, top_k]; with out null the rank has no tokens
+  // (x, ids and weights have no rows) and only serves its experts. On a GPU
+  // the ids come to the host once per layer to order the pairs and size the
+  // exchange, as DeepEP's normal mode reads its counts: the step cannot be
+  // recorded in a graph, and every tensor a collective takes is the rank's
+  // device's.
   void exchange_with_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                              std::span<const MoeExpert> experts, Tensor* out) {
-    BASALT_CHECK(backend_.device() == Device::kCpu, "DP attention runs on the CPU backend only for now");
     Backend& b = backend_;
     const int64_t T = x.dim(0), H = config_.hidden_size, K = ids.dim(1), n = ep_world_;
     const int64_t P = T * K;
-    const int32_t* id = ids.data<const int32_t>();
+    const Tensor host_ids = on_host(ids);
+    const int32_t* id = host_ids.data<const int32_t>();
     // position[t * K + j]: where pair (t, j) sits in what this rank sends.
-    std::vector<int64_t> send_rows(static_cast<size_t>(n), 0), position(static_cast<size_t>(P));
+    std::vector<int64_t> send_rows(static_cast<size_t>(n), 0);
     for (int64_t p = 0; p < P; ++p) ++send_rows[static_cast<size_t>(id[p] / experts_local_)];
     std::vector<int64_t> next(static_cast<size_t>(n), 0);
     for (size_t r = 1; r < next.size(); ++r) next[r] = next[r - 1] + send_rows[r - 1];
     std::vector<int32_t> send_token(static_cast<size_t>(P)), send_expert(static_cast<size_t>(P));
+    std::vector<int32_t> position(static_cast<size_t>(P));
     for (int64_t p = 0; p < P; ++p) {
       const int64_t owner = id[p] / experts_local_, at = next[static_cast<size_t>(owner)]++;
-      position[static_cast<size_t>(p)] = at;
+      position[static_cast<size_t>(p)] = static_cast<int32_t>(at);
       send_token[static_cast<size_t>(at)] = static_cast<int32_t>(p / K);
       send_expert[static_cast<size_t>(at)] = static_cast<int32_t>(id[p] - owner * experts_local_);
     }
     // Counts: row r of `counts` is what rank r sends to each rank.
-    Tensor mine = Tensor::empty({1, n}, DType::kI32), counts = Tensor::empty({n, n}, DType::kI32);
-    for (int64_t r = 0; r < n; ++r)
-      mine.data<int32_t>()[r] = static_cast<int32_t>(send_rows[static_cast<size_t>(r)]);
-    ep_->all_gather(mine, counts);
+    std::vector<int32_t> mine(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) mine[static_cast<size_t>(r)] = static_cast<int32_t>(send_rows[static_cast<size_t>(r)]);
+    Tensor counts = b.empty({n, n}, DType::kI32);
+    ep_->all_gather(uploaded(Tensor::from_i32({1, n}, mine)), counts);
+    const Tensor host_counts = on_host(counts);
     std::vector<int64_t> recv_rows(static_cast<size_t>(n));
     int64_t R = 0;
     for (int64_t r = 0; r < n; ++r)
-      R += recv_rows[static_cast<size_t>(r)] = counts.data<const int32_t>()[r * n + ep_rank_];
+      R += recv_rows[static_cast<size_t>(r)] = host_counts.data<const int32_t>()[r * n + ep_rank_];
     // Dispatch: the pairs' expert numbers, then their hidden rows.
-    Tensor expert_out = Tensor::empty({P, 1}, DType::kI32), expert_in = Tensor::empty({R, 1}, DType::kI32);
-    std::copy(send_expert.begin(), send_expert.end(), expert_out.data<int32_t>());
-    ep_->all_to_all(expert_out, send_rows, expert_in, recv_rows);
+    Tensor expert_in = b.empty({R, 1}, DType::kI32);
+    ep_->all_to_all(uploaded(Tensor::from_i32({P, 1}, send_expert)), send_rows, expert_in, recv_rows);
     Tensor rows_out = b.empty({P, H}, DType::kF32), rows_in = b.empty({R, H}, DType::kF32);
-    if (P > 0) b.embedding(Tensor::from_i32({P}, send_token), x, rows_out);  // gathers the pairs' tokens
+    if (P > 0) b.embedding(uploaded(Tensor::from_i32({P}, send_token)), x, rows_out);  // gathers the pairs' tokens
     ep_->all_to_all(rows_out, send_rows, rows_in, recv_rows);
     // This rank's experts on what it received, unweighted; then combine.
     Tensor results = b.empty({R, H}, DType::kF32), back = b.empty({P, H}, DType::kF32);
@@ -570,16 +574,7 @@ class DeepseekModelImpl final : public DeepseekModel {
     ep_->all_to_all(results, recv_rows, back, send_rows);
     ++exchanges_done_;
     if (out == nullptr) return;
-    const float* weight = weights.data<const float>();
-    std::fill(out->data<float>(), out->data<float>() + T * H, 0.0f);
-    for (int64_t t = 0; t < T; ++t) {
-      float* dst = out->data<float>() + t * H;
-      for (int64_t j = 0; j < K; ++j) {
-        const float w = weight[t * K + j];
-        const float* src = back.data<const float>() + position[static_cast<size_t>(t * K + j)] * H;
-        for (int64_t h = 0; h < H; ++h) dst[h] += w * src[h];
-      }
-    }
+    b.moe_combine(back, uploaded(Tensor::from_i32({T, K}, position)), weights, *out);
   }
 
   // The exchanges of a step's MoE layers from the `from`-th on, with no
@@ -855,6 +850,22 @@ class DeepseekModelImpl final : public DeepseekModel {
     total_bytes_ += static_cast<int64_t>(t.nbytes());
     params_by_dtype_[t.dtype()] += t.numel();
     if (routed) expert_params_ += t.numel();
+  }
+
+  // A small host tensor of this step on the backend (Backend::upload: it
+  // need not outlive the call).
+  Tensor uploaded(const Tensor& host) {
+    if (backend_.device() == Device::kCpu) return host;
+    Tensor t = backend_.empty(host.shape(), host.dtype());
+    backend_.upload(host, t);
+    return t;
+  }
+  // A tensor of the backend's on the host (the device's work up to it done).
+  Tensor on_host(const Tensor& t) {
+    if (t.device() == Device::kCpu) return t;
+    Tensor host = Tensor::empty(t.shape(), t.dtype());
+    backend_.copy(t, host);
+    return host;
   }
 
   Tensor to_backend(const Tensor& host) {

@@ -1,4 +1,5 @@
-// CpuBackend's block-FP8 and integer-format linears and mixture-of-experts ops.
+// CpuBackend's block-FP8 and integer-format linears and mixture-of-experts ops
+// (routing, experts, and the combine of results that come back as rows).
 //
 // moe_experts groups the (token, slot) pairs by expert, gathers each expert's
 // tokens into a contiguous block and runs the expert's three linears on that
@@ -176,6 +177,23 @@ void CpuBackend::moe_experts_impl(const Tensor& x, const Tensor& ids, const Tens
       for (int64_t h = 0; h < H; ++h) ot[h] += wi * yi[h];
     }
   }
+}
+
+void CpuBackend::moe_combine_impl(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out) {
+  const int64_t H = rows.dim(1), T = positions.dim(0), K = positions.dim(1);
+  pool_->parallel_for(T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* dst = out.data<float>() + t * H;
+      std::fill_n(dst, H, 0.0f);
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t r = positions.data<const int32_t>()[t * K + j];
+        if (r < 0) continue;
+        const float w = weights.data<const float>()[t * K + j];
+        const float* src = rows.data<const float>() + static_cast<int64_t>(r) * H;
+        for (int64_t h = 0; h < H; ++h) dst[h] += w * src[h];
+      }
+    }
+  });
 }
 
 }  // namespace basalt

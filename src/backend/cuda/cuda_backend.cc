@@ -580,4 +580,10 @@ void CudaBackend::concat_columns_impl(const Tensor& a, const Tensor& b, Tensor& 
                                         rows, cudaMemcpyDeviceToDevice, stream_));
 }
 
+void CudaBackend::moe_combine_impl(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out) {
+  const OpScope scope(*this, "moe_combine", bytes_of({&positions, &weights, &out}) + static_cast<double>(out.nbytes()) *
+                                                static_cast<double>(positions.dim(1)));
+  cuda_moe_combine(rows, positions, weights, out, stream_);
+}
+
 }  // namespace basalt

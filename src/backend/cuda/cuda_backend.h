@@ -167,6 +167,7 @@ class CudaBackend final : public Backend {
   void mla_expand_kv_impl(const Tensor& cache, const Tensor& slots, const LinearWeight& kv_b,
                           const MlaParams& params, Tensor& k, Tensor& v) override;
   void concat_columns_impl(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void moe_combine_impl(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out) override;
 
  private:
   class Profiler;

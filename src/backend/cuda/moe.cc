@@ -386,4 +386,18 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   mark(5);
 }
 
+void cuda_moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out,
+                      cudaStream_t stream) {
+  for (const Tensor* t : {&rows, &positions, &weights, static_cast<const Tensor*>(&out)})
+    BASALT_CHECK(t->device() == Device::kCuda, "cuda moe_combine: {} is not on the device", t->describe());
+  const int64_t T = positions.dim(0), K = positions.dim(1), H = rows.dim(1);
+  BASALT_CHECK(T <= std::numeric_limits<int32_t>::max() && K <= std::numeric_limits<int32_t>::max() &&
+                   H <= std::numeric_limits<int32_t>::max(),
+               "cuda moe_combine: {} x {} pairs of {} columns is past the kernel's range", T, K, H);
+  check_launch(cuda_kernels::moe_unpermute(rows.data<const float>(), positions.data<const int32_t>(),
+                                           weights.data<const float>(), out.data<float>(), static_cast<int32_t>(T),
+                                           static_cast<int32_t>(K), static_cast<int32_t>(H), stream),
+               "combine");
+}
+
 }  // namespace basalt

@@ -115,4 +115,13 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                       Tensor& out, cudaStream_t stream = nullptr, const MoeOptions& options = {},
                       const MoeStageEvents* events = nullptr);
 
+// cuda_moe_combine is Backend::moe_combine (backend.h) on the device, the
+// experts' un-permutation kernel on rows that came from elsewhere: out[t] =
+// sum over j in order of weights[t, j] * rows[positions[t, j]] (negative
+// positions skipped). rows f32 [P, H]; positions i32 [T, k]; weights f32
+// [T, k]; out f32 [T, H]; all on the device. Positions are not read on the
+// host: the caller has checked them. Enqueued on `stream`; nothing waits.
+void cuda_moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out,
+                      cudaStream_t stream = nullptr);
+
 }  // namespace basalt

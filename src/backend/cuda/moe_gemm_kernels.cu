@@ -811,8 +811,9 @@ cudaError_t moe_generic_gemm(const MoeGenericArgs& args, bool gated, cudaStream_
 
 cudaError_t moe_unpermute(const float* y, const int32_t* pair_row, const float* weights, float* out, int32_t tokens,
                           int32_t top_k, int32_t hidden, cudaStream_t stream) {
-  // float4 rows when every row starts 16-byte aligned (y is a fresh block).
-  const bool vec4 = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  // float4 rows when every row starts 16-byte aligned.
+  const bool vec4 = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(y) % 16 == 0;
   if (tokens == 0 || hidden == 0) return cudaSuccess;
   const int span = kUnpermuteThreads * (vec4 ? 4 : 1);
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((hidden + span - 1) / span));

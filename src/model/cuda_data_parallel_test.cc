@@ -1,0 +1,147 @@
+// DP attention on the GPU: every rank a CUDA backend, here all on one GPU,
+// the expert exchange (counts, expert numbers, hidden rows, results) through
+// the in-process group, which stages device tensors through host memory
+// (NCCL refuses two ranks on one GPU; its all-to-all is tested in
+// backend/cuda/cuda_communicator_test.cc). The DeepSeek fixtures over 2 and
+// 4 ranks: every rank's prefill logits against one GPU's, with the ranks'
+// batches of different lengths meeting in the same rounds; greedy decoding
+// of one busy rank, the others serving their experts idle, against
+// transformers, sampled on the rank's own GPU; and an engine per rank
+// serving requests at once. Skips where no device is present.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device.h"
+#include "model/data_parallel.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "runtime/engine.h"
+#include "testing/backend_test_util.h"
+#include "testing/engine_test_util.h"
+#include "testing/reference_test_util.h"
+
+namespace basalt {
+namespace {
+
+const std::string kModels = std::string(BASALT_TESTDATA) + "/models/";
+
+struct Case {
+  std::string model;
+  int world;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " over " << c.world << " DP-attention GPU ranks"; }
+
+class CudaDataParallel : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+std::unique_ptr<DataParallelGroup> over_gpu_ranks(const std::string& name, int world) {
+  return load_data_parallel(kModels + name, world, [](int) { return std::make_unique<CudaBackend>(0); });
+}
+
+void on_every_rank(int world, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
+  for (std::thread& t : threads) t.join();
+}
+
+// The fixture's greedy prompt cut by `cut` tokens: the ranks' batches differ.
+std::vector<int32_t> prompt_cut(const std::string& name, int cut) {
+  const nlohmann::json meta = testing::read_json(kModels + name + "/reference.json");
+  const std::vector<int32_t> prompt = meta["greedy_prompt"].get<std::vector<int32_t>>();
+  const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(prompt.size()) - cut);
+  return std::vector<int32_t>(prompt.begin(), prompt.begin() + n);
+}
+
+// All logits of a prefill of `ids` on `model`, on the host.
+Tensor prefill_logits(Model& model, Backend& backend, const std::vector<int32_t>& ids) {
+  const int64_t n = static_cast<int64_t>(ids.size()), V = model.config().vocab_size;
+  KvBuffers kv = model.allocate_kv(n);
+  Tensor logits = backend.empty({n, V}, DType::kF32);
+  model.forward(single_sequence_batch(ids, 0, /*all_logits=*/true), kv, logits);
+  return cuda_to_host(logits);
+}
+
+TEST_P(CudaDataParallel, RanksWithBatchesOfTheirOwnAtOnceMatchOneGpu) {
+  const auto [name, world] = GetParam();
+  CudaBackend gpu;
+  auto one = load_model(kModels + name, gpu);
+  std::vector<Tensor> want;
+  for (int r = 0; r < world; ++r) want.push_back(prefill_logits(*one, gpu, prompt_cut(name, 2 * r)));
+  auto group = over_gpu_ranks(name, world);
+  std::vector<Tensor> got(static_cast<size_t>(world));
+  on_every_rank(world, [&](int r) {
+    got[static_cast<size_t>(r)] = prefill_logits(group->rank(r), group->backend(r), prompt_cut(name, 2 * r));
+  });
+  for (int r = 0; r < world; ++r)
+    EXPECT_LT(testing::relative_error(got[static_cast<size_t>(r)], want[static_cast<size_t>(r)]), 2e-2)
+        << name << ", rank " << r << " of " << world;
+}
+
+TEST_P(CudaDataParallel, OneBusyRankFollowsTransformersGreedy) {
+  const auto [name, world] = GetParam();
+  auto group = over_gpu_ranks(name, world);
+  const int busy = world - 1;
+  testing::expect_greedy_matches_reference(group->rank(busy), group->backend(busy), kModels + name,
+                                           /*min_margin=*/0.02, /*min_compared=*/4);
+}
+
+// An engine per rank, each sampling on its rank's GPU, all serving at once
+// (the steps meet in rounds, ranks finishing at different times): every
+// request runs to its length and every rank's KV comes back.
+TEST_P(CudaDataParallel, AnEnginePerRankServesAtOnce) {
+  const auto [name, world] = GetParam();
+  auto group = over_gpu_ranks(name, world);
+  std::mt19937 rng(5);
+  std::vector<std::vector<EngineRequest>> requests(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    for (int i = 0; i <= r; ++i) {
+      SamplingParams p = testing::greedy(6 + 3 * i);
+      p.ignore_eos = true;
+      requests[static_cast<size_t>(r)].push_back(
+          testing::request(testing::random_ids(rng, 4 + static_cast<size_t>(r + i)), p));
+    }
+  }
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < world; ++r) {
+    EngineOptions o;
+    o.kv_slots = 256;
+    o.check_invariants = true;
+    engines.push_back(std::make_unique<Engine>(group->rank(r), group->backend(r), nullptr, o));
+  }
+  std::vector<std::vector<RequestOutput>> outputs(static_cast<size_t>(world));
+  on_every_rank(world, [&](int r) {
+    outputs[static_cast<size_t>(r)] = testing::run_all(*engines[static_cast<size_t>(r)], requests[static_cast<size_t>(r)]);
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(outputs[static_cast<size_t>(r)].size(), requests[static_cast<size_t>(r)].size()) << "rank " << r;
+    for (size_t i = 0; i < outputs[static_cast<size_t>(r)].size(); ++i)
+      EXPECT_EQ(outputs[static_cast<size_t>(r)][i].output_ids.size(),
+                static_cast<size_t>(requests[static_cast<size_t>(r)][i].params.max_tokens))
+          << "rank " << r << ", request " << i;
+    EXPECT_EQ(engines[static_cast<size_t>(r)]->drain_and_clear_cache(), engines[static_cast<size_t>(r)]->kv_capacity())
+        << "rank " << r;
+  }
+}
+
+// V2-Lite: softmax routing, 8 experts (4 or 2 a rank); V3: grouped sigmoid
+// routing, 16 experts.
+INSTANTIATE_TEST_SUITE_P(Families, CudaDataParallel,
+                         ::testing::Values(Case{"deepseek_v2_lite", 2}, Case{"deepseek_v3", 2},
+                                           Case{"deepseek_v3", 4}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.model + "_dp" + std::to_string(info.param.world);
+                         });
+
+}  // namespace
+}  // namespace basalt
