@@ -121,16 +121,18 @@ TEST_P(CudaDataParallel, AnEnginePerRankServesAtOnce) {
   }
   std::vector<std::vector<RequestOutput>> outputs(static_cast<size_t>(world));
   on_every_rank(world, [&](int r) {
-    outputs[static_cast<size_t>(r)] = testing::run_all(*engines[static_cast<size_t>(r)], requests[static_cast<size_t>(r)]);
+    const auto i = static_cast<size_t>(r);
+    outputs[i] = testing::run_all(*engines[i], requests[i]);
   });
   for (int r = 0; r < world; ++r) {
-    ASSERT_EQ(outputs[static_cast<size_t>(r)].size(), requests[static_cast<size_t>(r)].size()) << "rank " << r;
-    for (size_t i = 0; i < outputs[static_cast<size_t>(r)].size(); ++i)
-      EXPECT_EQ(outputs[static_cast<size_t>(r)][i].output_ids.size(),
-                static_cast<size_t>(requests[static_cast<size_t>(r)][i].params.max_tokens))
+    const std::vector<RequestOutput>& got = outputs[static_cast<size_t>(r)];
+    const std::vector<EngineRequest>& sent = requests[static_cast<size_t>(r)];
+    Engine& engine = *engines[static_cast<size_t>(r)];
+    ASSERT_EQ(got.size(), sent.size()) << "rank " << r;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(got[i].output_ids.size(), static_cast<size_t>(sent[i].params.max_tokens))
           << "rank " << r << ", request " << i;
-    EXPECT_EQ(engines[static_cast<size_t>(r)]->drain_and_clear_cache(), engines[static_cast<size_t>(r)]->kv_capacity())
-        << "rank " << r;
+    EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity()) << "rank " << r;
   }
 }
 

@@ -550,8 +550,7 @@ class DeepseekModelImpl final : public DeepseekModel {
       send_expert[static_cast<size_t>(at)] = static_cast<int32_t>(id[p] - owner * experts_local_);
     }
     // Counts: row r of `counts` is what rank r sends to each rank.
-    std::vector<int32_t> mine(static_cast<size_t>(n));
-    for (int64_t r = 0; r < n; ++r) mine[static_cast<size_t>(r)] = static_cast<int32_t>(send_rows[static_cast<size_t>(r)]);
+    const std::vector<int32_t> mine(send_rows.begin(), send_rows.end());
     Tensor counts = b.empty({n, n}, DType::kI32);
     ep_->all_gather(uploaded(Tensor::from_i32({1, n}, mine)), counts);
     const Tensor host_counts = on_host(counts);
