@@ -203,20 +203,25 @@ TEST(CudaMoe, RouteRejectsWhatItCannotRun) {
 //    f32 summation order and the rare e4m3 rounding of GEMM 1's result that
 //    flips where host and device differ in its last f32 bit (one e4m3 ulp
 //    of one element), far below 1e-4 in practice.
-//  * The wgmma multiplies against fp8_reference, 1e-2 (promoted per 128-K
-//    block) and 5e-3 (per k32 MMA): Hopper's FP8 tensor cores add the
+//  * The wgmma multiplies against fp8_reference, 2.5e-2 (promoted per 128-K
+//    block) and 2e-2 (per k32 MMA): Hopper's FP8 tensor cores add the
 //    products of one MMA in fixed point, aligned to the largest and cut to
 //    about 14 bits (DeepSeek-V3's report, 3.5.2), and the partial sums of
-//    a stage the same way. Measured on the H200: 1.7e-3 to 6.7e-3 per 128
-//    and 1.5e-3 to 2.5e-3 per k32 over these tests' shapes. Both are far
-//    below the activations' own e4m3 rounding (0.036 RMS, above).
+//    a stage the same way. That moves GEMM 1's results off the host's by a
+//    little, and each element whose e4m3 rounding then flips moves the
+//    result by one e4m3 ulp of it: at the smallest shape (T = 17, I = 80,
+//    1,360 such elements) about 3e-3 of the norm per flip. Measured on the
+//    H200: 1.7e-3 to 6.7e-3 per 128 and 1.5e-3 to 2.5e-3 per k32 on one
+//    seed; over 40 seeds on an H100, up to 1.4e-2 per 128 and 1.1e-2 per
+//    k32 (at 5e-3, 1 seed in ~20 failed). Both stay below the activations'
+//    own e4m3 rounding (0.036 RMS, above); a wrong tile or scale is O(1).
 //  * The generic path (f32 activations and sums, like the CPU backend), 1e-5.
 
 constexpr double kBf16Tolerance = 1e-2;
 constexpr double kFp8VsCpuTolerance = 0.1;
 constexpr double kFp8VsReferenceTolerance = 1e-3;
-constexpr double kFp8WgmmaVsReferenceTolerance = 1e-2;
-constexpr double kFp8WgmmaPreciseVsReferenceTolerance = 5e-3;
+constexpr double kFp8WgmmaVsReferenceTolerance = 2.5e-2;
+constexpr double kFp8WgmmaPreciseVsReferenceTolerance = 2e-2;
 constexpr double kGenericTolerance = 1e-5;
 
 // Against fp8_reference, for a multiply (MoeOptions::fp8_mma; -1, the
