@@ -396,6 +396,8 @@ class Backend {
   // (token, choice) (DP attention's all-to-all, model/deepseek_v3.h). rows
   // f32 [P, H]; positions i32 [T, k], each in [0, P) or negative (the pair
   // adds nothing); weights f32 [T, k]; out f32 [T, H], not overlapping rows.
+  // Host backends check the positions; the CUDA backend, which does not read
+  // them back, trusts them (a position past P reads outside rows there).
   void moe_combine(const Tensor& rows, const Tensor& positions, const Tensor& weights, Tensor& out);
   // The MLA cache write: for each token t, row = kv_a[t] = [latent (L) | k_pe (R)];
   // cache[slots[t]] = [rms_norm(latent) * norm_weight | rope(k_pe at positions[t])].
