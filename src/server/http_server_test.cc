@@ -202,7 +202,10 @@ class TickerProducer : public ResponseProducer {
       out.head = h;
       head_ = true;
     }
-    while (sent_ < ready_.load()) {
+    // What was ready when the pull began: a ticker outrunning a slow pull
+    // (64 KiB pieces under a sanitizer's memcpy) would keep it appending.
+    const int ready = ready_.load();
+    while (sent_ < ready) {
       out.data += piece_.empty() ? "data: " + std::to_string(sent_) + "\n\n" : piece_;
       ++sent_;
     }
