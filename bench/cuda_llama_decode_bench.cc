@@ -1,7 +1,9 @@
 // Decode and prefill speed of a random-weight Llama-3.1-8B-shaped model on
 // the CUDA backend, next to the weight-bandwidth floor.
 //
-//   basalt_bench_cuda_llama_decode [--layers N] [--prompt CONTEXT] [--tokens STEPS]
+//   basalt_bench_cuda_llama_decode [--layers N] [--prompt CONTEXT] [--tokens STEPS] [--batch-invariant 1]
+//
+// --batch-invariant 1 times the backend's batch-invariant mode (backend.h).
 //
 // The checkpoint (bf16; 16 GB for all 32 layers; layers share their random
 // tensors on disk, which changes nothing for speed: each layer gets its own
@@ -39,7 +41,13 @@ using namespace basalt::bench;
 
 int main(int argc, char** argv) {
   ModelBenchFlags flags{32, 512, 20};  // layers, context ("prompt"), steps ("tokens")
-  if (!parse_model_bench_flags(argc, argv, &flags)) return 2;
+  int batch_invariant = 0;
+  if (!parse_int_flags(argc, argv,
+                       {{"--layers", &flags.layers, 1},
+                        {"--prompt", &flags.prompt, 1},
+                        {"--tokens", &flags.tokens, 1},
+                        {"--batch-invariant", &batch_invariant, 0}}))
+    return 2;
   const int layers = flags.layers;
   const int64_t context = flags.prompt;
   const int steps = std::max(3, flags.tokens);
@@ -51,6 +59,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   CudaBackend backend;
+  backend.set_batch_invariant(batch_invariant != 0);
   const auto dir = std::filesystem::temp_directory_path() / ("basalt_llama8b_bench_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   // Removed however the load ends.
@@ -76,8 +85,8 @@ int main(int argc, char** argv) {
   const double weight_bytes = layers * 2.0 * static_cast<double>(H * heads * D * 2 + H * kv_heads * D * 2 + 3 * H * I) +
                               2.0 * static_cast<double>(V * H);  // lm_head (the embedding reads B rows)
   const double floor_ms = weight_bytes / 4.18e12 * 1e3;
-  std::printf("\nLlama-3.1-8B shape, %d layers, bf16 weights, context %lld (load %.1f s)\n", layers,
-              static_cast<long long>(context), load_s);
+  std::printf("\nLlama-3.1-8B shape, %d layers, bf16 weights, context %lld%s (load %.1f s)\n", layers,
+              static_cast<long long>(context), batch_invariant ? ", batch-invariant" : "", load_s);
   std::printf("weights read per decode step: %.2f GB; bandwidth floor %.2f ms/step\n", weight_bytes / 1e9, floor_ms);
   std::printf("%-6s %12s %12s %12s %12s %14s\n", "batch", "eager ms", "graphed ms", "tokens/s", "graph/floor",
               "prefill tok/s");

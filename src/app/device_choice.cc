@@ -55,6 +55,19 @@ void apply_fp8_compute(const std::string& choice, Backend& backend) {
   backend.set_fp8_compute(choice == "w8a8" ? Fp8Compute::kW8A8 : Fp8Compute::kW8A16);
 }
 
+void check_batch_invariant(bool on, const std::string& fp8_choice) {
+  BASALT_CHECK(!on || fp8_choice != "w8a8",
+               "--batch-invariant --fp8-compute w8a8: the FP8 GEMMs choose their kernels by row count, so the "
+               "batch-invariant mode multiplies FP8 weights as w8a16 (leave --fp8-compute at auto or say w8a16)");
+}
+
+void apply_batch_invariant(bool on, const std::string& fp8_choice, Backend& backend) {
+  check_batch_invariant(on, fp8_choice);
+  if (!on) return;
+  backend.set_batch_invariant(true);
+  backend.set_fp8_compute(Fp8Compute::kW8A16);
+}
+
 void check_dtype(const std::string& choice, const std::string& device) {
   BASALT_CHECK(choice == "auto" || choice == "bfloat16" || choice == "float32",
                "--dtype {}: expected auto, bfloat16 or float32", choice);

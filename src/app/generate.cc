@@ -63,6 +63,7 @@ struct GenerateFlags {
   int page_size = 1;
   std::string device = "cpu";
   std::string fp8_compute = "auto";
+  bool batch_invariant = false;
   std::string dtype = "auto";
   bool enforce_eager = false;
   bool jump_forward = false;
@@ -330,11 +331,13 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   }
 
   check_parallel_flags(f.parallel, f.speculation.algorithm);
+  check_batch_invariant(f.batch_invariant, f.fp8_compute);
   check_fp8_compute(f.fp8_compute, f.device);
   check_dtype(f.dtype, f.device);
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
   apply_fp8_compute(f.fp8_compute, backend);
+  apply_batch_invariant(f.batch_invariant, f.fp8_compute, backend);
   apply_dtype(f.dtype, backend);
   ProgressPrinter progress;
   // With --dp-attention the requests are spread over an engine per rank
@@ -534,6 +537,7 @@ void add_generate_command(CLI::App& app) {
                   kDtypeHelp);
   cmd->add_option("--fp8-compute", flags->fp8_compute,
                   "How block-FP8 weights multiply: w8a8 quantizes the activations per 1x128 group (DeepSeek-V3's inference, the GPU default), w8a16 keeps them (weight-only: exact up to the weights' own rounding; on a GPU it keeps a bf16 copy of every FP8 weight); auto: the device's default");
+  cmd->add_flag("--batch-invariant", flags->batch_invariant, kBatchInvariantHelp);
   cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");
   cmd->add_flag("--enforce-eager", flags->enforce_eager,

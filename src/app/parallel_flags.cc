@@ -65,7 +65,8 @@ RankBackendFactory cpu_ranks(int ranks, cpu::Bf16Activations bf16_activations) {
 #ifdef BASALT_HAVE_CUDA
 // GPU ranks: rank r on the r-th GPU from the caller's backend's, one thread
 // each, NCCL between them; every rank multiplies FP8 weights as the
-// caller's backend does (--fp8-compute).
+// caller's backend does (--fp8-compute) and is batch invariant when it is
+// (--batch-invariant).
 struct GpuRanks {
   RankBackendFactory make_backend;
   RankGroupFactory make_group;
@@ -77,9 +78,11 @@ GpuRanks gpu_ranks(int ranks, const Backend& backend) {
   GpuRanks out;
   const int base = backend.ordinal();
   const Fp8Compute fp8 = backend.fp8_compute();
-  out.make_backend = [base, gpus, fp8](int r) {
+  const bool invariant = backend.batch_invariant();
+  out.make_backend = [base, gpus, fp8, invariant](int r) {
     auto rank = std::make_unique<CudaBackend>((base + r) % gpus);
     rank->set_fp8_compute(fp8);
+    rank->set_batch_invariant(invariant);
     return rank;
   };
 #ifdef BASALT_HAVE_NCCL

@@ -73,6 +73,7 @@ struct ServeFlags {
   std::string reasoning_parser;
   std::string device = "cpu";
   std::string fp8_compute = "auto";
+  bool batch_invariant = false;
   std::string dtype = "auto";
   bool enforce_eager = false;
   std::string warmup = "auto";
@@ -101,6 +102,7 @@ void run_serve(const ServeFlags& f) {
   BASALT_CHECK(f.page_size >= 1 && f.page_size <= 4096, "--page-size must be in [1, 4096]");
   BASALT_CHECK(f.policy == "lpm" || f.policy == "fcfs", "--schedule-policy must be lpm or fcfs");
   check_parallel_flags(f.parallel, f.speculation.algorithm);
+  check_batch_invariant(f.batch_invariant, f.fp8_compute);
   check_fp8_compute(f.fp8_compute, f.device);
   check_dtype(f.dtype, f.device);
   start_startup_timeline();
@@ -167,6 +169,7 @@ void run_serve(const ServeFlags& f) {
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
   Backend& backend = *backend_owner;
   apply_fp8_compute(f.fp8_compute, backend);
+  apply_batch_invariant(f.batch_invariant, f.fp8_compute, backend);
   apply_dtype(f.dtype, backend);
   EngineOptions options;
   options.max_running = f.max_running;
@@ -334,6 +337,7 @@ void add_serve_command(CLI::App& app) {
                   kDtypeHelp);
   cmd->add_option("--fp8-compute", f.fp8_compute,
                   "How block-FP8 weights multiply: w8a8 quantizes the activations per 1x128 group (DeepSeek-V3's inference, the GPU default), w8a16 keeps them (weight-only: exact up to the weights' own rounding; on a GPU it keeps a bf16 copy of every FP8 weight); auto: the device's default");
+  cmd->add_flag("--batch-invariant", f.batch_invariant, kBatchInvariantHelp);
   cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,
                   "KV cache element type: auto (bf16 on a GPU, f32 on the CPU), bf16 or f32 (default auto)");
   cmd->add_option("--warmup", f.warmup,

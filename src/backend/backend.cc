@@ -472,6 +472,10 @@ void Backend::set_fp8_compute(Fp8Compute mode) {
                fp8_compute_name(mode));
 }
 
+void Backend::set_batch_invariant(bool on) {
+  BASALT_CHECK(!on || batch_invariant(), "the {} backend has no batch-invariant mode", name());
+}
+
 void Backend::linear_fp8_block(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                                Tensor& out) {
   const OpCheck c(*this, "linear_fp8_block");

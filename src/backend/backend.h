@@ -298,6 +298,19 @@ class Backend {
   virtual Fp8Compute fp8_compute() const { return Fp8Compute::kW8A16; }
   virtual void set_fp8_compute(Fp8Compute mode);
 
+  // Batch invariance: each row of every op's result depends only on that
+  // row's inputs (for attention: its own query, position and keys), never on
+  // the other rows of the call or on its size, so a token gets the same bits
+  // alone, in a batch, in a prefill chunk or in a speculative verification
+  // (vLLM's and SGLang's batch-invariant / deterministic modes). The CPU and
+  // reference backends always are; the CUDA backend is not by default (it
+  // picks kernels by shape) and becomes so, slower, under
+  // set_batch_invariant(true) (cuda_backend.h). set_batch_invariant(true)
+  // throws basalt::Error on a backend that cannot be; call it before the
+  // first op.
+  virtual bool batch_invariant() const { return false; }
+  virtual void set_batch_invariant(bool on);
+
   // out[t, :] = table[ids[t], :] as f32. ids i32 [T]; table [V, H].
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
   // out[t, n] = sum_k x[t, k] * w[n, k] + bias[n]. x [T, K]; w [N, K]; bias [N] or null.

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/forwarding_backend.h"
 #include "backend/reference_ops.h"
 #include "testing/backend_test_util.h"
 #include "testing/error_test_util.h"
@@ -872,6 +873,32 @@ TEST(BackendContract, ErrorsNameTheOpTheArgumentAndTheTensor) {
       EXPECT_CONTAINS(index, "embedding: ids[0] = 7 is outside the 4 rows of the table");
     }
   }
+}
+
+// Batch invariance (backend.h): the host backends always are and take the
+// request as is; the CUDA backend is not by default and becomes so when
+// asked; a backend that cannot be refuses, naming itself.
+TEST(BackendContract, BatchInvariance) {
+  for (const BackendUnderTest& under_test : backends_under_test()) {
+    std::unique_ptr<Backend> backend = under_test.make();
+    if (!backend) continue;
+    SCOPED_TRACE(std::string(backend->name()));
+    EXPECT_EQ(backend->batch_invariant(), backend->device() == Device::kCpu);
+    backend->set_batch_invariant(true);
+    EXPECT_TRUE(backend->batch_invariant());
+  }
+  // The base class's answer, for a backend with no such mode.
+  struct Shaped final : ForwardingBackend {
+    using ForwardingBackend::ForwardingBackend;
+    std::string_view name() const override { return "shaped"; }
+    bool batch_invariant() const override { return false; }
+    void set_batch_invariant(bool on) override { Backend::set_batch_invariant(on); }
+  };
+  ReferenceBackend reference;
+  Shaped shaped(reference);
+  shaped.set_batch_invariant(false);
+  EXPECT_CONTAINS(testing::error_of([&] { shaped.set_batch_invariant(true); }),
+                  "the shaped backend has no batch-invariant mode");
 }
 
 // upload() is ordered after the ops already enqueued, and its source can be

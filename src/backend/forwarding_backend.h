@@ -34,6 +34,8 @@ class ForwardingBackend : public Backend {
   std::unique_ptr<RecordedOps> record(const std::function<void()>& ops) override { return inner_.record(ops); }
   bool can_record() const override { return inner_.can_record(); }
   bool supports(BackendOp op) const override { return inner_.supports(op); }
+  bool batch_invariant() const override { return inner_.batch_invariant(); }
+  void set_batch_invariant(bool on) override { inner_.set_batch_invariant(on); }
 
  protected:
   void embedding_impl(const Tensor& ids, const Tensor& table, Tensor& out) override {

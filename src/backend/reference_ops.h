@@ -149,6 +149,7 @@ class ReferenceBackend final : public Backend {
  public:
   std::string_view name() const override { return "reference"; }
   Device device() const override { return Device::kCpu; }
+  bool batch_invariant() const override { return true; }  // one row at a time, in double
   Tensor empty(Shape shape, DType dtype) override { return Tensor::empty(std::move(shape), dtype); }
   void copy(const Tensor& src, Tensor& dst) override { reference::copy(src, dst); }
 

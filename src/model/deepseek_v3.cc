@@ -325,14 +325,16 @@ class DeepseekModelImpl final : public DeepseekModel {
       const bool prefill_sized =
           T > seqs && T * 2 * (d.kv_lora_rank + d.qk_rope_head_dim) >=
                           seqs * d.kv_lora_rank * (d.qk_nope_head_dim + d.v_head_dim);
-      // On the CPU, kAuto is always the absorbed form: a token's attention is
+      // On a batch-invariant backend (the CPU; the GPU in its batch-invariant
+      // mode), kAuto is always the absorbed form: a token's attention is
       // then computed one way whatever the step holds (cached prefix or not,
-      // chunked or not), so outputs are batch-invariant. The expanded form
-      // sums in another order, and bf16-rounded activations (the CPU's
-      // default, core/bf16_product.h) turn that f32 noise into whole bf16
-      // steps now and then, enough to change sampled tokens.
+      // chunked or not, a verification or not), so outputs are
+      // batch-invariant. The expanded form sums in another order, and
+      // bf16-rounded activations (the CPU's default, core/bf16_product.h)
+      // turn that f32 noise into whole bf16 steps now and then, enough to
+      // change sampled tokens.
       expanded = m.form_ == MlaForm::kExpanded ||
-                 (m.form_ == MlaForm::kAuto && prefill_sized && m.backend_.device() != Device::kCpu);
+                 (m.form_ == MlaForm::kAuto && prefill_sized && !m.backend_.batch_invariant());
       if (expanded) {
         const int64_t S = batch.attention.kv_slots.numel();
         m.reserve_step_constants(0, S);

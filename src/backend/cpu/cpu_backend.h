@@ -48,6 +48,8 @@ class CpuBackend : public Backend {
   cpu::Bf16Activations bf16_activations() const { return bf16_activations_; }
 
   std::string_view name() const override { return "cpu"; }
+  // Every kernel computes a row the same way whatever the call holds.
+  bool batch_invariant() const override { return true; }
   Device device() const override { return Device::kCpu; }
   Tensor empty(Shape shape, DType dtype) override { return Tensor::empty(std::move(shape), dtype); }
   void copy(const Tensor& src, Tensor& dst) override;

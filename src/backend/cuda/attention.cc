@@ -129,6 +129,12 @@ void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
       launch.decode = true, launch.prefill = true;  // per sequence
       launch.decode_max_q = kDecodeMaxAverageRows;
     }
+  } else if (path == CudaAttentionPath::kRowInvariant) {
+    // Every row through the decode kernel, unsplit, keys from 0: a row's
+    // sums then depend on its own keys alone (attention.h).
+    BASALT_CHECK(seqs <= 65535, "cuda attention: the batch-invariant path takes at most 65535 sequences, got {}",
+                 seqs);
+    launch.decode = true, launch.prefill = false, launch.keys_from_zero = true;
   } else {
     launch.decode = path == CudaAttentionPath::kDecode || path == CudaAttentionPath::kDecodeCudaCores;
     launch.prefill = !launch.decode;
@@ -138,8 +144,9 @@ void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   if (seqs > 65535) launch.decode = false, launch.prefill = true, launch.decode_max_q = 0;
   Tensor decode_scratch, tile_starts;  // back to the device cache after the op: stream-ordered reuse
   if (launch.decode) {
-    launch.splits = decode_splits > 0 ? std::min(decode_splits, cuda_kernels::kAttentionMaxSplits)
-                                      : cuda_kernels::attention_decode_splits(elem(k_cache.dtype()), shape);
+    launch.splits = path == CudaAttentionPath::kRowInvariant ? 1
+                    : decode_splits > 0 ? std::min(decode_splits, cuda_kernels::kAttentionMaxSplits)
+                                        : cuda_kernels::attention_decode_splits(elem(k_cache.dtype()), shape);
     const int64_t floats = cuda_kernels::attention_decode_scratch_floats(shape, launch.splits);
     if (floats > 0) {
       decode_scratch = cuda_empty({floats}, DType::kF32);

@@ -47,9 +47,10 @@
 //    stream when null) and return at once; nothing synchronises, so both ops
 //    can be captured in a CUDA graph and replayed with new layout contents
 //    of the same shapes.
-//  * Not batch invariant (like the rest of this backend): the decode path's
-//    split count and the choice of path depend on the call's shapes, so a row
-//    may differ in the last bits alone and in a batch. Each launch is
+//  * Not batch invariant by default (nor is the rest of this backend): the
+//    decode path's split count and the choice of path depend on the call's
+//    shapes, so a row may differ in the last bits alone and in a batch;
+//    CudaAttentionPath::kRowInvariant is. Each launch is
 //    deterministic (fixed merge orders, no atomics): the same call gives the
 //    same bits.
 //
@@ -135,8 +136,15 @@ void cuda_store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor
 // benchmarks). decode_splits > 0 forces the decode path's split count
 // (clamped to 1 .. 64; tests use it to run the combine kernel on every case).
 // kDecodeCudaCores is kDecode on the CUDA-core decode kernels even where the
-// tensor-core one applies.
-enum class CudaAttentionPath : uint8_t { kAuto, kDecode, kPrefill, kDecodeCudaCores };
+// tensor-core one applies. kRowInvariant (the backend's batch-invariant
+// mode) sends every sequence to the decode kernel with one split and every
+// pass's keys from 0 (a sliding window only masks), so each row's result
+// depends on its own query, position and keys, not on what else the call
+// holds: a decode row, the same row in a verification or in a prefill give
+// the same bits. It gives up split-KV (a long context at a small batch
+// runs on few blocks) and the prefill kernel (prompts run through the
+// decode kernel's passes); decode_splits is ignored.
+enum class CudaAttentionPath : uint8_t { kAuto, kDecode, kPrefill, kDecodeCudaCores, kRowInvariant };
 inline constexpr int64_t kDecodeMaxAverageRows = 4;
 inline constexpr int64_t kPrefillMinExtraRows = 64;
 

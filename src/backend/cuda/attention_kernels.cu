@@ -60,6 +60,10 @@ struct Args {
   int splits;
   int row_splits;  // decode: the passes of RT rows are dealt round-robin over this many blocks
   bool q_bf16, out_bf16;
+  // Decode: a pass's keys start at 0 even under a sliding window (the
+  // window is then only a mask), so tiles sit at fixed key offsets whatever
+  // rows share the pass (the batch-invariant launch).
+  bool keys_from_zero;
   // Sequences with q_len <= decode_max_q belong to the decode kernel (and the
   // combine), the others to the prefill kernel; each kernel skips the other's.
   int64_t decode_max_q;
@@ -266,7 +270,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
     // head kv_head * group + r % group.
     const int64_t pos_first = b.kv_len - b.q_len + r0 / group;
     const int64_t pos_last = b.kv_len - b.q_len + min(r0 + RT - 1, total_rows - 1) / group;
-    const int64_t lo = a.sliding_window > 0 ? max(int64_t{0}, pos_first - a.sliding_window + 1) : int64_t{0};
+    const int64_t lo = a.sliding_window > 0 && !a.keys_from_zero
+                           ? max(int64_t{0}, pos_first - a.sliding_window + 1)
+                           : int64_t{0};
     const int64_t hi = b.bad ? 0 : pos_last + 1;  // keys [lo, hi); pos_last < kv_len
     const int64_t span = hi > lo ? hi - lo : 0;
     const int64_t per_split = (span + a.splits - 1) / a.splits;
@@ -992,7 +998,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(Args a) {
   for (int64_t r0 = int64_t{row_split} * RT; r0 < total_rows; r0 += int64_t{RT} * a.row_splits) {  // uniform
     const int64_t pos_first = b.kv_len - b.q_len + r0 / group;
     const int64_t pos_last = b.kv_len - b.q_len + min(r0 + RT - 1, total_rows - 1) / group;
-    const int64_t lo = a.sliding_window > 0 ? max(int64_t{0}, pos_first - a.sliding_window + 1) : int64_t{0};
+    const int64_t lo = a.sliding_window > 0 && !a.keys_from_zero
+                           ? max(int64_t{0}, pos_first - a.sliding_window + 1)
+                           : int64_t{0};
     const int64_t hi = b.bad ? 0 : pos_last + 1;  // keys [lo, hi)
     const int64_t span = hi > lo ? hi - lo : 0;
     const int64_t per_split = (span + a.splits - 1) / a.splits;
@@ -1464,6 +1472,7 @@ cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, con
   args.q_bf16 = q_type == Elem::kBF16;
   args.out_bf16 = out_type == Elem::kBF16;
   args.decode_max_q = launch.prefill ? launch.decode_max_q : INT64_MAX;
+  args.keys_from_zero = launch.keys_from_zero;
   args.tile_start = launch.tile_starts;
   const int widest = shape.head_dim > shape.v_head_dim ? shape.head_dim : shape.v_head_dim;
   const bool aligned = reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;

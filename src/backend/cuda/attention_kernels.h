@@ -70,6 +70,10 @@ struct AttentionLaunch {
   // Decode on the CUDA-core kernels even where the tensor-core one applies
   // (bf16 caches, head dims multiples of 8 up to 128): benchmarks compare.
   bool decode_cuda_cores = false;
+  // The decode kernels start every pass's keys at 0 (a sliding window only
+  // masks): with splits 1, each row's sums then run over the same tiles
+  // whatever the call holds.
+  bool keys_from_zero = false;
   float* decode_scratch = nullptr;  // attention_decode_scratch_floats(...) f32 (null when splits is 1)
   int32_t* tile_starts = nullptr;   // prefill: num_seqs + 1 i32 of scratch
 };

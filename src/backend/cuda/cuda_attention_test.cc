@@ -50,19 +50,20 @@ using Path = CudaAttentionPath;
 // Every case runs: the decode path with its own split count, the decode path
 // with 5 splits (so the combine kernel runs whatever the shapes), the decode
 // path on its CUDA-core kernels with 3 splits (bf16 caches up to head dim 128
-// otherwise take the tensor-core decode kernel), the prefill path, and the
-// automatic choice.
+// otherwise take the tensor-core decode kernel), the prefill path, the
+// automatic choice and the batch-invariant path.
 struct Variant {
   Path path;
   int splits;
 };
 const Variant kPaths[] = {{Path::kDecode, 0},  {Path::kDecode, 5}, {Path::kDecodeCudaCores, 3},
-                          {Path::kPrefill, 0}, {Path::kAuto, 0}};
+                          {Path::kPrefill, 0}, {Path::kAuto, 0},  {Path::kRowInvariant, 0}};
 
 std::string path_name(Variant v) {
   const char* name = v.path == Path::kDecode            ? "decode"
                      : v.path == Path::kDecodeCudaCores ? "decode on CUDA cores"
                      : v.path == Path::kPrefill         ? "prefill"
+                     : v.path == Path::kRowInvariant    ? "row-invariant"
                                                         : "auto";
   return v.splits > 0 ? std::string(name) + " (" + std::to_string(v.splits) + " splits)" : std::string(name);
 }
@@ -131,7 +132,7 @@ AttentionParams params_of(const Config& c) {
 }
 
 double tolerance(const Config& c, Variant v) {
-  if (v.path != Path::kDecode && v.path != Path::kDecodeCudaCores) return 2e-2;
+  if (v.path == Path::kPrefill || v.path == Path::kAuto) return 2e-2;
   return c.act == DType::kF32 && c.cache == DType::kF32 && c.out_dtype() == DType::kF32 ? 1e-5 : 1e-2;
 }
 
@@ -257,6 +258,55 @@ TEST(CudaAttention, PaddedSequencesGiveZeroRows) {
       const Tensor f = out.to_f32();
       for (int64_t i = 0; i < f.numel(); ++i) ASSERT_EQ(f.data<float>()[i], 0.0f) << i;
     }
+  }
+}
+
+// The batch-invariant path: each row of a call gives the bits a one-row
+// call on it gives (its query, its position, its keys), whatever else the
+// call holds -- decodes of other lengths, a speculative verification's rows,
+// a prefill. Tensor-core (bf16, dims 128) and CUDA-core decode kernels, GQA,
+// a sliding window.
+TEST(CudaAttention, RowInvariantPathGivesEachRowWhatAOneRowCallGives) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  const Config configs[] = {{32, 8, 128, 128, 0, DType::kBF16, DType::kBF16},
+                            {8, 8, 64, 64, 100, DType::kF32, DType::kF32},
+                            {8, 2, 80, 80, 0, DType::kF32, DType::kBF16},
+                            {16, 2, 128, 128, 300, DType::kBF16, DType::kBF16}};
+  for (const Config& c : configs) {
+    // A decode, a 5-row verification, a 70-row prompt, a 3-row extend.
+    const std::vector<Seq> seqs = {{1, 300}, {5, 700}, {70, 70}, {3, 1500}};
+    const HostBatch b = make_batch(rng, seqs);
+    const AttentionParams p = params_of(c);
+    const int64_t width = int64_t{c.heads} * c.v_head_dim;
+    const Tensor q = testing::random_tensor(rng, {b.tokens, int64_t{c.heads} * c.head_dim}, c.act);
+    const Tensor k_dev = cuda_to_device(
+        testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.head_dim}, c.cache, 2.0f));
+    const Tensor v_dev =
+        cuda_to_device(testing::random_tensor(rng, {b.num_slots, int64_t{c.kv_heads} * c.v_head_dim}, c.cache));
+    Tensor out = device_poisoned({b.tokens, width}, c.out_dtype());
+    cuda_attention(cuda_to_device(q), k_dev, v_dev, to_device(host_layout(b)), p, out, nullptr,
+                   Path::kRowInvariant);
+    const Tensor all = cuda_to_host(out);
+    const size_t row_bytes = static_cast<size_t>(width) * dtype_size(c.out_dtype());
+    for (size_t s = 0; s < seqs.size(); ++s)
+      for (int i = 0; i < seqs[s].q_len; ++i) {
+        if (s == 2 && i % 17 != 0 && i != seqs[s].q_len - 1) continue;  // some of the prompt's rows
+        // Row i of sequence s alone: its keys are the sequence's first
+        // kv_len - q_len + i + 1.
+        const int keys = seqs[s].kv_len - seqs[s].q_len + i + 1;
+        HostBatch one;
+        one.q_start = {0, 1};
+        one.kv_start = {0, keys};
+        one.kv_slots.assign(b.kv_slots.begin() + b.kv_start[s], b.kv_slots.begin() + b.kv_start[s] + keys);
+        const int64_t token = b.q_start[s] + i;
+        Tensor single = device_poisoned({1, width}, c.out_dtype());
+        cuda_attention(cuda_to_device(q.rows(token, 1)), k_dev, v_dev, to_device(host_layout(one)), p, single,
+                       nullptr, Path::kRowInvariant);
+        const Tensor got = cuda_to_host(single);
+        EXPECT_EQ(std::memcmp(got.raw(), static_cast<const char*>(all.raw()) + token * row_bytes, row_bytes), 0)
+            << c.describe() << ": sequence " << s << " row " << i;
+      }
   }
 }
 

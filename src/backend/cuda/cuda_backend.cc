@@ -156,6 +156,11 @@ CudaBackend::~CudaBackend() {
   }
 }
 
+void CudaBackend::set_batch_invariant(bool on) {
+  batch_invariant_ = on;
+  mla_->set_row_invariant(on);
+}
+
 void CudaBackend::make_current() {
   int current = -1;
   if (cudaGetDevice(&current) == cudaSuccess && current == ordinal_) return;
@@ -385,6 +390,14 @@ void CudaBackend::linear_impl(const Tensor& x, const Tensor& w, const Tensor* bi
   const OpScope scope(*this, fmt::format("linear {}x{}", w.dim(0), w.rank() == 2 ? w.dim(1) : 0),
                       bytes_of({&x, &w, bias, &out}),
                       2.0 * static_cast<double>(x.dim(0)) * static_cast<double>(w.numel()));
+  if (batch_invariant_) {
+    // One kernel configuration for every row count (gemm.h).
+    BASALT_CHECK(row_invariant_linear_fits(x, w),
+                 "cuda linear: the batch-invariant mode multiplies bf16 or f16 weights with in_features a multiple "
+                 "of 32 (16-byte aligned rows), got x {} and w {}",
+                 x.describe(), w.describe());
+    return row_invariant_linear(x, w, bias, out, stream_);
+  }
   // Decode-sized M: the GEMV kernels stream the weights once and beat
   // cuBLASLt up to 8 rows on every Llama-8B shape, and up to 16 rows on
   // layers narrower than 16384 outputs (bench/README).
@@ -438,7 +451,8 @@ void CudaBackend::attention_impl(const Tensor& q, const Tensor& k_cache, const T
   const OpScope scope(*this, "attention",
                       bytes_of({&q, &out, &layout.kv_slots}) +
                           kv_row * static_cast<double>(layout.kv_slots.numel()));
-  cuda_attention(q, k_cache, v_cache, layout, params, out, stream_);
+  cuda_attention(q, k_cache, v_cache, layout, params, out, stream_,
+                 batch_invariant_ ? CudaAttentionPath::kRowInvariant : CudaAttentionPath::kAuto);
 }
 
 void CudaBackend::silu_and_mul_impl(const Tensor& gate_up, Tensor& out) {
@@ -487,8 +501,16 @@ void CudaBackend::gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& 
   cuda_gather_rows(x, cols, out, stream_);
 }
 
+void CudaBackend::check_fp8_invariance(const char* op) const {
+  BASALT_CHECK(!batch_invariant_ || fp8_compute_ == Fp8Compute::kW8A16,
+               "cuda {}: the batch-invariant mode multiplies block-FP8 weights as w8a16 only (--fp8-compute "
+               "w8a16): the FP8 GEMMs pick their kernel by row count",
+               op);
+}
+
 void CudaBackend::linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                                         Tensor& out) {
+  check_fp8_invariance("linear_fp8_block");
   // Weight-only: the bf16 linear over the dequantized copy (its own op scope).
   if (fp8_compute_ == Fp8Compute::kW8A16)
     return linear_impl(x, dequantized_->bf16(LinearWeight{w, scale_inv}, "linear_fp8_block"), nullptr, out);
@@ -504,6 +526,9 @@ void CudaBackend::moe_route_impl(const Tensor& logits, const Tensor* bias,
 }
 void CudaBackend::moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,
                                    std::span<const MoeExpert> experts, Tensor& out, int64_t first_expert) {
+  // bf16 experts are batch invariant as they are: every tile size sums a
+  // row's products in the same K order on the same MMA (moe.h).
+  if (experts[0].gate.block_fp8()) check_fp8_invariance("moe_experts");
   if (fp8_compute_ == Fp8Compute::kW8A16 && experts[0].gate.block_fp8()) {
     // The span's bf16 copy, made once (mixed spans keep their non-FP8
     // matrices as they are; the table picks the path for the result).

@@ -53,8 +53,20 @@
 //    tensor-core GEMMs, the bf16 expert GEMMs): the activations are rounded
 //    to bf16 as under a bf16 model, not quantized to e4m3, and every FP8
 //    weight then takes 2 more bytes of device memory.
-//  * Not batch invariant: cuBLASLt picks its algorithm by M, the GEMVs their
-//    scheme by row count and attention its split count by shapes.
+//  * Not batch invariant by default: cuBLASLt picks its algorithm by M, the
+//    GEMVs their scheme by row count and attention its split count by
+//    shapes. set_batch_invariant(true) (backend.h) makes every op compute a
+//    row the same whatever the call holds: linear on the tensor-core GEMV's
+//    arithmetic for any M (gemm.h: row_invariant_linear; bf16 or f16 weights
+//    only, anything else throws), attention on the decode kernel unsplit
+//    with keys from 0 (attention.h: kRowInvariant), MLA with its absorption
+//    kernels at any T and an unsplit core (mla.h), the bf16 expert GEMMs as
+//    they are (their tile sizes share one summation order), and block-FP8
+//    weights only as w8a16 (w8a8 throws: the FP8 GEMMs choose kernels by
+//    row count). The row-wise ops (norms, rope, routing, sampling) are
+//    invariant as they are. The price: no split-KV and no prefill kernels
+//    in attention, no cuBLASLt for large M (bench/README, "Batch-invariant
+//    mode").
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -116,6 +128,8 @@ class CudaBackend final : public Backend {
   bool supports(BackendOp op) const override { return op != BackendOp::kLinearInt; }
   Fp8Compute fp8_compute() const override { return fp8_compute_; }
   void set_fp8_compute(Fp8Compute mode) override { fp8_compute_ = mode; }
+  bool batch_invariant() const override { return batch_invariant_; }
+  void set_batch_invariant(bool on) override;
 
   // Op profiling for benchmarks: while on, every op is bracketed by two CUDA
   // events on the stream (which serialises nothing, but costs launches, so
@@ -181,6 +195,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudaMla> mla_;         // MLA state: cuBLAS handle, dequantized FP8 kv_b (mla.h)
   std::unique_ptr<MoeExpertTables> moe_tables_;
   Fp8Compute fp8_compute_ = Fp8Compute::kW8A8;
+  bool batch_invariant_ = false;
+  // Throws when the batch-invariant mode meets w8a8 FP8 weights.
+  void check_fp8_invariance(const char* op) const;
   // kW8A16: bf16 copies of the FP8 weights, and of each FP8 experts span
   // (keyed by its first weight and size), made at first use.
   std::unique_ptr<CudaDequantizedWeights> dequantized_;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -146,6 +147,73 @@ TEST(CudaGemm, SkinnyLinearRowsAreWhatOneRowCallsGive) {
           }
         }
       }
+}
+
+// The batch-invariant linear: any row count, each row the bits a one-row
+// call gives (so also what any other call holding that row gives), and the
+// product itself right (bf16 operands, f32 sums) against the reference.
+TEST(CudaGemm, RowInvariantLinearRowsAreWhatOneRowCallsGive) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TestRng rng;
+  for (const bool x_f32 : {false, true})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{1000, 4096}, {33, 544}, {8192, 256}})
+      for (const int64_t m : {1, 2, 3, 5, 16, 17, 33, 100}) {
+        const Tensor x16 = testing::random_tensor(rng, {m, k}, DType::kBF16);
+        const Tensor x = x_f32 ? x16.to_f32() : x16;
+        const Tensor w16 = testing::random_tensor(rng, {n, k}, DType::kBF16, 0.05f);
+        const Tensor w = cuda_to_device(w16);
+        const Tensor bias = testing::random_tensor(rng, {n}, DType::kF32);
+        const Tensor bias_d = cuda_to_device(bias);
+        ASSERT_TRUE(row_invariant_linear_fits(cuda_to_device(x), w));
+        Tensor out = cuda_empty({m, n}, DType::kF32);
+        row_invariant_linear(cuda_to_device(x), w, &bias_d, out);
+        const Tensor all = cuda_to_host(out);
+        Tensor want = Tensor::empty({m, n}, DType::kF32);
+        reference::linear(x16.to_f32(), w16.to_f32(), &bias, want);
+        double worst = 0;
+        for (int64_t i = 0; i < m * n; ++i)
+          worst = std::max(worst, std::abs(double{all.data<const float>()[i]} - want.data<const float>()[i]));
+        EXPECT_LT(worst, 1e-3) << m << "x" << n << "x" << k;
+        for (const int64_t r : {int64_t{0}, m / 2, m - 1}) {
+          Tensor one = cuda_empty({1, n}, DType::kF32);
+          row_invariant_linear(cuda_to_device(x.rows(r, 1)), w, &bias_d, one);
+          const Tensor got = cuda_to_host(one);
+          EXPECT_EQ(std::memcmp(got.raw(), all.data<const float>() + r * n, static_cast<size_t>(n) * sizeof(float)),
+                    0)
+              << "row " << r << " of " << m << ", " << n << "x" << k << (x_f32 ? ", f32 x" : ", bf16 x");
+        }
+      }
+  // Not for f32 weights or K off the 32-column grid.
+  EXPECT_FALSE(row_invariant_linear_fits(cuda_empty({40, 32}, DType::kF32), cuda_empty({4, 32}, DType::kF32)));
+  EXPECT_FALSE(row_invariant_linear_fits(cuda_empty({40, 48}, DType::kF32), cuda_empty({4, 48}, DType::kBF16)));
+}
+
+// The backend's batch-invariant mode routes linear through it (and refuses
+// weights it cannot serve that way).
+TEST(CudaGemm, BatchInvariantBackendLinearIsRowInvariant) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  CudaBackend gpu;
+  EXPECT_FALSE(gpu.batch_invariant());
+  gpu.set_batch_invariant(true);
+  EXPECT_TRUE(gpu.batch_invariant());
+  TestRng rng;
+  const int64_t m = 40, n = 300, k = 256;
+  const Tensor x = cuda_to_device(testing::random_tensor(rng, {m, k}, DType::kF32));
+  const Tensor w = cuda_to_device(testing::random_tensor(rng, {n, k}, DType::kBF16, 0.05f));
+  Tensor all = cuda_empty({m, n}, DType::kF32);
+  gpu.linear(x, w, nullptr, all);
+  const Tensor all_h = cuda_to_host(all);
+  for (const int64_t rows : {1, 3, 17}) {
+    Tensor part = cuda_empty({rows, n}, DType::kF32);
+    gpu.linear(x.rows(m - rows, rows), w, nullptr, part);
+    const Tensor got = cuda_to_host(part);
+    EXPECT_EQ(std::memcmp(got.raw(), all_h.data<const float>() + (m - rows) * n,
+                          static_cast<size_t>(rows * n) * sizeof(float)),
+              0)
+        << rows << " rows";
+  }
+  Tensor out = cuda_empty({m, 4}, DType::kF32);
+  EXPECT_THROW(gpu.linear(x, cuda_empty({4, k}, DType::kF32), nullptr, out), Error);
 }
 
 TEST(CudaGemm, MismatchesThrow) {

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -321,6 +322,70 @@ TEST(CudaMla, ForcedSplitsAndPathsMatchCpuBackend) {
         }
     }
   }
+}
+
+// The batch-invariant mode (set_row_invariant): each row of a call gives the
+// bits a one-row call on it gives, whatever else the call holds (decodes, a
+// verification's rows, a prompt past the small-batch kernels' 16 tokens):
+// the absorptions at every T, the core unsplit. V3 dims (the tensor-core
+// core) and the bundled model's (L 64, R 16, Dn 32, Dv 32: the CUDA-core
+// core); bf16 and FP8 kv_b; and still right against the CPU backend.
+TEST(CudaMla, RowInvariantRowsAreWhatOneRowCallsGive) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaBackend cuda;  // for the stream only
+  CpuBackend cpu;
+  CudaMla mla(cuda.stream());
+  mla.set_row_invariant(true);
+  constexpr Dims kMini{"mini", 64, 16, 32, 32};
+  const std::vector<std::pair<int, int>> seqs = {{1, 300}, {5, 700}, {40, 40}, {3, 1500}};
+  for (const Dims& d : {kV3, kMini})
+    for (KvB kind : {KvB::kBF16, KvB::kFP8}) {
+      const int64_t heads = 16, S = 2600, W = d.L + d.R;
+      const MlaParams p = params_for(d, heads);
+      const Batch batch = make_batch(rng, seqs, S, 0);
+      const Tensor cache = random_cache(rng, S, W, DType::kBF16);
+      const LinearWeight kv_b = make_kv_b(rng, kind, heads * (d.Dn + d.Dv), d.L);
+      const Tensor q = random_tensor(rng, {batch.tokens, heads * (d.Dn + d.R)}, DType::kF32);
+      const Tensor d_cache = cuda_to_device(cache), d_q = cuda_to_device(q);
+      const LinearWeight d_kv_b = to_device(kv_b);
+      Tensor out = cuda_empty({batch.tokens, heads * d.Dv}, DType::kF32);
+      cuda_fill_bytes(out, 0xFF);
+      mla.attention(d_q, d_cache, d_kv_b, device_layout(host_layout(batch)), p, out, CudaMlaPath::kAuto, 7);
+      const Tensor all = cuda_to_host(out);
+      Tensor want = testing::poisoned({batch.tokens, heads * d.Dv});
+      cpu.mla_attention(q, cache, kv_b, cpu_layout(batch), p, want);
+      EXPECT_LT(relative_error(all, want), kind == KvB::kFP8 ? 3e-2 : 2e-2) << d.name << " " << kvb_name(kind);
+      const int64_t width = heads * d.Dv;
+      for (size_t s = 0; s < seqs.size(); ++s)
+        for (int i = 0; i < seqs[s].first; ++i) {
+          if (s == 2 && i % 13 != 0 && i != seqs[s].first - 1) continue;
+          const int keys = seqs[s].second - seqs[s].first + i + 1;
+          Batch one;
+          one.q_start = {0, 1};
+          one.kv_start = {0, keys};
+          one.kv_slots.assign(batch.kv_slots.begin() + batch.kv_start[s],
+                              batch.kv_slots.begin() + batch.kv_start[s] + keys);
+          const int64_t token = batch.q_start[s] + i;
+          Tensor single = cuda_empty({1, width}, DType::kF32);
+          cuda_fill_bytes(single, 0xFF);
+          mla.attention(d_q.rows(token, 1), d_cache, d_kv_b, device_layout(host_layout(one)), p, single);
+          const Tensor got = cuda_to_host(single);
+          EXPECT_EQ(std::memcmp(got.raw(), all.data<const float>() + token * width,
+                                static_cast<size_t>(width) * sizeof(float)),
+                    0)
+              << d.name << " " << kvb_name(kind) << ": sequence " << s << " row " << i;
+        }
+    }
+  // Dims off the kernels' 8-element grid have no batch-invariant form.
+  const MlaParams odd = params_for(kOdd, 2);
+  const Batch batch = make_batch(rng, {{1, 5}}, 8, 0);
+  Tensor out = cuda_empty({1, 2 * kOdd.Dv}, DType::kF32);
+  EXPECT_THROW(mla.attention(cuda_to_device(random_tensor(rng, {1, 2 * (kOdd.Dn + kOdd.R)}, DType::kF32)),
+                             cuda_to_device(random_cache(rng, 8, kOdd.L + kOdd.R, DType::kBF16)),
+                             to_device(make_kv_b(rng, KvB::kBF16, 2 * (kOdd.Dn + kOdd.Dv), kOdd.L)),
+                             device_layout(host_layout(batch)), odd, out),
+               Error);
 }
 
 // The wgmma core (sm_90a) against the mma.sync core on the same bf16 q_full

@@ -136,21 +136,8 @@ cuda_kernels::Elem elem_of(DType t) {
                             : cuda_kernels::Elem::kF32;
 }
 
-}  // namespace
-
-bool skinny_linear_fits(const Tensor& x, const Tensor& w) {
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return x.device() == Device::kCuda && w.device() == Device::kCuda && x.rank() == 2 && w.rank() == 2 &&
-         (w.dtype() == DType::kBF16 || w.dtype() == DType::kF16) &&
-         (x.dtype() == DType::kF32 || x.dtype() == w.dtype()) && x.dim(0) >= 1 &&
-         x.dim(0) <= cuda_kernels::kGemvMaxRows && x.dim(1) == w.dim(1) && x.dim(1) % 32 == 0 && aligned(x.raw()) &&
-         aligned(w.raw());
-}
-
-void skinny_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream,
-                   int variant) {
-  BASALT_CHECK(skinny_linear_fits(x, w), "cuda skinny_linear: x {} and w {} do not qualify (see gemm.h)",
-               x.describe(), w.describe());
+void skinny_linear_unchecked(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream,
+                             int variant) {
   const int64_t M = x.dim(0), N = w.dim(0), K = x.dim(1);
   BASALT_CHECK(out.device() == Device::kCuda && (out.dtype() == DType::kF32 || out.dtype() == w.dtype()) &&
                    out.rank() == 2 && out.dim(0) == M && out.dim(1) == N,
@@ -165,6 +152,33 @@ void skinny_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor&
       cuda_kernels::gemv(elem_of(x.dtype()), elem_of(w.dtype()), elem_of(out.dtype()), x.raw(), w.raw(),
                          bias ? bias->data<const float>() : nullptr, out.raw(), M, N, K, stream, variant);
   BASALT_CHECK(status == cudaSuccess, "cuda skinny_linear: launch failed: {}", cudaGetErrorString(status));
+}
+
+}  // namespace
+
+bool row_invariant_linear_fits(const Tensor& x, const Tensor& w) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return x.device() == Device::kCuda && w.device() == Device::kCuda && x.rank() == 2 && w.rank() == 2 &&
+         (w.dtype() == DType::kBF16 || w.dtype() == DType::kF16) &&
+         (x.dtype() == DType::kF32 || x.dtype() == w.dtype()) && x.dim(0) >= 1 && x.dim(1) == w.dim(1) &&
+         x.dim(1) % 32 == 0 && aligned(x.raw()) && aligned(w.raw());
+}
+
+bool skinny_linear_fits(const Tensor& x, const Tensor& w) {
+  return row_invariant_linear_fits(x, w) && x.dim(0) <= cuda_kernels::kGemvMaxRows;
+}
+
+void row_invariant_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream) {
+  BASALT_CHECK(row_invariant_linear_fits(x, w),
+               "cuda row_invariant_linear: x {} and w {} do not qualify (see gemm.h)", x.describe(), w.describe());
+  skinny_linear_unchecked(x, w, bias, out, stream, cuda_kernels::kGemvRowInvariant);
+}
+
+void skinny_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream,
+                   int variant) {
+  BASALT_CHECK(skinny_linear_fits(x, w), "cuda skinny_linear: x {} and w {} do not qualify (see gemm.h)",
+               x.describe(), w.describe());
+  skinny_linear_unchecked(x, w, bias, out, stream, variant);
 }
 
 }  // namespace basalt

@@ -2,6 +2,8 @@
 
 #include "backend/cuda/element_types.cuh"
 
+#include <algorithm>
+#include <limits>
 #include <type_traits>
 
 namespace basalt::cuda_kernels {
@@ -92,6 +94,12 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_mma_kernel(const X* x, const
                                                                int m, int64_t n, int64_t k) {
   __shared__ float partial[kWarps][MT][kRows][8];
   let_consumer_start();
+  // Token block blockIdx.y: rows 8 * MT * blockIdx.y on (one block when m
+  // <= 8 * MT; the row-invariant form tiles any m this way).
+  const int64_t first_token = int64_t{8 * MT} * blockIdx.y;
+  x += first_token * k;
+  out += first_token * n;
+  m = static_cast<int>(min(int64_t{m} - first_token, int64_t{8 * MT}));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRows;
@@ -309,10 +317,33 @@ cudaError_t launch(const void* x, const void* w, const float* bias, void* out, i
   return status;
 }
 
+// The row-invariant form: configuration 1's arithmetic (8 warps splitting K
+// the same way, the same MMAs, the partial sums in warp order) for any m, the
+// tokens cut into blocks of 32 (grid y). Each output element depends only on
+// its token's row of x, so a row gives the same bits in a call of any size.
+template <typename X, typename W, typename O>
+cudaError_t launch_invariant(const void* x, const void* w, const float* bias, void* out, int64_t m, int64_t n,
+                             int64_t k, cudaStream_t stream) {
+  constexpr int kTileTokens = 32;  // MT = 4
+  const int64_t token_blocks = (m + kTileTokens - 1) / kTileTokens;
+  if (token_blocks > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows), static_cast<unsigned>(token_blocks));
+  const int mi = static_cast<int>(std::min<int64_t>(m, std::numeric_limits<int>::max()));
+  return launch_dependent(gemv_mma_kernel<X, W, O, kTileTokens / 8, 8, 4>, grid, 8 * 32, stream,
+                          static_cast<const X*>(x), static_cast<const W*>(w), bias, static_cast<O*>(out), mi, n, k);
+}
+
 template <typename W>
 cudaError_t launch_w(Elem x_type, Elem out_type, const void* x, const void* w, const float* bias, void* out, int64_t m,
                      int64_t n, int64_t k, int variant, cudaStream_t stream) {
   const bool out_f32 = out_type == Elem::kF32;
+  if (variant == kGemvRowInvariant) {
+    if (x_type == Elem::kF32)
+      return out_f32 ? launch_invariant<float, W, float>(x, w, bias, out, m, n, k, stream)
+                     : launch_invariant<float, W, W>(x, w, bias, out, m, n, k, stream);
+    return out_f32 ? launch_invariant<W, W, float>(x, w, bias, out, m, n, k, stream)
+                   : launch_invariant<W, W, W>(x, w, bias, out, m, n, k, stream);
+  }
   if (x_type == Elem::kF32)
     return out_f32 ? launch<float, W, float>(x, w, bias, out, m, n, k, variant, stream)
                    : launch<float, W, W>(x, w, bias, out, m, n, k, variant, stream);
@@ -324,10 +355,10 @@ cudaError_t launch_w(Elem x_type, Elem out_type, const void* x, const void* w, c
 
 cudaError_t gemv(Elem x_type, Elem w_type, Elem out_type, const void* x, const void* w, const float* bias, void* out,
                  int64_t m, int64_t n, int64_t k, cudaStream_t stream, int variant) {
-  if (m < 1 || m > kGemvMaxRows || k % 32 != 0) return cudaErrorInvalidValue;
+  if (m < 1 || (m > kGemvMaxRows && variant != kGemvRowInvariant) || k % 32 != 0) return cudaErrorInvalidValue;
   if (out_type != Elem::kF32 && out_type != w_type) return cudaErrorInvalidValue;
   if (x_type != Elem::kF32 && x_type != w_type) return cudaErrorInvalidValue;
-  if (variant < kGemvDefault || variant > 4) return cudaErrorInvalidValue;
+  if (variant < kGemvDefault || variant > kGemvRowInvariant) return cudaErrorInvalidValue;
   if (w_type == Elem::kBF16) return launch_w<bf16>(x_type, out_type, x, w, bias, out, m, n, k, variant, stream);
   if (w_type == Elem::kF16) return launch_w<__half>(x_type, out_type, x, w, bias, out, m, n, k, variant, stream);
   return cudaErrorInvalidValue;

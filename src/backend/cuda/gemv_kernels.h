@@ -6,13 +6,13 @@
 // and wait for it before reading x. Plain launcher interface (see
 // elementwise_kernels.h for why).
 //
-// Contract: 1 <= m <= kGemvMaxRows; k a multiple of 32; x and w rows 16-byte
-// aligned; w bf16 or f16 [n, k]; x f32 or w's dtype [m, k] (f32 rows are
-// rounded to w's dtype as they are read); bias f32 [n] or null; out f32 or
-// w's dtype [m, n]. f32 accumulation in a fixed order; a row's result does
-// not depend on the other rows within one kernel configuration (the default
-// changes configuration between 2 and 3 rows). Anything else returns
-// cudaErrorInvalidValue.
+// Contract: 1 <= m <= kGemvMaxRows (any m for kGemvRowInvariant); k a
+// multiple of 32; x and w rows 16-byte aligned; w bf16 or f16 [n, k]; x f32
+// or w's dtype [m, k] (f32 rows are rounded to w's dtype as they are read);
+// bias f32 [n] or null; out f32 or w's dtype [m, n]. f32 accumulation in a
+// fixed order; a row's result does not depend on the other rows within one
+// kernel configuration (the default changes configuration between 2 and 3
+// rows). Anything else returns cudaErrorInvalidValue.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,7 +29,14 @@ inline constexpr int64_t kRowKernelMaxRows = 8;
 // variant: kGemvDefault picks by m; 1..3 force a tensor-core configuration
 // (1: 8 warps x 4 chunks in flight, 2: 4 x 8, 3: 8 x 2), 4 the warp-per-row
 // kernel (m <= kRowKernelMaxRows; otherwise configuration 1). For benchmarks.
+// kGemvRowInvariant takes any m >= 1 (not only up to kGemvMaxRows) and
+// computes every row with configuration 1's arithmetic, tokens in blocks of
+// 32: a row's bits do not depend on m or on the other rows (the CUDA
+// backend's batch-invariant mode, cuda_backend.h). It reads the weights
+// once per 32 rows, so it is a decode kernel that also serves prefill, not a
+// fast GEMM.
 inline constexpr int kGemvDefault = 0;
+inline constexpr int kGemvRowInvariant = 5;
 cudaError_t gemv(Elem x_type, Elem w_type, Elem out_type, const void* x, const void* w, const float* bias, void* out,
                  int64_t m, int64_t n, int64_t k, cudaStream_t stream, int variant = kGemvDefault);
 

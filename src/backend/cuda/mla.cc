@@ -204,8 +204,9 @@ void CudaMla::attention_core(const Tensor& q_full, const Tensor& cache, const At
                "cuda mla_attention: the CUDA-core path takes an f32 q_full, got {}", q_full.describe());
   if (T == 0 || ls.num_seqs == 0) return;
   const int row_splits = cuda_kernels::mla_attention_row_splits(shape, mma);
-  const int n_splits =
-      splits > 0 ? std::clamp(splits, 1, cuda_kernels::kMlaMaxSplits) : cuda_kernels::mla_attention_splits(shape, mma);
+  const int n_splits = row_invariant_ ? 1
+                       : splits > 0  ? std::clamp(splits, 1, cuda_kernels::kMlaMaxSplits)
+                                     : cuda_kernels::mla_attention_splits(shape, mma);
   Tensor scratch;
   if (n_splits > 1) scratch = cuda_empty({cuda_kernels::mla_attention_scratch_floats(shape, n_splits)}, DType::kF32);
   launched(cuda_kernels::mla_attention(elem(q_full.dtype()), elem(cache.dtype()), elem(o_lat.dtype()), q_full.raw(),
@@ -246,9 +247,18 @@ void CudaMla::attention(const Tensor& q, const Tensor& cache, const LinearWeight
 
   // Decode-sized batches over a bf16 kv_b take one kernel per absorption;
   // larger ones cuBLAS's strided-batched GEMMs.
-  const bool small = w.dtype == DType::kBF16 &&
-                     cuda_kernels::mla_small_batch_ok(T, static_cast<int>(Dn), static_cast<int>(L),
-                                                      static_cast<int>(Dv), w.data);
+  // The batch-invariant mode takes the kernels at every T (a token's sums
+  // there do not depend on the other tokens).
+  const bool small =
+      w.dtype == DType::kBF16 &&
+      (row_invariant_ ? cuda_kernels::mla_absorb_any_batch_ok(static_cast<int>(Dn), static_cast<int>(L),
+                                                              static_cast<int>(Dv), w.data)
+                      : cuda_kernels::mla_small_batch_ok(T, static_cast<int>(Dn), static_cast<int>(L),
+                                                         static_cast<int>(Dv), w.data));
+  BASALT_CHECK(small || !row_invariant_,
+               "cuda mla_attention: the batch-invariant mode needs a bf16 or FP8 kv_b with qk_nope_head_dim, "
+               "kv_lora_rank and v_head_dim multiples of 8 (got {}, Dn {}, L {}, Dv {})",
+               kv_b.weight.describe(), Dn, L, Dv);
 
   // 1. q_full[t, h] = [q_nope(t, h) · W_uk(h) | q_pe(t, h)].
   Tensor q_full = cuda_empty({T, heads * (L + R)}, q_full_dtype);

@@ -39,8 +39,9 @@
 //    tensor-core prefill path).
 //  * Every launch goes to the backend's stream; nothing synchronises it, and
 //    grids and scratch sizes depend on shapes only, so all three ops can be
-//    recorded in CUDA graphs. Not batch invariant (split counts follow the
-//    call's shapes); each launch is deterministic.
+//    recorded in CUDA graphs. Not batch invariant by default (split counts
+//    follow the call's shapes; set_row_invariant makes it so); each launch is
+//    deterministic.
 //  * Speed (H200, V3 decode, 4096 keys per sequence, bench/README.md): on
 //    sm_90a the wgmma core (mla_wgmma_kernels.cu) runs at 44 / 213 / 239
 //    TFLOP/s at batch 1 / 32 / 128, 1.2-1.6x the mma.sync core (37 / 140 /
@@ -90,6 +91,13 @@ class CudaMla {
   void attention_core(const Tensor& q_full, const Tensor& cache, const AttentionLayout& layout,
                       const MlaParams& params, Tensor& o_lat, CudaMlaPath path = CudaMlaPath::kAuto, int splits = 0);
 
+  // Batch-invariant attention (the backend's mode): the absorption kernels
+  // for any T (a bf16 or FP8 kv_b with Dn, L, Dv multiples of 8; anything
+  // else throws) and the core unsplit, so each row's result depends on its
+  // own query, position and keys alone (the core's key tiles start at 0
+  // and rows are independent); `splits` is then ignored.
+  void set_row_invariant(bool on) { row_invariant_ = on; }
+
  private:
   struct Weight {
     const void* data = nullptr;
@@ -101,6 +109,7 @@ class CudaMla {
   void* blas_ = nullptr;  // cublasHandle_t
   void* workspace_ = nullptr;
   CudaDequantizedWeights dequantized_;
+  bool row_invariant_ = false;
 };
 
 }  // namespace basalt

@@ -183,6 +183,10 @@ __global__ void __launch_bounds__(kAbsorbThreads)
   float* qs = absorb_smem;             // [TB][Dn]
   float* red = absorb_smem + TB * Dn;  // [kAbsorbWarps][TB][kAbsorbCols]
   const int h = blockIdx.x, heads = gridDim.x;
+  // Token block blockIdx.z (more than TB tokens: the batch-invariant form).
+  q += static_cast<int64_t>(blockIdx.z) * TB * heads * (Dn + R);
+  q_full += static_cast<int64_t>(blockIdx.z) * TB * heads * (L + R);
+  T = min(T - static_cast<int>(blockIdx.z) * TB, TB);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = tid / 16, c = tid % 16;
   for (int i = tid; i < TB * Dn; i += kAbsorbThreads) {
     const int t = i / Dn, d = i % Dn;
@@ -248,6 +252,9 @@ __global__ void __launch_bounds__(kAbsorbThreads)
     mla_absorb_out_small_kernel(const O* o_lat, const bf16* kv_b, Out* out, int T, int Dn, int L, int Dv) {
   extern __shared__ float absorb_smem[];  // [TB][L]
   const int h = blockIdx.y, heads = gridDim.y;
+  o_lat += static_cast<int64_t>(blockIdx.z) * TB * heads * L;  // token block blockIdx.z, as above
+  out += static_cast<int64_t>(blockIdx.z) * TB * heads * Dv;
+  T = min(T - static_cast<int>(blockIdx.z) * TB, TB);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int i = threadIdx.x; i < TB * L; i += kAbsorbThreads) {
     const int t = i / L, l = i % L;
@@ -778,6 +785,10 @@ cudaError_t allow_absorb_smem(Kernel kernel) {
 
 }  // namespace
 
+bool mla_absorb_any_batch_ok(int nope, int latent, int v_dim, const void* kv_b) {
+  return mla_small_batch_ok(kMlaSmallBatch, nope, latent, v_dim, kv_b);
+}
+
 bool mla_small_batch_ok(int64_t tokens, int nope, int latent, int v_dim, const void* kv_b) {
   return tokens >= 1 && tokens <= kMlaSmallBatch && nope % 8 == 0 && latent % 8 == 0 && v_dim % 8 == 0 &&
          reinterpret_cast<uintptr_t>(kv_b) % 16 == 0 && absorb_q_smem(absorb_tb(tokens), nope) <= kAbsorbMaxSmem &&
@@ -789,7 +800,8 @@ cudaError_t mla_absorb_q_small(Elem q_elem, Elem q_full_elem, const void* q, con
                                cudaStream_t stream) {
   const int tb = absorb_tb(tokens);
   const size_t smem = absorb_q_smem(tb, nope);
-  const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>((latent + kAbsorbCols - 1) / kAbsorbCols));
+  const dim3 grid(static_cast<unsigned>(heads), static_cast<unsigned>((latent + kAbsorbCols - 1) / kAbsorbCols),
+                  static_cast<unsigned>((tokens + tb - 1) / tb));
   cudaError_t setup = cudaSuccess;
   const cudaError_t launch = dispatch2(q_elem, q_full_elem, [&](auto a, auto b) {
     using Q = decltype(a);
@@ -810,7 +822,8 @@ cudaError_t mla_absorb_out_small(Elem o_lat_elem, Elem out_elem, const void* o_l
                                  int64_t tokens, int heads, int nope, int latent, int v_dim, cudaStream_t stream) {
   const int tb = absorb_tb(tokens);
   const size_t smem = absorb_out_smem(tb, latent);
-  const dim3 grid(static_cast<unsigned>((v_dim + kAbsorbOutRows - 1) / kAbsorbOutRows), static_cast<unsigned>(heads));
+  const dim3 grid(static_cast<unsigned>((v_dim + kAbsorbOutRows - 1) / kAbsorbOutRows), static_cast<unsigned>(heads),
+                  static_cast<unsigned>((tokens + tb - 1) / tb));
   cudaError_t setup = cudaSuccess;
   const cudaError_t launch = dispatch2(o_lat_elem, out_elem, [&](auto a, auto b) {
     using O = decltype(a);

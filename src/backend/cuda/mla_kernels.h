@@ -59,9 +59,13 @@ cudaError_t mla_copy_q_rope(Elem q_elem, Elem q_full_elem, const void* q, void* 
 // kMlaSmallBatch), each one kernel reading a bf16 kv_b [heads * (Dn + Dv), L]
 // once (cuBLAS's strided-batched GEMMs take several launches and ~3x the
 // byte time there). Needs Dn, L and Dv multiples of 8 and a 16-byte aligned
-// kv_b. Sums in f32 over the bf16 weights.
+// kv_b. Sums in f32 over the bf16 weights. A token's sums do not depend on
+// the other tokens of the call; more than kMlaSmallBatch tokens run in
+// blocks of 16 (what the batch-invariant mode takes for any T, when
+// mla_absorb_any_batch_ok).
 inline constexpr int kMlaSmallBatch = 16;
 bool mla_small_batch_ok(int64_t tokens, int nope, int latent, int v_dim, const void* kv_b);
+bool mla_absorb_any_batch_ok(int nope, int latent, int v_dim, const void* kv_b);
 // q_full[t, h] = [q[t, h, :Dn] · W_uk(h) | q[t, h, Dn:]] (W_uk(h) = kv_b rows
 // h (Dn + Dv) .. + Dn), converted to q_full's type; q f32 or bf16.
 cudaError_t mla_absorb_q_small(Elem q_elem, Elem q_full_elem, const void* q, const void* kv_b, void* q_full,
