@@ -52,7 +52,7 @@ void skinny_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor&
 // tensors as skinny_linear but any number of rows, each row computed with
 // the tensor-core GEMV's arithmetic whatever the call's size, so a row gives
 // the same bits alone, in a verification step or in a batch
-// (gemv_kernels.h, kGemvRowInvariant). Weights are read once per 32 rows.
+// (gemv_kernels.h, kGemvRowInvariant).
 bool row_invariant_linear_fits(const Tensor& x, const Tensor& w);
 void row_invariant_linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
                           cudaStream_t stream = nullptr);

@@ -1,6 +1,7 @@
 #include "backend/cuda/gemv_kernels.h"
 
 #include "backend/cuda/element_types.cuh"
+#include "backend/cuda/mma.cuh"
 
 #include <algorithm>
 #include <limits>
@@ -317,20 +318,176 @@ cudaError_t launch(const void* x, const void* w, const float* bias, void* out, i
   return status;
 }
 
+// The row-invariant form at prefill and large-batch sizes: configuration
+// 1's arithmetic for every output element -- K's 32-wide chunks cut into the
+// same 8 ranges of ceil(chunks / 8), each range summed from zero by the same
+// two MMAs per chunk on the same register contents (lane (g, t) holds bytes
+// 16t.. of rows g and g + 8 of the chunk, as gemv_mma_kernel loads them),
+// the ranges' sums added in order, then the bias -- but on tiles of 64
+// weight rows x 64 tokens staged through shared memory (three stages of 4
+// chunks in flight, cp.async), so the weights are read once per 64 tokens
+// instead of once per 32 from L2 by every warp. Four warps, each 32 weight
+// rows x 32 tokens.
+constexpr int kTileRows = 64, kTileTokens = 64, kStageChunks = 4, kTileThreads = 128, kTileStages = 3;
+constexpr int kTileStride = kStageChunks * 32;  // elements per shared row (256 bytes)
+constexpr size_t kTileSmem = size_t{kTileStages} * (kTileRows + kTileTokens) * kTileStride * 2;  // 2-byte elements
+// Where 16-byte piece p of shared row r lives: odd rows swap the halves of
+// each 128 bytes, so the 8 lanes of a quarter warp (rows g, g + 1 at pieces
+// t) read 8 different bank groups.
+__device__ __forceinline__ int tile_offset(int row, int piece) {
+  return row * kTileStride + ((piece ^ ((row & 1) << 2)) << 3);
+}
+
+template <typename X, typename W, typename O>
+__global__ void __launch_bounds__(kTileThreads) gemm_invariant_kernel(const X* x, const W* __restrict__ w,
+                                                                      const float* __restrict__ bias,
+                                                                      O* __restrict__ out, int64_t m, int64_t n,
+                                                                      int64_t k) {
+  extern __shared__ __align__(16) unsigned char tile_smem[];
+  W* const sw = reinterpret_cast<W*>(tile_smem);              // [kTileStages][kTileRows][kTileStride]
+  W* const sx = sw + kTileStages * kTileRows * kTileStride;   // [kTileStages][kTileTokens][kTileStride]
+  let_consumer_start();
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int64_t t0 = int64_t{blockIdx.x} * kTileTokens, n0 = int64_t{blockIdx.y} * kTileRows;
+  const int wr = (warp / 2) * 32, wt = (warp % 2) * 32;
+  const int64_t chunks = k / 32, per_range = (chunks + 7) / 8;
+  const int64_t stages = (chunks + kStageChunks - 1) / kStageChunks;
+  constexpr int kPieces = kStageChunks * 4;  // 16-byte pieces per row and stage
+  const auto load_stage = [&](int64_t stage, int buf) {
+    const int64_t c0 = stage * kStageChunks;
+    const int64_t valid = min(int64_t{kStageChunks}, chunks - c0);
+    for (int p = tid; p < kTileRows * kPieces; p += kTileThreads) {
+      const int row = p / kPieces, piece = p % kPieces;
+      const bool ok = n0 + row < n && piece / 4 < valid;
+      cp_async_16_or_zero(smem_addr(sw + buf * kTileRows * kTileStride + tile_offset(row, piece)),
+                          ok ? w + (n0 + row) * k + c0 * 32 + piece * 8 : w, ok);
+    }
+    for (int p = tid; p < kTileTokens * kPieces; p += kTileThreads) {
+      const int row = p / kPieces, piece = p % kPieces;
+      const bool ok = t0 + row < m && piece / 4 < valid;
+      W* const dst = sx + buf * kTileTokens * kTileStride + tile_offset(row, piece);
+      if constexpr (sizeof(X) == 2) {
+        cp_async_16_or_zero(smem_addr(dst), ok ? x + (t0 + row) * k + c0 * 32 + piece * 8 : x, ok);
+      } else {
+        *reinterpret_cast<uint4*>(dst) =
+            ok ? load_x<X, W>(x, static_cast<int>(t0 + row), static_cast<int>(m), k, c0 * 32 + piece * 8)
+               : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+
+  float acc[2][4][4], total[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = total[i][j][e] = 0.0f;
+  wait_for_producer();  // x (and out) belong to the kernels before this one
+  for (int s = 0; s < kTileStages - 1; ++s) {
+    if (s < stages) load_stage(s, s);
+    cp_async_commit();
+  }
+  int64_t range_end = min(per_range, chunks);
+  int ranges = 0;
+  for (int64_t stage = 0; stage < stages; ++stage) {
+    const int buf = static_cast<int>(stage % kTileStages);
+    cp_async_wait<kTileStages - 2>();
+    // This stage's pieces (everyone's copies and stores) are in, and every
+    // warp is done with the buffer the next load overwrites (stage - 1's).
+    __syncthreads();
+    if (stage + kTileStages - 1 < stages)
+      load_stage(stage + kTileStages - 1, static_cast<int>((stage + kTileStages - 1) % kTileStages));
+    cp_async_commit();
+    const W* const tw = sw + buf * kTileRows * kTileStride;
+    const W* const tx = sx + buf * kTileTokens * kTileStride;
+    for (int cc = 0; cc < kStageChunks; ++cc) {
+      const int64_t c = stage * kStageChunks + cc;
+      if (c >= chunks) break;
+      uint4 lo[2], hi[2], xs[4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        lo[i] = *reinterpret_cast<const uint4*>(tw + tile_offset(wr + 16 * i + g, cc * 4 + t));
+        hi[i] = *reinterpret_cast<const uint4*>(tw + tile_offset(wr + 16 * i + g + 8, cc * 4 + t));
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        xs[j] = *reinterpret_cast<const uint4*>(tx + tile_offset(wt + 8 * j + g, cc * 4 + t));
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          mma<W>(acc[i][j], lo[i].x, hi[i].x, lo[i].y, hi[i].y, xs[j].x, xs[j].y);
+          mma<W>(acc[i][j], lo[i].z, hi[i].z, lo[i].w, hi[i].w, xs[j].z, xs[j].w);
+        }
+      if (c + 1 == range_end) {  // a range's sum joins the total, as a warp's partial does
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              total[i][j][e] += acc[i][j][e];
+              acc[i][j][e] = 0.0f;
+            }
+        ++ranges;
+        range_end = min(range_end + per_range, chunks);
+      }
+    }
+  }
+  cp_async_wait<0>();  // only empty groups remain
+  // The empty ranges past K's end add their zeros, as their warps do.
+  for (; ranges < 8; ++ranges)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) total[i][j][e] += 0.0f;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t row = n0 + wr + 16 * i + g + 8 * (e / 2);
+        const int64_t token = t0 + wt + 8 * j + 2 * t + (e & 1);
+        if (row >= n || token >= m) continue;
+        float v = total[i][j][e];
+        if (bias != nullptr) v += bias[row];
+        out[token * n + row] = from_f32<O>(v);
+      }
+}
+
+// Rows up to here take configuration 1 itself in token blocks of 32 (grid
+// y), more the tiled kernel (measured on the 8B shape, bench/README).
+constexpr int64_t kInvariantGemvMaxRows = 96;
+
 // The row-invariant form: configuration 1's arithmetic (8 warps splitting K
-// the same way, the same MMAs, the partial sums in warp order) for any m, the
-// tokens cut into blocks of 32 (grid y). Each output element depends only on
-// its token's row of x, so a row gives the same bits in a call of any size.
+// the same way, the same MMAs, the partial sums in warp order) for any m.
+// Each output element depends only on its token's row of x, so a row gives
+// the same bits in a call of any size, through either kernel.
 template <typename X, typename W, typename O>
 cudaError_t launch_invariant(const void* x, const void* w, const float* bias, void* out, int64_t m, int64_t n,
                              int64_t k, cudaStream_t stream) {
-  constexpr int kTileTokens = 32;  // MT = 4
-  const int64_t token_blocks = (m + kTileTokens - 1) / kTileTokens;
-  if (token_blocks > 65535) return cudaErrorInvalidValue;
+  const auto* xp = static_cast<const X*>(x);
+  const auto* wp = static_cast<const W*>(w);
+  auto* op = static_cast<O*>(out);
+  if (m > kInvariantGemvMaxRows) {
+    const int64_t row_tiles = (n + kTileRows - 1) / kTileRows;
+    if (row_tiles > 65535 || m >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+    static const cudaError_t configured = cudaFuncSetAttribute(
+        gemm_invariant_kernel<X, W, O>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTileSmem));
+    if (configured != cudaSuccess) return configured;
+    const dim3 grid(static_cast<unsigned>((m + kTileTokens - 1) / kTileTokens), static_cast<unsigned>(row_tiles));
+    return launch_dependent_smem(gemm_invariant_kernel<X, W, O>, grid, kTileThreads, kTileSmem, stream, xp, wp, bias,
+                                 op, m, n, k);
+  }
+  constexpr int kBlockTokens = 32;  // MT = 4
+  const int64_t token_blocks = (m + kBlockTokens - 1) / kBlockTokens;
   const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows), static_cast<unsigned>(token_blocks));
-  const int mi = static_cast<int>(std::min<int64_t>(m, std::numeric_limits<int>::max()));
-  return launch_dependent(gemv_mma_kernel<X, W, O, kTileTokens / 8, 8, 4>, grid, 8 * 32, stream,
-                          static_cast<const X*>(x), static_cast<const W*>(w), bias, static_cast<O*>(out), mi, n, k);
+  return launch_dependent(gemv_mma_kernel<X, W, O, kBlockTokens / 8, 8, 4>, grid, 8 * 32, stream, xp, wp, bias, op,
+                          static_cast<int>(m), n, k);
 }
 
 template <typename W>

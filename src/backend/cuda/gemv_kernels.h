@@ -32,9 +32,10 @@ inline constexpr int64_t kRowKernelMaxRows = 8;
 // kGemvRowInvariant takes any m >= 1 (not only up to kGemvMaxRows) and
 // computes every row with configuration 1's arithmetic, tokens in blocks of
 // 32: a row's bits do not depend on m or on the other rows (the CUDA
-// backend's batch-invariant mode, cuda_backend.h). It reads the weights
-// once per 32 rows, so it is a decode kernel that also serves prefill, not a
-// fast GEMM.
+// backend's batch-invariant mode, cuda_backend.h). Up to 96 rows it runs
+// configuration 1 itself in blocks of 32 tokens; above, a tiled kernel with
+// the same per-element arithmetic (64 x 64 tiles through shared memory), well
+// short of cuBLASLt at prefill sizes (bench/README, "Batch-invariant mode").
 inline constexpr int kGemvDefault = 0;
 inline constexpr int kGemvRowInvariant = 5;
 cudaError_t gemv(Elem x_type, Elem w_type, Elem out_type, const void* x, const void* w, const float* bias, void* out,
