@@ -3,8 +3,6 @@
 #include "backend/cuda/element_types.cuh"
 #include "backend/cuda/mma.cuh"
 
-#include <algorithm>
-#include <limits>
 #include <type_traits>
 
 namespace basalt::cuda_kernels {
