@@ -374,13 +374,18 @@ __global__ void __launch_bounds__(kTileThreads) gemm_invariant_kernel(const X* x
     }
   };
 
+  // acc: the current range's sums; total: the finished ranges'. Per warp
+  // 2 x 4 MMA tiles (weight rows 16i.., tokens 8j..) of 4 elements each.
   float acc[2][4][4], total[2][4][4];
+  const auto each = [](auto&& f) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = total[i][j][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) f(i, j, e);
+  };
+  each([&](int i, int j, int e) { acc[i][j][e] = total[i][j][e] = 0.0f; });
   wait_for_producer();  // x (and out) belong to the kernels before this one
   for (int s = 0; s < kTileStages - 1; ++s) {
     if (s < stages) load_stage(s, s);
@@ -419,15 +424,10 @@ __global__ void __launch_bounds__(kTileThreads) gemm_invariant_kernel(const X* x
           mma<W>(acc[i][j], lo[i].z, hi[i].z, lo[i].w, hi[i].w, xs[j].z, xs[j].w);
         }
       if (c + 1 == range_end) {  // a range's sum joins the total, as a warp's partial does
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              total[i][j][e] += acc[i][j][e];
-              acc[i][j][e] = 0.0f;
-            }
+        each([&](int i, int j, int e) {
+          total[i][j][e] += acc[i][j][e];
+          acc[i][j][e] = 0.0f;
+        });
         ++ranges;
         range_end = min(range_end + per_range, chunks);
       }
@@ -435,26 +435,15 @@ __global__ void __launch_bounds__(kTileThreads) gemm_invariant_kernel(const X* x
   }
   cp_async_wait<0>();  // only empty groups remain
   // The empty ranges past K's end add their zeros, as their warps do.
-  for (; ranges < 8; ++ranges)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) total[i][j][e] += 0.0f;
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t row = n0 + wr + 16 * i + g + 8 * (e / 2);
-        const int64_t token = t0 + wt + 8 * j + 2 * t + (e & 1);
-        if (row >= n || token >= m) continue;
-        float v = total[i][j][e];
-        if (bias != nullptr) v += bias[row];
-        out[token * n + row] = from_f32<O>(v);
-      }
+  for (; ranges < 8; ++ranges) each([&](int i, int j, int e) { total[i][j][e] += 0.0f; });
+  each([&](int i, int j, int e) {
+    const int64_t row = n0 + wr + 16 * i + g + 8 * (e / 2);
+    const int64_t token = t0 + wt + 8 * j + 2 * t + (e & 1);
+    if (row >= n || token >= m) return;
+    float v = total[i][j][e];
+    if (bias != nullptr) v += bias[row];
+    out[token * n + row] = from_f32<O>(v);
+  });
 }
 
 // Rows up to here take configuration 1 itself in token blocks of 32 (grid
