@@ -483,17 +483,22 @@ TEST(Cli, BatchInvariantFlag) {
   const std::vector<int> prompt = ref["greedy_prompt"];
   const std::vector<int> expected(ref["greedy_output"].begin(), ref["greedy_output"].begin() + 8);
   const std::string model = " --model " + kModels + "deepseek_v3";
-  for (const std::string& extra : {std::string(), std::string(" --speculative-algorithm mtp --speculative-num-draft-tokens 2")}) {
+  for (const std::string& extra :
+       {std::string(), std::string(" --speculative-algorithm mtp --speculative-num-draft-tokens 2")}) {
     const CliRun r = run("generate" + model + " --prompt-ids " + join(prompt) +
                          " --max-tokens 8 --temperature 0 --ignore-eos --json --batch-invariant" + extra);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(json::parse(r.out)["output_ids"].get<std::vector<int>>(), expected) << extra;
   }
-  for (const std::string& command : {"generate" + model + " --prompt-ids 1,2 --max-tokens 2", "serve" + model + " --port 0"}) {
+  for (const std::string& command :
+       {"generate" + model + " --prompt-ids 1,2 --max-tokens 2", "serve" + model + " --port 0"}) {
     SCOPED_TRACE(command);
-    const CliRun r = run(command + " --batch-invariant --fp8-compute w8a8");
+    CliRun r = run(command + " --batch-invariant --fp8-compute w8a8");
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("--batch-invariant --fp8-compute w8a8"), std::string::npos) << r.err;
+    r = run(command + " --batch-invariant --tp 2 --device cuda");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--batch-invariant --tp N --device cuda"), std::string::npos) << r.err;
   }
 }
 

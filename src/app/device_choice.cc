@@ -55,14 +55,20 @@ void apply_fp8_compute(const std::string& choice, Backend& backend) {
   backend.set_fp8_compute(choice == "w8a8" ? Fp8Compute::kW8A8 : Fp8Compute::kW8A16);
 }
 
-void check_batch_invariant(bool on, const std::string& fp8_choice) {
+void check_batch_invariant(bool on, const std::string& fp8_choice, const std::string& device,
+                           bool tensor_parallel) {
   BASALT_CHECK(!on || fp8_choice != "w8a8",
                "--batch-invariant --fp8-compute w8a8: the FP8 GEMMs choose their kernels by row count, so the "
                "batch-invariant mode multiplies FP8 weights as w8a16 (leave --fp8-compute at auto or say w8a16)");
+  BASALT_CHECK(!on || device == "cpu" || !tensor_parallel,
+               "--batch-invariant --tp N --device {}: NCCL's all-reduce sums each element in an order that depends "
+               "on the message's size, so tensor-parallel GPU ranks are not batch invariant (--dp-attention ranks "
+               "are: they exchange rows, not sums)",
+               device);
 }
 
 void apply_batch_invariant(bool on, const std::string& fp8_choice, Backend& backend) {
-  check_batch_invariant(on, fp8_choice);
+  check_batch_invariant(on, fp8_choice, std::string(backend.name()), false);
   if (!on) return;
   backend.set_batch_invariant(true);
   backend.set_fp8_compute(Fp8Compute::kW8A16);

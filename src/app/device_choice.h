@@ -29,13 +29,15 @@ void apply_fp8_compute(const std::string& choice, Backend& backend);
 // on chunking or on speculation. The CPU always is; on a GPU it turns on the
 // CUDA backend's batch-invariant kernels (slower: bench/README.md), and
 // block-FP8 weights then multiply as w8a16 ("auto" becomes w8a16; "w8a8"
-// with it throws). Call after apply_fp8_compute; check_batch_invariant
-// checks the flags before any backend exists.
+// with it throws), and tensor-parallel GPU ranks are refused (NCCL's sums
+// follow the message size). Call after apply_fp8_compute;
+// check_batch_invariant checks the flags before any backend exists.
 inline constexpr const char* kBatchInvariantHelp =
     "Compute every token the same whatever else the step holds (batch, prefill chunking, speculative "
     "verification), so greedy output is reproducible and speculation never changes it; the CPU always does, a "
     "GPU runs slower kernels for it (block-FP8 weights multiply as w8a16)";
-void check_batch_invariant(bool on, const std::string& fp8_choice);
+void check_batch_invariant(bool on, const std::string& fp8_choice, const std::string& device,
+                           bool tensor_parallel);
 void apply_batch_invariant(bool on, const std::string& fp8_choice, Backend& backend);
 // --dtype: what bf16 weights multiply with. "bfloat16" rounds the
 // activations to bf16 (core/bf16_product.h; on a GPU the tensor cores do the

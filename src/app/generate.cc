@@ -331,7 +331,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   }
 
   check_parallel_flags(f.parallel, f.speculation.algorithm);
-  check_batch_invariant(f.batch_invariant, f.fp8_compute);
+  check_batch_invariant(f.batch_invariant, f.fp8_compute, f.device, f.parallel.tp > 1 && !f.parallel.dp_attention);
   check_fp8_compute(f.fp8_compute, f.device);
   check_dtype(f.dtype, f.device);
   std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);

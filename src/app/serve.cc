@@ -102,7 +102,7 @@ void run_serve(const ServeFlags& f) {
   BASALT_CHECK(f.page_size >= 1 && f.page_size <= 4096, "--page-size must be in [1, 4096]");
   BASALT_CHECK(f.policy == "lpm" || f.policy == "fcfs", "--schedule-policy must be lpm or fcfs");
   check_parallel_flags(f.parallel, f.speculation.algorithm);
-  check_batch_invariant(f.batch_invariant, f.fp8_compute);
+  check_batch_invariant(f.batch_invariant, f.fp8_compute, f.device, f.parallel.tp > 1 && !f.parallel.dp_attention);
   check_fp8_compute(f.fp8_compute, f.device);
   check_dtype(f.dtype, f.device);
   start_startup_timeline();
