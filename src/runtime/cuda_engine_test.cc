@@ -6,8 +6,9 @@
 // (greedy, seeded top-p / top-k / min-p, penalties, logprobs) against the CPU
 // engine. Skips where no device is present.
 //
-// Near ties: the CUDA kernels are not batch invariant (cuBLASLt picks an
-// algorithm per shape, one-row linears take the skinny kernel), and the GPU
+// Near ties: the CUDA kernels are not batch invariant by default (cuBLASLt
+// picks an algorithm per shape, one-row linears take the skinny kernel; the
+// batch-invariant mode has its own exact test at the end), and the GPU
 // rounds differently from the CPU, so two runs may part where the model is
 // undecided. Outputs are therefore compared token by token, and a difference
 // is accepted only at a near tie, checked on the CPU: at the first token where
