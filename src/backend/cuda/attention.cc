@@ -140,6 +140,7 @@ void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
     launch.prefill = !launch.decode;
     launch.decode_max_q = 0;
     launch.decode_cuda_cores = path == CudaAttentionPath::kDecodeCudaCores;
+    launch.prefill_mma_sync = path == CudaAttentionPath::kPrefillMmaSync;
   }
   if (seqs > 65535) launch.decode = false, launch.prefill = true, launch.decode_max_q = 0;
   Tensor decode_scratch, tile_starts;  // back to the device cache after the op: stream-ordered reuse

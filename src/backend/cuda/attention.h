@@ -98,27 +98,36 @@
 //    the layout and its first slots before it waits for the kernel that
 //    wrote q and the new keys, and lets the next kernel launch only at its
 //    end (letting it in earlier measured slower at batch 8).
-//  * Prefill (tensor cores): FlashAttention-2 style, one block per 64 query
-//    rows of a sequence and one query head; mma.sync m16n8k16 with bf16
-//    operands and f32 accumulation; K/V tiles gathered by slot with cp.async
-//    (bf16 cache) into four shared-memory stages; causal and window tiles
-//    skipped (per warp), fully visible tiles unmasked. q, K, V and the
-//    probabilities are rounded to bf16 (an f32 cache is converted while
-//    staged), so errors are ~1e-2 relative even with f32 inputs; scores,
-//    softmax and sums are f32.
+//  * Prefill (tensor cores), one block per tile of query rows of a sequence
+//    and one query head; causal and window tiles skipped, fully visible
+//    tiles unmasked. q, K, V and the probabilities are rounded to bf16 (an
+//    f32 cache is converted while staged), so errors are ~1e-2 relative even
+//    with f32 inputs; scores, softmax and sums are f32. Two kernels:
+//    - bf16 caches with head dims that are multiples of 8 (up to 256) on an
+//      sm_90a build on Hopper: warpgroup MMA (wgmma), 128-row tiles, two
+//      warpgroups of 64 rows sharing K/V tiles of 128 keys (64 at head dim
+//      256) gathered by slot with cp.async into two 128-byte-swizzled stages
+//      (attention_prefill_wgmma.cu);
+//    - otherwise (f32 caches, other dims or GPUs): FlashAttention-2 style
+//      mma.sync m16n8k16, 64-row tiles, four warps, K/V tiles in four
+//      shared-memory stages (converted from f32 caches while staged).
 // Measured on the H200 (bench/README.md, Llama-8B heads, bf16): decode reads
 // 2.4-2.45 TB/s at batch 32 / 256 x 4096 keys (58% of the 4.18 TB/s
 // ceiling), ~1.8 TB/s at 512 keys; a batch-1 call costs ~11-18 us of GPU
-// time (512-4096 keys); prefill ~90 TFLOP/s on a 4096-token prompt.
+// time (512-4096 keys); prefill of a 4096-token prompt 345 TFLOP/s on wgmma
+// (410 at DeepSeek-V3's 192/128 dims; 92 and 63 on mma.sync), 0.71x
+// PyTorch's FlashAttention at both shapes.
 // What would make it faster: decode: more bytes in flight per SM (smaller
 // padded stages or a swizzle instead of the pad, TMA gathers) and fewer
 // fixed latencies per call at batch 1 (~11 us of GPU time for 512 keys,
 // where the 2 MB read needs 0.5 us; folding the combine into the decode
-// kernel as a last-block merge measured slower); prefill: wgmma/TMA
-// (sm_90a) with one block per GQA group sharing K/V tiles, more warps per
-// block; a per-sequence path choice in one launch (a long prompt in a
-// decode-heavy batch goes through the decode kernel, correct but slow, unless
-// the engine keeps chunked prefills in their own call); a paged page table.
+// kernel as a last-block merge measured slower); prefill: a producer
+// warpgroup (loads and stage hand-offs through mbarriers, no block barrier
+// per tile) and the next tile's S issued before this tile's softmax, as
+// FlashAttention-3 does; a per-sequence path choice in one launch (a long
+// prompt in a decode-heavy batch goes through the decode kernel, correct
+// but slow, unless the engine keeps chunked prefills in their own call); a
+// paged page table.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -143,8 +152,10 @@ void cuda_store_kv(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor
 // holds: a decode row, the same row in a verification or in a prefill give
 // the same bits. It gives up split-KV (a long context at a small batch
 // runs on few blocks) and the prefill kernel (prompts run through the
-// decode kernel's passes); decode_splits is ignored.
-enum class CudaAttentionPath : uint8_t { kAuto, kDecode, kPrefill, kDecodeCudaCores, kRowInvariant };
+// decode kernel's passes); decode_splits is ignored. kPrefill takes the
+// wgmma prefill kernel where it applies; kPrefillMmaSync is kPrefill on the
+// mma.sync kernel everywhere.
+enum class CudaAttentionPath : uint8_t { kAuto, kDecode, kPrefill, kDecodeCudaCores, kRowInvariant, kPrefillMmaSync };
 inline constexpr int64_t kDecodeMaxAverageRows = 4;
 inline constexpr int64_t kPrefillMinExtraRows = 64;
 

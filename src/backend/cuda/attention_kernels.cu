@@ -1,6 +1,8 @@
 #include "backend/cuda/attention_kernels.h"
 
+#include "backend/cuda/attention_core.cuh"
 #include "backend/cuda/element_types.cuh"
+#include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/mma.cuh"
 
 #include <cmath>
@@ -9,10 +11,6 @@
 
 namespace basalt::cuda_kernels {
 namespace {
-
-__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
-
-constexpr float kLog2e = 1.4426950408889634f;
 
 // ---------------------------------------------------------------------------
 // store_kv: one block per token; a slot outside [0, num_slots) (a negative
@@ -36,69 +34,6 @@ template <typename F>
 void with_type(Elem code, F&& f) {
   if (code == Elem::kF32) f(float{});
   else f(bf16{});
-}
-
-// Everything both attention paths read. Row r of q is [num_heads, head_dim],
-// of out [num_heads, v_head_dim]; a cache row is [num_kv_heads, dim].
-struct Args {
-  const void* q;
-  const void* k_cache;
-  const void* v_cache;
-  void* out;
-  float* part_o;   // decode with splits > 1: [splits][q_tokens][num_heads][v_head_dim]
-  float* part_ml;  // [splits][q_tokens][num_heads][2]: running max (log2 domain), sum
-  const int32_t* q_start;
-  const int32_t* kv_start;
-  const int32_t* kv_slots;
-  int num_seqs;
-  int64_t q_tokens;
-  int64_t kv_slots_len;
-  int64_t num_slots;
-  int num_heads, num_kv_heads, group, head_dim, v_head_dim;
-  float scale_log2;  // softmax scale * log2(e): scores live in the log2 domain
-  int sliding_window;
-  int splits;
-  int row_splits;  // decode: the passes of RT rows are dealt round-robin over this many blocks
-  bool q_bf16, out_bf16;
-  // Decode: a pass's keys start at 0 even under a sliding window (the
-  // window is then only a mask), so tiles sit at fixed key offsets whatever
-  // rows share the pass (the batch-invariant launch).
-  bool keys_from_zero;
-  // Sequences with q_len <= decode_max_q belong to the decode kernel (and the
-  // combine), the others to the prefill kernel; each kernel skips the other's.
-  int64_t decode_max_q;
-  // Prefill: tile_start[s] = the first prefill tile of sequence s (exclusive
-  // prefix of its tile count), tile_start[num_seqs] = the total; written by
-  // plan_kernel on the device.
-  int32_t* tile_start;
-};
-
-__device__ __forceinline__ float load_q(const Args& a, int64_t i) {
-  return a.q_bf16 ? __bfloat162float(static_cast<const bf16*>(a.q)[i]) : static_cast<const float*>(a.q)[i];
-}
-
-__device__ __forceinline__ void store_out(const Args& a, int64_t i, float v) {
-  if (a.out_bf16) static_cast<bf16*>(a.out)[i] = __float2bfloat16_rn(v);
-  else static_cast<float*>(a.out)[i] = v;
-}
-
-// The sequence's bounds as read from the layout, and whether they make sense
-// (a bad layout gives NaN rows; the engine never builds one).
-struct SeqBounds {
-  int64_t q_begin, q_len, kv_begin, kv_len;
-  bool bad;
-};
-
-__device__ __forceinline__ SeqBounds seq_bounds(const Args& a, int s) {
-  SeqBounds b;
-  b.q_begin = a.q_start[s];
-  const int64_t q_end = a.q_start[s + 1];
-  b.kv_begin = a.kv_start[s];
-  const int64_t kv_end = a.kv_start[s + 1];
-  b.q_len = q_end > b.q_begin ? q_end - b.q_begin : 0;
-  b.kv_len = kv_end - b.kv_begin;
-  b.bad = b.q_begin < 0 || q_end > a.q_tokens || b.kv_begin < 0 || kv_end < b.kv_begin || kv_end > a.kv_slots_len;
-  return b;
 }
 
 // ===========================================================================
@@ -205,7 +140,8 @@ constexpr size_t decode_staged_smem_bytes() {
 // split's partials otherwise. red_o(w, i, d) is warp w's output of row i,
 // feature d. A poisoned pass (bad slot or layout) writes NaN.
 template <int NW, int RT, typename RedO>
-__device__ __forceinline__ void write_pass_rows(const Args& a, const SeqBounds& b, int64_t r0, int64_t total_rows,
+__device__ __forceinline__ void write_pass_rows(const AttentionArgs& a, const SeqBounds& b, int64_t r0,
+                                                int64_t total_rows,
                                                 int kv_head, int split, bool poisoned, const float (&red_m)[NW][RT],
                                                 const float (&red_l)[NW][RT], RedO red_o) {
   const int group = a.group, Dv = a.v_head_dim;
@@ -241,7 +177,7 @@ __device__ __forceinline__ void write_pass_rows(const Args& a, const SeqBounds& 
 }
 
 template <typename Cache, int VEC, int LPK, int CPL, int RT, bool kStaged>
-__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
+__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(AttentionArgs a) {
   constexpr int NW = kDecodeWarps, KG = 32 / LPK, EPL = CPL * VEC;
   constexpr int U = kStaged ? kDecodeStagedUnroll : kDecodeUnroll;
   constexpr int kWidth = LPK * EPL;  // >= max(head_dim, v_head_dim)
@@ -542,7 +478,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(Args a) {
 // would wait out one latency per split). A row that no sequence covers is NaN.
 constexpr int kCombineThreads = 128;
 
-__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(Args a) {
+__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(AttentionArgs a) {
   __shared__ float weight[kAttentionMaxSplits];
   const int64_t row = blockIdx.x;
   const int head = static_cast<int>(blockIdx.y);
@@ -649,6 +585,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(Args a)
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillThreads = kPrefillWarps * 32;
 constexpr int kPrefillBM = 16 * kPrefillWarps;
+constexpr int kWgmmaPrefillRows = 128;  // attention_prefill_wgmma.cu's tile
 
 template <int DMAX>
 struct PrefillTile {
@@ -662,7 +599,7 @@ struct PrefillTile {
 
 // kAsync: bf16 cache, head dims multiples of 8 and 16-byte aligned bases.
 template <int DMAX, typename Cache, bool kAsync>
-__global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(Args a) {
+__global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(AttentionArgs a) {
   using Tile = PrefillTile<DMAX>;
   constexpr int BM = kPrefillBM, BN = Tile::BN, LD = Tile::LD;
   constexpr float kNegInf = -INFINITY;
@@ -970,7 +907,7 @@ struct MmaDecodeTile {
 };
 
 template <int DMAX>
-__global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(Args a) {
+__global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(AttentionArgs a) {
   using Tile = MmaDecodeTile<DMAX>;
   constexpr int NW = kDecodeWarps, RT = kMmaDecodeRows, BN = kMmaDecodeBN, NS = kMmaDecodeStages, LD = Tile::LD;
   constexpr float kNegInf = -INFINITY;
@@ -1212,12 +1149,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(Args a) {
 
 // The prefill plan: tile_start[s] = the number of prefill tiles of the
 // sequences before s (a sequence with q_len > decode_max_q has ceil(q_len /
-// 64) tiles, the others none), tile_start[num_seqs] = the total. One block
+// prefill_rows) tiles, the others none), tile_start[num_seqs] = the total. One block
 // scans the layout 256 sequences at a time (warp scans, then the warps'
 // totals through shared memory).
 constexpr int kPlanThreads = 256;
 
-__global__ void __launch_bounds__(kPlanThreads) plan_kernel(Args a) {
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttentionArgs a) {
   __shared__ int64_t warp_sums[kPlanThreads / 32];
   __shared__ int64_t carry_s;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -1228,7 +1165,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(Args a) {
     int64_t count = 0;
     if (s < a.num_seqs) {
       const int64_t q_len = int64_t{a.q_start[s + 1]} - a.q_start[s];
-      if (q_len > a.decode_max_q && q_len > 0) count = (q_len + kPrefillBM - 1) / kPrefillBM;
+      if (q_len > a.decode_max_q && q_len > 0) count = (q_len + a.prefill_rows - 1) / a.prefill_rows;
     }
     int64_t inclusive = count;
 #pragma unroll
@@ -1297,7 +1234,7 @@ int decode_rows_per_pass(const AttentionShape& s) {
 }
 
 template <typename Cache, int VEC, int LPK, int CPL, int RT, bool kStaged>
-void launch_decode_kernel(const Args& args, dim3 grid, cudaStream_t stream) {
+void launch_decode_kernel(const AttentionArgs& args, dim3 grid, cudaStream_t stream) {
   if constexpr (kStaged) {
     constexpr size_t smem = decode_staged_smem_bytes<LPK, CPL, VEC, Cache>();
     static const cudaError_t configured = [] {
@@ -1318,7 +1255,7 @@ void launch_decode_kernel(const Args& args, dim3 grid, cudaStream_t stream) {
 }
 
 template <typename Cache, int VEC, int LPK, int CPL>
-void launch_decode_rt(const Args& args, int rt, bool staged, dim3 grid, cudaStream_t stream) {
+void launch_decode_rt(const AttentionArgs& args, int rt, bool staged, dim3 grid, cudaStream_t stream) {
   if constexpr (CPL == 1 && VEC * sizeof(Cache) == 16) {
     if (staged) {
       if (rt == 4) launch_decode_kernel<Cache, VEC, LPK, CPL, 4, true>(args, grid, stream);
@@ -1331,7 +1268,7 @@ void launch_decode_rt(const Args& args, int rt, bool staged, dim3 grid, cudaStre
 }
 
 template <typename Cache>
-void launch_decode(const Args& args, const DecodeGeometry& geo, int rt, bool staged, dim3 grid,
+void launch_decode(const AttentionArgs& args, const DecodeGeometry& geo, int rt, bool staged, dim3 grid,
                    cudaStream_t stream) {
   constexpr int V = 16 / sizeof(Cache);
   if (geo.vec == 1) launch_decode_rt<Cache, 1, 32, 8>(args, rt, false, grid, stream);
@@ -1342,7 +1279,7 @@ void launch_decode(const Args& args, const DecodeGeometry& geo, int rt, bool sta
 }
 
 template <int DMAX>
-void launch_decode_mma(const Args& args, dim3 grid, cudaStream_t stream) {
+void launch_decode_mma(const AttentionArgs& args, dim3 grid, cudaStream_t stream) {
   constexpr size_t smem = MmaDecodeTile<DMAX>::kSmemBytes;
   static const cudaError_t configured = [] {
     cudaError_t status = cudaFuncSetAttribute(decode_mma_kernel<DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1358,7 +1295,7 @@ void launch_decode_mma(const Args& args, dim3 grid, cudaStream_t stream) {
 }
 
 template <int DMAX, typename Cache, bool kAsync>
-void launch_prefill_dmax(const Args& args, dim3 grid, cudaStream_t stream) {
+void launch_prefill_dmax(const AttentionArgs& args, dim3 grid, cudaStream_t stream) {
   constexpr size_t smem = PrefillTile<DMAX>::kSmemBytes;
   // Raise the dynamic shared-memory limit once per instantiation (it is a
   // function attribute, not a stream operation, so capture is unaffected).
@@ -1371,7 +1308,7 @@ void launch_prefill_dmax(const Args& args, dim3 grid, cudaStream_t stream) {
 }
 
 template <typename Cache, bool kAsync>
-void launch_prefill(const Args& args, int widest, dim3 grid, cudaStream_t stream) {
+void launch_prefill(const AttentionArgs& args, int widest, dim3 grid, cudaStream_t stream) {
   if (widest <= 64) launch_prefill_dmax<64, Cache, kAsync>(args, grid, stream);
   else if (widest <= 128) launch_prefill_dmax<128, Cache, kAsync>(args, grid, stream);
   else launch_prefill_dmax<256, Cache, kAsync>(args, grid, stream);
@@ -1439,18 +1376,25 @@ int64_t attention_decode_scratch_floats(const AttentionShape& s, int splits) {
   return int64_t{splits} * s.q_tokens * s.num_heads * (s.v_head_dim + 2);
 }
 
-int64_t attention_prefill_tiles(const AttentionShape& s, int64_t decode_max_q) {
+int64_t attention_prefill_tiles(const AttentionShape& s, int64_t decode_max_q, int rows_per_tile) {
   // Each prefill sequence has more than decode_max_q rows, so there are at
   // most T / (decode_max_q + 1) of them, each adding at most one partial tile.
   int64_t long_seqs = s.q_tokens / (decode_max_q + 1);
   if (long_seqs > s.num_seqs) long_seqs = s.num_seqs;
-  return (s.q_tokens + kPrefillBM - 1) / kPrefillBM + long_seqs;
+  return (s.q_tokens + rows_per_tile - 1) / rows_per_tile + long_seqs;
+}
+
+bool attention_prefill_on_wgmma(Elem cache, const void* q, const void* k_cache, const void* v_cache, const void* out,
+                                const AttentionShape& shape) {
+  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  return cache == Elem::kBF16 && attention_prefill_wgmma_fits(shape.head_dim, shape.v_head_dim) &&
+         aligned(q, 16) && aligned(k_cache, 16) && aligned(v_cache, 16) && aligned(out, 8) && wgmma_available();
 }
 
 cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, const void* k_cache, const void* v_cache,
                       const int32_t* q_start, const int32_t* kv_start, const int32_t* kv_slots,
                       const AttentionShape& shape, const AttentionLaunch& launch, void* out, cudaStream_t stream) {
-  Args args{};
+  AttentionArgs args{};
   args.q = q;
   args.k_cache = k_cache;
   args.v_cache = v_cache;
@@ -1479,14 +1423,19 @@ cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, con
 
   if (launch.prefill) {
     args.splits = 1;
+    const bool wgmma =
+        !launch.prefill_mma_sync && attention_prefill_on_wgmma(cache, q, k_cache, v_cache, out, shape);
+    args.prefill_rows = wgmma ? kWgmmaPrefillRows : kPrefillBM;
     plan_kernel<<<1, kPlanThreads, 0, stream>>>(args);
-    const int64_t tiles = attention_prefill_tiles(shape, args.decode_max_q);
+    const int64_t tiles = attention_prefill_tiles(shape, args.decode_max_q, args.prefill_rows);
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(shape.num_heads));
     const bool async = cache == Elem::kBF16 && aligned && shape.head_dim % 8 == 0 && shape.v_head_dim % 8 == 0;
-    if (cache == Elem::kF32) launch_prefill<float, false>(args, widest, grid, stream);
+    cudaError_t status = cudaSuccess;
+    if (wgmma) status = launch_attention_prefill_wgmma(args, grid, stream);
+    else if (cache == Elem::kF32) launch_prefill<float, false>(args, widest, grid, stream);
     else if (async) launch_prefill<bf16, true>(args, widest, grid, stream);
     else launch_prefill<bf16, false>(args, widest, grid, stream);
-    const cudaError_t status = cudaGetLastError();
+    if (status == cudaSuccess) status = cudaGetLastError();
     if (status != cudaSuccess) return status;
   }
   if (launch.decode) {

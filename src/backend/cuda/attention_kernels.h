@@ -55,8 +55,15 @@ int attention_decode_splits(Elem cache, const AttentionShape& shape);
 // cache type only (the tensor-core decode kernel's passes are 16 rows).
 int attention_decode_row_splits(Elem cache, const AttentionShape& shape);
 int64_t attention_decode_scratch_floats(const AttentionShape& shape, int splits);
-// The prefill grid's tile count (a bound from sizes; surplus blocks exit).
-int64_t attention_prefill_tiles(const AttentionShape& shape, int64_t decode_max_q);
+// The prefill grid's tile count for tiles of rows_per_tile query rows (a
+// bound from sizes; surplus blocks exit).
+int64_t attention_prefill_tiles(const AttentionShape& shape, int64_t decode_max_q, int rows_per_tile);
+// Whether the prefill runs on the wgmma kernel for these operands (unless
+// AttentionLaunch::prefill_mma_sync): bf16 caches, head dims multiples of 8,
+// q and the caches 16-byte aligned, out 8-byte aligned, an sm_90a build on a
+// Hopper GPU. Otherwise the mma.sync kernel runs.
+bool attention_prefill_on_wgmma(Elem cache, const void* q, const void* k_cache, const void* v_cache, const void* out,
+                                const AttentionShape& shape);
 
 // What one attention call launches (attention.h explains the paths).
 struct AttentionLaunch {
@@ -70,6 +77,9 @@ struct AttentionLaunch {
   // Decode on the CUDA-core kernels even where the tensor-core one applies
   // (bf16 caches, head dims multiples of 8 up to 128): benchmarks compare.
   bool decode_cuda_cores = false;
+  // The prefill on the mma.sync kernel even where the wgmma one applies
+  // (attention_prefill_on_wgmma): tests and benchmarks compare.
+  bool prefill_mma_sync = false;
   // The decode kernels start every pass's keys at 0 (a sliding window only
   // masks): with splits 1, each row's sums then run over the same tiles
   // whatever the call holds.

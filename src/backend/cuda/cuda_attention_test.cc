@@ -1,11 +1,13 @@
 // The CUDA store_kv and attention ops against the scalar reference ops, on
 // random inputs with outputs poisoned (NaN) before each call, every case run
 // through both attention paths (split-KV decode, on tensor cores and on CUDA
-// cores, and tensor-core prefill, forced) and the automatic choice: batches
+// cores, and tensor-core prefill, forced: on wgmma where it applies and on
+// mma.sync) and the automatic choice: batches
 // of decode, prefill and mixed extend/decode sequences of different lengths
 // in one call, with slots scattered over the pool; GQA ratios 1, 4 and 8;
 // head dims 64, 128, 256 and odd ones (80; 96 keys with 64-wide values; 64
-// keys with 128-wide values; 36 and 17/9, which take the scalar fallbacks);
+// keys with 128-wide values; DeepSeek's expanded 192/128; 36 and 17/9, which
+// take the scalar fallbacks); prompts of several 128-row tiles;
 // kv lengths 1..5000 mixed in one batch; sliding window on and off; f32 and
 // bf16 queries, outputs and caches (q and out of different dtypes too); the
 // graph-padding cases (queries at negative positions give zero rows,
@@ -50,19 +52,22 @@ using Path = CudaAttentionPath;
 // Every case runs: the decode path with its own split count, the decode path
 // with 5 splits (so the combine kernel runs whatever the shapes), the decode
 // path on its CUDA-core kernels with 3 splits (bf16 caches up to head dim 128
-// otherwise take the tensor-core decode kernel), the prefill path, the
-// automatic choice and the batch-invariant path.
+// otherwise take the tensor-core decode kernel), the prefill path (on wgmma
+// where it applies), the prefill path on its mma.sync kernel, the automatic
+// choice and the batch-invariant path.
 struct Variant {
   Path path;
   int splits;
 };
 const Variant kPaths[] = {{Path::kDecode, 0},  {Path::kDecode, 5}, {Path::kDecodeCudaCores, 3},
-                          {Path::kPrefill, 0}, {Path::kAuto, 0},  {Path::kRowInvariant, 0}};
+                          {Path::kPrefill, 0}, {Path::kAuto, 0},  {Path::kRowInvariant, 0},
+                          {Path::kPrefillMmaSync, 0}};
 
 std::string path_name(Variant v) {
   const char* name = v.path == Path::kDecode            ? "decode"
                      : v.path == Path::kDecodeCudaCores ? "decode on CUDA cores"
                      : v.path == Path::kPrefill         ? "prefill"
+                     : v.path == Path::kPrefillMmaSync  ? "prefill on mma.sync"
                      : v.path == Path::kRowInvariant    ? "row-invariant"
                                                         : "auto";
   return v.splits > 0 ? std::string(name) + " (" + std::to_string(v.splits) + " splits)" : std::string(name);
@@ -132,7 +137,7 @@ AttentionParams params_of(const Config& c) {
 }
 
 double tolerance(const Config& c, Variant v) {
-  if (v.path == Path::kPrefill || v.path == Path::kAuto) return 2e-2;
+  if (v.path == Path::kPrefill || v.path == Path::kPrefillMmaSync || v.path == Path::kAuto) return 2e-2;
   return c.act == DType::kF32 && c.cache == DType::kF32 && c.out_dtype() == DType::kF32 ? 1e-5 : 1e-2;
 }
 
@@ -164,8 +169,8 @@ std::vector<Tensor> check_attention(TestRng& rng, const std::vector<Seq>& seqs, 
 
 const DType kTypes[] = {DType::kF32, DType::kBF16};
 const std::pair<int, int> kGqa[] = {{4, 4}, {8, 2}, {16, 2}};  // ratios 1, 4, 8
-const std::pair<int, int> kDims[] = {{64, 64}, {128, 128}, {256, 256}, {80, 80},
-                                     {96, 64}, {64, 128},  {36, 36},   {17, 9}};
+const std::pair<int, int> kDims[] = {{64, 64}, {128, 128}, {256, 256}, {80, 80}, {96, 64},
+                                     {64, 128}, {192, 128}, {36, 36},   {17, 9}};
 
 void check_all_configs(const std::vector<Seq>& seqs, const std::vector<int>& windows) {
   TestRng rng;
@@ -184,6 +189,19 @@ TEST(CudaAttention, DecodeBatches) {
 TEST(CudaAttention, PrefillBatches) {
   REQUIRE_DEVICE();
   check_all_configs({{1, 1}, {17, 17}, {90, 90}, {64, 64}, {130, 130}}, {0, 37});
+}
+
+TEST(CudaAttention, LongPromptsAndExtends) {
+  REQUIRE_DEVICE();
+  // Prompts of several 128-row tiles (the wgmma prefill's), ragged last
+  // tiles, an extend whose rows start mid-tile over a long prefix, and one
+  // that ends a row short of a tile; windows shorter and longer than a tile.
+  TestRng rng;
+  const std::vector<Seq> seqs = {{300, 300}, {129, 129}, {257, 1000}, {127, 127}, {1, 40}};
+  for (int window : {0, 100})
+    for (auto [d, dv] : {std::pair{128, 128}, std::pair{192, 128}, std::pair{64, 64}, std::pair{256, 256}})
+      check_attention(rng, seqs, {4, 2, d, dv, window, window == 0 ? DType::kBF16 : DType::kF32, DType::kBF16});
+  check_attention(rng, {{300, 800}}, {4, 2, 128, 128, 700, DType::kBF16, DType::kBF16});
 }
 
 TEST(CudaAttention, MixedExtendAndDecodeBatches) {
@@ -376,18 +394,23 @@ TEST(CudaStoreKv, OutOfRangeSlotsWriteNothing) {
 TEST(CudaAttention, BadSlotsInTheLayoutGiveNaNRows) {
   REQUIRE_DEVICE();
   const Config c{2, 1, 64, 64, 0, DType::kF32, DType::kF32};
-  const Tensor k_cache = cuda_to_device(Tensor::zeros({8, 64}, DType::kF32));
-  const Tensor v_cache = cuda_to_device(Tensor::zeros({8, 64}, DType::kF32));
   const Tensor q = cuda_to_device(Tensor::zeros({2, 128}, DType::kF32));
-  // Sequence 0 reads slot 9 of 8; sequence 1 is fine.
+  // Sequence 0 reads slot 9 of 8; sequence 1 is fine. f32 and bf16 caches
+  // (the latter reach the wgmma prefill kernel).
   const AttentionLayout layout{testing::i32_tensor({0, 1, 2}), testing::i32_tensor({0, 2, 3}),
                                testing::i32_tensor({1, 9, 3})};
-  for (Variant path : kPaths) {
-    Tensor out = device_poisoned({2, 128}, DType::kF32);
-    cuda_attention(q, k_cache, v_cache, to_device(layout), params_of(c), out, nullptr, path.path, path.splits);
-    const Tensor host = cuda_to_host(out);
-    for (int i = 0; i < 128; ++i) EXPECT_TRUE(std::isnan(host.data<float>()[i])) << path_name(path) << " " << i;
-    for (int i = 128; i < 256; ++i) EXPECT_EQ(host.data<float>()[i], 0.0f) << path_name(path) << " " << i;
+  for (DType cache : kTypes) {
+    const Tensor k_cache = cuda_to_device(Tensor::zeros({8, 64}, cache));
+    const Tensor v_cache = cuda_to_device(Tensor::zeros({8, 64}, cache));
+    for (Variant path : kPaths) {
+      Tensor out = device_poisoned({2, 128}, DType::kF32);
+      cuda_attention(q, k_cache, v_cache, to_device(layout), params_of(c), out, nullptr, path.path, path.splits);
+      const Tensor host = cuda_to_host(out);
+      for (int i = 0; i < 128; ++i)
+        EXPECT_TRUE(std::isnan(host.data<float>()[i])) << dtype_name(cache) << " " << path_name(path) << " " << i;
+      for (int i = 128; i < 256; ++i)
+        EXPECT_EQ(host.data<float>()[i], 0.0f) << dtype_name(cache) << " " << path_name(path) << " " << i;
+    }
   }
 }
 

@@ -11,6 +11,11 @@ namespace basalt::cuda_kernels {
 
 using bf16 = __nv_bfloat16;
 
+// A quiet NaN (what poisoned rows are written as), and log2(e) for kernels
+// that keep softmax scores in the log2 domain.
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
+constexpr float kLog2e = 1.4426950408889634f;
+
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }

@@ -21,8 +21,6 @@
 
 namespace basalt::cuda_kernels {
 
-__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
-constexpr float kLog2e = 1.4426950408889634f;
 
 struct MlaArgs {
   const void* q;  // q_full [T, heads, L + R]
