@@ -8,8 +8,12 @@
 //    causal work (4 * head_dim flops per visible (query, key) pair and head),
 //    next to ~700 TFLOP/s dense bf16.
 // Each case also runs the other paths, forced, for comparison ("dec-cuda": the
-// decode path on its CUDA-core kernels instead of the tensor-core one), and
-// two decode cases rerun with each sequence's keys in consecutive slots.
+// decode path on its CUDA-core kernels instead of the tensor-core one;
+// "prefill-mma": the prefill on its mma.sync kernel where the wgmma one
+// applies), and two decode cases rerun with each sequence's keys in
+// consecutive slots. --heads and --dims change the shape (DeepSeek-V3's
+// expanded MLA prefill: --heads 128,128 --dims 192,128), --only decode or
+// prefill runs those cases alone.
 //
 // Times: "event us" is the median of CUDA events around each host call (it
 // includes the host's launch work between the events, which dominates tiny
@@ -20,7 +24,7 @@
 // rotating over enough layouts that consecutive calls never find their keys
 // in the 50 MB L2.
 //
-// Usage: basalt_bench_cuda_attention [--repeats N]
+// Usage: basalt_bench_cuda_attention [--repeats N] [--heads Q,KV] [--dims K,V] [--only decode|prefill]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -43,7 +47,6 @@ namespace {
 
 using namespace basalt;
 
-constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
 constexpr double kReadCeiling = 4.18e12;  // bytes/s
 constexpr double kBf16Peak = 700e12;      // flop/s, dense bf16
 constexpr int64_t kL2Bytes = 50ll << 20;
@@ -102,12 +105,36 @@ struct Result {
   bool decode;
 };
 
+// "A,B" as two positive ints, or false.
+bool parse_pair(const char* text, int& a, int& b) {
+  return std::sscanf(text, "%d,%d", &a, &b) == 2 && a > 0 && b > 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int repeats = 100;
+  int heads = 32, kv_heads = 8, head_dim = 128, v_head_dim = 128;  // Llama-3.1-8B
+  std::string only;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) repeats = std::max(5, std::atoi(argv[++i]));
+    const bool has_value = i + 1 < argc;
+    if (std::strcmp(argv[i], "--repeats") == 0 && has_value) {
+      repeats = std::max(5, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--heads") == 0 && has_value && parse_pair(argv[i + 1], heads, kv_heads) &&
+               heads % kv_heads == 0) {
+      ++i;
+    } else if (std::strcmp(argv[i], "--dims") == 0 && has_value && parse_pair(argv[i + 1], head_dim, v_head_dim) &&
+               head_dim <= 256 && v_head_dim <= 256) {
+      ++i;
+    } else if (std::strcmp(argv[i], "--only") == 0 && has_value &&
+               (std::strcmp(argv[i + 1], "decode") == 0 || std::strcmp(argv[i + 1], "prefill") == 0)) {
+      only = argv[++i];
+    } else {
+      std::fprintf(stderr,
+                   "usage: basalt_bench_cuda_attention [--repeats N] [--heads Q,KV] [--dims K,V] "
+                   "[--only decode|prefill]\n");
+      return 2;
+    }
   }
   if (!cuda_available()) {
     std::fprintf(stderr, "no CUDA device\n");
@@ -121,23 +148,28 @@ int main(int argc, char** argv) {
       {"decode b32 ctx4096 contig", 32, 1, 4096, true, true},
       {"decode b256 ctx4096 contig", 256, 1, 4096, true, true},
   };
-  const int64_t token_bytes = int64_t{kKvHeads} * kHeadDim * 2 * 2;  // K + V, bf16
+  std::vector<Case> chosen;
+  for (const Case& c : cases)
+    if (only.empty() || (only == "decode") == c.decode) chosen.push_back(c);
+  const int64_t token_bytes = int64_t{kv_heads} * (head_dim + v_head_dim) * 2;  // K + V, bf16
   int64_t pool = (512ll << 20) / token_bytes;
-  for (const Case& c : cases) pool = std::max<int64_t>(pool, int64_t{c.seqs} * c.kv_len);
+  for (const Case& c : chosen) pool = std::max<int64_t>(pool, int64_t{c.seqs} * c.kv_len);
   std::printf("KV pool: %lld slots (%.0f MB of K + V)\n", static_cast<long long>(pool),
               static_cast<double>(pool * token_bytes) / 1e6);
-  const Tensor k_cache = random_device({pool, int64_t{kKvHeads} * kHeadDim});
-  const Tensor v_cache = random_device({pool, int64_t{kKvHeads} * kHeadDim});
+  std::printf("shape: %d query heads, %d kv heads, head dims %d / %d\n", heads, kv_heads, head_dim, v_head_dim);
+  const Tensor k_cache = random_device({pool, int64_t{kv_heads} * head_dim});
+  const Tensor v_cache = random_device({pool, int64_t{kv_heads} * v_head_dim});
   std::mt19937_64 rng(7);
   std::vector<int32_t> perm(static_cast<size_t>(pool));
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
 
   AttentionParams params;
-  params.num_heads = kHeads;
-  params.num_kv_heads = kKvHeads;
-  params.head_dim = params.v_head_dim = kHeadDim;
-  params.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  params.num_heads = heads;
+  params.num_kv_heads = kv_heads;
+  params.head_dim = head_dim;
+  params.v_head_dim = v_head_dim;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
 
   cudaEvent_t start, stop;
   BASALT_CUDA_CHECK(cudaEventCreate(&start));
@@ -147,7 +179,7 @@ int main(int argc, char** argv) {
   BASALT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::printf("%-27s %-8s %6s %10s %10s %12s %8s\n", "case", "path", "splits", "event us", "GPU us", "GB/s|TFLOP/s",
               "of peak");
-  for (const Case& c : cases) {
+  for (const Case& c : chosen) {
     const int64_t tokens = int64_t{c.seqs} * c.q_len, keys = int64_t{c.seqs} * c.kv_len;
     // Enough layouts that consecutive calls touch more than 2x the L2.
     const int layouts = static_cast<int>(std::clamp<int64_t>((2 * kL2Bytes) / (keys * token_bytes) + 2, 2, 64));
@@ -164,27 +196,32 @@ int main(int argc, char** argv) {
       }
       layout_list.push_back({device_i32(q_start), device_i32(kv_start), device_i32(slots)});
     }
-    const Tensor q = random_device({tokens, int64_t{kHeads} * kHeadDim});
-    Tensor out = cuda_empty({tokens, int64_t{kHeads} * kHeadDim}, DType::kBF16);
+    const Tensor q = random_device({tokens, int64_t{heads} * head_dim});
+    Tensor out = cuda_empty({tokens, int64_t{heads} * v_head_dim}, DType::kBF16);
     // Causal work: query i of a prompt sees kv_len - q_len + i + 1 keys.
     double pairs = 0;
     for (int i = 0; i < c.q_len; ++i) pairs += c.kv_len - c.q_len + i + 1;
-    const double flops = 4.0 * kHeadDim * kHeads * pairs * c.seqs;
+    const double flops = 2.0 * (head_dim + v_head_dim) * heads * pairs * c.seqs;
     const double bytes = static_cast<double>(keys) * token_bytes;
     cuda_kernels::AttentionShape shape;
     shape.q_tokens = tokens;
     shape.num_seqs = c.seqs;
     shape.kv_slots_len = keys;
-    shape.num_heads = kHeads;
-    shape.num_kv_heads = kKvHeads;
-    shape.head_dim = shape.v_head_dim = kHeadDim;
+    shape.num_heads = heads;
+    shape.num_kv_heads = kv_heads;
+    shape.head_dim = head_dim;
+    shape.v_head_dim = v_head_dim;
     const int splits = cuda_kernels::attention_decode_splits(cuda_kernels::Elem::kBF16, shape);
+    const bool on_wgmma = cuda_kernels::attention_prefill_on_wgmma(cuda_kernels::Elem::kBF16, q.raw(), k_cache.raw(),
+                                                                   v_cache.raw(), out.raw(), shape);
     for (CudaAttentionPath path : {CudaAttentionPath::kAuto, CudaAttentionPath::kDecode,
-                                   CudaAttentionPath::kDecodeCudaCores, CudaAttentionPath::kPrefill}) {
+                                   CudaAttentionPath::kDecodeCudaCores, CudaAttentionPath::kPrefill,
+                                   CudaAttentionPath::kPrefillMmaSync}) {
       const bool forced_decode = path == CudaAttentionPath::kDecode || path == CudaAttentionPath::kDecodeCudaCores;
       const bool decode_path = forced_decode || (path == CudaAttentionPath::kAuto && c.decode);  // what auto takes
       if (forced_decode && c.q_len > 512) continue;  // the decode kernels on a long prompt: slow
       if (path == CudaAttentionPath::kDecodeCudaCores && !c.decode) continue;
+      if (path == CudaAttentionPath::kPrefillMmaSync && (!on_wgmma || c.decode)) continue;  // kPrefill's kernel
       for (int w = 0; w < 3; ++w)
         cuda_attention(q, k_cache, v_cache, layout_list[w % layouts], params, out, nullptr, path);
       std::vector<float> times;
@@ -231,6 +268,7 @@ int main(int argc, char** argv) {
       res.name = c.name;
       res.path = path == CudaAttentionPath::kAuto               ? "auto"
                  : path == CudaAttentionPath::kDecodeCudaCores ? "dec-cuda"
+                 : path == CudaAttentionPath::kPrefillMmaSync  ? "prefill-mma"
                  : decode_path                                 ? "decode"
                                                                : "prefill";
       res.us = sec * 1e6;
