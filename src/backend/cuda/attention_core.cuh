@@ -82,6 +82,48 @@ __device__ __forceinline__ SeqBounds seq_bounds(const AttentionArgs& a, int s) {
   return b;
 }
 
+// A prefill block's tile: the sequence and query rows the plan gives block
+// `target` for tiles of `rows` rows (a.prefill_rows, passed as the kernel's
+// constant; tile_start's binary search; a sequence's tiles are taken last
+// first, so the longest causal rows start first). False for a surplus block
+// (the grid bounds the tile count from shapes).
+struct PrefillTileRows {
+  SeqBounds b;
+  int64_t q0;    // the tile's first query row within the sequence
+  int rows;      // its rows (at most prefill_rows)
+  int64_t pos0;  // the position of its first row
+};
+
+__device__ __forceinline__ bool find_prefill_tile(const AttentionArgs& a, int64_t target, int rows,
+                                                  PrefillTileRows& t) {
+  if (target >= a.tile_start[a.num_seqs]) return false;
+  int lo = 0, hi = a.num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.tile_start[mid] <= target) lo = mid;
+    else hi = mid - 1;
+  }
+  // lo is the last s with tile_start[s] <= target: its count is > 0.
+  const int found = static_cast<int>(target - a.tile_start[lo]);
+  t.b = seq_bounds(a, lo);
+  const int64_t tiles = (t.b.q_len + rows - 1) / rows;
+  t.q0 = (tiles - 1 - found) * rows;
+  t.rows = static_cast<int>(min(int64_t{rows}, t.b.q_len - t.q0));
+  t.pos0 = t.b.kv_len - t.b.q_len + t.q0;
+  return true;
+}
+
+// A tile of a sequence whose layout is bad: its rows of `head` become NaN
+// (thread `tid` of `threads` writes its share).
+__device__ __forceinline__ void poison_prefill_tile(const AttentionArgs& a, const PrefillTileRows& t, int head,
+                                                    int tid, int threads) {
+  const int Dv = a.v_head_dim;
+  for (int idx = tid; idx < t.rows * Dv; idx += threads) {
+    const int64_t token = t.b.q_begin + t.q0 + idx / Dv;
+    if (token >= 0 && token < a.q_tokens) store_out(a, (token * a.num_heads + head) * Dv + idx % Dv, quiet_nan());
+  }
+}
+
 // The prefill kernel on wgmma (attention_prefill_wgmma.cu) for a grid of
 // (tiles of 128 query rows, num_heads) blocks, a.prefill_rows == 128 and the
 // plan written. Applies where attention_prefill_wgmma_fits() says so;

@@ -613,31 +613,13 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(AttentionArgs 
   const int head = blockIdx.y, kv_head = head / a.group;
   const int D = a.head_dim, Dv = a.v_head_dim;
 
-  // Tile blockIdx.x of the plan: the sequence s with tile_start[s] <= x <
-  // tile_start[s + 1] (binary search; every thread reads the same entries).
-  const int64_t target = blockIdx.x;
-  if (target >= a.tile_start[a.num_seqs]) return;  // a surplus block (uniform)
-  int lo_s = 0, hi_s = a.num_seqs - 1;
-  while (lo_s < hi_s) {
-    const int mid = (lo_s + hi_s + 1) / 2;
-    if (a.tile_start[mid] <= target) lo_s = mid;
-    else hi_s = mid - 1;
-  }
-  const int seq = lo_s;  // the last s with tile_start[s] <= target: its count is > 0
-  const int found_tile = static_cast<int>(target - a.tile_start[seq]);
-  const SeqBounds b = seq_bounds(a, seq);
-  const int tiles = static_cast<int>((b.q_len + BM - 1) / BM);
-  const int64_t q0 = int64_t{tiles - 1 - found_tile} * BM;  // last tile first
-  const int rows_here = static_cast<int>(min(int64_t{BM}, b.q_len - q0));
-  const int64_t pos0 = b.kv_len - b.q_len + q0;  // position of local row 0
-
-  if (b.bad) {
-    for (int idx = tid; idx < rows_here * Dv; idx += kPrefillThreads) {
-      const int64_t token = b.q_begin + q0 + idx / Dv;
-      if (token >= 0 && token < a.q_tokens) store_out(a, (token * a.num_heads + head) * Dv + idx % Dv, quiet_nan());
-    }
-    return;
-  }
+  // Tile blockIdx.x of the plan (attention_core.cuh).
+  PrefillTileRows tile;
+  if (!find_prefill_tile(a, blockIdx.x, BM, tile)) return;  // a surplus block (uniform)
+  const SeqBounds& b = tile.b;
+  const int64_t q0 = tile.q0, pos0 = tile.pos0;  // pos0: the position of local row 0
+  const int rows_here = tile.rows;
+  if (b.bad) return poison_prefill_tile(a, tile, head, tid, kPrefillThreads);
 
   const int kd = (D + 15) / 16 * 16;    // key width padded to the mma k-step
   const int kdv = (Dv + 15) / 16 * 16;  // value width padded to two n-tiles
