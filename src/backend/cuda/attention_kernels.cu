@@ -141,9 +141,9 @@ constexpr size_t decode_staged_smem_bytes() {
 // feature d. A poisoned pass (bad slot or layout) writes NaN.
 template <int NW, int RT, typename RedO>
 __device__ __forceinline__ void write_pass_rows(const AttentionArgs& a, const SeqBounds& b, int64_t r0,
-                                                int64_t total_rows,
-                                                int kv_head, int split, bool poisoned, const float (&red_m)[NW][RT],
-                                                const float (&red_l)[NW][RT], RedO red_o) {
+                                                int64_t total_rows, int kv_head, int split, bool poisoned,
+                                                const float (&red_m)[NW][RT], const float (&red_l)[NW][RT],
+                                                RedO red_o) {
   const int group = a.group, Dv = a.v_head_dim;
   const int pass_rows = static_cast<int>(min(int64_t{RT}, total_rows - r0));
   for (int idx = threadIdx.x; idx < pass_rows * Dv; idx += kDecodeThreads) {

@@ -221,7 +221,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(AttentionArg
     }
     if (wg == 0) named_barrier_arrive(kPingPongBarrier, kThreads);
     if (active) {
-
       // Scores stay unscaled until the exponent (exp2(s * scale - m), one
       // FFMA): the running max m is kept scaled, masked scores are -inf.
       const bool unmasked =
