@@ -69,7 +69,10 @@ test('requests spread over both replicas', async () => {
   // The gateway weighs each replica by its last scrape: start once neither
   // shows work (the test before sent a request straight to a replica, which
   // a slow machine's scrape may still see), then send the four together,
-  // so that the gateway's own count of what it sent decides.
+  // so that the gateway's own count of what it sent decides. Long enough
+  // answers that the four overlap; still, on a loaded machine the client may
+  // send one after another has finished (a fresh-clone run saw 3 and 1), so
+  // what is required is that both replicas answered some and all were answered.
   const idle = (m) => replicas.every((r) => {
     const id = `http://127.0.0.1:${r.port}`;
     return m[`basalt_route_replica_running{replica="${id}"}`] === 0 && m[`basalt_route_replica_waiting{replica="${id}"}`] === 0;
@@ -77,12 +80,16 @@ test('requests spread over both replicas', async () => {
   assert.ok(await waitFor(async () => idle(await gatewayMetrics()), 20000), 'the replicas never scraped idle');
   const before = await gatewayMetrics();
   await Promise.all([0, 1, 2, 3].map((i) =>
-    through.completions.create({ model: 'basalt-mini', prompt: `spread ${i}`, max_tokens: 2 })));
+    through.completions.create({ model: 'basalt-mini', prompt: `spread ${i}`, max_tokens: 24, ignore_eos: true })));
   const now = await gatewayMetrics();
+  let total = 0;
   for (const r of replicas) {
     const id = `http://127.0.0.1:${r.port}`;
-    assert.equal(attempts(now, id, 'answered') - attempts(before, id, 'answered'), 2, JSON.stringify(now));
+    const answered = attempts(now, id, 'answered') - attempts(before, id, 'answered');
+    assert.ok(answered >= 1, `${id} answered none of the four: ${JSON.stringify(now)}`);
+    total += answered;
   }
+  assert.equal(total, 4);
 });
 
 test('a killed replica is retried around before the first byte', async () => {
