@@ -7,9 +7,12 @@
 // batches of different lengths meeting in the same rounds; greedy decoding
 // of one busy rank, the others serving their experts idle, against
 // transformers, sampled on the rank's own GPU; and an engine per rank
-// serving requests at once. Skips where no device is present.
+// serving requests at once. V3 also with the experts reached by gathering
+// (DpMoe::kGather: all-gather, local experts, all-reduce). Skips where no
+// device is present.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <random>
@@ -35,8 +38,12 @@ const std::string kModels = std::string(BASALT_TESTDATA) + "/models/";
 struct Case {
   std::string model;
   int world;
+  DpMoe moe = DpMoe::kExchange;
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " over " << c.world << " DP-attention GPU ranks"; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << " over " << c.world << " DP-attention GPU ranks"
+      << (c.moe == DpMoe::kGather ? ", experts by gathering" : "");
+}
 
 class CudaDataParallel : public ::testing::TestWithParam<Case> {
  protected:
@@ -45,8 +52,10 @@ class CudaDataParallel : public ::testing::TestWithParam<Case> {
   }
 };
 
-std::unique_ptr<DataParallelGroup> over_gpu_ranks(const std::string& name, int world) {
-  return load_data_parallel(kModels + name, world, [](int) { return std::make_unique<CudaBackend>(0); });
+std::unique_ptr<DataParallelGroup> over_gpu_ranks(const std::string& name, int world, DpMoe moe) {
+  return load_data_parallel(
+      kModels + name, world, [](int) { return std::make_unique<CudaBackend>(0); }, {},
+      std::chrono::microseconds(1000), Weights::kCheckpoint, {}, moe);
 }
 
 void on_every_rank(int world, const std::function<void(int)>& body) {
@@ -73,12 +82,12 @@ Tensor prefill_logits(Model& model, Backend& backend, const std::vector<int32_t>
 }
 
 TEST_P(CudaDataParallel, RanksWithBatchesOfTheirOwnAtOnceMatchOneGpu) {
-  const auto [name, world] = GetParam();
+  const auto [name, world, moe] = GetParam();
   CudaBackend gpu;
   auto one = load_model(kModels + name, gpu);
   std::vector<Tensor> want;
   for (int r = 0; r < world; ++r) want.push_back(prefill_logits(*one, gpu, prompt_cut(name, 2 * r)));
-  auto group = over_gpu_ranks(name, world);
+  auto group = over_gpu_ranks(name, world, moe);
   std::vector<Tensor> got(static_cast<size_t>(world));
   on_every_rank(world, [&](int r) {
     got[static_cast<size_t>(r)] = prefill_logits(group->rank(r), group->backend(r), prompt_cut(name, 2 * r));
@@ -89,8 +98,8 @@ TEST_P(CudaDataParallel, RanksWithBatchesOfTheirOwnAtOnceMatchOneGpu) {
 }
 
 TEST_P(CudaDataParallel, OneBusyRankFollowsTransformersGreedy) {
-  const auto [name, world] = GetParam();
-  auto group = over_gpu_ranks(name, world);
+  const auto [name, world, moe] = GetParam();
+  auto group = over_gpu_ranks(name, world, moe);
   const int busy = world - 1;
   testing::expect_greedy_matches_reference(group->rank(busy), group->backend(busy), kModels + name,
                                            /*min_margin=*/0.02, /*min_compared=*/4);
@@ -100,8 +109,8 @@ TEST_P(CudaDataParallel, OneBusyRankFollowsTransformersGreedy) {
 // (the steps meet in rounds, ranks finishing at different times): every
 // request runs to its length and every rank's KV comes back.
 TEST_P(CudaDataParallel, AnEnginePerRankServesAtOnce) {
-  const auto [name, world] = GetParam();
-  auto group = over_gpu_ranks(name, world);
+  const auto [name, world, moe] = GetParam();
+  auto group = over_gpu_ranks(name, world, moe);
   std::mt19937 rng(5);
   std::vector<std::vector<EngineRequest>> requests(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -140,9 +149,11 @@ TEST_P(CudaDataParallel, AnEnginePerRankServesAtOnce) {
 // routing, 16 experts.
 INSTANTIATE_TEST_SUITE_P(Families, CudaDataParallel,
                          ::testing::Values(Case{"deepseek_v2_lite", 2}, Case{"deepseek_v3", 2},
-                                           Case{"deepseek_v3", 4}),
+                                           Case{"deepseek_v3", 4}, Case{"deepseek_v3", 2, DpMoe::kGather},
+                                           Case{"deepseek_v3", 4, DpMoe::kGather}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.model + "_dp" + std::to_string(info.param.world);
+                           return info.param.model + "_dp" + std::to_string(info.param.world) +
+                                  (info.param.moe == DpMoe::kGather ? "_gather" : "");
                          });
 
 }  // namespace

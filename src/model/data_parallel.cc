@@ -52,8 +52,8 @@ class RankView final : public Model {
 class Group final : public DataParallelGroup {
  public:
   Group(const std::string& dir, int world, const RankBackendFactory& make_backend, const LoadProgress& progress,
-        std::chrono::microseconds round_wait, Weights weights, const RankGroupFactory& make_group)
-      : threads_(world), round_wait_(round_wait), waiting_(static_cast<size_t>(world), nullptr) {
+        std::chrono::microseconds round_wait, Weights weights, const RankGroupFactory& make_group, DpMoe moe)
+      : threads_(world), round_wait_(round_wait), moe_(moe), waiting_(static_cast<size_t>(world), nullptr) {
     ranks_.resize(static_cast<size_t>(world));
     std::vector<Backend*> backends;
     for (int r = 0; r < world; ++r) {
@@ -77,7 +77,8 @@ class Group final : public DataParallelGroup {
       Rank& rank = ranks_[static_cast<size_t>(r)];
       rank.backend->make_current();
       std::unique_ptr<Model> model =
-          load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get(), true}, weights);
+          load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get(), true, moe},
+                     weights);
       rank.model.reset(dynamic_cast<DeepseekModel*>(model.get()));
       BASALT_CHECK(rank.model != nullptr, "{}: DP attention needs a DeepSeek model", dir);
       (void)model.release();
@@ -94,6 +95,7 @@ class Group final : public DataParallelGroup {
     return *ranks_[static_cast<size_t>(r)].backend;
   }
   DeepseekModel& model(int r) const { return *ranks_[static_cast<size_t>(r)].model; }
+  DpMoe moe() const { return moe_; }
   void set_activity(std::function<bool(int)> busy) override {
     std::lock_guard<std::mutex> lock(mu_);
     busy_ = std::move(busy);
@@ -216,6 +218,7 @@ class Group final : public DataParallelGroup {
   RankThreads threads_;  // destroyed after ranks_ (see tensor_parallel.cc)
   std::vector<Rank> ranks_;
   const std::chrono::microseconds round_wait_;
+  const DpMoe moe_;
   std::mutex mu_;  // what follows
   std::condition_variable changed_;
   std::vector<Step*> waiting_;  // per rank: its step for the next round, or null
@@ -248,8 +251,8 @@ void RankView::Head::forward(const ForwardBatch& batch, const Tensor& hidden, Kv
 }
 std::string RankView::summary() const {
   const std::string own = group_.model(rank_).summary();
-  return fmt::format("DP attention over {} ranks (this is rank {}){}{}", group_.world(), rank_,
-                     own.empty() ? "" : "; ", own);
+  return fmt::format("DP attention over {} ranks (this is rank {}), experts by {}{}{}", group_.world(), rank_,
+                     group_.moe() == DpMoe::kGather ? "gathering" : "the exchange", own.empty() ? "" : "; ", own);
 }
 
 }  // namespace
@@ -258,8 +261,8 @@ std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, in
                                                       const RankBackendFactory& make_backend,
                                                       const LoadProgress& progress,
                                                       std::chrono::microseconds round_wait, Weights weights,
-                                                      const RankGroupFactory& make_group) {
-  return std::make_unique<Group>(dir, world, make_backend, progress, round_wait, weights, make_group);
+                                                      const RankGroupFactory& make_group, DpMoe moe) {
+  return std::make_unique<Group>(dir, world, make_backend, progress, round_wait, weights, make_group, moe);
 }
 
 }  // namespace basalt

@@ -31,8 +31,9 @@
 // hidden states) live where rank r's backend keeps them: backend(r), on
 // which the caller samples; rank(r).allocate_kv makes that backend's device
 // current on the calling thread. GPU ranks run eagerly (the expert exchange
-// reads its counts on the host each layer). The group outlives the Models
-// it hands out.
+// reads its counts on the host each layer). `moe` is how tokens reach the
+// routed experts (model/model.h's DpMoe: the exchange, or gathering). The
+// group outlives the Models it hands out.
 #pragma once
 
 #include <chrono>
@@ -61,6 +62,7 @@ std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, in
                                                       std::chrono::microseconds round_wait =
                                                           std::chrono::microseconds(1000),
                                                       Weights weights = Weights::kCheckpoint,
-                                                      const RankGroupFactory& make_group = {});
+                                                      const RankGroupFactory& make_group = {},
+                                                      DpMoe moe = DpMoe::kExchange);
 
 }  // namespace basalt

@@ -3,7 +3,8 @@
 // rank stepping at once and with one rank busy while the others serve their
 // experts idle; ranks running different requests at once against one rank;
 // a failing batch on one rank that leaves the others' results whole; and the
-// layouts the group refuses.
+// layouts the group refuses. Tokens reach their experts both ways (DpMoe:
+// the exchange, and gathering).
 #include "model/data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -26,9 +27,10 @@ const std::string kModels = std::string(BASALT_TESTDATA) + "/models/";
 
 // Ranks with f32 activations (--dtype float32), for the 1e-4 comparisons
 // with transformers' f32 runs (the default mode: tensor_parallel_test.cc).
-std::unique_ptr<DataParallelGroup> load_over(const std::string& name, int world) {
-  return load_data_parallel(kModels + name, world,
-                            [](int) { return make_cpu_backend_with_threads(1, cpu::Bf16Activations::kF32); });
+std::unique_ptr<DataParallelGroup> load_over(const std::string& name, int world, DpMoe moe = DpMoe::kExchange) {
+  return load_data_parallel(
+      kModels + name, world, [](int) { return make_cpu_backend_with_threads(1, cpu::Bf16Activations::kF32); }, {},
+      std::chrono::microseconds(1000), Weights::kCheckpoint, {}, moe);
 }
 
 // Runs body(rank) on a thread per rank, at once.
@@ -41,14 +43,17 @@ void on_every_rank(int world, const std::function<void(int)>& body) {
 struct Case {
   std::string model;
   int world;
+  DpMoe moe = DpMoe::kExchange;
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " over " << c.world << " ranks"; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << " over " << c.world << " ranks" << (c.moe == DpMoe::kGather ? ", experts by gathering" : "");
+}
 
 class DataParallelReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DataParallelReference, EveryRankAtOnceMatchesTransformers) {
-  const auto [name, world] = GetParam();
-  auto group = load_over(name, world);
+  const auto [name, world, moe] = GetParam();
+  auto group = load_over(name, world, moe);
   on_every_rank(world, [&](int r) {
     testing::expect_prefill_logits_match_reference(group->rank(r), kModels + name,
                                                    name + " rank " + std::to_string(r) + " of " +
@@ -58,8 +63,8 @@ TEST_P(DataParallelReference, EveryRankAtOnceMatchesTransformers) {
 }
 
 TEST_P(DataParallelReference, OneBusyRankWithTheOthersIdleMatchesTransformersGreedy) {
-  const auto [name, world] = GetParam();
-  auto group = load_over(name, world);
+  const auto [name, world, moe] = GetParam();
+  auto group = load_over(name, world, moe);
   CpuBackend sampler;
   testing::expect_greedy_matches_reference(group->rank(world - 1), sampler, kModels + name);
 }
@@ -68,8 +73,8 @@ TEST_P(DataParallelReference, OneBusyRankWithTheOthersIdleMatchesTransformersGre
 // by a different number of tokens), all at once: steps of different
 // lengths meet in the same rounds, and ranks finish at different times.
 TEST_P(DataParallelReference, RanksWithTheirOwnRequestsEqualOneRank) {
-  const auto [name, world] = GetParam();
-  auto group = load_over(name, world);
+  const auto [name, world, moe] = GetParam();
+  auto group = load_over(name, world, moe);
   CpuBackend backend;
   auto one = load_model(kModels + name, backend);
   const nlohmann::json meta = testing::read_json(kModels + name + "/reference.json");
@@ -95,16 +100,22 @@ TEST_P(DataParallelReference, RanksWithTheirOwnRequestsEqualOneRank) {
 }
 
 // V2-Lite: softmax routing, 8 experts (4 or 2 a rank), 2 shared; V3:
-// grouped sigmoid routing, 16 experts (8 or 4 a rank).
+// grouped sigmoid routing, 16 experts (8 or 4 a rank). Each over the
+// exchange and by gathering (DpMoe).
 INSTANTIATE_TEST_SUITE_P(Families, DataParallelReference,
                          ::testing::Values(Case{"deepseek_v2_lite", 2}, Case{"deepseek_v2_lite", 4},
-                                           Case{"deepseek_v3", 2}, Case{"deepseek_v3", 4}),
+                                           Case{"deepseek_v3", 2}, Case{"deepseek_v3", 4},
+                                           Case{"deepseek_v2_lite", 2, DpMoe::kGather},
+                                           Case{"deepseek_v2_lite", 4, DpMoe::kGather},
+                                           Case{"deepseek_v3", 2, DpMoe::kGather},
+                                           Case{"deepseek_v3", 4, DpMoe::kGather}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.model + "_dp" + std::to_string(info.param.world);
+                           return info.param.model + "_dp" + std::to_string(info.param.world) +
+                                  (info.param.moe == DpMoe::kGather ? "_gather" : "");
                          });
 
-TEST(DataParallel, AFailingBatchFailsAloneAndTheGroupGoesOn) {
-  auto group = load_over("deepseek_v3", 2);
+void a_failing_batch_fails_alone(DpMoe moe) {
+  auto group = load_over("deepseek_v3", 2, moe);
   CpuBackend backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);  // as the ranks
   auto one = load_model(kModels + "deepseek_v3", backend);
   const int64_t vocab = group->rank(0).config().vocab_size;
@@ -141,6 +152,13 @@ TEST(DataParallel, AFailingBatchFailsAloneAndTheGroupGoesOn) {
   EXPECT_THROW(group->rank(1).forward(single_sequence_batch(good, 0), kv, wide), Error);
 }
 
+TEST(DataParallel, AFailingBatchFailsAloneAndTheGroupGoesOn) {
+  for (DpMoe moe : {DpMoe::kExchange, DpMoe::kGather}) {
+    SCOPED_TRACE(moe == DpMoe::kGather ? "experts by gathering" : "experts by the exchange");
+    a_failing_batch_fails_alone(moe);
+  }
+}
+
 // With the other ranks known to be idle, a lone rank's step starts at once
 // instead of after round_wait (2 s here).
 TEST(DataParallel, ALoneBusyRankDoesNotWaitForIdleOnes) {
@@ -173,8 +191,11 @@ TEST(DataParallel, EachRankHoldsItsOwnLatentCacheAndMtpLayer) {
     EXPECT_EQ(group->rank(r).draft_head()->kv_bytes_per_slot(DType::kF32),
               one->draft_head()->kv_bytes_per_slot(DType::kF32));
   }
-  EXPECT_NE(group->rank(2).summary().find("DP attention over 4 ranks (this is rank 2)"), std::string::npos)
+  EXPECT_NE(group->rank(2).summary().find("DP attention over 4 ranks (this is rank 2), experts by the exchange"),
+            std::string::npos)
       << group->rank(2).summary();
+  EXPECT_NE(load_over("deepseek_v3", 2, DpMoe::kGather)->rank(1).summary().find("experts by gathering"),
+            std::string::npos);
 }
 
 // The MTP layer over DP-attention ranks, against transformers' MTP logits:
@@ -187,9 +208,10 @@ TEST(DataParallel, MtpHeadOnEachRankMatchesTransformers) {
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
   const Tensor ids = ref.tensor("mtp.ids"), next = ref.tensor("mtp.next_ids"), want = ref.tensor("mtp.logits");
   const int64_t n = ids.numel();
-  for (int world : {2, 4}) {
-    SCOPED_TRACE("over " + std::to_string(world) + " ranks");
-    auto group = load_over("deepseek_v3", world);
+  for (const auto& [world, moe] : {std::pair{2, DpMoe::kExchange}, std::pair{4, DpMoe::kExchange},
+                                   std::pair{2, DpMoe::kGather}, std::pair{4, DpMoe::kGather}}) {
+    SCOPED_TRACE("over " + std::to_string(world) + " ranks" + (moe == DpMoe::kGather ? ", by gathering" : ""));
+    auto group = load_over("deepseek_v3", world, moe);
     const int64_t H = group->rank(0).config().hidden_size, V = group->rank(0).config().vocab_size;
     const auto run_rank = [&](int r, int extra_steps) {
       Model& model = group->rank(r);

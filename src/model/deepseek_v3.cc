@@ -67,7 +67,8 @@ class DeepseekModelImpl final : public DeepseekModel {
         backend_(backend),
         tp_(role.dp_attention ? nullptr : role.group),
         ep_(role.group),
-        dp_attention_(role.dp_attention && role.group != nullptr) {
+        dp_attention_(role.dp_attention && role.group != nullptr),
+        dp_gather_(dp_attention_ && role.dp_moe == DpMoe::kGather) {
     const ModelConfig& c = config_;
     const DeepseekConfig& d = c.deepseek;
     const int64_t H = c.hidden_size;
@@ -157,9 +158,12 @@ class DeepseekModelImpl final : public DeepseekModel {
       // A failure part-way through would leave the other ranks waiting in
       // this step's next exchange: the rank finishes them without tokens.
       exchanges_done_ = 0;
+      rows_agreed_ = false;
       try {
+        if (dp_gather_) agree_gather_rows(batch.num_tokens());
         run(on_backend(batch, backend_), kv, logits, hidden);
       } catch (...) {
+        if (dp_gather_ && !rows_agreed_) agree_gather_rows(0);
         exchange_idle(exchanges_done_);
         throw;
       }
@@ -177,6 +181,7 @@ class DeepseekModelImpl final : public DeepseekModel {
 
   void forward_idle() override {
     BASALT_CHECK(dp_attention_, "forward_idle: the model does not run DP attention");
+    if (dp_gather_) agree_gather_rows(0);
     exchange_idle(0);
   }
 
@@ -188,6 +193,7 @@ class DeepseekModelImpl final : public DeepseekModel {
 
   void forward_mtp_idle() override {
     BASALT_CHECK(dp_attention_ && mtp_ != nullptr, "forward_mtp_idle: no MTP layer over DP-attention ranks");
+    if (dp_gather_) agree_gather_rows(0);
     if (mtp_->layer.moe) exchange_idle_layer(mtp_->layer);
   }
 
@@ -217,9 +223,12 @@ class DeepseekModelImpl final : public DeepseekModel {
       // As in forward(): a failure before the layer's exchange still takes
       // part in it, so the other ranks do not wait.
       exchanges_done_ = 0;
+      rows_agreed_ = false;
       try {
+        if (dp_gather_) agree_gather_rows(host_batch.num_tokens());
         run_mtp(on_backend(host_batch, backend_), hidden, kv, logits, hidden_out);
       } catch (...) {
+        if (dp_gather_ && !rows_agreed_) agree_gather_rows(0);
         if (exchanges_done_ == 0 && mtp_->layer.moe) exchange_idle_layer(mtp_->layer);
         throw;
       }
@@ -493,22 +502,22 @@ class DeepseekModelImpl final : public DeepseekModel {
       if (tp_ != nullptr) tp_->all_reduce(out);
       return;
     }
-    const int64_t T = hidden.dim(0), E = config_.deepseek.n_routed_experts;
-    Tensor router_logits = b.empty({T, E}, DType::kF32);
-    b.linear(hidden, w.router, nullptr, router_logits);
-    Tensor ids = b.empty({T, route_.top_k}, DType::kI32);
-    Tensor weights = b.empty({T, route_.top_k}, DType::kF32);
-    b.moe_route(router_logits, w.router_bias.raw() ? &w.router_bias : nullptr, route_, ids,
-                weights);
-    if (ep_world_ == 1) {
-      b.moe_experts(hidden, ids, weights, w.experts, out);
-    } else if (dp_attention_) {
-      exchange_with_experts(hidden, ids, weights, w.experts, &out);
+    const int64_t T = hidden.dim(0);
+    if (dp_gather_) {
+      gather_to_experts(hidden, w, &out);
     } else {
-      // Expert parallelism over tokens every rank has (after the
-      // attention's all-reduce): this rank's experts on the pairs routed to
-      // them; the all-reduce below completes each token's sum.
-      b.moe_experts(hidden, ids, weights, w.experts, out, expert_begin_);
+      Tensor ids, weights;
+      route(hidden, w, ids, weights);
+      if (ep_world_ == 1) {
+        b.moe_experts(hidden, ids, weights, w.experts, out);
+      } else if (dp_attention_) {
+        exchange_with_experts(hidden, ids, weights, w.experts, &out);
+      } else {
+        // Expert parallelism over tokens every rank has (after the
+        // attention's all-reduce): this rank's experts on the pairs routed
+        // to them; the all-reduce below completes each token's sum.
+        b.moe_experts(hidden, ids, weights, w.experts, out, expert_begin_);
+      }
     }
     if (w.has_shared) {
       Tensor shared = b.empty({T, config_.hidden_size}, DType::kF32);
@@ -516,6 +525,70 @@ class DeepseekModelImpl final : public DeepseekModel {
       b.add(out, shared, out);
     }
     if (tp_ != nullptr) tp_->all_reduce(out);  // every rank's experts and shared slice
+  }
+
+  // The router's choices for x's rows: ids i32 and weights f32 [rows, top_k].
+  void route(const Tensor& x, const Layer& w, Tensor& ids, Tensor& weights) {
+    Backend& b = backend_;
+    const int64_t rows = x.dim(0), E = config_.deepseek.n_routed_experts;
+    Tensor router_logits = b.empty({rows, E}, DType::kF32);
+    b.linear(x, w.router, nullptr, router_logits);
+    ids = b.empty({rows, route_.top_k}, DType::kI32);
+    weights = b.empty({rows, route_.top_k}, DType::kF32);
+    b.moe_route(router_logits, w.router_bias.raw() ? &w.router_bias : nullptr, route_, ids, weights);
+  }
+
+  // DP attention, DpMoe::kGather: the rows every rank pads its batch to for
+  // this forward (the largest batch of the step), agreed by one all-gather
+  // of the ranks' counts before the first layer. A rank with no tokens
+  // agrees with 0.
+  void agree_gather_rows(int64_t tokens) {
+    const int64_t n = ep_world_;
+    Tensor counts = backend_.empty({n, 1}, DType::kI32);
+    ep_->all_gather(uploaded(Tensor::from_i32({1, 1}, std::vector<int32_t>{static_cast<int32_t>(tokens)})), counts);
+    const Tensor host = on_host(counts);
+    gather_rows_ = 0;
+    for (int64_t r = 0; r < n; ++r) gather_rows_ = std::max<int64_t>(gather_rows_, host.data<const int32_t>()[r]);
+    rows_agreed_ = true;
+  }
+
+  // DP attention's MoE by gathering (DpMoe::kGather; model/model.h): this
+  // rank's rows, padded with zero rows to gather_rows_, are all-gathered;
+  // every rank routes all of them (the router is every rank's), runs its
+  // own experts on the pairs routed to them, and an all-reduce sums the
+  // ranks' parts; out (f32 [T, H]) takes this rank's rows. x f32 [T, H];
+  // with out null the rank has no tokens (x has no rows) and only serves
+  // its experts. Each token's sum is its own experts' parts in choice order,
+  // summed over the ranks in rank order (the exchange sums all its choices
+  // in choice order: the two round differently).
+  void gather_to_experts(const Tensor& x, const Layer& w, Tensor* out) {
+    Backend& b = backend_;
+    const int64_t T = x.dim(0), H = config_.hidden_size, R = gather_rows_, n = ep_world_;
+    if (R == 0) {  // no rank has tokens (every rank agreed on 0)
+      ++exchanges_done_;
+      return;
+    }
+    BASALT_CHECK(T <= R, "DP attention: {} rows against the step's agreed {}", T, R);
+    Tensor mine = b.empty({R, H}, DType::kF32);
+    if (T > 0) {
+      Tensor head = mine.rows(0, T);
+      b.copy(x, head);
+    }
+    if (T < R) {
+      if (!gather_zeros_.raw() || gather_zeros_.dim(0) < R - T)
+        gather_zeros_ = to_backend(Tensor::zeros({std::max<int64_t>(R, 64), H}, DType::kF32));
+      Tensor tail = mine.rows(T, R - T);
+      b.copy(gather_zeros_.rows(0, R - T), tail);
+    }
+    Tensor all = b.empty({n * R, H}, DType::kF32);
+    ep_->all_gather(mine, all);
+    Tensor ids, weights;
+    route(all, w, ids, weights);
+    Tensor sums = b.empty({n * R, H}, DType::kF32);
+    b.moe_experts(all, ids, weights, w.experts, sums, expert_begin_);
+    ep_->all_reduce(sums);
+    ++exchanges_done_;
+    if (out != nullptr && T > 0) b.copy(sums.rows(ep_rank_ * R, T), *out);
   }
 
   // DP attention's MoE exchange (deepseek_v3.h). The (token, choice) pairs
@@ -583,6 +656,10 @@ class DeepseekModelImpl final : public DeepseekModel {
   // One layer's exchange with no tokens of this rank's own.
   void exchange_idle_layer(const Layer& w) {
     const int64_t H = config_.hidden_size, K = route_.top_k;
+    if (dp_gather_) {
+      gather_to_experts(Tensor::empty({0, H}, DType::kF32), w, nullptr);
+      return;
+    }
     const Tensor x = Tensor::empty({0, H}, DType::kF32), ids = Tensor::empty({0, K}, DType::kI32);
     const Tensor weights = Tensor::empty({0, K}, DType::kF32);
     exchange_with_experts(x, ids, weights, w.experts, nullptr);
@@ -885,6 +962,10 @@ class DeepseekModelImpl final : public DeepseekModel {
   int64_t world_ = 1, rank_ = 0;        // tensor parallelism's
   int64_t ep_world_ = 1, ep_rank_ = 0;  // expert parallelism's
   int64_t exchanges_done_ = 0;          // DP attention: MoE exchanges of the step so far
+  bool dp_gather_ = false;              // DP attention by DpMoe::kGather
+  bool rows_agreed_ = false;            // kGather: agree_gather_rows ran in this forward
+  int64_t gather_rows_ = 0;             // kGather: the rows each rank pads to in this forward
+  Tensor gather_zeros_;                 // kGather: zero rows for the padding
   int64_t heads_ = 0;                         // this rank's query heads
   int64_t vocab_begin_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows
   int64_t expert_begin_ = 0, experts_local_ = 0;  // this rank's routed experts

@@ -73,7 +73,15 @@
 //    broken group, is not recovered). The MTP layer (draft_head()) is each
 //    rank's whole but for its routed experts, and its passes meet like
 //    steps: every rank takes part in each, a rank without tokens through
-//    forward_mtp_idle(). The exchange runs on the host (CPU ranks) for now.
+//    forward_mtp_idle(). With RankRole::dp_moe = DpMoe::kGather the tokens
+//    reach the experts by gathering instead: each forward first agrees on
+//    the step's largest batch (one all-gather of the ranks' counts), then in
+//    each MoE layer every rank's rows, padded with zeros to it, are
+//    all-gathered, every rank routes them all and runs its own experts on
+//    the pairs routed to them, and one all-reduce sums the ranks' parts;
+//    each rank keeps its rows. Collectives of fixed size within a step and
+//    no host read per layer (the exchange reads its counts each layer); the
+//    sums are in another order than the exchange's.
 #pragma once
 
 #include <memory>

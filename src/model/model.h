@@ -74,10 +74,19 @@ using LoadProgress = std::function<void(uint64_t, uint64_t)>;
 // say what a rank holds); with dp_attention (DeepSeek only) each rank runs
 // the whole model but the routed experts on a batch of its own, the experts
 // split over the group (model/data_parallel.h).
+// dp_moe chooses how DP attention's tokens reach the routed experts
+// (model/deepseek_v3.h): kExchange sends each (token, choice) pair to its
+// expert's rank and back (all-to-all, sized on the host per layer); kGather
+// all-gathers every rank's hidden rows (padded to the step's largest batch),
+// each rank routes them all and runs its own experts, and an all-reduce sums
+// the ranks' parts (SGLang's DP attention without DeepEP): fixed sizes per
+// step, no host read per layer.
 class Communicator;
+enum class DpMoe : uint8_t { kExchange, kGather };
 struct RankRole {
   Communicator* group = nullptr;
   bool dp_attention = false;
+  DpMoe dp_moe = DpMoe::kExchange;
 };
 // Where the weights come from: the checkpoint's files, or random values in
 // the config's shapes (Checkpoint::random: benchmarks at full shape without
