@@ -997,6 +997,8 @@ TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
   expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers", " --tp 2 --dp-attention");
   expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
                                       " --tp 4 --ep 4 --dp-attention --threads 2");
+  expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
+                                      " --tp 2 --dp-attention --dp-moe gather");
   const std::string batch = temp_path("dp_batch.jsonl");
   {
     std::ofstream out(batch);
@@ -1058,6 +1060,8 @@ TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
       {" --dp-attention", "--dp-attention runs over the --tp ranks: give --tp 2 or more"},
       {" --tp 2 --dp-attention --speculative-algorithm eagle", "EAGLE heads and draft models do not run over"},
       {" --tp 2 --dp-attention --model " + kBundled + "basalt-draft", "DP attention is for DeepSeek"},
+      {" --tp 2 --dp-moe gather", "--dp-moe gather applies to --dp-attention only"},
+      {" --tp 2 --dp-attention --dp-moe scatter", "--dp-moe"},
   };
   for (const auto& [flags, message] : refusals) {
     const CliRun r = run("generate --prompt-ids 1,2,3" + flags);

@@ -35,6 +35,12 @@ void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags) {
                "DeepSeek: DP attention over the --tp ranks: each rank holds the whole model but the routed experts, "
                "with a scheduler, radix cache and latent cache of its own and a share of the requests; tokens reach "
                "their experts by all-to-all (SGLang's --enable-dp-attention)");
+  cmd.add_option("--dp-moe", flags.dp_moe,
+                 "With --dp-attention, how tokens reach the routed experts: 'exchange' (each token's choices go to "
+                 "their experts' ranks and back, all-to-all sized per layer) or 'gather' (every rank's rows are "
+                 "all-gathered, each rank runs its experts on all of them, an all-reduce sums; sizes fixed per "
+                 "step, as SGLang's DP attention without DeepEP) (default exchange)")
+      ->check(CLI::IsMember({"exchange", "gather"}));
 }
 
 void check_parallel_flags(const ParallelFlags& flags, const std::string& speculative_algorithm) {
@@ -42,6 +48,8 @@ void check_parallel_flags(const ParallelFlags& flags, const std::string& specula
   BASALT_CHECK(flags.ep == 0 || flags.ep == flags.tp,
                "--ep {}: the routed experts are split over the --tp ranks ({}); give --ep {} or leave it out",
                flags.ep, flags.tp, flags.tp);
+  BASALT_CHECK(flags.dp_attention || flags.dp_moe == "exchange",
+               "--dp-moe {} applies to --dp-attention only; give --dp-attention or leave --dp-moe out", flags.dp_moe);
   if (!flags.dp_attention) return;
   BASALT_CHECK(flags.tp >= 2, "--dp-attention runs over the --tp ranks: give --tp 2 or more");
   // n-gram drafts need nothing but the ranks' own forward passes (a
@@ -121,13 +129,13 @@ DpAttentionEngines DpAttentionEngines::load(const std::string& dir, const Parall
   DpAttentionEngines out;
   if (backend.device() == Device::kCpu) {
     out.model = load_data_parallel(dir, flags.tp, cpu_ranks(flags.tp, cpu_bf16_activations(backend)), progress,
-                                   std::chrono::microseconds(1000), flags.weights());
+                                   std::chrono::microseconds(1000), flags.weights(), {}, flags.moe());
     return out;
   }
 #ifdef BASALT_HAVE_CUDA
   const GpuRanks gpus = gpu_ranks(flags.tp, backend);
   out.model = load_data_parallel(dir, flags.tp, gpus.make_backend, progress, std::chrono::microseconds(1000),
-                                 flags.weights(), gpus.make_group);
+                                 flags.weights(), gpus.make_group, flags.moe());
   return out;
 #else
   fail("--dp-attention --device {}: this build has no GPU backend", backend.name());

@@ -2,12 +2,14 @@
 // and what they build.
 //
 // Contract: add_parallel_flags() registers --tp/--tensor-parallel-size,
-// --ep/--expert-parallel-size, --dp-attention and --random-weights (the
-// model's weights random, model/model.h's Weights::kRandom) on `cmd`.
+// --ep/--expert-parallel-size, --dp-attention, --dp-moe (exchange or gather:
+// how DP attention's tokens reach the routed experts, model/model.h's DpMoe)
+// and --random-weights (the model's weights random, model/model.h's
+// Weights::kRandom) on `cmd`.
 // check_parallel_flags() refuses, naming the flag, what is not offered: --tp
 // outside [1, 64]; --ep other than --tp (a model's routed experts are split
 // over its --tp ranks); --dp-attention with --tp 1 or with EAGLE heads or
-// draft models. load_model_for_tp() is the model for --tp without
+// draft models; --dp-moe gather without --dp-attention. load_model_for_tp() is the model for --tp without
 // --dp-attention: on `backend` itself with tp 1; otherwise over tp
 // tensor-parallel ranks (model/tensor_parallel.h), CPU ranks as threads of
 // this process, each with a pool of its own and an equal share of
@@ -41,8 +43,10 @@ struct ParallelFlags {
   int tp = 1;
   int ep = 0;  // 0: not given (the --tp ranks)
   bool dp_attention = false;
+  std::string dp_moe = "exchange";  // --dp-moe: exchange or gather (model/model.h's DpMoe)
   bool random_weights = false;  // --random-weights: Weights::kRandom
   Weights weights() const { return random_weights ? Weights::kRandom : Weights::kCheckpoint; }
+  DpMoe moe() const { return dp_moe == "gather" ? DpMoe::kGather : DpMoe::kExchange; }
 };
 
 void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags);
