@@ -9,7 +9,8 @@
 // check_parallel_flags() refuses, naming the flag, what is not offered: --tp
 // outside [1, 64]; --ep other than --tp (a model's routed experts are split
 // over its --tp ranks); --dp-attention with --tp 1 or with EAGLE heads or
-// draft models; --dp-moe gather without --dp-attention. load_model_for_tp() is the model for --tp without
+// draft models; --dp-moe gather without --dp-attention.
+// load_model_for_tp() is the model for --tp without
 // --dp-attention: on `backend` itself with tp 1; otherwise over tp
 // tensor-parallel ranks (model/tensor_parallel.h), CPU ranks as threads of
 // this process, each with a pool of its own and an equal share of
