@@ -124,9 +124,11 @@ __device__ __forceinline__ void poison_prefill_tile(const AttentionArgs& a, cons
   }
 }
 
+inline constexpr int kWgmmaPrefillRows = 128;  // the wgmma prefill's tile: two warpgroups of 64 rows
+
 // The prefill kernel on wgmma (attention_prefill_wgmma.cu) for a grid of
-// (tiles of 128 query rows, num_heads) blocks, a.prefill_rows == 128 and the
-// plan written. Applies where attention_prefill_wgmma_fits() says so;
+// (tiles of kWgmmaPrefillRows query rows, num_heads) blocks, a.prefill_rows
+// == kWgmmaPrefillRows and the plan written. Applies where attention_prefill_wgmma_fits() says so;
 // returns cudaErrorInvalidDeviceFunction where the build or the device has
 // no wgmma.
 bool attention_prefill_wgmma_fits(int head_dim, int v_head_dim);

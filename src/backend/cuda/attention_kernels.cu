@@ -585,7 +585,6 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(Attenti
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillThreads = kPrefillWarps * 32;
 constexpr int kPrefillBM = 16 * kPrefillWarps;
-constexpr int kWgmmaPrefillRows = 128;  // attention_prefill_wgmma.cu's tile
 
 template <int DMAX>
 struct PrefillTile {

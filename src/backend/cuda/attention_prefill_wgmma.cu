@@ -36,7 +36,7 @@
 namespace basalt::cuda_kernels {
 namespace {
 
-constexpr int kRows = 128;  // query rows per block: one wgmma M per warpgroup
+constexpr int kRows = kWgmmaPrefillRows;  // query rows per block: one wgmma M per warpgroup
 constexpr int kThreads = 256;
 constexpr int32_t kNoKey = INT32_MIN;  // a slot entry past the tile's keys
 
