@@ -15,6 +15,12 @@
 //    own order).
 //  * all_gather(x, out): out [world * n, ...] is every rank's x [n, ...] in
 //    rank order.
+//  * reduce_scatter(x, out): x [world * n, ...], out [n, ...]; rank r's out
+//    becomes the element-wise sum (or max) over every rank of x's rows
+//    [r * n, (r + 1) * n): all_reduce's result, of which each rank keeps
+//    its own block, at half of all_reduce's traffic. f32 and bf16, summed
+//    as all_reduce sums (on the in-process communicator the block's bits
+//    are exactly all_reduce's).
 //  * all_to_all(send, send_rows, recv, recv_rows): send's rows go out in
 //    consecutive blocks, send_rows[r] of them to rank r; recv gets
 //    recv_rows[r] rows from rank r, in rank order (MoE dispatch and
@@ -43,6 +49,7 @@ class Communicator {
   virtual int world_size() const = 0;
   virtual void all_reduce(Tensor& x, ReduceOp op = ReduceOp::kSum) = 0;
   virtual void all_gather(const Tensor& x, Tensor& out) = 0;
+  virtual void reduce_scatter(const Tensor& x, Tensor& out, ReduceOp op = ReduceOp::kSum) = 0;
   virtual void all_to_all(const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
                           std::span<const int64_t> recv_rows) = 0;
   virtual void broadcast(Tensor& x, int root) = 0;
@@ -57,6 +64,7 @@ class Communicator {
 // The checks every communicator makes before entering a collective.
 void check_all_reduce(const Tensor& x, const char* who);
 void check_all_gather(const Tensor& x, const Tensor& out, int world, const char* who);
+void check_reduce_scatter(const Tensor& x, const Tensor& out, int world, const char* who);
 void check_all_to_all(const Tensor& send, std::span<const int64_t> send_rows, const Tensor& recv,
                       std::span<const int64_t> recv_rows, int world, const char* who);
 void check_broadcast(int root, int world, const char* who);

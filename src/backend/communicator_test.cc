@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <thread>
@@ -79,6 +80,41 @@ TEST_P(LocalGroup, AllGatherAndBroadcast) {
     for (int64_t i = 0; i < 3; ++i) y.data<float>()[i] = value(rank, i);
     c.broadcast(y, root);
     for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(y.data<float>()[i], value(root, i));
+  });
+}
+
+// Each rank keeps its block of the sum: exactly the all_reduce's bits for
+// that block (f32 sums and maxes, bf16 rounded once), over 2 rows per rank.
+TEST_P(LocalGroup, ReduceScatterKeepsEachRankItsBlockOfTheAllReduce) {
+  const int world = GetParam();
+  on_ranks(world, [&](int rank, Communicator& c) {
+    for (const DType dtype : {DType::kF32, DType::kBF16})
+      for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+        Tensor x = Tensor::empty({2 * world, 3}, dtype);
+        for (int64_t i = 0; i < x.numel(); ++i) {
+          const float v = value(rank, i) * (i % 2 == 0 ? 1.0f : -0.37f);
+          if (dtype == DType::kF32) x.data<float>()[i] = v;
+          else x.data<uint16_t>()[i] = f32_to_bf16(v);
+        }
+        Tensor all = Tensor::empty(x.shape(), dtype);
+        std::copy_n(static_cast<const char*>(x.raw()), x.nbytes(), static_cast<char*>(all.raw()));
+        c.all_reduce(all, op);
+        Tensor mine = Tensor::empty({2, 3}, dtype);
+        c.reduce_scatter(x, mine, op);
+        EXPECT_EQ(std::memcmp(mine.raw(), static_cast<const char*>(all.raw()) + rank * mine.nbytes(), mine.nbytes()),
+                  0)
+            << "rank " << rank << " " << dtype_name(dtype) << (op == ReduceOp::kSum ? " sum" : " max");
+      }
+    // And against the sum written out, f32.
+    Tensor x = Tensor::empty({world, 4}, DType::kF32);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = value(rank, i);
+    Tensor mine = Tensor::empty({1, 4}, DType::kF32);
+    c.reduce_scatter(x, mine);
+    for (int64_t i = 0; i < 4; ++i) {
+      float sum = 0;
+      for (int r = 0; r < world; ++r) sum += value(r, rank * 4 + i);
+      EXPECT_EQ(mine.data<float>()[i], sum);
+    }
   });
 }
 
@@ -158,6 +194,11 @@ TEST(LocalGroup, BadArgumentsThrowBeforeTheCollective) {
   EXPECT_THROW(c.all_to_all(x, one, recv, two), Error);
   EXPECT_THROW(c.all_to_all(x, std::vector<int64_t>{2, 1}, recv, two), Error);
   EXPECT_THROW(c.broadcast(x, 2), Error);
+  Tensor three = Tensor::empty({3, 3}, DType::kF32), one_row = Tensor::empty({1, 3}, DType::kF32);
+  EXPECT_THROW(c.reduce_scatter(three, one_row), Error);  // 3 rows do not split over 2 ranks
+  EXPECT_THROW(c.reduce_scatter(x, x), Error);            // out must be x's rows / world
+  Tensor ints = Tensor::empty({2, 3}, DType::kI32), int_row = Tensor::empty({1, 3}, DType::kI32);
+  EXPECT_THROW(c.reduce_scatter(ints, int_row), Error);
   EXPECT_THROW(make_local_group(0), Error);
 }
 

@@ -31,6 +31,15 @@ void check_all_gather(const Tensor& x, const Tensor& out, int world, const char*
                dtype_name(x.dtype()), world, x.rank() >= 1 ? x.dim(0) : 0, x.describe(), out.describe());
 }
 
+void check_reduce_scatter(const Tensor& x, const Tensor& out, int world, const char* who) {
+  BASALT_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16,
+               "{} reduce_scatter: x must be f32 or bf16, got {}", who, x.describe());
+  BASALT_CHECK(x.rank() >= 1 && out.dtype() == x.dtype() && out.rank() == x.rank() &&
+                   x.dim(0) == out.dim(0) * world && x.numel() == out.numel() * world,
+               "{} reduce_scatter: x must be {} [{} x {} rows, ...] like out, got x {} out {}", who,
+               dtype_name(out.dtype()), world, out.rank() >= 1 ? out.dim(0) : 0, x.describe(), out.describe());
+}
+
 void check_all_to_all(const Tensor& send, std::span<const int64_t> send_rows, const Tensor& recv,
                       std::span<const int64_t> recv_rows, int world, const char* who) {
   BASALT_CHECK(send_rows.size() == static_cast<size_t>(world) && recv_rows.size() == static_cast<size_t>(world),
@@ -115,30 +124,34 @@ class LocalCommunicator final : public Communicator {
     shared_->in[me] = x.raw();
     shared_->barrier();
     const bool bf16 = x.dtype() == DType::kBF16;
-    auto load = [bf16](const void* p, size_t i) {
-      return bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
-    };
     const size_t begin = slice_begin(me), end = slice_begin(me + 1);
-    std::vector<float> mine(end - begin);
-    for (size_t r = 0; r < world; ++r) {
-      const void* p = shared_->in[r];
-      for (size_t i = begin; i < end; ++i) {
-        const float v = load(p, i);
-        float& acc = mine[i - begin];
-        acc = r == 0 ? v : op == ReduceOp::kSum ? acc + v : std::max(acc, v);
-      }
-    }
+    const std::vector<float> mine = reduce_published(begin, end, bf16, op);
     shared_->out[me] = mine.data();
     shared_->barrier();  // every input read, every slice summed
     for (size_t r = 0; r < world; ++r) {
       const float* sums = static_cast<const float*>(shared_->out[r]);
-      for (size_t i = slice_begin(r); i < slice_begin(r + 1); ++i) {
-        const float v = sums[i - slice_begin(r)];
-        if (bf16) static_cast<uint16_t*>(x.raw())[i] = f32_to_bf16(v);
-        else static_cast<float*>(x.raw())[i] = v;
-      }
+      store(x.raw(), slice_begin(r), sums, slice_begin(r + 1) - slice_begin(r), bf16);
     }
     shared_->barrier();  // every slice copied before its owner frees it
+  }
+
+  void reduce_scatter(const Tensor& x, Tensor& out, ReduceOp op) override {
+    check_reduce_scatter(x, out, shared_->world, "local");
+    if (x.device() != Device::kCpu || out.device() != Device::kCpu) {
+      Tensor h = Tensor::empty(out.shape(), out.dtype());
+      reduce_scatter(to_host(x), h, op);
+      staging_->copy(h, out);
+      return;
+    }
+    // Rank r sums block r over every rank's input in rank order: the same
+    // arithmetic as all_reduce's slices, so the same bits.
+    const auto n = static_cast<size_t>(out.numel()), me = static_cast<size_t>(rank_);
+    shared_->in[me] = x.raw();
+    shared_->barrier();
+    const bool bf16 = x.dtype() == DType::kBF16;
+    const std::vector<float> mine = reduce_published(me * n, (me + 1) * n, bf16, op);
+    store(out.raw(), 0, mine.data(), n, bf16);
+    shared_->barrier();  // every input read before its owner reuses it
   }
 
   void all_gather(const Tensor& x, Tensor& out) override {
@@ -213,6 +226,32 @@ class LocalCommunicator final : public Communicator {
   }
 
  private:
+  // Elements [begin, end) summed (or maxed) over every rank's published
+  // input, in rank order, in f32.
+  std::vector<float> reduce_published(size_t begin, size_t end, bool bf16, ReduceOp op) const {
+    auto load = [bf16](const void* p, size_t i) {
+      return bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+    };
+    std::vector<float> acc(end - begin);
+    for (size_t r = 0; r < static_cast<size_t>(shared_->world); ++r) {
+      const void* p = shared_->in[r];
+      for (size_t i = begin; i < end; ++i) {
+        const float v = load(p, i);
+        float& a = acc[i - begin];
+        a = r == 0 ? v : op == ReduceOp::kSum ? a + v : std::max(a, v);
+      }
+    }
+    return acc;
+  }
+
+  // dst[at .. at + n) = values, rounded once into bf16 when bf16.
+  static void store(void* dst, size_t at, const float* values, size_t n, bool bf16) {
+    for (size_t i = 0; i < n; ++i) {
+      if (bf16) static_cast<uint16_t*>(dst)[at + i] = f32_to_bf16(values[i]);
+      else static_cast<float*>(dst)[at + i] = values[i];
+    }
+  }
+
   // A copy of device tensor t in host memory, through the staging backend
   // (whose copy waits for the device); a host tensor as it is.
   Tensor to_host(const Tensor& t) {

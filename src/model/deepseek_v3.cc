@@ -555,8 +555,9 @@ class DeepseekModelImpl final : public DeepseekModel {
   // DP attention's MoE by gathering (DpMoe::kGather; model/model.h): this
   // rank's rows, padded with zero rows to gather_rows_, are all-gathered;
   // every rank routes all of them (the router is every rank's), runs its
-  // own experts on the pairs routed to them, and an all-reduce sums the
-  // ranks' parts; out (f32 [T, H]) takes this rank's rows. x f32 [T, H];
+  // own experts on the pairs routed to them, and a reduce-scatter sums the
+  // ranks' parts, each rank receiving its own block; out (f32 [T, H]) takes
+  // the block's first T rows. x f32 [T, H];
   // with out null the rank has no tokens (x has no rows) and only serves
   // its experts. Each token's sum is its own experts' parts in choice order,
   // summed over the ranks in rank order (the exchange sums all its choices
@@ -584,11 +585,12 @@ class DeepseekModelImpl final : public DeepseekModel {
     ep_->all_gather(mine, all);
     Tensor ids, weights;
     route(all, w, ids, weights);
-    Tensor sums = b.empty({n * R, H}, DType::kF32);
-    b.moe_experts(all, ids, weights, w.experts, sums, expert_begin_);
-    ep_->all_reduce(sums);
+    Tensor parts = b.empty({n * R, H}, DType::kF32);
+    b.moe_experts(all, ids, weights, w.experts, parts, expert_begin_);
+    Tensor sums = b.empty({R, H}, DType::kF32);
+    ep_->reduce_scatter(parts, sums);
     ++exchanges_done_;
-    if (out != nullptr && T > 0) b.copy(sums.rows(ep_rank_ * R, T), *out);
+    if (out != nullptr && T > 0) b.copy(sums.rows(0, T), *out);
   }
 
   // DP attention's MoE exchange (deepseek_v3.h). The (token, choice) pairs

@@ -78,8 +78,8 @@
 //    the step's largest batch (one all-gather of the ranks' counts), then in
 //    each MoE layer every rank's rows, padded with zeros to it, are
 //    all-gathered, every rank routes them all and runs its own experts on
-//    the pairs routed to them, and one all-reduce sums the ranks' parts;
-//    each rank keeps its rows. Collectives of fixed size within a step and
+//    the pairs routed to them, and one reduce-scatter sums the ranks' parts,
+//    each rank receiving its own rows. Collectives of fixed size within a step and
 //    no host read per layer (the exchange reads its counts each layer); the
 //    sums are in another order than the exchange's.
 #pragma once

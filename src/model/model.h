@@ -78,8 +78,9 @@ using LoadProgress = std::function<void(uint64_t, uint64_t)>;
 // (model/deepseek_v3.h): kExchange sends each (token, choice) pair to its
 // expert's rank and back (all-to-all, sized on the host per layer); kGather
 // all-gathers every rank's hidden rows (padded to the step's largest batch),
-// each rank routes them all and runs its own experts, and an all-reduce sums
-// the ranks' parts (SGLang's DP attention without DeepEP): fixed sizes per
+// each rank routes them all and runs its own experts, and a reduce-scatter
+// sums the ranks' parts into each rank's own rows (SGLang's DP attention
+// without DeepEP): fixed sizes per
 // step, no host read per layer.
 class Communicator;
 enum class DpMoe : uint8_t { kExchange, kGather };

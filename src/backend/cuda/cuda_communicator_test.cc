@@ -92,6 +92,17 @@ TEST(NcclCommunicator, EveryCollectiveOnEveryGpu) {
         for (int r = 0; r < world; ++r) s += bf16_to_f32(f32_to_bf16(value(r, i)));
         EXPECT_NEAR(bf16_to_f32(hs.data<uint16_t>()[i]), s, std::abs(s) * 1e-2);
       }
+      // reduce_scatter: rank r keeps rows [2r, 2r + 2) of the sum, f32.
+      Tensor rs = Tensor::empty({2 * world, 3}, DType::kF32);
+      for (int64_t i = 0; i < rs.numel(); ++i) rs.data<float>()[i] = value(rank, i);
+      Tensor drs = on_device(b, rs), dblock = b.empty({2, 3}, DType::kF32);
+      c.reduce_scatter(drs, dblock);
+      const Tensor block = on_host(b, dblock);
+      for (int64_t i = 0; i < 6; ++i) {
+        float s = 0;
+        for (int r = 0; r < world; ++r) s += value(r, rank * 6 + i);
+        EXPECT_EQ(block.data<float>()[i], s);
+      }
       // all_gather and broadcast.
       Tensor g = Tensor::empty({2, 3}, DType::kI32);
       for (int64_t i = 0; i < 6; ++i) g.data<int32_t>()[i] = rank * 100 + static_cast<int32_t>(i);

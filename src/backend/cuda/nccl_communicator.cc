@@ -63,6 +63,15 @@ class NcclCommunicator final : public Communicator {
     BASALT_NCCL_CHECK(ncclAllGather(x.raw(), out.raw(), nccl_count(x), nccl_type(x.dtype()), comm_, backend_.stream()));
   }
 
+  void reduce_scatter(const Tensor& x, Tensor& out, ReduceOp op) override {
+    check_reduce_scatter(x, out, world_, "nccl");
+    require_device(x);
+    require_device(out);
+    backend_.make_current();
+    BASALT_NCCL_CHECK(ncclReduceScatter(x.raw(), out.raw(), static_cast<size_t>(out.numel()), nccl_type(x.dtype()),
+                                        op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, backend_.stream()));
+  }
+
   void all_to_all(const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
                   std::span<const int64_t> recv_rows) override {
     check_all_to_all(send, send_rows, recv, recv_rows, world_, "nccl");
