@@ -1,5 +1,6 @@
 #include "model/data_parallel.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <fmt/format.h>
@@ -190,6 +191,14 @@ class Group final : public DataParallelGroup {
     }
     running_ = true;
     lock.unlock();
+    if (moe_ == DpMoe::kGather) {
+      // The leader sees every rank's batch: it agrees the rows the ranks pad
+      // to for this round, so that no rank all-gathers and reads the counts.
+      int64_t rows = 0;
+      for (const Step* step : round)
+        if (step != nullptr) rows = std::max(rows, step->batch->num_tokens());
+      for (int q = 0; q < world(); ++q) model(q).set_step_rows(rows);
+    }
     const std::vector<std::exception_ptr> errors = threads_.run([&](int q) {
       ranks_[static_cast<size_t>(q)].backend->make_current();
       const Step* step = round[static_cast<size_t>(q)];

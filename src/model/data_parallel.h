@@ -32,8 +32,10 @@
 // which the caller samples; rank(r).allocate_kv makes that backend's device
 // current on the calling thread. GPU ranks run eagerly (the expert exchange
 // reads its counts on the host each layer). `moe` is how tokens reach the
-// routed experts (model/model.h's DpMoe: the exchange, or gathering). The
-// group outlives the Models it hands out.
+// routed experts (model/model.h's DpMoe: the exchange, or gathering; by
+// gathering, the round's leader sets the rows every rank pads to from the
+// batches handed in, DeepseekModel::set_step_rows, so no rank reads counts
+// from its device in a step). The group outlives the Models it hands out.
 #pragma once
 
 #include <chrono>

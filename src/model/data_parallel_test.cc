@@ -9,12 +9,15 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <thread>
 
+#include "backend/communicator.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "model/deepseek_v3.h"
 #include "model/safetensors.h"
 #include "runtime/generator.h"
 #include "testing/backend_test_util.h"
@@ -157,6 +160,128 @@ TEST(DataParallel, AFailingBatchFailsAloneAndTheGroupGoesOn) {
     SCOPED_TRACE(moe == DpMoe::kGather ? "experts by gathering" : "experts by the exchange");
     a_failing_batch_fails_alone(moe);
   }
+}
+
+// DP ranks by gathering without the group: each rank's model agrees the
+// step's rows with the others itself (an all-gather of the counts), or
+// takes what a caller that sees every batch set (set_step_rows, as the
+// group's leader does), also more than needed; a count below a rank's
+// tokens fails that rank alone while the other's step completes. Each
+// rank's logits are one model's on its own prompt (the prompts differ in
+// length, so ranks pad).
+TEST(DataParallel, GatheringRanksAgreeTheirRowsOrTakeTheCallersCount) {
+  const std::string dir = kModels + "deepseek_v3";
+  CpuBackend one_backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);
+  auto one = load_model(dir, one_backend);
+  const int64_t vocab = one->config().vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {{3, 7, 11}, {5, 2, 9, 4, 13}};
+  const auto logits_of = [&](Model& m, const std::vector<int32_t>& ids) {
+    KvBuffers kv = m.allocate_kv(8);
+    Tensor logits = Tensor::empty({1, vocab}, DType::kF32);
+    m.forward(single_sequence_batch(ids, 0), kv, logits);
+    return std::vector<float>(logits.data<float>(), logits.data<float>() + vocab);
+  };
+  std::vector<std::vector<float>> expected;
+  for (const auto& p : prompts) expected.push_back(logits_of(*one, p));
+
+  auto comms = make_local_group(2);
+  std::vector<std::unique_ptr<CpuBackend>> backends;
+  std::vector<std::unique_ptr<Model>> ranks(2);
+  for (int r = 0; r < 2; ++r)
+    backends.push_back(std::make_unique<CpuBackend>(&ThreadPool::global(), cpu::Bf16Activations::kF32));
+  on_every_rank(2, [&](int r) {
+    ranks[static_cast<size_t>(r)] = load_model(dir, *backends[static_cast<size_t>(r)], {},
+                                               RankRole{comms[static_cast<size_t>(r)].get(), true, DpMoe::kGather});
+  });
+  const auto rank_model = [&](int r) -> DeepseekModel& {
+    return dynamic_cast<DeepseekModel&>(*ranks[static_cast<size_t>(r)]);
+  };
+  // -1: agreed by the ranks; otherwise set on both before the step.
+  for (const int64_t preset : {int64_t{-1}, int64_t{5}, int64_t{9}, int64_t{-1}}) {
+    SCOPED_TRACE("rows " + std::to_string(preset));
+    std::vector<std::vector<float>> got(2);
+    on_every_rank(2, [&](int r) {
+      if (preset >= 0) rank_model(r).set_step_rows(preset);
+      got[static_cast<size_t>(r)] = logits_of(rank_model(r), prompts[static_cast<size_t>(r)]);
+    });
+    for (size_t r = 0; r < 2; ++r) {
+      ASSERT_EQ(got[r].size(), expected[r].size());
+      for (size_t i = 0; i < got[r].size(); ++i) ASSERT_NEAR(got[r][i], expected[r][i], 1e-4) << "rank " << r;
+    }
+  }
+  // 4 agreed rows: rank 1's 5 tokens do not fit; rank 0's 3 do.
+  std::vector<float> zeroth;
+  bool refused = false;
+  on_every_rank(2, [&](int r) {
+    rank_model(r).set_step_rows(4);
+    if (r == 0) {
+      zeroth = logits_of(rank_model(0), prompts[0]);
+      return;
+    }
+    try {
+      logits_of(rank_model(1), prompts[1]);
+    } catch (const Error& e) {
+      refused = std::string(e.what()).find("agreed 4") != std::string::npos;
+    }
+  });
+  EXPECT_TRUE(refused);
+  ASSERT_EQ(zeroth.size(), expected[0].size());
+  for (size_t i = 0; i < zeroth.size(); ++i) EXPECT_NEAR(zeroth[i], expected[0][i], 1e-4);
+}
+
+// Counts a rank's collectives, passing them to the in-process group.
+class CountingCommunicator final : public Communicator {
+ public:
+  CountingCommunicator(std::unique_ptr<Communicator> inner, std::atomic<int>& gathers, std::atomic<int>& scatters)
+      : inner_(std::move(inner)), gathers_(gathers), scatters_(scatters) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  void all_reduce(Tensor& x, ReduceOp op) override { inner_->all_reduce(x, op); }
+  void all_gather(const Tensor& x, Tensor& out) override {
+    ++gathers_;
+    inner_->all_gather(x, out);
+  }
+  void reduce_scatter(const Tensor& x, Tensor& out, ReduceOp op) override {
+    ++scatters_;
+    inner_->reduce_scatter(x, out, op);
+  }
+  void all_to_all(const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
+                  std::span<const int64_t> recv_rows) override {
+    inner_->all_to_all(send, send_rows, recv, recv_rows);
+  }
+  void broadcast(Tensor& x, int root) override { inner_->broadcast(x, root); }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  std::atomic<int>& gathers_;
+  std::atomic<int>& scatters_;
+};
+
+// Through the group, a step by gathering is one all-gather and one
+// reduce-scatter per MoE layer and no more: the leader set the rows, so no
+// rank gathered the counts.
+TEST(DataParallel, TheGroupAgreesTheRowsSoNoRankGathersCounts) {
+  std::atomic<int> gathers{0}, scatters{0};
+  const RankGroupFactory counting = [&](std::span<Backend* const> backends) {
+    std::vector<std::unique_ptr<Communicator>> out;
+    for (auto& c : make_local_group(static_cast<int>(backends.size())))
+      out.push_back(std::make_unique<CountingCommunicator>(std::move(c), gathers, scatters));
+    return out;
+  };
+  auto group = load_data_parallel(
+      kModels + "deepseek_v3", 2, [](int) { return make_cpu_backend_with_threads(1, cpu::Bf16Activations::kF32); },
+      {}, std::chrono::microseconds(1000), Weights::kCheckpoint, counting, DpMoe::kGather);
+  const int64_t vocab = group->rank(0).config().vocab_size;
+  gathers = 0;
+  scatters = 0;
+  on_every_rank(2, [&](int r) {
+    KvBuffers kv = group->rank(r).allocate_kv(8);
+    Tensor logits = Tensor::empty({1, vocab}, DType::kF32);
+    const std::vector<int32_t> ids(static_cast<size_t>(2 + r), 5);
+    group->rank(r).forward(single_sequence_batch(ids, 0), kv, logits);
+  });
+  EXPECT_GT(scatters.load(), 0);
+  EXPECT_EQ(gathers.load(), scatters.load());
 }
 
 // With the other ranks known to be idle, a lone rank's step starts at once

@@ -5,6 +5,7 @@
 #include <map>
 #include <numeric>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "backend/communicator.h"
@@ -190,6 +191,11 @@ class DeepseekModelImpl final : public DeepseekModel {
   // each rank's head runs its own batch, and its MoE meets the other ranks'
   // (model/data_parallel.h steps the heads together, as it does the models).
   DraftHead* draft_head() override { return mtp_ ? &mtp_head_ : nullptr; }
+
+  void set_step_rows(int64_t rows) override {
+    BASALT_CHECK(rows >= 0, "set_step_rows: {} rows", rows);
+    if (dp_gather_) preset_rows_ = rows;
+  }
 
   void forward_mtp_idle() override {
     BASALT_CHECK(dp_attention_ && mtp_ != nullptr, "forward_mtp_idle: no MTP layer over DP-attention ranks");
@@ -543,6 +549,13 @@ class DeepseekModelImpl final : public DeepseekModel {
   // of the ranks' counts before the first layer. A rank with no tokens
   // agrees with 0.
   void agree_gather_rows(int64_t tokens) {
+    if (preset_rows_ >= 0) {  // set_step_rows: agreed by the caller
+      gather_rows_ = std::exchange(preset_rows_, -1);
+      rows_agreed_ = true;
+      BASALT_CHECK(tokens <= gather_rows_, "DP attention: {} rows against the step's agreed {}", tokens,
+                   gather_rows_);
+      return;
+    }
     const int64_t n = ep_world_;
     Tensor counts = backend_.empty({n, 1}, DType::kI32);
     ep_->all_gather(uploaded(Tensor::from_i32({1, 1}, std::vector<int32_t>{static_cast<int32_t>(tokens)})), counts);
@@ -967,6 +980,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   bool dp_gather_ = false;              // DP attention by DpMoe::kGather
   bool rows_agreed_ = false;            // kGather: agree_gather_rows ran in this forward
   int64_t gather_rows_ = 0;             // kGather: the rows each rank pads to in this forward
+  int64_t preset_rows_ = -1;            // kGather: set_step_rows' value for the next forward, or -1
   Tensor gather_zeros_;                 // kGather: zero rows for the padding
   int64_t heads_ = 0;                         // this rank's query heads
   int64_t vocab_begin_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows

@@ -75,13 +75,15 @@
 //    steps: every rank takes part in each, a rank without tokens through
 //    forward_mtp_idle(). With RankRole::dp_moe = DpMoe::kGather the tokens
 //    reach the experts by gathering instead: each forward first agrees on
-//    the step's largest batch (one all-gather of the ranks' counts), then in
-//    each MoE layer every rank's rows, padded with zeros to it, are
-//    all-gathered, every rank routes them all and runs its own experts on
-//    the pairs routed to them, and one reduce-scatter sums the ranks' parts,
-//    each rank receiving its own rows. Collectives of fixed size within a step and
-//    no host read per layer (the exchange reads its counts each layer); the
-//    sums are in another order than the exchange's.
+//    the step's largest batch (one all-gather of the ranks' counts, read on
+//    the host, unless the caller, who sees every rank's batch, set it with
+//    set_step_rows), then in each MoE layer every rank's rows, padded with
+//    zeros to it, are all-gathered, every rank routes them all and runs its
+//    own experts on the pairs routed to them, and one reduce-scatter sums
+//    the ranks' parts, each rank receiving its own rows. Collectives of
+//    fixed size within a step and no host read per layer (the exchange
+//    reads its counts each layer); the sums are in another order than the
+//    exchange's.
 #pragma once
 
 #include <memory>
@@ -107,6 +109,13 @@ class DeepseekModel : public Model {
   // DP attention: this rank's part in a pass of the MTP layer (draft_head())
   // in which it has no tokens; throws without an MTP layer.
   virtual void forward_mtp_idle() = 0;
+  // DP attention by gathering: the rows every rank pads to in this rank's
+  // next forward, forward_idle or pass of the MTP layer, agreed by a caller
+  // that sees every rank's batch and sets the same value on every rank (at
+  // least each rank's token count); that call then skips its all-gather of
+  // the counts. Used once; without it the call agrees by itself. Ignored by
+  // a model that does not run DP attention by gathering.
+  virtual void set_step_rows(int64_t rows) = 0;
 };
 
 // `role`: the rank's part in a group (model/model.h); what a rank holds is

@@ -80,8 +80,7 @@ using LoadProgress = std::function<void(uint64_t, uint64_t)>;
 // all-gathers every rank's hidden rows (padded to the step's largest batch),
 // each rank routes them all and runs its own experts, and a reduce-scatter
 // sums the ranks' parts into each rank's own rows (SGLang's DP attention
-// without DeepEP): fixed sizes per
-// step, no host read per layer.
+// without DeepEP): fixed sizes per step, no host read per layer.
 class Communicator;
 enum class DpMoe : uint8_t { kExchange, kGather };
 struct RankRole {
