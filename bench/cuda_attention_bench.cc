@@ -25,6 +25,7 @@
 // in the 50 MB L2.
 //
 // Usage: basalt_bench_cuda_attention [--repeats N] [--heads Q,KV] [--dims K,V] [--only decode|prefill]
+//                                    [--case NAME] (the cases named NAME exactly: one case for a profiler)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -115,7 +116,7 @@ bool parse_pair(const char* text, int& a, int& b) {
 int main(int argc, char** argv) {
   int repeats = 100;
   int heads = 32, kv_heads = 8, head_dim = 128, v_head_dim = 128;  // Llama-3.1-8B
-  std::string only;
+  std::string only, only_case;
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (std::strcmp(argv[i], "--repeats") == 0 && has_value) {
@@ -129,10 +130,12 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--only") == 0 && has_value &&
                (std::strcmp(argv[i + 1], "decode") == 0 || std::strcmp(argv[i + 1], "prefill") == 0)) {
       only = argv[++i];
+    } else if (std::strcmp(argv[i], "--case") == 0 && has_value) {
+      only_case = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: basalt_bench_cuda_attention [--repeats N] [--heads Q,KV] [--dims K,V] "
-                   "[--only decode|prefill]\n");
+                   "[--only decode|prefill] [--case NAME]\n");
       return 2;
     }
   }
@@ -150,7 +153,8 @@ int main(int argc, char** argv) {
   };
   std::vector<Case> chosen;
   for (const Case& c : cases)
-    if (only.empty() || (only == "decode") == c.decode) chosen.push_back(c);
+    if ((only.empty() || (only == "decode") == c.decode) && (only_case.empty() || only_case == c.name))
+      chosen.push_back(c);
   const int64_t token_bytes = int64_t{kv_heads} * (head_dim + v_head_dim) * 2;  // K + V, bf16
   int64_t pool = (512ll << 20) / token_bytes;
   for (const Case& c : chosen) pool = std::max<int64_t>(pool, int64_t{c.seqs} * c.kv_len);
