@@ -344,10 +344,10 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   // (DpAttentionEngines), each KV pool sized as one engine's would be.
   std::unique_ptr<Model> model;
   DpAttentionEngines dp;
+  const int graph_batch = f.enforce_eager ? 0 : std::min(f.max_running, 4096);
   if (f.parallel.dp_attention) {
-    dp = DpAttentionEngines::load(f.model, f.parallel, backend, std::ref(progress));
+    dp = DpAttentionEngines::load(f.model, f.parallel, backend, std::ref(progress), graph_batch);
   } else {
-    const int graph_batch = f.enforce_eager ? 0 : std::min(f.max_running, 4096);
     model = attach_speculation_head(
         f.speculation, load_model_for_tp(f.model, backend, f.parallel, std::ref(progress), graph_batch), f.model,
         backend);

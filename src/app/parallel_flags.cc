@@ -125,7 +125,7 @@ std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backen
 }
 
 DpAttentionEngines DpAttentionEngines::load(const std::string& dir, const ParallelFlags& flags,
-                                            const Backend& backend, const LoadProgress& progress) {
+                                            const Backend& backend, const LoadProgress& progress, int graph_batch) {
   DpAttentionEngines out;
   if (backend.device() == Device::kCpu) {
     out.model = load_data_parallel(dir, flags.tp, cpu_ranks(flags.tp, cpu_bf16_activations(backend)), progress,
@@ -134,8 +134,10 @@ DpAttentionEngines DpAttentionEngines::load(const std::string& dir, const Parall
   }
 #ifdef BASALT_HAVE_CUDA
   const GpuRanks gpus = gpu_ranks(flags.tp, backend);
-  out.model = load_data_parallel(dir, flags.tp, gpus.make_backend, progress, std::chrono::microseconds(1000),
-                                 flags.weights(), gpus.make_group, flags.moe());
+  out.model = load_data_parallel(
+      dir, flags.tp, gpus.make_backend, progress, std::chrono::microseconds(1000), flags.weights(), gpus.make_group,
+      flags.moe(),
+      graph_batch > 0 ? std::optional<GraphOptions>(GraphOptions{.max_batch = graph_batch}) : std::nullopt);
   return out;
 #else
   fail("--dp-attention --device {}: this build has no GPU backend", backend.name());

@@ -68,9 +68,12 @@ struct DpAttentionEngines {
   DpAttentionEngines& operator=(DpAttentionEngines&&) = default;
   ~DpAttentionEngines();
 
-  // The ranks multiply bf16 weights as `backend` does (--dtype).
+  // The ranks multiply bf16 weights as `backend` does (--dtype). With
+  // graph_batch > 0, GPU ranks over NCCL by gathering (--dp-moe gather)
+  // replay CUDA graphs of decode rounds up to graph_batch sequences
+  // (model/data_parallel.h).
   static DpAttentionEngines load(const std::string& dir, const ParallelFlags& flags, const Backend& backend,
-                                 const LoadProgress& progress = {});
+                                 const LoadProgress& progress = {}, int graph_batch = 0);
   void start(const Tokenizer* tokenizer, EngineOptions options);
 };
 

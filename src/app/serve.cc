@@ -188,14 +188,14 @@ void run_serve(const ServeFlags& f) {
   std::unique_ptr<Engine> single;
   DpAttentionEngines dp;
   std::vector<Engine*> engines;
+  const int graph_batch = f.enforce_eager ? 0 : std::min(f.max_running, 4096);
   if (f.parallel.dp_attention) {
     if (options.kv_slots == 0) options.kv_budget_bytes = kv_budget_bytes(f.device, f.kv_fraction);
-    dp = DpAttentionEngines::load(dir, f.parallel, backend);
+    dp = DpAttentionEngines::load(dir, f.parallel, backend, {}, graph_batch);
     tokenizer_loaded.emplace(tokenizer_loading.get());
     dp.start(&tokenizer_loaded->tokenizer, options);
     for (int r = 0; r < dp.engines->size(); ++r) engines.push_back(&dp.engines->engine(r));
   } else {
-    const int graph_batch = f.enforce_eager ? 0 : std::min(f.max_running, 4096);
     model = attach_speculation_head(f.speculation, load_model_for_tp(dir, backend, f.parallel, {}, graph_batch), dir,
                                     backend);
     // Over GPU ranks each rank records its own graphs (load_model_for_tp).

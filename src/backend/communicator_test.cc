@@ -182,6 +182,31 @@ TEST_P(LocalGroup, RowParallelLinearEqualsTheWholeLayer) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, LocalGroup, ::testing::Values(1, 2, 3, 5));
 
+// Ranks that disagree on a collective's size (which NCCL would hang on, or
+// corrupt memory with) all throw, naming it, and the group stays usable.
+TEST(LocalGroup, RanksDisagreeingOnTheSizeAllThrow) {
+  on_ranks(2, [&](int rank, Communicator& c) {
+    const int64_t rows = rank + 1;
+    Tensor x = Tensor::zeros({2 * rows, 2}, DType::kF32);
+    Tensor gathered = Tensor::empty({2 * 2 * rows, 2}, DType::kF32), block = Tensor::empty({rows, 2}, DType::kF32);
+    const auto disagree = [](const std::function<void()>& call) {
+      try {
+        call();
+      } catch (const Error& e) {
+        return std::string(e.what()).find("disagree") != std::string::npos;
+      }
+      return false;
+    };
+    EXPECT_TRUE(disagree([&] { c.all_reduce(x); }));
+    EXPECT_TRUE(disagree([&] { c.all_gather(x, gathered); }));
+    EXPECT_TRUE(disagree([&] { c.reduce_scatter(x, block); }));
+    EXPECT_TRUE(disagree([&] { c.broadcast(x, 0); }));
+    Tensor same = Tensor::from_f32({3}, std::vector<float>{1.0f, 1.0f, 1.0f});
+    c.all_reduce(same);
+    EXPECT_EQ(same.data<float>()[2], 2.0f);
+  });
+}
+
 TEST(LocalGroup, BadArgumentsThrowBeforeTheCollective) {
   auto group = make_local_group(2);
   Communicator& c = *group[0];

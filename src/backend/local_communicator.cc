@@ -73,7 +73,11 @@ namespace {
 
 struct Shared {
   explicit Shared(int world)
-      : world(world), in(static_cast<size_t>(world)), out(static_cast<size_t>(world)), counts(static_cast<size_t>(world)) {}
+      : world(world),
+        in(static_cast<size_t>(world)),
+        out(static_cast<size_t>(world)),
+        counts(static_cast<size_t>(world)),
+        bytes(static_cast<size_t>(world)) {}
 
   // Waits until every rank has arrived; reusable.
   void barrier() {
@@ -96,6 +100,7 @@ struct Shared {
   std::vector<const void*> in;                   // per rank: the input it published
   std::vector<const void*> out;                  // per rank: its all_reduce slice's sums
   std::vector<std::span<const int64_t>> counts;  // per rank: all_to_all send counts
+  std::vector<size_t> bytes;                     // per rank: its input's size
 };
 
 class LocalCommunicator final : public Communicator {
@@ -122,7 +127,13 @@ class LocalCommunicator final : public Communicator {
     const auto world = static_cast<size_t>(shared_->world), me = static_cast<size_t>(rank_);
     auto slice_begin = [&](size_t r) { return n * r / world; };
     shared_->in[me] = x.raw();
+    shared_->bytes[me] = x.nbytes();
     shared_->barrier();
+    if (const std::string mismatch = size_mismatch("all_reduce"); !mismatch.empty()) {
+      shared_->barrier();
+      shared_->barrier();
+      throw Error(mismatch);
+    }
     const bool bf16 = x.dtype() == DType::kBF16;
     const size_t begin = slice_begin(me), end = slice_begin(me + 1);
     const std::vector<float> mine = reduce_published(begin, end, bf16, op);
@@ -147,7 +158,12 @@ class LocalCommunicator final : public Communicator {
     // arithmetic as all_reduce's slices, so the same bits.
     const auto n = static_cast<size_t>(out.numel()), me = static_cast<size_t>(rank_);
     shared_->in[me] = x.raw();
+    shared_->bytes[me] = x.nbytes();
     shared_->barrier();
+    if (const std::string mismatch = size_mismatch("reduce_scatter"); !mismatch.empty()) {
+      shared_->barrier();
+      throw Error(mismatch);
+    }
     const bool bf16 = x.dtype() == DType::kBF16;
     const std::vector<float> mine = reduce_published(me * n, (me + 1) * n, bf16, op);
     store(out.raw(), 0, mine.data(), n, bf16);
@@ -163,7 +179,12 @@ class LocalCommunicator final : public Communicator {
       return;
     }
     shared_->in[static_cast<size_t>(rank_)] = x.raw();
+    shared_->bytes[static_cast<size_t>(rank_)] = x.nbytes();
     shared_->barrier();
+    if (const std::string mismatch = size_mismatch("all_gather"); !mismatch.empty()) {
+      shared_->barrier();
+      throw Error(mismatch);
+    }
     const size_t bytes = x.nbytes();
     for (int r = 0; r < shared_->world; ++r)
       if (bytes > 0)
@@ -220,12 +241,30 @@ class LocalCommunicator final : public Communicator {
       return;
     }
     shared_->in[static_cast<size_t>(rank_)] = x.raw();
+    shared_->bytes[static_cast<size_t>(rank_)] = x.nbytes();
     shared_->barrier();
+    if (const std::string mismatch = size_mismatch("broadcast"); !mismatch.empty()) {
+      shared_->barrier();
+      throw Error(mismatch);
+    }
     if (rank_ != root && x.nbytes() > 0) std::memcpy(x.raw(), shared_->in[static_cast<size_t>(root)], x.nbytes());
     shared_->barrier();
   }
 
  private:
+  // After the publishing barrier: empty when every rank's input has this
+  // rank's size, else what differs (every rank sees the same sizes, so
+  // every rank skips the exchange, passes the remaining barriers and
+  // throws: a disagreement that NCCL would hang on or corrupt memory with).
+  std::string size_mismatch(const char* what) const {
+    const size_t mine = shared_->bytes[static_cast<size_t>(rank_)];
+    for (int r = 0; r < shared_->world; ++r)
+      if (shared_->bytes[static_cast<size_t>(r)] != mine)
+        return fmt::format("local {}: rank {} has {} bytes, rank {} has {}: the ranks disagree on the size", what,
+                           rank_, mine, r, shared_->bytes[static_cast<size_t>(r)]);
+    return {};
+  }
+
   // Elements [begin, end) summed (or maxed) over every rank's published
   // input, in rank order, in f32.
   std::vector<float> reduce_published(size_t begin, size_t end, bool bf16, ReduceOp op) const {

@@ -11,6 +11,7 @@
 #include "backend/communicator.h"
 #include "core/error.h"
 #include "model/deepseek_v3.h"
+#include "model/forward_batch.h"
 #include "model/rank_threads.h"
 
 namespace basalt {
@@ -27,6 +28,7 @@ class RankView final : public Model {
   size_t kv_bytes_per_slot(DType dtype) const override;
   using Model::forward;
   void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override;
+  void prepare(KvBuffers& kv) override;
   std::string summary() const override;
   DraftHead* draft_head() override;
 
@@ -53,7 +55,8 @@ class RankView final : public Model {
 class Group final : public DataParallelGroup {
  public:
   Group(const std::string& dir, int world, const RankBackendFactory& make_backend, const LoadProgress& progress,
-        std::chrono::microseconds round_wait, Weights weights, const RankGroupFactory& make_group, DpMoe moe)
+        std::chrono::microseconds round_wait, Weights weights, const RankGroupFactory& make_group, DpMoe moe,
+        const std::optional<GraphOptions>& graphs)
       : threads_(world), round_wait_(round_wait), moe_(moe), waiting_(static_cast<size_t>(world), nullptr) {
     ranks_.resize(static_cast<size_t>(world));
     std::vector<Backend*> backends;
@@ -74,15 +77,22 @@ class Group final : public DataParallelGroup {
     BASALT_CHECK(comms.size() == static_cast<size_t>(world), "DP attention: a group of {} for {} ranks",
                  comms.size(), world);
     for (int r = 0; r < world; ++r) ranks_[static_cast<size_t>(r)].comm = std::move(comms[static_cast<size_t>(r)]);
+    // Graphs per rank where every rank records its collectives, by gathering
+    // only (the exchange sizes its collectives on the host in each layer).
+    graphed_ = graphs.has_value() && moe == DpMoe::kGather;
+    for (const Rank& rank : ranks_) graphed_ = graphed_ && rank.backend->can_record() && rank.comm->can_record();
+    GraphOptions graph_options = graphs.value_or(GraphOptions{});
+    graph_options.record_on_demand = false;  // every recording is a round of its own (record_graphs)
+    max_batch_ = graph_options.max_batch;
     threads_.run_or_throw([&](int r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];
       rank.backend->make_current();
       std::unique_ptr<Model> model =
           load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get(), true, moe},
                      weights);
-      rank.model.reset(dynamic_cast<DeepseekModel*>(model.get()));
+      rank.model = dynamic_cast<DeepseekModel*>(model.get());
       BASALT_CHECK(rank.model != nullptr, "{}: DP attention needs a DeepSeek model", dir);
-      (void)model.release();
+      rank.owner = graphed_ ? make_graphed_model(std::move(model), *rank.backend, graph_options) : std::move(model);
     });
   }
 
@@ -97,6 +107,32 @@ class Group final : public DataParallelGroup {
   }
   DeepseekModel& model(int r) const { return *ranks_[static_cast<size_t>(r)].model; }
   DpMoe moe() const { return moe_; }
+  GraphStats graph_stats(int r) const override {
+    BASALT_CHECK(r >= 0 && r < world(), "DP attention: rank {} of {}", r, world());
+    return basalt::graph_stats(*ranks_[static_cast<size_t>(r)].owner);
+  }
+
+  // Rank r's engine hands in its KV before its first step; the last rank
+  // to hand one in records every rank's graphs on them, between rounds.
+  void prepare(int r, KvBuffers& kv) {
+    if (!graphed_) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    ranks_[static_cast<size_t>(r)].kv = &kv;
+    recorded_ = false;
+    std::vector<KvBuffers*> every;
+    for (const Rank& rank : ranks_) every.push_back(rank.kv);
+    if (std::find(every.begin(), every.end(), nullptr) != every.end()) return;
+    changed_.wait(lock, [&] { return !running_; });
+    running_ = true;
+    lock.unlock();
+    const std::vector<std::exception_ptr> errors = record_graphs(every);
+    lock.lock();
+    recorded_ = true;
+    running_ = false;
+    changed_.notify_all();
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
   void set_activity(std::function<bool(int)> busy) override {
     std::lock_guard<std::mutex> lock(mu_);
     busy_ = std::move(busy);
@@ -161,9 +197,66 @@ class Group final : public DataParallelGroup {
   struct Rank {
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<Backend> backend;
-    std::unique_ptr<DeepseekModel> model;
+    std::unique_ptr<Model> owner;    // the rank's model, in a GraphedModel when graphed_
+    DeepseekModel* model = nullptr;  // the model itself (owner's, or inside it)
+    KvBuffers* kv = nullptr;         // graphed_: what prepare() was given, the graphs' KV
+    Tensor logits;                   // graphed_: [max_batch, vocab] f32 for padded steps
     std::unique_ptr<RankView> view;
   };
+
+  // Whether `step` is a decode step the recorded graphs take: one query row
+  // per sequence, every row's logits, host tensors, no hidden states.
+  static bool plain_decode(const Step& step) {
+    const ForwardBatch& b = *step.batch;
+    const int64_t t = b.num_tokens();
+    if (step.hidden != nullptr || t < 1 || b.attention.q_start.numel() != t + 1 || b.logit_rows.numel() != t)
+      return false;
+    for (const Tensor* h : {&b.token_ids, &b.positions, &b.out_slots, &b.logit_rows, &b.attention.q_start,
+                            &b.attention.kv_start, &b.attention.kv_slots})
+      if (h->device() != Device::kCpu || h->dtype() != DType::kI32) return false;
+    const int32_t* q = b.attention.q_start.data<const int32_t>();
+    const int32_t* rows = b.logit_rows.data<const int32_t>();
+    for (int64_t i = 0; i < t; ++i)
+      if (q[i] != i || rows[i] != i) return false;
+    return q[t] == t;
+  }
+
+  // A decode batch padded on the host to `size` sequences, the padding
+  // ones as a graphed model pads (a query at position 0, no keys, no KV
+  // written): the graphs of `size` replay it.
+  static ForwardBatch padded_decode(const ForwardBatch& b, int64_t size) {
+    const int64_t t = b.num_tokens();
+    const auto grown = [&](const Tensor& src, int64_t n, int32_t fill) {
+      std::vector<int32_t> v(src.data<const int32_t>(), src.data<const int32_t>() + src.numel());
+      v.resize(static_cast<size_t>(n), fill);
+      return v;
+    };
+    std::vector<int32_t> q(static_cast<size_t>(size + 1)), rows(static_cast<size_t>(size));
+    for (int64_t i = 0; i <= size; ++i) q[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    for (int64_t i = 0; i < size; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    const int32_t keys = b.attention.kv_start.data<const int32_t>()[t];
+    ForwardBatch p = host_forward_batch(grown(b.token_ids, size, 0), grown(b.positions, size, 0),
+                                        grown(b.out_slots, size, -1), q, grown(b.attention.kv_start, size + 1, keys),
+                                        std::vector<int32_t>(b.attention.kv_slots.data<const int32_t>(),
+                                                             b.attention.kv_slots.data<const int32_t>() +
+                                                                 b.attention.kv_slots.numel()),
+                                        rows);
+    p.mode = b.mode;
+    return p;
+  }
+
+  // Every rank's graphs, recorded together on the KV each handed in
+  // (GraphedModel::prepare: every decode size in one order, on batches of
+  // padding rows): the ranks' batches are of one size in each recording, so
+  // every rank's model pads its MoE rows to its own count
+  // (kStepRowsOwnTokens) and the collectives recorded match.
+  std::vector<std::exception_ptr> record_graphs(const std::vector<KvBuffers*>& kv) {
+    for (int q = 0; q < world(); ++q) model(q).set_step_rows(DeepseekModel::kStepRowsOwnTokens);
+    return threads_.run([&](int q) {
+      ranks_[static_cast<size_t>(q)].backend->make_current();
+      ranks_[static_cast<size_t>(q)].owner->prepare(*kv[static_cast<size_t>(q)]);
+    });
+  }
 
   // Whether every rank that may hand in a batch has (mu_ held).
   bool everyone_busy_is_in() const {
@@ -190,23 +283,44 @@ class Group final : public DataParallelGroup {
       --num_waiting_;
     }
     running_ = true;
+    // Graphs (recorded in prepare): a round of decode steps replays them,
+    // each rank's batch padded to the round's largest (the graphs of one
+    // size hold collectives of one size); other rounds run directly.
+    const bool replays = graphed_ && recorded_ && !heads;
     lock.unlock();
+    int64_t rows = 0, graph_size = 0;
+    bool decodes = replays;
+    for (const Step* step : round)
+      if (step != nullptr) {
+        rows = std::max(rows, step->batch->num_tokens());
+        decodes = decodes && plain_decode(*step);
+      }
+    if (decodes && rows <= max_batch_) rows = graph_size = graph_padded_size(rows, max_batch_);
     if (moe_ == DpMoe::kGather) {
       // The leader sees every rank's batch: it agrees the rows the ranks pad
       // to for this round, so that no rank all-gathers and reads the counts.
-      int64_t rows = 0;
-      for (const Step* step : round)
-        if (step != nullptr) rows = std::max(rows, step->batch->num_tokens());
-      for (int q = 0; q < world(); ++q) model(q).set_step_rows(rows);
+      // A rank replaying a graph takes its own (padded) count, as when the
+      // graph was recorded.
+      for (int q = 0; q < world(); ++q)
+        model(q).set_step_rows(graph_size > 0 && round[static_cast<size_t>(q)] != nullptr
+                                   ? DeepseekModel::kStepRowsOwnTokens
+                                   : rows);
     }
     const std::vector<std::exception_ptr> errors = threads_.run([&](int q) {
-      ranks_[static_cast<size_t>(q)].backend->make_current();
+      Rank& rank = ranks_[static_cast<size_t>(q)];
+      rank.backend->make_current();
       const Step* step = round[static_cast<size_t>(q)];
       if (step == nullptr) {
         if (heads) model(q).forward_mtp_idle();
         else model(q).forward_idle();
       } else if (heads) {
         model(q).draft_head()->forward(*step->batch, *step->head_in, *step->kv, *step->logits, step->hidden);
+      } else if (graph_size > 0) {
+        if (rank.logits.raw() == nullptr)
+          rank.logits = rank.backend->empty({max_batch_, model(q).config().vocab_size}, DType::kF32);
+        Tensor padded_logits = rank.logits.rows(0, graph_size);
+        rank.owner->forward(padded_decode(*step->batch, graph_size), *step->kv, padded_logits, nullptr);
+        rank.backend->copy(rank.logits.rows(0, step->batch->num_tokens()), *step->logits);
       } else {
         model(q).forward(*step->batch, *step->kv, *step->logits, step->hidden);
       }
@@ -228,6 +342,8 @@ class Group final : public DataParallelGroup {
   std::vector<Rank> ranks_;
   const std::chrono::microseconds round_wait_;
   const DpMoe moe_;
+  bool graphed_ = false;  // each rank's model records CUDA graphs (or what its backend records)
+  int max_batch_ = 0;     // graphed_: the most sequences a recorded step takes
   std::mutex mu_;  // what follows
   std::condition_variable changed_;
   std::vector<Step*> waiting_;  // per rank: its step for the next round, or null
@@ -235,6 +351,7 @@ class Group final : public DataParallelGroup {
   uint64_t arrivals_ = 0;
   std::function<bool(int)> busy_;  // set_activity
   bool running_ = false;
+  bool recorded_ = false;  // graphed_: the graphs are recorded on the ranks' KV handed in last
 };
 
 const ModelConfig& RankView::config() const { return group_.model(rank_).config(); }
@@ -246,6 +363,7 @@ size_t RankView::kv_bytes_per_slot(DType dtype) const { return group_.model(rank
 void RankView::forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) {
   group_.forward(rank_, batch, kv, logits, hidden);
 }
+void RankView::prepare(KvBuffers& kv) { group_.prepare(rank_, kv); }
 DraftHead* RankView::draft_head() { return group_.model(rank_).draft_head() != nullptr ? &head_ : nullptr; }
 KvBuffers RankView::Head::allocate_kv(int64_t num_slots, DType dtype) const {
   group_.backend(rank_).make_current();
@@ -270,8 +388,9 @@ std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, in
                                                       const RankBackendFactory& make_backend,
                                                       const LoadProgress& progress,
                                                       std::chrono::microseconds round_wait, Weights weights,
-                                                      const RankGroupFactory& make_group, DpMoe moe) {
-  return std::make_unique<Group>(dir, world, make_backend, progress, round_wait, weights, make_group, moe);
+                                                      const RankGroupFactory& make_group, DpMoe moe,
+                                                      const std::optional<GraphOptions>& graphs) {
+  return std::make_unique<Group>(dir, world, make_backend, progress, round_wait, weights, make_group, moe, graphs);
 }
 
 }  // namespace basalt

@@ -30,7 +30,18 @@
 // rank's to every caller of that step). The caller's tensors (logits,
 // hidden states) live where rank r's backend keeps them: backend(r), on
 // which the caller samples; rank(r).allocate_kv makes that backend's device
-// current on the calling thread. GPU ranks run eagerly (the expert exchange
+// current on the calling thread. With `graphs`, by gathering, and where
+// every rank's backend and communicator record (GPU ranks over NCCL), each
+// rank's model is a GraphedModel (model/graphed_model.h) that records
+// nothing on its own: when the last rank's engine hands in its KV
+// (Model::prepare), every rank records every decode size together, each on
+// batches of one size; then a round whose steps are all decode steps (one
+// row per sequence, every row's logits, no hidden states) pads every
+// rank's batch on the host to the round's largest recorded size and
+// replays, ranks without a step taking part eagerly with that many rows;
+// other rounds (prompts, verifications, the MTP layer's passes) run
+// eagerly. Every engine must hand in its KV again when any does (a new
+// engine on a rank). Otherwise GPU ranks run eagerly (the expert exchange
 // reads its counts on the host each layer). `moe` is how tokens reach the
 // routed experts (model/model.h's DpMoe: the exchange, or gathering; by
 // gathering, the round's leader sets the rows every rank pads to from the
@@ -41,8 +52,10 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "model/graphed_model.h"
 #include "model/model.h"
 #include "model/tensor_parallel.h"
 
@@ -56,6 +69,8 @@ class DataParallelGroup {
   virtual Backend& backend(int r) = 0;
   // Null: every rank is waited for (up to round_wait).
   virtual void set_activity(std::function<bool(int rank)> busy) = 0;
+  // Rank r's graph counters (model/graphed_model.h; zeros without graphs).
+  virtual GraphStats graph_stats(int r) const = 0;
 };
 
 std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, int world,
@@ -65,6 +80,7 @@ std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, in
                                                           std::chrono::microseconds(1000),
                                                       Weights weights = Weights::kCheckpoint,
                                                       const RankGroupFactory& make_group = {},
-                                                      DpMoe moe = DpMoe::kExchange);
+                                                      DpMoe moe = DpMoe::kExchange,
+                                                      const std::optional<GraphOptions>& graphs = std::nullopt);
 
 }  // namespace basalt

@@ -12,6 +12,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <random>
+#include <span>
 #include <thread>
 
 #include "backend/communicator.h"
@@ -21,7 +23,9 @@
 #include "model/safetensors.h"
 #include "runtime/generator.h"
 #include "testing/backend_test_util.h"
+#include "testing/engine_test_util.h"
 #include "testing/reference_test_util.h"
+#include "testing/replaying_backend.h"
 
 namespace basalt {
 namespace {
@@ -165,10 +169,10 @@ TEST(DataParallel, AFailingBatchFailsAloneAndTheGroupGoesOn) {
 // DP ranks by gathering without the group: each rank's model agrees the
 // step's rows with the others itself (an all-gather of the counts), or
 // takes what a caller that sees every batch set (set_step_rows, as the
-// group's leader does), also more than needed; a count below a rank's
-// tokens fails that rank alone while the other's step completes. Each
-// rank's logits are one model's on its own prompt (the prompts differ in
-// length, so ranks pad).
+// group's leader does; it holds until set again), also more than needed;
+// a count below a rank's tokens fails that rank alone while the other's
+// step completes. Each rank's logits are one model's on its own prompt (the
+// prompts differ in length, so ranks pad).
 TEST(DataParallel, GatheringRanksAgreeTheirRowsOrTakeTheCallersCount) {
   const std::string dir = kModels + "deepseek_v3";
   CpuBackend one_backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);
@@ -196,12 +200,12 @@ TEST(DataParallel, GatheringRanksAgreeTheirRowsOrTakeTheCallersCount) {
   const auto rank_model = [&](int r) -> DeepseekModel& {
     return dynamic_cast<DeepseekModel&>(*ranks[static_cast<size_t>(r)]);
   };
-  // -1: agreed by the ranks; otherwise set on both before the step.
-  for (const int64_t preset : {int64_t{-1}, int64_t{5}, int64_t{9}, int64_t{-1}}) {
+  // -1: agreed by the ranks; the value holds until set again.
+  for (const int64_t preset : {int64_t{-1}, int64_t{5}, int64_t{5}, int64_t{9}, int64_t{-1}}) {
     SCOPED_TRACE("rows " + std::to_string(preset));
     std::vector<std::vector<float>> got(2);
     on_every_rank(2, [&](int r) {
-      if (preset >= 0) rank_model(r).set_step_rows(preset);
+      rank_model(r).set_step_rows(preset);
       got[static_cast<size_t>(r)] = logits_of(rank_model(r), prompts[static_cast<size_t>(r)]);
     });
     for (size_t r = 0; r < 2; ++r) {
@@ -282,6 +286,68 @@ TEST(DataParallel, TheGroupAgreesTheRowsSoNoRankGathersCounts) {
   });
   EXPECT_GT(scatters.load(), 0);
   EXPECT_EQ(gathers.load(), scatters.load());
+}
+
+// Graphs on DP ranks (by gathering), with a backend whose replays re-run
+// the recorded steps, collectives included: the ranks record together when
+// the last engine hands in its KV, decode rounds replay every rank's graph
+// of the round's largest batch (the ranks' batches differ, and ranks sit
+// idle in some rounds), prompts run directly; every request's greedy
+// tokens are one model's, alone.
+TEST(DataParallel, GraphedRanksReplayDecodeRoundsAndGiveOneModelsTokens) {
+  const std::string dir = kModels + "deepseek_v3";
+  const RankGroupFactory recordable = [](std::span<Backend* const> backends) {
+    std::vector<std::unique_ptr<Communicator>> out;
+    for (auto& c : make_local_group(static_cast<int>(backends.size())))
+      out.push_back(std::make_unique<testing::RecordableCommunicator>(std::move(c)));
+    return out;
+  };
+  const int world = 2;
+  auto group = load_data_parallel(
+      dir, world, [](int) { return std::make_unique<testing::ReplayingCpuBackend>(cpu::Bf16Activations::kF32, 1); },
+      {}, std::chrono::microseconds(1000), Weights::kCheckpoint, recordable, DpMoe::kGather,
+      GraphOptions{.max_batch = 8});
+  CpuBackend one_backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);
+  auto one = load_model(dir, one_backend);
+  // Rank 0 gets 5 requests, rank 1 two: its rounds pad to rank 0's batch,
+  // and once its requests end it sits idle while rank 0 decodes.
+  std::mt19937 rng(5);
+  std::vector<std::vector<EngineRequest>> requests(world);
+  for (int r = 0; r < world; ++r)
+    for (int i = 0; i < (r == 0 ? 5 : 2); ++i)
+      requests[static_cast<size_t>(r)].push_back(
+          testing::request(testing::random_ids(rng, 3 + static_cast<size_t>(i)), testing::greedy(r == 0 ? 9 : 4)));
+  std::vector<std::unique_ptr<CpuBackend>> samplers;
+  std::vector<std::unique_ptr<Engine>> engines;
+  EngineOptions options;
+  options.kv_slots = 256;
+  for (int r = 0; r < world; ++r) {
+    samplers.push_back(std::make_unique<CpuBackend>());
+    engines.push_back(std::make_unique<Engine>(group->rank(r), *samplers.back(), nullptr, options));
+  }
+  for (int r = 0; r < world; ++r)
+    EXPECT_GT(group->graph_stats(r).recordings, 0) << "rank " << r;  // the last engine's prepare recorded
+  const GraphStats before = group->graph_stats(1);
+  std::vector<std::vector<RequestOutput>> outputs(world);
+  on_every_rank(world, [&](int r) {
+    outputs[static_cast<size_t>(r)] = testing::run_all(*engines[static_cast<size_t>(r)], requests[static_cast<size_t>(r)]);
+  });
+  for (int r = 0; r < world; ++r)
+    for (size_t i = 0; i < requests[static_cast<size_t>(r)].size(); ++i) {
+      const EngineRequest& q = requests[static_cast<size_t>(r)][i];
+      GenerateOptions alone;
+      alone.max_tokens = q.params.max_tokens;
+      alone.temperature = 0.0f;
+      alone.ignore_eos = true;
+      CpuBackend sampler;
+      EXPECT_EQ(outputs[static_cast<size_t>(r)][i].output_ids, generate(*one, sampler, q.prompt, alone).output_ids)
+          << "rank " << r << " request " << i << ": " << outputs[static_cast<size_t>(r)][i].error;
+    }
+  // Both ranks replayed decode rounds; rank 0 in more (rank 1 sat idle in
+  // the rounds after its shorter requests ended, eagerly).
+  const GraphStats zero = group->graph_stats(0), other = group->graph_stats(1);
+  EXPECT_GT(other.replays, before.replays);
+  EXPECT_GT(zero.replays, other.replays + 3);
 }
 
 // With the other ranks known to be idle, a lone rank's step starts at once

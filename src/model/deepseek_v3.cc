@@ -193,7 +193,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   DraftHead* draft_head() override { return mtp_ ? &mtp_head_ : nullptr; }
 
   void set_step_rows(int64_t rows) override {
-    BASALT_CHECK(rows >= 0, "set_step_rows: {} rows", rows);
+    BASALT_CHECK(rows >= -1 || rows == kStepRowsOwnTokens, "set_step_rows: {} rows", rows);
     if (dp_gather_) preset_rows_ = rows;
   }
 
@@ -549,8 +549,8 @@ class DeepseekModelImpl final : public DeepseekModel {
   // of the ranks' counts before the first layer. A rank with no tokens
   // agrees with 0.
   void agree_gather_rows(int64_t tokens) {
-    if (preset_rows_ >= 0) {  // set_step_rows: agreed by the caller
-      gather_rows_ = std::exchange(preset_rows_, -1);
+    if (preset_rows_ != -1) {  // set_step_rows: agreed by the caller
+      gather_rows_ = preset_rows_ == kStepRowsOwnTokens ? tokens : preset_rows_;
       rows_agreed_ = true;
       BASALT_CHECK(tokens <= gather_rows_, "DP attention: {} rows against the step's agreed {}", tokens,
                    gather_rows_);
@@ -980,7 +980,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   bool dp_gather_ = false;              // DP attention by DpMoe::kGather
   bool rows_agreed_ = false;            // kGather: agree_gather_rows ran in this forward
   int64_t gather_rows_ = 0;             // kGather: the rows each rank pads to in this forward
-  int64_t preset_rows_ = -1;            // kGather: set_step_rows' value for the next forward, or -1
+  int64_t preset_rows_ = -1;            // kGather: set_step_rows' value, or -1 (agree in each forward)
   Tensor gather_zeros_;                 // kGather: zero rows for the padding
   int64_t heads_ = 0;                         // this rank's query heads
   int64_t vocab_begin_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows

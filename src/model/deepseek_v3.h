@@ -110,11 +110,15 @@ class DeepseekModel : public Model {
   // in which it has no tokens; throws without an MTP layer.
   virtual void forward_mtp_idle() = 0;
   // DP attention by gathering: the rows every rank pads to in this rank's
-  // next forward, forward_idle or pass of the MTP layer, agreed by a caller
-  // that sees every rank's batch and sets the same value on every rank (at
-  // least each rank's token count); that call then skips its all-gather of
-  // the counts. Used once; without it the call agrees by itself. Ignored by
-  // a model that does not run DP attention by gathering.
+  // forwards, forward_idle calls and passes of the MTP layer from now on,
+  // agreed by a caller that sees every rank's batch and sets the same value
+  // on every rank before each step (at least each rank's token count); the
+  // calls then skip their all-gather of the counts, so they can be recorded
+  // into graphs. -1 (the default): each call agrees by itself;
+  // kStepRowsOwnTokens: each call its own token count (the caller gives
+  // every rank batches of one size, as when recording graphs). Ignored by a
+  // model that does not run DP attention by gathering.
+  static constexpr int64_t kStepRowsOwnTokens = -2;
   virtual void set_step_rows(int64_t rows) = 0;
 };
 

@@ -10,16 +10,19 @@
 #include "core/error.h"
 
 namespace basalt {
-namespace {
 
 // The recorded sizes: 1, 2, 4, 8, then every multiple of 8 up to max_batch.
-int padded_size(int64_t t, int max_batch) {
+int graph_padded_size(int64_t t, int max_batch) {
   if (t <= 1) return 1;
   if (t <= 2) return 2;
   if (t <= 4) return 4;
   const int64_t up = (t + 7) / 8 * 8;
   return static_cast<int>(std::min<int64_t>(up, max_batch));
 }
+
+namespace {
+
+int padded_size(int64_t t, int max_batch) { return graph_padded_size(t, max_batch); }
 
 // The most query rows per sequence a recorded step takes: a verification
 // step's last token and up to 7 drafts.
@@ -252,7 +255,8 @@ class GraphedHead final : public DraftHead {
 
   void forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
                Tensor* hidden_out) override {
-    if (!recorder_.accepts(batch, kv) || hidden.device() != backend_.device()) {
+    if (!recorder_.accepts(batch, kv) || hidden.device() != backend_.device() ||
+        (!options_.record_on_demand && !recorder_.recorded(recorder_.shape_of(batch, hidden_out != nullptr)))) {
       ++recorder_.stats().direct;
       head_.forward(batch, hidden, kv, logits, hidden_out);
       return;
@@ -325,7 +329,8 @@ class GraphedModel final : public Model {
 
   using Model::forward;
   void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override {
-    if (!recorder_.accepts(batch, kv)) {
+    if (!recorder_.accepts(batch, kv) ||
+        (!options_.record_on_demand && !recorder_.recorded(recorder_.shape_of(batch, hidden != nullptr)))) {
       ++recorder_.stats().direct;
       model_->forward(batch, kv, logits, hidden);
       return;

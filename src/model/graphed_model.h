@@ -35,7 +35,8 @@
 //  * prepare(kv) (the engine calls it before its first step) records every
 //    decode size (R = 1) up to max_batch on batches of padding rows only; a
 //    shape still missing (any R > 1, hidden states, any head step) is
-//    recorded the first time a batch needs it. Each recording follows one
+//    recorded the first time a batch needs it, unless
+//    GraphOptions::record_on_demand is false (then it runs directly). Each recording follows one
 //    direct run of its batch (which loads kernels and plans outside the
 //    recording) and is bound to the KvBuffers passed: a forward with other
 //    KvBuffers (other memory) drops every graph of that model or head and
@@ -60,7 +61,17 @@ struct GraphOptions {
   // Most KV entries (the sum of every sequence's keys) a recorded step may
   // read; 0 means twice the KvBuffers' slot count.
   int64_t kv_capacity = 0;
+  // False: nothing records but prepare(); a batch whose shape it did not
+  // record (or that meets other KvBuffers) runs the wrapped model directly.
+  // For ranks whose steps hold collectives (model/data_parallel.h), where a
+  // recording (a direct run, the recording, a replay) must happen on every
+  // rank at once or on none.
+  bool record_on_demand = true;
 };
+
+// The count of sequences a recorded batch of `sequences` is padded to: 1,
+// 2, 4, 8, then the next multiple of 8 (at most max_batch).
+int graph_padded_size(int64_t sequences, int max_batch);
 
 std::unique_ptr<Model> make_graphed_model(std::unique_ptr<Model> model, Backend& backend,
                                           const GraphOptions& options = {});

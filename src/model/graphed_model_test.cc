@@ -17,6 +17,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "runtime/engine.h"
 #include "runtime/speculative.h"
+#include "testing/replaying_backend.h"
 
 namespace basalt {
 namespace {
@@ -24,23 +25,7 @@ namespace {
 const std::string kLlama = std::string(BASALT_TESTDATA) + "/models/llama";
 const std::string kDeepSeek = std::string(BASALT_TESTDATA) + "/models/deepseek_v3";
 
-class ReplayingCpuBackend final : public CpuBackend {
- public:
-  std::unique_ptr<RecordedOps> record(const std::function<void()>& ops) override {
-    class Replay final : public RecordedOps {
-     public:
-      explicit Replay(std::function<void()> ops) : ops_(std::move(ops)) {}
-      void replay() override { ops_(); }
-
-     private:
-      std::function<void()> ops_;
-    };
-    ++recordings;
-    return std::make_unique<Replay>(ops);
-  }
-  bool can_record() const override { return true; }
-  int recordings = 0;
-};
+using testing::ReplayingCpuBackend;
 
 std::vector<EngineRequest> crowd(int count) {
   std::mt19937 rng(41);
