@@ -82,7 +82,7 @@ class Group final : public DataParallelGroup {
     graphed_ = graphs.has_value() && moe == DpMoe::kGather;
     for (const Rank& rank : ranks_) graphed_ = graphed_ && rank.backend->can_record() && rank.comm->can_record();
     GraphOptions graph_options = graphs.value_or(GraphOptions{});
-    graph_options.record_on_demand = false;  // every recording is a round of its own (record_graphs)
+    graph_options.record_on_demand = false;  // the group records, every rank at once (record_graphs)
     max_batch_ = graph_options.max_batch;
     threads_.run_or_throw([&](int r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];

@@ -22,8 +22,6 @@ int graph_padded_size(int64_t t, int max_batch) {
 
 namespace {
 
-int padded_size(int64_t t, int max_batch) { return graph_padded_size(t, max_batch); }
-
 // The most query rows per sequence a recorded step takes: a verification
 // step's last token and up to 7 drafts.
 constexpr int64_t kMaxRowsPerSequence = 8;
@@ -101,7 +99,7 @@ class Recorder {
     const int64_t kv_used = batch.attention.kv_slots.numel();
     if (batch.attention.kv_start.data<const int32_t>()[seqs] != kv_used) return false;
     // Padded to a recorded count of sequences, the rows must still fit.
-    if (int64_t{padded_size(seqs, static_cast<int>(options_.max_batch / per))} * per > options_.max_batch)
+    if (int64_t{graph_padded_size(seqs, static_cast<int>(options_.max_batch / per))} * per > options_.max_batch)
       return false;
     bind(kv);
     return kv_used <= capacity_;
@@ -111,7 +109,7 @@ class Recorder {
   Shape shape_of(const ForwardBatch& batch, bool hidden) const {
     const int64_t t = batch.num_tokens();
     const int rows = static_cast<int>(t / (batch.attention.q_start.numel() - 1));
-    return {padded_size(t / rows, options_.max_batch / rows), rows, hidden, every_row(batch)};
+    return {graph_padded_size(t / rows, options_.max_batch / rows), rows, hidden, every_row(batch)};
   }
 
   // Writes the batch, padded to the shape's sequences of its rows each,
@@ -354,7 +352,7 @@ class GraphedModel final : public Model {
     if (recorder_.unsupported()) return;
     recorder_.bind(kv);
     std::set<int> sizes;
-    for (int64_t t = 1; t <= options_.max_batch; ++t) sizes.insert(padded_size(t, options_.max_batch));
+    for (int64_t t = 1; t <= options_.max_batch; ++t) sizes.insert(graph_padded_size(t, options_.max_batch));
     for (const int size : sizes) {
       const Shape shape{size, 1, false, true};
       if (recorder_.recorded(shape)) continue;

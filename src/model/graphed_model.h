@@ -35,13 +35,14 @@
 //  * prepare(kv) (the engine calls it before its first step) records every
 //    decode size (R = 1) up to max_batch on batches of padding rows only; a
 //    shape still missing (any R > 1, hidden states, any head step) is
-//    recorded the first time a batch needs it, unless
-//    GraphOptions::record_on_demand is false (then it runs directly). Each recording follows one
-//    direct run of its batch (which loads kernels and plans outside the
-//    recording) and is bound to the KvBuffers passed: a forward with other
-//    KvBuffers (other memory) drops every graph of that model or head and
-//    records again. On a backend that cannot record (Backend::can_record
-//    false: the CPU's) every batch runs directly and prepare() does nothing.
+//    recorded the first time a batch needs it (unless
+//    GraphOptions::record_on_demand is false: then it runs directly). Each
+//    recording follows one direct run of its batch (which loads kernels and
+//    plans outside the recording) and is bound to the KvBuffers passed: a
+//    forward with other KvBuffers (other memory) drops every graph of that
+//    model or head and records again. On a backend that cannot record
+//    (Backend::can_record false: the CPU's) every batch runs directly and
+//    prepare() does nothing.
 //  * Memory kept: the static inputs (7 i32 arrays sized by max_batch, plus
 //    kv_capacity slots), logits [max_batch, vocab] f32, hidden states
 //    [max_batch, hidden_size] f32 once a step keeps them, and the scratch of
