@@ -67,13 +67,6 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// 2^x (ex2.approx.ftz: -inf gives 0; relative error ~2^-22).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 template <int BN>
 __device__ __forceinline__ void mma_scores(float (&s)[BN / 2], uint64_t desc_q, uint64_t desc_k, bool accumulate) {
   if constexpr (BN == 128) wgmma_m64n128k16_bf16(s, desc_q, desc_k, accumulate);

@@ -16,6 +16,14 @@ using bf16 = __nv_bfloat16;
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 constexpr float kLog2e = 1.4426950408889634f;
 
+// 2^x by ex2.approx.ftz (-inf gives 0; relative error ~2^-22): the softmax
+// exponent of the tensor-core attention kernels.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }

@@ -81,6 +81,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
     // Key indices within a sequence fit 32 bits (its slots are int32 rows).
     const int c0 = static_cast<int>(keys.begin), c1 = static_cast<int>(keys.end);
     const int tiles = c1 > c0 ? (c1 - c0 + kKeys - 1) / kKeys : 0;
+    // The pass's first row's position: the lowest of its rows'.
+    const int pass_first_pos = b.bad ? -1 : static_cast<int>(b.kv_len - b.q_len + r0 / heads);
     int pos_r[2];  // positions of this thread's rows g and g + 8 of its warp's 16 (-1: none)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -157,18 +159,23 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
       wgmma_wait<0>();
       wgmma_fence_operands(s);
 
-      // 2. Masks, scale (log2 domain) and the rows' maxima over both halves.
+      // 2. Masks and the rows' maxima over both halves. Scores stay unscaled
+      // until the exponent (exp2(s * scale - m), one FFMA; m is kept scaled);
+      // a key is masked by its index alone (a bad slot poisons the rows), and
+      // only in tiles some row does not wholly see.
+      const int key0 = c0 + t * kKeys;
       float tile_max[2] = {kNegInf, kNegInf};
+      if (key0 + kKeys <= c1 && key0 + kKeys - 1 <= pass_first_pos) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+        for (int e = 0; e < 16; ++e) tile_max[(e % 4) / 2] = fmaxf(tile_max[(e % 4) / 2], s[e]);
+      } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int h = i / 2, kl = wg * 32 + j * 8 + 2 * t4 + (i & 1);
-          const int32_t slot = slot_s[st * kKeys + kl];
-          const bool visible = slot >= 0 && slot < a.num_slots && c0 + t * kKeys + kl <= pos_r[h];
-          s[4 * j + i] = visible ? s[4 * j + i] * a.scale_log2 : kNegInf;
-          tile_max[h] = fmaxf(tile_max[h], s[4 * j + i]);
+        for (int e = 0; e < 16; ++e) {
+          const int h = (e % 4) / 2, key = key0 + wg * 32 + (e / 4) * 8 + 2 * t4 + (e & 1);
+          s[e] = key < c1 && key <= pos_r[h] ? s[e] : kNegInf;
+          tile_max[h] = fmaxf(tile_max[h], s[e]);
         }
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
@@ -176,12 +183,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
         if (t4 == 0) red_max[wg * kRows + warp * 16 + g + 8 * h] = tile_max[h];
       }
       __syncthreads();  // both halves' maxima
-      float corr[2];
+      float corr[2], m_use[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = warp * 16 + g + 8 * h;
-        const float m_new = fmaxf(m_row[h], fmaxf(red_max[row], red_max[kRows + row]));
-        corr[h] = m_new == kNegInf ? 1.0f : exp2f(m_row[h] - m_new);
+        const float m_new = fmaxf(m_row[h], fmaxf(red_max[row], red_max[kRows + row]) * a.scale_log2);
+        m_use[h] = m_new == kNegInf ? 0.0f : m_new;  // no visible key yet: every p is 0
+        corr[h] = fast_exp2(m_row[h] - m_use[h]);
         m_row[h] = m_new;
         l_row[h] *= corr[h];
       }
@@ -193,14 +201,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const int h = (e % 4) / 2;
-          p[e] = m_row[h] == kNegInf ? 0.0f : exp2f(s[8 * kl + e] - m_row[h]);
+          p[e] = fast_exp2(fmaf(s[8 * kl + e], a.scale_log2, -m_use[h]));
           l_row[h] += p[e];
         }
         frags[((wg * 2 + kl) * 4 + warp) * 32 + lane] =
             make_uint4(pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]), pack_bf16(p[4], p[5]), pack_bf16(p[6], p[7]));
       }
+      // O is rescaled only where a row's max moved (rare past the first tiles).
+      if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f))
 #pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] *= corr[(i % 4) / 2];
+        for (int i = 0; i < 128; ++i) o[i] *= corr[(i % 4) / 2];
       __syncthreads();  // both halves' P
 
       // 4. O_w += P V_w over the tile's 64 keys (the fragments loaded before
