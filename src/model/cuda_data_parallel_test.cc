@@ -8,13 +8,15 @@
 // of one busy rank, the others serving their experts idle, against
 // transformers, sampled on the rank's own GPU; and an engine per rank
 // serving requests at once. V3 also with the experts reached by gathering
-// (DpMoe::kGather: all-gather, local experts, all-reduce). Skips where no
-// device is present.
+// (DpMoe::kGather: all-gather, local experts, reduce-scatter), and its CUDA
+// graphs over NCCL, a rank per GPU. Skips where no device is present.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <random>
 #include <string>
 #include <thread>
@@ -22,6 +24,9 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#ifdef BASALT_HAVE_NCCL
+#include "backend/cuda/nccl_communicator.h"
+#endif
 #include "model/data_parallel.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -155,6 +160,64 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaDataParallel,
                            return info.param.model + "_dp" + std::to_string(info.param.world) +
                                   (info.param.moe == DpMoe::kGather ? "_gather" : "");
                          });
+
+#ifdef BASALT_HAVE_NCCL
+// Graphs on DP ranks over NCCL, by gathering, a rank per GPU (a world of one
+// here): the ranks record when the last engine hands in its KV, decode
+// rounds replay with the all-gather and reduce-scatter inside the graphs, and
+// every request's greedy tokens are the same group's without graphs (the
+// same NCCL path run eagerly; padding rows only add rows to the GEMMs).
+TEST(CudaDataParallelGraphs, RanksOverNcclReplayDecodeRoundsWithTheirCollectives) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  int gpus = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
+  const int world = gpus;
+  const RankGroupFactory nccl = [](std::span<Backend* const> backends) {
+    std::vector<CudaBackend*> ranks;
+    for (Backend* b : backends) ranks.push_back(dynamic_cast<CudaBackend*>(b));
+    return make_nccl_group(ranks);
+  };
+  std::mt19937 rng(11);
+  std::vector<std::vector<EngineRequest>> requests(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r)
+    for (int i = 0; i < 3 + r; ++i)
+      requests[static_cast<size_t>(r)].push_back(
+          testing::request(testing::random_ids(rng, 3 + static_cast<size_t>(i)), testing::greedy(5 + 2 * i)));
+  std::vector<std::vector<std::vector<int32_t>>> tokens;
+  std::vector<GraphStats> stats;
+  for (const bool graphed : {false, true}) {
+    auto group = load_data_parallel(
+        kModels + "deepseek_v3", world, [](int r) { return std::make_unique<CudaBackend>(r); }, {},
+        std::chrono::microseconds(1000), Weights::kCheckpoint, nccl, DpMoe::kGather,
+        graphed ? std::optional<GraphOptions>(GraphOptions{.max_batch = 8}) : std::nullopt);
+    std::vector<std::unique_ptr<Engine>> engines;
+    for (int r = 0; r < world; ++r) {
+      EngineOptions o;
+      o.kv_slots = 256;
+      engines.push_back(std::make_unique<Engine>(group->rank(r), group->backend(r), nullptr, o));
+    }
+    std::vector<std::vector<RequestOutput>> outputs(static_cast<size_t>(world));
+    on_every_rank(world, [&](int r) {
+      const auto i = static_cast<size_t>(r);
+      outputs[i] = testing::run_all(*engines[i], requests[i]);
+    });
+    std::vector<std::vector<int32_t>> ids;
+    for (const auto& rank : outputs)
+      for (const RequestOutput& o : rank) {
+        EXPECT_TRUE(o.error.empty()) << o.error;
+        ids.push_back(o.output_ids);
+      }
+    tokens.push_back(ids);
+    if (graphed)
+      for (int r = 0; r < world; ++r) stats.push_back(group->graph_stats(r));
+  }
+  EXPECT_EQ(tokens[1], tokens[0]);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_GT(stats[static_cast<size_t>(r)].recordings, 0) << "rank " << r;
+    EXPECT_GT(stats[static_cast<size_t>(r)].replays, stats[static_cast<size_t>(r)].recordings) << "rank " << r;
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace basalt
