@@ -112,16 +112,23 @@ class Group final : public DataParallelGroup {
     return basalt::graph_stats(*ranks_[static_cast<size_t>(r)].owner);
   }
 
-  // Rank r's engine hands in its KV before its first step; the last rank
-  // to hand one in records every rank's graphs on them, between rounds.
+  // Rank r's engine hands in its KV before its first step; once every rank
+  // has handed one in since the last recording, the last to hand in records
+  // every rank's graphs on them, between rounds. Until then rounds run
+  // eagerly (a rank with a new engine alone: its old graphs point at the old
+  // KV, and recording is a collective affair).
   void prepare(int r, KvBuffers& kv) {
     if (!graphed_) return;
     std::unique_lock<std::mutex> lock(mu_);
     ranks_[static_cast<size_t>(r)].kv = &kv;
+    ranks_[static_cast<size_t>(r)].kv_new = true;
     recorded_ = false;
     std::vector<KvBuffers*> every;
-    for (const Rank& rank : ranks_) every.push_back(rank.kv);
-    if (std::find(every.begin(), every.end(), nullptr) != every.end()) return;
+    for (const Rank& rank : ranks_) {
+      if (!rank.kv_new) return;
+      every.push_back(rank.kv);
+    }
+    for (Rank& rank : ranks_) rank.kv_new = false;
     changed_.wait(lock, [&] { return !running_; });
     running_ = true;
     lock.unlock();
@@ -200,6 +207,7 @@ class Group final : public DataParallelGroup {
     std::unique_ptr<Model> owner;    // the rank's model, in a GraphedModel when graphed_
     DeepseekModel* model = nullptr;  // the model itself (owner's, or inside it)
     KvBuffers* kv = nullptr;         // graphed_: what prepare() was given, the graphs' KV
+    bool kv_new = false;             // graphed_: kv handed in since the last recording
     Tensor logits;                   // graphed_: [max_batch, vocab] f32 for padded steps
     std::unique_ptr<RankView> view;
   };

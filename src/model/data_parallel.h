@@ -40,13 +40,15 @@
 // rank's batch on the host to the round's largest recorded size and
 // replays, ranks without a step taking part eagerly with that many rows;
 // other rounds (prompts, verifications, the MTP layer's passes) run
-// eagerly. Every engine must hand in its KV again when any does (a new
-// engine on a rank). Otherwise GPU ranks run eagerly (the expert exchange
-// reads its counts on the host each layer). `moe` is how tokens reach the
-// routed experts (model/model.h's DpMoe: the exchange, or gathering; by
-// gathering, the round's leader sets the rows every rank pads to from the
-// batches handed in, DeepseekModel::set_step_rows, so no rank reads counts
-// from its device in a step). The group outlives the Models it hands out.
+// eagerly. A rank that gets a new engine turns the graphs off until every
+// rank's engine has handed in its KV again (new engines on every rank),
+// when they are recorded afresh. Otherwise GPU ranks run eagerly (the
+// expert exchange reads its counts on the host each layer). `moe` is how
+// tokens reach the routed experts (model/model.h's DpMoe: the exchange, or
+// gathering; by gathering, the round's leader sets the rows every rank pads
+// to from the batches handed in, DeepseekModel::set_step_rows, so no rank
+// reads counts from its device in a step). The group outlives the Models it
+// hands out.
 #pragma once
 
 #include <chrono>

@@ -293,7 +293,9 @@ TEST(DataParallel, TheGroupAgreesTheRowsSoNoRankGathersCounts) {
 // the last engine hands in its KV, decode rounds replay every rank's graph
 // of the round's largest batch (the ranks' batches differ, and ranks sit
 // idle in some rounds), prompts run directly; every request's greedy
-// tokens are one model's, alone.
+// tokens are one model's, alone. A new engine on one rank turns the graphs
+// off (its old ones point at the old KV) until every rank has a new one,
+// when all record afresh.
 TEST(DataParallel, GraphedRanksReplayDecodeRoundsAndGiveOneModelsTokens) {
   const std::string dir = kModels + "deepseek_v3";
   const RankGroupFactory recordable = [](std::span<Backend* const> backends) {
@@ -318,36 +320,56 @@ TEST(DataParallel, GraphedRanksReplayDecodeRoundsAndGiveOneModelsTokens) {
       requests[static_cast<size_t>(r)].push_back(
           testing::request(testing::random_ids(rng, 3 + static_cast<size_t>(i)), testing::greedy(r == 0 ? 9 : 4)));
   std::vector<std::unique_ptr<CpuBackend>> samplers;
-  std::vector<std::unique_ptr<Engine>> engines;
-  EngineOptions options;
-  options.kv_slots = 256;
-  for (int r = 0; r < world; ++r) {
-    samplers.push_back(std::make_unique<CpuBackend>());
-    engines.push_back(std::make_unique<Engine>(group->rank(r), *samplers.back(), nullptr, options));
-  }
-  for (int r = 0; r < world; ++r)
-    EXPECT_GT(group->graph_stats(r).recordings, 0) << "rank " << r;  // the last engine's prepare recorded
-  const GraphStats before = group->graph_stats(1);
-  std::vector<std::vector<RequestOutput>> outputs(world);
-  on_every_rank(world, [&](int r) {
-    outputs[static_cast<size_t>(r)] = testing::run_all(*engines[static_cast<size_t>(r)], requests[static_cast<size_t>(r)]);
-  });
-  for (int r = 0; r < world; ++r)
-    for (size_t i = 0; i < requests[static_cast<size_t>(r)].size(); ++i) {
-      const EngineRequest& q = requests[static_cast<size_t>(r)][i];
-      GenerateOptions alone;
-      alone.max_tokens = q.params.max_tokens;
-      alone.temperature = 0.0f;
-      alone.ignore_eos = true;
-      CpuBackend sampler;
-      EXPECT_EQ(outputs[static_cast<size_t>(r)][i].output_ids, generate(*one, sampler, q.prompt, alone).output_ids)
-          << "rank " << r << " request " << i << ": " << outputs[static_cast<size_t>(r)][i].error;
-    }
+  for (int r = 0; r < world; ++r) samplers.push_back(std::make_unique<CpuBackend>());
+  std::vector<std::unique_ptr<Engine>> engines(world);
+  const auto new_engine = [&](int r) {
+    engines[static_cast<size_t>(r)].reset();  // the old engine first: its KV goes
+    EngineOptions options;
+    options.kv_slots = 256;
+    engines[static_cast<size_t>(r)] = std::make_unique<Engine>(group->rank(r), *samplers[static_cast<size_t>(r)],
+                                                               nullptr, options);
+  };
+  // Every rank serves its requests at once; each answer is one model's alone.
+  const auto serve_and_check = [&](const std::string& when) {
+    std::vector<std::vector<RequestOutput>> outputs(world);
+    on_every_rank(world, [&](int r) {
+      const auto i = static_cast<size_t>(r);
+      outputs[i] = testing::run_all(*engines[i], requests[i]);
+    });
+    for (size_t r = 0; r < requests.size(); ++r)
+      for (size_t i = 0; i < requests[r].size(); ++i) {
+        GenerateOptions alone;
+        alone.max_tokens = requests[r][i].params.max_tokens;
+        alone.temperature = 0.0f;
+        alone.ignore_eos = true;
+        CpuBackend sampler;
+        EXPECT_EQ(outputs[r][i].output_ids, generate(*one, sampler, requests[r][i].prompt, alone).output_ids)
+            << when << ", rank " << r << " request " << i << ": " << outputs[r][i].error;
+      }
+  };
+  for (int r = 0; r < world; ++r) new_engine(r);
+  const GraphStats recorded0 = group->graph_stats(0), recorded1 = group->graph_stats(1);
+  EXPECT_GT(recorded0.recordings, 0);  // the last engine's prepare recorded every rank's graphs
+  EXPECT_EQ(recorded1.recordings, recorded0.recordings);
+  serve_and_check("first engines");
   // Both ranks replayed decode rounds; rank 0 in more (rank 1 sat idle in
   // the rounds after its shorter requests ended, eagerly).
-  const GraphStats zero = group->graph_stats(0), other = group->graph_stats(1);
-  EXPECT_GT(other.replays, before.replays);
-  EXPECT_GT(zero.replays, other.replays + 3);
+  const GraphStats served0 = group->graph_stats(0), served1 = group->graph_stats(1);
+  EXPECT_GT(served1.replays, recorded1.replays);
+  EXPECT_GT(served0.replays - recorded0.replays, served1.replays - recorded1.replays + 3);
+
+  new_engine(0);  // rank 0 alone: eager until rank 1 has a new engine too
+  serve_and_check("a new engine on rank 0");
+  EXPECT_EQ(group->graph_stats(0).replays, served0.replays);
+  EXPECT_EQ(group->graph_stats(1).replays, served1.replays);
+  EXPECT_EQ(group->graph_stats(0).recordings, recorded0.recordings);
+
+  new_engine(1);  // every rank new: recorded afresh, on both
+  EXPECT_EQ(group->graph_stats(0).recordings, 2 * recorded0.recordings);
+  EXPECT_EQ(group->graph_stats(1).recordings, 2 * recorded1.recordings);
+  const GraphStats again0 = group->graph_stats(0);
+  serve_and_check("new engines on every rank");
+  EXPECT_GT(group->graph_stats(0).replays, again0.replays);
 }
 
 // With the other ranks known to be idle, a lone rank's step starts at once

@@ -199,6 +199,7 @@ class Recorder {
   }
 
   bool recorded(const Shape& shape) const { return graphs_.count(shape) != 0; }
+  void drop() { graphs_.clear(); }
 
   // Allocates the static inputs on first use and drops the graphs when the
   // KV storage changes (they point at every layer's K and V memory, and a
@@ -351,6 +352,7 @@ class GraphedModel final : public Model {
   void prepare(KvBuffers& kv) override {
     if (recorder_.unsupported()) return;
     recorder_.bind(kv);
+    if (!options_.record_on_demand) recorder_.drop();  // its caller records every rank afresh
     std::set<int> sizes;
     for (int64_t t = 1; t <= options_.max_batch; ++t) sizes.insert(graph_padded_size(t, options_.max_batch));
     for (const int size : sizes) {

@@ -62,7 +62,8 @@ struct GraphOptions {
   // Most KV entries (the sum of every sequence's keys) a recorded step may
   // read; 0 means twice the KvBuffers' slot count.
   int64_t kv_capacity = 0;
-  // False: nothing records but prepare(); a batch whose shape it did not
+  // False: nothing records but prepare(), which records every decode size
+  // afresh (on the same KvBuffers too); a batch whose shape it did not
   // record (or that meets other KvBuffers) runs the wrapped model directly.
   // For ranks whose steps hold collectives (model/data_parallel.h), where a
   // recording (a direct run, the recording, a replay) must happen on every
