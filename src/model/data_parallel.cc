@@ -243,12 +243,12 @@ class Group final : public DataParallelGroup {
     for (int64_t i = 0; i <= size; ++i) q[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     for (int64_t i = 0; i < size; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     const int32_t keys = b.attention.kv_start.data<const int32_t>()[t];
+    // The slots (every sequence's keys, the large array) are the step's
+    // own: padding sequences read none.
     ForwardBatch p = host_forward_batch(grown(b.token_ids, size, 0), grown(b.positions, size, 0),
                                         grown(b.out_slots, size, -1), q, grown(b.attention.kv_start, size + 1, keys),
-                                        std::vector<int32_t>(b.attention.kv_slots.data<const int32_t>(),
-                                                             b.attention.kv_slots.data<const int32_t>() +
-                                                                 b.attention.kv_slots.numel()),
-                                        rows);
+                                        {}, rows);
+    p.attention.kv_slots = b.attention.kv_slots;
     p.mode = b.mode;
     return p;
   }

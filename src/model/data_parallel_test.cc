@@ -233,30 +233,22 @@ TEST(DataParallel, GatheringRanksAgreeTheirRowsOrTakeTheCallersCount) {
   for (size_t i = 0; i < zeroth.size(); ++i) EXPECT_NEAR(zeroth[i], expected[0][i], 1e-4);
 }
 
-// Counts a rank's collectives, passing them to the in-process group.
-class CountingCommunicator final : public Communicator {
+// Counts a rank's all-gathers and reduce-scatters, passing every
+// collective to the in-process group.
+class CountingCommunicator final : public testing::RecordableCommunicator {
  public:
   CountingCommunicator(std::unique_ptr<Communicator> inner, std::atomic<int>& gathers, std::atomic<int>& scatters)
-      : inner_(std::move(inner)), gathers_(gathers), scatters_(scatters) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  void all_reduce(Tensor& x, ReduceOp op) override { inner_->all_reduce(x, op); }
+      : RecordableCommunicator(std::move(inner)), gathers_(gathers), scatters_(scatters) {}
   void all_gather(const Tensor& x, Tensor& out) override {
     ++gathers_;
-    inner_->all_gather(x, out);
+    RecordableCommunicator::all_gather(x, out);
   }
   void reduce_scatter(const Tensor& x, Tensor& out, ReduceOp op) override {
     ++scatters_;
-    inner_->reduce_scatter(x, out, op);
+    RecordableCommunicator::reduce_scatter(x, out, op);
   }
-  void all_to_all(const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
-                  std::span<const int64_t> recv_rows) override {
-    inner_->all_to_all(send, send_rows, recv, recv_rows);
-  }
-  void broadcast(Tensor& x, int root) override { inner_->broadcast(x, root); }
 
  private:
-  std::unique_ptr<Communicator> inner_;
   std::atomic<int>& gathers_;
   std::atomic<int>& scatters_;
 };

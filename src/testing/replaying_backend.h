@@ -50,7 +50,9 @@ class ReplayingCpuBackend final : public CpuBackend {
   std::unique_ptr<ThreadPool> pool_;
 };
 
-class RecordableCommunicator final : public Communicator {
+// Passes every collective to the communicator it wraps; says it can be
+// recorded. Tests derive from it to watch collectives.
+class RecordableCommunicator : public Communicator {
  public:
   explicit RecordableCommunicator(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
   int rank() const override { return inner_->rank(); }
