@@ -450,6 +450,26 @@ void Backend::gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
   gather_rows_impl(x, cols, out);
 }
 
+void Backend::copy_indexed(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) {
+  const OpCheck c(*this, "copy_indexed");
+  c.tensor(src, "src", kI32, 1);
+  c.tensor(src_index, "src_index", kI32, 1);
+  c.tensor(dst, "dst", kI32, 1);
+  c.tensor(dst_index, "dst_index", kI32, 1);
+  reference::check_copy_indexed(src, src_index, dst, dst_index, c.op());
+  c.indices(src_index, "src_index", src.dim(0), false, "elements of src");
+  c.indices(dst_index, "dst_index", dst.dim(0), false, "elements of dst");
+  if (c.host()) {
+    std::vector<bool> named(static_cast<size_t>(dst.dim(0)), false);
+    for (int64_t k = 0; k < dst_index.numel(); ++k) {
+      const auto at = static_cast<size_t>(dst_index.data<const int32_t>()[k]);
+      REQUIRE(c, !named[at], "dst_index[{}] = {} names an element already written", k, at);
+      named[at] = true;
+    }
+  }
+  if (src_index.numel() > 0) copy_indexed_impl(src, src_index, dst, dst_index);
+}
+
 const char* fp8_compute_name(Fp8Compute mode) { return mode == Fp8Compute::kW8A8 ? "w8a8" : "w8a16"; }
 
 namespace {

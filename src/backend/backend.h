@@ -213,7 +213,7 @@ enum class BackendOp : uint8_t {
   kEmbedding, kLinear, kRmsNorm, kAddRmsNorm, kRope, kStoreKv, kQkvRopeStore, kAttention, kSiluAndMul, kAdd,
   kSoftmax, kLogSoftmax, kArgmax, kSample, kAdjustLogits, kApplyTokenBitmask, kTopKRows, kGatherRows,
   kLinearFp8Block, kMoeRoute, kMoeExperts, kMlaStoreKv, kMlaAttention, kMlaExpandKv, kConcatColumns, kLinearInt,
-  kMoeCombine,
+  kMoeCombine, kCopyIndexed,
   kCount  // not an op
 };
 // clang-format on
@@ -373,6 +373,13 @@ class Backend {
   // outside [0, C) throws on host backends (the CUDA backend, which does not
   // read cols back, writes NaN there).
   void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out);
+  // dst[dst_index[k]] = src[src_index[k]] for every k, in place: tokens that
+  // live on this device (a draft head's drafts) written into another
+  // step's input ids without a trip through the host. src i32 [N]; dst i32
+  // [M]; src_index and dst_index i32 [K], K >= 0. An index outside its
+  // tensor, or a dst index named twice, throws on host backends (the CUDA
+  // backend, which does not read the indices back, skips such a pair).
+  void copy_indexed(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index);
 
   // --- DeepSeek V2/V3 ------------------------------------------------------
   // out[t, n] = sum_k x[t, k] * w[n, k] * scale_inv[n / 128, k / 128].
@@ -476,6 +483,8 @@ class Backend {
   virtual void apply_token_bitmask_impl(Tensor& logits, const Tensor& bitmask) = 0;
   virtual void top_k_rows_impl(const Tensor& x, int k, Tensor& values, Tensor& ids) = 0;
   virtual void gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) = 0;
+  virtual void copy_indexed_impl(const Tensor& src, const Tensor& src_index, Tensor& dst,
+                                 const Tensor& dst_index) = 0;
   virtual void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                                      Tensor& out) = 0;
   // Not pure: backends without integer kernels leave it (supports says so).

@@ -490,6 +490,19 @@ void gather_rows_case(Harness& h) {
   h.same("out", out, want);
 }
 
+// count elements of a random src [n] into distinct random places of a random
+// dst [m]; the rest of dst keeps its values.
+void copy_indexed_case(Harness& h, int64_t n, int64_t m, int64_t count) {
+  const Tensor src = rand_i32(h, n, -1000, 1000), dst = rand_i32(h, m, -1000, 1000);
+  const Tensor from = rand_i32(h, count, 0, n - 1), to = i32_tensor(distinct_slots(h, count, m));
+  Tensor want = Tensor::empty({m}, DType::kI32);
+  std::copy_n(dst.data<const int32_t>(), m, want.data<int32_t>());
+  reference::copy_indexed(src, from, want, to);
+  Tensor out = h.up(dst);
+  h.backend().copy_indexed(h.up(src), h.up(from), out, h.up(to));
+  h.same("dst", out, want);
+}
+
 // Results that came back as rows, one per (token, choice) in any order, a
 // few pairs skipped (negative position).
 void moe_combine_case(Harness& h, int64_t tokens, int64_t k, int64_t hidden) {
@@ -795,6 +808,8 @@ std::vector<OpCase> all_cases() {
     c.push_back({B::kTopKRows, fmt::format("{}_of_{}", k, cols),
                  [=](Harness& h) { top_k_rows_case(h, cols, k); }});
   c.push_back({B::kGatherRows, "awkward_rows", gather_rows_case});
+  c.push_back({B::kCopyIndexed, "some_elements", [](Harness& h) { copy_indexed_case(h, 37, 50, 9); }});
+  c.push_back({B::kCopyIndexed, "none", [](Harness& h) { copy_indexed_case(h, 4, 6, 0); }});
   c.push_back({B::kLinearFp8Block, "partial_blocks",
                [](Harness& h) { linear_fp8_block_case(h, 5, 300, 257); }});
   c.push_back(

@@ -486,6 +486,15 @@ void check_gather_rows(const Tensor& x, const Tensor& cols, const Tensor& out, c
                "{}: out must be f32 [{}], got {}", op, x.dim(0), out.describe());
 }
 
+void check_copy_indexed(const Tensor& src, const Tensor& src_index, const Tensor& dst, const Tensor& dst_index,
+                        const char* op) {
+  for (const Tensor* t : {&src, &src_index, &dst, &dst_index})
+    BASALT_CHECK(t->dtype() == DType::kI32 && t->rank() == 1, "{}: every tensor must be i32 [n], got {}", op,
+                 t->describe());
+  BASALT_CHECK(src_index.numel() == dst_index.numel(), "{}: {} source indices against {} destination indices", op,
+               src_index.numel(), dst_index.numel());
+}
+
 bool ranks_before(float a, int64_t ia, float b, int64_t ib) {
   const bool a_nan = std::isnan(a), b_nan = std::isnan(b);
   if (a_nan != b_nan) return b_nan;
@@ -554,6 +563,19 @@ void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
   }
 }
 
+void copy_indexed(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) {
+  const Tensor* const tensors[] = {&src, &src_index, &dst, &dst_index};
+  for (const Tensor* t : tensors) require_host(*t, "copy_indexed", "a tensor");
+  check_copy_indexed(src, src_index, dst, dst_index, "reference copy_indexed");
+  for (int64_t k = 0; k < src_index.numel(); ++k) {
+    const int32_t from = src_index.data<const int32_t>()[k], to = dst_index.data<const int32_t>()[k];
+    BASALT_CHECK(from >= 0 && from < src.numel() && to >= 0 && to < dst.numel(),
+                 "reference copy_indexed: pair {} ({} -> {}) is outside {} -> {}", k, from, to, src.numel(),
+                 dst.numel());
+    dst.data<int32_t>()[to] = src.data<const int32_t>()[from];
+  }
+}
+
 }  // namespace basalt::reference
 
 namespace basalt {
@@ -578,6 +600,7 @@ const char* to_string(BackendOp op) {
     case BackendOp::kApplyTokenBitmask: return "apply_token_bitmask";
     case BackendOp::kTopKRows: return "top_k_rows";
     case BackendOp::kGatherRows: return "gather_rows";
+    case BackendOp::kCopyIndexed: return "copy_indexed";
     case BackendOp::kLinearFp8Block: return "linear_fp8_block";
     case BackendOp::kMoeRoute: return "moe_route";
     case BackendOp::kMoeExperts: return "moe_experts";

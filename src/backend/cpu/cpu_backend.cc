@@ -512,6 +512,12 @@ void CpuBackend::gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& o
   }
 }
 
+void CpuBackend::copy_indexed_impl(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) {
+  const int32_t* from = src_index.data<const int32_t>();
+  const int32_t* to = dst_index.data<const int32_t>();
+  for (int64_t k = 0; k < src_index.numel(); ++k) dst.data<int32_t>()[to[k]] = src.data<const int32_t>()[from[k]];
+}
+
 namespace {
 
 // The pool is a base constructed before CpuBackend, which keeps a pointer to it.

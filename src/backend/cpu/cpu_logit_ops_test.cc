@@ -75,5 +75,23 @@ TEST(CpuLogitOps, GatherRowsRejectsColumnsOutsideTheRow) {
   EXPECT_THROW(reference::gather_rows(x, cols, want), Error);
 }
 
+TEST(CpuLogitOps, CopyIndexedRejectsBadIndicesAndLeavesDstAlone) {
+  CpuBackend backend;
+  const Tensor src = testing::i32_tensor({10, 11, 12});
+  Tensor dst = testing::i32_tensor({0, 1, 2, 3});
+  backend.copy_indexed(src, testing::i32_tensor({2, 0}), dst, testing::i32_tensor({3, 1}));
+  EXPECT_EQ(std::vector<int32_t>(dst.data<int32_t>(), dst.data<int32_t>() + 4), (std::vector<int32_t>{0, 10, 2, 12}));
+  const auto rejected = [&](std::vector<int32_t> from, std::vector<int32_t> to) {
+    Tensor d = testing::i32_tensor({0, 1, 2, 3});
+    EXPECT_THROW(backend.copy_indexed(src, testing::i32_tensor(from), d, testing::i32_tensor(to)), Error);
+    EXPECT_EQ(std::vector<int32_t>(d.data<int32_t>(), d.data<int32_t>() + 4), (std::vector<int32_t>{0, 1, 2, 3}));
+  };
+  rejected({3}, {0});         // past src
+  rejected({0}, {4});         // past dst
+  rejected({-1}, {0});        // negative
+  rejected({0, 1}, {2, 2});   // a dst element twice
+  rejected({0, 1}, {2});      // counts differ
+}
+
 }  // namespace
 }  // namespace basalt

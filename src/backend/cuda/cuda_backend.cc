@@ -501,6 +501,11 @@ void CudaBackend::gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& 
   cuda_gather_rows(x, cols, out, stream_);
 }
 
+void CudaBackend::copy_indexed_impl(const Tensor& src, const Tensor& src_index, Tensor& dst,
+                                    const Tensor& dst_index) {
+  cuda_copy_indexed(src, src_index, dst, dst_index, stream_);
+}
+
 void CudaBackend::check_fp8_invariance(const char* op) const {
   BASALT_CHECK(!batch_invariant_ || fp8_compute_ == Fp8Compute::kW8A16,
                "cuda {}: the batch-invariant mode multiplies block-FP8 weights as w8a16 only (--fp8-compute "

@@ -165,6 +165,7 @@ class CudaBackend final : public Backend {
   void apply_token_bitmask_impl(Tensor& logits, const Tensor& bitmask) override;
   void top_k_rows_impl(const Tensor& x, int k, Tensor& values, Tensor& ids) override;
   void gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) override;
+  void copy_indexed_impl(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) override;
 
   void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                              Tensor& out) override;

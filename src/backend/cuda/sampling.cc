@@ -127,4 +127,16 @@ void cuda_gather_rows(const Tensor& x, const Tensor& cols, Tensor& out, cudaStre
            "gather_rows");
 }
 
+void cuda_copy_indexed(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index,
+                       cudaStream_t stream) {
+  const Tensor* const tensors[] = {&src, &src_index, &dst, &dst_index};
+  for (const Tensor* t : tensors) require_device(*t, "copy_indexed", "a tensor");
+  reference::check_copy_indexed(src, src_index, dst, dst_index, "cuda copy_indexed");
+  if (src_index.numel() == 0) return;
+  launched(cuda_kernels::copy_indexed(src.data<const int32_t>(), src_index.data<const int32_t>(), src.numel(),
+                                      dst.data<int32_t>(), dst_index.data<const int32_t>(), dst.numel(),
+                                      src_index.numel(), stream),
+           "copy_indexed");
+}
+
 }  // namespace basalt

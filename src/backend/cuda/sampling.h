@@ -38,5 +38,7 @@ void cuda_adjust_logits(Tensor& logits, std::span<const LogitEdit> edits, cudaSt
 void cuda_apply_token_bitmask(Tensor& logits, const Tensor& bitmask, cudaStream_t stream);
 void cuda_top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids, cudaStream_t stream);
 void cuda_gather_rows(const Tensor& x, const Tensor& cols, Tensor& out, cudaStream_t stream);
+void cuda_copy_indexed(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index,
+                       cudaStream_t stream);
 
 }  // namespace basalt

@@ -499,6 +499,14 @@ __global__ void gather_kernel(const float* x, const int32_t* cols, float* out, i
   out[r] = c >= 0 && c < num_cols ? x[r * num_cols + c] : __int_as_float(0x7fc00000);
 }
 
+__global__ void copy_indexed_kernel(const int32_t* src, const int32_t* src_index, int64_t src_len, int32_t* dst,
+                                    const int32_t* dst_index, int64_t dst_len, int64_t count) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= count) return;
+  const int32_t from = src_index[k], to = dst_index[k];
+  if (from >= 0 && from < src_len && to >= 0 && to < dst_len) dst[to] = src[from];
+}
+
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 }  // namespace
@@ -531,6 +539,13 @@ cudaError_t top_k_rows(const float* x, int64_t rows, int64_t cols, int k, float*
 cudaError_t gather_rows(const float* x, const int32_t* cols, float* out, int64_t rows, int64_t num_cols,
                         cudaStream_t stream) {
   gather_kernel<<<blocks_for(rows, 256), 256, 0, stream>>>(x, cols, out, rows, num_cols);
+  return cudaGetLastError();
+}
+
+cudaError_t copy_indexed(const int32_t* src, const int32_t* src_index, int64_t src_len, int32_t* dst,
+                         const int32_t* dst_index, int64_t dst_len, int64_t count, cudaStream_t stream) {
+  copy_indexed_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(src, src_index, src_len, dst, dst_index, dst_len,
+                                                                   count);
   return cudaGetLastError();
 }
 
