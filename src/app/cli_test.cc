@@ -474,6 +474,25 @@ TEST(Cli, Fp8ComputeOnTheCpu) {
   }
 }
 
+// One MTP draft per step: the head's drafts stay on the device and the next
+// step moves them into its ids there (one rank), or waits for them on the
+// host (tensor-parallel ranks, whose embedding reads ids on the host):
+// transformers' greedy tokens either way.
+TEST(Cli, MtpDraftsOnTheDeviceOrWaitedFor) {
+  const json ref = read_json(kModels + "deepseek_v3/reference.json");
+  const std::vector<int> prompt = ref["greedy_prompt"];
+  const std::vector<int> expected(ref["greedy_output"].begin(), ref["greedy_output"].begin() + 8);
+  for (const std::string tp : {"", " --tp 2"}) {
+    const CliRun r = run("generate --model " + kModels + "deepseek_v3 --prompt-ids " + join(prompt) +
+                         " --max-tokens 8 --temperature 0 --ignore-eos --json --speculative-algorithm mtp"
+                         " --speculative-num-draft-tokens 1" + tp);
+    ASSERT_EQ(r.exit_code, 0) << tp << ": " << r.err;
+    const json out = json::parse(r.out);
+    EXPECT_EQ(out["output_ids"].get<std::vector<int>>(), expected) << tp;
+    EXPECT_GT(out["speculative"]["draft_tokens"].get<int>(), 0) << tp;
+  }
+}
+
 // --batch-invariant: the CPU backend always is, so the flag leaves its
 // greedy tokens (transformers' here) as they are, with drafts too; with
 // --fp8-compute w8a8 it is refused on every command that takes it, naming

@@ -154,6 +154,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   // Each forward first puts the batch on the backend's device (a no-op when
   // it is there already, as in a replayed CUDA graph's static inputs).
   using Model::forward;
+  bool takes_device_token_ids() const override { return world_ == 1 && !dp_attention_; }
   void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override {
     if (dp_attention_) {
       // A failure part-way through would leave the other ranks waiting in

@@ -174,6 +174,7 @@ class DenseModel final : public Model {
     return kv;
   }
 
+  bool takes_device_token_ids() const override { return world_ == 1; }
   using Model::forward;
   void forward(const ForwardBatch& host_batch, KvBuffers& kv, Tensor& logits, Tensor* hidden_out) override {
     if (world_ == 1) {
@@ -469,6 +470,7 @@ class ModelWithHead final : public Model {
   DraftHead* draft_head() override { return head_.get(); }
   void prepare(KvBuffers& kv) override { model_->prepare(kv); }
   std::string summary() const override { return model_->summary(); }
+  bool takes_device_token_ids() const override { return model_->takes_device_token_ids(); }
 
  private:
   std::unique_ptr<Model> model_;

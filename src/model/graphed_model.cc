@@ -323,6 +323,8 @@ class GraphedModel final : public Model {
   }
   size_t kv_bytes_per_slot(DType dtype) const override { return model_->kv_bytes_per_slot(dtype); }
   std::string summary() const override { return model_->summary(); }
+  // The recorded steps copy the ids in on the device; the others run the model's own forward.
+  bool takes_device_token_ids() const override { return model_->takes_device_token_ids(); }
 
   DraftHead* draft_head() override { return head_.get(); }
 

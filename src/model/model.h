@@ -63,6 +63,10 @@ class Model {
   // A human-readable account of what was loaded (parameters, dtypes, experts),
   // printed on start; empty when the model has nothing to add.
   virtual std::string summary() const { return {}; }
+  // Whether forward() takes batch.token_ids in its backend's memory (the
+  // other inputs on the host): a runner then moves drafts that are still on
+  // the device into a step's ids without waiting for them.
+  virtual bool takes_device_token_ids() const { return false; }
 };
 
 // progress(done_bytes, total_bytes) is called while weights are read.

@@ -63,7 +63,8 @@ struct Engine::Parts {
   Delivery::Batch batch;  // this iteration's new streams and updates
   std::shared_ptr<StepPipeline::Step> inflight;  // launched, not updated (overlap)
   // Updated, with its drafts still on their way (StepResult::complete_proposals):
-  // they are taken once the next step is planned, before it runs.
+  // the step planned next takes them on the device; the requests take them
+  // before the next step is updated.
   std::shared_ptr<StepPipeline::Step> drafts_due;
 
   // The inbox.
@@ -349,21 +350,19 @@ void Engine::run() {
     // Overlap on: launch step N+1, then take step N's results while N+1
     // runs. Overlap off: launch a step and take its results at once.
     bool stepped = false;
-    // The drafts of the step updated last go into the plan made since (null:
-    // into the requests alone).
-    auto take_drafts = [&](StepPlan* next) {
-      if (p.drafts_due == nullptr) return;
-      const std::shared_ptr<StepPipeline::Step> due = std::move(p.drafts_due);
-      p.drafts_due.reset();
-      due->result.complete_proposals(due->result);
-      due->result.complete_proposals = nullptr;
-      scheduler.resolve_proposals(due->result, next);
-    };
+    // The drafts of a step whose head was still running when it was
+    // updated: a step planned since took them on the device (its runner
+    // resolved them there); the requests take them before the next update.
     auto update = [&](const std::shared_ptr<StepPipeline::Step>& done) {
+      if (p.drafts_due != nullptr && p.drafts_due != done) {
+        const std::shared_ptr<StepPipeline::Step> due = std::move(p.drafts_due);
+        p.drafts_due.reset();
+        due->result.complete_proposals(due->result);
+        due->result.complete_proposals = nullptr;
+        scheduler.resolve_proposals(due->result);
+      }
       scheduler.update(*done->plan, done->result, updates);
-      if (!done->result.complete_proposals) return;
-      take_drafts(nullptr);
-      p.drafts_due = done;
+      if (done->result.complete_proposals) p.drafts_due = done;
     };
     try {
       std::shared_ptr<StepPipeline::Step> launched;
@@ -381,7 +380,6 @@ void Engine::run() {
       }
       if (scheduler.has_requests()) {
         std::shared_ptr<StepPlan> plan = scheduler.schedule(updates);
-        take_drafts(plan.get());
         if (plan != nullptr) {
           plan->chained = chained;
           // A step the next round would take before planning (it verifies

@@ -124,7 +124,10 @@ LocalModelRunner::LocalModelRunner(Model& model, Backend& backend, int64_t kv_sl
 
 void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   backend_.make_current();  // the pipeline's thread drives the device too
-  const ForwardBatch fb = forward_batch_of(plan);
+  const bool device_ids = !plan.device_drafts.empty() && model_.takes_device_token_ids();
+  if (!plan.device_drafts.empty() && !device_ids) resolve_device_drafts(plan);  // waits for them
+  ForwardBatch fb = forward_batch_of(plan);
+  if (device_ids) fb.token_ids = ids_with_device_drafts(plan, fb.token_ids);
   const auto L = static_cast<int64_t>(plan.logit_rows.size());
   const size_t R = plan.rows.size();
   Tensor logits = backend_.empty({L, vocab_}, DType::kF32);
@@ -136,6 +139,8 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   } else {
     model_.forward(fb, kv_, logits);
   }
+  // The forward pass is queued: the host may wait for the drafts now.
+  if (device_ids) resolve_device_drafts(plan);
   result.logprobs.assign(R, {});
   result.sampled_logprobs.assign(R, std::numeric_limits<float>::quiet_NaN());
   result.row_errors.clear();
@@ -291,10 +296,10 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
     host_sampled = Tensor::empty({L}, DType::kF32);
     sampled_down = backend_.download(sampled, host_sampled);
   }
-  Tensor head_hidden, host_drafts;
+  Tensor head_hidden, host_drafts, row_drafts;
   std::unique_ptr<Backend::PendingDownload> drafts_down;
   if (early_head) {
-    Tensor row_drafts = backend_.empty({L}, DType::kI32);
+    row_drafts = backend_.empty({L}, DType::kI32);
     head_hidden = launch_head_on_samples(plan, fb, hidden, out, row_drafts);
     host_drafts = Tensor::empty({L}, DType::kI32);
     drafts_down = backend_.download(row_drafts, host_drafts);
@@ -335,7 +340,7 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   }
   const bool one_draft = early_head && head_chain(plan, static_cast<int64_t>(plan.q_start.size()) - 1) <= 1;
   if (one_draft && plan.drafts_behind_samples) {
-    defer_head_drafts(plan, std::move(host_drafts), std::move(drafts_down), result);
+    defer_head_drafts(plan, row_drafts, std::move(host_drafts), std::move(drafts_down), result);
   } else if (early_head) {
     drafts_down->wait();
     finish_head_on_samples(plan, std::span<const int32_t>(host_drafts.data<const int32_t>(), static_cast<size_t>(L)),
@@ -372,7 +377,7 @@ Tensor LocalModelRunner::launch_head_on_samples(const StepPlan& plan, const Forw
   return head_hidden;
 }
 
-void LocalModelRunner::defer_head_drafts(const StepPlan& plan, Tensor host_drafts,
+void LocalModelRunner::defer_head_drafts(const StepPlan& plan, const Tensor& row_drafts, Tensor host_drafts,
                                          std::unique_ptr<Backend::PendingDownload> drafts_down, StepResult& result) {
   const size_t R = plan.rows.size();
   result.proposals.assign(R, {});
@@ -383,12 +388,70 @@ void LocalModelRunner::defer_head_drafts(const StepPlan& plan, Tensor host_draft
     result.proposals[seq.first].assign(1, kPendingDraft);
   }
   if (from.empty()) return;
-  std::shared_ptr<Backend::PendingDownload> download = std::move(drafts_down);
-  result.complete_proposals = [download, host_drafts, from = std::move(from)](StepResult& done) {
-    download->wait();
-    const int32_t* drafts = host_drafts.data<const int32_t>();
+  auto copy = std::make_shared<DraftsCopy>();
+  copy->download = std::move(drafts_down);
+  copy->host = std::move(host_drafts);
+  deferred_.step = plan.id;
+  deferred_.rows = row_drafts;
+  deferred_.row_of.assign(R, -1);
+  for (const auto& [row, at] : from) deferred_.row_of[row] = static_cast<int32_t>(at);
+  deferred_.copy = copy;
+  result.complete_proposals = [copy, from = std::move(from)](StepResult& done) {
+    const int32_t* drafts = copy->values();
     for (const auto& [row, at] : from) done.proposals[row].assign(1, drafts[at]);
   };
+}
+
+const int32_t* LocalModelRunner::DraftsCopy::values() {
+  std::lock_guard<std::mutex> lock(mu);
+  if (download != nullptr) {
+    download->wait();
+    download.reset();
+  }
+  return host.data<const int32_t>();
+}
+
+Tensor LocalModelRunner::ids_with_device_drafts(const StepPlan& plan, const Tensor& host_ids) {
+  BASALT_CHECK(plan.drafts_of != 0 && plan.drafts_of == deferred_.step,
+               "step {} takes the drafts of step {}, which this runner does not hold (it holds step {}'s)", plan.id,
+               plan.drafts_of, deferred_.step);
+  const size_t K = plan.device_drafts.size();
+  std::vector<int32_t> pairs(2 * K);  // the drafts' rows in deferred_.rows, then their inputs
+  for (size_t k = 0; k < K; ++k) {
+    const FutureToken& d = plan.device_drafts[k];
+    BASALT_CHECK(d.row >= 0 && static_cast<size_t>(d.row) < deferred_.row_of.size() &&
+                     deferred_.row_of[static_cast<size_t>(d.row)] >= 0 && d.index < plan.token_ids.size(),
+                 "step {}: draft {} (row {} of step {}, input {}) is not one the head made", plan.id, k, d.row,
+                 plan.drafts_of, d.index);
+    pairs[k] = deferred_.row_of[static_cast<size_t>(d.row)];
+    pairs[K + k] = static_cast<int32_t>(d.index);
+  }
+  Tensor ids = backend_.empty(host_ids.shape(), DType::kI32);
+  backend_.upload(host_ids, ids);
+  Tensor index = backend_.empty({static_cast<int64_t>(2 * K)}, DType::kI32);
+  backend_.upload(i32_tensor(pairs), index);
+  backend_.copy_indexed(deferred_.rows, index.rows(0, static_cast<int64_t>(K)), ids,
+                        index.rows(static_cast<int64_t>(K), static_cast<int64_t>(K)));
+  return ids;
+}
+
+void LocalModelRunner::resolve_device_drafts(StepPlan& plan) {
+  BASALT_CHECK(plan.drafts_of != 0 && plan.drafts_of == deferred_.step && deferred_.copy != nullptr,
+               "step {} takes the drafts of step {}, which this runner does not hold (it holds step {}'s)", plan.id,
+               plan.drafts_of, deferred_.step);
+  const int32_t* values = deferred_.copy->values();
+  for (const FutureToken& d : plan.device_drafts) {
+    BASALT_CHECK(d.row >= 0 && static_cast<size_t>(d.row) < deferred_.row_of.size() &&
+                     deferred_.row_of[static_cast<size_t>(d.row)] >= 0 && d.index < plan.token_ids.size(),
+                 "step {}: a draft (row {} of step {}) is not one the head made", plan.id, d.row, plan.drafts_of);
+    plan.token_ids[d.index] = values[deferred_.row_of[static_cast<size_t>(d.row)]];
+  }
+  // A draft row's draft is the input one position after its logits row.
+  for (size_t i = 0; i < plan.rows.size(); ++i)
+    if (plan.rows[i].draft == kPendingDraft)
+      plan.rows[i].draft = plan.token_ids[static_cast<size_t>(plan.logit_rows[i]) + 1];
+  plan.device_drafts.clear();
+  plan.drafts_of = 0;
 }
 
 void LocalModelRunner::finish_head_on_samples(const StepPlan& plan, std::span<const int32_t> row_drafts,

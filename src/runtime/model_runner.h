@@ -7,7 +7,10 @@
 //
 // Contract:
 //  * run(plan, result) is called for one step at a time, in plan order, from
-//    one thread. The plan's inputs are resolved (no FutureToken left). It
+//    one thread. The plan's inputs are resolved (no FutureToken left) but
+//    for its device_drafts, which the runner takes from the step before's
+//    draft head on the device and writes into the plan once the forward
+//    pass is queued. It
 //    fills result.next (one token per sample row), the rows' logprobs when
 //    asked, and calls each row's LogitsProcessor::append and
 //    TokenConstraint::accept with its token, so that both see every token in
@@ -60,9 +63,16 @@ class LocalModelRunner : public ModelRunner {
   Tensor launch_head_on_samples(const StepPlan& plan, const ForwardBatch& fb, const Tensor& hidden,
                                 const Tensor& sampled, Tensor& row_drafts);
   // With one draft per sequence: the host takes the samples now and the
-  // drafts once `drafts_down` has landed (StepResult::complete_proposals).
-  void defer_head_drafts(const StepPlan& plan, Tensor host_drafts,
+  // drafts once `drafts_down` has landed (StepResult::complete_proposals);
+  // the next step takes them from `row_drafts` on the device.
+  void defer_head_drafts(const StepPlan& plan, const Tensor& row_drafts, Tensor host_drafts,
                          std::unique_ptr<Backend::PendingDownload> drafts_down, StepResult& result);
+  // The step's input ids on the device with its device_drafts moved in
+  // from the drafts deferred last (`host_ids` has placeholders there).
+  Tensor ids_with_device_drafts(const StepPlan& plan, const Tensor& host_ids);
+  // Waits for the deferred drafts' copy and writes the values of the
+  // plan's device_drafts into its token_ids and rows; clears them.
+  void resolve_device_drafts(StepPlan& plan);
   void finish_head_on_samples(const StepPlan& plan, std::span<const int32_t> row_drafts, const Tensor& head_hidden,
                               StepResult& result);
   // The head's chained passes after its first draft (row 0 of `drafts`).
@@ -89,6 +99,23 @@ class LocalModelRunner : public ModelRunner {
   Model* draft_model_ = nullptr;
   KvBuffers draft_kv_;
   bool draft_kv_ready_ = false;
+  // The drafts of the last step whose head ran behind its samples: its
+  // draft at every row on the device, per result row the index of that
+  // row's draft in them (-1: none), and their copy to the host, which the
+  // step's result and the next step both wait for (once).
+  struct DraftsCopy {
+    std::mutex mu;
+    std::unique_ptr<Backend::PendingDownload> download;
+    Tensor host;
+    const int32_t* values();
+  };
+  struct DeferredDrafts {
+    uint64_t step = 0;
+    Tensor rows;
+    std::vector<int32_t> row_of;
+    std::shared_ptr<DraftsCopy> copy;
+  };
+  DeferredDrafts deferred_;
 };
 
 // Runs steps in order. Threaded (overlap): launch() queues a step and

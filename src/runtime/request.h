@@ -182,9 +182,10 @@ struct Request {
   bool drafts_predicted = false;  // the drafts are from request.prediction
   std::unique_ptr<PredictionLookup> prediction;  // request.prediction's lookup (null: none)
   std::vector<int32_t> proposal;  // the draft head's or draft model's tokens for after the last known one
-  // >= 0 while `proposal` holds kPendingDraft tokens: the row of the last
-  // updated step's result whose proposal they are (Scheduler::resolve_proposals).
+  // >= 0 while `proposal` holds kPendingDraft tokens: the row of step
+  // proposal_step's result whose proposal they are (Scheduler::resolve_proposals).
   int proposal_row = -1;
+  uint64_t proposal_step = 0;
   // A step ran for it while the batch was too large to draft, without the
   // draft head's or draft model's pass: their KV misses its tokens from
   // there, so it drafts from them no more (n-gram and forced text still do).

@@ -579,7 +579,15 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
       if (pos < known) {
         plan->token_ids.push_back(r->tokens[static_cast<size_t>(pos)]);
       } else if (pos - known < drafts) {
-        plan->token_ids.push_back(r->drafts[static_cast<size_t>(pos - known)]);
+        const int32_t draft = r->drafts[static_cast<size_t>(pos - known)];
+        if (draft == kPendingDraft) {
+          // Still on the device, where the runner takes it from.
+          BASALT_CHECK(r->proposal_row >= 0 && (plan->drafts_of == 0 || plan->drafts_of == r->proposal_step),
+                       "request {}: a pending draft of no step's result", r->id);
+          plan->drafts_of = r->proposal_step;
+          plan->device_drafts.push_back(FutureToken{plan->token_ids.size(), r->proposal_row});
+        }
+        plan->token_ids.push_back(draft);
       } else {
         // The token the step in flight samples for this request.
         BASALT_CHECK(pos == known && r->pending > 0 && previous != 0 && r->last_step == previous,
@@ -833,9 +841,10 @@ void Scheduler::take_proposal(Request& r, StepResult& result, size_t row) {
   r.proposal = row < result.proposals.size() ? std::move(result.proposals[row]) : std::vector<int32_t>{};
   const bool pending = std::find(r.proposal.begin(), r.proposal.end(), kPendingDraft) != r.proposal.end();
   r.proposal_row = pending ? static_cast<int>(row) : -1;
+  r.proposal_step = pending ? processed_step_ : 0;
 }
 
-void Scheduler::resolve_proposals(const StepResult& result, StepPlan* next) {
+void Scheduler::resolve_proposals(const StepResult& result) {
   for (const auto& r : running_) {
     if (r->proposal_row < 0) continue;
     const auto row = static_cast<size_t>(r->proposal_row);
@@ -844,21 +853,6 @@ void Scheduler::resolve_proposals(const StepResult& result, StepPlan* next) {
                  row < result.proposals.size() ? result.proposals[row].size() : 0, r->proposal.size());
     r->proposal = result.proposals[row];
     r->proposal_row = -1;
-  }
-  if (next == nullptr) return;
-  // A pending draft is the input one position after its row's logits row;
-  // each request's drafts are its proposal's first ones, in order.
-  for (size_t i = 0; i < next->rows.size(); ++i) {
-    if (next->rows[i].draft != kPendingDraft) continue;
-    Request& r = *next->sampled[i];
-    size_t d = 0;
-    while (d < i && next->sampled[i - d - 1] == &r) ++d;
-    BASALT_CHECK(d < r.proposal.size() && d < r.drafts.size() && r.proposal[d] != kPendingDraft,
-                 "request {}: draft {} of step {} never came back", r.id, d, next->id);
-    const int32_t token = r.proposal[d];
-    next->rows[i].draft = token;
-    r.drafts[d] = token;
-    next->token_ids[static_cast<size_t>(next->logit_rows[i]) + 1] = token;
   }
 }
 

@@ -113,10 +113,9 @@ class Scheduler {
   void update(StepPlan& plan, StepResult& result, std::vector<RequestUpdate>& updates);
   // The drafts of the last updated step, once its result's
   // complete_proposals has run: each running request's proposal gets its
-  // tokens, and `next` (the step planned since, may be null; not launched
-  // yet) gets them where it carries them as kPendingDraft. Call it before
-  // `next` runs and before another step with pending proposals is updated.
-  void resolve_proposals(const StepResult& result, StepPlan* next);
+  // tokens (a plan made since carries them as kPendingDraft, which its
+  // runner resolves). Call it before the next step is updated.
+  void resolve_proposals(const StepResult& result);
   // After a failed step (every launched step is done or dropped): finishes
   // every request with the error and empties the cache, since launched
   // chunks entered it before their KV was written.

@@ -91,8 +91,9 @@ struct SpeculativeOptions {
   int disable_from_batch = 32;
   // A draft head's single drafts (k = 1) reach the host after the step's
   // samples: the host updates its requests and plans the next step while
-  // the head runs, and writes the drafts in before that step runs
-  // (StepResult::complete_proposals). false: the step returns once its
+  // the head runs, and that step takes the drafts on the device, waiting
+  // for their values only once its forward pass is queued
+  // (StepPlan::device_drafts). false: the step returns once its
   // drafts are on the host too (what the benchmark compares against).
   bool drafts_behind_samples = true;
   bool enabled() const { return algorithm != SpeculativeAlgorithm::kNone && num_draft_tokens > 0; }

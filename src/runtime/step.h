@@ -28,9 +28,10 @@ class TokenConstraint;
 
 // A draft whose value the step before has not brought to the host yet: the
 // draft head still runs on the device when its step's samples come back
-// (StepResult::complete_proposals). A plan may carry it in token_ids and a
-// row's `draft` until Scheduler::resolve_proposals() writes the value in,
-// which happens before the plan runs.
+// (StepResult::complete_proposals). A plan carries it in token_ids and a
+// row's `draft`, and names it in StepPlan::device_drafts: the runner moves
+// it into the step's input ids on the device, without waiting, and writes
+// its value into the plan once the forward pass is queued.
 constexpr int32_t kPendingDraft = -2;
 
 // An input token that the step launched just before this one samples
@@ -49,6 +50,11 @@ struct StepPlan {
   std::vector<int32_t> token_ids, positions, out_slots, q_start{0}, kv_start{0}, kv_slots, logit_rows;
   uint64_t futures_of = 0;  // the step whose tokens the futures are (0: none)
   std::vector<FutureToken> futures;
+  // The kPendingDraft inputs: input `index` takes the draft the head of
+  // step drafts_of made for that step's result row `row` (the row whose
+  // StepResult::proposals holds it).
+  uint64_t drafts_of = 0;
+  std::vector<FutureToken> device_drafts;
   // Run the model's draft head after sampling (SpeculativeAlgorithm::kMtp):
   // the forward pass keeps its final hidden states, and per sequence
   // next_known holds the token after its last input when that is known
@@ -106,6 +112,8 @@ inline void StepPlan::clear() {
   kv_start.assign(1, 0);
   futures_of = 0;
   futures.clear();
+  drafts_of = 0;
+  device_drafts.clear();
   capture_hidden = false;
   draft_chain = 1;
   drafts_behind_samples = false;
