@@ -1040,25 +1040,39 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(AttentionArg
         }
       }
       // Mask, then the online softmax of rows g (h = 0) and g + 8 (h = 1).
+      // A tile inside the split whose every key every row of the pass sees
+      // (below the first row's position, within the window of the last) is
+      // not masked (uniform over the block); a key whose slot is out of range
+      // poisons the pass anyway.
+      const int64_t j0 = c0 + t * BN;
+      const bool interior = j0 + BN <= c1 && j0 + BN - 1 <= pos_first &&
+                            (a.sliding_window <= 0 || pos_last - j0 < a.sliding_window);
       float tile_max[2] = {kNegInf, kNegInf};
+      if (interior) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+        for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2, kl = warp * 16 + n * 8 + 2 * t4 + (e & 1);
-          const int64_t j = c0 + t * BN + kl;
-          const bool visible = key_ok_s[st][kl] && j <= pos_r[h] &&
-                               (a.sliding_window <= 0 || pos_r[h] - j < a.sliding_window);
-          s[n][e] = visible ? s[n][e] : kNegInf;
-          tile_max[h] = fmaxf(tile_max[h], s[n][e]);
-        }
+          for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
+      } else {
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = e / 2, kl = warp * 16 + n * 8 + 2 * t4 + (e & 1);
+            const int64_t j = j0 + kl;
+            const bool visible = key_ok_s[st][kl] && j <= pos_r[h] &&
+                                 (a.sliding_window <= 0 || pos_r[h] - j < a.sliding_window);
+            s[n][e] = visible ? s[n][e] : kNegInf;
+            tile_max[h] = fmaxf(tile_max[h], s[n][e]);
+          }
+      }
       float correction[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
         tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
         const float m_new = fmaxf(m_row[h], tile_max[h]);
-        correction[h] = m_new == kNegInf ? 1.0f : exp2f(m_row[h] - m_new);  // m_row = -inf gives 0
+        correction[h] = m_new == kNegInf ? 1.0f : fast_exp2(m_row[h] - m_new);  // m_row = -inf gives 0
         m_row[h] = m_new;
         l_row[h] *= correction[h];
       }
@@ -1068,19 +1082,22 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(AttentionArg
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
           const int h = e / 2;
-          const float p0 = m_row[h] == kNegInf ? 0.0f : exp2f(s[n][e] - m_row[h]);
-          const float p1 = m_row[h] == kNegInf ? 0.0f : exp2f(s[n][e + 1] - m_row[h]);
+          const float p0 = m_row[h] == kNegInf ? 0.0f : fast_exp2(s[n][e] - m_row[h]);
+          const float p1 = m_row[h] == kNegInf ? 0.0f : fast_exp2(s[n][e + 1] - m_row[h]);
           l_row[h] += p0 + p1;
           const __nv_bfloat162 ph = __floats2bfloat162_rn(p0, p1);
           pa_hi[2 * n + h] = *reinterpret_cast<const uint32_t*>(&ph);
           pa_lo[2 * n + h] = pack_bf16(p0 - __low2float(ph), p1 - __high2float(ph));
         }
+      // O is rescaled only when a row's max moved (uniform over the warp).
+      if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
 #pragma unroll
-      for (int n = 0; n < DMAX / 8; ++n) {
-        o[n][0] *= correction[0];
-        o[n][1] *= correction[0];
-        o[n][2] *= correction[1];
-        o[n][3] *= correction[1];
+        for (int n = 0; n < DMAX / 8; ++n) {
+          o[n][0] *= correction[0];
+          o[n][1] *= correction[0];
+          o[n][2] *= correction[1];
+          o[n][3] *= correction[1];
+        }
       }
 #pragma unroll
       for (int n = 0; n < DMAX / 16; ++n) {
