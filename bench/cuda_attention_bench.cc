@@ -26,6 +26,7 @@
 //
 // Usage: basalt_bench_cuda_attention [--repeats N] [--heads Q,KV] [--dims K,V] [--only decode|prefill]
 //                                    [--case NAME] (the cases named NAME exactly: one case for a profiler)
+//                                    [--splits N] (the decode kernel's key splits, forced)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
   int repeats = 100;
   int heads = 32, kv_heads = 8, head_dim = 128, v_head_dim = 128;  // Llama-3.1-8B
   std::string only, only_case;
+  int forced_splits = 0;  // --splits N: the decode kernel's key splits, forced (0: its own choice)
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (std::strcmp(argv[i], "--repeats") == 0 && has_value) {
@@ -132,10 +134,13 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (std::strcmp(argv[i], "--case") == 0 && has_value) {
       only_case = argv[++i];
+    } else if (std::strcmp(argv[i], "--splits") == 0 && has_value && std::atoi(argv[i + 1]) > 0 &&
+               std::atoi(argv[i + 1]) <= cuda_kernels::kAttentionMaxSplits) {
+      forced_splits = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: basalt_bench_cuda_attention [--repeats N] [--heads Q,KV] [--dims K,V] "
-                   "[--only decode|prefill] [--case NAME]\n");
+                   "[--only decode|prefill] [--case NAME] [--splits N]\n");
       return 2;
     }
   }
@@ -215,7 +220,9 @@ int main(int argc, char** argv) {
     shape.num_kv_heads = kv_heads;
     shape.head_dim = head_dim;
     shape.v_head_dim = v_head_dim;
-    const int splits = cuda_kernels::attention_decode_splits(cuda_kernels::Elem::kBF16, shape);
+    const int splits = forced_splits > 0 ? forced_splits
+                                         : cuda_kernels::attention_decode_splits(cuda_kernels::Elem::kBF16,
+                                                                                 cuda_kernels::Elem::kBF16, shape);
     const bool on_wgmma = cuda_kernels::attention_prefill_on_wgmma(cuda_kernels::Elem::kBF16, q.raw(), k_cache.raw(),
                                                                    v_cache.raw(), out.raw(), shape);
     for (CudaAttentionPath path : {CudaAttentionPath::kAuto, CudaAttentionPath::kDecode,
@@ -227,11 +234,11 @@ int main(int argc, char** argv) {
       if (path == CudaAttentionPath::kDecodeCudaCores && !c.decode) continue;
       if (path == CudaAttentionPath::kPrefillMmaSync && (!on_wgmma || c.decode)) continue;  // kPrefill's kernel
       for (int w = 0; w < 3; ++w)
-        cuda_attention(q, k_cache, v_cache, layout_list[w % layouts], params, out, nullptr, path);
+        cuda_attention(q, k_cache, v_cache, layout_list[w % layouts], params, out, nullptr, path, forced_splits);
       std::vector<float> times;
       for (int r = 0; r < repeats; ++r) {
         BASALT_CUDA_CHECK(cudaEventRecord(start));
-        cuda_attention(q, k_cache, v_cache, layout_list[r % layouts], params, out, nullptr, path);
+        cuda_attention(q, k_cache, v_cache, layout_list[r % layouts], params, out, nullptr, path, forced_splits);
         BASALT_CUDA_CHECK(cudaEventRecord(stop));
         BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
         float ms = 0;
@@ -247,7 +254,7 @@ int main(int argc, char** argv) {
         CudaGraphPoolScope pool;
         BASALT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
         for (int r = 0; r < kGraphCalls; ++r)
-          cuda_attention(q, k_cache, v_cache, layout_list[r % layouts], params, out, stream, path);
+          cuda_attention(q, k_cache, v_cache, layout_list[r % layouts], params, out, stream, path, forced_splits);
         cudaGraph_t graph = nullptr;
         BASALT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
         BASALT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));

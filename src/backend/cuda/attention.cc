@@ -147,7 +147,8 @@ void cuda_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   if (launch.decode) {
     launch.splits = path == CudaAttentionPath::kRowInvariant ? 1
                     : decode_splits > 0 ? std::min(decode_splits, cuda_kernels::kAttentionMaxSplits)
-                                        : cuda_kernels::attention_decode_splits(elem(k_cache.dtype()), shape);
+                                        : cuda_kernels::attention_decode_splits(elem(k_cache.dtype()), elem(q.dtype()),
+                                                                                shape);
     const int64_t floats = cuda_kernels::attention_decode_scratch_floats(shape, launch.splits);
     if (floats > 0) {
       decode_scratch = cuda_empty({floats}, DType::kF32);

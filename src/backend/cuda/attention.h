@@ -81,18 +81,20 @@
 //    the slots loaded ahead).
 //    - bf16 caches with head dims that are multiples of 8, up to 128 (Llama,
 //      Qwen, Mistral): tensor cores (mma.sync m16n8k16), the group's query
-//      rows as the MMA's 16 rows, 64-key tiles (16 keys per warp), three
-//      stages. q * scale and the probabilities are split into bf16 high and
-//      low parts (two MMAs each), so with bf16 K/V the result keeps ~16
-//      mantissa bits: errors ~1e-5 relative, scores, softmax and sums f32.
+//      rows as the MMA's 16 rows, 64-key tiles (16 keys per warp), two
+//      stages and three blocks per SM with a bf16 q (three stages, two
+//      blocks with an f32 q). Scores are q . k scaled afterwards, an f32 q
+//      and the probabilities split into bf16 high and low parts (two MMAs
+//      each), so with bf16 K/V the result keeps ~16 mantissa bits: errors
+//      ~1e-5 relative, scores, softmax and sums f32.
 //    - otherwise (f32 caches, head dims over 128 or not multiples of 8): CUDA
 //      cores, f32 arithmetic (error vs the reference ~1e-6 relative with f32
 //      data), staged through shared memory when rows are 16-byte vectors,
 //      plain (scalar) loads otherwise.
 //    Each sequence's visible keys are cut on the device into `splits` chunks,
 //    splits chosen on the host from shapes to fill the chip (batch 1 x 4096
-//    keys x 8 kv heads: 33 splits; batch 32 and up: 1; a split keeps at
-//    least ~64 keys); partials (max, sum, output) are merged by a second
+//    keys x 8 kv heads: 32 splits; none once the unsplit blocks cover every
+//    SM; a split keeps at least ~64 keys); partials (max, sum, output) are merged by a second
 //    kernel, skipped when splits is 1. The tensor-core decode kernel and the
 //    combine are programmatic dependent launches: the decode kernel reads
 //    the layout and its first slots before it waits for the kernel that
@@ -111,14 +113,16 @@
 //    - otherwise (f32 caches, other dims or GPUs): FlashAttention-2 style
 //      mma.sync m16n8k16, 64-row tiles, four warps, K/V tiles in four
 //      shared-memory stages (converted from f32 caches while staged).
-// Measured on the H200 (bench/README.md, Llama-8B heads, bf16): decode reads
-// 2.4-2.45 TB/s at batch 32 / 256 x 4096 keys (58% of the 4.18 TB/s
-// ceiling), ~1.8 TB/s at 512 keys; a batch-1 call costs ~11-18 us of GPU
-// time (512-4096 keys); prefill of a 4096-token prompt 345 TFLOP/s on wgmma
+// Measured (bench/README.md, Llama-8B heads, bf16): decode reads 2.7-2.9
+// TB/s at batch 32 / 256 x 4096 keys on an H100 (1.12-1.18x the kernel with
+// three stages, the H200's 2.4-2.45 TB/s), 2.0-2.5 TB/s at 512 keys; a
+// batch-1 call costs ~10-18 us of GPU time (512-4096 keys); prefill of a
+// 4096-token prompt 345 TFLOP/s on wgmma
 // (410 at DeepSeek-V3's 192/128 dims; 92 and 63 on mma.sync), 0.71x
 // PyTorch's FlashAttention at both shapes.
-// What would make it faster: decode: more bytes in flight per SM (smaller
-// padded stages or a swizzle instead of the pad, TMA gathers) and fewer
+// What would make it faster: decode: fewer instructions per key (a GQA
+// group of 4 fills 4 of the MMA's 16 rows: keys as the MMA's rows instead;
+// a swizzle instead of the padded rows, for a fourth block per SM) and fewer
 // fixed latencies per call at batch 1 (~11 us of GPU time for 512 keys,
 // where the 2 MB read needs 0.5 us; folding the combine into the decode
 // kernel as a last-block merge measured slower); prefill: a producer

@@ -869,34 +869,44 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(AttentionArgs 
 // kernel's (see there), each warp keeping its own state for the 16 rows over
 // its keys, merged through shared memory at the end of the pass.
 //
-// Accuracy: K and V are bf16 already; q * scale * log2 e and the
-// probabilities are split into a bf16 high part and a bf16 remainder, each
-// multiplied on the tensor cores (two mma per product, f32 accumulation), so
-// the result keeps ~16 mantissa bits: errors ~1e-5 relative, like the f32
-// CUDA-core kernel, where plain bf16 rounding would give ~1e-3.
+// Accuracy: K and V are bf16 already. Scores are q . k in f32, scaled by
+// scale * log2 e afterwards: a bf16 q is exact in one bf16 operand, an f32 q
+// is split into a bf16 high part and a bf16 remainder (QLO: two mma per
+// product), so either keeps ~16 mantissa bits; the probabilities are split
+// the same way. Errors stay ~1e-5 relative, like the f32 CUDA-core kernel,
+// where plain bf16 rounding would give ~1e-3.
+//
+// Occupancy: the kernel is bound by latency, not by DRAM (Nsight Compute at
+// batch 256 x 512 keys: DRAM 56% of peak with two blocks per SM), so with a
+// bf16 q (no low part) the stages are two and the registers capped at 168:
+// three blocks fit an SM. The scores of a tile sum into two accumulators per
+// n-tile (even and odd k-steps), halving the chain of dependent mma; a
+// thread copies two chunks of each of its rows, so a row's slot and
+// addresses serve both.
 constexpr int kMmaDecodeRows = 16;
 constexpr int kMmaDecodeBN = 16 * kDecodeWarps;
-constexpr int kMmaDecodeStages = 3;
 
-template <int DMAX>
+template <int DMAX, bool QLO>
 struct MmaDecodeTile {
+  static constexpr int kStages = QLO ? 3 : 2;
   static constexpr int LD = DMAX + 8;  // the prefill kernel's padded row
-  static constexpr size_t kStagesBytes = sizeof(bf16) * size_t{2} * kMmaDecodeStages * kMmaDecodeBN * LD;
-  static constexpr size_t kSmemBytes = kStagesBytes + sizeof(bf16) * size_t{2} * kMmaDecodeRows * LD;
+  static constexpr size_t kStagesBytes = sizeof(bf16) * size_t{2} * kStages * kMmaDecodeBN * LD;
+  // q's high part, and its low part for an f32 q.
+  static constexpr size_t kSmemBytes = kStagesBytes + sizeof(bf16) * size_t{QLO ? 2 : 1} * kMmaDecodeRows * LD;
   // The warps' merge reuses the stages.
   static_assert(sizeof(float) * kDecodeWarps * kMmaDecodeRows * DMAX <= kStagesBytes);
 };
 
-template <int DMAX>
-__global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(AttentionArgs a) {
-  using Tile = MmaDecodeTile<DMAX>;
-  constexpr int NW = kDecodeWarps, RT = kMmaDecodeRows, BN = kMmaDecodeBN, NS = kMmaDecodeStages, LD = Tile::LD;
+template <int DMAX, bool QLO>
+__global__ void __launch_bounds__(kDecodeThreads, QLO ? 2 : 3) decode_mma_kernel(AttentionArgs a) {
+  using Tile = MmaDecodeTile<DMAX, QLO>;
+  constexpr int NW = kDecodeWarps, RT = kMmaDecodeRows, BN = kMmaDecodeBN, NS = Tile::kStages, LD = Tile::LD;
   constexpr float kNegInf = -INFINITY;
   extern __shared__ __align__(128) unsigned char mma_decode_smem[];
   bf16* k_st = reinterpret_cast<bf16*>(mma_decode_smem);  // [NS][BN][LD]
   bf16* v_st = k_st + NS * BN * LD;                        // [NS][BN][LD]
   bf16* q_hi = v_st + NS * BN * LD;                        // [RT][LD]
-  bf16* q_lo = q_hi + RT * LD;                             // [RT][LD]
+  bf16* q_lo = q_hi + RT * LD;                             // [RT][LD], QLO only
   float* red_o = reinterpret_cast<float*>(mma_decode_smem);  // after a pass's keys: [NW][RT][DMAX]
   __shared__ float red_m[NW][RT], red_l[NW][RT];
   __shared__ bool key_ok_s[NS][BN];
@@ -936,10 +946,13 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(AttentionArg
     float m_row[2] = {kNegInf, kNegInf}, l_row[2] = {0.0f, 0.0f};
     bool bad_slot = false;
 
-    // Each thread copies chunk tid % CH of rows tid / CH + p * kRowsPer.
-    constexpr int CH = DMAX / 8, kRowsPer = kDecodeThreads / CH, kPer = BN / kRowsPer;
-    static_assert(kDecodeThreads % CH == 0 && BN % kRowsPer == 0);
-    const int my_row = tid / CH, my_d = (tid % CH) * 8;
+    // Each thread copies the 8-element chunks at columns my_d + c * DMAX /
+    // kChunks (c < kChunks) of rows tid / TPR + p * kRowsPer: a row's
+    // slot, bounds and addresses serve kChunks chunks of K and of V.
+    constexpr int kChunks = DMAX >= 128 ? 2 : 1, TPR = DMAX / 8 / kChunks;
+    constexpr int kRowsPer = kDecodeThreads / TPR, kPer = BN / kRowsPer;
+    static_assert(kDecodeThreads % TPR == 0 && BN % kRowsPer == 0);
+    const int my_row = tid / TPR, my_d = (tid % TPR) * 8;
     const int64_t tiles = c1 > c0 ? (c1 - c0 + BN - 1) / BN : 0;
     // Slots are loaded two tiles before their copies are issued (pre[0]: the
     // next tile to issue, pre[1]: the one after), the prologue's all at once.
@@ -965,15 +978,22 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(AttentionArg
         if (my_d == 0) key_ok_s[st][row] = ok;
         // Rows of missing keys and the columns up to the mma width are zeros
         // (a zero value row keeps 0 * garbage out of the sums).
-        bf16* kdst = k_st + (st * BN + row) * LD + my_d;
-        bf16* vdst = v_st + (st * BN + row) * LD + my_d;
-        if (my_d < kd) {
-          if (ok && my_d < D) cp_async_16(kdst, k_cache + (slot * a.num_kv_heads + kv_head) * D + my_d);
-          else *reinterpret_cast<uint4*>(kdst) = make_uint4(0, 0, 0, 0);
-        }
-        if (my_d < kdv) {
-          if (ok && my_d < Dv) cp_async_16(vdst, v_cache + (slot * a.num_kv_heads + kv_head) * Dv + my_d);
-          else *reinterpret_cast<uint4*>(vdst) = make_uint4(0, 0, 0, 0);
+        const int64_t head_row = ok ? slot * a.num_kv_heads + kv_head : 0;
+        const bf16* ksrc = k_cache + head_row * D;
+        const bf16* vsrc = v_cache + head_row * Dv;
+        bf16* kdst = k_st + (st * BN + row) * LD;
+        bf16* vdst = v_st + (st * BN + row) * LD;
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int d = my_d + c * (DMAX / kChunks);
+          if (d < kd) {
+            if (ok && d < D) cp_async_16(kdst + d, ksrc + d);
+            else *reinterpret_cast<uint4*>(kdst + d) = make_uint4(0, 0, 0, 0);
+          }
+          if (d < kdv) {
+            if (ok && d < Dv) cp_async_16(vdst + d, vsrc + d);
+            else *reinterpret_cast<uint4*>(vdst + d) = make_uint4(0, 0, 0, 0);
+          }
         }
       }
     };
@@ -984,10 +1004,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(AttentionArg
     // the previous kernel's.
     wait_for_producer();
     {
-      // The pass's q * scale * log2 e as bf16 high and low parts (rows past
-      // the sequence and columns past D are 0); every load is issued before
-      // the first store (a loop of load-store pairs would wait out one
-      // memory latency per element).
+      // The pass's q as bf16 high and (QLO) low parts (rows past the
+      // sequence and columns past D are 0); every load is issued before the
+      // first store (a loop of load-store pairs would wait out one memory
+      // latency per element).
       constexpr int kQPer = RT * DMAX / kDecodeThreads;
       float qv[kQPer];
 #pragma unroll
@@ -1001,10 +1021,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(AttentionArg
 #pragma unroll
       for (int k = 0; k < kQPer; ++k) {
         const int idx = tid + k * kDecodeThreads, i = idx / DMAX, d = idx % DMAX;
-        const float v = qv[k] * a.scale_log2;
-        const bf16 h = __float2bfloat16_rn(v);
+        const bf16 h = __float2bfloat16_rn(qv[k]);
         q_hi[i * LD + d] = h;
-        q_lo[i * LD + d] = __float2bfloat16_rn(v - __bfloat162float(h));
+        if constexpr (QLO) q_lo[i * LD + d] = __float2bfloat16_rn(qv[k] - __bfloat162float(h));
       }
     }
 #pragma unroll
@@ -1025,20 +1044,29 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_mma_kernel(AttentionArg
       const bf16* ks = k_st + (st * BN + warp * 16) * LD;  // this warp's 16 keys
       const bf16* vs = v_st + (st * BN + warp * 16) * LD;
 
-      float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+      // acc[p][n]: the k-steps of parity p for keys n * 8 .. n * 8 + 7.
+      float acc[2][2][4] = {};
 #pragma unroll
       for (int k = 0; k < DMAX / 16; ++k) {
         if (k * 16 < kd) {
-          uint32_t qh[4], ql[4], kb[4];
+          uint32_t qh[4], kb[4];
           ldmatrix_x4(qh, q_hi + ((lane % 8) + ((lane / 8) % 2) * 8) * LD + k * 16 + (lane / 16) * 8);
-          ldmatrix_x4(ql, q_lo + ((lane % 8) + ((lane / 8) % 2) * 8) * LD + k * 16 + (lane / 16) * 8);
           ldmatrix_x4(kb, ks + ((lane % 8) + (lane / 16) * 8) * LD + k * 16 + ((lane / 8) % 2) * 8);
-          mma_bf16(s[0], qh, kb[0], kb[1]);
-          mma_bf16(s[1], qh, kb[2], kb[3]);
-          mma_bf16(s[0], ql, kb[0], kb[1]);
-          mma_bf16(s[1], ql, kb[2], kb[3]);
+          mma_bf16(acc[k % 2][0], qh, kb[0], kb[1]);
+          mma_bf16(acc[k % 2][1], qh, kb[2], kb[3]);
+          if constexpr (QLO) {
+            uint32_t ql[4];
+            ldmatrix_x4(ql, q_lo + ((lane % 8) + ((lane / 8) % 2) * 8) * LD + k * 16 + (lane / 16) * 8);
+            mma_bf16(acc[k % 2][0], ql, kb[0], kb[1]);
+            mma_bf16(acc[k % 2][1], ql, kb[2], kb[3]);
+          }
         }
       }
+      float s[2][4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = (acc[0][n][e] + acc[1][n][e]) * a.scale_log2;
       // Mask, then the online softmax of rows g (h = 0) and g + 8 (h = 1).
       // A tile inside the split whose every key every row of the pass sees
       // (below the first row's position, within the window of the last) is
@@ -1276,20 +1304,21 @@ void launch_decode(const AttentionArgs& args, const DecodeGeometry& geo, int rt,
   else if constexpr (V == 4) launch_decode_rt<Cache, V, 32, 2>(args, rt, false, grid, stream);  // f32 rows over 128
 }
 
-template <int DMAX>
+template <int DMAX, bool QLO>
 void launch_decode_mma(const AttentionArgs& args, dim3 grid, cudaStream_t stream) {
-  constexpr size_t smem = MmaDecodeTile<DMAX>::kSmemBytes;
+  constexpr size_t smem = MmaDecodeTile<DMAX, QLO>::kSmemBytes;
   static const cudaError_t configured = [] {
-    cudaError_t status = cudaFuncSetAttribute(decode_mma_kernel<DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(smem));
+    cudaError_t status = cudaFuncSetAttribute(decode_mma_kernel<DMAX, QLO>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (status == cudaSuccess)
-      status = cudaFuncSetAttribute(decode_mma_kernel<DMAX>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+      status =
+          cudaFuncSetAttribute(decode_mma_kernel<DMAX, QLO>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
     return status;
   }();
   // Launched even if the setup failed: the launch then fails as well, so
   // every call reports it through cudaGetLastError(), not only the first.
   (void)configured;
-  launch_dependent_smem(decode_mma_kernel<DMAX>, grid, dim3(kDecodeThreads), smem, stream, args);
+  launch_dependent_smem(decode_mma_kernel<DMAX, QLO>, grid, dim3(kDecodeThreads), smem, stream, args);
 }
 
 template <int DMAX, typename Cache, bool kAsync>
@@ -1337,16 +1366,22 @@ int attention_decode_row_splits(Elem cache, const AttentionShape& s) {
   return static_cast<int>(passes < 1 ? 1 : passes > 1024 ? 1024 : passes);
 }
 
-int attention_decode_splits(Elem cache, const AttentionShape& s) {
+int attention_decode_splits(Elem cache, Elem q, const AttentionShape& s) {
   if (s.num_seqs <= 0) return 1;
   // Blocks of one key split; a wave is what the chip holds at once (the
   // decode kernel's occupancy for this geometry).
   const int64_t base = int64_t{s.num_seqs} * s.num_kv_heads * attention_decode_row_splits(cache, s);
   const int sms = sm_count();
   // Resident 128-thread blocks per SM: the tensor-core kernel's shared
-  // memory allows 2; the CUDA-core kernels' registers (ptxas -v: ~170 with 4
-  // rows per pass, ~250 with 8) 3 or 2.
-  const int per_sm = decode_uses_mma(cache, s) || decode_rows_per_pass(s) != 4 ? 2 : 3;
+  // memory allows 3 with a bf16 q (two stages), 2 with an f32 one; the
+  // CUDA-core kernels' registers (ptxas -v: ~170 with 4 rows per pass, ~250
+  // with 8) 3 or 2.
+  const bool mma = decode_uses_mma(cache, s);
+  const int per_sm = mma ? (q == Elem::kBF16 ? 3 : 2) : decode_rows_per_pass(s) != 4 ? 2 : 3;
+  // For the tensor-core kernel, a block on every SM already reads at its
+  // rate: splitting then only adds blocks' fixed costs (H100, batch 32 x
+  // 4096 keys: 195 us unsplit, 205 in 3 splits; 32 x 512: 34 against 48).
+  if (mma && base >= sms) return 1;
   const int64_t wave = int64_t{sms} * per_sm;
   // Each split should keep at least ~64 keys (two staged tiles at head dim
   // 128) of the average sequence.
@@ -1354,13 +1389,18 @@ int attention_decode_splits(Elem cache, const AttentionShape& s) {
   int64_t max_splits = avg_keys / 64;
   if (max_splits > kAttentionMaxSplits) max_splits = kAttentionMaxSplits;
   if (max_splits < 1) max_splits = 1;
-  // Time ~ waves / splits (each block does 1 / splits of a sequence's keys);
-  // take the fewest splits within 5% of the best.
+  // Tensor cores: time ~ waves x (key tiles per block + a block's fixed
+  // cost: its slots and q before the first tile lands, the merge and the
+  // combine after the last, ~1.5 tiles' time). CUDA cores: time ~ waves /
+  // splits. Take the fewest splits within 5% of the best.
+  constexpr double kFixedTiles = 1.5;
   double best = 1e30;
   int best_splits = 1;
   for (int64_t sp = 1; sp <= max_splits; ++sp) {
     const double waves = static_cast<double>((base * sp + wave - 1) / wave);
-    const double cost = waves / static_cast<double>(sp) * (1.0 + 0.01 * static_cast<double>(sp > 1));
+    const double tiles = static_cast<double>((avg_keys + sp * kMmaDecodeBN - 1) / (sp * kMmaDecodeBN));
+    const double cost = mma ? waves * (tiles + kFixedTiles)
+                            : waves / static_cast<double>(sp) * (1.0 + 0.01 * static_cast<double>(sp > 1));
     if (cost < best * 0.95) {
       best = cost;
       best_splits = static_cast<int>(sp);
@@ -1453,8 +1493,10 @@ cudaError_t attention(Elem q_type, Elem out_type, Elem cache, const void* q, con
                     static_cast<unsigned>(shape.num_seqs));
     const bool staged = geo.vec > 1 && geo.cpl == 1;
     if (decode_uses_mma(cache, shape) && aligned && !launch.decode_cuda_cores) {
-      if (widest <= 64) launch_decode_mma<64>(args, grid, stream);
-      else launch_decode_mma<128>(args, grid, stream);
+      if (widest <= 64 && args.q_bf16) launch_decode_mma<64, false>(args, grid, stream);
+      else if (widest <= 64) launch_decode_mma<64, true>(args, grid, stream);
+      else if (args.q_bf16) launch_decode_mma<128, false>(args, grid, stream);
+      else launch_decode_mma<128, true>(args, grid, stream);
     } else if (cache == Elem::kF32) {
       launch_decode<float>(args, geo, rt, staged, grid, stream);
     } else {

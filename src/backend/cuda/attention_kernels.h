@@ -49,7 +49,7 @@ struct AttentionShape {
 // device (1 .. kAttentionMaxSplits), from sizes only. When it is above 1 the
 // decode kernel needs scratch: attention_decode_scratch_floats(shape, splits)
 // f32 values.
-int attention_decode_splits(Elem cache, const AttentionShape& shape);
+int attention_decode_splits(Elem cache, Elem q, const AttentionShape& shape);
 // How many blocks share a sequence's passes of query rows (1 for decode
 // batches; up to 1024 when sequences average many rows), from sizes and the
 // cache type only (the tensor-core decode kernel's passes are 16 rows).
