@@ -411,41 +411,35 @@ const int32_t* LocalModelRunner::DraftsCopy::values() {
   return host.data<const int32_t>();
 }
 
-Tensor LocalModelRunner::ids_with_device_drafts(const StepPlan& plan, const Tensor& host_ids) {
-  BASALT_CHECK(plan.drafts_of != 0 && plan.drafts_of == deferred_.step,
+int32_t LocalModelRunner::deferred_at(const StepPlan& plan, const FutureToken& draft) const {
+  BASALT_CHECK(plan.drafts_of != 0 && plan.drafts_of == deferred_.step && deferred_.copy != nullptr,
                "step {} takes the drafts of step {}, which this runner does not hold (it holds step {}'s)", plan.id,
                plan.drafts_of, deferred_.step);
-  const size_t K = plan.device_drafts.size();
-  std::vector<int32_t> pairs(2 * K);  // the drafts' rows in deferred_.rows, then their inputs
-  for (size_t k = 0; k < K; ++k) {
-    const FutureToken& d = plan.device_drafts[k];
-    BASALT_CHECK(d.row >= 0 && static_cast<size_t>(d.row) < deferred_.row_of.size() &&
-                     deferred_.row_of[static_cast<size_t>(d.row)] >= 0 && d.index < plan.token_ids.size(),
-                 "step {}: draft {} (row {} of step {}, input {}) is not one the head made", plan.id, k, d.row,
-                 plan.drafts_of, d.index);
-    pairs[k] = deferred_.row_of[static_cast<size_t>(d.row)];
-    pairs[K + k] = static_cast<int32_t>(d.index);
-  }
+  const auto row = static_cast<size_t>(draft.row);
+  BASALT_CHECK(draft.row >= 0 && row < deferred_.row_of.size() && deferred_.row_of[row] >= 0 &&
+                   draft.index < plan.token_ids.size(),
+               "step {}: the draft for input {} (row {} of step {}) is not one the head made", plan.id, draft.index,
+               draft.row, plan.drafts_of);
+  return deferred_.row_of[row];
+}
+
+Tensor LocalModelRunner::ids_with_device_drafts(const StepPlan& plan, const Tensor& host_ids) {
+  const auto K = static_cast<int64_t>(plan.device_drafts.size());
+  std::vector<int32_t> pairs;  // the drafts' places in deferred_.rows, then their inputs
+  for (const FutureToken& d : plan.device_drafts) pairs.push_back(deferred_at(plan, d));
+  for (const FutureToken& d : plan.device_drafts) pairs.push_back(static_cast<int32_t>(d.index));
   Tensor ids = backend_.empty(host_ids.shape(), DType::kI32);
   backend_.upload(host_ids, ids);
-  Tensor index = backend_.empty({static_cast<int64_t>(2 * K)}, DType::kI32);
+  Tensor index = backend_.empty({2 * K}, DType::kI32);
   backend_.upload(i32_tensor(pairs), index);
-  backend_.copy_indexed(deferred_.rows, index.rows(0, static_cast<int64_t>(K)), ids,
-                        index.rows(static_cast<int64_t>(K), static_cast<int64_t>(K)));
+  backend_.copy_indexed(deferred_.rows, index.rows(0, K), ids, index.rows(K, K));
   return ids;
 }
 
 void LocalModelRunner::resolve_device_drafts(StepPlan& plan) {
-  BASALT_CHECK(plan.drafts_of != 0 && plan.drafts_of == deferred_.step && deferred_.copy != nullptr,
-               "step {} takes the drafts of step {}, which this runner does not hold (it holds step {}'s)", plan.id,
-               plan.drafts_of, deferred_.step);
+  for (const FutureToken& d : plan.device_drafts) deferred_at(plan, d);  // every one checked before the wait
   const int32_t* values = deferred_.copy->values();
-  for (const FutureToken& d : plan.device_drafts) {
-    BASALT_CHECK(d.row >= 0 && static_cast<size_t>(d.row) < deferred_.row_of.size() &&
-                     deferred_.row_of[static_cast<size_t>(d.row)] >= 0 && d.index < plan.token_ids.size(),
-                 "step {}: a draft (row {} of step {}) is not one the head made", plan.id, d.row, plan.drafts_of);
-    plan.token_ids[d.index] = values[deferred_.row_of[static_cast<size_t>(d.row)]];
-  }
+  for (const FutureToken& d : plan.device_drafts) plan.token_ids[d.index] = values[deferred_at(plan, d)];
   // A draft row's draft is the input one position after its logits row.
   for (size_t i = 0; i < plan.rows.size(); ++i)
     if (plan.rows[i].draft == kPendingDraft)

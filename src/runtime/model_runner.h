@@ -8,11 +8,10 @@
 // Contract:
 //  * run(plan, result) is called for one step at a time, in plan order, from
 //    one thread. The plan's inputs are resolved (no FutureToken left) but
-//    for its device_drafts, which the runner takes from the step before's
-//    draft head on the device and writes into the plan once the forward
-//    pass is queued. It
-//    fills result.next (one token per sample row), the rows' logprobs when
-//    asked, and calls each row's LogitsProcessor::append and
+//    its device_drafts, which the runner takes from the step before's draft
+//    head on the device and writes into the plan once the forward pass is
+//    queued. It fills result.next (one token per sample row), the rows'
+//    logprobs when asked, and calls each row's LogitsProcessor::append and
 //    TokenConstraint::accept with its token, so that both see every token in
 //    order. A failure becomes result.error (nothing thrown).
 //  * The KV memory (KvBuffers) is the runner's: allocated at construction
@@ -73,6 +72,9 @@ class LocalModelRunner : public ModelRunner {
   // Waits for the deferred drafts' copy and writes the values of the
   // plan's device_drafts into its token_ids and rows; clears them.
   void resolve_device_drafts(StepPlan& plan);
+  // Where the draft for `draft` is in deferred_.rows; throws unless the
+  // runner holds it (the step and row the plan names).
+  int32_t deferred_at(const StepPlan& plan, const FutureToken& draft) const;
   void finish_head_on_samples(const StepPlan& plan, std::span<const int32_t> row_drafts, const Tensor& head_hidden,
                               StepResult& result);
   // The head's chained passes after its first draft (row 0 of `drafts`).
