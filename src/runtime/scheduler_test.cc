@@ -324,5 +324,59 @@ TEST(Scheduler, RefusalsGroupsAndCancellation) {
     }
 }
 
+// A head's single drafts still on the device when their step is updated
+// (kPendingDraft proposals): the next plan takes each as a placeholder input
+// and names the step and result row it comes from, for the runner to move it
+// in on the device.
+TEST(Scheduler, PendingDraftsAreNamedByTheirStepAndRow) {
+  KvManager kv(256, 1);
+  SchedulerOptions o;
+  o.vocab_size = kVocab;
+  o.max_context = 128;
+  o.eos_ids = {kEos};
+  o.stop_strings = false;
+  o.speculative.algorithm = SpeculativeAlgorithm::kMtp;
+  o.speculative.num_draft_tokens = 1;
+  Scheduler scheduler(kv, o);
+  std::vector<RequestUpdate> updates;
+  for (uint64_t id : {1, 2}) {
+    auto r = std::make_unique<Request>();
+    r->id = id;
+    r->request.prompt = {5, 6, static_cast<int32_t>(6 + id)};
+    r->request.params.max_tokens = 8;
+    r->request.params.ignore_eos = true;
+    scheduler.add(std::move(r), updates);
+  }
+  const std::shared_ptr<StepPlan> first = scheduler.schedule(updates);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->rows.size(), 2u);
+  StepResult result;
+  result.next = {11, 12};
+  result.logprobs.assign(2, {});
+  result.sampled_logprobs.assign(2, 0.0f);
+  result.proposals = {{kPendingDraft}, {kPendingDraft}};
+  scheduler.update(*first, result, updates);
+
+  const std::shared_ptr<StepPlan> next = scheduler.schedule(updates);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->mode, ForwardMode::kVerify);
+  ASSERT_EQ(next->rows.size(), 4u);  // per request its last token's row and its draft's
+  ASSERT_EQ(next->device_drafts.size(), 2u);
+  EXPECT_EQ(next->drafts_of, first->id);
+  for (size_t j = 0; j < 2; ++j) {
+    const FutureToken& d = next->device_drafts[j];
+    EXPECT_EQ(d.row, static_cast<int32_t>(j)) << j;  // its request's row in the first step's result
+    const size_t row = 2 * j;  // the row sampling after the request's last known token
+    EXPECT_EQ(next->rows[row].draft, kPendingDraft) << j;
+    EXPECT_EQ(d.index, static_cast<size_t>(next->logit_rows[row]) + 1) << j;
+    EXPECT_EQ(next->token_ids[d.index], kPendingDraft) << j;
+    EXPECT_EQ(next->token_ids[d.index - 1], result.next[j]) << j;
+  }
+  // The values, once they are on the host, go to the requests alone.
+  result.proposals = {{21}, {22}};
+  scheduler.resolve_proposals(result);
+  scheduler.check_invariants();
+}
+
 }  // namespace
 }  // namespace basalt
