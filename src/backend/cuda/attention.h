@@ -94,12 +94,13 @@
 //    Each sequence's visible keys are cut on the device into `splits` chunks,
 //    splits chosen on the host from shapes to fill the chip (batch 1 x 4096
 //    keys x 8 kv heads: 32 splits; none once the unsplit blocks cover every
-//    SM; a split keeps at least ~64 keys); partials (max, sum, output) are merged by a second
-//    kernel, skipped when splits is 1. The tensor-core decode kernel and the
-//    combine are programmatic dependent launches: the decode kernel reads
-//    the layout and its first slots before it waits for the kernel that
-//    wrote q and the new keys, and lets the next kernel launch only at its
-//    end (letting it in earlier measured slower at batch 8).
+//    SM; a split keeps at least ~64 keys); partials (max, sum, output) are
+//    merged by a second kernel, skipped when splits is 1. The tensor-core
+//    decode kernel and the combine are programmatic dependent launches: the
+//    decode kernel reads the layout and its first slots before it waits for
+//    the kernel that wrote q and the new keys, and lets the next kernel
+//    launch only at its end (letting it in earlier measured slower at batch
+//    8).
 //  * Prefill (tensor cores), one block per tile of query rows of a sequence
 //    and one query head; causal and window tiles skipped, fully visible
 //    tiles unmasked. q, K, V and the probabilities are rounded to bf16 (an
@@ -114,7 +115,7 @@
 //      mma.sync m16n8k16, 64-row tiles, four warps, K/V tiles in four
 //      shared-memory stages (converted from f32 caches while staged).
 // Measured (bench/README.md, Llama-8B heads, bf16): decode reads 2.7-2.9
-// TB/s at batch 32 / 256 x 4096 keys on an H100 (1.12-1.18x the kernel with
+// TB/s at batch 32 / 256 x 4096 keys on an H100 (1.11-1.18x the kernel with
 // three stages, the H200's 2.4-2.45 TB/s), 2.0-2.5 TB/s at 512 keys; a
 // batch-1 call costs ~10-18 us of GPU time (512-4096 keys); prefill of a
 // 4096-token prompt 345 TFLOP/s on wgmma
