@@ -125,19 +125,25 @@ struct Case {
 
 class SchedulerRandom : public ::testing::TestWithParam<std::tuple<int32_t, bool>> {};
 
+// The fake model's vocabulary and end token, a context of max_context.
+SchedulerOptions fake_model_options(int64_t max_context) {
+  SchedulerOptions o;
+  o.vocab_size = kVocab;
+  o.max_context = max_context;
+  o.eos_ids = {kEos};
+  o.stop_strings = false;  // no tokenizer here
+  return o;
+}
+
 // Drives the scheduler through a random request stream to the end.
 void run_random(uint32_t seed, const Case& c) {
   SCOPED_TRACE(testing::Message() << "seed " << seed << " page " << c.page << " overlap " << c.overlap);
   std::mt19937 rng(seed);
   KvManager kv(c.slots, c.page);
-  SchedulerOptions o;
+  SchedulerOptions o = fake_model_options(4096);
   o.max_running = 6;
   o.step_token_budget = c.budget;
   o.output_reserve = 4;
-  o.vocab_size = kVocab;
-  o.max_context = 4096;
-  o.eos_ids = {kEos};
-  o.stop_strings = false;
   Scheduler scheduler(kv, o);
   FakeRunner runner(c.slots);
   std::map<uint64_t, Tracked> requests;
@@ -252,12 +258,7 @@ INSTANTIATE_TEST_SUITE_P(PagesAndOverlap, SchedulerRandom,
 // never runs.
 TEST(Scheduler, RefusalsGroupsAndCancellation) {
   KvManager kv(256, 1);
-  SchedulerOptions o;
-  o.vocab_size = kVocab;
-  o.max_context = 128;
-  o.eos_ids = {kEos};
-  o.stop_strings = false;
-  Scheduler scheduler(kv, o);
+  Scheduler scheduler(kv, fake_model_options(128));
   std::vector<RequestUpdate> updates;
   const auto make = [](uint64_t id, std::vector<int32_t> prompt, int max_tokens) {
     auto r = std::make_unique<Request>();
@@ -330,11 +331,7 @@ TEST(Scheduler, RefusalsGroupsAndCancellation) {
 // in on the device.
 TEST(Scheduler, PendingDraftsAreNamedByTheirStepAndRow) {
   KvManager kv(256, 1);
-  SchedulerOptions o;
-  o.vocab_size = kVocab;
-  o.max_context = 128;
-  o.eos_ids = {kEos};
-  o.stop_strings = false;
+  SchedulerOptions o = fake_model_options(128);
   o.speculative.algorithm = SpeculativeAlgorithm::kMtp;
   o.speculative.num_draft_tokens = 1;
   Scheduler scheduler(kv, o);
