@@ -176,54 +176,75 @@ Engine::~Engine() {
   thread_.join();
 }
 
-RequestHandle Engine::submit(EngineRequest request) { return submit(std::move(request), nullptr, {}); }
+RequestHandle Engine::submit(EngineRequest request) {
+  std::vector<Pending> one;
+  one.push_back({std::move(request), nullptr, {}});
+  return enqueue(std::move(one)).front();
+}
 
-RequestHandle Engine::submit(EngineRequest request, uint64_t* group, std::string refusal) {
+std::vector<RequestHandle> Engine::submit_batch(std::vector<EngineRequest> requests) {
+  std::vector<Pending> all;
+  all.reserve(requests.size());
+  for (EngineRequest& r : requests) all.push_back({std::move(r), nullptr, {}});
+  return enqueue(std::move(all));
+}
+
+std::vector<RequestHandle> Engine::enqueue(std::vector<Pending> pending) {
   static std::atomic<uint64_t> next_id{1};
-  auto r = std::make_unique<Request>();
-  r->id = next_id.fetch_add(1);
-  if (group != nullptr) {
-    if (*group == 0) *group = r->id;
-    r->group = *group;
+  std::vector<Parts::Submission> made;
+  std::vector<RequestHandle> handles;
+  made.reserve(pending.size());
+  handles.reserve(pending.size());
+  for (Pending& p : pending) {
+    auto r = std::make_unique<Request>();
+    r->id = next_id.fetch_add(1);
+    if (p.group != nullptr) {
+      if (*p.group == 0) *p.group = r->id;
+      r->group = *p.group;
+    }
+    r->refusal = std::move(p.refusal);
+    EngineRequest& request = p.request;
+    if (!request.params.seed) request.params.seed = random_seed();
+    r->seed = *request.params.seed;
+    r->request = std::move(request);
+    r->submitted = Clock::now();
+    StreamOwner* owner = this;
+    OutputProcessor output(tokenizer_, r->request.params, r->seed);
+    if (!r->request.resume_output.empty()) {
+      std::string why = output.prime(r->request.resume_output);
+      if (r->refusal.empty()) r->refusal = std::move(why);
+      if (output.primed_stop()) r->resume_end = {FinishReason::kStop, StopReason{}};
+    }
+    auto stream = std::make_shared<RequestStream>(r->id, owner, std::move(output), parts_->ledger);
+    handles.push_back(stream);
+    made.push_back({std::move(r), std::move(stream)});
   }
-  r->refusal = std::move(refusal);
-  if (!request.params.seed) request.params.seed = random_seed();
-  r->seed = *request.params.seed;
-  r->request = std::move(request);
-  r->submitted = Clock::now();
-  StreamOwner* owner = this;
-  OutputProcessor output(tokenizer_, r->request.params, r->seed);
-  if (!r->request.resume_output.empty()) {
-    std::string why = output.prime(r->request.resume_output);
-    if (r->refusal.empty()) r->refusal = std::move(why);
-    if (output.primed_stop()) r->resume_end = {FinishReason::kStop, StopReason{}};
-  }
-  auto stream = std::make_shared<RequestStream>(r->id, owner, std::move(output), parts_->ledger);
   {
+    // One lock for all: the scheduler takes them in at the same step.
     std::lock_guard<std::mutex> lock(parts_->mu);
-    parts_->submissions.push_back({std::move(r), stream});
+    for (Parts::Submission& m : made) parts_->submissions.push_back(std::move(m));
   }
   parts_->cv.notify_one();
-  return stream;
+  return handles;
 }
 
 std::vector<RequestHandle> Engine::submit_n(EngineRequest request, int n) {
-  std::vector<RequestHandle> handles;
+  std::vector<Pending> samples;
   if (n < 1 || n > kMaxSamples) {
-    handles.push_back(submit(std::move(request), nullptr, fmt::format("n must be in 1..{}, got {}", kMaxSamples, n)));
-    return handles;
+    samples.push_back({std::move(request), nullptr, fmt::format("n must be in 1..{}, got {}", kMaxSamples, n)});
+    return enqueue(std::move(samples));
   }
   request.params.n = 1;
   const std::optional<uint64_t> seed = request.params.seed;
-  uint64_t group = 0;
+  uint64_t group = 0;  // the samples share the first one's id (enqueue sets it)
   for (int i = 0; i < n; ++i) {
     EngineRequest r = i + 1 < n ? request : std::move(request);
     if (seed) r.params.seed = sample_seed(*seed, i);
     // Each sample walks its own grammar; the first gets the caller's.
     if (i > 0 && r.constraint) r.constraint = r.constraint->fresh_copy();
-    handles.push_back(submit(std::move(r), n > 1 ? &group : nullptr, {}));
+    samples.push_back({std::move(r), n > 1 ? &group : nullptr, {}});
   }
-  return handles;
+  return enqueue(std::move(samples));
 }
 
 void Engine::cancel(uint64_t id) {

@@ -151,6 +151,15 @@ class EngineClient {
   // 1..kMaxSamples: a single handle whose only event is an error.
   static constexpr int kMaxSamples = 128;
   virtual std::vector<RequestHandle> submit_n(EngineRequest request, int n) = 0;
+  // Several requests at once, a handle each in order. An Engine's scheduler
+  // takes them in together (the same step sees all of them), so a batch's
+  // steps do not depend on when a submitting thread was scheduled; this
+  // default submits them one by one.
+  virtual std::vector<RequestHandle> submit_batch(std::vector<EngineRequest> requests) {
+    std::vector<RequestHandle> handles;
+    for (EngineRequest& r : requests) handles.push_back(submit(std::move(r)));
+    return handles;
+  }
   virtual void cancel(uint64_t id) = 0;
   virtual EngineMetrics metrics() const = 0;
   virtual int64_t kv_capacity() const = 0;
@@ -177,6 +186,7 @@ class Engine : public EngineClient, private StreamOwner {
 
   RequestHandle submit(EngineRequest request) override;
   std::vector<RequestHandle> submit_n(EngineRequest request, int n) override;
+  std::vector<RequestHandle> submit_batch(std::vector<EngineRequest> requests) override;
   void cancel(uint64_t id) override;
   EngineMetrics metrics() const override;
   int64_t kv_capacity() const override;
@@ -199,9 +209,16 @@ class Engine : public EngineClient, private StreamOwner {
   struct Parts;
   void start(EngineOptions options);
   void stop(uint64_t id, int kept_tokens) override;
-  // group: the samples of one submit_n share the first one's id.
-  // refusal: non-empty, the request only gets an error event with it.
-  RequestHandle submit(EngineRequest request, uint64_t* group, std::string refusal);
+  // A request to submit. group: the samples of one submit_n share the
+  // first one's id (0 until then). refusal: non-empty, the request only gets
+  // an error event with it.
+  struct Pending {
+    EngineRequest request;
+    uint64_t* group;
+    std::string refusal;
+  };
+  // Streams for all of them, handed to the scheduler under one lock.
+  std::vector<RequestHandle> enqueue(std::vector<Pending> pending);
   void run();
 
   std::unique_ptr<Backend> owned_backend_;

@@ -164,6 +164,31 @@ TEST_P(EngineMode, LongPromptsGoInChunksAndNamespacesDoNotShare) {
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
 }
 
+// A batch submitted at once is taken in at one step: eight one-token
+// requests get their tokens from a single step, whatever the submitting
+// thread's timing (one by one, the scheduler may wake between them and take
+// them in over several steps).
+TEST_P(EngineMode, ABatchIsTakenInAtOneStep) {
+  Fixture f(kLlama);
+  std::mt19937 rng(23);
+  std::vector<EngineRequest> batch;
+  for (int i = 0; i < 8; ++i) batch.push_back(request(random_ids(rng, 5 + i), greedy(1)));
+  for (int round = 0; round < 3; ++round) {
+    Engine engine(*f.model, f.backend, nullptr, slots(1024));
+    std::vector<RequestHandle> handles = engine.submit_batch(batch);
+    ASSERT_EQ(handles.size(), batch.size());
+    for (size_t i = 0; i < handles.size(); ++i) {
+      const RequestOutput out = collect(*handles[i]);
+      EXPECT_EQ(out.output_ids.size(), 1u) << out.error;
+      EXPECT_EQ(out.usage.prompt_tokens, static_cast<int64_t>(batch[i].prompt.size())) << "request " << i;
+    }
+    EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+    // With overlap the next step is planned (and run) before the first's
+    // tokens are known to end the requests.
+    EXPECT_EQ(engine.metrics().steps, g_overlap ? 2u : 1u) << "round " << round;
+  }
+}
+
 TEST_P(EngineMode, CrowdMatchesAloneGreedyAndSeeded) {
   Fixture f(kLlama);
   std::mt19937 rng(11);
