@@ -582,6 +582,39 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(Attenti
 // C fragments of S for key tiles 2k and 2k + 1 are exactly P's A fragment
 // for the k-th 16-key step (the FA2 register reuse).
 
+// The online softmax's step shared by the mma.sync kernels, for a lane's
+// two rows (h = 0, 1) of the m16n8 accumulator layout: the tile's row maxima
+// over the quad of lanes holding a row, the new running maxima, and the
+// factor by which the running sums (here) and O (scale_rows) are rescaled.
+// kFast: ex2.approx.ftz instead of exp2f.
+template <bool kFast>
+__device__ __forceinline__ void advance_row_max(float (&tile_max)[2], float (&m_row)[2], float (&l_row)[2],
+                                                float (&correction)[2]) {
+  constexpr float kNegInf = -INFINITY;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+    const float m_new = fmaxf(m_row[h], tile_max[h]);
+    const float moved = m_row[h] - m_new;  // m_row = -inf gives a factor of 0
+    correction[h] = m_new == kNegInf ? 1.0f : kFast ? fast_exp2(moved) : exp2f(moved);
+    m_row[h] = m_new;
+    l_row[h] *= correction[h];
+  }
+}
+
+// O's accumulators (N n8 tiles) times each row's factor.
+template <int N>
+__device__ __forceinline__ void scale_rows(float (&o)[N][4], const float (&correction)[2]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    o[n][0] *= correction[0];
+    o[n][1] *= correction[0];
+    o[n][2] *= correction[1];
+    o[n][3] *= correction[1];
+  }
+}
+
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillThreads = kPrefillWarps * 32;
 constexpr int kPrefillBM = 16 * kPrefillWarps;
@@ -785,15 +818,7 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(AttentionArgs 
         tile_max[h] = fmaxf(tile_max[h], s[n][e]);
       }
     float correction[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      const float m_new = fmaxf(m_row[h], tile_max[h]);
-      correction[h] = m_new == kNegInf ? 1.0f : exp2f(m_row[h] - m_new);  // m_row = -inf gives 0
-      m_row[h] = m_new;
-      l_row[h] *= correction[h];
-    }
+    advance_row_max<false>(tile_max, m_row, l_row, correction);
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
@@ -803,13 +828,7 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(AttentionArgs 
         s[n][e] = p;
         l_row[h] += p;
       }
-#pragma unroll
-    for (int n = 0; n < DMAX / 8; ++n) {
-      o[n][0] *= correction[0];
-      o[n][1] *= correction[0];
-      o[n][2] *= correction[1];
-      o[n][3] *= correction[1];
-    }
+    scale_rows(o, correction);
 
     // O += P V, 16 keys per step.
 #pragma unroll
@@ -1095,15 +1114,7 @@ __global__ void __launch_bounds__(kDecodeThreads, QLO ? 2 : 3) decode_mma_kernel
           }
       }
       float correction[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-        const float m_new = fmaxf(m_row[h], tile_max[h]);
-        correction[h] = m_new == kNegInf ? 1.0f : fast_exp2(m_row[h] - m_new);  // m_row = -inf gives 0
-        m_row[h] = m_new;
-        l_row[h] *= correction[h];
-      }
+      advance_row_max<true>(tile_max, m_row, l_row, correction);
       uint32_t pa_hi[4], pa_lo[4];
 #pragma unroll
       for (int n = 0; n < 2; ++n)
@@ -1118,15 +1129,7 @@ __global__ void __launch_bounds__(kDecodeThreads, QLO ? 2 : 3) decode_mma_kernel
           pa_lo[2 * n + h] = pack_bf16(p0 - __low2float(ph), p1 - __high2float(ph));
         }
       // O is rescaled only when a row's max moved (uniform over the warp).
-      if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < DMAX / 8; ++n) {
-          o[n][0] *= correction[0];
-          o[n][1] *= correction[0];
-          o[n][2] *= correction[1];
-          o[n][3] *= correction[1];
-        }
-      }
+      if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) scale_rows(o, correction);
 #pragma unroll
       for (int n = 0; n < DMAX / 16; ++n) {
         if (n * 16 < kdv) {
