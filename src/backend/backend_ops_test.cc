@@ -822,6 +822,10 @@ std::vector<OpCase> all_cases() {
                [](Harness& h) { linear_int_case(h, 1, 100, 70, 8, 100, true); }});
   c.push_back({B::kLinearInt, "int4_per_channel", [](Harness& h) { linear_int_case(h, 6, 64, 33, 4, 64, false); }});
   c.push_back({B::kLinearInt, "int8_many_tokens", [](Harness& h) { linear_int_case(h, 67, 256, 40, 8, 128, false); }});
+  // An odd number of blocks: the last one has no partner (the 512-bit kernel
+  // takes blocks in pairs).
+  c.push_back({B::kLinearInt, "int8_odd_blocks", [](Harness& h) { linear_int_case(h, 4, 160, 23, 8, 32, true); }});
+  c.push_back({B::kLinearInt, "int4_odd_blocks", [](Harness& h) { linear_int_case(h, 2, 224, 19, 4, 32, false); }});
   c.push_back({B::kMoeRoute, "grouped_sigmoid_bias", [](Harness& h) {
                  moe_route_case(h, 37, 64, {MoeScoring::kSigmoid, 8, 8, 4, true, 2.5f}, true);
                }});

@@ -163,6 +163,99 @@ void tile_row(const TokenTile& x, const uint8_t* w_row, const float* products, f
   for (int t = 0; t < kTokens; ++t) out[t * out_stride] = finish(even[t], odd[t]);
 }
 
+#if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+#define BASALT_INT_LINEAR_512 1
+
+// The 512-bit form of tile_row: a register holds an even block in lanes
+// 0..7 and the odd block after it in lanes 8..15, so one accumulator per
+// token row is the definition's acc[16] itself (acc[8 (b mod 2) + j]) and
+// each pair of blocks costs one multiply-add of bytes, one conversion and
+// one FMA instead of two of each. Where 512-bit operations run at full
+// width (Intel's AVX-512 cores) that halves the arithmetic per weight byte.
+
+// Blocks b and b + 1 of a weight row as bytes, as load_codes gives each.
+template <int kBits>
+inline __m512i load_code_pair(const uint8_t* row, int64_t b) {
+  if constexpr (kBits == 8) {
+    return _mm512_loadu_si512(row + b * kIntBlock);
+  } else {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * (kIntBlock / 2)));
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    const __m256i lo = _mm256_and_si256(packed, low);  // 128-bit halves: block b's low nibbles, b + 1's
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    const __m512i halves = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    // [lo b, lo b+1, hi b, hi b+1] -> [lo b, hi b, lo b+1, hi b+1]
+    return _mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0));
+  }
+}
+
+// lane_dots for two blocks: the exact p_j of each (c: their 16 lane
+// corrections under kOffsetCodes).
+template <int kBits>
+inline __m512i lane_dots_pair(__m512i w, __m512i x, const int16_t* c) {
+  if constexpr (kOffsetCodes<kBits>) {
+    const __m512i start = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
+    return _mm512_dpbusd_epi32(start, w, x);
+  } else {  // magnitudes times activations carrying the weights' signs
+    const __m512i magnitude = _mm512_abs_epi8(w);
+    const __m512i x_signed = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, x_signed);
+  }
+}
+
+// Whether this machine's cores run 512-bit operations at full width. AMD's
+// Zen 4 runs them as two 256-bit halves, and there a 512-bit form of this
+// kernel measured slower than the 256-bit one (bench/README.md), so only
+// Intel's cores take it.
+bool full_width_512() {
+  static const bool intel = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return intel;
+}
+
+template <int kBits, int kTokens>
+void tile_row_512(const TokenTile& x, const uint8_t* w_row, const float* products, float* out, int64_t out_stride) {
+  const int64_t blocks = x.blocks;
+  __m512 acc[kTokens];
+  for (int t = 0; t < kTokens; ++t) acc[t] = _mm512_setzero_ps();
+  // Lanes 0..7 take the first of two scale products, lanes 8..15 the second.
+  const __m512i pair_index = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    const __m512i w = load_code_pair<kBits>(w_row, b);
+    for (int t = 0; t < kTokens; ++t) {
+      const int64_t xb = t * blocks + b;
+      const __m512i xc = _mm512_loadu_si512(x.codes + xb * kIntBlock);
+      const __m512 dots = _mm512_cvtepi32_ps(lane_dots_pair<kBits>(w, xc, x.corrections + xb * 8));
+      const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(products + xb)));
+      acc[t] = _mm512_fmadd_ps(dots, _mm512_permutexvar_ps(pair_index, _mm512_castps128_ps512(two)), acc[t]);
+    }
+  }
+  if (b < blocks) {  // a last, even block: lanes 0..7 only
+    const __m512i w = _mm512_zextsi256_si512(load_codes<kBits>(w_row, b));
+    for (int t = 0; t < kTokens; ++t) {
+      const int64_t xb = t * blocks + b;
+      const __m512i xc =
+          _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes + xb * kIntBlock)));
+      __m512i p;
+      if constexpr (kOffsetCodes<kBits>) {
+        const __m512i start = _mm512_zextsi256_si512(
+            _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.corrections + xb * 8))));
+        p = _mm512_dpbusd_epi32(start, w, xc);
+      } else {
+        p = lane_dots_pair<kBits>(w, xc, nullptr);
+      }
+      acc[t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(products[xb]), acc[t], 0x00ff);
+    }
+  }
+  for (int t = 0; t < kTokens; ++t)
+    out[t * out_stride] = finish(_mm512_castps512_ps256(acc[t]), _mm512_extractf32x8_ps(acc[t], 1));
+}
+
+#endif
+
 // Weight rows n0 .. n1 for every token, in tiles of up to kTokenTile token
 // rows.
 template <int kBits>
@@ -172,6 +265,9 @@ void rows_int(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, 
   thread_local std::vector<float> row_scales, products;
   row_scales.resize(static_cast<size_t>(blocks));
   products.resize(static_cast<size_t>(kTokenTile * blocks));
+#if defined(BASALT_INT_LINEAR_512)
+  const bool wide = full_width_512();
+#endif
   for (int64_t t0 = 0; t0 < tokens; t0 += kTokenTile) {
     const int64_t nt = std::min(kTokenTile, tokens - t0);
     const TokenTile x{q.codes.data() + t0 * blocks * kIntBlock, q.scales.data() + t0 * blocks,
@@ -182,6 +278,17 @@ void rows_int(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, 
         scale_products(x.scales + t * blocks, row_scales.data(), blocks, products.data() + t * blocks);
       const uint8_t* w_row = codes + n * code_cols;
       float* o = out + t0 * outs + n;
+#if defined(BASALT_INT_LINEAR_512)
+      if (wide) {
+        switch (nt) {
+          case 1: tile_row_512<kBits, 1>(x, w_row, products.data(), o, outs); break;
+          case 2: tile_row_512<kBits, 2>(x, w_row, products.data(), o, outs); break;
+          case 3: tile_row_512<kBits, 3>(x, w_row, products.data(), o, outs); break;
+          default: tile_row_512<kBits, 4>(x, w_row, products.data(), o, outs); break;
+        }
+        continue;
+      }
+#endif
       switch (nt) {
         case 1: tile_row<kBits, 1>(x, w_row, products.data(), o, outs); break;
         case 2: tile_row<kBits, 2>(x, w_row, products.data(), o, outs); break;

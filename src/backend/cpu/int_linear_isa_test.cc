@@ -29,7 +29,7 @@ TEST(IntLinearIsa, GivesTheDefinitionsBits) {
   ThreadPool pool(2);
   for (int bits : {8, 4}) {
     for (const Shape3 s : {Shape3{1, 33, 300, 64}, Shape3{7, 40, 256, 32}, Shape3{5, 17, 100, 100},
-                           Shape3{9, 64, 1024, 128}}) {
+                           Shape3{9, 64, 1024, 128}, Shape3{3, 21, 160, 32}}) {
       const IntWeightLayout l{bits, s.group, s.in};
       std::vector<uint8_t> codes(static_cast<size_t>(s.outs * l.code_columns()));
       std::vector<uint16_t> scales(static_cast<size_t>(s.outs * l.scale_columns()));
