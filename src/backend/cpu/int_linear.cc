@@ -1,6 +1,7 @@
 #include "backend/cpu/int_linear.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/parallel.h"
@@ -229,7 +230,9 @@ void tile_row_512(const TokenTile& x, const uint8_t* w_row, const float* product
       const int64_t xb = t * blocks + b;
       const __m512i xc = _mm512_loadu_si512(x.codes + xb * kIntBlock);
       const __m512 dots = _mm512_cvtepi32_ps(lane_dots_pair<kBits>(w, xc, x.corrections + xb * 8));
-      const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(products + xb)));
+      uint64_t two_bits;  // the two products (4-byte aligned only)
+      std::memcpy(&two_bits, products + xb, sizeof two_bits);
+      const __m128 two = _mm_castsi128_ps(_mm_cvtsi64_si128(static_cast<int64_t>(two_bits)));
       acc[t] = _mm512_fmadd_ps(dots, _mm512_permutexvar_ps(pair_index, _mm512_castps128_ps512(two)), acc[t]);
     }
   }
