@@ -97,11 +97,12 @@ inline __m256i load_codes(const uint8_t* row, int64_t b) {
 }
 
 // Software prefetch of a weight row's codes kPrefetchBytes ahead, called
-// once per pair of blocks (b even). A decode step reads each weight byte
-// once, and a core's own loads leave too few misses in flight to stream at
-// the memory's rate on Intel's server cores: with the prefetch two threads
-// of an Emerald Rapids VM went from ~13 to ~20 GB/s in the int8 loop
-// (bench/README.md). Addresses past the rows are only prefetched, never read.
+// once per pair of blocks (b even), on Intel's cores (intel_cores()). A
+// decode step reads each weight byte once, and there one core's own loads
+// leave too few misses in flight to stream at the memory's rate: with the
+// prefetch two threads of an Emerald Rapids VM went from ~13 to ~20 GB/s in
+// the int8 loop (bench/README.md). Addresses past the rows are only
+// prefetched, never read.
 constexpr int64_t kPrefetchBytes = 2048;
 template <int kBits>
 inline void prefetch_codes(const uint8_t* row, int64_t b) {
@@ -154,7 +155,7 @@ struct TokenTile {
 // out[t, n] for the tile's kTokens token rows and one weight row; products
 // holds each token row's per-block scale products, [kTokens][blocks]. A
 // weight block is loaded and unpacked once for all kTokens rows.
-template <int kBits, int kTokens>
+template <int kBits, int kTokens, bool kPrefetch>
 void tile_row(const TokenTile& x, const uint8_t* w_row, const float* products, float* out, int64_t out_stride) {
   const int64_t blocks = x.blocks;
   __m256 even[kTokens], odd[kTokens];
@@ -173,12 +174,24 @@ void tile_row(const TokenTile& x, const uint8_t* w_row, const float* products, f
   // definition's order), unrolled so both stay in registers.
   int64_t b = 0;
   for (; b + 2 <= blocks; b += 2) {
-    prefetch_codes<kBits>(w_row, b);
+    if constexpr (kPrefetch) prefetch_codes<kBits>(w_row, b);
     add_block(b, even);
     add_block(b + 1, odd);
   }
   if (b < blocks) add_block(b, even);
   for (int t = 0; t < kTokens; ++t) out[t * out_stride] = finish(even[t], odd[t]);
+}
+
+// tile_row for a token count known only at run time (1 <= nt <= kTokenTile).
+template <int kBits, bool kPrefetch>
+void tile_row_any(int64_t nt, const TokenTile& x, const uint8_t* w_row, const float* products, float* out,
+                  int64_t out_stride) {
+  switch (nt) {
+    case 1: tile_row<kBits, 1, kPrefetch>(x, w_row, products, out, out_stride); break;
+    case 2: tile_row<kBits, 2, kPrefetch>(x, w_row, products, out, out_stride); break;
+    case 3: tile_row<kBits, 3, kPrefetch>(x, w_row, products, out, out_stride); break;
+    default: tile_row<kBits, 4, kPrefetch>(x, w_row, products, out, out_stride); break;
+  }
 }
 
 #if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
@@ -189,7 +202,10 @@ void tile_row(const TokenTile& x, const uint8_t* w_row, const float* products, f
 // token row is the definition's acc[16] itself (acc[8 (b mod 2) + j]) and
 // each pair of blocks costs one multiply-add of bytes, one conversion and
 // one FMA instead of two of each. Where 512-bit operations run at full
-// width (Intel's AVX-512 cores) that halves the arithmetic per weight byte.
+// width (Intel's AVX-512 cores) that halves the arithmetic per weight byte;
+// AMD's Zen 4 runs them as two 256-bit halves, and there an earlier 512-bit
+// form measured slower than the 256-bit one (bench/README.md), so only
+// Intel's cores (intel_cores()) take it, and it always prefetches.
 
 // Blocks b and b + 1 of a weight row as bytes, as load_codes gives each.
 template <int kBits>
@@ -219,18 +235,6 @@ inline __m512i lane_dots_pair(__m512i w, __m512i x, const int16_t* c) {
     const __m512i x_signed = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
     return _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, x_signed);
   }
-}
-
-// Whether this machine's cores run 512-bit operations at full width. AMD's
-// Zen 4 runs them as two 256-bit halves, and there a 512-bit form of this
-// kernel measured slower than the 256-bit one (bench/README.md), so only
-// Intel's cores take it.
-bool full_width_512() {
-  static const bool intel = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("intel") != 0;
-  }();
-  return intel;
 }
 
 template <int kBits, int kTokens>
@@ -286,9 +290,7 @@ void rows_int(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, 
   thread_local std::vector<float> row_scales, products;
   row_scales.resize(static_cast<size_t>(blocks));
   products.resize(static_cast<size_t>(kTokenTile * blocks));
-#if defined(BASALT_INT_LINEAR_512)
-  const bool wide = full_width_512();
-#endif
+  const bool intel = intel_cores();
   for (int64_t t0 = 0; t0 < tokens; t0 += kTokenTile) {
     const int64_t nt = std::min(kTokenTile, tokens - t0);
     const TokenTile x{q.codes.data() + t0 * blocks * kIntBlock, q.scales.data() + t0 * blocks,
@@ -300,7 +302,7 @@ void rows_int(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, 
       const uint8_t* w_row = codes + n * code_cols;
       float* o = out + t0 * outs + n;
 #if defined(BASALT_INT_LINEAR_512)
-      if (wide) {
+      if (intel) {
         switch (nt) {
           case 1: tile_row_512<kBits, 1>(x, w_row, products.data(), o, outs); break;
           case 2: tile_row_512<kBits, 2>(x, w_row, products.data(), o, outs); break;
@@ -310,11 +312,10 @@ void rows_int(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, 
         continue;
       }
 #endif
-      switch (nt) {
-        case 1: tile_row<kBits, 1>(x, w_row, products.data(), o, outs); break;
-        case 2: tile_row<kBits, 2>(x, w_row, products.data(), o, outs); break;
-        case 3: tile_row<kBits, 3>(x, w_row, products.data(), o, outs); break;
-        default: tile_row<kBits, 4>(x, w_row, products.data(), o, outs); break;
+      if (intel) {
+        tile_row_any<kBits, true>(nt, x, w_row, products.data(), o, outs);
+      } else {
+        tile_row_any<kBits, false>(nt, x, w_row, products.data(), o, outs);
       }
     }
   }

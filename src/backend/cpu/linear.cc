@@ -51,6 +51,10 @@ constexpr bool kPanelHoldsWeights = false;
 // alternated in one run).
 constexpr int kDirectRows = 8;
 constexpr int kDirectX = 4;
+// On Intel's cores, though, the direct kernel prefetches each weight row this
+// many bytes ahead: there one core's own loads keep too few misses in flight
+// to stream at the memory's rate (bench/README.md, an Emerald Rapids VM).
+constexpr int64_t kDirectPrefetchBytes = 2048;
 // From this many tokens on, converting a weight panel once and reusing it
 // beats converting in registers for every group of kDirectX tokens (measured
 // on Zen 5: even at 8 tokens, 16 break even, from 32 on panels win by 10-80%
@@ -152,7 +156,9 @@ static_assert(kFp8BlockSize % kDirectRows == 0, "a direct block's rows share one
 // K-block as k_block_step describes.
 template <class W, int RX, int RW>
 void direct_block(const float* x, const typename W::Storage* w, const float* scales, int64_t in,
-                  int64_t k_step, float* out, int64_t out_stride) {
+                  int64_t k_step, float* out, int64_t out_stride, int64_t prefetch) {
+  // Elements per 64-byte line of a weight row: one prefetch per line.
+  constexpr int64_t kLine = 64 / sizeof(typename W::Storage);
   for (int64_t k0 = 0; k0 < in; k0 += k_step) {
     const int64_t k1 = std::min(in, k0 + k_step);
     Vec acc[RX][RW];
@@ -161,6 +167,8 @@ void direct_block(const float* x, const typename W::Storage* w, const float* sca
     }
     int64_t k = k0;
     for (; k + kLanes <= k1; k += kLanes) {
+      if (prefetch != 0 && k % kLine == 0)
+        for (int r = 0; r < RW; ++r) __builtin_prefetch(w + r * in + k + prefetch);
       Vec wv[RW];
       for (int r = 0; r < RW; ++r) {
         wv[r] = W::load(w + r * in + k, scales, k);
@@ -197,12 +205,12 @@ void direct_block(const float* x, const typename W::Storage* w, const float* sca
 
 template <class W, int RW>
 void direct_block_rows(int rx, const float* x, const typename W::Storage* w, const float* scales,
-                       int64_t in, int64_t k_step, float* out, int64_t out_stride) {
+                       int64_t in, int64_t k_step, float* out, int64_t out_stride, int64_t prefetch) {
   switch (rx) {
-    case 1: direct_block<W, 1, RW>(x, w, scales, in, k_step, out, out_stride); break;
-    case 2: direct_block<W, 2, RW>(x, w, scales, in, k_step, out, out_stride); break;
-    case 3: direct_block<W, 3, RW>(x, w, scales, in, k_step, out, out_stride); break;
-    default: direct_block<W, 4, RW>(x, w, scales, in, k_step, out, out_stride); break;
+    case 1: direct_block<W, 1, RW>(x, w, scales, in, k_step, out, out_stride, prefetch); break;
+    case 2: direct_block<W, 2, RW>(x, w, scales, in, k_step, out, out_stride, prefetch); break;
+    case 3: direct_block<W, 3, RW>(x, w, scales, in, k_step, out, out_stride, prefetch); break;
+    default: direct_block<W, 4, RW>(x, w, scales, in, k_step, out, out_stride, prefetch); break;
   }
 }
 
@@ -217,6 +225,7 @@ void linear_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
   const int64_t blocks = (outs + kDirectRows - 1) / kDirectRows;
   const int64_t macs_per_block = std::max<int64_t>(1, tokens * in * kDirectRows);
   const int64_t k_step = k_block_step(in);
+  const int64_t prefetch = intel_cores() ? kDirectPrefetchBytes / static_cast<int64_t>(sizeof(typename W::Storage)) : 0;
   dynamic_for(
       pool, blocks,
       std::max(balanced_grain(pool, blocks), kMinParallelMacs / macs_per_block),
@@ -229,11 +238,11 @@ void linear_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
             const int rx = static_cast<int>(std::min<int64_t>(kDirectX, tokens - t));
             if (rows == kDirectRows) {
               direct_block_rows<W, kDirectRows>(rx, x + t * in, w + n0 * in, scales, in, k_step,
-                                                out + t * outs + n0, outs);
+                                                out + t * outs + n0, outs, prefetch);
             } else {
               for (int64_t r = 0; r < rows; ++r) {
                 direct_block_rows<W, 1>(rx, x + t * in, w + (n0 + r) * in, scales, in, k_step,
-                                        out + t * outs + n0 + r, outs);
+                                        out + t * outs + n0 + r, outs, prefetch);
               }
             }
           }
