@@ -106,11 +106,9 @@ inline __m256i load_codes(const uint8_t* row, int64_t b) {
 constexpr int64_t kPrefetchBytes = 2048;
 template <int kBits>
 inline void prefetch_codes(const uint8_t* row, int64_t b) {
-  if constexpr (kBits == 4) {
-    if ((b & 2) != 0) return;  // a pair is 32 bytes: one line per two pairs
-  }
-  _mm_prefetch(reinterpret_cast<const char*>(row + b * (kBits == 8 ? kIntBlock : kIntBlock / 2)) + kPrefetchBytes,
-               _MM_HINT_T0);
+  const char* ahead = reinterpret_cast<const char*>(row + b * (kBits == 8 ? kIntBlock : kIntBlock / 2)) + kPrefetchBytes;
+  // int4: a pair is 32 bytes, so one line per two pairs.
+  if (kBits == 8 || (b & 2) == 0) _mm_prefetch(ahead, _MM_HINT_T0);
 }
 
 // Per 32-bit lane j: the exact sum p_j of the four products x[4j + e] *
