@@ -195,61 +195,37 @@ void tile_row_any(int64_t nt, const TokenTile& x, const uint8_t* w_row, const fl
 #if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 #define BASALT_INT_LINEAR_512 1
 
-// The 512-bit form of tile_row: a register holds an even block in lanes
-// 0..7 and the odd block after it in lanes 8..15, so one accumulator per
-// token row is the definition's acc[16] itself (acc[8 (b mod 2) + j]) and
-// each pair of blocks costs one multiply-add of bytes, one conversion and
-// one FMA instead of two of each. Where 512-bit operations run at full
+// The 512-bit form of tile_row for int8: a register holds an even block in
+// lanes 0..7 and the odd block after it in lanes 8..15, so one accumulator
+// per token row is the definition's acc[16] itself (acc[8 (b mod 2) + j])
+// and each pair of blocks costs one multiply-add of bytes, one conversion
+// and one FMA instead of two of each. Where 512-bit operations run at full
 // width (Intel's AVX-512 cores) that halves the arithmetic per weight byte;
 // AMD's Zen 4 runs them as two 256-bit halves, and there an earlier 512-bit
 // form measured slower than the 256-bit one (bench/README.md), so only
-// Intel's cores (intel_cores()) take it, and it always prefetches.
-
-// Blocks b and b + 1 of a weight row as bytes, as load_codes gives each.
-template <int kBits>
-inline __m512i load_code_pair(const uint8_t* row, int64_t b) {
-  if constexpr (kBits == 8) {
-    return _mm512_loadu_si512(row + b * kIntBlock);
-  } else {
-    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * (kIntBlock / 2)));
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    const __m256i lo = _mm256_and_si256(packed, low);  // 128-bit halves: block b's low nibbles, b + 1's
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-    const __m512i halves = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    // [lo b, lo b+1, hi b, hi b+1] -> [lo b, hi b, lo b+1, hi b+1]
-    return _mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0));
-  }
-}
-
-// lane_dots for two blocks: the exact p_j of each (c: their 16 lane
-// corrections under kOffsetCodes).
-template <int kBits>
-inline __m512i lane_dots_pair(__m512i w, __m512i x, const int16_t* c) {
-  if constexpr (kOffsetCodes<kBits>) {
-    const __m512i start = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
-    return _mm512_dpbusd_epi32(start, w, x);
-  } else {  // magnitudes times activations carrying the weights' signs
-    const __m512i magnitude = _mm512_abs_epi8(w);
-    const __m512i x_signed = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, x_signed);
-  }
-}
-
-template <int kBits, int kTokens>
-void tile_row_512(const TokenTile& x, const uint8_t* w_row, const float* products, float* out, int64_t out_stride) {
+// Intel's cores (intel_cores()) take the 512-bit kernels, and they always
+// prefetch.
+template <int kTokens>
+void tile_row_512_int8(const TokenTile& x, const uint8_t* w_row, const float* products, float* out,
+                       int64_t out_stride) {
   const int64_t blocks = x.blocks;
   __m512 acc[kTokens];
   for (int t = 0; t < kTokens; ++t) acc[t] = _mm512_setzero_ps();
+  // Magnitudes times activations carrying the weights' signs: the exact p_j.
+  const auto lane_dots = [](__m512i w, __m512i xc) {
+    const __m512i magnitude = _mm512_abs_epi8(w);
+    const __m512i x_signed = _mm512_mask_sub_epi8(xc, _mm512_movepi8_mask(w), _mm512_setzero_si512(), xc);
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, x_signed);
+  };
   // Lanes 0..7 take the first of two scale products, lanes 8..15 the second.
   const __m512i pair_index = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   int64_t b = 0;
   for (; b + 2 <= blocks; b += 2) {
-    prefetch_codes<kBits>(w_row, b);
-    const __m512i w = load_code_pair<kBits>(w_row, b);
+    prefetch_codes<8>(w_row, b);
+    const __m512i w = _mm512_loadu_si512(w_row + b * kIntBlock);
     for (int t = 0; t < kTokens; ++t) {
       const int64_t xb = t * blocks + b;
-      const __m512i xc = _mm512_loadu_si512(x.codes + xb * kIntBlock);
-      const __m512 dots = _mm512_cvtepi32_ps(lane_dots_pair<kBits>(w, xc, x.corrections + xb * 8));
+      const __m512 dots = _mm512_cvtepi32_ps(lane_dots(w, _mm512_loadu_si512(x.codes + xb * kIntBlock)));
       uint64_t two_bits;  // the two products (4-byte aligned only)
       std::memcpy(&two_bits, products + xb, sizeof two_bits);
       const __m128 two = _mm_castsi128_ps(_mm_cvtsi64_si128(static_cast<int64_t>(two_bits)));
@@ -257,24 +233,118 @@ void tile_row_512(const TokenTile& x, const uint8_t* w_row, const float* product
     }
   }
   if (b < blocks) {  // a last, even block: lanes 0..7 only
-    const __m512i w = _mm512_zextsi256_si512(load_codes<kBits>(w_row, b));
+    const __m512i w = _mm512_zextsi256_si512(load_codes<8>(w_row, b));
     for (int t = 0; t < kTokens; ++t) {
       const int64_t xb = t * blocks + b;
       const __m512i xc =
           _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes + xb * kIntBlock)));
-      __m512i p;
-      if constexpr (kOffsetCodes<kBits>) {
-        const __m512i start = _mm512_zextsi256_si512(
-            _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.corrections + xb * 8))));
-        p = _mm512_dpbusd_epi32(start, w, xc);
-      } else {
-        p = lane_dots_pair<kBits>(w, xc, nullptr);
-      }
-      acc[t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(products[xb]), acc[t], 0x00ff);
+      acc[t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(lane_dots(w, xc)), _mm512_set1_ps(products[xb]), acc[t],
+                                     0x00ff);
     }
   }
   for (int t = 0; t < kTokens; ++t)
     out[t * out_stride] = finish(_mm512_castps512_ps256(acc[t]), _mm512_extractf32x8_ps(acc[t], 1));
+}
+
+// int4 on the 512-bit path reads its activations in a pair layout, so that
+// a pair of packed weight blocks unpacks with one broadcast load, one shift
+// and one mask (against an insert and a shuffle more in the block order).
+// The 32 packed bytes of blocks b and b + 1 are [P_b, P_b+1] (16 bytes each:
+// a block's low nibbles are its columns 0..15, its high nibbles 16..31);
+// broadcast to both 256-bit halves and shifted right by 4 in the upper one,
+// they unpack to [b 0..15, b+1 0..15, b 16..31, b+1 16..31]. Pair i of a
+// token row holds its activation codes in that order (64 bytes; block 2i+1
+// zero where it does not exist) and the 32-bit lane corrections (-8 * the
+// lane's four codes summed) in the lane order that gives: lanes 0..3 are
+// block 2i's lanes j = 0..3, lanes 4..7 block 2i+1's 0..3, lanes 8..11
+// block 2i's 4..7, lanes 12..15 block 2i+1's 4..7. The accumulator keeps
+// that order and is put back into the definition's acc[16] once per row.
+struct PairRows {
+  std::vector<int8_t> codes;          // [tokens, pairs * 64]
+  std::vector<int32_t> corrections;   // [tokens, pairs * 16]
+};
+
+PairRows& pair_rows() {
+  thread_local PairRows rows;
+  return rows;
+}
+
+inline int64_t block_pairs(int64_t blocks) { return (blocks + 1) / 2; }
+
+// The pair layout of token rows t0 .. t1 from their codes in block order.
+void fill_pair_rows(const QuantizedRows& q, int64_t t0, int64_t t1, int64_t blocks, PairRows& p) {
+  const int64_t pairs = block_pairs(blocks);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int8_t* codes = q.codes.data() + t * blocks * kIntBlock;
+    for (int64_t i = 0; i < pairs; ++i) {
+      const int64_t b = 2 * i;
+      const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * kIntBlock));
+      const __m256i second = b + 1 < blocks
+                                 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (b + 1) * kIntBlock))
+                                 : _mm256_setzero_si256();
+      // [b 0..15, b 16..31, b+1 0..15, b+1 16..31] -> [b 0..15, b+1 0..15, b 16..31, b+1 16..31]
+      const __m512i halves = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
+      const __m512i x = _mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0));
+      const int64_t at = t * pairs + i;
+      _mm512_storeu_si512(p.codes.data() + at * 64, x);
+      // Each lane's four codes summed (times the unsigned 1s), times -8.
+      const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, x);
+      _mm512_storeu_si512(p.corrections.data() + at * 16,
+                          _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 3)));
+    }
+  }
+}
+
+// The activation side of an int4 tile in the pair layout.
+struct PairTile {
+  const int8_t* codes;
+  const int32_t* corrections;
+  int64_t blocks;
+};
+
+template <int kTokens>
+void tile_row_512_int4(const PairTile& x, const uint8_t* w_row, const float* products, float* out,
+                       int64_t out_stride) {
+  const int64_t blocks = x.blocks, pairs = block_pairs(blocks);
+  __m512 acc[kTokens];
+  for (int t = 0; t < kTokens; ++t) acc[t] = _mm512_setzero_ps();
+  const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);  // the upper half takes the high nibbles
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  // Lanes 0..3 and 8..11 take block b's scale product, 4..7 and 12..15 b+1's.
+  const __m512i pair_index = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  const auto dots = [&](__m512i w, int t, int64_t i) {
+    const int64_t at = t * pairs + i;
+    const __m512i start = _mm512_loadu_si512(x.corrections + at * 16);
+    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, w, _mm512_loadu_si512(x.codes + at * 64)));
+  };
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    prefetch_codes<4>(w_row, b);
+    const __m512i packed =
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w_row + b * (kIntBlock / 2))));
+    const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(packed, shift), low);
+    for (int t = 0; t < kTokens; ++t) {
+      uint64_t two_bits;  // the two products (4-byte aligned only)
+      std::memcpy(&two_bits, products + t * blocks + b, sizeof two_bits);
+      const __m128 two = _mm_castsi128_ps(_mm_cvtsi64_si128(static_cast<int64_t>(two_bits)));
+      acc[t] = _mm512_fmadd_ps(dots(w, t, b / 2), _mm512_permutexvar_ps(pair_index, _mm512_castps128_ps512(two)),
+                               acc[t]);
+    }
+  }
+  if (b < blocks) {  // a last, even block: its lanes are 0..3 and 8..11
+    const __m512i packed =
+        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w_row + b * (kIntBlock / 2))));
+    const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(packed, shift), low);
+    for (int t = 0; t < kTokens; ++t)
+      acc[t] = _mm512_mask3_fmadd_ps(dots(w, t, b / 2), _mm512_set1_ps(products[t * blocks + b]), acc[t], 0x0f0f);
+  }
+  // Back to the definition's order: lanes 4..7 and 8..11 trade places.
+  const __m512i order = _mm512_set_epi32(15, 14, 13, 12, 7, 6, 5, 4, 11, 10, 9, 8, 3, 2, 1, 0);
+  for (int t = 0; t < kTokens; ++t) {
+    const __m512 a = _mm512_permutexvar_ps(order, acc[t]);
+    out[t * out_stride] = finish(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  }
 }
 
 #endif
@@ -282,8 +352,8 @@ void tile_row_512(const TokenTile& x, const uint8_t* w_row, const float* product
 // Weight rows n0 .. n1 for every token, in tiles of up to kTokenTile token
 // rows.
 template <int kBits>
-void rows_int(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, const uint8_t* codes,
-              const uint16_t* scales, int64_t n0, int64_t n1, int64_t outs, float* out) {
+void rows_int(const IntWeightLayout& l, const QuantizedRows& q, const void* pair_rows, int64_t tokens,
+              const uint8_t* codes, const uint16_t* scales, int64_t n0, int64_t n1, int64_t outs, float* out) {
   const int64_t blocks = l.blocks(), code_cols = l.code_columns(), scale_cols = l.scale_columns();
   thread_local std::vector<float> row_scales, products;
   row_scales.resize(static_cast<size_t>(blocks));
@@ -301,11 +371,24 @@ void rows_int(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, 
       float* o = out + t0 * outs + n;
 #if defined(BASALT_INT_LINEAR_512)
       if (intel) {
-        switch (nt) {
-          case 1: tile_row_512<kBits, 1>(x, w_row, products.data(), o, outs); break;
-          case 2: tile_row_512<kBits, 2>(x, w_row, products.data(), o, outs); break;
-          case 3: tile_row_512<kBits, 3>(x, w_row, products.data(), o, outs); break;
-          default: tile_row_512<kBits, 4>(x, w_row, products.data(), o, outs); break;
+        const float* pr = products.data();
+        if constexpr (kBits == 8) {
+          switch (nt) {
+            case 1: tile_row_512_int8<1>(x, w_row, pr, o, outs); break;
+            case 2: tile_row_512_int8<2>(x, w_row, pr, o, outs); break;
+            case 3: tile_row_512_int8<3>(x, w_row, pr, o, outs); break;
+            default: tile_row_512_int8<4>(x, w_row, pr, o, outs); break;
+          }
+        } else {
+          const auto& p = *static_cast<const PairRows*>(pair_rows);
+          const int64_t pairs = block_pairs(blocks);
+          const PairTile px{p.codes.data() + t0 * pairs * 64, p.corrections.data() + t0 * pairs * 16, blocks};
+          switch (nt) {
+            case 1: tile_row_512_int4<1>(px, w_row, pr, o, outs); break;
+            case 2: tile_row_512_int4<2>(px, w_row, pr, o, outs); break;
+            case 3: tile_row_512_int4<3>(px, w_row, pr, o, outs); break;
+            default: tile_row_512_int4<4>(px, w_row, pr, o, outs); break;
+          }
         }
         continue;
       }
@@ -334,7 +417,7 @@ void fill_corrections(QuantizedRows& q, int64_t t0, int64_t t1, int64_t blocks) 
 #else  // no AVX2: the scalar definition
 
 template <int kBits>
-void rows_int(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, const uint8_t* codes,
+void rows_int(const IntWeightLayout& l, const QuantizedRows& q, const void*, int64_t tokens, const uint8_t* codes,
               const uint16_t* scales, int64_t n0, int64_t n1, int64_t outs, float* out) {
   const int64_t blocks = l.blocks();
   for (int64_t t = 0; t < tokens; ++t)
@@ -355,15 +438,32 @@ void linear_int_f32(ThreadPool& pool, const float* x, int64_t tokens, const IntW
   if (tokens == 0 || outs == 0) return;
   const int64_t K = l.in_features, blocks = l.blocks();
   QuantizedRows& q = quantized_rows();
+  // int4 on Intel's 512-bit path reads the pair layout instead of the lane
+  // corrections.
+  void* pair_layout = nullptr;
+#if defined(BASALT_INT_LINEAR_512)
+  if (l.bits == 4 && intel_cores()) {
+    PairRows& p = pair_rows();
+    p.codes.resize(static_cast<size_t>(tokens * block_pairs(blocks) * 64));
+    p.corrections.resize(static_cast<size_t>(tokens * block_pairs(blocks) * 16));
+    pair_layout = &p;
+  }
+#endif
   q.codes.resize(static_cast<size_t>(tokens * blocks * kIntBlock));
   q.scales.resize(static_cast<size_t>(tokens * blocks));
-  q.corrections.resize(static_cast<size_t>(l.bits == 4 ? tokens * blocks * 8 : 0));
+  q.corrections.resize(static_cast<size_t>(l.bits == 4 && pair_layout == nullptr ? tokens * blocks * 8 : 0));
   pool.parallel_for(
       tokens,
       [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t)
           quantize_int_activations(x + t * K, K, q.codes.data() + t * blocks * kIntBlock,
                                    q.scales.data() + t * blocks);
+#if defined(BASALT_INT_LINEAR_512)
+        if (pair_layout != nullptr) {
+          fill_pair_rows(q, t0, t1, blocks, *static_cast<PairRows*>(pair_layout));
+          return;
+        }
+#endif
         if (l.bits == 8) {
           fill_corrections<8>(q, t0, t1, blocks);
         } else {
@@ -377,9 +477,9 @@ void linear_int_f32(ThreadPool& pool, const float* x, int64_t tokens, const IntW
   // kilobytes (16-row chunks left int4 decode waiting on its loads).
   dynamic_for(pool, outs, std::max(kRowGrain, balanced_grain(pool, outs)), [&](int64_t n0, int64_t n1) {
     if (l.bits == 8) {
-      rows_int<8>(l, q, tokens, w, scales, n0, n1, outs, out);
+      rows_int<8>(l, q, pair_layout, tokens, w, scales, n0, n1, outs, out);
     } else {
-      rows_int<4>(l, q, tokens, w, scales, n0, n1, outs, out);
+      rows_int<4>(l, q, pair_layout, tokens, w, scales, n0, n1, outs, out);
     }
     if (bias != nullptr)
       for (int64_t t = 0; t < tokens; ++t)
