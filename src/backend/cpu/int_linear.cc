@@ -29,6 +29,9 @@ QuantizedRows& quantized_rows() {
   return rows;
 }
 
+// int4's activations in the pair layout of Intel's 512-bit path (below).
+struct PairRows;
+
 #if defined(__AVX2__)
 
 // int4 multiplies the weight codes as unsigned bytes, code + 8 (the stored
@@ -106,7 +109,8 @@ inline __m256i load_codes(const uint8_t* row, int64_t b) {
 constexpr int64_t kPrefetchBytes = 2048;
 template <int kBits>
 inline void prefetch_codes(const uint8_t* row, int64_t b) {
-  const char* ahead = reinterpret_cast<const char*>(row + b * (kBits == 8 ? kIntBlock : kIntBlock / 2)) + kPrefetchBytes;
+  constexpr int64_t kBlockBytes = kBits == 8 ? kIntBlock : kIntBlock / 2;
+  const char* ahead = reinterpret_cast<const char*>(row + b * kBlockBytes) + kPrefetchBytes;
   // int4: a pair is 32 bytes, so one line per two pairs.
   if (kBits == 8 || (b & 2) == 0) _mm_prefetch(ahead, _MM_HINT_T0);
 }
@@ -352,7 +356,7 @@ void tile_row_512_int4(const PairTile& x, const uint8_t* w_row, const float* pro
 // Weight rows n0 .. n1 for every token, in tiles of up to kTokenTile token
 // rows.
 template <int kBits>
-void rows_int(const IntWeightLayout& l, const QuantizedRows& q, const void* pair_rows, int64_t tokens,
+void rows_int(const IntWeightLayout& l, const QuantizedRows& q, const PairRows* pair_layout, int64_t tokens,
               const uint8_t* codes, const uint16_t* scales, int64_t n0, int64_t n1, int64_t outs, float* out) {
   const int64_t blocks = l.blocks(), code_cols = l.code_columns(), scale_cols = l.scale_columns();
   thread_local std::vector<float> row_scales, products;
@@ -380,7 +384,7 @@ void rows_int(const IntWeightLayout& l, const QuantizedRows& q, const void* pair
             default: tile_row_512_int8<4>(x, w_row, pr, o, outs); break;
           }
         } else {
-          const auto& p = *static_cast<const PairRows*>(pair_rows);
+          const PairRows& p = *pair_layout;
           const int64_t pairs = block_pairs(blocks);
           const PairTile px{p.codes.data() + t0 * pairs * 64, p.corrections.data() + t0 * pairs * 16, blocks};
           switch (nt) {
@@ -417,8 +421,8 @@ void fill_corrections(QuantizedRows& q, int64_t t0, int64_t t1, int64_t blocks) 
 #else  // no AVX2: the scalar definition
 
 template <int kBits>
-void rows_int(const IntWeightLayout& l, const QuantizedRows& q, const void*, int64_t tokens, const uint8_t* codes,
-              const uint16_t* scales, int64_t n0, int64_t n1, int64_t outs, float* out) {
+void rows_int(const IntWeightLayout& l, const QuantizedRows& q, const PairRows*, int64_t tokens,
+              const uint8_t* codes, const uint16_t* scales, int64_t n0, int64_t n1, int64_t outs, float* out) {
   const int64_t blocks = l.blocks();
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t n = n0; n < n1; ++n)
@@ -440,13 +444,12 @@ void linear_int_f32(ThreadPool& pool, const float* x, int64_t tokens, const IntW
   QuantizedRows& q = quantized_rows();
   // int4 on Intel's 512-bit path reads the pair layout instead of the lane
   // corrections.
-  void* pair_layout = nullptr;
+  PairRows* pair_layout = nullptr;
 #if defined(BASALT_INT_LINEAR_512)
   if (l.bits == 4 && intel_cores()) {
-    PairRows& p = pair_rows();
-    p.codes.resize(static_cast<size_t>(tokens * block_pairs(blocks) * 64));
-    p.corrections.resize(static_cast<size_t>(tokens * block_pairs(blocks) * 16));
-    pair_layout = &p;
+    pair_layout = &pair_rows();
+    pair_layout->codes.resize(static_cast<size_t>(tokens * block_pairs(blocks) * 64));
+    pair_layout->corrections.resize(static_cast<size_t>(tokens * block_pairs(blocks) * 16));
   }
 #endif
   q.codes.resize(static_cast<size_t>(tokens * blocks * kIntBlock));
@@ -460,7 +463,7 @@ void linear_int_f32(ThreadPool& pool, const float* x, int64_t tokens, const IntW
                                    q.scales.data() + t * blocks);
 #if defined(BASALT_INT_LINEAR_512)
         if (pair_layout != nullptr) {
-          fill_pair_rows(q, t0, t1, blocks, *static_cast<PairRows*>(pair_layout));
+          fill_pair_rows(q, t0, t1, blocks, *pair_layout);
           return;
         }
 #endif

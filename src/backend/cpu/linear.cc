@@ -225,7 +225,8 @@ void linear_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
   const int64_t blocks = (outs + kDirectRows - 1) / kDirectRows;
   const int64_t macs_per_block = std::max<int64_t>(1, tokens * in * kDirectRows);
   const int64_t k_step = k_block_step(in);
-  const int64_t prefetch = intel_cores() ? kDirectPrefetchBytes / static_cast<int64_t>(sizeof(typename W::Storage)) : 0;
+  constexpr int64_t kElementBytes = sizeof(typename W::Storage);
+  const int64_t prefetch = intel_cores() ? kDirectPrefetchBytes / kElementBytes : 0;
   dynamic_for(
       pool, blocks,
       std::max(balanced_grain(pool, blocks), kMinParallelMacs / macs_per_block),
