@@ -21,7 +21,7 @@
 
 namespace basalt {
 
-// X(field, name): name is what __builtin_cpu_supports and users call it.
+// X(field, name): name is what GCC's __builtin_cpu_supports and users call it.
 #define BASALT_ISA_FEATURES(X)                                                                       \
   X(avx, "avx") X(avx2, "avx2") X(fma, "fma") X(f16c, "f16c") X(bmi2, "bmi2") X(avx512f, "avx512f") \
   X(avx512bw, "avx512bw") X(avx512dq, "avx512dq") X(avx512vl, "avx512vl") X(avx512cd, "avx512cd")   \

@@ -57,5 +57,17 @@ TEST(CpuIsa, ThisMachineHasWhatTheBuildWasCompiledFor) {
 #endif
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+// machine_isa reads CPUID itself; GCC's own detection must agree with it on
+// every extension, so a wrong bit or register fails here on any machine.
+TEST(CpuIsa, AgreesWithTheCompilersDetection) {
+  const IsaFeatures f = machine_isa();
+  __builtin_cpu_init();
+#define BASALT_ISA_AGREES(field, name) EXPECT_EQ(f.field, __builtin_cpu_supports(name) != 0) << name;
+  BASALT_ISA_FEATURES(BASALT_ISA_AGREES)
+#undef BASALT_ISA_AGREES
+}
+#endif
+
 }  // namespace
 }  // namespace basalt
