@@ -131,13 +131,12 @@ constexpr int64_t kPanelMinTokens = 16;
 constexpr int64_t kPanelTokens = 128;
 // Multiply-adds below which handing work to another thread costs more than it saves.
 constexpr int64_t kMinParallelMacs = 1 << 15;
-// How far ahead (elements: 2 KB) the direct regime prefetches its weight
-// rows on Intel's cores. Decode reads each weight once, and there one
+// The direct regime prefetches its weight rows kWeightPrefetchBytes ahead on
+// Intel's cores (simd.h). Decode reads each weight once, and there one
 // core's own loads keep too few misses in flight to stream at the memory's
 // rate: on an Emerald Rapids VM bf16 decode of the 1B shape went from 8.0 to
 // 10.4 tokens/s with it (bench/README.md). AMD's cores do without: on Zen 4
 // (kDirectRows) prefetching gained nothing.
-constexpr int64_t kDirectPrefetch = 1024;
 
 // Rounds a row of x into `out` (bf16_padded_columns(in) values), as
 // round_activations_bf16 does, sixteen columns at a time.
@@ -244,7 +243,7 @@ void direct(ThreadPool& pool, const uint16_t* xr, int64_t stride, int64_t tokens
             int64_t outs, float* out) {
   const int64_t blocks = (outs + kDirectRows - 1) / kDirectRows;
   const int64_t macs_per_block = std::max<int64_t>(1, tokens * in * kDirectRows);
-  const int64_t prefetch = intel_cores() ? kDirectPrefetch : 0;
+  const int64_t prefetch = intel_cores() ? kWeightPrefetchBytes / 2 : 0;  // elements of 2 bytes
   dynamic_for(
       pool, blocks, std::max(balanced_grain(pool, blocks), kMinParallelMacs / macs_per_block),
       [&](int64_t b0, int64_t b1) {

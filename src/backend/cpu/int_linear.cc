@@ -375,7 +375,9 @@ void rows_int(const IntWeightLayout& l, const QuantizedRows& q, const PairRows* 
       const uint8_t* w_row = codes + n * code_cols;
       float* o = out + t0 * outs + n;
 #if defined(BASALT_INT_LINEAR_512)
-      if (intel) {
+      // int8 takes the 512-bit kernel on Intel's cores, int4 wherever the
+      // caller built its pair layout (the same condition).
+      if (kBits == 8 ? intel : pair_layout != nullptr) {
         const float* pr = products.data();
         if constexpr (kBits == 8) {
           switch (nt) {

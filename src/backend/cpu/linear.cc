@@ -51,10 +51,10 @@ constexpr bool kPanelHoldsWeights = false;
 // alternated in one run).
 constexpr int kDirectRows = 8;
 constexpr int kDirectX = 4;
-// On Intel's cores, though, the direct kernel prefetches each weight row this
-// many bytes ahead: there one core's own loads keep too few misses in flight
-// to stream at the memory's rate (bench/README.md, an Emerald Rapids VM).
-constexpr int64_t kDirectPrefetchBytes = 2048;
+// On Intel's cores, though, the direct kernel prefetches each weight row
+// kWeightPrefetchBytes ahead (simd.h): there one core's own loads keep too
+// few misses in flight to stream at the memory's rate (bench/README.md, an
+// Emerald Rapids VM).
 // From this many tokens on, converting a weight panel once and reusing it
 // beats converting in registers for every group of kDirectX tokens (measured
 // on Zen 5: even at 8 tokens, 16 break even, from 32 on panels win by 10-80%
@@ -226,7 +226,7 @@ void linear_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
   const int64_t macs_per_block = std::max<int64_t>(1, tokens * in * kDirectRows);
   const int64_t k_step = k_block_step(in);
   constexpr int64_t kElementBytes = sizeof(typename W::Storage);
-  const int64_t prefetch = intel_cores() ? kDirectPrefetchBytes / kElementBytes : 0;
+  const int64_t prefetch = intel_cores() ? kWeightPrefetchBytes / kElementBytes : 0;
   dynamic_for(
       pool, blocks,
       std::max(balanced_grain(pool, blocks), kMinParallelMacs / macs_per_block),

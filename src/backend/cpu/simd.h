@@ -36,6 +36,11 @@ namespace basalt::cpu {
 // 512-bit integer kernel (Zen 4 splits 512-bit operations) and software
 // prefetch of streamed weight rows (Zen 4's own prefetchers streamed as fast
 // or faster without it).
+// How far ahead the float-weight decode kernels prefetch a weight row on
+// Intel's cores (bf16_linear.cc, linear.cc; the integer kernels measured
+// best at 4 KB and keep their own).
+inline constexpr int64_t kWeightPrefetchBytes = 2048;
+
 inline bool intel_cores() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool intel = [] {
