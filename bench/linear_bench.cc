@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/int_linear.h"
 #include "backend/cpu/simd.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -218,7 +219,7 @@ std::vector<Tensor> weight_copies(const Tensor& w) {
 }
 
 void print_table(const std::vector<Row>& rows) {
-  fmt::print("\n{:<24} {:>3} {:>5} | {:>8} {:>6} {:>7} {:>6} | {:>8} {:>7} {:>8}\n", "shape (K -> N)",
+  fmt::print("\n{:<24} {:>3} {:>7} | {:>8} {:>6} {:>7} {:>6} | {:>8} {:>7} {:>8}\n", "shape (K -> N)",
              "T", "w", "ours ms", "GB/s", "GFLOP/s", "of BW", "sgemm ms", "GFLOP/s", "vs sgemm");
   fmt::print("{}\n", std::string(100, '-'));
   for (const Row& r : rows) {
@@ -227,12 +228,13 @@ void print_table(const std::vector<Row>& rows) {
       blas = fmt::format("{:>8.3f} {:>7.1f} {:>7.2f}x", r.blas_s * 1e3, r.blas_gflops,
                          r.blas_s / r.ours_s);
     }
-    fmt::print("{:<24} {:>3} {:>5} | {:>8.3f} {:>6.1f} {:>7.1f} {:>5.0f}% | {}\n", r.shape, r.tokens,
+    fmt::print("{:<24} {:>3} {:>7} | {:>8.3f} {:>6.1f} {:>7.1f} {:>5.0f}% | {}\n", r.shape, r.tokens,
                r.dtype, r.ours_s * 1e3, r.ours_gbs, r.ours_gflops, 100.0 * r.read_s / r.ours_s,
                blas);
   }
   fmt::print(
       "\nGB/s counts weight bytes read (int8/int4: codes and f16 scales per 32 columns).\n"
+      "int8amx / int8vec: the same call with Intel's AMX kernel and with the vector kernel.\n"
       "'of BW' is the time to merely stream the same number\n"
       "of bytes (all threads, measured in turns with the op) over the op's time: the share of\n"
       "the decode ceiling reached. 'vs sgemm' is OpenBLAS time / our time on the same shape\n"
@@ -279,8 +281,17 @@ int run(bool quick, const std::string& only) {
         for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = normal(rng) * 50.0f;
         Tensor out = Tensor::empty({tokens, s.outs}, DType::kF32);
         std::vector<std::function<void(int)>> fns;
+        // Prefill-sized int calls take the AMX kernel where there is one;
+        // the vector kernel's time is measured next to it.
+        const bool amx_row = ints && tokens > 4 && cpu::linear_int_amx_available();
         if (ints) {
           fns.push_back([&](int rep) { backend.linear_int(x, int_weights[rep % int_weights.size()], nullptr, out); });
+          if (amx_row)
+            fns.push_back([&](int rep) {
+              cpu::linear_int_allow_amx(false);
+              backend.linear_int(x, int_weights[rep % int_weights.size()], nullptr, out);
+              cpu::linear_int_allow_amx(true);
+            });
         } else {
           fns.push_back([&](int rep) { backend.linear(x, weights[rep % weights.size()], nullptr, out); });
         }
@@ -305,14 +316,18 @@ int run(bool quick, const std::string& only) {
         fns.push_back([&](int rep) { probe.read(bytes, rep); });
         const std::vector<double> seconds = median_seconds(fns, min_seconds, 5);
         const double flops = 2.0 * tokens * s.in * s.outs;
-        Row row{s.what, tokens, format, seconds[0], static_cast<double>(bytes) / seconds[0] / 1e9,
-                flops / seconds[0] / 1e9};
-        row.read_s = seconds.back();
-        if (seconds.size() > 2) {
-          row.blas_s = seconds[1];
-          row.blas_gflops = flops / row.blas_s / 1e9;
-        }
-        rows.push_back(row);
+        const auto make_row = [&](const std::string& label, double s_ours) {
+          Row row{s.what, tokens, label, s_ours, static_cast<double>(bytes) / s_ours / 1e9, flops / s_ours / 1e9};
+          row.read_s = seconds.back();
+          const size_t blas_at = amx_row ? 2 : 1;
+          if (seconds.size() > blas_at + 1) {
+            row.blas_s = seconds[blas_at];
+            row.blas_gflops = flops / row.blas_s / 1e9;
+          }
+          return row;
+        };
+        rows.push_back(make_row(amx_row ? format + "amx" : format, seconds[0]));
+        if (amx_row) rows.push_back(make_row(format + "vec", seconds[1]));
         fmt::print(stderr, "  measured {} T={} {}\n", s.what, tokens, format);
       }
     }

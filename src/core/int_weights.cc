@@ -105,26 +105,18 @@ void quantize_int_activations(const float* x, int64_t K, int8_t* codes, float* b
 
 float int_dot_reference(const IntWeightLayout& l, const int8_t* x_codes, const float* x_scales, const void* w_codes,
                         const uint16_t* w_scales) {
-  float acc[16] = {};
+  float acc = 0;
   for (int64_t b = 0; b < l.blocks(); ++b) {
     const float s = x_scales[b] * f16_to_f32(w_scales[(b * kIntBlock) / l.group]);
-    for (int j = 0; j < 8; ++j) {
-      int32_t p = 0;
-      for (int e = 0; e < 4; ++e) {
-        const int64_t k = b * kIntBlock + 4 * j + e;
-        // Padding columns hold zero codes on both sides.
-        const int w = k < l.in_features ? int_code(l, w_codes, k) : 0;
-        p += static_cast<int32_t>(x_codes[k]) * w;
-      }
-      float& a = acc[8 * (b % 2) + j];
-      a = std::fma(static_cast<float>(p), s, a);
+    int32_t p = 0;
+    for (int64_t k = b * kIntBlock; k < (b + 1) * kIntBlock; ++k) {
+      // Padding columns hold zero codes on both sides.
+      const int w = k < l.in_features ? int_code(l, w_codes, k) : 0;
+      p += static_cast<int32_t>(x_codes[k]) * w;
     }
+    acc = std::fma(static_cast<float>(p), s, acc);
   }
-  float v[8], u[4];
-  for (int j = 0; j < 8; ++j) v[j] = acc[j] + acc[8 + j];
-  for (int j = 0; j < 4; ++j) u[j] = v[j] + v[j + 4];
-  const float w0 = u[0] + u[2], w1 = u[1] + u[3];
-  return w0 + w1;
+  return acc;
 }
 
 }  // namespace basalt

@@ -23,17 +23,15 @@
 // (NaN never wins), a_scale = amax / 127, code = rne(clamp(x * (127 / amax),
 // -127, 127)) with the clamp taking NaN to -127, all in f32; an all-zero
 // block has a_scale 0 and codes 0. Then out[t, n] is summed in one fixed
-// order that every implementation reproduces bit for bit:
-//   for each block b (in order): s = a_scale[t, b] * w_scale[n, 32 b / group]
-//     (one f32 product); for lane j in 0..7 the exact integer
-//     p_j = sum over the block's columns 4j..4j+3 of x_code * w_code, and
-//     acc[8 (b mod 2) + j] = fma(float(p_j), s, acc[8 (b mod 2) + j]);
-//   then v_j = acc[j] + acc[8 + j], u_j = v_j + v_{j+4} (j < 4),
-//   w_j = u_j + u_{j+2} (j < 2), out = w_0 + w_1 (+ bias[n]).
-// This is the lane split of an AVX2 multiply-add of bytes (four products per
-// 32-bit lane) with even and odd blocks in two accumulators, so the vector
-// kernels need no reductions inside the loop; the result is the same for
-// any token count, thread count or kernel (batch invariance).
+// order that every implementation reproduces bit for bit: acc = 0, and for
+// each block b in order
+//   P = the exact integer sum of the block's 32 products x_code * w_code,
+//   s = a_scale[t, b] * w_scale[n, 32 b / group] (one f32 product),
+//   acc = fma(float(P), s, acc)   (|P| <= 32 * 127 * 127 < 2^24: exact),
+// and out = acc (+ bias[n]). Whole-block sums are what a tile multiply
+// (Intel's AMX) gives, and a vector kernel gets them by summing the rows'
+// 32-bit lanes across, so every kernel reproduces them; the result is the
+// same for any token count, thread count or kernel (batch invariance).
 #pragma once
 
 #include <cstdint>

@@ -147,8 +147,8 @@ TEST(IntWeights, ActivationsQuantizePerBlockWithDefinedEdges) {
   EXPECT_EQ(scales[0], 0.0f);
 }
 
-TEST(IntWeights, TheProductSumsLanesInTheFixedOrder) {
-  // One block, codes chosen so that each lane's four products are known.
+TEST(IntWeights, TheProductSumsWholeBlocksInOrder) {
+  // Two blocks, codes chosen so that each block's integer sum is known.
   const IntWeightLayout l{8, 32, 64};
   std::vector<float> w(64, 0.0f);
   for (int k = 0; k < 64; ++k) w[k] = static_cast<float>((k * 37) % 255 - 127) / 127.0f;
@@ -160,18 +160,12 @@ TEST(IntWeights, TheProductSumsLanesInTheFixedOrder) {
   std::vector<int8_t> xc(64);
   std::vector<float> xs(2);
   quantize_int_activations(x.data(), 64, xc.data(), xs.data());
-  float acc[16] = {};
+  float want = 0;
   for (int b = 0; b < 2; ++b) {
-    const float s = xs[b] * f16_to_f32(r.scales[b]);
-    for (int j = 0; j < 8; ++j) {
-      int p = 0;
-      for (int e = 0; e < 4; ++e) p += xc[32 * b + 4 * j + e] * int_code(l, r.codes.data(), 32 * b + 4 * j + e);
-      acc[8 * b + j] = std::fma(static_cast<float>(p), s, acc[8 * b + j]);
-    }
+    int p = 0;
+    for (int k = 32 * b; k < 32 * b + 32; ++k) p += xc[k] * int_code(l, r.codes.data(), k);
+    want = std::fma(static_cast<float>(p), xs[b] * f16_to_f32(r.scales[b]), want);
   }
-  float v[8];
-  for (int j = 0; j < 8; ++j) v[j] = acc[j] + acc[8 + j];
-  const float want = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
   const float got = int_dot_reference(l, xc.data(), xs.data(), r.codes.data(), r.scales.data());
   EXPECT_EQ(got, want);
   double exact = 0;

@@ -1,6 +1,7 @@
 #include "backend/cpu/int_linear.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -8,20 +9,25 @@
 #include "backend/cpu/simd.h"  // immintrin.h where the target has AVX2
 #include "core/dtype.h"
 
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__linux__)
+#define BASALT_INT_LINEAR_AMX 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace basalt::cpu {
 namespace {
 
-constexpr int64_t kTokenTile = 4;  // token rows that share one read of a weight row
-constexpr int64_t kRowGrain = 16;  // the fewest weight rows per claimed chunk
+constexpr int64_t kTokenTile = 4;  // token rows that share one read of a weight row group
 
 // The quantized activations of a call: codes [tokens, blocks * 32], block
-// scales [tokens, blocks] and, where the kernel multiplies offset codes (see
-// kOffsetCodes), each block's eight lane corrections [tokens, blocks, 8]
-// (16 bits: at most 8 * 4 * 127 in magnitude).
+// scales and the sums of each block's 32 codes [tokens, blocks] (kernels
+// that multiply offset weight codes subtract offset * sum, which is exact).
 struct QuantizedRows {
   std::vector<int8_t> codes;
   std::vector<float> scales;
-  std::vector<int16_t> corrections;
+  std::vector<int32_t> sums;
 };
 
 QuantizedRows& quantized_rows() {
@@ -29,414 +35,787 @@ QuantizedRows& quantized_rows() {
   return rows;
 }
 
-// int4's activations in the pair layout of Intel's 512-bit path (below).
-struct PairRows;
+std::atomic<bool> amx_allowed{true};
 
 #if defined(__AVX2__)
 
-// int4 multiplies the weight codes as unsigned bytes, code + 8 (the stored
-// nibbles), by the signed activation codes, and starts each lane's integer
-// sum at -8 * (the lane's four activation codes summed), so the lane ends
-// at the exact p_j of the definition with no per-block sign work (products
-// of at most 15 * 127 keep AVX2's 16-bit pair sums from saturating). int8
-// multiplies the weights' magnitudes by activations carrying their signs:
-// its offset form (code ^ 0x80, corrections of -128 * the lane sums) was
-// measured slower on the 8192-wide rows, whose 32-bit corrections pushed
-// the activations out of L1.
-template <int kBits>
-constexpr bool kOffsetCodes = kBits == 4;
-constexpr int kCodeOffset = 8;
+// The vector kernels put weight rows in lanes: a group of rows (16 on
+// Intel's 512-bit path, 8 on AVX2) is read a few blocks of 32 columns at a
+// time, each row's 32 products of a block are summed to the block's exact
+// integer P (a multiply-add of bytes into 32-bit lanes, then a transposing
+// reduction across the rows' lanes), and lane i then takes the
+// definition's one f32 multiply-add for row i: acc = fma(float(P), a_scale
+// * w_scale, acc). That is what makes the definition's single chain per
+// output a vector operation with one token row, as in decode.
 
-// The lane corrections -8 * sum(x[4 j .. 4 j + 3]) of one block, as 16 bits.
-inline __m128i lane_correction(__m256i x) {
-  const __m256i pair_sums = _mm256_maddubs_epi16(_mm256_set1_epi8(1), x);
-  const __m256i lane_sums = _mm256_madd_epi16(pair_sums, _mm256_set1_epi16(1));
-  const __m256i c = _mm256_mullo_epi32(lane_sums, _mm256_set1_epi32(-kCodeOffset));
-  // Pack the eight 32-bit lanes to 16 bits, in order.
-  const __m256i packed = _mm256_packs_epi32(c, c);  // per 128-bit half: c0..c3 c0..c3
-  return _mm_unpacklo_epi64(_mm256_castsi256_si128(packed), _mm256_extracti128_si256(packed, 1));
-}
-
-// One weight row's f16 scales as f32, one per block of 32 columns (the
-// hardware conversion where there is one: exact, as f16_to_f32 is).
-void block_scales_f32(const IntWeightLayout& l, const uint16_t* scales, float* out) {
+// One weight row group's f16 scales as f32, [rows][blocks] (row i's block b
+// at i * blocks + b; the hardware conversion where there is one: exact, as
+// f16_to_f32 is).
+void block_scales_f32(const IntWeightLayout& l, const uint16_t* scales, int64_t scale_stride, int rows,
+                      float* out) {
   const int64_t blocks = l.blocks();
+  for (int i = 0; i < rows; ++i) {
+    const uint16_t* s = scales + i * scale_stride;
+    float* o = out + i * blocks;
 #if defined(__F16C__)
-  if (l.group == kIntBlock) {
-    int64_t b = 0;
-    for (; b + 8 <= blocks; b += 8)
-      _mm256_storeu_ps(out + b, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b))));
-    for (; b < blocks; ++b) out[b] = _cvtsh_ss(scales[b]);
-    return;
-  }
-  for (int64_t b = 0; b < blocks; ++b) out[b] = _cvtsh_ss(scales[(b * kIntBlock) / l.group]);
+    if (l.group == kIntBlock) {
+      int64_t b = 0;
+      for (; b + 8 <= blocks; b += 8)
+        _mm256_storeu_ps(o + b, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + b))));
+      for (; b < blocks; ++b) o[b] = _cvtsh_ss(s[b]);
+      continue;
+    }
+    for (int64_t b = 0; b < blocks; ++b) o[b] = _cvtsh_ss(s[(b * kIntBlock) / l.group]);
 #else
-  for (int64_t b = 0; b < blocks; ++b) out[b] = f16_to_f32(scales[(b * kIntBlock) / l.group]);
+    for (int64_t b = 0; b < blocks; ++b) o[b] = f16_to_f32(s[(b * kIntBlock) / l.group]);
 #endif
-}
-
-// out[b] = x_scales[b] * w_scales[b]: the definition's per-block f32 product
-// (vector and scalar multiplies round alike).
-void scale_products(const float* x_scales, const float* w_scales, int64_t blocks, float* out) {
-  int64_t b = 0;
-  for (; b + 8 <= blocks; b += 8)
-    _mm256_storeu_ps(out + b, _mm256_mul_ps(_mm256_loadu_ps(x_scales + b), _mm256_loadu_ps(w_scales + b)));
-  for (; b < blocks; ++b) out[b] = x_scales[b] * w_scales[b];
-}
-
-// The 32 codes of block b of a weight row as bytes: code + offset
-// (unsigned) under kOffsetCodes, else the signed codes.
-template <int kBits>
-inline __m256i load_codes(const uint8_t* row, int64_t b) {
-  if constexpr (kBits == 8) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * kIntBlock));
-  } else {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * (kIntBlock / 2)));
-    const __m128i low = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(packed, low);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-    return _mm256_set_m128i(hi, lo);
   }
 }
 
-// Software prefetch of a weight row's codes kPrefetchBytes ahead, called
-// once per pair of blocks (b even), on Intel's cores (intel_cores()). A
-// decode step reads each weight byte once, and there one core's own loads
-// leave too few misses in flight to stream at the memory's rate: with the
-// prefetch two threads of an Emerald Rapids VM went from ~13 to ~20 GB/s in
-// the int8 loop (bench/README.md). 4 KB ahead decoded faster than 1, 2 or 8
-// KB there (int8 and int4 alike, alternated). Addresses past the rows are
-// only prefetched, never read.
-constexpr int64_t kPrefetchBytes = 4096;
+// Software prefetch ahead of a group's rows, on Intel's cores
+// (intel_cores()). A decode step reads each weight byte once, and there one
+// core's own loads leave too few misses in flight to stream at the memory's
+// rate: with the prefetch two threads of an Emerald Rapids VM went from ~13
+// to ~20 GB/s in the old one-row int8 loop (bench/README.md). The rows of a
+// group are read side by side; each row's next line is fetched once per 64
+// bytes of it, kRowPrefetchBytes ahead: 1024 for int8 (decoded faster than
+// 256 or 4096 a row on the Llama-3.2-1B shape) and 512 for int4 (faster
+// than 128, 256 or 1024), alternated runs on that VM. Addresses past the
+// rows are only prefetched, never read.
 template <int kBits>
-inline void prefetch_codes(const uint8_t* row, int64_t b) {
+constexpr int64_t kRowPrefetchBytes = kBits == 8 ? 1024 : 512;
+template <int kBits, int kRows>
+inline void prefetch_rows(const uint8_t* w, int64_t stride, int64_t b) {
   constexpr int64_t kBlockBytes = kBits == 8 ? kIntBlock : kIntBlock / 2;
-  const char* ahead = reinterpret_cast<const char*>(row + b * kBlockBytes) + kPrefetchBytes;
-  // int4: a pair is 32 bytes, so one line per two pairs.
-  if (kBits == 8 || (b & 2) == 0) _mm_prefetch(ahead, _MM_HINT_T0);
+  if ((b * kBlockBytes) % 64 != 0) return;
+  for (int i = 0; i < kRows; ++i)
+    _mm_prefetch(reinterpret_cast<const char*>(w + i * stride + b * kBlockBytes) + kRowPrefetchBytes<kBits>,
+                 _MM_HINT_T0);
 }
 
-// Per 32-bit lane j: the exact sum p_j of the four products x[4j + e] *
-// code[4j + e] (w as load_codes gives it; c the block's lane corrections
-// under kOffsetCodes).
-template <int kBits>
-inline __m256i lane_dots(__m256i w, __m256i x, const int16_t* c) {
-  if constexpr (kOffsetCodes<kBits>) {
-    const __m256i start = _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(start, w, x);
-#else
-    return _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
-#endif
-  } else {  // int8: magnitudes times activations carrying the weights' signs
-    const __m256i magnitude = _mm256_sign_epi8(w, w), x_signed = _mm256_sign_epi8(x, w);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), magnitude, x_signed);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x_signed), _mm256_set1_epi16(1));
-#endif
-  }
+// The next group's rows into L2, at the pace this group's are read: a step
+// over kBlocks blocks of a 16-row group reads 16 * kBlocks blocks' bytes,
+// and the same number of the next group's bytes (contiguous: rows follow
+// each other) are fetched, in order, so the next group is in L2 when it
+// starts. Short rows (2048 int4 columns: 1 KB) would otherwise start each
+// group with sixteen fresh streams for the hardware to find.
+template <int kBits, int kBlocks>
+inline void prefetch_ahead(const uint8_t* ahead, int64_t b) {
+  constexpr int64_t kBlockBytes = kBits == 8 ? kIntBlock : kIntBlock / 2;
+  if (ahead == nullptr) return;
+  const char* p = reinterpret_cast<const char*>(ahead) + b * 16 * kBlockBytes;
+  for (int64_t k = 0; k < 16 * kBlocks * kBlockBytes; k += 64) _mm_prefetch(p + k, _MM_HINT_T1);
 }
 
-// v_j = even_j + odd_j, then the fixed tree of core/int_weights.h.
-inline float finish(__m256 even, __m256 odd) {
-  const __m256 v = _mm256_add_ps(even, odd);
-  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
-  return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
-}
-
-// The activation side of a tile: kTokens token rows' codes, block scales
-// and lane corrections, `blocks` blocks apart.
+// The activation side of a tile: kTokens token rows' codes, scales and
+// block sums, `blocks` blocks apart.
 struct TokenTile {
   const int8_t* codes;
   const float* scales;
-  const int16_t* corrections;
+  const int32_t* sums;
   int64_t blocks;
 };
 
-// out[t, n] for the tile's kTokens token rows and one weight row; products
-// holds each token row's per-block scale products, [kTokens][blocks]. A
-// weight block is loaded and unpacked once for all kTokens rows.
-template <int kBits, int kTokens, bool kPrefetch>
-void tile_row(const TokenTile& x, const uint8_t* w_row, const float* products, float* out, int64_t out_stride) {
-  const int64_t blocks = x.blocks;
-  __m256 even[kTokens], odd[kTokens];
-  for (int t = 0; t < kTokens; ++t) even[t] = odd[t] = _mm256_setzero_ps();
-  // acc += the block's lane dots times its scale product.
-  const auto add_block = [&](int64_t b, __m256(&acc)[kTokens]) {
-    const __m256i w = load_codes<kBits>(w_row, b);
-    for (int t = 0; t < kTokens; ++t) {
-      const int64_t xb = t * blocks + b;
-      const __m256i xc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes + xb * kIntBlock));
-      const __m256 dots = _mm256_cvtepi32_ps(lane_dots<kBits>(w, xc, x.corrections + xb * 8));
-      acc[t] = _mm256_fmadd_ps(dots, _mm256_set1_ps(products[xb]), acc[t]);
-    }
-  };
-  // Even blocks into one accumulator, odd ones into the other (the
-  // definition's order), unrolled so both stay in registers.
-  int64_t b = 0;
-  for (; b + 2 <= blocks; b += 2) {
-    if constexpr (kPrefetch) prefetch_codes<kBits>(w_row, b);
-    add_block(b, even);
-    add_block(b + 1, odd);
-  }
-  if (b < blocks) add_block(b, even);
-  for (int t = 0; t < kTokens; ++t) out[t * out_stride] = finish(even[t], odd[t]);
+// The exact P of block b for eight weight rows, lanes = rows: the eight
+// rows' 32-bit lane sums (d[i]: row i's eight lanes) added across by hadd
+// and a final exchange of 128-bit halves.
+inline __m256i rows8_sum(const __m256i (&d)[8]) {
+  const __m256i q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+  const __m256i q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[4], d[5]), _mm256_hadd_epi32(d[6], d[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20), _mm256_permute2x128_si256(q0, q1, 0x31));
 }
 
-// tile_row for a token count known only at run time (1 <= nt <= kTokenTile).
-template <int kBits, bool kPrefetch>
-void tile_row_any(int64_t nt, const TokenTile& x, const uint8_t* w_row, const float* products, float* out,
-                  int64_t out_stride) {
-  switch (nt) {
-    case 1: tile_row<kBits, 1, kPrefetch>(x, w_row, products, out, out_stride); break;
-    case 2: tile_row<kBits, 2, kPrefetch>(x, w_row, products, out, out_stride); break;
-    case 3: tile_row<kBits, 3, kPrefetch>(x, w_row, products, out, out_stride); break;
-    default: tile_row<kBits, 4, kPrefetch>(x, w_row, products, out, out_stride); break;
+// int8 without 32-bit byte multiply-adds multiplies the weights'
+// magnitudes by activations carrying their signs (maddubs takes unsigned
+// times signed bytes, and 127 * 127 * 2 fits its 16-bit pair sums); with
+// them (VNNI) it multiplies code + 128 (code ^ 0x80) by the activations and
+// subtracts 128 * the block's activation sum. int4 multiplies its stored
+// nibbles (code + 8) by the activations and subtracts 8 * the sum.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define BASALT_INT_DPBUSD256(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(__AVXVNNI__)
+#define BASALT_INT_DPBUSD256(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#endif
+
+template <int kBits>
+constexpr int kSumShift =
+#if defined(BASALT_INT_DPBUSD256)
+    kBits == 8 ? 7 : 3;
+#else
+    kBits == 8 ? -1 : 3;  // -1: int8 needs no correction (the sign form)
+#endif
+
+// A group's block scales [8 rows][blocks] to [blocks][8] (lanes = rows),
+// eight blocks at a time by the usual unpack, shuffle and half-exchange
+// transpose, the last partial eight one by one. A gather per block
+// instead costs more on Intel's cores (the 16-row form measured about 0.3
+// ns more per 32 weight bytes with one).
+void transpose_scales8(const float* rows, int64_t blocks, float* out) {
+  int64_t b0 = 0;
+  for (; b0 + 8 <= blocks; b0 += 8) {
+    __m256 r[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows + i * blocks + b0);
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; ++h) {
+      u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], 0x44);
+      u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], 0xee);
+      u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+      u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xee);
+    }
+    for (int j = 0; j < 4; ++j) {
+      _mm256_storeu_ps(out + (b0 + j) * 8, _mm256_permute2f128_ps(u[j], u[4 + j], 0x20));
+      _mm256_storeu_ps(out + (b0 + 4 + j) * 8, _mm256_permute2f128_ps(u[j], u[4 + j], 0x31));
+    }
   }
+  for (; b0 < blocks; ++b0)
+    for (int i = 0; i < 8; ++i) out[b0 * 8 + i] = rows[i * blocks + b0];
+}
+
+// int4's step on AVX2: blocks b and b + 1 of eight rows, each row read 32
+// bytes at a time (a read of rows in 16-byte steps streamed slower,
+// bench/README.md). The packed pair unpacks to the two blocks' low nibbles
+// (columns 0..15 of each) and high ones (16..31), against the activations
+// in the same order; four lanes a row and block, summed across by two
+// rounds of hadd, and the halves dealt out to block b (p0) and b + 1 (p1).
+template <int kTokens>
+inline void pair_block_sums8_int4(const uint8_t* w, int64_t stride, int64_t b, const TokenTile& x,
+                                  __m256i (&p0)[kTokens], __m256i (&p1)[kTokens]) {
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  __m256i d[kTokens][8];
+  for (int i = 0; i < 8; ++i) {
+    const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * stride + b * (kIntBlock / 2)));
+    const __m256i lo = _mm256_and_si256(z, low), hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), low);
+    for (int t = 0; t < kTokens; ++t) {
+      const int8_t* xb = x.codes + (t * x.blocks + b) * kIntBlock;
+      const __m256i xl = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(xb + kIntBlock),
+                                             reinterpret_cast<const __m128i*>(xb));
+      const __m256i xh = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(xb + kIntBlock + 16),
+                                             reinterpret_cast<const __m128i*>(xb + 16));
+#if defined(BASALT_INT_DPBUSD256)
+      d[t][i] = BASALT_INT_DPBUSD256(BASALT_INT_DPBUSD256(_mm256_setzero_si256(), lo, xl), hi, xh);
+#else
+      const __m256i ones = _mm256_set1_epi16(1);
+      d[t][i] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), ones),
+                                 _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), ones));
+#endif
+    }
+  }
+  for (int t = 0; t < kTokens; ++t) {
+    // Per 128-bit half (block b low, b + 1 high): rows 0..3, then 4..7.
+    const __m256i q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[t][0], d[t][1]), _mm256_hadd_epi32(d[t][2], d[t][3]));
+    const __m256i q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[t][4], d[t][5]), _mm256_hadd_epi32(d[t][6], d[t][7]));
+    p0[t] = _mm256_permute2x128_si256(q0, q1, 0x20);
+    p1[t] = _mm256_permute2x128_si256(q0, q1, 0x31);
+  }
+}
+
+// Blocks b0 .. b1 of eight weight rows for kTokens token rows: acc[t]
+// (lanes = rows) carried in and out through memory; wscales as
+// transpose_scales8 lays them out.
+template <int kBits, int kTokens, bool kPrefetch>
+void group8(const uint8_t* w, int64_t stride, const float* wscales, const TokenTile& x, int64_t b0, int64_t b1,
+            float* acc_io) {
+  const int64_t blocks = x.blocks;
+  __m256 acc[kTokens];
+  for (int t = 0; t < kTokens; ++t) acc[t] = _mm256_loadu_ps(acc_io + 8 * t);
+#if !defined(BASALT_INT_DPBUSD256)
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  int64_t b = b0;
+  if constexpr (kBits == 4) {
+    for (; b + 2 <= b1; b += 2) {
+      if constexpr (kPrefetch) prefetch_rows<kBits, 8>(w, stride, b);
+      __m256i p0[kTokens], p1[kTokens];
+      pair_block_sums8_int4<kTokens>(w, stride, b, x, p0, p1);
+      const __m256 ws0 = _mm256_loadu_ps(wscales + b * 8), ws1 = _mm256_loadu_ps(wscales + (b + 1) * 8);
+      for (int t = 0; t < kTokens; ++t) {
+        const int64_t xb = t * blocks + b;
+        const __m256i e0 = _mm256_sub_epi32(p0[t], _mm256_set1_epi32(x.sums[xb] << 3));
+        const __m256i e1 = _mm256_sub_epi32(p1[t], _mm256_set1_epi32(x.sums[xb + 1] << 3));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(e0), _mm256_mul_ps(_mm256_set1_ps(x.scales[xb]), ws0), acc[t]);
+        acc[t] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(e1), _mm256_mul_ps(_mm256_set1_ps(x.scales[xb + 1]), ws1), acc[t]);
+      }
+    }
+  }
+  for (; b < b1; ++b) {
+    if constexpr (kPrefetch) prefetch_rows<kBits, 8>(w, stride, b);
+    __m256i d[kTokens][8];
+    for (int i = 0; i < 8; ++i) {
+      __m256i wv;
+      if constexpr (kBits == 8) {
+        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * stride + b * kIntBlock));
+      } else {
+        const __m128i packed =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i * stride + b * (kIntBlock / 2)));
+        const __m128i low = _mm_set1_epi8(0x0f);
+        wv = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
+      }
+#if defined(BASALT_INT_DPBUSD256)
+      if constexpr (kBits == 8) wv = _mm256_xor_si256(wv, _mm256_set1_epi8(static_cast<char>(0x80)));
+      for (int t = 0; t < kTokens; ++t) {
+        const __m256i xc =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes + (t * blocks + b) * kIntBlock));
+        d[t][i] = BASALT_INT_DPBUSD256(_mm256_setzero_si256(), wv, xc);
+      }
+#else
+      if constexpr (kBits == 8) {
+        const __m256i magnitude = _mm256_sign_epi8(wv, wv);
+        for (int t = 0; t < kTokens; ++t) {
+          const __m256i xc =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes + (t * blocks + b) * kIntBlock));
+          d[t][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xc, wv)), ones);
+        }
+      } else {
+        for (int t = 0; t < kTokens; ++t) {
+          const __m256i xc =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes + (t * blocks + b) * kIntBlock));
+          d[t][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xc), ones);
+        }
+      }
+#endif
+    }
+    const __m256 ws = _mm256_loadu_ps(wscales + b * 8);
+    for (int t = 0; t < kTokens; ++t) {
+      const int64_t xb = t * blocks + b;
+      __m256i p = rows8_sum(d[t]);
+      if constexpr (kSumShift<kBits> >= 0) p = _mm256_sub_epi32(p, _mm256_set1_epi32(x.sums[xb] << kSumShift<kBits>));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(_mm256_set1_ps(x.scales[xb]), ws), acc[t]);
+    }
+  }
+  for (int t = 0; t < kTokens; ++t) _mm256_storeu_ps(acc_io + 8 * t, acc[t]);
 }
 
 #if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 #define BASALT_INT_LINEAR_512 1
 
-// The 512-bit form of tile_row for int8: a register holds an even block in
-// lanes 0..7 and the odd block after it in lanes 8..15, so one accumulator
-// per token row is the definition's acc[16] itself (acc[8 (b mod 2) + j])
-// and each pair of blocks costs one multiply-add of bytes, one conversion
-// and one FMA instead of two of each. Where 512-bit operations run at full
-// width (Intel's AVX-512 cores) that halves the arithmetic per weight byte;
-// AMD's Zen 4 runs them as two 256-bit halves, and there an earlier 512-bit
-// form measured slower than the 256-bit one (bench/README.md), so only
-// Intel's cores (intel_cores()) take the 512-bit kernels, and they always
-// prefetch.
-template <int kTokens>
-void tile_row_512_int8(const TokenTile& x, const uint8_t* w_row, const float* products, float* out,
-                       int64_t out_stride) {
+// Two vectors of sixteen 32-bit lanes, each holding consecutive runs of
+// lanes that belong to one row, to one vector with runs half as long:
+// adjacent lanes of the 32 summed, in order.
+inline __m512i pair_sum(__m512i a, __m512i b) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b), _mm512_permutex2var_epi32(a, odd, b));
+}
+
+// A group's block scales [16 rows][blocks] to [blocks][16] (lanes = rows),
+// sixteen blocks at a time: four rounds of swapping the off-diagonal
+// quarters of each square, halving the square each round. A gather per
+// block instead measured about 0.3 ns more per 32 weight bytes.
+// Round `level` (square side 16 >> level, half d): lane j of a row whose
+// bit d is clear takes its partner row's lane j - d where j has bit d set;
+// the partner takes the first row's lane j + d where j has it clear.
+template <int kLevel>
+inline void swap_quarters(__m512 (&r)[16]) {
+  constexpr int d = 8 >> kLevel;
+  alignas(64) static constexpr int32_t kTakeA[16] = {
+      (0 & d) ? 16 + 0 - d : 0,     (1 & d) ? 16 + 1 - d : 1,     (2 & d) ? 16 + 2 - d : 2,
+      (3 & d) ? 16 + 3 - d : 3,     (4 & d) ? 16 + 4 - d : 4,     (5 & d) ? 16 + 5 - d : 5,
+      (6 & d) ? 16 + 6 - d : 6,     (7 & d) ? 16 + 7 - d : 7,     (8 & d) ? 16 + 8 - d : 8,
+      (9 & d) ? 16 + 9 - d : 9,     (10 & d) ? 16 + 10 - d : 10, (11 & d) ? 16 + 11 - d : 11,
+      (12 & d) ? 16 + 12 - d : 12, (13 & d) ? 16 + 13 - d : 13, (14 & d) ? 16 + 14 - d : 14,
+      (15 & d) ? 16 + 15 - d : 15};
+  alignas(64) static constexpr int32_t kTakeB[16] = {
+      (0 & d) ? 16 + 0 : 0 + d,    (1 & d) ? 16 + 1 : 1 + d,    (2 & d) ? 16 + 2 : 2 + d,
+      (3 & d) ? 16 + 3 : 3 + d,    (4 & d) ? 16 + 4 : 4 + d,    (5 & d) ? 16 + 5 : 5 + d,
+      (6 & d) ? 16 + 6 : 6 + d,    (7 & d) ? 16 + 7 : 7 + d,    (8 & d) ? 16 + 8 : 8 + d,
+      (9 & d) ? 16 + 9 : 9 + d,    (10 & d) ? 16 + 10 : 10 + d, (11 & d) ? 16 + 11 : 11 + d,
+      (12 & d) ? 16 + 12 : 12 + d, (13 & d) ? 16 + 13 : 13 + d, (14 & d) ? 16 + 14 : 14 + d,
+      (15 & d) ? 16 + 15 : 15 + d};
+  const __m512i take_a = _mm512_load_si512(kTakeA), take_b = _mm512_load_si512(kTakeB);
+  for (int i = 0; i < 16; ++i) {
+    if ((i & d) != 0) continue;
+    const __m512 first = r[i], second = r[i + d];
+    r[i] = _mm512_permutex2var_ps(first, take_a, second);
+    r[i + d] = _mm512_permutex2var_ps(first, take_b, second);
+  }
+}
+
+void transpose_scales16(const float* rows, int64_t blocks, float* out) {
+  for (int64_t b0 = 0; b0 < blocks; b0 += 16) {
+    const int64_t n = std::min<int64_t>(16, blocks - b0);
+    const auto valid = static_cast<__mmask16>((1u << n) - 1);
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_maskz_loadu_ps(valid, rows + i * blocks + b0);
+    swap_quarters<0>(r);
+    swap_quarters<1>(r);
+    swap_quarters<2>(r);
+    swap_quarters<3>(r);
+    for (int64_t j = 0; j < n; ++j) _mm512_storeu_ps(out + (b0 + j) * 16, r[j]);
+  }
+}
+
+// The 512-bit form for Intel's cores (where 512-bit operations run at full
+// width; AMD's Zen 4 runs them as two halves, and there an earlier 512-bit
+// form measured slower than the 256-bit one, bench/README.md): sixteen rows
+// a group, always prefetched, two blocks a step, so that every row is read
+// 64 bytes (int8) or 32 bytes (int4) at a time: a 16-row read in 16-byte
+// steps streamed at about 15 GB/s on two threads where 32-byte steps read
+// 18-22 (bench/README.md). int8 holds one row's two blocks a register,
+// offset by 128 for the unsigned side of dpbusd, against the two blocks'
+// activations (eight lanes a row and block); int4 holds two rows' packed
+// pairs of blocks a register, unpacked to low nibbles (columns 0..15 of
+// both blocks) and high ones (16..31), each multiplied by that half of
+// both blocks' activations (four lanes a row and block). The lanes are
+// then summed across to one per row and block, and the two blocks are
+// dealt out to a register each.
+
+// acc += float(P) * (a_scale * w_scale) for one block of one token row.
+inline __m512 add_block16(__m512 acc, __m512i p, int32_t offset_sum, float x_scale, __m512 ws) {
+  const __m512i exact = _mm512_sub_epi32(p, _mm512_set1_epi32(offset_sum));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(_mm512_set1_ps(x_scale), ws), acc);
+}
+
+// The rows' sums of blocks b and b + 1 (p0, p1; lanes = rows) for the
+// activations of one token row at xb (block b's codes, block b + 1's after).
+template <int kBits>
+inline void pair_block_sums16(const uint8_t* w, int64_t stride, int64_t b, const int8_t* xb, __m512i& p0,
+                              __m512i& p1) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  __m512i f0, f1;  // rows 0..7 and 8..15, blocks b and b + 1 alternating
+  if constexpr (kBits == 8) {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i xc = _mm512_loadu_si512(xb);
+    __m512i d[16];
+    for (int i = 0; i < 16; ++i)
+      d[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                 _mm512_xor_si512(_mm512_loadu_si512(w + i * stride + b * kIntBlock), flip), xc);
+    __m512i e[4];
+    for (int k = 0; k < 4; ++k)
+      e[k] = pair_sum(pair_sum(d[4 * k], d[4 * k + 1]), pair_sum(d[4 * k + 2], d[4 * k + 3]));
+    f0 = pair_sum(e[0], e[1]);
+    f1 = pair_sum(e[2], e[3]);
+  } else {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    const __m256i xlo = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + kIntBlock)),
+                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
+    const __m256i xhi = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + kIntBlock + 16)),
+                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
+    const __m512i xl = _mm512_broadcast_i64x4(xlo), xh = _mm512_broadcast_i64x4(xhi);
+    __m512i d[8];
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* r = w + 2 * j * stride + b * (kIntBlock / 2);
+      const __m512i z = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + stride)), 1);
+      const __m512i lo = _mm512_and_si512(z, low), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low);
+      d[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
+    }
+    f0 = pair_sum(pair_sum(d[0], d[1]), pair_sum(d[2], d[3]));
+    f1 = pair_sum(pair_sum(d[4], d[5]), pair_sum(d[6], d[7]));
+  }
+  p0 = _mm512_permutex2var_epi32(f0, even, f1);
+  p1 = _mm512_permutex2var_epi32(f0, odd, f1);
+}
+
+// int4's main step: the rows' sums of blocks b .. b + 3 (p[0..3]; lanes =
+// rows). A register holds one row's four packed blocks (64 bytes, one line)
+// and unpacks to their low and high nibbles, against the four blocks'
+// activation halves side by side; four lanes a row and block are summed
+// across, and a last exchange deals the blocks out to a register each.
+inline void quad_block_sums16_int4(const uint8_t* w, int64_t stride, int64_t b, const int8_t* xb, __m512i (&p)[4]) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  __m512i xl = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
+  __m512i xh = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
+  xl = _mm512_inserti32x4(xl, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + kIntBlock)), 1);
+  xh = _mm512_inserti32x4(xh, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + kIntBlock + 16)), 1);
+  xl = _mm512_inserti32x4(xl, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 2 * kIntBlock)), 2);
+  xh = _mm512_inserti32x4(xh, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 2 * kIntBlock + 16)), 2);
+  xl = _mm512_inserti32x4(xl, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 3 * kIntBlock)), 3);
+  xh = _mm512_inserti32x4(xh, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 3 * kIntBlock + 16)), 3);
+  __m512i g[4];  // rows 4k .. 4k + 3: lane 4 r + block
+  for (int k = 0; k < 4; ++k) {
+    __m512i d[4];
+    for (int r = 0; r < 4; ++r) {
+      const __m512i z = _mm512_loadu_si512(w + (4 * k + r) * stride + b * (kIntBlock / 2));
+      const __m512i lo = _mm512_and_si512(z, low), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low);
+      d[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
+    }
+    g[k] = pair_sum(pair_sum(d[0], d[1]), pair_sum(d[2], d[3]));
+  }
+  // Blocks 0, 1 (and 2, 3) of rows 0..7 from g[0], g[1]; of rows 8..15 from g[2], g[3].
+  const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+  const __m512i second = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+  const __m512i a01 = _mm512_permutex2var_epi32(g[0], first, g[1]), a23 = _mm512_permutex2var_epi32(g[0], second, g[1]);
+  const __m512i b01 = _mm512_permutex2var_epi32(g[2], first, g[3]), b23 = _mm512_permutex2var_epi32(g[2], second, g[3]);
+  const __m512i lower = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+  const __m512i upper = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  p[0] = _mm512_permutex2var_epi32(a01, lower, b01);
+  p[1] = _mm512_permutex2var_epi32(a01, upper, b01);
+  p[2] = _mm512_permutex2var_epi32(a23, lower, b23);
+  p[3] = _mm512_permutex2var_epi32(a23, upper, b23);
+}
+
+// The rows' sums of block b alone (a last, odd block).
+template <int kBits>
+inline __m512i block_sums16(const uint8_t* w, int64_t stride, int64_t b, const int8_t* xb) {
+  __m512i d[8];
+  if constexpr (kBits == 8) {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i xc = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb)));
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* r = w + 2 * j * stride + b * kIntBlock;
+      const __m512i two = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + stride)), 1);
+      d[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(two, flip), xc);
+    }
+    return pair_sum(pair_sum(pair_sum(d[0], d[1]), pair_sum(d[2], d[3])),
+                    pair_sum(pair_sum(d[4], d[5]), pair_sum(d[6], d[7])));
+  } else {  // four rows a register: 16 bytes each
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
+    const __m512i xh = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
+    for (int q = 0; q < 4; ++q) {
+      const uint8_t* r = w + 4 * q * stride + b * (kIntBlock / 2);
+      __m512i z = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r)));
+      z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + stride)), 1);
+      z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * stride)), 2);
+      z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 3 * stride)), 3);
+      const __m512i lo = _mm512_and_si512(z, low), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low);
+      d[q] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
+    }
+    return pair_sum(pair_sum(d[0], d[1]), pair_sum(d[2], d[3]));
+  }
+}
+
+// wscales: the group's block scales as transpose_scales16 lays them out;
+// ahead: the next group's first row (prefetch_ahead). Kept out of line, so
+// its register allocation is its own and not that of the caller's loops.
+template <int kBits, int kTokens>
+__attribute__((noinline)) void group16(const uint8_t* w, int64_t stride, const float* wscales, const TokenTile& x,
+                                       int64_t b0, int64_t b1, float* acc_io, const uint8_t* ahead) {
+  constexpr int kShift = kBits == 8 ? 7 : 3;  // the weight codes' offset, 128 or 8
   const int64_t blocks = x.blocks;
   __m512 acc[kTokens];
-  for (int t = 0; t < kTokens; ++t) acc[t] = _mm512_setzero_ps();
-  // Magnitudes times activations carrying the weights' signs: the exact p_j.
-  const auto lane_dots = [](__m512i w, __m512i xc) {
-    const __m512i magnitude = _mm512_abs_epi8(w);
-    const __m512i x_signed = _mm512_mask_sub_epi8(xc, _mm512_movepi8_mask(w), _mm512_setzero_si512(), xc);
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, x_signed);
-  };
-  // Lanes 0..7 take the first of two scale products, lanes 8..15 the second.
-  const __m512i pair_index = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  int64_t b = 0;
-  for (; b + 2 <= blocks; b += 2) {
-    prefetch_codes<8>(w_row, b);
-    const __m512i w = _mm512_loadu_si512(w_row + b * kIntBlock);
+  for (int t = 0; t < kTokens; ++t) acc[t] = _mm512_loadu_ps(acc_io + 16 * t);
+  int64_t b = b0;
+  if constexpr (kBits == 4) {
+    for (; b + 4 <= b1; b += 4) {
+      prefetch_rows<kBits, 16>(w, stride, b);
+      prefetch_ahead<kBits, 4>(ahead, b);
+      for (int t = 0; t < kTokens; ++t) {
+        const int64_t xb = t * blocks + b;
+        __m512i p[4];
+        quad_block_sums16_int4(w, stride, b, x.codes + xb * kIntBlock, p);
+        for (int k = 0; k < 4; ++k)
+          acc[t] = add_block16(acc[t], p[k], x.sums[xb + k] << kShift, x.scales[xb + k],
+                               _mm512_loadu_ps(wscales + (b + k) * 16));
+      }
+    }
+  }
+  for (; b + 2 <= b1; b += 2) {
+    prefetch_rows<kBits, 16>(w, stride, b);
+    prefetch_ahead<kBits, 2>(ahead, b);
+    const __m512 ws0 = _mm512_loadu_ps(wscales + b * 16), ws1 = _mm512_loadu_ps(wscales + (b + 1) * 16);
     for (int t = 0; t < kTokens; ++t) {
       const int64_t xb = t * blocks + b;
-      const __m512 dots = _mm512_cvtepi32_ps(lane_dots(w, _mm512_loadu_si512(x.codes + xb * kIntBlock)));
-      uint64_t two_bits;  // the two products (4-byte aligned only)
-      std::memcpy(&two_bits, products + xb, sizeof two_bits);
-      const __m128 two = _mm_castsi128_ps(_mm_cvtsi64_si128(static_cast<int64_t>(two_bits)));
-      acc[t] = _mm512_fmadd_ps(dots, _mm512_permutexvar_ps(pair_index, _mm512_castps128_ps512(two)), acc[t]);
+      __m512i p0, p1;
+      pair_block_sums16<kBits>(w, stride, b, x.codes + xb * kIntBlock, p0, p1);
+      acc[t] = add_block16(acc[t], p0, x.sums[xb] << kShift, x.scales[xb], ws0);
+      acc[t] = add_block16(acc[t], p1, x.sums[xb + 1] << kShift, x.scales[xb + 1], ws1);
     }
   }
-  if (b < blocks) {  // a last, even block: lanes 0..7 only
-    const __m512i w = _mm512_zextsi256_si512(load_codes<8>(w_row, b));
+  for (; b < b1; ++b) {
+    prefetch_rows<kBits, 16>(w, stride, b);
+    const __m512 ws = _mm512_loadu_ps(wscales + b * 16);
     for (int t = 0; t < kTokens; ++t) {
       const int64_t xb = t * blocks + b;
-      const __m512i xc =
-          _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes + xb * kIntBlock)));
-      acc[t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(lane_dots(w, xc)), _mm512_set1_ps(products[xb]), acc[t],
-                                     0x00ff);
+      acc[t] = add_block16(acc[t], block_sums16<kBits>(w, stride, b, x.codes + xb * kIntBlock),
+                           x.sums[xb] << kShift, x.scales[xb], ws);
     }
   }
-  for (int t = 0; t < kTokens; ++t)
-    out[t * out_stride] = finish(_mm512_castps512_ps256(acc[t]), _mm512_extractf32x8_ps(acc[t], 1));
+  for (int t = 0; t < kTokens; ++t) _mm512_storeu_ps(acc_io + 16 * t, acc[t]);
 }
 
-// int4 on the 512-bit path reads its activations in a pair layout, so that
-// a pair of packed weight blocks unpacks with one broadcast load, one shift
-// and one mask (against an insert and a shuffle more in the block order).
-// The 32 packed bytes of blocks b and b + 1 are [P_b, P_b+1] (16 bytes each:
-// a block's low nibbles are its columns 0..15, its high nibbles 16..31);
-// broadcast to both 256-bit halves and shifted right by 4 in the upper one,
-// they unpack to [b 0..15, b+1 0..15, b 16..31, b+1 16..31]. Pair i of a
-// token row holds its activation codes in that order (64 bytes; block 2i+1
-// zero where it does not exist) and the 32-bit lane corrections (-8 * the
-// lane's four codes summed) in the lane order that gives: lanes 0..3 are
-// block 2i's lanes j = 0..3, lanes 4..7 block 2i+1's 0..3, lanes 8..11
-// block 2i's 4..7, lanes 12..15 block 2i+1's 4..7. The accumulator keeps
-// that order and is put back into the definition's acc[16] once per row.
-struct PairRows {
-  std::vector<int8_t> codes;          // [tokens, pairs * 64]
-  std::vector<int32_t> corrections;   // [tokens, pairs * 16]
+#endif  // 512-bit
+
+#if defined(BASALT_INT_LINEAR_AMX)
+
+// Intel's AMX: a tile multiply of signed bytes gives whole-block sums
+// directly. The weights are the A tile (16 rows x one block of 32 codes,
+// read in place with the row stride; int4 unpacked to signed bytes once per
+// row group), the activations the B tile (one block of 16 token rows in
+// AMX's pairs-of-four layout, built once per call), so C[i][j] is the exact
+// P of weight row i and token j, and the epilogue gives row i's sixteen
+// token lanes the definition's multiply-add.
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
 };
 
-PairRows& pair_rows() {
-  thread_local PairRows rows;
-  return rows;
+constexpr int64_t kAmxTokens = 16;  // token rows a B tile holds
+constexpr int64_t kAmxTileBytes = 512;
+
+// CPUID says AMX-TILE and AMX-INT8, XCR0 has the tile state enabled, and
+// Linux grants this process the tile data (arch_prctl, once).
+bool amx_usable() {
+  static const bool usable = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    if ((d & (1u << 24)) == 0 || (d & (1u << 25)) == 0) return false;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0 || (c & (1u << 27)) == 0) return false;  // OSXSAVE
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return usable;
 }
 
-inline int64_t block_pairs(int64_t blocks) { return (blocks + 1) / 2; }
-
-// The pair layout of token rows t0 .. t1 from their codes in block order.
-void fill_pair_rows(const QuantizedRows& q, int64_t t0, int64_t t1, int64_t blocks, PairRows& p) {
-  const int64_t pairs = block_pairs(blocks);
-  const __m512i ones = _mm512_set1_epi8(1);
-  for (int64_t t = t0; t < t1; ++t) {
-    const int8_t* codes = q.codes.data() + t * blocks * kIntBlock;
-    for (int64_t i = 0; i < pairs; ++i) {
-      const int64_t b = 2 * i;
-      const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * kIntBlock));
-      const __m256i second = b + 1 < blocks
-                                 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (b + 1) * kIntBlock))
-                                 : _mm256_setzero_si256();
-      // [b 0..15, b 16..31, b+1 0..15, b+1 16..31] -> [b 0..15, b+1 0..15, b 16..31, b+1 16..31]
-      const __m512i halves = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
-      const __m512i x = _mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0));
-      const int64_t at = t * pairs + i;
-      _mm512_storeu_si512(p.codes.data() + at * 64, x);
-      // Each lane's four codes summed (times the unsigned 1s), times -8.
-      const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, x);
-      _mm512_storeu_si512(p.corrections.data() + at * 16,
-                          _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 3)));
-    }
-  }
-}
-
-// The activation side of an int4 tile in the pair layout.
-struct PairTile {
-  const int8_t* codes;
-  const int32_t* corrections;
-  int64_t blocks;
+// The activations in tiles: for token group g (16 rows, missing rows zero)
+// and block b, tiles[(g * blocks + b) * 512]: row r (of 8) holds, for each
+// token j, its codes 4r .. 4r + 3; scales[(g * blocks + b) * 16 + j].
+struct AmxTokens {
+  std::vector<int8_t> tiles;
+  std::vector<float> scales;
 };
 
-template <int kTokens>
-void tile_row_512_int4(const PairTile& x, const uint8_t* w_row, const float* products, float* out,
-                       int64_t out_stride) {
-  const int64_t blocks = x.blocks, pairs = block_pairs(blocks);
-  __m512 acc[kTokens];
-  for (int t = 0; t < kTokens; ++t) acc[t] = _mm512_setzero_ps();
-  const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);  // the upper half takes the high nibbles
-  const __m512i low = _mm512_set1_epi8(0x0f);
-  // Lanes 0..3 and 8..11 take block b's scale product, 4..7 and 12..15 b+1's.
-  const __m512i pair_index = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
-  const auto dots = [&](__m512i w, int t, int64_t i) {
-    const int64_t at = t * pairs + i;
-    const __m512i start = _mm512_loadu_si512(x.corrections + at * 16);
-    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, w, _mm512_loadu_si512(x.codes + at * 64)));
-  };
-  int64_t b = 0;
-  for (; b + 2 <= blocks; b += 2) {
-    prefetch_codes<4>(w_row, b);
-    const __m512i packed =
-        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w_row + b * (kIntBlock / 2))));
-    const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(packed, shift), low);
-    for (int t = 0; t < kTokens; ++t) {
-      uint64_t two_bits;  // the two products (4-byte aligned only)
-      std::memcpy(&two_bits, products + t * blocks + b, sizeof two_bits);
-      const __m128 two = _mm_castsi128_ps(_mm_cvtsi64_si128(static_cast<int64_t>(two_bits)));
-      acc[t] = _mm512_fmadd_ps(dots(w, t, b / 2), _mm512_permutexvar_ps(pair_index, _mm512_castps128_ps512(two)),
-                               acc[t]);
-    }
-  }
-  if (b < blocks) {  // a last, even block: its lanes are 0..3 and 8..11
-    const __m512i packed =
-        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w_row + b * (kIntBlock / 2))));
-    const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(packed, shift), low);
-    for (int t = 0; t < kTokens; ++t)
-      acc[t] = _mm512_mask3_fmadd_ps(dots(w, t, b / 2), _mm512_set1_ps(products[t * blocks + b]), acc[t], 0x0f0f);
-  }
-  // Back to the definition's order: lanes 4..7 and 8..11 trade places.
-  const __m512i order = _mm512_set_epi32(15, 14, 13, 12, 7, 6, 5, 4, 11, 10, 9, 8, 3, 2, 1, 0);
-  for (int t = 0; t < kTokens; ++t) {
-    const __m512 a = _mm512_permutexvar_ps(order, acc[t]);
-    out[t * out_stride] = finish(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-  }
+AmxTokens& amx_tokens() {
+  thread_local AmxTokens t;
+  return t;
 }
 
-#endif
-
-// Weight rows n0 .. n1 for every token, in tiles of up to kTokenTile token
-// rows.
-template <int kBits>
-void rows_int(const IntWeightLayout& l, const QuantizedRows& q, const PairRows* pair_layout, int64_t tokens,
-              const uint8_t* codes, const uint16_t* scales, int64_t n0, int64_t n1, int64_t outs, float* out) {
-  const int64_t blocks = l.blocks(), code_cols = l.code_columns(), scale_cols = l.scale_columns();
-  thread_local std::vector<float> row_scales, products;
-  row_scales.resize(static_cast<size_t>(blocks));
-  products.resize(static_cast<size_t>(kTokenTile * blocks));
-  const bool intel = intel_cores();
-  for (int64_t t0 = 0; t0 < tokens; t0 += kTokenTile) {
-    const int64_t nt = std::min(kTokenTile, tokens - t0);
-    const TokenTile x{q.codes.data() + t0 * blocks * kIntBlock, q.scales.data() + t0 * blocks,
-                      q.corrections.data() + (kOffsetCodes<kBits> ? t0 * blocks * 8 : 0), blocks};
-    for (int64_t n = n0; n < n1; ++n) {
-      block_scales_f32(l, scales + n * scale_cols, row_scales.data());
-      for (int64_t t = 0; t < nt; ++t)
-        scale_products(x.scales + t * blocks, row_scales.data(), blocks, products.data() + t * blocks);
-      const uint8_t* w_row = codes + n * code_cols;
-      float* o = out + t0 * outs + n;
-#if defined(BASALT_INT_LINEAR_512)
-      // int8 takes the 512-bit kernel on Intel's cores, int4 wherever the
-      // caller built its pair layout (the same condition).
-      if (kBits == 8 ? intel : pair_layout != nullptr) {
-        const float* pr = products.data();
-        if constexpr (kBits == 8) {
-          switch (nt) {
-            case 1: tile_row_512_int8<1>(x, w_row, pr, o, outs); break;
-            case 2: tile_row_512_int8<2>(x, w_row, pr, o, outs); break;
-            case 3: tile_row_512_int8<3>(x, w_row, pr, o, outs); break;
-            default: tile_row_512_int8<4>(x, w_row, pr, o, outs); break;
-          }
-        } else {
-          const PairRows& p = *pair_layout;
-          const int64_t pairs = block_pairs(blocks);
-          const PairTile px{p.codes.data() + t0 * pairs * 64, p.corrections.data() + t0 * pairs * 16, blocks};
-          switch (nt) {
-            case 1: tile_row_512_int4<1>(px, w_row, pr, o, outs); break;
-            case 2: tile_row_512_int4<2>(px, w_row, pr, o, outs); break;
-            case 3: tile_row_512_int4<3>(px, w_row, pr, o, outs); break;
-            default: tile_row_512_int4<4>(px, w_row, pr, o, outs); break;
-          }
-        }
+void fill_amx_group(const QuantizedRows& q, int64_t tokens, int64_t blocks, int64_t g, AmxTokens& a) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    int8_t* tile = a.tiles.data() + (g * blocks + b) * kAmxTileBytes;
+    float* scales = a.scales.data() + (g * blocks + b) * kAmxTokens;
+    for (int64_t j = 0; j < kAmxTokens; ++j) {
+      const int64_t t = g * kAmxTokens + j;
+      if (t >= tokens) {
+        for (int r = 0; r < 8; ++r) std::memset(tile + r * 64 + j * 4, 0, 4);
+        scales[j] = 0;
         continue;
       }
+      const int8_t* codes = q.codes.data() + (t * blocks + b) * kIntBlock;
+      for (int r = 0; r < 8; ++r) std::memcpy(tile + r * 64 + j * 4, codes + 4 * r, 4);
+      scales[j] = q.scales[t * blocks + b];
+    }
+  }
+}
+
+// Every token group for one group of 16 weight rows: a [16 rows] x [blocks
+// * 32] signed codes, `a_stride` bytes a row; wscales [16][blocks]; out
+// gets rows `valid` of the group at columns n .. n + valid (plus bias).
+void amx_rows16(const int8_t* a, int64_t a_stride, const float* wscales, const AmxTokens& x, int64_t tokens,
+                int64_t blocks, int64_t valid, int64_t n, int64_t outs, const float* bias, float* out) {
+  alignas(64) int32_t c[16 * 16];
+  alignas(64) float res[16 * 16];
+  const int64_t groups = (tokens + kAmxTokens - 1) / kAmxTokens;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 acc[16];
+    for (__m512& v : acc) v = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      _tile_zero(0);
+      _tile_loadd(1, a + b * kIntBlock, a_stride);
+      _tile_loadd(2, x.tiles.data() + (g * blocks + b) * kAmxTileBytes, 64);
+      _tile_dpbssd(0, 1, 2);
+      _tile_stored(0, c, 64);
+      const __m512 token_scales = _mm512_loadu_ps(x.scales.data() + (g * blocks + b) * kAmxTokens);
+      for (int i = 0; i < 16; ++i)
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * i)),
+                                 _mm512_mul_ps(token_scales, _mm512_set1_ps(wscales[i * blocks + b])), acc[i]);
+    }
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(res + 16 * i, acc[i]);
+    const int64_t nt = std::min(kAmxTokens, tokens - g * kAmxTokens);
+    for (int64_t j = 0; j < nt; ++j) {
+      float* o = out + (g * kAmxTokens + j) * outs + n;
+      for (int64_t i = 0; i < valid; ++i) o[i] = res[16 * i + j] + (bias != nullptr ? bias[n + i] : 0.0f);
+    }
+  }
+}
+
+#endif  // AMX
+
+#endif  // AVX2
+
+}  // namespace
+
+void linear_int_allow_amx(bool allow) { amx_allowed.store(allow); }
+
+bool linear_int_amx_available() {
+#if defined(BASALT_INT_LINEAR_AMX)
+  return amx_usable();
+#else
+  return false;
 #endif
-      if (intel) {
-        tile_row_any<kBits, true>(nt, x, w_row, products.data(), o, outs);
-      } else {
-        tile_row_any<kBits, false>(nt, x, w_row, products.data(), o, outs);
+}
+
+namespace {
+
+#if defined(__AVX2__)
+
+// The scratch of one thread's rows: a partial group's rows padded with
+// zeros, the group's block scales, and the accumulators of every token.
+struct GroupScratch {
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> scales;
+  std::vector<float> block_scales;  // [rows][blocks]
+  std::vector<float> lane_scales;   // [blocks][rows], lanes = rows
+  std::vector<float> acc;
+  std::vector<int8_t> unpacked;  // AMX: int4 codes as signed bytes
+};
+
+GroupScratch& group_scratch() {
+  thread_local GroupScratch s;
+  return s;
+}
+
+// Blocks per pass over a group for many token rows: a pass's slice of the
+// group's codes (about 16 KB) stays in L1 while every token tile reads it.
+int64_t blocks_per_pass(int bits, int rows, int64_t tokens, int64_t blocks) {
+  if (tokens <= kTokenTile) return blocks;
+  const int64_t block_bytes = bits == 8 ? kIntBlock : kIntBlock / 2;
+  return std::max<int64_t>(1, std::min(blocks, 16384 / (rows * block_bytes)));
+}
+
+template <int kBits, int kRows, int kTokens>
+void run_group(bool prefetch, const uint8_t* w, int64_t stride, const float* ws, const TokenTile& x, int64_t b0,
+               int64_t b1, float* acc) {
+#if defined(BASALT_INT_LINEAR_512)
+  if constexpr (kRows == 16) {
+    group16<kBits, kTokens>(w, stride, ws, x, b0, b1, acc, w + 16 * stride);
+    return;
+  }
+#endif
+  if (prefetch) {
+    group8<kBits, kTokens, true>(w, stride, ws, x, b0, b1, acc);
+  } else {
+    group8<kBits, kTokens, false>(w, stride, ws, x, b0, b1, acc);
+  }
+}
+
+template <int kBits, int kRows>
+void run_group_any(int64_t nt, bool prefetch, const uint8_t* w, int64_t stride, const float* ws, const TokenTile& x,
+                   int64_t b0, int64_t b1, float* acc) {
+  switch (nt) {
+    case 1: run_group<kBits, kRows, 1>(prefetch, w, stride, ws, x, b0, b1, acc); break;
+    case 2: run_group<kBits, kRows, 2>(prefetch, w, stride, ws, x, b0, b1, acc); break;
+    case 3: run_group<kBits, kRows, 3>(prefetch, w, stride, ws, x, b0, b1, acc); break;
+    default: run_group<kBits, kRows, 4>(prefetch, w, stride, ws, x, b0, b1, acc); break;
+  }
+}
+
+// Weight rows n0 .. n1 for every token, a group of kRows rows at a time.
+template <int kBits, int kRows>
+void rows_vector(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, const uint8_t* codes,
+                 const uint16_t* scales, int64_t n0, int64_t n1, int64_t outs, const float* bias, float* out) {
+  const int64_t blocks = l.blocks(), code_cols = l.code_columns(), scale_cols = l.scale_columns();
+  GroupScratch& s = group_scratch();
+  s.block_scales.resize(static_cast<size_t>(kRows * blocks));
+  s.lane_scales.resize(static_cast<size_t>(kRows * blocks));
+  s.acc.resize(static_cast<size_t>(tokens * kRows));
+  const bool prefetch = intel_cores();
+  const int64_t pass = blocks_per_pass(kBits, kRows, tokens, blocks);
+  for (int64_t n = n0; n < n1; n += kRows) {
+    const int64_t valid = std::min<int64_t>(kRows, n1 - n);
+    const uint8_t* w = codes + n * code_cols;
+    const uint16_t* sc = scales + n * scale_cols;
+    // The next group's scales (contiguous, a tenth of its codes' bytes for
+    // int4), so the table below does not wait on them: read as 16 short
+    // runs at a group's start, they were not streamed ahead by the hardware.
+    if (prefetch && n + 2 * kRows <= n1) {
+      const char* next = reinterpret_cast<const char*>(sc + kRows * scale_cols);
+      for (int64_t k = 0; k < kRows * scale_cols * 2; k += 64) _mm_prefetch(next + k, _MM_HINT_T0);
+    }
+    if (valid < kRows) {  // a last, partial group: zero rows after the real ones
+      s.codes.assign(static_cast<size_t>(kRows * code_cols), 0);
+      s.scales.assign(static_cast<size_t>(kRows * scale_cols), 0);
+      std::memcpy(s.codes.data(), w, static_cast<size_t>(valid * code_cols));
+      std::memcpy(s.scales.data(), sc, static_cast<size_t>(valid * scale_cols) * sizeof(uint16_t));
+      w = s.codes.data();
+      sc = s.scales.data();
+    }
+    block_scales_f32(l, sc, scale_cols, kRows, s.block_scales.data());
+    const float* ws = s.block_scales.data();
+#if defined(BASALT_INT_LINEAR_512)
+    if constexpr (kRows == 16) transpose_scales16(ws, blocks, s.lane_scales.data());
+#endif
+    if constexpr (kRows == 8) transpose_scales8(ws, blocks, s.lane_scales.data());
+    ws = s.lane_scales.data();
+    std::fill(s.acc.begin(), s.acc.end(), 0.0f);
+    for (int64_t b0 = 0; b0 < blocks; b0 += pass) {
+      const int64_t b1 = std::min(blocks, b0 + pass);
+      for (int64_t t0 = 0; t0 < tokens; t0 += kTokenTile) {
+        const TokenTile x{q.codes.data() + t0 * blocks * kIntBlock, q.scales.data() + t0 * blocks,
+                          q.sums.data() + t0 * blocks, blocks};
+        run_group_any<kBits, kRows>(std::min(kTokenTile, tokens - t0), prefetch, w, code_cols, ws, x, b0, b1,
+                                    s.acc.data() + t0 * kRows);
       }
     }
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t i = 0; i < valid; ++i)
+        out[t * outs + n + i] = s.acc[t * kRows + i] + (bias != nullptr ? bias[n + i] : 0.0f);
   }
 }
 
-// The lane corrections of every block of `tokens` quantized rows (where
-// the kernel uses them).
+#if defined(BASALT_INT_LINEAR_AMX)
 template <int kBits>
-void fill_corrections(QuantizedRows& q, int64_t t0, int64_t t1, int64_t blocks) {
-  if constexpr (kOffsetCodes<kBits>) {
-    for (int64_t i = t0 * blocks; i < t1 * blocks; ++i) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.codes.data() + i * kIntBlock));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q.corrections.data() + i * 8), lane_correction(x));
+void rows_amx(const IntWeightLayout& l, const AmxTokens& x, int64_t tokens, const uint8_t* codes,
+              const uint16_t* scales, int64_t n0, int64_t n1, int64_t outs, const float* bias, float* out) {
+  const int64_t blocks = l.blocks(), code_cols = l.code_columns(), scale_cols = l.scale_columns();
+  GroupScratch& s = group_scratch();
+  s.block_scales.resize(static_cast<size_t>(16 * blocks));
+  if (kBits == 4) s.unpacked.resize(static_cast<size_t>(16 * blocks * kIntBlock));
+  TileConfig config;
+  config.rows[0] = 16, config.colsb[0] = 64;  // C: 16 weight rows x 16 tokens, int32
+  config.rows[1] = 16, config.colsb[1] = 32;  // A: 16 weight rows x one block
+  config.rows[2] = 8, config.colsb[2] = 64;   // B: one block of 16 tokens, four codes a pair
+  _tile_loadconfig(&config);
+  for (int64_t n = n0; n < n1; n += 16) {
+    const int64_t valid = std::min<int64_t>(16, n1 - n);
+    const uint8_t* w = codes + n * code_cols;
+    const uint16_t* sc = scales + n * scale_cols;
+    if (valid < 16) {
+      s.codes.assign(static_cast<size_t>(16 * code_cols), 0);
+      s.scales.assign(static_cast<size_t>(16 * scale_cols), 0);
+      std::memcpy(s.codes.data(), w, static_cast<size_t>(valid * code_cols));
+      std::memcpy(s.scales.data(), sc, static_cast<size_t>(valid * scale_cols) * sizeof(uint16_t));
+      w = s.codes.data();
+      sc = s.scales.data();
     }
+    block_scales_f32(l, sc, scale_cols, 16, s.block_scales.data());
+    const int8_t* a = reinterpret_cast<const int8_t*>(w);
+    int64_t a_stride = code_cols;
+    if constexpr (kBits == 4) {  // nibbles to signed codes, in column order
+      const __m128i low = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+      for (int64_t i = 0; i < 16; ++i)
+        for (int64_t b = 0; b < blocks; ++b) {
+          const __m128i packed =
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i * code_cols + b * (kIntBlock / 2)));
+          int8_t* u = s.unpacked.data() + (i * blocks + b) * kIntBlock;
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(u), _mm_sub_epi8(_mm_and_si128(packed, low), eight));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 16),
+                           _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(packed, 4), low), eight));
+        }
+      a = s.unpacked.data();
+      a_stride = blocks * kIntBlock;
+    }
+    amx_rows16(a, a_stride, s.block_scales.data(), x, tokens, blocks, valid, n, outs, bias, out);
+  }
+  _tile_release();
+}
+#endif
+
+#endif  // AVX2
+
+// The activations' block sums.
+void block_sums(const int8_t* codes, int64_t blocks, int32_t* sums) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    int32_t s = 0;
+    for (int64_t k = 0; k < kIntBlock; ++k) s += codes[b * kIntBlock + k];
+    sums[b] = s;
   }
 }
-
-#else  // no AVX2: the scalar definition
-
-template <int kBits>
-void rows_int(const IntWeightLayout& l, const QuantizedRows& q, const PairRows*, int64_t tokens,
-              const uint8_t* codes, const uint16_t* scales, int64_t n0, int64_t n1, int64_t outs, float* out) {
-  const int64_t blocks = l.blocks();
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t n = n0; n < n1; ++n)
-      out[t * outs + n] = int_dot_reference(l, q.codes.data() + t * blocks * kIntBlock, q.scales.data() + t * blocks,
-                                            codes + n * l.code_columns(), scales + n * l.scale_columns());
-}
-
-template <int kBits>
-void fill_corrections(QuantizedRows&, int64_t, int64_t, int64_t) {}  // the definition needs none
-
-#endif
 
 }  // namespace
 
@@ -444,52 +823,73 @@ void linear_int_f32(ThreadPool& pool, const float* x, int64_t tokens, const IntW
                     const uint16_t* scales, int64_t outs, const float* bias, float* out) {
   if (tokens == 0 || outs == 0) return;
   const int64_t K = l.in_features, blocks = l.blocks();
+  const auto* w = static_cast<const uint8_t*>(codes);
   QuantizedRows& q = quantized_rows();
-  // int4 on Intel's 512-bit path reads the pair layout instead of the lane
-  // corrections.
-  PairRows* pair_layout = nullptr;
-#if defined(BASALT_INT_LINEAR_512)
-  if (l.bits == 4 && intel_cores()) {
-    pair_layout = &pair_rows();
-    pair_layout->codes.resize(static_cast<size_t>(tokens * block_pairs(blocks) * 64));
-    pair_layout->corrections.resize(static_cast<size_t>(tokens * block_pairs(blocks) * 16));
-  }
-#endif
   q.codes.resize(static_cast<size_t>(tokens * blocks * kIntBlock));
   q.scales.resize(static_cast<size_t>(tokens * blocks));
-  q.corrections.resize(static_cast<size_t>(l.bits == 4 && pair_layout == nullptr ? tokens * blocks * 8 : 0));
-  pool.parallel_for(
-      tokens,
-      [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t)
-          quantize_int_activations(x + t * K, K, q.codes.data() + t * blocks * kIntBlock,
-                                   q.scales.data() + t * blocks);
-#if defined(BASALT_INT_LINEAR_512)
-        if (pair_layout != nullptr) {
-          fill_pair_rows(q, t0, t1, blocks, *pair_layout);
-          return;
-        }
-#endif
-        if (l.bits == 8) {
-          fill_corrections<8>(q, t0, t1, blocks);
-        } else {
-          fill_corrections<4>(q, t0, t1, blocks);
-        }
-      },
-      std::max<int64_t>(1, 65536 / std::max<int64_t>(K, 1)));
-  const auto* w = static_cast<const uint8_t*>(codes);
-  // Chunks of about an eighth of a thread's share: a thread streams one run
-  // of rows at a time, so its hardware prefetcher is not restarted every few
-  // kilobytes (16-row chunks left int4 decode waiting on its loads).
-  dynamic_for(pool, outs, std::max(kRowGrain, balanced_grain(pool, outs)), [&](int64_t n0, int64_t n1) {
-    if (l.bits == 8) {
-      rows_int<8>(l, q, pair_layout, tokens, w, scales, n0, n1, outs, out);
-    } else {
-      rows_int<4>(l, q, pair_layout, tokens, w, scales, n0, n1, outs, out);
+  q.sums.resize(static_cast<size_t>(tokens * blocks));
+  const auto quantize = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      int8_t* c = q.codes.data() + t * blocks * kIntBlock;
+      quantize_int_activations(x + t * K, K, c, q.scales.data() + t * blocks);
+      block_sums(c, blocks, q.sums.data() + t * blocks);
     }
-    if (bias != nullptr)
-      for (int64_t t = 0; t < tokens; ++t)
-        for (int64_t n = n0; n < n1; ++n) out[t * outs + n] += bias[n];
+  };
+  const int64_t token_grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(K, 1));
+  // Chunks of about an eighth of a thread's share, in whole groups of 16
+  // rows: a thread streams one run of rows at a time, so its hardware
+  // prefetcher is not restarted every few kilobytes.
+  const int64_t row_grain = (std::max<int64_t>(16, balanced_grain(pool, outs)) + 15) / 16 * 16;
+
+#if defined(BASALT_INT_LINEAR_AMX)
+  if (tokens > kTokenTile && amx_allowed.load(std::memory_order_relaxed) && amx_usable()) {
+    AmxTokens& a = amx_tokens();
+    const int64_t groups = (tokens + kAmxTokens - 1) / kAmxTokens;
+    a.tiles.resize(static_cast<size_t>(groups * blocks * kAmxTileBytes));
+    a.scales.resize(static_cast<size_t>(groups * blocks * kAmxTokens));
+    pool.parallel_for(groups, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        quantize(g * kAmxTokens, std::min(tokens, (g + 1) * kAmxTokens));
+        fill_amx_group(q, tokens, blocks, g, a);
+      }
+    });
+    dynamic_for(pool, outs, row_grain, [&](int64_t n0, int64_t n1) {
+      if (l.bits == 8) {
+        rows_amx<8>(l, a, tokens, w, scales, n0, n1, outs, bias, out);
+      } else {
+        rows_amx<4>(l, a, tokens, w, scales, n0, n1, outs, bias, out);
+      }
+    });
+    return;
+  }
+#endif
+
+  pool.parallel_for(tokens, quantize, token_grain);
+  dynamic_for(pool, outs, row_grain, [&](int64_t n0, int64_t n1) {
+#if defined(__AVX2__)
+#if defined(BASALT_INT_LINEAR_512)
+    if (intel_cores()) {
+      if (l.bits == 8) {
+        rows_vector<8, 16>(l, q, tokens, w, scales, n0, n1, outs, bias, out);
+      } else {
+        rows_vector<4, 16>(l, q, tokens, w, scales, n0, n1, outs, bias, out);
+      }
+      return;
+    }
+#endif
+    if (l.bits == 8) {
+      rows_vector<8, 8>(l, q, tokens, w, scales, n0, n1, outs, bias, out);
+    } else {
+      rows_vector<4, 8>(l, q, tokens, w, scales, n0, n1, outs, bias, out);
+    }
+#else  // no AVX2: the scalar definition
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t n = n0; n < n1; ++n)
+        out[t * outs + n] = int_dot_reference(l, q.codes.data() + t * blocks * kIntBlock,
+                                              q.scales.data() + t * blocks, w + n * l.code_columns(),
+                                              scales + n * l.scale_columns()) +
+                            (bias != nullptr ? bias[n] : 0.0f);
+#endif
   });
 }
 

@@ -6,20 +6,23 @@
 // block dot products, summed into f32 in the fixed order given there) plus
 // bias[n] when bias is not null, for host, row-major, contiguous x [tokens,
 // K] f32 and out [tokens, outs] f32, codes and scales laid out as the layout
-// says, spread over the pool. Every token row and every kernel (AVX-512 VNNI,
-// AVX2, scalar) gives the bits of int_dot_reference, so the op is
-// batch-invariant. Arguments are trusted (Backend::linear_int checks them).
+// says, spread over the pool. Every token row and every kernel (AMX,
+// AVX-512 VNNI, AVX-VNNI, AVX2, scalar) gives the bits of int_dot_reference,
+// so the op is batch-invariant. Arguments are trusted (Backend::linear_int
+// checks them).
 //
-// The arithmetic is integer: per block of 32 columns byte products (AVX2
-// maddubs + madd, or one VNNI dpbusd), four to a 32-bit lane, then one f32
-// multiply-add per lane and block by the block's scale product (computed
-// once per weight row and token row). int8 multiplies the weight codes'
-// magnitudes by x codes carrying their signs; int4 multiplies its stored
-// nibbles (code + 8) by the x codes and starts each lane at -8 times the
-// lane's x codes summed (computed once per call), which is exact. A weight
-// row's codes and scales are read once per tile of four token rows; with
-// few tokens (decode) the kernel is a stream over the codes, half (int8) or
-// a quarter (int4) of the bytes of bf16 weights.
+// The arithmetic is integer. Decode-sized calls (up to four token rows)
+// take a group of weight rows at a time, rows in vector lanes: per block of
+// 32 columns byte products summed into 32-bit lanes (AVX2 maddubs + madd,
+// or VNNI dpbusd), the lanes then summed across to each row's exact block
+// sum, and one f32 multiply-add per row and block; the group's codes are
+// read once for every token row. Larger calls on a CPU with AMX (where
+// Linux grants it) multiply tiles of 16 weight rows by 16 token rows, which
+// gives the block sums directly. int8 on VNNI multiplies code + 128 and
+// int4 its stored nibbles (code + 8) as unsigned bytes and subtract the
+// offset times the block's activation sum (computed once per call), which
+// is exact; int8 on plain AVX2 multiplies the weights' magnitudes by
+// activations carrying their signs.
 #pragma once
 
 #include <cstdint>
@@ -31,5 +34,13 @@ namespace basalt::cpu {
 
 void linear_int_f32(ThreadPool& pool, const float* x, int64_t tokens, const IntWeightLayout& layout,
                     const void* codes, const uint16_t* scales, int64_t outs, const float* bias, float* out);
+
+// Whether this build and machine can take the AMX kernel (compiled for it,
+// the CPU has AMX-INT8, and Linux granted the tile state).
+bool linear_int_amx_available();
+
+// Lets calls take the AMX kernel (the default) or not, for benchmarks and
+// tests that compare it with the vector kernels. Process-wide.
+void linear_int_allow_amx(bool allow);
 
 }  // namespace basalt::cpu
