@@ -21,6 +21,9 @@ namespace {
 
 constexpr int64_t kTokenTile = 4;  // token rows that share one read of a weight row group
 
+// Bytes of one block of 32 codes in a weight row: int8 32, packed int4 16.
+constexpr int64_t block_bytes(int bits) { return bits == 8 ? kIntBlock : kIntBlock / 2; }
+
 // The quantized activations of a call: codes [tokens, blocks * 32], block
 // scales and the sums of each block's 32 codes [tokens, blocks] (kernels
 // that multiply offset weight codes subtract offset * sum, which is exact).
@@ -86,7 +89,7 @@ template <int kBits>
 constexpr int64_t kRowPrefetchBytes = kBits == 8 ? 1024 : 512;
 template <int kBits, int kRows>
 inline void prefetch_rows(const uint8_t* w, int64_t stride, int64_t b) {
-  constexpr int64_t kBlockBytes = kBits == 8 ? kIntBlock : kIntBlock / 2;
+  constexpr int64_t kBlockBytes = block_bytes(kBits);
   if ((b * kBlockBytes) % 64 != 0) return;
   for (int i = 0; i < kRows; ++i)
     _mm_prefetch(reinterpret_cast<const char*>(w + i * stride + b * kBlockBytes) + kRowPrefetchBytes<kBits>,
@@ -101,7 +104,7 @@ inline void prefetch_rows(const uint8_t* w, int64_t stride, int64_t b) {
 // group with sixteen fresh streams for the hardware to find.
 template <int kBits, int kBlocks>
 inline void prefetch_ahead(const uint8_t* ahead, int64_t b) {
-  constexpr int64_t kBlockBytes = kBits == 8 ? kIntBlock : kIntBlock / 2;
+  constexpr int64_t kBlockBytes = block_bytes(kBits);
   if (ahead == nullptr) return;
   const char* p = reinterpret_cast<const char*>(ahead) + b * 16 * kBlockBytes;
   for (int64_t k = 0; k < 16 * kBlocks * kBlockBytes; k += 64) _mm_prefetch(p + k, _MM_HINT_T1);
@@ -670,12 +673,23 @@ GroupScratch& group_scratch() {
   return s;
 }
 
+// A last, partial group of `valid` rows: its codes and scales copied into
+// the scratch with zero rows after them, and w and sc pointed there.
+void pad_group(int64_t rows, int64_t valid, int64_t code_cols, int64_t scale_cols, GroupScratch& s,
+               const uint8_t*& w, const uint16_t*& sc) {
+  s.codes.assign(static_cast<size_t>(rows * code_cols), 0);
+  s.scales.assign(static_cast<size_t>(rows * scale_cols), 0);
+  std::memcpy(s.codes.data(), w, static_cast<size_t>(valid * code_cols));
+  std::memcpy(s.scales.data(), sc, static_cast<size_t>(valid * scale_cols) * sizeof(uint16_t));
+  w = s.codes.data();
+  sc = s.scales.data();
+}
+
 // Blocks per pass over a group for many token rows: a pass's slice of the
 // group's codes (about 16 KB) stays in L1 while every token tile reads it.
 int64_t blocks_per_pass(int bits, int rows, int64_t tokens, int64_t blocks) {
   if (tokens <= kTokenTile) return blocks;
-  const int64_t block_bytes = bits == 8 ? kIntBlock : kIntBlock / 2;
-  return std::max<int64_t>(1, std::min(blocks, 16384 / (rows * block_bytes)));
+  return std::max<int64_t>(1, std::min(blocks, 16384 / (rows * block_bytes(bits))));
 }
 
 template <int kBits, int kRows, int kTokens>
@@ -728,12 +742,7 @@ void rows_vector(const IntWeightLayout& l, const QuantizedRows& q, int64_t token
       for (int64_t k = 0; k < kRows * scale_cols * 2; k += 64) _mm_prefetch(next + k, _MM_HINT_T0);
     }
     if (valid < kRows) {  // a last, partial group: zero rows after the real ones
-      s.codes.assign(static_cast<size_t>(kRows * code_cols), 0);
-      s.scales.assign(static_cast<size_t>(kRows * scale_cols), 0);
-      std::memcpy(s.codes.data(), w, static_cast<size_t>(valid * code_cols));
-      std::memcpy(s.scales.data(), sc, static_cast<size_t>(valid * scale_cols) * sizeof(uint16_t));
-      w = s.codes.data();
-      sc = s.scales.data();
+      pad_group(kRows, valid, code_cols, scale_cols, s, w, sc);
     }
     block_scales_f32(l, sc, scale_cols, kRows, s.block_scales.data());
     const float* ws = s.block_scales.data();
@@ -776,12 +785,7 @@ void rows_amx(const IntWeightLayout& l, const AmxTokens& x, int64_t tokens, cons
     const uint8_t* w = codes + n * code_cols;
     const uint16_t* sc = scales + n * scale_cols;
     if (valid < 16) {
-      s.codes.assign(static_cast<size_t>(16 * code_cols), 0);
-      s.scales.assign(static_cast<size_t>(16 * scale_cols), 0);
-      std::memcpy(s.codes.data(), w, static_cast<size_t>(valid * code_cols));
-      std::memcpy(s.scales.data(), sc, static_cast<size_t>(valid * scale_cols) * sizeof(uint16_t));
-      w = s.codes.data();
-      sc = s.scales.data();
+      pad_group(16, valid, code_cols, scale_cols, s, w, sc);
     }
     block_scales_f32(l, sc, scale_cols, 16, s.block_scales.data());
     const int8_t* a = reinterpret_cast<const int8_t*>(w);
