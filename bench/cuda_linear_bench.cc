@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
                                {"gate_up_proj", 28672, 4096},
                                {"down_proj", 4096, 14336},
                                {"lm_head", 128256, 4096}};
-  const int64_t token_counts[] = {1, 2, 3, 4, 5, 8, 16, 64, 256, 4096};
+  const int64_t token_counts[] = {1, 2, 3, 4, 5, 6, 8, 16, 64, 256, 4096};
   CublasLt blas;
   cudaEvent_t start, stop;
   BASALT_CUDA_CHECK(cudaEventCreate(&start));
@@ -107,28 +107,46 @@ int main(int argc, char** argv) {
                   static_cast<long long>(s.n), static_cast<long long>(s.k), sec * 1e6, flops / sec * 1e-12,
                   bytes / sec * 1e-9);
       if (m <= 16) {
-        // The decode path: the GEMV kernels on the same bf16 activations, f32
-        // out as the model uses them; every configuration (gemv_kernels.h).
+        // The decode path: the GEMV kernels, f32 out as the model uses them,
+        // on the same bf16 activations and on f32 ones (the model's decode
+        // input); every configuration (gemv_kernels.h): tensor cores 1-3, and
+        // one warp per weight row with 1, 2 or 4 rows a warp.
         Tensor out32 = cuda_empty({m, s.n}, DType::kF32);
-        for (int variant = 1; variant <= 4; ++variant) {
-          if (variant == 4 && m > cuda_kernels::kRowKernelMaxRows) continue;
-          for (int w = 0; w < 3; ++w) skinny_linear(x, weights[w % copies], nullptr, out32, nullptr, variant);
-          std::vector<float> skinny_times;
-          for (int r = 0; r < repeats; ++r) {
-            BASALT_CUDA_CHECK(cudaEventRecord(start));
-            skinny_linear(x, weights[r % copies], nullptr, out32, nullptr, variant);
-            BASALT_CUDA_CHECK(cudaEventRecord(stop));
-            BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
-            float ms = 0;
-            BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-            skinny_times.push_back(ms);
+        const Tensor x32 = cuda_to_device(cuda_to_host(x).to_f32());
+        for (const bool f32_x : {false, true})
+          for (const int variant : {1, 2, 3, cuda_kernels::kGemvRowKernel1, cuda_kernels::kGemvRowKernel2,
+                                    cuda_kernels::kGemvRowKernel4}) {
+            const bool row_kernel = variant > 3;
+            if (row_kernel && m > cuda_kernels::kRowKernelMaxRows) continue;
+            if (f32_x && (variant == 2 || variant == 3)) continue;
+            const Tensor& input = f32_x ? x32 : x;
+            for (int w = 0; w < 3; ++w) skinny_linear(input, weights[w % copies], nullptr, out32, nullptr, variant);
+            std::vector<float> skinny_times;
+            for (int r = 0; r < repeats; ++r) {
+              BASALT_CUDA_CHECK(cudaEventRecord(start));
+              skinny_linear(input, weights[r % copies], nullptr, out32, nullptr, variant);
+              BASALT_CUDA_CHECK(cudaEventRecord(stop));
+              BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
+              float ms = 0;
+              BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+              skinny_times.push_back(ms);
+            }
+            const double ssec = median(skinny_times) * 1e-3;
+            const double sbytes =
+                static_cast<double>(weight_bytes) + (f32_x ? 4.0 : 2.0) * m * s.k + 4.0 * m * s.n;
+            char label[48];
+            if (row_kernel)
+              std::snprintf(label, sizeof label, "(row x%d%s)",
+                            variant == cuda_kernels::kGemvRowKernel1   ? 1
+                            : variant == cuda_kernels::kGemvRowKernel2 ? 2
+                                                                       : 4,
+                            f32_x ? ", x f32" : "");
+            else
+              std::snprintf(label, sizeof label, "(gemv %d%s)", variant, f32_x ? ", x f32" : "");
+            std::printf("%-13s %6lld %6lld %6lld %10.1f %9.1f %9.0f  %s\n", s.name, static_cast<long long>(m),
+                        static_cast<long long>(s.n), static_cast<long long>(s.k), ssec * 1e6,
+                        flops / ssec * 1e-12, sbytes / ssec * 1e-9, label);
           }
-          const double ssec = median(skinny_times) * 1e-3;
-          const double sbytes = static_cast<double>(weight_bytes) + 2.0 * m * s.k + 4.0 * m * s.n;
-          std::printf("%-13s %6lld %6lld %6lld %10.1f %9.1f %9.0f  (gemv %d)\n", s.name, static_cast<long long>(m),
-                      static_cast<long long>(s.n), static_cast<long long>(s.k), ssec * 1e6, flops / ssec * 1e-12,
-                      sbytes / ssec * 1e-9, variant);
-        }
       }
     }
   }

@@ -279,10 +279,12 @@ int main(int argc, char** argv) {
       const std::string mode = modes[m].name();
       if (x.output != best[0].output) {
         // On a batch-invariant backend (the CPU; a GPU with
-        // --batch-invariant) the outputs are equal bit for bit; a GPU's
-        // default kernels round differently at other batch shapes (k + 1
-        // rows against one), which can flip a near tie (the bundled model's
-        // MoE routing amplifies one). Reported, and the figures still shown.
+        // --batch-invariant) the outputs are equal bit for bit, and so are a
+        // GPU's default kernels' at batch 1 up to k = 4 on MLA models (a
+        // verification row is its decode step's bits: bench/README, "Exact
+        // verification rows by default"); beyond that a GPU's default
+        // kernels round k + 1 rows otherwise than one, which can flip a near
+        // tie. Reported, and the figures still shown.
         const auto at = std::mismatch(x.output.begin(), x.output.end(), best[0].output.begin(), best[0].output.end());
         std::fprintf(stderr, "%s, %s: the output differs from plain decoding from token %zu\n", w.name, mode.c_str(),
                      static_cast<size_t>(at.first - x.output.begin()));

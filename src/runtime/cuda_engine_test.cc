@@ -621,6 +621,52 @@ TEST_P(CudaEngineBatchInvariant, BatchesAndDraftsGiveThePlainTokensExactly) {
   }
 }
 
+// The default kernels, one request at a time (batch 1, where speculation
+// pays): a verification of k + 1 rows gives the bits of the k + 1 decode
+// steps it stands for -- the GEMVs take one warp per weight row up to 5 rows
+// (gemv_kernels.h), the MLA core splits each pass's keys as a decode step at
+// that position would (mla_kernels.h) -- so greedy output with n-gram and
+// MTP drafts is plain decoding's token for token at k = 1, 2 and 4 (up to 5
+// rows). Prompts of 200-300 tokens put the contexts across the key counts
+// where the attention's split count changes (every 128 keys).
+TEST(CudaEngineSpeculation, DraftsGiveThePlainTokensAtBatchOne) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  CudaBackend gpu;
+  std::unique_ptr<Model> target = make_graphed_model(
+      load_model(std::string(BASALT_TESTDATA) + "/../models/basalt-mini", gpu), gpu, {.max_batch = 8});
+  ASSERT_NE(target->draft_head(), nullptr);
+  std::vector<EngineRequest> requests;
+  std::mt19937 rng(43);
+  for (int i = 0; i < 4; ++i) {
+    const std::vector<int32_t> motif = random_ids(rng, 5 + static_cast<size_t>(i));
+    std::vector<int32_t> prompt = random_ids(rng, 180 + 30 * static_cast<size_t>(i));
+    for (int rep = 0; rep < 6; ++rep) prompt.insert(prompt.end(), motif.begin(), motif.end());
+    requests.push_back(request(std::move(prompt), greedy(60)));
+  }
+  const auto run = [&](std::string_view algorithm, int k) {
+    EngineOptions o;
+    o.eos_ids = target->config().eos_token_ids;
+    o.kv_slots = 4096;
+    o.check_invariants = true;
+    if (!algorithm.empty()) o.speculative = speculative_options(algorithm, k);
+    Engine engine(*target, gpu, nullptr, o);
+    std::vector<std::vector<int32_t>> outputs;
+    for (const EngineRequest& r : requests) outputs.push_back(run_all(engine, {r})[0].output_ids);
+    if (!algorithm.empty()) {
+      EXPECT_GT(engine.metrics().accepted_draft_tokens, 0u) << algorithm << " k=" << k;
+    }
+    return outputs;
+  };
+  const std::vector<std::vector<int32_t>> plain = run("", 0);
+  for (const auto& [algorithm, k] : std::vector<std::pair<std::string, int>>{
+           {"ngram", 1}, {"ngram", 2}, {"ngram", 4}, {"mtp", 1}, {"mtp", 2}, {"mtp", 4}}) {
+    const std::vector<std::vector<int32_t>> got = run(algorithm, k);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(got[i], plain[i]) << algorithm << " k=" << k << ", request " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, CudaEngineBatchInvariant, ::testing::Values("basalt-mini", "llama"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param == "basalt-mini" ? std::string("basalt_mini") : info.param;

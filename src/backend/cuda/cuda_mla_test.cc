@@ -26,6 +26,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/mla.h"
+#include "backend/cuda/mla_kernels.h"
 #include "core/error.h"
 
 namespace basalt {
@@ -44,6 +45,7 @@ struct Dims {
 };
 constexpr Dims kV3{"v3", 512, 64, 128, 128};
 constexpr Dims kOdd{"odd", 40, 8, 12, 20};
+constexpr Dims kMini{"mini", 64, 16, 32, 32};  // the bundled model's: the CUDA-core core, the one-kernel absorptions
 
 enum class KvB { kBF16, kF32, kFP8 };
 const char* kvb_name(KvB k) { return k == KvB::kBF16 ? "bf16" : k == KvB::kF32 ? "f32" : "fp8"; }
@@ -521,6 +523,74 @@ TEST(CudaMla, AbsorbedMatchesExpandedOnDevice) {
                    expanded);
     cuda.synchronize();
     EXPECT_LT(relative_error(cuda_to_host(absorbed), cuda_to_host(expanded)), 3e-2) << kvb_name(kind);
+  }
+}
+
+// The per-pass split rule bounds every pass of a call by its count at the
+// call's most keys (mla_attention_splits), which holds only if the count
+// never falls as keys grow. Host arithmetic; no device needed.
+TEST(CudaMla, SplitCountNeverFallsAsKeysGrow) {
+  for (const bool mma : {true, false})
+    for (const int64_t sms : {78, 114, 132, 144})
+      for (int64_t base = 1; base <= 300; base += base < 70 ? 1 : 23) {
+        int previous = 1;
+        for (int64_t keys = 0; keys <= 40000; keys += 7) {
+          const int s = cuda_kernels::mla_splits_for_keys(keys, base, sms, mma);
+          ASSERT_GE(s, previous) << "mma " << mma << " sms " << sms << " base " << base << " keys " << keys;
+          ASSERT_LE(s, cuda_kernels::kMlaMaxSplits);
+          previous = s;
+        }
+      }
+  // What it was fitted to (V3 on the H200's 132 SMs, 4096 keys, two passes a
+  // token): 32 splits at batch 1, 2 at batch 32, 1 at batch 128.
+  EXPECT_EQ(cuda_kernels::mla_splits_for_keys(4096, 2, 132, true), 32);
+  EXPECT_EQ(cuda_kernels::mla_splits_for_keys(4096, 64, 132, true), 2);
+  EXPECT_EQ(cuda_kernels::mla_splits_for_keys(4096, 256, 132, true), 1);
+}
+
+// A speculative verification computes a request's last token and its drafts
+// as T query rows of one call over keys [0, p + T); the decode steps they
+// stand for compute each as one row over keys [0, p + i + 1). Each row of
+// the call must be the bits of its decode step, also where the split count
+// a decode step takes changes inside the call's span (every 128 keys at
+// batch 1): p + 1 .. p + T straddles 1024 and 4096 keys on the tensor cores
+// (V3 dims, 128 heads: two passes of 64 rows a token) and 256 on the CUDA
+// cores (the bundled model's dims, 8 and 16 heads: passes of 4 rows). Dims
+// the one-kernel absorptions take (multiples of 8): cuBLAS's batched GEMMs,
+// which serve the others, pick their algorithm by the call's size.
+TEST(CudaMla, VerificationRowsAreTheDecodeStepsBits) {
+  REQUIRE_DEVICE();
+  TestRng rng;
+  CudaBackend cuda;
+  struct Case {
+    Dims d;
+    int64_t heads, p, T;
+  };
+  for (const Case& c : {Case{kV3, 128, 1020, 6}, Case{kV3, 128, 4093, 5}, Case{kMini, 8, 253, 5},
+                        Case{kMini, 16, 250, 8}}) {
+    const Dims d = c.d;
+    const int64_t W = d.L + d.R, S = c.p + c.T + 16;
+    const MlaParams p = params_for(d, c.heads);
+    const Batch batch = make_batch(rng, {{static_cast<int>(c.T), static_cast<int>(c.p + c.T)}}, S, 0);
+    const Tensor cache = cuda_to_device(random_cache(rng, S, W, DType::kBF16));
+    const LinearWeight kv_b = to_device(make_kv_b(rng, KvB::kBF16, c.heads * (d.Dn + d.Dv), d.L));
+    const Tensor q = random_tensor(rng, {c.T, c.heads * (d.Dn + d.R)}, DType::kF32);
+    Tensor all = cuda_empty({c.T, c.heads * d.Dv}, DType::kF32);
+    cuda.mla_attention(cuda_to_device(q), cache, kv_b, device_layout(host_layout(batch)), p, all);
+    const Tensor all_host = cuda_to_host(all);
+    for (int64_t i = 0; i < c.T; ++i) {
+      Batch one;
+      one.q_start = {0, 1};
+      one.kv_start = {0, static_cast<int32_t>(c.p + i + 1)};
+      one.kv_slots.assign(batch.kv_slots.begin(), batch.kv_slots.begin() + c.p + i + 1);
+      Tensor out = cuda_empty({1, c.heads * d.Dv}, DType::kF32);
+      cuda.mla_attention(cuda_to_device(q.rows(i, 1)), cache, kv_b, device_layout(host_layout(one)), p, out);
+      const Tensor got = cuda_to_host(out);
+      EXPECT_EQ(std::memcmp(got.raw(), all_host.data<const float>() + i * c.heads * d.Dv,
+                            static_cast<size_t>(c.heads * d.Dv) * sizeof(float)),
+                0)
+          << d.name << " heads " << c.heads << ": row " << i << " of " << c.T << " at " << c.p + i + 1 << " keys";
+    }
   }
 }
 

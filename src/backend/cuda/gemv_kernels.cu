@@ -186,38 +186,61 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_mma_kernel(const X* x, const
 }
 
 // One warp per weight row (M <= kRowKernelMaxRows): lanes read the row in
-// 16-byte chunks, 512 contiguous bytes per warp load, kDepth chunks in flight
-// per lane; each lane keeps M partial sums, reduced by shuffles at the end.
+// 16-byte chunks, 512 contiguous bytes per warp load; each lane keeps M
+// partial sums, reduced by shuffles at the end. A warp may own R rows: it
+// then reads each chunk of x once for all R (x comes from L1, and at 3-8
+// tokens its reads, not the weights', are what a one-row warp waits on),
+// while every row's sums see the same fmaf sequence as with R = 1 -- lane l
+// takes chunks l, l + 32, ... in order, eight fmaf each in element order,
+// then the same shuffle tree -- so a row's bits depend neither on R nor on
+// the other tokens. kDepth * R chunks are in flight per lane.
 constexpr int kRowWarps = 8;
-constexpr int kDepth = 8;
 
-template <typename X, typename W, typename O, int M>
+template <int R>
+constexpr int row_kernel_depth() {
+  return R == 1 ? 8 : R == 2 ? 4 : 2;
+}
+
+// Eight consecutive elements of a 16-bit row as floats.
+template <typename T>
+__device__ __forceinline__ void widen8(const uint4& raw, float (&f)[8]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      f[2 * i] = __uint_as_float(words[i] << 16);
+      f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    } else {
+      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    }
+  }
+}
+
+template <typename X, typename W, typename O, int M, int R>
 __global__ void __launch_bounds__(kRowWarps * 32) gemv_row_kernel(const X* x, const W* __restrict__ w,
                                                                   const float* __restrict__ bias,
                                                                   O* __restrict__ out, int64_t n, int64_t k) {
+  constexpr int kDepth = row_kernel_depth<R>();
   let_consumer_start();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp;
-  if (row >= n) return;
-  const W* wr = w + row * k;
+  const int64_t first_row = (static_cast<int64_t>(blockIdx.x) * kRowWarps + warp) * R;
+  if (first_row >= n) return;
+  // Rows past n (the last warp's) read row n - 1 again and store nothing.
+  const W* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = w + min(first_row + r, n - 1) * k;
   const int64_t chunks = k / 8;  // 8 elements = 16 bytes each
-  float acc[M];
+  float acc[R][M];
 #pragma unroll
-  for (int j = 0; j < M; ++j) acc[j] = 0.0f;
-  const auto consume = [&](const uint4& raw, int64_t chunk) {
-    float wf[8];
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if constexpr (sizeof(W) == 2 && std::is_same_v<W, bf16>) {
-        wf[2 * i] = __uint_as_float(words[i] << 16);
-        wf[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-      } else {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
-        wf[2 * i] = f.x;
-        wf[2 * i + 1] = f.y;
-      }
-    }
+    for (int j = 0; j < M; ++j) acc[r][j] = 0.0f;
+  const auto consume = [&](const uint4 (&raw)[R], int64_t chunk) {
+    float wf[R][8];
+#pragma unroll
+    for (int r = 0; r < R; ++r) widen8<W>(raw[r], wf[r]);
 #pragma unroll
     for (int j = 0; j < M; ++j) {
       float xf[8];
@@ -226,30 +249,22 @@ __global__ void __launch_bounds__(kRowWarps * 32) gemv_row_kernel(const X* x, co
         const float4 a = *reinterpret_cast<const float4*>(xp), b = *reinterpret_cast<const float4*>(xp + 4);
         xf[0] = a.x, xf[1] = a.y, xf[2] = a.z, xf[3] = a.w, xf[4] = b.x, xf[5] = b.y, xf[6] = b.z, xf[7] = b.w;
       } else {
-        const uint4 v = *reinterpret_cast<const uint4*>(xp);
-        const uint32_t xw[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if constexpr (std::is_same_v<X, bf16>) {
-            xf[2 * i] = __uint_as_float(xw[i] << 16);
-            xf[2 * i + 1] = __uint_as_float(xw[i] & 0xffff0000u);
-          } else {
-            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&xw[i]));
-            xf[2 * i] = f.x;
-            xf[2 * i + 1] = f.y;
-          }
-        }
+        widen8<X>(*reinterpret_cast<const uint4*>(xp), xf);
       }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[j] = fmaf(wf[e], xf[e], acc[j]);
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][j] = fmaf(wf[r][e], xf[e], acc[r][j]);
     }
   };
   int64_t c = lane;
   bool waited = false;
   for (; c + 32 * (kDepth - 1) < chunks; c += 32 * kDepth) {
-    uint4 raw[kDepth];
+    uint4 raw[kDepth][R];
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) raw[d] = load_streaming(wr + (c + 32 * d) * 8);
+    for (int d = 0; d < kDepth; ++d)
+#pragma unroll
+      for (int r = 0; r < R; ++r) raw[d][r] = load_streaming(wr[r] + (c + 32 * d) * 8);
     if (!waited) {
       wait_for_producer();  // the first weights are on their way; x is the previous kernels'
       waited = true;
@@ -258,12 +273,45 @@ __global__ void __launch_bounds__(kRowWarps * 32) gemv_row_kernel(const X* x, co
     for (int d = 0; d < kDepth; ++d) consume(raw[d], c + 32 * d);
   }
   if (!waited) wait_for_producer();
-  for (; c < chunks; c += 32) consume(load_streaming(wr + c * 8), c);
+  for (; c < chunks; c += 32) {
+    uint4 raw[R];
 #pragma unroll
-  for (int j = 0; j < M; ++j) {
-    float v = acc[j];
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (lane == 0) out[j * n + row] = from_f32<O>(v + (bias != nullptr ? bias[row] : 0.0f));
+    for (int r = 0; r < R; ++r) raw[r] = load_streaming(wr[r] + c * 8);
+    consume(raw, c);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      float v = acc[r][j];
+      for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+      // Every lane holds the sum now; the R * M stores spread over lanes.
+      const int64_t row = first_row + r;
+      if (lane == (r * M + j) % 32 && row < n) out[j * n + row] = from_f32<O>(v + (bias != nullptr ? bias[row] : 0.0f));
+    }
+}
+
+// Rows per warp for m tokens and n weight rows in the default choice
+// (measured on an H100 with f32 x, bench/README "Exact verification rows"):
+// one row a warp at 1 token; 2 at 2 tokens; from 3, 4 rows a warp where there
+// are enough rows (n >= 6144) to keep every SM busy with blocks of 32 rows,
+// else 2.
+constexpr int row_kernel_rows_per_warp(int64_t m, int64_t n) { return m <= 1 ? 1 : m == 2 || n < 6144 ? 2 : 4; }
+
+template <typename X, typename W, typename O, int R>
+cudaError_t launch_rows(const X* x, const W* w, const float* bias, O* out, int64_t m, int64_t n, int64_t k,
+                        cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((n + kRowWarps * R - 1) / (kRowWarps * R));
+  const unsigned threads = kRowWarps * 32;
+  switch (m) {
+    case 1: return launch_dependent(gemv_row_kernel<X, W, O, 1, R>, blocks, threads, stream, x, w, bias, out, n, k);
+    case 2: return launch_dependent(gemv_row_kernel<X, W, O, 2, R>, blocks, threads, stream, x, w, bias, out, n, k);
+    case 3: return launch_dependent(gemv_row_kernel<X, W, O, 3, R>, blocks, threads, stream, x, w, bias, out, n, k);
+    case 4: return launch_dependent(gemv_row_kernel<X, W, O, 4, R>, blocks, threads, stream, x, w, bias, out, n, k);
+    case 5: return launch_dependent(gemv_row_kernel<X, W, O, 5, R>, blocks, threads, stream, x, w, bias, out, n, k);
+    case 6: return launch_dependent(gemv_row_kernel<X, W, O, 6, R>, blocks, threads, stream, x, w, bias, out, n, k);
+    case 7: return launch_dependent(gemv_row_kernel<X, W, O, 7, R>, blocks, threads, stream, x, w, bias, out, n, k);
+    default: return launch_dependent(gemv_row_kernel<X, W, O, 8, R>, blocks, threads, stream, x, w, bias, out, n, k);
   }
 }
 
@@ -274,27 +322,26 @@ cudaError_t launch(const void* x, const void* w, const float* bias, void* out, i
   const auto* wp = static_cast<const W*>(w);
   auto* op = static_cast<O*>(out);
   const int mi = static_cast<int>(m);
-  // Measured on the H200 (bench/README): one warp per row is fastest at 1
-  // and 2 rows on every Llama-8B shape; from 3 rows on, the tensor-core
-  // kernel with 8 warps and 4 chunks in flight (the warp-per-row kernel
-  // reads x once per weight row, so it falls behind as rows are added: 4-15 %
-  // at 3 rows, up to 2x at 8). Each row of the warp-per-row kernel is what
-  // a one-row call computes; the tensor-core kernel's rows are not (it
-  // rounds f32 x to the weights' type and sums in other groups).
-  if (variant == kGemvDefault) variant = m <= 2 ? 4 : 1;
-  if (variant == 4 && m <= kRowKernelMaxRows) {
-    const unsigned blocks = static_cast<unsigned>((n + kRowWarps - 1) / kRowWarps);
-    const unsigned threads = kRowWarps * 32;
-    switch (m) {
-      case 1: return launch_dependent(gemv_row_kernel<X, W, O, 1>, blocks, threads, stream, xp, wp, bias, op, n, k);
-      case 2: return launch_dependent(gemv_row_kernel<X, W, O, 2>, blocks, threads, stream, xp, wp, bias, op, n, k);
-      case 3: return launch_dependent(gemv_row_kernel<X, W, O, 3>, blocks, threads, stream, xp, wp, bias, op, n, k);
-      case 4: return launch_dependent(gemv_row_kernel<X, W, O, 4>, blocks, threads, stream, xp, wp, bias, op, n, k);
-      case 5: return launch_dependent(gemv_row_kernel<X, W, O, 5>, blocks, threads, stream, xp, wp, bias, op, n, k);
-      case 6: return launch_dependent(gemv_row_kernel<X, W, O, 6>, blocks, threads, stream, xp, wp, bias, op, n, k);
-      case 7: return launch_dependent(gemv_row_kernel<X, W, O, 7>, blocks, threads, stream, xp, wp, bias, op, n, k);
-      default: return launch_dependent(gemv_row_kernel<X, W, O, 8>, blocks, threads, stream, xp, wp, bias, op, n, k);
+  // Measured (bench/README, "Exact verification rows"): one warp per weight
+  // row is fastest at 1 row, two rows a warp at 2; at 3-5 rows the
+  // tensor-core kernel (8 warps, 4 chunks in flight) is 0-11 % faster per
+  // layer on the Llama-8B shapes (3-6 % over a layer's four GEMVs), but it
+  // rounds f32 x to the weights' type and groups its sums otherwise, so its
+  // rows are not what one-row calls give; the default keeps the warp-per-row
+  // kernel up to kGemvDefaultRowExactRows rows for that (a verification of
+  // up to 4 drafts then computes its decode steps' bits), and takes the
+  // tensor cores above, where the warp-per-row kernel falls 20-60 % behind.
+  if (variant == kGemvDefault) variant = m <= kGemvDefaultRowExactRows ? kGemvRowKernel : 1;
+  if (m <= kRowKernelMaxRows) {
+    if (variant == kGemvRowKernel) {
+      const int r = row_kernel_rows_per_warp(m, n);
+      if (r == 1) return launch_rows<X, W, O, 1>(xp, wp, bias, op, m, n, k, stream);
+      if (r == 2) return launch_rows<X, W, O, 2>(xp, wp, bias, op, m, n, k, stream);
+      return launch_rows<X, W, O, 4>(xp, wp, bias, op, m, n, k, stream);
     }
+    if (variant == kGemvRowKernel1) return launch_rows<X, W, O, 1>(xp, wp, bias, op, m, n, k, stream);
+    if (variant == kGemvRowKernel2) return launch_rows<X, W, O, 2>(xp, wp, bias, op, m, n, k, stream);
+    if (variant == kGemvRowKernel4) return launch_rows<X, W, O, 4>(xp, wp, bias, op, m, n, k, stream);
   }
   const unsigned blocks = static_cast<unsigned>((n + kRows - 1) / kRows);
 #define BASALT_GEMV_MMA(MT, WARPS, UNROLL) \
@@ -502,7 +549,7 @@ cudaError_t gemv(Elem x_type, Elem w_type, Elem out_type, const void* x, const v
   if (m < 1 || (m > kGemvMaxRows && variant != kGemvRowInvariant) || k % 32 != 0) return cudaErrorInvalidValue;
   if (out_type != Elem::kF32 && out_type != w_type) return cudaErrorInvalidValue;
   if (x_type != Elem::kF32 && x_type != w_type) return cudaErrorInvalidValue;
-  if (variant < kGemvDefault || variant > kGemvRowInvariant) return cudaErrorInvalidValue;
+  if (variant < kGemvDefault || variant > kGemvRowKernel4) return cudaErrorInvalidValue;
   if (w_type == Elem::kBF16) return launch_w<bf16>(x_type, out_type, x, w, bias, out, m, n, k, variant, stream);
   if (w_type == Elem::kF16) return launch_w<__half>(x_type, out_type, x, w, bias, out, m, n, k, variant, stream);
   return cudaErrorInvalidValue;

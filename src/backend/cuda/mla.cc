@@ -212,7 +212,7 @@ void CudaMla::attention_core(const Tensor& q_full, const Tensor& cache, const At
   launched(cuda_kernels::mla_attention(elem(q_full.dtype()), elem(cache.dtype()), elem(o_lat.dtype()), q_full.raw(),
                                        cache.raw(), layout.q_start.data<const int32_t>(),
                                        layout.kv_start.data<const int32_t>(), layout.kv_slots.data<const int32_t>(),
-                                       shape, n_splits, row_splits, kernel,
+                                       shape, n_splits, /*splits_by_pass=*/splits <= 0, row_splits, kernel,
                                        n_splits > 1 ? scratch.data<float>() : nullptr, o_lat.raw(), stream_),
            op);
 }

@@ -7,10 +7,13 @@
 // Contract: every core kernel takes an MlaArgs and a grid of (splits x
 // row_splits, num_seqs) blocks; block (x, s) serves sequence s, key split x %
 // splits and the row passes p with p % row_splits == x / splits. With
-// splits == 1 it writes the normalised o_lat rows; otherwise, per split, the
-// unnormalised output rows (part_o), each row's max (log2 domain) and sum
-// (part_ml), which mla_combine_kernel merges. A bad layout or slot makes the
-// rows NaN (mla.h).
+// its pass's split count (mla_split_keys) 1 it writes the normalised o_lat
+// rows; otherwise, per split, the unnormalised output rows (part_o), each
+// row's max (log2 domain) and sum (part_ml), which mla_combine_kernel merges;
+// with a.splits > 1 split 0 also writes each row's count (part_n), which the
+// merge reads (1: the row is written already). Blocks whose split is past a
+// pass's count skip that pass. A bad layout or slot makes the rows NaN
+// (mla.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,6 +21,7 @@
 #include <cstdint>
 
 #include "backend/cuda/element_types.cuh"
+#include "backend/cuda/mla_kernels.h"
 
 namespace basalt::cuda_kernels {
 
@@ -28,11 +32,17 @@ struct MlaArgs {
   void* o;        // o_lat [T, heads, L] (splits == 1)
   float* part_o;  // [splits, T * heads, L] (splits > 1)
   float* part_ml;  // [splits, T * heads, 2]
+  int32_t* part_n;  // [T * heads] (splits > 1): the row's pass's split count
   const int32_t* q_start;
   const int32_t* kv_start;
   const int32_t* kv_slots;
   int64_t q_tokens, kv_slots_len, num_slots;
   int heads, L, R, splits, row_splits;
+  // split_base > 0: a pass over hi keys takes min(splits,
+  // mla_splits_for_keys(hi, split_base, split_sms, split_mma)); 0: splits.
+  int64_t split_base;
+  int split_sms;
+  bool split_mma;
   float scale_log2;
 };
 
@@ -55,11 +65,13 @@ __device__ __forceinline__ MlaBounds mla_seq_bounds(const MlaArgs& a, int s) {
 
 // The keys [begin, end) of a sequence that key split `split` reads for the
 // row pass starting at row r0 (rows r0 .. r0 + rows - 1, the last clamped to
-// the sequence's rows; row r is query token r / heads): every key up to the
-// pass's last position, cut into a.splits equal parts. Empty for a bad
-// layout, and where a split starts past the last key (begin >= end).
+// the sequence's rows; row r is query token r / heads), and the pass's split
+// count: every key up to the pass's last position, cut into `splits` equal
+// parts. Empty for a bad layout, and where a split starts past the last key
+// (begin >= end).
 struct MlaKeyRange {
   int64_t begin, end;
+  int splits;
 };
 
 __device__ __forceinline__ MlaKeyRange mla_split_keys(const MlaArgs& a, const MlaBounds& b, int split, int64_t r0,
@@ -67,9 +79,11 @@ __device__ __forceinline__ MlaKeyRange mla_split_keys(const MlaArgs& a, const Ml
   const int64_t total_rows = b.q_len * a.heads;
   const int64_t pos_last = b.kv_len - b.q_len + min(r0 + rows - 1, total_rows - 1) / a.heads;
   const int64_t hi = b.bad ? 0 : max(pos_last + 1, int64_t{0});
-  const int64_t per_split = (hi + a.splits - 1) / a.splits;
+  const int splits =
+      a.split_base > 0 ? min(a.splits, mla_splits_for_keys(hi, a.split_base, a.split_sms, a.split_mma)) : a.splits;
+  const int64_t per_split = (hi + splits - 1) / splits;
   const int64_t begin = split * per_split;
-  return MlaKeyRange{begin, min(hi, begin + per_split)};
+  return MlaKeyRange{begin, min(hi, begin + per_split), splits};
 }
 
 template <typename O>

@@ -329,6 +329,7 @@ __global__ void __launch_bounds__(kCoreThreads) mla_core_kernel(MlaArgs a) {
 
   for (int64_t r0 = int64_t{row_split} * RT; r0 < total_rows; r0 += int64_t{RT} * a.row_splits) {  // uniform
     const MlaKeyRange keys = mla_split_keys(a, b, split, r0, RT);
+    if (split >= keys.splits) continue;  // uniform: this pass takes fewer splits
     const int64_t c0 = keys.begin, c1 = keys.end;
     int64_t pos[RT];
 #pragma unroll
@@ -417,7 +418,8 @@ __global__ void __launch_bounds__(kCoreThreads) mla_core_kernel(MlaArgs a) {
         o_all += red_o[(w * RT + i) * L + c] * f;
       }
       const int64_t at = (b.q_begin + r / heads) * heads + r % heads;
-      if (a.splits == 1) {
+      if (a.part_n != nullptr && split == 0 && c == 0) a.part_n[at] = keys.splits;
+      if (keys.splits == 1) {
         static_cast<O*>(a.o)[at * L + c] = from_f32<O>(poisoned ? quiet_nan() : (l_all > 0.0f ? o_all / l_all : 0.0f));
       } else {
         const int64_t part = split * rows_all + at;
@@ -476,6 +478,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) mla_mma_kernel(MlaArgs a) {
 
   for (int64_t r0 = int64_t{row_split} * kMmaRows; r0 < total_rows; r0 += int64_t{kMmaRows} * a.row_splits) {
     const MlaKeyRange keys = mla_split_keys(a, b, split, r0, kMmaRows);
+    if (split >= keys.splits) continue;  // uniform: this pass takes fewer splits
     const int64_t c0 = keys.begin, c1 = keys.end;
     const int64_t tiles = c1 > c0 ? (c1 - c0 + BN - 1) / BN : 0;
     int64_t pos_r[2];  // positions of this lane's rows g and g + 8 (-1: none)
@@ -629,7 +632,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) mla_mma_kernel(MlaArgs a) {
       if (r < total_rows) {
         const float l_all = red_l[0][row] + red_l[1][row];
         const int64_t at = (b.q_begin + r / heads) * heads + r % heads;
-        if (a.splits == 1) {
+        if (a.part_n != nullptr && split == 0 && half == 0 && t4 == 0) a.part_n[at] = keys.splits;
+        if (keys.splits == 1) {
           const float inv = poisoned ? quiet_nan() : (l_all > 0.0f ? 1.0f / l_all : 0.0f);
           O* dst = static_cast<O*>(a.o) + at * kMmaL + half * 256 + 2 * t4;
 #pragma unroll
@@ -652,13 +656,19 @@ __global__ void __launch_bounds__(kMmaThreads, 1) mla_mma_kernel(MlaArgs a) {
 }
 
 // ---------------------------------------------------------------------------
-// Merge of the key splits' partials: one block per (token, head) row.
+// Merge of the key splits' partials: one block per (token, head) row, over
+// the splits its pass took.
 constexpr int kCombineThreads = 128;
 
 template <typename O>
 __global__ void __launch_bounds__(kCombineThreads)
-    mla_combine_kernel(const float* part_o, const float* part_ml, O* o, int64_t rows, int splits, int L) {
+    mla_combine_kernel(const float* part_o, const float* part_ml, const int32_t* part_n, O* o, int64_t rows,
+                       int max_splits, int L) {
   const int64_t at = blockIdx.x;
+  // The row's pass's count; 1: written by the core kernel. A row no pass
+  // covers (a token outside every sequence) has no count and no output.
+  const int splits = part_n[at];
+  if (splits <= 1 || splits > max_splits) return;
   __shared__ float weight[kMlaMaxSplits];
   __shared__ float inv_den;
   if (threadIdx.x < 32) {
@@ -862,48 +872,30 @@ int mla_attention_row_splits(const MlaAttentionShape& shape, bool mma) {
   return static_cast<int>(std::clamp<int64_t>((avg_rows + rows - 1) / rows, 1, 4096));
 }
 
+int mla_attention_passes_per_token(int heads, bool mma) {
+  const int rows = mma ? kMmaRows : kCoreRows;
+  return heads < 1 ? 1 : (heads + rows - 1) / rows;
+}
+
 int mla_attention_splits(const MlaAttentionShape& shape, bool mma) {
   if (shape.num_seqs <= 0) return 1;
-  const int64_t base = int64_t{shape.num_seqs} * mla_attention_row_splits(shape, mma);
-  if (mma) {
-    // One block per SM (its shared memory), so the blocks run in waves of
-    // sm_count. A block's time is about its keys plus a fixed cost worth
-    // ~192 keys (the q tile, the partials, its share of the combine); the
-    // count with the least waves x block time wins, a split keeping at least
-    // 128 keys (4 tiles), fewer splits on a tie. Fitted to the H200 (the MLA
-    // bench's forced-split sweep, V3 dims over 4096 keys): batch 1 -> 32
-    // splits (30.7 us, against 43.0 at the 16 of the earlier rule), batch 32
-    // -> 2, batch 128 -> 1.
-    constexpr double kFixedKeys = 192.0;
-    const int64_t sms = sm_count();
-    const int64_t avg_keys = shape.kv_slots_len / shape.num_seqs;
-    int best = 1;
-    double best_cost = 0.0;
-    for (int s = 1; s <= kMlaMaxSplits; ++s) {
-      if (s > 1 && avg_keys < int64_t{128} * s) break;
-      const double waves = static_cast<double>((base * s + sms - 1) / sms);
-      const double cost = waves * (static_cast<double>(avg_keys) / s + kFixedKeys);
-      if (s == 1 || cost < best_cost * 0.98) best = s, best_cost = cost;
-    }
-    return best;
-  }
-  const int64_t to_fill = (sm_count() + base - 1) / base;
-  // A split keeps at least ~256 keys (tensor cores) or ~128 (CUDA cores): the
-  // partials cost L floats per row and split.
-  const int64_t avg_keys = shape.kv_slots_len / shape.num_seqs;
-  const int64_t by_keys = std::max<int64_t>(1, avg_keys / (mma ? 256 : 128));
-  return static_cast<int>(std::clamp<int64_t>(std::min(to_fill, by_keys), 1, kMlaMaxSplits));
+  // A pass sees at most its sequence's keys, and a sequence holds at most
+  // all slots but one for each other sequence.
+  const int64_t most_keys = std::max<int64_t>(shape.kv_slots_len - (shape.num_seqs - 1), 1);
+  return mla_splits_for_keys(most_keys, int64_t{shape.num_seqs} * mla_attention_passes_per_token(shape.heads, mma),
+                             sm_count(), mma);
 }
 
 int64_t mla_attention_scratch_floats(const MlaAttentionShape& shape, int splits) {
   if (splits <= 1) return 0;
-  return int64_t{splits} * shape.q_tokens * shape.heads * (shape.latent + 2);
+  // part_o and part_ml per split, and part_n (int32 in float slots).
+  return (int64_t{splits} * (shape.latent + 2) + 1) * shape.q_tokens * shape.heads;
 }
 
 cudaError_t mla_attention(Elem q_elem, Elem cache, Elem o_elem, const void* q_full, const void* cache_data,
                           const int32_t* q_start, const int32_t* kv_start, const int32_t* kv_slots,
-                          const MlaAttentionShape& shape, int splits, int row_splits, MlaCoreKernel kernel,
-                          float* scratch, void* o_lat, cudaStream_t stream) {
+                          const MlaAttentionShape& shape, int splits, bool splits_by_pass, int row_splits,
+                          MlaCoreKernel kernel, float* scratch, void* o_lat, cudaStream_t stream) {
   if (shape.q_tokens == 0 || shape.num_seqs == 0) return cudaSuccess;
   MlaArgs a{};
   a.q = q_full;
@@ -912,6 +904,7 @@ cudaError_t mla_attention(Elem q_elem, Elem cache, Elem o_elem, const void* q_fu
   const int64_t rows = shape.q_tokens * shape.heads;
   a.part_o = splits > 1 ? scratch : nullptr;
   a.part_ml = splits > 1 ? scratch + int64_t{splits} * rows * shape.latent : nullptr;
+  a.part_n = splits > 1 ? reinterpret_cast<int32_t*>(scratch + int64_t{splits} * rows * (shape.latent + 2)) : nullptr;
   a.q_start = q_start;
   a.kv_start = kv_start;
   a.kv_slots = kv_slots;
@@ -923,6 +916,10 @@ cudaError_t mla_attention(Elem q_elem, Elem cache, Elem o_elem, const void* q_fu
   a.R = shape.rope;
   a.splits = splits;
   a.row_splits = row_splits;
+  const bool mma = kernel != MlaCoreKernel::kCudaCores;
+  a.split_base = splits_by_pass ? int64_t{shape.num_seqs} * mla_attention_passes_per_token(shape.heads, mma) : 0;
+  a.split_sms = sm_count();
+  a.split_mma = mma;
   a.scale_log2 = shape.scale * kLog2e;
   const dim3 grid(static_cast<unsigned>(splits * row_splits), static_cast<unsigned>(shape.num_seqs));
   if (kernel != MlaCoreKernel::kCudaCores) {
@@ -946,10 +943,10 @@ cudaError_t mla_attention(Elem q_elem, Elem cache, Elem o_elem, const void* q_fu
   if (splits > 1) {
     if (o_elem == Elem::kF32) {
       mla_combine_kernel<float><<<static_cast<unsigned>(rows), kCombineThreads, 0, stream>>>(
-          a.part_o, a.part_ml, static_cast<float*>(o_lat), rows, splits, shape.latent);
+          a.part_o, a.part_ml, a.part_n, static_cast<float*>(o_lat), rows, splits, shape.latent);
     } else {
       mla_combine_kernel<bf16><<<static_cast<unsigned>(rows), kCombineThreads, 0, stream>>>(
-          a.part_o, a.part_ml, static_cast<bf16*>(o_lat), rows, splits, shape.latent);
+          a.part_o, a.part_ml, a.part_n, static_cast<bf16*>(o_lat), rows, splits, shape.latent);
     }
   }
   return cudaGetLastError();

@@ -93,19 +93,66 @@ bool mla_attention_uses_mma(Elem cache, Elem q_full, const MlaAttentionShape& sh
 // The attention core's kernels: CUDA cores (any dims, f32 q_full), mma.sync
 // and wgmma (tensor cores, as above; wgmma on sm_90a only, kernel_caps.h).
 enum class MlaCoreKernel : uint8_t { kCudaCores, kMmaSync, kWgmma };
-// Key splits (1 .. kMlaMaxSplits) and row splits, from sizes only.
+// Key splits (1 .. kMlaMaxSplits) and row splits, from sizes only. With
+// splits chosen per pass (mla_attention's `splits_by_pass`), the split count
+// is the launch's bound: the most any pass of the call can take.
 int mla_attention_splits(const MlaAttentionShape& shape, bool mma);
 int mla_attention_row_splits(const MlaAttentionShape& shape, bool mma);
+// Row passes (of 64 rows on the tensor cores, 4 on the CUDA cores) a query
+// token's heads fill.
+int mla_attention_passes_per_token(int heads, bool mma);
 // f32 scratch the split path needs (splits > 1).
 int64_t mla_attention_scratch_floats(const MlaAttentionShape& shape, int splits);
+
+// The key splits a row pass over `keys` keys takes when `base` passes run per
+// split (sequences x passes per token) on `sms` multiprocessors. Tensor
+// cores: one block per SM, so blocks run in waves of sms; a block costs about
+// its keys plus a fixed ~192 keys' worth (the q tile, its partials, its share
+// of the merge); the count with the least waves x block cost wins (the
+// fewest on a tie), a split keeping at least 128 keys (4 tiles). Fitted
+// to the H200 (the MLA bench's forced-split sweep, V3 dims over 4096 keys):
+// batch 1 -> 32 splits (30.7 us, against 43.0 at the 16 of an earlier rule),
+// batch 32 -> 2, batch 128 -> 1. CUDA cores: enough splits to fill the SMs,
+// each at least 128 keys. Integer arithmetic only, so that the host (the
+// launch's bound) and the device (each pass's count) agree exactly. Never
+// decreasing in keys (a test sweeps it), so the count at a call's most keys
+// bounds every pass's; an earlier form that kept fewer splits unless one was
+// 2 % cheaper was not monotone.
+constexpr int mla_splits_for_keys(int64_t keys, int64_t base, int64_t sms, bool mma) {
+  if (base < 1) base = 1;
+  if (sms < 1) sms = 1;
+  if (mma) {
+    int best = 1;
+    int64_t best_num = (base + sms - 1) / sms * (keys + 192), best_den = 1;  // cost = num / den
+    for (int s = 2; s <= kMlaMaxSplits; ++s) {
+      if (keys < int64_t{128} * s) break;
+      const int64_t num = (base * s + sms - 1) / sms * (keys + int64_t{192} * s);
+      if (num * best_den < best_num * s) best = s, best_num = num, best_den = s;
+    }
+    return best;
+  }
+  const int64_t to_fill = (sms + base - 1) / base, by_keys = keys / 128 > 1 ? keys / 128 : 1;
+  const int64_t s = to_fill < by_keys ? to_fill : by_keys;
+  return static_cast<int>(s < 1 ? 1 : s > kMlaMaxSplits ? kMlaMaxSplits : s);
+}
 
 // o_lat `o_elem` [T, heads, L] = softmax(q_full · cacheᵀ * scale) · cache[:, :L]
 // per (token, head), causal over the layout (attention.h's semantics; rows
 // at negative positions are 0). q_full `q_elem` [T, heads, L + R]. With
 // splits > 1, scratch holds mla_attention_scratch_floats floats.
+//
+// splits_by_pass false: every row pass cuts its keys into `splits` parts.
+// True: a pass over keys [0, hi) takes min(splits, mla_splits_for_keys(hi,
+// num_seqs x passes per token, SMs, tensor cores)) -- the count a decode
+// step at that position takes -- so where a pass holds one query token's
+// rows (heads a multiple of the pass's rows: V3's 128 heads on the tensor
+// cores, any head count a multiple of 4 on the CUDA cores), a row of a
+// multi-token call (a speculative verification) is summed over the same
+// key ranges, in the same order, as the one-token decode step it stands for,
+// and gives its bits.
 cudaError_t mla_attention(Elem q_elem, Elem cache, Elem o_elem, const void* q_full, const void* cache_data,
                           const int32_t* q_start, const int32_t* kv_start, const int32_t* kv_slots,
-                          const MlaAttentionShape& shape, int splits, int row_splits, MlaCoreKernel kernel,
-                          float* scratch, void* o_lat, cudaStream_t stream);
+                          const MlaAttentionShape& shape, int splits, bool splits_by_pass, int row_splits,
+                          MlaCoreKernel kernel, float* scratch, void* o_lat, cudaStream_t stream);
 
 }  // namespace basalt::cuda_kernels

@@ -78,6 +78,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
 
   for (int64_t r0 = int64_t{row_split} * kRows; r0 < total_rows; r0 += int64_t{kRows} * a.row_splits) {  // uniform
     const MlaKeyRange keys = mla_split_keys(a, b, split, r0, kRows);
+    if (split >= keys.splits) continue;  // uniform: this pass takes fewer splits
     // Key indices within a sequence fit 32 bits (its slots are int32 rows).
     const int c0 = static_cast<int>(keys.begin), c1 = static_cast<int>(keys.end);
     const int tiles = c1 > c0 ? (c1 - c0 + kKeys - 1) / kKeys : 0;
@@ -247,7 +248,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
       if (r >= total_rows) continue;
       const float l_all = red_l[row] + red_l[kRows + row];
       const int64_t at = (b.q_begin + r / heads) * heads + r % heads;
-      if (a.splits == 1) {
+      if (a.part_n != nullptr && split == 0 && wg == 0 && t4 == 0) a.part_n[at] = keys.splits;
+      if (keys.splits == 1) {
         const float inv = poisoned ? quiet_nan() : (l_all > 0.0f ? 1.0f / l_all : 0.0f);
         O* dst = static_cast<O*>(a.o) + at * kMlaMmaLatent + wg * 256 + 2 * t4;
 #pragma unroll
