@@ -55,6 +55,23 @@ double median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// Seconds per call: the median of `repeats` calls, each alone between two
+// events; call(r) makes call r.
+template <typename Call>
+double median_seconds(int repeats, cudaEvent_t start, cudaEvent_t stop, Call&& call) {
+  std::vector<float> times;
+  for (int r = 0; r < repeats; ++r) {
+    BASALT_CUDA_CHECK(cudaEventRecord(start));
+    call(r);
+    BASALT_CUDA_CHECK(cudaEventRecord(stop));
+    BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  return median(times) * 1e-3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,17 +107,8 @@ int main(int argc, char** argv) {
     for (int64_t m : token_counts) {
       Tensor x = random_bf16(m, s.k, 2), out = cuda_empty({m, s.n}, DType::kBF16);
       for (int w = 0; w < 3; ++w) blas.linear(x, weights[w % copies], nullptr, out);  // warm-up, plans
-      std::vector<float> times;
-      for (int r = 0; r < repeats; ++r) {
-        BASALT_CUDA_CHECK(cudaEventRecord(start));
-        blas.linear(x, weights[r % copies], nullptr, out);
-        BASALT_CUDA_CHECK(cudaEventRecord(stop));
-        BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
-        float ms = 0;
-        BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        times.push_back(ms);
-      }
-      const double sec = median(times) * 1e-3;
+      const double sec =
+          median_seconds(repeats, start, stop, [&](int r) { blas.linear(x, weights[r % copies], nullptr, out); });
       const double flops = 2.0 * static_cast<double>(m) * s.n * s.k;
       const double bytes = static_cast<double>(weight_bytes) + 2.0 * m * s.k + 2.0 * m * s.n;
       std::printf("%-13s %6lld %6lld %6lld %10.1f %9.1f %9.0f\n", s.name, static_cast<long long>(m),
@@ -121,17 +129,9 @@ int main(int argc, char** argv) {
             if (f32_x && (variant == 2 || variant == 3)) continue;
             const Tensor& input = f32_x ? x32 : x;
             for (int w = 0; w < 3; ++w) skinny_linear(input, weights[w % copies], nullptr, out32, nullptr, variant);
-            std::vector<float> skinny_times;
-            for (int r = 0; r < repeats; ++r) {
-              BASALT_CUDA_CHECK(cudaEventRecord(start));
+            const double ssec = median_seconds(repeats, start, stop, [&](int r) {
               skinny_linear(input, weights[r % copies], nullptr, out32, nullptr, variant);
-              BASALT_CUDA_CHECK(cudaEventRecord(stop));
-              BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
-              float ms = 0;
-              BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-              skinny_times.push_back(ms);
-            }
-            const double ssec = median(skinny_times) * 1e-3;
+            });
             const double sbytes =
                 static_cast<double>(weight_bytes) + (f32_x ? 4.0 : 2.0) * m * s.k + 4.0 * m * s.n;
             char label[48];

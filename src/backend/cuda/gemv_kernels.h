@@ -1,10 +1,11 @@
 // Small-M linear layers (decode): out[m, :] = x[m, :] · wᵀ (+ bias) for up to
 // 16 rows m, with the weights streamed once from memory: one warp per weight
 // row (a warp owning 1, 2 or 4 rows) for m <= kGemvDefaultRowExactRows, the
-// tensor cores (mma.sync) above (see gemv_kernels.cu for both schemes). Launched as programmatic dependent launches: a GEMV's
-// blocks may start streaming weights while the kernel before it finishes,
-// and wait for it before reading x. Plain launcher interface (see
-// elementwise_kernels.h for why).
+// tensor cores (mma.sync) above (see gemv_kernels.cu for both schemes).
+// Launched as programmatic dependent launches: a GEMV's blocks may start
+// streaming weights while the kernel before it finishes, and wait for it
+// before reading x. Plain launcher interface (see elementwise_kernels.h for
+// why).
 //
 // Contract: 1 <= m <= kGemvMaxRows (any m for kGemvRowInvariant); k a
 // multiple of 32; x and w rows 16-byte aligned; w bf16 or f16 [n, k]; x f32
