@@ -527,8 +527,9 @@ TEST(CudaMla, AbsorbedMatchesExpandedOnDevice) {
 }
 
 // The per-pass split rule bounds every pass of a call by its count at the
-// call's most keys (mla_attention_splits), which holds only if the count
-// never falls as keys grow. Host arithmetic; no device needed.
+// call's most keys (mla_attention_splits) and is looked up as a table of
+// thresholds, both of which hold only if the count never falls as keys grow.
+// Host arithmetic; no device needed.
 TEST(CudaMla, SplitCountNeverFallsAsKeysGrow) {
   for (const bool mma : {true, false})
     for (const int64_t sms : {78, 114, 132, 144})
@@ -541,6 +542,18 @@ TEST(CudaMla, SplitCountNeverFallsAsKeysGrow) {
           previous = s;
         }
       }
+  // The table the kernels look a pass's count up in gives the rule's count
+  // under any bound.
+  for (const bool mma : {true, false})
+    for (const int64_t base : {1, 2, 7, 64, 256}) {
+      const cuda_kernels::MlaSplitTable table = cuda_kernels::mla_split_table(base, 132, mma);
+      for (int64_t keys = 0; keys <= 40000; keys += 13)
+        for (const int bound : {1, 5, cuda_kernels::kMlaMaxSplits}) {
+          ASSERT_EQ(cuda_kernels::mla_pass_splits(table, keys, bound),
+                    std::min(bound, cuda_kernels::mla_splits_for_keys(keys, base, 132, mma)))
+              << "mma " << mma << " base " << base << " keys " << keys << " bound " << bound;
+        }
+    }
   // What it was fitted to (V3 on the H200's 132 SMs, 4096 keys, two passes a
   // token): 32 splits at batch 1, 2 at batch 32, 1 at batch 128.
   EXPECT_EQ(cuda_kernels::mla_splits_for_keys(4096, 2, 132, true), 32);

@@ -324,24 +324,23 @@ cudaError_t launch(const void* x, const void* w, const float* bias, void* out, i
   const int mi = static_cast<int>(m);
   // Measured (bench/README, "Exact verification rows"): one warp per weight
   // row is fastest at 1 row, two rows a warp at 2; at 3-5 rows the
-  // tensor-core kernel (8 warps, 4 chunks in flight) is 0-11 % faster per
-  // layer on the Llama-8B shapes (3-6 % over a layer's four GEMVs), but it
+  // tensor-core kernel (8 warps, 4 chunks in flight) is up to 11 % faster
+  // per GEMV on the Llama-8B shapes (3-6 % over a layer's four), but it
   // rounds f32 x to the weights' type and groups its sums otherwise, so its
   // rows are not what one-row calls give; the default keeps the warp-per-row
   // kernel up to kGemvDefaultRowExactRows rows for that (a verification of
   // up to 4 drafts then computes its decode steps' bits), and takes the
   // tensor cores above, where the warp-per-row kernel falls 20-60 % behind.
   if (variant == kGemvDefault) variant = m <= kGemvDefaultRowExactRows ? kGemvRowKernel : 1;
-  if (m <= kRowKernelMaxRows) {
-    if (variant == kGemvRowKernel) {
-      const int r = row_kernel_rows_per_warp(m, n);
-      if (r == 1) return launch_rows<X, W, O, 1>(xp, wp, bias, op, m, n, k, stream);
-      if (r == 2) return launch_rows<X, W, O, 2>(xp, wp, bias, op, m, n, k, stream);
-      return launch_rows<X, W, O, 4>(xp, wp, bias, op, m, n, k, stream);
-    }
-    if (variant == kGemvRowKernel1) return launch_rows<X, W, O, 1>(xp, wp, bias, op, m, n, k, stream);
-    if (variant == kGemvRowKernel2) return launch_rows<X, W, O, 2>(xp, wp, bias, op, m, n, k, stream);
-    if (variant == kGemvRowKernel4) return launch_rows<X, W, O, 4>(xp, wp, bias, op, m, n, k, stream);
+  const int rows_per_warp = variant == kGemvRowKernel    ? row_kernel_rows_per_warp(m, n)
+                            : variant == kGemvRowKernel1 ? 1
+                            : variant == kGemvRowKernel2 ? 2
+                            : variant == kGemvRowKernel4 ? 4
+                                                         : 0;
+  if (rows_per_warp > 0 && m <= kRowKernelMaxRows) {
+    if (rows_per_warp == 1) return launch_rows<X, W, O, 1>(xp, wp, bias, op, m, n, k, stream);
+    if (rows_per_warp == 2) return launch_rows<X, W, O, 2>(xp, wp, bias, op, m, n, k, stream);
+    return launch_rows<X, W, O, 4>(xp, wp, bias, op, m, n, k, stream);
   }
   const unsigned blocks = static_cast<unsigned>((n + kRows - 1) / kRows);
 #define BASALT_GEMV_MMA(MT, WARPS, UNROLL) \

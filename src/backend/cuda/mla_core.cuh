@@ -38,11 +38,10 @@ struct MlaArgs {
   const int32_t* kv_slots;
   int64_t q_tokens, kv_slots_len, num_slots;
   int heads, L, R, splits, row_splits;
-  // split_base > 0: a pass over hi keys takes min(splits,
-  // mla_splits_for_keys(hi, split_base, split_sms, split_mma)); 0: splits.
-  int64_t split_base;
-  int split_sms;
-  bool split_mma;
+  // splits_by_pass: a pass over hi keys takes mla_pass_splits(split_table,
+  // hi, splits); otherwise splits.
+  bool splits_by_pass;
+  MlaSplitTable split_table;
   float scale_log2;
 };
 
@@ -79,8 +78,7 @@ __device__ __forceinline__ MlaKeyRange mla_split_keys(const MlaArgs& a, const Ml
   const int64_t total_rows = b.q_len * a.heads;
   const int64_t pos_last = b.kv_len - b.q_len + min(r0 + rows - 1, total_rows - 1) / a.heads;
   const int64_t hi = b.bad ? 0 : max(pos_last + 1, int64_t{0});
-  const int splits =
-      a.split_base > 0 ? min(a.splits, mla_splits_for_keys(hi, a.split_base, a.split_sms, a.split_mma)) : a.splits;
+  const int splits = a.splits_by_pass ? mla_pass_splits(a.split_table, hi, a.splits) : a.splits;
   const int64_t per_split = (hi + splits - 1) / splits;
   const int64_t begin = split * per_split;
   return MlaKeyRange{begin, min(hi, begin + per_split), splits};

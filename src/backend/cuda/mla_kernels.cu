@@ -33,6 +33,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "backend/cuda/element_types.cuh"
@@ -886,6 +890,29 @@ int mla_attention_splits(const MlaAttentionShape& shape, bool mma) {
                              sm_count(), mma);
 }
 
+MlaSplitTable mla_split_table(int64_t base, int64_t sms, bool mma) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int64_t, bool>, MlaSplitTable> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(base, sms, mma);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  MlaSplitTable table{};
+  constexpr int64_t kMostKeys = std::numeric_limits<int32_t>::max();
+  for (int s = 2; s <= kMlaMaxSplits; ++s) {
+    // The least keys in [0, kMostKeys] with s splits or more (the rule never
+    // falls as keys grow); kMostKeys where it has fewer even there.
+    int64_t lo = 0, hi = kMostKeys;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (mla_splits_for_keys(mid, base, sms, mma) >= s) hi = mid;
+      else lo = mid + 1;
+    }
+    table.min_keys[s - 2] = static_cast<int32_t>(lo);
+  }
+  cache.emplace(key, table);
+  return table;
+}
+
 int64_t mla_attention_scratch_floats(const MlaAttentionShape& shape, int splits) {
   if (splits <= 1) return 0;
   // part_o and part_ml per split, and part_n (int32 in float slots).
@@ -917,9 +944,10 @@ cudaError_t mla_attention(Elem q_elem, Elem cache, Elem o_elem, const void* q_fu
   a.splits = splits;
   a.row_splits = row_splits;
   const bool mma = kernel != MlaCoreKernel::kCudaCores;
-  a.split_base = splits_by_pass ? int64_t{shape.num_seqs} * mla_attention_passes_per_token(shape.heads, mma) : 0;
-  a.split_sms = sm_count();
-  a.split_mma = mma;
+  a.splits_by_pass = splits_by_pass && splits > 1;
+  if (a.splits_by_pass)
+    a.split_table =
+        mla_split_table(int64_t{shape.num_seqs} * mla_attention_passes_per_token(shape.heads, mma), sm_count(), mma);
   a.scale_log2 = shape.scale * kLog2e;
   const dim3 grid(static_cast<unsigned>(splits * row_splits), static_cast<unsigned>(shape.num_seqs));
   if (kernel != MlaCoreKernel::kCudaCores) {

@@ -113,11 +113,10 @@ int64_t mla_attention_scratch_floats(const MlaAttentionShape& shape, int splits)
 // to the H200 (the MLA bench's forced-split sweep, V3 dims over 4096 keys):
 // batch 1 -> 32 splits (30.7 us, against 43.0 at the 16 of an earlier rule),
 // batch 32 -> 2, batch 128 -> 1. CUDA cores: enough splits to fill the SMs,
-// each at least 128 keys. Integer arithmetic only, so that the host (the
-// launch's bound) and the device (each pass's count) agree exactly. Never
-// decreasing in keys (a test sweeps it), so the count at a call's most keys
-// bounds every pass's; an earlier form that kept fewer splits unless one was
-// 2 % cheaper was not monotone.
+// each at least 128 keys. Integer arithmetic only. Never decreasing in keys
+// (a test sweeps it), so the count at a call's most keys bounds every pass's
+// and the rule is a table of thresholds (MlaSplitTable); an earlier form that
+// kept fewer splits unless one was 2 % cheaper was not monotone.
 constexpr int mla_splits_for_keys(int64_t keys, int64_t base, int64_t sms, bool mma) {
   if (base < 1) base = 1;
   if (sms < 1) sms = 1;
@@ -134,6 +133,23 @@ constexpr int mla_splits_for_keys(int64_t keys, int64_t base, int64_t sms, bool 
   const int64_t to_fill = (sms + base - 1) / base, by_keys = keys / 128 > 1 ? keys / 128 : 1;
   const int64_t s = to_fill < by_keys ? to_fill : by_keys;
   return static_cast<int>(s < 1 ? 1 : s > kMlaMaxSplits ? kMlaMaxSplits : s);
+}
+
+// mla_splits_for_keys as a table, so that a pass looks its count up rather
+// than running the rule's loop (its 64-bit divisions) in every block:
+// min_keys[s - 1] is the least key count at which the rule reaches s + 1
+// splits (INT32_MAX where it never does below 2^31 keys). Built once per
+// (base, sms, mma) and cached (mla_split_table).
+struct MlaSplitTable {
+  int32_t min_keys[kMlaMaxSplits - 1];
+};
+MlaSplitTable mla_split_table(int64_t base, int64_t sms, bool mma);
+// min(bound, mla_splits_for_keys(keys, base, sms, mma)) from the table of
+// (base, sms, mma): exact because the rule never falls as keys grow.
+constexpr int mla_pass_splits(const MlaSplitTable& table, int64_t keys, int bound) {
+  int s = 1;
+  while (s < bound && s < kMlaMaxSplits && keys >= table.min_keys[s - 1]) ++s;
+  return s;
 }
 
 // o_lat `o_elem` [T, heads, L] = softmax(q_full · cacheᵀ * scale) · cache[:, :L]
