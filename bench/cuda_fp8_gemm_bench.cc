@@ -14,7 +14,10 @@
 // over 4x the 60 MB L2) that every call reads them from HBM. Median of
 // --repeats graph launches.
 //
-// Usage: basalt_bench_cuda_fp8_gemm [--repeats N]
+// Usage: basalt_bench_cuda_fp8_gemm [--repeats N] [--shape NxK]... [--tokens M,M,...]
+//
+// --shape (repeatable) keeps the listed shapes of the table and --tokens the
+// listed token counts (a profiler then sees only those calls).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -116,9 +119,32 @@ double time_per_call(const std::function<void(int, cudaStream_t)>& call, int rep
 
 int main(int argc, char** argv) {
   int repeats = 10;
+  std::vector<std::string> only_shapes;
+  std::vector<int64_t> only_tokens;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) repeats = std::max(3, std::atoi(argv[++i]));
+    if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) {
+      repeats = std::max(3, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
+      only_shapes.emplace_back(argv[++i]);
+    } else if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
+      const std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        only_tokens.push_back(std::atoll(list.substr(at, comma - at).c_str()));
+        at = comma + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: basalt_bench_cuda_fp8_gemm [--repeats N] [--shape NxK]... [--tokens M,M,...]\n");
+      return 2;
+    }
   }
+  const auto kept_shape = [&](int64_t n, int64_t k) {
+    const std::string name = std::to_string(n) + "x" + std::to_string(k);
+    return only_shapes.empty() || std::find(only_shapes.begin(), only_shapes.end(), name) != only_shapes.end();
+  };
+  const auto kept_tokens = [&](int64_t m) {
+    return only_tokens.empty() || std::find(only_tokens.begin(), only_tokens.end(), m) != only_tokens.end();
+  };
   if (!cuda_available()) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
@@ -136,6 +162,7 @@ int main(int argc, char** argv) {
   std::printf("%6s %6s %5s  %-20s %9s %8s %8s %9s\n", "N", "K", "M", "path", "us/call", "TFLOP/s", "GB/s",
               "DeepGEMM");
   for (const Shape2& s : shapes) {
+    if (!kept_shape(s.n, s.k)) continue;
     const int64_t weight_bytes = s.n * s.k;
     const int copies = static_cast<int>(std::max<int64_t>(2, (256ll << 20) / weight_bytes + 1));
     const int64_t nb = (s.n + kFp8BlockSize - 1) / kFp8BlockSize, kb = (s.k + kFp8BlockSize - 1) / kFp8BlockSize;
@@ -149,6 +176,7 @@ int main(int argc, char** argv) {
       scales.push_back(random_f32({nb, kb}, 1e-3f, 1e-2f, 2 + c));
     }
     for (int64_t m : token_counts) {
+      if (!kept_tokens(m)) continue;
       const Tensor x = random_f32({m, s.k}, -2.0f, 2.0f, 3);
       Tensor out32 = cuda_empty({m, s.n}, DType::kF32), out16 = cuda_empty({m, s.n}, DType::kBF16);
       const double flops = 2.0 * static_cast<double>(m) * s.n * s.k;
@@ -187,6 +215,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (!only_shapes.empty() || !only_tokens.empty()) return 0;  // a profiler's run: the table's calls only
   std::printf("\nThe activation quantizer alone (x f32 [M, K] -> e4m3 + group-major scales)\n");
   std::printf("%6s %5s %9s %8s\n", "K", "M", "us/call", "GB/s");
   for (int64_t k : {512, 1536, 2048, 7168, 16384})
