@@ -559,6 +559,20 @@ TEST(CudaMla, SplitCountNeverFallsAsKeysGrow) {
   EXPECT_EQ(cuda_kernels::mla_splits_for_keys(4096, 2, 132, true), 32);
   EXPECT_EQ(cuda_kernels::mla_splits_for_keys(4096, 64, 132, true), 2);
   EXPECT_EQ(cuda_kernels::mla_splits_for_keys(4096, 256, 132, true), 1);
+  // A launch's bound comes from the average sequence: at batch 128 x 4096
+  // keys one split, not the many a sequence holding nearly all 512K slots
+  // would take (a bound from that launched mostly idle blocks and a merge).
+  for (const int64_t seqs : {1, 32, 128}) {
+    cuda_kernels::MlaAttentionShape shape;
+    shape.q_tokens = seqs;
+    shape.num_seqs = static_cast<int>(seqs);
+    shape.kv_slots_len = seqs * 4096;
+    shape.heads = 128;
+    shape.latent = 512;
+    shape.rope = 64;
+    EXPECT_EQ(cuda_kernels::mla_attention_splits_on(shape, true, 132), seqs == 1 ? 32 : seqs == 32 ? 2 : 1)
+        << seqs << " sequences";
+  }
 }
 
 // A speculative verification computes a request's last token and its drafts

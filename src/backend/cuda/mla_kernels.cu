@@ -881,13 +881,15 @@ int mla_attention_passes_per_token(int heads, bool mma) {
   return heads < 1 ? 1 : (heads + rows - 1) / rows;
 }
 
-int mla_attention_splits(const MlaAttentionShape& shape, bool mma) {
+int mla_attention_splits_on(const MlaAttentionShape& shape, bool mma, int64_t sms) {
   if (shape.num_seqs <= 0) return 1;
-  // A pass sees at most its sequence's keys, and a sequence holds at most
-  // all slots but one for each other sequence.
-  const int64_t most_keys = std::max<int64_t>(shape.kv_slots_len - (shape.num_seqs - 1), 1);
-  return mla_splits_for_keys(most_keys, int64_t{shape.num_seqs} * mla_attention_passes_per_token(shape.heads, mma),
-                             sm_count(), mma);
+  const int64_t avg_keys = std::max<int64_t>(shape.kv_slots_len / shape.num_seqs, 1);
+  return mla_splits_for_keys(avg_keys, int64_t{shape.num_seqs} * mla_attention_passes_per_token(shape.heads, mma),
+                             sms, mma);
+}
+
+int mla_attention_splits(const MlaAttentionShape& shape, bool mma) {
+  return mla_attention_splits_on(shape, mma, sm_count());
 }
 
 MlaSplitTable mla_split_table(int64_t base, int64_t sms, bool mma) {

@@ -93,10 +93,18 @@ bool mla_attention_uses_mma(Elem cache, Elem q_full, const MlaAttentionShape& sh
 // The attention core's kernels: CUDA cores (any dims, f32 q_full), mma.sync
 // and wgmma (tensor cores, as above; wgmma on sm_90a only, kernel_caps.h).
 enum class MlaCoreKernel : uint8_t { kCudaCores, kMmaSync, kWgmma };
-// Key splits (1 .. kMlaMaxSplits) and row splits, from sizes only. With
-// splits chosen per pass (mla_attention's `splits_by_pass`), the split count
-// is the launch's bound: the most any pass of the call can take.
+// Key splits (1 .. kMlaMaxSplits) and row splits, from sizes only: the split
+// rule (mla_splits_for_keys) at the average sequence's keys. With splits
+// chosen per pass (mla_attention's `splits_by_pass`) the count is the
+// launch's bound, which a pass's own count never passes at batch 1 (the one
+// sequence holds every slot); in a batch, the passes of a sequence longer
+// than the average are held to it. (A bound from the longest sequence a
+// batch could hold, all slots but one per other sequence, made batch 128 x
+// 4096 keys launch 64 splits of mostly idle blocks and their merge: 18%
+// slower on an H100.)
 int mla_attention_splits(const MlaAttentionShape& shape, bool mma);
+// The same on `sms` multiprocessors (host arithmetic, for tests).
+int mla_attention_splits_on(const MlaAttentionShape& shape, bool mma, int64_t sms);
 int mla_attention_row_splits(const MlaAttentionShape& shape, bool mma);
 // Row passes (of 64 rows on the tensor cores, 4 on the CUDA cores) a query
 // token's heads fill.
@@ -114,9 +122,10 @@ int64_t mla_attention_scratch_floats(const MlaAttentionShape& shape, int splits)
 // batch 1 -> 32 splits (30.7 us, against 43.0 at the 16 of an earlier rule),
 // batch 32 -> 2, batch 128 -> 1. CUDA cores: enough splits to fill the SMs,
 // each at least 128 keys. Integer arithmetic only. Never decreasing in keys
-// (a test sweeps it), so the count at a call's most keys bounds every pass's
-// and the rule is a table of thresholds (MlaSplitTable); an earlier form that
-// kept fewer splits unless one was 2 % cheaper was not monotone.
+// (a test sweeps it), so the count at a sequence's keys bounds that of each
+// of its passes and the rule is a table of thresholds (MlaSplitTable); an
+// earlier form that kept fewer splits unless one was 2 % cheaper was not
+// monotone.
 constexpr int mla_splits_for_keys(int64_t keys, int64_t base, int64_t sms, bool mma) {
   if (base < 1) base = 1;
   if (sms < 1) sms = 1;
@@ -145,11 +154,16 @@ struct MlaSplitTable {
 };
 MlaSplitTable mla_split_table(int64_t base, int64_t sms, bool mma);
 // min(bound, mla_splits_for_keys(keys, base, sms, mma)) from the table of
-// (base, sms, mma): exact because the rule never falls as keys grow.
+// (base, sms, mma): exact because the rule never falls as keys grow. A binary
+// search (six steps at most) over the thresholds below the bound.
 constexpr int mla_pass_splits(const MlaSplitTable& table, int64_t keys, int bound) {
-  int s = 1;
-  while (s < bound && s < kMlaMaxSplits && keys >= table.min_keys[s - 1]) ++s;
-  return s;
+  int lo = 1, hi = bound < kMlaMaxSplits ? bound : kMlaMaxSplits;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (keys >= table.min_keys[mid - 2]) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
 }
 
 // o_lat `o_elem` [T, heads, L] = softmax(q_full · cacheᵀ * scale) · cache[:, :L]
