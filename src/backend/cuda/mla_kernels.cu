@@ -669,28 +669,47 @@ __global__ void __launch_bounds__(kCombineThreads)
     mla_combine_kernel(const float* part_o, const float* part_ml, const int32_t* part_n, O* o, int64_t rows,
                        int max_splits, int L) {
   const int64_t at = blockIdx.x;
-  // The row's pass's count; 1: written by the core kernel. A row no pass
-  // covers (a token outside every sequence) has no count and no output.
-  const int splits = part_n[at];
-  if (splits <= 1 || splits > max_splits) return;
   __shared__ float weight[kMlaMaxSplits];
   __shared__ float inv_den;
+  __shared__ int splits;
   if (threadIdx.x < 32) {
+    // The partials of every split the launch had are loaded before the row's
+    // count (its pass's) is known, so that its load is not a second round
+    // trip ahead of theirs; splits past the count are ignored. kMlaMaxSplits
+    // is 64: two per lane.
+    static_assert(kMlaMaxSplits <= 64);
     const int lane = threadIdx.x;
+    float m[2], l[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int s = lane + 32 * h;
+      m[h] = s < max_splits ? part_ml[(s * rows + at) * 2] : -INFINITY;
+      l[h] = s < max_splits ? part_ml[(s * rows + at) * 2 + 1] : 0.0f;
+    }
+    // 1: the core kernel wrote the row; 0 (a row no pass covers: a token
+    // outside every sequence): no output.
+    const int n = part_n[at];
     float m_all = -INFINITY;
-    for (int s = lane; s < splits; s += 32) m_all = fmaxf(m_all, part_ml[(s * rows + at) * 2]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m_all = lane + 32 * h < n ? fmaxf(m_all, m[h]) : m_all;
     m_all = warp_max(m_all);
     float den = 0.0f;
-    for (int s = lane; s < splits; s += 32) {
-      const float m = part_ml[(s * rows + at) * 2], l = part_ml[(s * rows + at) * 2 + 1];
-      const float w = m == -INFINITY ? 0.0f : exp2f(m - m_all);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int s = lane + 32 * h;
+      if (s >= n) continue;
+      const float w = m[h] == -INFINITY ? 0.0f : exp2f(m[h] - m_all);
       weight[s] = w;
-      den += w * l;
+      den += w * l[h];
     }
     den = warp_sum(den);
-    if (lane == 0) inv_den = isnan(den) ? quiet_nan() : (den > 0.0f ? 1.0f / den : 0.0f);
+    if (lane == 0) {
+      inv_den = isnan(den) ? quiet_nan() : (den > 0.0f ? 1.0f / den : 0.0f);
+      splits = n;
+    }
   }
   __syncthreads();
+  if (splits <= 1 || splits > max_splits) return;  // uniform
   for (int c = threadIdx.x; c < L; c += kCombineThreads) {
     float acc = 0.0f;
     for (int s = 0; s < splits; ++s) acc += weight[s] * part_o[(s * rows + at) * L + c];
