@@ -100,7 +100,7 @@ enum class MlaCoreKernel : uint8_t { kCudaCores, kMmaSync, kWgmma };
 // sequence holds every slot); in a batch, the passes of a sequence longer
 // than the average are held to it. (A bound from the longest sequence a
 // batch could hold, all slots but one per other sequence, made batch 128 x
-// 4096 keys launch 64 splits of mostly idle blocks and their merge: 18%
+// 4096 keys launch 17 splits of mostly idle blocks and their merge: 18%
 // slower on an H100.)
 int mla_attention_splits(const MlaAttentionShape& shape, bool mma);
 // The same on `sms` multiprocessors (host arithmetic, for tests).
