@@ -5,10 +5,10 @@
 // scored against the cached [latent | rope key] rows as one shared key head,
 // and the softmax-weighted latent is projected back through the head's value
 // rows. Work items are (tile of up to 16 consecutive query rows of one
-// sequence, group of heads): each cached row, and each head's rows of kv_b,
-// is converted and read once per item for all its (row, head) pairs, and
-// items are claimed longest first (a prompt's last rows see the most keys),
-// so that a causal prompt's work spreads evenly over the threads. Every (token, head) is still computed
+// sequence, group of heads): each cached row is converted and read once per
+// item for all its (row, head) pairs, and items are claimed longest first
+// (a prompt's last rows see the most keys), so that a causal prompt's work
+// spreads evenly over the threads. Every (token, head) is still computed
 // alone, over all its keys in position order, by the same arithmetic
 // (mla_scores4's per-pair sums, the row's softmax, the value sums key by key),
 // so the tile it sits in, the group size (set by the thread count), the other
@@ -245,12 +245,8 @@ void CpuBackend::mla_attention_impl(const Tensor& q, const Tensor& cache, const 
   // there by every pair of the item.
   const int64_t key_block = std::max<int64_t>(1, 8192 / (L + R));
   cpu::dynamic_for(*pool_, items, 1, [&](int64_t w0, int64_t w1) {
-    // Kept a thread: at most 32 KB of keys (or one key row), and one head's
-    // rows of kv_b as f32 (W_uk's Dn or W_uv's Dv, plus a zero row).
-    thread_local std::vector<float> kbuf, wbuf;
+    thread_local std::vector<float> kbuf;  // at most 32 KB (or one key row) a thread, kept
     if (kbuf.size() < static_cast<size_t>(key_block * (L + R))) kbuf.resize(static_cast<size_t>(key_block * (L + R)));
-    if (wbuf.size() < static_cast<size_t>((std::max(Dn, Dv) + 1) * L))
-      wbuf.resize(static_cast<size_t>((std::max(Dn, Dv) + 1) * L));
     std::vector<float> qlat, olat, scores;
     for (int64_t w = w0; w < w1; ++w) {
       const Tile& tile = tiles[static_cast<size_t>(w / groups)];
@@ -266,18 +262,15 @@ void CpuBackend::mla_attention_impl(const Tensor& q, const Tensor& cache, const 
       qlat.assign(static_cast<size_t>((pairs + 1) * (L + R)), 0.0f);  // the last row stays zero
       olat.assign(static_cast<size_t>(pairs * L), 0.0f);
       scores.resize(static_cast<size_t>(pairs * n_max));
-      // Queries in the latent space: [q_nope · W_uk(h) | q_pe] per head, the
-      // head's Dn key rows of kv_b converted once for the item's rows.
-      for (int64_t hh = 0; hh < hn; ++hh) {
-        const int64_t h = h0 + hh;
-        for (int64_t d = 0; d < Dn; ++d) cpu::weight_row_f32(kv_b, h * (Dn + Dv) + d, wbuf.data() + d * L);
-        for (int64_t i = first; i < tile.rows; ++i) {
+      // Queries in the latent space: [q_nope · W_uk(h) | q_pe] per head.
+      for (int64_t i = first; i < tile.rows; ++i)
+        for (int64_t hh = 0; hh < hn; ++hh) {
+          const int64_t h = h0 + hh;
           const float* qh = q.data<const float>() + ((tile.row0 + i) * heads + h) * (Dn + R);
           float* ql = qlat.data() + (i * hn + hh) * (L + R);
-          accumulate_rows(qh, wbuf.data(), Dn, L, ql, L);
+          for (int64_t d = 0; d < Dn; ++d) cpu::weight_row_axpy(kv_b, h * (Dn + Dv) + d, qh[d], ql);
           std::copy_n(qh + Dn, R, ql + L);
         }
-      }
       // The rows that see key j: from row max(first, j - pos0) on. Keys go
       // in blocks whose f32 rows fit kbuf, converted once per pass.
       const auto first_seeing = [&](int64_t j) { return std::max(first, j - tile.pos0); };
@@ -314,23 +307,11 @@ void CpuBackend::mla_attention_impl(const Tensor& q, const Tensor& cache, const 
           accumulate_rows(scores.data() + pr * n_max + jb, kbuf.data(), keys, L + R, olat.data() + pr * L, L);
         }
       }
-      // Back through each head's Dv value rows of kv_b (converted once for
-      // the item's rows), four outputs a step; wbuf's row Dv stays zero.
-      for (int64_t hh = 0; hh < hn; ++hh) {
-        const int64_t h = h0 + hh;
-        for (int64_t d = 0; d < Dv; ++d) cpu::weight_row_f32(kv_b, h * (Dn + Dv) + Dn + d, wbuf.data() + d * L);
-        std::fill_n(wbuf.data() + Dv * L, L, 0.0f);
-        for (int64_t i = first; i < tile.rows; ++i) {
-          float* o = out.data<float>() + ((tile.row0 + i) * heads + h) * Dv;
-          for (int64_t d = 0; d < Dv; d += 4) {
-            const int count = static_cast<int>(std::min<int64_t>(4, Dv - d));
-            const float* rows[4];
-            float sums[4];
-            for (int c = 0; c < 4; ++c) rows[c] = wbuf.data() + (c < count ? d + c : Dv) * L;
-            mla_scores4(rows, olat.data() + (i * hn + hh) * L, L, 1.0f, sums);
-            std::copy_n(sums, count, o + d);
-          }
-        }
+      for (int64_t pr = first * hn; pr < pairs; ++pr) {
+        const int64_t i = pr / hn, h = h0 + pr % hn;
+        float* o = out.data<float>() + ((tile.row0 + i) * heads + h) * Dv;
+        for (int64_t d = 0; d < Dv; ++d)
+          o[d] = cpu::weight_row_dot(kv_b, h * (Dn + Dv) + Dn + d, olat.data() + pr * L);
       }
     }
   });
