@@ -145,15 +145,6 @@ void normalize_row(const float* x, const float* weight, int64_t n, float eps, fl
   for (; i < n; ++i) out[i] = x[i] * inv_rms * weight[i];
 }
 
-float row_max(const float* x, int64_t n) {
-  Vec m = cpu::vset(-INFINITY);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) m = cpu::vmax(m, cpu::vload(x + i));
-  float result = cpu::vmax_lanes(m);
-  for (; i < n; ++i) result = std::max(result, x[i]);
-  return result;
-}
-
 // Writes exp(x - shift) to out (may alias x) and returns its sum.
 float exp_shifted(const float* x, int64_t n, float shift, float* out) {
   const Vec s = cpu::vset(shift);
@@ -393,7 +384,7 @@ void softmax_op(ThreadPool& pool, const Tensor& x, Tensor& out, bool log) {
         for (int64_t r = r0; r < r1; ++r) {
           const float* in = x.data<const float>() + r * cols;
           float* o = out.data<float>() + r * cols;
-          const float max_value = row_max(in, cols);
+          const float max_value = cpu::row_max(in, cols);
           if (log) {
             // Sum the exponentials without storing them: out may alias x.
             const Vec shift = cpu::vset(max_value);

@@ -16,7 +16,6 @@
 // change its bits.
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -71,14 +70,9 @@ void mla_scores4(const float* const* q, const float* k, int64_t n, float scale, 
 // lane-wise and the lanes by vsum, the tail's terms after in order; then each
 // times 1 / sum. A fixed function of the row's n values.
 void softmax_row(float* s, int64_t n) {
-  int64_t j = 0;
-  cpu::Vec mv = cpu::vset(-std::numeric_limits<float>::infinity());
-  for (; j + cpu::kLanes <= n; j += cpu::kLanes) mv = cpu::vmax(mv, cpu::vload(s + j));
-  float max = cpu::vmax_lanes(mv);
-  for (; j < n; ++j) max = std::max(max, s[j]);
-  mv = cpu::vset(max);
+  const cpu::Vec mv = cpu::vset(cpu::row_max(s, n));
   cpu::Vec zv = cpu::vzero();
-  j = 0;
+  int64_t j = 0;
   for (; j + cpu::kLanes <= n; j += cpu::kLanes) {
     const cpu::Vec e = cpu::vexp(cpu::vsub(cpu::vload(s + j), mv));
     cpu::vstore(s + j, e);

@@ -12,6 +12,7 @@
 // instead of +inf, which no softmax or sigmoid here can tell apart.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -290,5 +291,18 @@ inline Vec vload_fp8_unit(const uint8_t* p) {
   return vload(f);
 }
 #endif
+
+// The largest of x[0 .. n): kLanes-wide maxima, their lanes, then the tail
+// (-inf for n = 0). Exact in any order, since max rounds nothing; whether a
+// NaN among the values comes back depends on where it sits. The softmax op
+// and the CPU MLA attention's softmax share it.
+inline float row_max(const float* x, int64_t n) {
+  Vec m = vset(-INFINITY);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) m = vmax(m, vload(x + i));
+  float result = vmax_lanes(m);
+  for (; i < n; ++i) result = std::max(result, x[i]);
+  return result;
+}
 
 }  // namespace basalt::cpu
