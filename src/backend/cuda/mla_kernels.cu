@@ -664,6 +664,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1) mla_mma_kernel(MlaArgs a) {
 // the splits its pass took.
 constexpr int kCombineThreads = 128;
 
+// acc += w * v, lane by lane (a multiply-add each, as the one-column loop's).
+__device__ __forceinline__ void add_scaled(float4& acc, float w, const float4& v) {
+  acc.x += w * v.x;
+  acc.y += w * v.y;
+  acc.z += w * v.z;
+  acc.w += w * v.w;
+}
+
 template <typename O>
 __global__ void __launch_bounds__(kCombineThreads)
     mla_combine_kernel(const float* part_o, const float* part_ml, const int32_t* part_n, O* o, int64_t rows,
@@ -731,22 +739,9 @@ __global__ void __launch_bounds__(kCombineThreads)
 #pragma unroll
         for (int u = 0; u < 8; ++u) v[u] = p[(s + u) * split_stride];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const float w = weight[s + u];
-          acc.x += w * v[u].x;
-          acc.y += w * v[u].y;
-          acc.z += w * v[u].z;
-          acc.w += w * v[u].w;
-        }
+        for (int u = 0; u < 8; ++u) add_scaled(acc, weight[s + u], v[u]);
       }
-      for (; s < n; ++s) {
-        const float4 v = p[s * split_stride];
-        const float w = weight[s];
-        acc.x += w * v.x;
-        acc.y += w * v.y;
-        acc.z += w * v.z;
-        acc.w += w * v.w;
-      }
+      for (; s < n; ++s) add_scaled(acc, weight[s], p[s * split_stride]);
       O* dst = o + at * L + 4 * c4;
       dst[0] = from_f32<O>(acc.x * inv);
       dst[1] = from_f32<O>(acc.y * inv);
