@@ -1009,7 +1009,9 @@ TEST(Cli, TensorParallelGenerateMatchesTransformersGreedy) {
 }
 
 // --tp N --dp-attention: the main model (DeepSeek layout, 16 experts) over
-// 2 and 4 DP-attention ranks gives transformers' tokens; a --batch of
+// 2 and 4 DP-attention ranks gives transformers' tokens, by the exchange
+// and by gathering, the dense MLPs and shared experts split over the ranks
+// (gathering's default) or whole on each; a --batch of
 // prompts spread over the ranks gives what one engine gives; what is not
 // offered is refused, naming the flag.
 TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
@@ -1018,6 +1020,12 @@ TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
                                       " --tp 4 --ep 4 --dp-attention --threads 2");
   expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
                                       " --tp 2 --dp-attention --dp-moe gather");
+  expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
+                                      " --tp 4 --dp-attention --dp-moe gather --threads 2");
+  expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
+                                      " --tp 2 --dp-attention --dp-moe gather --moe-dense-tp-size 1");
+  const CliRun split = run("generate --prompt-ids 1,2,3 --max-tokens 2 --tp 2 --dp-attention --dp-moe gather");
+  EXPECT_NE(split.err.find("dense MLPs and shared experts split over the ranks"), std::string::npos) << split.err;
   const std::string batch = temp_path("dp_batch.jsonl");
   {
     std::ofstream out(batch);
@@ -1081,6 +1089,11 @@ TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
       {" --tp 2 --dp-attention --model " + kBundled + "basalt-draft", "DP attention is for DeepSeek"},
       {" --tp 2 --dp-moe gather", "--dp-moe gather applies to --dp-attention only"},
       {" --tp 2 --dp-attention --dp-moe scatter", "--dp-moe"},
+      {" --tp 2 --moe-dense-tp-size 2", "--moe-dense-tp-size applies to --dp-attention only"},
+      {" --tp 2 --dp-attention --moe-dense-tp-size 2", "runs with --dp-moe gather only"},
+      {" --tp 4 --dp-attention --dp-moe gather --moe-dense-tp-size 2",
+       "split over every --tp rank (4) or held whole (1)"},
+      {" --tp 2 --dp-attention --dp-moe gather --moe-dense-tp-size 0", "--moe-dense-tp-size"},
   };
   for (const auto& [flags, message] : refusals) {
     const CliRun r = run("generate --prompt-ids 1,2,3" + flags);

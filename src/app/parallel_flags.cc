@@ -32,15 +32,21 @@ void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags) {
                "Random weights in the shapes of the model directory's config.json (no weight files read): to "
                "benchmark a model at full size where its weights are not at hand; it answers garbage");
   cmd.add_flag("--dp-attention", flags.dp_attention,
-               "DeepSeek: DP attention over the --tp ranks: each rank holds the whole model but the routed experts, "
+               "DeepSeek: DP attention over the --tp ranks: each rank holds the whole model but the routed experts "
+               "(and, with --moe-dense-tp-size, the dense MLPs and shared experts), "
                "with a scheduler, radix cache and latent cache of its own and a share of the requests; tokens reach "
                "their experts by all-to-all (SGLang's --enable-dp-attention)");
   cmd.add_option("--dp-moe", flags.dp_moe,
                  "With --dp-attention, how tokens reach the routed experts: 'exchange' (each token's choices go to "
                  "their experts' ranks and back, all-to-all sized per layer) or 'gather' (every rank's rows are "
-                 "all-gathered, each rank runs its experts on all of them, an all-reduce sums; sizes fixed per "
+                 "all-gathered, each rank runs its experts on all of them, a reduce-scatter sums; sizes fixed per "
                  "step, as SGLang's DP attention without DeepEP) (default exchange)")
       ->check(CLI::IsMember({"exchange", "gather"}));
+  cmd.add_option("--moe-dense-tp-size", flags.moe_dense_tp_size,
+                 "With --dp-attention, the ranks DeepSeek's dense-layer MLPs and shared experts are split over: "
+                 "--tp (each rank holds and reads 1/N of them; needs --dp-moe gather, where it is the default) or 1 "
+                 "(whole on every rank, the default with --dp-moe exchange), as SGLang's option of that name")
+      ->check(CLI::PositiveNumber);
 }
 
 void check_parallel_flags(const ParallelFlags& flags, const std::string& speculative_algorithm) {
@@ -50,8 +56,18 @@ void check_parallel_flags(const ParallelFlags& flags, const std::string& specula
                flags.ep, flags.tp, flags.tp);
   BASALT_CHECK(flags.dp_attention || flags.dp_moe == "exchange",
                "--dp-moe {} applies to --dp-attention only; give --dp-attention or leave --dp-moe out", flags.dp_moe);
+  BASALT_CHECK(flags.dp_attention || flags.moe_dense_tp_size == 0,
+               "--moe-dense-tp-size applies to --dp-attention only (under --tp alone the dense layers are split "
+               "over the --tp ranks); give --dp-attention or leave it out");
   if (!flags.dp_attention) return;
   BASALT_CHECK(flags.tp >= 2, "--dp-attention runs over the --tp ranks: give --tp 2 or more");
+  BASALT_CHECK(flags.moe_dense_tp_size == 0 || flags.moe_dense_tp_size == 1 || flags.moe_dense_tp_size == flags.tp,
+               "--moe-dense-tp-size {}: the dense layers are split over every --tp rank ({}) or held whole (1)",
+               flags.moe_dense_tp_size, flags.tp);
+  BASALT_CHECK(!(flags.moe_dense_tp_size == flags.tp && flags.dp_moe != "gather"),
+               "--moe-dense-tp-size {} splits the dense layers over the ranks, which runs with --dp-moe gather "
+               "only; give --dp-moe gather or --moe-dense-tp-size 1",
+               flags.tp);
   // n-gram drafts need nothing but the ranks' own forward passes (a
   // verification is a batch like any other), and the MTP layer's passes
   // meet in the expert exchanges as the steps do (model/data_parallel.h);
@@ -129,7 +145,8 @@ DpAttentionEngines DpAttentionEngines::load(const std::string& dir, const Parall
   DpAttentionEngines out;
   if (backend.device() == Device::kCpu) {
     out.model = load_data_parallel(dir, flags.tp, cpu_ranks(flags.tp, cpu_bf16_activations(backend)), progress,
-                                   std::chrono::microseconds(1000), flags.weights(), {}, flags.moe());
+                                   std::chrono::microseconds(1000), flags.weights(), {}, flags.moe(), std::nullopt,
+                                   flags.dense_tp());
     return out;
   }
 #ifdef BASALT_HAVE_CUDA
@@ -137,7 +154,8 @@ DpAttentionEngines DpAttentionEngines::load(const std::string& dir, const Parall
   out.model = load_data_parallel(
       dir, flags.tp, gpus.make_backend, progress, std::chrono::microseconds(1000), flags.weights(), gpus.make_group,
       flags.moe(),
-      graph_batch > 0 ? std::optional<GraphOptions>(GraphOptions{.max_batch = graph_batch}) : std::nullopt);
+      graph_batch > 0 ? std::optional<GraphOptions>(GraphOptions{.max_batch = graph_batch}) : std::nullopt,
+      flags.dense_tp());
   return out;
 #else
   fail("--dp-attention --device {}: this build has no GPU backend", backend.name());

@@ -3,13 +3,17 @@
 //
 // Contract: add_parallel_flags() registers --tp/--tensor-parallel-size,
 // --ep/--expert-parallel-size, --dp-attention, --dp-moe (exchange or gather:
-// how DP attention's tokens reach the routed experts, model/model.h's DpMoe)
-// and --random-weights (the model's weights random, model/model.h's
+// how DP attention's tokens reach the routed experts, model/model.h's DpMoe),
+// --moe-dense-tp-size (1 or --tp: DeepSeek's dense MLPs and shared experts
+// whole on each DP-attention rank or split over them, RankRole::dense_tp;
+// not given, split by gathering and whole by the exchange) and
+// --random-weights (the model's weights random, model/model.h's
 // Weights::kRandom) on `cmd`.
 // check_parallel_flags() refuses, naming the flag, what is not offered: --tp
 // outside [1, 64]; --ep other than --tp (a model's routed experts are split
 // over its --tp ranks); --dp-attention with --tp 1 or with EAGLE heads or
-// draft models; --dp-moe gather without --dp-attention.
+// draft models; --dp-moe gather without --dp-attention; --moe-dense-tp-size
+// without --dp-attention, other than 1 or --tp, or --tp with the exchange.
 // load_model_for_tp() is the model for --tp without
 // --dp-attention: on `backend` itself with tp 1; otherwise over tp
 // tensor-parallel ranks (model/tensor_parallel.h), CPU ranks as threads of
@@ -45,9 +49,12 @@ struct ParallelFlags {
   int ep = 0;  // 0: not given (the --tp ranks)
   bool dp_attention = false;
   std::string dp_moe = "exchange";  // --dp-moe: exchange or gather (model/model.h's DpMoe)
+  int moe_dense_tp_size = 0;        // --moe-dense-tp-size: 0 not given, 1, or tp (RankRole::dense_tp)
   bool random_weights = false;  // --random-weights: Weights::kRandom
   Weights weights() const { return random_weights ? Weights::kRandom : Weights::kCheckpoint; }
   DpMoe moe() const { return dp_moe == "gather" ? DpMoe::kGather : DpMoe::kExchange; }
+  // Not given: split by gathering (SGLang's default), whole by the exchange.
+  bool dense_tp() const { return moe_dense_tp_size == 0 ? moe() == DpMoe::kGather : moe_dense_tp_size > 1; }
 };
 
 void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags);

@@ -44,10 +44,11 @@ struct Case {
   std::string model;
   int world;
   DpMoe moe = DpMoe::kExchange;
+  bool dense_tp = false;
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.model << " over " << c.world << " DP-attention GPU ranks"
-      << (c.moe == DpMoe::kGather ? ", experts by gathering" : "");
+      << (c.moe == DpMoe::kGather ? ", experts by gathering" : "") << (c.dense_tp ? ", dense MLPs split" : "");
 }
 
 class CudaDataParallel : public ::testing::TestWithParam<Case> {
@@ -57,10 +58,10 @@ class CudaDataParallel : public ::testing::TestWithParam<Case> {
   }
 };
 
-std::unique_ptr<DataParallelGroup> over_gpu_ranks(const std::string& name, int world, DpMoe moe) {
+std::unique_ptr<DataParallelGroup> over_gpu_ranks(const std::string& name, int world, DpMoe moe, bool dense_tp) {
   return load_data_parallel(
       kModels + name, world, [](int) { return std::make_unique<CudaBackend>(0); }, {},
-      std::chrono::microseconds(1000), Weights::kCheckpoint, {}, moe);
+      std::chrono::microseconds(1000), Weights::kCheckpoint, {}, moe, std::nullopt, dense_tp);
 }
 
 void on_every_rank(int world, const std::function<void(int)>& body) {
@@ -87,12 +88,12 @@ Tensor prefill_logits(Model& model, Backend& backend, const std::vector<int32_t>
 }
 
 TEST_P(CudaDataParallel, RanksWithBatchesOfTheirOwnAtOnceMatchOneGpu) {
-  const auto [name, world, moe] = GetParam();
+  const auto [name, world, moe, dense_tp] = GetParam();
   CudaBackend gpu;
   auto one = load_model(kModels + name, gpu);
   std::vector<Tensor> want;
   for (int r = 0; r < world; ++r) want.push_back(prefill_logits(*one, gpu, prompt_cut(name, 2 * r)));
-  auto group = over_gpu_ranks(name, world, moe);
+  auto group = over_gpu_ranks(name, world, moe, dense_tp);
   std::vector<Tensor> got(static_cast<size_t>(world));
   on_every_rank(world, [&](int r) {
     got[static_cast<size_t>(r)] = prefill_logits(group->rank(r), group->backend(r), prompt_cut(name, 2 * r));
@@ -103,8 +104,8 @@ TEST_P(CudaDataParallel, RanksWithBatchesOfTheirOwnAtOnceMatchOneGpu) {
 }
 
 TEST_P(CudaDataParallel, OneBusyRankFollowsTransformersGreedy) {
-  const auto [name, world, moe] = GetParam();
-  auto group = over_gpu_ranks(name, world, moe);
+  const auto [name, world, moe, dense_tp] = GetParam();
+  auto group = over_gpu_ranks(name, world, moe, dense_tp);
   const int busy = world - 1;
   testing::expect_greedy_matches_reference(group->rank(busy), group->backend(busy), kModels + name,
                                            /*min_margin=*/0.02, /*min_compared=*/4);
@@ -114,8 +115,8 @@ TEST_P(CudaDataParallel, OneBusyRankFollowsTransformersGreedy) {
 // (the steps meet in rounds, ranks finishing at different times): every
 // request runs to its length and every rank's KV comes back.
 TEST_P(CudaDataParallel, AnEnginePerRankServesAtOnce) {
-  const auto [name, world, moe] = GetParam();
-  auto group = over_gpu_ranks(name, world, moe);
+  const auto [name, world, moe, dense_tp] = GetParam();
+  auto group = over_gpu_ranks(name, world, moe, dense_tp);
   std::mt19937 rng(5);
   std::vector<std::vector<EngineRequest>> requests(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -151,20 +152,25 @@ TEST_P(CudaDataParallel, AnEnginePerRankServesAtOnce) {
 }
 
 // V2-Lite: softmax routing, 8 experts (4 or 2 a rank); V3: grouped sigmoid
-// routing, 16 experts.
+// routing, 16 experts; by gathering also with the dense MLPs and shared
+// experts split over the ranks.
 INSTANTIATE_TEST_SUITE_P(Families, CudaDataParallel,
                          ::testing::Values(Case{"deepseek_v2_lite", 2}, Case{"deepseek_v3", 2},
                                            Case{"deepseek_v3", 4}, Case{"deepseek_v3", 2, DpMoe::kGather},
-                                           Case{"deepseek_v3", 4, DpMoe::kGather}),
+                                           Case{"deepseek_v3", 4, DpMoe::kGather},
+                                           Case{"deepseek_v3", 2, DpMoe::kGather, true},
+                                           Case{"deepseek_v3", 4, DpMoe::kGather, true}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return info.param.model + "_dp" + std::to_string(info.param.world) +
-                                  (info.param.moe == DpMoe::kGather ? "_gather" : "");
+                                  (info.param.moe == DpMoe::kGather ? "_gather" : "") +
+                                  (info.param.dense_tp ? "_dense_tp" : "");
                          });
 
 #ifdef BASALT_HAVE_NCCL
 // Graphs on DP ranks over NCCL, by gathering, a rank per GPU (a world of one
-// here): the ranks record when the last engine hands in its KV, decode
-// rounds replay with the all-gather and reduce-scatter inside the graphs, and
+// here), the dense layers gathered too (--dp-moe gather's default): the
+// ranks record when the last engine hands in its KV, decode rounds replay
+// with the all-gathers and reduce-scatters inside the graphs, and
 // every request's greedy tokens are the same group's without graphs (the
 // same NCCL path run eagerly; padding rows only add rows to the GEMMs).
 TEST(CudaDataParallelGraphs, RanksOverNcclReplayDecodeRoundsWithTheirCollectives) {
@@ -189,7 +195,7 @@ TEST(CudaDataParallelGraphs, RanksOverNcclReplayDecodeRoundsWithTheirCollectives
     auto group = load_data_parallel(
         kModels + "deepseek_v3", world, [](int r) { return std::make_unique<CudaBackend>(r); }, {},
         std::chrono::microseconds(1000), Weights::kCheckpoint, nccl, DpMoe::kGather,
-        graphed ? std::optional<GraphOptions>(GraphOptions{.max_batch = 8}) : std::nullopt);
+        graphed ? std::optional<GraphOptions>(GraphOptions{.max_batch = 8}) : std::nullopt, /*dense_tp=*/true);
     std::vector<std::unique_ptr<Engine>> engines;
     for (int r = 0; r < world; ++r) {
       EngineOptions o;

@@ -56,8 +56,12 @@ class Group final : public DataParallelGroup {
  public:
   Group(const std::string& dir, int world, const RankBackendFactory& make_backend, const LoadProgress& progress,
         std::chrono::microseconds round_wait, Weights weights, const RankGroupFactory& make_group, DpMoe moe,
-        const std::optional<GraphOptions>& graphs)
-      : threads_(world), round_wait_(round_wait), moe_(moe), waiting_(static_cast<size_t>(world), nullptr) {
+        const std::optional<GraphOptions>& graphs, bool dense_tp)
+      : threads_(world),
+        round_wait_(round_wait),
+        moe_(moe),
+        dense_tp_(dense_tp),
+        waiting_(static_cast<size_t>(world), nullptr) {
     ranks_.resize(static_cast<size_t>(world));
     std::vector<Backend*> backends;
     for (int r = 0; r < world; ++r) {
@@ -88,8 +92,8 @@ class Group final : public DataParallelGroup {
       Rank& rank = ranks_[static_cast<size_t>(r)];
       rank.backend->make_current();
       std::unique_ptr<Model> model =
-          load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{}, RankRole{rank.comm.get(), true, moe},
-                     weights);
+          load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{},
+                     RankRole{rank.comm.get(), true, moe, dense_tp}, weights);
       rank.model = dynamic_cast<DeepseekModel*>(model.get());
       BASALT_CHECK(rank.model != nullptr, "{}: DP attention needs a DeepSeek model", dir);
       rank.owner = graphed_ ? make_graphed_model(std::move(model), *rank.backend, graph_options) : std::move(model);
@@ -107,6 +111,7 @@ class Group final : public DataParallelGroup {
   }
   DeepseekModel& model(int r) const { return *ranks_[static_cast<size_t>(r)].model; }
   DpMoe moe() const { return moe_; }
+  bool dense_tp() const { return dense_tp_; }
   GraphStats graph_stats(int r) const override {
     BASALT_CHECK(r >= 0 && r < world(), "DP attention: rank {} of {}", r, world());
     return basalt::graph_stats(*ranks_[static_cast<size_t>(r)].owner);
@@ -350,6 +355,7 @@ class Group final : public DataParallelGroup {
   std::vector<Rank> ranks_;
   const std::chrono::microseconds round_wait_;
   const DpMoe moe_;
+  const bool dense_tp_;  // the dense MLPs and shared experts split over the ranks (RankRole::dense_tp)
   bool graphed_ = false;  // each rank's model records CUDA graphs (or what its backend records)
   int max_batch_ = 0;     // graphed_: the most sequences a recorded step takes
   std::mutex mu_;  // what follows
@@ -386,8 +392,9 @@ void RankView::Head::forward(const ForwardBatch& batch, const Tensor& hidden, Kv
 }
 std::string RankView::summary() const {
   const std::string own = group_.model(rank_).summary();
-  return fmt::format("DP attention over {} ranks (this is rank {}), experts by {}{}{}", group_.world(), rank_,
-                     group_.moe() == DpMoe::kGather ? "gathering" : "the exchange", own.empty() ? "" : "; ", own);
+  return fmt::format("DP attention over {} ranks (this is rank {}), experts by {}, dense MLPs and shared experts {}{}{}",
+                     group_.world(), rank_, group_.moe() == DpMoe::kGather ? "gathering" : "the exchange",
+                     group_.dense_tp() ? "split over the ranks" : "whole on each rank", own.empty() ? "" : "; ", own);
 }
 
 }  // namespace
@@ -397,8 +404,9 @@ std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, in
                                                       const LoadProgress& progress,
                                                       std::chrono::microseconds round_wait, Weights weights,
                                                       const RankGroupFactory& make_group, DpMoe moe,
-                                                      const std::optional<GraphOptions>& graphs) {
-  return std::make_unique<Group>(dir, world, make_backend, progress, round_wait, weights, make_group, moe, graphs);
+                                                      const std::optional<GraphOptions>& graphs, bool dense_tp) {
+  return std::make_unique<Group>(dir, world, make_backend, progress, round_wait, weights, make_group, moe, graphs,
+                                 dense_tp);
 }
 
 }  // namespace basalt

@@ -47,8 +47,10 @@
 // tokens reach the routed experts (model/model.h's DpMoe: the exchange, or
 // gathering; by gathering, the round's leader sets the rows every rank pads
 // to from the batches handed in, DeepseekModel::set_step_rows, so no rank
-// reads counts from its device in a step). The group outlives the Models it
-// hands out.
+// reads counts from its device in a step). With `dense_tp` (by gathering
+// only) the dense layers' MLPs and the shared experts are split over the
+// ranks instead of held whole by each (model/model.h's RankRole::dense_tp).
+// The group outlives the Models it hands out.
 #pragma once
 
 #include <chrono>
@@ -83,6 +85,7 @@ std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, in
                                                       Weights weights = Weights::kCheckpoint,
                                                       const RankGroupFactory& make_group = {},
                                                       DpMoe moe = DpMoe::kExchange,
-                                                      const std::optional<GraphOptions>& graphs = std::nullopt);
+                                                      const std::optional<GraphOptions>& graphs = std::nullopt,
+                                                      bool dense_tp = false);
 
 }  // namespace basalt

@@ -4,7 +4,8 @@
 // experts idle; ranks running different requests at once against one rank;
 // a failing batch on one rank that leaves the others' results whole; and the
 // layouts the group refuses. Tokens reach their experts both ways (DpMoe:
-// the exchange, and gathering).
+// the exchange, and gathering), and by gathering the dense MLPs and shared
+// experts are whole on each rank or split over the ranks (dense_tp).
 #include "model/data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -34,10 +35,11 @@ const std::string kModels = std::string(BASALT_TESTDATA) + "/models/";
 
 // Ranks with f32 activations (--dtype float32), for the 1e-4 comparisons
 // with transformers' f32 runs (the default mode: tensor_parallel_test.cc).
-std::unique_ptr<DataParallelGroup> load_over(const std::string& name, int world, DpMoe moe = DpMoe::kExchange) {
+std::unique_ptr<DataParallelGroup> load_over(const std::string& name, int world, DpMoe moe = DpMoe::kExchange,
+                                             bool dense_tp = false) {
   return load_data_parallel(
       kModels + name, world, [](int) { return make_cpu_backend_with_threads(1, cpu::Bf16Activations::kF32); }, {},
-      std::chrono::microseconds(1000), Weights::kCheckpoint, {}, moe);
+      std::chrono::microseconds(1000), Weights::kCheckpoint, {}, moe, std::nullopt, dense_tp);
 }
 
 // Runs body(rank) on a thread per rank, at once.
@@ -51,16 +53,18 @@ struct Case {
   std::string model;
   int world;
   DpMoe moe = DpMoe::kExchange;
+  bool dense_tp = false;
 };
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.model << " over " << c.world << " ranks" << (c.moe == DpMoe::kGather ? ", experts by gathering" : "");
+  *os << c.model << " over " << c.world << " ranks" << (c.moe == DpMoe::kGather ? ", experts by gathering" : "")
+      << (c.dense_tp ? ", dense MLPs split" : "");
 }
 
 class DataParallelReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DataParallelReference, EveryRankAtOnceMatchesTransformers) {
-  const auto [name, world, moe] = GetParam();
-  auto group = load_over(name, world, moe);
+  const auto [name, world, moe, dense_tp] = GetParam();
+  auto group = load_over(name, world, moe, dense_tp);
   on_every_rank(world, [&](int r) {
     testing::expect_prefill_logits_match_reference(group->rank(r), kModels + name,
                                                    name + " rank " + std::to_string(r) + " of " +
@@ -70,8 +74,8 @@ TEST_P(DataParallelReference, EveryRankAtOnceMatchesTransformers) {
 }
 
 TEST_P(DataParallelReference, OneBusyRankWithTheOthersIdleMatchesTransformersGreedy) {
-  const auto [name, world, moe] = GetParam();
-  auto group = load_over(name, world, moe);
+  const auto [name, world, moe, dense_tp] = GetParam();
+  auto group = load_over(name, world, moe, dense_tp);
   CpuBackend sampler;
   testing::expect_greedy_matches_reference(group->rank(world - 1), sampler, kModels + name);
 }
@@ -80,8 +84,8 @@ TEST_P(DataParallelReference, OneBusyRankWithTheOthersIdleMatchesTransformersGre
 // by a different number of tokens), all at once: steps of different
 // lengths meet in the same rounds, and ranks finish at different times.
 TEST_P(DataParallelReference, RanksWithTheirOwnRequestsEqualOneRank) {
-  const auto [name, world, moe] = GetParam();
-  auto group = load_over(name, world, moe);
+  const auto [name, world, moe, dense_tp] = GetParam();
+  auto group = load_over(name, world, moe, dense_tp);
   CpuBackend backend;
   auto one = load_model(kModels + name, backend);
   const nlohmann::json meta = testing::read_json(kModels + name + "/reference.json");
@@ -107,22 +111,27 @@ TEST_P(DataParallelReference, RanksWithTheirOwnRequestsEqualOneRank) {
 }
 
 // V2-Lite: softmax routing, 8 experts (4 or 2 a rank), 2 shared; V3:
-// grouped sigmoid routing, 16 experts (8 or 4 a rank). Each over the
-// exchange and by gathering (DpMoe).
+// grouped sigmoid routing, 16 experts (8 or 4 a rank); both with a dense
+// first layer. Each over the exchange and by gathering (DpMoe), and by
+// gathering with the dense MLPs and shared experts split (dense_tp).
 INSTANTIATE_TEST_SUITE_P(Families, DataParallelReference,
                          ::testing::Values(Case{"deepseek_v2_lite", 2}, Case{"deepseek_v2_lite", 4},
                                            Case{"deepseek_v3", 2}, Case{"deepseek_v3", 4},
                                            Case{"deepseek_v2_lite", 2, DpMoe::kGather},
                                            Case{"deepseek_v2_lite", 4, DpMoe::kGather},
                                            Case{"deepseek_v3", 2, DpMoe::kGather},
-                                           Case{"deepseek_v3", 4, DpMoe::kGather}),
+                                           Case{"deepseek_v3", 4, DpMoe::kGather},
+                                           Case{"deepseek_v2_lite", 2, DpMoe::kGather, true},
+                                           Case{"deepseek_v3", 2, DpMoe::kGather, true},
+                                           Case{"deepseek_v3", 4, DpMoe::kGather, true}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return info.param.model + "_dp" + std::to_string(info.param.world) +
-                                  (info.param.moe == DpMoe::kGather ? "_gather" : "");
+                                  (info.param.moe == DpMoe::kGather ? "_gather" : "") +
+                                  (info.param.dense_tp ? "_dense_tp" : "");
                          });
 
-void a_failing_batch_fails_alone(DpMoe moe) {
-  auto group = load_over("deepseek_v3", 2, moe);
+void a_failing_batch_fails_alone(DpMoe moe, bool dense_tp) {
+  auto group = load_over("deepseek_v3", 2, moe, dense_tp);
   CpuBackend backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);  // as the ranks
   auto one = load_model(kModels + "deepseek_v3", backend);
   const int64_t vocab = group->rank(0).config().vocab_size;
@@ -160,9 +169,11 @@ void a_failing_batch_fails_alone(DpMoe moe) {
 }
 
 TEST(DataParallel, AFailingBatchFailsAloneAndTheGroupGoesOn) {
-  for (DpMoe moe : {DpMoe::kExchange, DpMoe::kGather}) {
-    SCOPED_TRACE(moe == DpMoe::kGather ? "experts by gathering" : "experts by the exchange");
-    a_failing_batch_fails_alone(moe);
+  for (const auto& [moe, dense_tp] :
+       {std::pair{DpMoe::kExchange, false}, std::pair{DpMoe::kGather, false}, std::pair{DpMoe::kGather, true}}) {
+    SCOPED_TRACE(std::string(moe == DpMoe::kGather ? "experts by gathering" : "experts by the exchange") +
+                 (dense_tp ? ", dense MLPs split" : ""));
+    a_failing_batch_fails_alone(moe, dense_tp);
   }
 }
 
@@ -188,49 +199,53 @@ TEST(DataParallel, GatheringRanksAgreeTheirRowsOrTakeTheCallersCount) {
   std::vector<std::vector<float>> expected;
   for (const auto& p : prompts) expected.push_back(logits_of(*one, p));
 
-  auto comms = make_local_group(2);
-  std::vector<std::unique_ptr<CpuBackend>> backends;
-  std::vector<std::unique_ptr<Model>> ranks(2);
-  for (int r = 0; r < 2; ++r)
-    backends.push_back(std::make_unique<CpuBackend>(&ThreadPool::global(), cpu::Bf16Activations::kF32));
-  on_every_rank(2, [&](int r) {
-    ranks[static_cast<size_t>(r)] = load_model(dir, *backends[static_cast<size_t>(r)], {},
-                                               RankRole{comms[static_cast<size_t>(r)].get(), true, DpMoe::kGather});
-  });
-  const auto rank_model = [&](int r) -> DeepseekModel& {
-    return dynamic_cast<DeepseekModel&>(*ranks[static_cast<size_t>(r)]);
-  };
-  // -1: agreed by the ranks; the value holds until set again.
-  for (const int64_t preset : {int64_t{-1}, int64_t{5}, int64_t{5}, int64_t{9}, int64_t{-1}}) {
-    SCOPED_TRACE("rows " + std::to_string(preset));
-    std::vector<std::vector<float>> got(2);
+  for (const bool dense_tp : {false, true}) {
+    SCOPED_TRACE(dense_tp ? "dense MLPs split" : "dense MLPs whole");
+    auto comms = make_local_group(2);
+    std::vector<std::unique_ptr<CpuBackend>> backends;
+    std::vector<std::unique_ptr<Model>> ranks(2);
+    for (int r = 0; r < 2; ++r)
+      backends.push_back(std::make_unique<CpuBackend>(&ThreadPool::global(), cpu::Bf16Activations::kF32));
     on_every_rank(2, [&](int r) {
-      rank_model(r).set_step_rows(preset);
-      got[static_cast<size_t>(r)] = logits_of(rank_model(r), prompts[static_cast<size_t>(r)]);
+      ranks[static_cast<size_t>(r)] =
+          load_model(dir, *backends[static_cast<size_t>(r)], {},
+                     RankRole{comms[static_cast<size_t>(r)].get(), true, DpMoe::kGather, dense_tp});
     });
-    for (size_t r = 0; r < 2; ++r) {
-      ASSERT_EQ(got[r].size(), expected[r].size());
-      for (size_t i = 0; i < got[r].size(); ++i) ASSERT_NEAR(got[r][i], expected[r][i], 1e-4) << "rank " << r;
+    const auto rank_model = [&](int r) -> DeepseekModel& {
+      return dynamic_cast<DeepseekModel&>(*ranks[static_cast<size_t>(r)]);
+    };
+    // -1: agreed by the ranks; the value holds until set again.
+    for (const int64_t preset : {int64_t{-1}, int64_t{5}, int64_t{5}, int64_t{9}, int64_t{-1}}) {
+      SCOPED_TRACE("rows " + std::to_string(preset));
+      std::vector<std::vector<float>> got(2);
+      on_every_rank(2, [&](int r) {
+        rank_model(r).set_step_rows(preset);
+        got[static_cast<size_t>(r)] = logits_of(rank_model(r), prompts[static_cast<size_t>(r)]);
+      });
+      for (size_t r = 0; r < 2; ++r) {
+        ASSERT_EQ(got[r].size(), expected[r].size());
+        for (size_t i = 0; i < got[r].size(); ++i) ASSERT_NEAR(got[r][i], expected[r][i], 1e-4) << "rank " << r;
+      }
     }
+    // 4 agreed rows: rank 1's 5 tokens do not fit; rank 0's 3 do.
+    std::vector<float> zeroth;
+    bool refused = false;
+    on_every_rank(2, [&](int r) {
+      rank_model(r).set_step_rows(4);
+      if (r == 0) {
+        zeroth = logits_of(rank_model(0), prompts[0]);
+        return;
+      }
+      try {
+        logits_of(rank_model(1), prompts[1]);
+      } catch (const Error& e) {
+        refused = std::string(e.what()).find("agreed 4") != std::string::npos;
+      }
+    });
+    EXPECT_TRUE(refused);
+    ASSERT_EQ(zeroth.size(), expected[0].size());
+    for (size_t i = 0; i < zeroth.size(); ++i) EXPECT_NEAR(zeroth[i], expected[0][i], 1e-4);
   }
-  // 4 agreed rows: rank 1's 5 tokens do not fit; rank 0's 3 do.
-  std::vector<float> zeroth;
-  bool refused = false;
-  on_every_rank(2, [&](int r) {
-    rank_model(r).set_step_rows(4);
-    if (r == 0) {
-      zeroth = logits_of(rank_model(0), prompts[0]);
-      return;
-    }
-    try {
-      logits_of(rank_model(1), prompts[1]);
-    } catch (const Error& e) {
-      refused = std::string(e.what()).find("agreed 4") != std::string::npos;
-    }
-  });
-  EXPECT_TRUE(refused);
-  ASSERT_EQ(zeroth.size(), expected[0].size());
-  for (size_t i = 0; i < zeroth.size(); ++i) EXPECT_NEAR(zeroth[i], expected[0][i], 1e-4);
 }
 
 // Counts a rank's all-gathers and reduce-scatters, passing every
@@ -254,30 +269,38 @@ class CountingCommunicator final : public testing::RecordableCommunicator {
 };
 
 // Through the group, a step by gathering is one all-gather and one
-// reduce-scatter per MoE layer and no more: the leader set the rows, so no
-// rank gathered the counts.
+// reduce-scatter per MoE layer and no more (with the dense MLPs split, per
+// dense layer too: the shared experts join the MoE layers' own): the
+// leader set the rows, so no rank gathered the counts.
 TEST(DataParallel, TheGroupAgreesTheRowsSoNoRankGathersCounts) {
-  std::atomic<int> gathers{0}, scatters{0};
-  const RankGroupFactory counting = [&](std::span<Backend* const> backends) {
-    std::vector<std::unique_ptr<Communicator>> out;
-    for (auto& c : make_local_group(static_cast<int>(backends.size())))
-      out.push_back(std::make_unique<CountingCommunicator>(std::move(c), gathers, scatters));
-    return out;
-  };
-  auto group = load_data_parallel(
-      kModels + "deepseek_v3", 2, [](int) { return make_cpu_backend_with_threads(1, cpu::Bf16Activations::kF32); },
-      {}, std::chrono::microseconds(1000), Weights::kCheckpoint, counting, DpMoe::kGather);
-  const int64_t vocab = group->rank(0).config().vocab_size;
-  gathers = 0;
-  scatters = 0;
-  on_every_rank(2, [&](int r) {
-    KvBuffers kv = group->rank(r).allocate_kv(8);
-    Tensor logits = Tensor::empty({1, vocab}, DType::kF32);
-    const std::vector<int32_t> ids(static_cast<size_t>(2 + r), 5);
-    group->rank(r).forward(single_sequence_batch(ids, 0), kv, logits);
-  });
-  EXPECT_GT(scatters.load(), 0);
-  EXPECT_EQ(gathers.load(), scatters.load());
+  for (const bool dense_tp : {false, true}) {
+    SCOPED_TRACE(dense_tp ? "dense MLPs split" : "dense MLPs whole");
+    std::atomic<int> gathers{0}, scatters{0};
+    const RankGroupFactory counting = [&](std::span<Backend* const> backends) {
+      std::vector<std::unique_ptr<Communicator>> out;
+      for (auto& c : make_local_group(static_cast<int>(backends.size())))
+        out.push_back(std::make_unique<CountingCommunicator>(std::move(c), gathers, scatters));
+      return out;
+    };
+    auto group = load_data_parallel(
+        kModels + "deepseek_v3", 2, [](int) { return make_cpu_backend_with_threads(1, cpu::Bf16Activations::kF32); },
+        {}, std::chrono::microseconds(1000), Weights::kCheckpoint, counting, DpMoe::kGather, std::nullopt, dense_tp);
+    const ModelConfig& config = group->rank(0).config();
+    const int64_t vocab = config.vocab_size;
+    int64_t layers = 0;
+    for (int64_t l = 0; l < config.num_layers; ++l) layers += config.deepseek.is_moe_layer(l) || dense_tp ? 1 : 0;
+    ASSERT_LT(layers, dense_tp ? config.num_layers + 1 : config.num_layers);  // the fixture has a dense layer
+    gathers = 0;
+    scatters = 0;
+    on_every_rank(2, [&](int r) {
+      KvBuffers kv = group->rank(r).allocate_kv(8);
+      Tensor logits = Tensor::empty({1, vocab}, DType::kF32);
+      const std::vector<int32_t> ids(static_cast<size_t>(2 + r), 5);
+      group->rank(r).forward(single_sequence_batch(ids, 0), kv, logits);
+    });
+    EXPECT_EQ(scatters.load(), 2 * layers);  // both ranks
+    EXPECT_EQ(gathers.load(), scatters.load());
+  }
 }
 
 // Graphs on DP ranks (by gathering), with a backend whose replays re-run
@@ -287,8 +310,9 @@ TEST(DataParallel, TheGroupAgreesTheRowsSoNoRankGathersCounts) {
 // idle in some rounds), prompts run directly; every request's greedy
 // tokens are one model's, alone. A new engine on one rank turns the graphs
 // off (its old ones point at the old KV) until every rank has a new one,
-// when all record afresh.
-TEST(DataParallel, GraphedRanksReplayDecodeRoundsAndGiveOneModelsTokens) {
+// when all record afresh. With the dense MLPs split too, whose layers every
+// rank, idle or not, takes part in.
+void graphed_ranks_replay_decode_rounds(bool dense_tp) {
   const std::string dir = kModels + "deepseek_v3";
   const RankGroupFactory recordable = [](std::span<Backend* const> backends) {
     std::vector<std::unique_ptr<Communicator>> out;
@@ -300,7 +324,7 @@ TEST(DataParallel, GraphedRanksReplayDecodeRoundsAndGiveOneModelsTokens) {
   auto group = load_data_parallel(
       dir, world, [](int) { return std::make_unique<testing::ReplayingCpuBackend>(cpu::Bf16Activations::kF32, 1); },
       {}, std::chrono::microseconds(1000), Weights::kCheckpoint, recordable, DpMoe::kGather,
-      GraphOptions{.max_batch = 8});
+      GraphOptions{.max_batch = 8}, dense_tp);
   CpuBackend one_backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);
   auto one = load_model(dir, one_backend);
   // Rank 0 gets 5 requests, rank 1 two: its rounds pad to rank 0's batch,
@@ -364,6 +388,13 @@ TEST(DataParallel, GraphedRanksReplayDecodeRoundsAndGiveOneModelsTokens) {
   EXPECT_GT(group->graph_stats(0).replays, again0.replays);
 }
 
+TEST(DataParallel, GraphedRanksReplayDecodeRoundsAndGiveOneModelsTokens) {
+  for (const bool dense_tp : {false, true}) {
+    SCOPED_TRACE(dense_tp ? "dense MLPs split" : "dense MLPs whole");
+    graphed_ranks_replay_decode_rounds(dense_tp);
+  }
+}
+
 // With the other ranks known to be idle, a lone rank's step starts at once
 // instead of after round_wait (2 s here).
 TEST(DataParallel, ALoneBusyRankDoesNotWaitForIdleOnes) {
@@ -401,6 +432,12 @@ TEST(DataParallel, EachRankHoldsItsOwnLatentCacheAndMtpLayer) {
       << group->rank(2).summary();
   EXPECT_NE(load_over("deepseek_v3", 2, DpMoe::kGather)->rank(1).summary().find("experts by gathering"),
             std::string::npos);
+  EXPECT_NE(group->rank(2).summary().find("dense MLPs and shared experts whole on each rank"), std::string::npos);
+  EXPECT_NE(load_over("deepseek_v3", 2, DpMoe::kGather, true)
+                ->rank(1)
+                .summary()
+                .find("experts by gathering, dense MLPs and shared experts split over the ranks"),
+            std::string::npos);
 }
 
 // The MTP layer over DP-attention ranks, against transformers' MTP logits:
@@ -413,10 +450,17 @@ TEST(DataParallel, MtpHeadOnEachRankMatchesTransformers) {
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
   const Tensor ids = ref.tensor("mtp.ids"), next = ref.tensor("mtp.next_ids"), want = ref.tensor("mtp.logits");
   const int64_t n = ids.numel();
-  for (const auto& [world, moe] : {std::pair{2, DpMoe::kExchange}, std::pair{4, DpMoe::kExchange},
-                                   std::pair{2, DpMoe::kGather}, std::pair{4, DpMoe::kGather}}) {
-    SCOPED_TRACE("over " + std::to_string(world) + " ranks" + (moe == DpMoe::kGather ? ", by gathering" : ""));
-    auto group = load_over("deepseek_v3", world, moe);
+  struct Layout {
+    int world;
+    DpMoe moe;
+    bool dense_tp;
+  };
+  for (const auto& [world, moe, dense_tp] :
+       {Layout{2, DpMoe::kExchange, false}, Layout{4, DpMoe::kExchange, false}, Layout{2, DpMoe::kGather, false},
+        Layout{4, DpMoe::kGather, false}, Layout{2, DpMoe::kGather, true}, Layout{4, DpMoe::kGather, true}}) {
+    SCOPED_TRACE("over " + std::to_string(world) + " ranks" + (moe == DpMoe::kGather ? ", by gathering" : "") +
+                 (dense_tp ? ", dense MLPs split" : ""));
+    auto group = load_over("deepseek_v3", world, moe, dense_tp);
     const int64_t H = group->rank(0).config().hidden_size, V = group->rank(0).config().vocab_size;
     const auto run_rank = [&](int r, int extra_steps) {
       Model& model = group->rank(r);
@@ -460,6 +504,12 @@ TEST(DataParallel, ALayoutItCannotRunIsRefusedNamingWhy) {
     FAIL() << "a dense model loaded with DP attention";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("DP attention is for DeepSeek"), std::string::npos) << e.what();
+  }
+  try {
+    load_over("deepseek_v3", 2, DpMoe::kExchange, true);
+    FAIL() << "dense MLPs split over the ranks with the exchange loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("need the experts reached by gathering"), std::string::npos) << e.what();
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -69,10 +70,14 @@ class DeepseekModelImpl final : public DeepseekModel {
         tp_(role.dp_attention ? nullptr : role.group),
         ep_(role.group),
         dp_attention_(role.dp_attention && role.group != nullptr),
-        dp_gather_(dp_attention_ && role.dp_moe == DpMoe::kGather) {
+        dp_gather_(dp_attention_ && role.dp_moe == DpMoe::kGather),
+        dense_tp_(dp_gather_ && role.dense_tp) {
     const ModelConfig& c = config_;
     const DeepseekConfig& d = c.deepseek;
     const int64_t H = c.hidden_size;
+    BASALT_CHECK(!role.dense_tp || dp_gather_,
+                 "{}: dense layers split over the ranks under DP attention need the experts reached by gathering "
+                 "(DpMoe::kGather; --dp-moe gather)", dir_);
     plan_shards();
     if (world_ == 1) {
       embed_tokens_ = plain(ckpt, "model.embed_tokens.weight", {c.vocab_size, H});
@@ -201,7 +206,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   void forward_mtp_idle() override {
     BASALT_CHECK(dp_attention_ && mtp_ != nullptr, "forward_mtp_idle: no MTP layer over DP-attention ranks");
     if (dp_gather_) agree_gather_rows(0);
-    if (mtp_->layer.moe) exchange_idle_layer(mtp_->layer);
+    if (exchanges(mtp_->layer)) exchange_idle_layer(mtp_->layer);
   }
 
   // The MTP layer as a DraftHead (see deepseek_v3.h).
@@ -236,7 +241,7 @@ class DeepseekModelImpl final : public DeepseekModel {
         run_mtp(on_backend(host_batch, backend_), hidden, kv, logits, hidden_out);
       } catch (...) {
         if (dp_gather_ && !rows_agreed_) agree_gather_rows(0);
-        if (exchanges_done_ == 0 && mtp_->layer.moe) exchange_idle_layer(mtp_->layer);
+        if (exchanges_done_ == 0 && exchanges(mtp_->layer)) exchange_idle_layer(mtp_->layer);
         throw;
       }
       return;
@@ -505,6 +510,10 @@ class DeepseekModelImpl final : public DeepseekModel {
   void feed_forward(const Layer& w, const Tensor& hidden, const Steps& steps, Tensor& out) {
     Backend& b = backend_;
     if (!w.moe) {
+      if (dense_tp_) {
+        gather_to_dense(hidden, w, &out);
+        return;
+      }
       b.moe_experts(hidden, steps.first_expert, steps.unit_weight, std::span(&w.dense, 1), out);
       if (tp_ != nullptr) tp_->all_reduce(out);
       return;
@@ -526,7 +535,7 @@ class DeepseekModelImpl final : public DeepseekModel {
         b.moe_experts(hidden, ids, weights, w.experts, out, expert_begin_);
       }
     }
-    if (w.has_shared) {
+    if (w.has_shared && !dense_tp_) {  // with dense_tp_ the gathering ran this rank's slice
       Tensor shared = b.empty({T, config_.hidden_size}, DType::kF32);
       b.moe_experts(hidden, steps.first_expert, steps.unit_weight, std::span(&w.shared, 1), shared);
       b.add(out, shared, out);
@@ -566,17 +575,16 @@ class DeepseekModelImpl final : public DeepseekModel {
     rows_agreed_ = true;
   }
 
-  // DP attention's MoE by gathering (DpMoe::kGather; model/model.h): this
-  // rank's rows, padded with zero rows to gather_rows_, are all-gathered;
-  // every rank routes all of them (the router is every rank's), runs its
-  // own experts on the pairs routed to them, and a reduce-scatter sums the
-  // ranks' parts, each rank receiving its own block; out (f32 [T, H]) takes
-  // the block's first T rows. x f32 [T, H];
-  // with out null the rank has no tokens (x has no rows) and only serves
-  // its experts. Each token's sum is its own experts' parts in choice order,
-  // summed over the ranks in rank order (the exchange sums all its choices
-  // in choice order: the two round differently).
-  void gather_to_experts(const Tensor& x, const Layer& w, Tensor* out) {
+  // DP attention by gathering (DpMoe::kGather; model/model.h): this rank's
+  // rows, padded with zero rows to gather_rows_, are all-gathered;
+  // part(all, parts) writes this rank's part of every gathered row's result
+  // (f32 [n * R, H]), and a reduce-scatter sums the ranks' parts, each rank
+  // receiving its own block, of which out (f32 [T, H]) takes the first T
+  // rows. x f32 [T, H]; with out null the rank has no tokens (x has no
+  // rows) and only serves its part. Each row's sum is the ranks' parts
+  // summed in rank order.
+  void through_gathered_rows(const Tensor& x, Tensor* out,
+                             const std::function<void(const Tensor& all, Tensor& parts)>& part) {
     Backend& b = backend_;
     const int64_t T = x.dim(0), H = config_.hidden_size, R = gather_rows_, n = ep_world_;
     if (R == 0) {  // no rank has tokens (every rank agreed on 0)
@@ -597,14 +605,44 @@ class DeepseekModelImpl final : public DeepseekModel {
     }
     Tensor all = b.empty({n * R, H}, DType::kF32);
     ep_->all_gather(mine, all);
-    Tensor ids, weights;
-    route(all, w, ids, weights);
     Tensor parts = b.empty({n * R, H}, DType::kF32);
-    b.moe_experts(all, ids, weights, w.experts, parts, expert_begin_);
+    part(all, parts);
     Tensor sums = b.empty({R, H}, DType::kF32);
     ep_->reduce_scatter(parts, sums);
     ++exchanges_done_;
     if (out != nullptr && T > 0) b.copy(sums.rows(0, T), *out);
+  }
+
+  // An MoE layer by gathering: every rank routes all the gathered rows (the
+  // router is every rank's) and runs its own experts on the pairs routed to
+  // them; with dense_tp_ its slice of the shared experts joins the same sum.
+  // Each token's sum is its own experts' parts in choice order, summed over
+  // the ranks in rank order (the exchange sums all its choices in choice
+  // order: the two round differently).
+  void gather_to_experts(const Tensor& x, const Layer& w, Tensor* out) {
+    through_gathered_rows(x, out, [&](const Tensor& all, Tensor& parts) {
+      Tensor ids, weights;
+      route(all, w, ids, weights);
+      backend_.moe_experts(all, ids, weights, w.experts, parts, expert_begin_);
+      if (dense_tp_ && w.has_shared) {
+        Tensor shared = backend_.empty(parts.shape(), DType::kF32);
+        run_mlp(all, w.shared, shared);
+        backend_.add(parts, shared, parts);
+      }
+    });
+  }
+
+  // A dense layer's MLP with dense_tp_: this rank's slice on the gathered rows.
+  void gather_to_dense(const Tensor& x, const Layer& w, Tensor* out) {
+    through_gathered_rows(x, out, [&](const Tensor& all, Tensor& parts) { run_mlp(all, w.dense, parts); });
+  }
+
+  // One MLP (or this rank's slice of one) on x's rows: the experts' path
+  // with every row sent to it at weight 1.
+  void run_mlp(const Tensor& x, const MoeExpert& mlp, Tensor& out) {
+    const int64_t rows = x.dim(0);
+    reserve_step_constants(rows, 0);
+    backend_.moe_experts(x, step_zeros_.rows(0, rows), step_ones_.rows(0, rows), std::span(&mlp, 1), out);
   }
 
   // DP attention's MoE exchange (deepseek_v3.h). The (token, choice) pairs
@@ -673,7 +711,11 @@ class DeepseekModelImpl final : public DeepseekModel {
   void exchange_idle_layer(const Layer& w) {
     const int64_t H = config_.hidden_size, K = route_.top_k;
     if (dp_gather_) {
-      gather_to_experts(Tensor::empty({0, H}, DType::kF32), w, nullptr);
+      const Tensor none = Tensor::empty({0, H}, DType::kF32);
+      if (w.moe)
+        gather_to_experts(none, w, nullptr);
+      else
+        gather_to_dense(none, w, nullptr);
       return;
     }
     const Tensor x = Tensor::empty({0, H}, DType::kF32), ids = Tensor::empty({0, K}, DType::kI32);
@@ -684,10 +726,13 @@ class DeepseekModelImpl final : public DeepseekModel {
   void exchange_idle(int64_t from) {
     int64_t seen = 0;
     for (const Layer& w : layers_) {
-      if (!w.moe) continue;
+      if (!exchanges(w)) continue;
       if (seen++ >= from) exchange_idle_layer(w);
     }
   }
+  // Whether layer w meets the other DP-attention ranks in a step: every MoE
+  // layer, and with dense_tp_ the dense ones too.
+  bool exchanges(const Layer& w) const { return w.moe || dense_tp_; }
 
   void lin(const Tensor& x, const LinearWeight& w, Tensor& out) {
     if (w.int_quantized()) {
@@ -799,23 +844,27 @@ class DeepseekModelImpl final : public DeepseekModel {
       experts_local_ = d.n_routed_experts / ep_world_;
       expert_begin_ = ep_rank_ * experts_local_;
     }
+    mlp_world_ = dense_tp_ ? ep_world_ : world_;
+    mlp_rank_ = dense_tp_ ? ep_rank_ : rank_;
+    if (mlp_world_ > 1) {
+      tp::check_divides(mlp_world_, c.intermediate_size, "intermediate_size");
+      if (d.n_shared_experts > 0)
+        tp::check_divides(mlp_world_, d.moe_intermediate_size * d.n_shared_experts, "the shared experts' width");
+    }
     if (world_ == 1) return;
     const int64_t n = world_;
     tp::check_divides(n, c.num_heads, "num_attention_heads");
     tp::check_divides(n, c.vocab_size, "vocab_size");
-    tp::check_divides(n, c.intermediate_size, "intermediate_size");
-    if (d.n_shared_experts > 0)
-      tp::check_divides(n, d.moe_intermediate_size * d.n_shared_experts, "the shared experts' width");
     heads_ = c.num_heads / n;
     vocab_local_ = c.vocab_size / n;
     vocab_begin_ = rank_ * vocab_local_;
   }
 
   // Rows [begin, begin + count) of a host linear weight (and of its FP8
-  // block scales, at whole blocks), on the backend; the whole weight with
-  // one rank.
+  // block scales, at whole blocks), on the backend; all of them is the
+  // weight as it is.
   LinearWeight shard_rows(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) {
-    if (world_ == 1) return on_device(w);
+    if (begin == 0 && count == w.weight.dim(0)) return on_device(w);
     check_not_int(w, name);
     LinearWeight out;
     out.weight = w.weight.rows(begin, count);
@@ -826,7 +875,7 @@ class DeepseekModelImpl final : public DeepseekModel {
     return on_device(out);
   }
   LinearWeight shard_columns(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) {
-    if (world_ == 1) return on_device(w);
+    if (begin == 0 && count == w.weight.dim(1)) return on_device(w);
     check_not_int(w, name);
     LinearWeight out;
     out.weight = tp::columns(w.weight, begin, count);
@@ -844,13 +893,14 @@ class DeepseekModelImpl final : public DeepseekModel {
   static int64_t fp8_blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
   void check_block_aligned(int64_t begin, int64_t count, int64_t size, const std::string& name) const {
     BASALT_CHECK(begin % kFp8BlockSize == 0 && (count % kFp8BlockSize == 0 || begin + count == size),
-                 "{}: tensor parallelism over {} ranks splits '{}' inside a {}-wide FP8 block ([{}, {}) of {})",
-                 dir_, world_, name, kFp8BlockSize, begin, begin + count, size);
+                 "{}: splitting over {} ranks cuts '{}' inside a {}-wide FP8 block ([{}, {}) of {})", dir_,
+                 size / count, name, kFp8BlockSize, begin, begin + count, size);
   }
   // This rank's 1/N of a host MLP `inter` wide (gate and up rows, down
-  // columns), on the backend.
+  // columns), on the backend: N ranks of tensor parallelism, or of DP
+  // attention with dense_tp_.
   MoeExpert shard_mlp(const MoeExpert& e, int64_t inter, const std::string& prefix) {
-    const int64_t mine = inter / world_, first = rank_ * mine;
+    const int64_t mine = inter / mlp_world_, first = mlp_rank_ * mine;
     return MoeExpert{shard_rows(e.gate, first, mine, prefix + "gate_proj.weight"),
                      shard_rows(e.up, first, mine, prefix + "up_proj.weight"),
                      shard_columns(e.down, first, mine, prefix + "down_proj.weight")};
@@ -977,8 +1027,10 @@ class DeepseekModelImpl final : public DeepseekModel {
   bool dp_attention_ = false;
   int64_t world_ = 1, rank_ = 0;        // tensor parallelism's
   int64_t ep_world_ = 1, ep_rank_ = 0;  // expert parallelism's
-  int64_t exchanges_done_ = 0;          // DP attention: MoE exchanges of the step so far
+  int64_t mlp_world_ = 1, mlp_rank_ = 0;  // the dense and shared MLPs' split (TP's, or DP's with dense_tp_)
+  int64_t exchanges_done_ = 0;          // DP attention: the step's exchanges so far (exchanges())
   bool dp_gather_ = false;              // DP attention by DpMoe::kGather
+  bool dense_tp_ = false;               // kGather: dense MLPs and shared experts split over the ranks
   bool rows_agreed_ = false;            // kGather: agree_gather_rows ran in this forward
   int64_t gather_rows_ = 0;             // kGather: the rows each rank pads to in this forward
   int64_t preset_rows_ = -1;            // kGather: set_step_rows' value, or -1 (agree in each forward)

@@ -83,7 +83,14 @@
 //    the ranks' parts, each rank receiving its own rows. Collectives of
 //    fixed size within a step and no host read per layer (the exchange
 //    reads its counts each layer); the sums are in another order than the
-//    exchange's.
+//    exchange's. By gathering, RankRole::dense_tp splits the dense layers'
+//    MLPs and the shared experts over the ranks as tensor parallelism does
+//    (gate/up rows, down columns): in an MoE layer each rank adds its slice
+//    of the shared experts on the gathered rows into its part before the
+//    reduce-scatter (no collective of its own); a dense layer gathers,
+//    runs its slice and reduce-scatters the same way, so ranks without
+//    tokens take part in dense layers too. A rank then holds 1/N of those
+//    weights, and a decode step reads 1/N of them.
 #pragma once
 
 #include <memory>

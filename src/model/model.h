@@ -85,12 +85,20 @@ using LoadProgress = std::function<void(uint64_t, uint64_t)>;
 // each rank routes them all and runs its own experts, and a reduce-scatter
 // sums the ranks' parts into each rank's own rows (SGLang's DP attention
 // without DeepEP): fixed sizes per step, no host read per layer.
+// dense_tp (DP attention by kGather only): the dense layers' MLPs and the
+// shared experts are split over the group as under tensor parallelism
+// instead of held whole by every rank (SGLang's default; its
+// --moe-dense-tp-size 1 replicates them). Each rank runs its slice on the
+// gathered rows of every rank, and the same reduce-scatter sums them: a
+// shared expert costs no collective of its own, a dense layer one gather
+// and one reduce-scatter, and a rank holds and reads 1/N of those weights.
 class Communicator;
 enum class DpMoe : uint8_t { kExchange, kGather };
 struct RankRole {
   Communicator* group = nullptr;
   bool dp_attention = false;
   DpMoe dp_moe = DpMoe::kExchange;
+  bool dense_tp = false;
 };
 // Where the weights come from: the checkpoint's files, or random values in
 // the config's shapes (Checkpoint::random: benchmarks at full shape without
