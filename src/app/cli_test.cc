@@ -1,8 +1,12 @@
 // Acceptance tests of the `basalt` command line: the real binary, run as a
 // user runs it, with its JSON output parsed and checked against the
 // transformers fixtures.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -17,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -1006,6 +1011,95 @@ TEST(Cli, TensorParallelGenerateMatchesTransformersGreedy) {
   EXPECT_NE(heads.err.find("num_attention_heads (4) must divide by it"), std::string::npos) << heads.err;
   const CliRun zero = run("generate --model " + kBundled + "basalt-draft --prompt-ids 1,2,3 --tp 0");
   EXPECT_NE(zero.err.find("--tp must be in [1, 64]"), std::string::npos) << zero.err;
+}
+
+// A free TCP port of the loopback interface (bound, read, released).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// `generate ARGS` as node 0 of two, node 1 running `serve` with the same
+// model and rank flags (PARALLEL) beside it; node 1's run in *worker.
+CliRun generate_over_two_nodes(const std::string& model, const std::string& parallel, const std::string& args,
+                               CliRun* worker) {
+  const std::string nodes =
+      parallel + " --nnodes 2 --dist-init-addr 127.0.0.1:" + std::to_string(free_port()) + " --dist-timeout 60";
+  std::thread node1([&] { *worker = run("serve --model " + model + nodes + " --node-rank 1"); });
+  CliRun leader = run("generate --model " + model + nodes + " --node-rank 0" + args);
+  node1.join();
+  return leader;
+}
+
+// --nnodes 2: the --tp ranks over two processes linked by TCP, as over two
+// machines; node 0 generates, node 1 (`serve --node-rank 1`) runs its ranks
+// and stops with it. The dense draft model (a rank a node, and two) and
+// the DeepSeek main model (its MTP layer drafting over the nodes too) give
+// transformers' greedy tokens, and the same drafts and acceptances as one
+// process; what cannot run is refused, naming the flag, and a node running
+// another model is turned away.
+TEST(Cli, TensorParallelOverNodesMatchesTransformers) {
+  struct Run {
+    std::string model, report, section, parallel;
+  };
+  for (const Run& r : {Run{"basalt-draft", "run1-tokenizer-draft.json", "draft_transformers", " --tp 2"},
+                       Run{"basalt-draft", "run1-tokenizer-draft.json", "draft_transformers", " --tp 4 --threads 2"},
+                       Run{"basalt-mini", "run2-mini.json", "main_transformers", " --tp 2"}}) {
+    const json sample = read_json(kBundled + "reports/" + r.report)[r.section]["samples"][0];
+    const std::vector<int> prompt = sample["prompt_ids"], expected = sample["output_ids"];
+    CliRun worker;
+    const CliRun leader = generate_over_two_nodes(
+        kBundled + r.model, r.parallel,
+        " --prompt-ids " + join(prompt) + " --max-tokens " + std::to_string(expected.size()) +
+            " --temperature 0 --ignore-eos --json --dtype float32",
+        &worker);
+    ASSERT_EQ(leader.exit_code, 0) << r.model << r.parallel << ": " << leader.err << "\nnode 1: " << worker.err;
+    EXPECT_EQ(json::parse(leader.out)["output_ids"].get<std::vector<int>>(), expected) << r.model << r.parallel;
+    EXPECT_EQ(worker.exit_code, 0) << worker.err;
+    EXPECT_NE(worker.err.find("stopped=\"the leader stopped\""), std::string::npos) << worker.err;
+    EXPECT_NE(leader.err.find("over 2 nodes (this is node 0, the leader)"), std::string::npos) << leader.err;
+  }
+  const std::string mtp = " --prompt 'The Debian project' --max-tokens 40 --temperature 0 --ignore-eos --json "
+                          "--speculative-algorithm mtp";
+  const CliRun one = run("generate --model " + kBundled + "basalt-mini --tp 2" + mtp);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  CliRun worker;
+  const CliRun nodes = generate_over_two_nodes(kBundled + "basalt-mini", " --tp 2", mtp, &worker);
+  ASSERT_EQ(nodes.exit_code, 0) << nodes.err << "\nnode 1: " << worker.err;
+  EXPECT_EQ(json::parse(one.out)["text"], json::parse(nodes.out)["text"]);
+  EXPECT_GT(json::parse(nodes.out)["speculative"]["accepted_tokens"].get<int>(), 0);
+  EXPECT_EQ(json::parse(one.out)["speculative"], json::parse(nodes.out)["speculative"]);
+
+  const std::pair<std::string, std::string> refusals[] = {
+      {" --tp 2 --nnodes 2", "--nnodes 2: give --dist-init-addr HOST:PORT"},
+      {" --tp 3 --nnodes 2 --dist-init-addr 127.0.0.1:1", "give a --tp that --nnodes divides"},
+      {" --tp 2 --nnodes 2 --node-rank 2 --dist-init-addr 127.0.0.1:1", "--node-rank 2 is not in [0, --nnodes 2)"},
+      {" --tp 2 --nnodes 2 --dist-init-addr nowhere", "--dist-init-addr 'nowhere': give HOST:PORT"},
+      {" --tp 2 --nnodes 2 --dp-attention --dist-init-addr 127.0.0.1:1", "DP attention runs over the ranks of one"},
+      {" --tp 2 --nnodes 2 --dist-init-addr 127.0.0.1:" + std::to_string(free_port()) + " --dist-timeout 0.5",
+       "nodes 1 of 2 did not join"},
+  };
+  for (const auto& [flags, message] : refusals) {
+    const CliRun refused = run("generate --prompt-ids 1,2,3" + flags);
+    EXPECT_NE(refused.exit_code, 0) << flags;
+    EXPECT_NE(refused.err.find(message), std::string::npos) << flags << ": " << refused.err;
+  }
+  // A node running another model than node 0's is turned away with the reason.
+  const std::string link = " --tp 2 --nnodes 2 --dist-timeout 5 --dist-init-addr 127.0.0.1:" + std::to_string(free_port());
+  CliRun stranger;
+  std::thread node1([&] { stranger = run("serve --model " + kBundled + "basalt-draft" + link + " --node-rank 1"); });
+  const CliRun alone = run("generate --prompt-ids 1,2,3" + link);
+  node1.join();
+  EXPECT_NE(alone.exit_code, 0);
+  EXPECT_NE(stranger.exit_code, 0);
+  EXPECT_NE(stranger.err.find("refused node 1: it runs 'config.json"), std::string::npos) << stranger.err;
 }
 
 // --tp N --dp-attention: the main model (DeepSeek layout, 16 experts) over

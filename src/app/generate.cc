@@ -277,9 +277,20 @@ BatchItem parse_batch_line(const std::string& line, const std::string& where, co
 }
 
 void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_given, bool batch_given) {
+  BASALT_CHECK(std::filesystem::is_directory(f.model), "--model: '{}' is not a directory", f.model);
+  // A node other than 0 of a model over several machines runs its ranks
+  // for node 0, which generates (model/multi_node.h); it takes no prompt.
+  if (f.parallel.node_rank > 0) {
+    check_parallel_flags(f.parallel, f.speculation.algorithm);
+    std::unique_ptr<Backend> backend = make_backend(f.device, f.threads);
+    apply_fp8_compute(f.fp8_compute, *backend);
+    apply_batch_invariant(f.batch_invariant, f.fp8_compute, *backend);
+    apply_dtype(f.dtype, *backend);
+    serve_as_node_worker(f.model, *backend, f.parallel);
+    return;
+  }
   BASALT_CHECK(int{prompt_given} + int{prompt_ids_given} + int{batch_given} == 1,
                "give exactly one of --prompt, --prompt-ids and --batch");
-  BASALT_CHECK(std::filesystem::is_directory(f.model), "--model: '{}' is not a directory", f.model);
   BASALT_CHECK(f.max_tokens >= 0, "--max-tokens must be non-negative");
   BASALT_CHECK(f.temperature >= 0, "--temperature must be non-negative");
   BASALT_CHECK(f.top_k >= 0, "--top-k must be non-negative");

@@ -4,10 +4,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "backend/communicator.h"
+#include "backend/node_link.h"
+#include "core/log.h"
 #include "core/thread_pool.h"
+#include "model/multi_node.h"
 #include "model/tensor_parallel.h"
 #include "runtime/kv_pool.h"
 #ifdef BASALT_HAVE_CUDA
@@ -47,6 +53,17 @@ void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags) {
                  "--tp (each rank holds and reads 1/N of them; needs --dp-moe gather, where it is the default) or 1 "
                  "(whole on every rank, the default with --dp-moe exchange), as SGLang's option of that name")
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--nnodes", flags.nnodes,
+                 "Machines the --tp ranks span, --tp / --nnodes on each (tensor parallelism across machines; node 0 "
+                 "runs the engine and the server, the others run only their ranks) (default 1)");
+  cmd.add_option("--node-rank", flags.node_rank,
+                 "This machine's place among the --nnodes: 0 for the one that serves, 1.. for the others, which run "
+                 "the same command (default 0)");
+  cmd.add_option("--dist-init-addr", flags.dist_init_addr,
+                 "With --nnodes > 1, HOST:PORT where node 0 listens for the other nodes (they connect to it)");
+  cmd.add_option("--dist-timeout", flags.dist_timeout,
+                 "With --nnodes > 1, seconds to wait for every node to join (default 600)")
+      ->check(CLI::PositiveNumber);
 }
 
 void check_parallel_flags(const ParallelFlags& flags, const std::string& speculative_algorithm) {
@@ -59,6 +76,21 @@ void check_parallel_flags(const ParallelFlags& flags, const std::string& specula
   BASALT_CHECK(flags.dp_attention || flags.moe_dense_tp_size == 0,
                "--moe-dense-tp-size applies to --dp-attention only (under --tp alone the dense layers are split "
                "over the --tp ranks); give --dp-attention or leave it out");
+  BASALT_CHECK(flags.nnodes >= 1 && flags.nnodes <= 64, "--nnodes must be in [1, 64], got {}", flags.nnodes);
+  BASALT_CHECK(flags.node_rank >= 0 && flags.node_rank < flags.nnodes, "--node-rank {} is not in [0, --nnodes {})",
+               flags.node_rank, flags.nnodes);
+  if (flags.nnodes > 1) {
+    BASALT_CHECK(flags.tp % flags.nnodes == 0,
+                 "--tp {} over --nnodes {}: every machine runs as many ranks; give a --tp that --nnodes divides",
+                 flags.tp, flags.nnodes);
+    BASALT_CHECK(!flags.dist_init_addr.empty(),
+                 "--nnodes {}: give --dist-init-addr HOST:PORT, where node 0 listens for the others", flags.nnodes);
+    split_host_port(flags.dist_init_addr, "--dist-init-addr");
+    BASALT_CHECK(!flags.dp_attention,
+                 "--nnodes {} --dp-attention: DP attention runs over the ranks of one machine only; across machines "
+                 "give --tp alone",
+                 flags.nnodes);
+  }
   if (!flags.dp_attention) return;
   BASALT_CHECK(flags.tp >= 2, "--dp-attention runs over the --tp ranks: give --tp 2 or more");
   BASALT_CHECK(flags.moe_dense_tp_size == 0 || flags.moe_dense_tp_size == 1 || flags.moe_dense_tp_size == flags.tp,
@@ -120,12 +152,80 @@ GpuRanks gpu_ranks(int ranks, const Backend& backend) {
 }
 #endif
 
+// What every node must run alike, which the leader checks as each joins:
+// the model's config.json (FNV-1a of its bytes), the rank layout, the
+// device kind and whether the weights are random.
+std::string node_fingerprint(const std::string& dir, const Backend& backend, const ParallelFlags& flags) {
+  std::ifstream in(dir + "/config.json", std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  uint64_t hash = 1469598103934665603ull;
+  for (const char c : bytes.str()) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return fmt::format("config.json {:016x}, --tp {} --nnodes {}, {}{}", hash, flags.tp, flags.nnodes,
+                     backend.device() == Device::kCpu ? "cpu" : "cuda", flags.random_weights ? ", random weights" : "");
+}
+
+NodeLinkOptions node_link_options(const std::string& dir, const Backend& backend, const ParallelFlags& flags) {
+  NodeLinkOptions options;
+  options.nnodes = flags.nnodes;
+  options.fingerprint = node_fingerprint(dir, backend, flags);
+  options.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.dist_timeout * 1000));
+  return options;
+}
+
+// This node's ranks of a model whose --tp ranks span --nnodes machines,
+// their communicators reaching the others' through `link`.
+std::unique_ptr<Model> load_node_ranks(const std::string& dir, Backend& backend, const ParallelFlags& flags,
+                                       NodeLink& link, const LoadProgress& progress) {
+  const int local = flags.tp / flags.nnodes;
+  if (backend.device() == Device::kCpu)
+    return load_tensor_parallel(
+        dir, local, cpu_ranks(local, cpu_bf16_activations(backend)), progress, nullptr,
+        [&link, local](std::span<Backend* const>) { return make_node_group(link, local); }, flags.weights());
+#ifdef BASALT_HAVE_CUDA
+  const GpuRanks gpus = gpu_ranks(local, backend);
+  return load_tensor_parallel(
+      dir, local, gpus.make_backend, progress, &backend,
+      [&link, local](std::span<Backend* const> backends) { return make_node_group(link, local, backends); },
+      flags.weights());
+#else
+  fail("--nnodes {} --device {}: this build has no GPU backend", flags.nnodes, backend.name());
+#endif
+}
+
 }  // namespace
+
+void serve_as_node_worker(const std::string& dir, Backend& backend, const ParallelFlags& flags) {
+  BASALT_CHECK(flags.nnodes > 1 && flags.node_rank > 0, "serve_as_node_worker: --node-rank {} of --nnodes {}",
+               flags.node_rank, flags.nnodes);
+  const int local = flags.tp / flags.nnodes, first = flags.node_rank * local;
+  LogLine("node").add("node_rank", flags.node_rank).add("joining", flags.dist_init_addr).emit();
+  std::unique_ptr<NodeLink> link =
+      NodeLink::join(flags.dist_init_addr, flags.node_rank, node_link_options(dir, backend, flags));
+  std::unique_ptr<Model> ranks = load_node_ranks(dir, backend, flags, *link, {});
+  LogLine("node")
+      .add("node_rank", flags.node_rank)
+      .add("ranks", fmt::format("{}-{}", first, first + local - 1))
+      .add("serving", flags.dist_init_addr)
+      .emit();
+  serve_multi_node_worker(*link, *ranks, backend);
+  LogLine("node").add("node_rank", flags.node_rank).add("stopped", "the leader stopped").emit();
+}
 
 std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, const ParallelFlags& flags,
                                          const LoadProgress& progress, int graph_batch) {
   const int tp = flags.tp;
   BASALT_CHECK(tp >= 1 && tp <= 64, "--tp must be in [1, 64], got {}", tp);
+  if (flags.nnodes > 1) {
+    BASALT_CHECK(flags.node_rank == 0, "load_model_for_tp: node {} is not the leader", flags.node_rank);
+    NodeLinkOptions options = node_link_options(dir, backend, flags);
+    options.on_listening = [&](int port) {
+      LogLine("node").add("node_rank", 0).add("listening_port", port).add("waiting_for_nodes", flags.nnodes - 1).emit();
+    };
+    std::unique_ptr<NodeLink> link = NodeLink::lead(flags.dist_init_addr, options);
+    std::unique_ptr<Model> ranks = load_node_ranks(dir, backend, flags, *link, progress);
+    return make_multi_node_leader(std::move(link), std::move(ranks), backend);
+  }
   if (tp == 1) return load_model(dir, backend, progress, {}, flags.weights());
   if (backend.device() == Device::kCpu)
     return load_tensor_parallel(dir, tp, cpu_ranks(tp, cpu_bf16_activations(backend)), progress, nullptr, {},

@@ -8,19 +8,28 @@
 // whole on each DP-attention rank or split over them, RankRole::dense_tp;
 // not given, split by gathering and whole by the exchange) and
 // --random-weights (the model's weights random, model/model.h's
-// Weights::kRandom) on `cmd`.
+// Weights::kRandom), and --nnodes, --node-rank, --dist-init-addr and
+// --dist-timeout (the --tp ranks over several machines, SGLang's flags) on
+// `cmd`.
 // check_parallel_flags() refuses, naming the flag, what is not offered: --tp
 // outside [1, 64]; --ep other than --tp (a model's routed experts are split
 // over its --tp ranks); --dp-attention with --tp 1 or with EAGLE heads or
 // draft models; --dp-moe gather without --dp-attention; --moe-dense-tp-size
-// without --dp-attention, other than 1 or --tp, or --tp with the exchange.
+// without --dp-attention, other than 1 or --tp, or --tp with the exchange;
+// --nnodes outside [1, 64] or not dividing --tp, a --node-rank outside
+// [0, --nnodes), --nnodes > 1 without --dist-init-addr or with
+// --dp-attention.
 // load_model_for_tp() is the model for --tp without
 // --dp-attention: on `backend` itself with tp 1; otherwise over tp
 // tensor-parallel ranks (model/tensor_parallel.h), CPU ranks as threads of
 // this process, each with a pool of its own and an equal share of
 // `backend`'s threads (at least one), while `backend` keeps sampling; on a
 // GPU, tp GPUs, a rank each (rank 0 on `backend`), NCCL between them, each
-// rank recording CUDA graphs of its own when graph_batch > 0.
+// rank recording CUDA graphs of its own when graph_batch > 0. With --nnodes
+// N > 1 (node 0 calls it) this machine's --tp / N ranks, the others' joined
+// over the network (model/multi_node.h; CPU ranks share `backend`'s threads
+// as above, GPU ranks take a GPU each and reach the other machines' ranks
+// through host memory, eagerly: no NCCL between machines yet).
 // DpAttentionEngines is --dp-attention: load() puts the model over --tp ranks
 // (model/data_parallel.h), CPU ranks' threads shared the same way, or on a
 // GPU a rank per GPU from `backend`'s, NCCL between them (eager: no graphs);
@@ -51,6 +60,10 @@ struct ParallelFlags {
   std::string dp_moe = "exchange";  // --dp-moe: exchange or gather (model/model.h's DpMoe)
   int moe_dense_tp_size = 0;        // --moe-dense-tp-size: 0 not given, 1, or tp (RankRole::dense_tp)
   bool random_weights = false;  // --random-weights: Weights::kRandom
+  int nnodes = 1;               // --nnodes: machines the --tp ranks span (model/multi_node.h)
+  int node_rank = 0;            // --node-rank: this machine's; 0 runs the engine
+  std::string dist_init_addr;   // --dist-init-addr HOST:PORT: where node 0 listens for the others
+  double dist_timeout = 600;    // --dist-timeout: seconds to wait for every node to join
   Weights weights() const { return random_weights ? Weights::kRandom : Weights::kCheckpoint; }
   DpMoe moe() const { return dp_moe == "gather" ? DpMoe::kGather : DpMoe::kExchange; }
   // Not given: split by gathering (SGLang's default), whole by the exchange.
@@ -64,6 +77,10 @@ void check_parallel_flags(const ParallelFlags& flags, const std::string& specula
 // 1) is left to the caller to wrap.
 std::unique_ptr<Model> load_model_for_tp(const std::string& dir, Backend& backend, const ParallelFlags& flags,
                                          const LoadProgress& progress = {}, int graph_batch = 0);
+// --node-rank K > 0: this machine's --tp / --nnodes ranks, joined to node
+// 0 at --dist-init-addr, carrying out its calls until it stops (model/
+// multi_node.h); returns when node 0 says stop, throws when the link breaks.
+void serve_as_node_worker(const std::string& dir, Backend& backend, const ParallelFlags& flags);
 
 struct DpAttentionEngines {
   std::unique_ptr<DataParallelGroup> model;

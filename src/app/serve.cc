@@ -116,6 +116,17 @@ void run_serve(const ServeFlags& f) {
                "{}/config.json)",
                f.max_model_len, config.max_position_embeddings, dir);
 
+  // A node other than 0 of a model over several machines runs its ranks
+  // for node 0, which serves (model/multi_node.h); it has no server.
+  if (f.parallel.node_rank > 0) {
+    std::unique_ptr<Backend> node_backend = make_backend(f.device, f.threads);
+    apply_fp8_compute(f.fp8_compute, *node_backend);
+    apply_batch_invariant(f.batch_invariant, f.fp8_compute, *node_backend);
+    apply_dtype(f.dtype, *node_backend);
+    serve_as_node_worker(dir, *node_backend, f.parallel);
+    return;
+  }
+
   const std::vector<std::string> keys = api_keys(f.http);
 
   // Signals are taken by sigwait on this thread only.

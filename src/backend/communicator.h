@@ -80,4 +80,17 @@ void check_broadcast(int root, int world, const char* who);
 class Backend;
 std::vector<std::unique_ptr<Communicator>> make_local_group(int world, std::span<Backend* const> staging = {});
 
+// This node's ranks of a group that spans the machines of `link`
+// (backend/node_link.h): local_ranks threads here, as many on each node,
+// global ranks node_rank * local_ranks + i, world nnodes * local_ranks.
+// Each collective gathers every rank's input on every rank through the link
+// and computes with the in-process group's arithmetic, so the bits are the
+// same as one process's ranks; staging as for make_local_group. Communicator
+// i must be used by its own thread; the link must not be used by anything
+// else while a collective runs. A broken link makes the collective throw
+// on every local rank.
+class NodeLink;
+std::vector<std::unique_ptr<Communicator>> make_node_group(NodeLink& link, int local_ranks,
+                                                           std::span<Backend* const> staging = {});
+
 }  // namespace basalt

@@ -1,41 +1,68 @@
-// The in-process communicator, ranks as threads: every collective against
-// what it means computed directly, for 1 to 5 ranks, and a row-parallel
-// linear layer (each rank holds a slice of K, partial products summed by
-// all_reduce) that gives the whole layer's output, as tensor parallelism
-// uses it.
+// The in-process communicator, ranks as threads, and the group over nodes
+// (make_node_group: nodes as threads of this process, linked over loopback
+// sockets): every collective against what it means computed directly, for
+// 1 to 5 ranks on one node and 2 to 6 over 2 and 3 nodes, and a
+// row-parallel linear layer (each rank holds a slice of K, partial products
+// summed by all_reduce) that gives the whole layer's output, as tensor
+// parallelism uses it; the node link's introductions and a node that goes
+// away.
 #include "backend/communicator.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <future>
 #include <functional>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/node_link.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "testing/node_links.h"
 
 namespace basalt {
 namespace {
 
+// world ranks over `nodes` nodes (1: the in-process group).
+struct Layout {
+  int world;
+  int nodes = 1;
+};
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.world << " ranks over " << l.nodes << " nodes"; }
+
 // Runs body(rank, communicator) on one thread per rank and waits.
-void on_ranks(int world, const std::function<void(int, Communicator&)>& body) {
-  auto group = make_local_group(world);
+void on_ranks(const Layout& layout, const std::function<void(int, Communicator&)>& body) {
+  std::vector<std::unique_ptr<NodeLink>> links;
+  std::vector<std::unique_ptr<Communicator>> group;
+  if (layout.nodes == 1) {
+    group = make_local_group(layout.world);
+  } else {
+    links = testing::connect_node_links(layout.nodes);
+    for (auto& link : links)
+      for (auto& c : make_node_group(*link, layout.world / layout.nodes)) group.push_back(std::move(c));
+  }
   std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { body(r, *group[static_cast<size_t>(r)]); });
+  for (int r = 0; r < layout.world; ++r)
+    threads.emplace_back([&, r] {
+      Communicator& c = *group[static_cast<size_t>(r)];
+      EXPECT_EQ(c.rank(), r);
+      body(r, c);
+    });
   for (auto& t : threads) t.join();
 }
 
 float value(int rank, int64_t i) { return static_cast<float>((rank + 1) * 10 + i % 7) - 3.5f; }
 
-class LocalGroup : public ::testing::TestWithParam<int> {};
+class LocalGroup : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(LocalGroup, AllReduceSumsAndMaxesEveryElement) {
-  const int world = GetParam();
-  on_ranks(world, [&](int rank, Communicator& c) {
+  const int world = GetParam().world;
+  on_ranks(GetParam(), [&](int rank, Communicator& c) {
     EXPECT_EQ(c.rank(), rank);
     EXPECT_EQ(c.world_size(), world);
     for (int round = 0; round < 3; ++round) {  // collectives one after another reuse the group
@@ -67,8 +94,8 @@ TEST_P(LocalGroup, AllReduceSumsAndMaxesEveryElement) {
 }
 
 TEST_P(LocalGroup, AllGatherAndBroadcast) {
-  const int world = GetParam();
-  on_ranks(world, [&](int rank, Communicator& c) {
+  const int world = GetParam().world;
+  on_ranks(GetParam(), [&](int rank, Communicator& c) {
     Tensor x = Tensor::empty({2, 3}, DType::kI32);
     for (int64_t i = 0; i < 6; ++i) x.data<int32_t>()[i] = rank * 100 + static_cast<int32_t>(i);
     Tensor out = Tensor::empty({2 * world, 3}, DType::kI32);
@@ -86,8 +113,8 @@ TEST_P(LocalGroup, AllGatherAndBroadcast) {
 // Each rank keeps its block of the sum: exactly the all_reduce's bits for
 // that block (f32 sums and maxes, bf16 rounded once), over 2 rows per rank.
 TEST_P(LocalGroup, ReduceScatterKeepsEachRankItsBlockOfTheAllReduce) {
-  const int world = GetParam();
-  on_ranks(world, [&](int rank, Communicator& c) {
+  const int world = GetParam().world;
+  on_ranks(GetParam(), [&](int rank, Communicator& c) {
     for (const DType dtype : {DType::kF32, DType::kBF16})
       for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
         Tensor x = Tensor::empty({2 * world, 3}, dtype);
@@ -121,9 +148,9 @@ TEST_P(LocalGroup, ReduceScatterKeepsEachRankItsBlockOfTheAllReduce) {
 // MoE-style dispatch: rank s sends (s + r) % 3 rows to rank r, each row
 // tagged with (source, destination, index); everyone checks what arrived.
 TEST_P(LocalGroup, AllToAllMovesUnevenBlocksOfRows) {
-  const int world = GetParam();
+  const int world = GetParam().world;
   const auto rows = [](int from, int to) { return static_cast<int64_t>((from + to) % 3); };
-  on_ranks(world, [&](int rank, Communicator& c) {
+  on_ranks(GetParam(), [&](int rank, Communicator& c) {
     std::vector<int64_t> send_rows, recv_rows;
     int64_t sending = 0, receiving = 0;
     for (int r = 0; r < world; ++r) {
@@ -155,7 +182,7 @@ TEST_P(LocalGroup, AllToAllMovesUnevenBlocksOfRows) {
 // [r*K/w, (r+1)*K/w) of the weight and of the input; the all-reduced partial
 // products are the whole layer's output.
 TEST_P(LocalGroup, RowParallelLinearEqualsTheWholeLayer) {
-  const int world = GetParam();
+  const int world = GetParam().world;
   const int64_t T = 3, N = 8, K = 12 * world;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> d(-1, 1);
@@ -165,7 +192,7 @@ TEST_P(LocalGroup, RowParallelLinearEqualsTheWholeLayer) {
   CpuBackend whole_backend;
   Tensor want = Tensor::empty({T, N}, DType::kF32);
   whole_backend.linear(x, w, nullptr, want);
-  on_ranks(world, [&](int rank, Communicator& c) {
+  on_ranks(GetParam(), [&](int rank, Communicator& c) {
     CpuBackend backend;
     const int64_t k = K / world, k0 = rank * k;
     Tensor xs = Tensor::empty({T, k}, DType::kF32), ws = Tensor::empty({N, k}, DType::kF32);
@@ -180,31 +207,157 @@ TEST_P(LocalGroup, RowParallelLinearEqualsTheWholeLayer) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, LocalGroup, ::testing::Values(1, 2, 3, 5));
+INSTANTIATE_TEST_SUITE_P(Ranks, LocalGroup,
+                         ::testing::Values(Layout{1}, Layout{2}, Layout{3}, Layout{5}, Layout{2, 2}, Layout{4, 2},
+                                           Layout{6, 3}),
+                         [](const ::testing::TestParamInfo<Layout>& info) {
+                           return std::to_string(info.param.world) + "_ranks_" + std::to_string(info.param.nodes) +
+                                  "_nodes";
+                         });
+
+// The same collectives give the same bits over nodes as in one process:
+// 4 ranks as 2 nodes of 2 against the in-process group of 4, f32 and bf16.
+TEST(NodeGroup, EveryCollectiveGivesTheInProcessGroupsBits) {
+  const auto run = [](const Layout& layout) {
+    std::vector<std::vector<std::string>> out(static_cast<size_t>(layout.world));
+    on_ranks(layout, [&](int rank, Communicator& c) {
+      std::mt19937 rng(static_cast<uint32_t>(rank + 3));
+      std::uniform_real_distribution<float> d(-2, 2);
+      const auto bytes = [](const Tensor& t) { return std::string(static_cast<const char*>(t.raw()), t.nbytes()); };
+      for (const DType dtype : {DType::kF32, DType::kBF16}) {
+        Tensor x = Tensor::empty({8, 5}, dtype);
+        for (int64_t i = 0; i < x.numel(); ++i) {
+          if (dtype == DType::kF32) x.data<float>()[i] = d(rng);
+          else x.data<uint16_t>()[i] = f32_to_bf16(d(rng));
+        }
+        Tensor sum = Tensor::empty(x.shape(), dtype), block = Tensor::empty({2, 5}, dtype);
+        std::memcpy(sum.raw(), x.raw(), x.nbytes());
+        c.all_reduce(sum);
+        c.reduce_scatter(x, block, ReduceOp::kMax);
+        Tensor gathered = Tensor::empty({32, 5}, dtype);
+        c.all_gather(x, gathered);
+        c.broadcast(x, 2);
+        for (const Tensor* t : {&sum, &block, &gathered, &x}) out[static_cast<size_t>(rank)].push_back(bytes(*t));
+      }
+    });
+    return out;
+  };
+  EXPECT_EQ(run(Layout{4, 2}), run(Layout{4}));
+}
 
 // Ranks that disagree on a collective's size (which NCCL would hang on, or
-// corrupt memory with) all throw, naming it, and the group stays usable.
+// corrupt memory with) all throw, naming it, and the group stays usable;
+// in one process and over nodes.
 TEST(LocalGroup, RanksDisagreeingOnTheSizeAllThrow) {
-  on_ranks(2, [&](int rank, Communicator& c) {
-    const int64_t rows = rank + 1;
-    Tensor x = Tensor::zeros({2 * rows, 2}, DType::kF32);
-    Tensor gathered = Tensor::empty({2 * 2 * rows, 2}, DType::kF32), block = Tensor::empty({rows, 2}, DType::kF32);
-    const auto disagree = [](const std::function<void()>& call) {
+  for (const Layout layout : {Layout{2}, Layout{2, 2}}) {
+    on_ranks(layout, [&](int rank, Communicator& c) {
+      const int64_t rows = rank + 1;
+      Tensor x = Tensor::zeros({2 * rows, 2}, DType::kF32);
+      Tensor gathered = Tensor::empty({2 * 2 * rows, 2}, DType::kF32), block = Tensor::empty({rows, 2}, DType::kF32);
+      const auto disagree = [](const std::function<void()>& call) {
+        try {
+          call();
+        } catch (const Error& e) {
+          return std::string(e.what()).find("disagree") != std::string::npos;
+        }
+        return false;
+      };
+      EXPECT_TRUE(disagree([&] { c.all_reduce(x); }));
+      EXPECT_TRUE(disagree([&] { c.all_gather(x, gathered); }));
+      EXPECT_TRUE(disagree([&] { c.reduce_scatter(x, block); }));
+      EXPECT_TRUE(disagree([&] { c.broadcast(x, 0); }));
+      Tensor same = Tensor::from_f32({3}, std::vector<float>{1.0f, 1.0f, 1.0f});
+      c.all_reduce(same);
+      EXPECT_EQ(same.data<float>()[2], 2.0f);
+    });
+  }
+}
+
+// A node whose introduction does not match the leader's is refused with
+// the reason, and the leader waits on for the right one; nodes that never
+// come are named when the wait runs out; a node that cannot reach a leader
+// says so.
+TEST(NodeLink, IntroductionsAreCheckedAndTheWaitIsBounded) {
+  NodeLinkOptions options;
+  options.nnodes = 2;
+  options.fingerprint = "model a, tp 2";
+  options.join_timeout = std::chrono::seconds(20);
+  std::promise<int> port;
+  NodeLinkOptions lead = options;
+  lead.on_listening = [&](int p) { port.set_value(p); };
+  std::unique_ptr<NodeLink> leader;
+  std::thread leading([&] { leader = NodeLink::lead("127.0.0.1:0", lead); });
+  const std::string address = "127.0.0.1:" + std::to_string(port.get_future().get());
+  NodeLinkOptions other = options;
+  other.fingerprint = "model b, tp 2";
+  try {
+    NodeLink::join(address, 1, other);
+    ADD_FAILURE() << "a node running another model joined";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("refused node 1: it runs 'model b, tp 2', the leader 'model a, tp 2'"),
+              std::string::npos)
+        << e.what();
+  }
+  NodeLinkOptions more = options;
+  more.nnodes = 3;
+  try {
+    NodeLink::join(address, 1, more);
+    ADD_FAILURE() << "a node of another node count joined";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("it runs with --nnodes 3, the leader with 2"), std::string::npos)
+        << e.what();
+  }
+  std::unique_ptr<NodeLink> joined = NodeLink::join(address, 1, options);
+  leading.join();
+  ASSERT_NE(leader, nullptr);
+  std::vector<std::string> seen;
+  std::thread peer([&] { seen = joined->exchange("from 1"); });
+  EXPECT_EQ(leader->exchange("from 0"), (std::vector<std::string>{"from 0", "from 1"}));
+  peer.join();
+  EXPECT_EQ(seen, (std::vector<std::string>{"from 0", "from 1"}));
+
+  NodeLinkOptions alone = options;
+  alone.nnodes = 3;
+  alone.join_timeout = std::chrono::milliseconds(300);
+  try {
+    NodeLink::lead("127.0.0.1:0", alone);
+    ADD_FAILURE() << "a leader without its nodes started";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nodes 1, 2 of 3 did not join"), std::string::npos) << e.what();
+  }
+  NodeLinkOptions nobody = options;
+  nobody.join_timeout = std::chrono::milliseconds(300);
+  EXPECT_THROW(NodeLink::join("127.0.0.1:1", 1, nobody), Error);  // nothing listens on port 1
+  EXPECT_THROW(NodeLink::join("no-port", 1, nobody), Error);
+}
+
+// A node that goes away breaks the link: the exchange under way throws,
+// naming it, and so does every later one; over a node group, every local
+// rank's collective throws.
+TEST(NodeLink, ANodeThatGoesAwayBreaksTheLink) {
+  auto links = testing::connect_node_links(2);
+  links[1].reset();
+  try {
+    links[0]->exchange("hello");
+    ADD_FAILURE() << "an exchange with a node gone completed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node 1"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(links[0]->exchange("again"), Error);
+  auto group = make_node_group(*links[0], 2);
+  std::vector<std::thread> threads;
+  std::atomic<int> thrown{0};
+  for (auto& c : group)
+    threads.emplace_back([&, comm = c.get()] {
+      Tensor x = Tensor::zeros({4}, DType::kF32);
       try {
-        call();
-      } catch (const Error& e) {
-        return std::string(e.what()).find("disagree") != std::string::npos;
+        comm->all_reduce(x);
+      } catch (const Error&) {
+        ++thrown;
       }
-      return false;
-    };
-    EXPECT_TRUE(disagree([&] { c.all_reduce(x); }));
-    EXPECT_TRUE(disagree([&] { c.all_gather(x, gathered); }));
-    EXPECT_TRUE(disagree([&] { c.reduce_scatter(x, block); }));
-    EXPECT_TRUE(disagree([&] { c.broadcast(x, 0); }));
-    Tensor same = Tensor::from_f32({3}, std::vector<float>{1.0f, 1.0f, 1.0f});
-    c.all_reduce(same);
-    EXPECT_EQ(same.data<float>()[2], 2.0f);
-  });
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(thrown.load(), 2);
 }
 
 TEST(LocalGroup, BadArgumentsThrowBeforeTheCollective) {

@@ -88,15 +88,14 @@ class TensorParallelModel final : public Model {
     return bytes;
   }
 
-  using Model::forward;
-  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override {
+  // What only rank 0 is given, checked before any rank starts: a rank that
+  // failed after a collective would leave the others waiting in the next one.
+  void check_forward(const ForwardBatch& batch, const KvBuffers& kv, const Tensor& logits,
+                     const Tensor* hidden) const {
     const size_t layers = static_cast<size_t>(config().num_layers);
     BASALT_CHECK(kv.k.size() == layers * ranks_.size() && kv.v.size() == kv.k.size(),
                  "forward: KV buffers have {} layers, {} ranks of {} layers need {}", kv.k.size(), ranks_.size(),
                  layers, layers * ranks_.size());
-    // What only rank 0 is given is checked here, before any rank starts: a
-    // rank that failed after a collective would leave the others waiting in
-    // the next one.
     const int64_t rows = batch.logit_rows.numel(), tokens = batch.num_tokens();
     const Device device = ranks_[0].backend->device();
     BASALT_CHECK(logits.device() == device && logits.dtype() == DType::kF32 && logits.rank() == 2 &&
@@ -108,6 +107,12 @@ class TensorParallelModel final : public Model {
                                        hidden->dim(1) == config().hidden_size),
                  "forward: hidden must be f32 [{}, {}] on rank 0's {}, got {}", tokens, config().hidden_size,
                  ranks_[0].backend->name(), hidden->describe());
+  }
+
+  using Model::forward;
+  void forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) override {
+    const size_t layers = static_cast<size_t>(config().num_layers);
+    check_forward(batch, kv, logits, hidden);
     threads_.run_or_throw([&](int r) {
       Rank& rank = ranks_[static_cast<size_t>(r)];
       rank.backend->make_current();
@@ -125,9 +130,18 @@ class TensorParallelModel final : public Model {
   // The ranks' draft heads (DeepSeek's MTP layer, each rank its shard) run
   // as one, as the ranks' models do; null when rank 0's model has none.
   DraftHead* draft_head() override { return ranks_[0].model->draft_head() != nullptr ? &head_ : nullptr; }
+  void check_head(const ForwardBatch& batch, const Tensor& hidden, const KvBuffers& kv, const Tensor& logits,
+                  const Tensor* hidden_out) const {
+    head_.check(batch, hidden, kv, logits, hidden_out);
+  }
 
   std::string summary() const override {
     const std::string own = ranks_[0].model->summary();
+    const int world = ranks_[0].comm->world_size();
+    if (world != static_cast<int>(ranks_.size()))  // ranks on other machines too (model/multi_node.h)
+      return fmt::format("tensor parallel over {} ranks, ranks {}-{} here{}{}", world, ranks_[0].comm->rank(),
+                         ranks_.back().comm->rank(),
+                         own.empty() ? "" : fmt::format("; rank {}: ", ranks_[0].comm->rank()), own);
     return fmt::format("tensor parallel over {} ranks{}{}", ranks_.size(), own.empty() ? "" : "; rank 0: ", own);
   }
 
@@ -201,15 +215,14 @@ class TensorParallelModel final : public Model {
       return bytes;
     }
 
-    void forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
-                 Tensor* hidden_out) override {
+    // Checked before any rank starts, as forward() does: a rank that failed
+    // after a collective would leave the others waiting.
+    void check(const ForwardBatch& batch, const Tensor& hidden, const KvBuffers& kv, const Tensor& logits,
+               const Tensor* hidden_out) const {
       const size_t world = m_.ranks_.size();
       BASALT_CHECK(kv.k.size() % world == 0 && kv.v.size() == kv.k.size(),
                    "draft head: KV buffers have {} layers, not a multiple of the {} ranks", kv.k.size(), world);
-      const size_t layers = kv.k.size() / world;
       const int64_t T = batch.num_tokens(), H = m_.config().hidden_size;
-      // Checked before any rank starts, as forward() does: a rank that
-      // failed after a collective would leave the others waiting.
       const Device device = m_.ranks_[0].backend->device();
       BASALT_CHECK(hidden.device() == device && hidden.rank() == 2 && hidden.dim(0) == T && hidden.dim(1) == H &&
                        hidden.dtype() == DType::kF32,
@@ -223,6 +236,13 @@ class TensorParallelModel final : public Model {
                                              hidden_out->dim(1) == H),
                    "draft head: hidden_out must be f32 [{}, {}] on rank 0's device, got {}", T, H,
                    hidden_out->describe());
+    }
+
+    void forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
+                 Tensor* hidden_out) override {
+      check(batch, hidden, kv, logits, hidden_out);
+      const size_t layers = kv.k.size() / m_.ranks_.size();
+      const int64_t T = batch.num_tokens(), H = m_.config().hidden_size;
       m_.threads_.run_or_throw([&](int r) {
         Rank& rank = m_.ranks_[static_cast<size_t>(r)];
         rank.backend->make_current();
@@ -270,6 +290,21 @@ std::unique_ptr<Model> load_tensor_parallel(const std::string& dir, int world, c
                                             const std::optional<GraphOptions>& graphs) {
   return std::make_unique<TensorParallelModel>(dir, world, make_backend, progress, first, make_group, weights,
                                                graphs);
+}
+
+void check_tensor_parallel_forward(const Model& model, const ForwardBatch& batch, const KvBuffers& kv,
+                                   const Tensor& logits, const Tensor* hidden) {
+  const auto* tp = dynamic_cast<const TensorParallelModel*>(&model);
+  BASALT_CHECK(tp != nullptr, "check_tensor_parallel_forward: not a tensor-parallel model");
+  tp->check_forward(batch, kv, logits, hidden);
+}
+
+void check_tensor_parallel_head_forward(Model& model, const ForwardBatch& batch, const Tensor& hidden,
+                                        const KvBuffers& kv, const Tensor& logits, const Tensor* hidden_out) {
+  auto* tp = dynamic_cast<TensorParallelModel*>(&model);
+  BASALT_CHECK(tp != nullptr && tp->draft_head() != nullptr,
+               "check_tensor_parallel_head_forward: not a tensor-parallel model with a draft head");
+  tp->check_head(batch, hidden, kv, logits, hidden_out);
 }
 
 bool tensor_parallel_graphed(const Model& model) {

@@ -56,6 +56,14 @@ std::unique_ptr<Model> load_tensor_parallel(const std::string& dir, int world, c
                                             Weights weights = Weights::kCheckpoint,
                                             const std::optional<GraphOptions>& graphs = std::nullopt);
 
+// The checks forward() and draft_head()->forward() make before any rank
+// starts, on their own (model/multi_node.h makes them before it tells the
+// other machines' ranks to start): they throw what those would.
+void check_tensor_parallel_forward(const Model& model, const ForwardBatch& batch, const KvBuffers& kv,
+                                   const Tensor& logits, const Tensor* hidden);
+void check_tensor_parallel_head_forward(Model& model, const ForwardBatch& batch, const Tensor& hidden,
+                                        const KvBuffers& kv, const Tensor& logits, const Tensor* hidden_out);
+
 // Whether `model` (made by load_tensor_parallel) runs graphs per rank.
 bool tensor_parallel_graphed(const Model& model);
 // Rank `rank`'s graph counters (zeros when it runs eagerly).

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,10 +22,12 @@ struct CliRun {
 };
 
 // Runs `ENV basalt ARGS` through the shell (ARGS may quote; ENV is a list of
-// VAR=value assignments, or empty).
+// VAR=value assignments, or empty). Runs on several threads at once keep
+// their standard errors apart.
 inline CliRun run_with_env(const std::string& env, const std::string& args) {
+  static std::atomic<int> runs{0};
   const auto err_path = std::filesystem::temp_directory_path() /
-                        ("basalt_cli_" + std::to_string(::getpid()) + ".err");
+                        ("basalt_cli_" + std::to_string(::getpid()) + "_" + std::to_string(runs++) + ".err");
   const std::string command = env + " " + std::string(BASALT_BINARY) + " " + args + " 2>" + err_path.string();
   CliRun r;
   FILE* pipe = ::popen(command.c_str(), "r");
