@@ -119,6 +119,10 @@ void run_serve(const ServeFlags& f) {
   // A node other than 0 of a model over several machines runs its ranks
   // for node 0, which serves (model/multi_node.h); it has no server.
   if (f.parallel.node_rank > 0) {
+    // SIGTERM does not end a worker: its group's pods get it together, and
+    // node 0 first drains its requests, which need this node's ranks; node
+    // 0 stopping (or the link breaking) ends it, within the pod's grace.
+    std::signal(SIGTERM, SIG_IGN);
     std::unique_ptr<Backend> node_backend = make_backend(f.device, f.threads);
     apply_fp8_compute(f.fp8_compute, *node_backend);
     apply_batch_invariant(f.batch_invariant, f.fp8_compute, *node_backend);

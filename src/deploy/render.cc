@@ -43,6 +43,21 @@ Json metadata(const DeploymentSpec& spec, const RenderOptions& options, const st
 
 std::string engine_name(const DeploymentSpec& spec) { return spec.name + "-engine"; }
 std::string gateway_name(const DeploymentSpec& spec) { return spec.name + "-gateway"; }
+// The LeaderWorkerSet of a replica over several nodes. Not NAME-engine: the
+// LWS controller makes a headless Service named as the set (its pods' DNS
+// subdomain), which would take the name of ours, which lists leaders only.
+std::string group_name(const DeploymentSpec& spec) { return spec.name + "-group"; }
+bool spans_nodes(const DeploymentSpec& spec) { return spec.resources.nodes > 1; }
+
+// LeaderWorkerSet's API (leaderworkerset.x-k8s.io/v1): the label on a
+// group's pods with their index in it (0: the leader), and the variables it
+// sets in every container (the leader's address, the pod's index).
+const char* const kWorkerIndexLabel = "leaderworkerset.sigs.k8s.io/worker-index";
+const char* const kLwsApiVersion = "leaderworkerset.x-k8s.io/v1";
+
+// What an engine pod is: a replica on its own, or a replica's leader (the
+// server, node 0) or one of its workers (node 1 and on) over several nodes.
+enum class EngineRole { kAlone, kLeader, kWorker };
 
 // The engine's --drain-timeout from engine.args (`--drain-timeout 60` or
 // `--drain-timeout=60`), else serve's default.
@@ -146,12 +161,45 @@ Json deployment(const DeploymentSpec& spec, const RenderOptions& options, const 
               {"spec", spec_body}};
 }
 
-Json engine_deployment(const DeploymentSpec& spec, const RenderOptions& options, double drain,
-                       std::optional<int> replicas) {
+// The --tp of engine.args (--tp N, --tp=N, --tensor-parallel-size N), or 0.
+int tensor_parallel_size(const DeploymentSpec& spec) {
+  const std::vector<std::string>& args = spec.engine.args;
+  int tp = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string value;
+    for (const char* flag : {"--tp", "--tensor-parallel-size"}) {
+      const std::string f = flag;
+      if (args[i] == f && i + 1 < args.size()) value = args[i + 1];
+      else if (args[i].rfind(f + "=", 0) == 0) value = args[i].substr(f.size() + 1);
+    }
+    if (value.empty()) continue;
+    tp = value.size() <= 3 && value.find_first_not_of("0123456789") == std::string::npos ? std::stoi(value) : -1;
+  }
+  return tp;
+}
+
+Json engine_pod(const DeploymentSpec& spec, double drain, EngineRole role) {
   const DeploymentSpec::Resources& res = spec.resources;
-  Json args = Json::array({"serve", "--host", "0.0.0.0", "--port", std::to_string(spec.engine.port),
-                           "--model", spec.model.path});
+  const std::string nodes_port = std::to_string(kNodeLinkPort);
+  Json args = Json::array({"serve"});
+  if (role != EngineRole::kWorker)
+    for (const std::string& a : {std::string("--host"), std::string("0.0.0.0"), std::string("--port"),
+                                 std::to_string(spec.engine.port)})
+      args.push_back(a);
+  args.push_back("--model");
+  args.push_back(spec.model.path);
   for (const std::string& arg : spec.engine.args) args.push_back(arg);
+  // Over several nodes: node 0 listens for the others, which find it at the
+  // address LeaderWorkerSet gives every pod of the group (Kubernetes
+  // expands $(VAR) in args from the container's environment).
+  if (role != EngineRole::kAlone) {
+    args.push_back("--nnodes");
+    args.push_back(std::to_string(res.nodes));
+    args.push_back("--node-rank");
+    args.push_back(role == EngineRole::kLeader ? "0" : "$(LWS_WORKER_INDEX)");
+    args.push_back("--dist-init-addr");
+    args.push_back(role == EngineRole::kLeader ? "0.0.0.0:" + nodes_port : "$(LWS_LEADER_ADDRESS):" + nodes_port);
+  }
   // No CPU limit: throttling a decode step costs latency; the request
   // reserves the cores. Memory is limited at its request so the pod is
   // not the one evicted first under pressure.
@@ -169,36 +217,48 @@ Json engine_deployment(const DeploymentSpec& spec, const RenderOptions& options,
         {{"name", "models"},
          {"persistentVolumeClaim", {{"claimName", spec.model.pvc}, {"readOnly", true}}}});
   }
-  Json container = {
-      {"name", "engine"},
-      {"image", spec.image},
-      {"command", Json::array({"basalt"})},
-      {"args", args},
-      {"ports",
-       Json::array({{{"name", "http"}, {"containerPort", spec.engine.port}, {"protocol", "TCP"}}})},
-      {"resources", {{"requests", requests}, {"limits", limits}}},
-      {"startupProbe",
-       http_probe("/ready", kStartupProbePeriodSeconds,
-                  static_cast<int>(std::ceil(spec.engine.startup_timeout_s / kStartupProbePeriodSeconds)), 1)},
-      {"readinessProbe", http_probe("/ready", kProbePeriodSeconds, 2, 2)},
-      {"livenessProbe", http_probe("/health", 10, 3, 5)},
-      {"lifecycle", pre_stop_sleep()},
-      {"securityContext", container_security()},
-      {"volumeMounts", mounts}};
-  Json pod = {// Where a Prometheus that follows these annotations scrapes the
-              // replica; the autoscaler's queries read what it collects.
-              {"annotations",
-               {{"prometheus.io/scrape", "true"},
-                {"prometheus.io/port", std::to_string(spec.engine.port)},
-                {"prometheus.io/path", "/metrics"}}},
-              {"terminationGracePeriodSeconds",
-               static_cast<int>(std::ceil(drain)) + kGraceBeyondDrainSeconds},
-              {"automountServiceAccountToken", false},
-              {"enableServiceLinks", false},
-              {"securityContext", pod_security()},
-              {"containers", Json::array({container})},
-              {"volumes", volumes},
-              {"topologySpreadConstraints", zone_spread(spec, "engine")}};
+  Json container = {{"name", "engine"}, {"image", spec.image}, {"command", Json::array({"basalt"})}, {"args", args}};
+  if (role == EngineRole::kWorker) {
+    // A worker serves no HTTP (its leader does) and has nothing to probe:
+    // it ends when its leader stops, and a failed one makes LeaderWorkerSet
+    // recreate the whole group. It outlives SIGTERM until its leader has
+    // drained (the same grace as the leader's).
+    container["resources"] = {{"requests", requests}, {"limits", limits}};
+  } else {
+    Json ports = Json::array({{{"name", "http"}, {"containerPort", spec.engine.port}, {"protocol", "TCP"}}});
+    if (role == EngineRole::kLeader)
+      ports.push_back({{"name", "nodes"}, {"containerPort", kNodeLinkPort}, {"protocol", "TCP"}});
+    container["ports"] = ports;
+    container["resources"] = {{"requests", requests}, {"limits", limits}};
+    container["startupProbe"] =
+        http_probe("/ready", kStartupProbePeriodSeconds,
+                   static_cast<int>(std::ceil(spec.engine.startup_timeout_s / kStartupProbePeriodSeconds)), 1);
+    container["readinessProbe"] = http_probe("/ready", kProbePeriodSeconds, 2, 2);
+    container["livenessProbe"] = http_probe("/health", 10, 3, 5);
+    container["lifecycle"] = pre_stop_sleep();
+  }
+  container["securityContext"] = container_security();
+  container["volumeMounts"] = mounts;
+  Json pod = Json::object();
+  // Where a Prometheus that follows these annotations scrapes the replica;
+  // the autoscaler's queries read what it collects.
+  if (role != EngineRole::kWorker)
+    pod["annotations"] = {{"prometheus.io/scrape", "true"},
+                          {"prometheus.io/port", std::to_string(spec.engine.port)},
+                          {"prometheus.io/path", "/metrics"}};
+  pod["terminationGracePeriodSeconds"] = static_cast<int>(std::ceil(drain)) + kGraceBeyondDrainSeconds;
+  pod["automountServiceAccountToken"] = false;
+  pod["enableServiceLinks"] = false;
+  pod["securityContext"] = pod_security();
+  pod["containers"] = Json::array({container});
+  pod["volumes"] = volumes;
+  // Replicas (their leaders) spread over zones; a group's workers go where
+  // the scheduler finds their GPUs.
+  if (role != EngineRole::kWorker) {
+    pod["topologySpreadConstraints"] = zone_spread(spec, "engine");
+    if (role == EngineRole::kLeader)
+      pod["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"][kWorkerIndexLabel] = "0";
+  }
   if (res.gpu_count > 0) {
     if (!res.gpu_product.empty()) pod["nodeSelector"] = {{kGpuProductLabel, res.gpu_product}};
     // GPU node pools are commonly tainted so that only GPU pods land there.
@@ -206,17 +266,69 @@ Json engine_deployment(const DeploymentSpec& spec, const RenderOptions& options,
         Json::array({{{"key", kGpuResource}, {"operator", "Exists"}, {"effect", "NoSchedule"}}});
   }
   add_region_affinity(spec, pod);
-  return deployment(spec, options, engine_name(spec), "engine", replicas, std::move(pod));
+  return pod;
 }
 
-// Headless: its DNS name resolves to every ready replica's address.
+Json engine_deployment(const DeploymentSpec& spec, const RenderOptions& options, double drain,
+                       std::optional<int> replicas) {
+  return deployment(spec, options, engine_name(spec), "engine", replicas, engine_pod(spec, drain, EngineRole::kAlone));
+}
+
+// A pod template of a LeaderWorkerSet from an engine pod (its annotations
+// moved to the template's metadata, as deployment() does).
+Json pod_template(const DeploymentSpec& spec, Json pod) {
+  Json metadata = {{"labels", labels(spec, "engine")}};
+  if (pod.contains("annotations")) {
+    metadata["annotations"] = pod["annotations"];
+    pod.erase("annotations");
+  }
+  return Json{{"metadata", metadata}, {"spec", pod}};
+}
+
+// A replica over resources.nodes nodes: a LeaderWorkerSet whose groups are
+// a leader (node 0: the server, what the Service lists) and nodes - 1
+// workers, created, replaced and scaled together (docs/DEPLOY.md step 5).
+Json engine_group(const DeploymentSpec& spec, const RenderOptions& options, double drain, bool autoscaled) {
+  Json body = Json::object();
+  if (!autoscaled) body["replicas"] = spec.replicas.min;  // left out when an autoscaler owns it
+  // Workers start with their leader, which waits for them to join: with
+  // LeaderReady they would wait for a leader that is ready only once they
+  // have joined.
+  body["startupPolicy"] = "LeaderCreated";
+  // As the Deployment's: capacity never drops during a rollout.
+  body["rolloutStrategy"] = {{"type", "RollingUpdate"},
+                             {"rollingUpdateConfiguration", {{"maxUnavailable", 0}, {"maxSurge", 1}}}};
+  body["leaderWorkerTemplate"] = {
+      {"size", spec.resources.nodes},
+      // A lost node breaks the group's collectives: the group starts over.
+      {"restartPolicy", "RecreateGroupOnPodRestart"},
+      {"leaderTemplate", pod_template(spec, engine_pod(spec, drain, EngineRole::kLeader))},
+      {"workerTemplate", pod_template(spec, engine_pod(spec, drain, EngineRole::kWorker))}};
+  return Json{{"apiVersion", kLwsApiVersion},
+              {"kind", "LeaderWorkerSet"},
+              {"metadata", metadata(spec, options, group_name(spec), "engine")},
+              {"spec", body}};
+}
+
+// What the autoscalers scale: the Deployment, or the LeaderWorkerSet (it
+// has a scale subresource) whose replicas are groups.
+Json scale_target(const DeploymentSpec& spec) {
+  if (spans_nodes(spec))
+    return Json{{"apiVersion", kLwsApiVersion}, {"kind", "LeaderWorkerSet"}, {"name", group_name(spec)}};
+  return Json{{"apiVersion", "apps/v1"}, {"kind", "Deployment"}, {"name", engine_name(spec)}};
+}
+
+// Headless: its DNS name resolves to every ready replica's address (over
+// several nodes, its leader's).
 Json engine_service(const DeploymentSpec& spec, const RenderOptions& options) {
+  Json selector = labels(spec, "engine");
+  if (spans_nodes(spec)) selector[kWorkerIndexLabel] = "0";
   return Json{{"apiVersion", "v1"},
               {"kind", "Service"},
               {"metadata", metadata(spec, options, engine_name(spec), "engine")},
               {"spec",
                {{"clusterIP", "None"},
-                {"selector", labels(spec, "engine")},
+                {"selector", selector},
                 {"ports", Json::array({{{"name", "http"},
                                         {"port", spec.engine.port},
                                         {"targetPort", "http"},
@@ -356,8 +468,7 @@ Json keda_scaled_object(const DeploymentSpec& spec, const RenderOptions& options
       {"kind", "ScaledObject"},
       {"metadata", metadata(spec, options, engine_name(spec), "engine")},
       {"spec",
-       {{"scaleTargetRef",
-         {{"apiVersion", "apps/v1"}, {"kind", "Deployment"}, {"name", engine_name(spec)}}},
+       {{"scaleTargetRef", scale_target(spec)},
         {"pollingInterval", 15},
         // Used by KEDA only for the last step, from one replica to zero.
         {"cooldownPeriod", kKedaCooldownSeconds},
@@ -382,8 +493,7 @@ Json hpa(const DeploymentSpec& spec, const RenderOptions& options) {
               {"kind", "HorizontalPodAutoscaler"},
               {"metadata", metadata(spec, options, engine_name(spec), "engine")},
               {"spec",
-               {{"scaleTargetRef",
-                 {{"apiVersion", "apps/v1"}, {"kind", "Deployment"}, {"name", engine_name(spec)}}},
+               {{"scaleTargetRef", scale_target(spec)},
                 {"minReplicas", spec.replicas.min},
                 {"maxReplicas", spec.replicas.max},
                 {"metrics", Json::array({{{"type", "External"},
@@ -412,12 +522,20 @@ std::vector<SpecError> unrenderable(const DeploymentSpec& spec, const RenderOpti
         SpecError{"--namespace", 0,
                   fmt::format("'{}' is not a lowercase DNS label of at most 63 characters",
                               options.namespace_name)});
-  if (spec.resources.nodes > 1)
-    errors.push_back(SpecError{
-        "resources.nodes", 0,
-        fmt::format("{}: a replica over several nodes is a LeaderWorkerSet, which `deploy "
-                    "render` does not write yet (docs/DEPLOY.md step 5)",
-                    spec.resources.nodes)});
+  // Over several nodes the engine's ranks are every GPU of the group's pods.
+  if (spans_nodes(spec)) {
+    const int gpus = spec.resources.gpu_count * spec.resources.nodes, tp = tensor_parallel_size(spec);
+    if (tp != gpus)
+      errors.push_back(SpecError{
+          "engine.args", 0,
+          fmt::format("a replica over {} nodes of {} GPUs runs its {} GPUs as ranks: give --tp {} ({})",
+                      spec.resources.nodes, spec.resources.gpu_count, gpus, gpus,
+                      tp == 0 ? std::string("no --tp given") : fmt::format("--tp is {}", tp))});
+    if (std::find(spec.engine.args.begin(), spec.engine.args.end(), "--dp-attention") != spec.engine.args.end())
+      errors.push_back(SpecError{"engine.args", 0,
+                                 "--dp-attention runs over the GPUs of one node; a replica over several nodes "
+                                 "runs --tp alone"});
+  }
   const bool autoscaled = spec.replicas.max > spec.replicas.min;
   // Any metric may scale to zero: the gateways hold the first requests and
   // count 1 for them (docs/DEPLOY.md section 4).
@@ -512,8 +630,11 @@ RenderResult render_manifests(const DeploymentSpec& spec, const RenderOptions& o
   const double drain = drain_seconds(spec, result.errors);
   if (!result.errors.empty()) return result;
   const bool autoscaled = spec.replicas.max > spec.replicas.min;
-  result.objects.push_back(engine_deployment(
-      spec, options, drain, autoscaled ? std::nullopt : std::optional<int>(spec.replicas.min)));
+  if (spans_nodes(spec))
+    result.objects.push_back(engine_group(spec, options, drain, autoscaled));
+  else
+    result.objects.push_back(engine_deployment(
+        spec, options, drain, autoscaled ? std::nullopt : std::optional<int>(spec.replicas.min)));
   result.objects.push_back(engine_service(spec, options));
   result.objects.push_back(disruption_budget(spec, options, engine_name(spec), "engine"));
   result.objects.push_back(gateway_deployment(spec, options));

@@ -4,7 +4,9 @@
 // Contract:
 //  * render_manifests(spec, options) takes a spec without errors (from
 //    parse_deployment_spec) and returns, in this order: the engine
-//    Deployment `NAME-engine`, its headless Service `NAME-engine`, its
+//    Deployment `NAME-engine` (with resources.nodes > 1 the
+//    LeaderWorkerSet `NAME-group` instead, below), its headless Service
+//    `NAME-engine` (over several nodes, of the leaders), its
 //    PodDisruptionBudget `NAME-engine` (maxUnavailable 1), the gateway
 //    Deployment `NAME-gateway`, its Service `NAME-gateway`, its
 //    PodDisruptionBudget `NAME-gateway`, and, when replicas.max >
@@ -17,9 +19,10 @@
 //    options.namespace and carries the labels app.kubernetes.io/name
 //    (basalt), instance (NAME) and component (engine, gateway).
 //  * What the spec cannot be rendered to is returned as errors (each with
-//    the field path it is about, line 0) and no objects: resources.nodes >
-//    1 (a LeaderWorkerSet, docs/DEPLOY.md step 5, is not rendered yet), a
-//    --drain-timeout in engine.args that is not a number of seconds in
+//    the field path it is about, line 0) and no objects: over several
+//    nodes, engine.args without --tp equal to gpu.count x nodes, or with
+//    --dp-attention; a --drain-timeout in engine.args that is not a number
+//    of seconds in
 //    (0, 86400], replicas.min 0 with the HPA (its minReplicas is at least
 //    1), and a namespace that is not a DNS label.
 //  * The engine pods run `basalt serve --host 0.0.0.0 --port P --model
@@ -29,6 +32,15 @@
 //    leaves the Service's endpoints before SIGTERM starts the drain) and
 //    leaves 10 s to exit. Probes: startup and readiness on /ready, liveness
 //    on /health.
+//  * resources.nodes N > 1: a leaderworkerset.x-k8s.io/v1 LeaderWorkerSet
+//    whose groups (replicas) are N pods: the leader (the engine pod above,
+//    plus `--nnodes N --node-rank 0 --dist-init-addr 0.0.0.0:29500` and the
+//    port `nodes`) and N - 1 workers (`basalt serve --model PATH ARGS
+//    --nnodes N --node-rank $(LWS_WORKER_INDEX) --dist-init-addr
+//    $(LWS_LEADER_ADDRESS):29500`: no HTTP port, probes or preStop, the
+//    same resources and grace), startupPolicy LeaderCreated, restartPolicy
+//    RecreateGroupOnPodRestart, rolling updates that surge a group; the
+//    autoscalers scale it, and the Service selects worker index 0.
 //  * The gateway runs `basalt route --replica-dns NAME-engine.NS.svc:PORT`:
 //    every ready replica, as the headless Service's DNS name lists them,
 //    with the tenants file from the Secret when one is named, and when
@@ -74,5 +86,7 @@ constexpr int kPreStopSleepSeconds = 5;
 constexpr int kGraceBeyondDrainSeconds = 15;
 // The gateway's container port and its Service's port.
 constexpr int kGatewayPort = 8000;
+// Where a replica's leader listens for its other nodes (--dist-init-addr).
+constexpr int kNodeLinkPort = 29500;
 
 }  // namespace basalt::deploy

@@ -302,8 +302,12 @@ TEST(DeployRender, WhatCannotBeRenderedIsRefusedWithItsField) {
   };
   const Autoscaler keda = Autoscaler::kKeda, hpa = Autoscaler::kHpa;
   const std::vector<Case> cases = {
-      {base + "resources: {gpu: {count: 1}, nodes: 2}\n", keda, "default", "resources.nodes",
-       "LeaderWorkerSet"},
+      {base + "resources: {gpu: {count: 4}, nodes: 2}\n", keda, "default", "engine.args",
+       "runs its 8 GPUs as ranks: give --tp 8 (no --tp given)"},
+      {base + "engine: {args: [--tp, \"4\"]}\nresources: {gpu: {count: 4}, nodes: 2}\n", keda, "default",
+       "engine.args", "give --tp 8 (--tp is 4)"},
+      {base + "engine: {args: [--tp=8, --dp-attention]}\nresources: {gpu: {count: 4}, nodes: 2}\n", keda,
+       "default", "engine.args", "--dp-attention runs over the GPUs of one node"},
       {base + "replicas: {min: 0, max: 2}\n", hpa, "default", "replicas.min", "--autoscaler keda"},
       {base + "engine: {args: [--drain-timeout, soon]}\n", keda, "default", "engine.args[0]",
        "--drain-timeout 'soon'"},
@@ -327,6 +331,75 @@ TEST(DeployRender, WhatCannotBeRenderedIsRefusedWithItsField) {
   // A long window is fine when nothing autoscales.
   EXPECT_TRUE(
       render_manifests(spec_of(base + "autoscaling: {down_after: 2h}\n"), {}).errors.empty());
+}
+
+// resources.nodes > 1: a LeaderWorkerSet of groups of a leader (the server,
+// node 0) and workers that join it at the address LeaderWorkerSet gives
+// them; the Service lists leaders only; the autoscaler scales the set.
+TEST(DeployRender, AReplicaOverSeveralNodesIsALeaderWorkerSet) {
+  std::string yaml = kGpuSpec;
+  yaml.replace(yaml.find("gpu: {count: 2, product: NVIDIA-H200}"), 37,
+               "gpu: {count: 8, product: NVIDIA-H200}\n  nodes: 3");
+  yaml.replace(yaml.find(R"(args: ["--max-running", "128")"), 29, R"(args: ["--max-running", "128", "--tp", "24")");
+  const std::vector<Json> objects = render_ok(yaml);
+  EXPECT_EQ(objects[0]["kind"], "LeaderWorkerSet");
+  for (const Json& o : objects)  // the set in place of the engine's Deployment
+    EXPECT_FALSE(o["kind"] == "Deployment" && o["metadata"]["name"] == "big-engine");
+  const Json& lws = find(objects, "LeaderWorkerSet", "big-group");
+  EXPECT_EQ(lws["apiVersion"], "leaderworkerset.x-k8s.io/v1");
+  EXPECT_FALSE(lws["spec"].contains("replicas"));  // autoscaled
+  EXPECT_EQ(lws["spec"]["startupPolicy"], "LeaderCreated");
+  EXPECT_EQ(lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"], (Json{{"maxUnavailable", 0}, {"maxSurge", 1}}));
+  const Json& group = lws["spec"]["leaderWorkerTemplate"];
+  EXPECT_EQ(group["size"], 3);
+  EXPECT_EQ(group["restartPolicy"], "RecreateGroupOnPodRestart");
+  const Json& leader = group["leaderTemplate"]["spec"]["containers"][0];
+  const Json& worker = group["workerTemplate"]["spec"]["containers"][0];
+  const auto args_text = [](const Json& c) {
+    std::string text;
+    for (const Json& a : c["args"]) text += " " + a.get<std::string>();
+    return text;
+  };
+  EXPECT_EQ(args_text(leader), " serve --host 0.0.0.0 --port 9000 --model /models/llama-8b --max-running 128 "
+                               "--tp 24 --drain-timeout=60 --nnodes 3 --node-rank 0 --dist-init-addr 0.0.0.0:29500");
+  EXPECT_EQ(args_text(worker), " serve --model /models/llama-8b --max-running 128 --tp 24 --drain-timeout=60 "
+                               "--nnodes 3 --node-rank $(LWS_WORKER_INDEX) --dist-init-addr "
+                               "$(LWS_LEADER_ADDRESS):29500");
+  // The leader is the replica the gateway sees: probes, preStop, metrics.
+  EXPECT_EQ(leader["startupProbe"]["httpGet"]["path"], "/ready");
+  EXPECT_EQ(leader["ports"][1], (Json{{"name", "nodes"}, {"containerPort", kNodeLinkPort}, {"protocol", "TCP"}}));
+  EXPECT_EQ(group["leaderTemplate"]["metadata"]["annotations"]["prometheus.io/port"], "9000");
+  EXPECT_EQ(group["leaderTemplate"]["spec"]["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"]
+                ["leaderworkerset.sigs.k8s.io/worker-index"],
+            "0");
+  // A worker serves nothing: no ports, probes or preStop; the same GPUs,
+  // volumes, placement and grace as its leader.
+  for (const char* key : {"ports", "startupProbe", "readinessProbe", "livenessProbe", "lifecycle"})
+    EXPECT_FALSE(worker.contains(key)) << key;
+  EXPECT_EQ(worker["resources"], leader["resources"]);
+  EXPECT_EQ(worker["resources"]["limits"]["nvidia.com/gpu"], "8");
+  EXPECT_EQ(worker["volumeMounts"], leader["volumeMounts"]);
+  const Json& worker_pod = group["workerTemplate"]["spec"];
+  const Json& leader_pod = group["leaderTemplate"]["spec"];
+  for (const char* key : {"terminationGracePeriodSeconds", "nodeSelector", "tolerations", "affinity", "volumes",
+                          "securityContext"})
+    EXPECT_EQ(worker_pod[key], leader_pod[key]) << key;
+  EXPECT_EQ(leader_pod["terminationGracePeriodSeconds"], 75);
+  EXPECT_FALSE(group["workerTemplate"]["metadata"].contains("annotations"));
+  const Json& service = find(objects, "Service", "big-engine");
+  EXPECT_EQ(service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"], "0");
+  EXPECT_EQ(service["spec"]["selector"]["app.kubernetes.io/component"], "engine");
+  const Json& scaled = find(objects, "ScaledObject", "big-engine");
+  EXPECT_EQ(scaled["spec"]["scaleTargetRef"],
+            (Json{{"apiVersion", "leaderworkerset.x-k8s.io/v1"}, {"kind", "LeaderWorkerSet"}, {"name", "big-group"}}));
+  RenderOptions hpa;
+  hpa.autoscaler = Autoscaler::kHpa;
+  EXPECT_EQ(find(render_ok(yaml, hpa), "HorizontalPodAutoscaler", "big-engine")["spec"]["scaleTargetRef"]["kind"],
+            "LeaderWorkerSet");
+  // A fixed size: the set carries it.
+  yaml.replace(yaml.find("replicas: {min: 2, max: 10}"), 27, "replicas: {min: 2, max: 2}");
+  EXPECT_EQ(find(render_ok(yaml), "LeaderWorkerSet", "big-group")["spec"]["replicas"], 2);
+  EXPECT_EQ(manifest_file_name(render_ok(yaml)[0]), "leaderworkerset-big-group.yaml");
 }
 
 // The YAML text as a tree: quoted scalars are strings, plain ones are

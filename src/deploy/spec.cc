@@ -241,9 +241,12 @@ void read_engine(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
     const std::string path = fmt::format("engine.args[{}]", i);
     const auto v = r.scalar(args[i], path);
     if (!v) continue;
-    for (const char* own : {"--host", "--port", "--model"})
+    const std::pair<const char*, const char*> set_by_render[] = {
+        {"--host", "engine.port"},       {"--port", "engine.port"},        {"--model", "model.path"},
+        {"--nnodes", "resources.nodes"}, {"--node-rank", "resources.nodes"}, {"--dist-init-addr", "resources.nodes"}};
+    for (const auto& [own, field] : set_by_render)
       if (*v == own || v->rfind(std::string(own) + "=", 0) == 0)
-        r.error(path, args[i], fmt::format("{} is set by the rendered manifests (engine.port, model.path)", own));
+        r.error(path, args[i], fmt::format("{} is set by the rendered manifests ({})", own, field));
     spec.engine.args.push_back(*v);
   }
 }

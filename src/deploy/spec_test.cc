@@ -128,6 +128,8 @@ TEST(DeploySpec, EveryBadFieldIsNamedWithItsLine) {
        "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
       {{"  args: [\"--model=/x\"]", "engine.args[0]", "--model"},
        "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
+      {{"  args: [\"--node-rank\", \"1\"]", "engine.args[0]", "set by the rendered manifests (resources.nodes)"},
+       "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
       {{"  args: --max-running 4", "engine.args", "list"},
        "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
       {{"  port: 70000", "engine.port", "outside [1, 65535]"}, "  port: 9000"},

@@ -34,7 +34,9 @@ for (const [name, { spec, namespace, autoscaler }] of Object.entries(variants)) 
       assert.doesNotThrow(() => validateObject(object), `${object.kind} ${object.metadata?.name}`);
     }
     const kinds = objects.map((o) => o.kind);
-    assert.equal(kinds.filter((k) => k === 'Deployment').length, 2);
+    // The engine's Deployment, or over several nodes its LeaderWorkerSet.
+    assert.equal(kinds.filter((k) => k === 'Deployment').length, name === 'multi_node' ? 1 : 2);
+    assert.equal(kinds.includes('LeaderWorkerSet'), name === 'multi_node');
     if (name === 'fixed_size') assert.ok(!kinds.includes('ScaledObject') && !kinds.includes('HorizontalPodAutoscaler'));
     if (name === 'hpa_queue_time') assert.ok(kinds.includes('HorizontalPodAutoscaler'));
     if (name === 'example' || name === 'scale_to_zero') assert.ok(kinds.includes('ScaledObject'));
@@ -79,6 +81,45 @@ test('the rendered YAML keeps strings strings and numbers numbers', () => {
   assert.equal(pod.spec.containers[0].ports[0].containerPort, 8000);
   assert.deepEqual(pod.spec.containers[0].args.slice(0, 5), ['serve', '--host', '0.0.0.0', '--port', '8000']);
   assert.equal(pod.spec.containers[0].resources.requests.cpu, '4');
+});
+
+// Over several nodes: the leader serves and listens for its workers, which
+// join it at the address LeaderWorkerSet gives them; the Service lists the
+// leaders; the autoscaler scales the set.
+test('a replica over several nodes is a LeaderWorkerSet of a leader and its workers', () => {
+  const { spec, namespace, autoscaler } = variants.multi_node;
+  const objects = documents(render(spec, ['--namespace', namespace, '--autoscaler', autoscaler]).stdout);
+  const lws = objects.find((o) => o.kind === 'LeaderWorkerSet');
+  assert.equal(lws.metadata.name, 'mini-group');
+  const group = lws.spec.leaderWorkerTemplate;
+  assert.equal(group.size, 2);
+  const leader = group.leaderTemplate.spec.containers[0];
+  const worker = group.workerTemplate.spec.containers[0];
+  assert.deepEqual(leader.args.slice(-6), ['--nnodes', '2', '--node-rank', '0', '--dist-init-addr', '0.0.0.0:29500']);
+  assert.deepEqual(worker.args.slice(-6),
+    ['--nnodes', '2', '--node-rank', '$(LWS_WORKER_INDEX)', '--dist-init-addr', '$(LWS_LEADER_ADDRESS):29500']);
+  assert.ok(leader.args.includes('--port') && !worker.args.includes('--port'));
+  assert.equal(worker.resources.limits['nvidia.com/gpu'], '8');
+  assert.equal(worker.readinessProbe, undefined);
+  const service = objects.find((o) => o.kind === 'Service' && o.metadata.name === 'mini-engine');
+  assert.equal(service.spec.selector['leaderworkerset.sigs.k8s.io/worker-index'], '0');
+  const hpa = objects.find((o) => o.kind === 'HorizontalPodAutoscaler');
+  assert.deepEqual(hpa.spec.scaleTargetRef,
+    { apiVersion: 'leaderworkerset.x-k8s.io/v1', kind: 'LeaderWorkerSet', name: 'mini-group' });
+  // The validator refuses what LeaderWorkerSet's API would.
+  const broken = (mutate) => () => {
+    const copy = structuredClone(lws);
+    mutate(copy);
+    validateObject(copy);
+  };
+  assert.doesNotThrow(broken(() => {}));
+  assert.throws(broken((o) => { o.spec.leaderWorkerTemplate.size = '2'; }), /size/);
+  assert.throws(broken((o) => { o.spec.leaderWorkerTemplate.restartPolicy = 'Always'; }), /restartPolicy/);
+  assert.throws(broken((o) => { o.spec.startupPolicy = 'Eager'; }), /startupPolicy/);
+  assert.throws(broken((o) => { o.spec.leaderWorkerTemplate.workerTemplate.spec.containers = 'engine'; }), /array/);
+  assert.throws(broken((o) => { o.spec.leaderWorkerTemplate.leaderTemplate.spec.containers[0].ports[0].containerPort = 'x'; }),
+    /integer/);
+  assert.throws(broken((o) => { o.spec.groups = 2; }), /spec\.groups is not a field/);
 });
 
 test('the validators reject objects that break their schema', () => {

@@ -67,17 +67,37 @@ export const variants = {
     namespace: 'default',
     autoscaler: 'keda',
   },
+  // A replica over two nodes of 8 GPUs: a LeaderWorkerSet (docs/DEPLOY.md step 5).
+  multi_node: {
+    spec: variant('multinode', [
+      ['  # gpu: {count: 1, product: NVIDIA-H200}', '  gpu: {count: 8, product: NVIDIA-H200}'],
+      ['  # nodes: 2', '  nodes: 2'],
+      ['args: ["--max-running", "64"]', 'args: ["--max-running", "64", "--tp", "16"]'],
+      ['# regions: [eu-west]', 'regions: [eu-west]'],
+    ]),
+    namespace: 'serving',
+    autoscaler: 'hpa',
+  },
 };
 
 // Specs neither renderer may render, with what the error must say.
 export const unrenderable = {
-  multi_node: {
-    spec: variant('multinode', [
+  multi_node_without_tp: {
+    spec: variant('multinode-no-tp', [
       ['  # gpu: {count: 1, product: NVIDIA-H200}', '  gpu: {count: 1, product: NVIDIA-H200}'],
       ['  # nodes: 2', '  nodes: 2'],
     ]),
     autoscaler: 'keda',
-    error: /resources\.nodes: 2: a replica over several nodes is a LeaderWorkerSet/,
+    error: /engine\.args: a replica over 2 nodes of 1 GPUs runs its 2 GPUs as ranks: give --tp 2 \(no --tp given\)/,
+  },
+  multi_node_wrong_tp: {
+    spec: variant('multinode-tp', [
+      ['  # gpu: {count: 1, product: NVIDIA-H200}', '  gpu: {count: 4, product: NVIDIA-H200}'],
+      ['  # nodes: 2', '  nodes: 2'],
+      ['args: ["--max-running", "64"]', 'args: ["--max-running", "64", "--tp=4"]'],
+    ]),
+    autoscaler: 'keda',
+    error: /engine\.args: a replica over 2 nodes of 4 GPUs runs its 8 GPUs as ranks: give --tp 8 \(--tp is 4\)/,
   },
   startup_over_a_day: {
     spec: variant('slowstart', [['  # startup_timeout: 10m', '  startup_timeout: 25h']]),

@@ -74,7 +74,12 @@ topologySpreadConstraints:
     labelSelector:
       matchLabels:
         {{- include "basalt.labels" . | nindent 8 }}
-{{- with .root.Values.regions }}
+{{- include "basalt.regionAffinity" .root }}
+{{- end }}
+
+{{/* With regions, only their nodes; called with $. */}}
+{{- define "basalt.regionAffinity" -}}
+{{- with .Values.regions }}
 affinity:
   nodeAffinity:
     requiredDuringSchedulingIgnoredDuringExecution:
@@ -119,8 +124,16 @@ lifecycle:
 {{- if not (get $.Values $field) }}{{ fail (printf "%s: required" $field) }}{{ end -}}
 {{- end -}}
 {{- if not .Values.model.path }}{{ fail "model.path: required" }}{{ end -}}
-{{- if gt (int .Values.resources.nodes) 1 -}}
-{{- fail (printf "resources.nodes: %v: a replica over several nodes is a LeaderWorkerSet, which this chart does not write yet" .Values.resources.nodes) -}}
+{{- $nodes := int .Values.resources.nodes -}}
+{{- if gt $nodes 1 -}}
+{{- $gpus := int ((.Values.resources.gpu | default dict).count | default 0) -}}
+{{- $tp := include "basalt.tensorParallelSize" . -}}
+{{- if ne $tp (toString (mul $gpus $nodes)) -}}
+{{- fail (printf "engine.args: a replica over %d nodes of %d GPUs runs its %d GPUs as ranks: give --tp %d (%s)" $nodes $gpus (mul $gpus $nodes) (mul $gpus $nodes) (ternary "no --tp given" (printf "--tp is %s" $tp) (eq $tp "0"))) -}}
+{{- end -}}
+{{- if has "--dp-attention" (.Values.engine.args | default list) -}}
+{{- fail "engine.args: --dp-attention runs over the GPUs of one node; a replica over several nodes runs --tp alone" -}}
+{{- end -}}
 {{- end -}}
 {{- if lt (include "basalt.maxReplicas" . | int) (int .Values.replicas.min) -}}
 {{- fail (printf "replicas.max: %v is below replicas.min (%v)" (include "basalt.maxReplicas" .) .Values.replicas.min) -}}
@@ -136,5 +149,172 @@ lifecycle:
 {{- end -}}
 {{- if and (include "basalt.autoscaled" .) (eq (int .Values.replicas.min) 0) -}}
 {{- if eq .Values.autoscaler "hpa" }}{{ fail "replicas.min: 0 (scale to zero) needs autoscaler keda: the HPA keeps at least one replica" }}{{ end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+An engine pod template (metadata and spec), called with (dict "root" $ "role"
+R): R is "alone" (a replica on one node), "leader" (node 0 of a replica
+over several nodes: the server) or "worker" (the others: no HTTP port,
+probes, preStop or metrics; they join the leader at the address
+LeaderWorkerSet gives every pod of the group).
+*/}}
+{{- define "basalt.enginePodTemplate" -}}
+{{- $root := .root -}}
+{{- $role := .role -}}
+{{- $values := $root.Values -}}
+{{- $engine := dict "root" $root "component" "engine" -}}
+{{- $gpu := $values.resources.gpu | default dict -}}
+{{- $gpuCount := int ($gpu.count | default 0) -}}
+{{- $pvc := ($values.model.volume | default dict).pvc -}}
+{{- $port := int $values.engine.port -}}
+metadata:
+  labels:
+    {{- include "basalt.labels" $engine | nindent 4 }}
+  {{- if ne $role "worker" }}
+  annotations:
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ $port | toString | quote }}
+    prometheus.io/path: /metrics
+  {{- end }}
+spec:
+  terminationGracePeriodSeconds: {{ add (include "basalt.drainSeconds" $root | int) 15 }}
+  {{- include "basalt.podSecurity" $root | nindent 2 }}
+  containers:
+    - name: engine
+      image: {{ $values.image | quote }}
+      command: ["basalt"]
+      args:
+        - serve
+        {{- if ne $role "worker" }}
+        - --host
+        - "0.0.0.0"
+        - --port
+        - {{ $port | toString | quote }}
+        {{- end }}
+        - --model
+        - {{ $values.model.path | quote }}
+        {{- range $values.engine.args }}
+        - {{ . | toString | quote }}
+        {{- end }}
+        {{- if ne $role "alone" }}
+        - --nnodes
+        - {{ $values.resources.nodes | toString | quote }}
+        - --node-rank
+        - {{ if eq $role "leader" }}"0"{{ else }}"$(LWS_WORKER_INDEX)"{{ end }}
+        - --dist-init-addr
+        - {{ if eq $role "leader" }}"0.0.0.0:29500"{{ else }}"$(LWS_LEADER_ADDRESS):29500"{{ end }}
+        {{- end }}
+      {{- if ne $role "worker" }}
+      ports:
+        - name: http
+          containerPort: {{ $port }}
+          protocol: TCP
+        {{- if eq $role "leader" }}
+        - name: nodes
+          containerPort: 29500
+          protocol: TCP
+        {{- end }}
+      {{- end }}
+      resources:
+        requests:
+          cpu: {{ $values.resources.cpu | toString | quote }}
+          memory: {{ $values.resources.memory | toString | quote }}
+          {{- if gt $gpuCount 0 }}
+          nvidia.com/gpu: {{ $gpuCount | toString | quote }}
+          {{- end }}
+        limits:
+          memory: {{ $values.resources.memory | toString | quote }}
+          {{- if gt $gpuCount 0 }}
+          nvidia.com/gpu: {{ $gpuCount | toString | quote }}
+          {{- end }}
+      {{- if ne $role "worker" }}
+      startupProbe:
+        httpGet: {path: /ready, port: http}
+        periodSeconds: 1
+        timeoutSeconds: 1
+        failureThreshold: {{ include "basalt.seconds" $values.engine.startup_timeout }}
+      readinessProbe:
+        httpGet: {path: /ready, port: http}
+        periodSeconds: 5
+        timeoutSeconds: 2
+        failureThreshold: 2
+      livenessProbe:
+        httpGet: {path: /health, port: http}
+        periodSeconds: 10
+        timeoutSeconds: 5
+        failureThreshold: 3
+      {{- include "basalt.preStop" $root | nindent 6 }}
+      {{- end }}
+      {{- include "basalt.containerSecurity" $root | nindent 6 }}
+      volumeMounts:
+        - name: tmp
+          mountPath: /tmp
+        {{- if $pvc }}
+        - name: models
+          mountPath: /models
+          readOnly: true
+        {{- end }}
+  volumes:
+    - name: tmp
+      emptyDir: {}
+    {{- if $pvc }}
+    - name: models
+      persistentVolumeClaim:
+        claimName: {{ $pvc | quote }}
+        readOnly: true
+    {{- end }}
+  {{- if ne $role "worker" }}
+  topologySpreadConstraints:
+    - maxSkew: 1
+      topologyKey: topology.kubernetes.io/zone
+      whenUnsatisfiable: ScheduleAnyway
+      labelSelector:
+        matchLabels:
+          {{- include "basalt.labels" $engine | nindent 10 }}
+          {{- if eq $role "leader" }}
+          leaderworkerset.sigs.k8s.io/worker-index: "0"
+          {{- end }}
+  {{- end }}
+  {{- include "basalt.regionAffinity" $root | nindent 2 }}
+  {{- if gt $gpuCount 0 }}
+  {{- with $gpu.product }}
+  nodeSelector:
+    nvidia.com/gpu.product: {{ . | quote }}
+  {{- end }}
+  tolerations:
+    - key: nvidia.com/gpu
+      operator: Exists
+      effect: NoSchedule
+  {{- end }}
+{{- end }}
+
+{{/* Over several nodes: --tp (or --tensor-parallel-size) in engine.args, or 0. */}}
+{{- define "basalt.tensorParallelSize" -}}
+{{- $tp := 0 -}}
+{{- $args := .Values.engine.args | default list -}}
+{{- range $i, $arg := $args -}}
+{{- $text := toString $arg -}}
+{{- if and (has $text (list "--tp" "--tensor-parallel-size")) (lt (add1 $i) (len $args)) -}}
+{{- $tp = toString (index $args (add1 $i)) -}}
+{{- else if hasPrefix "--tp=" $text -}}
+{{- $tp = trimPrefix "--tp=" $text -}}
+{{- else if hasPrefix "--tensor-parallel-size=" $text -}}
+{{- $tp = trimPrefix "--tensor-parallel-size=" $text -}}
+{{- end -}}
+{{- end -}}
+{{- $tp -}}
+{{- end }}
+
+{{/* What the autoscalers scale: the Deployment, or over several nodes the LeaderWorkerSet (its replicas are groups). */}}
+{{- define "basalt.scaleTarget" -}}
+{{- if gt (int .Values.resources.nodes) 1 -}}
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+name: {{ printf "%s-group" .Values.name }}
+{{- else -}}
+apiVersion: apps/v1
+kind: Deployment
+name: {{ printf "%s-engine" .Values.name }}
 {{- end -}}
 {{- end }}
