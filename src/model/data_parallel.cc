@@ -267,6 +267,7 @@ class Group final : public DataParallelGroup {
     for (int q = 0; q < world(); ++q) model(q).set_step_rows(DeepseekModel::kStepRowsOwnTokens);
     return threads_.run([&](int q) {
       ranks_[static_cast<size_t>(q)].backend->make_current();
+      model(q).reserve_step_rows(max_batch_);
       ranks_[static_cast<size_t>(q)].owner->prepare(*kv[static_cast<size_t>(q)]);
     });
   }

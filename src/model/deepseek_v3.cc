@@ -198,6 +198,10 @@ class DeepseekModelImpl final : public DeepseekModel {
   // (model/data_parallel.h steps the heads together, as it does the models).
   DraftHead* draft_head() override { return mtp_ ? &mtp_head_ : nullptr; }
 
+  void reserve_step_rows(int64_t rows) override {
+    reserve_step_constants(dense_tp_ ? ep_world_ * rows : rows, 0);
+  }
+
   void set_step_rows(int64_t rows) override {
     BASALT_CHECK(rows >= -1 || rows == kStepRowsOwnTokens, "set_step_rows: {} rows", rows);
     if (dp_gather_) preset_rows_ = rows;

@@ -127,6 +127,12 @@ class DeepseekModel : public Model {
   // model that does not run DP attention by gathering.
   static constexpr int64_t kStepRowsOwnTokens = -2;
   virtual void set_step_rows(int64_t rows) = 0;
+  // Makes room now (on the calling thread, its device current) for the
+  // per-step constants of steps of up to `rows` tokens on each rank, so that
+  // no step recorded into a graph grows them (a graph cannot record that
+  // host copy): by gathering with the dense MLPs split, a step runs them on
+  // every rank's rows.
+  virtual void reserve_step_rows(int64_t rows) = 0;
 };
 
 // `role`: the rank's part in a group (model/model.h); what a rank holds is
