@@ -161,23 +161,6 @@ Json deployment(const DeploymentSpec& spec, const RenderOptions& options, const 
               {"spec", spec_body}};
 }
 
-// The --tp of engine.args (--tp N, --tp=N, --tensor-parallel-size N), or 0.
-int tensor_parallel_size(const DeploymentSpec& spec) {
-  const std::vector<std::string>& args = spec.engine.args;
-  int tp = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string value;
-    for (const char* flag : {"--tp", "--tensor-parallel-size"}) {
-      const std::string f = flag;
-      if (args[i] == f && i + 1 < args.size()) value = args[i + 1];
-      else if (args[i].rfind(f + "=", 0) == 0) value = args[i].substr(f.size() + 1);
-    }
-    if (value.empty()) continue;
-    tp = value.size() <= 3 && value.find_first_not_of("0123456789") == std::string::npos ? std::stoi(value) : -1;
-  }
-  return tp;
-}
-
 Json engine_pod(const DeploymentSpec& spec, double drain, EngineRole role) {
   const DeploymentSpec::Resources& res = spec.resources;
   const std::string nodes_port = std::to_string(kNodeLinkPort);
@@ -522,20 +505,6 @@ std::vector<SpecError> unrenderable(const DeploymentSpec& spec, const RenderOpti
         SpecError{"--namespace", 0,
                   fmt::format("'{}' is not a lowercase DNS label of at most 63 characters",
                               options.namespace_name)});
-  // Over several nodes the engine's ranks are every GPU of the group's pods.
-  if (spans_nodes(spec)) {
-    const int gpus = spec.resources.gpu_count * spec.resources.nodes, tp = tensor_parallel_size(spec);
-    if (tp != gpus)
-      errors.push_back(SpecError{
-          "engine.args", 0,
-          fmt::format("a replica over {} nodes of {} GPUs runs its {} GPUs as ranks: give --tp {} ({})",
-                      spec.resources.nodes, spec.resources.gpu_count, gpus, gpus,
-                      tp == 0 ? std::string("no --tp given") : fmt::format("--tp is {}", tp))});
-    if (std::find(spec.engine.args.begin(), spec.engine.args.end(), "--dp-attention") != spec.engine.args.end())
-      errors.push_back(SpecError{"engine.args", 0,
-                                 "--dp-attention runs over the GPUs of one node; a replica over several nodes "
-                                 "runs --tp alone"});
-  }
   const bool autoscaled = spec.replicas.max > spec.replicas.min;
   // Any metric may scale to zero: the gateways hold the first requests and
   // count 1 for them (docs/DEPLOY.md section 4).

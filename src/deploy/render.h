@@ -19,10 +19,8 @@
 //    options.namespace and carries the labels app.kubernetes.io/name
 //    (basalt), instance (NAME) and component (engine, gateway).
 //  * What the spec cannot be rendered to is returned as errors (each with
-//    the field path it is about, line 0) and no objects: over several
-//    nodes, engine.args without --tp equal to gpu.count x nodes, or with
-//    --dp-attention; a --drain-timeout in engine.args that is not a number
-//    of seconds in
+//    the field path it is about, line 0) and no objects: a --drain-timeout
+//    in engine.args that is not a number of seconds in
 //    (0, 86400], replicas.min 0 with the HPA (its minReplicas is at least
 //    1), and a namespace that is not a DNS label.
 //  * The engine pods run `basalt serve --host 0.0.0.0 --port P --model

@@ -302,12 +302,6 @@ TEST(DeployRender, WhatCannotBeRenderedIsRefusedWithItsField) {
   };
   const Autoscaler keda = Autoscaler::kKeda, hpa = Autoscaler::kHpa;
   const std::vector<Case> cases = {
-      {base + "resources: {gpu: {count: 4}, nodes: 2}\n", keda, "default", "engine.args",
-       "runs its 8 GPUs as ranks: give --tp 8 (no --tp given)"},
-      {base + "engine: {args: [--tp, \"4\"]}\nresources: {gpu: {count: 4}, nodes: 2}\n", keda, "default",
-       "engine.args", "give --tp 8 (--tp is 4)"},
-      {base + "engine: {args: [--tp=8, --dp-attention]}\nresources: {gpu: {count: 4}, nodes: 2}\n", keda,
-       "default", "engine.args", "--dp-attention runs over the GPUs of one node"},
       {base + "replicas: {min: 0, max: 2}\n", hpa, "default", "replicas.min", "--autoscaler keda"},
       {base + "engine: {args: [--drain-timeout, soon]}\n", keda, "default", "engine.args[0]",
        "--drain-timeout 'soon'"},

@@ -278,6 +278,40 @@ void read_resources(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
     r.error("resources.nodes", node["nodes"], "a replica spans nodes only with GPUs (resources.gpu.count)");
 }
 
+// The --tp of engine.args (--tp N, --tp=N, --tensor-parallel-size N), 0
+// when none is given, -1 when its value is not a number.
+int tensor_parallel_size(const std::vector<std::string>& args) {
+  int tp = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string value;
+    for (const std::string flag : {"--tp", "--tensor-parallel-size"}) {
+      if (args[i] == flag && i + 1 < args.size()) value = args[i + 1];
+      else if (args[i].rfind(flag + "=", 0) == 0) value = args[i].substr(flag.size() + 1);
+    }
+    if (value.empty()) continue;
+    tp = value.size() <= 3 && value.find_first_not_of("0123456789") == std::string::npos ? std::stoi(value) : -1;
+  }
+  return tp;
+}
+
+// A replica over several nodes runs every GPU of its pods as a rank
+// (`basalt serve --nnodes`, docs/SERVER.md): engine.args gives --tp
+// gpu.count x nodes, and no --dp-attention (which runs within one machine).
+void check_nodes(Reader& r, const YAML::Node& root, const DeploymentSpec& spec) {
+  const DeploymentSpec::Resources& res = spec.resources;
+  const YAML::Node engine = root["engine"];
+  const YAML::Node args = engine.IsDefined() && engine.IsMap() ? engine["args"] : engine;
+  if (res.nodes <= 1 || res.gpu_count == 0 || (args.IsDefined() && !args.IsNull() && !args.IsSequence())) return;
+  const int gpus = res.gpu_count * res.nodes, tp = tensor_parallel_size(spec.engine.args);
+  if (tp != gpus)
+    r.error("engine.args", args,
+            fmt::format("a replica over {} nodes of {} GPUs runs its {} GPUs as ranks: give --tp {} ({})", res.nodes,
+                        res.gpu_count, gpus, gpus, tp == 0 ? std::string("no --tp given") : fmt::format("--tp is {}", tp)));
+  if (std::find(spec.engine.args.begin(), spec.engine.args.end(), "--dp-attention") != spec.engine.args.end())
+    r.error("engine.args", args,
+            "--dp-attention runs over the GPUs of one node; a replica over several nodes runs --tp alone");
+}
+
 void read_scaling(Reader& r, const YAML::Node& root, DeploymentSpec& spec) {
   const YAML::Node replicas = root["replicas"];
   if (replicas.IsDefined() && !replicas.IsNull() && r.mapping(replicas, "replicas", {"min", "max"})) {
@@ -411,6 +445,7 @@ SpecResult parse_deployment_spec(const std::string& yaml_text) {
   read_model(r, root, spec);
   read_engine(r, root, spec);
   read_resources(r, root, spec);
+  check_nodes(r, root, spec);
   read_scaling(r, root, spec);
   read_placement(r, root, spec);
   // In file order; what has no line (missing fields) last.

@@ -20,7 +20,7 @@ model:
   path: /models/basalt-mini
   volume: {pvc: models}
 engine:
-  args: ["--max-running", "64", "--fp8-compute=w8a16"]
+  args: ["--max-running", "64", "--fp8-compute=w8a16", "--tp", "4"]
   port: 9000
   startup_timeout: 20m
 resources:
@@ -48,7 +48,7 @@ TEST(DeploySpec, ReadsEveryField) {
   EXPECT_EQ(s.image, "registry.example/basalt:0.1-cpu");
   EXPECT_EQ(s.model.path, "/models/basalt-mini");
   EXPECT_EQ(s.model.pvc, "models");
-  EXPECT_EQ(s.engine.args, (std::vector<std::string>{"--max-running", "64", "--fp8-compute=w8a16"}));
+  EXPECT_EQ(s.engine.args, (std::vector<std::string>{"--max-running", "64", "--fp8-compute=w8a16", "--tp", "4"}));
   EXPECT_EQ(s.engine.port, 9000);
   EXPECT_EQ(s.engine.startup_timeout_s, 1200);
   EXPECT_EQ(s.resources.cpu, "500m");
@@ -124,14 +124,14 @@ TEST(DeploySpec, EveryBadFieldIsNamedWithItsLine) {
       {{"  path: /other/mini", "model.path", "under /models/"}, "  path: /models/basalt-mini"},
       {{"  volume: {pvc: Models}", "model.volume.pvc", "PersistentVolumeClaim"},
        "  volume: {pvc: models}"},
-      {{"  args: [\"--port\", \"1\"]", "engine.args[0]", "set by the rendered manifests"},
-       "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
-      {{"  args: [\"--model=/x\"]", "engine.args[0]", "--model"},
-       "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
-      {{"  args: [\"--node-rank\", \"1\"]", "engine.args[0]", "set by the rendered manifests (resources.nodes)"},
-       "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
+      {{"  args: [\"--port\", \"1\", \"--tp\", \"4\"]", "engine.args[0]", "set by the rendered manifests"},
+       "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\", \"--tp\", \"4\"]"},
+      {{"  args: [\"--model=/x\", \"--tp\", \"4\"]", "engine.args[0]", "--model"},
+       "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\", \"--tp\", \"4\"]"},
+      {{"  args: [\"--node-rank\", \"1\", \"--tp\", \"4\"]", "engine.args[0]", "set by the rendered manifests (resources.nodes)"},
+       "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\", \"--tp\", \"4\"]"},
       {{"  args: --max-running 4", "engine.args", "list"},
-       "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\"]"},
+       "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\", \"--tp\", \"4\"]"},
       {{"  port: 70000", "engine.port", "outside [1, 65535]"}, "  port: 9000"},
       {{"  port: 80.5", "engine.port", "not an integer"}, "  port: 9000"},
       {{"  startup_timeout: 600", "engine.startup_timeout", "duration"}, "  startup_timeout: 20m"},
@@ -148,6 +148,9 @@ TEST(DeploySpec, EveryBadFieldIsNamedWithItsLine) {
       {{"  gpu: {count: 2, kind: h200}", "resources.gpu.kind", "unknown key"},
        "  gpu: {count: 2, product: NVIDIA-H200}"},
       {{"  nodes: 0", "resources.nodes", "outside [1, 64]"}, "  nodes: 2"},
+      {{"  args: [\"--max-running\", \"64\"]", "engine.args", "give --tp 4 (no --tp given)"}, "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\", \"--tp\", \"4\"]"},
+      {{"  args: [\"--tp=4\", \"--dp-attention\"]", "engine.args", "--dp-attention runs over the GPUs of one node"},
+       "  args: [\"--max-running\", \"64\", \"--fp8-compute=w8a16\", \"--tp\", \"4\"]"},
       {{"replicas: {min: 5, max: 2}", "replicas.max", "below replicas.min (5)"},
        "replicas: {min: 0, max: 8}"},
       {{"replicas: {min: -1, max: 2}", "replicas.min", "outside [0, 1000]"},
@@ -231,6 +234,15 @@ TEST(DeploySpec, MalformedYamlAndOtherDocumentsAreOneClearError) {
   ASSERT_EQ(r.errors.size(), 2u);
   EXPECT_EQ(r.errors[0].path, "resources.gpu.product");
   EXPECT_EQ(r.errors[1].path, "resources.nodes");
+  // Over several nodes every GPU is a rank: --tp follows nodes x gpu.count
+  // (the error is engine.args', at its line).
+  r = parse_deployment_spec(with_line("  nodes: 2", "  nodes: 3"));
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_EQ(r.errors[0].path, "engine.args");
+  EXPECT_EQ(r.errors[0].line, 7);
+  EXPECT_NE(r.errors[0].message.find("a replica over 3 nodes of 2 GPUs runs its 6 GPUs as ranks: give --tp 6 (--tp is 4)"),
+            std::string::npos);
+  EXPECT_TRUE(parse_deployment_spec(with_line("  nodes: 2", "  nodes: 1")).errors.empty());
   // Seconds metrics need their own target.
   r = parse_deployment_spec("name: a\nimage: i\nmodel: {path: /m}\nautoscaling: {metric: ttft_p95}\n");
   ASSERT_EQ(r.errors.size(), 1u);
