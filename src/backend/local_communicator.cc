@@ -4,9 +4,7 @@
 // only its own output, reading the others' inputs), barrier (so no rank
 // reuses an input another is still reading).
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -14,6 +12,7 @@
 #include "backend/communicator.h"
 
 #include "backend/backend.h"
+#include "backend/rank_barrier.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -74,29 +73,17 @@ namespace {
 struct Shared {
   explicit Shared(int world)
       : world(world),
+        ranks(world),
         in(static_cast<size_t>(world)),
         out(static_cast<size_t>(world)),
         counts(static_cast<size_t>(world)),
         bytes(static_cast<size_t>(world)) {}
 
   // Waits until every rank has arrived; reusable.
-  void barrier() {
-    std::unique_lock<std::mutex> lock(mu);
-    const uint64_t generation = phase;
-    if (++arrived == world) {
-      arrived = 0;
-      ++phase;
-      cv.notify_all();
-      return;
-    }
-    cv.wait(lock, [&] { return phase != generation; });
-  }
+  void barrier() { ranks.wait(); }
 
   const int world;
-  std::mutex mu;
-  std::condition_variable cv;
-  int arrived = 0;
-  uint64_t phase = 0;
+  RankBarrier ranks;
   std::vector<const void*> in;                   // per rank: the input it published
   std::vector<const void*> out;                  // per rank: its all_reduce slice's sums
   std::vector<std::span<const int64_t>> counts;  // per rank: all_to_all send counts

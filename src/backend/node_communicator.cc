@@ -7,9 +7,7 @@
 // once), so a model over nodes gives the bits of the same ranks in one
 // process. Every rank moves every rank's input: simple and exact, not fast
 // (NCCL is the way for GPUs at scale).
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -17,6 +15,7 @@
 #include "backend/backend.h"
 #include "backend/communicator.h"
 #include "backend/node_link.h"
+#include "backend/rank_barrier.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -26,19 +25,10 @@ namespace {
 // What this node's ranks share: the link, a barrier, and each exchange's
 // inputs and results.
 struct NodeShared {
-  NodeShared(NodeLink& link, int local) : link(link), local(local), mine(static_cast<size_t>(local)) {}
+  NodeShared(NodeLink& link, int local)
+      : link(link), local(local), ranks(local), mine(static_cast<size_t>(local)) {}
 
-  void barrier() {
-    std::unique_lock<std::mutex> lock(mu);
-    const uint64_t generation = phase;
-    if (++arrived == local) {
-      arrived = 0;
-      ++phase;
-      cv.notify_all();
-      return;
-    }
-    cv.wait(lock, [&] { return phase != generation; });
-  }
+  void barrier() { ranks.wait(); }
 
   // Every global rank's blob, in rank order, on every rank. Local rank i
   // hands in its own; the first local rank's thread packs the node's
@@ -81,10 +71,7 @@ struct NodeShared {
 
   NodeLink& link;
   const int local;
-  std::mutex mu;
-  std::condition_variable cv;
-  int arrived = 0;
-  uint64_t phase = 0;
+  RankBarrier ranks;
   std::vector<std::string> mine;  // per local rank: its blob for the exchange under way
   std::vector<std::string> all;   // per global rank: the last exchange's blobs
   std::string error;              // the last exchange's failure, or empty

@@ -117,14 +117,8 @@ class MultiNodeLeader final : public Model {
   size_t kv_bytes_per_slot(DType dtype) const override { return local_->kv_bytes_per_slot(dtype); }
 
   KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override {
-    Writer w;
-    w.u8(static_cast<uint8_t>(Call::kAllocateKv));
-    w.i64(num_slots);
-    w.u8(static_cast<uint8_t>(dtype));
-    KvBuffers kv;
-    run(w, [&] { kv = local_->allocate_kv(num_slots, dtype); });
-    model_kv_ = key_of(kv);
-    return kv;
+    return allocate_everywhere(Call::kAllocateKv, num_slots, dtype, model_kv_,
+                               [&] { return local_->allocate_kv(num_slots, dtype); });
   }
 
   void prepare(KvBuffers& kv) override {
@@ -155,14 +149,8 @@ class MultiNodeLeader final : public Model {
    public:
     explicit Head(MultiNodeLeader& m) : m_(m) {}
     KvBuffers allocate_kv(int64_t num_slots, DType dtype) const override {
-      Writer w;
-      w.u8(static_cast<uint8_t>(Call::kHeadAllocateKv));
-      w.i64(num_slots);
-      w.u8(static_cast<uint8_t>(dtype));
-      KvBuffers kv;
-      m_.run(w, [&] { kv = m_.local_->draft_head()->allocate_kv(num_slots, dtype); });
-      m_.head_kv_ = key_of(kv);
-      return kv;
+      return m_.allocate_everywhere(Call::kHeadAllocateKv, num_slots, dtype, m_.head_kv_,
+                                    [&] { return m_.local_->draft_head()->allocate_kv(num_slots, dtype); });
     }
     size_t kv_bytes_per_slot(DType dtype) const override {
       return m_.local_->draft_head()->kv_bytes_per_slot(dtype);
@@ -180,6 +168,21 @@ class MultiNodeLeader final : public Model {
    private:
     MultiNodeLeader& m_;
   };
+
+  // The model's or its draft head's KV allocated on every node (`call`),
+  // this node's by `allocate`; `live` becomes its key.
+  template <typename Allocate>
+  KvBuffers allocate_everywhere(Call call, int64_t num_slots, DType dtype, const void*& live,
+                                Allocate allocate) const {
+    Writer w;
+    w.u8(static_cast<uint8_t>(call));
+    w.i64(num_slots);
+    w.u8(static_cast<uint8_t>(dtype));
+    KvBuffers kv;
+    run(w, [&] { kv = allocate(); });
+    live = key_of(kv);
+    return kv;
+  }
 
   // Sends the call to the other nodes, runs this node's part, then learns
   // every node's outcome; the first failure (this node's first) is thrown.
