@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/communicator.h"
+#include "backend/host_communicator.h"
 
 #include "backend/backend.h"
 #include "backend/rank_barrier.h"
@@ -90,22 +91,15 @@ struct Shared {
   std::vector<size_t> bytes;                     // per rank: its input's size
 };
 
-class LocalCommunicator final : public Communicator {
+class LocalCommunicator final : public HostCommunicator {
  public:
   LocalCommunicator(std::shared_ptr<Shared> shared, int rank, Backend* staging)
-      : shared_(std::move(shared)), rank_(rank), staging_(staging) {}
+      : HostCommunicator("local", staging), shared_(std::move(shared)), rank_(rank) {}
 
   int rank() const override { return rank_; }
   int world_size() const override { return shared_->world; }
 
-  void all_reduce(Tensor& x, ReduceOp op) override {
-    check_all_reduce(x, "local");
-    if (x.device() != Device::kCpu) {
-      Tensor h = to_host(x);
-      all_reduce(h, op);
-      staging_->copy(h, x);
-      return;
-    }
+  void host_all_reduce(Tensor& x, ReduceOp op) override {
     // Each rank sums its own slice of the elements over every rank's input
     // (in rank order, so every rank gets the same bits), then every rank
     // copies every slice: world times less work per rank than each summing
@@ -133,14 +127,7 @@ class LocalCommunicator final : public Communicator {
     shared_->barrier();  // every slice copied before its owner frees it
   }
 
-  void reduce_scatter(const Tensor& x, Tensor& out, ReduceOp op) override {
-    check_reduce_scatter(x, out, shared_->world, "local");
-    if (x.device() != Device::kCpu || out.device() != Device::kCpu) {
-      Tensor h = Tensor::empty(out.shape(), out.dtype());
-      reduce_scatter(to_host(x), h, op);
-      staging_->copy(h, out);
-      return;
-    }
+  void host_reduce_scatter(const Tensor& x, Tensor& out, ReduceOp op) override {
     // Rank r sums block r over every rank's input in rank order: the same
     // arithmetic as all_reduce's slices, so the same bits.
     const auto n = static_cast<size_t>(out.numel()), me = static_cast<size_t>(rank_);
@@ -157,14 +144,7 @@ class LocalCommunicator final : public Communicator {
     shared_->barrier();  // every input read before its owner reuses it
   }
 
-  void all_gather(const Tensor& x, Tensor& out) override {
-    check_all_gather(x, out, shared_->world, "local");
-    if (x.device() != Device::kCpu || out.device() != Device::kCpu) {
-      Tensor h = Tensor::empty(out.shape(), out.dtype());
-      all_gather(to_host(x), h);
-      staging_->copy(h, out);
-      return;
-    }
+  void host_all_gather(const Tensor& x, Tensor& out) override {
     shared_->in[static_cast<size_t>(rank_)] = x.raw();
     shared_->bytes[static_cast<size_t>(rank_)] = x.nbytes();
     shared_->barrier();
@@ -180,15 +160,8 @@ class LocalCommunicator final : public Communicator {
     shared_->barrier();
   }
 
-  void all_to_all(const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
-                  std::span<const int64_t> recv_rows) override {
-    check_all_to_all(send, send_rows, recv, recv_rows, shared_->world, "local");
-    if (send.device() != Device::kCpu || recv.device() != Device::kCpu) {
-      Tensor h = Tensor::empty(recv.shape(), recv.dtype());
-      all_to_all(to_host(send), send_rows, h, recv_rows);
-      staging_->copy(h, recv);
-      return;
-    }
+  void host_all_to_all(const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
+                       std::span<const int64_t> recv_rows) override {
     shared_->in[static_cast<size_t>(rank_)] = send.raw();
     shared_->counts[static_cast<size_t>(rank_)] = send_rows;
     shared_->barrier();
@@ -219,14 +192,7 @@ class LocalCommunicator final : public Communicator {
     if (!mismatch.empty()) throw Error(mismatch);
   }
 
-  void broadcast(Tensor& x, int root) override {
-    check_broadcast(root, shared_->world, "local");
-    if (x.device() != Device::kCpu) {
-      Tensor h = to_host(x);
-      broadcast(h, root);
-      staging_->copy(h, x);
-      return;
-    }
+  void host_broadcast(Tensor& x, int root) override {
     shared_->in[static_cast<size_t>(rank_)] = x.raw();
     shared_->bytes[static_cast<size_t>(rank_)] = x.nbytes();
     shared_->barrier();
@@ -278,21 +244,8 @@ class LocalCommunicator final : public Communicator {
     }
   }
 
-  // A copy of device tensor t in host memory, through the staging backend
-  // (whose copy waits for the device); a host tensor as it is.
-  Tensor to_host(const Tensor& t) {
-    if (t.device() == Device::kCpu) return t;
-    BASALT_CHECK(staging_ != nullptr && staging_->device() == t.device(),
-                 "local communicator: {} is not in host memory, and rank {} has no backend of its device", t.describe(),
-                 rank_);
-    Tensor h = Tensor::empty(t.shape(), t.dtype());
-    staging_->copy(t, h);
-    return h;
-  }
-
   std::shared_ptr<Shared> shared_;
   int rank_;
-  Backend* staging_;  // may be null: host tensors only
 };
 
 }  // namespace

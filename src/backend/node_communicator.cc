@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/communicator.h"
+#include "backend/host_communicator.h"
 #include "backend/node_link.h"
 #include "backend/rank_barrier.h"
 #include "core/dtype.h"
@@ -79,64 +80,37 @@ struct NodeShared {
 
 std::string bytes_of(const Tensor& t) { return std::string(static_cast<const char*>(t.raw()), t.nbytes()); }
 
-class NodeCommunicator final : public Communicator {
+class NodeCommunicator final : public HostCommunicator {
  public:
   NodeCommunicator(std::shared_ptr<NodeShared> shared, int local_index, int rank, int world, Backend* staging)
-      : shared_(std::move(shared)), local_index_(local_index), rank_(rank), world_(world), staging_(staging) {}
+      : HostCommunicator("node", staging), shared_(std::move(shared)), local_index_(local_index), rank_(rank),
+        world_(world) {}
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
 
-  void all_reduce(Tensor& x, ReduceOp op) override {
-    check_all_reduce(x, "node");
-    if (x.device() != Device::kCpu) {
-      Tensor h = to_host(x);
-      all_reduce(h, op);
-      staging_->copy(h, x);
-      return;
-    }
+  void host_all_reduce(Tensor& x, ReduceOp op) override {
     const std::vector<std::string>& all = shared_->exchange(local_index_, bytes_of(x));
     check_sizes(all, x.nbytes(), "all_reduce");
     reduce(all, 0, static_cast<size_t>(x.numel()), x.dtype() == DType::kBF16, op, x.raw());
   }
 
-  void reduce_scatter(const Tensor& x, Tensor& out, ReduceOp op) override {
-    check_reduce_scatter(x, out, world_, "node");
-    if (x.device() != Device::kCpu || out.device() != Device::kCpu) {
-      Tensor h = Tensor::empty(out.shape(), out.dtype());
-      reduce_scatter(to_host(x), h, op);
-      staging_->copy(h, out);
-      return;
-    }
+  void host_reduce_scatter(const Tensor& x, Tensor& out, ReduceOp op) override {
     const std::vector<std::string>& all = shared_->exchange(local_index_, bytes_of(x));
     check_sizes(all, x.nbytes(), "reduce_scatter");
     const auto n = static_cast<size_t>(out.numel()), me = static_cast<size_t>(rank_);
     reduce(all, me * n, n, x.dtype() == DType::kBF16, op, out.raw());
   }
 
-  void all_gather(const Tensor& x, Tensor& out) override {
-    check_all_gather(x, out, world_, "node");
-    if (x.device() != Device::kCpu || out.device() != Device::kCpu) {
-      Tensor h = Tensor::empty(out.shape(), out.dtype());
-      all_gather(to_host(x), h);
-      staging_->copy(h, out);
-      return;
-    }
+  void host_all_gather(const Tensor& x, Tensor& out) override {
     const std::vector<std::string>& all = shared_->exchange(local_index_, bytes_of(x));
     check_sizes(all, x.nbytes(), "all_gather");
     for (size_t r = 0; r < all.size(); ++r)
       if (!all[r].empty()) std::memcpy(static_cast<char*>(out.raw()) + r * x.nbytes(), all[r].data(), x.nbytes());
   }
 
-  void all_to_all(const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
-                  std::span<const int64_t> recv_rows) override {
-    check_all_to_all(send, send_rows, recv, recv_rows, world_, "node");
-    if (send.device() != Device::kCpu || recv.device() != Device::kCpu) {
-      Tensor h = Tensor::empty(recv.shape(), recv.dtype());
-      all_to_all(to_host(send), send_rows, h, recv_rows);
-      staging_->copy(h, recv);
-      return;
-    }
+  void host_all_to_all(const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
+                       std::span<const int64_t> recv_rows) override {
     // A rank's blob: its send counts, then its rows.
     std::string blob(static_cast<size_t>(world_) * sizeof(int64_t), '\0');
     std::memcpy(blob.data(), send_rows.data(), blob.size());
@@ -171,14 +145,7 @@ class NodeCommunicator final : public Communicator {
     if (!mismatch.empty()) throw Error(mismatch);
   }
 
-  void broadcast(Tensor& x, int root) override {
-    check_broadcast(root, world_, "node");
-    if (x.device() != Device::kCpu) {
-      Tensor h = to_host(x);
-      broadcast(h, root);
-      staging_->copy(h, x);
-      return;
-    }
+  void host_broadcast(Tensor& x, int root) override {
     // Only the root's bytes travel; the others say how many they expect.
     std::string blob = rank_ == root ? bytes_of(x) : std::to_string(x.nbytes());
     const std::vector<std::string>& all = shared_->exchange(local_index_, std::move(blob));
@@ -227,18 +194,8 @@ class NodeCommunicator final : public Communicator {
     }
   }
 
-  Tensor to_host(const Tensor& t) {
-    BASALT_CHECK(staging_ != nullptr && staging_->device() == t.device(),
-                 "node communicator: {} is not in host memory, and rank {} has no backend of its device",
-                 t.describe(), rank_);
-    Tensor h = Tensor::empty(t.shape(), t.dtype());
-    staging_->copy(t, h);
-    return h;
-  }
-
   std::shared_ptr<NodeShared> shared_;
   int local_index_, rank_, world_;
-  Backend* staging_;
 };
 
 }  // namespace
