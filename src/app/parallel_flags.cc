@@ -7,10 +7,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "backend/cpu/cpu_backend.h"
-#include "core/error.h"
 #include "backend/communicator.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/node_link.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "model/multi_node.h"
@@ -86,6 +86,8 @@ void check_parallel_flags(const ParallelFlags& flags, const std::string& specula
     BASALT_CHECK(!flags.dist_init_addr.empty(),
                  "--nnodes {}: give --dist-init-addr HOST:PORT, where node 0 listens for the others", flags.nnodes);
     split_host_port(flags.dist_init_addr, "--dist-init-addr");
+    BASALT_CHECK(flags.dist_timeout > 0 && flags.dist_timeout <= 86400,
+                 "--dist-timeout must be seconds in (0, 86400], got {}", flags.dist_timeout);
     BASALT_CHECK(!flags.dp_attention,
                  "--nnodes {} --dp-attention: DP attention runs over the ranks of one machine only; across machines "
                  "give --tp alone",

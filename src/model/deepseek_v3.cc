@@ -763,20 +763,20 @@ class DeepseekModelImpl final : public DeepseekModel {
     if (d.q_lora_rank > 0) {
       w.q_a_proj = linear(ckpt, a + "q_a_proj.weight", d.q_lora_rank, H);
       w.q_a_norm = plain(ckpt, a + "q_a_layernorm.weight", {d.q_lora_rank});
-      w.q_b_proj = shard_rows(host_linear(ckpt, a + "q_b_proj.weight", heads * (Dn + R), d.q_lora_rank),
+      w.q_b_proj = shard_rows(world_, host_linear(ckpt, a + "q_b_proj.weight", heads * (Dn + R), d.q_lora_rank),
                               first * (Dn + R), mine * (Dn + R), a + "q_b_proj.weight");
     } else {
-      w.q_proj = shard_rows(host_linear(ckpt, a + "q_proj.weight", heads * (Dn + R), H), first * (Dn + R),
+      w.q_proj = shard_rows(world_, host_linear(ckpt, a + "q_proj.weight", heads * (Dn + R), H), first * (Dn + R),
                             mine * (Dn + R), a + "q_proj.weight");
     }
     // The latent (kv_a) is every head's: each rank computes and caches it.
     w.kv_a_proj = linear(ckpt, a + "kv_a_proj_with_mqa.weight", d.kv_lora_rank + R, H);
     w.kv_a_norm = plain(ckpt, a + "kv_a_layernorm.weight", {d.kv_lora_rank});
-    w.kv_b_proj = shard_rows(host_linear(ckpt, a + "kv_b_proj.weight", heads * (Dn + Dv), d.kv_lora_rank),
+    w.kv_b_proj = shard_rows(world_, host_linear(ckpt, a + "kv_b_proj.weight", heads * (Dn + Dv), d.kv_lora_rank),
                              first * (Dn + Dv), mine * (Dn + Dv), a + "kv_b_proj.weight");
     BASALT_CHECK(!w.kv_b_proj.int_quantized(), "{}: '{}kv_b_proj.weight' is in an integer format; MLA attention reads "
                  "it in f32, bf16, f16 or block FP8", dir_, a);
-    w.o_proj = shard_columns(host_linear(ckpt, a + "o_proj.weight", H, heads * Dv), first * Dv, mine * Dv,
+    w.o_proj = shard_columns(world_, host_linear(ckpt, a + "o_proj.weight", H, heads * Dv), first * Dv, mine * Dv,
                              a + "o_proj.weight");
 
     const std::string m = p + "mlp.";
@@ -865,26 +865,27 @@ class DeepseekModelImpl final : public DeepseekModel {
   }
 
   // Rows [begin, begin + count) of a host linear weight (and of its FP8
-  // block scales, at whole blocks), on the backend; all of them is the
-  // weight as it is.
-  LinearWeight shard_rows(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) {
-    if (begin == 0 && count == w.weight.dim(0)) return on_device(w);
+  // block scales, at whole blocks), on the backend, where `parts` ranks
+  // split it; the whole weight with one.
+  LinearWeight shard_rows(int64_t parts, const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) {
+    if (parts == 1) return on_device(w);
     check_not_int(w, name);
     LinearWeight out;
     out.weight = w.weight.rows(begin, count);
     if (w.block_fp8()) {
-      check_block_aligned(begin, count, w.weight.dim(0), name);
+      check_block_aligned(parts, begin, count, w.weight.dim(0), name);
       out.scale_inv = w.scale_inv.rows(begin / kFp8BlockSize, fp8_blocks(count));
     }
     return on_device(out);
   }
-  LinearWeight shard_columns(const LinearWeight& w, int64_t begin, int64_t count, const std::string& name) {
-    if (begin == 0 && count == w.weight.dim(1)) return on_device(w);
+  LinearWeight shard_columns(int64_t parts, const LinearWeight& w, int64_t begin, int64_t count,
+                             const std::string& name) {
+    if (parts == 1) return on_device(w);
     check_not_int(w, name);
     LinearWeight out;
     out.weight = tp::columns(w.weight, begin, count);
     if (w.block_fp8()) {
-      check_block_aligned(begin, count, w.weight.dim(1), name);
+      check_block_aligned(parts, begin, count, w.weight.dim(1), name);
       out.scale_inv = tp::columns(w.scale_inv, begin / kFp8BlockSize, fp8_blocks(count));
     }
     return on_device(out);
@@ -895,19 +896,19 @@ class DeepseekModelImpl final : public DeepseekModel {
   }
   // 128-wide FP8 scale blocks covering n values (the last one partial).
   static int64_t fp8_blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
-  void check_block_aligned(int64_t begin, int64_t count, int64_t size, const std::string& name) const {
+  void check_block_aligned(int64_t parts, int64_t begin, int64_t count, int64_t size, const std::string& name) const {
     BASALT_CHECK(begin % kFp8BlockSize == 0 && (count % kFp8BlockSize == 0 || begin + count == size),
-                 "{}: splitting over {} ranks cuts '{}' inside a {}-wide FP8 block ([{}, {}) of {})", dir_,
-                 size / count, name, kFp8BlockSize, begin, begin + count, size);
+                 "{}: splitting over {} ranks cuts '{}' inside a {}-wide FP8 block ([{}, {}) of {})", dir_, parts,
+                 name, kFp8BlockSize, begin, begin + count, size);
   }
   // This rank's 1/N of a host MLP `inter` wide (gate and up rows, down
   // columns), on the backend: N ranks of tensor parallelism, or of DP
   // attention with dense_tp_.
   MoeExpert shard_mlp(const MoeExpert& e, int64_t inter, const std::string& prefix) {
     const int64_t mine = inter / mlp_world_, first = mlp_rank_ * mine;
-    return MoeExpert{shard_rows(e.gate, first, mine, prefix + "gate_proj.weight"),
-                     shard_rows(e.up, first, mine, prefix + "up_proj.weight"),
-                     shard_columns(e.down, first, mine, prefix + "down_proj.weight")};
+    return MoeExpert{shard_rows(mlp_world_, e.gate, first, mine, prefix + "gate_proj.weight"),
+                     shard_rows(mlp_world_, e.up, first, mine, prefix + "up_proj.weight"),
+                     shard_columns(mlp_world_, e.down, first, mine, prefix + "down_proj.weight")};
   }
 
   // An MLP's three host weights, checked (expert parallelism uploads only
