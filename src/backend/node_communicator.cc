@@ -7,6 +7,7 @@
 // once), so a model over nodes gives the bits of the same ranks in one
 // process. Every rank moves every rank's input: simple and exact, not fast
 // (NCCL is the way for GPUs at scale).
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <string>
