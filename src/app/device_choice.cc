@@ -126,4 +126,13 @@ const char* available_devices() {
 #endif
 }
 
+std::unique_ptr<Backend> make_flagged_backend(const std::string& device, int threads, const std::string& fp8_compute,
+                                              bool batch_invariant, const std::string& dtype) {
+  std::unique_ptr<Backend> backend = make_backend(device, threads);
+  apply_fp8_compute(fp8_compute, *backend);
+  apply_batch_invariant(batch_invariant, fp8_compute, *backend);
+  apply_dtype(dtype, *backend);
+  return backend;
+}
+
 }  // namespace basalt

@@ -57,6 +57,10 @@ inline constexpr const char* kDtypeHelp =
 void check_dtype(const std::string& choice, const std::string& device);
 void apply_dtype(const std::string& choice, Backend& backend);
 cpu::Bf16Activations cpu_bf16_activations(const Backend& backend);
+// make_backend with --fp8-compute, --batch-invariant and --dtype applied, in
+// the order their contracts ask (what serve and generate run on).
+std::unique_ptr<Backend> make_flagged_backend(const std::string& device, int threads, const std::string& fp8_compute,
+                                              bool batch_invariant, const std::string& dtype);
 // The KV pool's memory budget on that device: `fraction` of host memory for
 // the CPU, of the memory still free for the GPU (call after loading weights).
 // A fraction <= 0 picks the device's default: 0.1 of host memory on the CPU

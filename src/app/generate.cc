@@ -282,11 +282,8 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   // for node 0, which generates (model/multi_node.h); it takes no prompt.
   if (f.parallel.node_rank > 0) {
     check_parallel_flags(f.parallel, f.speculation.algorithm);
-    std::unique_ptr<Backend> backend = make_backend(f.device, f.threads);
-    apply_fp8_compute(f.fp8_compute, *backend);
-    apply_batch_invariant(f.batch_invariant, f.fp8_compute, *backend);
-    apply_dtype(f.dtype, *backend);
-    serve_as_node_worker(f.model, *backend, f.parallel);
+    serve_as_node_worker(f.model, *make_flagged_backend(f.device, f.threads, f.fp8_compute, f.batch_invariant, f.dtype),
+                         f.parallel);
     return;
   }
   BASALT_CHECK(int{prompt_given} + int{prompt_ids_given} + int{batch_given} == 1,
@@ -345,11 +342,9 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
   check_batch_invariant(f.batch_invariant, f.fp8_compute, f.device, f.parallel.tp > 1 && !f.parallel.dp_attention);
   check_fp8_compute(f.fp8_compute, f.device);
   check_dtype(f.dtype, f.device);
-  std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
+  std::unique_ptr<Backend> backend_owner =
+      make_flagged_backend(f.device, f.threads, f.fp8_compute, f.batch_invariant, f.dtype);
   Backend& backend = *backend_owner;
-  apply_fp8_compute(f.fp8_compute, backend);
-  apply_batch_invariant(f.batch_invariant, f.fp8_compute, backend);
-  apply_dtype(f.dtype, backend);
   ProgressPrinter progress;
   // With --dp-attention the requests are spread over an engine per rank
   // (DpAttentionEngines), each KV pool sized as one engine's would be.

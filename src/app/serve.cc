@@ -123,11 +123,8 @@ void run_serve(const ServeFlags& f) {
     // node 0 first drains its requests, which need this node's ranks; node
     // 0 stopping (or the link breaking) ends it, within the pod's grace.
     std::signal(SIGTERM, SIG_IGN);
-    std::unique_ptr<Backend> node_backend = make_backend(f.device, f.threads);
-    apply_fp8_compute(f.fp8_compute, *node_backend);
-    apply_batch_invariant(f.batch_invariant, f.fp8_compute, *node_backend);
-    apply_dtype(f.dtype, *node_backend);
-    serve_as_node_worker(dir, *node_backend, f.parallel);
+    serve_as_node_worker(dir, *make_flagged_backend(f.device, f.threads, f.fp8_compute, f.batch_invariant, f.dtype),
+                         f.parallel);
     return;
   }
 
@@ -181,11 +178,9 @@ void run_serve(const ServeFlags& f) {
     return loaded;
   });
   std::optional<TokenizerBundle> tokenizer_loaded;
-  std::unique_ptr<Backend> backend_owner = make_backend(f.device, f.threads);
+  std::unique_ptr<Backend> backend_owner =
+      make_flagged_backend(f.device, f.threads, f.fp8_compute, f.batch_invariant, f.dtype);
   Backend& backend = *backend_owner;
-  apply_fp8_compute(f.fp8_compute, backend);
-  apply_batch_invariant(f.batch_invariant, f.fp8_compute, backend);
-  apply_dtype(f.dtype, backend);
   EngineOptions options;
   options.max_running = f.max_running;
   options.step_token_budget = f.step_token_budget;

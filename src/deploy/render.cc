@@ -164,11 +164,9 @@ Json deployment(const DeploymentSpec& spec, const RenderOptions& options, const 
 Json engine_pod(const DeploymentSpec& spec, double drain, EngineRole role) {
   const DeploymentSpec::Resources& res = spec.resources;
   const std::string nodes_port = std::to_string(kNodeLinkPort);
-  Json args = Json::array({"serve"});
-  if (role != EngineRole::kWorker)
-    for (const std::string& a : {std::string("--host"), std::string("0.0.0.0"), std::string("--port"),
-                                 std::to_string(spec.engine.port)})
-      args.push_back(a);
+  Json args = role == EngineRole::kWorker
+                  ? Json::array({"serve"})
+                  : Json::array({"serve", "--host", "0.0.0.0", "--port", std::to_string(spec.engine.port)});
   args.push_back("--model");
   args.push_back(spec.model.path);
   for (const std::string& arg : spec.engine.args) args.push_back(arg);
