@@ -7,6 +7,7 @@
 
 #include "backend/communicator.h"
 #include "core/error.h"
+#include "model/rank_buffers.h"
 #include "model/rank_threads.h"
 
 namespace basalt {
@@ -79,7 +80,7 @@ class TensorParallelModel final : public Model {
       rank.backend->make_current();
       own[static_cast<size_t>(r)] = rank.model->allocate_kv(num_slots, dtype);
     });
-    return concatenated(own, num_slots);
+    return concatenated_kv(own, num_slots);
   }
 
   size_t kv_bytes_per_slot(DType dtype) const override {
@@ -146,30 +147,6 @@ class TensorParallelModel final : public Model {
   }
 
  private:
-  // A rank's layers of the engine's KvBuffers, kept as one object while
-  // they stay the same tensors: a graphed rank's recordings are bound to it.
-  class KvView {
-   public:
-    KvBuffers& of(const KvBuffers& all, size_t rank, size_t layers) {
-      const auto first = static_cast<std::ptrdiff_t>(rank * layers), n = static_cast<std::ptrdiff_t>(layers);
-      const bool same = view_.num_slots == all.num_slots && view_.k.size() == layers && view_.v.size() == layers &&
-                        std::equal(view_.k.begin(), view_.k.end(), all.k.begin() + first, same_memory) &&
-                        std::equal(view_.v.begin(), view_.v.end(), all.v.begin() + first, same_memory);
-      if (!same) {
-        view_.num_slots = all.num_slots;
-        view_.k.assign(all.k.begin() + first, all.k.begin() + first + n);
-        view_.v.assign(all.v.begin() + first, all.v.begin() + first + n);
-      }
-      return view_;
-    }
-
-   private:
-    static bool same_memory(const Tensor& a, const Tensor& b) {
-      return a.raw() == b.raw() && a.shape() == b.shape() && a.dtype() == b.dtype();
-    }
-    KvBuffers view_;
-  };
-
   struct Rank {
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<Backend> owned_backend;  // null where rank 0 runs on the caller's
@@ -179,16 +156,8 @@ class TensorParallelModel final : public Model {
     // their copy of the logits, and for the draft head rank 0's hidden
     // states and their copy of its hidden output.
     Tensor logits, head_hidden, head_hidden_out;
-    KvView kv, head_kv;
+    RankKvView kv, head_kv;
   };
-
-  // A rank's scratch `buffer` as a tensor of `shape`, grown when too small.
-  static Tensor scratch(Backend& backend, Tensor& buffer, Shape shape) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    if (buffer.numel() < n) buffer = backend.empty({n}, DType::kF32);
-    return buffer.rows(0, n).reshape(shape);
-  }
 
   // The draft head over the ranks: the caller's hidden states are rank 0's
   // (Model::forward gives them only there), so each pass first broadcasts
@@ -206,7 +175,7 @@ class TensorParallelModel final : public Model {
         rank.backend->make_current();
         own[static_cast<size_t>(r)] = rank.model->draft_head()->allocate_kv(num_slots, dtype);
       });
-      return concatenated(own, num_slots);
+      return concatenated_kv(own, num_slots);
     }
 
     size_t kv_bytes_per_slot(DType dtype) const override {
@@ -263,16 +232,6 @@ class TensorParallelModel final : public Model {
    private:
     TensorParallelModel& m_;
   };
-
-  static KvBuffers concatenated(const std::vector<KvBuffers>& own, int64_t num_slots) {
-    KvBuffers all;
-    all.num_slots = num_slots;
-    for (const KvBuffers& k : own) {
-      all.k.insert(all.k.end(), k.k.begin(), k.k.end());
-      all.v.insert(all.v.end(), k.v.begin(), k.v.end());
-    }
-    return all;
-  }
 
   // Declared before ranks_, so destroyed after them: the threads run the
   // ranks' work, and nothing is running once the model is destroyed.
