@@ -1118,8 +1118,19 @@ TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
                                       " --tp 4 --dp-attention --dp-moe gather --threads 2");
   expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
                                       " --tp 2 --dp-attention --dp-moe gather --moe-dense-tp-size 1");
+  // Two DP groups of 2 ranks, each splitting its attention heads (SGLang's
+  // --dp below --tp), both ways to the experts.
+  expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
+                                      " --tp 4 --dp 2 --dp-attention --threads 2");
+  expect_bundled_matches_transformers("basalt-mini", "run2-mini.json", "main_transformers",
+                                      " --tp 4 --dp 2 --dp-attention --dp-moe gather --threads 2");
   const CliRun split = run("generate --prompt-ids 1,2,3 --max-tokens 2 --tp 2 --dp-attention --dp-moe gather");
-  EXPECT_NE(split.err.find("dense MLPs and shared experts split over the ranks"), std::string::npos) << split.err;
+  EXPECT_NE(split.err.find("dense MLPs and shared experts split over the 2 ranks"), std::string::npos) << split.err;
+  const CliRun groups = run("generate --prompt-ids 1,2,3 --max-tokens 2 --tp 4 --dp 2 --dp-attention --threads 2");
+  EXPECT_NE(groups.err.find("DP attention over 2 ranks (this is rank 0, its attention heads over 2 ranks), experts "
+                            "by the exchange, dense MLPs and shared experts split over its 2 ranks"),
+            std::string::npos)
+      << groups.err;
   const std::string batch = temp_path("dp_batch.jsonl");
   {
     std::ofstream out(batch);
@@ -1169,7 +1180,8 @@ TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
   ASSERT_EQ(mtp_one.exit_code, 0) << mtp_one.err;
   const json mtp_engine = json::parse(mtp_one.out);
   EXPECT_GT(mtp_engine["speculative"]["accepted_tokens"].get<int>(), 0);
-  for (const char* flags : {" --tp 2 --dp-attention", " --tp 4 --dp-attention --threads 2"}) {
+  for (const char* flags :
+       {" --tp 2 --dp-attention", " --tp 4 --dp-attention --threads 2", " --tp 4 --dp 2 --dp-attention --threads 2"}) {
     const CliRun mtp_ranks = run(mtp + flags);
     ASSERT_EQ(mtp_ranks.exit_code, 0) << flags << ": " << mtp_ranks.err;
     const json got = json::parse(mtp_ranks.out);
@@ -1186,7 +1198,12 @@ TEST(Cli, DpAttentionGenerateMatchesOneEngine) {
       {" --tp 2 --moe-dense-tp-size 2", "--moe-dense-tp-size applies to --dp-attention only"},
       {" --tp 2 --dp-attention --moe-dense-tp-size 2", "runs with --dp-moe gather only"},
       {" --tp 4 --dp-attention --dp-moe gather --moe-dense-tp-size 2",
-       "split over every --tp rank (4) or held whole (1)"},
+       "split over every --tp rank (4) or over each DP group's ranks (1: held whole)"},
+      {" --tp 4 --dp 2 --dp-attention --moe-dense-tp-size 1", "or over each DP group's ranks (2, --tp / --dp)"},
+      {" --tp 4 --dp 2", "--dp 2 applies to --dp-attention only"},
+      {" --tp 4 --dp 3 --dp-attention", "give a --dp that divides --tp"},
+      {" --tp 4 --dp 1 --dp-attention", "one group is tensor parallelism"},
+      {" --tp 4 --dp 8 --dp-attention", "--dp 8: DP attention makes 2 to --tp (4) groups"},
       {" --tp 2 --dp-attention --dp-moe gather --moe-dense-tp-size 0", "--moe-dense-tp-size"},
   };
   for (const auto& [flags, message] : refusals) {

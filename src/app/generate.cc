@@ -390,7 +390,7 @@ void run_generate(const GenerateFlags& f, bool prompt_given, bool prompt_ids_giv
     single = std::make_unique<Engine>(*model, backend, tok, options);
   } else {
     // Every rank's pool can hold every request (start() splits kv_slots).
-    options.kv_slots *= f.parallel.tp;
+    options.kv_slots *= dp.model->world();
     dp.start(tok, options);
   }
   EngineClient& engine = single ? static_cast<EngineClient&>(*single) : *dp.engines;

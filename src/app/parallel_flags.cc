@@ -42,6 +42,11 @@ void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags) {
                "(and, with --moe-dense-tp-size, the dense MLPs and shared experts), "
                "with a scheduler, radix cache and latent cache of its own and a share of the requests; tokens reach "
                "their experts by all-to-all (SGLang's --enable-dp-attention)");
+  cmd.add_option("--dp,--dp-size", flags.dp,
+                 "With --dp-attention, the DP groups the --tp ranks form, each with its own scheduler, radix cache "
+                 "and requests: --tp (the default) gives each rank its own; fewer, and each group's --tp / --dp "
+                 "ranks split its attention heads between them (SGLang's --dp with --enable-dp-attention)")
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--dp-moe", flags.dp_moe,
                  "With --dp-attention, how tokens reach the routed experts: 'exchange' (each token's choices go to "
                  "their experts' ranks and back, all-to-all sized per layer) or 'gather' (every rank's rows are "
@@ -50,8 +55,9 @@ void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags) {
       ->check(CLI::IsMember({"exchange", "gather"}));
   cmd.add_option("--moe-dense-tp-size", flags.moe_dense_tp_size,
                  "With --dp-attention, the ranks DeepSeek's dense-layer MLPs and shared experts are split over: "
-                 "--tp (each rank holds and reads 1/N of them; needs --dp-moe gather, where it is the default) or 1 "
-                 "(whole on every rank, the default with --dp-moe exchange), as SGLang's option of that name")
+                 "--tp (each rank holds and reads 1/N of them; needs --dp-moe gather, where it is the default) or "
+                 "--tp / --dp, each DP group's ranks (1 with --dp at --tp: whole on every rank, the default with "
+                 "--dp-moe exchange), as SGLang's option of that name")
       ->check(CLI::PositiveNumber);
   cmd.add_option("--nnodes", flags.nnodes,
                  "Machines the --tp ranks span, --tp / --nnodes on each (tensor parallelism across machines; node 0 "
@@ -73,6 +79,10 @@ void check_parallel_flags(const ParallelFlags& flags, const std::string& specula
                flags.ep, flags.tp, flags.tp);
   BASALT_CHECK(flags.dp_attention || flags.dp_moe == "exchange",
                "--dp-moe {} applies to --dp-attention only; give --dp-attention or leave --dp-moe out", flags.dp_moe);
+  BASALT_CHECK(flags.dp_attention || flags.dp == 0,
+               "--dp {} applies to --dp-attention only (replicas of a model run as processes behind `basalt route`); "
+               "give --dp-attention or leave --dp out",
+               flags.dp);
   BASALT_CHECK(flags.dp_attention || flags.moe_dense_tp_size == 0,
                "--moe-dense-tp-size applies to --dp-attention only (under --tp alone the dense layers are split "
                "over the --tp ranks); give --dp-attention or leave it out");
@@ -95,9 +105,15 @@ void check_parallel_flags(const ParallelFlags& flags, const std::string& specula
   }
   if (!flags.dp_attention) return;
   BASALT_CHECK(flags.tp >= 2, "--dp-attention runs over the --tp ranks: give --tp 2 or more");
-  BASALT_CHECK(flags.moe_dense_tp_size == 0 || flags.moe_dense_tp_size == 1 || flags.moe_dense_tp_size == flags.tp,
-               "--moe-dense-tp-size {}: the dense layers are split over every --tp rank ({}) or held whole (1)",
-               flags.moe_dense_tp_size, flags.tp);
+  BASALT_CHECK(flags.dp == 0 || (flags.dp >= 2 && flags.dp <= flags.tp && flags.tp % flags.dp == 0),
+               "--dp {}: DP attention makes 2 to --tp ({}) groups of equal size of the --tp ranks; give a --dp that "
+               "divides --tp{}",
+               flags.dp, flags.tp, flags.dp == 1 ? " (one group is tensor parallelism: leave --dp-attention out)" : "");
+  const int group = flags.attention_tp();
+  BASALT_CHECK(flags.moe_dense_tp_size == 0 || flags.moe_dense_tp_size == group || flags.moe_dense_tp_size == flags.tp,
+               "--moe-dense-tp-size {}: the dense layers are split over every --tp rank ({}) or over each DP "
+               "group's ranks ({}{})",
+               flags.moe_dense_tp_size, flags.tp, group, group == 1 ? ": held whole" : ", --tp / --dp");
   BASALT_CHECK(!(flags.moe_dense_tp_size == flags.tp && flags.dp_moe != "gather"),
                "--moe-dense-tp-size {} splits the dense layers over the ranks, which runs with --dp-moe gather "
                "only; give --dp-moe gather or --moe-dense-tp-size 1",
@@ -248,7 +264,7 @@ DpAttentionEngines DpAttentionEngines::load(const std::string& dir, const Parall
   if (backend.device() == Device::kCpu) {
     out.model = load_data_parallel(dir, flags.tp, cpu_ranks(flags.tp, cpu_bf16_activations(backend)), progress,
                                    std::chrono::microseconds(1000), flags.weights(), {}, flags.moe(), std::nullopt,
-                                   flags.dense_tp());
+                                   flags.dense_tp(), flags.attention_tp());
     return out;
   }
 #ifdef BASALT_HAVE_CUDA
@@ -257,7 +273,7 @@ DpAttentionEngines DpAttentionEngines::load(const std::string& dir, const Parall
       dir, flags.tp, gpus.make_backend, progress, std::chrono::microseconds(1000), flags.weights(), gpus.make_group,
       flags.moe(),
       graph_batch > 0 ? std::optional<GraphOptions>(GraphOptions{.max_batch = graph_batch}) : std::nullopt,
-      flags.dense_tp());
+      flags.dense_tp(), flags.attention_tp());
   return out;
 #else
   fail("--dp-attention --device {}: this build has no GPU backend", backend.name());

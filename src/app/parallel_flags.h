@@ -2,11 +2,15 @@
 // and what they build.
 //
 // Contract: add_parallel_flags() registers --tp/--tensor-parallel-size,
-// --ep/--expert-parallel-size, --dp-attention, --dp-moe (exchange or gather:
+// --ep/--expert-parallel-size, --dp-attention, --dp/--dp-size (the DP
+// groups DP attention makes of the --tp ranks: --tp by default, a rank
+// each; fewer, and each group's tp/dp ranks split its attention heads,
+// SGLang's attention TP inside DP), --dp-moe (exchange or gather:
 // how DP attention's tokens reach the routed experts, model/model.h's DpMoe),
 // --moe-dense-tp-size (1 or --tp: DeepSeek's dense MLPs and shared experts
 // whole on each DP-attention rank or split over them, RankRole::dense_tp;
-// not given, split by gathering and whole by the exchange) and
+// with --dp below --tp, tp/dp splits them over each DP group's ranks; not
+// given, split over all by gathering and over the DP group by the exchange) and
 // --random-weights (the model's weights random, model/model.h's
 // Weights::kRandom), and --nnodes, --node-rank, --dist-init-addr and
 // --dist-timeout (the --tp ranks over several machines, SGLang's flags) on
@@ -14,8 +18,9 @@
 // check_parallel_flags() refuses, naming the flag, what is not offered: --tp
 // outside [1, 64]; --ep other than --tp (a model's routed experts are split
 // over its --tp ranks); --dp-attention with --tp 1 or with EAGLE heads or
-// draft models; --dp-moe gather without --dp-attention; --moe-dense-tp-size
-// without --dp-attention, other than 1 or --tp, or --tp with the exchange;
+// draft models; --dp without --dp-attention, outside [2, --tp] or not
+// dividing --tp; --dp-moe gather without --dp-attention; --moe-dense-tp-size
+// without --dp-attention, other than tp/dp or --tp, or --tp with the exchange;
 // --nnodes outside [1, 64] or not dividing --tp, a --node-rank outside
 // [0, --nnodes), --nnodes > 1 without --dist-init-addr or with
 // --dp-attention.
@@ -31,9 +36,10 @@
 // as above, GPU ranks take a GPU each and reach the other machines' ranks
 // through host memory, eagerly: no NCCL between machines yet).
 // DpAttentionEngines is --dp-attention: load() puts the model over --tp ranks
-// (model/data_parallel.h), CPU ranks' threads shared the same way, or on a
+// in --dp DP groups (model/data_parallel.h), CPU ranks' threads shared the
+// same way, or on a
 // GPU a rank per GPU from `backend`'s, NCCL between them (eager: no graphs);
-// start() then makes an engine per rank with `options` (kv_slots and
+// start() then makes an engine per DP rank with `options` (kv_slots and
 // kv_budget_bytes split evenly between ranks that share a device), each
 // sampling on a one-thread CPU backend of its own (CPU ranks) or on its
 // rank's GPU, behind one EngineGroup (runtime/engine_group.h); a step does
@@ -57,6 +63,7 @@ struct ParallelFlags {
   int tp = 1;
   int ep = 0;  // 0: not given (the --tp ranks)
   bool dp_attention = false;
+  int dp = 0;                       // --dp: DP groups of --dp-attention; 0 not given (--tp)
   std::string dp_moe = "exchange";  // --dp-moe: exchange or gather (model/model.h's DpMoe)
   int moe_dense_tp_size = 0;        // --moe-dense-tp-size: 0 not given, 1, or tp (RankRole::dense_tp)
   bool random_weights = false;  // --random-weights: Weights::kRandom
@@ -66,8 +73,12 @@ struct ParallelFlags {
   double dist_timeout = 600;    // --dist-timeout: seconds to wait for every node to join
   Weights weights() const { return random_weights ? Weights::kRandom : Weights::kCheckpoint; }
   DpMoe moe() const { return dp_moe == "gather" ? DpMoe::kGather : DpMoe::kExchange; }
+  int dp_groups() const { return dp == 0 ? tp : dp; }
+  int attention_tp() const { return tp / dp_groups(); }  // ranks per DP group
   // Not given: split by gathering (SGLang's default), whole by the exchange.
-  bool dense_tp() const { return moe_dense_tp_size == 0 ? moe() == DpMoe::kGather : moe_dense_tp_size > 1; }
+  bool dense_tp() const {
+    return moe_dense_tp_size == 0 ? moe() == DpMoe::kGather : moe_dense_tp_size == tp;
+  }
 };
 
 void add_parallel_flags(CLI::App& cmd, ParallelFlags& flags);

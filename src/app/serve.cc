@@ -258,6 +258,7 @@ void run_serve(const ServeFlags& f) {
       .add("device", f.device)
       .add("tp", f.parallel.tp)
       .add("dp_attention", f.parallel.dp_attention)
+      .add("dp", f.parallel.dp_attention ? f.parallel.dp_groups() : 1)
       .add("kv_slots", engine.kv_capacity())
       .add("max_model_len", api_server.max_model_len())
       .add("tool_call_parser", api_server.tool_call_parser())

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "model/deepseek_v3.h"
 #include "model/forward_batch.h"
+#include "model/rank_buffers.h"
 #include "model/rank_threads.h"
 
 namespace basalt {
@@ -56,84 +57,131 @@ class Group final : public DataParallelGroup {
  public:
   Group(const std::string& dir, int world, const RankBackendFactory& make_backend, const LoadProgress& progress,
         std::chrono::microseconds round_wait, Weights weights, const RankGroupFactory& make_group, DpMoe moe,
-        const std::optional<GraphOptions>& graphs, bool dense_tp)
+        const std::optional<GraphOptions>& graphs, bool dense_tp, int attention_tp)
       : threads_(world),
+        attention_tp_(attention_tp),
         round_wait_(round_wait),
         moe_(moe),
-        dense_tp_(dense_tp),
-        waiting_(static_cast<size_t>(world), nullptr) {
+        dense_tp_(dense_tp) {
+    BASALT_CHECK(attention_tp >= 1 && world % attention_tp == 0,
+                 "DP attention: {} ranks do not make DP groups of {} (the attention TP ranks)", world, attention_tp);
+    const int groups = world / attention_tp;
+    waiting_.assign(static_cast<size_t>(groups), nullptr);
     ranks_.resize(static_cast<size_t>(world));
     std::vector<Backend*> backends;
-    for (int r = 0; r < world; ++r) {
-      Rank& rank = ranks_[static_cast<size_t>(r)];
-      rank.backend = make_backend(r);
-      BASALT_CHECK(rank.backend != nullptr, "DP attention: no backend for rank {}", r);
-      BASALT_CHECK(r == 0 || rank.backend->device() == backends.front()->device(),
-                   "DP attention: rank {} runs on {}, rank 0 on {}", r, rank.backend->name(),
+    for (int q = 0; q < world; ++q) {
+      Rank& rank = ranks_[static_cast<size_t>(q)];
+      rank.backend = make_backend(q);
+      BASALT_CHECK(rank.backend != nullptr, "DP attention: no backend for rank {}", q);
+      BASALT_CHECK(q == 0 || rank.backend->device() == backends.front()->device(),
+                   "DP attention: rank {} runs on {}, rank 0 on {}", q, rank.backend->name(),
                    backends.front()->name());
       backends.push_back(rank.backend.get());
-      rank.view = std::make_unique<RankView>(*this, r);
     }
-    std::vector<std::unique_ptr<Communicator>> comms =
-        make_group                                    ? make_group(backends)
-        : backends.front()->device() == Device::kCpu ? make_local_group(world)
-                                                      : make_local_group(world, backends);
-    BASALT_CHECK(comms.size() == static_cast<size_t>(world), "DP attention: a group of {} for {} ranks",
-                 comms.size(), world);
-    for (int r = 0; r < world; ++r) ranks_[static_cast<size_t>(r)].comm = std::move(comms[static_cast<size_t>(r)]);
+    for (int d = 0; d < groups; ++d) dps_.push_back(std::make_unique<Dp>(*this, d));
+    // The group of every rank (the routed experts are split over it) and,
+    // with attention TP, one of each DP group's ranks.
+    const auto make = [&](std::span<Backend* const> members) {
+      std::vector<std::unique_ptr<Communicator>> comms =
+          make_group                                    ? make_group(members)
+          : members.front()->device() == Device::kCpu ? make_local_group(static_cast<int>(members.size()))
+                                                        : make_local_group(static_cast<int>(members.size()), members);
+      BASALT_CHECK(comms.size() == members.size(), "DP attention: a group of {} for {} ranks", comms.size(),
+                   members.size());
+      return comms;
+    };
+    std::vector<std::unique_ptr<Communicator>> every = make(backends);
+    for (int q = 0; q < world; ++q) ranks_[static_cast<size_t>(q)].comm = std::move(every[static_cast<size_t>(q)]);
+    if (attention_tp > 1)
+      for (int d = 0; d < groups; ++d) {
+        std::vector<std::unique_ptr<Communicator>> own =
+            make(std::span<Backend* const>(backends).subspan(static_cast<size_t>(d * attention_tp),
+                                                               static_cast<size_t>(attention_tp)));
+        for (int a = 0; a < attention_tp; ++a)
+          ranks_[static_cast<size_t>(d * attention_tp + a)].attention = std::move(own[static_cast<size_t>(a)]);
+      }
     // Graphs per rank where every rank records its collectives, by gathering
     // only (the exchange sizes its collectives on the host in each layer).
     graphed_ = graphs.has_value() && moe == DpMoe::kGather;
-    for (const Rank& rank : ranks_) graphed_ = graphed_ && rank.backend->can_record() && rank.comm->can_record();
+    for (const Rank& rank : ranks_)
+      graphed_ = graphed_ && rank.backend->can_record() && rank.comm->can_record() &&
+                 (rank.attention == nullptr || rank.attention->can_record());
     GraphOptions graph_options = graphs.value_or(GraphOptions{});
     graph_options.record_on_demand = false;  // the group records, every rank at once (record_graphs)
     max_batch_ = graph_options.max_batch;
-    threads_.run_or_throw([&](int r) {
-      Rank& rank = ranks_[static_cast<size_t>(r)];
+    threads_.run_or_throw([&](int q) {
+      Rank& rank = ranks_[static_cast<size_t>(q)];
       rank.backend->make_current();
       std::unique_ptr<Model> model =
-          load_model(dir, *rank.backend, r == 0 ? progress : LoadProgress{},
-                     RankRole{rank.comm.get(), true, moe, dense_tp}, weights);
+          load_model(dir, *rank.backend, q == 0 ? progress : LoadProgress{},
+                     RankRole{rank.comm.get(), true, moe, dense_tp, rank.attention.get()}, weights);
       rank.model = dynamic_cast<DeepseekModel*>(model.get());
       BASALT_CHECK(rank.model != nullptr, "{}: DP attention needs a DeepSeek model", dir);
       rank.owner = graphed_ ? make_graphed_model(std::move(model), *rank.backend, graph_options) : std::move(model);
     });
   }
 
-  int world() const override { return threads_.world(); }
-  Model& rank(int r) override {
-    BASALT_CHECK(r >= 0 && r < world(), "DP attention: rank {} of {}", r, world());
-    return *ranks_[static_cast<size_t>(r)].view;
+  int world() const override { return static_cast<int>(dps_.size()); }
+  int attention_tp() const { return attention_tp_; }
+  Model& rank(int d) override {
+    BASALT_CHECK(d >= 0 && d < world(), "DP attention: rank {} of {}", d, world());
+    return dps_[static_cast<size_t>(d)]->view;
   }
-  Backend& backend(int r) override {
-    BASALT_CHECK(r >= 0 && r < world(), "DP attention: rank {} of {}", r, world());
-    return *ranks_[static_cast<size_t>(r)].backend;
+  Backend& backend(int d) override {
+    BASALT_CHECK(d >= 0 && d < world(), "DP attention: rank {} of {}", d, world());
+    return *ranks_[static_cast<size_t>(d * attention_tp_)].backend;
   }
-  DeepseekModel& model(int r) const { return *ranks_[static_cast<size_t>(r)].model; }
+  // DP rank d's first rank's model (each of its ranks holds 1/attention_tp
+  // of the heads; the config and the checks are the same on each).
+  DeepseekModel& model(int d) const { return *ranks_[static_cast<size_t>(d * attention_tp_)].model; }
   DpMoe moe() const { return moe_; }
   bool dense_tp() const { return dense_tp_; }
-  GraphStats graph_stats(int r) const override {
-    BASALT_CHECK(r >= 0 && r < world(), "DP attention: rank {} of {}", r, world());
-    return basalt::graph_stats(*ranks_[static_cast<size_t>(r)].owner);
+  GraphStats graph_stats(int d) const override {
+    BASALT_CHECK(d >= 0 && d < world(), "DP attention: rank {} of {}", d, world());
+    return basalt::graph_stats(*ranks_[static_cast<size_t>(d * attention_tp_)].owner);
   }
 
-  // Rank r's engine hands in its KV before its first step; once every rank
-  // has handed one in since the last recording, the last to hand in records
-  // every rank's graphs on them, between rounds. Until then rounds run
-  // eagerly (a rank with a new engine alone: its old graphs point at the old
-  // KV, and recording is a collective affair).
-  void prepare(int r, KvBuffers& kv) {
+  // DP rank d's KV: each of its ranks' (with attention TP the latent cache
+  // is every rank's of the DP group: it is not split by heads), one after
+  // another (model/rank_buffers.h); each rank allocates with its device
+  // current, the first rank's last, so that it stays current.
+  KvBuffers allocate_kv(int d, int64_t num_slots, DType dtype, bool head) const {
+    std::vector<KvBuffers> own(static_cast<size_t>(attention_tp_));
+    for (int a = attention_tp_ - 1; a >= 0; --a) {
+      const Rank& rank = ranks_[static_cast<size_t>(d * attention_tp_ + a)];
+      rank.backend->make_current();
+      own[static_cast<size_t>(a)] = head ? rank.model->draft_head()->allocate_kv(num_slots, dtype)
+                                         : rank.model->allocate_kv(num_slots, dtype);
+    }
+    return concatenated_kv(own, num_slots);
+  }
+  size_t kv_bytes_per_slot(int d, DType dtype, bool head) const {
+    size_t bytes = 0;
+    for (int a = 0; a < attention_tp_; ++a) {
+      DeepseekModel* m = ranks_[static_cast<size_t>(d * attention_tp_ + a)].model;
+      bytes += head ? m->draft_head()->kv_bytes_per_slot(dtype) : m->kv_bytes_per_slot(dtype);
+    }
+    return bytes;
+  }
+
+  // DP rank d's engine hands in its KV before its first step; once every DP
+  // rank has handed one in since the last recording, the last to hand in
+  // records every rank's graphs on them, between rounds. Until then rounds
+  // run eagerly (a DP rank with a new engine alone: its old graphs point at
+  // the old KV, and recording is a collective affair).
+  void prepare(int d, KvBuffers& kv) {
     if (!graphed_) return;
     std::unique_lock<std::mutex> lock(mu_);
-    ranks_[static_cast<size_t>(r)].kv = &kv;
-    ranks_[static_cast<size_t>(r)].kv_new = true;
+    Dp& dp = *dps_[static_cast<size_t>(d)];
+    dp.kv = &kv;
+    dp.kv_new = true;
     recorded_ = false;
     std::vector<KvBuffers*> every;
-    for (const Rank& rank : ranks_) {
-      if (!rank.kv_new) return;
-      every.push_back(rank.kv);
+    for (const auto& other : dps_) {
+      if (!other->kv_new) return;
+      every.push_back(other->kv);
     }
-    for (Rank& rank : ranks_) rank.kv_new = false;
+    for (auto& other : dps_) other->kv_new = false;
     changed_.wait(lock, [&] { return !running_; });
     running_ = true;
     lock.unlock();
@@ -150,39 +198,43 @@ class Group final : public DataParallelGroup {
     busy_ = std::move(busy);
   }
 
-  // Rank r's step (head_in null) or pass of its MTP layer (head_in its
+  // DP rank d's step (head_in null) or pass of its MTP layer (head_in its
   // hidden states; `hidden` the head's hidden output, may be null): joins
   // the next round of that kind and returns once it has run.
-  void forward(int r, const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden,
+  void forward(int d, const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden,
                const Tensor* head_in = nullptr) {
-    // What the rank's model checks only after its first exchange is checked
-    // here, so that a bad call fails alone, before the round.
-    const ModelConfig& c = model(r).config();
+    // What the ranks' models check only after their first collective is
+    // checked here, so that a bad call fails alone, before the round.
+    const ModelConfig& c = model(d).config();
     const int64_t rows = batch.logit_rows.numel(), tokens = batch.num_tokens();
     const char* what = head_in != nullptr ? "draft head" : "forward";
-    const Backend& own = *ranks_[static_cast<size_t>(r)].backend;
+    const Backend& own = backend(d);
     BASALT_CHECK(logits.device() == own.device() && logits.dtype() == DType::kF32 && logits.rank() == 2 &&
                      logits.dim(0) == rows && logits.dim(1) == c.vocab_size,
-                 "{}: logits must be f32 [{}, {}] on rank {}'s {}, got {}", what, rows, c.vocab_size, r, own.name(),
+                 "{}: logits must be f32 [{}, {}] on rank {}'s {}, got {}", what, rows, c.vocab_size, d, own.name(),
                  logits.describe());
     for (const Tensor* states : {static_cast<const Tensor*>(hidden), head_in})
       BASALT_CHECK(states == nullptr || (states->device() == own.device() && states->dtype() == DType::kF32 &&
                                          states->rank() == 2 && states->dim(0) == tokens &&
                                          states->dim(1) == c.hidden_size),
-                   "{}: hidden states must be f32 [{}, {}] on rank {}'s {}, got {}", what, tokens, c.hidden_size, r,
+                   "{}: hidden states must be f32 [{}, {}] on rank {}'s {}, got {}", what, tokens, c.hidden_size, d,
                    own.name(), states->describe());
-    BASALT_CHECK(head_in == nullptr || model(r).draft_head() != nullptr, "draft head: {} has no MTP layer",
-                 model(r).summary());
+    BASALT_CHECK(head_in == nullptr || model(d).draft_head() != nullptr, "draft head: {} has no MTP layer",
+                 model(d).summary());
+    const size_t layers = head_in != nullptr ? 1 : static_cast<size_t>(c.num_layers);
+    BASALT_CHECK(kv.k.size() == layers * static_cast<size_t>(attention_tp_) && kv.v.size() == kv.k.size(),
+                 "{}: KV buffers have {} layers, {} ranks of {} need {}", what, kv.k.size(), attention_tp_, layers,
+                 layers * static_cast<size_t>(attention_tp_));
     Step mine{&batch, &kv, &logits, hidden, head_in, false, nullptr, 0};
     std::unique_lock<std::mutex> lock(mu_);
     mine.arrival = ++arrivals_;
-    BASALT_CHECK(waiting_[static_cast<size_t>(r)] == nullptr, "DP attention: rank {} is already in a step", r);
-    waiting_[static_cast<size_t>(r)] = &mine;
+    BASALT_CHECK(waiting_[static_cast<size_t>(d)] == nullptr, "DP attention: rank {} is already in a step", d);
+    waiting_[static_cast<size_t>(d)] = &mine;
     ++num_waiting_;
     changed_.notify_all();
     const auto deadline = std::chrono::steady_clock::now() + round_wait_;
     while (!mine.done) {
-      const bool queued = waiting_[static_cast<size_t>(r)] == &mine;
+      const bool queued = waiting_[static_cast<size_t>(d)] == &mine;
       if (running_ || !queued) {
         changed_.wait(lock);
       } else if (everyone_busy_is_in() || std::chrono::steady_clock::now() >= deadline) {
@@ -206,15 +258,26 @@ class Group final : public DataParallelGroup {
   };
 
  private:
+  // One rank: a thread, a backend and a model of its own.
   struct Rank {
-    std::unique_ptr<Communicator> comm;
+    std::unique_ptr<Communicator> comm;       // every rank's group
+    std::unique_ptr<Communicator> attention;  // its DP group's ranks (attention TP); null without
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Model> owner;    // the rank's model, in a GraphedModel when graphed_
     DeepseekModel* model = nullptr;  // the model itself (owner's, or inside it)
-    KvBuffers* kv = nullptr;         // graphed_: what prepare() was given, the graphs' KV
-    bool kv_new = false;             // graphed_: kv handed in since the last recording
-    Tensor logits;                   // graphed_: [max_batch, vocab] f32 for padded steps
-    std::unique_ptr<RankView> view;
+    RankKvView kv, head_kv;          // its layers of its DP rank's KV and MTP KV
+    // Scratch (model/rank_buffers.h): the logits of padded steps (graphed_),
+    // and, on a DP group's ranks after its first, their copy of the logits
+    // and of the MTP layer's hidden input.
+    Tensor logits, head_hidden;
+  };
+  // One DP rank: what its scheduler drives, the attention_tp_ ranks
+  // [d * attention_tp_, (d + 1) * attention_tp_) running its batches.
+  struct Dp {
+    Dp(Group& group, int d) : view(group, d) {}
+    RankView view;
+    KvBuffers* kv = nullptr;  // graphed_: what prepare() was given, the graphs' KV
+    bool kv_new = false;      // graphed_: kv handed in since the last recording
   };
 
   // Whether `step` is a decode step the recorded graphs take: one query row
@@ -258,47 +321,57 @@ class Group final : public DataParallelGroup {
     return p;
   }
 
-  // Every rank's graphs, recorded together on the KV each handed in
-  // (GraphedModel::prepare: every decode size in one order, on batches of
-  // padding rows): the ranks' batches are of one size in each recording, so
-  // every rank's model pads its MoE rows to its own count
+  // Rank q's layers of its DP rank's KV (or MTP KV).
+  KvBuffers& rank_kv(int q, const KvBuffers& all, bool head) {
+    Rank& rank = ranks_[static_cast<size_t>(q)];
+    const size_t layers = all.k.size() / static_cast<size_t>(attention_tp_);
+    return (head ? rank.head_kv : rank.kv).of(all, static_cast<size_t>(q % attention_tp_), layers);
+  }
+
+  // Every rank's graphs, recorded together on the KV each DP rank handed in
+  // (kv[d]; GraphedModel::prepare: every decode size in one order, on
+  // batches of padding rows): the ranks' batches are of one size in each
+  // recording, so every rank's model pads its MoE rows to its own count
   // (kStepRowsOwnTokens) and the collectives recorded match.
   std::vector<std::exception_ptr> record_graphs(const std::vector<KvBuffers*>& kv) {
-    for (int q = 0; q < world(); ++q) model(q).set_step_rows(DeepseekModel::kStepRowsOwnTokens);
+    for (Rank& rank : ranks_) rank.model->set_step_rows(DeepseekModel::kStepRowsOwnTokens);
     return threads_.run([&](int q) {
-      ranks_[static_cast<size_t>(q)].backend->make_current();
-      model(q).reserve_step_rows(max_batch_);
-      ranks_[static_cast<size_t>(q)].owner->prepare(*kv[static_cast<size_t>(q)]);
+      Rank& rank = ranks_[static_cast<size_t>(q)];
+      rank.backend->make_current();
+      rank.model->reserve_step_rows(max_batch_);
+      rank.owner->prepare(rank_kv(q, *kv[static_cast<size_t>(q / attention_tp_)], false));
     });
   }
 
-  // Whether every rank that may hand in a batch has (mu_ held).
+  // Whether every DP rank that may hand in a batch has (mu_ held).
   bool everyone_busy_is_in() const {
     if (num_waiting_ == world()) return true;
     if (!busy_) return false;
-    for (int q = 0; q < world(); ++q)
-      if (waiting_[static_cast<size_t>(q)] == nullptr && busy_(q)) return false;
+    for (int d = 0; d < world(); ++d)
+      if (waiting_[static_cast<size_t>(d)] == nullptr && busy_(d)) return false;
     return true;
   }
 
   // Runs the steps handed in so far of one kind (model steps, or passes of
-  // the MTP layer: the kind of the one handed in first), every other rank
-  // idle in it; a rank waiting with the other kind stays queued for the
-  // next round. Called with mu_ held, which it releases while the round runs.
+  // the MTP layer: the kind of the one handed in first), every other DP
+  // rank idle in it; a DP rank waiting with the other kind stays queued for
+  // the next round. Called with mu_ held, which it releases while the round
+  // runs. Each of a DP group's ranks runs its batch (attention TP); the
+  // group's first writes the caller's outputs.
   void lead_round(std::unique_lock<std::mutex>& lock) {
     const Step* first = nullptr;
     for (const Step* step : waiting_)
       if (step != nullptr && (first == nullptr || step->arrival < first->arrival)) first = step;
     const bool heads = first != nullptr && first->head_in != nullptr;
     std::vector<Step*> round(waiting_.size(), nullptr);
-    for (size_t q = 0; q < waiting_.size(); ++q) {
-      if (waiting_[q] == nullptr || (waiting_[q]->head_in != nullptr) != heads) continue;
-      round[q] = std::exchange(waiting_[q], nullptr);
+    for (size_t d = 0; d < waiting_.size(); ++d) {
+      if (waiting_[d] == nullptr || (waiting_[d]->head_in != nullptr) != heads) continue;
+      round[d] = std::exchange(waiting_[d], nullptr);
       --num_waiting_;
     }
     running_ = true;
     // Graphs (recorded in prepare): a round of decode steps replays them,
-    // each rank's batch padded to the round's largest (the graphs of one
+    // each DP rank's batch padded to the round's largest (the graphs of one
     // size hold collectives of one size); other rounds run directly.
     const bool replays = graphed_ && recorded_ && !heads;
     lock.unlock();
@@ -310,43 +383,64 @@ class Group final : public DataParallelGroup {
         decodes = decodes && plain_decode(*step);
       }
     if (decodes && rows <= max_batch_) rows = graph_size = graph_padded_size(rows, max_batch_);
+    std::vector<ForwardBatch> padded(round.size());
+    for (size_t d = 0; d < round.size(); ++d)
+      if (graph_size > 0 && round[d] != nullptr) padded[d] = padded_decode(*round[d]->batch, graph_size);
     if (moe_ == DpMoe::kGather) {
-      // The leader sees every rank's batch: it agrees the rows the ranks pad
-      // to for this round, so that no rank all-gathers and reads the counts.
-      // A rank replaying a graph takes its own (padded) count, as when the
-      // graph was recorded.
-      for (int q = 0; q < world(); ++q)
-        model(q).set_step_rows(graph_size > 0 && round[static_cast<size_t>(q)] != nullptr
-                                   ? DeepseekModel::kStepRowsOwnTokens
-                                   : rows);
+      // The leader sees every DP rank's batch: it agrees the rows the ranks
+      // pad to for this round, so that no rank all-gathers and reads the
+      // counts. A rank replaying a graph takes its own (padded) count, as
+      // when the graph was recorded.
+      for (int q = 0; q < static_cast<int>(ranks_.size()); ++q)
+        ranks_[static_cast<size_t>(q)].model->set_step_rows(
+            graph_size > 0 && round[static_cast<size_t>(q / attention_tp_)] != nullptr
+                ? DeepseekModel::kStepRowsOwnTokens
+                : rows);
     }
     const std::vector<std::exception_ptr> errors = threads_.run([&](int q) {
       Rank& rank = ranks_[static_cast<size_t>(q)];
       rank.backend->make_current();
-      const Step* step = round[static_cast<size_t>(q)];
+      const size_t d = static_cast<size_t>(q / attention_tp_);
+      const bool writes = q % attention_tp_ == 0;  // the caller's outputs are the DP group's first rank's
+      const Step* step = round[d];
       if (step == nullptr) {
-        if (heads) model(q).forward_mtp_idle();
-        else model(q).forward_idle();
-      } else if (heads) {
-        model(q).draft_head()->forward(*step->batch, *step->head_in, *step->kv, *step->logits, step->hidden);
+        if (heads) rank.model->forward_mtp_idle();
+        else rank.model->forward_idle();
+        return;
+      }
+      KvBuffers& kv = rank_kv(q, *step->kv, heads);
+      if (heads) {
+        // The hidden states are the first rank's: its DP group's others
+        // receive them.
+        const Tensor& in = *step->head_in;
+        Tensor h = writes ? in : scratch(*rank.backend, rank.head_hidden, in.shape());
+        if (rank.attention != nullptr) rank.attention->broadcast(h, 0);
+        Tensor own_logits = writes ? *step->logits : scratch(*rank.backend, rank.logits, step->logits->shape());
+        rank.model->draft_head()->forward(*step->batch, h, kv, own_logits, writes ? step->hidden : nullptr);
       } else if (graph_size > 0) {
-        if (rank.logits.raw() == nullptr)
-          rank.logits = rank.backend->empty({max_batch_, model(q).config().vocab_size}, DType::kF32);
-        Tensor padded_logits = rank.logits.rows(0, graph_size);
-        rank.owner->forward(padded_decode(*step->batch, graph_size), *step->kv, padded_logits, nullptr);
-        rank.backend->copy(rank.logits.rows(0, step->batch->num_tokens()), *step->logits);
+        Tensor padded_logits = scratch(*rank.backend, rank.logits, {graph_size, step->logits->dim(1)});
+        rank.owner->forward(padded[d], kv, padded_logits, nullptr);
+        if (writes) rank.backend->copy(padded_logits.rows(0, step->batch->num_tokens()), *step->logits);
       } else {
-        model(q).forward(*step->batch, *step->kv, *step->logits, step->hidden);
+        Tensor own_logits = writes ? *step->logits : scratch(*rank.backend, rank.logits, step->logits->shape());
+        rank.model->forward(*step->batch, kv, own_logits, writes ? step->hidden : nullptr);
       }
     });
+    // A DP rank's error is its ranks' first; an idle rank's goes to every
+    // DP rank of the round.
     std::exception_ptr idle_error;
-    for (size_t q = 0; q < round.size(); ++q)
-      if (round[q] == nullptr && errors[q] && !idle_error) idle_error = errors[q];
+    std::vector<std::exception_ptr> dp_errors(round.size());
+    for (size_t q = 0; q < errors.size(); ++q) {
+      const size_t d = q / static_cast<size_t>(attention_tp_);
+      if (!errors[q]) continue;
+      if (round[d] == nullptr && !idle_error) idle_error = errors[q];
+      if (round[d] != nullptr && !dp_errors[d]) dp_errors[d] = errors[q];
+    }
     lock.lock();
-    for (size_t q = 0; q < round.size(); ++q) {
-      if (round[q] == nullptr) continue;
-      round[q]->error = errors[q] ? errors[q] : idle_error;
-      round[q]->done = true;
+    for (size_t d = 0; d < round.size(); ++d) {
+      if (round[d] == nullptr) continue;
+      round[d]->error = dp_errors[d] ? dp_errors[d] : idle_error;
+      round[d]->done = true;
     }
     running_ = false;
     changed_.notify_all();
@@ -354,6 +448,8 @@ class Group final : public DataParallelGroup {
 
   RankThreads threads_;  // destroyed after ranks_ (see tensor_parallel.cc)
   std::vector<Rank> ranks_;
+  std::vector<std::unique_ptr<Dp>> dps_;
+  const int attention_tp_;  // ranks per DP group (their heads split over them)
   const std::chrono::microseconds round_wait_;
   const DpMoe moe_;
   const bool dense_tp_;  // the dense MLPs and shared experts split over the ranks (RankRole::dense_tp)
@@ -361,41 +457,43 @@ class Group final : public DataParallelGroup {
   int max_batch_ = 0;     // graphed_: the most sequences a recorded step takes
   std::mutex mu_;  // what follows
   std::condition_variable changed_;
-  std::vector<Step*> waiting_;  // per rank: its step for the next round, or null
+  std::vector<Step*> waiting_;  // per DP rank: its step for the next round, or null
   int num_waiting_ = 0;
   uint64_t arrivals_ = 0;
   std::function<bool(int)> busy_;  // set_activity
   bool running_ = false;
-  bool recorded_ = false;  // graphed_: the graphs are recorded on the ranks' KV handed in last
+  bool recorded_ = false;  // graphed_: the graphs are recorded on the KV the DP ranks handed in last
 };
 
 const ModelConfig& RankView::config() const { return group_.model(rank_).config(); }
 KvBuffers RankView::allocate_kv(int64_t num_slots, DType dtype) const {
-  group_.backend(rank_).make_current();
-  return group_.model(rank_).allocate_kv(num_slots, dtype);
+  return group_.allocate_kv(rank_, num_slots, dtype, false);
 }
-size_t RankView::kv_bytes_per_slot(DType dtype) const { return group_.model(rank_).kv_bytes_per_slot(dtype); }
+size_t RankView::kv_bytes_per_slot(DType dtype) const { return group_.kv_bytes_per_slot(rank_, dtype, false); }
 void RankView::forward(const ForwardBatch& batch, KvBuffers& kv, Tensor& logits, Tensor* hidden) {
   group_.forward(rank_, batch, kv, logits, hidden);
 }
 void RankView::prepare(KvBuffers& kv) { group_.prepare(rank_, kv); }
 DraftHead* RankView::draft_head() { return group_.model(rank_).draft_head() != nullptr ? &head_ : nullptr; }
 KvBuffers RankView::Head::allocate_kv(int64_t num_slots, DType dtype) const {
-  group_.backend(rank_).make_current();
-  return group_.model(rank_).draft_head()->allocate_kv(num_slots, dtype);
+  return group_.allocate_kv(rank_, num_slots, dtype, true);
 }
-size_t RankView::Head::kv_bytes_per_slot(DType dtype) const {
-  return group_.model(rank_).draft_head()->kv_bytes_per_slot(dtype);
-}
+size_t RankView::Head::kv_bytes_per_slot(DType dtype) const { return group_.kv_bytes_per_slot(rank_, dtype, true); }
 void RankView::Head::forward(const ForwardBatch& batch, const Tensor& hidden, KvBuffers& kv, Tensor& logits,
                              Tensor* hidden_out) {
   group_.forward(rank_, batch, kv, logits, hidden_out, &hidden);
 }
 std::string RankView::summary() const {
   const std::string own = group_.model(rank_).summary();
-  return fmt::format("DP attention over {} ranks (this is rank {}), experts by {}, dense MLPs and shared experts {}{}{}",
-                     group_.world(), rank_, group_.moe() == DpMoe::kGather ? "gathering" : "the exchange",
-                     group_.dense_tp() ? "split over the ranks" : "whole on each rank", own.empty() ? "" : "; ", own);
+  const int tp = group_.attention_tp();
+  return fmt::format(
+      "DP attention over {} ranks (this is rank {}{}), experts by {}, dense MLPs and shared experts {}{}{}",
+      group_.world(), rank_,
+      tp > 1 ? fmt::format(", its attention heads over {} ranks", tp) : std::string(),
+      group_.moe() == DpMoe::kGather ? "gathering" : "the exchange",
+      group_.dense_tp() ? fmt::format("split over the {} ranks", group_.world() * tp)
+                        : tp > 1 ? fmt::format("split over its {} ranks", tp) : std::string("whole on each rank"),
+      own.empty() ? "" : "; ", own);
 }
 
 }  // namespace
@@ -405,9 +503,10 @@ std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, in
                                                       const LoadProgress& progress,
                                                       std::chrono::microseconds round_wait, Weights weights,
                                                       const RankGroupFactory& make_group, DpMoe moe,
-                                                      const std::optional<GraphOptions>& graphs, bool dense_tp) {
+                                                      const std::optional<GraphOptions>& graphs, bool dense_tp,
+                                                      int attention_tp) {
   return std::make_unique<Group>(dir, world, make_backend, progress, round_wait, weights, make_group, moe, graphs,
-                                 dense_tp);
+                                 dense_tp, attention_tp);
 }
 
 }  // namespace basalt

@@ -50,6 +50,18 @@
 // reads counts from its device in a step). With `dense_tp` (by gathering
 // only) the dense layers' MLPs and the shared experts are split over the
 // ranks instead of held whole by each (model/model.h's RankRole::dense_tp).
+// With `attention_tp` A > 1 (SGLang's --dp smaller than --tp) the `world`
+// ranks form world / A DP groups of A consecutive ranks: world() is the
+// number of DP groups, each a DP rank with a scheduler of its own, whose
+// batches all A of its ranks run, the attention heads, vocabulary and
+// (without dense_tp) dense and shared MLPs split over them as tensor
+// parallelism splits them, over a communicator of their own
+// (RankRole::attention), the routed experts over every rank as before;
+// each of the A sends its share of the rows to the experts (model/model.h).
+// A DP rank's KV holds each of its ranks' latent cache (the latent is not
+// split by heads), rank after rank (model/rank_buffers.h); backend(d) is its
+// first rank's, which writes the caller's outputs, and an MTP pass
+// broadcasts the caller's hidden states from it to the others.
 // The group outlives the Models it hands out.
 #pragma once
 
@@ -68,6 +80,7 @@ namespace basalt {
 class DataParallelGroup {
  public:
   virtual ~DataParallelGroup() = default;
+  // The DP ranks (each with a scheduler): the ranks / attention_tp.
   virtual int world() const = 0;
   virtual Model& rank(int r) = 0;
   virtual Backend& backend(int r) = 0;
@@ -86,6 +99,6 @@ std::unique_ptr<DataParallelGroup> load_data_parallel(const std::string& dir, in
                                                       const RankGroupFactory& make_group = {},
                                                       DpMoe moe = DpMoe::kExchange,
                                                       const std::optional<GraphOptions>& graphs = std::nullopt,
-                                                      bool dense_tp = false);
+                                                      bool dense_tp = false, int attention_tp = 1);
 
 }  // namespace basalt

@@ -5,7 +5,9 @@
 // a failing batch on one rank that leaves the others' results whole; and the
 // layouts the group refuses. Tokens reach their experts both ways (DpMoe:
 // the exchange, and gathering), and by gathering the dense MLPs and shared
-// experts are whole on each rank or split over the ranks (dense_tp).
+// experts are whole on each rank or split over the ranks (dense_tp). With
+// attention TP (SGLang's --dp below --tp) the ranks form DP groups of 2
+// that split their attention heads, each group one DP rank.
 #include "model/data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -35,11 +37,12 @@ const std::string kModels = std::string(BASALT_TESTDATA) + "/models/";
 
 // Ranks with f32 activations (--dtype float32), for the 1e-4 comparisons
 // with transformers' f32 runs (the default mode: tensor_parallel_test.cc).
+// `world` ranks in DP groups of `attention_tp`.
 std::unique_ptr<DataParallelGroup> load_over(const std::string& name, int world, DpMoe moe = DpMoe::kExchange,
-                                             bool dense_tp = false) {
+                                             bool dense_tp = false, int attention_tp = 1) {
   return load_data_parallel(
       kModels + name, world, [](int) { return make_cpu_backend_with_threads(1, cpu::Bf16Activations::kF32); }, {},
-      std::chrono::microseconds(1000), Weights::kCheckpoint, {}, moe, std::nullopt, dense_tp);
+      std::chrono::microseconds(1000), Weights::kCheckpoint, {}, moe, std::nullopt, dense_tp, attention_tp);
 }
 
 // Runs body(rank) on a thread per rank, at once.
@@ -54,17 +57,20 @@ struct Case {
   int world;
   DpMoe moe = DpMoe::kExchange;
   bool dense_tp = false;
+  int attention_tp = 1;
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.model << " over " << c.world << " ranks" << (c.moe == DpMoe::kGather ? ", experts by gathering" : "")
-      << (c.dense_tp ? ", dense MLPs split" : "");
+      << (c.dense_tp ? ", dense MLPs split" : "")
+      << (c.attention_tp > 1 ? ", DP groups of " + std::to_string(c.attention_tp) : "");
 }
 
 class DataParallelReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DataParallelReference, EveryRankAtOnceMatchesTransformers) {
-  const auto [name, world, moe, dense_tp] = GetParam();
-  auto group = load_over(name, world, moe, dense_tp);
+  const auto [name, ranks, moe, dense_tp, attention_tp] = GetParam();
+  auto group = load_over(name, ranks, moe, dense_tp, attention_tp);
+  const int world = group->world();
   on_every_rank(world, [&](int r) {
     testing::expect_prefill_logits_match_reference(group->rank(r), kModels + name,
                                                    name + " rank " + std::to_string(r) + " of " +
@@ -74,18 +80,19 @@ TEST_P(DataParallelReference, EveryRankAtOnceMatchesTransformers) {
 }
 
 TEST_P(DataParallelReference, OneBusyRankWithTheOthersIdleMatchesTransformersGreedy) {
-  const auto [name, world, moe, dense_tp] = GetParam();
-  auto group = load_over(name, world, moe, dense_tp);
+  const auto [name, ranks, moe, dense_tp, attention_tp] = GetParam();
+  auto group = load_over(name, ranks, moe, dense_tp, attention_tp);
   CpuBackend sampler;
-  testing::expect_greedy_matches_reference(group->rank(world - 1), sampler, kModels + name);
+  testing::expect_greedy_matches_reference(group->rank(group->world() - 1), sampler, kModels + name);
 }
 
 // Each rank generates from its own prompt (the fixture's greedy prompt cut
 // by a different number of tokens), all at once: steps of different
 // lengths meet in the same rounds, and ranks finish at different times.
 TEST_P(DataParallelReference, RanksWithTheirOwnRequestsEqualOneRank) {
-  const auto [name, world, moe, dense_tp] = GetParam();
-  auto group = load_over(name, world, moe, dense_tp);
+  const auto [name, ranks, moe, dense_tp, attention_tp] = GetParam();
+  auto group = load_over(name, ranks, moe, dense_tp, attention_tp);
+  const int world = group->world();
   CpuBackend backend;
   auto one = load_model(kModels + name, backend);
   const nlohmann::json meta = testing::read_json(kModels + name + "/reference.json");
@@ -113,7 +120,8 @@ TEST_P(DataParallelReference, RanksWithTheirOwnRequestsEqualOneRank) {
 // V2-Lite: softmax routing, 8 experts (4 or 2 a rank), 2 shared; V3:
 // grouped sigmoid routing, 16 experts (8 or 4 a rank); both with a dense
 // first layer. Each over the exchange and by gathering (DpMoe), and by
-// gathering with the dense MLPs and shared experts split (dense_tp).
+// gathering with the dense MLPs and shared experts split (dense_tp); and 4
+// ranks in two DP groups of 2 (attention TP) each way.
 INSTANTIATE_TEST_SUITE_P(Families, DataParallelReference,
                          ::testing::Values(Case{"deepseek_v2_lite", 2}, Case{"deepseek_v2_lite", 4},
                                            Case{"deepseek_v3", 2}, Case{"deepseek_v3", 4},
@@ -123,15 +131,22 @@ INSTANTIATE_TEST_SUITE_P(Families, DataParallelReference,
                                            Case{"deepseek_v3", 4, DpMoe::kGather},
                                            Case{"deepseek_v2_lite", 2, DpMoe::kGather, true},
                                            Case{"deepseek_v3", 2, DpMoe::kGather, true},
-                                           Case{"deepseek_v3", 4, DpMoe::kGather, true}),
+                                           Case{"deepseek_v3", 4, DpMoe::kGather, true},
+                                           Case{"deepseek_v2_lite", 4, DpMoe::kExchange, false, 2},
+                                           Case{"deepseek_v3", 4, DpMoe::kExchange, false, 2},
+                                           Case{"deepseek_v3", 4, DpMoe::kGather, false, 2},
+                                           Case{"deepseek_v2_lite", 4, DpMoe::kGather, true, 2},
+                                           Case{"deepseek_v3", 4, DpMoe::kGather, true, 2}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return info.param.model + "_dp" + std::to_string(info.param.world) +
                                   (info.param.moe == DpMoe::kGather ? "_gather" : "") +
-                                  (info.param.dense_tp ? "_dense_tp" : "");
+                                  (info.param.dense_tp ? "_dense_tp" : "") +
+                                  (info.param.attention_tp > 1 ? "_attn_tp" + std::to_string(info.param.attention_tp)
+                                                               : "");
                          });
 
-void a_failing_batch_fails_alone(DpMoe moe, bool dense_tp) {
-  auto group = load_over("deepseek_v3", 2, moe, dense_tp);
+void a_failing_batch_fails_alone(DpMoe moe, bool dense_tp, int attention_tp) {
+  auto group = load_over("deepseek_v3", 2 * attention_tp, moe, dense_tp, attention_tp);
   CpuBackend backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);  // as the ranks
   auto one = load_model(kModels + "deepseek_v3", backend);
   const int64_t vocab = group->rank(0).config().vocab_size;
@@ -169,12 +184,13 @@ void a_failing_batch_fails_alone(DpMoe moe, bool dense_tp) {
 }
 
 TEST(DataParallel, AFailingBatchFailsAloneAndTheGroupGoesOn) {
-  for (const auto& [moe, dense_tp] :
-       {std::pair{DpMoe::kExchange, false}, std::pair{DpMoe::kGather, false}, std::pair{DpMoe::kGather, true}}) {
-    SCOPED_TRACE(std::string(moe == DpMoe::kGather ? "experts by gathering" : "experts by the exchange") +
-                 (dense_tp ? ", dense MLPs split" : ""));
-    a_failing_batch_fails_alone(moe, dense_tp);
-  }
+  for (const int attention_tp : {1, 2})
+    for (const auto& [moe, dense_tp] :
+         {std::pair{DpMoe::kExchange, false}, std::pair{DpMoe::kGather, false}, std::pair{DpMoe::kGather, true}}) {
+      SCOPED_TRACE(std::string(moe == DpMoe::kGather ? "experts by gathering" : "experts by the exchange") +
+                   (dense_tp ? ", dense MLPs split" : "") + ", DP groups of " + std::to_string(attention_tp));
+      a_failing_batch_fails_alone(moe, dense_tp, attention_tp);
+    }
 }
 
 // DP ranks by gathering without the group: each rank's model agrees the
@@ -314,8 +330,9 @@ TEST(DataParallel, TheGroupAgreesTheRowsSoNoRankGathersCounts) {
 // tokens are one model's, alone. A new engine on one rank turns the graphs
 // off (its old ones point at the old KV) until every rank has a new one,
 // when all record afresh. With the dense MLPs split too, whose layers every
-// rank, idle or not, takes part in.
-void graphed_ranks_replay_decode_rounds(bool dense_tp) {
+// rank, idle or not, takes part in; and with two ranks to a DP rank
+// (attention TP), whose graphs hold the collectives of their DP group too.
+void graphed_ranks_replay_decode_rounds(bool dense_tp, int attention_tp) {
   const std::string dir = kModels + "deepseek_v3";
   const RankGroupFactory recordable = [](std::span<Backend* const> backends) {
     std::vector<std::unique_ptr<Communicator>> out;
@@ -323,11 +340,13 @@ void graphed_ranks_replay_decode_rounds(bool dense_tp) {
       out.push_back(std::make_unique<testing::RecordableCommunicator>(std::move(c)));
     return out;
   };
-  const int world = 2;
+  const int world = 2;  // DP ranks
   auto group = load_data_parallel(
-      dir, world, [](int) { return std::make_unique<testing::ReplayingCpuBackend>(cpu::Bf16Activations::kF32, 1); },
-      {}, std::chrono::microseconds(1000), Weights::kCheckpoint, recordable, DpMoe::kGather,
-      GraphOptions{.max_batch = 8}, dense_tp);
+      dir, world * attention_tp,
+      [](int) { return std::make_unique<testing::ReplayingCpuBackend>(cpu::Bf16Activations::kF32, 1); }, {},
+      std::chrono::microseconds(1000), Weights::kCheckpoint, recordable, DpMoe::kGather, GraphOptions{.max_batch = 8},
+      dense_tp, attention_tp);
+  ASSERT_EQ(group->world(), world);
   CpuBackend one_backend(&ThreadPool::global(), cpu::Bf16Activations::kF32);
   auto one = load_model(dir, one_backend);
   // Rank 0 gets 5 requests, rank 1 two: its rounds pad to rank 0's batch,
@@ -392,9 +411,10 @@ void graphed_ranks_replay_decode_rounds(bool dense_tp) {
 }
 
 TEST(DataParallel, GraphedRanksReplayDecodeRoundsAndGiveOneModelsTokens) {
-  for (const bool dense_tp : {false, true}) {
-    SCOPED_TRACE(dense_tp ? "dense MLPs split" : "dense MLPs whole");
-    graphed_ranks_replay_decode_rounds(dense_tp);
+  for (const auto& [dense_tp, attention_tp] : {std::pair{false, 1}, std::pair{true, 1}, std::pair{true, 2}}) {
+    SCOPED_TRACE(std::string(dense_tp ? "dense MLPs split" : "dense MLPs whole") + ", DP groups of " +
+                 std::to_string(attention_tp));
+    graphed_ranks_replay_decode_rounds(dense_tp, attention_tp);
   }
 }
 
@@ -439,8 +459,22 @@ TEST(DataParallel, EachRankHoldsItsOwnLatentCacheAndMtpLayer) {
   EXPECT_NE(load_over("deepseek_v3", 2, DpMoe::kGather, true)
                 ->rank(1)
                 .summary()
-                .find("experts by gathering, dense MLPs and shared experts split over the ranks"),
+                .find("experts by gathering, dense MLPs and shared experts split over the 2 ranks"),
             std::string::npos);
+  // DP groups of 2: a DP rank's KV is each of its ranks' latent cache.
+  auto groups = load_over("deepseek_v3", 4, DpMoe::kExchange, false, 2);
+  ASSERT_EQ(groups->world(), 2);
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(groups->rank(d).kv_bytes_per_slot(DType::kF32), 2 * one->kv_bytes_per_slot(DType::kF32));
+    EXPECT_EQ(groups->rank(d).draft_head()->kv_bytes_per_slot(DType::kF32),
+              2 * one->draft_head()->kv_bytes_per_slot(DType::kF32));
+    EXPECT_EQ(groups->rank(d).allocate_kv(8).k.size(), 2 * static_cast<size_t>(one->config().num_layers));
+  }
+  EXPECT_NE(groups->rank(1).summary().find("DP attention over 2 ranks (this is rank 1, its attention heads over 2 "
+                                           "ranks), experts by the exchange, dense MLPs and shared experts split "
+                                           "over its 2 ranks"),
+            std::string::npos)
+      << groups->rank(1).summary();
 }
 
 // The MTP layer over DP-attention ranks, against transformers' MTP logits:
@@ -454,16 +488,19 @@ TEST(DataParallel, MtpHeadOnEachRankMatchesTransformers) {
   const Tensor ids = ref.tensor("mtp.ids"), next = ref.tensor("mtp.next_ids"), want = ref.tensor("mtp.logits");
   const int64_t n = ids.numel();
   struct Layout {
-    int world;
+    int ranks;
     DpMoe moe;
     bool dense_tp;
+    int attention_tp = 1;
   };
-  for (const auto& [world, moe, dense_tp] :
+  for (const auto& [ranks, moe, dense_tp, attention_tp] :
        {Layout{2, DpMoe::kExchange, false}, Layout{4, DpMoe::kExchange, false}, Layout{2, DpMoe::kGather, false},
-        Layout{4, DpMoe::kGather, false}, Layout{2, DpMoe::kGather, true}, Layout{4, DpMoe::kGather, true}}) {
-    SCOPED_TRACE("over " + std::to_string(world) + " ranks" + (moe == DpMoe::kGather ? ", by gathering" : "") +
-                 (dense_tp ? ", dense MLPs split" : ""));
-    auto group = load_over("deepseek_v3", world, moe, dense_tp);
+        Layout{4, DpMoe::kGather, false}, Layout{2, DpMoe::kGather, true}, Layout{4, DpMoe::kGather, true},
+        Layout{4, DpMoe::kExchange, false, 2}, Layout{4, DpMoe::kGather, true, 2}}) {
+    SCOPED_TRACE("over " + std::to_string(ranks) + " ranks" + (moe == DpMoe::kGather ? ", by gathering" : "") +
+                 (dense_tp ? ", dense MLPs split" : "") + ", DP groups of " + std::to_string(attention_tp));
+    auto group = load_over("deepseek_v3", ranks, moe, dense_tp, attention_tp);
+    const int world = group->world();
     const int64_t H = group->rank(0).config().hidden_size, V = group->rank(0).config().vocab_size;
     const auto run_rank = [&](int r, int extra_steps) {
       Model& model = group->rank(r);
@@ -513,6 +550,18 @@ TEST(DataParallel, ALayoutItCannotRunIsRefusedNamingWhy) {
     FAIL() << "dense MLPs split over the ranks with the exchange loaded";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("need the experts reached by gathering"), std::string::npos) << e.what();
+  }
+  try {
+    load_over("deepseek_v3", 4, DpMoe::kExchange, false, 3);
+    FAIL() << "4 ranks in DP groups of 3 loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4 ranks do not make DP groups of 3"), std::string::npos) << e.what();
+  }
+  try {
+    load_over("deepseek_v3", 8, DpMoe::kExchange, false, 8);  // 4 heads
+    FAIL() << "4 heads split over 8 ranks loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_attention_heads"), std::string::npos) << e.what();
   }
 }
 

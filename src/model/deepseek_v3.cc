@@ -67,7 +67,7 @@ class DeepseekModelImpl final : public DeepseekModel {
       : config_(config),
         dir_(ckpt.dir()),
         backend_(backend),
-        tp_(role.dp_attention ? nullptr : role.group),
+        tp_(role.dp_attention ? role.attention : role.group),
         ep_(role.group),
         dp_attention_(role.dp_attention && role.group != nullptr),
         dp_gather_(dp_attention_ && role.dp_moe == DpMoe::kGather),
@@ -78,6 +78,8 @@ class DeepseekModelImpl final : public DeepseekModel {
     BASALT_CHECK(!role.dense_tp || dp_gather_,
                  "{}: dense layers split over the ranks under DP attention need the experts reached by gathering "
                  "(DpMoe::kGather; --dp-moe gather)", dir_);
+    BASALT_CHECK(role.attention == nullptr || dp_attention_,
+                 "{}: an attention group is DP attention's (RankRole::attention)", dir_);
     plan_shards();
     if (world_ == 1) {
       embed_tokens_ = plain(ckpt, "model.embed_tokens.weight", {c.vocab_size, H});
@@ -167,8 +169,8 @@ class DeepseekModelImpl final : public DeepseekModel {
       exchanges_done_ = 0;
       rows_agreed_ = false;
       try {
-        if (dp_gather_) agree_gather_rows(batch.num_tokens());
-        run(on_backend(batch, backend_), kv, logits, hidden);
+        if (dp_gather_) agree_gather_rows(share_size(batch.num_tokens()));
+        run(on_backend(vocab_local(batch), backend_), kv, logits, hidden);
       } catch (...) {
         if (dp_gather_ && !rows_agreed_) agree_gather_rows(0);
         exchange_idle(exchanges_done_);
@@ -181,9 +183,36 @@ class DeepseekModelImpl final : public DeepseekModel {
       return;
     }
     BASALT_CHECK(batch.num_tokens() > 0, "forward: empty batch");
+    run(on_backend(vocab_local(batch), backend_), kv, logits, hidden);
+  }
+
+  // The batch with its token ids mapped to this rank's rows of the
+  // vocabulary where the embedding is split (tp::local_vocab_ids, on the
+  // host: a chained draft's ids come from the device); the batch itself
+  // with one rank.
+  ForwardBatch vocab_local(const ForwardBatch& batch) {
+    if (world_ == 1) return batch;
     ForwardBatch local = batch;
-    local.token_ids = tp::local_vocab_ids(batch.token_ids, vocab_begin_, vocab_local_, config_.vocab_size);
-    run(on_backend(local, backend_), kv, logits, hidden);
+    Tensor ids = batch.token_ids;
+    if (ids.device() != Device::kCpu) {
+      Tensor host = Tensor::empty(ids.shape(), ids.dtype());
+      backend_.copy(ids, host);
+      ids = host;
+    }
+    local.token_ids = tp::local_vocab_ids(ids, vocab_begin_, vocab_local_, config_.vocab_size);
+    return local;
+  }
+
+  // DP attention with its heads split over the DP group (RankRole::attention,
+  // world_ > 1): the group's ranks hold the same T rows, and each sends only
+  // its share to the experts, rows [rank_ * S, rank_ * S + count) with S =
+  // share_size(T) = ceil(T / world_) (count may be less at the end, or 0).
+  bool shares_rows() const { return dp_attention_ && world_ > 1; }
+  int64_t share_size(int64_t T) const { return shares_rows() ? (T + world_ - 1) / world_ : T; }
+  std::pair<int64_t, int64_t> share(int64_t T) const {
+    if (!shares_rows()) return {0, T};
+    const int64_t S = share_size(T), begin = std::min(T, rank_ * S);
+    return {begin, std::min(S, T - begin)};
   }
 
   void forward_idle() override {
@@ -200,6 +229,7 @@ class DeepseekModelImpl final : public DeepseekModel {
 
   void reserve_step_rows(int64_t rows) override {
     reserve_step_constants(dense_tp_ ? ep_world_ * rows : rows, 0);
+    if (dp_attention_) zero_rows(rows);
   }
 
   void set_step_rows(int64_t rows) override {
@@ -241,8 +271,8 @@ class DeepseekModelImpl final : public DeepseekModel {
       exchanges_done_ = 0;
       rows_agreed_ = false;
       try {
-        if (dp_gather_) agree_gather_rows(host_batch.num_tokens());
-        run_mtp(on_backend(host_batch, backend_), hidden, kv, logits, hidden_out);
+        if (dp_gather_) agree_gather_rows(share_size(host_batch.num_tokens()));
+        run_mtp(on_backend(vocab_local(host_batch), backend_), hidden, kv, logits, hidden_out);
       } catch (...) {
         if (dp_gather_ && !rows_agreed_) agree_gather_rows(0);
         if (exchanges_done_ == 0 && exchanges(mtp_->layer)) exchange_idle_layer(mtp_->layer);
@@ -250,19 +280,7 @@ class DeepseekModelImpl final : public DeepseekModel {
       }
       return;
     }
-    ForwardBatch local = host_batch;
-    if (world_ > 1) {
-      // Vocabulary-parallel embedding, as in forward(): the ids on the host
-      // (a chained draft's come from the device), mapped to this rank's rows.
-      Tensor ids = host_batch.token_ids;
-      if (ids.device() != Device::kCpu) {
-        Tensor host = Tensor::empty(ids.shape(), ids.dtype());
-        backend_.copy(ids, host);
-        ids = host;
-      }
-      local.token_ids = tp::local_vocab_ids(ids, vocab_begin_, vocab_local_, config_.vocab_size);
-    }
-    run_mtp(on_backend(local, backend_), hidden, kv, logits, hidden_out);
+    run_mtp(on_backend(vocab_local(host_batch), backend_), hidden, kv, logits, hidden_out);
   }
 
   // The MTP layer on a batch on this backend (token ids this rank's rows of
@@ -513,25 +531,46 @@ class DeepseekModelImpl final : public DeepseekModel {
 
   void feed_forward(const Layer& w, const Tensor& hidden, const Steps& steps, Tensor& out) {
     Backend& b = backend_;
-    if (!w.moe) {
-      if (dense_tp_) {
-        gather_to_dense(hidden, w, &out);
-        return;
-      }
+    if (!w.moe && !dense_tp_) {
       b.moe_experts(hidden, steps.first_expert, steps.unit_weight, std::span(&w.dense, 1), out);
       if (tp_ != nullptr) tp_->all_reduce(out);
       return;
     }
     const int64_t T = hidden.dim(0);
-    if (dp_gather_) {
-      gather_to_experts(hidden, w, &out);
+    if (dp_attention_) {
+      // This rank's rows, or its share of its DP group's (shares_rows), to
+      // the experts or (dense_tp_) the gathered dense MLP; the rows of the
+      // other shares are zero here, and the all-reduce over the DP group
+      // below adds the shares together.
+      const auto [begin, count] = share(T);
+      if (begin > 0) {
+        Tensor before = out.rows(0, begin);
+        b.copy(zero_rows(begin), before);
+      }
+      if (begin + count < T) {
+        Tensor after = out.rows(begin + count, T - begin - count);
+        b.copy(zero_rows(T - begin - count), after);
+      }
+      if (count == 0) {
+        exchange_idle_layer(w);
+      } else {
+        const Tensor x = hidden.rows(begin, count);
+        Tensor part = out.rows(begin, count);
+        if (!w.moe) {
+          gather_to_dense(x, w, &part);
+        } else if (dp_gather_) {
+          gather_to_experts(x, w, &part);
+        } else {
+          Tensor ids, weights;
+          route(x, w, ids, weights);
+          exchange_with_experts(x, ids, weights, w.experts, &part);
+        }
+      }
     } else {
       Tensor ids, weights;
       route(hidden, w, ids, weights);
       if (ep_world_ == 1) {
         b.moe_experts(hidden, ids, weights, w.experts, out);
-      } else if (dp_attention_) {
-        exchange_with_experts(hidden, ids, weights, w.experts, &out);
       } else {
         // Expert parallelism over tokens every rank has (after the
         // attention's all-reduce): this rank's experts on the pairs routed
@@ -539,12 +578,23 @@ class DeepseekModelImpl final : public DeepseekModel {
         b.moe_experts(hidden, ids, weights, w.experts, out, expert_begin_);
       }
     }
-    if (w.has_shared && !dense_tp_) {  // with dense_tp_ the gathering ran this rank's slice
+    if (w.moe && w.has_shared && !dense_tp_) {  // with dense_tp_ the gathering ran this rank's slice
       Tensor shared = b.empty({T, config_.hidden_size}, DType::kF32);
       b.moe_experts(hidden, steps.first_expert, steps.unit_weight, std::span(&w.shared, 1), shared);
       b.add(out, shared, out);
     }
-    if (tp_ != nullptr) tp_->all_reduce(out);  // every rank's experts and shared slice
+    if (tp_ != nullptr) tp_->all_reduce(out);  // every rank's experts and shared slice, or shares
+  }
+
+  // `rows` zero rows f32 [rows, hidden] on the backend, from a buffer kept
+  // across steps (grown when short; a replaced one is kept, as the step
+  // constants are, since graphs recorded earlier still read it).
+  Tensor zero_rows(int64_t rows) {
+    if (!gather_zeros_.raw() || gather_zeros_.dim(0) < rows) {
+      retired_step_constants_.push_back(gather_zeros_);
+      gather_zeros_ = to_backend(Tensor::zeros({std::max<int64_t>(rows, 64), config_.hidden_size}, DType::kF32));
+    }
+    return gather_zeros_.rows(0, rows);
   }
 
   // The router's choices for x's rows: ids i32 and weights f32 [rows, top_k].
@@ -564,7 +614,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   // agrees with 0.
   void agree_gather_rows(int64_t tokens) {
     if (preset_rows_ != -1) {  // set_step_rows: agreed by the caller
-      gather_rows_ = preset_rows_ == kStepRowsOwnTokens ? tokens : preset_rows_;
+      gather_rows_ = preset_rows_ == kStepRowsOwnTokens ? tokens : share_size(preset_rows_);
       rows_agreed_ = true;
       BASALT_CHECK(tokens <= gather_rows_, "DP attention: {} rows against the step's agreed {}", tokens,
                    gather_rows_);
@@ -602,10 +652,8 @@ class DeepseekModelImpl final : public DeepseekModel {
       b.copy(x, head);
     }
     if (T < R) {
-      if (!gather_zeros_.raw() || gather_zeros_.dim(0) < R - T)
-        gather_zeros_ = to_backend(Tensor::zeros({std::max<int64_t>(R, 64), H}, DType::kF32));
       Tensor tail = mine.rows(T, R - T);
-      b.copy(gather_zeros_.rows(0, R - T), tail);
+      b.copy(zero_rows(R - T), tail);
     }
     Tensor all = b.empty({n * R, H}, DType::kF32);
     ep_->all_gather(mine, all);
@@ -830,9 +878,11 @@ class DeepseekModelImpl final : public DeepseekModel {
   // (r+1)*E/N) run on the tokens routed to them (expert parallelism over
   // tokens every rank has), one all-reduce for the whole feed-forward;
   // vocabulary rows of the embedding and lm_head (model/tp_shard.h). FP8
-  // weights split only at whole 128x128 blocks. Under DP attention (no
-  // tensor-parallel group) a rank holds everything but the routed experts,
-  // which split as above over the group.
+  // weights split only at whole 128x128 blocks. Under DP attention a rank
+  // holds everything but the routed experts, which split as above over the
+  // group; with an attention group (RankRole::attention) the heads, the
+  // vocabulary and (without dense_tp_) the dense and shared MLPs split over
+  // it as above.
   void plan_shards() {
     const ModelConfig& c = config_;
     const DeepseekConfig& d = c.deepseek;
@@ -1027,7 +1077,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   ModelConfig config_;
   std::string dir_;
   Backend& backend_;
-  Communicator* tp_ = nullptr;  // the tensor-parallel group; null: one rank, or DP attention
+  Communicator* tp_ = nullptr;  // the tensor-parallel group (DP attention's: RankRole::attention); null: one rank
   Communicator* ep_ = nullptr;  // the group the routed experts are split over (tp_, or DP attention's)
   bool dp_attention_ = false;
   int64_t world_ = 1, rank_ = 0;        // tensor parallelism's
@@ -1039,7 +1089,7 @@ class DeepseekModelImpl final : public DeepseekModel {
   bool rows_agreed_ = false;            // kGather: agree_gather_rows ran in this forward
   int64_t gather_rows_ = 0;             // kGather: the rows each rank pads to in this forward
   int64_t preset_rows_ = -1;            // kGather: set_step_rows' value, or -1 (agree in each forward)
-  Tensor gather_zeros_;                 // kGather: zero rows for the padding
+  Tensor gather_zeros_;                 // DP attention: zero rows (zero_rows)
   int64_t heads_ = 0;                         // this rank's query heads
   int64_t vocab_begin_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows
   int64_t expert_begin_ = 0, experts_local_ = 0;  // this rank's routed experts

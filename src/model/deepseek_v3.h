@@ -90,7 +90,14 @@
 //    reduce-scatter (no collective of its own); a dense layer gathers,
 //    runs its slice and reduce-scatters the same way, so ranks without
 //    tokens take part in dense layers too. A rank then holds 1/N of those
-//    weights, and a decode step reads 1/N of them.
+//    weights, and a decode step reads 1/N of them. With an attention group
+//    (RankRole::attention, A ranks of one DP group sharing its batch) the
+//    heads, vocabulary and, without dense_tp, the dense and shared MLPs
+//    split over those A as tensor parallelism splits them (all-reduced over
+//    the A), the latent cache on each; before each exchange or gathering,
+//    each of the A takes its share of the rows (ceil(T / A) a rank, in rank
+//    order), so no expert sees a row twice, the other rows of its output
+//    zero, and the feed-forward's all-reduce over the A puts them together.
 #pragma once
 
 #include <memory>

@@ -92,6 +92,16 @@ using LoadProgress = std::function<void(uint64_t, uint64_t)>;
 // gathered rows of every rank, and the same reduce-scatter sums them: a
 // shared expert costs no collective of its own, a dense layer one gather
 // and one reduce-scatter, and a rank holds and reads 1/N of those weights.
+// attention (DP attention only; null: none): the ranks that share this
+// rank's batch, its DP group, over which the attention heads, the
+// vocabulary and (without dense_tp) the dense and shared MLPs are split as
+// under tensor parallelism (SGLang's --dp smaller than --tp: attention TP
+// of tp/dp ranks inside each DP group); `group` is then every rank of every
+// DP group, over which the routed experts are split. Each rank of a DP
+// group sends only its share of the group's rows to the experts (rows
+// [a*S, (a+1)*S) of the group's T, S = ceil(T / A), for its place a of the
+// A), and the feed-forward's all-reduce over `attention` puts the shares
+// back together, so no expert computes a row twice.
 class Communicator;
 enum class DpMoe : uint8_t { kExchange, kGather };
 struct RankRole {
@@ -99,6 +109,7 @@ struct RankRole {
   bool dp_attention = false;
   DpMoe dp_moe = DpMoe::kExchange;
   bool dense_tp = false;
+  Communicator* attention = nullptr;
 };
 // Where the weights come from: the checkpoint's files, or random values in
 // the config's shapes (Checkpoint::random: benchmarks at full shape without
