@@ -50,9 +50,12 @@ std::string group_name(const DeploymentSpec& spec) { return spec.name + "-group"
 bool spans_nodes(const DeploymentSpec& spec) { return spec.resources.nodes > 1; }
 
 // LeaderWorkerSet's API (leaderworkerset.x-k8s.io/v1): the label on a
-// group's pods with their index in it (0: the leader), and the variables it
-// sets in every container (the leader's address, the pod's index).
+// group's pods with their index in it (0: the leader), the label with a key
+// of the group's own (the same on its pods, another on each group's), and
+// the variables it sets in every container (the leader's address, the
+// pod's index).
 const char* const kWorkerIndexLabel = "leaderworkerset.sigs.k8s.io/worker-index";
+const char* const kGroupKeyLabel = "leaderworkerset.sigs.k8s.io/group-key";
 const char* const kLwsApiVersion = "leaderworkerset.x-k8s.io/v1";
 
 // What an engine pod is: a replica on its own, or a replica's leader (the
@@ -122,14 +125,25 @@ void add_region_affinity(const DeploymentSpec& spec, Json& pod_spec) {
   if (spec.regions.empty()) return;
   Json values = Json::array();
   for (const std::string& region : spec.regions) values.push_back(region);
-  pod_spec["affinity"] = {
-      {"nodeAffinity",
-       {{"requiredDuringSchedulingIgnoredDuringExecution",
-         {{"nodeSelectorTerms",
-           Json::array(
-               {{{"matchExpressions", Json::array({{{"key", "topology.kubernetes.io/region"},
-                                                    {"operator", "In"},
-                                                    {"values", values}}})}}})}}}}}};
+  pod_spec["affinity"]["nodeAffinity"] = {
+      {"requiredDuringSchedulingIgnoredDuringExecution",
+       {{"nodeSelectorTerms",
+         Json::array({{{"matchExpressions", Json::array({{{"key", "topology.kubernetes.io/region"},
+                                                           {"operator", "In"},
+                                                           {"values", values}}})}}})}}}};
+}
+
+// A group's pods (leader and workers) in one zone: each requires a pod of
+// its own group (matchLabelKeys adds the pod's group key to the selector;
+// Kubernetes 1.29+, on by default from 1.31) in its zone. The group's first
+// pod matches itself, so it goes wherever its resources are, and the others
+// follow it: their collectives then stay off the links between zones.
+void add_group_zone_affinity(const DeploymentSpec& spec, Json& pod_spec) {
+  pod_spec["affinity"]["podAffinity"] = {
+      {"requiredDuringSchedulingIgnoredDuringExecution",
+       Json::array({{{"labelSelector", {{"matchLabels", labels(spec, "engine")}}},
+                     {"matchLabelKeys", Json::array({kGroupKeyLabel})},
+                     {"topologyKey", "topology.kubernetes.io/zone"}}})}};
 }
 
 Json pre_stop_sleep() {
@@ -234,7 +248,7 @@ Json engine_pod(const DeploymentSpec& spec, double drain, EngineRole role) {
   pod["containers"] = Json::array({container});
   pod["volumes"] = volumes;
   // Replicas (their leaders) spread over zones; a group's workers go where
-  // the scheduler finds their GPUs.
+  // the scheduler finds their GPUs in their leader's zone.
   if (role != EngineRole::kWorker) {
     pod["topologySpreadConstraints"] = zone_spread(spec, "engine");
     if (role == EngineRole::kLeader)
@@ -247,6 +261,7 @@ Json engine_pod(const DeploymentSpec& spec, double drain, EngineRole role) {
         Json::array({{{"key", kGpuResource}, {"operator", "Exists"}, {"effect", "NoSchedule"}}});
   }
   add_region_affinity(spec, pod);
+  if (role != EngineRole::kAlone) add_group_zone_affinity(spec, pod);
   return pod;
 }
 

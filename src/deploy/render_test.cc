@@ -366,6 +366,15 @@ TEST(DeployRender, AReplicaOverSeveralNodesIsALeaderWorkerSet) {
   EXPECT_EQ(group["leaderTemplate"]["spec"]["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"]
                 ["leaderworkerset.sigs.k8s.io/worker-index"],
             "0");
+  // A group's pods stay in one zone: each requires one of its own group's
+  // (the group key added to the selector by matchLabelKeys) in its zone.
+  const Json& together = group["leaderTemplate"]["spec"]["affinity"]["podAffinity"]
+                              ["requiredDuringSchedulingIgnoredDuringExecution"];
+  ASSERT_EQ(together.size(), 1u) << together;
+  EXPECT_EQ(together[0]["matchLabelKeys"], Json::array({"leaderworkerset.sigs.k8s.io/group-key"}));
+  EXPECT_EQ(together[0]["topologyKey"], "topology.kubernetes.io/zone");
+  EXPECT_EQ(together[0]["labelSelector"]["matchLabels"]["app.kubernetes.io/component"], "engine");
+  EXPECT_TRUE(group["leaderTemplate"]["spec"]["affinity"].contains("nodeAffinity"));  // the regions' too
   // A worker serves nothing: no ports, probes or preStop; the same GPUs,
   // volumes, placement and grace as its leader.
   for (const char* key : {"ports", "startupProbe", "readinessProbe", "livenessProbe", "lifecycle"})

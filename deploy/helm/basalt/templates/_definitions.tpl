@@ -74,13 +74,21 @@ topologySpreadConstraints:
     labelSelector:
       matchLabels:
         {{- include "basalt.labels" . | nindent 8 }}
-{{- include "basalt.regionAffinity" .root }}
+{{- include "basalt.affinity" (dict "root" .root "group" false) }}
 {{- end }}
 
-{{/* With regions, only their nodes; called with $. */}}
-{{- define "basalt.regionAffinity" -}}
-{{- with .Values.regions }}
+{{/*
+With regions, only their nodes; with "group" true (the pods of a replica
+over several nodes), each in the zone of a pod of its own group
+(matchLabelKeys adds the pod's group key to the selector), so the group's
+first pod goes where its resources are and the others follow it. Called with
+dict "root" $ "group" BOOL.
+*/}}
+{{- define "basalt.affinity" -}}
+{{- $root := .root -}}
+{{- if or $root.Values.regions .group }}
 affinity:
+  {{- with $root.Values.regions }}
   nodeAffinity:
     requiredDuringSchedulingIgnoredDuringExecution:
       nodeSelectorTerms:
@@ -91,6 +99,17 @@ affinity:
                 {{- range . }}
                 - {{ . | quote }}
                 {{- end }}
+  {{- end }}
+  {{- if .group }}
+  podAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      - labelSelector:
+          matchLabels:
+            {{- include "basalt.labels" (dict "root" $root "component" "engine") | nindent 12 }}
+        matchLabelKeys:
+          - leaderworkerset.sigs.k8s.io/group-key
+        topologyKey: topology.kubernetes.io/zone
+  {{- end }}
 {{- end }}
 {{- end }}
 
@@ -276,7 +295,7 @@ spec:
           leaderworkerset.sigs.k8s.io/worker-index: "0"
           {{- end }}
   {{- end }}
-  {{- include "basalt.regionAffinity" $root | nindent 2 }}
+  {{- include "basalt.affinity" (dict "root" $root "group" (ne $role "alone")) | nindent 2 }}
   {{- if gt $gpuCount 0 }}
   {{- with $gpu.product }}
   nodeSelector:
