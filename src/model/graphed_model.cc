@@ -11,11 +11,17 @@
 
 namespace basalt {
 
-// The recorded sizes: 1, 2, 4, 8, then every multiple of 8 up to max_batch.
+// The recorded sizes: 1, 2, 4, 5, 8, then every multiple of 8 up to
+// max_batch. 5 is a size of its own because the GPU's skinny GEMV computes
+// up to 5 rows each row as a one-row call does and 6 or more on the tensor
+// cores (backend/cuda/gemv_kernels.h, kGemvDefaultRowExactRows): a batch of
+// 5 padded to 8 would take the other kernel and round otherwise than the
+// same batch launched directly.
 int graph_padded_size(int64_t t, int max_batch) {
   if (t <= 1) return 1;
   if (t <= 2) return 2;
   if (t <= 4) return 4;
+  if (t == 5) return static_cast<int>(std::min<int64_t>(5, max_batch));
   const int64_t up = (t + 7) / 8 * 8;
   return static_cast<int>(std::min<int64_t>(up, max_batch));
 }

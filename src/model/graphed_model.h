@@ -72,7 +72,7 @@ struct GraphOptions {
 };
 
 // The count of sequences a recorded batch of `sequences` is padded to: 1,
-// 2, 4, 8, then the next multiple of 8 (at most max_batch).
+// 2, 4, 5, 8, then the next multiple of 8 (at most max_batch).
 int graph_padded_size(int64_t sequences, int max_batch);
 
 std::unique_ptr<Model> make_graphed_model(std::unique_ptr<Model> model, Backend& backend,
