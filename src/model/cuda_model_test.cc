@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/gemv_kernels.h"
 #include "model/graphed_model.h"
 #include "model/model.h"
 #include "testing/reference_test_util.h"
@@ -119,6 +120,16 @@ TEST(CudaEngine, ACrowdOnTheGpuMatchesTheCpuEngine) {
   }
   // f32 GEMMs on both sides: near-ties aside, the same tokens.
   EXPECT_GE(same, 10) << "of 12 requests";
+}
+
+// A graphed batch of up to kGemvDefaultRowExactRows sequences is padded to
+// no more than that: the GEMV computes such rows each as a one-row call
+// does and more on the tensor cores, so padding across that line would
+// round a replayed step otherwise than the same step launched directly
+// (graph_padded_size's recorded sizes follow the line by hand).
+TEST(CudaGraphs, PaddingNeverCrossesTheGemvsExactRows) {
+  for (int64_t t = 1; t <= cuda_kernels::kGemvDefaultRowExactRows; ++t)
+    EXPECT_LE(graph_padded_size(t, 256), cuda_kernels::kGemvDefaultRowExactRows) << t << " sequences";
 }
 
 // Decode steps replayed from CUDA graphs give the tokens the directly
