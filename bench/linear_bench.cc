@@ -235,6 +235,8 @@ void print_table(const std::vector<Row>& rows) {
   fmt::print(
       "\nGB/s counts weight bytes read (int8/int4: codes and f16 scales per 32 columns).\n"
       "int8amx / int8vec: the same call with Intel's AMX kernel and with the vector kernel.\n"
+      "int8il / int8rows: the same call with the rows interleaved (what loading does here) and\n"
+      "row by row.\n"
       "'of BW' is the time to merely stream the same number\n"
       "of bytes (all threads, measured in turns with the op) over the op's time: the share of\n"
       "the decode ceiling reached. 'vs sgemm' is OpenBLAS time / our time on the same shape\n"
@@ -273,8 +275,13 @@ int run(bool quick, const std::string& only) {
       const bool ints = format.starts_with("int");
       const Tensor& w = format == "bf16" ? w16 : format == "f16" ? wf16 : w32;
       const std::vector<Tensor> weights = ints ? std::vector<Tensor>{} : weight_copies(w);
-      const std::vector<LinearWeight> int_weights = ints ? int_weight_copies(w32, format == "int8" ? 8 : 4)
+      // The integer weights as a model load leaves them (prepared by the
+      // backend: rows interleaved where that pays here), and row by row.
+      const std::vector<LinearWeight> row_weights = ints ? int_weight_copies(w32, format == "int8" ? 8 : 4)
                                                          : std::vector<LinearWeight>{};
+      std::vector<LinearWeight> int_weights = row_weights;
+      for (LinearWeight& c : int_weights) backend.prepare_int_weight(c);
+      const bool rows_row = ints && int_weights[0].int_layout.rows_interleaved;
       const size_t bytes = ints ? int_weights[0].weight.nbytes() + int_weights[0].scales.nbytes() : weights[0].nbytes();
       for (int64_t tokens : {int64_t{1}, int64_t{64}}) {
         Tensor x = Tensor::empty({tokens, s.in}, DType::kF32);
@@ -286,6 +293,8 @@ int run(bool quick, const std::string& only) {
         const bool amx_row = ints && tokens > 4 && cpu::linear_int_amx_available();
         if (ints) {
           fns.push_back([&](int rep) { backend.linear_int(x, int_weights[rep % int_weights.size()], nullptr, out); });
+          if (rows_row)
+            fns.push_back([&](int rep) { backend.linear_int(x, row_weights[rep % row_weights.size()], nullptr, out); });
           if (amx_row)
             fns.push_back([&](int rep) {
               cpu::linear_int_allow_amx(false);
@@ -319,14 +328,15 @@ int run(bool quick, const std::string& only) {
         const auto make_row = [&](const std::string& label, double s_ours) {
           Row row{s.what, tokens, label, s_ours, static_cast<double>(bytes) / s_ours / 1e9, flops / s_ours / 1e9};
           row.read_s = seconds.back();
-          const size_t blas_at = amx_row ? 2 : 1;
+          const size_t blas_at = 1 + (amx_row ? 1 : 0) + (rows_row ? 1 : 0);
           if (seconds.size() > blas_at + 1) {
             row.blas_s = seconds[blas_at];
             row.blas_gflops = flops / row.blas_s / 1e9;
           }
           return row;
         };
-        rows.push_back(make_row(amx_row ? format + "amx" : format, seconds[0]));
+        rows.push_back(make_row(amx_row ? format + "amx" : rows_row ? format + "il" : format, seconds[0]));
+        if (rows_row) rows.push_back(make_row(format + "rows", seconds[1]));
         if (amx_row) rows.push_back(make_row(format + "vec", seconds[1]));
         fmt::print(stderr, "  measured {} T={} {}\n", s.what, tokens, format);
       }

@@ -527,6 +527,14 @@ void Backend::linear_int(const Tensor& x, const LinearWeight& w, const Tensor* b
   linear_int_impl(x, w, bias, out);
 }
 
+void Backend::prepare_int_weight(LinearWeight& w) {
+  if (!w.int_quantized()) return;
+  const OpCheck c(*this, "prepare_int_weight");
+  c.tensor(w.weight, "w", bit(DType::kI8) | bit(DType::kU8), 2);
+  c.linear_weight(w, "w", w.weight.dim(0), w.int_layout.in_features);
+  prepare_int_weight_impl(w);
+}
+
 void Backend::linear_int_impl(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out) {
   (void)x, (void)w, (void)bias, (void)out;
   fail("linear_int: the {} backend has no integer-weight kernels (int8/int4 checkpoints run on the CPU backend)",

@@ -390,6 +390,14 @@ class Backend {
   // of 32 columns). x f32 [T, K]; out f32 [T, N]; bias f32/bf16/f16 [N] or
   // null. Host backends only (supports(kLinearInt)).
   void linear_int(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out);
+  // Lets the backend keep an integer-format weight in a layout its kernels
+  // read faster (the CPU backend interleaves the codes' rows where its
+  // vector kernel takes them so, core/int_weights.h): w's codes may be
+  // replaced by a new tensor, never written, and its products keep their
+  // bits. Model loaders call it once per weight, after the weight is on this
+  // backend. Other weights, and backends without such a layout, are left as
+  // they are.
+  void prepare_int_weight(LinearWeight& w);
   // Chooses experts per token from router logits f32 [T, E]. Scores are
   // softmax(logits) or sigmoid(logits); selection uses scores + bias (bias f32
   // [E], sigmoid only, may be null). With num_groups > 1 each group is ranked
@@ -489,6 +497,7 @@ class Backend {
                                      Tensor& out) = 0;
   // Not pure: backends without integer kernels leave it (supports says so).
   virtual void linear_int_impl(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out);
+  virtual void prepare_int_weight_impl(LinearWeight& w) { (void)w; }
   virtual void moe_route_impl(const Tensor& logits, const Tensor* bias,
                               const MoeRouteParams& params, Tensor& ids, Tensor& weights) = 0;
   virtual void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,

@@ -550,6 +550,20 @@ void linear_int_case(Harness& h, int64_t tokens, int64_t in, int64_t outs, int b
   reference::linear_int(x, w, bias ? &b : nullptr, want);
   h.backend().linear_int(h.up(x), h.up(w), bias ? &db : nullptr, out);
   h.same("out", out, want);
+  // As a model load leaves the weight (in the backend's own layout where it
+  // keeps one): the same bits, and the reference agrees on that layout.
+  LinearWeight prepared = h.up(w);
+  const Tensor codes_before = prepared.weight;
+  h.backend().prepare_int_weight(prepared);
+  if (prepared.int_layout.rows_interleaved) {
+    EXPECT_NE(prepared.weight.raw(), codes_before.raw()) << "the codes were rewritten in place";
+    Tensor want_interleaved = Tensor::empty({tokens, outs}, DType::kF32);
+    reference::linear_int(x, prepared, bias ? &b : nullptr, want_interleaved);
+    h.same("reference over interleaved rows", want_interleaved, want);
+  }
+  Tensor out_prepared = h.out({tokens, outs});
+  h.backend().linear_int(h.up(x), prepared, bias ? &db : nullptr, out_prepared);
+  h.same("out, weight prepared", out_prepared, want);
   // Against the weights' dequantized values: only the activations' rounding apart.
   Tensor deq = Tensor::empty({outs, in}, DType::kF32);
   for (int64_t n = 0; n < outs; ++n)

@@ -103,6 +103,7 @@ class ForwardingBackend : public Backend {
   void linear_int_impl(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out) override {
     inner_.linear_int(x, w, bias, out);
   }
+  void prepare_int_weight_impl(LinearWeight& w) override { inner_.prepare_int_weight(w); }
   void moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                       Tensor& ids, Tensor& weights) override {
     inner_.moe_route(logits, bias, params, ids, weights);

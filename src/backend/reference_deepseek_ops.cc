@@ -75,9 +75,12 @@ std::vector<float> int_row(const float* x, const LinearWeight& w) {
   std::vector<float> scales(static_cast<size_t>(l.blocks()));
   quantize_int_activations(x, l.in_features, codes.data(), scales.data());
   std::vector<float> out(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n)
-    out[n] = int_dot_reference(l, codes.data(), scales.data(), w.weight.data<const uint8_t>() + n * l.code_columns(),
-                               w.scales.data<const uint16_t>() + n * l.scale_columns());
+  std::vector<uint8_t> row(static_cast<size_t>(l.code_columns()));
+  std::vector<uint16_t> row_scales(static_cast<size_t>(l.scale_columns()));
+  for (int64_t n = 0; n < N; ++n) {
+    int_row(l, N, w.weight.raw(), w.scales.data<const uint16_t>(), n, row.data(), row_scales.data());
+    out[n] = int_dot_reference(l, codes.data(), scales.data(), row.data(), row_scales.data());
+  }
   return out;
 }
 
@@ -98,9 +101,16 @@ void linear_int(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tens
 }
 
 float load_weight(const LinearWeight& w, int64_t n, int64_t k) {
-  if (w.int_quantized())
-    return dequantize_int(w.int_layout, w.weight.data<const uint8_t>() + n * w.int_layout.code_columns(),
-                          w.scales.data<const uint16_t>() + n * w.int_layout.scale_columns(), k);
+  if (w.int_quantized()) {
+    const IntWeightLayout& l = w.int_layout;
+    if (!l.rows_interleaved)
+      return dequantize_int(l, w.weight.data<const uint8_t>() + n * l.code_columns(),
+                            w.scales.data<const uint16_t>() + n * l.scale_columns(), k);
+    std::vector<uint8_t> row(static_cast<size_t>(l.code_columns()));
+    std::vector<uint16_t> row_scales(static_cast<size_t>(l.scale_columns()));
+    int_row(l, w.weight.dim(0), w.weight.raw(), w.scales.data<const uint16_t>(), n, row.data(), row_scales.data());
+    return dequantize_int(l, row.data(), row_scales.data(), k);
+  }
   const int64_t K = w.weight.dim(1);
   const float v = load_f32(w.weight, n * K + k);
   if (!w.block_fp8()) return v;

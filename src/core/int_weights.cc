@@ -77,6 +77,64 @@ float dequantize_int(const IntWeightLayout& l, const void* codes, const uint16_t
   return static_cast<float>(int_code(l, codes, k)) * f16_to_f32(scales[k / l.group]);
 }
 
+namespace {
+
+// Byte offset of byte `byte` of row n's codes in an interleaved tensor.
+int64_t interleaved_code_offset(const IntWeightLayout& l, int64_t rows, int64_t n, int64_t byte) {
+  const int64_t cols = l.code_columns(), full = rows / kIntInterleaveRows * kIntInterleaveRows;
+  if (n >= full) return n * cols + byte;
+  const int64_t block_bytes = cols / l.blocks(), b = byte / block_bytes, in_block = byte % block_bytes;
+  return (n - n % kIntInterleaveRows) * cols + b * kIntInterleaveRows * block_bytes + (in_block / 4) * 32 +
+         (n % kIntInterleaveRows) * 4 + in_block % 4;
+}
+
+// Index of row n's scale column c in an interleaved tensor.
+int64_t interleaved_scale_index(const IntWeightLayout& l, int64_t rows, int64_t n, int64_t c) {
+  const int64_t cols = l.scale_columns(), full = rows / kIntInterleaveRows * kIntInterleaveRows;
+  if (n >= full) return n * cols + c;
+  return (n - n % kIntInterleaveRows) * cols + c * kIntInterleaveRows + n % kIntInterleaveRows;
+}
+
+}  // namespace
+
+void interleave_int_rows(const IntWeightLayout& l, int64_t rows, const void* codes, const uint16_t* scales,
+                         void* codes_out, uint16_t* scales_out) {
+  const int64_t cols = l.code_columns(), blocks = l.blocks(), block_bytes = cols / blocks;
+  const int64_t scale_cols = l.scale_columns();
+  const int64_t full = rows / kIntInterleaveRows * kIntInterleaveRows;
+  const auto* src = static_cast<const uint8_t*>(codes);
+  auto* dst = static_cast<uint8_t*>(codes_out);
+  for (int64_t n0 = 0; n0 < full; n0 += kIntInterleaveRows) {
+    uint8_t* group = dst + n0 * cols;
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t q = 0; q < block_bytes / 4; ++q)
+        for (int64_t i = 0; i < kIntInterleaveRows; ++i)
+          std::memcpy(group + b * kIntInterleaveRows * block_bytes + q * 32 + i * 4,
+                      src + (n0 + i) * cols + b * block_bytes + q * 4, 4);
+    for (int64_t c = 0; c < scale_cols; ++c)
+      for (int64_t i = 0; i < kIntInterleaveRows; ++i)
+        scales_out[n0 * scale_cols + c * kIntInterleaveRows + i] = scales[(n0 + i) * scale_cols + c];
+  }
+  std::memcpy(dst + full * cols, src + full * cols, static_cast<size_t>((rows - full) * cols));
+  std::memcpy(scales_out + full * scale_cols, scales + full * scale_cols,
+              static_cast<size_t>((rows - full) * scale_cols) * sizeof(uint16_t));
+}
+
+void int_row(const IntWeightLayout& l, int64_t rows, const void* codes, const uint16_t* scales, int64_t n,
+             void* codes_out, uint16_t* scales_out) {
+  const int64_t cols = l.code_columns(), scale_cols = l.scale_columns();
+  const auto* src = static_cast<const uint8_t*>(codes);
+  auto* dst = static_cast<uint8_t*>(codes_out);
+  if (!l.rows_interleaved) {
+    std::memcpy(dst, src + n * cols, static_cast<size_t>(cols));
+    std::memcpy(scales_out, scales + n * scale_cols, static_cast<size_t>(scale_cols) * sizeof(uint16_t));
+    return;
+  }
+  for (int64_t byte = 0; byte < cols; byte += 4)  // block bytes (32 or 16) are whole words
+    std::memcpy(dst + byte, src + interleaved_code_offset(l, rows, n, byte), 4);
+  for (int64_t c = 0; c < scale_cols; ++c) scales_out[c] = scales[interleaved_scale_index(l, rows, n, c)];
+}
+
 void quantize_int_activations(const float* x, int64_t K, int8_t* codes, float* block_scales) {
   const int64_t blocks = (K + kIntBlock - 1) / kIntBlock;
   for (int64_t b = 0; b < blocks; ++b) {

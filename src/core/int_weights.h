@@ -32,6 +32,22 @@
 // (Intel's AMX) gives, and a vector kernel gets them by summing the rows'
 // 32-bit lanes across, so every kernel reproduces them; the result is the
 // same for any token count, thread count or kernel (batch invariance).
+//
+// Rows interleaved (IntWeightLayout::rows_interleaved; a backend's own
+// layout, never a checkpoint's): the codes tensor keeps its shape and bytes,
+// but each full group of kIntInterleaveRows = 8 rows [8g, 8g + 8) is stored
+// block by block instead of row by row. Block b of group g takes the 8 *
+// block bytes at 8g * code_columns + 8b * block bytes, and holds each
+// 4-byte word q of the eight rows' block b side by side: its byte 32q + 4i +
+// j is byte 4q + j of row 8g + i's block b. So 32 bytes hold one word of
+// eight rows, and a multiply-add of bytes into 32-bit lanes against one
+// broadcast word of the activations leaves each row's share in a lane of
+// its own, with no sum across lanes. The scales [N, scale_columns] are
+// interleaved alike: group g's 8 * scale_columns scales (at 8g *
+// scale_columns) hold, for each scale column c in order, that column of the
+// eight rows (scale 8c + i is row 8g + i's column c), so one 16-byte load
+// gives a block's eight row scales. The last N mod 8 rows stay row by row
+// after the groups, codes and scales.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +61,7 @@ struct IntWeightLayout {
   int bits = 0;             // 8 or 4; 0: not an integer format
   int64_t group = 0;        // input columns per scale (a multiple of 32, or in_features)
   int64_t in_features = 0;  // K
+  bool rows_interleaved = false;  // codes in groups of 8 rows (above)
 
   int64_t blocks() const { return (in_features + kIntBlock - 1) / kIntBlock; }
   // Columns of the codes tensor: bytes per row.
@@ -68,6 +85,19 @@ float dequantize_int(const IntWeightLayout& layout, const void* codes, const uin
 
 // The code of column k of a quantized row.
 int int_code(const IntWeightLayout& layout, const void* codes, int64_t k);
+
+inline constexpr int64_t kIntInterleaveRows = 8;
+
+// codes [rows, code_columns] and scales [rows, scale_columns] row by row
+// to codes_out and scales_out (the same sizes, not overlapping the inputs)
+// with rows interleaved, as described above.
+void interleave_int_rows(const IntWeightLayout& layout, int64_t rows, const void* codes, const uint16_t* scales,
+                         void* codes_out, uint16_t* scales_out);
+
+// Row n's codes (code_columns() bytes) and scales (scale_columns()) out of
+// tensors of `rows` rows in the layout's order, interleaved or not.
+void int_row(const IntWeightLayout& layout, int64_t rows, const void* codes, const uint16_t* scales, int64_t n,
+             void* codes_out, uint16_t* scales_out);
 
 // Quantizes one row of K activations into codes [blocks * 32] (zero-padded)
 // and per-block scales [blocks], as the product above defines.

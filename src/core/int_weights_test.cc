@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -171,6 +172,51 @@ TEST(IntWeights, TheProductSumsWholeBlocksInOrder) {
   double exact = 0;
   for (int k = 0; k < 64; ++k) exact += static_cast<double>(x[k]) * w[k];
   EXPECT_NEAR(got, exact, 0.02 * std::fabs(exact) + 0.05);
+}
+
+// Interleaving keeps every row's codes and scales: whole groups of 8 rows
+// block by block, word by word (scales column by column), the rest row by
+// row after them (the order is spelled out in core/int_weights.h and
+// checked here at one place each).
+TEST(IntWeights, InterleavedRowsKeepEveryRowsCodesAndScales) {
+  std::mt19937 rng(7);
+  for (const int bits : {8, 4}) {
+    for (const int64_t rows : {int64_t{3}, int64_t{8}, int64_t{13}, int64_t{24}}) {
+      IntWeightLayout l{bits, 64, 100};  // 4 blocks, the last partial; 2 scale columns
+      const int64_t cols = l.code_columns(), scale_cols = l.scale_columns(), block_bytes = cols / l.blocks();
+      std::vector<uint8_t> codes(static_cast<size_t>(rows * cols)), out(codes.size(), 0xee);
+      std::vector<uint16_t> scales(static_cast<size_t>(rows * scale_cols)), scales_out(scales.size(), 0xeeee);
+      for (uint8_t& c : codes) c = static_cast<uint8_t>(rng());
+      for (uint16_t& c : scales) c = static_cast<uint16_t>(rng());
+      interleave_int_rows(l, rows, codes.data(), scales.data(), out.data(), scales_out.data());
+      if (rows >= 8) {
+        // Row 5's word 1 of block 2: word 1 of group 0's block 2, fifth place.
+        EXPECT_EQ(0, std::memcmp(out.data() + 2 * 8 * block_bytes + 32 + 5 * 4,
+                                 codes.data() + 5 * cols + 2 * block_bytes + 4, 4));
+        // Row 5's scale column 1: column 1 of group 0, fifth place.
+        EXPECT_EQ(scales_out[8 + 5], scales[5 * scale_cols + 1]);
+      }
+      // The rows past the last whole group are where they were.
+      const int64_t full = rows / 8 * 8;
+      EXPECT_EQ(0, std::memcmp(out.data() + full * cols, codes.data() + full * cols,
+                               static_cast<size_t>((rows - full) * cols)));
+      l.rows_interleaved = true;
+      std::vector<uint8_t> row(static_cast<size_t>(cols));
+      std::vector<uint16_t> row_scales(static_cast<size_t>(scale_cols));
+      for (int64_t n = 0; n < rows; ++n) {
+        int_row(l, rows, out.data(), scales_out.data(), n, row.data(), row_scales.data());
+        EXPECT_EQ(0, std::memcmp(row.data(), codes.data() + n * cols, static_cast<size_t>(cols)))
+            << "int" << bits << " row " << n << " of " << rows;
+        EXPECT_EQ(0, std::memcmp(row_scales.data(), scales.data() + n * scale_cols,
+                                 static_cast<size_t>(scale_cols) * sizeof(uint16_t)))
+            << "int" << bits << " row " << n << " of " << rows;
+      }
+      l.rows_interleaved = false;
+      int_row(l, rows, codes.data(), scales.data(), rows - 1, row.data(), row_scales.data());
+      EXPECT_EQ(0, std::memcmp(row.data(), codes.data() + (rows - 1) * cols, static_cast<size_t>(cols)));
+      EXPECT_EQ(row_scales[1], scales[(rows - 1) * scale_cols + 1]);
+    }
+  }
 }
 
 }  // namespace

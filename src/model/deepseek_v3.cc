@@ -979,6 +979,7 @@ class DeepseekModelImpl final : public DeepseekModel {
                    dir_, w.int_layout.bits, backend_.name());
       d.scales = to_backend(w.scales);
       d.int_layout = w.int_layout;
+      backend_.prepare_int_weight(d);
     }
     return d;
   }

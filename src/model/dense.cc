@@ -369,6 +369,7 @@ class DenseModel final : public Model {
                  host.int_layout.bits, backend_.name());
     host.weight = to_backend(host.weight);
     host.scales = to_backend(host.scales);
+    backend_.prepare_int_weight(host);
     return host;
   }
   // Integer-format weights of one layout stacked by rows (fused q/k/v, gate/up).

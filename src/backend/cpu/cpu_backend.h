@@ -86,6 +86,7 @@ class CpuBackend : public Backend {
   void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,
                              Tensor& out) override;
   void linear_int_impl(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out) override;
+  void prepare_int_weight_impl(LinearWeight& w) override;
   void moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                       Tensor& ids, Tensor& weights) override;
   void moe_experts_impl(const Tensor& x, const Tensor& ids, const Tensor& weights,

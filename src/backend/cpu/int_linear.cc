@@ -293,6 +293,90 @@ void group8(const uint8_t* w, int64_t stride, const float* wscales, const TokenT
   for (int t = 0; t < kTokens; ++t) _mm256_storeu_ps(acc_io + 8 * t, acc[t]);
 }
 
+// Four activation codes as one 32-bit word (for a broadcast).
+inline int32_t code_word(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// group8 over interleaved rows (core/int_weights.h): a 32-byte load holds
+// one 4-byte word of each of the eight rows, so byte products summed into
+// 32-bit lanes against that word of a token's activations, broadcast, add
+// to each row's own lane, and after a block's words the lanes are the rows'
+// exact block sums, with no sum across lanes. int8 takes a block as eight
+// loads; int4 as four, each unpacked to its low nibbles (columns 4q ..
+// 4q + 3, against activation word q) and high ones (16 + 4q .., word 4 + q).
+// The eight rows' scales of a block are one 16-byte load too. w and sc are
+// the group's first code and scale; a scale column covers blocks_per_scale
+// blocks; acc_io as in group8.
+template <int kBits, int kTokens>
+void interleaved_group8(const uint8_t* w, const uint16_t* sc, int64_t blocks_per_scale, const TokenTile& x,
+                        int64_t b0, int64_t b1, float* acc_io) {
+  constexpr int64_t kGroupBlockBytes = kIntInterleaveRows * block_bytes(kBits);
+  const int64_t blocks = x.blocks;
+  __m256 acc[kTokens];
+  for (int t = 0; t < kTokens; ++t) acc[t] = _mm256_loadu_ps(acc_io + 8 * t);
+#if !defined(BASALT_INT_DPBUSD256)
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* wb = w + b * kGroupBlockBytes;
+    const int8_t* xc[kTokens];
+    __m256i p[kTokens];
+    for (int t = 0; t < kTokens; ++t) {
+      xc[t] = x.codes + (t * blocks + b) * kIntBlock;
+      p[t] = _mm256_setzero_si256();
+    }
+    if constexpr (kBits == 8) {
+      for (int q = 0; q < 8; ++q) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * q));
+#if defined(BASALT_INT_DPBUSD256)
+        const __m256i u = _mm256_xor_si256(wv, _mm256_set1_epi8(static_cast<char>(0x80)));
+        for (int t = 0; t < kTokens; ++t)
+          p[t] = BASALT_INT_DPBUSD256(p[t], u, _mm256_set1_epi32(code_word(xc[t] + 4 * q)));
+#else
+        const __m256i magnitude = _mm256_sign_epi8(wv, wv);
+        for (int t = 0; t < kTokens; ++t) {
+          const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(code_word(xc[t] + 4 * q)), wv);
+          p[t] = _mm256_add_epi32(p[t], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
+        }
+#endif
+      }
+    } else {
+      const __m256i low = _mm256_set1_epi8(0x0f);
+      for (int q = 0; q < 4; ++q) {
+        const __m256i z = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * q));
+        const __m256i lo = _mm256_and_si256(z, low), hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), low);
+        for (int t = 0; t < kTokens; ++t) {
+          const __m256i xl = _mm256_set1_epi32(code_word(xc[t] + 4 * q));
+          const __m256i xh = _mm256_set1_epi32(code_word(xc[t] + 16 + 4 * q));
+#if defined(BASALT_INT_DPBUSD256)
+          p[t] = BASALT_INT_DPBUSD256(BASALT_INT_DPBUSD256(p[t], lo, xl), hi, xh);
+#else
+          p[t] = _mm256_add_epi32(p[t], _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), ones),
+                                                         _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), ones)));
+#endif
+        }
+      }
+    }
+    const uint16_t* bs = sc + (blocks_per_scale == 1 ? b : b / blocks_per_scale) * kIntInterleaveRows;
+#if defined(__F16C__)
+    const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs)));
+#else
+    const __m256 ws = _mm256_setr_ps(f16_to_f32(bs[0]), f16_to_f32(bs[1]), f16_to_f32(bs[2]), f16_to_f32(bs[3]),
+                                     f16_to_f32(bs[4]), f16_to_f32(bs[5]), f16_to_f32(bs[6]), f16_to_f32(bs[7]));
+#endif
+    for (int t = 0; t < kTokens; ++t) {
+      const int64_t xb = t * blocks + b;
+      __m256i e = p[t];
+      if constexpr (kSumShift<kBits> >= 0) e = _mm256_sub_epi32(e, _mm256_set1_epi32(x.sums[xb] << kSumShift<kBits>));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(e), _mm256_mul_ps(_mm256_set1_ps(x.scales[xb]), ws), acc[t]);
+    }
+  }
+  for (int t = 0; t < kTokens; ++t) _mm256_storeu_ps(acc_io + 8 * t, acc[t]);
+}
+
 #if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 #define BASALT_INT_LINEAR_512 1
 
@@ -645,6 +729,32 @@ void amx_rows16(const int8_t* a, int64_t a_stride, const float* wscales, const A
 
 void linear_int_allow_amx(bool allow) { amx_allowed.store(allow); }
 
+bool linear_int_interleave_pays() {
+#if !defined(__AVX2__)
+  return false;
+#else
+#if defined(BASALT_INT_LINEAR_512)
+  if (intel_cores()) return false;
+#endif
+  return !linear_int_amx_available();
+#endif
+}
+
+void interleave_int_weight(ThreadPool& pool, const IntWeightLayout& l, int64_t rows, const void* codes,
+                           const uint16_t* scales, void* codes_out, uint16_t* scales_out) {
+  const int64_t cols = l.code_columns(), scale_cols = l.scale_columns(), groups = rows / kIntInterleaveRows;
+  const auto* src = static_cast<const uint8_t*>(codes);
+  auto* dst = static_cast<uint8_t*>(codes_out);
+  // A run of whole groups is a weight of whole groups of its own; the rows
+  // after the last group go with the last run.
+  pool.parallel_for(groups, [&](int64_t g0, int64_t g1) {
+    const int64_t n0 = g0 * kIntInterleaveRows, n1 = g1 == groups ? rows : g1 * kIntInterleaveRows;
+    interleave_int_rows(l, n1 - n0, src + n0 * cols, scales + n0 * scale_cols, dst + n0 * cols,
+                        scales_out + n0 * scale_cols);
+  });
+  if (groups == 0) interleave_int_rows(l, rows, codes, scales, codes_out, scales_out);
+}
+
 bool linear_int_amx_available() {
 #if defined(BASALT_INT_LINEAR_AMX)
   return amx_usable();
@@ -719,6 +829,17 @@ void run_group_any(int64_t nt, bool prefetch, const uint8_t* w, int64_t stride, 
   }
 }
 
+template <int kBits>
+void run_interleaved_any(int64_t nt, const uint8_t* w, const uint16_t* sc, int64_t blocks_per_scale,
+                         const TokenTile& x, int64_t b0, int64_t b1, float* acc) {
+  switch (nt) {
+    case 1: interleaved_group8<kBits, 1>(w, sc, blocks_per_scale, x, b0, b1, acc); break;
+    case 2: interleaved_group8<kBits, 2>(w, sc, blocks_per_scale, x, b0, b1, acc); break;
+    case 3: interleaved_group8<kBits, 3>(w, sc, blocks_per_scale, x, b0, b1, acc); break;
+    default: interleaved_group8<kBits, 4>(w, sc, blocks_per_scale, x, b0, b1, acc); break;
+  }
+}
+
 // Weight rows n0 .. n1 for every token, a group of kRows rows at a time.
 template <int kBits, int kRows>
 void rows_vector(const IntWeightLayout& l, const QuantizedRows& q, int64_t tokens, const uint8_t* codes,
@@ -730,6 +851,8 @@ void rows_vector(const IntWeightLayout& l, const QuantizedRows& q, int64_t token
   s.acc.resize(static_cast<size_t>(tokens * kRows));
   const bool prefetch = intel_cores();
   const int64_t pass = blocks_per_pass(kBits, kRows, tokens, blocks);
+  // Blocks a scale column covers (a group of whole blocks, or the whole row).
+  const int64_t blocks_per_scale = l.group % kIntBlock == 0 ? l.group / kIntBlock : blocks;
   for (int64_t n = n0; n < n1; n += kRows) {
     const int64_t valid = std::min<int64_t>(kRows, n1 - n);
     const uint8_t* w = codes + n * code_cols;
@@ -741,24 +864,34 @@ void rows_vector(const IntWeightLayout& l, const QuantizedRows& q, int64_t token
       const char* next = reinterpret_cast<const char*>(sc + kRows * scale_cols);
       for (int64_t k = 0; k < kRows * scale_cols * 2; k += 64) _mm_prefetch(next + k, _MM_HINT_T0);
     }
+    // Interleaved rows come in whole groups of 8 but for the last N mod 8,
+    // which are row by row; their scales are in lane order already.
+    const bool interleaved = kRows == kIntInterleaveRows && l.rows_interleaved && valid == kRows;
     if (valid < kRows) {  // a last, partial group: zero rows after the real ones
       pad_group(kRows, valid, code_cols, scale_cols, s, w, sc);
     }
-    block_scales_f32(l, sc, scale_cols, kRows, s.block_scales.data());
-    const float* ws = s.block_scales.data();
+    const float* ws = nullptr;
+    if (!interleaved) {
+      block_scales_f32(l, sc, scale_cols, kRows, s.block_scales.data());
+      ws = s.block_scales.data();
 #if defined(BASALT_INT_LINEAR_512)
-    if constexpr (kRows == 16) transpose_scales16(ws, blocks, s.lane_scales.data());
+      if constexpr (kRows == 16) transpose_scales16(ws, blocks, s.lane_scales.data());
 #endif
-    if constexpr (kRows == 8) transpose_scales8(ws, blocks, s.lane_scales.data());
-    ws = s.lane_scales.data();
+      if constexpr (kRows == 8) transpose_scales8(ws, blocks, s.lane_scales.data());
+      ws = s.lane_scales.data();
+    }
     std::fill(s.acc.begin(), s.acc.end(), 0.0f);
     for (int64_t b0 = 0; b0 < blocks; b0 += pass) {
       const int64_t b1 = std::min(blocks, b0 + pass);
       for (int64_t t0 = 0; t0 < tokens; t0 += kTokenTile) {
         const TokenTile x{q.codes.data() + t0 * blocks * kIntBlock, q.scales.data() + t0 * blocks,
                           q.sums.data() + t0 * blocks, blocks};
-        run_group_any<kBits, kRows>(std::min(kTokenTile, tokens - t0), prefetch, w, code_cols, ws, x, b0, b1,
-                                    s.acc.data() + t0 * kRows);
+        const int64_t nt = std::min(kTokenTile, tokens - t0);
+        if (interleaved) {
+          run_interleaved_any<kBits>(nt, w, sc, blocks_per_scale, x, b0, b1, s.acc.data() + t0 * kRows);
+        } else {
+          run_group_any<kBits, kRows>(nt, prefetch, w, code_cols, ws, x, b0, b1, s.acc.data() + t0 * kRows);
+        }
       }
     }
     for (int64_t t = 0; t < tokens; ++t)
@@ -846,7 +979,7 @@ void linear_int_f32(ThreadPool& pool, const float* x, int64_t tokens, const IntW
   const int64_t row_grain = (std::max<int64_t>(16, balanced_grain(pool, outs)) + 15) / 16 * 16;
 
 #if defined(BASALT_INT_LINEAR_AMX)
-  if (tokens > kTokenTile && amx_allowed.load(std::memory_order_relaxed) && amx_usable()) {
+  if (!l.rows_interleaved && tokens > kTokenTile && amx_allowed.load(std::memory_order_relaxed) && amx_usable()) {
     AmxTokens& a = amx_tokens();
     const int64_t groups = (tokens + kAmxTokens - 1) / kAmxTokens;
     a.tiles.resize(static_cast<size_t>(groups * blocks * kAmxTileBytes));
@@ -872,7 +1005,7 @@ void linear_int_f32(ThreadPool& pool, const float* x, int64_t tokens, const IntW
   dynamic_for(pool, outs, row_grain, [&](int64_t n0, int64_t n1) {
 #if defined(__AVX2__)
 #if defined(BASALT_INT_LINEAR_512)
-    if (intel_cores()) {
+    if (intel_cores() && !l.rows_interleaved) {
       if (l.bits == 8) {
         rows_vector<8, 16>(l, q, tokens, w, scales, n0, n1, outs, bias, out);
       } else {
@@ -887,12 +1020,15 @@ void linear_int_f32(ThreadPool& pool, const float* x, int64_t tokens, const IntW
       rows_vector<4, 8>(l, q, tokens, w, scales, n0, n1, outs, bias, out);
     }
 #else  // no AVX2: the scalar definition
-    for (int64_t t = 0; t < tokens; ++t)
-      for (int64_t n = n0; n < n1; ++n)
+    std::vector<uint8_t> row(static_cast<size_t>(l.code_columns()));
+    std::vector<uint16_t> row_scales(static_cast<size_t>(l.scale_columns()));
+    for (int64_t n = n0; n < n1; ++n) {
+      int_row(l, outs, w, scales, n, row.data(), row_scales.data());
+      for (int64_t t = 0; t < tokens; ++t)
         out[t * outs + n] = int_dot_reference(l, q.codes.data() + t * blocks * kIntBlock,
-                                              q.scales.data() + t * blocks, w + n * l.code_columns(),
-                                              scales + n * l.scale_columns()) +
+                                              q.scales.data() + t * blocks, row.data(), row_scales.data()) +
                             (bias != nullptr ? bias[n] : 0.0f);
+    }
 #endif
   });
 }

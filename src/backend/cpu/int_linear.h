@@ -16,7 +16,10 @@
 // 32 columns byte products summed into 32-bit lanes (AVX2 maddubs + madd,
 // or VNNI dpbusd), the lanes then summed across to each row's exact block
 // sum, and one f32 multiply-add per row and block; the group's codes are
-// read once for every token row. Larger calls on a CPU with AMX (where
+// read once for every token row. Over interleaved rows (core/int_weights.h,
+// which CpuBackend::prepare_int_weight makes where it pays) a register
+// holds a word of each of 8 rows, so the lanes are the rows' sums with no
+// sum across them: that kernel takes calls of every size there. Larger calls on a CPU with AMX (where
 // Linux grants it) multiply tiles of 16 weight rows by 16 token rows, which
 // gives the block sums directly. int8 on VNNI multiplies code + 128 and
 // int4 its stored nibbles (code + 8) as unsigned bytes and subtract the
@@ -34,6 +37,20 @@ namespace basalt::cpu {
 
 void linear_int_f32(ThreadPool& pool, const float* x, int64_t tokens, const IntWeightLayout& layout,
                     const void* codes, const uint16_t* scales, int64_t outs, const float* bias, float* out);
+
+// Whether this build and machine read interleaved rows (core/int_weights.h)
+// faster than rows one after another: where the decode kernel takes groups
+// of 8 rows (AVX2 builds, and AVX-512 builds on AMD's cores, where the
+// 512-bit kernel is not taken) and no AMX kernel takes the larger calls (it
+// reads rows in place). Every kernel takes either layout and gives the same
+// bits; this is only about speed.
+bool linear_int_interleave_pays();
+
+// A weight's codes and scales row by row to codes_out and scales_out,
+// interleaved (core/int_weights.h's interleave_int_rows), the groups spread
+// over the pool.
+void interleave_int_weight(ThreadPool& pool, const IntWeightLayout& layout, int64_t rows, const void* codes,
+                           const uint16_t* scales, void* codes_out, uint16_t* scales_out);
 
 // Whether this build and machine can take the AMX kernel (compiled for it,
 // the CPU has AMX-INT8, and Linux granted the tile state).

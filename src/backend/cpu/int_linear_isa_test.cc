@@ -4,10 +4,12 @@
 // AVX2 with AVX-VNNI, the 256-bit dpbusd path; without AVX2, the scalar
 // path; and the build's own flags, where AMX and the 512-bit path are
 // compiled), whatever the machine's own -march. Each must give the bits of
-// core/int_weights.h's definition, with the AMX kernel allowed and not.
+// core/int_weights.h's definition, with the AMX kernel allowed and not, and
+// with the rows interleaved and not.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -70,6 +72,21 @@ TEST(IntLinearIsa, GivesTheDefinitionsBits) {
         for (float& v : bias) v = normal(rng);
         std::vector<float> out(static_cast<size_t>(s.tokens * s.outs));
         linear_int_f32(pool, x.data(), s.tokens, l, codes.data(), scales.data(), s.outs, bias.data(), out.data());
+        // The same weights interleaved (whole groups of 8 rows, then the rest
+        // row by row) must give the same bits.
+        IntWeightLayout li = l;
+        li.rows_interleaved = true;
+        std::vector<uint8_t> interleaved(codes.size());
+        std::vector<uint16_t> interleaved_scales(scales.size());
+        interleave_int_weight(pool, l, s.outs, codes.data(), scales.data(), interleaved.data(),
+                              interleaved_scales.data());
+        std::vector<float> out_il(out.size());
+        linear_int_f32(pool, x.data(), s.tokens, li, interleaved.data(), interleaved_scales.data(), s.outs,
+                       bias.data(), out_il.data());
+        int64_t differing_il = 0;
+        for (size_t i = 0; i < out.size(); ++i) differing_il += std::memcmp(&out[i], &out_il[i], sizeof(float)) != 0;
+        EXPECT_EQ(differing_il, 0) << "interleaved int" << bits << " tokens " << s.tokens << " outs " << s.outs
+                                   << " in " << s.in;
         std::vector<int8_t> xc(static_cast<size_t>(l.blocks() * kIntBlock));
         std::vector<float> xs(static_cast<size_t>(l.blocks()));
         int64_t differing = 0;

@@ -39,6 +39,19 @@ void CpuBackend::linear_int_impl(const Tensor& x, const LinearWeight& w, const T
                       w.scales.data<const uint16_t>(), w.weight.dim(0), bias ? b.data() : nullptr, out.data<float>());
 }
 
+// Interleaved where this machine's kernel reads rows faster so; the codes
+// from the checkpoint's pages are read once here and not kept.
+void CpuBackend::prepare_int_weight_impl(LinearWeight& w) {
+  if (w.int_layout.rows_interleaved || !cpu::linear_int_interleave_pays()) return;
+  Tensor codes = Tensor::empty(w.weight.shape(), w.weight.dtype());
+  Tensor scales = Tensor::empty(w.scales.shape(), w.scales.dtype());
+  cpu::interleave_int_weight(*pool_, w.int_layout, w.weight.dim(0), w.weight.raw(), w.scales.data<const uint16_t>(),
+                             codes.raw(), scales.data<uint16_t>());
+  w.weight = std::move(codes);
+  w.scales = std::move(scales);
+  w.int_layout.rows_interleaved = true;
+}
+
 void CpuBackend::moe_route_impl(const Tensor& logits, const Tensor* bias, const MoeRouteParams& p,
                                 Tensor& ids, Tensor& weights) {
   const int64_t T = logits.dim(0), E = logits.dim(1);
