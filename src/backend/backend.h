@@ -391,10 +391,10 @@ class Backend {
   // null. Host backends only (supports(kLinearInt)).
   void linear_int(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out);
   // Lets the backend keep an integer-format weight in a layout its kernels
-  // read faster (the CPU backend interleaves the codes' rows where its
-  // vector kernel takes them so, core/int_weights.h): w's codes may be
-  // replaced by a new tensor, never written, and its products keep their
-  // bits. Model loaders call it once per weight, after the weight is on this
+  // read faster (the CPU backend interleaves the rows of the codes and
+  // scales where its vector kernel takes them so, core/int_weights.h): w's
+  // tensors may be replaced by new ones, never written, and its products
+  // keep their bits. Model loaders call it once per weight, after the weight is on this
   // backend. Other weights, and backends without such a layout, are left as
   // they are.
   void prepare_int_weight(LinearWeight& w);
