@@ -623,6 +623,15 @@ void moe_experts_case(Harness& h, DType w_dtype) {
   // differently, and the down projection may then quantize it one code apart.
   const bool int_experts = w_dtype == DType::kI8 || w_dtype == DType::kU8;
   h.close("out", out, want, h.bound(int_experts ? 1e-3 : 1e-5, gpu));
+  if (int_experts) {
+    // The experts as a model load leaves them (prepare_int_weight): the same bits.
+    std::vector<MoeExpert> prepared = device;
+    for (MoeExpert& e : prepared)
+      for (LinearWeight* w : {&e.gate, &e.up, &e.down}) h.backend().prepare_int_weight(*w);
+    Tensor out_prepared = h.out({T, H});
+    h.backend().moe_experts(h.up(x), h.up(ids), h.up(weights), prepared, out_prepared);
+    h.same("out, experts prepared", out_prepared, out);
+  }
 }
 
 // Expert parallelism: experts [0, 2) and [2, 6) of six as two slices
