@@ -148,6 +148,16 @@ constexpr int kSumShift =
     kBits == 8 ? -1 : 3;  // -1: int8 needs no correction (the sign form)
 #endif
 
+// The definition's multiply-add for one block of one token row, lanes =
+// rows: acc += float(P) * (a_scale * w_scale), P being the lanes' sums less
+// the weight codes' offset times the activations' block sum (none for int8
+// in the sign form).
+template <int kBits>
+inline __m256 add_block8(__m256 acc, __m256i p, int32_t x_sum, float x_scale, __m256 ws) {
+  if constexpr (kSumShift<kBits> >= 0) p = _mm256_sub_epi32(p, _mm256_set1_epi32(x_sum << kSumShift<kBits>));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(_mm256_set1_ps(x_scale), ws), acc);
+}
+
 // A group's block scales [8 rows][blocks] to [blocks][8] (lanes = rows),
 // eight blocks at a time by the usual unpack, shuffle and half-exchange
 // transpose, the last partial eight one by one. A gather per block
@@ -237,11 +247,8 @@ void group8(const uint8_t* w, int64_t stride, const float* wscales, const TokenT
       const __m256 ws0 = _mm256_loadu_ps(wscales + b * 8), ws1 = _mm256_loadu_ps(wscales + (b + 1) * 8);
       for (int t = 0; t < kTokens; ++t) {
         const int64_t xb = t * blocks + b;
-        const __m256i e0 = _mm256_sub_epi32(p0[t], _mm256_set1_epi32(x.sums[xb] << 3));
-        const __m256i e1 = _mm256_sub_epi32(p1[t], _mm256_set1_epi32(x.sums[xb + 1] << 3));
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(e0), _mm256_mul_ps(_mm256_set1_ps(x.scales[xb]), ws0), acc[t]);
-        acc[t] =
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(e1), _mm256_mul_ps(_mm256_set1_ps(x.scales[xb + 1]), ws1), acc[t]);
+        acc[t] = add_block8<kBits>(acc[t], p0[t], x.sums[xb], x.scales[xb], ws0);
+        acc[t] = add_block8<kBits>(acc[t], p1[t], x.sums[xb + 1], x.scales[xb + 1], ws1);
       }
     }
   }
@@ -285,9 +292,7 @@ void group8(const uint8_t* w, int64_t stride, const float* wscales, const TokenT
     const __m256 ws = _mm256_loadu_ps(wscales + b * 8);
     for (int t = 0; t < kTokens; ++t) {
       const int64_t xb = t * blocks + b;
-      __m256i p = rows8_sum(d[t]);
-      if constexpr (kSumShift<kBits> >= 0) p = _mm256_sub_epi32(p, _mm256_set1_epi32(x.sums[xb] << kSumShift<kBits>));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(_mm256_set1_ps(x.scales[xb]), ws), acc[t]);
+      acc[t] = add_block8<kBits>(acc[t], rows8_sum(d[t]), x.sums[xb], x.scales[xb], ws);
     }
   }
   for (int t = 0; t < kTokens; ++t) _mm256_storeu_ps(acc_io + 8 * t, acc[t]);
@@ -369,9 +374,7 @@ void interleaved_group8(const uint8_t* w, const uint16_t* sc, int64_t blocks_per
 #endif
     for (int t = 0; t < kTokens; ++t) {
       const int64_t xb = t * blocks + b;
-      __m256i e = p[t];
-      if constexpr (kSumShift<kBits> >= 0) e = _mm256_sub_epi32(e, _mm256_set1_epi32(x.sums[xb] << kSumShift<kBits>));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(e), _mm256_mul_ps(_mm256_set1_ps(x.scales[xb]), ws), acc[t]);
+      acc[t] = add_block8<kBits>(acc[t], p[t], x.sums[xb], x.scales[xb], ws);
     }
   }
   for (int t = 0; t < kTokens; ++t) _mm256_storeu_ps(acc_io + 8 * t, acc[t]);
