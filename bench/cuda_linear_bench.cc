@@ -8,6 +8,11 @@
 // Weights rotate over enough copies (> 4x the 60 MB L2) that every call reads
 // them from HBM, as decode does.
 //
+// cuBLASLt rows take the heuristic's first algorithm; at M = 8-256 a
+// "(timed plan)" row follows with the algorithm CublasLt picks by timing
+// the heuristic's candidates (gemm.h), what the CUDA backend runs; the two
+// are timed in turns, call by call.
+//
 // Usage: basalt_bench_cuda_linear [--repeats N]
 #include <cuda_runtime_api.h>
 
@@ -17,6 +22,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -72,6 +79,27 @@ double median_seconds(int repeats, cudaEvent_t start, cudaEvent_t stop, Call&& c
   return median(times) * 1e-3;
 }
 
+// The same for two calls timed in turns (a, b, a, b, ...), so that a drift
+// of the GPU's clock falls on both alike: {a's median, b's median}.
+template <typename A, typename B>
+std::pair<double, double> median_seconds_in_turns(int repeats, cudaEvent_t start, cudaEvent_t stop, A&& a, B&& b) {
+  std::vector<float> ta, tb;
+  for (int r = 0; r < 2 * repeats; ++r) {
+    BASALT_CUDA_CHECK(cudaEventRecord(start));
+    if (r % 2 == 0) {
+      a(r / 2);
+    } else {
+      b(r / 2);
+    }
+    BASALT_CUDA_CHECK(cudaEventRecord(stop));
+    BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    (r % 2 == 0 ? ta : tb).push_back(ms);
+  }
+  return {median(ta) * 1e-3, median(tb) * 1e-3};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,8 +116,11 @@ int main(int argc, char** argv) {
                                {"gate_up_proj", 28672, 4096},
                                {"down_proj", 4096, 14336},
                                {"lm_head", 128256, 4096}};
-  const int64_t token_counts[] = {1, 2, 3, 4, 5, 6, 8, 16, 64, 256, 4096};
-  CublasLt blas;
+  const int64_t token_counts[] = {1, 2, 3, 4, 5, 6, 8, 16, 32, 64, 128, 256, 4096};
+  // The heuristic's first algorithm (the rows without a label) and, for
+  // decode-sized M, the candidates timed (gemm.h), labelled "(timed plan)".
+  CublasLt blas, tuned;
+  blas.set_tuning(false);
   cudaEvent_t start, stop;
   BASALT_CUDA_CHECK(cudaEventCreate(&start));
   BASALT_CUDA_CHECK(cudaEventCreate(&stop));
@@ -107,13 +138,26 @@ int main(int argc, char** argv) {
     for (int64_t m : token_counts) {
       Tensor x = random_bf16(m, s.k, 2), out = cuda_empty({m, s.n}, DType::kBF16);
       for (int w = 0; w < 3; ++w) blas.linear(x, weights[w % copies], nullptr, out);  // warm-up, plans
-      const double sec =
-          median_seconds(repeats, start, stop, [&](int r) { blas.linear(x, weights[r % copies], nullptr, out); });
+      const bool compare = m >= 8 && m <= 256;
+      if (compare)
+        for (int w = 0; w < 3; ++w) tuned.linear(x, weights[w % copies], nullptr, out);  // the first one times
+      const auto heuristic = [&](int r) { blas.linear(x, weights[r % copies], nullptr, out); };
+      const auto timed = [&](int r) { tuned.linear(x, weights[r % copies], nullptr, out); };
+      double sec = 0, tsec = 0;
+      if (compare) {
+        std::tie(sec, tsec) = median_seconds_in_turns(repeats, start, stop, heuristic, timed);
+      } else {
+        sec = median_seconds(repeats, start, stop, heuristic);
+      }
       const double flops = 2.0 * static_cast<double>(m) * s.n * s.k;
       const double bytes = static_cast<double>(weight_bytes) + 2.0 * m * s.k + 2.0 * m * s.n;
       std::printf("%-13s %6lld %6lld %6lld %10.1f %9.1f %9.0f\n", s.name, static_cast<long long>(m),
                   static_cast<long long>(s.n), static_cast<long long>(s.k), sec * 1e6, flops / sec * 1e-12,
                   bytes / sec * 1e-9);
+      if (compare)
+        std::printf("%-13s %6lld %6lld %6lld %10.1f %9.1f %9.0f  (timed plan)\n", s.name, static_cast<long long>(m),
+                    static_cast<long long>(s.n), static_cast<long long>(s.k), tsec * 1e6, flops / tsec * 1e-12,
+                    bytes / tsec * 1e-9);
       if (m <= 16) {
         // The decode path: the GEMV kernels, f32 out as the model uses them,
         // on the same bf16 activations and on f32 ones (the model's decode

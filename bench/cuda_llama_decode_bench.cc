@@ -2,8 +2,11 @@
 // the CUDA backend, next to the weight-bandwidth floor.
 //
 //   basalt_bench_cuda_llama_decode [--layers N] [--prompt CONTEXT] [--tokens STEPS] [--batch-invariant 1]
+//                                  [--gemm-tuning 0]
 //
 // --batch-invariant 1 times the backend's batch-invariant mode (backend.h).
+// --gemm-tuning 0 takes cuBLASLt's heuristic's first algorithm for every
+// shape instead of timing its candidates (gemm.h), to compare the two.
 //
 // The checkpoint (bf16; 16 GB for all 32 layers; layers share their random
 // tensors on disk, which changes nothing for speed: each layer gets its own
@@ -41,12 +44,13 @@ using namespace basalt::bench;
 
 int main(int argc, char** argv) {
   ModelBenchFlags flags{32, 512, 20};  // layers, context ("prompt"), steps ("tokens")
-  int batch_invariant = 0;
+  int batch_invariant = 0, gemm_tuning = 1;
   if (!parse_int_flags(argc, argv,
                        {{"--layers", &flags.layers, 1},
                         {"--prompt", &flags.prompt, 1},
                         {"--tokens", &flags.tokens, 1},
-                        {"--batch-invariant", &batch_invariant, 0}}))
+                        {"--batch-invariant", &batch_invariant, 0},
+                        {"--gemm-tuning", &gemm_tuning, 0}}))
     return 2;
   const int layers = flags.layers;
   const int64_t context = flags.prompt;
@@ -60,6 +64,7 @@ int main(int argc, char** argv) {
   }
   CudaBackend backend;
   backend.set_batch_invariant(batch_invariant != 0);
+  backend.set_gemm_tuning(gemm_tuning != 0);
   const auto dir = std::filesystem::temp_directory_path() / ("basalt_llama8b_bench_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   // Removed however the load ends.
@@ -85,8 +90,9 @@ int main(int argc, char** argv) {
   const double weight_bytes = layers * 2.0 * static_cast<double>(H * heads * D * 2 + H * kv_heads * D * 2 + 3 * H * I) +
                               2.0 * static_cast<double>(V * H);  // lm_head (the embedding reads B rows)
   const double floor_ms = weight_bytes / 4.18e12 * 1e3;
-  std::printf("\nLlama-3.1-8B shape, %d layers, bf16 weights, context %lld%s (load %.1f s)\n", layers,
-              static_cast<long long>(context), batch_invariant ? ", batch-invariant" : "", load_s);
+  std::printf("\nLlama-3.1-8B shape, %d layers, bf16 weights, context %lld%s, cuBLASLt plans %s (load %.1f s)\n",
+              layers, static_cast<long long>(context), batch_invariant ? ", batch-invariant" : "",
+              gemm_tuning ? "timed" : "the heuristic's first", load_s);
   std::printf("weights read per decode step: %.2f GB; bandwidth floor %.2f ms/step\n", weight_bytes / 1e9, floor_ms);
   std::printf("%-6s %12s %12s %12s %12s %14s\n", "batch", "eager ms", "graphed ms", "tokens/s", "graph/floor",
               "prefill tok/s");
@@ -166,6 +172,8 @@ int main(int argc, char** argv) {
                   o.flops / (o.ms * 1e-3) * 1e-12);
   }
 
+  const GemmTuningStats tuning = backend.gemm_tuning_stats();
+  std::printf("cuBLASLt plans chosen by timing: %d, in %.2f s\n", tuning.tuned, tuning.seconds);
   const GraphStats stats = graph_stats(*graphed);
   std::printf("graphs recorded %lld, replays %lld, direct steps %lld\n", static_cast<long long>(stats.recordings),
               static_cast<long long>(stats.replays), static_cast<long long>(stats.direct));

@@ -112,6 +112,10 @@ double bytes_of(std::initializer_list<const Tensor*> tensors) {
 
 }  // namespace
 
+void CudaBackend::set_gemm_tuning(bool on) { blas_->set_tuning(on); }
+
+GemmTuningStats CudaBackend::gemm_tuning_stats() const { return blas_->tuning_stats(); }
+
 void CudaBackend::set_profiling(bool on) {
   if (on && !profiler_) profiler_ = std::make_unique<Profiler>();
   if (!on) profiler_.reset();

@@ -79,10 +79,10 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/gemm.h"
 
 namespace basalt {
 
-class CublasLt;
 class CudaDequantizedWeights;
 class CudaFp8Linear;
 class CudaMla;
@@ -138,6 +138,12 @@ class CudaBackend final : public Backend {
   // op since profiling was turned on, in first-seen order, and clears them.
   void set_profiling(bool on);
   std::vector<OpTime> profile();
+
+  // Whether cuBLASLt's plans for decode-sized calls are chosen by timing
+  // (gemm.h; on by default). Affects plans made afterwards: benchmarks set
+  // it before the first step.
+  void set_gemm_tuning(bool on);
+  GemmTuningStats gemm_tuning_stats() const;
 
  protected:
   void embedding_impl(const Tensor& ids, const Tensor& table, Tensor& out) override;

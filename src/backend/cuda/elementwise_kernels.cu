@@ -505,6 +505,22 @@ cudaError_t cast(Elem from, Elem to, const void* in, void* out, int64_t n, cudaS
   return cudaGetLastError();
 }
 
+__global__ void read_through_kernel(const uint4* p, int64_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) *sink = acc;  // keeps the loads; the flush buffer never holds this
+}
+
+cudaError_t read_through(const void* p, int64_t bytes, uint32_t* sink, cudaStream_t stream) {
+  const int64_t n = bytes / 16;
+  read_through_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const uint4*>(p), n, sink);
+  return cudaGetLastError();
+}
+
 cudaError_t softmax(const float* x, float* out, int64_t rows, int64_t cols, bool log, cudaStream_t stream) {
   softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, out, cols, log);
   return cudaGetLastError();

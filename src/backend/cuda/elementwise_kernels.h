@@ -52,6 +52,12 @@ struct QkvRopeStoreArgs {
 cudaError_t qkv_rope_store(Elem in, Elem q_out, Elem cache, Elem norm, const QkvRopeStoreArgs& args, int64_t tokens,
                            cudaStream_t stream);
 
+// Reads bytes [p, p + bytes) once and keeps nothing (a value that cannot
+// come up is the only write, to *sink): evicts other data from L2 without
+// leaving dirty lines behind, as a benchmark's cache flush must. p is
+// 16-byte aligned and bytes a multiple of 16.
+cudaError_t read_through(const void* p, int64_t bytes, uint32_t* sink, cudaStream_t stream);
+
 // out[i] = in[i] converted (round to nearest even).
 cudaError_t cast(Elem from, Elem to, const void* in, void* out, int64_t n, cudaStream_t stream);
 // Row-wise over f32 [rows, cols]: softmax, or log_softmax when `log`.

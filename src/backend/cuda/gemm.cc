@@ -2,12 +2,17 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/elementwise_kernels.h"
 #include "backend/cuda/gemv_kernels.h"
 #include "core/error.h"
 
@@ -20,14 +25,23 @@ void check_blas(cublasStatus_t status, const char* what) {
 }
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
+// Tuning (CublasLt::Impl::fastest): how many of the heuristic's candidates
+// are timed, on calls of at most how many rows, in how many rounds, and by
+// how much a later candidate must be faster to be taken.
+constexpr int kCandidates = 8;
+constexpr int64_t kTuneMaxRows = 256;
+constexpr int kTimedRounds = 5;
+constexpr float kTuneMargin = 0.03f;
 
 }  // namespace
 
 struct CublasLt::Impl {
   cublasLtHandle_t handle = nullptr;
   Tensor workspace;
-  // (input dtype, output dtype, M, N, K, bias) -> the heuristic's first
-  // algorithm and its descriptors.
+  bool tune = true;
+  GemmTuningStats stats;
+  // (input dtype, output dtype, M, N, K, bias) -> the chosen algorithm and
+  // its descriptors.
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -53,7 +67,12 @@ struct CublasLt::Impl {
     }
   }
 
-  Plan& plan(DType in, DType out, int64_t M, int64_t N, int64_t K, bool bias) {
+  // The plan of one call's shape, made at its first call: the heuristic's
+  // candidates, timed on this call's own tensors where the call is
+  // decode-sized (kTuneMaxRows rows or fewer), the fastest kept.
+  Plan& plan(DType in, DType out, int64_t M, int64_t N, int64_t K, const void* bias_data, const void* w,
+             const void* x, void* y, cudaStream_t stream) {
+    const bool bias = bias_data != nullptr;
     const auto key = std::make_tuple(static_cast<int>(in), static_cast<int>(out), M, N, K, bias);
     if (auto it = plans.find(key); it != plans.end()) return it->second;
     const cudaDataType_t type = cuda_type(in), out_type = cuda_type(out);
@@ -70,6 +89,8 @@ struct CublasLt::Impl {
       check_blas(
           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &out_type, sizeof out_type),
           "BIAS_DATA_TYPE");
+      check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_data, sizeof bias_data),
+                 "BIAS_POINTER");  // for the tuning runs; every call sets its own
     }
     check_blas(cublasLtMatrixLayoutCreate(&p.a, type, K, N, K), "layout w");
     check_blas(cublasLtMatrixLayoutCreate(&p.b, type, K, M, K), "layout x");
@@ -79,15 +100,105 @@ struct CublasLt::Impl {
     size_t ws = kWorkspaceBytes;
     check_blas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
                "MAX_WORKSPACE_BYTES");
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kCandidates]{};
     int found = 0;
     const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+        cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     check_blas(status, "AlgoGetHeuristic");
     BASALT_CHECK(found > 0, "cuBLASLt has no algorithm for a {}x{}x{} linear", M, N, K);
-    p.algo = result.algo;
+    p.algo = results[0].algo;
+    if (tune && M <= kTuneMaxRows && !capturing(stream)) {
+      const auto begin = std::chrono::steady_clock::now();
+      std::vector<cublasLtMatmulAlgo_t> candidates;
+      for (int i = 0; i < found; ++i)
+        if (results[i].state == CUBLAS_STATUS_SUCCESS) candidates.push_back(results[i].algo);
+      if (candidates.size() > 1) {
+        p.algo = candidates[fastest(p, candidates, w, x, y, stream)];
+        ++stats.tuned;
+        stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+      }
+    }
     return plans.emplace(key, p).first->second;
+  }
+
+  static bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    BASALT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    return capture != cudaStreamCaptureStatusNone;
+  }
+
+  // Which of the heuristic's candidates runs this call fastest: each runs
+  // once, then kTimedRounds rounds time every candidate in turn between
+  // events (so a drift of the GPU's clock falls on all of them alike), each
+  // run after a read of twice the L2's size (a decode step reads its
+  // weights from HBM; timed with the weights in L2, the candidates that
+  // compute fastest would win instead of those that stream fastest; a read,
+  // not a write, so no dirty lines are written back during the run). The
+  // median decides; a later candidate must beat the best so far by
+  // kTuneMargin, so near-ties keep the heuristic's order (two processes can
+  // still choose differently where candidates time about kTuneMargin
+  // apart). The call's output is overwritten by every run; its caller's own
+  // run comes after. Without memory for the flush buffer, the heuristic's
+  // first.
+  int fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& candidates, const void* w, const void* x,
+              void* y, cudaStream_t stream) {
+    int l2 = 0, device = 0;
+    BASALT_CUDA_CHECK(cudaGetDevice(&device));
+    BASALT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+    // The flush buffer (and a word for the read's sink) and the events,
+    // released however the timing ends.
+    struct Scratch {
+      int64_t flush_bytes = 0;
+      void* flush = nullptr;
+      cudaEvent_t start = nullptr, stop = nullptr;
+      ~Scratch() {
+        if (start) (void)cudaEventDestroy(start);
+        if (stop) (void)cudaEventDestroy(stop);
+        if (flush) (void)cudaFree(flush);
+      }
+    } scratch;
+    scratch.flush_bytes = 2 * static_cast<int64_t>(std::max(l2, 1 << 20));
+    if (cudaMalloc(&scratch.flush, static_cast<size_t>(scratch.flush_bytes) + 16) != cudaSuccess) {
+      (void)cudaGetLastError();
+      scratch.flush = nullptr;
+      return 0;
+    }
+    auto* sink = reinterpret_cast<uint32_t*>(static_cast<char*>(scratch.flush) + scratch.flush_bytes);
+    BASALT_CUDA_CHECK(cudaMemsetAsync(scratch.flush, 0, static_cast<size_t>(scratch.flush_bytes), stream));
+    BASALT_CUDA_CHECK(cudaEventCreate(&scratch.start));
+    BASALT_CUDA_CHECK(cudaEventCreate(&scratch.stop));
+    const float alpha = 1.0f, beta = 0.0f;
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+      return cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &algo, workspace.raw(),
+                            kWorkspaceBytes, stream);
+    };
+    const int n = static_cast<int>(candidates.size());
+    std::vector<bool> runs(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) runs[i] = run(candidates[i]) == CUBLAS_STATUS_SUCCESS;  // some may not suit
+    std::vector<std::array<float, kTimedRounds>> ms(static_cast<size_t>(n));
+    for (int round = 0; round < kTimedRounds; ++round)
+      for (int i = 0; i < n; ++i) {
+        if (!runs[i]) continue;
+        BASALT_CUDA_CHECK(cuda_kernels::read_through(scratch.flush, scratch.flush_bytes, sink, stream));
+        BASALT_CUDA_CHECK(cudaEventRecord(scratch.start, stream));
+        check_blas(run(candidates[i]), "Matmul (tuning)");
+        BASALT_CUDA_CHECK(cudaEventRecord(scratch.stop, stream));
+        BASALT_CUDA_CHECK(cudaEventSynchronize(scratch.stop));
+        BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms[i][round], scratch.start, scratch.stop));
+      }
+    int best = -1;
+    float best_ms = 0;
+    for (int i = 0; i < n; ++i) {
+      if (!runs[i]) continue;
+      std::sort(ms[i].begin(), ms[i].end());
+      const float median = ms[i][kTimedRounds / 2];
+      if (best < 0 || median < best_ms * (1.0f - kTuneMargin)) {
+        best = i;
+        best_ms = median;
+      }
+    }
+    return std::max(best, 0);
   }
 };
 
@@ -97,6 +208,10 @@ CublasLt::CublasLt() : impl_(std::make_unique<Impl>()) {
 }
 
 CublasLt::~CublasLt() = default;
+
+void CublasLt::set_tuning(bool on) { impl_->tune = on; }
+
+GemmTuningStats CublasLt::tuning_stats() const { return impl_->stats; }
 
 void CublasLt::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream) {
   for (const Tensor* t : {&x, &w, static_cast<const Tensor*>(&out)})
@@ -116,7 +231,8 @@ void CublasLt::linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tens
                  "cuda linear: bias must be [{}] of out's dtype on the device, got {}", N, bias->describe());
   }
   if (M == 0 || N == 0) return;
-  Impl::Plan& p = impl_->plan(x.dtype(), out.dtype(), M, N, K, bias != nullptr);
+  Impl::Plan& p = impl_->plan(x.dtype(), out.dtype(), M, N, K, bias ? bias->raw() : nullptr, w.raw(), x.raw(),
+                                    out.raw(), stream);
   if (bias) {
     const void* data = bias->raw();
     check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &data, sizeof data),

@@ -8,8 +8,17 @@
 //    and placement are checked on the host; a mismatch throws basalt::Error.
 //  * Accumulation is f32 (CUBLAS_COMPUTE_32F, no TF32 for f32 inputs), so
 //    a bf16 result is the f32 sum rounded once.
-//  * The algorithm for each (dtype, M, N, K, bias) is chosen once by
-//    cuBLASLt's heuristic under a 32 MiB workspace and cached.
+//  * The algorithm for each (dtype, M, N, K, bias) is chosen once, at the
+//    shape's first call, and cached. cuBLASLt's heuristic proposes up to 8
+//    under a 32 MiB workspace; for calls of up to 256 rows (decode steps,
+//    where its first choice measured up to 11 % slower than another of its
+//    candidates on the H100, bench/README) each is timed on that first
+//    call's own tensors, from HBM, and the fastest kept (set_tuning(false):
+//    the heuristic's first). The first
+//    call of a tuned shape takes milliseconds more, and its output is the
+//    last run's; calls during a stream capture take the heuristic's first.
+//    Different algorithms sum in different orders, so a tuned plan can
+//    round otherwise than the untuned one (within f32 accumulation).
 //  * A CublasLt object owns its handle and workspace; it is not thread-safe
 //    (one per stream, used by the thread that drives that stream).
 #pragma once
@@ -23,6 +32,11 @@
 
 namespace basalt {
 
+struct GemmTuningStats {
+  int tuned = 0;         // plans chosen by timing
+  double seconds = 0.0;  // host time those choices took
+};
+
 class CublasLt {
  public:
   CublasLt();
@@ -31,6 +45,11 @@ class CublasLt {
   CublasLt& operator=(const CublasLt&) = delete;
 
   void linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out, cudaStream_t stream = nullptr);
+
+  // Timing the heuristic's candidates for decode-sized calls (on by
+  // default); affects plans made after the call.
+  void set_tuning(bool on);
+  GemmTuningStats tuning_stats() const;
 
   struct Impl;
 
