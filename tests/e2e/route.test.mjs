@@ -105,19 +105,24 @@ test('a killed replica is retried around before the first byte', async () => {
     for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
     assert.equal(text, expected);
   }
-  const m = await gatewayMetrics();
+  let m = await gatewayMetrics();
   // Tried once (or by a probe-free half-open trial), then ejected; or, where
   // the machine is slow (a sanitizer build), found down by a /ready probe or
-  // a metrics scrape before any request went to it.
+  // a metrics scrape before any request went to it. When no request went to
+  // it, the next probe (every 2 s) or scrape (every 1 s) must find it down.
   const dead = `http://127.0.0.1:${replicas[1].port}`;
   const tried = attempts(m, dead, 'unreachable');
   assert.ok(tried <= 2, JSON.stringify(m));
   if (tried >= 1) {
     assert.equal(m[`basalt_route_replica_breaker_state{replica="${dead}"}`], 2, JSON.stringify(m));
   } else {
-    const down = m[`basalt_route_replica_healthy{replica="${dead}"}`] === 0 ||
-      (m[`basalt_route_replica_scrape_failures_total{replica="${dead}"}`] ?? 0) >= 1;
-    assert.ok(down, JSON.stringify(m));
+    const isDown = (metrics) => metrics[`basalt_route_replica_healthy{replica="${dead}"}`] === 0 ||
+      (metrics[`basalt_route_replica_scrape_failures_total{replica="${dead}"}`] ?? 0) >= 1;
+    for (const deadline = Date.now() + 6000; !isDown(m) && Date.now() < deadline;) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      m = await gatewayMetrics();
+    }
+    assert.ok(isDown(m), JSON.stringify(m));
   }
 });
 
