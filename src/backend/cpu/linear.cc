@@ -51,6 +51,17 @@ constexpr bool kPanelHoldsWeights = false;
 // alternated in one run).
 constexpr int kDirectRows = 8;
 constexpr int kDirectX = 4;
+// Except at one token, where a block's rows are read one after another
+// (one stream a thread, as the bf16 decode kernel reads), while the token's
+// f32 row stays in L1 beside them: up to kRowByRowMaxXBytes of it (half of
+// a 32 KiB L1). Two Zen 4 threads, alternated with the 8 streams:
+// f16 weights 1.09-1.18x on the 1B shape's gate_up, q/o and lm_head
+// (AVX2 build: 1.15-1.20x on gate_up and lm_head, q/o mixed), f32
+// weights up to 1.2x; with an 8192-wide row (32 KiB of x, the down shape)
+// it was 0.75x, so wider rows keep the 8 streams. Block-FP8 rows keep
+// them too (not measured), and so does the one-core Zen 5 figure above. Bits do not change: each (token, row) sum runs
+// over k in order either way.
+constexpr int64_t kRowByRowMaxXBytes = 16 << 10;
 // On Intel's cores, though, the direct kernel prefetches each weight row
 // kWeightPrefetchBytes ahead (simd.h): there one core's own loads keep too
 // few misses in flight to stream at the memory's rate (bench/README.md, an
@@ -227,6 +238,8 @@ void linear_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
   const int64_t k_step = k_block_step(in);
   constexpr int64_t kElementBytes = sizeof(typename W::Storage);
   const int64_t prefetch = intel_cores() ? kWeightPrefetchBytes / kElementBytes : 0;
+  const bool row_by_row = tokens == 1 && scale_inv == nullptr && in * static_cast<int64_t>(sizeof(float)) <=
+                                                                        kRowByRowMaxXBytes;
   dynamic_for(
       pool, blocks,
       std::max(balanced_grain(pool, blocks), kMinParallelMacs / macs_per_block),
@@ -237,7 +250,7 @@ void linear_direct(ThreadPool& pool, const float* x, int64_t tokens, int64_t in,
           const float* scales = scale_inv ? scale_inv + (n0 / kFp8BlockSize) * kb : nullptr;
           for (int64_t t = 0; t < tokens; t += kDirectX) {
             const int rx = static_cast<int>(std::min<int64_t>(kDirectX, tokens - t));
-            if (rows == kDirectRows) {
+            if (rows == kDirectRows && !row_by_row) {
               direct_block_rows<W, kDirectRows>(rx, x + t * in, w + n0 * in, scales, in, k_step,
                                                 out + t * outs + n0, outs, prefetch);
             } else {
