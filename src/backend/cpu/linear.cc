@@ -54,13 +54,13 @@ constexpr int kDirectX = 4;
 // Except at one token, where a block's rows are read one after another
 // (one stream a thread, as the bf16 decode kernel reads), while the token's
 // f32 row stays in L1 beside them: up to kRowByRowMaxXBytes of it (half of
-// a 32 KiB L1). Two Zen 4 threads, alternated with the 8 streams:
-// f16 weights 1.09-1.18x on the 1B shape's gate_up, q/o and lm_head
-// (AVX2 build: 1.15-1.20x on gate_up and lm_head, q/o mixed), f32
-// weights up to 1.2x; with an 8192-wide row (32 KiB of x, the down shape)
-// it was 0.75x, so wider rows keep the 8 streams. Block-FP8 rows keep
-// them too (not measured), and so does the one-core Zen 5 figure above. Bits do not change: each (token, row) sum runs
-// over k in order either way.
+// a 32 KiB L1). On two Zen 4 threads, in turns with the 8 streams, f16
+// weights went from 98-101 % of the streaming probe's rate to 108-128 % on
+// the 1B shape's gate_up, q/o and lm_head (AVX2 build: 110-116 % to
+// 118-133 %), f32 weights from 102-112 % to 108-136 %; with an 8192-wide
+// row (32 KiB of x, the down shape) from 109-111 % to 75 %, so wider rows
+// keep the 8 streams. Block-FP8 rows keep them too (not measured). Bits do
+// not change: each (token, row) sum runs over k in order either way.
 constexpr int64_t kRowByRowMaxXBytes = 16 << 10;
 // On Intel's cores, though, the direct kernel prefetches each weight row
 // kWeightPrefetchBytes ahead (simd.h): there one core's own loads keep too
