@@ -62,20 +62,24 @@ double median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// Milliseconds of one call, alone between two events.
+template <typename Call>
+float event_ms(cudaEvent_t start, cudaEvent_t stop, Call&& call) {
+  BASALT_CUDA_CHECK(cudaEventRecord(start));
+  call();
+  BASALT_CUDA_CHECK(cudaEventRecord(stop));
+  BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  return ms;
+}
+
 // Seconds per call: the median of `repeats` calls, each alone between two
 // events; call(r) makes call r.
 template <typename Call>
 double median_seconds(int repeats, cudaEvent_t start, cudaEvent_t stop, Call&& call) {
   std::vector<float> times;
-  for (int r = 0; r < repeats; ++r) {
-    BASALT_CUDA_CHECK(cudaEventRecord(start));
-    call(r);
-    BASALT_CUDA_CHECK(cudaEventRecord(stop));
-    BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
+  for (int r = 0; r < repeats; ++r) times.push_back(event_ms(start, stop, [&] { call(r); }));
   return median(times) * 1e-3;
 }
 
@@ -84,18 +88,9 @@ double median_seconds(int repeats, cudaEvent_t start, cudaEvent_t stop, Call&& c
 template <typename A, typename B>
 std::pair<double, double> median_seconds_in_turns(int repeats, cudaEvent_t start, cudaEvent_t stop, A&& a, B&& b) {
   std::vector<float> ta, tb;
-  for (int r = 0; r < 2 * repeats; ++r) {
-    BASALT_CUDA_CHECK(cudaEventRecord(start));
-    if (r % 2 == 0) {
-      a(r / 2);
-    } else {
-      b(r / 2);
-    }
-    BASALT_CUDA_CHECK(cudaEventRecord(stop));
-    BASALT_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    (r % 2 == 0 ? ta : tb).push_back(ms);
+  for (int r = 0; r < repeats; ++r) {
+    ta.push_back(event_ms(start, stop, [&] { a(r); }));
+    tb.push_back(event_ms(start, stop, [&] { b(r); }));
   }
   return {median(ta) * 1e-3, median(tb) * 1e-3};
 }
@@ -151,13 +146,13 @@ int main(int argc, char** argv) {
       }
       const double flops = 2.0 * static_cast<double>(m) * s.n * s.k;
       const double bytes = static_cast<double>(weight_bytes) + 2.0 * m * s.k + 2.0 * m * s.n;
-      std::printf("%-13s %6lld %6lld %6lld %10.1f %9.1f %9.0f\n", s.name, static_cast<long long>(m),
-                  static_cast<long long>(s.n), static_cast<long long>(s.k), sec * 1e6, flops / sec * 1e-12,
-                  bytes / sec * 1e-9);
-      if (compare)
-        std::printf("%-13s %6lld %6lld %6lld %10.1f %9.1f %9.0f  (timed plan)\n", s.name, static_cast<long long>(m),
-                    static_cast<long long>(s.n), static_cast<long long>(s.k), tsec * 1e6, flops / tsec * 1e-12,
-                    bytes / tsec * 1e-9);
+      const auto print_row = [&](double seconds, const char* label) {
+        std::printf("%-13s %6lld %6lld %6lld %10.1f %9.1f %9.0f%s\n", s.name, static_cast<long long>(m),
+                    static_cast<long long>(s.n), static_cast<long long>(s.k), seconds * 1e6,
+                    flops / seconds * 1e-12, bytes / seconds * 1e-9, label);
+      };
+      print_row(sec, "");
+      if (compare) print_row(tsec, "  (timed plan)");
       if (m <= 16) {
         // The decode path: the GEMV kernels, f32 out as the model uses them,
         // on the same bf16 activations and on f32 ones (the model's decode
