@@ -1,7 +1,8 @@
 // cuda_attention over the token-slot KV pool on the GPU, at Llama-3.1-8B's
 // attention shape (32 query heads, 8 kv heads, head dim 128, bf16 cache, bf16
 // q and out):
-//  * decode: batch 1, 32 and 256 with 512 and 4096 keys per sequence; time
+//  * decode: batch 1, 32 and 256 with 512 and 4096 keys per sequence, and
+//    batch 8 and 64 (the 8B decode bench's batches) with 512; time
 //    per call and the effective bandwidth of the K and V rows read, next to
 //    the H200's measured 4.18 TB/s read ceiling (../shared PERF-ANCHORS);
 //  * prefill: one 4096-token prompt and 8 prompts of 512; TFLOP/s of the
@@ -150,6 +151,7 @@ int main(int argc, char** argv) {
   }
   const Case cases[] = {
       {"decode b1 ctx512", 1, 1, 512, true},       {"decode b1 ctx4096", 1, 1, 4096, true},
+      {"decode b8 ctx512", 8, 1, 512, true},       {"decode b64 ctx512", 64, 1, 512, true},
       {"decode b32 ctx512", 32, 1, 512, true},     {"decode b32 ctx4096", 32, 1, 4096, true},
       {"decode b256 ctx512", 256, 1, 512, true},   {"decode b256 ctx4096", 256, 1, 4096, true},
       {"prefill 1x4096", 1, 4096, 4096, false},    {"prefill 8x512", 8, 512, 512, false},

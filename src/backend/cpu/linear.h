@@ -14,11 +14,12 @@
 //  * few tokens (decode, small batches): the op is a streaming read of w, so
 //    each thread walks its share of weight rows once, converting bf16/f16 in
 //    registers and feeding up to four token rows per pass over the weights;
-//  * many tokens (prefill): the op is compute bound, so each thread converts
-//    a panel of weight rows (a K-block of a few rows) to f32 once into an
-//    L1-resident scratch buffer and reuses it against every token row with a
-//    register-blocked microkernel (4 token rows × 6 weight rows with AVX-512),
-//    which keeps the FMA units busy instead of the converters.
+//  * many tokens (prefill): the op is compute bound, so each thread copies
+//    a panel of weight rows (a K-block of a few rows) once into an
+//    L1-resident scratch buffer, as f32 (f16 weights stay f16 where F16C
+//    converts them in registers), and reuses it against every token row with
+//    a register-blocked microkernel (4 token rows × 6 weight rows with
+//    AVX-512), while the next panel's weights are prefetched.
 // Both regimes take the weights in the checkpoint layout, so no repacking is
 // needed at load time.
 //

@@ -9,14 +9,14 @@ namespace basalt::cpu {
 namespace {
 
 struct ScratchBuffer {
-  float* data = nullptr;
+  void* data = nullptr;
   size_t capacity = 0;
   ~ScratchBuffer() { std::free(data); }
 };
 
 }  // namespace
 
-float* scratch_floats(ScratchSlot slot, size_t n) {
+void* scratch_bytes(ScratchSlot slot, size_t n) {
   thread_local std::array<ScratchBuffer, static_cast<size_t>(ScratchSlot::kCount)> buffers;
   ScratchBuffer& buffer = buffers[static_cast<size_t>(slot)];
   if (buffer.capacity < n) {
@@ -25,8 +25,8 @@ float* scratch_floats(ScratchSlot slot, size_t n) {
     std::free(buffer.data);
     buffer.data = nullptr;
     buffer.capacity = 0;
-    const size_t bytes = (capacity * sizeof(float) + 63) / 64 * 64;
-    buffer.data = static_cast<float*>(std::aligned_alloc(64, bytes));
+    const size_t bytes = (capacity + 63) / 64 * 64;
+    buffer.data = std::aligned_alloc(64, bytes);
     BASALT_CHECK(buffer.data != nullptr, "out of memory for {} bytes of kernel scratch", bytes);
     buffer.capacity = capacity;
   }
