@@ -393,8 +393,8 @@ void panel_block_rows(int rx, const float* x, int64_t x_stride, const typename P
 // replaced a burst of prefetches for the whole next panel inside the pack.)
 // On two Zen 4 threads, 1B shape, whole-model prefill in turns with the
 // burst: f16 pp512 1.01-1.15x, bf16 (f32 activations) 1.03-1.15x, AVX2
-// builds; f16 with AVX-512 pp128 0.95-1.12x, pp512 1.02-1.10x (both with
-// the f16 panel above).
+// builds; f16 with AVX-512 pp128 0.95-1.12x, pp512 1.02-1.10x (the f16
+// figures include the f16 panel above).
 class NextPanelPrefetch {
  public:
   NextPanelPrefetch(const void* first_row, int64_t row_stride_bytes, int64_t rows,

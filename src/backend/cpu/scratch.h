@@ -1,10 +1,11 @@
 // Per-thread scratch memory for the CPU kernels.
 //
 // Contract: scratch_bytes(slot, n) returns 64-byte aligned room for at least
-// n bytes (scratch_floats: n floats) that belongs to the calling thread, so kernels running on the
-// pool's workers never allocate in their inner loops and never share it. The
-// memory stays valid until the same thread asks for the same slot again and
-// is freed when the thread exits. Contents are unspecified on return.
+// n bytes (scratch_floats: n floats) that belongs to the calling thread, so
+// kernels running on the pool's workers never allocate in their inner loops
+// and never share it. The memory stays valid until the same thread asks for
+// the same slot again and is freed when the thread exits. Contents are
+// unspecified on return.
 #pragma once
 
 #include <cstddef>
