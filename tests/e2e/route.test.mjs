@@ -118,10 +118,7 @@ test('a killed replica is retried around before the first byte', async () => {
   } else {
     const isDown = (metrics) => metrics[`basalt_route_replica_healthy{replica="${dead}"}`] === 0 ||
       (metrics[`basalt_route_replica_scrape_failures_total{replica="${dead}"}`] ?? 0) >= 1;
-    for (const deadline = Date.now() + 6000; !isDown(m) && Date.now() < deadline;) {
-      await new Promise((resolve) => setTimeout(resolve, 100));
-      m = await gatewayMetrics();
-    }
+    await waitFor(async () => isDown(m) || isDown((m = await gatewayMetrics())), 6000);
     assert.ok(isDown(m), JSON.stringify(m));
   }
 });
