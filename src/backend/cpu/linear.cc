@@ -408,15 +408,19 @@ class NextPanelPrefetch {
 
   void next_slice() {
     for (int64_t end = std::min(total_, done_ + per_slice_); done_ < end; ++done_) {
-      const int64_t row = done_ / lines_per_row_, line = done_ % lines_per_row_;
-      __builtin_prefetch(first_ + row * row_stride_ + line * 64, 0, 2);
+      // Counted, not divided: two divisions a line showed in the profile.
+      __builtin_prefetch(first_ + row_offset_ + line_ * 64, 0, 2);
+      if (++line_ == lines_per_row_) {
+        line_ = 0;
+        row_offset_ += row_stride_;
+      }
     }
   }
 
  private:
   const char* first_;
   int64_t row_stride_, lines_per_row_, total_, per_slice_;
-  int64_t done_ = 0;
+  int64_t done_ = 0, row_offset_ = 0, line_ = 0;
 };
 
 // Many tokens: the work is (token block, panel of weight rows) pairs, which
