@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
   }
   // Where a step's time goes: one eager step per batch size with every op
   // bracketed by events (per-op GPU time, achieved GB/s and TFLOP/s).
-  for (int64_t batch : {int64_t{1}, int64_t{64}, int64_t{-512}}) {
+  for (int64_t batch : {int64_t{1}, int64_t{64}, int64_t{256}, int64_t{-512}}) {
     const bool prefill = batch < 0;
     const int64_t b = prefill ? 1 : batch;
     KvBuffers kv = graphed->allocate_kv(b * stride, DType::kBF16);
