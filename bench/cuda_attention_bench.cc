@@ -28,6 +28,7 @@
 // Usage: basalt_bench_cuda_attention [--repeats N] [--heads Q,KV] [--dims K,V] [--only decode|prefill]
 //                                    [--case NAME] (the cases named NAME exactly: one case for a profiler)
 //                                    [--splits N] (the decode kernel's key splits, forced)
+//                                    [--q f32|bf16] (q's dtype, bf16 by default; the dense models pass f32)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -83,6 +84,19 @@ Tensor random_device(Shape shape) {
   return t;
 }
 
+// The same values as f32 (the dense models' q).
+Tensor random_device_f32(Shape shape) {
+  const int64_t n = shape_numel(shape);
+  const std::vector<uint16_t> bits = random_bf16_host(std::min<int64_t>(n, 32ll << 20), static_cast<uint64_t>(n));
+  Tensor host = Tensor::empty(std::move(shape), DType::kF32);
+  float* dst = host.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t word = uint32_t{bits[static_cast<size_t>(i % static_cast<int64_t>(bits.size()))]} << 16;
+    std::memcpy(dst + i, &word, sizeof(float));
+  }
+  return cuda_to_device(host);
+}
+
 Tensor device_i32(const std::vector<int32_t>& v) {
   Tensor host = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
   std::copy(v.begin(), v.end(), host.data<int32_t>());
@@ -120,6 +134,7 @@ int main(int argc, char** argv) {
   int heads = 32, kv_heads = 8, head_dim = 128, v_head_dim = 128;  // Llama-3.1-8B
   std::string only, only_case;
   int forced_splits = 0;  // --splits N: the decode kernel's key splits, forced (0: its own choice)
+  bool q_f32 = false;     // --q f32: q in f32, as the dense models pass it (the decode kernel then splits it)
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (std::strcmp(argv[i], "--repeats") == 0 && has_value) {
@@ -133,6 +148,9 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--only") == 0 && has_value &&
                (std::strcmp(argv[i + 1], "decode") == 0 || std::strcmp(argv[i + 1], "prefill") == 0)) {
       only = argv[++i];
+    } else if (std::strcmp(argv[i], "--q") == 0 && has_value &&
+               (std::strcmp(argv[i + 1], "f32") == 0 || std::strcmp(argv[i + 1], "bf16") == 0)) {
+      q_f32 = std::strcmp(argv[++i], "f32") == 0;
     } else if (std::strcmp(argv[i], "--case") == 0 && has_value) {
       only_case = argv[++i];
     } else if (std::strcmp(argv[i], "--splits") == 0 && has_value && std::atoi(argv[i + 1]) > 0 &&
@@ -141,7 +159,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: basalt_bench_cuda_attention [--repeats N] [--heads Q,KV] [--dims K,V] "
-                   "[--only decode|prefill] [--case NAME] [--splits N]\n");
+                   "[--only decode|prefill] [--case NAME] [--splits N] [--q f32|bf16]\n");
       return 2;
     }
   }
@@ -167,7 +185,8 @@ int main(int argc, char** argv) {
   for (const Case& c : chosen) pool = std::max<int64_t>(pool, int64_t{c.seqs} * c.kv_len);
   std::printf("KV pool: %lld slots (%.0f MB of K + V)\n", static_cast<long long>(pool),
               static_cast<double>(pool * token_bytes) / 1e6);
-  std::printf("shape: %d query heads, %d kv heads, head dims %d / %d\n", heads, kv_heads, head_dim, v_head_dim);
+  std::printf("shape: %d query heads, %d kv heads, head dims %d / %d, q %s\n", heads, kv_heads, head_dim, v_head_dim,
+              q_f32 ? "f32" : "bf16");
   const Tensor k_cache = random_device({pool, int64_t{kv_heads} * head_dim});
   const Tensor v_cache = random_device({pool, int64_t{kv_heads} * v_head_dim});
   std::mt19937_64 rng(7);
@@ -207,7 +226,8 @@ int main(int argc, char** argv) {
       }
       layout_list.push_back({device_i32(q_start), device_i32(kv_start), device_i32(slots)});
     }
-    const Tensor q = random_device({tokens, int64_t{heads} * head_dim});
+    const Tensor q = q_f32 ? random_device_f32({tokens, int64_t{heads} * head_dim})
+                           : random_device({tokens, int64_t{heads} * head_dim});
     Tensor out = cuda_empty({tokens, int64_t{heads} * v_head_dim}, DType::kBF16);
     // Causal work: query i of a prompt sees kv_len - q_len + i + 1 keys.
     double pairs = 0;
@@ -223,8 +243,9 @@ int main(int argc, char** argv) {
     shape.head_dim = head_dim;
     shape.v_head_dim = v_head_dim;
     const int splits = forced_splits > 0 ? forced_splits
-                                         : cuda_kernels::attention_decode_splits(cuda_kernels::Elem::kBF16,
-                                                                                 cuda_kernels::Elem::kBF16, shape);
+                                         : cuda_kernels::attention_decode_splits(
+                                               cuda_kernels::Elem::kBF16,
+                                               q_f32 ? cuda_kernels::Elem::kF32 : cuda_kernels::Elem::kBF16, shape);
     const bool on_wgmma = cuda_kernels::attention_prefill_on_wgmma(cuda_kernels::Elem::kBF16, q.raw(), k_cache.raw(),
                                                                    v_cache.raw(), out.raw(), shape);
     for (CudaAttentionPath path : {CudaAttentionPath::kAuto, CudaAttentionPath::kDecode,
