@@ -898,7 +898,12 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(AttentionArgs 
 // Occupancy: the kernel is bound by latency, not by DRAM (Nsight Compute at
 // batch 256 x 512 keys: DRAM 56% of peak with two blocks per SM), so with a
 // bf16 q (no low part) the stages are two and the registers capped at 168:
-// three blocks fit an SM. The scores of a tile sum into two accumulators per
+// three blocks fit an SM. For the same reason the usual head dims (both equal
+// to DMAX) get their own instantiation, kFullDims: with the widths known the
+// k-steps are straight-line code and each one's ldmatrix is issued ahead of
+// the last one's MMAs (1.14x at batch 64, 1.26x at 256 x 512 keys, H200); the
+// gather's instructions matter less (one bulk copy per row measured slower,
+// bench/README.md). The scores of a tile sum into two accumulators per
 // n-tile (even and odd k-steps), halving the chain of dependent mma; a
 // thread copies two chunks of each of its rows, so a row's slot and
 // addresses serve both.
@@ -916,7 +921,7 @@ struct MmaDecodeTile {
   static_assert(sizeof(float) * kDecodeWarps * kMmaDecodeRows * DMAX <= kStagesBytes);
 };
 
-template <int DMAX, bool QLO>
+template <int DMAX, bool QLO, bool kFullDims>
 __global__ void __launch_bounds__(kDecodeThreads, QLO ? 2 : 3) decode_mma_kernel(AttentionArgs a) {
   using Tile = MmaDecodeTile<DMAX, QLO>;
   constexpr int NW = kDecodeWarps, RT = kMmaDecodeRows, BN = kMmaDecodeBN, NS = Tile::kStages, LD = Tile::LD;
@@ -935,7 +940,10 @@ __global__ void __launch_bounds__(kDecodeThreads, QLO ? 2 : 3) decode_mma_kernel
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const SeqBounds b = seq_bounds(a, seq);
   if (b.q_len > a.decode_max_q) return;  // the prefill kernel's (uniform over the block)
-  const int group = a.group, D = a.head_dim, Dv = a.v_head_dim;
+  // kFullDims: both head dims are DMAX, known to the compiler, so the k-steps
+  // below are straight-line code it can schedule across (with runtime widths
+  // each k-step is a branch, and its ldmatrix waits behind the last one's MMAs).
+  const int group = a.group, D = kFullDims ? DMAX : a.head_dim, Dv = kFullDims ? DMAX : a.v_head_dim;
   const int kd = (D + 15) / 16 * 16, kdv = (Dv + 15) / 16 * 16;
   const int64_t total_rows = b.q_len * group;
   const bf16* k_cache = static_cast<const bf16*>(a.k_cache);
@@ -1307,21 +1315,27 @@ void launch_decode(const AttentionArgs& args, const DecodeGeometry& geo, int rt,
   else if constexpr (V == 4) launch_decode_rt<Cache, V, 32, 2>(args, rt, false, grid, stream);  // f32 rows over 128
 }
 
-template <int DMAX, bool QLO>
-void launch_decode_mma(const AttentionArgs& args, dim3 grid, cudaStream_t stream) {
+template <int DMAX, bool QLO, bool kFullDims>
+void launch_decode_mma_dims(const AttentionArgs& args, dim3 grid, cudaStream_t stream) {
   constexpr size_t smem = MmaDecodeTile<DMAX, QLO>::kSmemBytes;
-  static const cudaError_t configured = [] {
-    cudaError_t status = cudaFuncSetAttribute(decode_mma_kernel<DMAX, QLO>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const auto kernel = decode_mma_kernel<DMAX, QLO, kFullDims>;
+  static const cudaError_t configured = [kernel] {
+    cudaError_t status =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (status == cudaSuccess)
-      status =
-          cudaFuncSetAttribute(decode_mma_kernel<DMAX, QLO>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+      status = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
     return status;
   }();
   // Launched even if the setup failed: the launch then fails as well, so
   // every call reports it through cudaGetLastError(), not only the first.
   (void)configured;
-  launch_dependent_smem(decode_mma_kernel<DMAX, QLO>, grid, dim3(kDecodeThreads), smem, stream, args);
+  launch_dependent_smem(kernel, grid, dim3(kDecodeThreads), smem, stream, args);
+}
+
+template <int DMAX, bool QLO>
+void launch_decode_mma(const AttentionArgs& args, dim3 grid, cudaStream_t stream) {
+  if (args.head_dim == DMAX && args.v_head_dim == DMAX) launch_decode_mma_dims<DMAX, QLO, true>(args, grid, stream);
+  else launch_decode_mma_dims<DMAX, QLO, false>(args, grid, stream);
 }
 
 template <int DMAX, typename Cache, bool kAsync>
