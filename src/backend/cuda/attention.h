@@ -123,8 +123,9 @@
 // 4096-token prompt 345 TFLOP/s on wgmma
 // (410 at DeepSeek-V3's 192/128 dims; 92 and 63 on mma.sync), 0.71x
 // PyTorch's FlashAttention at both shapes.
-// What would make it faster: decode: it is bound by latency at two or three
-// warps per scheduler (an f32 q, the dense models', or a bf16 one): more
+// What would make it faster: decode: it is bound by latency at two warps
+// per scheduler with an f32 q (what the dense models pass), three with a
+// bf16 one: more
 // independent work per warp (the next tile's scores issued before this
 // tile's softmax), a GQA group of 4 fills 4 of the MMA's 16 rows (keys as
 // the MMA's rows instead: fewer registers, so more warps), a swizzle instead
