@@ -84,19 +84,6 @@ Tensor random_device(Shape shape) {
   return t;
 }
 
-// The same values as f32 (the dense models' q).
-Tensor random_device_f32(Shape shape) {
-  const int64_t n = shape_numel(shape);
-  const std::vector<uint16_t> bits = random_bf16_host(std::min<int64_t>(n, 32ll << 20), static_cast<uint64_t>(n));
-  Tensor host = Tensor::empty(std::move(shape), DType::kF32);
-  float* dst = host.data<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t word = uint32_t{bits[static_cast<size_t>(i % static_cast<int64_t>(bits.size()))]} << 16;
-    std::memcpy(dst + i, &word, sizeof(float));
-  }
-  return cuda_to_device(host);
-}
-
 Tensor device_i32(const std::vector<int32_t>& v) {
   Tensor host = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
   std::copy(v.begin(), v.end(), host.data<int32_t>());
@@ -226,8 +213,9 @@ int main(int argc, char** argv) {
       }
       layout_list.push_back({device_i32(q_start), device_i32(kv_start), device_i32(slots)});
     }
-    const Tensor q = q_f32 ? random_device_f32({tokens, int64_t{heads} * head_dim})
-                           : random_device({tokens, int64_t{heads} * head_dim});
+    // An f32 q (the dense models') holds the same values, widened.
+    const Tensor q_bf16 = random_device({tokens, int64_t{heads} * head_dim});
+    const Tensor q = q_f32 ? cuda_to_device(cuda_to_host(q_bf16).to_f32()) : q_bf16;
     Tensor out = cuda_empty({tokens, int64_t{heads} * v_head_dim}, DType::kBF16);
     // Causal work: query i of a prompt sees kv_len - q_len + i + 1 keys.
     double pairs = 0;

@@ -118,18 +118,16 @@
 // TB/s at batch 32 / 256 x 4096 keys on an H100 (1.11-1.18x the kernel with
 // three stages, the H200's 2.4-2.45 TB/s), 2.0-2.5 TB/s at 512 keys (on the
 // H200 with an f32 q and the head dims compiled in: 2.7 TB/s at batch 64,
-// 3.1 at 256 x 512 keys); a
-// batch-1 call costs ~10-18 us of GPU time (512-4096 keys); prefill of a
-// 4096-token prompt 345 TFLOP/s on wgmma
-// (410 at DeepSeek-V3's 192/128 dims; 92 and 63 on mma.sync), 0.71x
-// PyTorch's FlashAttention at both shapes.
+// 3.1 at 256 x 512 keys); a batch-1 call costs ~10-18 us of GPU time
+// (512-4096 keys); prefill of a 4096-token prompt 345 TFLOP/s on wgmma (410
+// at DeepSeek-V3's 192/128 dims; 92 and 63 on mma.sync), 0.71x PyTorch's
+// FlashAttention at both shapes.
 // What would make it faster: decode: it is bound by latency at two warps
 // per scheduler with an f32 q (what the dense models pass), three with a
-// bf16 one: more
-// independent work per warp (the next tile's scores issued before this
-// tile's softmax), a GQA group of 4 fills 4 of the MMA's 16 rows (keys as
-// the MMA's rows instead: fewer registers, so more warps), a swizzle instead
-// of the padded rows for a fourth block per SM; and fewer
+// bf16 one: more independent work per warp (the next tile's scores issued
+// before this tile's softmax), a GQA group of 4 fills 4 of the MMA's 16
+// rows (keys as the MMA's rows instead: fewer registers, so more warps), a
+// swizzle instead of the padded rows for a fourth block per SM; and fewer
 // fixed latencies per call at batch 1 (~11 us of GPU time for 512 keys,
 // where the 2 MB read needs 0.5 us; folding the combine into the decode
 // kernel as a last-block merge measured slower); prefill: a producer
