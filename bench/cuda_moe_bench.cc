@@ -11,10 +11,15 @@
 //    (CudaBackend::record), as a serving engine runs decode.
 //  * Prefill, T = 1024 and 4096: TFLOP/s of the whole op and of its two grouped GEMMs
 //    alone (6 T k H I flops), next to DeepGEMM's published grouped-contiguous
-//    1214-1346 TFLOP/s (H800).
+//    1214-1346 TFLOP/s (H800). At T = 4096 every expert is used and the
+//    weights alone are 11.3 GB: ~2.7 ms of HBM reads at 4.2 TB/s, so the
+//    whole op cannot pass ~1,070 TFLOP/s at this shape on an H200.
+//  * Then DeepGEMM's own grouped-contiguous shapes (8 experts of 4096 rows
+//    each), each GEMM's TFLOP/s, with the two wgmma kernels.
 // Every configuration runs with each FP8 multiply (moe_gemm_kernels.h: the
 // PTX e4m3 mma, e4m3 reread as f16, and wgmma where it runs, promoted per
-// 128-K block or per k32 MMA, 64-row tiles) and the tile sizes that fit; stage times come from events
+// 128-K block or per k32 MMA, 64-row tiles, or fed by TMA in 192-row tiles)
+// and the tile sizes that fit; stage times come from events
 // between the op's kernels (median over repeats). Each row's output is
 // compared with the first row's of its T (the e4m3 mma): "vs first" is the
 // relative error (the sums differ only in order, so ~1e-6).
@@ -32,6 +37,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -163,15 +169,20 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < xh.numel(); ++i) xh.data<float>()[i] = normal(rng);
     const Tensor x = cuda_to_device(xh);
     Tensor out = cuda_empty({T, kHidden}, DType::kF32);
-    const std::vector<int> tiles = T >= 4096 ? std::vector<int>{64, 128} : T >= 1024 ? std::vector<int>{16, 64, 128} : T >= 128 ? std::vector<int>{16, 64}
-                                                                                     : std::vector<int>{16};
+    constexpr int kTma = cuda_kernels::kWgmmaTmaTileM;
+    const std::vector<int> tiles = T >= 4096   ? std::vector<int>{64, 128, kTma}
+                                   : T >= 1024 ? std::vector<int>{16, 64, 128, kTma}
+                                   : T >= 128  ? std::vector<int>{16, 64, kTma}
+                                               : std::vector<int>{16};
     const int reps = T >= 4096 ? std::max(3, repeats / 3) : repeats;
     Tensor first;  // the first configuration's output
     for (int mode : {cuda_kernels::kMoeMmaE4m3, cuda_kernels::kMoeMmaE4m3AsF16, cuda_kernels::kMoeMmaWgmma,
-                     cuda_kernels::kMoeMmaWgmmaPrecise})
+                     cuda_kernels::kMoeMmaWgmmaPrecise, cuda_kernels::kMoeMmaWgmmaTma})
       for (int tile : tiles) {
         const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
+        const bool tma = mode == cuda_kernels::kMoeMmaWgmmaTma;
         if (wgmma && (tile != cuda_kernels::kWgmmaTileM || !cuda_kernels::wgmma_available())) continue;
+        if ((tma != (tile == kTma)) || (tma && !cuda_kernels::wgmma_available())) continue;
         MoeOptions o;
         o.fp8_mma = mode;
         o.tile_m = tile;
@@ -211,6 +222,7 @@ int main(int argc, char** argv) {
         const char* mode_name = mode == cuda_kernels::kMoeMmaE4m3          ? "e4m3"
                                 : mode == cuda_kernels::kMoeMmaE4m3AsF16   ? "e4m3>f16"
                                 : mode == cuda_kernels::kMoeMmaWgmma       ? "wgmma"
+                                : mode == cuda_kernels::kMoeMmaWgmmaTma    ? "wgmma-tma"
                                                                            : "wgmma-k32";
         std::printf("%6lld %-9s %4d %9.1f | %7.1f %8.1f %7.1f %8.1f %7.1f | %8.1f %8.0f %9.1f %9.1f %9.1e%s\n",
                     static_cast<long long>(T), mode_name, tile,
@@ -247,6 +259,47 @@ int main(int argc, char** argv) {
                   6.0 * static_cast<double>(T) * kTopK * kHidden * kInter / sec * 1e-12, "-");
       BASALT_CUDA_CHECK(cudaEventDestroy(start));
       BASALT_CUDA_CHECK(cudaEventDestroy(stop));
+    }
+  }
+  // DeepGEMM's grouped-contiguous shapes: 8 experts of 4096 rows each (T =
+  // 4096, every token routed to all of the first 8 experts): GEMM 1 is 8
+  // groups of M 4096, N 4096, K 7168; GEMM 2 of M 4096, N 7168, K 2048.
+  {
+    constexpr int64_t T = 4096, E = 8;
+    const std::span<const MoeExpert> few(experts.data(), E);
+    const MoeExpertTable& few_table = tables.get(few, cuda.stream());
+    Tensor ids = Tensor::empty({T, E}, DType::kI32), w = Tensor::empty({T, E}, DType::kF32);
+    for (int64_t i = 0; i < T * E; ++i) {
+      ids.data<int32_t>()[i] = static_cast<int32_t>(i % E);
+      w.data<float>()[i] = 1.0f / E;
+    }
+    const Tensor d_ids = cuda_to_device(ids), d_w = cuda_to_device(w);
+    Tensor xh = Tensor::empty({T, kHidden}, DType::kF32);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t i = 0; i < xh.numel(); ++i) xh.data<float>()[i] = normal(rng);
+    const Tensor x = cuda_to_device(xh);
+    Tensor out = cuda_empty({T, kHidden}, DType::kF32);
+    const double flops1 = 2.0 * T * E * 2 * kInter * kHidden, flops2 = 2.0 * T * E * kHidden * kInter;
+    std::printf("\nDeepGEMM's grouped-contiguous shapes (8 groups x 4096 rows; GEMM 1 N 4096 K 7168, GEMM 2 N 7168 K "
+                "2048), TFLOP/s:\n");
+    for (auto [mode, tile] : {std::pair<int, int>{cuda_kernels::kMoeMmaWgmma, cuda_kernels::kWgmmaTileM},
+                              std::pair<int, int>{cuda_kernels::kMoeMmaWgmmaTma, cuda_kernels::kWgmmaTmaTileM}}) {
+      if (!cuda_kernels::wgmma_available()) break;
+      const MoeOptions o{mode, tile, false};
+      for (int r = 0; r < 2; ++r) cuda_moe_experts(x, d_ids, d_w, few_table, out, cuda.stream(), o);
+      std::vector<float> g1, g2;
+      for (int r = 0; r < std::max(3, repeats / 3); ++r) {
+        cuda_moe_experts(x, d_ids, d_w, few_table, out, cuda.stream(), o, &ev);
+        BASALT_CUDA_CHECK(cudaEventSynchronize(ev.at[5]));
+        float ms = 0;
+        BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.at[1], ev.at[2]));
+        g1.push_back(ms);
+        BASALT_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.at[3], ev.at[4]));
+        g2.push_back(ms);
+      }
+      std::printf("  %-9s %4d  GEMM 1 %8.1f us %7.1f TFLOP/s   GEMM 2 %8.1f us %7.1f TFLOP/s\n",
+                  mode == cuda_kernels::kMoeMmaWgmma ? "wgmma" : "wgmma-tma", tile, median(g1) * 1e3,
+                  flops1 / (median(g1) * 1e-3) * 1e-12, median(g2) * 1e3, flops2 / (median(g2) * 1e-3) * 1e-12);
     }
   }
   std::printf("\nceilings: H200 HBM read ~4180 GB/s (measured here); DeepGEMM grouped contiguous FP8 (H800) "

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/moe_gemm_kernels.h"
 #include "backend/cuda/moe_kernels.h"
+#include "backend/cuda/tensor_map.h"
 #include "core/error.h"
 
 namespace basalt {
@@ -71,10 +73,13 @@ namespace {
 using cuda_kernels::MoeExpertPtrs;
 
 // The FP8 GEMMs' multiply (cuda_kernels::MoeMmaMode) unless MoeOptions
-// says: wgmma where it runs and takes the tile (kWgmmaTileM rows), else
-// mma.sync e4m3.
+// says: where wgmma runs, the kernel of the tile (kWgmmaTileM rows: the
+// cp.async-fed one; kWgmmaTmaTileM: the TMA-fed one), else mma.sync e4m3.
 int default_fp8_mma(int tile_m) {
-  if (tile_m == cuda_kernels::kWgmmaTileM && cuda_kernels::wgmma_available()) return cuda_kernels::kMoeMmaWgmma;
+  if (cuda_kernels::wgmma_available()) {
+    if (tile_m == cuda_kernels::kWgmmaTileM) return cuda_kernels::kMoeMmaWgmma;
+    if (tile_m == cuda_kernels::kWgmmaTmaTileM) return cuda_kernels::kMoeMmaWgmmaTma;
+  }
   return cuda_kernels::kMoeMmaE4m3;
 }
 
@@ -130,6 +135,25 @@ void fill_table(MoeExpertTable& t, std::span<const MoeExpert> experts, cudaStrea
     const cudaError_t status = cuda_kernels::moe_fill_table(table, chunk, stream);
     BASALT_CHECK(status == cudaSuccess, "cuda moe_experts: table launch failed: {}", cudaGetErrorString(status));
   }
+  if (t.weight_maps.defined()) {
+    auto* maps = static_cast<TmaDescriptor*>(t.weight_maps.raw());
+    const int M = 3 * E;
+    for (int first = 0; first < M; first += cuda_kernels::kMoeTmaChunk) {
+      cuda_kernels::MoeTmaChunk chunk{};
+      chunk.first = first;
+      chunk.count = std::min(cuda_kernels::kMoeTmaChunk, M - first);
+      for (int i = 0; i < chunk.count; ++i) {
+        const int e = (first + i) / 3, m = (first + i) % 3;
+        const Tensor& w = matrix(experts[static_cast<size_t>(e)], m).weight;
+        const std::string error =
+            encode_rows_u8(chunk.d[i], w.raw(), static_cast<uint64_t>(w.dim(0)), static_cast<uint64_t>(w.dim(1)),
+                           cuda_kernels::kMoeTmaBoxRows, cuda_kernels::kMoeTmaBoxBytes);
+        BASALT_CHECK(error.empty(), "cuda moe_experts: expert {} {}: {}", e, matrix_name(m), error);
+      }
+      const cudaError_t status = cuda_kernels::moe_fill_tmaps(maps, chunk, stream);
+      BASALT_CHECK(status == cudaSuccess, "cuda moe_experts: descriptor launch failed: {}", cudaGetErrorString(status));
+    }
+  }
   t.written = !capturing(stream);
 }
 
@@ -176,6 +200,8 @@ MoeExpertTable build_table(std::span<const MoeExpert> experts, std::vector<uint6
     t.path = MoeExpertTable::Path::kGeneric;
   }
   t.entries = cuda_empty({t.experts * static_cast<int64_t>(sizeof(MoeExpertPtrs))}, DType::kF8E4M3);  // raw bytes
+  if (t.path == MoeExpertTable::Path::kFp8 && cuda_kernels::wgmma_available())
+    t.weight_maps = cuda_empty({t.experts * 3 * static_cast<int64_t>(sizeof(TmaDescriptor))}, DType::kF8E4M3);
   t.signature = std::move(signature);
   return t;
 }
@@ -231,8 +257,10 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   BASALT_CHECK(T == 0 || ob + out.nbytes() <= xb || xb + x.nbytes() <= ob, "cuda moe_experts: out must not overlap x");
   BASALT_CHECK(T * k <= std::numeric_limits<int32_t>::max() && T * std::max(H, I) < (int64_t{1} << 40),
                "cuda moe_experts: {} tokens x {} slots are too many", T, k);
-  BASALT_CHECK(options.tile_m == 0 || options.tile_m == 16 || options.tile_m == 64 || options.tile_m == 128,
-               "cuda moe_experts: tile_m {} is not 0, 16, 64 or 128", options.tile_m);
+  BASALT_CHECK(options.tile_m == 0 || options.tile_m == 16 || options.tile_m == 64 || options.tile_m == 128 ||
+                   options.tile_m == cuda_kernels::kWgmmaTmaTileM,
+               "cuda moe_experts: tile_m {} is not 0, 16, 64, 128 or {}", options.tile_m,
+               cuda_kernels::kWgmmaTmaTileM);
   if (T == 0) return;
   auto mark = [&](int i) {
     if (events) BASALT_CHECK(cudaEventRecord(events->at[i], stream) == cudaSuccess, "cuda moe_experts: event");
@@ -245,24 +273,38 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
 
   // Tile rows by the mean rows per used expert (at most min(E, R) are
   // used): 16 for decode (bound by the weights' bytes either way); above, 64
-  // and 128 on mma.sync, and the wgmma multiply's 64 for FP8 where it runs
-  // (faster than 128 rows on any multiply: bench/README.md).
+  // and 128 on mma.sync. FP8 where wgmma runs: 64 (the cp.async-fed wgmma
+  // kernel) up to 64 rows, then the TMA-fed kernel's 192, whose tiles hold
+  // a whole expert of up to 192 rows, so its weights cross from L2 once per
+  // column block (bench/README.md: the whole op 1.33x faster at 4K tokens,
+  // 128 rows an expert; even at 32).
   int tile_m = options.tile_m;
   if (tile_m == 0) {
     const int64_t used = std::min(E, R), mean = (R + used - 1) / used;
-    const bool wgmma_fp8 = path == MoeExpertTable::Path::kFp8 && options.fp8_mma < 0 &&
-                           cuda_kernels::wgmma_available();
-    tile_m = mean <= 16 ? 16 : (mean <= 64 || wgmma_fp8) ? 64 : 128;
+    const bool fp8_wgmma = path == MoeExpertTable::Path::kFp8 && cuda_kernels::wgmma_available();
+    if (fp8_wgmma && options.fp8_mma == cuda_kernels::kMoeMmaWgmmaTma)
+      tile_m = cuda_kernels::kWgmmaTmaTileM;
+    else if (fp8_wgmma && options.fp8_mma < 0)
+      tile_m = mean <= 16 ? 16 : mean <= 64 ? cuda_kernels::kWgmmaTileM : cuda_kernels::kWgmmaTmaTileM;
+    else
+      tile_m = mean <= 16 ? 16 : mean <= 64 ? 64 : 128;
   }
   const int64_t max_tiles = std::min(R, (R + std::min(E, R) * (tile_m - 1)) / tile_m);
   // The FP8 multiply, checked before anything is launched.
   const int mode = options.fp8_mma >= 0 ? options.fp8_mma : default_fp8_mma(tile_m);
   const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
+  const bool tma = path == MoeExpertTable::Path::kFp8 && mode == cuda_kernels::kMoeMmaWgmmaTma;
   BASALT_CHECK(path != MoeExpertTable::Path::kFp8 || !wgmma ||
                    (tile_m == cuda_kernels::kWgmmaTileM && cuda_kernels::wgmma_available()),
                "cuda moe_experts: the wgmma multiply needs an sm_90a build on an sm_90 device and {}-row tiles "
                "(tile_m {})",
                cuda_kernels::kWgmmaTileM, tile_m);
+  BASALT_CHECK(!tma || (tile_m == cuda_kernels::kWgmmaTmaTileM && table.weight_maps.defined()),
+               "cuda moe_experts: the TMA-fed wgmma multiply needs an sm_90a build on an sm_90 device and {}-row "
+               "tiles (tile_m {})",
+               cuda_kernels::kWgmmaTmaTileM, tile_m);
+  BASALT_CHECK(tile_m != cuda_kernels::kWgmmaTmaTileM || tma || path == MoeExpertTable::Path::kGeneric,
+               "cuda moe_experts: {}-row tiles are the TMA-fed wgmma multiply's", cuda_kernels::kWgmmaTmaTileM);
 
   // Scratch of the permutation: tiles (int4), the tile count, row_pair, pair_row.
   Tensor index = cuda_empty({4 * max_tiles + 4 + 2 * R}, DType::kI32);
@@ -300,16 +342,40 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
     const int64_t groups_i = (I + kFp8BlockSize - 1) / kFp8BlockSize;
     Tensor xq = cuda_empty({T, H}, DType::kF8E4M3), xs = cuda_empty({T, groups_h}, DType::kF32);
     cuda_quantize_fp8_groups(x, xq, xs, stream);
+    const auto* maps = tma ? static_cast<const TmaDescriptor*>(table.weight_maps.raw()) : nullptr;
+    // The TMA-fed GEMM reads whole boxes of rows: x's rows in expert order.
+    if (tma) {
+      Tensor xp = cuda_empty({R, H}, DType::kF8E4M3), xps = cuda_empty({R, groups_h}, DType::kF32);
+      check_launch(cuda_kernels::moe_gather_fp8_rows(static_cast<const uint8_t*>(xq.raw()), xs.data<const float>(),
+                                                     row_pair, static_cast<int32_t>(k), static_cast<int32_t>(R),
+                                                     static_cast<int32_t>(H), static_cast<int32_t>(groups_h),
+                                                     static_cast<uint8_t*>(xp.raw()), xps.data<float>(), stream),
+                   "row gather");
+      xq = xp;
+      xs = xps;
+    }
     mark(1);
+    // One grouped GEMM on rows `a` (R rows of K bytes when tma, else gathered).
+    const auto gemm = [&](const Tensor& a, bool gated, const char* what) {
+      if (!tma) {
+        check_launch(cuda_kernels::moe_gemm(g, mode, gated, tile_m, launch_tiles, stream), what);
+        return;
+      }
+      TmaDescriptor map_a;
+      const std::string error = encode_rows_u8(map_a, a.raw(), static_cast<uint64_t>(R), static_cast<uint64_t>(g.k),
+                                               cuda_kernels::kMoeTmaBoxRows, cuda_kernels::kMoeTmaBoxBytes);
+      BASALT_CHECK(error.empty(), "cuda moe_experts: {}: {}", what, error);
+      check_launch(cuda_kernels::moe_gemm_tma(g, map_a, maps, gated, launch_tiles, stream), what);
+    };
     Tensor act = cuda_empty({R, I}, DType::kF32);
     g.a = static_cast<const uint8_t*>(xq.raw());
     g.a_scale = xs.data<const float>();
-    g.gather = true;
+    g.gather = !tma;
     g.out = act.raw();
     g.out_bf16 = false;
     g.n = static_cast<int32_t>(I);
     g.k = static_cast<int32_t>(H);
-    check_launch(cuda_kernels::moe_gemm(g, mode, true, tile_m, launch_tiles, stream), "gate/up GEMM");
+    gemm(xq, true, "gate/up GEMM");
     mark(2);
     Tensor aq = cuda_empty({R, I}, DType::kF8E4M3), as = cuda_empty({R, groups_i}, DType::kF32);
     cuda_quantize_fp8_groups(act, aq, as, stream);
@@ -320,7 +386,7 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
     g.out = y.raw();
     g.n = static_cast<int32_t>(H);
     g.k = static_cast<int32_t>(I);
-    check_launch(cuda_kernels::moe_gemm(g, mode, false, tile_m, launch_tiles, stream), "down GEMM");
+    gemm(aq, false, "down GEMM");
     mark(4);
   } else if (path == MoeExpertTable::Path::kBf16) {
     Tensor xb16;

@@ -46,7 +46,8 @@ void cuda_moe_route(const Tensor& logits, const Tensor* bias, const MoeRoutePara
 //    synchronisation, so it can be recorded in a CUDA graph: a permutation
 //    kernel sorts the T * k (token, slot) pairs by expert and cuts each
 //    expert's rows into tiles of tile_m rows (16, 64 or 128, by the mean rows
-//    per used expert; FP8 on Hopper, 16 or 64); grouped GEMM 1 computes gate and up of each tile's
+//    per used expert; FP8 on Hopper 16, 64, or above 64 the 192 of the
+//    TMA-fed kernel); grouped GEMM 1 computes gate and up of each tile's
 //    rows (gathered from x) with silu(gate) * up in its epilogue; grouped
 //    GEMM 2 applies down; an un-permutation sums each token's k rows in slot
 //    order (no atomics: out is the same bits on every run).
@@ -57,7 +58,7 @@ void cuda_moe_route(const Tensor& logits, const Tensor* bias, const MoeRoutePara
 //    the f32 accumulator times act_scale * weight_scale. So the result
 //    differs from the CPU backend's (which keeps activations in f32) by the
 //    activations' e4m3 rounding, at most 2^-4 relative per element. On
-//    Hopper with 64-row tiles the sums run on wgmma, whose FP8 adds keep
+//    Hopper above 16 rows an expert the sums run on wgmma, whose FP8 adds keep
 //    about 14 bits (fixed point, aligned to the largest product): a further
 //    ~3e-3 relative (L2) against exact sums of the same products, what
 //    DeepGEMM and DeepSeek-V3's own inference compute (moe_gemm_kernels.h).
@@ -74,6 +75,10 @@ void cuda_moe_route(const Tensor& logits, const Tensor* bias, const MoeRoutePara
 struct MoeExpertTable {
   enum class Path { kBf16, kFp8, kGeneric };
   Tensor entries;  // the device table (cuda_kernels::MoeExpertPtrs [E]) as raw bytes
+  // TMA descriptors of every expert's gate, up and down ([E][3]
+  // TmaDescriptor as raw bytes) for the TMA-fed FP8 GEMM; set on the FP8
+  // path of an sm_90a build on Hopper, undefined otherwise.
+  Tensor weight_maps;
   int64_t experts = 0, hidden = 0, inter = 0;
   Path path = Path::kGeneric;
   std::vector<uint64_t> signature;  // every pointer, dtype and shape of the span
@@ -96,7 +101,7 @@ class MoeExpertTables {
 // Benchmark and test controls (the backend uses the defaults).
 struct MoeOptions {
   int fp8_mma = -1;    // cuda_kernels::MoeMmaMode of the FP8 path; -1: the default
-  int tile_m = 0;      // 16, 64 or 128; 0: by the mean rows per used expert
+  int tile_m = 0;      // 16, 64, 128 or 192 (the TMA-fed wgmma only); 0: by the mean rows per used expert
   bool generic = false;  // the generic path whatever the experts
   // Expert parallelism (Backend::moe_experts' first_expert): the table holds
   // experts [first_expert, first_expert + E) of the model, ids name the

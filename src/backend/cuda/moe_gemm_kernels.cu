@@ -28,6 +28,7 @@
 #include "backend/cuda/element_types.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/moe_gemm_kernels.h"
+#include "backend/cuda/tma.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace basalt::cuda_kernels {
@@ -679,6 +680,188 @@ cudaError_t launch_wgmma(const MoeGemmArgs& args, int max_tiles, cudaStream_t st
 }
 
 // ---------------------------------------------------------------------------
+// The FP8 grouped GEMM fed by TMA (sm_90a).
+//
+// A block is three computing warpgroups and one loading warp. The loading
+// warp's first lane walks the block's (tile, column block) pairs and, per
+// 128-K stage, waits for the stage's "empty" barrier, announces its bytes on
+// "full" and issues the TMA copies: 128 weight rows (gated: 64 gate and the
+// same 64 up rows; else 128 rows of down) and 64 activation rows for each
+// warpgroup whose rows the tile reaches. Warpgroup g computes tile rows
+// 64 g .. 64 g + 63 against all 128 weight rows (m64n128k32, four a stage),
+// promotes as moe_wgmma_kernel does, and each of its warps arrives on
+// "empty" once its MMAs have read the stage; a warpgroup past the tile's
+// rows only waits and arrives. The ring's stages and phases run on across
+// tiles, so the loads of a block's next tile overlap its last MMAs.
+//
+// Why 192 rows: an expert's rows all fit one tile up to 192 (DeepSeek-V3's
+// prefill at 4K tokens routes 128 +- 11 rows to each expert), so the weights
+// cross from L2 once per column block instead of once per 64-row tile, while
+// the MMAs skipped past the rows keep the tensor work that of 64-row tiles.
+
+constexpr int kTmaGroups = kWgmmaTmaTileM / 64;  // computing warpgroups
+constexpr int kTmaThreads = 128 * (kTmaGroups + 1);  // + the loading warpgroup
+// Registers a thread: 128 at launch (512 threads); the loading warpgroup
+// gives most of its share to the computing ones (per scheduler, three
+// computing warps and a loading one: 3 * 160 + 24 <= 512).
+constexpr int kTmaLoadRegs = 24, kTmaMathRegs = 160;
+constexpr int kTmaStages = 5;
+
+struct TmaSmem {
+  static constexpr int A_BYTES = kWgmmaTmaTileM * kBK, B_BYTES = kMoeGemmN * kBK;
+  static constexpr int BOX_BYTES = kMoeTmaBoxRows * kMoeTmaBoxBytes;
+  static_assert(kMoeTmaBoxBytes == kBK && A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0 && BOX_BYTES % 1024 == 0,
+                "boxes keep the swizzle's 1024-byte alignment");
+  static constexpr int BYTES = kTmaStages * (A_BYTES + B_BYTES) + 2 * kTmaStages * 8 + 1024;
+  uint32_t a, b, full, empty;  // shared addresses: A stages, B stages, mbarriers [kTmaStages] each
+  __device__ explicit TmaSmem(uint8_t* raw) {
+    const uint32_t base = smem_addr(raw) + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    a = base;
+    b = a + kTmaStages * A_BYTES;
+    full = b + kTmaStages * B_BYTES;
+    empty = full + kTmaStages * 8;
+  }
+};
+
+template <bool GATED>
+__global__ void __launch_bounds__(kTmaThreads, 1)
+    moe_wgmma_tma_kernel(const __grid_constant__ TmaDescriptor map_a, const TmaDescriptor* __restrict__ weight_maps,
+                         MoeGemmArgs a, int n_blocks) {
+  constexpr int STAGES = kTmaStages, BN = GATED ? kMoeGemmN / 2 : kMoeGemmN;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  const TmaSmem sm(smem_raw);
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbarrier_init(sm.full + 8 * s, 1);
+      mbarrier_init(sm.empty + 8 * s, 4 * kTmaGroups);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  const int KT = (a.k + kBK - 1) / kBK;
+  const int total = *a.num_tiles * n_blocks;
+
+  if (warp >= 4 * kTmaGroups) {  // the loading warpgroup: one thread issues
+    setmaxnreg_dec<kTmaLoadRegs>();
+    if (tid != 128 * kTmaGroups) return;
+    uint32_t it = 0;
+    for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
+      const int4 info = a.tiles[t / n_blocks];
+      const int nb = t % n_blocks, rows = info.z - info.y;
+      const int groups = min(kTmaGroups, (rows + 63) / 64);
+      const TmaDescriptor* main = weight_maps + 3 * info.x + (GATED ? 0 : 2);
+      const TmaDescriptor* second = GATED ? weight_maps + 3 * info.x + 1 : main;
+      tensormap_acquire(main);
+      if (GATED) tensormap_acquire(second);
+      // Weight rows of the stage's two boxes: gated, gate and up rows n0 ..
+      // n0 + 63; else rows n0 .. n0 + 127.
+      const int w0 = nb * BN, w1 = GATED ? w0 : w0 + kMoeTmaBoxRows;
+      const uint32_t bytes = static_cast<uint32_t>(TmaSmem::B_BYTES + groups * TmaSmem::BOX_BYTES);
+      for (int kt = 0; kt < KT; ++kt, ++it) {
+        const uint32_t s = it % STAGES, phase = (it / STAGES) & 1;
+        mbarrier_wait(sm.empty + 8 * s, phase ^ 1);
+        const uint32_t full = sm.full + 8 * s;
+        mbarrier_arrive_expect_tx(full, bytes);
+        const uint32_t b = sm.b + s * TmaSmem::B_BYTES, a_stage = sm.a + s * TmaSmem::A_BYTES;
+        tma_load_2d(b, main, kt * kBK, w0, full);
+        tma_load_2d(b + TmaSmem::BOX_BYTES, second, kt * kBK, w1, full);
+        for (int g = 0; g < groups; ++g)
+          tma_load_2d(a_stage + g * TmaSmem::BOX_BYTES, &map_a, kt * kBK, info.y + 64 * g, full);
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<kTmaMathRegs>();
+  const int group = warp / 4;
+  const int row_lo = 64 * group + (warp % 4) * 16 + lane / 4;  // this thread's tile rows: row_lo, row_lo + 8
+  uint32_t it = 0;
+  for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
+    const int4 info = a.tiles[t / n_blocks];
+    const int nb = t % n_blocks, row_begin = info.y, rows = info.z - info.y;
+    const bool active = 64 * group < rows;
+    const int n0 = nb * BN;
+    const MoeExpertPtrs& ex = a.table[info.x];
+    const float* const ws_main = ex.scale[GATED ? 0 : 2] + (n0 / 128) * KT;
+    const float* const ws_up = ex.scale[1] + (n0 / 128) * KT;
+    // Rows past the tile are never stored; their scales are read as zeros.
+    const float* const as_lo = row_lo < rows ? a.a_scale + static_cast<int64_t>(row_begin + row_lo) * KT : nullptr;
+    const float* const as_hi =
+        row_lo + 8 < rows ? a.a_scale + static_cast<int64_t>(row_begin + row_lo + 8) * KT : nullptr;
+    float acc[64], part[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int kt = 0; kt < KT; ++kt, ++it) {
+      const uint32_t s = it % STAGES, phase = (it / STAGES) & 1;
+      const uint32_t empty = sm.empty + 8 * s;
+      if (!active) {
+        mbarrier_wait(sm.full + 8 * s, phase);
+        if (lane == 0) mbarrier_arrive(empty);
+        continue;
+      }
+      const float s_lo = as_lo ? __ldg(as_lo + kt) : 0.0f, s_hi = as_hi ? __ldg(as_hi + kt) : 0.0f;
+      const float w_main = __ldg(ws_main + kt), w_up = GATED ? __ldg(ws_up + kt) : 0.0f;
+      mbarrier_wait(sm.full + 8 * s, phase);
+      const uint64_t desc_a = wgmma_desc_sw128(sm.a + s * TmaSmem::A_BYTES + group * TmaSmem::BOX_BYTES);
+      const uint64_t desc_b = wgmma_desc_sw128(sm.b + s * TmaSmem::B_BYTES);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kBK / 32; ++ks) wgmma_m64n128k32_e4m3(part, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(part);
+      if (lane == 0) mbarrier_arrive(empty);
+      wgmma_promote<GATED>(acc, part, s_lo, s_hi, w_main, w_up);
+    }
+    if (active) wgmma_store<GATED>(a, acc, rows, row_begin, row_lo, lane % 4, n0);
+  }
+}
+
+template <bool GATED>
+cudaError_t launch_wgmma_tma(const MoeGemmArgs& args, const TmaDescriptor& map_a, const TmaDescriptor* weight_maps,
+                             int max_tiles, cudaStream_t stream) {
+  constexpr int SMEM = TmaSmem::BYTES;
+  static const cudaError_t configured =
+      cudaFuncSetAttribute(moe_wgmma_tma_kernel<GATED>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  if (configured != cudaSuccess) return configured;
+  static const int sms = [] {
+    int device = 0, count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return 1;
+    return count;
+  }();
+  constexpr int BN = GATED ? kMoeGemmN / 2 : kMoeGemmN;
+  const int n_blocks = (args.n + BN - 1) / BN;
+  const int64_t pairs = static_cast<int64_t>(max_tiles) * n_blocks;
+  const int grid = static_cast<int>(pairs < sms ? pairs : sms);
+  if (grid == 0) return cudaSuccess;
+  moe_wgmma_tma_kernel<GATED><<<grid, kTmaThreads, SMEM, stream>>>(map_a, weight_maps, args, n_blocks);
+  return cudaGetLastError();
+}
+
+__global__ void moe_fill_tmaps_kernel(TmaDescriptor* maps, MoeTmaChunk chunk) {
+  const int i = static_cast<int>(threadIdx.x) / 16, word = static_cast<int>(threadIdx.x) % 16;
+  if (i < chunk.count) maps[chunk.first + i].opaque[word] = chunk.d[i].opaque[word];
+}
+
+__global__ void __launch_bounds__(128)
+    moe_gather_fp8_rows_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scale,
+                               const int32_t* __restrict__ row_pair, int32_t top_k, int32_t k_bytes,
+                               int32_t k_blocks, uint8_t* __restrict__ dst_q, float* __restrict__ dst_scale) {
+  const int64_t r = blockIdx.x;
+  const int32_t pair = row_pair[r];
+  if (pair < 0) return;
+  const int64_t src = pair / top_k;
+  const uint4* from = reinterpret_cast<const uint4*>(q + src * k_bytes);
+  uint4* to = reinterpret_cast<uint4*>(dst_q + r * k_bytes);
+  for (int c = static_cast<int>(threadIdx.x); c < k_bytes / 16; c += 128) to[c] = from[c];
+  for (int c = static_cast<int>(threadIdx.x); c < k_blocks; c += 128)
+    dst_scale[r * k_blocks + c] = scale[src * k_blocks + c];
+}
+
+// ---------------------------------------------------------------------------
 // The generic GEMMs: one warp per output element.
 
 constexpr int kGenericWarps = 8;
@@ -798,6 +981,27 @@ cudaError_t moe_gemm(const MoeGemmArgs& args, int mode, bool gated, int tile_m, 
     case 128: return launch_gemm_m<128>(args, mode, gated, max_tiles, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t moe_gemm_tma(const MoeGemmArgs& args, const TmaDescriptor& map_a, const TmaDescriptor* weight_maps,
+                         bool gated, int max_tiles, cudaStream_t stream) {
+  if (args.gather || args.out_bf16) return cudaErrorInvalidValue;
+  return gated ? launch_wgmma_tma<true>(args, map_a, weight_maps, max_tiles, stream)
+               : launch_wgmma_tma<false>(args, map_a, weight_maps, max_tiles, stream);
+}
+
+cudaError_t moe_fill_tmaps(TmaDescriptor* maps, const MoeTmaChunk& chunk, cudaStream_t stream) {
+  moe_fill_tmaps_kernel<<<1, 16 * kMoeTmaChunk, 0, stream>>>(maps, chunk);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_gather_fp8_rows(const uint8_t* q, const float* scale, const int32_t* row_pair, int32_t top_k,
+                                int32_t rows, int32_t k_bytes, int32_t k_blocks, uint8_t* dst_q, float* dst_scale,
+                                cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  moe_gather_fp8_rows_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(q, scale, row_pair, top_k, k_bytes,
+                                                                              k_blocks, dst_q, dst_scale);
+  return cudaGetLastError();
 }
 
 cudaError_t moe_generic_gemm(const MoeGenericArgs& args, bool gated, cudaStream_t stream) {

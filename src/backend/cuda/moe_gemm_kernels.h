@@ -24,6 +24,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/tensor_map.h"
+
 namespace basalt::cuda_kernels {
 
 inline constexpr int kMoeExpertsMax = 4096;  // counts and cursors of the permutation in shared memory
@@ -96,7 +98,9 @@ struct MoeGemmArgs {
 // e4m3 operands reread in registers as f16 by moving bits (value * 2^-8,
 // exact) into f16 mma m16n8k16, the 2^16 folded into the promotion scale.
 // or e4m3 operands on Hopper's warpgroup MMA (wgmma m64n128k32 e4m3 from
-// shared memory, sm_90a only: wgmma_available() in kernel_caps.h; tile_m kWgmmaTileM).
+// shared memory, sm_90a only: wgmma_available() in kernel_caps.h; tile_m kWgmmaTileM),
+// or the same MMA fed by TMA in a persistent warp-specialized kernel
+// (kMoeMmaWgmmaTma: moe_gemm_tma below, tile_m kWgmmaTmaTileM).
 // Every FP8 mode computes the same products. The mma.sync modes sum them in
 // f32; wgmma's FP8 path adds inside the tensor core with fewer mantissa bits
 // (DeepSeek-V3's report, section 3.3.2: about 14), so kMoeMmaWgmma, which
@@ -108,12 +112,48 @@ enum MoeMmaMode : int {
   kMoeMmaE4m3 = 1,
   kMoeMmaE4m3AsF16 = 2,
   kMoeMmaWgmma = 3,
-  kMoeMmaWgmmaPrecise = 4
+  kMoeMmaWgmmaPrecise = 4,
+  kMoeMmaWgmmaTma = 5
 };
 // tile_m is 16, 64 or 128 (the tile_m of moe_permute); the wgmma modes take
 // kWgmmaTileM and FP8 operands only (cudaErrorInvalidValue otherwise).
 inline constexpr int kWgmmaTileM = 64;
 cudaError_t moe_gemm(const MoeGemmArgs& args, int mode, bool gated, int tile_m, int max_tiles, cudaStream_t stream);
+
+// The FP8 grouped GEMM fed by TMA (sm_90a; kMoeMmaWgmmaTma), what moe_gemm
+// computes with the wgmma multiply, for tiles of up to kWgmmaTmaTileM rows:
+// one warpgroup per 64 of them, each skipping its MMAs when the tile's rows
+// end before its own, so an expert of up to 192 rows reads its weights once
+// per column block. Persistent: one block per SM walks (tile, column block)
+// pairs, a tile's column blocks on neighbouring blocks.
+//   * args.gather must be false: A is [R, K] in row order (for gate/up,
+//     moe_gather_fp8_rows writes it), a_scale [R, ceil(K/128)];
+//   * map_a describes A (encode_rows_u8: R rows of K bytes, box
+//     kMoeTmaBoxRows x kMoeTmaBoxBytes); weight_maps [experts][3] the same for
+//     every expert's gate, up and down matrices (moe_fill_tmaps), in global
+//     memory, 128-byte aligned;
+//   * out is f32 (out_bf16 false).
+inline constexpr int kWgmmaTmaTileM = 192;
+inline constexpr int kMoeTmaBoxRows = 64, kMoeTmaBoxBytes = 128;
+cudaError_t moe_gemm_tma(const MoeGemmArgs& args, const TmaDescriptor& map_a, const TmaDescriptor* weight_maps,
+                         bool gated, int max_tiles, cudaStream_t stream);
+
+// Descriptors written to device memory by a kernel whose parameters carry
+// them (as moe_fill_table, so that a capture records them).
+inline constexpr int kMoeTmaChunk = 16;
+struct MoeTmaChunk {
+  TmaDescriptor d[kMoeTmaChunk];
+  int first, count;
+};
+cudaError_t moe_fill_tmaps(TmaDescriptor* maps, const MoeTmaChunk& chunk, cudaStream_t stream);
+
+// dst_q[r] = q[row_pair[r] / top_k] (k_bytes bytes) and dst_scale[r] =
+// scale[row_pair[r] / top_k] (k_blocks floats) for r < rows; rows whose
+// row_pair is -1 are left as they are. Every pointer 16-byte aligned,
+// k_bytes a multiple of 16.
+cudaError_t moe_gather_fp8_rows(const uint8_t* q, const float* scale, const int32_t* row_pair, int32_t top_k,
+                                int32_t rows, int32_t k_bytes, int32_t k_blocks, uint8_t* dst_q, float* dst_scale,
+                                cudaStream_t stream);
 
 // The generic GEMMs: A rows of f32 (or bf16 when a_bf16) of k elements
 // (gathered as above); weights of any MoeWeightKind, dequantized to f32; f32
