@@ -407,6 +407,20 @@ Tensor run_op(CudaBackend& cuda, const Tensor& d_x, const Tensor& d_ids, const T
   return got;
 }
 
+// The op's inputs on the device, written in place (so that a recorded graph
+// replays on new ones).
+struct DeviceInputs {
+  Tensor x, ids, weights;
+  DeviceInputs(int64_t T, int64_t H, int64_t k)
+      : x(cuda_empty({T, H}, DType::kF32)), ids(cuda_empty({T, k}, DType::kI32)),
+        weights(cuda_empty({T, k}, DType::kF32)) {}
+  void upload(CudaBackend& cuda, const Tensor& xs, const Routing& r) {
+    cuda.copy(xs, x);
+    cuda.copy(r.ids, ids);
+    cuda.copy(r.weights, weights);
+  }
+};
+
 std::string describe_case(DType w, int64_t E, int64_t k, int64_t H, int64_t I, int64_t T, DType x) {
   return std::string(dtype_name(w)) + " experts, E " + std::to_string(E) + ", top_k " + std::to_string(k) + ", H " +
          std::to_string(H) + ", I " + std::to_string(I) + ", T " + std::to_string(T) + ", x " + std::string(dtype_name(x));
@@ -653,13 +667,10 @@ TEST(CudaMoe, ExpertsTmaRecordAndReplay) {
   const int64_t E = 6, H = 384, I = 208, T = 260, k = 2;  // I: a partial K block of GEMM 2, a partial column block
   const Experts ex = make_experts(rng, E, H, I, [](int64_t, int) { return DType::kF8E4M3; });
   const MoeOptions o{cuda_kernels::kMoeMmaWgmmaTma, cuda_kernels::kWgmmaTmaTileM, false};
-  Tensor d_x = cuda_empty({T, H}, DType::kF32), d_ids = cuda_empty({T, k}, DType::kI32),
-         d_w = cuda_empty({T, k}, DType::kF32), out = cuda_empty({T, H}, DType::kF32);
-  auto upload = [&](const Tensor& x, const Routing& r) {
-    cuda.copy(x, d_x);
-    cuda.copy(r.ids, d_ids);
-    cuda.copy(r.weights, d_w);
-  };
+  DeviceInputs in(T, H, k);
+  const Tensor &d_x = in.x, &d_ids = in.ids, &d_w = in.weights;
+  Tensor out = cuda_empty({T, H}, DType::kF32);
+  const auto upload = [&](const Tensor& xs, const Routing& r) { in.upload(cuda, xs, r); };
   Tensor x = testing::random_tensor(rng, {T, H}, DType::kF32);
   Routing route = random_routing(rng, T, E, k, true);
   upload(x, route);
@@ -761,13 +772,10 @@ TEST(CudaMoe, ExpertsRecordAndReplay) {
     CpuBackend cpu = exact_cpu();
     const int64_t E = 8, H = 256, I = 128, T = 5, k = 2;
     const Experts ex = make_experts(rng, E, H, I, [&](int64_t, int) { return wdt; });
-    Tensor d_x = cuda_empty({T, H}, DType::kF32), d_ids = cuda_empty({T, k}, DType::kI32),
-           d_w = cuda_empty({T, k}, DType::kF32), out = cuda_empty({T, H}, DType::kF32);
-    auto upload = [&](const Tensor& x, const Routing& r) {
-      cuda.copy(x, d_x);
-      cuda.copy(r.ids, d_ids);
-      cuda.copy(r.weights, d_w);
-    };
+    DeviceInputs in(T, H, k);
+    const Tensor &d_x = in.x, &d_ids = in.ids, &d_w = in.weights;
+    Tensor out = cuda_empty({T, H}, DType::kF32);
+    const auto upload = [&](const Tensor& xs, const Routing& r) { in.upload(cuda, xs, r); };
     Tensor x = testing::random_tensor(rng, {T, H}, DType::kF32);
     Routing route = random_routing(rng, T, E, k);
     upload(x, route);

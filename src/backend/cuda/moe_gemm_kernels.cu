@@ -528,6 +528,18 @@ __device__ __forceinline__ void wgmma_promote(float (&acc)[64], const float (&pa
   }
 }
 
+// One stage's four k32 MMAs (A at desc_a, B at desc_b) into a fresh partial
+// sum, waited for: the stage's shared memory may be refilled once this
+// returns.
+__device__ __forceinline__ void wgmma_stage_partial(float (&part)[64], uint64_t desc_a, uint64_t desc_b) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kBK / 32; ++ks) wgmma_m64n128k32_e4m3(part, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(part);
+}
+
 // One stage's MMAs (A at desc_a, B at desc_b) and their promotion; the
 // stage's shared memory may be refilled once this returns.
 template <bool GATED, bool PRECISE>
@@ -544,12 +556,7 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[64], float (&part)[64],
       wgmma_promote<GATED>(acc, part, s_lo, s_hi, w_main, w_up);
     }
   } else {
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kBK / 32; ++ks) wgmma_m64n128k32_e4m3(part, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(part);
+    wgmma_stage_partial(part, desc_a, desc_b);
     wgmma_promote<GATED>(acc, part, s_lo, s_hi, w_main, w_up);
   }
 }
@@ -803,14 +810,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       const float s_lo = as_lo ? __ldg(as_lo + kt) : 0.0f, s_hi = as_hi ? __ldg(as_hi + kt) : 0.0f;
       const float w_main = __ldg(ws_main + kt), w_up = GATED ? __ldg(ws_up + kt) : 0.0f;
       mbarrier_wait(sm.full + 8 * s, phase);
-      const uint64_t desc_a = wgmma_desc_sw128(sm.a + s * TmaSmem::A_BYTES + group * TmaSmem::BOX_BYTES);
-      const uint64_t desc_b = wgmma_desc_sw128(sm.b + s * TmaSmem::B_BYTES);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kBK / 32; ++ks) wgmma_m64n128k32_e4m3(part, desc_a + 2 * ks, desc_b + 2 * ks, ks > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operands(part);
+      wgmma_stage_partial(part, wgmma_desc_sw128(sm.a + s * TmaSmem::A_BYTES + group * TmaSmem::BOX_BYTES),
+                          wgmma_desc_sw128(sm.b + s * TmaSmem::B_BYTES));
       if (lane == 0) mbarrier_arrive(empty);
       wgmma_promote<GATED>(acc, part, s_lo, s_hi, w_main, w_up);
     }
