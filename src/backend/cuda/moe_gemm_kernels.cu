@@ -689,8 +689,8 @@ cudaError_t launch_wgmma(const MoeGemmArgs& args, int max_tiles, cudaStream_t st
 // ---------------------------------------------------------------------------
 // The FP8 grouped GEMM fed by TMA (sm_90a).
 //
-// A block is three computing warpgroups and one loading warp. The loading
-// warp's first lane walks the block's (tile, column block) pairs and, per
+// A block is three computing warpgroups and one loading warpgroup, of which
+// one thread walks the block's (tile, column block) pairs and, per
 // 128-K stage, waits for the stage's "empty" barrier, announces its bytes on
 // "full" and issues the TMA copies: 128 weight rows (gated: 64 gate and the
 // same 64 up rows; else 128 rows of down) and 64 activation rows for each

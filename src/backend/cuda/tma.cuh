@@ -6,8 +6,8 @@
 //
 // Contract:
 //  * Each wrapper is one PTX instruction as the PTX ISA documents it
-//    (9.7.9.25 cp.async.bulk.tensor; 9.7.13.15 mbarrier; 9.7.13.4 fence.proxy
-//    .tensormap); none adds synchronisation beyond its own.
+//    (cp.async.bulk.tensor, mbarrier, fence.proxy.tensormap, setmaxnreg);
+//    none adds synchronisation beyond its own.
 //  * Barriers are named by their shared-memory address (8 bytes, 8-aligned).
 //    A phase completes when `count` arrivals (mbarrier_init) have come and
 //    every byte announced with mbarrier_arrive_expect_tx has landed; waits
@@ -20,6 +20,8 @@
 //  * A tensor map in global memory written by an earlier kernel (a generic
 //    store) is read by TMA through another proxy: tensormap_acquire on its
 //    address orders the two before its first use in a kernel.
+//  * setmaxnreg moves registers between the warpgroups of a block: one
+//    gives some back (dec) so that others may take more (inc).
 //  * Compiled only for sm_90a (BASALT_WGMMA, wgmma.cuh); elsewhere the
 //    wrappers trap, and callers choose another kernel.
 #pragma once
