@@ -30,6 +30,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/moe_gemm_kernels.h"
+#include "backend/cuda/tensor_map.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -695,6 +696,21 @@ TEST(CudaMoe, ExpertsTmaRecordAndReplay) {
         << "replay " << round;
     EXPECT_TRUE(testing::bytes_equal(replayed, run_op(cuda, d_x, d_ids, d_w, table, o))) << "replay " << round;
   }
+}
+
+// The TMA descriptors' encoder: what the driver refuses comes back as a
+// message (a base or row stride off 16 bytes, a box of more than 256 rows),
+// never a descriptor.
+TEST(CudaMoe, TensorMapEncodingRefusesWhatTmaCannotRead) {
+  REQUIRE_DEVICE();
+  if (!cuda_kernels::wgmma_available()) GTEST_SKIP() << "not an sm_90a build on an sm_90 device";
+  const Tensor rows = cuda_empty({64, 256}, DType::kF8E4M3);
+  const auto* base = static_cast<const uint8_t*>(rows.raw());
+  TmaDescriptor d{};
+  EXPECT_EQ(encode_rows_u8(d, base, 64, 256, 64, 128), "");
+  EXPECT_NE(encode_rows_u8(d, base + 8, 63, 256, 64, 128), "");
+  EXPECT_NE(encode_rows_u8(d, base, 64, 200, 64, 128), "");
+  EXPECT_NE(encode_rows_u8(d, base, 64, 256, 300, 128), "");
 }
 
 // Experts that take the generic path: f32, f16, and a mix of bf16, FP8 and
