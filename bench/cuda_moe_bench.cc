@@ -14,8 +14,9 @@
 //    1214-1346 TFLOP/s (H800). At T = 4096 every expert is used and the
 //    weights alone are 11.3 GB: ~2.7 ms of HBM reads at 4.2 TB/s, so the
 //    whole op cannot pass ~1,070 TFLOP/s at this shape on an H200.
-//  * Then DeepGEMM's own grouped-contiguous shapes (8 experts of 4096 rows
-//    each), each GEMM's TFLOP/s, with the two wgmma kernels.
+//  * Then a shape like those of DeepGEMM's grouped-contiguous figures (8
+//    experts of 4096 rows each), each GEMM's TFLOP/s, with the two wgmma
+//    kernels.
 // Every configuration runs with each FP8 multiply (moe_gemm_kernels.h: the
 // PTX e4m3 mma, e4m3 reread as f16, and wgmma where it runs, promoted per
 // 128-K block or per k32 MMA, 64-row tiles, or fed by TMA in 192-row tiles)
@@ -261,9 +262,10 @@ int main(int argc, char** argv) {
       BASALT_CUDA_CHECK(cudaEventDestroy(stop));
     }
   }
-  // DeepGEMM's grouped-contiguous shapes: 8 experts of 4096 rows each (T =
-  // 4096, every token routed to all of the first 8 experts): GEMM 1 is 8
-  // groups of M 4096, N 4096, K 7168; GEMM 2 of M 4096, N 7168, K 2048.
+  // A shape like those of DeepGEMM's grouped-contiguous figures: 8 experts
+  // of 4096 rows each (T = 4096, every token routed to all of the first 8
+  // experts). GEMM 1 is 8 groups of M 4096, N 4096, K 7168; GEMM 2 of M
+  // 4096, N 7168, K 2048.
   {
     constexpr int64_t T = 4096, E = 8;
     const std::span<const MoeExpert> few(experts.data(), E);
@@ -280,8 +282,8 @@ int main(int argc, char** argv) {
     const Tensor x = cuda_to_device(xh);
     Tensor out = cuda_empty({T, kHidden}, DType::kF32);
     const double flops1 = 2.0 * T * E * 2 * kInter * kHidden, flops2 = 2.0 * T * E * kHidden * kInter;
-    std::printf("\nDeepGEMM's grouped-contiguous shapes (8 groups x 4096 rows; GEMM 1 N 4096 K 7168, GEMM 2 N 7168 K "
-                "2048), TFLOP/s:\n");
+    std::printf("\nshaped like DeepGEMM's grouped-contiguous figures (8 groups x 4096 rows; GEMM 1 N 4096 K 7168, "
+                "GEMM 2 N 7168 K 2048), TFLOP/s:\n");
     for (auto [mode, tile] : {std::pair<int, int>{cuda_kernels::kMoeMmaWgmma, cuda_kernels::kWgmmaTileM},
                               std::pair<int, int>{cuda_kernels::kMoeMmaWgmmaTma, cuda_kernels::kWgmmaTmaTileM}}) {
       if (!cuda_kernels::wgmma_available()) break;

@@ -637,7 +637,7 @@ TEST(CudaMoe, ExpertsWgmmaOnHopper) {
       EXPECT_TRUE(testing::bytes_equal(got, wgmma_result)) << "the TMA-fed GEMM parts from the cp.async one";
     }
     if (o.fp8_mma < 0) {
-      EXPECT_EQ(e, error[0]) << "the default is the wgmma multiply";
+      EXPECT_EQ(e, error[0]) << "the default is the wgmma multiply (here the TMA-fed kernel, the same bits)";
     }
   }
   // Promoting after every k32 MMA leaves less in the tensor cores' sums.

@@ -273,19 +273,21 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
 
   // Tile rows by the mean rows per used expert (at most min(E, R) are
   // used): 16 for decode (bound by the weights' bytes either way); above, 64
-  // and 128 on mma.sync, and the wgmma multiply's 64 for FP8 where it runs
-  // (faster than 128 rows on any multiply: bench/README.md). The TMA-fed
-  // kernel, when asked for, takes its 192. (It is 1.33x faster at 4K tokens,
-  // bench/README.md; it becomes the default above 64 rows an expert once its
-  // graph test and the model suites have run on a GPU with it.)
+  // and 128 on mma.sync. FP8 where wgmma runs: 64 (the cp.async-fed wgmma
+  // kernel) up to 64 rows, then the TMA-fed kernel's 192, whose tiles hold a
+  // whole expert of up to 192 rows, so its weights cross from L2 once per
+  // column block: the same bits, 1.35x the whole op at 4K tokens (128 rows
+  // an expert), even at 32 (bench/README.md).
   int tile_m = options.tile_m;
   if (tile_m == 0) {
     const int64_t used = std::min(E, R), mean = (R + used - 1) / used;
     const bool fp8_wgmma = path == MoeExpertTable::Path::kFp8 && cuda_kernels::wgmma_available();
     if (fp8_wgmma && options.fp8_mma == cuda_kernels::kMoeMmaWgmmaTma)
       tile_m = cuda_kernels::kWgmmaTmaTileM;
+    else if (fp8_wgmma && options.fp8_mma < 0)
+      tile_m = mean <= 16 ? 16 : mean <= 64 ? cuda_kernels::kWgmmaTileM : cuda_kernels::kWgmmaTmaTileM;
     else
-      tile_m = mean <= 16 ? 16 : (mean <= 64 || (fp8_wgmma && options.fp8_mma < 0)) ? 64 : 128;
+      tile_m = mean <= 16 ? 16 : mean <= 64 ? 64 : 128;
   }
   const int64_t max_tiles = std::min(R, (R + std::min(E, R) * (tile_m - 1)) / tile_m);
   // The FP8 multiply, checked before anything is launched.

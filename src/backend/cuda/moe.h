@@ -46,8 +46,8 @@ void cuda_moe_route(const Tensor& logits, const Tensor* bias, const MoeRoutePara
 //    synchronisation, so it can be recorded in a CUDA graph: a permutation
 //    kernel sorts the T * k (token, slot) pairs by expert and cuts each
 //    expert's rows into tiles of tile_m rows (16, 64 or 128, by the mean rows
-//    per used expert; FP8 on Hopper 16 or 64, or 192 on the TMA-fed kernel
-//    when MoeOptions asks for it); grouped GEMM 1 computes gate and up of each tile's
+//    per used expert; FP8 on Hopper 16, 64, or above 64 the 192 of the
+//    TMA-fed kernel); grouped GEMM 1 computes gate and up of each tile's
 //    rows (gathered from x) with silu(gate) * up in its epilogue; grouped
 //    GEMM 2 applies down; an un-permutation sums each token's k rows in slot
 //    order (no atomics: out is the same bits on every run).
@@ -58,7 +58,7 @@ void cuda_moe_route(const Tensor& logits, const Tensor* bias, const MoeRoutePara
 //    the f32 accumulator times act_scale * weight_scale. So the result
 //    differs from the CPU backend's (which keeps activations in f32) by the
 //    activations' e4m3 rounding, at most 2^-4 relative per element. On
-//    Hopper with 64-row tiles (or 192) the sums run on wgmma, whose FP8 adds keep
+//    Hopper above 16 rows an expert the sums run on wgmma, whose FP8 adds keep
 //    about 14 bits (fixed point, aligned to the largest product): a further
 //    ~3e-3 relative (L2) against exact sums of the same products, what
 //    DeepGEMM and DeepSeek-V3's own inference compute (moe_gemm_kernels.h).
