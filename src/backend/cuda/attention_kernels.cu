@@ -1228,13 +1228,6 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttentionArgs a) {
 // ---------------------------------------------------------------------------
 // Launch helpers.
 
-int sm_count() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 132;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) return 132;
-  return sms;
-}
-
 // The decode kernel's geometry for a cache type and the widest head dim.
 struct DecodeGeometry {
   int vec, lpk, cpl;

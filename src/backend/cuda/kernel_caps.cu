@@ -21,4 +21,11 @@ bool wgmma_available() {
 #endif
 }
 
+int sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 132;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) return 132;
+  return sms;
+}
+
 }  // namespace basalt::cuda_kernels

@@ -6,10 +6,15 @@
 // by CMakeLists.txt), so the wgmma kernels (wgmma.cuh: the MoE FP8 GEMMs,
 // the MLA decode core) can launch; otherwise callers take their mma.sync
 // kernels. Asked once per process (the first call's device).
+//
+// sm_count() is the current device's multiprocessor count (132, an H100's
+// or H200's, when the runtime cannot say), asked on every call, so that
+// threads driving different devices each get their own.
 #pragma once
 
 namespace basalt::cuda_kernels {
 
 bool wgmma_available();
+int sm_count();
 
 }  // namespace basalt::cuda_kernels

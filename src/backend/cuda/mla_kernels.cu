@@ -40,6 +40,7 @@
 #include <type_traits>
 
 #include "backend/cuda/element_types.cuh"
+#include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/mla_core.cuh"
 #include "backend/cuda/mla_kernels.h"
@@ -764,17 +765,6 @@ cudaError_t launch_mma(const MlaArgs& a, dim3 grid, cudaStream_t stream) {
   if (configured != cudaSuccess) return configured;
   mla_mma_kernel<O><<<grid, kMmaThreads, kMmaSmemBytes, stream>>>(a);
   return cudaGetLastError();
-}
-
-int sm_count() {
-  static const int count = [] {
-    int device = 0, n = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0)
-      return 132;
-    return n;
-  }();
-  return count;
 }
 
 }  // namespace

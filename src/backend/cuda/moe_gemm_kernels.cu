@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "backend/cuda/element_types.cuh"
+#include "backend/cuda/kernel_caps.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/moe_gemm_kernels.h"
 #include "backend/cuda/tma.cuh"
@@ -826,13 +827,7 @@ cudaError_t launch_wgmma_tma(const MoeGemmArgs& args, const TmaDescriptor& map_a
   static const cudaError_t configured =
       cudaFuncSetAttribute(moe_wgmma_tma_kernel<GATED>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (configured != cudaSuccess) return configured;
-  static const int sms = [] {
-    int device = 0, count = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-      return 1;
-    return count;
-  }();
+  const int sms = sm_count();
   constexpr int BN = GATED ? kMoeGemmN / 2 : kMoeGemmN;
   const int n_blocks = (args.n + BN - 1) / BN;
   const int64_t pairs = static_cast<int64_t>(max_tiles) * n_blocks;
