@@ -4,7 +4,7 @@
 //  * decode: batch 1, 32 and 256 with 512 and 4096 keys per sequence, and
 //    batch 8 and 64 (the 8B decode bench's batches) with 512; time
 //    per call and the effective bandwidth of the K and V rows read, next to
-//    the H200's measured 4.18 TB/s read ceiling (../shared PERF-ANCHORS);
+//    the H200's 4.18 TB/s read ceiling (measured read-only, 2026-11);
 //  * prefill: one 4096-token prompt and 8 prompts of 512; TFLOP/s of the
 //    causal work (4 * head_dim flops per visible (query, key) pair and head),
 //    next to ~700 TFLOP/s dense bf16.

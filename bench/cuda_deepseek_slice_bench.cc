@@ -19,7 +19,7 @@
 // upload included. The floor is the bytes a step must read -- the weights
 // (deepseek_decode_bytes: every non-expert weight, and the routed experts
 // that uniform routing touches in expectation) plus the latent cache -- over
-// the H200's measured 4.18 TB/s (../shared PERF-ANCHORS). Prefill: one
+// the H200's measured 4.18 TB/s (read-only, 2026-11). Prefill: one
 // prompt of --prompt tokens (default 4096) in one forward, best of two after
 // a warm-up. One eager step per batch size, and one prefill, then run with
 // the op profiler. Verification: one sequence over the same context with 1,

@@ -2,8 +2,8 @@
 // its lm_head, for decode (M = 1, 8, 64, 256) and prefill (M = 4096) token
 // counts: time per call (median of timed repeats with CUDA events), TFLOP/s,
 // and effective GB/s (weights + activations read, output written) next to
-// the H200's measured ceilings (../shared PERF-ANCHORS: 4.18 TB/s read-only,
-// ~636-790 TFLOP/s dense bf16 at M = 4096).
+// the H200's measured ceilings (2026-11: 4.18 TB/s read-only, ~636-790
+// TFLOP/s dense bf16 from cuBLAS at M = 4096).
 //
 // Weights rotate over enough copies (> 4x the 60 MB L2) that every call reads
 // them from HBM, as decode does.

@@ -20,7 +20,7 @@
 // over --tokens steps after two warm-ups, timed on the host around a
 // synchronised forward, with the host-to-device batch upload included as the
 // engine pays it. The floor is weight bytes / 4.18 TB/s (the H200's measured
-// read bandwidth, ../shared PERF-ANCHORS). Prefill runs one forward over B
+// read bandwidth, read-only, 2026-11). Prefill runs one forward over B
 // prompts of `context` tokens each (B <= 8).
 #include <algorithm>
 #include <chrono>
