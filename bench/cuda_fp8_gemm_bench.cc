@@ -3,10 +3,11 @@
 // 4096x7168, 7168x2048) for M = 1, 2, 4, 8, 16, 64, 128, 4096 tokens: time per call
 // of our weight-streaming kernel (both pipeline depths), cuBLASLt's
 // block-scaled FP8 (f32 out as the model uses it, and bf16 out as DeepGEMM
-// reports it) and the automatic choice, each including the activation
+// reports it), our TMA-fed wgmma kernel (from 64 tokens, where the device
+// has it) and the automatic choice, each including the activation
 // quantizer; TFLOP/s, effective GB/s (weights, scales and x read once, out
 // written once) and DeepGEMM's published H800 TFLOP/s where there is one
-// (../shared PERF-ANCHORS). Then the quantizer alone.
+// (its README's dense table). Then the quantizer alone.
 //
 // Every timed call is one of `kCallsPerGraph` calls captured into a CUDA
 // graph (as decode steps run), so launch overhead on the host does not count
@@ -16,8 +17,9 @@
 //
 // Usage: basalt_bench_cuda_fp8_gemm [--repeats N] [--shape NxK]... [--tokens M,M,...]
 //
-// --shape (repeatable) keeps the listed shapes of the table and --tokens the
-// listed token counts (a profiler then sees only those calls).
+// --shape (repeatable) keeps the listed shapes of the table and --tokens
+// runs the listed token counts instead of the table's (a profiler then sees
+// only those calls).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -34,6 +36,8 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/fp8_linear.h"
+#include "backend/cuda/kernel_caps.h"
+#include "backend/cuda/moe_gemm_kernels.h"
 
 namespace {
 
@@ -142,16 +146,15 @@ int main(int argc, char** argv) {
     const std::string name = std::to_string(n) + "x" + std::to_string(k);
     return only_shapes.empty() || std::find(only_shapes.begin(), only_shapes.end(), name) != only_shapes.end();
   };
-  const auto kept_tokens = [&](int64_t m) {
-    return only_tokens.empty() || std::find(only_tokens.begin(), only_tokens.end(), m) != only_tokens.end();
-  };
   if (!cuda_available()) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
   }
   const Shape2 shapes[] = {{2112, 7168, 0, 0, 0},        {24576, 1536, 0, 0, 0}, {32768, 512, 0, 0, 0},
                            {7168, 16384, 336, 645, 1520}, {4096, 7168, 287, 533, 1410}, {7168, 2048, 0, 0, 0}};
-  const int64_t token_counts[] = {1, 2, 4, 8, 16, 64, 128, 4096};
+  // --tokens lists the token counts to run (any, not only the table's).
+  const std::vector<int64_t> token_counts =
+      only_tokens.empty() ? std::vector<int64_t>{1, 2, 4, 8, 16, 64, 128, 4096} : only_tokens;
   CudaFp8Linear fp8;
   cudaStream_t stream;
   BASALT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -159,6 +162,9 @@ int main(int argc, char** argv) {
   BASALT_CUDA_CHECK(cudaEventCreate(&start));
   BASALT_CUDA_CHECK(cudaEventCreate(&stop));
   std::printf("x f32 [M, K], w e4m3 [N, K] with 128x128 f32 scales; times include the activation quantizer\n");
+  if (cuda_kernels::wgmma_available())
+    std::printf("wgmma kernel: %d clusters of one CTA resident at once, %d of two (\"pairs\")\n",
+                cuda_kernels::tma_resident_clusters(1), cuda_kernels::tma_resident_clusters(2));
   std::printf("%6s %6s %5s  %-20s %9s %8s %8s %9s\n", "N", "K", "M", "path", "us/call", "TFLOP/s", "GB/s",
               "DeepGEMM");
   for (const Shape2& s : shapes) {
@@ -176,7 +182,6 @@ int main(int argc, char** argv) {
       scales.push_back(random_f32({nb, kb}, 1e-3f, 1e-2f, 2 + c));
     }
     for (int64_t m : token_counts) {
-      if (!kept_tokens(m)) continue;
       const Tensor x = random_f32({m, s.k}, -2.0f, 2.0f, 3);
       Tensor out32 = cuda_empty({m, s.n}, DType::kF32), out16 = cuda_empty({m, s.n}, DType::kBF16);
       const double flops = 2.0 * static_cast<double>(m) * s.n * s.k;
@@ -211,6 +216,12 @@ int main(int argc, char** argv) {
       if (fp8.cublas_takes(m, s.n, s.k, DType::kBF16, weights[0].raw(), out16.raw()))
         report("cuBLASLt bf16 out", time_per_call(run(Fp8LinearPath::kCublas, 0, out16), reps, stream, start, stop),
                out16);
+      if (m >= 64 && CudaFp8Linear::wgmma_takes(m, s.n, s.k, DType::kF32, weights[0].raw())) {
+        report("ours wgmma (TMA)", time_per_call(run(Fp8LinearPath::kWgmma, 1, out32), reps, stream, start, stop),
+               out32);
+        report("ours wgmma pairs", time_per_call(run(Fp8LinearPath::kWgmma, 2, out32), reps, stream, start, stop),
+               out32);
+      }
       report("auto", time_per_call(run(Fp8LinearPath::kAuto, 0, out32), reps, stream, start, stop), out32);
     }
   }

@@ -5,7 +5,7 @@
 //  * Decode, T = 1, 32, 128: time per call and the effective bandwidth of
 //    the expert weights the call touches (each used expert's gate, up and
 //    down with their scales, counted once), against the H200's ~4.2 TB/s
-//    read ceiling (../shared PERF-ANCHORS). The routing changes every call
+//    read ceiling (measured read-only, 2026-11). The routing changes every call
 //    (16 sets in turn) and the 256 experts take 11.3 GB, so weights come
 //    from HBM. T = 1 and 32 are timed again as CUDA graph replays
 //    (CudaBackend::record), as a serving engine runs decode.
@@ -178,10 +178,11 @@ int main(int argc, char** argv) {
     const int reps = T >= 4096 ? std::max(3, repeats / 3) : repeats;
     Tensor first;  // the first configuration's output
     for (int mode : {cuda_kernels::kMoeMmaE4m3, cuda_kernels::kMoeMmaE4m3AsF16, cuda_kernels::kMoeMmaWgmma,
-                     cuda_kernels::kMoeMmaWgmmaPrecise, cuda_kernels::kMoeMmaWgmmaTma})
+                     cuda_kernels::kMoeMmaWgmmaPrecise, cuda_kernels::kMoeMmaWgmmaTma,
+                     cuda_kernels::kMoeMmaWgmmaTmaPair})
       for (int tile : tiles) {
         const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
-        const bool tma = mode == cuda_kernels::kMoeMmaWgmmaTma;
+        const bool tma = mode == cuda_kernels::kMoeMmaWgmmaTma || mode == cuda_kernels::kMoeMmaWgmmaTmaPair;
         if (wgmma && (tile != cuda_kernels::kWgmmaTileM || !cuda_kernels::wgmma_available())) continue;
         if ((tma != (tile == kTma)) || (tma && !cuda_kernels::wgmma_available())) continue;
         MoeOptions o;
@@ -224,6 +225,7 @@ int main(int argc, char** argv) {
                                 : mode == cuda_kernels::kMoeMmaE4m3AsF16   ? "e4m3>f16"
                                 : mode == cuda_kernels::kMoeMmaWgmma       ? "wgmma"
                                 : mode == cuda_kernels::kMoeMmaWgmmaTma    ? "wgmma-tma"
+                                : mode == cuda_kernels::kMoeMmaWgmmaTmaPair ? "tma-pair"
                                                                            : "wgmma-k32";
         std::printf("%6lld %-9s %4d %9.1f | %7.1f %8.1f %7.1f %8.1f %7.1f | %8.1f %8.0f %9.1f %9.1f %9.1e%s\n",
                     static_cast<long long>(T), mode_name, tile,
@@ -285,7 +287,8 @@ int main(int argc, char** argv) {
     std::printf("\nshaped like DeepGEMM's grouped-contiguous figures (8 groups x 4096 rows; GEMM 1 N 4096 K 7168, "
                 "GEMM 2 N 7168 K 2048), TFLOP/s:\n");
     for (auto [mode, tile] : {std::pair<int, int>{cuda_kernels::kMoeMmaWgmma, cuda_kernels::kWgmmaTileM},
-                              std::pair<int, int>{cuda_kernels::kMoeMmaWgmmaTma, cuda_kernels::kWgmmaTmaTileM}}) {
+                              std::pair<int, int>{cuda_kernels::kMoeMmaWgmmaTma, cuda_kernels::kWgmmaTmaTileM},
+                              std::pair<int, int>{cuda_kernels::kMoeMmaWgmmaTmaPair, cuda_kernels::kWgmmaTmaTileM}}) {
       if (!cuda_kernels::wgmma_available()) break;
       const MoeOptions o{mode, tile, false};
       for (int r = 0; r < 2; ++r) cuda_moe_experts(x, d_ids, d_w, few_table, out, cuda.stream(), o);
@@ -300,12 +303,15 @@ int main(int argc, char** argv) {
         g2.push_back(ms);
       }
       std::printf("  %-9s %4d  GEMM 1 %8.1f us %7.1f TFLOP/s   GEMM 2 %8.1f us %7.1f TFLOP/s\n",
-                  mode == cuda_kernels::kMoeMmaWgmma ? "wgmma" : "wgmma-tma", tile, median(g1) * 1e3,
+                  mode == cuda_kernels::kMoeMmaWgmma      ? "wgmma"
+                  : mode == cuda_kernels::kMoeMmaWgmmaTma ? "wgmma-tma"
+                                                          : "tma-pair",
+                  tile, median(g1) * 1e3,
                   flops1 / (median(g1) * 1e-3) * 1e-12, median(g2) * 1e3, flops2 / (median(g2) * 1e-3) * 1e-12);
     }
   }
   std::printf("\nceilings: H200 HBM read ~4180 GB/s (measured here); DeepGEMM grouped contiguous FP8 (H800) "
-              "1214-1346 TFLOP/s; cuBLASLt dense block-FP8 M=4096 ~960-1135 TFLOP/s (PERF-ANCHORS)\n");
+              "1214-1346 TFLOP/s; cuBLASLt dense block-FP8 M=4096 ~960-1135 TFLOP/s\n");
   std::printf("\nsummary (best per T):\n");
   for (int64_t T : {int64_t{1}, int64_t{32}, int64_t{128}, int64_t{1024}, int64_t{4096}}) {
     const Result* best = nullptr;

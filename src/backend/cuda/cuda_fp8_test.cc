@@ -5,7 +5,8 @@
 // groups and rows of very large and very small magnitude.
 //
 // The block-FP8 linear (fp8_linear.h), each path forced (the streaming
-// kernel at both pipeline depths, cuBLASLt where it takes the shape) and
+// kernel at both pipeline depths, cuBLASLt where it takes the shape, the
+// TMA-fed wgmma kernel where the device has it) and
 // automatic through CudaBackend, against (1) a host reference that quantizes
 // the activations by the same rule, to f32 rounding, and (2) the CPU
 // backend's linear_fp8_block (unquantized activations), within the bound
@@ -289,6 +290,8 @@ TEST(CudaFp8, LinearMatchesReferencesOnEveryPath) {
           const Run runs[] = {{"streaming depth 2", Fp8LinearPath::kStreaming, 1},
                               {"streaming depth 4", Fp8LinearPath::kStreaming, 2},
                               {"cublas", Fp8LinearPath::kCublas, 0},
+                              {"wgmma", Fp8LinearPath::kWgmma, 1},
+                              {"wgmma pair", Fp8LinearPath::kWgmma, 2},
                               {"auto (backend)", Fp8LinearPath::kAuto, 0}};
           for (const Run& run : runs) {
             Tensor out = cuda_empty({T, N}, out_dtype);
@@ -298,6 +301,8 @@ TEST(CudaFp8, LinearMatchesReferencesOnEveryPath) {
               ++cublas_runs;
               if (out_dtype == DType::kF32 && x_dtype == DType::kF32) cublas_took += " " + std::to_string(T);
             }
+            if (run.path == Fp8LinearPath::kWgmma && !CudaFp8Linear::wgmma_takes(T, N, K, out_dtype, w_dev.raw()))
+              continue;
             if (run.path == Fp8LinearPath::kAuto)
               backend.linear_fp8_block(x_dev, w_dev, s_dev, out);
             else
@@ -343,6 +348,70 @@ TEST(CudaFp8, LinearMatchesReferencesOnEveryPath) {
   for (const auto& [name, w] : worst)
     std::printf("[ fp8 linear ] %-18s max |err| / sum|x||w|: %.2e vs quantized reference, %.2e vs CPU backend\n",
                 name.c_str(), w.first, w.second);
+}
+
+// The wgmma kernel past one tile: several 192-row tiles (the last partial),
+// more column blocks than one group of the walk (the last group narrower),
+// an odd count of column blocks (a cluster's second CTA past N), a K long
+// enough that the ring of stages wraps within a tile; the same bits from
+// clusters of one CTA and from a CUDA graph's replays.
+TEST(CudaFp8, WgmmaLinearWalksTilesAndColumnGroups) {
+  REQUIRE_DEVICE();
+  if (!CudaFp8Linear::wgmma_takes(1, 128, 128, DType::kF32, nullptr))
+    GTEST_SKIP() << "no sm_90a wgmma on this device";
+  TestRng rng;
+  CudaFp8Linear fp8;
+  CudaBackend backend;
+  struct Case {
+    int64_t T, N, K;
+  };
+  // N 2200: 18 column blocks (groups of 16 and 2), the last 24 columns wide.
+  const Case cases[] = {{400, 2200, 256}, {193, 136, 2304}, {385, 264, 1040}};
+  for (const Case& c : cases) {
+    const std::string what =
+        "T=" + std::to_string(c.T) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K);
+    SCOPED_TRACE(what);
+    const Fp8Weight w = random_fp8_weight(rng, c.N, c.K);
+    const Tensor w_dev = cuda_to_device(w.w), s_dev = cuda_to_device(w.scale_inv);
+    const Tensor x = testing::random_tensor(rng, {c.T, c.K}, DType::kF32, 2.0f);
+    const LinearReference ref = linear_reference(x, w);
+    const Tensor x_dev = cuda_to_device(x);
+    Tensor out = cuda_empty({c.T, c.N}, DType::kF32);
+    cuda_fill_bytes(out, 0xFF);
+    fp8.linear(x_dev, w_dev, s_dev, out, nullptr, Fp8LinearPath::kWgmma, 2);
+    const Tensor got = cuda_to_host(out);
+    double worst = 0;
+    EXPECT_EQ(count_far(
+                  got, [&](int64_t i) { return ref.quantized[static_cast<size_t>(i)]; },
+                  [&](int64_t i) { return kAccumulation * ref.magnitude[static_cast<size_t>(i)] + 1e-30; },
+                  [&](int64_t i) { return ref.magnitude[static_cast<size_t>(i)]; }, &worst, what),
+              0);
+    std::printf("[ fp8 wgmma ] %s: max |err| / sum|x||w| %.2e\n", what.c_str(), worst);
+    // One CTA per column block: the same products in the same order.
+    Tensor single = cuda_empty({c.T, c.N}, DType::kF32);
+    cuda_fill_bytes(single, 0xFF);
+    fp8.linear(x_dev, w_dev, s_dev, single, nullptr, Fp8LinearPath::kWgmma, 1);
+    EXPECT_TRUE(testing::bytes_equal(got, cuda_to_host(single))) << "clusters of one and two CTAs differ";
+
+    Tensor replayed = cuda_empty({c.T, c.N}, DType::kF32);
+    cuda_fill_bytes(replayed, 0xFF);
+    auto graph = backend.record(
+        [&] { fp8.linear(x_dev, w_dev, s_dev, replayed, backend.stream(), Fp8LinearPath::kWgmma, 2); });
+    ASSERT_TRUE(graph);
+    graph->replay();
+    graph->replay();
+    backend.synchronize();
+    EXPECT_TRUE(testing::bytes_equal(got, cuda_to_host(replayed))) << "the replay differs from the eager call";
+  }
+  // What it does not take is refused before any launch.
+  const Tensor x = cuda_empty({4, 136}, DType::kF32), w = cuda_empty({64, 136}, DType::kF8E4M3);
+  const Tensor s = cuda_empty({1, 2}, DType::kF32);
+  Tensor out = cuda_empty({4, 64}, DType::kF32);
+  EXPECT_THROW(fp8.linear(x, w, s, out, nullptr, Fp8LinearPath::kWgmma), Error);  // K % 16 != 0
+  Tensor out16 = cuda_empty({4, 64}, DType::kBF16);
+  const Tensor x2 = cuda_empty({4, 128}, DType::kF32), w2 = cuda_empty({64, 128}, DType::kF8E4M3);
+  const Tensor s2 = cuda_empty({1, 1}, DType::kF32);
+  EXPECT_THROW(fp8.linear(x2, w2, s2, out16, nullptr, Fp8LinearPath::kWgmma), Error);  // bf16 out
 }
 
 TEST(CudaFp8, LinearRecordsAndReplays) {

@@ -230,6 +230,7 @@ constexpr double kGenericTolerance = 1e-5;
 double fp8_reference_tolerance(int fp8_mma) {
   if (fp8_mma == cuda_kernels::kMoeMmaWgmmaPrecise) return kFp8WgmmaPreciseVsReferenceTolerance;
   if (fp8_mma == cuda_kernels::kMoeMmaWgmma || fp8_mma == cuda_kernels::kMoeMmaWgmmaTma ||
+      fp8_mma == cuda_kernels::kMoeMmaWgmmaTmaPair ||
       (fp8_mma < 0 && cuda_kernels::wgmma_available()))
     return kFp8WgmmaVsReferenceTolerance;
   return kFp8VsReferenceTolerance;
@@ -574,8 +575,10 @@ TEST(CudaMoe, ExpertsEveryTileSizeAndMultiply) {
             variants.push_back({-1, tile, false});
           }
         }
-        if (fp8 && cuda_kernels::wgmma_available())
+        if (fp8 && cuda_kernels::wgmma_available()) {
           variants.push_back({cuda_kernels::kMoeMmaWgmmaTma, cuda_kernels::kWgmmaTmaTileM, false});
+          variants.push_back({cuda_kernels::kMoeMmaWgmmaTmaPair, cuda_kernels::kWgmmaTmaTileM, false});
+        }
         variants.push_back({-1, 0, true});
         for (const MoeOptions& o : variants) {
           SCOPED_TRACE(describe_case(wdt, 8, 2, H, I, T, DType::kF32) + ", tile_m " + std::to_string(o.tile_m) +
@@ -622,6 +625,7 @@ TEST(CudaMoe, ExpertsWgmmaOnHopper) {
                               MoeOptions{cuda_kernels::kMoeMmaWgmma, cuda_kernels::kWgmmaTileM, false},
                               MoeOptions{cuda_kernels::kMoeMmaWgmmaPrecise, cuda_kernels::kWgmmaTileM, false},
                               MoeOptions{cuda_kernels::kMoeMmaWgmmaTma, cuda_kernels::kWgmmaTmaTileM, false},
+                              MoeOptions{cuda_kernels::kMoeMmaWgmmaTmaPair, cuda_kernels::kWgmmaTmaTileM, false},
                               MoeOptions{}}) {
     SCOPED_TRACE("mma " + std::to_string(o.fp8_mma) + ", tile_m " + std::to_string(o.tile_m));
     const Tensor got = run_op(cuda, d_x, d_ids, d_w, table, o);
@@ -633,7 +637,8 @@ TEST(CudaMoe, ExpertsWgmmaOnHopper) {
     if (o.fp8_mma == cuda_kernels::kMoeMmaWgmma) wgmma_result = got;
     // The same MMAs and promotions in the same order, fed by TMA in tiles
     // of up to 192 rows: the same bits.
-    if (o.fp8_mma == cuda_kernels::kMoeMmaWgmmaTma) {
+    // In clusters of two sharing the activation tiles: the same again.
+    if (o.fp8_mma == cuda_kernels::kMoeMmaWgmmaTma || o.fp8_mma == cuda_kernels::kMoeMmaWgmmaTmaPair) {
       EXPECT_TRUE(testing::bytes_equal(got, wgmma_result)) << "the TMA-fed GEMM parts from the cp.async one";
     }
     if (o.fp8_mma < 0) {
@@ -648,13 +653,14 @@ TEST(CudaMoe, ExpertsWgmmaOnHopper) {
     EXPECT_THROW(cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(),
                                   MoeOptions{cuda_kernels::kMoeMmaWgmma, tile, false}),
                  Error);
-  for (int tile : {16, 64, 128})
-    EXPECT_THROW(cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(),
-                                  MoeOptions{cuda_kernels::kMoeMmaWgmmaTma, tile, false}),
-                 Error);
+  for (int mode : {cuda_kernels::kMoeMmaWgmmaTma, cuda_kernels::kMoeMmaWgmmaTmaPair})
+    for (int tile : {16, 64, 128})
+      EXPECT_THROW(cuda_moe_experts(d_x, d_ids, d_w, table, out, cuda.stream(), MoeOptions{mode, tile, false}),
+                   Error);
 }
 
-// The TMA-fed GEMM recorded into a CUDA graph with a table first built
+// The TMA-fed GEMM (alone and in clusters of two) recorded into a CUDA
+// graph with a table first built
 // inside the capture (its weight descriptors written by recorded kernels),
 // an eager call, then replays over new inputs and routings written in
 // place: each the same bits as an eager call. Experts of more rows than a
@@ -664,37 +670,40 @@ TEST(CudaMoe, ExpertsTmaRecordAndReplay) {
   if (!cuda_kernels::wgmma_available()) GTEST_SKIP() << "not an sm_90a build on an sm_90 device";
   TestRng rng;
   CudaBackend cuda;
-  MoeExpertTables tables;
   const int64_t E = 6, H = 384, I = 208, T = 260, k = 2;  // I: a partial K block of GEMM 2, a partial column block
   const Experts ex = make_experts(rng, E, H, I, [](int64_t, int) { return DType::kF8E4M3; });
-  const MoeOptions o{cuda_kernels::kMoeMmaWgmmaTma, cuda_kernels::kWgmmaTmaTileM, false};
-  DeviceInputs in(T, H, k);
-  const Tensor &d_x = in.x, &d_ids = in.ids, &d_w = in.weights;
-  Tensor out = cuda_empty({T, H}, DType::kF32);
-  const auto upload = [&](const Tensor& xs, const Routing& r) { in.upload(cuda, xs, r); };
-  Tensor x = testing::random_tensor(rng, {T, H}, DType::kF32);
-  Routing route = random_routing(rng, T, E, k, true);
-  upload(x, route);
-  std::unique_ptr<RecordedOps> graph = cuda.record([&] {
-    cuda_moe_experts(d_x, d_ids, d_w, tables.get(ex.device, cuda.stream()), out, cuda.stream(), o);
-  });
-  ASSERT_TRUE(graph);
-  const MoeExpertTable& table = tables.get(ex.device, cuda.stream());
-  ASSERT_EQ(table.path, MoeExpertTable::Path::kFp8);
-  const Tensor ref = fp8_reference(x, route, ex.host);
-  EXPECT_LE(testing::relative_error(run_op(cuda, d_x, d_ids, d_w, table, o), ref), kFp8WgmmaVsReferenceTolerance)
-      << "eager before any replay";
-  for (int round = 0; round < 3; ++round) {
-    x = testing::random_tensor(rng, {T, H}, DType::kF32);
-    route = random_routing(rng, T, E, k, round != 1);
+  for (int mode : {cuda_kernels::kMoeMmaWgmmaTma, cuda_kernels::kMoeMmaWgmmaTmaPair}) {
+    SCOPED_TRACE("mma " + std::to_string(mode));
+    MoeExpertTables tables;
+    const MoeOptions o{mode, cuda_kernels::kWgmmaTmaTileM, false};
+    DeviceInputs in(T, H, k);
+    const Tensor &d_x = in.x, &d_ids = in.ids, &d_w = in.weights;
+    Tensor out = cuda_empty({T, H}, DType::kF32);
+    const auto upload = [&](const Tensor& xs, const Routing& r) { in.upload(cuda, xs, r); };
+    Tensor x = testing::random_tensor(rng, {T, H}, DType::kF32);
+    Routing route = random_routing(rng, T, E, k, true);
     upload(x, route);
-    cuda_fill_bytes(out, 0xFF);
-    graph->replay();
-    cuda.synchronize();
-    const Tensor replayed = cuda_to_host(out);
-    EXPECT_LE(testing::relative_error(replayed, fp8_reference(x, route, ex.host)), kFp8WgmmaVsReferenceTolerance)
-        << "replay " << round;
-    EXPECT_TRUE(testing::bytes_equal(replayed, run_op(cuda, d_x, d_ids, d_w, table, o))) << "replay " << round;
+    std::unique_ptr<RecordedOps> graph = cuda.record([&] {
+      cuda_moe_experts(d_x, d_ids, d_w, tables.get(ex.device, cuda.stream()), out, cuda.stream(), o);
+    });
+    ASSERT_TRUE(graph);
+    const MoeExpertTable& table = tables.get(ex.device, cuda.stream());
+    ASSERT_EQ(table.path, MoeExpertTable::Path::kFp8);
+    const Tensor ref = fp8_reference(x, route, ex.host);
+    EXPECT_LE(testing::relative_error(run_op(cuda, d_x, d_ids, d_w, table, o), ref), kFp8WgmmaVsReferenceTolerance)
+        << "eager before any replay";
+    for (int round = 0; round < 3; ++round) {
+      x = testing::random_tensor(rng, {T, H}, DType::kF32);
+      route = random_routing(rng, T, E, k, round != 1);
+      upload(x, route);
+      cuda_fill_bytes(out, 0xFF);
+      graph->replay();
+      cuda.synchronize();
+      const Tensor replayed = cuda_to_host(out);
+      EXPECT_LE(testing::relative_error(replayed, fp8_reference(x, route, ex.host)), kFp8WgmmaVsReferenceTolerance)
+          << "replay " << round;
+      EXPECT_TRUE(testing::bytes_equal(replayed, run_op(cuda, d_x, d_ids, d_w, table, o))) << "replay " << round;
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 
 #include <map>
+#include <string>
 #include <tuple>
 
 #include "backend/backend.h"
@@ -10,6 +11,9 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/fp8.h"
 #include "backend/cuda/fp8_kernels.h"
+#include "backend/cuda/kernel_caps.h"
+#include "backend/cuda/moe_gemm_kernels.h"
+#include "backend/cuda/tensor_map.h"
 #include "core/error.h"
 
 namespace basalt {
@@ -128,6 +132,14 @@ bool CudaFp8Linear::cublas_takes(int64_t T, int64_t N, int64_t K, DType out_dtyp
   return impl_->plan(out_dtype, T, N, K).takes;
 }
 
+bool CudaFp8Linear::wgmma_takes(int64_t T, int64_t N, int64_t K, DType out_dtype, const void* w) {
+  // The TMA maps need 16-byte aligned rows of K bytes; the kernel writes f32
+  // and indexes with 32-bit sizes.
+  const int64_t limit = int64_t{1} << 31;
+  return cuda_kernels::wgmma_available() && out_dtype == DType::kF32 && K % 16 == 0 && aligned16(w) && T < limit &&
+         N < limit && K < limit;
+}
+
 void CudaFp8Linear::linear(const Tensor& x, const Tensor& w, const Tensor& scale_inv, Tensor& out,
                            cudaStream_t stream, Fp8LinearPath path, int variant) {
   for (const Tensor* t : {&x, &w, &scale_inv, static_cast<const Tensor*>(&out)})
@@ -165,6 +177,30 @@ void CudaFp8Linear::linear(const Tensor& x, const Tensor& w, const Tensor& scale
     BASALT_CHECK(takes, "cuda linear_fp8_block: cuBLASLt does not take x {} · w {}ᵀ into {} ({})", x.describe(),
                  w.describe(), out.describe(),
                  it == impl_->plans.end() ? "shape or alignment" : cublasLtGetStatusString(it->second.status));
+  }
+
+  if (path == Fp8LinearPath::kWgmma) {
+    BASALT_CHECK(wgmma_takes(T, N, K, out.dtype(), w.raw()),
+                 "cuda linear_fp8_block: the wgmma kernel does not take x {} · w {}ᵀ into {} (it needs sm_90a, f32 "
+                 "out, K a multiple of 16 and a 16-byte aligned w)",
+                 x.describe(), w.describe(), out.describe());
+    Tensor q = cuda_empty({T, K}, DType::kF8E4M3);
+    Tensor act_scales = cuda_empty({T, kb}, DType::kF32);
+    cuda_quantize_fp8_groups(x, q, act_scales, stream);
+    TmaDescriptor map_q, map_w;
+    for (auto [map, base, rows, box_rows] : {std::tuple{&map_q, q.raw(), T, cuda_kernels::kMoeTmaActBoxRows},
+                                             std::tuple{&map_w, w.raw(), N, cuda_kernels::kMoeTmaBoxRows}}) {
+      const std::string error = encode_rows_u8(*map, base, static_cast<uint64_t>(rows), static_cast<uint64_t>(K),
+                                               static_cast<uint32_t>(box_rows), cuda_kernels::kMoeTmaBoxBytes);
+      BASALT_CHECK(error.empty(), "cuda linear_fp8_block: {}", error);
+    }
+    const cuda_kernels::DenseFp8Args args{act_scales.data<const float>(), scale_inv.data<const float>(),
+                                          out.data<float>(), static_cast<int32_t>(T), static_cast<int32_t>(N),
+                                          static_cast<int32_t>(K)};
+    const int cluster = variant == 1 ? 1 : 2;  // pairs: as fast or faster on every shape measured
+    const cudaError_t status = cuda_kernels::dense_fp8_gemm_tma(args, map_q, map_w, cluster, stream);
+    BASALT_CHECK(status == cudaSuccess, "cuda linear_fp8_block: launch failed: {}", cudaGetErrorString(status));
+    return;
   }
 
   Tensor q = cuda_empty({T, K}, DType::kF8E4M3);

@@ -19,7 +19,7 @@
 //    alone costs up to 2^-4 of |x[t, k]| per element (half an e4m3 ulp), so
 //    |out - exact| <= 2^-4 * sum_k |x[t, k]| |w_deq[n, k]|, and about 2^-4 /
 //    sqrt(3 K') of it in a typical row (rounding errors of random sign).
-//  * Two paths, the same arithmetic:
+//  * Three paths, the same arithmetic:
 //    - streaming (decode): our kernel (fp8_kernels.h) reads each weight byte
 //      once per 16 tokens, on the tensor cores (mma.sync e4m3); any shape;
 //    - cuBLASLt (prefill): block-scaled FP8 (VEC128 scales for the
@@ -29,10 +29,17 @@
 //      once per shape and cached); the weight scales go to it as they are
 //      when ceil(K / 128) is a multiple of 4, through a padded copy on the
 //      stream otherwise.
+//    - wgmma (prefill, Hopper): our TMA-fed warp-specialized kernel
+//      (moe_gemm_kernels.h: dense_fp8_gemm_tma, the routed experts' GEMM run
+//      on one matrix, in clusters of two CTAs), with row-major activation
+//      scales; sm_90a, f32 out, K a multiple of 16 and a 16-byte aligned w.
 //    kAuto takes the streaming kernel up to kFp8StreamingMaxRows tokens and
 //    cuBLASLt above, where it takes the shape (the streaming kernel
-//    otherwise); kStreaming and kCublas force a path (tests, benchmarks;
-//    kCublas throws where cuBLASLt does not take the shape).
+//    otherwise). Not the wgmma kernel: at DeepSeek-V3's six shapes it is
+//    slower than cuBLASLt on five at 1K and 4K tokens (bench/README.md,
+//    basalt_bench_cuda_fp8_gemm). kStreaming, kCublas and kWgmma force a
+//    path (tests, benchmarks; kCublas and kWgmma throw where they do not
+//    take the shape).
 //  * Scratch (the quantized activations and their scales, a padded weight
 //    scale copy) comes from cuda_empty, so the op records into CUDA graphs
 //    (device.h's graph pool); nothing waits for the device. The quantizer
@@ -50,7 +57,7 @@
 
 namespace basalt {
 
-enum class Fp8LinearPath { kAuto, kStreaming, kCublas };
+enum class Fp8LinearPath { kAuto, kStreaming, kCublas, kWgmma };
 
 // Up to this many tokens kAuto streams the weights with our kernel; above
 // it, cuBLASLt where it takes the shape (bench/cuda_fp8_gemm_bench.cc and
@@ -65,14 +72,17 @@ class CudaFp8Linear {
   CudaFp8Linear(const CudaFp8Linear&) = delete;
   CudaFp8Linear& operator=(const CudaFp8Linear&) = delete;
 
-  // `variant` forces the streaming kernel's pipeline depth (fp8_kernels.h;
-  // benchmarks only).
+  // `variant` forces the streaming kernel's pipeline depth (fp8_kernels.h),
+  // or the wgmma kernel's CTAs a cluster (1: one; 0 and 2: two); benchmarks
+  // and tests only.
   void linear(const Tensor& x, const Tensor& w, const Tensor& scale_inv, Tensor& out, cudaStream_t stream = nullptr,
               Fp8LinearPath path = Fp8LinearPath::kAuto, int variant = 0);
   // Whether cuBLASLt takes a [T, K] x [N, K]ᵀ product into `out_dtype`
   // (f32 or bf16) with these pointers' alignment; asks its heuristic once
   // per shape.
   bool cublas_takes(int64_t T, int64_t N, int64_t K, DType out_dtype, const void* w, const void* out);
+  // Whether the wgmma kernel takes it (the device and the operands' layout).
+  static bool wgmma_takes(int64_t T, int64_t N, int64_t K, DType out_dtype, const void* w);
 
   struct Impl;
 

@@ -282,7 +282,8 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   if (tile_m == 0) {
     const int64_t used = std::min(E, R), mean = (R + used - 1) / used;
     const bool fp8_wgmma = path == MoeExpertTable::Path::kFp8 && cuda_kernels::wgmma_available();
-    if (fp8_wgmma && options.fp8_mma == cuda_kernels::kMoeMmaWgmmaTma)
+    if (fp8_wgmma &&
+        (options.fp8_mma == cuda_kernels::kMoeMmaWgmmaTma || options.fp8_mma == cuda_kernels::kMoeMmaWgmmaTmaPair))
       tile_m = cuda_kernels::kWgmmaTmaTileM;
     else if (fp8_wgmma && options.fp8_mma < 0)
       tile_m = mean <= 16 ? 16 : mean <= 64 ? cuda_kernels::kWgmmaTileM : cuda_kernels::kWgmmaTmaTileM;
@@ -293,7 +294,8 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
   // The FP8 multiply, checked before anything is launched.
   const int mode = options.fp8_mma >= 0 ? options.fp8_mma : default_fp8_mma(tile_m);
   const bool wgmma = mode == cuda_kernels::kMoeMmaWgmma || mode == cuda_kernels::kMoeMmaWgmmaPrecise;
-  const bool tma = path == MoeExpertTable::Path::kFp8 && mode == cuda_kernels::kMoeMmaWgmmaTma;
+  const bool tma = path == MoeExpertTable::Path::kFp8 &&
+                   (mode == cuda_kernels::kMoeMmaWgmmaTma || mode == cuda_kernels::kMoeMmaWgmmaTmaPair);
   BASALT_CHECK(path != MoeExpertTable::Path::kFp8 || !wgmma ||
                    (tile_m == cuda_kernels::kWgmmaTileM && cuda_kernels::wgmma_available()),
                "cuda moe_experts: the wgmma multiply needs an sm_90a build on an sm_90 device and {}-row tiles "
@@ -363,9 +365,10 @@ void cuda_moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights,
       }
       TmaDescriptor map_a;
       const std::string error = encode_rows_u8(map_a, a.raw(), static_cast<uint64_t>(R), static_cast<uint64_t>(g.k),
-                                               cuda_kernels::kMoeTmaBoxRows, cuda_kernels::kMoeTmaBoxBytes);
+                                               cuda_kernels::kMoeTmaActBoxRows, cuda_kernels::kMoeTmaBoxBytes);
       BASALT_CHECK(error.empty(), "cuda moe_experts: {}: {}", what, error);
-      check_launch(cuda_kernels::moe_gemm_tma(g, map_a, maps, gated, launch_tiles, stream), what);
+      const int cluster = mode == cuda_kernels::kMoeMmaWgmmaTmaPair ? 2 : 1;
+      check_launch(cuda_kernels::moe_gemm_tma(g, map_a, maps, gated, launch_tiles, cluster, stream), what);
     };
     Tensor act = cuda_empty({R, I}, DType::kF32);
     g.a = static_cast<const uint8_t*>(xq.raw());

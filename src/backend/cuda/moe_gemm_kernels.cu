@@ -23,6 +23,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "backend/cuda/element_types.cuh"
@@ -706,6 +707,14 @@ cudaError_t launch_wgmma(const MoeGemmArgs& args, int max_tiles, cudaStream_t st
 // prefill at 4K tokens routes 128 +- 11 rows to each expert), so the weights
 // cross from L2 once per column block instead of once per 64-row tile, while
 // the MMAs skipped past the rows keep the tensor work that of 64-row tiles.
+//
+// The same kernel serves a dense block-FP8 GEMM (DENSE: one matrix, its
+// tiles implicit) and runs in clusters of two CTAs that share each
+// activation tile by TMA multicast (CLUSTER 2). Measured on an H100
+// (bench/README.md): pairs gain 0-7% on the dense shapes and 3% at 8
+// experts x 4K rows, and lose 3-6% at DeepSeek-V3's routed shapes, so the
+// MoE default stays one CTA; the consumers' remote arrivals must be
+// CTA-scope (tma.cuh), or every stage pays about 1 us.
 
 constexpr int kTmaGroups = kWgmmaTmaTileM / 64;  // computing warpgroups
 constexpr int kTmaThreads = 128 * (kTmaGroups + 1);  // + the loading warpgroup
@@ -717,8 +726,10 @@ constexpr int kTmaStages = 5;
 
 struct TmaSmem {
   static constexpr int A_BYTES = kWgmmaTmaTileM * kBK, B_BYTES = kMoeGemmN * kBK;
-  static constexpr int BOX_BYTES = kMoeTmaBoxRows * kMoeTmaBoxBytes;
-  static_assert(kMoeTmaBoxBytes == kBK && A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0 && BOX_BYTES % 1024 == 0,
+  static constexpr int BOX_BYTES = kMoeTmaBoxRows * kMoeTmaBoxBytes;  // a weight box; a warpgroup's A rows
+  static constexpr int HALF_BYTES = kMoeTmaActBoxRows * kMoeTmaBoxBytes;  // an activation box: half of those
+  static_assert(kMoeTmaBoxBytes == kBK && A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0 && BOX_BYTES % 1024 == 0 &&
+                    HALF_BYTES % 1024 == 0 && 2 * kMoeTmaActBoxRows == kMoeTmaBoxRows,
                 "boxes keep the swizzle's 1024-byte alignment");
   static constexpr int BYTES = kTmaStages * (A_BYTES + B_BYTES) + 2 * kTmaStages * 8 + 1024;
   uint32_t a, b, full, empty;  // shared addresses: A stages, B stages, mbarriers [kTmaStages] each
@@ -731,36 +742,87 @@ struct TmaSmem {
   }
 };
 
-template <bool GATED>
+// One unit of the persistent walk: the expert (the dense GEMM's one matrix
+// is expert 0), the tile's rows and the cluster's column unit (CLUSTER
+// neighbouring column blocks, one a CTA).
+struct TmaUnit {
+  int expert, row_begin, rows, unit;
+};
+
+// The dense GEMM walks its units in groups of kDenseGroupBlocks column
+// blocks, the tiles of a group one after another, so that a wave of 132
+// blocks covers about 8 tiles x 16 column blocks (1.5K activation rows and
+// 2K weight rows), which L2 holds, where tile-major order would sweep the
+// whole weight matrix for every tile. (The grouping's own gain has not been
+// measured against tile-major order.)
+constexpr int kDenseGroupBlocks = 16;
+
+template <bool DENSE, int CLUSTER>
+__device__ __forceinline__ TmaUnit tma_unit(const MoeGemmArgs& a, int dense_m, int t, int units) {
+  if constexpr (DENSE) {
+    constexpr int kGroupUnits = kDenseGroupBlocks / CLUSTER;
+    const int tiles = (dense_m + kWgmmaTmaTileM - 1) / kWgmmaTmaTileM;
+    const int group = t / (kGroupUnits * tiles), in = t % (kGroupUnits * tiles);
+    const int first = group * kGroupUnits, width = min(kGroupUnits, units - first);
+    const int tile = in / width, row_begin = tile * kWgmmaTmaTileM;
+    return {0, row_begin, min(kWgmmaTmaTileM, dense_m - row_begin), first + in % width};
+  } else {
+    const int4 info = a.tiles[t / units];
+    return {info.x, info.y, info.z - info.y, t % units};
+  }
+}
+
+// DENSE: one weight matrix (map_w, dense_scale) and dense_m rows of A in
+// order; a.tiles, a.table and weight_maps are not read.
+// CLUSTER 2: clusters of two CTAs walk the same tiles, CTA r taking column
+// block 2 u + r of unit u; each loads its own weight rows and half of every
+// warpgroup's activation rows (rows 32 r .. 32 r + 31 of each 64), which TMA
+// delivers to both, so the activation tile is read from L2 once for two
+// column blocks. A stage is free for the next load only when the consumers
+// of both CTAs have read it: every consumer warp arrives on the "empty"
+// barrier of both. Before the loading thread exits it waits for the last
+// round of arrivals, so no CTA exits while the other may still arrive on it.
+// A CTA whose column block is past N computes on zeros and stores nothing.
+template <bool GATED, bool DENSE, int CLUSTER>
 __global__ void __launch_bounds__(kTmaThreads, 1)
-    moe_wgmma_tma_kernel(const __grid_constant__ TmaDescriptor map_a, const TmaDescriptor* __restrict__ weight_maps,
-                         MoeGemmArgs a, int n_blocks) {
+    moe_wgmma_tma_kernel(const __grid_constant__ TmaDescriptor map_a, const __grid_constant__ TmaDescriptor map_w,
+                         const TmaDescriptor* __restrict__ weight_maps, MoeGemmArgs a, const float* dense_scale,
+                         int dense_m, int n_blocks) {
+  static_assert(!(GATED && DENSE), "the dense GEMM has no gated form");
+  static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two CTAs");
   constexpr int STAGES = kTmaStages, BN = GATED ? kMoeGemmN / 2 : kMoeGemmN;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   const TmaSmem sm(smem_raw);
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int rank = CLUSTER > 1 ? static_cast<int>(cluster_cta_rank()) : 0;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbarrier_init(sm.full + 8 * s, 1);
-      mbarrier_init(sm.empty + 8 * s, 4 * kTmaGroups);
+      mbarrier_init(sm.empty + 8 * s, 4 * kTmaGroups * CLUSTER);
     }
     mbarrier_init_fence();
   }
-  __syncthreads();
+  if constexpr (CLUSTER > 1)
+    cluster_sync();  // the other CTA's barriers exist before anything lands on them
+  else
+    __syncthreads();
   const int KT = (a.k + kBK - 1) / kBK;
-  const int total = *a.num_tiles * n_blocks;
+  const int tiles = DENSE ? (dense_m + kWgmmaTmaTileM - 1) / kWgmmaTmaTileM : *a.num_tiles;
+  const int units = (n_blocks + CLUSTER - 1) / CLUSTER;
+  const int total = tiles * units;
+  const int first = static_cast<int>(blockIdx.x) / CLUSTER, step = static_cast<int>(gridDim.x) / CLUSTER;
 
   if (warp >= 4 * kTmaGroups) {  // the loading warpgroup: one thread issues
     setmaxnreg_dec<kTmaLoadRegs>();
     if (tid != 128 * kTmaGroups) return;
     uint32_t it = 0;
-    for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
-      const int4 info = a.tiles[t / n_blocks];
-      const int nb = t % n_blocks, rows = info.z - info.y;
-      const int groups = min(kTmaGroups, (rows + 63) / 64);
-      const TmaDescriptor* main = weight_maps + 3 * info.x + (GATED ? 0 : 2);
-      const TmaDescriptor* second = GATED ? weight_maps + 3 * info.x + 1 : main;
-      tensormap_acquire(main);
+    for (int t = first; t < total; t += step) {
+      const TmaUnit p = tma_unit<DENSE, CLUSTER>(a, dense_m, t, units);
+      const int nb = p.unit * CLUSTER + rank;
+      const int groups = min(kTmaGroups, (p.rows + 63) / 64);
+      const TmaDescriptor* main = DENSE ? &map_w : weight_maps + 3 * p.expert + (GATED ? 0 : 2);
+      const TmaDescriptor* second = GATED ? weight_maps + 3 * p.expert + 1 : main;
+      if (!DENSE) tensormap_acquire(main);  // written by moe_fill_tmaps, not a parameter
       if (GATED) tensormap_acquire(second);
       // Weight rows of the stage's two boxes: gated, gate and up rows n0 ..
       // n0 + 63; else rows n0 .. n0 + 127.
@@ -774,9 +836,22 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
         const uint32_t b = sm.b + s * TmaSmem::B_BYTES, a_stage = sm.a + s * TmaSmem::A_BYTES;
         tma_load_2d(b, main, kt * kBK, w0, full);
         tma_load_2d(b + TmaSmem::BOX_BYTES, second, kt * kBK, w1, full);
-        for (int g = 0; g < groups; ++g)
-          tma_load_2d(a_stage + g * TmaSmem::BOX_BYTES, &map_a, kt * kBK, info.y + 64 * g, full);
+        for (int g = 0; g < groups; ++g) {
+          const uint32_t dst = a_stage + g * TmaSmem::BOX_BYTES;
+          const int row = p.row_begin + 64 * g;
+          if constexpr (CLUSTER > 1) {
+            tma_load_2d_multicast(dst + rank * TmaSmem::HALF_BYTES, &map_a, kt * kBK, row + 32 * rank, full, 0x3);
+          } else {
+            tma_load_2d(dst, &map_a, kt * kBK, row, full);
+            tma_load_2d(dst + TmaSmem::HALF_BYTES, &map_a, kt * kBK, row + 32, full);
+          }
+        }
       }
+    }
+    if constexpr (CLUSTER > 1) {
+      // The last round of both CTAs' arrivals on this CTA's "empty" barriers.
+      for (uint32_t j = it > STAGES ? it - STAGES : 0; j < it; ++j)
+        mbarrier_wait(sm.empty + 8 * (j % STAGES), (j / STAGES) & 1);
     }
     return;
   }
@@ -784,15 +859,33 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   setmaxnreg_inc<kTmaMathRegs>();
   const int group = warp / 4;
   const int row_lo = 64 * group + (warp % 4) * 16 + lane / 4;  // this thread's tile rows: row_lo, row_lo + 8
+  // Frees a stage: this warp's arrival on the "empty" barrier of every CTA
+  // of the cluster.
+  const auto release = [&](uint32_t empty) {
+    if (lane != 0) return;
+    if constexpr (CLUSTER > 1) {
+      for (int c = 0; c < CLUSTER; ++c) mbarrier_arrive_cluster(empty, static_cast<uint32_t>(c));
+    } else {
+      mbarrier_arrive(empty);
+    }
+  };
   uint32_t it = 0;
-  for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
-    const int4 info = a.tiles[t / n_blocks];
-    const int nb = t % n_blocks, row_begin = info.y, rows = info.z - info.y;
-    const bool active = 64 * group < rows;
-    const int n0 = nb * BN;
-    const MoeExpertPtrs& ex = a.table[info.x];
-    const float* const ws_main = ex.scale[GATED ? 0 : 2] + (n0 / 128) * KT;
-    const float* const ws_up = ex.scale[1] + (n0 / 128) * KT;
+  for (int t = first; t < total; t += step) {
+    const TmaUnit p = tma_unit<DENSE, CLUSTER>(a, dense_m, t, units);
+    const int nb = p.unit * CLUSTER + rank;
+    const int row_begin = p.row_begin, rows = p.rows;
+    const bool active = 64 * group < rows, stored = nb < n_blocks;
+    // A column block past N reads the first block's scales (its sums are zeros and never stored).
+    const int n0 = stored ? nb * BN : 0;
+    const float* ws_main;
+    const float* ws_up = nullptr;
+    if constexpr (DENSE) {
+      ws_main = dense_scale + (n0 / 128) * KT;
+    } else {
+      const MoeExpertPtrs& ex = a.table[p.expert];
+      ws_main = ex.scale[GATED ? 0 : 2] + (n0 / 128) * KT;
+      ws_up = ex.scale[1] + (n0 / 128) * KT;
+    }
     // Rows past the tile are never stored; their scales are read as zeros.
     const float* const as_lo = row_lo < rows ? a.a_scale + static_cast<int64_t>(row_begin + row_lo) * KT : nullptr;
     const float* const as_hi =
@@ -805,7 +898,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       const uint32_t empty = sm.empty + 8 * s;
       if (!active) {
         mbarrier_wait(sm.full + 8 * s, phase);
-        if (lane == 0) mbarrier_arrive(empty);
+        release(empty);
         continue;
       }
       const float s_lo = as_lo ? __ldg(as_lo + kt) : 0.0f, s_hi = as_hi ? __ldg(as_hi + kt) : 0.0f;
@@ -813,28 +906,74 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       mbarrier_wait(sm.full + 8 * s, phase);
       wgmma_stage_partial(part, wgmma_desc_sw128(sm.a + s * TmaSmem::A_BYTES + group * TmaSmem::BOX_BYTES),
                           wgmma_desc_sw128(sm.b + s * TmaSmem::B_BYTES));
-      if (lane == 0) mbarrier_arrive(empty);
+      release(empty);
       wgmma_promote<GATED>(acc, part, s_lo, s_hi, w_main, w_up);
     }
-    if (active) wgmma_store<GATED>(a, acc, rows, row_begin, row_lo, lane % 4, n0);
+    if (active && stored) wgmma_store<GATED>(a, acc, rows, row_begin, row_lo, lane % 4, n0);
   }
 }
 
-template <bool GATED>
-cudaError_t launch_wgmma_tma(const MoeGemmArgs& args, const TmaDescriptor& map_a, const TmaDescriptor* weight_maps,
-                             int max_tiles, cudaStream_t stream) {
+// A launch of kTmaThreads-thread blocks in clusters of `cluster` CTAs along
+// x (config points at attribute: not copyable).
+struct ClusterLaunch {
+  cudaLaunchAttribute attribute{};
+  cudaLaunchConfig_t config{};
+  ClusterLaunch(int cluster, int blocks, int smem, cudaStream_t stream) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = static_cast<unsigned>(cluster);
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(kTmaThreads);
+    config.dynamicSmemBytes = static_cast<size_t>(smem);
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// Clusters of CLUSTER CTAs of `kernel` that the current device holds at
+// once (SMs / CLUSTER where the runtime cannot say); asked once per device
+// and kernel.
+template <int CLUSTER, typename Kernel>
+int resident_clusters(Kernel kernel, int smem) {
+  if (CLUSTER == 1) return sm_count();
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) device = -1;
+  if (device >= 0 && known[device].load(std::memory_order_relaxed) > 0) return known[device].load();
+  const ClusterLaunch launch(CLUSTER, CLUSTER * sm_count(), smem, nullptr);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) != cudaSuccess || clusters <= 0) {
+    (void)cudaGetLastError();
+    return sm_count() / CLUSTER;
+  }
+  if (device >= 0) known[device].store(clusters);
+  return clusters;
+}
+
+// Launches the kernel on as many clusters as are resident at once, at most
+// one per unit (max_tiles tiles x column units).
+template <bool GATED, bool DENSE, int CLUSTER>
+cudaError_t launch_wgmma_tma(const MoeGemmArgs& args, const TmaDescriptor& map_a, const TmaDescriptor& map_w,
+                             const TmaDescriptor* weight_maps, const float* dense_scale, int dense_m, int max_tiles,
+                             cudaStream_t stream) {
   constexpr int SMEM = TmaSmem::BYTES;
+  const auto kernel = moe_wgmma_tma_kernel<GATED, DENSE, CLUSTER>;
   static const cudaError_t configured =
-      cudaFuncSetAttribute(moe_wgmma_tma_kernel<GATED>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (configured != cudaSuccess) return configured;
-  const int sms = sm_count();
   constexpr int BN = GATED ? kMoeGemmN / 2 : kMoeGemmN;
   const int n_blocks = (args.n + BN - 1) / BN;
-  const int64_t pairs = static_cast<int64_t>(max_tiles) * n_blocks;
-  const int grid = static_cast<int>(pairs < sms ? pairs : sms);
-  if (grid == 0) return cudaSuccess;
-  moe_wgmma_tma_kernel<GATED><<<grid, kTmaThreads, SMEM, stream>>>(map_a, weight_maps, args, n_blocks);
-  return cudaGetLastError();
+  const int64_t units = static_cast<int64_t>(max_tiles) * ((n_blocks + CLUSTER - 1) / CLUSTER);
+  const int resident = resident_clusters<CLUSTER>(kernel, SMEM);
+  const int clusters = static_cast<int>(units < resident ? units : resident);
+  if (clusters == 0) return cudaSuccess;
+  const ClusterLaunch launch(CLUSTER, CLUSTER * clusters, SMEM, stream);
+  return cudaLaunchKernelEx(&launch.config, kernel, map_a, map_w, weight_maps, args, dense_scale, dense_m, n_blocks);
 }
 
 __global__ void moe_fill_tmaps_kernel(TmaDescriptor* maps, MoeTmaChunk chunk) {
@@ -980,10 +1119,37 @@ cudaError_t moe_gemm(const MoeGemmArgs& args, int mode, bool gated, int tile_m, 
 }
 
 cudaError_t moe_gemm_tma(const MoeGemmArgs& args, const TmaDescriptor& map_a, const TmaDescriptor* weight_maps,
-                         bool gated, int max_tiles, cudaStream_t stream) {
-  if (args.gather || args.out_bf16) return cudaErrorInvalidValue;
-  return gated ? launch_wgmma_tma<true>(args, map_a, weight_maps, max_tiles, stream)
-               : launch_wgmma_tma<false>(args, map_a, weight_maps, max_tiles, stream);
+                         bool gated, int max_tiles, int cluster, cudaStream_t stream) {
+  if (args.gather || args.out_bf16 || (cluster != 1 && cluster != 2)) return cudaErrorInvalidValue;
+  // map_a stands in for the dense matrix's map, which the grouped kernel does not read.
+  const auto launch = [&](auto kernel_launch) {
+    return kernel_launch(args, map_a, map_a, weight_maps, nullptr, 0, max_tiles, stream);
+  };
+  if (cluster == 2)
+    return gated ? launch(launch_wgmma_tma<true, false, 2>) : launch(launch_wgmma_tma<false, false, 2>);
+  return gated ? launch(launch_wgmma_tma<true, false, 1>) : launch(launch_wgmma_tma<false, false, 1>);
+}
+
+cudaError_t dense_fp8_gemm_tma(const DenseFp8Args& args, const TmaDescriptor& map_a, const TmaDescriptor& map_w,
+                               int cluster, cudaStream_t stream) {
+  if (cluster != 1 && cluster != 2) return cudaErrorInvalidValue;
+  if (args.m <= 0 || args.n <= 0 || args.k <= 0) return cudaSuccess;
+  MoeGemmArgs a{};
+  a.a_scale = args.a_scale;
+  a.out = args.out;
+  a.n = args.n;
+  a.k = args.k;
+  const int tiles = (args.m + kWgmmaTmaTileM - 1) / kWgmmaTmaTileM;
+  return cluster == 2 ? launch_wgmma_tma<false, true, 2>(a, map_a, map_w, nullptr, args.w_scale, args.m, tiles, stream)
+                      : launch_wgmma_tma<false, true, 1>(a, map_a, map_w, nullptr, args.w_scale, args.m, tiles, stream);
+}
+
+int tma_resident_clusters(int cluster) {
+  constexpr int SMEM = TmaSmem::BYTES;
+  if (cluster != 2) return sm_count();
+  const auto kernel = moe_wgmma_tma_kernel<false, true, 2>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) != cudaSuccess) return 0;
+  return resident_clusters<2>(kernel, SMEM);
 }
 
 cudaError_t moe_fill_tmaps(TmaDescriptor* maps, const MoeTmaChunk& chunk, cudaStream_t stream) {

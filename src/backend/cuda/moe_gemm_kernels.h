@@ -13,6 +13,8 @@
 //   moe_generic_gemm the same two GEMMs for any weight dtype or alignment
 //                    (one warp per output element, f32 throughout);
 //   moe_unpermute    out[t] = sum_j weights[t, j] * y[row of (t, j)].
+// dense_fp8_gemm_tma is the TMA-fed grouped GEMM's kernel run as one dense
+// block-FP8 product (fp8_linear.h's prefill path).
 //
 // Contract: each launcher enqueues its kernels on `stream` and returns
 // cudaGetLastError(). Sizes are trusted: the caller has checked shapes,
@@ -100,7 +102,8 @@ struct MoeGemmArgs {
 // or e4m3 operands on Hopper's warpgroup MMA (wgmma m64n128k32 e4m3 from
 // shared memory, sm_90a only: wgmma_available() in kernel_caps.h; tile_m kWgmmaTileM),
 // or the same MMA fed by TMA in a persistent warp-specialized kernel
-// (kMoeMmaWgmmaTma: moe_gemm_tma below, tile_m kWgmmaTmaTileM).
+// (kMoeMmaWgmmaTma: moe_gemm_tma below, tile_m kWgmmaTmaTileM), alone or in
+// clusters of two CTAs that share each activation tile (kMoeMmaWgmmaTmaPair).
 // Every FP8 mode computes the same products. The mma.sync modes sum them in
 // f32; wgmma's FP8 path adds inside the tensor core with fewer mantissa bits
 // (DeepSeek-V3's report, section 3.3.2: about 14), so kMoeMmaWgmma, which
@@ -113,7 +116,8 @@ enum MoeMmaMode : int {
   kMoeMmaE4m3AsF16 = 2,
   kMoeMmaWgmma = 3,
   kMoeMmaWgmmaPrecise = 4,
-  kMoeMmaWgmmaTma = 5
+  kMoeMmaWgmmaTma = 5,
+  kMoeMmaWgmmaTmaPair = 6
 };
 // tile_m is 16, 64 or 128 (the tile_m of moe_permute); the wgmma modes take
 // kWgmmaTileM and FP8 operands only (cudaErrorInvalidValue otherwise).
@@ -129,14 +133,40 @@ cudaError_t moe_gemm(const MoeGemmArgs& args, int mode, bool gated, int tile_m, 
 //   * args.gather must be false: A is [R, K] in row order (for gate/up,
 //     moe_gather_fp8_rows writes it), a_scale [R, ceil(K/128)];
 //   * map_a describes A (encode_rows_u8: R rows of K bytes, box
-//     kMoeTmaBoxRows x kMoeTmaBoxBytes); weight_maps [experts][3] the same for
-//     every expert's gate, up and down matrices (moe_fill_tmaps), in global
-//     memory, 128-byte aligned;
-//   * out is f32 (out_bf16 false).
+//     kMoeTmaActBoxRows x kMoeTmaBoxBytes); weight_maps [experts][3] every
+//     expert's gate, up and down matrices (moe_fill_tmaps; box kMoeTmaBoxRows
+//     x kMoeTmaBoxBytes), in global memory, 128-byte aligned;
+//   * out is f32 (out_bf16 false);
+//   * cluster 1: each block loads its own tiles; cluster 2: blocks run in
+//     clusters of two on neighbouring column blocks of the same tile, and
+//     each activation tile is read from L2 once for both (TMA multicast).
+//     The same bits either way.
 inline constexpr int kWgmmaTmaTileM = 192;
-inline constexpr int kMoeTmaBoxRows = 64, kMoeTmaBoxBytes = 128;
+inline constexpr int kMoeTmaBoxRows = 64, kMoeTmaActBoxRows = 32, kMoeTmaBoxBytes = 128;
 cudaError_t moe_gemm_tma(const MoeGemmArgs& args, const TmaDescriptor& map_a, const TmaDescriptor* weight_maps,
-                         bool gated, int max_tiles, cudaStream_t stream);
+                         bool gated, int max_tiles, int cluster, cudaStream_t stream);
+
+// The same kernel as a dense block-FP8 GEMM (fp8_linear.h's prefill path):
+//   out[m, n] = sum over 128-K blocks b of (q[m] . w[n])_b * a_scale[m, b] * w_scale[n / 128, b]
+// q e4m3 [M, K] with a_scale f32 [M, ceil(K/128)] (fp8.h's row-major
+// quantizer), w e4m3 [N, K] with w_scale f32 [ceil(N/128), ceil(K/128)], out
+// f32 [M, N]; map_a and map_w describe q and w (encode_rows_u8, boxes as
+// moe_gemm_tma's: kMoeTmaActBoxRows rows for q, kMoeTmaBoxRows for w), so K
+// is a multiple of 16 and both are 16-byte aligned. M rows go in tiles of
+// kWgmmaTmaTileM, walked in groups of column blocks (moe_gemm_kernels.cu
+// says why); cluster as moe_gemm_tma's.
+struct DenseFp8Args {
+  const float* a_scale;
+  const float* w_scale;
+  float* out;
+  int32_t m, n, k;
+};
+cudaError_t dense_fp8_gemm_tma(const DenseFp8Args& args, const TmaDescriptor& map_a, const TmaDescriptor& map_w,
+                               int cluster, cudaStream_t stream);
+
+// How many clusters of `cluster` (1 or 2) CTAs of the TMA-fed kernel the
+// current device holds at once (what a launch's persistent grid takes).
+int tma_resident_clusters(int cluster);
 
 // Descriptors written to device memory by a kernel whose parameters carry
 // them (as moe_fill_table, so that a capture records them).

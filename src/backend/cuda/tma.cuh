@@ -6,7 +6,9 @@
 //
 // Contract:
 //  * Each wrapper is one PTX instruction as the PTX ISA documents it
-//    (cp.async.bulk.tensor, mbarrier, fence.proxy.tensormap, setmaxnreg);
+//    (cp.async.bulk.tensor, mbarrier, fence.proxy.tensormap, setmaxnreg,
+//    barrier.cluster; mbarrier_arrive_cluster adds the mapa that names the
+//    other CTA's barrier);
 //    none adds synchronisation beyond its own.
 //  * Barriers are named by their shared-memory address (8 bytes, 8-aligned).
 //    A phase completes when `count` arrivals (mbarrier_init) have come and
@@ -20,6 +22,11 @@
 //  * A tensor map in global memory written by an earlier kernel (a generic
 //    store) is read by TMA through another proxy: tensormap_acquire on its
 //    address orders the two before its first use in a kernel.
+//  * Clusters: tma_load_2d_multicast writes one box into several CTAs of a
+//    cluster; mbarrier_arrive_cluster arrives on a barrier of another CTA;
+//    cluster_sync is the cluster-wide block barrier. A CTA whose shared
+//    memory or barriers others may still write must not exit before they
+//    are done (the caller's protocol says when).
 //  * setmaxnreg moves registers between the warpgroups of a block: one
 //    gives some back (dec) so that others may take more (inc).
 //  * Compiled only for sm_90a (BASALT_WGMMA, wgmma.cuh); elsewhere the
@@ -89,6 +96,62 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int32
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// The same copy delivered to every CTA of the cluster named in cta_mask (bit
+// i: rank i), at the same shared address `dst` in each, counting its bytes
+// on each one's barrier at address `bar`: one read from L2 for all of them.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* map, int32_t c0, int32_t c1,
+                                                      uint32_t bar, uint16_t cta_mask) {
+#if BASALT_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+#if BASALT_WGMMA
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+#else
+  __trap();
+  return 0;
+#endif
+}
+
+// Every thread of every CTA of the cluster arrives (release) and waits
+// (acquire) for all of them: e.g. barriers initialised before any CTA
+// arrives on another's.
+__device__ __forceinline__ void cluster_sync() {
+#if BASALT_WGMMA
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// One arrival on the barrier at shared address `bar` of the cluster's CTA
+// `rank` (this CTA's own included), with the instruction's default
+// semantics (release at CTA scope), as CUTLASS's cluster barriers arrive: a
+// consumer that only read the stage has nothing to publish, and the
+// cluster-scope release measured about 1 us a stage (bench/README.md).
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t rank) {
+#if BASALT_WGMMA
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(rank)
       : "memory");
 #else
   __trap();
