@@ -6,10 +6,10 @@
 //
 // Contract:
 //  * Each wrapper is one PTX instruction as the PTX ISA documents it
-//    (cp.async.bulk.tensor, mbarrier, fence.proxy.tensormap, setmaxnreg,
-//    barrier.cluster; mbarrier_arrive_cluster adds the mapa that names the
-//    other CTA's barrier);
-//    none adds synchronisation beyond its own.
+//    (cp.async.bulk.tensor, mbarrier, fence.proxy.tensormap, setmaxnreg),
+//    except cluster_sync (barrier.cluster's arrive and wait) and
+//    mbarrier_arrive_cluster (the mapa that names the other CTA's barrier,
+//    then the arrival); none adds synchronisation beyond its own.
 //  * Barriers are named by their shared-memory address (8 bytes, 8-aligned).
 //    A phase completes when `count` arrivals (mbarrier_init) have come and
 //    every byte announced with mbarrier_arrive_expect_tx has landed; waits
