@@ -349,6 +349,46 @@ TEST_P(EngineMode, TokenConstraintsDecideEveryToken) {
   expect_same(f.alone(c.prompt, c.params), out[2], "unconstrained");
 }
 
+// SamplingParams::allowed_token_ids (vLLM's): the scheduler gives the
+// request a mask of its own, so only those ids are sampled, greedy and hot,
+// in a batch with a request that has none; beside a constraint of its own
+// the request is refused, as is an id outside the vocabulary.
+TEST_P(EngineMode, AllowedTokenIdsDecideEveryToken) {
+  Fixture f(kLlama);
+  const std::vector<int32_t> allowed = {10, 20, 30, 319};
+  SamplingParams greedy_allowed = greedy(12);
+  greedy_allowed.allowed_token_ids = allowed;
+  SamplingParams hot_allowed = greedy(12);
+  hot_allowed.temperature = 2.0f;
+  hot_allowed.seed = 5;
+  hot_allowed.allowed_token_ids = allowed;
+  EngineRequest a = request({139, 190, 81, 313}, greedy_allowed);
+  EngineRequest b = request({139, 190, 81}, hot_allowed);
+  EngineRequest c = request({139, 190, 81, 313}, greedy(12));  // none
+  Engine engine(*f.model, f.backend, nullptr, slots(512));
+  const auto out = run_all(engine, {a, b, c});
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(out[static_cast<size_t>(i)].output_ids.size(), 12u) << i;
+    for (int32_t t : out[static_cast<size_t>(i)].output_ids)
+      EXPECT_NE(std::find(allowed.begin(), allowed.end(), t), allowed.end()) << "request " << i << ": " << t;
+  }
+  // The same mask as a constraint of the caller's gives the same tokens.
+  EngineRequest same = request({139, 190, 81, 313}, greedy(12));
+  same.constraint = std::make_shared<AllowedSet>(allowed);
+  EXPECT_EQ(run_all(engine, {same})[0].output_ids, out[0].output_ids);
+  expect_same(f.alone(c.prompt, c.params), out[2], "unconstrained");
+  EngineRequest both = request({139, 190, 81}, greedy_allowed);
+  both.constraint = std::make_shared<AllowedSet>(allowed);
+  const auto refused = collect(*engine.submit(both));
+  EXPECT_EQ(refused.reason, FinishReason::kError);
+  EXPECT_NE(refused.error.find("allowed_token_ids cannot be combined"), std::string::npos) << refused.error;
+  SamplingParams outside = greedy(2);
+  outside.allowed_token_ids = {10, static_cast<int32_t>(f.model->config().vocab_size)};
+  const auto bad = collect(*engine.submit(request({1, 2}, outside)));
+  EXPECT_EQ(bad.reason, FinishReason::kError);
+  EXPECT_NE(bad.error.find("allowed_token_ids"), std::string::npos) << bad.error;
+}
+
 // A request resumed after k of its output tokens (EngineRequest::
 // resume_output) gives the rest of the full run's tokens, for every k:
 // greedy, seeded sampling, penalties and min_tokens over the resumed

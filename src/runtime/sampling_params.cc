@@ -35,6 +35,9 @@ void SamplingParams::validate(int32_t vocab_size, int max_logprobs) const {
   for (int32_t id : stop_token_ids)
     BASALT_CHECK(id >= 0 && id < vocab_size,
                  "stop_token_ids: token id {} is outside the vocabulary (0..{})", id, vocab_size - 1);
+  for (int32_t id : allowed_token_ids)
+    BASALT_CHECK(id >= 0 && id < vocab_size,
+                 "allowed_token_ids: token id {} is outside the vocabulary (0..{})", id, vocab_size - 1);
   BASALT_CHECK(logprobs >= 0 && logprobs <= max_logprobs, "logprobs must be in 0..{}, got {}",
                max_logprobs, logprobs);
 }

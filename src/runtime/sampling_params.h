@@ -13,6 +13,9 @@
 //    presence_penalty;
 //  * the backend's sample op (backend/backend.h): temperature, top_k, top_p,
 //    min_p, drawn from the seed;
+//  * a TokenConstraint (runtime/allowed_tokens.h) that the scheduler gives a
+//    request whose allowed_token_ids is not empty: only those ids are
+//    sampled;
 //  * the generator and StopChecker, after sampling: eos (unless ignore_eos),
 //    stop_token_ids, stop strings, max_tokens.
 #pragma once
@@ -83,9 +86,14 @@ struct SamplingParams {
   // (non-empty) strings; the string itself is left out of the text unless
   // include_stop_str_in_output.
   std::vector<std::string> stop;
+  // vLLM's allowed_token_ids: when not empty, only these ids are sampled
+  // (ids in the vocabulary; the eos ids only if listed, so a request that
+  // leaves them out runs to max_tokens or a stop string).
+  std::vector<int32_t> allowed_token_ids;
 
   // Throws basalt::Error naming the first field out of range. vocab_size
-  // bounds logit_bias and stop_token_ids ids; max_logprobs bounds logprobs.
+  // bounds logit_bias, stop_token_ids and allowed_token_ids ids;
+  // max_logprobs bounds logprobs.
   void validate(int32_t vocab_size, int max_logprobs = kDefaultMaxLogprobs) const;
 
   // The sample op's controls for one step, drawn from `seed_value`.

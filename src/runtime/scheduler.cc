@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "runtime/allowed_tokens.h"
 #include "runtime/logits_processor.h"
 #include "runtime/token_constraint.h"
 
@@ -102,6 +103,13 @@ void Scheduler::add(std::unique_ptr<Request> request, std::vector<RequestUpdate>
   r.seed = r.request.params.seed ? *r.request.params.seed : random_seed();
   const SamplingParams& p = r.request.params;
   r.sampling = p.row(r.seed, 0);
+  if (!p.allowed_token_ids.empty()) {
+    // allowed_token_ids is a mask of its own; one request takes one mask.
+    if (r.request.constraint == nullptr)
+      r.request.constraint = std::make_shared<AllowedTokensConstraint>(p.allowed_token_ids, options_.vocab_size);
+    else if (r.refusal.empty())
+      r.refusal = "allowed_token_ids cannot be combined with structured output or a forced tool call";
+  }
   r.constraint = r.request.constraint.get();
   r.max_tokens = p.max_tokens;
   r.min_tokens = p.min_tokens;

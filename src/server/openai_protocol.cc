@@ -200,6 +200,8 @@ void parse_tool_choice(const json& b, ParsedRequest& r) {
     bad("tool_choice", fmt::format("'tool_choice' that forces a call cannot be combined with '{}': the call's "
                                    "arguments are already constrained by the function's parameters",
                                    r.structured_param));
+  if (forced && !r.params.allowed_token_ids.empty())
+    bad("allowed_token_ids", "'allowed_token_ids' cannot be combined with a 'tool_choice' that forces a call");
 }
 
 // An assistant message's tool_calls as templates expect them: arguments
@@ -359,6 +361,11 @@ void parse_common(const json& b, ParsedRequest& r, const ProtocolLimits& limits)
     for (const std::string& s : p.stop)
       if (s.empty()) bad("stop", "'stop' strings must not be empty");
   }
+  if (const json* ids = field(b, "allowed_token_ids")) {
+    if (!ids->is_array() || ids->empty() || ids->size() > (size_t{1} << 20))
+      bad("allowed_token_ids", "'allowed_token_ids' must be a non-empty array of token ids");
+    p.allowed_token_ids = id_list(*ids, "allowed_token_ids");
+  }
   if (const json* ids = field(b, "stop_token_ids")) {
     if (!ids->is_array() || ids->size() > 1024) bad("stop_token_ids", "'stop_token_ids' must be an array of ids");
     p.stop_token_ids = id_list(*ids, "stop_token_ids");
@@ -504,6 +511,13 @@ void parse_structured_output(std::string_view body, const json& b, ParsedRequest
   }
 }
 
+// allowed_token_ids is a token mask, as structured output is; a request
+// takes one of them.
+void check_one_mask(const ParsedRequest& r) {
+  if (r.structured && !r.params.allowed_token_ids.empty())
+    bad("allowed_token_ids", fmt::format("'allowed_token_ids' cannot be combined with '{}'", r.structured_param));
+}
+
 void set_max_tokens(const json& b, ParsedRequest& r, const char* name) {
   if (const json* v = field(b, name); v != nullptr) {
     r.params.max_tokens = static_cast<int>(get_int(b, name, 16, 0, std::numeric_limits<int32_t>::max()));
@@ -529,6 +543,7 @@ ParsedRequest parse_completion_request(std::string_view body, const ProtocolLimi
   r.chat = false;
   parse_common(b, r, limits);
   parse_structured_output(body, b, r);
+  check_one_mask(r);
   r.params.max_tokens = 16;  // OpenAI's default for completions
   set_max_tokens(b, r, "max_tokens");
   const json* prompt = field(b, "prompt");
@@ -578,6 +593,7 @@ ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& li
   r.chat = true;
   parse_common(b, r, limits);
   parse_structured_output(body, b, r);
+  check_one_mask(r);
   r.params.max_tokens = std::numeric_limits<int32_t>::max();  // the context's rest (server caps it)
   set_max_tokens(b, r, "max_tokens");
   set_max_tokens(b, r, "max_completion_tokens");

@@ -32,7 +32,8 @@ TEST(OpenAiProtocol, CompletionFieldsReachTheSamplingParams) {
     "logit_bias": {"12": -100, "7": 3.5}, "logprobs": 2, "echo": true, "user": "u",
     "stream": true, "stream_options": {"include_usage": true}, "top_k": 5, "min_p": 0.1,
     "repetition_penalty": 1.1, "min_tokens": 2, "ignore_eos": true, "stop_token_ids": [3, 4],
-    "skip_special_tokens": false, "priority": 2, "request_id": "abc-1", "truncate_prompt_tokens": 5})");
+    "skip_special_tokens": false, "priority": 2, "request_id": "abc-1", "truncate_prompt_tokens": 5,
+    "allowed_token_ids": [9, 2, 9]})");
   EXPECT_EQ(r.model, "m");
   ASSERT_EQ(r.prompts.size(), 1u);
   EXPECT_EQ(std::get<std::string>(r.prompts[0]), "hi");
@@ -57,6 +58,7 @@ TEST(OpenAiProtocol, CompletionFieldsReachTheSamplingParams) {
   EXPECT_EQ(r.params.min_tokens, 2);
   EXPECT_TRUE(r.params.ignore_eos);
   EXPECT_EQ(r.params.stop_token_ids, (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(r.params.allowed_token_ids, (std::vector<int32_t>{9, 2, 9}));
   EXPECT_FALSE(r.params.skip_special_tokens);
   EXPECT_EQ(r.priority, 2);
   EXPECT_EQ(r.request_id, "abc-1");
@@ -265,6 +267,16 @@ TEST(OpenAiProtocol, BadInputsAreFourHundredsNamingTheField) {
       {false, R"({"prompt": 5})", "prompt"},
       {false, R"({})", "prompt"},
       {false, R"({"prompt": "x", "best_of": 3})", "best_of"},
+      {false, R"({"prompt": "x", "allowed_token_ids": []})", "allowed_token_ids"},
+      {false, R"({"prompt": "x", "allowed_token_ids": [1, -2]})", "allowed_token_ids"},
+      {false, R"({"prompt": "x", "allowed_token_ids": "1"})", "allowed_token_ids"},
+      {false, R"({"prompt": "x", "allowed_token_ids": [1], "response_format": {"type": "json_object"}})",
+       "allowed_token_ids"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "allowed_token_ids": [1], "regex": "a+"})",
+       "allowed_token_ids"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "allowed_token_ids": [1], "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})",
+       "allowed_token_ids"},
       {false, R"({"prompt": "x", "response_format": {"type": "xml"}})", "response_format.type"},
       {false, R"({"prompt": "x", "response_format": "json"})", "response_format"},
       {false, R"({"prompt": "x", "response_format": {"type": "json_schema"}})", "response_format.json_schema"},
