@@ -15,7 +15,8 @@ LogitsProcessor::LogitsProcessor(const SamplingParams& params, int32_t vocab_siz
       repetition_penalty_(params.repetition_penalty),
       frequency_penalty_(params.frequency_penalty),
       presence_penalty_(params.presence_penalty),
-      bias_(params.logit_bias.begin(), params.logit_bias.end()) {
+      bias_(params.logit_bias.begin(), params.logit_bias.end()),
+      bad_words_(params.bad_words_ids) {
   BASALT_CHECK(vocab_size > 0, "the vocabulary is empty");
   // The logprobs limit is the caller's policy, not this class's concern.
   params.validate(vocab_size, std::max(params.logprobs, kDefaultMaxLogprobs));
@@ -46,7 +47,7 @@ LogitsProcessor::LogitsProcessor(const SamplingParams& params, int32_t vocab_siz
 
 bool LogitsProcessor::active() const {
   return (num_output_ < min_tokens_ && !suppressed_.empty()) || !bias_.empty() ||
-         (repetition_penalty_ != 1.0f && !seen_ids_.empty()) || !output_ids_.empty();
+         (repetition_penalty_ != 1.0f && !seen_ids_.empty()) || !output_ids_.empty() || !bad_words_.empty();
 }
 
 void LogitsProcessor::apply(std::span<float> logits) const {
@@ -64,6 +65,14 @@ void LogitsProcessor::edits(int32_t row, std::vector<LogitEdit>& out) const {
   const size_t first = out.size();
   // One partial edit per step and token, then merged per token: each step
   // sets a different field, so merging loses nothing.
+  for (const std::vector<int32_t>& word : bad_words_) {
+    const size_t prefix = word.size() - 1;
+    if (prefix > appended_.size()) continue;
+    bool matches = true;
+    for (size_t i = 0; i < prefix && matches; ++i)
+      matches = appended_[appended_.size() - prefix + i].id == word[i];
+    if (matches) out.push_back({.row = row, .token = word.back(), .suppress = true});
+  }
   if (num_output_ < min_tokens_)
     for (int32_t id : suppressed_) out.push_back({.row = row, .token = id, .suppress = true});
   for (const auto& [id, bias] : bias_) out.push_back({.row = row, .token = id, .bias = bias});

@@ -11,8 +11,11 @@
 // the whole vocabulary or the whole sequence.
 //
 // apply() transforms the row in vLLM V1's order (vllm/v1/sample/sampler.py:
-// the non-argmax-invariant processors min_tokens then logit_bias, then
-// apply_all_penalties with repetition, frequency, presence):
+// bad words, the non-argmax-invariant processors min_tokens then logit_bias,
+// then apply_all_penalties with repetition, frequency, presence):
+//  0. bad_words_ids: for each sequence whose ids but the last are the last
+//     output tokens (all of them for a one-id sequence), its last id gets
+//     -inf (vllm/v1/sample/ops/bad_words.py: only the output is matched).
 //  1. min_tokens: while the output has fewer than min_tokens tokens, the
 //     stop ids (eos unless ignore_eos, and stop_token_ids) get -inf. At
 //     exactly min_tokens output tokens the suppression is lifted.
@@ -72,6 +75,7 @@ class LogitsProcessor {
   float frequency_penalty_;
   float presence_penalty_;
   std::vector<std::pair<int32_t, float>> bias_;
+  std::vector<std::vector<int32_t>> bad_words_;
   std::vector<int32_t> suppressed_;  // stop ids held back until min_tokens
   // Repetition penalty: which ids appear in the prompt or the output, and
   // the list of those ids.

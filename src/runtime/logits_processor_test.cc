@@ -164,6 +164,42 @@ TEST(LogitsProcessor, MinTokensSuppressesStopIdsUntilExactlyMinTokens) {
   EXPECT_EQ(applied(r, row)[3], -kInf);
 }
 
+// bad_words_ids: a one-id word is always -inf; a longer one only where the
+// output ends with its ids but the last (never the prompt); rollback takes
+// a match back; other ids are untouched.
+TEST(LogitsProcessor, BadWordsEndOnlyWhereTheirPrefixIsTheOutput) {
+  SamplingParams params;
+  params.bad_words_ids = {{4}, {1, 2, 3}, {2, 5}};
+  const std::vector<int32_t> prompt = {1, 2};  // ends like the prefix of {1, 2, 3}: not matched
+  LogitsProcessor p(params, 6, std::vector<int32_t>{0}, prompt);
+  EXPECT_TRUE(p.active());
+  const std::vector<float> row = {1, 1, 1, 1, 1, 1};
+  EXPECT_EQ(applied(p, row), (std::vector<float>{1, 1, 1, 1, -kInf, 1}));
+  p.append(1);
+  EXPECT_EQ(applied(p, row), (std::vector<float>{1, 1, 1, 1, -kInf, 1}));
+  p.append(2);
+  EXPECT_EQ(applied(p, row), (std::vector<float>{1, 1, 1, -kInf, -kInf, -kInf}));
+  p.append(1);
+  EXPECT_EQ(applied(p, row), (std::vector<float>{1, 1, 1, 1, -kInf, 1}));
+  p.rollback(1);
+  EXPECT_EQ(applied(p, row), (std::vector<float>{1, 1, 1, -kInf, -kInf, -kInf}));
+  // The same edits on the device path (edits()), beside a bias on a banned id.
+  params.logit_bias = {{3, 2.0f}};
+  LogitsProcessor q(params, 6, std::vector<int32_t>{0}, prompt);
+  q.append(1);
+  q.append(2);
+  std::vector<LogitEdit> edits;
+  q.edits(0, edits);
+  std::vector<float> device_row = row;
+  for (const LogitEdit& e : edits) device_row[static_cast<size_t>(e.token)] = apply_logit_edit(device_row[static_cast<size_t>(e.token)], e);
+  EXPECT_EQ(device_row, (std::vector<float>{1, 1, 1, -kInf, -kInf, -kInf}));
+  // A word with no ids, or an id outside the vocabulary, is refused.
+  params.bad_words_ids = {{}};
+  EXPECT_THROW(LogitsProcessor(params, 6, std::vector<int32_t>{0}, prompt), Error);
+  params.bad_words_ids = {{1, 6}};
+  EXPECT_THROW(LogitsProcessor(params, 6, std::vector<int32_t>{0}, prompt), Error);
+}
+
 TEST(LogitsProcessor, RejectsBadInput) {
   SamplingParams params;
   params.repetition_penalty = 1.5f;

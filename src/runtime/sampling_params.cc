@@ -38,6 +38,12 @@ void SamplingParams::validate(int32_t vocab_size, int max_logprobs) const {
   for (int32_t id : allowed_token_ids)
     BASALT_CHECK(id >= 0 && id < vocab_size,
                  "allowed_token_ids: token id {} is outside the vocabulary (0..{})", id, vocab_size - 1);
+  for (const std::vector<int32_t>& word : bad_words_ids) {
+    BASALT_CHECK(!word.empty(), "bad_words: a word has no tokens");
+    for (int32_t id : word)
+      BASALT_CHECK(id >= 0 && id < vocab_size, "bad_words: token id {} is outside the vocabulary (0..{})", id,
+                   vocab_size - 1);
+  }
   BASALT_CHECK(logprobs >= 0 && logprobs <= max_logprobs, "logprobs must be in 0..{}, got {}",
                max_logprobs, logprobs);
 }

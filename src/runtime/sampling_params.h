@@ -8,9 +8,9 @@
 // so the rest of the runtime may rely on valid values.
 //
 // Where the controls act (see logits_processor.h for the exact order):
-//  * the LogitsProcessor, on the host, before sampling: min_tokens
-//    suppression, logit_bias, repetition_penalty, frequency_penalty,
-//    presence_penalty;
+//  * the LogitsProcessor, on the host, before sampling: bad_words_ids,
+//    min_tokens suppression, logit_bias, repetition_penalty,
+//    frequency_penalty, presence_penalty;
 //  * the backend's sample op (backend/backend.h): temperature, top_k, top_p,
 //    min_p, drawn from the seed;
 //  * a TokenConstraint (runtime/allowed_tokens.h) that the scheduler gives a
@@ -90,10 +90,15 @@ struct SamplingParams {
   // (ids in the vocabulary; the eos ids only if listed, so a request that
   // leaves them out runs to max_tokens or a stop string).
   std::vector<int32_t> allowed_token_ids;
+  // vLLM's bad_words as token sequences (the server tokenizes the words,
+  // bad_words_token_ids): a sequence's last id gets logit -inf wherever the
+  // output so far ends with the ids before it (a one-id sequence: always).
+  // Each sequence non-empty, its ids in the vocabulary.
+  std::vector<std::vector<int32_t>> bad_words_ids;
 
   // Throws basalt::Error naming the first field out of range. vocab_size
-  // bounds logit_bias, stop_token_ids and allowed_token_ids ids;
-  // max_logprobs bounds logprobs.
+  // bounds logit_bias, stop_token_ids, allowed_token_ids and bad_words_ids
+  // ids; max_logprobs bounds logprobs.
   void validate(int32_t vocab_size, int max_logprobs = kDefaultMaxLogprobs) const;
 
   // The sample op's controls for one step, drawn from `seed_value`.

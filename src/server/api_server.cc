@@ -992,6 +992,26 @@ ChatOutputOptions ApiServer::chat_output_options(const ParsedRequest& r, const s
 
 namespace {
 
+// vLLM's bad_words -> bad_words_token_ids (SamplingParams.update_from_tokenizer):
+// each word with its leading spaces stripped, tokenized alone, and after
+// one space where that spelling starts with another token and has as many
+// tokens (so that a word in mid-sentence is caught where its tokenizer puts
+// the space inside the first token).
+std::vector<std::vector<int32_t>> bad_words_token_ids(const Tokenizer& tokenizer,
+                                                      const std::vector<std::string>& words) {
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& word : words) {
+    const std::string stripped = word.substr(word.find_first_not_of(" \t\n\r\f\v"));
+    std::vector<int32_t> alone = tokenizer.encode(stripped, false);
+    if (alone.empty()) continue;
+    std::vector<int32_t> spaced = tokenizer.encode(" " + stripped, false);
+    const bool other = !spaced.empty() && spaced.front() != alone.front() && spaced.size() == alone.size();
+    out.push_back(std::move(alone));
+    if (other) out.push_back(std::move(spaced));
+  }
+  return out;
+}
+
 // basalt_resume: each choice of the request as a request of its own, sample
 // i % n of prompt i / n drawing with sample_seed(seed, i % n) as submit_n
 // gives it, continuing from the output the first attempt made (a choice
@@ -1160,6 +1180,7 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
     }
     prompt_lengths.push_back(n);
   }
+  r.params.bad_words_ids = bad_words_token_ids(tokenizer_, r.bad_words);
   try {
     SamplingParams check = r.params;
     check.validate(engine_.model_config().vocab_size, options_.limits.max_logprobs);

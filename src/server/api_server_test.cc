@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -108,6 +109,40 @@ TEST(ApiServer, CompletionsAndChatMatchTheEngine) {
   const json tool_ids = json::parse(testing::body_of(c.response()));
   EXPECT_EQ(s.bundle->tokenizer.decode(tool_ids["tokens"].get<std::vector<int32_t>>(), false),
             R"([{"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}])");
+}
+
+// bad_words through the server: a word of the plain greedy output, banned,
+// is tokenized alone and after a space (vLLM's rule), so the output is the
+// engine's with those sequences banned, never holds them, and differs.
+TEST(ApiServer, BadWordsAreTokenizedAsVllmDoesAndNeverCompleted) {
+  Served s;
+  const Tokenizer& tok = s.bundle->tokenizer;
+  const std::vector<int32_t> ids = tok.encode("The Debian project", true);
+  const RequestOutput plain = s.direct(ids, greedy(12));
+  std::string word;
+  for (int32_t id : plain.output_ids) {
+    const std::string text = tok.decode(std::vector<int32_t>{id}, false);
+    const size_t at = text.find_first_not_of(' ');
+    if (at != std::string::npos && text.find_first_of(" \n\t", at) == std::string::npos) {
+      word = text.substr(at);
+      break;
+    }
+  }
+  ASSERT_FALSE(word.empty()) << plain.text;
+  const json r = s.call("/v1/completions",
+                        {{"prompt", "The Debian project"}, {"max_tokens", 12}, {"temperature", 0}, {"bad_words", {word}}});
+  std::vector<std::vector<int32_t>> banned = {tok.encode(word, false)};
+  const std::vector<int32_t> spaced = tok.encode(" " + word, false);
+  if (spaced.front() != banned[0].front() && spaced.size() == banned[0].size()) banned.push_back(spaced);
+  SamplingParams p = greedy(12);
+  p.bad_words_ids = banned;
+  const RequestOutput want = s.direct(ids, p);
+  EXPECT_EQ(r["choices"][0]["text"].get<std::string>(), want.text) << "banned '" << word << "'";
+  EXPECT_NE(want.text, plain.text) << "banned '" << word << "'";
+  for (const std::vector<int32_t>& seq : banned)
+    EXPECT_EQ(std::search(want.output_ids.begin(), want.output_ids.end(), seq.begin(), seq.end()),
+              want.output_ids.end())
+        << "'" << word << "' completed";
 }
 
 TEST(ApiServer, SamplesEqualSingleRequestsAndShareThePrompt) {

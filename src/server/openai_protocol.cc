@@ -361,6 +361,17 @@ void parse_common(const json& b, ParsedRequest& r, const ProtocolLimits& limits)
     for (const std::string& s : p.stop)
       if (s.empty()) bad("stop", "'stop' strings must not be empty");
   }
+  if (const json* words = field(b, "bad_words")) {
+    if (!words->is_array() || words->size() > 1024)
+      bad("bad_words", "'bad_words' must be an array of at most 1024 strings");
+    for (const json& w : *words) {
+      if (!w.is_string()) bad("bad_words", "'bad_words' must be an array of strings");
+      const std::string& text = w.get_ref<const std::string&>();
+      if (text.find_first_not_of(" \t\n\r\f\v") == std::string::npos || text.size() > 1024)
+        bad("bad_words", "'bad_words' strings must hold more than spaces, and at most 1024 bytes");
+      r.bad_words.push_back(text);
+    }
+  }
   if (const json* ids = field(b, "allowed_token_ids")) {
     if (!ids->is_array() || ids->empty() || ids->size() > (size_t{1} << 20))
       bad("allowed_token_ids", "'allowed_token_ids' must be a non-empty array of token ids");

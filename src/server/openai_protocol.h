@@ -77,6 +77,9 @@ struct ParsedRequest {
   std::string chat_template;  // a request's own template (vLLM's chat_template field)
 
   SamplingParams params;  // params.n samples per prompt
+  // vLLM's bad_words as sent; the server tokenizes them into
+  // params.bad_words_ids (it has the tokenizer).
+  std::vector<std::string> bad_words;
   bool max_tokens_given = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -33,7 +33,7 @@ TEST(OpenAiProtocol, CompletionFieldsReachTheSamplingParams) {
     "stream": true, "stream_options": {"include_usage": true}, "top_k": 5, "min_p": 0.1,
     "repetition_penalty": 1.1, "min_tokens": 2, "ignore_eos": true, "stop_token_ids": [3, 4],
     "skip_special_tokens": false, "priority": 2, "request_id": "abc-1", "truncate_prompt_tokens": 5,
-    "allowed_token_ids": [9, 2, 9]})");
+    "allowed_token_ids": [9, 2, 9], "bad_words": ["no", " way out"]})");
   EXPECT_EQ(r.model, "m");
   ASSERT_EQ(r.prompts.size(), 1u);
   EXPECT_EQ(std::get<std::string>(r.prompts[0]), "hi");
@@ -59,6 +59,7 @@ TEST(OpenAiProtocol, CompletionFieldsReachTheSamplingParams) {
   EXPECT_TRUE(r.params.ignore_eos);
   EXPECT_EQ(r.params.stop_token_ids, (std::vector<int32_t>{3, 4}));
   EXPECT_EQ(r.params.allowed_token_ids, (std::vector<int32_t>{9, 2, 9}));
+  EXPECT_EQ(r.bad_words, (std::vector<std::string>{"no", " way out"}));
   EXPECT_FALSE(r.params.skip_special_tokens);
   EXPECT_EQ(r.priority, 2);
   EXPECT_EQ(r.request_id, "abc-1");
@@ -268,6 +269,10 @@ TEST(OpenAiProtocol, BadInputsAreFourHundredsNamingTheField) {
       {false, R"({})", "prompt"},
       {false, R"({"prompt": "x", "best_of": 3})", "best_of"},
       {false, R"({"prompt": "x", "allowed_token_ids": []})", "allowed_token_ids"},
+      {false, R"({"prompt": "x", "bad_words": "no"})", "bad_words"},
+      {false, R"({"prompt": "x", "bad_words": [1]})", "bad_words"},
+      {false, R"({"prompt": "x", "bad_words": ["  "]})", "bad_words"},
+      {false, R"({"prompt": "x", "bad_words": [""]})", "bad_words"},
       {false, R"({"prompt": "x", "allowed_token_ids": [1, -2]})", "allowed_token_ids"},
       {false, R"({"prompt": "x", "allowed_token_ids": "1"})", "allowed_token_ids"},
       {false, R"({"prompt": "x", "allowed_token_ids": [1], "response_format": {"type": "json_object"}})",
