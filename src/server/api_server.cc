@@ -158,6 +158,8 @@ struct Choice {
   int prompt_index = 0;
   bool announced = false;  // stream: the first chunk (role / echo) went out
   bool finished = false;
+  size_t ids_sent = 0;     // return_token_ids: ids already in a chunk's token_ids,
+  bool prompt_ids_sent = false;  // and whether the prompt's went out (completions)
   size_t ids_told = 0;     // X-Basalt-Resume-Info: ids already named in a comment,
   size_t offset_told = 0;  // and the text bytes the last comment named
   int64_t cached = -1;     // prompt tokens its engine request found cached (-1: no event yet)
@@ -189,8 +191,9 @@ class GenerationProducer : public ResponseProducer {
  public:
   GenerationProducer(std::shared_ptr<ApiServer::Shared> shared, const Tokenizer& tokenizer, ParsedRequest request,
                      std::string id, std::string header_id, std::string model, std::vector<std::string> echo_texts,
-                     std::vector<int64_t> prompt_lengths, std::vector<Choice> choices, std::string remote,
-                     std::chrono::milliseconds heartbeat, bool resume_info)
+                     std::vector<int64_t> prompt_lengths, std::vector<std::vector<int32_t>> prompt_ids,
+                     std::vector<Choice> choices, std::string remote, std::chrono::milliseconds heartbeat,
+                     bool resume_info)
       : shared_(std::move(shared)),
         tokenizer_(tokenizer),
         request_(std::move(request)),
@@ -199,6 +202,7 @@ class GenerationProducer : public ResponseProducer {
         model_(std::move(model)),
         echo_texts_(std::move(echo_texts)),
         prompt_lengths_(std::move(prompt_lengths)),
+        prompt_ids_(std::move(prompt_ids)),
         choices_(std::move(choices)),
         remote_(std::move(remote)),
         heartbeat_(request_.stream ? heartbeat : std::chrono::milliseconds(0)),
@@ -214,6 +218,7 @@ class GenerationProducer : public ResponseProducer {
 
   void start(std::function<void()> wake) override {
     waker_ = shared_->add_waker(wake, heartbeat_.count() > 0);
+    prompt_ids_streamed_ = request_.resume.has_value();  // the first attempt's first chunk had them
     for (size_t i = 0; i < choices_.size(); ++i) {
       Choice& c = choices_[i];
       if (request_.echo && !request_.chat && !request_.resume)
@@ -344,7 +349,7 @@ class GenerationProducer : public ResponseProducer {
       if (request_.chat && e.text.empty()) choice["delta"] = json::object();
       announce(c, sse);
       tell_resume_info(c, sse);
-      sse += sse_line(chunk({choice}));
+      sse += choice_chunk(c, std::move(choice));
       return;
     }
     c.ids.push_back(e.token);
@@ -368,12 +373,12 @@ class GenerationProducer : public ResponseProducer {
       json choice = chunk_choice(c, {}, lp);
       choice["delta"] = std::move(delta);
       tell_resume_info(c, sse);
-      sse += sse_line(chunk({choice}));
+      sse += choice_chunk(c, std::move(choice));
       return;
     }
     if (e.text.empty() && lp.is_null()) return;  // held back (a possible stop string)
     tell_resume_info(c, sse);
-    sse += sse_line(chunk({chunk_choice(c, e.text, lp)}));
+    sse += choice_chunk(c, chunk_choice(c, e.text, lp));
   }
 
   // A resumed choice's text the first attempt made and the gateway did not
@@ -388,7 +393,7 @@ class GenerationProducer : public ResponseProducer {
     }
     announce(c, sse);  // a choice the client had no event of
     tell_resume_info(c, sse);
-    sse += sse_line(chunk({choice}));
+    sse += choice_chunk(c, std::move(choice));
     first_event_ = true;  // the stream starts with it
   }
 
@@ -451,9 +456,9 @@ class GenerationProducer : public ResponseProducer {
                      {"delta", {{"role", "assistant"}, {"content", ""}}},
                      {"logprobs", nullptr},
                      {"finish_reason", nullptr}};
-      sse += sse_line(chunk({choice}));
+      sse += choice_chunk(c, std::move(choice));
     } else if (request_.echo) {
-      sse += sse_line(chunk({chunk_choice(c, echo_texts_[static_cast<size_t>(c.prompt_index)], nullptr)}));
+      sse += choice_chunk(c, chunk_choice(c, echo_texts_[static_cast<size_t>(c.prompt_index)], nullptr));
     }
   }
 
@@ -526,6 +531,35 @@ class GenerationProducer : public ResponseProducer {
   std::string token_text(int32_t id) const {
     return tokenizer_.decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
   }
+  // How logprobs name a token: its text, or "token_id:N"
+  // (return_tokens_as_token_ids; text offsets stay those of the text).
+  std::string token_label(int32_t id) const {
+    return request_.return_tokens_as_token_ids ? fmt::format("token_id:{}", id) : token_text(id);
+  }
+
+  // return_token_ids in a chunk: the choice's ids since its last chunk, and
+  // the prompt's ids in its first (completions: in the choice; chat: beside
+  // the choices, in the response's first chunk).
+  void add_token_ids(Choice& c, json& choice, json* chunk_object = nullptr) {
+    if (!request_.return_token_ids) return;
+    if (!request_.chat && c.ids_sent == 0 && !c.prompt_ids_sent) {
+      choice["prompt_token_ids"] = prompt_ids_[static_cast<size_t>(c.prompt_index)];
+      c.prompt_ids_sent = true;
+    }
+    if (request_.chat && chunk_object != nullptr && !prompt_ids_streamed_) {
+      (*chunk_object)["prompt_token_ids"] = prompt_ids_.front();
+      prompt_ids_streamed_ = true;
+    }
+    choice["token_ids"] = std::vector<int32_t>(c.ids.begin() + static_cast<ptrdiff_t>(c.ids_sent), c.ids.end());
+    c.ids_sent = c.ids.size();
+  }
+  // The chunk of one choice, with its token ids when asked for.
+  std::string choice_chunk(Choice& c, json choice) {
+    json j = chunk({});
+    add_token_ids(c, choice, &j);
+    j["choices"] = json::array({std::move(choice)});
+    return sse_line(j);
+  }
 
   static json bytes_of(const std::string& s) {
     json b = json::array();
@@ -540,10 +574,10 @@ class GenerationProducer : public ResponseProducer {
     if (request_.chat) {
       json content = json::array();
       for (size_t i = 0; i < ids.size(); ++i) {
-        const std::string t = token_text(ids[i]);
+        const std::string t = token_label(ids[i]);
         json alternatives = json::array();
         for (const TokenLogprob& a : top[i]) {
-          const std::string at = token_text(a.id);
+          const std::string at = token_label(a.id);
           alternatives.push_back({{"token", at}, {"logprob", a.logprob}, {"bytes", bytes_of(at)}});
         }
         content.push_back({{"token", t},
@@ -556,14 +590,13 @@ class GenerationProducer : public ResponseProducer {
     json tokens = json::array(), token_logprobs = json::array(), tops = json::array(), offsets = json::array();
     size_t offset = text_offset;
     for (size_t i = 0; i < ids.size(); ++i) {
-      const std::string t = token_text(ids[i]);
-      tokens.push_back(t);
+      tokens.push_back(token_label(ids[i]));
       token_logprobs.push_back(number_or_null(chosen[i]));
       json alternatives = json::object();
-      for (const TokenLogprob& a : top[i]) alternatives[token_text(a.id)] = a.logprob;
+      for (const TokenLogprob& a : top[i]) alternatives[token_label(a.id)] = a.logprob;
       tops.push_back(request_.params.logprobs > 0 ? alternatives : json(nullptr));
       offsets.push_back(offset);
-      offset += t.size();
+      offset += token_text(ids[i]).size();
     }
     return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
@@ -594,6 +627,10 @@ class GenerationProducer : public ResponseProducer {
                      {"logprobs", lp},
                      {"finish_reason", finish_reason(c)},
                      {"stop_reason", stop_reason_json(c.stop_reason)}};
+      if (request_.return_token_ids) {
+        choice["token_ids"] = c.ids;
+        if (!request_.chat) choice["prompt_token_ids"] = prompt_ids_[static_cast<size_t>(c.prompt_index)];
+      }
       if (request_.chat && c.output) {
         json message = c.output->message();
         if (!echo.empty())
@@ -612,6 +649,7 @@ class GenerationProducer : public ResponseProducer {
                  {"model", model_},
                  {"choices", choices},
                  {"usage", usage_json()}};
+    if (request_.return_token_ids && request_.chat) body["prompt_token_ids"] = prompt_ids_.front();
     HttpResponse r = json_response(200, body);
     r.headers.emplace_back("X-Request-Id", header_id_);
     return r;
@@ -670,6 +708,8 @@ class GenerationProducer : public ResponseProducer {
   std::string model_;
   std::vector<std::string> echo_texts_;
   std::vector<int64_t> prompt_lengths_;
+  std::vector<std::vector<int32_t>> prompt_ids_;  // per prompt, when return_token_ids
+  bool prompt_ids_streamed_ = false;               // chat streams: sent in the first chunk
   std::vector<Choice> choices_;
   std::string remote_;
   std::chrono::milliseconds heartbeat_;  // X-Basalt-Heartbeat; 0: none
@@ -1054,7 +1094,8 @@ std::vector<Choice> resume_choices(EngineClient& engine, const Tokenizer& tokeni
       // not listed included, as before "announced" existed).
       c.announced = rc == nullptr || rc->announced;
       if (rc != nullptr) c.ids = rc->output_ids;
-      c.resumed = c.ids_told = c.ids.size();
+      c.resumed = c.ids_told = c.ids_sent = c.ids.size();
+      c.prompt_ids_sent = c.announced;
       if (rc != nullptr && rc->finished) {
         c.finished = true;  // counted in usage, not run again
         choices.push_back(std::move(c));
@@ -1284,9 +1325,12 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
   if (client_id.empty() && valid_client_id(r.request_id)) client_id = r.request_id;
   const char* prefix = chat ? "chatcmpl" : "cmpl";
   const std::string id = client_id.empty() ? shared_->new_id(prefix) : fmt::format("{}-{}", prefix, client_id);
+  const bool r_return_token_ids = r.return_token_ids;
   auto producer = std::make_unique<GenerationProducer>(shared_, tokenizer_, std::move(r), id,
                                                        client_id.empty() ? id : client_id, options_.served_model_name,
                                                        std::move(echo_texts), std::move(prompt_lengths),
+                                                       r_return_token_ids ? std::move(prompts)
+                                                                          : std::vector<std::vector<int32_t>>{},
                                                        std::move(choices), request.remote, heartbeat,
                                                        request.header("x-basalt-resume-info") == "1");
   return HandlerResult{{}, std::move(producer)};

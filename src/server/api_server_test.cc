@@ -6,6 +6,7 @@
 // whole.
 #include "server/api_server.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -259,6 +260,89 @@ TEST(ApiServer, StreamedTextEqualsWholeText) {
   EXPECT_NE(raw.find("data: [DONE]"), std::string::npos) << raw.substr(raw.size() > 600 ? raw.size() - 600 : 0);
   EXPECT_EQ(text, whole["choices"][0]["text"].get<std::string>());
   EXPECT_EQ(finish, whole["choices"][0]["finish_reason"].get<std::string>());
+}
+
+// The data chunks of a streamed response.
+std::vector<json> stream_chunks(Served& s, const std::string& path, json body) {
+  body["stream"] = true;
+  Client c(s.http->port());
+  c.send(testing::post_request(path, body.dump()));
+  const std::string raw =
+      c.read_until([](const std::string& b) { return b.find("data: [DONE]") != std::string::npos; }, 5000ms);
+  std::vector<json> chunks;
+  size_t at = 0;
+  while ((at = raw.find("data: {", at)) != std::string::npos) {
+    const size_t end = raw.find('\n', at);
+    chunks.push_back(json::parse(raw.substr(at + 6, end - at - 6)));
+    at = end;
+  }
+  return chunks;
+}
+
+// return_token_ids and return_tokens_as_token_ids (vLLM's): the prompt's
+// ids and each choice's output ids beside the text, whole and streamed (the
+// prompt's once, in the first chunk; the chunks' ids adding up to the
+// whole), and logprobs naming tokens "token_id:N" with the text's offsets.
+TEST(ApiServer, TokenIdsComeBesideTheText) {
+  Served s;
+  const Tokenizer& tok = s.bundle->tokenizer;
+  const std::vector<int32_t> prompt = tok.encode("The Debian project", true);
+  const RequestOutput want = s.direct(prompt, greedy(10));
+  const json body = {{"prompt", "The Debian project"}, {"max_tokens", 10}, {"temperature", 0}, {"logprobs", 1},
+                     {"return_token_ids", true}, {"return_tokens_as_token_ids", true}};
+  const json whole = s.call("/v1/completions", body);
+  const json& choice = whole["choices"][0];
+  EXPECT_EQ(choice["prompt_token_ids"].get<std::vector<int32_t>>(), prompt);
+  ASSERT_EQ(choice["token_ids"].get<std::vector<int32_t>>(), want.output_ids);
+  const json& lp = choice["logprobs"];
+  size_t offset = 0;
+  for (size_t i = 0; i < want.output_ids.size(); ++i) {
+    EXPECT_EQ(lp["tokens"][i].get<std::string>(), fmt::format("token_id:{}", want.output_ids[i]));
+    EXPECT_TRUE(lp["top_logprobs"][i].contains(fmt::format("token_id:{}", want.output_ids[i]))) << lp.dump();
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), offset);
+    offset += tok.decode(std::vector<int32_t>{want.output_ids[i]}, false).size();
+  }
+  // Without the fields, neither key.
+  const json plain = s.call("/v1/completions", {{"prompt", "The Debian project"}, {"max_tokens", 3}});
+  EXPECT_FALSE(plain["choices"][0].contains("token_ids"));
+  EXPECT_FALSE(plain["choices"][0].contains("prompt_token_ids"));
+
+  std::vector<int32_t> streamed;
+  int prompt_chunks = 0;
+  for (const json& chunk : stream_chunks(s, "/v1/completions", body)) {
+    for (const json& c : chunk["choices"]) {
+      if (c.contains("prompt_token_ids")) {
+        ++prompt_chunks;
+        EXPECT_EQ(c["prompt_token_ids"].get<std::vector<int32_t>>(), prompt);
+      }
+      for (const json& id : c["token_ids"]) streamed.push_back(id.get<int32_t>());
+    }
+  }
+  EXPECT_EQ(prompt_chunks, 1);
+  EXPECT_EQ(streamed, want.output_ids);
+
+  const json messages = json::array({{{"role", "user"}, {"content", "What is apt?"}}});
+  const std::string rendered =
+      render_chat_template(s.bundle->config.chat_template, messages, true,
+                           {{"bos_token", *s.bundle->config.bos_token}, {"eos_token", *s.bundle->config.eos_token}});
+  const std::vector<int32_t> chat_prompt = tok.encode(rendered, false);
+  const RequestOutput chat_want = s.direct(chat_prompt, greedy(8));
+  const json chat_body = {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"return_token_ids", true}};
+  const json chat = s.call("/v1/chat/completions", chat_body);
+  EXPECT_EQ(chat["prompt_token_ids"].get<std::vector<int32_t>>(), chat_prompt);
+  EXPECT_EQ(chat["choices"][0]["token_ids"].get<std::vector<int32_t>>(), chat_want.output_ids);
+  std::vector<int32_t> chat_streamed;
+  const std::vector<json> chunks = stream_chunks(s, "/v1/chat/completions", chat_body);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks.front()["prompt_token_ids"].get<std::vector<int32_t>>(), chat_prompt);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (i > 0) {
+      EXPECT_FALSE(chunks[i].contains("prompt_token_ids")) << i;
+    }
+    for (const json& c : chunks[i]["choices"])
+      for (const json& id : c["token_ids"]) chat_streamed.push_back(id.get<int32_t>());
+  }
+  EXPECT_EQ(chat_streamed, chat_want.output_ids);
 }
 
 TEST(ApiServer, AClientVanishingMidStreamLeavesThePoolWhole) {

@@ -393,6 +393,8 @@ void parse_common(const json& b, ParsedRequest& r, const ProtocolLimits& limits)
     r.continuous_usage = get_bool(*options, "continuous_usage_stats", false);
   }
   r.echo = get_bool(b, "echo", false);
+  r.return_token_ids = get_bool(b, "return_token_ids", false);
+  r.return_tokens_as_token_ids = get_bool(b, "return_tokens_as_token_ids", false);
   r.priority = static_cast<int>(get_int(b, "priority", 0, -1000000, 1000000));
   r.cache_salt = get_string(b, "cache_salt");
   r.user = get_string(b, "user");

@@ -85,6 +85,10 @@ struct ParsedRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool continuous_usage = false;  // stream_options.continuous_usage_stats: usage in every chunk
   bool echo = false;
+  // vLLM's: the prompt's and the output's token ids beside the text
+  // (prompt_token_ids, token_ids), and logprobs naming tokens "token_id:N".
+  bool return_token_ids = false;
+  bool return_tokens_as_token_ids = false;
   bool want_logprobs = false;  // chat: logprobs; completions: logprobs given
   bool add_special_tokens = true;
   int priority = 0;
