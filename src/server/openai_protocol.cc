@@ -671,6 +671,15 @@ ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& li
   parse_tool_choice(b, r);
   r.parallel_tool_calls = get_bool(b, "parallel_tool_calls", true);
   if (field(b, "documents") != nullptr) r.template_kwargs["documents"] = ob["documents"];
+  if (const json* effort = field(b, "reasoning_effort")) {
+    static const char* kEfforts[] = {"none", "minimal", "low", "medium", "high"};
+    if (!effort->is_string() ||
+        std::find(std::begin(kEfforts), std::end(kEfforts), effort->get<std::string>()) == std::end(kEfforts))
+      bad("reasoning_effort", "'reasoning_effort' must be one of none, minimal, low, medium, high");
+    // For the templates that read it (gpt-oss's, as vLLM passes it); an
+    // explicit chat_template_kwargs entry wins.
+    if (!r.template_kwargs.contains("reasoning_effort")) r.template_kwargs["reasoning_effort"] = *effort;
+  }
   r.chat_template = get_string(b, "chat_template");
   const bool logprobs = get_bool(b, "logprobs", false);
   const int top = static_cast<int>(get_int(b, "top_logprobs", 0, 0, limits.max_logprobs));

@@ -121,6 +121,15 @@ TEST(OpenAiProtocol, ChatMessagesAndOptions) {
   EXPECT_TRUE(r.template_kwargs["tools"].is_array());
   EXPECT_TRUE(r.add_generation_prompt);
   EXPECT_FALSE(r.add_special_tokens);
+  // reasoning_effort reaches the template, unless its kwargs say otherwise.
+  const std::string messages = R"("messages": [{"role": "user", "content": "x"}])";
+  EXPECT_EQ(parse_chat_request("{" + messages + R"(, "reasoning_effort": "low"})").template_kwargs["reasoning_effort"],
+            "low");
+  EXPECT_EQ(parse_chat_request("{" + messages +
+                               R"(, "reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}})")
+                .template_kwargs["reasoning_effort"],
+            "high");
+  EXPECT_FALSE(parse_chat_request("{" + messages + "}").template_kwargs.contains("reasoning_effort"));
 }
 
 // What the SDKs send in an agent loop: an assistant turn with content null
@@ -270,6 +279,8 @@ TEST(OpenAiProtocol, BadInputsAreFourHundredsNamingTheField) {
       {false, R"({"prompt": "x", "best_of": 3})", "best_of"},
       {false, R"({"prompt": "x", "allowed_token_ids": []})", "allowed_token_ids"},
       {false, R"({"prompt": "x", "bad_words": "no"})", "bad_words"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"})", "reasoning_effort"},
+      {true, R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": 1})", "reasoning_effort"},
       {false, R"({"prompt": "x", "bad_words": [1]})", "bad_words"},
       {false, R"({"prompt": "x", "bad_words": ["  "]})", "bad_words"},
       {false, R"({"prompt": "x", "bad_words": [""]})", "bad_words"},

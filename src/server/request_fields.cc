@@ -44,6 +44,7 @@ const RequestField kFields[] = {
     {"tools", H, S, {}, {}, "rendered by the chat template; the model's calls come back as tool_calls (--tool-call-parser)"},
     {"tool_choice", H, S, {}, {}, "none, auto, required or a named function; the last two force calls by grammar"},
     {"parallel_tool_calls", H, S, {}, {}, "false: a forced choice makes exactly one call"},
+    {"reasoning_effort", H, S, {}, {}, "passed to the chat template as reasoning_effort (chat_template_kwargs' own wins)"},
     {"prediction", B, S, {}, {}, "predicted outputs: its tokens are drafts the model verifies, so the output is unchanged; usage.completion_tokens_details counts them"},
     // --- vLLM and SGLang extensions ---------------------------------------
     {"top_k", B, S, {}, {}, ""},
@@ -85,7 +86,6 @@ const RequestField kFields[] = {
     // --- refused unless null or the listed values ---------------------------
     {"store", B, U, "[false]", "true", "nothing is stored"},
     {"service_tier", B, U, R"(["auto", "default"])", R"("flex")", "one tier only"},
-    {"reasoning_effort", H, U, "[]", R"("high")", "not passed to templates yet"},
     {"include_reasoning", H, U, "[true]", "false", "reasoning is not separated from the answer yet"},
     {"verbosity", H, U, "[]", R"("low")", ""},
     {"modalities", H, U, R"([["text"]])", R"(["text", "audio"])", "text only"},
