@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "grammar/ebnf.h"
 #include "grammar/json_schema.h"
+#include "grammar/structural_tag.h"
 #include "grammar/regex.h"
 
 namespace basalt {
@@ -17,6 +18,7 @@ const char* to_string(StructuredOutputSpec::Kind kind) {
     case StructuredOutputSpec::Kind::kRegex: return "regex";
     case StructuredOutputSpec::Kind::kChoice: return "choice";
     case StructuredOutputSpec::Kind::kGrammar: return "grammar";
+    case StructuredOutputSpec::Kind::kStructuralTag: return "structural_tag";
   }
   return "?";
 }
@@ -53,6 +55,11 @@ std::string to_ebnf(const StructuredOutputSpec& spec) {
     }
     case StructuredOutputSpec::Kind::kGrammar:
       return spec.text;
+    case StructuredOutputSpec::Kind::kStructuralTag: {
+      const nlohmann::ordered_json tag = nlohmann::ordered_json::parse(spec.text, nullptr, /*allow_exceptions=*/false);
+      BASALT_CHECK(!tag.is_discarded(), "the structural tag is not valid JSON");
+      return structural_tag_to_ebnf(tag, json_options);
+    }
   }
   fail("unknown structured output kind");
 }

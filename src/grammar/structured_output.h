@@ -1,6 +1,6 @@
 // StructuredOutput: what a request's output must match, in each form the
 // APIs take (OpenAI's response_format, vLLM's structured_outputs and
-// guided_*), translated to EBNF and compiled into a TokenMasker that every
+// guided_*, SGLang's and vLLM's structural tags), translated to EBNF and compiled into a TokenMasker that every
 // request with the same spec shares.
 //
 // Contract: to_ebnf() and GrammarCache::get() throw basalt::Error whose
@@ -29,6 +29,7 @@ struct StructuredOutputSpec {
     kRegex,       // text: an ECMAScript regex the whole output matches
     kChoice,      // text: a JSON array of strings, one of which is the output
     kGrammar,     // text: EBNF (grammar/ebnf.h), from the rule "root"
+    kStructuralTag,  // text: {"structures": [...], "triggers": [...]} (grammar/structural_tag.h)
   };
   Kind kind = Kind::kJsonObject;
   std::string text;

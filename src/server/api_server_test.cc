@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,6 +18,9 @@
 #include <utility>
 
 #include "backend/cpu/cpu_backend.h"
+#include "grammar/ebnf.h"
+#include "grammar/matcher.h"
+#include "grammar/structured_output.h"
 #include "model/model.h"
 #include "server/http_server.h"
 #include "testing/http_test_client.h"
@@ -260,6 +264,44 @@ TEST(ApiServer, StreamedTextEqualsWholeText) {
   EXPECT_NE(raw.find("data: [DONE]"), std::string::npos) << raw.substr(raw.size() > 600 ? raw.size() - 600 : 0);
   EXPECT_EQ(text, whole["choices"][0]["text"].get<std::string>());
   EXPECT_EQ(finish, whole["choices"][0]["finish_reason"].get<std::string>());
+}
+
+// A structural tag through the server, on a trigger the model writes: the
+// plain greedy output holds " W" for a word W of it; with the trigger " W"
+// and a structure " W=" integer ";", the output is a prefix of the tag's
+// language (every " W" goes on with "="), and it is not the plain output.
+TEST(ApiServer, StructuralTagsHoldOnTheModelsOwnWords) {
+  Served s;
+  const std::string prompt = "To install a package, run";
+  const json plain = s.call("/v1/completions", {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}});
+  const std::string plain_text = plain["choices"][0]["text"].get<std::string>();
+  std::string word;
+  for (size_t at = plain_text.find(' '); at != std::string::npos && word.empty(); at = plain_text.find(' ', at + 1)) {
+    size_t end = at + 1;
+    while (end < plain_text.size() && std::isalpha(static_cast<unsigned char>(plain_text[end]))) ++end;
+    if (end - at >= 4) word = plain_text.substr(at, end - at);
+  }
+  ASSERT_FALSE(word.empty()) << plain_text;
+  const json tag = {{"type", "structural_tag"},
+                    {"structures", json::array({{{"begin", word + "="}, {"schema", {{"type", "integer"}}}, {"end", ";"}}})},
+                    {"triggers", json::array({word})}};
+  const json r = s.call("/v1/completions", {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0},
+                                            {"response_format", tag}});
+  ASSERT_TRUE(r.contains("choices")) << r.dump();
+  const std::string text = r["choices"][0]["text"].get<std::string>();
+  EXPECT_NE(text, plain_text) << "trigger '" << word << "'";
+  EXPECT_NE(text.find(word + "="), std::string::npos) << "'" << text << "': the structure never began";
+  StructuredOutputSpec spec;
+  spec.kind = StructuredOutputSpec::Kind::kStructuralTag;
+  json inner = tag;
+  inner.erase("type");
+  spec.text = inner.dump();
+  GrammarMatcher matcher(compile_grammar(parse_ebnf(to_ebnf(spec))));
+  EXPECT_TRUE(matcher.accept_bytes(text)) << "'" << text << "' with trigger '" << word << "'";
+  for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1))
+    if (at + word.size() < text.size()) {
+      EXPECT_EQ(text[at + word.size()], '=') << text;
+    }
 }
 
 // The data chunks of a streamed response.

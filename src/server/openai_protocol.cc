@@ -445,6 +445,15 @@ void parse_structured_output(std::string_view body, const json& b, ParsedRequest
       bad(param, fmt::format("'{}' must be a non-empty string", param));
     return v.get<std::string>();
   };
+  // A structural tag given as JSON text (vLLM's structural_tag fields).
+  auto tag_text = [&](const json& v, const std::string& param) {
+    const ordered_json parsed =
+        v.is_string() ? ordered_json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false)
+                      : ordered_json(nullptr);
+    if (!parsed.is_object())
+      bad(param, fmt::format("'{}' must be the JSON text of an object with 'structures' and 'triggers'", param));
+    return parsed.dump();
+  };
   auto choices_of = [&](const json& v, const std::string& param) {
     if (!v.is_array() || v.empty()) bad(param, fmt::format("'{}' must be a non-empty array of strings", param));
     for (const json& c : v)
@@ -473,9 +482,17 @@ void parse_structured_output(std::string_view body, const json& b, ParsedRequest
         bad("response_format.json_schema.schema", "'response_format.json_schema' needs a 'schema'");
       set("response_format.json_schema.schema", Kind::kJsonSchema,
           schema_text("response_format.json_schema.schema", schema["schema"]));
+    } else if (type == "structural_tag") {
+      // SGLang's and vLLM's: {"type", "structures", "triggers"} (checked
+      // field by field when the grammar is made).
+      ordered_json tag = ordered_body()["response_format"];
+      tag.erase("type");
+      set("response_format", Kind::kStructuralTag, tag.dump());
     } else if (type != "text") {
       bad("response_format.type",
-          fmt::format("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", not \"{}\"", type));
+          fmt::format("'response_format.type' must be \"text\", \"json_object\", \"json_schema\" or "
+                      "\"structural_tag\", not \"{}\"",
+                      type));
     }
   }
   if (const json* so = field(b, "structured_outputs")) {
@@ -494,11 +511,13 @@ void parse_structured_output(std::string_view body, const json& b, ParsedRequest
       } else if (key == "json_object") {
         if (!value.is_boolean()) bad(param, "'structured_outputs.json_object' must be a boolean");
         if (value.get<bool>()) set(param, Kind::kJsonObject, "");
+      } else if (key == "structural_tag") {
+        set(param, Kind::kStructuralTag, tag_text(value, param));
       } else if (key == "disable_any_whitespace") {
         if (!value.is_boolean()) bad(param, "'structured_outputs.disable_any_whitespace' must be a boolean");
       } else {
-        bad(param, fmt::format("'{}' is not supported (json, regex, choice, grammar, json_object and "
-                               "disable_any_whitespace are)", param));
+        bad(param, fmt::format("'{}' is not supported (json, regex, choice, grammar, json_object, "
+                               "structural_tag and disable_any_whitespace are)", param));
       }
     }
   }
@@ -510,6 +529,7 @@ void parse_structured_output(std::string_view body, const json& b, ParsedRequest
   if (const json* v = field(b, "guided_grammar"))
     set("guided_grammar", Kind::kGrammar, string_of(*v, "guided_grammar"));
   if (const json* v = field(b, "ebnf")) set("ebnf", Kind::kGrammar, string_of(*v, "ebnf"));
+  if (const json* v = field(b, "structural_tag")) set("structural_tag", Kind::kStructuralTag, tag_text(*v, "structural_tag"));
   if (given.size() > 1)
     bad(given[1], fmt::format("only one structured output may be given; this request has '{}' and '{}'", given[0],
                               given[1]));

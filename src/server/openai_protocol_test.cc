@@ -246,6 +246,27 @@ TEST(OpenAiProtocol, TheDocsListTheFieldTable) {
       << "docs/SERVER.md's request-field table should read:\n" << header << expected;
 }
 
+// Structural tags in the three spellings: response_format's object (its
+// type dropped), vLLM's JSON text in structured_outputs and at the top.
+TEST(OpenAiProtocol, StructuralTagsInEverySpelling) {
+  const std::string tag = R"({"structures": [{"begin": "<f=a>", "schema": {"type": "integer"}, "end": "</f>"}], "triggers": ["<f="]})";
+  const ParsedRequest a =
+      parse_completion_request(R"({"prompt": "x", "response_format": {"type": "structural_tag", )" + tag.substr(1) + "}");
+  ASSERT_TRUE(a.structured);
+  EXPECT_EQ(a.structured->kind, StructuredOutputSpec::Kind::kStructuralTag);
+  EXPECT_EQ(nlohmann::json::parse(a.structured->text), nlohmann::json::parse(tag));
+  EXPECT_EQ(a.structured_param, "response_format");
+  const nlohmann::json text = tag;
+  const ParsedRequest b =
+      parse_completion_request(R"({"prompt": "x", "structured_outputs": {"structural_tag": )" + text.dump() + "}}");
+  EXPECT_EQ(b.structured->kind, StructuredOutputSpec::Kind::kStructuralTag);
+  EXPECT_EQ(nlohmann::json::parse(b.structured->text), nlohmann::json::parse(tag));
+  const ParsedRequest c = parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "structural_tag": )" +
+                                             text.dump() + "}");
+  EXPECT_EQ(c.structured_param, "structural_tag");
+  EXPECT_NE(to_ebnf(*c.structured).find("st-text"), std::string::npos);
+}
+
 TEST(OpenAiProtocol, BadInputsAreFourHundredsNamingTheField) {
   struct Case {
     bool chat;
@@ -279,6 +300,9 @@ TEST(OpenAiProtocol, BadInputsAreFourHundredsNamingTheField) {
       {false, R"({"prompt": "x", "best_of": 3})", "best_of"},
       {false, R"({"prompt": "x", "allowed_token_ids": []})", "allowed_token_ids"},
       {false, R"({"prompt": "x", "bad_words": "no"})", "bad_words"},
+      {false, R"({"prompt": "x", "structural_tag": {"structures": []}})", "structural_tag"},
+      {false, R"({"prompt": "x", "structural_tag": "not json"})", "structural_tag"},
+      {false, R"({"prompt": "x", "structured_outputs": {"structural_tag": "[1]"}})", "structured_outputs.structural_tag"},
       {true, R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"})", "reasoning_effort"},
       {true, R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": 1})", "reasoning_effort"},
       {false, R"({"prompt": "x", "bad_words": [1]})", "bad_words"},
