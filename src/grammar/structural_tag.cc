@@ -9,44 +9,28 @@
 
 #include "core/error.h"
 #include "grammar/ebnf.h"
+#include "tokenizer/unicode.h"
 
 namespace basalt {
 namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-// The code points of valid UTF-8 (the JSON parser has checked it).
+// The code points of a string (the JSON parser has checked its UTF-8).
 std::vector<uint32_t> code_points(const std::string& s) {
   std::vector<uint32_t> out;
-  for (size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    const int n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-    BASALT_CHECK(i + static_cast<size_t>(n) <= s.size(), "a string is not valid UTF-8");
-    uint32_t cp = n == 1 ? b : n == 2 ? (b & 0x1Fu) : n == 3 ? (b & 0x0Fu) : (b & 0x07u);
-    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + static_cast<size_t>(k)]) & 0x3Fu);
-    out.push_back(cp);
-    i += static_cast<size_t>(n);
+  size_t at = 0;
+  char32_t cp = 0;
+  while (at < s.size()) {
+    BASALT_CHECK(unicode::decode_utf8(s, at, cp), "a string is not valid UTF-8");
+    out.push_back(static_cast<uint32_t>(cp));
   }
   return out;
 }
 
 std::string utf8(uint32_t cp) {
   std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (cp >> 18));
-    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
+  unicode::append_utf8(static_cast<char32_t>(cp), s);
   return s;
 }
 

@@ -31,7 +31,6 @@ test('fields Basalt does not implement are 400s that name them', async () => {
   const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object' } } }];
   const refused = [
     [{ guided_whitespace_pattern: ' ' }, 'guided_whitespace_pattern'],
-    [{ structural_tag: '{}' }, 'structural_tag'],
     [{ use_beam_search: true }, 'use_beam_search'],
     [{ prompt_logprobs: 1 }, 'prompt_logprobs'],
     [{ max_token: 5 }, 'max_token'],  // a typo is not silently the default
@@ -46,6 +45,27 @@ test('fields Basalt does not implement are 400s that name them', async () => {
   const ok = await chat({ tools, tool_choice: 'auto', use_beam_search: false, best_of: 1, guided_json: null,
                           parallel_tool_calls: true });
   assert.equal(ok.choices.length, 1);
+});
+
+test("vLLM's token-id fields, allowed_token_ids and bad_words through the OpenAI client", async () => {
+  const base = { model: 'basalt-mini', prompt: 'The Debian project', max_tokens: 6, temperature: 0 };
+  const plain = await client.completions.create({ ...base, return_token_ids: true });
+  const ids = plain.choices[0].token_ids;
+  assert.equal(ids.length, 6);
+  assert.ok(plain.choices[0].prompt_token_ids.length > 0);
+  const allowed = [ids[1], ids[2]];
+  const masked = await client.completions.create({ ...base, return_token_ids: true, allowed_token_ids: allowed });
+  assert.equal(masked.choices[0].token_ids.length, 6);
+  for (const id of masked.choices[0].token_ids) assert.ok(allowed.includes(id), `${id} is not in ${allowed}`);
+  const logprobs = await client.completions.create({ ...base, logprobs: 1, return_tokens_as_token_ids: true });
+  assert.deepEqual(logprobs.choices[0].logprobs.tokens, ids.map((id) => `token_id:${id}`));
+  // A word the model writes as one token of its own, banned (as the C++
+  // server test picks it).
+  const texts = (await client.completions.create({ ...base, logprobs: 1 })).choices[0].logprobs.tokens;
+  const word = texts.map((t) => t.trim()).find((t) => t.length > 0 && !/\s/.test(t));
+  assert.ok(word, JSON.stringify(texts));
+  const banned = await client.completions.create({ ...base, bad_words: [word] });
+  assert.notEqual(banned.choices[0].text, plain.choices[0].text, `banned "${word}"`);
 });
 
 test('an agent loop with tool calls and tool results renders through the chat template', async () => {

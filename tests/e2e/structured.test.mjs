@@ -174,7 +174,13 @@ test('bad specs are 400s that name the field and the problem', async () => {
     [{ guided_grammar: 'root ::= root "a" | "b"' }, 'guided_grammar', 'left-recursive'],
     [{ guided_choice: [] }, 'guided_choice', 'non-empty'],
     [{ guided_json: person, guided_regex: 'a' }, 'guided_regex', 'only one'],
-    [{ structured_outputs: { regex: 'a', structural_tag: 'x' } }, 'structured_outputs.structural_tag', 'not supported'],
+    [{ structured_outputs: { regex: 'a', whitespace_pattern: 'x' } }, 'structured_outputs.whitespace_pattern', 'not supported'],
+    [{ structured_outputs: { structural_tag: 'x' } }, 'structured_outputs.structural_tag', 'JSON text'],
+    [{ structural_tag: '{}' }, 'structural_tag', 'structures'],
+    [{ response_format: { type: 'structural_tag', structures: [{ begin: '<x>', schema: {}, end: '</x>' }], triggers: ['<y'] } },
+      'response_format', 'must start with one of the triggers'],
+    [{ response_format: { type: 'structural_tag', structures: [{ begin: 'aba', schema: {}, end: '' }], triggers: ['aba'] } },
+      'response_format', 'triggers[0]'],
     [{ guided_json: person, min_tokens: 3 }, 'min_tokens', 'min_tokens'],
   ];
   for (const [extra, param, words] of refused) {
