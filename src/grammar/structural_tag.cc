@@ -65,6 +65,13 @@ struct Trie {
   const Node& node(int i) const { return nodes[static_cast<size_t>(i)]; }
 };
 
+// "a | b | c": the alternatives of a choice.
+std::string alternation(const std::vector<std::string>& alternatives) {
+  std::string s;
+  for (size_t i = 0; i < alternatives.size(); ++i) s += (i ? " | " : "") + alternatives[i];
+  return s;
+}
+
 // Past a trie node (a partial trigger): the text may stop here, or go on
 // down the trie without completing a trigger. Empty: nothing goes on.
 std::string partial(const Trie& t, int v) {
@@ -75,9 +82,7 @@ std::string partial(const Trie& t, int v) {
       alternatives.push_back(ebnf_literal(utf8(cp)) + (rest.empty() ? "" : " " + rest));
     }
   if (alternatives.empty()) return "";
-  std::string e = "(";
-  for (size_t i = 0; i < alternatives.size(); ++i) e += (i ? " | " : "") + alternatives[i];
-  return e + ")?";
+  return "(" + alternation(alternatives) + ")?";
 }
 
 // Past a trie node: down the trie, then a code point that neither goes on
@@ -90,9 +95,7 @@ std::string drop(const Trie& t, int v, const std::set<uint32_t>& firsts) {
     if (!t.node(u).complete) alternatives.push_back(ebnf_literal(utf8(cp)) + " " + drop(t, u, firsts));
   }
   alternatives.insert(alternatives.begin(), any_but(excluded));
-  std::string e = "(";
-  for (size_t i = 0; i < alternatives.size(); ++i) e += (i ? " | " : "") + alternatives[i];
-  return e + ")";
+  return "(" + alternation(alternatives) + ")";
 }
 
 const ordered_json& member(const ordered_json& o, const char* key, const std::string& where) {
@@ -148,17 +151,12 @@ std::string structural_tag_to_ebnf(const ordered_json& spec, const JsonSchemaOpt
     segs.push_back(ebnf_literal(utf8(cp)) + (rest.empty() ? "" : " " + rest));
     drops.push_back(ebnf_literal(utf8(cp)) + " " + drop(trie, u, firsts));
   }
-  const auto join = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? " | " : "") + v[i];
-    return s;
-  };
   if (segs.empty()) {
     ebnf += "st-text ::= " + any_but(firsts) + "*\n";
   } else {
     ebnf += "st-text ::= (" + any_but(firsts) + " | st-seg* st-drop)* st-seg*\n";
-    ebnf += "st-seg ::= " + join(segs) + "\n";
-    ebnf += "st-drop ::= " + join(drops) + "\n";
+    ebnf += "st-seg ::= " + alternation(segs) + "\n";
+    ebnf += "st-drop ::= " + alternation(drops) + "\n";
   }
 
   std::vector<std::string> tags;
@@ -190,7 +188,7 @@ std::string structural_tag_to_ebnf(const ordered_json& spec, const JsonSchemaOpt
     parts += rules + "\n";
     tags.push_back(fmt::format("{} {}root {}", ebnf_literal(b), o.rule_prefix, ebnf_literal(end.get<std::string>())));
   }
-  ebnf += "st-tag ::= " + join(tags) + "\n" + parts;
+  ebnf += "st-tag ::= " + alternation(tags) + "\n" + parts;
   return ebnf;
 }
 

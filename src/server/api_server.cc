@@ -540,14 +540,14 @@ class GenerationProducer : public ResponseProducer {
   // return_token_ids in a chunk: the choice's ids since its last chunk, and
   // the prompt's ids in its first (completions: in the choice; chat: beside
   // the choices, in the response's first chunk).
-  void add_token_ids(Choice& c, json& choice, json* chunk_object = nullptr) {
+  void add_token_ids(Choice& c, json& choice, json& chunk_object) {
     if (!request_.return_token_ids) return;
     if (!request_.chat && c.ids_sent == 0 && !c.prompt_ids_sent) {
       choice["prompt_token_ids"] = prompt_ids_[static_cast<size_t>(c.prompt_index)];
       c.prompt_ids_sent = true;
     }
-    if (request_.chat && chunk_object != nullptr && !prompt_ids_streamed_) {
-      (*chunk_object)["prompt_token_ids"] = prompt_ids_.front();
+    if (request_.chat && !prompt_ids_streamed_) {
+      chunk_object["prompt_token_ids"] = prompt_ids_.front();
       prompt_ids_streamed_ = true;
     }
     choice["token_ids"] = std::vector<int32_t>(c.ids.begin() + static_cast<ptrdiff_t>(c.ids_sent), c.ids.end());
@@ -556,7 +556,7 @@ class GenerationProducer : public ResponseProducer {
   // The chunk of one choice, with its token ids when asked for.
   std::string choice_chunk(Choice& c, json choice) {
     json j = chunk({});
-    add_token_ids(c, choice, &j);
+    add_token_ids(c, choice, j);
     j["choices"] = json::array({std::move(choice)});
     return sse_line(j);
   }
