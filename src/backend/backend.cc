@@ -450,6 +450,15 @@ void Backend::gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
   gather_rows_impl(x, cols, out);
 }
 
+void Backend::rank_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
+  const OpCheck c(*this, "rank_rows");
+  c.tensor(x, "x", kF32, 2);
+  c.tensor(cols, "cols", kI32, 1);
+  c.tensor(out, "out", kI32, 1);
+  reference::check_rank_rows(x, cols, out, c.op());
+  c.indices(cols, "cols", x.dim(1), false, "columns");
+  rank_rows_impl(x, cols, out);
+}
 void Backend::copy_indexed(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) {
   const OpCheck c(*this, "copy_indexed");
   c.tensor(src, "src", kI32, 1);

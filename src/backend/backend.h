@@ -213,7 +213,7 @@ enum class BackendOp : uint8_t {
   kEmbedding, kLinear, kRmsNorm, kAddRmsNorm, kRope, kStoreKv, kQkvRopeStore, kAttention, kSiluAndMul, kAdd,
   kSoftmax, kLogSoftmax, kArgmax, kSample, kAdjustLogits, kApplyTokenBitmask, kTopKRows, kGatherRows,
   kLinearFp8Block, kMoeRoute, kMoeExperts, kMlaStoreKv, kMlaAttention, kMlaExpandKv, kConcatColumns, kLinearInt,
-  kMoeCombine, kCopyIndexed,
+  kMoeCombine, kCopyIndexed, kRankRows,
   kCount  // not an op
 };
 // clang-format on
@@ -373,6 +373,12 @@ class Backend {
   // outside [0, C) throws on host backends (the CUDA backend, which does not
   // read cols back, writes NaN there).
   void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out);
+  // out[r] = 1 + the number of entries of row r greater than x[r, cols[r]]:
+  // that entry's rank in the row, as vLLM reports a prompt token's logprob
+  // (ties share the better rank; NaN entries count as not greater). x f32
+  // [R, C]; cols i32 [R]; out i32 [R]. A column outside [0, C) throws on
+  // host backends (the CUDA backend writes 0 there).
+  void rank_rows(const Tensor& x, const Tensor& cols, Tensor& out);
   // dst[dst_index[k]] = src[src_index[k]] for every k, in place: tokens that
   // live on this device (a draft head's drafts) written into another
   // step's input ids without a trip through the host. src i32 [N]; dst i32
@@ -491,6 +497,7 @@ class Backend {
   virtual void apply_token_bitmask_impl(Tensor& logits, const Tensor& bitmask) = 0;
   virtual void top_k_rows_impl(const Tensor& x, int k, Tensor& values, Tensor& ids) = 0;
   virtual void gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) = 0;
+  virtual void rank_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) = 0;
   virtual void copy_indexed_impl(const Tensor& src, const Tensor& src_index, Tensor& dst,
                                  const Tensor& dst_index) = 0;
   virtual void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,

@@ -490,6 +490,16 @@ void gather_rows_case(Harness& h) {
   h.same("out", out, want);
 }
 
+// Rows of many ties, NaNs and infinities; the picked entries include them.
+void rank_rows_case(Harness& h, int64_t rows, int64_t cols) {
+  const Tensor x = awkward_rows(h, rows, cols), picked = rand_i32(h, rows, 0, cols - 1);
+  Tensor want = Tensor::empty({rows}, DType::kI32);
+  reference::rank_rows(x, picked, want);
+  Tensor out = h.out({rows}, DType::kI32);
+  h.backend().rank_rows(h.up(x), h.up(picked), out);
+  h.same("out", out, want);
+}
+
 // count elements of a random src [n] into distinct random places of a random
 // dst [m]; the rest of dst keeps its values.
 void copy_indexed_case(Harness& h, int64_t n, int64_t m, int64_t count) {
@@ -831,6 +841,9 @@ std::vector<OpCase> all_cases() {
     c.push_back({B::kTopKRows, fmt::format("{}_of_{}", k, cols),
                  [=](Harness& h) { top_k_rows_case(h, cols, k); }});
   c.push_back({B::kGatherRows, "awkward_rows", gather_rows_case});
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {9, 130}, {3, 5000}})
+    c.push_back({B::kRankRows, fmt::format("{}x{}", rows, cols),
+                 [=](Harness& h) { rank_rows_case(h, rows, cols); }});
   c.push_back({B::kCopyIndexed, "some_elements", [](Harness& h) { copy_indexed_case(h, 37, 50, 9); }});
   c.push_back({B::kCopyIndexed, "none", [](Harness& h) { copy_indexed_case(h, 4, 6, 0); }});
   c.push_back({B::kLinearFp8Block, "partial_blocks",

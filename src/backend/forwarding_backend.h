@@ -92,6 +92,9 @@ class ForwardingBackend : public Backend {
   void gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) override {
     inner_.gather_rows(x, cols, out);
   }
+  void rank_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) override {
+    inner_.rank_rows(x, cols, out);
+  }
   void copy_indexed_impl(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) override {
     inner_.copy_indexed(src, src_index, dst, dst_index);
   }

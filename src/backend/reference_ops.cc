@@ -486,6 +486,15 @@ void check_gather_rows(const Tensor& x, const Tensor& cols, const Tensor& out, c
                "{}: out must be f32 [{}], got {}", op, x.dim(0), out.describe());
 }
 
+void check_rank_rows(const Tensor& x, const Tensor& cols, const Tensor& out, const char* op) {
+  BASALT_CHECK(x.dtype() == DType::kF32 && x.rank() == 2, "{}: x must be f32 [R, C], got {}", op,
+               x.describe());
+  BASALT_CHECK(cols.dtype() == DType::kI32 && cols.shape() == Shape({x.dim(0)}),
+               "{}: cols must be i32 [{}], got {}", op, x.dim(0), cols.describe());
+  BASALT_CHECK(out.dtype() == DType::kI32 && out.shape() == Shape({x.dim(0)}),
+               "{}: out must be i32 [{}], got {}", op, x.dim(0), out.describe());
+}
+
 void check_copy_indexed(const Tensor& src, const Tensor& src_index, const Tensor& dst, const Tensor& dst_index,
                         const char* op) {
   for (const Tensor* t : {&src, &src_index, &dst, &dst_index})
@@ -563,6 +572,22 @@ void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
   }
 }
 
+void rank_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
+  require_host(x, "rank_rows", "x");
+  require_host(cols, "rank_rows", "cols");
+  require_host(out, "rank_rows", "out");
+  check_rank_rows(x, cols, out, "reference rank_rows");
+  for (int64_t r = 0; r < x.dim(0); ++r) {
+    const int32_t c = cols.data<const int32_t>()[r];
+    BASALT_CHECK(c >= 0 && c < x.dim(1),
+                 "reference rank_rows: column {} of row {} is outside 0..{}", c, r, x.dim(1) - 1);
+    const float* row = x.data<const float>() + r * x.dim(1);
+    int32_t above = 0;
+    for (int64_t j = 0; j < x.dim(1); ++j) above += row[j] > row[c] ? 1 : 0;
+    out.data<int32_t>()[r] = 1 + above;
+  }
+}
+
 void copy_indexed(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) {
   const Tensor* const tensors[] = {&src, &src_index, &dst, &dst_index};
   for (const Tensor* t : tensors) require_host(*t, "copy_indexed", "a tensor");
@@ -601,6 +626,7 @@ const char* to_string(BackendOp op) {
     case BackendOp::kTopKRows: return "top_k_rows";
     case BackendOp::kGatherRows: return "gather_rows";
     case BackendOp::kCopyIndexed: return "copy_indexed";
+    case BackendOp::kRankRows: return "rank_rows";
     case BackendOp::kLinearFp8Block: return "linear_fp8_block";
     case BackendOp::kMoeRoute: return "moe_route";
     case BackendOp::kMoeExperts: return "moe_experts";

@@ -66,7 +66,7 @@
 //    and subtract finite, repetition > 0 and finite, no (row, token) twice.
 //  * top_k_rows: the order is value descending, then column ascending, with
 //    -0 equal to +0 and every NaN below -inf (NaNs among themselves by column).
-//  * gather_rows: columns outside [0, C) throw.
+//  * gather_rows, rank_rows: columns outside [0, C) throw.
 //  * copy_indexed: indices outside their tensors throw.
 #pragma once
 
@@ -98,6 +98,7 @@ void adjust_logits(Tensor& logits, std::span<const LogitEdit> edits);
 void apply_token_bitmask(Tensor& logits, const Tensor& bitmask);
 void top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids);
 void gather_rows(const Tensor& x, const Tensor& cols, Tensor& out);
+void rank_rows(const Tensor& x, const Tensor& cols, Tensor& out);
 void copy_indexed(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index);
 
 // Throws basalt::Error, naming `op`, unless every edit is valid for logits
@@ -111,6 +112,8 @@ void check_top_k_rows(const Tensor& x, int k, const Tensor& values, const Tensor
 void check_token_bitmask(const Tensor& logits, const Tensor& bitmask, const char* op);
 // Checks gather_rows' shapes and dtypes (not placement).
 void check_gather_rows(const Tensor& x, const Tensor& cols, const Tensor& out, const char* op);
+// Checks rank_rows' shapes and dtypes (not placement).
+void check_rank_rows(const Tensor& x, const Tensor& cols, const Tensor& out, const char* op);
 // Checks copy_indexed's shapes and dtypes (not placement, not the indices).
 void check_copy_indexed(const Tensor& src, const Tensor& src_index, const Tensor& dst, const Tensor& dst_index,
                         const char* op);
@@ -214,6 +217,9 @@ class ReferenceBackend final : public Backend {
   }
   void gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) override {
     reference::gather_rows(x, cols, out);
+  }
+  void rank_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) override {
+    reference::rank_rows(x, cols, out);
   }
   void copy_indexed_impl(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) override {
     reference::copy_indexed(src, src_index, dst, dst_index);

@@ -503,6 +503,21 @@ void CpuBackend::gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& o
   }
 }
 
+void CpuBackend::rank_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) {
+  const int64_t C = x.dim(1);
+  pool_->parallel_for(
+      x.dim(0),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* row = x.data<const float>() + r * C;
+          const float at = row[cols.data<const int32_t>()[r]];
+          int32_t above = 0;
+          for (int64_t j = 0; j < C; ++j) above += row[j] > at ? 1 : 0;
+          out.data<int32_t>()[r] = 1 + above;
+        }
+      },
+      rows_per_task(C));
+}
 void CpuBackend::copy_indexed_impl(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) {
   const int32_t* from = src_index.data<const int32_t>();
   const int32_t* to = dst_index.data<const int32_t>();

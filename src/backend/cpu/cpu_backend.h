@@ -80,6 +80,7 @@ class CpuBackend : public Backend {
   void apply_token_bitmask_impl(Tensor& logits, const Tensor& bitmask) override;
   void top_k_rows_impl(const Tensor& x, int k, Tensor& values, Tensor& ids) override;
   void gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) override;
+  void rank_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) override;
   void copy_indexed_impl(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) override;
 
   // DeepSeek V2/V3 ops (moe.cc, mla.cc).

@@ -1,5 +1,5 @@
-// The logit ops' checks (bad edits, masks, k, columns) and top_k_rows' order
-// on a known row. Their results against the reference are in the table of
+// The logit ops' checks (bad edits, masks, k, columns), top_k_rows' order
+// and rank_rows' ranks on known rows. Their results against the reference are in the table of
 // backend/backend_ops_test.cc.
 #include <gtest/gtest.h>
 
@@ -73,6 +73,30 @@ TEST(CpuLogitOps, GatherRowsRejectsColumnsOutsideTheRow) {
   const Tensor cols = testing::i32_tensor({0, 33, 1});
   EXPECT_THROW(backend.gather_rows(x, cols, got), Error);
   EXPECT_THROW(reference::gather_rows(x, cols, want), Error);
+}
+
+TEST(CpuLogitOps, RankRowsOnKnownRows) {
+  CpuBackend backend;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Each row picks one entry: a tie shares the better rank, NaN is never
+  // greater (a NaN entry ranks first), +inf ranks first, -inf behind all
+  // finite entries.
+  const std::vector<float> row = {1.0f, 3.0f, 3.0f, nan, 2.0f, -kInf, kInf};
+  std::vector<float> rows;
+  for (int r = 0; r < 5; ++r) rows.insert(rows.end(), row.begin(), row.end());
+  const Tensor x = Tensor::from_f32({5, 7}, rows);
+  const Tensor cols = testing::i32_tensor({4, 2, 3, 6, 5});
+  Tensor got = testing::poisoned({5}, DType::kI32), want = testing::poisoned({5}, DType::kI32);
+  backend.rank_rows(x, cols, got);
+  reference::rank_rows(x, cols, want);
+  const std::vector<int32_t> ranks = {4, 2, 1, 1, 6};
+  for (int r = 0; r < 5; ++r) {
+    EXPECT_EQ(got.data<int32_t>()[r], ranks[static_cast<size_t>(r)]) << r;
+    EXPECT_EQ(want.data<int32_t>()[r], ranks[static_cast<size_t>(r)]) << r;
+  }
+  const Tensor outside = testing::i32_tensor({0, 7, 1, 0, 0});
+  EXPECT_THROW(backend.rank_rows(x, outside, got), Error);
+  EXPECT_THROW(reference::rank_rows(x, outside, want), Error);
 }
 
 TEST(CpuLogitOps, CopyIndexedRejectsBadIndicesAndLeavesDstAlone) {

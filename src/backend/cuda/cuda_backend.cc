@@ -505,6 +505,10 @@ void CudaBackend::gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& 
   cuda_gather_rows(x, cols, out, stream_);
 }
 
+void CudaBackend::rank_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) {
+  cuda_rank_rows(x, cols, out, stream_);
+}
+
 void CudaBackend::copy_indexed_impl(const Tensor& src, const Tensor& src_index, Tensor& dst,
                                     const Tensor& dst_index) {
   cuda_copy_indexed(src, src_index, dst, dst_index, stream_);

@@ -24,9 +24,9 @@
 //    on the backend's stream.
 //  * store_kv and attention work over the token-slot KV pool (f32 or bf16
 //    caches) for any mix of prefill, extend and decode sequences in one call.
-//  * sample(), adjust_logits(), top_k_rows() and gather_rows() run on the
-//    device (sampling.h): only the per-row controls and the edits go up, one
-//    copy each, and nothing waits for the device. sample() follows
+//  * sample(), adjust_logits(), top_k_rows(), gather_rows() and rank_rows()
+//    run on the device (sampling.h): only the per-row controls and the edits
+//    go up, one copy each, and nothing waits for the device. sample() follows
 //    reference::sample exactly in every filter and in the random draw, but
 //    sums masses in another order (exact integer sums of w * 2^44) and takes
 //    exp in double rounded to f32: its token equals the CPU backend's except
@@ -171,6 +171,7 @@ class CudaBackend final : public Backend {
   void apply_token_bitmask_impl(Tensor& logits, const Tensor& bitmask) override;
   void top_k_rows_impl(const Tensor& x, int k, Tensor& values, Tensor& ids) override;
   void gather_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) override;
+  void rank_rows_impl(const Tensor& x, const Tensor& cols, Tensor& out) override;
   void copy_indexed_impl(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) override;
 
   void linear_fp8_block_impl(const Tensor& x, const Tensor& w, const Tensor& scale_inv,

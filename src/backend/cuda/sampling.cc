@@ -127,6 +127,17 @@ void cuda_gather_rows(const Tensor& x, const Tensor& cols, Tensor& out, cudaStre
            "gather_rows");
 }
 
+void cuda_rank_rows(const Tensor& x, const Tensor& cols, Tensor& out, cudaStream_t stream) {
+  require_device(x, "rank_rows", "x");
+  require_device(cols, "rank_rows", "cols");
+  require_device(out, "rank_rows", "out");
+  reference::check_rank_rows(x, cols, out, "cuda rank_rows");
+  BASALT_CHECK(x.dim(0) < (int64_t{1} << 31), "cuda rank_rows: {} rows are too many", x.dim(0));
+  if (x.dim(0) == 0) return;
+  launched(cuda_kernels::rank_rows(x.data<const float>(), cols.data<const int32_t>(),
+                                   out.data<int32_t>(), x.dim(0), x.dim(1), stream),
+           "rank_rows");
+}
 void cuda_copy_indexed(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index,
                        cudaStream_t stream) {
   const Tensor* const tensors[] = {&src, &src_index, &dst, &dst_index};

@@ -22,7 +22,8 @@
 //    logits and controls give the same tokens run after run.
 //  * Controls and edits are validated as the reference validates them and
 //    bad ones throw before anything is enqueued; ids that cannot be checked
-//    without reading the device (gather_rows' cols) give NaN instead.
+//    without reading the device (gather_rows' and rank_rows' cols) give NaN
+//    and 0 instead.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,6 +39,7 @@ void cuda_adjust_logits(Tensor& logits, std::span<const LogitEdit> edits, cudaSt
 void cuda_apply_token_bitmask(Tensor& logits, const Tensor& bitmask, cudaStream_t stream);
 void cuda_top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids, cudaStream_t stream);
 void cuda_gather_rows(const Tensor& x, const Tensor& cols, Tensor& out, cudaStream_t stream);
+void cuda_rank_rows(const Tensor& x, const Tensor& cols, Tensor& out, cudaStream_t stream);
 void cuda_copy_indexed(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index,
                        cudaStream_t stream);
 

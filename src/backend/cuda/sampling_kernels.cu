@@ -499,6 +499,31 @@ __global__ void gather_kernel(const float* x, const int32_t* cols, float* out, i
   out[r] = c >= 0 && c < num_cols ? x[r * num_cols + c] : __int_as_float(0x7fc00000);
 }
 
+// One block of 256 threads per row: each counts its strided share, then
+// the block sums the counts.
+__global__ void __launch_bounds__(256)
+    rank_kernel(const float* x, const int32_t* cols, int32_t* out, int64_t num_cols) {
+  const int64_t r = blockIdx.x;
+  const int32_t c = cols[r];
+  if (c < 0 || c >= num_cols) {
+    if (threadIdx.x == 0) out[r] = 0;
+    return;
+  }
+  const float* row = x + r * num_cols;
+  const float at = row[c];
+  int count = 0;
+  for (int64_t j = threadIdx.x; j < num_cols; j += blockDim.x) count += row[j] > at ? 1 : 0;
+  for (int offset = 16; offset > 0; offset /= 2)
+    count += __shfl_down_sync(0xffffffffu, count, offset);
+  __shared__ int warp_counts[8];
+  if (threadIdx.x % 32 == 0) warp_counts[threadIdx.x / 32] = count;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (int w = 0; w < 8; ++w) total += warp_counts[w];
+    out[r] = 1 + total;
+  }
+}
 __global__ void copy_indexed_kernel(const int32_t* src, const int32_t* src_index, int64_t src_len, int32_t* dst,
                                     const int32_t* dst_index, int64_t dst_len, int64_t count) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -542,6 +567,11 @@ cudaError_t gather_rows(const float* x, const int32_t* cols, float* out, int64_t
   return cudaGetLastError();
 }
 
+cudaError_t rank_rows(const float* x, const int32_t* cols, int32_t* out, int64_t rows,
+                      int64_t num_cols, cudaStream_t stream) {
+  rank_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(x, cols, out, num_cols);
+  return cudaGetLastError();
+}
 cudaError_t copy_indexed(const int32_t* src, const int32_t* src_index, int64_t src_len, int32_t* dst,
                          const int32_t* dst_index, int64_t dst_len, int64_t count, cudaStream_t stream) {
   copy_indexed_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(src, src_index, src_len, dst, dst_index, dst_len,

@@ -56,6 +56,10 @@ cudaError_t top_k_rows(const float* x, int64_t rows, int64_t cols, int k, float*
 // out[r] = x[r, cols[r]] (NaN where cols[r] is outside [0, num_cols)).
 cudaError_t gather_rows(const float* x, const int32_t* cols, float* out, int64_t rows, int64_t num_cols,
                         cudaStream_t stream);
+// out[r] = 1 + the entries of row r greater than x[r, cols[r]] (0 where
+// cols[r] is outside [0, num_cols)).
+cudaError_t rank_rows(const float* x, const int32_t* cols, int32_t* out, int64_t rows,
+                      int64_t num_cols, cudaStream_t stream);
 // dst[dst_index[k]] = src[src_index[k]] for k < count; a pair with an index
 // outside [0, src_len) or [0, dst_len) is skipped.
 cudaError_t copy_indexed(const int32_t* src, const int32_t* src_index, int64_t src_len, int32_t* dst,
