@@ -119,6 +119,7 @@ struct Engine::Parts {
     s.max_context = model.config().max_position_embeddings;
     s.eos_ids = o.eos_ids ? *o.eos_ids : model.config().eos_token_ids;
     s.max_logprobs = o.max_logprobs;
+    s.score_rows_per_step = o.score_rows_per_step;
     s.stop_strings = tokenizer != nullptr;
     s.jump_forward = o.jump_forward;
     s.speculative = o.speculative;

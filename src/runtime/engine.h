@@ -104,6 +104,9 @@ struct EngineOptions {
   // The model's end-of-sequence ids; empty: ModelConfig::eos_token_ids.
   std::optional<std::vector<int32_t>> eos_ids;
   int max_logprobs = kDefaultMaxLogprobs;
+  // Prompt positions a step may score (SchedulerOptions::score_rows_per_step;
+  // 0: from the vocabulary's size).
+  int64_t score_rows_per_step = 0;
   // Recount the pool and cache invariants after every step, and check every
   // request's (runtime/request.h); a violation fails the step (tests).
   bool check_invariants = false;

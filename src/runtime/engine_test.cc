@@ -229,6 +229,67 @@ TEST_P(EngineMode, CrowdMatchesAloneGreedyAndSeeded) {
   EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
 }
 
+// vLLM's prompt_logprobs: each prompt token after the first scored as one
+// pass over the whole prompt scores it (every position's logits), whatever
+// the chunks, the scoring allowance that cuts them shorter, the page size,
+// the requests beside it, and the cache: a second run of the same prompt
+// computes it again rather than take it from there.
+TEST_P(EngineMode, PromptLogprobsMatchOneWholePromptPass) {
+  Fixture f(kLlama);
+  std::mt19937 rng(31);
+  const std::vector<int32_t> prompt = random_ids(rng, 45);
+  const auto P = static_cast<int64_t>(prompt.size());
+  const auto V = static_cast<int64_t>(f.model->config().vocab_size);
+  constexpr int kTop = 3;
+  // The reference: one forward pass with every position's logits.
+  KvBuffers kv = f.model->allocate_kv(P);
+  Tensor logits = Tensor::empty({P, V}, DType::kF32), lp = Tensor::empty({P, V}, DType::kF32);
+  f.model->forward(single_sequence_batch(prompt, 0, /*all_logits=*/true), kv, logits);
+  f.backend.log_softmax(logits, lp);
+  const auto row = [&](int64_t i) {
+    return std::span<const float>(lp.data<float>() + i * V, static_cast<size_t>(V));
+  };
+
+  EngineOptions o = slots(1024);
+  o.step_token_budget = 16;    // the prompt goes in chunks
+  o.score_rows_per_step = 10;  // which scoring cuts shorter still
+  o.check_invariants = true;
+  Engine engine(*f.model, f.backend, nullptr, o);
+  SamplingParams scored = greedy(3);
+  scored.prompt_logprobs = kTop;
+  // Plain requests beside it, one of them with the same prompt first (the
+  // cache then holds it).
+  std::vector<RequestOutput> first = run_all(engine, {request(prompt, greedy(3))});
+  std::vector<RequestOutput> out = run_all(
+      engine,
+      {request(random_ids(rng, 30), greedy(5)), request(prompt, scored), request(prompt, scored)});
+  for (int k = 1; k <= 2; ++k) {
+    SCOPED_TRACE(::testing::Message() << "scored request " << k);
+    const RequestOutput& o_k = out[static_cast<size_t>(k)];
+    EXPECT_EQ(o_k.output_ids, first[0].output_ids);
+    EXPECT_EQ(o_k.usage.cached_prompt_tokens, 0);
+    ASSERT_EQ(static_cast<int64_t>(o_k.prompt_logprobs.size()), P - 1);
+    for (int64_t i = 0; i + 1 < P; ++i) {
+      const PromptLogprob& s = o_k.prompt_logprobs[static_cast<size_t>(i)];
+      const int32_t token = prompt[static_cast<size_t>(i + 1)];
+      EXPECT_EQ(s.token, token);
+      EXPECT_NEAR(s.logprob, row(i)[static_cast<size_t>(token)], 1e-4) << i;
+      const float at = row(i)[static_cast<size_t>(token)];
+      EXPECT_EQ(s.rank,
+                1 + std::count_if(row(i).begin(), row(i).end(), [&](float x) { return x > at; }))
+          << i;
+      const std::vector<TokenLogprob> want = top_k_logprobs(row(i), kTop);
+      ASSERT_EQ(s.top.size(), want.size());
+      for (size_t j = 0; j < want.size(); ++j) {
+        EXPECT_EQ(s.top[j].id, want[j].id) << i;
+        EXPECT_NEAR(s.top[j].logprob, want[j].logprob, 1e-4) << i;
+      }
+    }
+  }
+  EXPECT_TRUE(out[0].prompt_logprobs.empty());
+  EXPECT_EQ(engine.drain_and_clear_cache(), engine.kv_capacity());
+}
+
 TEST_P(EngineMode, TextAndStopStringsMatchTheGenerator) {
   Fixture f(kLlama, /*with_tokenizer=*/true);
   const std::vector<int32_t> prompt = {139, 190, 81, 313, 198, 84};

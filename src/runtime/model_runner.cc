@@ -122,22 +122,90 @@ LocalModelRunner::LocalModelRunner(Model& model, Backend& backend, int64_t kv_sl
   mark_startup_phase("graphs");
 }
 
+std::vector<std::vector<TokenLogprob>> LocalModelRunner::top_alternatives(
+    const Tensor& lp, std::span<const int> wanted) {
+  const int64_t N = lp.dim(0);
+  std::vector<std::vector<TokenLogprob>> out(static_cast<size_t>(N));
+  int top = 0;
+  for (const int n : wanted) top = std::max(top, n);
+  top = std::min(top, vocab_);
+  if (top > kMaxTopKRows) {
+    // Beyond what top_k_rows serves (a server configured for more than 64
+    // logprobs): the rows come to the host.
+    Tensor host_lp = Tensor::empty({N, vocab_}, DType::kF32);
+    backend_.copy(lp, host_lp);
+    const size_t V = static_cast<size_t>(vocab_);
+    for (size_t r = 0; r < out.size(); ++r)
+      if (wanted[r] > 0)
+        out[r] =
+            top_k_logprobs(std::span<const float>(host_lp.data<float>() + r * V, V), wanted[r]);
+  } else if (top > 0) {
+    Tensor values = backend_.empty({N, top}, DType::kF32);
+    Tensor ids = backend_.empty({N, top}, DType::kI32);
+    backend_.top_k_rows(lp, top, values, ids);
+    Tensor host_values = Tensor::empty({N, top}, DType::kF32);
+    Tensor host_ids = Tensor::empty({N, top}, DType::kI32);
+    backend_.copy(values, host_values);
+    backend_.copy(ids, host_ids);
+    for (size_t r = 0; r < out.size(); ++r) {
+      const int n = std::min(wanted[r], top);
+      for (int j = 0; j < n; ++j) {
+        const size_t at = r * static_cast<size_t>(top) + static_cast<size_t>(j);
+        out[r].push_back({host_ids.data<int32_t>()[at], host_values.data<float>()[at]});
+      }
+    }
+  }
+  return out;
+}
+
+void LocalModelRunner::score_prompts(const StepPlan& plan, const Tensor& logits,
+                                     std::vector<PromptLogprob>& scores) {
+  const int64_t S = logits.dim(0);
+  Tensor lp = backend_.empty({S, vocab_}, DType::kF32);
+  backend_.log_softmax(logits, lp);
+  std::vector<int32_t> tokens;
+  std::vector<int> wanted;
+  tokens.reserve(static_cast<size_t>(S));
+  wanted.reserve(static_cast<size_t>(S));
+  for (const StepPlan::ScoreRow& row : plan.score_rows) {
+    tokens.push_back(row.token);
+    wanted.push_back(row.logprobs);
+  }
+  Tensor device_tokens = backend_.empty({S}, DType::kI32);
+  backend_.upload(Tensor::from_i32({S}, tokens), device_tokens);
+  Tensor values = backend_.empty({S}, DType::kF32), ranks = backend_.empty({S}, DType::kI32);
+  backend_.gather_rows(lp, device_tokens, values);
+  backend_.rank_rows(lp, device_tokens, ranks);
+  std::vector<std::vector<TokenLogprob>> top = top_alternatives(lp, wanted);
+  Tensor host_values = Tensor::empty({S}, DType::kF32),
+         host_ranks = Tensor::empty({S}, DType::kI32);
+  backend_.copy(values, host_values);
+  backend_.copy(ranks, host_ranks);
+  scores.resize(static_cast<size_t>(S));
+  for (size_t s = 0; s < scores.size(); ++s)
+    scores[s] = PromptLogprob{tokens[s], host_values.data<float>()[s],
+                              host_ranks.data<int32_t>()[s], std::move(top[s])};
+}
+
 void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   backend_.make_current();  // the pipeline's thread drives the device too
   const bool device_ids = !plan.device_drafts.empty() && model_.takes_device_token_ids();
   if (!plan.device_drafts.empty() && !device_ids) resolve_device_drafts(plan);  // waits for them
   ForwardBatch fb = forward_batch_of(plan);
   if (device_ids) fb.token_ids = ids_with_device_drafts(plan, fb.token_ids);
-  const auto L = static_cast<int64_t>(plan.logit_rows.size());
+  // The sampled rows' logits, then the score rows'.
+  const auto S = static_cast<int64_t>(plan.score_rows.size());
+  const auto L = static_cast<int64_t>(plan.logit_rows.size()) - S;
   const size_t R = plan.rows.size();
-  Tensor logits = backend_.empty({L, vocab_}, DType::kF32);
+  Tensor all_logits = backend_.empty({L + S, vocab_}, DType::kF32);
+  Tensor logits = S > 0 ? all_logits.rows(0, L) : all_logits;
   Tensor hidden;
   if (plan.capture_hidden) {
     BASALT_CHECK(model_.draft_head() != nullptr, "speculative decoding: the model has no draft head (MTP layer)");
     hidden = backend_.empty({fb.num_tokens(), model_.config().hidden_size}, DType::kF32);
-    model_.forward(fb, kv_, logits, &hidden);
+    model_.forward(fb, kv_, all_logits, &hidden);
   } else {
-    model_.forward(fb, kv_, logits);
+    model_.forward(fb, kv_, all_logits);
   }
   // The forward pass is queued: the host may wait for the drafts now.
   if (device_ids) resolve_device_drafts(plan);
@@ -145,6 +213,8 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   result.sampled_logprobs.assign(R, std::numeric_limits<float>::quiet_NaN());
   result.row_errors.clear();
   result.next.clear();
+  result.prompt_scores.clear();
+  if (S > 0) score_prompts(plan, all_logits.rows(L, S), result.prompt_scores);
   if (R == 0) {  // prefill chunks only: the draft head or model still reads them
     if (plan.capture_hidden) run_draft_head(plan, hidden, result);
     if (plan.run_draft_model) run_draft_model(plan, result);
@@ -214,44 +284,20 @@ void LocalModelRunner::run(StepPlan& plan, StepResult& result) {
   // Only token ids and the requested logprobs cross to the host: the
   // logprobs (raw, before the processors and masks) are reduced on the
   // device to each row's top entries and the drawn token's value.
-  int top = 0;
+  std::vector<int> wanted;
+  wanted.reserve(R);
   bool want_sampled = false;
   for (const StepPlan::SampleRow& row : plan.rows) {
-    top = std::max(top, row.logprobs);
+    wanted.push_back(row.logprobs);
     want_sampled |= row.sampled_logprob;
   }
-  top = std::min(top, vocab_);
+  const bool want_top = std::any_of(wanted.begin(), wanted.end(), [](int n) { return n > 0; });
   Tensor lp;
-  if (top > 0 || want_sampled) {
+  if (want_top || want_sampled) {
     lp = backend_.empty({L, vocab_}, DType::kF32);
     backend_.log_softmax(logits, lp);
   }
-  if (top > kMaxTopKRows) {
-    // Beyond what top_k_rows serves (a server configured for more than 64
-    // logprobs): the rows come to the host.
-    Tensor host_lp = Tensor::empty({L, vocab_}, DType::kF32);
-    backend_.copy(lp, host_lp);
-    const size_t V = static_cast<size_t>(vocab_);
-    for (size_t r = 0; r < R; ++r)
-      if (plan.rows[r].logprobs > 0)
-        result.logprobs[r] =
-            top_k_logprobs(std::span<const float>(host_lp.data<float>() + r * V, V), plan.rows[r].logprobs);
-  } else if (top > 0) {
-    Tensor values = backend_.empty({L, top}, DType::kF32);
-    Tensor ids = backend_.empty({L, top}, DType::kI32);
-    backend_.top_k_rows(lp, top, values, ids);
-    Tensor host_values = Tensor::empty({L, top}, DType::kF32);
-    Tensor host_ids = Tensor::empty({L, top}, DType::kI32);
-    backend_.copy(values, host_values);
-    backend_.copy(ids, host_ids);
-    for (size_t r = 0; r < R; ++r) {
-      const int n = std::min(plan.rows[r].logprobs, top);
-      for (int j = 0; j < n; ++j) {
-        const size_t at = r * static_cast<size_t>(top) + static_cast<size_t>(j);
-        result.logprobs[r].push_back({host_ids.data<int32_t>()[at], host_values.data<float>()[at]});
-      }
-    }
-  }
+  if (want_top) result.logprobs = top_alternatives(lp, wanted);
   // The processors' edits: a draft group's rows as if the drafts before
   // each were sampled (penalties count them), given back at the group's end.
   std::vector<LogitEdit> edits;

@@ -50,6 +50,14 @@ class LocalModelRunner : public ModelRunner {
   KvBuffers& kv() { return kv_; }
 
  private:
+  // Per row of logprobs lp f32 [N, V] on the device, its `wanted[row]` most
+  // likely tokens (none where 0), brought to the host.
+  std::vector<std::vector<TokenLogprob>> top_alternatives(const Tensor& lp,
+                                                          std::span<const int> wanted);
+  // The score rows' logits (StepPlan::score_rows, in order) into
+  // `scores`: each row's token's logprob and rank and its alternatives.
+  void score_prompts(const StepPlan& plan, const Tensor& logits,
+                     std::vector<PromptLogprob>& scores);
   // The draft head's pass after sampling (StepPlan::capture_hidden).
   void run_draft_head(const StepPlan& plan, const Tensor& hidden, StepResult& result);
   // The draft model's pass after sampling (StepPlan::run_draft_model).

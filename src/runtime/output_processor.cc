@@ -53,6 +53,7 @@ void OutputProcessor::process(RequestUpdate u, std::deque<EngineEvent>& out) {
     ev.token = u.token;
     ev.logprobs = std::move(u.logprobs);
     ev.logprob = u.logprob;
+    ev.prompt_logprobs = std::move(u.prompt_logprobs);
     ev.usage = u.usage;
     const bool check = num_output_ > min_tokens_;
     // Ids past the tokenizer's vocabulary (padded embedding rows) carry no text.

@@ -47,6 +47,17 @@ struct TokenLogprob {
   float logprob = 0.0f;
 };
 
+// A prompt token's score (SamplingParams::prompt_logprobs): its logprob
+// given the tokens before it, its rank in that distribution (1: the most
+// likely; ties share the better rank) and the `prompt_logprobs` most likely
+// tokens there. Raw model logprobs: no penalty, bias or mask applies.
+struct PromptLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  std::vector<TokenLogprob> top;
+};
+
 // Why a sequence stopped, as vLLM's stop_reason: nothing (length, or an eos
 // id), the stop token id, or the stop string.
 using StopReason = std::variant<std::monostate, int32_t, std::string>;
@@ -110,6 +121,9 @@ struct EngineEvent {
   // temperature 1, before penalties and filters) when params.logprobs > 0 or
   // params.sampled_logprob; NaN otherwise.
   float logprob = std::numeric_limits<float>::quiet_NaN();
+  // The first kToken event of a request with params.prompt_logprobs >= 0:
+  // the scores of prompt tokens 1 .. prompt_len - 1, in order.
+  std::vector<PromptLogprob> prompt_logprobs;
   // Both kinds: the request's usage as of this event (a token's counts the
   // output so far; the prompt-side figures, cached_prompt_tokens among
   // them, are final from the first token on).
@@ -129,6 +143,7 @@ struct RequestUpdate {
   int32_t token = -1;
   std::vector<TokenLogprob> logprobs;
   float logprob = std::numeric_limits<float>::quiet_NaN();
+  std::vector<PromptLogprob> prompt_logprobs;  // as EngineEvent's
   // The token ends the request as an eos or stop id (its text is left out
   // unless include_stop_str_in_output).
   bool stop_token = false;
@@ -207,6 +222,7 @@ struct Request {
   int max_tokens = 0;
   int min_tokens = 0;
   int logprobs = 0;
+  int prompt_logprobs = -1;
   bool sampled_logprob = false;
   bool ignore_eos = false;
   bool has_stop_ids = false;  // request.params.stop_token_ids is not empty
@@ -217,6 +233,13 @@ struct Request {
   Clock::time_point submitted;
   bool admitted_once = false;
   std::string refusal;  // set at submit: the request only gets an error
+  // params.prompt_logprobs: prompt positions 0 .. prompt_scored - 1 have had
+  // their next token scored (by a launched step), and the scores that have
+  // come back, in order, wait for the first token's update. While positions
+  // are left to score, the radix cache gives the request no prefix past
+  // prompt_scored (those positions must be computed).
+  int64_t prompt_scored = 0;
+  std::vector<PromptLogprob> prompt_scores;
 
   int64_t target() const { return static_cast<int64_t>(tokens.size()) + pending; }
   int64_t remaining() const { return target() - kv.computed; }

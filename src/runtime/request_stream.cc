@@ -144,6 +144,7 @@ RequestOutput collect(RequestStream& stream) {
     if (e->kind == EngineEvent::Kind::kToken) {
       out.output_ids.push_back(e->token);
       if (!e->logprobs.empty()) out.top_logprobs.push_back(std::move(e->logprobs));
+      if (!e->prompt_logprobs.empty()) out.prompt_logprobs = std::move(e->prompt_logprobs);
       continue;
     }
     out.reason = e->reason;

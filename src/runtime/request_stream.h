@@ -106,6 +106,7 @@ using RequestHandle = std::shared_ptr<RequestStream>;
 struct RequestOutput {
   std::vector<int32_t> output_ids;
   std::vector<std::vector<TokenLogprob>> top_logprobs;
+  std::vector<PromptLogprob> prompt_logprobs;  // params.prompt_logprobs >= 0
   std::string text;
   FinishReason reason = FinishReason::kLength;
   StopReason stop_reason;

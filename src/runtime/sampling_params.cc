@@ -46,6 +46,12 @@ void SamplingParams::validate(int32_t vocab_size, int max_logprobs) const {
   }
   BASALT_CHECK(logprobs >= 0 && logprobs <= max_logprobs, "logprobs must be in 0..{}, got {}",
                max_logprobs, logprobs);
+  BASALT_CHECK(prompt_logprobs >= -1 && prompt_logprobs <= max_logprobs,
+               "prompt_logprobs must be in 0..{} (or -1: off), got {}", max_logprobs,
+               prompt_logprobs);
+  BASALT_CHECK(
+      prompt_logprobs < 0 || max_tokens >= 1,
+      "prompt_logprobs needs max_tokens >= 1 (the prompt is scored on the way to the first token)");
 }
 
 SamplingRow SamplingParams::row(uint64_t seed_value, uint64_t step) const {

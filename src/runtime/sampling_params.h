@@ -75,6 +75,11 @@ struct SamplingParams {
   // Report the drawn token's own logprob (the OpenAI API's token_logprobs),
   // also when logprobs is 0.
   bool sampled_logprob = false;
+  // vLLM's prompt_logprobs: -1 off; else for every prompt token after the
+  // first, its logprob and rank given the tokens before it, and this many
+  // alternatives (at most max_logprobs). The prompt is then computed whole:
+  // no prefix of it is taken from the radix cache.
+  int prompt_logprobs = -1;
   bool skip_special_tokens = true;
 
   // --- containers, last: the scheduler reads the scalar fields above for
@@ -98,7 +103,7 @@ struct SamplingParams {
 
   // Throws basalt::Error naming the first field out of range. vocab_size
   // bounds logit_bias, stop_token_ids, allowed_token_ids and bad_words_ids
-  // ids; max_logprobs bounds logprobs.
+  // ids; max_logprobs bounds logprobs and prompt_logprobs.
   void validate(int32_t vocab_size, int max_logprobs = kDefaultMaxLogprobs) const;
 
   // The sample op's controls for one step, drawn from `seed_value`.

@@ -60,6 +60,13 @@ TEST(SamplingParams, EachBadFieldIsNamed) {
       {[](SamplingParams& p) { p.stop_token_ids = {3, 100}; }, "stop_token_ids"},
       {[](SamplingParams& p) { p.logprobs = 21; }, "logprobs"},
       {[](SamplingParams& p) { p.logprobs = -1; }, "logprobs"},
+      {[](SamplingParams& p) { p.prompt_logprobs = 21; }, "prompt_logprobs"},
+      {[](SamplingParams& p) { p.prompt_logprobs = -2; }, "prompt_logprobs"},
+      {[](SamplingParams& p) {
+         p.prompt_logprobs = 0;
+         p.max_tokens = 0;
+       },
+       "prompt_logprobs"},
   };
   for (const auto& c : cases) {
     const std::string message = error_of(c.edit);
@@ -79,9 +86,11 @@ TEST(SamplingParams, BoundaryValuesAreValid) {
               p.min_tokens = 16;
               p.stop_token_ids = {0, 99};
               p.logprobs = 20;
+              p.prompt_logprobs = 20;
             }),
             "");
   EXPECT_EQ(error_of([](SamplingParams& p) { p.logprobs = 50; }, 100), "");
+  EXPECT_EQ(error_of([](SamplingParams& p) { p.prompt_logprobs = 0; }), "");
 }
 
 TEST(SamplingParams, RowMapsTopKMinusOneToOff) {

@@ -30,6 +30,15 @@ constexpr int64_t kInBatchPrefix = 32;
 // it through a pointer: starting the loads of a request a few places ahead
 // overlaps those misses instead of taking them one after another.
 constexpr size_t kPrefetchAhead = 4;
+
+// Of positions [from, from + n), those whose next prompt token r still has
+// to score.
+int64_t positions_to_score(const Request& r, int64_t from, int64_t n) {
+  if (r.prompt_logprobs < 0) return 0;
+  return std::max<int64_t>(0,
+                           std::min(from + n, r.prompt_len - 1) - std::max(from, r.prompt_scored));
+}
+
 void prefetch_step_fields(const Request* r) {
   // The step's fields are Request's leading members, up to `request`.
   const auto* head = reinterpret_cast<const char*>(r);
@@ -57,6 +66,14 @@ Scheduler::Scheduler(KvManager& kv, SchedulerOptions options) : kv_(kv), options
   BASALT_CHECK(options_.output_reserve >= 0, "output_reserve must be >= 0");
   BASALT_CHECK(options_.vocab_size > 0 && options_.max_context > 0, "the scheduler needs the vocabulary and context sizes");
   m_.kv_capacity = kv_.capacity();
+  BASALT_CHECK(options_.score_rows_per_step >= 0, "score_rows_per_step must be >= 0");
+  // A scored position's logits and logprobs are two f32 rows of the whole
+  // vocabulary.
+  constexpr int64_t kScoreBytes = int64_t{256} << 20;
+  score_rows_per_step_ =
+      options_.score_rows_per_step > 0
+          ? options_.score_rows_per_step
+          : std::max<int64_t>(16, kScoreBytes / (8 * static_cast<int64_t>(options_.vocab_size)));
 }
 
 Scheduler::~Scheduler() = default;
@@ -114,6 +131,7 @@ void Scheduler::add(std::unique_ptr<Request> request, std::vector<RequestUpdate>
   r.max_tokens = p.max_tokens;
   r.min_tokens = p.min_tokens;
   r.logprobs = p.logprobs;
+  r.prompt_logprobs = p.prompt_logprobs;
   r.sampled_logprob = p.sampled_logprob;
   r.ignore_eos = p.ignore_eos;
   r.has_stop_ids = !p.stop_token_ids.empty();
@@ -372,7 +390,10 @@ std::vector<Request*> Scheduler::admission_order() {
 
 bool Scheduler::admit(Request& r, int64_t budget) {
   const int64_t len = static_cast<int64_t>(r.tokens.size());
-  const int64_t matched = kv_.take_cached_prefix(r.kv, r.request.cache_namespace, r.token_span(len - 1));
+  // Positions still to score are computed, not taken from the cache.
+  const bool scoring = r.prompt_logprobs >= 0 && r.prompt_scored < r.prompt_len - 1;
+  const int64_t matched = kv_.take_cached_prefix(r.kv, r.request.cache_namespace,
+                                                 r.token_span(scoring ? r.prompt_scored : len - 1));
   int64_t reserved = 0;
   for (auto& o : running_)
     if (!o->preempted) reserved += reserve_of(*o);
@@ -382,8 +403,8 @@ bool Scheduler::admit(Request& r, int64_t budget) {
       kv_.rounded(len + std::min<int64_t>(r.request.params.max_tokens - r.num_output, options_.output_reserve)) -
       matched;
   const bool alone = running_.empty();
-  const int64_t n = std::min(len - matched, budget);
-  if ((need > available && !alone) || !kv_.allocate(r.kv, n)) {
+  const int64_t n = within_score_allowance(r, matched, std::min(len - matched, budget));
+  if ((need > available && !alone) || n <= 0 || !kv_.allocate(r.kv, n)) {
     release_kv(r, false);
     return false;
   }
@@ -398,7 +419,13 @@ bool Scheduler::admit(Request& r, int64_t budget) {
   r.step_start = r.kv.computed;
   r.step_len = n;
   r.planned_for = next_step_id_ + 1;
+  score_allowance_ -= positions_to_score(r, r.step_start, n);
   return true;
+}
+
+int64_t Scheduler::within_score_allowance(const Request& r, int64_t from, int64_t n) const {
+  if (positions_to_score(r, from, n) <= score_allowance_) return n;
+  return std::max(from, r.prompt_scored) - from + score_allowance_;
 }
 
 void Scheduler::requeue_preempted() {
@@ -422,6 +449,7 @@ std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates)
   }
   const uint64_t step = next_step_id_ + 1;
   int64_t budget = options_.step_token_budget;
+  score_allowance_ = score_rows_per_step_;
   const uint64_t preemptions_before = m_.preemptions;
   prefill_candidates_.clear();
   // 1. Requests whose known tokens have KV take the rest of their target in
@@ -472,12 +500,14 @@ std::vector<Request*> Scheduler::plan_batch(std::vector<RequestUpdate>& updates)
     if (budget <= 0) break;
     if (r.preempted || r.finished) continue;
     const int64_t avail = kv_.available() + (static_cast<int64_t>(r.kv.slots.size()) - r.kv.computed);
-    const int64_t n = std::min({r.remaining(), budget, avail});
+    const int64_t n =
+        within_score_allowance(r, r.kv.computed, std::min({r.remaining(), budget, avail}));
     if (n <= 0 || !kv_.allocate(r.kv, n)) continue;
     r.step_start = r.kv.computed;
     r.step_len = n;
     r.planned_for = step;
     budget -= n;
+    score_allowance_ -= positions_to_score(r, r.step_start, n);
   }
   const bool preempted_now = m_.preemptions != preemptions_before;
   if (preempted_now) requeue_preempted();
@@ -571,6 +601,7 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
       r->proposal_row = -1;
     }
   bool any_prefill = false, any_decode = false, any_drafts = false;
+  score_logit_rows_.clear();
   for (size_t b = 0; b < batch.size(); ++b) {
     Request* r = batch[b];
     if (b + kPrefetchAhead < batch.size()) {
@@ -582,6 +613,17 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
     }
     const int64_t known = static_cast<int64_t>(r->tokens.size());
     const auto drafts = static_cast<int64_t>(r->drafts.size());
+    if (const int64_t n = positions_to_score(*r, r->step_start, r->step_len); n > 0) {
+      // Each scored position's logits score the prompt token after it.
+      const int64_t first = std::max(r->step_start, r->prompt_scored);
+      for (int64_t pos = first; pos < first + n; ++pos) {
+        score_logit_rows_.push_back(static_cast<int32_t>(plan->token_ids.size() +
+                                                         static_cast<size_t>(pos - r->step_start)));
+        plan->score_rows.push_back({r->tokens[static_cast<size_t>(pos + 1)], r->prompt_logprobs});
+        plan->scored.push_back(r);
+      }
+      r->prompt_scored = first + n;
+    }
     for (int64_t i = 0; i < r->step_len; ++i) {
       const int64_t pos = r->step_start + i;
       if (pos < known) {
@@ -650,6 +692,9 @@ std::shared_ptr<StepPlan> Scheduler::schedule(std::vector<RequestUpdate>& update
   // decode.
   if (any_drafts) plan->mode = any_prefill ? ForwardMode::kMixed : ForwardMode::kVerify;
   else plan->mode = any_prefill ? (any_decode ? ForwardMode::kMixed : ForwardMode::kExtend) : ForwardMode::kDecode;
+  // The score rows' logits rows follow the sampled rows' (StepPlan::score_rows).
+  plan->logit_rows.insert(plan->logit_rows.end(), score_logit_rows_.begin(),
+                          score_logit_rows_.end());
   // The model wants at least one logits row; an all-prefill step computes one it ignores.
   if (plan->logit_rows.empty()) plan->logit_rows.push_back(static_cast<int32_t>(plan->token_ids.size()) - 1);
   plan->requests = std::move(batch);
@@ -789,6 +834,7 @@ bool Scheduler::on_token(Request& r, int32_t token, std::vector<TokenLogprob> lo
   u.token = token;
   u.logprobs = std::move(logprobs);
   u.logprob = logprob;
+  if (!r.prompt_scores.empty()) u.prompt_logprobs = std::exchange(r.prompt_scores, {});
   u.stop_token = is_eos || is_stop_id;
   u.usage = r.usage;
   updates.push_back(std::move(u));
@@ -815,6 +861,14 @@ void Scheduler::update(StepPlan& plan, StepResult& result, std::vector<RequestUp
     last_exec_end_.reset();
     throw Error(result.error);
   }
+  // The prompt scores first: a request's last ones come in the step that
+  // samples its first token, whose update carries them all.
+  BASALT_CHECK(result.prompt_scores.size() == plan.scored.size(),
+               "step {}: {} prompt scores for {} score rows", plan.id, result.prompt_scores.size(),
+               plan.scored.size());
+  for (size_t s = 0; s < plan.scored.size(); ++s)
+    if (!plan.scored[s]->finished)
+      plan.scored[s]->prompt_scores.push_back(std::move(result.prompt_scores[s]));
   // The step's tokens all arrive now.
   const Clock::time_point now = Clock::now();
   updates.reserve(updates.size() + plan.sampled.size() + 8);

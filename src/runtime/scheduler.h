@@ -33,6 +33,10 @@
 //     32 uncached leading tokens with one admitted in this step waits a step
 //     and takes them from the cache; the samples of one submit_n wait for the
 //     first one's prompt.
+//  A request scoring its prompt (SamplingParams::prompt_logprobs) takes no
+//  cached prefix past its last scored position, and a step scores at most
+//  score_rows_per_step positions (their logits rows are whole
+//  vocabularies), which bounds such a request's chunks.
 //  A preempted request frees its unshared KV, drops its lock and is
 //  recomputed later from its tokens so far. A request that fits the pool
 //  alone always progresses.
@@ -68,6 +72,10 @@ struct SchedulerOptions {
   int64_t max_context = 0;  // the model's context length
   std::vector<int32_t> eos_ids;
   int max_logprobs = kDefaultMaxLogprobs;
+  // Prompt positions one step may score (SamplingParams::prompt_logprobs);
+  // 0: as many as 256 MiB of logits and logprobs hold (236 rows of a
+  // 128K-token vocabulary).
+  int64_t score_rows_per_step = 0;
   // Whether stop strings can be matched (a tokenizer exists on the client side).
   bool stop_strings = true;
   // Jump-forward: where a constrained request's grammar forces text (a
@@ -169,6 +177,9 @@ class Scheduler {
   bool shares_uncached_prefix(const Request& r, const std::vector<const Request*>& admitted);
   bool sibling_prefilling(const Request& r, const std::vector<const Request*>& admitted) const;
   bool admit(Request& r, int64_t budget);
+  // Of n positions from `from` that request r would take this step, how
+  // many fit what is left of the step's prompt-scoring allowance.
+  int64_t within_score_allowance(const Request& r, int64_t from, int64_t n) const;
   int64_t reserve_of(const Request& r) const;
   std::vector<Request*> admission_order();
   void requeue_preempted();
@@ -196,6 +207,9 @@ class Scheduler {
   int64_t finished_unremoved_ = 0;  // finished requests still in waiting_ or running_
   int64_t deadlines_ = 0;           // live requests with a deadline
   std::vector<Request*> prefill_candidates_;
+  int64_t score_rows_per_step_ = 0;        // prompt positions a step may score
+  int64_t score_allowance_ = 0;            // of those, left in the step being planned
+  std::vector<int32_t> score_logit_rows_;  // the step's score rows' logits rows, while planning
   // Plans handed out before; one that nobody else holds any more (its step
   // is updated and dropped) is refilled, arrays and all.
   std::vector<std::shared_ptr<StepPlan>> plan_pool_;

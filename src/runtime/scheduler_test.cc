@@ -88,6 +88,15 @@ class FakeRunner {
     }
     for (size_t r = 0; r < plan.rows.size(); ++r)
       result.next.push_back(next_of(row_hash.at(static_cast<size_t>(plan.logit_rows[r]))));
+    // A score row's "rank" is the token the row predicts, so that a score
+    // computed at the wrong position or from wrong KV shows.
+    EXPECT_EQ(plan.logit_rows.size(), plan.rows.size() + plan.score_rows.size() +
+                                          (plan.rows.empty() && plan.score_rows.empty()));
+    for (size_t s = 0; s < plan.score_rows.size(); ++s) {
+      const auto row = static_cast<size_t>(plan.logit_rows.at(plan.rows.size() + s));
+      result.prompt_scores.push_back(
+          {plan.score_rows[s].token, 0.0f, next_of(row_hash.at(row)), {}});
+    }
     result.logprobs.assign(plan.rows.size(), {});
     result.sampled_logprobs.assign(plan.rows.size(), 0.0f);
     result.exec_start = result.exec_end = Clock::now();
@@ -110,6 +119,7 @@ struct Tracked {
   std::vector<int32_t> prompt;
   SamplingParams params;
   std::vector<int32_t> output;
+  std::vector<PromptLogprob> prompt_scores;
   int finishes = 0;
   FinishReason reason = FinishReason::kLength;
   bool cancelled = false;
@@ -143,6 +153,7 @@ void run_random(uint32_t seed, const Case& c) {
   SchedulerOptions o = fake_model_options(4096);
   o.max_running = 6;
   o.step_token_budget = c.budget;
+  o.score_rows_per_step = 7;  // prompt-scoring requests' chunks are cut short (checked below)
   o.output_reserve = 4;
   Scheduler scheduler(kv, o);
   FakeRunner runner(c.slots);
@@ -165,6 +176,7 @@ void run_random(uint32_t seed, const Case& c) {
     p.ignore_eos = rng() % 2 == 0;
     p.min_tokens = rng() % 4 == 0 ? std::min(p.max_tokens, 3) : 0;
     p.seed = 1;
+    p.prompt_logprobs = rng() % 4 == 0 ? static_cast<int>(rng() % 3) : -1;
     r->request.prompt = prompt;
     r->request.params = p;
     r->request.priority = static_cast<int>(rng() % 3);
@@ -185,6 +197,12 @@ void run_random(uint32_t seed, const Case& c) {
         t.reason = u.reason;
         t.cached = u.usage.cached_prompt_tokens;
       } else {
+        // A request's prompt scores come whole, with its first token.
+        if (!u.prompt_logprobs.empty()) {
+          EXPECT_TRUE(t.output.empty())
+              << "prompt scores after the first token of request " << u.id;
+          t.prompt_scores = std::move(u.prompt_logprobs);
+        }
         t.output.push_back(u.token);
       }
     }
@@ -208,6 +226,9 @@ void run_random(uint32_t seed, const Case& c) {
       }
     }
     std::shared_ptr<StepPlan> plan = scheduler.has_requests() ? scheduler.schedule(updates) : nullptr;
+    if (plan) {
+      ASSERT_LE(plan->score_rows.size(), 7u);
+    }
     StepResult result;
     if (plan) result = runner.run(*plan);
     ASSERT_NO_THROW(scheduler.check_invariants());
@@ -233,6 +254,20 @@ void run_random(uint32_t seed, const Case& c) {
     } else {
       EXPECT_EQ(t.output, want);
       EXPECT_EQ(t.reason, want.back() == kEos && !t.params.ignore_eos ? FinishReason::kStop : FinishReason::kLength);
+    }
+    if (t.params.prompt_logprobs < 0 || t.output.empty()) {
+      EXPECT_TRUE(t.prompt_scores.empty());
+      continue;
+    }
+    // Every prompt token after the first, scored once, in order, from its
+    // own prefix; none of the prompt came from the cache.
+    EXPECT_EQ(t.cached, 0);
+    ASSERT_EQ(t.prompt_scores.size(), t.prompt.size() - 1);
+    uint64_t h = 0;
+    for (size_t i = 0; i + 1 < t.prompt.size(); ++i) {
+      h = mix(h, t.prompt[i]);
+      EXPECT_EQ(t.prompt_scores[i].token, t.prompt[i + 1]) << i;
+      EXPECT_EQ(t.prompt_scores[i].rank, next_of(h)) << i;
     }
   }
   const EngineMetrics& m = scheduler.metrics();

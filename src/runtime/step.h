@@ -90,6 +90,16 @@ struct StepPlan {
     int32_t draft = -1;
   };
   std::vector<SampleRow> rows;
+  // Prompt scoring (SamplingParams::prompt_logprobs): after the sampled
+  // rows' entries, logit_rows has one per ScoreRow, whose logits score
+  // `token` (the prompt token after that position) with `logprobs`
+  // alternatives. Nothing is sampled from them, and no processor or mask
+  // touches them.
+  struct ScoreRow {
+    int32_t token = 0;
+    int logprobs = 0;
+  };
+  std::vector<ScoreRow> score_rows;
   // Whether the last step before it ran back to back with it (for the
   // "bubble" metric).
   bool chained = false;
@@ -97,6 +107,7 @@ struct StepPlan {
   // The scheduler's: the requests in the batch and, per sampled row, whose.
   std::vector<Request*> requests;
   std::vector<Request*> sampled;
+  std::vector<Request*> scored;  // per score row, whose
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   // Back to a new plan's state, keeping the arrays' capacity (the scheduler
@@ -119,15 +130,18 @@ inline void StepPlan::clear() {
   drafts_behind_samples = false;
   run_draft_model = false;
   rows.clear();
+  score_rows.clear();
   chained = false;
   requests.clear();
   sampled.clear();
+  scored.clear();
 }
 
 struct StepResult {
   std::vector<int32_t> next;                     // per sampled row
   std::vector<std::vector<TokenLogprob>> logprobs;  // per row, top alternatives when asked
   std::vector<float> sampled_logprobs;           // per row; NaN where not asked
+  std::vector<PromptLogprob> prompt_scores;         // per score row
   // Per sampled row, only when some row failed (empty otherwise): the
   // error of a row whose constraint threw (a grammar too ambiguous to
   // follow, say). That request fails alone; its sample is meaningless.

@@ -168,6 +168,8 @@ struct Choice {
   std::vector<int32_t> ids;
   std::vector<std::vector<TokenLogprob>> top;  // per token, when logprobs
   std::vector<float> chosen;                   // per token, when logprobs
+  std::vector<PromptLogprob>
+      prompt_scores;  // params.prompt_logprobs >= 0: from the first token's event
   FinishReason reason = FinishReason::kLength;
   StopReason stop_reason;
   std::string error;
@@ -354,6 +356,7 @@ class GenerationProducer : public ResponseProducer {
     }
     c.ids.push_back(e.token);
     c.text += e.text;
+    if (!e.prompt_logprobs.empty()) c.prompt_scores = std::move(e.prompt_logprobs);
     if (!first_token_) first_token_ = Clock::now();
     json lp = nullptr;
     if (request_.want_logprobs) {
@@ -458,7 +461,9 @@ class GenerationProducer : public ResponseProducer {
                      {"finish_reason", nullptr}};
       sse += choice_chunk(c, std::move(choice));
     } else if (request_.echo) {
-      sse += choice_chunk(c, chunk_choice(c, echo_texts_[static_cast<size_t>(c.prompt_index)], nullptr));
+      json lp = request_.want_logprobs ? echo_logprobs(c) : json(nullptr);
+      sse += choice_chunk(
+          c, chunk_choice(c, echo_texts_[static_cast<size_t>(c.prompt_index)], std::move(lp)));
     }
   }
 
@@ -601,6 +606,54 @@ class GenerationProducer : public ResponseProducer {
     return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
+  // Completions with echo and logprobs: the logprobs of the prompt's
+  // tokens, as those of output tokens (text offsets from the prompt's
+  // start), the first token's null. A prompt whose scores are missing (a
+  // choice that failed first) has null logprobs throughout.
+  json echo_logprobs(const Choice& c) const {
+    const std::vector<int32_t>& ids = prompt_ids_[static_cast<size_t>(c.prompt_index)];
+    const bool scored = c.prompt_scores.size() + 1 == ids.size();
+    std::vector<float> chosen(ids.size(), std::nanf(""));
+    std::vector<std::vector<TokenLogprob>> top(ids.size());
+    for (size_t i = 1; i < ids.size() && scored; ++i) {
+      const PromptLogprob& s = c.prompt_scores[i - 1];
+      chosen[i] = s.logprob;
+      top[i].assign(s.top.begin(), s.top.begin() + std::min<ptrdiff_t>(std::ssize(s.top),
+                                                                       request_.params.logprobs));
+    }
+    json lp = logprobs_json(ids, chosen, top, 0);
+    if (!lp["top_logprobs"].empty()) lp["top_logprobs"][0] = nullptr;
+    return lp;
+  }
+
+  // vLLM's prompt_logprobs: null for the first prompt token, then per token
+  // an object keyed by token id of {logprob, rank, decoded_token}: the
+  // prompt token's own and its request_.prompt_logprobs alternatives.
+  json prompt_logprobs_json(const Choice& c) const {
+    json out = json::array({nullptr});
+    for (const PromptLogprob& s : c.prompt_scores) {
+      json entry = json::object();
+      const size_t n =
+          std::min(s.top.size(), static_cast<size_t>(std::max(request_.prompt_logprobs, 0)));
+      for (size_t j = 0; j < n; ++j)
+        entry[std::to_string(s.top[j].id)] = {{"logprob", s.top[j].logprob},
+                                              {"rank", j + 1},
+                                              {"decoded_token", token_label(s.top[j].id)}};
+      entry[std::to_string(s.token)] = {{"logprob", number_or_null(s.logprob)},
+                                        {"rank", s.rank},
+                                        {"decoded_token", token_label(s.token)}};
+      out.push_back(std::move(entry));
+    }
+    return out;
+  }
+
+  // Two completions logprobs objects as one: a's tokens, then b's.
+  static json joined_logprobs(json a, const json& b) {
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+      for (const json& v : b[key]) a[key].push_back(v);
+    return a;
+  }
+
   HttpResponse error_head() const {
     // Engine errors before any output are about the request (too long for
     // the pool, a bad id): the client's to fix.
@@ -623,10 +676,14 @@ class GenerationProducer : public ResponseProducer {
       const std::string& echo = request_.echo ? echo_texts_[static_cast<size_t>(c.prompt_index)] : std::string();
       json lp = nullptr;
       if (request_.want_logprobs) lp = logprobs_json(c.ids, c.chosen, c.top, echo.size());
+      if (request_.want_logprobs && request_.echo && !request_.chat)
+        lp = joined_logprobs(echo_logprobs(c), lp);
       json choice = {{"index", c.index},
                      {"logprobs", lp},
                      {"finish_reason", finish_reason(c)},
                      {"stop_reason", stop_reason_json(c.stop_reason)}};
+      if (request_.prompt_logprobs >= 0 && !request_.chat)
+        choice["prompt_logprobs"] = prompt_logprobs_json(c);
       if (request_.return_token_ids) {
         choice["token_ids"] = c.ids;
         if (!request_.chat) choice["prompt_token_ids"] = prompt_ids_[static_cast<size_t>(c.prompt_index)];
@@ -650,6 +707,8 @@ class GenerationProducer : public ResponseProducer {
                  {"choices", choices},
                  {"usage", usage_json()}};
     if (request_.return_token_ids && request_.chat) body["prompt_token_ids"] = prompt_ids_.front();
+    if (request_.prompt_logprobs >= 0 && request_.chat)
+      body["prompt_logprobs"] = prompt_logprobs_json(choices_.front());
     HttpResponse r = json_response(200, body);
     r.headers.emplace_back("X-Request-Id", header_id_);
     return r;
@@ -708,7 +767,8 @@ class GenerationProducer : public ResponseProducer {
   std::string model_;
   std::vector<std::string> echo_texts_;
   std::vector<int64_t> prompt_lengths_;
-  std::vector<std::vector<int32_t>> prompt_ids_;  // per prompt, when return_token_ids
+  std::vector<std::vector<int32_t>>
+      prompt_ids_;                    // per prompt, when return_token_ids or echo with logprobs
   bool prompt_ids_streamed_ = false;               // chat streams: sent in the first chunk
   std::vector<Choice> choices_;
   std::string remote_;
@@ -1325,12 +1385,11 @@ HandlerResult ApiServer::generate(HttpRequest& request, bool chat, const std::st
   if (client_id.empty() && valid_client_id(r.request_id)) client_id = r.request_id;
   const char* prefix = chat ? "chatcmpl" : "cmpl";
   const std::string id = client_id.empty() ? shared_->new_id(prefix) : fmt::format("{}-{}", prefix, client_id);
-  const bool r_return_token_ids = r.return_token_ids;
+  const bool keep_prompt_ids = r.return_token_ids || (r.echo && r.want_logprobs && !chat);
   auto producer = std::make_unique<GenerationProducer>(shared_, tokenizer_, std::move(r), id,
                                                        client_id.empty() ? id : client_id, options_.served_model_name,
                                                        std::move(echo_texts), std::move(prompt_lengths),
-                                                       r_return_token_ids ? std::move(prompts)
-                                                                          : std::vector<std::vector<int32_t>>{},
+      keep_prompt_ids ? std::move(prompts) : std::vector<std::vector<int32_t>>{},
                                                        std::move(choices), request.remote, heartbeat,
                                                        request.header("x-basalt-resume-info") == "1");
   return HandlerResult{{}, std::move(producer)};

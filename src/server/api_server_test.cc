@@ -387,6 +387,101 @@ TEST(ApiServer, TokenIdsComeBesideTheText) {
   EXPECT_EQ(chat_streamed, chat_want.output_ids);
 }
 
+// Prompt logprobs through the server, against the engine's own scores:
+// completions with echo and logprobs (what lm-evaluation-harness reads for
+// loglikelihoods: the prompt's tokens first, the first one's logprob null,
+// then the output's), whole and streamed (the echo chunk carries the
+// prompt's); vLLM's prompt_logprobs field (completions per choice, chat
+// beside the choices); and the refusals (a stream asking for alternatives,
+// max_tokens 0, more than max_logprobs).
+TEST(ApiServer, PromptLogprobsComeAsVllmAndLegacyEchoGiveThem) {
+  Served s;
+  const Tokenizer& tok = s.bundle->tokenizer;
+  const std::string text = "The Debian project makes a free operating system";
+  const std::vector<int32_t> prompt = tok.encode(text, true);
+  SamplingParams p = greedy(2);
+  p.logprobs = 2;
+  p.prompt_logprobs = 2;
+  const RequestOutput want = s.direct(prompt, p);
+  ASSERT_EQ(want.prompt_logprobs.size(), prompt.size() - 1);
+  const auto piece = [&](int32_t id) { return tok.decode(std::vector<int32_t>{id}, false); };
+
+  const json body = {
+      {"prompt", text}, {"max_tokens", 2}, {"temperature", 0}, {"logprobs", 2}, {"echo", true}};
+  const json whole = s.call("/v1/completions", body);
+  const json& choice = whole["choices"][0];
+  EXPECT_EQ(choice["text"].get<std::string>(), text + want.text);
+  EXPECT_FALSE(choice.contains("prompt_logprobs"));
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), prompt.size() + want.output_ids.size()) << lp.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  size_t offset = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    EXPECT_EQ(lp["tokens"][i].get<std::string>(), piece(prompt[i]));
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), offset);
+    offset += piece(prompt[i]).size();
+    if (i == 0) continue;
+    const PromptLogprob& score = want.prompt_logprobs[i - 1];
+    EXPECT_FLOAT_EQ(lp["token_logprobs"][i].get<float>(), score.logprob) << i;
+    ASSERT_GE(lp["top_logprobs"][i].size(), 1u);  // two, unless both decode to one text
+    for (const TokenLogprob& t : score.top)
+      EXPECT_FLOAT_EQ(lp["top_logprobs"][i][piece(t.id)].get<float>(), t.logprob) << i;
+  }
+  EXPECT_EQ(lp["text_offset"][prompt.size()].get<size_t>(), text.size());
+  EXPECT_EQ(lp["tokens"][prompt.size()].get<std::string>(), piece(want.output_ids[0]));
+
+  // Streamed, the echo chunk carries the prompt's logprobs.
+  json stream_body = body;
+  stream_body["stream"] = true;
+  const std::vector<json> chunks = stream_chunks(s, "/v1/completions", stream_body);
+  ASSERT_FALSE(chunks.empty());
+  const json& echo = chunks.front()["choices"][0];
+  EXPECT_EQ(echo["text"].get<std::string>(), text);
+  EXPECT_EQ(echo["logprobs"]["token_logprobs"],
+            json(std::vector<json>(
+                lp["token_logprobs"].begin(),
+                lp["token_logprobs"].begin() + static_cast<std::ptrdiff_t>(prompt.size()))));
+
+  // vLLM's field: null, then per token its own entry and the alternatives.
+  const json field =
+      s.call("/v1/completions", {{"prompt", text}, {"max_tokens", 2}, {"prompt_logprobs", 1}});
+  const json& pl = field["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), prompt.size()) << pl.dump();
+  EXPECT_TRUE(pl[0].is_null());
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    const PromptLogprob& score = want.prompt_logprobs[i - 1];
+    const json& own = pl[i][std::to_string(prompt[i])];
+    EXPECT_FLOAT_EQ(own["logprob"].get<float>(), score.logprob) << i;
+    EXPECT_EQ(own["rank"].get<int>(), score.rank) << i;
+    EXPECT_EQ(own["decoded_token"].get<std::string>(), piece(prompt[i]));
+    const json& best = pl[i][std::to_string(score.top[0].id)];
+    EXPECT_EQ(best["rank"].get<int>(), 1);
+    EXPECT_FLOAT_EQ(best["logprob"].get<float>(), score.top[0].logprob);
+    EXPECT_LE(pl[i].size(), 2u);
+  }
+  EXPECT_FALSE(field["choices"][0]["logprobs"].is_object());
+
+  const json messages = json::array({{{"role", "user"}, {"content", "What is apt?"}}});
+  const json chat = s.call("/v1/chat/completions",
+                           {{"messages", messages}, {"max_tokens", 2}, {"prompt_logprobs", 0}});
+  const std::string rendered = render_chat_template(
+      s.bundle->config.chat_template, messages, true,
+      {{"bos_token", *s.bundle->config.bos_token}, {"eos_token", *s.bundle->config.eos_token}});
+  ASSERT_EQ(chat["prompt_logprobs"].size(), tok.encode(rendered, false).size()) << chat.dump();
+  EXPECT_EQ(chat["prompt_logprobs"][1].size(), 1u);
+
+  int status = 0;
+  const json streamed = s.call(
+      "/v1/completions", {{"prompt", text}, {"stream", true}, {"prompt_logprobs", 1}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(streamed["error"]["param"], "prompt_logprobs") << streamed.dump();
+  s.call("/v1/completions", {{"prompt", text}, {"max_tokens", 0}, {"prompt_logprobs", 1}}, &status);
+  EXPECT_EQ(status, 400);
+  s.call("/v1/completions", {{"prompt", text}, {"prompt_logprobs", 21}}, &status);
+  EXPECT_EQ(status, 400);
+}
+
 TEST(ApiServer, AClientVanishingMidStreamLeavesThePoolWhole) {
   Served s;
   for (int i = 0; i < 4; ++i) {

@@ -393,6 +393,14 @@ void parse_common(const json& b, ParsedRequest& r, const ProtocolLimits& limits)
     r.continuous_usage = get_bool(*options, "continuous_usage_stats", false);
   }
   r.echo = get_bool(b, "echo", false);
+  if (field(b, "prompt_logprobs") != nullptr) {
+    // vLLM's: as vLLM, refused on a stream (but a streamed 0, which asks
+    // for nothing beside the prompt tokens' own logprobs, is dropped).
+    const int n = static_cast<int>(get_int(b, "prompt_logprobs", 0, 0, limits.max_logprobs));
+    if (r.stream && n > 0)
+      bad("prompt_logprobs", "'prompt_logprobs' is not available when 'stream' is true");
+    if (!r.stream) r.prompt_logprobs = n;
+  }
   r.return_token_ids = get_bool(b, "return_token_ids", false);
   r.return_tokens_as_token_ids = get_bool(b, "return_tokens_as_token_ids", false);
   r.priority = static_cast<int>(get_int(b, "priority", 0, -1000000, 1000000));
@@ -613,6 +621,10 @@ ParsedRequest parse_completion_request(std::string_view body, const ProtocolLimi
     r.want_logprobs = true;
     r.params.sampled_logprob = true;
   }
+  // Echo with logprobs covers the prompt's tokens too (OpenAI's legacy
+  // completions; what lm-evaluation-harness reads for loglikelihoods).
+  r.params.prompt_logprobs =
+      std::max(r.prompt_logprobs, r.echo && r.want_logprobs ? r.params.logprobs : -1);
   r.add_special_tokens = get_bool(b, "add_special_tokens", true);
   if (r.prompts.size() * static_cast<size_t>(r.params.n) > static_cast<size_t>(limits.max_n) * 4)
     bad("n", "too many prompts times 'n' in one request");
@@ -707,6 +719,7 @@ ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& li
   r.want_logprobs = logprobs;
   r.params.sampled_logprob = logprobs;
   r.params.logprobs = top;
+  r.params.prompt_logprobs = r.prompt_logprobs;
   r.add_special_tokens = get_bool(b, "add_special_tokens", false);
   return r;
 }

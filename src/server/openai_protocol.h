@@ -90,6 +90,10 @@ struct ParsedRequest {
   bool return_token_ids = false;
   bool return_tokens_as_token_ids = false;
   bool want_logprobs = false;  // chat: logprobs; completions: logprobs given
+  // vLLM's prompt_logprobs field: the response's prompt_logprobs with this
+  // many alternatives per prompt token (-1: not asked). The engine's
+  // params.prompt_logprobs is at least this (more with echo and logprobs).
+  int prompt_logprobs = -1;
   bool add_special_tokens = true;
   int priority = 0;
   std::string cache_salt;  // separates radix-cache namespaces

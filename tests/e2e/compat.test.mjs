@@ -32,7 +32,7 @@ test('fields Basalt does not implement are 400s that name them', async () => {
   const refused = [
     [{ guided_whitespace_pattern: ' ' }, 'guided_whitespace_pattern'],
     [{ use_beam_search: true }, 'use_beam_search'],
-    [{ prompt_logprobs: 1 }, 'prompt_logprobs'],
+    [{ prompt_logprobs: 1, stream: true }, 'prompt_logprobs'],  // vLLM refuses it on streams too
     [{ max_token: 5 }, 'max_token'],  // a typo is not silently the default
   ];
   for (const [extra, param] of refused) {
@@ -164,7 +164,39 @@ test('streamed completions carry logprobs.text_offset, as whole ones do', async 
   }
   assert.deepEqual(tokens, whole.choices[0].logprobs.tokens);
   assert.deepEqual(offsets, whole.choices[0].logprobs.text_offset);
-  assert.equal(offsets[0], 'The archive'.length);  // after the echoed prompt
+  // The echoed prompt's tokens first, from offset 0; the output's after it.
+  assert.equal(offsets[0], 0);
+  assert.ok(offsets.includes('The archive'.length), `${offsets}`);
+});
+
+test('loglikelihoods as lm-evaluation-harness asks for them: echo, logprobs and token-id prompts', async () => {
+  const { choices: [tokenized] } = await client.completions.create({
+    model: 'basalt-mini', prompt: 'The archive holds every package', max_tokens: 1, return_token_ids: true });
+  const ids = tokenized.prompt_token_ids;
+  // lm-eval's request: the context and continuation as ids, one token more.
+  const r = await client.completions.create({ model: 'basalt-mini', prompt: [ids], max_tokens: 1, temperature: 0,
+                                              logprobs: 1, echo: true, seed: 1234 });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.token_logprobs.length, ids.length + 1);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.equal(lp.top_logprobs[0], null);
+  for (let i = 1; i < lp.token_logprobs.length; ++i) {
+    assert.ok(lp.token_logprobs[i] <= 0, `token ${i}: ${lp.token_logprobs[i]}`);
+    const best = Math.max(...Object.values(lp.top_logprobs[i]));
+    assert.ok(lp.token_logprobs[i] <= best + 1e-6, `token ${i} above the best alternative`);
+  }
+  // vLLM's field says the same of the prompt tokens, with their ranks.
+  const vllm = await client.completions.create({ model: 'basalt-mini', prompt: [ids], max_tokens: 1,
+                                                 prompt_logprobs: 0 });
+  const pl = vllm.choices[0].prompt_logprobs;
+  assert.equal(pl.length, ids.length);
+  assert.equal(pl[0], null);
+  for (let i = 1; i < ids.length; ++i) {
+    const own = pl[i][String(ids[i])];
+    assert.ok(Math.abs(own.logprob - lp.token_logprobs[i]) < 1e-4, `token ${i}`);
+    assert.ok(own.rank >= 1);
+    assert.equal(typeof own.decoded_token, 'string');
+  }
 });
 
 test('continuous usage stats put usage in every chunk', async () => {
