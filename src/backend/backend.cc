@@ -440,25 +440,32 @@ void Backend::top_k_rows(const Tensor& x, int k, Tensor& values, Tensor& ids) {
   top_k_rows_impl(x, k, values, ids);
 }
 
-void Backend::gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
-  const OpCheck c(*this, "gather_rows");
+namespace {
+
+// gather_rows and rank_rows: x [R, C] and one column per row, cols [R] (in
+// [0, C) where the host can read them), into out [R] of out_dtypes, with
+// the op's shape check.
+void check_row_picks(const OpCheck& c, const Tensor& x, const Tensor& cols, const Tensor& out, DTypes out_dtypes,
+                     void (*shapes)(const Tensor&, const Tensor&, const Tensor&, const char*)) {
   c.tensor(x, "x", kF32, 2);
   c.tensor(cols, "cols", kI32, 1);
-  c.tensor(out, "out", kF32, 1);
-  reference::check_gather_rows(x, cols, out, c.op());
+  c.tensor(out, "out", out_dtypes, 1);
+  shapes(x, cols, out, c.op());
   c.indices(cols, "cols", x.dim(1), false, "columns");
+}
+
+}  // namespace
+
+void Backend::gather_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
+  check_row_picks(OpCheck(*this, "gather_rows"), x, cols, out, kF32, reference::check_gather_rows);
   gather_rows_impl(x, cols, out);
 }
 
 void Backend::rank_rows(const Tensor& x, const Tensor& cols, Tensor& out) {
-  const OpCheck c(*this, "rank_rows");
-  c.tensor(x, "x", kF32, 2);
-  c.tensor(cols, "cols", kI32, 1);
-  c.tensor(out, "out", kI32, 1);
-  reference::check_rank_rows(x, cols, out, c.op());
-  c.indices(cols, "cols", x.dim(1), false, "columns");
+  check_row_picks(OpCheck(*this, "rank_rows"), x, cols, out, kI32, reference::check_rank_rows);
   rank_rows_impl(x, cols, out);
 }
+
 void Backend::copy_indexed(const Tensor& src, const Tensor& src_index, Tensor& dst, const Tensor& dst_index) {
   const OpCheck c(*this, "copy_indexed");
   c.tensor(src, "src", kI32, 1);

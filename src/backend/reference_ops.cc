@@ -477,22 +477,27 @@ void check_top_k_rows(const Tensor& x, int k, const Tensor& values, const Tensor
                "{}: ids must be i32 [{}, {}], got {}", op, x.dim(0), k, ids.describe());
 }
 
-void check_gather_rows(const Tensor& x, const Tensor& cols, const Tensor& out, const char* op) {
+namespace {
+
+// gather_rows' and rank_rows' shapes: x f32 [R, C], one column of each row
+// in cols i32 [R], out [R] of out_dtype.
+void check_row_picks(const Tensor& x, const Tensor& cols, const Tensor& out, DType out_dtype, const char* op) {
   BASALT_CHECK(x.dtype() == DType::kF32 && x.rank() == 2, "{}: x must be f32 [R, C], got {}", op,
                x.describe());
   BASALT_CHECK(cols.dtype() == DType::kI32 && cols.shape() == Shape({x.dim(0)}),
                "{}: cols must be i32 [{}], got {}", op, x.dim(0), cols.describe());
-  BASALT_CHECK(out.dtype() == DType::kF32 && out.shape() == Shape({x.dim(0)}),
-               "{}: out must be f32 [{}], got {}", op, x.dim(0), out.describe());
+  BASALT_CHECK(out.dtype() == out_dtype && out.shape() == Shape({x.dim(0)}), "{}: out must be {} [{}], got {}", op,
+               dtype_name(out_dtype), x.dim(0), out.describe());
+}
+
+}  // namespace
+
+void check_gather_rows(const Tensor& x, const Tensor& cols, const Tensor& out, const char* op) {
+  check_row_picks(x, cols, out, DType::kF32, op);
 }
 
 void check_rank_rows(const Tensor& x, const Tensor& cols, const Tensor& out, const char* op) {
-  BASALT_CHECK(x.dtype() == DType::kF32 && x.rank() == 2, "{}: x must be f32 [R, C], got {}", op,
-               x.describe());
-  BASALT_CHECK(cols.dtype() == DType::kI32 && cols.shape() == Shape({x.dim(0)}),
-               "{}: cols must be i32 [{}], got {}", op, x.dim(0), cols.describe());
-  BASALT_CHECK(out.dtype() == DType::kI32 && out.shape() == Shape({x.dim(0)}),
-               "{}: out must be i32 [{}], got {}", op, x.dim(0), out.describe());
+  check_row_picks(x, cols, out, DType::kI32, op);
 }
 
 void check_copy_indexed(const Tensor& src, const Tensor& src_index, const Tensor& dst, const Tensor& dst_index,
