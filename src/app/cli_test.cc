@@ -938,18 +938,22 @@ void expect_bundled_matches_transformers(const std::string& model, const std::st
   }
 }
 
-// --dtype: bf16 weights meet bf16-rounded activations by default and f32
+// --dtype: bf16 weights meet bf16-rounded activations with bfloat16 and f32
 // ones with float32; eval compares the two on the same model
-// (--compare-dtype), a small but real difference; bad values and float32 on
-// a GPU are refused, naming the flag, on every command that takes it.
+// (--compare-dtype), a small but real difference, and says which one auto
+// took on this build (bfloat16 where it has AVX-512 BF16, float32
+// elsewhere); bad values and float32 on a GPU are refused, naming the flag,
+// on every command that takes it.
 TEST(Cli, DtypeChoosesWhatBf16WeightsMultiplyWith) {
   const std::string model = " --model " + kBundled + "basalt-mini";
   const std::string ids = " --ids " + join(std::vector<int>{0, 74, 613, 349, 4805, 1871, 305, 270, 3187, 617, 3187, 16,
                                                               270, 3187, 1141, 1547, 4091, 203, 3168, 270});
-  CliRun r = run("eval" + model + ids + " --compare-model " + kBundled + "basalt-mini --compare-dtype float32 --json");
+  CliRun r = run("eval" + model + ids + " --dtype bfloat16 --compare-model " + kBundled +
+                 "basalt-mini --compare-dtype float32 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   json out = json::parse(r.out);
-  EXPECT_EQ(out["dtype"], "auto");
+  EXPECT_EQ(out["dtype"], "bfloat16");
+  EXPECT_EQ(out["activations"], "bfloat16");
   EXPECT_EQ(out["compare_dtype"], "float32");
   EXPECT_GT(out["kl_mean"].get<double>(), 0.0);
   EXPECT_LT(out["kl_mean"].get<double>(), 1e-2);
@@ -957,9 +961,15 @@ TEST(Cli, DtypeChoosesWhatBf16WeightsMultiplyWith) {
   r = run("eval" + model + ids + " --dtype float32 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(json::parse(r.out)["perplexity"], out["reference_perplexity"]);
-  r = run("eval" + model + ids + " --dtype bfloat16 --json");
+  EXPECT_EQ(json::parse(r.out)["activations"], "float32");
+  // auto is one of the two, exactly, and says which.
+  r = run("eval" + model + ids + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(json::parse(r.out)["perplexity"], out["perplexity"]);
+  const json automatic = json::parse(r.out);
+  EXPECT_EQ(automatic["dtype"], "auto");
+  EXPECT_EQ(automatic["perplexity"],
+            automatic["activations"] == "bfloat16" ? out["perplexity"] : out["reference_perplexity"])
+      << automatic;
   r = run("eval" + model + ids + " --compare-dtype float32");
   EXPECT_NE(r.err.find("--compare-dtype needs --compare-model"), std::string::npos) << r.err;
   for (const std::string& command : {"eval" + model + ids, "generate" + model + " --prompt-ids 1,2 --max-tokens 2",

@@ -295,7 +295,10 @@ void run_eval(const EvalFlags& f, bool text_given, bool ids_given, bool ids_file
                           {"top1", top1},
                           {"device", std::string(backend.name())},
                           {"fp8_compute", fp8_compute_name(backend.fp8_compute())},
-                          {"dtype", f.dtype}};
+                          {"dtype", f.dtype},
+                          // what --dtype (auto included) made bf16 weights multiply with
+                          {"activations", cpu_bf16_activations(backend) == cpu::Bf16Activations::kF32 ? "float32"
+                                                                                                   : "bfloat16"}};
     if (compare) {
       out["compare_dtype"] = compare_dtype;
       out["kl_mean"] = kl_mean;
