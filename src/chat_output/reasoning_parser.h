@@ -58,6 +58,8 @@ class ReasoningParser {
 
   ReasoningDelta feed(std::string_view text);
   ReasoningDelta finish();
+  // The reasoning is over: the rest of the output is content.
+  bool in_content() const { return phase_ == Phase::kContent; }
 
  private:
   enum class Phase { kOpening, kReasoning, kContent };

@@ -348,7 +348,8 @@ class GenerationProducer : public ResponseProducer {
       if (c.output) choice["delta"] = std::move(delta);
       choice["finish_reason"] = finish_reason(c);
       choice["stop_reason"] = stop_reason_json(e.stop_reason);
-      if (request_.chat && e.text.empty()) choice["delta"] = json::object();
+      // Without text the delta is empty, unless a parser releases what it held.
+      if (request_.chat && e.text.empty() && !c.output) choice["delta"] = json::object();
       announce(c, sse);
       tell_resume_info(c, sse);
       sse += choice_chunk(c, std::move(choice));
@@ -1083,9 +1084,11 @@ ChatOutputOptions ApiServer::chat_output_options(const ParsedRequest& r, const s
     o.tool_format = tool_format;
     o.tools = r.tools;
   }
-  if (reasoning_format_) {
+  if (reasoning_format_ && r.separate_reasoning) {
     o.reasoning_format = reasoning_format_;
     o.starts_in_reasoning = prompt_opens_reasoning(prompt);
+    o.include_reasoning = r.include_reasoning;
+    o.stream_reasoning = r.stream_reasoning;
   }
   return o;
 }

@@ -482,6 +482,52 @@ TEST(ApiServer, PromptLogprobsComeAsVllmAndLegacyEchoGiveThem) {
   EXPECT_EQ(status, 400);
 }
 
+// The reasoning fields with --reasoning-parser deepseek_r1 on the bundled
+// model, whose output never closes a think block (so it is all reasoning):
+// include_reasoning false leaves it out, separate_reasoning false gives it
+// as the content, stream_reasoning false streams it as one delta.
+TEST(ApiServer, ReasoningFieldsLeaveOutKeepInlineOrHoldTheReasoning) {
+  ApiServerOptions api;
+  api.reasoning_parser = "deepseek_r1";
+  Served s(api);
+  const json body = {{"messages", json::array({{{"role", "user"}, {"content", "Think: what is apt?"}}})},
+                     {"max_tokens", 12},
+                     {"temperature", 0}};
+  const json plain = s.call("/v1/chat/completions", body)["choices"][0]["message"];
+  const std::string reasoning = plain["reasoning_content"].get<std::string>();
+  ASSERT_FALSE(reasoning.empty()) << plain;
+  EXPECT_EQ(plain["content"], "");
+
+  json without = body;
+  without["include_reasoning"] = false;
+  const json left_out = s.call("/v1/chat/completions", without)["choices"][0]["message"];
+  EXPECT_FALSE(left_out.contains("reasoning_content")) << left_out;
+  EXPECT_EQ(left_out["content"], "");
+
+  json inline_body = body;
+  inline_body["separate_reasoning"] = false;
+  const json inline_message = s.call("/v1/chat/completions", inline_body)["choices"][0]["message"];
+  EXPECT_EQ(inline_message["content"], reasoning);
+  EXPECT_FALSE(inline_message.contains("reasoning_content"));
+
+  json held = body;
+  held["stream"] = true;
+  held["stream_reasoning"] = false;
+  int deltas = 0;
+  for (const json& chunk : stream_chunks(s, "/v1/chat/completions", held))
+    for (const json& c : chunk["choices"])
+      if (c["delta"].contains("reasoning_content")) {
+        ++deltas;
+        EXPECT_EQ(c["delta"]["reasoning_content"], reasoning);
+      }
+  EXPECT_EQ(deltas, 1);
+  held["stream_reasoning"] = true;
+  deltas = 0;
+  for (const json& chunk : stream_chunks(s, "/v1/chat/completions", held))
+    for (const json& c : chunk["choices"]) deltas += c["delta"].contains("reasoning_content") ? 1 : 0;
+  EXPECT_GT(deltas, 1);
+}
+
 TEST(ApiServer, AClientVanishingMidStreamLeavesThePoolWhole) {
   Served s;
   for (int i = 0; i < 4; ++i) {

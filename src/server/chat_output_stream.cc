@@ -6,7 +6,8 @@ namespace basalt {
 
 using json = nlohmann::json;
 
-ChatOutputStream::ChatOutputStream(const ChatOutputOptions& options) {
+ChatOutputStream::ChatOutputStream(const ChatOutputOptions& options)
+    : include_reasoning_(options.include_reasoning), stream_reasoning_(options.stream_reasoning) {
   if (options.tool_format) tools_.emplace(*options.tool_format, options.tools);
   if (options.reasoning_format) reasoning_.emplace(*options.reasoning_format, options.starts_in_reasoning);
 }
@@ -40,25 +41,31 @@ void ChatOutputStream::add_tool_output(json& delta, ChatOutputDelta d) {
   }
 }
 
-void ChatOutputStream::add(json& delta, const ReasoningDelta& r) {
-  if (!r.reasoning.empty()) {
+void ChatOutputStream::add(json& delta, const ReasoningDelta& r, bool last) {
+  if (!r.reasoning.empty() && include_reasoning_) {
     reasoning_text_ += r.reasoning;
     any_reasoning_ = true;
-    delta["reasoning_content"] = delta.value("reasoning_content", "") + r.reasoning;
+    held_reasoning_ += r.reasoning;
+  }
+  // Held reasoning goes out at once, or (!stream_reasoning) in one piece
+  // once it is over.
+  if (!held_reasoning_.empty() && (stream_reasoning_ || last || reasoning_->in_content())) {
+    delta["reasoning_content"] = delta.value("reasoning_content", "") + held_reasoning_;
+    held_reasoning_.clear();
   }
   add_content(delta, r.content);
 }
 
 json ChatOutputStream::feed(std::string_view text) {
   json delta = json::object();
-  if (reasoning_) add(delta, reasoning_->feed(text));
+  if (reasoning_) add(delta, reasoning_->feed(text), false);
   else add_content(delta, std::string(text));
   return delta;
 }
 
 json ChatOutputStream::finish(std::string_view last_text) {
   json delta = feed(last_text);
-  if (reasoning_) add(delta, reasoning_->finish());
+  if (reasoning_) add(delta, reasoning_->finish(), true);
   if (tools_) add_tool_output(delta, tools_->finish());
   return delta;
 }
@@ -67,7 +74,7 @@ json ChatOutputStream::message() const {
   json m = {{"role", "assistant"}};
   const bool calls = has_tool_calls();
   m["content"] = content_.empty() && calls ? json(nullptr) : json(content_);
-  if (reasoning_) m["reasoning_content"] = any_reasoning_ ? json(reasoning_text_) : json(nullptr);
+  if (reasoning_ && include_reasoning_) m["reasoning_content"] = any_reasoning_ ? json(reasoning_text_) : json(nullptr);
   if (calls) {
     json list = json::array();
     for (const ToolCall& c : tools_->calls())

@@ -10,7 +10,9 @@
 // what is held. The reasoning
 // parser runs first and the tool-call parser sees only the content, as
 // vLLM's serving layer chains them. message() gives the whole message after
-// finish(): content null when the output was nothing but calls. Nothing
+// finish(): content null when the output was nothing but calls. The
+// options' include_reasoning and stream_reasoning decide whether and when
+// reasoning_content goes out. Nothing
 // here throws on what a model writes (the parsers' contracts,
 // chat_output/*.h).
 #pragma once
@@ -33,6 +35,12 @@ struct ChatOutputOptions {
   nlohmann::json tools;  // the request's tools
   std::optional<ReasoningFormat> reasoning_format;
   bool starts_in_reasoning = false;  // the prompt opened a reasoning block
+  // vLLM's include_reasoning: false drops the reasoning (parsed, so it
+  // stays out of the content too).
+  bool include_reasoning = true;
+  // SGLang's stream_reasoning: false holds a stream's reasoning back and
+  // sends it as one delta when the content starts (or the output ends).
+  bool stream_reasoning = true;
 };
 
 class ChatOutputStream {
@@ -52,7 +60,8 @@ class ChatOutputStream {
   nlohmann::json message() const;
 
  private:
-  void add(nlohmann::json& delta, const ReasoningDelta& r);
+  // `last`: the parser's finish() gave r.
+  void add(nlohmann::json& delta, const ReasoningDelta& r, bool last);
   void add_content(nlohmann::json& delta, const std::string& text);
   void add_tool_output(nlohmann::json& delta, ChatOutputDelta d);
 
@@ -60,7 +69,10 @@ class ChatOutputStream {
   std::optional<ReasoningParser> reasoning_;
   std::string content_;
   std::string reasoning_text_;
+  std::string held_reasoning_;  // !stream_reasoning: not sent yet
   bool any_reasoning_ = false;
+  bool include_reasoning_ = true;
+  bool stream_reasoning_ = true;
 };
 
 }  // namespace basalt

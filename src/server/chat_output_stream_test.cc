@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 namespace basalt {
 namespace {
 
@@ -60,6 +63,48 @@ TEST(ChatOutputStream, ReasoningThenToolCallsStreamAsTheWholeMessage) {
       EXPECT_EQ(s["tool_calls"][i]["function"], m["tool_calls"][i]["function"]);
       EXPECT_EQ(s["tool_calls"][i]["type"], "function");
       EXPECT_FALSE(s["tool_calls"][i]["id"].get<std::string>().empty());
+    }
+  }
+}
+
+// include_reasoning false drops the reasoning from deltas and message (the
+// content stays the content); stream_reasoning false sends it as one delta
+// when the content starts, or at the end when it never does.
+TEST(ChatOutputStream, ReasoningLeftOutOrSentWhole) {
+  ChatOutputOptions options;
+  options.reasoning_format = ReasoningFormat::kDeepSeekR1;
+  const std::string text = "Step one. Step two.</think>The answer.";
+  options.include_reasoning = false;
+  for (size_t step : {1, 4, 1000}) {
+    ChatOutputStream s(options);
+    json deltas = json::array();
+    for (size_t at = 0; at < text.size(); at += step) deltas.push_back(s.feed(std::string_view(text).substr(at, step)));
+    deltas.push_back(s.finish());
+    for (const json& d : deltas) EXPECT_FALSE(d.contains("reasoning_content")) << d;
+    EXPECT_FALSE(s.message().contains("reasoning_content"));
+    EXPECT_EQ(s.message()["content"], "The answer.");
+    EXPECT_EQ(streamed(options, text, step)["content"], "The answer.");
+  }
+  options.include_reasoning = true;
+  options.stream_reasoning = false;
+  for (const std::string& t : {text, std::string("Only thinking, cut off")}) {
+    for (size_t step : {1, 4, 1000}) {
+      ChatOutputStream s(options);
+      std::vector<json> deltas;
+      for (size_t at = 0; at < t.size(); at += step) deltas.push_back(s.feed(std::string_view(t).substr(at, step)));
+      deltas.push_back(s.finish());
+      int reasoning_deltas = 0;
+      bool content_seen = false;
+      for (const json& d : deltas) {
+        if (d.contains("reasoning_content")) {
+          ++reasoning_deltas;
+          EXPECT_FALSE(content_seen) << "reasoning after content";
+          EXPECT_EQ(d["reasoning_content"], s.message()["reasoning_content"]);
+        }
+        content_seen |= d.contains("content");
+      }
+      EXPECT_EQ(reasoning_deltas, 1) << t << " step " << step;
+      EXPECT_EQ(streamed(options, t, step)["reasoning_content"], s.message()["reasoning_content"]);
     }
   }
 }

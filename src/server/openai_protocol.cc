@@ -713,6 +713,9 @@ ParsedRequest parse_chat_request(std::string_view body, const ProtocolLimits& li
     if (!r.template_kwargs.contains("reasoning_effort")) r.template_kwargs["reasoning_effort"] = *effort;
   }
   r.chat_template = get_string(b, "chat_template");
+  r.include_reasoning = get_bool(b, "include_reasoning", true);
+  r.separate_reasoning = get_bool(b, "separate_reasoning", true);
+  r.stream_reasoning = get_bool(b, "stream_reasoning", true);
   const bool logprobs = get_bool(b, "logprobs", false);
   const int top = static_cast<int>(get_int(b, "top_logprobs", 0, 0, limits.max_logprobs));
   if (top > 0 && !logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");

@@ -109,6 +109,11 @@ struct ParsedRequest {
   ToolChoice tool_choice = ToolChoice::kNone;
   std::string tool_choice_name;  // kNamed: the function
   bool parallel_tool_calls = true;
+  // Reasoning (with the server's --reasoning-parser; server/chat_output_stream.h):
+  // vLLM's include_reasoning, SGLang's separate_reasoning and stream_reasoning.
+  bool include_reasoning = true;
+  bool separate_reasoning = true;
+  bool stream_reasoning = true;
   // What the output must match (response_format, structured_outputs,
   // guided_*), and the field it came from (errors name it).
   std::optional<StructuredOutputSpec> structured;

@@ -63,6 +63,9 @@ const RequestField kFields[] = {
     {"allowed_token_ids", B, S, {}, {}, "only these ids are sampled; not with structured output or a forced tool call"},
     {"bad_words", B, S, {}, {}, "each word's tokens, alone or after a space (vLLM's rule), are never completed"},
     {"prompt_logprobs", B, S, {}, {}, "per prompt token after the first, its logprob, rank and decoded text and this many alternatives (prompt_logprobs: [null, {id: ...}, ...]; completions per choice, chat beside the choices); not on streams, where only 0 is taken (and dropped); the prompt is computed whole, not taken from the prefix cache"},
+    {"include_reasoning", H, S, {}, {}, "with --reasoning-parser, false leaves the reasoning out of the response (it is parsed, so not in the content either)"},
+    {"separate_reasoning", H, S, {}, {}, "with --reasoning-parser, false skips the parser for this request: the reasoning stays in the content"},
+    {"stream_reasoning", H, S, {}, {}, "with --reasoning-parser, false sends a stream's reasoning_content as one delta once the reasoning is over"},
     {"return_token_ids", B, S, {}, {}, "prompt_token_ids and each choice's token_ids beside the text (streams: the prompt's in the first chunk, then each chunk's own)"},
     {"return_tokens_as_token_ids", B, S, {}, {}, "logprobs name each token \"token_id:N\""},
     {"basalt_resume", B, S, {}, {}, "a gateway resuming a stream elsewhere: the output so far per choice (docs/ROUTER.md)"},
@@ -88,7 +91,6 @@ const RequestField kFields[] = {
     // --- refused unless null or the listed values ---------------------------
     {"store", B, U, "[false]", "true", "nothing is stored"},
     {"service_tier", B, U, R"(["auto", "default"])", R"("flex")", "one tier only"},
-    {"include_reasoning", H, U, "[true]", "false", "reasoning is not separated from the answer yet"},
     {"verbosity", H, U, "[]", R"("low")", ""},
     {"modalities", H, U, R"([["text"]])", R"(["text", "audio"])", "text only"},
     {"audio", H, U, "[]", R"({"voice": "alloy"})", "text only"},
@@ -110,8 +112,6 @@ const RequestField kFields[] = {
     {"lora_path", B, U, "[]", R"("adapter")", "no LoRA adapters"},
     {"lora_request", B, U, "[]", "{}", "no LoRA adapters"},
     {"session_params", B, U, "[]", "{}", ""},
-    {"separate_reasoning", H, U, "[]", "true", "reasoning is not separated from the answer yet"},
-    {"stream_reasoning", H, U, "[]", "true", "reasoning is not separated from the answer yet"},
     {"no_stop_trim", B, U, "[false]", "true", "use include_stop_str_in_output"},
 };
 
