@@ -168,8 +168,7 @@ struct Choice {
   std::vector<int32_t> ids;
   std::vector<std::vector<TokenLogprob>> top;  // per token, when logprobs
   std::vector<float> chosen;                   // per token, when logprobs
-  std::vector<PromptLogprob>
-      prompt_scores;  // params.prompt_logprobs >= 0: from the first token's event
+  std::vector<PromptLogprob> prompt_scores;    // params.prompt_logprobs >= 0: from the first token's event
   FinishReason reason = FinishReason::kLength;
   StopReason stop_reason;
   std::string error;
