@@ -767,8 +767,7 @@ class GenerationProducer : public ResponseProducer {
   std::string model_;
   std::vector<std::string> echo_texts_;
   std::vector<int64_t> prompt_lengths_;
-  std::vector<std::vector<int32_t>>
-      prompt_ids_;                    // per prompt, when return_token_ids or echo with logprobs
+  std::vector<std::vector<int32_t>> prompt_ids_;  // per prompt: return_token_ids, or echo with logprobs
   bool prompt_ids_streamed_ = false;               // chat streams: sent in the first chunk
   std::vector<Choice> choices_;
   std::string remote_;
